@@ -1,0 +1,12 @@
+"""Plots a trax_revplus memory log: `python tools/plot_memory.py RUN_DIR [--output PNG]`.
+
+Writes `<RUN_DIR>/memory.png` (or PNG) from `<RUN_DIR>/memory.jsonl` and
+prints its path; see `trax_revplus.memory_plot`.
+"""
+
+import sys
+
+from trax_revplus import memory_plot
+
+if __name__ == '__main__':
+  sys.exit(memory_plot.main(sys.argv[1:]))
