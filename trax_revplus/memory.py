@@ -381,7 +381,7 @@ class MemoryLog:
     self.tensorboard = bool(tensorboard)
     self.devices = None if devices is None else list(devices)
     self.output_dir = None
-    self._lock = threading.Lock()
+    self._lock = threading.RLock()
     self._first_step = None
     self._failed = set()
     self._fd = None
@@ -408,6 +408,10 @@ class MemoryLog:
       output_dir: str, directory (created if missing); None stops file and
         TensorBoard output.
     """
+    with self._lock:
+      self._set_output_dir(output_dir)
+
+  def _set_output_dir(self, output_dir):
     output_dir = None if output_dir is None else os.fspath(output_dir)
     if output_dir == self.output_dir and (
         output_dir is None or self._fd is not None):
@@ -562,11 +566,13 @@ class MemoryLog:
   def _close_fd(self):
     fd, self._fd = self._fd, None
     if fd is not None:
-      try:
-        os.fsync(fd)
-      except OSError:
-        pass
-      os.close(fd)
+      # A descriptor that went bad was reported when its write failed;
+      # closing must not raise a second time.
+      for finish in (os.fsync, os.close):
+        try:
+          finish(fd)
+        except OSError:
+          pass
 
   def _close_writer(self):
     writer, self._writer = self._writer, None

@@ -1,0 +1,370 @@
+"""Tests for trax_revplus.memory (probes, memory log) and memory_plot."""
+
+import gc
+import glob
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from unittest import mock
+
+import jax
+import numpy as np
+import psutil
+import pytest
+
+from trax_revplus import memory
+from trax_revplus import memory_plot
+
+_MEMORY_PY = os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), 'trax_revplus', 'memory.py')
+
+
+def _lines(path):
+  with open(path, encoding='utf-8') as f:
+    return f.read().split('\n')
+
+
+def _warnings_naming(warning_mock, name):
+  return [c for c in warning_mock.call_args_list
+          if any(name in str(a) for a in c.args)]
+
+
+# Probes.
+
+
+def test_host_rss_matches_psutil():
+  direct = psutil.Process(os.getpid()).memory_info().rss
+  probed = memory.host_rss_bytes()
+  assert isinstance(probed, int)
+  assert abs(probed - direct) <= 0.1 * direct
+
+
+def test_device_bytes_grow_by_array_nbytes():
+  device = jax.local_devices()[0]
+  gc.collect()  # Garbage from earlier tests must not be freed mid-count.
+  before = memory.device_memory([device])
+  host = np.arange(512 * 1024, dtype=np.float32)  # 2 MiB
+  x = jax.device_put(host, device)
+  after = memory.device_memory([device])
+  grown = after['device_bytes_in_use'] - before['device_bytes_in_use']
+  assert after['device_bytes_in_use'] > 0
+  # Allocator slack only where the backend reports its own figures.
+  slack = 1 << 20 if after['device_bytes_source'] == 'memory_stats' else 0
+  assert abs(grown - host.nbytes) <= slack
+  assert after['device_bytes_in_use_per_device'] == [
+      after['device_bytes_in_use']]
+  if device.memory_stats() is None:
+    assert after['device_bytes_source'] == 'live_arrays'
+    assert after['device_peak_bytes'] is None
+  x.delete()
+  freed = memory.device_memory([device])
+  assert (after['device_bytes_in_use'] - freed['device_bytes_in_use']
+          >= host.nbytes - slack)
+
+
+def test_device_bytes_count_each_shard_on_its_device():
+  # Loads memory.py on its own so the subprocess pays for JAX only, not trax.
+  script = textwrap.dedent(f"""
+      import importlib.util, json
+      import jax, numpy as np
+      from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+      spec = importlib.util.spec_from_file_location('memory', {_MEMORY_PY!r})
+      memory = importlib.util.module_from_spec(spec)
+      spec.loader.exec_module(memory)
+      devices = jax.local_devices()
+      mesh = Mesh(np.array(devices), ('batch',))
+      before = memory.device_memory(devices)['device_bytes_in_use_per_device']
+      sharded = jax.device_put(np.ones((8, 1024), np.float32),
+                               NamedSharding(mesh, P('batch')))
+      replicated = jax.device_put(np.ones((256,), np.float32),
+                                  NamedSharding(mesh, P()))
+      after = memory.device_memory(devices)
+      first = memory.device_memory(devices[:1])
+      print(json.dumps({{'before': before, 'after': after, 'first': first}}))
+  """)
+  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=4',
+             JAX_PLATFORMS='cpu')
+  out = subprocess.run([sys.executable, '-c', script], env=env, check=True,
+                       capture_output=True, text=True, timeout=120)
+  result = json.loads(out.stdout.strip().splitlines()[-1])
+  before = result['before']
+  after = result['after']['device_bytes_in_use_per_device']
+  # Each device holds 2 of the 8 rows (2 * 1024 * 4 bytes) and a full copy of
+  # the replicated 256 floats (1024 bytes).
+  expected = 2 * 1024 * 4 + 256 * 4
+  assert [a - b for a, b in zip(after, before)] == [expected] * 4
+  assert result['after']['device_bytes_in_use'] == sum(after)
+  assert result['first']['device_bytes_in_use_per_device'] == after[:1]
+
+
+def test_array_bytes_sums_leaves():
+  leaves = [np.zeros((3, 4), np.float32), np.zeros((5,), np.int8),
+            np.float64(1.0)]
+  tree = {'a': (leaves[0], ()), 'b': [leaves[1], {'c': leaves[2]}],
+          'd': None, 'e': 3}
+  assert memory.array_bytes(tree) == sum(x.nbytes for x in leaves)
+  assert memory.array_bytes(()) == 0
+  assert memory.array_bytes(((), ((),))) == 0
+  x = jax.numpy.ones((7, 3), jax.numpy.bfloat16)
+  assert memory.array_bytes((x, leaves[0])) == 7 * 3 * 2 + leaves[0].nbytes
+
+
+def test_transfer_counter():
+  counter = memory.TransferCounter()
+  assert counter.snapshot() == (0, 0)
+  counter.add_h2d(np.int64(100))
+  counter.add_d2h(30)
+  snap = counter.snapshot()
+  counter.add_h2d(5)
+  counter.add_d2h(7)
+  assert (counter.h2d_bytes, counter.d2h_bytes) == (105, 37)
+  assert counter.since(snap) == (5, 7)
+  assert isinstance(counter.h2d_bytes, int)
+
+
+# The log.
+
+
+@pytest.mark.parametrize('n, steps, expected', [
+    (100, [1, 2, 100, 101, 102, 201], [1, 101, 201]),
+    (100, [0, 1, 2, 101], [0, 1, 101]),
+    (100, [501, 502, 601], [501, 601]),
+    (1, [0, 1, 2, 3], [0, 1, 2, 3]),
+    (3, [1, 2, 3, 4, 7], [1, 4, 7]),
+])
+def test_should_record_first_step_and_every_nth(n, steps, expected):
+  log = memory.MemoryLog(every_n_steps=n, tensorboard=False)
+  assert [s for s in steps if log.should_record(s)] == expected
+
+
+@pytest.mark.parametrize('bad', [0, -1, 2.5, True, None])
+def test_every_n_steps_must_be_positive_int(bad):
+  with pytest.raises(ValueError, match='every_n_steps'):
+    memory.MemoryLog(every_n_steps=bad)
+
+
+def test_record_writes_parsable_jsonl(tmp_path):
+  log = memory.MemoryLog(every_n_steps=1, output_dir=str(tmp_path),
+                         tensorboard=False)
+  for step, phase in [(0, 'init'), (1, 'forward'), (1, 'loss'),
+                      (1, 'backward'), (1, 'free')]:
+    returned = log.record(step, phase, seconds=np.float32(0.25),
+                          h2d_bytes=np.int64(1024),
+                          d2h_bytes=jax.numpy.int32(512),
+                          layer=np.int32(2), layer_name='Dense_2',
+                          grad_norm=float('nan'), shape=np.array([2, 3]))
+  log.close()
+  lines = _lines(tmp_path / 'memory.jsonl')
+  assert lines[-1] == ''  # Every record ends its line.
+  records = [json.loads(line) for line in lines[:-1]]
+  assert [(r['step'], r['phase']) for r in records] == [
+      (0, 'init'), (1, 'forward'), (1, 'loss'), (1, 'backward'), (1, 'free')]
+  for r in records:
+    assert r['host_rss_bytes'] > 0
+    assert r['device_bytes_source'] in ('memory_stats', 'live_arrays')
+    assert isinstance(r['device_bytes_in_use'], int)
+    assert r['seconds'] == pytest.approx(0.25)
+    assert (r['h2d_bytes'], r['d2h_bytes']) == (1024, 512)
+    assert (r['layer'], r['layer_name']) == (2, 'Dense_2')
+    assert r['grad_norm'] is None
+    assert r['shape'] == [2, 3]
+  assert returned == records[-1]
+  assert memory.read_memory_log(tmp_path / 'memory.jsonl') == records
+
+
+def test_record_host_rss_matches_psutil_and_device_bytes_positive(tmp_path):
+  x = jax.device_put(np.ones((1024,), np.float32))
+  log = memory.MemoryLog(output_dir=str(tmp_path), tensorboard=False)
+  record = log.record(1, 'forward')
+  direct = psutil.Process(os.getpid()).memory_info().rss
+  log.close()
+  assert abs(record['host_rss_bytes'] - direct) <= 0.1 * direct
+  assert record['device_bytes_in_use'] >= x.nbytes
+
+
+def test_log_line_is_readable():
+  record = {'step': 101, 'phase': 'backward', 'host_rss_bytes': 1532.4 * 2**20,
+            'device_bytes_in_use': 210.3 * 2**20,
+            'device_bytes_source': 'live_arrays', 'h2d_bytes': 12.1 * 2**20,
+            'd2h_bytes': 12.1 * 2**20, 'seconds': 0.4123}
+  assert memory.format_record(record) == (
+      'memory step 101 backward: host 1532.4 MiB, device 210.3 MiB '
+      '(live arrays), H2D 12.1 MiB, D2H 12.1 MiB, 0.412 s')
+  record.update(layer=3, layer_name='ReversibleHalfResidual',
+                device_peak_bytes=300 * 2**20,
+                device_bytes_source='memory_stats')
+  line = memory.format_record(record)
+  assert line.startswith(
+      'memory step 101 backward layer 3 (ReversibleHalfResidual): ')
+  assert 'device 210.3 MiB, peak 300.0 MiB,' in line
+
+
+def test_record_logs_absl_line():
+  log = memory.MemoryLog(tensorboard=False)
+  with mock.patch.object(memory.logging, 'info') as info:
+    log.record(7, 'loss', seconds=1.5)
+  (fmt, line), = [c.args for c in info.call_args_list]
+  assert fmt == '%s'
+  assert line.startswith('memory step 7 loss: host ') and line.endswith(
+      '1.500 s')
+
+
+def test_restart_appends(tmp_path):
+  first = memory.MemoryLog(output_dir=str(tmp_path), tensorboard=False)
+  first.record(1, 'forward')
+  first.record(1, 'backward')
+  first.close()
+  second = memory.MemoryLog(tensorboard=False)
+  second.set_output_dir(str(tmp_path))
+  second.record(2, 'forward')
+  second.close()
+  records = [json.loads(line) for line in _lines(tmp_path / 'memory.jsonl')
+             if line]
+  assert [(r['step'], r['phase']) for r in records] == [
+      (1, 'forward'), (1, 'backward'), (2, 'forward')]
+
+
+def test_line_cut_by_kill_is_skipped_and_later_records_parse(tmp_path):
+  path = tmp_path / 'memory.jsonl'
+  log = memory.MemoryLog(output_dir=str(tmp_path), tensorboard=False)
+  log.record(1, 'forward')
+  log.close()
+  with open(path, 'a', encoding='utf-8') as f:
+    f.write('{"step": 1, "phase": "backw')  # A writer killed mid-record.
+  restarted = memory.MemoryLog(output_dir=str(tmp_path), tensorboard=False)
+  restarted.record(2, 'forward')
+  restarted.record(2, 'loss')
+  restarted.close()
+  lines = [line for line in _lines(path) if line]
+  assert lines[1] == '{"step": 1, "phase": "backw'
+  with pytest.raises(ValueError):
+    json.loads(lines[1])
+  for line in lines[:1] + lines[2:]:
+    json.loads(line)
+  assert [(r['step'], r['phase']) for r in memory.read_memory_log(path)] == [
+      (1, 'forward'), (2, 'forward'), (2, 'loss')]
+
+
+def test_failing_probe_reported_once_and_skipped(tmp_path):
+  log = memory.MemoryLog(output_dir=str(tmp_path), tensorboard=False)
+  calls = []
+
+  def broken():
+    calls.append(1)
+    raise OSError('procfs unavailable')
+
+  with mock.patch.object(memory, 'host_rss_bytes', broken), \
+       mock.patch.object(memory.logging, 'warning') as warning:
+    records = [log.record(s, 'forward', seconds=0.1) for s in (1, 2, 3)]
+  log.close()
+  reports = _warnings_naming(warning, 'host_rss_bytes')
+  assert len(reports) == 1
+  assert 'procfs unavailable' in str(reports[0].args)
+  assert len(calls) == 1
+  for r in records:
+    assert 'host_rss_bytes' not in r
+    assert r['seconds'] == 0.1 and 'device_bytes_in_use' in r
+  assert len(memory.read_memory_log(tmp_path / 'memory.jsonl')) == 3
+
+
+def test_failing_device_probe_keeps_host_figures():
+  log = memory.MemoryLog(tensorboard=False)
+  with mock.patch.object(memory, 'device_memory',
+                         side_effect=RuntimeError('device lost')), \
+       mock.patch.object(memory.logging, 'warning') as warning:
+    first = log.record(1, 'forward')
+    second = log.record(2, 'forward')
+  assert len(_warnings_naming(warning, 'device_memory')) == 1
+  assert 'device_bytes_in_use' not in first and 'device_bytes_in_use' not in (
+      second)
+  assert second['host_rss_bytes'] > 0
+
+
+def test_failing_writers_reported_once_and_record_returns(tmp_path):
+  with mock.patch.object(memory, '_summary_writer',
+                         side_effect=RuntimeError('no tensorboard')), \
+       mock.patch.object(memory.logging, 'warning') as warning:
+    log = memory.MemoryLog(output_dir=str(tmp_path))
+    log.record(1, 'forward')
+    os.close(log._fd)  # The descriptor goes bad under the log.
+    for step in (2, 3):
+      assert log.record(step, 'forward')['step'] == step
+    log.close()
+  assert len(_warnings_naming(warning, 'tensorboard writer')) == 1
+  assert len(_warnings_naming(warning, 'memory.jsonl writer')) == 1
+  assert len(warning.call_args_list) == 2
+  assert len(memory.read_memory_log(tmp_path / 'memory.jsonl')) == 1
+
+
+def test_set_output_dir_none_stops_file_output(tmp_path):
+  log = memory.MemoryLog(output_dir=str(tmp_path), tensorboard=False)
+  log.record(1, 'forward')
+  log.set_output_dir(None)
+  log.record(2, 'forward')
+  log.close()
+  assert len(memory.read_memory_log(tmp_path / 'memory.jsonl')) == 1
+
+
+def test_tensorboard_scalars_written(tmp_path):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  log = memory.MemoryLog(output_dir=str(tmp_path))
+  log.record(7, 'forward', h2d_bytes=4096, layer_name='Dense')
+  log.record(0, 'init', layer=2, weights_bytes=64)
+  log.close()
+  events = glob.glob(str(tmp_path / 'memory' / 'events.out.tfevents.*'))
+  assert len(events) == 1
+  scalars = {}
+  for event in tf.compat.v1.train.summary_iterator(events[0]):
+    for value in event.summary.value:
+      scalars[(value.tag, event.step)] = value.simple_value
+  assert scalars[('memory/forward/h2d_bytes', 7)] == 4096
+  assert scalars[('memory/forward/host_rss_bytes', 7)] > 0
+  assert ('memory/forward/device_bytes_in_use', 7) in scalars
+  assert scalars[('memory/init/layer_2/weights_bytes', 0)] == 64
+  assert not any('layer_name' in tag or tag.endswith('/step')
+                 for tag, _ in scalars)
+
+
+# Plot.
+
+
+def _write_small_log(run_dir):
+  log = memory.MemoryLog(every_n_steps=1, output_dir=str(run_dir),
+                         tensorboard=False)
+  for layer in range(2):
+    log.record(0, 'init', layer=layer, layer_name=f'Dense_{layer}',
+               weights_bytes=4096, slots_bytes=8192)
+  for step in (1, 2):
+    for phase in ('forward', 'loss', 'backward', 'free'):
+      log.record(step, phase, seconds=0.01, h2d_bytes=2 << 20,
+                 d2h_bytes=1 << 20)
+  log.close()
+
+
+def test_plot_renders_png(tmp_path):
+  _write_small_log(tmp_path)
+  png = memory_plot.plot_memory(str(tmp_path))
+  assert png == str(tmp_path / 'memory.png')
+  with open(png, 'rb') as f:
+    assert f.read(8) == b'\x89PNG\r\n\x1a\n'
+  other = memory_plot.plot_memory(str(tmp_path / 'memory.jsonl'),
+                                  str(tmp_path / 'out' / 'm.png'))
+  assert os.path.getsize(other) > 10_000
+
+
+def test_plot_sums_transfers_per_step(tmp_path):
+  _write_small_log(tmp_path)
+  records = memory.read_memory_log(tmp_path / 'memory.jsonl')
+  assert memory_plot._transfers_per_step(records) == {
+      1: (8 << 20, 4 << 20), 2: (8 << 20, 4 << 20)}
+
+
+def test_plot_errors_clearly(tmp_path):
+  with pytest.raises(FileNotFoundError, match='No memory log at'):
+    memory_plot.plot_memory(str(tmp_path))
+  (tmp_path / 'memory.jsonl').write_text('{"step": 1, "pha')
+  with pytest.raises(ValueError, match='holds no memory records'):
+    memory_plot.plot_memory(str(tmp_path))
+  assert memory_plot.main([str(tmp_path / 'missing')]) == 2
