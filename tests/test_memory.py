@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from unittest import mock
 
 import jax
@@ -97,6 +98,32 @@ def test_device_bytes_count_each_shard_on_its_device():
   assert [a - b for a, b in zip(after, before)] == [expected] * 4
   assert result['after']['device_bytes_in_use'] == sum(after)
   assert result['first']['device_bytes_in_use_per_device'] == after[:1]
+
+
+class _FakeAccelerator:
+  """Stands for a GPU/TPU device, whose runtime reports memory_stats()."""
+
+  def __init__(self, in_use, peak):
+    self._stats = {'bytes_in_use': in_use, 'peak_bytes_in_use': peak,
+                   'bytes_limit': 1 << 34}
+
+  def memory_stats(self):
+    return self._stats
+
+
+def test_device_bytes_use_memory_stats_where_reported():
+  devices = [_FakeAccelerator(100, 300), _FakeAccelerator(50, 70)]
+  assert memory.device_memory(devices) == {
+      'device_bytes_in_use': 150, 'device_peak_bytes': 370,
+      'device_bytes_source': 'memory_stats',
+      'device_bytes_in_use_per_device': [100, 50]}
+  # One device without stats sends all to the live-array count, so the
+  # figures of one record always share one source.
+  local = jax.local_devices()[0]
+  if local.memory_stats() is None:
+    mixed = memory.device_memory([devices[0], local])
+    assert mixed['device_bytes_source'] == 'live_arrays'
+    assert mixed['device_bytes_in_use_per_device'][0] == 0
 
 
 def test_array_bytes_sums_leaves():
@@ -245,6 +272,48 @@ def test_line_cut_by_kill_is_skipped_and_later_records_parse(tmp_path):
     json.loads(line)
   assert [(r['step'], r['phase']) for r in memory.read_memory_log(path)] == [
       (1, 'forward'), (2, 'forward'), (2, 'loss')]
+
+
+def test_killed_writer_leaves_parsable_lines(tmp_path):
+  # A writer process recording as fast as it can is killed (SIGKILL) at an
+  # arbitrary moment; memory.py is loaded on its own so it starts quickly.
+  script = textwrap.dedent(f"""
+      import importlib.util, sys
+      spec = importlib.util.spec_from_file_location('memory', {_MEMORY_PY!r})
+      memory = importlib.util.module_from_spec(spec)
+      spec.loader.exec_module(memory)
+      log = memory.MemoryLog(every_n_steps=1, output_dir=sys.argv[1],
+                             tensorboard=False)
+      step = 0
+      while True:
+        step += 1
+        log.record(step, 'forward', layer_name='x' * 2000)
+  """)
+  path = tmp_path / 'memory.jsonl'
+  proc = subprocess.Popen([sys.executable, '-c', script, str(tmp_path)],
+                          env=dict(os.environ, JAX_PLATFORMS='cpu'))
+  try:
+    deadline = time.time() + 60
+    while time.time() < deadline and (
+        not path.exists() or path.stat().st_size < 200_000):
+      time.sleep(0.05)
+  finally:
+    proc.kill()
+    proc.wait()
+  assert path.stat().st_size >= 200_000
+  restarted = memory.MemoryLog(output_dir=str(tmp_path), tensorboard=False)
+  restarted.record(10**6, 'forward')
+  restarted.close()
+  lines = [line for line in _lines(path) if line]
+  parsed = []
+  for i, line in enumerate(lines):
+    try:
+      parsed.append(json.loads(line))
+    except ValueError:
+      # Only the line being written at the kill may be cut short.
+      assert i == len(lines) - 2
+  assert [r['step'] for r in parsed[:-1]] == list(range(1, len(parsed)))
+  assert parsed[-1]['step'] == 10**6
 
 
 def test_failing_probe_reported_once_and_skipped(tmp_path):
