@@ -1,11 +1,724 @@
-"""ReversibleSerialTrainer: drop-in for trax.optimizers (placeholder)."""
+"""ReversibleSerialTrainer: drop-in for `trax.optimizers.ReversibleSerialTrainer`.
 
-from trax.optimizers import trainer as _stock
+The step schedule of trax 1.4.1's memory-efficient trainer, on current JAX:
+weights and optimizer slots live on the host as `numpy.ndarray`s, one layer
+at a time goes to the device(s); reversible layers recompute their inputs
+from their outputs on the way back instead of storing activations; updated
+weights come back asynchronously ("lazy unreplication"). Device placement is
+in `placement`, memory figures in `memory`; this module is the schedule:
+
+  batch -> shard over devices
+  forward:  for each block: standard layer, then its reversible layers
+            (keep only block inputs and layer states)
+  loss:     loss layer forward + backward + optimizer update
+  backward: for each block, last to first: reversible layers reverse +
+            backward + update, then the standard layer forward + backward +
+            update
+  collect:  every layer's new weights, slots and state back on the host
+"""
+
+import collections
+import functools
+import hashlib
+import time
+import types
+
+from absl import logging
+import gin
+import jax
+import numpy as np
+
+from trax import fastmath
+from trax import layers as tl
+from trax.optimizers import base as optimizer_base
+from trax.fastmath import numpy as jnp
+from trax.layers import base
+from trax.layers import combinators as cb
+from trax.optimizers import trainer as stock_trainer
+
+from trax_revplus import memory
+from trax_revplus import placement as placement_lib
+
+# Per positional argument / result of a compiled layer function: 'r' for
+# replicated (weights, slots, opt params, step), 'd' for per-device values.
+_FWD_ARGS = ('d', 'r', 'd', 'd')  # inputs, weights, state, rng
+_FWD_OUTS = ('d', 'd')  # outputs, new state
+# inputs, weights, grads, state, slots, opt_params, rng, step
+_FBO_ARGS = ('d', 'r', 'd', 'd', 'r', 'r', 'd', 'r')
+_FBO_OUTS = ('r', 'd', 'r', 'd', 'd')  # weights, state, slots, grads, stats
+# outputs, weights, grads, old state, new state, slots, opt_params, rng, step
+_REV_ARGS = ('d', 'r', 'd', 'd', 'd', 'r', 'r', 'd', 'r')
+_REV_OUTS = ('r', 'r', 'd', 'd', 'd')  # weights, slots, inputs, grads, stats
 
 
-class ReversibleSerialTrainer(_stock.ReversibleSerialTrainer):
-  pass
+def _is_empty_tuple(x):
+  """Whether x is empty or a tuple of (tuples of) empty things (as trax)."""
+  if not isinstance(x, (list, tuple)):
+    return False
+  return all(_is_empty_tuple(y) for y in x)
+
+
+def _average_gradients(grads, n_devices, adasum):
+  """Averages gradients over the 'batch' axis; mirrors trax's
+  `_average_multidevice_gradients`, with N the devices of this trainer."""
+  if adasum:
+    lg = max(i for i in range(20) if 2**i <= n_devices)
+    for lg_i in range(lg):
+      shift = 2**lg_i
+      perm = []
+      for i in range(n_devices):
+        if i % (2 * shift) < shift:
+          perm.append((i, i + shift))
+        else:
+          perm.append((i, i - shift))
+      perm_grads = jax.lax.ppermute(
+          grads, perm=perm, axis_name=placement_lib.AXIS_NAME)
+      grads = fastmath.nested_map_multiarg(
+          stock_trainer._adasum_merge, grads, perm_grads)  # pylint: disable=protected-access
+  grads_psum = fastmath.psum(grads, placement_lib.AXIS_NAME)
+  n = jnp.array(n_devices, dtype=jnp.float32)
+  return fastmath.nested_map(lambda g: g / n, grads_psum)
+
+
+def _fbo_fn(layer, optimizer, n_devices, adasum, stats_name=None):
+  """Forward + backward + optimizer update of a standard layer.
+
+  Mirrors trax's `_fbo_with_layer_and_opt`.
+  """
+  def fbo(inputs, weights, grads, state, slots, opt_params, rng, step):
+    def pure_fn_without_state_and_rng(x, w):
+      return layer.pure_fn(x, w, state, rng)
+    activations, vjp_fn, new_state = fastmath.vjp(
+        pure_fn_without_state_and_rng, inputs, weights, has_aux=True)
+    if grads is None and stats_name is not None:
+      grads = jnp.ones((), dtype=activations.dtype)
+    grads_inputs, grads_weights = vjp_fn(grads)
+    if _is_empty_tuple(weights):
+      stats = {}
+      if stats_name is not None:
+        stats[stats_name] = activations
+      return weights, new_state, slots, grads_inputs, stats
+    if n_devices > 1:
+      grads_weights = _average_gradients(grads_weights, n_devices, adasum)
+    new_weights, new_slots, stats = optimizer.tree_update(
+        step, grads_weights, weights, slots, opt_params, store_slots=False)
+    if stats_name is not None:
+      stats[stats_name] = activations
+    return new_weights, new_state, new_slots, grads_inputs, stats
+  return fbo
+
+
+def _reverse_and_fbo_fn(layer, optimizer, n_devices, adasum):
+  """Reverse + backward + optimizer update of a reversible layer.
+
+  Mirrors trax's `_reverse_and_fbo_with_layer_and_opt`.
+  """
+  def reverse_and_fbo(output, weights, grads, state, new_state, slots,
+                      opt_params, rng, step):
+    inputs, (grads_inputs, grads_weights) = layer.reverse_and_grad(
+        output, grads, weights, state, new_state, rng=rng)
+    if _is_empty_tuple(weights):
+      return weights, slots, inputs, grads_inputs, {}
+    if n_devices > 1:
+      grads_weights = _average_gradients(grads_weights, n_devices, adasum)
+    new_weights, new_slots, stats = optimizer.tree_update(
+        step, grads_weights, weights, slots, opt_params, store_slots=False)
+    return new_weights, new_slots, inputs, grads_inputs, stats
+  return reverse_and_fbo
+
+
+def _forward_fn(layer):
+  def forward(inputs, weights, state, rng):
+    return layer.pure_fn(inputs, weights, state, rng)
+  return forward
+
+
+# Fingerprints: what a layer (or optimizer) computes, for sharing compiled
+# functions between layers. Attributes that are arguments of the compiled
+# functions (weights, state, slots, opt params) or that never enter the
+# computation (rng, caller info, caches) are left out; anything this code
+# cannot compare by value is compared by identity, so the worst case is a
+# missed sharing, never a wrong one.
+
+_LAYER_SKIP = frozenset([
+    '_weights', '_state', '_rng', '_rng_seed_int', '_caller', '_init_cached',
+    '_jit_cache', '_sublayers_to_print'])
+_OPTIMIZER_SKIP = frozenset(['_slots', '_init_opt_params'])
+_ATOMS = (type(None), bool, int, float, complex, str, bytes)
+
+
+class _Unique:
+  """A fingerprint part equal only to itself."""
+  __slots__ = ()
+
+
+def _fingerprint(obj, active=None):
+  """Returns a hashable value equal for objects that compute the same thing."""
+  if isinstance(obj, _ATOMS):
+    return (type(obj).__name__, obj)
+  if active is None:
+    active = {}
+  key = id(obj)
+  if key in active:
+    return ('cycle', active[key])
+  if isinstance(obj, (np.ndarray, np.generic, jax.Array)):
+    x = np.asarray(obj)
+    digest = hashlib.sha1(np.ascontiguousarray(x).tobytes()).hexdigest()
+    return ('array', x.dtype.str, x.shape, digest)
+  if isinstance(obj, np.dtype):
+    return ('dtype', obj.str)
+  active[key] = len(active)
+  try:
+    fp = lambda x: _fingerprint(x, active)
+    if isinstance(obj, (tuple, list)):
+      return (type(obj).__name__,) + tuple(fp(x) for x in obj)
+    if isinstance(obj, dict):
+      return ('dict',) + tuple((fp(k), fp(v)) for k, v in obj.items())
+    if isinstance(obj, (set, frozenset)):
+      return ('set', frozenset(fp(x) for x in obj))
+    if isinstance(obj, base.Layer):
+      return ('layer', type(obj)) + tuple(
+          (k, fp(v)) for k, v in sorted(vars(obj).items())
+          if k not in _LAYER_SKIP)
+    if isinstance(obj, optimizer_base.Optimizer):
+      return ('optimizer', type(obj)) + tuple(
+          (k, fp(v)) for k, v in sorted(vars(obj).items())
+          if k not in _OPTIMIZER_SKIP)
+    if isinstance(obj, types.FunctionType):
+      cells = tuple(fp(c.cell_contents) if _cell_full(c) else ('empty',)
+                    for c in (obj.__closure__ or ()))
+      return ('function', obj.__code__, id(obj.__globals__),
+              fp(obj.__defaults__), fp(obj.__kwdefaults__), cells)
+    if isinstance(obj, types.MethodType):
+      return ('method', fp(obj.__func__), fp(obj.__self__))
+    if isinstance(obj, functools.partial):
+      return ('partial', fp(obj.func), fp(obj.args), fp(obj.keywords))
+    if isinstance(obj, (type, types.ModuleType, types.BuiltinFunctionType)):
+      return ('object', obj)
+    if hasattr(obj, 'shape') and hasattr(obj, 'dtype') and not hasattr(
+        obj, '__array__'):  # trax ShapeDtype and the like
+      return ('shape', tuple(obj.shape), str(obj.dtype))
+    try:
+      hash(obj)
+      if type(obj).__eq__ is object.__eq__:
+        return ('object', obj)  # identity
+    except TypeError:
+      pass
+    return ('unique', _Unique())
+  finally:
+    del active[key]
+
+
+def _cell_full(cell):
+  try:
+    cell.cell_contents  # pylint: disable=pointless-statement
+    return True
+  except ValueError:
+    return False
+
+
+def _host(tree):
+  """Device arrays in `tree` become numpy arrays; everything else stays."""
+  return jax.tree_util.tree_map(
+      lambda x: np.asarray(x) if isinstance(x, jax.Array) else x, tree)
+
+
+def _has_weights(layer):
+  return any(hasattr(x, 'shape')
+             for x in jax.tree_util.tree_leaves(layer.weights))
+
+
+@gin.configurable(module='trax_revplus')
+class ReversibleSerialTrainer:
+  """Runs an optimizer on a series of layers, reversible and not.
+
+  Drop-in replacement for trax 1.4.1's
+  `trax.optimizers.ReversibleSerialTrainer`: same constructor arguments,
+  same updates as trax's default `Trainer` on `tl.Serial(blocks +
+  [loss_layer])`, same public surface (`one_step`, `loss_layer`,
+  `all_layers`, `optimizer_fn`, `slots`), so `training.Loop` uses it
+  unchanged. Extras (gin: `trax_revplus.ReversibleSerialTrainer.<name>`):
+
+    n_async_layers: weights are collected from the device this many layer
+      updates after their async copy starts (0: synchronously).
+    memory_log_every_n_steps, memory_log_per_layer,
+    memory_log_tensorboard, output_dir: the memory log (`memory.MemoryLog`).
+    donate: reuse device buffers of inputs consumed by a layer update.
+
+  Between steps every layer's weights, state and optimizer slots are host
+  `numpy.ndarray`s.
+  """
+
+  def __init__(self, blocks, loss_layer, optimizer_fn, n_devices=None,
+               memoize_jit=True, free_accelerators_on_step=False,
+               adasum=False, n_async_layers=1, memory_log_every_n_steps=100,
+               memory_log_per_layer=False, memory_log_tensorboard=True,
+               output_dir=None, donate=True):
+    """Creates the trainer and one optimizer per layer.
+
+    Args:
+      blocks: list of pairs (standard layers: list of `tl.Layer`, reversible
+        layers: list of `tl.ReversibleLayer`), initialized (e.g. by
+        `init_reversible_blocks`).
+      loss_layer: `tl.Layer` ending in a scalar loss, initialized.
+      optimizer_fn: callable returning a new `trax.optimizers.Optimizer`
+        (e.g. `trax.optimizers.Adam`); called once per layer.
+      n_devices: int or None (all local devices); data-parallel over the
+        batch axis, which N must divide.
+      memoize_jit: bool, share compiled functions between layers that compute
+        the same thing (same classes, hyperparameters, functions and
+        constants, compared by value); unlike trax, not keyed by `repr`.
+      free_accelerators_on_step: bool, release device buffers before the
+        forward pass and after the loss (trax's Loop mode 2); see
+        `Placement.free_device_buffers`.
+      adasum: bool, combine multi-device gradients with Adasum.
+      n_async_layers: int >= 0, see the class docstring.
+      memory_log_every_n_steps: int >= 1, record memory every N steps.
+      memory_log_per_layer: bool, also record per layer.
+      memory_log_tensorboard: bool, write TensorBoard scalars.
+      output_dir: str or None, where `memory.jsonl` goes (`set_output_dir`).
+      donate: bool, donate consumed device buffers to layer updates.
+
+    Raises:
+      ValueError: n_devices is not available, or n_async_layers < 0.
+    """
+    if n_async_layers < 0:
+      raise ValueError(f'n_async_layers must be >= 0, got {n_async_layers}.')
+    self._blocks = [(tl.Serial(std), list(rev)) for (std, rev) in blocks]
+    self._loss_layer = loss_layer
+    self._optimizer_fn = optimizer_fn
+    self._adasum = adasum
+    self._n_async_layers = int(n_async_layers)
+    self._do_free = free_accelerators_on_step
+    self._donate = donate
+    self._memoize = memoize_jit
+    self._placement = placement_lib.Placement(n_devices)
+    self._n_devices = self._placement.n_devices
+    self._memory_log = memory.MemoryLog(
+        every_n_steps=memory_log_every_n_steps,
+        per_layer=memory_log_per_layer, output_dir=output_dir,
+        tensorboard=memory_log_tensorboard,
+        devices=self._placement.devices)
+
+    # Layers in forward order: block 0 standard, its reversible layers, ...,
+    # loss layer last; index i is also the index of layer i's RNG (as trax).
+    self._layers = []
+    self._kinds = []
+    for std, revs in self._blocks:
+      self._layers.append(std)
+      self._kinds.append('std')
+      self._layers.extend(revs)
+      self._kinds.extend(['rev'] * len(revs))
+    self._layers.append(loss_layer)
+    self._kinds.append('loss')
+    self._n_layers = len(self._layers)
+
+    def make_optimizer(layer):
+      opt = optimizer_fn()
+      opt.tree_init(layer.weights)
+      opt.slots = _host(opt.slots)
+      return opt
+    init_records = []
+    opts = []
+    for i, layer in enumerate(self._layers):
+      rss = memory.host_rss_bytes()
+      layer.weights = _host(layer.weights)
+      layer.state = _host(layer.state)
+      opts.append(make_optimizer(layer))
+      init_records.append(dict(
+          layer=i, layer_name=layer.name,
+          weights_bytes=memory.array_bytes(layer.weights),
+          slots_bytes=memory.array_bytes(opts[-1].slots),
+          host_rss_added_bytes=memory.host_rss_bytes() - rss))
+    self._opts = opts
+    self._pending_init_records = init_records
+    for r in init_records:
+      logging.info('init: layer %d %s: weights %.2f MiB, slots %.2f MiB, '
+                   'host RSS added %.2f MiB', r['layer'], r['layer_name'],
+                   r['weights_bytes'] / 2**20, r['slots_bytes'] / 2**20,
+                   r['host_rss_added_bytes'] / 2**20)
+    # trax's structure: per block (std optimizer, [rev optimizers]).
+    self._optimizers = []
+    k = 0
+    for _, revs in self._blocks:
+      self._optimizers.append((opts[k], opts[k + 1:k + 1 + len(revs)]))
+      k += 1 + len(revs)
+    self._loss_opt = opts[-1]
+
+    # Optimizer hyperparameters stay on the device between steps; only a
+    # changed learning rate is placed again.
+    self._opt_params = [self._placement.replicate(opt.opt_params)
+                        for opt in opts]
+    self._learning_rate = None
+
+    # Compiled functions, shared between layers with equal fingerprints.
+    self._compiled_cache = {}
+    self.n_compiled_functions = 0
+    self._fwd_fns, self._bwd_fns = [], []
+    for layer, kind, opt in zip(self._layers, self._kinds, opts):
+      self._fwd_fns.append(None if kind == 'loss' else self._compiled(
+          'fwd', layer, None, _forward_fn(layer), _FWD_ARGS, _FWD_OUTS, ()))
+      if kind == 'rev':
+        fn = _reverse_and_fbo_fn(layer, opt, self._n_devices, adasum)
+        # Outputs, weights, grads and slots are replaced by the results and
+        # never read again.
+        self._bwd_fns.append(self._compiled(
+            'rev', layer, opt, fn, _REV_ARGS, _REV_OUTS, (0, 1, 2, 5)))
+      else:
+        stats_name = 'loss' if kind == 'loss' else None
+        fn = _fbo_fn(layer, opt, self._n_devices, adasum, stats_name)
+        # Inputs of a standard layer are put back on the stack: not donated.
+        self._bwd_fns.append(self._compiled(
+            kind, layer, opt, fn, _FBO_ARGS, _FBO_OUTS, (1, 2, 4)))
+
+  # Public surface of trax's ReversibleSerialTrainer.
+
+  @property
+  def loss_layer(self):
+    """The loss layer this trainer was created with."""
+    return self._loss_layer
+
+  @property
+  def all_layers(self):
+    """All layers in forward order: [std0, rev0..., std1, ..., loss]."""
+    return list(self._layers)
+
+  @property
+  def optimizer_fn(self):
+    """The optimizer factory this trainer was created with."""
+    return self._optimizer_fn
+
+  @property
+  def slots(self):
+    """Slots of all optimizers: [(std slots, [rev slots...]), ..., loss]."""
+    optimizers = list(self._optimizers) + [self._loss_opt]
+    return fastmath.nested_map(lambda opt: opt.slots, optimizers)
+
+  @slots.setter
+  def slots(self, slots):
+    """Sets the slots of all optimizers (structure as the getter's)."""
+    for ((s_opt, r_opts), (s_slots, r_slots)) in zip(
+        self._optimizers, slots[:-1]):
+      for (opt, slot) in zip([s_opt] + list(r_opts), [s_slots] + list(r_slots)):
+        opt.slots = _host(slot)
+    self._loss_opt.slots = _host(slots[-1])
+
+  @property
+  def placement(self):
+    """The `placement.Placement` this trainer uses."""
+    return self._placement
+
+  @property
+  def memory_log(self):
+    """The `memory.MemoryLog` this trainer records to."""
+    return self._memory_log
+
+  def set_output_dir(self, output_dir):
+    """Writes the memory log to `<output_dir>/memory.jsonl` from now on."""
+    self._memory_log.set_output_dir(output_dir)
+    self._flush_init_records()
+
+  def _flush_init_records(self):
+    records, self._pending_init_records = self._pending_init_records, []
+    for fields in records:
+      self._memory_log.record(0, 'init', **fields)
+
+  # Compilation.
+
+  def _compiled(self, kind, layer, opt, fn, arg_kinds, out_kinds, donate):
+    """A jitted (N > 1: jitted shard_map) `fn`, shared by equal layers."""
+    key = None
+    if self._memoize:
+      key = (kind, _fingerprint(layer), _fingerprint(opt), self._n_devices,
+             self._adasum, self._donate)
+      hit = self._compiled_cache.get(key)
+      if hit is not None:
+        return hit
+    donate = donate if self._donate else ()
+    if self._n_devices == 1:
+      compiled = jax.jit(fn, donate_argnums=donate)
+    else:
+      compiled = jax.jit(self._shard_map(fn, arg_kinds, out_kinds),
+                         donate_argnums=donate)
+      if self._placement.sync_collectives and kind != 'fwd':
+        compiled = _blocking(compiled)
+    self.n_compiled_functions += 1
+    if key is not None:
+      self._compiled_cache[key] = compiled
+    return compiled
+
+  def _shard_map(self, fn, arg_kinds, out_kinds):
+    """Runs `fn` per device as `jax.pmap` would, on a 'batch' mesh."""
+    p = self._placement
+    squeeze = lambda t: jax.tree_util.tree_map(lambda x: x[0], t)
+    expand = lambda t: jax.tree_util.tree_map(lambda x: x[None], t)
+
+    def per_device(*args):
+      args = [squeeze(a) if k == 'd' else a for a, k in zip(args, arg_kinds)]
+      outs = fn(*args)
+      return tuple(expand(o) if k == 'd' else o
+                   for o, k in zip(outs, out_kinds))
+    spec = lambda k: p.per_device_spec if k == 'd' else p.replicated_spec
+    return jax.shard_map(
+        per_device, mesh=p.mesh,
+        in_specs=tuple(spec(k) for k in arg_kinds),
+        out_specs=tuple(spec(k) for k in out_kinds),
+        check_vma=False)
+
+  # One training step.
+
+  def _rngs(self, rng):
+    """Per-layer RNGs as trax: split(rng, n_layers); per device first."""
+    n = self._n_devices
+    if n == 1:
+      rows = np.asarray(fastmath.random.split(rng, self._n_layers))
+      return self._placement.replicate(list(rows))
+    per_device = fastmath.random.split(jnp.asarray(np.asarray(rng)), n)
+    table = np.stack([np.asarray(fastmath.random.split(r, self._n_layers))
+                      for r in per_device], axis=1)  # (layers, devices, 2)
+    return self._placement.per_device_rows(list(table))
+
+  def _set_learning_rate(self, learning_rate):
+    """Places a new learning rate once; the same value costs nothing."""
+    if learning_rate is None:
+      return
+    if isinstance(learning_rate, jax.Array):
+      learning_rate = np.asarray(learning_rate)
+    previous = self._learning_rate
+    if (previous is not None and type(previous[0]) is type(learning_rate) and
+        np.shape(learning_rate) == np.shape(previous[0]) and
+        np.all(previous[0] == learning_rate)):
+      return
+    # jnp.asarray keeps trax's typing: a Python float stays weakly typed.
+    placed = self._placement.replicate(jnp.asarray(learning_rate))
+    self._learning_rate = (learning_rate, placed)
+    for params in self._opt_params:
+      params['learning_rate'] = placed
+
+  def _place_params(self, i, with_slots):
+    """H2D of layer i's weights (and optimizer slots)."""
+    layer = self._layers[i]
+    if with_slots:
+      return self._placement.replicate(
+          (layer.weights, self._opts[i].slots))
+    return self._placement.replicate(layer.weights), None
+
+  def _collect(self, entry):
+    i, weights, slots, state = entry
+    self._layers[i].weights = weights.collect()
+    self._opts[i].slots = slots.collect()
+    self._layers[i].state = state.collect()
+
+  def one_step(self, batch, rng, step=0, learning_rate=None):
+    """Updates weights, state and slots of all layers by one training step.
+
+    Same contract as trax's `ReversibleSerialTrainer.one_step`.
+
+    Args:
+      batch: tuple of host arrays of shape (B, ...), e.g. (inputs, targets,
+        weights); N devices must divide B.
+      rng: JAX PRNG key (uint32[2]), single use.
+      step: int, training step number (the optimizers' schedule input).
+      learning_rate: float or None; overrides the optimizers' learning rate
+        from this step on.
+
+    Returns:
+      (loss, stats): loss a float32 device array, shape () on one device and
+      (N,) on N devices; stats a dict 'layer{i}/{name}' -> such arrays, i
+      counting layers in forward order, as trax.
+    """
+    p = self._placement
+    log = self._memory_log
+    if self._pending_init_records:
+      self._flush_init_records()
+    recording = log.should_record(step)
+    per_layer = recording and log.per_layer
+    self._set_learning_rate(learning_rate)
+    multi = self._n_devices > 1
+    step_placed = p.replicate(np.asarray(step, dtype=np.int32))
+    rngs = self._rngs(rng)
+
+    phase_start = [time.time(), p.transfers.snapshot()]
+
+    def end_phase(phase, outputs=None, **fields):
+      if not recording:
+        return
+      if outputs is not None:
+        p.block(outputs)
+      h2d, d2h = p.transfers.since(phase_start[1])
+      log.record(step, phase, seconds=time.time() - phase_start[0],
+                 h2d_bytes=h2d, d2h_bytes=d2h, **fields)
+      phase_start[0] = time.time()
+      phase_start[1] = p.transfers.snapshot()
+
+    if self._do_free:
+      freed = p.free_device_buffers(self._keep())
+      end_phase('free', freed_arrays=freed[0], freed_bytes=freed[1])
+
+    # Forward: standard layer, then the block's reversible layers.
+    stack = p.shard_batch(batch)
+    saved = {}  # layer index -> (inputs or None, old state, new state)
+    fwd_order = list(range(self._n_layers - 1))
+    placed = self._place_params(fwd_order[0], False) if fwd_order else None
+    for pos, i in enumerate(fwd_order):
+      weights, _ = placed
+      if pos + 1 < len(fwd_order):  # start the next layer's H2D first
+        placed = self._place_params(fwd_order[pos + 1], False)
+      layer = self._layers[i]
+      t0 = time.time()
+      state = p.per_device(layer.state)
+      inputs = cb.inputs_from_stack(stack, layer.n_in)
+      outputs, new_state = self._fwd_fns[i](inputs, weights, state, rngs[i])
+      stack = cb.outputs_onto_stack(outputs, stack, layer.n_in)
+      if self._kinds[i] == 'std':
+        saved[i] = (inputs, new_state)
+      else:
+        saved[i] = (state, new_state)
+      del weights, inputs, outputs, state, new_state
+      if per_layer:
+        p.block(stack)
+        log.record(step, 'forward', layer=i, layer_name=layer.name,
+                   seconds=time.time() - t0)
+    end_phase('forward', stack)
+
+    # Loss layer: forward, backward and optimizer update.
+    pending = collections.deque()
+    loss_i = self._n_layers - 1
+    bwd_order = list(range(self._n_layers - 2, -1, -1))
+    weights, slots = self._place_params(loss_i, True)
+    placed = self._place_params(bwd_order[0], True) if bwd_order else None
+    loss_layer = self._loss_layer
+    loss_inputs = cb.inputs_from_stack(stack, loss_layer.n_in)
+    new_weights, new_state, new_slots, grad_stack, loss_stats = (
+        self._bwd_fns[loss_i](
+            loss_inputs, weights, None, p.per_device(loss_layer.state), slots,
+            self._opt_params[loss_i], rngs[loss_i], step_placed))
+    del weights, slots, loss_inputs
+    self._start_collect(pending, loss_i, new_weights, new_slots, new_state)
+    del new_weights, new_slots, new_state
+    stats = [loss_stats]
+    end_phase('loss', grad_stack)
+
+    if self._do_free:
+      # As trax: activations wait on the host while device memory is freed.
+      stack, grad_stack = p.gather_to_host((stack, grad_stack))
+      freed = p.free_device_buffers(
+          [self._keep(), stack, grad_stack, saved, rngs, step_placed, placed,
+           stats] + [c.device_arrays() for e in pending for c in e[1:]])
+      end_phase('free', freed_arrays=freed[0], freed_bytes=freed[1])
+
+    # Backward, last layer first.
+    for pos, i in enumerate(bwd_order):
+      weights, slots = placed
+      if pos + 1 < len(bwd_order):
+        placed = self._place_params(bwd_order[pos + 1], True)
+      layer = self._layers[i]
+      t0 = time.time()
+      if self._kinds[i] == 'rev':
+        old_state, new_state = saved.pop(i)
+        outputs = cb.inputs_from_stack(stack, layer.n_out)
+        grads = cb.inputs_from_stack(grad_stack, layer.n_out)
+        new_weights, new_slots, inputs, grads_in, layer_stats = (
+            self._bwd_fns[i](outputs, weights, grads, old_state, new_state,
+                             slots, self._opt_params[i], rngs[i],
+                             step_placed))
+        stack = cb.outputs_onto_stack(inputs, stack, layer.n_out)
+        grad_stack = cb.outputs_onto_stack(grads_in, grad_stack, layer.n_out)
+        del outputs, grads, inputs, grads_in, old_state
+      else:
+        inputs, state = saved.pop(i)
+        grads = cb.inputs_from_stack(grad_stack, layer.n_out)
+        new_weights, new_state, new_slots, grads_in, layer_stats = (
+            self._bwd_fns[i](inputs, weights, grads, state, slots,
+                             self._opt_params[i], rngs[i], step_placed))
+        grad_stack = cb.outputs_onto_stack(grads_in, grad_stack, layer.n_out)
+        stack = cb.outputs_onto_stack(inputs, stack, layer.n_out)
+        del inputs, state, grads, grads_in
+      del weights, slots
+      stats.append(layer_stats)
+      self._start_collect(pending, i, new_weights, new_slots, new_state)
+      del new_weights, new_slots, new_state
+      if per_layer:
+        p.block(grad_stack)
+        log.record(step, 'backward', layer=i, layer_name=layer.name,
+                   seconds=time.time() - t0)
+    while pending:
+      self._collect(pending.popleft())
+    del stack, grad_stack
+    end_phase('backward')
+
+    joint_stats = {}
+    for i, stat in enumerate(reversed(stats)):
+      for k, v in stat.items():
+        joint_stats[f'layer{i}/' + k] = v
+    return stats[0]['loss'], joint_stats
+
+  def _start_collect(self, pending, i, weights, slots, state):
+    p = self._placement
+    pending.append((i, p.start_to_host(weights), p.start_to_host(slots),
+                    p.start_to_host(state, per_device=True)))
+    while len(pending) > self._n_async_layers:
+      self._collect(pending.popleft())
+
+  def _keep(self):
+    """Everything the trainer holds between phases (for safe freeing)."""
+    return [[(l.weights, l.state) for l in self._layers],
+            [o.slots for o in self._opts], self._opt_params,
+            self._learning_rate]
+
+
+def _blocking(fn):
+  """Waits for each call's results (see `Placement.sync_collectives`)."""
+  @functools.wraps(fn)
+  def call(*args):
+    return jax.block_until_ready(fn(*args))
+  return call
 
 
 def init_reversible_blocks(blocks, loss_layer, input_signature, rng):
-  return _stock.init_reversible_blocks(blocks, loss_layer, input_signature, rng)
+  """Initializes the layers that hold no weights yet; keeps the rest.
+
+  Replaces trax's `init_reversible_blocks`, which `training.Loop` calls with
+  `model.rng`: it re-initialized every layer, silently replacing weights a
+  user loaded before the Loop (fine-tuning, `train.init_checkpoint`). Here a
+  layer whose weights already contain arrays keeps its weights and state;
+  the others are initialized with exactly the RNGs trax would give them.
+  Afterwards all weights and state are host `numpy.ndarray`s.
+
+  Args:
+    blocks: list of pairs (standard layers, reversible layers).
+    loss_layer: the final loss layer.
+    input_signature: `ShapeDtype` or tuple of them, of the batch.
+    rng: JAX PRNG key (uint32[2]).
+  """
+  sig_stack = input_signature
+  rss = memory.host_rss_bytes()
+
+  def init_one(layer, sig, layer_rng):
+    nonlocal rss
+    if _has_weights(layer):
+      logging.info('init: layer %s keeps its weights', layer.name)
+    else:
+      layer.init(sig, rng=layer_rng)
+    layer.weights = _host(layer.weights)
+    layer.state = _host(layer.state)
+    now = memory.host_rss_bytes()
+    logging.info('init: layer %s: weights %.2f MiB, host RSS added %.2f MiB, '
+                 'host RSS %.2f MiB', layer.name,
+                 memory.array_bytes(layer.weights) / 2**20,
+                 (now - rss) / 2**20, now / 2**20)
+    rss = now
+
+  for (std_layers, rev_layers) in blocks:
+    rngs = fastmath.random.split(rng, len(std_layers) + len(rev_layers) + 1)
+    rng = rngs[0]
+    for layer, layer_rng in zip(list(std_layers) + list(rev_layers), rngs[1:]):
+      sig = cb.inputs_from_stack(sig_stack, layer.n_in)
+      init_one(layer, sig, layer_rng)
+      out_sig = layer.output_signature(sig)
+      sig_stack = cb.outputs_onto_stack(out_sig, sig_stack, layer.n_in)
+  init_one(loss_layer, cb.inputs_from_stack(sig_stack, loss_layer.n_in), rng)
+
+
+# trax's block extraction is backend-neutral and reused as is.
+extract_reversible_blocks = stock_trainer.extract_reversible_blocks

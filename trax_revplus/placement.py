@@ -1,0 +1,373 @@
+"""Where the reversible trainer's arrays live: host, one device, or N devices.
+
+This is the only trax_revplus module that talks to JAX device APIs. It
+mirrors what trax 1.4.1's `ReversibleSerialTrainer` does with
+`tl.on_cpu`, `tl.on_accelerator`, `tl.for_n_devices`, `tl.reshape_by_device`,
+`_lazy_unreplicate`, `_collect_weights` and `_free_accelerators`, using only
+current public APIs (`jax.device_put` with `NamedSharding`,
+`Array.copy_to_host_async`, `jax.live_arrays`).
+
+Layouts on N > 1 devices (mesh axis 'batch'):
+
+  * replicated: weights, optimizer slots, optimizer hyperparameters and the
+    step number; each device holds the whole array
+    (`NamedSharding(mesh, P())`); the global shape is the array's own.
+  * per-device: everything that differs between devices (activations,
+    cotangents, layer state, RNG keys, statistics); the global shape has a
+    leading axis of size N, device d holds slice d
+    (`NamedSharding(mesh, P('batch'))`). This is the layout `jax.pmap` uses,
+    so per-device values match trax's pmap-based trainers exactly.
+
+On one device both layouts are plain single-device arrays without the
+leading axis.
+"""
+
+import gc
+import sys
+
+import jax
+from jax.sharding import Mesh
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec
+from jax.sharding import SingleDeviceSharding
+import numpy as np
+
+from trax_revplus import memory
+
+AXIS_NAME = 'batch'
+
+# References `sys.getrefcount` sees for an array held only by the list that
+# `jax.live_arrays()` returned: that list, the loop variable and the call's
+# own argument.
+_UNHELD_REFCOUNT = 3
+
+
+def _leaves(tree):
+  return jax.tree_util.tree_leaves(tree)
+
+
+def _host_nbytes(x):
+  """Bytes a host leaf occupies (0 for non-arrays and device arrays)."""
+  if isinstance(x, jax.Array):
+    return 0
+  if isinstance(x, (np.ndarray, np.generic)):
+    return int(x.nbytes)
+  if isinstance(x, (bool, int, float, complex)):
+    return np.asarray(x).nbytes
+  return 0
+
+
+class HostCopy:
+  """Device-to-host copies in flight for one pytree (lazy unreplication).
+
+  Made by `Placement.start_to_host`; `collect()` waits for the copies and
+  returns the pytree with `numpy.ndarray` leaves.
+  """
+
+  def __init__(self, treedef, leaves, squeeze):
+    self._treedef = treedef
+    self._leaves = leaves
+    self._squeeze = squeeze
+
+  def device_arrays(self):
+    """The device arrays still referenced (so freeing can protect them)."""
+    return [x for x in self._leaves if isinstance(x, jax.Array)]
+
+  def collect(self):
+    """Returns the pytree with host `numpy.ndarray` leaves (blocks on D2H)."""
+    out = []
+    for x, squeeze in zip(self._leaves, self._squeeze):
+      if isinstance(x, jax.Array):
+        x = np.asarray(x)
+        if squeeze:
+          x = x[0]
+      out.append(x)
+    self._leaves = ()
+    return jax.tree_util.tree_unflatten(self._treedef, out)
+
+
+class Placement:
+  """Puts pytrees on N local devices, brings them back, frees device memory.
+
+  Attributes:
+    devices: list of `jax.Device` used, the first `n_devices` local devices.
+    n_devices: int.
+    platform: str, e.g. 'cpu', 'gpu', 'tpu'.
+    mesh: `jax.sharding.Mesh` over `devices` with axis 'batch' (N > 1), or
+      None.
+    transfers: `memory.TransferCounter` that every H2D and D2H copy issued
+      here is added to (bytes handed to the device APIs; on the CPU backend
+      the runtime may alias instead of copying).
+    sync_collectives: bool, whether callers must wait for every program with
+      cross-device collectives before dispatching the next one. True on the
+      CPU backend with N > 1: its devices share one host thread pool, and two
+      queued programs with all-reduces can each hold a thread the other
+      needs, which deadlocks (observed with 2 host cores and forced host
+      devices).
+  """
+
+  def __init__(self, n_devices=None, transfer_counter=None):
+    """Creates a placement over the first `n_devices` local devices.
+
+    Args:
+      n_devices: int >= 1 or None (all local devices).
+      transfer_counter: `memory.TransferCounter` or None (a new one).
+
+    Raises:
+      ValueError: `n_devices` is < 1 or more than the local devices.
+    """
+    local = jax.local_devices()
+    n = len(local) if n_devices is None else int(n_devices)
+    if n < 1 or n > len(local):
+      raise ValueError(
+          f'n_devices={n_devices!r} but this process has {len(local)} local '
+          f'device(s) ({local[0].platform}); pass n_devices between 1 and '
+          f'{len(local)}, or on CPU set XLA_FLAGS='
+          f'--xla_force_host_platform_device_count={n} before importing jax.')
+    self.devices = list(local[:n])
+    self.n_devices = n
+    self.platform = self.devices[0].platform
+    self.transfers = transfer_counter or memory.TransferCounter()
+    self.sync_collectives = self.platform == 'cpu' and n > 1
+    if n > 1:
+      self.mesh = Mesh(np.array(self.devices), (AXIS_NAME,))
+      self._replicated = NamedSharding(self.mesh, PartitionSpec())
+      self._per_device = NamedSharding(self.mesh, PartitionSpec(AXIS_NAME))
+    else:
+      self.mesh = None
+      self._replicated = SingleDeviceSharding(self.devices[0])
+      self._per_device = self._replicated
+
+  @property
+  def replicated_spec(self):
+    return PartitionSpec()
+
+  @property
+  def per_device_spec(self):
+    return PartitionSpec(AXIS_NAME)
+
+  def _put(self, tree, sharding, prepare=None, copies=1):
+    """device_put of all leaves in one call; device arrays already there stay."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    if not leaves:
+      return tree
+    moving, where = [], []
+    h2d = 0
+    for i, x in enumerate(leaves):
+      if isinstance(x, jax.Array) and x.sharding == sharding:
+        continue
+      if prepare is not None:
+        x = prepare(x)
+      h2d += _host_nbytes(x) * copies
+      moving.append(x)
+      where.append(i)
+    if moving:
+      placed = jax.device_put(moving, sharding)
+      for i, x in zip(where, placed):
+        leaves[i] = x
+      if h2d:
+        self.transfers.add_h2d(h2d)
+    return jax.tree_util.tree_unflatten(treedef, leaves)
+
+  def replicate(self, tree):
+    """Places `tree` whole on every device (weights, slots, opt params).
+
+    Mirrors trax's `tl.on_accelerator` (1 device) and `tl.for_n_devices`
+    (N devices), without the leading device axis on N devices.
+
+    Args:
+      tree: pytree of host arrays (numpy or Python scalars) or device arrays.
+
+    Returns:
+      The pytree with `jax.Array` leaves, same shapes and dtypes.
+    """
+    return self._put(tree, self._replicated, copies=self.n_devices)
+
+  def per_device(self, tree):
+    """Places a copy of a host value on each device in per-device layout.
+
+    Used for layer state, which trax replicates with `tl.for_n_devices` and
+    which may then diverge between devices.
+
+    Args:
+      tree: pytree of arrays of shape S.
+
+    Returns:
+      The pytree with leaves of shape (N,) + S on N > 1 devices, S on one.
+    """
+    if self.n_devices == 1:
+      return self._put(tree, self._per_device)
+    n = self.n_devices
+
+    def broadcast(x):
+      x = np.asarray(x)
+      return np.broadcast_to(x, (n,) + x.shape)
+    return self._put(tree, self._per_device, prepare=broadcast)
+
+  def shard_batch(self, batch):
+    """Splits a host batch over devices along its leading (batch) axis.
+
+    Mirrors trax's `tl.reshape_by_device`.
+
+    Args:
+      batch: pytree of arrays of shape (B, ...).
+
+    Returns:
+      The pytree with leaves of shape (N, B // N, ...) in per-device layout
+      on N > 1 devices; unchanged shapes on one device.
+
+    Raises:
+      ValueError: N does not divide B.
+    """
+    if self.n_devices == 1:
+      return self._put(batch, self._per_device)
+    n = self.n_devices
+
+    def split(x):
+      x = np.asarray(x)
+      if x.ndim == 0 or x.shape[0] % n:
+        raise ValueError(
+            f'Number of devices ({n}) does not evenly divide batch size '
+            f'(array of shape {x.shape}); use a batch size that is a '
+            f'multiple of {n} or set n_devices.')
+      return x.reshape((n, x.shape[0] // n) + x.shape[1:])
+    return self._put(batch, self._per_device, prepare=split)
+
+  def per_device_rows(self, rows):
+    """Places a list of host arrays of shape (N, ...) in per-device layout."""
+    return self._put(list(rows), self._per_device)
+
+  def start_to_host(self, tree, per_device=False):
+    """Starts async device-to-host copies of one replica of `tree`.
+
+    Mirrors trax's `_lazy_unreplicate`: takes device 0's value and calls
+    `copy_to_host_async` on it, so the copy overlaps later device work.
+
+    Args:
+      tree: pytree of device arrays in replicated (default) or per-device
+        layout.
+      per_device: bool, whether `tree` is in per-device layout (the leading
+        device axis is dropped on N > 1 devices).
+
+    Returns:
+      `HostCopy`; its `collect()` returns the pytree with numpy leaves.
+    """
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    out, squeeze = [], []
+    d2h = 0
+    multi = self.n_devices > 1
+    for x in leaves:
+      if isinstance(x, jax.Array):
+        if multi:
+          x = x.addressable_shards[0].data
+        x.copy_to_host_async()
+        d2h += x.nbytes
+      out.append(x)
+      squeeze.append(multi and per_device)
+    if d2h:
+      self.transfers.add_d2h(d2h)
+    return HostCopy(treedef, out, squeeze)
+
+  def to_host(self, tree, per_device=False):
+    """Synchronous `start_to_host(...).collect()`: numpy leaves."""
+    return self.start_to_host(tree, per_device).collect()
+
+  def gather_to_host(self, tree):
+    """Copies every device's data to host (per-device arrays keep axis N)."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    out = []
+    d2h = 0
+    for x in leaves:
+      if isinstance(x, jax.Array):
+        x.copy_to_host_async()
+        d2h += x.nbytes
+      out.append(x)
+    self.transfers.add_d2h(d2h)
+    out = [np.asarray(x) if isinstance(x, jax.Array) else x for x in out]
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+  def block(self, tree):
+    """Waits for all device arrays in `tree`; returns `tree`."""
+    return jax.block_until_ready(tree)
+
+  def free_device_buffers(self, keep):
+    """Releases device buffers that nothing alive can still read.
+
+    Replaces trax's `_free_accelerators`, which deleted every live buffer
+    except a list of exceptions matched through the removed `device_buffer`
+    attribute (on current JAX that matches nothing, so it would delete the
+    weights themselves). Here an array's buffer is deleted only when all of
+    these hold:
+
+      * it is not reachable from `keep`, compared by the identity of the
+        `jax.Array` objects and by the data pointer of every shard (and of
+        every numpy leaf in `keep`, which on the CPU backend may share a
+        device buffer);
+      * no Python object other than the `jax.live_arrays()` list refers to
+        it (`sys.getrefcount`), so arrays the caller, a layer, an optimizer
+        or a numpy view still holds are never touched.
+
+    Before that it runs the cyclic garbage collector, which releases device
+    arrays kept alive only by unreachable reference cycles. The result is
+    the drop in live arrays on these devices, whichever step released them.
+
+    Args:
+      keep: pytree (or list of pytrees) of everything the caller still uses.
+
+    Returns:
+      (freed_arrays, freed_bytes): ints, device arrays released and their
+      bytes, summed over the devices of this placement.
+    """
+    devices = set(self.devices)
+
+    def on_ours(x):
+      try:
+        return bool(x.devices() & devices)
+      except Exception:  # pylint: disable=broad-except
+        return False
+
+    def live_on_ours():
+      return [x for x in jax.live_arrays()
+              if not x.is_deleted() and on_ours(x)]
+
+    before = live_on_ours()
+    n_before = len(before)
+    bytes_before = sum(x.nbytes for x in before)
+    del before
+    gc.collect()
+
+    keep_ids, keep_pointers = set(), set()
+    for x in _leaves(keep):
+      if isinstance(x, jax.Array):
+        keep_ids.add(id(x))
+        for pointer in _buffer_pointers(x):
+          keep_pointers.add(pointer)
+      elif isinstance(x, np.ndarray) and x.size:
+        keep_pointers.add(x.ctypes.data)
+    x = None
+    for x in live_on_ours():
+      if id(x) in keep_ids:
+        continue
+      if any(p in keep_pointers for p in _buffer_pointers(x)):
+        continue
+      if sys.getrefcount(x) > _UNHELD_REFCOUNT:
+        continue
+      x.delete()
+    del x  # pylint: disable=undefined-loop-variable
+    after = live_on_ours()
+    freed_arrays = max(0, n_before - len(after))
+    freed_bytes = max(0, bytes_before - sum(x.nbytes for x in after))
+    return freed_arrays, freed_bytes
+
+
+def _buffer_pointers(x):
+  """Data pointers of every shard of a `jax.Array` (empty if unavailable)."""
+  pointers = []
+  try:
+    if len(x.sharding.device_set) == 1:
+      return [x.unsafe_buffer_pointer()]
+    for shard in x.addressable_shards:
+      pointers.append(shard.data.unsafe_buffer_pointer())
+  except Exception:  # pylint: disable=broad-except
+    pass
+  return pointers
