@@ -360,16 +360,17 @@ class ReversibleSerialTrainer:
           'fwd', layer, None, _forward_fn(layer), _FWD_ARGS, _FWD_OUTS, ()))
       if kind == 'rev':
         fn = _reverse_and_fbo_fn(layer, opt, self._n_devices, adasum)
-        # Outputs, weights, grads and slots are replaced by the results and
-        # never read again.
+        # Weights and slots are replaced by the results and never read
+        # again; activations are not donated, XLA rarely reuses them.
+        donate = (1, 5) if _has_weights(layer) else ()
         self._bwd_fns.append(self._compiled(
-            'rev', layer, opt, fn, _REV_ARGS, _REV_OUTS, (0, 1, 2, 5)))
+            'rev', layer, opt, fn, _REV_ARGS, _REV_OUTS, donate))
       else:
         stats_name = 'loss' if kind == 'loss' else None
         fn = _fbo_fn(layer, opt, self._n_devices, adasum, stats_name)
-        # Inputs of a standard layer are put back on the stack: not donated.
+        donate = (1, 4) if _has_weights(layer) else ()
         self._bwd_fns.append(self._compiled(
-            kind, layer, opt, fn, _FBO_ARGS, _FBO_OUTS, (1, 2, 4)))
+            kind, layer, opt, fn, _FBO_ARGS, _FBO_OUTS, donate))
 
   # Public surface of trax's ReversibleSerialTrainer.
 
@@ -430,7 +431,7 @@ class ReversibleSerialTrainer:
     key = None
     if self._memoize:
       key = (kind, _fingerprint(layer), _fingerprint(opt), self._n_devices,
-             self._adasum, self._donate)
+             self._adasum, donate if self._donate else ())
       hit = self._compiled_cache.get(key)
       if hit is not None:
         return hit

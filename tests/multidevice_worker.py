@@ -1,0 +1,114 @@
+"""Trains on N forced CPU devices and prints figures as one JSON line.
+
+Run by tests/test_multidevice.py in a fresh process, because the device
+count is fixed when JAX starts:
+
+  XLA_FLAGS=--xla_force_host_platform_device_count=N \
+      python tests/multidevice_worker.py N
+
+Printed (last line of stdout), all differences as max absolute values:
+  n_devices, local_devices,
+  max_diff_vs_default_1dev: ours on N devices vs trax's default Trainer on
+    one device (dropout-free model, 2 steps, Adam, learning-rate override),
+  max_diff_vs_ours_1dev: ours on N devices vs ours on one device,
+  max_diff_free: ours on N devices with free_accelerators_on_step=True vs
+    False, loss_shape: shape of the returned loss,
+  adasum_finite: ours with adasum=True trains to finite weights,
+  adasum_diff_vs_mean: how far Adasum's weights are from plain averaging
+    (> 0: the flag changes the update),
+  weights_are_numpy: every weight a host numpy.ndarray after one_step.
+"""
+
+import json
+import os
+import sys
+
+import numpy as np
+
+from trax import fastmath
+from trax import layers as tl
+from trax import optimizers
+
+import trax_revplus
+from trax_revplus import trainer as rev_trainer
+
+
+def _model():
+  first = tl.Serial(tl.Embedding(9, 4), tl.Dup())
+  revs = [tl.ReversibleHalfResidual(tl.Dense(4), tl.Relu()),
+          tl.ReversibleSwap(),
+          tl.ReversibleHalfResidual(tl.Dense(4)),
+          tl.ReversibleSwap()]
+  loss = tl.Serial(tl.Concatenate(), tl.Dense(9), tl.LogSoftmax(),
+                   tl.CrossEntropyLoss())
+  return first, revs, loss
+
+
+_BATCH = (np.arange(32).reshape((8, 4)) % 9,
+          (3 * np.arange(32).reshape((8, 4)) + 1) % 9,
+          np.ones((8, 4), dtype=np.float32))
+_RNGS = [fastmath.random.get_prng(7), fastmath.random.get_prng(8)]
+_LRS = [None, 0.02]
+
+
+def _max_diff(a, b):
+  fa, fb = fastmath.tree_flatten(a), fastmath.tree_flatten(b)
+  assert len(fa) == len(fb) and fa
+  return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
+             for x, y in zip(fa, fb))
+
+
+def _default_weights():
+  first, revs, loss = _model()
+  model = tl.Serial([first] + revs + [loss])
+  model.init(_BATCH, rng=fastmath.random.get_prng(12))
+  opt = optimizers.Adam()
+  opt.tree_init(model.weights)
+  trainer = optimizers.Trainer(model, opt, n_devices=1)
+  for rng, lr in zip(_RNGS, _LRS):
+    trainer.one_step(_BATCH, rng, learning_rate=lr)
+  return model.weights
+
+
+def _ours(n_devices, **kwargs):
+  first, revs, loss = _model()
+  model = tl.Serial([first] + revs + [loss])
+  model.init(_BATCH, rng=fastmath.random.get_prng(12))
+  trainer = rev_trainer.ReversibleSerialTrainer(
+      [(first.sublayers, revs)], loss, optimizers.Adam, n_devices=n_devices,
+      **kwargs)
+  for rng, lr in zip(_RNGS, _LRS):
+    loss_value, _ = trainer.one_step(_BATCH, rng, learning_rate=lr)
+  return model.weights, np.asarray(loss_value)
+
+
+def main():
+  n = int(sys.argv[1])
+  trax_revplus.deactivate()
+  import jax  # pylint: disable=g-import-not-at-top
+  reference = _default_weights()
+  ours_1, _ = _ours(1)
+  ours_n, loss_n = _ours(n)
+  ours_free, _ = _ours(n, free_accelerators_on_step=True,
+                       memory_log_every_n_steps=1)
+  adasum, _ = _ours(n, adasum=True)
+  result = {
+      'n_devices': n,
+      'local_devices': len(jax.local_devices()),
+      'xla_flags': os.environ.get('XLA_FLAGS', ''),
+      'max_diff_vs_default_1dev': _max_diff(ours_n, reference),
+      'max_diff_vs_ours_1dev': _max_diff(ours_n, ours_1),
+      'max_diff_free': _max_diff(ours_n, ours_free),
+      'loss_shape': list(loss_n.shape),
+      'adasum_finite': all(np.all(np.isfinite(x))
+                           for x in fastmath.tree_flatten(adasum)),
+      'adasum_diff_vs_mean': _max_diff(adasum, ours_n),
+      'weights_are_numpy': all(
+          isinstance(x, np.ndarray)
+          for x in fastmath.tree_flatten((ours_n, ours_free, adasum))),
+  }
+  print(json.dumps(result))
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,365 @@
+"""trax_revplus.ReversibleSerialTrainer against trax's default Trainer.
+
+Ports the reversible tests of trax 1.4.1's optimizers/trainer_test.py (basic,
+extended with a mid block, Terraformer with loss chunking, slots get/set) and
+adds optimizers, n_async_layers, accelerator freeing and compile sharing.
+Every reference is trax's own `optimizers.Trainer` on
+`tl.Serial(blocks + [loss_layer])`, run on the same inputs and RNGs.
+"""
+
+import jax
+import numpy as np
+import pytest
+
+from trax import fastmath
+from trax import layers as tl
+from trax import optimizers
+from trax import shapes
+from trax.models.research import terraformer
+
+import trax_revplus
+from trax_revplus import trainer as rev_trainer
+
+
+@pytest.fixture(autouse=True)
+def _stock_names():
+  trax_revplus.deactivate()
+  yield
+  trax_revplus.deactivate()
+
+
+def _assert_all_close(t1, t2, tol=1e-5):
+  f1, f2 = fastmath.tree_flatten(t1), fastmath.tree_flatten(t2)
+  assert len(f1) == len(f2)
+  assert f1, 'nothing to compare'
+  for x1, x2 in zip(f1, f2):
+    x1, x2 = np.asarray(x1), np.asarray(x2)
+    assert x1.shape == x2.shape
+    np.testing.assert_allclose(x1, x2, rtol=0, atol=tol)
+
+
+def _batch():
+  inputs = np.arange(8).reshape((2, 4))
+  return (inputs, 2 * inputs, np.ones_like(inputs))
+
+
+_RNGS = [fastmath.random.get_prng(7), fastmath.random.get_prng(8),
+         fastmath.random.get_prng(9)]
+_LRS = [None, 0.02, 0.03]
+
+
+def _train(trainer, batch, n_steps):
+  losses = []
+  for rng, lr in list(zip(_RNGS, _LRS))[:n_steps]:
+    loss, _ = trainer.one_step(batch, rng, learning_rate=lr)
+    losses.append(loss)
+  return losses
+
+
+def _basic_model(rate=0.5):
+  first = tl.Serial(tl.Embedding(9, 4), tl.Dropout(rate), tl.Dup())
+  revs = [tl.ReversibleHalfResidual(tl.Dense(4), tl.Dropout(0.2)),
+          tl.ReversibleSwap(),
+          tl.ReversibleHalfResidual(tl.Dropout(0.5), tl.Dense(4)),
+          tl.ReversibleSwap()]
+  loss = tl.Serial(tl.Concatenate(), tl.Dense(19), tl.Dropout(0.3),
+                   tl.LogSoftmax(), tl.CrossEntropyLoss())
+  return first, revs, loss
+
+
+def _reference(model, init, optimizer_fn, n_steps, batch):
+  """Trains with trax's default Trainer; returns (weights, slots, state)."""
+  init()
+  optimizer = optimizer_fn()
+  optimizer.tree_init(model.weights)
+  trainer = optimizers.Trainer(model, optimizer, n_devices=1)
+  _train(trainer, batch, n_steps)
+  return model.weights, optimizer.slots, model.state
+
+
+def _host_leaves_only(tree):
+  for x in fastmath.tree_flatten(tree):
+    assert isinstance(x, np.ndarray), type(x)
+
+
+def test_slots_get_and_set():
+  layers = [tl.Dense(4), tl.Dup()]
+  rev_layers = [tl.ReversibleHalfResidual(tl.Dense(4)), tl.ReversibleSwap()]
+  loss_layer = tl.Serial(tl.Concatenate(), tl.Dense(4), tl.LogSoftmax(),
+                         tl.CrossEntropyLoss())
+  tl.Serial(layers + rev_layers + [loss_layer]).init(
+      (shapes.ShapeDtype((2, 4)), shapes.ShapeDtype((2,), np.int32),
+       shapes.ShapeDtype((2,))))
+  trainer = rev_trainer.ReversibleSerialTrainer(
+      [(layers, rev_layers)], loss_layer, optimizers.Adam)
+  slots = trainer.slots
+  trainer.slots = slots
+  assert fastmath.tree_flatten(trainer.slots)
+  for x, y in zip(fastmath.tree_flatten(slots),
+                  fastmath.tree_flatten(trainer.slots)):
+    np.testing.assert_array_equal(x, y)
+  # A changed value goes in and comes back out.
+  changed = fastmath.nested_map(lambda s: s + 1.0, slots)
+  trainer.slots = changed
+  _assert_all_close(changed, trainer.slots, tol=0)
+  _host_leaves_only(trainer.slots)
+
+
+@pytest.mark.parametrize('optimizer_fn', [optimizers.Adam, optimizers.Adafactor])
+def test_same_as_default_basic(optimizer_fn):
+  batch = _batch()
+  first, revs, loss = _basic_model()
+  model = tl.Serial([first] + revs + [loss])
+  rng_init = fastmath.random.get_prng(12)
+  init = lambda: model.init(batch, rng=rng_init)
+  ref_weights, ref_slots, _ = _reference(model, init, optimizer_fn, 2, batch)
+
+  init()
+  trainer = rev_trainer.ReversibleSerialTrainer(
+      [(first.sublayers, revs)], loss, optimizer_fn)
+  _train(trainer, batch, 2)
+  _assert_all_close(ref_weights, model.weights)
+  # Default Trainer keeps one flat slot tuple per weight; ours per layer.
+  _assert_all_close(ref_slots, trainer.slots)
+  _host_leaves_only(model.weights)
+  _host_leaves_only(trainer.slots)
+  assert not np.allclose(np.asarray(fastmath.tree_flatten(ref_weights)[0]),
+                         np.asarray(fastmath.tree_flatten(
+                             _initial_weights(model, init))[0]))
+
+
+def _initial_weights(model, init):
+  init()
+  return model.weights
+
+
+def _extended_model(mid_rate=0.3):
+  first = tl.Serial(tl.Embedding(9, 4), tl.Dropout(0.5), tl.Dup())
+  revs1 = [tl.ReversibleHalfResidual(tl.Dense(4), tl.Dropout(0.2)),
+           tl.ReversibleSwap(),
+           tl.ReversibleHalfResidual(tl.Dropout(0.5), tl.Dense(4)),
+           tl.ReversibleSwap()]
+  mid = tl.Serial(tl.Add(), tl.Dense(4), tl.Dup())
+  revs2 = [tl.ReversibleHalfResidual(tl.Dense(4), tl.Dropout(mid_rate)),
+           tl.ReversibleSwap()]
+  loss = tl.Serial(tl.Concatenate(), tl.Dense(19), tl.Dropout(0.3),
+                   tl.LogSoftmax(), tl.CrossEntropyLoss())
+  return first, revs1, mid, revs2, loss
+
+
+def test_same_as_default_extended():
+  """Stock's test turns memoization off (its repr keys break it); ours not."""
+  batch = _batch()
+  first, revs1, mid, revs2, loss = _extended_model()
+  model = tl.Serial([first] + revs1 + [mid] + revs2 + [loss])
+  rng_init = fastmath.random.get_prng(12)
+  init = lambda: model.init(batch, rng=rng_init)
+  ref_weights, ref_slots, ref_state = _reference(
+      model, init, optimizers.Adam, 3, batch)
+
+  init()
+  trainer = rev_trainer.ReversibleSerialTrainer(
+      [(first.sublayers, revs1), (mid.sublayers, revs2)], loss,
+      optimizers.Adam, memoize_jit=True)
+  _train(trainer, batch, 3)
+  _assert_all_close(ref_weights, model.weights)
+  _assert_all_close(ref_slots, trainer.slots)
+  _assert_all_close(ref_state, model.state)
+
+
+def test_memoization_distinguishes_layers_repr_cannot():
+  """Two reversible layers differing only in a dropout rate.
+
+  `repr` shows the same text for both, so trax's repr-keyed memoization
+  gives both the first one's compiled function.
+  """
+  batch = _batch()
+  first = tl.Serial(tl.Embedding(9, 4), tl.Dup())
+  revs = [tl.ReversibleHalfResidual(tl.Dense(4), tl.Dropout(0.1)),
+          tl.ReversibleSwap(),
+          tl.ReversibleHalfResidual(tl.Dense(4), tl.Dropout(0.6)),
+          tl.ReversibleSwap()]
+  assert repr(revs[0]) == repr(revs[2])
+  loss = tl.Serial(tl.Concatenate(), tl.Dense(19), tl.LogSoftmax(),
+                   tl.CrossEntropyLoss())
+  model = tl.Serial([first] + revs + [loss])
+  rng_init = fastmath.random.get_prng(12)
+  init = lambda: model.init(batch, rng=rng_init)
+  ref_weights, _, _ = _reference(model, init, optimizers.Adam, 3, batch)
+
+  init()
+  trainer = rev_trainer.ReversibleSerialTrainer(
+      [(first.sublayers, revs)], loss, optimizers.Adam, memoize_jit=True)
+  _train(trainer, batch, 3)
+  _assert_all_close(ref_weights, model.weights)
+
+
+def _count_compiles():
+  """Returns a list that grows by one per XLA backend compilation."""
+  events = []
+
+  def listener(name, *unused_args, **unused_kwargs):
+    if name == '/jax/core/compile/backend_compile_duration':
+      events.append(name)
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  return events
+
+
+def test_identical_layers_share_one_compilation():
+  batch = _batch()
+  n_pairs = 3
+
+  def make(memoize):
+    first = tl.Serial(tl.Embedding(9, 4), tl.Dup())
+    revs = []
+    for _ in range(n_pairs):
+      revs += [tl.ReversibleHalfResidual(tl.Dense(4), tl.Dropout(0.1)),
+               tl.ReversibleSwap()]
+    loss = tl.Serial(tl.Concatenate(), tl.Dense(19), tl.LogSoftmax(),
+                     tl.CrossEntropyLoss())
+    model = tl.Serial([first] + revs + [loss])
+    model.init(batch, rng=fastmath.random.get_prng(3))
+    trainer = rev_trainer.ReversibleSerialTrainer(
+        [(first.sublayers, revs)], loss, optimizers.Adam, memoize_jit=memoize)
+    return trainer
+
+  compiles = _count_compiles()
+  make(False).one_step(batch, _RNGS[0])  # compiles the step's helper ops
+  shared = make(True)
+  # std, half-residual, swap, loss: forward and backward functions.
+  assert shared.n_compiled_functions == 7
+  start = len(compiles)
+  shared.one_step(batch, _RNGS[0])
+  shared_compiles = len(compiles) - start
+  separate = make(False)
+  assert separate.n_compiled_functions == 4 * n_pairs + 3
+  start = len(compiles)
+  separate.one_step(batch, _RNGS[0])
+  separate_compiles = len(compiles) - start
+  # Every distinct layer function compiles once more than the shared run:
+  # 2 * (n_pairs - 1) half-residuals and swaps, forward and backward.
+  assert separate_compiles - shared_compiles == 4 * (n_pairs - 1)
+
+
+def test_fingerprint_tells_functions_and_constants_apart():
+  fp = rev_trainer._fingerprint  # pylint: disable=protected-access
+  assert fp(tl.Dropout(0.1)) == fp(tl.Dropout(0.1))
+  assert fp(tl.Dropout(0.1)) != fp(tl.Dropout(0.2))
+  assert fp(tl.Fn('f', lambda x: x * 2)) != fp(tl.Fn('f', lambda x: x * 3))
+  make = lambda k: tl.Fn('f', lambda x: x * k)
+  assert fp(make(2)) == fp(make(2))
+  assert fp(make(2)) != fp(make(3))
+  assert fp(tl.Dense(4)) != fp(tl.Dense(5))
+  assert fp(optimizers.Adafactor()) != fp(optimizers.Adafactor(factored=False))
+
+
+def test_same_as_default_terraformer_loss_chunking():
+  inputs = np.arange(8).reshape((2, 4)) + 1
+  batch = (inputs, 2 * inputs, np.ones_like(inputs))
+  int_sig = shapes.ShapeDtype((2, 4), dtype=np.int32)
+  input_sig = (int_sig, int_sig, int_sig)
+  model = terraformer.ConfigurableTerraformer(
+      20, d_model=8, d_ff=32, n_heads=1, dropout=0.0, n_encoder_layers=2,
+      n_decoder_layers=2, ff_sparsity=(4, 8, 0.0, 1.0), pos_type=None,
+      reversible_encoder=True)
+  loss = tl.Serial(tl.LogSoftmax(), tl.CrossEntropyLoss())
+  blocks, loss_layer = trax_revplus.trainer.extract_reversible_blocks(
+      [model, loss], loss_chunk_size=4)
+  model_with_loss = tl.Serial(model, loss)
+  rng_init = fastmath.random.get_prng(12)
+  init = lambda: model_with_loss.init(input_sig, rng=rng_init)
+  ref_weights, _, _ = _reference(
+      model_with_loss, init, optimizers.Adafactor, 3, batch)
+
+  init()
+  trainer = rev_trainer.ReversibleSerialTrainer(
+      blocks, loss_layer, optimizers.Adafactor)
+  _train(trainer, batch, 3)
+  _assert_all_close(ref_weights, model_with_loss.weights)
+  _host_leaves_only(model_with_loss.weights)
+
+
+def _train_basic(n_steps=2, **kwargs):
+  batch = _batch()
+  first, revs, loss = _basic_model()
+  model = tl.Serial([first] + revs + [loss])
+  model.init(batch, rng=fastmath.random.get_prng(12))
+  trainer = rev_trainer.ReversibleSerialTrainer(
+      [(first.sublayers, revs)], loss, optimizers.Adam, **kwargs)
+  losses = _train(trainer, batch, n_steps)
+  return model, trainer, losses
+
+
+def test_n_async_layers_give_identical_weights():
+  results = [_train_basic(n_async_layers=n) for n in (0, 1, 3)]
+  for model, trainer, _ in results:
+    _host_leaves_only(model.weights)
+    _host_leaves_only(model.state)
+    _host_leaves_only(trainer.slots)
+  for model, trainer, _ in results[1:]:
+    _assert_all_close(results[0][0].weights, model.weights, tol=0)
+    _assert_all_close(results[0][1].slots, trainer.slots, tol=0)
+
+
+def test_free_accelerators_identical_and_weights_readable():
+  caller_held = jax.numpy.arange(1000.0)
+  caller_view = np.asarray(jax.numpy.arange(1000.0) * 3)
+  model0, trainer0, losses0 = _train_basic(free_accelerators_on_step=False)
+  model1, trainer1, losses1 = _train_basic(
+      free_accelerators_on_step=True, memory_log_every_n_steps=1)
+  _assert_all_close(model0.weights, model1.weights, tol=0)
+  _assert_all_close(trainer0.slots, trainer1.slots, tol=0)
+  _assert_all_close(losses0, losses1, tol=0)
+  for x in fastmath.tree_flatten(model1.weights):
+    assert isinstance(x, np.ndarray) and np.all(np.isfinite(x))
+  # The returned losses, and arrays the caller held, are still readable.
+  assert all(np.isfinite(float(l)) for l in losses1)
+  np.testing.assert_array_equal(np.asarray(caller_held), np.arange(1000.0))
+  np.testing.assert_array_equal(caller_view, np.arange(1000.0) * 3)
+
+
+def test_init_reversible_blocks_keeps_loaded_weights():
+  """Stock re-initializes every layer; ours keeps layers holding weights."""
+  batch = _batch()
+  sig = shapes.signature(batch)
+  rng = fastmath.random.get_prng(5)
+
+  def blocks_and_loss():
+    first, revs, loss = _basic_model()
+    return [(first.sublayers, revs)], loss
+
+  stock_blocks, stock_loss = blocks_and_loss()
+  rev_trainer.stock_trainer.init_reversible_blocks(
+      stock_blocks, stock_loss, sig, rng)
+  ours_blocks, ours_loss = blocks_and_loss()
+  rev_trainer.init_reversible_blocks(ours_blocks, ours_loss, sig, rng)
+  # Fresh layers: exactly stock's initialization (same RNG use).
+  _assert_all_close([l.weights for l in stock_blocks[0][1]] +
+                    [stock_loss.weights],
+                    [l.weights for l in ours_blocks[0][1]] + [ours_loss.weights],
+                    tol=0)
+  # A layer that already holds weights keeps them; the others still get
+  # stock's values.
+  loaded_blocks, loaded_loss = blocks_and_loss()
+  loaded = loaded_blocks[0][1][0]
+  loaded.init((shapes.ShapeDtype((2, 4, 4)),) * 2,
+              rng=fastmath.random.get_prng(99))
+  loaded.weights = fastmath.nested_map(lambda w: np.full_like(w, 0.25),
+                                       loaded.weights)
+  rev_trainer.init_reversible_blocks(loaded_blocks, loaded_loss, sig, rng)
+  for w in fastmath.tree_flatten(loaded.weights):
+    np.testing.assert_array_equal(w, np.full_like(w, 0.25))
+  _assert_all_close(stock_loss.weights, loaded_loss.weights, tol=0)
+  _assert_all_close(stock_blocks[0][1][2].weights,
+                    loaded_blocks[0][1][2].weights, tol=0)
+  _host_leaves_only(loaded_loss.weights)
+
+
+def test_bad_arguments_raise_clear_errors():
+  first, revs, loss = _basic_model()
+  with pytest.raises(ValueError, match='n_async_layers'):
+    rev_trainer.ReversibleSerialTrainer(
+        [(first.sublayers, revs)], loss, optimizers.Adam, n_async_layers=-1)
+  with pytest.raises(ValueError, match='n_devices'):
+    rev_trainer.ReversibleSerialTrainer(
+        [(first.sublayers, revs)], loss, optimizers.Adam, n_devices=64)
