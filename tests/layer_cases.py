@@ -106,7 +106,7 @@ def nested_serial(hr, rs):
 
 def remember_in_reverse(hr, rs):
   """SparseFF: `_RememberInReverse` state replayed on the second pass."""
-  sparse_ff = tl.SparseFF(2 * D, n_elements_in_block=4, d_lowrank=4,
+  sparse_ff = tl.SparseFF(2 * D, n_elements_in_block=4, d_lowrank=8,
                           dropout_rate=0.1, mode='train')
   return rs(hr(tl.LayerNorm(), sparse_ff), tl.ReversibleSwap()), _pair()
 

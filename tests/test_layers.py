@@ -11,10 +11,10 @@ import os
 import tempfile
 
 import jax
+import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from trax import fastmath
 from trax import layers as tl
 from trax import shapes
 from trax.layers import base
@@ -189,7 +189,7 @@ def _primitive_names(jaxpr):
   names = set()
   for eqn in jaxpr.eqns:
     names.add(eqn.primitive.name)
-    for sub in jax.core.jaxprs_in_params(eqn.params):
+    for sub in jax.extend.core.jaxprs_in_params(eqn.params):
       names |= _primitive_names(sub)
   return names
 
@@ -271,12 +271,21 @@ def _reformer():
       mode='train')
 
 
+# In eager mode, efficient attention's lax loops are recompiled on every call.
+_python_loop_self_attention = functools.partial(tl.SelfAttention,
+                                                use_python_loop=True)
+
+
 def _terraformer():
-  # ff_sparsity: sparse feed-forward with _RememberInReverse state.
+  # ff_sparsity: sparse feed-forward with _RememberInReverse state, sized as
+  # layer_cases.remember_in_reverse so eagerly compiled ops are shared.
   return terraformer.ConfigurableTerraformer(
       VOCAB, d_model=16, d_ff=32, d_attention_key=8, d_attention_value=8,
-      n_encoder_layers=1, n_decoder_layers=1, n_heads=2, max_len=32,
-      dropout=0.1, ff_sparsity=4, mode='train')
+      n_encoder_layers=1, n_decoder_layers=1, n_decoder_attention_layers=1,
+      n_heads=2, max_len=32, dropout=0.1, ff_sparsity=4,
+      encoder_attention_type=_python_loop_self_attention,
+      encoder_decoder_attention_type=_python_loop_self_attention,
+      mode='train')
 
 
 def _model_inputs(name):

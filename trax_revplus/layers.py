@@ -28,7 +28,7 @@ tuple otherwise; item 0 is the top of the stack.
 """
 
 import dataclasses
-from typing import Any, List, Tuple
+from typing import Tuple
 
 import jax
 import numpy as np
