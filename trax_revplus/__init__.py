@@ -6,13 +6,34 @@ them with one line, `import trax_revplus.activate`, or from Python with
 `trax_revplus.activate()`.
 """
 
-from trax_revplus.activation import activate
-from trax_revplus.activation import deactivate
-from trax_revplus.activation import is_active
-from trax_revplus.layers import ReversibleHalfResidual
-from trax_revplus.layers import ReversibleSerial
-from trax_revplus.layers import reconstruction_error
-from trax_revplus.trainer import init_reversible_blocks
-from trax_revplus.trainer import ReversibleSerialTrainer
+import importlib
 
 __version__ = '0.1.0'
+
+# Public names and the submodules defining them, imported on first use: the
+# submodules import trax (~20 s), and `import trax_revplus` must stay cheap
+# so that the `trax-revplus` command answers --help and flag errors at once.
+_EXPORTS = {
+    'activate': 'trax_revplus.activation',
+    'deactivate': 'trax_revplus.activation',
+    'is_active': 'trax_revplus.activation',
+    'ReversibleHalfResidual': 'trax_revplus.layers',
+    'ReversibleSerial': 'trax_revplus.layers',
+    'reconstruction_error': 'trax_revplus.layers',
+    'init_reversible_blocks': 'trax_revplus.trainer',
+    'ReversibleSerialTrainer': 'trax_revplus.trainer',
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+  module = _EXPORTS.get(name)
+  if module is None:
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+  value = getattr(importlib.import_module(module), name)
+  globals()[name] = value
+  return value
+
+
+def __dir__():
+  return sorted(set(globals()) | set(_EXPORTS))

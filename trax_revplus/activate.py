@@ -9,6 +9,23 @@ and `trax.layers.ReversibleHalfResidual`, `trax.layers.ReversibleSerial` and
 for the rest of the process. `trax_revplus.deactivate()` switches back.
 """
 
+import sys
+
 from trax_revplus import activation
 
 activation.activate()
+
+
+class _CallableModule(type(activation)):
+  """This module, callable as `trax_revplus.activate()`.
+
+  Importing a submodule binds it as an attribute of its package, so after
+  `import trax_revplus.activate` the name `trax_revplus.activate` is this
+  module, not `activation.activate`; calling it still activates.
+  """
+
+  def __call__(self):
+    activation.activate()
+
+
+sys.modules[__name__].__class__ = _CallableModule
