@@ -286,6 +286,21 @@ class Placement:
     out = [np.asarray(x) if isinstance(x, jax.Array) else x for x in out]
     return jax.tree_util.tree_unflatten(treedef, out)
 
+  def on_host_device(self, tree):
+    """Host arrays as `jax.Array`s on the CPU device (trax's `tl.on_cpu`).
+
+    No device memory is used; on the CPU backend numpy buffers may be shared.
+    """
+    cpu = jax.devices('cpu')[0]
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    where = [i for i, x in enumerate(leaves)
+             if isinstance(x, (np.ndarray, np.generic, jax.Array))]
+    if where:
+      placed = jax.device_put([leaves[i] for i in where], cpu)
+      for i, x in zip(where, placed):
+        leaves[i] = x
+    return jax.tree_util.tree_unflatten(treedef, leaves)
+
   def block(self, tree):
     """Waits for all device arrays in `tree`; returns `tree`."""
     return jax.block_until_ready(tree)

@@ -22,6 +22,7 @@ import functools
 import hashlib
 import time
 import types
+import weakref
 
 from absl import logging
 import gin
@@ -299,6 +300,11 @@ class ReversibleSerialTrainer:
         per_layer=memory_log_per_layer, output_dir=output_dir,
         tensorboard=memory_log_tensorboard,
         devices=self._placement.devices)
+    # Close the log's files while threads still run: at interpreter exit
+    # (weakref.finalize runs from atexit) or when the trainer is collected.
+    # Left to garbage collection at exit, TensorBoard's writer waits forever
+    # for its already stopped flush thread.
+    weakref.finalize(self, self._memory_log.close)
 
     # Layers in forward order: block 0 standard, its reversible layers, ...,
     # loss layer last; index i is also the index of layer i's RNG (as trax).
@@ -391,9 +397,15 @@ class ReversibleSerialTrainer:
 
   @property
   def slots(self):
-    """Slots of all optimizers: [(std slots, [rev slots...]), ..., loss]."""
+    """Slots of all optimizers: [(std slots, [rev slots...]), ..., loss].
+
+    Leaves are `jax.Array`s in host memory (the CPU device), as trax's
+    `tl.on_cpu` gives: `training.Loop.load_checkpoint` compares leaves with
+    `in [None, ()]`, which numpy arrays cannot answer.
+    """
     optimizers = list(self._optimizers) + [self._loss_opt]
-    return fastmath.nested_map(lambda opt: opt.slots, optimizers)
+    return self._placement.on_host_device(
+        fastmath.nested_map(lambda opt: opt.slots, optimizers))
 
   @slots.setter
   def slots(self, slots):

@@ -1,0 +1,188 @@
+"""trax's training.Loop with use_memory_efficient_trainer=1 and 2 under ours.
+
+Checks that a Loop trains, evaluates and checkpoints with our trainer; that
+6 steps equal 3 steps + restart from the checkpoint + 3 steps; that
+checkpoints move both ways between trax's stock trainer and ours; and that
+`memory.jsonl` is written and plausible. The reference for every weight
+comparison is a run without restarts, and stock trax's own trainer where it
+runs (mode 1, single device).
+"""
+
+import itertools
+import os
+import shutil
+import sys
+
+import gin
+import numpy as np
+import psutil
+import pytest
+
+from trax import fastmath
+from trax import layers as tl
+from trax import optimizers
+from trax.supervised import training
+
+import trax_revplus
+from trax_revplus import memory
+from trax_revplus import trainer as rev_trainer
+
+
+def _tree_unflatten(flat, tree, copy_from_tree=None):
+  """trax's `fastmath.tree_unflatten`, comparing only to non-arrays.
+
+  trax 1.4.1's version tests `tree in copy_from_tree` on every leaf; on
+  current JAX `jax_array == ()` raises TypeError (and numpy answers
+  elementwise), so `Loop.load_checkpoint` cannot restore optimizer slots
+  for any trainer, stock or ours.
+  """
+  if copy_from_tree is not None and not hasattr(tree, 'shape') and any(
+      tree is c or (type(tree) is type(c) and tree == c)
+      for c in copy_from_tree):
+    return tree, flat
+  if isinstance(tree, (list, tuple)):
+    new_tree, rest = [], flat
+    for t in tree:
+      new_t, rest = _tree_unflatten(rest, t, copy_from_tree=copy_from_tree)
+      new_tree.append(new_t)
+    return (tuple(new_tree) if isinstance(tree, tuple) else new_tree), rest
+  if isinstance(tree, dict):
+    new_tree, rest = {}, flat
+    for k in tree:
+      new_tree[k], rest = _tree_unflatten(rest, tree[k], copy_from_tree)
+    return new_tree, rest
+  return flat[0], flat[1:]
+
+
+@pytest.fixture(autouse=True)
+def _clean_state(monkeypatch):
+  trax_revplus.deactivate()
+  gin.clear_config()
+  monkeypatch.setattr(fastmath, 'tree_unflatten', _tree_unflatten)
+  monkeypatch.setattr(sys.modules['trax.fastmath.numpy'], 'tree_unflatten',
+                      _tree_unflatten)
+  yield
+  trax_revplus.deactivate()
+  gin.clear_config()
+
+
+def _batches():
+  rows = [np.arange(8).reshape((2, 4)) + k for k in range(3)]
+  k = 0
+  while True:
+    x = rows[k % 3] % 9
+    yield (x, (2 * x + 1) % 9, np.ones_like(x, dtype=np.float32))
+    k += 1
+
+
+def _model():
+  return tl.Serial(
+      tl.Embedding(9, 4), tl.Dup(),
+      tl.ReversibleHalfResidual(tl.Dense(4)), tl.ReversibleSwap(),
+      tl.ReversibleHalfResidual(tl.Dense(4), tl.Relu()), tl.ReversibleSwap(),
+      tl.Concatenate(), tl.Dense(9), tl.LogSoftmax())
+
+
+def _loop(output_dir, mode, ours):
+  if ours:
+    trax_revplus.activate()
+  else:
+    trax_revplus.deactivate()
+  task = training.TrainTask(_batches(), tl.CrossEntropyLoss(),
+                            optimizers.Adam, n_steps_per_checkpoint=3)
+  # A constant eval batch, so evals after a restart see the same data.
+  eval_batch = next(_batches())
+  eval_task = training.EvalTask(
+      itertools.repeat(eval_batch), [tl.CrossEntropyLoss(), tl.Accuracy()],
+      n_eval_batches=1)
+  loop = training.Loop(_model(), [task], eval_tasks=[eval_task],
+                       output_dir=output_dir, random_seed=0,
+                       eval_at=lambda step: step % 3 == 0,
+                       use_memory_efficient_trainer=mode)
+  trainer = loop._trainer_per_task[0]  # pylint: disable=protected-access
+  assert isinstance(trainer, rev_trainer.ReversibleSerialTrainer) == ours
+  return loop
+
+
+def _weights(loop):
+  weights = fastmath.tree_flatten(loop.model.weights)
+  assert weights
+  for w in weights:
+    assert isinstance(w, np.ndarray), type(w)
+  return weights
+
+
+def _assert_close(a, b, tol=1e-5):
+  assert len(a) == len(b)
+  for x, y in zip(a, b):
+    np.testing.assert_allclose(x, y, rtol=0, atol=tol)
+
+
+def _eval_values(loop):
+  return [v for _, v in loop.history.get('eval', 'metrics/CrossEntropyLoss')]
+
+
+def test_loop_modes_restart_and_cross_compatibility(tmp_path):
+  gin.bind_parameter(
+      'trax_revplus.ReversibleSerialTrainer.memory_log_every_n_steps', 1)
+
+  # Continuous 6 steps with ours, mode 1.
+  continuous = _loop(str(tmp_path / 'continuous'), 1, ours=True)
+  initial = [w.copy() for w in _weights(continuous)]
+  continuous.run(6)
+  assert continuous.step == 6
+  reference = _weights(continuous)
+  assert not np.allclose(reference[0], initial[0])
+  assert len(_eval_values(continuous)) == 2  # evaluated at steps 3 and 6
+  assert os.path.exists(tmp_path / 'continuous' / 'model.pkl.gz')
+
+  # Continuous 6 steps with stock trax agrees (so ours is exact in a Loop).
+  stock = _loop(str(tmp_path / 'stock'), 1, ours=False)
+  stock.run(6)
+  _assert_close(reference, _weights(stock))
+
+  # Stock 3 steps, checkpoint; ours resumes for 3 more.
+  stock3 = _loop(str(tmp_path / 'stock_to_ours'), 1, ours=False)
+  stock3.run(3)
+  resumed = _loop(str(tmp_path / 'stock_to_ours'), 1, ours=True)
+  assert resumed.step == 3
+  resumed.run(3)
+  _assert_close(reference, _weights(resumed))
+
+  # Ours in mode 2 (freeing accelerators), 3 steps, checkpoint; resumed by
+  # stock (mode 1: stock's mode 2 crashes on current JAX) and by ours.
+  ours3 = _loop(str(tmp_path / 'ours_to_stock'), 2, ours=True)
+  ours3.run(3)
+  assert len(_eval_values(ours3)) == 1
+  shutil.copytree(tmp_path / 'ours_to_stock', tmp_path / 'ours_to_ours')
+  by_stock = _loop(str(tmp_path / 'ours_to_stock'), 1, ours=False)
+  assert by_stock.step == 3
+  by_stock.run(3)
+  _assert_close(reference, _weights(by_stock))
+  by_ours = _loop(str(tmp_path / 'ours_to_ours'), 2, ours=True)
+  assert by_ours.step == 3
+  by_ours.run(3)
+  _assert_close(reference, _weights(by_ours))
+  # Eval after the restart reads the trained weights: same as continuous.
+  np.testing.assert_allclose(_eval_values(by_ours)[-1],
+                             _eval_values(continuous)[-1], atol=1e-5)
+
+  # memory.jsonl of the continuous run (mode 1) and the mode-2 run.
+  rss_now = psutil.Process(os.getpid()).memory_info().rss
+  for run, phases in (('continuous', {'init', 'forward', 'loss', 'backward'}),
+                      ('ours_to_ours', {'init', 'forward', 'loss',
+                                        'backward', 'free'})):
+    records = memory.read_memory_log(
+        str(tmp_path / run / memory.MEMORY_LOG_FILENAME))
+    assert records
+    assert phases <= {r['phase'] for r in records}, run
+    for r in records:
+      assert isinstance(r['step'], int) and isinstance(r['phase'], str)
+      assert r['device_bytes_in_use'] > 0
+    steps = {r['step'] for r in records if r['phase'] == 'backward'}
+    assert {1, 2, 3} <= steps or {4, 5, 6} <= steps, steps
+    frees = [r for r in records if r['phase'] == 'free']
+    for r in frees:
+      assert r['freed_arrays'] >= 0 and r['freed_bytes'] >= 0
+  last = records[-1]
+  assert abs(last['host_rss_bytes'] - rss_now) <= 0.1 * rss_now

@@ -1,0 +1,79 @@
+"""trax_revplus.placement: host/device copies and safe freeing (one CPU device).
+
+Multi-device layouts are covered by tests/test_multidevice.py.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from trax_revplus import memory
+from trax_revplus import placement as placement_lib
+
+
+def test_replicate_and_collect_round_trip_counts_bytes():
+  counter = memory.TransferCounter()
+  p = placement_lib.Placement(1, counter)
+  host = {'w': np.arange(12, dtype=np.float32).reshape(3, 4),
+          'b': np.ones(4, np.float32)}
+  placed = p.replicate(host)
+  assert all(isinstance(x, jax.Array) for x in jax.tree_util.tree_leaves(placed))
+  assert counter.h2d_bytes == 64
+  # Already on the device: no second copy.
+  p.replicate(placed)
+  assert counter.h2d_bytes == 64
+  back = p.start_to_host(jax.tree_util.tree_map(lambda x: x * 2, placed))
+  assert counter.d2h_bytes == 64
+  out = back.collect()
+  for k in host:
+    assert isinstance(out[k], np.ndarray)
+    np.testing.assert_array_equal(out[k], host[k] * 2)
+
+
+def test_shard_batch_rejects_indivisible_batch():
+  p = placement_lib.Placement(1)
+  assert p.shard_batch(np.zeros((3, 2))).shape == (3, 2)
+  with pytest.raises(ValueError, match='n_devices'):
+    placement_lib.Placement(len(jax.local_devices()) + 1)
+
+
+def test_free_never_touches_held_arrays_or_numpy_views():
+  p = placement_lib.Placement(1)
+  kept = jnp.arange(100.0)
+  caller_held = jnp.arange(100.0) * 2
+  view = np.asarray(jnp.arange(100.0) * 3)  # numpy view of a device buffer
+  aliasing = jax.device_put(view)  # on CPU may share the view's buffer
+  del aliasing
+  freed_arrays, freed_bytes = p.free_device_buffers([kept])
+  assert freed_arrays >= 0 and freed_bytes >= 0
+  np.testing.assert_array_equal(np.asarray(kept), np.arange(100.0))
+  np.testing.assert_array_equal(np.asarray(caller_held), np.arange(100.0) * 2)
+  np.testing.assert_array_equal(view, np.arange(100.0) * 3)
+  assert not kept.is_deleted() and not caller_held.is_deleted()
+
+
+def test_free_releases_cyclic_garbage():
+  p = placement_lib.Placement(1)
+
+  class Holder:
+    pass
+  a, b = Holder(), Holder()
+  a.other, b.other = b, a  # a cycle only the cyclic collector frees
+  a.array = jnp.ones((1000,), jnp.float32) + 1
+  del a, b
+  freed_arrays, freed_bytes = p.free_device_buffers([])
+  assert freed_arrays >= 1 and freed_bytes >= 4000
+
+
+def test_donation_leaves_host_weights_intact():
+  """Donating a device copy of host weights never corrupts the host copy."""
+  p = placement_lib.Placement(1)
+  update = jax.jit(lambda w: w * 0 - 1, donate_argnums=0)
+  host = np.asarray(jnp.arange(1000.0))  # as collected weights are held
+  expected = np.arange(1000.0, dtype=np.float32)
+  placed = p.replicate(host)
+  new = update(placed)
+  p.free_device_buffers([new])
+  np.testing.assert_array_equal(host, expected)
+  np.testing.assert_array_equal(p.to_host(new), -np.ones(1000))
