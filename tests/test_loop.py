@@ -24,43 +24,15 @@ from trax import optimizers
 from trax.supervised import training
 
 import trax_revplus
+from trax_revplus import compat
 from trax_revplus import memory
 from trax_revplus import trainer as rev_trainer
 
 
-def _tree_unflatten(flat, tree, copy_from_tree=None):
-  """trax's `fastmath.tree_unflatten`, comparing only to non-arrays.
-
-  trax 1.4.1's version tests `tree in copy_from_tree` on every leaf; on
-  current JAX `jax_array == ()` raises TypeError (and numpy answers
-  elementwise), so `Loop.load_checkpoint` cannot restore optimizer slots
-  for any trainer, stock or ours.
-  """
-  if copy_from_tree is not None and not hasattr(tree, 'shape') and any(
-      tree is c or (type(tree) is type(c) and tree == c)
-      for c in copy_from_tree):
-    return tree, flat
-  if isinstance(tree, (list, tuple)):
-    new_tree, rest = [], flat
-    for t in tree:
-      new_t, rest = _tree_unflatten(rest, t, copy_from_tree=copy_from_tree)
-      new_tree.append(new_t)
-    return (tuple(new_tree) if isinstance(tree, tuple) else new_tree), rest
-  if isinstance(tree, dict):
-    new_tree, rest = {}, flat
-    for k in tree:
-      new_tree[k], rest = _tree_unflatten(rest, tree[k], copy_from_tree)
-    return new_tree, rest
-  return flat[0], flat[1:]
-
-
 @pytest.fixture(autouse=True)
-def _clean_state(monkeypatch):
+def _clean_state():
   trax_revplus.deactivate()
   gin.clear_config()
-  monkeypatch.setattr(fastmath, 'tree_unflatten', _tree_unflatten)
-  monkeypatch.setattr(sys.modules['trax.fastmath.numpy'], 'tree_unflatten',
-                      _tree_unflatten)
   yield
   trax_revplus.deactivate()
   gin.clear_config()
@@ -122,7 +94,7 @@ def _eval_values(loop):
   return [v for _, v in loop.history.get('eval', 'metrics/CrossEntropyLoss')]
 
 
-def test_loop_modes_restart_and_cross_compatibility(tmp_path):
+def test_loop_modes_restart_and_cross_compatibility(tmp_path, monkeypatch):
   gin.bind_parameter(
       'trax_revplus.ReversibleSerialTrainer.memory_log_every_n_steps', 1)
 
@@ -155,10 +127,18 @@ def test_loop_modes_restart_and_cross_compatibility(tmp_path):
   ours3.run(3)
   assert len(_eval_values(ours3)) == 1
   shutil.copytree(tmp_path / 'ours_to_stock', tmp_path / 'ours_to_ours')
+  # Stock trax 1.4.1 restores no optimizer slots on current JAX (its
+  # fastmath.tree_unflatten compares arrays to ()), whoever wrote them; with
+  # the current-JAX fix that activation binds, stock resumes ours.
+  trax_revplus.deactivate()
+  monkeypatch.setattr(fastmath, 'tree_unflatten', compat.tree_unflatten)
+  monkeypatch.setattr(sys.modules['trax.fastmath.numpy'], 'tree_unflatten',
+                      compat.tree_unflatten)
   by_stock = _loop(str(tmp_path / 'ours_to_stock'), 1, ours=False)
   assert by_stock.step == 3
   by_stock.run(3)
   _assert_close(reference, _weights(by_stock))
+  monkeypatch.undo()
   by_ours = _loop(str(tmp_path / 'ours_to_ours'), 2, ours=True)
   assert by_ours.step == 3
   by_ours.run(3)

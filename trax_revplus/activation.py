@@ -12,6 +12,8 @@ replaced so that `deactivate()` restores exactly the previous bindings.
 import sys
 import threading
 
+from trax import fastmath as _fastmath
+from trax.layers import acceleration as _stock_acceleration
 from trax.layers import reversible as _stock_reversible
 from trax.optimizers import trainer as _stock_trainer
 from trax.supervised import training as _training
@@ -25,6 +27,7 @@ _stock_init_trainer = _training.Loop._init_trainer
 def _replacements():
   """Maps each stock object (by id) to (stock object, replacement)."""
   # Imported here: these modules import trax_revplus.activation indirectly.
+  from trax_revplus import compat  # pylint: disable=g-import-not-at-top
   from trax_revplus import layers  # pylint: disable=g-import-not-at-top
   from trax_revplus import trainer  # pylint: disable=g-import-not-at-top
   pairs = [
@@ -32,6 +35,9 @@ def _replacements():
       (_stock_reversible.ReversibleSerial, layers.ReversibleSerial),
       (_stock_trainer.ReversibleSerialTrainer, trainer.ReversibleSerialTrainer),
       (_stock_trainer.init_reversible_blocks, trainer.init_reversible_blocks),
+      # Helpers of trax's Loop that current JAX broke.
+      (_fastmath.tree_unflatten, compat.tree_unflatten),
+      (_stock_acceleration.for_n_devices, compat.for_n_devices),
   ]
   return {id(stock): (stock, ours) for stock, ours in pairs}
 
@@ -62,7 +68,10 @@ def activate():
   and `trax.optimizers.trainer.init_reversible_blocks` (and every other name
   a loaded trax module binds to them) are the trax_revplus versions, so
   models built afterwards (e.g. `trax.models.ReformerLM`) and
-  `training.Loop(use_memory_efficient_trainer=...)` use them. Layers built
+  `training.Loop(use_memory_efficient_trainer=...)` use them. It also
+  binds `trax_revplus.compat`'s current-JAX versions of trax's
+  `fastmath.tree_unflatten` (checkpoint restore of optimizer slots) and
+  `layers.for_n_devices` (multi-device replication). Layers built
   before the call keep their classes. Calling it twice is harmless.
   """
   with _lock:
