@@ -7,11 +7,14 @@ import pytest
 import trax
 from trax import layers as tl
 from trax import models
+from trax import fastmath
+from trax.layers import acceleration as stock_acceleration
 from trax.layers import reversible as stock_reversible
 from trax.optimizers import trainer as stock_trainer
 from trax.supervised import training
 
 import trax_revplus
+from trax_revplus import compat
 from trax_revplus import layers as revplus_layers
 from trax_revplus import trainer as revplus_trainer
 
@@ -23,6 +26,8 @@ STOCK_TO_OURS = {
         revplus_trainer.ReversibleSerialTrainer,
     stock_trainer.init_reversible_blocks:
         revplus_trainer.init_reversible_blocks,
+    fastmath.tree_unflatten: compat.tree_unflatten,
+    stock_acceleration.for_n_devices: compat.for_n_devices,
 }
 
 
@@ -63,9 +68,13 @@ def test_gin_line_swaps_all_classes_and_deactivate_restores_them():
                ('trax.layers.reversible', 'ReversibleSerial'),
                ('trax.optimizers', 'ReversibleSerialTrainer'),
                ('trax.optimizers.trainer', 'ReversibleSerialTrainer'),
-               ('trax.optimizers.trainer', 'init_reversible_blocks')]:
+               ('trax.optimizers.trainer', 'init_reversible_blocks'),
+               ('trax.fastmath', 'tree_unflatten'),
+               ('trax.fastmath.numpy', 'tree_unflatten'),
+               ('trax.layers', 'for_n_devices')]:
     assert name in stock_bindings
   assert not trax_revplus.is_active()
+  stock_init_trainer = training.Loop._init_trainer
 
   _parse_activation_line()
 
@@ -86,6 +95,7 @@ def test_gin_line_swaps_all_classes_and_deactivate_restores_them():
   trax_revplus.deactivate()
 
   assert not trax_revplus.is_active()
+  assert training.Loop._init_trainer is stock_init_trainer
   assert _bindings_to(STOCK_TO_OURS) == stock_bindings
   for (module_name, name), stock in stock_bindings.items():
     assert getattr(sys.modules[module_name], name) is stock
