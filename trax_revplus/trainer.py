@@ -39,6 +39,12 @@ from trax.optimizers import trainer as stock_trainer
 
 from trax_revplus import memory
 from trax_revplus import placement as placement_lib
+from trax_revplus import validation
+
+# What a layer update's results are checked for when `on_non_finite` is not
+# 'ignore': the loss (loss layer) and the optimizer's gradient norm.
+_FINITE_CHECKED = ('loss', 'gradients_l2')
+_ON_NON_FINITE = ('raise', 'skip', 'ignore')
 
 # Per positional argument / result of a compiled layer function: 'r' for
 # replicated (weights, slots, opt params, step), 'd' for per-device values.
@@ -245,6 +251,8 @@ class ReversibleSerialTrainer:
     memory_log_every_n_steps, memory_log_per_layer,
     memory_log_tensorboard, output_dir: the memory log (`memory.MemoryLog`).
     donate: reuse device buffers of inputs consumed by a layer update.
+    on_non_finite: what a NaN/Inf loss or gradient norm does (see
+      `__init__`).
 
   Between steps every layer's weights, state and optimizer slots are host
   `numpy.ndarray`s.
@@ -254,7 +262,7 @@ class ReversibleSerialTrainer:
                memoize_jit=True, free_accelerators_on_step=False,
                adasum=False, n_async_layers=1, memory_log_every_n_steps=100,
                memory_log_per_layer=False, memory_log_tensorboard=True,
-               output_dir=None, donate=True):
+               output_dir=None, donate=True, on_non_finite='raise'):
     """Creates the trainer and one optimizer per layer.
 
     Args:
@@ -279,10 +287,33 @@ class ReversibleSerialTrainer:
       memory_log_tensorboard: bool, write TensorBoard scalars.
       output_dir: str or None, where `memory.jsonl` goes (`set_output_dir`).
       donate: bool, donate consumed device buffers to layer updates.
+      on_non_finite: 'raise' (default): a loss or gradient norm that is NaN
+        or Inf stops `one_step` with `validation.NonFiniteError` before the
+        layer it belongs to (and every layer after it in the backward
+        order) is updated; found at the loss, no weight is updated at all.
+        'skip': the step is undone instead (all weights, slots and state as
+        before it; holds the replaced host arrays until the step ends) and
+        `one_step` returns the non-finite loss with a warning. 'ignore': no
+        check (as trax). Checked when each layer's update is collected, which
+        waits for that update anyway.
 
     Raises:
-      ValueError: n_devices is not available, or n_async_layers < 0.
+      validation.BlockStructureError: blocks are not (standard, reversible)
+        pairs, or a reversible list holds a non-reversible layer.
+      validation.DeviceCountError: n_devices is not in [1, local devices].
+      validation.OptimizerFactoryError (a TypeError): optimizer_fn is an
+        optimizer instance, or does not return an `Optimizer`.
+      ValueError: n_async_layers < 0 or an unknown on_non_finite.
     """
+    validation.check_blocks(blocks)
+    validation.check_optimizer_factory(optimizer_fn)
+    validation.check_n_devices(n_devices)
+    if on_non_finite not in _ON_NON_FINITE:
+      raise ValueError(f'on_non_finite must be one of {_ON_NON_FINITE}, got '
+                       f'{on_non_finite!r}.')
+    self._on_non_finite = on_non_finite
+    self._skipping = None  # (layer, what) once a skipped step went bad.
+    self._rollback = []  # (layer, weights, slots, state) replaced this step.
     if n_async_layers < 0:
       raise ValueError(f'n_async_layers must be >= 0, got {n_async_layers}.')
     self._blocks = [(tl.Serial(std), list(rev)) for (std, rev) in blocks]
@@ -320,7 +351,7 @@ class ReversibleSerialTrainer:
     self._n_layers = len(self._layers)
 
     def make_optimizer(layer):
-      opt = optimizer_fn()
+      opt = validation.make_optimizer(optimizer_fn, len(opts))
       opt.tree_init(layer.weights)
       opt.slots = _host(opt.slots)
       return opt
@@ -517,7 +548,13 @@ class ReversibleSerialTrainer:
     return self._placement.replicate(layer.weights), None
 
   def _collect(self, entry):
-    i, weights, slots, state = entry
+    i, weights, slots, state, checks = entry
+    if self._skipping is not None or not self._update_is_finite(i, checks):
+      return  # A skipped step commits nothing more.
+    if self._on_non_finite == 'skip':
+      layer = self._layers[i]
+      self._rollback.append(
+          (i, layer.weights, self._opts[i].slots, layer.state))
     self._layers[i].weights = weights.collect()
     self._opts[i].slots = slots.collect()
     self._layers[i].state = state.collect()
@@ -539,7 +576,13 @@ class ReversibleSerialTrainer:
       (loss, stats): loss a float32 device array, shape () on one device and
       (N,) on N devices; stats a dict 'layer{i}/{name}' -> such arrays, i
       counting layers in forward order, as trax.
+
+    Raises:
+      validation.BatchSizeError: N does not divide B.
+      validation.NonFiniteError: with on_non_finite='raise', the loss or a
+        gradient norm is NaN/Inf (see `__init__`).
     """
+    validation.check_batch(batch, self._n_devices)
     p = self._placement
     log = self._memory_log
     if self._pending_init_records:
@@ -607,7 +650,8 @@ class ReversibleSerialTrainer:
             loss_inputs, weights, None, p.per_device(loss_layer.state), slots,
             self._opt_params[loss_i], rngs[loss_i], step_placed))
     del weights, slots, loss_inputs
-    self._start_collect(pending, loss_i, new_weights, new_slots, new_state)
+    self._start_collect(pending, loss_i, new_weights, new_slots, new_state,
+                        loss_stats, step)
     del new_weights, new_slots, new_state
     stats = [loss_stats]
     end_phase('loss', grad_stack)
@@ -617,7 +661,7 @@ class ReversibleSerialTrainer:
       stack, grad_stack = p.gather_to_host((stack, grad_stack))
       freed = p.free_device_buffers(
           [self._keep(), stack, grad_stack, saved, rngs, step_placed, placed,
-           stats] + [c.device_arrays() for e in pending for c in e[1:]])
+           stats] + [c.device_arrays() for e in pending for c in e[1:4]])
       end_phase('free', freed_arrays=freed[0], freed_bytes=freed[1])
 
     # Backward, last layer first.
@@ -649,7 +693,8 @@ class ReversibleSerialTrainer:
         del inputs, state, grads, grads_in
       del weights, slots
       stats.append(layer_stats)
-      self._start_collect(pending, i, new_weights, new_slots, new_state)
+      self._start_collect(pending, i, new_weights, new_slots, new_state,
+                          layer_stats, step)
       del new_weights, new_slots, new_state
       if per_layer:
         p.block(grad_stack)
@@ -657,6 +702,7 @@ class ReversibleSerialTrainer:
                    seconds=time.time() - t0)
     while pending:
       self._collect(pending.popleft())
+    self._end_step_updates(step)
     del stack, grad_stack
     end_phase('backward')
 
@@ -666,12 +712,67 @@ class ReversibleSerialTrainer:
         joint_stats[f'layer{i}/' + k] = v
     return stats[0]['loss'], joint_stats
 
-  def _start_collect(self, pending, i, weights, slots, state):
+  def _start_collect(self, pending, i, weights, slots, state, stats, step):
     p = self._placement
+    checks = None
+    if self._on_non_finite != 'ignore':
+      checks = (step, {k: stats[k] for k in _FINITE_CHECKED if k in stats})
     pending.append((i, p.start_to_host(weights), p.start_to_host(slots),
-                    p.start_to_host(state, per_device=True)))
+                    p.start_to_host(state, per_device=True), checks))
     while len(pending) > self._n_async_layers:
       self._collect(pending.popleft())
+
+  def _update_is_finite(self, i, checks):
+    """Checks layer i's loss / gradient norm before its update is committed.
+
+    Returns:
+      True to commit; False (on_non_finite='skip') to drop the rest of the
+      step.
+
+    Raises:
+      validation.NonFiniteError: on_non_finite='raise' and a value is not
+        finite.
+    """
+    if checks is None:
+      return True
+    step, values = checks
+    what = validation.first_non_finite(values)
+    if what is None:
+      return True
+    if self._on_non_finite == 'skip':
+      self._skipping = (i, what)
+      return False
+    phase = 'loss' if i == self._n_layers - 1 else 'backward'
+    value = np.asarray(values[what]).ravel()
+    value = value[~np.isfinite(value)][0]
+    if phase == 'loss':
+      kept = 'no weight was updated in this step'
+    else:
+      kept = (f'layers {i + 1}..{self._n_layers - 1} were already updated '
+              f'in memory, layers 0..{i} were not')
+    from trax_revplus import checkpoints  # pylint: disable=g-import-not-at-top
+    last = checkpoints.describe_last_good(self._memory_log.output_dir)
+    raise validation.NonFiniteError(
+        f'{what} is {value} at step {step} (phase {phase}, layer {i} '
+        f'{self._layers[i].name}); {kept}; {last}; lower the learning rate, '
+        f'clip gradients (e.g. Adam.clip_grad_norm), check the data, or set '
+        f"trax_revplus.ReversibleSerialTrainer.on_non_finite = 'skip'.",
+        step=step, phase=phase, layer=i, what=what)
+
+  def _end_step_updates(self, step):
+    """Undoes a skipped step's committed updates; forgets the rollback."""
+    rollback, self._rollback = self._rollback, []
+    if self._skipping is None:
+      return
+    i, what = self._skipping
+    self._skipping = None
+    for j, weights, slots, state in reversed(rollback):
+      self._layers[j].weights = weights
+      self._opts[j].slots = slots
+      self._layers[j].state = state
+    logging.warning('step %d skipped: %s is not finite (layer %d %s); '
+                    'weights, slots and state are as before the step.',
+                    step, what, i, self._layers[i].name)
 
   def _keep(self):
     """Everything the trainer holds between phases (for safe freeing)."""
@@ -703,7 +804,18 @@ def init_reversible_blocks(blocks, loss_layer, input_signature, rng):
     loss_layer: the final loss layer.
     input_signature: `ShapeDtype` or tuple of them, of the batch.
     rng: JAX PRNG key (uint32[2]).
+
+  Raises:
+    validation.BlockStructureError: blocks are not (standard, reversible)
+      pairs of layer lists, or a reversible list holds a non-reversible layer.
+    validation.SequenceLengthError: the batch's sequence axis does not fit a
+      positional encoding of the blocks (checked before any layer is
+      initialized).
+    validation.LossLayerError: the loss layer does not output a scalar
+      (checked abstractly once the layers before it are initialized).
   """
+  validation.check_blocks(blocks)
+  validation.check_sequence_length(blocks, input_signature)
   sig_stack = input_signature
   rss = memory.host_rss_bytes()
 
@@ -730,7 +842,9 @@ def init_reversible_blocks(blocks, loss_layer, input_signature, rng):
       init_one(layer, sig, layer_rng)
       out_sig = layer.output_signature(sig)
       sig_stack = cb.outputs_onto_stack(out_sig, sig_stack, layer.n_in)
-  init_one(loss_layer, cb.inputs_from_stack(sig_stack, loss_layer.n_in), rng)
+  loss_sig = cb.inputs_from_stack(sig_stack, loss_layer.n_in)
+  init_one(loss_layer, loss_sig, rng)
+  validation.check_loss_output(loss_layer, loss_sig)
 
 
 # trax's block extraction is backend-neutral and reused as is.

@@ -1,0 +1,306 @@
+"""Bad input to the memory-efficient trainer: clear errors before any work.
+
+Each case feeds one mistake and checks the exception type, that the message
+names the problem and the fix, and that no weight changed before the error.
+Also: NaN/Inf losses and gradient norms stop a step before its update is
+committed (or undo it, on_non_finite='skip').
+"""
+
+import functools
+
+import jax
+import numpy as np
+import pytest
+
+from trax import fastmath
+from trax import layers as tl
+from trax import optimizers
+from trax import shapes
+from trax.fastmath import numpy as jnp
+
+import trax_revplus
+from trax_revplus import trainer as rev_trainer
+from trax_revplus import validation
+
+
+@pytest.fixture(autouse=True)
+def _stock_trax():
+  trax_revplus.deactivate()
+  yield
+  trax_revplus.deactivate()
+
+
+def _batch(x_value=1.0, batch_size=2):
+  x = np.full((batch_size, 3), x_value, dtype=np.float32)
+  x[:, 0] = np.arange(batch_size)
+  if not np.isfinite(x_value):
+    x[:] = x_value
+  y = np.ones((batch_size, 4), dtype=np.float32)
+  return x, y, np.ones_like(y)
+
+
+def _initialized(blocks, loss_layer, batch):
+  rev_trainer.init_reversible_blocks(
+      blocks, loss_layer, shapes.signature(batch), fastmath.random.get_prng(0))
+  return blocks, loss_layer
+
+
+def _split_blocks():
+  # A Dup so that the reversible layers get two inputs.
+  return [([tl.Dense(4), tl.Dup()],
+           [tl.ReversibleHalfResidual(tl.Dense(4)), tl.ReversibleSwap()]),
+          ([tl.Concatenate(), tl.Dense(4)], [])]
+
+
+def _trainer(**kwargs):
+  blocks, loss = _initialized(_split_blocks(), tl.L2Loss(), _batch())
+  return rev_trainer.ReversibleSerialTrainer(
+      blocks, loss, kwargs.pop('optimizer_fn', optimizers.Adam), **kwargs)
+
+
+def _host_weights(trainer):
+  return [jax.tree_util.tree_map(np.array, (l.weights, l.state))
+          for l in trainer.all_layers]
+
+
+def _assert_same(before, after):
+  flat_b, flat_a = jax.tree_util.tree_leaves(before), jax.tree_util.tree_leaves(
+      after)
+  assert len(flat_b) == len(flat_a)
+  for b, a in zip(flat_b, flat_a):
+    np.testing.assert_array_equal(np.asarray(a), b)
+
+
+# Block structure.
+
+
+def test_block_not_a_pair():
+  blocks, loss = _initialized(_split_blocks(), tl.L2Loss(), _batch())
+  bad = [blocks[0], (blocks[1][0],)]
+  with pytest.raises(validation.BlockStructureError,
+                     match=r'block 1 is a tuple of length 1, not a '
+                           r'\(standard_layers, reversible_layers\) pair; '
+                           r'build them with .*extract_reversible_blocks'):
+    rev_trainer.ReversibleSerialTrainer(bad, loss, optimizers.Adam)
+
+
+def test_non_reversible_layer_in_reversible_list():
+  dense = tl.Dense(4)
+  blocks = [([tl.Dense(4), tl.Dup()],
+             [tl.ReversibleSwap(), dense]), ([tl.Concatenate()], [])]
+  with pytest.raises(validation.BlockStructureError) as info:
+    rev_trainer.init_reversible_blocks(
+        blocks, tl.L2Loss(), shapes.signature(_batch()),
+        fastmath.random.get_prng(0))
+  message = str(info.value)
+  assert 'block 0: reversible layer 1 (Dense_4, Dense)' in message
+  assert 'is not a tl.ReversibleLayer' in message
+  assert 'move it to the standard layers' in message
+  # Raised before any initialization.
+  assert not jax.tree_util.tree_leaves(dense.weights)
+  assert isinstance(info.value, ValueError)
+
+
+def test_standard_layers_not_a_list():
+  with pytest.raises(validation.BlockStructureError,
+                     match=r'block 0: the standard layers must be a list .*'
+                           r'wrap a single layer in a list'):
+    validation.check_blocks([(tl.Dense(4), [])])
+
+
+# Loss layer.
+
+
+def test_loss_layer_without_scalar_output():
+  not_a_loss = tl.Fn('PerExampleLoss',
+                     lambda x, y, w: jnp.sum((x - y) ** 2 * w, axis=-1))
+  with pytest.raises(validation.LossLayerError,
+                     match=r"loss layer PerExampleLoss outputs shape \(2,\), "
+                           r'not a scalar; .*average over the batch'):
+    _initialized(_split_blocks(), not_a_loss, _batch())
+
+
+# Devices and batch.
+
+
+def test_more_devices_than_present():
+  n = jax.local_device_count() + 1
+  blocks, loss = _initialized(_split_blocks(), tl.L2Loss(), _batch())
+  with pytest.raises(validation.DeviceCountError,
+                     match=rf'n_devices={n} but this process has {n - 1} '
+                           rf'local cpu device\(s\); pass n_devices between '
+                           rf'1 and {n - 1}'):
+    rev_trainer.ReversibleSerialTrainer(blocks, loss, optimizers.Adam,
+                                        n_devices=n)
+
+
+def test_batch_not_divisible_by_devices():
+  x = np.zeros((6, 3))
+  with pytest.raises(validation.BatchSizeError,
+                     match=r'batch element 0 has batch size 6 \(shape '
+                           r'\(6, 3\)\), not divisible by the 4 devices; use '
+                           r'a batch size that is a multiple of 4'):
+    validation.check_batch((x, x), 4)
+  validation.check_batch((x, x), 3)
+
+
+def test_one_step_checks_the_batch_before_any_work():
+  trainer = _trainer()
+  before = _host_weights(trainer)
+  x, y, w = _batch()
+  with pytest.raises(validation.BatchSizeError, match='batch element 2 is a '
+                                                      'scalar'):
+    trainer.one_step((x, y, np.float32(1)), fastmath.random.get_prng(0),
+                     step=1)
+  _assert_same(before, _host_weights(trainer))
+
+
+# Sequence length.
+
+
+def _lm_blocks(max_len):
+  return [([tl.Embedding(16, 4), tl.PositionalEncoding(max_len=max_len),
+            tl.Dup()],
+           [tl.ReversibleHalfResidual(tl.Dense(4)), tl.ReversibleSwap()]),
+          ([tl.Concatenate(), tl.Dense(16), tl.LogSoftmax()], [])]
+
+
+def test_sequence_longer_than_max_len():
+  blocks = _lm_blocks(max_len=6)
+  sig = (shapes.ShapeDtype((2, 8), np.int32),) * 2 + (
+      shapes.ShapeDtype((2, 8), np.float32),)
+  with pytest.raises(validation.SequenceLengthError,
+                     match=r'sequence length 8 \(axis 1 of input shape '
+                           r'\(2, 8\)\) exceeds max_len=6 of '
+                           r'PositionalEncoding.* in block 0; set the '
+                           r"model's max_len >= 8"):
+    rev_trainer.init_reversible_blocks(blocks, tl.CrossEntropyLoss(), sig,
+                                       fastmath.random.get_prng(0))
+  # Nothing was initialized.
+  for std, rev in blocks:
+    for layer in std + rev:
+      assert not jax.tree_util.tree_leaves(layer.weights)
+
+
+def test_sequence_within_max_len_passes():
+  blocks = _lm_blocks(max_len=8)
+  sig = (shapes.ShapeDtype((2, 8), np.int32),) * 2 + (
+      shapes.ShapeDtype((2, 8), np.float32),)
+  rev_trainer.init_reversible_blocks(blocks, tl.CrossEntropyLoss(), sig,
+                                     fastmath.random.get_prng(0))
+
+
+# Optimizer factory.
+
+
+def test_optimizer_instance_instead_of_factory():
+  blocks, loss = _initialized(_split_blocks(), tl.L2Loss(), _batch())
+  with pytest.raises(validation.OptimizerFactoryError,
+                     match=r'pass the class, e\.g\. trax\.optimizers\.Adam, '
+                           r'not trax\.optimizers\.Adam\(\)') as info:
+    rev_trainer.ReversibleSerialTrainer(blocks, loss, optimizers.Adam())
+  assert isinstance(info.value, TypeError)
+
+
+def test_factory_not_returning_an_optimizer():
+  blocks, loss = _initialized(_split_blocks(), tl.L2Loss(), _batch())
+  with pytest.raises(validation.OptimizerFactoryError,
+                     match=r'optimizer_fn \(for layer 0\) returned a float, '
+                           r'not a trax\.optimizers\.Optimizer'):
+    rev_trainer.ReversibleSerialTrainer(blocks, loss, lambda: 0.01)
+
+
+def test_factory_needing_arguments():
+  blocks, loss = _initialized(_split_blocks(), tl.L2Loss(), _batch())
+  def needs_rate(rate):
+    return optimizers.Adam(rate)
+  with pytest.raises(validation.OptimizerFactoryError,
+                     match=r'must be callable with no arguments.*'
+                           r'functools\.partial'):
+    rev_trainer.ReversibleSerialTrainer(blocks, loss, needs_rate)
+  rev_trainer.ReversibleSerialTrainer(
+      blocks, loss, functools.partial(needs_rate, 0.01))
+
+
+# Non-finite loss and gradients.
+
+
+def test_nan_loss_stops_before_any_update():
+  trainer = _trainer()
+  trainer.one_step(_batch(), fastmath.random.get_prng(1), step=1)
+  before = _host_weights(trainer)
+  slots_before = jax.tree_util.tree_map(np.array, trainer.slots)
+  with pytest.raises(validation.NonFiniteError,
+                     match=r'loss is nan at step 2 \(phase loss, layer 4 '
+                           r'L2Loss.*\); no weight was updated in this step; '
+                           r'no checkpoint directory is set; lower the '
+                           r'learning rate') as info:
+    trainer.one_step(_batch(np.nan), fastmath.random.get_prng(2), step=2)
+  assert (info.value.step, info.value.phase) == (2, 'loss')
+  _assert_same(before, _host_weights(trainer))
+  _assert_same(slots_before, trainer.slots)
+
+
+def _sqrt_trainer(on_non_finite):
+  # sqrt'(0) is inf: finite loss, non-finite gradient of the Dense below.
+  sqrt = tl.Fn('Sqrt', lambda x: jnp.sqrt(jnp.abs(x)))
+  blocks = [([tl.Dense(4, use_bias=False), sqrt], [])]
+  loss = tl.Serial(tl.Dense(4), tl.L2Loss())
+  x, y, w = _batch()
+  rev_trainer.init_reversible_blocks(
+      blocks, loss, shapes.signature((x, y, w)), fastmath.random.get_prng(0))
+  return rev_trainer.ReversibleSerialTrainer(
+      blocks, loss, optimizers.Adam, on_non_finite=on_non_finite)
+
+
+def test_non_finite_gradient_names_step_and_phase():
+  trainer = _sqrt_trainer('raise')
+  x, y, w = _batch()
+  with pytest.raises(validation.NonFiniteError,
+                     match=r'gradients_l2 is nan at step 5 \(phase backward, '
+                           r'layer 0 Serial\)') as info:
+    trainer.one_step((np.zeros_like(x), y, w), fastmath.random.get_prng(0),
+                     step=5)
+  assert (info.value.layer, info.value.what) == (0, 'gradients_l2')
+
+
+def test_skip_mode_undoes_the_whole_step():
+  trainer = _sqrt_trainer('skip')
+  x, y, w = _batch()
+  trainer.one_step((x, y, w), fastmath.random.get_prng(0), step=1)
+  before = _host_weights(trainer)
+  slots_before = jax.tree_util.tree_map(np.array, trainer.slots)
+  # The loss layer's update is finite and committed first; the Dense
+  # below gets a NaN gradient, so the loss layer's update is undone too.
+  loss, _ = trainer.one_step((np.zeros_like(x), y, w),
+                             fastmath.random.get_prng(1), step=2)
+  assert np.isfinite(np.asarray(loss))
+  _assert_same(before, _host_weights(trainer))
+  _assert_same(slots_before, trainer.slots)
+  # And training goes on.
+  trainer.one_step((x, y, w), fastmath.random.get_prng(2), step=3)
+  after = _host_weights(trainer)
+  assert not np.array_equal(jax.tree_util.tree_leaves(after)[0],
+                            jax.tree_util.tree_leaves(before)[0])
+
+
+def test_bad_on_non_finite_value():
+  with pytest.raises(ValueError, match=r"on_non_finite must be one of "
+                                       r"\('raise', 'skip', 'ignore'\)"):
+    _trainer(on_non_finite='warn')
+
+
+# Unknown gin knobs of ours.
+
+
+def test_unknown_knob_hint_lists_our_knobs():
+  import gin  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ValueError) as info:
+    gin.parse_config('trax_revplus.ReversibleSerialTrainer.no_such_knob = 1')
+  gin.clear_config()
+  hint = validation.unknown_knob_hint(str(info.value))
+  assert hint.startswith("trax_revplus.ReversibleSerialTrainer has no knob "
+                         "'no_such_knob'; its knobs: blocks, loss_layer, ")
+  assert 'on_non_finite' in hint and 'n_async_layers' in hint
+  assert validation.unknown_knob_hint(
+      "Configurable 'ReformerLM' doesn't have a parameter named 'x'") is None
