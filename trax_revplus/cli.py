@@ -87,23 +87,43 @@ def _train_flags():
       'Print a progress line (step, loss, steps/s, host memory) every this '
       'many steps, and at the first and last step.',
       lower_bound=1, flag_values=fv)
+  flags.DEFINE_enum(
+      'implementation', 'config', ['config', 'stock', 'revplus'],
+      'Which reversible layers and trainer train: config (as the config '
+      'says: trax_revplus if it has the line `import trax_revplus.activate`, '
+      'else stock trax), stock (stock trax, even if the config has that '
+      'line) or revplus (trax_revplus, even if it does not).',
+      flag_values=fv)
   return fv
 
 
 def _compare_flags():
+  """Flags of `compare`, in a FlagValues of their own."""
   fv = flags.FlagValues()
   flags.DEFINE_multi_string(
       'config_file', None,
-      'Gin config file of the stock run (no activation line); repeatable. '
-      'The trax_revplus run adds `import trax_revplus.activate`.',
+      'Gin config file; repeatable. With or without the line `import '
+      'trax_revplus.activate`: the stock run ignores it, the trax_revplus '
+      'run adds it.',
       flag_values=fv)
   flags.DEFINE_multi_string(
       'config', None, 'Gin binding applied to both runs; repeatable.',
       flag_values=fv)
+  flags.DEFINE_integer(
+      'steps', None,
+      'Train this many steps in each run (binds train.steps). Default: as '
+      'the config says.',
+      lower_bound=1, flag_values=fv)
+  flags.DEFINE_integer(
+      'seed', None,
+      'Random seed of both runs (binds train.random_seed). Default: the '
+      "config's, or 0 if the config sets none.",
+      flag_values=fv)
   flags.DEFINE_string(
       'output_dir', None,
-      'Directory for both runs (stock/, revplus/) and the comparison '
-      'table and plot.',
+      'Directory for both runs (stock/, revplus/, with their logs stock.log '
+      'and revplus.log), compare.json and compare.png. Default: '
+      '~/trax/compare_<first config name>_<date>_<time>.',
       flag_values=fv)
   return fv
 
@@ -141,6 +161,7 @@ def _flag_help(fv, names):
 _TRAIN_HELP = f"""\
 usage: {PROG} train --config_file=FILE.gin [--config=BINDING ...]
                     [--output_dir=DIR] [--progress_every_n_steps=N]
+                    [--implementation=config|stock|revplus]
 
 Trains the model a gin config describes with trax.supervised.trainer_lib.train
 (the job of `python -m trax.trainer`, on current JAX). Add the line
@@ -155,14 +176,23 @@ exit status: 0 done, 1 runtime error (e.g. unwritable output dir, bad corpus),
 
 _COMPARE_HELP = f"""\
 usage: {PROG} compare --config_file=FILE.gin [--config=BINDING ...]
-                      [--output_dir=DIR]
+                      [--steps=N] [--seed=S] [--output_dir=DIR]
 
-Trains the config twice in fresh processes, with stock trax and with
-trax_revplus, and reports wall time, peak memory and final losses side by
-side.
+Trains the same config twice, one after the other, each in a fresh process
+with the same seed: with stock trax (train --implementation=stock), then with
+trax_revplus (--implementation=revplus). Prints a table side by side: loss
+per step, max abs difference of the final weights and optimizer slots,
+first-step (compile) and median step time, peak host RSS, peak device bytes
+and bytes copied host-to-device and back. Writes DIR/compare.json (keys
+documented in trax_revplus/compare.py) and DIR/compare.png. If stock trax
+cannot run the config (e.g. 2+ devices, or use_memory_efficient_trainer = 2,
+on current JAX), the table says why.
 
 flags:
 {{flags}}
+
+exit status: 0 the trax_revplus run succeeded (even if stock failed), 1 it
+failed, 2 usage error (bad flag, missing config, output dirs holding runs).
 """
 
 _PLOT_MEMORY_HELP = f"""\
@@ -495,7 +525,8 @@ def train_main(argv):
   fv = _train_flags()
   args = _parse(fv, argv, _TRAIN_HELP,
                 [('config_file', 'FILE'), ('config', 'BINDING'),
-                 ('output_dir', 'DIR'), ('progress_every_n_steps', 'N')])
+                 ('output_dir', 'DIR'), ('progress_every_n_steps', 'N'),
+                 ('implementation', 'config|stock|revplus')])
   if args is None:
     return EXIT_OK
   if args:
@@ -513,6 +544,7 @@ def train_main(argv):
 
   import_messages = _import_trax()
   parse_configs(config_files, bindings)
+  _select_implementation(fv.implementation)
   if _query('train.model', None) is None:
     raise UserError('no model configured: bind train.model, e.g. '
                     "--config='train.model = @trax.models.ReformerLM'")
@@ -532,6 +564,22 @@ def train_main(argv):
     for handler in handlers:
       absl_logger.removeHandler(handler)
       handler.close()
+
+
+def _select_implementation(implementation):
+  """Applies --implementation after the configs are parsed.
+
+  The model and trainer are built later, in trainer_lib.train, so they get
+  the classes bound here whatever the config's activation line did.
+
+  Args:
+    implementation: 'config' (leave as parsed), 'stock' or 'revplus'.
+  """
+  import trax_revplus  # pylint: disable=g-import-not-at-top
+  if implementation == 'stock':
+    trax_revplus.deactivate()
+  elif implementation == 'revplus':
+    trax_revplus.activate()
 
 
 def _close_trainers(loop):
@@ -595,11 +643,20 @@ def compare_main(argv):
   fv = _compare_flags()
   args = _parse(fv, argv, _COMPARE_HELP,
                 [('config_file', 'FILE'), ('config', 'BINDING'),
-                 ('output_dir', 'DIR')])
+                 ('steps', 'N'), ('seed', 'S'), ('output_dir', 'DIR')])
   if args is None:
     return EXIT_OK
   if args:
-    raise UserError(f'unexpected arguments: {" ".join(args)}')
+    raise UserError(f'unexpected arguments: {" ".join(args)} (use '
+                    f'--config_file=FILE and --config=BINDING)')
+  config_files = list(fv.config_file or [])
+  bindings = list(fv.config or [])
+  if not config_files and not bindings:
+    raise UserError('no config: give --config_file=FILE.gin (and/or '
+                    '--config=BINDING)')
+  _check_config_files(config_files)
+  if fv.output_dir:
+    _check_output_dir(os.path.expanduser(fv.output_dir))
   try:
     compare = importlib.import_module('trax_revplus.compare')
   except ModuleNotFoundError as e:
@@ -608,11 +665,9 @@ def compare_main(argv):
     raise UserError('compare is not available in this installation '
                     '(module trax_revplus.compare is missing)',
                     EXIT_RUNTIME) from None
-  config_files = list(fv.config_file or [])
-  _check_config_files(config_files)
-  return compare.compare_main(config_files=config_files,
-                              bindings=list(fv.config or []),
-                              output_dir=fv.output_dir) or EXIT_OK
+  return compare.compare_main(config_files=config_files, bindings=bindings,
+                              output_dir=fv.output_dir, steps=fv.steps,
+                              seed=fv.seed)
 
 
 def plot_memory_main(argv):

@@ -1,0 +1,245 @@
+"""`trax-revplus compare`: stock trax and trax_revplus side by side."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from trax_revplus import cli
+from trax_revplus import compare
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The trax_revplus main job: it has the activation line, so the stock run
+# trains with stock classes only because of --implementation=stock.
+MAIN = os.path.join(REPO, 'gin_configs', 'reformer_char_lm.gin')
+
+# tests/test_cli.py's tiny model; compare binds train.steps itself.
+TINY = [
+    'train.eval_frequency = 2',
+    'eval_steps = 1',
+    'sequence_length = 32',
+    'local_text_inputs.batch_size = 2',
+    'local_text_inputs.eval_batch_size = 2',
+    'ReformerLM.n_layers = 1',
+    'ReformerLM.d_model = 16',
+    'ReformerLM.d_ff = 32',
+    'ReformerLM.n_heads = 2',
+    'ReformerLM.d_attention_key = 8',
+    'ReformerLM.d_attention_value = 8',
+]
+PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
+
+STOCK_TRAINER = 'trax.optimizers.trainer.ReversibleSerialTrainer'
+OUR_TRAINER = 'trax_revplus.trainer.ReversibleSerialTrainer'
+
+
+def _main(capsys, *args):
+  code = cli.main(['trax-revplus'] + list(args))
+  out, err = capsys.readouterr()
+  return code, out, err
+
+
+def _check_png(path):
+  with open(path, 'rb') as f:
+    assert f.read(8) == PNG_MAGIC
+  from matplotlib import image  # pylint: disable=g-import-not-at-top
+  height, width = image.imread(path).shape[:2]
+  assert height >= 400 and width >= 600
+
+
+def test_compare_tiny_config_stock_equals_revplus(tmp_path, capsys):
+  output_dir = tmp_path / 'cmp'
+  code, out, err = _main(
+      capsys, 'compare', f'--config_file={MAIN}', '--steps=2',
+      f'--output_dir={output_dir}', *[f'--config={b}' for b in TINY])
+  assert code == 0, (out[-3000:], err[-3000:])
+
+  report = json.loads((output_dir / 'compare.json').read_text())
+  stock, ours = report['runs']['stock'], report['runs']['revplus']
+  for run in (stock, ours):
+    assert run['status'] == 'ok' and run['exit_code'] == 0, run['error']
+    assert os.path.getsize(run['log']) > 0
+  # The stock run really trained with stock classes, though the config
+  # activates trax_revplus.
+  assert stock['trainer'] == STOCK_TRAINER
+  assert 'trax.layers.reversible.ReversibleHalfResidual x2' in (
+      stock['reversible_layers'])
+  assert 'trax_revplus' not in stock['reversible_layers']
+  assert ours['trainer'] == OUR_TRAINER
+  assert 'trax_revplus.layers.ReversibleHalfResidual x2' in (
+      ours['reversible_layers'])
+  assert report['seed'] == 0 and report['seed_from_config']
+  assert report['steps'] == 2
+
+  # Same seed, same data: the same losses at every step and the same final
+  # weights and slots.
+  assert stock['stats']['steps'] == ours['stats']['steps'] == [1, 2]
+  np.testing.assert_allclose(ours['stats']['loss'], stock['stats']['loss'],
+                             rtol=0, atol=1e-5)
+  assert report['loss_steps_compared'] == 2
+  assert report['loss_max_abs_diff'] < 1e-5
+  for key in ('final_weights', 'final_slots'):
+    assert report[key]['reason'] is None
+    assert report[key]['n_arrays'] > 0
+    assert report[key]['max_abs_diff'] < 1e-5
+
+  for run in (stock, ours):
+    stats = run['stats']
+    assert len(stats['step_seconds']) == 2
+    assert stats['first_step_seconds'] == stats['step_seconds'][0] > 0
+    assert stats['median_step_seconds'] == stats['step_seconds'][1] > 0
+    assert stats['peak_host_rss_bytes'] >= max(stats['host_rss_bytes']) > 0
+    assert stats['peak_device_bytes'] >= max(stats['device_bytes_in_use'])
+    assert stats['peak_device_bytes'] > 0
+  # Only trax_revplus counts its copies; stock has no figure, not a zero.
+  assert stock['stats']['total_h2d_bytes'] is None
+  assert stock['stats']['h2d_bytes'] is None
+  assert ours['stats']['total_h2d_bytes'] == sum(ours['stats']['h2d_bytes'])
+  assert ours['stats']['total_h2d_bytes'] > 0
+
+  assert 'final weights: max abs difference' in out
+  table = out.split('== compare:', 1)[1]
+  assert 'H2D copied (MiB)' in table and 'n/a' in table
+  _check_png(output_dir / 'compare.png')
+
+
+def _fake_stats(steps, loss0=5.5):
+  return {
+      'trainer': OUR_TRAINER, 'steps': list(steps),
+      'loss': [loss0 - 0.1 * i for i in range(len(steps))],
+      'step_seconds': [2.0] + [0.1] * (len(steps) - 1),
+      'host_rss_bytes': [1000 << 20] * len(steps),
+      'device_bytes_in_use': [3 << 20] * len(steps),
+      'device_bytes_source': 'live_arrays',
+      'h2d_bytes': [1 << 20] * len(steps), 'd2h_bytes': [1 << 20] * len(steps),
+      'first_step_seconds': 2.0, 'median_step_seconds': 0.1,
+      'peak_host_rss_bytes': 1100 << 20, 'peak_device_bytes': 4 << 20,
+      'total_h2d_bytes': len(steps) << 20, 'total_d2h_bytes': len(steps) << 20,
+  }
+
+_STOCK_CRASH = """\
+trax-revplus train: stock trax reversible layers and trainer; output in d
+step 1/3  loss 5.545  0.10 steps/s  host 1200 MB
+Traceback (most recent call last):
+  File "trax/optimizers/trainer.py", line 800, in one_step
+    backend = jax.lib.xla_bridge.get_backend()
+AttributeError: module 'jax.lib' has no attribute 'xla_bridge'
+"""
+
+
+def test_failed_stock_run_is_reported_and_ours_decides_exit(
+    tmp_path, monkeypatch, capsys):
+  """The orchestration without training processes: stock crashes."""
+  commands = []
+
+  def fake_run(command, log_path, prefix, stream):
+    del prefix, stream
+    commands.append(command)
+    implementation = command[command.index('train') + 1].split('=')[1]
+    output_dir = next(a.split('=', 1)[1] for a in command
+                      if a.startswith('--output_dir='))
+    with open(log_path, 'w') as f:
+      f.write('log')
+    if implementation == 'stock':
+      return 1, _STOCK_CRASH
+    os.makedirs(output_dir)
+    with open(os.path.join(output_dir, 'run_stats.json'), 'w') as f:
+      json.dump(_fake_stats([1, 2, 3]), f)
+    return 0, ('\n== summary ==\ntrainer            ' + OUR_TRAINER +
+               '\nreversible layers  trax_revplus.layers.ReversibleSerial x1'
+               '\n')
+
+  monkeypatch.setattr(compare, '_run_streaming', fake_run)
+  config = tmp_path / 'mode2.gin'
+  config.write_text('train.use_memory_efficient_trainer = 2\n')
+  output_dir = tmp_path / 'cmp'
+  code, out, _ = _main(capsys, 'compare', f'--config_file={config}',
+                       '--steps=3', f'--output_dir={output_dir}')
+  assert code == 0
+
+  assert [c[c.index('train') + 1] for c in commands] == [
+      '--implementation=stock', '--implementation=revplus']
+  for command in commands:
+    # The config sets no seed, so compare binds one, after the user's.
+    assert command[-3:-1] == ['--config=train.steps = 3',
+                              '--config=train.random_seed = 0']
+  report = json.loads((output_dir / 'compare.json').read_text())
+  stock = report['runs']['stock']
+  assert stock['status'] == 'failed'
+  assert stock['error'] == (
+      "exit 1: AttributeError: module 'jax.lib' has no attribute "
+      "'xla_bridge'")
+  assert report['runs']['revplus']['status'] == 'ok'
+  assert report['final_weights'] == {
+      'max_abs_diff': None, 'n_arrays': None,
+      'reason': 'stock trax did not finish'}
+  assert report['loss_max_abs_diff'] is None
+  assert f'stock trax:   failed ({stock["error"]})' in out
+  rows = {line.split('  ')[0]: line for line in out.splitlines()}
+  assert rows['peak host RSS (MiB)'].split()[4:6] == ['failed', '1100']
+  _check_png(output_dir / 'compare.png')
+
+  # Our run failing too is a runtime error.
+  monkeypatch.setattr(compare, '_run_streaming',
+                      lambda *args: (1, _STOCK_CRASH))
+  code, out, _ = _main(capsys, 'compare', f'--config_file={config}',
+                       f'--output_dir={tmp_path / "cmp2"}')
+  assert code == 1
+  assert 'trax_revplus: failed (exit 1: AttributeError' in out
+
+
+def test_compare_refuses_output_dirs_that_hold_runs(tmp_path, capsys):
+  run_dir = tmp_path / 'cmp' / 'stock'
+  run_dir.mkdir(parents=True)
+  (run_dir / 'model.pkl.gz').write_bytes(b'')
+  code, _, err = _main(capsys, 'compare', f'--config_file={MAIN}',
+                       f'--output_dir={tmp_path / "cmp"}')
+  assert code == 2
+  lines = err.strip().splitlines()
+  assert len(lines) == 1 and 'already holds a run' in lines[0]
+
+
+def test_config_seed_follows_includes_and_bindings(tmp_path):
+  (tmp_path / 'base.gin').write_text('train.random_seed = 7\n')
+  (tmp_path / 'top.gin').write_text(
+      "import no_such_module\ninclude 'base.gin'\ntrain.steps = 3\n")
+  (tmp_path / 'plain.gin').write_text('train.steps = 3\n')
+  top, plain = str(tmp_path / 'top.gin'), str(tmp_path / 'plain.gin')
+  assert compare.config_seed([top], []) == (True, 7)
+  assert compare.config_seed([top], ['train.random_seed = 9']) == (True, 9)
+  assert compare.config_seed([plain], []) == (False, None)
+  assert compare.config_seed([plain], ['train.random_seed = %s']) == (
+      True, None)
+
+
+def test_max_abs_diff_finds_a_planted_difference(tmp_path):
+  rng = np.random.default_rng(0)
+  a = [rng.normal(size=(3, 4)).astype(np.float32), np.zeros((0,)),
+       rng.normal(size=(5,)).astype(np.float32)]
+  b = [x.copy() for x in a]
+  b[2][3] += 0.25
+  # The files as trax.layers.np_to_file writes them: np.save in one gzip.
+  import gzip  # pylint: disable=g-import-not-at-top
+  for name, arrays in (('a', a), ('b', b)):
+    with gzip.open(tmp_path / f'{name}.npy.gz', 'wb') as f:
+      for x in arrays:
+        np.save(f, x, allow_pickle=False)
+  read_a = compare.read_npy_gz(tmp_path / 'a.npy.gz')
+  read_b = compare.read_npy_gz(tmp_path / 'b.npy.gz')
+  assert [x.shape for x in read_a] == [x.shape for x in a]
+  value, reason = compare.max_abs_diff(read_a, read_b)
+  assert reason is None
+  assert value == pytest.approx(float(np.abs(b[2][3] - a[2][3])))
+  assert compare.max_abs_diff(read_a, read_a) == (0.0, None)
+  assert compare.max_abs_diff(read_a, read_b[:2])[0] is None
+  value, reason = compare.max_abs_diff(read_a, [b[0].T, b[1], b[2]])
+  assert value is None and 'array 0: shape (3, 4)' in reason
+
+
+def test_failure_reason_names_signal_or_last_line():
+  assert compare.failure_reason(-9, 'step 1/3 ...\n') == (
+      'killed by signal 9: step 1/3 ...')
+  assert compare.failure_reason(
+      2, 'trax-revplus train: error: config file not found: x.gin\n') == (
+          'exit 2: trax-revplus train: error: config file not found: x.gin')
