@@ -201,8 +201,8 @@ def test_user_errors_are_one_line_without_traceback(case, tmp_path, bad_gin,
 
 @pytest.mark.parametrize('command,flags', [
     ('train', ['config_file', 'config', 'output_dir',
-               'progress_every_n_steps']),
-    ('compare', ['config_file', 'config', 'output_dir']),
+               'progress_every_n_steps', 'implementation']),
+    ('compare', ['config_file', 'config', 'steps', 'seed', 'output_dir']),
     ('plot-memory', ['output']),
 ])
 def test_help_documents_every_flag(command, flags, capsys):
