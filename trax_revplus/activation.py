@@ -7,6 +7,8 @@ init_reversible_blocks` as called by `training.Loop`, ...). Rather than list
 them, `activate()` walks every loaded `trax.*` module and replaces each
 attribute that *is* a stock object by its replacement, remembering what it
 replaced so that `deactivate()` restores exactly the previous bindings.
+Methods of trax's `training.Loop` that ours extend are swapped the same way:
+the binding found at `activate()` is remembered and put back.
 """
 
 import sys
@@ -60,6 +62,16 @@ def _init_trainer_with_output_dir(loop, task):
   return trainer
 
 
+def _loop_methods():
+  """Maps names of `training.Loop` methods to trax_revplus's versions."""
+  from trax_revplus import checkpoints  # pylint: disable=g-import-not-at-top
+  return {
+      '_init_trainer': _init_trainer_with_output_dir,
+      'save_checkpoint': checkpoints.save_checkpoint,
+      'load_checkpoint': checkpoints.load_checkpoint,
+  }
+
+
 def activate():
   """Makes trax resolve its reversible classes to trax_revplus's.
 
@@ -71,7 +83,10 @@ def activate():
   `training.Loop(use_memory_efficient_trainer=...)` use them. It also
   binds `trax_revplus.compat`'s current-JAX versions of trax's
   `fastmath.tree_unflatten` (checkpoint restore of optimizer slots) and
-  `layers.for_n_devices` (multi-device replication). Layers built
+  `layers.for_n_devices` (multi-device replication), and
+  `training.Loop.save_checkpoint` / `load_checkpoint` to
+  `trax_revplus.checkpoints`' (checkpoint files written and loaded as a
+  consistent set; the Loop's RNG and data position resumed). Layers built
   before the call keep their classes. Calling it twice is harmless.
   """
   with _lock:
@@ -84,7 +99,9 @@ def activate():
         if hit is not None and hit[0] is value:
           setattr(module, name, hit[1])
           _replaced.append((module, name, value))
-    _training.Loop._init_trainer = _init_trainer_with_output_dir
+    for name, ours in _loop_methods().items():
+      _replaced.append((_training.Loop, name, vars(_training.Loop)[name]))
+      setattr(_training.Loop, name, ours)
 
 
 def deactivate():
@@ -93,7 +110,6 @@ def deactivate():
     while _replaced:
       module, name, stock = _replaced.pop()
       setattr(module, name, stock)
-    _training.Loop._init_trainer = _stock_init_trainer
 
 
 def is_active():

@@ -18,7 +18,11 @@ split and the NUL bytes that a text file practically never contains.
 
 The corpus of each split is one contiguous `uint8` buffer in host memory (one
 byte per token); batches are gathered from it, never re-read from disk.
-Nothing here touches the network. TFDS datasets remain usable through trax's
+The train stream resumes: batch n is a function of `seed` and n only, and the
+stream keeps n in trax's data counters (`trax.data.inputs.data_counters`,
+name `TRAIN_COUNTER`), which trax's `Loop` saves with each checkpoint and
+loads before training; a restarted run continues with the batch after the
+checkpoint's step instead of the first. Nothing here touches the network. TFDS datasets remain usable through trax's
 own `trax.data.batcher` / `data_streams` configs.
 """
 
@@ -43,6 +47,9 @@ DEFAULT_EXCLUDED_DIRS = ('site-packages', 'dist-packages', '__pycache__',
                          'test', 'tests', 'idle_test')
 
 _SPLITS = ('file', 'bytes')
+
+# Key of the train stream's position in trax's data counters.
+TRAIN_COUNTER = 'trax_revplus.data.local_text_inputs/train'
 
 
 class CorpusError(ValueError):
@@ -260,20 +267,36 @@ class LocalTextCorpus:
     Returns:
       Iterator of (inputs, targets, weights) with shapes
       (batch_size, sequence_length), dtypes int32, int32, float32. The same
-      `seed` gives the same sequence of batches on every call.
+      `seed` gives the same sequence of batches on every call. Making the
+      stream sets its position (`trax.data.inputs.data_counters[
+      TRAIN_COUNTER]`, the number of batches yielded) to 0; when that
+      counter is later raised (trax's `Loop` restoring a checkpoint), the
+      stream jumps ahead to it.
 
     Raises:
       CorpusError: If batch_size is not divisible by n_devices.
     """
     _check_divisible('batch_size', self._batch_size, n_devices)
+    trax_inputs.data_counters[TRAIN_COUNTER] = 0
     return self._train_batches()
 
-  def _train_batches(self):
-    rng = np.random.default_rng(self._seed)
+  def train_batch(self, index):
+    """Returns training batch number `index` (int >= 0) of the stream."""
     high = self.train_bytes.shape[0] - self._sequence_length + 1
+    rng = np.random.default_rng([self._seed, index])
+    offsets = rng.integers(0, high, size=self._batch_size)
+    return _batch(self.train_bytes, offsets, self._sequence_length)
+
+  def _train_batches(self):
+    index = 0
     while True:
-      offsets = rng.integers(0, high, size=self._batch_size)
-      yield _batch(self.train_bytes, offsets, self._sequence_length)
+      # Read at every batch: trax's Loop replaces the whole dict when it
+      # loads the counters of a checkpoint.
+      index = max(index, trax_inputs.data_counters.get(TRAIN_COUNTER, 0))
+      batch = self.train_batch(index)
+      index += 1
+      trax_inputs.data_counters[TRAIN_COUNTER] = index
+      yield batch
 
   def eval_stream(self, n_devices):
     """Returns an endless iterator cycling over fixed eval windows.
@@ -317,6 +340,10 @@ def load_corpus(paths=None, eval_paths=None, sequence_length=256,
   _check_positive_int('eval_batch_size', eval_batch_size)
   if eval_cycle_batches is not None:
     _check_positive_int('eval_cycle_batches', eval_cycle_batches)
+  if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or (
+      seed < 0):
+    raise CorpusError(f'local_text_inputs.seed must be an int >= 0, got '
+                      f'{seed!r}.')
   if split_by not in _SPLITS:
     raise CorpusError(f'local_text_inputs.split_by must be one of {_SPLITS}, '
                       f'got {split_by!r}.')
@@ -389,7 +416,7 @@ def local_text_inputs(paths=None, eval_paths=None, sequence_length=256,
       whose windows are spread evenly over the split. Set N to
       `train.eval_steps` so that every eval round scores the same data.
     exclude_dirs: Directory names skipped when reading the default corpus.
-    seed: int; fixes the file split and the order of training windows.
+    seed: int >= 0; fixes the file split and the order of training windows.
 
   Returns:
     A `trax.data.inputs.Inputs`. Its `train_stream(n_devices)` yields random
