@@ -7,6 +7,8 @@ Every reference is trax's own `optimizers.Trainer` on
 `tl.Serial(blocks + [loss_layer])`, run on the same inputs and RNGs.
 """
 
+import functools
+
 import jax
 import numpy as np
 import pytest
@@ -108,8 +110,10 @@ def test_slots_get_and_set():
     assert {d.platform for d in x.devices()} == {'cpu'}
 
 
-@pytest.mark.parametrize('optimizer_fn', [optimizers.Adam, optimizers.Adafactor])
-def test_same_as_default_basic(optimizer_fn):
+@pytest.mark.parametrize('optimizer_fn,segment_max_layers',
+                         [(optimizers.Adam, 1), (optimizers.Adafactor, 8)])
+def test_same_as_default_basic(optimizer_fn, segment_max_layers):
+  """One compiled call per layer (1), or the 4 reversible layers fused (8)."""
   batch = _batch()
   first, revs, loss = _basic_model()
   model = tl.Serial([first] + revs + [loss])
@@ -119,7 +123,8 @@ def test_same_as_default_basic(optimizer_fn):
 
   init()
   trainer = rev_trainer.ReversibleSerialTrainer(
-      [(first.sublayers, revs)], loss, optimizer_fn)
+      [(first.sublayers, revs)], loss, optimizer_fn,
+      segment_max_layers=segment_max_layers)
   _train(trainer, batch, 2)
   _assert_all_close(ref_weights, model.weights)
   # Default Trainer keeps one flat slot tuple per weight; ours per layer.
@@ -150,7 +155,11 @@ def _extended_model(mid_rate=0.3):
 
 
 def test_same_as_default_extended():
-  """Stock's test turns memoization off (its repr keys break it); ours not."""
+  """Stock's test turns memoization off (its repr keys break it); ours not.
+
+  Segments of at most 3 layers: block 1 splits into 2 + 2, block 2 is one
+  segment of 2.
+  """
   batch = _batch()
   first, revs1, mid, revs2, loss = _extended_model()
   model = tl.Serial([first] + revs1 + [mid] + revs2 + [loss])
@@ -162,7 +171,7 @@ def test_same_as_default_extended():
   init()
   trainer = rev_trainer.ReversibleSerialTrainer(
       [(first.sublayers, revs1), (mid.sublayers, revs2)], loss,
-      optimizers.Adam, memoize_jit=True)
+      optimizers.Adam, memoize_jit=True, segment_max_layers=3)
   _train(trainer, batch, 3)
   _assert_all_close(ref_weights, model.weights)
   _assert_all_close(ref_slots, trainer.slots)
@@ -211,7 +220,7 @@ def test_identical_layers_share_one_compilation():
   batch = _batch()
   n_pairs = 3
 
-  def make(memoize):
+  def make(memoize, **kwargs):
     first = tl.Serial(tl.Embedding(9, 4), tl.Dup())
     revs = []
     for _ in range(n_pairs):
@@ -222,9 +231,12 @@ def test_identical_layers_share_one_compilation():
     model = tl.Serial([first] + revs + [loss])
     model.init(batch, rng=fastmath.random.get_prng(3))
     trainer = rev_trainer.ReversibleSerialTrainer(
-        [(first.sublayers, revs)], loss, optimizers.Adam, memoize_jit=memoize)
+        [(first.sublayers, revs)], loss, optimizers.Adam, memoize_jit=memoize,
+        **kwargs)
     return trainer
 
+  # Every segment over budget: one compiled call per layer.
+  make = functools.partial(make, segment_max_bytes=0)
   compiles = _count_compiles()
   make(False).one_step(batch, _RNGS[0])  # compiles the step's helper ops
   shared = make(True)
@@ -241,6 +253,15 @@ def test_identical_layers_share_one_compilation():
   # Every distinct layer function compiles once more than the shared run:
   # 2 * (n_pairs - 1) half-residuals and swaps, forward and backward.
   assert separate_compiles - shared_compiles == 4 * (n_pairs - 1)
+
+  # Segments of (half-residual, swap): all three equal, one compilation.
+  segmented = make(True, segment_max_layers=2, segment_max_bytes=2**30)
+  assert segmented.n_compiled_functions == 5  # std, segment: fwd, bwd; loss
+  start = len(compiles)
+  segmented.one_step(batch, _RNGS[0])
+  assert len(compiles) - start == shared_compiles - 2
+  assert make(False, segment_max_layers=2,
+              segment_max_bytes=2**30).n_compiled_functions == 2 + 2 * n_pairs + 1
 
 
 def test_fingerprint_tells_functions_and_constants_apart():

@@ -129,6 +129,7 @@ class Placement:
     self.platform = self.devices[0].platform
     self.transfers = transfer_counter or memory.TransferCounter()
     self.sync_collectives = self.platform == 'cpu' and n > 1
+    self.host_is_device = self.platform == 'cpu' and n == 1
     if n > 1:
       self.mesh = Mesh(np.array(self.devices), (AXIS_NAME,))
       self._replicated = NamedSharding(self.mesh, PartitionSpec())
@@ -183,6 +184,27 @@ class Placement:
     """
     return self._put(tree, self._replicated, copies=self.n_devices)
 
+  def place_params(self, tree):
+    """Readies host weights, slots or state for a compiled call.
+
+    Like `replicate`, except on one CPU device (`host_is_device`), where
+    the host arrays are returned unchanged: the compiled call copies them
+    into its own buffers, so donating those never touches the host arrays.
+    H2D bytes are counted either way.
+
+    Args:
+      tree: pytree of host arrays (numpy or Python scalars) or device arrays.
+
+    Returns:
+      The pytree, ready to pass to a function compiled for these devices.
+    """
+    if not self.host_is_device:
+      return self.replicate(tree)
+    h2d = sum(_host_nbytes(x) for x in _leaves(tree))
+    if h2d:
+      self.transfers.add_h2d(h2d)
+    return tree
+
   def per_device(self, tree):
     """Places a copy of a host value on each device in per-device layout.
 
@@ -193,8 +215,11 @@ class Placement:
       tree: pytree of arrays of shape S.
 
     Returns:
-      The pytree with leaves of shape (N,) + S on N > 1 devices, S on one.
+      The pytree with leaves of shape (N,) + S on N > 1 devices, S on one
+      (host arrays unchanged on one CPU device, see `place_params`).
     """
+    if self.host_is_device:
+      return self.place_params(tree)
     if self.n_devices == 1:
       return self._put(tree, self._per_device)
     n = self.n_devices
@@ -241,7 +266,9 @@ class Placement:
     """Starts async device-to-host copies of one replica of `tree`.
 
     Mirrors trax's `_lazy_unreplicate`: takes device 0's value and calls
-    `copy_to_host_async` on it, so the copy overlaps later device work.
+    `copy_to_host_async` on it, so the copy overlaps later device work. On
+    the CPU backend no copy is started: the buffer is in host memory and
+    `collect` returns views of it.
 
     Args:
       tree: pytree of device arrays in replicated (default) or per-device
@@ -256,11 +283,13 @@ class Placement:
     out, squeeze = [], []
     d2h = 0
     multi = self.n_devices > 1
+    copy = self.platform != 'cpu'
     for x in leaves:
       if isinstance(x, jax.Array):
         if multi:
           x = x.addressable_shards[0].data
-        x.copy_to_host_async()
+        if copy:
+          x.copy_to_host_async()
         d2h += x.nbytes
       out.append(x)
       squeeze.append(multi and per_device)

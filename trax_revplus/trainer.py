@@ -140,6 +140,77 @@ def _forward_fn(layer):
   return forward
 
 
+def _segment_forward_fn(layers):
+  """Forward of consecutive reversible layers in one compiled call.
+
+  The layers run in order on the top items of the stack (a reversible layer
+  has `n_in == n_out`, so the stack depth does not change), each with its
+  own weights, state and RNG, exactly as one call per layer would.
+
+  Args (of the returned function):
+    inputs: the top `depth` stack items (an array if depth is 1).
+    weights, states, rngs: lists, one entry per layer.
+
+  Returns (of the returned function):
+    (outputs, new_states): the top `depth` stack items after the last
+    layer; list of each layer's new state.
+  """
+  def forward(inputs, weights, states, rngs):
+    stack = inputs
+    new_states = []
+    for layer, w, s, rng in zip(layers, weights, states, rngs):
+      x = cb.inputs_from_stack(stack, layer.n_in)
+      y, new_state = layer.pure_fn(x, w, s, rng)
+      stack = cb.outputs_onto_stack(y, stack, layer.n_in)
+      new_states.append(new_state)
+    return stack, new_states
+  return forward
+
+
+def _segment_reverse_fn(layers, optimizers, n_devices, adasum):
+  """Reverse + backward + update of consecutive reversible layers.
+
+  Runs `_reverse_and_fbo_fn` of each layer, last to first, inside one
+  compiled call; every layer keeps its own weights, slots, optimizer
+  hyperparameters, states and RNG. Arguments are those of
+  `_reverse_and_fbo_fn` with a list (one entry per layer) in place of each
+  per-layer value, and the top `depth` stack items as outputs and grads.
+
+  Returns (of the returned function):
+    (new_weights, new_slots, inputs, grads_inputs, stats): lists of each
+    layer's new weights, slots and stats; the reconstructed inputs of the
+    first layer and their cotangents (top `depth` stack items).
+  """
+  fns = [_reverse_and_fbo_fn(layer, opt, n_devices, adasum)
+         for layer, opt in zip(layers, optimizers)]
+
+  def reverse(outputs, weights, grads, states, new_states, slots, opt_params,
+              rngs, step):
+    stack, grad_stack = outputs, grads
+    n = len(layers)
+    new_weights, new_slots, stats = [None] * n, [None] * n, [None] * n
+    for k in range(n - 1, -1, -1):
+      n_out = layers[k].n_out
+      new_weights[k], new_slots[k], x, x_ct, stats[k] = fns[k](
+          cb.inputs_from_stack(stack, n_out), weights[k],
+          cb.inputs_from_stack(grad_stack, n_out), states[k], new_states[k],
+          slots[k], opt_params[k], rngs[k], step)
+      stack = cb.outputs_onto_stack(x, stack, n_out)
+      grad_stack = cb.outputs_onto_stack(x_ct, grad_stack, n_out)
+    return new_weights, new_slots, stack, grad_stack, stats
+  return reverse
+
+
+class _Unit(collections.namedtuple(
+    '_Unit', ['kind', 'layers', 'depth', 'fwd', 'bwd'])):
+  """What one compiled call handles: a standard layer or a reversible segment.
+
+  kind: 'std' or 'rev'; layers: list of layer indices (one for 'std');
+  depth: stack items a 'rev' segment reads and writes; fwd, bwd: compiled
+  functions.
+  """
+
+
 # Fingerprints: what a layer (or optimizer) computes, for sharing compiled
 # functions between layers. Attributes that are arguments of the compiled
 # functions (weights, state, slots, opt params) or that never enter the
@@ -253,6 +324,8 @@ class ReversibleSerialTrainer:
     donate: reuse device buffers of inputs consumed by a layer update.
     on_non_finite: what a NaN/Inf loss or gradient norm does (see
       `__init__`).
+    segment_max_layers, segment_max_bytes: consecutive reversible layers
+      run as one compiled call per segment (see `__init__`).
 
   Between steps every layer's weights, state and optimizer slots are host
   `numpy.ndarray`s.
@@ -262,7 +335,8 @@ class ReversibleSerialTrainer:
                memoize_jit=True, free_accelerators_on_step=False,
                adasum=False, n_async_layers=1, memory_log_every_n_steps=100,
                memory_log_per_layer=False, memory_log_tensorboard=True,
-               output_dir=None, donate=True, on_non_finite='raise'):
+               output_dir=None, donate=True, on_non_finite='raise',
+               segment_max_layers=8, segment_max_bytes=32 * 2**20):
     """Creates the trainer and one optimizer per layer.
 
     Args:
@@ -296,6 +370,18 @@ class ReversibleSerialTrainer:
         `one_step` returns the non-finite loss with a warning. 'ignore': no
         check (as trax). Checked when each layer's update is collected, which
         waits for that update anyway.
+      segment_max_layers: int >= 1, most consecutive reversible layers of a
+        block run in one compiled call (forward: the layers in order;
+        backward: reverse + backward + update of each, last to first), to
+        save per-call dispatch and host work when layers are small. 1 runs
+        one call per layer, as trax. Every layer keeps its own weights,
+        optimizer, slots and RNG, so results match per-layer calls.
+        Segments of a block have equal lengths (the last one may be
+        shorter), so repeated layer patterns give identical segments that
+        share one compilation.
+      segment_max_bytes: int, most bytes of weights + slots a segment may
+        hold on the device at once; segments are shortened until every one
+        fits, down to one layer (which is never split).
 
     Raises:
       validation.BlockStructureError: blocks are not (standard, reversible)
@@ -303,7 +389,8 @@ class ReversibleSerialTrainer:
       validation.DeviceCountError: n_devices is not in [1, local devices].
       validation.OptimizerFactoryError (a TypeError): optimizer_fn is an
         optimizer instance, or does not return an `Optimizer`.
-      ValueError: n_async_layers < 0 or an unknown on_non_finite.
+      ValueError: n_async_layers < 0, segment_max_layers < 1 or an unknown
+        on_non_finite.
     """
     validation.check_blocks(blocks)
     validation.check_optimizer_factory(optimizer_fn)
@@ -316,6 +403,11 @@ class ReversibleSerialTrainer:
     self._rollback = []  # (layer, weights, slots, state) replaced this step.
     if n_async_layers < 0:
       raise ValueError(f'n_async_layers must be >= 0, got {n_async_layers}.')
+    if int(segment_max_layers) < 1:
+      raise ValueError(
+          f'segment_max_layers must be >= 1, got {segment_max_layers}.')
+    self._segment_max_layers = int(segment_max_layers)
+    self._segment_max_bytes = int(segment_max_bytes)
     self._blocks = [(tl.Serial(std), list(rev)) for (std, rev) in blocks]
     self._loss_layer = loss_layer
     self._optimizer_fn = optimizer_fn
@@ -383,31 +475,76 @@ class ReversibleSerialTrainer:
     self._loss_opt = opts[-1]
 
     # Optimizer hyperparameters stay on the device between steps; only a
-    # changed learning rate is placed again.
-    self._opt_params = [self._placement.replicate(opt.opt_params)
-                        for opt in opts]
+    # changed learning rate is placed again. Equal ones are placed once.
+    placed_params = {}
+    self._opt_params = []
+    for opt in opts:
+      key = _fingerprint(opt.opt_params)
+      if key not in placed_params:
+        placed_params[key] = self._placement.replicate(opt.opt_params)
+      self._opt_params.append(placed_params[key])
     self._learning_rate = None
 
     # Compiled functions, shared between layers with equal fingerprints.
     self._compiled_cache = {}
     self.n_compiled_functions = 0
-    self._fwd_fns, self._bwd_fns = [], []
-    for layer, kind, opt in zip(self._layers, self._kinds, opts):
-      self._fwd_fns.append(None if kind == 'loss' else self._compiled(
-          'fwd', layer, None, _forward_fn(layer), _FWD_ARGS, _FWD_OUTS, ()))
-      if kind == 'rev':
-        fn = _reverse_and_fbo_fn(layer, opt, self._n_devices, adasum)
-        # Weights and slots are replaced by the results and never read
-        # again; activations are not donated, XLA rarely reuses them.
-        donate = (1, 5) if _has_weights(layer) else ()
-        self._bwd_fns.append(self._compiled(
-            'rev', layer, opt, fn, _REV_ARGS, _REV_OUTS, donate))
-      else:
-        stats_name = 'loss' if kind == 'loss' else None
-        fn = _fbo_fn(layer, opt, self._n_devices, adasum, stats_name)
-        donate = (1, 4) if _has_weights(layer) else ()
-        self._bwd_fns.append(self._compiled(
-            kind, layer, opt, fn, _FBO_ARGS, _FBO_OUTS, donate))
+    self._fingerprints = {}
+    # Units in forward order: each block's standard layer, then its
+    # reversible layers in segments; the loss layer is handled apart.
+    self._units = []
+    k = 0
+    for _, revs in self._blocks:
+      self._units.append(self._std_unit(k))
+      rev_indices = list(range(k + 1, k + 1 + len(revs)))
+      for segment in self._segments(rev_indices):
+        self._units.append(self._rev_unit(segment))
+      k += 1 + len(revs)
+    loss_i = self._n_layers - 1
+    self._loss_fbo = self._compiled(
+        'loss', [loss_i],
+        _fbo_fn(loss_layer, opts[loss_i], self._n_devices, adasum, 'loss'),
+        _FBO_ARGS, _FBO_OUTS,
+        (1, 4) if _has_weights(loss_layer) else ())
+
+  def _std_unit(self, i):
+    layer, opt = self._layers[i], self._opts[i]
+    fwd = self._compiled('fwd', [i], _forward_fn(layer), _FWD_ARGS,
+                         _FWD_OUTS, ())
+    fn = _fbo_fn(layer, opt, self._n_devices, self._adasum)
+    bwd = self._compiled('std', [i], fn, _FBO_ARGS, _FBO_OUTS,
+                         (1, 4) if _has_weights(layer) else ())
+    return _Unit('std', [i], layer.n_in, fwd, bwd)
+
+  def _rev_unit(self, indices):
+    layers = [self._layers[i] for i in indices]
+    opts = [self._opts[i] for i in indices]
+    depth = max(layer.n_in for layer in layers)
+    fwd = self._compiled('rev_fwd', indices, _segment_forward_fn(layers),
+                         _FWD_ARGS, _FWD_OUTS, ())
+    fn = _segment_reverse_fn(layers, opts, self._n_devices, self._adasum)
+    # Weights and slots are replaced by the results and never read again;
+    # activations are not donated, XLA rarely reuses them.
+    donate = (1, 5) if any(_has_weights(l) for l in layers) else ()
+    bwd = self._compiled('rev', indices, fn, _REV_ARGS, _REV_OUTS, donate)
+    return _Unit('rev', list(indices), depth, fwd, bwd)
+
+  def _segments(self, indices):
+    """Splits reversible layer indices into equal-length segments.
+
+    The length is the largest one up to `segment_max_layers` for which every
+    segment's weights + slots fit in `segment_max_bytes` (1 always does).
+    """
+    nbytes = {i: memory.array_bytes(self._layers[i].weights) +
+                 memory.array_bytes(self._opts[i].slots) for i in indices}
+    length = max(1, min(self._segment_max_layers, len(indices)))
+    while length > 1:
+      segments = [indices[k:k + length]
+                  for k in range(0, len(indices), length)]
+      if all(sum(nbytes[i] for i in s) <= self._segment_max_bytes
+             for s in segments):
+        return segments
+      length -= 1
+    return [[i] for i in indices]
 
   # Public surface of trax's ReversibleSerialTrainer.
 
@@ -469,12 +606,22 @@ class ReversibleSerialTrainer:
 
   # Compilation.
 
-  def _compiled(self, kind, layer, opt, fn, arg_kinds, out_kinds, donate):
-    """A jitted (N > 1: jitted shard_map) `fn`, shared by equal layers."""
+  def _fingerprint_of(self, i):
+    """(layer, optimizer) fingerprints of layer i, computed once."""
+    if i not in self._fingerprints:
+      self._fingerprints[i] = (_fingerprint(self._layers[i]),
+                               _fingerprint(self._opts[i]))
+    return self._fingerprints[i]
+
+  def _compiled(self, kind, indices, fn, arg_kinds, out_kinds, donate):
+    """A jitted (N > 1: jitted shard_map) `fn` of layers `indices`.
+
+    Shared by every call with the same kind and equal layers and optimizers.
+    """
     key = None
     if self._memoize:
-      key = (kind, _fingerprint(layer), _fingerprint(opt), self._n_devices,
-             self._adasum, donate if self._donate else ())
+      key = (kind, tuple(self._fingerprint_of(i) for i in indices),
+             self._n_devices, self._adasum, donate if self._donate else ())
       hit = self._compiled_cache.get(key)
       if hit is not None:
         return hit
@@ -484,7 +631,7 @@ class ReversibleSerialTrainer:
     else:
       compiled = jax.jit(self._shard_map(fn, arg_kinds, out_kinds),
                          donate_argnums=donate)
-      if self._placement.sync_collectives and kind != 'fwd':
+      if self._placement.sync_collectives and kind not in ('fwd', 'rev_fwd'):
         compiled = _blocking(compiled)
     self.n_compiled_functions += 1
     if key is not None:
@@ -516,7 +663,7 @@ class ReversibleSerialTrainer:
     n = self._n_devices
     if n == 1:
       rows = np.asarray(fastmath.random.split(rng, self._n_layers))
-      return self._placement.replicate(list(rows))
+      return self._placement.place_params(list(rows))
     per_device = fastmath.random.split(jnp.asarray(np.asarray(rng)), n)
     table = np.stack([np.asarray(fastmath.random.split(r, self._n_layers))
                       for r in per_device], axis=1)  # (layers, devices, 2)
@@ -539,13 +686,23 @@ class ReversibleSerialTrainer:
     for params in self._opt_params:
       params['learning_rate'] = placed
 
-  def _place_params(self, i, with_slots):
-    """H2D of layer i's weights (and optimizer slots)."""
-    layer = self._layers[i]
+  def _place_params(self, indices, with_slots, as_list):
+    """H2D of the weights (and optimizer slots) of layers `indices`.
+
+    One placement call per unit, so a segment's small arrays move together.
+    Returns (weights, slots or None), lists over `indices` if `as_list`.
+    """
+    weights = [self._layers[i].weights for i in indices]
+    slots = [self._opts[i].slots for i in indices] if with_slots else None
+    if not as_list:
+      weights = weights[0]
+      slots = slots[0] if with_slots else None
     if with_slots:
-      return self._placement.replicate(
-          (layer.weights, self._opts[i].slots))
-    return self._placement.replicate(layer.weights), None
+      return self._placement.place_params((weights, slots))
+    return self._placement.place_params(weights), None
+
+  def _place_unit(self, unit, with_slots):
+    return self._place_params(unit.layers, with_slots, unit.kind == 'rev')
 
   def _collect(self, entry):
     i, weights, slots, state, checks = entry
@@ -585,7 +742,9 @@ class ReversibleSerialTrainer:
     validation.check_batch(batch, self._n_devices)
     p = self._placement
     log = self._memory_log
-    if self._pending_init_records:
+    if self._pending_init_records and log.output_dir is not None:
+      # Without an output directory the init records already went to the
+      # absl log when the layers were placed; `set_output_dir` writes them.
       self._flush_init_records()
     recording = log.should_record(step)
     per_layer = recording and log.per_layer
@@ -611,42 +770,48 @@ class ReversibleSerialTrainer:
       freed = p.free_device_buffers(self._keep())
       end_phase('free', freed_arrays=freed[0], freed_bytes=freed[1])
 
-    # Forward: standard layer, then the block's reversible layers.
+    # Forward: standard layer, then the block's reversible segments.
     stack = p.shard_batch(batch)
-    saved = {}  # layer index -> (inputs or None, old state, new state)
-    fwd_order = list(range(self._n_layers - 1))
-    placed = self._place_params(fwd_order[0], False) if fwd_order else None
-    for pos, i in enumerate(fwd_order):
+    # layer index -> (inputs, new state) of a standard layer,
+    # (old state, new state) of a reversible one.
+    saved = {}
+    units = self._units
+    placed = self._place_unit(units[0], False) if units else None
+    for pos, unit in enumerate(units):
       weights, _ = placed
-      if pos + 1 < len(fwd_order):  # start the next layer's H2D first
-        placed = self._place_params(fwd_order[pos + 1], False)
-      layer = self._layers[i]
+      if pos + 1 < len(units):  # start the next unit's H2D first
+        placed = self._place_unit(units[pos + 1], False)
       t0 = time.time()
-      state = p.per_device(layer.state)
-      inputs = cb.inputs_from_stack(stack, layer.n_in)
-      outputs, new_state = self._fwd_fns[i](inputs, weights, state, rngs[i])
-      stack = cb.outputs_onto_stack(outputs, stack, layer.n_in)
-      if self._kinds[i] == 'std':
+      if unit.kind == 'std':
+        i = unit.layers[0]
+        state = p.per_device(self._layers[i].state)
+        inputs = cb.inputs_from_stack(stack, unit.depth)
+        outputs, new_state = unit.fwd(inputs, weights, state, rngs[i])
         saved[i] = (inputs, new_state)
       else:
-        saved[i] = (state, new_state)
+        state = p.per_device([self._layers[i].state for i in unit.layers])
+        inputs = cb.inputs_from_stack(stack, unit.depth)
+        outputs, new_state = unit.fwd(
+            inputs, weights, state, [rngs[i] for i in unit.layers])
+        for i, s, ns in zip(unit.layers, state, new_state):
+          saved[i] = (s, ns)
+      stack = cb.outputs_onto_stack(outputs, stack, unit.depth)
       del weights, inputs, outputs, state, new_state
       if per_layer:
         p.block(stack)
-        log.record(step, 'forward', layer=i, layer_name=layer.name,
-                   seconds=time.time() - t0)
+        self._record_unit(step, 'forward', unit, time.time() - t0)
     end_phase('forward', stack)
 
     # Loss layer: forward, backward and optimizer update.
     pending = collections.deque()
     loss_i = self._n_layers - 1
-    bwd_order = list(range(self._n_layers - 2, -1, -1))
-    weights, slots = self._place_params(loss_i, True)
-    placed = self._place_params(bwd_order[0], True) if bwd_order else None
+    bwd_units = units[::-1]
+    weights, slots = self._place_params([loss_i], True, False)
+    placed = self._place_unit(bwd_units[0], True) if bwd_units else None
     loss_layer = self._loss_layer
     loss_inputs = cb.inputs_from_stack(stack, loss_layer.n_in)
     new_weights, new_state, new_slots, grad_stack, loss_stats = (
-        self._bwd_fns[loss_i](
+        self._loss_fbo(
             loss_inputs, weights, None, p.per_device(loss_layer.state), slots,
             self._opt_params[loss_i], rngs[loss_i], step_placed))
     del weights, slots, loss_inputs
@@ -664,42 +829,45 @@ class ReversibleSerialTrainer:
            stats] + [c.device_arrays() for e in pending for c in e[1:4]])
       end_phase('free', freed_arrays=freed[0], freed_bytes=freed[1])
 
-    # Backward, last layer first.
-    for pos, i in enumerate(bwd_order):
+    # Backward, last unit first; a segment's layers last to first.
+    for pos, unit in enumerate(bwd_units):
       weights, slots = placed
-      if pos + 1 < len(bwd_order):
-        placed = self._place_params(bwd_order[pos + 1], True)
-      layer = self._layers[i]
+      if pos + 1 < len(bwd_units):
+        placed = self._place_unit(bwd_units[pos + 1], True)
       t0 = time.time()
-      if self._kinds[i] == 'rev':
-        old_state, new_state = saved.pop(i)
-        outputs = cb.inputs_from_stack(stack, layer.n_out)
-        grads = cb.inputs_from_stack(grad_stack, layer.n_out)
-        new_weights, new_slots, inputs, grads_in, layer_stats = (
-            self._bwd_fns[i](outputs, weights, grads, old_state, new_state,
-                             slots, self._opt_params[i], rngs[i],
-                             step_placed))
-        stack = cb.outputs_onto_stack(inputs, stack, layer.n_out)
-        grad_stack = cb.outputs_onto_stack(grads_in, grad_stack, layer.n_out)
-        del outputs, grads, inputs, grads_in, old_state
+      depth = unit.depth  # stack items the unit's backward consumes
+      if unit.kind == 'rev':
+        old_state = [saved[i][0] for i in unit.layers]
+        new_state = [saved.pop(i)[1] for i in unit.layers]
+        outputs = cb.inputs_from_stack(stack, unit.depth)
+        grads = cb.inputs_from_stack(grad_stack, unit.depth)
+        new_weights, new_slots, inputs, grads_in, unit_stats = unit.bwd(
+            outputs, weights, grads, old_state, new_state, slots,
+            [self._opt_params[i] for i in unit.layers],
+            [rngs[i] for i in unit.layers], step_placed)
+        del outputs, grads, old_state
       else:
+        i = unit.layers[0]
+        depth = self._layers[i].n_out
         inputs, state = saved.pop(i)
-        grads = cb.inputs_from_stack(grad_stack, layer.n_out)
-        new_weights, new_state, new_slots, grads_in, layer_stats = (
-            self._bwd_fns[i](inputs, weights, grads, state, slots,
-                             self._opt_params[i], rngs[i], step_placed))
-        grad_stack = cb.outputs_onto_stack(grads_in, grad_stack, layer.n_out)
-        stack = cb.outputs_onto_stack(inputs, stack, layer.n_out)
-        del inputs, state, grads, grads_in
-      del weights, slots
-      stats.append(layer_stats)
-      self._start_collect(pending, i, new_weights, new_slots, new_state,
-                          layer_stats, step)
-      del new_weights, new_slots, new_state
+        grads = cb.inputs_from_stack(grad_stack, depth)
+        new_weights, new_state, new_slots, grads_in, unit_stats = unit.bwd(
+            inputs, weights, grads, state, slots, self._opt_params[i],
+            rngs[i], step_placed)
+        new_weights, new_state, new_slots, unit_stats = (
+            [new_weights], [new_state], [new_slots], [unit_stats])
+        del state, grads
+      stack = cb.outputs_onto_stack(inputs, stack, depth)
+      grad_stack = cb.outputs_onto_stack(grads_in, grad_stack, depth)
+      del weights, slots, inputs, grads_in
+      for k in range(len(unit.layers) - 1, -1, -1):
+        stats.append(unit_stats[k])
+        self._start_collect(pending, unit.layers[k], new_weights[k],
+                            new_slots[k], new_state[k], unit_stats[k], step)
+      del new_weights, new_slots, new_state, unit_stats
       if per_layer:
         p.block(grad_stack)
-        log.record(step, 'backward', layer=i, layer_name=layer.name,
-                   seconds=time.time() - t0)
+        self._record_unit(step, 'backward', unit, time.time() - t0)
     while pending:
       self._collect(pending.popleft())
     self._end_step_updates(step)
@@ -773,6 +941,14 @@ class ReversibleSerialTrainer:
     logging.warning('step %d skipped: %s is not finite (layer %d %s); '
                     'weights, slots and state are as before the step.',
                     step, what, i, self._layers[i].name)
+
+  def _record_unit(self, step, phase, unit, seconds):
+    """Per-layer memory record of a unit (a segment counts as one)."""
+    names = [self._layers[i].name for i in unit.layers]
+    name = names[0] if len(names) == 1 else f'{names[0]}..{names[-1]}'
+    self._memory_log.record(step, phase, layer=unit.layers[0],
+                            layer_name=name, n_layers=len(unit.layers),
+                            seconds=seconds)
 
   def _keep(self):
     """Everything the trainer holds between phases (for safe freeing)."""

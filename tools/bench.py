@@ -1,0 +1,427 @@
+"""Benchmark: trax's default Trainer, stock ReversibleSerialTrainer, ours.
+
+Measures, on ReformerLM configs (full causal self-attention, dropout 0.1,
+Adam, byte vocabulary), side by side:
+
+  * step time (seconds per step): the three trainers are built in one process
+    and stepped round-robin (default, stock, ours, default, ...), so machine
+    load hits all three alike; the first two steps of each are reported apart
+    (the first compiles; trax's default and stock trainers compile again on
+    the second, when their weights come back as different array types), the
+    median of the `--steps` steps after them is the step time;
+  * peak host RSS above the import baseline (bytes): one fresh process per
+    (config, trainer), which imports everything, records its RSS, builds the
+    model and trainer, runs `--memory_steps` steps and reports its peak RSS
+    (`resource.getrusage` ru_maxrss);
+  * weights and Adam slots bytes of each config, so the growth of peak RSS
+    from the 6- to the 24-layer config can be compared with the bytes added.
+
+Results go to `<out_dir>/bench.json` and `<out_dir>/bench.md` (a Markdown
+table with the ratios the README quotes).
+
+Usage:
+  python tools/bench.py                      # all four configs
+  python tools/bench.py --configs=l6,l64 --steps=3
+  python tools/bench.py --quick              # small shapes, a smoke run
+  python tools/bench.py --nomemory           # timing only
+
+Absolute times on a shared machine vary from run to run; the ratios of one
+interleaved run are the figures to read.
+"""
+
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+from absl import app
+from absl import flags
+
+FLAGS = flags.FLAGS
+
+flags.DEFINE_list('configs', ['l6', 'l24', 'l12', 'l64'],
+                  'Configs to run (see CONFIGS).')
+flags.DEFINE_list('trainers', ['default', 'stock', 'ours'],
+                  'Trainers to compare.')
+flags.DEFINE_integer('steps', 3,
+                     'Measured steps per trainer after the 2 warm-up steps.')
+flags.DEFINE_integer('memory_steps', 2, 'Steps run by each memory process.')
+flags.DEFINE_bool('memory', True, 'Measure peak RSS in separate processes.')
+flags.DEFINE_bool('timing', True, 'Measure step times (interleaved).')
+flags.DEFINE_bool('quick', False, 'Scale every config down (smoke run).')
+flags.DEFINE_string('out_dir', os.path.join(os.path.dirname(__file__),
+                                            'bench_results'),
+                    'Where bench.json and bench.md go.')
+flags.DEFINE_string('memory_child', None,
+                    'Internal: CONFIG:TRAINER, run one memory measurement.')
+
+# n_layers decoder blocks (each 2 ReversibleHalfResidual + 2 ReversibleSwap),
+# d_ff = 4 * d_model, 4 heads of d_model / 4.
+CONFIGS = {
+    'l6': dict(n_layers=6, length=1024, d_model=128, batch=4),
+    'l24': dict(n_layers=24, length=1024, d_model=128, batch=4),
+    'l12': dict(n_layers=12, length=2048, d_model=256, batch=2),
+    'l64': dict(n_layers=64, length=64, d_model=32, batch=2),
+}
+_QUICK = {'length': 64, 'd_model': 32}
+VOCAB = 256
+TRAINER_NAMES = {'default': 'default Trainer',
+                 'stock': 'stock ReversibleSerialTrainer',
+                 'ours': 'trax_revplus ReversibleSerialTrainer'}
+
+
+def config(name, quick=False):
+  cfg = dict(CONFIGS[name])
+  if quick:
+    cfg.update(_QUICK)
+  return cfg
+
+
+def describe(cfg):
+  return (f"{cfg['n_layers']} layers, length {cfg['length']}, "
+          f"d_model {cfg['d_model']}, batch {cfg['batch']}")
+
+
+def _batch(cfg, seed=0):
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  rs = np.random.RandomState(seed)
+  x = rs.randint(1, VOCAB, size=(cfg['batch'], cfg['length'])).astype(np.int32)
+  return (x, x, np.ones_like(x, dtype=np.float32))
+
+
+def build(trainer_name, cfg):
+  """Builds model + trainer; returns (trainer, weights_bytes, slots_bytes)."""
+  # pylint: disable=g-import-not-at-top
+  from trax import fastmath
+  from trax import layers as tl
+  from trax import models
+  from trax import optimizers
+  from trax import shapes
+  from trax.optimizers import trainer as stock_trainer
+  import trax_revplus
+  from trax_revplus import memory
+  from trax_revplus import trainer as rev_trainer
+  # pylint: enable=g-import-not-at-top
+  if trainer_name == 'ours':
+    trax_revplus.activate()
+  else:
+    trax_revplus.deactivate()
+  try:
+    d = cfg['d_model']
+    model = models.ReformerLM(
+        VOCAB, d_model=d, d_ff=4 * d, d_attention_key=d // 4,
+        d_attention_value=d // 4, n_layers=cfg['n_layers'], n_heads=4,
+        dropout=0.1, max_len=cfg['length'], attention_type=tl.SelfAttention,
+        mode='train')
+    loss = tl.WeightedCategoryCrossEntropy()
+    sig = shapes.signature(_batch(cfg))
+    rng = fastmath.random.get_prng(0)
+    if trainer_name == 'default':
+      model_with_loss = tl.Serial(model, loss)
+      model_with_loss.init(sig, rng=rng)
+      opt = optimizers.Adam()
+      opt.tree_init(model_with_loss.weights)
+      trainer = optimizers.Trainer(model_with_loss, opt, n_devices=1)
+      return (trainer, memory.array_bytes(model_with_loss.weights),
+              memory.array_bytes(opt.slots))
+    module = stock_trainer if trainer_name == 'stock' else rev_trainer
+    blocks, loss_layer = module.extract_reversible_blocks([model, loss])
+    module.init_reversible_blocks(blocks, loss_layer, sig, rng)
+    kwargs = {}
+    if trainer_name == 'ours':
+      kwargs = dict(memory_log_tensorboard=False)
+    trainer = module.ReversibleSerialTrainer(
+        blocks, loss_layer, optimizers.Adam, n_devices=1, **kwargs)
+    weights = [l.weights for l in trainer.all_layers]
+    return (trainer, memory.array_bytes(weights),
+            memory.array_bytes(trainer.slots))
+  finally:
+    trax_revplus.deactivate()
+
+
+def _step(trainer, batch, step):
+  import jax  # pylint: disable=g-import-not-at-top
+  from trax import fastmath  # pylint: disable=g-import-not-at-top
+  t0 = time.perf_counter()
+  loss, _ = trainer.one_step(batch, fastmath.random.get_prng(step), step=step)
+  loss = float(jax.block_until_ready(loss))
+  return time.perf_counter() - t0, loss
+
+
+def time_config(name, cfg, trainers, n_steps):
+  """Interleaved timing of `trainers` on one config; returns a dict."""
+  batch = _batch(cfg)
+  built = {}
+  for t in trainers:
+    t0 = time.perf_counter()
+    built[t] = build(t, cfg)
+    print(f'[{name}] built {t} in {time.perf_counter() - t0:.1f} s',
+          flush=True)
+  results = {t: dict(first_step_s=None, second_step_s=None, step_s=[],
+                    losses=[]) for t in trainers}
+  for step in range(1, n_steps + 3):
+    for t in trainers:
+      seconds, loss = _step(built[t][0], batch, step)
+      r = results[t]
+      if step == 1:
+        r['first_step_s'] = seconds
+      elif step == 2:
+        r['second_step_s'] = seconds
+      else:
+        r['step_s'].append(seconds)
+      r['losses'].append(loss)
+      print(f'[{name}] step {step} {t}: {seconds:.3f} s loss {loss:.5f}',
+            flush=True)
+  for t in trainers:
+    r = results[t]
+    r['median_step_s'] = statistics.median(r['step_s']) if r['step_s'] else None
+    r['weights_bytes'] = built[t][1]
+    r['slots_bytes'] = built[t][2]
+  del built
+  return results
+
+
+def memory_child(spec):
+  """Runs in a fresh process: peak RSS of one (config, trainer)."""
+  name, trainer_name = spec.split(':')
+  # Import everything the build needs before the baseline is taken.
+  # pylint: disable=g-import-not-at-top,unused-import
+  import jax
+  import trax
+  from trax import models
+  from trax import optimizers
+  from trax.supervised import training
+  import trax_revplus
+  from trax_revplus import trainer as rev_trainer
+  import psutil
+  # pylint: enable=g-import-not-at-top,unused-import
+  cfg = config(name, FLAGS.quick)
+  baseline = psutil.Process().memory_info().rss
+  trainer, weights_bytes, slots_bytes = build(trainer_name, cfg)
+  batch = _batch(cfg)
+  seconds = []
+  for step in range(1, FLAGS.memory_steps + 1):
+    seconds.append(_step(trainer, batch, step)[0])
+  peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+  print(json.dumps(dict(
+      config=name, trainer=trainer_name, baseline_rss_bytes=baseline,
+      peak_rss_bytes=peak, peak_above_baseline_bytes=peak - baseline,
+      weights_bytes=weights_bytes, slots_bytes=slots_bytes,
+      step_s=seconds)))
+
+
+def run_memory(name, trainer_name):
+  cmd = [sys.executable, os.path.abspath(__file__),
+         f'--memory_child={name}:{trainer_name}',
+         f'--memory_steps={FLAGS.memory_steps}']
+  if FLAGS.quick:
+    cmd.append('--quick')
+  t0 = time.perf_counter()
+  proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+  if proc.returncode:
+    print(proc.stderr[-3000:], file=sys.stderr)
+    raise RuntimeError(f'memory process {name}:{trainer_name} failed')
+  result = json.loads(proc.stdout.strip().splitlines()[-1])
+  print(f'[{name}] memory {trainer_name}: peak above baseline '
+        f"{result['peak_above_baseline_bytes'] / 2**20:.0f} MiB "
+        f'({time.perf_counter() - t0:.0f} s)', flush=True)
+  return result
+
+
+def _ratio(a, b):
+  return None if a is None or b is None or not b else a / b
+
+
+def summarize(results):
+  """Adds ratios, target checks and the depth scaling to `results`."""
+  targets = {'l6': (0.85, 1.40), 'l24': (0.85, 1.40), 'l12': (0.95, 1.36),
+             'l64': (0.5, None)}
+  for name, r in results['configs'].items():
+    tm = r.get('timing', {})
+    med = {t: tm.get(t, {}).get('median_step_s') for t in tm}
+    first = {t: tm.get(t, {}).get('first_step_s') for t in tm}
+    ratios = dict(
+        ours_over_stock=_ratio(med.get('ours'), med.get('stock')),
+        ours_over_default=_ratio(med.get('ours'), med.get('default')),
+        stock_over_default=_ratio(med.get('stock'), med.get('default')))
+    r['ratios'] = ratios
+    checks = {}
+    vs_stock, vs_default = targets.get(name, (None, None))
+    if ratios['ours_over_stock'] is not None and vs_stock is not None:
+      checks[f'step ours/stock <= {vs_stock}'] = (
+          ratios['ours_over_stock'] <= vs_stock)
+    if ratios['ours_over_default'] is not None and vs_default is not None:
+      checks[f'step ours/default <= {vs_default}'] = (
+          ratios['ours_over_default'] <= vs_default)
+    if first.get('ours') is not None and first.get('stock') is not None:
+      checks['first step ours <= stock'] = first['ours'] <= first['stock']
+      second = {t: tm.get(t, {}).get('second_step_s') for t in tm}
+      checks['first two steps ours <= stock'] = (
+          first['ours'] + second['ours'] <= first['stock'] + second['stock'])
+    mem = r.get('memory', {})
+    if 'ours' in mem and 'stock' in mem:
+      checks['peak RSS above baseline ours <= stock'] = (
+          mem['ours']['peak_above_baseline_bytes'] <=
+          mem['stock']['peak_above_baseline_bytes'])
+    r['checks'] = checks
+  cfgs = results['configs']
+  if 'l6' in cfgs and 'l24' in cfgs:
+    scaling = {}
+    for t in results['trainers']:
+      m6 = cfgs['l6'].get('memory', {}).get(t)
+      m24 = cfgs['l24'].get('memory', {}).get(t)
+      if not m6 or not m24:
+        continue
+      added = ((m24['weights_bytes'] + m24['slots_bytes']) -
+               (m6['weights_bytes'] + m6['slots_bytes']))
+      growth = (m24['peak_above_baseline_bytes'] -
+                m6['peak_above_baseline_bytes'])
+      scaling[t] = dict(peak_growth_bytes=growth,
+                        weights_and_slots_added_bytes=added,
+                        growth_over_added=_ratio(growth, added))
+    results['depth_scaling'] = scaling
+    if 'ours' in scaling:
+      results['depth_scaling_check'] = {
+          'ours growth <= 1.2 x weights and slots added':
+              scaling['ours']['growth_over_added'] <= 1.2}
+  return results
+
+
+def _fmt(x, spec='.3f'):
+  return '-' if x is None else format(x, spec)
+
+
+def _mib(x):
+  return '-' if x is None else f'{x / 2**20:.0f}'
+
+
+def markdown(results):
+  """The Markdown tables of `results`."""
+  lines = []
+  lines.append('Step time: median seconds per step after two warm-up steps '
+               '(interleaved in one process); first and second step times '
+               'include compilation.')
+  lines.append('')
+  lines.append('| config | default s/step | stock s/step | ours s/step | '
+               'ours / stock | ours / default | stock / default | '
+               'first step default / stock / ours (s) | '
+               'second step default / stock / ours (s) |')
+  lines.append('|---|---|---|---|---|---|---|---|---|')
+  for name, r in results['configs'].items():
+    tm = r.get('timing')
+    if not tm:
+      continue
+    g = lambda t, k: tm.get(t, {}).get(k)
+    ra = r['ratios']
+    lines.append(
+        f"| {describe(r['config'])} | {_fmt(g('default', 'median_step_s'))} | "
+        f"{_fmt(g('stock', 'median_step_s'))} | "
+        f"{_fmt(g('ours', 'median_step_s'))} | "
+        f"{_fmt(ra['ours_over_stock'], '.2f')} | "
+        f"{_fmt(ra['ours_over_default'], '.2f')} | "
+        f"{_fmt(ra['stock_over_default'], '.2f')} | "
+        f"{_fmt(g('default', 'first_step_s'), '.1f')} / "
+        f"{_fmt(g('stock', 'first_step_s'), '.1f')} / "
+        f"{_fmt(g('ours', 'first_step_s'), '.1f')} | "
+        f"{_fmt(g('default', 'second_step_s'), '.1f')} / "
+        f"{_fmt(g('stock', 'second_step_s'), '.1f')} / "
+        f"{_fmt(g('ours', 'second_step_s'), '.1f')} |")
+  if any(r.get('memory') for r in results['configs'].values()):
+    lines.append('')
+    lines.append('Peak host RSS above the import baseline (MiB), one fresh '
+                 'process per trainer and config; weights + Adam slots of '
+                 'the model (MiB).')
+    lines.append('')
+    lines.append('| config | default | stock | ours | weights + slots |')
+    lines.append('|---|---|---|---|---|')
+    for name, r in results['configs'].items():
+      mem = r.get('memory')
+      if not mem:
+        continue
+      g = lambda t: mem.get(t, {}).get('peak_above_baseline_bytes')
+      any_t = next(iter(mem.values()))
+      lines.append(
+          f"| {describe(r['config'])} | {_mib(g('default'))} | "
+          f"{_mib(g('stock'))} | {_mib(g('ours'))} | "
+          f"{_mib(any_t['weights_bytes'] + any_t['slots_bytes'])} |")
+  scaling = results.get('depth_scaling')
+  if scaling:
+    lines.append('')
+    lines.append('Depth scaling 6 -> 24 layers: growth of peak RSS above '
+                 'baseline vs weights + slots added (MiB).')
+    lines.append('')
+    lines.append('| trainer | peak growth | weights + slots added | '
+                 'growth / added |')
+    lines.append('|---|---|---|---|')
+    for t, s in scaling.items():
+      lines.append(f"| {t} | {_mib(s['peak_growth_bytes'])} | "
+                   f"{_mib(s['weights_and_slots_added_bytes'])} | "
+                   f"{_fmt(s['growth_over_added'], '.2f')} |")
+  lines.append('')
+  lines.append('Targets:')
+  lines.append('')
+  for name, r in results['configs'].items():
+    for check, ok in r.get('checks', {}).items():
+      lines.append(f"- {name}: {check}: {'holds' if ok else 'does not hold'}")
+  for check, ok in results.get('depth_scaling_check', {}).items():
+    lines.append(f"- depth scaling: {check}: "
+                 f"{'holds' if ok else 'does not hold'}")
+  return '\n'.join(lines) + '\n'
+
+
+def _environment():
+  import jax  # pylint: disable=g-import-not-at-top
+  import trax  # pylint: disable=g-import-not-at-top
+  return dict(python=sys.version.split()[0], jax=jax.__version__,
+              trax=getattr(trax, '__version__', '1.4.1'),
+              cpu_count=os.cpu_count(),
+              devices=[str(d) for d in jax.devices()])
+
+
+def main(argv):
+  del argv
+  if FLAGS.memory_child:
+    memory_child(FLAGS.memory_child)
+    return
+  unknown = set(FLAGS.configs) - set(CONFIGS)
+  if unknown:
+    raise app.UsageError(f'unknown configs {sorted(unknown)}; '
+                         f'choose from {sorted(CONFIGS)}')
+  results = dict(command=' '.join(['python'] + sys.argv),
+                 started=time.strftime('%Y-%m-%d %H:%M:%S'),
+                 steps=FLAGS.steps, memory_steps=FLAGS.memory_steps,
+                 quick=FLAGS.quick, trainers=list(FLAGS.trainers),
+                 environment=_environment(), configs={})
+  os.makedirs(FLAGS.out_dir, exist_ok=True)
+  suffix = '_quick' if FLAGS.quick else ''
+  json_path = os.path.join(FLAGS.out_dir, f'bench{suffix}.json')
+  md_path = os.path.join(FLAGS.out_dir, f'bench{suffix}.md')
+
+  def save():
+    summarize(results)
+    with open(json_path, 'w') as f:
+      json.dump(results, f, indent=1)
+    with open(md_path, 'w') as f:
+      f.write(f"Command: `{results['command']}`\n\n" + markdown(results))
+
+  for name in FLAGS.configs:
+    cfg = config(name, FLAGS.quick)
+    results['configs'][name] = dict(config=cfg)
+    if FLAGS.timing:
+      results['configs'][name]['timing'] = time_config(
+          name, cfg, FLAGS.trainers, FLAGS.steps)
+      save()
+  if FLAGS.memory:
+    for name in FLAGS.configs:
+      results['configs'][name]['memory'] = {
+          t: run_memory(name, t) for t in FLAGS.trainers}
+      save()
+  save()
+  print(open(md_path).read())
+
+
+if __name__ == '__main__':
+  app.run(main)
