@@ -7,6 +7,7 @@ committed (or undo it, on_non_finite='skip').
 """
 
 import functools
+import os
 
 import jax
 import numpy as np
@@ -304,3 +305,28 @@ def test_unknown_knob_hint_lists_our_knobs():
   assert 'on_non_finite' in hint and 'n_async_layers' in hint
   assert validation.unknown_knob_hint(
       "Configurable 'ReformerLM' doesn't have a parameter named 'x'") is None
+
+
+def test_cli_unknown_knob_of_ours_is_one_line(tmp_path, capsys):
+  import gin  # pylint: disable=g-import-not-at-top
+  from trax_revplus import cli  # pylint: disable=g-import-not-at-top
+  config = os.path.join(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__))), 'gin_configs', 'reformer_char_lm.gin')
+  try:
+    code = cli.main(['trax-revplus', 'train', f'--config_file={config}',
+                     f'--output_dir={tmp_path}',
+                     '--config=trax_revplus.ReversibleSerialTrainer.'
+                     'no_such_knob = 1'])
+  finally:
+    gin.clear_config()
+  err = capsys.readouterr().err.strip().splitlines()
+  assert code == 2
+  assert len(err) == 1
+  assert err[0].startswith(
+      "trax-revplus train: error: cannot apply --config='trax_revplus."
+      "ReversibleSerialTrainer.no_such_knob = 1': Configurable 'trax_revplus."
+      "ReversibleSerialTrainer' doesn't have a parameter named "
+      "'no_such_knob'")
+  assert ("; trax_revplus.ReversibleSerialTrainer has no knob 'no_such_knob';"
+          " its knobs: blocks, loss_layer, optimizer_fn, n_devices") in err[0]
+  assert not os.listdir(tmp_path)

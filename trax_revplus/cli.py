@@ -337,6 +337,14 @@ _GIN_ERRORS = (SyntaxError, ValueError, ImportError, NameError,
                AttributeError, TypeError, OSError, KeyError)
 
 
+def _gin_error(exception):
+  """gin's error in one line; for a knob of ours, also the knobs it has."""
+  from trax_revplus import validation  # pylint: disable=g-import-not-at-top
+  hint = validation.unknown_knob_hint(str(exception))
+  text = _one_line(exception)
+  return f'{text}; {hint}' if hint else text
+
+
 def parse_configs(config_files, bindings):
   """Parses gin config files, then bindings, the way `train` does.
 
@@ -370,7 +378,7 @@ def parse_configs(config_files, bindings):
         gin.parse_config_file(path)
       except _GIN_ERRORS as e:
         raise UserError(
-            f'cannot parse config file {path}: {_one_line(e)}') from None
+            f'cannot parse config file {path}: {_gin_error(e)}') from None
   finally:
     std_logging.getLogger().removeFilter(noise)
   for binding in bindings:
@@ -378,7 +386,7 @@ def parse_configs(config_files, bindings):
       gin.parse_config(binding)
     except _GIN_ERRORS as e:
       raise UserError(
-          f'cannot apply --config={binding!r}: {_one_line(e)}') from None
+          f'cannot apply --config={binding!r}: {_gin_error(e)}') from None
 
 
 def _query(name, default):
@@ -596,22 +604,53 @@ def _close_trainers(loop):
       close()
 
 
+def _interrupted_message(interrupted, output_dir):
+  """One line for a run stopped by SIGINT/SIGTERM (see StopOnSignal)."""
+  import signal  # pylint: disable=g-import-not-at-top
+  if interrupted.loop is not None:
+    _close_trainers(interrupted.loop)
+  name = signal.Signals(interrupted.signum).name
+  if interrupted.checkpoint is None:
+    return (f'interrupted by {name} before the first step; nothing new was '
+            f'saved in {output_dir}')
+  return (f'interrupted by {name}: stopped after step {interrupted.step}, '
+          f'checkpoint {interrupted.checkpoint} (step {interrupted.step}); '
+          f'run the same command to resume')
+
+
 def _run_training(output_dir, callbacks, log_path):
-  """Runs trainer_lib.train, then saves a final checkpoint and summarizes."""
+  """Runs trainer_lib.train, then saves a final checkpoint and summarizes.
+
+  SIGINT/SIGTERM stop the run at the next step boundary with a checkpoint
+  (`checkpoints.StopOnSignal`); the exit status is then 128 + the signal
+  number (130, 143).
+  """
   import gin  # pylint: disable=g-import-not-at-top
   from trax.supervised import trainer_lib  # pylint: disable=g-import-not-at-top
+  from trax_revplus import checkpoints  # pylint: disable=g-import-not-at-top
   from trax_revplus import data  # pylint: disable=g-import-not-at-top
   from trax_revplus import progress  # pylint: disable=g-import-not-at-top
+  from trax_revplus import validation  # pylint: disable=g-import-not-at-top
   import trax_revplus  # pylint: disable=g-import-not-at-top
 
   gin.finalize()
   which = 'trax_revplus' if trax_revplus.is_active() else 'stock trax'
   print(f'{PROG} train: {which} reversible layers and trainer; output in '
         f'{output_dir}', flush=True)
+  stop = checkpoints.StopOnSignal()
   try:
-    loop = trainer_lib.train(output_dir=output_dir, callbacks=callbacks)
+    with stop:
+      loop = trainer_lib.train(output_dir=output_dir,
+                               callbacks=list(callbacks) + [stop.callback])
+  except checkpoints.Interrupted as e:
+    raise UserError(_interrupted_message(e, output_dir),
+                    128 + e.signum) from None
   except data.CorpusError as e:
     raise UserError(_one_line(e), EXIT_RUNTIME) from None
+  except (validation.ConfigurationError, validation.OptimizerFactoryError,
+          validation.NonFiniteError, checkpoints.CheckpointError) as e:
+    raise UserError(f'{type(e).__name__}: {_one_line(e)}',
+                    EXIT_RUNTIME) from None
   _close_trainers(loop)
 
   checkpoint = os.path.join(output_dir, 'model.pkl.gz')
@@ -633,6 +672,9 @@ def _run_training(output_dir, callbacks, log_path):
     implementations = _implementations(loop)
   if not os.path.exists(checkpoint):
     checkpoint = None
+  if stop.signum is not None:  # Came after the last step ended.
+    print(f'{PROG} train: signal {stop.signum} received after the last step;'
+          f' the run is complete.', file=sys.stderr, flush=True)
   print(_format_summary(summary, implementations, checkpoint,
                         checkpoint_step, log_path), flush=True)
   return EXIT_OK
