@@ -10,9 +10,10 @@ Adam, byte vocabulary), side by side:
     the second, when their weights come back as different array types), the
     median of the `--steps` steps after them is the step time;
   * peak host RSS above the import baseline (bytes): one fresh process per
-    (config, trainer), which imports everything, records its RSS, builds the
-    model and trainer, runs `--memory_steps` steps and reports its peak RSS
-    (`resource.getrusage` ru_maxrss);
+    (config, trainer), which imports everything, resets the kernel's peak RSS
+    mark (`/proc/self/clear_refs`, so import-time peaks do not count),
+    records its RSS, builds the model and trainer, runs `--memory_steps`
+    steps and reports its peak RSS (VmHWM in `/proc/self/status`);
   * weights and Adam slots bytes of each config, so the growth of peak RSS
     from the 6- to the 24-layer config can be compared with the bytes added.
 
@@ -42,7 +43,7 @@ from absl import flags
 
 FLAGS = flags.FLAGS
 
-flags.DEFINE_list('configs', ['l6', 'l24', 'l12', 'l64'],
+flags.DEFINE_list('configs', ['l6', 'l24', 'l64', 'l12'],
                   'Configs to run (see CONFIGS).')
 flags.DEFINE_list('trainers', ['default', 'stock', 'ours'],
                   'Trainers to compare.')
@@ -55,6 +56,9 @@ flags.DEFINE_bool('quick', False, 'Scale every config down (smoke run).')
 flags.DEFINE_string('out_dir', os.path.join(os.path.dirname(__file__),
                                             'bench_results'),
                     'Where bench.json and bench.md go.')
+flags.DEFINE_bool('update', False,
+                  'Merge into the existing bench.json: keep configs and parts '
+                  '(timing, memory) not measured in this run.')
 flags.DEFINE_string('memory_child', None,
                     'Internal: CONFIG:TRAINER, run one memory measurement.')
 
@@ -184,6 +188,28 @@ def time_config(name, cfg, trainers, n_steps):
   return results
 
 
+def _peak_rss_bytes():
+  """Peak RSS since the last reset (VmHWM), or ru_maxrss without /proc."""
+  try:
+    with open('/proc/self/status') as f:
+      for line in f:
+        if line.startswith('VmHWM:'):
+          return int(line.split()[1]) * 1024
+  except OSError:
+    pass
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _reset_peak_rss():
+  """Resets the kernel's peak RSS mark (Linux >= 4.0); False if it cannot."""
+  try:
+    with open('/proc/self/clear_refs', 'w') as f:
+      f.write('5')
+    return True
+  except OSError:
+    return False
+
+
 def memory_child(spec):
   """Runs in a fresh process: peak RSS of one (config, trainer)."""
   name, trainer_name = spec.split(':')
@@ -199,14 +225,15 @@ def memory_child(spec):
   import psutil
   # pylint: enable=g-import-not-at-top,unused-import
   cfg = config(name, FLAGS.quick)
+  peak_reset = _reset_peak_rss()
   baseline = psutil.Process().memory_info().rss
   trainer, weights_bytes, slots_bytes = build(trainer_name, cfg)
   batch = _batch(cfg)
   seconds = []
   for step in range(1, FLAGS.memory_steps + 1):
     seconds.append(_step(trainer, batch, step)[0])
-  peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-  print(json.dumps(dict(
+  peak = _peak_rss_bytes()
+  print(json.dumps(dict(peak_reset=peak_reset,
       config=name, trainer=trainer_name, baseline_rss_bytes=baseline,
       peak_rss_bytes=peak, peak_above_baseline_bytes=peak - baseline,
       weights_bytes=weights_bytes, slots_bytes=slots_bytes,
@@ -400,22 +427,41 @@ def main(argv):
   json_path = os.path.join(FLAGS.out_dir, f'bench{suffix}.json')
   md_path = os.path.join(FLAGS.out_dir, f'bench{suffix}.md')
 
+  if FLAGS.update and os.path.exists(json_path):
+    with open(json_path) as f:
+      previous = json.load(f)
+    for name, r in previous.get('configs', {}).items():
+      if name not in FLAGS.configs:
+        results['configs'][name] = r
+      else:
+        kept = {k: v for k, v in r.items()
+                if (k == 'timing' and not FLAGS.timing) or
+                (k == 'memory' and not FLAGS.memory)}
+        results.setdefault('updated_parts', {})[name] = [
+            k for k, measured in (('timing', FLAGS.timing),
+                                  ('memory', FLAGS.memory)) if measured]
+        results['configs'][name] = dict(kept)
+    results['previous_commands'] = (previous.get('previous_commands', []) +
+                                    [previous.get('command')])
+
   def save():
     summarize(results)
     with open(json_path, 'w') as f:
       json.dump(results, f, indent=1)
     with open(md_path, 'w') as f:
-      f.write(f"Command: `{results['command']}`\n\n" + markdown(results))
+      commands = [c for c in results.get('previous_commands', []) if c]
+      commands.append(results['command'])
+      f.write('Commands: ' + ', then '.join(f'`{c}`' for c in commands) +
+              '\n\n' + markdown(results))
 
   for name in FLAGS.configs:
     cfg = config(name, FLAGS.quick)
-    results['configs'][name] = dict(config=cfg)
+    results['configs'].setdefault(name, {})['config'] = cfg
     if FLAGS.timing:
       results['configs'][name]['timing'] = time_config(
           name, cfg, FLAGS.trainers, FLAGS.steps)
       save()
-  if FLAGS.memory:
-    for name in FLAGS.configs:
+    if FLAGS.memory:
       results['configs'][name]['memory'] = {
           t: run_memory(name, t) for t in FLAGS.trainers}
       save()

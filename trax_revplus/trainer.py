@@ -15,6 +15,12 @@ in `placement`, memory figures in `memory`; this module is the schedule:
             backward + update, then the standard layer forward + backward +
             update
   collect:  every layer's new weights, slots and state back on the host
+
+Consecutive reversible layers of a block run as one compiled call per
+segment (`segment_max_layers`, bounded by `segment_max_bytes` of weights and
+slots), forward and backward, which removes most per-layer dispatch and host
+work when layers are small; each layer keeps its own weights, optimizer,
+slots and RNG, so the updates are those of one call per layer.
 """
 
 import collections
