@@ -1,6 +1,5 @@
 """The `trax-revplus` command: training runs, help, and one-line errors."""
 
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -230,14 +229,6 @@ def test_top_level_usage_and_unknown_command(capsys):
   code, _, err = _main(capsys, 'fly')
   assert code == 2
   assert "unknown command 'fly'" in _one_line_error(err)
-
-
-@pytest.mark.skipif(importlib.util.find_spec('trax_revplus.compare')
-                    is not None, reason='compare is installed')
-def test_compare_without_its_module_is_a_one_line_error(capsys):
-  code, _, err = _main(capsys, 'compare', f'--config_file={STOCK}')
-  assert code == 1
-  assert 'trax_revplus.compare is missing' in _one_line_error(err)
 
 
 def test_plot_memory_needs_an_existing_run_dir(tmp_path, capsys):

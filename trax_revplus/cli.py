@@ -19,7 +19,6 @@ import contextlib
 import copy
 import datetime
 import functools
-import importlib
 import inspect
 import logging as std_logging
 import os
@@ -699,14 +698,8 @@ def compare_main(argv):
   _check_config_files(config_files)
   if fv.output_dir:
     _check_output_dir(os.path.expanduser(fv.output_dir))
-  try:
-    compare = importlib.import_module('trax_revplus.compare')
-  except ModuleNotFoundError as e:
-    if e.name != 'trax_revplus.compare':
-      raise
-    raise UserError('compare is not available in this installation '
-                    '(module trax_revplus.compare is missing)',
-                    EXIT_RUNTIME) from None
+  # Imported here, not at the top: it is only needed by this command.
+  from trax_revplus import compare  # pylint: disable=g-import-not-at-top
   return compare.compare_main(config_files=config_files, bindings=bindings,
                               output_dir=fv.output_dir, steps=fv.steps,
                               seed=fv.seed)
@@ -723,14 +716,7 @@ def plot_memory_main(argv):
   run_dir = args[0]
   if not os.path.isdir(run_dir):
     raise UserError(f'run directory not found: {run_dir}')
-  try:
-    memory_plot = importlib.import_module('trax_revplus.memory_plot')
-  except ModuleNotFoundError as e:
-    if e.name != 'trax_revplus.memory_plot':
-      raise
-    raise UserError('plot-memory is not available in this installation '
-                    '(module trax_revplus.memory_plot is missing)',
-                    EXIT_RUNTIME) from None
+  from trax_revplus import memory_plot  # pylint: disable=g-import-not-at-top
   try:
     memory_plot.plot_memory_main(run_dir, output=fv.output)
   except (OSError, ValueError) as e:

@@ -755,7 +755,6 @@ class ReversibleSerialTrainer:
     recording = log.should_record(step)
     per_layer = recording and log.per_layer
     self._set_learning_rate(learning_rate)
-    multi = self._n_devices > 1
     step_placed = p.replicate(np.asarray(step, dtype=np.int32))
     rngs = self._rngs(rng)
 
