@@ -1,47 +1,27 @@
 """The `trax-revplus` command: training runs, help, and one-line errors."""
 
 import os
-import shutil
 import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from trax_revplus import cli
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MAIN = os.path.join(REPO, 'gin_configs', 'reformer_char_lm.gin')
-STOCK = os.path.join(REPO, 'gin_configs', 'reformer_char_lm_stock.gin')
+from cli_cases import cli_command
+from cli_cases import REPO
+from cli_cases import MAIN
+from cli_cases import STOCK
+from cli_cases import TINY_MODEL
 
 # The main job shrunk to a few steps of a tiny model: 3 steps, eval and
 # checkpoint at steps 1 and 2, so the CLI saves the final checkpoint itself.
-TINY = [
-    'train.steps = 3',
-    'train.eval_frequency = 2',
-    'eval_steps = 1',
-    'sequence_length = 32',
-    'local_text_inputs.batch_size = 2',
-    'local_text_inputs.eval_batch_size = 2',
-    'ReformerLM.n_layers = 1',
-    'ReformerLM.d_model = 16',
-    'ReformerLM.d_ff = 32',
-    'ReformerLM.n_heads = 2',
-    'ReformerLM.d_attention_key = 8',
-    'ReformerLM.d_attention_value = 8',
-]
-
-
-def _command():
-  script = os.path.join(os.path.dirname(sys.executable), 'trax-revplus')
-  if os.path.exists(script):
-    return [script]
-  script = shutil.which('trax-revplus')
-  return [script] if script else [sys.executable, '-m', 'trax_revplus.cli']
+TINY = ['train.steps = 3', 'train.eval_frequency = 2',
+        'sequence_length = 32'] + TINY_MODEL
 
 
 def _run(args, timeout=600):
-  return subprocess.run(_command() + args, capture_output=True, text=True,
+  return subprocess.run(cli_command() + args, capture_output=True, text=True,
                         timeout=timeout, cwd=REPO, check=False)
 
 

@@ -9,25 +9,12 @@ import pytest
 from trax_revplus import cli
 from trax_revplus import compare
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# The trax_revplus main job: it has the activation line, so the stock run
-# trains with stock classes only because of --implementation=stock.
-MAIN = os.path.join(REPO, 'gin_configs', 'reformer_char_lm.gin')
+from cli_cases import MAIN
+from cli_cases import TINY_MODEL
 
-# tests/test_cli.py's tiny model; compare binds train.steps itself.
-TINY = [
-    'train.eval_frequency = 2',
-    'eval_steps = 1',
-    'sequence_length = 32',
-    'local_text_inputs.batch_size = 2',
-    'local_text_inputs.eval_batch_size = 2',
-    'ReformerLM.n_layers = 1',
-    'ReformerLM.d_model = 16',
-    'ReformerLM.d_ff = 32',
-    'ReformerLM.n_heads = 2',
-    'ReformerLM.d_attention_key = 8',
-    'ReformerLM.d_attention_value = 8',
-]
+# MAIN has the activation line, so the stock run trains with stock classes
+# only because of --implementation=stock. compare binds train.steps itself.
+TINY = ['train.eval_frequency = 2', 'sequence_length = 32'] + TINY_MODEL
 PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
 
 STOCK_TRAINER = 'trax.optimizers.trainer.ReversibleSerialTrainer'

@@ -17,15 +17,17 @@ this process.
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import numpy as np
 
 from trax import layers as tl
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MAIN = os.path.join(REPO, 'gin_configs', 'reformer_char_lm.gin')
+from cli_cases import cli_command
+from cli_cases import MAIN
+from cli_cases import REPO
+from cli_cases import TINY_MODEL
+
 STEPS = 8
 
 PACE_MODULE = '''
@@ -56,34 +58,14 @@ import pace_for_test
 train.callbacks = [@PaceForTest]
 '''
 
-TINY = [
-    f'train.steps = {STEPS}',
-    'train.eval_frequency = 100',
-    'eval_steps = 1',
-    'sequence_length = 16',
-    'local_text_inputs.batch_size = 2',
-    'local_text_inputs.eval_batch_size = 2',
-    'ReformerLM.n_layers = 1',
-    'ReformerLM.d_model = 16',
-    'ReformerLM.d_ff = 32',
-    'ReformerLM.n_heads = 2',
-    'ReformerLM.d_attention_key = 8',
-    'ReformerLM.d_attention_value = 8',
-    'ReformerLM.dropout = 0.2',
-]
-
-
-def _command():
-  script = os.path.join(os.path.dirname(sys.executable), 'trax-revplus')
-  if os.path.exists(script):
-    return [script]
-  return [sys.executable, '-m', 'trax_revplus.cli']
+TINY = [f'train.steps = {STEPS}', 'train.eval_frequency = 100',
+        'sequence_length = 16', 'ReformerLM.dropout = 0.2'] + TINY_MODEL
 
 
 def _start(tmp_path, output_dir, extra_bindings=()):
   env = dict(os.environ, PYTHONPATH=str(tmp_path) + os.pathsep +
              os.environ.get('PYTHONPATH', ''))
-  args = (_command() +
+  args = (cli_command() +
           ['train', f'--config_file={MAIN}',
            f'--config_file={tmp_path / "pace.gin"}',
            f'--output_dir={output_dir}', '--progress_every_n_steps=100'] +

@@ -527,15 +527,20 @@ def _format_summary(summary, implementations, checkpoint, checkpoint_step,
 # -------------------------------------------------------------- commands --
 
 
-def train_main(argv):
-  """`trax-revplus train`: see _TRAIN_HELP. Returns the exit status."""
-  fv = _train_flags()
-  args = _parse(fv, argv, _TRAIN_HELP,
-                [('config_file', 'FILE'), ('config', 'BINDING'),
-                 ('output_dir', 'DIR'), ('progress_every_n_steps', 'N'),
-                 ('implementation', 'config|stock|revplus')])
-  if args is None:
-    return EXIT_OK
+def _configs_from_flags(fv, args):
+  """The config files and bindings `train` and `compare` were given.
+
+  Args:
+    fv: The command's parsed flags.FlagValues.
+    args: Positional arguments left after the flags (list of str).
+
+  Returns:
+    `(config_files, bindings)`, two lists of str.
+
+  Raises:
+    UserError: on positional arguments, when neither a config file nor a
+      binding is given, or when a config file is missing or unreadable.
+  """
   if args:
     raise UserError(f'unexpected arguments: {" ".join(args)} (use '
                     f'--config_file=FILE and --config=BINDING)')
@@ -545,6 +550,19 @@ def train_main(argv):
     raise UserError('no config: give --config_file=FILE.gin (and/or '
                     '--config=BINDING)')
   _check_config_files(config_files)
+  return config_files, bindings
+
+
+def train_main(argv):
+  """`trax-revplus train`: see _TRAIN_HELP. Returns the exit status."""
+  fv = _train_flags()
+  args = _parse(fv, argv, _TRAIN_HELP,
+                [('config_file', 'FILE'), ('config', 'BINDING'),
+                 ('output_dir', 'DIR'), ('progress_every_n_steps', 'N'),
+                 ('implementation', 'config|stock|revplus')])
+  if args is None:
+    return EXIT_OK
+  config_files, bindings = _configs_from_flags(fv, args)
   output_dir = os.path.expanduser(
       fv.output_dir or _default_output_dir(config_files))
   _check_output_dir(output_dir)
@@ -687,15 +705,7 @@ def compare_main(argv):
                  ('steps', 'N'), ('seed', 'S'), ('output_dir', 'DIR')])
   if args is None:
     return EXIT_OK
-  if args:
-    raise UserError(f'unexpected arguments: {" ".join(args)} (use '
-                    f'--config_file=FILE and --config=BINDING)')
-  config_files = list(fv.config_file or [])
-  bindings = list(fv.config or [])
-  if not config_files and not bindings:
-    raise UserError('no config: give --config_file=FILE.gin (and/or '
-                    '--config=BINDING)')
-  _check_config_files(config_files)
+  config_files, bindings = _configs_from_flags(fv, args)
   if fv.output_dir:
     _check_output_dir(os.path.expanduser(fv.output_dir))
   # Imported here, not at the top: it is only needed by this command.
