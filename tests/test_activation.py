@@ -51,13 +51,7 @@ def _parse_activation_line():
   gin.parse_config('import trax_revplus.activate')
 
 
-@pytest.fixture(autouse=True)
-def _stock_before_and_after():
-  trax_revplus.deactivate()
-  gin.clear_config()
-  yield
-  trax_revplus.deactivate()
-  gin.clear_config()
+pytestmark = pytest.mark.usefixtures('stock_trax_and_empty_gin')
 
 
 def test_gin_line_swaps_all_classes_and_deactivate_restores_them():

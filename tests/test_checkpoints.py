@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 
-import gin
 import numpy as np
 import pytest
 
@@ -29,13 +28,7 @@ from trax_revplus import checkpoints
 from trax_revplus import data
 
 
-@pytest.fixture(autouse=True)
-def _clean_state():
-  trax_revplus.deactivate()
-  gin.clear_config()
-  yield
-  trax_revplus.deactivate()
-  gin.clear_config()
+pytestmark = pytest.mark.usefixtures('stock_trax_and_empty_gin')
 
 
 def _batches():

@@ -29,13 +29,7 @@ from trax_revplus import memory
 from trax_revplus import trainer as rev_trainer
 
 
-@pytest.fixture(autouse=True)
-def _clean_state():
-  trax_revplus.deactivate()
-  gin.clear_config()
-  yield
-  trax_revplus.deactivate()
-  gin.clear_config()
+pytestmark = pytest.mark.usefixtures('stock_trax_and_empty_gin')
 
 
 def _batches():
