@@ -8,6 +8,7 @@ Every reference is trax's own `optimizers.Trainer` on
 """
 
 import functools
+import threading
 
 import jax
 import numpy as np
@@ -206,12 +207,13 @@ def test_memoization_distinguishes_layers_repr_cannot():
 
 
 def _count_compiles():
-  """Returns a list that grows by one per XLA backend compilation."""
+  """Returns a list that grows by one per XLA backend compilation: the name
+  of the thread that compiled."""
   events = []
 
   def listener(name, *unused_args, **unused_kwargs):
     if name == '/jax/core/compile/backend_compile_duration':
-      events.append(name)
+      events.append(threading.current_thread().name)
   jax.monitoring.register_event_duration_secs_listener(listener)
   return events
 
@@ -311,6 +313,26 @@ def _train_basic(n_steps=2, **kwargs):
       [(first.sublayers, revs)], loss, optimizers.Adam, **kwargs)
   losses = _train(trainer, batch, n_steps)
   return model, trainer, losses
+
+
+def test_compile_ahead_uses_a_thread_and_compiles_each_function_once():
+  """Backward functions compile on a helper thread while the first step's
+  forward pass runs, instead of, not in addition to, compiling when called."""
+  compiles = _count_compiles()
+  _train_basic(n_steps=1, compile_ahead=False)  # the step's helper ops
+  runs = {}
+  for ahead in (False, True):
+    start = len(compiles)
+    model, trainer, _ = _train_basic(compile_ahead=ahead)
+    runs[ahead] = (model, trainer, compiles[start:])
+  helper = [[name.startswith('trax_revplus_compile') for name in run[2]]
+            for run in (runs[False], runs[True])]
+  assert not any(helper[0])
+  # Backward of the standard layer and of the reversible segment.
+  assert sum(helper[1]) == 2
+  assert len(runs[True][2]) == len(runs[False][2])
+  _assert_all_close(runs[False][0].weights, runs[True][0].weights, tol=0)
+  _assert_all_close(runs[False][1].slots, runs[True][1].slots, tol=0)
 
 
 def test_n_async_layers_give_identical_weights():

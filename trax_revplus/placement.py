@@ -205,6 +205,34 @@ class Placement:
       self.transfers.add_h2d(h2d)
     return tree
 
+  def abstract_params(self, tree):
+    """What `place_params(tree)` would pass to a compiled call, untransferred.
+
+    For compiling ahead of time: on one CPU device `tree` itself (its host
+    arrays are what the call receives); elsewhere each leaf becomes a
+    `jax.ShapeDtypeStruct` with the replicated sharding.
+
+    Args:
+      tree: pytree of host `numpy.ndarray`s or device arrays.
+
+    Returns:
+      The pytree, or None if a leaf is neither (its type after placement is
+      not known without placing it).
+    """
+    leaves = _leaves(tree)
+    if not all(isinstance(x, (np.ndarray, jax.Array)) for x in leaves):
+      return None
+    if self.host_is_device:
+      return tree
+
+    def abstract(x):
+      if isinstance(x, jax.Array) and x.sharding == self._replicated:
+        return x
+      return jax.ShapeDtypeStruct(
+          x.shape, jax.dtypes.canonicalize_dtype(x.dtype),
+          sharding=self._replicated)
+    return jax.tree_util.tree_map(abstract, tree)
+
   def per_device(self, tree):
     """Places a copy of a host value on each device in per-device layout.
 

@@ -24,6 +24,7 @@ slots and RNG, so the updates are those of one call per layer.
 """
 
 import collections
+import concurrent.futures
 import functools
 import hashlib
 import time
@@ -323,8 +324,11 @@ class ReversibleSerialTrainer:
   `all_layers`, `optimizer_fn`, `slots`), so `training.Loop` uses it
   unchanged. Extras (gin: `trax_revplus.ReversibleSerialTrainer.<name>`):
 
-    n_async_layers: weights are collected from the device this many layer
-      updates after their async copy starts (0: synchronously).
+    n_async_layers: updated weights are collected from the device this many
+      compiled calls after their async copy starts (0: synchronously); a
+      call updates one layer, or every layer of a reversible segment, so
+      the host work of committing one call's updates overlaps the next
+      call's compute.
     memory_log_every_n_steps, memory_log_per_layer,
     memory_log_tensorboard, output_dir: the memory log (`memory.MemoryLog`).
     donate: reuse device buffers of inputs consumed by a layer update.
@@ -342,7 +346,8 @@ class ReversibleSerialTrainer:
                adasum=False, n_async_layers=1, memory_log_every_n_steps=100,
                memory_log_per_layer=False, memory_log_tensorboard=True,
                output_dir=None, donate=True, on_non_finite='raise',
-               segment_max_layers=8, segment_max_bytes=32 * 2**20):
+               segment_max_layers=8, segment_max_bytes=32 * 2**20,
+               compile_ahead=True):
     """Creates the trainer and one optimizer per layer.
 
     Args:
@@ -388,6 +393,11 @@ class ReversibleSerialTrainer:
       segment_max_bytes: int, most bytes of weights + slots a segment may
         hold on the device at once; segments are shortened until every one
         fits, down to one layer (which is never split).
+      compile_ahead: bool, compile each backward function in a background
+        thread as soon as its arguments' shapes are known in the forward
+        pass of the first step, so that it compiles while the forward
+        functions and the loss compile (XLA compiles without the GIL). The
+        compiled functions and results are the same either way.
 
     Raises:
       validation.BlockStructureError: blocks are not (standard, reversible)
@@ -414,6 +424,8 @@ class ReversibleSerialTrainer:
           f'segment_max_layers must be >= 1, got {segment_max_layers}.')
     self._segment_max_layers = int(segment_max_layers)
     self._segment_max_bytes = int(segment_max_bytes)
+    self._compile_ahead = bool(compile_ahead)
+    self._compiled_ahead = set()  # ids of backward functions started
     self._blocks = [(tl.Serial(std), list(rev)) for (std, rev) in blocks]
     self._loss_layer = loss_layer
     self._optimizer_fn = optimizer_fn
@@ -711,16 +723,24 @@ class ReversibleSerialTrainer:
     return self._place_params(unit.layers, with_slots, unit.kind == 'rev')
 
   def _collect(self, entry):
-    i, weights, slots, state, checks = entry
-    if self._skipping is not None or not self._update_is_finite(i, checks):
-      return  # A skipped step commits nothing more.
-    if self._on_non_finite == 'skip':
-      layer = self._layers[i]
-      self._rollback.append(
-          (i, layer.weights, self._opts[i].slots, layer.state))
-    self._layers[i].weights = weights.collect()
-    self._opts[i].slots = slots.collect()
-    self._layers[i].state = state.collect()
+    """Commits one compiled call's updates: each layer's weights, slots, state.
+
+    Layers are checked and committed in the order of `entry` (backward order
+    within a segment), so a non-finite value stops at the first bad layer.
+    """
+    indices, weights, slots, state, checks = entry
+    weights, slots, state = weights.collect(), slots.collect(), state.collect()
+    for k, i in enumerate(indices):
+      if (self._skipping is not None or
+          not self._update_is_finite(i, checks[k])):
+        return  # A skipped step commits nothing more.
+      if self._on_non_finite == 'skip':
+        layer = self._layers[i]
+        self._rollback.append(
+            (i, layer.weights, self._opts[i].slots, layer.state))
+      self._layers[i].weights = weights[k]
+      self._opts[i].slots = slots[k]
+      self._layers[i].state = state[k]
 
   def one_step(self, batch, rng, step=0, learning_rate=None):
     """Updates weights, state and slots of all layers by one training step.
@@ -781,6 +801,12 @@ class ReversibleSerialTrainer:
     # (old state, new state) of a reversible one.
     saved = {}
     units = self._units
+    ahead = None  # thread pool compiling backward functions (first step)
+    compiling = {}  # id(backward function) -> future of its compilation
+    if self._compile_ahead and any(
+        id(u.bwd) not in self._compiled_ahead for u in units):
+      ahead = concurrent.futures.ThreadPoolExecutor(
+          max_workers=1, thread_name_prefix='trax_revplus_compile')
     placed = self._place_unit(units[0], False) if units else None
     for pos, unit in enumerate(units):
       weights, _ = placed
@@ -801,6 +827,11 @@ class ReversibleSerialTrainer:
         for i, s, ns in zip(unit.layers, state, new_state):
           saved[i] = (s, ns)
       stack = cb.outputs_onto_stack(outputs, stack, unit.depth)
+      if ahead is not None:
+        compiling[id(unit.bwd)] = self._start_backward_compile(
+            ahead, unit, outputs if unit.kind == 'std' else
+            cb.inputs_from_stack(stack, unit.depth), inputs,
+            state, new_state, rngs, step_placed)
       del weights, inputs, outputs, state, new_state
       if per_layer:
         p.block(stack)
@@ -820,8 +851,8 @@ class ReversibleSerialTrainer:
             loss_inputs, weights, None, p.per_device(loss_layer.state), slots,
             self._opt_params[loss_i], rngs[loss_i], step_placed))
     del weights, slots, loss_inputs
-    self._start_collect(pending, loss_i, new_weights, new_slots, new_state,
-                        loss_stats, step)
+    self._start_collect(pending, [loss_i], [new_weights], [new_slots],
+                        [new_state], [loss_stats], step)
     del new_weights, new_slots, new_state
     stats = [loss_stats]
     end_phase('loss', grad_stack)
@@ -840,6 +871,8 @@ class ReversibleSerialTrainer:
       if pos + 1 < len(bwd_units):
         placed = self._place_unit(bwd_units[pos + 1], True)
       t0 = time.time()
+      if compiling.get(id(unit.bwd)) is not None:
+        compiling.pop(id(unit.bwd)).result()  # rather than compiling twice
       depth = unit.depth  # stack items the unit's backward consumes
       if unit.kind == 'rev':
         old_state = [saved[i][0] for i in unit.layers]
@@ -865,16 +898,20 @@ class ReversibleSerialTrainer:
       stack = cb.outputs_onto_stack(inputs, stack, depth)
       grad_stack = cb.outputs_onto_stack(grads_in, grad_stack, depth)
       del weights, slots, inputs, grads_in
-      for k in range(len(unit.layers) - 1, -1, -1):
-        stats.append(unit_stats[k])
-        self._start_collect(pending, unit.layers[k], new_weights[k],
-                            new_slots[k], new_state[k], unit_stats[k], step)
+      order = range(len(unit.layers) - 1, -1, -1)  # backward order
+      stats.extend(unit_stats[k] for k in order)
+      self._start_collect(
+          pending, [unit.layers[k] for k in order],
+          [new_weights[k] for k in order], [new_slots[k] for k in order],
+          [new_state[k] for k in order], [unit_stats[k] for k in order], step)
       del new_weights, new_slots, new_state, unit_stats
       if per_layer:
         p.block(grad_stack)
         self._record_unit(step, 'backward', unit, time.time() - t0)
     while pending:
       self._collect(pending.popleft())
+    if ahead is not None:
+      ahead.shutdown(wait=True)
     self._end_step_updates(step)
     del stack, grad_stack
     end_phase('backward')
@@ -885,12 +922,71 @@ class ReversibleSerialTrainer:
         joint_stats[f'layer{i}/' + k] = v
     return stats[0]['loss'], joint_stats
 
-  def _start_collect(self, pending, i, weights, slots, state, stats, step):
+  def _start_backward_compile(self, pool, unit, outputs, inputs, state,
+                              new_state, rngs, step_placed):
+    """Compiles `unit.bwd` in `pool` for the arguments the backward pass
+    will pass it, once per function.
+
+    Only shapes, dtypes and shardings matter: `outputs` stand in for the
+    cotangents, weights and slots are not placed. If an argument's type
+    cannot be known here, or the guess differs from the real call, that
+    call compiles as usual, so a miss costs time, never correctness.
+    """
+    fn = unit.bwd
+    if id(fn) in self._compiled_ahead:
+      return None
+    self._compiled_ahead.add(id(fn))
+    if not hasattr(fn, 'lower'):  # `_blocking` wrappers
+      return None
     p = self._placement
-    checks = None
+    leaves = jax.tree_util.tree_leaves(outputs)
+    if not all(isinstance(x, jax.Array) and
+               jnp.issubdtype(x.dtype, jnp.inexact) for x in leaves):
+      return None
+    grads = jax.tree_util.tree_map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding,
+                                       weak_type=x.weak_type), outputs)
+    weights = [p.abstract_params(self._layers[i].weights) for i in unit.layers]
+    slots = [p.abstract_params(self._opts[i].slots) for i in unit.layers]
+    if any(x is None for x in weights + slots):
+      return None
+    if unit.kind == 'std':
+      i = unit.layers[0]
+      args = (inputs, weights[0], grads, new_state, slots[0],
+              self._opt_params[i], rngs[i], step_placed)
+    else:
+      args = (outputs, weights, grads, state, new_state, slots,
+              [self._opt_params[i] for i in unit.layers],
+              [rngs[i] for i in unit.layers], step_placed)
+
+    # Tracing stays on this thread: trax layers hold their weights while
+    # traced (`Layer.pure_fn`), so layers must not be traced concurrently.
+    try:
+      lowered = fn.lower(*args)
+    except Exception as e:  # pylint: disable=broad-except
+      logging.info('compiling a backward function ahead failed (%s); it '
+                   'compiles when called.', e)
+      return None
+    return pool.submit(self._compile_lowered, lowered)
+
+  @staticmethod
+  def _compile_lowered(lowered):
+    try:
+      lowered.compile()
+    except Exception as e:  # pylint: disable=broad-except
+      logging.info('compiling a backward function ahead failed (%s); it '
+                   'compiles when called.', e)
+
+  def _start_collect(self, pending, indices, weights, slots, state, stats,
+                     step):
+    """Starts the D2H copies of one compiled call's updates (lists over
+    `indices`) and commits the calls `n_async_layers` calls back."""
+    p = self._placement
+    checks = [None] * len(indices)
     if self._on_non_finite != 'ignore':
-      checks = (step, {k: stats[k] for k in _FINITE_CHECKED if k in stats})
-    pending.append((i, p.start_to_host(weights), p.start_to_host(slots),
+      checks = [(step, {k: s[k] for k in _FINITE_CHECKED if k in s})
+                for s in stats]
+    pending.append((indices, p.start_to_host(weights), p.start_to_host(slots),
                     p.start_to_host(state, per_device=True), checks))
     while len(pending) > self._n_async_layers:
       self._collect(pending.popleft())
