@@ -2,7 +2,8 @@
 
 Ports the reversible tests of trax 1.4.1's optimizers/trainer_test.py (basic,
 extended with a mid block, Terraformer with loss chunking, slots get/set) and
-adds optimizers, n_async_layers, accelerator freeing and compile sharing.
+adds optimizers, n_async_layers, compiling ahead, accelerator freeing and
+compile sharing.
 Every reference is trax's own `optimizers.Trainer` on
 `tl.Serial(blocks + [loss_layer])`, run on the same inputs and RNGs.
 """
@@ -315,28 +316,19 @@ def _train_basic(n_steps=2, **kwargs):
   return model, trainer, losses
 
 
-def test_compile_ahead_uses_a_thread_and_compiles_each_function_once():
-  """Backward functions compile on a helper thread while the first step's
-  forward pass runs, instead of, not in addition to, compiling when called."""
+def test_n_async_layers_and_compile_ahead_give_identical_weights():
+  """Also: with compile_ahead, backward functions compile on a helper thread
+  during the first step's forward pass instead of, not in addition to, when
+  they are called."""
   compiles = _count_compiles()
-  _train_basic(n_steps=1, compile_ahead=False)  # the step's helper ops
-  runs = {}
-  for ahead in (False, True):
+  settings = [dict(n_async_layers=1),  # also compiles the step's helper ops
+              dict(n_async_layers=0, compile_ahead=False),
+              dict(n_async_layers=3, compile_ahead=True)]
+  results, compiled_by = [], []
+  for kwargs in settings:
     start = len(compiles)
-    model, trainer, _ = _train_basic(compile_ahead=ahead)
-    runs[ahead] = (model, trainer, compiles[start:])
-  helper = [[name.startswith('trax_revplus_compile') for name in run[2]]
-            for run in (runs[False], runs[True])]
-  assert not any(helper[0])
-  # Backward of the standard layer and of the reversible segment.
-  assert sum(helper[1]) == 2
-  assert len(runs[True][2]) == len(runs[False][2])
-  _assert_all_close(runs[False][0].weights, runs[True][0].weights, tol=0)
-  _assert_all_close(runs[False][1].slots, runs[True][1].slots, tol=0)
-
-
-def test_n_async_layers_give_identical_weights():
-  results = [_train_basic(n_async_layers=n) for n in (0, 1, 3)]
+    results.append(_train_basic(**kwargs))
+    compiled_by.append(compiles[start:])
   for model, trainer, _ in results:
     _host_leaves_only(model.weights)
     _host_leaves_only(model.state)
@@ -344,6 +336,12 @@ def test_n_async_layers_give_identical_weights():
   for model, trainer, _ in results[1:]:
     _assert_all_close(results[0][0].weights, model.weights, tol=0)
     _assert_all_close(results[0][1].slots, trainer.slots, tol=0)
+  on_helper = [[name.startswith('trax_revplus_compile') for name in names]
+               for names in compiled_by]
+  assert not any(on_helper[1])
+  # The backward functions of the standard layer and of the segment.
+  assert sum(on_helper[2]) == 2
+  assert len(compiled_by[2]) == len(compiled_by[1])
 
 
 def test_free_accelerators_identical_and_weights_readable():
