@@ -316,13 +316,15 @@ def _train_basic(n_steps=2, **kwargs):
   return model, trainer, losses
 
 
-def test_n_async_layers_and_compile_ahead_give_identical_weights():
+def test_n_async_layers_compile_ahead_release_give_identical_weights():
   """Also: with compile_ahead, backward functions compile on a helper thread
   during the first step's forward pass instead of, not in addition to, when
-  they are called."""
+  they are called; 'auto' (the default) leaves this model's kilobyte-sized
+  activations alone."""
   compiles = _count_compiles()
   settings = [dict(n_async_layers=1),  # also compiles the step's helper ops
-              dict(n_async_layers=0, compile_ahead=False),
+              dict(n_async_layers=0, compile_ahead=False,
+                   release_host_memory=False),
               dict(n_async_layers=3, compile_ahead=True)]
   results, compiled_by = [], []
   for kwargs in settings:
@@ -338,7 +340,7 @@ def test_n_async_layers_and_compile_ahead_give_identical_weights():
     _assert_all_close(results[0][1].slots, trainer.slots, tol=0)
   on_helper = [[name.startswith('trax_revplus_compile') for name in names]
                for names in compiled_by]
-  assert not any(on_helper[1])
+  assert not any(on_helper[0]) and not any(on_helper[1])
   # The backward functions of the standard layer and of the segment.
   assert sum(on_helper[2]) == 2
   assert len(compiled_by[2]) == len(compiled_by[1])
@@ -406,3 +408,6 @@ def test_bad_arguments_raise_clear_errors():
   with pytest.raises(ValueError, match='n_devices'):
     rev_trainer.ReversibleSerialTrainer(
         [(first.sublayers, revs)], loss, optimizers.Adam, n_devices=64)
+  with pytest.raises(ValueError, match='compile_ahead'):
+    rev_trainer.ReversibleSerialTrainer(
+        [(first.sublayers, revs)], loss, optimizers.Adam, compile_ahead='yes')

@@ -59,6 +59,9 @@ bytes, durations in seconds, times in Unix seconds.
       initialized.
     freed_arrays (int), freed_bytes (int): device arrays released and their
       bytes.
+    host_released_bytes (int): decrease of host RSS when free C-allocator
+      memory was given back to the system during the phase
+      (`host_memory.HostMemoryReleaser`).
   Other caller fields are written as given (numpy and JAX scalars and arrays
   become JSON numbers and lists; non-finite floats become null).
 

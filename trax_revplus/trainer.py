@@ -44,6 +44,7 @@ from trax.layers import base
 from trax.layers import combinators as cb
 from trax.optimizers import trainer as stock_trainer
 
+from trax_revplus import host_memory
 from trax_revplus import memory
 from trax_revplus import placement as placement_lib
 from trax_revplus import validation
@@ -52,6 +53,10 @@ from trax_revplus import validation
 # 'ignore': the loss (loss layer) and the optimizer's gradient norm.
 _FINITE_CHECKED = ('loss', 'gradients_l2')
 _ON_NON_FINITE = ('raise', 'skip', 'ignore')
+# compile_ahead='auto': smallest outputs of a unit whose backward compiles
+# ahead; below it, the compiler's memory rather than activations sets the
+# peak, and a second concurrent compilation would raise it.
+_COMPILE_AHEAD_MIN_BYTES = 2**20
 
 # Per positional argument / result of a compiled layer function: 'r' for
 # replicated (weights, slots, opt params, step), 'd' for per-device values.
@@ -347,7 +352,7 @@ class ReversibleSerialTrainer:
                memory_log_per_layer=False, memory_log_tensorboard=True,
                output_dir=None, donate=True, on_non_finite='raise',
                segment_max_layers=8, segment_max_bytes=32 * 2**20,
-               compile_ahead=True):
+               compile_ahead='auto', release_host_memory=True):
     """Creates the trainer and one optimizer per layer.
 
     Args:
@@ -393,11 +398,21 @@ class ReversibleSerialTrainer:
       segment_max_bytes: int, most bytes of weights + slots a segment may
         hold on the device at once; segments are shortened until every one
         fits, down to one layer (which is never split).
-      compile_ahead: bool, compile each backward function in a background
-        thread as soon as its arguments' shapes are known in the forward
-        pass of the first step, so that it compiles while the forward
-        functions and the loss compile (XLA compiles without the GIL). The
-        compiled functions and results are the same either way.
+      compile_ahead: True, False or 'auto': compile each backward function
+        in a background thread as soon as its arguments' shapes are known in
+        the forward pass of the first step, so that it compiles while the
+        forward functions and the loss compile and run (XLA compiles without
+        the GIL), which shortens the first step. Two compilations at once
+        need the compiler's working memory twice, which sets the peak RSS of
+        small models, so 'auto' compiles a unit's backward ahead only when
+        that unit's outputs (the activations it passes on, all devices) hold
+        at least 1 MiB. The compiled functions and results are the same
+        either way.
+      release_host_memory: bool, after a compiled call, when host RSS has
+        grown by 32 MiB or more since the last release, give the memory the
+        C allocator holds free back to the system (`host_memory`, glibc
+        only), so compiler and XLA temporaries freed earlier do not stay
+        under later phases' peak. Values computed are unaffected.
 
     Raises:
       validation.BlockStructureError: blocks are not (standard, reversible)
@@ -405,8 +420,8 @@ class ReversibleSerialTrainer:
       validation.DeviceCountError: n_devices is not in [1, local devices].
       validation.OptimizerFactoryError (a TypeError): optimizer_fn is an
         optimizer instance, or does not return an `Optimizer`.
-      ValueError: n_async_layers < 0, segment_max_layers < 1 or an unknown
-        on_non_finite.
+      ValueError: n_async_layers < 0, segment_max_layers < 1, an unknown
+        on_non_finite or compile_ahead.
     """
     validation.check_blocks(blocks)
     validation.check_optimizer_factory(optimizer_fn)
@@ -424,7 +439,12 @@ class ReversibleSerialTrainer:
           f'segment_max_layers must be >= 1, got {segment_max_layers}.')
     self._segment_max_layers = int(segment_max_layers)
     self._segment_max_bytes = int(segment_max_bytes)
-    self._compile_ahead = bool(compile_ahead)
+    if compile_ahead not in (True, False, 'auto'):
+      raise ValueError(f"compile_ahead must be True, False or 'auto', got "
+                       f'{compile_ahead!r}.')
+    self._compile_ahead = compile_ahead
+    self._releaser = (host_memory.HostMemoryReleaser()
+                      if release_host_memory else None)
     self._compiled_ahead = set()  # ids of backward functions started
     self._blocks = [(tl.Serial(std), list(rev)) for (std, rev) in blocks]
     self._loss_layer = loss_layer
@@ -778,7 +798,7 @@ class ReversibleSerialTrainer:
     step_placed = p.replicate(np.asarray(step, dtype=np.int32))
     rngs = self._rngs(rng)
 
-    phase_start = [time.time(), p.transfers.snapshot()]
+    phase_start = [time.time(), p.transfers.snapshot(), self._released()]
 
     def end_phase(phase, outputs=None, **fields):
       if not recording:
@@ -786,10 +806,11 @@ class ReversibleSerialTrainer:
       if outputs is not None:
         p.block(outputs)
       h2d, d2h = p.transfers.since(phase_start[1])
+      if self._releaser is not None:
+        fields['host_released_bytes'] = self._released() - phase_start[2]
       log.record(step, phase, seconds=time.time() - phase_start[0],
                  h2d_bytes=h2d, d2h_bytes=d2h, **fields)
-      phase_start[0] = time.time()
-      phase_start[1] = p.transfers.snapshot()
+      phase_start[:] = [time.time(), p.transfers.snapshot(), self._released()]
 
     if self._do_free:
       freed = p.free_device_buffers(self._keep())
@@ -833,6 +854,7 @@ class ReversibleSerialTrainer:
             cb.inputs_from_stack(stack, unit.depth), inputs,
             state, new_state, rngs, step_placed)
       del weights, inputs, outputs, state, new_state
+      self._release_host_memory()
       if per_layer:
         p.block(stack)
         self._record_unit(step, 'forward', unit, time.time() - t0)
@@ -855,6 +877,7 @@ class ReversibleSerialTrainer:
                         [new_state], [loss_stats], step)
     del new_weights, new_slots, new_state
     stats = [loss_stats]
+    self._release_host_memory()
     end_phase('loss', grad_stack)
 
     if self._do_free:
@@ -905,6 +928,7 @@ class ReversibleSerialTrainer:
           [new_weights[k] for k in order], [new_slots[k] for k in order],
           [new_state[k] for k in order], [unit_stats[k] for k in order], step)
       del new_weights, new_slots, new_state, unit_stats
+      self._release_host_memory()
       if per_layer:
         p.block(grad_stack)
         self._record_unit(step, 'backward', unit, time.time() - t0)
@@ -921,6 +945,13 @@ class ReversibleSerialTrainer:
       for k, v in stat.items():
         joint_stats[f'layer{i}/' + k] = v
     return stats[0]['loss'], joint_stats
+
+  def _release_host_memory(self):
+    if self._releaser is not None:
+      self._releaser.release()
+
+  def _released(self):
+    return 0 if self._releaser is None else self._releaser.released_bytes
 
   def _start_backward_compile(self, pool, unit, outputs, inputs, state,
                               new_state, rngs, step_placed):
@@ -942,6 +973,9 @@ class ReversibleSerialTrainer:
     leaves = jax.tree_util.tree_leaves(outputs)
     if not all(isinstance(x, jax.Array) and
                jnp.issubdtype(x.dtype, jnp.inexact) for x in leaves):
+      return None
+    if (self._compile_ahead == 'auto' and
+        sum(x.nbytes for x in leaves) < _COMPILE_AHEAD_MIN_BYTES):
       return None
     grads = jax.tree_util.tree_map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding,
