@@ -341,6 +341,10 @@ class ReversibleSerialTrainer:
       `__init__`).
     segment_max_layers, segment_max_bytes: consecutive reversible layers
       run as one compiled call per segment (see `__init__`).
+    compile_ahead: backward functions compile on a helper thread during
+      the first forward pass (see `__init__`).
+    release_host_memory: free C-allocator memory goes back to the system
+      between compiled calls (see `__init__`, `host_memory`).
 
   Between steps every layer's weights, state and optimizer slots are host
   `numpy.ndarray`s.
@@ -408,11 +412,13 @@ class ReversibleSerialTrainer:
         that unit's outputs (the activations it passes on, all devices) hold
         at least 1 MiB. The compiled functions and results are the same
         either way.
-      release_host_memory: bool, after a compiled call, when host RSS has
-        grown by 32 MiB or more since the last release, give the memory the
-        C allocator holds free back to the system (`host_memory`, glibc
-        only), so compiler and XLA temporaries freed earlier do not stay
-        under later phases' peak. Values computed are unaffected.
+      release_host_memory: bool, when host RSS has grown by 32 MiB or more
+        since the last release, give the memory the C allocator holds free
+        back to the system (`host_memory`, glibc only), so compiler and XLA
+        temporaries freed earlier do not stay under later phases' peak:
+        after every compiled call of the first step (which compiles), and in
+        later steps between the forward and backward passes and at the end
+        of the step. Values computed are unaffected.
 
     Raises:
       validation.BlockStructureError: blocks are not (standard, reversible)
@@ -445,6 +451,7 @@ class ReversibleSerialTrainer:
     self._compile_ahead = compile_ahead
     self._releaser = (host_memory.HostMemoryReleaser()
                       if release_host_memory else None)
+    self._stepped = False  # whether one_step has completed once
     self._compiled_ahead = set()  # ids of backward functions started
     self._blocks = [(tl.Serial(std), list(rev)) for (std, rev) in blocks]
     self._loss_layer = loss_layer
@@ -822,6 +829,10 @@ class ReversibleSerialTrainer:
     # (old state, new state) of a reversible one.
     saved = {}
     units = self._units
+    # The first step compiles; its compilers' memory is released after every
+    # call, later steps' between the forward and backward passes and after
+    # the step (each release makes the next phase fault its pages in again).
+    first_step = not self._stepped
     ahead = None  # thread pool compiling backward functions (first step)
     compiling = {}  # id(backward function) -> future of its compilation
     if self._compile_ahead and any(
@@ -854,7 +865,8 @@ class ReversibleSerialTrainer:
             cb.inputs_from_stack(stack, unit.depth), inputs,
             state, new_state, rngs, step_placed)
       del weights, inputs, outputs, state, new_state
-      self._release_host_memory()
+      if first_step:
+        self._release_host_memory()
       if per_layer:
         p.block(stack)
         self._record_unit(step, 'forward', unit, time.time() - t0)
@@ -877,7 +889,10 @@ class ReversibleSerialTrainer:
                         [new_state], [loss_stats], step)
     del new_weights, new_slots, new_state
     stats = [loss_stats]
-    self._release_host_memory()
+    if self._releaser is not None:
+      # The forward pass's temporaries are freed once it has run.
+      p.block(grad_stack)
+      self._release_host_memory()
     end_phase('loss', grad_stack)
 
     if self._do_free:
@@ -928,7 +943,8 @@ class ReversibleSerialTrainer:
           [new_weights[k] for k in order], [new_slots[k] for k in order],
           [new_state[k] for k in order], [unit_stats[k] for k in order], step)
       del new_weights, new_slots, new_state, unit_stats
-      self._release_host_memory()
+      if first_step:
+        self._release_host_memory()
       if per_layer:
         p.block(grad_stack)
         self._record_unit(step, 'backward', unit, time.time() - t0)
@@ -938,6 +954,8 @@ class ReversibleSerialTrainer:
       ahead.shutdown(wait=True)
     self._end_step_updates(step)
     del stack, grad_stack
+    self._release_host_memory()
+    self._stepped = True
     end_phase('backward')
 
     joint_stats = {}
