@@ -445,7 +445,7 @@ def main(argv):
         results['configs'][name] = r
       else:
         kept = {k: v for k, v in r.items()
-                if (k == 'timing' and not FLAGS.timing) or
+                if k == 'config' or (k == 'timing' and not FLAGS.timing) or
                 (k == 'memory' and not FLAGS.memory)}
         results.setdefault('updated_parts', {})[name] = [
             k for k, measured in (('timing', FLAGS.timing),
@@ -464,9 +464,11 @@ def main(argv):
       f.write('Commands: ' + ', then '.join(f'`{c}`' for c in commands) +
               '\n\n' + markdown(results))
 
+  for name in FLAGS.configs:  # every table row names its config
+    results['configs'].setdefault(name, {})['config'] = config(
+        name, FLAGS.quick)
   for name in FLAGS.configs:
     cfg = config(name, FLAGS.quick)
-    results['configs'].setdefault(name, {})['config'] = cfg
     if FLAGS.timing:
       results['configs'][name]['timing'] = time_config(
           name, cfg, FLAGS.trainers, FLAGS.steps)
