@@ -411,3 +411,75 @@ def test_bad_arguments_raise_clear_errors():
   with pytest.raises(ValueError, match='compile_ahead'):
     rev_trainer.ReversibleSerialTrainer(
         [(first.sublayers, revs)], loss, optimizers.Adam, compile_ahead='yes')
+  with pytest.raises(ValueError, match='backward_segment_max_layers'):
+    rev_trainer.ReversibleSerialTrainer(
+        [(first.sublayers, revs)], loss, optimizers.Adam,
+        backward_segment_max_layers=0)
+
+
+@pytest.mark.parametrize('backward_segment_max_layers,activation_bound_bytes,'
+                         'backward_lengths',
+                         [(1, None, [1, 1, 1, 1]),
+                          ('auto', None, [2, 2]),  # kilobyte activations
+                          ('auto', 0, [4])])  # as if activation-bound
+def test_backward_segments_split_forward_ones(
+    backward_segment_max_layers, activation_bound_bytes, backward_lengths,
+    monkeypatch):
+  """One forward segment of the 4 reversible layers, run backward as one
+  call or as shorter segments: the same updates as trax's default Trainer,
+  and the commits of each call wait for `n_async_layers` layers."""
+  if activation_bound_bytes is not None:
+    monkeypatch.setattr(rev_trainer, '_ACTIVATION_BOUND_BYTES',
+                        activation_bound_bytes)
+  batch = _batch()
+  first, revs, loss = _basic_model()
+  model = tl.Serial([first] + revs + [loss])
+  rng_init = fastmath.random.get_prng(12)
+  init = lambda: model.init(batch, rng=rng_init)
+  ref_weights, ref_slots, ref_state = _reference(
+      model, init, optimizers.Adam, 3, batch)
+
+  init()
+  trainer = rev_trainer.ReversibleSerialTrainer(
+      [(first.sublayers, revs)], loss, optimizers.Adam, segment_max_layers=4,
+      backward_segment_max_layers=backward_segment_max_layers,
+      n_async_layers=2)
+  events = []  # ('dispatch' | 'commit', layer indices of a call)
+  start_collect = trainer._start_collect  # pylint: disable=protected-access
+  collect = trainer._collect  # pylint: disable=protected-access
+
+  def logged_start_collect(pending, indices, *args):
+    events.append(('dispatch', list(indices)))
+    return start_collect(pending, indices, *args)
+
+  def logged_collect(entry):
+    events.append(('commit', list(entry[0])))
+    return collect(entry)
+  monkeypatch.setattr(trainer, '_start_collect', logged_start_collect)
+  monkeypatch.setattr(trainer, '_collect', logged_collect)
+  _train(trainer, batch, 3)
+  segment = trainer._units[1]  # pylint: disable=protected-access
+  assert segment.layers == [1, 2, 3, 4]
+  assert [len(u.layers) for u in trainer._backward_units(segment)] == (  # pylint: disable=protected-access
+      backward_lengths)
+  _assert_all_close(ref_weights, model.weights)
+  _assert_all_close(ref_slots, trainer.slots)
+  _assert_all_close(ref_state, model.state)
+  # Backward calls of one step: loss, reversible calls last to first,
+  # standard layer; each committed as soon as calls of >= 2 layers were
+  # dispatched after it, the rest at the end of the step.
+  calls = [[5]] + [sorted(c, reverse=True) for c in reversed(
+      [list(range(k, k + n)) for k, n in zip(
+          np.cumsum([1] + backward_lengths[:-1]), backward_lengths)])] + [[0]]
+  step_events = events[:2 * len(calls)]
+  assert [c for kind, c in step_events if kind == 'dispatch'] == calls
+  assert [c for kind, c in step_events if kind == 'commit'] == calls
+  last_dispatch = max(k for k, (kind, _) in enumerate(step_events)
+                      if kind == 'dispatch')
+  for k, (kind, call) in enumerate(step_events[:last_dispatch]):
+    if kind != 'commit':
+      continue
+    start = step_events.index(('dispatch', call))
+    after = [len(c) for kind, c in step_events[start + 1:k]
+             if kind == 'dispatch']
+    assert sum(after) >= 2 and sum(after) - after[-1] < 2, (call, after)

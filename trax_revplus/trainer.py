@@ -53,10 +53,15 @@ from trax_revplus import validation
 # 'ignore': the loss (loss layer) and the optimizer's gradient norm.
 _FINITE_CHECKED = ('loss', 'gradients_l2')
 _ON_NON_FINITE = ('raise', 'skip', 'ignore')
-# compile_ahead='auto': smallest outputs of a unit whose backward compiles
-# ahead; below it, the compiler's memory rather than activations sets the
-# peak, and a second concurrent compilation would raise it.
-_COMPILE_AHEAD_MIN_BYTES = 2**20
+# Smallest outputs (bytes, all devices) of an activation-bound unit: above
+# it activations set the peak RSS and long compiled calls run fastest; below
+# it the compiler's memory sets the peak (a second concurrent compilation or
+# a long backward segment raises it) and dispatch sets the speed. Used by
+# compile_ahead='auto' and backward_segment_max_layers='auto'.
+_ACTIVATION_BOUND_BYTES = 2**20
+# backward_segment_max_layers='auto': the length of backward segments of
+# units below _ACTIVATION_BOUND_BYTES.
+_SMALL_BACKWARD_SEGMENT_LAYERS = 2
 
 # Per positional argument / result of a compiled layer function: 'r' for
 # replicated (weights, slots, opt params, step), 'd' for per-device values.
@@ -329,11 +334,13 @@ class ReversibleSerialTrainer:
   `all_layers`, `optimizer_fn`, `slots`), so `training.Loop` uses it
   unchanged. Extras (gin: `trax_revplus.ReversibleSerialTrainer.<name>`):
 
-    n_async_layers: updated weights are collected from the device this many
-      compiled calls after their async copy starts (0: synchronously); a
-      call updates one layer, or every layer of a reversible segment, so
-      the host work of committing one call's updates overlaps the next
-      call's compute.
+    n_async_layers: a compiled call's updated weights, slots and state are
+      committed to the host once calls updating at least this many layers
+      were dispatched after it (0: synchronously), so the host work of
+      committing overlaps their compute. A call updates one layer, or every
+      layer of a reversible segment: with the default of 8 one call of an
+      8-layer segment waits, or four of 2-layer segments, whose calls are
+      too short to hide the host work of one.
     memory_log_every_n_steps, memory_log_per_layer,
     memory_log_tensorboard, output_dir: the memory log (`memory.MemoryLog`).
     donate: reuse device buffers of inputs consumed by a layer update.
@@ -352,11 +359,12 @@ class ReversibleSerialTrainer:
 
   def __init__(self, blocks, loss_layer, optimizer_fn, n_devices=None,
                memoize_jit=True, free_accelerators_on_step=False,
-               adasum=False, n_async_layers=1, memory_log_every_n_steps=100,
+               adasum=False, n_async_layers=8, memory_log_every_n_steps=100,
                memory_log_per_layer=False, memory_log_tensorboard=True,
                output_dir=None, donate=True, on_non_finite='raise',
                segment_max_layers=8, segment_max_bytes=32 * 2**20,
-               compile_ahead='auto', release_host_memory=True):
+               compile_ahead='auto', release_host_memory=True,
+               backward_segment_max_layers='auto'):
     """Creates the trainer and one optimizer per layer.
 
     Args:
@@ -399,6 +407,15 @@ class ReversibleSerialTrainer:
         Segments of a block have equal lengths (the last one may be
         shorter), so repeated layer patterns give identical segments that
         share one compilation.
+      backward_segment_max_layers: int >= 1 or 'auto': the most layers of
+        one backward call; a forward segment longer than that runs backward
+        as several equal-length segments. A backward call (reverse +
+        backward + update of each layer) compiles into a much larger program
+        than a forward one. 'auto': the forward segment's length where its
+        outputs (all devices) hold at least 1 MiB, where long calls run
+        fastest; 2 below that, where the compiler's memory for a long
+        backward segment would set the peak RSS (decided in the first
+        step, once the outputs are known). Results are the same either way.
       segment_max_bytes: int, most bytes of weights + slots a segment may
         hold on the device at once; segments are shortened until every one
         fits, down to one layer (which is never split).
@@ -416,9 +433,9 @@ class ReversibleSerialTrainer:
         since the last release, give the memory the C allocator holds free
         back to the system (`host_memory`, glibc only), so compiler and XLA
         temporaries freed earlier do not stay under later phases' peak:
-        after every compiled call of the first step (which compiles), and in
-        later steps between the forward and backward passes and at the end
-        of the step. Values computed are unaffected.
+        after the first call of each compiled function (which compiles it),
+        and in every step between the forward and backward passes and at the
+        end of the step. Values computed are unaffected.
 
     Raises:
       validation.BlockStructureError: blocks are not (standard, reversible)
@@ -426,7 +443,8 @@ class ReversibleSerialTrainer:
       validation.DeviceCountError: n_devices is not in [1, local devices].
       validation.OptimizerFactoryError (a TypeError): optimizer_fn is an
         optimizer instance, or does not return an `Optimizer`.
-      ValueError: n_async_layers < 0, segment_max_layers < 1, an unknown
+      ValueError: n_async_layers < 0, segment_max_layers < 1, a bad
+        backward_segment_max_layers, an unknown
         on_non_finite or compile_ahead.
     """
     validation.check_blocks(blocks)
@@ -444,6 +462,13 @@ class ReversibleSerialTrainer:
       raise ValueError(
           f'segment_max_layers must be >= 1, got {segment_max_layers}.')
     self._segment_max_layers = int(segment_max_layers)
+    if backward_segment_max_layers != 'auto' and (
+        isinstance(backward_segment_max_layers, bool) or
+        not isinstance(backward_segment_max_layers, int) or
+        backward_segment_max_layers < 1):
+      raise ValueError(f"backward_segment_max_layers must be an int >= 1 or "
+                       f"'auto', got {backward_segment_max_layers!r}.")
+    self._backward_segment_max_layers = backward_segment_max_layers
     self._segment_max_bytes = int(segment_max_bytes)
     if compile_ahead not in (True, False, 'auto'):
       raise ValueError(f"compile_ahead must be True, False or 'auto', got "
@@ -537,13 +562,19 @@ class ReversibleSerialTrainer:
     # Units in forward order: each block's standard layer, then its
     # reversible layers in segments; the loss layer is handled apart.
     self._units = []
+    # Forward segment's layers -> the units running it backward: itself, or
+    # shorter segments (`backward_segment_max_layers`).
+    self._backward_split = {}
     k = 0
     for _, revs in self._blocks:
       self._units.append(self._std_unit(k))
       rev_indices = list(range(k + 1, k + 1 + len(revs)))
-      for segment in self._segments(rev_indices):
+      for segment in self._segments(rev_indices, self._segment_max_layers):
         self._units.append(self._rev_unit(segment))
+        if self._backward_segment_max_layers != 'auto':
+          self._backward_units(self._units[-1])
       k += 1 + len(revs)
+    self._first_calls_done = set()  # ids of compiled functions called
     loss_i = self._n_layers - 1
     self._loss_fbo = self._compiled(
         'loss', [loss_i],
@@ -560,28 +591,62 @@ class ReversibleSerialTrainer:
                          (1, 4) if _has_weights(layer) else ())
     return _Unit('std', [i], layer.n_in, fwd, bwd)
 
-  def _rev_unit(self, indices):
+  def _backward_units(self, unit, outputs=None):
+    """The units that run forward unit `unit` backward, last one first.
+
+    Args:
+      unit: a `_Unit` of the forward pass.
+      outputs: its outputs, for backward_segment_max_layers='auto' (the
+        first time a segment's split is asked for).
+
+    Returns:
+      List of `_Unit`s in forward order covering `unit.layers`.
+    """
+    if unit.kind == 'std':
+      return [unit]
+    key = tuple(unit.layers)
+    if key not in self._backward_split:
+      length = self._backward_segment_max_layers
+      if length == 'auto':
+        nbytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(outputs)
+                     if isinstance(x, jax.Array))
+        length = (len(key) if nbytes >= _ACTIVATION_BOUND_BYTES else
+                  _SMALL_BACKWARD_SEGMENT_LAYERS)
+      if length >= len(key):
+        self._backward_split[key] = [unit]
+      else:
+        self._backward_split[key] = [
+            self._rev_unit(segment, forward=False)
+            for segment in self._segments(unit.layers, length)]
+    return self._backward_split[key]
+
+  def _rev_unit(self, indices, forward=True, backward=True):
+    """A reversible segment's unit; without `forward` (`backward`) its fwd
+    (bwd) function is None."""
     layers = [self._layers[i] for i in indices]
     opts = [self._opts[i] for i in indices]
     depth = max(layer.n_in for layer in layers)
-    fwd = self._compiled('rev_fwd', indices, _segment_forward_fn(layers),
-                         _FWD_ARGS, _FWD_OUTS, ())
-    fn = _segment_reverse_fn(layers, opts, self._n_devices, self._adasum)
-    # Weights and slots are replaced by the results and never read again;
-    # activations are not donated, XLA rarely reuses them.
-    donate = (1, 5) if any(_has_weights(l) for l in layers) else ()
-    bwd = self._compiled('rev', indices, fn, _REV_ARGS, _REV_OUTS, donate)
+    fwd = bwd = None
+    if forward:
+      fwd = self._compiled('rev_fwd', indices, _segment_forward_fn(layers),
+                           _FWD_ARGS, _FWD_OUTS, ())
+    if backward:
+      fn = _segment_reverse_fn(layers, opts, self._n_devices, self._adasum)
+      # Weights and slots are replaced by the results and never read again;
+      # activations are not donated, XLA rarely reuses them.
+      donate = (1, 5) if any(_has_weights(l) for l in layers) else ()
+      bwd = self._compiled('rev', indices, fn, _REV_ARGS, _REV_OUTS, donate)
     return _Unit('rev', list(indices), depth, fwd, bwd)
 
-  def _segments(self, indices):
+  def _segments(self, indices, max_layers):
     """Splits reversible layer indices into equal-length segments.
 
-    The length is the largest one up to `segment_max_layers` for which every
+    The length is the largest one up to `max_layers` for which every
     segment's weights + slots fit in `segment_max_bytes` (1 always does).
     """
     nbytes = {i: memory.array_bytes(self._layers[i].weights) +
                  memory.array_bytes(self._opts[i].slots) for i in indices}
-    length = max(1, min(self._segment_max_layers, len(indices)))
+    length = max(1, min(max_layers, len(indices)))
     while length > 1:
       segments = [indices[k:k + length]
                   for k in range(0, len(indices), length)]
@@ -829,14 +894,13 @@ class ReversibleSerialTrainer:
     # (old state, new state) of a reversible one.
     saved = {}
     units = self._units
-    # The first step compiles; its compilers' memory is released after every
-    # call, later steps' between the forward and backward passes and after
-    # the step (each release makes the next phase fault its pages in again).
-    first_step = not self._stepped
+    # Free host memory is released after each compiled function's first
+    # call (its compilation), and in every step between the forward and
+    # backward passes and after the step: each release makes the next phase
+    # fault its pages in again, so not after every call.
     ahead = None  # thread pool compiling backward functions (first step)
     compiling = {}  # id(backward function) -> future of its compilation
-    if self._compile_ahead and any(
-        id(u.bwd) not in self._compiled_ahead for u in units):
+    if self._compile_ahead and not self._stepped:
       ahead = concurrent.futures.ThreadPoolExecutor(
           max_workers=1, thread_name_prefix='trax_revplus_compile')
     placed = self._place_unit(units[0], False) if units else None
@@ -859,14 +923,19 @@ class ReversibleSerialTrainer:
         for i, s, ns in zip(unit.layers, state, new_state):
           saved[i] = (s, ns)
       stack = cb.outputs_onto_stack(outputs, stack, unit.depth)
+      if unit.kind == 'rev':
+        outputs = cb.inputs_from_stack(stack, unit.depth)
+      # The last of them ends where this unit ends: same outputs.
+      bwd_unit = self._backward_units(unit, outputs)[-1]
       if ahead is not None:
-        compiling[id(unit.bwd)] = self._start_backward_compile(
-            ahead, unit, outputs if unit.kind == 'std' else
-            cb.inputs_from_stack(stack, unit.depth), inputs,
-            state, new_state, rngs, step_placed)
+        if bwd_unit is not unit:
+          state = [saved[i][0] for i in bwd_unit.layers]
+          new_state = [saved[i][1] for i in bwd_unit.layers]
+        compiling[id(bwd_unit.bwd)] = self._start_backward_compile(
+            ahead, bwd_unit, outputs, inputs, state, new_state, rngs,
+            step_placed)
       del weights, inputs, outputs, state, new_state
-      if first_step:
-        self._release_host_memory()
+      self._release_after_compiling(unit.fwd)
       if per_layer:
         p.block(stack)
         self._record_unit(step, 'forward', unit, time.time() - t0)
@@ -875,7 +944,7 @@ class ReversibleSerialTrainer:
     # Loss layer: forward, backward and optimizer update.
     pending = collections.deque()
     loss_i = self._n_layers - 1
-    bwd_units = units[::-1]
+    bwd_units = [b for u in units for b in self._backward_units(u)][::-1]
     weights, slots = self._place_params([loss_i], True, False)
     placed = self._place_unit(bwd_units[0], True) if bwd_units else None
     loss_layer = self._loss_layer
@@ -943,8 +1012,7 @@ class ReversibleSerialTrainer:
           [new_weights[k] for k in order], [new_slots[k] for k in order],
           [new_state[k] for k in order], [unit_stats[k] for k in order], step)
       del new_weights, new_slots, new_state, unit_stats
-      if first_step:
-        self._release_host_memory()
+      self._release_after_compiling(unit.bwd)
       if per_layer:
         p.block(grad_stack)
         self._record_unit(step, 'backward', unit, time.time() - t0)
@@ -963,6 +1031,15 @@ class ReversibleSerialTrainer:
       for k, v in stat.items():
         joint_stats[f'layer{i}/' + k] = v
     return stats[0]['loss'], joint_stats
+
+  def _release_after_compiling(self, fn):
+    """Releases free host memory after the first call of compiled function
+    `fn`, which compiled it (or waited for its compilation ahead): the
+    compiler's temporaries are free by then, and kept by the allocator they
+    would stay under every later peak."""
+    if id(fn) not in self._first_calls_done:
+      self._first_calls_done.add(id(fn))
+      self._release_host_memory()
 
   def _release_host_memory(self):
     if self._releaser is not None:
@@ -993,7 +1070,7 @@ class ReversibleSerialTrainer:
                jnp.issubdtype(x.dtype, jnp.inexact) for x in leaves):
       return None
     if (self._compile_ahead == 'auto' and
-        sum(x.nbytes for x in leaves) < _COMPILE_AHEAD_MIN_BYTES):
+        sum(x.nbytes for x in leaves) < _ACTIVATION_BOUND_BYTES):
       return None
     grads = jax.tree_util.tree_map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding,
@@ -1032,7 +1109,8 @@ class ReversibleSerialTrainer:
   def _start_collect(self, pending, indices, weights, slots, state, stats,
                      step):
     """Starts the D2H copies of one compiled call's updates (lists over
-    `indices`) and commits the calls `n_async_layers` calls back."""
+    `indices`) and commits the oldest calls that at least `n_async_layers`
+    layers were dispatched after."""
     p = self._placement
     checks = [None] * len(indices)
     if self._on_non_finite != 'ignore':
@@ -1040,7 +1118,10 @@ class ReversibleSerialTrainer:
                 for s in stats]
     pending.append((indices, p.start_to_host(weights), p.start_to_host(slots),
                     p.start_to_host(state, per_device=True), checks))
-    while len(pending) > self._n_async_layers:
+    pending_layers = sum(len(entry[0]) for entry in pending)
+    while pending and (pending_layers - len(pending[0][0]) >=
+                       self._n_async_layers):
+      pending_layers -= len(pending[0][0])
       self._collect(pending.popleft())
 
   def _update_is_finite(self, i, checks):
