@@ -348,10 +348,13 @@ class ReversibleSerialTrainer:
       `__init__`).
     segment_max_layers, segment_max_bytes: consecutive reversible layers
       run as one compiled call per segment (see `__init__`).
+    backward_segment_max_layers: backward calls of small models run
+      shorter segments than forward ones (see `__init__`).
     compile_ahead: backward functions compile on a helper thread during
       the first forward pass (see `__init__`).
     release_host_memory: free C-allocator memory goes back to the system
-      between compiled calls (see `__init__`, `host_memory`).
+      after compilations and twice per step (see `__init__`,
+      `host_memory`).
 
   Between steps every layer's weights, state and optimizer slots are host
   `numpy.ndarray`s.
