@@ -13,7 +13,9 @@ Adam, byte vocabulary), side by side:
     (config, trainer), which imports everything, resets the kernel's peak RSS
     mark (`/proc/self/clear_refs`, so import-time peaks do not count),
     records its RSS, builds the model and trainer, runs `--memory_steps`
-    steps and reports its peak RSS (VmHWM in `/proc/self/status`);
+    steps and reports its peak RSS (VmHWM in `/proc/self/status`); with
+    `--memory_repeats=N`, the median of N such processes (all N peaks are
+    kept in bench.json);
   * weights and Adam slots bytes of each config, so the growth of peak RSS
     from the 6- to the 24-layer config can be compared with the bytes added.
 
@@ -51,14 +53,18 @@ flags.DEFINE_integer('steps', 3,
                      'Measured steps per trainer after the 2 warm-up steps.')
 flags.DEFINE_integer('memory_steps', 2, 'Steps run by each memory process.')
 flags.DEFINE_bool('memory', True, 'Measure peak RSS in separate processes.')
+flags.DEFINE_integer('memory_repeats', 1,
+                     'Fresh processes per (config, trainer) peak RSS; the '
+                     'median is reported.')
 flags.DEFINE_bool('timing', True, 'Measure step times (interleaved).')
 flags.DEFINE_bool('quick', False, 'Scale every config down (smoke run).')
 flags.DEFINE_string('out_dir', os.path.join(os.path.dirname(__file__),
                                             'bench_results'),
                     'Where bench.json and bench.md go.')
 flags.DEFINE_bool('update', False,
-                  'Merge into the existing bench.json: keep configs and parts '
-                  '(timing, memory) not measured in this run.')
+                  'Merge into the existing bench.json: keep configs, parts '
+                  '(timing, memory) and memory figures of trainers not '
+                  'measured in this run.')
 flags.DEFINE_string('memory_child', None,
                     'Internal: CONFIG:TRAINER, run one memory measurement.')
 
@@ -240,6 +246,20 @@ def memory_child(spec):
       step_s=seconds)))
 
 
+def run_memory_median(name, trainer_name):
+  """Median peak RSS of `--memory_repeats` fresh processes."""
+  runs = [run_memory(name, trainer_name)
+          for _ in range(FLAGS.memory_repeats)]
+  if len(runs) == 1:
+    return runs[0]
+  peaks = [r['peak_above_baseline_bytes'] for r in runs]
+  result = dict(sorted(runs, key=lambda r: r['peak_above_baseline_bytes'])[
+      (len(runs) - 1) // 2])
+  result.update(peak_above_baseline_bytes=statistics.median(peaks),
+                peak_above_baseline_bytes_runs=peaks)
+  return result
+
+
 def run_memory(name, trainer_name):
   cmd = [sys.executable, os.path.abspath(__file__),
          f'--memory_child={name}:{trainer_name}',
@@ -376,11 +396,18 @@ def markdown(results):
       mem = r.get('memory')
       if not mem:
         continue
-      g = lambda t: mem.get(t, {}).get('peak_above_baseline_bytes')
+      def g(t):
+        m = mem.get(t, {})
+        runs = m.get('peak_above_baseline_bytes_runs')
+        cell = _mib(m.get('peak_above_baseline_bytes'))
+        if runs:
+          cell += (f' (median of {len(runs)}: '
+                   f"{', '.join(_mib(x) for x in runs)})")
+        return cell
       any_t = next(iter(mem.values()))
       lines.append(
-          f"| {describe(r['config'])} | {_mib(g('default'))} | "
-          f"{_mib(g('stock'))} | {_mib(g('ours'))} | "
+          f"| {describe(r['config'])} | {g('default')} | "
+          f"{g('stock')} | {g('ours')} | "
           f"{_mib(any_t['weights_bytes'] + any_t['slots_bytes'])} |")
   scaling = results.get('depth_scaling')
   if scaling:
@@ -447,6 +474,9 @@ def main(argv):
         kept = {k: v for k, v in r.items()
                 if k == 'config' or (k == 'timing' and not FLAGS.timing) or
                 (k == 'memory' and not FLAGS.memory)}
+        if FLAGS.memory and 'memory' in r:  # trainers not measured now
+          kept['memory'] = {t: m for t, m in r['memory'].items()
+                            if t not in FLAGS.trainers}
         results.setdefault('updated_parts', {})[name] = [
             k for k, measured in (('timing', FLAGS.timing),
                                   ('memory', FLAGS.memory)) if measured]
@@ -474,8 +504,8 @@ def main(argv):
           name, cfg, FLAGS.trainers, FLAGS.steps)
       save()
     if FLAGS.memory:
-      results['configs'][name]['memory'] = {
-          t: run_memory(name, t) for t in FLAGS.trainers}
+      memory = results['configs'][name].setdefault('memory', {})
+      memory.update({t: run_memory_median(name, t) for t in FLAGS.trainers})
       save()
   save()
   print(open(md_path).read())
