@@ -63,6 +63,13 @@ _ACTIVATION_BOUND_BYTES = 2**20
 # units below _ACTIVATION_BOUND_BYTES.
 _SMALL_BACKWARD_SEGMENT_LAYERS = 2
 
+
+def _is_activation_bound(outputs):
+  """Whether a unit's outputs (device arrays, all devices) hold at least
+  `_ACTIVATION_BOUND_BYTES`."""
+  return sum(x.nbytes for x in jax.tree_util.tree_leaves(outputs)
+             if isinstance(x, jax.Array)) >= _ACTIVATION_BOUND_BYTES
+
 # Per positional argument / result of a compiled layer function: 'r' for
 # replicated (weights, slots, opt params, step), 'd' for per-device values.
 _FWD_ARGS = ('d', 'r', 'd', 'd')  # inputs, weights, state, rng
@@ -595,7 +602,7 @@ class ReversibleSerialTrainer:
     return _Unit('std', [i], layer.n_in, fwd, bwd)
 
   def _backward_units(self, unit, outputs=None):
-    """The units that run forward unit `unit` backward, last one first.
+    """The units that run forward unit `unit` backward.
 
     Args:
       unit: a `_Unit` of the forward pass.
@@ -611,9 +618,7 @@ class ReversibleSerialTrainer:
     if key not in self._backward_split:
       length = self._backward_segment_max_layers
       if length == 'auto':
-        nbytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(outputs)
-                     if isinstance(x, jax.Array))
-        length = (len(key) if nbytes >= _ACTIVATION_BOUND_BYTES else
+        length = (len(key) if _is_activation_bound(outputs) else
                   _SMALL_BACKWARD_SEGMENT_LAYERS)
       if length >= len(key):
         self._backward_split[key] = [unit]
@@ -1072,8 +1077,7 @@ class ReversibleSerialTrainer:
     if not all(isinstance(x, jax.Array) and
                jnp.issubdtype(x.dtype, jnp.inexact) for x in leaves):
       return None
-    if (self._compile_ahead == 'auto' and
-        sum(x.nbytes for x in leaves) < _ACTIVATION_BOUND_BYTES):
+    if self._compile_ahead == 'auto' and not _is_activation_bound(outputs):
       return None
     grads = jax.tree_util.tree_map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding,
