@@ -31,6 +31,19 @@ def test_replicate_and_collect_round_trip_counts_bytes():
     np.testing.assert_array_equal(out[k], host[k] * 2)
 
 
+def test_collect_copies_large_leaves_out_of_cpu_device_buffers():
+  """A numpy view would keep the XLA buffer alive while the host holds it."""
+  p = placement_lib.Placement(1)
+  large = jnp.arange(2**14, dtype=jnp.float32)  # 64 KiB
+  small = jnp.arange(2**14 - 1, dtype=jnp.float32)
+  out = p.start_to_host({'large': large * 2, 'small': small * 2}).collect()
+  np.testing.assert_array_equal(out['large'], np.arange(2**14) * 2)
+  np.testing.assert_array_equal(out['small'], np.arange(2**14 - 1) * 2)
+  if p.platform == 'cpu':
+    assert out['large'].flags.owndata
+    assert not out['small'].flags.owndata
+
+
 def test_shard_batch_rejects_indivisible_batch():
   p = placement_lib.Placement(1)
   assert p.shard_batch(np.zeros((3, 2))).shape == (3, 2)

@@ -316,18 +316,23 @@ def _train_basic(n_steps=2, **kwargs):
   return model, trainer, losses
 
 
-def test_n_async_layers_compile_ahead_release_give_identical_weights():
+def test_n_async_layers_compile_ahead_release_give_identical_weights(
+    monkeypatch):
   """Also: with compile_ahead, backward functions compile on a helper thread
   during the first step's forward pass instead of, not in addition to, when
-  they are called; 'auto' (the default) leaves this model's kilobyte-sized
-  activations alone."""
+  they are called; beside the forward pass for this model's kilobyte-sized
+  activations, and with the forward pass waiting for each where a unit's
+  outputs reach `_ACTIVATION_BOUND_BYTES`."""
   compiles = _count_compiles()
-  settings = [dict(n_async_layers=1),  # also compiles the step's helper ops
+  settings = [dict(n_async_layers=1, compile_ahead=False),  # + helper ops
               dict(n_async_layers=0, compile_ahead=False,
                    release_host_memory=False),
-              dict(n_async_layers=3, compile_ahead=True)]
+              dict(n_async_layers=3),
+              dict(n_async_layers=3)]
   results, compiled_by = [], []
-  for kwargs in settings:
+  for k, kwargs in enumerate(settings):
+    if k == 3:
+      monkeypatch.setattr(rev_trainer, '_ACTIVATION_BOUND_BYTES', 0)
     start = len(compiles)
     results.append(_train_basic(**kwargs))
     compiled_by.append(compiles[start:])
@@ -341,9 +346,14 @@ def test_n_async_layers_compile_ahead_release_give_identical_weights():
   on_helper = [[name.startswith('trax_revplus_compile') for name in names]
                for names in compiled_by]
   assert not any(on_helper[0]) and not any(on_helper[1])
-  # The backward functions of the standard layer and of the segment.
-  assert sum(on_helper[2]) == 2
-  assert len(compiled_by[2]) == len(compiled_by[1])
+  # The backward functions of the standard layer and of the segment, which
+  # runs backward as two 2-layer segments below the activation bound.
+  assert sum(on_helper[2]) == 3 and sum(on_helper[3]) == 2
+  assert len(compiled_by[1]) == len(compiled_by[2]) == 6
+  assert len(compiled_by[3]) == 5
+  # Waiting: standard layer forward, its backward, segment forward, its
+  # backward, loss; each compiled before the next begins.
+  assert on_helper[3] == [False, True, False, True, False]
 
 
 def test_free_accelerators_identical_and_weights_readable():
@@ -361,6 +371,30 @@ def test_free_accelerators_identical_and_weights_readable():
   assert all(np.isfinite(float(l)) for l in losses1)
   np.testing.assert_array_equal(np.asarray(caller_held), np.arange(1000.0))
   np.testing.assert_array_equal(caller_view, np.arange(1000.0) * 3)
+
+
+def test_constructor_clears_compilation_caches_unless_told_not_to():
+  compiled = []
+  jax.monitoring.register_event_time_span_listener(
+      lambda event, *unused, fun_name=None, **unused_kw: compiled.append(
+          fun_name) if event.endswith('backend_compile_duration') else None)
+
+  def doubled_by_this_test(x):
+    return x * 2
+  double = jax.jit(doubled_by_this_test)
+  x = jax.numpy.ones(3)
+  first, revs, loss = _basic_model()
+  tl.Serial([first] + revs + [loss]).init(
+      _batch(), rng=fastmath.random.get_prng(12))
+  counts = []
+  for clear in (True, False):
+    double(x)
+    rev_trainer.ReversibleSerialTrainer(
+        [(first.sublayers, revs)], loss, optimizers.Adam,
+        clear_compilation_caches=clear)
+    double(x)
+    counts.append(compiled.count('jit(doubled_by_this_test)'))
+  assert counts == [2, 2]
 
 
 def test_init_reversible_blocks_keeps_loaded_weights():

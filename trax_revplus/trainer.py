@@ -25,6 +25,7 @@ slots and RNG, so the updates are those of one call per layer.
 
 import collections
 import concurrent.futures
+import gc
 import functools
 import hashlib
 import time
@@ -55,9 +56,9 @@ _FINITE_CHECKED = ('loss', 'gradients_l2')
 _ON_NON_FINITE = ('raise', 'skip', 'ignore')
 # Smallest outputs (bytes, all devices) of an activation-bound unit: above
 # it activations set the peak RSS and long compiled calls run fastest; below
-# it the compiler's memory sets the peak (a second concurrent compilation or
-# a long backward segment raises it) and dispatch sets the speed. Used by
-# compile_ahead='auto' and backward_segment_max_layers='auto'.
+# it the compiler's memory sets the peak (a long backward segment raises it)
+# and dispatch sets the speed. Used by compile_ahead (whether the forward
+# pass waits for a compilation) and backward_segment_max_layers='auto'.
 _ACTIVATION_BOUND_BYTES = 2**20
 # backward_segment_max_layers='auto': the length of backward segments of
 # units below _ACTIVATION_BOUND_BYTES.
@@ -362,6 +363,8 @@ class ReversibleSerialTrainer:
     release_host_memory: free C-allocator memory goes back to the system
       after compilations and twice per step (see `__init__`,
       `host_memory`).
+    clear_compilation_caches: the constructor drops the programs compiled
+      before it, e.g. the initializers (see `__init__`).
 
   Between steps every layer's weights, state and optimizer slots are host
   `numpy.ndarray`s.
@@ -373,8 +376,9 @@ class ReversibleSerialTrainer:
                memory_log_per_layer=False, memory_log_tensorboard=True,
                output_dir=None, donate=True, on_non_finite='raise',
                segment_max_layers=8, segment_max_bytes=32 * 2**20,
-               compile_ahead='auto', release_host_memory=True,
-               backward_segment_max_layers='auto'):
+               compile_ahead=True, release_host_memory=True,
+               backward_segment_max_layers='auto',
+               clear_compilation_caches=True):
     """Creates the trainer and one optimizer per layer.
 
     Args:
@@ -429,16 +433,18 @@ class ReversibleSerialTrainer:
       segment_max_bytes: int, most bytes of weights + slots a segment may
         hold on the device at once; segments are shortened until every one
         fits, down to one layer (which is never split).
-      compile_ahead: True, False or 'auto': compile each backward function
-        in a background thread as soon as its arguments' shapes are known in
-        the forward pass of the first step, so that it compiles while the
-        forward functions and the loss compile and run (XLA compiles without
-        the GIL), which shortens the first step. Two compilations at once
-        need the compiler's working memory twice, which sets the peak RSS of
-        small models, so 'auto' compiles a unit's backward ahead only when
-        that unit's outputs (the activations it passes on, all devices) hold
-        at least 1 MiB. The compiled functions and results are the same
-        either way.
+      compile_ahead: bool, compile each backward function in the first
+        step's forward pass, as soon as its arguments' shapes are known, on a
+        helper thread (XLA compiles without the GIL), so that it compiles
+        while forward calls run, which shortens the first step. Where a
+        unit's outputs (the activations it passes on, all devices) hold at
+        least 1 MiB, the forward pass waits for that compilation before its
+        next call: a compilation beside forward calls that allocate large
+        activations fragmented the C allocator's arenas and left the first
+        backward pass's peak RSS up to 25% higher in some runs. Smaller
+        units' backward functions compile beside the whole forward pass and
+        the loss's compilation. The compiled functions and results are the
+        same either way.
       release_host_memory: bool, when host RSS has grown by 32 MiB or more
         since the last release, give the memory the C allocator holds free
         back to the system (`host_memory`, glibc only), so compiler and XLA
@@ -446,6 +452,15 @@ class ReversibleSerialTrainer:
         after the first call of each compiled function (which compiles it),
         and in every step between the forward and backward passes and at the
         end of the step. Values computed are unaffected.
+      clear_compilation_caches: bool, end the constructor with
+        `jax.clear_caches()`: the programs compiled so far in the process,
+        typically the layers' initializers, which training never runs again,
+        held 80-95 MiB of host memory on the benchmark configurations
+        (`tools/bench.py`), under every later peak. A function compiled
+        before compiles again at its next call. Cleared after the weights
+        and slots are on the host: cleared before, the 24-layer config
+        peaked about 40 MiB higher (the slots filled the freed memory, later
+        temporaries landed above them).
 
     Raises:
       validation.BlockStructureError: blocks are not (standard, reversible)
@@ -480,8 +495,8 @@ class ReversibleSerialTrainer:
                        f"'auto', got {backward_segment_max_layers!r}.")
     self._backward_segment_max_layers = backward_segment_max_layers
     self._segment_max_bytes = int(segment_max_bytes)
-    if compile_ahead not in (True, False, 'auto'):
-      raise ValueError(f"compile_ahead must be True, False or 'auto', got "
+    if not isinstance(compile_ahead, bool):
+      raise ValueError(f'compile_ahead must be True or False, got '
                        f'{compile_ahead!r}.')
     self._compile_ahead = compile_ahead
     self._releaser = (host_memory.HostMemoryReleaser()
@@ -591,6 +606,10 @@ class ReversibleSerialTrainer:
         _fbo_fn(loss_layer, opts[loss_i], self._n_devices, adasum, 'loss'),
         _FBO_ARGS, _FBO_OUTS,
         (1, 4) if _has_weights(loss_layer) else ())
+    if clear_compilation_caches:
+      jax.clear_caches()
+      gc.collect()  # executables held by reference cycles
+    self._release_host_memory()
 
   def _std_unit(self, i):
     layer, opt = self._layers[i], self._opts[i]
@@ -933,16 +952,27 @@ class ReversibleSerialTrainer:
       stack = cb.outputs_onto_stack(outputs, stack, unit.depth)
       if unit.kind == 'rev':
         outputs = cb.inputs_from_stack(stack, unit.depth)
-      # The last of them ends where this unit ends: same outputs.
-      bwd_unit = self._backward_units(unit, outputs)[-1]
+      bwd_units = self._backward_units(unit, outputs)
       if ahead is not None:
-        if bwd_unit is not unit:
-          state = [saved[i][0] for i in bwd_unit.layers]
-          new_state = [saved[i][1] for i in bwd_unit.layers]
-        compiling[id(bwd_unit.bwd)] = self._start_backward_compile(
-            ahead, bwd_unit, outputs, inputs, state, new_state, rngs,
-            step_placed)
-      del weights, inputs, outputs, state, new_state
+        # Reversible layers keep the stack's shapes, so this unit's outputs
+        # stand in for those of each shorter backward unit it splits into.
+        wait = _is_activation_bound(outputs)
+        for bwd_unit in bwd_units:
+          if bwd_unit is not unit:
+            state = [saved[i][0] for i in bwd_unit.layers]
+            new_state = [saved[i][1] for i in bwd_unit.layers]
+          future = self._start_backward_compile(
+              ahead, bwd_unit, outputs, inputs, state, new_state, rngs,
+              step_placed)
+          if future is not None and wait:
+            # A compilation beside forward calls that allocate large
+            # activations left the first backward pass's peak RSS up to 25%
+            # higher in some runs (6-layer benchmark config): it overlaps
+            # only this unit's call, dispatched already.
+            future.result()
+          elif future is not None:
+            compiling[id(bwd_unit.bwd)] = future
+      del weights, inputs, outputs, state, new_state, bwd_units
       self._release_after_compiling(unit.fwd)
       if per_layer:
         p.block(stack)
@@ -1076,8 +1106,6 @@ class ReversibleSerialTrainer:
     leaves = jax.tree_util.tree_leaves(outputs)
     if not all(isinstance(x, jax.Array) and
                jnp.issubdtype(x.dtype, jnp.inexact) for x in leaves):
-      return None
-    if self._compile_ahead == 'auto' and not _is_activation_bound(outputs):
       return None
     grads = jax.tree_util.tree_map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding,
