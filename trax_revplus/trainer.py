@@ -449,9 +449,10 @@ class ReversibleSerialTrainer:
         since the last release, give the memory the C allocator holds free
         back to the system (`host_memory`, glibc only), so compiler and XLA
         temporaries freed earlier do not stay under later phases' peak:
-        after the first call of each compiled function (which compiles it),
-        and in every step between the forward and backward passes and at the
-        end of the step. Values computed are unaffected.
+        at the end of the constructor, after the first call of each compiled
+        function (which compiles it), and in every step between the forward
+        and backward passes and at the end of the step. Values computed are
+        unaffected.
       clear_compilation_caches: bool, end the constructor with
         `jax.clear_caches()`: the programs compiled so far in the process,
         typically the layers' initializers, which training never runs again,
