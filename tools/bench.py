@@ -47,7 +47,8 @@ FLAGS = flags.FLAGS
 
 flags.DEFINE_list('configs', ['l6', 'l24', 'l64', 'l12'],
                   'Configs to run (see CONFIGS).')
-flags.DEFINE_list('trainers', ['default', 'stock', 'ours'],
+TRAINERS = ('default', 'stock', 'ours')  # every trainer, in table order
+flags.DEFINE_list('trainers', list(TRAINERS),
                   'Trainers to compare.')
 flags.DEFINE_integer('steps', 3,
                      'Measured steps per trainer after the 2 warm-up steps.')
@@ -317,7 +318,8 @@ def summarize(results):
   cfgs = results['configs']
   if 'l6' in cfgs and 'l24' in cfgs:
     scaling = {}
-    for t in results['trainers']:
+    # Every trainer measured on both configs, also in earlier --update runs.
+    for t in TRAINERS:
       m6 = cfgs['l6'].get('memory', {}).get(t)
       m24 = cfgs['l24'].get('memory', {}).get(t)
       if not m6 or not m24:
