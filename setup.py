@@ -29,7 +29,7 @@ setuptools.setup(
         'matplotlib>=3.8,<3.12',
     ],
     extras_require={
-        'test': ['pytest>=8,<10'],
+        'test': ['pytest>=8,<10', 'pytest-xdist>=3.6,<4'],
     },
     entry_points={
         'console_scripts': ['trax-revplus=trax_revplus.cli:run'],

@@ -82,11 +82,11 @@ class HostCopy:
   therefore copied into memory numpy allocates; smaller ones stay views.
   """
 
-  def __init__(self, treedef, leaves, squeeze, own=None):
+  def __init__(self, treedef, leaves, squeeze, own):
     self._treedef = treedef
     self._leaves = leaves
     self._squeeze = squeeze
-    self._own = own or [False] * len(leaves)
+    self._own = own
 
   def device_arrays(self):
     """The device arrays still referenced (so freeing can protect them)."""

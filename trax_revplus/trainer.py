@@ -55,13 +55,22 @@ from trax_revplus import validation
 _FINITE_CHECKED = ('loss', 'gradients_l2')
 _ON_NON_FINITE = ('raise', 'skip', 'ignore')
 # Smallest outputs (bytes, all devices) of an activation-bound unit: above
-# it activations set the peak RSS and long compiled calls run fastest; below
-# it the compiler's memory sets the peak (a long backward segment raises it)
-# and dispatch sets the speed. Used by compile_ahead (whether the forward
-# pass waits for a compilation) and backward_segment_max_layers='auto'.
+# it activations and the backward programs' temporaries set the peak RSS;
+# below it the compiler's memory sets the peak (a long backward segment
+# raises it) and dispatch sets the speed. Used by compile_ahead (whether the
+# forward pass waits for a compilation) and backward_segment_max_layers=
+# 'auto'.
 _ACTIVATION_BOUND_BYTES = 2**20
-# backward_segment_max_layers='auto': the length of backward segments of
-# units below _ACTIVATION_BOUND_BYTES.
+# backward_segment_max_layers='auto': the most layers of a backward call of
+# an activation-bound unit. A backward program's temporaries (each layer's
+# recomputed activations and attention scores) grow with its length: with 4
+# (one ReformerLM decoder block: two half-residuals, two swaps) instead of
+# the forward segment's 8, the 6-, 24- and 12-layer benchmark configs peaked
+# 22, 87 and 122 MiB lower and compiled their first step faster; with 2 they
+# peaked higher again.
+_ACTIVATION_BOUND_BACKWARD_SEGMENT_LAYERS = 4
+# backward_segment_max_layers='auto': the same for units below
+# _ACTIVATION_BOUND_BYTES.
 _SMALL_BACKWARD_SEGMENT_LAYERS = 2
 
 
@@ -425,10 +434,11 @@ class ReversibleSerialTrainer:
         one backward call; a forward segment longer than that runs backward
         as several equal-length segments. A backward call (reverse +
         backward + update of each layer) compiles into a much larger program
-        than a forward one. 'auto': the forward segment's length where its
-        outputs (all devices) hold at least 1 MiB, where long calls run
-        fastest; 2 below that, where the compiler's memory for a long
-        backward segment would set the peak RSS (decided in the first
+        than a forward one, whose temporaries grow with its length. 'auto':
+        4 where the forward segment's outputs (all devices) hold at least
+        1 MiB, where those temporaries set the peak RSS (4 peaked lowest on
+        the benchmark configs); 2 below that, where the compiler's memory
+        for a long backward segment would set it (decided in the first
         step, once the outputs are known). Results are the same either way.
       segment_max_bytes: int, most bytes of weights + slots a segment may
         hold on the device at once; segments are shortened until every one
@@ -638,7 +648,8 @@ class ReversibleSerialTrainer:
     if key not in self._backward_split:
       length = self._backward_segment_max_layers
       if length == 'auto':
-        length = (len(key) if _is_activation_bound(outputs) else
+        length = (_ACTIVATION_BOUND_BACKWARD_SEGMENT_LAYERS
+                  if _is_activation_bound(outputs) else
                   _SMALL_BACKWARD_SEGMENT_LAYERS)
       if length >= len(key):
         self._backward_split[key] = [unit]
@@ -953,7 +964,8 @@ class ReversibleSerialTrainer:
       stack = cb.outputs_onto_stack(outputs, stack, unit.depth)
       if unit.kind == 'rev':
         outputs = cb.inputs_from_stack(stack, unit.depth)
-      bwd_units = self._backward_units(unit, outputs)
+      if not self._stepped:  # the first step decides the backward split
+        bwd_units = self._backward_units(unit, outputs)
       if ahead is not None:
         # Reversible layers keep the stack's shapes, so this unit's outputs
         # stand in for those of each shorter backward unit it splits into.
@@ -973,7 +985,7 @@ class ReversibleSerialTrainer:
             future.result()
           elif future is not None:
             compiling[id(bwd_unit.bwd)] = future
-      del weights, inputs, outputs, state, new_state, bwd_units
+      del weights, inputs, outputs, state, new_state
       self._release_after_compiling(unit.fwd)
       if per_layer:
         p.block(stack)
