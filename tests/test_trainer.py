@@ -464,25 +464,19 @@ def _basic_adam_reference_3_steps():
 
 
 @pytest.mark.parametrize('backward_segment_max_layers,activation_bound_bytes,'
-                         'activation_bound_layers,backward_lengths',
-                         [(1, None, None, [1, 1, 1, 1]),
-                          ('auto', None, None, [2, 2]),  # kilobyte outputs
-                          # As if activation-bound:
-                          ('auto', 0, None, [4]),
-                          ('auto', 0, 3, [3, 1])])
+                         'backward_lengths',
+                         [(1, None, [1, 1, 1, 1]),
+                          ('auto', None, [2, 2]),  # kilobyte activations
+                          ('auto', 0, [4])])  # as if activation-bound
 def test_backward_segments_split_forward_ones(
-    backward_segment_max_layers, activation_bound_bytes,
-    activation_bound_layers, backward_lengths, monkeypatch):
+    backward_segment_max_layers, activation_bound_bytes, backward_lengths,
+    monkeypatch):
   """One forward segment of the 4 reversible layers, run backward as one
   call or as shorter segments: the same updates as trax's default Trainer,
   and the commits of each call wait for `n_async_layers` layers."""
   if activation_bound_bytes is not None:
     monkeypatch.setattr(rev_trainer, '_ACTIVATION_BOUND_BYTES',
                         activation_bound_bytes)
-  if activation_bound_layers is not None:
-    monkeypatch.setattr(rev_trainer,
-                        '_ACTIVATION_BOUND_BACKWARD_SEGMENT_LAYERS',
-                        activation_bound_layers)
   batch = _batch()
   ref_weights, ref_slots, ref_state = _basic_adam_reference_3_steps()
   first, revs, loss = _basic_model()

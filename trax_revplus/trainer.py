@@ -55,22 +55,13 @@ from trax_revplus import validation
 _FINITE_CHECKED = ('loss', 'gradients_l2')
 _ON_NON_FINITE = ('raise', 'skip', 'ignore')
 # Smallest outputs (bytes, all devices) of an activation-bound unit: above
-# it activations and the backward programs' temporaries set the peak RSS;
-# below it the compiler's memory sets the peak (a long backward segment
-# raises it) and dispatch sets the speed. Used by compile_ahead (whether the
-# forward pass waits for a compilation) and backward_segment_max_layers=
-# 'auto'.
+# it activations set the peak RSS and long compiled calls run fastest; below
+# it the compiler's memory sets the peak (a long backward segment raises it)
+# and dispatch sets the speed. Used by compile_ahead (whether the forward
+# pass waits for a compilation) and backward_segment_max_layers='auto'.
 _ACTIVATION_BOUND_BYTES = 2**20
-# backward_segment_max_layers='auto': the most layers of a backward call of
-# an activation-bound unit. A backward program's temporaries (each layer's
-# recomputed activations and attention scores) grow with its length: with 4
-# (one ReformerLM decoder block: two half-residuals, two swaps) instead of
-# the forward segment's 8, the 6-, 24- and 12-layer benchmark configs peaked
-# 22, 87 and 122 MiB lower and compiled their first step faster; with 2 they
-# peaked higher again.
-_ACTIVATION_BOUND_BACKWARD_SEGMENT_LAYERS = 4
-# backward_segment_max_layers='auto': the same for units below
-# _ACTIVATION_BOUND_BYTES.
+# backward_segment_max_layers='auto': the length of backward segments of
+# units below _ACTIVATION_BOUND_BYTES.
 _SMALL_BACKWARD_SEGMENT_LAYERS = 2
 
 
@@ -435,11 +426,15 @@ class ReversibleSerialTrainer:
         as several equal-length segments. A backward call (reverse +
         backward + update of each layer) compiles into a much larger program
         than a forward one, whose temporaries grow with its length. 'auto':
-        4 where the forward segment's outputs (all devices) hold at least
-        1 MiB, where those temporaries set the peak RSS (4 peaked lowest on
-        the benchmark configs); 2 below that, where the compiler's memory
-        for a long backward segment would set it (decided in the first
-        step, once the outputs are known). Results are the same either way.
+        the forward segment's length where its outputs (all devices) hold at
+        least 1 MiB, where long calls run fastest; 2 below that, where the
+        compiler's memory for a long backward segment would set the peak
+        RSS (decided in the first step, once the outputs are known). A
+        shorter length lowers the peak of activation-bound models and costs
+        speed: 4 against 8 peaked 22-49 MiB lower on the 6-layer benchmark
+        config and 67-87 MiB lower on the 24-layer one, and stepped 15%
+        slower (6 layers, one interleaved run). Results are the same either
+        way.
       segment_max_bytes: int, most bytes of weights + slots a segment may
         hold on the device at once; segments are shortened until every one
         fits, down to one layer (which is never split).
@@ -648,8 +643,7 @@ class ReversibleSerialTrainer:
     if key not in self._backward_split:
       length = self._backward_segment_max_layers
       if length == 'auto':
-        length = (_ACTIVATION_BOUND_BACKWARD_SEGMENT_LAYERS
-                  if _is_activation_bound(outputs) else
+        length = (len(key) if _is_activation_bound(outputs) else
                   _SMALL_BACKWARD_SEGMENT_LAYERS)
       if length >= len(key):
         self._backward_split[key] = [unit]
