@@ -83,6 +83,18 @@ class HostCopy:
   """
 
   def __init__(self, treedef, leaves, squeeze, own):
+    """Holds the leaves of one pytree until `collect`.
+
+    Args:
+      treedef: the pytree's structure (`jax.tree_util.tree_flatten`).
+      leaves: list of its leaves, device 0's `jax.Array`s (D2H started) or
+        host values passed through.
+      squeeze: list of bool, per leaf, whether to drop the leading device
+        axis of size 1 (per-device layout on N > 1 devices).
+      own: list of bool, per leaf, whether `collect` copies the leaf into
+        numpy's memory rather than returning a view (CPU leaves of 64 KiB
+        or more).
+    """
     self._treedef = treedef
     self._leaves = leaves
     self._squeeze = squeeze
