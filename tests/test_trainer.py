@@ -245,6 +245,11 @@ def test_identical_layers_share_one_compilation():
   shared = make(True)
   # std, half-residual, swap, loss: forward and backward functions.
   assert shared.n_compiled_functions == 7
+  # Equal layers hold one stored fingerprint (memory that does not grow
+  # with depth); layers 1, 3, 5 are the half-residuals, 2, 4, 6 the swaps.
+  fingerprints = [shared._fingerprint_of(i) for i in range(1, 7)]  # pylint: disable=protected-access
+  assert all(fp is fingerprints[i % 2] for i, fp in enumerate(fingerprints))
+  assert fingerprints[0] != fingerprints[1]
   start = len(compiles)
   shared.one_step(batch, _RNGS[0])
   shared_compiles = len(compiles) - start

@@ -589,7 +589,8 @@ class ReversibleSerialTrainer:
     # Compiled functions, shared between layers with equal fingerprints.
     self._compiled_cache = {}
     self.n_compiled_functions = 0
-    self._fingerprints = {}
+    self._fingerprints = {}  # layer index -> its fingerprint
+    self._distinct_fingerprints = {}  # fingerprint -> its stored copy
     # Units in forward order: each block's standard layer, then its
     # reversible layers in segments; the loss layer is handled apart.
     self._units = []
@@ -626,13 +627,14 @@ class ReversibleSerialTrainer:
                          (1, 4) if _has_weights(layer) else ())
     return _Unit('std', [i], layer.n_in, fwd, bwd)
 
-  def _backward_units(self, unit, outputs=None):
+  def _backward_units(self, unit, activation_bound=None):
     """The units that run forward unit `unit` backward.
 
     Args:
       unit: a `_Unit` of the forward pass.
-      outputs: its outputs, for backward_segment_max_layers='auto' (the
-        first time a segment's split is asked for).
+      activation_bound: bool, whether its outputs are activation-bound
+        (`_is_activation_bound`), for backward_segment_max_layers='auto'
+        (the first time a segment's split is asked for).
 
     Returns:
       List of `_Unit`s in forward order covering `unit.layers`.
@@ -643,7 +645,7 @@ class ReversibleSerialTrainer:
     if key not in self._backward_split:
       length = self._backward_segment_max_layers
       if length == 'auto':
-        length = (len(key) if _is_activation_bound(outputs) else
+        length = (len(key) if activation_bound else
                   _SMALL_BACKWARD_SEGMENT_LAYERS)
       if length >= len(key):
         self._backward_split[key] = [unit]
@@ -750,10 +752,15 @@ class ReversibleSerialTrainer:
   # Compilation.
 
   def _fingerprint_of(self, i):
-    """(layer, optimizer) fingerprints of layer i, computed once."""
+    """(layer, optimizer) fingerprint of layer i, computed once.
+
+    Equal fingerprints are stored once: a fingerprint holds a tuple per
+    attribute of every sublayer (about 40 KiB per ReformerLM layer), and
+    repeated layers would otherwise hold memory that grows with depth.
+    """
     if i not in self._fingerprints:
-      self._fingerprints[i] = (_fingerprint(self._layers[i]),
-                               _fingerprint(self._opts[i]))
+      fp = (_fingerprint(self._layers[i]), _fingerprint(self._opts[i]))
+      self._fingerprints[i] = self._distinct_fingerprints.setdefault(fp, fp)
     return self._fingerprints[i]
 
   def _compiled(self, kind, indices, fn, arg_kinds, out_kinds, donate):
@@ -959,11 +966,11 @@ class ReversibleSerialTrainer:
       if unit.kind == 'rev':
         outputs = cb.inputs_from_stack(stack, unit.depth)
       if not self._stepped:  # the first step decides the backward split
-        bwd_units = self._backward_units(unit, outputs)
+        activation_bound = _is_activation_bound(outputs)
+        bwd_units = self._backward_units(unit, activation_bound)
       if ahead is not None:
         # Reversible layers keep the stack's shapes, so this unit's outputs
         # stand in for those of each shorter backward unit it splits into.
-        wait = _is_activation_bound(outputs)
         for bwd_unit in bwd_units:
           if bwd_unit is not unit:
             state = [saved[i][0] for i in bwd_unit.layers]
@@ -971,7 +978,7 @@ class ReversibleSerialTrainer:
           future = self._start_backward_compile(
               ahead, bwd_unit, outputs, inputs, state, new_state, rngs,
               step_placed)
-          if future is not None and wait:
+          if future is not None and activation_bound:
             # A compilation beside forward calls that allocate large
             # activations left the first backward pass's peak RSS up to 25%
             # higher in some runs (6-layer benchmark config): it overlaps
