@@ -456,6 +456,10 @@ def main(argv):
   if unknown:
     raise app.UsageError(f'unknown configs {sorted(unknown)}; '
                          f'choose from {sorted(CONFIGS)}')
+  unknown = set(FLAGS.trainers) - set(TRAINERS)
+  if unknown:
+    raise app.UsageError(f'unknown trainers {sorted(unknown)}; '
+                         f'choose from {list(TRAINERS)}')
   results = dict(command=' '.join(['python'] + sys.argv),
                  started=time.strftime('%Y-%m-%d %H:%M:%S'),
                  steps=FLAGS.steps, memory_steps=FLAGS.memory_steps,
