@@ -968,7 +968,7 @@ class ReversibleSerialTrainer:
       if not self._stepped:  # the first step decides the backward split
         activation_bound = _is_activation_bound(outputs)
         bwd_units = self._backward_units(unit, activation_bound)
-      if ahead is not None:
+      if ahead is not None:  # first step only, like the split just above
         # Reversible layers keep the stack's shapes, so this unit's outputs
         # stand in for those of each shorter backward unit it splits into.
         for bwd_unit in bwd_units:
