@@ -1,6 +1,9 @@
 """trax_revplus.host_memory: free C-allocator memory goes back to the system."""
 
 import ctypes
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -34,3 +37,61 @@ def test_release_returns_freed_memory_and_waits_for_growth():
   assert releaser.release() == 0
   del survivors
 
+
+
+# Maps a 4 MiB block after glibc's threshold rose past it (argv[1] == 'set':
+# with a fixed 1 MiB threshold first); prints the bytes glibc mapped for it.
+_MAPPED_BLOCK_SCRIPT = """
+import ctypes, sys
+from trax_revplus import host_memory
+class MallInfo2(ctypes.Structure):
+  _fields_ = [(n, ctypes.c_size_t) for n in (
+      'arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks '
+      'keepcost').split()]
+libc = ctypes.CDLL('libc.so.6')
+libc.mallinfo2.restype = MallInfo2
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+libc.free(libc.malloc(8 << 20))  # glibc's threshold rises to 8 MiB
+if sys.argv[1] == 'set':
+  assert host_memory.set_mmap_threshold(1 << 20)
+before = libc.mallinfo2().hblkhd
+block = libc.malloc(4 << 20)
+print(libc.mallinfo2().hblkhd - before)
+libc.free(block)
+"""
+
+
+def _has_mallinfo2():  # glibc >= 2.33
+  try:
+    return hasattr(ctypes.CDLL('libc.so.6'), 'mallinfo2')
+  except OSError:
+    return False
+
+
+def _mapped_bytes(mode):
+  env = {k: v for k, v in os.environ.items() if k != 'GLIBC_TUNABLES'}
+  out = subprocess.run([sys.executable, '-c', _MAPPED_BLOCK_SCRIPT, mode],
+                       capture_output=True, text=True, env=env, check=True)
+  return int(out.stdout.split()[-1])
+
+
+@pytest.mark.skipif(not host_memory.available() or not _has_mallinfo2(),
+                    reason='needs glibc >= 2.33')
+def test_set_mmap_threshold_maps_blocks_glibc_would_keep_in_its_arenas():
+  assert _mapped_bytes('default') == 0
+  assert _mapped_bytes('set') >= 4 << 20
+
+
+@pytest.mark.skipif(not host_memory.available(), reason='needs glibc')
+def test_set_mmap_threshold_keeps_the_users_glibc_tunable(monkeypatch):
+  monkeypatch.setenv('GLIBC_TUNABLES', 'glibc.malloc.mmap_threshold=65536')
+  assert host_memory.set_mmap_threshold(2**20) is False
+
+
+@pytest.mark.parametrize('nbytes', [-1, 32 * 2**20 + 1, 1.5, True, '1'])
+def test_set_mmap_threshold_rejects_what_glibc_cannot_take(nbytes):
+  with pytest.raises(ValueError,
+                     match=r'int number of bytes in \[0, 33554432\]'):
+    host_memory.set_mmap_threshold(nbytes)

@@ -455,6 +455,27 @@ def test_bad_arguments_raise_clear_errors():
     rev_trainer.ReversibleSerialTrainer(
         [(first.sublayers, revs)], loss, optimizers.Adam,
         backward_segment_max_layers=0)
+  with pytest.raises(ValueError, match=r'host_mmap_threshold: .*\[0, '):
+    rev_trainer.ReversibleSerialTrainer(
+        [(first.sublayers, revs)], loss, optimizers.Adam,
+        host_mmap_threshold=64 * 2**20)
+
+
+def test_host_mmap_threshold_goes_to_glibc_unless_none(monkeypatch):
+  thresholds = []
+  monkeypatch.setattr(rev_trainer.host_memory, 'set_mmap_threshold',
+                      thresholds.append)
+  batch = _batch()
+  first, revs, loss = _basic_model()
+  tl.Serial([first] + revs + [loss]).init(batch)
+  for kwargs in (dict(host_mmap_threshold=2**20),
+                 dict(host_mmap_threshold=None),
+                 dict(host_mmap_threshold=0),
+                 {}):
+    rev_trainer.ReversibleSerialTrainer(
+        [(first.sublayers, revs)], loss, optimizers.Adam,
+        clear_compilation_caches=False, **kwargs)
+  assert thresholds == [2**20, 0, 2**20]  # the default is 1 MiB
 
 
 @functools.lru_cache(maxsize=1)

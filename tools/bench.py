@@ -8,7 +8,9 @@ Adam, byte vocabulary), side by side:
     load hits all three alike; the first two steps of each are reported apart
     (the first compiles; trax's default and stock trainers compile again on
     the second, when their weights come back as different array types), the
-    median of the `--steps` steps after them is the step time;
+    median of the `--steps` steps after them is the step time; before each
+    step glibc's mmap threshold is set to what that trainer runs under in a
+    process of its own (`_mmap_threshold_for`);
   * peak host RSS above the import baseline (bytes): one fresh process per
     (config, trainer), which imports everything, resets the kernel's peak RSS
     mark (`/proc/self/clear_refs`, so import-time peaks do not count),
@@ -32,6 +34,7 @@ Absolute times on a shared machine vary from run to run; the ratios of one
 interleaved run are the figures to read.
 """
 
+import inspect
 import json
 import os
 import resource
@@ -162,8 +165,32 @@ def _step(trainer, batch, step):
   return time.perf_counter() - t0, loss
 
 
+def _mmap_threshold_for(trainer_name):
+  """glibc's mmap threshold (bytes) `trainer_name` runs under on its own.
+
+  Ours fixes it in its constructor (`host_mmap_threshold`, process-wide);
+  the others leave glibc to raise it as mapped blocks are freed, up to 32
+  MiB. A fixed value cannot give glibc its own adjustment back, so they get
+  that ceiling, which maps the fewest blocks.
+  """
+  # pylint: disable=g-import-not-at-top
+  from trax_revplus import host_memory
+  from trax_revplus import trainer as rev_trainer
+  # pylint: enable=g-import-not-at-top
+  if trainer_name == 'ours':
+    return inspect.signature(rev_trainer.ReversibleSerialTrainer).parameters[
+        'host_mmap_threshold'].default
+  return host_memory.MAX_MMAP_THRESHOLD_BYTES
+
+
 def time_config(name, cfg, trainers, n_steps):
-  """Interleaved timing of `trainers` on one config; returns a dict."""
+  """Interleaved timing of `trainers` on one config; returns a dict.
+
+  Before each step the process's mmap threshold is set to the one the
+  trainer would run under in a process of its own (`_mmap_threshold_for`):
+  ours sets it when built, and it would otherwise hold for all three.
+  """
+  from trax_revplus import host_memory  # pylint: disable=g-import-not-at-top
   batch = _batch(cfg)
   built = {}
   for t in trainers:
@@ -175,6 +202,7 @@ def time_config(name, cfg, trainers, n_steps):
                     losses=[]) for t in trainers}
   for step in range(1, n_steps + 3):
     for t in trainers:
+      host_memory.set_mmap_threshold(_mmap_threshold_for(t))
       seconds, loss = _step(built[t][0], batch, step)
       r = results[t]
       if step == 1:
