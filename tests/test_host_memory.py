@@ -38,7 +38,6 @@ def test_release_returns_freed_memory_and_waits_for_growth():
   del survivors
 
 
-
 # Maps a 4 MiB block after glibc's threshold rose past it (argv[1] == 'set':
 # with a fixed 1 MiB threshold first); prints the bytes glibc mapped for it.
 _MAPPED_BLOCK_SCRIPT = """

@@ -191,6 +191,7 @@ def time_config(name, cfg, trainers, n_steps):
   ours sets it when built, and it would otherwise hold for all three.
   """
   from trax_revplus import host_memory  # pylint: disable=g-import-not-at-top
+  thresholds = {t: _mmap_threshold_for(t) for t in trainers}
   batch = _batch(cfg)
   built = {}
   for t in trainers:
@@ -202,7 +203,7 @@ def time_config(name, cfg, trainers, n_steps):
                     losses=[]) for t in trainers}
   for step in range(1, n_steps + 3):
     for t in trainers:
-      host_memory.set_mmap_threshold(_mmap_threshold_for(t))
+      host_memory.set_mmap_threshold(thresholds[t])
       seconds, loss = _step(built[t][0], batch, step)
       r = results[t]
       if step == 1:
