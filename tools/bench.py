@@ -3,14 +3,18 @@
 Measures, on ReformerLM configs (full causal self-attention, dropout 0.1,
 Adam, byte vocabulary), side by side:
 
-  * step time (seconds per step): the three trainers are built in one process
-    and stepped round-robin (default, stock, ours, default, ...), so machine
+  * step time (seconds per step): each trainer is built in a process of its
+    own, and the parent steps them round-robin (default, stock, ours,
+    default, ...), one step at a time while the others wait idle, so machine
     load hits all three alike; the first two steps of each are reported apart
     (the first compiles; trax's default and stock trainers compile again on
     the second, when their weights come back as different array types), the
-    median of the `--steps` steps after them is the step time; before each
-    step glibc's mmap threshold is set to what that trainer runs under in a
-    process of its own (`_mmap_threshold_for`);
+    median of the `--steps` steps after them is the step time. Each trainer
+    gets a process because ours changes process-wide state: its constructor
+    sets glibc's mmap threshold and clears JAX's compilation caches, and it
+    returns free C-allocator memory to the system (`malloc_trim`) during its
+    steps; in a shared process the other trainers would run under ours'
+    settings, as no user's run of them does;
   * peak host RSS above the import baseline (bytes): one fresh process per
     (config, trainer), which imports everything, resets the kernel's peak RSS
     mark (`/proc/self/clear_refs`, so import-time peaks do not count),
@@ -34,7 +38,6 @@ Absolute times on a shared machine vary from run to run; the ratios of one
 interleaved run are the figures to read.
 """
 
-import inspect
 import json
 import os
 import resource
@@ -71,6 +74,9 @@ flags.DEFINE_bool('update', False,
                   'measured in this run.')
 flags.DEFINE_string('memory_child', None,
                     'Internal: CONFIG:TRAINER, run one memory measurement.')
+flags.DEFINE_string('timing_child', None,
+                    'Internal: CONFIG:TRAINER, build one trainer and run the '
+                    'steps numbered on stdin.')
 
 # n_layers decoder blocks (each 2 ReversibleHalfResidual + 2 ReversibleSwap),
 # d_ff = 4 * d_model, 4 heads of d_model / 4.
@@ -165,62 +171,88 @@ def _step(trainer, batch, step):
   return time.perf_counter() - t0, loss
 
 
-def _mmap_threshold_for(trainer_name):
-  """glibc's mmap threshold (bytes) `trainer_name` runs under on its own.
-
-  Ours fixes it in its constructor (`host_mmap_threshold`, process-wide);
-  the others leave glibc to raise it as mapped blocks are freed, up to 32
-  MiB. A fixed value cannot give glibc its own adjustment back, so they get
-  that ceiling, which maps the fewest blocks.
-  """
-  # pylint: disable=g-import-not-at-top
-  from trax_revplus import host_memory
-  from trax_revplus import trainer as rev_trainer
-  # pylint: enable=g-import-not-at-top
-  if trainer_name == 'ours':
-    return inspect.signature(rev_trainer.ReversibleSerialTrainer).parameters[
-        'host_mmap_threshold'].default
-  return host_memory.MAX_MMAP_THRESHOLD_BYTES
+# Marks the lines a timing process writes for the parent on its stdout.
+_RESULT = 'BENCH_RESULT '
 
 
-def time_config(name, cfg, trainers, n_steps):
+def _send(obj):
+  print(_RESULT + json.dumps(obj), flush=True)
+
+
+def _receive(proc, what):
+  """The next result line of timing process `proc` (`what` names it)."""
+  for line in proc.stdout:
+    if line.startswith(_RESULT):
+      return json.loads(line[len(_RESULT):])
+  raise RuntimeError(f'timing process {what} exited with status '
+                     f'{proc.wait()} (its log is above)')
+
+
+def timing_child(spec):
+  """Runs in a fresh process: builds one trainer, then times each step whose
+  number arrives on stdin, until stdin closes."""
+  name, trainer_name = spec.split(':')
+  cfg = config(name, FLAGS.quick)
+  t0 = time.perf_counter()
+  trainer, weights_bytes, slots_bytes = build(trainer_name, cfg)
+  batch = _batch(cfg)
+  _send(dict(build_s=time.perf_counter() - t0, weights_bytes=weights_bytes,
+             slots_bytes=slots_bytes))
+  for line in sys.stdin:
+    seconds, loss = _step(trainer, batch, int(line))
+    _send(dict(seconds=seconds, loss=loss))
+
+
+def time_config(name, trainers, n_steps):
   """Interleaved timing of `trainers` on one config; returns a dict.
 
-  Before each step the process's mmap threshold is set to the one the
-  trainer would run under in a process of its own (`_mmap_threshold_for`):
-  ours sets it when built, and it would otherwise hold for all three.
+  Each trainer runs in a process of its own (`timing_child`), built one
+  after the other; the steps then go round-robin, one process computing at
+  a time.
   """
-  from trax_revplus import host_memory  # pylint: disable=g-import-not-at-top
-  thresholds = {t: _mmap_threshold_for(t) for t in trainers}
-  batch = _batch(cfg)
-  built = {}
-  for t in trainers:
-    t0 = time.perf_counter()
-    built[t] = build(t, cfg)
-    print(f'[{name}] built {t} in {time.perf_counter() - t0:.1f} s',
-          flush=True)
-  results = {t: dict(first_step_s=None, second_step_s=None, step_s=[],
-                    losses=[]) for t in trainers}
-  for step in range(1, n_steps + 3):
+  procs, built = {}, {}
+  try:
     for t in trainers:
-      host_memory.set_mmap_threshold(thresholds[t])
-      seconds, loss = _step(built[t][0], batch, step)
-      r = results[t]
-      if step == 1:
-        r['first_step_s'] = seconds
-      elif step == 2:
-        r['second_step_s'] = seconds
-      else:
-        r['step_s'].append(seconds)
-      r['losses'].append(loss)
-      print(f'[{name}] step {step} {t}: {seconds:.3f} s loss {loss:.5f}',
+      cmd = [sys.executable, os.path.abspath(__file__),
+             f'--timing_child={name}:{t}']
+      if FLAGS.quick:
+        cmd.append('--quick')
+      procs[t] = subprocess.Popen(cmd, stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)
+      built[t] = _receive(procs[t], f'{name}:{t}')
+      print(f'[{name}] built {t} in {built[t]["build_s"]:.1f} s',
             flush=True)
+    results = {t: dict(first_step_s=None, second_step_s=None, step_s=[],
+                       losses=[]) for t in trainers}
+    for step in range(1, n_steps + 3):
+      for t in trainers:
+        procs[t].stdin.write(f'{step}\n')
+        procs[t].stdin.flush()
+        done = _receive(procs[t], f'{name}:{t}')
+        seconds, loss = done['seconds'], done['loss']
+        r = results[t]
+        if step == 1:
+          r['first_step_s'] = seconds
+        elif step == 2:
+          r['second_step_s'] = seconds
+        else:
+          r['step_s'].append(seconds)
+        r['losses'].append(loss)
+        print(f'[{name}] step {step} {t}: {seconds:.3f} s loss {loss:.5f}',
+              flush=True)
+  except BaseException:
+    for proc in procs.values():
+      proc.kill()
+    raise
+  finally:
+    for proc in procs.values():
+      proc.stdin.close()
+      proc.wait()
   for t in trainers:
     r = results[t]
     r['median_step_s'] = statistics.median(r['step_s']) if r['step_s'] else None
-    r['weights_bytes'] = built[t][1]
-    r['slots_bytes'] = built[t][2]
-  del built
+    r['weights_bytes'] = built[t]['weights_bytes']
+    r['slots_bytes'] = built[t]['slots_bytes']
   return results
 
 
@@ -388,8 +420,8 @@ def markdown(results):
   """The Markdown tables of `results`."""
   lines = []
   lines.append('Step time: median seconds per step after two warm-up steps '
-               '(interleaved in one process); first and second step times '
-               'include compilation.')
+               '(one process per trainer, stepped in turns); first and '
+               'second step times include compilation.')
   lines.append('')
   lines.append('| config | default s/step | stock s/step | ours s/step | '
                'ours / stock | ours / default | stock / default | '
@@ -481,6 +513,9 @@ def main(argv):
   if FLAGS.memory_child:
     memory_child(FLAGS.memory_child)
     return
+  if FLAGS.timing_child:
+    timing_child(FLAGS.timing_child)
+    return
   unknown = set(FLAGS.configs) - set(CONFIGS)
   if unknown:
     raise app.UsageError(f'unknown configs {sorted(unknown)}; '
@@ -533,10 +568,9 @@ def main(argv):
     results['configs'].setdefault(name, {})['config'] = config(
         name, FLAGS.quick)
   for name in FLAGS.configs:
-    cfg = config(name, FLAGS.quick)
     if FLAGS.timing:
       results['configs'][name]['timing'] = time_config(
-          name, cfg, FLAGS.trainers, FLAGS.steps)
+          name, FLAGS.trainers, FLAGS.steps)
       save()
     if FLAGS.memory:
       memory = results['configs'][name].setdefault('memory', {})
