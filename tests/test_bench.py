@@ -1,5 +1,6 @@
 """tools/bench.py: bad flags fail early; the timing processes work."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -14,7 +15,10 @@ _BENCH = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'tools',
 
 @pytest.mark.parametrize('flag,message', [
     ('--configs=l6,l7', "unknown configs ['l7']; choose from"),
-    ('--trainers=ours,stok', "unknown trainers ['stok']; choose from"),
+    ('--trainers=ours,stok', "unknown trainer 'stok'; choose from"),
+    ('--trainers=stock+donate=False', 'only ours takes constructor arguments'),
+    ('--trainers=ours+donate=no', "'donate=no' is not NAME=VALUE"),
+    ('--trainers=ours+donat=True', "takes no argument 'donat'"),
 ])
 def test_unknown_names_are_usage_errors(flag, message, tmp_path):
   out_dir = tmp_path / 'bench_results'
@@ -46,3 +50,28 @@ def test_timing_steps_each_trainer_in_its_own_process(tmp_path):
   np.testing.assert_allclose(timing['ours']['losses'],
                              timing['stock']['losses'], rtol=1e-5)
   assert len(timing['ours']['losses']) == 3
+
+
+def _bench_module():
+  spec = importlib.util.spec_from_file_location('bench', _BENCH)
+  bench = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(bench)
+  return bench
+
+
+def test_trainer_variants_parse_and_get_their_own_table_rows():
+  bench = _bench_module()
+  assert bench.parse_trainer('ours') == ('ours', {})
+  assert bench.parse_trainer('ours+host_mmap_threshold=None+n_async_layers=2'
+                            ) == ('ours', {'host_mmap_threshold': None,
+                                           'n_async_layers': 2})
+  timing = {t: dict(median_step_s=s, first_step_s=10.0, second_step_s=3.0)
+            for t, s in (('default', 2.0), ('stock', 4.0), ('ours', 3.0),
+                         ('ours+donate=False', 3.3))}
+  results = dict(configs={'l6': dict(config=bench.config('l6'),
+                                     timing=timing)})
+  text = bench.markdown(bench.summarize(results))
+  # The main table keeps the three trainers; the variant gets its own row
+  # with its ratios to stock and default.
+  assert '| 2.000 | 4.000 | 3.000 | 0.75 | 1.50 |' in text
+  assert '| l6 | `ours+donate=False` | 3.300 | 0.82 | 1.65 | 10.0 | - |' in text

@@ -11,7 +11,8 @@ Adam, byte vocabulary), side by side:
     the second, when their weights come back as different array types), the
     median of the `--steps` steps after them is the step time. Each trainer
     gets a process because ours changes process-wide state: its constructor
-    sets glibc's mmap threshold and clears JAX's compilation caches, and it
+    clears JAX's compilation caches (and sets glibc's mmap threshold where
+    `host_mmap_threshold` asks for it), and it
     returns free C-allocator memory to the system (`malloc_trim`) during its
     steps; in a shared process the other trainers would run under ours'
     settings, as no user's run of them does;
@@ -33,11 +34,16 @@ Usage:
   python tools/bench.py --configs=l6,l64 --steps=3
   python tools/bench.py --quick              # small shapes, a smoke run
   python tools/bench.py --nomemory           # timing only
+  python tools/bench.py --configs=l6 \
+      --trainers=default,stock,ours,ours+host_mmap_threshold=1048576
+      # ours with a constructor argument changed, as a fourth trainer
 
 Absolute times on a shared machine vary from run to run; the ratios of one
 interleaved run are the figures to read.
 """
 
+import ast
+import inspect
 import json
 import os
 import resource
@@ -55,7 +61,9 @@ flags.DEFINE_list('configs', ['l6', 'l24', 'l64', 'l12'],
                   'Configs to run (see CONFIGS).')
 TRAINERS = ('default', 'stock', 'ours')  # every trainer, in table order
 flags.DEFINE_list('trainers', list(TRAINERS),
-                  'Trainers to compare.')
+                  'Trainers to compare; ours+NAME=VALUE[+...] is ours with '
+                  'constructor arguments changed, e.g. '
+                  'ours+host_mmap_threshold=None (VALUE a Python literal).')
 flags.DEFINE_integer('steps', 3,
                      'Measured steps per trainer after the 2 warm-up steps.')
 flags.DEFINE_integer('memory_steps', 2, 'Steps run by each memory process.')
@@ -112,8 +120,37 @@ def _batch(cfg, seed=0):
   return (x, x, np.ones_like(x, dtype=np.float32))
 
 
+def parse_trainer(spec):
+  """'ours+a=1+b=None' -> ('ours', {'a': 1, 'b': None}).
+
+  Raises:
+    ValueError: an unknown trainer, arguments for another trainer than
+      ours, or an argument that is not NAME=<Python literal>.
+  """
+  name, *args = spec.split('+')
+  if name not in TRAINERS:
+    raise ValueError(f'unknown trainer {name!r}; choose from {list(TRAINERS)}')
+  if args and name != 'ours':
+    raise ValueError(f'{spec!r}: only ours takes constructor arguments')
+  kwargs = {}
+  for arg in args:
+    key, sep, value = arg.partition('=')
+    try:
+      if not sep or not key.isidentifier():
+        raise ValueError
+      kwargs[key] = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+      raise ValueError(f'{spec!r}: {arg!r} is not NAME=VALUE with VALUE a '
+                       f'Python literal') from None
+  return name, kwargs
+
+
 def build(trainer_name, cfg):
-  """Builds model + trainer; returns (trainer, weights_bytes, slots_bytes)."""
+  """Builds model + trainer; returns (trainer, weights_bytes, slots_bytes).
+
+  `trainer_name` is a `--trainers` entry (`parse_trainer`).
+  """
+  trainer_name, extra_kwargs = parse_trainer(trainer_name)
   # pylint: disable=g-import-not-at-top
   from trax import fastmath
   from trax import layers as tl
@@ -152,7 +189,7 @@ def build(trainer_name, cfg):
     module.init_reversible_blocks(blocks, loss_layer, sig, rng)
     kwargs = {}
     if trainer_name == 'ours':
-      kwargs = dict(memory_log_tensorboard=False)
+      kwargs = dict(memory_log_tensorboard=False, **extra_kwargs)
     trainer = module.ReversibleSerialTrainer(
         blocks, loss_layer, optimizers.Adam, n_devices=1, **kwargs)
     weights = [l.weights for l in trainer.all_layers]
@@ -472,6 +509,27 @@ def markdown(results):
           f"| {describe(r['config'])} | {g('default')} | "
           f"{g('stock')} | {g('ours')} | "
           f"{_mib(any_t['weights_bytes'] + any_t['slots_bytes'])} |")
+  variant_rows = []
+  for name, r in results['configs'].items():
+    tm, mem = r.get('timing', {}), r.get('memory', {})
+    for t in sorted((set(tm) | set(mem)) - set(TRAINERS)):
+      med = tm.get(t, {}).get('median_step_s')
+      vs_stock = _ratio(med, tm.get('stock', {}).get('median_step_s'))
+      vs_default = _ratio(med, tm.get('default', {}).get('median_step_s'))
+      variant_rows.append(
+          f"| {name} | `{t}` | {_fmt(med)} | {_fmt(vs_stock, '.2f')} | "
+          f"{_fmt(vs_default, '.2f')} | "
+          f"{_fmt(tm.get(t, {}).get('first_step_s'), '.1f')} | "
+          f"{_mib(mem.get(t, {}).get('peak_above_baseline_bytes'))} |")
+  if variant_rows:
+    lines.append('')
+    lines.append('Ours with constructor arguments changed (`--trainers=ours+'
+                 'NAME=VALUE`), measured beside the rows above.')
+    lines.append('')
+    lines.append('| config | trainer | s/step | / stock | / default | '
+                 'first step (s) | peak RSS above baseline (MiB) |')
+    lines.append('|---|---|---|---|---|---|---|')
+    lines.extend(variant_rows)
   scaling = results.get('depth_scaling')
   if scaling:
     lines.append('')
@@ -520,10 +578,21 @@ def main(argv):
   if unknown:
     raise app.UsageError(f'unknown configs {sorted(unknown)}; '
                          f'choose from {sorted(CONFIGS)}')
-  unknown = set(FLAGS.trainers) - set(TRAINERS)
-  if unknown:
-    raise app.UsageError(f'unknown trainers {sorted(unknown)}; '
-                         f'choose from {list(TRAINERS)}')
+  # pylint: disable=g-import-not-at-top
+  from trax_revplus import trainer as rev_trainer
+  # pylint: enable=g-import-not-at-top
+  ours_args = inspect.signature(
+      rev_trainer.ReversibleSerialTrainer.__init__).parameters
+  for spec in FLAGS.trainers:
+    try:
+      _, kwargs = parse_trainer(spec)
+    except ValueError as e:
+      raise app.UsageError(str(e)) from None
+    unknown = sorted(set(kwargs) - set(ours_args) - {'self'})
+    if unknown:
+      raise app.UsageError(
+          f'{spec!r}: trax_revplus.ReversibleSerialTrainer takes no '
+          f'argument {unknown[0]!r}')
   results = dict(command=' '.join(['python'] + sys.argv),
                  started=time.strftime('%Y-%m-%d %H:%M:%S'),
                  steps=FLAGS.steps, memory_steps=FLAGS.memory_steps,

@@ -363,8 +363,9 @@ class ReversibleSerialTrainer:
     release_host_memory: free C-allocator memory goes back to the system
       after compilations and twice per step (see `__init__`,
       `host_memory`).
-    host_mmap_threshold: glibc maps host blocks of this many bytes or more
-      on their own (see `__init__`, `host_memory.set_mmap_threshold`).
+    host_mmap_threshold: None, or glibc maps host blocks of this many bytes
+      or more on their own: lower peak RSS, longer steps (see `__init__`,
+      `host_memory.set_mmap_threshold`).
     clear_compilation_caches: the constructor drops the programs compiled
       before it, e.g. the initializers (see `__init__`).
 
@@ -379,7 +380,7 @@ class ReversibleSerialTrainer:
                output_dir=None, donate=True, on_non_finite='raise',
                segment_max_layers=8, segment_max_bytes=32 * 2**20,
                compile_ahead=True, release_host_memory=True,
-               host_mmap_threshold=2**20,
+               host_mmap_threshold=None,
                backward_segment_max_layers='auto',
                clear_compilation_caches=True):
     """Creates the trainer and one optimizer per layer.
@@ -461,22 +462,21 @@ class ReversibleSerialTrainer:
         function (which compiles it), and in every step between the forward
         and backward passes and at the end of the step. Values computed are
         unaffected.
-      host_mmap_threshold: int bytes in [0, 32 MiB] or None. The
-        constructor fixes glibc's `M_MMAP_THRESHOLD` at this value for the
-        whole process (`host_memory.set_mmap_threshold`; not where
-        `GLIBC_TUNABLES` sets it, nor without glibc): blocks of that size or
-        more, e.g. XLA's temporaries and buffers, get mappings of their own,
-        returned to the system when freed, instead of staying resident in
-        the allocator's arenas after glibc's own threshold has risen to 32
-        MiB. On the benchmark configurations (`tools/bench.py`) 1 MiB
-        lowered ours' peak RSS by 34-138 MiB, and on the 6- and 24-layer
-        ones narrowed its spread across fresh processes from 40-50 to under
-        7 MiB. It costs step time (presumably page faults: a block mapped
-        afresh is zero-filled on first touch). Against None, ours stepped
-        6%, 9% and 15% slower on the 12-, 6- and 24-layer configs (one run
-        each, separate processes) and 13% slower on the README's main job
-        (about 0.5 s per step, 6% lower peak). None leaves the allocator
-        as it is. Values computed are unaffected.
+      host_mmap_threshold: int bytes in [0, 32 MiB] or None (default:
+        glibc's own threshold, left as it is). An int fixes glibc's
+        `M_MMAP_THRESHOLD` at that value for the whole process
+        (`host_memory.set_mmap_threshold`; not where `GLIBC_TUNABLES` sets
+        it, nor without glibc): blocks of that size or more, e.g. XLA's
+        temporaries and buffers, get mappings of their own, returned to the
+        system when freed, instead of staying resident in the allocator's
+        arenas after glibc's own threshold has risen to 32 MiB. A lower,
+        more repeatable peak RSS for longer steps (presumably page faults:
+        a block mapped afresh is zero-filled on first touch). On the
+        benchmark configurations (`tools/bench.py`), 1 MiB against None:
+        peak RSS 7-8% lower on the 6- and 24-layer ones (medians of fresh
+        processes), step time 7-15% longer on the 6-, 24- and 12-layer ones
+        (one run, separate processes); see the README's Performance
+        section. Values computed are unaffected.
       clear_compilation_caches: bool, end the constructor with
         `jax.clear_caches()`: the programs compiled so far in the process,
         typically the layers' initializers, which training never runs again,
