@@ -473,10 +473,10 @@ class ReversibleSerialTrainer:
         more repeatable peak RSS for longer steps (presumably page faults:
         a block mapped afresh is zero-filled on first touch). On the
         benchmark configurations (`tools/bench.py`), 1 MiB against None:
-        peak RSS 7-8% lower on the 6- and 24-layer ones (medians of fresh
-        processes), step time 7-15% longer on the 6-, 24- and 12-layer ones
-        (one run, separate processes); see the README's Performance
-        section. Values computed are unaffected.
+        peak RSS 8-11% lower on the 6- and 24-layer ones (medians of 5
+        fresh processes, spread 6 MiB against 30-66 MiB), step time 7-15%
+        longer on all four (one run, separate processes); see the README's
+        Performance section. Values computed are unaffected.
       clear_compilation_caches: bool, end the constructor with
         `jax.clear_caches()`: the programs compiled so far in the process,
         typically the layers' initializers, which training never runs again,
