@@ -578,21 +578,24 @@ def main(argv):
   if unknown:
     raise app.UsageError(f'unknown configs {sorted(unknown)}; '
                          f'choose from {sorted(CONFIGS)}')
-  # pylint: disable=g-import-not-at-top
-  from trax_revplus import trainer as rev_trainer
-  # pylint: enable=g-import-not-at-top
-  ours_args = inspect.signature(
-      rev_trainer.ReversibleSerialTrainer.__init__).parameters
+  variants = {}
   for spec in FLAGS.trainers:
     try:
-      _, kwargs = parse_trainer(spec)
+      variants[spec] = parse_trainer(spec)[1]
     except ValueError as e:
       raise app.UsageError(str(e)) from None
-    unknown = sorted(set(kwargs) - set(ours_args) - {'self'})
-    if unknown:
-      raise app.UsageError(
-          f'{spec!r}: trax_revplus.ReversibleSerialTrainer takes no '
-          f'argument {unknown[0]!r}')
+  if any(variants.values()):  # importing trax takes a while
+    # pylint: disable=g-import-not-at-top
+    from trax_revplus import trainer as rev_trainer
+    # pylint: enable=g-import-not-at-top
+    ours_args = inspect.signature(
+        rev_trainer.ReversibleSerialTrainer.__init__).parameters
+    for spec, kwargs in variants.items():
+      unknown = sorted(set(kwargs) - set(ours_args) - {'self'})
+      if unknown:
+        raise app.UsageError(
+            f'{spec!r}: trax_revplus.ReversibleSerialTrainer takes no '
+            f'argument {unknown[0]!r}')
   results = dict(command=' '.join(['python'] + sys.argv),
                  started=time.strftime('%Y-%m-%d %H:%M:%S'),
                  steps=FLAGS.steps, memory_steps=FLAGS.memory_steps,
