@@ -228,7 +228,7 @@ def _receive(proc, what):
 def timing_child(spec):
   """Runs in a fresh process: builds one trainer, then times each step whose
   number arrives on stdin, until stdin closes."""
-  name, trainer_name = spec.split(':')
+  name, _, trainer_name = spec.partition(':')  # the variant may hold ':'
   cfg = config(name, FLAGS.quick)
   t0 = time.perf_counter()
   trainer, weights_bytes, slots_bytes = build(trainer_name, cfg)
@@ -317,7 +317,7 @@ def _reset_peak_rss():
 
 def memory_child(spec):
   """Runs in a fresh process: peak RSS of one (config, trainer)."""
-  name, trainer_name = spec.split(':')
+  name, _, trainer_name = spec.partition(':')  # the variant may hold ':'
   # Import everything the build needs before the baseline is taken.
   # pylint: disable=g-import-not-at-top,unused-import
   import jax
