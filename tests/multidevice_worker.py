@@ -16,12 +16,17 @@ Printed (last line of stdout), all differences as max absolute values:
   adasum_finite: ours with adasum=True trains to finite weights,
   adasum_diff_vs_mean: how far Adasum's weights are from plain averaging
     (> 0: the flag changes the update),
-  weights_are_numpy: every weight a host numpy.ndarray after one_step.
+  weights_are_numpy: every weight a host numpy.ndarray after one_step,
+  compiles_ahead: [on helper threads, in all] XLA compilations of the
+    trainer's layer functions (`jit(per_device)`) in two steps with
+    compile_ahead=True, compiles_when_called: in all, with False (equal
+    totals: nothing compiled ahead compiles again when called).
 """
 
 import json
 import os
 import sys
+import threading
 
 import numpy as np
 
@@ -86,9 +91,23 @@ def main():
   n = int(sys.argv[1])
   trax_revplus.deactivate()
   import jax  # pylint: disable=g-import-not-at-top
+  compiled_by = []  # thread name per XLA compilation of a layer function
+
+  def listener(name, *unused_args, fun_name=None, **unused_kwargs):
+    # The step's helper ops (RNG splits, ...) compile in whichever run
+    # first needs them; the trainer's shard_map-ed functions in each.
+    if (name == '/jax/core/compile/backend_compile_duration' and
+        fun_name == 'jit(per_device)'):
+      compiled_by.append(threading.current_thread().name)
+  jax.monitoring.register_event_duration_secs_listener(listener)
   reference = _default_weights()
   ours_1, _ = _ours(1)
+  start = len(compiled_by)
   ours_n, loss_n = _ours(n)
+  ahead = compiled_by[start:]
+  start = len(compiled_by)
+  _ours(n, compile_ahead=False)
+  when_called = compiled_by[start:]
   ours_free, _ = _ours(n, free_accelerators_on_step=True,
                        memory_log_every_n_steps=1)
   adasum, _ = _ours(n, adasum=True)
@@ -106,6 +125,10 @@ def main():
       'weights_are_numpy': all(
           isinstance(x, np.ndarray)
           for x in fastmath.tree_flatten((ours_n, ours_free, adasum))),
+      'compiles_ahead': [
+          sum(t.startswith('trax_revplus_compile') for t in ahead),
+          len(ahead)],
+      'compiles_when_called': len(when_called),
   }
   print(json.dumps(result))
 

@@ -39,3 +39,9 @@ def test_n_devices_match_one_device(n_devices):
   assert result['adasum_finite'], result
   assert result['adasum_diff_vs_mean'] > 0, result
   assert result['weights_are_numpy'], result
+  # The forward functions compile ahead on N CPU devices (the loss's and
+  # the backward ones wait for their collectives, see
+  # `Placement.sync_collectives`, and compile when called), and none of
+  # them compiles again.
+  helper, total = result['compiles_ahead']
+  assert helper >= 2 and total == result['compiles_when_called'], result

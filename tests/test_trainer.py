@@ -22,6 +22,7 @@ from trax import shapes
 from trax.models.research import terraformer
 
 import trax_revplus
+from trax_revplus import placement as placement_lib
 from trax_revplus import trainer as rev_trainer
 
 
@@ -323,21 +324,26 @@ def _train_basic(n_steps=2, **kwargs):
 
 def test_n_async_layers_compile_ahead_release_give_identical_weights(
     monkeypatch):
-  """Also: with compile_ahead, backward functions compile on a helper thread
-  during the first step's forward pass instead of, not in addition to, when
-  they are called; beside the forward pass for this model's kilobyte-sized
-  activations, and with the forward pass waiting for each where a unit's
-  outputs reach `_ACTIVATION_BOUND_BYTES`."""
+  """Also: with compile_ahead, every function of the first step compiles on
+  a helper thread before the step's first call, instead of, not in addition
+  to, when it is called; whether the activations reach
+  `_ACTIVATION_BOUND_BYTES` changes only the backward split. Where the
+  argument types cannot be known ahead, the functions compile when called,
+  with the same results."""
   compiles = _count_compiles()
   settings = [dict(n_async_layers=1, compile_ahead=False),  # + helper ops
               dict(n_async_layers=0, compile_ahead=False,
                    release_host_memory=False),
+              dict(n_async_layers=3),
               dict(n_async_layers=3),
               dict(n_async_layers=3)]
   results, compiled_by = [], []
   for k, kwargs in enumerate(settings):
     if k == 3:
       monkeypatch.setattr(rev_trainer, '_ACTIVATION_BOUND_BYTES', 0)
+    if k == 4:  # types unknown ahead: nothing is traced
+      monkeypatch.setattr(placement_lib.Placement, 'abstract_params',
+                          lambda self, tree: None)
     start = len(compiles)
     # Cleared caches would make each run compile the step's helper ops.
     results.append(_train_basic(clear_compilation_caches=False, **kwargs))
@@ -351,15 +357,14 @@ def test_n_async_layers_compile_ahead_release_give_identical_weights(
     _assert_all_close(results[0][1].slots, trainer.slots, tol=0)
   on_helper = [[name.startswith('trax_revplus_compile') for name in names]
                for names in compiled_by]
-  assert not any(on_helper[0]) and not any(on_helper[1])
-  # The backward functions of the standard layer and of the segment, which
-  # runs backward as two 2-layer segments below the activation bound.
-  assert sum(on_helper[2]) == 3 and sum(on_helper[3]) == 2
+  # Standard layer forward and backward, segment forward, loss, and the
+  # segment's backward: two 2-layer calls below the activation bound (two
+  # functions, their layers differ), one 4-layer call above it (settings 3
+  # and 4).
   assert len(compiled_by[1]) == len(compiled_by[2]) == 6
-  assert len(compiled_by[3]) == 5
-  # Waiting: standard layer forward, its backward, segment forward, its
-  # backward, loss; each compiled before the next begins.
-  assert on_helper[3] == [False, True, False, True, False]
+  assert len(compiled_by[3]) == len(compiled_by[4]) == 5
+  assert on_helper[2] == [True] * 6 and on_helper[3] == [True] * 5
+  assert not any(on_helper[0] + on_helper[1] + on_helper[4])
 
 
 def test_free_accelerators_identical_and_weights_readable():

@@ -264,6 +264,57 @@ class Placement:
           sharding=self._replicated)
     return jax.tree_util.tree_map(abstract, tree)
 
+  def abstract_per_device(self, tree):
+    """What `per_device(tree)` would pass to a compiled call, untransferred.
+
+    For compiling ahead of time, as `abstract_params`.
+
+    Args:
+      tree: pytree of host `numpy.ndarray`s or device arrays of shape S.
+
+    Returns:
+      The pytree (one CPU device), or one of `jax.ShapeDtypeStruct`s of
+      shape (N,) + S on N > 1 devices, S on one, with the per-device
+      sharding; None if a leaf is neither kind of array.
+    """
+    leaves = _leaves(tree)
+    if not all(isinstance(x, (np.ndarray, jax.Array)) for x in leaves):
+      return None
+    if self.host_is_device:
+      return tree
+    lead = (self.n_devices,) if self.n_devices > 1 else ()
+
+    def abstract(x):
+      if isinstance(x, jax.Array) and x.sharding == self._per_device:
+        return x
+      return jax.ShapeDtypeStruct(
+          lead + x.shape, jax.dtypes.canonicalize_dtype(x.dtype),
+          sharding=self._per_device)
+    return jax.tree_util.tree_map(abstract, tree)
+
+  def per_device_types(self, tree):
+    """Result types of a compiled call, as its per-device results have them.
+
+    A jitted function's traced result types (`jax.stages.Traced.out_info`)
+    carry no sharding, but the results of calls on arrays that
+    `shard_batch` placed are committed to the per-device sharding, and a
+    function compiled for uncommitted arguments would compile again for
+    them.
+
+    Args:
+      tree: pytree of `jax.ShapeDtypeStruct`s.
+
+    Returns:
+      The pytree, each leaf without a sharding given the per-device one.
+    """
+
+    def with_sharding(x):
+      if not isinstance(x, jax.ShapeDtypeStruct) or x.sharding is not None:
+        return x
+      return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=self._per_device,
+                                  weak_type=x.weak_type)
+    return jax.tree_util.tree_map(with_sharding, tree)
+
   def per_device(self, tree):
     """Places a copy of a host value on each device in per-device layout.
 

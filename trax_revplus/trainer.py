@@ -28,6 +28,8 @@ import concurrent.futures
 import gc
 import functools
 import hashlib
+import math
+import os
 import time
 import types
 import weakref
@@ -57,8 +59,7 @@ _ON_NON_FINITE = ('raise', 'skip', 'ignore')
 # Smallest outputs (bytes, all devices) of an activation-bound unit: above
 # it activations set the peak RSS and long compiled calls run fastest; below
 # it the compiler's memory sets the peak (a long backward segment raises it)
-# and dispatch sets the speed. Used by compile_ahead (whether the forward
-# pass waits for a compilation) and backward_segment_max_layers='auto'.
+# and dispatch sets the speed. Used by backward_segment_max_layers='auto'.
 _ACTIVATION_BOUND_BYTES = 2**20
 # backward_segment_max_layers='auto': the length of backward segments of
 # units below _ACTIVATION_BOUND_BYTES.
@@ -66,10 +67,12 @@ _SMALL_BACKWARD_SEGMENT_LAYERS = 2
 
 
 def _is_activation_bound(outputs):
-  """Whether a unit's outputs (device arrays, all devices) hold at least
-  `_ACTIVATION_BOUND_BYTES`."""
-  return sum(x.nbytes for x in jax.tree_util.tree_leaves(outputs)
-             if isinstance(x, jax.Array)) >= _ACTIVATION_BOUND_BYTES
+  """Whether a unit's outputs (device arrays or `jax.ShapeDtypeStruct`s of
+  global shape, all devices) hold at least `_ACTIVATION_BOUND_BYTES`."""
+  return sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize
+             for x in jax.tree_util.tree_leaves(outputs)
+             if isinstance(x, (jax.Array, jax.ShapeDtypeStruct))
+             ) >= _ACTIVATION_BOUND_BYTES
 
 # Per positional argument / result of a compiled layer function: 'r' for
 # replicated (weights, slots, opt params, step), 'd' for per-device values.
@@ -358,8 +361,8 @@ class ReversibleSerialTrainer:
       run as one compiled call per segment (see `__init__`).
     backward_segment_max_layers: backward calls of small models run
       shorter segments than forward ones (see `__init__`).
-    compile_ahead: backward functions compile on a helper thread during
-      the first forward pass (see `__init__`).
+    compile_ahead: the first step's functions compile on helper threads,
+      beside each other, before its first call (see `__init__`).
     release_host_memory: free C-allocator memory goes back to the system
       after compilations and twice per step (see `__init__`,
       `host_memory`).
@@ -442,24 +445,26 @@ class ReversibleSerialTrainer:
       segment_max_bytes: int, most bytes of weights + slots a segment may
         hold on the device at once; segments are shortened until every one
         fits, down to one layer (which is never split).
-      compile_ahead: bool, compile each backward function in the first
-        step's forward pass, as soon as its arguments' shapes are known, on a
-        helper thread (XLA compiles without the GIL), so that it compiles
-        while forward calls run, which shortens the first step. Where a
-        unit's outputs (the activations it passes on, all devices) hold at
-        least 1 MiB, the forward pass waits for that compilation before its
-        next call: a compilation beside forward calls that allocate large
-        activations fragmented the C allocator's arenas and left the first
-        backward pass's peak RSS up to 25% higher in some runs. Smaller
-        units' backward functions compile beside the whole forward pass and
-        the loss's compilation. The compiled functions and results are the
-        same either way.
+      compile_ahead: bool, compile every function of the first step before
+        its first call: each is traced with the argument types the step
+        will pass it (a forward function's result types give the next
+        one's) and compiled on a helper thread, one thread per CPU core
+        (XLA compiles without the GIL), so compilations run beside each
+        other and beside the tracing instead of one after the other
+        between the step's calls; the step's calls wait for all of them,
+        since a compilation beside calls that allocate large activations
+        fragmented the C allocator's arenas and left the first backward
+        pass's peak RSS up to 25% higher in some runs. A function whose
+        argument types cannot be known ahead compiles when called. The
+        compiled functions and results are the same either way.
       release_host_memory: bool, when host RSS has grown by 32 MiB or more
         since the last release, give the memory the C allocator holds free
         back to the system (`host_memory`, glibc only), so compiler and XLA
         temporaries freed earlier do not stay under later phases' peak:
-        at the end of the constructor, after the first call of each compiled
-        function (which compiles it), and in every step between the forward
+        at the end of the constructor, once the first step's functions
+        are compiled ahead (`compile_ahead`), after the first call of each
+        compiled function (which compiles it, or waited for its
+        compilation), and in every step between the forward
         and backward passes and at the end of the step. Values computed are
         unaffected.
       host_mmap_threshold: int bytes in [0, 32 MiB] or None (default:
@@ -534,7 +539,6 @@ class ReversibleSerialTrainer:
     self._releaser = (host_memory.HostMemoryReleaser()
                       if release_host_memory else None)
     self._stepped = False  # whether one_step has completed once
-    self._compiled_ahead = set()  # ids of backward functions started
     self._blocks = [(tl.Serial(std), list(rev)) for (std, rev) in blocks]
     self._loss_layer = loss_layer
     self._optimizer_fn = optimizer_fn
@@ -964,11 +968,8 @@ class ReversibleSerialTrainer:
     # call (its compilation), and in every step between the forward and
     # backward passes and after the step: each release makes the next phase
     # fault its pages in again, so not after every call.
-    ahead = None  # thread pool compiling backward functions (first step)
-    compiling = {}  # id(backward function) -> future of its compilation
     if self._compile_ahead and not self._stepped:
-      ahead = concurrent.futures.ThreadPoolExecutor(
-          max_workers=1, thread_name_prefix='trax_revplus_compile')
+      self._compile_first_step_ahead(stack, rngs, step_placed)
     placed = self._place_unit(units[0], False) if units else None
     for pos, unit in enumerate(units):
       weights, _ = placed
@@ -992,26 +993,7 @@ class ReversibleSerialTrainer:
       if unit.kind == 'rev':
         outputs = cb.inputs_from_stack(stack, unit.depth)
       if not self._stepped:  # the first step decides the backward split
-        activation_bound = _is_activation_bound(outputs)
-        bwd_units = self._backward_units(unit, activation_bound)
-      if ahead is not None:  # first step only, like the split just above
-        # Reversible layers keep the stack's shapes, so this unit's outputs
-        # stand in for those of each shorter backward unit it splits into.
-        for bwd_unit in bwd_units:
-          if bwd_unit is not unit:
-            state = [saved[i][0] for i in bwd_unit.layers]
-            new_state = [saved[i][1] for i in bwd_unit.layers]
-          future = self._start_backward_compile(
-              ahead, bwd_unit, outputs, inputs, state, new_state, rngs,
-              step_placed)
-          if future is not None and activation_bound:
-            # A compilation beside forward calls that allocate large
-            # activations left the first backward pass's peak RSS up to 25%
-            # higher in some runs (6-layer benchmark config): it overlaps
-            # only this unit's call, dispatched already.
-            future.result()
-          elif future is not None:
-            compiling[id(bwd_unit.bwd)] = future
+        self._backward_units(unit, _is_activation_bound(outputs))
       del weights, inputs, outputs, state, new_state
       self._release_after_compiling(unit.fwd)
       if per_layer:
@@ -1056,8 +1038,6 @@ class ReversibleSerialTrainer:
       if pos + 1 < len(bwd_units):
         placed = self._place_unit(bwd_units[pos + 1], True)
       t0 = time.time()
-      if compiling.get(id(unit.bwd)) is not None:
-        compiling.pop(id(unit.bwd)).result()  # rather than compiling twice
       depth = unit.depth  # stack items the unit's backward consumes
       if unit.kind == 'rev':
         old_state = [saved[i][0] for i in unit.layers]
@@ -1096,8 +1076,6 @@ class ReversibleSerialTrainer:
         self._record_unit(step, 'backward', unit, time.time() - t0)
     while pending:
       self._collect(pending.popleft())
-    if ahead is not None:
-      ahead.shutdown(wait=True)
     self._end_step_updates(step)
     del stack, grad_stack
     self._release_host_memory()
@@ -1112,7 +1090,7 @@ class ReversibleSerialTrainer:
 
   def _release_after_compiling(self, fn):
     """Releases free host memory after the first call of compiled function
-    `fn`, which compiled it (or waited for its compilation ahead): the
+    `fn`, which compiled it (or was compiled ahead of the step): the
     compiler's temporaries are free by then, and kept by the allocator they
     would stay under every later peak."""
     if id(fn) not in self._first_calls_done:
@@ -1126,60 +1104,122 @@ class ReversibleSerialTrainer:
   def _released(self):
     return 0 if self._releaser is None else self._releaser.released_bytes
 
-  def _start_backward_compile(self, pool, unit, outputs, inputs, state,
-                              new_state, rngs, step_placed):
-    """Compiles `unit.bwd` in `pool` for the arguments the backward pass
-    will pass it, once per function.
+  def _compile_first_step_ahead(self, stack, rngs, step_placed):
+    """Compiles the first step's functions before any of them runs.
 
-    Only shapes, dtypes and shardings matter: `outputs` stand in for the
-    cotangents, weights and slots are not placed. If an argument's type
-    cannot be known here, or the guess differs from the real call, that
-    call compiles as usual, so a miss costs time, never correctness.
+    Each forward function is traced on this thread with the argument types
+    the step will pass it (`jax.jit(...).trace`); its result types are the
+    next unit's argument types, and from them the unit's backward
+    functions and then the loss layer's are traced. Each traced function
+    is lowered and compiled on a helper thread as soon as it is traced,
+    one thread per CPU core (XLA compiles without the GIL), so the
+    compilations run beside each other and beside the tracing, not one
+    after the other between the step's calls. The step's calls wait for
+    all of them: a compilation beside calls that allocate large
+    activations fragmented the C allocator's arenas, and the first
+    backward pass then peaked up to 25% higher in some runs (6-layer
+    benchmark config).
+
+    A function whose argument types cannot be known without placing its
+    arguments, or which cannot be traced apart from its call (a
+    `_blocking` wrapper), compiles when called, and so do the functions
+    after it whose types depend on its results; so does one whose guessed
+    types differ from the call's. A miss costs time, never correctness.
+
+    Also fixes each forward segment's backward split
+    (`backward_segment_max_layers='auto'`) from its outputs' sizes.
+
+    Args:
+      stack: the sharded batch, as the first unit receives it.
+      rngs: list of the step's per-layer RNGs, placed (`_rngs`).
+      step_placed: the step number, placed.
     """
-    fn = unit.bwd
-    if id(fn) in self._compiled_ahead:
-      return None
-    self._compiled_ahead.add(id(fn))
-    if not hasattr(fn, 'lower'):  # `_blocking` wrappers
-      return None
     p = self._placement
-    leaves = jax.tree_util.tree_leaves(outputs)
-    if not all(isinstance(x, jax.Array) and
-               jnp.issubdtype(x.dtype, jnp.inexact) for x in leaves):
-      return None
-    grads = jax.tree_util.tree_map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding,
-                                       weak_type=x.weak_type), outputs)
-    weights = [p.abstract_params(self._layers[i].weights) for i in unit.layers]
-    slots = [p.abstract_params(self._opts[i].slots) for i in unit.layers]
-    if any(x is None for x in weights + slots):
-      return None
-    if unit.kind == 'std':
-      i = unit.layers[0]
-      args = (inputs, weights[0], grads, new_state, slots[0],
-              self._opt_params[i], rngs[i], step_placed)
-    else:
-      args = (outputs, weights, grads, state, new_state, slots,
-              [self._opt_params[i] for i in unit.layers],
-              [rngs[i] for i in unit.layers], step_placed)
+    results = {}  # (id(function), argument types) -> its result types
+    jobs = []
+    pool = concurrent.futures.ThreadPoolExecutor(
+        max_workers=os.cpu_count() or 1,
+        thread_name_prefix='trax_revplus_compile')
 
-    # Tracing stays on this thread: trax layers hold their weights while
-    # traced (`Layer.pure_fn`), so layers must not be traced concurrently.
-    try:
-      lowered = fn.lower(*args)
-    except Exception as e:  # pylint: disable=broad-except
-      logging.info('compiling a backward function ahead failed (%s); it '
-                   'compiles when called.', e)
-      return None
-    return pool.submit(self._compile_lowered, lowered)
+    def trace(fn, args):
+      """Queues fn's compilation for `args`; returns its result types."""
+      key = (id(fn), _types_key(args))
+      if key not in results:
+        if not hasattr(fn, 'trace'):  # `_blocking` wrappers
+          return None
+        try:
+          traced = fn.trace(*args)
+        except Exception as e:  # pylint: disable=broad-except
+          logging.info('tracing a function ahead of the first step failed '
+                       '(%s); it compiles when called.', e)
+          return None
+        results[key] = p.per_device_types(traced.out_info)
+        jobs.append(pool.submit(_compile_traced, traced))
+      return results[key]
 
-  @staticmethod
-  def _compile_lowered(lowered):
+    def weights_and_slots(layers, with_slots=True):
+      weights = [p.abstract_params(self._layers[i].weights) for i in layers]
+      slots = [p.abstract_params(self._opts[i].slots) if with_slots else ()
+               for i in layers]
+      if any(x is None for x in weights + slots):
+        return None, None
+      return weights, slots
+
     try:
-      lowered.compile()
-    except Exception as e:  # pylint: disable=broad-except
-      logging.info('compiling a backward function ahead failed (%s); it '
-                   'compiles when called.', e)
+      for unit in self._units:
+        weights, _ = weights_and_slots(unit.layers, with_slots=False)
+        state = [p.abstract_per_device(self._layers[i].state)
+                 for i in unit.layers]
+        if weights is None or any(x is None for x in state):
+          return
+        inputs = cb.inputs_from_stack(stack, unit.depth)
+        unit_rngs = [rngs[i] for i in unit.layers]
+        if unit.kind == 'std':
+          traced = trace(unit.fwd, (inputs, weights[0], state[0],
+                                    unit_rngs[0]))
+        else:
+          traced = trace(unit.fwd, (inputs, weights, state, unit_rngs))
+        if traced is None:
+          return
+        outputs, new_state = traced
+        stack = cb.outputs_onto_stack(outputs, stack, unit.depth)
+        if unit.kind == 'std':
+          new_state = [new_state]
+        else:
+          outputs = cb.inputs_from_stack(stack, unit.depth)
+        where = {i: k for k, i in enumerate(unit.layers)}
+        # Reversible layers keep the stack's shapes, so this unit's outputs
+        # stand in for those of each shorter backward unit it splits into,
+        # and for the cotangents.
+        for bwd in self._backward_units(unit, _is_activation_bound(outputs)):
+          weights, slots = weights_and_slots(bwd.layers)
+          if weights is None:
+            continue
+          ks = [where[i] for i in bwd.layers]
+          if bwd.kind == 'std':
+            i = bwd.layers[0]
+            args = (inputs, weights[0], outputs, new_state[0], slots[0],
+                    self._opt_params[i], rngs[i], step_placed)
+          else:
+            args = (outputs, weights, outputs, [state[k] for k in ks],
+                    [new_state[k] for k in ks], slots,
+                    [self._opt_params[i] for i in bwd.layers],
+                    [unit_rngs[k] for k in ks], step_placed)
+          trace(bwd.bwd, args)
+      loss_i = self._n_layers - 1
+      weights, slots = weights_and_slots([loss_i])
+      state = p.abstract_per_device(self._loss_layer.state)
+      if weights is not None and state is not None:
+        trace(self._loss_fbo, (
+            cb.inputs_from_stack(stack, self._loss_layer.n_in), weights[0],
+            None, state, slots[0], self._opt_params[loss_i], rngs[loss_i],
+            step_placed))
+    finally:
+      concurrent.futures.wait(jobs)
+      pool.shutdown()
+      # The compilers' temporaries are free now; kept by the allocator,
+      # they would stay under every later peak.
+      self._release_host_memory()
 
   def _start_collect(self, pending, indices, weights, slots, state, stats,
                      step):
@@ -1264,6 +1304,25 @@ class ReversibleSerialTrainer:
     return [[(l.weights, l.state) for l in self._layers],
             [o.slots for o in self._opts], self._opt_params,
             self._learning_rate]
+
+
+def _types_key(tree):
+  """A hashable key of the argument types a jitted call is compiled for."""
+  leaves, treedef = jax.tree_util.tree_flatten(tree)
+  return treedef, tuple(
+      (x.shape, str(x.dtype), getattr(x, 'weak_type', False),
+       getattr(x, 'sharding', None)) if hasattr(x, 'dtype') else
+      (type(x), x) for x in leaves)
+
+
+def _compile_traced(traced):
+  """Lowers and compiles a `jax.stages.Traced`, which fills the caches its
+  jitted function's calls use."""
+  try:
+    traced.lower().compile()
+  except Exception as e:  # pylint: disable=broad-except
+    logging.info('compiling a function ahead of the first step failed '
+                 '(%s); it compiles when called.', e)
 
 
 def _blocking(fn):
