@@ -90,3 +90,33 @@ def test_donation_leaves_host_weights_intact():
   p.free_device_buffers([new])
   np.testing.assert_array_equal(host, expected)
   np.testing.assert_array_equal(p.to_host(new), -np.ones(1000))
+
+
+def test_abstract_types_serve_the_placed_calls_without_compiling_again():
+  """Compiled ahead for `abstract_per_device` arguments and for a traced
+  function's results typed by `per_device_types`, calls on the placed
+  batch and state and on the first call's results compile nothing."""
+  compiles = []
+
+  def listener(name, *unused_args, **unused_kwargs):
+    if name == '/jax/core/compile/backend_compile_duration':
+      compiles.append(name)
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  p = placement_lib.Placement(1)
+  batch = np.arange(12, dtype=np.float32).reshape(3, 4)
+  state = {'count': np.zeros((), np.int32), 'mean': np.ones(4, np.float32)}
+  first = jax.jit(lambda x, s: (x * 3 + s['mean'], {
+      'count': s['count'] + 1, 'mean': s['mean'] / 2}))
+  second = jax.jit(lambda y, s: y.sum() + s['mean'].sum())
+  traced = first.trace(p.shard_batch(batch), p.abstract_per_device(state))
+  outputs, new_state = p.per_device_types(traced.out_info)
+  assert all(x.sharding is not None
+             for x in jax.tree_util.tree_leaves((outputs, new_state)))
+  traced.lower().compile()
+  second.trace(outputs, new_state).lower().compile()
+  start = len(compiles)
+  y, s = first(p.shard_batch(batch), p.per_device(state))
+  total = second(y, s)
+  assert len(compiles) == start
+  np.testing.assert_allclose(float(total), (batch * 3 + 1).sum() + 2)
+  assert p.abstract_per_device({'count': 1}) is None  # type not known
