@@ -463,8 +463,8 @@ class ReversibleSerialTrainer:
         temporaries freed earlier do not stay under later phases' peak:
         at the end of the constructor, once the first step's functions
         are compiled ahead (`compile_ahead`), after the first call of each
-        compiled function (which compiles it, or waited for its
-        compilation), and in every step between the forward
+        compiled function (which compiles it where it was not compiled
+        ahead), and in every step between the forward
         and backward passes and at the end of the step. Values computed are
         unaffected.
       host_mmap_threshold: int bytes in [0, 32 MiB] or None (default:
@@ -1147,6 +1147,9 @@ class ReversibleSerialTrainer:
       if key not in results:
         if not hasattr(fn, 'trace'):  # `_blocking` wrappers
           return None
+        # Tracing stays on this thread: trax layers hold their weights
+        # while traced (`Layer.pure_fn`), so layers must not be traced
+        # concurrently; lowering and compiling need no layer.
         try:
           traced = fn.trace(*args)
         except Exception as e:  # pylint: disable=broad-except
