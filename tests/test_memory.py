@@ -134,6 +134,9 @@ def test_array_bytes_sums_leaves():
   assert memory.array_bytes(tree) == sum(x.nbytes for x in leaves)
   assert memory.array_bytes(()) == 0
   assert memory.array_bytes(((), ((),))) == 0
+  abstract = [jax.ShapeDtypeStruct((4, 6), np.float32),
+              jax.ShapeDtypeStruct((), np.int16)]
+  assert memory.array_bytes(abstract) == 4 * 6 * 4 + 2
   x = jax.numpy.ones((7, 3), jax.numpy.bfloat16)
   assert memory.array_bytes((x, leaves[0])) == 7 * 3 * 2 + leaves[0].nbytes
 

@@ -181,8 +181,9 @@ def array_bytes(tree):
 
   Args:
     tree: pytree (nested tuples, lists, dicts) whose leaves are numpy arrays,
-      numpy scalars or `jax.Array`s; other leaves (Python numbers, None) and
-      empty tuples count 0.
+      numpy scalars, `jax.Array`s or `jax.ShapeDtypeStruct`s (the bytes an
+      array of that shape and dtype would hold); other leaves (Python
+      numbers, None) and empty tuples count 0.
 
   Returns:
     int, bytes; a sharded or replicated `jax.Array` counts its logical size
@@ -190,6 +191,9 @@ def array_bytes(tree):
   """
   total = 0
   for leaf in jax.tree_util.tree_leaves(tree):
+    if isinstance(leaf, jax.ShapeDtypeStruct):
+      total += math.prod(leaf.shape) * np.dtype(leaf.dtype).itemsize
+      continue
     nbytes = getattr(leaf, 'nbytes', None)
     if nbytes is not None:
       total += int(nbytes)

@@ -250,19 +250,7 @@ class Placement:
       The pytree, or None if a leaf is neither (its type after placement is
       not known without placing it).
     """
-    leaves = _leaves(tree)
-    if not all(isinstance(x, (np.ndarray, jax.Array)) for x in leaves):
-      return None
-    if self.host_is_device:
-      return tree
-
-    def abstract(x):
-      if isinstance(x, jax.Array) and x.sharding == self._replicated:
-        return x
-      return jax.ShapeDtypeStruct(
-          x.shape, jax.dtypes.canonicalize_dtype(x.dtype),
-          sharding=self._replicated)
-    return jax.tree_util.tree_map(abstract, tree)
+    return self._abstract(tree, self._replicated)
 
   def abstract_per_device(self, tree):
     """What `per_device(tree)` would pass to a compiled call, untransferred.
@@ -277,19 +265,26 @@ class Placement:
       shape (N,) + S on N > 1 devices, S on one, with the per-device
       sharding; None if a leaf is neither kind of array.
     """
+    lead = (self.n_devices,) if self.n_devices > 1 else ()
+    return self._abstract(tree, self._per_device, lead)
+
+  def _abstract(self, tree, sharding, lead=()):
+    """`tree` as a placement onto `sharding` would give it, untransferred:
+    itself on one CPU device; else leaves already there stay, the others
+    become `jax.ShapeDtypeStruct`s of shape `lead` + their own. None if a
+    leaf is neither a numpy nor a device array."""
     leaves = _leaves(tree)
     if not all(isinstance(x, (np.ndarray, jax.Array)) for x in leaves):
       return None
     if self.host_is_device:
       return tree
-    lead = (self.n_devices,) if self.n_devices > 1 else ()
 
     def abstract(x):
-      if isinstance(x, jax.Array) and x.sharding == self._per_device:
+      if isinstance(x, jax.Array) and x.sharding == sharding:
         return x
       return jax.ShapeDtypeStruct(
           lead + x.shape, jax.dtypes.canonicalize_dtype(x.dtype),
-          sharding=self._per_device)
+          sharding=sharding)
     return jax.tree_util.tree_map(abstract, tree)
 
   def per_device_types(self, tree):

@@ -28,7 +28,6 @@ import concurrent.futures
 import gc
 import functools
 import hashlib
-import math
 import os
 import time
 import types
@@ -69,10 +68,7 @@ _SMALL_BACKWARD_SEGMENT_LAYERS = 2
 def _is_activation_bound(outputs):
   """Whether a unit's outputs (device arrays or `jax.ShapeDtypeStruct`s of
   global shape, all devices) hold at least `_ACTIVATION_BOUND_BYTES`."""
-  return sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize
-             for x in jax.tree_util.tree_leaves(outputs)
-             if isinstance(x, (jax.Array, jax.ShapeDtypeStruct))
-             ) >= _ACTIVATION_BOUND_BYTES
+  return memory.array_bytes(outputs) >= _ACTIVATION_BOUND_BYTES
 
 # Per positional argument / result of a compiled layer function: 'r' for
 # replicated (weights, slots, opt params, step), 'd' for per-device values.
