@@ -17,6 +17,7 @@ _BENCH = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'tools',
     ('--configs=l6,l7', "unknown configs ['l7']; choose from"),
     ('--trainers=ours,stok', "unknown trainer 'stok'; choose from"),
     ('--trainers=ours+donat=True', "takes no argument 'donat'"),
+    ('--trainers=ours+GLIBC_TUNABLES=1', 'GLIBC_TUNABLES must be a quoted'),
 ])
 def test_unknown_names_are_usage_errors(flag, message, tmp_path):
   out_dir = tmp_path / 'bench_results'
@@ -32,22 +33,26 @@ def test_unknown_names_are_usage_errors(flag, message, tmp_path):
 
 
 def test_timing_steps_each_trainer_in_its_own_process(tmp_path):
+  # Ours runs with an environment argument, which its processes must see.
+  ours = "ours+GLIBC_TUNABLES='glibc.malloc.arena_max=1'"
   proc = subprocess.run(
       [sys.executable, _BENCH, '--quick', '--configs=l64',
-       '--trainers=stock,ours', '--steps=1', '--nomemory',
+       f'--trainers=stock,{ours}', '--steps=1', '--nomemory',
        f'--out_dir={tmp_path}'],
       capture_output=True, text=True, timeout=600, check=False)
   assert proc.returncode == 0, proc.stderr[-3000:]
   with open(tmp_path / 'bench_quick.json') as f:
     timing = json.load(f)['configs']['l64']['timing']
-  for t in ('stock', 'ours'):
+  for t in ('stock', ours):
     assert timing[t]['first_step_s'] > 0 and timing[t]['second_step_s'] > 0
     assert len(timing[t]['step_s']) == 1
     assert timing[t]['weights_bytes'] > 0 and timing[t]['slots_bytes'] > 0
+  assert timing[ours]['glibc_tunables'] == 'glibc.malloc.arena_max=1'
+  assert timing['stock']['glibc_tunables'] == os.environ.get('GLIBC_TUNABLES')
   # Same model, seed and batches in two processes: the same losses.
-  np.testing.assert_allclose(timing['ours']['losses'],
+  np.testing.assert_allclose(timing[ours]['losses'],
                              timing['stock']['losses'], rtol=1e-5)
-  assert len(timing['ours']['losses']) == 3
+  assert len(timing[ours]['losses']) == 3
 
 
 def _bench_module():
@@ -67,6 +72,17 @@ def test_trainer_variants_parse_and_get_their_own_table_rows():
   assert bench.parse_trainer('ours+host_mmap_threshold=None+n_async_layers=2'
                             ) == ('ours', {'host_mmap_threshold': None,
                                            'n_async_layers': 2})
+  # An environment argument goes to the trainer's processes, not to its
+  # constructor.
+  lean = "ours+GLIBC_TUNABLES='glibc.malloc.arena_max=1'+n_async_layers=2"
+  assert bench.parse_trainer(lean) == (
+      'ours', {'GLIBC_TUNABLES': 'glibc.malloc.arena_max=1',
+               'n_async_layers': 2})
+  assert bench.child_env(lean)['GLIBC_TUNABLES'] == 'glibc.malloc.arena_max=1'
+  assert bench.child_env(lean)['PATH'] == os.environ['PATH']
+  assert bench.child_env('ours+n_async_layers=2') is None
+  with pytest.raises(ValueError, match='GLIBC_TUNABLES must be a quoted str'):
+    bench.child_env('ours+GLIBC_TUNABLES=1')
   timing = {t: dict(median_step_s=s, first_step_s=10.0, second_step_s=3.0)
             for t, s in (('default', 2.0), ('stock', 4.0), ('ours', 3.0),
                          ('ours+donate=False', 3.3))}

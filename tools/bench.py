@@ -37,6 +37,9 @@ Usage:
   python tools/bench.py --configs=l6 \
       --trainers=default,stock,ours,ours+host_mmap_threshold=1048576
       # ours with a constructor argument changed, as a fourth trainer
+  python tools/bench.py --configs=l6,l24 --trainers=ours,"ours+GLIBC_TUNABLES=\
+'glibc.malloc.arena_max=1:glibc.malloc.mmap_threshold=1048576'"
+      # ours in processes whose C allocator is set up from their start
 
 Absolute times on a shared machine vary from run to run; the ratios of one
 interleaved run are the figures to read.
@@ -60,10 +63,18 @@ FLAGS = flags.FLAGS
 flags.DEFINE_list('configs', ['l6', 'l24', 'l64', 'l12'],
                   'Configs to run (see CONFIGS).')
 TRAINERS = ('default', 'stock', 'ours')  # every trainer, in table order
+# Variant arguments that go into the environment of the trainer's processes
+# rather than to its constructor: glibc reads GLIBC_TUNABLES when a process
+# starts, and some of its settings (the arena count) cannot be changed once
+# JAX's runtime has started its threads.
+_ENV_ARGS = ('GLIBC_TUNABLES',)
 flags.DEFINE_list('trainers', list(TRAINERS),
                   'Trainers to compare; ours+NAME=VALUE[+...] is ours with '
                   'constructor arguments changed, e.g. '
-                  'ours+host_mmap_threshold=None (VALUE a Python literal).')
+                  'ours+host_mmap_threshold=None (VALUE a Python literal); '
+                  f'NAME one of {list(_ENV_ARGS)} sets that environment '
+                  'variable (VALUE a str) in the trainer\'s processes '
+                  'instead, so that it applies from their start.')
 flags.DEFINE_integer('steps', 3,
                      'Measured steps per trainer after the 2 warm-up steps.')
 flags.DEFINE_integer('memory_steps', 2, 'Steps run by each memory process.')
@@ -145,12 +156,30 @@ def parse_trainer(spec):
   return name, kwargs
 
 
+def child_env(spec):
+  """Environment for the processes of trainer `spec`, or None to inherit.
+
+  Raises:
+    ValueError: an environment argument (`_ENV_ARGS`) whose value is not a
+      str.
+  """
+  kwargs = parse_trainer(spec)[1]
+  env = {k: kwargs[k] for k in _ENV_ARGS if k in kwargs}
+  for key, value in env.items():
+    if not isinstance(value, str):
+      raise ValueError(f'{spec!r}: {key} must be a quoted str, got '
+                       f'{value!r}')
+  return {**os.environ, **env} if env else None
+
+
 def build(trainer_name, cfg):
   """Builds model + trainer; returns (trainer, weights_bytes, slots_bytes).
 
   `trainer_name` is a `--trainers` entry (`parse_trainer`).
   """
   trainer_name, extra_kwargs = parse_trainer(trainer_name)
+  extra_kwargs = {k: v for k, v in extra_kwargs.items()
+                  if k not in _ENV_ARGS}
   # pylint: disable=g-import-not-at-top
   from trax import fastmath
   from trax import layers as tl
@@ -234,7 +263,8 @@ def timing_child(spec):
   trainer, weights_bytes, slots_bytes = build(trainer_name, cfg)
   batch = _batch(cfg)
   _send(dict(build_s=time.perf_counter() - t0, weights_bytes=weights_bytes,
-             slots_bytes=slots_bytes))
+             slots_bytes=slots_bytes,
+             glibc_tunables=os.environ.get('GLIBC_TUNABLES')))
   for line in sys.stdin:
     seconds, loss = _step(trainer, batch, int(line))
     _send(dict(seconds=seconds, loss=loss))
@@ -255,7 +285,8 @@ def time_config(name, trainers, n_steps):
       if FLAGS.quick:
         cmd.append('--quick')
       procs[t] = subprocess.Popen(cmd, stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, text=True)
+                                  stdout=subprocess.PIPE, text=True,
+                                  env=child_env(t))
       built[t] = _receive(procs[t], f'{name}:{t}')
       print(f'[{name}] built {t} in {built[t]["build_s"]:.1f} s',
             flush=True)
@@ -290,6 +321,7 @@ def time_config(name, trainers, n_steps):
     r['median_step_s'] = statistics.median(r['step_s']) if r['step_s'] else None
     r['weights_bytes'] = built[t]['weights_bytes']
     r['slots_bytes'] = built[t]['slots_bytes']
+    r['glibc_tunables'] = built[t].get('glibc_tunables')
   return results
 
 
@@ -342,6 +374,7 @@ def memory_child(spec):
       config=name, trainer=trainer_name, baseline_rss_bytes=baseline,
       peak_rss_bytes=peak, peak_above_baseline_bytes=peak - baseline,
       weights_bytes=weights_bytes, slots_bytes=slots_bytes,
+      glibc_tunables=os.environ.get('GLIBC_TUNABLES'),
       step_s=seconds)))
 
 
@@ -366,7 +399,8 @@ def run_memory(name, trainer_name):
   if FLAGS.quick:
     cmd.append('--quick')
   t0 = time.perf_counter()
-  proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+  proc = subprocess.run(cmd, capture_output=True, text=True, check=False,
+                        env=child_env(trainer_name))
   if proc.returncode:
     print(proc.stderr[-3000:], file=sys.stderr)
     raise RuntimeError(f'memory process {name}:{trainer_name} failed')
@@ -523,8 +557,9 @@ def markdown(results):
           f"{_mib(mem.get(t, {}).get('peak_above_baseline_bytes'))} |")
   if variant_rows:
     lines.append('')
-    lines.append('Ours with constructor arguments changed (`--trainers=ours+'
-                 'NAME=VALUE`), measured beside the rows above.')
+    lines.append('Ours with constructor arguments or its processes\' '
+                 'environment changed (`--trainers=ours+NAME=VALUE`), '
+                 'measured beside the rows above.')
     lines.append('')
     lines.append('| config | trainer | s/step | / stock | / default | '
                  'first step (s) | peak RSS above baseline (MiB) |')
@@ -582,6 +617,7 @@ def main(argv):
   for spec in FLAGS.trainers:
     try:
       variants[spec] = parse_trainer(spec)[1]
+      child_env(spec)
     except ValueError as e:
       raise app.UsageError(str(e)) from None
   if any(variants.values()):  # importing trax takes a while
@@ -591,7 +627,8 @@ def main(argv):
     ours_args = inspect.signature(
         rev_trainer.ReversibleSerialTrainer.__init__).parameters
     for spec, kwargs in variants.items():
-      unknown = sorted(set(kwargs) - set(ours_args) - {'self'})
+      unknown = sorted(set(kwargs) - set(ours_args) - {'self'} -
+                       set(_ENV_ARGS))
       if unknown:
         raise app.UsageError(
             f'{spec!r}: trax_revplus.ReversibleSerialTrainer takes no '
