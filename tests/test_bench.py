@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import os
+import shlex
 import subprocess
 import sys
 
@@ -35,14 +36,16 @@ def test_unknown_names_are_usage_errors(flag, message, tmp_path):
 def test_timing_steps_each_trainer_in_its_own_process(tmp_path):
   # Ours runs with an environment argument, which its processes must see.
   ours = "ours+GLIBC_TUNABLES='glibc.malloc.arena_max=1'"
-  proc = subprocess.run(
-      [sys.executable, _BENCH, '--quick', '--configs=l64',
-       f'--trainers=stock,{ours}', '--steps=1', '--nomemory',
-       f'--out_dir={tmp_path}'],
-      capture_output=True, text=True, timeout=600, check=False)
+  args = [_BENCH, '--quick', '--configs=l64', f'--trainers=stock,{ours}',
+          '--steps=1', '--nomemory', f'--out_dir={tmp_path}']
+  proc = subprocess.run([sys.executable] + args, capture_output=True,
+                        text=True, timeout=600, check=False)
   assert proc.returncode == 0, proc.stderr[-3000:]
   with open(tmp_path / 'bench_quick.json') as f:
-    timing = json.load(f)['configs']['l64']['timing']
+    results = json.load(f)
+  # The recorded command, split as a shell would, gives the same arguments.
+  assert shlex.split(results['command']) == ['python'] + args
+  timing = results['configs']['l64']['timing']
   for t in ('stock', ours):
     assert timing[t]['first_step_s'] > 0 and timing[t]['second_step_s'] > 0
     assert len(timing[t]['step_s']) == 1

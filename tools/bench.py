@@ -50,6 +50,7 @@ import inspect
 import json
 import os
 import resource
+import shlex
 import statistics
 import subprocess
 import sys
@@ -633,7 +634,8 @@ def main(argv):
         raise app.UsageError(
             f'{spec!r}: trax_revplus.ReversibleSerialTrainer takes no '
             f'argument {unknown[0]!r}')
-  results = dict(command=' '.join(['python'] + sys.argv),
+  # Quoted as a shell needs it, so the recorded command runs as given.
+  results = dict(command=shlex.join(['python'] + sys.argv),
                  started=time.strftime('%Y-%m-%d %H:%M:%S'),
                  steps=FLAGS.steps, memory_steps=FLAGS.memory_steps,
                  quick=FLAGS.quick, trainers=list(FLAGS.trainers),
