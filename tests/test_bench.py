@@ -81,6 +81,9 @@ def test_trainer_variants_parse_and_get_their_own_table_rows():
   assert bench.parse_trainer(lean) == (
       'ours', {'GLIBC_TUNABLES': 'glibc.malloc.arena_max=1',
                'n_async_layers': 2})
+  assert bench.split_trainer(lean) == (
+      'ours', {'n_async_layers': 2},
+      {'GLIBC_TUNABLES': 'glibc.malloc.arena_max=1'})
   assert bench.child_env(lean)['GLIBC_TUNABLES'] == 'glibc.malloc.arena_max=1'
   assert bench.child_env(lean)['PATH'] == os.environ['PATH']
   assert bench.child_env('ours+n_async_layers=2') is None

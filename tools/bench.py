@@ -157,30 +157,44 @@ def parse_trainer(spec):
   return name, kwargs
 
 
-def child_env(spec):
-  """Environment for the processes of trainer `spec`, or None to inherit.
+def split_trainer(spec):
+  """Splits a `--trainers` entry into (name, constructor args, environment).
+
+  E.g. "ours+GLIBC_TUNABLES='x'+a=1" -> ('ours', {'a': 1},
+  {'GLIBC_TUNABLES': 'x'}): `parse_trainer`'s arguments, those named in
+  `_ENV_ARGS` apart, for the environment of the trainer's processes.
 
   Raises:
-    ValueError: an environment argument (`_ENV_ARGS`) whose value is not a
-      str.
+    ValueError: as `parse_trainer`, or an environment argument whose value
+      is not a str.
   """
-  kwargs = parse_trainer(spec)[1]
-  env = {k: kwargs[k] for k in _ENV_ARGS if k in kwargs}
+  name, kwargs = parse_trainer(spec)
+  env = {k: v for k, v in kwargs.items() if k in _ENV_ARGS}
   for key, value in env.items():
     if not isinstance(value, str):
       raise ValueError(f'{spec!r}: {key} must be a quoted str, got '
                        f'{value!r}')
+  ctor = {k: v for k, v in kwargs.items() if k not in _ENV_ARGS}
+  return name, ctor, env
+
+
+def child_env(spec):
+  """Environment for the processes of trainer `spec`, or None to inherit.
+
+  Raises:
+    ValueError: as `split_trainer`.
+  """
+  env = split_trainer(spec)[2]
   return {**os.environ, **env} if env else None
 
 
 def build(trainer_name, cfg):
   """Builds model + trainer; returns (trainer, weights_bytes, slots_bytes).
 
-  `trainer_name` is a `--trainers` entry (`parse_trainer`).
+  `trainer_name` is a `--trainers` entry (`split_trainer`; its environment
+  arguments apply to the process, not here).
   """
-  trainer_name, extra_kwargs = parse_trainer(trainer_name)
-  extra_kwargs = {k: v for k, v in extra_kwargs.items()
-                  if k not in _ENV_ARGS}
+  trainer_name, extra_kwargs, _ = split_trainer(trainer_name)
   # pylint: disable=g-import-not-at-top
   from trax import fastmath
   from trax import layers as tl
@@ -617,8 +631,7 @@ def main(argv):
   variants = {}
   for spec in FLAGS.trainers:
     try:
-      variants[spec] = parse_trainer(spec)[1]
-      child_env(spec)
+      variants[spec] = split_trainer(spec)[1]
     except ValueError as e:
       raise app.UsageError(str(e)) from None
   if any(variants.values()):  # importing trax takes a while
@@ -628,8 +641,7 @@ def main(argv):
     ours_args = inspect.signature(
         rev_trainer.ReversibleSerialTrainer.__init__).parameters
     for spec, kwargs in variants.items():
-      unknown = sorted(set(kwargs) - set(ours_args) - {'self'} -
-                       set(_ENV_ARGS))
+      unknown = sorted(set(kwargs) - set(ours_args) - {'self'})
       if unknown:
         raise app.UsageError(
             f'{spec!r}: trax_revplus.ReversibleSerialTrainer takes no '
