@@ -1,5 +1,6 @@
 """tools/bench.py: bad flags fail early; the timing processes work."""
 
+import functools
 import importlib.util
 import json
 import os
@@ -58,6 +59,25 @@ def test_timing_steps_each_trainer_in_its_own_process(tmp_path):
   assert len(timing[ours]['losses']) == 3
 
 
+def test_memory_process_reports_its_peak_after_each_step(tmp_path):
+  args = [_BENCH, '--quick', '--configs=l6', '--trainers=ours',
+          '--memory_steps=3', '--notiming', f'--out_dir={tmp_path}']
+  proc = subprocess.run([sys.executable] + args, capture_output=True,
+                        text=True, timeout=600, check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  with open(tmp_path / 'bench_quick.json') as f:
+    results = json.load(f)
+  mem = results['configs']['l6']['memory']['ours']
+  peaks = mem['peak_above_baseline_after_step_bytes']
+  assert len(peaks) == len(mem['step_s']) == 3
+  assert peaks == sorted(peaks)  # a running peak never falls
+  assert peaks[0] > 0
+  # The process's peak is read after its last step.
+  assert peaks[-1] <= mem['peak_above_baseline_bytes']
+  assert mem['weights_bytes'] > 0 and mem['slots_bytes'] > 0
+
+
+@functools.lru_cache(maxsize=None)  # its absl flags may be defined once
 def _bench_module():
   spec = importlib.util.spec_from_file_location('bench', _BENCH)
   bench = importlib.util.module_from_spec(spec)
@@ -100,3 +120,18 @@ def test_trainer_variants_parse_and_get_their_own_table_rows():
   assert '| 2.000 | 4.000 | 3.000 | 0.75 | 1.50 |' in text
   assert ('| l6 | `ours+donate=False` | 3.300 | 0.82 | 1.65 | 10.0 | - |'
           in text)
+
+
+def test_memory_median_keeps_every_process_s_running_peaks(monkeypatch):
+  bench = _bench_module()
+  runs = iter([
+      dict(peak_above_baseline_bytes=p, step_s=[1.0, 1.0],
+           peak_above_baseline_after_step_bytes=[p - 5, p])
+      for p in (30, 10, 20)])
+  monkeypatch.setattr(bench, 'run_memory', lambda name, t: next(runs))
+  result = bench.run_memory_median('l6', 'ours', 3)
+  assert result['peak_above_baseline_bytes'] == 20
+  assert result['peak_above_baseline_after_step_bytes'] == [15, 20]
+  assert result['peak_above_baseline_bytes_runs'] == [30, 10, 20]
+  assert result['peak_above_baseline_after_step_bytes_runs'] == [
+      [25, 30], [5, 10], [15, 20]]

@@ -20,9 +20,10 @@ Adam, byte vocabulary), side by side:
     (config, trainer), which imports everything, resets the kernel's peak RSS
     mark (`/proc/self/clear_refs`, so import-time peaks do not count),
     records its RSS, builds the model and trainer, runs `--memory_steps`
-    steps and reports its peak RSS (VmHWM in `/proc/self/status`); with
-    `--memory_repeats=N`, the median of N such processes (all N peaks are
-    kept in bench.json);
+    steps and reports its peak RSS (VmHWM in `/proc/self/status`), and the
+    running peak after each step, which shows whether more steps would have
+    raised it; with `--memory_repeats=N`, the median of N such processes
+    (all N peaks are kept in bench.json);
   * weights and Adam slots bytes of each config, so the growth of peak RSS
     from the 6- to the 24-layer config can be compared with the bytes added.
 
@@ -382,28 +383,32 @@ def memory_child(spec):
   trainer, weights_bytes, slots_bytes = build(trainer_name, cfg)
   batch = _batch(cfg)
   seconds = []
+  peaks_by_step = []  # the running peak after each step: shows when it settles
   for step in range(1, FLAGS.memory_steps + 1):
     seconds.append(_step(trainer, batch, step)[0])
+    peaks_by_step.append(_peak_rss_bytes() - baseline)
   peak = _peak_rss_bytes()
   print(json.dumps(dict(peak_reset=peak_reset,
       config=name, trainer=trainer_name, baseline_rss_bytes=baseline,
       peak_rss_bytes=peak, peak_above_baseline_bytes=peak - baseline,
       weights_bytes=weights_bytes, slots_bytes=slots_bytes,
+      peak_above_baseline_after_step_bytes=peaks_by_step,
       glibc_tunables=os.environ.get('GLIBC_TUNABLES'),
       step_s=seconds)))
 
 
-def run_memory_median(name, trainer_name):
-  """Median peak RSS of `--memory_repeats` fresh processes."""
-  runs = [run_memory(name, trainer_name)
-          for _ in range(FLAGS.memory_repeats)]
+def run_memory_median(name, trainer_name, repeats):
+  """Median peak RSS of `repeats` fresh processes."""
+  runs = [run_memory(name, trainer_name) for _ in range(repeats)]
   if len(runs) == 1:
     return runs[0]
   peaks = [r['peak_above_baseline_bytes'] for r in runs]
   result = dict(sorted(runs, key=lambda r: r['peak_above_baseline_bytes'])[
       (len(runs) - 1) // 2])
   result.update(peak_above_baseline_bytes=statistics.median(peaks),
-                peak_above_baseline_bytes_runs=peaks)
+                peak_above_baseline_bytes_runs=peaks,
+                peak_above_baseline_after_step_bytes_runs=[
+                    r['peak_above_baseline_after_step_bytes'] for r in runs])
   return result
 
 
@@ -697,7 +702,8 @@ def main(argv):
       save()
     if FLAGS.memory:
       memory = results['configs'][name].setdefault('memory', {})
-      memory.update({t: run_memory_median(name, t) for t in FLAGS.trainers})
+      memory.update({t: run_memory_median(name, t, FLAGS.memory_repeats)
+                     for t in FLAGS.trainers})
       save()
   save()
   print(open(md_path).read())
