@@ -1,4 +1,4 @@
-"""tools/bench.py: bad flags fail early; the timing processes work."""
+"""tools/bench.py: bad flags fail early; the timing and memory processes work."""
 
 import functools
 import importlib.util
