@@ -1,4 +1,4 @@
-"""tools/bench.py: bad flags fail early; the timing and memory processes work."""
+"""tools/bench.py: bad flags fail early; timing and memory processes work."""
 
 import functools
 import importlib.util
@@ -34,16 +34,25 @@ def test_unknown_names_are_usage_errors(flag, message, tmp_path):
   assert not out_dir.exists()  # nothing measured, nothing written
 
 
+def _run_quick_bench(args, out_dir):
+  """Runs `python *args` (bench.py, `--quick`, `--out_dir=out_dir`, ...).
+
+  Returns the run's `bench_quick.json`, parsed; fails the test if the run
+  exits non-zero.
+  """
+  proc = subprocess.run([sys.executable] + args, capture_output=True,
+                        text=True, timeout=600, check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  with open(out_dir / 'bench_quick.json') as f:
+    return json.load(f)
+
+
 def test_timing_steps_each_trainer_in_its_own_process(tmp_path):
   # Ours runs with an environment argument, which its processes must see.
   ours = "ours+GLIBC_TUNABLES='glibc.malloc.arena_max=1'"
   args = [_BENCH, '--quick', '--configs=l64', f'--trainers=stock,{ours}',
           '--steps=1', '--nomemory', f'--out_dir={tmp_path}']
-  proc = subprocess.run([sys.executable] + args, capture_output=True,
-                        text=True, timeout=600, check=False)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  with open(tmp_path / 'bench_quick.json') as f:
-    results = json.load(f)
+  results = _run_quick_bench(args, tmp_path)
   # The recorded command, split as a shell would, gives the same arguments.
   assert shlex.split(results['command']) == ['python'] + args
   timing = results['configs']['l64']['timing']
@@ -62,11 +71,7 @@ def test_timing_steps_each_trainer_in_its_own_process(tmp_path):
 def test_memory_process_reports_its_peak_after_each_step(tmp_path):
   args = [_BENCH, '--quick', '--configs=l6', '--trainers=ours',
           '--memory_steps=3', '--notiming', f'--out_dir={tmp_path}']
-  proc = subprocess.run([sys.executable] + args, capture_output=True,
-                        text=True, timeout=600, check=False)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  with open(tmp_path / 'bench_quick.json') as f:
-    results = json.load(f)
+  results = _run_quick_bench(args, tmp_path)
   mem = results['configs']['l6']['memory']['ours']
   peaks = mem['peak_above_baseline_after_step_bytes']
   assert len(peaks) == len(mem['step_s']) == 3
