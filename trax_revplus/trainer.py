@@ -70,16 +70,18 @@ def _is_activation_bound(outputs):
   global shape, all devices) hold at least `_ACTIVATION_BOUND_BYTES`."""
   return memory.array_bytes(outputs) >= _ACTIVATION_BOUND_BYTES
 
-# Per positional argument / result of a compiled layer function: 'r' for
-# replicated (weights, slots, opt params, step), 'd' for per-device values.
-_FWD_ARGS = ('d', 'r', 'd', 'd')  # inputs, weights, state, rng
-_FWD_OUTS = ('d', 'd')  # outputs, new state
+# Layout of each positional argument / result of a compiled layer function:
+# REPLICATED for weights, slots, opt params and step; PER_DEVICE for the rest.
+_R = placement_lib.Layout.REPLICATED
+_D = placement_lib.Layout.PER_DEVICE
+_FWD_ARGS = (_D, _R, _D, _D)  # inputs, weights, state, rng
+_FWD_OUTS = (_D, _D)  # outputs, new state
 # inputs, weights, grads, state, slots, opt_params, rng, step
-_FBO_ARGS = ('d', 'r', 'd', 'd', 'r', 'r', 'd', 'r')
-_FBO_OUTS = ('r', 'd', 'r', 'd', 'd')  # weights, state, slots, grads, stats
+_FBO_ARGS = (_D, _R, _D, _D, _R, _R, _D, _R)
+_FBO_OUTS = (_R, _D, _R, _D, _D)  # weights, state, slots, grads, stats
 # outputs, weights, grads, old state, new state, slots, opt_params, rng, step
-_REV_ARGS = ('d', 'r', 'd', 'd', 'd', 'r', 'r', 'd', 'r')
-_REV_OUTS = ('r', 'r', 'd', 'd', 'd')  # weights, slots, inputs, grads, stats
+_REV_ARGS = (_D, _R, _D, _D, _D, _R, _R, _D, _R)
+_REV_OUTS = (_R, _R, _D, _D, _D)  # weights, slots, inputs, grads, stats
 
 
 def _is_empty_tuple(x):
@@ -790,7 +792,7 @@ class ReversibleSerialTrainer:
     return self._fingerprints[i]
 
   def _compiled(self, kind, indices, fn, arg_kinds, out_kinds, donate):
-    """A jitted (N > 1: jitted shard_map) `fn` of layers `indices`.
+    """`fn` of layers `indices`, compiled by `Placement.jit`.
 
     Shared by every call with the same kind and equal layers and optimizers.
     """
@@ -802,35 +804,13 @@ class ReversibleSerialTrainer:
       if hit is not None:
         return hit
     donate = donate if self._donate else ()
-    if self._n_devices == 1:
-      compiled = jax.jit(fn, donate_argnums=donate)
-    else:
-      compiled = jax.jit(self._shard_map(fn, arg_kinds, out_kinds),
-                         donate_argnums=donate)
-      if self._placement.sync_collectives and kind not in ('fwd', 'rev_fwd'):
-        compiled = _blocking(compiled)
+    compiled = self._placement.jit(
+        fn, arg_kinds, out_kinds, donate,
+        collectives=kind not in ('fwd', 'rev_fwd'))
     self.n_compiled_functions += 1
     if key is not None:
       self._compiled_cache[key] = compiled
     return compiled
-
-  def _shard_map(self, fn, arg_kinds, out_kinds):
-    """Runs `fn` per device as `jax.pmap` would, on a 'batch' mesh."""
-    p = self._placement
-    squeeze = lambda t: jax.tree_util.tree_map(lambda x: x[0], t)
-    expand = lambda t: jax.tree_util.tree_map(lambda x: x[None], t)
-
-    def per_device(*args):
-      args = [squeeze(a) if k == 'd' else a for a, k in zip(args, arg_kinds)]
-      outs = fn(*args)
-      return tuple(expand(o) if k == 'd' else o
-                   for o, k in zip(outs, out_kinds))
-    spec = lambda k: p.per_device_spec if k == 'd' else p.replicated_spec
-    return jax.shard_map(
-        per_device, mesh=p.mesh,
-        in_specs=tuple(spec(k) for k in arg_kinds),
-        out_specs=tuple(spec(k) for k in out_kinds),
-        check_vma=False)
 
   # One training step.
 
@@ -1322,14 +1302,6 @@ def _compile_traced(traced):
   except Exception as e:  # pylint: disable=broad-except
     logging.info('compiling a function ahead of the first step failed '
                  '(%s); it compiles when called.', e)
-
-
-def _blocking(fn):
-  """Waits for each call's results (see `Placement.sync_collectives`)."""
-  @functools.wraps(fn)
-  def call(*args):
-    return jax.block_until_ready(fn(*args))
-  return call
 
 
 def init_reversible_blocks(blocks, loss_layer, input_signature, rng):
