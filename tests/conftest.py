@@ -1,16 +1,123 @@
-"""Fixtures the test modules share."""
+"""Fixtures and tiny models the test modules share.
+
+The models are plain functions (import them with `from conftest import
+...`; `tests/multidevice_worker.py` does too, in its own process).
+"""
 
 import gin
+import jax
+import numpy as np
 import pytest
+from trax import fastmath
+from trax import layers as tl
+from trax import optimizers
+from trax import shapes
 
 import trax_revplus
+from trax_revplus import trainer as rev_trainer
 
 
 @pytest.fixture
-def stock_trax_and_empty_gin():
-  """Each test starts and ends with stock trax bound and no gin config."""
+def stock_trax():
+  """Each test starts and ends with stock trax bound."""
   trax_revplus.deactivate()
-  gin.clear_config()
   yield
   trax_revplus.deactivate()
+
+
+@pytest.fixture
+def stock_trax_and_empty_gin(stock_trax):  # pylint: disable=redefined-outer-name,unused-argument
+  """Each test starts and ends with stock trax bound and no gin config."""
   gin.clear_config()
+  yield
+  gin.clear_config()
+
+
+def reversible_lm(dropout_rate=None):
+  """A tiny reversible language model over 9 tokens, as trax builds one.
+
+  Embedding (width 4), two reversible half-residual blocks (a Dense; a
+  Dense and a Relu) with swaps, then Concatenate, Dense(9), LogSoftmax.
+
+  Args:
+    dropout_rate: float or None; with a rate, `tl.Dropout(mode='train')`
+      after the embedding and after the Concatenate.
+
+  Returns:
+    `tl.Serial`, uninitialized; inputs int (B, L), outputs (B, L, 9).
+  """
+  dropout = [] if dropout_rate is None else [
+      tl.Dropout(rate=dropout_rate, mode='train')]
+  return tl.Serial(
+      [tl.Embedding(9, 4)] + dropout + [tl.Dup(),
+       tl.ReversibleHalfResidual(tl.Dense(4)), tl.ReversibleSwap(),
+       tl.ReversibleHalfResidual(tl.Dense(4), tl.Relu()), tl.ReversibleSwap(),
+       tl.Concatenate()] + dropout + [tl.Dense(9), tl.LogSoftmax()])
+
+
+def reversible_lm_blocks():
+  """`reversible_lm()` with a cross-entropy loss, as trainer blocks.
+
+  Returns:
+    (standard layers as one `tl.Serial`, list of reversible layers, loss
+    layer), uninitialized: blocks `[(first.sublayers, reversible)]`.
+  """
+  first = tl.Serial(tl.Embedding(9, 4), tl.Dup())
+  reversible = [tl.ReversibleHalfResidual(tl.Dense(4)), tl.ReversibleSwap(),
+                tl.ReversibleHalfResidual(tl.Dense(4), tl.Relu()),
+                tl.ReversibleSwap()]
+  loss = tl.Serial(tl.Concatenate(), tl.Dense(9), tl.LogSoftmax(),
+                   tl.CrossEntropyLoss())
+  return first, reversible, loss
+
+
+def dense_batch(x_value=1.0, batch_size=2):
+  """(x float32 (B, 3), y float32 (B, 4), weights of ones), for `L2Loss`.
+
+  x is `x_value` except its first column 0, 1, ...; all `x_value` when it
+  is not finite.
+  """
+  x = np.full((batch_size, 3), x_value, dtype=np.float32)
+  x[:, 0] = np.arange(batch_size)
+  if not np.isfinite(x_value):
+    x[:] = x_value
+  y = np.ones((batch_size, 4), dtype=np.float32)
+  return x, y, np.ones_like(y)
+
+
+def initialized(blocks, loss_layer, batch):
+  """Initializes blocks and loss with ours for `batch`'s signature."""
+  rev_trainer.init_reversible_blocks(
+      blocks, loss_layer, shapes.signature(batch), fastmath.random.get_prng(0))
+  return blocks, loss_layer
+
+
+def split_blocks():
+  """Two blocks of Dense layers, the first with two reversible layers."""
+  # A Dup so that the reversible layers get two inputs.
+  return [([tl.Dense(4), tl.Dup()],
+           [tl.ReversibleHalfResidual(tl.Dense(4)), tl.ReversibleSwap()]),
+          ([tl.Concatenate(), tl.Dense(4)], [])]
+
+
+def split_blocks_trainer(**kwargs):
+  """Ours on `split_blocks()` and `L2Loss`, initialized for `dense_batch`;
+  keyword arguments go to the trainer (optimizer_fn: Adam by default)."""
+  blocks, loss = initialized(split_blocks(), tl.L2Loss(), dense_batch())
+  return rev_trainer.ReversibleSerialTrainer(
+      blocks, loss, kwargs.pop('optimizer_fn', optimizers.Adam), **kwargs)
+
+
+def host_weights_and_state(trainer):
+  """Copies of every layer's (weights, state)."""
+  return [jax.tree_util.tree_map(np.array, (l.weights, l.state))
+          for l in trainer.all_layers]
+
+
+def assert_same(before, after):
+  """Asserts two pytrees hold equal arrays, leaf by leaf."""
+  flat_b = jax.tree_util.tree_leaves(before)
+  flat_a = jax.tree_util.tree_leaves(after)
+  assert len(flat_b) == len(flat_a)
+  for b, a in zip(flat_b, flat_a):
+    np.testing.assert_array_equal(np.asarray(a), b)

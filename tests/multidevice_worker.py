@@ -9,7 +9,8 @@ count is fixed when JAX starts:
 Printed (last line of stdout), all differences as max absolute values:
   n_devices, local_devices,
   max_diff_vs_default_1dev: ours on N devices vs trax's default Trainer on
-    one device (dropout-free model, 2 steps, Adam, learning-rate override),
+    one device (dropout-free `conftest.reversible_lm_blocks`, 2 steps, Adam,
+    learning-rate override),
   max_diff_vs_ours_1dev: ours on N devices vs ours on one device,
   max_diff_free: ours on N devices with free_accelerators_on_step=True vs
     False, loss_shape: shape of the returned loss,
@@ -34,19 +35,9 @@ from trax import fastmath
 from trax import layers as tl
 from trax import optimizers
 
+from conftest import reversible_lm_blocks
 import trax_revplus
 from trax_revplus import trainer as rev_trainer
-
-
-def _model():
-  first = tl.Serial(tl.Embedding(9, 4), tl.Dup())
-  revs = [tl.ReversibleHalfResidual(tl.Dense(4), tl.Relu()),
-          tl.ReversibleSwap(),
-          tl.ReversibleHalfResidual(tl.Dense(4)),
-          tl.ReversibleSwap()]
-  loss = tl.Serial(tl.Concatenate(), tl.Dense(9), tl.LogSoftmax(),
-                   tl.CrossEntropyLoss())
-  return first, revs, loss
 
 
 _BATCH = (np.arange(32).reshape((8, 4)) % 9,
@@ -64,7 +55,7 @@ def _max_diff(a, b):
 
 
 def _default_weights():
-  first, revs, loss = _model()
+  first, revs, loss = reversible_lm_blocks()
   model = tl.Serial([first] + revs + [loss])
   model.init(_BATCH, rng=fastmath.random.get_prng(12))
   opt = optimizers.Adam()
@@ -76,7 +67,7 @@ def _default_weights():
 
 
 def _ours(n_devices, **kwargs):
-  first, revs, loss = _model()
+  first, revs, loss = reversible_lm_blocks()
   model = tl.Serial([first] + revs + [loss])
   model.init(_BATCH, rng=fastmath.random.get_prng(12))
   trainer = rev_trainer.ReversibleSerialTrainer(

@@ -2,8 +2,8 @@
 
 Each case feeds one mistake and checks the exception type, that the message
 names the problem and the fix, and that no weight changed before the error.
-Also: NaN/Inf losses and gradient norms stop a step before its update is
-committed (or undo it, on_non_finite='skip').
+(NaN/Inf losses and gradients: tests/trainer/test_commit.py; the trainer's
+settings: tests/trainer/test_options.py.)
 """
 
 import functools
@@ -19,64 +19,24 @@ from trax import optimizers
 from trax import shapes
 from trax.fastmath import numpy as jnp
 
-import trax_revplus
+from conftest import assert_same
+from conftest import dense_batch
+from conftest import host_weights_and_state
+from conftest import initialized
+from conftest import split_blocks
+from conftest import split_blocks_trainer
 from trax_revplus import trainer as rev_trainer
 from trax_revplus import validation
 
 
-@pytest.fixture(autouse=True)
-def _stock_trax():
-  trax_revplus.deactivate()
-  yield
-  trax_revplus.deactivate()
-
-
-def _batch(x_value=1.0, batch_size=2):
-  x = np.full((batch_size, 3), x_value, dtype=np.float32)
-  x[:, 0] = np.arange(batch_size)
-  if not np.isfinite(x_value):
-    x[:] = x_value
-  y = np.ones((batch_size, 4), dtype=np.float32)
-  return x, y, np.ones_like(y)
-
-
-def _initialized(blocks, loss_layer, batch):
-  rev_trainer.init_reversible_blocks(
-      blocks, loss_layer, shapes.signature(batch), fastmath.random.get_prng(0))
-  return blocks, loss_layer
-
-
-def _split_blocks():
-  # A Dup so that the reversible layers get two inputs.
-  return [([tl.Dense(4), tl.Dup()],
-           [tl.ReversibleHalfResidual(tl.Dense(4)), tl.ReversibleSwap()]),
-          ([tl.Concatenate(), tl.Dense(4)], [])]
-
-
-def _trainer(**kwargs):
-  blocks, loss = _initialized(_split_blocks(), tl.L2Loss(), _batch())
-  return rev_trainer.ReversibleSerialTrainer(
-      blocks, loss, kwargs.pop('optimizer_fn', optimizers.Adam), **kwargs)
-
-
-def _host_weights(trainer):
-  return [jax.tree_util.tree_map(np.array, (l.weights, l.state))
-          for l in trainer.all_layers]
-
-
-def _assert_same(before, after):
-  flat_b, flat_a = jax.tree_util.tree_leaves(before), jax.tree_util.tree_leaves(
-      after)
-  assert len(flat_b) == len(flat_a)
-  for b, a in zip(flat_b, flat_a):
-    np.testing.assert_array_equal(np.asarray(a), b)
+pytestmark = pytest.mark.usefixtures('stock_trax')
 
 
 # Block structure.
 
 
 def test_block_not_a_pair():
-  blocks, loss = _initialized(_split_blocks(), tl.L2Loss(), _batch())
+  blocks, loss = initialized(split_blocks(), tl.L2Loss(), dense_batch())
   bad = [blocks[0], (blocks[1][0],)]
   with pytest.raises(validation.BlockStructureError,
                      match=r'block 1 is a tuple of length 1, not a '
@@ -91,7 +51,7 @@ def test_non_reversible_layer_in_reversible_list():
              [tl.ReversibleSwap(), dense]), ([tl.Concatenate()], [])]
   with pytest.raises(validation.BlockStructureError) as info:
     rev_trainer.init_reversible_blocks(
-        blocks, tl.L2Loss(), shapes.signature(_batch()),
+        blocks, tl.L2Loss(), shapes.signature(dense_batch()),
         fastmath.random.get_prng(0))
   message = str(info.value)
   assert 'block 0: reversible layer 1 (Dense_4, Dense)' in message
@@ -118,7 +78,7 @@ def test_loss_layer_without_scalar_output():
   with pytest.raises(validation.LossLayerError,
                      match=r"loss layer PerExampleLoss outputs shape \(2,\), "
                            r'not a scalar; .*average over the batch'):
-    _initialized(_split_blocks(), not_a_loss, _batch())
+    initialized(split_blocks(), not_a_loss, dense_batch())
 
 
 # Devices and batch.
@@ -126,7 +86,7 @@ def test_loss_layer_without_scalar_output():
 
 def test_more_devices_than_present():
   n = jax.local_device_count() + 1
-  blocks, loss = _initialized(_split_blocks(), tl.L2Loss(), _batch())
+  blocks, loss = initialized(split_blocks(), tl.L2Loss(), dense_batch())
   with pytest.raises(validation.DeviceCountError,
                      match=rf'n_devices={n} but this process has {n - 1} '
                            rf'local cpu device\(s\); pass n_devices between '
@@ -146,14 +106,14 @@ def test_batch_not_divisible_by_devices():
 
 
 def test_one_step_checks_the_batch_before_any_work():
-  trainer = _trainer()
-  before = _host_weights(trainer)
-  x, y, w = _batch()
+  trainer = split_blocks_trainer()
+  before = host_weights_and_state(trainer)
+  x, y, w = dense_batch()
   with pytest.raises(validation.BatchSizeError, match='batch element 2 is a '
                                                       'scalar'):
     trainer.one_step((x, y, np.float32(1)), fastmath.random.get_prng(0),
                      step=1)
-  _assert_same(before, _host_weights(trainer))
+  assert_same(before, host_weights_and_state(trainer))
 
 
 # Sequence length.
@@ -195,7 +155,7 @@ def test_sequence_within_max_len_passes():
 
 
 def test_optimizer_instance_instead_of_factory():
-  blocks, loss = _initialized(_split_blocks(), tl.L2Loss(), _batch())
+  blocks, loss = initialized(split_blocks(), tl.L2Loss(), dense_batch())
   with pytest.raises(validation.OptimizerFactoryError,
                      match=r'pass the class, e\.g\. trax\.optimizers\.Adam, '
                            r'not trax\.optimizers\.Adam\(\)') as info:
@@ -204,7 +164,7 @@ def test_optimizer_instance_instead_of_factory():
 
 
 def test_factory_not_returning_an_optimizer():
-  blocks, loss = _initialized(_split_blocks(), tl.L2Loss(), _batch())
+  blocks, loss = initialized(split_blocks(), tl.L2Loss(), dense_batch())
   with pytest.raises(validation.OptimizerFactoryError,
                      match=r'optimizer_fn \(for layer 0\) returned a float, '
                            r'not a trax\.optimizers\.Optimizer'):
@@ -212,7 +172,7 @@ def test_factory_not_returning_an_optimizer():
 
 
 def test_factory_needing_arguments():
-  blocks, loss = _initialized(_split_blocks(), tl.L2Loss(), _batch())
+  blocks, loss = initialized(split_blocks(), tl.L2Loss(), dense_batch())
   def needs_rate(rate):
     return optimizers.Adam(rate)
   with pytest.raises(validation.OptimizerFactoryError,
@@ -221,74 +181,6 @@ def test_factory_needing_arguments():
     rev_trainer.ReversibleSerialTrainer(blocks, loss, needs_rate)
   rev_trainer.ReversibleSerialTrainer(
       blocks, loss, functools.partial(needs_rate, 0.01))
-
-
-# Non-finite loss and gradients.
-
-
-def test_nan_loss_stops_before_any_update():
-  trainer = _trainer()
-  trainer.one_step(_batch(), fastmath.random.get_prng(1), step=1)
-  before = _host_weights(trainer)
-  slots_before = jax.tree_util.tree_map(np.array, trainer.slots)
-  with pytest.raises(validation.NonFiniteError,
-                     match=r'loss is nan at step 2 \(phase loss, layer 4 '
-                           r'L2Loss.*\); no weight was updated in this step; '
-                           r'no checkpoint directory is set; lower the '
-                           r'learning rate') as info:
-    trainer.one_step(_batch(np.nan), fastmath.random.get_prng(2), step=2)
-  assert (info.value.step, info.value.phase) == (2, 'loss')
-  _assert_same(before, _host_weights(trainer))
-  _assert_same(slots_before, trainer.slots)
-
-
-def _sqrt_trainer(on_non_finite):
-  # sqrt'(0) is inf: finite loss, non-finite gradient of the Dense below.
-  sqrt = tl.Fn('Sqrt', lambda x: jnp.sqrt(jnp.abs(x)))
-  blocks = [([tl.Dense(4, use_bias=False), sqrt], [])]
-  loss = tl.Serial(tl.Dense(4), tl.L2Loss())
-  x, y, w = _batch()
-  rev_trainer.init_reversible_blocks(
-      blocks, loss, shapes.signature((x, y, w)), fastmath.random.get_prng(0))
-  return rev_trainer.ReversibleSerialTrainer(
-      blocks, loss, optimizers.Adam, on_non_finite=on_non_finite)
-
-
-def test_non_finite_gradient_names_step_and_phase():
-  trainer = _sqrt_trainer('raise')
-  x, y, w = _batch()
-  with pytest.raises(validation.NonFiniteError,
-                     match=r'gradients_l2 is nan at step 5 \(phase backward, '
-                           r'layer 0 Serial\)') as info:
-    trainer.one_step((np.zeros_like(x), y, w), fastmath.random.get_prng(0),
-                     step=5)
-  assert (info.value.layer, info.value.what) == (0, 'gradients_l2')
-
-
-def test_skip_mode_undoes_the_whole_step():
-  trainer = _sqrt_trainer('skip')
-  x, y, w = _batch()
-  trainer.one_step((x, y, w), fastmath.random.get_prng(0), step=1)
-  before = _host_weights(trainer)
-  slots_before = jax.tree_util.tree_map(np.array, trainer.slots)
-  # The loss layer's update is finite and committed first; the Dense
-  # below gets a NaN gradient, so the loss layer's update is undone too.
-  loss, _ = trainer.one_step((np.zeros_like(x), y, w),
-                             fastmath.random.get_prng(1), step=2)
-  assert np.isfinite(np.asarray(loss))
-  _assert_same(before, _host_weights(trainer))
-  _assert_same(slots_before, trainer.slots)
-  # And training goes on.
-  trainer.one_step((x, y, w), fastmath.random.get_prng(2), step=3)
-  after = _host_weights(trainer)
-  assert not np.array_equal(jax.tree_util.tree_leaves(after)[0],
-                            jax.tree_util.tree_leaves(before)[0])
-
-
-def test_bad_on_non_finite_value():
-  with pytest.raises(ValueError, match=r"on_non_finite must be one of "
-                                       r"\('raise', 'skip', 'ignore'\)"):
-    _trainer(on_non_finite='warn')
 
 
 # Unknown gin knobs of ours.

@@ -12,6 +12,9 @@ surfaces at step 0 instead of deep inside JAX tracing or hours into a run:
   BatchSizeError         a batch's leading axis does not divide over devices.
   SequenceLengthError    the batch's sequence axis does not fit the model's
                          positional encodings (`max_len`).
+  TrainerOptionError     a setting of `ReversibleSerialTrainer` beyond
+                         trax's (gin `trax_revplus.ReversibleSerialTrainer.
+                         <name>`) is out of its range.
   OptimizerFactoryError  an optimizer instance was given where a factory is
                          needed, or the factory does not return an
                          `Optimizer`.
@@ -52,6 +55,24 @@ class BatchSizeError(ConfigurationError):
 
 class SequenceLengthError(ConfigurationError):
   """Sequences longer than the model's positional encodings allow."""
+
+
+class TrainerOptionError(ConfigurationError):
+  """A trainer setting out of its range; the message names the gin binding.
+
+  Attributes:
+    name: str, the setting, e.g. 'on_non_finite'.
+    value: the value given.
+    allowed: str, what the setting accepts.
+  """
+
+  def __init__(self, name, value, allowed):
+    super().__init__(
+        f'trax_revplus.ReversibleSerialTrainer.{name}: {name} must be '
+        f'{allowed}, got {value!r}.')
+    self.name = name
+    self.value = value
+    self.allowed = allowed
 
 
 class OptimizerFactoryError(TypeError):

@@ -1,30 +1,10 @@
-"""Where the reversible trainer's arrays live: host, one device, or N devices.
+"""`Placement`: the devices of this process and the copies to and from them.
 
-This is the only trax_revplus module that talks to JAX device APIs. It
-mirrors what trax 1.4.1's `ReversibleSerialTrainer` does with
-`tl.on_cpu`, `tl.on_accelerator`, `tl.for_n_devices`, `tl.reshape_by_device`,
-`_lazy_unreplicate`, `_collect_weights` and `_free_accelerators`, using only
-current public APIs (`jax.device_put` with `NamedSharding`,
-`Array.copy_to_host_async`, `jax.live_arrays`).
-
-Layouts on N > 1 devices (mesh axis 'batch'):
-
-  * replicated: weights, optimizer slots, optimizer hyperparameters and the
-    step number; each device holds the whole array
-    (`NamedSharding(mesh, P())`); the global shape is the array's own.
-  * per-device: everything that differs between devices (activations,
-    cotangents, layer state, RNG keys, statistics); the global shape has a
-    leading axis of size N, device d holds slice d
-    (`NamedSharding(mesh, P('batch'))`). This is the layout `jax.pmap` uses,
-    so per-device values match trax's pmap-based trainers exactly.
-
-On one device both layouts are plain single-device arrays without the
-leading axis.
+See the package docstring (`trax_revplus.placement`) for the layouts.
 """
 
-import gc
 import math
-import sys
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import jax
 from jax.sharding import Mesh
@@ -34,14 +14,11 @@ from jax.sharding import SingleDeviceSharding
 import numpy as np
 
 from trax_revplus import memory
-
-AXIS_NAME = 'batch'
-
-# References `sys.getrefcount` sees for an array held only by the list that
-# `jax.live_arrays()` returned: that list, the loop variable and the call's
-# own argument.
-_UNHELD_REFCOUNT = 3
-
+from trax_revplus.placement import freeing
+from trax_revplus.placement import host_copy
+from trax_revplus.placement import layouts
+from trax_revplus.placement.layouts import AXIS_NAME
+from trax_revplus.typing import Array, HostArray, PyTree
 
 def _leaves(tree):
   return jax.tree_util.tree_leaves(tree)
@@ -58,63 +35,9 @@ def _host_nbytes(x):
   return 0
 
 
-# Leaves of at least this many bytes are copied out of CPU device buffers
-# into numpy's own memory when collected (`HostCopy`).
-_OWN_COPY_MIN_BYTES = 64 * 2**10
-
-
 def _device_nbytes(x):
-  # `jax.Array.nbytes` costs ~1 us more, per leaf of every update collected.
+  # `jax.Array.nbytes` costs more, per leaf of every update collected.
   return math.prod(x.shape) * x.dtype.itemsize
-
-
-class HostCopy:
-  """Device-to-host copies in flight for one pytree (lazy unreplication).
-
-  Made by `Placement.start_to_host`; `collect()` waits for the copies and
-  returns the pytree with `numpy.ndarray` leaves.
-
-  On the CPU backend a numpy view of a device array would keep the XLA
-  output buffer alive for as long as the host holds the value (weights and
-  slots: until the next step), scattered among the allocator arenas that
-  later calls' temporaries use; the 24-layer benchmark config then peaked
-  about 50 MiB higher than with copies. Leaves of 64 KiB or more are
-  therefore copied into memory numpy allocates; smaller ones stay views.
-  """
-
-  def __init__(self, treedef, leaves, squeeze, own):
-    """Holds the leaves of one pytree until `collect`.
-
-    Args:
-      treedef: the pytree's structure (`jax.tree_util.tree_flatten`).
-      leaves: list of its leaves, device 0's `jax.Array`s (D2H started) or
-        host values passed through.
-      squeeze: list of bool, per leaf, whether to drop the leading device
-        axis of size 1 (per-device layout on N > 1 devices).
-      own: list of bool, per leaf, whether `collect` copies the leaf into
-        numpy's memory rather than returning a view (CPU leaves of 64 KiB
-        or more).
-    """
-    self._treedef = treedef
-    self._leaves = leaves
-    self._squeeze = squeeze
-    self._own = own
-
-  def device_arrays(self):
-    """The device arrays still referenced (so freeing can protect them)."""
-    return [x for x in self._leaves if isinstance(x, jax.Array)]
-
-  def collect(self):
-    """Returns the pytree with host `numpy.ndarray` leaves (blocks on D2H)."""
-    out = []
-    for x, squeeze, own in zip(self._leaves, self._squeeze, self._own):
-      if isinstance(x, jax.Array):
-        x = np.array(x) if own else np.asarray(x)
-        if squeeze:
-          x = x[0]
-      out.append(x)
-    self._leaves = ()
-    return jax.tree_util.tree_unflatten(self._treedef, out)
 
 
 class Placement:
@@ -137,7 +60,8 @@ class Placement:
       devices).
   """
 
-  def __init__(self, n_devices=None, transfer_counter=None):
+  def __init__(self, n_devices: Optional[int] = None,
+               transfer_counter: Optional[memory.TransferCounter] = None):
     """Creates a placement over the first `n_devices` local devices.
 
     Args:
@@ -170,14 +94,6 @@ class Placement:
       self._replicated = SingleDeviceSharding(self.devices[0])
       self._per_device = self._replicated
 
-  @property
-  def replicated_spec(self):
-    return PartitionSpec()
-
-  @property
-  def per_device_spec(self):
-    return PartitionSpec(AXIS_NAME)
-
   def _put(self, tree, sharding, prepare=None, copies=1):
     """device_put of all leaves in one call; device arrays already there stay."""
     leaves, treedef = jax.tree_util.tree_flatten(tree)
@@ -201,7 +117,7 @@ class Placement:
         self.transfers.add_h2d(h2d)
     return jax.tree_util.tree_unflatten(treedef, leaves)
 
-  def replicate(self, tree):
+  def replicate(self, tree: PyTree) -> PyTree:
     """Places `tree` whole on every device (weights, slots, opt params).
 
     Mirrors trax's `tl.on_accelerator` (1 device) and `tl.for_n_devices`
@@ -215,7 +131,7 @@ class Placement:
     """
     return self._put(tree, self._replicated, copies=self.n_devices)
 
-  def place_params(self, tree):
+  def place_params(self, tree: PyTree) -> PyTree:
     """Readies host weights, slots or state for a compiled call.
 
     Like `replicate`, except on one CPU device (`host_is_device`), where
@@ -236,7 +152,7 @@ class Placement:
       self.transfers.add_h2d(h2d)
     return tree
 
-  def abstract_params(self, tree):
+  def abstract_params(self, tree: PyTree) -> Optional[PyTree]:
     """What `place_params(tree)` would pass to a compiled call, untransferred.
 
     For compiling ahead of time: on one CPU device `tree` itself (its host
@@ -252,7 +168,7 @@ class Placement:
     """
     return self._abstract(tree, self._replicated)
 
-  def abstract_per_device(self, tree):
+  def abstract_per_device(self, tree: PyTree) -> Optional[PyTree]:
     """What `per_device(tree)` would pass to a compiled call, untransferred.
 
     For compiling ahead of time, as `abstract_params`.
@@ -287,7 +203,7 @@ class Placement:
           sharding=sharding)
     return jax.tree_util.tree_map(abstract, tree)
 
-  def per_device_types(self, tree):
+  def per_device_types(self, tree: PyTree) -> PyTree:
     """Result types of a compiled call, as its per-device results have them.
 
     A jitted function's traced result types (`jax.stages.Traced.out_info`)
@@ -310,7 +226,7 @@ class Placement:
                                   weak_type=x.weak_type)
     return jax.tree_util.tree_map(with_sharding, tree)
 
-  def per_device(self, tree):
+  def per_device(self, tree: PyTree) -> PyTree:
     """Places a copy of a host value on each device in per-device layout.
 
     Used for layer state, which trax replicates with `tl.for_n_devices` and
@@ -334,7 +250,7 @@ class Placement:
       return np.broadcast_to(x, (n,) + x.shape)
     return self._put(tree, self._per_device, prepare=broadcast)
 
-  def shard_batch(self, batch):
+  def shard_batch(self, batch: PyTree) -> PyTree:
     """Splits a host batch over devices along its leading (batch) axis.
 
     Mirrors trax's `tl.reshape_by_device`.
@@ -363,11 +279,12 @@ class Placement:
       return x.reshape((n, x.shape[0] // n) + x.shape[1:])
     return self._put(batch, self._per_device, prepare=split)
 
-  def per_device_rows(self, rows):
+  def per_device_rows(self, rows: Sequence[HostArray]) -> List[Array]:
     """Places a list of host arrays of shape (N, ...) in per-device layout."""
     return self._put(list(rows), self._per_device)
 
-  def start_to_host(self, tree, per_device=False):
+  def start_to_host(self, tree: PyTree,
+                    per_device: bool = False) -> host_copy.HostCopy:
     """Starts async device-to-host copies of one replica of `tree`.
 
     Mirrors trax's `_lazy_unreplicate`: takes device 0's value and calls
@@ -401,16 +318,16 @@ class Placement:
         d2h += nbytes
       out.append(x)
       squeeze.append(multi and per_device)
-      own.append(on_cpu and nbytes >= _OWN_COPY_MIN_BYTES)
+      own.append(on_cpu and nbytes >= host_copy.OWN_COPY_MIN_BYTES)
     if d2h:
       self.transfers.add_d2h(d2h)
-    return HostCopy(treedef, out, squeeze, own)
+    return host_copy.HostCopy(treedef, out, squeeze, own)
 
-  def to_host(self, tree, per_device=False):
+  def to_host(self, tree: PyTree, per_device: bool = False) -> PyTree:
     """Synchronous `start_to_host(...).collect()`: numpy leaves."""
     return self.start_to_host(tree, per_device).collect()
 
-  def gather_to_host(self, tree):
+  def gather_to_host(self, tree: PyTree) -> PyTree:
     """Copies every device's data to host (per-device arrays keep axis N)."""
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     out = []
@@ -424,7 +341,7 @@ class Placement:
     out = [np.asarray(x) if isinstance(x, jax.Array) else x for x in out]
     return jax.tree_util.tree_unflatten(treedef, out)
 
-  def on_host_device(self, tree):
+  def on_host_device(self, tree: PyTree) -> PyTree:
     """Host arrays as `jax.Array`s on the CPU device (trax's `tl.on_cpu`).
 
     No device memory is used; on the CPU backend numpy buffers may be shared.
@@ -439,30 +356,14 @@ class Placement:
         leaves[i] = x
     return jax.tree_util.tree_unflatten(treedef, leaves)
 
-  def block(self, tree):
+  def block(self, tree: PyTree) -> PyTree:
     """Waits for all device arrays in `tree`; returns `tree`."""
     return jax.block_until_ready(tree)
 
-  def free_device_buffers(self, keep):
-    """Releases device buffers that nothing alive can still read.
+  def free_device_buffers(self, keep: PyTree) -> Tuple[int, int]:
+    """Releases this placement's device buffers that nothing alive can read.
 
-    Replaces trax's `_free_accelerators`, which deleted every live buffer
-    except a list of exceptions matched through the removed `device_buffer`
-    attribute (on current JAX that matches nothing, so it would delete the
-    weights themselves). Here an array's buffer is deleted only when all of
-    these hold:
-
-      * it is not reachable from `keep`, compared by the identity of the
-        `jax.Array` objects and by the data pointer of every shard (and of
-        every numpy leaf in `keep`, which on the CPU backend may share a
-        device buffer);
-      * no Python object other than the `jax.live_arrays()` list refers to
-        it (`sys.getrefcount`), so arrays the caller, a layer, an optimizer
-        or a numpy view still holds are never touched.
-
-    Before that it runs the cyclic garbage collector, which releases device
-    arrays kept alive only by unreachable reference cycles. The result is
-    the drop in live arrays on these devices, whichever step released them.
+    See `freeing.free_device_buffers`.
 
     Args:
       keep: pytree (or list of pytrees) of everything the caller still uses.
@@ -471,56 +372,13 @@ class Placement:
       (freed_arrays, freed_bytes): ints, device arrays released and their
       bytes, summed over the devices of this placement.
     """
-    devices = set(self.devices)
+    return freeing.free_device_buffers(self.devices, keep)
 
-    def on_ours(x):
-      try:
-        return bool(x.devices() & devices)
-      except Exception:  # pylint: disable=broad-except
-        return False
-
-    def live_on_ours():
-      return [x for x in jax.live_arrays()
-              if not x.is_deleted() and on_ours(x)]
-
-    before = live_on_ours()
-    n_before = len(before)
-    bytes_before = sum(x.nbytes for x in before)
-    del before
-    gc.collect()
-
-    keep_ids, keep_pointers = set(), set()
-    for x in _leaves(keep):
-      if isinstance(x, jax.Array):
-        keep_ids.add(id(x))
-        for pointer in _buffer_pointers(x):
-          keep_pointers.add(pointer)
-      elif isinstance(x, np.ndarray) and x.size:
-        keep_pointers.add(x.ctypes.data)
-    x = None
-    for x in live_on_ours():
-      if id(x) in keep_ids:
-        continue
-      if any(p in keep_pointers for p in _buffer_pointers(x)):
-        continue
-      if sys.getrefcount(x) > _UNHELD_REFCOUNT:
-        continue
-      x.delete()
-    del x  # pylint: disable=undefined-loop-variable
-    after = live_on_ours()
-    freed_arrays = max(0, n_before - len(after))
-    freed_bytes = max(0, bytes_before - sum(x.nbytes for x in after))
-    return freed_arrays, freed_bytes
-
-
-def _buffer_pointers(x):
-  """Data pointers of every shard of a `jax.Array` (empty if unavailable)."""
-  pointers = []
-  try:
-    if len(x.sharding.device_set) == 1:
-      return [x.unsafe_buffer_pointer()]
-    for shard in x.addressable_shards:
-      pointers.append(shard.data.unsafe_buffer_pointer())
-  except Exception:  # pylint: disable=broad-except
-    pass
-  return pointers
+  def jit(self, fn: Callable[..., Any], in_layouts: Sequence[layouts.Layout],
+          out_layouts: Sequence[layouts.Layout],
+          donate_argnums: Tuple[int, ...] = (),
+          collectives: bool = False) -> Callable[..., Any]:
+    """Compiles `fn` to run on this placement's devices (`layouts.jit`)."""
+    return layouts.jit(fn, in_layouts, out_layouts, self.mesh,
+                       donate_argnums=donate_argnums,
+                       wait=self.sync_collectives and collectives)

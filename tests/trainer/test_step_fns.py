@@ -1,0 +1,48 @@
+"""Each kind of step function: its arguments' layouts and donations agree
+with the arguments the builders' functions take."""
+
+import inspect
+
+import pytest
+
+from trax import layers as tl
+from trax import optimizers
+from trax.optimizers import trainer as stock_trainer
+
+from trax_revplus.placement import Layout
+from trax_revplus.trainer import step_fns
+from trax_revplus.trainer.step_fns import Kind
+
+# Arguments every device holds whole; the rest differ per device.
+_REPLICATED = frozenset(['weights', 'slots', 'opt_params', 'step'])
+
+
+def _functions():
+  dense, swap = tl.Dense(4), tl.ReversibleSwap()
+  half = tl.ReversibleHalfResidual(tl.Dense(4))
+  adam = optimizers.Adam
+  return {
+      Kind.FORWARD: step_fns.forward_fn(dense),
+      Kind.FORWARD_BACKWARD_UPDATE: step_fns.fbo_fn(dense, adam(), 1, False),
+      Kind.LOSS: step_fns.fbo_fn(dense, adam(), 1, False, 'loss'),
+      Kind.SEGMENT_FORWARD: step_fns.segment_forward_fn([half, swap]),
+      Kind.SEGMENT_REVERSE_UPDATE: step_fns.segment_reverse_fn(
+          [half, swap], [adam(), adam()], 1, False),
+  }
+
+
+@pytest.mark.parametrize('kind', list(Kind))
+def test_layouts_and_donations_name_the_right_arguments(kind):
+  names = list(inspect.signature(_functions()[kind]).parameters)
+  assert len(kind.in_layouts) == len(names)
+  for layout, name in zip(kind.in_layouts, names):
+    assert (layout is Layout.REPLICATED) == (name in _REPLICATED), name
+  donated = [names[i] for i in kind.donated]
+  assert donated == (['weights', 'slots'] if kind.updates else [])
+  assert kind.updates == (kind not in (Kind.FORWARD, Kind.SEGMENT_FORWARD))
+  assert len(kind.out_layouts) == (2 if not kind.updates else 5)
+
+
+@pytest.mark.parametrize('tree', [(), ((), [(), ()]), ((), 0), 0, [[]], {}])
+def test_is_empty_tuple_as_trax(tree):
+  assert step_fns.is_empty_tuple(tree) == stock_trainer._is_empty_tuple(tree)  # pylint: disable=protected-access

@@ -1,0 +1,119 @@
+"""Models, batches and references the trainer tests share.
+
+Every reference is trax's own `optimizers.Trainer` on
+`tl.Serial(blocks + [loss_layer])`, run on the same inputs and RNGs.
+"""
+
+import functools
+import threading
+
+import jax
+import numpy as np
+from trax import fastmath
+from trax import layers as tl
+from trax import optimizers
+
+from trax_revplus import trainer as rev_trainer
+
+
+def assert_all_close(t1, t2, tol=1e-5):
+  f1, f2 = fastmath.tree_flatten(t1), fastmath.tree_flatten(t2)
+  assert len(f1) == len(f2)
+  assert f1, 'nothing to compare'
+  for x1, x2 in zip(f1, f2):
+    x1, x2 = np.asarray(x1), np.asarray(x2)
+    assert x1.shape == x2.shape
+    np.testing.assert_allclose(x1, x2, rtol=0, atol=tol)
+
+
+def batch():
+  inputs = np.arange(8).reshape((2, 4))
+  return (inputs, 2 * inputs, np.ones_like(inputs))
+
+
+RNGS = [fastmath.random.get_prng(7), fastmath.random.get_prng(8),
+        fastmath.random.get_prng(9)]
+LRS = [None, 0.02, 0.03]
+
+
+def train(trainer, batch_, n_steps):
+  losses = []
+  for rng, lr in list(zip(RNGS, LRS))[:n_steps]:
+    loss, _ = trainer.one_step(batch_, rng, learning_rate=lr)
+    losses.append(loss)
+  return losses
+
+
+def basic_model(rate=0.5):
+  first = tl.Serial(tl.Embedding(9, 4), tl.Dropout(rate), tl.Dup())
+  revs = [tl.ReversibleHalfResidual(tl.Dense(4), tl.Dropout(0.2)),
+          tl.ReversibleSwap(),
+          tl.ReversibleHalfResidual(tl.Dropout(0.5), tl.Dense(4)),
+          tl.ReversibleSwap()]
+  loss = tl.Serial(tl.Concatenate(), tl.Dense(19), tl.Dropout(0.3),
+                   tl.LogSoftmax(), tl.CrossEntropyLoss())
+  return first, revs, loss
+
+
+def extended_model(mid_rate=0.3):
+  first = tl.Serial(tl.Embedding(9, 4), tl.Dropout(0.5), tl.Dup())
+  revs1 = [tl.ReversibleHalfResidual(tl.Dense(4), tl.Dropout(0.2)),
+           tl.ReversibleSwap(),
+           tl.ReversibleHalfResidual(tl.Dropout(0.5), tl.Dense(4)),
+           tl.ReversibleSwap()]
+  mid = tl.Serial(tl.Add(), tl.Dense(4), tl.Dup())
+  revs2 = [tl.ReversibleHalfResidual(tl.Dense(4), tl.Dropout(mid_rate)),
+           tl.ReversibleSwap()]
+  loss = tl.Serial(tl.Concatenate(), tl.Dense(19), tl.Dropout(0.3),
+                   tl.LogSoftmax(), tl.CrossEntropyLoss())
+  return first, revs1, mid, revs2, loss
+
+
+def reference(model, init, optimizer_fn, n_steps, batch_):
+  """Trains with trax's default Trainer; returns (weights, slots, state)."""
+  init()
+  optimizer = optimizer_fn()
+  optimizer.tree_init(model.weights)
+  trainer = optimizers.Trainer(model, optimizer, n_devices=1)
+  train(trainer, batch_, n_steps)
+  return model.weights, optimizer.slots, model.state
+
+
+@functools.lru_cache(maxsize=1)
+def basic_adam_reference_3_steps():
+  """trax's default Trainer on `basic_model`, Adam, 3 steps (host copies)."""
+  batch_ = batch()
+  first, revs, loss = basic_model()
+  model = tl.Serial([first] + revs + [loss])
+  init = lambda: model.init(batch_, rng=fastmath.random.get_prng(12))
+  return jax.tree_util.tree_map(
+      np.asarray, reference(model, init, optimizers.Adam, 3, batch_))
+
+
+def host_leaves_only(tree):
+  for x in fastmath.tree_flatten(tree):
+    assert isinstance(x, np.ndarray), type(x)
+
+
+def train_basic(n_steps=2, **kwargs):
+  """Ours on `basic_model`, Adam: (model, trainer, losses)."""
+  batch_ = batch()
+  first, revs, loss = basic_model()
+  model = tl.Serial([first] + revs + [loss])
+  model.init(batch_, rng=fastmath.random.get_prng(12))
+  trainer = rev_trainer.ReversibleSerialTrainer(
+      [(first.sublayers, revs)], loss, optimizers.Adam, **kwargs)
+  losses = train(trainer, batch_, n_steps)
+  return model, trainer, losses
+
+
+def count_compiles():
+  """Returns a list that grows by one per XLA backend compilation: the name
+  of the thread that compiled."""
+  events = []
+
+  def listener(name, *unused_args, **unused_kwargs):
+    if name == '/jax/core/compile/backend_compile_duration':
+      events.append(threading.current_thread().name)
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  return events

@@ -1,0 +1,36 @@
+"""Where the reversible trainer's arrays live: host, one device, or N devices.
+
+This package is the only part of trax_revplus that talks to JAX device
+APIs. It mirrors what trax 1.4.1's `ReversibleSerialTrainer` does with
+`tl.on_cpu`, `tl.on_accelerator`, `tl.for_n_devices`, `tl.reshape_by_device`,
+`_lazy_unreplicate`, `_collect_weights`, `_free_accelerators` and `jax.pmap`,
+using only current public APIs (`jax.device_put` with `NamedSharding`,
+`jax.shard_map`, `Array.copy_to_host_async`, `jax.live_arrays`).
+
+Layouts on N > 1 devices (mesh axis 'batch', `Layout`):
+
+  * replicated: weights, optimizer slots, optimizer hyperparameters and the
+    step number; each device holds the whole array
+    (`NamedSharding(mesh, P())`); the global shape is the array's own.
+  * per-device: everything that differs between devices (activations,
+    cotangents, layer state, RNG keys, statistics); the global shape has a
+    leading axis of size N, device d holds slice d
+    (`NamedSharding(mesh, P('batch'))`). This is the layout `jax.pmap` uses,
+    so per-device values match trax's pmap-based trainers exactly.
+
+On one device both layouts are plain single-device arrays without the
+leading axis.
+
+Modules: `devices` (`Placement`: the devices of this process, H2D and D2H
+copies, the types placed values will have), `layouts` (`Layout`; functions
+compiled to run per device), `host_copy` (D2H copies collected when
+needed), `freeing` (releasing device buffers nothing can read).
+"""
+
+from trax_revplus.placement.devices import Placement
+from trax_revplus.placement.host_copy import HostCopy
+from trax_revplus.placement.host_copy import to_numpy
+from trax_revplus.placement.layouts import AXIS_NAME
+from trax_revplus.placement.layouts import Layout
+
+__all__ = ['AXIS_NAME', 'HostCopy', 'Layout', 'Placement', 'to_numpy']

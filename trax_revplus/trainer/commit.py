@@ -1,0 +1,185 @@
+"""Committing updated weights, slots and state to the host, and the NaN guard.
+
+A compiled call's results start their device-to-host copies at once
+(`placement.Placement.start_to_host`) and wait in a `CommitQueue`; they are
+committed (set on the layers and optimizers) once calls updating at least
+`n_async_layers` layers were dispatched after them, so the host work of
+committing overlaps the device work of those calls (trax's "lazy
+unreplication"). Before a layer's update is committed, `NonFiniteGuard`
+applies the `on_non_finite` policy to its loss and gradient norm.
+"""
+
+import collections
+from typing import Any, List, NamedTuple, Optional
+
+from absl import logging
+import numpy as np
+
+from trax_revplus import validation
+
+# What a layer update's results are checked for when `on_non_finite` is not
+# 'ignore': the loss (loss layer) and the optimizer's gradient norm.
+CHECKED_STATS = ('loss', 'gradients_l2')
+
+
+class NonFiniteGuard:
+  """Applies `on_non_finite` to each layer's update before its commit.
+
+  'raise': the first update with a NaN/Inf loss or gradient norm raises
+  `validation.NonFiniteError`. 'skip': the step commits nothing more and
+  `end_step` puts back every weight, slot and state it replaced. 'ignore':
+  nothing is checked.
+  """
+
+  def __init__(self, policy, store, describe_last_checkpoint):
+    """Args:
+      policy: 'raise', 'skip' or 'ignore' (`options.ON_NON_FINITE`).
+      store: the trainer's `store.LayerStore` (layer names; rollback).
+      describe_last_checkpoint: callable returning one clause on the last
+        good checkpoint, for the error message (e.g. 'no checkpoint
+        directory is set').
+    """
+    self._policy = policy
+    self._store = store
+    self._describe_last_checkpoint = describe_last_checkpoint
+    self._step = None
+    self._skipping = None  # (layer, what) once a skipped step went bad.
+    self._rollback = []  # (layer, weights, slots, state) replaced this step.
+
+  def begin_step(self, step):
+    """Checks from now on belong to training step `step` (int)."""
+    self._step = step
+
+  def values_to_check(self, stats):
+    """The values of a layer's `stats` to check, or None ('ignore')."""
+    if self._policy == 'ignore':
+      return None
+    return {k: stats[k] for k in CHECKED_STATS if k in stats}
+
+  def admits(self, i, values):
+    """Whether layer i's update (checked `values`) may be committed.
+
+    Returns:
+      False once this step is being skipped; True otherwise.
+
+    Raises:
+      validation.NonFiniteError: policy 'raise' and a value is not finite.
+    """
+    if self._skipping is not None:
+      return False
+    if values is None:
+      return True
+    what = validation.first_non_finite(values)
+    if what is None:
+      return True
+    if self._policy == 'skip':
+      self._skipping = (i, what)
+      return False
+    raise self._error(i, what, values[what])
+
+  def replacing(self, i):
+    """Layer i's update is about to be committed (kept to undo a skip)."""
+    if self._policy == 'skip':
+      self._rollback.append((i,) + self._store.get(i))
+
+  def end_step(self):
+    """Undoes a skipped step's committed updates; forgets the rollback."""
+    rollback, self._rollback = self._rollback, []
+    if self._skipping is None:
+      return
+    i, what = self._skipping
+    self._skipping = None
+    for j, weights, slots, state in reversed(rollback):
+      self._store.set(j, weights, slots, state)
+    logging.warning('step %d skipped: %s is not finite (layer %d %s); '
+                    'weights, slots and state are as before the step.',
+                    self._step, what, i, self._store.layers[i].name)
+
+  def _error(self, i, what, value):
+    n_layers = len(self._store.layers)
+    phase = 'loss' if i == n_layers - 1 else 'backward'
+    value = np.asarray(value).ravel()
+    value = value[~np.isfinite(value)][0]
+    if phase == 'loss':
+      kept = 'no weight was updated in this step'
+    else:
+      kept = (f'layers {i + 1}..{n_layers - 1} were already updated in '
+              f'memory, layers 0..{i} were not')
+    step = self._step
+    return validation.NonFiniteError(
+        f'{what} is {value} at step {step} (phase {phase}, layer {i} '
+        f'{self._store.layers[i].name}); {kept}; '
+        f'{self._describe_last_checkpoint()}; lower the learning rate, '
+        f'clip gradients (e.g. Adam.clip_grad_norm), check the data, or set '
+        f"trax_revplus.ReversibleSerialTrainer.on_non_finite = 'skip'.",
+        step=step, phase=phase, layer=i, what=what)
+
+
+class _Pending(NamedTuple):
+  """One compiled call's updates on their way to the host."""
+  layers: List[int]  # commit (backward) order
+  weights: Any  # placement.HostCopy of a list over `layers`
+  slots: Any
+  state: Any
+  checks: List[Optional[dict]]  # NonFiniteGuard.values_to_check per layer
+
+
+class CommitQueue:
+  """Updates of compiled calls waiting to be committed to the host."""
+
+  def __init__(self, placement, store, n_async_layers, guard):
+    """Args:
+      placement: the trainer's `placement.Placement`.
+      store: the trainer's `store.LayerStore`, where updates are committed.
+      n_async_layers: int >= 0, see `options.TrainerOptions`.
+      guard: the `NonFiniteGuard` each layer's update passes.
+    """
+    self._placement = placement
+    self._store = store
+    self._n_async_layers = n_async_layers
+    self._guard = guard
+    self._pending = collections.deque()
+
+  def begin_step(self):
+    """Drops what an interrupted step left (it is never committed)."""
+    self._pending.clear()
+
+  def push(self, layers, weights, slots, states, stats):
+    """Starts the D2H copies of one call's updates (lists over `layers`, in
+    commit order) and commits the oldest calls that at least
+    `n_async_layers` layers were dispatched after."""
+    p = self._placement
+    self._pending.append(_Pending(
+        layers, p.start_to_host(weights), p.start_to_host(slots),
+        p.start_to_host(states, per_device=True),
+        [self._guard.values_to_check(s) for s in stats]))
+    pending_layers = sum(len(entry.layers) for entry in self._pending)
+    while self._pending and (pending_layers - len(self._pending[0].layers) >=
+                             self._n_async_layers):
+      pending_layers -= len(self._pending[0].layers)
+      self._commit(self._pending.popleft())
+
+  def drain(self):
+    """Commits every waiting update."""
+    while self._pending:
+      self._commit(self._pending.popleft())
+
+  def device_arrays(self):
+    """Device arrays the waiting updates still hold (to keep when freeing)."""
+    return [c.device_arrays() for entry in self._pending
+            for c in (entry.weights, entry.slots, entry.state)]
+
+  def _commit(self, entry):
+    """Commits one call's updates: each layer's weights, slots, state.
+
+    Layers are checked and committed in the order of `entry` (backward order
+    within a segment), so a non-finite value stops at the first bad layer.
+    """
+    weights = entry.weights.collect()
+    slots = entry.slots.collect()
+    state = entry.state.collect()
+    for k, i in enumerate(entry.layers):
+      if not self._guard.admits(i, entry.checks[k]):
+        return  # A skipped step commits nothing more.
+      self._guard.replacing(i)
+      self._store.set(i, weights[k], slots[k], state[k])

@@ -1,0 +1,213 @@
+"""The trainer's settings beyond trax's, as one frozen, validated object.
+
+Each is a constructor argument of `ReversibleSerialTrainer` and a gin
+binding `trax_revplus.ReversibleSerialTrainer.<name>`. `TrainerOptions`
+checks them all when it is made, before any layer is placed or compiled;
+`validate_gin_bindings` checks the bound ones without making a trainer, so a
+command line can reject a bad config before it builds a model.
+"""
+
+import dataclasses
+import os
+from typing import Optional, Union
+
+import gin
+import numpy as np
+
+from trax_revplus import host_memory
+from trax_revplus import validation
+
+GIN_CONFIGURABLE = 'trax_revplus.ReversibleSerialTrainer'
+ON_NON_FINITE = ('raise', 'skip', 'ignore')
+AUTO = 'auto'
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerOptions:
+  """Settings of `ReversibleSerialTrainer` beyond trax's arguments.
+
+  Attributes:
+    n_async_layers: int >= 0. A compiled call's updated weights, slots and
+      state are committed to the host once calls updating at least this
+      many layers were dispatched after it (0: synchronously), so the host
+      work of committing overlaps their compute. A call updates one layer,
+      or every layer of a reversible segment: with the default of 8 one call
+      of an 8-layer segment waits, or four of 2-layer segments, whose calls
+      are too short to hide the host work of one.
+    memory_log_every_n_steps: int >= 1, record memory every N steps
+      (`memory.MemoryLog`).
+    memory_log_per_layer: bool, also record each compiled call.
+    memory_log_tensorboard: bool, write TensorBoard scalars.
+    output_dir: str, `os.PathLike` or None, where `memory.jsonl` goes (also
+      `ReversibleSerialTrainer.set_output_dir`).
+    donate: bool, donate the device buffers of weights and slots to the
+      call that replaces them.
+    on_non_finite: 'raise' (default): a loss or gradient norm that is NaN
+      or Inf stops `one_step` with `validation.NonFiniteError` before the
+      layer it belongs to (and every layer after it in the backward order)
+      is updated; found at the loss, no weight is updated at all. 'skip':
+      the step is undone instead (all weights, slots and state as before
+      it; holds the replaced host arrays until the step ends) and
+      `one_step` returns the non-finite loss with a warning. 'ignore': no
+      check (as trax). Checked when each layer's update is committed, which
+      waits for that update anyway.
+    segment_max_layers: int >= 1, most consecutive reversible layers of a
+      block run in one compiled call (forward: the layers in order;
+      backward: reverse + backward + update of each, last to first), to
+      save per-call dispatch and host work when layers are small. 1 runs
+      one call per layer, as trax. Every layer keeps its own weights,
+      optimizer, slots and RNG, so results match per-layer calls. Segments
+      of a block have equal lengths (the last one may be shorter), so
+      repeated layer patterns give identical segments that share one
+      compilation.
+    segment_max_bytes: int >= 0, most bytes of weights + slots a segment
+      may hold on the device at once; segments are shortened until every
+      one fits, down to one layer (which is never split).
+    compile_ahead: bool, compile every function of the first step before
+      its first call: the step's walk over its layers runs once on
+      argument types (`jax.jit(...).trace`), and each function is compiled
+      on a helper thread, one per CPU core (XLA compiles without the GIL),
+      beside the others and beside the tracing, instead of one after the
+      other between the step's calls. The step's calls wait for all of
+      them: compilations beside calls that allocate large activations
+      fragment the C allocator's arenas and raise the first backward
+      pass's peak host memory. A function whose argument types cannot be
+      known ahead compiles when called. The compiled functions and results
+      are the same either way.
+    release_host_memory: bool, when host RSS has grown by 32 MiB or more
+      since the last release, give the memory the C allocator holds free
+      back to the system (`host_memory`, glibc only), so compiler and XLA
+      temporaries freed earlier do not stay under later phases' peak: at
+      the end of the constructor, once the first step's functions are
+      compiled ahead (`compile_ahead`), after the first call of each
+      compiled function (which compiles it where it was not compiled
+      ahead), and in every step between the forward and backward passes
+      and at the end of the step. Values computed are unaffected.
+    host_mmap_threshold: int bytes in [0, 32 MiB] or None (default:
+      glibc's own threshold, left as it is). An int fixes glibc's
+      `M_MMAP_THRESHOLD` at that value for the whole process
+      (`host_memory.set_mmap_threshold`; not where `GLIBC_TUNABLES` sets
+      it, nor without glibc): blocks of that size or more, e.g. XLA's
+      temporaries and buffers, get mappings of their own, returned to the
+      system when freed, instead of staying resident in the allocator's
+      arenas after glibc's own threshold has risen to 32 MiB: a lower,
+      more repeatable peak RSS, for longer steps (a block mapped afresh is
+      zero-filled on first touch). Values computed are unaffected.
+    backward_segment_max_layers: int >= 1 or 'auto': the most layers of
+      one backward call; a forward segment longer than that runs backward
+      as several equal-length segments. A backward call (reverse +
+      backward + update of each layer) compiles into a much larger program
+      than a forward one, whose temporaries grow with its length. 'auto':
+      the forward segment's length where its outputs (all devices) hold at
+      least 1 MiB, where long calls run fastest; 2 below that, where the
+      compiler's memory for a long backward segment would set the peak
+      host memory (decided in the first step, once the outputs are known).
+      A shorter length lowers the peak of activation-bound models and
+      costs speed. Results are the same either way.
+    clear_compilation_caches: bool, end the constructor with
+      `jax.clear_caches()`: the programs compiled so far in the process,
+      typically the layers' initializers, which training never runs again,
+      would stay in host memory under every later peak. A function compiled
+      before compiles again at its next call. Cleared after the weights and
+      slots are on the host, so later temporaries do not land above slots
+      that filled the freed memory.
+  """
+  n_async_layers: int = 8
+  memory_log_every_n_steps: int = 100
+  memory_log_per_layer: bool = False
+  memory_log_tensorboard: bool = True
+  output_dir: Optional[Union[str, os.PathLike]] = None
+  donate: bool = True
+  on_non_finite: str = 'raise'
+  segment_max_layers: int = 8
+  segment_max_bytes: int = 32 * 2**20
+  compile_ahead: bool = True
+  release_host_memory: bool = True
+  host_mmap_threshold: Optional[int] = None
+  backward_segment_max_layers: Union[int, str] = AUTO
+  clear_compilation_caches: bool = True
+
+  def __post_init__(self):
+    """Checks every setting; ints are stored as Python ints.
+
+    Raises:
+      validation.TrainerOptionError: a setting out of its range, the first
+        in field order.
+    """
+    _check_int(self, 'n_async_layers', 0)
+    _check_int(self, 'memory_log_every_n_steps', 1,
+               allowed='an int >= 1 (1 records every step)')
+    for name in ('memory_log_per_layer', 'memory_log_tensorboard', 'donate'):
+      _check_bool(self, name)
+    if not (self.output_dir is None or
+            isinstance(self.output_dir, (str, os.PathLike))):
+      raise validation.TrainerOptionError(
+          'output_dir', self.output_dir, 'None or a directory path (str)')
+    if self.on_non_finite not in ON_NON_FINITE:
+      raise validation.TrainerOptionError(
+          'on_non_finite', self.on_non_finite, f'one of {ON_NON_FINITE}')
+    _check_int(self, 'segment_max_layers', 1,
+               allowed='an int >= 1 (1: one call per layer)')
+    _check_int(self, 'segment_max_bytes', 0)
+    _check_bool(self, 'compile_ahead')
+    _check_bool(self, 'release_host_memory')
+    if self.host_mmap_threshold is not None:
+      limit = host_memory.MAX_MMAP_THRESHOLD_BYTES
+      _check_int(self, 'host_mmap_threshold', 0, limit,
+                 allowed=f"None (glibc's own threshold) or an int number of "
+                         f"bytes in [0, {limit}] (glibc's limit)")
+    if self.backward_segment_max_layers != AUTO:
+      _check_int(self, 'backward_segment_max_layers', 1,
+                 allowed=f"an int >= 1 or '{AUTO}'")
+    _check_bool(self, 'clear_compilation_caches')
+
+  @classmethod
+  def field_names(cls):
+    """The settings' names (tuple of str), in constructor order."""
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+def validate_gin_bindings():
+  """Checks the settings bound in gin for the trainer, without making one.
+
+  Reads the unscoped bindings of `trax_revplus.ReversibleSerialTrainer`
+  (after `gin.parse_config...`) and checks those of `TrainerOptions`
+  exactly as the trainer's constructor will; trax's own arguments and
+  scoped bindings are left to the constructor. Imports no model, places
+  nothing and touches no device, so a command line can call it right after
+  parsing its config.
+
+  Returns:
+    `TrainerOptions`: the bound settings, defaults for the rest.
+
+  Raises:
+    validation.TrainerOptionError: a bound setting is out of its range.
+  """
+  bound = gin.get_bindings(GIN_CONFIGURABLE)
+  names = set(TrainerOptions.field_names())
+  return TrainerOptions(**{k: v for k, v in bound.items() if k in names})
+
+
+def _is_int(value):
+  return isinstance(value, (int, np.integer)) and not isinstance(
+      value, (bool, np.bool_))
+
+
+def _check_int(options, name, low, high=None, allowed=None):
+  """Checks that setting `name` is an int in [low, high]; stores it as int.
+
+  `allowed` describes the range in the error message (default: 'an int >=
+  low').
+  """
+  value = getattr(options, name)
+  if not _is_int(value) or value < low or (high is not None and value > high):
+    raise validation.TrainerOptionError(name, value,
+                                        allowed or f'an int >= {low}')
+  object.__setattr__(options, name, int(value))
+
+
+def _check_bool(options, name):
+  value = getattr(options, name)
+  if not isinstance(value, (bool, np.bool_)):
+    raise validation.TrainerOptionError(name, value, 'True or False')
+  object.__setattr__(options, name, bool(value))
