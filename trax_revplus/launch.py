@@ -25,6 +25,7 @@ import argparse
 import ctypes
 import ctypes.util
 import os
+import queue
 import signal
 import socket
 import subprocess
@@ -37,7 +38,7 @@ EXIT_RUNTIME = 1
 EXIT_USAGE = 2
 
 DEFAULT_STOP_GRACE_SECONDS = 10.0
-_POLL_SECONDS = 0.05
+_POLL_SECONDS = 0.1
 _PR_SET_PDEATHSIG = 1
 
 
@@ -265,18 +266,30 @@ def _send(proc, signum):
 def _wait(procs, received, stop_grace_seconds):
   """Waits for every process; stops the rest once one fails.
 
+  One thread per process waits for it, so the order in which processes end
+  is known even when they end within the same instant (a process that dies
+  and a peer whose next collective fails at once).
+
   Returns:
-    The index of the first process seen to fail, or None.
+    The index of the first process that ended with a failure, or None.
   """
+  ended = queue.Queue()
+  for i, proc in enumerate(procs):
+    threading.Thread(target=lambda i=i, p=proc: ended.put((i, p.wait())),
+                     daemon=True).start()
   failed = None
   kill_at = None
-  while [p.poll() for p in procs].count(None):
-    if failed is None:
-      for i, proc in enumerate(procs):
-        if proc.returncode not in (None, 0):
-          failed = i
-          break
-      if failed is not None and not received:
+  running = len(procs)
+  while running:
+    try:
+      # Short waits: signal handlers run on this thread between them.
+      i, returncode = ended.get(timeout=_POLL_SECONDS)
+      running -= 1
+    except queue.Empty:
+      i, returncode = None, 0
+    if returncode != 0 and failed is None:
+      failed = i
+      if not received:
         # After a forwarded signal the others are already stopping (the
         # chief may be writing its checkpoint): no second signal then.
         for proc in procs:
@@ -288,10 +301,6 @@ def _wait(procs, received, stop_grace_seconds):
         if proc.poll() is None:
           _send(proc, signal.SIGKILL)
       kill_at = None
-    time.sleep(_POLL_SECONDS)
-  if failed is None:
-    failed = next((i for i, p in enumerate(procs) if p.returncode != 0),
-                  None)
   return failed
 
 
