@@ -1,38 +1,27 @@
 """Joins JAX's multi-process runtime (`jax.distributed`) before training.
 
-A multi-process run is one process per host (or several on one host), each
-with its own devices; `jax.distributed.initialize` connects them through a
-coordinator that process 0 serves, after which `jax.devices()` lists every
-process's devices and collectives span them all. This module does only that
-join, and makes each way it can fail end in one line and an exit status
-instead of a hang or a C++ stack trace:
+Each process of a multi-process run (one per host, or several on one host)
+joins through a coordinator that process 0 serves; then `jax.devices()`
+lists every process's devices and collectives span them all. This module
+does that join, and turns each way it can fail into one line and an exit
+status instead of a hang or a C++ stack trace (`join_guard`):
+`resolve_config` checks the values (`DistributedUsageError`, exit 2);
+`initialize` checks what it can before JAX does, bounds the wait, and
+checks that the processes agree and can run a collective
+(`DistributedRuntimeError`, exit 1); `exit_immediately` ends a joined
+process after a failure without JAX's shutdown barrier.
 
-  * `resolve_config` turns flag values and the environment into a
-    `DistributedConfig`, checking them (`DistributedUsageError`, exit 2);
-  * `initialize(config)` joins: it checks what it can before JAX does (the
-    coordinator host resolves; on process 0, the coordinator port is free),
-    bounds the join by `timeout_seconds`, then checks that every process
-    agrees on the number of processes and can reach the others with a
-    collective (`DistributedRuntimeError`, exit 1, for what the network or
-    the other processes cause);
-  * `exit_immediately(status)` ends a joined process after a failure without
-    JAX's shutdown barrier, which would otherwise wait for the processes that
-    failed (`heartbeat_timeout_seconds`) and then abort with a stack trace.
+Where each of the three values comes from (first found wins):
 
-Where the values come from, for each of the three (first found wins):
-
-  1. the value passed (the command line's `--num_processes`,
-     `--process_id`, `--coordinator_address`);
-  2. JAX's own variable `JAX_COORDINATOR_ADDRESS` (the address only;
-     `JAX_LOCAL_DEVICE_IDS`, `JAX_COORDINATOR_PORT` and
-     `JAX_COORDINATOR_BIND_ADDRESS` are read by JAX itself);
-  3. a cluster launcher JAX detects (`jax/_src/clusters/`): SLURM (`srun`:
-     `SLURM_NTASKS`, `SLURM_PROCID`; the coordinator is the step's first
-     node), Open MPI (`mpirun`: `OMPI_COMM_WORLD_SIZE`,
+  1. the argument (the command line's `--num_processes`, `--process_id`,
+     `--coordinator_address`);
+  2. `JAX_COORDINATOR_ADDRESS` (the address only; `JAX_LOCAL_DEVICE_IDS`,
+     `JAX_COORDINATOR_PORT`, `JAX_COORDINATOR_BIND_ADDRESS` are read by JAX);
+  3. a cluster launcher, detected as `jax/_src/clusters/` does: SLURM
+     (`SLURM_NTASKS`, `SLURM_PROCID`), Open MPI (`OMPI_COMM_WORLD_SIZE`,
      `OMPI_COMM_WORLD_RANK`) or a Kubernetes indexed Job
-     (`JOB_COMPLETION_INDEX`; JAX asks the Kubernetes API, through the
-     `kubernetes` package, for the process count and coordinator). Values
-     left unset here are filled in by `jax.distributed.initialize` itself.
+     (`JOB_COMPLETION_INDEX`); what is still unset (the coordinator; the
+     Kubernetes count) `jax.distributed.initialize` fills in.
 
 With none of these the run is a single process and nothing is joined.
 """
