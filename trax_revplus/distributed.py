@@ -332,7 +332,9 @@ def initialize(config: DistributedConfig, error_prefix: str = 'error: '):
 
     * not every process joined within `timeout_seconds` (`JoinTimeoutError`,
       exit 1);
-    * SIGINT or SIGTERM arrived (`JoinInterruptedError`, exit 128 + signal);
+    * SIGINT arrived, or SIGTERM where a Python handler is installed
+      (`JoinInterruptedError`, exit 128 + signal; SIGTERM's default action
+      simply ends the process);
     * the coordinator rejected this process, e.g. a second process with its
       id (JAX aborts it: SIGABRT; its stack trace is condensed to the line);
     * after connecting, process 0 started the run for another number of

@@ -98,7 +98,10 @@ class JoinWatchdog:
 
   def fail(self, error):
     """Prints `error` as one line and ends the process with its status."""
-    print(f'{self._prefix}{error}', file=sys.stderr, flush=True)
+    try:
+      print(f'{self._prefix}{error}', file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+      pass  # stderr is gone; the exit status still tells.
     exit_immediately(error.exit_code)
 
   def _wake(self):
@@ -174,10 +177,14 @@ class CondensedStderr:
     except OSError:
       return self
     sys.stderr.flush()
-    self._proc = subprocess.Popen(
-        [sys.executable, '-S', '-c', _FILTER] + self._argv,
-        stdin=subprocess.PIPE, stdout=self._saved_fd,
-        stderr=subprocess.DEVNULL)
+    try:
+      self._proc = subprocess.Popen(
+          [sys.executable, '-S', '-c', _FILTER] + self._argv,
+          stdin=subprocess.PIPE, stdout=self._saved_fd,
+          stderr=subprocess.DEVNULL)
+    except OSError:  # No interpreter to run it: JAX's output stays as is.
+      os.close(self._saved_fd)
+      return self
     os.dup2(self._proc.stdin.fileno(), 2)
     return self
 
