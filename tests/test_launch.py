@@ -169,6 +169,47 @@ def test_a_signal_to_the_launcher_is_forwarded_to_every_process(
       f'status {128 + signum}.')
 
 
+@pytest.mark.skipif(not sys.platform.startswith('linux'),
+                    reason='the parent-death signal is Linux only')
+def test_processes_die_with_the_launcher(tmp_path):
+  command = _child(f'''
+      with open(os.path.join({str(tmp_path)!r}, f'pid{{i}}'), 'w') as f:
+        f.write(str(os.getpid()))
+      ready({str(tmp_path)!r})
+      time.sleep({_FOREVER_SECONDS})
+      ''')
+  launcher = subprocess.Popen(
+      [sys.executable, '-m', 'trax_revplus.launch', '--num_processes=2',
+       '--'] + command, cwd=_REPO, stdout=subprocess.DEVNULL,
+      stderr=subprocess.DEVNULL)
+  deadline = time.monotonic() + _START_SECONDS
+  while not all((tmp_path / f'ready{i}').exists() for i in range(2)):
+    if time.monotonic() > deadline or launcher.poll() is not None:
+      launcher.kill()
+      pytest.fail('processes not ready')
+    time.sleep(0.05)
+  pids = [int((tmp_path / f'pid{i}').read_text()) for i in range(2)]
+  launcher.kill()  # SIGKILL: no chance to stop them itself.
+  launcher.wait()
+  deadline = time.monotonic() + _START_SECONDS
+  alive = pids
+  while alive and time.monotonic() < deadline:
+    alive = [pid for pid in alive if _running(pid)]
+    time.sleep(0.05)
+  for pid in alive:
+    os.kill(pid, signal.SIGKILL)
+  assert not alive
+
+
+def _running(pid):
+  """Whether `pid` runs (not gone, not a zombie awaiting its parent)."""
+  try:
+    with open(f'/proc/{pid}/stat') as f:
+      return f.read().split(') ', 1)[1][0] != 'Z'
+  except OSError:
+    return False
+
+
 def test_usage_errors_exit_2():
   with pytest.raises(launch.LaunchUsageError):
     launch.launch([], 2)

@@ -39,6 +39,7 @@ EXIT_USAGE = 2
 
 DEFAULT_STOP_GRACE_SECONDS = 10.0
 _POLL_SECONDS = 0.1
+_DRAIN_SECONDS = 10
 _PR_SET_PDEATHSIG = 1
 
 
@@ -236,7 +237,9 @@ def launch(command: Sequence[str], num_processes: int, *,
         _send(proc, signal.SIGKILL)
         proc.wait()
     for forwarder in forwarders:
-      forwarder.join()
+      # Ends with the process's pipe; a process it started may hold the pipe
+      # open longer, so do not wait for that indefinitely.
+      forwarder.join(timeout=_DRAIN_SECONDS)
     for signum, handler in previous.items():
       signal.signal(signum, handler)
   ends = ', '.join(f'process {i} {describe_exit(p.returncode)}'
