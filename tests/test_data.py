@@ -5,6 +5,7 @@ import os
 import gin
 import numpy as np
 import pytest
+from trax.data import inputs as trax_inputs
 
 from trax_revplus import data
 
@@ -203,3 +204,107 @@ def test_registered_with_gin(text_dir):
     assert next(inputs.train_stream(1))[0].shape == (2, 24)
   finally:
     gin.clear_config()
+
+
+# ------------------------------------------------- one slice per process --
+
+
+def _global_and_process_batches(directory, batch_size, process_count, steps):
+  """The single-process batches and each process's, for `steps` steps."""
+  corpus = data.load_corpus(paths=str(directory), sequence_length=16,
+                            batch_size=batch_size)
+  single = corpus.train_stream(1, process_index=0, process_count=1)
+  whole = [next(single) for _ in range(steps)]
+  per_process = []
+  for i in range(process_count):
+    stream = corpus.train_stream(1, process_index=i,
+                                 process_count=process_count)
+    per_process.append([next(stream) for _ in range(steps)])
+  return whole, per_process
+
+
+@pytest.mark.parametrize('process_count', [2, 4])
+def test_each_process_reads_its_rows_of_the_global_batch(text_dir,
+                                                         process_count):
+  directory, _ = text_dir
+  batch_size = 8
+  rows = batch_size // process_count
+  whole, per_process = _global_and_process_batches(directory, batch_size,
+                                                   process_count, steps=3)
+  for step in range(3):
+    assert not np.array_equal(whole[step][0], whole[(step + 1) % 3][0])
+    for i in range(process_count):
+      for mine, everyone in zip(per_process[i][step], whole[step]):
+        assert mine.shape == (rows, 16)
+        np.testing.assert_array_equal(mine,
+                                      everyone[i * rows:(i + 1) * rows])
+
+
+def test_two_processes_of_one_device_see_what_two_devices_of_one_see(
+    text_dir):
+  directory, _ = text_dir
+  corpus = data.load_corpus(paths=str(directory), sequence_length=16,
+                            batch_size=6)
+  # One stream at a time: streams of one process share trax's data counter.
+  two_devices = corpus.train_stream(2, process_index=0, process_count=1)
+  # How trax splits a batch over the devices of one process
+  # (`tl.reshape_by_device`): device d takes rows [d * B/2, (d + 1) * B/2).
+  by_device = [[x.reshape((2, 3) + x.shape[1:]) for x in next(two_devices)]
+               for _ in range(2)]
+  for i in range(2):
+    stream = corpus.train_stream(1, process_index=i, process_count=2)
+    for step in range(2):
+      for mine, devices in zip(next(stream), by_device[step]):
+        np.testing.assert_array_equal(mine, devices[i])
+
+
+def test_global_batch_must_divide_over_every_device_of_every_process(
+    text_dir):
+  directory, _ = text_dir
+  corpus = data.load_corpus(paths=str(directory), sequence_length=16,
+                            batch_size=8)
+  corpus.train_stream(2, process_index=1, process_count=2)
+  corpus.train_stream(1, process_index=3, process_count=8)
+  with pytest.raises(data.CorpusError) as info:
+    corpus.train_stream(2, process_index=0, process_count=3)
+  assert isinstance(info.value, ValueError)
+  assert str(info.value) == (
+      'local_text_inputs.batch_size = 8 (the global batch) is not divisible '
+      'by the 6 devices of the run (3 processes x 2 local devices); choose a '
+      'multiple of 6.')
+  with pytest.raises(data.CorpusError, match='16 devices'):
+    corpus.train_stream(4, process_index=0, process_count=4)
+  with pytest.raises(data.CorpusError, match='process_index = 2 is not below'):
+    corpus.train_stream(1, process_index=2, process_count=2)
+  with pytest.raises(data.CorpusError, match='process_count must be an int'):
+    corpus.train_stream(1, process_index=0, process_count=0)
+
+
+def test_a_process_stream_resumes_at_the_data_counter(text_dir):
+  directory, _ = text_dir
+  corpus = data.load_corpus(paths=str(directory), sequence_length=16,
+                            batch_size=4)
+  whole = corpus.train_stream(1, process_index=0, process_count=1)
+  expected = [next(whole) for _ in range(5)][4]
+  stream = corpus.train_stream(1, process_index=1, process_count=2)
+  next(stream)
+  # trax's Loop restoring a checkpoint of step 4 raises the counter.
+  trax_inputs.data_counters[data.TRAIN_COUNTER] = 4
+  for mine, everyone in zip(next(stream), expected):
+    np.testing.assert_array_equal(mine, everyone[2:])
+  assert trax_inputs.data_counters[data.TRAIN_COUNTER] == 5
+
+
+def test_the_process_index_and_count_come_from_jax(text_dir, monkeypatch):
+  import jax  # pylint: disable=g-import-not-at-top
+  directory, _ = text_dir
+  corpus = data.load_corpus(paths=str(directory), sequence_length=16,
+                            batch_size=4)
+  whole = next(corpus.train_stream(1, process_index=0, process_count=1))
+  # As in process 1 of a 2-process run (`jax.distributed`).
+  monkeypatch.setattr(jax, 'process_index', lambda: 1)
+  monkeypatch.setattr(jax, 'process_count', lambda: 2)
+  for mine, everyone in zip(next(corpus.train_stream(2)), whole):
+    np.testing.assert_array_equal(mine, everyone[2:])
+  with pytest.raises(data.CorpusError, match='2 processes x 4 local'):
+    corpus.train_stream(4)

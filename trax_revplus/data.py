@@ -22,7 +22,9 @@ The train stream resumes: batch n is a function of `seed` and n only, and the
 stream keeps n in trax's data counters (`trax.data.inputs.data_counters`,
 name `TRAIN_COUNTER`), which trax's `Loop` saves with each checkpoint and
 loads before training; a restarted run continues with the batch after the
-checkpoint's step instead of the first. Nothing here touches the network. TFDS datasets remain usable through trax's
+checkpoint's step instead of the first. In a multi-process run
+(`jax.distributed`) each process reads its own rows of the same global
+batch. Nothing here touches the network. TFDS datasets remain usable through trax's
 own `trax.data.batcher` / `data_streams` configs.
 """
 
@@ -207,6 +209,32 @@ def _check_divisible(name, batch_size, n_devices):
         f'{n_devices} devices; choose a multiple of {n_devices}.')
 
 
+def _this_process():
+  """(index, count) of this process in a multi-process JAX run."""
+  import jax  # pylint: disable=g-import-not-at-top
+  return jax.process_index(), jax.process_count()
+
+
+def _check_process_split(batch_size, n_devices, process_index,
+                         process_count):
+  """Checks that the global batch splits over processes, then devices."""
+  for name, value, low in (('process_count', process_count, 1),
+                           ('process_index', process_index, 0)):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or (
+        value < low):
+      raise CorpusError(f'{name} must be an int >= {low}, got {value!r}.')
+  if process_index >= process_count:
+    raise CorpusError(f'process_index = {process_index} is not below '
+                      f'process_count = {process_count}.')
+  total = n_devices * process_count
+  if batch_size % total:
+    raise CorpusError(
+        f'local_text_inputs.batch_size = {batch_size} (the global batch) is '
+        f'not divisible by the {total} devices of the run ({process_count} '
+        f'processes x {n_devices} local devices); choose a multiple of '
+        f'{total}.')
+
+
 def _batch(buffer, offsets, sequence_length):
   """Gathers windows of `buffer` at `offsets`; zero-pads past its end.
 
@@ -256,50 +284,84 @@ class LocalTextCorpus:
       last = max(length - sequence_length, 0)
       self._eval_offsets = np.linspace(0, last, n_windows).astype(np.int64)
 
-  def train_stream(self, n_devices):
+  def train_stream(self, n_devices, process_index=None, process_count=None):
     """Returns an endless iterator of random training windows.
 
-    Mirrors the stream functions of `trax.data.inputs.Inputs`.
+    Mirrors the stream functions of `trax.data.inputs.Inputs`. In a
+    multi-process run each process reads its own rows of the global batch:
+    process i of P yields rows [i * B / P, (i + 1) * B / P) of the batch of
+    B = batch_size rows that a single process would yield at the same
+    position, so P processes x D devices train on exactly what one process
+    with P * D devices does.
 
     Args:
-      n_devices: int, number of devices the batch is split over.
+      n_devices: int, number of devices of this process the batch is split
+        over.
+      process_index: int in [0, process_count), this process; None for
+        `jax.process_index()`.
+      process_count: int >= 1, processes of the run; None for
+        `jax.process_count()`.
 
     Returns:
       Iterator of (inputs, targets, weights) with shapes
-      (batch_size, sequence_length), dtypes int32, int32, float32. The same
-      `seed` gives the same sequence of batches on every call. Making the
-      stream sets its position (`trax.data.inputs.data_counters[
-      TRAIN_COUNTER]`, the number of batches yielded) to 0; when that
-      counter is later raised (trax's `Loop` restoring a checkpoint), the
-      stream jumps ahead to it.
+      (batch_size / process_count, sequence_length), dtypes int32, int32,
+      float32. The same `seed` gives the same sequence of batches on every
+      call. Making the stream sets its position (`trax.data.inputs.
+      data_counters[TRAIN_COUNTER]`, the number of batches yielded) to 0;
+      when that counter is later raised (trax's `Loop` restoring a
+      checkpoint), the stream jumps ahead to it.
 
     Raises:
-      CorpusError: If batch_size is not divisible by n_devices.
+      CorpusError: If batch_size is not divisible by n_devices times
+        process_count, or the process index or count is out of range.
     """
+    if process_index is None or process_count is None:
+      this_index, this_count = _this_process()
+      process_index = this_index if process_index is None else process_index
+      process_count = this_count if process_count is None else process_count
     _check_divisible('batch_size', self._batch_size, n_devices)
+    _check_process_split(self._batch_size, n_devices, process_index,
+                         process_count)
     trax_inputs.data_counters[TRAIN_COUNTER] = 0
-    return self._train_batches()
+    return self._train_batches(process_index, process_count)
 
-  def train_batch(self, index):
-    """Returns training batch number `index` (int >= 0) of the stream."""
+  def train_batch(self, index, process_index=0, process_count=1):
+    """Returns training batch number `index` (int >= 0) of the stream.
+
+    Args:
+      index: int >= 0, the batch's position in the stream.
+      process_index: int, this process's index (see `train_stream`).
+      process_count: int, processes the global batch is split over.
+
+    Returns:
+      (inputs, targets, weights), each of shape
+      (batch_size / process_count, sequence_length): the process's rows of
+      the global batch.
+    """
     high = self.train_bytes.shape[0] - self._sequence_length + 1
     rng = np.random.default_rng([self._seed, index])
     offsets = rng.integers(0, high, size=self._batch_size)
+    rows = self._batch_size // process_count
+    offsets = offsets[process_index * rows:(process_index + 1) * rows]
     return _batch(self.train_bytes, offsets, self._sequence_length)
 
-  def _train_batches(self):
+  def _train_batches(self, process_index, process_count):
     index = 0
     while True:
       # Read at every batch: trax's Loop replaces the whole dict when it
       # loads the counters of a checkpoint.
       index = max(index, trax_inputs.data_counters.get(TRAIN_COUNTER, 0))
-      batch = self.train_batch(index)
+      batch = self.train_batch(index, process_index, process_count)
       index += 1
       trax_inputs.data_counters[TRAIN_COUNTER] = index
       yield batch
 
   def eval_stream(self, n_devices):
     """Returns an endless iterator cycling over fixed eval windows.
+
+    Not split over processes: in a multi-process run every process
+    evaluates the whole eval batch (trax's `Loop` evaluates on each host
+    alone), so each reports the metrics a single process would.
 
     Args:
       n_devices: int, number of devices the batch is split over.
@@ -403,8 +465,10 @@ def local_text_inputs(paths=None, eval_paths=None, sequence_length=256,
     eval_paths: Optional files/directories/globs for eval. If given, all of
       `paths` is used for training and `eval_fraction`/`split_by` are ignored.
     sequence_length: Tokens (bytes) per example (int).
-    batch_size: Train examples per batch over all devices (int); must be
-      divisible by the number of devices.
+    batch_size: Train examples per batch over all devices of all processes
+      (int, the global batch); must be divisible by the number of devices
+      of the run. In a multi-process run each process reads its own
+      consecutive rows of it (see `LocalTextCorpus.train_stream`).
     eval_batch_size: Eval examples per batch (int); `batch_size` if None.
     eval_fraction: Share of the corpus held out for eval, in (0, 1).
     split_by: "file": whole files go to train or eval, chosen by a hash of
@@ -429,7 +493,8 @@ def local_text_inputs(paths=None, eval_paths=None, sequence_length=256,
     CorpusError (a ValueError): if a path or glob matches no file, the files
       are empty or too short for one sequence, a per-file split has fewer
       than 2 files, a setting is out of range, or (when a stream is made) a
-      batch size is not divisible by the device count.
+      batch size is not divisible by the device count (for the train
+      batch: of all processes).
   """
   corpus = load_corpus(paths=paths, eval_paths=eval_paths,
                        sequence_length=sequence_length, batch_size=batch_size,

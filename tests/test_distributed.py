@@ -1,0 +1,343 @@
+"""Tests for trax_revplus.distributed: joining jax.distributed, and failing.
+
+The multi-process tests start real processes on loopback
+(tests/distributed_worker.py), each with the CPU backend and gloo. Every
+wait is bounded by a budget for starting a Python process that imports JAX
+on a slow, busy machine, plus the join deadline under test; a process that
+outlives it is killed and the test fails (a hang, which these paths must
+never do).
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from trax_revplus import distributed
+from trax_revplus import launch
+
+_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                       'distributed_worker.py')
+# Seconds a process may take to start and import JAX on a busy 2-core
+# machine, on top of any deadline a test sets.
+_START_SECONDS = 240
+# A join deadline long enough never to expire in a run that should succeed.
+_PATIENT_JOIN_SECONDS = 300
+
+
+# ---------------------------------------------------------- resolve_config --
+
+
+def test_no_flags_and_no_cluster_is_one_process():
+  config = distributed.resolve_config(environ={})
+  assert not config.is_multi_process
+  assert (config.num_processes, config.process_id) == (1, 0)
+
+
+def test_explicit_values_make_a_multi_process_config():
+  config = distributed.resolve_config(2, 1, '10.0.0.1:1234', environ={})
+  assert config.is_multi_process
+  assert (config.num_processes, config.process_id,
+          config.coordinator_address) == (2, 1, '10.0.0.1:1234')
+  assert config.cluster is None
+
+
+@pytest.mark.parametrize('kwargs,message', [
+    ({'num_processes': 2, 'coordinator_address': 'h:1'}, '--process_id'),
+    ({'num_processes': 2, 'process_id': 0}, '--coordinator_address'),
+    ({'process_id': 1, 'coordinator_address': 'h:1'}, '--num_processes'),
+    ({'num_processes': 0}, '--num_processes=0 must be >= 1'),
+    ({'num_processes': 2, 'process_id': 2, 'coordinator_address': 'h:1'},
+     '--process_id=2 is outside 0..1'),
+    ({'num_processes': 2, 'process_id': -1, 'coordinator_address': 'h:1'},
+     'outside'),
+    ({'num_processes': 1, 'process_id': 1}, '--process_id=1'),
+    ({'num_processes': 'two'}, 'must be an integer'),
+    ({'num_processes': 2, 'process_id': 0, 'coordinator_address': 'h:1',
+      'timeout_seconds': 0}, 'timeout_seconds'),
+])
+def test_bad_values_are_usage_errors_naming_the_flag(kwargs, message):
+  with pytest.raises(distributed.DistributedUsageError) as info:
+    distributed.resolve_config(environ={}, **kwargs)
+  assert message in str(info.value)
+  assert info.value.exit_code == 2
+  assert '\n' not in str(info.value)
+
+
+@pytest.mark.parametrize('address', [
+    'localhost', 'localhost:', ':1234', 'host:0', 'host:65536', 'a b:12',
+    'http://host:12', 'host:12:13'])
+def test_malformed_coordinator_addresses_are_usage_errors(address):
+  with pytest.raises(distributed.DistributedUsageError, match='HOST:PORT'):
+    distributed.resolve_config(2, 0, address, environ={})
+
+
+def test_address_forms_parse():
+  assert distributed.parse_address('10.0.0.1:1234') == ('10.0.0.1', 1234)
+  assert distributed.parse_address('node-7.cluster:80') == ('node-7.cluster',
+                                                            80)
+  assert distributed.parse_address('[::1]:65535') == ('::1', 65535)
+
+
+def test_jax_coordinator_address_variable_gives_the_address():
+  config = distributed.resolve_config(
+      2, 0, environ={'JAX_COORDINATOR_ADDRESS': '10.1.1.1:99'})
+  assert config.coordinator_address == '10.1.1.1:99'
+  config = distributed.resolve_config(
+      2, 0, 'h:5', environ={'JAX_COORDINATOR_ADDRESS': '10.1.1.1:99'})
+  assert config.coordinator_address == 'h:5'  # The flag wins.
+
+
+_SLURM = {'SLURM_JOB_ID': '77', 'SLURM_STEP_NODELIST': 'node[001-004]',
+          'SLURM_NTASKS': '4', 'SLURM_PROCID': '3', 'SLURM_LOCALID': '0'}
+
+
+def test_slurm_environment_gives_count_and_index_jax_the_address():
+  config = distributed.resolve_config(environ=_SLURM)
+  assert (config.num_processes, config.process_id, config.cluster,
+          config.coordinator_address) == (4, 3, 'slurm', None)
+  assert config.is_multi_process
+  # A flag given still wins over the environment.
+  assert distributed.resolve_config(
+      process_id=1, environ=_SLURM).process_id == 1
+  # One task: a single process, nothing to join.
+  single = distributed.resolve_config(environ=dict(_SLURM, SLURM_NTASKS='1',
+                                                   SLURM_PROCID='0'))
+  assert not single.is_multi_process
+  # An allocation without a job step (no srun) is not a launcher.
+  partial = {k: v for k, v in _SLURM.items() if k != 'SLURM_STEP_NODELIST'}
+  assert not distributed.resolve_config(environ=partial).is_multi_process
+
+
+def test_open_mpi_and_kubernetes_environments():
+  ompi = {'OMPI_MCA_orte_hnp_uri': '1531576320.0;tcp://10.0.0.1:34911',
+          'OMPI_COMM_WORLD_SIZE': '2', 'OMPI_COMM_WORLD_RANK': '1'}
+  config = distributed.resolve_config(environ=ompi)
+  assert (config.num_processes, config.process_id,
+          config.cluster) == (2, 1, 'ompi')
+  k8s = {'KUBERNETES_SERVICE_HOST': '10.96.0.1', 'JOB_COMPLETION_INDEX': '5'}
+  config = distributed.resolve_config(environ=k8s)
+  assert (config.num_processes, config.process_id,
+          config.cluster) == (None, 5, 'k8s')
+  assert config.is_multi_process
+  # Any pod has KUBERNETES_SERVICE_HOST; only an indexed Job is a launcher.
+  pod = {'KUBERNETES_SERVICE_HOST': '10.96.0.1'}
+  assert not distributed.resolve_config(environ=pod).is_multi_process
+
+
+def test_error_classes_carry_exit_statuses():
+  assert issubclass(distributed.DistributedUsageError, ValueError)
+  assert issubclass(distributed.DistributedRuntimeError, RuntimeError)
+  assert distributed.DistributedUsageError('x').exit_code == 2
+  assert distributed.JoinTimeoutError('x').exit_code == 1
+  assert distributed.JoinInterruptedError('x', signal.SIGINT).exit_code == 130
+
+
+# ----------------------------------------------------- processes, loopback --
+
+
+class _Processes:
+  """Worker processes started together; `wait()` bounds every one."""
+
+  def __init__(self, argvs, env=None):
+    self.started = time.monotonic()
+    self.procs = [
+        subprocess.Popen([sys.executable, _WORKER] + list(argv),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=env, start_new_session=True)
+        for argv in argvs]
+
+  def wait(self, seconds):
+    """[(returncode, stdout, stderr, seconds to exit)] of every process."""
+    results = []
+    try:
+      for proc in self.procs:
+        remaining = max(1.0, self.started + seconds - time.monotonic())
+        out, err = proc.communicate(timeout=remaining)
+        results.append((proc.returncode, out, err,
+                        time.monotonic() - self.started))
+    except subprocess.TimeoutExpired:
+      self.kill()
+      pytest.fail(f'a worker process did not exit within {seconds:g} s '
+                  f'(hung)')
+    return results
+
+  def kill(self):
+    for proc in self.procs:
+      if proc.poll() is None:
+        proc.kill()
+        proc.communicate()
+
+
+def _env(devices_per_process=1):
+  env = dict(os.environ)
+  env['XLA_FLAGS'] = (f'--xla_force_host_platform_device_count='
+                      f'{devices_per_process}')
+  env['PYTHONUNBUFFERED'] = '1'
+  return env
+
+
+def _flags(n, i, address, timeout_seconds=_PATIENT_JOIN_SECONDS):
+  return [f'--num_processes={n}', f'--process_id={i}',
+          f'--coordinator_address={address}',
+          f'--timeout_seconds={timeout_seconds}']
+
+
+def _address():
+  return f'127.0.0.1:{launch.free_port()}'
+
+
+def _error_lines(stderr):
+  """Our one-line errors, and any sign of a JAX abort, in stderr."""
+  lines = [l for l in stderr.splitlines() if l.startswith('error: ')]
+  aborted = 'Check failure stack trace' in stderr or 'Terminating process' in (
+      stderr)
+  return lines, aborted
+
+
+def _assert_one_line_error(result, exit_code, *fragments):
+  returncode, _, stderr, _ = result
+  lines, aborted = _error_lines(stderr)
+  assert returncode == exit_code, stderr[-2000:]
+  assert not aborted, stderr[-2000:]
+  assert len(lines) == 1, stderr[-2000:]
+  for fragment in fragments:
+    assert fragment in lines[0], lines[0]
+
+
+@pytest.mark.parametrize('devices_per_process', [1, 2])
+def test_two_processes_join_and_psum_across_them(devices_per_process):
+  address = _address()
+  procs = _Processes([['psum'] + _flags(2, i, address) for i in range(2)],
+                     env=_env(devices_per_process))
+  results = procs.wait(_START_SECONDS + _PATIENT_JOIN_SECONDS)
+  n = 2 * devices_per_process
+  for i, (returncode, out, err, _) in enumerate(results):
+    assert returncode == 0, err[-2000:]
+    report = json.loads(out.strip().splitlines()[-1])
+    assert report['process_index'] == i
+    assert report['process_count'] == 2
+    assert report['device_count'] == n
+    assert report['local_device_count'] == devices_per_process
+    # Device d contributes d + 1: the sum over every device of both.
+    assert report['psum'] == n * (n + 1) / 2
+
+
+def test_a_process_that_never_joins_times_out_in_one_line():
+  timeout = 4
+  procs = _Processes([['psum'] + _flags(2, 0, _address(), timeout)],
+                     env=_env())
+  [result] = procs.wait(_START_SECONDS + timeout)
+  _assert_one_line_error(result, 1, 'process 0 of 2',
+                         f'not every process joined within {timeout} s')
+
+
+def test_coordinator_port_in_use_fails_at_once_in_one_line():
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
+    holder.bind(('127.0.0.1', 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    procs = _Processes(
+        [['psum'] + _flags(2, 0, f'127.0.0.1:{port}', _PATIENT_JOIN_SECONDS)],
+        env=_env())
+    # Well before the join deadline: the port is checked before joining.
+    [result] = procs.wait(_START_SECONDS)
+  _assert_one_line_error(result, 1, f'port {port}', 'already in use')
+
+
+def test_unresolvable_coordinator_host_fails_at_once_in_one_line():
+  procs = _Processes(
+      [['psum'] + _flags(2, 1, 'no-such-host.invalid:1234',
+                         _PATIENT_JOIN_SECONDS)], env=_env())
+  [result] = procs.wait(_START_SECONDS)
+  _assert_one_line_error(result, 1, "'no-such-host.invalid' does not resolve")
+
+
+@pytest.mark.parametrize('flags,fragment', [
+    (['--num_processes=2', '--process_id=2',
+      '--coordinator_address=127.0.0.1:1234'], 'outside 0..1'),
+    (['--num_processes=0', '--process_id=0'], 'must be >= 1'),
+    (['--num_processes=2', '--process_id=0',
+      '--coordinator_address=localhost'], 'HOST:PORT'),
+])
+def test_bad_flags_exit_with_usage_status_in_one_line(flags, fragment):
+  procs = _Processes([['psum'] + flags], env=_env())
+  [result] = procs.wait(_START_SECONDS)
+  _assert_one_line_error(result, 2, fragment)
+
+
+def test_processes_disagreeing_on_the_count_fail_in_one_line_each():
+  # Process 1 believes in 3 processes; process 0 started a run of 2.
+  address = _address()
+  procs = _Processes([['psum'] + _flags(2, 0, address),
+                      ['psum'] + _flags(3, 1, address)], env=_env())
+  first, second = procs.wait(_START_SECONDS + _PATIENT_JOIN_SECONDS)
+  _assert_one_line_error(second, 2, 'process 1 of 3',
+                         'process 0 started the run for 2 processes')
+  # Process 0 waited for it at the first collective and gave up, in one
+  # line, before JAX's heartbeat timeout (100 s) would abort it.
+  _assert_one_line_error(first, 1, 'process 0 of 2',
+                         'collective over all devices')
+
+
+def test_two_processes_with_the_same_id_fail_in_one_line_each():
+  timeout = 6
+  address = _address()
+  procs = _Processes([['psum'] + _flags(3, i, address, timeout)
+                      for i in (0, 1, 1)], env=_env())
+  results = procs.wait(_START_SECONDS + timeout)
+  # The coordinator rejects the earlier of the two processes 1, and JAX
+  # aborts it (SIGABRT): its stack trace is condensed to one line.
+  rejected = [r for r in results if r[0] == -signal.SIGABRT]
+  assert len(rejected) == 1, [r[2][-1000:] for r in results]
+  _assert_one_line_error(rejected[0], -signal.SIGABRT,
+                         'process 1 of 3', 'JAX ended this process',
+                         'same --process_id')
+  # The others wait for a process 1 that never comes, up to the deadline.
+  for result in results:
+    if result is not rejected[0]:
+      _assert_one_line_error(result, 1, f'within {timeout} s',
+                             'its own --process_id')
+
+
+def test_joining_after_jax_started_is_refused_in_one_line():
+  procs = _Processes([['backend-first'] + _flags(2, 0, _address())],
+                     env=_env())
+  [result] = procs.wait(_START_SECONDS)
+  _assert_one_line_error(result, 1, 'a JAX backend was initialised before')
+
+
+def test_ctrl_c_while_waiting_to_join_ends_in_one_line():
+  port = launch.free_port()
+  procs = _Processes([['psum'] + _flags(2, 0, f'127.0.0.1:{port}')],
+                     env=_env())
+  # Process 0 serves the coordinator from inside the join: once its port
+  # accepts connections, the process is waiting there for process 1.
+  deadline = time.monotonic() + _START_SECONDS
+  while True:
+    try:
+      socket.create_connection(('127.0.0.1', port), timeout=5).close()
+      break
+    except OSError:
+      if time.monotonic() > deadline or procs.procs[0].poll() is not None:
+        procs.kill()
+        pytest.fail('process 0 did not start serving the coordinator')
+      time.sleep(0.2)
+  procs.procs[0].send_signal(signal.SIGINT)
+  [result] = procs.wait(_START_SECONDS)
+  _assert_one_line_error(result, 130, 'interrupted by SIGINT while joining')
+
+
+def test_a_process_that_dies_after_joining_fails_the_others_in_one_line():
+  address = _address()
+  procs = _Processes([['exit-early'] + _flags(2, i, address)
+                      for i in range(2)], env=_env())
+  survivor, dead = procs.wait(_START_SECONDS + _PATIENT_JOIN_SECONDS)
+  assert dead[0] == 3, dead[2][-2000:]
+  _assert_one_line_error(survivor, 1, 'a collective failed')
+

@@ -1,0 +1,338 @@
+"""Starts the N processes of a multi-process run on this host (loopback).
+
+For trying a multi-process run on one machine and for tests:
+
+    python -m trax_revplus.launch --num_processes=2 -- \\
+        trax-revplus train --config_file=... --output_dir=...
+
+starts the command N times, each with `--num_processes=N --process_id=I
+--coordinator_address=127.0.0.1:PORT` appended (PORT a free port), and
+
+  * forwards each process's output line by line, prefixed `[process I]`
+    (stdout to stdout, stderr to stderr);
+  * when a process fails (a non-zero exit status or a signal), sends SIGTERM
+    to the others, SIGKILL to those still running `stop_grace_seconds`
+    later, and raises `ProcessFailedError`, whose one-line message names the
+    process and how it ended;
+  * forwards SIGINT and SIGTERM it receives to every process (each runs in
+    a session of its own, so a Ctrl-C in the terminal reaches them once,
+    through here); a second signal is forwarded too.
+
+On Linux each process also gets SIGKILL if the launcher itself dies.
+"""
+
+import argparse
+import ctypes
+import ctypes.util
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Mapping, Optional, Sequence
+
+EXIT_RUNTIME = 1
+EXIT_USAGE = 2
+
+DEFAULT_STOP_GRACE_SECONDS = 10.0
+_POLL_SECONDS = 0.1
+_DRAIN_SECONDS = 10
+_PR_SET_PDEATHSIG = 1
+
+
+class LaunchError(Exception):
+  """The launch could not complete; `str()` is one line.
+
+  Attributes:
+    exit_code: int, the exit status a command should end with.
+  """
+  exit_code = EXIT_RUNTIME
+
+
+class LaunchUsageError(LaunchError, ValueError):
+  """A bad number of processes or an empty command (exit 2)."""
+  exit_code = EXIT_USAGE
+
+
+class ProcessFailedError(LaunchError, RuntimeError):
+  """A process exited with a non-zero status or was killed by a signal.
+
+  Attributes:
+    process_id: int, the first process seen to fail.
+    returncode: int, its `Popen.returncode` (negative: killed by signal).
+    exit_code: its exit status; 128 + the signal number for a signal.
+  """
+
+  def __init__(self, message, process_id, returncode):
+    super().__init__(message)
+    self.process_id = process_id
+    self.returncode = returncode
+    self.exit_code = _exit_status(returncode)
+
+
+class LaunchInterruptedError(LaunchError):
+  """The launcher received SIGINT or SIGTERM and forwarded it.
+
+  Attributes:
+    signum: int, the first signal received.
+    exit_code: 128 + signum.
+  """
+
+  def __init__(self, message, signum):
+    super().__init__(message)
+    self.signum = signum
+    self.exit_code = 128 + signum
+
+
+def _exit_status(returncode):
+  return 128 - returncode if returncode < 0 else returncode
+
+
+def describe_exit(returncode):
+  """'exited with status 3' or 'was killed by SIGKILL' for a returncode."""
+  if returncode >= 0:
+    return f'exited with status {returncode}'
+  try:
+    name = signal.Signals(-returncode).name
+  except ValueError:
+    name = f'signal {-returncode}'
+  return f'was killed by {name}'
+
+
+def free_port(host='127.0.0.1'):
+  """A TCP port free at the moment on every address of this host (int).
+
+  The port is released before returning; another program may take it
+  before the coordinator binds it (process 0 then reports the port in use).
+  """
+  del host  # The coordinator binds every address ('[::]:PORT').
+  for family, address in ((socket.AF_INET6, '::'), (socket.AF_INET, '')):
+    try:
+      with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.bind((address, 0))
+        return probe.getsockname()[1]
+    except OSError:
+      continue
+  raise LaunchError('no free TCP port on this host for the coordinator.')
+
+
+def process_flags(num_processes, process_id, coordinator_address):
+  """The flags appended to the command of process `process_id` (list)."""
+  return [f'--num_processes={num_processes}', f'--process_id={process_id}',
+          f'--coordinator_address={coordinator_address}']
+
+
+def _parent_death_signal():
+  """preexec_fn giving the child SIGKILL when this process dies (Linux)."""
+  if not sys.platform.startswith('linux'):
+    return None
+  try:
+    prctl = ctypes.CDLL(ctypes.util.find_library('c') or 'libc.so.6',
+                        use_errno=True).prctl
+  except (OSError, AttributeError):
+    return None
+  # Resolved here, in the parent: the child only calls it.
+  return lambda: prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+class _Forwarder(threading.Thread):
+  """Copies one pipe to a stream line by line with a prefix."""
+
+  def __init__(self, pipe, stream, prefix, lock):
+    super().__init__(daemon=True)
+    self._pipe, self._stream, self._prefix = pipe, stream, prefix
+    self._lock = lock
+
+  def run(self):
+    with self._pipe:
+      for raw in iter(self._pipe.readline, b''):
+        line = raw.decode('utf-8', errors='replace').rstrip('\r\n')
+        with self._lock:
+          try:
+            self._stream.write(f'{self._prefix}{line}\n')
+            self._stream.flush()
+          except (OSError, ValueError):
+            pass  # The launcher's own output is gone; keep draining.
+
+
+def launch(command: Sequence[str], num_processes: int, *,
+           host: str = '127.0.0.1', port: Optional[int] = None,
+           env: Optional[Mapping[str, str]] = None,
+           stop_grace_seconds: float = DEFAULT_STOP_GRACE_SECONDS,
+           stdout=None, stderr=None):
+  """Runs `command` as processes 0..N-1 of one run and waits for them.
+
+  Args:
+    command: the program and its arguments (sequence of str); each process
+      gets `process_flags(...)` appended.
+    num_processes: int >= 1, N.
+    host: str, the coordinator host the processes are told (this host).
+    port: int or None (`free_port()`).
+    env: environment of the processes (mapping), `os.environ` if None;
+      `PYTHONUNBUFFERED=1` is added so Python output arrives line by line.
+    stop_grace_seconds: float >= 0, how long the others get after SIGTERM,
+      once one process failed, before SIGKILL.
+    stdout: text stream for the processes' stdout (`sys.stdout` if None).
+    stderr: text stream for their stderr (`sys.stderr` if None).
+
+  Returns:
+    0, when every process exited with status 0.
+
+  Raises:
+    LaunchUsageError: N < 1 or `command` is empty.
+    ProcessFailedError: a process failed; the others were stopped.
+    LaunchInterruptedError: SIGINT or SIGTERM reached the launcher (from
+      the main thread only) and, forwarded, ended the processes.
+    OSError: the command cannot be started.
+  """
+  command = list(command)
+  if not command:
+    raise LaunchUsageError('no command to launch; give it after --.')
+  if (isinstance(num_processes, bool) or not isinstance(num_processes, int)
+      or num_processes < 1):
+    raise LaunchUsageError(
+        f'--num_processes={num_processes!r} must be an integer >= 1.')
+  stdout = stdout or sys.stdout
+  stderr = stderr or sys.stderr
+  address = f'{host}:{port or free_port(host)}'
+  child_env = dict(os.environ if env is None else env)
+  child_env.setdefault('PYTHONUNBUFFERED', '1')
+  lock = threading.Lock()
+  procs, forwarders = [], []
+  received = []
+
+  def forward_signal(signum, unused_frame):
+    received.append(signum)
+    for proc in procs:
+      if proc.poll() is None:
+        _send(proc, signum)
+
+  on_main = threading.current_thread() is threading.main_thread()
+  previous = {}
+  if on_main:
+    for signum in (signal.SIGINT, signal.SIGTERM):
+      previous[signum] = signal.signal(signum, forward_signal)
+  try:
+    preexec = _parent_death_signal()
+    for i in range(num_processes):
+      proc = subprocess.Popen(
+          command + process_flags(num_processes, i, address),
+          env=child_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+          stderr=subprocess.PIPE, start_new_session=True,
+          preexec_fn=preexec)
+      procs.append(proc)
+      if received:  # A signal came while starting: the new one gets it too.
+        _send(proc, received[0])
+      for pipe, stream in ((proc.stdout, stdout), (proc.stderr, stderr)):
+        forwarder = _Forwarder(pipe, stream, f'[process {i}] ', lock)
+        forwarder.start()
+        forwarders.append(forwarder)
+    failed = _wait(procs, received, stop_grace_seconds)
+  finally:
+    for proc in procs:  # Only after an exception: none is left otherwise.
+      if proc.poll() is None:
+        _send(proc, signal.SIGKILL)
+        proc.wait()
+    for forwarder in forwarders:
+      # Ends with the process's pipe; a process it started may hold the pipe
+      # open longer, so do not wait for that indefinitely.
+      forwarder.join(timeout=_DRAIN_SECONDS)
+    for signum, handler in previous.items():
+      signal.signal(signum, handler)
+  ends = ', '.join(f'process {i} {describe_exit(p.returncode)}'
+                   for i, p in enumerate(procs))
+  if received:
+    name = signal.Signals(received[0]).name
+    raise LaunchInterruptedError(
+        f'interrupted by {name}, forwarded to the {num_processes} '
+        f'processes: {ends}.', received[0])
+  if failed is not None:
+    others = ', '.join(f'process {i} {describe_exit(p.returncode)}'
+                       for i, p in enumerate(procs) if i != failed)
+    rc = procs[failed].returncode
+    raise ProcessFailedError(
+        f'process {failed} {describe_exit(rc)}; stopped the others'
+        f'{": " + others if others else ""}.', failed, rc)
+  return 0
+
+
+def _send(proc, signum):
+  try:
+    proc.send_signal(signum)
+  except ProcessLookupError:
+    pass
+
+
+def _wait(procs, received, stop_grace_seconds):
+  """Waits for every process; stops the rest once one fails.
+
+  One thread per process waits for it, so the order in which processes end
+  is known even when they end within the same instant (a process that dies
+  and a peer whose next collective fails at once).
+
+  Returns:
+    The index of the first process that ended with a failure, or None.
+  """
+  ended = queue.Queue()
+  for i, proc in enumerate(procs):
+    threading.Thread(target=lambda i=i, p=proc: ended.put((i, p.wait())),
+                     daemon=True).start()
+  failed = None
+  kill_at = None
+  running = len(procs)
+  while running:
+    try:
+      # Short waits: signal handlers run on this thread between them.
+      i, returncode = ended.get(timeout=_POLL_SECONDS)
+      running -= 1
+    except queue.Empty:
+      i, returncode = None, 0
+    if returncode != 0 and failed is None:
+      failed = i
+      if not received:
+        # After a forwarded signal the others are already stopping (the
+        # chief may be writing its checkpoint): no second signal then.
+        for proc in procs:
+          if proc.poll() is None:
+            _send(proc, signal.SIGTERM)
+        kill_at = time.monotonic() + stop_grace_seconds
+    if kill_at is not None and time.monotonic() >= kill_at:
+      for proc in procs:
+        if proc.poll() is None:
+          _send(proc, signal.SIGKILL)
+      kill_at = None
+  return failed
+
+
+def main(argv=None):
+  """`python -m trax_revplus.launch --num_processes=N -- COMMAND...`."""
+  argv = sys.argv[1:] if argv is None else list(argv)
+  parser = argparse.ArgumentParser(
+      prog='python -m trax_revplus.launch',
+      description='Start N processes of a multi-process run on this host.')
+  parser.add_argument('--num_processes', type=int, required=True)
+  parser.add_argument('--stop_grace_seconds', type=float,
+                      default=DEFAULT_STOP_GRACE_SECONDS)
+  if '--' in argv:
+    split = argv.index('--')
+    argv, command = argv[:split], argv[split + 1:]
+  else:
+    command = []
+  args = parser.parse_args(argv)
+  try:
+    return launch(command, args.num_processes,
+                  stop_grace_seconds=args.stop_grace_seconds)
+  except LaunchError as e:
+    print(f'{parser.prog}: error: {e}', file=sys.stderr, flush=True)
+    return e.exit_code
+  except OSError as e:
+    print(f'{parser.prog}: error: cannot start {command[0]!r}: '
+          f'{e.strerror or e}', file=sys.stderr, flush=True)
+    return EXIT_RUNTIME
+
+
+if __name__ == '__main__':
+  sys.exit(main())
