@@ -71,6 +71,23 @@ def _stock_trainer():
       blocks, loss, optimizers.Adam, n_devices=1)
 
 
+@pytest.fixture(scope='module')
+def default_case():
+  """A default Trainer and its composed step (compiled once per module)."""
+  trax_revplus.deactivate()
+  trainer = _default_trainer()
+  return trainer, default_trainer.default_trainer_step(
+      trainer, _abstract_batch())
+
+
+@pytest.fixture(scope='module')
+def stock_case():
+  """A stock ReversibleSerialTrainer and its composed step."""
+  trax_revplus.deactivate()
+  trainer = _stock_trainer()
+  return trainer, stock_trainer.stock_trainer_step(trainer, _abstract_batch())
+
+
 def _recording(fn, calls):
   """`fn`, recording (fn, args) of each call in `calls` before running it."""
   def call(*args):
@@ -149,7 +166,7 @@ def test_analyze_tells_kept_arguments_and_reads_xla():
 
 
 def test_default_trainer_figure_is_the_program_one_step_runs():
-  trainer = _default_trainer()
+  trainer = _default_trainer()  # its own: one_step changes the weights
   step = default_trainer.default_trainer_step(trainer, _abstract_batch())
   [call] = step.calls
   calls = []
@@ -168,9 +185,8 @@ def test_default_trainer_figure_is_the_program_one_step_runs():
   assert slots_bytes == 2 * weights_bytes  # Adam: two slots per weight
 
 
-def test_default_trainer_figure_matches_an_independent_update():
-  trainer = _default_trainer()
-  step = default_trainer.default_trainer_step(trainer, _abstract_batch())
+def test_default_trainer_figure_matches_an_independent_update(default_case):
+  trainer, step = default_case
   model = trainer.model_with_loss
   optimizer = trainer.optimizer
 
@@ -190,17 +206,15 @@ def test_default_trainer_figure_matches_an_independent_update():
   assert _figures(step.calls[0].program) == _memory_of(jax.jit(update), args)
 
 
-def test_figures_are_the_same_when_compiled_again():
-  trainer = _default_trainer()
-  first = default_trainer.default_trainer_step(trainer, _abstract_batch())
+def test_figures_are_the_same_when_compiled_again(default_case):
+  trainer, step = default_case
   jax.clear_caches()
-  second = default_trainer.default_trainer_step(trainer, _abstract_batch())
-  assert first == second
+  again = default_trainer.default_trainer_step(trainer, _abstract_batch())
+  assert again == step
 
 
-def test_stock_accounting_lists_the_programs_stock_calls():
-  trainer = _stock_trainer()
-  step = stock_trainer.stock_trainer_step(trainer, _abstract_batch())
+def test_stock_accounting_lists_the_programs_stock_calls(stock_case):
+  trainer, step = stock_case
   # pylint: disable=protected-access
   calls = []
   trainer._accelerated_layer_fns = [
@@ -215,8 +229,12 @@ def test_stock_accounting_lists_the_programs_stock_calls():
   assert [c.phase for c in step.calls] == (
       ['forward'] * 5 + ['loss'] + ['backward'] * 5)
   assert len(calls) == len(step.calls)
+  figures = {}  # stock shares one jitted function between equal layers
   for (fn, args), call in zip(calls, step.calls):
-    assert _figures(call.program) == _memory_of(fn, args), call.name
+    key = (id(fn), program.types_key(args))
+    if key not in figures:
+      figures[key] = _memory_of(fn, args)
+    assert _figures(call.program) == figures[key], call.name
   # Between its calls stock holds the stack; the cotangent stack from the
   # loss layer on.
   names = [{h.name for h in c.held} for c in step.calls]
@@ -225,31 +243,42 @@ def test_stock_accounting_lists_the_programs_stock_calls():
   assert step.peak_device_bytes == max(c.device_bytes for c in step.calls)
 
 
-def test_stock_on_more_devices_is_one_line_error():
+def test_more_devices_give_one_line_errors():
   class TwoDevices:
     _n_devices = 2
-  result = report.account(
-      'stock', 'cpu', 2,
-      lambda: report.stock_trainer_memory(TwoDevices(), _abstract_batch(),
-                                          'cpu'))
-  assert result.step is None and result.peak_device_bytes is None
-  assert result.error.startswith('UnsupportedTrainerError: ')
-  assert '\n' not in result.error
-  assert result.to_json(2**30) == {'error': result.error}
+  for name, memory_fn in (('stock', report.stock_trainer_memory),
+                          ('default', report.default_trainer_memory)):
+    result = report.account(
+        name, 'cpu', 2,
+        lambda fn=memory_fn: fn(TwoDevices(), _abstract_batch(), 'cpu'))
+    assert result.step is None and result.peak_device_bytes is None
+    assert result.error.startswith('UnsupportedTrainerError: '), name
+    assert '\n' not in result.error and 'n_devices=2' in result.error
+    assert result.to_json(2**30) == {'error': result.error}
 
 
-def test_trainer_memory_json_and_fits():
-  trainer = _default_trainer()
+def test_trainer_memory_json_and_fits(default_case, stock_case,
+                                      monkeypatch):
+  trainer, step = default_case
+  monkeypatch.setattr(default_trainer, 'default_trainer_step',
+                      lambda *unused_args: step)
   memory = report.default_trainer_memory(trainer, _abstract_batch(), 'cpu')
   peak = memory.peak_device_bytes
+  assert peak == step.calls[0].device_bytes
   assert memory.fits(peak) and not memory.fits(peak - 1)
   assert memory.fits(None) is None
   data = memory.to_json(peak)
   assert data['peak_device_bytes'] == peak
   assert data['fits'] is True
   assert data['host_weights_and_slots_bytes'] == 0  # on the device
-  assert data['largest_program_bytes'] == memory.step.calls[0].program.call_bytes
-  stock = report.stock_trainer_memory(_stock_trainer(), _abstract_batch(),
-                                      'cpu')
+  assert data['largest_program_bytes'] == step.calls[0].program.call_bytes
+  assert data['peak_call'] == step.calls[0].name
+  assert sum(data['peak_parts_bytes'].values()) == peak
+  trainer, step = stock_case
+  monkeypatch.setattr(stock_trainer, 'stock_trainer_step',
+                      lambda *unused_args: step)
+  stock = report.stock_trainer_memory(trainer, _abstract_batch(), 'cpu')
   assert stock.host_weights_and_slots_bytes == (
       memory.weights_bytes + memory.slots_bytes)
+  assert stock.to_json()['fits'] is None
+  assert stock.to_json()['phase_peak_device_bytes'] == step.phase_peaks()

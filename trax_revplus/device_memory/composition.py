@@ -28,6 +28,11 @@ from typing import Sequence
 from trax_revplus.device_memory import program as program_lib
 
 
+class UnsupportedTrainerError(ValueError):
+  """A trainer configuration whose step cannot be accounted (e.g. one that
+  does not run on this JAX)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Held:
   """Bytes held on the device across a call, per device.

@@ -2,12 +2,16 @@
 
 The default Trainer runs a whole step as one program: trax's
 `_accelerate_update_fn` (forward, backward and optimizer update of
-`model_with_loss`), `jax.jit`-ed on one device and `jax.pmap`-ed on more.
-Its weights, state, optimizer slots and hyperparameters stay on the
-device between steps and are arguments of that program; the batch and RNG
-are placed for it. This module lowers the Trainer's own update function
-with the argument types `Trainer.one_step` passes it and composes the
-step's figure (`composition`).
+`model_with_loss`), `jax.jit`-ed on one device. Its weights, state,
+optimizer slots and hyperparameters stay on the device between steps and
+are arguments of that program; the batch and RNG are placed for it. This
+module lowers the Trainer's own update function with the argument types
+`Trainer.one_step` passes it and composes the step's figure
+(`composition`).
+
+One device only: on more, trax replicates with `jax.device_put_replicated`
+and `jax.pmap`s arrays committed to the CPU, which current JAX removed or
+rejects.
 """
 
 from typing import Any
@@ -21,53 +25,29 @@ from trax_revplus.device_memory import program as program_lib
 PyTree = Any
 
 
-def _pmapped_update_fn(trainer):
-  """The `jax.pmap`-ed function inside trax's multi-device update wrapper
-  (`_accelerate_update_fn`), which repeats `step` over devices first."""
-  wrapper = trainer._accelerated_update_fn  # pylint: disable=protected-access
-  for cell in wrapper.__closure__ or ():
-    fn = cell.cell_contents
-    if hasattr(fn, 'lower'):
-      return fn
-  raise ValueError('trax Trainer: no pmap-ed update function found in '
-                   '_accelerated_update_fn.')
-
-
 def update_call_args(trainer, batch, rng=None, step=1) -> tuple:
   """The (abstract) arguments `trainer.one_step(batch, rng, step)` passes
-  its compiled update function.
+  its compiled update function on one device.
 
   Args:
-    trainer: a `trax.optimizers.Trainer`.
+    trainer: a `trax.optimizers.Trainer` on one device.
     batch: tuple of arrays or `jax.ShapeDtypeStruct`s of shape (B, ...).
     rng: JAX PRNG key (uint32[2]) or None (an abstract one).
     step: int, the step number (a traced scalar, its value is not used).
 
   Returns:
     Tuple `((weights, slots), step, opt_params, batch, state, rng)` with
-    `jax.ShapeDtypeStruct` array leaves; on N > 1 devices with the leading
-    device axis trax's `one_step` gives them.
+    `jax.ShapeDtypeStruct` array leaves.
   """
-  n = trainer._n_devices  # pylint: disable=protected-access
   model = trainer.accelerated_model_with_loss
-  weights, state = model.weights, model.state
-  slots = trainer._slots  # pylint: disable=protected-access
-  opt_params = trainer._opt_params  # pylint: disable=protected-access
-  batch = program_lib.abstract(batch)
   if rng is None:
     rng = jax.ShapeDtypeStruct((2,), np.uint32)
-  if n > 1:
-    def by_device(x):
-      b = x.shape[0]
-      if b % n:
-        raise ValueError(f'{n} devices do not divide the batch size {b}.')
-      return jax.ShapeDtypeStruct((n, b // n) + tuple(x.shape[1:]), x.dtype)
-    batch = jax.tree_util.tree_map(by_device, batch)
-    rng = jax.ShapeDtypeStruct((n, 2), np.uint32)
-    step = jax.ShapeDtypeStruct((n,), np.int32)
-  return ((program_lib.abstract(weights), program_lib.abstract(slots)),
-          step, program_lib.abstract(opt_params), batch,
-          program_lib.abstract(state), program_lib.abstract(rng))
+  # pylint: disable=protected-access
+  return ((program_lib.abstract(model.weights),
+           program_lib.abstract(trainer._slots)),
+          step, program_lib.abstract(trainer._opt_params),
+          program_lib.abstract(batch), program_lib.abstract(model.state),
+          program_lib.abstract(rng))
 
 
 def default_trainer_step(trainer, batch, rng=None, step=1
@@ -92,29 +72,32 @@ def default_trainer_step(trainer, batch, rng=None, step=1
     `composition.StepMemory` with one call, phase 'step'.
 
   Raises:
+    composition.UnsupportedTrainerError: the trainer runs on more than one
+      device.
     Whatever tracing, lowering or compiling trax's update function raises
     for these arguments (e.g. a batch the model cannot take).
   """
+  n = trainer._n_devices  # pylint: disable=protected-access
+  if n != 1:
+    raise composition.UnsupportedTrainerError(
+        f'trax Trainer with n_devices={n}: its multi-device step needs '
+        f'jax.device_put_replicated and jax.pmap of arrays committed to the '
+        f'CPU, which current JAX removed or rejects; accounted on one device '
+        f'only.')
   args = update_call_args(trainer, batch, rng, step)
-  if trainer._n_devices > 1:  # pylint: disable=protected-access
-    fn = _pmapped_update_fn(trainer)
-  else:
-    fn = trainer._accelerated_update_fn  # pylint: disable=protected-access
+  fn = trainer._accelerated_update_fn  # pylint: disable=protected-access
   analysis = program_lib.analyze(fn, *args)
   kept = analysis.kept
   if kept is None:
     kept = jax.tree_util.tree_map(lambda _: True, args)
   (weights, slots), _, opt_params, _, state, _ = args
   (kept_w, kept_s), _, kept_p, _, kept_st, _ = kept
-  n = trainer._n_devices  # pylint: disable=protected-access
   held = []
   for name, tree, k in (('weights', weights, kept_w), ('slots', slots, kept_s),
                         ('state', state, kept_st),
                         ('optimizer hyperparameters', opt_params, kept_p)):
-    size = program_lib.tree_bytes(tree)
-    passed = program_lib.tree_bytes(tree, k)
-    # Per device: on N > 1 devices the leading axis is the devices'.
-    held.append(composition.Held(name, size // n, passed // n))
+    held.append(composition.Held(name, program_lib.tree_bytes(tree),
+                                 program_lib.tree_bytes(tree, k)))
   call = composition.Call('update (forward, backward, optimizer)', 'step',
                           analysis.memory, held)
   return composition.compose([call])

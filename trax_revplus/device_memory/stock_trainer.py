@@ -50,10 +50,6 @@ from trax_revplus.device_memory import program as program_lib
 PyTree = Any
 
 
-class UnsupportedTrainerError(ValueError):
-  """The trainer's configuration has no device-memory accounting."""
-
-
 def _leaves(tree):
   return jax.tree_util.tree_leaves(tree)
 
@@ -124,13 +120,14 @@ def stock_trainer_step(trainer, batch, step=1) -> composition.StepMemory:
     order: 'forward' per layer, 'loss', 'backward' per layer.
 
   Raises:
-    UnsupportedTrainerError: the trainer runs on more than one device.
+    composition.UnsupportedTrainerError: the trainer runs on more than one
+      device.
     Whatever tracing, lowering or compiling the trainer's functions raises
     for these arguments.
   """
   # pylint: disable=protected-access
   if trainer._n_devices != 1:
-    raise UnsupportedTrainerError(
+    raise composition.UnsupportedTrainerError(
         f'stock ReversibleSerialTrainer with n_devices='
         f'{trainer._n_devices}: its step needs jax.pmap and '
         f'jax.device_put_replicated, which current JAX removed; accounted '
