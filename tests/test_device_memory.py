@@ -170,8 +170,10 @@ def test_default_trainer_figure_is_the_program_one_step_runs():
   step = default_trainer.default_trainer_step(trainer, _abstract_batch())
   [call] = step.calls
   calls = []
-  trainer._accelerated_update_fn = _recording(  # pylint: disable=protected-access
-      trainer._accelerated_update_fn, calls)  # pylint: disable=protected-access
+  # pylint: disable=protected-access
+  trainer._accelerated_update_fn = _recording(
+      trainer._accelerated_update_fn, calls)
+  # pylint: enable=protected-access
   trainer.one_step(_batch(), fastmath.random.get_prng(1), step=1)
   [(fn, args)] = calls
   assert _figures(call.program) == _memory_of(fn, args)
@@ -271,7 +273,8 @@ def test_trainer_memory_json_and_fits(default_case, stock_case,
   assert data['peak_device_bytes'] == peak
   assert data['fits'] is True
   assert data['host_weights_and_slots_bytes'] == 0  # on the device
-  assert data['largest_program_bytes'] == step.calls[0].program.call_bytes
+  largest = step.calls[0].program.call_bytes
+  assert data['largest_program_bytes'] == largest
   assert data['peak_call'] == step.calls[0].name
   assert sum(data['peak_parts_bytes'].values()) == peak
   trainer, step = stock_case

@@ -6,6 +6,8 @@
   composition: `Held`, `Call`, `StepMemory`: a step's peak device bytes as
     the most, over its calls, of what is held across a call plus what the
     call adds.
+  walk: `StepWalk`, which replays a trainer's schedule with abstract
+    arrays, compiling each call's program and naming what is held.
   default_trainer, stock_trainer: the calls of one step of trax's default
     `Trainer` and of stock trax's `ReversibleSerialTrainer`.
   report: `TrainerMemory`, one trainer's figures (or a one-line error).
@@ -25,3 +27,4 @@ from trax_revplus.device_memory.report import account
 from trax_revplus.device_memory.report import default_trainer_memory
 from trax_revplus.device_memory.report import stock_trainer_memory
 from trax_revplus.device_memory.report import TrainerMemory
+from trax_revplus.device_memory.walk import StepWalk

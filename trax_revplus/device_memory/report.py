@@ -111,8 +111,9 @@ def default_trainer_memory(trainer, batch, backend: str,
   its weights and slots live on the device."""
   step = default_trainer.default_trainer_step(trainer, batch)
   weights, slots = default_trainer.weights_and_slots_bytes(trainer)
-  return TrainerMemory(name, backend, trainer._n_devices, step, weights,  # pylint: disable=protected-access
-                       slots, weights_and_slots_on_host=False)
+  n_devices = trainer._n_devices  # pylint: disable=protected-access
+  return TrainerMemory(name, backend, n_devices, step, weights, slots,
+                       weights_and_slots_on_host=False)
 
 
 def stock_trainer_memory(trainer, batch, backend: str,
@@ -121,5 +122,6 @@ def stock_trainer_memory(trainer, batch, backend: str,
   `stock_trainer`); its weights and slots live on the host."""
   step = stock_trainer.stock_trainer_step(trainer, batch)
   weights, slots = stock_trainer.weights_and_slots_bytes(trainer)
-  return TrainerMemory(name, backend, trainer._n_devices, step, weights,  # pylint: disable=protected-access
-                       slots, weights_and_slots_on_host=True)
+  n_devices = trainer._n_devices  # pylint: disable=protected-access
+  return TrainerMemory(name, backend, n_devices, step, weights, slots,
+                       weights_and_slots_on_host=True)

@@ -33,7 +33,7 @@ Weights, slots, state and optimizer hyperparameters are placed for each call
 (`_replicate`, `tl.on_accelerator`) and released after it, so they count as
 the call's own arguments. Not counted: per-layer statistics (scalars).
 
-One device only: on more, stock's `one_step` needs `jax.pmap` and
+One device only: on more, stock's `one_step` replicates with
 `jax.device_put_replicated`, which current JAX removed.
 """
 
@@ -46,62 +46,9 @@ from trax.layers import combinators as cb
 
 from trax_revplus.device_memory import composition
 from trax_revplus.device_memory import program as program_lib
+from trax_revplus.device_memory import walk as walk_lib
 
 PyTree = Any
-
-
-def _leaves(tree):
-  return jax.tree_util.tree_leaves(tree)
-
-
-class _Walk:
-  """The calls of one step, with what the device holds across each."""
-
-  def __init__(self):
-    self.calls = []
-    self.on_device = set()  # ids of abstract leaves resident on the device
-    # (id(fn), argument types) -> Analysis: trax shares one jitted
-    # function between layers of equal repr, so repeated layers compile once.
-    self._analyses = {}
-
-  def device(self, tree):
-    """Marks the leaves of `tree` as device arrays; returns `tree`."""
-    self.on_device.update(id(x) for x in _leaves(tree))
-    return tree
-
-  def host(self, tree):
-    """A copy of `tree` with new abstract leaves, not on the device."""
-    return jax.tree_util.tree_map(
-        lambda x: jax.ShapeDtypeStruct(
-            x.shape, x.dtype, weak_type=getattr(x, 'weak_type', False))
-        if hasattr(x, 'shape') else x, tree)
-
-  def resident(self, tree):
-    """The leaves of `tree` that are on the device."""
-    return [x for x in _leaves(tree) if id(x) in self.on_device]
-
-  def call(self, name, phase, fn, args, held):
-    """Compiles `fn` for `args`, records the call with `held` (list of
-    (name, pytree); only device leaves count) and returns the results as
-    device arrays."""
-    key = (id(fn), program_lib.types_key(args))
-    if key not in self._analyses:
-      self._analyses[key] = program_lib.analyze(fn, *args)
-    analysis = self._analyses[key]
-    flags = ([True] * len(_leaves(args)) if analysis.kept is None
-             else _leaves(analysis.kept))
-    passed_ids = {id(x) for x, k in zip(_leaves(args), flags) if k}
-    parts, seen = [], set()
-    for part_name, tree in held:
-      leaves = [x for x in self.resident(tree) if id(x) not in seen]
-      seen.update(id(x) for x in leaves)
-      size = sum(program_lib.leaf_bytes(x) for x in leaves)
-      passed = sum(program_lib.leaf_bytes(x) for x in leaves
-                   if id(x) in passed_ids)
-      if size:
-        parts.append(composition.Held(part_name, size, passed))
-    self.calls.append(composition.Call(name, phase, analysis.memory, parts))
-    return self.device(self.host(analysis.outputs))  # new leaves per call
 
 
 def stock_trainer_step(trainer, batch, step=1) -> composition.StepMemory:
@@ -129,10 +76,10 @@ def stock_trainer_step(trainer, batch, step=1) -> composition.StepMemory:
   if trainer._n_devices != 1:
     raise composition.UnsupportedTrainerError(
         f'stock ReversibleSerialTrainer with n_devices='
-        f'{trainer._n_devices}: its step needs jax.pmap and '
+        f'{trainer._n_devices}: its step replicates with '
         f'jax.device_put_replicated, which current JAX removed; accounted '
         f'on one device only.')
-  walk = _Walk()
+  walk = walk_lib.StepWalk()
   blocks = trainer._blocks
   n_layers = trainer._n_layers
   rngs = walk.device(jax.ShapeDtypeStruct((n_layers, 2), np.uint32))
