@@ -1,0 +1,165 @@
+"""A step's peak device bytes, composed from its calls' programs.
+
+A training step runs compiled programs one after the other. During a call
+the device holds what the trainer keeps across it (the stack, saved block
+inputs and states, pending copy-backs, replicated weights, ...) plus what
+the call itself allocates. So, per device:
+
+  call's device bytes = held bytes
+                        + (argument bytes - held bytes passed to the call)
+                        + output bytes + temp bytes - alias bytes
+  step's peak device bytes = max over the step's calls
+
+where argument, output, temp and alias bytes are XLA's for the call's
+program (`program.ProgramMemory`), and an array that is held and also
+passed to the call is counted once (`Held.passed_bytes`). Each held part is
+named, so a figure can say what the peak is made of.
+
+This is exact where every call's buffers are those XLA assigned and the
+held arrays are those listed: the runtime allocates a program's temporary
+block whole, arguments and results are whole arrays. Not counted: the
+allocator's fragmentation and rounding, the runtime's own reserves, and
+arrays held outside the trainer.
+"""
+
+import dataclasses
+from typing import Sequence
+
+from trax_revplus.device_memory import program as program_lib
+
+
+class UnsupportedTrainerError(ValueError):
+  """A trainer configuration whose step cannot be accounted (e.g. one that
+  does not run on this JAX)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Held:
+  """Bytes held on the device across a call, per device.
+
+  Attributes:
+    name: what they are, e.g. 'stack', 'saved block inputs'.
+    size_bytes: their bytes.
+    passed_bytes: how many of them the call also takes as (kept)
+      arguments, so that they are not counted twice.
+  """
+  name: str
+  size_bytes: int
+  passed_bytes: int = 0
+
+  def __post_init__(self):
+    if self.size_bytes < 0 or not 0 <= self.passed_bytes <= self.size_bytes:
+      raise ValueError(
+          f'held {self.name!r}: need 0 <= passed_bytes <= size_bytes, got '
+          f'{self.passed_bytes} and {self.size_bytes}.')
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+  """One call of a compiled program within a step.
+
+  Attributes:
+    name: which call, e.g. 'backward layers 3..6'.
+    phase: the step's phase: 'forward', 'loss', 'backward' or 'step' (a
+      trainer whose step is one program).
+    program: XLA's figures for the called program.
+    held: what the device holds across the call (named parts).
+  """
+  name: str
+  phase: str
+  program: program_lib.ProgramMemory
+  held: tuple = ()
+
+  def __post_init__(self):
+    object.__setattr__(self, 'held', tuple(self.held))
+    if self.passed_bytes > self.program.argument_bytes:
+      raise ValueError(
+          f'call {self.name!r}: held arrays passed to it hold '
+          f'{self.passed_bytes} bytes, more than its program\'s '
+          f'{self.program.argument_bytes} argument bytes.')
+
+  @property
+  def held_bytes(self) -> int:
+    """Bytes held across the call, passed to it or not."""
+    return sum(h.size_bytes for h in self.held)
+
+  @property
+  def passed_bytes(self) -> int:
+    """Held bytes that are also arguments of the call."""
+    return sum(h.passed_bytes for h in self.held)
+
+  @property
+  def fresh_argument_bytes(self) -> int:
+    """Argument bytes not held across the call (placed for it)."""
+    return self.program.argument_bytes - self.passed_bytes
+
+  @property
+  def device_bytes(self) -> int:
+    """Device bytes in use during the call (see the module docstring)."""
+    p = self.program
+    return (self.held_bytes + self.fresh_argument_bytes + p.output_bytes +
+            p.temp_bytes - p.alias_bytes)
+
+  def parts(self) -> dict:
+    """`device_bytes` by part: each held part (the passed bytes included),
+    then 'arguments placed for the call', 'outputs' (less the aliased ones)
+    and 'temporaries'; the values sum to `device_bytes`."""
+    parts = {}
+    for h in self.held:
+      parts[h.name] = parts.get(h.name, 0) + h.size_bytes
+    p = self.program
+    parts['arguments placed for the call'] = self.fresh_argument_bytes
+    parts['outputs'] = p.output_bytes - p.alias_bytes
+    parts['temporaries'] = p.temp_bytes
+    return parts
+
+
+@dataclasses.dataclass(frozen=True)
+class StepMemory:
+  """The calls of one training step and the peak they compose to.
+
+  Attributes:
+    calls: the step's calls in the order it runs them.
+  """
+  calls: tuple
+
+  def __post_init__(self):
+    object.__setattr__(self, 'calls', tuple(self.calls))
+    if not self.calls:
+      raise ValueError('a step needs at least one call.')
+
+  @property
+  def peak_call(self) -> Call:
+    """The first call with the most device bytes."""
+    return max(self.calls, key=lambda c: c.device_bytes)
+
+  @property
+  def peak_device_bytes(self) -> int:
+    """Most device bytes in use during any call of the step."""
+    return self.peak_call.device_bytes
+
+  @property
+  def largest_program_bytes(self) -> int:
+    """Most `call_bytes` (argument + output + temp - alias) of any program
+    the step runs, held bytes left out."""
+    return max(c.program.call_bytes for c in self.calls)
+
+  def phase_peaks(self) -> dict:
+    """Peak device bytes per phase, in the order phases first run."""
+    peaks = {}
+    for c in self.calls:
+      peaks[c.phase] = max(peaks.get(c.phase, 0), c.device_bytes)
+    return peaks
+
+  def describe(self) -> str:
+    """One line: the peak, its call and what it is made of (MiB)."""
+    call = self.peak_call
+    parts = ', '.join(f'{name} {nbytes / 2**20:.1f}'
+                      for name, nbytes in call.parts().items() if nbytes)
+    return (f'peak {self.peak_device_bytes / 2**20:.1f} MiB in {call.name} '
+            f'({call.phase}): {parts} MiB')
+
+
+def compose(calls: Sequence[Call]) -> StepMemory:
+  """The `StepMemory` of calls run in this order."""
+  return StepMemory(tuple(calls))

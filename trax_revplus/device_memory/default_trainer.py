@@ -1,0 +1,111 @@
+"""Device memory of a step of trax's default `trax.optimizers.Trainer`.
+
+The default Trainer runs a whole step as one program: trax's
+`_accelerate_update_fn` (forward, backward and optimizer update of
+`model_with_loss`), `jax.jit`-ed on one device. Its weights, state,
+optimizer slots and hyperparameters stay on the device between steps and
+are arguments of that program; the batch and RNG are placed for it. This
+module lowers the Trainer's own update function with the argument types
+`Trainer.one_step` passes it and composes the step's figure
+(`composition`).
+
+One device only: on more, trax replicates with `jax.device_put_replicated`
+and `jax.pmap`s arrays committed to the CPU, which current JAX removed or
+rejects.
+"""
+
+from typing import Any
+
+import jax
+import numpy as np
+
+from trax_revplus.device_memory import composition
+from trax_revplus.device_memory import program as program_lib
+
+PyTree = Any
+
+
+def update_call_args(trainer, batch, rng=None, step=1) -> tuple:
+  """The (abstract) arguments `trainer.one_step(batch, rng, step)` passes
+  its compiled update function on one device.
+
+  Args:
+    trainer: a `trax.optimizers.Trainer` on one device.
+    batch: tuple of arrays or `jax.ShapeDtypeStruct`s of shape (B, ...).
+    rng: JAX PRNG key (uint32[2]) or None (an abstract one).
+    step: int, the step number (a traced scalar, its value is not used).
+
+  Returns:
+    Tuple `((weights, slots), step, opt_params, batch, state, rng)` with
+    `jax.ShapeDtypeStruct` array leaves.
+  """
+  model = trainer.accelerated_model_with_loss
+  if rng is None:
+    rng = jax.ShapeDtypeStruct((2,), np.uint32)
+  # pylint: disable=protected-access
+  return ((program_lib.abstract(model.weights),
+           program_lib.abstract(trainer._slots)),
+          step, program_lib.abstract(trainer._opt_params),
+          program_lib.abstract(batch), program_lib.abstract(model.state),
+          program_lib.abstract(rng))
+
+
+def default_trainer_step(trainer, batch, rng=None, step=1
+                         ) -> composition.StepMemory:
+  """Composes the device memory of one step of trax's default Trainer.
+
+  Lowers and compiles the program `trainer.one_step` runs (nothing is
+  placed or run) and holds across it what the Trainer keeps on the device
+  between steps: its weights, state, slots and optimizer hyperparameters,
+  which are also the program's arguments; the batch and RNG are placed for
+  the call.
+
+  Args:
+    trainer: a `trax.optimizers.Trainer`, built (its weights and slots
+      initialized).
+    batch: tuple of arrays or `jax.ShapeDtypeStruct`s of shape (B, ...), as
+      `one_step` would get it.
+    rng: JAX PRNG key or None.
+    step: int.
+
+  Returns:
+    `composition.StepMemory` with one call, phase 'step'.
+
+  Raises:
+    composition.UnsupportedTrainerError: the trainer runs on more than one
+      device.
+    Whatever tracing, lowering or compiling trax's update function raises
+    for these arguments (e.g. a batch the model cannot take).
+  """
+  n = trainer._n_devices  # pylint: disable=protected-access
+  if n != 1:
+    raise composition.UnsupportedTrainerError(
+        f'trax Trainer with n_devices={n}: its multi-device step needs '
+        f'jax.device_put_replicated and jax.pmap of arrays committed to the '
+        f'CPU, which current JAX removed or rejects; accounted on one device '
+        f'only.')
+  args = update_call_args(trainer, batch, rng, step)
+  fn = trainer._accelerated_update_fn  # pylint: disable=protected-access
+  analysis = program_lib.analyze(fn, *args)
+  kept = analysis.kept
+  if kept is None:
+    kept = jax.tree_util.tree_map(lambda _: True, args)
+  (weights, slots), _, opt_params, _, state, _ = args
+  (kept_w, kept_s), _, kept_p, _, kept_st, _ = kept
+  held = []
+  for name, tree, k in (('weights', weights, kept_w), ('slots', slots, kept_s),
+                        ('state', state, kept_st),
+                        ('optimizer hyperparameters', opt_params, kept_p)):
+    held.append(composition.Held(name, program_lib.tree_bytes(tree),
+                                 program_lib.tree_bytes(tree, k)))
+  call = composition.Call('update (forward, backward, optimizer)', 'step',
+                          analysis.memory, held)
+  return composition.compose([call])
+
+
+def weights_and_slots_bytes(trainer) -> tuple:
+  """(weights bytes, slots bytes) of the model and optimizer, one copy."""
+  weights = trainer.model_with_loss.weights
+  slots = trainer.optimizer.slots
+  return program_lib.tree_bytes(weights), program_lib.tree_bytes(slots)
+

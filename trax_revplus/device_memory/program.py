@@ -1,0 +1,225 @@
+"""What one compiled program needs on the device, from XLA's own figures.
+
+`analyze(fn, *args)` traces a jitted function with the argument types of a
+call (`jax.ShapeDtypeStruct`s or the arrays themselves: nothing is placed or
+run), lowers and compiles it, and returns XLA's memory analysis of the
+executable (`jax.stages.Compiled.memory_analysis()`) as a `ProgramMemory`,
+with the result types (for the next call's arguments) and which argument
+leaves the program keeps (JAX drops unused arguments from the executable,
+so they are not in its argument bytes).
+
+What XLA reports, per executable (all bytes, per device):
+
+  argument_bytes: the buffers of the arguments the program keeps.
+  output_bytes: the result buffers, plus the result tuple's index table
+    (8 bytes per result on CPU).
+  alias_bytes: result bytes that reuse a donated argument's buffer.
+  temp_bytes: the temporary block XLA's buffer assignment packs every
+    intermediate into; the runtime allocates it whole for each call.
+  generated_code_bytes: compiled code kept on the device (0 on CPU).
+
+`ProgramMemory.call_bytes` = argument + output + temp - alias bytes: what a
+call of the program occupies on the device at once. XLA's own
+`peak_memory_in_bytes` is kept as `xla_peak_bytes` where reported; on the
+CPU backend (JAX 0.10.2) it is argument + output - alias bytes, without the
+temporaries, so it is not used as the call's peak.
+"""
+
+import dataclasses
+import math
+from typing import Any, Callable, Optional
+
+import jax
+import numpy as np
+
+PyTree = Any
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramMemory:
+  """XLA's memory analysis of one compiled program, in bytes per device.
+
+  Attributes:
+    argument_bytes: arguments the program keeps (unused ones are dropped).
+    output_bytes: results, with the result tuple's index table.
+    alias_bytes: result bytes held in donated argument buffers.
+    temp_bytes: XLA's temporary block, allocated whole for each call.
+    generated_code_bytes: compiled code on the device (0 on CPU).
+    xla_peak_bytes: XLA's `peak_memory_in_bytes`, or None where not
+      reported (on CPU it leaves out `temp_bytes`).
+  """
+  argument_bytes: int
+  output_bytes: int
+  alias_bytes: int
+  temp_bytes: int
+  generated_code_bytes: int = 0
+  xla_peak_bytes: Optional[int] = None
+
+  @property
+  def call_bytes(self) -> int:
+    """Bytes a call occupies: argument + output + temp - alias."""
+    return (self.argument_bytes + self.output_bytes + self.temp_bytes -
+            self.alias_bytes)
+
+  @classmethod
+  def from_compiled(cls, compiled: jax.stages.Compiled) -> 'ProgramMemory':
+    """Reads `compiled.memory_analysis()`.
+
+    Raises:
+      ValueError: the backend gives no memory analysis.
+    """
+    stats = compiled.memory_analysis()
+    if stats is None:
+      raise ValueError('this backend gives no memory analysis of compiled '
+                       'programs (jax.stages.Compiled.memory_analysis).')
+    peak = getattr(stats, 'peak_memory_in_bytes', None)
+    return cls(
+        argument_bytes=int(stats.argument_size_in_bytes),
+        output_bytes=int(stats.output_size_in_bytes),
+        alias_bytes=int(stats.alias_size_in_bytes),
+        temp_bytes=int(stats.temp_size_in_bytes),
+        generated_code_bytes=int(stats.generated_code_size_in_bytes),
+        xla_peak_bytes=None if peak is None else int(peak))
+
+
+@dataclasses.dataclass(frozen=True)
+class Analysis:
+  """A program's memory, result types and kept arguments.
+
+  Attributes:
+    memory: `ProgramMemory` of the compiled program.
+    outputs: the results as `jax.ShapeDtypeStruct`s (`Traced.out_info`).
+    kept: pytree of bool shaped as the arguments (one per array leaf):
+      whether the program keeps that argument; None where that could not be
+      told (then treat every argument as kept).
+  """
+  memory: ProgramMemory
+  outputs: PyTree
+  kept: Optional[PyTree]
+
+
+def abstract(tree: PyTree) -> PyTree:
+  """Array leaves become `jax.ShapeDtypeStruct`s; other leaves stay.
+
+  Keeps shape, dtype, weak type and the sharding of committed `jax.Array`s,
+  so the program compiles as for the arrays themselves, without touching
+  their data.
+  """
+  def leaf(x):
+    if isinstance(x, jax.ShapeDtypeStruct):
+      return x
+    if isinstance(x, jax.Array):
+      sharding = x.sharding if getattr(x, 'committed', False) else None
+      return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding,
+                                  weak_type=getattr(x, 'weak_type', False))
+    if isinstance(x, (np.ndarray, np.generic)):
+      return jax.ShapeDtypeStruct(
+          x.shape, jax.dtypes.canonicalize_dtype(x.dtype))
+    return x
+  return jax.tree_util.tree_map(leaf, tree)
+
+
+def leaf_bytes(x) -> int:
+  """Bytes one leaf occupies on each device holding it: an array or
+  `jax.ShapeDtypeStruct` (its shard's bytes where it has a sharding), a
+  Python scalar (as the 0-d array a jitted call makes of it); 0 for
+  anything else."""
+  if isinstance(x, (bool, int, float, complex)):  # traced as 0-d arrays
+    return np.dtype(jax.dtypes.canonicalize_dtype(np.result_type(x))).itemsize
+  shape, dtype = getattr(x, 'shape', None), getattr(x, 'dtype', None)
+  if shape is None or dtype is None:
+    return 0
+  sharding = getattr(x, 'sharding', None)
+  if sharding is not None and hasattr(sharding, 'shard_shape'):
+    shape = sharding.shard_shape(tuple(shape))
+  try:
+    itemsize = np.dtype(dtype).itemsize
+  except TypeError:  # extended dtypes (typed PRNG keys)
+    return 0
+  return int(math.prod(shape)) * itemsize
+
+
+def tree_bytes(tree: PyTree, kept: Optional[PyTree] = None) -> int:
+  """Bytes of the array leaves of `tree`; with `kept` (a pytree of bool of
+  the same structure, from `Analysis.kept`), only of the kept leaves."""
+  leaves = jax.tree_util.tree_leaves(tree)
+  if kept is None:
+    return sum(leaf_bytes(x) for x in leaves)
+  flags = jax.tree_util.tree_leaves(kept)
+  if len(flags) != len(leaves):
+    raise ValueError(f'kept has {len(flags)} leaves, the tree {len(leaves)}.')
+  return sum(leaf_bytes(x) for x, k in zip(leaves, flags) if k)
+
+
+def types_key(args: PyTree):
+  """A hashable key of the argument types a call compiles for: the tree
+  structure, and per leaf its shape, dtype, weak type and sharding (arrays,
+  `jax.ShapeDtypeStruct`s) or its type and value (anything else)."""
+  leaves, treedef = jax.tree_util.tree_flatten(args)
+  def leaf(x):
+    if hasattr(x, 'shape') and hasattr(x, 'dtype'):
+      return (tuple(x.shape), str(x.dtype), bool(getattr(x, 'weak_type',
+                                                         False)),
+              getattr(x, 'sharding', None))
+    return (type(x), x)
+  return treedef, tuple(leaf(x) for x in leaves)
+
+
+def _used_invars(jaxpr) -> list:
+  """Which inputs of a jaxpr a dead-code-free program keeps (bool per
+  invar): those read by an equation that leads to an output or has
+  effects, or returned directly."""
+  live = {id(v) for v in jaxpr.outvars if hasattr(v, 'aval') and
+          not hasattr(v, 'val')}
+  for eqn in reversed(jaxpr.eqns):
+    if eqn.effects or any(id(v) in live for v in eqn.outvars):
+      live.update(id(v) for v in eqn.invars if not hasattr(v, 'val'))
+  return [id(v) in live for v in jaxpr.invars]
+
+
+def _kept_arguments(traced, args, memory) -> Optional[PyTree]:
+  """Per argument leaf, whether the compiled program keeps it; None when
+  the jaxpr's inputs do not match the arguments or the kept leaves' bytes
+  differ from XLA's argument bytes (JAX pruned differently)."""
+  leaves, treedef = jax.tree_util.tree_flatten(args)
+  try:
+    used = _used_invars(traced.jaxpr.jaxpr)
+  except AttributeError:
+    return None
+  if len(used) != len(leaves):
+    return None
+  kept = jax.tree_util.tree_unflatten(treedef, used)
+  if tree_bytes(args, kept) != memory.argument_bytes:
+    return None
+  return kept
+
+
+def analyze(fn: Callable, *args) -> Analysis:
+  """Compiles `fn` for a call with `args` and reads XLA's memory analysis.
+
+  Nothing is placed or run: `fn.trace(*args).lower().compile()`, where
+  `args` may be `jax.ShapeDtypeStruct`s (`abstract`), arrays or Python
+  scalars, exactly as the call would pass them.
+
+  Args:
+    fn: a jitted function (`jax.jit`), or anything with `.lower` (then the
+      kept arguments are not told apart).
+    *args: the call's positional arguments.
+
+  Returns:
+    `Analysis` of the compiled program.
+
+  Raises:
+    Whatever tracing, lowering or compiling `fn` raises for these
+    arguments; ValueError where the backend gives no memory analysis.
+  """
+  if hasattr(fn, 'trace'):
+    traced = fn.trace(*args)
+    compiled = traced.lower().compile()
+    memory = ProgramMemory.from_compiled(compiled)
+    return Analysis(memory, traced.out_info,
+                    _kept_arguments(traced, args, memory))
+  lowered = fn.lower(*args)
+  compiled = lowered.compile()
+  return Analysis(ProgramMemory.from_compiled(compiled), lowered.out_info,
+                  None)

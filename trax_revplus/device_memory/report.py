@@ -1,0 +1,127 @@
+"""One trainer's memory figures, or the one line saying why there are none.
+
+`TrainerMemory` is what `trax-revplus estimate`, `compare` and the
+benchmark report per trainer: the step's peak device bytes
+(`composition.StepMemory`), the weights and optimizer slots it keeps on the
+host, the largest single program, and whether it fits a device memory.
+`account(name, fn)` turns any exception raised while building or compiling
+a trainer into `TrainerMemory.error`, one line.
+"""
+
+import dataclasses
+from typing import Callable, Optional
+
+from trax_revplus.device_memory import composition
+from trax_revplus.device_memory import default_trainer
+from trax_revplus.device_memory import stock_trainer
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerMemory:
+  """Memory of one training step of one trainer (bytes, per device).
+
+  Attributes:
+    trainer: which trainer, e.g. 'default', 'stock', 'revplus'.
+    backend: the platform the programs were compiled for ('cpu', 'gpu',
+      'tpu'); their figures are that backend's.
+    n_devices: devices the step runs on.
+    step: the step's calls and peak, or None with `error`.
+    weights_bytes, slots_bytes: the model's weights and the optimizer
+      slots, one copy.
+    weights_and_slots_on_host: whether they live on the host between steps
+      (stock and trax_revplus) or on the device (the default Trainer, where
+      they are in the step's peak instead).
+    error: one line saying why there are no figures, or None.
+  """
+  trainer: str
+  backend: str
+  n_devices: int
+  step: Optional[composition.StepMemory] = None
+  weights_bytes: int = 0
+  slots_bytes: int = 0
+  weights_and_slots_on_host: bool = True
+  error: Optional[str] = None
+
+  @property
+  def peak_device_bytes(self) -> Optional[int]:
+    return None if self.step is None else self.step.peak_device_bytes
+
+  @property
+  def largest_program_bytes(self) -> Optional[int]:
+    return None if self.step is None else self.step.largest_program_bytes
+
+  @property
+  def host_weights_and_slots_bytes(self) -> int:
+    """Host bytes of weights + slots between steps (0 where they live on
+    the device)."""
+    if self.step is None or not self.weights_and_slots_on_host:
+      return 0
+    return self.weights_bytes + self.slots_bytes
+
+  def fits(self, device_memory_bytes: Optional[int]) -> Optional[bool]:
+    """Whether the step's peak fits `device_memory_bytes` (None: no figure
+    or no memory given)."""
+    if self.step is None or device_memory_bytes is None:
+      return None
+    return self.peak_device_bytes <= device_memory_bytes
+
+  def to_json(self, device_memory_bytes: Optional[int] = None) -> dict:
+    """The JSON object `estimate --json` writes for this trainer."""
+    if self.error is not None:
+      return {'error': self.error}
+    return {
+        'peak_device_bytes': self.peak_device_bytes,
+        'host_weights_and_slots_bytes': self.host_weights_and_slots_bytes,
+        'largest_program_bytes': self.largest_program_bytes,
+        'fits': self.fits(device_memory_bytes),
+        'weights_bytes': self.weights_bytes,
+        'slots_bytes': self.slots_bytes,
+        'n_calls': len(self.step.calls),
+        'peak_call': self.step.peak_call.name,
+        'peak_parts_bytes': self.step.peak_call.parts(),
+        'phase_peak_device_bytes': self.step.phase_peaks(),
+    }
+
+
+def one_line(error: BaseException) -> str:
+  """`error` as one line: its type and the first line of its message."""
+  lines = [l.strip() for l in str(error).splitlines() if l.strip()]
+  text = f'{type(error).__name__}: {lines[0]}' if lines else type(
+      error).__name__
+  return text if len(text) <= 300 else text[:297] + '...'
+
+
+def account(trainer: str, backend: str, n_devices: int,
+            fn: Callable[[], TrainerMemory]) -> TrainerMemory:
+  """`fn()`, or a `TrainerMemory` with the one-line error it raised.
+
+  For building a trainer and composing its step, where a trainer that
+  cannot be built or compiled on this JAX gets an error instead of
+  figures. KeyboardInterrupt and SystemExit pass through.
+  """
+  try:
+    return fn()
+  except Exception as e:  # pylint: disable=broad-except
+    return TrainerMemory(trainer, backend, n_devices, error=one_line(e))
+
+
+def default_trainer_memory(trainer, batch, backend: str,
+                           name: str = 'default') -> TrainerMemory:
+  """`TrainerMemory` of trax's default `Trainer` (see `default_trainer`);
+  its weights and slots live on the device."""
+  step = default_trainer.default_trainer_step(trainer, batch)
+  weights, slots = default_trainer.weights_and_slots_bytes(trainer)
+  n_devices = trainer._n_devices  # pylint: disable=protected-access
+  return TrainerMemory(name, backend, n_devices, step, weights, slots,
+                       weights_and_slots_on_host=False)
+
+
+def stock_trainer_memory(trainer, batch, backend: str,
+                         name: str = 'stock') -> TrainerMemory:
+  """`TrainerMemory` of stock trax's `ReversibleSerialTrainer` (see
+  `stock_trainer`); its weights and slots live on the host."""
+  step = stock_trainer.stock_trainer_step(trainer, batch)
+  weights, slots = stock_trainer.weights_and_slots_bytes(trainer)
+  n_devices = trainer._n_devices  # pylint: disable=protected-access
+  return TrainerMemory(name, backend, n_devices, step, weights, slots,
+                       weights_and_slots_on_host=True)

@@ -1,0 +1,186 @@
+"""Device memory of a step of stock trax's `ReversibleSerialTrainer`.
+
+trax 1.4.1's memory-efficient trainer runs one compiled program per layer
+and phase: each block's standard layer forward (`pure_fn`, jitted), its
+reversible layers' forwards, the loss layer's forward + backward + update
+(`_fbo_with_layer_and_opt`), then per block, last to first, each
+reversible layer's reverse + backward + update
+(`_reverse_and_fbo_with_layer_and_opt`, last layer first) and the standard
+layer's forward + backward + update. `stock_trainer_step` walks that
+schedule as `one_step` runs it on one device, with abstract arrays: each
+call's program is lowered and compiled from the trainer's own jitted
+functions (nothing is placed or run) and its result types are the next
+calls' arguments.
+
+What the device holds across each call follows where `one_step` keeps its
+arrays on an accelerator:
+
+  * the stack and the cotangent stack (`grad_stack`) items that are device
+    arrays; block inputs saved for the backward pass go to the host
+    (`tl.on_cpu`) and come back for their call (`tl.on_accelerator`), and
+    the reconstructed stack holds those host copies after a block's
+    standard layer;
+  * the per-layer RNGs (`random.split`, kept the whole step);
+  * arrays still referenced by `one_step`'s locals: during the forward
+    pass the block's (and until replaced, the previous block's)
+    standard-layer inputs and new state, and its reversible layers' old and
+    new states (device arrays, whose host copies are saved);
+  * weights updated but not yet copied back (`_lazy_unreplicate`): the
+    reversible layer updated just before (`n_async_layers = 1`), and the
+    block's first reversible layer during its standard layer's update.
+
+Weights, slots, state and optimizer hyperparameters are placed for each call
+(`_replicate`, `tl.on_accelerator`) and released after it, so they count as
+the call's own arguments. Not counted: per-layer statistics (scalars).
+
+One device only: on more, stock's `one_step` replicates with
+`jax.device_put_replicated`, which current JAX removed.
+"""
+
+from typing import Any
+
+import jax
+import numpy as np
+
+from trax.layers import combinators as cb
+
+from trax_revplus.device_memory import composition
+from trax_revplus.device_memory import program as program_lib
+from trax_revplus.device_memory import walk as walk_lib
+
+PyTree = Any
+
+
+def stock_trainer_step(trainer, batch, step=1) -> composition.StepMemory:
+  """Composes the device memory of one step of stock trax's
+  `ReversibleSerialTrainer` on one device.
+
+  Args:
+    trainer: a `trax.optimizers.trainer.ReversibleSerialTrainer` (trax
+      1.4.1's), built (its layers initialized).
+    batch: tuple of arrays or `jax.ShapeDtypeStruct`s of shape (B, ...), as
+      `one_step` would get it.
+    step: int.
+
+  Returns:
+    `composition.StepMemory` whose calls are those `one_step` makes, in its
+    order: 'forward' per layer, 'loss', 'backward' per layer.
+
+  Raises:
+    composition.UnsupportedTrainerError: the trainer runs on more than one
+      device.
+    Whatever tracing, lowering or compiling the trainer's functions raises
+    for these arguments.
+  """
+  # pylint: disable=protected-access
+  if trainer._n_devices != 1:
+    raise composition.UnsupportedTrainerError(
+        f'stock ReversibleSerialTrainer with n_devices='
+        f'{trainer._n_devices}: its step replicates with '
+        f'jax.device_put_replicated, which current JAX removed; accounted '
+        f'on one device only.')
+  walk = walk_lib.StepWalk()
+  blocks = trainer._blocks
+  n_layers = trainer._n_layers
+  rngs = walk.device(jax.ShapeDtypeStruct((n_layers, 2), np.uint32))
+  rng_rows = walk.device([jax.ShapeDtypeStruct((2,), np.uint32)
+                          for _ in range(n_layers)])
+  keep = [('rngs', (rngs, rng_rows))]
+  weights_of = lambda layer: program_lib.abstract(layer.weights)
+  state_of = lambda layer: program_lib.abstract(layer.state)
+
+  # Forward. Locals of one_step that keep device arrays alive until their
+  # next assignment.
+  stack = program_lib.abstract(tuple(batch) if isinstance(batch, list)
+                               else batch)
+  saved = []  # per block: host copies of (std inputs, new state, states)
+  locals_ = {}
+  k = 0
+  for b, (std_layer, rev_layers) in enumerate(blocks):
+    std_fn, rev_fns = trainer._accelerated_layer_fns[b]
+    inputs = cb.inputs_from_stack(stack, std_layer.n_in)
+    args = (inputs, weights_of(std_layer), state_of(std_layer), rng_rows[k])
+    outputs, new_state = walk.call(
+        f'forward layer {k} ({std_layer.name})', 'forward', std_fn, args,
+        keep + [('stack', stack)] + list(locals_.items()))
+    stack = cb.outputs_onto_stack(outputs, stack, std_layer.n_in)
+    locals_['standard-layer inputs and state (one_step locals)'] = (
+        inputs, new_state)
+    std_k = k
+    k += 1
+    old_states, new_states = [], []
+    for layer, fn in zip(rev_layers, rev_fns):
+      state = walk.device(state_of(layer))
+      old_states.append(state)
+      inputs = cb.inputs_from_stack(stack, layer.n_in)
+      args = (inputs, weights_of(layer), state, rng_rows[k])
+      outputs, new_state = walk.call(
+          f'forward layer {k} ({layer.name})', 'forward', fn, args,
+          keep + [('stack', stack),
+                  ('reversible layer states', (old_states, new_states))] +
+          list(locals_.items()))
+      stack = cb.outputs_onto_stack(outputs, stack, layer.n_in)
+      new_states.append(new_state)
+      k += 1
+    locals_['reversible layer states (one_step locals)'] = (
+        old_states, new_states)
+    saved.append((std_k, walk.host(locals_[
+        'standard-layer inputs and state (one_step locals)']),
+                  walk.host((old_states, new_states))))
+
+  # Loss layer: forward, backward and update.
+  loss_layer, loss_opt = trainer._loss_layer, trainer._loss_opt
+  loss_inputs = cb.inputs_from_stack(stack, loss_layer.n_in)
+  args = (loss_inputs, weights_of(loss_layer), None, state_of(loss_layer),
+          program_lib.abstract(loss_opt.slots),
+          program_lib.abstract(trainer._replicated_loss_opt_params),
+          rng_rows[k], step)
+  _, _, _, grad_stack, _ = walk.call(
+      f'loss layer {k} ({loss_layer.name})', 'loss', trainer._loss_fbo, args,
+      keep + [('stack', stack)] + list(locals_.items()))
+  locals_.clear()
+
+  # Backward, last block first.
+  for b in range(len(blocks) - 1, -1, -1):
+    std_layer, rev_layers = blocks[b]
+    std_fbo, rev_fbos = trainer._fbos[b]
+    std_opt, rev_opts = trainer._optimizers[b]
+    std_params, rev_params = trainer._replicated_opt_params[b]
+    std_k, (std_inputs, std_state), (old_states, new_states) = saved[b]
+    pending = []  # lazily copied-back weights still on the device
+    for j in range(len(rev_layers) - 1, -1, -1):
+      layer, opt = rev_layers[j], rev_opts[j]
+      k = std_k + 1 + j
+      outputs = cb.inputs_from_stack(stack, layer.n_out)
+      grads = cb.inputs_from_stack(grad_stack, layer.n_out)
+      # tl.on_accelerator: host values get a device copy for the call.
+      args = (outputs, weights_of(layer), grads, old_states[j],
+              new_states[j], program_lib.abstract(opt.slots),
+              program_lib.abstract(rev_params[j]), rng_rows[k], step)
+      new_weights, _, inputs, grads_in, _ = walk.call(
+          f'backward layer {k} ({layer.name})', 'backward', rev_fbos[j], args,
+          keep + [('stack', stack), ('cotangent stack', grad_stack),
+                  ('weights not yet copied back', pending)])
+      stack = cb.outputs_onto_stack(inputs, stack, layer.n_out)
+      grad_stack = cb.outputs_onto_stack(grads_in, grad_stack, layer.n_out)
+      pending = [new_weights]  # the previous layer's are collected now
+    grads = cb.inputs_from_stack(grad_stack, std_layer.n_out)
+    args = (std_inputs, weights_of(std_layer), grads, std_state,
+            program_lib.abstract(std_opt.slots),
+            program_lib.abstract(std_params), rng_rows[std_k], step)
+    _, _, _, grads_in, _ = walk.call(
+        f'backward layer {std_k} ({std_layer.name})', 'backward', std_fbo,
+        args, keep + [('stack', stack), ('cotangent stack', grad_stack),
+                      ('weights not yet copied back', pending)])
+    grad_stack = cb.outputs_onto_stack(grads_in, grad_stack, std_layer.n_out)
+    stack = cb.outputs_onto_stack(std_inputs, stack, std_layer.n_out)
+  return composition.compose(walk.calls)
+
+
+def weights_and_slots_bytes(trainer) -> tuple:
+  """(weights bytes, slots bytes) over all layers; both live on the host
+  between steps."""
+  weights = [layer.weights for layer in trainer.all_layers]
+  return program_lib.tree_bytes(weights), program_lib.tree_bytes(
+      trainer.slots)
+
