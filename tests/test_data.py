@@ -203,3 +203,20 @@ def test_registered_with_gin(text_dir):
     assert next(inputs.train_stream(1))[0].shape == (2, 24)
   finally:
     gin.clear_config()
+
+
+def test_settings_out_of_range_are_setting_errors(text_dir, tmp_path):
+  """`trax-revplus train` reports these with exit status 2, files with 1."""
+  directory, _ = text_dir
+  for kwargs in ({'batch_size': 0}, {'batch_size': 'abc'},
+                 {'split_by': 'lines'}, {'eval_fraction': 1.5},
+                 {'seed': -1}, {'paths': []}):
+    with pytest.raises(data.CorpusSettingError):
+      data.local_text_inputs(**{'paths': str(directory), **kwargs})
+  inputs = data.local_text_inputs(paths=str(directory), sequence_length=16,
+                                  batch_size=8)
+  with pytest.raises(data.CorpusSettingError, match='not divisible'):
+    inputs.train_stream(3)
+  with pytest.raises(data.CorpusError) as info:
+    data.local_text_inputs(paths=str(tmp_path / 'nothing' / '*.txt'))
+  assert not isinstance(info.value, data.CorpusSettingError)
