@@ -486,3 +486,22 @@ def test_output_dir_lock_names_its_holder_and_takes_over_a_dead_one(
   assert json.loads(lock_file.read_text())['pid'] == os.getpid()
   second.release()
   assert not lock_file.exists()
+
+
+def test_plot_memory_exit_statuses(tmp_path, capsys):
+  code, _, err = _main(capsys, 'plot-memory', str(tmp_path))
+  assert code == 2 and 'No memory log at' in _one_line_error(err)
+  (tmp_path / 'memory.jsonl').write_text('{"step": 1, "pha')
+  code, _, err = _main(capsys, 'plot-memory', str(tmp_path))
+  assert code == 2 and 'holds no memory records' in _one_line_error(err)
+  (tmp_path / 'memory.jsonl').write_text(
+      '{"step": 1, "phase": "forward", "host_rss_bytes": 1048576}\n')
+  not_a_dir = tmp_path / 'file'
+  not_a_dir.write_text('x')
+  code, _, err = _main(capsys, 'plot-memory', str(tmp_path),
+                       f'--output={not_a_dir}/m.png')
+  assert code == 1
+  assert _one_line_error(err).startswith(
+      f'trax-revplus plot-memory: error: cannot write {not_a_dir}/m.png: ')
+  code, out, err = _main(capsys, 'plot-memory', str(tmp_path))
+  assert code == 0 and out.strip() == str(tmp_path / 'memory.png')

@@ -27,10 +27,14 @@ def run(flags: argparse.Namespace) -> int:
   from trax_revplus import memory_plot  # pylint: disable=g-import-not-at-top
   try:
     png = memory_plot.plot_memory(run_dir, flags.output)
-  except (FileNotFoundError, ValueError) as e:
+  except ValueError as e:  # A log without records.
     raise UserError(one_line(e)) from None
   except OSError as e:
+    # plot_memory's own "No memory log at ..." carries no errno; the
+    # system's errors writing the PNG do.
+    if e.errno is None:
+      raise UserError(one_line(e)) from None
     raise UserError(f'cannot write {flags.output or "memory.png"}: '
-                    f'{one_line(e)}', EXIT_RUNTIME) from None
+                    f'{e.strerror or one_line(e)}', EXIT_RUNTIME) from None
   print(png)
   return EXIT_OK
