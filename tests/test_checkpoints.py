@@ -54,7 +54,7 @@ def _model():
       tl.LogSoftmax())
 
 
-def _loop(output_dir):
+def _loop(output_dir, evals=False):
   trax_revplus.activate()
   # As in a fresh process; trax's count_and_skip makes the stream resumable
   # from the data counters a checkpoint restores.
@@ -62,8 +62,13 @@ def _loop(output_dir):
   stream = trax_inputs.count_and_skip(_batches(), 'test_checkpoints')
   task = training.TrainTask(stream, tl.CrossEntropyLoss(),
                             optimizers.Adam, n_steps_per_checkpoint=3)
-  return training.Loop(_model(), [task], output_dir=str(output_dir),
-                       random_seed=0, use_memory_efficient_trainer=True)
+  # With evals, trax evaluates at its checkpoint steps (1, 3, 6), after it
+  # saves, and each eval batch takes a key from the Loop's RNG.
+  eval_tasks = ([training.EvalTask(_batches(), [tl.CrossEntropyLoss()],
+                                   n_eval_batches=2)] if evals else None)
+  return training.Loop(_model(), [task], eval_tasks=eval_tasks,
+                       output_dir=str(output_dir), random_seed=0,
+                       use_memory_efficient_trainer=True)
 
 
 def _weights(loop):
@@ -129,6 +134,20 @@ def test_restart_with_dropout_reaches_the_same_weights(continuous, tmp_path):
   for got, want in zip(_weights(resumed) + _slots(resumed),
                        weights6 + slots6):
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+
+
+def test_restart_at_an_eval_step_reaches_the_same_weights(tmp_path):
+  reference = _loop(tmp_path / 'reference', evals=True)
+  reference.run(6)
+  want = _weights(reference) + _slots(reference)
+  _loop(tmp_path / 'run', evals=True).run(3)
+  resumed = _loop(tmp_path / 'run', evals=True)
+  assert resumed.step == 3
+  resumed.run(3)
+  got = _weights(resumed) + _slots(resumed)
+  assert len(got) == len(want)
+  for a, b in zip(got, want):
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
 
 
 @pytest.fixture

@@ -25,8 +25,9 @@ step):
   3. `<basename>.manifest.json` is marked "installing", the staged files
      are renamed into place (`.pkl.gz` last), then the manifest is written
      complete (atomic rename): step, each file's size and CRC-32 of its
-     bytes, the Loop's RNG and the data counters; the manifest carries a
-     CRC-32 of its own content;
+     bytes, the Loop's RNG as its next step will find it (after the evals
+     of this step, which trax runs after the save) and the data counters;
+     the manifest carries a CRC-32 of its own content;
   4. `data_counters<host>.pkl` is renamed into the output dir, where stock
      trax reads it, and the staging directory is removed.
 
@@ -56,6 +57,7 @@ from typing import Any
 from absl import logging
 import numpy as np
 
+from trax import fastmath
 from trax import layers as tl
 from trax.data import inputs as trax_inputs
 from trax.fastmath import numpy as jnp
@@ -322,9 +324,45 @@ def _data_counters_name(host_id: int | None = None) -> str:
   return 'data_counters%d.pkl' % host_id
 
 
-def _loop_extras(loop: training.Loop) -> dict[str, Any]:
-  """The Loop's RNG and trax's data counters, as JSON values."""
+def _evals_to_come(loop: training.Loop) -> int:
+  """Keys the evals of the Loop's current step will still take from its RNG.
+
+  trax's `Loop.run` saves the checkpoint of step k before it runs the evals
+  of step k, and each eval batch takes a key from the Loop's RNG
+  (`Loop.new_rng`). Returns their number when the step is an eval step
+  whose evals have not been recorded in the Loop's history yet, else 0.
+  """
+  # pylint: disable=protected-access
+  eval_tasks = [t for t in getattr(loop, '_eval_tasks', ()) if t is not None]
+  eval_at = getattr(loop, '_eval_at', None)
+  if not eval_tasks or eval_at is None or not eval_at(loop.step):
+    return 0
+  # pylint: enable=protected-access
+  name = f'metrics/{eval_tasks[0].metric_names[0]}'
+  if any(step == loop.step for step, _ in loop.history.get('eval', name)):
+    return 0
+  return sum(int(t.n_eval_batches) for t in eval_tasks)
+
+
+def _rng_at_next_step(loop: training.Loop) -> Any:
+  """The Loop's RNG as a run without restart has it when its next step begins.
+
+  A run resumed from this checkpoint starts with the next step, so the keys
+  the evals of this step would still take (`_evals_to_come`) are taken here,
+  as `Loop.new_rng` takes them, for dropout after a restart to be what it
+  would have been without one.
+  """
   rng = getattr(loop, '_rng', None)
+  if rng is None:
+    return None
+  for _ in range(_evals_to_come(loop)):
+    rng, _ = fastmath.random.split(rng)
+  return rng
+
+
+def _loop_extras(loop: training.Loop) -> dict[str, Any]:
+  """The Loop's RNG at its next step and trax's data counters, as JSON."""
+  rng = _rng_at_next_step(loop)
   return {
       'loop_rng': (None if rng is None else
                    np.asarray(rng).astype(np.uint32).tolist()),
