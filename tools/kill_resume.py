@@ -57,7 +57,8 @@ MAIN = os.path.join(REPO, 'gin_configs', 'reformer_char_lm.gin')
 TINY = [
     'eval_steps = 1', 'sequence_length = 32', 'train.eval_frequency = 1000',
     'local_text_inputs.batch_size = 2', 'local_text_inputs.eval_batch_size = 2',
-    'ReformerLM.n_layers = 1', 'ReformerLM.d_model = 16', 'ReformerLM.d_ff = 32',
+    'ReformerLM.n_layers = 1', 'ReformerLM.d_model = 16',
+    'ReformerLM.d_ff = 32',
     'ReformerLM.n_heads = 2', 'ReformerLM.d_attention_key = 8',
     'ReformerLM.d_attention_value = 8', 'ReformerLM.dropout = 0.1',
 ]
@@ -84,6 +85,7 @@ class _Run:
                                     stderr=subprocess.PIPE, text=True,
                                     cwd=REPO)
     self.steps = []  # Steps whose progress line was printed.
+    self.step_times = []  # When each of them was read (monotonic seconds).
     self.first_step_at = None
     self.stderr = ''
     self._reader = threading.Thread(target=self._read, daemon=True)
@@ -95,8 +97,9 @@ class _Run:
     for line in self.process.stdout:
       if line.startswith('step ') and '  loss ' in line:
         self.steps.append(int(line.split()[1].split('/')[0]))
+        self.step_times.append(time.monotonic())
         if self.first_step_at is None:
-          self.first_step_at = time.monotonic()
+          self.first_step_at = self.step_times[-1]
 
   def _read_err(self):
     self.stderr = self.process.stderr.read()
@@ -109,7 +112,7 @@ class _Run:
 
 
 def _resume_point(output_dir):
-  """(step a restart loads or 0, corrupt complete sets, interrupted installs)."""
+  """(step a restart loads, corrupt complete sets, interrupted installs)."""
   corrupt = interrupted = 0
   resume = None
   for name in ('model', 'model' + checkpoints.PREVIOUS):
@@ -147,7 +150,9 @@ def main():
   if reference.wait() != 0:
     sys.exit(f'the uninterrupted run failed:\n{reference.stderr[-3000:]}')
   setup_seconds = reference.first_step_at - reference.start
-  step_seconds = (time.monotonic() - reference.first_step_at) / args.steps
+  # Seconds per step (the save included), from its progress lines.
+  times = reference.step_times
+  step_seconds = (times[-1] - times[0]) / max(len(times) - 1, 1)
   expected = _final_arrays(reference_dir)
 
   kills = resumed = corrupt_sets = interrupted_installs = no_resume = 0

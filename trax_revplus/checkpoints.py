@@ -375,9 +375,9 @@ def _restore_extras(loop: training.Loop, manifest: dict[str, Any],
                     basename: str, fell_back: bool) -> None:
   """Restores the Loop's RNG and trax's data counters from `manifest`.
 
-  Warns when `data_counters<host>.pkl` disagreed with the set loaded,
-  unless the previous set was loaded (`fell_back`): that warning already
-  said the run resumes from an earlier step.
+  Warns when `data_counters<host>.pkl` in the Loop's output dir disagrees
+  with the set loaded, unless the previous set was loaded (`fell_back`):
+  that warning already said the run resumes from an earlier step.
   """
   rng = manifest.get('loop_rng')
   if rng is not None:
@@ -390,12 +390,16 @@ def _restore_extras(loop: training.Loop, manifest: dict[str, Any],
   counters = manifest.get('data_counters')
   if counters is None:
     return
-  found = {str(k): v for k, v in trax_inputs.data_counters.items()}
-  if found and found != counters and not fell_back:
+  output_dir = getattr(loop, 'output_dir', None)
+  path = os.path.join(output_dir or '', _data_counters_name())
+  found, _ = (_read_data_counters(path) if output_dir and
+              os.path.exists(path) else (None, ''))
+  if found is not None and not fell_back and (
+      {str(k): v for k, v in found.items()} != counters):
     logging.warning(
         '%s holds data counters %s, but checkpoint set %s (step %s) was '
-        'written at %s; the set\'s are used.', _data_counters_name(), found,
-        basename, manifest.get('step'), counters)
+        'written at %s; the set\'s are used.', path, found, basename,
+        manifest.get('step'), counters)
   trax_inputs.data_counters = dict(counters)
 
 

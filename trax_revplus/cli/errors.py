@@ -7,6 +7,8 @@ work) or `EXIT_RUNTIME` (it could, but something failed while running).
 `trax_revplus.compare` uses the same definitions.
 """
 
+import re
+
 PROG = 'trax-revplus'
 EXIT_OK = 0
 EXIT_RUNTIME = 1
@@ -28,7 +30,7 @@ class UserError(Exception):
     self.exit_code = exit_code
 
 
-def one_line(exception: BaseException) -> str:
+def one_line(exception: BaseException, context: bool = True) -> str:
   """Condenses an exception's message (e.g. gin's, with context) to a line.
 
   Keeps the first non-empty line, plus gin's "In file ..." / "In call to
@@ -36,18 +38,27 @@ def one_line(exception: BaseException) -> str:
 
   Args:
     exception: any exception.
+    context: keep gin's context line; False drops it, also when gin's
+      context is all the message there is.
 
   Returns:
-    str without newlines; the exception's class name if it has no message.
+    str without newlines; '' (context=False) or the exception's class name
+    if it has no message.
   """
   lines = [line.strip() for line in str(exception).splitlines()]
   lines = [line for line in lines if line]
+  if not context:
+    lines = [line for line in lines if not line.startswith(
+        ('In call to configurable', 'In file ', 'In bindings string'))]
+    return lines[0] if lines else ''
   if not lines:
     return type(exception).__name__
   where = [line for line in lines[1:] if line.startswith('In ')]
   text = lines[0]
   if where:
-    text += f' ({where[0]})'
+    # gin names the configurable and then its repr, e.g. "(<function f at
+    # 0x7f...>)"; the name is enough.
+    text += f' ({re.sub(r" [(]<[^>]*>[)]", "", where[0])})'
   return text
 
 

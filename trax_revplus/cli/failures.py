@@ -174,12 +174,12 @@ def user_error(error: Exception, output_dir: str, steps_started: bool,
                      EXIT_USAGE)
   if (isinstance(error, (IndexError, ValueError, KeyError)) and
       _passed(error, ('trax.supervised.training',), 'load_checkpoint')):
+    detail = one_line(error, context=False)
     return UserError(
         f'the checkpoint in {output_dir} does not fit this model '
-        f'({type(error).__name__}{": " if str(error) else ""}'
-        f'{one_line(error) if str(error) else ""}): it was written by a '
-        f'model of another shape or configuration; resume with that config, '
-        f'or give another --output_dir', EXIT_USAGE)
+        f'({type(error).__name__}{": " + detail if detail else ""}): it was '
+        f'written by a model of another shape or configuration; resume with '
+        f'that config, or give another --output_dir', EXIT_USAGE)
   from trax.layers import base  # pylint: disable=g-import-not-at-top
   if isinstance(error, base.LayerError) or (
       isinstance(error, _MODEL_ERRORS) and _passed(error, _MODEL_MODULES)):
