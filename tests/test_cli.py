@@ -1,5 +1,6 @@
 """The `trax-revplus` command: training runs, help, and one-line errors."""
 
+import argparse
 import os
 import subprocess
 
@@ -7,6 +8,8 @@ import numpy as np
 import pytest
 
 from trax_revplus import cli
+from trax_revplus.cli import noise
+from trax_revplus.cli import parser
 
 from cli_cases import cli_command
 from cli_cases import REPO
@@ -44,6 +47,10 @@ def _summary(stdout):
 def _check_trained(result, output_dir):
   assert result.returncode == 0, result.stderr[-3000:]
   assert 'Traceback' not in result.stderr
+  # No third-party warning reaches the terminal; train.log has them.
+  for line in result.stderr.splitlines():
+    assert not noise.is_known_noise(line), line
+    assert 'Warning:' not in line, line
   for step in (1, 2, 3):
     assert f'step {step}/3  loss ' in result.stdout
   rows = _summary(result.stdout)
@@ -65,9 +72,16 @@ def test_stock_config_trains_through_the_cli(tmp_path):
       rows['reversible layers'])
 
 
-def test_activated_twin_trains_and_its_checkpoint_loads(tmp_path):
-  output_dir = str(tmp_path / 'ours')
-  rows = _check_trained(_run(_train_args(MAIN, output_dir)), output_dir)
+@pytest.fixture(name='ours_run', scope='module')
+def fixture_ours_run(tmp_path_factory):
+  """The tiny main job trained by `trax-revplus train`: (result, dir)."""
+  output_dir = str(tmp_path_factory.mktemp('ours') / 'run')
+  return _run(_train_args(MAIN, output_dir)), output_dir
+
+
+def test_activated_twin_trains_and_its_checkpoint_loads(ours_run):
+  result, output_dir = ours_run
+  rows = _check_trained(result, output_dir)
   assert rows['trainer'] == 'trax_revplus.trainer.ReversibleSerialTrainer'
   assert 'trax_revplus.layers.ReversibleHalfResidual x2' in (
       rows['reversible layers'])
@@ -178,6 +192,16 @@ def test_user_errors_are_one_line_without_traceback(case, tmp_path, bad_gin,
   trax_revplus.deactivate()
 
 
+def _flags_of(command):
+  """The flags `command` defines: {name: argparse action}."""
+  # pylint: disable=protected-access
+  top = parser.build()
+  commands = next(a for a in top._actions
+                  if isinstance(a, argparse._SubParsersAction))
+  return {a.dest: a for a in commands.choices[command]._actions
+          if a.option_strings and a.dest != 'help'}
+
+
 @pytest.mark.parametrize('command,flags', [
     ('train', ['config_file', 'config', 'output_dir',
                'progress_every_n_steps', 'implementation']),
@@ -188,11 +212,7 @@ def test_help_documents_every_flag(command, flags, capsys):
   code, out, err = _main(capsys, command, '--help')
   assert code == 0 and not err
   assert out.startswith(f'usage: trax-revplus {command}')
-  defined = {
-      'train': cli._train_flags,  # pylint: disable=protected-access
-      'compare': cli._compare_flags,  # pylint: disable=protected-access
-      'plot-memory': cli._plot_memory_flags,  # pylint: disable=protected-access
-  }[command]()
+  defined = _flags_of(command)
   assert sorted(defined) == sorted(flags)
   for name in flags:
     assert f'--{name}=' in out
@@ -215,3 +235,283 @@ def test_plot_memory_needs_an_existing_run_dir(tmp_path, capsys):
   code, _, err = _main(capsys, 'plot-memory', str(tmp_path / 'nope'))
   assert code == 2
   assert 'run directory not found' in _one_line_error(err)
+
+
+# Bad inputs: each is one line on stderr, no traceback, the exit status of
+# its kind; checked before any training step.
+
+
+@pytest.mark.parametrize('bindings,text', [
+    (['train.steps = 0'], 'train.steps = 0: must be a positive int'),
+    (['train.steps = -3'], 'train.steps = -3: must be a positive int'),
+    (["train.steps = 'abc'"], "train.steps = 'abc': must be a positive int"),
+    (['train.steps = 2.5'], 'train.steps = 2.5: must be a positive int'),
+    (['train.eval_frequency = 0'], 'train.eval_frequency = 0'),
+    (['train.use_memory_efficient_trainer = 3'],
+     'train.use_memory_efficient_trainer = 3: must be one of False, True, 2'),
+    (['train.permanent_checkpoint_frequency = 2',
+      'train.permanent_checkpoints_at = [1, 2]'],
+     'train.permanent_checkpoint_frequency and '
+     'train.permanent_checkpoints_at are both set'),
+], ids=['steps_0', 'steps_negative', 'steps_str', 'steps_float',
+        'eval_frequency_0', 'trainer_mode', 'permanent_both'])
+def test_bad_settings_are_usage_errors_before_any_work(bindings, text,
+                                                       tmp_path, capsys):
+  out_dir = tmp_path / 'out'
+  code, out, err = _main(capsys, 'train', f'--config_file={MAIN}',
+                         f'--output_dir={out_dir}',
+                         *[f'--config={b}' for b in TINY + bindings])
+  import trax_revplus  # pylint: disable=g-import-not-at-top
+  trax_revplus.deactivate()
+  assert code == 2, err
+  assert text in _one_line_error(err)
+  assert 'output in' not in out  # Nothing was built.
+  assert not out_dir.exists()
+
+
+def test_contradicting_repeated_flags_are_a_usage_error(capsys):
+  code, _, err = _main(capsys, 'train', f'--config_file={MAIN}',
+                       '--implementation=stock', '--implementation=revplus')
+  assert code == 2
+  assert _one_line_error(err) == (
+      'trax-revplus train: error: --implementation=stock and '
+      '--implementation=revplus contradict each other; give '
+      '--implementation once')
+  code, _, err = _main(capsys, 'compare', f'--config_file={MAIN}',
+                       '--steps=2', '--steps=3')
+  assert code == 2 and '--steps=2 and --steps=3' in _one_line_error(err)
+  code, _, err = _main(capsys, 'plot-memory', '.', '--output=a.png',
+                       '--output=b.png')
+  assert code == 2 and 'contradict' in _one_line_error(err)
+
+
+@pytest.mark.parametrize('bindings,code,text', [
+    (['local_text_inputs.batch_size = 0'], 2,
+     'local_text_inputs.batch_size must be >= 1'),
+    (["trax_revplus.ReversibleSerialTrainer.on_non_finite = 'warn'"], 2,
+     "the trainer rejects its settings: on_non_finite must be one of"),
+    (['ReformerLM.d_attention_key = None', 'ReformerLM.n_heads = 3'], 2,
+     'cannot build the model ReformerLM: TypeError'),
+], ids=['batch_size', 'on_non_finite', 'model'])
+def test_errors_while_building_are_one_line(bindings, code, text, tmp_path,
+                                            capsys):
+  got, out, err = _main(capsys, 'train', f'--config_file={MAIN}',
+                        f'--output_dir={tmp_path / "out"}',
+                        *[f'--config={b}' for b in TINY + bindings])
+  import trax_revplus  # pylint: disable=g-import-not-at-top
+  trax_revplus.deactivate()
+  assert got == code, err
+  line = _one_line_error(err)
+  assert text in line
+  if 'd_attention_key = None' in bindings[0]:
+    assert line.endswith('check ReformerLM.d_attention_key = None')
+  assert '== summary ==' not in out
+
+
+# Resuming the run of `ours_run`, in this process, from copies of its dir.
+
+
+def _resume(capsys, output_dir, *bindings, steps=4, implementation='config'):
+  code, out, err = _main(
+      capsys, 'train', f'--config_file={MAIN}', f'--output_dir={output_dir}',
+      '--progress_every_n_steps=1', f'--implementation={implementation}',
+      *[f'--config={b}' for b in TINY + [f'train.steps = {steps}'] +
+        list(bindings)])
+  import trax_revplus  # pylint: disable=g-import-not-at-top
+  trax_revplus.deactivate()
+  return code, out, err
+
+
+def _copy_run(ours_run, tmp_path):
+  import shutil  # pylint: disable=g-import-not-at-top
+  assert ours_run[0].returncode == 0, ours_run[0].stderr[-3000:]
+  path = tmp_path / 'run'
+  shutil.copytree(ours_run[1], path)
+  return path
+
+
+def _manifest_counters(path):
+  import json  # pylint: disable=g-import-not-at-top
+  manifest = json.loads((path / 'model.manifest.json').read_text())
+  return manifest['step'], manifest['data_counters']
+
+
+@pytest.mark.parametrize('content', [b'', b'\x80\x04garbage'],
+                         ids=['empty', 'garbage'])
+def test_damaged_data_counters_file_resumes_from_the_verified_set(
+    ours_run, tmp_path, capsys, content):
+  path = _copy_run(ours_run, tmp_path)
+  step, counters = _manifest_counters(path)
+  assert step == 3 and counters
+  (path / 'data_counters0.pkl').write_bytes(content)
+  code, out, err = _resume(capsys, path)
+  assert code == 0, err
+  assert 'Traceback' not in err
+  assert 'step 4/4  loss ' in out and 'step 1/4' not in out
+  assert 'data_counters0.pkl is unreadable' in err
+  assert 'holds data counters' not in err  # Nothing left to disagree.
+  # The data position came from the set: one batch further, not restarted.
+  step, after = _manifest_counters(path)
+  assert step == 4
+  assert after == {k: v + 1 for k, v in counters.items()}
+
+
+def _flip_middle_byte(file_path):
+  data = bytearray(file_path.read_bytes())
+  data[len(data) // 2] ^= 0xFF
+  file_path.write_bytes(bytes(data))
+
+
+def test_both_sets_damaged_stop_with_one_line(ours_run, tmp_path, capsys):
+  path = _copy_run(ours_run, tmp_path)
+  _flip_middle_byte(path / 'model.weights.npy.gz')
+  _flip_middle_byte(path / 'model.prev.weights.npy.gz')
+  code, out, err = _resume(capsys, path)
+  assert code == 1
+  line = _one_line_error(err)
+  assert line.startswith('trax-revplus train: error: checkpoint set model in')
+  assert 'model.weights.npy.gz is damaged' in line
+  assert 'model.prev.weights.npy.gz is damaged' in line
+  assert line.endswith('to load it anyway, unverified, run with '
+                       '--implementation=stock')
+  assert 'step 1/' not in out
+
+
+def test_run_already_at_its_last_step_says_so(ours_run, tmp_path, capsys):
+  path = _copy_run(ours_run, tmp_path)
+  code, out, err = _resume(capsys, path, steps=3)
+  assert code == 0, err
+  rows = _summary(out)
+  assert rows['steps'] == ('3 (0 in this run: the checkpoint was at '
+                           'train.steps = 3 already)')
+  assert 'None' not in out.split('== summary ==')[1]
+
+
+@pytest.mark.parametrize('implementation', ['config', 'stock'])
+def test_checkpoint_of_another_model_is_a_usage_error(ours_run, tmp_path,
+                                                      capsys, implementation):
+  path = _copy_run(ours_run, tmp_path)
+  code, _, err = _resume(capsys, path, 'ReformerLM.d_model = 32',
+                         'ReformerLM.d_ff = 64',
+                         implementation=implementation)
+  assert code == 2
+  line = _one_line_error(err)
+  if implementation == 'config':  # trax_revplus's load: the set verified.
+    assert (f'checkpoint {path}/model.pkl.gz (step 3) does not fit this '
+            f'model (IndexError): it was written by a model of another '
+            f'shape') in line
+  else:  # Stock trax's load.
+    assert (f'the checkpoint in {path} does not fit this model (IndexError):'
+            f' it was written by a model of another shape') in line
+  assert line.endswith('give another --output_dir')
+
+
+def test_second_run_into_a_busy_output_dir_stops_at_once(tmp_path, capsys):
+  import time  # pylint: disable=g-import-not-at-top
+  from trax_revplus import checkpoints  # pylint: disable=g-import-not-at-top
+  output_dir = tmp_path / 'busy'
+  output_dir.mkdir()
+  first = subprocess.Popen(cli_command() + _train_args(MAIN, str(output_dir)),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, cwd=REPO)
+  try:
+    lock = output_dir / 'trax-revplus.lock'
+    while str(first.pid) not in (lock.read_text() if lock.exists() else ''):
+      assert first.poll() is None, first.communicate()
+      time.sleep(0.05)
+    code, out, err = _main(capsys, 'train', f'--config_file={MAIN}',
+                           f'--output_dir={output_dir}')
+  finally:
+    out_first, err_first = first.communicate(timeout=900)
+  assert code == 1
+  assert _one_line_error(err) == (
+      f'trax-revplus train: error: output dir {output_dir} is in use by '
+      f'process {first.pid} (trax-revplus train, since '
+      f'{err.split(", since ")[1].split(")")[0]}), which holds {lock}; wait '
+      f'for it to end, stop it, or give another --output_dir')
+  assert not out
+  assert first.returncode == 0, err_first[-3000:]
+  assert 'step 3/3' in out_first
+  ok, manifest, reason = checkpoints.verify(str(output_dir), 'model')
+  assert ok, reason
+  assert manifest['step'] == 3
+  assert not lock.exists()
+
+
+def test_known_warnings_go_to_the_log_only(tmp_path, capsys):
+  import logging  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  import warnings  # pylint: disable=g-import-not-at-top
+  log = logging.FileHandler(tmp_path / 'train.log')
+  terminal = logging.StreamHandler(sys.stderr)
+  with warnings.catch_warnings():
+    warnings.simplefilter('always')
+    with noise.route_warnings(log, terminal):
+      warnings.warn('jax.process_count has been renamed to '
+                    'jax.process_count. This alias will eventually be '
+                    'removed', DeprecationWarning)
+      warnings.warn('GzipFile was opened for writing, but this will change '
+                    'in future Python releases.', FutureWarning)
+      warnings.warn('a new problem', RuntimeWarning)
+  log.close()
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1
+  assert err[0].startswith('warning: RuntimeWarning: a new problem (')
+  assert err[0].endswith('test_cli.py:' + err[0].rsplit(':', 1)[1])
+  logged = (tmp_path / 'train.log').read_text()
+  for text in ('jax.process_count has been renamed', 'GzipFile was opened',
+               'a new problem'):
+    assert text in logged
+  for entry in noise.KNOWN_NOISE:
+    assert entry.reason and entry.source
+
+
+def test_output_dir_lock_names_its_holder_and_takes_over_a_dead_one(
+    tmp_path):
+  import json  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  from trax_revplus.cli import output_dir  # pylint: disable=g-import-not-at-top
+  lock_file = tmp_path / 'trax-revplus.lock'
+  first = output_dir.OutputDirLock(str(tmp_path), 'first')
+  assert first.acquire() is None
+  second = output_dir.OutputDirLock(str(tmp_path), 'second')
+  with pytest.raises(cli.UserError) as info:
+    second.acquire()
+  assert info.value.exit_code == 1
+  assert str(info.value).startswith(
+      f'output dir {tmp_path} is in use by process {os.getpid()} (first, '
+      f'since ')
+  first.release()
+  assert not lock_file.exists()
+  # A holder that was killed leaves its record; the kernel freed its lock.
+  dead = subprocess.run([sys.executable, '-c', 'import os; print(os.getpid())'],
+                        capture_output=True, text=True, check=True)
+  pid = int(dead.stdout)
+  lock_file.write_text(json.dumps({'pid': pid,
+                                   'command': 'trax-revplus train'}))
+  warning = second.acquire()
+  assert warning == (f'took over the lock of {tmp_path} left by process {pid} '
+                     f'(trax-revplus train), which ended without releasing it '
+                     f'(killed or crashed)')
+  assert json.loads(lock_file.read_text())['pid'] == os.getpid()
+  second.release()
+  assert not lock_file.exists()
+
+
+def test_plot_memory_exit_statuses(tmp_path, capsys):
+  code, _, err = _main(capsys, 'plot-memory', str(tmp_path))
+  assert code == 2 and 'No memory log at' in _one_line_error(err)
+  (tmp_path / 'memory.jsonl').write_text('{"step": 1, "pha')
+  code, _, err = _main(capsys, 'plot-memory', str(tmp_path))
+  assert code == 2 and 'holds no memory records' in _one_line_error(err)
+  (tmp_path / 'memory.jsonl').write_text(
+      '{"step": 1, "phase": "forward", "host_rss_bytes": 1048576}\n')
+  not_a_dir = tmp_path / 'file'
+  not_a_dir.write_text('x')
+  code, _, err = _main(capsys, 'plot-memory', str(tmp_path),
+                       f'--output={not_a_dir}/m.png')
+  assert code == 1
+  assert _one_line_error(err).startswith(
+      f'trax-revplus plot-memory: error: cannot write {not_a_dir}/m.png: ')
+  code, out, err = _main(capsys, 'plot-memory', str(tmp_path))
+  assert code == 0 and out.strip() == str(tmp_path / 'memory.png')

@@ -28,7 +28,7 @@ ACTIVATION_LINE = 'import trax_revplus.activate'
 
 @pytest.fixture(autouse=True)
 def _clean_gin():
-  cli._import_trax()  # pylint: disable=protected-access
+  cli.import_trax()
   yield
   gin.clear_config()
   trax_revplus.deactivate()

@@ -308,3 +308,19 @@ def test_the_process_index_and_count_come_from_jax(text_dir, monkeypatch):
     np.testing.assert_array_equal(mine, everyone[2:])
   with pytest.raises(data.CorpusError, match='2 processes x 4 local'):
     corpus.train_stream(4)
+
+def test_settings_out_of_range_are_setting_errors(text_dir, tmp_path):
+  """`trax-revplus train` reports these with exit status 2, files with 1."""
+  directory, _ = text_dir
+  for kwargs in ({'batch_size': 0}, {'batch_size': 'abc'},
+                 {'split_by': 'lines'}, {'eval_fraction': 1.5},
+                 {'seed': -1}, {'paths': []}):
+    with pytest.raises(data.CorpusSettingError):
+      data.local_text_inputs(**{'paths': str(directory), **kwargs})
+  inputs = data.local_text_inputs(paths=str(directory), sequence_length=16,
+                                  batch_size=8)
+  with pytest.raises(data.CorpusSettingError, match='not divisible'):
+    inputs.train_stream(3)
+  with pytest.raises(data.CorpusError) as info:
+    data.local_text_inputs(paths=str(tmp_path / 'nothing' / '*.txt'))
+  assert not isinstance(info.value, data.CorpusSettingError)

@@ -65,10 +65,17 @@ import subprocess
 import sys
 import textwrap
 import time
+from typing import Any, Sequence, TextIO
 
 import numpy as np
 
-from trax_revplus import cli
+from trax_revplus import memory
+from trax_revplus.cli import errors
+from trax_revplus.cli import output_dir as output_dirs
+
+# A run's entry of compare.json (see `collect_run`) and the whole report.
+Run = dict[str, Any]
+Report = dict[str, Any]
 
 COMPARE_JSON = 'compare.json'
 COMPARE_PNG = 'compare.png'
@@ -76,7 +83,6 @@ RUN_STATS_FILENAME = 'run_stats.json'  # As trax_revplus.progress writes it.
 IMPLEMENTATIONS = ('stock', 'revplus')
 LABELS = {'stock': 'stock trax', 'revplus': 'trax_revplus'}
 DEFAULT_SEED = 0
-_MIB = float(1 << 20)
 # Phase records of the memory log; colours apart from the two runs' lines.
 _PHASE_COLORS = ('black', 'tab:green', 'tab:purple', 'tab:orange', 'tab:brown',
                  'tab:olive', 'tab:cyan', 'tab:pink')
@@ -100,7 +106,8 @@ def _statements(text):
   return list(config_parser.ConfigParser(text, delegate))
 
 
-def config_seed(config_files, bindings):
+def config_seed(config_files: Sequence[str], bindings: Sequence[str]
+                ) -> tuple[bool, int | None]:
   """Finds a `train.random_seed` binding in configs and bindings.
 
   Follows `include` statements (looked up next to the including file, then
@@ -198,7 +205,7 @@ def _run_streaming(command, log_path, prefix, stream):
   return process.returncode, ''.join(lines)
 
 
-def failure_reason(exit_code, output):
+def failure_reason(exit_code: int, output: str) -> str:
   """One line saying why a training process failed.
 
   Args:
@@ -242,8 +249,9 @@ def _read_json(path):
     return None
 
 
-def collect_run(implementation, exit_code, output, output_dir, log_path,
-                wall_seconds):
+def collect_run(implementation: str, exit_code: int, output: str,
+                output_dir: str, log_path: str,
+                wall_seconds: float) -> Run:
   """The RUN entry of compare.json for one finished training process.
 
   Args:
@@ -277,7 +285,7 @@ def collect_run(implementation, exit_code, output, output_dir, log_path,
 # ------------------------------------------------------------ the figures --
 
 
-def read_npy_gz(path):
+def read_npy_gz(path: str | os.PathLike) -> list[np.ndarray]:
   """Reads the arrays of a trax `.npy.gz` checkpoint file.
 
   Mirrors `trax.layers.np_from_file` (the same format: `np.save`d arrays
@@ -303,7 +311,9 @@ def read_npy_gz(path):
   return arrays
 
 
-def max_abs_diff(a_arrays, b_arrays):
+def max_abs_diff(a_arrays: Sequence[np.ndarray],
+                 b_arrays: Sequence[np.ndarray]
+                 ) -> tuple[float | None, str | None]:
   """Max |a - b| over all elements of two equally shaped lists of arrays.
 
   Args:
@@ -327,7 +337,7 @@ def max_abs_diff(a_arrays, b_arrays):
   return worst, None
 
 
-def checkpoint_diff(runs, filename):
+def checkpoint_diff(runs: dict[str, Run], filename: str) -> dict[str, Any]:
   """Compares one checkpoint file of the two runs.
 
   Args:
@@ -361,8 +371,9 @@ def _losses_by_step(run):
           if loss is not None}
 
 
-def build_report(config_files, bindings, steps, seed, seed_from_config,
-                 runs):
+def build_report(config_files: Sequence[str], bindings: Sequence[str],
+                 steps: int | None, seed: int | None,
+                 seed_from_config: bool, runs: dict[str, Run]) -> Report:
   """Assembles compare.json's content (see the module docstring).
 
   Args:
@@ -412,7 +423,7 @@ def _fmt(value, kind):
   if value is None:
     return 'n/a'
   if kind == 'mib':
-    return f'{value / _MIB:.4g}'
+    return f'{value / memory.BYTES_PER_MIB:.4g}'
   if kind == 'seconds':
     return f'{value:.3f}'
   if kind == 'loss':
@@ -426,7 +437,7 @@ def _fmt_diff(entry):
   return f'{entry["max_abs_diff"]:.3g} over {entry["n_arrays"]} arrays'
 
 
-def format_table(report):
+def format_table(report: Report) -> str:
   """The text `compare` prints: runs, figures side by side, differences.
 
   Args:
@@ -522,7 +533,6 @@ def _phase_records(run):
   path = os.path.join(run['output_dir'], 'memory.jsonl')
   if not os.path.isfile(path):
     return []
-  from trax_revplus import memory  # pylint: disable=g-import-not-at-top
   records = [r for r in memory.read_memory_log(path)
              if isinstance(r.get('step'), (int, float)) and
              r.get('layer') is None and 'phase' in r]
@@ -538,7 +548,7 @@ def _phase_records(run):
   return points
 
 
-def plot(report, png_path):
+def plot(report: Report, png_path: str) -> str:
   """Writes compare.png: loss, step time, host and device memory per step.
 
   Args:
@@ -576,9 +586,10 @@ def plot(report, png_path):
       (ax_loss, 'loss', 1.0, 'training loss (nats)', 'Training loss per step'),
       (ax_time, 'step_seconds', 1.0, 'seconds',
        'Wall time per step (first step compiles)'),
-      (ax_host, 'host_rss_bytes', _MIB, 'host RSS (MiB)',
+      (ax_host, 'host_rss_bytes', memory.BYTES_PER_MIB, 'host RSS (MiB)',
        'Host resident set size after each step'),
-      (ax_dev, 'device_bytes_in_use', _MIB, 'device bytes in use (MiB)',
+      (ax_dev, 'device_bytes_in_use', memory.BYTES_PER_MIB,
+       'device bytes in use (MiB)',
        'Device memory in use after each step'),
   ]
   for ax, key, scale, ylabel, panel_title in panels:
@@ -602,7 +613,7 @@ def plot(report, png_path):
   names = list(dict.fromkeys(r['phase'] for _, r in phases))
   for ax, key in ((ax_host, 'host_rss_bytes'), (ax_dev, 'device_bytes_in_use')):
     for i, name in enumerate(names):
-      pts = [(x, r[key] / _MIB) for x, r in phases
+      pts = [(x, r[key] / memory.BYTES_PER_MIB) for x, r in phases
              if r['phase'] == name and isinstance(r.get(key), (int, float))]
       if pts:
         ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=30,
@@ -629,24 +640,19 @@ def plot(report, png_path):
 # ------------------------------------------------------------ the command --
 
 
-def _default_output_dir(config_files):
-  name = (os.path.splitext(os.path.basename(config_files[0]))[0]
-          if config_files else 'trax')
-  stamp = time.strftime('%Y%m%d_%H%M%S')
-  return os.path.join('~', 'trax', f'compare_{name}_{stamp}')
-
-
 def _check_fresh(run_dirs):
   """Raises UserError if a run dir holds files: train would resume there."""
   for path in run_dirs:
     if os.path.isdir(path) and os.listdir(path):
-      raise cli.UserError(
+      raise errors.UserError(
           f'{path} already holds a run (training would resume from it); '
           f'give a new --output_dir or remove it')
 
 
-def compare_main(config_files, bindings, output_dir=None, steps=None,
-                 seed=None, stream=None):
+def compare_main(config_files: Sequence[str], bindings: Sequence[str],
+                 output_dir: str | None = None, steps: int | None = None,
+                 seed: int | None = None,
+                 stream: TextIO | None = None) -> int:
   """Runs both trainings, prints the table, writes compare.json and the PNG.
 
   Args:
@@ -663,11 +669,11 @@ def compare_main(config_files, bindings, output_dir=None, steps=None,
     int exit status: 0 when the trax_revplus run succeeded, 1 when it failed.
 
   Raises:
-    cli.UserError: the output dirs already hold runs.
+    errors.UserError: the output dirs already hold runs.
   """
   stream = stream or sys.stdout
   output_dir = os.path.abspath(os.path.expanduser(
-      output_dir or _default_output_dir(config_files)))
+      output_dir or output_dirs.default_output_dir(config_files, 'compare_')))
   run_dirs = {k: os.path.join(output_dir, k) for k in IMPLEMENTATIONS}
   _check_fresh(run_dirs.values())
   os.makedirs(output_dir, exist_ok=True)
@@ -692,7 +698,7 @@ def compare_main(config_files, bindings, output_dir=None, steps=None,
     log_path = os.path.join(output_dir, f'{k}.log')
     command = _train_command(k, config_files, list(bindings) + extra,
                              run_dirs[k], every)
-    stream.write(f'{cli.PROG} compare: training with {LABELS[k]} '
+    stream.write(f'{errors.PROG} compare: training with {LABELS[k]} '
                  f'(output in {log_path})\n')
     stream.flush()
     start = time.perf_counter()
@@ -716,4 +722,5 @@ def compare_main(config_files, bindings, output_dir=None, steps=None,
     stream.write(f'could not draw {png_path}: {type(e).__name__}: {e}\n')
   stream.write(f'wrote {written}\n')
   stream.flush()
-  return cli.EXIT_OK if runs['revplus']['status'] == 'ok' else cli.EXIT_RUNTIME
+  return (errors.EXIT_OK if runs['revplus']['status'] == 'ok' else
+          errors.EXIT_RUNTIME)

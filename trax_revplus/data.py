@@ -55,7 +55,19 @@ TRAIN_COUNTER = 'trax_revplus.data.local_text_inputs/train'
 
 
 class CorpusError(ValueError):
-  """A corpus or batching setting that cannot work; the message says why."""
+  """A corpus or batching setting that cannot work; the message says why.
+
+  Raised as is when the files named do not make a corpus (no match, empty,
+  too short); as `CorpusSettingError` when a setting is out of range.
+  """
+
+
+class CorpusSettingError(CorpusError):
+  """A `local_text_inputs` setting out of range, whatever the files hold.
+
+  E.g. a batch size that is not a positive int or does not divide over the
+  devices, or an unknown `split_by`.
+  """
 
 
 def default_corpus_root():
@@ -109,7 +121,7 @@ def resolve_paths(paths):
     paths = [paths]
   paths = list(paths or ())
   if not paths:
-    raise CorpusError('local_text_inputs.paths is empty; give at least one '
+    raise CorpusSettingError('local_text_inputs.paths is empty; give at least one '
                       'file, directory or glob, or None for the default '
                       'corpus.')
   files = set()
@@ -196,15 +208,16 @@ def split_files(files, eval_fraction, seed=0):
 
 def _check_positive_int(name, value):
   if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-    raise CorpusError(f'local_text_inputs.{name} must be an int, got '
+    raise CorpusSettingError(f'local_text_inputs.{name} must be an int, got '
                       f'{value!r}.')
   if value < 1:
-    raise CorpusError(f'local_text_inputs.{name} must be >= 1, got {value}.')
+    raise CorpusSettingError(
+        f'local_text_inputs.{name} must be >= 1, got {value}.')
 
 
 def _check_divisible(name, batch_size, n_devices):
   if batch_size % n_devices:
-    raise CorpusError(
+    raise CorpusSettingError(
         f'local_text_inputs.{name} = {batch_size} is not divisible by the '
         f'{n_devices} devices; choose a multiple of {n_devices}.')
 
@@ -222,13 +235,13 @@ def _check_process_split(batch_size, n_devices, process_index,
                            ('process_index', process_index, 0)):
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or (
         value < low):
-      raise CorpusError(f'{name} must be an int >= {low}, got {value!r}.')
+      raise CorpusSettingError(f'{name} must be an int >= {low}, got {value!r}.')
   if process_index >= process_count:
-    raise CorpusError(f'process_index = {process_index} is not below '
+    raise CorpusSettingError(f'process_index = {process_index} is not below '
                       f'process_count = {process_count}.')
   total = n_devices * process_count
   if batch_size % total:
-    raise CorpusError(
+    raise CorpusSettingError(
         f'local_text_inputs.batch_size = {batch_size} (the global batch) is '
         f'not divisible by the {total} devices of the run ({process_count} '
         f'processes x {n_devices} local devices); choose a multiple of '
@@ -312,7 +325,7 @@ class LocalTextCorpus:
       checkpoint), the stream jumps ahead to it.
 
     Raises:
-      CorpusError: If batch_size is not divisible by n_devices times
+      CorpusSettingError: If batch_size is not divisible by n_devices times
         process_count, or the process index or count is out of range.
     """
     if process_index is None or process_count is None:
@@ -372,7 +385,7 @@ class LocalTextCorpus:
       every call yields the same batches in the same order.
 
     Raises:
-      CorpusError: If eval_batch_size is not divisible by n_devices.
+      CorpusSettingError: If eval_batch_size is not divisible by n_devices.
     """
     _check_divisible('eval_batch_size', self._eval_batch_size, n_devices)
     return self._eval_batches()
@@ -394,7 +407,8 @@ def load_corpus(paths=None, eval_paths=None, sequence_length=256,
   """Reads the corpus and returns a `LocalTextCorpus`; see local_text_inputs.
 
   Raises:
-    CorpusError: On any setting or corpus `local_text_inputs` rejects.
+    CorpusSettingError: On a setting out of range.
+    CorpusError: On files that do not make a corpus.
   """
   _check_positive_int('sequence_length', sequence_length)
   _check_positive_int('batch_size', batch_size)
@@ -404,13 +418,13 @@ def load_corpus(paths=None, eval_paths=None, sequence_length=256,
     _check_positive_int('eval_cycle_batches', eval_cycle_batches)
   if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or (
       seed < 0):
-    raise CorpusError(f'local_text_inputs.seed must be an int >= 0, got '
+    raise CorpusSettingError(f'local_text_inputs.seed must be an int >= 0, got '
                       f'{seed!r}.')
   if split_by not in _SPLITS:
-    raise CorpusError(f'local_text_inputs.split_by must be one of {_SPLITS}, '
+    raise CorpusSettingError(f'local_text_inputs.split_by must be one of {_SPLITS}, '
                       f'got {split_by!r}.')
   if eval_paths is None and not 0.0 < eval_fraction < 1.0:
-    raise CorpusError(f'local_text_inputs.eval_fraction must be in (0, 1), '
+    raise CorpusSettingError(f'local_text_inputs.eval_fraction must be in (0, 1), '
                       f'got {eval_fraction!r}.')
 
   if paths is None:
@@ -491,10 +505,11 @@ def local_text_inputs(paths=None, eval_paths=None, sequence_length=256,
 
   Raises:
     CorpusError (a ValueError): if a path or glob matches no file, the files
-      are empty or too short for one sequence, a per-file split has fewer
-      than 2 files, a setting is out of range, or (when a stream is made) a
-      batch size is not divisible by the device count (for the train
-      batch: of all processes).
+      are empty or too short for one sequence, or a per-file split has
+      fewer than 2 files.
+    CorpusSettingError (a CorpusError): if a setting is out of range, or
+      (when a stream is made) a batch size is not divisible by the device
+      count (for the train batch: of all processes).
   """
   corpus = load_corpus(paths=paths, eval_paths=eval_paths,
                        sequence_length=sequence_length, batch_size=batch_size,

@@ -90,7 +90,8 @@ import psutil
 
 MEMORY_LOG_FILENAME = 'memory.jsonl'
 TENSORBOARD_SUBDIR = 'memory'
-_MIB = float(1 << 20)
+# Bytes in one MiB, the unit every figure printed in MiB is divided by.
+BYTES_PER_MIB = 1 << 20
 
 _PROCESS = psutil.Process(os.getpid())
 
@@ -257,7 +258,7 @@ def _to_json_value(value):
 
 
 def _mib(nbytes):
-  return f'{nbytes / _MIB:.1f} MiB'
+  return f'{nbytes / BYTES_PER_MIB:.1f} MiB'
 
 
 def format_record(record):

@@ -7,10 +7,9 @@ of a step (forward, loss, backward, free) read left to right; each phase has
 its own colour and marker. Sizes are shown in MiB (2**20 bytes).
 """
 
-import argparse
 import collections
 import os
-import sys
+from typing import Sequence
 
 import matplotlib
 
@@ -22,7 +21,6 @@ from trax_revplus import memory
 # pylint: enable=g-import-not-at-top
 
 DEFAULT_PNG_FILENAME = 'memory.png'
-_MIB = float(1 << 20)
 _MARKERS = 'osD^v<>ph*'
 
 
@@ -76,7 +74,7 @@ def _transfers_per_step(records):
 
 
 def _plot_by_phase(ax, records, xs, key, phase_style):
-  points = [(x, r[key] / _MIB) for x, r in zip(xs, records)
+  points = [(x, r[key] / memory.BYTES_PER_MIB) for x, r in zip(xs, records)
             if isinstance(r.get(key), (int, float))]
   if not points:
     ax.text(0.5, 0.5, f'no {key} in this log', transform=ax.transAxes,
@@ -89,12 +87,14 @@ def _plot_by_phase(ax, records, xs, key, phase_style):
            if r['phase'] == phase and isinstance(r.get(key), (int, float))]
     if not sel:
       continue
-    ax.scatter([x for x, _ in sel], [r[key] / _MIB for _, r in sel],
+    ax.scatter([x for x, _ in sel],
+               [r[key] / memory.BYTES_PER_MIB for _, r in sel],
                color=color, marker=marker, s=28, label=phase, zorder=2,
                edgecolors='none')
 
 
-def plot_memory(run_dir_or_jsonl, output_png=None):
+def plot_memory(run_dir_or_jsonl: str | os.PathLike,
+                output_png: str | os.PathLike | None = None) -> str:
   """Renders a memory log to a PNG.
 
   Args:
@@ -144,7 +144,8 @@ def plot_memory(run_dir_or_jsonl, output_png=None):
   ax_dev.set_title('Device memory in use, summed over devices, per record')
   if any(isinstance(r.get('device_peak_bytes'), (int, float))
          for r in records):
-    peaks = [(x, r['device_peak_bytes'] / _MIB) for x, r in zip(xs, records)
+    peaks = [(x, r['device_peak_bytes'] / memory.BYTES_PER_MIB)
+             for x, r in zip(xs, records)
              if isinstance(r.get('device_peak_bytes'), (int, float))]
     ax_dev.plot([p[0] for p in peaks], [p[1] for p in peaks], color='black',
                 linestyle='--', linewidth=1, label='peak')
@@ -157,9 +158,13 @@ def plot_memory(run_dir_or_jsonl, output_png=None):
   transfers = _transfers_per_step(records)
   if transfers:
     steps = list(transfers)
-    ax_xfer.plot(steps, [transfers[s][0] / _MIB for s in steps], marker='o',
+    ax_xfer.plot(steps,
+                 [transfers[s][0] / memory.BYTES_PER_MIB for s in steps],
+                 marker='o',
                  label='H2D (host to device)')
-    ax_xfer.plot(steps, [transfers[s][1] / _MIB for s in steps], marker='s',
+    ax_xfer.plot(steps,
+                 [transfers[s][1] / memory.BYTES_PER_MIB for s in steps],
+                 marker='s',
                  label='D2H (device to host)')
     ax_xfer.legend(fontsize=8, loc='best')
   else:
@@ -180,43 +185,15 @@ def plot_memory(run_dir_or_jsonl, output_png=None):
   return output_png
 
 
-def plot_memory_main(run_dir, output=None):
-  """Command-line entry: plots `run_dir`'s memory log and prints the PNG path.
+def main(argv: Sequence[str]) -> int:
+  """`trax-revplus plot-memory` with `argv` (no program name) as its flags.
 
-  Args:
-    run_dir: str, training output dir (or `memory.jsonl` path).
-    output: str or None, PNG path; default `<run_dir>/memory.png`.
-
-  Returns:
-    str, path of the PNG written.
-
-  Raises:
-    FileNotFoundError, ValueError: as `plot_memory`.
-  """
-  png = plot_memory(run_dir, output)
-  print(png)
-  return png
-
-
-def main(argv):
-  """Parses `RUN_DIR [--output PNG]` from `argv` (list of str, no program name).
+  For `tools/plot_memory.py`; the parsing and the exit statuses are the
+  command's (`trax_revplus.cli`).
 
   Returns:
-    int, process exit status: 0 on success, 2 when the log is missing or
-    empty (the reason is printed to stderr).
+    The exit status: 0 done, 1 the PNG could not be written, 2 a usage
+    error such as no memory log at the path.
   """
-  parser = argparse.ArgumentParser(
-      prog='plot_memory',
-      description='Plot a trax_revplus memory.jsonl (host RSS, device bytes, '
-                  'H2D/D2H per step) to a PNG.')
-  parser.add_argument('run_dir', help='training output dir holding '
-                      'memory.jsonl, or the path of a memory.jsonl')
-  parser.add_argument('--output', default=None,
-                      help='PNG path (default: memory.png next to the log)')
-  args = parser.parse_args(argv)
-  try:
-    plot_memory_main(args.run_dir, args.output)
-  except (FileNotFoundError, ValueError) as e:
-    print(f'plot_memory: {e}', file=sys.stderr)
-    return 2
-  return 0
+  from trax_revplus import cli  # pylint: disable=g-import-not-at-top
+  return cli.main([cli.PROG, 'plot-memory', *argv])

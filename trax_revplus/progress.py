@@ -1,14 +1,39 @@
-"""Progress lines, an end-of-run summary and per-step figures for a trax Loop.
+"""Progress lines, compile notices, and per-step figures for a trax Loop.
 
 `ProgressPrinter` is a `trax.supervised.callbacks.TrainingStepCallback`. Every
 `every_n_steps` steps (and on the first and last step) it prints one line::
 
-    step 120/300  loss 2.912  3.1 steps/s  host 1530 MB
+    step 120/300  loss 2.912  3.10 steps/s  host 1530 MB
 
 loss: mean training loss (nats per token for cross-entropy) of the steps since
 the previous line; steps/s: training steps per second of time spent inside
-those steps (evals and checkpoints excluded); host: resident set size of this
-process in MiB. `summary()` returns the figures of the whole run.
+those steps (evals and checkpoints excluded), over the steps that compiled
+nothing; host: resident set size of this process in MiB. A step during
+which JAX compiled a program (the first step of a process, and any step that
+meets a new input shape) is timed apart: a window of such steps only reads
+`compiling 14.2 s` instead of a rate, and a mixed window names them (each
+a single line on the terminal)::
+
+    step 1/300  loss 5.812  compiling 14.2 s  host 1110 MB
+    step 60/300  loss 3.104  3.05 steps/s (1 step compiling, 4.1 s, left
+        out)  host 1535 MB
+
+After the first step, a step that compiles prints a line of its own, the
+first `MAX_RECOMPILE_NOTICES` times (trax's variable-length inputs compile
+once for each new shape; trax's default trainer compiles again at step 2,
+when its weights come back as arrays of another type)::
+
+    step 57: 2 programs compiled in this step (4.1 s): arguments of a new
+        shape or type (e.g. a new input length) reached the training step
+
+Compilations are counted from JAX's public monitoring events
+(`jax.monitoring`), not timed around calls. `summary()` returns the figures
+of the whole run.
+
+The loss is the value the Loop's `_run_one_step` returns: trax hands a
+callback only the step number, so the printer observes that method's result
+on its own Loop (the trainer is left as it is, so this works alike for
+trax's `Trainer`, trax's `ReversibleSerialTrainer` and trax_revplus's).
 
 It also records figures of every step and writes them, at the last step and
 again when `summary()` is called, to `<output_dir>/run_stats.json`
@@ -20,8 +45,9 @@ again when `summary()` is called, to `<output_dir>/run_stats.json`
   loss (list of float or null): training loss each step returned (nats per
     token for cross-entropy; the mean over devices); null where not finite.
   step_seconds (list of float): wall time of each step, from the Loop's
-    `on_step_begin` to `on_step_end`, waiting for the step's loss to reach
-    the host; the first step of a process includes compilation.
+    `on_step_begin` to `on_step_end`, plus the wait for the step's loss to
+    reach the host; the first step of a process includes compilation.
+  compiled_programs (list of int): programs JAX compiled during each step.
   host_rss_bytes (list of int): resident set size after each step.
   device_bytes_in_use (list of int or null): bytes in use on the local
     devices after each step (`trax_revplus.memory.device_memory`: device
@@ -56,14 +82,17 @@ import json
 import os
 import statistics
 import sys
+import threading
 import time
+from typing import Any, Callable, TextIO
 
 from absl import logging
 import gin
+import jax
 import numpy as np
-import psutil
 
 from trax.supervised import callbacks
+from trax.supervised import training
 from trax_revplus import memory
 
 try:
@@ -71,40 +100,78 @@ try:
 except ImportError:  # Windows has no getrusage.
   resource = None
 
-_MIB = 1024 * 1024
 RUN_STATS_FILENAME = 'run_stats.json'
+# Recompiles after the first step printed as a line of their own.
+MAX_RECOMPILE_NOTICES = 3
+# The jax.monitoring event of one program's compilation by XLA.
+_BACKEND_COMPILE_EVENT = '/jax/core/compile/backend_compile_duration'
 
 
-def host_rss_bytes():
-  """Returns the resident set size of this process (int, bytes)."""
-  return psutil.Process().memory_info().rss
+def qualified_name(cls: type) -> str:
+  """'module.QualifiedName' of a class, e.g. of the Loop's trainer."""
+  return f'{cls.__module__}.{cls.__qualname__}'
 
 
-def peak_host_rss_bytes():
-  """Returns the peak resident set size of this process so far (int, bytes).
+def peak_host_rss_bytes() -> int:
+  """Returns the peak resident set size of this process so far, in bytes.
 
   Uses getrusage's ru_maxrss (the kernel's high-water mark, so short peaks
   between samples count); falls back to the current RSS without it.
   """
   if resource is None:
-    return host_rss_bytes()
+    return memory.host_rss_bytes()
   peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
   # ru_maxrss is in KiB on Linux and in bytes on macOS.
   return peak if sys.platform == 'darwin' else peak * 1024
 
 
-def _mean_loss(losses):
-  """Mean of a list of scalar (possibly device, possibly replicated) losses."""
+class CompileCounter:
+  """Programs JAX compiled in this process and their compile seconds.
+
+  Fed by `jax.monitoring`'s event-duration listeners (one per process,
+  registered on first use), so compilations on any thread count, e.g. those
+  a trainer runs on helper threads.
+  """
+
+  _lock = threading.Lock()
+  _programs = 0
+  _seconds = 0.0
+  _names: list[str] = []
+  _registered = False
+
+  @classmethod
+  def _listen(cls, event: str, duration_secs: float, **kwargs: Any) -> None:
+    if event != _BACKEND_COMPILE_EVENT:
+      return
+    with cls._lock:
+      cls._programs += 1
+      cls._seconds += duration_secs
+      cls._names.append(str(kwargs.get('fun_name', '?')))
+
+  @classmethod
+  def snapshot(cls) -> tuple[int, float]:
+    """(programs compiled, their compile seconds summed) so far."""
+    with cls._lock:
+      if not cls._registered:
+        jax.monitoring.register_event_duration_secs_listener(cls._listen)
+        cls._registered = True
+      return cls._programs, cls._seconds
+
+  @classmethod
+  def names_since(cls, programs: int) -> list[str]:
+    """Names of the functions compiled after the first `programs`."""
+    with cls._lock:
+      return list(cls._names[programs:])
+
+
+def _mean_loss(losses: list[Any]) -> float | None:
+  """Mean of scalar (possibly device, possibly replicated) losses."""
   if not losses:
     return None
   return float(np.mean([np.mean(np.asarray(loss)) for loss in losses]))
 
 
-def _qualified_name(cls):
-  return f'{cls.__module__}.{cls.__qualname__}'
-
-
-def _transfer_counter(trainer):
+def _transfer_counter(trainer: Any) -> memory.TransferCounter | None:
   """The trainer's `memory.TransferCounter`, or None if it keeps none."""
   try:
     counter = trainer.placement.transfers
@@ -113,23 +180,27 @@ def _transfer_counter(trainer):
   return counter if hasattr(counter, 'snapshot') else None
 
 
+def _plural(n: int, word: str) -> str:
+  return f'{n} {word}' if n == 1 else f'{n} {word}s'
+
+
 @gin.configurable(module='trax_revplus.progress')
 class ProgressPrinter(callbacks.TrainingStepCallback):
   """Prints step, loss, steps/s and host memory while a Loop trains.
 
   Attributes:
-    lines: The progress lines printed so far (list of str).
+    lines: The lines printed so far (list of str).
   """
 
-  def __init__(self, loop, total_steps=None, every_n_steps=10,
-               stream=None):
+  def __init__(self, loop: training.Loop, total_steps: int | None = None,
+               every_n_steps: int = 10, stream: TextIO | None = None):
     """Attaches to `loop`; trax's Loop calls this as `ProgressPrinter(loop)`.
 
     Args:
       loop: The `trax.supervised.training.Loop` being run.
-      total_steps: Step number the run ends at (int), shown as "step k/N";
-        None shows "step k".
-      every_n_steps: Print a line every this many steps (int >= 1).
+      total_steps: Step number the run ends at, shown as "step k/N"; None
+        shows "step k".
+      every_n_steps: Print a line every this many steps (>= 1).
       stream: File-like object to print to; sys.stdout if None.
 
     Raises:
@@ -144,78 +215,107 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
     self.lines = []
     self._first_step = None
     self._last_step = None
+    self._step = None  # The step begun and not yet recorded.
     self._step_start = None
-    self._step_loss = None
-    self._window_losses = []
-    self._window_seconds = 0.0
-    self._window_steps = 0
+    self._step_seconds = None
+    self._compiles_at_step_begin = None
+    self._window = self._new_window()
     self._last_window = (None, None)  # (first step, mean loss) of a window.
     self._train_seconds = 0.0
     self._steps_run = 0
+    self._compiling_steps = []  # (step, seconds, programs)
+    self._recompile_notices = 0
     self._peak_sampled_rss = 0
     self._device_probe_failed = False
     self._device_peak_reported = None
     self._stats = {key: [] for key in (
-        'steps', 'loss', 'step_seconds', 'host_rss_bytes',
-        'device_bytes_in_use', 'h2d_bytes', 'd2h_bytes')}
+        'steps', 'loss', 'step_seconds', 'compiled_programs',
+        'host_rss_bytes', 'device_bytes_in_use', 'h2d_bytes', 'd2h_bytes')}
     self._device_bytes_source = None
     trainers = list(getattr(loop, '_trainer_per_task', ()))
-    self._trainer_name = (_qualified_name(type(trainers[0])) if trainers
+    self._trainer_name = (qualified_name(type(trainers[0])) if trainers
                           else None)
     self._counters = [c for c in map(_transfer_counter, trainers)
                       if c is not None]
     self._transfers_at_step_begin = None
-    self._wrap_trainers(trainers)
+    CompileCounter.snapshot()  # Listens from now on.
+    self._observe_step_results(loop)
 
-  def _wrap_trainers(self, trainers):
-    """Records the loss each trainer's `one_step` returns.
+  def _observe_step_results(self, loop: training.Loop) -> None:
+    """Has this printer see the (loss, stats) each training step returns.
 
-    trax's Loop passes a callback only the step number; the loss is what
-    `trainer.one_step` returns. The Loop keeps its trainers in
-    `_trainer_per_task` (trax 1.4.1); without that attribute the lines show
-    no loss.
+    trax's Loop calls `_run_one_step` once per step (it calls the callbacks'
+    `on_step_begin` and `on_step_end` inside) and uses its result for its
+    own loss lines; this Loop's calls go through `observed`, which hands the
+    result on unchanged.
     """
-    for trainer in trainers:
-      one_step = trainer.one_step
+    # pylint: disable=protected-access
+    run_one_step: Callable[..., Any] = loop._run_one_step
 
-      def recording_one_step(*args, _one_step=one_step, **kwargs):
-        loss, stats = _one_step(*args, **kwargs)
-        self._step_loss = loss
-        return loss, stats
+    def observed(*args: Any, **kwargs: Any) -> Any:
+      loss, stats = run_one_step(*args, **kwargs)
+      self._end_step(loss)
+      return loss, stats
 
-      trainer.one_step = recording_one_step
+    loop._run_one_step = observed
+    # pylint: enable=protected-access
 
-  def call_at(self, step):
+  @staticmethod
+  def _new_window() -> dict[str, Any]:
+    return {'losses': [], 'steps': 0, 'seconds': 0.0, 'compiling_steps': 0,
+            'compiling_seconds': 0.0}
+
+  def call_at(self, step: int) -> bool:
     del step
     return True
 
-  def _transfers(self):
+  def _transfers(self) -> tuple[int, int] | None:
     """(h2d_bytes, d2h_bytes) summed over the trainers' counters, or None."""
     if not self._counters:
       return None
     snapshots = [c.snapshot() for c in self._counters]
     return (sum(s[0] for s in snapshots), sum(s[1] for s in snapshots))
 
-  def on_step_begin(self, step):
+  def on_step_begin(self, step: int) -> None:
     if self._first_step is None:
       self._first_step = step
-    self._step_loss = None
+    self._step = step
+    self._step_seconds = None
     self._transfers_at_step_begin = self._transfers()
+    self._compiles_at_step_begin = CompileCounter.snapshot()
     self._step_start = time.perf_counter()
 
-  def on_step_end(self, step):
+  def on_step_end(self, step: int) -> None:
+    del step
+    self._step_seconds = time.perf_counter() - self._step_start
+
+  def _end_step(self, loss: Any) -> None:
+    """Records the step `_run_one_step` just returned `loss` for."""
+    step = self._step
+    if step is None or self._step_seconds is None:
+      return  # Not a step this printer saw begin and end.
+    self._step = None
     # Waiting for the loss makes the step's time that of its computation,
     # not of its dispatch; trax's Loop reads the loss right after anyway.
-    loss = None if self._step_loss is None else _mean_loss([self._step_loss])
-    seconds = time.perf_counter() - self._step_start
-    self._step_loss = None
+    wait_start = time.perf_counter()
+    loss = _mean_loss([loss])
+    seconds = self._step_seconds + time.perf_counter() - wait_start
+    programs_before, _ = self._compiles_at_step_begin
+    programs = CompileCounter.snapshot()[0] - programs_before
+    window = self._window
     if loss is not None:
-      self._window_losses.append(loss)
-    self._window_seconds += seconds
-    self._window_steps += 1
+      window['losses'].append(loss)
+    window['steps'] += 1
+    window['seconds'] += seconds
+    if programs:
+      window['compiling_steps'] += 1
+      window['compiling_seconds'] += seconds
+      self._compiling_steps.append((step, seconds, programs))
     self._steps_run += 1
     self._last_step = step
-    self._record_step(step, loss, seconds)
+    self._record_step(step, loss, seconds, programs)
+    if programs and step != self._first_step:
+      self._recompile_notice(step, seconds, programs, programs_before)
     is_last = self._total_steps is not None and step >= self._total_steps
     if (step == self._first_step or step % self._every_n_steps == 0 or
         is_last):
@@ -223,13 +323,34 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
     if is_last:
       self.write_run_stats()
 
-  def _record_step(self, step, loss, seconds):
+  def _print(self, line: str) -> None:
+    self.lines.append(line)
+    print(line, file=self._stream or sys.stdout, flush=True)
+
+  def _recompile_notice(self, step: int, seconds: float, programs: int,
+                        programs_before: int) -> None:
+    names = CompileCounter.names_since(programs_before)
+    logging.info('step %d compiled %d programs (%.1f s): %s', step, programs,
+                 seconds, ', '.join(names))
+    self._recompile_notices += 1
+    if self._recompile_notices > MAX_RECOMPILE_NOTICES:
+      return
+    line = (f'step {step}: {_plural(programs, "program")} compiled in this '
+            f'step ({seconds:.1f} s): arguments of a new shape or type (e.g. '
+            f'a new input length) reached the training step')
+    if self._recompile_notices == MAX_RECOMPILE_NOTICES:
+      line += ' (later ones: train.log and the summary)'
+    self._print(line)
+
+  def _record_step(self, step: int, loss: float | None, seconds: float,
+                   programs: int) -> None:
     """Samples memory and transfers after a step; outside the step's time."""
     stats = self._stats
     stats['steps'].append(int(step))
     stats['loss'].append(loss)
     stats['step_seconds'].append(seconds)
-    rss = host_rss_bytes()
+    stats['compiled_programs'].append(int(programs))
+    rss = memory.host_rss_bytes()
     self._peak_sampled_rss = max(self._peak_sampled_rss, rss)
     stats['host_rss_bytes'].append(rss)
     device = None
@@ -253,26 +374,37 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
       stats['h2d_bytes'].append(end[0] - begin[0])
       stats['d2h_bytes'].append(end[1] - begin[1])
 
-  def _print_line(self, step):
+  @staticmethod
+  def _rate_text(window: dict[str, Any]) -> str:
+    """'3.10 steps/s', 'compiling 14.2 s', or the rate naming the compiles."""
+    plain_steps = window['steps'] - window['compiling_steps']
+    plain_seconds = window['seconds'] - window['compiling_seconds']
+    compiling = window['compiling_steps']
+    if not plain_steps:
+      return f'compiling {window["compiling_seconds"]:.1f} s'
+    text = f'{plain_steps / max(plain_seconds, 1e-9):.2f} steps/s'
+    if compiling:
+      text += (f' ({_plural(compiling, "step")} compiling, '
+               f'{window["compiling_seconds"]:.1f} s, left out)')
+    return text
+
+  def _print_line(self, step: int) -> None:
     """Prints one progress line and starts a new window."""
-    loss = _mean_loss(self._window_losses)
-    rss = host_rss_bytes()
+    window = self._window
+    loss = _mean_loss(window['losses'])
+    rss = memory.host_rss_bytes()
     self._peak_sampled_rss = max(self._peak_sampled_rss, rss)
-    steps_per_second = self._window_steps / max(self._window_seconds, 1e-9)
-    self._train_seconds += self._window_seconds
+    self._train_seconds += window['seconds']
     if loss is not None:
-      self._last_window = (step - self._window_steps + 1, loss)
+      self._last_window = (step - window['steps'] + 1, loss)
     total = f'/{self._total_steps}' if self._total_steps is not None else ''
     loss_text = 'n/a' if loss is None else f'{loss:.3f}'
-    line = (f'step {step}{total}  loss {loss_text}  '
-            f'{steps_per_second:.2f} steps/s  host {rss / _MIB:.0f} MB')
-    self.lines.append(line)
-    print(line, file=self._stream or sys.stdout, flush=True)
-    self._window_losses = []
-    self._window_seconds = 0.0
-    self._window_steps = 0
+    self._print(f'step {step}{total}  loss {loss_text}  '
+                f'{self._rate_text(window)}  '
+                f'host {rss / memory.BYTES_PER_MIB:.0f} MB')
+    self._window = self._new_window()
 
-  def run_stats(self):
+  def run_stats(self) -> dict[str, Any]:
     """Returns the per-step figures of this process's steps.
 
     Returns:
@@ -293,6 +425,7 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
         'loss': [v if v is not None and np.isfinite(v) else None
                  for v in stats['loss']],
         'step_seconds': list(seconds),
+        'compiled_programs': list(stats['compiled_programs']),
         'host_rss_bytes': list(stats['host_rss_bytes']),
         'device_bytes_in_use': list(stats['device_bytes_in_use']),
         'device_bytes_source': self._device_bytes_source,
@@ -308,7 +441,7 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
         'total_d2h_bytes': sum(stats['d2h_bytes']) if counted else None,
     }
 
-  def write_run_stats(self):
+  def write_run_stats(self) -> str | None:
     """Writes `run_stats()` to `<loop output_dir>/run_stats.json`.
 
     Written to a temporary file and renamed, so a reader never sees half a
@@ -316,32 +449,41 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
     is logged as a warning, never raised, so it cannot end a training run.
 
     Returns:
-      The path written (str), or None.
+      The path written, or None.
     """
     output_dir = getattr(self._loop, 'output_dir', None)
     if not output_dir:
       return None
     path = os.path.join(output_dir, RUN_STATS_FILENAME)
+    tmp_path = path + '.tmp'
     try:
-      tmp_path = path + '.tmp'
       with open(tmp_path, 'w', encoding='utf-8') as f:
         json.dump(self.run_stats(), f, indent=1)
       os.replace(tmp_path, path)
     except (OSError, TypeError, ValueError) as e:
       logging.warning('ProgressPrinter: cannot write %s (%s: %s).', path,
                       type(e).__name__, e)
+      try:
+        os.remove(tmp_path)
+      except OSError:
+        pass
       return None
     return path
 
-  def summary(self):
+  def summary(self) -> dict[str, Any]:
     """Returns the figures of the run so far; rewrites run_stats.json.
 
     Returns:
       dict with keys:
-        'last_step' (int or None): the Loop's step when last seen.
+        'last_step' (int): the Loop's step (also when this process ran no
+          step: the checkpoint was already at the last step).
         'steps_run' (int): steps run under this callback.
         'train_seconds' (float): seconds spent inside training steps.
         'steps_per_second' (float or None): steps_run / train_seconds.
+        'compiling_steps' (list of (step, seconds, programs)): the steps
+          during which JAX compiled, their seconds and programs compiled.
+        'steps_per_second_without_compiling' (float or None): over the
+          other steps.
         'final_train_loss' (float or None): mean loss of the last printed
           window, which spans steps 'final_train_loss_from_step' ..
           'last_step'.
@@ -350,7 +492,7 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
           each eval, from `loop.history`.
         'peak_host_rss_bytes' (int): peak resident set size of the process.
     """
-    if self._window_steps:  # Steps after the last line, if any.
+    if self._window['steps']:  # Steps after the last line, if any.
       self._print_line(self._last_step)
     if self._steps_run:
       self.write_run_stats()
@@ -360,12 +502,22 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
       eval_losses = [(int(step), float(value))
                      for step, value in history.get('eval', 'metrics/loss')]
     from_step, train_loss = self._last_window
+    compiling_seconds = sum(s for _, s, _ in self._compiling_steps)
+    plain_steps = self._steps_run - len(self._compiling_steps)
+    plain_seconds = self._train_seconds - compiling_seconds
+    last_step = self._last_step
+    if last_step is None:
+      last_step = int(getattr(self._loop, 'step', 0))
     return {
-        'last_step': self._last_step,
+        'last_step': last_step,
         'steps_run': self._steps_run,
         'train_seconds': self._train_seconds,
         'steps_per_second': (self._steps_run / self._train_seconds
                              if self._train_seconds > 0 else None),
+        'compiling_steps': list(self._compiling_steps),
+        'steps_per_second_without_compiling': (
+            plain_steps / plain_seconds
+            if plain_steps and plain_seconds > 0 else None),
         'final_train_loss': train_loss,
         'final_train_loss_from_step': from_step,
         'eval_losses': eval_losses,

@@ -1,0 +1,114 @@
+"""ProgressPrinter: the loss each step returned, and compilations counted.
+
+The losses the printer records must be those trax's Loop itself records in
+its history (the Loop accumulates what its `_run_one_step` returned), for
+trax's default `Trainer` and for the memory-efficient trainer, with the
+trainer left as it is. Compilations come from JAX's monitoring events: with
+trax's default trainer, a batch of a new shape compiles the step again, and
+the printer says so at that step and no other.
+"""
+
+import functools
+import io
+
+import numpy as np
+import pytest
+
+from trax import layers as tl
+from trax import optimizers
+from trax.supervised import training
+
+import trax_revplus
+from trax_revplus import progress
+
+pytestmark = pytest.mark.usefixtures('stock_trax_and_empty_gin')
+
+
+def _batches(lengths, shapes=None):
+  """Batches (x, y, weights) of shape (2, L), L from `lengths`, then the last.
+
+  Appends the shape of each batch yielded to `shapes`, if given.
+  """
+  k = 0
+  while True:
+    length = lengths[min(k, len(lengths) - 1)]
+    x = (np.arange(2 * length).reshape((2, length)) + k) % 9
+    if shapes is not None:
+      shapes.append(x.shape)
+    yield (x, (2 * x + 1) % 9, np.ones_like(x, dtype=np.float32))
+    k += 1
+
+
+def _model():
+  return tl.Serial(
+      tl.Embedding(9, 4), tl.Dup(),
+      tl.ReversibleHalfResidual(tl.Dense(4)), tl.ReversibleSwap(),
+      tl.ReversibleHalfResidual(tl.Dense(4), tl.Relu()), tl.ReversibleSwap(),
+      tl.Concatenate(), tl.Dense(9), tl.LogSoftmax())
+
+
+def _run(lengths, n_steps, mode, eval_every_step=False, shapes=None):
+  if mode:
+    trax_revplus.activate()
+  # The memory-efficient trainer makes one optimizer per layer from a
+  # factory; trax's default trainer takes an optimizer.
+  optimizer = optimizers.Adam if mode else optimizers.Adam()
+  task = training.TrainTask(_batches(lengths, shapes), tl.CrossEntropyLoss(),
+                            optimizer)
+  eval_kwargs = {}
+  if eval_every_step:
+    eval_kwargs = dict(
+        eval_tasks=[training.EvalTask(_batches([4]), [tl.CrossEntropyLoss()],
+                                      n_eval_batches=1)],
+        eval_at=lambda step: True)
+  stream = io.StringIO()
+  loop = training.Loop(
+      _model(), [task], random_seed=0, use_memory_efficient_trainer=mode,
+      callbacks=[functools.partial(progress.ProgressPrinter, every_n_steps=2,
+                                   stream=stream)], **eval_kwargs)
+  loop.run(n_steps)
+  printer = loop._callbacks[0]  # pylint: disable=protected-access
+  return loop, printer, stream.getvalue().splitlines()
+
+
+@pytest.mark.parametrize('mode', [False, True], ids=['default', 'mode1'])
+def test_losses_are_those_the_loop_records(mode):
+  loop, printer, lines = _run([4], 4, mode, eval_every_step=True)
+  history = [value for _, value in
+             loop.history.get('train', 'metrics/CrossEntropyLoss')]
+  stats = printer.run_stats()
+  assert stats['steps'] == [1, 2, 3, 4]
+  assert len(history) == 4
+  np.testing.assert_allclose(stats['loss'], history, rtol=1e-6)
+  trainer = loop._trainer_per_task[0]  # pylint: disable=protected-access
+  assert 'one_step' not in vars(trainer)  # The trainer is not patched.
+  assert lines[0].startswith('step 1  loss ')
+  assert f'{np.mean(history[2:4]):.3f}' in lines[-1]
+  summary = printer.summary()
+  assert summary['final_train_loss'] == pytest.approx(np.mean(history[2:4]))
+
+
+def test_compilations_are_counted_and_new_shapes_reported():
+  shapes = []
+  _, printer, lines = _run([4, 4, 4, 4, 6, 6, 8], 6, False, shapes=shapes)
+  # The Loop draws the batches of steps 1..6 last (a sample comes first).
+  step_shapes = shapes[-6:]
+  new_shape_steps = [i + 1 for i, shape in enumerate(step_shapes)
+                     if shape not in step_shapes[:i]]
+  assert new_shape_steps == [1, 4, 6]
+  compiled = printer.run_stats()['compiled_programs']
+  compiling_steps = [i + 1 for i, n in enumerate(compiled) if n]
+  # Every new shape compiles; a shape seen before compiles nothing (trax's
+  # default trainer also compiles again at step 2, when its weights come
+  # back from step 1 as arrays of another type).
+  assert set(new_shape_steps) <= set(compiling_steps) <= {1, 2, 4, 6}
+  assert compiled[2] == compiled[4] == 0
+  notices = [line for line in lines if 'compiled in this step' in line]
+  assert [n.split(':')[0] for n in notices] == [
+      f'step {s}' for s in compiling_steps[1:]]
+  assert notices[0].endswith('arguments of a new shape or type (e.g. a new '
+                             'input length) reached the training step')
+  assert 'compiling' in lines[0]  # Step 1 compiled: no rate for it.
+  assert 'steps/s' not in lines[0]
+  summary = printer.summary()
+  assert [s for s, _, _ in summary['compiling_steps']] == compiling_steps

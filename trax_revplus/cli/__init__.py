@@ -1,0 +1,69 @@
+"""The `trax-revplus` command: train, compare and plot-memory.
+
+One argparse parser with a subcommand each (`parser`); each command lives
+in a module of its own (`train`, `compare`, `plot_memory`); exit statuses
+and the one-line error form in `errors`. Only the standard library is
+imported here, so `--help` and mistakes in flags or paths answer before
+trax's ~20 s import. Run as `trax-revplus ...` or `python -m
+trax_revplus.cli ...`.
+"""
+
+import sys
+from typing import Sequence
+
+from trax_revplus.cli import parser
+from trax_revplus.cli.errors import error_line
+from trax_revplus.cli.errors import EXIT_OK
+from trax_revplus.cli.errors import EXIT_RUNTIME
+from trax_revplus.cli.errors import EXIT_USAGE
+from trax_revplus.cli.errors import PROG
+from trax_revplus.cli.errors import UserError
+from trax_revplus.cli.gin_config import import_trax
+from trax_revplus.cli.gin_config import parse_configs
+
+__all__ = ['main', 'run', 'parse_configs', 'import_trax', 'UserError',
+           'PROG', 'EXIT_OK', 'EXIT_RUNTIME', 'EXIT_USAGE']
+
+
+def _command(name: str):
+  """The `run(flags)` of command `name`, imported when it runs."""
+  # pylint: disable=g-import-not-at-top
+  if name == 'train':
+    from trax_revplus.cli import train as module
+  elif name == 'compare':
+    from trax_revplus.cli import compare as module
+  else:
+    from trax_revplus.cli import plot_memory as module
+  # pylint: enable=g-import-not-at-top
+  return module.run
+
+
+def main(argv: Sequence[str]) -> int:
+  """Runs `trax-revplus` on `argv` (argv[0] is the program name).
+
+  Returns:
+    The exit status: 0 success, 1 runtime error, 2 usage error, 128 + N
+    for a training run stopped by signal N. User errors are printed as one
+    line on stderr; unexpected crashes propagate.
+  """
+  args = list(argv[1:])
+  if not args:
+    sys.stderr.write(parser.OVERVIEW)
+    return EXIT_USAGE
+  command = args[0] if args[0] in parser.COMMANDS else None
+  try:
+    flags = parser.parse(args)
+    if isinstance(flags, int):
+      return flags
+    return _command(flags.command)(flags)
+  except UserError as e:
+    print(error_line(command, str(e)), file=sys.stderr, flush=True)
+    return e.exit_code
+  except KeyboardInterrupt:
+    print(error_line(command, 'interrupted'), file=sys.stderr, flush=True)
+    return 130
+
+
+def run() -> None:
+  """Console-script entry point: `trax-revplus ...`."""
+  sys.exit(main(sys.argv))

@@ -1,0 +1,194 @@
+"""What `train` reports, in one line, for an error raised while it trains.
+
+`user_error` maps an exception escaping `trainer_lib.train` to a
+`UserError` (exit status 2 when the config or the output dir's contents
+cannot work, 1 when running failed), or to None for an error nobody could
+foresee, which then shows its traceback.
+"""
+
+import glob
+import os
+import re
+import traceback
+from typing import Sequence
+
+from trax_revplus.cli.errors import EXIT_RUNTIME
+from trax_revplus.cli.errors import EXIT_USAGE
+from trax_revplus.cli.errors import one_line
+from trax_revplus.cli.errors import UserError
+
+_TRAINER_MODULES = ('trax_revplus.trainer', 'trax.optimizers.trainer')
+_MODEL_MODULES = ('trax.models', 'trax.layers', 'trax_revplus.layers')
+_MODEL_ERRORS = (TypeError, ValueError, IndexError, KeyError, AssertionError)
+
+
+def _frames(error: BaseException) -> list[tuple[str, str]]:
+  """(module, function) of each frame `error` passed, outermost first."""
+  return [(frame.f_globals.get('__name__', ''), frame.f_code.co_name)
+          for frame, _ in traceback.walk_tb(error.__traceback__)]
+
+
+def _passed(error: BaseException, modules: Sequence[str],
+            function: str | None = None) -> bool:
+  return any(module.startswith(modules) and function in (None, name)
+             for module, name in _frames(error))
+
+
+def _mib(nbytes: int | None) -> str:
+  from trax_revplus import memory  # pylint: disable=g-import-not-at-top
+  if nbytes is None:
+    return 'unknown space'
+  return f'{nbytes / memory.BYTES_PER_MIB:.1f} MiB'
+
+
+def _last_line(text: str) -> str:
+  lines = [line.strip() for line in text.splitlines() if line.strip()]
+  return lines[-1] if lines else ''
+
+
+def _model_error(error: BaseException) -> str:
+  """'TypeError: ... (in layer X, file.py line N)' for a trax layer error.
+
+  A `tl.LayerError` carries the traceback of the error it wraps as text; its
+  last exception line is that error.
+  """
+  text = str(error)
+  raised = [line.strip() for line in text.splitlines()
+            if re.match(r'^\s*[\w.]+(Error|Exception)\b', line)]
+  innermost = raised[-1] if raised else (
+      f'{type(error).__name__}: {one_line(error)}')
+  where = []
+  layers = re.findall(r'Exception passing through layer (\S+) \(in (\w+)\)',
+                      text)
+  if layers:
+    where.append(f'in layer {layers[-1][0]}')
+  files = re.findall(r'File [^\n]*?([\w.]+\.py), line (\d+)', text)
+  if files:
+    where.append(f'{files[-1][0]} line {files[-1][1]}')
+  return innermost + (f' ({", ".join(where)})' if where else '')
+
+
+def _bindings_with_values() -> list[tuple[str, str]]:
+  """(name, value text) of the simple one-line bindings gin holds."""
+  import gin  # pylint: disable=g-import-not-at-top
+  found = []
+  for line in gin.config_str().splitlines():
+    match = re.match(r'^([\w./]+\.\w+) = (.+)$', line.strip())
+    if match:
+      found.append((match.group(1), match.group(2).strip()))
+  return found
+
+
+def suspect_bindings(error_text: str, command_line: Sequence[str]) -> list[str]:
+  """The bindings most likely behind a model that cannot be built.
+
+  A `NoneType` in the error points at bindings to None: those given with
+  --config if any, else those of the config files; otherwise the --config
+  bindings, the user's latest changes, are named.
+
+  Args:
+    error_text: the error's message.
+    command_line: the --config bindings, as given.
+
+  Returns:
+    Up to 3 bindings as 'name = value' (str).
+  """
+  given = []
+  for binding in command_line:
+    name, _, value = binding.partition('=')
+    given.append((name.strip(), value.strip()))
+  if 'NoneType' in error_text:
+    nones = [(n, v) for n, v in given if v == 'None'] or [
+        (n, v) for n, v in _bindings_with_values() if v == 'None']
+    return [f'{n} = {v}' for n, v in nones[:3]]
+  return [f'{n} = {v}' for n, v in given[:3]]
+
+
+def remove_partial_files(output_dir: str) -> None:
+  """Removes the temporary files a failed stock trax save leaves (`*._tmp_`)."""
+  for path in glob.glob(os.path.join(glob.escape(output_dir), '*._tmp_')):
+    try:
+      os.remove(path)
+    except OSError:
+      pass
+
+
+def user_error(error: Exception, output_dir: str, steps_started: bool,
+               command_line: Sequence[str]) -> UserError | None:
+  """The one-line report of `error`, raised by `trainer_lib.train`.
+
+  Args:
+    error: the exception.
+    output_dir: the run's output dir.
+    steps_started: whether the Loop had begun its first step (before it,
+      errors from the model, the trainer's constructor or checkpoint
+      loading come from the config).
+    command_line: the --config bindings, named when the model cannot be
+      built.
+
+  Returns:
+    A `UserError`, or None for an error that is not the user's to fix.
+  """
+  # pylint: disable=g-import-not-at-top
+  from trax_revplus import checkpoints
+  from trax_revplus import data
+  from trax_revplus import validation
+  # pylint: enable=g-import-not-at-top
+  if isinstance(error, checkpoints.CheckpointWriteError):
+    remove_partial_files(output_dir)
+    return UserError(f'{error.problem}; free some space and run the same '
+                     f'command to resume', EXIT_RUNTIME)
+  if isinstance(error, checkpoints.CheckpointMismatchError):
+    return UserError(f'{error.problem}; resume with the config it was '
+                     f'written with, or give another --output_dir',
+                     EXIT_USAGE)
+  if isinstance(error, checkpoints.CheckpointError):
+    return UserError(
+        f'{error.problem}; to start from scratch, move '
+        f'{error.basename or "model"}.* out of {error.directory or output_dir}'
+        f' or give another --output_dir; to load it anyway, unverified, run '
+        f'with --implementation=stock', EXIT_RUNTIME)
+  if isinstance(error, data.CorpusSettingError):
+    return UserError(one_line(error), EXIT_USAGE)
+  if isinstance(error, data.CorpusError):
+    return UserError(one_line(error), EXIT_RUNTIME)
+  if isinstance(error, (validation.ConfigurationError,
+                        validation.OptimizerFactoryError)):
+    return UserError(f'{type(error).__name__}: {one_line(error)}', EXIT_USAGE)
+  if isinstance(error, validation.NonFiniteError):
+    return UserError(f'{type(error).__name__}: {one_line(error)}',
+                     EXIT_RUNTIME)
+  if checkpoints.is_disk_full(error):
+    remove_partial_files(output_dir)
+    what = getattr(error, 'filename', None) or _last_line(str(error))
+    return UserError(
+        f'cannot write {what}: no space left on the device '
+        f'({_mib(checkpoints.free_bytes(output_dir))} free); '
+        f'{checkpoints.describe_last_good(output_dir)}; free some space and '
+        f'run the same command to resume', EXIT_RUNTIME)
+  if steps_started:
+    return None
+  if (isinstance(error, (ValueError, TypeError)) and
+      _passed(error, _TRAINER_MODULES, '__init__')):
+    return UserError(f'the trainer rejects its settings: {one_line(error)}',
+                     EXIT_USAGE)
+  if (isinstance(error, (IndexError, ValueError, KeyError)) and
+      _passed(error, ('trax.supervised.training',), 'load_checkpoint')):
+    detail = one_line(error, context=False)
+    return UserError(
+        f'the checkpoint in {output_dir} does not fit this model '
+        f'({type(error).__name__}{": " + detail if detail else ""}): it was '
+        f'written by a model of another shape or configuration; resume with '
+        f'that config, or give another --output_dir', EXIT_USAGE)
+  from trax.layers import base  # pylint: disable=g-import-not-at-top
+  if isinstance(error, base.LayerError) or (
+      isinstance(error, _MODEL_ERRORS) and _passed(error, _MODEL_MODULES)):
+    import gin  # pylint: disable=g-import-not-at-top
+    model = gin.query_parameter('train.model')
+    name = str(model).lstrip('@').rstrip('()').split('.')[-1]
+    text = f'cannot build the model {name}: {_model_error(error)}'
+    suspects = suspect_bindings(str(error), command_line)
+    if suspects:
+      text += f'; check {", ".join(suspects)}'
+    return UserError(text, EXIT_USAGE)
+  return None

@@ -1,0 +1,168 @@
+"""Importing trax and parsing gin configs the way `trax-revplus train` does."""
+
+import contextlib
+import io
+import logging as std_logging
+import os
+import sys
+import tempfile
+from typing import Any, Iterator
+
+from trax_revplus.cli.errors import one_line
+from trax_revplus.cli.errors import UserError
+
+# What gin raises for a config it cannot parse or apply.
+_GIN_ERRORS = (SyntaxError, ValueError, ImportError, NameError,
+               AttributeError, TypeError, OSError, KeyError)
+
+
+@contextlib.contextmanager
+def _stderr_captured_to(capture) -> Iterator[None]:
+  """Sends file descriptor 2 to the temporary file `capture` meanwhile."""
+  sys.stderr.flush()
+  saved = os.dup(2)
+  os.dup2(capture.fileno(), 2)
+  try:
+    yield
+  finally:
+    sys.stderr.flush()
+    os.dup2(saved, 2)
+    os.close(saved)
+
+
+def import_trax() -> str:
+  """Imports trax and the modules whose gin configurables configs use.
+
+  TensorFlow, XLA and gym print notices on stderr while trax is imported
+  (see `noise.KNOWN_NOISE`); they are captured here and go to the run's
+  log, not the terminal. If the import fails, they are printed after all.
+
+  Returns:
+    The text trax's imports printed on stderr (str).
+  """
+  python_level = io.StringIO()  # sys.stderr, where it is not descriptor 2.
+  with tempfile.TemporaryFile(mode='w+b') as capture:
+    try:
+      with _stderr_captured_to(capture), contextlib.redirect_stderr(
+          python_level):
+        # pylint: disable=g-import-not-at-top,unused-import
+        import trax
+        from trax import data as _trax_data
+        from trax import layers as _trax_layers
+        from trax import models as _trax_models
+        from trax import optimizers as _trax_optimizers
+        from trax.supervised import trainer_lib as _trainer_lib
+        from trax_revplus import data as _revplus_data
+        from trax_revplus import progress as _revplus_progress
+        # pylint: enable=g-import-not-at-top,unused-import
+    except Exception:  # A signal's exception needs no import notices.
+      capture.seek(0)
+      sys.stderr.write(capture.read().decode('utf-8', 'replace') +
+                       python_level.getvalue())
+      raise
+    capture.seek(0)
+    return (capture.read().decode('utf-8', 'replace') +
+            python_level.getvalue())
+
+
+class _GinSearchNoise(std_logging.Filter):
+  """Drops gin's "Path not found" errors for search-path misses.
+
+  gin looks for an `include`d file under every search path in turn and logs
+  an error on the root logger for each miss, even when a later path has it.
+  """
+
+  def filter(self, record: std_logging.LogRecord) -> bool:
+    return not (record.pathname.endswith('resource_reader.py') and
+                record.getMessage().startswith('Path not found'))
+
+
+def _gin_error(exception: BaseException) -> str:
+  """gin's error in one line; for a knob of ours, also the knobs it has."""
+  from trax_revplus import validation  # pylint: disable=g-import-not-at-top
+  hint = validation.unknown_knob_hint(str(exception))
+  text = one_line(exception)
+  return f'{text}; {hint}' if hint else text
+
+
+def parse_configs(config_files: list[str], bindings: list[str]) -> None:
+  """Parses gin config files, then bindings, the way `train` does.
+
+  Starts from an empty gin config and stock trax (any earlier activation is
+  undone), so that an `import trax_revplus.activate` line in the configs
+  takes effect in this call. Each config file's directory is added to gin's
+  search path, so `include 'base.gin'` finds a file next to the includer.
+  trax and the configurables configs use must be imported already.
+
+  Args:
+    config_files: paths of .gin files, parsed in order.
+    bindings: gin binding strings, parsed after the files.
+
+  Raises:
+    UserError: naming the file or binding that gin could not parse.
+  """
+  import gin  # pylint: disable=g-import-not-at-top
+  import trax_revplus  # pylint: disable=g-import-not-at-top
+  gin.clear_config()
+  trax_revplus.deactivate()
+  # Let gin's `import trax_revplus.activate` run the module (and activate)
+  # again in this process.
+  sys.modules.pop('trax_revplus.activate', None)
+  for path in config_files:
+    gin.add_config_file_search_path(os.path.dirname(os.path.abspath(path)))
+  noise = _GinSearchNoise()
+  std_logging.getLogger().addFilter(noise)
+  try:
+    for path in config_files:
+      try:
+        gin.parse_config_file(path)
+      except _GIN_ERRORS as e:
+        raise UserError(
+            f'cannot parse config file {path}: {_gin_error(e)}') from None
+  finally:
+    std_logging.getLogger().removeFilter(noise)
+  for binding in bindings:
+    try:
+      gin.parse_config(binding)
+    except _GIN_ERRORS as e:
+      raise UserError(
+          f'cannot apply --config={binding!r}: {_gin_error(e)}') from None
+
+
+_UNBOUND = object()
+
+
+def bound_value(name: str, default: Any = _UNBOUND) -> Any:
+  """The value gin binds to `name` (e.g. 'train.steps'), macros followed.
+
+  Args:
+    name: 'configurable.parameter' or a macro name.
+    default: returned when `name` is not bound.
+
+  Returns:
+    The bound value as parsed (an int, str, list, ... or a
+    `gin.config.ConfigurableReference` for `@name` and `@name()`).
+
+  Raises:
+    ValueError: `name` is not bound and no default is given.
+  """
+  import gin  # pylint: disable=g-import-not-at-top
+  try:
+    value = gin.query_parameter(name)
+  except ValueError:
+    if default is _UNBOUND:
+      raise
+    return default
+  seen = set()
+  # A macro (`%name`) is a reference whose text starts with '%'.
+  while (isinstance(value, gin.config.ConfigurableReference) and
+         str(value).startswith('%') and str(value) not in seen):
+    seen.add(str(value))
+    value = gin.query_parameter(str(value))
+  return value
+
+
+def is_reference(value: Any) -> bool:
+  """Whether a bound value is a `@configurable` reference (not a literal)."""
+  import gin  # pylint: disable=g-import-not-at-top
+  return isinstance(value, gin.config.ConfigurableReference)

@@ -1,0 +1,290 @@
+"""The one argument parser of `trax-revplus` and its subcommands.
+
+Built on argparse with real subcommands (`train`, `compare`,
+`plot-memory`). Every mistake on the command line raises `UserError` (exit
+status 2) instead of argparse's multi-line usage message; a flag that takes
+one value may be repeated only with the same value. Importing this module
+imports no trax, so `--help` and flag errors answer at once.
+"""
+
+import argparse
+import sys
+from typing import Any, NoReturn, Sequence
+
+from trax_revplus.cli.errors import EXIT_OK
+from trax_revplus.cli.errors import PROG
+from trax_revplus.cli.errors import UserError
+
+COMMANDS = ('train', 'compare', 'plot-memory')
+IMPLEMENTATIONS = ('config', 'stock', 'revplus')
+
+OVERVIEW = f"""\
+usage: {PROG} <command> [flags]
+
+Drop-in memory-efficient reversible training for Trax.
+
+commands:
+  train         Train a gin-configured trax model (python -m trax.trainer,
+                on current JAX), with progress lines and a summary.
+  compare       Train the same config with stock trax and with trax_revplus
+                in fresh processes; print a table of time, memory and loss.
+  plot-memory   Plot the memory log (memory.jsonl) of a run directory.
+
+Run '{PROG} <command> --help' for the flags of a command.
+"""
+
+_TRAIN_DESCRIPTION = """\
+Trains the model a gin config describes with trax.supervised.trainer_lib.train
+(the job of `python -m trax.trainer`, on current JAX). Add the line
+`import trax_revplus.activate` to a config to train with trax_revplus.
+Settings that cannot work (e.g. train.steps not a positive int, two settings
+that exclude each other) are reported before anything is built. The output
+dir is locked for the run: a second run into it stops at once. Third-party
+warnings known to be harmless go to OUTPUT_DIR/train.log only."""
+
+_TRAIN_EPILOG = """\
+exit status: 0 done; 1 runtime error (e.g. unwritable or busy output dir,
+bad corpus files, disk full, no consistent checkpoint); 2 usage error (bad
+flag, missing or unparsable config, unknown binding, a setting out of range,
+a model or checkpoint that does not fit the config); 128 + N stopped by
+signal N (SIGINT 130, SIGTERM 143) with a checkpoint to resume from."""
+
+_COMPARE_DESCRIPTION = """\
+Trains the same config twice, one after the other, each in a fresh process
+with the same seed: with stock trax (train --implementation=stock), then with
+trax_revplus (--implementation=revplus). Prints a table side by side: loss
+per step, max abs difference of the final weights and optimizer slots,
+first-step (compile) and median step time, peak host RSS, peak device bytes
+and bytes copied host-to-device and back. Writes DIR/compare.json (keys
+documented in trax_revplus/compare.py) and DIR/compare.png. If stock trax
+cannot run the config (e.g. 2+ devices, or use_memory_efficient_trainer = 2,
+on current JAX), the table says why."""
+
+_COMPARE_EPILOG = """\
+exit status: 0 the trax_revplus run succeeded (even if stock failed); 1 it
+failed; 2 usage error (bad flag, missing config, output dirs holding runs)."""
+
+_PLOT_MEMORY_DESCRIPTION = """\
+Plots host and device memory over the steps of a run from the memory log
+(RUN_DIR/memory.jsonl) that trax_revplus's trainer writes, and prints the
+path of the PNG."""
+
+_PLOT_MEMORY_EPILOG = """\
+exit status: 0 done; 1 the PNG could not be written; 2 usage error (bad
+flag, no RUN_DIR, no memory log or no records in it)."""
+
+
+class _Exit(Exception):
+  """argparse asked to exit (after --help): the status to return."""
+
+  def __init__(self, status: int):
+    super().__init__(status)
+    self.status = status
+
+
+class _Parser(argparse.ArgumentParser):
+  """An ArgumentParser whose errors are `UserError`s, not exits.
+
+  Flags must be spelled out (no abbreviations: `--config_fil` is an error,
+  not `--config_file`) and show as `--name=VALUE` in help.
+  """
+
+  def __init__(self, **kwargs: Any):
+    kwargs.setdefault('formatter_class', _Formatter)
+    kwargs.setdefault('allow_abbrev', False)
+    super().__init__(**kwargs)
+
+  def error(self, message: str) -> NoReturn:
+    raise UserError(message)
+
+  def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
+    if message:
+      sys.stderr.write(message)
+    raise _Exit(status)
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+  """Shows flags as `--name=VALUE`, the form absl and trax users type."""
+
+  def __init__(self, prog: str):
+    super().__init__(prog, max_help_position=32, width=80)
+
+  def _format_action_invocation(self, action: argparse.Action) -> str:
+    if not action.option_strings or action.nargs == 0:
+      return super()._format_action_invocation(action)
+    value = self._format_args(
+        action, self._get_default_metavar_for_optional(action))
+    return ', '.join(f'{option}={value}' for option in action.option_strings)
+
+
+class _Once(argparse.Action):
+  """Stores a one-value flag; a repeat must give the same value."""
+
+  def __call__(self, parser: argparse.ArgumentParser,
+               namespace: argparse.Namespace, values: Any,
+               option_string: str | None = None) -> None:
+    given = vars(namespace).setdefault('_given_once', {})
+    if self.dest in given and given[self.dest][1] != values:
+      first_option, first = given[self.dest]
+      parser.error(
+          f'{first_option}={first} and {option_string}={values} contradict '
+          f'each other; give {option_string} once')
+    given[self.dest] = (option_string, values)
+    setattr(namespace, self.dest, values)
+
+
+def _positive_int(text: str) -> int:
+  try:
+    value = int(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(
+        f'must be a positive integer, got {text!r}') from None
+  if value < 1:
+    raise argparse.ArgumentTypeError(
+        f'must be a positive integer, got {value}')
+  return value
+
+
+def _int(text: str) -> int:
+  try:
+    return int(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(
+        f'must be an integer, got {text!r}') from None
+
+
+def _add_config_flags(parser: argparse.ArgumentParser, file_help: str,
+                      binding_help: str) -> None:
+  parser.add_argument('--config_file', action='append', default=[],
+                      metavar='FILE', help=file_help)
+  parser.add_argument('--config', action='append', default=[],
+                      metavar='BINDING', help=binding_help)
+
+
+def _add_train(commands) -> None:
+  parser = commands.add_parser(
+      'train', help='train a gin-configured trax model',
+      usage=(f'{PROG} train --config_file=FILE.gin [--config=BINDING ...]\n'
+             f'{" " * 20}[--output_dir=DIR] [--progress_every_n_steps=N]\n'
+             f'{" " * 20}[--implementation=config|stock|revplus]'),
+      description=_TRAIN_DESCRIPTION, epilog=_TRAIN_EPILOG)
+  _add_config_flags(
+      parser,
+      'Gin config file (.gin). Repeat to parse several, in order. An '
+      '`include` in a config is looked up next to the including file too.',
+      "Gin binding, e.g. --config='train.steps = 50'. Repeat for several; "
+      'applied after all config files.')
+  parser.add_argument(
+      '--output_dir', action=_Once, metavar='DIR',
+      help='Directory for checkpoints (model.pkl.gz, model.weights.npy.gz, '
+           'model.manifest.json and the previous set model.prev.*), '
+           'TensorBoard summaries, config.gin and the full log (train.log); '
+           'created if missing. A run resumes from the checkpoint found '
+           'there. Default: ~/trax/<first config name>_<date>_<time>.')
+  parser.add_argument(
+      '--progress_every_n_steps', action=_Once, type=_positive_int,
+      default=10, metavar='N',
+      help='Print a progress line (step, loss, steps/s, host memory) every '
+           'this many steps, and at the first and last step (default: '
+           '%(default)s).')
+  parser.add_argument(
+      '--implementation', action=_Once, choices=IMPLEMENTATIONS,
+      default='config', metavar='config|stock|revplus',
+      help='Which reversible layers and trainer train: config (as the '
+           'config says: trax_revplus if it has the line `import '
+           'trax_revplus.activate`, else stock trax), stock (stock trax, '
+           'even if the config has that line) or revplus (trax_revplus, '
+           'even if it does not) (default: %(default)s).')
+
+
+def _add_compare(commands) -> None:
+  parser = commands.add_parser(
+      'compare', help='stock trax and trax_revplus side by side',
+      usage=(f'{PROG} compare --config_file=FILE.gin [--config=BINDING ...]\n'
+             f'{" " * 22}[--steps=N] [--seed=S] [--output_dir=DIR]'),
+      description=_COMPARE_DESCRIPTION, epilog=_COMPARE_EPILOG)
+  _add_config_flags(
+      parser,
+      'Gin config file; repeatable. With or without the line `import '
+      'trax_revplus.activate`: the stock run ignores it, the trax_revplus '
+      'run adds it.',
+      'Gin binding applied to both runs; repeatable.')
+  parser.add_argument(
+      '--steps', action=_Once, type=_positive_int, metavar='N',
+      help='Train this many steps in each run (binds train.steps). Default: '
+           'as the config says.')
+  parser.add_argument(
+      '--seed', action=_Once, type=_int, metavar='S',
+      help='Random seed of both runs (binds train.random_seed). Default: the '
+           "config's, or 0 if the config sets none.")
+  parser.add_argument(
+      '--output_dir', action=_Once, metavar='DIR',
+      help='Directory for both runs (stock/, revplus/, with their logs '
+           'stock.log and revplus.log), compare.json and compare.png. '
+           'Default: ~/trax/compare_<first config name>_<date>_<time>.')
+
+
+def _add_plot_memory(commands) -> None:
+  parser = commands.add_parser(
+      'plot-memory', help='plot the memory log of a run',
+      usage=f'{PROG} plot-memory RUN_DIR [--output=PNG]',
+      description=_PLOT_MEMORY_DESCRIPTION, epilog=_PLOT_MEMORY_EPILOG)
+  parser.add_argument(
+      'run_dir', metavar='RUN_DIR',
+      help='Training output dir holding memory.jsonl, or the path of a '
+           'memory.jsonl.')
+  parser.add_argument(
+      '--output', action=_Once, metavar='PNG',
+      help='Path of the PNG to write. Default: memory.png next to the log.')
+
+
+def build() -> argparse.ArgumentParser:
+  """The parser of every command (`COMMANDS`), one subparser each."""
+  parser = _Parser(prog=PROG, usage=f'{PROG} <command> [flags]',
+                   add_help=False)
+  commands = parser.add_subparsers(
+      dest='command', metavar='<command>', required=True,
+      parser_class=_Parser)
+  _add_train(commands)
+  _add_compare(commands)
+  _add_plot_memory(commands)
+  return parser
+
+
+def parse(args: Sequence[str]) -> argparse.Namespace | int:
+  """Parses the command line after the program name.
+
+  Args:
+    args: e.g. ['train', '--config_file=a.gin'].
+
+  Returns:
+    The parsed flags (an `argparse.Namespace` whose `command` is one of
+    `COMMANDS`), or the exit status (int) when help was printed.
+
+  Raises:
+    UserError: no or an unknown command, an unknown flag, a bad or
+      contradicting flag value, or a stray argument.
+  """
+  args = list(args)
+  if args and args[0] in ('-h', '--help'):
+    sys.stdout.write(OVERVIEW)
+    return EXIT_OK
+  if not args or args[0] not in COMMANDS:
+    if not args or args[0].startswith('-'):
+      raise UserError(f'give a command first: {", ".join(COMMANDS)} (see '
+                      f'{PROG} --help)')
+    raise UserError(f'unknown command {args[0]!r} (choose from '
+                    f'{", ".join(COMMANDS)}; see {PROG} --help)')
+  try:
+    namespace, extra = build().parse_known_args(args)
+  except _Exit as e:
+    return e.status
+  if extra:
+    flags = [a for a in extra if a.startswith('-')]
+    if flags:
+      raise UserError(f'unknown flag {flags[0].split("=")[0]} (in '
+                      f'{" ".join(flags)}; see {PROG} {args[0]} --help)')
+    raise UserError(f'unexpected arguments: {" ".join(extra)} (use '
+                    f'--config_file=FILE and --config=BINDING)')
+  vars(namespace).pop('_given_once', None)
+  return namespace

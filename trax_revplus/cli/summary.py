@@ -1,0 +1,139 @@
+"""The block `train` prints at the end of a run."""
+
+from typing import Any
+
+
+def implementations(loop: Any) -> tuple[str, str]:
+  """Which classes ran: the trainer and the reversible layers of the model.
+
+  Returns:
+    (trainer, layers), e.g. 'trax_revplus.trainer.ReversibleSerialTrainer'
+    and 'trax_revplus.layers.ReversibleHalfResidual x8, ...' ('none' if the
+    model has no reversible layers).
+  """
+  # pylint: disable=g-import-not-at-top
+  from trax.layers import reversible
+  from trax_revplus import progress
+  # pylint: enable=g-import-not-at-top
+  trainers = getattr(loop, '_trainer_per_task', ())
+  trainer = progress.qualified_name(type(trainers[0])) if trainers else 'n/a'
+  counts = {}
+
+  def walk(layer):
+    if isinstance(layer, (reversible.ReversibleSerial,
+                          reversible.ReversibleHalfResidual)):
+      name = progress.qualified_name(type(layer))
+      counts[name] = counts.get(name, 0) + 1
+    for sublayer in layer.sublayers:
+      walk(sublayer)
+  walk(loop.model)
+  layers = ', '.join(f'{name} x{n}' for name, n in sorted(counts.items()))
+  return trainer, layers or 'none'
+
+
+def trainer_mode(loop: Any) -> str:
+  """The Loop's trainer mode, from `use_memory_efficient_trainer`."""
+  mode = getattr(loop, '_use_memory_efficient_trainer', None)
+  if not mode:
+    return ('default trainer (use_memory_efficient_trainer = False: weights '
+            'and slots on the devices)')
+  if mode == 2:
+    return ('memory-efficient, mode 2 (use_memory_efficient_trainer = 2: '
+            'weights and slots on the host, device memory freed every step)')
+  return ('memory-efficient, mode 1 (use_memory_efficient_trainer = True: '
+          'weights and slots on the host)')
+
+
+def _loss(value: float | None) -> str:
+  return 'n/a' if value is None else f'{value:.4f} nats'
+
+
+def _train_time(summary: dict[str, Any]) -> str | None:
+  """'25.5 s in steps, 0.98 steps/s (1 step compiling, 14.2 s, left out)'."""
+  if not summary['steps_run']:
+    return None
+  text = f"{summary['train_seconds']:.1f} s in steps"
+  compiling = summary['compiling_steps']
+  rate = summary['steps_per_second_without_compiling']
+  if rate is not None:
+    text += f', {rate:.2f} steps/s'
+  if compiling:
+    seconds = sum(s for _, s, _ in compiling)
+    steps = ', '.join(str(step) for step, _, _ in compiling[:5])
+    if len(compiling) > 5:
+      steps += ', ...'
+    word = 'step' if len(compiling) == 1 else 'steps'
+    text += (f' ({len(compiling)} compiling {word}, {seconds:.1f} s, left '
+             f'out: {word} {steps})')
+  return text
+
+
+def format_summary(summary: dict[str, Any] | None,
+                   loop: Any, checkpoint: str | None,
+                   checkpoint_step: int | None, log_path: str,
+                   total_steps: int | None) -> str:
+  """The end-of-run block: classes, mode, losses, speed, memory, checkpoint.
+
+  Args:
+    summary: `ProgressPrinter.summary()`, or None without a printer.
+    loop: the `training.Loop` that ran, or None.
+    checkpoint: path of the final checkpoint's `.pkl.gz`, or None.
+    checkpoint_step: its step.
+    log_path: the run's full log.
+    total_steps: `train.steps`.
+
+  Returns:
+    str, several lines, starting with an empty one and '== summary =='.
+  """
+  rows = []
+  if loop is not None:
+    trainer, layers = implementations(loop)
+    rows.append(('trainer', trainer))
+    rows.append(('trainer mode', trainer_mode(loop)))
+    rows.append(('reversible layers', layers))
+  if summary is not None:
+    steps = f"{summary['last_step']} ({summary['steps_run']} in this run"
+    if not summary['steps_run'] and total_steps is not None:
+      steps += (f': the checkpoint was at train.steps = {total_steps} '
+                f'already')
+    rows.append(('steps', steps + ')'))
+    train_from = summary['final_train_loss_from_step']
+    rows.append(('final train loss',
+                 f"{_loss(summary['final_train_loss'])} "
+                 f"(mean of steps {train_from}-{summary['last_step']})"
+                 if train_from is not None else 'n/a'))
+    evals = summary['eval_losses']
+    if evals:
+      rows.append(('final eval loss',
+                   f'{_loss(evals[-1][1])} (step {evals[-1][0]})'))
+      rows.append(('first eval loss',
+                   f'{_loss(evals[0][1])} (step {evals[0][0]})'))
+    else:
+      rows.append(('final eval loss', 'n/a (no eval ran)'))
+    train_time = _train_time(summary)
+    if train_time:
+      rows.append(('train time', train_time))
+    from trax_revplus import memory  # pylint: disable=g-import-not-at-top
+    peak = summary['peak_host_rss_bytes'] / memory.BYTES_PER_MIB
+    rows.append(('peak host memory', f'{peak:.0f} MB (RSS)'))
+  if checkpoint:
+    rows.append(('checkpoint', f'{checkpoint} (step {checkpoint_step})'))
+  else:
+    rows.append(('checkpoint', 'none written'))
+  rows.append(('full log', log_path))
+  width = max(len(k) for k, _ in rows)
+  return '\n'.join(['', '== summary =='] +
+                   [f'{k.ljust(width)}  {v}' for k, v in rows])
+
+
+def interrupted_message(interrupted: Any, output_dir: str) -> str:
+  """One line for a run stopped by SIGINT/SIGTERM (`interrupt.Interrupted`)."""
+  import signal  # pylint: disable=g-import-not-at-top
+  name = signal.Signals(interrupted.signum).name
+  if interrupted.checkpoint is None:
+    return (f'interrupted by {name} before the first step; nothing new was '
+            f'saved in {output_dir}')
+  return (f'interrupted by {name}: stopped after step {interrupted.step}, '
+          f'checkpoint {interrupted.checkpoint} (step {interrupted.step}); '
+          f'run the same command to resume')
+

@@ -1,0 +1,311 @@
+"""`trax-revplus train`: a gin-configured trax run, with progress and summary.
+
+Replaces `python -m trax.trainer` (which fails at import on current JAX) for
+one-host runs: same `--config_file`, `--config` and `--output_dir` flags,
+then `trax.supervised.trainer_lib.train`. A gin config that contains
+`import trax_revplus.activate` trains with trax_revplus's layers and
+trainer; without that line it trains with stock trax.
+
+In order, before anything is built: the flags, the config files, the
+output dir (writable, and locked for the run: `output_dir.OutputDirLock`),
+the gin configs and the settings of `train` (`settings`). SIGINT and SIGTERM
+stop the run at the next step boundary with a checkpoint (before the first
+step, at once): `trax_revplus.interrupt`. Errors a user can cause end the
+command with one line (`failures`); the terminal shows the plugin's own
+lines and warnings, third-party warnings known to be harmless go to
+`<output_dir>/train.log` only (`noise`).
+"""
+
+import argparse
+import contextlib
+import copy
+import functools
+import inspect
+import logging as std_logging
+import os
+import sys
+import threading
+from typing import Any, Iterator
+
+from trax_revplus import interrupt
+from trax_revplus.cli import failures
+from trax_revplus.cli import gin_config
+from trax_revplus.cli import noise
+from trax_revplus.cli import output_dir as output_dirs
+from trax_revplus.cli import settings
+from trax_revplus.cli import summary as summaries
+from trax_revplus.cli.errors import EXIT_OK
+from trax_revplus.cli.errors import PROG
+from trax_revplus.cli.errors import UserError
+from trax_revplus.cli.errors import warning_line
+
+COMMAND = 'train'
+
+
+def configs_from_flags(flags: argparse.Namespace) -> tuple[list[str],
+                                                            list[str]]:
+  """The config files and bindings `train` and `compare` were given.
+
+  Returns:
+    `(config_files, bindings)`.
+
+  Raises:
+    UserError: when neither a config file nor a binding is given, or when a
+      config file is missing or unreadable.
+  """
+  config_files = list(flags.config_file or [])
+  bindings = list(flags.config or [])
+  if not config_files and not bindings:
+    raise UserError('no config: give --config_file=FILE.gin (and/or '
+                    '--config=BINDING)')
+  for path in config_files:
+    if not os.path.exists(path):
+      raise UserError(f'config file not found: {path}')
+    if not os.path.isfile(path):
+      raise UserError(f'config file is not a regular file: {path}')
+    if not os.access(path, os.R_OK):
+      raise UserError(f'config file is not readable: {path}')
+  return config_files, bindings
+
+
+def _select_implementation(implementation: str) -> None:
+  """Applies --implementation after the configs are parsed.
+
+  The model and trainer are built later, in trainer_lib.train, so they get
+  the classes bound here whatever the config's activation line did.
+
+  Args:
+    implementation: 'config' (leave as parsed), 'stock' or 'revplus'.
+  """
+  import trax_revplus  # pylint: disable=g-import-not-at-top
+  if implementation == 'stock':
+    trax_revplus.deactivate()
+  elif implementation == 'revplus':
+    trax_revplus.activate()
+
+
+def _check_settings() -> None:
+  """Checks the parsed config before anything is built.
+
+  Raises:
+    UserError (exit status 2): no model, or a setting that cannot work.
+  """
+  if gin_config.bound_value('train.model', None) is None:
+    raise UserError('no model configured: bind train.model, e.g. '
+                    "--config='train.model = @trax.models.ReformerLM'")
+  settings.check_train_settings()
+  # The trainer's own gin settings (trax_revplus.ReversibleSerialTrainer.*,
+  # e.g. on_non_finite) are checked here, before the model is built, once
+  # the trainer offers a check of its gin-bound options alone. Until then
+  # its constructor checks them and `failures.user_error` reports a
+  # rejection with exit status 2.
+
+
+def _total_steps() -> int:
+  from trax.supervised import trainer_lib  # pylint: disable=g-import-not-at-top
+  return gin_config.bound_value('train.steps', inspect.signature(
+      trainer_lib.train).parameters['steps'].default)
+
+
+def _train_callbacks(every_n_steps: int) -> list[Any]:
+  """train.callbacks as gin would pass them, plus a ProgressPrinter."""
+  from trax_revplus import progress  # pylint: disable=g-import-not-at-top
+  # Gin hands a configurable the deep copy of its bound value; the copy
+  # turns `@Callback` references into the callables themselves.
+  callbacks = list(copy.deepcopy(
+      gin_config.bound_value('train.callbacks', None)) or [])
+  if any(isinstance(c, type) and issubclass(c, progress.ProgressPrinter)
+         for c in callbacks):
+    return callbacks
+  callbacks.append(functools.partial(
+      progress.ProgressPrinter, total_steps=_total_steps(),
+      every_n_steps=every_n_steps))
+  return callbacks
+
+
+def _lock(lock: output_dirs.OutputDirLock) -> None:
+  warning = lock.acquire()
+  if warning:
+    print(warning_line(COMMAND, warning), file=sys.stderr, flush=True)
+
+
+class _ThreadErrors:
+  """Reports an exception that ends a background thread in one line.
+
+  trax's TensorBoard writers write on a thread of their own; when the disk
+  fills up, that thread dies with a traceback before the Loop sees the error
+  at its next write. The traceback goes to the log instead.
+  """
+
+  def __init__(self):
+    self._saved = None
+
+  def __enter__(self) -> '_ThreadErrors':
+    self._saved = threading.excepthook
+    threading.excepthook = self._report
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    threading.excepthook = self._saved
+
+  @staticmethod
+  def _report(args: threading.ExceptHookArgs) -> None:
+    from absl import logging  # pylint: disable=g-import-not-at-top
+    name = args.thread.name if args.thread is not None else 'a thread'
+    logging.info('thread %s stopped', name,
+                 exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
+    print(warning_line(COMMAND, f'background thread {name} stopped: '
+                                f'{args.exc_type.__name__}: '
+                                f'{args.exc_value}'),
+          file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def _run_logging(output_dir: str, import_messages: str) -> Iterator[str]:
+  """Full log to output_dir/train.log; the plugin's warnings on stderr.
+
+  Yields:
+    The path of the log file.
+  """
+  from absl import logging  # pylint: disable=g-import-not-at-top
+  logging.set_verbosity(logging.INFO)
+  absl_logger = logging.get_absl_logger()
+  log_path = os.path.join(output_dir, 'train.log')
+  to_file = std_logging.FileHandler(log_path)
+  to_file.setLevel(std_logging.INFO)
+  to_stderr = std_logging.StreamHandler(sys.stderr)
+  to_stderr.setLevel(std_logging.WARNING)
+  to_stderr.addFilter(noise.DropKnownNoise())
+  for handler in (to_file, to_stderr):
+    handler.setFormatter(logging.PythonFormatter())
+    absl_logger.addHandler(handler)
+  # trax logs every metric at INFO; keep those out of the terminal (where
+  # trax also prints the eval lines) and out of the root logger's handlers.
+  absl_logger.propagate = False
+  warnings_to_stderr = std_logging.StreamHandler(sys.stderr)
+  try:
+    if import_messages.strip():
+      logging.info('Messages printed on stderr while importing trax:\n%s',
+                   import_messages)
+    with noise.route_warnings(to_file, warnings_to_stderr), _ThreadErrors():
+      yield log_path
+  finally:
+    absl_logger.propagate = True
+    for handler in (to_file, to_stderr):
+      absl_logger.removeHandler(handler)
+      handler.close()
+
+
+def _close_trainers(loop: Any) -> None:
+  """Flushes and closes the memory logs of the Loop's trainers.
+
+  Closing them here, not in the garbage collector, matters: a TensorBoard
+  writer closed from `__del__` during a collection can wait forever on its
+  own writer thread.
+  """
+  for trainer in getattr(loop, '_trainer_per_task', ()):
+    memory_log = getattr(trainer, 'memory_log', None)
+    close = getattr(memory_log, 'close', None)
+    if close is not None:
+      close()
+
+
+def _checkpoint_step(path: str) -> int | None:
+  from trax.supervised import training  # pylint: disable=g-import-not-at-top
+  try:
+    return training.unpickle_from_file(path, gzip=True)['step']
+  except (OSError, EOFError, KeyError, ValueError):
+    return None
+
+
+def _train(output_dir: str, callbacks: list[Any], log_path: str,
+           stop: interrupt.StopOnSignal, bindings: list[str]) -> int:
+  """Runs trainer_lib.train, then saves a final checkpoint and summarizes."""
+  # pylint: disable=g-import-not-at-top
+  import gin
+  from trax.supervised import trainer_lib
+  import trax_revplus
+  from trax_revplus import checkpoints
+  from trax_revplus import progress
+  # pylint: enable=g-import-not-at-top
+  gin.finalize()
+  which = 'trax_revplus' if trax_revplus.is_active() else 'stock trax'
+  print(f'{PROG} train: {which} reversible layers and trainer; output in '
+        f'{output_dir}', flush=True)
+  # trax reads the data counters before any checkpoint; a damaged file must
+  # not stop the run (the checkpoint set's own counters are restored).
+  checkpoints.set_aside_unreadable_data_counters(output_dir)
+  loop = None
+  try:
+    loop = trainer_lib.train(output_dir=output_dir,
+                             callbacks=list(callbacks) + [stop.callback])
+    checkpoint = os.path.join(output_dir, 'model.pkl.gz')
+    checkpoint_step = _checkpoint_step(checkpoint)
+    # trax checkpoints every eval_frequency steps; keep the final weights
+    # too when the run did not end on such a step.
+    if checkpoint_step != loop.step:
+      loop.save_checkpoint('model')
+      checkpoint_step = _checkpoint_step(checkpoint)
+  except Exception as e:  # pylint: disable=broad-except
+    if isinstance(e, interrupt.Interrupted):
+      raise
+    error = failures.user_error(e, output_dir, stop.steps_started,
+                                bindings)
+    if error is None:
+      raise
+    raise error from None
+  finally:
+    if loop is not None:
+      _close_trainers(loop)
+  printers = [c for c in getattr(loop, '_callbacks', ())
+              if isinstance(c, progress.ProgressPrinter)]
+  summary = printers[0].summary() if printers else None
+  if not os.path.exists(checkpoint):
+    checkpoint = None
+  if stop.signum is not None:  # Came after the last step ended.
+    print(warning_line(COMMAND, f'signal {stop.signum} received after the '
+                                f'last step; the run is complete.'),
+          file=sys.stderr, flush=True)
+  print(summaries.format_summary(summary, loop, checkpoint, checkpoint_step,
+                                 log_path, _total_steps()), flush=True)
+  return EXIT_OK
+
+
+def run(flags: argparse.Namespace) -> int:
+  """Runs `trax-revplus train` with the parsed flags.
+
+  Returns:
+    The exit status: 0 done.
+
+  Raises:
+    UserError: for anything a user can cause; the message is one line.
+  """
+  config_files, bindings = configs_from_flags(flags)
+  output_dir = os.path.expanduser(
+      flags.output_dir or output_dirs.default_output_dir(config_files))
+  output_dirs.check_writable(output_dir)
+  lock = output_dirs.OutputDirLock(output_dir, f'{PROG} train')
+  stop = interrupt.StopOnSignal()
+  try:
+    with stop:
+      locked = os.path.isdir(output_dir)
+      if locked:
+        _lock(lock)  # Before trax's import: a busy dir answers at once.
+      import_messages = gin_config.import_trax()
+      gin_config.parse_configs(config_files, bindings)
+      _select_implementation(flags.implementation)
+      _check_settings()
+      callbacks = _train_callbacks(flags.progress_every_n_steps)
+      output_dirs.make(output_dir)
+      if not locked:
+        _lock(lock)
+      with _run_logging(output_dir, import_messages) as log_path:
+        return _train(output_dir, callbacks, log_path, stop, bindings)
+  except interrupt.Interrupted as e:
+    if e.loop is not None:
+      _close_trainers(e.loop)
+    raise UserError(summaries.interrupted_message(e, output_dir),
+                    128 + e.signum) from None
+  finally:
+    lock.release()
+

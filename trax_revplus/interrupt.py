@@ -1,0 +1,135 @@
+"""Stopping a trax `Loop` cleanly on SIGINT or SIGTERM.
+
+`StopOnSignal` turns the first SIGINT / SIGTERM into a stop at the next step
+boundary, with a checkpoint: the Loop's callback saves the checkpoint set
+at the end of the step during which the signal came and raises
+`Interrupted` out of `Loop.run`. Before the first step begins (importing,
+parsing, building and initializing the model, loading a checkpoint) nothing
+new would be lost, so a signal stops at once, with `Interrupted` raised
+from the signal handler. A second signal does what it did before the
+handler was installed (e.g. a plain Ctrl-C).
+"""
+
+import functools
+import os
+import signal
+import types
+from typing import Any
+
+from absl import logging
+
+SIGNALS = ('SIGINT', 'SIGTERM')
+
+
+class Interrupted(Exception):
+  """A run stopped after SIGINT or SIGTERM.
+
+  Attributes:
+    signum: int, the signal received.
+    step: int or None, the Loop's step when it stopped (None: before the
+      first step).
+    checkpoint: str or None, path of the `.pkl.gz` saved at that step.
+    loop: the `training.Loop`, or None if it stopped before one was built.
+  """
+
+  def __init__(self, signum: int, step: int | None = None,
+               checkpoint: str | None = None, loop: Any = None):
+    super().__init__(f'interrupted by signal {signum} at step {step}')
+    self.signum = signum
+    self.step = step
+    self.checkpoint = checkpoint
+    self.loop = loop
+
+
+class StopOnSignal:
+  """Stops a `training.Loop` at the next step boundary on SIGINT / SIGTERM.
+
+  A context manager: enter it before the run starts (from the main thread:
+  signal handlers can only be installed there) and pass `callback` in the
+  Loop's callbacks.
+
+  Attributes:
+    basename: str, the checkpoint saved when a signal stops the run.
+    signum: int or None, the first signal received.
+    steps_started: bool, whether the Loop has begun a step; until then a
+      signal raises `Interrupted` at once.
+  """
+
+  def __init__(self, basename: str = 'model'):
+    self.basename = basename
+    self.signum = None
+    self.steps_started = False
+    self._previous = {}
+
+  def __enter__(self) -> 'StopOnSignal':
+    for name in SIGNALS:
+      signum = getattr(signal, name)
+      self._previous[signum] = signal.signal(signum, self._handle)
+    return self
+
+  def __exit__(self, *exc_info) -> bool:
+    self._restore()
+    return False
+
+  def _restore(self) -> None:
+    previous, self._previous = self._previous, {}
+    for signum, handler in previous.items():
+      signal.signal(signum, handler)
+
+  def _handle(self, signum: int, frame: types.FrameType | None) -> None:
+    del frame
+    if self.signum is not None:
+      # Asked twice: stop now, as without this handler.
+      self._restore()
+      os.kill(os.getpid(), signum)
+      return
+    self.signum = signum
+    if not self.steps_started:
+      raise Interrupted(signum)
+    logging.warning('signal %d received: stopping after this step with a '
+                    'checkpoint (send it again to stop at once).', signum)
+
+  def callback(self, loop: Any) -> Any:
+    """The Loop callback (trax calls `callback(loop)` for each entry)."""
+    return _callback_class()(loop, self)
+
+
+@functools.cache
+def _callback_class() -> type:
+  """The Loop callback class of `StopOnSignal`.
+
+  Made on first use: its base class comes with trax, which this module does
+  not import, so that signals are handled while trax is being imported.
+  """
+  from trax.supervised import callbacks  # pylint: disable=g-import-not-at-top
+
+  class _StopOnSignalCallback(callbacks.TrainingStepCallback):
+    """Saves a checkpoint and raises `Interrupted` after a signalled step."""
+
+    def __init__(self, loop, owner):
+      super().__init__(loop)
+      self._owner = owner
+      if owner.signum is not None:  # Came while the Loop was being built.
+        raise Interrupted(owner.signum, loop=loop)
+
+    def call_at(self, step):
+      del step
+      return True
+
+    def on_step_begin(self, step):
+      del step
+      self._owner.steps_started = True
+
+    def on_step_end(self, step):
+      owner = self._owner
+      if owner.signum is None:
+        return
+      checkpoint = None
+      if self._loop.output_dir is not None:
+        self._loop.save_checkpoint(owner.basename)
+        checkpoint = os.path.join(self._loop.output_dir,
+                                  owner.basename + '.pkl.gz')
+      raise Interrupted(owner.signum, step=step, checkpoint=checkpoint,
+                        loop=self._loop)
+
+  return _StopOnSignalCallback
