@@ -37,9 +37,11 @@ def _replacements():
       (_stock_reversible.ReversibleSerial, layers.ReversibleSerial),
       (_stock_trainer.ReversibleSerialTrainer, trainer.ReversibleSerialTrainer),
       (_stock_trainer.init_reversible_blocks, trainer.init_reversible_blocks),
-      # Helpers of trax's Loop that current JAX broke.
+      # Helpers of trax's Loop that current JAX broke or deprecated.
       (_fastmath.tree_unflatten, compat.tree_unflatten),
       (_stock_acceleration.for_n_devices, compat.for_n_devices),
+      (_stock_acceleration._accelerate, compat.accelerate),  # pylint: disable=protected-access
+      (_training.init_host_and_devices, compat.init_host_and_devices),
   ]
   return {id(stock): (stock, ours) for stock, ours in pairs}
 
@@ -82,8 +84,10 @@ def activate():
   models built afterwards (e.g. `trax.models.ReformerLM`) and
   `training.Loop(use_memory_efficient_trainer=...)` use them. It also
   binds `trax_revplus.compat`'s current-JAX versions of trax's
-  `fastmath.tree_unflatten` (checkpoint restore of optimizer slots) and
-  `layers.for_n_devices` (multi-device replication), and
+  `fastmath.tree_unflatten` (checkpoint restore of optimizer slots),
+  `layers.for_n_devices` (multi-device replication),
+  `training.init_host_and_devices` and `acceleration._accelerate` (no
+  deprecated `jax.host_count` or `jit(..., device=...)`), and
   `training.Loop.save_checkpoint` / `load_checkpoint` to
   `trax_revplus.checkpoints`' (checkpoint files written and loaded as a
   consistent set; the Loop's RNG and data position resumed). Layers built
