@@ -32,7 +32,8 @@ STOCK_TO_OURS = {
     training.init_host_and_devices: compat.init_host_and_devices,
 }
 # training.Loop methods trax_revplus extends.
-LOOP_METHODS = ('_init_trainer', 'save_checkpoint', 'load_checkpoint')
+LOOP_METHODS = ('__init__', '_init_trainer', '_init_evaluator',
+                'save_checkpoint', 'load_checkpoint')
 
 
 def _bindings_to(objects):
