@@ -33,7 +33,7 @@ import trax_revplus
 IMPLEMENTATIONS = ('stock', 'revplus')
 
 # Set to 1 to run the whole matrix: every test with both implementations,
-# the slow ones included (about 15 minutes on 2 CPU cores).
+# the slow one included (68 runs, about 6 minutes of CPU time).
 FULL_ENV = 'TRAX_REVPLUS_FULL_TRAX_TESTS'
 
 # Tests that fail on this setup: (test, implementation) -> (text the
