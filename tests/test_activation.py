@@ -28,7 +28,12 @@ STOCK_TO_OURS = {
         revplus_trainer.init_reversible_blocks,
     fastmath.tree_unflatten: compat.tree_unflatten,
     stock_acceleration.for_n_devices: compat.for_n_devices,
+    stock_acceleration._accelerate: compat.accelerate,  # pylint: disable=protected-access
+    training.init_host_and_devices: compat.init_host_and_devices,
 }
+# training.Loop methods trax_revplus extends.
+LOOP_METHODS = ('__init__', '_init_trainer', '_init_evaluator',
+                'save_checkpoint', 'load_checkpoint')
 
 
 def _bindings_to(objects):
@@ -65,10 +70,12 @@ def test_gin_line_swaps_all_classes_and_deactivate_restores_them():
                ('trax.optimizers.trainer', 'init_reversible_blocks'),
                ('trax.fastmath', 'tree_unflatten'),
                ('trax.fastmath.numpy', 'tree_unflatten'),
-               ('trax.layers', 'for_n_devices')]:
+               ('trax.layers', 'for_n_devices'),
+               ('trax.layers.acceleration', '_accelerate'),
+               ('trax.supervised.training', 'init_host_and_devices')]:
     assert name in stock_bindings
   assert not trax_revplus.is_active()
-  stock_init_trainer = training.Loop._init_trainer
+  stock_methods = {name: vars(training.Loop)[name] for name in LOOP_METHODS}
 
   _parse_activation_line()
 
@@ -85,11 +92,14 @@ def test_gin_line_swaps_all_classes_and_deactivate_restores_them():
   for (module_name, name), stock in stock_bindings.items():
     assert getattr(sys.modules[module_name], name) is STOCK_TO_OURS[stock], (
         module_name, name)
+  for name, stock in stock_methods.items():
+    assert vars(training.Loop)[name] is not stock, name
 
   trax_revplus.deactivate()
 
   assert not trax_revplus.is_active()
-  assert training.Loop._init_trainer is stock_init_trainer
+  for name, stock in stock_methods.items():
+    assert vars(training.Loop)[name] is stock, name
   assert _bindings_to(STOCK_TO_OURS) == stock_bindings
   for (module_name, name), stock in stock_bindings.items():
     assert getattr(sys.modules[module_name], name) is stock

@@ -1,6 +1,7 @@
 """trax_revplus.compat: trax 1.4.1 helpers rewritten for current JAX."""
 
 import importlib
+import warnings
 
 import jax
 import numpy as np
@@ -74,3 +75,66 @@ def test_for_n_devices_adds_a_device_axis_without_copying():
   for i in range(4):
     np.testing.assert_array_equal(y['w'][i], x['w'])
   assert np.shares_memory(y['w'], x['w'])
+
+
+def _jax_deprecations(record):
+  return [str(w.message) for w in record
+          if issubclass(w.category, (DeprecationWarning, UserWarning)) and
+          ('deprecated' in str(w.message) or 'renamed' in str(w.message))]
+
+
+def test_init_host_and_devices_matches_stock_without_deprecated_calls(
+    monkeypatch):
+  from trax.supervised import training  # pylint: disable=g-import-not-at-top
+  with warnings.catch_warnings(record=True) as record:
+    warnings.simplefilter('always')
+    stock = training.init_host_and_devices(None, 3)
+  # What compat removes: trax calls jax.host_count(), deprecated.
+  assert any('process_count' in m for m in _jax_deprecations(record))
+  with warnings.catch_warnings(record=True) as record:
+    warnings.simplefilter('always')
+    ours = compat.init_host_and_devices(None, 3)
+  assert not _jax_deprecations(record)
+  assert ours[:3] == stock[:3] == (True, 1, jax.local_device_count())
+  np.testing.assert_array_equal(np.asarray(ours[3]), np.asarray(stock[3]))
+  # Keeps working once JAX removes the old name.
+  monkeypatch.delattr(jax, 'host_count')
+  assert compat.init_host_and_devices(None, 3)[:3] == stock[:3]
+  with pytest.raises(ValueError, match='n_devices != all devices'):
+    compat.init_host_and_devices(jax.local_device_count() + 1, 3)
+
+
+def _jit_refusing_device_arguments(fun, **kwargs):
+  """jax.jit as it will be once `device` and `backend` are gone."""
+  if 'device' in kwargs or 'backend' in kwargs:
+    raise TypeError('jit() got an unexpected keyword argument')
+  return jax.jit(fun, **kwargs)
+
+
+def test_accelerate_on_cpu_matches_stock_without_deprecated_calls(
+    monkeypatch):
+  from trax.layers import acceleration  # pylint: disable=g-import-not-at-top
+  def f(x, weights):
+    return {'y': x @ weights[0] + weights[1]}
+  x = np.arange(6, dtype=np.float32).reshape(2, 3)
+  weights = (np.ones((3, 2), np.float32), np.float32(0.5))
+  with warnings.catch_warnings(record=True) as record:
+    warnings.simplefilter('always')
+    stock = acceleration._accelerate(f, 0)(x, weights)  # pylint: disable=protected-access
+  assert any('device argument on jit' in m
+             for m in _jax_deprecations(record))
+  with warnings.catch_warnings(record=True) as record:
+    warnings.simplefilter('always')
+    ours = compat.accelerate(f, 0)(x, weights)
+  assert not _jax_deprecations(record)
+  np.testing.assert_array_equal(ours['y'], stock['y'])
+  assert ours['y'].devices() == {jax.devices('cpu')[0]}
+  # Keeps working once jit takes no `device`: trax's backend table is what
+  # fastmath.jit calls.
+  jax_backend = importlib.import_module('trax.fastmath.jax')
+  monkeypatch.setitem(jax_backend.JAX_BACKEND, 'jit',
+                      _jit_refusing_device_arguments)
+  np.testing.assert_array_equal(compat.accelerate(f, 0)(x, weights)['y'],
+                                stock['y'])
+  np.testing.assert_array_equal(compat.accelerate(f, 1)(x, weights)['y'],
+                                stock['y'])

@@ -498,3 +498,49 @@ def test_reconstruction_error_initialises_and_rejects():
   with pytest.raises(ValueError, match='one entry per sublayer'):
     trax_revplus.reconstruction_error(layer, x, layer.weights[:1],
                                       layer.state)
+
+
+# ---------------------------------------------------------------------------
+# numpy and jax arrays alike
+
+
+def _lsh_half_residual(hr):
+  """LSH attention running its `lax.fori_loop` (no use_python_loop)."""
+  attn = tl.LSHSelfAttention(
+      n_heads=2, d_qk=8, d_v=8, causal=True, chunk_len=4, n_hashes=2,
+      n_buckets=4, attention_dropout=0.1, output_dropout=0.1, mode='train')
+  return hr(tl.LayerNorm(), attention_layer=attn)
+
+
+def test_lsh_reverse_and_grad_takes_numpy_and_jax_arrays():
+  """Stock raises TracerArrayConversionError on numpy cotangents, weights or
+  state; ours takes them and gives what stock gives for jax arrays."""
+  x = layer_cases._pair()  # pylint: disable=protected-access
+  stock_layer = _lsh_half_residual(stock.ReversibleHalfResidual)
+  our_layer = _lsh_half_residual(ours.ReversibleHalfResidual)
+  sig = shapes.signature(x)
+  stock_layer.init(sig, rng=INIT_RNG)
+  our_layer.init(sig, rng=INIT_RNG)
+  weights, state = stock_layer.weights, stock_layer.state
+  as_jax = lambda t: jax.tree_util.tree_map(jnp.asarray, t)
+  as_numpy = lambda t: jax.tree_util.tree_map(np.asarray, t)
+
+  y, new_state = stock_layer.pure_fn(x, weights, state, RUN_RNG)
+  ct = _random_ct(y, seed=6)  # numpy
+  reference = stock_layer.reverse_and_grad(
+      as_jax(y), as_jax(ct), weights, state, new_state, RUN_RNG)
+  with pytest.raises(jax.errors.TracerArrayConversionError):
+    stock_layer.reverse_and_grad(as_numpy(y), ct, weights, state, new_state,
+                                 RUN_RNG)
+  arguments = (y, ct, weights, state, new_state)
+  for convert in (as_numpy, as_jax):
+    got = our_layer.reverse_and_grad(*convert(arguments), RUN_RNG)
+    _assert_rel_close(got, reference, GRAD_TOL)
+  # Forward and reverse take numpy weights and state too.
+  y_ours, _ = our_layer.pure_fn(x, as_numpy(weights), as_numpy(state),
+                                RUN_RNG)
+  assert _max_abs_diff(y_ours, y) <= FORWARD_TOL
+  x_rec = our_layer.reverse(*as_numpy((y, weights, state, new_state)),
+                            rng=RUN_RNG)
+  assert _max_abs_diff(x_rec, tuple(x)) <= 1e-5 * max(
+      float(np.max(np.abs(v))) for v in x)

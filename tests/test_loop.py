@@ -5,13 +5,17 @@ Checks that a Loop trains, evaluates and checkpoints with our trainer; that
 checkpoints move both ways between trax's stock trainer and ours; and that
 `memory.jsonl` is written and plausible. The reference for every weight
 comparison is a run without restarts, and stock trax's own trainer where it
-runs (mode 1, single device).
+runs (mode 1, single device). Also: the memory-efficient Loop evaluates its
+eval-mode model (reference: a stock `mode='eval'` model on the same
+weights), rejects an optimizer instance before initializing anything, and
+calls no deprecated JAX API.
 """
 
 import itertools
 import os
 import shutil
 import sys
+import warnings
 
 import gin
 import numpy as np
@@ -20,13 +24,16 @@ import pytest
 
 from trax import fastmath
 from trax import layers as tl
+from trax import models
 from trax import optimizers
+from trax import shapes
 from trax.supervised import training
 
 import trax_revplus
 from trax_revplus import compat
 from trax_revplus import memory
 from trax_revplus import trainer as rev_trainer
+from trax_revplus import validation
 
 
 pytestmark = pytest.mark.usefixtures('stock_trax_and_empty_gin')
@@ -160,3 +167,84 @@ def test_loop_modes_restart_and_cross_compatibility(tmp_path, monkeypatch):
       assert r['freed_arrays'] >= 0 and r['freed_bytes'] >= 0
   last = records[-1]
   assert abs(last['host_rss_bytes'] - rss_now) <= 0.1 * rss_now
+
+
+# ---------------------------------------------------------------------------
+# Evaluation with an eval-mode model; bad optimizers; deprecated JAX calls.
+
+
+def _dropout_reformer(mode):
+  # Full self-attention: no LSH hashing, so in eval mode nothing is random.
+  return models.ReformerLM(
+      vocab_size=16, d_model=16, d_ff=32, d_attention_key=8,
+      d_attention_value=8, n_layers=2, n_heads=2, max_len=16, dropout=0.5,
+      attention_type=tl.SelfAttention, mode=mode)
+
+
+def _lm_batch():
+  x = np.random.RandomState(0).randint(1, 16, size=(2, 16)).astype(np.int32)
+  return x, x, np.ones_like(x, dtype=np.float32)
+
+
+def _deprecations(record):
+  return [str(w.message) for w in record
+          if 'deprecated' in str(w.message) or 'renamed' in str(w.message)]
+
+
+def test_memory_efficient_loop_evaluates_the_eval_model(tmp_path):
+  """Eval loss of a `mode='eval'` model (dropout off) on the trained weights.
+
+  trax's memory-efficient Loop evaluates the training model, dropout on.
+  """
+  trax_revplus.activate()
+  batch = _lm_batch()
+  task = training.TrainTask(itertools.repeat(batch),
+                            tl.WeightedCategoryCrossEntropy(), optimizers.Adam)
+  eval_task = training.EvalTask(itertools.repeat(batch),
+                                [tl.WeightedCategoryCrossEntropy()],
+                                n_eval_batches=1)
+  with warnings.catch_warnings(record=True) as record:
+    warnings.simplefilter('always')
+    loop = training.Loop(
+        _dropout_reformer('train'), [task],
+        eval_model=_dropout_reformer('eval'), eval_tasks=[eval_task],
+        eval_at=lambda step: step == 2, output_dir=str(tmp_path),
+        use_memory_efficient_trainer=True, random_seed=0)
+    loop.run(2)
+  # No deprecated JAX call on the way (jax.host_count, jit(device=...)).
+  assert not _deprecations(record)
+  reported = loop.history.get('eval', 'metrics/WeightedCategoryCrossEntropy')
+  assert [step for step, _ in reported] == [2]
+
+  trax_revplus.deactivate()  # The references are stock trax models.
+  def loss_of(mode):
+    model = _dropout_reformer(mode)
+    model.init(shapes.signature(batch[0]))
+    model.weights, model.state = loop.model.weights, loop.model.state
+    logits = model(batch[0], rng=fastmath.random.get_prng(1))
+    return float(tl.WeightedCategoryCrossEntropy()((logits,) + batch[1:]))
+  np.testing.assert_allclose(reported[0][1], loss_of('eval'), rtol=1e-5)
+  # Dropout matters here: a train-mode evaluation is far off.
+  assert abs(loss_of('train') - loss_of('eval')) > 0.05
+  # The eval model holds the trained arrays themselves, not a copy.
+  assert loop.eval_model is not loop.model
+  for ours, trained in zip(fastmath.tree_flatten(loop.eval_model.weights),
+                           fastmath.tree_flatten(loop.model.weights)):
+    assert ours is trained
+
+
+def test_memory_efficient_loop_rejects_an_optimizer_instance_at_once():
+  trax_revplus.activate()
+  model = _model()
+  task = training.TrainTask(_batches(), tl.CrossEntropyLoss(),
+                            optimizers.Adam(0.01))
+  with pytest.raises(validation.OptimizerFactoryError,
+                     match=r'optimizer of task 0 is an optimizer instance '
+                           r'\(Adam\(\.\.\.\)\).*pass TrainTask\(\.\.\., '
+                           r'optimizer=trax\.optimizers\.Adam\), not '
+                           r'trax\.optimizers\.Adam\(\)'):
+    training.Loop(model, [task], use_memory_efficient_trainer=True)
+  # Before anything was initialized (trax fails after initializing).
+  assert not fastmath.tree_flatten(model.weights)
+  # The standard Loop takes an instance, with trax_revplus as without.
+  training.Loop(model, [task], use_memory_efficient_trainer=False)

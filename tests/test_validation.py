@@ -62,11 +62,28 @@ def test_non_reversible_layer_in_reversible_list():
   assert isinstance(info.value, ValueError)
 
 
-def test_standard_layers_not_a_list():
+def test_standard_layers_as_a_layer_or_nested_list_as_trax_takes_them():
+  # trax's trainer runs a block's standard part as tl.Serial(standard).
+  for standard in (tl.Serial(tl.Dense(4), tl.Dup()), tl.Dense(4),
+                   [tl.Dense(4), [tl.Dup()]], []):
+    validation.check_blocks([(standard, [tl.ReversibleSwap()])])
+    tl.Serial(standard)
+
+
+def test_standard_or_reversible_layers_not_layers():
   with pytest.raises(validation.BlockStructureError,
-                     match=r'block 0: the standard layers must be a list .*'
-                           r'wrap a single layer in a list'):
-    validation.check_blocks([(tl.Dense(4), [])])
+                     match=r'block 0: the standard layers must be a layer or '
+                           r'a list of layers, got str'):
+    validation.check_blocks([('Dense', [])])
+  with pytest.raises(validation.BlockStructureError,
+                     match=r'block 0: standard layer 1 is a int, not a trax '
+                           r'Layer'):
+    validation.check_blocks([([tl.Dense(4), [3]], [])])
+  with pytest.raises(validation.BlockStructureError,
+                     match=r'block 0: the reversible layers must be a list '
+                           r'of layers, got ReversibleHalfResidual; wrap a '
+                           r'single layer in a list'):
+    validation.check_blocks([([], tl.ReversibleHalfResidual(tl.Dense(4)))])
 
 
 # Loss layer.

@@ -11,19 +11,25 @@ Methods of trax's `training.Loop` that ours extend are swapped the same way:
 the binding found at `activate()` is remembered and put back.
 """
 
+import inspect
 import sys
 import threading
 
+from absl import logging
 from trax import fastmath as _fastmath
 from trax.layers import acceleration as _stock_acceleration
 from trax.layers import reversible as _stock_reversible
 from trax.optimizers import trainer as _stock_trainer
 from trax.supervised import training as _training
 
+from trax_revplus import validation
+
 _lock = threading.Lock()
 # (module, attribute name, stock object) for every binding we replaced.
 _replaced = []
 _stock_init_trainer = _training.Loop._init_trainer
+_stock_loop_init = _training.Loop.__init__
+_stock_init_evaluator = _training.Loop._init_evaluator
 
 
 def _replacements():
@@ -37,9 +43,11 @@ def _replacements():
       (_stock_reversible.ReversibleSerial, layers.ReversibleSerial),
       (_stock_trainer.ReversibleSerialTrainer, trainer.ReversibleSerialTrainer),
       (_stock_trainer.init_reversible_blocks, trainer.init_reversible_blocks),
-      # Helpers of trax's Loop that current JAX broke.
+      # Helpers of trax's Loop that current JAX broke or deprecated.
       (_fastmath.tree_unflatten, compat.tree_unflatten),
       (_stock_acceleration.for_n_devices, compat.for_n_devices),
+      (_stock_acceleration._accelerate, compat.accelerate),  # pylint: disable=protected-access
+      (_training.init_host_and_devices, compat.init_host_and_devices),
   ]
   return {id(stock): (stock, ours) for stock, ours in pairs}
 
@@ -62,11 +70,82 @@ def _init_trainer_with_output_dir(loop, task):
   return trainer
 
 
+def _optimizer_instance_message(mode, index, optimizer):
+  name = type(optimizer).__name__
+  return (
+      f'training.Loop(use_memory_efficient_trainer={mode!r}): the optimizer '
+      f'of task {index} is an optimizer instance ({name}(...)), but the '
+      f'memory-efficient trainer makes one optimizer per layer and needs a '
+      f'factory: pass TrainTask(..., optimizer=trax.optimizers.{name}), not '
+      f'trax.optimizers.{name}() (settings with functools.partial or gin '
+      f'bindings such as {name}.learning_rate).')
+
+
+def _loop_init(loop, *args, **kwargs):
+  """`training.Loop.__init__`, with two changes for the memory-efficient mode.
+
+  Before anything is built or initialized, each task's optimizer must be a
+  factory (the trainer calls it once per layer); an optimizer instance,
+  which trax's memory-efficient trainer rejects only after the model is
+  initialized, fails here. And the `eval_model` given is kept for
+  evaluation (`_init_evaluator`), where trax evaluates the training model.
+
+  Raises:
+    validation.OptimizerFactoryError: in the memory-efficient mode, a task's
+      optimizer is an `Optimizer` instance or not callable.
+  """
+  arguments = inspect.signature(_stock_loop_init).bind(
+      loop, *args, **kwargs).arguments
+  mode = arguments.get('use_memory_efficient_trainer', False)
+  if mode:
+    tasks = arguments.get('tasks')
+    tasks = tasks if isinstance(tasks, (list, tuple)) else [tasks]
+    from trax.optimizers import base as optimizer_base  # pylint: disable=g-import-not-at-top
+    for index, task in enumerate(tasks):
+      optimizer = getattr(task, 'optimizer', None)
+      if isinstance(optimizer, optimizer_base.Optimizer):
+        raise validation.OptimizerFactoryError(
+            _optimizer_instance_message(mode, index, optimizer))
+      validation.check_optimizer_factory(optimizer)
+    loop._revplus_eval_model = arguments.get('eval_model')  # pylint: disable=protected-access
+  _stock_loop_init(loop, *args, **kwargs)
+
+
+def _init_evaluator_with_eval_model(loop, eval_task):
+  """`training.Loop._init_evaluator`, evaluating the eval model.
+
+  trax's memory-efficient `Loop` replaces the `eval_model` it was given by
+  the training model, so its evals ran with dropout and other train-mode
+  behaviour. Here the eval model given (e.g. `mode='eval'`, as
+  `trainer_lib.train` passes it) is evaluated, with the training model's
+  weights and state: the same host arrays, not a copy, which `run_evals`
+  passes to the evaluator at every eval (evaluated on the CPU, as trax).
+  Without an eval model, or if its weights do not fit the training model's,
+  the training model is evaluated, as trax does.
+  """
+  eval_model = getattr(loop, '_revplus_eval_model', None)
+  # pylint: disable=protected-access
+  if (loop._use_memory_efficient_trainer and eval_model is not None and
+      loop._eval_model is not eval_model):
+    try:
+      eval_model.weights = loop._model.weights
+      eval_model.state = loop._model.state
+    except ValueError as e:
+      logging.warning('eval_model does not take the weights of the model '
+                      '(%s); evaluating the training model instead.', e)
+    else:
+      loop._eval_model = eval_model
+  # pylint: enable=protected-access
+  return _stock_init_evaluator(loop, eval_task)
+
+
 def _loop_methods():
   """Maps names of `training.Loop` methods to trax_revplus's versions."""
   from trax_revplus import checkpoints  # pylint: disable=g-import-not-at-top
   return {
+      '__init__': _loop_init,
       '_init_trainer': _init_trainer_with_output_dir,
+      '_init_evaluator': _init_evaluator_with_eval_model,
       'save_checkpoint': checkpoints.save_checkpoint,
       'load_checkpoint': checkpoints.load_checkpoint,
   }
@@ -82,12 +161,18 @@ def activate():
   models built afterwards (e.g. `trax.models.ReformerLM`) and
   `training.Loop(use_memory_efficient_trainer=...)` use them. It also
   binds `trax_revplus.compat`'s current-JAX versions of trax's
-  `fastmath.tree_unflatten` (checkpoint restore of optimizer slots) and
-  `layers.for_n_devices` (multi-device replication), and
+  `fastmath.tree_unflatten` (checkpoint restore of optimizer slots),
+  `layers.for_n_devices` (multi-device replication),
+  `training.init_host_and_devices` and `acceleration._accelerate` (no
+  deprecated `jax.host_count` or `jit(..., device=...)`), and
   `training.Loop.save_checkpoint` / `load_checkpoint` to
   `trax_revplus.checkpoints`' (checkpoint files written and loaded as a
-  consistent set; the Loop's RNG and data position resumed). Layers built
-  before the call keep their classes. Calling it twice is harmless.
+  consistent set; the Loop's RNG and data position resumed). The
+  memory-efficient `Loop` then rejects an optimizer instance before it
+  initializes anything (`_loop_init`) and evaluates the `eval_model` it is
+  given, e.g. dropout off, rather than the training model
+  (`_init_evaluator_with_eval_model`). Layers built before the call keep
+  their classes. Calling it twice is harmless.
   """
   with _lock:
     if _replaced:

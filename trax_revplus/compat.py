@@ -2,9 +2,21 @@
 
 `activate()` binds these in place of trax's own (and `deactivate()` restores
 trax's), alongside the reversible layers and trainer, so that the paths a
-memory-efficient `training.Loop` takes work on current JAX.
+memory-efficient `training.Loop` takes work on current JAX and call no
+deprecated JAX API (which warns now and will be removed):
+
+  trax                                   deprecated JAX call
+  training.init_host_and_devices         jax.host_count()
+  acceleration._accelerate (n_devices=0:  jax.jit(f, device=cpu)
+    the memory-efficient Loop's evals)
+
+jax itself is left as it is: only the names trax's modules call are bound.
 """
 
+import time
+
+from absl import logging
+import jax
 import numpy as np
 
 
@@ -71,3 +83,76 @@ def for_n_devices(x, n_devices):
     leaf = np.asarray(leaf)
     return np.broadcast_to(leaf, (n_devices,) + leaf.shape)
   return fastmath.nested_map(replicate, x)
+
+
+def init_host_and_devices(n_devices=None, random_seed=None):
+  """Host index and count, devices and the first RNG of a `training.Loop`.
+
+  Mirrors `trax.supervised.training.init_host_and_devices`, which every
+  `Loop` calls first, with `jax.process_count()` in place of the deprecated
+  `jax.host_count()`.
+
+  Args:
+    n_devices: int or None; None means all local devices.
+    random_seed: int or None; None on several hosts derives one per host
+      from the time (as trax).
+
+  Returns:
+    `(is_chief, host_count, n_devices, rng)`: bool (process 0), int, int,
+    and the JAX PRNG key seeded as trax seeds it.
+
+  Raises:
+    ValueError: n_devices is not the local device count (as trax, on JAX).
+  """
+  # Imported here: trax takes ~20 s to import (see trax_revplus/__init__).
+  from trax import fastmath  # pylint: disable=g-import-not-at-top
+  from trax.supervised import training  # pylint: disable=g-import-not-at-top
+  if fastmath.is_backend(fastmath.Backend.JAX):
+    host_id = jax.process_index()
+    host_count = jax.process_count()
+  else:
+    host_id = 0
+    host_count = 1
+  is_chief = host_id == 0
+  logging.info('Initializing hosts and devices: host_id %d, host_count %d, '
+               'is_chief %d', host_id, host_count, is_chief)
+  device_count = fastmath.local_device_count()
+  n_devices = n_devices or device_count
+  if n_devices != device_count and fastmath.is_backend(fastmath.Backend.JAX):
+    raise ValueError('JAX cannot work yet with n_devices != all devices: '
+                     '%d != %d' % (n_devices, device_count))
+  if random_seed is None and host_count > 1:
+    random_seed = int(1e6 * (host_id + time.time())) % 2**31
+  return (is_chief, host_count, n_devices,
+          training._init_random_number_generators(random_seed))  # pylint: disable=protected-access
+
+
+def accelerate(f, n_devices):
+  """`f` compiled for `n_devices` (0: on the CPU, whatever else is present).
+
+  Mirrors `trax.layers.acceleration._accelerate`, behind `tl.jit_forward`,
+  which the memory-efficient `Loop` calls with `n_devices=0` for its evals.
+  For 0, trax calls `jax.jit(f, device=jax.devices('cpu')[0])`, deprecated;
+  here the arguments are placed on the CPU device and the computation follows
+  them, as JAX advises. Other counts compile as in trax: `jit` for 1, `pmap`
+  over a 'batch' axis above.
+
+  Args:
+    f: the function, e.g. a layer's `pure_fn`.
+    n_devices: int >= 0.
+
+  Returns:
+    The compiled function, same signature as `f`.
+  """
+  from trax import fastmath  # pylint: disable=g-import-not-at-top
+  if n_devices == 1:
+    return fastmath.jit(f)
+  if n_devices > 1:
+    return fastmath.pmap(f, axis_name='batch')
+  compiled = fastmath.jit(f)
+  cpu = jax.devices('cpu')[0]
+
+  def on_cpu(*args, **kwargs):
+    args, kwargs = jax.device_put((args, kwargs), cpu)
+    return compiled(*args, **kwargs)
+  return on_cpu

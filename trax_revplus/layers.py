@@ -16,7 +16,10 @@ of stock they
   short tuple with `zip` and returns wrong results) and raise `ValueError`
   otherwise;
 - rematerialise the residual in the backward pass too when weights are
-  sharded (`trax.layers.base.N_WEIGHTS_SHARDS > 1`), not only in `forward`.
+  sharded (`trax.layers.base.N_WEIGHTS_SHARDS > 1`), not only in `forward`;
+- take numpy arrays as well as jax arrays for weights, state and
+  cotangents, also with efficient attention running `lax.fori_loop` (stock
+  raises `TracerArrayConversionError` there).
 
 `reconstruction_error` walks a layer or a whole model and reports, per
 reversible layer, how far the inputs reconstructed from the outputs are from
@@ -60,6 +63,23 @@ def _add_cotangents(x, y):
 
 def _as_tuple(xs):
   return tuple(xs) if isinstance(xs, (tuple, list)) else (xs,)
+
+
+def _as_jax_arrays(*trees):
+  """`trees` with numpy leaves turned into jax arrays (float0 ones kept).
+
+  trax's efficient attention (e.g. `LSHSelfAttention` without
+  `use_python_loop`) indexes its weights, state and output cotangents with
+  loop counters inside `lax.fori_loop`, which a numpy array cannot take
+  (`TracerArrayConversionError`, in stock trax too); jax arrays and tracers
+  can, and pass through unchanged.
+  """
+  def convert(x):
+    if (isinstance(x, (np.ndarray, np.generic)) and
+        x.dtype != jax.dtypes.float0):
+      return jax.numpy.asarray(x)
+    return x
+  return jax.tree_util.tree_map(convert, trees)
 
 
 def _replace_second_time(state, new_state):
@@ -172,6 +192,10 @@ class ReversibleHalfResidual(ReversibleLayer):
   the state from the forward pass (`new_state`, e.g. LSH bucket assignments),
   so attention is replayed exactly. Other attention layers (e.g. a
   `tl.Chunk`-wrapped one) get a VJP-based equivalent.
+
+  Weights, state and cotangents may be numpy or jax arrays alike; numpy ones
+  are turned into jax arrays first, which trax's efficient attention needs
+  inside `lax.fori_loop` (stock raises `TracerArrayConversionError`).
   """
 
   def __init__(self, *residual_layers, attention_layer=None, name=None):
@@ -221,10 +245,11 @@ class ReversibleHalfResidual(ReversibleLayer):
       Tuple of `n_out` arrays, `[accumulator + residual, *context]`.
     """
     rngs = _split_rngs(self.rng, len(self.sublayers))
+    weights, state = _as_jax_arrays(self.weights, self.state)
     accumulator, *context = xs
     stack = context = tuple(context)
     new_state = []
-    for layer, w, s, rng in zip(self.sublayers, self.weights, self.state, rngs):
+    for layer, w, s, rng in zip(self.sublayers, weights, state, rngs):
       inputs = cb.inputs_from_stack(stack, layer.n_in)
       if base.N_WEIGHTS_SHARDS > 1:
         outputs, s = jax.checkpoint(layer.pure_fn)(inputs, w, s, rng)
@@ -268,6 +293,7 @@ class ReversibleHalfResidual(ReversibleLayer):
     """
     _check_per_sublayer(self, weights=weights, state=state,
                         new_state=new_state)
+    weights, state, new_state = _as_jax_arrays(weights, state, new_state)
     rngs = _split_rngs(rng, len(self.sublayers))
     accumulator_output, *context = output
     context = tuple(context)
@@ -317,6 +343,8 @@ class ReversibleHalfResidual(ReversibleLayer):
     """
     _check_per_sublayer(self, weights=weights, state=state,
                         new_state=new_state)
+    ct, weights, state, new_state = _as_jax_arrays(
+        ct, weights, state, new_state)
     rngs = _split_rngs(rng, len(self.sublayers))
     accumulator_output, *context = output
     context = tuple(context)

@@ -105,16 +105,20 @@ def check_blocks(blocks):
   """Checks that `blocks` is a list of (standard, reversible) layer pairs.
 
   The shape `trax.optimizers.trainer.extract_reversible_blocks` returns and
-  `ReversibleSerialTrainer` / `init_reversible_blocks` take.
+  `ReversibleSerialTrainer` / `init_reversible_blocks` take; like trax's
+  trainer, which runs a block's standard part as `tl.Serial(standard)`, the
+  standard part may also be a single layer (e.g. a `tl.Serial`) or hold
+  nested lists of layers.
 
   Args:
-    blocks: Sequence of pairs `(standard_layers, reversible_layers)`, each a
-      list (or tuple) of `tl.Layer`; every reversible layer a
-      `tl.ReversibleLayer`.
+    blocks: Sequence of pairs `(standard_layers, reversible_layers)`:
+      `standard_layers` a `tl.Layer` or a (nested) list or tuple of them;
+      `reversible_layers` a list (or tuple) of `tl.ReversibleLayer`.
 
   Raises:
     BlockStructureError: naming the block (and layer) index that is not a
-      pair, not a list of layers, or not reversible in a reversible list.
+      pair, not a layer or list of layers, or not reversible in a
+      reversible list.
   """
   # Imported here: trax takes ~20 s to import, and the CLI imports this
   # module for its error types before it needs trax.
@@ -127,6 +131,20 @@ def check_blocks(blocks):
     raise BlockStructureError(
         f'blocks must be a list of (standard_layers, reversible_layers) '
         f'pairs, got {type(blocks).__name__}; {fix}.')
+
+  def flat_standard(layers):
+    if isinstance(layers, base.Layer):
+      return [layers]
+    if not isinstance(layers, (list, tuple)):
+      return None
+    flat = []
+    for x in layers:
+      if isinstance(x, (list, tuple)):
+        flat.extend(flat_standard(x))
+      else:
+        flat.append(x)
+    return flat
+
   for b, block in enumerate(blocks):
     if not isinstance(block, (list, tuple)) or len(block) != 2:
       what = (f'a {type(block).__name__} of length {len(block)}'
@@ -135,18 +153,24 @@ def check_blocks(blocks):
       raise BlockStructureError(
           f'block {b} is {what}, not a (standard_layers, reversible_layers) '
           f'pair; {fix}.')
-    for part, layers in zip(('standard', 'reversible'), block):
-      if not isinstance(layers, (list, tuple)):
-        raise BlockStructureError(
-            f'block {b}: the {part} layers must be a list of layers, got '
-            f'{type(layers).__name__}; wrap a single layer in a list, '
-            f'e.g. ([layer], []).')
+    std_layers, rev_layers = block
+    standard = flat_standard(std_layers)
+    if standard is None:
+      raise BlockStructureError(
+          f'block {b}: the standard layers must be a layer or a list of '
+          f'layers, got {type(std_layers).__name__}; {fix}.')
+    if not isinstance(rev_layers, (list, tuple)):
+      raise BlockStructureError(
+          f'block {b}: the reversible layers must be a list of layers, got '
+          f'{type(rev_layers).__name__}; wrap a single layer in a list, '
+          f'e.g. ([], [layer]).')
+    for part, layers in (('standard', standard), ('reversible', rev_layers)):
       for k, layer in enumerate(layers):
         if not isinstance(layer, base.Layer):
           raise BlockStructureError(
               f'block {b}: {part} layer {k} is a {type(layer).__name__}, not '
               f'a trax Layer; {fix}.')
-    for k, layer in enumerate(block[1]):
+    for k, layer in enumerate(rev_layers):
       if not isinstance(layer, reversible.ReversibleLayer):
         raise BlockStructureError(
             f'block {b}: reversible layer {k} ({_layer_name(layer)}, '

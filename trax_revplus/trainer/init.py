@@ -1,41 +1,132 @@
 """`init_reversible_blocks`: trax's initializer of the blocks, keeping loaded
-weights."""
+weights; `move_to_host` for a layer's values."""
 
 from typing import Any
 
 from absl import logging
+import jax
+import numpy as np
 from trax import fastmath
 from trax import layers as tl
+from trax.layers import base
 from trax.layers import combinators as cb
 
 from trax_revplus import memory
 from trax_revplus import validation
 from trax_revplus.placement import to_numpy as _host
-from trax_revplus.trainer.step_fns import has_weights as _has_weights
 from trax_revplus.typing import Blocks
 from trax_revplus.typing import PRNGKey
 
 
+def _holds_arrays(tree):
+  """Whether `tree` has an array leaf (numpy or jax): values, not markers."""
+  return any(isinstance(x, (np.ndarray, np.generic, jax.Array))
+             for x in jax.tree_util.tree_leaves(tree))
+
+
+def move_to_host(layer: tl.Layer) -> None:
+  """Device arrays in `layer`'s weights and state become numpy arrays.
+
+  Weights (state) holding no device array are not set again: an
+  uninitialized trax layer may report `()` for weights whatever its
+  sublayers (e.g. `ReversibleHalfResidual`), which its own setter rejects;
+  trax's trainer accepts such layers, so this leaves them as they are.
+  """
+  if any(isinstance(x, jax.Array)
+         for x in jax.tree_util.tree_leaves(layer.weights)):
+    layer.weights = _host(layer.weights)
+  if any(isinstance(x, jax.Array)
+         for x in jax.tree_util.tree_leaves(layer.state)):
+    layer.state = _host(layer.state)
+
+
+def _leaf_layers(layer):
+  """The distinct layers without sublayers in `layer` (itself if it has none).
+
+  trax keeps every weight and state value in such layers: a combinator's
+  weights are only its sublayers'. A layer shared by several parents is
+  listed once.
+  """
+  found, seen = [], set()
+
+  def walk(l):
+    if id(l) in seen:
+      return
+    seen.add(id(l))
+    if l.sublayers:
+      for sub in l.sublayers:
+        walk(sub)
+    else:
+      found.append(l)
+  walk(layer)
+  return found
+
+
+def _initializes_itself(leaf):
+  """Whether `init` can give this sublayer-less layer weights or state.
+
+  A layer that does not override `Layer.init_weights_and_state` (Dropout,
+  Select, Fn, ...) keeps `()` whatever its inputs, and so does an empty
+  `tl.Serial` or `tl.Parallel` (e.g. the `[]` of `tl.Parallel(layer, [])`).
+  A wrong True costs an initialization whose values are then discarded,
+  never a wrong value.
+  """
+  if isinstance(leaf, (cb.Serial, cb.Parallel)):
+    return False
+  return (type(leaf).init_weights_and_state is not
+          base.Layer.init_weights_and_state)
+
+
+def _standard_layer_list(std_layers):
+  """A block's standard part as a flat list of layers.
+
+  As `ReversibleSerialTrainer` (and trax's) runs it, `tl.Serial(std_layers)`:
+  a single layer (e.g. a `tl.Serial`) or a list of layers, nested lists
+  flattened.
+  """
+  if isinstance(std_layers, base.Layer):
+    return [std_layers]
+  flat = []
+  for x in std_layers:
+    if isinstance(x, (list, tuple)):
+      flat.extend(_standard_layer_list(x))
+    else:
+      flat.append(x)
+  return flat
+
+
 def init_reversible_blocks(blocks: Blocks, loss_layer: tl.Layer,
                            input_signature: Any, rng: PRNGKey) -> None:
-  """Initializes the layers that hold no weights yet; keeps the rest.
+  """Initializes the blocks and loss layer as trax does; keeps loaded values.
 
   Replaces trax's `init_reversible_blocks`, which `training.Loop` calls with
-  `model.rng`: it re-initialized every layer, silently replacing weights a
-  user loaded before the Loop (fine-tuning, `train.init_checkpoint`). Here a
-  layer whose weights already contain arrays keeps its weights and state;
-  the others are initialized with exactly the RNGs trax would give them.
-  Afterwards all weights and state are host `numpy.ndarray`s.
+  `model.rng`: it initializes each standard and reversible layer and the
+  loss layer in turn, each with its own RNG, silently replacing weights a
+  user loaded before the Loop (fine-tuning, `train.init_checkpoint`). Here
+  every layer is initialized exactly as trax would (same order, same RNGs;
+  a layer shared by two places is initialized at each, the last one
+  counting, as in trax), except the values a user loaded: a layer without
+  sublayers (where trax keeps weights and state) whose weights or state
+  held arrays when this function was called keeps both. A layer is not
+  initialized at all when all its sublayers that can hold values hold
+  loaded ones; otherwise it is initialized and its loaded sublayers get
+  their values back. So a partly loaded layer (e.g. a `tl.Parallel` around
+  an embedding shared with an earlier block and a positional encoding of
+  its own) has its empty sublayers initialized. Afterwards all weights and
+  state are host `numpy.ndarray`s.
 
   Args:
-    blocks: list of pairs (standard layers, reversible layers).
+    blocks: list of pairs (standard layers, reversible layers): the
+      standard part a list of layers (nested lists are flattened, as
+      `tl.Serial` does) or a single layer, the reversible part a list of
+      `tl.ReversibleLayer`.
     loss_layer: the final loss layer.
     input_signature: `ShapeDtype` or tuple of them, of the batch.
     rng: JAX PRNG key (uint32[2]).
 
   Raises:
     validation.BlockStructureError: blocks are not (standard, reversible)
-      pairs of layer lists, or a reversible list holds a non-reversible layer.
+      pairs, or a reversible list holds a non-reversible layer.
     validation.SequenceLengthError: the batch's sequence axis does not fit a
       positional encoding of the blocks (checked before any layer is
       initialized).
@@ -43,18 +134,35 @@ def init_reversible_blocks(blocks: Blocks, loss_layer: tl.Layer,
       (checked abstractly once the layers before it are initialized).
   """
   validation.check_blocks(blocks)
+  blocks = [(_standard_layer_list(std), list(rev)) for std, rev in blocks]
   validation.check_sequence_length(blocks, input_signature)
+  # The values the user loaded, noted before anything is initialized: a
+  # layer shared with an earlier block holds values once that block is
+  # initialized, which are not the user's.
+  loaded = {}
+  for top in [l for std, rev in blocks for l in std + rev] + [loss_layer]:
+    for leaf in _leaf_layers(top):
+      if id(leaf) not in loaded and _holds_arrays((leaf.weights, leaf.state)):
+        loaded[id(leaf)] = (leaf, leaf.weights, leaf.state)
   sig_stack = input_signature
   rss = memory.host_rss_bytes()
 
   def init_one(layer, sig, layer_rng):
     nonlocal rss
-    if _has_weights(layer):
-      logging.info('init: layer %s keeps its weights', layer.name)
+    leaves = _leaf_layers(layer)
+    kept = [leaf for leaf in leaves if id(leaf) in loaded]
+    if kept and all(id(leaf) in loaded
+                    for leaf in leaves if _initializes_itself(leaf)):
+      logging.info('init: layer %s keeps its loaded weights', layer.name)
     else:
       layer.init(sig, rng=layer_rng)
-    layer.weights = _host(layer.weights)
-    layer.state = _host(layer.state)
+      for leaf in kept:
+        _, leaf.weights, leaf.state = loaded[id(leaf)]
+      if kept:
+        logging.info('init: layer %s: %d of its sublayers keep their loaded '
+                     'weights, the others are initialized', layer.name,
+                     len(kept))
+    move_to_host(layer)
     now = memory.host_rss_bytes()
     logging.info('init: layer %s: weights %.2f MiB, host RSS added %.2f MiB, '
                  'host RSS %.2f MiB', layer.name,
@@ -65,7 +173,7 @@ def init_reversible_blocks(blocks: Blocks, loss_layer: tl.Layer,
   for (std_layers, rev_layers) in blocks:
     rngs = fastmath.random.split(rng, len(std_layers) + len(rev_layers) + 1)
     rng = rngs[0]
-    for layer, layer_rng in zip(list(std_layers) + list(rev_layers), rngs[1:]):
+    for layer, layer_rng in zip(std_layers + rev_layers, rngs[1:]):
       sig = cb.inputs_from_stack(sig_stack, layer.n_in)
       init_one(layer, sig, layer_rng)
       out_sig = layer.output_signature(sig)
@@ -73,3 +181,7 @@ def init_reversible_blocks(blocks: Blocks, loss_layer: tl.Layer,
   loss_sig = cb.inputs_from_stack(sig_stack, loss_layer.n_in)
   init_one(loss_layer, loss_sig, rng)
   validation.check_loss_output(loss_layer, loss_sig)
+
+
+# trax's block extraction is backend-neutral and reused as is.
+extract_reversible_blocks = stock_trainer.extract_reversible_blocks

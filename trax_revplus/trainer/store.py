@@ -17,6 +17,7 @@ from trax_revplus import memory
 from trax_revplus import placement as placement_lib
 from trax_revplus import validation
 from trax_revplus.trainer import fingerprints
+from trax_revplus.trainer import init
 
 _MIB = 2**20
 
@@ -66,8 +67,7 @@ class LayerStore:
     opts = []
     for i, layer in enumerate(self.layers):
       rss = memory.host_rss_bytes()
-      layer.weights = placement_lib.to_numpy(layer.weights)
-      layer.state = placement_lib.to_numpy(layer.state)
+      init.move_to_host(layer)
       opts.append(make_optimizer(layer))
       init_records.append(dict(
           layer=i, layer_name=layer.name,

@@ -1,0 +1,77 @@
+"""trax's own reversible gin configs (gin_configs/trax/) with trax_revplus.
+
+Each `<name>_cpu.gin` includes trax 1.4.1's `<name>.gin` unchanged and
+shrinks it for a CPU; the cheapest trains here for a few steps. The others
+train, against stock trax, in tools/trax_configs_smoke.py (minutes each).
+"""
+
+import glob
+import json
+import os
+
+import gin
+import numpy as np
+import pytest
+
+import trax_revplus
+from trax_revplus import cli
+
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), 'gin_configs', 'trax')
+# trax config -> the model it trains.
+TRAX_CONFIGS = {
+    'reformer_copy': 'ReformerLM',
+    'terraformer_copy': 'ConfigurableTerraformer',
+    'terraformer_copy_self_attn': 'ConfigurableTerraformer',
+    'terraformer_purelsh_copy': 'ConfigurableTerraformer',
+}
+CHEAPEST = 'reformer_copy'
+
+pytestmark = pytest.mark.usefixtures('stock_trax_and_empty_gin')
+
+
+def _cpu_config(name):
+  return os.path.join(CONFIG_DIR, f'{name}_cpu.gin')
+
+
+def test_every_trax_config_has_a_cpu_override():
+  found = sorted(os.path.basename(p)
+                 for p in glob.glob(os.path.join(CONFIG_DIR, '*.gin')))
+  assert found == sorted([f'{n}.gin' for n in TRAX_CONFIGS] +
+                         [f'{n}_cpu.gin' for n in TRAX_CONFIGS])
+  for name in TRAX_CONFIGS:
+    with open(os.path.join(CONFIG_DIR, f'{name}.gin')) as f:
+      assert f.readline() == '# Copyright 2021 The Trax Authors.\n'
+
+
+@pytest.mark.parametrize('name', sorted(TRAX_CONFIGS))
+def test_cpu_override_parses_with_trax_revplus(name):
+  cli.parse_configs([_cpu_config(name)], [])
+  assert trax_revplus.is_active()
+  assert gin.query_parameter('train.use_memory_efficient_trainer') is True
+  model = gin.query_parameter('train.model')
+  assert model.configurable.name == TRAX_CONFIGS[name]
+
+
+def _eval_losses(output_dir):
+  with open(os.path.join(output_dir, 'train.log'), errors='replace') as f:
+    return [float(line.rsplit('|', 1)[1]) for line in f
+            if ': eval ' in line and ' loss |' in line]
+
+
+def test_cheapest_config_trains_to_a_lower_loss(tmp_path, capsys):
+  output_dir = str(tmp_path / 'run')
+  code = cli.main(['trax-revplus', 'train',
+                   f'--config_file={_cpu_config(CHEAPEST)}',
+                   f'--output_dir={output_dir}', '--config=train.steps = 10'])
+  out, err = capsys.readouterr()
+  assert code == 0, err
+  with open(os.path.join(output_dir, 'run_stats.json')) as f:
+    stats = json.load(f)
+  assert stats['trainer'] == 'trax_revplus.trainer.ReversibleSerialTrainer'
+  losses = stats['loss']
+  assert len(losses) == 10 and np.all(np.isfinite(losses))
+  assert np.mean(losses[5:]) < np.mean(losses[:5]), losses
+  evals = _eval_losses(output_dir)  # at steps 1 and 10
+  assert len(evals) == 2 and evals[1] < evals[0], evals
+  assert '== summary ==' in out
