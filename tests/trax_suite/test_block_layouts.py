@@ -29,6 +29,7 @@ from trax.optimizers import trainer as stock_trainer
 
 import trax_revplus
 from trax_revplus import trainer as rev_trainer
+from trax_revplus.trainer import init as rev_init
 from trax_revplus import validation
 
 pytestmark = pytest.mark.usefixtures('stock_trax_and_empty_gin')
@@ -88,7 +89,7 @@ def test_terraformer_initializes_as_stock():
     for x in _leaves((layer.weights, layer.state)):
       assert isinstance(x, np.ndarray), type(x)
   # The positional encoding beside the shared embedding got its weights.
-  leaf_layers = rev_trainer._leaf_layers  # pylint: disable=protected-access
+  leaf_layers = rev_init._leaf_layers  # pylint: disable=protected-access
   leaves = leaf_layers(tl.Serial(_all_layers(blocks, loss)))
   positions = [l for l in leaves
                if type(l).__name__ == 'FixedBasePositionalEncoding']

@@ -182,6 +182,3 @@ def init_reversible_blocks(blocks: Blocks, loss_layer: tl.Layer,
   init_one(loss_layer, loss_sig, rng)
   validation.check_loss_output(loss_layer, loss_sig)
 
-
-# trax's block extraction is backend-neutral and reused as is.
-extract_reversible_blocks = stock_trainer.extract_reversible_blocks
