@@ -1,0 +1,41 @@
+"""A restarted run reaches the weights of a run without restart.
+
+With dropout, 3 steps + restart + 3 steps must give the weights and slots of
+6 uninterrupted steps, which needs the Loop's RNG (and the data position)
+resumed from the set loaded: stock trax restarts the RNG from the seed. At
+an eval step, the keys the evals take after the save are accounted for.
+"""
+
+import numpy as np
+import pytest
+
+import checkpoint_cases as cases
+from checkpoint_cases import continuous  # pylint: disable=unused-import
+
+
+pytestmark = pytest.mark.usefixtures('stock_trax_and_empty_gin')
+
+
+def test_restart_with_dropout_reaches_the_same_weights(continuous, tmp_path):
+  _, _, (weights6, slots6), _ = continuous
+  cases.make_loop(tmp_path).run(3)
+  resumed = cases.make_loop(tmp_path)
+  assert resumed.step == 3
+  resumed.run(3)
+  for got, want in zip(cases.weights_of(resumed) + cases.slots_of(resumed),
+                       weights6 + slots6):
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+
+
+def test_restart_at_an_eval_step_reaches_the_same_weights(tmp_path):
+  reference = cases.make_loop(tmp_path / 'reference', evals=True)
+  reference.run(6)
+  want = cases.weights_of(reference) + cases.slots_of(reference)
+  cases.make_loop(tmp_path / 'run', evals=True).run(3)
+  resumed = cases.make_loop(tmp_path / 'run', evals=True)
+  assert resumed.step == 3
+  resumed.run(3)
+  got = cases.weights_of(resumed) + cases.slots_of(resumed)
+  assert len(got) == len(want)
+  for a, b in zip(got, want):
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)

@@ -1,0 +1,75 @@
+"""The Loop's random key across restarts, so dropout resumes exactly.
+
+trax's `Loop` splits its RNG once per step (`Loop.new_rng`) and, after a
+restart, starts again from the seed, so a resumed run's dropout masks
+differ from an uninterrupted run's. A checkpoint set keeps the key its next
+step will find, and the load restores it.
+"""
+
+from typing import Any
+
+import numpy as np
+
+from trax import fastmath
+from trax import layers as tl
+from trax.fastmath import numpy as jnp
+from trax.supervised import training
+
+
+def evals_to_come(loop: training.Loop) -> int:
+  """Keys the evals of the Loop's current step will still take from its RNG.
+
+  trax's `Loop.run` saves the checkpoint of step k before it runs the evals
+  of step k, and each eval batch takes a key from the Loop's RNG
+  (`Loop.new_rng`).
+
+  Returns:
+    Their number when the step is an eval step whose evals have not been
+    recorded in the Loop's history yet, else 0.
+  """
+  # pylint: disable=protected-access
+  eval_tasks = [t for t in getattr(loop, '_eval_tasks', ()) if t is not None]
+  eval_at = getattr(loop, '_eval_at', None)
+  if not eval_tasks or eval_at is None or not eval_at(loop.step):
+    return 0
+  # pylint: enable=protected-access
+  name = f'metrics/{eval_tasks[0].metric_names[0]}'
+  if any(step == loop.step for step, _ in loop.history.get('eval', name)):
+    return 0
+  return sum(int(t.n_eval_batches) for t in eval_tasks)
+
+
+def rng_at_next_step(loop: training.Loop) -> Any:
+  """The Loop's RNG as a run without restart has it when its next step begins.
+
+  A run resumed from this checkpoint starts with the next step, so the keys
+  the evals of this step would still take (`evals_to_come`) are taken here,
+  as `Loop.new_rng` takes them, for dropout after a restart to be what it
+  would have been without one.
+
+  Returns:
+    The PRNG key (uint32[2]), or None if the Loop has none.
+  """
+  rng = getattr(loop, '_rng', None)
+  if rng is None:
+    return None
+  for _ in range(evals_to_come(loop)):
+    rng, _ = fastmath.random.split(rng)
+  return rng
+
+
+def as_json(loop: training.Loop) -> list[int] | None:
+  """`rng_at_next_step` as a manifest keeps it: a list of uint32, or None."""
+  rng = rng_at_next_step(loop)
+  return (None if rng is None else
+          np.asarray(rng).astype(np.uint32).tolist())
+
+
+def restore(loop: training.Loop, rng: list[int]) -> None:
+  """Sets the Loop's RNG to a key a manifest kept (`as_json`)."""
+  key = jnp.asarray(np.asarray(rng, dtype=np.uint32))
+  # As `Loop.new_rng` keeps it: in host memory for the memory-efficient
+  # trainer.
+  if getattr(loop, '_use_memory_efficient_trainer', False):
+    key = tl.on_cpu(key)
+  loop._rng = key  # pylint: disable=protected-access
