@@ -18,9 +18,18 @@ set) and, after the restart, whether it resumed. At the end it prints:
   sets found corrupt: complete sets (manifest says complete) whose files
     did not match their manifest after a kill, and resumes that found no
     good set. Interrupted installs are counted apart: they are expected.
+  other sets loaded: restarts whose first step was not the one after the
+    set verification chose (the current set, else `.prev`): a restart that
+    loaded a mixed, damaged or other set than the verified one. 0 expected;
   final weights: for every run that reached its end, max |difference| of
     its weights and optimizer slots from an uninterrupted run of the same
-    command (dropout and the data position resumed exactly: 0.0).
+    command (dropout and the data position resumed exactly: 0.0). Every
+    output dir's chain of killed runs ends with a run that reaches its end,
+    so every kill is covered by one of these comparisons.
+
+Exits 0 when every kill resumed, no set was found corrupt, no restart
+loaded another set than the verified one, at most one step was lost per
+kill and every final difference is 0.0; else 1.
 
 Kills land at uniformly random moments: a quarter during the start-up
 (imports, building the model, loading the checkpoint), the rest during the
@@ -128,9 +137,24 @@ def _resume_point(output_dir):
   return (resume or 0), corrupt, interrupted
 
 
+def _max_abs_diff(expected, got):
+  """Max |difference| over weights and slots; inf if their shapes differ."""
+  diffs = [compare.max_abs_diff(a, b)[0] for a, b in zip(expected, got)]
+  return max((float('inf') if d is None else d for d in diffs), default=0.0)
+
+
 def _final_arrays(output_dir):
   return [compare.read_npy_gz(os.path.join(output_dir, f'model.{kind}.npy.gz'))
           for kind in ('weights', 'opt_slots0')]
+
+
+def _check_first_step(run, first_step):
+  """1 if `run` trained a first step other than `first_step`, else 0."""
+  if not run.steps or run.steps[0] == first_step:
+    return 0
+  print(f'  OTHER SET LOADED: the restart trained step {run.steps[0]} first, '
+        f'the verified set makes it step {first_step}', flush=True)
+  return 1
 
 
 def main():
@@ -156,6 +180,7 @@ def main():
   expected = _final_arrays(reference_dir)
 
   kills = resumed = corrupt_sets = interrupted_installs = no_resume = 0
+  other_sets_loaded = 0
   lost = []
   final_diffs = []
   # Kills whose restart has not yet trained a step (or failed).
@@ -169,6 +194,7 @@ def main():
       output_dir = os.path.join(args.work_dir, f'run{run_number}')
       resume = 0
     run = _Run(_command(output_dir, args.steps))
+    first_step = resume + 1  # What the verified set makes the next step.
     if kills < args.kills:
       during_setup = rng.random() < 0.25
       if during_setup:
@@ -185,6 +211,7 @@ def main():
       if run.process.poll() is None:
         run.process.kill()
         run.wait()
+        other_sets_loaded += _check_first_step(run, first_step)
         kills += 1
         if run.steps:  # The restarts before it resumed.
           resumed += pending
@@ -203,6 +230,7 @@ def main():
               flush=True)
         continue
     code = run.wait()
+    other_sets_loaded += _check_first_step(run, first_step)
     if code != 0 and not run.steps:
       no_resume += pending
       print(f'  NOT RESUMED (exit {code}): '
@@ -213,7 +241,7 @@ def main():
     if code != 0:
       sys.exit(f'a run failed (exit {code}):\n{run.stderr[-3000:]}')
     got = _final_arrays(output_dir)
-    diff = max(compare.max_abs_diff(a, b)[0] for a, b in zip(expected, got))
+    diff = _max_abs_diff(expected, got)
     final_diffs.append(diff)
     print(f'run {run_number} finished; final weights and slots vs the '
           f'uninterrupted run: max abs diff {diff}', flush=True)
@@ -227,10 +255,13 @@ def main():
         f'{json.dumps(counts)} (kills during start-up: {kills - len(lost)})')
   print(f'sets found corrupt  {corrupt_sets} (interrupted installs, '
         f'expected: {interrupted_installs})')
+  print(f'other sets loaded   {other_sets_loaded} (restarts whose first '
+        f'step was not the one after the verified set)')
   print(f'final weights       {len(final_diffs)} runs finished; max abs diff '
         f'from the uninterrupted run '
         f'{max(final_diffs) if final_diffs else "n/a"}')
   ok = (resumed == kills and not no_resume and corrupt_sets == 0 and
+        other_sets_loaded == 0 and
         max(lost, default=0) <= 1 and all(d == 0.0 for d in final_diffs))
   sys.exit(0 if ok else 1)
 
