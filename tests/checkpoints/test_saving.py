@@ -11,6 +11,7 @@ import subprocess
 
 import pytest
 
+from trax import layers as tl
 from trax.supervised import training
 
 import checkpoint_cases as cases
