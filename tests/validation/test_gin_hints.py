@@ -1,0 +1,50 @@
+"""Unknown gin knobs of ours: the error lists the knobs there are.
+"""
+
+import os
+
+import pytest
+
+from trax_revplus import validation
+
+
+pytestmark = pytest.mark.usefixtures('stock_trax')
+
+
+def test_unknown_knob_hint_lists_our_knobs():
+  import gin  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ValueError) as info:
+    gin.parse_config('trax_revplus.ReversibleSerialTrainer.no_such_knob = 1')
+  gin.clear_config()
+  hint = validation.unknown_knob_hint(str(info.value))
+  assert hint.startswith("trax_revplus.ReversibleSerialTrainer has no knob "
+                         "'no_such_knob'; its knobs: blocks, loss_layer, ")
+  assert 'on_non_finite' in hint and 'n_async_layers' in hint
+  assert validation.unknown_knob_hint(
+      "Configurable 'ReformerLM' doesn't have a parameter named 'x'") is None
+
+
+def test_cli_unknown_knob_of_ours_is_one_line(tmp_path, capsys):
+  import gin  # pylint: disable=g-import-not-at-top
+  from trax_revplus import cli  # pylint: disable=g-import-not-at-top
+  repo = os.path.dirname(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__))))
+  config = os.path.join(repo, 'gin_configs', 'reformer_char_lm.gin')
+  try:
+    code = cli.main(['trax-revplus', 'train', f'--config_file={config}',
+                     f'--output_dir={tmp_path}',
+                     '--config=trax_revplus.ReversibleSerialTrainer.'
+                     'no_such_knob = 1'])
+  finally:
+    gin.clear_config()
+  err = capsys.readouterr().err.strip().splitlines()
+  assert code == 2
+  assert len(err) == 1
+  assert err[0].startswith(
+      "trax-revplus train: error: cannot apply --config='trax_revplus."
+      "ReversibleSerialTrainer.no_such_knob = 1': Configurable 'trax_revplus."
+      "ReversibleSerialTrainer' doesn't have a parameter named "
+      "'no_such_knob'")
+  assert ("; trax_revplus.ReversibleSerialTrainer has no knob 'no_such_knob';"
+          " its knobs: blocks, loss_layer, optimizer_fn, n_devices") in err[0]
+  assert not os.listdir(tmp_path)

@@ -1,0 +1,174 @@
+"""Checks of the trainer's blocks, loss layer and positional encodings.
+
+Abstract: nothing is traced or run. trax is imported inside the checks (it
+takes ~20 s), so that the CLI can import the error types at once.
+"""
+
+import math
+
+from trax_revplus.validation import errors
+
+
+def layer_name(layer):
+  return getattr(layer, 'name', type(layer).__name__)
+
+
+def check_blocks(blocks):
+  """Checks that `blocks` is a list of (standard, reversible) layer pairs.
+
+  The shape `trax.optimizers.trainer.extract_reversible_blocks` returns and
+  `ReversibleSerialTrainer` / `init_reversible_blocks` take; like trax's
+  trainer, which runs a block's standard part as `tl.Serial(standard)`, the
+  standard part may also be a single layer (e.g. a `tl.Serial`) or hold
+  nested lists of layers.
+
+  Args:
+    blocks: Sequence of pairs `(standard_layers, reversible_layers)`:
+      `standard_layers` a `tl.Layer` or a (nested) list or tuple of them;
+      `reversible_layers` a list (or tuple) of `tl.ReversibleLayer`.
+
+  Raises:
+    BlockStructureError: naming the block (and layer) index that is not a
+      pair, not a layer or list of layers, or not reversible in a
+      reversible list.
+  """
+  # Imported here: trax takes ~20 s to import, and the CLI imports this
+  # module for its error types before it needs trax.
+  from trax.layers import base  # pylint: disable=g-import-not-at-top
+  from trax.layers import reversible  # pylint: disable=g-import-not-at-top
+  fix = ('build them with trax.optimizers.trainer.extract_reversible_blocks'
+         '([model, loss_layer]), which returns [(standard_layers, '
+         'reversible_layers), ...] and the loss layer')
+  if isinstance(blocks, (str, bytes)) or not isinstance(blocks, (list, tuple)):
+    raise errors.BlockStructureError(
+        f'blocks must be a list of (standard_layers, reversible_layers) '
+        f'pairs, got {type(blocks).__name__}; {fix}.')
+
+  def flat_standard(layers):
+    if isinstance(layers, base.Layer):
+      return [layers]
+    if not isinstance(layers, (list, tuple)):
+      return None
+    flat = []
+    for x in layers:
+      if isinstance(x, (list, tuple)):
+        flat.extend(flat_standard(x))
+      else:
+        flat.append(x)
+    return flat
+
+  for b, block in enumerate(blocks):
+    if not isinstance(block, (list, tuple)) or len(block) != 2:
+      what = (f'a {type(block).__name__} of length {len(block)}'
+              if isinstance(block, (list, tuple)) else
+              f'a {type(block).__name__}')
+      raise errors.BlockStructureError(
+          f'block {b} is {what}, not a (standard_layers, reversible_layers) '
+          f'pair; {fix}.')
+    std_layers, rev_layers = block
+    standard = flat_standard(std_layers)
+    if standard is None:
+      raise errors.BlockStructureError(
+          f'block {b}: the standard layers must be a layer or a list of '
+          f'layers, got {type(std_layers).__name__}; {fix}.')
+    if not isinstance(rev_layers, (list, tuple)):
+      raise errors.BlockStructureError(
+          f'block {b}: the reversible layers must be a list of layers, got '
+          f'{type(rev_layers).__name__}; wrap a single layer in a list, '
+          f'e.g. ([], [layer]).')
+    for part, layers in (('standard', standard), ('reversible', rev_layers)):
+      for k, layer in enumerate(layers):
+        if not isinstance(layer, base.Layer):
+          raise errors.BlockStructureError(
+              f'block {b}: {part} layer {k} is a {type(layer).__name__}, not '
+              f'a trax Layer; {fix}.')
+    for k, layer in enumerate(rev_layers):
+      if not isinstance(layer, reversible.ReversibleLayer):
+        raise errors.BlockStructureError(
+            f'block {b}: reversible layer {k} ({layer_name(layer)}, '
+            f'{type(layer).__name__}) is not a tl.ReversibleLayer, so its '
+            f'inputs cannot be recomputed on the way back; move it to the '
+            f'standard layers of the next block, or make it reversible '
+            f'(e.g. wrap a residual branch in tl.ReversibleHalfResidual).')
+
+
+def _walk(layer):
+  yield layer
+  for sublayer in getattr(layer, 'sublayers', ()) or ():
+    yield from _walk(sublayer)
+
+
+def check_sequence_length(blocks, input_signature):
+  """Checks the batch's sequence length against positional encodings.
+
+  Looks for trax's `PositionalEncoding` (sequences up to `max_len`) and
+  `AxialPositionalEncoding` (sequences of exactly the product of its
+  `shape`) anywhere in the blocks, and compares them with the length of
+  the first input, axis 1 (the token axis of (B, L) inputs, which LMs such as
+  `trax.models.ReformerLM` and `TransformerLM` embed and then encode).
+  Inputs of rank < 2 are not checked. Abstract: nothing is traced or run.
+
+  Args:
+    blocks: list of (standard layers, reversible layers) pairs.
+    input_signature: `ShapeDtype` or tuple of them, the batch's.
+
+  Raises:
+    SequenceLengthError: naming the layer, its limit and the length seen.
+  """
+  from trax.layers import attention  # pylint: disable=g-import-not-at-top
+  from trax.layers.research import position_encodings  # pylint: disable=g-import-not-at-top
+  first = (input_signature[0] if isinstance(input_signature, (list, tuple))
+           else input_signature)
+  shape = tuple(getattr(first, 'shape', ()))
+  if len(shape) < 2:
+    return
+  length = shape[1]
+  for b, (std_layers, rev_layers) in enumerate(blocks):
+    for top in list(std_layers) + list(rev_layers):
+      for layer in _walk(top):
+        if isinstance(layer, attention.PositionalEncoding):
+          max_len = getattr(layer, '_max_len', None)
+          if max_len is not None and length > max_len:
+            raise errors.SequenceLengthError(
+                f'sequence length {length} (axis 1 of input shape {shape}) '
+                f'exceeds max_len={max_len} of {layer_name(layer)} in block '
+                f'{b}; set the model\'s max_len >= {length} (e.g. gin '
+                f'ReformerLM.max_len = {length}) or shorten the sequences.')
+        elif isinstance(layer, position_encodings.AxialPositionalEncoding):
+          axial = tuple(getattr(layer, '_shape', ()))
+          if axial and length != math.prod(axial):
+            raise errors.SequenceLengthError(
+                f'sequence length {length} (axis 1 of input shape {shape}) '
+                f'differs from {math.prod(axial)}, the product of the axial '
+                f'shape {axial} of {layer_name(layer)} in block {b}; make '
+                f'the axial shape multiply to {length} (e.g. '
+                f'ReformerLM.axial_pos_shape) or pad sequences to '
+                f'{math.prod(axial)}.')
+
+
+def check_loss_output(loss_layer, input_signature):
+  """Checks that `loss_layer` outputs one scalar for `input_signature`.
+
+  Abstract (`Layer.output_signature`): no computation runs. The layer must
+  be initialized or hold no weights.
+
+  Args:
+    loss_layer: the trainer's final layer.
+    input_signature: `ShapeDtype` or tuple of them reaching the loss layer.
+
+  Raises:
+    LossLayerError: if it has more than one output or a non-scalar output.
+  """
+  if loss_layer.n_out != 1:
+    raise errors.LossLayerError(
+        f'loss layer {layer_name(loss_layer)} has {loss_layer.n_out} '
+        f'outputs; it must output one scalar loss (e.g. end it with '
+        f'tl.CrossEntropyLoss() or tl.WeightedCategoryCrossEntropy()).')
+  out = loss_layer.output_signature(input_signature)
+  shape = tuple(getattr(out, 'shape', ()))
+  if shape:
+    raise errors.LossLayerError(
+        f'loss layer {layer_name(loss_layer)} outputs shape {shape}, not a '
+        f'scalar; the trainer differentiates one number per step: average '
+        f'over the batch (e.g. tl.CrossEntropyLoss() or '
+        f'tl.WeightedCategoryCrossEntropy() rather than tl.CrossEntropy()).')

@@ -1,0 +1,70 @@
+"""The errors a check of a training setup raises.
+
+Each message names what is wrong and how to fix it. All but
+`OptimizerFactoryError` (a `TypeError`) and `NonFiniteError` (an
+`ArithmeticError`) are `ConfigurationError`s, a `ValueError`.
+"""
+
+
+class ConfigurationError(ValueError):
+  """A training setting that cannot work; the message gives the fix."""
+
+
+class BlockStructureError(ConfigurationError):
+  """The blocks passed to the trainer are not shaped as trax's."""
+
+
+class LossLayerError(ConfigurationError):
+  """The loss layer does not end in a scalar."""
+
+
+class DeviceCountError(ConfigurationError):
+  """More devices requested than this process has, or a bad count."""
+
+
+class BatchSizeError(ConfigurationError):
+  """A batch does not split evenly over the devices."""
+
+
+class SequenceLengthError(ConfigurationError):
+  """Sequences longer than the model's positional encodings allow."""
+
+
+class TrainerOptionError(ConfigurationError):
+  """A trainer setting out of its range; the message names the gin binding.
+
+  Attributes:
+    name: str, the setting, e.g. 'on_non_finite'.
+    value: the value given.
+    allowed: str, what the setting accepts.
+  """
+
+  def __init__(self, name, value, allowed):
+    super().__init__(
+        f'trax_revplus.ReversibleSerialTrainer.{name}: {name} must be '
+        f'{allowed}, got {value!r}.')
+    self.name = name
+    self.value = value
+    self.allowed = allowed
+
+
+class OptimizerFactoryError(TypeError):
+  """An optimizer instance where a factory is needed, or a bad factory."""
+
+
+class NonFiniteError(ArithmeticError):
+  """A loss or gradient norm became NaN or Inf during a training step.
+
+  Attributes:
+    step: int, the training step.
+    phase: str, 'loss' or 'backward'.
+    layer: int, index of the layer (forward order) whose update showed it.
+    what: str, the quantity, e.g. 'loss' or 'gradients_l2'.
+  """
+
+  def __init__(self, message, step, phase, layer, what):
+    super().__init__(message)
+    self.step = step
+    self.phase = phase
+    self.layer = layer
+    self.what = what

@@ -1,0 +1,51 @@
+"""The fix for gin's "doesn't have a parameter" error on one of ours."""
+
+import inspect
+import re
+
+
+_OUR_CONFIGURABLES = {
+    'ReversibleSerialTrainer': ('trax_revplus.trainer',
+                                'ReversibleSerialTrainer'),
+    'local_text_inputs': ('trax_revplus.data', 'local_text_inputs'),
+    'ProgressPrinter': ('trax_revplus.progress', 'ProgressPrinter'),
+}
+
+
+_UNKNOWN_PARAMETER = re.compile(
+    r"Configurable '([\w.]+)' doesn't have a parameter named '(\w+)'")
+
+
+def parameters_of(configurable):
+  """Names a trax_revplus gin configurable accepts (list of str)."""
+  import importlib  # pylint: disable=g-import-not-at-top
+  module, name = _OUR_CONFIGURABLES[configurable]
+  target = getattr(importlib.import_module(module), name)
+  if inspect.isclass(target):
+    target = target.__init__
+  names = [p.name for p in inspect.signature(target).parameters.values()
+           if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+  return [n for n in names if n not in ('self', 'loop')]
+
+
+def unknown_knob_hint(message):
+  """For gin's "doesn't have a parameter" error on one of ours, the fix.
+
+  Args:
+    message: str, gin's error message.
+
+  Returns:
+    str such as "trax_revplus.ReversibleSerialTrainer has no knob
+    'no_such_knob'; its knobs: blocks, ..." or None if the message is not
+    about a trax_revplus configurable.
+  """
+  match = _UNKNOWN_PARAMETER.search(message)
+  if not match:
+    return None
+  configurable, knob = match.groups()
+  short = configurable.rsplit('.', 1)[-1]
+  if short not in _OUR_CONFIGURABLES or not (
+      configurable == short or configurable.startswith('trax_revplus')):
+    return None
+  return (f'{configurable} has no knob {knob!r}; its knobs: '
+          f'{", ".join(parameters_of(short))}')
