@@ -33,7 +33,8 @@ kill and every final difference is 0.0; else 1.
 
 Kills land at uniformly random moments: a quarter during the start-up
 (imports, building the model, loading the checkpoint), the rest during the
-training steps the run has left, where the saves are.
+training steps the run has left, where the saves are, and its end (the last
+save, evals and summary), so a run at its last step can also finish.
 
 Usage:
   python tools/kill_resume.py --kills=30 --work_dir=/tmp/kill_resume
@@ -96,6 +97,7 @@ class _Run:
     self.steps = []  # Steps whose progress line was printed.
     self.step_times = []  # When each of them was read (monotonic seconds).
     self.first_step_at = None
+    self.end = None  # When the process was seen to exit (monotonic seconds).
     self.stderr = ''
     self._reader = threading.Thread(target=self._read, daemon=True)
     self._reader.start()
@@ -115,6 +117,8 @@ class _Run:
 
   def wait(self):
     self.process.wait()
+    if self.end is None:
+      self.end = time.monotonic()
     self._reader.join()
     self._err_reader.join()
     return self.process.returncode
@@ -174,6 +178,10 @@ def main():
   if reference.wait() != 0:
     sys.exit(f'the uninterrupted run failed:\n{reference.stderr[-3000:]}')
   setup_seconds = reference.first_step_at - reference.start
+  # From the last progress line to the process's exit: the last save, the
+  # evals and the summary. Kills are drawn over it too, so a run at its last
+  # step is not always killed in that step's save and can finish.
+  tail_seconds = reference.end - reference.step_times[-1]
   # Seconds per step (the save included), from its progress lines.
   times = reference.step_times
   step_seconds = (times[-1] - times[0]) / max(len(times) - 1, 1)
@@ -202,8 +210,9 @@ def main():
       else:
         while run.first_step_at is None and run.process.poll() is None:
           time.sleep(0.01)
-        # Over the steps this run has left to train.
-        delay = rng.uniform(0, step_seconds * (args.steps - resume))
+        # Over the steps this run has left to train, and its end.
+        delay = rng.uniform(
+            0, step_seconds * (args.steps - resume) + tail_seconds)
       base = run.start if during_setup else (run.first_step_at or run.start)
       while (run.process.poll() is None and
              time.monotonic() < base + delay):
