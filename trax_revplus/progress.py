@@ -95,11 +95,6 @@ from trax.supervised import callbacks
 from trax.supervised import training
 from trax_revplus import memory
 
-try:
-  import resource  # pylint: disable=g-import-not-at-top
-except ImportError:  # Windows has no getrusage.
-  resource = None
-
 RUN_STATS_FILENAME = 'run_stats.json'
 # Recompiles after the first step printed as a line of their own.
 MAX_RECOMPILE_NOTICES = 3
@@ -115,14 +110,11 @@ def qualified_name(cls: type) -> str:
 def peak_host_rss_bytes() -> int:
   """Returns the peak resident set size of this process so far, in bytes.
 
-  Uses getrusage's ru_maxrss (the kernel's high-water mark, so short peaks
-  between samples count); falls back to the current RSS without it.
+  The kernel's high-water mark, so short peaks between samples count, kept
+  true across the memory log's resets of it (`memory.host_peak`); the
+  current RSS where the kernel keeps no mark.
   """
-  if resource is None:
-    return memory.host_rss_bytes()
-  peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-  # ru_maxrss is in KiB on Linux and in bytes on macOS.
-  return peak if sys.platform == 'darwin' else peak * 1024
+  return memory.host_peak.process_peak_bytes()
 
 
 class CompileCounter:

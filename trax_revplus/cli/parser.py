@@ -188,6 +188,15 @@ def _add_train(commands) -> None:
            'this many steps, and at the first and last step (default: '
            '%(default)s).')
   parser.add_argument(
+      '--memory_log_every_n_steps', action=_Once, type=_positive_int,
+      metavar='N',
+      help='Memory log of trax_revplus\'s trainer (OUTPUT_DIR/memory.jsonl, '
+           'see docs/memory-log.md): every step gets a record of its true '
+           'host peak; the first 10 steps of each process, then steps 1, '
+           '1 + N, 1 + 2N, ... also get records of their phases. Binds '
+           'trax_revplus.ReversibleSerialTrainer.memory_log_every_n_steps '
+           '(default: the config\'s, else 100).')
+  parser.add_argument(
       '--implementation', action=_Once, choices=IMPLEMENTATIONS,
       default='config', metavar='config|stock|revplus',
       help='Which reversible layers and trainer train: config (as the '
