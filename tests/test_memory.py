@@ -1,5 +1,6 @@
 """Tests for trax_revplus.memory (probes, memory log) and memory_plot."""
 
+import collections
 import gc
 import glob
 import json
@@ -446,3 +447,157 @@ def test_plot_errors_clearly(tmp_path):
   with pytest.raises(ValueError, match='holds no memory records'):
     memory_plot.plot_memory(str(tmp_path))
   assert memory_plot.main([str(tmp_path / 'missing')]) == 2
+
+
+# Step records: the true host peak of each step.
+
+
+_SPIKE_BYTES = 96 << 20
+
+
+def _spike():
+  """Touches _SPIKE_BYTES of fresh memory and frees it again."""
+  buffer = np.ones(_SPIKE_BYTES // 8, np.float64)
+  assert buffer.nbytes == _SPIKE_BYTES
+  del buffer
+
+
+needs_peak_reset = pytest.mark.skipif(
+    not memory.host_peak.supported(),
+    reason='the kernel peak RSS mark cannot be reset here')
+
+
+@needs_peak_reset
+def test_step_record_carries_the_peak_inside_the_step(tmp_path):
+  log = memory.MemoryLog(output_dir=str(tmp_path), tensorboard=False)
+  counter = memory.TransferCounter()
+  log.begin_step(1, counter)
+  rss_before = psutil.Process().memory_info().rss
+  _spike()
+  counter.add_h2d(300)
+  record = log.end_step(1)
+  quiet = (log.begin_step(2, counter), log.end_step(2))[1]
+  log.close()
+  assert record['phase'] == 'step' and record['host_peak_source'] == (
+      'kernel_hwm')
+  # Gone by the end of the step, so no sample at its boundaries sees it.
+  assert record['host_rss_bytes'] < rss_before + _SPIKE_BYTES / 2
+  assert record['host_peak_bytes'] >= rss_before + 0.9 * _SPIKE_BYTES
+  assert quiet['host_peak_bytes'] < rss_before + _SPIKE_BYTES / 2
+  assert (record['h2d_bytes'], record['d2h_bytes']) == (300, 0)
+  phases = [r['phase'] for r in memory.read_memory_log(
+      tmp_path / 'memory.jsonl')]
+  assert phases == ['start', 'step', 'step', 'end']
+
+
+@needs_peak_reset
+def test_peaks_stay_true_across_the_log_s_resets(tmp_path):
+  from trax_revplus import progress  # pylint: disable=g-import-not-at-top
+  window = memory.host_peak.PeakWindow()
+  rss_before = psutil.Process().memory_info().rss
+  log = memory.MemoryLog(output_dir=str(tmp_path), tensorboard=False)
+  log.begin_step(1)
+  _spike()
+  log.end_step(1)
+  log.begin_step(2)
+  log.end_step(2)
+  log.close()
+  assert window.peak_bytes() >= rss_before + 0.9 * _SPIKE_BYTES
+  assert progress.peak_host_rss_bytes() >= rss_before + 0.9 * _SPIKE_BYTES
+
+
+def test_without_an_output_dir_the_kernel_mark_is_left_alone():
+  log = memory.MemoryLog(tensorboard=False)
+  with mock.patch.object(memory.host_peak, 'reset') as reset:
+    log.begin_step(1)
+    record = log.end_step(1)
+    log.close()
+  reset.assert_not_called()
+  assert record['host_peak_source'] == 'sampled'
+  assert record['host_peak_bytes'] >= record['host_rss_bytes'] > 0
+
+
+def test_steps_without_phase_records_get_a_step_record(tmp_path):
+  log = memory.MemoryLog(every_n_steps=5, output_dir=str(tmp_path),
+                         tensorboard=False, first_steps=2)
+  for step in range(1, 8):
+    log.begin_step(step)
+    if log.should_record(step):
+      log.record(step, 'forward')
+    log.end_step(step)
+  log.close()
+  records = memory.read_memory_log(tmp_path / 'memory.jsonl')
+  steps = [r for r in records if r['phase'] == 'step']
+  assert [r['step'] for r in steps] == list(range(1, 8))
+  assert [r['recorded'] for r in steps] == [
+      s in (1, 2, 6) for s in range(1, 8)]
+  assert [r['step'] for r in records if r['phase'] == 'forward'] == [1, 2, 6]
+  # Steps without phase records skip the device probe.
+  assert all(('device_bytes_in_use' in r) == r['recorded'] for r in steps)
+  assert (records[0]['phase'], records[0]['step']) == ('start', 0)
+  assert (records[-1]['phase'], records[-1]['step']) == ('end', 7)
+  assert records[0]['pid'] == os.getpid()
+  assert records[0]['process_index'] == jax.process_index()
+
+
+# Plot.
+
+
+def _write_resumed_log(run_dir):
+  """Two processes: steps 1-3, then (resumed) steps 4-5, each with init."""
+  for steps in ((1, 2, 3), (4, 5)):
+    log = memory.MemoryLog(every_n_steps=1, output_dir=str(run_dir),
+                           tensorboard=False)
+    log.record(0, 'init', layer=0, weights_bytes=4096)
+    log.record(0, 'init', layer=1, weights_bytes=4096)
+    for step in steps:
+      log.begin_step(step)
+      for phase in ('forward', 'loss', 'backward'):
+        log.record(step, phase, h2d_bytes=1 << 20)
+      log.end_step(step)
+    log.close()
+
+
+def test_plot_draws_one_segment_per_process(tmp_path):
+  _write_resumed_log(tmp_path)
+  records = memory.read_memory_log(tmp_path / 'memory.jsonl')
+  segs = memory_plot.segments(records)
+  assert [len(s) for s in segs] == [2 + 1 + 3 * 4 + 1, 2 + 1 + 2 * 4 + 1]
+  assert sum(segs, []) == records
+  second = segs[1]
+  xs = memory_plot.x_positions(second)
+  by_phase = collections.defaultdict(list)
+  for x, r in zip(xs, second):
+    by_phase[r['phase']].append((r['step'], x))
+  # The resumed process's init records sit just before step 4, not at 0.
+  assert by_phase['start'] == [(3, 3.0)]
+  assert all(2.5 < x <= 3 for _, x in by_phase['init'])
+  # Step k spans (k - 1, k]: phases inside, the step record on the tick.
+  assert by_phase['step'] == [(4, 4.0), (5, 5.0)]
+  for phase in ('forward', 'loss', 'backward'):
+    assert all(step - 1 < x < step for step, x in by_phase[phase])
+  png = memory_plot.plot_memory(str(tmp_path))
+  assert os.path.getsize(png) > 10_000
+
+
+def test_plot_of_an_empty_log_says_so_in_a_figure(tmp_path):
+  (tmp_path / 'memory.jsonl').write_text('')
+  with pytest.raises(ValueError, match='holds no memory records'):
+    memory_plot.plot_memory(str(tmp_path))
+  with open(tmp_path / 'memory.png', 'rb') as f:
+    assert f.read(8) == b'\x89PNG\r\n\x1a\n'
+
+
+def test_peaks_of_records():
+  records = [{'step': 1, 'phase': 'step', 'host_peak_bytes': 70,
+              'host_rss_bytes': 50, 'device_bytes_in_use': 5},
+             {'step': 1, 'phase': 'forward', 'host_rss_bytes': 60,
+              'device_bytes_in_use': 9, 'device_peak_bytes': None},
+             {'step': 2, 'phase': 'step', 'host_peak_between_steps_bytes': 80,
+              'peak_device_bytes': 12}]
+  assert memory.peaks(records) == {'host_peak_bytes': 80,
+                                   'device_bytes_peak': 9,
+                                   'peak_device_bytes': 12}
+  assert memory.peaks([]) == {'host_peak_bytes': None,
+                              'device_bytes_peak': None,
+                              'peak_device_bytes': None}
