@@ -35,6 +35,14 @@ token for cross-entropy):
     wall_seconds (float): wall time of the whole process (imports included).
     trainer (str or null), reversible_layers (str or null): the classes that
       ran, from the summary the run printed.
+    memory_log (dict or null): the peaks of its memory log
+      (`memory.jsonl`, trax_revplus's trainer only; `memory.peaks`):
+      host_peak_bytes (the true peak RSS over the steps, before and after
+      them), device_bytes_peak (the largest device bytes in use a record
+      saw, inside the steps), peak_device_bytes (the device peak XLA's
+      figures give, where the trainer writes it; else null), records (int).
+      The table takes its peaks from here, and from `stats` for a run
+      without a memory log.
     stats (dict or null): its `run_stats.json` (keys documented in
       `trax_revplus.progress`): per step `steps`, `loss`, `step_seconds`,
       `host_rss_bytes`, `device_bytes_in_use`, `h2d_bytes`, `d2h_bytes`, and
@@ -267,6 +275,7 @@ def collect_run(implementation: str, exit_code: int, output: str,
   """
   rows = _summary_rows(output)
   stats = _read_json(os.path.join(output_dir, RUN_STATS_FILENAME))
+  records = _memory_records(output_dir)
   trainer = rows.get('trainer') or (stats or {}).get('trainer')
   return {
       'implementation': implementation,
@@ -279,7 +288,20 @@ def collect_run(implementation: str, exit_code: int, output: str,
       'trainer': trainer,
       'reversible_layers': rows.get('reversible layers'),
       'stats': stats,
+      'memory_log': dict(memory.peaks(records), records=len(records))
+                    if records else None,
   }
+
+
+def _memory_records(output_dir):
+  """The records of the run's memory.jsonl, [] without one."""
+  path = os.path.join(output_dir, memory.MEMORY_LOG_FILENAME)
+  if not os.path.isfile(path):
+    return []
+  try:
+    return memory.read_memory_log(path)
+  except OSError:
+    return []
 
 
 # ------------------------------------------------------------ the figures --
@@ -414,6 +436,14 @@ def _stat(run, key):
   return stats.get(key)
 
 
+def _peak(run, log_key, stats_key):
+  """A run's peak: from its memory log's records, else from run_stats."""
+  log = run.get('memory_log') if run['status'] == 'ok' else None
+  if log and log.get(log_key) is not None:
+    return log[log_key]
+  return _stat(run, stats_key) if stats_key else None
+
+
 def _final_loss(run):
   losses = [loss for loss in (_stat(run, 'loss') or []) if loss is not None]
   return losses[-1] if losses else None
@@ -478,14 +508,21 @@ def format_table(report: Report) -> str:
       ('median later step (s)',
        lambda r: _stat(r, 'median_step_seconds'), 'seconds', True),
       ('peak host RSS (MiB)',
-       lambda r: _stat(r, 'peak_host_rss_bytes'), 'mib', True),
+       lambda r: _peak(r, 'host_peak_bytes', 'peak_host_rss_bytes'), 'mib',
+       True),
       (f'peak device (MiB{device_note})',
-       lambda r: _stat(r, 'peak_device_bytes'), 'mib', True),
+       lambda r: _peak(r, 'device_bytes_peak', 'peak_device_bytes'), 'mib',
+       True),
       ('H2D copied (MiB)', lambda r: _stat(r, 'total_h2d_bytes'), 'mib',
        True),
       ('D2H copied (MiB)', lambda r: _stat(r, 'total_d2h_bytes'), 'mib',
        True),
   ]
+  if any((runs[k].get('memory_log') or {}).get('peak_device_bytes')
+         is not None for k in IMPLEMENTATIONS):
+    metrics.insert(6, ('peak device, XLA (MiB)',
+                       lambda r: _peak(r, 'peak_device_bytes', None), 'mib',
+                       True))
   table = [('metric', LABELS['stock'], LABELS['revplus'],
             'trax_revplus / stock')]
   for name, get, kind, with_ratio in metrics:
@@ -520,22 +557,32 @@ def format_table(report: Report) -> str:
                f'{_fmt_diff(report["final_slots"])}')
   lines.extend(textwrap.wrap(
       'The first step includes compilation; the median is over the later '
-      'steps; peaks are per process, imports included; H2D/D2H bytes are '
-      'counted by trax_revplus only (n/a for stock trax).', width=78))
+      'steps; peaks are per process, imports included, read from the '
+      'memory log (memory.jsonl: the true peak of each step, and before and '
+      'after the steps) where the run writes one (trax_revplus), else from '
+      'run_stats.json (stock trax: the process peak RSS, device bytes after '
+      'each step); H2D/D2H bytes are counted by trax_revplus only (n/a for '
+      'stock trax).', width=78))
   return '\n'.join(lines)
 
 
 # --------------------------------------------------------------- the plot --
 
 
+# Memory-log records of the process rather than of a step's phases.
+_PROCESS_PHASES = ('init', 'start', 'step', 'end')
+
+
+def _log_records(run):
+  """The memory log's records with a numeric step and a phase, or []."""
+  return [r for r in _memory_records(run['output_dir'])
+          if isinstance(r.get('step'), (int, float)) and 'phase' in r]
+
+
 def _phase_records(run):
   """(x, record) of the trax_revplus memory log's phase records, or []."""
-  path = os.path.join(run['output_dir'], 'memory.jsonl')
-  if not os.path.isfile(path):
-    return []
-  records = [r for r in memory.read_memory_log(path)
-             if isinstance(r.get('step'), (int, float)) and
-             r.get('layer') is None and 'phase' in r]
+  records = [r for r in _log_records(run)
+             if r.get('layer') is None and r['phase'] not in _PROCESS_PHASES]
   # A step's phases happen before the step ends, when the runs' per-step
   # figures are sampled: spread them over (step - 1, step] in file order.
   per_step = {}
@@ -620,6 +667,26 @@ def plot(report: Report, png_path: str) -> str:
                    color=_PHASE_COLORS[i % len(_PHASE_COLORS)],
                    marker=_PHASE_MARKERS[i % len(_PHASE_MARKERS)], zorder=3,
                    label=f'trax_revplus memory log: {name}')
+  steps = [r for r in _log_records(runs['revplus']) if r['phase'] == 'step']
+  for ax, key, label in (
+      (ax_host, 'host_peak_bytes', 'trax_revplus memory log: peak of each '
+                                   'step'),
+      (ax_dev, 'peak_device_bytes', 'trax_revplus memory log: peak of each '
+                                    'step (XLA)')):
+    pts = [(r['step'], r[key] / memory.BYTES_PER_MIB) for r in steps
+           if isinstance(r.get(key), (int, float))]
+    if pts:
+      ax.plot([p[0] for p in pts], [p[1] for p in pts], color='black',
+              linewidth=1, marker='_', markersize=10, zorder=3, label=label)
+  failures = '\n'.join(f'{LABELS[k]} failed: {runs[k]["error"]}'[:110]
+                        for k in IMPLEMENTATIONS
+                        if runs[k]['status'] != 'ok')
+  for ax in axes.flat:
+    if not any(line.get_xydata().size for line in ax.get_lines()) and not (
+        ax.collections):
+      ax.text(0.5, 0.5, 'no data' + (f'\n{failures}' if failures else ''),
+              transform=ax.transAxes, ha='center', va='center',
+              color='gray', wrap=True)
   source = next(((runs[k].get('stats') or {}).get('device_bytes_source')
                  for k in IMPLEMENTATIONS
                  if (runs[k].get('stats') or {}).get('device_bytes_source')),
