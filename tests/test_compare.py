@@ -137,7 +137,7 @@ def test_failed_stock_run_is_reported_and_ours_decides_exit(
                '\nreversible layers  trax_revplus.layers.ReversibleSerial x1'
                '\n')
 
-  monkeypatch.setattr(compare, '_run_streaming', fake_run)
+  monkeypatch.setattr(compare.runs, 'run_streaming', fake_run)
   config = tmp_path / 'mode2.gin'
   config.write_text('train.use_memory_efficient_trainer = 2\n')
   output_dir = tmp_path / 'cmp'
@@ -168,7 +168,7 @@ def test_failed_stock_run_is_reported_and_ours_decides_exit(
   _check_png(output_dir / 'compare.png')
 
   # Our run failing too is a runtime error.
-  monkeypatch.setattr(compare, '_run_streaming',
+  monkeypatch.setattr(compare.runs, 'run_streaming',
                       lambda *args: (1, _STOCK_CRASH))
   code, out, _ = _main(capsys, 'compare', f'--config_file={config}',
                        f'--output_dir={tmp_path / "cmp2"}')
@@ -266,7 +266,7 @@ def test_peaks_come_from_the_memory_log(xla, tmp_path, monkeypatch, capsys):
   ]
   if xla:
     lines[2]['peak_device_bytes'] = 9 * mib
-  monkeypatch.setattr(compare, '_run_streaming', _fake_runs(lines))
+  monkeypatch.setattr(compare.runs, 'run_streaming', _fake_runs(lines))
   config = tmp_path / 'c.gin'
   config.write_text('train.steps = 2\n')
   output_dir = tmp_path / 'cmp'
