@@ -19,6 +19,7 @@ import pytest
 from trax_revplus import memory
 from trax_revplus import memory_plot
 from trax_revplus.memory import log as log_lib
+from trax_revplus.memory import writers as writers_lib
 
 
 def _lines(path):
@@ -66,7 +67,7 @@ def test_device_bytes_grow_by_array_nbytes():
 
 def test_device_bytes_count_each_shard_on_its_device():
   # The memory package imports JAX only, not trax: the subprocess starts fast.
-  script = textwrap.dedent(f"""
+  script = textwrap.dedent("""
       import json
       import jax, numpy as np
       from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
@@ -80,7 +81,7 @@ def test_device_bytes_count_each_shard_on_its_device():
                                   NamedSharding(mesh, P()))
       after = memory.device_memory(devices)
       first = memory.device_memory(devices[:1])
-      print(json.dumps({{'before': before, 'after': after, 'first': first}}))
+      print(json.dumps({'before': before, 'after': after, 'first': first}))
   """)
   env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=4',
              JAX_PLATFORMS='cpu')
@@ -289,7 +290,7 @@ def test_line_cut_by_kill_is_skipped_and_later_records_parse(tmp_path):
 def test_killed_writer_leaves_parsable_lines(tmp_path):
   # A writer process recording as fast as it can is killed (SIGKILL) at an
   # arbitrary moment; the memory package imports no trax, so it starts fast.
-  script = textwrap.dedent(f"""
+  script = textwrap.dedent("""
       import sys
       from trax_revplus import memory
       log = memory.MemoryLog(every_n_steps=1, output_dir=sys.argv[1],
@@ -362,7 +363,7 @@ def test_failing_device_probe_keeps_host_figures():
 
 
 def test_failing_writers_reported_once_and_record_returns(tmp_path):
-  with mock.patch.object(log_lib, '_summary_writer',
+  with mock.patch.object(writers_lib, '_summary_writer',
                          side_effect=RuntimeError('no tensorboard')), \
        mock.patch.object(memory.logging, 'warning') as warning:
     log = memory.MemoryLog(output_dir=str(tmp_path))

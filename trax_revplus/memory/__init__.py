@@ -11,7 +11,8 @@ Modules, one job each:
   records    the fields of a `memory.jsonl` record, its one-line form,
              reading a log back, a run's peaks.
   schedule   which steps get phase records.
-  log        `MemoryLog`: absl lines, `memory.jsonl`, TensorBoard scalars.
+  log        `MemoryLog`: what each step records, and when.
+  writers    where records go: absl lines, `memory.jsonl`, TensorBoard.
 
 The names below are importable from `trax_revplus.memory` itself.
 """

@@ -23,22 +23,15 @@ writes an 'end' record.
 
 Robustness: a probe or writer that raises is reported once with an absl
 warning naming it and the error, and skipped for the rest of the run;
-`record` itself never raises. `memory.jsonl` is opened for appending, so a
-restarted run adds to the same file, and every record is written as one
-complete line in a single write to an O_APPEND descriptor: a killed process
-can at worst leave its last line cut short, which readers skip
-(`records.read_memory_log`); a writer that finds the file not ending in a
-newline starts its first record on a new line, so records written later
-still parse.
+`record` itself never raises. How records are written, and why a killed
+writer cannot spoil the file: `writers`.
 """
 
-import json
 import os
 import threading
 import time
 from typing import Any, Sequence
 
-from absl import logging
 import jax
 import numpy as np
 import psutil
@@ -46,29 +39,15 @@ import psutil
 from trax_revplus.memory import host_peak
 from trax_revplus.memory.probes import device_memory
 from trax_revplus.memory.probes import host_rss_bytes
-from trax_revplus.memory.records import ends_without_newline
-from trax_revplus.memory.records import format_record
-from trax_revplus.memory.records import MEMORY_LOG_FILENAME
 from trax_revplus.memory.records import Record
-from trax_revplus.memory.records import TENSORBOARD_SUBDIR
 from trax_revplus.memory.records import to_json_value
 from trax_revplus.memory.schedule import FIRST_STEPS_RECORDED
 from trax_revplus.memory.schedule import RecordSchedule
 from trax_revplus.memory.transfers import TransferCounter
+from trax_revplus.memory.writers import LogOutputs
 
 
-def _summary_writer(log_dir):
-  # trax imports take seconds; only runs that write TensorBoard pay for them.
-  from trax import jaxboard  # pylint: disable=g-import-not-at-top
-  return jaxboard.SummaryWriter(log_dir)
-
-
-# Fields that identify a record rather than measure something; not plotted.
-_NON_SCALAR_FIELDS = frozenset(['step', 'time', 'layer', 'pid',
-                                'process_index', 'process_start_time'])
-
-
-class MemoryLog:
+class MemoryLog(LogOutputs):
   """Records host and device memory of training steps.
 
   Replaces the psutil "cpu memory use (MB)" lines that trax's
@@ -133,52 +112,6 @@ class MemoryLog:
     self._writer = None
     if output_dir is not None:
       self.set_output_dir(output_dir)
-
-  @property
-  def jsonl_path(self):
-    """str path of `memory.jsonl`, or None while there is no output dir."""
-    if self.output_dir is None:
-      return None
-    return os.path.join(self.output_dir, MEMORY_LOG_FILENAME)
-
-  def set_output_dir(self, output_dir):
-    """Writes `<output_dir>/memory.jsonl` and TensorBoard events from now on.
-
-    Appends to an existing `memory.jsonl` (a restarted run continues it).
-    Failing to open the file is reported once and disables file output; it
-    never raises.
-
-    Args:
-      output_dir: str, directory (created if missing); None stops file and
-        TensorBoard output.
-    """
-    with self._lock:
-      self._set_output_dir(output_dir)
-
-  def _set_output_dir(self, output_dir):
-    output_dir = None if output_dir is None else os.fspath(output_dir)
-    if output_dir == self.output_dir and (
-        output_dir is None or self._fd is not None):
-      return
-    self._close_outputs()
-    self.output_dir = output_dir
-    if output_dir is None:
-      return
-    try:
-      os.makedirs(output_dir, exist_ok=True)
-      path = self.jsonl_path
-      self._needs_newline = ends_without_newline(path)
-      self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    except Exception as e:  # pylint: disable=broad-except
-      self._fd = None
-      self._report_failure('memory.jsonl writer', e)
-    if self.tensorboard and 'tensorboard writer' not in self._failed:
-      try:
-        self._writer = _summary_writer(
-            os.path.join(output_dir, TENSORBOARD_SUBDIR))
-      except Exception as e:  # pylint: disable=broad-except
-        self._writer = None
-        self._report_failure('tensorboard writer', e)
 
   def should_record(self, step: int) -> bool:
     """Returns whether step `step` (int) gets phase records (bool).
@@ -378,13 +311,6 @@ class MemoryLog:
   def __exit__(self, *unused_exc_info):
     self.close()
 
-  def _report_failure(self, name, error):
-    if name in self._failed:
-      return
-    self._failed.add(name)
-    logging.warning('memory log: %s failed (%s: %s); it is skipped for the '
-                    'rest of this run.', name, type(error).__name__, error)
-
   def _probe(self, name, fn):
     if name in self._failed:
       return None
@@ -393,70 +319,3 @@ class MemoryLog:
     except Exception as e:  # pylint: disable=broad-except
       self._report_failure(name, e)
       return None
-
-  def _log_line(self, record):
-    if 'absl line' in self._failed:
-      return
-    try:
-      logging.info('%s', format_record(record))
-    except Exception as e:  # pylint: disable=broad-except
-      self._report_failure('absl line', e)
-
-  def _write_jsonl(self, record):
-    if self._fd is None:
-      return
-    try:
-      line = json.dumps(record, allow_nan=False, separators=(',', ':')) + '\n'
-      if self._needs_newline:
-        line = '\n' + line
-      data = line.encode('utf-8')
-      # One write on an O_APPEND descriptor: concurrent or killed writers
-      # cannot interleave or leave half a line followed by more records.
-      written = os.write(self._fd, data)
-      while written < len(data):
-        written += os.write(self._fd, data[written:])
-      self._needs_newline = False
-    except Exception as e:  # pylint: disable=broad-except
-      self._report_failure('memory.jsonl writer', e)
-      self._close_fd()
-
-  def _write_tensorboard(self, record):
-    if self._writer is None:
-      return
-    try:
-      prefix = f'{TENSORBOARD_SUBDIR}/{record["phase"]}'
-      if record.get('layer') is not None:
-        prefix += f'/layer_{record["layer"]}'
-      step = int(record['step'])
-      for key, value in record.items():
-        if key in _NON_SCALAR_FIELDS or isinstance(value, bool):
-          continue
-        if isinstance(value, (int, float)):
-          self._writer.scalar(f'{prefix}/{key}', value, step=step)
-      self._writer.flush()
-    except Exception as e:  # pylint: disable=broad-except
-      self._report_failure('tensorboard writer', e)
-      self._close_writer()
-
-  def _close_fd(self):
-    fd, self._fd = self._fd, None
-    if fd is not None:
-      # A descriptor that went bad was reported when its write failed;
-      # closing must not raise a second time.
-      for finish in (os.fsync, os.close):
-        try:
-          finish(fd)
-        except OSError:
-          pass
-
-  def _close_writer(self):
-    writer, self._writer = self._writer, None
-    if writer is not None:
-      try:
-        writer.close()
-      except Exception as e:  # pylint: disable=broad-except
-        self._report_failure('tensorboard writer', e)
-
-  def _close_outputs(self):
-    self._close_fd()
-    self._close_writer()
