@@ -176,12 +176,7 @@ class MemoryLog(LogOutputs):
     if started is None or started['step'] != step:
       return None
     try:
-      peak = self._reset_peak()
-      source = 'kernel_hwm'
-      if peak is None:
-        self._sample_rss()
-        peak, source = self._sampled_peak, 'sampled'
-      self._sampled_peak = 0
+      peak, source = self._interval_peak()
       record = dict(self._identify(), host_peak_bytes=peak,
                     host_peak_source=source,
                     seconds=time.time() - started['time'],
@@ -208,6 +203,16 @@ class MemoryLog(LogOutputs):
     if self._fd is None:
       return None
     return host_peak.reset()
+
+  def _interval_peak(self):
+    """(peak RSS bytes, source) since the last step boundary; starts anew."""
+    peak = self._reset_peak()
+    source = 'kernel_hwm'
+    if peak is None:
+      self._sample_rss()
+      peak, source = self._sampled_peak, 'sampled'
+    self._sampled_peak = 0
+    return peak, source
 
   def _identify(self):
     if self._identity is None:
@@ -291,11 +296,7 @@ class MemoryLog(LogOutputs):
       if self._steps_begun and not self._ended:
         self._ended = True
         try:
-          peak = self._reset_peak()
-          source = 'kernel_hwm'
-          if peak is None:
-            self._sample_rss()
-            peak, source = self._sampled_peak, 'sampled'
+          peak, source = self._interval_peak()
           last = self._last_step if self._last_step is not None else 0
           self._record(last, 'end', dict(self._identify(),
                                          host_peak_bytes=peak,
