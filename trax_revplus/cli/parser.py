@@ -56,7 +56,7 @@ trax_revplus (--implementation=revplus). Prints a table side by side: loss
 per step, max abs difference of the final weights and optimizer slots,
 first-step (compile) and median step time, peak host RSS, peak device bytes
 and bytes copied host-to-device and back. Writes DIR/compare.json (keys
-documented in trax_revplus/compare.py) and DIR/compare.png. If stock trax
+documented in trax_revplus/compare/) and DIR/compare.png. If stock trax
 cannot run the config (e.g. 2+ devices, or use_memory_efficient_trainer = 2,
 on current JAX), the table says why."""
 
