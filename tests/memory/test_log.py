@@ -1,7 +1,5 @@
-"""Tests for trax_revplus.memory (probes, memory log) and memory_plot."""
+"""trax_revplus.memory's log: schedule, records, writers, step peaks."""
 
-import collections
-import gc
 import glob
 import json
 import os
@@ -17,7 +15,6 @@ import psutil
 import pytest
 
 from trax_revplus import memory
-from trax_revplus import memory_plot
 from trax_revplus.memory import log as log_lib
 from trax_revplus.memory import writers as writers_lib
 
@@ -30,129 +27,6 @@ def _lines(path):
 def _warnings_naming(warning_mock, name):
   return [c for c in warning_mock.call_args_list
           if any(name in str(a) for a in c.args)]
-
-
-# Probes.
-
-
-def test_host_rss_matches_psutil():
-  direct = psutil.Process(os.getpid()).memory_info().rss
-  probed = memory.host_rss_bytes()
-  assert isinstance(probed, int)
-  assert abs(probed - direct) <= 0.1 * direct
-
-
-def test_device_bytes_grow_by_array_nbytes():
-  device = jax.local_devices()[0]
-  gc.collect()  # Garbage from earlier tests must not be freed mid-count.
-  before = memory.device_memory([device])
-  host = np.arange(512 * 1024, dtype=np.float32)  # 2 MiB
-  x = jax.device_put(host, device)
-  after = memory.device_memory([device])
-  grown = after['device_bytes_in_use'] - before['device_bytes_in_use']
-  assert after['device_bytes_in_use'] > 0
-  # Allocator slack only where the backend reports its own figures.
-  slack = 1 << 20 if after['device_bytes_source'] == 'memory_stats' else 0
-  assert abs(grown - host.nbytes) <= slack
-  assert after['device_bytes_in_use_per_device'] == [
-      after['device_bytes_in_use']]
-  if device.memory_stats() is None:
-    assert after['device_bytes_source'] == 'live_arrays'
-    assert after['device_peak_bytes'] is None
-  x.delete()
-  freed = memory.device_memory([device])
-  assert (after['device_bytes_in_use'] - freed['device_bytes_in_use']
-          >= host.nbytes - slack)
-
-
-def test_device_bytes_count_each_shard_on_its_device():
-  # The memory package imports JAX only, not trax: the subprocess starts fast.
-  script = textwrap.dedent("""
-      import json
-      import jax, numpy as np
-      from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-      from trax_revplus import memory
-      devices = jax.local_devices()
-      mesh = Mesh(np.array(devices), ('batch',))
-      before = memory.device_memory(devices)['device_bytes_in_use_per_device']
-      sharded = jax.device_put(np.ones((8, 1024), np.float32),
-                               NamedSharding(mesh, P('batch')))
-      replicated = jax.device_put(np.ones((256,), np.float32),
-                                  NamedSharding(mesh, P()))
-      after = memory.device_memory(devices)
-      first = memory.device_memory(devices[:1])
-      print(json.dumps({'before': before, 'after': after, 'first': first}))
-  """)
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=4',
-             JAX_PLATFORMS='cpu')
-  out = subprocess.run([sys.executable, '-c', script], env=env, check=True,
-                       capture_output=True, text=True)
-  result = json.loads(out.stdout.strip().splitlines()[-1])
-  before = result['before']
-  after = result['after']['device_bytes_in_use_per_device']
-  # Each device holds 2 of the 8 rows (2 * 1024 * 4 bytes) and a full copy of
-  # the replicated 256 floats (1024 bytes).
-  expected = 2 * 1024 * 4 + 256 * 4
-  assert [a - b for a, b in zip(after, before)] == [expected] * 4
-  assert result['after']['device_bytes_in_use'] == sum(after)
-  assert result['first']['device_bytes_in_use_per_device'] == after[:1]
-
-
-class _FakeAccelerator:
-  """Stands for a GPU/TPU device, whose runtime reports memory_stats()."""
-
-  def __init__(self, in_use, peak):
-    self._stats = {'bytes_in_use': in_use, 'peak_bytes_in_use': peak,
-                   'bytes_limit': 1 << 34}
-
-  def memory_stats(self):
-    return self._stats
-
-
-def test_device_bytes_use_memory_stats_where_reported():
-  devices = [_FakeAccelerator(100, 300), _FakeAccelerator(50, 70)]
-  assert memory.device_memory(devices) == {
-      'device_bytes_in_use': 150, 'device_peak_bytes': 370,
-      'device_bytes_source': 'memory_stats',
-      'device_bytes_in_use_per_device': [100, 50]}
-  # One device without stats sends all to the live-array count, so the
-  # figures of one record always share one source.
-  local = jax.local_devices()[0]
-  if local.memory_stats() is None:
-    mixed = memory.device_memory([devices[0], local])
-    assert mixed['device_bytes_source'] == 'live_arrays'
-    assert mixed['device_bytes_in_use_per_device'][0] == 0
-
-
-def test_array_bytes_sums_leaves():
-  leaves = [np.zeros((3, 4), np.float32), np.zeros((5,), np.int8),
-            np.float64(1.0)]
-  tree = {'a': (leaves[0], ()), 'b': [leaves[1], {'c': leaves[2]}],
-          'd': None, 'e': 3}
-  assert memory.array_bytes(tree) == sum(x.nbytes for x in leaves)
-  assert memory.array_bytes(()) == 0
-  assert memory.array_bytes(((), ((),))) == 0
-  abstract = [jax.ShapeDtypeStruct((4, 6), np.float32),
-              jax.ShapeDtypeStruct((), np.int16)]
-  assert memory.array_bytes(abstract) == 4 * 6 * 4 + 2
-  x = jax.numpy.ones((7, 3), jax.numpy.bfloat16)
-  assert memory.array_bytes((x, leaves[0])) == 7 * 3 * 2 + leaves[0].nbytes
-
-
-def test_transfer_counter():
-  counter = memory.TransferCounter()
-  assert counter.snapshot() == (0, 0)
-  counter.add_h2d(np.int64(100))
-  counter.add_d2h(30)
-  snap = counter.snapshot()
-  counter.add_h2d(5)
-  counter.add_d2h(7)
-  assert (counter.h2d_bytes, counter.d2h_bytes) == (105, 37)
-  assert counter.since(snap) == (5, 7)
-  assert isinstance(counter.h2d_bytes, int)
-
-
-# The log.
 
 
 @pytest.mark.parametrize('n, steps, expected', [
@@ -407,49 +281,6 @@ def test_tensorboard_scalars_written(tmp_path):
                  for tag, _ in scalars)
 
 
-# Plot.
-
-
-def _write_small_log(run_dir):
-  log = memory.MemoryLog(every_n_steps=1, output_dir=str(run_dir),
-                         tensorboard=False)
-  for layer in range(2):
-    log.record(0, 'init', layer=layer, layer_name=f'Dense_{layer}',
-               weights_bytes=4096, slots_bytes=8192)
-  for step in (1, 2):
-    for phase in ('forward', 'loss', 'backward', 'free'):
-      log.record(step, phase, seconds=0.01, h2d_bytes=2 << 20,
-                 d2h_bytes=1 << 20)
-  log.close()
-
-
-def test_plot_renders_png(tmp_path):
-  _write_small_log(tmp_path)
-  png = memory_plot.plot_memory(str(tmp_path))
-  assert png == str(tmp_path / 'memory.png')
-  with open(png, 'rb') as f:
-    assert f.read(8) == b'\x89PNG\r\n\x1a\n'
-  other = memory_plot.plot_memory(str(tmp_path / 'memory.jsonl'),
-                                  str(tmp_path / 'out' / 'm.png'))
-  assert os.path.getsize(other) > 10_000
-
-
-def test_plot_sums_transfers_per_step(tmp_path):
-  _write_small_log(tmp_path)
-  records = memory.read_memory_log(tmp_path / 'memory.jsonl')
-  assert memory_plot._transfers_per_step(records) == {
-      1: (8 << 20, 4 << 20), 2: (8 << 20, 4 << 20)}
-
-
-def test_plot_errors_clearly(tmp_path):
-  with pytest.raises(FileNotFoundError, match='No memory log at'):
-    memory_plot.plot_memory(str(tmp_path))
-  (tmp_path / 'memory.jsonl').write_text('{"step": 1, "pha')
-  with pytest.raises(ValueError, match='holds no memory records'):
-    memory_plot.plot_memory(str(tmp_path))
-  assert memory_plot.main([str(tmp_path / 'missing')]) == 2
-
-
 # Step records: the true host peak of each step.
 
 
@@ -541,54 +372,6 @@ def test_steps_without_phase_records_get_a_step_record(tmp_path):
   assert records[0]['process_index'] == jax.process_index()
 
 
-# Plot.
-
-
-def _write_resumed_log(run_dir):
-  """Two processes: steps 1-3, then (resumed) steps 4-5, each with init."""
-  for steps in ((1, 2, 3), (4, 5)):
-    log = memory.MemoryLog(every_n_steps=1, output_dir=str(run_dir),
-                           tensorboard=False)
-    log.record(0, 'init', layer=0, weights_bytes=4096)
-    log.record(0, 'init', layer=1, weights_bytes=4096)
-    for step in steps:
-      log.begin_step(step)
-      for phase in ('forward', 'loss', 'backward'):
-        log.record(step, phase, h2d_bytes=1 << 20)
-      log.end_step(step)
-    log.close()
-
-
-def test_plot_draws_one_segment_per_process(tmp_path):
-  _write_resumed_log(tmp_path)
-  records = memory.read_memory_log(tmp_path / 'memory.jsonl')
-  segs = memory_plot.segments(records)
-  assert [len(s) for s in segs] == [2 + 1 + 3 * 4 + 1, 2 + 1 + 2 * 4 + 1]
-  assert sum(segs, []) == records
-  second = segs[1]
-  xs = memory_plot.x_positions(second)
-  by_phase = collections.defaultdict(list)
-  for x, r in zip(xs, second):
-    by_phase[r['phase']].append((r['step'], x))
-  # The resumed process's init records sit just before step 4, not at 0.
-  assert by_phase['start'] == [(3, 3.0)]
-  assert all(2.5 < x <= 3 for _, x in by_phase['init'])
-  # Step k spans (k - 1, k]: phases inside, the step record on the tick.
-  assert by_phase['step'] == [(4, 4.0), (5, 5.0)]
-  for phase in ('forward', 'loss', 'backward'):
-    assert all(step - 1 < x < step for step, x in by_phase[phase])
-  png = memory_plot.plot_memory(str(tmp_path))
-  assert os.path.getsize(png) > 10_000
-
-
-def test_plot_of_an_empty_log_says_so_in_a_figure(tmp_path):
-  (tmp_path / 'memory.jsonl').write_text('')
-  with pytest.raises(ValueError, match='holds no memory records'):
-    memory_plot.plot_memory(str(tmp_path))
-  with open(tmp_path / 'memory.png', 'rb') as f:
-    assert f.read(8) == b'\x89PNG\r\n\x1a\n'
-
-
 def test_peaks_of_records():
   records = [{'step': 1, 'phase': 'step', 'host_peak_bytes': 70,
               'host_rss_bytes': 50, 'device_bytes_in_use': 5},
@@ -602,41 +385,3 @@ def test_peaks_of_records():
   assert memory.peaks([]) == {'host_peak_bytes': None,
                               'device_bytes_peak': None,
                               'peak_device_bytes': None}
-
-
-# The main job: every step of a run in the log, its peak the summary's.
-
-
-def test_train_logs_every_step_and_the_summary_s_peak(tmp_path):
-  from cli_cases import cli_command, MAIN, REPO, TINY_MODEL  # pylint: disable=g-import-not-at-top,g-multiple-import
-  bindings = ['train.steps = 12', 'train.eval_frequency = 6',
-              'sequence_length = 32'] + TINY_MODEL
-  # No time limit: a busy machine makes the run slow, not wrong.
-  result = subprocess.run(
-      cli_command() + ['train', f'--config_file={MAIN}',
-                       f'--output_dir={tmp_path}',
-                       '--memory_log_every_n_steps=5'] +
-      [f'--config={b}' for b in bindings],
-      capture_output=True, text=True, cwd=REPO, check=False)
-  assert result.returncode == 0, result.stderr[-3000:]
-  records = memory.read_memory_log(tmp_path / 'memory.jsonl')
-  phases = [r['phase'] for r in records]
-  assert phases.index('start') < phases.index('step')
-  assert phases[-1] == 'end'
-  steps = [r for r in records if r['phase'] == 'step']
-  assert [r['step'] for r in steps] == list(range(1, 13))
-  # Phase records: the first 10 steps, then 1 + 5k.
-  assert sorted({r['step'] for r in records if r['phase'] == 'backward'}) == (
-      list(range(1, 11)) + [11])
-  assert [r['recorded'] for r in steps] == [s <= 11 for s in range(1, 13)]
-  if memory.host_peak.supported():
-    assert {r['host_peak_source'] for r in steps} == {'kernel_hwm'}
-  # The summary's peak (the process's, from the kernel) is the log's.
-  summary = result.stdout.split('== summary ==', 1)[1]
-  line = next(l for l in summary.splitlines()
-              if l.startswith('peak host memory'))
-  summary_mib = float(line.split()[3])
-  log_mib = memory.peaks(records)['host_peak_bytes'] / memory.BYTES_PER_MIB
-  assert abs(log_mib - summary_mib) <= 0.05 * summary_mib, (log_mib, line)
-  png = memory_plot.plot_memory(str(tmp_path))
-  assert os.path.getsize(png) > 10_000
