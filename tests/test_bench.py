@@ -28,7 +28,8 @@ def test_unknown_names_are_usage_errors(flag, message, tmp_path):
       # with bench.json written, instead of starting a benchmark.
       [sys.executable, _BENCH, flag, '--notiming', '--nomemory',
        f'--out_dir={out_dir}'],
-      capture_output=True, text=True, timeout=300, check=False)
+      # No time limit: on a busy machine the run takes what it takes.
+      capture_output=True, text=True, check=False)
   assert proc.returncode != 0
   assert message in proc.stderr + proc.stdout
   assert not out_dir.exists()  # nothing measured, nothing written
@@ -40,8 +41,9 @@ def _run_quick_bench(args, out_dir):
   Returns the run's `bench_quick.json`, parsed; fails the test if the run
   exits non-zero.
   """
+  # No time limit: a slow or busy machine must not fail the test.
   proc = subprocess.run([sys.executable] + args, capture_output=True,
-                        text=True, timeout=600, check=False)
+                        text=True, check=False)
   assert proc.returncode == 0, proc.stderr[-3000:]
   with open(out_dir / 'bench_quick.json') as f:
     return json.load(f)

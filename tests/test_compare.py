@@ -137,7 +137,7 @@ def test_failed_stock_run_is_reported_and_ours_decides_exit(
                '\nreversible layers  trax_revplus.layers.ReversibleSerial x1'
                '\n')
 
-  monkeypatch.setattr(compare, '_run_streaming', fake_run)
+  monkeypatch.setattr(compare.runs, 'run_streaming', fake_run)
   config = tmp_path / 'mode2.gin'
   config.write_text('train.use_memory_efficient_trainer = 2\n')
   output_dir = tmp_path / 'cmp'
@@ -168,7 +168,7 @@ def test_failed_stock_run_is_reported_and_ours_decides_exit(
   _check_png(output_dir / 'compare.png')
 
   # Our run failing too is a runtime error.
-  monkeypatch.setattr(compare, '_run_streaming',
+  monkeypatch.setattr(compare.runs, 'run_streaming',
                       lambda *args: (1, _STOCK_CRASH))
   code, out, _ = _main(capsys, 'compare', f'--config_file={config}',
                        f'--output_dir={tmp_path / "cmp2"}')
@@ -230,3 +230,60 @@ def test_failure_reason_names_signal_or_last_line():
   assert compare.failure_reason(
       2, 'trax-revplus train: error: config file not found: x.gin\n') == (
           'exit 2: trax-revplus train: error: config file not found: x.gin')
+
+
+def _fake_runs(memory_lines):
+  """A `_run_streaming` stand-in: both runs succeed; ours writes a log."""
+
+  def fake_run(command, log_path, prefix, stream):
+    del prefix, stream
+    implementation = command[command.index('train') + 1].split('=')[1]
+    output_dir = next(a.split('=', 1)[1] for a in command
+                      if a.startswith('--output_dir='))
+    with open(log_path, 'w') as f:
+      f.write('log')
+    os.makedirs(output_dir)
+    with open(os.path.join(output_dir, 'run_stats.json'), 'w') as f:
+      json.dump(_fake_stats([1, 2]), f)
+    if implementation == 'revplus':
+      with open(os.path.join(output_dir, 'memory.jsonl'), 'w') as f:
+        f.write(''.join(json.dumps(r) + '\n' for r in memory_lines))
+    return 0, '\n== summary ==\ntrainer            x\n'
+  return fake_run
+
+
+@pytest.mark.parametrize('xla', [False, True])
+def test_peaks_come_from_the_memory_log(xla, tmp_path, monkeypatch, capsys):
+  mib = 1 << 20
+  lines = [
+      {'step': 0, 'phase': 'start', 'host_peak_bytes': 900 * mib},
+      {'step': 1, 'phase': 'forward', 'host_rss_bytes': 1000 * mib,
+       'device_bytes_in_use': 7 * mib},
+      {'step': 1, 'phase': 'step', 'host_peak_bytes': 1234 * mib,
+       'host_rss_bytes': 1001 * mib, 'device_bytes_in_use': 1 * mib},
+      {'step': 2, 'phase': 'step', 'host_peak_bytes': 1200 * mib},
+      {'step': 2, 'phase': 'end', 'host_peak_bytes': 1100 * mib},
+  ]
+  if xla:
+    lines[2]['peak_device_bytes'] = 9 * mib
+  monkeypatch.setattr(compare.runs, 'run_streaming', _fake_runs(lines))
+  config = tmp_path / 'c.gin'
+  config.write_text('train.steps = 2\n')
+  output_dir = tmp_path / 'cmp'
+  code, out, _ = _main(capsys, 'compare', f'--config_file={config}',
+                       f'--output_dir={output_dir}')
+  assert code == 0
+  rows = {line.split('  ')[0]: line.split() for line in out.splitlines()}
+  # Stock has no memory log: its figures are run_stats.json's.
+  assert rows['peak host RSS (MiB)'][4:6] == ['1100', '1234']
+  device = next(v for k, v in rows.items() if k.startswith('peak device ('))
+  assert device[-3:-1] == ['4', '7']
+  report = json.loads((output_dir / 'compare.json').read_text())
+  assert report['runs']['stock']['memory_log'] is None
+  ours = report['runs']['revplus']['memory_log']
+  assert ours['host_peak_bytes'] == 1234 * mib and ours['records'] == 5
+  if xla:
+    assert rows['peak device, XLA (MiB)'][4:6] == ['n/a', '9']
+  else:
+    assert 'peak device, XLA (MiB)' not in rows
+  _check_png(output_dir / 'compare.png')

@@ -21,6 +21,8 @@ from trax.supervised import training
 import trax_revplus
 from trax_revplus import progress
 
+from conftest import reversible_lm
+
 pytestmark = pytest.mark.usefixtures('stock_trax_and_empty_gin')
 
 
@@ -39,14 +41,6 @@ def _batches(lengths, shapes=None):
     k += 1
 
 
-def _model():
-  return tl.Serial(
-      tl.Embedding(9, 4), tl.Dup(),
-      tl.ReversibleHalfResidual(tl.Dense(4)), tl.ReversibleSwap(),
-      tl.ReversibleHalfResidual(tl.Dense(4), tl.Relu()), tl.ReversibleSwap(),
-      tl.Concatenate(), tl.Dense(9), tl.LogSoftmax())
-
-
 def _run(lengths, n_steps, mode, eval_every_step=False, shapes=None):
   if mode:
     trax_revplus.activate()
@@ -63,7 +57,7 @@ def _run(lengths, n_steps, mode, eval_every_step=False, shapes=None):
         eval_at=lambda step: True)
   stream = io.StringIO()
   loop = training.Loop(
-      _model(), [task], random_seed=0, use_memory_efficient_trainer=mode,
+      reversible_lm(), [task], random_seed=0, use_memory_efficient_trainer=mode,
       callbacks=[functools.partial(progress.ProgressPrinter, every_n_steps=2,
                                    stream=stream)], **eval_kwargs)
   loop.run(n_steps)

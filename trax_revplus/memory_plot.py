@@ -1,27 +1,42 @@
 """Renders a run's `memory.jsonl` (see `trax_revplus.memory`) as a PNG.
 
-Three panels share the training step as x-axis: host RSS, device bytes in
-use, and bytes copied host-to-device (H2D) and device-to-host (D2H) per step.
-Records of one step are spread a little along x in file order, so the phases
-of a step (forward, loss, backward, free) read left to right; each phase has
-its own colour and marker. Sizes are shown in MiB (2**20 bytes).
+Three panels share the training step as x-axis, with ticks on whole steps:
+host memory, device memory, and bytes copied host-to-device (H2D) and
+device-to-host (D2H) per step. Sizes are shown in MiB (2**20 bytes).
+
+Step k occupies (k - 1, k]: its phase records (forward, loss, backward,
+free) are spread over it in file order, each phase with its own colour and
+marker, and its 'step' record, with the step's true host peak, sits at k.
+Each process that wrote to the log is drawn as a segment of its own (a run
+resumed from a checkpoint, or the processes of a multi-process run, told
+apart by their 'start' records and `process_index`): its 'start' record is
+a dashed vertical line at the step it started from, its 'init' records sit
+just before it, and lines never join two processes. A log without records
+gives a figure that says so.
 """
 
 import collections
 import os
-from typing import Sequence
+from typing import Any, Sequence
 
 import matplotlib
 
 matplotlib.use('Agg')
 # pylint: disable=g-import-not-at-top
 import matplotlib.pyplot as plt
+from matplotlib import ticker
 
 from trax_revplus import memory
+from trax_revplus.memory.records import is_number
 # pylint: enable=g-import-not-at-top
 
 DEFAULT_PNG_FILENAME = 'memory.png'
 _MARKERS = 'osD^v<>ph*'
+# Phases drawn apart from the phase scatter (see the module docstring).
+_PROCESS_PHASES = ('start', 'step', 'end')
+_MIB = memory.BYTES_PER_MIB
+
+Record = dict[str, Any]
 
 
 def _resolve_jsonl(run_dir_or_jsonl):
@@ -36,61 +51,244 @@ def _resolve_jsonl(run_dir_or_jsonl):
   return path
 
 
-def _x_positions(records):
-  """Step of each record, spread within a step in file order (list of float)."""
-  steps = sorted({r['step'] for r in records})
-  gaps = [b - a for a, b in zip(steps, steps[1:])]
-  width = 0.8 * (min(gaps) if gaps else 1)
-  per_step = collections.Counter(r['step'] for r in records)
+def segments(records: Sequence[Record]) -> list[list[Record]]:
+  """Splits a log's records into one list per process, in file order.
+
+  A process's records begin with its 'init' records or its 'start' record;
+  records that carry a `process_index` go to that process's current
+  segment. Logs written before 'start' records existed are split where
+  the step goes back (a restarted process's 'init' records at step 0).
+
+  Returns:
+    list of lists of records; each record in exactly one.
+  """
+  out = []
+  current = {}  # process_index -> index into out
+  last_index = 0
+
+  def open_segment(index):
+    out.append([])
+    current[index] = len(out) - 1
+
+  for r in records:
+    index = r.get('process_index', last_index)
+    if not isinstance(index, int):
+      index = 0
+    last_index = index
+    seg = out[current[index]] if index in current else None
+    if seg is None:
+      open_segment(index)
+    else:
+      began = any(x['phase'] == 'start' or
+                  (x['phase'] not in ('init',) and x['step'] > 0)
+                  for x in seg)
+      went_back = r['step'] < max(x['step'] for x in seg)
+      if (r['phase'] == 'start' and began) or (
+          went_back and r['phase'] != 'end'):
+        open_segment(index)
+    out[current[index]].append(r)
+  return out
+
+
+def _start_step(segment):
+  """The step a process started from: its 'start' record's, or before its
+  first step's."""
+  for r in segment:
+    if r['phase'] == 'start':
+      return r['step']
+  steps = [r['step'] for r in segment if r['phase'] != 'init']
+  return (min(steps) - 1) if steps else 0
+
+
+def x_positions(segment: Sequence[Record]) -> list[float]:
+  """The x of each record of one process (see the module docstring)."""
+  start = _start_step(segment)
+  before = [r for r in segment if r['phase'] == 'init' or
+            (r['step'] <= start and r['phase'] not in _PROCESS_PHASES)]
+  per_step = collections.Counter(
+      r['step'] for r in segment
+      if r['phase'] not in _PROCESS_PHASES and not any(r is b for b in before))
   seen = collections.Counter()
   xs = []
-  for r in records:
-    xs.append(r['step'] + width * seen[r['step']] / per_step[r['step']])
-    seen[r['step']] += 1
+  n_before = 0
+  for r in segment:
+    if r['phase'] in ('start', 'step'):
+      x = start if r['phase'] == 'start' else r['step']
+    elif r['phase'] == 'end':
+      x = r['step'] + 0.5
+    elif any(r is b for b in before):
+      n_before += 1
+      x = start - 0.45 + 0.45 * n_before / len(before)
+    else:
+      seen[r['step']] += 1
+      x = r['step'] - 1 + seen[r['step']] / (per_step[r['step']] + 1)
+    xs.append(float(x))
   return xs
 
 
 def _transfers_per_step(records):
-  """{step: (h2d_bytes, d2h_bytes)} summed over the step's records.
+  """{step: (h2d_bytes, d2h_bytes)} of each step.
 
-  Phase records and per-layer records may both carry transfers; a step's
-  phase records are used where they have any, so bytes are not counted twice.
+  A step's 'step' record counts the whole step; without one, its phase
+  records are summed, else its per-layer records, so bytes are not counted
+  twice.
   """
-  by_step = collections.defaultdict(lambda: {'phase': [0, 0, False],
-                                             'layer': [0, 0, False]})
+  by_step = collections.defaultdict(
+      lambda: {k: [0, 0, False] for k in ('step', 'phase', 'layer')})
   for r in records:
     if r.get('h2d_bytes') is None and r.get('d2h_bytes') is None:
       continue
-    kind = 'layer' if r.get('layer') is not None else 'phase'
+    if r['phase'] == 'step':
+      kind = 'step'
+    else:
+      kind = 'layer' if r.get('layer') is not None else 'phase'
     acc = by_step[r['step']][kind]
     acc[0] += r.get('h2d_bytes') or 0
     acc[1] += r.get('d2h_bytes') or 0
     acc[2] = True
   out = {}
   for step, kinds in sorted(by_step.items()):
-    acc = kinds['phase'] if kinds['phase'][2] else kinds['layer']
+    acc = next(kinds[k] for k in ('step', 'phase', 'layer')
+               if kinds[k][2] or k == 'layer')
     out[step] = (acc[0], acc[1])
   return out
 
 
-def _plot_by_phase(ax, records, xs, key, phase_style):
-  points = [(x, r[key] / memory.BYTES_PER_MIB) for x, r in zip(xs, records)
-            if isinstance(r.get(key), (int, float))]
-  if not points:
-    ax.text(0.5, 0.5, f'no {key} in this log', transform=ax.transAxes,
-            ha='center', va='center', color='gray')
-    return
-  ax.plot([p[0] for p in points], [p[1] for p in points], color='lightgray',
-          linewidth=1, zorder=1)
-  for phase, (color, marker) in phase_style.items():
-    sel = [(x, r) for x, r in zip(xs, records)
-           if r['phase'] == phase and isinstance(r.get(key), (int, float))]
-    if not sel:
+def _no_data(ax, text):
+  ax.text(0.5, 0.5, text, transform=ax.transAxes, ha='center', va='center',
+          color='gray', wrap=True)
+
+
+def _plot_phases(ax, segs, key, phase_style, labelled):
+  """Each phase record's `key` (bytes) as a scatter, one line per process."""
+  drawn = False
+  for seg, xs in segs:
+    points = [(x, r) for x, r in zip(xs, seg)
+              if r['phase'] not in _PROCESS_PHASES and is_number(r.get(key))]
+    if not points:
       continue
-    ax.scatter([x for x, _ in sel],
-               [r[key] / memory.BYTES_PER_MIB for _, r in sel],
-               color=color, marker=marker, s=28, label=phase, zorder=2,
-               edgecolors='none')
+    drawn = True
+    ax.plot([x for x, _ in points], [r[key] / _MIB for _, r in points],
+            color='lightgray', linewidth=1, zorder=1)
+    for phase, (color, marker) in phase_style.items():
+      sel = [(x, r) for x, r in points if r['phase'] == phase]
+      if sel:
+        ax.scatter([x for x, _ in sel], [r[key] / _MIB for _, r in sel],
+                   color=color, marker=marker, s=24, zorder=2,
+                   edgecolors='none',
+                   label=None if phase in labelled else phase)
+        labelled.add(phase)
+  return drawn
+
+
+def _plot_line(ax, segs, phase, key, label, **style):
+  """`key` of the `phase` records as a line per process; True if any."""
+  drawn = False
+  for seg, xs in segs:
+    points = [(x, r[key] / _MIB) for x, r in zip(xs, seg)
+              if r['phase'] == phase and is_number(r.get(key))]
+    if points:
+      ax.plot([p[0] for p in points], [p[1] for p in points],
+              label=None if drawn else label, zorder=3, **style)
+      drawn = True
+  return drawn
+
+
+def _plot_host(ax, segs, phase_style):
+  labelled = set()
+  drawn = _plot_phases(ax, segs, 'host_rss_bytes', phase_style, labelled)
+  sources = {r.get('host_peak_source') for seg, _ in segs for r in seg
+             if r['phase'] == 'step'} - {None}
+  how = 'true' if sources == {'kernel_hwm'} else 'sampled'
+  drawn |= _plot_line(ax, segs, 'step', 'host_peak_bytes',
+                      f'peak of each step ({how})', color='tab:red',
+                      marker='_', markersize=10, linewidth=1.5)
+  between = [(x - 1 + 0.1, r['host_peak_between_steps_bytes'] / _MIB)
+             for seg, xs in segs for x, r in zip(xs, seg)
+             if r['phase'] == 'step' and
+             is_number(r.get('host_peak_between_steps_bytes'))]
+  if between:
+    ax.scatter([p[0] for p in between], [p[1] for p in between], marker='x',
+               color='tab:red', s=20, zorder=3,
+               label='peak between steps (evals, checkpoints)')
+  for phase, label, marker in (('start', 'peak before the first step '
+                                          '(imports, model init)', '*'),
+                               ('end', 'peak after the last step', 'P')):
+    pts = [(x, r['host_peak_bytes'] / _MIB) for seg, xs in segs
+           for x, r in zip(xs, seg)
+           if r['phase'] == phase and is_number(r.get('host_peak_bytes'))]
+    if pts:
+      drawn = True
+      ax.scatter([p[0] for p in pts], [p[1] for p in pts], marker=marker,
+                 s=70, color='tab:red', zorder=4, label=label)
+  all_records = [r for seg, _ in segs for r in seg]
+  peak = memory.peaks(all_records)['host_peak_bytes']
+  if peak is not None:
+    ax.axhline(peak / _MIB, color='tab:red', linestyle=':', linewidth=1)
+    ax.annotate(f'peak {peak / _MIB:.0f} MiB', xy=(0.01, peak / _MIB),
+                xycoords=('axes fraction', 'data'), va='bottom',
+                color='tab:red', fontsize=9)
+  if not drawn:
+    _no_data(ax, 'no host_rss_bytes or host_peak_bytes in this log')
+  ax.set_ylabel('host RSS (MiB)')
+  ax.set_title('Host memory: RSS at each phase record, true peak of each '
+               'step')
+
+
+def _plot_device(ax, segs, phase_style, sources):
+  labelled = set(phase_style)  # The host panel's legend names the phases.
+  drawn = _plot_phases(ax, segs, 'device_bytes_in_use', phase_style,
+                       labelled)
+  drawn |= _plot_line(ax, segs, 'step', 'device_bytes_in_use',
+                      'after each step', color='black', marker='.',
+                      linewidth=0.8)
+  for key, label, style in (
+      ('device_peak_bytes', 'peak (runtime)', dict(linestyle='--')),
+      ('peak_device_bytes', 'peak of the step (XLA, computed)',
+       dict(linestyle='-', marker='_', markersize=10))):
+    for phase in ('step',) + tuple(phase_style):
+      if _plot_line(ax, segs, phase, key, label, color='tab:purple',
+                    linewidth=1, **style):
+        drawn = True
+        label = None
+  source = ', '.join(s.replace('_', ' ') for s in sources) or 'no probe'
+  if not drawn:
+    _no_data(ax, 'no device figures in this log')
+  ax.set_ylabel(f'device bytes (MiB)\n[{source}]')
+  ax.set_title('Device memory in use, summed over devices')
+
+
+def _plot_transfers(ax, records):
+  transfers = _transfers_per_step(records)
+  if transfers:
+    steps = list(transfers)
+    ax.plot(steps, [transfers[s][0] / _MIB for s in steps], marker='o',
+            label='H2D (host to device)')
+    ax.plot(steps, [transfers[s][1] / _MIB for s in steps], marker='s',
+            label='D2H (device to host)')
+  else:
+    _no_data(ax, 'no h2d_bytes / d2h_bytes in this log')
+  ax.set_ylim(bottom=0)
+  ax.set_ylabel('bytes copied per step (MiB)')
+  ax.set_title('Host-device transfers per step')
+
+
+def _save(fig, output_png):
+  os.makedirs(os.path.dirname(os.path.abspath(output_png)), exist_ok=True)
+  fig.savefig(output_png, dpi=100)
+  plt.close(fig)
+  return output_png
+
+
+def plot_no_data(path: str, output_png: str, reason: str) -> str:
+  """Writes a figure that says the log at `path` has nothing to plot."""
+  fig, ax = plt.subplots(figsize=(10, 4), constrained_layout=True)
+  ax.set_axis_off()
+  ax.text(0.5, 0.6, 'No memory records to plot', ha='center', va='center',
+          fontsize=16, transform=ax.transAxes)
+  ax.text(0.5, 0.35, f'{path}\n{reason}', ha='center', va='center',
+          fontsize=10, color='gray', transform=ax.transAxes, wrap=True)
+  return _save(fig, output_png)
 
 
 def plot_memory(run_dir_or_jsonl: str | os.PathLike,
@@ -107,82 +305,59 @@ def plot_memory(run_dir_or_jsonl: str | os.PathLike,
 
   Raises:
     FileNotFoundError: there is no memory log at the given path.
-    ValueError: the log holds no complete record with 'step' and 'phase'.
+    ValueError: the log holds no complete record with 'step' and 'phase';
+      a figure saying so is written to the PNG's path first.
   """
   path = _resolve_jsonl(run_dir_or_jsonl)
   records = [r for r in memory.read_memory_log(path)
-             if isinstance(r.get('step'), (int, float)) and 'phase' in r]
-  if not records:
-    raise ValueError(
-        f'{path} holds no memory records. Train with the memory log enabled '
-        f'for at least one recorded step, then plot again.')
+             if is_number(r.get('step')) and isinstance(r.get('phase'), str)]
   if output_png is None:
     output_png = os.path.join(os.path.dirname(os.path.abspath(path)),
                               DEFAULT_PNG_FILENAME)
   output_png = os.fspath(output_png)
+  if not records:
+    reason = ('Train with the memory log enabled for at least one step, '
+              'then plot again.')
+    plot_no_data(path, output_png, 'It holds no complete record. ' + reason)
+    raise ValueError(f'{path} holds no memory records (a figure saying so '
+                     f'is at {output_png}). {reason}')
 
-  phases = list(dict.fromkeys(r['phase'] for r in records))
+  phases = list(dict.fromkeys(r['phase'] for r in records
+                              if r['phase'] not in _PROCESS_PHASES))
   cmap = plt.get_cmap('tab10')
   phase_style = {p: (cmap(i % 10), _MARKERS[i % len(_MARKERS)])
                  for i, p in enumerate(phases)}
-  xs = _x_positions(records)
+  segs = [(seg, x_positions(seg)) for seg in segments(records)]
   sources = sorted({r['device_bytes_source'] for r in records
                     if r.get('device_bytes_source')})
+  steps = {r['step'] for r in records if r['phase'] == 'step'} or {
+      r['step'] for r in records if r['phase'] not in ('init', 'start')}
 
   fig, (ax_host, ax_dev, ax_xfer) = plt.subplots(
-      3, 1, figsize=(10, 10), sharex=True, constrained_layout=True)
+      3, 1, figsize=(11, 11), sharex=True, constrained_layout=True)
   fig.suptitle(f'Memory log: {path}\n({len(records)} records, '
-               f'{len({r["step"] for r in records})} steps)', fontsize=11)
-
-  _plot_by_phase(ax_host, records, xs, 'host_rss_bytes', phase_style)
-  ax_host.set_ylabel('host RSS (MiB)')
-  ax_host.set_title('Host resident set size, per record')
-
-  _plot_by_phase(ax_dev, records, xs, 'device_bytes_in_use', phase_style)
-  source = ', '.join(s.replace('_', ' ') for s in sources) or 'no probe'
-  ax_dev.set_ylabel(f'device bytes in use (MiB)\n[{source}]')
-  ax_dev.set_title('Device memory in use, summed over devices, per record')
-  if any(isinstance(r.get('device_peak_bytes'), (int, float))
-         for r in records):
-    peaks = [(x, r['device_peak_bytes'] / memory.BYTES_PER_MIB)
-             for x, r in zip(xs, records)
-             if isinstance(r.get('device_peak_bytes'), (int, float))]
-    ax_dev.plot([p[0] for p in peaks], [p[1] for p in peaks], color='black',
-                linestyle='--', linewidth=1, label='peak')
-
-  for ax in (ax_host, ax_dev):
+               f'{len(steps)} steps, {len(segs)} process'
+               f'{"" if len(segs) == 1 else "es"})', fontsize=11)
+  _plot_host(ax_host, segs, phase_style)
+  _plot_device(ax_dev, segs, phase_style, sources)
+  _plot_transfers(ax_xfer, records)
+  for seg, xs in segs:
+    for x, r in zip(xs, seg):
+      if r['phase'] == 'start':
+        for ax in (ax_host, ax_dev, ax_xfer):
+          ax.axvline(x, color='gray', linestyle='--', linewidth=1)
+        ax_host.annotate(f' process {r.get("process_index", 0)} start '
+                         f'(pid {r.get("pid", "?")})', xy=(x, 1),
+                         xycoords=('data', 'axes fraction'), va='top',
+                         fontsize=8, color='gray', rotation=90)
+  for ax in (ax_host, ax_dev, ax_xfer):
     ax.grid(True, alpha=0.3)
+    ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
     if ax.get_legend_handles_labels()[0]:
-      ax.legend(title='phase', fontsize=8, loc='best')
-
-  transfers = _transfers_per_step(records)
-  if transfers:
-    steps = list(transfers)
-    ax_xfer.plot(steps,
-                 [transfers[s][0] / memory.BYTES_PER_MIB for s in steps],
-                 marker='o',
-                 label='H2D (host to device)')
-    ax_xfer.plot(steps,
-                 [transfers[s][1] / memory.BYTES_PER_MIB for s in steps],
-                 marker='s',
-                 label='D2H (device to host)')
-    ax_xfer.legend(fontsize=8, loc='best')
-  else:
-    ax_xfer.text(0.5, 0.5, 'no h2d_bytes / d2h_bytes in this log',
-                 transform=ax_xfer.transAxes, ha='center', va='center',
-                 color='gray')
-  ax_xfer.set_ylim(bottom=0)
-  ax_xfer.set_ylabel('bytes copied per step (MiB)')
-  ax_xfer.set_title('Host-device transfers per recorded step')
-  ax_xfer.set_xlabel('training step (records of a step spread left to right '
-                     'in order)')
-  ax_xfer.grid(True, alpha=0.3)
-
-  out_dir = os.path.dirname(os.path.abspath(output_png))
-  os.makedirs(out_dir, exist_ok=True)
-  fig.savefig(output_png, dpi=100)
-  plt.close(fig)
-  return output_png
+      ax.legend(fontsize=8, loc='best')
+  ax_xfer.set_xlabel('training step (step k spans (k - 1, k]: its phases '
+                     'left to right, its peak at k)')
+  return _save(fig, output_png)
 
 
 def main(argv: Sequence[str]) -> int:

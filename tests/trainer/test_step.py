@@ -23,6 +23,11 @@ _FREED = ['freed_arrays', 'freed_bytes']
 _UNIT = ['layer', 'layer_name', 'n_layers', 'seconds']
 _INIT = ['layer', 'layer_name', 'weights_bytes', 'slots_bytes',
          'host_rss_added_bytes']
+_START = ['process_index', 'pid', 'process_start_time', 'host_peak_bytes',
+          'host_peak_source']
+_STEP = ['process_index', 'pid', 'host_peak_bytes', 'host_peak_source',
+         'seconds', 'recorded']
+_BETWEEN = ['host_peak_between_steps_bytes']
 
 
 def _caller_fields(record):
@@ -51,7 +56,7 @@ def test_records_and_fields_of_each_phase_and_unit(tmp_path):
   trainer, records = _trained(tmp_path, 2)
   names = [l.name for l in trainer.all_layers]
   segments = f'{names[1]}..{names[2]}', f'{names[3]}..{names[4]}'
-  expected = [(0, 'init', _INIT)] * 6
+  expected = [(0, 'init', _INIT)] * 6 + [(0, 'start', _START)]
   for step in (1, 2):
     expected += [(step, 'free', _PHASE + _FREED + _RELEASED),
                  (step, 'forward', _UNIT), (step, 'forward', _UNIT),
@@ -61,11 +66,13 @@ def test_records_and_fields_of_each_phase_and_unit(tmp_path):
                  (step, 'free', _PHASE + _FREED + _RELEASED),
                  (step, 'backward', _UNIT), (step, 'backward', _UNIT),
                  (step, 'backward', _UNIT),
-                 (step, 'backward', _PHASE + _RELEASED)]
+                 (step, 'backward', _PHASE + _RELEASED),
+                 (step, 'step', _STEP + _PHASE[1:] +
+                  _BETWEEN * (step > 1))]
   assert [(r['step'], r['phase'], _caller_fields(r)) for r in records] == (
       expected)
   units = [(r['layer'], r['layer_name'], r['n_layers'])
-           for r in records[6:17] if 'layer' in r]
+           for r in records[7:18] if 'layer' in r]
   assert units == [(0, names[0], 1), (1, segments[0], 2),
                    (3, segments[1], 2), (3, segments[1], 2),
                    (1, segments[0], 2), (0, names[0], 1)]

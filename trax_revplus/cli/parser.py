@@ -56,7 +56,7 @@ trax_revplus (--implementation=revplus). Prints a table side by side: loss
 per step, max abs difference of the final weights and optimizer slots,
 first-step (compile) and median step time, peak host RSS, peak device bytes
 and bytes copied host-to-device and back. Writes DIR/compare.json (keys
-documented in trax_revplus/compare.py) and DIR/compare.png. If stock trax
+documented in trax_revplus/compare/) and DIR/compare.png. If stock trax
 cannot run the config (e.g. 2+ devices, or use_memory_efficient_trainer = 2,
 on current JAX), the table says why."""
 
@@ -187,6 +187,15 @@ def _add_train(commands) -> None:
       help='Print a progress line (step, loss, steps/s, host memory) every '
            'this many steps, and at the first and last step (default: '
            '%(default)s).')
+  parser.add_argument(
+      '--memory_log_every_n_steps', action=_Once, type=_positive_int,
+      metavar='N',
+      help='Memory log of trax_revplus\'s trainer (OUTPUT_DIR/memory.jsonl, '
+           'see docs/memory-log.md): every step gets a record of its true '
+           'host peak; the first 10 steps of each process, then steps 1, '
+           '1 + N, 1 + 2N, ... also get records of their phases. Binds '
+           'trax_revplus.ReversibleSerialTrainer.memory_log_every_n_steps '
+           '(default: the config\'s, else 100).')
   parser.add_argument(
       '--implementation', action=_Once, choices=IMPLEMENTATIONS,
       default='config', metavar='config|stock|revplus',

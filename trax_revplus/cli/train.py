@@ -84,6 +84,20 @@ def _select_implementation(implementation: str) -> None:
     trax_revplus.activate()
 
 
+def _bind_memory_log(every_n_steps: int | None) -> None:
+  """Applies --memory_log_every_n_steps (None: leave the config's)."""
+  if every_n_steps is None:
+    return
+  # pylint: disable=g-import-not-at-top
+  import gin
+  from trax_revplus import trainer  # Registers the configurable.
+  # pylint: enable=g-import-not-at-top
+  del trainer
+  gin.bind_parameter(
+      'trax_revplus.ReversibleSerialTrainer.memory_log_every_n_steps',
+      every_n_steps)
+
+
 def _check_settings() -> None:
   """Checks the parsed config before anything is built.
 
@@ -294,6 +308,7 @@ def run(flags: argparse.Namespace) -> int:
       import_messages = gin_config.import_trax()
       gin_config.parse_configs(config_files, bindings)
       _select_implementation(flags.implementation)
+      _bind_memory_log(flags.memory_log_every_n_steps)
       _check_settings()
       callbacks = _train_callbacks(flags.progress_every_n_steps)
       output_dirs.make(output_dir)

@@ -303,6 +303,7 @@ class ReversibleSerialTrainer:
     self._guard.end_step()
     self._hooks.step_ends(ctx)
     ctx.end_phase('backward')
+    self._memory_log.end_step(step)
     return ctx.loss_and_stats()
 
   def _begin_step(self, rng, step, learning_rate):
@@ -311,6 +312,7 @@ class ReversibleSerialTrainer:
       # Without an output directory the init records already went to the
       # absl log when the layers were placed; `set_output_dir` writes them.
       self._flush_init_records()
+    self._memory_log.begin_step(step, self._placement.transfers)
     self._store.set_learning_rate(learning_rate)
     self._commits.begin_step()
     self._guard.begin_step(step)

@@ -1,4 +1,4 @@
-"""Progress lines, compile notices, and per-step figures for a trax Loop.
+"""`ProgressPrinter`: progress lines and compile notices for a trax Loop.
 
 `ProgressPrinter` is a `trax.supervised.callbacks.TrainingStepCallback`. Every
 `every_n_steps` steps (and on the first and last step) it prints one line::
@@ -34,42 +34,9 @@ The loss is the value the Loop's `_run_one_step` returns: trax hands a
 callback only the step number, so the printer observes that method's result
 on its own Loop (the trainer is left as it is, so this works alike for
 trax's `Trainer`, trax's `ReversibleSerialTrainer` and trax_revplus's).
-
-It also records figures of every step and writes them, at the last step and
-again when `summary()` is called, to `<output_dir>/run_stats.json`
-(`RUN_STATS_FILENAME`), one JSON object whose keys are:
-
-  trainer (str or null): class of the Loop's first trainer, e.g.
-    'trax.optimizers.trainer.ReversibleSerialTrainer'.
-  steps (list of int): the Loop's step numbers run in this process.
-  loss (list of float or null): training loss each step returned (nats per
-    token for cross-entropy; the mean over devices); null where not finite.
-  step_seconds (list of float): wall time of each step, from the Loop's
-    `on_step_begin` to `on_step_end`, plus the wait for the step's loss to
-    reach the host; the first step of a process includes compilation.
-  compiled_programs (list of int): programs JAX compiled during each step.
-  host_rss_bytes (list of int): resident set size after each step.
-  device_bytes_in_use (list of int or null): bytes in use on the local
-    devices after each step (`trax_revplus.memory.device_memory`: device
-    `memory_stats()` where reported, bytes of live JAX arrays on CPU).
-  device_bytes_source (str or null): 'memory_stats' or 'live_arrays'.
-  h2d_bytes, d2h_bytes (list of int, or null): bytes the trainer copied
-    host-to-device / device-to-host during each step, where the trainer
-    counts them (trax_revplus's `ReversibleSerialTrainer`, through
-    `placement.transfers`); null for trainers that do not count (stock trax).
-  first_step_seconds (float or null): step_seconds of the first step.
-  median_step_seconds (float or null): median step_seconds over the later
-    steps (all but the first); null with fewer than 2 steps.
-  peak_host_rss_bytes (int): peak resident set size of the process (the
-    kernel's high-water mark, which includes imports and initialization).
-  peak_device_bytes (int or null): the larger of the highest sampled
-    device_bytes_in_use and the devices' reported peak
-    (`memory_stats()['peak_bytes_in_use']`, GPU/TPU only).
-  total_h2d_bytes, total_d2h_bytes (int or null): sums of h2d_bytes and
-    d2h_bytes.
-
-Both trax's and trax_revplus's trainers are measured by this same code, so
-`trax-revplus compare` can set their figures side by side.
+It also records the figures of every step (`run_stats.StepFigures`) and
+writes them, at the last step and again when `summary()` is called, to
+`<output_dir>/run_stats.json`.
 
 Add it from gin with::
 
@@ -78,90 +45,22 @@ Add it from gin with::
 `trax-revplus train` adds one itself unless the config already does.
 """
 
-import json
-import os
-import statistics
 import sys
-import threading
 import time
 from typing import Any, Callable, TextIO
 
 from absl import logging
 import gin
-import jax
 import numpy as np
 
 from trax.supervised import callbacks
 from trax.supervised import training
 from trax_revplus import memory
+from trax_revplus.progress import run_stats as run_stats_lib
+from trax_revplus.progress.compiles import CompileCounter
 
-try:
-  import resource  # pylint: disable=g-import-not-at-top
-except ImportError:  # Windows has no getrusage.
-  resource = None
-
-RUN_STATS_FILENAME = 'run_stats.json'
 # Recompiles after the first step printed as a line of their own.
 MAX_RECOMPILE_NOTICES = 3
-# The jax.monitoring event of one program's compilation by XLA.
-_BACKEND_COMPILE_EVENT = '/jax/core/compile/backend_compile_duration'
-
-
-def qualified_name(cls: type) -> str:
-  """'module.QualifiedName' of a class, e.g. of the Loop's trainer."""
-  return f'{cls.__module__}.{cls.__qualname__}'
-
-
-def peak_host_rss_bytes() -> int:
-  """Returns the peak resident set size of this process so far, in bytes.
-
-  Uses getrusage's ru_maxrss (the kernel's high-water mark, so short peaks
-  between samples count); falls back to the current RSS without it.
-  """
-  if resource is None:
-    return memory.host_rss_bytes()
-  peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-  # ru_maxrss is in KiB on Linux and in bytes on macOS.
-  return peak if sys.platform == 'darwin' else peak * 1024
-
-
-class CompileCounter:
-  """Programs JAX compiled in this process and their compile seconds.
-
-  Fed by `jax.monitoring`'s event-duration listeners (one per process,
-  registered on first use), so compilations on any thread count, e.g. those
-  a trainer runs on helper threads.
-  """
-
-  _lock = threading.Lock()
-  _programs = 0
-  _seconds = 0.0
-  _names: list[str] = []
-  _registered = False
-
-  @classmethod
-  def _listen(cls, event: str, duration_secs: float, **kwargs: Any) -> None:
-    if event != _BACKEND_COMPILE_EVENT:
-      return
-    with cls._lock:
-      cls._programs += 1
-      cls._seconds += duration_secs
-      cls._names.append(str(kwargs.get('fun_name', '?')))
-
-  @classmethod
-  def snapshot(cls) -> tuple[int, float]:
-    """(programs compiled, their compile seconds summed) so far."""
-    with cls._lock:
-      if not cls._registered:
-        jax.monitoring.register_event_duration_secs_listener(cls._listen)
-        cls._registered = True
-      return cls._programs, cls._seconds
-
-  @classmethod
-  def names_since(cls, programs: int) -> list[str]:
-    """Names of the functions compiled after the first `programs`."""
-    with cls._lock:
-      return list(cls._names[programs:])
 
 
 def _mean_loss(losses: list[Any]) -> float | None:
@@ -169,15 +68,6 @@ def _mean_loss(losses: list[Any]) -> float | None:
   if not losses:
     return None
   return float(np.mean([np.mean(np.asarray(loss)) for loss in losses]))
-
-
-def _transfer_counter(trainer: Any) -> memory.TransferCounter | None:
-  """The trainer's `memory.TransferCounter`, or None if it keeps none."""
-  try:
-    counter = trainer.placement.transfers
-  except AttributeError:
-    return None
-  return counter if hasattr(counter, 'snapshot') else None
 
 
 def _plural(n: int, word: str) -> str:
@@ -225,19 +115,8 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
     self._steps_run = 0
     self._compiling_steps = []  # (step, seconds, programs)
     self._recompile_notices = 0
-    self._peak_sampled_rss = 0
-    self._device_probe_failed = False
-    self._device_peak_reported = None
-    self._stats = {key: [] for key in (
-        'steps', 'loss', 'step_seconds', 'compiled_programs',
-        'host_rss_bytes', 'device_bytes_in_use', 'h2d_bytes', 'd2h_bytes')}
-    self._device_bytes_source = None
-    trainers = list(getattr(loop, '_trainer_per_task', ()))
-    self._trainer_name = (qualified_name(type(trainers[0])) if trainers
-                          else None)
-    self._counters = [c for c in map(_transfer_counter, trainers)
-                      if c is not None]
-    self._transfers_at_step_begin = None
+    self._figures = run_stats_lib.StepFigures(
+        getattr(loop, '_trainer_per_task', ()))
     CompileCounter.snapshot()  # Listens from now on.
     self._observe_step_results(loop)
 
@@ -269,19 +148,12 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
     del step
     return True
 
-  def _transfers(self) -> tuple[int, int] | None:
-    """(h2d_bytes, d2h_bytes) summed over the trainers' counters, or None."""
-    if not self._counters:
-      return None
-    snapshots = [c.snapshot() for c in self._counters]
-    return (sum(s[0] for s in snapshots), sum(s[1] for s in snapshots))
-
   def on_step_begin(self, step: int) -> None:
     if self._first_step is None:
       self._first_step = step
     self._step = step
     self._step_seconds = None
-    self._transfers_at_step_begin = self._transfers()
+    self._figures.begin_step()
     self._compiles_at_step_begin = CompileCounter.snapshot()
     self._step_start = time.perf_counter()
 
@@ -313,7 +185,7 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
       self._compiling_steps.append((step, seconds, programs))
     self._steps_run += 1
     self._last_step = step
-    self._record_step(step, loss, seconds, programs)
+    self._figures.end_step(step, loss, seconds, programs)
     if programs and step != self._first_step:
       self._recompile_notice(step, seconds, programs, programs_before)
     is_last = self._total_steps is not None and step >= self._total_steps
@@ -342,38 +214,6 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
       line += ' (later ones: train.log and the summary)'
     self._print(line)
 
-  def _record_step(self, step: int, loss: float | None, seconds: float,
-                   programs: int) -> None:
-    """Samples memory and transfers after a step; outside the step's time."""
-    stats = self._stats
-    stats['steps'].append(int(step))
-    stats['loss'].append(loss)
-    stats['step_seconds'].append(seconds)
-    stats['compiled_programs'].append(int(programs))
-    rss = memory.host_rss_bytes()
-    self._peak_sampled_rss = max(self._peak_sampled_rss, rss)
-    stats['host_rss_bytes'].append(rss)
-    device = None
-    if not self._device_probe_failed:
-      try:
-        device = memory.device_memory()
-      except Exception as e:  # pylint: disable=broad-except
-        self._device_probe_failed = True
-        logging.warning('ProgressPrinter: device memory probe failed (%s: %s);'
-                        ' device bytes are not recorded for the rest of this '
-                        'run.', type(e).__name__, e)
-    if device is None:
-      stats['device_bytes_in_use'].append(None)
-    else:
-      stats['device_bytes_in_use'].append(device['device_bytes_in_use'])
-      self._device_bytes_source = device['device_bytes_source']
-      if device['device_peak_bytes'] is not None:
-        self._device_peak_reported = device['device_peak_bytes']
-    begin, end = self._transfers_at_step_begin, self._transfers()
-    if begin is not None and end is not None:
-      stats['h2d_bytes'].append(end[0] - begin[0])
-      stats['d2h_bytes'].append(end[1] - begin[1])
-
   @staticmethod
   def _rate_text(window: dict[str, Any]) -> str:
     """'3.10 steps/s', 'compiling 14.2 s', or the rate naming the compiles."""
@@ -392,8 +232,7 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
     """Prints one progress line and starts a new window."""
     window = self._window
     loss = _mean_loss(window['losses'])
-    rss = memory.host_rss_bytes()
-    self._peak_sampled_rss = max(self._peak_sampled_rss, rss)
+    rss = self._figures.sample_rss()
     self._train_seconds += window['seconds']
     if loss is not None:
       self._last_window = (step - window['steps'] + 1, loss)
@@ -408,67 +247,20 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
     """Returns the per-step figures of this process's steps.
 
     Returns:
-      dict with the keys of `run_stats.json` (see the module docstring);
-      plain JSON types.
+      dict with the keys of `run_stats.json` (`run_stats`); plain JSON
+      types.
     """
-    stats = self._stats
-    seconds = stats['step_seconds']
-    sampled_device = [b for b in stats['device_bytes_in_use'] if b is not None]
-    device_peaks = sampled_device + (
-        [self._device_peak_reported]
-        if self._device_peak_reported is not None else [])
-    counted = bool(stats['h2d_bytes']) and (
-        len(stats['h2d_bytes']) == len(stats['steps']))
-    return {
-        'trainer': self._trainer_name,
-        'steps': list(stats['steps']),
-        'loss': [v if v is not None and np.isfinite(v) else None
-                 for v in stats['loss']],
-        'step_seconds': list(seconds),
-        'compiled_programs': list(stats['compiled_programs']),
-        'host_rss_bytes': list(stats['host_rss_bytes']),
-        'device_bytes_in_use': list(stats['device_bytes_in_use']),
-        'device_bytes_source': self._device_bytes_source,
-        'h2d_bytes': list(stats['h2d_bytes']) if counted else None,
-        'd2h_bytes': list(stats['d2h_bytes']) if counted else None,
-        'first_step_seconds': seconds[0] if seconds else None,
-        'median_step_seconds': (statistics.median(seconds[1:])
-                                if len(seconds) >= 2 else None),
-        'peak_host_rss_bytes': max(peak_host_rss_bytes(),
-                                   self._peak_sampled_rss),
-        'peak_device_bytes': max(device_peaks) if device_peaks else None,
-        'total_h2d_bytes': sum(stats['h2d_bytes']) if counted else None,
-        'total_d2h_bytes': sum(stats['d2h_bytes']) if counted else None,
-    }
+    return self._figures.run_stats()
 
   def write_run_stats(self) -> str | None:
     """Writes `run_stats()` to `<loop output_dir>/run_stats.json`.
 
-    Written to a temporary file and renamed, so a reader never sees half a
-    file. Does nothing when the Loop has no output dir; a write that fails
-    is logged as a warning, never raised, so it cannot end a training run.
+    Never raises (see `run_stats.StepFigures.write`).
 
     Returns:
       The path written, or None.
     """
-    output_dir = getattr(self._loop, 'output_dir', None)
-    if not output_dir:
-      return None
-    path = os.path.join(output_dir, RUN_STATS_FILENAME)
-    tmp_path = path + '.tmp'
-    try:
-      with open(tmp_path, 'w', encoding='utf-8') as f:
-        json.dump(self.run_stats(), f, indent=1)
-      os.replace(tmp_path, path)
-    except (OSError, TypeError, ValueError) as e:
-      logging.warning('ProgressPrinter: cannot write %s (%s: %s).', path,
-                      type(e).__name__, e)
-      try:
-        os.remove(tmp_path)
-      except OSError:
-        pass
-      return None
-    return path
+    return self._figures.write(getattr(self._loop, 'output_dir', None))
 
   def summary(self) -> dict[str, Any]:
     """Returns the figures of the run so far; rewrites run_stats.json.
@@ -521,6 +313,5 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
         'final_train_loss': train_loss,
         'final_train_loss_from_step': from_step,
         'eval_losses': eval_losses,
-        'peak_host_rss_bytes': max(peak_host_rss_bytes(),
-                                   self._peak_sampled_rss),
+        'peak_host_rss_bytes': self._figures.peak_host_rss_bytes(),
     }

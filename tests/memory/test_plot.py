@@ -1,0 +1,94 @@
+"""trax_revplus.memory_plot: the figure of a memory log."""
+
+import collections
+import os
+
+import pytest
+
+from trax_revplus import memory
+from trax_revplus import memory_plot
+
+
+def _write_small_log(run_dir):
+  log = memory.MemoryLog(every_n_steps=1, output_dir=str(run_dir),
+                         tensorboard=False)
+  for layer in range(2):
+    log.record(0, 'init', layer=layer, layer_name=f'Dense_{layer}',
+               weights_bytes=4096, slots_bytes=8192)
+  for step in (1, 2):
+    for phase in ('forward', 'loss', 'backward', 'free'):
+      log.record(step, phase, seconds=0.01, h2d_bytes=2 << 20,
+                 d2h_bytes=1 << 20)
+  log.close()
+
+
+def test_plot_renders_png(tmp_path):
+  _write_small_log(tmp_path)
+  png = memory_plot.plot_memory(str(tmp_path))
+  assert png == str(tmp_path / 'memory.png')
+  with open(png, 'rb') as f:
+    assert f.read(8) == b'\x89PNG\r\n\x1a\n'
+  other = memory_plot.plot_memory(str(tmp_path / 'memory.jsonl'),
+                                  str(tmp_path / 'out' / 'm.png'))
+  assert os.path.getsize(other) > 10_000
+
+
+def test_plot_sums_transfers_per_step(tmp_path):
+  _write_small_log(tmp_path)
+  records = memory.read_memory_log(tmp_path / 'memory.jsonl')
+  assert memory_plot._transfers_per_step(records) == {
+      1: (8 << 20, 4 << 20), 2: (8 << 20, 4 << 20)}
+
+
+def test_plot_errors_clearly(tmp_path):
+  with pytest.raises(FileNotFoundError, match='No memory log at'):
+    memory_plot.plot_memory(str(tmp_path))
+  (tmp_path / 'memory.jsonl').write_text('{"step": 1, "pha')
+  with pytest.raises(ValueError, match='holds no memory records'):
+    memory_plot.plot_memory(str(tmp_path))
+  assert memory_plot.main([str(tmp_path / 'missing')]) == 2
+
+
+def _write_resumed_log(run_dir):
+  """Two processes: steps 1-3, then (resumed) steps 4-5, each with init."""
+  for steps in ((1, 2, 3), (4, 5)):
+    log = memory.MemoryLog(every_n_steps=1, output_dir=str(run_dir),
+                           tensorboard=False)
+    log.record(0, 'init', layer=0, weights_bytes=4096)
+    log.record(0, 'init', layer=1, weights_bytes=4096)
+    for step in steps:
+      log.begin_step(step)
+      for phase in ('forward', 'loss', 'backward'):
+        log.record(step, phase, h2d_bytes=1 << 20)
+      log.end_step(step)
+    log.close()
+
+
+def test_plot_draws_one_segment_per_process(tmp_path):
+  _write_resumed_log(tmp_path)
+  records = memory.read_memory_log(tmp_path / 'memory.jsonl')
+  segs = memory_plot.segments(records)
+  assert [len(s) for s in segs] == [2 + 1 + 3 * 4 + 1, 2 + 1 + 2 * 4 + 1]
+  assert sum(segs, []) == records
+  second = segs[1]
+  xs = memory_plot.x_positions(second)
+  by_phase = collections.defaultdict(list)
+  for x, r in zip(xs, second):
+    by_phase[r['phase']].append((r['step'], x))
+  # The resumed process's init records sit just before step 4, not at 0.
+  assert by_phase['start'] == [(3, 3.0)]
+  assert all(2.5 < x <= 3 for _, x in by_phase['init'])
+  # Step k spans (k - 1, k]: phases inside, the step record on the tick.
+  assert by_phase['step'] == [(4, 4.0), (5, 5.0)]
+  for phase in ('forward', 'loss', 'backward'):
+    assert all(step - 1 < x < step for step, x in by_phase[phase])
+  png = memory_plot.plot_memory(str(tmp_path))
+  assert os.path.getsize(png) > 10_000
+
+
+def test_plot_of_an_empty_log_says_so_in_a_figure(tmp_path):
+  (tmp_path / 'memory.jsonl').write_text('')
+  with pytest.raises(ValueError, match='holds no memory records'):
+    memory_plot.plot_memory(str(tmp_path))
+  with open(tmp_path / 'memory.png', 'rb') as f:
+    assert f.read(8) == b'\x89PNG\r\n\x1a\n'

@@ -1,0 +1,154 @@
+"""The two training processes: their command, output, and what they left.
+
+Each run is `python -m trax_revplus.cli train` in a fresh process; its
+entry of compare.json (`collect_run`) gathers its exit status, the summary
+it printed, its `run_stats.json` and the peaks of its memory log.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+from trax_revplus import memory
+from trax_revplus.compare.common import Run
+from trax_revplus.compare.common import RUN_STATS_FILENAME
+
+# A Python exception line ("jax.errors.JaxRuntimeError: ...") or the CLI's
+# one-line error.
+_ERROR_LINE = re.compile(
+    r'^((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt)'
+    r'\b(?::.*)?|trax-revplus train: error: .*)$')
+
+
+def train_command(implementation, config_files, bindings, output_dir,
+                   progress_every_n_steps):
+  command = [sys.executable, '-m', 'trax_revplus.cli', 'train',
+             f'--implementation={implementation}',
+             f'--output_dir={output_dir}']
+  command += [f'--config_file={os.path.abspath(p)}' for p in config_files]
+  command += [f'--config={b}' for b in bindings]
+  if progress_every_n_steps is not None:
+    command.append(f'--progress_every_n_steps={progress_every_n_steps}')
+  return command
+
+
+def run_streaming(command, log_path, prefix, stream):
+  """Runs `command`, copying its output to `log_path` and, prefixed, `stream`.
+
+  Returns:
+    (exit_code, output): int exit status (negative: killed by that signal)
+    and the text it printed (stdout and stderr, interleaved).
+  """
+  env = dict(os.environ, PYTHONUNBUFFERED='1')
+  lines = []
+  with open(log_path, 'w', encoding='utf-8') as log:
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        errors='replace', env=env)
+    try:
+      for line in process.stdout:
+        lines.append(line)
+        log.write(line)
+        log.flush()
+        stream.write(f'{prefix}{line}')
+        stream.flush()
+      process.wait()
+    except BaseException:
+      # Ctrl-C reaches the child too; wait for it so no run is left behind.
+      process.terminate()
+      process.wait()
+      raise
+  return process.returncode, ''.join(lines)
+
+
+def failure_reason(exit_code: int, output: str) -> str:
+  """One line saying why a training process failed.
+
+  Args:
+    exit_code: int, its exit status (negative: killed by that signal).
+    output: str, what it printed.
+
+  Returns:
+    str, e.g. "exit 1: AttributeError: module 'jax.lib' has no attribute
+    'xla_bridge'".
+  """
+  if exit_code < 0:
+    head = f'killed by signal {-exit_code}'
+  else:
+    head = f'exit {exit_code}'
+  lines = [line.strip() for line in output.splitlines() if line.strip()]
+  errors = [line for line in lines if _ERROR_LINE.match(line)]
+  last = errors[-1] if errors else (lines[-1] if lines else '')
+  if len(last) > 300:
+    last = last[:297] + '...'
+  return f'{head}: {last}' if last else head
+
+
+def _summary_rows(output):
+  """The `== summary ==` block a training run printed, as {row: value}."""
+  if '== summary ==' not in output:
+    return {}
+  rows = {}
+  for line in output.split('== summary ==', 1)[1].strip().splitlines():
+    name, sep, value = line.partition('  ')
+    if not sep:
+      break
+    rows[name.strip()] = value.strip()
+  return rows
+
+
+def _read_json(path):
+  try:
+    with open(path, encoding='utf-8') as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return None
+
+
+def collect_run(implementation: str, exit_code: int, output: str,
+                output_dir: str, log_path: str,
+                wall_seconds: float) -> Run:
+  """The RUN entry of compare.json for one finished training process.
+
+  Args:
+    implementation: 'stock' or 'revplus'.
+    exit_code: int, the process's exit status.
+    output: str, what it printed.
+    output_dir: str, its training output dir.
+    log_path: str, where its output was saved.
+    wall_seconds: float, wall time of the process.
+
+  Returns:
+    dict, see the module docstring.
+  """
+  rows = _summary_rows(output)
+  stats = _read_json(os.path.join(output_dir, RUN_STATS_FILENAME))
+  records = memory_records(output_dir)
+  trainer = rows.get('trainer') or (stats or {}).get('trainer')
+  return {
+      'implementation': implementation,
+      'status': 'ok' if exit_code == 0 else 'failed',
+      'exit_code': exit_code,
+      'error': None if exit_code == 0 else failure_reason(exit_code, output),
+      'output_dir': output_dir,
+      'log': log_path,
+      'wall_seconds': wall_seconds,
+      'trainer': trainer,
+      'reversible_layers': rows.get('reversible layers'),
+      'stats': stats,
+      'memory_log': dict(memory.peaks(records), records=len(records))
+                    if records else None,
+  }
+
+
+def memory_records(output_dir):
+  """The records of the run's memory.jsonl, [] without one."""
+  path = os.path.join(output_dir, memory.MEMORY_LOG_FILENAME)
+  if not os.path.isfile(path):
+    return []
+  try:
+    return memory.read_memory_log(path)
+  except OSError:
+    return []

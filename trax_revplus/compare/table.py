@@ -1,0 +1,145 @@
+"""The table `compare` prints: the runs, their figures side by side."""
+
+import textwrap
+
+from trax_revplus import memory
+from trax_revplus.compare.common import IMPLEMENTATIONS
+from trax_revplus.compare.common import LABELS
+from trax_revplus.compare.common import Report
+
+
+def _stat(run, key):
+  stats = run.get('stats')
+  if run['status'] != 'ok' or not stats:
+    return None
+  return stats.get(key)
+
+
+def _peak(run, log_key, stats_key):
+  """A run's peak: from its memory log's records, else from run_stats."""
+  log = run.get('memory_log') if run['status'] == 'ok' else None
+  if log and log.get(log_key) is not None:
+    return log[log_key]
+  return _stat(run, stats_key) if stats_key else None
+
+
+def _final_loss(run):
+  losses = [loss for loss in (_stat(run, 'loss') or []) if loss is not None]
+  return losses[-1] if losses else None
+
+
+def _fmt(value, kind):
+  if value is None:
+    return 'n/a'
+  if kind == 'mib':
+    return f'{value / memory.BYTES_PER_MIB:.4g}'
+  if kind == 'seconds':
+    return f'{value:.3f}'
+  if kind == 'loss':
+    return f'{value:.4f}'
+  return str(value)
+
+
+def _fmt_diff(entry):
+  if entry['max_abs_diff'] is None:
+    return f'n/a ({entry["reason"]})'
+  return f'{entry["max_abs_diff"]:.3g} over {entry["n_arrays"]} arrays'
+
+
+def format_table(report: Report) -> str:
+  """The text `compare` prints: runs, figures side by side, differences.
+
+  Args:
+    report: dict from `build_report`.
+
+  Returns:
+    str, several lines.
+  """
+  runs = report['runs']
+  head = ', '.join(report['config_files'] or ['(bindings only)'])
+  steps = report['steps'] if report['steps'] is not None else 'config'
+  seed = report['seed'] if report['seed'] is not None else 'n/a'
+  if report['seed_from_config']:
+    seed = f'{seed} (from the config)'
+  lines = ['', f'== compare: {head}; steps {steps}; seed {seed} ==']
+  width = max(len(LABELS[k]) for k in IMPLEMENTATIONS) + 1
+  for k in IMPLEMENTATIONS:
+    run = runs[k]
+    if run['status'] == 'ok':
+      what = f'ok, {run["wall_seconds"]:.0f} s in all'
+    else:
+      what = f'failed ({run["error"]})'
+    lines.append(f'{(LABELS[k] + ":").ljust(width)} {what}')
+    if run['trainer'] or run['reversible_layers']:
+      lines.append(f'  trainer            {run["trainer"] or "n/a"}')
+      lines.append(f'  reversible layers  {run["reversible_layers"] or "n/a"}')
+
+  source = next((_stat(runs[k], 'device_bytes_source')
+                 for k in IMPLEMENTATIONS
+                 if _stat(runs[k], 'device_bytes_source')), None)
+  device_note = f', {source.replace("_", " ")}' if source else ''
+  metrics = [
+      ('steps run', lambda r: len(_stat(r, 'steps') or []) or None, 'int',
+       False),
+      ('final train loss (nats)', _final_loss, 'loss', False),
+      ('first step (s, compiles)',
+       lambda r: _stat(r, 'first_step_seconds'), 'seconds', True),
+      ('median later step (s)',
+       lambda r: _stat(r, 'median_step_seconds'), 'seconds', True),
+      ('peak host RSS (MiB)',
+       lambda r: _peak(r, 'host_peak_bytes', 'peak_host_rss_bytes'), 'mib',
+       True),
+      (f'peak device (MiB{device_note})',
+       lambda r: _peak(r, 'device_bytes_peak', 'peak_device_bytes'), 'mib',
+       True),
+      ('H2D copied (MiB)', lambda r: _stat(r, 'total_h2d_bytes'), 'mib',
+       True),
+      ('D2H copied (MiB)', lambda r: _stat(r, 'total_d2h_bytes'), 'mib',
+       True),
+  ]
+  if any((runs[k].get('memory_log') or {}).get('peak_device_bytes')
+         is not None for k in IMPLEMENTATIONS):
+    metrics.insert(6, ('peak device, XLA (MiB)',
+                       lambda r: _peak(r, 'peak_device_bytes', None), 'mib',
+                       True))
+  table = [('metric', LABELS['stock'], LABELS['revplus'],
+            'trax_revplus / stock')]
+  for name, get, kind, with_ratio in metrics:
+    a, b = get(runs['stock']), get(runs['revplus'])
+    if runs['stock']['status'] != 'ok':
+      a_text = 'failed'
+    else:
+      a_text = _fmt(a, kind)
+    if runs['revplus']['status'] != 'ok':
+      b_text = 'failed'
+    else:
+      b_text = _fmt(b, kind)
+    ratio = (f'{b / a:.3g}' if with_ratio and a and b is not None
+             else ('' if not with_ratio else 'n/a'))
+    table.append((name, a_text, b_text, ratio))
+  widths = [max(len(row[i]) for row in table) for i in range(4)]
+  lines.append('')
+  for row in table:
+    lines.append('  '.join(cell.ljust(w) for cell, w in
+                           zip(row, widths)).rstrip())
+
+  lines.append('')
+  if report['loss_max_abs_diff'] is None:
+    lines.append('loss per step: n/a (needs losses from both runs)')
+  else:
+    lines.append(f'loss per step: max abs difference '
+                 f'{report["loss_max_abs_diff"]:.3g} over '
+                 f'{report["loss_steps_compared"]} steps')
+  lines.append(f'final weights: max abs difference '
+               f'{_fmt_diff(report["final_weights"])}')
+  lines.append(f'optimizer slots: max abs difference '
+               f'{_fmt_diff(report["final_slots"])}')
+  lines.extend(textwrap.wrap(
+      'The first step includes compilation; the median is over the later '
+      'steps; peaks are per process, imports included, read from the '
+      'memory log (memory.jsonl: the true peak of each step, and before and '
+      'after the steps) where the run writes one (trax_revplus), else from '
+      'run_stats.json (stock trax: the process peak RSS, device bytes after '
+      'each step); H2D/D2H bytes are counted by trax_revplus only (n/a for '
+      'stock trax).', width=78))
+  return '\n'.join(lines)

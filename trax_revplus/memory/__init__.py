@@ -1,0 +1,41 @@
+"""Memory probes and the memory log of the reversible trainer.
+
+Modules, one job each:
+
+  probes     bytes in use now: `host_rss_bytes()`, `device_memory()`,
+             `array_bytes(tree)`.
+  host_peak  the true peak RSS between two moments (the kernel's high-water
+             mark, reset around each step on Linux).
+  transfers  `TransferCounter`: bytes copied host-to-device (H2D) and
+             device-to-host (D2H), counted by the code that copies.
+  records    the fields of a `memory.jsonl` record, its one-line form,
+             reading a log back, a run's peaks.
+  schedule   which steps get phase records.
+  log        `MemoryLog`: what each step records, and when.
+  writers    where records go: absl lines, `memory.jsonl`, TensorBoard.
+
+The names below are importable from `trax_revplus.memory` itself.
+"""
+
+from absl import logging  # pylint: disable=unused-import
+
+from trax_revplus.memory import host_peak
+from trax_revplus.memory.log import MemoryLog
+from trax_revplus.memory.probes import array_bytes
+from trax_revplus.memory.probes import device_memory
+from trax_revplus.memory.probes import host_rss_bytes
+from trax_revplus.memory.records import BYTES_PER_MIB
+from trax_revplus.memory.records import format_record
+from trax_revplus.memory.records import MEMORY_LOG_FILENAME
+from trax_revplus.memory.records import peaks
+from trax_revplus.memory.records import read_memory_log
+from trax_revplus.memory.records import TENSORBOARD_SUBDIR
+from trax_revplus.memory.schedule import FIRST_STEPS_RECORDED
+from trax_revplus.memory.transfers import TransferCounter
+
+__all__ = [
+    'array_bytes', 'BYTES_PER_MIB', 'device_memory', 'FIRST_STEPS_RECORDED',
+    'format_record', 'host_peak', 'host_rss_bytes', 'MEMORY_LOG_FILENAME',
+    'MemoryLog', 'peaks', 'read_memory_log', 'TENSORBOARD_SUBDIR',
+    'TransferCounter',
+]

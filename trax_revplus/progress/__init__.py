@@ -1,0 +1,27 @@
+"""Progress lines, compile notices, and per-step figures for a trax Loop.
+
+Modules, one job each:
+
+  printer    `ProgressPrinter`, the Loop callback: progress lines, compile
+             notices, the run's summary.
+  run_stats  `StepFigures`: each step's loss, time, memory and transfers;
+             `run_stats.json` and its keys.
+  compiles   `CompileCounter`: programs JAX compiled, from its monitoring
+             events.
+
+The names below are importable from `trax_revplus.progress` itself; the
+gin name of the printer stays `trax_revplus.progress.ProgressPrinter`.
+"""
+
+from trax_revplus.progress.compiles import CompileCounter
+from trax_revplus.progress.printer import MAX_RECOMPILE_NOTICES
+from trax_revplus.progress.printer import ProgressPrinter
+from trax_revplus.progress.run_stats import peak_host_rss_bytes
+from trax_revplus.progress.run_stats import qualified_name
+from trax_revplus.progress.run_stats import RUN_STATS_FILENAME
+from trax_revplus.progress.run_stats import StepFigures
+
+__all__ = [
+    'CompileCounter', 'MAX_RECOMPILE_NOTICES', 'peak_host_rss_bytes',
+    'ProgressPrinter', 'qualified_name', 'RUN_STATS_FILENAME', 'StepFigures',
+]

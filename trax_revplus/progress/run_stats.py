@@ -1,0 +1,213 @@
+"""`StepFigures`: the figures of each training step, and `run_stats.json`.
+
+`StepFigures.write` saves them to `<output_dir>/run_stats.json`
+(`RUN_STATS_FILENAME`), one JSON object whose keys are:
+
+
+  trainer (str or null): class of the Loop's first trainer, e.g.
+    'trax.optimizers.trainer.ReversibleSerialTrainer'.
+  steps (list of int): the Loop's step numbers run in this process.
+  loss (list of float or null): training loss each step returned (nats per
+    token for cross-entropy; the mean over devices); null where not finite.
+  step_seconds (list of float): wall time of each step, from the Loop's
+    `on_step_begin` to `on_step_end`, plus the wait for the step's loss to
+    reach the host; the first step of a process includes compilation.
+  compiled_programs (list of int): programs JAX compiled during each step.
+  host_rss_bytes (list of int): resident set size after each step.
+  device_bytes_in_use (list of int or null): bytes in use on the local
+    devices after each step (`trax_revplus.memory.device_memory`: device
+    `memory_stats()` where reported, bytes of live JAX arrays on CPU).
+  device_bytes_source (str or null): 'memory_stats' or 'live_arrays'.
+  h2d_bytes, d2h_bytes (list of int, or null): bytes the trainer copied
+    host-to-device / device-to-host during each step, where the trainer
+    counts them (trax_revplus's `ReversibleSerialTrainer`, through
+    `placement.transfers`); null for trainers that do not count (stock trax).
+  first_step_seconds (float or null): step_seconds of the first step.
+  median_step_seconds (float or null): median step_seconds over the later
+    steps (all but the first); null with fewer than 2 steps.
+  peak_host_rss_bytes (int): peak resident set size of the process (the
+    kernel's high-water mark, which includes imports and initialization;
+    `memory.host_peak.process_peak_bytes`).
+  peak_device_bytes (int or null): the larger of the highest sampled
+    device_bytes_in_use and the devices' reported peak
+    (`memory_stats()['peak_bytes_in_use']`, GPU/TPU only).
+  total_h2d_bytes, total_d2h_bytes (int or null): sums of h2d_bytes and
+    d2h_bytes.
+
+Both trax's and trax_revplus's trainers are measured by this same code, so
+`trax-revplus compare` can set their figures side by side.
+"""
+
+import json
+import os
+import statistics
+from typing import Any, Sequence
+
+from absl import logging
+import numpy as np
+
+from trax_revplus import memory
+
+RUN_STATS_FILENAME = 'run_stats.json'
+
+
+def qualified_name(cls: type) -> str:
+  """'module.QualifiedName' of a class, e.g. of the Loop's trainer."""
+  return f'{cls.__module__}.{cls.__qualname__}'
+
+
+def peak_host_rss_bytes() -> int:
+  """Returns the peak resident set size of this process so far, in bytes.
+
+  The kernel's high-water mark, so short peaks between samples count, kept
+  true across the memory log's resets of it (`memory.host_peak`); the
+  current RSS where the kernel keeps no mark.
+  """
+  return memory.host_peak.process_peak_bytes()
+
+
+def _transfer_counter(trainer: Any) -> memory.TransferCounter | None:
+  """The trainer's `memory.TransferCounter`, or None if it keeps none."""
+  try:
+    counter = trainer.placement.transfers
+  except AttributeError:
+    return None
+  return counter if hasattr(counter, 'snapshot') else None
+
+
+class StepFigures:
+  """Loss, time, compilations, memory and transfers of each step.
+
+  Memory and transfers are sampled after each step, outside its time.
+  """
+
+  def __init__(self, trainers: Sequence[Any]):
+    """Measures the steps of `trainers` (the Loop's, one per task)."""
+    trainers = list(trainers)
+    self._trainer_name = (qualified_name(type(trainers[0])) if trainers
+                          else None)
+    self._counters = [c for c in map(_transfer_counter, trainers)
+                      if c is not None]
+    self._transfers_at_step_begin = None
+    self._peak_sampled_rss = 0
+    self._device_probe_failed = False
+    self._device_peak_reported = None
+    self._device_bytes_source = None
+    self._stats = {key: [] for key in (
+        'steps', 'loss', 'step_seconds', 'compiled_programs',
+        'host_rss_bytes', 'device_bytes_in_use', 'h2d_bytes', 'd2h_bytes')}
+
+  def _transfers(self) -> tuple[int, int] | None:
+    """(h2d_bytes, d2h_bytes) summed over the trainers' counters, or None."""
+    if not self._counters:
+      return None
+    snapshots = [c.snapshot() for c in self._counters]
+    return (sum(s[0] for s in snapshots), sum(s[1] for s in snapshots))
+
+  def begin_step(self) -> None:
+    """Notes the transfers so far, as a step begins."""
+    self._transfers_at_step_begin = self._transfers()
+
+  def sample_rss(self) -> int:
+    """Reads the host RSS now (bytes, int); it counts towards the peak."""
+    rss = memory.host_rss_bytes()
+    self._peak_sampled_rss = max(self._peak_sampled_rss, rss)
+    return rss
+
+  def peak_host_rss_bytes(self) -> int:
+    """The process's peak RSS, bytes: the kernel's mark or a sample."""
+    return max(peak_host_rss_bytes(), self._peak_sampled_rss)
+
+  def end_step(self, step: int, loss: float | None, seconds: float,
+               programs: int) -> None:
+    """Records a step that ended: its loss, seconds, programs compiled."""
+    stats = self._stats
+    stats['steps'].append(int(step))
+    stats['loss'].append(loss)
+    stats['step_seconds'].append(seconds)
+    stats['compiled_programs'].append(int(programs))
+    stats['host_rss_bytes'].append(self.sample_rss())
+    device = None
+    if not self._device_probe_failed:
+      try:
+        device = memory.device_memory()
+      except Exception as e:  # pylint: disable=broad-except
+        self._device_probe_failed = True
+        logging.warning('ProgressPrinter: device memory probe failed (%s: %s);'
+                        ' device bytes are not recorded for the rest of this '
+                        'run.', type(e).__name__, e)
+    if device is None:
+      stats['device_bytes_in_use'].append(None)
+    else:
+      stats['device_bytes_in_use'].append(device['device_bytes_in_use'])
+      self._device_bytes_source = device['device_bytes_source']
+      if device['device_peak_bytes'] is not None:
+        self._device_peak_reported = device['device_peak_bytes']
+    begin, end = self._transfers_at_step_begin, self._transfers()
+    if begin is not None and end is not None:
+      stats['h2d_bytes'].append(end[0] - begin[0])
+      stats['d2h_bytes'].append(end[1] - begin[1])
+
+  def run_stats(self) -> dict[str, Any]:
+    """Returns the per-step figures of this process's steps.
+
+    Returns:
+      dict with the keys of `run_stats.json` (see the module docstring);
+      plain JSON types.
+    """
+    stats = self._stats
+    seconds = stats['step_seconds']
+    sampled_device = [b for b in stats['device_bytes_in_use'] if b is not None]
+    device_peaks = sampled_device + (
+        [self._device_peak_reported]
+        if self._device_peak_reported is not None else [])
+    counted = bool(stats['h2d_bytes']) and (
+        len(stats['h2d_bytes']) == len(stats['steps']))
+    return {
+        'trainer': self._trainer_name,
+        'steps': list(stats['steps']),
+        'loss': [v if v is not None and np.isfinite(v) else None
+                 for v in stats['loss']],
+        'step_seconds': list(seconds),
+        'compiled_programs': list(stats['compiled_programs']),
+        'host_rss_bytes': list(stats['host_rss_bytes']),
+        'device_bytes_in_use': list(stats['device_bytes_in_use']),
+        'device_bytes_source': self._device_bytes_source,
+        'h2d_bytes': list(stats['h2d_bytes']) if counted else None,
+        'd2h_bytes': list(stats['d2h_bytes']) if counted else None,
+        'first_step_seconds': seconds[0] if seconds else None,
+        'median_step_seconds': (statistics.median(seconds[1:])
+                                if len(seconds) >= 2 else None),
+        'peak_host_rss_bytes': self.peak_host_rss_bytes(),
+        'peak_device_bytes': max(device_peaks) if device_peaks else None,
+        'total_h2d_bytes': sum(stats['h2d_bytes']) if counted else None,
+        'total_d2h_bytes': sum(stats['d2h_bytes']) if counted else None,
+    }
+
+  def write(self, output_dir: str | None) -> str | None:
+    """Writes `run_stats()` to `<output_dir>/run_stats.json`.
+
+    Written to a temporary file and renamed, so a reader never sees half a
+    file. Does nothing without an output dir; a write that fails is logged
+    as a warning, never raised, so it cannot end a training run.
+
+    Returns:
+      The path written, or None.
+    """
+    if not output_dir:
+      return None
+    path = os.path.join(output_dir, RUN_STATS_FILENAME)
+    tmp_path = path + '.tmp'
+    try:
+      with open(tmp_path, 'w', encoding='utf-8') as f:
+        json.dump(self.run_stats(), f, indent=1)
+      os.replace(tmp_path, path)
+    except (OSError, TypeError, ValueError) as e:
+      logging.warning('ProgressPrinter: cannot write %s (%s: %s).', path,
+                      type(e).__name__, e)
+      try:
+        os.remove(tmp_path)
+      except OSError:
+        pass
+      return None
+    return path
