@@ -34,6 +34,7 @@ from trax_revplus import compat
 from trax_revplus import memory
 from trax_revplus import trainer as rev_trainer
 from trax_revplus import validation
+from conftest import reversible_lm
 
 
 pytestmark = pytest.mark.usefixtures('stock_trax_and_empty_gin')
@@ -48,14 +49,6 @@ def _batches():
     k += 1
 
 
-def _model():
-  return tl.Serial(
-      tl.Embedding(9, 4), tl.Dup(),
-      tl.ReversibleHalfResidual(tl.Dense(4)), tl.ReversibleSwap(),
-      tl.ReversibleHalfResidual(tl.Dense(4), tl.Relu()), tl.ReversibleSwap(),
-      tl.Concatenate(), tl.Dense(9), tl.LogSoftmax())
-
-
 def _loop(output_dir, mode, ours):
   if ours:
     trax_revplus.activate()
@@ -68,7 +61,7 @@ def _loop(output_dir, mode, ours):
   eval_task = training.EvalTask(
       itertools.repeat(eval_batch), [tl.CrossEntropyLoss(), tl.Accuracy()],
       n_eval_batches=1)
-  loop = training.Loop(_model(), [task], eval_tasks=[eval_task],
+  loop = training.Loop(reversible_lm(), [task], eval_tasks=[eval_task],
                        output_dir=output_dir, random_seed=0,
                        eval_at=lambda step: step % 3 == 0,
                        use_memory_efficient_trainer=mode)
@@ -235,7 +228,7 @@ def test_memory_efficient_loop_evaluates_the_eval_model(tmp_path):
 
 def test_memory_efficient_loop_rejects_an_optimizer_instance_at_once():
   trax_revplus.activate()
-  model = _model()
+  model = reversible_lm()
   task = training.TrainTask(_batches(), tl.CrossEntropyLoss(),
                             optimizers.Adam(0.01))
   with pytest.raises(validation.OptimizerFactoryError,
