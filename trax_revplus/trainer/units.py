@@ -267,6 +267,14 @@ class Units:
           self.backward_units_of(self.forward_units[-1])
     self.loss_unit = factory.loss(segment_plan.loss)
 
+  def with_plan(self, segment_plan):
+    """New `Units` of `segment_plan`, compiled by the same factory."""
+    return Units(segment_plan, self._factory)
+
+  def replan(self, segment_plan):
+    """Runs `segment_plan` from now on (these same `Units`, rebuilt)."""
+    self.__init__(segment_plan, self._factory)
+
   def backward_units_of(self, unit):
     """The units that run forward unit `unit` backward, in forward order.
 
