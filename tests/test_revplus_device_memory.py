@@ -7,6 +7,7 @@ counts of the real arrays (weights, slots, activations from running the
 layers); trax's default `Trainer` for the values trained under a budget.
 """
 
+import functools
 import json
 import os
 
@@ -153,3 +154,116 @@ def test_candidates_rank_by_calls():
   assert len(choices) == 10
   small = device_plan.candidates([4])
   assert {c.segment_max_layers for c in small} == {1, 2, 4}
+
+
+def _lengths(trainer):
+  units = trainer._units  # pylint: disable=protected-access
+  segments = [u for u in units.forward_units if len(u.layers) > 1 or
+              u.layers[0] != 0]
+  return (max(len(u.layers) for u in segments),
+          max(len(u.layers) for u in units.backward_units()
+              if u.layers != [0]))
+
+
+# Candidate lengths the budget tests plan with (fewer than the trainer's, to
+# compile fewer programs): 3 plans of the 4 reversible layers.
+_LENGTHS = (1, 4)
+
+
+@pytest.fixture
+def few_candidates(monkeypatch):
+  monkeypatch.setattr(device_plan, 'CANDIDATE_LENGTHS', _LENGTHS)
+
+
+@functools.lru_cache(maxsize=1)
+def _peaks_of_candidates():
+  """Each candidate plan's peak, from a trainer given its lengths."""
+  peaks = []
+  for choice in device_plan.candidates([4], _LENGTHS):
+    _, trainer = _trainer(
+        segment_max_layers=choice.segment_max_layers,
+        backward_segment_max_layers=choice.backward_segment_max_layers)
+    peaks.append((choice, trainer.device_memory_of(
+        cases.batch()).peak_device_bytes))
+  return peaks
+
+
+def test_budget_chooses_the_fastest_plan_that_fits(few_candidates):
+  peaks = _peaks_of_candidates()
+  smallest = min(p for _, p in peaks)
+  budgets = sorted({smallest, max(p for _, p in peaks)})
+  for budget in budgets:
+    expected = next(c for c, p in peaks if p <= budget)
+    model, trainer = _trainer(device_memory_budget_bytes=budget)
+    cases.train(trainer, cases.batch(), 3)
+    choice = trainer.device_plan.choice
+    assert (choice.segment_max_layers, choice.backward_segment_max_layers) == (
+        expected.segment_max_layers, expected.backward_segment_max_layers)
+    assert choice.peak_device_bytes <= budget
+    assert _lengths(trainer) == (expected.segment_max_layers,
+                                 expected.backward_segment_max_layers)
+    ref_weights, ref_slots, ref_state = cases.basic_adam_reference_3_steps()
+    cases.assert_all_close(ref_weights, model.weights)
+    cases.assert_all_close(ref_slots, trainer.slots)
+    cases.assert_all_close(ref_state, model.state)
+
+
+def test_budget_nothing_fits_names_the_smallest_that_would(few_candidates):
+  model, trainer = _trainer(device_memory_budget_bytes=1000)
+  before = jax.tree_util.tree_map(np.array, model.weights)
+  with pytest.raises(device_plan.DeviceMemoryBudgetError) as e:
+    trainer.one_step(cases.batch(), cases.RNGS[0])
+  message = str(e.value)
+  assert '\n' not in message
+  assert 'device_memory_budget_bytes=1000 ' in message
+  need = int(message.split('device_memory_budget_bytes >= ')[1].split(',')[0])
+  assert need == min(p for _, p in _peaks_of_candidates())
+  cases.assert_all_close(before, model.weights, tol=0)
+  _, trainer = _trainer(device_memory_budget_bytes=need)
+  trainer.one_step(cases.batch(), cases.RNGS[0])
+  assert trainer.device_plan.choice.peak_device_bytes == need
+
+
+@pytest.mark.parametrize('name,value', [
+    ('device_memory_budget_bytes', 0), ('device_memory_budget_bytes', 1.5),
+    ('store_activations', 'sometimes')])
+def test_bad_budget_settings_are_rejected(name, value):
+  from trax_revplus import validation  # pylint: disable=g-import-not-at-top
+  with pytest.raises(validation.TrainerOptionError, match=name):
+    _trainer(**{name: value})
+
+
+@pytest.mark.parametrize('kwargs', [
+    {'store_activations': 'always'},
+    {'store_activations': 'always', 'segment_max_layers': 2,
+     'n_async_layers': 0}])
+def test_stored_activations_train_as_the_default_trainer(kwargs):
+  """Segments that keep jax.vjp's function instead of reversing: the same
+  weights, slots and state as trax's default Trainer after 3 steps."""
+  model, trainer = _trainer(**kwargs)
+  units = trainer._units  # pylint: disable=protected-access
+  segments = [u for u in units.forward_units if u.layers != [0]]
+  assert segments and all(u.keep for u in segments)
+  cases.train(trainer, cases.batch(), 3)
+  ref_weights, ref_slots, ref_state = cases.basic_adam_reference_3_steps()
+  cases.assert_all_close(ref_weights, model.weights)
+  cases.assert_all_close(ref_slots, trainer.slots)
+  cases.assert_all_close(ref_state, model.state)
+
+
+def test_stored_activations_accounted_as_one_step_calls_them():
+  _, trainer = _trainer(store_activations='always')
+  memory = trainer.device_memory_of(cases.batch())
+  calls = _record_step(trainer)
+  assert len(memory.calls) == len(calls)
+  for accounted, (fn, args) in zip(memory.calls, calls):
+    real = program.analyze(fn, *program.abstract(args)).memory
+    assert accounted.program == real, accounted.name
+  # The loss call holds the kept residuals: the forward call's vjp
+  # function, as the real forward returned it, and the segment's inputs.
+  loss_call = next(c for c in memory.calls if c.phase == 'loss')
+  held = {h.name: h.size_bytes for h in loss_call.held}
+  fwd_fn, fwd_args = next((fn, a) for fn, a in calls
+                          if len(a) == 4 and isinstance(a[1], list))
+  _, _, vjp_fn = fwd_fn(*fwd_args)
+  assert held['kept activations'] == _nbytes(vjp_fn) + _nbytes(fwd_args[0])

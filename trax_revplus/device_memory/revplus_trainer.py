@@ -108,7 +108,6 @@ class StepAccount(compilation.AheadOfTime):
     self._current = None  # (unit, phase) of the next call
     self._pending = collections.deque()  # (n layers, updates)
     self._stats = []
-    self._kept = {}  # forward unit's layers -> kept residuals
     self._noted = []
 
   # The walk on types, as compiling ahead runs it, with each call named.
@@ -130,7 +129,7 @@ class StepAccount(compilation.AheadOfTime):
         ('stack', self.stack),
         ('cotangent stack', self.grad_stack),
         ('saved block inputs and states', self.saved),
-        ('kept activations', list(self._kept.values())),
+        ('kept activations', self.kept),
         ('weights placed ahead', self.prefetched),
         ('updates not yet copied back', [u for _, u in self._pending]),
         ('statistics', self._stats),

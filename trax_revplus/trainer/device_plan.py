@@ -14,6 +14,12 @@ also reverses and updates, the larger host work). Candidate segment
 lengths are 1, 2, 4 and 8 layers, forward and backward (a backward length
 at most the forward one): longer segments compile into programs whose
 temporaries grow with their length, and save little dispatch.
+
+With store_activations='auto', once the lengths are chosen, segments keep
+their activations (no reversal or recompute in their backward call), last
+forward segment first, while the peak stays within the budget: a kept
+segment's residuals are held from its forward call to its backward call,
+the fewest calls for the last segment.
 """
 
 import dataclasses
@@ -47,25 +53,29 @@ class PlanChoice:
     n_calls: compiled calls per step (the speed model's cost).
     n_backward_calls: of them, backward calls.
     peak_device_bytes: the step's composed peak.
+    kept_segments: segments that keep their activations
+      (store_activations='auto').
   """
   segment_max_layers: int
   backward_segment_max_layers: int
   n_calls: int
   n_backward_calls: int
   peak_device_bytes: Optional[int] = None
+  kept_segments: int = 0
 
 
-def candidates(block_sizes, lengths=CANDIDATE_LENGTHS):
+def candidates(block_sizes, lengths=None):
   """(forward length, backward length) pairs, fastest first.
 
   Args:
     block_sizes: list over blocks of their numbers of reversible layers.
-    lengths: the segment lengths to try.
+    lengths: the segment lengths to try (default `CANDIDATE_LENGTHS`).
 
   Returns:
     List of `PlanChoice` without peaks, sorted by the speed model (fewest
     calls, then fewest backward calls, then longest forward segments).
   """
+  lengths = CANDIDATE_LENGTHS if lengths is None else lengths
   longest = max(block_sizes, default=0)
   usable = sorted({min(n, max(longest, 1)) for n in lengths})
   out = []
@@ -110,6 +120,8 @@ class DevicePlan:
     self._memory = {}  # batch_key -> composition.StepMemory
     self._programs = compilation.Programs()
     self.choice = None  # PlanChoice the budget chose, or None
+    # (PlanChoice, StepMemory) of the smallest candidate when none fits.
+    self.smallest = None
 
   @property
   def has_run(self):
@@ -164,6 +176,22 @@ class DevicePlan:
         self._store.block_sizes(), self._store.params_bytes(), options)
     return self._units.with_plan(segment_plan)
 
+  def _keep_within(self, units, memory, ctx):
+    """Lets segments keep their activations, last forward segment first
+    (its residuals are held across the fewest calls), while the step's
+    peak stays within the budget."""
+    for segment in reversed(units.plan.forward_segments()):
+      segment_plan = dataclasses.replace(
+          units.plan, keep=units.plan.keep | {segment},
+          backward=dict(units.plan.backward))
+      segment_plan.backward.pop(segment, None)
+      trial = units.with_plan(segment_plan)
+      trial_memory = self._account(trial, ctx)
+      if trial_memory.peak_device_bytes > self.budget_bytes:
+        break
+      units, memory = trial, trial_memory
+    return units, memory
+
   def _choose(self, ctx):
     """The fastest candidate whose peak fits; replans `units` to it."""
     budget = self.budget_bytes
@@ -173,11 +201,17 @@ class DevicePlan:
       memory = self._account(units, ctx)
       choice = dataclasses.replace(choice,
                                    peak_device_bytes=memory.peak_device_bytes)
-      tried.append(choice)
+      tried.append((choice, memory))
       if memory.peak_device_bytes <= budget:
+        if self._options.store_activations == options_lib.AUTO:
+          units, memory = self._keep_within(units, memory, ctx)
+          choice = dataclasses.replace(
+              choice, peak_device_bytes=memory.peak_device_bytes,
+              kept_segments=len(units.plan.keep))
         self._units.replan(units.plan)
         return choice, memory
-    need = min(c.peak_device_bytes for c in tried)
+    self.smallest = min(tried, key=lambda t: t[0].peak_device_bytes)
+    need = self.smallest[0].peak_device_bytes
     raise DeviceMemoryBudgetError(
         f'no segment plan fits device_memory_budget_bytes={budget} '
         f'({budget / 2**20:.1f} MiB) on this batch: the smallest step needs '

@@ -120,7 +120,7 @@ class StepContext(units.Run):
 
   def held(self):
     """What the step holds on devices now (to keep when freeing)."""
-    return [self.stack, self.grad_stack, self.saved, self.rngs,
+    return [self.stack, self.grad_stack, self.saved, self.kept, self.rngs,
             self.step_placed, self.prefetched, self.stats,
             self._commits.device_arrays()]
 
