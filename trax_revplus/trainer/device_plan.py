@@ -148,13 +148,20 @@ class DevicePlan:
       accounted (then the step compiles its calls as it runs them).
 
     Raises:
-      DeviceMemoryBudgetError: under a budget, no plan fits it.
+      DeviceMemoryBudgetError: under a budget, no plan fits it, or the step
+        cannot be accounted here (it cannot be compiled ahead).
     """
     key = batch_key(ctx.stack)
     if key in self._memory:
       return self._memory[key]
     if self.budget_bytes is not None and self.choice is None:
-      self.choice, memory = self._choose(ctx)
+      try:
+        self.choice, memory = self._choose(ctx)
+      except composition.UnsupportedTrainerError as e:
+        raise DeviceMemoryBudgetError(
+            f'device_memory_budget_bytes cannot be honoured here: {e} Unset '
+            f'{options_lib.GIN_CONFIGURABLE}.device_memory_budget_bytes and '
+            f'set segment_max_layers instead.') from None
     else:
       try:
         memory = self._account(self._units, ctx)

@@ -298,6 +298,8 @@ class ReversibleSerialTrainer:
       validation.BatchSizeError: N does not divide B.
       validation.NonFiniteError: with on_non_finite='raise', the loss or a
         gradient norm is NaN/Inf (see `options.TrainerOptions`).
+      device_plan.DeviceMemoryBudgetError: with device_memory_budget_bytes,
+        no segment plan fits it (before the first step changes anything).
     """
     validation.check_batch(batch, self._n_devices)
     ctx = self._begin_step(rng, step, learning_rate)
