@@ -41,6 +41,18 @@ Usage:
   python tools/bench.py --configs=l6,l24 --trainers=ours,"ours+GLIBC_TUNABLES=\
 'glibc.malloc.arena_max=1:glibc.malloc.mmap_threshold=1048576'"
       # ours in processes whose C allocator is set up from their start
+  python tools/bench.py --configs=l6,l24 --device_memory --notiming \
+      --nomemory  # device-memory figures and targets only (XLA, no steps
+                  # beyond one logged step of ours per config)
+
+With --device_memory: peak device bytes per step of each trainer (XLA's
+memory analysis of the programs it runs, composed with what it holds across
+each call; `trax_revplus.device_memory`), ours under a budget of stock's
+own peak, the depth ratio l24 / l6, the longest l6-family sequence within
+--seq_device_memory_bytes, ours' figure against its memory log's
+peak_device_bytes, and the wall time of `trax-revplus estimate` on the main
+job (`device_memory_targets`). The step-time targets under a budget run as
+trainer variants, e.g. --trainers=stock,ours+device_memory_budget_bytes=N.
 
 Absolute times on a shared machine vary from run to run; the ratios of one
 interleaved run are the figures to read.
@@ -95,6 +107,21 @@ flags.DEFINE_bool('update', False,
                   'measured in this run.')
 flags.DEFINE_string('memory_child', None,
                     'Internal: CONFIG:TRAINER, run one memory measurement.')
+flags.DEFINE_bool('device_memory', False,
+                  'Account each trainer\'s peak device bytes per step from '
+                  'XLA (deterministic, one process per config, no step runs) '
+                  'and check the device-memory targets (see '
+                  'device_memory_targets).')
+flags.DEFINE_integer('seq_device_memory_bytes', 2**30,
+                     'Device memory of the longest-sequence target.')
+flags.DEFINE_list('seq_lengths', ['512', '1024', '2048', '4096'],
+                  'Sequence lengths tried for the longest-sequence target '
+                  '(l6 family).')
+flags.DEFINE_bool('estimate_main_job', True,
+                  'With --device_memory, also time `trax-revplus estimate` '
+                  'on the main job config.')
+flags.DEFINE_string('device_memory_child', None,
+                    'Internal: JSON request of one device-memory process.')
 flags.DEFINE_string('timing_child', None,
                     'Internal: CONFIG:TRAINER, build one trainer and run the '
                     'steps numbered on stdin.')
@@ -609,7 +636,205 @@ def markdown(results):
   for check, ok in results.get('depth_scaling_check', {}).items():
     lines.append(f"- depth scaling: {check}: "
                  f"{'holds' if ok else 'does not hold'}")
+  lines.extend(_device_memory_markdown(results.get('device_memory')))
   return '\n'.join(lines) + '\n'
+
+
+def _device_memory_markdown(dm):
+  """The device-memory section of bench.md (empty without figures)."""
+  if not dm:
+    return []
+  lines = ['', 'Peak device bytes per step (XLA memory analysis of the '
+           'programs each trainer runs, composed with what it holds across '
+           'each call; CPU backend):', '',
+           '| config | default | stock | ours | ours at stock\'s peak |',
+           '|---|---|---|---|---|']
+  for name, f in dm['configs'].items():
+    cells = []
+    for key in ('default', 'stock', 'ours', 'ours_at_stock_peak'):
+      r = f.get(key, {})
+      cells.append(_mib(r['peak_device_bytes']) + ' MiB'
+                   if 'peak_device_bytes' in r else
+                   'error: ' + r.get('error', '-')[:60])
+    lines.append(f'| {name} | ' + ' | '.join(cells) + ' |')
+  t = dm['targets']
+  lines.append('')
+  for key, value in t.items():
+    if key in ('longest_sequence', 'estimate_main_job_output'):
+      continue
+    lines.append(f'* {key}: {value}')
+  ls = t.get('longest_sequence', {})
+  if ls:
+    lines.append(f"* longest sequence within "
+                 f"{_mib(ls['device_memory_bytes'])} MiB (l6 family): "
+                 f"{ls['longest']}")
+  return lines
+
+
+# Device memory (issue: plan with XLA's figures). Each request runs in a
+# process of its own: ours clears JAX's caches and sets process-wide state.
+
+
+def _account(trainer_name, cfg, trainer, batch):
+  """{'peak_device_bytes', 'largest_program_bytes', 'peak_call', 'plan'}
+  or {'error'} of one built trainer."""
+  # pylint: disable=g-import-not-at-top
+  import jax
+  from trax_revplus import device_memory
+  from trax_revplus.trainer import device_plan
+  # pylint: enable=g-import-not-at-top
+  backend = jax.default_backend()
+  sds = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in batch)
+  try:
+    if trainer_name == 'default':
+      step = device_memory.default_trainer_memory(trainer, sds, backend).step
+    elif trainer_name == 'stock':
+      step = device_memory.stock_trainer_memory(trainer, sds, backend).step
+    else:
+      step = trainer.device_memory_of(batch)
+  except device_plan.DeviceMemoryBudgetError as e:
+    return {'error': str(e), 'fits': False}
+  except Exception as e:  # pylint: disable=broad-except
+    return {'error': device_memory.report.one_line(e)}
+  out = {'peak_device_bytes': step.peak_device_bytes,
+         'largest_program_bytes': step.largest_program_bytes,
+         'peak_call': step.peak_call.name, 'n_calls': len(step.calls)}
+  if trainer_name != 'default' and trainer_name != 'stock':
+    choice = trainer.device_plan.choice
+    if choice is not None:
+      out['plan'] = dict(segment_max_layers=choice.segment_max_layers,
+                         backward_segment_max_layers=(
+                             choice.backward_segment_max_layers),
+                         kept_segments=choice.kept_segments)
+  return out
+
+
+def device_memory_child(request):
+  """One process: accounts `request['trainers']` on a config.
+
+  request: {'config': name, 'quick': bool, 'length': int or None,
+  'trainers': [spec, ...], 'memory_log': bool}. With memory_log, ours also
+  runs one real step with its memory log on and reports the
+  peak_device_bytes the log recorded (`logged_peak_device_bytes`).
+  """
+  import tempfile  # pylint: disable=g-import-not-at-top
+  cfg = config(request['config'], request['quick'])
+  if request.get('length'):
+    cfg['length'] = request['length']
+  batch = _batch(cfg)
+  out = {}
+  for spec in request['trainers']:
+    t0 = time.perf_counter()
+    try:
+      trainer = build(spec, cfg)[0]
+    except Exception as e:  # pylint: disable=broad-except
+      out[spec] = {'error': f'{type(e).__name__}: {e}'.splitlines()[0]}
+      continue
+    out[spec] = _account(split_trainer(spec)[0], cfg, trainer, batch)
+    out[spec]['seconds'] = time.perf_counter() - t0
+    if request.get('memory_log') and split_trainer(spec)[0] == 'ours':
+      with tempfile.TemporaryDirectory() as tmp:
+        logged = build(spec, cfg)[0]
+        logged.memory_log.set_output_dir(tmp)
+        _step(logged, batch, 1)
+        logged.memory_log.close()
+        with open(os.path.join(tmp, 'memory.jsonl')) as f:
+          records = [json.loads(line) for line in f if line.strip()]
+        peaks = {r.get('peak_device_bytes') for r in records
+                 if r.get('step') == 1 and 'peak_device_bytes' in r}
+        out[spec]['logged_peak_device_bytes'] = (
+            peaks.pop() if len(peaks) == 1 else sorted(peaks))
+  _send(out)
+
+
+def _device_memory_run(request):
+  """Runs `device_memory_child(request)` in a fresh process."""
+  proc = subprocess.Popen(
+      [sys.executable, __file__,
+       f'--device_memory_child={json.dumps(request)}'],
+      stdout=subprocess.PIPE, text=True)
+  result = _receive(proc, f'device memory {request}')
+  proc.wait()
+  return result
+
+
+def device_memory_targets(names, quick):
+  """The device-memory figures and targets (bytes per device, XLA CPU).
+
+  * per config: each trainer's peak; ours under a budget of stock's own
+    peak (must fit);
+  * depth: ours' peak at l24 / l6 (same plan) <= 1.05, the default
+    Trainer's ratio beside;
+  * longest sequence of the l6 family whose step fits
+    `--seq_device_memory_bytes`: ours (planning under that budget) at least
+    stock's and 2x the default Trainer's;
+  * ours' accounted peak == the peak_device_bytes its memory log records
+    for a real step;
+  * `trax-revplus estimate` on the main job config: wall seconds (< 60).
+  """
+  out = {'configs': {}, 'targets': {}}
+  for name in names:
+    request = dict(config=name, quick=quick, trainers=list(TRAINERS),
+                   memory_log=True)
+    figures = _device_memory_run(request)
+    stock_peak = figures.get('stock', {}).get('peak_device_bytes')
+    if stock_peak:
+      spec = f'ours+device_memory_budget_bytes={stock_peak}'
+      figures['ours_at_stock_peak'] = _device_memory_run(dict(
+          config=name, quick=quick, trainers=[spec]))[spec]
+    out['configs'][name] = figures
+  t = out['targets']
+  c = out['configs']
+  peak = lambda name, trainer: c.get(name, {}).get(trainer, {}).get(
+      'peak_device_bytes')
+  if peak('l6', 'ours') and peak('l24', 'ours'):
+    t['depth_ours_l24_over_l6'] = peak('l24', 'ours') / peak('l6', 'ours')
+    t['depth_ours_met'] = t['depth_ours_l24_over_l6'] <= 1.05
+    if peak('l6', 'default') and peak('l24', 'default'):
+      t['depth_default_l24_over_l6'] = (peak('l24', 'default') /
+                                        peak('l6', 'default'))
+  t['ours_fits_stock_peak'] = {
+      name: 'error' not in f.get('ours_at_stock_peak', {'error': 1})
+      for name, f in c.items()}
+  t['estimate_equals_memory_log'] = {
+      name: f.get('ours', {}).get('peak_device_bytes') ==
+      f.get('ours', {}).get('logged_peak_device_bytes')
+      for name, f in c.items()}
+  budget = FLAGS.seq_device_memory_bytes
+  longest, per_length = {}, {}
+  for length in [int(n) for n in FLAGS.seq_lengths]:
+    spec = f'ours+device_memory_budget_bytes={budget}'
+    r = _device_memory_run(dict(config='l6', quick=quick, length=length,
+                                trainers=['default', 'stock', spec]))
+    per_length[length] = r
+    fits_now = {}
+    for trainer, key in (('default', 'default'), ('stock', 'stock'),
+                         ('ours', spec)):
+      p = r.get(key, {}).get('peak_device_bytes')
+      fits_now[trainer] = p is not None and p <= budget
+      if fits_now[trainer]:
+        longest[trainer] = length
+    if not any(fits_now.values()):
+      break
+  t['longest_sequence'] = dict(device_memory_bytes=budget, longest=longest,
+                               per_length=per_length)
+  if longest.get('ours') and longest.get('default'):
+    t['longest_sequence_met'] = (
+        longest['ours'] >= longest.get('stock', 0) and
+        longest['ours'] >= 2 * longest['default'])
+  if not FLAGS.estimate_main_job:
+    return out
+  main_job = os.path.join(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__))), 'gin_configs', 'reformer_char_lm.gin')
+  t0 = time.perf_counter()
+  proc = subprocess.run([sys.executable, '-m', 'trax_revplus.cli',
+                         'estimate', f'--config_file={main_job}'],
+                        capture_output=True, text=True, check=False)
+  t['estimate_main_job_seconds'] = time.perf_counter() - t0
+  t['estimate_main_job_ok'] = proc.returncode == 0
+  t['estimate_main_job_output'] = proc.stdout if proc.returncode == 0 else (
+      proc.stderr[-2000:])
+  return out
 
 
 def _environment():
@@ -623,6 +848,9 @@ def _environment():
 
 def main(argv):
   del argv
+  if FLAGS.device_memory_child:
+    device_memory_child(json.loads(FLAGS.device_memory_child))
+    return
   if FLAGS.memory_child:
     memory_child(FLAGS.memory_child)
     return
@@ -695,6 +923,10 @@ def main(argv):
   for name in FLAGS.configs:  # every table row names its config
     results['configs'].setdefault(name, {})['config'] = config(
         name, FLAGS.quick)
+  if FLAGS.device_memory:
+    results['device_memory'] = device_memory_targets(FLAGS.configs,
+                                                     FLAGS.quick)
+    save()
   for name in FLAGS.configs:
     if FLAGS.timing:
       results['configs'][name]['timing'] = time_config(

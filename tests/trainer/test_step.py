@@ -20,6 +20,8 @@ pytestmark = pytest.mark.usefixtures('stock_trax')
 _PHASE = ['seconds', 'h2d_bytes', 'd2h_bytes']
 _RELEASED = ['host_released_bytes']
 _FREED = ['freed_arrays', 'freed_bytes']
+# The step's composed XLA peak and the phase's (device_memory).
+_DEVICE = ['peak_device_bytes', 'phase_peak_device_bytes']
 _UNIT = ['layer', 'layer_name', 'n_layers', 'seconds']
 _INIT = ['layer', 'layer_name', 'weights_bytes', 'slots_bytes',
          'host_rss_added_bytes']
@@ -61,12 +63,12 @@ def test_records_and_fields_of_each_phase_and_unit(tmp_path):
     expected += [(step, 'free', _PHASE + _FREED + _RELEASED),
                  (step, 'forward', _UNIT), (step, 'forward', _UNIT),
                  (step, 'forward', _UNIT),
-                 (step, 'forward', _PHASE + _RELEASED),
-                 (step, 'loss', _PHASE + _RELEASED),
+                 (step, 'forward', _PHASE + _RELEASED + _DEVICE),
+                 (step, 'loss', _PHASE + _RELEASED + _DEVICE),
                  (step, 'free', _PHASE + _FREED + _RELEASED),
                  (step, 'backward', _UNIT), (step, 'backward', _UNIT),
                  (step, 'backward', _UNIT),
-                 (step, 'backward', _PHASE + _RELEASED),
+                 (step, 'backward', _PHASE + _RELEASED + _DEVICE),
                  (step, 'step', _STEP + _PHASE[1:] +
                   _BETWEEN * (step > 1))]
   assert [(r['step'], r['phase'], _caller_fields(r)) for r in records] == (

@@ -32,6 +32,8 @@ def _command(name: str):
     from trax_revplus.cli import train as module
   elif name == 'compare':
     from trax_revplus.cli import compare as module
+  elif name == 'estimate':
+    from trax_revplus.cli import estimate as module
   else:
     from trax_revplus.cli import plot_memory as module
   # pylint: enable=g-import-not-at-top

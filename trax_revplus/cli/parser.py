@@ -15,7 +15,7 @@ from trax_revplus.cli.errors import EXIT_OK
 from trax_revplus.cli.errors import PROG
 from trax_revplus.cli.errors import UserError
 
-COMMANDS = ('train', 'compare', 'plot-memory')
+COMMANDS = ('train', 'compare', 'plot-memory', 'estimate')
 IMPLEMENTATIONS = ('config', 'stock', 'revplus')
 
 OVERVIEW = f"""\
@@ -29,6 +29,8 @@ commands:
   compare       Train the same config with stock trax and with trax_revplus
                 in fresh processes; print a table of time, memory and loss.
   plot-memory   Plot the memory log (memory.jsonl) of a run directory.
+  estimate      Device memory one training step of a config needs, per
+                trainer, from XLA's figures; runs no step.
 
 Run '{PROG} <command> --help' for the flags of a command.
 """
@@ -72,6 +74,24 @@ path of the PNG."""
 _PLOT_MEMORY_EPILOG = """\
 exit status: 0 done; 1 the PNG could not be written; 2 usage error (bad
 flag, no RUN_DIR, no memory log or no records in it)."""
+
+
+_ESTIMATE_DESCRIPTION = """\
+Builds the config's model with trax's default Trainer, stock trax's
+ReversibleSerialTrainer and trax_revplus's, compiles what one training step
+of each would run (no step runs, no accelerator needed) and prints, per
+trainer, the step's peak device bytes (XLA's memory analysis of its
+programs, composed with what the trainer holds across each call), the host
+bytes of weights + optimizer slots, the largest single program, and whether
+it fits --device_memory; for trax_revplus also the segment plan it would run
+under that memory (its device_memory_budget_bytes). Figures are those of
+the backend the programs were compiled for, which the table names."""
+
+_ESTIMATE_EPILOG = """\
+exit status: 0 done (also when a trainer cannot be built on this JAX: its
+row says why); 1 the config's model or inputs cannot be built, or --json
+cannot be written; 2 usage error (bad flag or --device_memory, missing or
+unparsable config, a setting out of range)."""
 
 
 class _Exit(Exception):
@@ -247,6 +267,30 @@ def _add_plot_memory(commands) -> None:
       help='Path of the PNG to write. Default: memory.png next to the log.')
 
 
+def _add_estimate(commands) -> None:
+  parser = commands.add_parser(
+      'estimate', help='device memory of a training step, per trainer',
+      usage=(f'{PROG} estimate --config_file=FILE.gin [--config=BINDING ...]'
+             f'\n{" " * 23}[--device_memory=16GiB] [--n_devices=N] '
+             f'[--json=PATH]'),
+      description=_ESTIMATE_DESCRIPTION, epilog=_ESTIMATE_EPILOG)
+  _add_config_flags(parser, 'Gin config file; repeatable.',
+                    'Gin binding; repeatable, applied after the files.')
+  parser.add_argument(
+      '--device_memory', action=_Once, metavar='SIZE',
+      help='Memory of one device, e.g. 16GiB, 40GB, 80GiB (units B, kB, MB, '
+           'GB, KiB, MiB, GiB); each trainer fits or not, and trax_revplus '
+           'plans its segments to fit it. Default: none given.')
+  parser.add_argument(
+      '--n_devices', action=_Once, type=_positive_int, default=1,
+      metavar='N',
+      help="Devices trax_revplus's trainer runs on (default: %(default)s); "
+           "trax's trainers are accounted on one.")
+  parser.add_argument(
+      '--json', action=_Once, metavar='PATH',
+      help='Also write the figures as JSON to PATH.')
+
+
 def build() -> argparse.ArgumentParser:
   """The parser of every command (`COMMANDS`), one subparser each."""
   parser = _Parser(prog=PROG, usage=f'{PROG} <command> [flags]',
@@ -257,6 +301,7 @@ def build() -> argparse.ArgumentParser:
   _add_train(commands)
   _add_compare(commands)
   _add_plot_memory(commands)
+  _add_estimate(commands)
   return parser
 
 

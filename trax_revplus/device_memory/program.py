@@ -177,7 +177,8 @@ def _used_invars(jaxpr) -> list:
   return [id(v) in live for v in jaxpr.invars]
 
 
-def _kept_arguments(traced, args, memory) -> Optional[PyTree]:
+def kept_arguments(traced: jax.stages.Traced, args: PyTree,
+                   memory: ProgramMemory) -> Optional[PyTree]:
   """Per argument leaf, whether the compiled program keeps it; None when
   the jaxpr's inputs do not match the arguments or the kept leaves' bytes
   differ from XLA's argument bytes (JAX pruned differently)."""
@@ -218,7 +219,7 @@ def analyze(fn: Callable, *args) -> Analysis:
     compiled = traced.lower().compile()
     memory = ProgramMemory.from_compiled(compiled)
     return Analysis(memory, traced.out_info,
-                    _kept_arguments(traced, args, memory))
+                    kept_arguments(traced, args, memory))
   lowered = fn.lower(*args)
   compiled = lowered.compile()
   return Analysis(ProgramMemory.from_compiled(compiled), lowered.out_info,

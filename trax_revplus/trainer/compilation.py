@@ -119,6 +119,26 @@ def clear_caches():
   gc.collect()  # executables held by reference cycles
 
 
+class Programs:
+  """The programs walks on types traced and compiled, by call key
+  (`AheadOfTime.call_key`).
+
+  Attributes:
+    results: key -> result types.
+    traced: key -> `jax.stages.Traced`.
+    jobs: key -> future of its `jax.stages.Compiled` (None where compiling
+      failed).
+    functions: key -> the compiled function, kept alive so that its id in
+      the key is not reused.
+  """
+
+  def __init__(self):
+    self.results = {}
+    self.traced = {}
+    self.jobs = {}
+    self.functions = {}
+
+
 class TypesUnknown(Exception):
   """A call's argument types are not known without running the step."""
 
@@ -135,7 +155,9 @@ class AheadOfTime(units_lib.Run):
   as soon as it is traced, one thread per CPU core (XLA compiles without
   the GIL), so the compilations run beside each other and beside the
   tracing, not one after the other between the step's calls; `compile`
-  returns once all are done.
+  returns once all are done. `compiled` gives each call's executable
+  (`device_memory.revplus_trainer` reads their memory analyses, so the
+  figures are those of the programs the step runs).
 
   The walk stops at the first call whose argument types cannot be known
   without placing its arguments, or which cannot be traced apart from its
@@ -145,7 +167,7 @@ class AheadOfTime(units_lib.Run):
   """
 
   def __init__(self, placement, layers, optimizers, step_context,
-               decide_backward):
+               decide_backward, programs=None):
     """Args:
       placement: the trainer's `placement.Placement`.
       layers, optimizers: lists by layer index (host weights, state, slots).
@@ -153,6 +175,9 @@ class AheadOfTime(units_lib.Run):
         batch), RNGs, optimizer hyperparameters and step are used.
       decide_backward: `units.Units.decide_backward`, called with each
         forward unit's output types.
+      programs: `Programs` shared with other walks (e.g. of other plans of
+        the same trainer), or None: a program traced and compiled by one
+        is not compiled again.
     """
     super().__init__(step_context.rngs, step_context.opt_params,
                      step_context.step_placed)
@@ -161,9 +186,13 @@ class AheadOfTime(units_lib.Run):
     self._layers = layers
     self._optimizers = optimizers
     self._decide_backward = decide_backward
-    self._results = {}  # (id(function), argument types) -> result types
-    self._jobs = []
+    programs = programs if programs is not None else Programs()
+    self._results = programs.results
+    self._traced = programs.traced
+    self._jobs = programs.jobs
+    self._functions = programs.functions
     self._pool = None
+    self.complete = False  # whether the walk reached its end
 
   def compile(self, walk):
     """Runs `walk(self)`, compiling as it goes; waits for the compilations."""
@@ -172,11 +201,23 @@ class AheadOfTime(units_lib.Run):
         thread_name_prefix='trax_revplus_compile')
     try:
       walk(self)
+      self.complete = True
     except TypesUnknown:
       pass
     finally:
-      concurrent.futures.wait(self._jobs)
+      concurrent.futures.wait(list(self._jobs.values()))
       self._pool.shutdown()
+
+  def compiled(self, key):
+    """(traced, compiled) of the call with `key` (`call_key`); compiled is
+    None where compiling failed."""
+    return self._traced[key], self._jobs[key].result()
+
+  @staticmethod
+  def call_key(fn, args):
+    """The key of a call of `fn` with `args`: equal for calls that run one
+    program."""
+    return (id(fn), _types_key(args))
 
   def place(self, layers, with_slots):
     p = self._placement
@@ -202,7 +243,7 @@ class AheadOfTime(units_lib.Run):
 
   def call(self, fn, args):
     """Queues `fn`'s compilation for `args`; returns its result types."""
-    key = (id(fn), _types_key(args))
+    key = self.call_key(fn, args)
     if key not in self._results:
       if not hasattr(fn, 'trace'):  # its calls wait: `Placement.jit`
         raise TypesUnknown()
@@ -216,7 +257,9 @@ class AheadOfTime(units_lib.Run):
                      '(%s); it compiles when called.', e)
         raise TypesUnknown() from e
       self._results[key] = self._placement.per_device_types(traced.out_info)
-      self._jobs.append(self._pool.submit(_compile_traced, traced))
+      self._traced[key] = traced
+      self._functions[key] = fn
+      self._jobs[key] = self._pool.submit(_compile_traced, traced)
     return self._results[key]
 
   def forward_done(self, unit, outputs):
@@ -240,9 +283,11 @@ def _types_key(tree):
 
 def _compile_traced(traced):
   """Lowers and compiles a `jax.stages.Traced`, which fills the caches its
-  jitted function's calls use."""
+  jitted function's calls use; returns the `jax.stages.Compiled`, or None
+  where compiling failed."""
   try:
-    traced.lower().compile()
+    return traced.lower().compile()
   except Exception as e:  # pylint: disable=broad-except
     logging.info('compiling a function ahead of the first step failed '
                  '(%s); it compiles when called.', e)
+    return None

@@ -20,6 +20,7 @@ from trax_revplus import validation
 GIN_CONFIGURABLE = 'trax_revplus.ReversibleSerialTrainer'
 ON_NON_FINITE = ('raise', 'skip', 'ignore')
 AUTO = 'auto'
+STORE_ACTIVATIONS = ('never', 'always', AUTO)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +112,26 @@ class TrainerOptions:
       before compiles again at its next call. Cleared after the weights and
       slots are on the host, so later temporaries do not land above slots
       that filled the freed memory.
+    device_memory_budget_bytes: None (default: the segment settings above
+      decide the plan) or an int >= 1, bytes per device the step may use at
+      its peak, as composed from XLA's memory analysis of its programs
+      (`device_memory`; the figure the memory log records as
+      `peak_device_bytes`). Set, it replaces segment_max_layers and
+      backward_segment_max_layers: before the first step's first call the
+      trainer compiles candidate plans (segment lengths 1, 2, 4, 8) for the
+      batch's shapes and runs the fastest one whose peak fits
+      (`trainer.device_plan`: fewest compiled calls per step); if none
+      fits, `one_step` raises `device_plan.DeviceMemoryBudgetError` naming
+      the smallest budget that would, before any weight changes.
+    store_activations: 'never' (default): reversible segments recompute
+      their inputs and activations in the backward pass (as trax).
+      'always': each reversible segment's forward call keeps what its
+      backward needs (`jax.vjp`'s residuals) on the device until its
+      backward call, which then recomputes nothing: faster, and the step
+      holds every segment's activations at once. 'auto': as 'always' for
+      the segments whose residuals fit in device_memory_budget_bytes, as
+      'never' for the others (without a budget: as 'never'). Results are
+      the same up to float32 rounding.
   """
   n_async_layers: int = 8
   memory_log_every_n_steps: int = 100
@@ -126,6 +147,8 @@ class TrainerOptions:
   host_mmap_threshold: Optional[int] = None
   backward_segment_max_layers: Union[int, str] = AUTO
   clear_compilation_caches: bool = True
+  device_memory_budget_bytes: Optional[int] = None
+  store_activations: str = 'never'
 
   def __post_init__(self):
     """Checks every setting; ints are stored as Python ints.
@@ -160,6 +183,13 @@ class TrainerOptions:
       _check_int(self, 'backward_segment_max_layers', 1,
                  allowed=f"an int >= 1 or '{AUTO}'")
     _check_bool(self, 'clear_compilation_caches')
+    if self.device_memory_budget_bytes is not None:
+      _check_int(self, 'device_memory_budget_bytes', 1,
+                 allowed='None or an int number of bytes >= 1')
+    if self.store_activations not in STORE_ACTIVATIONS:
+      raise validation.TrainerOptionError(
+          'store_activations', self.store_activations,
+          f'one of {STORE_ACTIVATIONS}')
 
   @classmethod
   def field_names(cls):

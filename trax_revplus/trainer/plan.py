@@ -8,7 +8,7 @@ trainer's settings (`options.TrainerOptions`), and `units` compiles it.
 """
 
 import dataclasses
-from typing import Dict, List, Tuple
+from typing import Dict, List, Set, Tuple
 
 from trax_revplus.trainer import options as options_lib
 
@@ -42,11 +42,15 @@ class SegmentPlan:
       segment is absent until its split is decided (`decide_backward`).
     backward_max_layers: int or 'auto', the setting that splits forward
       segments for the backward pass.
+    keep: set of forward segments whose forward call keeps what their
+      backward needs (`store_activations`); each runs backward whole, from
+      what it kept, without reversing or recomputing.
   """
   blocks: List[Tuple[int, List[Segment]]]
   loss: int
   backward: Dict[Segment, List[Segment]]
   backward_max_layers: object
+  keep: Set[Segment] = dataclasses.field(default_factory=set)
 
   def forward_segments(self):
     """Every reversible forward segment, in forward order."""
@@ -63,6 +67,8 @@ class SegmentPlan:
     Returns:
       The backward segments of `segment`.
     """
+    if segment in self.keep:
+      self.backward[segment] = [segment]
     if segment not in self.backward:
       length = backward_segment_length(self.backward_max_layers, len(segment),
                                        outputs_bytes)
@@ -144,6 +150,8 @@ def plan_segments(block_sizes, nbytes, options):
     k += 1 + n_reversible
   plan = SegmentPlan(blocks=blocks, loss=k, backward={},
                      backward_max_layers=options.backward_segment_max_layers)
+  if options.store_activations == 'always':
+    plan.keep = set(plan.forward_segments())
   if plan.backward_max_layers != options_lib.AUTO:
     for segment in plan.forward_segments():
       plan.decide_backward(segment)

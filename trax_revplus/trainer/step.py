@@ -64,6 +64,9 @@ class StepContext(units.Run):
     self._log = parts.memory_log
     self._released_bytes = parts.released_bytes
     self._recording = self._log.should_record(step)
+    # device_memory.StepMemory of the step's plan and shapes, or None: its
+    # peak goes into each recorded phase as peak_device_bytes.
+    self.step_memory = None
     self._per_layer = self._recording and self._log.per_layer
     self._unit_start_seconds = None
     self._phase_start = self._now()
@@ -117,7 +120,7 @@ class StepContext(units.Run):
 
   def held(self):
     """What the step holds on devices now (to keep when freeing)."""
-    return [self.stack, self.grad_stack, self.saved, self.rngs,
+    return [self.stack, self.grad_stack, self.saved, self.kept, self.rngs,
             self.step_placed, self.prefetched, self.stats,
             self._commits.device_arrays()]
 
@@ -126,6 +129,11 @@ class StepContext(units.Run):
     self._placement.block(tree)
 
   # The memory log.
+
+  @property
+  def recording(self):
+    """Whether the memory log records this step."""
+    return self._recording
 
   def end_phase(self, phase, outputs=None, **fields):
     """Records the phase that ends now, if this step is recorded.
@@ -144,6 +152,10 @@ class StepContext(units.Run):
     if self._released_bytes is not None:
       fields['host_released_bytes'] = (self._released_bytes() -
                                        start.released_bytes)
+    peaks = {} if self.step_memory is None else self.step_memory.phase_peaks()
+    if phase in peaks:
+      fields['peak_device_bytes'] = self.step_memory.peak_device_bytes
+      fields['phase_peak_device_bytes'] = peaks[phase]
     self._log.record(self.step, phase, seconds=time.time() - start.seconds,
                      h2d_bytes=h2d, d2h_bytes=d2h, **fields)
     self._phase_start = self._now()

@@ -44,12 +44,21 @@ class Kind(enum.Enum):
     (outputs, weights, output cotangents, old states, new states, slots,
     opt params, rngs, step) -> (new weights, new slots, inputs, input
     cotangents, stats)
+  SEGMENT_FORWARD_KEEP: SEGMENT_FORWARD that also returns what its
+    backward needs (`jax.vjp`'s function, a pytree of residuals).
+    (inputs, weights, states, rngs) -> (outputs, new states, vjp function)
+  SEGMENT_BACKWARD_KEPT: backward and update of a SEGMENT_FORWARD_KEEP's
+    layers from its kept vjp function (no reversal, no recompute).
+    (vjp function, weights, output cotangents, slots, opt params, step) ->
+    (new weights, new slots, input cotangents, stats)
   """
   FORWARD = 'fwd'
   FORWARD_BACKWARD_UPDATE = 'std'
   LOSS = 'loss'
   SEGMENT_FORWARD = 'rev_fwd'
   SEGMENT_REVERSE_UPDATE = 'rev'
+  SEGMENT_FORWARD_KEEP = 'rev_fwd_keep'
+  SEGMENT_BACKWARD_KEPT = 'rev_kept'
 
   @property
   def in_layouts(self):
@@ -65,14 +74,18 @@ class Kind(enum.Enum):
   def updates(self):
     """Whether it updates weights, averaging gradients over devices (so its
     program holds cross-device collectives on N > 1 devices)."""
-    return self not in (Kind.FORWARD, Kind.SEGMENT_FORWARD)
+    return self not in (Kind.FORWARD, Kind.SEGMENT_FORWARD,
+                        Kind.SEGMENT_FORWARD_KEEP)
 
   @property
   def donated(self):
     """Argument positions of the weights and slots it replaces by its
     results (never read again, so their buffers may be donated)."""
-    return (1, 5) if self is Kind.SEGMENT_REVERSE_UPDATE else (
-        (1, 4) if self.updates else ())
+    if self is Kind.SEGMENT_REVERSE_UPDATE:
+      return (1, 5)
+    if self is Kind.SEGMENT_BACKWARD_KEPT:
+      return (1, 3)
+    return (1, 4) if self.updates else ()
 
 
 _FORWARD_IN = (_D, _R, _D, _D)
@@ -85,6 +98,8 @@ _IN_LAYOUTS = {
     Kind.FORWARD_BACKWARD_UPDATE: _FBO_IN,
     Kind.LOSS: _FBO_IN,
     Kind.SEGMENT_REVERSE_UPDATE: (_D, _R, _D, _D, _D, _R, _R, _D, _R),
+    Kind.SEGMENT_FORWARD_KEEP: _FORWARD_IN,
+    Kind.SEGMENT_BACKWARD_KEPT: (_D, _R, _D, _R, _R, _R),
 }
 _OUT_LAYOUTS = {
     Kind.FORWARD: _FORWARD_OUT,
@@ -92,6 +107,8 @@ _OUT_LAYOUTS = {
     Kind.FORWARD_BACKWARD_UPDATE: _FBO_OUT,
     Kind.LOSS: _FBO_OUT,
     Kind.SEGMENT_REVERSE_UPDATE: (_R, _R, _D, _D, _D),
+    Kind.SEGMENT_FORWARD_KEEP: (_D, _D, _D),
+    Kind.SEGMENT_BACKWARD_KEPT: (_R, _R, _D, _D),
 }
 
 
@@ -257,3 +274,70 @@ def segment_reverse_fn(layers, optimizers, n_devices, adasum):
       grad_stack = cb.outputs_onto_stack(x_ct, grad_stack, n_out)
     return new_weights, new_slots, stack, grad_stack, stats
   return reverse
+
+
+def _plain_forward(layer, x, weights, state, rng):
+  """`layer.forward` with `weights`, `state` and `rng` swapped in, as
+  trax's `Layer.pure_fn` runs it, but without a reversible layer's custom
+  gradient (which would reverse the layer in the backward pass)."""
+  saved = layer.weights, layer.state, layer._rng  # pylint: disable=protected-access
+  try:
+    layer.weights, layer.state = weights, state
+    layer._rng = rng  # pylint: disable=protected-access
+    y = layer.forward(x)
+    return y, layer.state
+  finally:
+    layer.weights, layer.state = saved[:2]
+    layer._rng = saved[2]  # pylint: disable=protected-access
+
+
+def segment_forward_keep_fn(layers):
+  """`segment_forward_fn` that keeps what its backward needs.
+
+  Returns (of the returned function):
+    (outputs, new_states, vjp_fn): as `segment_forward_fn`, and `jax.vjp`'s
+    function of the segment's forward with respect to its inputs and
+    weights (a pytree holding the residuals; call it with the outputs'
+    cotangents to get (input cotangents, weight cotangents)).
+  """
+  def forward(inputs, weights, states, rngs):
+    def f(x, ws):
+      stack, new_states = x, []
+      for layer, w, s, rng in zip(layers, ws, states, rngs):
+        y, new_state = _plain_forward(
+            layer, cb.inputs_from_stack(stack, layer.n_in), w, s, rng)
+        stack = cb.outputs_onto_stack(y, stack, layer.n_in)
+        new_states.append(new_state)
+      return stack, new_states
+    outputs, vjp_fn, new_states = jax.vjp(f, inputs, weights, has_aux=True)
+    return outputs, new_states, vjp_fn
+  return forward
+
+
+def segment_backward_kept_fn(layers, optimizers, n_devices, adasum):
+  """Backward + update of a segment from its kept vjp function.
+
+  Returns (of the returned function):
+    (new_weights, new_slots, grads_inputs, stats): lists over the layers
+    (forward order) and the cotangents of the segment's inputs; each layer
+    updated by its own optimizer as `reverse_and_fbo_fn` does.
+  """
+  def backward(vjp_fn, weights, grads, slots, opt_params, step):
+    grads_inputs, grads_weights = vjp_fn(grads)
+    new_weights, new_slots, stats = [], [], []
+    for opt, w, g, sl, op in zip(optimizers, weights, grads_weights, slots,
+                                 opt_params):
+      if is_empty_tuple(w):
+        new_weights.append(w)
+        new_slots.append(sl)
+        stats.append({})
+        continue
+      if n_devices > 1:
+        g = average_gradients(g, n_devices, adasum)
+      nw, ns, st = opt.tree_update(step, g, w, sl, op, store_slots=False)
+      new_weights.append(nw)
+      new_slots.append(ns)
+      stats.append(st)
+    return new_weights, new_slots, grads_inputs, stats
+  del layers
+  return backward

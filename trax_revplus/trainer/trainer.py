@@ -26,12 +26,14 @@ from trax import fastmath
 from trax import layers as tl
 
 from trax_revplus import checkpoints
+from trax_revplus import device_memory as device_memory_lib
 from trax_revplus import host_memory
 from trax_revplus import memory
 from trax_revplus import placement as placement_lib
 from trax_revplus import validation
 from trax_revplus.trainer import commit
 from trax_revplus.trainer import compilation
+from trax_revplus.trainer import device_plan as device_plan_lib
 from trax_revplus.trainer import hooks as hooks_lib
 from trax_revplus.trainer import options as options_lib
 from trax_revplus.trainer import plan
@@ -80,7 +82,9 @@ class ReversibleSerialTrainer:
                compile_ahead: bool = True, release_host_memory: bool = True,
                host_mmap_threshold: Optional[int] = None,
                backward_segment_max_layers: Any = 'auto',
-               clear_compilation_caches: bool = True):
+               clear_compilation_caches: bool = True,
+               device_memory_budget_bytes: Optional[int] = None,
+               store_activations: str = 'never'):
     """Creates the trainer and one optimizer per layer.
 
     Args:
@@ -103,7 +107,8 @@ class ReversibleSerialTrainer:
         memory_log_tensorboard, output_dir, donate, on_non_finite,
         segment_max_layers, segment_max_bytes, compile_ahead,
         release_host_memory, host_mmap_threshold,
-        backward_segment_max_layers, clear_compilation_caches: see
+        backward_segment_max_layers, clear_compilation_caches,
+        device_memory_budget_bytes, store_activations: see
         `options.TrainerOptions`.
 
     Raises:
@@ -130,7 +135,9 @@ class ReversibleSerialTrainer:
         release_host_memory=release_host_memory,
         host_mmap_threshold=host_mmap_threshold,
         backward_segment_max_layers=backward_segment_max_layers,
-        clear_compilation_caches=clear_compilation_caches)
+        clear_compilation_caches=clear_compilation_caches,
+        device_memory_budget_bytes=device_memory_budget_bytes,
+        store_activations=store_activations)
     if options.host_mmap_threshold is not None:
       host_memory.set_mmap_threshold(options.host_mmap_threshold)
     self._loss_layer = loss_layer
@@ -161,6 +168,8 @@ class ReversibleSerialTrainer:
         units_lib.UnitFactory(store.layers, store.optimizers,
                               self._compiler.compile, self._n_devices,
                               adasum))
+    self._device_plan = device_plan_lib.DevicePlan(
+        self._placement, store, self._units, options)
     self._guard = commit.NonFiniteGuard(
         options.on_non_finite, store, self._describe_last_checkpoint)
     self._commits = commit.CommitQueue(
@@ -181,8 +190,10 @@ class ReversibleSerialTrainer:
     if free_accelerators_on_step:
       hooks.append(hooks_lib.FreeAccelerators(self._placement,
                                               self._store.keep))
+    compile_ahead = (self._options.compile_ahead or
+                     self._options.device_memory_budget_bytes is not None)
     hooks.append(hooks_lib.FirstStep(
-        self._compile_ahead if self._options.compile_ahead else None,
+        self._compile_ahead if compile_ahead else None,
         self._units.decide_backward, self._release_host_memory))
     if self._release:
       hooks.append(self._release)
@@ -287,11 +298,14 @@ class ReversibleSerialTrainer:
       validation.BatchSizeError: N does not divide B.
       validation.NonFiniteError: with on_non_finite='raise', the loss or a
         gradient norm is NaN/Inf (see `options.TrainerOptions`).
+      device_plan.DeviceMemoryBudgetError: with device_memory_budget_bytes,
+        no segment plan fits it (before the first step changes anything).
     """
     validation.check_batch(batch, self._n_devices)
     ctx = self._begin_step(rng, step, learning_rate)
     ctx.stack = self._placement.shard_batch(batch)
     self._hooks.forward_begins(ctx)
+    ctx.step_memory = self._step_memory(ctx)
     self._units.forward(ctx)
     ctx.end_phase('forward', ctx.stack)
     self._units.loss(ctx)
@@ -321,10 +335,61 @@ class ReversibleSerialTrainer:
     return ctx
 
   def _compile_ahead(self, ctx):
-    """Compiles the step's functions on the types of `ctx`'s arrays."""
-    compilation.AheadOfTime(
-        self._placement, self._store.layers, self._store.optimizers, ctx,
-        self._units.decide_backward).compile(self._units.walk)
+    """Compiles the step's functions on the types of `ctx`'s arrays,
+    accounting its device memory (under a budget: choosing its plan)."""
+    self._device_plan.prepare(ctx)
+
+  def _step_memory(self, ctx):
+    """The step's `device_memory.StepMemory` for the memory log, or None.
+
+    Accounted when compiled ahead; for new batch shapes on a recorded step
+    (which then compiles ahead)."""
+    memory = self._device_plan.known(ctx)
+    if (memory is None and ctx.recording and
+        self._options.compile_ahead and self._device_plan.has_run):
+      memory = self._device_plan.prepare(ctx)
+    return memory
+
+  def device_memory_of(self, batch: Batch, rng: Optional[PRNGKey] = None,
+                       step: int = 1):
+    """Device memory of a step on `batch`'s shapes, without running it.
+
+    Compiles the step's programs ahead (as the first step does) and
+    composes their XLA memory analyses with what the step holds across
+    each call (`device_memory.revplus_trainer`). Under
+    device_memory_budget_bytes, chooses the plan first, as step 1 would.
+
+    Args:
+      batch: tuple of host arrays or `jax.ShapeDtypeStruct`s of shape
+        (B, ...), as `one_step` takes them.
+      rng: JAX PRNG key or None (a fixed one).
+      step: int, the step number.
+
+    Returns:
+      `device_memory.StepMemory` (bytes per device).
+
+    Raises:
+      device_memory.UnsupportedTrainerError: the step cannot be compiled
+        ahead here.
+      device_plan.DeviceMemoryBudgetError: no plan fits the budget.
+    """
+    batch = device_plan_lib.zeros_batch(batch)
+    validation.check_batch(batch, self._n_devices)
+    if rng is None:
+      rng = fastmath.random.get_prng(0)
+    ctx = step_lib.StepContext.begin(step, rng, self._parts)
+    ctx.stack = self._placement.shard_batch(batch)
+    memory = self._device_plan.prepare(ctx)
+    if memory is None:
+      raise device_memory_lib.UnsupportedTrainerError(
+          "the step's calls cannot all be compiled ahead of it here, so its "
+          'device memory cannot be accounted.')
+    return memory
+
+  @property
+  def device_plan(self) -> device_plan_lib.DevicePlan:
+    """The `device_plan.DevicePlan` (budget choice, accounted steps)."""
+    return self._device_plan
 
   def _describe_last_checkpoint(self):
     return checkpoints.describe_last_good(self._memory_log.output_dir)

@@ -40,6 +40,9 @@ class Run(abc.ABC):
     saved: dict, layer index -> (inputs, new state) of a standard layer,
       (old state, new state) of a reversible one: what the forward pass
       keeps for the backward pass.
+    kept: dict, forward segment (tuple of layer indices) -> (its inputs,
+      `jax.vjp`'s function of its forward) for segments that keep their
+      activations (`plan.SegmentPlan.keep`).
     rngs: list of each layer's placed RNG, by layer index.
     opt_params: list of each layer's placed optimizer hyperparameters.
     step_placed: the step number, placed (int32).
@@ -52,6 +55,9 @@ class Run(abc.ABC):
     self.rngs = rngs
     self.opt_params = opt_params
     self.step_placed = step_placed
+    # forward segment (tuple of layers) -> (its inputs, its vjp function),
+    # for segments that keep their activations.
+    self.kept = {}
     self._next = None  # (unit, its params) placed ahead of its call
 
   @abc.abstractmethod
@@ -161,15 +167,19 @@ class ReversibleSegment:
     layers: list of layer indices, in forward order.
     depth: int, stack items the segment reads and writes.
     forward_fn: compiled `Kind.SEGMENT_FORWARD` function, or None for a
-      segment that only runs backward (a backward split).
-    backward_fn: compiled `Kind.SEGMENT_REVERSE_UPDATE` function.
+      segment that only runs backward (a backward split); with `keep`, a
+      `Kind.SEGMENT_FORWARD_KEEP` function.
+    backward_fn: compiled `Kind.SEGMENT_REVERSE_UPDATE` function; with
+      `keep`, a `Kind.SEGMENT_BACKWARD_KEPT` function.
+    keep: bool, the forward keeps what the backward needs (no reversal).
   """
 
-  def __init__(self, indices, layers, forward_fn, backward_fn):
+  def __init__(self, indices, layers, forward_fn, backward_fn, keep=False):
     self.layers = list(indices)
     self.depth = max(layer.n_in for layer in layers)
     self.forward_fn = forward_fn
     self.backward_fn = backward_fn
+    self.keep = keep
 
   def forward(self, stack, params, run):
     """Runs the layers in order; saves each one's old and new state.
@@ -181,9 +191,13 @@ class ReversibleSegment:
     del params
     state = run.state(self.layers)
     inputs = cb.inputs_from_stack(stack, self.depth)
-    outputs, new_state = run.call(
+    results = run.call(
         self.forward_fn,
         (inputs, weights, state, [run.rngs[i] for i in self.layers]))
+    outputs, new_state = results[:2]
+    if self.keep:
+      run.kept[tuple(self.layers)] = (inputs, results[2])
+    del results
     for i, s, ns in zip(self.layers, state, new_state):
       run.saved[i] = (s, ns)
     stack = cb.outputs_onto_stack(outputs, stack, self.depth)
@@ -194,6 +208,8 @@ class ReversibleSegment:
     the stack and cotangents with the reconstructed inputs in place."""
     weights, slots = params
     del params
+    if self.keep:
+      return self._backward_kept(stack, grad_stack, weights, slots, run)
     old_state = [run.saved[i][0] for i in self.layers]
     new_state = [run.saved.pop(i)[1] for i in self.layers]
     outputs = cb.inputs_from_stack(stack, self.depth)
@@ -204,6 +220,27 @@ class ReversibleSegment:
          [run.opt_params[i] for i in self.layers],
          [run.rngs[i] for i in self.layers], run.step_placed))
     del outputs, grads, old_state, weights, slots
+    stack = cb.outputs_onto_stack(inputs, stack, self.depth)
+    grad_stack = cb.outputs_onto_stack(grads_in, grad_stack, self.depth)
+    del inputs, grads_in
+    order = range(len(self.layers) - 1, -1, -1)  # backward order
+    run.updated([self.layers[k] for k in order],
+                [new_weights[k] for k in order], [new_slots[k] for k in order],
+                [new_state[k] for k in order], [stats[k] for k in order])
+    return stack, grad_stack
+
+
+  def _backward_kept(self, stack, grad_stack, weights, slots, run):
+    """Backward + update from the kept vjp function; the kept inputs go
+    back onto the stack."""
+    inputs, vjp_fn = run.kept.pop(tuple(self.layers))
+    new_state = [run.saved.pop(i)[1] for i in self.layers]
+    grads = cb.inputs_from_stack(grad_stack, self.depth)
+    new_weights, new_slots, grads_in, stats = run.call(
+        self.backward_fn,
+        (vjp_fn, weights, grads, slots,
+         [run.opt_params[i] for i in self.layers], run.step_placed))
+    del vjp_fn, grads, weights, slots
     stack = cb.outputs_onto_stack(inputs, stack, self.depth)
     grad_stack = cb.outputs_onto_stack(grads_in, grad_stack, self.depth)
     del inputs, grads_in
@@ -262,17 +299,26 @@ class Units:
     for std, segments in segment_plan.blocks:
       self.forward_units.append(factory.standard(std))
       for segment in segments:
-        self.forward_units.append(factory.segment(segment))
+        self.forward_units.append(factory.segment(
+            segment, keep=segment in segment_plan.keep))
         if segment in segment_plan.backward:
           self.backward_units_of(self.forward_units[-1])
     self.loss_unit = factory.loss(segment_plan.loss)
+
+  def with_plan(self, segment_plan):
+    """New `Units` of `segment_plan`, compiled by the same factory."""
+    return Units(segment_plan, self._factory)
+
+  def replan(self, segment_plan):
+    """Runs `segment_plan` from now on (these same `Units`, rebuilt)."""
+    self.__init__(segment_plan, self._factory)
 
   def backward_units_of(self, unit):
     """The units that run forward unit `unit` backward, in forward order.
 
     A segment whose backward split is not decided yet runs backward whole.
     """
-    if isinstance(unit, StandardUnit):
+    if isinstance(unit, StandardUnit) or unit.keep:
       return [unit]
     key = tuple(unit.layers)
     split = self.plan.backward.get(key)
@@ -372,9 +418,21 @@ class UnitFactory:
     backward_fn = self._compile(kind, [i], fbo, self._donated(kind, [i]))
     return StandardUnit(i, layer, forward_fn, backward_fn)
 
-  def segment(self, indices, forward=True):
-    """A `ReversibleSegment`; without `forward` its forward_fn is None."""
+  def segment(self, indices, forward=True, keep=False):
+    """A `ReversibleSegment`; without `forward` its forward_fn is None;
+    with `keep` it keeps its activations for its backward."""
     layers = [self._layers[i] for i in indices]
+    if keep:
+      optimizers = [self._optimizers[i] for i in indices]
+      forward_fn = self._compile(Kind.SEGMENT_FORWARD_KEEP, indices,
+                                 step_fns.segment_forward_keep_fn(layers), ())
+      kind = Kind.SEGMENT_BACKWARD_KEPT
+      backward_fn = self._compile(
+          kind, indices, step_fns.segment_backward_kept_fn(
+              layers, optimizers, self._n_devices, self._adasum),
+          self._donated(kind, indices))
+      return ReversibleSegment(indices, layers, forward_fn, backward_fn,
+                               keep=True)
     forward_fn = None
     if forward:
       forward_fn = self._compile(Kind.SEGMENT_FORWARD, indices,
