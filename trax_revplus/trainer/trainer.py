@@ -252,7 +252,14 @@ class ReversibleSerialTrainer:
     return self._compiler.n_compiled_functions
 
   def set_output_dir(self, output_dir: Optional[str]):
-    """Writes the memory log to `<output_dir>/memory.jsonl` from now on."""
+    """Writes the memory log to `<output_dir>/memory.jsonl` from now on.
+
+    In a multi-process run only process 0 writes files; the others log
+    their lines with absl only.
+    """
+    processes = self._placement.processes
+    if processes is not None and processes.process_index != 0:
+      output_dir = None
     self._memory_log.set_output_dir(output_dir)
     self._flush_init_records()
 
@@ -288,7 +295,8 @@ class ReversibleSerialTrainer:
       validation.NonFiniteError: with on_non_finite='raise', the loss or a
         gradient norm is NaN/Inf (see `options.TrainerOptions`).
     """
-    validation.check_batch(batch, self._n_devices)
+    # In a multi-process run `batch` is this process's rows, for its devices.
+    validation.check_batch(batch, self._placement.n_local_devices)
     ctx = self._begin_step(rng, step, learning_rate)
     ctx.stack = self._placement.shard_batch(batch)
     self._hooks.forward_begins(ctx)
