@@ -4,16 +4,18 @@ Run by tests/test_multiprocess.py: alone (1 process, 1 or N forced CPU
 devices) or as each process of a multi-process run (`trax_revplus.launch`
 appends `--num_processes=N --process_id=I --coordinator_address=...`):
 
-  python tests/multiprocess_worker.py OUT_DIR [--dropout]
+  python tests/multiprocess_worker.py OUT_DIR
       [--num_processes=N --process_id=I --coordinator_address=HOST:PORT]
 
 Every run trains on the same global batch of 8 rows with the same RNGs and
-weights; a process of a multi-process run feeds its own rows of it, as
-`data.py` splits a batch. Writes OUT_DIR/process<I>.npz with the weights
-and optimizer slots after 3 steps (`w/<k>`, `s/<k>` in tree order), the
-losses (`loss`, per step the mean over devices) and, alone and without
-dropout, the weights of trax's default `Trainer` trained the same way
-(`ref/<k>`, one device), the independent reference.
+weights, once without dropout (keys `plain/...`) and once with dropout
+(`dropout/...`); a process of a multi-process run feeds its own rows of the
+batch, as `data.py` splits one. Writes OUT_DIR/process<I>.npz with, per
+variant, the weights and optimizer slots after 3 steps (`<variant>/w/<k>`,
+`<variant>/s/<k>` in tree order) and the losses (`<variant>/loss`, per step
+the mean over devices); alone, also the weights of trax's default `Trainer`
+trained the same way without dropout (`ref/<k>`, one device), the
+independent reference.
 """
 
 import argparse
@@ -72,7 +74,7 @@ def _default_trainer_weights(batch):
   opt.tree_init(model.weights)
   trainer = optimizers.Trainer(model, opt, n_devices=1)
   for step, lr in enumerate(_LRS):
-    trainer.one_step(batch, fastmath.random.get_prng(100 + step),
+    trainer.one_step(batch, fastmath.random.get_prng(100 + step), step=step,
                      learning_rate=lr)
   return _flat(model.weights)
 
@@ -80,7 +82,6 @@ def _default_trainer_weights(batch):
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument('out_dir')
-  parser.add_argument('--dropout', action='store_true')
   parser.add_argument('--num_processes', type=int)
   parser.add_argument('--process_id', type=int)
   parser.add_argument('--coordinator_address')
@@ -104,29 +105,32 @@ def main():
   rows = GLOBAL_BATCH_ROWS // count
   local_batch = tuple(x[index * rows:(index + 1) * rows] for x in batch)
   result = {}
-  if count == 1 and not args.dropout:
+  if count == 1:
     result.update({f'ref/{k}': w for k, w in
                    enumerate(_default_trainer_weights(batch))})
 
   trax_revplus.activate()
-  first, revs, loss = _blocks(args.dropout)
-  model = tl.Serial([first] + revs + [loss])
-  model.init(batch, rng=fastmath.random.get_prng(12))
-  trainer = rev_trainer.ReversibleSerialTrainer(
-      [(first.sublayers, revs)], loss, optimizers.Adam)
-  losses = []
-  for step, lr in enumerate(_LRS):
-    loss_value, _ = trainer.one_step(
-        local_batch, fastmath.random.get_prng(100 + step), step=step,
-        learning_rate=lr)
-    losses.append(float(np.mean(np.asarray(loss_value))))
-  result.update({f'w/{k}': w for k, w in enumerate(_flat(model.weights))})
-  result.update({f's/{k}': s for k, s in enumerate(_flat(trainer.slots))})
-  result['loss'] = np.asarray(losses)
+  for variant in ('plain', 'dropout'):
+    first, revs, loss = _blocks(variant == 'dropout')
+    model = tl.Serial([first] + revs + [loss])
+    model.init(batch, rng=fastmath.random.get_prng(12))
+    trainer = rev_trainer.ReversibleSerialTrainer(
+        [(first.sublayers, revs)], loss, optimizers.Adam)
+    losses = []
+    for step, lr in enumerate(_LRS):
+      loss_value, _ = trainer.one_step(
+          local_batch, fastmath.random.get_prng(100 + step), step=step,
+          learning_rate=lr)
+      losses.append(float(np.mean(np.asarray(loss_value))))
+    result.update({f'{variant}/w/{k}': w
+                   for k, w in enumerate(_flat(model.weights))})
+    result.update({f'{variant}/s/{k}': s
+                   for k, s in enumerate(_flat(trainer.slots))})
+    result[f'{variant}/loss'] = np.asarray(losses)
   result['devices'] = np.asarray([count, jax.local_device_count(),
                                   jax.device_count()])
   np.savez(os.path.join(args.out_dir, f'process{index}.npz'), **result)
-  print(f'process {index}: done, losses {losses}', flush=True)
+  print(f'process {index}: done', flush=True)
   return 0
 
 

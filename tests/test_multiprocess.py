@@ -38,12 +38,11 @@ def _env(n_local_devices):
   return env
 
 
-def _train(tmp_path, name, n_processes, n_local_devices, dropout=False):
+def _train(tmp_path, name, n_processes, n_local_devices):
   """Runs the worker; returns {process index: its npz as a dict}."""
   out = tmp_path / name
   out.mkdir()
-  command = [sys.executable, _WORKER, str(out)] + (
-      ['--dropout'] if dropout else [])
+  command = [sys.executable, _WORKER, str(out)]
   env = _env(n_local_devices)
   if n_processes == 1:
     subprocess.run(command, env=env, check=True, cwd=_REPO)
@@ -66,52 +65,53 @@ def _max_diff(a, b, prefix):
 
 
 def _max_diff_to_reference(result):
-  """Our weights against trax's default Trainer's (`ref/`)."""
+  """Our dropout-free weights against trax's default Trainer's (`ref/`)."""
   keys = sorted(k for k in result if k.startswith('ref/'))
   assert keys
-  return max(float(np.max(np.abs(result[k] - result['w/' + k[4:]])))
+  return max(float(np.max(np.abs(result[k] - result['plain/w/' + k[4:]])))
              for k in keys)
 
 
 @pytest.fixture(scope='module')
-def dropout_free(tmp_path_factory):
-  tmp_path = tmp_path_factory.mktemp('dropout_free')
+def runs(tmp_path_factory):
+  """The worker's results as 2 processes x 1 device, 1 x 2 and 1 x 1."""
+  tmp_path = tmp_path_factory.mktemp('multiprocess')
   return {'2x1': _train(tmp_path, '2x1', 2, 1),
           '1x2': _train(tmp_path, '1x2', 1, 2),
           '1x1': _train(tmp_path, '1x1', 1, 1)}
 
 
-def test_one_device_matches_trax_default_trainer(dropout_free):
-  one = dropout_free['1x1'][0]
-  assert _max_diff_to_reference(one) < _TOLERANCE
-  assert _max_diff_to_reference(dropout_free['1x2'][0]) < _TOLERANCE
+def test_one_process_matches_trax_default_trainer(runs):
+  assert _max_diff_to_reference(runs['1x1'][0]) < _TOLERANCE
+  assert _max_diff_to_reference(runs['1x2'][0]) < _TOLERANCE
 
 
 @pytest.mark.parametrize('other', ['1x2', '1x1'])
-def test_two_processes_match_one_process(dropout_free, other):
-  two = dropout_free['2x1']
-  reference = dropout_free[other][0]
+def test_two_processes_match_one_process_without_dropout(runs, other):
+  two = runs['2x1']
+  reference = runs[other][0]
   for i in (0, 1):
-    assert _max_diff(two[i], reference, 'w/') < _TOLERANCE
-    assert _max_diff(two[i], reference, 's/') < _TOLERANCE
+    assert _max_diff(two[i], reference, 'plain/w/') < _TOLERANCE
+    assert _max_diff(two[i], reference, 'plain/s/') < _TOLERANCE
   # The loss each process reports is the mean over every device.
-  np.testing.assert_allclose(two[0]['loss'], reference['loss'],
+  np.testing.assert_allclose(two[0]['plain/loss'], reference['plain/loss'],
                              atol=_TOLERANCE)
 
 
-def test_weights_and_slots_are_identical_on_every_process(dropout_free):
-  two = dropout_free['2x1']
-  assert _max_diff(two[0], two[1], 'w/') == 0
-  assert _max_diff(two[0], two[1], 's/') == 0
-  np.testing.assert_array_equal(two[0]['loss'], two[1]['loss'])
+def test_weights_and_slots_are_identical_on_every_process(runs):
+  two = runs['2x1']
+  for variant in ('plain', 'dropout'):
+    assert _max_diff(two[0], two[1], f'{variant}/w/') == 0
+    assert _max_diff(two[0], two[1], f'{variant}/s/') == 0
+    np.testing.assert_array_equal(two[0][f'{variant}/loss'],
+                                  two[1][f'{variant}/loss'])
 
 
-def test_with_dropout_two_processes_match_one_process_two_devices(tmp_path):
-  two = _train(tmp_path, '2x1', 2, 1, dropout=True)
-  one = _train(tmp_path, '1x2', 1, 2, dropout=True)[0]
-  plain = _train(tmp_path, '1x1', 1, 1, dropout=True)[0]
+def test_with_dropout_two_processes_match_one_process_two_devices(runs):
+  two, one = runs['2x1'], runs['1x2'][0]
   for i in (0, 1):
-    assert _max_diff(two[i], one, 'w/') < _TOLERANCE
-    assert _max_diff(two[i], one, 's/') < _TOLERANCE
-  # Dropout draws per device: one device differs (the test can fail).
-  assert _max_diff(plain, one, 'w/') > 1e-4
+    assert _max_diff(two[i], one, 'dropout/w/') < _TOLERANCE
+    assert _max_diff(two[i], one, 'dropout/s/') < _TOLERANCE
+  # Dropout masks are drawn per device: one device draws others (so this
+  # comparison can fail).
+  assert _max_diff(runs['1x1'][0], one, 'dropout/w/') > 1e-4

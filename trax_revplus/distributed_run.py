@@ -73,6 +73,16 @@ def shared_random_seed() -> int:
   return compat.shared_random_seed()
 
 
+def barrier(name: str) -> None:
+  """Waits until every process reached `barrier(name)` (a collective).
+
+  E.g. after the run, so that no process reads the checkpoint set before
+  process 0 finished writing it.
+  """
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  multihost_utils.sync_global_devices(name)
+
+
 def any_signal(signum: Optional[int]) -> Optional[int]:
   """The first signal any process received (a collective), or None.
 

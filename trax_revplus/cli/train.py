@@ -272,11 +272,15 @@ def _train(output_dir: str, callbacks: list[Any], log_path: str,
     loop = trainer_lib.train(output_dir=output_dir,
                              callbacks=list(callbacks) + [stop.callback])
     checkpoint = os.path.join(output_dir, 'model.pkl.gz')
+    if multi_process:  # Process 0 may still be writing it.
+      distributed_run.barrier('trained')
     checkpoint_step = _checkpoint_step(checkpoint)
     # trax checkpoints every eval_frequency steps; keep the final weights
     # too when the run did not end on such a step.
     if checkpoint_step != loop.step:
       loop.save_checkpoint('model')
+      if multi_process:
+        distributed_run.barrier('saved')
       checkpoint_step = _checkpoint_step(checkpoint)
   except Exception as e:  # pylint: disable=broad-except
     if isinstance(e, interrupt.Interrupted):

@@ -140,7 +140,7 @@ class ReversibleSerialTrainer:
     self._memory_log = memory.MemoryLog(
         every_n_steps=options.memory_log_every_n_steps,
         per_layer=options.memory_log_per_layer,
-        output_dir=options.output_dir,
+        output_dir=self._files_dir(options.output_dir),
         tensorboard=options.memory_log_tensorboard,
         devices=self._placement.devices)
     # Close the log's files while threads still run: at interpreter exit
@@ -257,11 +257,16 @@ class ReversibleSerialTrainer:
     In a multi-process run only process 0 writes files; the others log
     their lines with absl only.
     """
+    self._memory_log.set_output_dir(self._files_dir(output_dir))
+    self._flush_init_records()
+
+  def _files_dir(self, output_dir):
+    """`output_dir`, or None on a process other than 0 of a multi-process
+    run: process 0 alone writes the memory log's files."""
     processes = self._placement.processes
     if processes is not None and processes.process_index != 0:
-      output_dir = None
-    self._memory_log.set_output_dir(output_dir)
-    self._flush_init_records()
+      return None
+    return output_dir
 
   def _flush_init_records(self):
     records, self._pending_init_records = self._pending_init_records, []
