@@ -136,7 +136,9 @@ def failure_line(error: BaseException, config: Any) -> str:
   An error of a collective (a peer exited, was killed, or stopped
   answering) names that; anything else is the error's first line.
   """
-  text = ' '.join(str(error).split()) or type(error).__name__
+  from trax_revplus.cli import errors  # pylint: disable=g-import-not-at-top
+  # The first line, without gin's "In call to configurable ..." context.
+  text = errors.one_line(error, context=False) or type(error).__name__
   name = type(error).__name__
   lost = ('Gloo', 'gloo', 'Connection reset', 'Connection closed',
           'heartbeat', 'UNAVAILABLE', 'DEADLINE_EXCEEDED', 'non-addressable')

@@ -3,7 +3,6 @@
 See the package docstring (`trax_revplus.placement`) for the layouts.
 """
 
-import math
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import jax
@@ -34,11 +33,6 @@ def _host_nbytes(x):
   if isinstance(x, (bool, int, float, complex)):
     return np.asarray(x).nbytes
   return 0
-
-
-def _device_nbytes(x):
-  # `jax.Array.nbytes` costs more, per leaf of every update collected.
-  return math.prod(x.shape) * x.dtype.itemsize
 
 
 class Placement:
@@ -359,26 +353,8 @@ class Placement:
     """
     if per_device:
       tree = self.replicated(tree)  # Device 0's value on every process.
-    leaves, treedef = jax.tree_util.tree_flatten(tree)
-    out, squeeze, own = [], [], []
-    d2h = 0
-    multi = self.n_devices > 1
-    on_cpu = self.platform == 'cpu'
-    for x in leaves:
-      nbytes = 0
-      if isinstance(x, jax.Array):
-        if multi:
-          x = x.addressable_shards[0].data
-        if not on_cpu:
-          x.copy_to_host_async()
-        nbytes = _device_nbytes(x)
-        d2h += nbytes
-      out.append(x)
-      squeeze.append(multi and per_device)
-      own.append(on_cpu and nbytes >= host_copy.OWN_COPY_MIN_BYTES)
-    if d2h:
-      self.transfers.add_d2h(d2h)
-    return host_copy.HostCopy(treedef, out, squeeze, own)
+    return host_copy.start(tree, self.transfers, self.n_devices > 1,
+                           self.platform == 'cpu', per_device)
 
   def to_host(self, tree: PyTree, per_device: bool = False) -> PyTree:
     """Synchronous `start_to_host(...).collect()`: numpy leaves."""
@@ -390,18 +366,7 @@ class Placement:
     In a multi-process run, arrays spanning other processes' devices stay
     where they are (a host copy of them could not be passed back).
     """
-    leaves, treedef = jax.tree_util.tree_flatten(tree)
-    out = []
-    d2h = 0
-    for x in leaves:
-      if isinstance(x, jax.Array) and x.is_fully_addressable:
-        x.copy_to_host_async()
-        d2h += x.nbytes
-      out.append(x)
-    self.transfers.add_d2h(d2h)
-    out = [np.asarray(x) if isinstance(x, jax.Array) and
-           x.is_fully_addressable else x for x in out]
-    return jax.tree_util.tree_unflatten(treedef, out)
+    return host_copy.gather(tree, self.transfers)
 
   def on_host_device(self, tree: PyTree) -> PyTree:
     """Host arrays as `jax.Array`s on the CPU device (trax's `tl.on_cpu`).
