@@ -94,6 +94,42 @@ def test_failure_line_names_a_lost_process():
       ValueError('bad'), config)
 
 
+@pytest.mark.parametrize('flags, fragment', [
+    (['--num_processes=2'], '--process_id'),
+    (['--num_processes=2', '--process_id=2', '--coordinator_address=h:1'],
+     'outside 0..1'),
+    (['--num_processes=2', '--process_id=0', '--coordinator_address=h'],
+     'HOST:PORT'),
+])
+def test_train_refuses_bad_process_flags_in_one_line(tmp_path, capsys, flags,
+                                                     fragment):
+  from trax_revplus import cli  # pylint: disable=g-import-not-at-top
+  status = cli.main(['trax-revplus', 'train', f'--config_file={_CONFIG}',
+                     f'--output_dir={tmp_path / "run"}'] + flags)
+  err = capsys.readouterr().err.strip()
+  assert status == errors.EXIT_USAGE
+  assert len(err.splitlines()) == 1 and fragment in err, err
+  assert err.startswith('trax-revplus train: error: ')
+
+
+def test_activate_binds_on_cpu_to_this_process_cpu_device():
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from trax import layers as tl  # pylint: disable=g-import-not-at-top
+  import trax_revplus  # pylint: disable=g-import-not-at-top
+  from trax_revplus import compat  # pylint: disable=g-import-not-at-top
+  was_active = trax_revplus.is_active()
+  trax_revplus.activate()
+  try:
+    assert tl.on_cpu is compat.on_cpu
+    placed = tl.on_cpu({'x': np.ones(3)})['x']
+    assert placed.devices() == {jax.local_devices(backend='cpu')[0]}
+  finally:
+    if not was_active:
+      trax_revplus.deactivate()
+  assert was_active or tl.on_cpu is not compat.on_cpu
+
+
 def _env():
   env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONUNBUFFERED='1')
   env['XLA_FLAGS'] = ' '.join(
@@ -134,6 +170,10 @@ def test_launch_trains_one_checkpoint_set_that_one_process_resumes(
   assert sorted(n for n in names if n.endswith('.manifest.json')) == [
       'model.manifest.json', 'model.prev.manifest.json']
   assert 'train.log' in names and 'train.process1.log' in names
+  for name in ('train.log', 'train.process1.log'):
+    # trax's Loop calls jax.host_count() and jit(..., device=...), which
+    # JAX deprecates; activate() binds compat's versions instead.
+    assert 'deprecat' not in open(os.path.join(out, name)).read().lower()
   assert all(line.startswith('process 1: ') for line in open(
       os.path.join(out, 'train.process1.log')).read().splitlines()
              if line.strip())
