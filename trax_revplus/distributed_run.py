@@ -56,7 +56,7 @@ def log_file_name(index: int) -> str:
 
 
 class ProcessFormatter(std_logging.Formatter):
-  """Prefixes each line of another formatter with 'process I: '."""
+  """Prefixes each line another formatter makes with 'process I: '."""
 
   def __init__(self, inner: std_logging.Formatter, index: int):
     super().__init__()
@@ -64,7 +64,8 @@ class ProcessFormatter(std_logging.Formatter):
     self._prefix = f'process {index}: '
 
   def format(self, record: std_logging.LogRecord) -> str:
-    return self._prefix + self._inner.format(record)
+    return '\n'.join(self._prefix + line
+                     for line in self._inner.format(record).split('\n'))
 
 
 def shared_random_seed() -> int:
