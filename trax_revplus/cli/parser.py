@@ -168,7 +168,9 @@ def _add_train(commands) -> None:
       'train', help='train a gin-configured trax model',
       usage=(f'{PROG} train --config_file=FILE.gin [--config=BINDING ...]\n'
              f'{" " * 20}[--output_dir=DIR] [--progress_every_n_steps=N]\n'
-             f'{" " * 20}[--implementation=config|stock|revplus]'),
+             f'{" " * 20}[--implementation=config|stock|revplus]\n'
+             f'{" " * 20}[--num_processes=N --process_id=I\n'
+             f'{" " * 21}--coordinator_address=HOST:PORT]'),
       description=_TRAIN_DESCRIPTION, epilog=_TRAIN_EPILOG)
   _add_config_flags(
       parser,
