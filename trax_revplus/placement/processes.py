@@ -13,7 +13,9 @@ hidden collective, ~30 times slower per leaf on the CPU backend).
 
 Reading back: a replicated array is readable on every process; a
 per-device one only through its local shards, or after `replicated`, which
-gathers every device's rows onto every device.
+gathers every device's rows onto every device (layer state, so that every
+process keeps global device 0's, as one process with N devices does; the
+step's statistics, so that every process decides on the same values).
 """
 
 import functools
@@ -26,7 +28,7 @@ from jax.sharding import PartitionSpec
 import numpy as np
 
 from trax_revplus.placement.layouts import AXIS_NAME
-from trax_revplus.typing import Array, PyTree
+from trax_revplus.typing import PyTree
 
 
 class Processes:
@@ -82,8 +84,8 @@ class Processes:
 
   @staticmethod
   def place(x, sharding, global_shape):
-    """One leaf from this process's part of it (`local_value`) onto
-    `sharding`, a global array of shape `global_shape`."""
+    """A global array of shape `global_shape` on `sharding`, from `x`, this
+    process's part of it (host array)."""
     return jax.make_array_from_process_local_data(sharding, x, global_shape)
 
   def replicated(self, tree: PyTree) -> PyTree:
@@ -111,11 +113,6 @@ class Processes:
       leaves[i] = x
     return jax.tree_util.tree_unflatten(treedef, leaves)
 
-  def local_shards(self, x: Array) -> np.ndarray:
-    """This process's rows of a per-device array, shape (L,) + S, on host."""
-    shards = sorted(x.addressable_shards, key=lambda s: s.index[0].start or 0)
-    return np.concatenate([np.asarray(s.data) for s in shards])
-
 
 @functools.lru_cache(maxsize=None)
 def _gather(sharding):
@@ -124,10 +121,4 @@ def _gather(sharding):
   return jax.jit(lambda leaves: leaves, out_shardings=sharding)
 
 
-def local_bytes(x: Array) -> int:
-  """Bytes of `x` held on this process's devices (every local shard)."""
-  return sum(int(np.prod(s.data.shape)) * x.dtype.itemsize
-             for s in x.addressable_shards)
-
-
-__all__: List[str] = ['Processes', 'local_bytes']
+__all__: List[str] = ['Processes']
