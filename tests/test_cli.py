@@ -204,7 +204,12 @@ def _flags_of(command):
 @pytest.mark.parametrize('command,flags', [
     ('train', ['config_file', 'config', 'output_dir',
                'progress_every_n_steps', 'memory_log_every_n_steps',
-               'implementation']),
+               'implementation', 'num_processes', 'process_id',
+               'coordinator_address', 'join_timeout_seconds',
+               'heartbeat_timeout_seconds']),
+    ('launch', ['num_processes', 'stop_grace_seconds']),
+    ('estimate', ['config_file', 'config', 'device_memory', 'n_devices',
+                  'json']),
     ('compare', ['config_file', 'config', 'steps', 'seed', 'output_dir']),
     ('plot-memory', ['output']),
 ])
@@ -222,7 +227,7 @@ def test_help_documents_every_flag(command, flags, capsys):
 def test_top_level_usage_and_unknown_command(capsys):
   code, out, _ = _main(capsys, '--help')
   assert code == 0
-  for command in ('train', 'compare', 'plot-memory'):
+  for command in ('train', 'compare', 'plot-memory', 'estimate', 'launch'):
     assert f'\n  {command} ' in out
   code, _, err = _main(capsys)
   assert code == 2 and err.startswith('usage:')

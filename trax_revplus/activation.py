@@ -48,6 +48,7 @@ def _replacements():
       (_stock_acceleration.for_n_devices, compat.for_n_devices),
       (_stock_acceleration._accelerate, compat.accelerate),  # pylint: disable=protected-access
       (_training.init_host_and_devices, compat.init_host_and_devices),
+      (_stock_acceleration.on_cpu, compat.on_cpu),
   ]
   return {id(stock): (stock, ours) for stock, ours in pairs}
 

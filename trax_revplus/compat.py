@@ -10,6 +10,13 @@ deprecated JAX API (which warns now and will be removed):
   acceleration._accelerate (n_devices=0:  jax.jit(f, device=cpu)
     the memory-efficient Loop's evals)
 
+and so that they work in a multi-process run (`jax.distributed`), where
+`jax.devices('cpu')[0]` is process 0's CPU device on every process:
+
+  acceleration.on_cpu (`tl.on_cpu`: the   jax.device_put(x,
+    memory-efficient Loop's RNG, eval       jax.devices('cpu')[0])
+    weights)
+
 jax itself is left as it is: only the names trax's modules call are bound.
 """
 
@@ -94,8 +101,9 @@ def init_host_and_devices(n_devices=None, random_seed=None):
 
   Args:
     n_devices: int or None; None means all local devices.
-    random_seed: int or None; None on several hosts derives one per host
-      from the time (as trax).
+    random_seed: int or None; None on several hosts: process 0's seed from
+      the time, the same on every host (trax derives a different one per
+      host, then averages the initial weights over the hosts).
 
   Returns:
     `(is_chief, host_count, n_devices, rng)`: bool (process 0), int, int,
@@ -122,7 +130,7 @@ def init_host_and_devices(n_devices=None, random_seed=None):
     raise ValueError('JAX cannot work yet with n_devices != all devices: '
                      '%d != %d' % (n_devices, device_count))
   if random_seed is None and host_count > 1:
-    random_seed = int(1e6 * (host_id + time.time())) % 2**31
+    random_seed = shared_random_seed()
   return (is_chief, host_count, n_devices,
           training._init_random_number_generators(random_seed))  # pylint: disable=protected-access
 
@@ -150,9 +158,45 @@ def accelerate(f, n_devices):
   if n_devices > 1:
     return fastmath.pmap(f, axis_name='batch')
   compiled = fastmath.jit(f)
-  cpu = jax.devices('cpu')[0]
+  cpu = local_cpu_device()
 
   def on_cpu(*args, **kwargs):
     args, kwargs = jax.device_put((args, kwargs), cpu)
     return compiled(*args, **kwargs)
   return on_cpu
+
+
+def local_cpu_device():
+  """This process's CPU device (`jax.devices('cpu')[0]` is process 0's)."""
+  return jax.local_devices(backend='cpu')[0]
+
+
+def on_cpu(x):
+  """Puts `x` in this process's CPU memory (host), as JAX arrays.
+
+  Mirrors `trax.layers.acceleration.on_cpu` (`tl.on_cpu`), which places
+  on `jax.devices('cpu')[0]`: in a multi-process run that is process 0's
+  device, and on any other process the value placed there cannot be read.
+
+  Args:
+    x: pytree of arrays (numpy or JAX) or scalars.
+
+  Returns:
+    The pytree with `jax.Array` leaves on this process's CPU device (with
+    another backend than JAX's, `x` itself, as trax).
+  """
+  from trax import fastmath  # pylint: disable=g-import-not-at-top
+  if not fastmath.is_backend(fastmath.Backend.JAX):
+    return x
+  return jax.device_put(x, local_cpu_device())
+
+
+def shared_random_seed():
+  """A seed from process 0's clock, the same on every process (a collective).
+
+  Returns:
+    int in [0, 2**31).
+  """
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  seed = np.int64(int(1e6 * time.time()) % 2**31)
+  return int(multihost_utils.broadcast_one_to_all(seed))

@@ -1,4 +1,4 @@
-"""The `trax-revplus` command: train, compare and plot-memory.
+"""The `trax-revplus` command: train, compare, plot-memory and launch.
 
 One argparse parser with a subcommand each (`parser`); each command lives
 in a module of its own (`train`, `compare`, `plot_memory`); exit statuses
@@ -34,6 +34,8 @@ def _command(name: str):
     from trax_revplus.cli import compare as module
   elif name == 'estimate':
     from trax_revplus.cli import estimate as module
+  elif name == 'launch':
+    from trax_revplus.cli import launch as module
   else:
     from trax_revplus.cli import plot_memory as module
   # pylint: enable=g-import-not-at-top

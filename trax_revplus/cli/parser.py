@@ -15,7 +15,7 @@ from trax_revplus.cli.errors import EXIT_OK
 from trax_revplus.cli.errors import PROG
 from trax_revplus.cli.errors import UserError
 
-COMMANDS = ('train', 'compare', 'plot-memory', 'estimate')
+COMMANDS = ('train', 'compare', 'plot-memory', 'estimate', 'launch')
 IMPLEMENTATIONS = ('config', 'stock', 'revplus')
 
 OVERVIEW = f"""\
@@ -31,6 +31,8 @@ commands:
   plot-memory   Plot the memory log (memory.jsonl) of a run directory.
   estimate      Device memory one training step of a config needs, per
                 trainer, from XLA's figures; runs no step.
+  launch        Start N processes of one multi-process training run on this
+                host (loopback), e.g. to try it before a cluster.
 
 Run '{PROG} <command> --help' for the flags of a command.
 """
@@ -186,7 +188,9 @@ def _add_train(commands) -> None:
       'train', help='train a gin-configured trax model',
       usage=(f'{PROG} train --config_file=FILE.gin [--config=BINDING ...]\n'
              f'{" " * 20}[--output_dir=DIR] [--progress_every_n_steps=N]\n'
-             f'{" " * 20}[--implementation=config|stock|revplus]'),
+             f'{" " * 20}[--implementation=config|stock|revplus]\n'
+             f'{" " * 20}[--num_processes=N --process_id=I\n'
+             f'{" " * 21}--coordinator_address=HOST:PORT]'),
       description=_TRAIN_DESCRIPTION, epilog=_TRAIN_EPILOG)
   _add_config_flags(
       parser,
@@ -224,6 +228,65 @@ def _add_train(commands) -> None:
            'trax_revplus.activate`, else stock trax), stock (stock trax, '
            'even if the config has that line) or revplus (trax_revplus, '
            'even if it does not) (default: %(default)s).')
+  _add_distributed_flags(parser)
+
+
+def _add_distributed_flags(parser: argparse.ArgumentParser) -> None:
+  group = parser.add_argument_group(
+      'multiple processes (jax.distributed; see docs/multiple-hosts.md)')
+  group.add_argument(
+      '--num_processes', action=_Once, type=_positive_int, metavar='N',
+      help='Processes of the run, one per host or several on one. Default: '
+           'from a cluster launcher (SLURM, Open MPI, Kubernetes indexed '
+           'Job), else 1.')
+  group.add_argument(
+      '--process_id', action=_Once, type=_int, metavar='I',
+      help='This process, 0..N-1; process 0 serves the coordinator and '
+           'writes checkpoints. Default: from the cluster launcher.')
+  group.add_argument(
+      '--coordinator_address', action=_Once, metavar='HOST:PORT',
+      help='Address of process 0 and a free port there. Default: '
+           '$JAX_COORDINATOR_ADDRESS, else derived by JAX from the cluster '
+           'launcher.')
+  group.add_argument(
+      '--join_timeout_seconds', action=_Once, type=_positive_int,
+      default=300, metavar='S',
+      help='Give up (one line, exit 1) when not every process joined within '
+           'S seconds (default: %(default)s).')
+  group.add_argument(
+      '--heartbeat_timeout_seconds', action=_Once, type=_positive_int,
+      default=100, metavar='S',
+      help='A process silent this long (frozen, host down) is declared dead '
+           'and the run ends (default: %(default)s).')
+
+
+_LAUNCH_DESCRIPTION = """\
+Starts N processes of one training run on this host, each `trax-revplus train`
+with the flags after `--` plus --num_processes=N --process_id=I
+--coordinator_address=127.0.0.1:PORT (a free port). Their output is forwarded
+line by line, prefixed [process I]. When one process fails, the others are
+stopped (SIGTERM, then SIGKILL); SIGINT and SIGTERM are forwarded to all."""
+
+_LAUNCH_EPILOG = """\
+example: trax-revplus launch --num_processes=2 -- \\
+           --config_file=gin_configs/reformer_char_lm.gin --output_dir=DIR
+exit status: 0 every process succeeded; otherwise the status of the first
+process that failed (128 + N for signal N); 2 usage error."""
+
+
+def _add_launch(commands) -> None:
+  parser = commands.add_parser(
+      'launch', help='start N local processes of one training run',
+      usage=f'{PROG} launch --num_processes=N -- TRAIN_FLAGS...',
+      description=_LAUNCH_DESCRIPTION, epilog=_LAUNCH_EPILOG)
+  parser.add_argument(
+      '--num_processes', action=_Once, type=_positive_int, required=True,
+      metavar='N', help='Processes to start.')
+  parser.add_argument(
+      '--stop_grace_seconds', action=_Once, type=float, default=10.0,
+      metavar='S',
+      help='After one process failed, how long the others get to stop on '
+           'SIGTERM before SIGKILL (default: %(default)s).')
 
 
 def _add_compare(commands) -> None:
@@ -302,6 +365,7 @@ def build() -> argparse.ArgumentParser:
   _add_compare(commands)
   _add_plot_memory(commands)
   _add_estimate(commands)
+  _add_launch(commands)
   return parser
 
 
@@ -329,10 +393,19 @@ def parse(args: Sequence[str]) -> argparse.Namespace | int:
                       f'{PROG} --help)')
     raise UserError(f'unknown command {args[0]!r} (choose from '
                     f'{", ".join(COMMANDS)}; see {PROG} --help)')
+  command_args = None
+  if args[0] == 'launch' and '--' in args:
+    split = args.index('--')
+    args, command_args = args[:split], args[split + 1:]
   try:
     namespace, extra = build().parse_known_args(args)
   except _Exit as e:
     return e.status
+  if args[0] == 'launch':
+    if not command_args:
+      raise UserError('give the train flags after --, e.g. trax-revplus '
+                      'launch --num_processes=2 -- --config_file=FILE.gin')
+    namespace.train_args = command_args
   if extra:
     flags = [a for a in extra if a.startswith('-')]
     if flags:

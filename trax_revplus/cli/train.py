@@ -14,6 +14,10 @@ step, at once): `trax_revplus.interrupt`. Errors a user can cause end the
 command with one line (`failures`); the terminal shows the plugin's own
 lines and warnings, third-party warnings known to be harmless go to
 `<output_dir>/train.log` only (`noise`).
+
+With several processes (`--num_processes` or a cluster launcher), each
+joins the run before anything touches JAX (`trax_revplus.distributed`);
+what differs then is in `trax_revplus.distributed_run`.
 """
 
 import argparse
@@ -27,6 +31,8 @@ import sys
 import threading
 from typing import Any, Iterator
 
+from trax_revplus import distributed
+from trax_revplus import distributed_run
 from trax_revplus import interrupt
 from trax_revplus.cli import failures
 from trax_revplus.cli import gin_config
@@ -34,7 +40,9 @@ from trax_revplus.cli import noise
 from trax_revplus.cli import output_dir as output_dirs
 from trax_revplus.cli import settings
 from trax_revplus.cli import summary as summaries
+from trax_revplus.cli.errors import error_line
 from trax_revplus.cli.errors import EXIT_OK
+from trax_revplus.cli.errors import EXIT_RUNTIME
 from trax_revplus.cli.errors import PROG
 from trax_revplus.cli.errors import UserError
 from trax_revplus.cli.errors import warning_line
@@ -175,8 +183,12 @@ class _ThreadErrors:
 
 
 @contextlib.contextmanager
-def _run_logging(output_dir: str, import_messages: str) -> Iterator[str]:
+def _run_logging(output_dir: str, import_messages: str,
+                 process: int | None = None) -> Iterator[str]:
   """Full log to output_dir/train.log; the plugin's warnings on stderr.
+
+  In a multi-process run (`process` not None) each process logs to its own
+  file (`distributed_run.log_file_name`), every line marked with its index.
 
   Yields:
     The path of the log file.
@@ -184,14 +196,18 @@ def _run_logging(output_dir: str, import_messages: str) -> Iterator[str]:
   from absl import logging  # pylint: disable=g-import-not-at-top
   logging.set_verbosity(logging.INFO)
   absl_logger = logging.get_absl_logger()
-  log_path = os.path.join(output_dir, 'train.log')
+  log_path = os.path.join(output_dir,
+                          distributed_run.log_file_name(process or 0))
   to_file = std_logging.FileHandler(log_path)
   to_file.setLevel(std_logging.INFO)
   to_stderr = std_logging.StreamHandler(sys.stderr)
   to_stderr.setLevel(std_logging.WARNING)
   to_stderr.addFilter(noise.DropKnownNoise())
   for handler in (to_file, to_stderr):
-    handler.setFormatter(logging.PythonFormatter())
+    formatter = logging.PythonFormatter()
+    if process is not None:
+      formatter = distributed_run.ProcessFormatter(formatter, process)
+    handler.setFormatter(formatter)
     absl_logger.addHandler(handler)
   # trax logs every metric at INFO; keep those out of the terminal (where
   # trax also prints the eval lines) and out of the root logger's handlers.
@@ -208,6 +224,19 @@ def _run_logging(output_dir: str, import_messages: str) -> Iterator[str]:
     for handler in (to_file, to_stderr):
       absl_logger.removeHandler(handler)
       handler.close()
+
+
+def _share_seed() -> None:
+  """Binds train.random_seed to process 0's when the config sets none.
+
+  Every process then initializes the same weights and draws the same
+  per-step RNG (trax would seed each host differently and average the
+  initial weights).
+  """
+  import gin  # pylint: disable=g-import-not-at-top
+  if gin_config.bound_value('train.random_seed', None) is None:
+    gin.bind_parameter('train.random_seed',
+                       distributed_run.shared_random_seed())
 
 
 def _close_trainers(loop: Any) -> None:
@@ -233,7 +262,8 @@ def _checkpoint_step(path: str) -> int | None:
 
 
 def _train(output_dir: str, callbacks: list[Any], log_path: str,
-           stop: interrupt.StopOnSignal, bindings: list[str]) -> int:
+           stop: interrupt.StopOnSignal, bindings: list[str],
+           multi_process: bool = False) -> int:
   """Runs trainer_lib.train, then saves a final checkpoint and summarizes."""
   # pylint: disable=g-import-not-at-top
   import gin
@@ -250,15 +280,21 @@ def _train(output_dir: str, callbacks: list[Any], log_path: str,
   # not stop the run (the checkpoint set's own counters are restored).
   checkpoints.set_aside_unreadable_data_counters(output_dir)
   loop = None
+  if multi_process:  # Before stop.callback: every process stops together.
+    callbacks = list(callbacks) + [distributed_run.stop_together(stop)]
   try:
     loop = trainer_lib.train(output_dir=output_dir,
                              callbacks=list(callbacks) + [stop.callback])
     checkpoint = os.path.join(output_dir, 'model.pkl.gz')
+    if multi_process:  # Process 0 may still be writing it.
+      distributed_run.barrier('trained')
     checkpoint_step = _checkpoint_step(checkpoint)
     # trax checkpoints every eval_frequency steps; keep the final weights
     # too when the run did not end on such a step.
     if checkpoint_step != loop.step:
       loop.save_checkpoint('model')
+      if multi_process:
+        distributed_run.barrier('saved')
       checkpoint_step = _checkpoint_step(checkpoint)
   except Exception as e:  # pylint: disable=broad-except
     if isinstance(e, interrupt.Interrupted):
@@ -285,8 +321,25 @@ def _train(output_dir: str, callbacks: list[Any], log_path: str,
   return EXIT_OK
 
 
+def _join(flags: argparse.Namespace) -> distributed.DistributedConfig:
+  """Joins the multi-process run the flags or environment ask for.
+
+  Raises:
+    UserError: values that cannot work (exit 2), or the join failed (1).
+  """
+  try:
+    config = distributed_run.config_from_flags(flags)
+    distributed.initialize(config, error_prefix=f'{PROG} {COMMAND}: error: ')
+  except distributed.DistributedError as e:
+    raise UserError(str(e), e.exit_code) from None
+  return config
+
+
 def run(flags: argparse.Namespace) -> int:
   """Runs `trax-revplus train` with the parsed flags.
+
+  In a multi-process run a process that fails prints its line and ends at
+  once (`distributed.exit_immediately`), without waiting for the others.
 
   Returns:
     The exit status: 0 done.
@@ -298,24 +351,50 @@ def run(flags: argparse.Namespace) -> int:
   output_dir = os.path.expanduser(
       flags.output_dir or output_dirs.default_output_dir(config_files))
   output_dirs.check_writable(output_dir)
+  config = _join(flags)  # Before anything touches JAX.
+  if not config.is_multi_process:
+    return _run(flags, config_files, bindings, output_dir, None)
+  try:
+    return _run(flags, config_files, bindings, output_dir,
+                distributed_run.process_index())
+  except UserError as e:
+    if e.exit_code > 128:  # Stopped by a signal, every process at one step.
+      raise
+    line, code = str(e), e.exit_code
+  except Exception as e:  # pylint: disable=broad-except
+    line, code = distributed_run.failure_line(e, config), EXIT_RUNTIME
+  print(error_line(COMMAND, line), file=sys.stderr, flush=True)
+  distributed.exit_immediately(code)
+
+
+def _run(flags: argparse.Namespace, config_files: list[str],
+         bindings: list[str], output_dir: str, process: int | None) -> int:
+  """`run` once joined; `process` is this process's index in a
+  multi-process run, else None."""
+  # Process 0 alone holds the lock of a run's shared output dir.
   lock = output_dirs.OutputDirLock(output_dir, f'{PROG} train')
+  lock_if_chief = (lambda: None) if process else functools.partial(_lock,
+                                                                    lock)
   stop = interrupt.StopOnSignal()
   try:
     with stop:
       locked = os.path.isdir(output_dir)
       if locked:
-        _lock(lock)  # Before trax's import: a busy dir answers at once.
+        lock_if_chief()  # Before trax's import: a busy dir answers at once.
       import_messages = gin_config.import_trax()
       gin_config.parse_configs(config_files, bindings)
       _select_implementation(flags.implementation)
       _bind_memory_log(flags.memory_log_every_n_steps)
       _check_settings()
+      if process is not None:
+        _share_seed()
       callbacks = _train_callbacks(flags.progress_every_n_steps)
       output_dirs.make(output_dir)
       if not locked:
-        _lock(lock)
-      with _run_logging(output_dir, import_messages) as log_path:
-        return _train(output_dir, callbacks, log_path, stop, bindings)
+        lock_if_chief()
+      with _run_logging(output_dir, import_messages, process) as log_path:
+        return _train(output_dir, callbacks, log_path, stop, bindings,
+                      process is not None)
   except interrupt.Interrupted as e:
     if e.loop is not None:
       _close_trainers(e.loop)

@@ -3,7 +3,6 @@
 See the package docstring (`trax_revplus.placement`) for the layouts.
 """
 
-import math
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import jax
@@ -17,6 +16,7 @@ from trax_revplus import memory
 from trax_revplus.placement import freeing
 from trax_revplus.placement import host_copy
 from trax_revplus.placement import layouts
+from trax_revplus.placement import processes as processes_lib
 from trax_revplus.placement.layouts import AXIS_NAME
 from trax_revplus.typing import Array, HostArray, PyTree
 
@@ -35,17 +35,20 @@ def _host_nbytes(x):
   return 0
 
 
-def _device_nbytes(x):
-  # `jax.Array.nbytes` costs more, per leaf of every update collected.
-  return math.prod(x.shape) * x.dtype.itemsize
-
-
 class Placement:
-  """Puts pytrees on N local devices, brings them back, frees device memory.
+  """Puts pytrees on N devices, brings them back, frees device memory.
+
+  The N devices are the first `n_devices` of this process, or in a
+  multi-process run (`jax.process_count() > 1`) all devices of all
+  processes: each process then places and reads only its own part of each
+  array (`processes.Processes`), and a per-device value read on the host is
+  global device 0's on every process.
 
   Attributes:
-    devices: list of `jax.Device` used, the first `n_devices` local devices.
-    n_devices: int.
+    devices: list of this process's `jax.Device`s used (L of them).
+    n_devices: int, N: devices of the mesh, all processes together.
+    n_local_devices: int, L (N in a single-process run).
+    processes: `processes.Processes` in a multi-process run, else None.
     platform: str, e.g. 'cpu', 'gpu', 'tpu'.
     mesh: `jax.sharding.Mesh` over `devices` with axis 'batch' (N > 1), or
       None.
@@ -69,8 +72,14 @@ class Placement:
       transfer_counter: `memory.TransferCounter` or None (a new one).
 
     Raises:
-      ValueError: `n_devices` is < 1 or more than the local devices.
+      ValueError: `n_devices` is < 1 or more than the local devices; in a
+        multi-process run, not None nor the local device count.
     """
+    self.transfers = transfer_counter or memory.TransferCounter()
+    self.processes = None
+    if jax.process_count() > 1:
+      self._init_processes(n_devices)
+      return
     local = jax.local_devices()
     n = len(local) if n_devices is None else int(n_devices)
     if n < 1 or n > len(local):
@@ -80,9 +89,8 @@ class Placement:
           f'{len(local)}, or on CPU set XLA_FLAGS='
           f'--xla_force_host_platform_device_count={n} before importing jax.')
     self.devices = list(local[:n])
-    self.n_devices = n
+    self.n_devices = self.n_local_devices = n
     self.platform = self.devices[0].platform
-    self.transfers = transfer_counter or memory.TransferCounter()
     self.sync_collectives = self.platform == 'cpu' and n > 1
     self.host_is_device = self.platform == 'cpu' and n == 1
     if n > 1:
@@ -94,8 +102,28 @@ class Placement:
       self._replicated = SingleDeviceSharding(self.devices[0])
       self._per_device = self._replicated
 
-  def _put(self, tree, sharding, prepare=None, copies=1):
-    """device_put of all leaves in one call; device arrays already there stay."""
+  def _init_processes(self, n_devices):
+    """The mesh over every process's devices (see `processes`)."""
+    self.processes = processes_lib.Processes(n_devices)
+    self.devices = self.processes.local_devices
+    self.n_local_devices = len(self.devices)
+    self.n_devices = self.processes.n_global
+    self.platform = self.devices[0].platform
+    # With one device per process, still a mesh (and shard_map): the
+    # gradients are averaged over the processes.
+    self.sync_collectives = self.platform == 'cpu'
+    self.host_is_device = False
+    self.mesh = self.processes.mesh
+    self._replicated = NamedSharding(self.mesh, PartitionSpec())
+    self._per_device = NamedSharding(self.mesh, PartitionSpec(AXIS_NAME))
+
+  def _put(self, tree, sharding, prepare=None, copies=1, lead=None):
+    """device_put of all leaves in one call; device arrays already there stay.
+
+    In a multi-process run `prepare` gives this process's part of a leaf,
+    whose global shape is `lead` + the part's shape without its first axis
+    (per-device layout) or the part's own (`lead` None: replicated).
+    """
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     if not leaves:
       return tree
@@ -109,8 +137,13 @@ class Placement:
       h2d += _host_nbytes(x) * copies
       moving.append(x)
       where.append(i)
-    if moving:
+    if moving and self.processes is not None:
+      place = self.processes.place
+      placed = [place(x, sharding, np.shape(x) if lead is None else
+                      lead + np.shape(x)[1:]) for x in moving]
+    elif moving:
       placed = jax.device_put(moving, sharding)
+    if moving:
       for i, x in zip(where, placed):
         leaves[i] = x
       if h2d:
@@ -129,7 +162,7 @@ class Placement:
     Returns:
       The pytree with `jax.Array` leaves, same shapes and dtypes.
     """
-    return self._put(tree, self._replicated, copies=self.n_devices)
+    return self._put(tree, self._replicated, copies=self.n_local_devices)
 
   def place_params(self, tree: PyTree) -> PyTree:
     """Readies host weights, slots or state for a compiled call.
@@ -243,12 +276,13 @@ class Placement:
       return self.place_params(tree)
     if self.n_devices == 1:
       return self._put(tree, self._per_device)
-    n = self.n_devices
+    n = self.n_local_devices
 
     def broadcast(x):
       x = np.asarray(x)
       return np.broadcast_to(x, (n,) + x.shape)
-    return self._put(tree, self._per_device, prepare=broadcast)
+    return self._put(tree, self._per_device, prepare=broadcast,
+                     lead=(self.n_devices,))
 
   def shard_batch(self, batch: PyTree) -> PyTree:
     """Splits a host batch over devices along its leading (batch) axis.
@@ -258,16 +292,19 @@ class Placement:
     Args:
       batch: pytree of arrays of shape (B, ...).
 
+    In a multi-process run `batch` is this process's rows of the global
+    batch (B / P of them, `data.py`), split over its L devices.
+
     Returns:
       The pytree with leaves of shape (N, B // N, ...) in per-device layout
       on N > 1 devices; unchanged shapes on one device.
 
     Raises:
-      ValueError: N does not divide B.
+      ValueError: N (L: local rows) does not divide B.
     """
     if self.n_devices == 1:
       return self._put(batch, self._per_device)
-    n = self.n_devices
+    n = self.n_local_devices
 
     def split(x):
       x = np.asarray(x)
@@ -277,11 +314,23 @@ class Placement:
             f'(array of shape {x.shape}); use a batch size that is a '
             f'multiple of {n} or set n_devices.')
       return x.reshape((n, x.shape[0] // n) + x.shape[1:])
-    return self._put(batch, self._per_device, prepare=split)
+    return self._put(batch, self._per_device, prepare=split,
+                     lead=(self.n_devices,))
 
   def per_device_rows(self, rows: Sequence[HostArray]) -> List[Array]:
     """Places a list of host arrays of shape (N, ...) in per-device layout."""
-    return self._put(list(rows), self._per_device)
+    if self.processes is None:
+      return self._put(list(rows), self._per_device)
+    return self._put(list(rows), self._per_device,
+                     prepare=self.processes.local_rows,
+                     lead=(self.n_devices,))
+
+  def replicated(self, tree: PyTree) -> PyTree:
+    """`tree` readable on every process (`processes.Processes.replicated`);
+    itself in a single-process run."""
+    if self.processes is None:
+      return tree
+    return self.processes.replicated(tree)
 
   def start_to_host(self, tree: PyTree,
                     per_device: bool = False) -> host_copy.HostCopy:
@@ -302,51 +351,30 @@ class Placement:
     Returns:
       `HostCopy`; its `collect()` returns the pytree with numpy leaves.
     """
-    leaves, treedef = jax.tree_util.tree_flatten(tree)
-    out, squeeze, own = [], [], []
-    d2h = 0
-    multi = self.n_devices > 1
-    on_cpu = self.platform == 'cpu'
-    for x in leaves:
-      nbytes = 0
-      if isinstance(x, jax.Array):
-        if multi:
-          x = x.addressable_shards[0].data
-        if not on_cpu:
-          x.copy_to_host_async()
-        nbytes = _device_nbytes(x)
-        d2h += nbytes
-      out.append(x)
-      squeeze.append(multi and per_device)
-      own.append(on_cpu and nbytes >= host_copy.OWN_COPY_MIN_BYTES)
-    if d2h:
-      self.transfers.add_d2h(d2h)
-    return host_copy.HostCopy(treedef, out, squeeze, own)
+    if per_device:
+      tree = self.replicated(tree)  # Device 0's value on every process.
+    return host_copy.start(tree, self.transfers, self.n_devices > 1,
+                           self.platform == 'cpu', per_device)
 
   def to_host(self, tree: PyTree, per_device: bool = False) -> PyTree:
     """Synchronous `start_to_host(...).collect()`: numpy leaves."""
     return self.start_to_host(tree, per_device).collect()
 
   def gather_to_host(self, tree: PyTree) -> PyTree:
-    """Copies every device's data to host (per-device arrays keep axis N)."""
-    leaves, treedef = jax.tree_util.tree_flatten(tree)
-    out = []
-    d2h = 0
-    for x in leaves:
-      if isinstance(x, jax.Array):
-        x.copy_to_host_async()
-        d2h += x.nbytes
-      out.append(x)
-    self.transfers.add_d2h(d2h)
-    out = [np.asarray(x) if isinstance(x, jax.Array) else x for x in out]
-    return jax.tree_util.tree_unflatten(treedef, out)
+    """Copies every device's data to host (per-device arrays keep axis N).
+
+    In a multi-process run, arrays spanning other processes' devices stay
+    where they are (a host copy of them could not be passed back).
+    """
+    return host_copy.gather(tree, self.transfers)
 
   def on_host_device(self, tree: PyTree) -> PyTree:
     """Host arrays as `jax.Array`s on the CPU device (trax's `tl.on_cpu`).
 
     No device memory is used; on the CPU backend numpy buffers may be shared.
     """
-    cpu = jax.devices('cpu')[0]
+    # jax.devices('cpu')[0] is process 0's in a multi-process run.
+    cpu = jax.local_devices(backend='cpu')[0]
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     where = [i for i, x in enumerate(leaves)
              if isinstance(x, (np.ndarray, np.generic, jax.Array))]

@@ -59,7 +59,7 @@ def free_device_buffers(devices: Iterable[jax.Device],
 
   before = live_on_ours()
   n_before = len(before)
-  bytes_before = sum(x.nbytes for x in before)
+  bytes_before = sum(_local_nbytes(x) for x in before)
   del before
   gc.collect()
 
@@ -83,8 +83,16 @@ def free_device_buffers(devices: Iterable[jax.Device],
   del x  # pylint: disable=undefined-loop-variable
   after = live_on_ours()
   freed_arrays = max(0, n_before - len(after))
-  freed_bytes = max(0, bytes_before - sum(x.nbytes for x in after))
+  freed_bytes = max(0, bytes_before - sum(_local_nbytes(x) for x in after))
   return freed_arrays, freed_bytes
+
+
+def _local_nbytes(x):
+  """`x.nbytes`, or for an array spanning other processes' devices (whose
+  `nbytes` is its global size) the bytes of its shards on this process."""
+  if x.is_fully_addressable:
+    return x.nbytes
+  return sum(s.data.nbytes for s in x.addressable_shards)
 
 
 def _buffer_pointers(x):

@@ -5,6 +5,7 @@ weights starts right after the call that computed them, and the host waits
 for it only when it needs the values.
 """
 
+import math
 from typing import List
 
 import jax
@@ -73,3 +74,57 @@ class HostCopy:
       out.append(x)
     self._leaves = ()
     return jax.tree_util.tree_unflatten(self._treedef, out)
+
+
+def start(tree: PyTree, transfers, multi_device: bool, on_cpu: bool,
+          per_device: bool) -> HostCopy:
+  """Starts the D2H copies of device 0's value of each leaf of `tree`.
+
+  See `Placement.start_to_host`.
+
+  Args:
+    tree: pytree of device arrays (other leaves pass through).
+    transfers: `memory.TransferCounter` the D2H bytes are added to.
+    multi_device: bool, the arrays lie on N > 1 devices.
+    on_cpu: bool, the devices are the CPU backend's (no copy started).
+    per_device: bool, drop the leading device axis (N > 1 devices).
+
+  Returns:
+    `HostCopy`.
+  """
+  leaves, treedef = jax.tree_util.tree_flatten(tree)
+  out, squeeze, own = [], [], []
+  d2h = 0
+  for x in leaves:
+    nbytes = 0
+    if isinstance(x, jax.Array):
+      if multi_device:
+        x = x.addressable_shards[0].data
+      if not on_cpu:
+        x.copy_to_host_async()
+      # `jax.Array.nbytes` costs more, per leaf of every update collected.
+      nbytes = math.prod(x.shape) * x.dtype.itemsize
+      d2h += nbytes
+    out.append(x)
+    squeeze.append(multi_device and per_device)
+    own.append(on_cpu and nbytes >= OWN_COPY_MIN_BYTES)
+  if d2h:
+    transfers.add_d2h(d2h)
+  return HostCopy(treedef, out, squeeze, own)
+
+
+def gather(tree: PyTree, transfers) -> PyTree:
+  """Every device's data of `tree`'s arrays on the host; see
+  `Placement.gather_to_host`. Arrays spanning other processes' devices
+  stay as they are."""
+  leaves, treedef = jax.tree_util.tree_flatten(tree)
+  local = [isinstance(x, jax.Array) and x.is_fully_addressable
+           for x in leaves]
+  d2h = 0
+  for x, here in zip(leaves, local):
+    if here:
+      x.copy_to_host_async()
+      d2h += x.nbytes
+  transfers.add_d2h(d2h)
+  out = [np.asarray(x) if here else x for x, here in zip(leaves, local)]
+  return jax.tree_util.tree_unflatten(treedef, out)

@@ -111,6 +111,9 @@ class StepContext(units.Run):
     self._record_unit('forward', unit, self.stack)
 
   def updated(self, layers, weights, slots, states, stats):
+    # Multi-process: every process reads every device's statistics (loss,
+    # gradient norms), so all take the same decisions on them.
+    stats = self._placement.replicated(stats)
     self.stats.extend(stats)
     self._commits.push(layers, weights, slots, states, stats)
 

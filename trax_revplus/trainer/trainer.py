@@ -147,7 +147,7 @@ class ReversibleSerialTrainer:
     self._memory_log = memory.MemoryLog(
         every_n_steps=options.memory_log_every_n_steps,
         per_layer=options.memory_log_per_layer,
-        output_dir=options.output_dir,
+        output_dir=self._files_dir(options.output_dir),
         tensorboard=options.memory_log_tensorboard,
         devices=self._placement.devices)
     # Close the log's files while threads still run: at interpreter exit
@@ -263,9 +263,21 @@ class ReversibleSerialTrainer:
     return self._compiler.n_compiled_functions
 
   def set_output_dir(self, output_dir: Optional[str]):
-    """Writes the memory log to `<output_dir>/memory.jsonl` from now on."""
-    self._memory_log.set_output_dir(output_dir)
+    """Writes the memory log to `<output_dir>/memory.jsonl` from now on.
+
+    In a multi-process run only process 0 writes files; the others log
+    their lines with absl only.
+    """
+    self._memory_log.set_output_dir(self._files_dir(output_dir))
     self._flush_init_records()
+
+  def _files_dir(self, output_dir):
+    """`output_dir`, or None on a process other than 0 of a multi-process
+    run: process 0 alone writes the memory log's files."""
+    processes = self._placement.processes
+    if processes is not None and processes.process_index != 0:
+      return None
+    return output_dir
 
   def _flush_init_records(self):
     records, self._pending_init_records = self._pending_init_records, []
@@ -301,7 +313,8 @@ class ReversibleSerialTrainer:
       device_plan.DeviceMemoryBudgetError: with device_memory_budget_bytes,
         no segment plan fits it (before the first step changes anything).
     """
-    validation.check_batch(batch, self._n_devices)
+    # In a multi-process run `batch` is this process's rows, for its devices.
+    validation.check_batch(batch, self._placement.n_local_devices)
     ctx = self._begin_step(rng, step, learning_rate)
     ctx.stack = self._placement.shard_batch(batch)
     self._hooks.forward_begins(ctx)
