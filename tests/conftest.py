@@ -4,6 +4,8 @@ The models are plain functions (import them with `from conftest import
 ...`; `tests/multidevice_worker.py` does too, in its own process).
 """
 
+import os
+
 import gin
 import jax
 import numpy as np
@@ -121,3 +123,21 @@ def assert_same(before, after):
   assert len(flat_b) == len(flat_a)
   for b, a in zip(flat_b, flat_a):
     np.testing.assert_array_equal(np.asarray(a), b)
+
+
+def start_seconds(idle_seconds=240.0):
+  """Seconds a few Python (or JAX) processes may take to start here.
+
+  Tests that check that processes end (never hang) need a bound; a busy
+  machine is slow, not broken, so the bound grows with the load average
+  per core at the time of the call.
+
+  Args:
+    idle_seconds: float, the bound on a machine with at most one runnable
+      process per core.
+
+  Returns:
+    float seconds, at least `idle_seconds`.
+  """
+  load_per_core = os.getloadavg()[0] / (os.cpu_count() or 1)
+  return idle_seconds * max(1.0, load_per_core)

@@ -20,12 +20,13 @@ import pytest
 
 from trax_revplus import distributed
 from trax_revplus import launch
+from conftest import start_seconds
 
 _WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                        'distributed_worker.py')
 # Seconds a process may take to start and import JAX on a busy 2-core
 # machine, on top of any deadline a test sets.
-_START_SECONDS = 240
+_START_SECONDS = start_seconds()
 # A join deadline long enough never to expire in a run that should succeed.
 _PATIENT_JOIN_SECONDS = 300
 

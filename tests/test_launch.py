@@ -20,12 +20,13 @@ import time
 import pytest
 
 from trax_revplus import launch
+from conftest import start_seconds
 
 _WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                        'distributed_worker.py')
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Seconds to start a few Python processes (or JAX ones) on a busy machine.
-_START_SECONDS = 240
+_START_SECONDS = start_seconds()
 # How long a process sleeps when others are meant to stop it: long enough to
 # fail the test (not hang it) if they do not.
 _FOREVER_SECONDS = 2 * _START_SECONDS

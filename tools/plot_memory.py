@@ -7,7 +7,7 @@ path; see `trax_revplus.memory_plot`.
 
 import sys
 
-from trax_revplus import memory_plot
+from trax_revplus import cli
 
 if __name__ == '__main__':
-  sys.exit(memory_plot.main(sys.argv[1:]))
+  sys.exit(cli.main([cli.PROG, 'plot-memory', *sys.argv[1:]]))

@@ -358,17 +358,3 @@ def plot_memory(run_dir_or_jsonl: str | os.PathLike,
   ax_xfer.set_xlabel('training step (step k spans (k - 1, k]: its phases '
                      'left to right, its peak at k)')
   return _save(fig, output_png)
-
-
-def main(argv: Sequence[str]) -> int:
-  """`trax-revplus plot-memory` with `argv` (no program name) as its flags.
-
-  For `tools/plot_memory.py`; the parsing and the exit statuses are the
-  command's (`trax_revplus.cli`).
-
-  Returns:
-    The exit status: 0 done, 1 the PNG could not be written, 2 a usage
-    error such as no memory log at the path.
-  """
-  from trax_revplus import cli  # pylint: disable=g-import-not-at-top
-  return cli.main([cli.PROG, 'plot-memory', *argv])

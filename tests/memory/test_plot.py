@@ -5,6 +5,7 @@ import os
 
 import pytest
 
+from trax_revplus import cli
 from trax_revplus import memory
 from trax_revplus import memory_plot
 
@@ -46,7 +47,7 @@ def test_plot_errors_clearly(tmp_path):
   (tmp_path / 'memory.jsonl').write_text('{"step": 1, "pha')
   with pytest.raises(ValueError, match='holds no memory records'):
     memory_plot.plot_memory(str(tmp_path))
-  assert memory_plot.main([str(tmp_path / 'missing')]) == 2
+  assert cli.main([cli.PROG, 'plot-memory', str(tmp_path / 'missing')]) == 2
 
 
 def _write_resumed_log(run_dir):

@@ -35,6 +35,7 @@ import jax
 
 from trax_revplus.device_memory import composition
 from trax_revplus.device_memory import program as program_lib
+from trax_revplus.trainer import commit as commit_lib
 from trax_revplus.trainer import compilation
 from trax_revplus.trainer import units as units_lib
 
@@ -54,26 +55,8 @@ def _array_leaves(tree):
           if hasattr(x, 'shape') and hasattr(x, 'dtype')]
 
 
-def commit_waits(pending_sizes, n_async_layers):
-  """How many of the oldest pending calls stay uncommitted after a push.
-
-  The rule of `trainer.commit.CommitQueue.push`: the oldest call is
-  committed once calls updating at least `n_async_layers` layers were
-  dispatched after it.
-
-  Args:
-    pending_sizes: list of int, layers each pending call updated, oldest
-      first (the newest included).
-    n_async_layers: int >= 0.
-
-  Returns:
-    int, how many of the newest calls remain pending.
-  """
-  pending = list(pending_sizes)
-  total = sum(pending)
-  while pending and total - pending[0] >= n_async_layers:
-    total -= pending.pop(0)
-  return len(pending)
+# The rule lives with the queue it describes; the walk applies it too.
+commit_waits = commit_lib.commit_waits
 
 
 class _Noted:

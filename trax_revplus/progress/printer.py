@@ -255,11 +255,15 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
   def write_run_stats(self) -> str | None:
     """Writes `run_stats()` to `<loop output_dir>/run_stats.json`.
 
-    Never raises (see `run_stats.StepFigures.write`).
+    Only the chief process (trax's `Loop.is_chief`) writes: the other
+    processes of a multi-process run share its output directory. Never
+    raises (see `run_stats.StepFigures.write`).
 
     Returns:
       The path written, or None.
     """
+    if not getattr(self._loop, 'is_chief', True):
+      return None
     return self._figures.write(getattr(self._loop, 'output_dir', None))
 
   def summary(self) -> dict[str, Any]:

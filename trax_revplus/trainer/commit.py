@@ -124,6 +124,27 @@ class _Pending(NamedTuple):
   checks: List[Optional[dict]]  # NonFiniteGuard.values_to_check per layer
 
 
+def commit_waits(pending_sizes, n_async_layers):
+  """How many of the newest pending calls stay uncommitted after a push.
+
+  The oldest call is committed once calls updating at least
+  `n_async_layers` layers were dispatched after it.
+
+  Args:
+    pending_sizes: list of int, layers each pending call updated, oldest
+      first (the newest included).
+    n_async_layers: int >= 0.
+
+  Returns:
+    int, how many of the newest calls remain pending.
+  """
+  pending = list(pending_sizes)
+  total = sum(pending)
+  while pending and total - pending[0] >= n_async_layers:
+    total -= pending.pop(0)
+  return len(pending)
+
+
 class CommitQueue:
   """Updates of compiled calls waiting to be committed to the host."""
 
@@ -153,10 +174,9 @@ class CommitQueue:
         layers, p.start_to_host(weights), p.start_to_host(slots),
         p.start_to_host(states, per_device=True),
         [self._guard.values_to_check(s) for s in stats]))
-    pending_layers = sum(len(entry.layers) for entry in self._pending)
-    while self._pending and (pending_layers - len(self._pending[0].layers) >=
-                             self._n_async_layers):
-      pending_layers -= len(self._pending[0].layers)
+    waiting = commit_waits([len(entry.layers) for entry in self._pending],
+                           self._n_async_layers)
+    while len(self._pending) > waiting:
       self._commit(self._pending.popleft())
 
   def drain(self):

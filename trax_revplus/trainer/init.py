@@ -77,24 +77,6 @@ def _initializes_itself(leaf):
           base.Layer.init_weights_and_state)
 
 
-def _standard_layer_list(std_layers):
-  """A block's standard part as a flat list of layers.
-
-  As `ReversibleSerialTrainer` (and trax's) runs it, `tl.Serial(std_layers)`:
-  a single layer (e.g. a `tl.Serial`) or a list of layers, nested lists
-  flattened.
-  """
-  if isinstance(std_layers, base.Layer):
-    return [std_layers]
-  flat = []
-  for x in std_layers:
-    if isinstance(x, (list, tuple)):
-      flat.extend(_standard_layer_list(x))
-    else:
-      flat.append(x)
-  return flat
-
-
 def init_reversible_blocks(blocks: Blocks, loss_layer: tl.Layer,
                            input_signature: Any, rng: PRNGKey) -> None:
   """Initializes the blocks and loss layer as trax does; keeps loaded values.
@@ -134,7 +116,8 @@ def init_reversible_blocks(blocks: Blocks, loss_layer: tl.Layer,
       (checked abstractly once the layers before it are initialized).
   """
   validation.check_blocks(blocks)
-  blocks = [(_standard_layer_list(std), list(rev)) for std, rev in blocks]
+  blocks = [(validation.standard_layer_list(std), list(rev))
+            for std, rev in blocks]
   validation.check_sequence_length(blocks, input_signature)
   # The values the user loaded, noted before anything is initialized: a
   # layer shared with an earlier block holds values once that block is

@@ -35,6 +35,7 @@ All but `OptimizerFactoryError` (a `TypeError`) and `NonFiniteError` (an
 from trax_revplus.validation.blocks import check_blocks
 from trax_revplus.validation.blocks import check_loss_output
 from trax_revplus.validation.blocks import check_sequence_length
+from trax_revplus.validation.blocks import standard_layer_list
 from trax_revplus.validation.devices import check_batch
 from trax_revplus.validation.devices import check_n_devices
 from trax_revplus.validation.errors import BatchSizeError
@@ -66,5 +67,6 @@ __all__ = [
     'OptimizerFactoryError', 'SequenceLengthError', 'TrainerOptionError',
     'check_batch', 'check_blocks', 'check_loss_output', 'check_n_devices',
     'check_optimizer_factory', 'check_sequence_length', 'first_non_finite',
-    'make_optimizer', 'parameters_of', 'unknown_knob_hint',
+    'make_optimizer', 'parameters_of', 'standard_layer_list',
+    'unknown_knob_hint',
 ]

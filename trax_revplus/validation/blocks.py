@@ -13,6 +13,34 @@ def layer_name(layer):
   return getattr(layer, 'name', type(layer).__name__)
 
 
+def standard_layer_list(std_layers):
+  """A block's standard part as a flat list of layers.
+
+  As trax's `ReversibleSerialTrainer` runs it, `tl.Serial(std_layers)`: a
+  single layer (e.g. a `tl.Serial`) or a list or tuple of layers, nested
+  lists flattened.
+
+  Args:
+    std_layers: a `tl.Layer`, or a (nested) list or tuple of them.
+
+  Returns:
+    list of the layers in order, or None when `std_layers` is neither a
+    layer nor a list or tuple (its items are not checked here).
+  """
+  from trax.layers import base  # pylint: disable=g-import-not-at-top
+  if isinstance(std_layers, base.Layer):
+    return [std_layers]
+  if not isinstance(std_layers, (list, tuple)):
+    return None
+  flat = []
+  for x in std_layers:
+    if isinstance(x, (list, tuple)):
+      flat.extend(standard_layer_list(x))
+    else:
+      flat.append(x)
+  return flat
+
+
 def check_blocks(blocks):
   """Checks that `blocks` is a list of (standard, reversible) layer pairs.
 
@@ -44,19 +72,6 @@ def check_blocks(blocks):
         f'blocks must be a list of (standard_layers, reversible_layers) '
         f'pairs, got {type(blocks).__name__}; {fix}.')
 
-  def flat_standard(layers):
-    if isinstance(layers, base.Layer):
-      return [layers]
-    if not isinstance(layers, (list, tuple)):
-      return None
-    flat = []
-    for x in layers:
-      if isinstance(x, (list, tuple)):
-        flat.extend(flat_standard(x))
-      else:
-        flat.append(x)
-    return flat
-
   for b, block in enumerate(blocks):
     if not isinstance(block, (list, tuple)) or len(block) != 2:
       what = (f'a {type(block).__name__} of length {len(block)}'
@@ -66,7 +81,7 @@ def check_blocks(blocks):
           f'block {b} is {what}, not a (standard_layers, reversible_layers) '
           f'pair; {fix}.')
     std_layers, rev_layers = block
-    standard = flat_standard(std_layers)
+    standard = standard_layer_list(std_layers)
     if standard is None:
       raise errors.BlockStructureError(
           f'block {b}: the standard layers must be a layer or a list of '
