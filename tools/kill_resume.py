@@ -33,8 +33,8 @@ kill and every final difference is 0.0; else 1.
 
 Kills land at uniformly random moments: a quarter during the start-up
 (imports, building the model, loading the checkpoint), the rest during the
-training steps the run has left, where the saves are, and its end (the last
-save, evals and summary), so a run at its last step can also finish.
+training steps the run has left, where the saves are; a run at its last
+step also over its end (the last save, evals and summary), so it can finish.
 
 Usage:
   python tools/kill_resume.py --kills=30 --work_dir=/tmp/kill_resume
@@ -179,8 +179,8 @@ def main():
     sys.exit(f'the uninterrupted run failed:\n{reference.stderr[-3000:]}')
   setup_seconds = reference.first_step_at - reference.start
   # From the last progress line to the process's exit: the last save, the
-  # evals and the summary. Kills are drawn over it too, so a run at its last
-  # step is not always killed in that step's save and can finish.
+  # evals and the summary. A run at its last step is also killed over it, so
+  # that it is not always killed in that step's save and can finish.
   tail_seconds = reference.end - reference.step_times[-1]
   # Seconds per step (the save included), from its progress lines.
   times = reference.step_times
@@ -210,9 +210,10 @@ def main():
       else:
         while run.first_step_at is None and run.process.poll() is None:
           time.sleep(0.01)
-        # Over the steps this run has left to train, and its end.
-        delay = rng.uniform(
-            0, step_seconds * (args.steps - resume) + tail_seconds)
+        # Over the steps this run has left to train; at its last step also
+        # over its end, so that it can finish.
+        last = tail_seconds if resume >= args.steps - 1 else 0.0
+        delay = rng.uniform(0, step_seconds * (args.steps - resume) + last)
       base = run.start if during_setup else (run.first_step_at or run.start)
       while (run.process.poll() is None and
              time.monotonic() < base + delay):
