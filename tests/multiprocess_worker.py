@@ -10,8 +10,8 @@ appends `--num_processes=N --process_id=I --coordinator_address=...`):
 Every run trains on the same global batch of 8 rows with the same RNGs and
 weights, once without dropout (keys `plain/...`) and once with dropout
 (`dropout/...`); a process of a multi-process run feeds its own rows of the
-batch, as `data.py` splits one. Writes OUT_DIR/process<I>.npz with, per
-variant, the weights and optimizer slots after 3 steps (`<variant>/w/<k>`,
+batch, as `trax_revplus.data` splits one. Writes OUT_DIR/process<I>.npz with,
+per variant, the weights and optimizer slots after 3 steps (`<variant>/w/<k>`,
 `<variant>/s/<k>` in tree order) and the losses (`<variant>/loss`, per step
 the mean over devices); alone, also the weights of trax's default `Trainer`
 trained the same way without dropout (`ref/<k>`, one device), the

@@ -293,7 +293,7 @@ class Placement:
       batch: pytree of arrays of shape (B, ...).
 
     In a multi-process run `batch` is this process's rows of the global
-    batch (B / P of them, `data.py`), split over its L devices.
+    batch (B / P of them, `trax_revplus.data`), split over its L devices.
 
     Returns:
       The pytree with leaves of shape (N, B // N, ...) in per-device layout

@@ -11,6 +11,7 @@ Modules, from the schedule down:
   step        one step's context: shared values, memory-log phases
   hooks       first-step work (compiling ahead, backward splits), freeing
   units       standard units, reversible segments, the loss unit; the walk
+  run         `Run`: what a walk runs on (the step, or compiling ahead)
   plan        the segment plan: which layers each compiled call runs
   compilation the compile cache, compiling ahead
   fingerprints what a layer computes (which layers share a compilation)

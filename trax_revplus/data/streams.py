@@ -1,0 +1,203 @@
+"""Train and eval batch streams over a corpus held in host memory.
+
+The train stream resumes: batch n is a function of `seed` and n only, and the
+stream keeps n in trax's data counters (`trax.data.inputs.data_counters`,
+name `TRAIN_COUNTER`). In a multi-process run each process reads its own rows
+of the same global batch.
+"""
+
+import numpy as np
+from trax.data import inputs as trax_inputs
+
+from trax_revplus.data.errors import CorpusSettingError
+
+VOCAB_SIZE = 256
+PAD_ID = 0
+
+# Key of the train stream's position in trax's data counters.
+TRAIN_COUNTER = 'trax_revplus.data.local_text_inputs/train'
+
+
+def _check_divisible(name, batch_size, n_devices):
+  if batch_size % n_devices:
+    raise CorpusSettingError(
+        f'local_text_inputs.{name} = {batch_size} is not divisible by the '
+        f'{n_devices} devices; choose a multiple of {n_devices}.')
+
+
+def _this_process():
+  """(index, count) of this process in a multi-process JAX run."""
+  import jax  # pylint: disable=g-import-not-at-top
+  return jax.process_index(), jax.process_count()
+
+
+def _check_process_split(batch_size, n_devices, process_index,
+                         process_count):
+  """Checks that the global batch splits over processes, then devices."""
+  for name, value, low in (('process_count', process_count, 1),
+                           ('process_index', process_index, 0)):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or (
+        value < low):
+      raise CorpusSettingError(f'{name} must be an int >= {low}, got {value!r}.')
+  if process_index >= process_count:
+    raise CorpusSettingError(f'process_index = {process_index} is not below '
+                      f'process_count = {process_count}.')
+  total = n_devices * process_count
+  if batch_size % total:
+    raise CorpusSettingError(
+        f'local_text_inputs.batch_size = {batch_size} (the global batch) is '
+        f'not divisible by the {total} devices of the run ({process_count} '
+        f'processes x {n_devices} local devices); choose a multiple of '
+        f'{total}.')
+
+
+def _batch(buffer, offsets, sequence_length):
+  """Gathers windows of `buffer` at `offsets`; zero-pads past its end.
+
+  Returns:
+    (inputs, targets, weights): int32, int32 and float32 arrays of shape
+    (len(offsets), sequence_length); inputs and targets are the same array
+    values (trax LMs shift right internally).
+  """
+  index = np.asarray(offsets)[:, None] + np.arange(sequence_length)[None, :]
+  padded = index >= buffer.shape[0]
+  tokens = buffer[np.minimum(index, buffer.shape[0] - 1)].astype(np.int32)
+  tokens[padded] = PAD_ID
+  weights = (tokens != PAD_ID).astype(np.float32)
+  return tokens, tokens.copy(), weights
+
+
+class LocalTextCorpus:
+  """Train and eval byte buffers with their batch streams.
+
+  Attributes:
+    train_bytes: 1-D np.uint8 array, the train split.
+    eval_bytes: 1-D np.uint8 array, the eval split.
+    train_files: Sorted list of the files read for train (str).
+    eval_files: Sorted list of the files read for eval (str); with
+      split_by="bytes" the same as train_files.
+  """
+
+  def __init__(self, train_bytes, eval_bytes, train_files, eval_files,
+               sequence_length, batch_size, eval_batch_size,
+               eval_cycle_batches, seed):
+    self.train_bytes = train_bytes
+    self.eval_bytes = eval_bytes
+    self.train_files = train_files
+    self.eval_files = eval_files
+    self._sequence_length = sequence_length
+    self._batch_size = batch_size
+    self._eval_batch_size = eval_batch_size
+    self._seed = seed
+    length = eval_bytes.shape[0]
+    if eval_cycle_batches is None:
+      # Every eval byte once, in order; the last window is zero-padded.
+      self._eval_offsets = np.arange(0, length, sequence_length)
+    else:
+      # A fixed sample spread evenly over the whole split, so that every
+      # eval round of a run scores the same windows.
+      n_windows = eval_cycle_batches * eval_batch_size
+      last = max(length - sequence_length, 0)
+      self._eval_offsets = np.linspace(0, last, n_windows).astype(np.int64)
+
+  def train_stream(self, n_devices, process_index=None, process_count=None):
+    """Returns an endless iterator of random training windows.
+
+    Mirrors the stream functions of `trax.data.inputs.Inputs`. In a
+    multi-process run each process reads its own rows of the global batch:
+    process i of P yields rows [i * B / P, (i + 1) * B / P) of the batch of
+    B = batch_size rows that a single process would yield at the same
+    position, so P processes x D devices train on exactly what one process
+    with P * D devices does.
+
+    Args:
+      n_devices: int, number of devices of this process the batch is split
+        over.
+      process_index: int in [0, process_count), this process; None for
+        `jax.process_index()`.
+      process_count: int >= 1, processes of the run; None for
+        `jax.process_count()`.
+
+    Returns:
+      Iterator of (inputs, targets, weights) with shapes
+      (batch_size / process_count, sequence_length), dtypes int32, int32,
+      float32. The same `seed` gives the same sequence of batches on every
+      call. Making the stream sets its position (`trax.data.inputs.
+      data_counters[TRAIN_COUNTER]`, the number of batches yielded) to 0;
+      when that counter is later raised (trax's `Loop` restoring a
+      checkpoint), the stream jumps ahead to it.
+
+    Raises:
+      CorpusSettingError: If batch_size is not divisible by n_devices times
+        process_count, or the process index or count is out of range.
+    """
+    if process_index is None or process_count is None:
+      this_index, this_count = _this_process()
+      process_index = this_index if process_index is None else process_index
+      process_count = this_count if process_count is None else process_count
+    _check_divisible('batch_size', self._batch_size, n_devices)
+    _check_process_split(self._batch_size, n_devices, process_index,
+                         process_count)
+    trax_inputs.data_counters[TRAIN_COUNTER] = 0
+    return self._train_batches(process_index, process_count)
+
+  def train_batch(self, index, process_index=0, process_count=1):
+    """Returns training batch number `index` (int >= 0) of the stream.
+
+    Args:
+      index: int >= 0, the batch's position in the stream.
+      process_index: int, this process's index (see `train_stream`).
+      process_count: int, processes the global batch is split over.
+
+    Returns:
+      (inputs, targets, weights), each of shape
+      (batch_size / process_count, sequence_length): the process's rows of
+      the global batch.
+    """
+    high = self.train_bytes.shape[0] - self._sequence_length + 1
+    rng = np.random.default_rng([self._seed, index])
+    offsets = rng.integers(0, high, size=self._batch_size)
+    rows = self._batch_size // process_count
+    offsets = offsets[process_index * rows:(process_index + 1) * rows]
+    return _batch(self.train_bytes, offsets, self._sequence_length)
+
+  def _train_batches(self, process_index, process_count):
+    index = 0
+    while True:
+      # Read at every batch: trax's Loop replaces the whole dict when it
+      # loads the counters of a checkpoint.
+      index = max(index, trax_inputs.data_counters.get(TRAIN_COUNTER, 0))
+      batch = self.train_batch(index, process_index, process_count)
+      index += 1
+      trax_inputs.data_counters[TRAIN_COUNTER] = index
+      yield batch
+
+  def eval_stream(self, n_devices):
+    """Returns an endless iterator cycling over fixed eval windows.
+
+    Not split over processes: in a multi-process run every process
+    evaluates the whole eval batch (trax's `Loop` evaluates on each host
+    alone), so each reports the metrics a single process would.
+
+    Args:
+      n_devices: int, number of devices the batch is split over.
+
+    Returns:
+      Iterator of (inputs, targets, weights) with shapes
+      (eval_batch_size, sequence_length), dtypes int32, int32, float32;
+      every call yields the same batches in the same order.
+
+    Raises:
+      CorpusSettingError: If eval_batch_size is not divisible by n_devices.
+    """
+    _check_divisible('eval_batch_size', self._eval_batch_size, n_devices)
+    return self._eval_batches()
+
+  def _eval_batches(self):
+    offsets = self._eval_offsets
+    position = 0
+    while True:
+      take = np.arange(position, position + self._eval_batch_size)
+      yield _batch(self.eval_bytes, offsets[take % len(offsets)],
+                   self._sequence_length)
+      position = (position + self._eval_batch_size) % len(offsets)
