@@ -26,8 +26,12 @@ class CheckpointError(RuntimeError):
     self.problem = problem or message
 
 
-class CheckpointMismatchError(CheckpointError):
-  """A verified checkpoint set that does not fit the Loop's model."""
+class CheckpointMismatchError(CheckpointError, IndexError):
+  """A verified checkpoint set that does not fit the Loop's model.
+
+  An `IndexError` too, as stock trax's `Loop` raises when it restores a
+  checkpoint of another model into this one.
+  """
 
 
 class CheckpointWriteError(CheckpointError):

@@ -152,6 +152,12 @@ def user_error(error: Exception, output_dir: str, steps_started: bool,
     return UserError(one_line(error), EXIT_USAGE)
   if isinstance(error, data.CorpusError):
     return UserError(one_line(error), EXIT_RUNTIME)
+  if isinstance(error, validation.TrainerOptionError):
+    return UserError(
+        f'the trainer rejects its settings: {error.name} must be '
+        f'{error.allowed}, got {error.value!r}; fix '
+        f'trax_revplus.ReversibleSerialTrainer.{error.name} in the config',
+        EXIT_USAGE)
   if isinstance(error, (validation.ConfigurationError,
                         validation.OptimizerFactoryError)):
     return UserError(f'{type(error).__name__}: {one_line(error)}', EXIT_USAGE)

@@ -38,6 +38,13 @@ KNOWN_NOISE = (
         'trax calls a JAX name JAX has renamed; the alias still returns the '
         'same value.'),
     KnownNoise(
+        r'backend and device argument on jit is deprecated',
+        'JAX (DeprecationWarning), when stock trax 1.4.1 runs '
+        '(--implementation=stock): its Loop evaluates through '
+        'jit(..., backend=...)',
+        'stock trax calls a JAX argument JAX has deprecated; with '
+        'trax_revplus active that call is replaced (compat.accelerate).'),
+    KnownNoise(
         r'GzipFile was opened for writing, but this will change',
         'Python (FutureWarning), from trax.layers.np_to_file and '
         'trax.supervised.training.pickle_to_file at every checkpoint save',

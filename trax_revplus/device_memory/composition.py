@@ -33,6 +33,11 @@ class UnsupportedTrainerError(ValueError):
   does not run on this JAX)."""
 
 
+class AccountingError(ValueError):
+  """Figures that contradict each other: a call's held arrays said to be
+  passed to it hold more bytes than its program's arguments."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Held:
   """Bytes held on the device across a call, per device.
@@ -73,7 +78,7 @@ class Call:
   def __post_init__(self):
     object.__setattr__(self, 'held', tuple(self.held))
     if self.passed_bytes > self.program.argument_bytes:
-      raise ValueError(
+      raise AccountingError(
           f'call {self.name!r}: held arrays passed to it hold '
           f'{self.passed_bytes} bytes, more than its program\'s '
           f'{self.program.argument_bytes} argument bytes.')

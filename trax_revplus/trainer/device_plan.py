@@ -25,6 +25,7 @@ the fewest calls for the last segment.
 import dataclasses
 from typing import Optional
 
+from absl import logging
 import jax
 import numpy as np
 
@@ -157,7 +158,8 @@ class DevicePlan:
     if self.budget_bytes is not None and self.choice is None:
       try:
         self.choice, memory = self._choose(ctx)
-      except composition.UnsupportedTrainerError as e:
+      except (composition.UnsupportedTrainerError,
+              composition.AccountingError) as e:
         raise DeviceMemoryBudgetError(
             f'device_memory_budget_bytes cannot be honoured here: {e} Unset '
             f'{options_lib.GIN_CONFIGURABLE}.device_memory_budget_bytes and '
@@ -166,6 +168,12 @@ class DevicePlan:
       try:
         memory = self._account(self._units, ctx)
       except composition.UnsupportedTrainerError:
+        memory = None
+      except composition.AccountingError as e:
+        # The figure is an observation: a step it cannot account for still
+        # trains, and its records go without peak_device_bytes.
+        logging.warning('device memory: the step could not be accounted, its '
+                        'memory records go without peak_device_bytes: %s', e)
         memory = None
     self._memory[key] = memory
     return memory
