@@ -141,14 +141,8 @@ class ReversibleSegment:
          [run.opt_params[i] for i in self.layers],
          [run.rngs[i] for i in self.layers], run.step_placed))
     del outputs, grads, old_state, weights, slots
-    stack = cb.outputs_onto_stack(inputs, stack, self.depth)
-    grad_stack = cb.outputs_onto_stack(grads_in, grad_stack, self.depth)
-    del inputs, grads_in
-    order = range(len(self.layers) - 1, -1, -1)  # backward order
-    run.updated([self.layers[k] for k in order],
-                [new_weights[k] for k in order], [new_slots[k] for k in order],
-                [new_state[k] for k in order], [stats[k] for k in order])
-    return stack, grad_stack
+    return self._updated(stack, grad_stack, inputs, grads_in, new_weights,
+                         new_slots, new_state, stats, run)
 
   def _backward_kept(self, stack, grad_stack, weights, slots, run):
     """Backward + update from the kept vjp function; the kept inputs go
@@ -161,9 +155,15 @@ class ReversibleSegment:
         (vjp_fn, weights, grads, slots,
          [run.opt_params[i] for i in self.layers], run.step_placed))
     del vjp_fn, grads, weights, slots
+    return self._updated(stack, grad_stack, inputs, grads_in, new_weights,
+                         new_slots, new_state, stats, run)
+
+  def _updated(self, stack, grad_stack, inputs, grads_in, new_weights,
+               new_slots, new_state, stats, run):
+    """Puts the recovered inputs and their cotangents back on the stacks and
+    hands the segment's updates to `run`, in backward order."""
     stack = cb.outputs_onto_stack(inputs, stack, self.depth)
     grad_stack = cb.outputs_onto_stack(grads_in, grad_stack, self.depth)
-    del inputs, grads_in
     order = range(len(self.layers) - 1, -1, -1)  # backward order
     run.updated([self.layers[k] for k in order],
                 [new_weights[k] for k in order], [new_slots[k] for k in order],
