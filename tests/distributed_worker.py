@@ -18,7 +18,8 @@ Modes (after `distributed.initialize`, unless said otherwise):
 
 A `DistributedError` is printed as 'error: <message>' on stderr and ends the
 process with its exit status; a collective failing after the join likewise,
-with status 1, through `distributed.exit_immediately`.
+with status `launch.EXIT_LOST_PROCESS`, through
+`distributed.exit_immediately`.
 """
 
 import argparse
@@ -30,6 +31,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from trax_revplus import distributed  # pylint: disable=g-import-not-at-top
+from trax_revplus import launch  # pylint: disable=g-import-not-at-top
 
 
 def _report(error):
@@ -94,11 +96,12 @@ def main():
         _psum_over_all_devices()
       out['psum_loop_seconds'] = time.monotonic() - started
   except Exception as e:  # pylint: disable=broad-except
-    # A collective failed: the line, then out without the shutdown barrier.
+    # A collective failed: the line, then out without the shutdown barrier,
+    # with the status of a process that lost another one.
     first = ' '.join(str(e).split())[:300]
     print(f'error: a collective failed: {type(e).__name__}: {first}',
           file=sys.stderr, flush=True)
-    distributed.exit_immediately(1)
+    distributed.exit_immediately(launch.EXIT_LOST_PROCESS)
   print(json.dumps(out), flush=True)
   return 0
 

@@ -340,5 +340,6 @@ def test_a_process_that_dies_after_joining_fails_the_others_in_one_line():
                       for i in range(2)], env=_env())
   survivor, dead = procs.wait(_START_SECONDS + _PATIENT_JOIN_SECONDS)
   assert dead[0] == 3, dead[2][-2000:]
-  _assert_one_line_error(survivor, 1, 'a collective failed')
+  _assert_one_line_error(survivor, launch.EXIT_LOST_PROCESS,
+                         'a collective failed')
 

@@ -97,6 +97,26 @@ def test_a_failing_process_stops_the_others_and_is_named(tmp_path):
   assert seconds < _START_SECONDS
 
 
+def test_a_process_that_lost_another_is_not_named_as_the_cause(tmp_path):
+  # Process 0 is seen to end first, with the status of a process that
+  # failed because another did (as when two end within one instant and are
+  # seen in the wrong order); process 1, the cause, ends once the launcher
+  # stops it.
+  error, _, err, _ = _launch(_child(f'''
+      signal.signal(signal.SIGTERM, lambda *_: sys.exit(3))
+      ready({str(tmp_path)!r})
+      wait_ready({str(tmp_path)!r}, 2)
+      if i == 0:
+        sys.exit({launch.EXIT_LOST_PROCESS})
+      time.sleep({_FOREVER_SECONDS})
+      '''), 2)
+  assert isinstance(error, launch.ProcessFailedError), err
+  assert (error.process_id, error.exit_code) == (1, 3)
+  assert str(error) == ('process 1 exited with status 3; stopped the others: '
+                        f'process 0 exited with status '
+                        f'{launch.EXIT_LOST_PROCESS}.')
+
+
 def test_a_process_ignoring_sigterm_is_killed_after_the_grace(tmp_path):
   error, _, err, seconds = _launch(_child(f'''
       if i == 0:
@@ -248,8 +268,9 @@ def test_launch_ends_a_jax_job_whose_process_dies():
   assert proc.returncode == 3, proc.stderr[-3000:]
   last = proc.stderr.strip().splitlines()[-1]
   assert 'error: process 1 exited with status 3; stopped the others: ' in last
-  # Process 0 either failed its collective itself (status 1) or was
-  # stopped by the launcher first.
-  assert re.search(r'process 0 (exited with status 1|was killed by SIGTERM)',
+  # Process 0 either failed its collective itself (the lost-process status,
+  # so not named even when seen to end first) or was stopped by the
+  # launcher first.
+  assert re.search(r'process 0 (exited with status 4|was killed by SIGTERM)',
                    last), last
   assert 'Check failure stack trace' not in proc.stderr

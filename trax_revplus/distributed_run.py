@@ -8,7 +8,8 @@ joins the run first (`distributed.initialize`), then:
   * a SIGINT or SIGTERM that reached any process stops every process after
     the same step (`StopTogether`), so that none waits in a collective for a
     peer that stopped;
-  * a failure ends the process with one line (`failure_line`) and without
+  * a failure ends the process with one line (`failure`), with exit status
+    `launch.EXIT_LOST_PROCESS` when it is another process's loss, and without
     JAX's shutdown barrier (`distributed.exit_immediately`), which would
     otherwise wait for a dead peer and then abort with a stack trace;
   * each process logs to its own file, its lines marked with its index
@@ -21,11 +22,12 @@ Only process 0 writes checkpoints, summaries and the memory log's files
 
 import argparse
 import logging as std_logging
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 import numpy as np
 
 from trax_revplus import distributed
+from trax_revplus import launch
 
 
 def config_from_flags(flags: argparse.Namespace
@@ -131,11 +133,20 @@ def stop_together(stop: Any) -> Any:
   return _StopTogether
 
 
-def failure_line(error: BaseException, config: Any) -> str:
-  """One line for an error that ends a process of a multi-process run.
+def failure(error: BaseException, config: Any) -> Tuple[str, int]:
+  """The line and exit status for an error that ends a multi-process run.
 
   An error of a collective (a peer exited, was killed, or stopped
-  answering) names that; anything else is the error's first line.
+  answering) names that and gives `launch.EXIT_LOST_PROCESS`, so that a
+  launcher can tell the process that failed first from those that failed
+  because of it; anything else is the error's first line and exit 1.
+
+  Args:
+    error: the exception that ends this process.
+    config: the run's `DistributedConfig` (its `describe()` starts the line).
+
+  Returns:
+    (line, exit_code): str without a newline, int.
   """
   from trax_revplus.cli import errors  # pylint: disable=g-import-not-at-top
   # The first line, without gin's "In call to configurable ..." context.
@@ -147,5 +158,5 @@ def failure_line(error: BaseException, config: Any) -> str:
       k in text for k in lost):
     return (f'{config.describe()}: the run lost another process (it '
             f'failed, was stopped or stopped responding; see its output): '
-            f'{name}: {text[:300]}')
-  return f'{config.describe()}: {name}: {text[:300]}'
+            f'{name}: {text[:300]}', launch.EXIT_LOST_PROCESS)
+  return f'{config.describe()}: {name}: {text[:300]}', errors.EXIT_RUNTIME

@@ -13,7 +13,10 @@ starts the command N times, each with `--num_processes=N --process_id=I
   * when a process fails (a non-zero exit status or a signal), sends SIGTERM
     to the others, SIGKILL to those still running `stop_grace_seconds`
     later, and raises `ProcessFailedError`, whose one-line message names the
-    process and how it ended;
+    process that failed first and how it ended; a process that ended with
+    `EXIT_LOST_PROCESS` (it failed because another one had) is named only
+    when no other process failed, since two processes can end within the
+    same instant and be seen in either order;
   * forwards SIGINT and SIGTERM it receives to every process (each runs in
     a session of its own, so a Ctrl-C in the terminal reaches them once,
     through here); a second signal is forwarded too.
@@ -36,6 +39,9 @@ from typing import Mapping, Optional, Sequence
 
 EXIT_RUNTIME = 1
 EXIT_USAGE = 2
+# The exit status of a process that ended because the run lost another of
+# its processes (a collective failed): the cause is elsewhere.
+EXIT_LOST_PROCESS = 4
 
 DEFAULT_STOP_GRACE_SECONDS = 10.0
 _POLL_SECONDS = 0.1
@@ -61,7 +67,8 @@ class ProcessFailedError(LaunchError, RuntimeError):
   """A process exited with a non-zero status or was killed by a signal.
 
   Attributes:
-    process_id: int, the first process seen to fail.
+    process_id: int, the first process seen to fail other than with
+      `EXIT_LOST_PROCESS`, or the first seen to fail when all did so.
     returncode: int, its `Popen.returncode` (negative: killed by signal).
     exit_code: its exit status; 128 + the signal number for a signal.
   """
@@ -274,13 +281,14 @@ def _wait(procs, received, stop_grace_seconds):
   and a peer whose next collective fails at once).
 
   Returns:
-    The index of the first process that ended with a failure, or None.
+    The index of the process that failed first, or None when none did;
+    one that ended with `EXIT_LOST_PROCESS` only when every failed one did.
   """
   ended = queue.Queue()
   for i, proc in enumerate(procs):
     threading.Thread(target=lambda i=i, p=proc: ended.put((i, p.wait())),
                      daemon=True).start()
-  failed = None
+  failures = []
   kill_at = None
   running = len(procs)
   while running:
@@ -290,8 +298,9 @@ def _wait(procs, received, stop_grace_seconds):
       running -= 1
     except queue.Empty:
       i, returncode = None, 0
-    if returncode != 0 and failed is None:
-      failed = i
+    if returncode != 0:
+      failures.append((i, returncode))
+    if returncode != 0 and len(failures) == 1:
       if not received:
         # After a forwarded signal the others are already stopping (the
         # chief may be writing its checkpoint): no second signal then.
@@ -304,7 +313,8 @@ def _wait(procs, received, stop_grace_seconds):
         if proc.poll() is None:
           _send(proc, signal.SIGKILL)
       kill_at = None
-  return failed
+  causes = [i for i, rc in failures if rc != EXIT_LOST_PROCESS]
+  return (causes or [i for i, _ in failures] or [None])[0]
 
 
 def main(argv=None):

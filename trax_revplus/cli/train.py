@@ -42,7 +42,6 @@ from trax_revplus.cli import settings
 from trax_revplus.cli import summary as summaries
 from trax_revplus.cli.errors import error_line
 from trax_revplus.cli.errors import EXIT_OK
-from trax_revplus.cli.errors import EXIT_RUNTIME
 from trax_revplus.cli.errors import PROG
 from trax_revplus.cli.errors import UserError
 from trax_revplus.cli.errors import warning_line
@@ -362,7 +361,7 @@ def run(flags: argparse.Namespace) -> int:
       raise
     line, code = str(e), e.exit_code
   except Exception as e:  # pylint: disable=broad-except
-    line, code = distributed_run.failure_line(e, config), EXIT_RUNTIME
+    line, code = distributed_run.failure(e, config)
   print(error_line(COMMAND, line), file=sys.stderr, flush=True)
   distributed.exit_immediately(code)
 
