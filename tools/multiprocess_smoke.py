@@ -5,7 +5,9 @@ Runs the main job (gin_configs/reformer_char_lm.gin) with `trax-revplus`:
   1. `launch --num_processes=2` for --steps steps into a fresh output dir:
      exit 0, one checkpoint set (model.*, and model.prev.* before it) whose
      files match its manifest, at the last step; only process 0's log is
-     train.log;
+     train.log, process 1's lines in train.process1.log are marked
+     `process 1: `; a summary from each process; no traceback and no JAX
+     deprecation warning in the output or the logs;
   2. resumes copies of that dir for --resume_steps more steps, once with 1
      process and once with 2 (launch): both continue from the checkpoint's
      step, and their final weights agree (same global batch, no dropout);
@@ -142,6 +144,8 @@ def kill_check(results, work, base, args, bindings):
     rc, seconds = None, None
   stderr = open(logs[0]).read()
   errors = [l for l in stderr.splitlines() if ': error: ' in l]
+  # Status 4 (launch.EXIT_LOST_PROCESS) from the failed collective; JAX
+  # may abort it first (SIGABRT) when its heartbeat ends the wait.
   check(results, 'kill: process 0 ends in bounded time',
         rc not in (None, 0) and seconds is not None,
         f'exit {rc} after {seconds and round(seconds, 1)} s (bound {bound} s)')
@@ -182,6 +186,21 @@ def main():
       os.path.join(base, 'train.log')) and os.path.exists(
           os.path.join(base, 'train.process1.log')), 'train.log, '
         'train.process1.log')
+  output = open(os.path.join(work, 'base.log')).read()
+  check(results, 'a summary from each process, no traceback',
+        all(f'[process {i}] == summary ==' in output for i in (0, 1)) and
+        'Traceback' not in output, 'base.log')
+  logs = [output] + [open(os.path.join(base, n)).read()
+                     for n in ('train.log', 'train.process1.log')
+                     if os.path.exists(os.path.join(base, n))]
+  # trax's Loop calls jax.host_count() and jit(..., device=...), which JAX
+  # deprecates; activate() binds trax_revplus.compat's versions instead.
+  check(results, 'no deprecation warning', not any(
+      'deprecat' in text.lower() for text in logs), 'output and train logs')
+  process1_lines = [l for l in logs[-1].splitlines() if l.strip()]
+  check(results, "process 1's log lines marked", process1_lines and all(
+      l.startswith('process 1: ') for l in process1_lines),
+        f'{len(process1_lines)} lines of train.process1.log')
 
   total = args.steps + args.resume_steps
   weights = {}
