@@ -47,7 +47,11 @@ def test_layouts_and_donations_name_the_right_arguments(kind):
   for layout, name in zip(kind.in_layouts, names):
     assert (layout is Layout.REPLICATED) == (name in _REPLICATED), name
   donated = [names[i] for i in kind.donated]
-  assert donated == (['weights', 'slots'] if kind.updates else [])
+  if kind is Kind.SEGMENT_REVERSE_UPDATE:
+    # The outputs and their cotangents too, as trax's reverse_and_fbo.
+    assert donated == ['outputs', 'weights', 'grads', 'slots']
+  else:
+    assert donated == (['weights', 'slots'] if kind.updates else [])
   assert kind.updates == (kind not in (Kind.FORWARD, Kind.SEGMENT_FORWARD,
                                       Kind.SEGMENT_FORWARD_KEEP))
   assert len(kind.out_layouts) == _N_RESULTS.get(kind, 5)

@@ -79,10 +79,13 @@ class Kind(enum.Enum):
 
   @property
   def donated(self):
-    """Argument positions of the weights and slots it replaces by its
-    results (never read again, so their buffers may be donated)."""
+    """Argument positions it replaces by its results, never read again, so
+    their buffers may be donated: weights and slots; for a reverse step
+    also the outputs and their cotangents, which its reconstructed inputs
+    and their cotangents replace on the stacks (as trax's
+    `_reverse_and_fbo_with_layer_and_opt` donates them)."""
     if self is Kind.SEGMENT_REVERSE_UPDATE:
-      return (1, 5)
+      return (0, 1, 2, 5)
     if self is Kind.SEGMENT_BACKWARD_KEPT:
       return (1, 3)
     return (1, 4) if self.updates else ()

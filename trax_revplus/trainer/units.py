@@ -360,8 +360,11 @@ class UnitFactory:
     fn = step_fns.segment_reverse_fn(
         layers, [self._optimizers[i] for i in indices], self._n_devices,
         self._adasum)
-    # Weights and slots are replaced by the results and never read again;
-    # activations are not donated, XLA rarely reuses them.
+    # Weights, slots, the outputs and their cotangents are replaced by the
+    # results and never read again: the stacks hold the outputs and
+    # cotangents alone (a standard layer's saved inputs and a kept
+    # segment's inputs are popped before this backward runs), and the
+    # reconstructed inputs and input cotangents can take their buffers.
     kind = Kind.SEGMENT_REVERSE_UPDATE
     backward_fn = self._compile(kind, indices, fn,
                                 self._donated(kind, indices))
