@@ -9,18 +9,21 @@ the config's inputs (trax's `Inputs` reads one batch to learn them).
 trax_revplus's trainer is built with `device_memory_budget_bytes` set to
 `--device_memory`, so its figures are those of the plan it would run under
 that memory. A trainer that cannot be built or compiled here gets a
-one-line error in its row instead of figures.
+one-line error in its row instead of figures. Third-party warnings known to
+be harmless (`noise.KNOWN_NOISE`) are not shown; any other is one line.
 """
 
 import argparse
 import copy
 import json
+import logging as std_logging
 import os
 import re
 import sys
 from typing import Any, Optional
 
 from trax_revplus.cli import gin_config
+from trax_revplus.cli import noise
 from trax_revplus.cli.errors import EXIT_OK
 from trax_revplus.cli.errors import EXIT_RUNTIME
 from trax_revplus.cli.errors import one_line
@@ -295,8 +298,13 @@ def run(flags: argparse.Namespace) -> int:
     options.validate_gin_bindings()
   except validation.TrainerOptionError as e:
     raise UserError(one_line(e)) from None
-  backend, results, plan_line, batch = estimate(device_memory_bytes,
-                                                flags.n_devices)
+  # Compiling the trainers' programs raises third-party warnings (e.g. JAX's
+  # on donations stock's programs cannot use): known ones are dropped, any
+  # other is one line on stderr.
+  with noise.route_warnings(std_logging.NullHandler(),
+                            std_logging.StreamHandler(sys.stderr)):
+    backend, results, plan_line, batch = estimate(device_memory_bytes,
+                                                  flags.n_devices)
   print(table(backend, results, plan_line, batch, device_memory_bytes,
               flags.n_devices))
   sys.stdout.flush()
