@@ -261,7 +261,10 @@ def build(trainer_name, cfg):
     module.init_reversible_blocks(blocks, loss_layer, sig, rng)
     kwargs = {}
     if trainer_name == 'ours':
-      kwargs = dict(memory_log_tensorboard=False, **extra_kwargs)
+      # Steady-state steps: phase records (which wait for each phase) on
+      # the first step only, as in a long run after its first steps.
+      kwargs = dict(memory_log_tensorboard=False, memory_log_first_steps=1,
+                    **extra_kwargs)
     trainer = module.ReversibleSerialTrainer(
         blocks, loss_layer, optimizers.Adam, n_devices=1, **kwargs)
     weights = [l.weights for l in trainer.all_layers]

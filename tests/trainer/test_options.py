@@ -63,6 +63,13 @@ def test_host_mmap_threshold_goes_to_glibc_unless_none(monkeypatch):
   assert thresholds == [2**20, 0]
 
 
+def test_memory_log_first_steps_sets_the_steps_recorded_at_the_start():
+  log = split_blocks_trainer().memory_log
+  assert [log.should_record(s) for s in (1, 10, 11)] == [True, True, False]
+  log = split_blocks_trainer(memory_log_first_steps=1).memory_log
+  assert [log.should_record(s) for s in (1, 2, 101)] == [True, False, True]
+
+
 def test_bad_on_non_finite_value():
   with pytest.raises(ValueError, match=r"on_non_finite must be one of "
                                        r"\('raise', 'skip', 'ignore'\)"):
@@ -86,6 +93,7 @@ def test_constructor_is_stocks_plus_the_options_with_their_defaults():
 @pytest.mark.parametrize('name,value,allowed', [
     ('n_async_layers', -1, 'an int >= 0'),
     ('memory_log_every_n_steps', 0, 'an int >= 1 (1 records every step)'),
+    ('memory_log_first_steps', -1, 'an int >= 0'),
     ('memory_log_per_layer', 'yes', 'True or False'),
     ('output_dir', 3, 'None or a directory path (str)'),
     ('donate', 1, 'True or False'),

@@ -16,6 +16,7 @@ import numpy as np
 
 from trax_revplus import host_memory
 from trax_revplus import validation
+from trax_revplus.memory.schedule import FIRST_STEPS_RECORDED
 
 GIN_CONFIGURABLE = 'trax_revplus.ReversibleSerialTrainer'
 ON_NON_FINITE = ('raise', 'skip', 'ignore')
@@ -132,6 +133,9 @@ class TrainerOptions:
       the segments whose residuals fit in device_memory_budget_bytes, as
       'never' for the others (without a budget: as 'never'). Results are
       the same up to float32 rounding.
+    memory_log_first_steps: int >= 0, steps at the start of each process
+      that are recorded too (each waits for its phases to finish, so they
+      run slower than unrecorded steps).
   """
   n_async_layers: int = 8
   memory_log_every_n_steps: int = 100
@@ -149,6 +153,7 @@ class TrainerOptions:
   clear_compilation_caches: bool = True
   device_memory_budget_bytes: Optional[int] = None
   store_activations: str = 'never'
+  memory_log_first_steps: int = FIRST_STEPS_RECORDED
 
   def __post_init__(self):
     """Checks every setting; ints are stored as Python ints.
@@ -160,6 +165,7 @@ class TrainerOptions:
     _check_int(self, 'n_async_layers', 0)
     _check_int(self, 'memory_log_every_n_steps', 1,
                allowed='an int >= 1 (1 records every step)')
+    _check_int(self, 'memory_log_first_steps', 0)
     for name in ('memory_log_per_layer', 'memory_log_tensorboard', 'donate'):
       _check_bool(self, name)
     if not (self.output_dir is None or

@@ -84,7 +84,8 @@ class ReversibleSerialTrainer:
                backward_segment_max_layers: Any = 'auto',
                clear_compilation_caches: bool = True,
                device_memory_budget_bytes: Optional[int] = None,
-               store_activations: str = 'never'):
+               store_activations: str = 'never',
+               memory_log_first_steps: int = memory.FIRST_STEPS_RECORDED):
     """Creates the trainer and one optimizer per layer.
 
     Args:
@@ -108,8 +109,8 @@ class ReversibleSerialTrainer:
         segment_max_layers, segment_max_bytes, compile_ahead,
         release_host_memory, host_mmap_threshold,
         backward_segment_max_layers, clear_compilation_caches,
-        device_memory_budget_bytes, store_activations: see
-        `options.TrainerOptions`.
+        device_memory_budget_bytes, store_activations,
+        memory_log_first_steps: see `options.TrainerOptions`.
 
     Raises:
       validation.BlockStructureError: blocks are not (standard, reversible)
@@ -127,6 +128,7 @@ class ReversibleSerialTrainer:
     self._options = options = options_lib.TrainerOptions(
         n_async_layers=n_async_layers,
         memory_log_every_n_steps=memory_log_every_n_steps,
+        memory_log_first_steps=memory_log_first_steps,
         memory_log_per_layer=memory_log_per_layer,
         memory_log_tensorboard=memory_log_tensorboard,
         output_dir=output_dir, donate=donate, on_non_finite=on_non_finite,
@@ -146,6 +148,7 @@ class ReversibleSerialTrainer:
     self._n_devices = self._placement.n_devices
     self._memory_log = memory.MemoryLog(
         every_n_steps=options.memory_log_every_n_steps,
+        first_steps=options.memory_log_first_steps,
         per_layer=options.memory_log_per_layer,
         output_dir=self._files_dir(options.output_dir),
         tensorboard=options.memory_log_tensorboard,
