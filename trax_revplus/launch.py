@@ -300,8 +300,7 @@ def _wait(procs, received, stop_grace_seconds):
       i, returncode = None, 0
     if returncode != 0:
       failures.append((i, returncode))
-    if returncode != 0 and len(failures) == 1:
-      if not received:
+      if len(failures) == 1 and not received:
         # After a forwarded signal the others are already stopping (the
         # chief may be writing its checkpoint): no second signal then.
         for proc in procs:
