@@ -41,7 +41,6 @@ import numpy as np
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, _REPO)
 
-from trax_revplus import checkpoints  # pylint: disable=g-import-not-at-top
 from trax_revplus import launch  # pylint: disable=g-import-not-at-top
 
 CONFIG = os.path.join(_REPO, 'gin_configs', 'reformer_char_lm.gin')
@@ -62,11 +61,15 @@ def train_flags(output_dir, steps, bindings):
           [f'--config={b}' for b in bindings + [f'train.steps = {steps}']])
 
 
-def _env():
+def cpu_env(n_devices=None):
+  """This environment for a CPU-only run with `n_devices` CPU devices per
+  process (XLA's default, one, when None)."""
   env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONUNBUFFERED='1')
-  env['XLA_FLAGS'] = ' '.join(
-      f for f in env.get('XLA_FLAGS', '').split()
-      if 'xla_force_host_platform_device_count' not in f)
+  flags = [f for f in env.get('XLA_FLAGS', '').split()
+           if 'xla_force_host_platform_device_count' not in f]
+  if n_devices is not None:
+    flags.append(f'--xla_force_host_platform_device_count={n_devices}')
+  env['XLA_FLAGS'] = ' '.join(flags)
   return env
 
 
@@ -75,11 +78,14 @@ def run(command, log):
   start = time.time()
   with open(log, 'w') as f:
     rc = subprocess.call(command, stdout=f, stderr=subprocess.STDOUT,
-                         env=_env(), cwd=_REPO)
+                         env=cpu_env(), cwd=_REPO)
   return rc, time.time() - start
 
 
 def manifest_step(directory):
+  # Imports trax (tens of seconds): only once there is a set to read, so
+  # that tools/multiprocess_step_time.py can share this module's helpers.
+  from trax_revplus import checkpoints  # pylint: disable=g-import-not-at-top
   ok, manifest, reason = checkpoints.verify(directory, 'model')
   return (manifest or {}).get('step') if ok else f'bad set: {reason}'
 
@@ -124,7 +130,7 @@ def kill_check(results, work, base, args, bindings):
          f'--coordinator_address={address}',
          f'--heartbeat_timeout_seconds={args.heartbeat_timeout_seconds}'],
         stdout=open(log + '.out', 'w'), stderr=open(log, 'w'),
-        env=_env(), cwd=_REPO))
+        env=cpu_env(), cwd=_REPO))
   target = args.steps + 3
   while procs[0].poll() is None:
     with open(logs[0] + '.out') as f:

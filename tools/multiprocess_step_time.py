@@ -29,8 +29,11 @@ import subprocess
 import sys
 import time
 
+from multiprocess_smoke import cli
+from multiprocess_smoke import CONFIG
+from multiprocess_smoke import cpu_env
+
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIG = os.path.join(_REPO, 'gin_configs', 'reformer_char_lm.gin')
 # tools/bench.py's l6 on the main job's data.
 L6 = ['sequence_length = 1024', 'ReformerLM.n_layers = 6',
       'ReformerLM.d_model = 128', 'ReformerLM.d_ff = 512',
@@ -43,25 +46,14 @@ LAYOUTS = {'2x1': (2, 1), '1x2': (1, 2)}
 
 def _command(layout, output_dir, steps):
   processes, _ = LAYOUTS[layout]
-  cli = [sys.executable, '-m', 'trax_revplus.cli']
   train = [f'--config_file={CONFIG}', f'--output_dir={output_dir}',
            f'--progress_every_n_steps={steps}'] + [
                f'--config={b}' for b in L6 + [f'train.steps = {steps}',
                                               f'train.eval_frequency = '
                                               f'{steps}']]
   if processes > 1:
-    return cli + ['launch', f'--num_processes={processes}', '--'] + train
-  return cli + ['train'] + train
-
-
-def _env(layout):
-  _, devices = LAYOUTS[layout]
-  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONUNBUFFERED='1')
-  flags = [f for f in env.get('XLA_FLAGS', '').split()
-           if 'xla_force_host_platform_device_count' not in f]
-  flags.append(f'--xla_force_host_platform_device_count={devices}')
-  env['XLA_FLAGS'] = ' '.join(flags)
-  return env
+    return cli() + ['launch', f'--num_processes={processes}', '--'] + train
+  return cli() + ['train'] + train
 
 
 def run_once(layout, work_dir, index, steps):
@@ -72,7 +64,7 @@ def run_once(layout, work_dir, index, steps):
   started = time.monotonic()
   with open(log, 'w') as f:
     rc = subprocess.call(_command(layout, output_dir, steps), cwd=_REPO,
-                         env=_env(layout), stdout=f, stderr=subprocess.STDOUT)
+                         env=cpu_env(LAYOUTS[layout][1]), stdout=f, stderr=subprocess.STDOUT)
   wall_seconds = time.monotonic() - started
   if rc != 0:
     raise RuntimeError(f'{layout} run {index} exited {rc}; see {log}')
