@@ -1,10 +1,16 @@
-"""The segment plan: equal-length segments within a byte budget, and how
-forward segments split for the backward pass."""
+"""The step plan: equal-length segments within a byte budget, how forward
+segments split for the backward pass, what a plan counts, and that a step
+never changes its plan."""
+
+import dataclasses
 
 import pytest
 
+import trainer_cases as cases
 from trax_revplus.trainer import options as options_lib
 from trax_revplus.trainer import plan
+
+pytestmark = pytest.mark.usefixtures('stock_trax')
 
 
 def test_equal_segments_shorten_until_every_segment_fits():
@@ -22,29 +28,66 @@ def test_equal_segments_shorten_until_every_segment_fits():
 
 
 @pytest.mark.parametrize('outputs_bytes,split', [
-    (plan.ACTIVATION_BOUND_BYTES, [(1, 2, 3, 4)]),
-    (plan.ACTIVATION_BOUND_BYTES - 1, [(1, 2), (3, 4)])])
-def test_auto_backward_split_is_decided_once_from_the_outputs(outputs_bytes,
-                                                              split):
-  segment_plan = plan.SegmentPlan(blocks=[(0, [(1, 2, 3, 4)])], loss=5,
-                                  backward={}, backward_max_layers='auto')
-  assert segment_plan.decide_backward((1, 2, 3, 4), outputs_bytes) == split
-  # Decided: other outputs change nothing.
-  assert segment_plan.decide_backward((1, 2, 3, 4), 0) == split
-  assert segment_plan.decide_backward((1, 2, 3, 4), 2**40) == split
+    (plan.ACTIVATION_BOUND_BYTES, ((1, 2, 3, 4),)),
+    (plan.ACTIVATION_BOUND_BYTES - 1, ((1, 2), (3, 4)))])
+def test_auto_backward_split_follows_the_block_outputs(outputs_bytes, split):
+  step_plan = plan.make_plan(
+      [4], {i: 1 for i in range(6)}, [outputs_bytes], segment_max_layers=4,
+      segment_max_bytes=100, backward_segment_max_layers='auto')
+  assert step_plan.backward == {(1, 2, 3, 4): split}
 
 
 def test_plan_of_blocks_counts_a_standard_layer_before_each_block():
-  options = options_lib.TrainerOptions(segment_max_layers=3,
-                                       backward_segment_max_layers=2)
   nbytes = {i: 1 for i in range(12)}
-  segment_plan = plan.plan_segments([4, 0, 5], nbytes, options)
-  assert segment_plan.blocks == [(0, [(1, 2, 3), (4,)]), (5, []),
-                                 (6, [(7, 8, 9), (10, 11)])]
-  assert segment_plan.loss == 12
-  # An int setting is decided at once.
-  assert segment_plan.backward == {
-      (1, 2, 3): [(1, 2), (3,)], (4,): [(4,)], (7, 8, 9): [(7, 8), (9,)],
-      (10, 11): [(10, 11)]}
-  auto = plan.plan_segments([4, 0, 5], nbytes, options_lib.TrainerOptions())
-  assert auto.backward == {}
+  step_plan = plan.make_plan(
+      [4, 0, 5], nbytes, [0, 0, 0], segment_max_layers=3,
+      segment_max_bytes=100, backward_segment_max_layers=2)
+  assert step_plan.blocks == ((0, ((1, 2, 3), (4,))), (5, ()),
+                              (6, ((7, 8, 9), (10, 11))))
+  assert step_plan.loss == 12
+  assert step_plan.backward == {
+      (1, 2, 3): ((1, 2), (3,)), (4,): ((4,),), (7, 8, 9): ((7, 8), (9,)),
+      (10, 11): ((10, 11),)}
+  # Forward: 3 standard layers and 4 segments; the loss; backward: 3
+  # standard layers and 6 backward segments.
+  assert step_plan.n_calls == 7 + 1 + 9
+  assert step_plan.n_backward_calls == 6
+  assert step_plan.unit_starts() == [0, 1, 4, 5, 6, 7, 10, 12]
+  fused = dataclasses.replace(step_plan, fused_from=6)
+  # Layers 6.. run inside the loss program: the first two blocks remain.
+  assert fused.n_calls == 4 + 1 + 5
+  assert fused.settings()['fused_layers'] == 6
+
+
+def test_a_plan_must_decide_every_backward_split():
+  with pytest.raises(ValueError, match='not decided'):
+    plan.StepPlan(blocks=((0, ((1, 2),)),), loss=3, backward={})
+
+
+def test_configured_plan_follows_the_settings():
+  options = options_lib.TrainerOptions(segment_max_layers=2,
+                                       backward_segment_max_layers=1,
+                                       n_async_layers=3, batch_slices=2)
+  step_plan = plan.configured_plan([4], {i: 1 for i in range(6)}, [0],
+                                   options)
+  assert step_plan.blocks == ((0, ((1, 2), (3, 4))),)
+  assert (step_plan.batch_slices, step_plan.n_async_layers,
+          step_plan.fused_from) == (2, 3, 5)
+  always = plan.configured_plan(
+      [4], {i: 1 for i in range(6)}, [0],
+      options_lib.TrainerOptions(store_activations='always'))
+  assert (always.fused_from, always.keep_activations) == (0, True)
+  assert always.n_calls == 1
+
+
+def test_a_step_never_changes_its_plan():
+  batch = cases.batch()
+  _, trainer, _ = cases.train_basic(n_steps=1)
+  planned = trainer.planned(batch)
+  plan_before = dataclasses.replace(planned.plan)
+  backward_before = list(planned.units.backward_units)
+  cases.train(trainer, batch, 2)
+  again = trainer.planned(batch)
+  assert again is planned
+  assert again.plan == plan_before
+  assert again.units.backward_units == backward_before

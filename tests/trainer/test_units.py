@@ -39,22 +39,23 @@ def test_backward_segments_split_forward_ones(
       n_async_layers=2)
   events = []  # ('dispatch' | 'commit', layer indices of a call)
   commits = trainer._commits  # pylint: disable=protected-access
-  push, commit = commits.push, commits._commit  # pylint: disable=protected-access
+  start, commit = commits.start, commits.commit
 
-  def logged_push(layers, *args):
+  def logged_start(layers, *args):
     events.append(('dispatch', list(layers)))
-    return push(layers, *args)
+    return start(layers, *args)
 
   def logged_commit(entry):
     events.append(('commit', list(entry.layers)))
     return commit(entry)
-  monkeypatch.setattr(commits, 'push', logged_push)
-  monkeypatch.setattr(commits, '_commit', logged_commit)
+  monkeypatch.setattr(commits, 'start', logged_start)
+  monkeypatch.setattr(commits, 'commit', logged_commit)
   cases.train(trainer, batch, 3)
-  segment = trainer._units.forward_units[1]  # pylint: disable=protected-access
+  units = trainer.planned(batch).units
+  segment = units.forward_units[1]
   assert segment.layers == [1, 2, 3, 4]
-  assert [len(u.layers) for u in trainer._units.backward_units_of(segment)  # pylint: disable=protected-access
-         ] == backward_lengths
+  assert [len(u.layers) for u in units.backward_units[::-1]
+          if u.layers != [0]] == backward_lengths
   cases.assert_all_close(ref_weights, model.weights)
   cases.assert_all_close(ref_slots, trainer.slots)
   cases.assert_all_close(ref_state, model.state)

@@ -13,6 +13,7 @@ from trax import fastmath
 from trax import layers as tl
 from trax import optimizers
 
+from conftest import reversible_lm_blocks
 from trax_revplus import trainer as rev_trainer
 
 
@@ -117,3 +118,36 @@ def count_compiles():
       events.append(threading.current_thread().name)
   jax.monitoring.register_event_duration_secs_listener(listener)
   return events
+
+
+def lm_batch(rows=4, zero_rows=()):
+  """(tokens, targets, weights) for `reversible_lm_blocks`: int32 (rows, 6)
+  each, weights 0 or 1 (float32), all 0 on `zero_rows`."""
+  rs = np.random.RandomState(5)
+  tokens = rs.randint(0, 9, size=(rows, 6)).astype(np.int32)
+  targets = rs.randint(0, 9, size=(rows, 6)).astype(np.int32)
+  weights = rs.randint(0, 2, size=(rows, 6)).astype(np.float32)
+  weights[list(zero_rows)] = 0.0
+  return tokens, targets, weights
+
+
+def lm_trainer(batch_, **kwargs):
+  """Ours on the dropout-free `reversible_lm_blocks`, Adam: (model,
+  trainer)."""
+  first, revs, loss = reversible_lm_blocks()
+  model = tl.Serial([first] + revs + [loss])
+  model.init(batch_, rng=fastmath.random.get_prng(12))
+  return model, rev_trainer.ReversibleSerialTrainer(
+      [(first.sublayers, revs)], loss, optimizers.Adam, **kwargs)
+
+
+@functools.lru_cache(maxsize=2)
+def lm_reference_3_steps(zero_rows=()):
+  """trax's default Trainer on `reversible_lm_blocks` and `lm_batch`, Adam,
+  3 steps: (weights, slots, state) host copies."""
+  batch_ = lm_batch(zero_rows=zero_rows)
+  first, revs, loss = reversible_lm_blocks()
+  model = tl.Serial([first] + revs + [loss])
+  init = lambda: model.init(batch_, rng=fastmath.random.get_prng(12))
+  return jax.tree_util.tree_map(
+      np.asarray, reference(model, init, optimizers.Adam, 3, batch_))

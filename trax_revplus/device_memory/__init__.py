@@ -9,15 +9,19 @@
   walk: `StepWalk`, which replays a trainer's schedule with abstract
     arrays, compiling each call's program and naming what is held.
   default_trainer, stock_trainer: the calls of one step of trax's default
-    `Trainer` and of stock trax's `ReversibleSerialTrainer`.
+    `Trainer` and of stock trax's `ReversibleSerialTrainer`. trax_revplus's
+    own trainer accounts its step itself (`trainer.ahead`), with these
+    figures and compositions.
   report: `TrainerMemory`, one trainer's figures (or a one-line error).
 
 See docs/device-memory.md for what the figures mean and how exact they are.
 """
 
+from trax_revplus.device_memory.composition import AccountingError
 from trax_revplus.device_memory.composition import Call
 from trax_revplus.device_memory.composition import compose
 from trax_revplus.device_memory.composition import Held
+from trax_revplus.device_memory.composition import held_parts
 from trax_revplus.device_memory.composition import StepMemory
 from trax_revplus.device_memory.composition import UnsupportedTrainerError
 from trax_revplus.device_memory.program import abstract

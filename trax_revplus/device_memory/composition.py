@@ -23,7 +23,9 @@ arrays held outside the trainer.
 """
 
 import dataclasses
-from typing import Sequence
+from typing import Any, Optional, Sequence, Tuple
+
+import jax
 
 from trax_revplus.device_memory import program as program_lib
 
@@ -168,3 +170,38 @@ class StepMemory:
 def compose(calls: Sequence[Call]) -> StepMemory:
   """The `StepMemory` of calls run in this order."""
   return StepMemory(tuple(calls))
+
+
+def held_parts(held: Sequence[Tuple[str, Any]], args: Any,
+               kept: Optional[Any] = None, on_device=None) -> list:
+  """`Held` parts of what a step holds across one call.
+
+  Args:
+    held: list of (part name, pytree) the device holds across the call.
+    args: the call's positional arguments (pytree).
+    kept: pytree of bool over `args`'s leaves, the arguments the program
+      keeps (`program.kept_arguments`), or None: all of them.
+    on_device: callable(leaf) -> bool, whether a held leaf is on the
+      device, or None: every array leaf is.
+
+  Returns:
+    List of `Held`, one per part with bytes: each leaf counted once (in the
+    first part listing it), the leaves the call also takes as kept
+    arguments counted as passed.
+  """
+  arg_leaves = jax.tree_util.tree_leaves(args)
+  flags = ([True] * len(arg_leaves) if kept is None
+           else jax.tree_util.tree_leaves(kept))
+  passed_ids = {id(x) for x, k in zip(arg_leaves, flags) if k}
+  parts, seen = [], set()
+  for name, tree in held:
+    leaves = [x for x in jax.tree_util.tree_leaves(tree)
+              if hasattr(x, 'shape') and hasattr(x, 'dtype') and
+              id(x) not in seen and (on_device is None or on_device(x))]
+    seen.update(id(x) for x in leaves)
+    size = sum(program_lib.leaf_bytes(x) for x in leaves)
+    passed = sum(program_lib.leaf_bytes(x) for x in leaves
+                 if id(x) in passed_ids)
+    if size:
+      parts.append(Held(name, size, passed))
+  return parts

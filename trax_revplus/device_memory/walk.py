@@ -53,10 +53,6 @@ class StepWalk:
             x.shape, x.dtype, weak_type=getattr(x, 'weak_type', False))
         if hasattr(x, 'shape') else x, tree)
 
-  def resident(self, tree):
-    """The leaves of `tree` that are on the device."""
-    return [x for x in _leaves(tree) if id(x) in self.on_device]
-
   def call(self, name, phase, fn, args, held):
     """Records one call of jitted `fn` with `args`.
 
@@ -75,17 +71,8 @@ class StepWalk:
     if key not in self._analyses:
       self._analyses[key] = program_lib.analyze(fn, *args)
     analysis = self._analyses[key]
-    flags = ([True] * len(_leaves(args)) if analysis.kept is None
-             else _leaves(analysis.kept))
-    passed_ids = {id(x) for x, k in zip(_leaves(args), flags) if k}
-    parts, seen = [], set()
-    for part_name, tree in held:
-      leaves = [x for x in self.resident(tree) if id(x) not in seen]
-      seen.update(id(x) for x in leaves)
-      size = sum(program_lib.leaf_bytes(x) for x in leaves)
-      passed = sum(program_lib.leaf_bytes(x) for x in leaves
-                   if id(x) in passed_ids)
-      if size:
-        parts.append(composition.Held(part_name, size, passed))
+    parts = composition.held_parts(
+        held, args, analysis.kept,
+        on_device=lambda x: id(x) in self.on_device)
     self.calls.append(composition.Call(name, phase, analysis.memory, parts))
     return self.device(self.host(analysis.outputs))  # new leaves per call

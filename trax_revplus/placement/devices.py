@@ -150,6 +150,23 @@ class Placement:
         self.transfers.add_h2d(h2d)
     return jax.tree_util.tree_unflatten(treedef, leaves)
 
+  def memory_limit_bytes(self) -> Optional[int]:
+    """The bytes each device's allocator may hand out, where the backend
+    reports it: the least over this process's devices of
+    `memory_stats()['bytes_limit']` (GPU, TPU); None where it does not
+    (CPU)."""
+    limits = []
+    for device in self.devices:
+      try:
+        stats = device.memory_stats()
+      except Exception:  # pylint: disable=broad-except
+        stats = None  # A backend without memory statistics.
+      limit = (stats or {}).get('bytes_limit')
+      if not limit:
+        return None
+      limits.append(int(limit))
+    return min(limits) if limits else None
+
   def replicate(self, tree: PyTree) -> PyTree:
     """Places `tree` whole on every device (weights, slots, opt params).
 
@@ -316,6 +333,48 @@ class Placement:
       return x.reshape((n, x.shape[0] // n) + x.shape[1:])
     return self._put(batch, self._per_device, prepare=split,
                      lead=(self.n_devices,))
+
+  def abstract_batch(self, batch: PyTree) -> PyTree:
+    """What `shard_batch(batch)` would give, untransferred.
+
+    Args:
+      batch: pytree of arrays or `jax.ShapeDtypeStruct`s of shape (B, ...)
+        (this process's rows).
+
+    Returns:
+      The pytree of `jax.ShapeDtypeStruct`s of shape (N, B // L, ...) with
+      the per-device sharding on N > 1 devices, (B, ...) on one.
+    """
+    n = self.n_local_devices
+
+    def abstract(x):
+      shape = tuple(np.shape(x))
+      dtype = jax.dtypes.canonicalize_dtype(x.dtype)
+      if self.n_devices > 1:
+        shape = (self.n_devices, shape[0] // n) + shape[1:]
+      return jax.ShapeDtypeStruct(shape, dtype, sharding=self._per_device)
+    return jax.tree_util.tree_map(abstract, batch)
+
+  def place_rngs(self, rng, n_layers: int) -> List[Array]:
+    """Per-layer RNGs of a step, as trax splits them: `split(rng,
+    n_layers)`; on N devices each device first splits its own key.
+
+    Args:
+      rng: JAX PRNG key (uint32[2]) of the step.
+      n_layers: int.
+
+    Returns:
+      List of n_layers placed keys: uint32[2] on one device, uint32[N, 2]
+      in per-device layout on N.
+    """
+    n = self.n_devices
+    if n == 1:
+      rows = np.asarray(jax.random.split(rng, n_layers))
+      return self.place_params(list(rows))
+    per_device = jax.random.split(jax.numpy.asarray(np.asarray(rng)), n)
+    table = np.stack([np.asarray(jax.random.split(r, n_layers))
+                      for r in per_device], axis=1)  # (layers, devices, 2)
+    return self.per_device_rows(list(table))
 
   def per_device_rows(self, rows: Sequence[HostArray]) -> List[Array]:
     """Places a list of host arrays of shape (N, ...) in per-device layout."""

@@ -8,15 +8,23 @@ a trainer).
 Modules, from the schedule down:
 
   trainer     `ReversibleSerialTrainer`: trax's public surface, `one_step`
+  planner     per batch shapes, before the step: plan, units, device memory
+  budget      the device memory budget (the device's own size by default)
+  candidates  the plans a budget chooses from, fastest first
+  plan        `StepPlan`: which calls a step makes, over what, holding what
   step        one step's context: shared values, memory-log phases
-  hooks       first-step work (compiling ahead, backward splits), freeing
-  units       standard units, reversible segments, the loss unit; the walk
-  run         `Run`: what a walk runs on (the step, or compiling ahead)
-  plan        the segment plan: which layers each compiled call runs
-  compilation the compile cache, compiling ahead
+  hooks       what observes a step: freeing device and host memory
+  units       standard units, reversible segments, the loss program; the
+              one walk over a fixed plan
+  run         `Run`: what a walk runs on, what a step holds on the device
+              and when an update leaves it (one description for all walks)
+  ahead       the walk on types: compiling ahead, accounting device memory
+  compilation the compile cache
   fingerprints what a layer computes (which layers share a compilation)
-  step_fns    the pure functions compiled: forward, FBO, reverse-and-update
-  commit      the lazy copy-back queue and the non-finite guard
+  step_fns    the pure functions compiled: forward, FBO, reverse-and-update,
+              the fused loss program
+  slices      the same functions over batch slices
+  commit      committing updates to the host; the non-finite guard
   store       layers, optimizers, host weights / state / slots
   options     the settings beyond trax's, validated
   init        `init_reversible_blocks`

@@ -1,15 +1,15 @@
 """Committing updated weights, slots and state to the host, and the NaN guard.
 
 A compiled call's results start their device-to-host copies at once
-(`placement.Placement.start_to_host`) and wait in a `CommitQueue`; they are
-committed (set on the layers and optimizers) once calls updating at least
-`n_async_layers` layers were dispatched after them, so the host work of
-committing overlaps the device work of those calls (trax's "lazy
-unreplication"). Before a layer's update is committed, `NonFiniteGuard`
-applies the `on_non_finite` policy to its loss and gradient norm.
+(`placement.Placement.start_to_host`); they are committed (set on the layers
+and optimizers) when they leave the device, once calls updating at least
+`n_async_layers` layers were dispatched after them (`run.CopyBack`, the
+rule the accounting shares), so the host work of committing overlaps the
+device work of those calls (trax's "lazy unreplication"). Before a layer's
+update is committed, the queue's `NonFiniteGuard` applies the
+`on_non_finite` policy to its loss and gradient norm.
 """
 
-import collections
 from typing import Any, List, NamedTuple, Optional
 
 from absl import logging
@@ -124,72 +124,46 @@ class _Pending(NamedTuple):
   checks: List[Optional[dict]]  # NonFiniteGuard.values_to_check per layer
 
 
-def commit_waits(pending_sizes, n_async_layers):
-  """How many of the newest pending calls stay uncommitted after a push.
-
-  The oldest call is committed once calls updating at least
-  `n_async_layers` layers were dispatched after it.
-
-  Args:
-    pending_sizes: list of int, layers each pending call updated, oldest
-      first (the newest included).
-    n_async_layers: int >= 0.
-
-  Returns:
-    int, how many of the newest calls remain pending.
-  """
-  pending = list(pending_sizes)
-  total = sum(pending)
-  while pending and total - pending[0] >= n_async_layers:
-    total -= pending.pop(0)
-  return len(pending)
-
-
 class CommitQueue:
-  """Updates of compiled calls waiting to be committed to the host."""
+  """Commits updates to the host, through the non-finite guard it owns.
 
-  def __init__(self, placement, store, n_async_layers, guard):
+  A step's `run.CopyBack` decides when an update leaves the device; this
+  queue starts its device-to-host copies when it is dispatched (`start`)
+  and commits it when it leaves (`commit`): each layer's update passes the
+  guard, then its weights, slots and state are set on the host.
+  """
+
+  def __init__(self, placement, store, on_non_finite,
+               describe_last_checkpoint):
     """Args:
       placement: the trainer's `placement.Placement`.
       store: the trainer's `store.LayerStore`, where updates are committed.
-      n_async_layers: int >= 0, see `options.TrainerOptions`.
-      guard: the `NonFiniteGuard` each layer's update passes.
+      on_non_finite: 'raise', 'skip' or 'ignore' (`options.ON_NON_FINITE`).
+      describe_last_checkpoint: callable returning one clause on the last
+        good checkpoint, for the guard's error message.
     """
     self._placement = placement
     self._store = store
-    self._n_async_layers = n_async_layers
-    self._guard = guard
-    self._pending = collections.deque()
+    self.guard = NonFiniteGuard(on_non_finite, store,
+                                describe_last_checkpoint)
 
-  def begin_step(self):
-    """Drops what an interrupted step left (it is never committed)."""
-    self._pending.clear()
+  def begin_step(self, step):
+    """Commits from now on belong to training step `step` (int)."""
+    self.guard.begin_step(step)
 
-  def push(self, layers, weights, slots, states, stats):
+  def end_step(self):
+    """After the step's last commit: undoes a skipped step (`'skip'`)."""
+    self.guard.end_step()
+
+  def start(self, layers, weights, slots, states, stats):
     """Starts the D2H copies of one call's updates (lists over `layers`, in
-    commit order) and commits the oldest calls that at least
-    `n_async_layers` layers were dispatched after."""
+    commit order); returns what `commit` takes."""
     p = self._placement
-    self._pending.append(_Pending(
-        layers, p.start_to_host(weights), p.start_to_host(slots),
-        p.start_to_host(states, per_device=True),
-        [self._guard.values_to_check(s) for s in stats]))
-    waiting = commit_waits([len(entry.layers) for entry in self._pending],
-                           self._n_async_layers)
-    while len(self._pending) > waiting:
-      self._commit(self._pending.popleft())
+    return _Pending(layers, p.start_to_host(weights), p.start_to_host(slots),
+                    p.start_to_host(states, per_device=True),
+                    [self.guard.values_to_check(s) for s in stats])
 
-  def drain(self):
-    """Commits every waiting update."""
-    while self._pending:
-      self._commit(self._pending.popleft())
-
-  def device_arrays(self):
-    """Device arrays the waiting updates still hold (to keep when freeing)."""
-    return [c.device_arrays() for entry in self._pending
-            for c in (entry.weights, entry.slots, entry.state)]
-
-  def _commit(self, entry):
+  def commit(self, entry):
     """Commits one call's updates: each layer's weights, slots, state.
 
     Layers are checked and committed in the order of `entry` (backward order
@@ -199,7 +173,7 @@ class CommitQueue:
     slots = entry.slots.collect()
     state = entry.state.collect()
     for k, i in enumerate(entry.layers):
-      if not self._guard.admits(i, entry.checks[k]):
+      if not self.guard.admits(i, entry.checks[k]):
         return  # A skipped step commits nothing more.
-      self._guard.replacing(i)
+      self.guard.replacing(i)
       self._store.set(i, weights[k], slots[k], state[k])

@@ -2,11 +2,8 @@
 
 The schedule (`trainer.ReversibleSerialTrainer.one_step`) calls a
 `StepHooks` at each point; what runs there depends on the trainer's
-settings and on whether the first step has completed:
+settings. Hooks observe the step and tidy memory; none changes its plan.
 
-  FirstStep          compiles the first step ahead (`compile_ahead`) and
-                     decides how each segment runs backward
-                     (`backward_segment_max_layers='auto'`).
   FreeAccelerators   frees device buffers nothing can read, before the
                      forward pass and after the loss (trax's Loop mode 2).
   ReleaseHostMemory  gives free C-allocator memory back to the system after
@@ -23,10 +20,7 @@ class StepHooks:
   """
 
   def step_begins(self, ctx):
-    """The step's context exists; nothing is placed for its walk yet."""
-
-  def forward_begins(self, ctx):
-    """The batch is placed (`ctx.stack`); no unit has run."""
+    """The step's context exists (its batch placed); no unit has run."""
 
   def forward_unit_done(self, unit, outputs):
     """`unit` ran forward; `outputs` are its outputs."""
@@ -54,10 +48,6 @@ class HookList(StepHooks):
     for hook in self._hooks:
       hook.step_begins(ctx)
 
-  def forward_begins(self, ctx):
-    for hook in self._hooks:
-      hook.forward_begins(ctx)
-
   def forward_unit_done(self, unit, outputs):
     for hook in self._hooks:
       hook.forward_unit_done(unit, outputs)
@@ -77,34 +67,6 @@ class HookList(StepHooks):
   def step_ends(self, ctx):
     for hook in self._hooks:
       hook.step_ends(ctx)
-
-
-class FirstStep(StepHooks):
-  """Until a step completes: compiles ahead, decides backward splits."""
-
-  def __init__(self, compile_ahead, decide_backward, after_compiling):
-    """Args:
-      compile_ahead: callable(ctx) compiling the step's functions ahead of
-        its first call (`compilation.AheadOfTime`), or None.
-      decide_backward: `units.Units.decide_backward`.
-      after_compiling: callable() run once compile_ahead returns.
-    """
-    self._compile_ahead = compile_ahead
-    self._decide_backward = decide_backward
-    self._after_compiling = after_compiling
-    self._stepped = False  # whether a step has completed
-
-  def forward_begins(self, ctx):
-    if self._compile_ahead is not None and not self._stepped:
-      self._compile_ahead(ctx)
-      self._after_compiling()
-
-  def forward_unit_done(self, unit, outputs):
-    if not self._stepped:
-      self._decide_backward(unit, outputs)
-
-  def step_ends(self, ctx):
-    self._stepped = True
 
 
 class FreeAccelerators(StepHooks):
@@ -133,7 +95,7 @@ class FreeAccelerators(StepHooks):
     p = self._placement
     ctx.stack, ctx.grad_stack = p.gather_to_host((ctx.stack, ctx.grad_stack))
     freed_arrays, freed_bytes = p.free_device_buffers(
-        [self._keep()] + ctx.held())
+        [self._keep()] + ctx.held_arrays())
     ctx.end_phase('free', freed_arrays=freed_arrays, freed_bytes=freed_bytes)
 
 

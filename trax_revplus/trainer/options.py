@@ -21,6 +21,7 @@ from trax_revplus.memory.schedule import FIRST_STEPS_RECORDED
 GIN_CONFIGURABLE = 'trax_revplus.ReversibleSerialTrainer'
 ON_NON_FINITE = ('raise', 'skip', 'ignore')
 AUTO = 'auto'
+DEVICE = 'device'
 STORE_ACTIVATIONS = ('never', 'always', AUTO)
 
 
@@ -113,26 +114,37 @@ class TrainerOptions:
       before compiles again at its next call. Cleared after the weights and
       slots are on the host, so later temporaries do not land above slots
       that filled the freed memory.
-    device_memory_budget_bytes: None (default: the segment settings above
-      decide the plan) or an int >= 1, bytes per device the step may use at
-      its peak, as composed from XLA's memory analysis of its programs
-      (`device_memory`; the figure the memory log records as
-      `peak_device_bytes`). Set, it replaces segment_max_layers and
-      backward_segment_max_layers: before the first step's first call the
-      trainer compiles candidate plans (segment lengths 1, 2, 4, 8) for the
-      batch's shapes and runs the fastest one whose peak fits
-      (`trainer.device_plan`: fewest compiled calls per step); if none
-      fits, `one_step` raises `device_plan.DeviceMemoryBudgetError` naming
-      the smallest budget that would, before any weight changes.
-    store_activations: 'never' (default): reversible segments recompute
-      their inputs and activations in the backward pass (as trax).
-      'always': each reversible segment's forward call keeps what its
-      backward needs (`jax.vjp`'s residuals) on the device until its
-      backward call, which then recomputes nothing: faster, and the step
-      holds every segment's activations at once. 'auto': as 'always' for
-      the segments whose residuals fit in device_memory_budget_bytes, as
-      'never' for the others (without a budget: as 'never'). Results are
-      the same up to float32 rounding.
+    device_memory_budget_bytes: 'auto' (default), 'device', None or an
+      int >= 1: bytes per device the step may use at its peak, as composed
+      from XLA's memory analysis of its programs (`device_memory`; the
+      figure the memory log records as `peak_device_bytes`). 'auto': the
+      device's own size less a reserve where the backend reports it
+      (GPU, TPU), none where it does not (CPU); 'device': the same, and
+      an error where the size is not reported; None: no budget
+      (`trainer.budget`). Under a budget the trainer plans before the
+      first step on each batch shape: it compiles candidate plans (segment
+      lengths, batch slices, fused layers, copy-back depth, prefetch;
+      `trainer.candidates`) and runs the fastest one whose peak fits,
+      replacing segment_max_layers, backward_segment_max_layers,
+      batch_slices and store_activations='auto'; n_async_layers is the
+      deepest copy-back it tries. If none fits, `one_step` raises
+      `planner.DeviceMemoryBudgetError` naming the least budget that
+      would, before any weight changes.
+    store_activations: 'never': reversible layers recompute their inputs
+      and activations in the backward pass (as trax). 'always': every
+      layer runs forward, loss and backward in the loss's one program,
+      keeping its activations for its backward (no recompute; the step
+      holds every layer's activations, as trax's default `Trainer` does).
+      'auto' (default): under a device memory budget the planner may fuse
+      layers so, where the result fits; without one, as 'never'. Results
+      are the same up to float32 rounding.
+    batch_slices: int k >= 1 (default 1). Every call of the step runs over
+      k equal slices of each device's rows of the batch, summing the
+      slices' weight gradients before one optimizer update
+      (`trainer.slices`): per-call temporaries shrink about k-fold, the
+      result is the same (with dropout, each slice draws with its layer's
+      RNG of the step). k must divide each device's rows. Chosen by the
+      planner under a device memory budget.
     memory_log_first_steps: int >= 0, steps at the start of each process
       that are recorded too (each waits for its phases to finish, so they
       run slower than unrecorded steps).
@@ -151,9 +163,10 @@ class TrainerOptions:
   host_mmap_threshold: Optional[int] = None
   backward_segment_max_layers: Union[int, str] = AUTO
   clear_compilation_caches: bool = True
-  device_memory_budget_bytes: Optional[int] = None
-  store_activations: str = 'never'
+  device_memory_budget_bytes: Optional[Union[int, str]] = AUTO
+  store_activations: str = AUTO
   memory_log_first_steps: int = FIRST_STEPS_RECORDED
+  batch_slices: int = 1
 
   def __post_init__(self):
     """Checks every setting; ints are stored as Python ints.
@@ -189,13 +202,34 @@ class TrainerOptions:
       _check_int(self, 'backward_segment_max_layers', 1,
                  allowed=f"an int >= 1 or '{AUTO}'")
     _check_bool(self, 'clear_compilation_caches')
-    if self.device_memory_budget_bytes is not None:
+    if self.device_memory_budget_bytes not in (None, AUTO, DEVICE):
       _check_int(self, 'device_memory_budget_bytes', 1,
-                 allowed='None or an int number of bytes >= 1')
+                 allowed=f"'{AUTO}', '{DEVICE}', None or an int number of "
+                         f"bytes >= 1")
     if self.store_activations not in STORE_ACTIVATIONS:
       raise validation.TrainerOptionError(
           'store_activations', self.store_activations,
           f'one of {STORE_ACTIVATIONS}')
+    _check_int(self, 'batch_slices', 1,
+               allowed='an int >= 1 that divides each device\'s rows of the '
+                       'batch (1: no slices)')
+
+  @classmethod
+  def of(cls, settings):
+    """`TrainerOptions(**settings)`, an unknown name as a one-line error.
+
+    Raises:
+      validation.TrainerOptionError: a name that is not a setting, or a
+        setting out of its range.
+    """
+    unknown = sorted(set(settings) - set(cls.field_names()))
+    if unknown:
+      name = unknown[0]
+      raise validation.TrainerOptionError(
+          name, settings[name], None, message=(
+              f'{GIN_CONFIGURABLE} has no setting {name!r}; its settings: '
+              f'{", ".join(cls.field_names())}.'))
+    return cls(**settings)
 
   @classmethod
   def field_names(cls):

@@ -1,14 +1,34 @@
-"""The segment plan: which layers each compiled call of a step runs.
+"""The step plan: which calls a step makes, over what, and what they hold.
 
 A step runs, per block, its standard layer as one call and its reversible
 layers as segments: consecutive layers in one call, forward in order and
-backward (reverse + backward + update) last to first. The plan is data
-(`SegmentPlan`); the rules here choose it from the layers' sizes and the
-trainer's settings (`options.TrainerOptions`), and `units` compiles it.
+backward (reverse + backward + update) last to first; then the loss layer's
+forward, backward and update. A `StepPlan` fixes every choice that changes a
+step's speed or device memory but never its result:
+
+  segments        which reversible layers share a forward call, and how
+                  each forward segment splits for the backward pass;
+  batch_slices    each call runs over k slices of each device's rows, one
+                  after the other (per-call temporaries shrink about k-fold);
+  fused_from      layers from this index on run forward, loss and backward
+                  in the loss's one program (their activations stay inside
+                  that program: nothing is recomputed, more is held);
+  keep_activations
+                  whether those fused layers keep their activations
+                  (autodiff) or recompute them through each reversible
+                  layer's reverse, as trax's default `Trainer` does;
+  n_async_layers  how long an update stays on the device before its copy
+                  back to the host is committed;
+  prefetch        whether the next call's weights are placed during the
+                  current call.
+
+A plan is data, made before a step and never changed by it; `units` compiles
+it and `planner` chooses it. The rules here build one from the trainer's
+settings (`options.TrainerOptions`).
 """
 
 import dataclasses
-from typing import Dict, List, Set, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from trax_revplus.trainer import options as options_lib
 
@@ -25,57 +45,111 @@ SMALL_BACKWARD_SEGMENT_LAYERS = 2
 Segment = Tuple[int, ...]  # layer indices, consecutive, in forward order
 
 
-@dataclasses.dataclass
-class SegmentPlan:
-  """Which layers each compiled call of a step runs.
+@dataclasses.dataclass(frozen=True)
+class StepPlan:
+  """How a step runs: its calls and what each holds (never its results).
 
   Layer indices count the trainer's layers in forward order (block 0's
   standard layer, its reversible layers, block 1's standard layer, ...,
   the loss layer last).
 
   Attributes:
-    blocks: list over blocks of (index of the standard layer, list of
+    blocks: tuple over blocks of (index of the standard layer, tuple of
       reversible segments run forward, in order).
     loss: int, index of the loss layer.
-    backward: dict, forward segment -> the segments running it backward, in
-      forward order (the segment itself, or shorter ones); a forward
-      segment is absent until its split is decided (`decide_backward`).
-    backward_max_layers: int or 'auto', the setting that splits forward
-      segments for the backward pass.
-    keep: set of forward segments whose forward call keeps what their
-      backward needs (`store_activations`); each runs backward whole, from
-      what it kept, without reversing or recomputing.
+    backward: mapping, forward segment -> tuple of the segments running it
+      backward, in forward order (the segment itself, or shorter ones).
+    batch_slices: int k >= 1; every call runs over k equal slices of each
+      device's rows of the batch, summing the slices' weight gradients
+      before its one optimizer update.
+    fused_from: int, the first layer whose forward and backward run inside
+      the loss layer's program (`loss`: none). It is a unit boundary: a
+      block's standard layer or the first layer of a forward segment.
+    keep_activations: bool, whether the fused layers keep their
+      activations (plain autodiff: nothing recomputed, more held) or run
+      each reversible layer's own custom gradient, which recomputes its
+      inputs from its outputs (trax's default `Trainer`'s way). Read only
+      where layers are fused.
+    n_async_layers: int >= 0, a call's updates are committed to the host
+      once calls updating at least this many layers were dispatched after
+      it (`options.TrainerOptions.n_async_layers`).
+    prefetch: bool, place the next call's weights (and slots) during the
+      current call, so the copy overlaps compute; False places them just
+      before their call, holding one call's parameters at a time.
   """
-  blocks: List[Tuple[int, List[Segment]]]
+  blocks: Tuple[Tuple[int, Tuple[Segment, ...]], ...]
   loss: int
-  backward: Dict[Segment, List[Segment]]
-  backward_max_layers: object
-  keep: Set[Segment] = dataclasses.field(default_factory=set)
+  backward: Mapping[Segment, Tuple[Segment, ...]]
+  batch_slices: int = 1
+  fused_from: Optional[int] = None
+  keep_activations: bool = True
+  n_async_layers: int = 8
+  prefetch: bool = True
 
-  def forward_segments(self):
+  def __post_init__(self):
+    if self.fused_from is None:
+      object.__setattr__(self, 'fused_from', self.loss)
+    missing = [s for s in self.forward_segments() if s not in self.backward]
+    if missing:
+      raise ValueError(f'backward split of segments {missing} not decided.')
+
+  def forward_segments(self) -> List[Segment]:
     """Every reversible forward segment, in forward order."""
     return [s for _, segments in self.blocks for s in segments]
 
-  def decide_backward(self, segment, outputs_bytes=None):
-    """Fixes how `segment` runs backward, unless that is decided already.
+  def units(self) -> List[Segment]:
+    """The layers of every forward unit in forward order: each standard
+    layer alone, each forward segment (fused ones included)."""
+    out = []
+    for std, segments in self.blocks:
+      out.append((std,))
+      out.extend(segments)
+    return out
 
-    Args:
-      segment: a forward segment of this plan.
-      outputs_bytes: int, bytes of its outputs on all devices (needed for
-        backward_max_layers='auto').
+  def unit_starts(self) -> List[int]:
+    """First layer of each forward unit, then the loss: the values
+    `fused_from` can take."""
+    return [u[0] for u in self.units()] + [self.loss]
 
-    Returns:
-      The backward segments of `segment`.
-    """
-    if segment in self.keep:
-      self.backward[segment] = [segment]
-    if segment not in self.backward:
-      length = backward_segment_length(self.backward_max_layers, len(segment),
-                                       outputs_bytes)
-      self.backward[segment] = (
-          [segment] if length >= len(segment) else
-          [tuple(s) for s in _equal_runs(list(segment), length)])
-    return self.backward[segment]
+  @property
+  def n_calls(self) -> int:
+    """Compiled calls per step: forward units and backward units outside
+    the loss program, and the loss program."""
+    n = 1
+    for unit in self.units():
+      if unit[0] >= self.fused_from:
+        continue
+      n += 1 + (len(self.backward[unit]) if unit in self.backward else 1)
+    return n
+
+  @property
+  def n_backward_calls(self) -> int:
+    """Backward calls of reversible segments outside the loss program."""
+    return sum(len(self.backward[s]) for s in self.forward_segments()
+               if s[0] < self.fused_from)
+
+  def settings(self) -> Dict[str, object]:
+    """The plan as the trainer's settings would name it (for logs and
+    `estimate`)."""
+    forward = [len(s) for s in self.forward_segments()]
+    backward = [len(b) for s in self.forward_segments()
+                for b in self.backward[s]]
+    return {
+        'segment_max_layers': max(forward, default=0),
+        'backward_segment_max_layers': max(backward, default=0),
+        'batch_slices': self.batch_slices,
+        'fused_layers': self.loss - self.fused_from,
+        'keep_activations': self.keep_activations,
+        'n_async_layers': self.n_async_layers,
+        'prefetch': self.prefetch,
+    }
+
+  def describe(self) -> str:
+    """One line, e.g. 'segment_max_layers=8, backward_segment_max_layers=2,
+    batch_slices=1, fused_layers=0, n_async_layers=8, prefetch=True, 9
+    calls per step'."""
+    settings = ', '.join(f'{k}={v}' for k, v in self.settings().items())
+    return f'{settings}, {self.n_calls} calls per step'
 
 
 def backward_segment_length(setting, n_layers, outputs_bytes):
@@ -126,33 +200,66 @@ def _equal_runs(indices, length):
   return [indices[k:k + length] for k in range(0, len(indices), length)]
 
 
-def plan_segments(block_sizes, nbytes, options):
-  """The segment plan of a trainer's blocks.
+def backward_split(segment, length):
+  """`segment` split into backward segments of at most `length` layers."""
+  if length >= len(segment):
+    return (segment,)
+  return tuple(tuple(s) for s in _equal_runs(list(segment), length))
+
+
+def make_plan(block_sizes: Sequence[int], nbytes: Mapping[int, int],
+              stack_bytes: Sequence[int], *, segment_max_layers: int,
+              segment_max_bytes: int, backward_segment_max_layers,
+              batch_slices: int = 1, fused_from: Optional[int] = None,
+              keep_activations: bool = True, n_async_layers: int = 8,
+              prefetch: bool = True) -> StepPlan:
+  """The plan of a trainer's blocks for given settings.
 
   Args:
     block_sizes: list over blocks of the number of reversible layers of the
       block (each block also has one standard layer before them).
     nbytes: dict layer index -> int, bytes of its weights + slots.
-    options: `options.TrainerOptions` (segment_max_layers,
-      segment_max_bytes, backward_segment_max_layers).
+    stack_bytes: list over blocks of the bytes (all devices) of the stack
+      items the block's reversible layers read and write (their outputs);
+      read by backward_segment_max_layers='auto' only.
+    segment_max_layers, segment_max_bytes, backward_segment_max_layers,
+      batch_slices, n_async_layers: as `options.TrainerOptions`.
+    fused_from: int or None (nothing fused), see `StepPlan.fused_from`.
+    keep_activations, prefetch: see `StepPlan`.
 
   Returns:
-    `SegmentPlan`; with an int backward_segment_max_layers, every backward
-    split decided.
+    `StepPlan`, every backward split decided.
   """
-  blocks = []
+  blocks, backward = [], {}
   k = 0
-  for n_reversible in block_sizes:
+  for n_reversible, outputs_bytes in zip(block_sizes, stack_bytes):
     indices = list(range(k + 1, k + 1 + n_reversible))
-    segments = equal_segments(indices, options.segment_max_layers, nbytes,
-                              options.segment_max_bytes)
-    blocks.append((k, [tuple(s) for s in segments]))
+    segments = tuple(tuple(s) for s in equal_segments(
+        indices, segment_max_layers, nbytes, segment_max_bytes))
+    for segment in segments:
+      length = backward_segment_length(backward_segment_max_layers,
+                                       len(segment), outputs_bytes)
+      backward[segment] = backward_split(segment, length)
+    blocks.append((k, segments))
     k += 1 + n_reversible
-  plan = SegmentPlan(blocks=blocks, loss=k, backward={},
-                     backward_max_layers=options.backward_segment_max_layers)
-  if options.store_activations == 'always':
-    plan.keep = set(plan.forward_segments())
-  if plan.backward_max_layers != options_lib.AUTO:
-    for segment in plan.forward_segments():
-      plan.decide_backward(segment)
-  return plan
+  return StepPlan(blocks=tuple(blocks), loss=k, backward=backward,
+                  batch_slices=batch_slices, fused_from=fused_from,
+                  keep_activations=keep_activations,
+                  n_async_layers=n_async_layers, prefetch=prefetch)
+
+
+def configured_plan(block_sizes, nbytes, stack_bytes,
+                    options: options_lib.TrainerOptions) -> StepPlan:
+  """The plan the trainer's settings name, without a device budget.
+
+  `store_activations='always'` fuses every layer into the loss program.
+  """
+  loss = sum(block_sizes) + len(block_sizes)
+  return make_plan(
+      block_sizes, nbytes, stack_bytes,
+      segment_max_layers=options.segment_max_layers,
+      segment_max_bytes=options.segment_max_bytes,
+      backward_segment_max_layers=options.backward_segment_max_layers,
+      batch_slices=options.batch_slices,
+      fused_from=0 if options.store_activations == 'always' else loss,
+      n_async_layers=options.n_async_layers)

@@ -1,47 +1,144 @@
-"""`Run`: what a walk over the compiled units runs on.
+"""`Run`: what a walk over a plan's units runs on, and what it holds.
 
 `units.Units` walks its units on a `Run`, which gives the units their
 arguments and makes their calls: `step.StepContext` on placed arrays (the
-step itself), or `compilation.AheadOfTime` on their types (compiling the
-first step ahead), so both follow one traversal.
+step itself), or `ahead.AheadOfTime` on their types (compiling ahead and
+accounting device memory). Both are this class, so what a step holds on the
+device across each call (`Run.held`) and when an update leaves the device
+(`CopyBack`) are written once, here, for the step, the compile-ahead walk
+and the accounting alike.
 """
 
 import abc
+import collections
+from typing import Any, Callable, List, Tuple
+
+
+def commit_waits(pending_sizes, n_async_layers):
+  """How many of the newest pending calls stay on the device after a push.
+
+  The oldest call leaves (is committed to the host) once calls updating at
+  least `n_async_layers` layers were dispatched after it.
+
+  Args:
+    pending_sizes: list of int, layers each pending call updated, oldest
+      first (the newest included).
+    n_async_layers: int >= 0.
+
+  Returns:
+    int, how many of the newest calls remain pending.
+  """
+  pending = list(pending_sizes)
+  total = sum(pending)
+  while pending and total - pending[0] >= n_async_layers:
+    total -= pending.pop(0)
+  return len(pending)
+
+
+class CopyBack:
+  """Updates on their way from the device to the host, oldest first.
+
+  A call's updates are pushed as they are dispatched; `start` begins their
+  journey (a real step starts the device-to-host copies), and once
+  `commit_waits` says so, `leave` ends it (a real step commits them to the
+  host; the device buffers are released). Until then the updates are held
+  on the device (`on_device`).
+  """
+
+  def __init__(self, n_async_layers: int, start: Callable[..., Any],
+               leave: Callable[[Any], None]):
+    """Args:
+      n_async_layers: int >= 0, see `commit_waits`.
+      start: callable(layers, weights, slots, states, stats) -> a token
+        handed to `leave`.
+      leave: callable(token), when the update leaves the device.
+    """
+    self._n_async_layers = n_async_layers
+    self._start = start
+    self._leave = leave
+    self._pending = collections.deque()  # (n layers, device updates, token)
+
+  def push(self, layers, weights, slots, states, stats):
+    """One call's updates, lists over `layers` in commit (backward) order."""
+    token = self._start(layers, weights, slots, states, stats)
+    self._pending.append((len(layers), (weights, slots, states), token))
+    waiting = commit_waits([n for n, _, _ in self._pending],
+                           self._n_async_layers)
+    while len(self._pending) > waiting:
+      self._leave(self._pending.popleft()[2])
+
+  def drain(self):
+    """Every waiting update leaves, oldest first."""
+    while self._pending:
+      self._leave(self._pending.popleft()[2])
+
+  def on_device(self) -> List[Any]:
+    """The updates still held on the device (weights, slots, states)."""
+    return [updates for _, updates, _ in self._pending]
 
 
 class Run(abc.ABC):
-  """What a walk over the units runs on; one per walk.
+  """What a walk over a plan's units runs on; one per walk.
 
   A run sees each compiled call with its arguments (`call`) and what the
-  step holds across it (`stack`, `grad_stack`, `saved`, `prefetched`), so
-  per-call accounting of device memory belongs in a run.
+  step holds across it (`held`), so per-call accounting of device memory
+  belongs in a run.
 
   Attributes:
+    plan: the `plan.StepPlan` walked (fixed for the walk).
     stack: the data stack between units (trax's layout: one array or a
       tuple); the walks replace it as they go.
     grad_stack: the cotangents of `stack`, from the loss on.
     saved: dict, layer index -> (inputs, new state) of a standard layer,
       (old state, new state) of a reversible one: what the forward pass
       keeps for the backward pass.
-    kept: dict, forward segment (tuple of layer indices) -> (its inputs,
-      `jax.vjp`'s function of its forward) for segments that keep their
-      activations (`plan.SegmentPlan.keep`).
     rngs: list of each layer's placed RNG, by layer index.
     opt_params: list of each layer's placed optimizer hyperparameters.
     step_placed: the step number, placed (int32).
+    stats: list of each call's stats dicts, in commit order (the loss
+      layer's first).
+    phase: the pass the walk is in: 'forward', 'loss' or 'backward'.
   """
 
-  def __init__(self, rngs, opt_params, step_placed):
-    self.stack = None
+  def __init__(self, plan, stack, rngs, opt_params, step_placed):
+    self.plan = plan
+    self.stack = stack
     self.grad_stack = None
     self.saved = {}
     self.rngs = rngs
     self.opt_params = opt_params
     self.step_placed = step_placed
-    # forward segment (tuple of layers) -> (its inputs, its vjp function),
-    # for segments that keep their activations.
-    self.kept = {}
+    self.stats = []
+    self.phase = 'forward'
+    self.copy_back = CopyBack(plan.n_async_layers, self.start_copy_back,
+                              self.leave)
     self._next = None  # (unit, its params) placed ahead of its call
+
+  # What the device holds: one description for the step, the freeing of
+  # device buffers and the accounting.
+
+  def held(self) -> List[Tuple[str, Any]]:
+    """What the step holds on the device now, as named parts (pytrees).
+
+    Each array counts in the first part that lists it.
+    """
+    return [
+        ('optimizer hyperparameters', self.opt_params),
+        ('step and RNGs', (self.step_placed, self.rngs)),
+        ('stack', self.stack),
+        ('cotangent stack', self.grad_stack),
+        ('saved block inputs and states', self.saved),
+        ('weights placed ahead', self.prefetched),
+        ('updates not yet copied back', self.copy_back.on_device()),
+        ('statistics', self.stats),
+    ]
+
+  @property
+  def prefetched(self):
+    """Parameters placed for the next call, or None."""
+    return None if self._next is None else self._next[1]
+
+  # How the walk gets its arguments and makes its calls.
 
   @abc.abstractmethod
   def place(self, layers, with_slots):
@@ -60,29 +157,58 @@ class Run(abc.ABC):
   def call(self, fn, args):
     """Calls compiled function `fn` on `args`; returns its results."""
 
-  def prefetch(self, unit, with_slots):
-    """Places `unit`'s parameters ahead of its call (H2D overlaps work)."""
-    self._next = (unit, self.place(unit.layers, with_slots))
+  def place_ahead(self, unit, with_slots):
+    """Places `unit`'s parameters ahead of its call, if the plan
+    prefetches (H2D overlaps the current call's work)."""
+    if self.plan.prefetch:
+      self._next = (unit, self.place(unit.layers, with_slots))
 
-  def advance(self, unit, following, with_slots):
-    """`unit`'s prefetched parameters; prefetches `following`'s (or None)."""
-    prefetched_unit, params = self._next
-    assert prefetched_unit is unit, (prefetched_unit, unit)
-    self._next = None
+  def params(self, unit, following, with_slots):
+    """`unit`'s parameters, placed ahead or now; places `following`'s ahead
+    (where the plan prefetches) before returning.
+
+    Args:
+      unit: the unit about to be called.
+      following: the unit called next in this pass, or None.
+      with_slots: bool, whether the call updates (takes slots).
+
+    Returns:
+      (weights, slots) as `place` returns them.
+    """
+    if self._next is not None:
+      ahead_unit, params = self._next
+      assert ahead_unit is unit, (ahead_unit, unit)
+      self._next = None
+    else:
+      params = self.place(unit.layers, with_slots)
     if following is not None:
-      self.prefetch(following, with_slots)
+      self.place_ahead(following, with_slots)
     return params
 
-  @property
-  def prefetched(self):
-    """Parameters placed for the next call, or None."""
-    return None if self._next is None else self._next[1]
-
-  def forward_done(self, unit, outputs):
-    """After `unit`'s forward; `outputs` are its outputs."""
+  # What happens to a call's updates.
 
   def updated(self, layers, weights, slots, states, stats):
     """A call's updates, lists over `layers` in commit (backward) order."""
+    self.stats.extend(stats)
+    self.copy_back.push(layers, weights, slots, states, stats)
+
+  def start_copy_back(self, layers, weights, slots, states, stats):
+    """Starts moving a call's updates to the host; returns a token for
+    `leave` (here: nothing moves)."""
+    del layers, weights, slots, states, stats
+
+  def leave(self, token):
+    """An update leaves the device (here: it is dropped)."""
+    del token
+
+  def finish(self):
+    """The end of the walk: every update leaves the device."""
+    self.copy_back.drain()
+
+  # Points of the walk where a run may observe it.
+
+  def forward_done(self, unit, outputs):
+    """After `unit`'s forward; `outputs` are its outputs."""
 
   def backward_done(self, unit):
     """After `unit`'s backward."""

@@ -1,20 +1,18 @@
 """One training step's context: what its phases share, and its memory log.
 
-`StepContext` is created once per step (`begin`). It carries the step
-number, its placed RNGs and step, the data stack and what the forward pass
-keeps for the backward pass; it runs the units on placed arrays (a
-`units.Run`), sends each call's updates to the commit queue, and times the
-step's phases for the memory log.
+`StepContext` is made once per step, in one place (`begin`), from the
+step's fixed plan: it carries the step number, its placed RNGs and step,
+the data stack and what the forward pass keeps for the backward pass; it
+runs the units on placed arrays (a `run.Run`), hands each call's updates to
+the commit queue when `run.CopyBack` says they leave the device, and times
+the step's phases for the memory log.
 """
 
 import time
 from typing import Any, Callable, NamedTuple, Optional
 
 import numpy as np
-from trax import fastmath
-from trax.fastmath import numpy as jnp
-
-from trax_revplus.trainer import units
+from trax_revplus.trainer import run as run_lib
 
 
 class TrainerParts(NamedTuple):
@@ -24,7 +22,7 @@ class TrainerParts(NamedTuple):
     placement: `placement.Placement`.
     store: `store.LayerStore`.
     commits: `commit.CommitQueue`.
-    hooks: `hooks.StepHooks`.
+    hooks: `hooks.StepHooks` (they observe the step; none changes it).
     memory_log: `memory.MemoryLog`.
     released_bytes: callable returning the host bytes released so far
       (`host_memory.HostMemoryReleaser`), or None when nothing is released.
@@ -43,20 +41,24 @@ class _PhaseStart(NamedTuple):
   released_bytes: int
 
 
-class StepContext(units.Run):
+class StepContext(run_lib.Run):
   """One step's shared values; runs units on placed arrays.
 
-  Attributes (besides `units.Run`'s):
+  Attributes (besides `run.Run`'s):
+    units: the plan's compiled `units.Units`, which the step walks.
     step: int, the training step.
-    stats: list of each call's stats dicts, in commit order (the loss
-      layer's first).
+    step_memory: `device_memory.StepMemory` of the plan on this batch's
+      shapes, or None where it was not accounted: its peak goes into each
+      recorded phase as peak_device_bytes.
   """
 
-  def __init__(self, step, rngs, step_placed, parts):
+  def __init__(self, planned, step, stack, rngs, step_placed, parts):
     """Use `begin`."""
-    super().__init__(rngs, parts.store.opt_params, step_placed)
+    super().__init__(planned.plan, stack, rngs, parts.store.opt_params,
+                     step_placed)
+    self.units = planned.units
     self.step = step
-    self.stats = []
+    self.step_memory = planned.memory
     self._placement = parts.placement
     self._store = parts.store
     self._commits = parts.commits
@@ -64,28 +66,31 @@ class StepContext(units.Run):
     self._log = parts.memory_log
     self._released_bytes = parts.released_bytes
     self._recording = self._log.should_record(step)
-    # device_memory.StepMemory of the step's plan and shapes, or None: its
-    # peak goes into each recorded phase as peak_device_bytes.
-    self.step_memory = None
     self._per_layer = self._recording and self._log.per_layer
     self._unit_start_seconds = None
     self._phase_start = self._now()
 
   @classmethod
-  def begin(cls, step, rng, parts):
-    """Places the step and its per-layer RNGs; starts timing phases.
+  def begin(cls, planned, step, rng, batch, parts):
+    """Places the batch, the step and its per-layer RNGs; starts timing
+    phases.
 
     Args:
+      planned: the `planner.Planned` of the batch's shapes (its plan and
+        units are fixed for the step).
       step: int, the training step.
       rng: JAX PRNG key of the step, split into one per layer as trax does.
+      batch: tuple of host arrays of shape (B, ...).
       parts: the trainer's `TrainerParts`.
 
     Returns:
       The `StepContext`.
     """
-    step_placed = parts.placement.replicate(np.asarray(step, dtype=np.int32))
-    rngs = _place_rngs(parts.placement, rng, len(parts.store.layers))
-    return cls(step, rngs, step_placed, parts)
+    placement = parts.placement
+    step_placed = placement.replicate(np.asarray(step, dtype=np.int32))
+    rngs = placement.place_rngs(rng, len(parts.store.layers))
+    return cls(planned, step, placement.shard_batch(batch), rngs,
+               step_placed, parts)
 
   # The units' run on placed arrays.
 
@@ -101,8 +106,8 @@ class StepContext(units.Run):
   def call(self, fn, args):
     return fn(*args)
 
-  def advance(self, unit, following, with_slots):
-    params = super().advance(unit, following, with_slots)
+  def params(self, unit, following, with_slots):
+    params = super().params(unit, following, with_slots)
     self._unit_start_seconds = time.time()
     return params
 
@@ -113,19 +118,22 @@ class StepContext(units.Run):
   def updated(self, layers, weights, slots, states, stats):
     # Multi-process: every process reads every device's statistics (loss,
     # gradient norms), so all take the same decisions on them.
-    stats = self._placement.replicated(stats)
-    self.stats.extend(stats)
-    self._commits.push(layers, weights, slots, states, stats)
+    super().updated(layers, weights, slots, states,
+                    self._placement.replicated(stats))
+
+  def start_copy_back(self, layers, weights, slots, states, stats):
+    return self._commits.start(layers, weights, slots, states, stats)
+
+  def leave(self, token):
+    self._commits.commit(token)
 
   def backward_done(self, unit):
     self._hooks.backward_unit_done(unit)
     self._record_unit('backward', unit, self.grad_stack)
 
-  def held(self):
-    """What the step holds on devices now (to keep when freeing)."""
-    return [self.stack, self.grad_stack, self.saved, self.kept, self.rngs,
-            self.step_placed, self.prefetched, self.stats,
-            self._commits.device_arrays()]
+  def held_arrays(self):
+    """Every device array the step holds now (to keep when freeing)."""
+    return [tree for _, tree in self.held()]
 
   def block(self, tree):
     """Waits for the device arrays in `tree`."""
@@ -186,15 +194,3 @@ class StepContext(units.Run):
       for k, v in stat.items():
         joint_stats[f'layer{i}/' + k] = v
     return self.stats[0]['loss'], joint_stats
-
-
-def _place_rngs(placement, rng, n_layers):
-  """Per-layer RNGs as trax: split(rng, n_layers); per device first."""
-  n = placement.n_devices
-  if n == 1:
-    rows = np.asarray(fastmath.random.split(rng, n_layers))
-    return placement.place_params(list(rows))
-  per_device = fastmath.random.split(jnp.asarray(np.asarray(rng)), n)
-  table = np.stack([np.asarray(fastmath.random.split(r, n_layers))
-                    for r in per_device], axis=1)  # (layers, devices, 2)
-  return placement.per_device_rows(list(table))

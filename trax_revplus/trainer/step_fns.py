@@ -19,6 +19,7 @@ import jax
 from trax import fastmath
 from trax.fastmath import numpy as jnp
 from trax.layers import combinators as cb
+from trax.layers import reversible as trax_reversible
 from trax.optimizers import trainer as stock_trainer
 
 from trax_revplus import placement as placement_lib
@@ -44,21 +45,21 @@ class Kind(enum.Enum):
     (outputs, weights, output cotangents, old states, new states, slots,
     opt params, rngs, step) -> (new weights, new slots, inputs, input
     cotangents, stats)
-  SEGMENT_FORWARD_KEEP: SEGMENT_FORWARD that also returns what its
-    backward needs (`jax.vjp`'s function, a pytree of residuals).
-    (inputs, weights, states, rngs) -> (outputs, new states, vjp function)
-  SEGMENT_BACKWARD_KEPT: backward and update of a SEGMENT_FORWARD_KEEP's
-    layers from its kept vjp function (no reversal, no recompute).
-    (vjp function, weights, output cotangents, slots, opt params, step) ->
-    (new weights, new slots, input cotangents, stats)
+  FUSED_LOSS: forward, backward and update of consecutive layers ending
+    in the loss layer, in one program; every per-layer argument and result
+    is a list over the layers.
+    (inputs, weights, states, slots, opt params, rngs, step) -> (new
+    weights, new states, new slots, input cotangents, stats)
+
+  Each kind's function may run over batch slices (`slices`); its arguments
+  and results are the same either way.
   """
   FORWARD = 'fwd'
   FORWARD_BACKWARD_UPDATE = 'std'
   LOSS = 'loss'
   SEGMENT_FORWARD = 'rev_fwd'
   SEGMENT_REVERSE_UPDATE = 'rev'
-  SEGMENT_FORWARD_KEEP = 'rev_fwd_keep'
-  SEGMENT_BACKWARD_KEPT = 'rev_kept'
+  FUSED_LOSS = 'fused_loss'
 
   @property
   def in_layouts(self):
@@ -74,8 +75,7 @@ class Kind(enum.Enum):
   def updates(self):
     """Whether it updates weights, averaging gradients over devices (so its
     program holds cross-device collectives on N > 1 devices)."""
-    return self not in (Kind.FORWARD, Kind.SEGMENT_FORWARD,
-                        Kind.SEGMENT_FORWARD_KEEP)
+    return self not in (Kind.FORWARD, Kind.SEGMENT_FORWARD)
 
   @property
   def donated(self):
@@ -86,7 +86,7 @@ class Kind(enum.Enum):
     `_reverse_and_fbo_with_layer_and_opt` donates them)."""
     if self is Kind.SEGMENT_REVERSE_UPDATE:
       return (0, 1, 2, 5)
-    if self is Kind.SEGMENT_BACKWARD_KEPT:
+    if self is Kind.FUSED_LOSS:
       return (1, 3)
     return (1, 4) if self.updates else ()
 
@@ -101,8 +101,7 @@ _IN_LAYOUTS = {
     Kind.FORWARD_BACKWARD_UPDATE: _FBO_IN,
     Kind.LOSS: _FBO_IN,
     Kind.SEGMENT_REVERSE_UPDATE: (_D, _R, _D, _D, _D, _R, _R, _D, _R),
-    Kind.SEGMENT_FORWARD_KEEP: _FORWARD_IN,
-    Kind.SEGMENT_BACKWARD_KEPT: (_D, _R, _D, _R, _R, _R),
+    Kind.FUSED_LOSS: (_D, _R, _D, _R, _R, _D, _R),
 }
 _OUT_LAYOUTS = {
     Kind.FORWARD: _FORWARD_OUT,
@@ -110,8 +109,7 @@ _OUT_LAYOUTS = {
     Kind.FORWARD_BACKWARD_UPDATE: _FBO_OUT,
     Kind.LOSS: _FBO_OUT,
     Kind.SEGMENT_REVERSE_UPDATE: (_R, _R, _D, _D, _D),
-    Kind.SEGMENT_FORWARD_KEEP: (_D, _D, _D),
-    Kind.SEGMENT_BACKWARD_KEPT: (_R, _R, _D, _D),
+    Kind.FUSED_LOSS: (_R, _D, _R, _D, _D),
 }
 
 
@@ -294,53 +292,108 @@ def _plain_forward(layer, x, weights, state, rng):
     layer._rng = saved[2]  # pylint: disable=protected-access
 
 
-def segment_forward_keep_fn(layers):
-  """`segment_forward_fn` that keeps what its backward needs.
+def update_fn(optimizer, n_devices, adasum):
+  """One layer's optimizer update from its summed gradients.
+
+  The update of trax's `_fbo_with_layer_and_opt`, apart from its forward
+  and backward: gradients averaged over the devices, then
+  `optimizer.tree_update`.
 
   Returns (of the returned function):
-    (outputs, new_states, vjp_fn): as `segment_forward_fn`, and `jax.vjp`'s
-    function of the segment's forward with respect to its inputs and
-    weights (a pytree holding the residuals; call it with the outputs'
-    cotangents to get (input cotangents, weight cotangents)).
+    (grads_weights, weights, slots, opt_params, step) -> (new_weights,
+    new_slots, stats); a layer without weights is returned unchanged with
+    empty stats.
+  """
+  def update(grads_weights, weights, slots, opt_params, step):
+    if is_empty_tuple(weights):
+      return weights, slots, {}
+    if n_devices > 1:
+      grads_weights = average_gradients(grads_weights, n_devices, adasum)
+    return optimizer.tree_update(step, grads_weights, weights, slots,
+                                 opt_params, store_slots=False)
+  return update
+
+
+def is_reversible(layer):
+  """Whether `layer` is a trax reversible layer (has `reverse`)."""
+  return isinstance(layer, trax_reversible.ReversibleLayer)
+
+
+def chain_forward_fn(layers, keep_activations):
+  """Forward of consecutive layers (standard and reversible) in one call.
+
+  Args:
+    layers: the layers, in forward order.
+    keep_activations: bool; True runs each reversible layer's own forward,
+      so autodiff keeps its activations and its backward recomputes
+      nothing; False runs `pure_fn`, whose custom gradient reverses the
+      layer from its outputs (as trax's default `Trainer` does).
+
+  Returns (of the returned function):
+    (inputs, weights, states, rngs) -> (outputs, new_states): lists over
+    the layers; `inputs` are the top `chain_depth(layers)` stack items.
   """
   def forward(inputs, weights, states, rngs):
-    def f(x, ws):
-      stack, new_states = x, []
-      for layer, w, s, rng in zip(layers, ws, states, rngs):
-        y, new_state = _plain_forward(
-            layer, cb.inputs_from_stack(stack, layer.n_in), w, s, rng)
-        stack = cb.outputs_onto_stack(y, stack, layer.n_in)
-        new_states.append(new_state)
-      return stack, new_states
-    outputs, vjp_fn, new_states = jax.vjp(f, inputs, weights, has_aux=True)
-    return outputs, new_states, vjp_fn
+    stack, new_states = inputs, []
+    for layer, w, s, rng in zip(layers, weights, states, rngs):
+      x = cb.inputs_from_stack(stack, layer.n_in)
+      if keep_activations and is_reversible(layer):
+        y, new_state = _plain_forward(layer, x, w, s, rng)
+      else:
+        y, new_state = layer.pure_fn(x, w, s, rng)
+      stack = cb.outputs_onto_stack(y, stack, layer.n_in)
+      new_states.append(new_state)
+    return stack, new_states
   return forward
 
 
-def segment_backward_kept_fn(layers, optimizers, n_devices, adasum):
-  """Backward + update of a segment from its kept vjp function.
+def chain_depth(layers):
+  """Stack items a chain of layers reads (`tl.Serial(layers).n_in`)."""
+  needed, depth = 0, 0
+  for layer in layers:
+    if depth < layer.n_in:
+      needed += layer.n_in - depth
+      depth = layer.n_in
+    depth += layer.n_out - layer.n_in
+  return needed
+
+
+def fused_loss_fn(layers, optimizers, n_devices, adasum, keep_activations):
+  """Forward + backward + update of consecutive layers ending in the loss.
+
+  The whole-model step of trax's `_accelerated_update_fn` for the layers
+  given (the default `Trainer`'s), each layer updated by its own optimizer
+  as `fbo_fn` does. The loss layer's stats hold its output as 'loss'.
 
   Returns (of the returned function):
-    (new_weights, new_slots, grads_inputs, stats): lists over the layers
-    (forward order) and the cotangents of the segment's inputs; each layer
-    updated by its own optimizer as `reverse_and_fbo_fn` does.
+    (inputs, weights, states, slots, opt_params, rngs, step) ->
+    (new_weights, new_states, new_slots, grads_inputs, stats), per-layer
+    values as lists over the layers.
   """
-  def backward(vjp_fn, weights, grads, slots, opt_params, step):
-    grads_inputs, grads_weights = vjp_fn(grads)
-    new_weights, new_slots, stats = [], [], []
-    for opt, w, g, sl, op in zip(optimizers, weights, grads_weights, slots,
-                                 opt_params):
-      if is_empty_tuple(w):
-        new_weights.append(w)
-        new_slots.append(sl)
-        stats.append({})
-        continue
-      if n_devices > 1:
-        g = average_gradients(g, n_devices, adasum)
-      nw, ns, st = opt.tree_update(step, g, w, sl, op, store_slots=False)
-      new_weights.append(nw)
-      new_slots.append(ns)
-      stats.append(st)
-    return new_weights, new_slots, grads_inputs, stats
-  del layers
-  return backward
+  forward = chain_forward_fn(layers, keep_activations)
+  updates = [update_fn(opt, n_devices, adasum) for opt in optimizers]
+
+  def fbo(inputs, weights, states, slots, opt_params, rngs, step):
+    def loss_fn(x, ws):
+      return forward(x, ws, states, rngs)
+    loss, vjp_fn, new_states = fastmath.vjp(loss_fn, inputs, weights,
+                                            has_aux=True)
+    grads_inputs, grads_weights = vjp_fn(jnp.ones((), dtype=loss.dtype))
+    return apply_updates(updates, grads_weights, weights, slots, opt_params,
+                         step, new_states, grads_inputs, loss)
+  return fbo
+
+
+def apply_updates(updates, grads_weights, weights, slots, opt_params, step,
+                  new_states, grads_inputs, loss):
+  """Each layer's `update_fn` on its gradients; the loss into the last
+  layer's stats. Returns `fused_loss_fn`'s results."""
+  new_weights, new_slots, stats = [], [], []
+  for update, g, w, sl, op in zip(updates, grads_weights, weights, slots,
+                                  opt_params):
+    nw, ns, st = update(g, w, sl, op, step)
+    new_weights.append(nw)
+    new_slots.append(ns)
+    stats.append(dict(st))
+  stats[-1]['loss'] = loss
+  return new_weights, new_states, new_slots, grads_inputs, stats

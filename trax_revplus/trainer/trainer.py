@@ -7,8 +7,9 @@ reversible layers recompute their inputs from their outputs on the way
 back instead of storing activations; updated weights come back
 asynchronously. This module is trax's public surface and the schedule:
 
-  begin step: learning rate, step and per-layer RNGs placed
-  batch -> shard over devices
+  plan:     on first sight of the batch's shapes, the step's plan, its
+            compiled units and device memory (`planner`), fixed from then on
+  begin:    learning rate, batch, step and per-layer RNGs placed
   forward:  for each unit: standard layer, or a segment of reversible
             layers (keep only block inputs and layer states)
   loss:     loss layer forward + backward + optimizer update
@@ -31,12 +32,12 @@ from trax_revplus import host_memory
 from trax_revplus import memory
 from trax_revplus import placement as placement_lib
 from trax_revplus import validation
+from trax_revplus.trainer import budget as budget_lib
 from trax_revplus.trainer import commit
 from trax_revplus.trainer import compilation
-from trax_revplus.trainer import device_plan as device_plan_lib
 from trax_revplus.trainer import hooks as hooks_lib
 from trax_revplus.trainer import options as options_lib
-from trax_revplus.trainer import plan
+from trax_revplus.trainer import planner as planner_lib
 from trax_revplus.trainer import step as step_lib
 from trax_revplus.trainer import store as store_lib
 from trax_revplus.trainer import units as units_lib
@@ -47,7 +48,14 @@ from trax_revplus.typing import PRNGKey
 from trax_revplus.typing import PyTree
 
 
-@gin.configurable(module='trax_revplus')
+# The gin parameters: trax's arguments, then the settings of
+# `options.TrainerOptions` (listed there, once).
+GIN_PARAMETERS = ('blocks', 'loss_layer', 'optimizer_fn', 'n_devices',
+                  'memoize_jit', 'free_accelerators_on_step',
+                  'adasum') + options_lib.TrainerOptions.field_names()
+
+
+@gin.configurable(module='trax_revplus', allowlist=GIN_PARAMETERS)
 class ReversibleSerialTrainer:
   """Runs an optimizer on a series of layers, reversible and not.
 
@@ -56,36 +64,21 @@ class ReversibleSerialTrainer:
   same updates as trax's default `Trainer` on `tl.Serial(blocks +
   [loss_layer])`, same public surface (`one_step`, `loss_layer`,
   `all_layers`, `optimizer_fn`, `slots`), so `training.Loop` uses it
-  unchanged. The settings beyond trax's (gin:
-  `trax_revplus.ReversibleSerialTrainer.<name>`) are those of
-  `options.TrainerOptions`, which documents each: n_async_layers, the
-  memory log (memory_log_every_n_steps, memory_log_per_layer,
-  memory_log_tensorboard, output_dir), donate, on_non_finite, the segments
-  (segment_max_layers, segment_max_bytes, backward_segment_max_layers),
-  compile_ahead, and host memory (release_host_memory, host_mmap_threshold,
-  clear_compilation_caches).
+  unchanged. The settings beyond trax's are keyword arguments (gin:
+  `trax_revplus.ReversibleSerialTrainer.<name>`), those of
+  `options.TrainerOptions`, which documents each.
 
   Between steps every layer's weights, state and optimizer slots are host
   `numpy.ndarray`s.
   """
 
+  gin_parameters = GIN_PARAMETERS
+
   def __init__(self, blocks: Blocks, loss_layer: tl.Layer,
                optimizer_fn: Callable[[], Any],
                n_devices: Optional[int] = None, memoize_jit: bool = True,
                free_accelerators_on_step: bool = False, adasum: bool = False,
-               n_async_layers: int = 8, memory_log_every_n_steps: int = 100,
-               memory_log_per_layer: bool = False,
-               memory_log_tensorboard: bool = True,
-               output_dir: Optional[str] = None, donate: bool = True,
-               on_non_finite: str = 'raise', segment_max_layers: int = 8,
-               segment_max_bytes: int = 32 * 2**20,
-               compile_ahead: bool = True, release_host_memory: bool = True,
-               host_mmap_threshold: Optional[int] = None,
-               backward_segment_max_layers: Any = 'auto',
-               clear_compilation_caches: bool = True,
-               device_memory_budget_bytes: Optional[int] = None,
-               store_activations: str = 'never',
-               memory_log_first_steps: int = memory.FIRST_STEPS_RECORDED):
+               **settings):
     """Creates the trainer and one optimizer per layer.
 
     Args:
@@ -104,13 +97,8 @@ class ReversibleSerialTrainer:
         forward pass and after the loss (trax's Loop mode 2); see
         `Placement.free_device_buffers`.
       adasum: bool, combine multi-device gradients with Adasum.
-      n_async_layers, memory_log_every_n_steps, memory_log_per_layer,
-        memory_log_tensorboard, output_dir, donate, on_non_finite,
-        segment_max_layers, segment_max_bytes, compile_ahead,
-        release_host_memory, host_mmap_threshold,
-        backward_segment_max_layers, clear_compilation_caches,
-        device_memory_budget_bytes, store_activations,
-        memory_log_first_steps: see `options.TrainerOptions`.
+      **settings: the settings of `options.TrainerOptions` (e.g.
+        `device_memory_budget_bytes=2**30`, `batch_slices=2`).
 
     Raises:
       validation.BlockStructureError: blocks are not (standard, reversible)
@@ -118,41 +106,31 @@ class ReversibleSerialTrainer:
       validation.DeviceCountError: n_devices is not in [1, local devices].
       validation.OptimizerFactoryError (a TypeError): optimizer_fn is an
         optimizer instance, or does not return an `Optimizer`.
-      validation.TrainerOptionError (a ValueError): a setting of
-        `options.TrainerOptions` out of its range (all checked before any
-        layer is placed or compiled).
+      validation.TrainerOptionError (a ValueError): an unknown setting, or
+        one out of its range (all checked before any layer is placed or
+        compiled).
+      budget.DeviceMemoryUnknownError (a ValueError): the budget is
+        'device' and the backend does not report its devices' size.
     """
     validation.check_blocks(blocks)
     validation.check_optimizer_factory(optimizer_fn)
     validation.check_n_devices(n_devices)
-    self._options = options = options_lib.TrainerOptions(
-        n_async_layers=n_async_layers,
-        memory_log_every_n_steps=memory_log_every_n_steps,
-        memory_log_first_steps=memory_log_first_steps,
-        memory_log_per_layer=memory_log_per_layer,
-        memory_log_tensorboard=memory_log_tensorboard,
-        output_dir=output_dir, donate=donate, on_non_finite=on_non_finite,
-        segment_max_layers=segment_max_layers,
-        segment_max_bytes=segment_max_bytes, compile_ahead=compile_ahead,
-        release_host_memory=release_host_memory,
-        host_mmap_threshold=host_mmap_threshold,
-        backward_segment_max_layers=backward_segment_max_layers,
-        clear_compilation_caches=clear_compilation_caches,
-        device_memory_budget_bytes=device_memory_budget_bytes,
-        store_activations=store_activations)
+    self._options = options = options_lib.TrainerOptions.of(settings)
     if options.host_mmap_threshold is not None:
       host_memory.set_mmap_threshold(options.host_mmap_threshold)
     self._loss_layer = loss_layer
     self._optimizer_fn = optimizer_fn
-    self._placement = placement_lib.Placement(n_devices)
-    self._n_devices = self._placement.n_devices
+    self._placement = placement = placement_lib.Placement(n_devices)
+    self._n_devices = placement.n_devices
+    budget_bytes = budget_lib.budget_bytes(options.device_memory_budget_bytes,
+                                           placement)
     self._memory_log = memory.MemoryLog(
         every_n_steps=options.memory_log_every_n_steps,
         first_steps=options.memory_log_first_steps,
         per_layer=options.memory_log_per_layer,
         output_dir=self._files_dir(options.output_dir),
         tensorboard=options.memory_log_tensorboard,
-        devices=self._placement.devices)
+        devices=placement.devices)
     # Close the log's files while threads still run: at interpreter exit
     # (weakref.finalize runs from atexit) or when the trainer is collected.
     # Left to garbage collection at exit, TensorBoard's writer waits forever
@@ -160,44 +138,34 @@ class ReversibleSerialTrainer:
     weakref.finalize(self, self._memory_log.close)
 
     self._store = store = store_lib.LayerStore(
-        blocks, loss_layer, optimizer_fn, self._placement)
+        blocks, loss_layer, optimizer_fn, placement)
     self._pending_init_records = list(store.init_records)
     self._compiler = compilation.Compiler(
-        self._placement, store.layers, store.optimizers, memoize_jit,
+        placement, store.layers, store.optimizers, memoize_jit,
         options.donate, adasum)
-    self._units = units_lib.Units(
-        plan.plan_segments(store.block_sizes(), store.params_bytes(),
-                           options),
-        units_lib.UnitFactory(store.layers, store.optimizers,
-                              self._compiler.compile, self._n_devices,
-                              adasum))
-    self._device_plan = device_plan_lib.DevicePlan(
-        self._placement, store, self._units, options)
-    self._guard = commit.NonFiniteGuard(
-        options.on_non_finite, store, self._describe_last_checkpoint)
-    self._commits = commit.CommitQueue(
-        self._placement, store, options.n_async_layers, self._guard)
+    self._planner = planner_lib.Planner(
+        placement, store, units_lib.UnitFactory(
+            store.layers, store.optimizers, self._compiler.compile,
+            self._n_devices, adasum), options, budget_bytes)
+    self._commits = commit.CommitQueue(placement, store,
+                                       options.on_non_finite,
+                                       self._describe_last_checkpoint)
     self._release = (hooks_lib.ReleaseHostMemory()
                      if options.release_host_memory else None)
     self._hooks = self._make_hooks(free_accelerators_on_step)
     self._parts = step_lib.TrainerParts(
-        self._placement, store, self._commits, self._hooks, self._memory_log,
+        placement, store, self._commits, self._hooks, self._memory_log,
         self._release.released_bytes if self._release else None)
     if options.clear_compilation_caches:
       compilation.clear_caches()
     self._release_host_memory()
 
   def _make_hooks(self, free_accelerators_on_step):
-    """The work around each step, in the order it runs at each point."""
+    """What observes each step, in the order it runs at each point."""
     hooks = []
     if free_accelerators_on_step:
       hooks.append(hooks_lib.FreeAccelerators(self._placement,
                                               self._store.keep))
-    compile_ahead = (self._options.compile_ahead or
-                     self._options.device_memory_budget_bytes is not None)
-    hooks.append(hooks_lib.FirstStep(
-        self._compile_ahead if compile_ahead else None,
-        self._units.decide_backward, self._release_host_memory))
     if self._release:
       hooks.append(self._release)
     return hooks_lib.HookList(hooks)
@@ -313,73 +281,78 @@ class ReversibleSerialTrainer:
       validation.BatchSizeError: N does not divide B.
       validation.NonFiniteError: with on_non_finite='raise', the loss or a
         gradient norm is NaN/Inf (see `options.TrainerOptions`).
-      device_plan.DeviceMemoryBudgetError: with device_memory_budget_bytes,
-        no segment plan fits it (before the first step changes anything).
+      validation.BatchSlicesError: batch_slices does not divide each
+        device's rows of the batch (before anything changes).
+      planner.DeviceMemoryBudgetError: under a device memory budget, no
+        plan fits it (before anything changes).
     """
     # In a multi-process run `batch` is this process's rows, for its devices.
     validation.check_batch(batch, self._placement.n_local_devices)
-    ctx = self._begin_step(rng, step, learning_rate)
-    ctx.stack = self._placement.shard_batch(batch)
-    self._hooks.forward_begins(ctx)
-    ctx.step_memory = self._step_memory(ctx)
-    self._units.forward(ctx)
+    ctx = self._begin_step(batch, rng, step, learning_rate)
+    units = ctx.units
+    units.forward(ctx)
     ctx.end_phase('forward', ctx.stack)
-    self._units.loss(ctx)
+    units.loss(ctx)
     self._hooks.loss_done(ctx)
     ctx.end_phase('loss', ctx.grad_stack)
     self._hooks.loss_phase_ended(ctx)
-    self._units.backward(ctx)
-    self._commits.drain()
-    self._guard.end_step()
+    units.backward(ctx)
+    ctx.finish()
+    self._commits.end_step()
     self._hooks.step_ends(ctx)
     ctx.end_phase('backward')
     self._memory_log.end_step(step)
     return ctx.loss_and_stats()
 
-  def _begin_step(self, rng, step, learning_rate):
-    """The step's context, once its learning rate, step and RNGs are placed."""
+  def _begin_step(self, batch, rng, step, learning_rate):
+    """The step's context: its plan (planned now on first sight of the
+    batch's shapes), its learning rate, batch, step and RNGs placed."""
     if self._pending_init_records and self._memory_log.output_dir is not None:
       # Without an output directory the init records already went to the
       # absl log when the layers were placed; `set_output_dir` writes them.
       self._flush_init_records()
     self._memory_log.begin_step(step, self._placement.transfers)
     self._store.set_learning_rate(learning_rate)
-    self._commits.begin_step()
-    self._guard.begin_step(step)
-    ctx = step_lib.StepContext.begin(step, rng, self._parts)
+    self._commits.begin_step(step)
+    ctx = step_lib.StepContext.begin(self.planned(batch), step, rng, batch,
+                                     self._parts)
     self._hooks.step_begins(ctx)
     return ctx
 
-  def _compile_ahead(self, ctx):
-    """Compiles the step's functions on the types of `ctx`'s arrays,
-    accounting its device memory (under a budget: choosing its plan)."""
-    self._device_plan.prepare(ctx)
+  def planned(self, batch: Batch) -> planner_lib.Planned:
+    """How a step on `batch`'s shapes runs: its plan, compiled units and
+    device memory; planned (compiled ahead, accounted) on first sight.
 
-  def _step_memory(self, ctx):
-    """The step's `device_memory.StepMemory` for the memory log, or None.
+    Args:
+      batch: tuple of host arrays or `jax.ShapeDtypeStruct`s of shape
+        (B, ...), as `one_step` takes them (values are not read).
 
-    Accounted when compiled ahead; for new batch shapes on a recorded step
-    (which then compiles ahead)."""
-    memory = self._device_plan.known(ctx)
-    if (memory is None and ctx.recording and
-        self._options.compile_ahead and self._device_plan.has_run):
-      memory = self._device_plan.prepare(ctx)
-    return memory
+    Returns:
+      `planner.Planned`.
 
-  def device_memory_of(self, batch: Batch, rng: Optional[PRNGKey] = None,
-                       step: int = 1):
+    Raises:
+      validation.BatchSlicesError: batch_slices does not divide each
+        device's rows.
+      planner.DeviceMemoryBudgetError: under a device memory budget, no
+        plan fits it (nothing changed yet).
+    """
+    known = self._planner.is_planned(batch)
+    planned = self._planner.planned(batch)
+    if not known:
+      # The compilers' temporaries are free now.
+      self._release_host_memory()
+    return planned
+
+  def device_memory_of(self, batch: Batch) -> device_memory_lib.StepMemory:
     """Device memory of a step on `batch`'s shapes, without running it.
 
-    Compiles the step's programs ahead (as the first step does) and
-    composes their XLA memory analyses with what the step holds across
-    each call (`device_memory.revplus_trainer`). Under
-    device_memory_budget_bytes, chooses the plan first, as step 1 would.
+    The figures of the plan `planned(batch)` runs: its programs compiled
+    ahead, XLA's memory analyses of them composed with what the step holds
+    across each call (`ahead.AheadOfTime`).
 
     Args:
       batch: tuple of host arrays or `jax.ShapeDtypeStruct`s of shape
         (B, ...), as `one_step` takes them.
-      rng: JAX PRNG key or None (a fixed one).
-      step: int, the step number.
 
     Returns:
       `device_memory.StepMemory` (bytes per device).
@@ -387,25 +360,33 @@ class ReversibleSerialTrainer:
     Raises:
       device_memory.UnsupportedTrainerError: the step cannot be compiled
         ahead here.
-      device_plan.DeviceMemoryBudgetError: no plan fits the budget.
+      planner.DeviceMemoryBudgetError: no plan fits the budget.
     """
-    batch = device_plan_lib.zeros_batch(batch)
-    validation.check_batch(batch, self._n_devices)
-    if rng is None:
-      rng = fastmath.random.get_prng(0)
-    ctx = step_lib.StepContext.begin(step, rng, self._parts)
-    ctx.stack = self._placement.shard_batch(batch)
-    memory = self._device_plan.prepare(ctx)
-    if memory is None:
-      raise device_memory_lib.UnsupportedTrainerError(
-          "the step's calls cannot all be compiled ahead of it here, so its "
-          'device memory cannot be accounted.')
-    return memory
+    validation.check_batch(batch, self._placement.n_local_devices)
+    planned = self._planner.planned(batch)
+    if planned.memory is not None:
+      return planned.memory
+    return self._planner.account(planned.plan, planned.units,
+                                 self._planner.step_types(batch))
+
+  def least_device_memory_of(self, batch: Batch):
+    """The leanest plan on `batch`'s shapes and its device memory: the
+    least this trainer can step in.
+
+    Returns:
+      (`plan.StepPlan`, `device_memory.StepMemory`).
+
+    Raises:
+      device_memory.UnsupportedTrainerError: the step cannot be compiled
+        ahead here.
+    """
+    validation.check_batch(batch, self._placement.n_local_devices)
+    return self._planner.least_plan(batch)
 
   @property
-  def device_plan(self) -> device_plan_lib.DevicePlan:
-    """The `device_plan.DevicePlan` (budget choice, accounted steps)."""
-    return self._device_plan
+  def planner(self) -> planner_lib.Planner:
+    """The `planner.Planner` (budget, plans per batch shapes)."""
+    return self._planner
 
   def _describe_last_checkpoint(self):
     return checkpoints.describe_last_good(self._memory_log.output_dir)

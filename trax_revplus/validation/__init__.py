@@ -37,8 +37,10 @@ from trax_revplus.validation.blocks import check_loss_output
 from trax_revplus.validation.blocks import check_sequence_length
 from trax_revplus.validation.blocks import standard_layer_list
 from trax_revplus.validation.devices import check_batch
+from trax_revplus.validation.devices import check_batch_slices
 from trax_revplus.validation.devices import check_n_devices
 from trax_revplus.validation.errors import BatchSizeError
+from trax_revplus.validation.errors import BatchSlicesError
 from trax_revplus.validation.errors import BlockStructureError
 from trax_revplus.validation.errors import ConfigurationError
 from trax_revplus.validation.errors import DeviceCountError
@@ -54,7 +56,8 @@ from trax_revplus.validation.optimizers import check_optimizer_factory
 from trax_revplus.validation.optimizers import make_optimizer
 
 # The errors' public home, as tracebacks and `repr` name them.
-for _error in (BatchSizeError, BlockStructureError, ConfigurationError,
+for _error in (BatchSizeError, BatchSlicesError, BlockStructureError,
+               ConfigurationError,
                DeviceCountError, LossLayerError, NonFiniteError,
                OptimizerFactoryError, SequenceLengthError,
                TrainerOptionError):
@@ -62,10 +65,11 @@ for _error in (BatchSizeError, BlockStructureError, ConfigurationError,
 del _error
 
 __all__ = [
-    'BatchSizeError', 'BlockStructureError', 'ConfigurationError',
+    'BatchSizeError', 'BatchSlicesError', 'BlockStructureError',
+    'ConfigurationError',
     'DeviceCountError', 'LossLayerError', 'NonFiniteError',
     'OptimizerFactoryError', 'SequenceLengthError', 'TrainerOptionError',
-    'check_batch', 'check_blocks', 'check_loss_output', 'check_n_devices',
+    'check_batch', 'check_batch_slices', 'check_blocks', 'check_loss_output', 'check_n_devices',
     'check_optimizer_factory', 'check_sequence_length', 'first_non_finite',
     'make_optimizer', 'parameters_of', 'standard_layer_list',
     'unknown_knob_hint',

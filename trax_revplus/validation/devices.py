@@ -61,3 +61,22 @@ def check_batch(batch, n_devices):
           f'not divisible by the {n_devices} devices; use a batch size that '
           f'is a multiple of {n_devices} (e.g. {n_devices * max(1, shape[0] // n_devices)}) '
           f'or set n_devices to a divisor of {shape[0]}.')
+
+
+def check_batch_slices(batch_slices, rows):
+  """Checks that `batch_slices` divides each device's `rows` of the batch.
+
+  Args:
+    batch_slices: int >= 1, the trainer's `batch_slices`.
+    rows: int, rows of the batch each device gets.
+
+  Raises:
+    BatchSlicesError: if `rows % batch_slices != 0`.
+  """
+  if rows % batch_slices:
+    divisors = [k for k in range(1, rows + 1) if rows % k == 0]
+    raise errors.BatchSlicesError(
+        f'trax_revplus.ReversibleSerialTrainer.batch_slices = {batch_slices} '
+        f'does not divide the {rows} rows of the batch each device gets; use '
+        f'one of {divisors}, or a batch whose rows per device are a '
+        f'multiple of {batch_slices}.')

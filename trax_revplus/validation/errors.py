@@ -26,6 +26,10 @@ class BatchSizeError(ConfigurationError):
   """A batch does not split evenly over the devices."""
 
 
+class BatchSlicesError(BatchSizeError):
+  """`batch_slices` does not divide each device's rows of the batch."""
+
+
 class SequenceLengthError(ConfigurationError):
   """Sequences longer than the model's positional encodings allow."""
 
@@ -39,10 +43,10 @@ class TrainerOptionError(ConfigurationError):
     allowed: str, what the setting accepts.
   """
 
-  def __init__(self, name, value, allowed):
-    super().__init__(
+  def __init__(self, name, value, allowed, message=None):
+    super().__init__(message or (
         f'trax_revplus.ReversibleSerialTrainer.{name}: {name} must be '
-        f'{allowed}, got {value!r}.')
+        f'{allowed}, got {value!r}.'))
     self.name = name
     self.value = value
     self.allowed = allowed

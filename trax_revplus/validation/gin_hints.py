@@ -12,8 +12,11 @@ _OUR_CONFIGURABLES = {
 }
 
 
+# gin's error for a name that is not a parameter, or (a configurable with an
+# allowlist) not in its allowlist.
 _UNKNOWN_PARAMETER = re.compile(
-    r"Configurable '([\w.]+)' doesn't have a parameter named '(\w+)'")
+    r"Configurable '([\w.]+)' doesn't (?:have a parameter named|include "
+    r"kwarg) '(\w+)'")
 
 
 def parameters_of(configurable):
@@ -21,6 +24,8 @@ def parameters_of(configurable):
   import importlib  # pylint: disable=g-import-not-at-top
   module, name = _OUR_CONFIGURABLES[configurable]
   target = getattr(importlib.import_module(module), name)
+  if hasattr(target, 'gin_parameters'):  # keyword settings, listed there
+    return [n for n in target.gin_parameters if n not in ('self', 'loop')]
   if inspect.isclass(target):
     target = target.__init__
   names = [p.name for p in inspect.signature(target).parameters.values()

@@ -1,0 +1,179 @@
+"""Planning under a device memory budget: the fastest plan that fits, the
+least budget when none does, and the device's own size as the default.
+
+References: every candidate plan accounted one by one (the planner skips
+groups whose leanest plan does not fit; the exhaustive order must agree),
+stock trax's accounted peak on the same model (`device_memory`), and trax's
+default `Trainer` for the values trained under a budget.
+"""
+
+import functools
+
+import jax
+import numpy as np
+import pytest
+from trax import fastmath
+from trax import layers as tl
+from trax import optimizers
+
+import trainer_cases as cases
+from trax_revplus import device_memory
+from trax_revplus import placement as placement_lib
+from trax_revplus import validation
+from trax_revplus.trainer import budget
+from trax_revplus.trainer import candidates as candidates_lib
+from trax_revplus.trainer import planner
+from trax_revplus.trainer import units as units_lib
+
+pytestmark = pytest.mark.usefixtures('stock_trax')
+
+
+_BATCH = cases.lm_batch()
+
+
+def _trainer(**kwargs):
+  """Ours on a dropout-free model, so that plans of every slicing train as
+  trax's default Trainer."""
+  return cases.lm_trainer(_BATCH, **kwargs)
+
+
+@functools.lru_cache(maxsize=1)
+def _every_candidate():
+  """[(plan, peak bytes)] of every candidate, in the speed model's order,
+  each accounted by itself."""
+  _, trainer = _trainer(device_memory_budget_bytes=None)
+  p = trainer.planner
+  # pylint: disable=protected-access
+  types = p.step_types(_BATCH)
+  store = trainer._store
+  candidates = candidates_lib.Candidates(
+      store.block_sizes(), store.params_bytes(), p._stack_bytes(types),
+      4, trainer.options)
+  out = []
+  for group in candidates.groups():
+    for plan in group.plans:
+      step = p.account(plan, units_lib.Units(plan, p._factory), types)
+      out.append((plan, step.peak_device_bytes))
+  return out
+
+
+def test_candidates_cover_every_dimension():
+  plans = [plan for plan, _ in _every_candidate()]
+  assert {p.batch_slices for p in plans} == {1, 2, 4}
+  assert {(p.fused_from, p.keep_activations) for p in plans
+          if p.fused_from < p.loss} == {(0, True), (0, False)}
+  assert {p.n_async_layers for p in plans} == {8, 4, 2, 1, 0}
+  assert {p.prefetch for p in plans} == {True, False}
+  assert {p.settings()['segment_max_layers'] for p in plans} == {1, 2, 4}
+  # Fused first, fewest slices first within each kind of plan.
+  assert plans[0].fused_from == 0 and plans[0].batch_slices == 1
+  assert plans[-1].fused_from == plans[-1].loss
+
+
+def test_budget_chooses_the_fastest_plan_that_fits():
+  peaks = _every_candidate()
+  least = min(p for _, p in peaks)
+  unfused = [p for plan, p in peaks if plan.fused_from == plan.loss]
+  budgets = sorted({least, max(unfused), max(p for _, p in peaks)})
+  ref_weights, ref_slots, _ = cases.lm_reference_3_steps()
+  for budget_bytes in budgets:
+    expected = next(plan for plan, p in peaks if p <= budget_bytes)
+    model, trainer = _trainer(device_memory_budget_bytes=budget_bytes)
+    cases.train(trainer, _BATCH, 3)
+    planned = trainer.planned(_BATCH)
+    assert planned.plan == expected, budget_bytes
+    assert planned.memory.peak_device_bytes <= budget_bytes
+    cases.assert_all_close(ref_weights, model.weights)
+    cases.assert_all_close(ref_slots, trainer.slots)
+
+
+def test_nothing_fits_names_the_least_budget_and_changes_nothing():
+  model, trainer = _trainer(device_memory_budget_bytes=1000)
+  before = jax.tree_util.tree_map(np.array, model.weights)
+  with pytest.raises(planner.DeviceMemoryBudgetError) as e:
+    trainer.one_step(_BATCH, cases.RNGS[0])
+  message = str(e.value)
+  assert '\n' not in message
+  assert 'device_memory_budget_bytes=1000 ' in message
+  need = int(message.split('device_memory_budget_bytes >= ')[1].split(',')[0])
+  assert need == min(p for _, p in _every_candidate())
+  cases.assert_all_close(before, model.weights, tol=0)
+  _, trainer = _trainer(device_memory_budget_bytes=need)
+  trainer.one_step(_BATCH, cases.RNGS[0])
+  assert trainer.planned(_BATCH).memory.peak_device_bytes == need
+  least_plan, least = trainer.least_device_memory_of(_BATCH)
+  assert least.peak_device_bytes == need
+  assert least_plan.fused_from == least_plan.loss
+
+
+def test_a_budget_of_stocks_own_peak_finds_a_plan():
+  from trax.optimizers import trainer as stock_lib  # pylint: disable=g-import-not-at-top
+  from conftest import reversible_lm_blocks  # pylint: disable=g-import-not-at-top
+  batch = _BATCH
+  first, revs, loss = reversible_lm_blocks()
+  model = tl.Serial([first] + revs + [loss])
+  model.init(batch, rng=fastmath.random.get_prng(12))
+  stock = stock_lib.ReversibleSerialTrainer([(first.sublayers, revs)], loss,
+                                            optimizers.Adam, n_devices=1)
+  stock_peak = device_memory.stock_trainer_memory(
+      stock, device_memory.abstract(batch), 'cpu').peak_device_bytes
+  _, ours = _trainer(device_memory_budget_bytes=stock_peak)
+  assert ours.device_memory_of(batch).peak_device_bytes <= stock_peak
+
+
+class _Device:
+  """A stand-in device whose memory statistics the test sets."""
+
+  def __init__(self, stats):
+    self._stats = stats
+    self.platform = 'gpu'
+
+  def memory_stats(self):
+    if isinstance(self._stats, Exception):
+      raise self._stats
+    return self._stats
+
+
+@pytest.mark.parametrize('stats,limit', [
+    ({'bytes_limit': 8 * 2**30, 'bytes_in_use': 5}, 8 * 2**30),
+    ({'bytes_in_use': 5}, None), (None, None),
+    (NotImplementedError('no stats'), None)])
+def test_the_memory_limit_is_the_devices_bytes_limit(stats, limit):
+  placement = placement_lib.Placement(1)
+  placement.devices = [_Device(stats)]
+  assert placement.memory_limit_bytes() == limit
+
+
+@pytest.mark.parametrize('setting,limit,expected', [
+    ('auto', 8 * 2**30, 8 * 2**30 - int(0.1 * 8 * 2**30)),
+    ('auto', None, None),
+    ('device', 2**30, 2**30 - int(0.1 * 2**30)),
+    (5 * 2**20, 8 * 2**30, 5 * 2**20),  # the user's value wins
+    (None, 8 * 2**30, None)])
+def test_the_default_budget_is_the_devices_size_less_a_reserve(
+    setting, limit, expected, monkeypatch):
+  monkeypatch.setattr(placement_lib.Placement, 'memory_limit_bytes',
+                      lambda self: limit)
+  _, trainer = _trainer(device_memory_budget_bytes=setting)
+  assert trainer.planner.budget_bytes == expected
+
+
+def test_a_device_budget_where_the_size_is_unknown_is_one_line():
+  with pytest.raises(budget.DeviceMemoryUnknownError) as e:
+    _trainer(device_memory_budget_bytes='device')
+  # (gin adds a line naming the configurable.)
+  assert str(e.value).splitlines()[0] == (
+      "trax_revplus.ReversibleSerialTrainer.device_memory_budget_bytes = "
+      "'device', but the cpu backend does not report its devices' memory "
+      "size (memory_stats()['bytes_limit']); set the budget in bytes (e.g. "
+      "16 * 2**30), or 'auto' to plan without one here.")
+
+
+@pytest.mark.parametrize('name,value', [
+    ('device_memory_budget_bytes', 0), ('device_memory_budget_bytes', 1.5),
+    ('device_memory_budget_bytes', 'gpu'), ('store_activations', 'sometimes'),
+    ('batch_slices', 0), ('batch_slices', -2), ('batch_slices', 1.5),
+    ('batch_slices', '2')])
+def test_bad_budget_settings_are_rejected(name, value):
+  with pytest.raises(validation.TrainerOptionError, match=name):
+    _trainer(**{name: value})

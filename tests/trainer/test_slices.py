@@ -1,0 +1,169 @@
+"""Batch slices: the same step over k slices of each device's rows.
+
+References: trax's default `Trainer` on the same dropout-free model and
+inputs (dense layers), ours without slices (LSH attention, whose hashes
+come from per-row state), and `jax.vjp` of the whole loss (the loss
+combination).
+"""
+
+import functools
+
+import jax
+import numpy as np
+import pytest
+import trax
+from trax import fastmath
+from trax import layers as tl
+from trax import optimizers
+from trax import shapes
+
+import trainer_cases as cases
+from trax_revplus import trainer as rev_trainer
+from trax_revplus import validation
+from trax_revplus.trainer import slices
+
+pytestmark = pytest.mark.usefixtures('stock_trax')
+
+
+@pytest.mark.parametrize('kwargs', [
+    {'batch_slices': 2}, {'batch_slices': 4, 'segment_max_layers': 1},
+    {'batch_slices': 2, 'store_activations': 'always'}])
+def test_slices_train_as_the_default_trainer(kwargs):
+  batch = cases.lm_batch()
+  model, trainer = cases.lm_trainer(batch, **kwargs)
+  planned = trainer.planned(batch)
+  assert planned.plan.batch_slices == kwargs['batch_slices']
+  cases.train(trainer, batch, 3)
+  ref_weights, ref_slots, _ = cases.lm_reference_3_steps()  # the model is stateless
+  cases.assert_all_close(ref_weights, model.weights)
+  cases.assert_all_close(ref_slots, trainer.slots)
+
+
+def test_a_slice_whose_loss_weights_are_all_zero_adds_nothing():
+  batch = cases.lm_batch(zero_rows=(0, 1))  # slice 0 of 2
+  model, trainer = cases.lm_trainer(batch, batch_slices=2)
+  losses = cases.train(trainer, batch, 3)
+  assert all(np.isfinite(float(l)) for l in losses)
+  ref_weights, ref_slots, _ = cases.lm_reference_3_steps(zero_rows=(0, 1))
+  cases.assert_all_close(ref_weights, model.weights)
+  cases.assert_all_close(ref_slots, trainer.slots)
+
+
+def _lsh_model():
+  return trax.models.ReformerLM(
+      16, d_model=16, d_ff=32, d_attention_key=8, d_attention_value=8,
+      n_layers=2, n_heads=2, max_len=32, dropout=0.0,
+      attention_type=functools.partial(
+          tl.LSHSelfAttention, chunk_len=4, n_buckets=4, n_hashes=2),
+      mode='train')
+
+
+def _lsh_trainer(batch, **kwargs):
+  blocks, loss = rev_trainer.extract_reversible_blocks(
+      [_lsh_model(), tl.WeightedCategoryCrossEntropy()])
+  rev_trainer.init_reversible_blocks(blocks, loss, shapes.signature(batch),
+                                     fastmath.random.get_prng(3))
+  trainer = rev_trainer.ReversibleSerialTrainer(blocks, loss, optimizers.Adam,
+                                                **kwargs)
+  return trainer
+
+
+def test_lsh_slices_hash_each_row_as_unsliced():
+  rs = np.random.RandomState(2)
+  tokens = rs.randint(1, 16, size=(4, 16)).astype(np.int32)
+  batch = (tokens, tokens, np.ones_like(tokens, dtype=np.float32))
+  results = []
+  for k in (1, 2):
+    trainer = _lsh_trainer(batch, batch_slices=k)
+    cases.train(trainer, batch, 2)
+    results.append(([l.weights for l in trainer.all_layers],
+                     [l.state for l in trainer.all_layers], trainer.slots))
+  # Each LSH layer's state holds one hash RNG and bucket row per example
+  # and head: the sliced step split them with the rows.
+  cases.assert_all_close(results[0], results[1])
+
+
+def test_dropout_slices_repeat_across_runs_and_resumes():
+  """With dropout, sliced steps differ from unsliced ones but are a
+  function of the weights, the step's RNG and the batch: two runs agree,
+  and a run resumed from the host weights and slots after step 2 ends
+  where the uninterrupted one does."""
+  batch = cases.batch()
+  first, revs, loss = cases.basic_model()
+
+  def fresh():
+    model = tl.Serial([first] + revs + [loss])
+    model.init(batch, rng=fastmath.random.get_prng(12))
+    return rev_trainer.ReversibleSerialTrainer(
+        [(first.sublayers, revs)], loss, optimizers.Adam, batch_slices=2)
+
+  def host(trainer):
+    return jax.tree_util.tree_map(
+        np.array, ([l.weights for l in trainer.all_layers], trainer.slots))
+  trainer = fresh()
+  cases.train(trainer, batch, 3)
+  uninterrupted = host(trainer)
+  trainer = fresh()
+  cases.train(trainer, batch, 2)
+  weights, slots = host(trainer)
+  resumed = fresh()
+  for layer, w in zip(resumed.all_layers, weights):
+    layer.weights = w
+  resumed.slots = slots
+  resumed.one_step(batch, cases.RNGS[2], learning_rate=cases.LRS[2])
+  cases.assert_all_close(uninterrupted, host(resumed), tol=0)
+  _, unsliced, _ = cases.train_basic(n_steps=3)
+  assert not np.allclose(
+      jax.tree_util.tree_leaves(uninterrupted[0])[0],
+      jax.tree_util.tree_leaves([l.weights for l in unsliced.all_layers])[0])
+
+
+def test_slices_that_do_not_divide_the_rows_stop_before_any_update():
+  batch = cases.lm_batch(rows=4)
+  model, trainer = cases.lm_trainer(batch, batch_slices=3)
+  before = jax.tree_util.tree_map(np.array, model.weights)
+  with pytest.raises(validation.BatchSlicesError) as e:
+    trainer.one_step(batch, cases.RNGS[0])
+  assert str(e.value) == (
+      'trax_revplus.ReversibleSerialTrainer.batch_slices = 3 does not divide '
+      'the 4 rows of the batch each device gets; use one of [1, 2, 4], or a '
+      'batch whose rows per device are a multiple of 3.')
+  cases.assert_all_close(before, model.weights, tol=0)
+
+
+@pytest.mark.parametrize('loss,combines', [
+    (tl.WeightedCategoryCrossEntropy(), True),
+    (tl.Serial(tl.Dense(4), tl.LogSoftmax(), tl.CrossEntropyLoss()), True),
+    (tl.L2Loss(), True),
+    (tl.Serial(tl.Dense(3), tl.CrossEntropySum()), True),
+    (tl.BinaryCrossEntropyLoss(), False),  # mixes rows
+    (tl.CategoryCrossEntropy(), False),  # no weights
+    # Weights consumed before the loss: not the loss's weights.
+    (tl.Serial(tl.Select([0, 1, 1]), tl.WeightedCategoryCrossEntropy()),
+     False),
+])
+def test_which_losses_combine_over_slices(loss, combines):
+  assert (slices.loss_combination([loss]) is not None) == combines
+
+
+def test_combined_slices_give_the_whole_loss_and_its_gradient():
+  """`vjp` of the whole weighted mean against the sum of scaled slices."""
+  loss = tl.WeightedCategoryCrossEntropy()
+  rs = np.random.RandomState(0)
+  logits = rs.randn(4, 5, 7).astype(np.float32)
+  targets = rs.randint(0, 7, size=(4, 5))
+  weights = rs.randint(0, 3, size=(4, 5)).astype(np.float32)
+  whole, vjp_fn = jax.vjp(lambda x: loss((x, targets, weights)), logits)
+  (grad,) = vjp_fn(np.float32(1))
+  combine = slices.loss_combination([loss])
+  parts, grads = [], []
+  for s in range(2):
+    rows = slice(2 * s, 2 * s + 2)
+    factor = combine(weights[rows], weights)
+    part, vjp_fn = jax.vjp(
+        lambda x, r=rows: loss((x, targets[r], weights[r])) * factor,
+        logits[rows])
+    parts.append(part)
+    grads.append(vjp_fn(np.float32(1))[0])
+  np.testing.assert_allclose(sum(parts), whole, rtol=1e-6)
+  np.testing.assert_allclose(np.concatenate(grads), grad, atol=1e-7)

@@ -1,0 +1,286 @@
+"""A step's walk on argument types: compiling ahead, accounting device memory.
+
+`AheadOfTime` is a `run.Run` whose arrays are types: it walks a plan's units
+(`units.Units.walk`) as the step will, traces each compiled function with
+the argument types its call will get, compiles it on a helper thread (one
+per CPU core: XLA compiles without the GIL, so compilations run beside each
+other and beside the tracing), and notes at each call what the step holds
+on the device across it (`run.Run.held`, the step's own description).
+`memory()` then composes the step's `device_memory.StepMemory` from XLA's
+memory analysis of the very executables the step calls.
+
+The walk stops at the first call whose argument types cannot be known
+without placing its arguments, or which cannot be traced apart from its
+call (a function whose calls wait, `Placement.jit`); it and the calls after
+it compile when called, and the step cannot be accounted. A miss costs
+time, never correctness.
+"""
+
+import concurrent.futures
+import os
+from typing import Any, NamedTuple
+
+from absl import logging
+import jax
+
+from trax_revplus import device_memory
+from trax_revplus import memory
+from trax_revplus.device_memory import program as program_lib
+from trax_revplus.trainer import run as run_lib
+
+
+class StepTypes(NamedTuple):
+  """What a step's walk starts from, as the step will have it.
+
+  Attributes:
+    stack: the sharded batch's types (`placement.Placement.abstract_batch`).
+    rngs: each layer's placed RNG (values unused).
+    opt_params: each layer's placed optimizer hyperparameters.
+    step: the step number, placed (value unused).
+  """
+  stack: Any
+  rngs: Any
+  opt_params: Any
+  step: Any
+
+
+class Programs:
+  """The programs walks on types traced and compiled, by call key.
+
+  Shared by every walk of one trainer, so a program traced or compiled
+  once (for one plan) is not again (for another).
+
+  Attributes:
+    results: key -> result types.
+    traced: key -> `jax.stages.Traced`.
+    jobs: key -> future of its `jax.stages.Compiled` (None where compiling
+      failed).
+    functions: key -> the compiled function, kept alive so that its id in
+      the key is not reused.
+  """
+
+  def __init__(self):
+    self.results = {}
+    self.traced = {}
+    self.jobs = {}
+    self.functions = {}
+    self._analyses = {}
+
+  def analysis(self, key, args):
+    """(`ProgramMemory`, kept arguments) of the program of `key`.
+
+    Raises:
+      device_memory.UnsupportedTrainerError: the program did not compile.
+    """
+    if key not in self._analyses:
+      compiled = self.jobs[key].result()
+      if compiled is None:
+        raise device_memory.UnsupportedTrainerError(
+            'a program of the step did not compile.')
+      memory = program_lib.ProgramMemory.from_compiled(compiled)
+      self._analyses[key] = (memory, program_lib.kept_arguments(
+          self.traced[key], args, memory))
+    return self._analyses[key]
+
+
+class TypesUnknown(Exception):
+  """A call's argument types are not known without running the step."""
+
+
+_UNKNOWN = object()  # parameters placed ahead whose types are unknown
+
+
+def call_key(fn, args):
+  """The key of a call of `fn` with `args`: equal for calls that run one
+  program."""
+  return (id(fn), program_lib.types_key(args))
+
+
+class _Noted(NamedTuple):
+  """One call as the walk met it."""
+  name: str
+  phase: str
+  key: Any
+  args: Any
+  held: list  # (part name, leaves) as `Run.held` gave them at the call
+
+
+class AheadOfTime(run_lib.Run):
+  """Walks a step on types, compiling its programs and noting what it holds.
+
+  Use `walk(units)`; then `complete` says whether it reached the step's end,
+  and `memory()` composes its device memory.
+
+  Attributes:
+    complete: bool, whether the walk reached the step's end.
+    outputs_bytes: dict, first layer of each forward unit walked -> bytes
+      of its outputs on all devices.
+  """
+
+  def __init__(self, plan, types, placement, layers, optimizers, programs,
+               compile_programs=True):
+    """Args:
+      plan: the `plan.StepPlan` walked.
+      types: `StepTypes` of the step.
+      placement: the trainer's `placement.Placement`.
+      layers, optimizers: lists by layer index (host weights, state, slots).
+      programs: `Programs` shared by the trainer's walks.
+      compile_programs: bool, compile each traced program (False: trace
+        only, e.g. to learn result types).
+    """
+    super().__init__(plan, types.stack, types.rngs, types.opt_params,
+                     types.step)
+    self._placement = placement
+    self._layers = layers
+    self._optimizers = optimizers
+    self._programs = programs
+    self._compile = compile_programs
+    self._pool = None
+    self._unit = None
+    self._noted = []
+    self.complete = False
+    self.outputs_bytes = {}
+
+  def walk(self, units):
+    """Runs `units.walk(self)`; waits for the compilations it started."""
+    self._pool = concurrent.futures.ThreadPoolExecutor(
+        max_workers=os.cpu_count() or 1,
+        thread_name_prefix='trax_revplus_compile')
+    try:
+      units.walk(self)
+      self.complete = True
+    except TypesUnknown:
+      pass
+    finally:
+      concurrent.futures.wait([j for j in self._programs.jobs.values()
+                               if j is not None])
+      self._pool.shutdown()
+
+  # The run on types.
+
+  def place(self, layers, with_slots):
+    p = self._placement
+    weights = _known(p.abstract_params([self._layers[i].weights
+                                        for i in layers]))
+    slots = None
+    if with_slots:
+      slots = _known(p.abstract_params([self._optimizers[i].slots
+                                        for i in layers]))
+    return weights, slots
+
+  def state(self, layers):
+    return [_known(self._placement.abstract_per_device(self._layers[i].state))
+            for i in layers]
+
+  def place_ahead(self, unit, with_slots):
+    # A unit whose types are unknown stops the walk when it is called, after
+    # the calls before it, as the step would meet them.
+    try:
+      super().place_ahead(unit, with_slots)
+    except TypesUnknown:
+      self._next = (unit, _UNKNOWN)
+
+  def params(self, unit, following, with_slots):
+    self._unit = unit
+    params = super().params(unit, following, with_slots)
+    if params is _UNKNOWN:
+      raise TypesUnknown()
+    return params
+
+  def call(self, fn, args):
+    """Notes the call and what is held across it; traces `fn` for `args`
+    and queues its compilation; returns its result types."""
+    key = call_key(fn, args)
+    programs = self._programs
+    if key not in programs.results:
+      if not hasattr(fn, 'trace'):  # its calls wait: `Placement.jit`
+        raise TypesUnknown()
+      # Tracing stays on this thread: trax layers hold their weights
+      # while traced (`Layer.pure_fn`), so layers must not be traced
+      # concurrently; lowering and compiling need no layer.
+      try:
+        traced = fn.trace(*args)
+      except Exception as e:  # pylint: disable=broad-except
+        logging.info('tracing a function ahead of the step failed (%s); it '
+                     'compiles when called.', e)
+        raise TypesUnknown() from e
+      programs.results[key] = self._placement.per_device_types(
+          traced.out_info)
+      programs.traced[key] = traced
+      programs.functions[key] = fn
+      programs.jobs[key] = None
+    if self._compile and programs.jobs[key] is None:
+      programs.jobs[key] = self._pool.submit(_compile_traced,
+                                             programs.traced[key])
+    # The leaves now: the walk changes the held containers as it goes.
+    self._noted.append(_Noted(
+        self._name(), self.phase, key, args,
+        [(name, jax.tree_util.tree_leaves(tree))
+         for name, tree in self.held()]))
+    return _fresh(programs.results[key])
+
+  def _name(self):
+    unit = self._unit
+    first, last = unit.layers[0], unit.layers[-1]
+    if self.phase == 'loss':
+      return (f'loss layer {last} ({self._layers[last].name})'
+              if first == last else f'loss program, layers {first}..{last}')
+    if first == last:
+      return f'{self.phase} layer {first} ({self._layers[first].name})'
+    return f'{self.phase} layers {first}..{last}'
+
+  def forward_done(self, unit, outputs):
+    self.outputs_bytes[unit.layers[0]] = memory.array_bytes(outputs)
+
+  # The figures.
+
+  def memory(self) -> device_memory.StepMemory:
+    """The step's `device_memory.StepMemory`.
+
+    Raises:
+      device_memory.UnsupportedTrainerError: the walk stopped before the
+        step's end (a call's argument types are not known ahead, e.g. on
+        several devices that wait for collectives), or a program did not
+        compile.
+    """
+    if not self.complete:
+      raise device_memory.UnsupportedTrainerError(
+          "the step's calls cannot all be compiled ahead of it here (their "
+          'argument types are not known without running it), so its device '
+          'memory cannot be accounted.')
+    calls = []
+    for noted in self._noted:
+      memory, kept = self._programs.analysis(noted.key, noted.args)
+      calls.append(device_memory.Call(
+          noted.name, noted.phase, memory,
+          device_memory.held_parts(noted.held, noted.args, kept)))
+    return device_memory.compose(calls)
+
+
+def _known(tree):
+  if tree is None:
+    raise TypesUnknown()
+  return tree
+
+
+def _fresh(tree):
+  """A copy of `tree` with new abstract leaves (shape, dtype, sharding), so
+  that each call's results count as arrays of their own."""
+  def leaf(x):
+    if isinstance(x, jax.ShapeDtypeStruct):
+      return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding,
+                                  weak_type=x.weak_type)
+    return x
+  return jax.tree_util.tree_map(leaf, tree)
+
+
+def _compile_traced(traced):
+  """Lowers and compiles a `jax.stages.Traced`, which fills the caches its
+  jitted function's calls use; returns the `jax.stages.Compiled`, or None
+  where compiling failed."""
+  try:
+    return traced.lower().compile()
+  except Exception as e:  # pylint: disable=broad-except
+    logging.info('compiling a function ahead of the step failed (%s); it '
+                 'compiles when called.', e)
+    return None

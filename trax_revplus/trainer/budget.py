@@ -1,0 +1,62 @@
+"""The device memory budget a trainer plans its steps to fit.
+
+`device_memory_budget_bytes` (`options.TrainerOptions`) is:
+
+  'auto' (default)  the device's own size less `RESERVE_FRACTION` of it,
+                    where the backend reports its size (GPU, TPU:
+                    `memory_stats()['bytes_limit']`, the least over the
+                    process's devices); no budget where it does not (CPU);
+  'device'          the same, and an error where the size is not reported;
+  an int            that many bytes per device;
+  None              no budget: the plan the segment settings name runs.
+
+The reserve leaves room for what the composed XLA figures do not count:
+the allocator's fragmentation and rounding, the runtime's own buffers
+(e.g. convolution workspaces), and arrays held outside the trainer.
+"""
+
+from typing import Optional
+
+from trax_revplus import validation
+from trax_revplus.trainer import options as options_lib
+
+RESERVE_FRACTION = 0.1
+
+
+class DeviceMemoryUnknownError(validation.ConfigurationError):
+  """'device' asked for a budget of the device's size, which this backend
+  does not report."""
+
+
+def device_budget_bytes(limit_bytes: int) -> int:
+  """The budget of a device whose allocator may hand out `limit_bytes`."""
+  return limit_bytes - int(limit_bytes * RESERVE_FRACTION)
+
+
+def budget_bytes(setting, placement) -> Optional[int]:
+  """The budget `setting` means on `placement`'s devices.
+
+  Args:
+    setting: 'auto', 'device', an int, or None (see the module docstring).
+    placement: the trainer's `placement.Placement`.
+
+  Returns:
+    int bytes per device, or None (no budget).
+
+  Raises:
+    DeviceMemoryUnknownError: `setting` is 'device' and the backend does
+      not report its devices' size.
+  """
+  if setting is None or isinstance(setting, int):
+    return setting
+  limit = placement.memory_limit_bytes()
+  if limit is not None:
+    return device_budget_bytes(limit)
+  if setting == options_lib.DEVICE:
+    raise DeviceMemoryUnknownError(
+        f"{options_lib.GIN_CONFIGURABLE}.device_memory_budget_bytes = "
+        f"'device', but the {placement.platform} backend does not report its "
+        f"devices' memory size (memory_stats()['bytes_limit']); set the "
+        f"budget in bytes (e.g. 16 * 2**30), or 'auto' to plan without one "
+        f"here.")
+  return None

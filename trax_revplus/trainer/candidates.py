@@ -1,0 +1,141 @@
+"""The plans a device budget chooses from, fastest first.
+
+Every dimension of `plan.StepPlan` that costs device memory is varied:
+
+  fused layers      all layers run in the loss's one program, keeping
+                    their activations (nothing recomputed) or recomputing
+                    them through each reversible layer's reverse (trax's
+                    default `Trainer`'s way); or none;
+  batch_slices      every divisor k of each device's rows;
+  segment lengths   forward and backward segments of 1, 2, 4 or 8 layers
+                    (a backward length at most the forward one);
+  n_async_layers    the setting's value, then 4, 2, 1 and 0 below it;
+  prefetch          on, then off.
+
+The speed model ranks plans without timing them, in this order of
+importance: (1) fewer recomputed layers (a recompute costs a layer's
+forward pass again): all layers fused with kept activations first, then
+fused and recomputed, then unfused; (2) fewer batch slices (smaller
+matrices and a loop per call); (3) fewer compiled calls (each costs a
+dispatch and host work for its weights, slots and updates), then fewer
+backward calls, then longer forward segments; (4) a deeper copy-back, then
+prefetching (each overlaps host work with device work).
+
+Plans are grouped by (1) and (2): the members of a group share their
+slicing, and the group's leanest member (one layer per call, no copy-back
+depth, no prefetch; or its one fused program) needs the least memory of
+the group, so a group whose leanest member does not fit is skipped whole.
+"""
+
+import dataclasses
+from typing import Iterator, List, Tuple
+
+from trax_revplus.trainer import options as options_lib
+from trax_revplus.trainer import plan as plan_lib
+
+SEGMENT_LENGTHS = (1, 2, 4, 8)
+ASYNC_DEPTHS = (4, 2, 1, 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+  """Plans that share their fusion and slicing, fastest first.
+
+  Attributes:
+    plans: tuple of `plan.StepPlan`, in the speed model's order.
+    leanest: the member that needs the least device memory.
+    fused_reversible_layers: reversible layers inside the loss program.
+  """
+  plans: Tuple[plan_lib.StepPlan, ...]
+  leanest: plan_lib.StepPlan
+  fused_reversible_layers: int
+
+
+class Candidates:
+  """The candidate plans of one trainer on one batch's shapes."""
+
+  def __init__(self, block_sizes, nbytes, stack_bytes, rows, options):
+    """Args:
+      block_sizes: list over blocks of their numbers of reversible layers.
+      nbytes: dict layer index -> bytes of its weights + slots.
+      stack_bytes: list over blocks of the bytes (all devices) of the stack
+        items its reversible layers read.
+      rows: int, rows of the batch each device gets.
+      options: `options.TrainerOptions` (segment_max_bytes, n_async_layers,
+        store_activations).
+    """
+    self._sizes = list(block_sizes)
+    self._nbytes = nbytes
+    self._stack_bytes = list(stack_bytes)
+    self._options = options
+    self.slices = [k for k in range(1, rows + 1) if rows % k == 0]
+
+  def _make(self, **settings):
+    settings.setdefault('segment_max_bytes', self._options.segment_max_bytes)
+    return plan_lib.make_plan(self._sizes, self._nbytes, self._stack_bytes,
+                              **settings)
+
+  def _fused(self, k, keep):
+    plan = self._make(segment_max_layers=max(self._sizes + [1]),
+                      backward_segment_max_layers=max(self._sizes + [1]),
+                      batch_slices=k, fused_from=0, keep_activations=keep,
+                      n_async_layers=self._options.n_async_layers)
+    return Group((plan,), plan, sum(self._sizes))
+
+  def _lengths(self):
+    """(forward, backward) segment lengths, fewest calls first."""
+    longest = max(self._sizes, default=0)
+    usable = sorted({min(n, max(longest, 1)) for n in SEGMENT_LENGTHS})
+    pairs = []
+    for f in usable:
+      for b in usable:
+        if b <= f:
+          plan = self._make(segment_max_layers=f,
+                            backward_segment_max_layers=b)
+          pairs.append(((plan.n_calls, plan.n_backward_calls, -f), f, b))
+    return [(f, b) for _, f, b in sorted(pairs)]
+
+  def _depths(self):
+    n = self._options.n_async_layers
+    return [n] + [d for d in ASYNC_DEPTHS if d < n]
+
+  def _unfused(self, k):
+    plans = [self._make(segment_max_layers=f, backward_segment_max_layers=b,
+                        batch_slices=k, n_async_layers=depth,
+                        prefetch=prefetch)
+             for f, b in self._lengths() for depth in self._depths()
+             for prefetch in (True, False)]
+    return Group(tuple(plans), self.leanest(k), 0)
+
+  def leanest(self, k) -> plan_lib.StepPlan:
+    """The unfused plan of k slices with the least device memory."""
+    return self._make(segment_max_layers=1, backward_segment_max_layers=1,
+                      batch_slices=k, n_async_layers=0, prefetch=False)
+
+  def leanest_plans(self) -> List[plan_lib.StepPlan]:
+    """The leanest plan of every slicing, fewest slices first."""
+    return [self.leanest(k) for k in self.slices]
+
+  def groups(self) -> Iterator[Group]:
+    """Every group, in the speed model's order."""
+    store = self._options.store_activations
+    if store in ('always', options_lib.AUTO):
+      for k in self.slices:
+        yield self._fused(k, keep=True)
+    if store == options_lib.AUTO:
+      for k in self.slices:
+        yield self._fused(k, keep=False)
+    if store != 'always':
+      for k in self.slices:
+        yield self._unfused(k)
+
+  def lower_bound_bytes(self, group, n_devices) -> int:
+    """Bytes per device every plan of `group` needs at least, known without
+    compiling: a fused program keeps, for the slice it runs, each fused
+    reversible layer's inputs (the stack state it reads) until its
+    backward, and takes every fused layer's weights and slots."""
+    if not group.fused_reversible_layers:
+      return 0
+    k = group.leanest.batch_slices
+    kept = sum(n * b for n, b in zip(self._sizes, self._stack_bytes))
+    return kept // (n_devices * k) + sum(self._nbytes.values())

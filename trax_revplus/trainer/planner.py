@@ -1,0 +1,250 @@
+"""Planning a step: its plan, compiled units and device memory, per shapes.
+
+Before the first step on a batch's shapes, `Planner.planned` fixes how the
+step runs (`plan.StepPlan`), compiles its units (`units.Units`), compiles
+them ahead and accounts the step's device memory (`ahead.AheadOfTime`).
+A step never changes what it was given.
+
+Without a device budget the plan is the one the trainer's settings name.
+With one (`device_memory_budget_bytes`, by default the device's own size
+where the backend reports it, `budget`) the planner runs the fastest plan
+whose composed XLA peak fits: `candidates.Candidates` lists plans in the
+speed model's order, and each is accounted in turn. See `candidates` for
+the dimensions and the order.
+"""
+
+import dataclasses
+from typing import NamedTuple, Optional
+
+from absl import logging
+import jax
+import numpy as np
+
+from trax_revplus import device_memory
+from trax_revplus import validation
+from trax_revplus.trainer import ahead
+from trax_revplus.trainer import candidates as candidates_lib
+from trax_revplus.trainer import options as options_lib
+from trax_revplus.trainer import plan as plan_lib
+from trax_revplus.trainer import units as units_lib
+
+
+class DeviceMemoryBudgetError(validation.ConfigurationError):
+  """No plan's step fits the device memory budget (a ValueError)."""
+
+
+class Planned(NamedTuple):
+  """What a step on one batch's shapes runs.
+
+  Attributes:
+    plan: the `plan.StepPlan`.
+    units: its compiled `units.Units`.
+    memory: `device_memory.StepMemory` of the step, or None where it was
+      not accounted (not compiled ahead, or not accountable here).
+  """
+  plan: plan_lib.StepPlan
+  units: units_lib.Units
+  memory: Optional[device_memory.StepMemory]
+
+
+def batch_key(types):
+  """Hashable shapes, dtypes and shardings of a batch's types."""
+  leaves, treedef = jax.tree_util.tree_flatten(types)
+  return treedef, tuple((tuple(x.shape), str(x.dtype),
+                         getattr(x, 'sharding', None)) for x in leaves)
+
+
+class Planner:
+  """Plans the trainer's steps, once per batch shapes.
+
+  Attributes:
+    budget_bytes: int bytes per device the step may use at its peak, or
+      None (no budget: the configured plan runs).
+    least: (`plan.StepPlan`, `device_memory.StepMemory`) of the leanest
+      plan accounted so far, or None (set when no plan fits).
+  """
+
+  def __init__(self, placement, store, factory, options, budget_bytes):
+    """Args:
+      placement: the trainer's `placement.Placement`.
+      store: its `store.LayerStore`.
+      factory: its `units.UnitFactory`.
+      options: its `options.TrainerOptions`.
+      budget_bytes: int or None, see `budget.budget_bytes`.
+    """
+    self._placement = placement
+    self._store = store
+    self._factory = factory
+    self._options = options
+    self.budget_bytes = budget_bytes
+    self._planned = {}  # batch_key -> Planned
+    self._programs = ahead.Programs()
+    self.least = None
+
+  def planned(self, batch) -> Planned:
+    """The `Planned` step of `batch`'s shapes, planned on first sight.
+
+    Args:
+      batch: tuple of host arrays or `jax.ShapeDtypeStruct`s of shape
+        (B, ...), this process's rows (their values are not read).
+
+    Raises:
+      validation.BatchSlicesError: batch_slices does not divide each
+        device's rows.
+      DeviceMemoryBudgetError: under a budget, no plan fits it, or the
+        step cannot be accounted here.
+    """
+    key = batch_key(self._placement.abstract_batch(batch))
+    if key not in self._planned:
+      self._planned[key] = self._plan(self.step_types(batch))
+    return self._planned[key]
+
+  def is_planned(self, batch) -> bool:
+    """Whether a step on `batch`'s shapes is planned already."""
+    return batch_key(self._placement.abstract_batch(batch)) in self._planned
+
+  # How a plan is made.
+
+  def step_types(self, batch) -> ahead.StepTypes:
+    """The types a step on `batch` starts from (RNG and step placed, with
+    values that do not matter)."""
+    p = self._placement
+    stack = p.abstract_batch(batch)
+    rngs = p.place_rngs(np.zeros((2,), np.uint32), len(self._store.layers))
+    step = p.replicate(np.zeros((), np.int32))
+    return ahead.StepTypes(stack, rngs, self._store.opt_params, step)
+
+  def _rows(self, types):
+    """Rows of the batch each device gets."""
+    leaf = jax.tree_util.tree_leaves(types.stack)[0]
+    return leaf.shape[1] if self._placement.n_devices > 1 else leaf.shape[0]
+
+  def _plan(self, types):
+    options = self._options
+    rows = self._rows(types)
+    stack_bytes = self._stack_bytes(types)
+    sizes = self._store.block_sizes()
+    nbytes = self._store.params_bytes()
+    if self.budget_bytes is None:
+      validation.check_batch_slices(options.batch_slices, rows)
+      plan = plan_lib.configured_plan(sizes, nbytes, stack_bytes, options)
+      units = units_lib.Units(plan, self._factory)
+      memory_ = None
+      if options.compile_ahead:
+        memory_ = self._account_or_none(plan, units, types)
+      return Planned(plan, units, memory_)
+    return self._choose(candidates_lib.Candidates(
+        sizes, nbytes, stack_bytes, rows, options), types)
+
+  def _stack_bytes(self, types):
+    """Per block, the bytes (all devices) of the stack items its reversible
+    layers read and write, from a forward walk on types (traced, not yet
+    compiled): what backward_segment_max_layers='auto' reads."""
+    sizes = self._store.block_sizes()
+    options = self._options
+    plan = plan_lib.make_plan(
+        sizes, self._store.params_bytes(), [0] * len(sizes),
+        segment_max_layers=options.segment_max_layers,
+        segment_max_bytes=options.segment_max_bytes,
+        backward_segment_max_layers=options.segment_max_layers)
+    walk = ahead.AheadOfTime(plan, types, self._placement, self._store.layers,
+                             self._store.optimizers, self._programs,
+                             compile_programs=False)
+    try:
+      units_lib.Units(plan, self._factory).forward(walk)
+    except ahead.TypesUnknown:
+      # Not known ahead: every segment counts as activation-bound.
+      return [plan_lib.ACTIVATION_BOUND_BYTES] * len(sizes)
+    return [walk.outputs_bytes.get(std + 1, 0) for std, _ in plan.blocks]
+
+  def account(self, plan, units, types) -> device_memory.StepMemory:
+    """Compiles `units` ahead and composes the step's device memory.
+
+    Raises:
+      device_memory.UnsupportedTrainerError: the step cannot be compiled
+        ahead here.
+      device_memory.AccountingError: its figures contradict each other.
+    """
+    walk = ahead.AheadOfTime(plan, types, self._placement, self._store.layers,
+                             self._store.optimizers, self._programs)
+    walk.walk(units)
+    return walk.memory()
+
+  def _account_or_none(self, plan, units, types):
+    try:
+      return self.account(plan, units, types)
+    except device_memory.UnsupportedTrainerError:
+      return None
+    except device_memory.AccountingError as e:
+      # The figure is an observation: a step it cannot account for still
+      # trains, and its records go without peak_device_bytes.
+      logging.warning('device memory: the step could not be accounted, its '
+                      'memory records go without peak_device_bytes: %s', e)
+      return None
+
+  def _choose(self, candidates, types):
+    """The first candidate, in the speed model's order, that fits."""
+    budget = self.budget_bytes
+    tried = []
+
+    def peak(plan):
+      units = units_lib.Units(plan, self._factory)
+      try:
+        step = self.account(plan, units, types)
+      except (device_memory.UnsupportedTrainerError,
+              device_memory.AccountingError) as e:
+        raise DeviceMemoryBudgetError(
+            f'device_memory_budget_bytes cannot be honoured here: {e} Set '
+            f'{options_lib.GIN_CONFIGURABLE}.device_memory_budget_bytes = '
+            f'None and choose the segments and slices yourself.') from None
+      tried.append((plan, step))
+      return units, step
+
+    for group in candidates.groups():
+      if candidates.lower_bound_bytes(
+          group, self._placement.n_devices) > budget:
+        continue
+      _, lean_step = peak(group.leanest)
+      if lean_step.peak_device_bytes > budget:
+        continue
+      for plan in group.plans:
+        units, step = peak(plan)
+        if step.peak_device_bytes <= budget:
+          logging.info('device memory plan: %s; %s', plan.describe(),
+                       step.describe())
+          return Planned(plan, units, step)
+    # Nothing fits: the least of every slicing's leanest plan.
+    for lean in candidates.leanest_plans():
+      if not any(p == lean for p, _ in tried):
+        peak(lean)
+    self.least = min(tried, key=lambda t: t[1].peak_device_bytes)
+    plan, step = self.least
+    need = step.peak_device_bytes
+    raise DeviceMemoryBudgetError(
+        f'no plan fits device_memory_budget_bytes={budget} '
+        f'({budget / 2**20:.1f} MiB) on this batch: the least needs {need} '
+        f'bytes ({need / 2**20:.1f} MiB), with batch_slices='
+        f'{plan.batch_slices} and one layer per call; set '
+        f'{options_lib.GIN_CONFIGURABLE}.device_memory_budget_bytes >= '
+        f'{need}, or use a shorter sequence or a smaller batch.')
+
+  def least_plan(self, batch):
+    """(plan, StepMemory) of the leanest plan on `batch`'s shapes: the
+    least device memory this trainer can step in."""
+    types = self.step_types(batch)
+    candidates = candidates_lib.Candidates(
+        self._store.block_sizes(), self._store.params_bytes(),
+        self._stack_bytes(types), self._rows(types), self._options)
+    best = None
+    for plan in candidates.leanest_plans():
+      step = self.account(plan, units_lib.Units(plan, self._factory), types)
+      if best is None or step.peak_device_bytes < best[1].peak_device_bytes:
+        best = (plan, step)
+    return best
+
+
+def zeros_batch(batch):
+  """Host zeros shaped as `batch` (arrays or `jax.ShapeDtypeStruct`s)."""
+  return jax.tree_util.tree_map(
+      lambda x: np.zeros(x.shape, jax.dtypes.canonicalize_dtype(x.dtype)),
+      batch)

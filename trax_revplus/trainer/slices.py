@@ -1,0 +1,438 @@
+"""Batch slices: one compiled call over k slices of each device's rows.
+
+With `batch_slices = k > 1` every function of the step (`step_fns`) runs
+inside a `jax.lax.scan` over k equal slices of the rows it is given (each
+device's rows, inside a per-device call): a forward maps each slice and
+puts the outputs back together; a backward sums the slices' weight
+gradients and applies one optimizer update. XLA keeps one slice's
+intermediates at a time, so a call's temporary bytes shrink about k-fold;
+its arguments and results are those of the unsliced call. With k = 1 each
+builder returns `step_fns`'s function unchanged.
+
+What stays exact (up to float32 summation order):
+  * layers that treat rows independently (trax's Embedding, Dense,
+    LayerNorm, attention, ...): every row sees what it would unsliced;
+  * layer state: a leaf with entries per row is split with the rows: trax's
+    efficient attention layers (`SelfAttention`, `LSHSelfAttention`,
+    `PureLSHSelfAttention`) keep one per row and head (their per-example
+    hash RNGs and buckets), so LSH hashes each row as it would unsliced;
+    in any other layer, a leaf whose leading axis is a multiple of the rows
+    counts as rows-major (e.g. `_RememberInReverse` of Terraformer's sparse
+    feed-forward, which remembers its input). Any other state is given
+    whole to every slice, and the last slice's new value is kept;
+  * RNGs: every slice gets its layer's RNG of the step, so a random draw
+    whose shape does not depend on the rows (LSH's rotations) is the same
+    as unsliced, and dropout masks of slice shape repeat from slice to
+    slice (deterministic across runs and resumes, not the unsliced masks);
+  * the loss: trax's weighted means (`WeightedCategoryCrossEntropy`,
+    `WeightedCategoryAccuracy`, `CrossEntropyLoss`,
+    `CrossEntropyLossWithLogSoftmax`, `L2Loss`, `SmoothL1Loss`: the
+    `_WEIGHTED_MEANS` below) are combined by their weight sums,
+    sum_s mean_s * den(w_s) / den(w), and weighted sums (`WeightedSum`,
+    `CrossEntropySum`) by adding, where the loss's weights are the deepest
+    stack item it reads, untouched by the layers before it. Any other loss
+    layer runs whole (`loss_combination` is None; the planner accounts its
+    unsliced program).
+"""
+
+from typing import Any, Callable, Optional
+
+import jax
+from jax import lax
+from jax import numpy as jnp
+import numpy as np
+from trax import fastmath
+from trax.layers import combinators as cb
+from trax.layers import metrics as trax_metrics
+
+from trax_revplus.trainer import step_fns
+
+# `state_rows` of a leaf not known per row: per row if its leading axis is
+# a multiple of the batch's rows (rows-major), else shared by all rows.
+BY_SHAPE = 0
+
+_FLOAT0 = jax.dtypes.float0
+
+
+def _per_core_weights(w):
+  return trax_metrics._n_weights_per_core(w)  # pylint: disable=protected-access
+
+
+# Final loss layers (by trax's layer name) that are weighted means, with the
+# denominator they divide by.
+_WEIGHTED_MEANS = {
+    'WeightedCategoryCrossEntropy': _per_core_weights,
+    'WeightedCategoryAccuracy': _per_core_weights,
+    '_WeightedMean': _per_core_weights,
+    'L2Loss': jnp.sum,
+    'SmoothL1Loss': jnp.sum,
+}
+_WEIGHTED_SUMS = frozenset({'WeightedSum'})
+# trax loss parts that mix rows (a dot product over the batch).
+_MIXING_ROWS = frozenset({'_BinaryCrossEntropy'})
+
+
+def state_rows(layer) -> Any:
+  """How each leaf of `layer.state` splits with the batch's rows.
+
+  Returns:
+    A pytree of `layer.state`'s structure whose leaves are ints: m > 0 for
+    a leaf holding m entries per row along its leading axis (trax's
+    efficient attention: one per row and head, row-major), `BY_SHAPE` for
+    any other leaf.
+  """
+  rows = _rows_of(layer)
+  same = (jax.tree_util.tree_structure(rows) ==
+          jax.tree_util.tree_structure(layer.state))
+  return rows if same else jax.tree_util.tree_map(lambda _: BY_SHAPE,
+                                                  layer.state)
+
+
+def _rows_of(layer):
+  if layer.sublayers:
+    return tuple(_rows_of(sub) for sub in layer.sublayers)
+  per_row = (hasattr(layer, 'create_state_unbatched') and
+             isinstance(getattr(layer, '_n_heads', None), int) and
+             not getattr(layer, '_incremental', False))
+  m = layer._n_heads if per_row else BY_SHAPE  # pylint: disable=protected-access
+  return jax.tree_util.tree_map(lambda _: m, layer.state)
+
+
+def _leaves(layer):
+  """`layer` flattened through `tl.Serial`s (reversible layers stay whole)."""
+  if type(layer).__name__ == 'Serial' and layer.sublayers:
+    return [leaf for sub in layer.sublayers for leaf in _leaves(sub)]
+  return [layer]
+
+
+def loss_combination(layers) -> Optional[Callable[[Any], Any]]:
+  """How slices of a loss program combine, or None if they cannot.
+
+  Args:
+    layers: the layers of the loss program, in forward order (the loss
+      layer last).
+
+  Returns:
+    None where the loss is not a known weighted mean or sum of its
+    weights' rows, or its weights are not the deepest stack item the
+    program reads, untouched by the layers before the final one; else a
+    function `(slice weights, all weights) -> factor` such that the loss
+    is the sum over slices of factor times the loss on the slice.
+  """
+  flat = [leaf for layer in layers for leaf in _leaves(layer)]
+  if any(leaf.name in _MIXING_ROWS for leaf in flat):
+    return None
+  final = flat[-1]
+  if final.name in _WEIGHTED_SUMS:
+    den = None
+  elif final.name in _WEIGHTED_MEANS:
+    den = _WEIGHTED_MEANS[final.name]
+  else:
+    return None
+  depth = step_fns.chain_depth(flat)
+  for layer in flat[:-1]:
+    if layer.n_in > depth - 1:
+      return None
+    depth += layer.n_out - layer.n_in
+  if final.n_in != depth:
+    return None
+  if den is None:
+    return lambda w_slice, w_all: jnp.ones((), jnp.float32)
+  return lambda w_slice, w_all: den(w_slice) / den(w_all)
+
+
+def _split(x, k):
+  return x.reshape((k, x.shape[0] // k) + x.shape[1:])
+
+
+def _merge(x):
+  return x.reshape((x.shape[0] * x.shape[1],) + x.shape[2:])
+
+
+def _is_float0(x):
+  return getattr(x, 'dtype', None) == _FLOAT0
+
+
+class _Rows:
+  """A pytree of per-row arrays, split into k slices for `lax.scan`.
+
+  Float0 leaves (cotangents of integer inputs) cannot be scanned; each
+  slice gets float0 zeros of its shape instead.
+  """
+
+  def __init__(self, tree, k):
+    self._leaves, self._treedef = jax.tree_util.tree_flatten(tree)
+    self.scanned = [_split(x, k) for x in self._leaves if not _is_float0(x)]
+    self._k = k
+
+  def slice(self, scanned):
+    """The tree of one slice, from its scanned leaves."""
+    scanned = list(scanned)
+    out = []
+    for x in self._leaves:
+      if _is_float0(x):
+        out.append(np.zeros((x.shape[0] // self._k,) + x.shape[1:], _FLOAT0))
+      else:
+        out.append(scanned.pop(0))
+    return jax.tree_util.tree_unflatten(self._treedef, out)
+
+
+def _stackable(tree):
+  """(leaves lax.scan can stack, a function rebuilding the merged tree)."""
+  leaves, treedef = jax.tree_util.tree_flatten(tree)
+  shapes = [(x.shape, _is_float0(x)) for x in leaves]
+  kept = [x for x in leaves if not _is_float0(x)]
+
+  def merged(stacked, k):
+    stacked = list(stacked)
+    out = []
+    for shape, float0 in shapes:
+      if float0:
+        out.append(np.zeros((k * shape[0],) + shape[1:], _FLOAT0))
+      else:
+        out.append(_merge(stacked.pop(0)))
+    return jax.tree_util.tree_unflatten(treedef, out)
+  return kept, merged
+
+
+class _States:
+  """Layer states: leaves split with the rows, and leaves shared whole."""
+
+  def __init__(self, states, rows, n_rows, k):
+    leaves, self._treedef = jax.tree_util.tree_flatten(states)
+    ms = jax.tree_util.tree_leaves(rows)
+    if len(ms) != len(leaves):
+      ms = [BY_SHAPE] * len(leaves)
+    self._used = []
+    for x, m in zip(leaves, ms):
+      if m == BY_SHAPE and getattr(x, 'ndim', 0) and x.shape[0] % n_rows == 0:
+        m = x.shape[0] // n_rows
+      used = n_rows * m
+      ok = (m > 0 and getattr(x, 'ndim', 0) > 0 and x.shape[0] >= used and
+            used % k == 0)
+      self._used.append(used if ok else None)
+    self._leaves = leaves
+    self.scanned = [_split(x[:u], k) for x, u in zip(leaves, self._used)
+                    if u is not None]
+    self.shared = [x for x, u in zip(leaves, self._used) if u is None]
+
+  def slice(self, scanned, shared=None):
+    """The states of one slice, from its scanned leaves."""
+    scanned, shared = list(scanned), list(
+        self.shared if shared is None else shared)
+    out = [scanned.pop(0) if u is not None else shared.pop(0)
+           for u in self._used]
+    return jax.tree_util.tree_unflatten(self._treedef, out)
+
+  def parts(self, states):
+    """(per-row leaves, shared leaves) of a slice's new states."""
+    leaves = jax.tree_util.tree_leaves(states)
+    return ([x for x, u in zip(leaves, self._used) if u is not None],
+            [x for x, u in zip(leaves, self._used) if u is None])
+
+  def join(self, stacked, shared):
+    """The whole new states: the slices' per-row leaves put back together
+    (rows beyond the batch's kept), the last slice's shared leaves."""
+    stacked, shared = list(stacked), list(shared)
+    out = []
+    for x, u in zip(self._leaves, self._used):
+      if u is None:
+        out.append(shared.pop(0))
+      else:
+        rows = _merge(stacked.pop(0))
+        out.append(rows if u == x.shape[0] else
+                   jnp.concatenate([rows, x[u:]], axis=0))
+    return jax.tree_util.tree_unflatten(self._treedef, out)
+
+
+def _n_rows(tree):
+  return jax.tree_util.tree_leaves(tree)[0].shape[0]
+
+
+def _add(acc, tree):
+  return jax.tree_util.tree_map(jnp.add, acc, tree)
+
+
+def _zeros(tree):
+  return jax.tree_util.tree_map(jnp.zeros_like, tree)
+
+
+def forward(fn, k, rows):
+  """`fn` (a `Kind.FORWARD` or `Kind.SEGMENT_FORWARD` function) over k
+  slices; `rows` is `state_rows` of its state argument."""
+  if k == 1:
+    return fn
+
+  def sliced(inputs, weights, states, rngs):
+    st = _States(states, rows, _n_rows(inputs), k)
+    xs = _Rows(inputs, k)
+    out_tree = []
+
+    def body(shared, scanned):
+      x, state_rows_ = scanned
+      y, new_states = fn(xs.slice(x), weights, st.slice(state_rows_), rngs)
+      y, merged = _stackable(y)
+      out_tree[:] = [merged]
+      per_row, new_shared = st.parts(new_states)
+      return new_shared, (y, per_row)
+    shared, (ys, per_row) = lax.scan(body, st.shared,
+                                     (xs.scanned, st.scanned))
+    return out_tree[0](ys, k), st.join(per_row, shared)
+  return sliced
+
+
+def fbo(layer, optimizer, n_devices, adasum, k, rows):
+  """`step_fns.fbo_fn` of a standard layer over k slices."""
+  if k == 1:
+    return step_fns.fbo_fn(layer, optimizer, n_devices, adasum)
+  update = step_fns.update_fn(optimizer, n_devices, adasum)
+
+  def sliced(inputs, weights, grads, state, slots, opt_params, rng, step):
+    st = _States(state, rows, _n_rows(inputs), k)
+    xs, cts = _Rows(inputs, k), _Rows(grads, k)
+    out_tree = []
+
+    def body(carry, scanned):
+      acc, _ = carry
+      x, ct, state_rows_ = scanned
+      s = st.slice(state_rows_)
+      _, vjp_fn, new_state = fastmath.vjp(
+          lambda x_, w_: layer.pure_fn(x_, w_, s, rng), xs.slice(x), weights,
+          has_aux=True)
+      grads_inputs, grads_weights = vjp_fn(cts.slice(ct))
+      grads_inputs, merged = _stackable(grads_inputs)
+      out_tree[:] = [merged]
+      per_row, new_shared = st.parts(new_state)
+      return (_add(acc, grads_weights), new_shared), (grads_inputs, per_row)
+    (grads_weights, shared), (gx, per_row) = lax.scan(
+        body, (_zeros(weights), st.shared), (xs.scanned, cts.scanned,
+                                             st.scanned))
+    new_state = st.join(per_row, shared)
+    new_weights, new_slots, stats = update(grads_weights, weights, slots,
+                                           opt_params, step)
+    return new_weights, new_state, new_slots, out_tree[0](gx, k), stats
+  return sliced
+
+
+def segment_reverse(layers, optimizers, n_devices, adasum, k, rows):
+  """`step_fns.segment_reverse_fn` over k slices: each slice reversed
+  through every layer, last to first; then each layer's update."""
+  if k == 1:
+    return step_fns.segment_reverse_fn(layers, optimizers, n_devices, adasum)
+  updates = [step_fns.update_fn(opt, n_devices, adasum) for opt in optimizers]
+
+  def sliced(outputs, weights, grads, states, new_states, slots, opt_params,
+             rngs, step):
+    n = _n_rows(outputs)
+    old, new = _States(states, rows, n, k), _States(new_states, rows, n, k)
+    ys, cts = _Rows(outputs, k), _Rows(grads, k)
+    out_tree = []
+
+    def body(acc, scanned):
+      y, ct, old_rows, new_rows = scanned
+      old_s, new_s = old.slice(old_rows), new.slice(new_rows)
+      stack, grad_stack = ys.slice(y), cts.slice(ct)
+      grads_weights = [None] * len(layers)
+      for j in range(len(layers) - 1, -1, -1):
+        n_out = layers[j].n_out
+        x, (x_ct, grads_weights[j]) = layers[j].reverse_and_grad(
+            cb.inputs_from_stack(stack, n_out), cb.inputs_from_stack(
+                grad_stack, n_out), weights[j], old_s[j], new_s[j],
+            rng=rngs[j])
+        stack = cb.outputs_onto_stack(x, stack, n_out)
+        grad_stack = cb.outputs_onto_stack(x_ct, grad_stack, n_out)
+      out, merged = _stackable((stack, grad_stack))
+      out_tree[:] = [merged]
+      return _add(acc, grads_weights), out
+    grads_weights, out = lax.scan(
+        body, _zeros(weights), (ys.scanned, cts.scanned, old.scanned,
+                                new.scanned))
+    inputs, grads_inputs = out_tree[0](out, k)
+    new_weights, new_slots, stats = [], [], []
+    for update, g, w, sl, op in zip(updates, grads_weights, weights, slots,
+                                    opt_params):
+      nw, ns, st = update(g, w, sl, op, step)
+      new_weights.append(nw)
+      new_slots.append(ns)
+      stats.append(st)
+    return new_weights, new_slots, inputs, grads_inputs, stats
+  return sliced
+
+
+def _sliced_loss(loss_fn, combine, k, inputs, weights, states, rows):
+  """Runs `loss_fn(x, weights, states) -> (loss, new_states)` over k slices
+  of `inputs`, each loss scaled by `combine`; returns (loss,
+  grads_inputs, grads_weights, new_states)."""
+  st = _States(states, rows, _n_rows(inputs), k)
+  xs = _Rows(inputs, k)
+  loss_weights = inputs[-1]
+  out_tree = []
+
+  def body(carry, scanned):
+    acc, _ = carry
+    x, state_rows_ = scanned
+    x = xs.slice(x)
+    factor = lax.stop_gradient(combine(x[-1], loss_weights))
+    # A slice whose loss weights are all 0 contributes 0: its weights are
+    # swapped for ones so that its own mean stays finite.
+    safe = jnp.where(factor > 0, x[-1], jnp.ones_like(x[-1]))
+    x = tuple(x[:-1]) + (safe,)
+    s = st.slice(state_rows_)
+
+    def scaled(x_, w_):
+      loss, new_s = loss_fn(x_, w_, s)
+      return loss * factor.astype(loss.dtype), new_s
+    loss, vjp_fn, new_s = fastmath.vjp(scaled, x, weights, has_aux=True)
+    grads_inputs, grads_weights = vjp_fn(jnp.ones((), dtype=loss.dtype))
+    grads_inputs, merged = _stackable(grads_inputs)
+    out_tree[:] = [merged]
+    per_row, new_shared = st.parts(new_s)
+    return (_add(acc, grads_weights), new_shared), (loss, grads_inputs,
+                                                    per_row)
+  (grads_weights, shared), (losses, gx, per_row) = lax.scan(
+      body, (_zeros(weights), st.shared), (xs.scanned, st.scanned))
+  return (jnp.sum(losses), out_tree[0](gx, k), grads_weights,
+          st.join(per_row, shared))
+
+
+def loss_fbo(layer, optimizer, n_devices, adasum, k):
+  """`step_fns.fbo_fn` of the loss layer (`Kind.LOSS`) over k slices where
+  `loss_combination` allows; unsliced otherwise."""
+  combine = loss_combination([layer]) if k > 1 else None
+  if combine is None:
+    return step_fns.fbo_fn(layer, optimizer, n_devices, adasum, 'loss')
+  update = step_fns.update_fn(optimizer, n_devices, adasum)
+  rows = state_rows(layer)
+
+  def sliced(inputs, weights, grads, state, slots, opt_params, rng, step):
+    del grads  # The loss's cotangent is 1.
+    loss, grads_inputs, grads_weights, new_state = _sliced_loss(
+        lambda x, w, s: layer.pure_fn(x, w, s, rng), combine, k, inputs,
+        weights, state, rows)
+    new_weights, new_slots, stats = update(grads_weights, weights, slots,
+                                           opt_params, step)
+    stats = dict(stats)
+    stats['loss'] = loss
+    return new_weights, new_state, new_slots, grads_inputs, stats
+  return sliced
+
+
+def fused_loss(layers, optimizers, n_devices, adasum, k, rows,
+               keep_activations):
+  """`step_fns.fused_loss_fn` over k slices where `loss_combination`
+  allows; unsliced otherwise."""
+  combine = loss_combination(layers) if k > 1 else None
+  if combine is None:
+    return step_fns.fused_loss_fn(layers, optimizers, n_devices, adasum,
+                                  keep_activations)
+  forward = step_fns.chain_forward_fn(layers, keep_activations)
+  updates = [step_fns.update_fn(opt, n_devices, adasum) for opt in optimizers]
+
+  def sliced(inputs, weights, states, slots, opt_params, rngs, step):
+    loss, grads_inputs, grads_weights, new_states = _sliced_loss(
+        lambda x, ws, ss: forward(x, ws, ss, rngs), combine, k, inputs,
+        weights, states, rows)
+    return step_fns.apply_updates(updates, grads_weights, weights, slots,
+                                  opt_params, step, new_states, grads_inputs,
+                                  loss)
+  return sliced
