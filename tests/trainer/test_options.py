@@ -76,18 +76,42 @@ def test_bad_on_non_finite_value():
     split_blocks_trainer(on_non_finite='warn')
 
 
-def test_constructor_is_stocks_plus_the_options_with_their_defaults():
+def test_constructor_is_stocks_plus_the_options_as_keywords():
   ours = inspect.signature(rev_trainer.ReversibleSerialTrainer.__init__)
   stock = inspect.signature(stock_trainer.ReversibleSerialTrainer.__init__)
   names = list(ours.parameters)
   assert names[:len(stock.parameters)] == list(stock.parameters)
   for name in stock.parameters:
     assert ours.parameters[name].default == stock.parameters[name].default
-  extras = names[len(stock.parameters):]
-  assert extras == list(options_lib.TrainerOptions.field_names())
-  defaults = options_lib.TrainerOptions()
-  for name in extras:
-    assert ours.parameters[name].default == getattr(defaults, name), name
+  assert names[len(stock.parameters):] == ['settings']
+  assert ours.parameters['settings'].kind is inspect.Parameter.VAR_KEYWORD
+  # gin binds exactly stock's arguments and the settings, listed once.
+  assert rev_trainer.ReversibleSerialTrainer.gin_parameters == (
+      tuple(n for n in stock.parameters if n != 'self') +
+      options_lib.TrainerOptions.field_names())
+
+
+def test_an_unknown_setting_is_one_line_naming_the_settings():
+  with pytest.raises(validation.TrainerOptionError) as e:
+    split_blocks_trainer(n_async_layer=2)
+  line = str(e.value).splitlines()[0]
+  assert line.startswith("trax_revplus.ReversibleSerialTrainer has no setting "
+                         "'n_async_layer'; its settings: n_async_layers, ")
+
+
+def test_an_unknown_setting_in_gin_names_the_settings():
+  import gin  # pylint: disable=g-import-not-at-top
+  gin.clear_config()
+  try:
+    with pytest.raises(ValueError) as e:
+      gin.parse_config(
+          'trax_revplus.ReversibleSerialTrainer.n_async_layer = 2')
+  finally:
+    gin.clear_config()
+  hint = validation.unknown_knob_hint(str(e.value))
+  assert hint.startswith("trax_revplus.ReversibleSerialTrainer has no knob "
+                         "'n_async_layer'; its knobs: blocks, ")
+  assert 'batch_slices' in hint
 
 
 @pytest.mark.parametrize('name,value,allowed', [

@@ -28,16 +28,13 @@ def _functions():
       Kind.SEGMENT_FORWARD: step_fns.segment_forward_fn([half, swap]),
       Kind.SEGMENT_REVERSE_UPDATE: step_fns.segment_reverse_fn(
           [half, swap], [adam(), adam()], 1, False),
-      Kind.SEGMENT_FORWARD_KEEP: step_fns.segment_forward_keep_fn(
-          [half, swap]),
-      Kind.SEGMENT_BACKWARD_KEPT: step_fns.segment_backward_kept_fn(
-          [half, swap], [adam(), adam()], 1, False),
+      Kind.FUSED_LOSS: step_fns.fused_loss_fn(
+          [half, swap, dense], [adam(), adam(), adam()], 1, False, True),
   }
 
 
 # Results of each kind (see `Kind`'s docstring).
-_N_RESULTS = {Kind.FORWARD: 2, Kind.SEGMENT_FORWARD: 2,
-              Kind.SEGMENT_FORWARD_KEEP: 3, Kind.SEGMENT_BACKWARD_KEPT: 4}
+_N_RESULTS = {Kind.FORWARD: 2, Kind.SEGMENT_FORWARD: 2}
 
 
 @pytest.mark.parametrize('kind', list(Kind))
@@ -52,8 +49,7 @@ def test_layouts_and_donations_name_the_right_arguments(kind):
     assert donated == ['outputs', 'weights', 'grads', 'slots']
   else:
     assert donated == (['weights', 'slots'] if kind.updates else [])
-  assert kind.updates == (kind not in (Kind.FORWARD, Kind.SEGMENT_FORWARD,
-                                      Kind.SEGMENT_FORWARD_KEEP))
+  assert kind.updates == (kind not in (Kind.FORWARD, Kind.SEGMENT_FORWARD))
   assert len(kind.out_layouts) == _N_RESULTS.get(kind, 5)
 
 

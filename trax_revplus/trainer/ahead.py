@@ -24,7 +24,6 @@ from absl import logging
 import jax
 
 from trax_revplus import device_memory
-from trax_revplus import memory
 from trax_revplus.device_memory import program as program_lib
 from trax_revplus.trainer import run as run_lib
 
@@ -113,20 +112,15 @@ class AheadOfTime(run_lib.Run):
 
   Attributes:
     complete: bool, whether the walk reached the step's end.
-    outputs_bytes: dict, first layer of each forward unit walked -> bytes
-      of its outputs on all devices.
   """
 
-  def __init__(self, plan, types, placement, layers, optimizers, programs,
-               compile_programs=True):
+  def __init__(self, plan, types, placement, layers, optimizers, programs):
     """Args:
       plan: the `plan.StepPlan` walked.
       types: `StepTypes` of the step.
       placement: the trainer's `placement.Placement`.
       layers, optimizers: lists by layer index (host weights, state, slots).
       programs: `Programs` shared by the trainer's walks.
-      compile_programs: bool, compile each traced program (False: trace
-        only, e.g. to learn result types).
     """
     super().__init__(plan, types.stack, types.rngs, types.opt_params,
                      types.step)
@@ -134,12 +128,10 @@ class AheadOfTime(run_lib.Run):
     self._layers = layers
     self._optimizers = optimizers
     self._programs = programs
-    self._compile = compile_programs
     self._pool = None
     self._unit = None
     self._noted = []
     self.complete = False
-    self.outputs_bytes = {}
 
   def walk(self, units):
     """Runs `units.walk(self)`; waits for the compilations it started."""
@@ -152,8 +144,7 @@ class AheadOfTime(run_lib.Run):
     except TypesUnknown:
       pass
     finally:
-      concurrent.futures.wait([j for j in self._programs.jobs.values()
-                               if j is not None])
+      concurrent.futures.wait(list(self._programs.jobs.values()))
       self._pool.shutdown()
 
   # The run on types.
@@ -208,10 +199,7 @@ class AheadOfTime(run_lib.Run):
           traced.out_info)
       programs.traced[key] = traced
       programs.functions[key] = fn
-      programs.jobs[key] = None
-    if self._compile and programs.jobs[key] is None:
-      programs.jobs[key] = self._pool.submit(_compile_traced,
-                                             programs.traced[key])
+      programs.jobs[key] = self._pool.submit(_compile_traced, traced)
     # The leaves now: the walk changes the held containers as it goes.
     self._noted.append(_Noted(
         self._name(), self.phase, key, args,
@@ -228,9 +216,6 @@ class AheadOfTime(run_lib.Run):
     if first == last:
       return f'{self.phase} layer {first} ({self._layers[first].name})'
     return f'{self.phase} layers {first}..{last}'
-
-  def forward_done(self, unit, outputs):
-    self.outputs_bytes[unit.layers[0]] = memory.array_bytes(outputs)
 
   # The figures.
 

@@ -20,7 +20,7 @@ class StepHooks:
   """
 
   def step_begins(self, ctx):
-    """The step's context exists (its batch placed); no unit has run."""
+    """The step's context exists; its batch is not placed yet."""
 
   def forward_unit_done(self, unit, outputs):
     """`unit` ran forward; `outputs` are its outputs."""

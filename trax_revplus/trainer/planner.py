@@ -19,8 +19,10 @@ from typing import NamedTuple, Optional
 from absl import logging
 import jax
 import numpy as np
+from trax.layers import combinators as cb
 
 from trax_revplus import device_memory
+from trax_revplus import memory
 from trax_revplus import validation
 from trax_revplus.trainer import ahead
 from trax_revplus.trainer import candidates as candidates_lib
@@ -138,24 +140,31 @@ class Planner:
 
   def _stack_bytes(self, types):
     """Per block, the bytes (all devices) of the stack items its reversible
-    layers read and write, from a forward walk on types (traced, not yet
-    compiled): what backward_segment_max_layers='auto' reads."""
-    sizes = self._store.block_sizes()
-    options = self._options
-    plan = plan_lib.make_plan(
-        sizes, self._store.params_bytes(), [0] * len(sizes),
-        segment_max_layers=options.segment_max_layers,
-        segment_max_bytes=options.segment_max_bytes,
-        backward_segment_max_layers=options.segment_max_layers)
-    walk = ahead.AheadOfTime(plan, types, self._placement, self._store.layers,
-                             self._store.optimizers, self._programs,
-                             compile_programs=False)
+    layers read and write: what backward_segment_max_layers='auto' reads.
+
+    The standard layers' output types come from `jax.eval_shape` of their
+    forward on one device's rows (reversible layers keep their inputs'
+    types); where they cannot be known so, every block counts as
+    activation-bound.
+    """
+    n = self._placement.n_devices
+    per_device = lambda x: jax.ShapeDtypeStruct(
+        x.shape[1:] if n > 1 else x.shape, x.dtype)
+    stack = jax.tree_util.tree_map(per_device, types.stack)
+    out = []
     try:
-      units_lib.Units(plan, self._factory).forward(walk)
-    except ahead.TypesUnknown:
-      # Not known ahead: every segment counts as activation-bound.
-      return [plan_lib.ACTIVATION_BOUND_BYTES] * len(sizes)
-    return [walk.outputs_bytes.get(std + 1, 0) for std, _ in plan.blocks]
+      for std, revs in self._store.blocks:
+        inputs = cb.inputs_from_stack(stack, std.n_in)
+        outputs, _ = jax.eval_shape(
+            std.pure_fn, inputs, std.weights, std.state,
+            jax.ShapeDtypeStruct((2,), np.uint32))
+        stack = cb.outputs_onto_stack(outputs, stack, std.n_in)
+        depth = max([layer.n_in for layer in revs], default=0)
+        out.append(n * memory.array_bytes(
+            cb.inputs_from_stack(stack, depth) if depth else ()))
+    except Exception:  # pylint: disable=broad-except
+      return [plan_lib.ACTIVATION_BOUND_BYTES] * len(self._store.blocks)
+    return out
 
   def account(self, plan, units, types) -> device_memory.StepMemory:
     """Compiles `units` ahead and composes the step's device memory.

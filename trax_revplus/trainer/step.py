@@ -72,8 +72,8 @@ class StepContext(run_lib.Run):
 
   @classmethod
   def begin(cls, planned, step, rng, batch, parts):
-    """Places the batch, the step and its per-layer RNGs; starts timing
-    phases.
+    """Places the step and its per-layer RNGs, runs the hooks' `step_begins`,
+    places the batch; starts timing phases.
 
     Args:
       planned: the `planner.Planned` of the batch's shapes (its plan and
@@ -89,8 +89,12 @@ class StepContext(run_lib.Run):
     placement = parts.placement
     step_placed = placement.replicate(np.asarray(step, dtype=np.int32))
     rngs = placement.place_rngs(rng, len(parts.store.layers))
-    return cls(planned, step, placement.shard_batch(batch), rngs,
-               step_placed, parts)
+    ctx = cls(planned, step, None, rngs, step_placed, parts)
+    parts.hooks.step_begins(ctx)
+    # Placed once the forward phase's clock runs (after any freeing): the
+    # forward phase counts the batch's bytes.
+    ctx.stack = placement.shard_batch(batch)
+    return ctx
 
   # The units' run on placed arrays.
 

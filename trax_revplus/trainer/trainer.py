@@ -314,10 +314,8 @@ class ReversibleSerialTrainer:
     self._memory_log.begin_step(step, self._placement.transfers)
     self._store.set_learning_rate(learning_rate)
     self._commits.begin_step(step)
-    ctx = step_lib.StepContext.begin(self.planned(batch), step, rng, batch,
-                                     self._parts)
-    self._hooks.step_begins(ctx)
-    return ctx
+    return step_lib.StepContext.begin(self.planned(batch), step, rng, batch,
+                                      self._parts)
 
   def planned(self, batch: Batch) -> planner_lib.Planned:
     """How a step on `batch`'s shapes runs: its plan, compiled units and
