@@ -13,8 +13,8 @@ import os
 import pytest
 
 from trax_revplus import distributed_run
+from trax_revplus import errors
 from trax_revplus import launch
-from trax_revplus.cli import errors
 from trax_revplus.cli import launch as launch_command
 from trax_revplus.cli import parser
 

@@ -148,7 +148,7 @@ def failure(error: BaseException, config: Any) -> Tuple[str, int]:
   Returns:
     (line, exit_code): str without a newline, int.
   """
-  from trax_revplus.cli import errors  # pylint: disable=g-import-not-at-top
+  from trax_revplus import errors  # pylint: disable=g-import-not-at-top
   # The first line, without gin's "In call to configurable ..." context.
   text = errors.one_line(error, context=False) or type(error).__name__
   name = type(error).__name__

@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from trax_revplus import launch
-from trax_revplus.cli.errors import UserError
+from trax_revplus.errors import UserError
 
 _SET_BY_LAUNCH = ('--num_processes', '--process_id', '--coordinator_address')
 

@@ -3,10 +3,10 @@
 import argparse
 import os
 
-from trax_revplus.cli.errors import EXIT_OK
-from trax_revplus.cli.errors import EXIT_RUNTIME
-from trax_revplus.cli.errors import one_line
-from trax_revplus.cli.errors import UserError
+from trax_revplus.errors import EXIT_OK
+from trax_revplus.errors import EXIT_RUNTIME
+from trax_revplus.errors import one_line
+from trax_revplus.errors import UserError
 
 
 def run(flags: argparse.Namespace) -> int:

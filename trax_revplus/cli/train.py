@@ -40,11 +40,11 @@ from trax_revplus.cli import noise
 from trax_revplus.cli import output_dir as output_dirs
 from trax_revplus.cli import settings
 from trax_revplus.cli import summary as summaries
-from trax_revplus.cli.errors import error_line
-from trax_revplus.cli.errors import EXIT_OK
-from trax_revplus.cli.errors import PROG
-from trax_revplus.cli.errors import UserError
-from trax_revplus.cli.errors import warning_line
+from trax_revplus.cli.messages import error_line
+from trax_revplus.cli.messages import PROG
+from trax_revplus.cli.messages import warning_line
+from trax_revplus.errors import EXIT_OK
+from trax_revplus.errors import UserError
 
 COMMAND = 'train'
 

@@ -6,8 +6,9 @@ import sys
 import time
 from typing import Sequence, TextIO
 
-from trax_revplus.cli import errors
+from trax_revplus import errors
 from trax_revplus.cli import output_dir as output_dirs
+from trax_revplus.cli.messages import PROG
 from trax_revplus.compare import figures
 from trax_revplus.compare import png
 from trax_revplus.compare import runs as runs_lib
@@ -77,7 +78,7 @@ def compare_main(config_files: Sequence[str], bindings: Sequence[str],
     log_path = os.path.join(output_dir, f'{k}.log')
     command = runs_lib.train_command(k, config_files, list(bindings) + extra,
                              run_dirs[k], every)
-    stream.write(f'{errors.PROG} compare: training with {LABELS[k]} '
+    stream.write(f'{PROG} compare: training with {LABELS[k]} '
                  f'(output in {log_path})\n')
     stream.flush()
     start = time.perf_counter()
