@@ -24,9 +24,9 @@ def run(flags: argparse.Namespace) -> int:
   run_dir = flags.run_dir
   if not os.path.exists(run_dir):
     raise UserError(f'run directory not found: {run_dir}')
-  from trax_revplus import memory_plot  # pylint: disable=g-import-not-at-top
+  from trax_revplus.memory import plot  # pylint: disable=g-import-not-at-top
   try:
-    png = memory_plot.plot_memory(run_dir, flags.output)
+    png = plot.plot_memory(run_dir, flags.output)
   except ValueError as e:  # A log without records.
     raise UserError(one_line(e)) from None
   except OSError as e:

@@ -13,7 +13,7 @@ settings and on whether the first step has completed:
                      compilations and twice per step.
 """
 
-from trax_revplus import host_memory
+from trax_revplus.memory import host_release as host_memory
 
 
 class StepHooks:
