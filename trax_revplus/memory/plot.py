@@ -23,8 +23,11 @@ matplotlib.use('Agg')
 import matplotlib.pyplot as plt
 from matplotlib import ticker
 
-from trax_revplus.memory import records as records_lib
+from trax_revplus.memory.records import BYTES_PER_MIB
 from trax_revplus.memory.records import is_number
+from trax_revplus.memory.records import MEMORY_LOG_FILENAME
+from trax_revplus.memory.records import peaks
+from trax_revplus.memory.records import read_memory_log
 from trax_revplus.memory.step_axis import PROCESS_PHASES
 from trax_revplus.memory.step_axis import segments
 from trax_revplus.memory.step_axis import x_positions
@@ -32,17 +35,17 @@ from trax_revplus.memory.step_axis import x_positions
 
 DEFAULT_PNG_FILENAME = 'memory.png'
 _MARKERS = 'osD^v<>ph*'
-_MIB = records_lib.BYTES_PER_MIB
+_MIB = BYTES_PER_MIB
 
 
 def _resolve_jsonl(run_dir_or_jsonl):
   path = os.fspath(run_dir_or_jsonl)
   if os.path.isdir(path):
-    path = os.path.join(path, records_lib.MEMORY_LOG_FILENAME)
+    path = os.path.join(path, MEMORY_LOG_FILENAME)
   if not os.path.isfile(path):
     raise FileNotFoundError(
         f'No memory log at {path}. Pass a training output dir that holds '
-        f'{records_lib.MEMORY_LOG_FILENAME} (written by the trax_revplus trainer '
+        f'{MEMORY_LOG_FILENAME} (written by the trax_revplus trainer '
         f'once the Loop has an output_dir) or the path of the file itself.')
   return path
 
@@ -143,7 +146,7 @@ def _plot_host(ax, segs, phase_style):
       ax.scatter([p[0] for p in pts], [p[1] for p in pts], marker=marker,
                  s=70, color='tab:red', zorder=4, label=label)
   all_records = [r for seg, _ in segs for r in seg]
-  peak = records_lib.peaks(all_records)['host_peak_bytes']
+  peak = peaks(all_records)['host_peak_bytes']
   if peak is not None:
     ax.axhline(peak / _MIB, color='tab:red', linestyle=':', linewidth=1)
     ax.annotate(f'peak {peak / _MIB:.0f} MiB', xy=(0.01, peak / _MIB),
@@ -230,7 +233,7 @@ def plot_memory(run_dir_or_jsonl: str | os.PathLike,
       a figure saying so is written to the PNG's path first.
   """
   path = _resolve_jsonl(run_dir_or_jsonl)
-  records = [r for r in records_lib.read_memory_log(path)
+  records = [r for r in read_memory_log(path)
              if is_number(r.get('step')) and isinstance(r.get('phase'), str)]
   if output_png is None:
     output_png = os.path.join(os.path.dirname(os.path.abspath(path)),
