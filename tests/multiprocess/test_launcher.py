@@ -28,6 +28,8 @@ _WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                        'join_worker.py')
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
+# The launcher as a command, as `python -m` runs it.
+_LAUNCHER = [sys.executable, '-m', 'trax_revplus.multiprocess.launcher']
 # Seconds to start a few Python processes (or JAX ones) on a busy machine.
 _START_SECONDS = start_seconds()
 # How long a process sleeps when others are meant to stop it: long enough to
@@ -167,10 +169,8 @@ def test_a_signal_to_the_launcher_is_forwarded_to_every_process(
       time.sleep({_FOREVER_SECONDS})
       ''')
   launcher = subprocess.Popen(
-      [sys.executable, '-m', 'trax_revplus.multiprocess.launcher',
-       '--num_processes=2',
-       '--'] + command, cwd=_REPO, stdout=subprocess.PIPE,
-      stderr=subprocess.PIPE, text=True)
+      _LAUNCHER + ['--num_processes=2', '--'] + command, cwd=_REPO,
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   deadline = time.monotonic() + _START_SECONDS
   while not all((tmp_path / f'ready{i}').exists() for i in range(2)):
     if time.monotonic() > deadline or launcher.poll() is not None:
@@ -204,10 +204,8 @@ def test_processes_die_with_the_launcher(tmp_path):
       time.sleep({_FOREVER_SECONDS})
       ''')
   launcher = subprocess.Popen(
-      [sys.executable, '-m', 'trax_revplus.multiprocess.launcher',
-       '--num_processes=2',
-       '--'] + command, cwd=_REPO, stdout=subprocess.DEVNULL,
-      stderr=subprocess.DEVNULL)
+      _LAUNCHER + ['--num_processes=2', '--'] + command, cwd=_REPO,
+      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   deadline = time.monotonic() + _START_SECONDS
   while not all((tmp_path / f'ready{i}').exists() for i in range(2)):
     if time.monotonic() > deadline or launcher.poll() is not None:
@@ -249,9 +247,8 @@ def test_usage_errors_exit_2():
 
 def _launch_workers(mode, extra=()):
   proc = subprocess.run(
-      [sys.executable, '-m', 'trax_revplus.multiprocess.launcher',
-       '--num_processes=2',
-       '--', sys.executable, _WORKER, mode] + list(extra),
+      _LAUNCHER + ['--num_processes=2', '--', sys.executable, _WORKER, mode]
+      + list(extra),
       cwd=_REPO, capture_output=True, text=True, timeout=2 * _START_SECONDS,
       env=dict(os.environ,
                XLA_FLAGS='--xla_force_host_platform_device_count=1'))
