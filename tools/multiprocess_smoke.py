@@ -41,7 +41,7 @@ import numpy as np
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, _REPO)
 
-from trax_revplus import launch  # pylint: disable=g-import-not-at-top
+from trax_revplus.multiprocess import launcher  # pylint: disable=g-import-not-at-top
 
 CONFIG = os.path.join(_REPO, 'gin_configs', 'reformer_char_lm.gin')
 TINY = ['eval_steps = 1', 'local_text_inputs.batch_size = 2',
@@ -119,7 +119,7 @@ def kill_check(results, work, base, args, bindings):
   directory = os.path.join(work, 'killed')
   shutil.copytree(base, directory)
   steps = args.steps + 1000  # Far beyond: the kill comes first.
-  address = f'127.0.0.1:{launch.free_port()}'
+  address = f'127.0.0.1:{launcher.free_port()}'
   procs, logs = [], []
   for i in range(2):
     log = os.path.join(work, f'killed.process{i}.log')
@@ -150,8 +150,9 @@ def kill_check(results, work, base, args, bindings):
     rc, seconds = None, None
   stderr = open(logs[0]).read()
   errors = [l for l in stderr.splitlines() if ': error: ' in l]
-  # Status 4 (launch.EXIT_LOST_PROCESS) from the failed collective; JAX
-  # may abort it first (SIGABRT) when its heartbeat ends the wait.
+  # Status 4 (trax_revplus.errors.EXIT_LOST_PROCESS) from the failed
+  # collective; JAX may abort it first (SIGABRT) when its heartbeat ends the
+  # wait.
   check(results, 'kill: process 0 ends in bounded time',
         rc not in (None, 0) and seconds is not None,
         f'exit {rc} after {seconds and round(seconds, 1)} s (bound {bound} s)')

@@ -2,7 +2,7 @@
 
 The same as `trax-revplus plot-memory RUN_DIR [--output=PNG]`: writes
 `<RUN_DIR>/memory.png` (or PNG) from `<RUN_DIR>/memory.jsonl` and prints its
-path; see `trax_revplus.memory_plot`.
+path; see `trax_revplus.memory.plot`.
 """
 
 import sys

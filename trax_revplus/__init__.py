@@ -14,9 +14,9 @@ __version__ = '0.1.0'
 # submodules import trax (~20 s), and `import trax_revplus` must stay cheap
 # so that the `trax-revplus` command answers --help and flag errors at once.
 _EXPORTS = {
-    'activate': 'trax_revplus.activation',
-    'deactivate': 'trax_revplus.activation',
-    'is_active': 'trax_revplus.activation',
+    'activate': 'trax_revplus.swap',
+    'deactivate': 'trax_revplus.swap',
+    'is_active': 'trax_revplus.swap',
     'ReversibleHalfResidual': 'trax_revplus.layers',
     'ReversibleSerial': 'trax_revplus.layers',
     'reconstruction_error': 'trax_revplus.layers',

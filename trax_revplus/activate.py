@@ -7,25 +7,26 @@ Add this line to a gin config (or import it from Python)::
 and `trax.layers.ReversibleHalfResidual`, `trax.layers.ReversibleSerial` and
 `trax.optimizers.ReversibleSerialTrainer` resolve to trax_revplus's classes
 for the rest of the process. `trax_revplus.deactivate()` switches back.
+This module is only the hook; the swap itself is `trax_revplus.swap`.
 """
 
 import sys
 
-from trax_revplus import activation
+from trax_revplus import swap
 
-activation.activate()
+swap.activate()
 
 
-class _CallableModule(type(activation)):
+class _CallableModule(type(swap)):
   """This module, callable as `trax_revplus.activate()`.
 
   Importing a submodule binds it as an attribute of its package, so after
   `import trax_revplus.activate` the name `trax_revplus.activate` is this
-  module, not `activation.activate`; calling it still activates.
+  module, not `swap.activate`; calling it still activates.
   """
 
   def __call__(self):
-    activation.activate()
+    swap.activate()
 
 
 sys.modules[__name__].__class__ = _CallableModule

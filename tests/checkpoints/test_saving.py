@@ -17,8 +17,9 @@ from trax.supervised import training
 import checkpoint_cases as cases
 import trax_revplus
 from trax_revplus import checkpoints
-from trax_revplus.cli import errors
+from trax_revplus import errors
 from trax_revplus.cli import failures
+from trax_revplus.cli import messages
 
 
 pytestmark = pytest.mark.usefixtures('stock_trax_and_empty_gin')
@@ -102,7 +103,7 @@ def test_save_on_a_full_disk_keeps_the_sets_and_leaves_nothing(
   # What `trax-revplus train` prints: one line, exit status 1.
   error = failures.user_error(info.value, str(run_dir), True, [])
   assert error.exit_code == errors.EXIT_RUNTIME
-  line = errors.error_line('train', str(error))
+  line = messages.error_line('train', str(error))
   assert len(line.splitlines()) == 1
   assert f'(step 3) is intact; free some space and run the same command to ' \
          f'resume' in line

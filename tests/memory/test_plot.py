@@ -1,4 +1,4 @@
-"""trax_revplus.memory_plot: the figure of a memory log."""
+"""trax_revplus.memory.plot: the figure of a memory log."""
 
 import collections
 import os
@@ -7,7 +7,8 @@ import pytest
 
 from trax_revplus import cli
 from trax_revplus import memory
-from trax_revplus import memory_plot
+from trax_revplus.memory import plot
+from trax_revplus.memory import step_axis
 
 
 def _write_small_log(run_dir):
@@ -25,28 +26,28 @@ def _write_small_log(run_dir):
 
 def test_plot_renders_png(tmp_path):
   _write_small_log(tmp_path)
-  png = memory_plot.plot_memory(str(tmp_path))
+  png = plot.plot_memory(str(tmp_path))
   assert png == str(tmp_path / 'memory.png')
   with open(png, 'rb') as f:
     assert f.read(8) == b'\x89PNG\r\n\x1a\n'
-  other = memory_plot.plot_memory(str(tmp_path / 'memory.jsonl'),
-                                  str(tmp_path / 'out' / 'm.png'))
+  other = plot.plot_memory(str(tmp_path / 'memory.jsonl'),
+                           str(tmp_path / 'out' / 'm.png'))
   assert os.path.getsize(other) > 10_000
 
 
 def test_plot_sums_transfers_per_step(tmp_path):
   _write_small_log(tmp_path)
   records = memory.read_memory_log(tmp_path / 'memory.jsonl')
-  assert memory_plot._transfers_per_step(records) == {
+  assert plot._transfers_per_step(records) == {
       1: (8 << 20, 4 << 20), 2: (8 << 20, 4 << 20)}
 
 
 def test_plot_errors_clearly(tmp_path):
   with pytest.raises(FileNotFoundError, match='No memory log at'):
-    memory_plot.plot_memory(str(tmp_path))
+    plot.plot_memory(str(tmp_path))
   (tmp_path / 'memory.jsonl').write_text('{"step": 1, "pha')
   with pytest.raises(ValueError, match='holds no memory records'):
-    memory_plot.plot_memory(str(tmp_path))
+    plot.plot_memory(str(tmp_path))
   assert cli.main([cli.PROG, 'plot-memory', str(tmp_path / 'missing')]) == 2
 
 
@@ -68,11 +69,11 @@ def _write_resumed_log(run_dir):
 def test_plot_draws_one_segment_per_process(tmp_path):
   _write_resumed_log(tmp_path)
   records = memory.read_memory_log(tmp_path / 'memory.jsonl')
-  segs = memory_plot.segments(records)
+  segs = step_axis.segments(records)
   assert [len(s) for s in segs] == [2 + 1 + 3 * 4 + 1, 2 + 1 + 2 * 4 + 1]
   assert sum(segs, []) == records
   second = segs[1]
-  xs = memory_plot.x_positions(second)
+  xs = step_axis.x_positions(second)
   by_phase = collections.defaultdict(list)
   for x, r in zip(xs, second):
     by_phase[r['phase']].append((r['step'], x))
@@ -83,13 +84,13 @@ def test_plot_draws_one_segment_per_process(tmp_path):
   assert by_phase['step'] == [(4, 4.0), (5, 5.0)]
   for phase in ('forward', 'loss', 'backward'):
     assert all(step - 1 < x < step for step, x in by_phase[phase])
-  png = memory_plot.plot_memory(str(tmp_path))
+  png = plot.plot_memory(str(tmp_path))
   assert os.path.getsize(png) > 10_000
 
 
 def test_plot_of_an_empty_log_says_so_in_a_figure(tmp_path):
   (tmp_path / 'memory.jsonl').write_text('')
   with pytest.raises(ValueError, match='holds no memory records'):
-    memory_plot.plot_memory(str(tmp_path))
+    plot.plot_memory(str(tmp_path))
   with open(tmp_path / 'memory.png', 'rb') as f:
     assert f.read(8) == b'\x89PNG\r\n\x1a\n'

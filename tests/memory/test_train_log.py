@@ -5,7 +5,7 @@ import subprocess
 
 
 from trax_revplus import memory
-from trax_revplus import memory_plot
+from trax_revplus.memory import plot
 
 
 def test_train_logs_every_step_and_the_summary_s_peak(tmp_path):
@@ -39,5 +39,5 @@ def test_train_logs_every_step_and_the_summary_s_peak(tmp_path):
   summary_mib = float(line.split()[3])
   log_mib = memory.peaks(records)['host_peak_bytes'] / memory.BYTES_PER_MIB
   assert abs(log_mib - summary_mib) <= 0.05 * summary_mib, (log_mib, line)
-  png = memory_plot.plot_memory(str(tmp_path))
+  png = plot.plot_memory(str(tmp_path))
   assert os.path.getsize(png) > 10_000

@@ -16,9 +16,9 @@ from trax.optimizers import trainer as stock_trainer
 
 import trainer_cases as cases
 from conftest import split_blocks_trainer
-from trax_revplus import host_memory
 from trax_revplus import trainer as rev_trainer
 from trax_revplus import validation
+from trax_revplus.memory import host_release as host_memory
 from trax_revplus.trainer import options as options_lib
 
 pytestmark = pytest.mark.usefixtures('stock_trax')

@@ -1,25 +1,28 @@
-"""The `trax-revplus` command: train, compare, plot-memory and launch.
+"""The `trax-revplus` command: train, compare, estimate, plot-memory, launch.
 
 One argparse parser with a subcommand each (`parser`); each command lives
-in a module of its own (`train`, `compare`, `plot_memory`); exit statuses
-and the one-line error form in `errors`. Only the standard library is
-imported here, so `--help` and mistakes in flags or paths answer before
-trax's ~20 s import. Run as `trax-revplus ...` or `python -m
-trax_revplus.cli ...`.
+in a module of its own (`train`, `compare`, `estimate`, `launch`,
+`plot_memory`); the one-line form of errors in `messages`, the exit
+statuses and the error base class in `trax_revplus.errors`. Only the
+standard library is imported here, so `--help` and mistakes in flags or
+paths answer before trax's ~20 s import. Run as `trax-revplus ...` or
+`python -m trax_revplus.cli ...`.
 """
 
+import signal
 import sys
 from typing import Sequence
 
 from trax_revplus.cli import parser
-from trax_revplus.cli.errors import error_line
-from trax_revplus.cli.errors import EXIT_OK
-from trax_revplus.cli.errors import EXIT_RUNTIME
-from trax_revplus.cli.errors import EXIT_USAGE
-from trax_revplus.cli.errors import PROG
-from trax_revplus.cli.errors import UserError
 from trax_revplus.cli.gin_config import import_trax
 from trax_revplus.cli.gin_config import parse_configs
+from trax_revplus.cli.messages import error_line
+from trax_revplus.cli.messages import PROG
+from trax_revplus.errors import EXIT_OK
+from trax_revplus.errors import EXIT_RUNTIME
+from trax_revplus.errors import EXIT_USAGE
+from trax_revplus.errors import signal_exit_status
+from trax_revplus.errors import UserError
 
 __all__ = ['main', 'run', 'parse_configs', 'import_trax', 'UserError',
            'PROG', 'EXIT_OK', 'EXIT_RUNTIME', 'EXIT_USAGE']
@@ -65,7 +68,7 @@ def main(argv: Sequence[str]) -> int:
     return e.exit_code
   except KeyboardInterrupt:
     print(error_line(command, 'interrupted'), file=sys.stderr, flush=True)
-    return 130
+    return signal_exit_status(signal.SIGINT)
 
 
 def run() -> None:

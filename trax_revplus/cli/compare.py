@@ -1,13 +1,23 @@
-"""`trax-revplus compare`: the command's front end.
+"""`trax-revplus compare`: trains both, then the table, compare.json, the PNG.
 
-The comparison itself is `trax_revplus.compare`.
+What the two runs are and what is measured: `trax_revplus.compare`, which
+runs and measures the trainings and makes the table and figures; this
+module is the command around it.
 """
 
 import argparse
+import json
 import os
+import sys
+import time
+from typing import Sequence, TextIO
 
 from trax_revplus.cli import output_dir as output_dirs
+from trax_revplus.cli.messages import PROG
 from trax_revplus.cli.train import configs_from_flags
+from trax_revplus.errors import EXIT_OK
+from trax_revplus.errors import EXIT_RUNTIME
+from trax_revplus.errors import UserError
 
 
 def run(flags: argparse.Namespace) -> int:
@@ -23,8 +33,96 @@ def run(flags: argparse.Namespace) -> int:
   config_files, bindings = configs_from_flags(flags)
   if flags.output_dir:
     output_dirs.check_writable(os.path.expanduser(flags.output_dir))
-  # Imported here, not at the top: only this command needs it.
+  return compare_main(config_files=config_files, bindings=bindings,
+                      output_dir=flags.output_dir, steps=flags.steps,
+                      seed=flags.seed)
+
+
+def _check_fresh(run_dirs):
+  """Raises UserError if a run dir holds files: train would resume there."""
+  for path in run_dirs:
+    if os.path.isdir(path) and os.listdir(path):
+      raise UserError(
+          f'{path} already holds a run (training would resume from it); '
+          f'give a new --output_dir or remove it')
+
+
+def compare_main(config_files: Sequence[str], bindings: Sequence[str],
+                 output_dir: str | None = None, steps: int | None = None,
+                 seed: int | None = None,
+                 stream: TextIO | None = None) -> int:
+  """Runs both trainings, prints the table, writes compare.json and the PNG.
+
+  Args:
+    config_files: list of str, .gin files, parsed in order by both runs.
+    bindings: list of str, gin bindings applied after them.
+    output_dir: str or None; default ~/trax/compare_<config>_<date>_<time>.
+    steps: int or None; binds `train.steps` for both runs.
+    seed: int or None; binds `train.random_seed` for both runs. None keeps
+      the config's seed, or binds 0 if the config sets none.
+    stream: file-like object for the runs' output and the table; default
+      sys.stdout.
+
+  Returns:
+    int exit status: 0 when the trax_revplus run succeeded, 1 when it failed.
+
+  Raises:
+    UserError: the output dirs already hold runs.
+  """
+  # Imported here, not at the top: `trax_revplus.compare` imports JAX, and
+  # `run` reports mistakes in the flags and paths before that.
   from trax_revplus import compare  # pylint: disable=g-import-not-at-top
-  return compare.compare_main(config_files=config_files, bindings=bindings,
-                              output_dir=flags.output_dir, steps=flags.steps,
-                              seed=flags.seed)
+  stream = stream or sys.stdout
+  output_dir = os.path.abspath(os.path.expanduser(
+      output_dir or output_dirs.default_output_dir(config_files, 'compare_')))
+  run_dirs = {k: os.path.join(output_dir, k) for k in compare.IMPLEMENTATIONS}
+  _check_fresh(run_dirs.values())
+  os.makedirs(output_dir, exist_ok=True)
+
+  extra = []
+  if steps is not None:
+    extra.append(f'train.steps = {int(steps)}')
+  seed_from_config = False
+  if seed is None:
+    seed_from_config, config_value = compare.config_seed(config_files,
+                                                         bindings)
+    if seed_from_config:
+      seed = config_value
+    else:
+      seed = compare.DEFAULT_SEED
+      extra.append(f'train.random_seed = {seed}')
+  else:
+    extra.append(f'train.random_seed = {int(seed)}')
+  every = None if steps is None else max(1, int(steps) // 10)
+
+  runs = {}
+  for k in compare.IMPLEMENTATIONS:
+    log_path = os.path.join(output_dir, f'{k}.log')
+    command = compare.runs.train_command(
+        k, config_files, list(bindings) + extra, run_dirs[k], every)
+    stream.write(f'{PROG} compare: training with {compare.LABELS[k]} '
+                 f'(output in {log_path})\n')
+    stream.flush()
+    start = time.perf_counter()
+    exit_code, output = compare.runs.run_streaming(command, log_path,
+                                                   f'[{k}] ', stream)
+    runs[k] = compare.collect_run(k, exit_code, output, run_dirs[k],
+                                  log_path, time.perf_counter() - start)
+
+  report = compare.build_report(config_files, bindings, steps, seed,
+                                seed_from_config, runs)
+  json_path = os.path.join(output_dir, compare.COMPARE_JSON)
+  with open(json_path + '.tmp', 'w', encoding='utf-8') as f:
+    json.dump(report, f, indent=1)
+  os.replace(json_path + '.tmp', json_path)
+  stream.write(compare.format_table(report) + '\n')
+  png_path = os.path.join(output_dir, compare.COMPARE_PNG)
+  try:
+    compare.plot(report, png_path)
+    written = f'{json_path}, {png_path}'
+  except Exception as e:  # pylint: disable=broad-except
+    written = json_path
+    stream.write(f'could not draw {png_path}: {type(e).__name__}: {e}\n')
+  stream.write(f'wrote {written}\n')
+  stream.flush()
+  return EXIT_OK if runs['revplus']['status'] == 'ok' else EXIT_RUNTIME

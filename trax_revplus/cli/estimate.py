@@ -24,10 +24,10 @@ from typing import Any, Optional
 
 from trax_revplus.cli import gin_config
 from trax_revplus.cli import noise
-from trax_revplus.cli.errors import EXIT_OK
-from trax_revplus.cli.errors import EXIT_RUNTIME
-from trax_revplus.cli.errors import one_line
-from trax_revplus.cli.errors import UserError
+from trax_revplus.errors import EXIT_OK
+from trax_revplus.errors import EXIT_RUNTIME
+from trax_revplus.errors import one_line
+from trax_revplus.errors import UserError
 
 COMMAND = 'estimate'
 TRAINERS = ('default', 'stock', 'revplus')

@@ -12,10 +12,10 @@ import re
 import traceback
 from typing import Sequence
 
-from trax_revplus.cli.errors import EXIT_RUNTIME
-from trax_revplus.cli.errors import EXIT_USAGE
-from trax_revplus.cli.errors import one_line
-from trax_revplus.cli.errors import UserError
+from trax_revplus.errors import EXIT_RUNTIME
+from trax_revplus.errors import EXIT_USAGE
+from trax_revplus.errors import one_line
+from trax_revplus.errors import UserError
 
 _TRAINER_MODULES = ('trax_revplus.trainer', 'trax.optimizers.trainer')
 _MODEL_MODULES = ('trax.models', 'trax.layers', 'trax_revplus.layers')

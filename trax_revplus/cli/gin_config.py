@@ -8,8 +8,8 @@ import sys
 import tempfile
 from typing import Any, Iterator
 
-from trax_revplus.cli.errors import one_line
-from trax_revplus.cli.errors import UserError
+from trax_revplus.errors import one_line
+from trax_revplus.errors import UserError
 
 # What gin raises for a config it cannot parse or apply.
 _GIN_ERRORS = (SyntaxError, ValueError, ImportError, NameError,

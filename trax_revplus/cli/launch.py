@@ -2,15 +2,16 @@
 
 Each process runs `trax-revplus train` with the flags given after `--`, plus
 `--num_processes=N --process_id=I --coordinator_address=127.0.0.1:PORT`
-(`trax_revplus.launch`, which forwards their output and signals and stops
-the others when one fails).
+(`trax_revplus.multiprocess.launcher`, which forwards their output and
+signals and stops the others when one fails).
 """
 
 import argparse
 import sys
 
-from trax_revplus import launch
-from trax_revplus.cli.errors import UserError
+from trax_revplus.errors import EXIT_RUNTIME
+from trax_revplus.errors import UserError
+from trax_revplus.multiprocess import launcher
 
 _SET_BY_LAUNCH = ('--num_processes', '--process_id', '--coordinator_address')
 
@@ -28,18 +29,16 @@ def run(flags: argparse.Namespace) -> int:
 
   Raises:
     UserError: a train flag the launcher sets itself, a process that failed
-      (its exit status), or the launch itself failing.
+      (its exit status; a `LaunchError`), or the launch itself failing.
   """
   for arg in flags.train_args:
     if arg.split('=', 1)[0] in _SET_BY_LAUNCH:
       raise UserError(f'{arg.split("=", 1)[0]} is set by launch for each '
                       f'process; remove it from the train flags.')
   try:
-    return launch.launch(train_command(flags.train_args),
-                         flags.num_processes,
-                         stop_grace_seconds=flags.stop_grace_seconds)
-  except launch.LaunchError as e:
-    raise UserError(str(e), e.exit_code) from None
+    return launcher.launch(train_command(flags.train_args),
+                           flags.num_processes,
+                           stop_grace_seconds=flags.stop_grace_seconds)
   except OSError as e:
     raise UserError(f'cannot start the processes: {e.strerror or e}',
-                    launch.EXIT_RUNTIME) from None
+                    EXIT_RUNTIME) from None

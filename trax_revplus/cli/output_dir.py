@@ -15,9 +15,9 @@ import os
 import socket
 import time
 
-from trax_revplus.cli.errors import EXIT_RUNTIME
-from trax_revplus.cli.errors import PROG
-from trax_revplus.cli.errors import UserError
+from trax_revplus.cli.messages import PROG
+from trax_revplus.errors import EXIT_RUNTIME
+from trax_revplus.errors import UserError
 
 try:
   import fcntl  # pylint: disable=g-import-not-at-top

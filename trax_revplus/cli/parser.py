@@ -11,9 +11,9 @@ import argparse
 import sys
 from typing import Any, NoReturn, Sequence
 
-from trax_revplus.cli.errors import EXIT_OK
-from trax_revplus.cli.errors import PROG
-from trax_revplus.cli.errors import UserError
+from trax_revplus.cli.messages import PROG
+from trax_revplus.errors import EXIT_OK
+from trax_revplus.errors import UserError
 
 COMMANDS = ('train', 'compare', 'plot-memory', 'estimate', 'launch')
 IMPLEMENTATIONS = ('config', 'stock', 'revplus')

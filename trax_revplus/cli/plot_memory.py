@@ -3,10 +3,10 @@
 import argparse
 import os
 
-from trax_revplus.cli.errors import EXIT_OK
-from trax_revplus.cli.errors import EXIT_RUNTIME
-from trax_revplus.cli.errors import one_line
-from trax_revplus.cli.errors import UserError
+from trax_revplus.errors import EXIT_OK
+from trax_revplus.errors import EXIT_RUNTIME
+from trax_revplus.errors import one_line
+from trax_revplus.errors import UserError
 
 
 def run(flags: argparse.Namespace) -> int:
@@ -24,9 +24,9 @@ def run(flags: argparse.Namespace) -> int:
   run_dir = flags.run_dir
   if not os.path.exists(run_dir):
     raise UserError(f'run directory not found: {run_dir}')
-  from trax_revplus import memory_plot  # pylint: disable=g-import-not-at-top
+  from trax_revplus.memory import plot  # pylint: disable=g-import-not-at-top
   try:
-    png = memory_plot.plot_memory(run_dir, flags.output)
+    png = plot.plot_memory(run_dir, flags.output)
   except ValueError as e:  # A log without records.
     raise UserError(one_line(e)) from None
   except OSError as e:

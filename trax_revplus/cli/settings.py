@@ -10,7 +10,7 @@ be, and, for a setting with a few allowed values, lists them.
 from typing import Any
 
 from trax_revplus.cli import gin_config
-from trax_revplus.cli.errors import UserError
+from trax_revplus.errors import UserError
 
 # train()'s settings with a few allowed values: gin name -> the values (ints
 # and bools compare equal: 1 is True).

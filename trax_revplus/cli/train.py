@@ -16,8 +16,8 @@ lines and warnings, third-party warnings known to be harmless go to
 `<output_dir>/train.log` only (`noise`).
 
 With several processes (`--num_processes` or a cluster launcher), each
-joins the run before anything touches JAX (`trax_revplus.distributed`);
-what differs then is in `trax_revplus.distributed_run`.
+joins the run before anything touches JAX (`join`); what differs then is
+in `trax_revplus.multiprocess` (`training`, `ending`).
 """
 
 import argparse
@@ -31,20 +31,22 @@ import sys
 import threading
 from typing import Any, Iterator
 
-from trax_revplus import distributed
-from trax_revplus import distributed_run
 from trax_revplus import interrupt
 from trax_revplus.cli import failures
 from trax_revplus.cli import gin_config
+from trax_revplus.cli import join
 from trax_revplus.cli import noise
 from trax_revplus.cli import output_dir as output_dirs
 from trax_revplus.cli import settings
 from trax_revplus.cli import summary as summaries
-from trax_revplus.cli.errors import error_line
-from trax_revplus.cli.errors import EXIT_OK
-from trax_revplus.cli.errors import PROG
-from trax_revplus.cli.errors import UserError
-from trax_revplus.cli.errors import warning_line
+from trax_revplus.cli.messages import error_line
+from trax_revplus.cli.messages import PROG
+from trax_revplus.cli.messages import warning_line
+from trax_revplus.errors import EXIT_OK
+from trax_revplus.errors import signal_exit_status
+from trax_revplus.errors import UserError
+from trax_revplus.multiprocess import ending
+from trax_revplus.multiprocess import training as processes
 
 COMMAND = 'train'
 
@@ -187,7 +189,7 @@ def _run_logging(output_dir: str, import_messages: str,
   """Full log to output_dir/train.log; the plugin's warnings on stderr.
 
   In a multi-process run (`process` not None) each process logs to its own
-  file (`distributed_run.log_file_name`), every line marked with its index.
+  file (`training.log_file_name`), every line marked with its index.
 
   Yields:
     The path of the log file.
@@ -196,7 +198,7 @@ def _run_logging(output_dir: str, import_messages: str,
   logging.set_verbosity(logging.INFO)
   absl_logger = logging.get_absl_logger()
   log_path = os.path.join(output_dir,
-                          distributed_run.log_file_name(process or 0))
+                          processes.log_file_name(process or 0))
   to_file = std_logging.FileHandler(log_path)
   to_file.setLevel(std_logging.INFO)
   to_stderr = std_logging.StreamHandler(sys.stderr)
@@ -205,7 +207,7 @@ def _run_logging(output_dir: str, import_messages: str,
   for handler in (to_file, to_stderr):
     formatter = logging.PythonFormatter()
     if process is not None:
-      formatter = distributed_run.ProcessFormatter(formatter, process)
+      formatter = processes.ProcessFormatter(formatter, process)
     handler.setFormatter(formatter)
     absl_logger.addHandler(handler)
   # trax logs every metric at INFO; keep those out of the terminal (where
@@ -235,7 +237,7 @@ def _share_seed() -> None:
   import gin  # pylint: disable=g-import-not-at-top
   if gin_config.bound_value('train.random_seed', None) is None:
     gin.bind_parameter('train.random_seed',
-                       distributed_run.shared_random_seed())
+                       processes.shared_random_seed())
 
 
 def _close_trainers(loop: Any) -> None:
@@ -280,20 +282,20 @@ def _train(output_dir: str, callbacks: list[Any], log_path: str,
   checkpoints.set_aside_unreadable_data_counters(output_dir)
   loop = None
   if multi_process:  # Before stop.callback: every process stops together.
-    callbacks = list(callbacks) + [distributed_run.stop_together(stop)]
+    callbacks = list(callbacks) + [ending.stop_together(stop)]
   try:
     loop = trainer_lib.train(output_dir=output_dir,
                              callbacks=list(callbacks) + [stop.callback])
     checkpoint = os.path.join(output_dir, 'model.pkl.gz')
     if multi_process:  # Process 0 may still be writing it.
-      distributed_run.barrier('trained')
+      processes.barrier('trained')
     checkpoint_step = _checkpoint_step(checkpoint)
     # trax checkpoints every eval_frequency steps; keep the final weights
     # too when the run did not end on such a step.
     if checkpoint_step != loop.step:
       loop.save_checkpoint('model')
       if multi_process:
-        distributed_run.barrier('saved')
+        processes.barrier('saved')
       checkpoint_step = _checkpoint_step(checkpoint)
   except Exception as e:  # pylint: disable=broad-except
     if isinstance(e, interrupt.Interrupted):
@@ -320,25 +322,11 @@ def _train(output_dir: str, callbacks: list[Any], log_path: str,
   return EXIT_OK
 
 
-def _join(flags: argparse.Namespace) -> distributed.DistributedConfig:
-  """Joins the multi-process run the flags or environment ask for.
-
-  Raises:
-    UserError: values that cannot work (exit 2), or the join failed (1).
-  """
-  try:
-    config = distributed_run.config_from_flags(flags)
-    distributed.initialize(config, error_prefix=f'{PROG} {COMMAND}: error: ')
-  except distributed.DistributedError as e:
-    raise UserError(str(e), e.exit_code) from None
-  return config
-
-
 def run(flags: argparse.Namespace) -> int:
   """Runs `trax-revplus train` with the parsed flags.
 
   In a multi-process run a process that fails prints its line and ends at
-  once (`distributed.exit_immediately`), without waiting for the others.
+  once (`ending.exit_immediately`), without waiting for the others.
 
   Returns:
     The exit status: 0 done.
@@ -350,20 +338,21 @@ def run(flags: argparse.Namespace) -> int:
   output_dir = os.path.expanduser(
       flags.output_dir or output_dirs.default_output_dir(config_files))
   output_dirs.check_writable(output_dir)
-  config = _join(flags)  # Before anything touches JAX.
+  # Before anything touches JAX.
+  config = join.join_from_flags(flags, COMMAND)
   if not config.is_multi_process:
     return _run(flags, config_files, bindings, output_dir, None)
   try:
     return _run(flags, config_files, bindings, output_dir,
-                distributed_run.process_index())
+                processes.process_index())
   except UserError as e:
     if e.exit_code > 128:  # Stopped by a signal, every process at one step.
       raise
     line, code = str(e), e.exit_code
   except Exception as e:  # pylint: disable=broad-except
-    line, code = distributed_run.failure(e, config)
+    line, code = ending.failure(e, config)
   print(error_line(COMMAND, line), file=sys.stderr, flush=True)
-  distributed.exit_immediately(code)
+  ending.exit_immediately(code)
 
 
 def _run(flags: argparse.Namespace, config_files: list[str],
@@ -398,7 +387,7 @@ def _run(flags: argparse.Namespace, config_files: list[str],
     if e.loop is not None:
       _close_trainers(e.loop)
     raise UserError(summaries.interrupted_message(e, output_dir),
-                    128 + e.signum) from None
+                    signal_exit_status(e.signum)) from None
   finally:
     lock.release()
 

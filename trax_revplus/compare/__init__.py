@@ -1,10 +1,10 @@
-"""`trax-revplus compare`: one gin config, stock trax versus trax_revplus.
+"""One gin config, stock trax versus trax_revplus: runs, figures, table, PNG.
 
-Trains the config twice, one run after the other, each in a fresh process
-(`python -m trax_revplus.cli train`): first with stock trax
-(`--implementation=stock`), then with trax_revplus
-(`--implementation=revplus`), with the same bindings, the same number of
-steps and the same seed. Both runs are measured by the same code,
+`trax-revplus compare` (`trax_revplus.cli.compare`) trains the config
+twice, one run after the other, each in a fresh process (`python -m
+trax_revplus.cli train`): first with stock trax (`--implementation=stock`),
+then with trax_revplus (`--implementation=revplus`), with the same
+bindings, the same number of steps and the same seed. Both runs are measured by the same code,
 `trax_revplus.progress.ProgressPrinter`, which writes each run's
 `run_stats.json`. The comparison is printed as a table and written to
 `<output_dir>/compare.json` and `<output_dir>/compare.png`.
@@ -67,10 +67,10 @@ the table says why), 1 when the trax_revplus run failed, 2 on a usage error
 
 # The parts, one job each: `seed` (the seed both runs use), `runs` (the
 # training processes and their entries), `figures` (checkpoint differences,
-# the report), `table` (the printed table), `png` (compare.png), `command`
-# (`compare_main`); `common` holds what they share. The names below are
-# importable from `trax_revplus.compare` itself.
-from trax_revplus.compare.command import compare_main
+# the report), `table` (the printed table), `png` (compare.png); `common`
+# holds what they share. The command that runs them in order is
+# `trax_revplus.cli.compare`. The names below are importable from
+# `trax_revplus.compare` itself.
 from trax_revplus.compare.common import COMPARE_JSON
 from trax_revplus.compare.common import COMPARE_PNG
 from trax_revplus.compare.common import IMPLEMENTATIONS
@@ -91,8 +91,7 @@ from trax_revplus.compare.table import format_table
 
 __all__ = [
     'build_report', 'checkpoint_diff', 'collect_run', 'COMPARE_JSON',
-    'COMPARE_PNG', 'compare_main', 'config_seed', 'DEFAULT_SEED',
-    'failure_reason', 'format_table', 'IMPLEMENTATIONS', 'LABELS',
-    'max_abs_diff', 'plot', 'read_npy_gz', 'Report', 'Run',
-    'RUN_STATS_FILENAME',
+    'COMPARE_PNG', 'config_seed', 'DEFAULT_SEED', 'failure_reason',
+    'format_table', 'IMPLEMENTATIONS', 'LABELS', 'max_abs_diff', 'plot',
+    'read_npy_gz', 'Report', 'Run', 'RUN_STATS_FILENAME',
 ]

@@ -7,13 +7,12 @@ from trax_revplus.compare.common import IMPLEMENTATIONS
 from trax_revplus.compare.common import LABELS
 from trax_revplus.compare.common import Report
 from trax_revplus.compare.runs import memory_records
+from trax_revplus.memory import step_axis
 
 # Phase records of the memory log; colours apart from the two runs' lines.
 _PHASE_COLORS = ('black', 'tab:green', 'tab:purple', 'tab:orange', 'tab:brown',
                  'tab:olive', 'tab:cyan', 'tab:pink')
 _PHASE_MARKERS = 'sD^v<>ph'
-# Memory-log records of the process rather than of a step's phases.
-_PROCESS_PHASES = ('init', 'start', 'step', 'end')
 
 
 def _log_records(run):
@@ -23,18 +22,18 @@ def _log_records(run):
 
 
 def _phase_records(run):
-  """(x, record) of the trax_revplus memory log's phase records, or []."""
-  records = [r for r in _log_records(run)
-             if r.get('layer') is None and r['phase'] not in _PROCESS_PHASES]
-  # A step's phases happen before the step ends, when the runs' per-step
-  # figures are sampled: spread them over (step - 1, step] in file order.
-  per_step = {}
-  for r in records:
-    per_step.setdefault(r['step'], []).append(r)
+  """(x, record) of the trax_revplus memory log's phase records, or [].
+
+  A step's phases happen before the step ends, when the runs' per-step
+  figures are sampled: they sit inside (step - 1, step), where
+  `plot-memory` draws them too (`memory.step_axis`).
+  """
   points = []
-  for step, recs in per_step.items():
-    for i, r in enumerate(recs):
-      points.append((step - 1 + (i + 1) / len(recs), r))
+  for segment in step_axis.segments(_log_records(run)):
+    for x, r in zip(step_axis.x_positions(segment), segment):
+      if (r.get('layer') is None and r['phase'] != 'init' and
+          r['phase'] not in step_axis.PROCESS_PHASES):
+        points.append((x, r))
   return points
 
 

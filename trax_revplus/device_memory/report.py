@@ -11,6 +11,7 @@ a trainer into `TrainerMemory.error`, one line.
 import dataclasses
 from typing import Callable, Optional
 
+from trax_revplus import errors
 from trax_revplus.device_memory import composition
 from trax_revplus.device_memory import default_trainer
 from trax_revplus.device_memory import stock_trainer
@@ -85,9 +86,8 @@ class TrainerMemory:
 
 def one_line(error: BaseException) -> str:
   """`error` as one line: its type and the first line of its message."""
-  lines = [l.strip() for l in str(error).splitlines() if l.strip()]
-  text = f'{type(error).__name__}: {lines[0]}' if lines else type(
-      error).__name__
+  first = errors.one_line(error, context=False)
+  text = f'{type(error).__name__}: {first}' if first else type(error).__name__
   return text if len(text) <= 300 else text[:297] + '...'
 
 

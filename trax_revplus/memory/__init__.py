@@ -1,20 +1,26 @@
-"""Memory probes and the memory log of the reversible trainer.
+"""Host and device memory: probes, the trainer's memory log, its figure.
 
 Modules, one job each:
 
-  probes     bytes in use now: `host_rss_bytes()`, `device_memory()`,
-             `array_bytes(tree)`.
-  host_peak  the true peak RSS between two moments (the kernel's high-water
-             mark, reset around each step on Linux).
-  transfers  `TransferCounter`: bytes copied host-to-device (H2D) and
-             device-to-host (D2H), counted by the code that copies.
-  records    the fields of a `memory.jsonl` record, its one-line form,
-             reading a log back, a run's peaks.
-  schedule   which steps get phase records.
-  log        `MemoryLog`: what each step records, and when.
-  writers    where records go: absl lines, `memory.jsonl`, TensorBoard.
+  probes        bytes in use now: `host_rss_bytes()`, `device_memory()`,
+                `array_bytes(tree)`.
+  host_peak     the true peak RSS between two moments (the kernel's
+                high-water mark, reset around each step on Linux).
+  host_release  gives memory the C allocator holds free back to the system
+                (glibc's `malloc_trim`; a fixed mmap threshold).
+  transfers     `TransferCounter`: bytes copied host-to-device (H2D) and
+                device-to-host (D2H), counted by the code that copies.
+  records       the fields of a `memory.jsonl` record, its one-line form,
+                reading a log back, a run's peaks.
+  schedule      which steps get phase records.
+  log           `MemoryLog`: what each step records, and when.
+  writers       where records go: absl lines, `memory.jsonl`, TensorBoard.
+  step_axis     where a record sits on a figure's training-step axis.
+  plot          a memory log as a PNG (`trax-revplus plot-memory`).
 
-The names below are importable from `trax_revplus.memory` itself.
+The names below are importable from `trax_revplus.memory` itself;
+`host_release`, `step_axis` and `plot` are imported as modules (`plot`
+imports matplotlib, which training does not need).
 """
 
 from absl import logging  # pylint: disable=unused-import

@@ -67,7 +67,7 @@ name; sizes are in bytes, durations in seconds, times in Unix seconds.
       bytes.
     host_released_bytes (int): decrease of host RSS when free C-allocator
       memory was given back to the system during the phase
-      (`host_memory.HostMemoryReleaser`).
+      (`host_release.HostMemoryReleaser`).
   Other caller fields are written as given (numpy and JAX scalars and arrays
   become JSON numbers and lists; non-finite floats become null).
 

@@ -10,7 +10,7 @@ settings. Hooks observe the step and tidy memory; none changes its plan.
                      compilations and twice per step.
 """
 
-from trax_revplus import host_memory
+from trax_revplus.memory import host_release as host_memory
 
 
 class StepHooks:

@@ -14,8 +14,8 @@ from typing import Optional, Union
 import gin
 import numpy as np
 
-from trax_revplus import host_memory
 from trax_revplus import validation
+from trax_revplus.memory import host_release as host_memory
 from trax_revplus.memory.schedule import FIRST_STEPS_RECORDED
 
 GIN_CONFIGURABLE = 'trax_revplus.ReversibleSerialTrainer'

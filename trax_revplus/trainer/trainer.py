@@ -28,10 +28,10 @@ from trax import layers as tl
 
 from trax_revplus import checkpoints
 from trax_revplus import device_memory as device_memory_lib
-from trax_revplus import host_memory
 from trax_revplus import memory
 from trax_revplus import placement as placement_lib
 from trax_revplus import validation
+from trax_revplus.memory import host_release as host_memory
 from trax_revplus.trainer import budget as budget_lib
 from trax_revplus.trainer import commit
 from trax_revplus.trainer import compilation

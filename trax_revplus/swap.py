@@ -34,7 +34,7 @@ _stock_init_evaluator = _training.Loop._init_evaluator
 
 def _replacements():
   """Maps each stock object (by id) to (stock object, replacement)."""
-  # Imported here: these modules import trax_revplus.activation indirectly.
+  # Imported here: these modules import trax_revplus.swap indirectly.
   from trax_revplus import compat  # pylint: disable=g-import-not-at-top
   from trax_revplus import layers  # pylint: disable=g-import-not-at-top
   from trax_revplus import trainer  # pylint: disable=g-import-not-at-top

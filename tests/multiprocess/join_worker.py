@@ -1,14 +1,14 @@
 """One process of a multi-process test run; prints one JSON line on stdout.
 
-Run by tests/test_distributed.py and tests/test_launch.py, N times with
+Run by tests/multiprocess/test_join.py and test_launcher.py, N times with
 `--num_processes=N --process_id=I --coordinator_address=HOST:PORT` (as
-`trax_revplus.launch` appends them):
+`trax_revplus.multiprocess.launcher` appends them):
 
-  python tests/distributed_worker.py MODE [--timeout_seconds=S]
+  python tests/multiprocess/join_worker.py MODE [--timeout_seconds=S]
       [--heartbeat_timeout_seconds=S]
       --num_processes=N --process_id=I --coordinator_address=HOST:PORT
 
-Modes (after `distributed.initialize`, unless said otherwise):
+Modes (after `join.initialize`, unless said otherwise):
   psum          every device contributes (its global device index + 1);
                 prints the sum over all devices of all processes (a
                 collective across processes, on a mesh of `jax.devices()`).
@@ -18,8 +18,7 @@ Modes (after `distributed.initialize`, unless said otherwise):
 
 A `DistributedError` is printed as 'error: <message>' on stderr and ends the
 process with its exit status; a collective failing after the join likewise,
-with status `launch.EXIT_LOST_PROCESS`, through
-`distributed.exit_immediately`.
+with status `EXIT_LOST_PROCESS`, through `ending.exit_immediately`.
 """
 
 import argparse
@@ -28,10 +27,16 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))))
 
-from trax_revplus import distributed  # pylint: disable=g-import-not-at-top
-from trax_revplus import launch  # pylint: disable=g-import-not-at-top
+# pylint: disable=g-import-not-at-top
+from trax_revplus.errors import EXIT_LOST_PROCESS
+from trax_revplus.multiprocess import config as config_lib
+from trax_revplus.multiprocess import ending
+from trax_revplus.multiprocess import errors
+from trax_revplus.multiprocess import join
+# pylint: enable=g-import-not-at-top
 
 
 def _report(error):
@@ -66,7 +71,7 @@ def main():
   args = parser.parse_args()
 
   try:
-    config = distributed.resolve_config(
+    config = config_lib.resolve_config(
         args.num_processes, args.process_id, args.coordinator_address,
         timeout_seconds=args.timeout_seconds,
         heartbeat_timeout_seconds=args.heartbeat_timeout_seconds,
@@ -74,8 +79,8 @@ def main():
     if args.mode == 'backend-first':
       import jax  # pylint: disable=g-import-not-at-top
       jax.devices()
-    distributed.initialize(config, error_prefix='error: ')
-  except distributed.DistributedError as e:
+    join.initialize(config, error_prefix='error: ')
+  except errors.DistributedError as e:
     _report(e)
     return e.exit_code
 
@@ -90,7 +95,7 @@ def main():
     elif args.mode == 'exit-early':
       if jax.process_index() == 1:
         print('process 1 exits now', flush=True)
-        distributed.exit_immediately(3)
+        ending.exit_immediately(3)
       started = time.monotonic()
       for _ in range(100000):
         _psum_over_all_devices()
@@ -101,7 +106,7 @@ def main():
     first = ' '.join(str(e).split())[:300]
     print(f'error: a collective failed: {type(e).__name__}: {first}',
           file=sys.stderr, flush=True)
-    distributed.exit_immediately(launch.EXIT_LOST_PROCESS)
+    ending.exit_immediately(EXIT_LOST_PROCESS)
   print(json.dumps(out), flush=True)
   return 0
 

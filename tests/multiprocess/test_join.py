@@ -1,7 +1,7 @@
-"""Tests for trax_revplus.distributed: joining jax.distributed, and failing.
+"""trax_revplus.multiprocess.join: joining jax.distributed, and failing.
 
-The multi-process tests start real processes on loopback
-(tests/distributed_worker.py), each with the CPU backend and gloo. Every
+The tests start real processes on loopback
+(tests/multiprocess/join_worker.py), each with the CPU backend and gloo. Every
 wait is bounded by a budget for starting a Python process that imports JAX
 on a slow, busy machine, plus the join deadline under test; a process that
 outlives it is killed and the test fails (a hang, which these paths must
@@ -18,128 +18,17 @@ import time
 
 import pytest
 
-from trax_revplus import distributed
-from trax_revplus import launch
+from trax_revplus.errors import EXIT_LOST_PROCESS
+from trax_revplus.multiprocess import launcher
 from conftest import start_seconds
 
 _WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                       'distributed_worker.py')
+                       'join_worker.py')
 # Seconds a process may take to start and import JAX on a busy 2-core
 # machine, on top of any deadline a test sets.
 _START_SECONDS = start_seconds()
 # A join deadline long enough never to expire in a run that should succeed.
 _PATIENT_JOIN_SECONDS = 300
-
-
-# ---------------------------------------------------------- resolve_config --
-
-
-def test_no_flags_and_no_cluster_is_one_process():
-  config = distributed.resolve_config(environ={})
-  assert not config.is_multi_process
-  assert (config.num_processes, config.process_id) == (1, 0)
-
-
-def test_explicit_values_make_a_multi_process_config():
-  config = distributed.resolve_config(2, 1, '10.0.0.1:1234', environ={})
-  assert config.is_multi_process
-  assert (config.num_processes, config.process_id,
-          config.coordinator_address) == (2, 1, '10.0.0.1:1234')
-  assert config.cluster is None
-
-
-@pytest.mark.parametrize('kwargs,message', [
-    ({'num_processes': 2, 'coordinator_address': 'h:1'}, '--process_id'),
-    ({'num_processes': 2, 'process_id': 0}, '--coordinator_address'),
-    ({'process_id': 1, 'coordinator_address': 'h:1'}, '--num_processes'),
-    ({'num_processes': 0}, '--num_processes=0 must be >= 1'),
-    ({'num_processes': 2, 'process_id': 2, 'coordinator_address': 'h:1'},
-     '--process_id=2 is outside 0..1'),
-    ({'num_processes': 2, 'process_id': -1, 'coordinator_address': 'h:1'},
-     'outside'),
-    ({'num_processes': 1, 'process_id': 1}, '--process_id=1'),
-    ({'num_processes': 'two'}, 'must be an integer'),
-    ({'num_processes': 2, 'process_id': 0, 'coordinator_address': 'h:1',
-      'timeout_seconds': 0}, 'timeout_seconds'),
-])
-def test_bad_values_are_usage_errors_naming_the_flag(kwargs, message):
-  with pytest.raises(distributed.DistributedUsageError) as info:
-    distributed.resolve_config(environ={}, **kwargs)
-  assert message in str(info.value)
-  assert info.value.exit_code == 2
-  assert '\n' not in str(info.value)
-
-
-@pytest.mark.parametrize('address', [
-    'localhost', 'localhost:', ':1234', 'host:0', 'host:65536', 'a b:12',
-    'http://host:12', 'host:12:13'])
-def test_malformed_coordinator_addresses_are_usage_errors(address):
-  with pytest.raises(distributed.DistributedUsageError, match='HOST:PORT'):
-    distributed.resolve_config(2, 0, address, environ={})
-
-
-def test_address_forms_parse():
-  assert distributed.parse_address('10.0.0.1:1234') == ('10.0.0.1', 1234)
-  assert distributed.parse_address('node-7.cluster:80') == ('node-7.cluster',
-                                                            80)
-  assert distributed.parse_address('[::1]:65535') == ('::1', 65535)
-
-
-def test_jax_coordinator_address_variable_gives_the_address():
-  config = distributed.resolve_config(
-      2, 0, environ={'JAX_COORDINATOR_ADDRESS': '10.1.1.1:99'})
-  assert config.coordinator_address == '10.1.1.1:99'
-  config = distributed.resolve_config(
-      2, 0, 'h:5', environ={'JAX_COORDINATOR_ADDRESS': '10.1.1.1:99'})
-  assert config.coordinator_address == 'h:5'  # The flag wins.
-
-
-_SLURM = {'SLURM_JOB_ID': '77', 'SLURM_STEP_NODELIST': 'node[001-004]',
-          'SLURM_NTASKS': '4', 'SLURM_PROCID': '3', 'SLURM_LOCALID': '0'}
-
-
-def test_slurm_environment_gives_count_and_index_jax_the_address():
-  config = distributed.resolve_config(environ=_SLURM)
-  assert (config.num_processes, config.process_id, config.cluster,
-          config.coordinator_address) == (4, 3, 'slurm', None)
-  assert config.is_multi_process
-  # A flag given still wins over the environment.
-  assert distributed.resolve_config(
-      process_id=1, environ=_SLURM).process_id == 1
-  # One task: a single process, nothing to join.
-  single = distributed.resolve_config(environ=dict(_SLURM, SLURM_NTASKS='1',
-                                                   SLURM_PROCID='0'))
-  assert not single.is_multi_process
-  # An allocation without a job step (no srun) is not a launcher.
-  partial = {k: v for k, v in _SLURM.items() if k != 'SLURM_STEP_NODELIST'}
-  assert not distributed.resolve_config(environ=partial).is_multi_process
-
-
-def test_open_mpi_and_kubernetes_environments():
-  ompi = {'OMPI_MCA_orte_hnp_uri': '1531576320.0;tcp://10.0.0.1:34911',
-          'OMPI_COMM_WORLD_SIZE': '2', 'OMPI_COMM_WORLD_RANK': '1'}
-  config = distributed.resolve_config(environ=ompi)
-  assert (config.num_processes, config.process_id,
-          config.cluster) == (2, 1, 'ompi')
-  k8s = {'KUBERNETES_SERVICE_HOST': '10.96.0.1', 'JOB_COMPLETION_INDEX': '5'}
-  config = distributed.resolve_config(environ=k8s)
-  assert (config.num_processes, config.process_id,
-          config.cluster) == (None, 5, 'k8s')
-  assert config.is_multi_process
-  # Any pod has KUBERNETES_SERVICE_HOST; only an indexed Job is a launcher.
-  pod = {'KUBERNETES_SERVICE_HOST': '10.96.0.1'}
-  assert not distributed.resolve_config(environ=pod).is_multi_process
-
-
-def test_error_classes_carry_exit_statuses():
-  assert issubclass(distributed.DistributedUsageError, ValueError)
-  assert issubclass(distributed.DistributedRuntimeError, RuntimeError)
-  assert distributed.DistributedUsageError('x').exit_code == 2
-  assert distributed.JoinTimeoutError('x').exit_code == 1
-  assert distributed.JoinInterruptedError('x', signal.SIGINT).exit_code == 130
-
-
-# ----------------------------------------------------- processes, loopback --
 
 
 class _Processes:
@@ -190,7 +79,7 @@ def _flags(n, i, address, timeout_seconds=_PATIENT_JOIN_SECONDS):
 
 
 def _address():
-  return f'127.0.0.1:{launch.free_port()}'
+  return f'127.0.0.1:{launcher.free_port()}'
 
 
 def _error_lines(stderr):
@@ -314,7 +203,7 @@ def test_joining_after_jax_started_is_refused_in_one_line():
 
 
 def test_ctrl_c_while_waiting_to_join_ends_in_one_line():
-  port = launch.free_port()
+  port = launcher.free_port()
   procs = _Processes([['psum'] + _flags(2, 0, f'127.0.0.1:{port}')],
                      env=_env())
   # Process 0 serves the coordinator from inside the join: once its port
@@ -340,6 +229,6 @@ def test_a_process_that_dies_after_joining_fails_the_others_in_one_line():
                       for i in range(2)], env=_env())
   survivor, dead = procs.wait(_START_SECONDS + _PATIENT_JOIN_SECONDS)
   assert dead[0] == 3, dead[2][-2000:]
-  _assert_one_line_error(survivor, launch.EXIT_LOST_PROCESS,
+  _assert_one_line_error(survivor, EXIT_LOST_PROCESS,
                          'a collective failed')
 

@@ -1,10 +1,23 @@
-"""The values that place a process in a multi-process run, and their errors.
+"""The values that place a process in a multi-process run.
 
 `resolve_config` gathers them from the arguments (the command line's
-`--num_processes`, `--process_id`, `--coordinator_address`) and the
-environment (see `trax_revplus.distributed`) into a checked
-`DistributedConfig`; each way they can be wrong is a `DistributedError`
-whose message is one line.
+`--num_processes`, `--process_id`, `--coordinator_address`, which the CLI
+passes as plain values) and the environment into a checked
+`DistributedConfig`; each way they can be wrong is a
+`DistributedUsageError` whose message is one line.
+
+Where each of the three values comes from (first found wins):
+
+  1. the argument;
+  2. `JAX_COORDINATOR_ADDRESS` (the address only; `JAX_LOCAL_DEVICE_IDS`,
+     `JAX_COORDINATOR_PORT`, `JAX_COORDINATOR_BIND_ADDRESS` are read by JAX);
+  3. a cluster launcher, detected as `jax/_src/clusters/` does: SLURM
+     (`SLURM_NTASKS`, `SLURM_PROCID`), Open MPI (`OMPI_COMM_WORLD_SIZE`,
+     `OMPI_COMM_WORLD_RANK`) or a Kubernetes indexed Job
+     (`JOB_COMPLETION_INDEX`); what is still unset (the coordinator; the
+     Kubernetes count) `jax.distributed.initialize` fills in.
+
+With none of these the run is a single process and nothing is joined.
 """
 
 import dataclasses
@@ -12,46 +25,15 @@ import os
 import re
 from typing import Mapping, Optional, Tuple
 
-EXIT_RUNTIME = 1
-EXIT_USAGE = 2
+from trax_revplus.multiprocess.errors import DistributedUsageError
 
 DEFAULT_TIMEOUT_SECONDS = 300
 DEFAULT_HEARTBEAT_TIMEOUT_SECONDS = 100
 DEFAULT_SHUTDOWN_TIMEOUT_SECONDS = 300
 
-_FLAGS_HINT = ('give every process the same --num_processes and '
-               '--coordinator_address and its own --process_id in 0..N-1')
-
-
-class DistributedError(Exception):
-  """A multi-process setup that cannot work; `str()` is one line.
-
-  Attributes:
-    exit_code: int, the exit status a command should end with.
-  """
-  exit_code = EXIT_RUNTIME
-
-
-class DistributedUsageError(DistributedError, ValueError):
-  """A value is missing, malformed, out of range or disagrees (exit 2)."""
-  exit_code = EXIT_USAGE
-
-
-class DistributedRuntimeError(DistributedError, RuntimeError):
-  """Joining failed: network, port, timeout, or JAX already started (exit 1)."""
-  exit_code = EXIT_RUNTIME
-
-
-class JoinTimeoutError(DistributedRuntimeError):
-  """Not every process joined within `timeout_seconds`."""
-
-
-class JoinInterruptedError(DistributedRuntimeError):
-  """A signal (e.g. Ctrl-C) arrived while waiting for the other processes."""
-
-  def __init__(self, message, signum):
-    super().__init__(message)
-    self.exit_code = 128 + signum
+# What every process must be given; ends the errors of values that disagree.
+FLAGS_HINT = ('give every process the same --num_processes and '
+              '--coordinator_address and its own --process_id in 0..N-1')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +52,7 @@ class DistributedConfig:
       process under SLURM and Open MPI on GPUs).
     cluster: str, the cluster launcher detected in the environment ('slurm',
       'ompi', 'k8s'), or None.
-    timeout_seconds: float > 0, how long `initialize` waits for every
+    timeout_seconds: float > 0, how long `join.initialize` waits for every
       process to join before giving up.
     heartbeat_timeout_seconds: int > 0, after how long without a heartbeat
       JAX declares a process dead (a stopped or frozen process; a process
@@ -89,7 +71,7 @@ class DistributedConfig:
 
   @property
   def is_multi_process(self):
-    """Whether `initialize` joins a runtime (more than one process)."""
+    """Whether `join.initialize` joins a runtime (more than one process)."""
     return self.num_processes != 1
 
   def describe(self):
@@ -208,7 +190,7 @@ def resolve_config(num_processes=None, process_id=None,
     else:
       raise DistributedUsageError(
           f'--process_id or a coordinator address is set but '
-          f'--num_processes is not; {_FLAGS_HINT}.')
+          f'--num_processes is not; {FLAGS_HINT}.')
   if n == 1:
     if i not in (None, 0):
       raise DistributedUsageError(
@@ -219,15 +201,15 @@ def resolve_config(num_processes=None, process_id=None,
   if i is None:
     raise DistributedUsageError(
         f'--num_processes={n} needs --process_id (0..{n - 1}) for this '
-        f'process; {_FLAGS_HINT}.')
+        f'process; {FLAGS_HINT}.')
   if i < 0 or (n is not None and i >= n):
     within = f'0..{n - 1} (--num_processes={n})' if n else '0..N-1'
     raise DistributedUsageError(
-        f'--process_id={i} is outside {within}; {_FLAGS_HINT}.')
+        f'--process_id={i} is outside {within}; {FLAGS_HINT}.')
   if address is None and name is None:
     raise DistributedUsageError(
         f'--num_processes={n} needs --coordinator_address=HOST:PORT (the '
-        f'host of process 0 and a free port there); {_FLAGS_HINT}.')
+        f'host of process 0 and a free port there); {FLAGS_HINT}.')
   if address is not None:
     parse_address(address)
   if local_device_ids is not None:

@@ -1,4 +1,4 @@
-"""trax_revplus.host_memory: free C-allocator memory goes back to the system."""
+"""trax_revplus.memory.host_release: free C-allocator memory goes back."""
 
 import ctypes
 import os
@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from trax_revplus import host_memory
 from trax_revplus import memory
+from trax_revplus.memory import host_release
 
 
 def _fragmented_free_heap(n_chunks=200_000, chunk_bytes=1024, keep_every=64):
@@ -23,9 +23,9 @@ def _fragmented_free_heap(n_chunks=200_000, chunk_bytes=1024, keep_every=64):
   return buffers[::keep_every]
 
 
-@pytest.mark.skipif(not host_memory.available(), reason='needs glibc')
+@pytest.mark.skipif(not host_release.available(), reason='needs glibc')
 def test_release_returns_freed_memory_and_waits_for_growth():
-  releaser = host_memory.HostMemoryReleaser(min_growth_bytes=64 * 2**20)
+  releaser = host_release.HostMemoryReleaser(min_growth_bytes=64 * 2**20)
   releaser.release()  # start from what the process holds now
   survivors = _fragmented_free_heap()
   held = memory.host_rss_bytes()
@@ -42,7 +42,7 @@ def test_release_returns_freed_memory_and_waits_for_growth():
 # with a fixed 1 MiB threshold first); prints the bytes glibc mapped for it.
 _MAPPED_BLOCK_SCRIPT = """
 import ctypes, sys
-from trax_revplus import host_memory
+from trax_revplus.memory import host_release
 class MallInfo2(ctypes.Structure):
   _fields_ = [(n, ctypes.c_size_t) for n in (
       'arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks '
@@ -54,7 +54,7 @@ libc.malloc.argtypes = [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]
 libc.free(libc.malloc(8 << 20))  # glibc's threshold rises to 8 MiB
 if sys.argv[1] == 'set':
-  assert host_memory.set_mmap_threshold(1 << 20)
+  assert host_release.set_mmap_threshold(1 << 20)
 before = libc.mallinfo2().hblkhd
 block = libc.malloc(4 << 20)
 print(libc.mallinfo2().hblkhd - before)
@@ -76,21 +76,21 @@ def _mapped_bytes(mode):
   return int(out.stdout.split()[-1])
 
 
-@pytest.mark.skipif(not host_memory.available() or not _has_mallinfo2(),
+@pytest.mark.skipif(not host_release.available() or not _has_mallinfo2(),
                     reason='needs glibc >= 2.33')
 def test_set_mmap_threshold_maps_blocks_glibc_would_keep_in_its_arenas():
   assert _mapped_bytes('default') == 0
   assert _mapped_bytes('set') >= 4 << 20
 
 
-@pytest.mark.skipif(not host_memory.available(), reason='needs glibc')
+@pytest.mark.skipif(not host_release.available(), reason='needs glibc')
 def test_set_mmap_threshold_keeps_the_users_glibc_tunable(monkeypatch):
   monkeypatch.setenv('GLIBC_TUNABLES', 'glibc.malloc.mmap_threshold=65536')
-  assert host_memory.set_mmap_threshold(2**20) is False
+  assert host_release.set_mmap_threshold(2**20) is False
 
 
 @pytest.mark.parametrize('nbytes', [-1, 32 * 2**20 + 1, 1.5, True, '1'])
 def test_set_mmap_threshold_rejects_what_glibc_cannot_take(nbytes):
   with pytest.raises(ValueError,
                      match=r'int number of bytes in \[0, 33554432\]'):
-    host_memory.set_mmap_threshold(nbytes)
+    host_release.set_mmap_threshold(nbytes)

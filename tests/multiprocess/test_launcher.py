@@ -1,8 +1,8 @@
-"""Tests for trax_revplus.launch: N local processes, their output, their end.
+"""trax_revplus.multiprocess.launcher: N local processes, output and end.
 
 The processes are small Python programs (no JAX) except in the last tests,
-which launch real two-process JAX runs (tests/distributed_worker.py) on
-loopback. Waits are bounded by a budget for starting processes on a slow,
+which launch real two-process JAX runs (tests/multiprocess/join_worker.py)
+on loopback. Waits are bounded by a budget for starting processes on a slow,
 busy machine; the behaviour under test (stopping the others) must finish
 well inside it.
 """
@@ -19,12 +19,17 @@ import time
 
 import pytest
 
-from trax_revplus import launch
+from trax_revplus.errors import EXIT_LOST_PROCESS
+from trax_revplus.multiprocess import errors
+from trax_revplus.multiprocess import launcher as launcher_lib
 from conftest import start_seconds
 
 _WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                       'distributed_worker.py')
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+                       'join_worker.py')
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+# The launcher as a command, as `python -m` runs it.
+_LAUNCHER = [sys.executable, '-m', 'trax_revplus.multiprocess.launcher']
 # Seconds to start a few Python processes (or JAX ones) on a busy machine.
 _START_SECONDS = start_seconds()
 # How long a process sleeps when others are meant to stop it: long enough to
@@ -54,9 +59,9 @@ def _launch(command, n, **kwargs):
   out, err = io.StringIO(), io.StringIO()
   started = time.monotonic()
   try:
-    launch.launch(command, n, stdout=out, stderr=err, **kwargs)
+    launcher_lib.launch(command, n, stdout=out, stderr=err, **kwargs)
     error = None
-  except launch.LaunchError as e:
+  except errors.LaunchError as e:
     error = e
   return error, out.getvalue(), err.getvalue(), time.monotonic() - started
 
@@ -89,7 +94,7 @@ def test_a_failing_process_stops_the_others_and_is_named(tmp_path):
         sys.exit(3)
       time.sleep({_FOREVER_SECONDS})
       '''), 3)
-  assert isinstance(error, launch.ProcessFailedError), err
+  assert isinstance(error, errors.ProcessFailedError), err
   assert (error.process_id, error.returncode, error.exit_code) == (1, 3, 3)
   assert str(error) == ('process 1 exited with status 3; stopped the others: '
                         'process 0 was killed by SIGTERM, process 2 was '
@@ -107,14 +112,14 @@ def test_a_process_that_lost_another_is_not_named_as_the_cause(tmp_path):
       ready({str(tmp_path)!r})
       wait_ready({str(tmp_path)!r}, 2)
       if i == 0:
-        sys.exit({launch.EXIT_LOST_PROCESS})
+        sys.exit({EXIT_LOST_PROCESS})
       time.sleep({_FOREVER_SECONDS})
       '''), 2)
-  assert isinstance(error, launch.ProcessFailedError), err
+  assert isinstance(error, errors.ProcessFailedError), err
   assert (error.process_id, error.exit_code) == (1, 3)
   assert str(error) == ('process 1 exited with status 3; stopped the others: '
                         f'process 0 exited with status '
-                        f'{launch.EXIT_LOST_PROCESS}.')
+                        f'{EXIT_LOST_PROCESS}.')
 
 
 def test_a_process_ignoring_sigterm_is_killed_after_the_grace(tmp_path):
@@ -126,7 +131,7 @@ def test_a_process_ignoring_sigterm_is_killed_after_the_grace(tmp_path):
       wait_ready({str(tmp_path)!r}, 1)
       sys.exit(1)
       '''), 2, stop_grace_seconds=1)
-  assert isinstance(error, launch.ProcessFailedError), err
+  assert isinstance(error, errors.ProcessFailedError), err
   assert str(error) == ('process 1 exited with status 1; stopped the others: '
                         'process 0 was killed by SIGKILL.')
   assert seconds < _START_SECONDS
@@ -140,7 +145,7 @@ def test_a_process_killed_by_a_signal_is_named(tmp_path):
         os.kill(os.getpid(), signal.SIGKILL)
       time.sleep({_FOREVER_SECONDS})
       '''), 2)
-  assert isinstance(error, launch.ProcessFailedError), err
+  assert isinstance(error, errors.ProcessFailedError), err
   assert error.process_id == 1
   assert error.exit_code == 128 + signal.SIGKILL
   assert str(error).startswith('process 1 was killed by SIGKILL;')
@@ -164,9 +169,8 @@ def test_a_signal_to_the_launcher_is_forwarded_to_every_process(
       time.sleep({_FOREVER_SECONDS})
       ''')
   launcher = subprocess.Popen(
-      [sys.executable, '-m', 'trax_revplus.launch', '--num_processes=2',
-       '--'] + command, cwd=_REPO, stdout=subprocess.PIPE,
-      stderr=subprocess.PIPE, text=True)
+      _LAUNCHER + ['--num_processes=2', '--'] + command, cwd=_REPO,
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   deadline = time.monotonic() + _START_SECONDS
   while not all((tmp_path / f'ready{i}').exists() for i in range(2)):
     if time.monotonic() > deadline or launcher.poll() is not None:
@@ -200,9 +204,8 @@ def test_processes_die_with_the_launcher(tmp_path):
       time.sleep({_FOREVER_SECONDS})
       ''')
   launcher = subprocess.Popen(
-      [sys.executable, '-m', 'trax_revplus.launch', '--num_processes=2',
-       '--'] + command, cwd=_REPO, stdout=subprocess.DEVNULL,
-      stderr=subprocess.DEVNULL)
+      _LAUNCHER + ['--num_processes=2', '--'] + command, cwd=_REPO,
+      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   deadline = time.monotonic() + _START_SECONDS
   while not all((tmp_path / f'ready{i}').exists() for i in range(2)):
     if time.monotonic() > deadline or launcher.poll() is not None:
@@ -232,20 +235,20 @@ def _running(pid):
 
 
 def test_usage_errors_exit_2():
-  with pytest.raises(launch.LaunchUsageError):
-    launch.launch([], 2)
-  with pytest.raises(launch.LaunchUsageError):
-    launch.launch(['true'], 0)
-  assert launch.main(['--num_processes=2']) == 2
-  assert launch.main(['--num_processes=0', '--', 'true']) == 2
-  assert launch.main(['--num_processes=1', '--',
-                      '/nonexistent/program']) == 1
+  with pytest.raises(errors.LaunchUsageError):
+    launcher_lib.launch([], 2)
+  with pytest.raises(errors.LaunchUsageError):
+    launcher_lib.launch(['true'], 0)
+  assert launcher_lib.main(['--num_processes=2']) == 2
+  assert launcher_lib.main(['--num_processes=0', '--', 'true']) == 2
+  assert launcher_lib.main(['--num_processes=1', '--',
+                            '/nonexistent/program']) == 1
 
 
 def _launch_workers(mode, extra=()):
   proc = subprocess.run(
-      [sys.executable, '-m', 'trax_revplus.launch', '--num_processes=2',
-       '--', sys.executable, _WORKER, mode] + list(extra),
+      _LAUNCHER + ['--num_processes=2', '--', sys.executable, _WORKER, mode]
+      + list(extra),
       cwd=_REPO, capture_output=True, text=True, timeout=2 * _START_SECONDS,
       env=dict(os.environ,
                XLA_FLAGS='--xla_force_host_platform_device_count=1'))

@@ -1,10 +1,11 @@
 """Trains a tiny reversible model 3 steps, in one process of a run or alone.
 
-Run by tests/test_multiprocess.py: alone (1 process, 1 or N forced CPU
-devices) or as each process of a multi-process run (`trax_revplus.launch`
-appends `--num_processes=N --process_id=I --coordinator_address=...`):
+Run by tests/multiprocess/test_training_matches_one_process.py: alone (1
+process, 1 or N forced CPU devices) or as each process of a multi-process
+run (`trax_revplus.multiprocess.launcher` appends `--num_processes=N
+--process_id=I --coordinator_address=...`):
 
-  python tests/multiprocess_worker.py OUT_DIR
+  python tests/multiprocess/training_worker.py OUT_DIR
       [--num_processes=N --process_id=I --coordinator_address=HOST:PORT]
 
 Every run trains on the same global batch of 8 rows with the same RNGs and
@@ -24,9 +25,14 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))))
 
-from trax_revplus import distributed  # pylint: disable=g-import-not-at-top
+# pylint: disable=g-import-not-at-top
+from trax_revplus.multiprocess import config as config_lib
+from trax_revplus.multiprocess import errors
+from trax_revplus.multiprocess import join
+# pylint: enable=g-import-not-at-top
 
 GLOBAL_BATCH_ROWS = 8
 _STEPS = 3
@@ -86,11 +92,11 @@ def main():
   parser.add_argument('--process_id', type=int)
   parser.add_argument('--coordinator_address')
   args = parser.parse_args()
-  config = distributed.resolve_config(
+  config = config_lib.resolve_config(
       args.num_processes, args.process_id, args.coordinator_address)
   try:
-    distributed.initialize(config, error_prefix='error: ')
-  except distributed.DistributedError as e:
+    join.initialize(config, error_prefix='error: ')
+  except errors.DistributedError as e:
     print(f'error: {e}', file=sys.stderr, flush=True)
     return e.exit_code
 

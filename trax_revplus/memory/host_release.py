@@ -25,7 +25,7 @@ import ctypes.util
 import operator
 import os
 
-from trax_revplus import memory
+from trax_revplus.memory.probes import host_rss_bytes
 
 
 def _load_glibc_function(name, argtypes):
@@ -113,11 +113,11 @@ class HostMemoryReleaser:
     """
     if _MALLOC_TRIM is None:
       return 0
-    before = memory.host_rss_bytes()
+    before = host_rss_bytes()
     if before - self._rss_after_release < self._min_growth_bytes:
       return 0
     _MALLOC_TRIM(0)
-    self._rss_after_release = memory.host_rss_bytes()
+    self._rss_after_release = host_rss_bytes()
     released = max(0, before - self._rss_after_release)
     self.released_bytes += released
     return released

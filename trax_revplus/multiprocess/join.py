@@ -4,27 +4,11 @@ Each process of a multi-process run (one per host, or several on one host)
 joins through a coordinator that process 0 serves; then `jax.devices()`
 lists every process's devices and collectives span them all. This module
 does that join, and turns each way it can fail into one line and an exit
-status instead of a hang or a C++ stack trace (`join_guard`):
-`resolve_config` checks the values (`DistributedUsageError`, exit 2);
-`initialize` checks what it can before JAX does, bounds the wait, and
-checks that the processes agree and can run a collective
-(`DistributedRuntimeError`, exit 1); `exit_immediately` ends a joined
-process after a failure without JAX's shutdown barrier.
-
-Where each of the three values comes from (first found wins):
-
-  1. the argument (the command line's `--num_processes`, `--process_id`,
-     `--coordinator_address`);
-  2. `JAX_COORDINATOR_ADDRESS` (the address only; `JAX_LOCAL_DEVICE_IDS`,
-     `JAX_COORDINATOR_PORT`, `JAX_COORDINATOR_BIND_ADDRESS` are read by JAX);
-  3. a cluster launcher, detected as `jax/_src/clusters/` does: SLURM
-     (`SLURM_NTASKS`, `SLURM_PROCID`), Open MPI (`OMPI_COMM_WORLD_SIZE`,
-     `OMPI_COMM_WORLD_RANK`) or a Kubernetes indexed Job
-     (`JOB_COMPLETION_INDEX`); what is still unset (the coordinator; the
-     Kubernetes count) `jax.distributed.initialize` fills in.
-
-With none of these the run is a single process and nothing is joined.
-The values and their errors are in `distributed_config`.
+status instead of a hang or a C++ stack trace (`join_guard`): `initialize`
+checks what it can before JAX does, bounds the wait, and checks that the
+processes agree and can run a collective (`DistributedRuntimeError`, exit
+1; `DistributedUsageError`, exit 2). The values it joins with are a
+`config.DistributedConfig`.
 """
 
 import errno
@@ -34,28 +18,19 @@ import socket
 
 from absl import logging
 
-from trax_revplus import join_guard
-from trax_revplus.distributed_config import _FLAGS_HINT
-from trax_revplus.distributed_config import DEFAULT_HEARTBEAT_TIMEOUT_SECONDS
-from trax_revplus.distributed_config import DEFAULT_SHUTDOWN_TIMEOUT_SECONDS
-from trax_revplus.distributed_config import DEFAULT_TIMEOUT_SECONDS
-from trax_revplus.distributed_config import DistributedConfig
-from trax_revplus.distributed_config import DistributedError
-from trax_revplus.distributed_config import DistributedRuntimeError
-from trax_revplus.distributed_config import DistributedUsageError
-from trax_revplus.distributed_config import EXIT_RUNTIME
-from trax_revplus.distributed_config import EXIT_USAGE
-from trax_revplus.distributed_config import JoinInterruptedError
-from trax_revplus.distributed_config import JoinTimeoutError
-from trax_revplus.distributed_config import parse_address
-from trax_revplus.distributed_config import resolve_config
+from trax_revplus.errors import one_line
+from trax_revplus.multiprocess import join_guard
+from trax_revplus.multiprocess.config import DistributedConfig
+from trax_revplus.multiprocess.config import FLAGS_HINT
+from trax_revplus.multiprocess.config import parse_address
+from trax_revplus.multiprocess.errors import DistributedRuntimeError
+from trax_revplus.multiprocess.errors import DistributedUsageError
+from trax_revplus.multiprocess.errors import JoinInterruptedError
+from trax_revplus.multiprocess.errors import JoinTimeoutError
 
 # JAX's own join deadline is set this much later than ours, so that ours
 # (one line) fires first and JAX's (an abort with a stack trace) never does.
 _JAX_DEADLINE_MARGIN_SECONDS = 30
-
-
-exit_immediately = join_guard.exit_immediately
 
 
 def _check_resolves(host):
@@ -129,7 +104,7 @@ def initialize(config: DistributedConfig, error_prefix: str = 'error: '):
       `heartbeat_timeout_seconds` / 2) (`DistributedRuntimeError`, exit 1).
 
   Args:
-    config: `DistributedConfig` (see `resolve_config`).
+    config: `DistributedConfig` (see `config.resolve_config`).
     error_prefix: str printed before such a line, e.g.
       'trax-revplus train: error: '.
 
@@ -165,7 +140,7 @@ def initialize(config: DistributedConfig, error_prefix: str = 'error: '):
           f'{me}: not every process joined within '
           f'{config.timeout_seconds:g} s; check that all of them are '
           f'running, that process 0 runs on the coordinator host, and '
-          f'{_FLAGS_HINT}.'),
+          f'{FLAGS_HINT}.'),
       lambda signum: JoinInterruptedError(
           f'interrupted by {signal.Signals(signum).name} while joining the '
           f'other processes.', signum),
@@ -173,7 +148,7 @@ def initialize(config: DistributedConfig, error_prefix: str = 'error: '):
   logging.info('Joining the multi-process run as %s.', me)
   with watchdog, join_guard.CondensedStderr(
       error_prefix, f'{me}: JAX ended this process while joining',
-      _FLAGS_HINT + '.'):
+      FLAGS_HINT + '.'):
     try:
       jax.distributed.initialize(
           coordinator_address=config.coordinator_address,
@@ -190,7 +165,7 @@ def initialize(config: DistributedConfig, error_prefix: str = 'error: '):
             'a JAX backend was initialised before joining the multi-process '
             'run; join first, before any JAX computation or jax.devices().'
         ) from None
-      raise DistributedRuntimeError(_one_line(e)) from None
+      raise DistributedRuntimeError(one_line(e, all_lines=True)) from None
     except (ValueError, TypeError) as e:
       hint = ''
       if config.cluster == 'k8s':
@@ -198,8 +173,8 @@ def initialize(config: DistributedConfig, error_prefix: str = 'error: '):
                 'find the coordinator, or pass --coordinator_address and '
                 '--num_processes')
       raise DistributedUsageError(
-          f'JAX cannot join the multi-process run: {_one_line(e)}{hint}.'
-      ) from None
+          f'JAX cannot join the multi-process run: '
+          f'{one_line(e, all_lines=True)}{hint}.') from None
     # Every process has connected. What follows takes seconds; a process
     # that leaves now would have JAX abort the others (with a stack trace)
     # heartbeat_timeout_seconds later, so give up, in one line, before.
@@ -215,7 +190,7 @@ def initialize(config: DistributedConfig, error_prefix: str = 'error: '):
       # E.g. gloo's connection to a process that left timing out (30 s).
       error = DistributedRuntimeError(
           f'{me}: the first collective over all devices failed '
-          f'({type(e).__name__}: {_one_line(e)})')
+          f'({type(e).__name__}: {one_line(e, all_lines=True)})')
     if error is not None:
       watchdog.fail(error)
   logging.info('Joined: process %d of %d, %d local and %d global devices.',
@@ -230,7 +205,7 @@ def _check_joined(config):
   if config.num_processes is not None and count != config.num_processes:
     return DistributedUsageError(
         f'{config.describe()}: process 0 started the run for {count} '
-        f'processes; {_FLAGS_HINT}.')
+        f'processes; {FLAGS_HINT}.')
   # A collective over every device of every process: proves they all take
   # part, and connects them now (gloo connects a set of devices at its
   # first collective), so that a process that dies later fails its peers'
@@ -269,13 +244,3 @@ def shutdown():
   import jax  # pylint: disable=g-import-not-at-top
   jax.distributed.shutdown()
 
-
-def _one_line(exception):
-  lines = [line.strip() for line in str(exception).splitlines()]
-  return ' '.join(line for line in lines if line) or type(exception).__name__
-
-
-__all__ = ('DistributedConfig', 'DistributedError', 'DistributedRuntimeError',
-           'DistributedUsageError', 'JoinInterruptedError', 'JoinTimeoutError',
-           'exit_immediately', 'initialize', 'parse_address',
-           'resolve_config', 'shutdown')

@@ -9,11 +9,12 @@ process has connected. Three things then escape Python's error handling:
     rejects it (e.g. another process registered with the same id).
 
 `JoinWatchdog` handles the first two from a thread: past its deadline, or on
-SIGINT/SIGTERM, it prints one line and ends the process (`exit_immediately`,
-which skips JAX's shutdown barrier). `CondensedStderr` handles the third: for
-the duration of the join, file descriptor 2 goes through a small filter
-process that passes every line on, except that JAX's fatal log line and the
-stack trace after it become one line naming the cause.
+SIGINT/SIGTERM, it prints one line and ends the process
+(`ending.exit_immediately`, which skips JAX's shutdown barrier).
+`CondensedStderr` handles the third: for the duration of the join, file
+descriptor 2 goes through a small filter process that passes every line
+on, except that JAX's fatal log line and the stack trace after it become
+one line naming the cause.
 """
 
 import os
@@ -24,24 +25,7 @@ import sys
 import threading
 import time
 
-
-def exit_immediately(exit_code):
-  """Ends this process now, without JAX's shutdown barrier.
-
-  A normal exit runs `jax.distributed.shutdown` (registered with `atexit`),
-  which waits for every other process, up to the heartbeat timeout for one
-  that died, and then aborts with a C++ stack trace. Flushes stdout and
-  stderr first.
-
-  Args:
-    exit_code: int, the exit status.
-  """
-  for stream in (sys.stdout, sys.stderr):
-    try:
-      stream.flush()
-    except (OSError, ValueError):
-      pass
-  os._exit(exit_code)  # pylint: disable=protected-access
+from trax_revplus.multiprocess.ending import exit_immediately
 
 
 class JoinWatchdog:

@@ -2,11 +2,11 @@
 
 The same tiny reversible model trains 3 steps on the same global batch of 8
 rows as 2 processes x 1 CPU device, 1 process x 2 devices and 1 process x
-1 device (tests/multiprocess_worker.py); weights and optimizer slots must
-agree, and the one-device run must agree with trax's default `Trainer`.
-The processes are real (`trax_revplus.launch`); their waits have no fixed
-deadline (a busy machine is slow, not wrong): the launcher ends every
-process when one fails.
+1 device (tests/multiprocess/training_worker.py); weights and optimizer
+slots must agree, and the one-device run must agree with trax's default
+`Trainer`. The processes are real (`trax_revplus.multiprocess.launcher`);
+their waits have no fixed deadline (a busy machine is slow, not wrong): the
+launcher ends every process when one fails.
 """
 
 import os
@@ -16,11 +16,12 @@ import sys
 import numpy as np
 import pytest
 
-from trax_revplus import launch
+from trax_revplus.multiprocess import launcher
 
 _WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                       'multiprocess_worker.py')
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+                       'training_worker.py')
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
 _TOLERANCE = 1e-5
 
 
@@ -47,7 +48,7 @@ def _train(tmp_path, name, n_processes, n_local_devices):
   if n_processes == 1:
     subprocess.run(command, env=env, check=True, cwd=_REPO)
   else:
-    assert launch.launch(command, n_processes, env=env) == 0
+    assert launcher.launch(command, n_processes, env=env) == 0
   results = {}
   for i in range(n_processes):
     with np.load(out / f'process{i}.npz') as data:

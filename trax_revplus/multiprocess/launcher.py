@@ -1,11 +1,13 @@
 """Starts the N processes of a multi-process run on this host (loopback).
 
-For trying a multi-process run on one machine and for tests:
+For trying a multi-process run on one machine and for tests. `trax-revplus
+launch` starts `trax-revplus train` through `launch`; any other command
+that takes the three flags below can be started as
 
-    python -m trax_revplus.launch --num_processes=2 -- \\
-        trax-revplus train --config_file=... --output_dir=...
+    python -m trax_revplus.multiprocess.launcher --num_processes=2 -- \\
+        python my_program.py ...
 
-starts the command N times, each with `--num_processes=N --process_id=I
+`launch` starts the command N times, each with `--num_processes=N --process_id=I
 --coordinator_address=127.0.0.1:PORT` appended (PORT a free port), and
 
   * forwards each process's output line by line, prefixed `[process I]`
@@ -37,65 +39,17 @@ import threading
 import time
 from typing import Mapping, Optional, Sequence
 
-EXIT_RUNTIME = 1
-EXIT_USAGE = 2
-# The exit status of a process that ended because the run lost another of
-# its processes (a collective failed): the cause is elsewhere.
-EXIT_LOST_PROCESS = 4
+from trax_revplus.errors import EXIT_LOST_PROCESS
+from trax_revplus.errors import EXIT_RUNTIME
+from trax_revplus.multiprocess.errors import LaunchError
+from trax_revplus.multiprocess.errors import LaunchInterruptedError
+from trax_revplus.multiprocess.errors import LaunchUsageError
+from trax_revplus.multiprocess.errors import ProcessFailedError
 
 DEFAULT_STOP_GRACE_SECONDS = 10.0
 _POLL_SECONDS = 0.1
 _DRAIN_SECONDS = 10
 _PR_SET_PDEATHSIG = 1
-
-
-class LaunchError(Exception):
-  """The launch could not complete; `str()` is one line.
-
-  Attributes:
-    exit_code: int, the exit status a command should end with.
-  """
-  exit_code = EXIT_RUNTIME
-
-
-class LaunchUsageError(LaunchError, ValueError):
-  """A bad number of processes or an empty command (exit 2)."""
-  exit_code = EXIT_USAGE
-
-
-class ProcessFailedError(LaunchError, RuntimeError):
-  """A process exited with a non-zero status or was killed by a signal.
-
-  Attributes:
-    process_id: int, the first process seen to fail other than with
-      `EXIT_LOST_PROCESS`, or the first seen to fail when all did so.
-    returncode: int, its `Popen.returncode` (negative: killed by signal).
-    exit_code: its exit status; 128 + the signal number for a signal.
-  """
-
-  def __init__(self, message, process_id, returncode):
-    super().__init__(message)
-    self.process_id = process_id
-    self.returncode = returncode
-    self.exit_code = _exit_status(returncode)
-
-
-class LaunchInterruptedError(LaunchError):
-  """The launcher received SIGINT or SIGTERM and forwarded it.
-
-  Attributes:
-    signum: int, the first signal received.
-    exit_code: 128 + signum.
-  """
-
-  def __init__(self, message, signum):
-    super().__init__(message)
-    self.signum = signum
-    self.exit_code = 128 + signum
-
-
-def _exit_status(returncode):
-  return 128 - returncode if returncode < 0 else returncode
 
 
 def describe_exit(returncode):
@@ -317,10 +271,10 @@ def _wait(procs, received, stop_grace_seconds):
 
 
 def main(argv=None):
-  """`python -m trax_revplus.launch --num_processes=N -- COMMAND...`."""
+  """`python -m trax_revplus.multiprocess.launcher --num_processes=N -- COMMAND...`."""
   argv = sys.argv[1:] if argv is None else list(argv)
   parser = argparse.ArgumentParser(
-      prog='python -m trax_revplus.launch',
+      prog='python -m trax_revplus.multiprocess.launcher',
       description='Start N processes of a multi-process run on this host.')
   parser.add_argument('--num_processes', type=int, required=True)
   parser.add_argument('--stop_grace_seconds', type=float,

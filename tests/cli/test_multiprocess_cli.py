@@ -1,24 +1,25 @@
 """`trax-revplus train` across processes and `trax-revplus launch`: flags,
 subcommands and one-line errors, without starting a multi-process run.
 
-Real processes on loopback: tests/test_multiprocess.py (equal weights),
-tests/test_launch.py and tests/test_distributed.py (launch and join
-behaviour); the main job end to end (a two-process launch, its checkpoint
-resumed with one and with two processes, a killed process):
-tools/multiprocess_smoke.py (`--tiny` for a 1-layer model).
+Real processes on loopback: tests/multiprocess/ (equal weights:
+test_training_matches_one_process.py; launch and join behaviour:
+test_launcher.py, test_join.py); the main job end to end (a two-process
+launch, its checkpoint resumed with one and with two processes, a killed
+process): tools/multiprocess_smoke.py (`--tiny` for a 1-layer model).
 """
 
 import os
 
 import pytest
 
-from trax_revplus import distributed_run
-from trax_revplus import launch
-from trax_revplus.cli import errors
+from trax_revplus import errors
+from trax_revplus.cli import join
 from trax_revplus.cli import launch as launch_command
 from trax_revplus.cli import parser
+from trax_revplus.multiprocess import ending
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
 _CONFIG = os.path.join(_REPO, 'gin_configs', 'reformer_char_lm.gin')
 
 
@@ -27,7 +28,7 @@ def test_train_takes_the_multi_process_flags():
                         '--process_id=1', '--coordinator_address=h:1234',
                         '--join_timeout_seconds=60',
                         '--heartbeat_timeout_seconds=20'])
-  config = distributed_run.config_from_flags(flags)
+  config = join.config_from_flags(flags)
   assert (config.num_processes, config.process_id,
           config.coordinator_address) == (2, 1, 'h:1234')
   assert (config.timeout_seconds, config.heartbeat_timeout_seconds) == (60,
@@ -39,7 +40,7 @@ def test_train_without_the_flags_is_one_process(monkeypatch):
                'OMPI_MCA_orte_hnp_uri', 'KUBERNETES_SERVICE_HOST'):
     monkeypatch.delenv(name, raising=False)
   flags = parser.parse(['train', '--config_file=a.gin'])
-  assert not distributed_run.config_from_flags(flags).is_multi_process
+  assert not join.config_from_flags(flags).is_multi_process
 
 
 @pytest.mark.parametrize('args, fragment', [
@@ -76,16 +77,16 @@ def test_launch_refuses_the_flags_it_sets(flag):
 
 
 def test_failure_names_a_lost_process_and_gives_it_its_own_status():
-  config = distributed_run.config_from_flags(parser.parse(
+  config = join.config_from_flags(parser.parse(
       ['train', '--config_file=a.gin', '--num_processes=2', '--process_id=0',
        '--coordinator_address=h:1']))
-  line, code = distributed_run.failure(
+  line, code = ending.failure(
       RuntimeError('UNKNOWN: Gloo all-reduce failed:\nConnection reset by '
                    'peer'), config)
   assert '\n' not in line
   assert line.startswith('process 0 of 2') and 'lost another process' in line
-  assert code == launch.EXIT_LOST_PROCESS
-  line, code = distributed_run.failure(ValueError('bad'), config)
+  assert code == errors.EXIT_LOST_PROCESS
+  line, code = ending.failure(ValueError('bad'), config)
   assert 'ValueError: bad' in line and code == errors.EXIT_RUNTIME
 
 

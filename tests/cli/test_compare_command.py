@@ -187,51 +187,6 @@ def test_compare_refuses_output_dirs_that_hold_runs(tmp_path, capsys):
   assert len(lines) == 1 and 'already holds a run' in lines[0]
 
 
-def test_config_seed_follows_includes_and_bindings(tmp_path):
-  (tmp_path / 'base.gin').write_text('train.random_seed = 7\n')
-  (tmp_path / 'top.gin').write_text(
-      "import no_such_module\ninclude 'base.gin'\ntrain.steps = 3\n")
-  (tmp_path / 'plain.gin').write_text('train.steps = 3\n')
-  top, plain = str(tmp_path / 'top.gin'), str(tmp_path / 'plain.gin')
-  assert compare.config_seed([top], []) == (True, 7)
-  assert compare.config_seed([top], ['train.random_seed = 9']) == (True, 9)
-  assert compare.config_seed([plain], []) == (False, None)
-  assert compare.config_seed([plain], ['train.random_seed = %s']) == (
-      True, None)
-
-
-def test_max_abs_diff_finds_a_planted_difference(tmp_path):
-  rng = np.random.default_rng(0)
-  a = [rng.normal(size=(3, 4)).astype(np.float32), np.zeros((0,)),
-       rng.normal(size=(5,)).astype(np.float32)]
-  b = [x.copy() for x in a]
-  b[2][3] += 0.25
-  # The files as trax.layers.np_to_file writes them: np.save in one gzip.
-  import gzip  # pylint: disable=g-import-not-at-top
-  for name, arrays in (('a', a), ('b', b)):
-    with gzip.open(tmp_path / f'{name}.npy.gz', 'wb') as f:
-      for x in arrays:
-        np.save(f, x, allow_pickle=False)
-  read_a = compare.read_npy_gz(tmp_path / 'a.npy.gz')
-  read_b = compare.read_npy_gz(tmp_path / 'b.npy.gz')
-  assert [x.shape for x in read_a] == [x.shape for x in a]
-  value, reason = compare.max_abs_diff(read_a, read_b)
-  assert reason is None
-  assert value == pytest.approx(float(np.abs(b[2][3] - a[2][3])))
-  assert compare.max_abs_diff(read_a, read_a) == (0.0, None)
-  assert compare.max_abs_diff(read_a, read_b[:2])[0] is None
-  value, reason = compare.max_abs_diff(read_a, [b[0].T, b[1], b[2]])
-  assert value is None and 'array 0: shape (3, 4)' in reason
-
-
-def test_failure_reason_names_signal_or_last_line():
-  assert compare.failure_reason(-9, 'step 1/3 ...\n') == (
-      'killed by signal 9: step 1/3 ...')
-  assert compare.failure_reason(
-      2, 'trax-revplus train: error: config file not found: x.gin\n') == (
-          'exit 2: trax-revplus train: error: config file not found: x.gin')
-
-
 def _fake_runs(memory_lines):
   """A `_run_streaming` stand-in: both runs succeed; ours writes a log."""
 

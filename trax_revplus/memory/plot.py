@@ -4,20 +4,17 @@ Three panels share the training step as x-axis, with ticks on whole steps:
 host memory, device memory, and bytes copied host-to-device (H2D) and
 device-to-host (D2H) per step. Sizes are shown in MiB (2**20 bytes).
 
-Step k occupies (k - 1, k]: its phase records (forward, loss, backward,
-free) are spread over it in file order, each phase with its own colour and
-marker, and its 'step' record, with the step's true host peak, sits at k.
-Each process that wrote to the log is drawn as a segment of its own (a run
-resumed from a checkpoint, or the processes of a multi-process run, told
-apart by their 'start' records and `process_index`): its 'start' record is
-a dashed vertical line at the step it started from, its 'init' records sit
-just before it, and lines never join two processes. A log without records
-gives a figure that says so.
+Step k occupies (k - 1, k] (`step_axis`): its phase records (forward, loss,
+backward, free) are spread over it in file order, each phase with its own
+colour and marker, and its 'step' record, with the step's true host peak,
+sits at k. Each process that wrote to the log is drawn as a segment of its
+own: its 'start' record is a dashed vertical line at the step it started
+from, its 'init' records sit just before it, and lines never join two
+processes. A log without records gives a figure that says so.
 """
 
 import collections
 import os
-from typing import Any, Sequence
 
 import matplotlib
 
@@ -26,104 +23,31 @@ matplotlib.use('Agg')
 import matplotlib.pyplot as plt
 from matplotlib import ticker
 
-from trax_revplus import memory
+from trax_revplus.memory.records import BYTES_PER_MIB
 from trax_revplus.memory.records import is_number
+from trax_revplus.memory.records import MEMORY_LOG_FILENAME
+from trax_revplus.memory.records import peaks
+from trax_revplus.memory.records import read_memory_log
+from trax_revplus.memory.step_axis import PROCESS_PHASES
+from trax_revplus.memory.step_axis import segments
+from trax_revplus.memory.step_axis import x_positions
 # pylint: enable=g-import-not-at-top
 
 DEFAULT_PNG_FILENAME = 'memory.png'
 _MARKERS = 'osD^v<>ph*'
-# Phases drawn apart from the phase scatter (see the module docstring).
-_PROCESS_PHASES = ('start', 'step', 'end')
-_MIB = memory.BYTES_PER_MIB
-
-Record = dict[str, Any]
+_MIB = BYTES_PER_MIB
 
 
 def _resolve_jsonl(run_dir_or_jsonl):
   path = os.fspath(run_dir_or_jsonl)
   if os.path.isdir(path):
-    path = os.path.join(path, memory.MEMORY_LOG_FILENAME)
+    path = os.path.join(path, MEMORY_LOG_FILENAME)
   if not os.path.isfile(path):
     raise FileNotFoundError(
         f'No memory log at {path}. Pass a training output dir that holds '
-        f'{memory.MEMORY_LOG_FILENAME} (written by the trax_revplus trainer '
+        f'{MEMORY_LOG_FILENAME} (written by the trax_revplus trainer '
         f'once the Loop has an output_dir) or the path of the file itself.')
   return path
-
-
-def segments(records: Sequence[Record]) -> list[list[Record]]:
-  """Splits a log's records into one list per process, in file order.
-
-  A process's records begin with its 'init' records or its 'start' record;
-  records that carry a `process_index` go to that process's current
-  segment. Logs written before 'start' records existed are split where
-  the step goes back (a restarted process's 'init' records at step 0).
-
-  Returns:
-    list of lists of records; each record in exactly one.
-  """
-  out = []
-  current = {}  # process_index -> index into out
-  last_index = 0
-
-  def open_segment(index):
-    out.append([])
-    current[index] = len(out) - 1
-
-  for r in records:
-    index = r.get('process_index', last_index)
-    if not isinstance(index, int):
-      index = 0
-    last_index = index
-    seg = out[current[index]] if index in current else None
-    if seg is None:
-      open_segment(index)
-    else:
-      began = any(x['phase'] == 'start' or
-                  (x['phase'] not in ('init',) and x['step'] > 0)
-                  for x in seg)
-      went_back = r['step'] < max(x['step'] for x in seg)
-      if (r['phase'] == 'start' and began) or (
-          went_back and r['phase'] != 'end'):
-        open_segment(index)
-    out[current[index]].append(r)
-  return out
-
-
-def _start_step(segment):
-  """The step a process started from: its 'start' record's, or before its
-  first step's."""
-  for r in segment:
-    if r['phase'] == 'start':
-      return r['step']
-  steps = [r['step'] for r in segment if r['phase'] != 'init']
-  return (min(steps) - 1) if steps else 0
-
-
-def x_positions(segment: Sequence[Record]) -> list[float]:
-  """The x of each record of one process (see the module docstring)."""
-  start = _start_step(segment)
-  before = [r for r in segment if r['phase'] == 'init' or
-            (r['step'] <= start and r['phase'] not in _PROCESS_PHASES)]
-  per_step = collections.Counter(
-      r['step'] for r in segment
-      if r['phase'] not in _PROCESS_PHASES and not any(r is b for b in before))
-  seen = collections.Counter()
-  xs = []
-  n_before = 0
-  for r in segment:
-    if r['phase'] in ('start', 'step'):
-      x = start if r['phase'] == 'start' else r['step']
-    elif r['phase'] == 'end':
-      x = r['step'] + 0.5
-    elif any(r is b for b in before):
-      n_before += 1
-      x = start - 0.45 + 0.45 * n_before / len(before)
-    else:
-      seen[r['step']] += 1
-      x = r['step'] - 1 + seen[r['step']] / (per_step[r['step']] + 1)
-    xs.append(float(x))
-  return xs
 
 
 def _transfers_per_step(records):
@@ -164,7 +88,7 @@ def _plot_phases(ax, segs, key, phase_style, labelled):
   drawn = False
   for seg, xs in segs:
     points = [(x, r) for x, r in zip(xs, seg)
-              if r['phase'] not in _PROCESS_PHASES and is_number(r.get(key))]
+              if r['phase'] not in PROCESS_PHASES and is_number(r.get(key))]
     if not points:
       continue
     drawn = True
@@ -222,7 +146,7 @@ def _plot_host(ax, segs, phase_style):
       ax.scatter([p[0] for p in pts], [p[1] for p in pts], marker=marker,
                  s=70, color='tab:red', zorder=4, label=label)
   all_records = [r for seg, _ in segs for r in seg]
-  peak = memory.peaks(all_records)['host_peak_bytes']
+  peak = peaks(all_records)['host_peak_bytes']
   if peak is not None:
     ax.axhline(peak / _MIB, color='tab:red', linestyle=':', linewidth=1)
     ax.annotate(f'peak {peak / _MIB:.0f} MiB', xy=(0.01, peak / _MIB),
@@ -309,7 +233,7 @@ def plot_memory(run_dir_or_jsonl: str | os.PathLike,
       a figure saying so is written to the PNG's path first.
   """
   path = _resolve_jsonl(run_dir_or_jsonl)
-  records = [r for r in memory.read_memory_log(path)
+  records = [r for r in read_memory_log(path)
              if is_number(r.get('step')) and isinstance(r.get('phase'), str)]
   if output_png is None:
     output_png = os.path.join(os.path.dirname(os.path.abspath(path)),
@@ -323,7 +247,7 @@ def plot_memory(run_dir_or_jsonl: str | os.PathLike,
                      f'is at {output_png}). {reason}')
 
   phases = list(dict.fromkeys(r['phase'] for r in records
-                              if r['phase'] not in _PROCESS_PHASES))
+                              if r['phase'] not in PROCESS_PHASES))
   cmap = plt.get_cmap('tab10')
   phase_style = {p: (cmap(i % 10), _MARKERS[i % len(_MARKERS)])
                  for i, p in enumerate(phases)}

@@ -1,0 +1,68 @@
+"""trax_revplus.compare's parts: the seed, checkpoint differences, failures,
+and where compare.png places the memory log's phase records."""
+
+import json
+
+import numpy as np
+import pytest
+
+from trax_revplus import compare
+from trax_revplus.memory import step_axis
+
+
+def test_config_seed_follows_includes_and_bindings(tmp_path):
+  (tmp_path / 'base.gin').write_text('train.random_seed = 7\n')
+  (tmp_path / 'top.gin').write_text(
+      "import no_such_module\ninclude 'base.gin'\ntrain.steps = 3\n")
+  (tmp_path / 'plain.gin').write_text('train.steps = 3\n')
+  top, plain = str(tmp_path / 'top.gin'), str(tmp_path / 'plain.gin')
+  assert compare.config_seed([top], []) == (True, 7)
+  assert compare.config_seed([top], ['train.random_seed = 9']) == (True, 9)
+  assert compare.config_seed([plain], []) == (False, None)
+  assert compare.config_seed([plain], ['train.random_seed = %s']) == (
+      True, None)
+
+
+def test_max_abs_diff_finds_a_planted_difference(tmp_path):
+  rng = np.random.default_rng(0)
+  a = [rng.normal(size=(3, 4)).astype(np.float32), np.zeros((0,)),
+       rng.normal(size=(5,)).astype(np.float32)]
+  b = [x.copy() for x in a]
+  b[2][3] += 0.25
+  # The files as trax.layers.np_to_file writes them: np.save in one gzip.
+  import gzip  # pylint: disable=g-import-not-at-top
+  for name, arrays in (('a', a), ('b', b)):
+    with gzip.open(tmp_path / f'{name}.npy.gz', 'wb') as f:
+      for x in arrays:
+        np.save(f, x, allow_pickle=False)
+  read_a = compare.read_npy_gz(tmp_path / 'a.npy.gz')
+  read_b = compare.read_npy_gz(tmp_path / 'b.npy.gz')
+  assert [x.shape for x in read_a] == [x.shape for x in a]
+  value, reason = compare.max_abs_diff(read_a, read_b)
+  assert reason is None
+  assert value == pytest.approx(float(np.abs(b[2][3] - a[2][3])))
+  assert compare.max_abs_diff(read_a, read_a) == (0.0, None)
+  assert compare.max_abs_diff(read_a, read_b[:2])[0] is None
+  value, reason = compare.max_abs_diff(read_a, [b[0].T, b[1], b[2]])
+  assert value is None and 'array 0: shape (3, 4)' in reason
+
+
+def test_failure_reason_names_signal_or_last_line():
+  assert compare.failure_reason(-9, 'step 1/3 ...\n') == (
+      'killed by signal 9: step 1/3 ...')
+  assert compare.failure_reason(
+      2, 'trax-revplus train: error: config file not found: x.gin\n') == (
+          'exit 2: trax-revplus train: error: config file not found: x.gin')
+
+
+def test_png_places_phase_records_where_plot_memory_does(tmp_path):
+  lines = [{'step': 0, 'phase': 'start'},
+           {'step': 1, 'phase': 'forward'}, {'step': 1, 'phase': 'loss'},
+           {'step': 1, 'phase': 'backward'}, {'step': 1, 'phase': 'step'}]
+  (tmp_path / 'memory.jsonl').write_text(
+      ''.join(json.dumps(r) + '\n' for r in lines))
+  points = compare.png._phase_records({'output_dir': str(tmp_path)})
+  # Step 1's three phases inside (0, 1), at i / 4, as plot-memory draws them.
+  assert [(r['phase'], x) for x, r in points] == [
+      ('forward', 0.25), ('loss', 0.5), ('backward', 0.75)]
+  assert [x for x, _ in points] == step_axis.x_positions(lines)[1:4]

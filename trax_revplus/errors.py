@@ -1,0 +1,97 @@
+"""Exit statuses, the base class of reported errors, and an error as one line.
+
+Every command of trax_revplus (`trax-revplus` and its subcommands, the
+processes of a multi-process run, the local launcher) ends with one of
+these statuses:
+
+  0    `EXIT_OK`: done.
+  1    `EXIT_RUNTIME`: the command could work, but something failed while
+       running.
+  2    `EXIT_USAGE`: the command line, the config or the environment cannot
+       work.
+  4    `EXIT_LOST_PROCESS`: a process of a multi-process run ended because
+       the run lost another process; the cause is elsewhere.
+  128 + N  `signal_exit_status(N)`: stopped by signal N (130 for Ctrl-C).
+
+A mistake a user can make is raised as a `UserError` (or a subclass, e.g.
+`trax_revplus.multiprocess.errors`), whose message is one line and which
+carries its exit status; the command prints it without a traceback.
+`one_line` condenses any other exception's message for such a line.
+
+Only the standard library is imported here: the CLI reads this module
+before trax's ~20 s import, and `multiprocess`, `cli` and `compare` all
+import it.
+"""
+
+import re
+
+EXIT_OK = 0
+EXIT_RUNTIME = 1
+EXIT_USAGE = 2
+# A process that ended because a collective found another process gone: a
+# launcher can tell the process that failed first from those it took along.
+EXIT_LOST_PROCESS = 4
+
+# The lines gin adds to an exception's message to say where it was raised.
+_GIN_CONTEXT = ('In call to configurable', 'In file ', 'In bindings string')
+
+
+def signal_exit_status(signum: int) -> int:
+  """128 + `signum`: the status of a command stopped by that signal."""
+  return 128 + signum
+
+
+class UserError(Exception):
+  """An error a command reports in one line (its message), no traceback.
+
+  A mistake in the command line, the config or the environment, or a run
+  that failed in a way the message explains.
+
+  Attributes:
+    exit_code: int, the status the command ends with: `EXIT_USAGE` unless
+      given (or set by a subclass), `EXIT_RUNTIME`, `EXIT_LOST_PROCESS`, or
+      `signal_exit_status(N)` for a run stopped by signal N.
+  """
+  exit_code = EXIT_USAGE
+
+  def __init__(self, message: str, exit_code: int | None = None):
+    super().__init__(message)
+    if exit_code is not None:
+      self.exit_code = exit_code
+
+
+def one_line(exception: BaseException, context: bool = True,
+             all_lines: bool = False) -> str:
+  """Condenses an exception's message (e.g. gin's, with context) to a line.
+
+  By default keeps the first non-empty line, plus gin's "In file ..." /
+  "In call to configurable ..." context line when there is one.
+
+  Args:
+    exception: any exception.
+    context: keep gin's context line; False drops it, also when gin's
+      context is all the message there is.
+    all_lines: keep every non-empty line, joined by spaces (e.g. JAX's
+      errors, whose later lines say why), instead of the first; `context`
+      then does not apply.
+
+  Returns:
+    str without newlines; '' (context=False) or the exception's class name
+    if it has no message.
+  """
+  lines = [line.strip() for line in str(exception).splitlines()]
+  lines = [line for line in lines if line]
+  if all_lines:
+    return ' '.join(lines) or type(exception).__name__
+  if not context:
+    lines = [line for line in lines if not line.startswith(_GIN_CONTEXT)]
+    return lines[0] if lines else ''
+  if not lines:
+    return type(exception).__name__
+  where = [line for line in lines[1:] if line.startswith('In ')]
+  text = lines[0]
+  if where:
+    # gin names the configurable and then its repr, e.g. "(<function f at
+    # 0x7f...>)"; the name is enough.
+    text += f' ({re.sub(r" [(]<[^>]*>[)]", "", where[0])})'
+  return text
