@@ -285,3 +285,44 @@ def test_trainer_memory_json_and_fits(default_case, stock_case,
       memory.weights_bytes + memory.slots_bytes)
   assert stock.to_json()['fits'] is None
   assert stock.to_json()['phase_peak_device_bytes'] == step.phase_peaks()
+
+
+def test_trainer_memory_accounts_each_trainer_by_name(default_case,
+                                                      stock_case,
+                                                      monkeypatch):
+  from trax_revplus import memory as memory_lib  # pylint: disable=g-import-not-at-top
+  from trax_revplus import trainer as rev_trainer_lib  # pylint: disable=g-import-not-at-top
+  for name, (trainer, step), module, step_fn, memory_fn in (
+      ('default', default_case, default_trainer, 'default_trainer_step',
+       report.default_trainer_memory),
+      ('stock', stock_case, stock_trainer, 'stock_trainer_step',
+       report.stock_trainer_memory)):
+    monkeypatch.setattr(module, step_fn,
+                        lambda *unused_args, step=step: step)
+    assert report.trainer_memory(name, trainer, _abstract_batch(),
+                                 'cpu') == memory_fn(trainer,
+                                                     _abstract_batch(), 'cpu')
+  # Stock's trainer is no trax_revplus trainer, whatever it is called.
+  with pytest.raises(TypeError, match='no device_memory_of'):
+    report.trainer_memory('ours', trainer, _abstract_batch(), 'cpu')
+  # trax_revplus's: its own accounting; weights and slots on the host.
+  first, revs, loss = _blocks_and_loss()
+  blocks = [(first.sublayers, revs)]
+  rev_trainer_lib.init_reversible_blocks(
+      blocks, loss, shapes.signature(_batch()), fastmath.random.get_prng(0))
+  ours = rev_trainer_lib.ReversibleSerialTrainer(
+      blocks, loss, optimizers.Adam, n_devices=1,
+      memory_log_tensorboard=False)
+  memory = report.trainer_memory('revplus', ours, _abstract_batch(), 'cpu')
+  assert memory.trainer == 'revplus' and memory.weights_and_slots_on_host
+  assert memory.peak_device_bytes == ours.device_memory_of(
+      _abstract_batch()).peak_device_bytes
+  assert memory.weights_bytes == memory_lib.array_bytes(
+      [layer.weights for layer in ours.all_layers])
+  assert memory.slots_bytes == memory_lib.array_bytes(
+      [o.slots for o in ours._store.optimizers])  # pylint: disable=protected-access
+  # A step the caller has (e.g. the smallest plan's) is not accounted again.
+  monkeypatch.setattr(ours, 'device_memory_of', None)
+  given = report.trainer_memory('revplus', ours, _abstract_batch(), 'cpu',
+                                step=step)
+  assert given.step is step

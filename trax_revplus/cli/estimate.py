@@ -124,7 +124,7 @@ def _default(cfg, backend):
   opt = cfg.optimizer()
   opt.tree_init(model.weights)
   trainer = optimizers.Trainer(model, opt, n_devices=1)
-  return device_memory.default_trainer_memory(trainer, cfg.batch, backend)
+  return device_memory.trainer_memory('default', trainer, cfg.batch, backend)
 
 
 def _blocks(module, cfg):
@@ -142,13 +142,12 @@ def _stock(cfg, backend):
   blocks, loss_layer = _blocks(stock_lib, cfg)
   trainer = stock_lib.ReversibleSerialTrainer(blocks, loss_layer,
                                               cfg.optimizer, n_devices=1)
-  return device_memory.stock_trainer_memory(trainer, cfg.batch, backend)
+  return device_memory.trainer_memory('stock', trainer, cfg.batch, backend)
 
 
 def _revplus(cfg, backend, n_devices, device_memory_bytes):
   """(TrainerMemory, plan line) of trax_revplus's trainer."""
   from trax_revplus import device_memory  # pylint: disable=g-import-not-at-top
-  from trax_revplus import memory  # pylint: disable=g-import-not-at-top
   from trax_revplus import trainer as rev_lib  # pylint: disable=g-import-not-at-top
   from trax_revplus.trainer import device_plan  # pylint: disable=g-import-not-at-top
   blocks, loss_layer = _blocks(rev_lib, cfg)
@@ -158,18 +157,16 @@ def _revplus(cfg, backend, n_devices, device_memory_bytes):
       device_memory_budget_bytes=device_memory_bytes)
   plan = trainer.device_plan
   try:
-    step = trainer.device_memory_of(cfg.batch)
+    result = device_memory.trainer_memory('revplus', trainer, cfg.batch,
+                                          backend)
     choice = plan.choice
     note = 'fits'
   except device_plan.DeviceMemoryBudgetError:
     choice, step = plan.smallest
+    result = device_memory.trainer_memory('revplus', trainer, cfg.batch,
+                                          backend, step=step)
     note = (f'no plan fits {human_bytes(device_memory_bytes)}; the smallest '
             f'needs {choice.peak_device_bytes} bytes')
-  weights = memory.array_bytes([l.weights for l in trainer.all_layers])
-  slots = memory.array_bytes([o.slots for o in trainer._store.optimizers])  # pylint: disable=protected-access
-  result = device_memory.TrainerMemory(
-      'revplus', backend, trainer.placement.n_devices, step, weights, slots,
-      weights_and_slots_on_host=True)
   if choice is None:
     options = trainer.options
     line = (f'segment_max_layers={options.segment_max_layers}, '

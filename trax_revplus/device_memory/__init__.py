@@ -30,5 +30,6 @@ from trax_revplus.device_memory.program import ProgramMemory
 from trax_revplus.device_memory.report import account
 from trax_revplus.device_memory.report import default_trainer_memory
 from trax_revplus.device_memory.report import stock_trainer_memory
+from trax_revplus.device_memory.report import trainer_memory
 from trax_revplus.device_memory.report import TrainerMemory
 from trax_revplus.device_memory.walk import StepWalk

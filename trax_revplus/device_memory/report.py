@@ -4,12 +4,13 @@
 benchmark report per trainer: the step's peak device bytes
 (`composition.StepMemory`), the weights and optimizer slots it keeps on the
 host, the largest single program, and whether it fits a device memory.
-`account(name, fn)` turns any exception raised while building or compiling
-a trainer into `TrainerMemory.error`, one line.
+`trainer_memory(name, trainer, batch, backend)` accounts any of the three
+trainers, built; `account(name, fn)` turns any exception raised while
+building or compiling a trainer into `TrainerMemory.error`, one line.
 """
 
 import dataclasses
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from trax_revplus import errors
 from trax_revplus.device_memory import composition
@@ -125,3 +126,55 @@ def stock_trainer_memory(trainer, batch, backend: str,
   n_devices = trainer._n_devices  # pylint: disable=protected-access
   return TrainerMemory(name, backend, n_devices, step, weights, slots,
                        weights_and_slots_on_host=True)
+
+
+def trainer_memory(name: str, trainer: Any, batch: Any, backend: str,
+                   step: Optional[composition.StepMemory] = None
+                   ) -> TrainerMemory:
+  """`TrainerMemory` of one built trainer, whichever of the three it is.
+
+  The one place that knows how each trainer is accounted, so that
+  `trax-revplus estimate` and the benchmark report the same figures.
+  trax_revplus's trainer is recognized by its `device_memory_of` method
+  rather than by its class: this package must not import
+  `trax_revplus.trainer`, which imports it.
+
+  Args:
+    name: 'default' (trax's `Trainer`), 'stock' (stock trax's
+      `ReversibleSerialTrainer`) or any other name (e.g. 'revplus', 'ours')
+      for trax_revplus's `ReversibleSerialTrainer`; it becomes
+      `TrainerMemory.trainer`.
+    trainer: the built trainer.
+    batch: tuple of `jax.ShapeDtypeStruct`s (or arrays) of the step's batch.
+    backend: the platform the programs compile for, e.g.
+      `jax.default_backend()`.
+    step: trax_revplus's trainer only: its step's `StepMemory` when the
+      caller already has it (e.g. the smallest plan's when no plan fits a
+      budget); None accounts `trainer.device_memory_of(batch)`.
+
+  Returns:
+    `TrainerMemory`; trax_revplus's and stock's keep their weights and
+    slots on the host between steps, the default Trainer's on the device.
+
+  Raises:
+    TypeError: `name` is not 'default' or 'stock' and `trainer` has no
+      `device_memory_of`.
+    Whatever accounting raises, e.g. `UnsupportedTrainerError`, or
+    `trax_revplus.trainer.device_plan.DeviceMemoryBudgetError` when no plan
+    of trax_revplus's trainer fits its `device_memory_budget_bytes` (wrap
+    the call in `account` for a one-line error instead).
+  """
+  if name == 'default':
+    return default_trainer_memory(trainer, batch, backend, name)
+  if name == 'stock':
+    return stock_trainer_memory(trainer, batch, backend, name)
+  if not hasattr(trainer, 'device_memory_of'):
+    raise TypeError(f'trainer {name!r}: {type(trainer).__name__} is not '
+                    "trax_revplus's ReversibleSerialTrainer (no "
+                    'device_memory_of); name it default or stock')
+  if step is None:
+    step = trainer.device_memory_of(batch)
+  # Ours keeps the layers and slots stock keeps (`all_layers`, `slots`).
+  weights, slots = stock_trainer.weights_and_slots_bytes(trainer)
+  return TrainerMemory(name, backend, trainer.placement.n_devices, step,
+                       weights, slots, weights_and_slots_on_host=True)

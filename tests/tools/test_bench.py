@@ -1,0 +1,144 @@
+"""tools/bench: flag errors, trainer specs, tables, and the memory child.
+
+In-process: the benchmark's modules are imported from the checkout. The
+end-to-end run through child processes is in test_bench_processes.py; the
+longer ones in tools/bench_smoke.py.
+"""
+
+import json
+import os
+import re
+import sys
+
+from absl import app
+from absl import flags
+import pytest
+
+# tools/ is not installed: import it from the checkout this test is in.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))))
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from tools.bench import cli
+from tools.bench import configs
+from tools.bench import host_memory
+from tools.bench import main
+from tools.bench import markdown
+from tools.bench import protocol
+from tools.bench import summary
+# pylint: enable=g-import-not-at-top,wrong-import-position
+
+_FLAG_ERRORS = [
+    ('--configs=l6,l7', "unknown configs ['l7']; choose from"),
+    ('--trainers=ours,stok', "unknown trainer 'stok'; choose from"),
+    ('--trainers=ours+donat=True', "takes no argument 'donat'"),
+    ('--trainers=ours+GLIBC_TUNABLES=1', 'GLIBC_TUNABLES must be a quoted'),
+]
+
+
+def _parse(*args):
+  """The benchmark's flags parsed from `args`, apart from absl's own."""
+  flag_values = flags.FlagValues()
+  cli.define_flags(flag_values)
+  flag_values(['bench.py', *args])
+  return flag_values
+
+
+@pytest.mark.parametrize('flag,message', _FLAG_ERRORS)
+def test_unknown_names_are_usage_errors(flag, message, tmp_path):
+  out_dir = tmp_path / 'bench_results'
+  # Nothing to measure either way: a missing check would end the run
+  # quickly with bench.json written, instead of starting a benchmark.
+  argv = ['bench.py', flag, '--notiming', '--nomemory', f'--out_dir={out_dir}']
+  opts = _parse(*argv[1:])
+  with pytest.raises(app.UsageError, match=re.escape(message)):
+    main.bench(opts, argv)
+  assert not out_dir.exists()  # nothing measured, nothing written
+  # The checks themselves, as main calls them.
+  with pytest.raises(ValueError, match=re.escape(message)):
+    configs.check_configs(opts.configs)
+    configs.check_trainers(opts.trainers)
+
+
+def test_trainer_variants_parse_and_get_their_own_table_rows():
+  assert configs.parse_trainer('ours') == ('ours', {})
+  with pytest.raises(ValueError, match='only ours takes constructor'):
+    configs.parse_trainer('stock+donate=False')
+  with pytest.raises(ValueError, match="'donate=no' is not NAME=VALUE"):
+    configs.parse_trainer('ours+donate=no')
+  assert configs.parse_trainer(
+      'ours+host_mmap_threshold=None+n_async_layers=2') == (
+          'ours', {'host_mmap_threshold': None, 'n_async_layers': 2})
+  # An environment argument goes to the trainer's processes, not to its
+  # constructor.
+  lean = "ours+GLIBC_TUNABLES='glibc.malloc.arena_max=1'+n_async_layers=2"
+  assert configs.parse_trainer(lean) == (
+      'ours', {'GLIBC_TUNABLES': 'glibc.malloc.arena_max=1',
+               'n_async_layers': 2})
+  assert configs.split_trainer(lean) == (
+      'ours', {'n_async_layers': 2},
+      {'GLIBC_TUNABLES': 'glibc.malloc.arena_max=1'})
+  assert configs.child_env(lean)['GLIBC_TUNABLES'] == (
+      'glibc.malloc.arena_max=1')
+  assert configs.child_env(lean)['PATH'] == os.environ['PATH']
+  assert configs.child_env('ours+n_async_layers=2') is None
+  with pytest.raises(ValueError, match='GLIBC_TUNABLES must be a quoted str'):
+    configs.child_env('ours+GLIBC_TUNABLES=1')
+  assert configs.check_trainers(['stock', 'ours+n_async_layers=2']) == {
+      'stock': {}, 'ours+n_async_layers=2': {'n_async_layers': 2}}
+  timing = {t: dict(median_step_s=s, first_step_s=10.0, second_step_s=3.0)
+            for t, s in (('default', 2.0), ('stock', 4.0), ('ours', 3.0),
+                         ('ours+donate=False', 3.3))}
+  results = dict(configs={'l6': dict(config=configs.config('l6'),
+                                     timing=timing)})
+  text = markdown.markdown(summary.summarize(results))
+  # The main table keeps the three trainers; the variant gets its own row
+  # with its ratios to stock and default.
+  assert '| 2.000 | 4.000 | 3.000 | 0.75 | 1.50 |' in text
+  assert ('| l6 | `ours+donate=False` | 3.300 | 0.82 | 1.65 | 10.0 | - |'
+          in text)
+
+
+def test_memory_median_keeps_every_process_s_running_peaks(monkeypatch):
+  runs = iter([
+      dict(peak_above_baseline_bytes=p, step_s=[1.0, 1.0],
+           peak_above_baseline_after_step_bytes=[p - 5, p])
+      for p in (30, 10, 20)])
+  monkeypatch.setattr(host_memory, 'run_memory',
+                      lambda *unused_args: next(runs))
+  result = host_memory.run_memory_median('l6', 'ours', 3, 2, False)
+  assert result['peak_above_baseline_bytes'] == 20
+  assert result['peak_above_baseline_after_step_bytes'] == [15, 20]
+  assert result['peak_above_baseline_bytes_runs'] == [30, 10, 20]
+  assert result['peak_above_baseline_after_step_bytes_runs'] == [
+      [25, 30], [5, 10], [15, 20]]
+
+
+def test_children_start_the_entry_script():
+  cmd = protocol.command('--timing_child=l6:ours')
+  assert cmd[0] == sys.executable and os.path.isfile(cmd[1])
+  assert cmd[1].endswith(os.path.join('tools', 'bench.py'))
+
+
+def test_a_child_that_exits_without_a_result_is_an_error():
+  import subprocess  # pylint: disable=g-import-not-at-top
+  proc = subprocess.Popen(
+      [sys.executable, '-c', f'print("noise"); print({protocol.RESULT!r} + '
+       '\'{"a": 1}\'); import sys; sys.exit(3)'],
+      stdout=subprocess.PIPE, text=True)
+  assert protocol.receive(proc, 'l6:ours') == {'a': 1}
+  with pytest.raises(RuntimeError, match='l6:ours exited with status 3'):
+    protocol.receive(proc, 'l6:ours')
+
+
+def test_memory_child_reports_its_peak_after_each_step(capsys):
+  # In this process: the protocol (a fresh process) is the smoke script's.
+  host_memory.memory_child('l6:ours', quick=True, memory_steps=2)
+  mem = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  peaks = mem['peak_above_baseline_after_step_bytes']
+  assert len(peaks) == len(mem['step_s']) == 2
+  assert peaks == sorted(peaks)  # a running peak never falls
+  assert peaks[-1] <= mem['peak_above_baseline_bytes']
+  assert mem['weights_bytes'] > 0 and mem['slots_bytes'] > 0
+  assert mem['peak_rss_bytes'] == (mem['baseline_rss_bytes'] +
+                                   mem['peak_above_baseline_bytes'])

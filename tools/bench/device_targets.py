@@ -1,0 +1,133 @@
+"""Device memory, parent side: the figures per config and their targets.
+
+Every accounting runs in a fresh process (`device_account`), started
+through the entry script; the targets compare their figures.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+from tools.bench import configs
+from tools.bench import protocol
+
+# The main job `trax-revplus estimate` is timed on.
+_MAIN_JOB = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
+        __file__)))), 'gin_configs', 'reformer_char_lm.gin')
+
+
+def device_memory_run(request):
+  """Runs `device_account.device_memory_child(request)` in a fresh process;
+  returns its {spec: figures}."""
+  proc = subprocess.Popen(
+      protocol.command(f'--device_memory_child={json.dumps(request)}'),
+      stdout=subprocess.PIPE, text=True)
+  result = protocol.receive(proc, f'device memory {request}')
+  proc.wait()
+  return result
+
+
+def _longest_sequence(quick, budget, seq_lengths):
+  """The longest l6-family sequence each trainer's step fits `budget` in:
+  (longest {trainer: length}, per_length {length: figures}).
+
+  Stops after the first length at which no trainer fits.
+  """
+  longest, per_length = {}, {}
+  for length in [int(n) for n in seq_lengths]:
+    spec = f'ours+device_memory_budget_bytes={budget}'
+    r = device_memory_run(dict(config='l6', quick=quick, length=length,
+                               trainers=['default', 'stock', spec]))
+    per_length[length] = r
+    fits_now = {}
+    for trainer, key in (('default', 'default'), ('stock', 'stock'),
+                         ('ours', spec)):
+      p = r.get(key, {}).get('peak_device_bytes')
+      fits_now[trainer] = p is not None and p <= budget
+      if fits_now[trainer]:
+        longest[trainer] = length
+    if not any(fits_now.values()):
+      break
+  return longest, per_length
+
+
+def _time_estimate(targets):
+  """Times `trax-revplus estimate` on the main job into `targets`."""
+  t0 = time.perf_counter()
+  proc = subprocess.run([sys.executable, '-m', 'trax_revplus.cli',
+                         'estimate', f'--config_file={_MAIN_JOB}'],
+                        capture_output=True, text=True, check=False)
+  targets['estimate_main_job_seconds'] = time.perf_counter() - t0
+  targets['estimate_main_job_ok'] = proc.returncode == 0
+  targets['estimate_main_job_output'] = (
+      proc.stdout if proc.returncode == 0 else proc.stderr[-2000:])
+
+
+def device_memory_targets(names, quick, seq_device_memory_bytes,
+                          seq_lengths, estimate_main_job):
+  """The device-memory figures and targets (bytes per device, XLA CPU).
+
+  * per config: each trainer's peak; ours under a budget of stock's own
+    peak (must fit);
+  * depth: ours' peak at l24 / l6 (same plan) <= 1.05, the default
+    Trainer's ratio beside;
+  * longest sequence of the l6 family whose step fits
+    `seq_device_memory_bytes`: ours (planning under that budget) at least
+    stock's and 2x the default Trainer's;
+  * ours' accounted peak == the peak_device_bytes its memory log records
+    for a real step;
+  * `trax-revplus estimate` on the main job config: wall seconds (< 60),
+    with `estimate_main_job`.
+
+  Args:
+    names: config names.
+    quick: whether configs are scaled down (`--quick`).
+    seq_device_memory_bytes: the longest-sequence target's device memory.
+    seq_lengths: the lengths tried for it (str or int).
+    estimate_main_job: whether to time `trax-revplus estimate`.
+
+  Returns:
+    {'configs': {name: {spec: figures}}, 'targets': {...}}.
+  """
+  out = {'configs': {}, 'targets': {}}
+  for name in names:
+    request = dict(config=name, quick=quick,
+                   trainers=list(configs.TRAINERS), memory_log=True)
+    figures = device_memory_run(request)
+    stock_peak = figures.get('stock', {}).get('peak_device_bytes')
+    if stock_peak:
+      spec = f'ours+device_memory_budget_bytes={stock_peak}'
+      figures['ours_at_stock_peak'] = device_memory_run(dict(
+          config=name, quick=quick, trainers=[spec]))[spec]
+    out['configs'][name] = figures
+  t = out['targets']
+  c = out['configs']
+  peak = lambda name, trainer: c.get(name, {}).get(trainer, {}).get(
+      'peak_device_bytes')
+  if peak('l6', 'ours') and peak('l24', 'ours'):
+    t['depth_ours_l24_over_l6'] = peak('l24', 'ours') / peak('l6', 'ours')
+    t['depth_ours_met'] = t['depth_ours_l24_over_l6'] <= 1.05
+    if peak('l6', 'default') and peak('l24', 'default'):
+      t['depth_default_l24_over_l6'] = (peak('l24', 'default') /
+                                        peak('l6', 'default'))
+  t['ours_fits_stock_peak'] = {
+      name: 'error' not in f.get('ours_at_stock_peak', {'error': 1})
+      for name, f in c.items()}
+  t['estimate_equals_memory_log'] = {
+      name: f.get('ours', {}).get('peak_device_bytes') ==
+      f.get('ours', {}).get('logged_peak_device_bytes')
+      for name, f in c.items()}
+  budget = seq_device_memory_bytes
+  longest, per_length = _longest_sequence(quick, budget, seq_lengths)
+  t['longest_sequence'] = dict(device_memory_bytes=budget, longest=longest,
+                               per_length=per_length)
+  if longest.get('ours') and longest.get('default'):
+    t['longest_sequence_met'] = (
+        longest['ours'] >= longest.get('stock', 0) and
+        longest['ours'] >= 2 * longest['default'])
+  if estimate_main_job:
+    _time_estimate(t)
+  return out

@@ -1,0 +1,80 @@
+"""Builds the benchmark's model under each trainer, and runs one step.
+
+The three trainers get the same ReformerLM (full causal self-attention,
+dropout 0.1, byte vocabulary), the same initialization seed and Adam.
+"""
+
+import time
+
+from tools.bench import configs
+
+
+def build(spec, cfg):
+  """Builds model + trainer; returns (trainer, weights_bytes, slots_bytes).
+
+  Args:
+    spec: a `--trainers` entry (`configs.split_trainer`); its environment
+      arguments apply to the process, not here.
+    cfg: a config's shapes (`configs.config`).
+  """
+  trainer_name, extra_kwargs, _ = configs.split_trainer(spec)
+  # pylint: disable=g-import-not-at-top
+  from trax import fastmath
+  from trax import layers as tl
+  from trax import models
+  from trax import optimizers
+  from trax import shapes
+  from trax.optimizers import trainer as stock_trainer
+  import trax_revplus
+  from trax_revplus import memory
+  from trax_revplus import trainer as rev_trainer
+  # pylint: enable=g-import-not-at-top
+  if trainer_name == 'ours':
+    trax_revplus.activate()
+  else:
+    trax_revplus.deactivate()
+  try:
+    d = cfg['d_model']
+    model = models.ReformerLM(
+        configs.VOCAB, d_model=d, d_ff=4 * d, d_attention_key=d // 4,
+        d_attention_value=d // 4, n_layers=cfg['n_layers'], n_heads=4,
+        dropout=0.1, max_len=cfg['length'], attention_type=tl.SelfAttention,
+        mode='train')
+    loss = tl.WeightedCategoryCrossEntropy()
+    sig = shapes.signature(configs.batch(cfg))
+    rng = fastmath.random.get_prng(0)
+    if trainer_name == 'default':
+      model_with_loss = tl.Serial(model, loss)
+      model_with_loss.init(sig, rng=rng)
+      opt = optimizers.Adam()
+      opt.tree_init(model_with_loss.weights)
+      trainer = optimizers.Trainer(model_with_loss, opt, n_devices=1)
+      return (trainer, memory.array_bytes(model_with_loss.weights),
+              memory.array_bytes(opt.slots))
+    module = stock_trainer if trainer_name == 'stock' else rev_trainer
+    blocks, loss_layer = module.extract_reversible_blocks([model, loss])
+    module.init_reversible_blocks(blocks, loss_layer, sig, rng)
+    kwargs = {}
+    if trainer_name == 'ours':
+      # Steady-state steps: phase records (which wait for each phase) on
+      # the first step only, as in a long run after its first steps.
+      kwargs = dict(memory_log_tensorboard=False, memory_log_first_steps=1,
+                    **extra_kwargs)
+    trainer = module.ReversibleSerialTrainer(
+        blocks, loss_layer, optimizers.Adam, n_devices=1, **kwargs)
+    weights = [l.weights for l in trainer.all_layers]
+    return (trainer, memory.array_bytes(weights),
+            memory.array_bytes(trainer.slots))
+  finally:
+    trax_revplus.deactivate()
+
+
+def step(trainer, batch, step_number):
+  """Runs step `step_number` to its end; returns (seconds, loss)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from trax import fastmath  # pylint: disable=g-import-not-at-top
+  t0 = time.perf_counter()
+  loss, _ = trainer.one_step(batch, fastmath.random.get_prng(step_number),
+                             step=step_number)
+  loss = float(jax.block_until_ready(loss))
+  return time.perf_counter() - t0, loss
