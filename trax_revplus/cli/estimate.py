@@ -146,38 +146,38 @@ def _stock(cfg, backend):
 
 
 def _revplus(cfg, backend, n_devices, device_memory_bytes):
-  """(TrainerMemory, plan line) of trax_revplus's trainer."""
+  """(TrainerMemory, plan line, the budget it planned for) of trax_revplus's
+  trainer.
+
+  With `device_memory_bytes` (--device_memory) the trainer plans for it;
+  without, for the budget its settings give (the config's
+  `device_memory_budget_bytes`, by default the device's own size where the
+  backend reports it).
+  """
   from trax_revplus import device_memory  # pylint: disable=g-import-not-at-top
   from trax_revplus import trainer as rev_lib  # pylint: disable=g-import-not-at-top
-  from trax_revplus.trainer import device_plan  # pylint: disable=g-import-not-at-top
+  from trax_revplus.trainer import planner  # pylint: disable=g-import-not-at-top
   blocks, loss_layer = _blocks(rev_lib, cfg)
+  budget = ({} if device_memory_bytes is None else
+            {'device_memory_budget_bytes': device_memory_bytes})
   trainer = rev_lib.ReversibleSerialTrainer(
       blocks, loss_layer, cfg.optimizer, n_devices=n_devices,
-      memory_log_tensorboard=False, output_dir=None,
-      device_memory_budget_bytes=device_memory_bytes)
-  plan = trainer.device_plan
+      memory_log_tensorboard=False, output_dir=None, **budget)
+  budget_bytes = trainer.planner.budget_bytes
+  least_plan, least = trainer.least_device_memory_of(cfg.batch)
   try:
-    result = device_memory.trainer_memory('revplus', trainer, cfg.batch,
-                                          backend)
-    choice = plan.choice
-    note = 'fits'
-  except device_plan.DeviceMemoryBudgetError:
-    choice, step = plan.smallest
-    result = device_memory.trainer_memory('revplus', trainer, cfg.batch,
-                                          backend, step=step)
-    note = (f'no plan fits {human_bytes(device_memory_bytes)}; the smallest '
-            f'needs {choice.peak_device_bytes} bytes')
-  if choice is None:
-    options = trainer.options
-    line = (f'segment_max_layers={options.segment_max_layers}, '
-            f'backward_segment_max_layers='
-            f'{options.backward_segment_max_layers} (as configured)')
-  else:
-    line = (f'segment_max_layers={choice.segment_max_layers}, '
-            f'backward_segment_max_layers='
-            f'{choice.backward_segment_max_layers}, {choice.n_calls} calls '
-            f'per step ({note})')
-  return result, line
+    planned = trainer.planned(cfg.batch)
+    plan, step, note = planned.plan, trainer.device_memory_of(cfg.batch), (
+        'fits' if budget_bytes is not None else 'no budget: as configured')
+  except planner.DeviceMemoryBudgetError:
+    plan, step = least_plan, least
+    note = (f'no plan fits {human_bytes(budget_bytes)}; the least needs '
+            f'{least.peak_device_bytes} bytes')
+  settings = dict(plan.settings(), n_calls=plan.n_calls)
+  result = device_memory.trainer_memory(
+      'revplus', trainer, cfg.batch, backend, step=step, plan=settings,
+      least=(dict(least_plan.settings(), n_calls=least_plan.n_calls), least))
+  return result, f'{plan.describe()} ({note})', budget_bytes
 
 
 def estimate(device_memory_bytes: Optional[int], n_devices: int):
@@ -201,7 +201,7 @@ def estimate(device_memory_bytes: Optional[int], n_devices: int):
     raise UserError(f"cannot build the config's model: {one_line(e)}; fix "
                     'the model bindings (train.model, ...)',
                     EXIT_RUNTIME) from None
-  results, plan_line = {}, [None]
+  results, plan_line, budget = {}, [None], [device_memory_bytes]
   try:
     trax_revplus.deactivate()
     results['default'] = device_memory.account(
@@ -211,15 +211,15 @@ def estimate(device_memory_bytes: Optional[int], n_devices: int):
     trax_revplus.activate()
 
     def revplus():
-      memory, plan_line[0] = _revplus(cfg, backend, n_devices,
-                                      device_memory_bytes)
+      memory, plan_line[0], budget[0] = _revplus(cfg, backend, n_devices,
+                                                 device_memory_bytes)
       return memory
     results['revplus'] = device_memory.account('revplus', backend, n_devices,
                                                revplus)
   finally:
     if not activated:
       trax_revplus.deactivate()
-  return backend, results, plan_line[0], cfg.batch
+  return backend, results, plan_line[0], cfg.batch, budget[0]
 
 
 def table(backend, results, plan_line, batch, device_memory_bytes,
@@ -234,8 +234,8 @@ def table(backend, results, plan_line, batch, device_memory_bytes,
       (f' ({device_memory_bytes} bytes)' if device_memory_bytes else
        ' not given (--device_memory)'),
       '',
-      f'{"trainer":<9}{"peak device/step":>18}{"host weights+slots":>20}'
-      f'{"largest program":>17}{"fits":>6}',
+      f'{"trainer":<9}{"peak device/step":>18}{"least device/step":>19}'
+      f'{"host weights+slots":>20}{"largest program":>17}{"fits":>6}',
   ]
   for name in TRAINERS:
     r = results[name]
@@ -245,6 +245,7 @@ def table(backend, results, plan_line, batch, device_memory_bytes,
     fits = r.fits(device_memory_bytes)
     fits = '-' if fits is None else ('yes' if fits else 'no')
     lines.append(f'{name:<9}{human_bytes(r.peak_device_bytes):>18}'
+                 f'{human_bytes(r.min_peak_device_bytes):>19}'
                  f'{human_bytes(r.host_weights_and_slots_bytes):>20}'
                  f'{human_bytes(r.largest_program_bytes):>17}{fits:>6}')
   if plan_line:
@@ -262,8 +263,8 @@ def to_json(backend, results, plan_line, device_memory_bytes,
          'n_devices': n_devices,
          'trainers': {name: results[name].to_json(device_memory_bytes)
                       for name in TRAINERS}}
-  if plan_line is not None:
-    out['trainers']['revplus']['plan'] = plan_line
+  if plan_line is not None and 'error' not in out['trainers']['revplus']:
+    out['trainers']['revplus']['plan_line'] = plan_line
   return out
 
 
@@ -300,8 +301,10 @@ def run(flags: argparse.Namespace) -> int:
   # other is one line on stderr.
   with noise.route_warnings(std_logging.NullHandler(),
                             std_logging.StreamHandler(sys.stderr)):
-    backend, results, plan_line, batch = estimate(device_memory_bytes,
-                                                  flags.n_devices)
+    backend, results, plan_line, batch, budget = estimate(
+        device_memory_bytes, flags.n_devices)
+  if budget is not None:
+    device_memory_bytes = budget
   print(table(backend, results, plan_line, batch, device_memory_bytes,
               flags.n_devices))
   sys.stdout.flush()

@@ -34,6 +34,11 @@ class TrainerMemory:
       (stock and trax_revplus) or on the device (the default Trainer, where
       they are in the step's peak instead).
     error: one line saying why there are no figures, or None.
+    least: the `composition.StepMemory` of the leanest plan the trainer can
+      run, or None: the trainer has one plan (`step`'s).
+    plan: the plan `step` ran, as its settings (trax_revplus's trainer), or
+      None.
+    least_plan: the leanest plan's settings, or None.
   """
   trainer: str
   backend: str
@@ -43,10 +48,23 @@ class TrainerMemory:
   slots_bytes: int = 0
   weights_and_slots_on_host: bool = True
   error: Optional[str] = None
+  least: Optional[composition.StepMemory] = None
+  plan: Optional[dict] = None
+  least_plan: Optional[dict] = None
 
   @property
   def peak_device_bytes(self) -> Optional[int]:
     return None if self.step is None else self.step.peak_device_bytes
+
+  @property
+  def min_peak_device_bytes(self) -> Optional[int]:
+    """The least peak device bytes any plan of this trainer steps in (its
+    only plan's, for trainers with one)."""
+    if self.step is None:
+      return None
+    if self.least is None:
+      return self.step.peak_device_bytes
+    return min(self.least.peak_device_bytes, self.step.peak_device_bytes)
 
   @property
   def largest_program_bytes(self) -> Optional[int]:
@@ -71,8 +89,9 @@ class TrainerMemory:
     """The JSON object `estimate --json` writes for this trainer."""
     if self.error is not None:
       return {'error': self.error}
-    return {
+    out = {
         'peak_device_bytes': self.peak_device_bytes,
+        'min_peak_device_bytes': self.min_peak_device_bytes,
         'host_weights_and_slots_bytes': self.host_weights_and_slots_bytes,
         'largest_program_bytes': self.largest_program_bytes,
         'fits': self.fits(device_memory_bytes),
@@ -83,6 +102,11 @@ class TrainerMemory:
         'peak_parts_bytes': self.step.peak_call.parts(),
         'phase_peak_device_bytes': self.step.phase_peaks(),
     }
+    if self.plan is not None:
+      out['plan'] = self.plan
+    if self.least_plan is not None:
+      out['least_plan'] = self.least_plan
+    return out
 
 
 def one_line(error: BaseException) -> str:
@@ -129,7 +153,8 @@ def stock_trainer_memory(trainer, batch, backend: str,
 
 
 def trainer_memory(name: str, trainer: Any, batch: Any, backend: str,
-                   step: Optional[composition.StepMemory] = None
+                   step: Optional[composition.StepMemory] = None,
+                   plan: Optional[dict] = None, least: Any = None
                    ) -> TrainerMemory:
   """`TrainerMemory` of one built trainer, whichever of the three it is.
 
@@ -149,8 +174,11 @@ def trainer_memory(name: str, trainer: Any, batch: Any, backend: str,
     backend: the platform the programs compile for, e.g.
       `jax.default_backend()`.
     step: trax_revplus's trainer only: its step's `StepMemory` when the
-      caller already has it (e.g. the smallest plan's when no plan fits a
+      caller already has it (e.g. the least plan's when no plan fits a
       budget); None accounts `trainer.device_memory_of(batch)`.
+    plan: trax_revplus's trainer only: the settings of the plan `step` ran.
+    least: trax_revplus's trainer only: (plan settings, `StepMemory`) of
+      its leanest plan, or None (`trainer.least_device_memory_of(batch)`).
 
   Returns:
     `TrainerMemory`; trax_revplus's and stock's keep their weights and
@@ -160,9 +188,9 @@ def trainer_memory(name: str, trainer: Any, batch: Any, backend: str,
     TypeError: `name` is not 'default' or 'stock' and `trainer` has no
       `device_memory_of`.
     Whatever accounting raises, e.g. `UnsupportedTrainerError`, or
-    `trax_revplus.trainer.device_plan.DeviceMemoryBudgetError` when no plan
-    of trax_revplus's trainer fits its `device_memory_budget_bytes` (wrap
-    the call in `account` for a one-line error instead).
+    `trax_revplus.trainer.planner.DeviceMemoryBudgetError` when no plan
+    of trax_revplus's trainer fits its device memory budget (wrap the call
+    in `account` for a one-line error instead).
   """
   if name == 'default':
     return default_trainer_memory(trainer, batch, backend, name)
@@ -174,7 +202,12 @@ def trainer_memory(name: str, trainer: Any, batch: Any, backend: str,
                     'device_memory_of); name it default or stock')
   if step is None:
     step = trainer.device_memory_of(batch)
+    plan = trainer.planned(batch).plan.settings()
+  if least is None:
+    least_plan, least_step = trainer.least_device_memory_of(batch)
+    least = (least_plan.settings(), least_step)
   # Ours keeps the layers and slots stock keeps (`all_layers`, `slots`).
   weights, slots = stock_trainer.weights_and_slots_bytes(trainer)
   return TrainerMemory(name, backend, trainer.placement.n_devices, step,
-                       weights, slots, weights_and_slots_on_host=True)
+                       weights, slots, weights_and_slots_on_host=True,
+                       least=least[1], plan=plan, least_plan=least[0])
