@@ -31,14 +31,15 @@ def account(trainer_name, trainer, batch):
   # pylint: disable=g-import-not-at-top
   import jax
   from trax_revplus import device_memory
-  from trax_revplus.trainer import device_plan
+  from trax_revplus.trainer import planner
   # pylint: enable=g-import-not-at-top
   backend = jax.default_backend()
   sds = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in batch)
   try:
-    step = device_memory.trainer_memory(trainer_name, trainer, sds,
-                                        backend).step
-  except device_plan.DeviceMemoryBudgetError as e:
+    memory = device_memory.trainer_memory(trainer_name, trainer, sds,
+                                          backend)
+    step = memory.step
+  except planner.DeviceMemoryBudgetError as e:
     return {'error': str(e), 'fits': False}
   except Exception as e:  # pylint: disable=broad-except
     return {'error': device_memory.report.one_line(e)}
@@ -46,12 +47,8 @@ def account(trainer_name, trainer, batch):
          'largest_program_bytes': step.largest_program_bytes,
          'peak_call': step.peak_call.name, 'n_calls': len(step.calls)}
   if trainer_name != 'default' and trainer_name != 'stock':
-    choice = trainer.device_plan.choice
-    if choice is not None:
-      out['plan'] = dict(segment_max_layers=choice.segment_max_layers,
-                         backward_segment_max_layers=(
-                             choice.backward_segment_max_layers),
-                         kept_segments=choice.kept_segments)
+    out['plan'] = trainer.planned(sds).plan.settings()
+  out['min_peak_device_bytes'] = memory.min_peak_device_bytes
   return out
 
 
