@@ -14,6 +14,10 @@ Printed (last line of stdout), all differences as max absolute values:
   max_diff_vs_ours_1dev: ours on N devices vs ours on one device,
   max_diff_free: ours on N devices with free_accelerators_on_step=True vs
     False, loss_shape: shape of the returned loss,
+  max_diff_slices_vs_default_1dev: ours on N devices with batch_slices=2
+    (each device's rows in 2 slices) vs trax's default Trainer,
+  max_diff_lsh_slices: a ReformerLM with LSH attention on N devices,
+    batch_slices=2 vs 1 (LSH hashes with per-row state),
   adasum_finite: ours with adasum=True trains to finite weights,
   adasum_diff_vs_mean: how far Adasum's weights are from plain averaging
     (> 0: the flag changes the update),
@@ -78,6 +82,31 @@ def _ours(n_devices, **kwargs):
   return model.weights, np.asarray(loss_value)
 
 
+def _lsh(n_devices, batch_slices):
+  """Weights and state of ours on a tiny LSH ReformerLM, 2 steps."""
+  import functools  # pylint: disable=g-import-not-at-top
+  import trax  # pylint: disable=g-import-not-at-top
+  from trax import shapes  # pylint: disable=g-import-not-at-top
+  model = trax.models.ReformerLM(
+      16, d_model=16, d_ff=32, d_attention_key=8, d_attention_value=8,
+      n_layers=1, n_heads=2, max_len=32, dropout=0.0,
+      attention_type=functools.partial(
+          tl.LSHSelfAttention, chunk_len=4, n_buckets=4, n_hashes=2),
+      mode='train')
+  tokens = (np.arange(8 * 16).reshape((8, 16)) * 7 + 3) % 15 + 1
+  batch = (tokens, tokens, np.ones((8, 16), np.float32))
+  blocks, loss = rev_trainer.extract_reversible_blocks(
+      [model, tl.WeightedCategoryCrossEntropy()])
+  rev_trainer.init_reversible_blocks(blocks, loss, shapes.signature(batch),
+                                     fastmath.random.get_prng(3))
+  trainer = rev_trainer.ReversibleSerialTrainer(
+      blocks, loss, optimizers.Adam, n_devices=n_devices,
+      batch_slices=batch_slices)
+  for rng, lr in zip(_RNGS, _LRS):
+    trainer.one_step(batch, rng, learning_rate=lr)
+  return [(l.weights, l.state) for l in trainer.all_layers]
+
+
 def main():
   n = int(sys.argv[1])
   trax_revplus.deactivate()
@@ -102,6 +131,7 @@ def main():
   ours_free, _ = _ours(n, free_accelerators_on_step=True,
                        memory_log_every_n_steps=1)
   adasum, _ = _ours(n, adasum=True)
+  sliced, _ = _ours(n, batch_slices=2)
   result = {
       'n_devices': n,
       'local_devices': len(jax.local_devices()),
@@ -109,6 +139,8 @@ def main():
       'max_diff_vs_default_1dev': _max_diff(ours_n, reference),
       'max_diff_vs_ours_1dev': _max_diff(ours_n, ours_1),
       'max_diff_free': _max_diff(ours_n, ours_free),
+      'max_diff_slices_vs_default_1dev': _max_diff(sliced, reference),
+      'max_diff_lsh_slices': _max_diff(_lsh(n, 2), _lsh(n, 1)),
       'loss_shape': list(loss_n.shape),
       'adasum_finite': all(np.all(np.isfinite(x))
                            for x in fastmath.tree_flatten(adasum)),

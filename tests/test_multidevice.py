@@ -35,6 +35,8 @@ def test_n_devices_match_one_device(n_devices):
   assert result['max_diff_vs_default_1dev'] <= 1e-5, result
   assert result['max_diff_vs_ours_1dev'] <= 1e-5, result
   assert result['max_diff_free'] <= 1e-5, result
+  assert result['max_diff_slices_vs_default_1dev'] <= 1e-5, result
+  assert result['max_diff_lsh_slices'] <= 1e-5, result
   assert result['loss_shape'] == [n_devices], result
   assert result['adasum_finite'], result
   assert result['adasum_diff_vs_mean'] > 0, result
