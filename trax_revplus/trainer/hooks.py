@@ -136,6 +136,6 @@ class ReleaseHostMemory(StepHooks):
     self.release()
 
   def _after_call(self, fn):
-    if id(fn) not in self._first_calls_done:
+    if fn is not None and id(fn) not in self._first_calls_done:
       self._first_calls_done.add(id(fn))
       self.release()

@@ -316,7 +316,13 @@ def fbo(layer, optimizer, n_devices, adasum, k, rows):
 
 def segment_reverse(layers, optimizers, n_devices, adasum, k, rows):
   """`step_fns.segment_reverse_fn` over k slices: each slice reversed
-  through every layer, last to first; then each layer's update."""
+  through every layer, last to first; then each layer's update.
+
+  The slices' reconstructed inputs and input cotangents are written over
+  their outputs and output cotangents, in place (a reversible segment's
+  inputs have its outputs' shapes): with those arguments donated, as the
+  trainer donates them, the call needs no second batch-sized buffer.
+  """
   if k == 1:
     return step_fns.segment_reverse_fn(layers, optimizers, n_devices, adasum)
   updates = [step_fns.update_fn(opt, n_devices, adasum) for opt in optimizers]
@@ -324,14 +330,26 @@ def segment_reverse(layers, optimizers, n_devices, adasum, k, rows):
   def sliced(outputs, weights, grads, states, new_states, slots, opt_params,
              rngs, step):
     n = _n_rows(outputs)
+    b = n // k
     old, new = _States(states, rows, n, k), _States(new_states, rows, n, k)
-    ys, cts = _Rows(outputs, k), _Rows(grads, k)
-    out_tree = []
+    leaves, treedef = jax.tree_util.tree_flatten((outputs, grads))
+    moving = [i for i, x in enumerate(leaves) if not _is_float0(x)]
 
-    def body(acc, scanned):
-      y, ct, old_rows, new_rows = scanned
-      old_s, new_s = old.slice(old_rows), new.slice(new_rows)
-      stack, grad_stack = ys.slice(y), cts.slice(ct)
+    def slice_of(bufs, s):
+      part = list(leaves)
+      for i, x in zip(moving, bufs):
+        part[i] = lax.dynamic_slice_in_dim(x, s * b, b)
+      for i, x in enumerate(leaves):
+        if _is_float0(x):
+          part[i] = np.zeros((b,) + x.shape[1:], _FLOAT0)
+      return jax.tree_util.tree_unflatten(treedef, part)
+
+    def body(s, carry):
+      bufs, acc = carry
+      stack, grad_stack = slice_of(bufs, s)
+      at = lambda arrays: [lax.dynamic_index_in_dim(a, s, keepdims=False)
+                           for a in arrays]
+      old_s, new_s = old.slice(at(old.scanned)), new.slice(at(new.scanned))
       grads_weights = [None] * len(layers)
       for j in range(len(layers) - 1, -1, -1):
         n_out = layers[j].n_out
@@ -341,13 +359,17 @@ def segment_reverse(layers, optimizers, n_devices, adasum, k, rows):
             rng=rngs[j])
         stack = cb.outputs_onto_stack(x, stack, n_out)
         grad_stack = cb.outputs_onto_stack(x_ct, grad_stack, n_out)
-      out, merged = _stackable((stack, grad_stack))
-      out_tree[:] = [merged]
-      return _add(acc, grads_weights), out
-    grads_weights, out = lax.scan(
-        body, _zeros(weights), (ys.scanned, cts.scanned, old.scanned,
-                                new.scanned))
-    inputs, grads_inputs = out_tree[0](out, k)
+      done = jax.tree_util.tree_leaves((stack, grad_stack))
+      bufs = [lax.dynamic_update_slice_in_dim(buf, done[i].astype(buf.dtype),
+                                              s * b, 0)
+              for i, buf in zip(moving, bufs)]
+      return bufs, _add(acc, grads_weights)
+    bufs, grads_weights = lax.fori_loop(
+        0, k, body, ([leaves[i] for i in moving], _zeros(weights)))
+    done = list(leaves)
+    for i, x in zip(moving, bufs):
+      done[i] = x
+    inputs, grads_inputs = jax.tree_util.tree_unflatten(treedef, done)
     new_weights, new_slots, stats = [], [], []
     for update, g, w, sl, op in zip(updates, grads_weights, weights, slots,
                                     opt_params):

@@ -78,6 +78,15 @@ class Kind(enum.Enum):
     return self not in (Kind.FORWARD, Kind.SEGMENT_FORWARD)
 
   @property
+  def parameters(self):
+    """Argument positions of the weights and the slots."""
+    if self is Kind.SEGMENT_REVERSE_UPDATE:
+      return (1, 5)
+    if self is Kind.FUSED_LOSS:
+      return (1, 3)
+    return (1, 4) if self.updates else (1,)
+
+  @property
   def donated(self):
     """Argument positions it replaces by its results, never read again, so
     their buffers may be donated: weights and slots; for a reverse step

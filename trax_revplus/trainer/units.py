@@ -139,6 +139,60 @@ class ReversibleSegment:
     return stack, grad_stack
 
 
+class SelectSegment:
+  """Reversible layers that only reorder the stack (`tl.ReversibleSwap`,
+  permutations by `ReversibleSelect`): run on the stacks themselves,
+  forward and backward, with no compiled call and no device memory.
+
+  Attributes:
+    layers: list of layer indices, in forward order.
+    forward_fn, backward_fn: None (nothing is compiled).
+  """
+
+  forward_fn = None
+  backward_fn = None
+
+  def __init__(self, indices, layers):
+    self.layers = list(indices)
+    self._permutations = [(layer.n_in, list(layer._indices))  # pylint: disable=protected-access
+                          for layer in layers]
+
+  def forward(self, stack, params, run):
+    del params, run
+    for n, indices in self._permutations:
+      items = cb.inputs_from_stack(stack, n)
+      stack = cb.outputs_onto_stack(tuple(items[i] for i in indices), stack,
+                                    n)
+    return stack, None
+
+  def backward(self, stack, grad_stack, params, run):
+    """Puts the inputs back and their cotangents (the outputs' cotangents,
+    reordered the same way: a permutation's gradient)."""
+    del params
+    for n, indices in reversed(self._permutations):
+      inverse = [indices.index(i) for i in range(n)]
+      items = cb.inputs_from_stack(stack, n)
+      stack = cb.outputs_onto_stack(tuple(items[i] for i in inverse), stack,
+                                    n)
+      grads = cb.inputs_from_stack(grad_stack, n)
+      grad_stack = cb.outputs_onto_stack(tuple(grads[i] for i in inverse),
+                                         grad_stack, n)
+    # Each layer still reports its (empty) update, so that the step's
+    # statistics keep one entry per layer.
+    order = self.layers[::-1]
+    empty = [() for _ in order]
+    run.updated(order, empty, empty, empty, [{} for _ in order])
+    return stack, grad_stack
+
+
+def is_permutation(layer):
+  """Whether `layer` is a reversible layer that only permutes its inputs
+  (trax's `ReversibleSelect` with each input once: `ReversibleSwap`)."""
+  indices = getattr(layer, '_indices', None)
+  return (type(layer).__name__ == 'ReversibleSelect' and
+          indices is not None and sorted(indices) == list(range(layer.n_in)))
+
+
 class LossUnit:
   """The loss program: forward + backward + update of the loss layer and
   of the layers fused into it (`plan.StepPlan.fused_from`).
@@ -291,10 +345,11 @@ class UnitFactory:
     self._adasum = adasum
 
   def _donated(self, kind, indices):
-    """The arguments `kind` replaces, where any of its layers has weights."""
+    """The arguments `kind` replaces: weights and slots where any of its
+    layers has weights (else they are empty), the others always."""
     if any(step_fns.has_weights(self._layers[i]) for i in indices):
       return kind.donated
-    return ()
+    return tuple(i for i in kind.donated if i not in kind.parameters)
 
   def _rows(self, indices):
     """`slices.Rows` of layers `indices` (how their state splits)."""
@@ -315,8 +370,11 @@ class UnitFactory:
     return StandardUnit(i, layer, forward_fn, backward_fn)
 
   def segment(self, indices, n_slices=1, forward=True):
-    """A `ReversibleSegment`; without `forward` its forward_fn is None."""
+    """A `ReversibleSegment`, or a `SelectSegment` where every layer only
+    permutes the stack; without `forward` its forward_fn is None."""
     layers = [self._layers[i] for i in indices]
+    if all(is_permutation(layer) for layer in layers):
+      return SelectSegment(indices, layers)
     rows = self._rows(indices)
     forward_fn = None
     if forward:
