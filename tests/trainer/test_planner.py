@@ -70,6 +70,21 @@ def test_candidates_cover_every_dimension():
   assert plans[-1].fused_from == plans[-1].loss
 
 
+def test_the_planners_bounds_hold():
+  """What the planner skips on: a plan needs at least the leanest plan of
+  its slicing, and the leanest of one slicing is the least of all."""
+  peaks = _every_candidate()
+  lean = {}
+  for plan, peak in peaks:
+    k = plan.batch_slices
+    if plan.fused_from == plan.loss:
+      lean[k] = min(lean.get(k, peak), peak)
+  assert min(lean.values()) == min(p for _, p in peaks)
+  for plan, peak in peaks:
+    if plan.fused_from < plan.loss:
+      assert peak >= lean[plan.batch_slices], plan
+
+
 def test_budget_chooses_the_fastest_plan_that_fits():
   peaks = _every_candidate()
   least = min(p for _, p in peaks)

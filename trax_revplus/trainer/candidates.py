@@ -28,7 +28,7 @@ the group, so a group whose leanest member does not fit is skipped whole.
 """
 
 import dataclasses
-from typing import Iterator, List, Tuple
+from typing import Iterator, Tuple
 
 from trax_revplus.trainer import options as options_lib
 from trax_revplus.trainer import plan as plan_lib
@@ -112,10 +112,6 @@ class Candidates:
     return self._make(segment_max_layers=1, backward_segment_max_layers=1,
                       batch_slices=k, n_async_layers=0, prefetch=False)
 
-  def leanest_plans(self) -> List[plan_lib.StepPlan]:
-    """The leanest plan of every slicing, fewest slices first."""
-    return [self.leanest(k) for k in self.slices]
-
   def groups(self) -> Iterator[Group]:
     """Every group, in the speed model's order."""
     store = self._options.store_activations
@@ -130,7 +126,7 @@ class Candidates:
         yield self._unfused(k)
 
   def lower_bound_bytes(self, group, n_devices) -> int:
-    """Bytes per device every plan of `group` needs at least, known without
+    """Bytes per device every plan of `group` holds, known without
     compiling: a fused program keeps, for the slice it runs, each fused
     reversible layer's inputs (the stack state it reads) until its
     backward, and takes every fused layer's weights and slots."""

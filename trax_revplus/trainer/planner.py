@@ -63,7 +63,7 @@ class Planner:
     budget_bytes: int bytes per device the step may use at its peak, or
       None (no budget: the configured plan runs).
     least: (`plan.StepPlan`, `device_memory.StepMemory`) of the leanest
-      plan accounted so far, or None (set when no plan fits).
+      plan, set when no plan fits the budget; else None.
   """
 
   def __init__(self, placement, store, factory, options, budget_bytes):
@@ -192,42 +192,53 @@ class Planner:
       return None
 
   def _choose(self, candidates, types):
-    """The first candidate, in the speed model's order, that fits."""
-    budget = self.budget_bytes
-    tried = []
+    """The first candidate, in the speed model's order, that fits.
 
-    def peak(plan):
-      units = units_lib.Units(plan, self._factory)
+    A group is tried only where its slicing's leanest plan (one layer
+    per call: the least compiling) fits; a fused group also needs the stack
+    states it keeps within the budget (`Candidates.lower_bound_bytes`).
+    """
+    budget = self.budget_bytes
+    lean = {}  # slices -> StepMemory of their leanest plan
+
+    def account(plan):
       try:
-        step = self.account(plan, units, types)
+        return self.account(plan, units_lib.Units(plan, self._factory), types)
       except (device_memory.UnsupportedTrainerError,
               device_memory.AccountingError) as e:
         raise DeviceMemoryBudgetError(
             f'device_memory_budget_bytes cannot be honoured here: {e} Set '
             f'{options_lib.GIN_CONFIGURABLE}.device_memory_budget_bytes = '
             f'None and choose the segments and slices yourself.') from None
-      tried.append((plan, step))
-      return units, step
+
+    def lean_fits(k):
+      if k not in lean:
+        lean[k] = account(candidates.leanest(k))
+      return lean[k].peak_device_bytes <= budget
 
     for group in candidates.groups():
-      if candidates.lower_bound_bytes(
-          group, self._placement.n_devices) > budget:
+      k = group.leanest.batch_slices
+      if not lean_fits(k):
         continue
-      _, lean_step = peak(group.leanest)
-      if lean_step.peak_device_bytes > budget:
+      if candidates.lower_bound_bytes(group,
+                                      self._placement.n_devices) > budget:
         continue
       for plan in group.plans:
-        units, step = peak(plan)
+        step = lean[k] if plan == candidates.leanest(k) else account(plan)
         if step.peak_device_bytes <= budget:
+          units = units_lib.Units(plan, self._factory)
           logging.info('device memory plan: %s; %s', plan.describe(),
                        step.describe())
           return Planned(plan, units, step)
-    # Nothing fits: the least of every slicing's leanest plan.
-    for lean in candidates.leanest_plans():
-      if not any(p == lean for p, _ in tried):
-        peak(lean)
-    self.least = min(tried, key=lambda t: t[1].peak_device_bytes)
+    for k in candidates.slices:
+      lean_fits(k)
+    k = min(lean, key=lambda k: lean[k].peak_device_bytes)
+    self.least = (candidates.leanest(k), lean[k])
+    self._raise_nothing_fits()
+
+  def _raise_nothing_fits(self):
     plan, step = self.least
+    budget = self.budget_bytes
     need = step.peak_device_bytes
     raise DeviceMemoryBudgetError(
         f'no plan fits device_memory_budget_bytes={budget} '
@@ -238,18 +249,20 @@ class Planner:
         f'{need}, or use a shorter sequence or a smaller batch.')
 
   def least_plan(self, batch):
-    """(plan, StepMemory) of the leanest plan on `batch`'s shapes: the
-    least device memory this trainer can step in."""
+    """(plan, StepMemory) of the leanest plan on `batch`'s shapes: one
+    layer per call, no copy-back depth, no prefetch, with the slicing that
+    needs least; the least device memory this trainer can step in."""
     types = self.step_types(batch)
     candidates = candidates_lib.Candidates(
         self._store.block_sizes(), self._store.params_bytes(),
         self._stack_bytes(types), self._rows(types), self._options)
-    best = None
-    for plan in candidates.leanest_plans():
+    least = None
+    for k in candidates.slices:
+      plan = candidates.leanest(k)
       step = self.account(plan, units_lib.Units(plan, self._factory), types)
-      if best is None or step.peak_device_bytes < best[1].peak_device_bytes:
-        best = (plan, step)
-    return best
+      if least is None or step.peak_device_bytes < least[1].peak_device_bytes:
+        least = (plan, step)
+    return least
 
 
 def zeros_batch(batch):
