@@ -13,10 +13,18 @@ import time
 from tools.bench import configs
 from tools.bench import protocol
 
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
+    __file__))))
 # The main job `trax-revplus estimate` is timed on.
-_MAIN_JOB = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
-        __file__)))), 'gin_configs', 'reformer_char_lm.gin')
+_MAIN_JOB = os.path.join(_ROOT, 'gin_configs', 'reformer_char_lm.gin')
+# Gin configs planned under a budget of stock's own peak (by `estimate`):
+# the main job and trax's copy-task Terraformers (their CPU overrides).
+GIN_CONFIGS = (
+    'gin_configs/reformer_char_lm.gin',
+    'gin_configs/trax/terraformer_copy_cpu.gin',
+    'gin_configs/trax/terraformer_copy_self_attn_cpu.gin',
+    'gin_configs/trax/terraformer_purelsh_copy_cpu.gin',
+)
 
 
 def device_memory_run(request):
@@ -54,6 +62,47 @@ def _longest_sequence(quick, budget, seq_lengths):
   return longest, per_length
 
 
+def _estimate(config_file, device_memory_bytes=None):
+  """`trax-revplus estimate --json` of a gin config: its JSON, or
+  {'error': the last lines of its output}."""
+  import tempfile  # pylint: disable=g-import-not-at-top
+  with tempfile.TemporaryDirectory() as tmp:
+    path = os.path.join(tmp, 'estimate.json')
+    args = [sys.executable, '-m', 'trax_revplus.cli', 'estimate',
+            f'--config_file={os.path.join(_ROOT, config_file)}',
+            f'--json={path}']
+    if device_memory_bytes is not None:
+      args.append(f'--device_memory={device_memory_bytes}')
+    proc = subprocess.run(args, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+      return {'error': (proc.stderr or proc.stdout)[-500:]}
+    with open(path) as f:
+      return json.load(f)
+
+
+def gin_configs_at_stock_peak(config_files=GIN_CONFIGS):
+  """Per gin config: each trainer's peak and least bytes, and ours planned
+  under a budget of stock's own peak: {config: {'stock_peak_device_bytes',
+  'ours_at_stock_peak': revplus figures, 'fits': bool} or {'error'}}."""
+  out = {}
+  for config_file in config_files:
+    first = _estimate(config_file)
+    stock = first.get('trainers', {}).get('stock', {})
+    if 'peak_device_bytes' not in stock:
+      out[config_file] = {'error': first.get('error') or stock.get('error')}
+      continue
+    budget = stock['peak_device_bytes']
+    second = _estimate(config_file, budget)
+    ours = second.get('trainers', {}).get('revplus', {'error': 'no figures'})
+    out[config_file] = {
+        'trainers': {name: {k: t.get(k) for k in (
+            'peak_device_bytes', 'min_peak_device_bytes', 'error')}
+                     for name, t in first['trainers'].items()},
+        'stock_peak_device_bytes': budget, 'ours_at_stock_peak': ours,
+        'fits': bool(ours.get('fits'))}
+  return out
+
+
 def _time_estimate(targets):
   """Times `trax-revplus estimate` on the main job into `targets`."""
   t0 = time.perf_counter()
@@ -70,13 +119,13 @@ def device_memory_targets(names, quick, seq_device_memory_bytes,
                           seq_lengths, estimate_main_job):
   """The device-memory figures and targets (bytes per device, XLA CPU).
 
-  * per config: each trainer's peak; ours under a budget of stock's own
-    peak (must fit);
+  * per config: each trainer's peak and least; ours under a budget of
+    stock's own peak (must fit); ours' least on l6 <= 0.5x stock's peak;
   * depth: ours' peak at l24 / l6 (same plan) <= 1.05, the default
     Trainer's ratio beside;
   * longest sequence of the l6 family whose step fits
     `seq_device_memory_bytes`: ours (planning under that budget) at least
-    stock's and 2x the default Trainer's;
+    2x stock's and 2x the default Trainer's;
   * ours' accounted peak == the peak_device_bytes its memory log records
     for a real step;
   * `trax-revplus estimate` on the main job config: wall seconds (< 60),
@@ -116,6 +165,11 @@ def device_memory_targets(names, quick, seq_device_memory_bytes,
   t['ours_fits_stock_peak'] = {
       name: 'error' not in f.get('ours_at_stock_peak', {'error': 1})
       for name, f in c.items()}
+  least = lambda name, trainer: c.get(name, {}).get(trainer, {}).get(
+      'min_peak_device_bytes')
+  if least('l6', 'ours') and peak('l6', 'stock'):
+    t['least_ours_over_stock_l6'] = least('l6', 'ours') / peak('l6', 'stock')
+    t['least_ours_over_stock_l6_met'] = t['least_ours_over_stock_l6'] <= 0.5
   t['estimate_equals_memory_log'] = {
       name: f.get('ours', {}).get('peak_device_bytes') ==
       f.get('ours', {}).get('logged_peak_device_bytes')
@@ -126,8 +180,12 @@ def device_memory_targets(names, quick, seq_device_memory_bytes,
                                per_length=per_length)
   if longest.get('ours') and longest.get('default'):
     t['longest_sequence_met'] = (
-        longest['ours'] >= longest.get('stock', 0) and
+        longest['ours'] >= 2 * longest.get('stock', 0) and
         longest['ours'] >= 2 * longest['default'])
+  if not quick:  # full-size configs: minutes of compiling
+    out['gin_configs'] = gin_configs_at_stock_peak()
+    t['gin_configs_fit_stock_peak'] = {
+        name: g.get('fits', False) for name, g in out['gin_configs'].items()}
   if estimate_main_job:
     _time_estimate(t)
   return out

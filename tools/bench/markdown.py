@@ -150,8 +150,9 @@ def _device_memory(dm):
   lines = ['', 'Peak device bytes per step (XLA memory analysis of the '
            'programs each trainer runs, composed with what it holds across '
            'each call; CPU backend):', '',
-           '| config | default | stock | ours | ours at stock\'s peak |',
-           '|---|---|---|---|---|']
+           '| config | default | stock | ours, defaults | '
+           'ours at stock\'s peak | least: ours |',
+           '|---|---|---|---|---|---|']
   for name, f in dm['configs'].items():
     cells = []
     for key in ('default', 'stock', 'ours', 'ours_at_stock_peak'):
@@ -159,11 +160,27 @@ def _device_memory(dm):
       cells.append(_mib(r['peak_device_bytes']) + ' MiB'
                    if 'peak_device_bytes' in r else
                    'error: ' + r.get('error', '-')[:60])
+    least = f.get('ours', {}).get('min_peak_device_bytes')
+    cells.append('-' if least is None else _mib(least) + ' MiB')
     lines.append(f'| {name} | ' + ' | '.join(cells) + ' |')
+  for name, g in dm.get('gin_configs', {}).items():
+    if 'error' in g:
+      lines.append(f'| {name} | error: {str(g["error"])[-60:]} | | | | |')
+      continue
+    tr = g['trainers']
+    cell = lambda t, k='peak_device_bytes': (
+        '-' if tr.get(t, {}).get(k) is None else _mib(tr[t][k]) + ' MiB')
+    ours = g['ours_at_stock_peak']
+    at_stock = (_mib(ours['peak_device_bytes']) + ' MiB'
+                if ours.get('fits') else 'no plan')
+    lines.append(f'| {name} | {cell("default")} | {cell("stock")} | '
+                 f'{cell("revplus")} | {at_stock} | '
+                 f'{cell("revplus", "min_peak_device_bytes")} |')
   t = dm['targets']
   lines.append('')
   for key, value in t.items():
-    if key in ('longest_sequence', 'estimate_main_job_output'):
+    if key in ('longest_sequence', 'estimate_main_job_output',
+               'gin_configs'):
       continue
     lines.append(f'* {key}: {value}')
   ls = t.get('longest_sequence', {})
