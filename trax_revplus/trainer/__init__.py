@@ -18,12 +18,14 @@ Modules, from the schedule down:
               one walk over a fixed plan
   run         `Run`: what a walk runs on, what a step holds on the device
               and when an update leaves it (one description for all walks)
+  unit_factory builds a plan's units from the step functions
   ahead       the walk on types: compiling ahead, accounting device memory
   compilation the compile cache
   fingerprints what a layer computes (which layers share a compilation)
   step_fns    the pure functions compiled: forward, FBO, reverse-and-update,
               the fused loss program
   slices      the same functions over batch slices
+  loss_slices how slices of a loss combine; the loss programs over slices
   commit      committing updates to the host; the non-finite guard
   store       layers, optimizers, host weights / state / slots
   options     the settings beyond trax's, validated

@@ -70,7 +70,7 @@ class Planner:
     """Args:
       placement: the trainer's `placement.Placement`.
       store: its `store.LayerStore`.
-      factory: its `units.UnitFactory`.
+      factory: its `unit_factory.UnitFactory`.
       options: its `options.TrainerOptions`.
       budget_bytes: int or None, see `budget.budget_bytes`.
     """

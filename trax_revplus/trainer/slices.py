@@ -24,18 +24,10 @@ What stays exact (up to float32 summation order):
     whose shape does not depend on the rows (LSH's rotations) is the same
     as unsliced, and dropout masks of slice shape repeat from slice to
     slice (deterministic across runs and resumes, not the unsliced masks);
-  * the loss: trax's weighted means (`WeightedCategoryCrossEntropy`,
-    `WeightedCategoryAccuracy`, `CrossEntropyLoss`,
-    `CrossEntropyLossWithLogSoftmax`, `L2Loss`, `SmoothL1Loss`: the
-    `_WEIGHTED_MEANS` below) are combined by their weight sums,
-    sum_s mean_s * den(w_s) / den(w), and weighted sums (`WeightedSum`,
-    `CrossEntropySum`) by adding, where the loss's weights are the deepest
-    stack item it reads, untouched by the layers before it. Any other loss
-    layer runs whole (`loss_combination` is None; the planner accounts its
-    unsliced program).
+  * the loss: see `loss_slices`.
 """
 
-from typing import Any, Callable, Optional
+from typing import Any
 
 import jax
 from jax import lax
@@ -43,7 +35,6 @@ from jax import numpy as jnp
 import numpy as np
 from trax import fastmath
 from trax.layers import combinators as cb
-from trax.layers import metrics as trax_metrics
 
 from trax_revplus.trainer import step_fns
 
@@ -52,24 +43,6 @@ from trax_revplus.trainer import step_fns
 BY_SHAPE = 0
 
 _FLOAT0 = jax.dtypes.float0
-
-
-def _per_core_weights(w):
-  return trax_metrics._n_weights_per_core(w)  # pylint: disable=protected-access
-
-
-# Final loss layers (by trax's layer name) that are weighted means, with the
-# denominator they divide by.
-_WEIGHTED_MEANS = {
-    'WeightedCategoryCrossEntropy': _per_core_weights,
-    'WeightedCategoryAccuracy': _per_core_weights,
-    '_WeightedMean': _per_core_weights,
-    'L2Loss': jnp.sum,
-    'SmoothL1Loss': jnp.sum,
-}
-_WEIGHTED_SUMS = frozenset({'WeightedSum'})
-# trax loss parts that mix rows (a dot product over the batch).
-_MIXING_ROWS = frozenset({'_BinaryCrossEntropy'})
 
 
 def state_rows(layer) -> Any:
@@ -98,49 +71,6 @@ def _rows_of(layer):
   return jax.tree_util.tree_map(lambda _: m, layer.state)
 
 
-def _leaves(layer):
-  """`layer` flattened through `tl.Serial`s (reversible layers stay whole)."""
-  if type(layer).__name__ == 'Serial' and layer.sublayers:
-    return [leaf for sub in layer.sublayers for leaf in _leaves(sub)]
-  return [layer]
-
-
-def loss_combination(layers) -> Optional[Callable[[Any], Any]]:
-  """How slices of a loss program combine, or None if they cannot.
-
-  Args:
-    layers: the layers of the loss program, in forward order (the loss
-      layer last).
-
-  Returns:
-    None where the loss is not a known weighted mean or sum of its
-    weights' rows, or its weights are not the deepest stack item the
-    program reads, untouched by the layers before the final one; else a
-    function `(slice weights, all weights) -> factor` such that the loss
-    is the sum over slices of factor times the loss on the slice.
-  """
-  flat = [leaf for layer in layers for leaf in _leaves(layer)]
-  if any(leaf.name in _MIXING_ROWS for leaf in flat):
-    return None
-  final = flat[-1]
-  if final.name in _WEIGHTED_SUMS:
-    den = None
-  elif final.name in _WEIGHTED_MEANS:
-    den = _WEIGHTED_MEANS[final.name]
-  else:
-    return None
-  depth = step_fns.chain_depth(flat)
-  for layer in flat[:-1]:
-    if layer.n_in > depth - 1:
-      return None
-    depth += layer.n_out - layer.n_in
-  if final.n_in != depth:
-    return None
-  if den is None:
-    return lambda w_slice, w_all: jnp.ones((), jnp.float32)
-  return lambda w_slice, w_all: den(w_slice) / den(w_all)
-
-
 def _split(x, k):
   return x.reshape((k, x.shape[0] // k) + x.shape[1:])
 
@@ -153,7 +83,7 @@ def _is_float0(x):
   return getattr(x, 'dtype', None) == _FLOAT0
 
 
-class _Rows:
+class Rows:
   """A pytree of per-row arrays, split into k slices for `lax.scan`.
 
   Float0 leaves (cotangents of integer inputs) cannot be scanned; each
@@ -177,7 +107,7 @@ class _Rows:
     return jax.tree_util.tree_unflatten(self._treedef, out)
 
 
-def _stackable(tree):
+def stackable(tree):
   """(leaves lax.scan can stack, a function rebuilding the merged tree)."""
   leaves, treedef = jax.tree_util.tree_flatten(tree)
   shapes = [(x.shape, _is_float0(x)) for x in leaves]
@@ -195,7 +125,7 @@ def _stackable(tree):
   return kept, merged
 
 
-class _States:
+class States:
   """Layer states: leaves split with the rows, and leaves shared whole."""
 
   def __init__(self, states, rows, n_rows, k):
@@ -245,15 +175,18 @@ class _States:
     return jax.tree_util.tree_unflatten(self._treedef, out)
 
 
-def _n_rows(tree):
+def n_rows(tree):
+  """Leading-axis size of the first leaf of `tree` (the rows)."""
   return jax.tree_util.tree_leaves(tree)[0].shape[0]
 
 
-def _add(acc, tree):
+def add(acc, tree):
+  """`acc + tree`, leaf by leaf."""
   return jax.tree_util.tree_map(jnp.add, acc, tree)
 
 
-def _zeros(tree):
+def zeros(tree):
+  """Zeros shaped as `tree`, leaf by leaf."""
   return jax.tree_util.tree_map(jnp.zeros_like, tree)
 
 
@@ -264,14 +197,14 @@ def forward(fn, k, rows):
     return fn
 
   def sliced(inputs, weights, states, rngs):
-    st = _States(states, rows, _n_rows(inputs), k)
-    xs = _Rows(inputs, k)
+    st = States(states, rows, n_rows(inputs), k)
+    xs = Rows(inputs, k)
     out_tree = []
 
     def body(shared, scanned):
       x, state_rows_ = scanned
       y, new_states = fn(xs.slice(x), weights, st.slice(state_rows_), rngs)
-      y, merged = _stackable(y)
+      y, merged = stackable(y)
       out_tree[:] = [merged]
       per_row, new_shared = st.parts(new_states)
       return new_shared, (y, per_row)
@@ -288,8 +221,8 @@ def fbo(layer, optimizer, n_devices, adasum, k, rows):
   update = step_fns.update_fn(optimizer, n_devices, adasum)
 
   def sliced(inputs, weights, grads, state, slots, opt_params, rng, step):
-    st = _States(state, rows, _n_rows(inputs), k)
-    xs, cts = _Rows(inputs, k), _Rows(grads, k)
+    st = States(state, rows, n_rows(inputs), k)
+    xs, cts = Rows(inputs, k), Rows(grads, k)
     out_tree = []
 
     def body(carry, scanned):
@@ -300,12 +233,12 @@ def fbo(layer, optimizer, n_devices, adasum, k, rows):
           lambda x_, w_: layer.pure_fn(x_, w_, s, rng), xs.slice(x), weights,
           has_aux=True)
       grads_inputs, grads_weights = vjp_fn(cts.slice(ct))
-      grads_inputs, merged = _stackable(grads_inputs)
+      grads_inputs, merged = stackable(grads_inputs)
       out_tree[:] = [merged]
       per_row, new_shared = st.parts(new_state)
-      return (_add(acc, grads_weights), new_shared), (grads_inputs, per_row)
+      return (add(acc, grads_weights), new_shared), (grads_inputs, per_row)
     (grads_weights, shared), (gx, per_row) = lax.scan(
-        body, (_zeros(weights), st.shared), (xs.scanned, cts.scanned,
+        body, (zeros(weights), st.shared), (xs.scanned, cts.scanned,
                                              st.scanned))
     new_state = st.join(per_row, shared)
     new_weights, new_slots, stats = update(grads_weights, weights, slots,
@@ -329,9 +262,9 @@ def segment_reverse(layers, optimizers, n_devices, adasum, k, rows):
 
   def sliced(outputs, weights, grads, states, new_states, slots, opt_params,
              rngs, step):
-    n = _n_rows(outputs)
+    n = n_rows(outputs)
     b = n // k
-    old, new = _States(states, rows, n, k), _States(new_states, rows, n, k)
+    old, new = States(states, rows, n, k), States(new_states, rows, n, k)
     leaves, treedef = jax.tree_util.tree_flatten((outputs, grads))
     moving = [i for i, x in enumerate(leaves) if not _is_float0(x)]
 
@@ -363,98 +296,14 @@ def segment_reverse(layers, optimizers, n_devices, adasum, k, rows):
       bufs = [lax.dynamic_update_slice_in_dim(buf, done[i].astype(buf.dtype),
                                               s * b, 0)
               for i, buf in zip(moving, bufs)]
-      return bufs, _add(acc, grads_weights)
+      return bufs, add(acc, grads_weights)
     bufs, grads_weights = lax.fori_loop(
-        0, k, body, ([leaves[i] for i in moving], _zeros(weights)))
+        0, k, body, ([leaves[i] for i in moving], zeros(weights)))
     done = list(leaves)
     for i, x in zip(moving, bufs):
       done[i] = x
     inputs, grads_inputs = jax.tree_util.tree_unflatten(treedef, done)
-    new_weights, new_slots, stats = [], [], []
-    for update, g, w, sl, op in zip(updates, grads_weights, weights, slots,
-                                    opt_params):
-      nw, ns, st = update(g, w, sl, op, step)
-      new_weights.append(nw)
-      new_slots.append(ns)
-      stats.append(st)
+    new_weights, new_slots, stats = step_fns.update_each(
+        updates, grads_weights, weights, slots, opt_params, step)
     return new_weights, new_slots, inputs, grads_inputs, stats
-  return sliced
-
-
-def _sliced_loss(loss_fn, combine, k, inputs, weights, states, rows):
-  """Runs `loss_fn(x, weights, states) -> (loss, new_states)` over k slices
-  of `inputs`, each loss scaled by `combine`; returns (loss,
-  grads_inputs, grads_weights, new_states)."""
-  st = _States(states, rows, _n_rows(inputs), k)
-  xs = _Rows(inputs, k)
-  loss_weights = inputs[-1]
-  out_tree = []
-
-  def body(carry, scanned):
-    acc, _ = carry
-    x, state_rows_ = scanned
-    x = xs.slice(x)
-    factor = lax.stop_gradient(combine(x[-1], loss_weights))
-    # A slice whose loss weights are all 0 contributes 0: its weights are
-    # swapped for ones so that its own mean stays finite.
-    safe = jnp.where(factor > 0, x[-1], jnp.ones_like(x[-1]))
-    x = tuple(x[:-1]) + (safe,)
-    s = st.slice(state_rows_)
-
-    def scaled(x_, w_):
-      loss, new_s = loss_fn(x_, w_, s)
-      return loss * factor.astype(loss.dtype), new_s
-    loss, vjp_fn, new_s = fastmath.vjp(scaled, x, weights, has_aux=True)
-    grads_inputs, grads_weights = vjp_fn(jnp.ones((), dtype=loss.dtype))
-    grads_inputs, merged = _stackable(grads_inputs)
-    out_tree[:] = [merged]
-    per_row, new_shared = st.parts(new_s)
-    return (_add(acc, grads_weights), new_shared), (loss, grads_inputs,
-                                                    per_row)
-  (grads_weights, shared), (losses, gx, per_row) = lax.scan(
-      body, (_zeros(weights), st.shared), (xs.scanned, st.scanned))
-  return (jnp.sum(losses), out_tree[0](gx, k), grads_weights,
-          st.join(per_row, shared))
-
-
-def loss_fbo(layer, optimizer, n_devices, adasum, k):
-  """`step_fns.fbo_fn` of the loss layer (`Kind.LOSS`) over k slices where
-  `loss_combination` allows; unsliced otherwise."""
-  combine = loss_combination([layer]) if k > 1 else None
-  if combine is None:
-    return step_fns.fbo_fn(layer, optimizer, n_devices, adasum, 'loss')
-  update = step_fns.update_fn(optimizer, n_devices, adasum)
-  rows = state_rows(layer)
-
-  def sliced(inputs, weights, grads, state, slots, opt_params, rng, step):
-    del grads  # The loss's cotangent is 1.
-    loss, grads_inputs, grads_weights, new_state = _sliced_loss(
-        lambda x, w, s: layer.pure_fn(x, w, s, rng), combine, k, inputs,
-        weights, state, rows)
-    new_weights, new_slots, stats = update(grads_weights, weights, slots,
-                                           opt_params, step)
-    stats = dict(stats)
-    stats['loss'] = loss
-    return new_weights, new_state, new_slots, grads_inputs, stats
-  return sliced
-
-
-def fused_loss(layers, optimizers, n_devices, adasum, k, rows,
-               keep_activations):
-  """`step_fns.fused_loss_fn` over k slices where `loss_combination`
-  allows; unsliced otherwise."""
-  combine = loss_combination(layers) if k > 1 else None
-  if combine is None:
-    return step_fns.fused_loss_fn(layers, optimizers, n_devices, adasum,
-                                  keep_activations)
-  forward = step_fns.chain_forward_fn(layers, keep_activations)
-  updates = [step_fns.update_fn(opt, n_devices, adasum) for opt in optimizers]
-
-  def sliced(inputs, weights, states, slots, opt_params, rngs, step):
-    loss, grads_inputs, grads_weights, new_states = _sliced_loss(
-        lambda x, ws, ss: forward(x, ws, ss, rngs), combine, k, inputs,
-        weights, states, rows)
-    return step_fns.apply_updates(updates, grads_weights, weights, slots,
-                                  opt_params, step, new_states, grads_inputs,
-                                  loss)
   return sliced

@@ -393,10 +393,12 @@ def fused_loss_fn(layers, optimizers, n_devices, adasum, keep_activations):
   return fbo
 
 
-def apply_updates(updates, grads_weights, weights, slots, opt_params, step,
-                  new_states, grads_inputs, loss):
-  """Each layer's `update_fn` on its gradients; the loss into the last
-  layer's stats. Returns `fused_loss_fn`'s results."""
+def update_each(updates, grads_weights, weights, slots, opt_params, step):
+  """Each layer's `update_fn` on its gradients (lists over the layers).
+
+  Returns:
+    (new_weights, new_slots, stats): lists over the layers.
+  """
   new_weights, new_slots, stats = [], [], []
   for update, g, w, sl, op in zip(updates, grads_weights, weights, slots,
                                   opt_params):
@@ -404,5 +406,14 @@ def apply_updates(updates, grads_weights, weights, slots, opt_params, step,
     new_weights.append(nw)
     new_slots.append(ns)
     stats.append(dict(st))
+  return new_weights, new_slots, stats
+
+
+def apply_updates(updates, grads_weights, weights, slots, opt_params, step,
+                  new_states, grads_inputs, loss):
+  """`update_each`, and the loss into the last layer's stats. Returns
+  `fused_loss_fn`'s results."""
+  new_weights, new_slots, stats = update_each(
+      updates, grads_weights, weights, slots, opt_params, step)
   stats[-1]['loss'] = loss
   return new_weights, new_states, new_slots, grads_inputs, stats

@@ -40,7 +40,7 @@ from trax_revplus.trainer import options as options_lib
 from trax_revplus.trainer import planner as planner_lib
 from trax_revplus.trainer import step as step_lib
 from trax_revplus.trainer import store as store_lib
-from trax_revplus.trainer import units as units_lib
+from trax_revplus.trainer import unit_factory
 from trax_revplus.typing import Array
 from trax_revplus.typing import Batch
 from trax_revplus.typing import Blocks
@@ -144,7 +144,7 @@ class ReversibleSerialTrainer:
         placement, store.layers, store.optimizers, memoize_jit,
         options.donate, adasum)
     self._planner = planner_lib.Planner(
-        placement, store, units_lib.UnitFactory(
+        placement, store, unit_factory.UnitFactory(
             store.layers, store.optimizers, self._compiler.compile,
             self._n_devices, adasum), options, budget_bytes)
     self._commits = commit.CommitQueue(placement, store,
