@@ -10,7 +10,7 @@ settings. Hooks observe the step and tidy memory; none changes its plan.
                      compilations and twice per step.
 """
 
-from trax_revplus.memory import host_release as host_memory
+from trax_revplus.memory import host_release
 
 
 class StepHooks:
@@ -111,7 +111,7 @@ class ReleaseHostMemory(StepHooks):
   """
 
   def __init__(self):
-    self._releaser = host_memory.HostMemoryReleaser()
+    self._releaser = host_release.HostMemoryReleaser()
     self._first_calls_done = set()  # ids of compiled functions called
 
   def release(self):

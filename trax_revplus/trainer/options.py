@@ -15,7 +15,7 @@ import gin
 import numpy as np
 
 from trax_revplus import validation
-from trax_revplus.memory import host_release as host_memory
+from trax_revplus.memory import host_release
 from trax_revplus.memory.schedule import FIRST_STEPS_RECORDED
 
 GIN_CONFIGURABLE = 'trax_revplus.ReversibleSerialTrainer'
@@ -79,7 +79,7 @@ class TrainerOptions:
       are the same either way.
     release_host_memory: bool, when host RSS has grown by 32 MiB or more
       since the last release, give the memory the C allocator holds free
-      back to the system (`host_memory`, glibc only), so compiler and XLA
+      back to the system (`memory.host_release`, glibc only), so compiler and XLA
       temporaries freed earlier do not stay under later phases' peak: at
       the end of the constructor, once the first step's functions are
       compiled ahead (`compile_ahead`), after the first call of each
@@ -89,7 +89,7 @@ class TrainerOptions:
     host_mmap_threshold: int bytes in [0, 32 MiB] or None (default:
       glibc's own threshold, left as it is). An int fixes glibc's
       `M_MMAP_THRESHOLD` at that value for the whole process
-      (`host_memory.set_mmap_threshold`; not where `GLIBC_TUNABLES` sets
+      (`host_release.set_mmap_threshold`; not where `GLIBC_TUNABLES` sets
       it, nor without glibc): blocks of that size or more, e.g. XLA's
       temporaries and buffers, get mappings of their own, returned to the
       system when freed, instead of staying resident in the allocator's
@@ -194,7 +194,7 @@ class TrainerOptions:
     _check_bool(self, 'compile_ahead')
     _check_bool(self, 'release_host_memory')
     if self.host_mmap_threshold is not None:
-      limit = host_memory.MAX_MMAP_THRESHOLD_BYTES
+      limit = host_release.MAX_MMAP_THRESHOLD_BYTES
       _check_int(self, 'host_mmap_threshold', 0, limit,
                  allowed=f"None (glibc's own threshold) or an int number of "
                          f"bytes in [0, {limit}] (glibc's limit)")

@@ -25,7 +25,7 @@ class TrainerParts(NamedTuple):
     hooks: `hooks.StepHooks` (they observe the step; none changes it).
     memory_log: `memory.MemoryLog`.
     released_bytes: callable returning the host bytes released so far
-      (`host_memory.HostMemoryReleaser`), or None when nothing is released.
+      (`memory.host_release.HostMemoryReleaser`), or None when nothing is released.
   """
   placement: Any
   store: Any

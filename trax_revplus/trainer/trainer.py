@@ -31,7 +31,7 @@ from trax_revplus import device_memory as device_memory_lib
 from trax_revplus import memory
 from trax_revplus import placement as placement_lib
 from trax_revplus import validation
-from trax_revplus.memory import host_release as host_memory
+from trax_revplus.memory import host_release
 from trax_revplus.trainer import budget as budget_lib
 from trax_revplus.trainer import commit
 from trax_revplus.trainer import compilation
@@ -117,7 +117,7 @@ class ReversibleSerialTrainer:
     validation.check_n_devices(n_devices)
     self._options = options = options_lib.TrainerOptions.of(settings)
     if options.host_mmap_threshold is not None:
-      host_memory.set_mmap_threshold(options.host_mmap_threshold)
+      host_release.set_mmap_threshold(options.host_mmap_threshold)
     self._loss_layer = loss_layer
     self._optimizer_fn = optimizer_fn
     self._placement = placement = placement_lib.Placement(n_devices)
