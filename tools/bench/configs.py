@@ -122,7 +122,7 @@ def check_configs(names):
 def check_trainers(specs):
   """Checks `--trainers` entries; returns {spec: constructor args}.
 
-  Ours' argument names are checked against its constructor's signature,
+  Ours' argument names are checked against the settings its constructor takes,
   which imports trax: only when some entry has arguments.
 
   Raises:
@@ -131,12 +131,10 @@ def check_trainers(specs):
   """
   variants = {spec: split_trainer(spec)[1] for spec in specs}
   if any(variants.values()):  # importing trax takes a while
-    import inspect  # pylint: disable=g-import-not-at-top
     from trax_revplus import trainer as rev_trainer  # pylint: disable=g-import-not-at-top
-    ours_args = inspect.signature(
-        rev_trainer.ReversibleSerialTrainer.__init__).parameters
+    ours_args = rev_trainer.ReversibleSerialTrainer.gin_parameters
     for spec, kwargs in variants.items():
-      unknown = sorted(set(kwargs) - set(ours_args) - {'self'})
+      unknown = sorted(set(kwargs) - set(ours_args))
       if unknown:
         raise ValueError(
             f'{spec!r}: trax_revplus.ReversibleSerialTrainer takes no '
