@@ -1,7 +1,7 @@
 """Fixtures and tiny models the test modules share.
 
 The models are plain functions (import them with `from conftest import
-...`; `tests/multidevice_worker.py` does too, in its own process).
+...`; `tests/placement/multidevice_worker.py` does too, in its own process).
 """
 
 import os

@@ -2,16 +2,17 @@
 
 One run is stopped with SIGINT mid-way and restarted with the same command,
 which resumes from the checkpoint the SIGINT wrote and is stopped again with
-SIGTERM; an uninterrupted run of the same command (in parallel), keeping a
-checkpoint of every step, is the reference. The weights and optimizer slots
-of the checkpoint the SIGTERM wrote must agree within 1e-6 with the
-reference's at the same step, which needs the data position and the Loop's
-RNG (dropout is on) resumed.
+SIGTERM; an uninterrupted run of the same command, keeping a checkpoint of
+every step, is the reference. The weights and optimizer slots of the
+checkpoint the SIGTERM wrote must agree within 1e-6 with the reference's at
+the same step, which needs the data position and the Loop's RNG (dropout is
+on) resumed.
 
-A small gin-configured callback (written to a temporary module) prints a
-line at each step end and, from step 3 on, sleeps briefly, so the signal
-lands mid-run however loaded the machine is; the signal itself comes from
-this process.
+The runs go through `cli.main` in this process, as the command's entry point
+calls it: a small gin-configured callback, ahead of the command's own, sends
+the process its signal at the end of a given step, and notes the steps each
+run began. A signal before the first step, while trax is still
+being imported, needs a fresh process: the last test starts one.
 """
 
 import os
@@ -19,79 +20,69 @@ import signal
 import subprocess
 import time
 
+import gin
 import numpy as np
+import pytest
 
 from trax import layers as tl
+from trax.supervised import callbacks
 
 from cli_cases import cli_command
 from cli_cases import MAIN
 from cli_cases import REPO
 from cli_cases import TINY_MODEL
+from trax_revplus import cli
 
-STEPS = 8
+STEPS = 6
 
-PACE_MODULE = '''
-import sys
-import time
+TINY = [f'train.steps = {STEPS}', 'train.eval_frequency = 100',
+        'sequence_length = 16', 'ReformerLM.dropout = 0.2'] + TINY_MODEL
 
-import gin
-from trax.supervised import callbacks
+# The steps each run began, in order (`SignalForTest` appends to the last).
+_STEPS_BEGUN = []
 
 
 @gin.configurable
-class PaceForTest(callbacks.TrainingStepCallback):
+class SignalForTest(callbacks.TrainingStepCallback):
+  """Sends this process `signum` as step `at_step` ends; notes each step."""
+
+  def __init__(self, loop, at_step=None, signum=None):
+    super().__init__(loop)
+    self._at_step = at_step
+    self._signum = signum
 
   def call_at(self, step):
     return True
 
   def on_step_begin(self, step):
-    pass
+    _STEPS_BEGUN[-1].append(step)
 
   def on_step_end(self, step):
-    print(f'pace {step}', flush=True)
-    if step >= 3:
-      time.sleep(0.4)
-'''
-
-PACE_CONFIG = '''
-import pace_for_test
-train.callbacks = [@PaceForTest]
-'''
-
-TINY = [f'train.steps = {STEPS}', 'train.eval_frequency = 100',
-        'sequence_length = 16', 'ReformerLM.dropout = 0.2'] + TINY_MODEL
+    if step == self._at_step:
+      os.kill(os.getpid(), self._signum)
 
 
-def _start(tmp_path, output_dir, extra_bindings=()):
-  env = dict(os.environ, PYTHONPATH=str(tmp_path) + os.pathsep +
-             os.environ.get('PYTHONPATH', ''))
-  args = (cli_command() +
-          ['train', f'--config_file={MAIN}',
-           f'--config_file={tmp_path / "pace.gin"}',
-           f'--output_dir={output_dir}', '--progress_every_n_steps=100'] +
-          [f'--config={binding}' for binding in TINY + list(extra_bindings)])
-  return subprocess.Popen(args, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True, cwd=REPO,
-                          env=env)
+def _train(output_dir, capsys, bindings=(), signal_at=None):
+  """Runs `trax-revplus train` here; returns (exit status, stdout, stderr).
 
-
-def _signal_at(process, step, signum):
-  """Sends `signum` once the run prints 'pace <step>'; returns its output.
-
-  Waits as long as the run takes to get there (a busy machine can take
-  minutes to import and compile): the run ends on its own otherwise.
+  Args:
+    output_dir: the run's --output_dir.
+    capsys: pytest's capsys, read after the run.
+    bindings: more --config bindings.
+    signal_at: (step, signum) to send as that step ends, or None.
   """
-  seen = []
-  while True:
-    line = process.stdout.readline()
-    if not line:
-      break
-    seen.append(line)
-    if line.strip() == f'pace {step}':
-      process.send_signal(signum)
-      break
-  out, err = process.communicate()
-  return ''.join(seen) + out, err
+  _STEPS_BEGUN.append([])
+  callback = ['train.callbacks = [@SignalForTest]']
+  if signal_at is not None:
+    callback += [f'SignalForTest.at_step = {signal_at[0]}',
+                 f'SignalForTest.signum = {int(signal_at[1])}']
+  code = cli.main(
+      [cli.PROG, 'train', f'--config_file={MAIN}',
+       f'--output_dir={output_dir}', '--progress_every_n_steps=100'] +
+      [f'--config={binding}'
+       for binding in TINY + callback + list(bindings)])
+  out, err = capsys.readouterr()
+  return code, out, err
 
 
 def _weights_and_slots(output_dir, basename):
@@ -110,33 +101,33 @@ def _stopped_step(err, name):
   return int(lines[0][len(prefix):].split(',')[0])
 
 
-def test_sigint_and_sigterm_resume_to_the_uninterrupted_weights(tmp_path):
-  (tmp_path / 'pace_for_test.py').write_text(PACE_MODULE)
-  (tmp_path / 'pace.gin').write_text(PACE_CONFIG)
+@pytest.mark.usefixtures('stock_trax_and_empty_gin')
+def test_sigint_and_sigterm_resume_to_the_uninterrupted_weights(tmp_path,
+                                                                 capsys):
   reference_dir = tmp_path / 'uninterrupted'
   run_dir = tmp_path / 'interrupted'
 
-  # The reference keeps a checkpoint of every step (model_<step>).
-  reference = _start(tmp_path, reference_dir,
-                     ['train.permanent_checkpoint_frequency = 1'])
-  first = _start(tmp_path, run_dir)
-  out, err = _signal_at(first, 3, signal.SIGINT)
-  assert first.returncode == 130, err[-3000:]
+  # The run stops after the step during which the signal came, with a
+  # checkpoint and the status of a process ended by SIGINT.
+  code, _, err = _train(run_dir, capsys, signal_at=(3, signal.SIGINT))
+  assert code == 130, err[-3000:]
   assert 'Traceback' not in err
-  stopped = _stopped_step(err, 'SIGINT')
-  assert 3 <= stopped < STEPS - 1, out
+  assert _stopped_step(err, 'SIGINT') == 3
+  assert _STEPS_BEGUN[-1] == [1, 2, 3]
 
   # The same command resumes after the saved step; SIGTERM stops it again.
-  second = _start(tmp_path, run_dir)
-  out, err = _signal_at(second, stopped + 1, signal.SIGTERM)
-  assert second.returncode == 143, err[-3000:]
-  assert f'pace {stopped + 1}' in out and f'pace {stopped}\n' not in out
-  stopped_again = _stopped_step(err, 'SIGTERM')
-  assert stopped < stopped_again <= STEPS, out
+  code, _, err = _train(run_dir, capsys, signal_at=(4, signal.SIGTERM))
+  assert code == 143, err[-3000:]
+  assert 'Traceback' not in err
+  assert _stopped_step(err, 'SIGTERM') == 4
+  assert _STEPS_BEGUN[-1] == [4]
 
-  out, err = reference.communicate()
-  assert reference.returncode == 0, err[-3000:]
-  expected = _weights_and_slots(reference_dir, f'model_{stopped_again}')
+  # The reference keeps a checkpoint of every step (model_<step>).
+  code, _, err = _train(reference_dir, capsys,
+                        ['train.permanent_checkpoint_frequency = 1'])
+  assert code == 0, err[-3000:]
+  assert _STEPS_BEGUN[-1] == list(range(1, STEPS + 1))
+  expected = _weights_and_slots(reference_dir, 'model_4')
   got = _weights_and_slots(run_dir, 'model')
   assert len(expected) == len(got) > 0
   for want, have in zip(expected, got):

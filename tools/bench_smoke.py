@@ -72,6 +72,9 @@ def check_timing(checks, out_dir):
   checks.check('timing: the recorded command splits into its arguments',
                shlex.split(results['command']) == ['python'] + args,
                results['command'])
+  checks.check('timing: the Markdown table was written next to the JSON',
+               os.path.exists(os.path.join(out_dir, 'bench_quick.md')),
+               os.path.join(out_dir, 'bench_quick.md'))
   timing = results['configs']['l6']['timing']
   for t in ('stock', _OURS):
     r = timing[t]

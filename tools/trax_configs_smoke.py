@@ -16,7 +16,7 @@ the last quarter of the steps below that over the first quarter, its
 last eval loss below its first) and did not hit stock's step-1 donation
 failure ("Attempt to donate the same buffer twice"); 1 otherwise. Expect a
 few minutes per config on 2 CPU cores; the suite trains the cheapest one
-(tests/trax_suite/test_trax_configs.py).
+(tests/gin_configs/test_trax_configs.py).
 """
 
 import argparse

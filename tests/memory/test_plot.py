@@ -1,14 +1,18 @@
 """trax_revplus.memory.plot: the figure of a memory log."""
 
 import collections
-import os
 
+import numpy as np
 import pytest
 
+import png_checks
 from trax_revplus import cli
 from trax_revplus import memory
 from trax_revplus.memory import plot
 from trax_revplus.memory import step_axis
+
+
+_PHASES = ('init', 'forward', 'loss', 'backward', 'free')
 
 
 def _write_small_log(run_dir):
@@ -18,7 +22,7 @@ def _write_small_log(run_dir):
     log.record(0, 'init', layer=layer, layer_name=f'Dense_{layer}',
                weights_bytes=4096, slots_bytes=8192)
   for step in (1, 2):
-    for phase in ('forward', 'loss', 'backward', 'free'):
+    for phase in _PHASES[1:]:
       log.record(step, phase, seconds=0.01, h2d_bytes=2 << 20,
                  d2h_bytes=1 << 20)
   log.close()
@@ -32,7 +36,17 @@ def test_plot_renders_png(tmp_path):
     assert f.read(8) == b'\x89PNG\r\n\x1a\n'
   other = plot.plot_memory(str(tmp_path / 'memory.jsonl'),
                            str(tmp_path / 'out' / 'm.png'))
-  assert os.path.getsize(other) > 10_000
+  image = png_checks.read_png(other)
+  host, device, transfers = png_checks.panels(image)
+  # Each phase's points in its own colour (C0 ... C4, in the order the
+  # phases first appear) in the host and the device panel.
+  for panel in (host, device):
+    for color in png_checks.TAB10[:len(_PHASES)]:
+      assert png_checks.pixels_of(image, panel, color) > 0
+  # Transfers per step: the H2D (C0) and D2H (C1) lines, and no phase points.
+  assert png_checks.pixels_of(image, transfers, 'C0') > 0
+  assert png_checks.pixels_of(image, transfers, 'C1') > 0
+  assert png_checks.pixels_of(image, transfers, 'C2') == 0
 
 
 def test_plot_sums_transfers_per_step(tmp_path):
@@ -84,13 +98,22 @@ def test_plot_draws_one_segment_per_process(tmp_path):
   assert by_phase['step'] == [(4, 4.0), (5, 5.0)]
   for phase in ('forward', 'loss', 'backward'):
     assert all(step - 1 < x < step for step, x in by_phase[phase])
-  png = plot.plot_memory(str(tmp_path))
-  assert os.path.getsize(png) > 10_000
+  image = png_checks.read_png(plot.plot_memory(str(tmp_path)))
+  panels = png_checks.panels(image)
+  assert len(panels) == 3
+  # Each process's 'start' is a dashed grey line across every panel, at
+  # the same place in each.
+  starts = [png_checks.vertical_lines(image, panel, 'gray')
+            for panel in panels]
+  assert len(starts[0]) == 2, starts
+  assert starts[1] == starts[2] == starts[0]
 
 
 def test_plot_of_an_empty_log_says_so_in_a_figure(tmp_path):
   (tmp_path / 'memory.jsonl').write_text('')
   with pytest.raises(ValueError, match='holds no memory records'):
     plot.plot_memory(str(tmp_path))
-  with open(tmp_path / 'memory.png', 'rb') as f:
-    assert f.read(8) == b'\x89PNG\r\n\x1a\n'
+  # A figure without axes, its message in dark text.
+  image = png_checks.read_png(tmp_path / 'memory.png')
+  assert not png_checks.panels(image)
+  assert np.any(np.all(image < 0.2, axis=2))

@@ -1,11 +1,13 @@
 """trax_revplus.multiprocess.join: joining jax.distributed, and failing.
 
-The tests start real processes on loopback
-(tests/multiprocess/join_worker.py), each with the CPU backend and gloo. Every
-wait is bounded by a budget for starting a Python process that imports JAX
-on a slow, busy machine, plus the join deadline under test; a process that
-outlives it is killed and the test fails (a hang, which these paths must
-never do).
+What is refused before JAX is asked to join (a coordinator address that
+cannot be served or reached) is checked in this process; bad values are
+`config.resolve_config`'s, checked in test_config.py. Everything else starts
+real processes on loopback (tests/multiprocess/join_worker.py), each with
+the CPU backend and gloo. Every wait is bounded by a budget for starting a
+Python process that imports JAX on a slow, busy machine, plus the join
+deadline under test; a process that outlives it is killed and the test
+fails (a hang, which these paths must never do).
 """
 
 import json
@@ -15,10 +17,14 @@ import socket
 import subprocess
 import sys
 import time
+from unittest import mock
 
 import pytest
 
 from trax_revplus.errors import EXIT_LOST_PROCESS
+from trax_revplus.multiprocess import config as config_lib
+from trax_revplus.multiprocess import errors
+from trax_revplus.multiprocess import join
 from trax_revplus.multiprocess import launcher
 from conftest import start_seconds
 
@@ -127,38 +133,41 @@ def test_a_process_that_never_joins_times_out_in_one_line():
                          f'not every process joined within {timeout} s')
 
 
+def _assert_refused_before_jax(config, *fragments):
+  """`join.initialize(config)` raises a one-line error before JAX is touched.
+
+  Raised before JAX is configured for collectives or asked to join: at once,
+  with nothing to undo in the calling process.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  with mock.patch.object(jax.config, 'update') as update, \
+       mock.patch.object(jax.distributed, 'initialize') as initialize, \
+       pytest.raises(errors.DistributedRuntimeError) as info:
+    join.initialize(config)
+  message = str(info.value)
+  assert info.value.exit_code == 1
+  assert '\n' not in message
+  for fragment in fragments:
+    assert fragment in message, message
+  update.assert_not_called()
+  initialize.assert_not_called()
+
+
 def test_coordinator_port_in_use_fails_at_once_in_one_line():
   with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
     holder.bind(('127.0.0.1', 0))
     holder.listen()
     port = holder.getsockname()[1]
-    procs = _Processes(
-        [['psum'] + _flags(2, 0, f'127.0.0.1:{port}', _PATIENT_JOIN_SECONDS)],
-        env=_env())
-    # Well before the join deadline: the port is checked before joining.
-    [result] = procs.wait(_START_SECONDS)
-  _assert_one_line_error(result, 1, f'port {port}', 'already in use')
+    # Process 0 checks the port before joining.
+    config = config_lib.resolve_config(2, 0, f'127.0.0.1:{port}',
+                                       environ={})
+    _assert_refused_before_jax(config, f'port {port}', 'already in use')
 
 
 def test_unresolvable_coordinator_host_fails_at_once_in_one_line():
-  procs = _Processes(
-      [['psum'] + _flags(2, 1, 'no-such-host.invalid:1234',
-                         _PATIENT_JOIN_SECONDS)], env=_env())
-  [result] = procs.wait(_START_SECONDS)
-  _assert_one_line_error(result, 1, "'no-such-host.invalid' does not resolve")
-
-
-@pytest.mark.parametrize('flags,fragment', [
-    (['--num_processes=2', '--process_id=2',
-      '--coordinator_address=127.0.0.1:1234'], 'outside 0..1'),
-    (['--num_processes=0', '--process_id=0'], 'must be >= 1'),
-    (['--num_processes=2', '--process_id=0',
-      '--coordinator_address=localhost'], 'HOST:PORT'),
-])
-def test_bad_flags_exit_with_usage_status_in_one_line(flags, fragment):
-  procs = _Processes([['psum'] + flags], env=_env())
-  [result] = procs.wait(_START_SECONDS)
-  _assert_one_line_error(result, 2, fragment)
+  config = config_lib.resolve_config(2, 1, 'no-such-host.invalid:1234',
+                                     environ={})
+  _assert_refused_before_jax(config, "'no-such-host.invalid' does not resolve")
 
 
 def test_processes_disagreeing_on_the_count_fail_in_one_line_each():

@@ -2,11 +2,12 @@
 
 The same tiny reversible model trains 3 steps on the same global batch of 8
 rows as 2 processes x 1 CPU device, 1 process x 2 devices and 1 process x
-1 device (tests/multiprocess/training_worker.py); weights and optimizer
-slots must agree, and the one-device run must agree with trax's default
-`Trainer`. The processes are real (`trax_revplus.multiprocess.launcher`);
-their waits have no fixed deadline (a busy machine is slow, not wrong): the
-launcher ends every process when one fails.
+1 device (tests/multiprocess/training_worker.py; the last in the test's own
+process); weights and optimizer slots must agree, and the one-device run
+must agree with trax's default `Trainer`. The processes are real
+(`trax_revplus.multiprocess.launcher`); their waits have no fixed deadline
+(a busy machine is slow, not wrong): the launcher ends every process when
+one fails.
 """
 
 import os
@@ -16,6 +17,8 @@ import sys
 import numpy as np
 import pytest
 
+import training_worker
+import trax_revplus
 from trax_revplus.multiprocess import launcher
 
 _WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)),
@@ -40,12 +43,21 @@ def _env(n_local_devices):
 
 
 def _train(tmp_path, name, n_processes, n_local_devices):
-  """Runs the worker; returns {process index: its npz as a dict}."""
+  """Runs the worker; returns {process index: its npz as a dict}.
+
+  1 process x 1 device trains here, in the test's own process (one CPU
+  device); the others in fresh processes.
+  """
   out = tmp_path / name
   out.mkdir()
   command = [sys.executable, _WORKER, str(out)]
   env = _env(n_local_devices)
-  if n_processes == 1:
+  if (n_processes, n_local_devices) == (1, 1):
+    try:
+      training_worker.train(str(out))
+    finally:
+      trax_revplus.deactivate()
+  elif n_processes == 1:
     subprocess.run(command, env=env, check=True, cwd=_REPO)
   else:
     assert launcher.launch(command, n_processes, env=env) == 0

@@ -3,7 +3,8 @@
 Run by tests/multiprocess/test_training_matches_one_process.py: alone (1
 process, 1 or N forced CPU devices) or as each process of a multi-process
 run (`trax_revplus.multiprocess.launcher` appends `--num_processes=N
---process_id=I --coordinator_address=...`):
+--process_id=I --coordinator_address=...`); the test calls `train` in its
+own process for the run of 1 process x 1 device:
 
   python tests/multiprocess/training_worker.py OUT_DIR
       [--num_processes=N --process_id=I --coordinator_address=HOST:PORT]
@@ -85,21 +86,13 @@ def _default_trainer_weights(batch):
   return _flat(model.weights)
 
 
-def main():
-  parser = argparse.ArgumentParser()
-  parser.add_argument('out_dir')
-  parser.add_argument('--num_processes', type=int)
-  parser.add_argument('--process_id', type=int)
-  parser.add_argument('--coordinator_address')
-  args = parser.parse_args()
-  config = config_lib.resolve_config(
-      args.num_processes, args.process_id, args.coordinator_address)
-  try:
-    join.initialize(config, error_prefix='error: ')
-  except errors.DistributedError as e:
-    print(f'error: {e}', file=sys.stderr, flush=True)
-    return e.exit_code
+def train(out_dir):
+  """Trains every variant here; writes `out_dir`/process<I>.npz.
 
+  Joined already where this process is one of a multi-process run; alone,
+  any process with one or more devices (the test calls it in its own).
+  Leaves trax_revplus active.
+  """
   import jax  # pylint: disable=g-import-not-at-top
   from trax import fastmath, optimizers  # pylint: disable=g-import-not-at-top
   from trax import layers as tl  # pylint: disable=g-import-not-at-top
@@ -135,7 +128,25 @@ def main():
     result[f'{variant}/loss'] = np.asarray(losses)
   result['devices'] = np.asarray([count, jax.local_device_count(),
                                   jax.device_count()])
-  np.savez(os.path.join(args.out_dir, f'process{index}.npz'), **result)
+  np.savez(os.path.join(out_dir, f'process{index}.npz'), **result)
+  return index
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument('out_dir')
+  parser.add_argument('--num_processes', type=int)
+  parser.add_argument('--process_id', type=int)
+  parser.add_argument('--coordinator_address')
+  args = parser.parse_args()
+  config = config_lib.resolve_config(
+      args.num_processes, args.process_id, args.coordinator_address)
+  try:
+    join.initialize(config, error_prefix='error: ')
+  except errors.DistributedError as e:
+    print(f'error: {e}', file=sys.stderr, flush=True)
+    return e.exit_code
+  index = train(args.out_dir)
   print(f'process {index}: done', flush=True)
   return 0
 

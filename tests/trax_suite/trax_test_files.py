@@ -83,9 +83,9 @@ ONE_DEVICE_NO_OPS = {
 SLOW = {
     'TrainerTest.test_run_reversible_same_as_default_terraformer':
         'takes about 3.5 minutes per implementation on 2 CPU cores, mostly '
-        'compiling; tests/test_trainer.py::test_same_as_default_terraformer_'
-        'loss_chunking makes the same comparison on the same model, with the '
-        f'loss chunked. Run it with {FULL_ENV}=1',
+        'compiling; tests/trainer/test_trainer.py::test_same_as_default_'
+        'terraformer_loss_chunking makes the same comparison on the same '
+        f'model, with the loss chunked. Run it with {FULL_ENV}=1',
 }
 
 

@@ -40,11 +40,13 @@ def test_cli_unknown_knob_of_ours_is_one_line(tmp_path, capsys):
   err = capsys.readouterr().err.strip().splitlines()
   assert code == 2
   assert len(err) == 1
+  # gin's own message comes first (its wording varies with gin's version and
+  # the configurable's allowlist), then ours.
   assert err[0].startswith(
       "trax-revplus train: error: cannot apply --config='trax_revplus."
       "ReversibleSerialTrainer.no_such_knob = 1': Configurable 'trax_revplus."
-      "ReversibleSerialTrainer' doesn't have a parameter named "
-      "'no_such_knob'")
+      "ReversibleSerialTrainer' ")
+  assert "'no_such_knob'" in err[0].split(';', 1)[0]
   assert ("; trax_revplus.ReversibleSerialTrainer has no knob 'no_such_knob';"
           " its knobs: blocks, loss_layer, optimizer_fn, n_devices") in err[0]
   assert not os.listdir(tmp_path)

@@ -1,7 +1,8 @@
 """ReversibleSerialTrainer on 2 and 4 forced CPU devices.
 
-Each device count runs tests/multidevice_worker.py in a fresh process with
-XLA_FLAGS=--xla_force_host_platform_device_count=N set before JAX starts.
+Each device count runs tests/placement/multidevice_worker.py in a fresh
+process with XLA_FLAGS=--xla_force_host_platform_device_count=N set before
+JAX starts.
 The reference is trax's default Trainer on one device (trax 1.4.1 cannot run
 on 2+ devices with current JAX: `jax.device_put_replicated` is gone).
 """

@@ -1,10 +1,10 @@
 """Trains on N forced CPU devices and prints figures as one JSON line.
 
-Run by tests/test_multidevice.py in a fresh process, because the device
-count is fixed when JAX starts:
+Run by tests/placement/test_multidevice.py in a fresh process, because the
+device count is fixed when JAX starts:
 
   XLA_FLAGS=--xla_force_host_platform_device_count=N \
-      python tests/multidevice_worker.py N
+      python tests/placement/multidevice_worker.py N
 
 Printed (last line of stdout), all differences as max absolute values:
   n_devices, local_devices,
@@ -39,9 +39,13 @@ from trax import fastmath
 from trax import layers as tl
 from trax import optimizers
 
+# tests/, for conftest's models.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# pylint: disable=g-import-not-at-top,wrong-import-position
 from conftest import reversible_lm_blocks
 import trax_revplus
 from trax_revplus import trainer as rev_trainer
+# pylint: enable=g-import-not-at-top,wrong-import-position
 
 
 _BATCH = (np.arange(32).reshape((8, 4)) % 9,

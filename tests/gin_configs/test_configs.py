@@ -17,8 +17,8 @@ import trax_revplus
 from trax_revplus import cli
 from trax_revplus import layers as revplus_layers
 
-CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))), 'gin_configs')
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), 'gin_configs')
 CONFIGS = sorted(glob.glob(os.path.join(CONFIG_DIR, '*.gin')))
 MAIN = os.path.join(CONFIG_DIR, 'reformer_char_lm.gin')
 STOCK = os.path.join(CONFIG_DIR, 'reformer_char_lm_stock.gin')
