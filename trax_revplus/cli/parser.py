@@ -167,6 +167,18 @@ def _positive_int(text: str) -> int:
   return value
 
 
+def _positive_seconds(text: str) -> float:
+  try:
+    value = float(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(
+        f'must be a positive number of seconds, got {text!r}') from None
+  if not 0 < value < float('inf'):
+    raise argparse.ArgumentTypeError(
+        f'must be a positive number of seconds, got {text}')
+  return value
+
+
 def _int(text: str) -> int:
   try:
     return int(text)
@@ -263,9 +275,13 @@ def _add_distributed_flags(parser: argparse.ArgumentParser) -> None:
 _LAUNCH_DESCRIPTION = """\
 Starts N processes of one training run on this host, each `trax-revplus train`
 with the flags after `--` plus --num_processes=N --process_id=I
---coordinator_address=127.0.0.1:PORT (a free port). Their output is forwarded
-line by line, prefixed [process I]. When one process fails, the others are
-stopped (SIGTERM, then SIGKILL); SIGINT and SIGTERM are forwarded to all."""
+--coordinator_address=127.0.0.1:PORT (a free port), all with one output dir
+(the default one is named once, for all). Their output is forwarded line by
+line, prefixed [process I], and each process's goes to
+OUTPUT_DIR/launch.process<I>.log too. When one process fails, the others are
+stopped (SIGTERM, then SIGKILL after the grace), and the terminal shows the
+failed process's lines and one line of the launcher's, nothing more of the
+others. SIGINT and SIGTERM are forwarded to all."""
 
 _LAUNCH_EPILOG = """\
 example: trax-revplus launch --num_processes=2 -- \\
@@ -283,10 +299,16 @@ def _add_launch(commands) -> None:
       '--num_processes', action=_Once, type=_positive_int, required=True,
       metavar='N', help='Processes to start.')
   parser.add_argument(
-      '--stop_grace_seconds', action=_Once, type=float, default=10.0,
-      metavar='S',
+      '--stop_grace_seconds', action=_Once, type=_positive_seconds,
+      default=10.0, metavar='S',
       help='After one process failed, how long the others get to stop on '
-           'SIGTERM before SIGKILL (default: %(default)s).')
+           'SIGTERM before SIGKILL, > 0 (default: %(default)s).')
+  parser.add_argument(
+      '--max_local_processes', action=_Once, type=_positive_int,
+      metavar='N',
+      help='The most processes launch starts on this host (default: 4 per '
+           'CPU core: each process imports JAX and holds its own model, so '
+           'more only thrash); raise it to start more.')
 
 
 def _add_compare(commands) -> None:
