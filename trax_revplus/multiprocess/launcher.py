@@ -179,8 +179,9 @@ class _Output:
     self._received = received
     self._held = []
 
-  def line(self, i, stream, text):
-    """Process i printed `text` (no newline) on `stream`."""
+  def line(self, i, stream, prefix, text):
+    """Process i printed `text` (no newline) on `stream`; on the terminal
+    it gets `prefix`."""
     with self.lock:
       log = self._log_files[i]
       if log is not None:
@@ -196,9 +197,9 @@ class _Output:
       others_failed = not self._received and any(
           _has_failed(p) for j, p in enumerate(self._procs) if j != i)
       if others_failed:
-        self._held[i].append((stream, text))
+        self._held[i].append((stream, prefix + text))
       else:
-        _write(stream, text)
+        _write(stream, prefix + text)
 
   def release(self, i):
     """Prints what process i printed after another had failed."""
@@ -229,7 +230,7 @@ class _Forwarder(threading.Thread):
     with self._pipe:
       for raw in iter(self._pipe.readline, b''):
         line = raw.decode('utf-8', errors='replace').rstrip('\r\n')
-        self._output.line(self._i, self._stream, f'{self._prefix}{line}')
+        self._output.line(self._i, self._stream, self._prefix, line)
 
 
 def launch(command: Sequence[str], num_processes: int, *,
