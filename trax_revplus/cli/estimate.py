@@ -153,26 +153,35 @@ def _as_train_reports(error: Exception, bindings: list[str]
   return failures.user_error(error, '', False, bindings)
 
 
-def built_model(cfg, bindings: list[str]):
-  """The config's model and loss, built and initialized for its batch.
+def check_model(cfg, bindings: list[str]) -> None:
+  """Builds and initializes the config's model as `train` would.
 
-  Built once, before any trainer: a model the config cannot build is the
-  config's mistake, reported as `train` reports it, not a trainer's row.
+  Before any trainer: a model the config cannot build is the config's
+  mistake, reported as `train` reports it (the same line: the model is
+  initialized the way `train`'s run initializes it, block by block for
+  the memory-efficient trainer), not a trainer's row.
 
   Raises:
     UserError: as `train` (exit status 2 for a model its bindings cannot
       build), or exit status 1 for an error nobody could foresee.
   """
-  from trax import fastmath  # pylint: disable=g-import-not-at-top
-  from trax import layers as tl  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  from trax import fastmath
+  from trax.optimizers import trainer as stock_lib
+  import trax_revplus
+  from trax_revplus import trainer as rev_lib
+  # pylint: enable=g-import-not-at-top
+  mode = gin_config.bound_value('train.use_memory_efficient_trainer', False)
   try:
-    model = tl.Serial(cfg.model(), cfg.loss())
-    model.init(_signature(cfg.batch), rng=fastmath.random.get_prng(0))
+    if mode and not gin_config.is_reference(mode):
+      _blocks(rev_lib if trax_revplus.is_active() else stock_lib, cfg)
+    else:
+      cfg.model().init(_signature(cfg.batch),
+                       rng=fastmath.random.get_prng(0))
   except Exception as e:  # pylint: disable=broad-except
     raise _as_train_reports(e, bindings) or UserError(
         f"cannot build the config's model: {one_line(e)}; fix the model "
         f'bindings (train.model, ...)', EXIT_RUNTIME) from None
-  return model
 
 
 def check_batch(cfg, n_devices: int, device_memory_bytes: Optional[int],
@@ -208,9 +217,13 @@ def check_batch(cfg, n_devices: int, device_memory_bytes: Optional[int],
     raise _as_train_reports(e, bindings) from None
 
 
-def _default(cfg, backend, model):
+def _default(cfg, backend):
+  from trax import fastmath  # pylint: disable=g-import-not-at-top
+  from trax import layers as tl  # pylint: disable=g-import-not-at-top
   from trax import optimizers  # pylint: disable=g-import-not-at-top
   from trax_revplus import device_memory  # pylint: disable=g-import-not-at-top
+  model = tl.Serial(cfg.model(), cfg.loss())
+  model.init(_signature(cfg.batch), rng=fastmath.random.get_prng(0))
   opt = cfg.optimizer()
   opt.tree_init(model.weights)
   trainer = optimizers.Trainer(model, opt, n_devices=1)
@@ -275,7 +288,7 @@ def estimate(device_memory_bytes: Optional[int], n_devices: int,
   """Builds and accounts the three trainers of the parsed config.
 
   First reads the inputs, checks the batch (`check_batch`) and builds the
-  model (`built_model`): a mistake there is the config's, one line, before
+  model (`check_model`): a mistake there is the config's, one line, before
   anything is compiled.
 
   Returns:
@@ -293,12 +306,12 @@ def estimate(device_memory_bytes: Optional[int], n_devices: int,
   activated = trax_revplus.is_active()
   cfg = _Config(bindings)
   check_batch(cfg, n_devices, device_memory_bytes, bindings)
-  model = built_model(cfg, bindings)
+  check_model(cfg, bindings)
   results, plan_line, budget = {}, [None], [device_memory_bytes]
   try:
     trax_revplus.deactivate()
     results['default'] = device_memory.account(
-        'default', backend, 1, lambda: _default(cfg, backend, model))
+        'default', backend, 1, lambda: _default(cfg, backend))
     results['stock'] = device_memory.account(
         'stock', backend, 1, lambda: _stock(cfg, backend))
     trax_revplus.activate()

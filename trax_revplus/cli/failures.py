@@ -173,7 +173,11 @@ def user_error(error: Exception, output_dir: str, steps_started: bool,
     return UserError(preflight.trainer_option_line(error), EXIT_USAGE)
   if isinstance(error, (validation.ConfigurationError,
                         validation.OptimizerFactoryError)):
-    return UserError(f'{type(error).__name__}: {one_line(error)}', EXIT_USAGE)
+    # Its message names the setting; gin's "In call to configurable
+    # 'train'" adds nothing (and `estimate`, which raises it outside gin,
+    # prints the same line).
+    return UserError(f'{type(error).__name__}: '
+                     f'{one_line(error, context=False)}', EXIT_USAGE)
   if isinstance(error, validation.NonFiniteError):
     return UserError(f'{type(error).__name__}: {one_line(error)}',
                      EXIT_RUNTIME)
