@@ -588,3 +588,17 @@ def test_an_error_in_the_first_step_is_the_last_line(tmp_path, capsys):
   import gc  # pylint: disable=g-import-not-at-top
   gc.collect()  # Nothing left to close, and so to print.
   assert not capsys.readouterr().err
+
+
+def test_unbound_train_settings_keep_trax_defaults(stock_trax_and_empty_gin):
+  # Only a model bound: train.steps and train.eval_steps keep trax's valid
+  # defaults (bound to None, they are mistakes).
+  from trax_revplus.cli import settings  # pylint: disable=g-import-not-at-top
+  cli.import_trax()
+  cli.parse_configs([], ['train.model = @trax.models.ReformerLM'])
+  settings.check_train_settings()
+  cli.parse_configs([], ['train.model = @trax.models.ReformerLM',
+                         'train.eval_steps = None'])
+  with pytest.raises(cli.UserError, match='train.eval_steps = None: must be '
+                                          'a positive int'):
+    settings.check_train_settings()
