@@ -602,3 +602,34 @@ def test_unbound_train_settings_keep_trax_defaults(stock_trax_and_empty_gin):
   with pytest.raises(cli.UserError, match='train.eval_steps = None: must be '
                                           'a positive int'):
     settings.check_train_settings()
+
+
+@pytest.mark.parametrize('signum,ignored_before', [
+    (15, False), (2, True)], ids=['sigterm', 'sigint_inherited_ignored'])
+def test_a_signal_ends_any_command_in_one_line(signum, ignored_before,
+                                               tmp_path, capsys, monkeypatch):
+  import signal  # pylint: disable=g-import-not-at-top
+  import threading  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
+  if threading.current_thread() is not threading.main_thread():
+    pytest.skip('signal handlers are installed from the main thread only')
+  from trax_revplus.cli import plot_memory  # pylint: disable=g-import-not-at-top
+
+  def interrupted(unused_flags):
+    os.kill(os.getpid(), signum)
+    time.sleep(600)  # The handler raises from here at once.
+    raise AssertionError('the signal did not end the command')
+  monkeypatch.setattr(plot_memory, 'run', interrupted)
+  previous = signal.signal(signum, signal.SIG_IGN if ignored_before else
+                           signal.getsignal(signum))
+  try:
+    code, out, err = _main(capsys, 'plot-memory', str(tmp_path))
+    after = signal.getsignal(signum)
+  finally:
+    signal.signal(signum, previous)
+  name = signal.Signals(signum).name
+  assert code == 128 + signum
+  assert _one_line_error(err) == (f'trax-revplus plot-memory: error: '
+                                  f'interrupted by {name}')
+  assert not out
+  assert after == (signal.SIG_IGN if ignored_before else previous)
