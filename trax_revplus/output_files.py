@@ -92,7 +92,7 @@ def check(path: str, flag: str, allow_stdout: bool = False) -> None:
   shown = path if target == path else f'{path} (a link to {target})'
   try:
     mode = os.stat(target).st_mode
-  except FileNotFoundError:
+  except (FileNotFoundError, NotADirectoryError):
     mode = None
   except OSError as e:
     if e.errno == errno.ELOOP:
@@ -112,8 +112,10 @@ def check(path: str, flag: str, allow_stdout: bool = False) -> None:
       return
   directory = os.path.dirname(os.path.abspath(target))
   if not os.path.isdir(directory):
-    raise OutputFileError(f'cannot write {flag}={shown}: directory '
-                          f'{directory} does not exist; create it first',
+    what = (f'{directory} is not a directory; give a path in a directory'
+            if os.path.lexists(directory) else
+            f'directory {directory} does not exist; create it first')
+    raise OutputFileError(f'cannot write {flag}={shown}: {what}',
                           EXIT_RUNTIME)
   if not os.access(directory, os.W_OK | os.X_OK):
     raise OutputFileError(f'cannot write {flag}={shown}: directory '
@@ -147,7 +149,7 @@ def write(path: str, fill: Callable[[IO[bytes]], None],
   target = _target(path)
   try:
     mode = os.stat(target).st_mode
-  except FileNotFoundError:
+  except (FileNotFoundError, NotADirectoryError):
     mode = None
   except OSError as e:
     raise OutputFileError(f'cannot write {name}: {e.strerror or e}',
