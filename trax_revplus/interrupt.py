@@ -8,13 +8,19 @@ parsing, building and initializing the model, loading a checkpoint) nothing
 new would be lost, so a signal stops at once, with `Interrupted` raised
 from the signal handler. A second signal does what it did before the
 handler was installed (e.g. a plain Ctrl-C).
+
+The handlers are installed for SIGINT and SIGTERM whatever their
+disposition was, ignored included: a process started in the background of
+a shell inherits SIGINT ignored, and a run must still stop on it. A caller
+enters `StopOnSignal` as early as it can (`trax-revplus train` does before
+joining a multi-process run), so that no signal finds Python's defaults.
 """
 
 import functools
 import os
 import signal
 import types
-from typing import Any
+from typing import Any, Callable
 
 from absl import logging
 
@@ -53,12 +59,25 @@ class StopOnSignal:
     signum: int or None, the first signal received.
     steps_started: bool, whether the Loop has begun a step; until then a
       signal raises `Interrupted` at once.
+    stopped_at_step: int or None, the step after which the run stopped
+      (None: it has not, or it stopped before the first step).
   """
 
-  def __init__(self, basename: str = 'model'):
+  def __init__(self, basename: str = 'model',
+               notify: Callable[[int], None] | None = None):
+    """Prepares the handlers; `__enter__` installs them.
+
+    Args:
+      basename: str, the checkpoint saved when a signal stops the run.
+      notify: callable(signum), called from the handler when a signal
+        arrives after the first step began (the run stops after that
+        step); default: an absl warning.
+    """
     self.basename = basename
     self.signum = None
     self.steps_started = False
+    self.stopped_at_step = None
+    self._notify = notify or _warn
     self._previous = {}
 
   def __enter__(self) -> 'StopOnSignal':
@@ -74,7 +93,8 @@ class StopOnSignal:
   def _restore(self) -> None:
     previous, self._previous = self._previous, {}
     for signum, handler in previous.items():
-      signal.signal(signum, handler)
+      # None: installed outside Python; SIG_DFL is the nearest.
+      signal.signal(signum, signal.SIG_DFL if handler is None else handler)
 
   def _handle(self, signum: int, frame: types.FrameType | None) -> None:
     del frame
@@ -86,12 +106,16 @@ class StopOnSignal:
     self.signum = signum
     if not self.steps_started:
       raise Interrupted(signum)
-    logging.warning('signal %d received: stopping after this step with a '
-                    'checkpoint (send it again to stop at once).', signum)
+    self._notify(signum)
 
   def callback(self, loop: Any) -> Any:
     """The Loop callback (trax calls `callback(loop)` for each entry)."""
     return _callback_class()(loop, self)
+
+
+def _warn(signum: int) -> None:
+  logging.warning('signal %d received: stopping after this step with a '
+                  'checkpoint (send it again to stop at once).', signum)
 
 
 @functools.cache
@@ -129,6 +153,7 @@ def _callback_class() -> type:
         self._loop.save_checkpoint(owner.basename)
         checkpoint = os.path.join(self._loop.output_dir,
                                   owner.basename + '.pkl.gz')
+      owner.stopped_at_step = step
       raise Interrupted(owner.signum, step=step, checkpoint=checkpoint,
                         loop=self._loop)
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from absl import logging as absl_logging
+import gin
 from trax import fastmath
 from trax import layers as tl
 from trax import optimizers
@@ -82,8 +83,22 @@ def continuous(tmp_path_factory):
   return _SHARED['continuous']
 
 
-def _continuous(tmp_path_factory):
+def fresh_process_state():
+  """Stock trax and no gin bindings, as in a fresh process.
+
+  The module-scoped fixtures run before the function-scoped
+  `stock_trax_and_empty_gin` of their first test, so they must not inherit
+  what the previous test module left: e.g. an in-process CLI test leaves
+  its config's `Adam.*` or trainer settings bound, which `optimizers.Adam`
+  and the trainer would read, and which test module precedes depends on how
+  pytest-xdist hands out files on a busy machine.
+  """
+  gin.clear_config()
   trax_revplus.deactivate()
+
+
+def _continuous(tmp_path_factory):
+  fresh_process_state()
   path = tmp_path_factory.mktemp('continuous')
   loop = make_loop(path)
   loop.run(3)
@@ -103,7 +118,7 @@ def fixture_loader(tmp_path_factory):
   fails on current JAX, and activation binds its fix.
   """
   if 'loader' not in _SHARED:
-    trax_revplus.deactivate()
+    fresh_process_state()
     _SHARED['loader'] = make_loop(tmp_path_factory.mktemp('loader'))
     trax_revplus.deactivate()
   return _SHARED['loader']

@@ -39,3 +39,14 @@ def test_restart_at_an_eval_step_reaches_the_same_weights(tmp_path):
   assert len(got) == len(want)
   for a, b in zip(got, want):
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+
+
+def test_the_reference_run_is_that_of_a_fresh_process(continuous,
+                                                      tmp_path_factory):
+  # Gin left bound by an earlier test (the main config binds Adam.b2 and
+  # eps) must not reach the reference: it is made as in a fresh process.
+  import gin  # pylint: disable=g-import-not-at-top
+  gin.parse_config('Adam.b2 = 0.98\nAdam.eps = 1e-9')
+  _, _, (weights6, slots6), _ = cases._continuous(tmp_path_factory)  # pylint: disable=protected-access
+  _, _, (want_weights, want_slots), _ = continuous
+  cases.assert_equal(weights6 + slots6, want_weights + want_slots)

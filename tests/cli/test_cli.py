@@ -207,7 +207,8 @@ def _flags_of(command):
                'implementation', 'num_processes', 'process_id',
                'coordinator_address', 'join_timeout_seconds',
                'heartbeat_timeout_seconds']),
-    ('launch', ['num_processes', 'stop_grace_seconds']),
+    ('launch', ['num_processes', 'stop_grace_seconds',
+                'max_local_processes']),
     ('estimate', ['config_file', 'config', 'device_memory', 'n_devices',
                   'json']),
     ('compare', ['config_file', 'config', 'steps', 'seed', 'output_dir']),
@@ -258,8 +259,15 @@ def test_plot_memory_needs_an_existing_run_dir(tmp_path, capsys):
       'train.permanent_checkpoints_at = [1, 2]'],
      'train.permanent_checkpoint_frequency and '
      'train.permanent_checkpoints_at are both set'),
+    (["trax_revplus.ReversibleSerialTrainer.on_non_finite = 'warn'"],
+     "the trainer rejects its settings: on_non_finite must be one of "
+     "('raise', 'skip', 'ignore'), got 'warn'; fix "
+     "trax_revplus.ReversibleSerialTrainer.on_non_finite in the config"),
+    (['trax_revplus.ReversibleSerialTrainer.batch_slices = 0'],
+     'the trainer rejects its settings: batch_slices must be an int >= 1'),
 ], ids=['steps_0', 'steps_negative', 'steps_str', 'steps_float',
-        'eval_frequency_0', 'trainer_mode', 'permanent_both'])
+        'eval_frequency_0', 'trainer_mode', 'permanent_both', 'on_non_finite',
+        'batch_slices'])
 def test_bad_settings_are_usage_errors_before_any_work(bindings, text,
                                                        tmp_path, capsys):
   out_dir = tmp_path / 'out'
@@ -293,11 +301,9 @@ def test_contradicting_repeated_flags_are_a_usage_error(capsys):
 @pytest.mark.parametrize('bindings,code,text', [
     (['local_text_inputs.batch_size = 0'], 2,
      'local_text_inputs.batch_size must be >= 1'),
-    (["trax_revplus.ReversibleSerialTrainer.on_non_finite = 'warn'"], 2,
-     "the trainer rejects its settings: on_non_finite must be one of"),
     (['ReformerLM.d_attention_key = None', 'ReformerLM.n_heads = 3'], 2,
      'cannot build the model ReformerLM: TypeError'),
-], ids=['batch_size', 'on_non_finite', 'model'])
+], ids=['batch_size', 'model'])
 def test_errors_while_building_are_one_line(bindings, code, text, tmp_path,
                                             capsys):
   got, out, err = _main(capsys, 'train', f'--config_file={MAIN}',
@@ -412,35 +418,27 @@ def test_checkpoint_of_another_model_is_a_usage_error(ours_run, tmp_path,
 
 
 def test_second_run_into_a_busy_output_dir_stops_at_once(tmp_path, capsys):
-  import time  # pylint: disable=g-import-not-at-top
-  from trax_revplus import checkpoints  # pylint: disable=g-import-not-at-top
-  output_dir = tmp_path / 'busy'
-  output_dir.mkdir()
-  first = subprocess.Popen(cli_command() + _train_args(MAIN, str(output_dir)),
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True, cwd=REPO)
+  # The lock is held here, as a first run would hold it (each lock is an
+  # flock of its own open file, so one process can hold and be refused).
+  from trax_revplus.cli import output_dir  # pylint: disable=g-import-not-at-top
+  busy = tmp_path / 'busy'
+  busy.mkdir()
+  first = output_dir.OutputDirLock(str(busy), 'trax-revplus train')
+  assert first.acquire() is None
   try:
-    lock = output_dir / 'trax-revplus.lock'
-    while str(first.pid) not in (lock.read_text() if lock.exists() else ''):
-      assert first.poll() is None, first.communicate()
-      time.sleep(0.05)
     code, out, err = _main(capsys, 'train', f'--config_file={MAIN}',
-                           f'--output_dir={output_dir}')
+                           f'--output_dir={busy}')
   finally:
-    out_first, err_first = first.communicate()
+    first.release()
   assert code == 1
+  lock = busy / 'trax-revplus.lock'
   assert _one_line_error(err) == (
-      f'trax-revplus train: error: output dir {output_dir} is in use by '
-      f'process {first.pid} (trax-revplus train, since '
+      f'trax-revplus train: error: output dir {busy} is in use by '
+      f'process {os.getpid()} (trax-revplus train, since '
       f'{err.split(", since ")[1].split(")")[0]}), which holds {lock}; wait '
       f'for it to end, stop it, or give another --output_dir')
   assert not out
-  assert first.returncode == 0, err_first[-3000:]
-  assert 'step 3/3' in out_first
-  ok, manifest, reason = checkpoints.verify(str(output_dir), 'model')
-  assert ok, reason
-  assert manifest['step'] == 3
-  assert not lock.exists()
+  assert os.listdir(busy) == []
 
 
 def test_known_warnings_go_to_the_log_only(tmp_path, capsys):
@@ -506,9 +504,12 @@ def test_output_dir_lock_names_its_holder_and_takes_over_a_dead_one(
 def test_plot_memory_exit_statuses(tmp_path, capsys):
   code, _, err = _main(capsys, 'plot-memory', str(tmp_path))
   assert code == 2 and 'No memory log at' in _one_line_error(err)
-  (tmp_path / 'memory.jsonl').write_text('{"step": 1, "pha')
+  (tmp_path / 'memory.jsonl').write_text('')
   code, _, err = _main(capsys, 'plot-memory', str(tmp_path))
   assert code == 2 and 'holds no memory records' in _one_line_error(err)
+  (tmp_path / 'memory.jsonl').write_text('{"step": 1, "pha')
+  code, _, err = _main(capsys, 'plot-memory', str(tmp_path))
+  assert code == 1 and 'is corrupt' in _one_line_error(err)
   (tmp_path / 'memory.jsonl').write_text(
       '{"step": 1, "phase": "forward", "host_rss_bytes": 1048576}\n')
   not_a_dir = tmp_path / 'file'
@@ -517,6 +518,118 @@ def test_plot_memory_exit_statuses(tmp_path, capsys):
                        f'--output={not_a_dir}/m.png')
   assert code == 1
   assert _one_line_error(err).startswith(
-      f'trax-revplus plot-memory: error: cannot write {not_a_dir}/m.png: ')
+      f'trax-revplus plot-memory: error: cannot write '
+      f'--output={not_a_dir}/m.png: ')
   code, out, err = _main(capsys, 'plot-memory', str(tmp_path))
   assert code == 0 and out.strip() == str(tmp_path / 'memory.png')
+
+
+def test_trainer_settings_without_effect_are_named_in_a_warning(tmp_path,
+                                                                capsys):
+  # The default Trainer does not read trax_revplus's trainer settings. The
+  # corpus glob matches nothing, so the run ends once its log exists.
+  out_dir = tmp_path / 'out'
+  code, _, err = _main(
+      capsys, 'train', f'--config_file={MAIN}', f'--output_dir={out_dir}',
+      *[f'--config={b}' for b in TINY + [
+          'train.use_memory_efficient_trainer = False',
+          'trax_revplus.ReversibleSerialTrainer.segment_max_layers = 2',
+          "local_text_inputs.paths = '/no/such/corpus/*.txt'"]])
+  import trax_revplus  # pylint: disable=g-import-not-at-top
+  trax_revplus.deactivate()
+  assert code == 1, err
+  lines = err.strip().splitlines()
+  assert lines[0] == (
+      'trax-revplus train: warning: '
+      'trax_revplus.ReversibleSerialTrainer.segment_max_layers has no '
+      'effect: train.use_memory_efficient_trainer is False (trax\'s '
+      'default), so the run trains with trax\'s default Trainer; set it to '
+      'True (or 2) to train with trax_revplus\'s ReversibleSerialTrainer')
+  assert lines[-1].startswith('trax-revplus train: error: ')
+  assert len(lines) == 2, err
+  assert 'segment_max_layers has no effect' in (out_dir / 'train.log'
+                                               ).read_text()
+
+
+def test_trainer_settings_in_use_get_no_warning(tmp_path, capsys):
+  code, _, err = _main(
+      capsys, 'train', f'--config_file={MAIN}',
+      f'--output_dir={tmp_path / "out"}',
+      *[f'--config={b}' for b in TINY + [
+          'trax_revplus.ReversibleSerialTrainer.segment_max_layers = 2',
+          "local_text_inputs.paths = '/no/such/corpus/*.txt'"]])
+  import trax_revplus  # pylint: disable=g-import-not-at-top
+  trax_revplus.deactivate()
+  assert code == 1
+  assert 'warning' not in err
+  assert len(err.strip().splitlines()) == 1
+
+
+def test_an_error_in_the_first_step_is_the_last_line(tmp_path, capsys):
+  # A budget no plan fits stops the first step; the trainer's memory log
+  # is closed within the run (its last record is 'end'), so nothing it
+  # logs comes after the error line.
+  import json  # pylint: disable=g-import-not-at-top
+  out_dir = tmp_path / 'out'
+  code, _, err = _main(
+      capsys, 'train', f'--config_file={MAIN}', f'--output_dir={out_dir}',
+      *[f'--config={b}' for b in TINY + [
+          'trax_revplus.ReversibleSerialTrainer.'
+          'device_memory_budget_bytes = 1000']])
+  import trax_revplus  # pylint: disable=g-import-not-at-top
+  trax_revplus.deactivate()
+  assert code == 2, err
+  line = _one_line_error(err)
+  assert line.startswith('trax-revplus train: error: DeviceMemoryBudgetError:'
+                         ' no plan fits device_memory_budget_bytes=1000')
+  records = [json.loads(l) for l in
+             (out_dir / 'memory.jsonl').read_text().splitlines()]
+  assert records[-1]['phase'] == 'end'
+  import gc  # pylint: disable=g-import-not-at-top
+  gc.collect()  # Nothing left to close, and so to print.
+  assert not capsys.readouterr().err
+
+
+def test_unbound_train_settings_keep_trax_defaults(stock_trax_and_empty_gin):
+  # Only a model bound: train.steps and train.eval_steps keep trax's valid
+  # defaults (bound to None, they are mistakes).
+  from trax_revplus.cli import settings  # pylint: disable=g-import-not-at-top
+  cli.import_trax()
+  cli.parse_configs([], ['train.model = @trax.models.ReformerLM'])
+  settings.check_train_settings()
+  cli.parse_configs([], ['train.model = @trax.models.ReformerLM',
+                         'train.eval_steps = None'])
+  with pytest.raises(cli.UserError, match='train.eval_steps = None: must be '
+                                          'a positive int'):
+    settings.check_train_settings()
+
+
+@pytest.mark.parametrize('signum,ignored_before', [
+    (15, False), (2, True)], ids=['sigterm', 'sigint_inherited_ignored'])
+def test_a_signal_ends_any_command_in_one_line(signum, ignored_before,
+                                               tmp_path, capsys, monkeypatch):
+  import signal  # pylint: disable=g-import-not-at-top
+  import threading  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
+  if threading.current_thread() is not threading.main_thread():
+    pytest.skip('signal handlers are installed from the main thread only')
+  from trax_revplus.cli import plot_memory  # pylint: disable=g-import-not-at-top
+
+  def interrupted(unused_flags):
+    os.kill(os.getpid(), signum)
+    time.sleep(600)  # The handler raises from here at once.
+    raise AssertionError('the signal did not end the command')
+  monkeypatch.setattr(plot_memory, 'run', interrupted)
+  previous = signal.signal(signum, signal.SIG_IGN if ignored_before else
+                           signal.getsignal(signum))
+  try:
+    code, out, err = _main(capsys, 'plot-memory', str(tmp_path))
+    after = signal.getsignal(signum)
+  finally:
+    signal.signal(signum, previous)
+  name = signal.Signals(signum).name
+  assert code == 128 + signum
+  assert _one_line_error(err) == (f'trax-revplus plot-memory: error: '
+                                  f'interrupted by {name}')
+  assert not out
+  assert after == (signal.SIG_IGN if ignored_before else previous)

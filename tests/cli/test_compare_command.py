@@ -187,8 +187,13 @@ def test_compare_refuses_output_dirs_that_hold_runs(tmp_path, capsys):
   assert len(lines) == 1 and 'already holds a run' in lines[0]
 
 
-def _fake_runs(memory_lines):
-  """A `_run_streaming` stand-in: both runs succeed; ours writes a log."""
+# A config the check before the runs accepts; the runs are stand-ins.
+_FAKE_CONFIG = 'train.steps = 2\ntrain.model = @trax.models.ReformerLM\n'
+
+
+def _fake_runs(memory_lines, junk=''):
+  """A `_run_streaming` stand-in: both runs succeed; ours writes a log
+  (its records, then `junk`)."""
 
   def fake_run(command, log_path, prefix, stream):
     del prefix, stream
@@ -202,7 +207,7 @@ def _fake_runs(memory_lines):
       json.dump(_fake_stats([1, 2]), f)
     if implementation == 'revplus':
       with open(os.path.join(output_dir, 'memory.jsonl'), 'w') as f:
-        f.write(''.join(json.dumps(r) + '\n' for r in memory_lines))
+        f.write(''.join(json.dumps(r) + '\n' for r in memory_lines) + junk)
     return 0, '\n== summary ==\ntrainer            x\n'
   return fake_run
 
@@ -223,7 +228,7 @@ def test_peaks_come_from_the_memory_log(xla, tmp_path, monkeypatch, capsys):
     lines[2]['peak_device_bytes'] = 9 * mib
   monkeypatch.setattr(compare.runs, 'run_streaming', _fake_runs(lines))
   config = tmp_path / 'c.gin'
-  config.write_text('train.steps = 2\n')
+  config.write_text(_FAKE_CONFIG)
   output_dir = tmp_path / 'cmp'
   code, out, _ = _main(capsys, 'compare', f'--config_file={config}',
                        f'--output_dir={output_dir}')
@@ -242,3 +247,43 @@ def test_peaks_come_from_the_memory_log(xla, tmp_path, monkeypatch, capsys):
   else:
     assert 'peak device, XLA (MiB)' not in rows
   _check_png(output_dir / 'compare.png')
+
+
+def test_unreadable_memory_log_lines_are_named(tmp_path, monkeypatch, capsys):
+  lines = [{'step': 1, 'phase': 'step', 'host_peak_bytes': 5 << 20}]
+  monkeypatch.setattr(compare.runs, 'run_streaming',
+                      _fake_runs(lines, junk='\x00\x01 not json\n{"step": 2'))
+  config = tmp_path / 'c.gin'
+  config.write_text(_FAKE_CONFIG)
+  output_dir = tmp_path / 'cmp'
+  code, out, err = _main(capsys, 'compare', f'--config_file={config}',
+                         f'--output_dir={output_dir}')
+  assert code == 0, err
+  log = output_dir / 'revplus' / 'memory.jsonl'
+  assert (f'trax-revplus compare: warning: {log}: 2 of 3 lines are not '
+          f'memory records and were skipped (the first, line 2: not a JSON '
+          f'object)') in out.splitlines()
+  report = json.loads((output_dir / 'compare.json').read_text())
+  assert report['runs']['revplus']['memory_log']['records'] == 1
+  assert report['runs']['revplus']['memory_log']['unreadable_lines'] == 2
+
+
+@pytest.mark.parametrize('binding,text', [
+    ('train.use_memory_efficient_trainer = 3',
+     'train.use_memory_efficient_trainer = 3: must be one of False, True, 2'),
+    ("trax_revplus.ReversibleSerialTrainer.on_non_finite = 'warn'",
+     'the trainer rejects its settings: on_non_finite must be one of'),
+], ids=['trainer_mode', 'on_non_finite'])
+def test_compare_rejects_what_train_rejects_before_either_run(
+    binding, text, tmp_path, monkeypatch, capsys):
+  def no_run(*unused_args):
+    raise AssertionError('compare started a run')
+  monkeypatch.setattr(compare.runs, 'run_streaming', no_run)
+  code, out, err = _main(capsys, 'compare', f'--config_file={MAIN}',
+                         f'--output_dir={tmp_path / "cmp"}',
+                         f'--config={binding}')
+  assert code == 2, err
+  lines = err.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith(
+      'trax-revplus compare: error: ') and text in lines[0], err
+  assert 'training with' not in out

@@ -124,3 +124,73 @@ def test_activate_binds_on_cpu_to_this_process_cpu_device():
     if not was_active:
       trax_revplus.deactivate()
   assert was_active or tl.on_cpu is not compat.on_cpu
+
+
+@pytest.fixture(name='launched')
+def fixture_launched(monkeypatch):
+  """Replaces the launch of processes: records what would be started."""
+  from trax_revplus.multiprocess import launcher  # pylint: disable=g-import-not-at-top
+  calls = []
+
+  def launch(command, num_processes, **kwargs):
+    calls.append((command, num_processes, kwargs))
+    return 0
+  monkeypatch.setattr(launcher, 'launch', launch)
+  return calls
+
+
+def _cli(capsys, *args):
+  from trax_revplus import cli  # pylint: disable=g-import-not-at-top
+  code = cli.main(['trax-revplus', *args])
+  out, err = capsys.readouterr()
+  return code, out, err
+
+
+@pytest.mark.parametrize('args,text', [
+    (['--num_processes=1000'], '--num_processes=1000 is more than the 8 '
+                               'processes a local launch starts on this host'),
+    (['--num_processes=9', '--max_local_processes=8'],
+     '--num_processes=9 is more than the 8 processes'),
+    (['--num_processes=2', '--stop_grace_seconds=-1'],
+     'argument --stop_grace_seconds: must be a positive number of seconds, '
+     'got -1'),
+    (['--num_processes=2', '--stop_grace_seconds=nan'],
+     'argument --stop_grace_seconds: must be a positive number of seconds'),
+], ids=['too_many', 'above_the_flag', 'negative_grace', 'nan_grace'])
+def test_launch_refuses_numbers_out_of_range_before_starting(
+    args, text, tmp_path, capsys, launched, monkeypatch):
+  monkeypatch.setattr(os, 'cpu_count', lambda: 2)
+  code, out, err = _cli(capsys, 'launch', *args, '--',
+                        f'--config_file={_CONFIG}',
+                        f'--output_dir={tmp_path / "run"}')
+  assert code == errors.EXIT_USAGE
+  assert err.startswith('trax-revplus launch: error: ')
+  assert len(err.splitlines()) == 1 and text in err, err
+  assert not out and not launched
+  assert not (tmp_path / 'run').exists()
+
+
+def test_launch_checks_the_train_flags_before_starting(tmp_path, capsys,
+                                                       launched):
+  code, _, err = _cli(capsys, 'launch', '--num_processes=2', '--',
+                      f'--config_file={_CONFIG}', '--config_fil=x.gin')
+  assert code == errors.EXIT_USAGE
+  assert err == ('trax-revplus launch: error: unknown flag --config_fil (in '
+                 '--config_fil=x.gin; see trax-revplus train --help)\n')
+  assert not launched
+
+
+def test_launch_gives_every_process_one_output_dir(tmp_path, capsys,
+                                                   launched, monkeypatch):
+  monkeypatch.setenv('HOME', str(tmp_path))
+  code, _, err = _cli(capsys, 'launch', '--num_processes=2', '--',
+                      f'--config_file={_CONFIG}')
+  assert code == 0, err
+  [(command, num_processes, kwargs)] = launched
+  dirs = [a.split('=', 1)[1] for a in command if a.startswith('--output_dir=')]
+  assert len(dirs) == 1 and num_processes == 2
+  [made] = list((tmp_path / 'trax').iterdir())
+  assert made.name.startswith('reformer_char_lm_')
+  assert os.path.expanduser(dirs[0]) == str(made)
+  assert kwargs['log_dir'] == str(made)
+  assert kwargs['max_processes'] >= 4

@@ -9,6 +9,7 @@ import png_checks
 from trax_revplus import cli
 from trax_revplus import memory
 from trax_revplus.memory import plot
+from trax_revplus.memory import reading
 from trax_revplus.memory import step_axis
 
 
@@ -60,7 +61,7 @@ def test_plot_errors_clearly(tmp_path):
   with pytest.raises(FileNotFoundError, match='No memory log at'):
     plot.plot_memory(str(tmp_path))
   (tmp_path / 'memory.jsonl').write_text('{"step": 1, "pha')
-  with pytest.raises(ValueError, match='holds no memory records'):
+  with pytest.raises(reading.CorruptMemoryLogError, match='is corrupt'):
     plot.plot_memory(str(tmp_path))
   assert cli.main([cli.PROG, 'plot-memory', str(tmp_path / 'missing')]) == 2
 
@@ -109,11 +110,8 @@ def test_plot_draws_one_segment_per_process(tmp_path):
   assert starts[1] == starts[2] == starts[0]
 
 
-def test_plot_of_an_empty_log_says_so_in_a_figure(tmp_path):
+def test_plot_of_an_empty_log_writes_no_figure(tmp_path):
   (tmp_path / 'memory.jsonl').write_text('')
   with pytest.raises(ValueError, match='holds no memory records'):
     plot.plot_memory(str(tmp_path))
-  # A figure without axes, its message in dark text.
-  image = png_checks.read_png(tmp_path / 'memory.png')
-  assert not png_checks.panels(image)
-  assert np.any(np.all(image < 0.2, axis=2))
+  assert not (tmp_path / 'memory.png').exists()

@@ -277,3 +277,81 @@ def test_launch_ends_a_jax_job_whose_process_dies():
   assert re.search(r'process 0 (exited with status 4|was killed by SIGTERM)',
                    last), last
   assert 'Check failure stack trace' not in proc.stderr
+
+
+def test_after_a_failure_the_terminal_shows_only_the_failed_process(tmp_path):
+  # Process 1 fails; process 0 prints only after process 1 has ended (as a
+  # peer's abort would), and once more when the launcher stops it. Those
+  # lines go to process 0's log file, not to the terminal.
+  logs = tmp_path / 'logs'
+  logs.mkdir()
+  error, out, err, _ = _launch(_child(f'''
+      def ended(pid):
+        try:
+          with open(f'/proc/{{pid}}/stat') as f:
+            return f.read().split(') ', 1)[1][0] == 'Z'
+        except OSError:
+          return True
+      ready({str(tmp_path)!r})
+      if i == 1:
+        wait_ready({str(tmp_path)!r}, 2)
+        with open(os.path.join({str(tmp_path)!r}, 'pid1'), 'w') as f:
+          f.write(str(os.getpid()))
+        print('process 1 starting', flush=True)
+        print('error: process 1 cannot go on', file=sys.stderr, flush=True)
+        sys.exit(2)
+      def stop(signum, frame):
+        print('interrupted by SIGTERM', file=sys.stderr, flush=True)
+        sys.exit(143)
+      signal.signal(signal.SIGTERM, stop)
+      # The launcher's SIGTERM waits until the line after the failure.
+      signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])
+      print('process 0 starting', flush=True)
+      pid_file = os.path.join({str(tmp_path)!r}, 'pid1')
+      while not os.path.exists(pid_file) or not open(pid_file).read():
+        time.sleep(0.05)
+      while not ended(int(open(pid_file).read())):
+        time.sleep(0.05)
+      print('F0101 Check failure stack trace: after the failure',
+            file=sys.stderr, flush=True)
+      signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTERM])
+      time.sleep({_FOREVER_SECONDS})
+      '''), 2, log_dir=str(logs))
+  assert isinstance(error, errors.ProcessFailedError), err
+  assert error.process_id == 1 and error.exit_code == 2
+  assert str(error) == (
+      f'process 1 exited with status 2; stopped the others: process 0 exited '
+      f'with status 143 (all output of each: {logs}/launch.process<I>.log).')
+  assert err.splitlines() == ['[process 1] error: process 1 cannot go on']
+  assert sorted(out.splitlines()) == ['[process 0] process 0 starting',
+                                      '[process 1] process 1 starting']
+  assert (logs / 'launch.process0.log').read_text().splitlines() == [
+      'process 0 starting',
+      'F0101 Check failure stack trace: after the failure',
+      'interrupted by SIGTERM']
+  assert (logs / 'launch.process1.log').read_text().splitlines() == [
+      'process 1 starting', 'error: process 1 cannot go on']
+
+
+@pytest.mark.parametrize('kwargs,fragment', [
+    (dict(num_processes=9, max_processes=8),
+     '--num_processes=9 is more than the 8 processes'),
+    (dict(num_processes=2, stop_grace_seconds=0),
+     '--stop_grace_seconds=0 must be a positive number'),
+    (dict(num_processes=2, stop_grace_seconds=-1.0),
+     '--stop_grace_seconds=-1.0 must be a positive number'),
+    (dict(num_processes=2, stop_grace_seconds=float('inf')),
+     '--stop_grace_seconds=inf must be a positive number'),
+], ids=['too_many', 'no_grace', 'negative_grace', 'endless_grace'])
+def test_launch_numbers_out_of_range_are_usage_errors(kwargs, fragment):
+  num_processes = kwargs.pop('num_processes')
+  with pytest.raises(errors.LaunchUsageError) as error:
+    launcher_lib.launch(['true'], num_processes, **kwargs)
+  assert fragment in str(error.value)
+  assert error.value.exit_code == 2
+
+
+def test_the_default_limit_follows_the_cpu_count(monkeypatch):
+  monkeypatch.setattr(os, 'cpu_count', lambda: 2)
+  assert launcher_lib.default_max_processes() == 8
+  assert launcher_lib.main(['--num_processes=9', '--', 'true']) == 2

@@ -11,6 +11,7 @@ paths answer before trax's ~20 s import. Run as `trax-revplus ...` or
 
 import signal
 import sys
+import threading
 from typing import Sequence
 
 from trax_revplus.cli import parser
@@ -45,20 +46,51 @@ def _command(name: str):
   return module.run
 
 
+class _Stopped(Exception):
+  """SIGINT or SIGTERM reached a command that has no handler of its own."""
+
+  def __init__(self, signum: int):
+    super().__init__(signum)
+    self.signum = signum
+
+
+def _stop(signum: int, unused_frame) -> None:
+  raise _Stopped(signum)
+
+
+def _handle_signals() -> dict[int, object]:
+  """Makes SIGINT and SIGTERM end any command in one line (`_Stopped`).
+
+  Installed first thing, whatever the signals' dispositions were (SIGINT
+  is inherited ignored by a process started in the background of a
+  shell); a command that handles them itself (`train`, `launch`) installs
+  its own handlers over these for its run.
+
+  Returns:
+    The previous handlers, by signal (empty off the main thread).
+  """
+  if threading.current_thread() is not threading.main_thread():
+    return {}
+  return {signum: signal.signal(signum, _stop)
+          for signum in (signal.SIGINT, signal.SIGTERM)}
+
+
 def main(argv: Sequence[str]) -> int:
   """Runs `trax-revplus` on `argv` (argv[0] is the program name).
 
   Returns:
     The exit status: 0 success, 1 runtime error, 2 usage error, 128 + N
-    for a training run stopped by signal N. User errors are printed as one
-    line on stderr; unexpected crashes propagate.
+    for a command stopped by signal N. User errors are printed as one
+    line on stderr, the last line the command prints; unexpected crashes
+    propagate.
   """
+  previous = _handle_signals()
   args = list(argv[1:])
-  if not args:
-    sys.stderr.write(parser.OVERVIEW)
-    return EXIT_USAGE
-  command = args[0] if args[0] in parser.COMMANDS else None
+  command = args[0] if args and args[0] in parser.COMMANDS else None
   try:
+    if not args:
+      sys.stderr.write(parser.OVERVIEW)
+      return EXIT_USAGE
     flags = parser.parse(args)
     if isinstance(flags, int):
       return flags
@@ -66,9 +98,16 @@ def main(argv: Sequence[str]) -> int:
   except UserError as e:
     print(error_line(command, str(e)), file=sys.stderr, flush=True)
     return e.exit_code
-  except KeyboardInterrupt:
-    print(error_line(command, 'interrupted'), file=sys.stderr, flush=True)
-    return signal_exit_status(signal.SIGINT)
+  except (_Stopped, KeyboardInterrupt) as e:
+    signum = getattr(e, 'signum', signal.SIGINT)
+    print(error_line(command, f'interrupted by '
+                              f'{signal.Signals(signum).name}'),
+          file=sys.stderr, flush=True)
+    return signal_exit_status(signum)
+  finally:
+    for signum, handler in previous.items():
+      if handler is not None:  # None: not installed from Python.
+        signal.signal(signum, handler)
 
 
 def run() -> None:

@@ -2,7 +2,11 @@
 
 What the two runs are and what is measured: `trax_revplus.compare`, which
 runs and measures the trainings and makes the table and figures; this
-module is the command around it.
+module is the command around it. Before either run starts, the config is
+checked as `train` checks it (`preflight`), so a setting `train` rejects
+ends the command in seconds, with `train`'s line and exit status. The
+memory logs are read defensively: unreadable lines are named in a warning
+line. compare.json and compare.png are written safely (`output_files`).
 """
 
 import argparse
@@ -12,8 +16,12 @@ import sys
 import time
 from typing import Sequence, TextIO
 
+from trax_revplus import output_files
+from trax_revplus.cli import gin_config
 from trax_revplus.cli import output_dir as output_dirs
+from trax_revplus.cli import preflight
 from trax_revplus.cli.messages import PROG
+from trax_revplus.cli.messages import warning_line
 from trax_revplus.cli.train import configs_from_flags
 from trax_revplus.errors import EXIT_OK
 from trax_revplus.errors import EXIT_RUNTIME
@@ -36,6 +44,25 @@ def run(flags: argparse.Namespace) -> int:
   return compare_main(config_files=config_files, bindings=bindings,
                       output_dir=flags.output_dir, steps=flags.steps,
                       seed=flags.seed)
+
+
+def _check_config(config_files: Sequence[str], bindings: Sequence[str]
+                  ) -> None:
+  """Checks the config as `train` will for the trax_revplus run.
+
+  Raises:
+    UserError: as `train` (exit status 2 for a setting it rejects).
+  """
+  import gin  # pylint: disable=g-import-not-at-top
+  import trax_revplus  # pylint: disable=g-import-not-at-top
+  gin_config.import_trax()
+  try:
+    gin_config.parse_configs(list(config_files), list(bindings))
+    trax_revplus.activate()  # As --implementation=revplus.
+    preflight.check_config()
+  finally:
+    gin.clear_config()
+    trax_revplus.deactivate()
 
 
 def _check_fresh(run_dirs):
@@ -94,6 +121,7 @@ def compare_main(config_files: Sequence[str], bindings: Sequence[str],
   else:
     extra.append(f'train.random_seed = {int(seed)}')
   every = None if steps is None else max(1, int(steps) // 10)
+  _check_config(config_files, list(bindings) + extra)
 
   runs = {}
   for k in compare.IMPLEMENTATIONS:
@@ -109,12 +137,15 @@ def compare_main(config_files: Sequence[str], bindings: Sequence[str],
     runs[k] = compare.collect_run(k, exit_code, output, run_dirs[k],
                                   log_path, time.perf_counter() - start)
 
+  for k in compare.IMPLEMENTATIONS:
+    note = (runs[k].get('memory_log') or {}).get('unreadable_note')
+    if note:
+      stream.write(warning_line('compare', note) + '\n')
   report = compare.build_report(config_files, bindings, steps, seed,
                                 seed_from_config, runs)
   json_path = os.path.join(output_dir, compare.COMPARE_JSON)
-  with open(json_path + '.tmp', 'w', encoding='utf-8') as f:
-    json.dump(report, f, indent=1)
-  os.replace(json_path + '.tmp', json_path)
+  text = json.dumps(report, indent=1)
+  output_files.write(json_path, lambda f: f.write(text.encode('utf-8')))
   stream.write(compare.format_table(report) + '\n')
   png_path = os.path.join(output_dir, compare.COMPARE_PNG)
   try:

@@ -1,29 +1,40 @@
 """`trax-revplus estimate`: will a config's training step fit a device?
 
-Parses the gin config as `train` does, builds the config's model three
+Checks what `train` checks, with the same code and lines (`preflight`), and
+the --json path (`output_files`), before anything is built; then the
+config's inputs (one batch, for its shapes), that the batch splits over
+--n_devices and into the trainer's `batch_slices`, and that the model
+builds, each mistake reported as `train` reports it (`failures`), before
+anything is compiled. Then it parses the gin config as `train` does,
+builds the config's model three
 times (trax's default `Trainer`, stock trax's `ReversibleSerialTrainer`,
 trax_revplus's), compiles what one step of each would run and composes XLA's
 memory analysis of those programs into the step's peak device bytes
 (`trax_revplus.device_memory`); runs no step. The batch's shapes come from
 the config's inputs (trax's `Inputs` reads one batch to learn them).
 trax_revplus's trainer is built with `device_memory_budget_bytes` set to
-`--device_memory`, so its figures are those of the plan it would run under
-that memory. A trainer that cannot be built or compiled here gets a
+`--device_memory` (which overrides, with a warning line, a budget the config
+sets), so its figures are those of the plan it would run under that
+memory. A trainer that cannot be built or compiled here gets a
 one-line error in its row instead of figures. Third-party warnings known to
 be harmless (`noise.KNOWN_NOISE`) are not shown; any other is one line.
 """
 
 import argparse
 import copy
+import decimal
 import json
 import logging as std_logging
-import os
 import re
 import sys
 from typing import Any, Optional
 
+from trax_revplus import output_files
+from trax_revplus.cli import failures
 from trax_revplus.cli import gin_config
 from trax_revplus.cli import noise
+from trax_revplus.cli import preflight
+from trax_revplus.cli.messages import warning_line
 from trax_revplus.errors import EXIT_OK
 from trax_revplus.errors import EXIT_RUNTIME
 from trax_revplus.errors import one_line
@@ -34,14 +45,20 @@ TRAINERS = ('default', 'stock', 'revplus')
 _UNITS = {'': 1, 'b': 1, 'kb': 10**3, 'mb': 10**6, 'gb': 10**9,
           'tb': 10**12, 'kib': 2**10, 'mib': 2**20, 'gib': 2**30,
           'tib': 2**40}
+# More than any one device holds (1 PiB): a size past it is a typo.
+MAX_DEVICE_BYTES = 2**50
 
 
 def parse_bytes(text: str) -> int:
-  """'16GiB', '16 GB', '512MiB', '1e9' -> bytes (int).
+  """'16GiB', '16 GB', '512MiB', '1e9', '1.5GiB' -> bytes (int), exactly.
+
+  The number is read as a decimal, not a float, so every whole byte count
+  up to `MAX_DEVICE_BYTES` is kept exactly.
 
   Raises:
-    ValueError: not a positive number with an optional unit (B, kB, MB,
-      GB, TB, KiB, MiB, GiB, TiB; case-insensitive).
+    ValueError: not a number with an optional unit (B, kB, MB, GB, TB,
+      KiB, MiB, GiB, TiB; case-insensitive), zero, not a whole number of
+      bytes, or more than `MAX_DEVICE_BYTES`.
   """
   match = re.fullmatch(r'\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*'
                        r'([a-zA-Z]*)\s*', text)
@@ -49,10 +66,24 @@ def parse_bytes(text: str) -> int:
   if not match or unit not in _UNITS:
     raise ValueError(f'--device_memory={text!r} is not a size: give bytes '
                      'or a number with a unit, e.g. 16GiB, 40GB, 512MiB')
-  value = int(float(match.group(1)) * _UNITS[unit])
-  if value < 1:
-    raise ValueError(f'--device_memory={text!r} must be positive, e.g. 16GiB')
-  return value
+  number = decimal.Decimal(match.group(1))
+  if number == 0:
+    raise ValueError(f'--device_memory={text!r} is zero; give the memory of '
+                     f'one device, e.g. 16GiB')
+  # Exact: enough digits for the number as written times the unit.
+  with decimal.localcontext() as context:
+    context.prec = len(text) + 40
+    context.Emin, context.Emax = decimal.MIN_EMIN, decimal.MAX_EMAX
+    value = (number * _UNITS[unit] if number <= MAX_DEVICE_BYTES else
+             number)
+  if value > MAX_DEVICE_BYTES:
+    raise ValueError(f'--device_memory={text!r} is more than any device '
+                     f'holds (at most {MAX_DEVICE_BYTES} bytes, 1 PiB); give '
+                     f'the memory of one device, e.g. 16GiB')
+  if value != value.to_integral_value():
+    raise ValueError(f'--device_memory={text!r} is not a whole number of '
+                     f'bytes; give whole bytes or a unit, e.g. 512MiB')
+  return int(value)
 
 
 def human_bytes(n: Optional[int]) -> str:
@@ -81,7 +112,7 @@ def _batch_types(inputs_fn):
 class _Config:
   """What `train` would build from the parsed config."""
 
-  def __init__(self):
+  def __init__(self, bindings: list[str]):
     from trax import layers as tl  # pylint: disable=g-import-not-at-top
     from trax import optimizers  # pylint: disable=g-import-not-at-top
     from trax.data import inputs as trax_inputs  # pylint: disable=g-import-not-at-top
@@ -96,8 +127,10 @@ class _Config:
     try:
       self.batch = _batch_types(inputs)
     except Exception as e:  # pylint: disable=broad-except
-      raise UserError(f"cannot read the config's inputs: {one_line(e)}",
-                      EXIT_RUNTIME) from None
+      # As `train` reports it (e.g. corpus files that match nothing).
+      raise _as_train_reports(e, bindings) or UserError(
+          f"cannot read the config's inputs: {one_line(e)}",
+          EXIT_RUNTIME) from None
 
   def model(self):
     """A new model (train mode)."""
@@ -112,6 +145,76 @@ class _Config:
 def _signature(batch):
   from trax import shapes  # pylint: disable=g-import-not-at-top
   return tuple(shapes.ShapeDtype(x.shape, x.dtype) for x in batch)
+
+
+def _as_train_reports(error: Exception, bindings: list[str]
+                      ) -> Optional[UserError]:
+  """`error` as `train` reports it when building its Loop, or None."""
+  return failures.user_error(error, '', False, bindings)
+
+
+def check_model(cfg, bindings: list[str]) -> None:
+  """Builds and initializes the config's model as `train` would.
+
+  Before any trainer: a model the config cannot build is the config's
+  mistake, reported as `train` reports it (the same line: the model is
+  initialized the way `train`'s run initializes it, block by block for
+  the memory-efficient trainer), not a trainer's row.
+
+  Raises:
+    UserError: as `train` (exit status 2 for a model its bindings cannot
+      build), or exit status 1 for an error nobody could foresee.
+  """
+  # pylint: disable=g-import-not-at-top
+  from trax import fastmath
+  from trax.optimizers import trainer as stock_lib
+  import trax_revplus
+  from trax_revplus import trainer as rev_lib
+  # pylint: enable=g-import-not-at-top
+  mode = gin_config.bound_value('train.use_memory_efficient_trainer', False)
+  try:
+    if mode and not gin_config.is_reference(mode):
+      _blocks(rev_lib if trax_revplus.is_active() else stock_lib, cfg)
+    else:
+      cfg.model().init(_signature(cfg.batch),
+                       rng=fastmath.random.get_prng(0))
+  except Exception as e:  # pylint: disable=broad-except
+    raise _as_train_reports(e, bindings) or UserError(
+        f"cannot build the config's model: {one_line(e)}; fix the model "
+        f'bindings (train.model, ...)', EXIT_RUNTIME) from None
+
+
+def check_batch(cfg, n_devices: int, device_memory_bytes: Optional[int],
+                bindings: list[str]) -> None:
+  """Checks what a step on the config's batch needs, as the trainers will.
+
+  The batch splits over `n_devices` (that many devices exist), the
+  trainer's budget can be resolved, and, without a budget (when the
+  configured `batch_slices` is used, not the planner's), `batch_slices`
+  divides each device's rows.
+
+  Raises:
+    UserError (exit status 2): as `train` reports each.
+  """
+  # pylint: disable=g-import-not-at-top
+  from trax_revplus import placement as placement_lib
+  from trax_revplus import validation
+  from trax_revplus.trainer import budget as budget_lib
+  from trax_revplus.trainer import options as options_lib
+  # pylint: enable=g-import-not-at-top
+  options = options_lib.validate_gin_bindings()
+  try:
+    validation.check_n_devices(n_devices)
+    validation.check_batch(cfg.batch, n_devices)
+    setting = (options.device_memory_budget_bytes
+               if device_memory_bytes is None else device_memory_bytes)
+    budget = budget_lib.budget_bytes(setting,
+                                     placement_lib.Placement(n_devices))
+    if budget is None:
+      validation.check_batch_slices(options.batch_slices,
+                                    cfg.batch[0].shape[0] // n_devices)
+  except validation.ConfigurationError as e:
+    raise _as_train_reports(e, bindings) from None
 
 
 def _default(cfg, backend):
@@ -180,27 +283,30 @@ def _revplus(cfg, backend, n_devices, device_memory_bytes):
   return result, f'{plan.describe()} ({note})', budget_bytes
 
 
-def estimate(device_memory_bytes: Optional[int], n_devices: int):
+def estimate(device_memory_bytes: Optional[int], n_devices: int,
+             bindings: list[str] = ()):
   """Builds and accounts the three trainers of the parsed config.
+
+  First reads the inputs, checks the batch (`check_batch`) and builds the
+  model (`check_model`): a mistake there is the config's, one line, before
+  anything is compiled.
 
   Returns:
     (backend, {trainer: TrainerMemory}, revplus plan line or None,
-    batch types).
+    batch types, the budget revplus planned for or None).
+
+  Raises:
+    UserError: as `train` reports the config's mistakes.
   """
   import jax  # pylint: disable=g-import-not-at-top
   import trax_revplus  # pylint: disable=g-import-not-at-top
   from trax_revplus import device_memory  # pylint: disable=g-import-not-at-top
+  bindings = list(bindings)
   backend = jax.default_backend()
   activated = trax_revplus.is_active()
-  cfg = _Config()
-  try:
-    cfg.model()
-  except UserError:
-    raise
-  except Exception as e:  # pylint: disable=broad-except
-    raise UserError(f"cannot build the config's model: {one_line(e)}; fix "
-                    'the model bindings (train.model, ...)',
-                    EXIT_RUNTIME) from None
+  cfg = _Config(bindings)
+  check_batch(cfg, n_devices, device_memory_bytes, bindings)
+  check_model(cfg, bindings)
   results, plan_line, budget = {}, [None], [device_memory_bytes]
   try:
     trax_revplus.deactivate()
@@ -268,15 +374,44 @@ def to_json(backend, results, plan_line, device_memory_bytes,
   return out
 
 
+def _budget_override_warning(device_memory_bytes: Optional[int]
+                             ) -> Optional[str]:
+  """A line when --device_memory replaces a budget the config sets."""
+  from trax_revplus.trainer import options  # pylint: disable=g-import-not-at-top
+  configured = options.validate_gin_bindings().device_memory_budget_bytes
+  bound = 'device_memory_budget_bytes' in _bound_trainer_settings()
+  if device_memory_bytes is None or not bound:
+    return None
+  return (f'--device_memory={device_memory_bytes} bytes overrides the '
+          f"config's {preflight.TRAINER}.device_memory_budget_bytes = "
+          f'{configured!r}; trax_revplus plans for --device_memory')
+
+
+def _bound_trainer_settings() -> dict:
+  import gin  # pylint: disable=g-import-not-at-top
+  return gin.get_bindings(preflight.TRAINER)
+
+
+def _json_writer(text: str):
+  def fill(f) -> None:
+    f.write(text.encode('utf-8'))
+  return fill
+
+
 def run(flags: argparse.Namespace) -> int:
   """Runs `trax-revplus estimate` with the parsed flags.
+
+  Every check comes before the first compile: the flags, the --json path,
+  the config's settings (`preflight`, as `train`), the inputs, the batch
+  and the model.
 
   Returns:
     0 done.
 
   Raises:
-    UserError: exit status 2 for a bad flag or config, 1 when the config's
-      model or inputs cannot be built or the JSON cannot be written.
+    UserError: exit status 2 for a bad flag or config (as `train` would
+      exit for the same config), 1 when the config's inputs cannot be read
+      or the JSON cannot be written.
   """
   from trax_revplus.cli import train  # pylint: disable=g-import-not-at-top
   device_memory_bytes = None
@@ -285,39 +420,35 @@ def run(flags: argparse.Namespace) -> int:
       device_memory_bytes = parse_bytes(flags.device_memory)
     except ValueError as e:
       raise UserError(str(e)) from None
-  if flags.json and os.path.isdir(flags.json):
-    raise UserError(f'--json={flags.json} is a directory; give a file path')
+  if flags.json:
+    output_files.check(flags.json, '--json', allow_stdout=True)
   config_files, bindings = train.configs_from_flags(flags)
   gin_config.import_trax()
   gin_config.parse_configs(config_files, bindings)
-  from trax_revplus.trainer import options  # pylint: disable=g-import-not-at-top
-  from trax_revplus import validation  # pylint: disable=g-import-not-at-top
-  try:
-    options.validate_gin_bindings()
-  except validation.TrainerOptionError as e:
-    raise UserError(one_line(e)) from None
+  # Not `no_effect_warnings`: estimate builds trax_revplus's trainer with
+  # the trainer settings whatever train.use_memory_efficient_trainer says.
+  preflight.check_config()
+  override = _budget_override_warning(device_memory_bytes)
+  if override:
+    print(warning_line(COMMAND, override), file=sys.stderr, flush=True)
   # Compiling the trainers' programs raises third-party warnings (e.g. JAX's
   # on donations stock's programs cannot use): known ones are dropped, any
   # other is one line on stderr.
   with noise.route_warnings(std_logging.NullHandler(),
                             std_logging.StreamHandler(sys.stderr)):
     backend, results, plan_line, batch, budget = estimate(
-        device_memory_bytes, flags.n_devices)
+        device_memory_bytes, flags.n_devices, bindings)
   if budget is not None:
     device_memory_bytes = budget
-  print(table(backend, results, plan_line, batch, device_memory_bytes,
-              flags.n_devices))
-  sys.stdout.flush()
+  report = table(backend, results, plan_line, batch, device_memory_bytes,
+                 flags.n_devices)
+  if flags.json == output_files.STDOUT:  # The JSON alone on stdout.
+    print(report, file=sys.stderr, flush=True)
+  else:
+    print(report, flush=True)
   if flags.json:
     text = json.dumps(to_json(backend, results, plan_line,
                               device_memory_bytes, flags.n_devices),
-                      indent=1, sort_keys=True)
-    tmp = flags.json + '.tmp'
-    try:
-      with open(tmp, 'w') as f:
-        f.write(text + '\n')
-      os.replace(tmp, flags.json)
-    except OSError as e:
-      raise UserError(f'cannot write {flags.json}: {e.strerror or e}',
-                      EXIT_RUNTIME) from None
+                      indent=1, sort_keys=True) + '\n'
+    output_files.write(flags.json, _json_writer(text), '--json')
   return EXIT_OK

@@ -12,6 +12,7 @@ import re
 import traceback
 from typing import Sequence
 
+from trax_revplus.cli import preflight
 from trax_revplus.errors import EXIT_RUNTIME
 from trax_revplus.errors import EXIT_USAGE
 from trax_revplus.errors import one_line
@@ -104,6 +105,22 @@ def suspect_bindings(error_text: str, command_line: Sequence[str]) -> list[str]:
   return [f'{n} = {v}' for n, v in given[:3]]
 
 
+def loop_of(error: BaseException):
+  """The trax `Loop` whose building or run raised `error`, or None.
+
+  `trainer_lib.train` returns its Loop only when it succeeds; an error
+  carries it in the frames it passed (the Loop's methods, or `train`'s
+  local `loop`), so that its trainers' memory logs can be closed.
+  """
+  for frame, _ in traceback.walk_tb(error.__traceback__):
+    for name in ('self', 'loop'):
+      value = frame.f_locals.get(name)
+      if (type(value).__name__ == 'Loop' and
+          hasattr(value, '_trainer_per_task')):
+        return value
+  return None
+
+
 def remove_partial_files(output_dir: str) -> None:
   """Removes the temporary files a failed stock trax save leaves (`*._tmp_`)."""
   for path in glob.glob(os.path.join(glob.escape(output_dir), '*._tmp_')):
@@ -153,14 +170,14 @@ def user_error(error: Exception, output_dir: str, steps_started: bool,
   if isinstance(error, data.CorpusError):
     return UserError(one_line(error), EXIT_RUNTIME)
   if isinstance(error, validation.TrainerOptionError):
-    return UserError(
-        f'the trainer rejects its settings: {error.name} must be '
-        f'{error.allowed}, got {error.value!r}; fix '
-        f'trax_revplus.ReversibleSerialTrainer.{error.name} in the config',
-        EXIT_USAGE)
+    return UserError(preflight.trainer_option_line(error), EXIT_USAGE)
   if isinstance(error, (validation.ConfigurationError,
                         validation.OptimizerFactoryError)):
-    return UserError(f'{type(error).__name__}: {one_line(error)}', EXIT_USAGE)
+    # Its message names the setting; gin's "In call to configurable
+    # 'train'" adds nothing (and `estimate`, which raises it outside gin,
+    # prints the same line).
+    return UserError(f'{type(error).__name__}: '
+                     f'{one_line(error, context=False)}', EXIT_USAGE)
   if isinstance(error, validation.NonFiniteError):
     return UserError(f'{type(error).__name__}: {one_line(error)}',
                      EXIT_RUNTIME)

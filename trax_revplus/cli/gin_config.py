@@ -55,7 +55,10 @@ def import_trax() -> str:
         from trax_revplus import data as _revplus_data
         from trax_revplus import progress as _revplus_progress
         # pylint: enable=g-import-not-at-top,unused-import
-    except Exception:  # A signal's exception needs no import notices.
+    except Exception as e:  # pylint: disable=broad-except
+      from trax_revplus import interrupt  # pylint: disable=g-import-not-at-top
+      if isinstance(e, interrupt.Interrupted):
+        raise  # A signal stopped the import: its notices are no news.
       capture.seek(0)
       sys.stderr.write(capture.read().decode('utf-8', 'replace') +
                        python_level.getvalue())

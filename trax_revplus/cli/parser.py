@@ -71,11 +71,14 @@ failed; 2 usage error (bad flag, missing config, output dirs holding runs)."""
 _PLOT_MEMORY_DESCRIPTION = """\
 Plots host and device memory over the steps of a run from the memory log
 (RUN_DIR/memory.jsonl) that trax_revplus's trainer writes, and prints the
-path of the PNG."""
+path of the PNG. Lines of the log that are not records are skipped, with a
+warning line that counts them and names the first."""
 
 _PLOT_MEMORY_EPILOG = """\
-exit status: 0 done; 1 the PNG could not be written; 2 usage error (bad
-flag, no RUN_DIR, no memory log or no records in it)."""
+exit status: 0 done; 1 the log is corrupt (no line is a record) or
+unreadable, or the PNG could not be written (nothing is left behind); 2
+usage error (bad flag, no RUN_DIR, no memory log or no records in it yet,
+--output a directory)."""
 
 
 _ESTIMATE_DESCRIPTION = """\
@@ -91,9 +94,12 @@ the backend the programs were compiled for, which the table names."""
 
 _ESTIMATE_EPILOG = """\
 exit status: 0 done (also when a trainer cannot be built on this JAX: its
-row says why); 1 the config's model or inputs cannot be built, or --json
-cannot be written; 2 usage error (bad flag or --device_memory, missing or
-unparsable config, a setting out of range)."""
+row says why); otherwise the status train ends with for the same config,
+with the same line, before anything is compiled: 2 usage error (bad flag
+or --device_memory, missing or unparsable config, a setting train rejects,
+a batch the devices or batch_slices do not divide, a model its bindings
+cannot build); 1 the config's inputs cannot be read, or --json cannot be
+written."""
 
 
 class _Exit(Exception):
@@ -164,6 +170,18 @@ def _positive_int(text: str) -> int:
   if value < 1:
     raise argparse.ArgumentTypeError(
         f'must be a positive integer, got {value}')
+  return value
+
+
+def _positive_seconds(text: str) -> float:
+  try:
+    value = float(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(
+        f'must be a positive number of seconds, got {text!r}') from None
+  if not 0 < value < float('inf'):
+    raise argparse.ArgumentTypeError(
+        f'must be a positive number of seconds, got {text}')
   return value
 
 
@@ -263,9 +281,13 @@ def _add_distributed_flags(parser: argparse.ArgumentParser) -> None:
 _LAUNCH_DESCRIPTION = """\
 Starts N processes of one training run on this host, each `trax-revplus train`
 with the flags after `--` plus --num_processes=N --process_id=I
---coordinator_address=127.0.0.1:PORT (a free port). Their output is forwarded
-line by line, prefixed [process I]. When one process fails, the others are
-stopped (SIGTERM, then SIGKILL); SIGINT and SIGTERM are forwarded to all."""
+--coordinator_address=127.0.0.1:PORT (a free port), all with one output dir
+(the default one is named once, for all). Their output is forwarded line by
+line, prefixed [process I], and each process's goes to
+OUTPUT_DIR/launch.process<I>.log too. When one process fails, the others are
+stopped (SIGTERM, then SIGKILL after the grace), and the terminal shows the
+failed process's lines and one line of the launcher's, nothing more of the
+others. SIGINT and SIGTERM are forwarded to all."""
 
 _LAUNCH_EPILOG = """\
 example: trax-revplus launch --num_processes=2 -- \\
@@ -283,10 +305,16 @@ def _add_launch(commands) -> None:
       '--num_processes', action=_Once, type=_positive_int, required=True,
       metavar='N', help='Processes to start.')
   parser.add_argument(
-      '--stop_grace_seconds', action=_Once, type=float, default=10.0,
-      metavar='S',
+      '--stop_grace_seconds', action=_Once, type=_positive_seconds,
+      default=10.0, metavar='S',
       help='After one process failed, how long the others get to stop on '
-           'SIGTERM before SIGKILL (default: %(default)s).')
+           'SIGTERM before SIGKILL, > 0 (default: %(default)s).')
+  parser.add_argument(
+      '--max_local_processes', action=_Once, type=_positive_int,
+      metavar='N',
+      help='The most processes launch starts on this host (default: 4 per '
+           'CPU core: each process imports JAX and holds its own model, so '
+           'more only thrash); raise it to start more.')
 
 
 def _add_compare(commands) -> None:
@@ -327,7 +355,9 @@ def _add_plot_memory(commands) -> None:
            'memory.jsonl.')
   parser.add_argument(
       '--output', action=_Once, metavar='PNG',
-      help='Path of the PNG to write. Default: memory.png next to the log.')
+      help='Path of the PNG to write, exactly (no suffix is added); a link '
+           'is followed, a pipe or device written in place. Default: '
+           'memory.png next to the log.')
 
 
 def _add_estimate(commands) -> None:
@@ -342,8 +372,10 @@ def _add_estimate(commands) -> None:
   parser.add_argument(
       '--device_memory', action=_Once, metavar='SIZE',
       help='Memory of one device, e.g. 16GiB, 40GB, 80GiB (units B, kB, MB, '
-           'GB, KiB, MiB, GiB); each trainer fits or not, and trax_revplus '
-           'plans its segments to fit it. Default: none given.')
+           'GB, KiB, MiB, GiB; whole bytes, at most 1 PiB); each trainer '
+           'fits or not, and trax_revplus plans its segments to fit it, '
+           'overriding (with a warning line) a budget the config sets. '
+           'Default: none given.')
   parser.add_argument(
       '--n_devices', action=_Once, type=_positive_int, default=1,
       metavar='N',
@@ -351,7 +383,9 @@ def _add_estimate(commands) -> None:
            "trax's trainers are accounted on one.")
   parser.add_argument(
       '--json', action=_Once, metavar='PATH',
-      help='Also write the figures as JSON to PATH.')
+      help='Also write the figures as JSON to PATH (checked before anything '
+           'is compiled; a link is followed, a pipe or device written in '
+           'place; - for stdout, the table then on stderr).')
 
 
 def build() -> argparse.ArgumentParser:

@@ -29,14 +29,21 @@ def _is_int(value: Any) -> bool:
   return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
-def _bound(name: str) -> Any:
-  """The literal bound to `name`; None when unbound or a reference."""
-  value = gin_config.bound_value(name, None)
-  return None if gin_config.is_reference(value) else value
+_UNBOUND = object()
+
+
+def _bound(name: str, unbound: Any = None) -> Any:
+  """The literal bound to `name`; `unbound` when unbound or a reference."""
+  value = gin_config.bound_value(name, _UNBOUND)
+  if value is _UNBOUND or gin_config.is_reference(value):
+    return unbound
+  return value
 
 
 def _check_positive_int(name: str, value: Any, allow_none: bool,
                         default: Any) -> None:
+  if value is _UNBOUND:  # trax's default, which is valid.
+    return
   if value is None and allow_none:
     return
   if not _is_int(value) or value < 1:
@@ -70,14 +77,16 @@ def check_train_settings() -> None:
       allowed ones); both settings of an `EXCLUSIVE_SETTINGS` pair bound
       (the message names both).
   """
-  _check_positive_int('train.steps', _bound('train.steps'), False, None)
-  _check_positive_int('train.eval_steps', _bound('train.eval_steps'), False,
-                      None)
-  _check_positive_int('train.eval_frequency', _bound('train.eval_frequency'),
-                      True, 'no evals after step 1')
+  _check_positive_int('train.steps', _bound('train.steps', _UNBOUND),
+                      False, None)
+  _check_positive_int('train.eval_steps',
+                      _bound('train.eval_steps', _UNBOUND), False, None)
+  _check_positive_int('train.eval_frequency',
+                      _bound('train.eval_frequency', _UNBOUND), True,
+                      'no evals after step 1')
   _check_positive_int('train.permanent_checkpoint_frequency',
-                      _bound('train.permanent_checkpoint_frequency'), True,
-                      'no permanent checkpoints')
+                      _bound('train.permanent_checkpoint_frequency',
+                             _UNBOUND), True, 'no permanent checkpoints')
   for name in ('train.checkpoints_at', 'train.permanent_checkpoints_at'):
     _check_step_list(name, _bound(name))
   seed = _bound('train.random_seed')

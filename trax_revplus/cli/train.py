@@ -8,11 +8,15 @@ trainer; without that line it trains with stock trax.
 
 In order, before anything is built: the flags, the config files, the
 output dir (writable, and locked for the run: `output_dir.OutputDirLock`),
-the gin configs and the settings of `train` (`settings`). SIGINT and SIGTERM
-stop the run at the next step boundary with a checkpoint (before the first
-step, at once): `trax_revplus.interrupt`. Errors a user can cause end the
-command with one line (`failures`); the terminal shows the plugin's own
-lines and warnings, third-party warnings known to be harmless go to
+the gin configs and the settings (`preflight`, shared with `estimate` and
+`compare`), which also names trainer settings that would have no effect.
+SIGINT and SIGTERM stop the run at the next step boundary with a checkpoint
+(before the first step, at once, joining included): `trax_revplus.interrupt`,
+whose handlers are installed before anything else runs. Errors a user can
+cause end the command with one line (`failures`), the last line the command
+prints: the trainers' memory logs are closed while the run's log is still
+the place of their lines. The terminal shows the plugin's own lines and
+warnings, third-party warnings known to be harmless go to
 `<output_dir>/train.log` only (`noise`).
 
 With several processes (`--num_processes` or a cluster launcher), each
@@ -37,7 +41,7 @@ from trax_revplus.cli import gin_config
 from trax_revplus.cli import join
 from trax_revplus.cli import noise
 from trax_revplus.cli import output_dir as output_dirs
-from trax_revplus.cli import settings
+from trax_revplus.cli import preflight
 from trax_revplus.cli import summary as summaries
 from trax_revplus.cli.messages import error_line
 from trax_revplus.cli.messages import PROG
@@ -107,21 +111,22 @@ def _bind_memory_log(every_n_steps: int | None) -> None:
       every_n_steps)
 
 
-def _check_settings() -> None:
-  """Checks the parsed config before anything is built.
+def _check_settings() -> list[str]:
+  """Checks the parsed config before anything is built (`preflight`).
+
+  Prints a warning line for each setting that would have no effect.
+
+  Returns:
+    The warnings (list of str), for the run's log too.
 
   Raises:
     UserError (exit status 2): no model, or a setting that cannot work.
   """
-  if gin_config.bound_value('train.model', None) is None:
-    raise UserError('no model configured: bind train.model, e.g. '
-                    "--config='train.model = @trax.models.ReformerLM'")
-  settings.check_train_settings()
-  # The trainer's own gin settings (trax_revplus.ReversibleSerialTrainer.*,
-  # e.g. on_non_finite) are checked here, before the model is built, once
-  # the trainer offers a check of its gin-bound options alone. Until then
-  # its constructor checks them and `failures.user_error` reports a
-  # rejection with exit status 2.
+  preflight.check_config()
+  warnings = preflight.no_effect_warnings()
+  for warning in warnings:
+    print(warning_line(COMMAND, warning), file=sys.stderr, flush=True)
+  return warnings
 
 
 def _total_steps() -> int:
@@ -185,7 +190,8 @@ class _ThreadErrors:
 
 @contextlib.contextmanager
 def _run_logging(output_dir: str, import_messages: str,
-                 process: int | None = None) -> Iterator[str]:
+                 process: int | None = None,
+                 warnings: tuple[str, ...] = ()) -> Iterator[str]:
   """Full log to output_dir/train.log; the plugin's warnings on stderr.
 
   In a multi-process run (`process` not None) each process logs to its own
@@ -195,6 +201,7 @@ def _run_logging(output_dir: str, import_messages: str,
     The path of the log file.
   """
   from absl import logging  # pylint: disable=g-import-not-at-top
+  verbosity = logging.get_verbosity()
   logging.set_verbosity(logging.INFO)
   absl_logger = logging.get_absl_logger()
   log_path = os.path.join(output_dir,
@@ -218,6 +225,8 @@ def _run_logging(output_dir: str, import_messages: str,
     if import_messages.strip():
       logging.info('Messages printed on stderr while importing trax:\n%s',
                    import_messages)
+    for warning in warnings:  # Shown on the terminal already.
+      logging.info('warning: %s', warning)
     with noise.route_warnings(to_file, warnings_to_stderr), _ThreadErrors():
       yield log_path
   finally:
@@ -225,6 +234,9 @@ def _run_logging(output_dir: str, import_messages: str,
     for handler in (to_file, to_stderr):
       absl_logger.removeHandler(handler)
       handler.close()
+    # What is logged at INFO after the run (e.g. by a memory log closed at
+    # exit) would otherwise reach the terminal after the run's last line.
+    logging.set_verbosity(verbosity)
 
 
 def _share_seed() -> None:
@@ -245,8 +257,11 @@ def _close_trainers(loop: Any) -> None:
 
   Closing them here, not in the garbage collector, matters: a TensorBoard
   writer closed from `__del__` during a collection can wait forever on its
-  own writer thread.
+  own writer thread; and a log closed after the run's log handlers are gone
+  would print its last record after the run's last line.
   """
+  if loop is None:
+    return
   for trainer in getattr(loop, '_trainer_per_task', ()):
     memory_log = getattr(trainer, 'memory_log', None)
     close = getattr(memory_log, 'close', None)
@@ -281,6 +296,7 @@ def _train(output_dir: str, callbacks: list[Any], log_path: str,
   # not stop the run (the checkpoint set's own counters are restored).
   checkpoints.set_aside_unreadable_data_counters(output_dir)
   loop = None
+  failed_loop = None
   if multi_process:  # Before stop.callback: every process stops together.
     callbacks = list(callbacks) + [ending.stop_together(stop)]
   try:
@@ -298,6 +314,9 @@ def _train(output_dir: str, callbacks: list[Any], log_path: str,
         processes.barrier('saved')
       checkpoint_step = _checkpoint_step(checkpoint)
   except Exception as e:  # pylint: disable=broad-except
+    # trainer_lib.train raised: its Loop is in the error, or in the frames
+    # the error passed.
+    failed_loop = getattr(e, 'loop', None) or failures.loop_of(e)
     if isinstance(e, interrupt.Interrupted):
       raise
     error = failures.user_error(e, output_dir, stop.steps_started,
@@ -306,8 +325,7 @@ def _train(output_dir: str, callbacks: list[Any], log_path: str,
       raise
     raise error from None
   finally:
-    if loop is not None:
-      _close_trainers(loop)
+    _close_trainers(loop if loop is not None else failed_loop)
   printers = [c for c in getattr(loop, '_callbacks', ())
               if isinstance(c, progress.ProgressPrinter)]
   summary = printers[0].summary() if printers else None
@@ -325,7 +343,10 @@ def _train(output_dir: str, callbacks: list[Any], log_path: str,
 def run(flags: argparse.Namespace) -> int:
   """Runs `trax-revplus train` with the parsed flags.
 
-  In a multi-process run a process that fails prints its line and ends at
+  SIGINT and SIGTERM are handled from the start, the join included: a
+  signal before the first step ends the run at once, in one line. In a
+  multi-process run a process that fails, or is stopped before the
+  processes agreed on a step to stop after, prints its line and ends at
   once (`ending.exit_immediately`), without waiting for the others.
 
   Returns:
@@ -338,56 +359,75 @@ def run(flags: argparse.Namespace) -> int:
   output_dir = os.path.expanduser(
       flags.output_dir or output_dirs.default_output_dir(config_files))
   output_dirs.check_writable(output_dir)
-  # Before anything touches JAX.
-  config = join.join_from_flags(flags, COMMAND)
-  if not config.is_multi_process:
-    return _run(flags, config_files, bindings, output_dir, None)
-  try:
-    return _run(flags, config_files, bindings, output_dir,
-                processes.process_index())
-  except UserError as e:
-    if e.exit_code > 128:  # Stopped by a signal, every process at one step.
-      raise
-    line, code = str(e), e.exit_code
-  except Exception as e:  # pylint: disable=broad-except
-    line, code = ending.failure(e, config)
+  stop = interrupt.StopOnSignal(notify=_signal_notice)
+  with stop:
+    try:
+      # Before anything touches JAX.
+      config = join.join_from_flags(flags, COMMAND)
+    except interrupt.Interrupted as e:
+      raise _interrupted(e, output_dir) from None
+    if not config.is_multi_process:
+      return _run(flags, config_files, bindings, output_dir, None, stop)
+    try:
+      return _run(flags, config_files, bindings, output_dir,
+                  processes.process_index(), stop)
+    except UserError as e:
+      if e.exit_code > 128 and stop.stopped_at_step is not None:
+        raise  # Every process stopped after one step: they end together.
+      line, code = str(e), e.exit_code
+    except Exception as e:  # pylint: disable=broad-except
+      line, code = ending.failure(e, config)
   print(error_line(COMMAND, line), file=sys.stderr, flush=True)
   ending.exit_immediately(code)
 
 
+def _signal_notice(signum: int) -> None:
+  """Says, from the signal handler, that the run stops after this step."""
+  from absl import logging  # pylint: disable=g-import-not-at-top
+  import signal  # pylint: disable=g-import-not-at-top
+  text = (f'{signal.Signals(signum).name} received: stopping after this '
+          f'step with a checkpoint (send it again to stop at once)')
+  logging.info(text)
+  # os.write, not print: a handler may run while the main thread is in the
+  # middle of writing to sys.stderr.
+  os.write(2, (warning_line(COMMAND, text) + '\n').encode())
+
+
+def _interrupted(e: interrupt.Interrupted, output_dir: str) -> UserError:
+  """The one-line error of a run stopped by a signal."""
+  return UserError(summaries.interrupted_message(e, output_dir),
+                   signal_exit_status(e.signum))
+
+
 def _run(flags: argparse.Namespace, config_files: list[str],
-         bindings: list[str], output_dir: str, process: int | None) -> int:
+         bindings: list[str], output_dir: str, process: int | None,
+         stop: interrupt.StopOnSignal) -> int:
   """`run` once joined; `process` is this process's index in a
   multi-process run, else None."""
   # Process 0 alone holds the lock of a run's shared output dir.
   lock = output_dirs.OutputDirLock(output_dir, f'{PROG} train')
   lock_if_chief = (lambda: None) if process else functools.partial(_lock,
                                                                     lock)
-  stop = interrupt.StopOnSignal()
   try:
-    with stop:
-      locked = os.path.isdir(output_dir)
-      if locked:
-        lock_if_chief()  # Before trax's import: a busy dir answers at once.
-      import_messages = gin_config.import_trax()
-      gin_config.parse_configs(config_files, bindings)
-      _select_implementation(flags.implementation)
-      _bind_memory_log(flags.memory_log_every_n_steps)
-      _check_settings()
-      if process is not None:
-        _share_seed()
-      callbacks = _train_callbacks(flags.progress_every_n_steps)
-      output_dirs.make(output_dir)
-      if not locked:
-        lock_if_chief()
-      with _run_logging(output_dir, import_messages, process) as log_path:
-        return _train(output_dir, callbacks, log_path, stop, bindings,
-                      process is not None)
+    locked = os.path.isdir(output_dir)
+    if locked:
+      lock_if_chief()  # Before trax's import: a busy dir answers at once.
+    import_messages = gin_config.import_trax()
+    gin_config.parse_configs(config_files, bindings)
+    _select_implementation(flags.implementation)
+    _bind_memory_log(flags.memory_log_every_n_steps)
+    warnings = _check_settings()
+    if process is not None:
+      _share_seed()
+    callbacks = _train_callbacks(flags.progress_every_n_steps)
+    output_dirs.make(output_dir)
+    if not locked:
+      lock_if_chief()
+    with _run_logging(output_dir, import_messages, process,
+                      tuple(warnings)) as log_path:
+      return _train(output_dir, callbacks, log_path, stop, bindings,
+                    process is not None)
   except interrupt.Interrupted as e:
-    if e.loop is not None:
-      _close_trainers(e.loop)
-    raise UserError(summaries.interrupted_message(e, output_dir),
-                    signal_exit_status(e.signum)) from None
+    raise _interrupted(e, output_dir) from None
   finally:
     lock.release()
-

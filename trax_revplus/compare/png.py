@@ -3,6 +3,7 @@
 import os
 
 from trax_revplus import memory
+from trax_revplus import output_files
 from trax_revplus.compare.common import IMPLEMENTATIONS
 from trax_revplus.compare.common import LABELS
 from trax_revplus.compare.common import Report
@@ -17,7 +18,7 @@ _PHASE_MARKERS = 'sD^v<>ph'
 
 def _log_records(run):
   """The memory log's records with a numeric step and a phase, or []."""
-  return [r for r in memory_records(run['output_dir'])
+  return [r for r in memory_records(run['output_dir']).records
           if isinstance(r.get('step'), (int, float)) and 'phase' in r]
 
 
@@ -140,7 +141,9 @@ def plot(report: Report, png_path: str) -> str:
     ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
     if ax.get_legend_handles_labels()[0]:
       ax.legend(fontsize=9, loc='best')
-  os.makedirs(os.path.dirname(os.path.abspath(png_path)), exist_ok=True)
-  fig.savefig(png_path, dpi=90)
-  plt.close(fig)
-  return png_path
+  try:
+    # Exactly at png_path, safely: no suffix added, no partial file left.
+    return output_files.write(
+        png_path, lambda f: fig.savefig(f, format='png', dpi=90))
+  finally:
+    plt.close(fig)

@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 from trax_revplus import memory
+from trax_revplus.memory import reading
 from trax_revplus.compare.common import Run
 from trax_revplus.compare.common import RUN_STATS_FILENAME
 
@@ -138,17 +139,19 @@ def collect_run(implementation: str, exit_code: int, output: str,
       'trainer': trainer,
       'reversible_layers': rows.get('reversible layers'),
       'stats': stats,
-      'memory_log': dict(memory.peaks(records), records=len(records))
-                    if records else None,
+      'memory_log': dict(memory.peaks(records.records),
+                         records=len(records.records),
+                         unreadable_lines=records.unreadable,
+                         unreadable_note=records.unreadable_note())
+                    if records.lines else None,
   }
 
 
-def memory_records(output_dir):
-  """The records of the run's memory.jsonl, [] without one."""
+def memory_records(output_dir) -> reading.LogReading:
+  """The run's memory.jsonl as read (`memory.reading`); no records without
+  one or when it cannot be read."""
   path = os.path.join(output_dir, memory.MEMORY_LOG_FILENAME)
-  if not os.path.isfile(path):
-    return []
   try:
-    return memory.read_memory_log(path)
+    return reading.read(path)
   except OSError:
-    return []
+    return reading.LogReading(path, [], 0, 0, None, None)

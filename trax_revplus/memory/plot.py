@@ -10,11 +10,14 @@ colour and marker, and its 'step' record, with the step's true host peak,
 sits at k. Each process that wrote to the log is drawn as a segment of its
 own: its 'start' record is a dashed vertical line at the step it started
 from, its 'init' records sit just before it, and lines never join two
-processes. A log without records gives a figure that says so.
+processes. The log is read defensively (`reading`): lines that are not
+valid records are left out, and a log without any is an error, for which
+no figure is written.
 """
 
 import collections
 import os
+from typing import IO
 
 import matplotlib
 
@@ -23,11 +26,12 @@ matplotlib.use('Agg')
 import matplotlib.pyplot as plt
 from matplotlib import ticker
 
+from trax_revplus import output_files
+from trax_revplus.memory import reading as reading_lib
 from trax_revplus.memory.records import BYTES_PER_MIB
 from trax_revplus.memory.records import is_number
 from trax_revplus.memory.records import MEMORY_LOG_FILENAME
 from trax_revplus.memory.records import peaks
-from trax_revplus.memory.records import read_memory_log
 from trax_revplus.memory.step_axis import PROCESS_PHASES
 from trax_revplus.memory.step_axis import segments
 from trax_revplus.memory.step_axis import x_positions
@@ -38,7 +42,12 @@ _MARKERS = 'osD^v<>ph*'
 _MIB = BYTES_PER_MIB
 
 
-def _resolve_jsonl(run_dir_or_jsonl):
+def resolve_jsonl(run_dir_or_jsonl: str | os.PathLike) -> str:
+  """The memory log of a run dir, or the path given if it is the log.
+
+  Raises:
+    FileNotFoundError: no memory log there.
+  """
   path = os.fspath(run_dir_or_jsonl)
   if os.path.isdir(path):
     path = os.path.join(path, MEMORY_LOG_FILENAME)
@@ -198,21 +207,22 @@ def _plot_transfers(ax, records):
 
 
 def _save(fig, output_png):
-  os.makedirs(os.path.dirname(os.path.abspath(output_png)), exist_ok=True)
-  fig.savefig(output_png, dpi=100)
-  plt.close(fig)
-  return output_png
+  """Writes the figure as a PNG at exactly `output_png` (no suffix added),
+  safely (`output_files.write`); returns the path."""
+  def fill(f: IO[bytes]) -> None:
+    fig.savefig(f, format='png', dpi=100)
+  try:
+    directory = os.path.dirname(os.path.abspath(output_png))
+    os.makedirs(directory, exist_ok=True)
+    return output_files.write(output_png, fill)
+  finally:
+    plt.close(fig)
 
 
-def plot_no_data(path: str, output_png: str, reason: str) -> str:
-  """Writes a figure that says the log at `path` has nothing to plot."""
-  fig, ax = plt.subplots(figsize=(10, 4), constrained_layout=True)
-  ax.set_axis_off()
-  ax.text(0.5, 0.6, 'No memory records to plot', ha='center', va='center',
-          fontsize=16, transform=ax.transAxes)
-  ax.text(0.5, 0.35, f'{path}\n{reason}', ha='center', va='center',
-          fontsize=10, color='gray', transform=ax.transAxes, wrap=True)
-  return _save(fig, output_png)
+def default_png(log_path: str) -> str:
+  """`memory.png` next to the log."""
+  return os.path.join(os.path.dirname(os.path.abspath(log_path)),
+                      DEFAULT_PNG_FILENAME)
 
 
 def plot_memory(run_dir_or_jsonl: str | os.PathLike,
@@ -222,29 +232,45 @@ def plot_memory(run_dir_or_jsonl: str | os.PathLike,
   Args:
     run_dir_or_jsonl: str, a training output dir holding `memory.jsonl`, or
       the path of a memory log.
-    output_png: str or None; default `memory.png` next to the log.
+    output_png: str or None; default `memory.png` next to the log. Written
+      at exactly this path.
 
   Returns:
     str, path of the PNG written.
 
   Raises:
     FileNotFoundError: there is no memory log at the given path.
-    ValueError: the log holds no complete record with 'step' and 'phase';
-      a figure saying so is written to the PNG's path first.
+    reading.CorruptMemoryLogError: the log has lines but no valid record.
+    ValueError: the log holds no record; no figure is written.
+    output_files.OutputFileError: the PNG cannot be written.
   """
-  path = _resolve_jsonl(run_dir_or_jsonl)
-  records = [r for r in read_memory_log(path)
-             if is_number(r.get('step')) and isinstance(r.get('phase'), str)]
-  if output_png is None:
-    output_png = os.path.join(os.path.dirname(os.path.abspath(path)),
-                              DEFAULT_PNG_FILENAME)
-  output_png = os.fspath(output_png)
+  log = reading_lib.read(resolve_jsonl(run_dir_or_jsonl))
+  log.check_not_corrupt()
+  return plot_reading(log, output_png)
+
+
+def plot_reading(log: reading_lib.LogReading,
+                 output_png: str | os.PathLike | None = None) -> str:
+  """Renders the valid records of a read memory log to a PNG.
+
+  Args:
+    log: `reading.LogReading` of the log.
+    output_png: as `plot_memory`.
+
+  Returns:
+    str, path of the PNG written.
+
+  Raises:
+    ValueError: the log holds no record; no figure is written.
+    output_files.OutputFileError: the PNG cannot be written.
+  """
+  path, records = log.path, log.records
   if not records:
-    reason = ('Train with the memory log enabled for at least one step, '
-              'then plot again.')
-    plot_no_data(path, output_png, 'It holds no complete record. ' + reason)
-    raise ValueError(f'{path} holds no memory records (a figure saying so '
-                     f'is at {output_png}). {reason}')
+    raise ValueError(f'{path} holds no memory records yet; train with the '
+                     f'memory log enabled for at least one step, then plot '
+                     f'again')
+  output_png = os.fspath(output_png) if output_png is not None else (
+      default_png(path))
 
   phases = list(dict.fromkeys(r['phase'] for r in records
                               if r['phase'] not in PROCESS_PHASES))

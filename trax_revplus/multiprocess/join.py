@@ -93,9 +93,8 @@ def initialize(config: DistributedConfig, error_prefix: str = 'error: '):
 
     * not every process joined within `timeout_seconds` (`JoinTimeoutError`,
       exit 1);
-    * SIGINT arrived, or SIGTERM where a Python handler is installed
-      (`JoinInterruptedError`, exit 128 + signal; SIGTERM's default action
-      simply ends the process);
+    * SIGINT or SIGTERM arrived, whatever their handlers were, ignored
+      included (`JoinInterruptedError`, exit 128 + signal);
     * the coordinator rejected this process, e.g. a second process with its
       id (JAX aborts it: SIGABRT; its stack trace is condensed to the line);
     * after connecting, process 0 started the run for another number of

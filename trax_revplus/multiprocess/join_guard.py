@@ -33,7 +33,13 @@ class JoinWatchdog:
 
   Signals are seen through `signal.set_wakeup_fd`, which the interpreter
   writes to as a signal arrives, whatever the main thread is doing; only
-  from the main thread (elsewhere only the deadline is watched).
+  from the main thread (elsewhere only the deadline is watched). The
+  interpreter writes there only for a signal with a Python handler, so for
+  the join the watchdog installs its own for SIGINT and SIGTERM, whatever
+  they were (Python's default, SIGTERM's default action, or ignored, as a
+  process started in the background of a shell inherits SIGINT), and
+  restores them after. A signal that arrives as the join ends, before the
+  watchdog thread has seen it, is reported when the watchdog exits.
   """
 
   def __init__(self, seconds, timeout_error, interrupted_error, prefix):
@@ -55,6 +61,8 @@ class JoinWatchdog:
     self._read_fd, self._write_fd = os.pipe()
     os.set_blocking(self._write_fd, False)
     self._previous_wakeup_fd = None
+    self._previous_handlers = {}
+    self._signal = None
     self._thread = threading.Thread(target=self._watch, daemon=True,
                                     name='join-watchdog')
 
@@ -62,17 +70,29 @@ class JoinWatchdog:
     if threading.current_thread() is threading.main_thread():
       self._previous_wakeup_fd = signal.set_wakeup_fd(
           self._write_fd, warn_on_full_buffer=False)
+      for signum in (signal.SIGINT, signal.SIGTERM):
+        self._previous_handlers[signum] = signal.signal(signum, self._note)
     self._thread.start()
     return self
 
   def __exit__(self, *unused_exc_info):
     self._done.set()
+    for signum, handler in self._previous_handlers.items():
+      if handler is not None:  # None: not installed from Python.
+        signal.signal(signum, handler)
     if self._previous_wakeup_fd is not None:
       signal.set_wakeup_fd(self._previous_wakeup_fd)
     self._wake()
     self._thread.join()
     os.close(self._read_fd)
     os.close(self._write_fd)
+    if self._signal is not None:  # Came as the join ended.
+      self.fail(self._interrupted_error(self._signal))
+
+  def _note(self, signum, unused_frame):
+    """The Python handler during the join: the watchdog thread reports."""
+    if self._signal is None:
+      self._signal = signum
 
   def restart(self, seconds, timeout_error):
     """Sets a new deadline, `seconds` from now, and what it reports."""

@@ -11,7 +11,15 @@ that takes the three flags below can be started as
 --coordinator_address=127.0.0.1:PORT` appended (PORT a free port), and
 
   * forwards each process's output line by line, prefixed `[process I]`
-    (stdout to stdout, stderr to stderr);
+    (stdout to stdout, stderr to stderr), and, given a `log_dir`, writes
+    all of it to `log_dir/launch.process<I>.log` too;
+  * once a process has failed, forwards nothing more of the others: what
+    they print while they stop (their own error lines, a JAX abort's stack
+    trace) goes to their log files only. The lines of the process named as
+    the cause are printed, then the launcher's one line. Whether another
+    process has failed is asked of the kernel as each line is read, so a
+    line printed after a failure (which it may be a consequence of) is
+    never forwarded, however busy the machine;
   * when a process fails (a non-zero exit status or a signal), sends SIGTERM
     to the others, SIGKILL to those still running `stop_grace_seconds`
     later, and raises `ProcessFailedError`, whose one-line message names the
@@ -47,6 +55,9 @@ from trax_revplus.multiprocess.errors import LaunchUsageError
 from trax_revplus.multiprocess.errors import ProcessFailedError
 
 DEFAULT_STOP_GRACE_SECONDS = 10.0
+# Processes of one local run per CPU core, at most, unless told otherwise:
+# each imports JAX and holds its own copy of the model, so more only thrash.
+PROCESSES_PER_CORE = 4
 _POLL_SECONDS = 0.1
 _DRAIN_SECONDS = 10
 _PR_SET_PDEATHSIG = 1
@@ -80,6 +91,43 @@ def free_port(host='127.0.0.1'):
   raise LaunchError('no free TCP port on this host for the coordinator.')
 
 
+def default_max_processes() -> int:
+  """The most processes a local launch starts unless told otherwise."""
+  return PROCESSES_PER_CORE * (os.cpu_count() or 1)
+
+
+def check_launch(num_processes: int, stop_grace_seconds: float,
+                 max_processes: Optional[int] = None) -> None:
+  """Checks the numbers of a launch (see `launch`).
+
+  Raises:
+    LaunchUsageError: N < 1 or above `max_processes`, or
+      `stop_grace_seconds` not a positive number.
+  """
+  if (isinstance(num_processes, bool) or not isinstance(num_processes, int)
+      or num_processes < 1):
+    raise LaunchUsageError(
+        f'--num_processes={num_processes!r} must be an integer >= 1.')
+  if max_processes is not None and num_processes > max_processes:
+    raise LaunchUsageError(
+        f'--num_processes={num_processes} is more than the '
+        f'{max_processes} processes a local launch starts on this host '
+        f'({PROCESSES_PER_CORE} per CPU core: each imports JAX and holds '
+        f'its own model); give fewer, or --max_local_processes='
+        f'{num_processes} to start them anyway.')
+  if (isinstance(stop_grace_seconds, bool) or
+      not isinstance(stop_grace_seconds, (int, float)) or
+      not 0 < stop_grace_seconds < float('inf')):
+    raise LaunchUsageError(
+        f'--stop_grace_seconds={stop_grace_seconds!r} must be a positive '
+        f'number of seconds, e.g. 10.')
+
+
+def log_file_name(process_id: int) -> str:
+  """'launch.process<I>.log': all that process I printed."""
+  return f'launch.process{process_id}.log'
+
+
 def process_flags(num_processes, process_id, coordinator_address):
   """The flags appended to the command of process `process_id` (list)."""
   return [f'--num_processes={num_processes}', f'--process_id={process_id}',
@@ -99,31 +147,98 @@ def _parent_death_signal():
   return lambda: prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
-class _Forwarder(threading.Thread):
-  """Copies one pipe to a stream line by line with a prefix."""
+def _has_failed(proc) -> bool:
+  """Whether `proc` has ended other than with status 0, as the kernel
+  knows it now (without reaping it: its waiting thread does)."""
+  if proc.returncode is not None:
+    return proc.returncode != 0
+  if not hasattr(os, 'waitid'):
+    return False
+  try:
+    info = os.waitid(os.P_PID, proc.pid,
+                     os.WEXITED | os.WNOHANG | os.WNOWAIT)
+  except ChildProcessError:  # Reaped by its waiting thread just now.
+    return proc.wait() != 0
+  if info is None:
+    return False
+  return not (info.si_code == os.CLD_EXITED and info.si_status == 0)
 
-  def __init__(self, pipe, stream, prefix, lock):
+
+class _Output:
+  """Where the processes' lines go: the terminal, their log files.
+
+  Until a process fails, every line is forwarded. After, the lines of the
+  others are held back (and written to their log files only); the cause's
+  are printed at the end (`release`).
+  """
+
+  def __init__(self, procs, log_files, received):
+    self.lock = threading.Lock()
+    self._procs = procs
+    self._log_files = log_files
+    self._received = received
+    self._held = []
+
+  def line(self, i, stream, prefix, text):
+    """Process i printed `text` (no newline) on `stream`; on the terminal
+    it gets `prefix`."""
+    with self.lock:
+      log = self._log_files[i]
+      if log is not None:
+        try:
+          log.write(text + '\n')
+          log.flush()
+        except (OSError, ValueError):
+          pass
+      while len(self._held) <= i:
+        self._held.append([])
+      # After a signal to the launcher every process ends: its lines say
+      # how, and none is a failure the others follow from.
+      others_failed = not self._received and any(
+          _has_failed(p) for j, p in enumerate(self._procs) if j != i)
+      if others_failed:
+        self._held[i].append((stream, prefix + text))
+      else:
+        _write(stream, prefix + text)
+
+  def release(self, i):
+    """Prints what process i printed after another had failed."""
+    with self.lock:
+      held = self._held[i] if i < len(self._held) else []
+      for stream, text in held:
+        _write(stream, text)
+      held.clear()
+
+
+def _write(stream, text):
+  try:
+    stream.write(text + '\n')
+    stream.flush()
+  except (OSError, ValueError):
+    pass  # The launcher's own output is gone; keep draining.
+
+
+class _Forwarder(threading.Thread):
+  """Copies one pipe of process i, line by line with a prefix, to `output`."""
+
+  def __init__(self, pipe, stream, prefix, output, i):
     super().__init__(daemon=True)
     self._pipe, self._stream, self._prefix = pipe, stream, prefix
-    self._lock = lock
+    self._output, self._i = output, i
 
   def run(self):
     with self._pipe:
       for raw in iter(self._pipe.readline, b''):
         line = raw.decode('utf-8', errors='replace').rstrip('\r\n')
-        with self._lock:
-          try:
-            self._stream.write(f'{self._prefix}{line}\n')
-            self._stream.flush()
-          except (OSError, ValueError):
-            pass  # The launcher's own output is gone; keep draining.
+        self._output.line(self._i, self._stream, self._prefix, line)
 
 
 def launch(command: Sequence[str], num_processes: int, *,
            host: str = '127.0.0.1', port: Optional[int] = None,
            env: Optional[Mapping[str, str]] = None,
            stop_grace_seconds: float = DEFAULT_STOP_GRACE_SECONDS,
-           stdout=None, stderr=None):
+           stdout=None, stderr=None, log_dir: Optional[str] = None,
+           max_processes: Optional[int] = None):
   """Runs `command` as processes 0..N-1 of one run and waits for them.
 
   Args:
@@ -134,16 +249,21 @@ def launch(command: Sequence[str], num_processes: int, *,
     port: int or None (`free_port()`).
     env: environment of the processes (mapping), `os.environ` if None;
       `PYTHONUNBUFFERED=1` is added so Python output arrives line by line.
-    stop_grace_seconds: float >= 0, how long the others get after SIGTERM,
+    stop_grace_seconds: float > 0, how long the others get after SIGTERM,
       once one process failed, before SIGKILL.
     stdout: text stream for the processes' stdout (`sys.stdout` if None).
     stderr: text stream for their stderr (`sys.stderr` if None).
+    log_dir: str or None, an existing directory for each process's full
+      output (`log_file_name`).
+    max_processes: int or None, the most processes to start (None: no
+      limit); see `default_max_processes`.
 
   Returns:
     0, when every process exited with status 0.
 
   Raises:
-    LaunchUsageError: N < 1 or `command` is empty.
+    LaunchUsageError: N < 1 or above `max_processes`, `stop_grace_seconds`
+      not a positive number, or `command` is empty.
     ProcessFailedError: a process failed; the others were stopped.
     LaunchInterruptedError: SIGINT or SIGTERM reached the launcher (from
       the main thread only) and, forwarded, ended the processes.
@@ -152,18 +272,16 @@ def launch(command: Sequence[str], num_processes: int, *,
   command = list(command)
   if not command:
     raise LaunchUsageError('no command to launch; give it after --.')
-  if (isinstance(num_processes, bool) or not isinstance(num_processes, int)
-      or num_processes < 1):
-    raise LaunchUsageError(
-        f'--num_processes={num_processes!r} must be an integer >= 1.')
+  check_launch(num_processes, stop_grace_seconds, max_processes)
   stdout = stdout or sys.stdout
   stderr = stderr or sys.stderr
   address = f'{host}:{port or free_port(host)}'
   child_env = dict(os.environ if env is None else env)
   child_env.setdefault('PYTHONUNBUFFERED', '1')
-  lock = threading.Lock()
   procs, forwarders = [], []
+  log_files = []
   received = []
+  output = _Output(procs, log_files, received)
 
   def forward_signal(signum, unused_frame):
     received.append(signum)
@@ -179,6 +297,8 @@ def launch(command: Sequence[str], num_processes: int, *,
   try:
     preexec = _parent_death_signal()
     for i in range(num_processes):
+      log_files.append(None if log_dir is None else open(  # pylint: disable=consider-using-with
+          os.path.join(log_dir, log_file_name(i)), 'w', encoding='utf-8'))
       proc = subprocess.Popen(
           command + process_flags(num_processes, i, address),
           env=child_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -188,7 +308,7 @@ def launch(command: Sequence[str], num_processes: int, *,
       if received:  # A signal came while starting: the new one gets it too.
         _send(proc, received[0])
       for pipe, stream in ((proc.stdout, stdout), (proc.stderr, stderr)):
-        forwarder = _Forwarder(pipe, stream, f'[process {i}] ', lock)
+        forwarder = _Forwarder(pipe, stream, f'[process {i}] ', output, i)
         forwarder.start()
         forwarders.append(forwarder)
     failed = _wait(procs, received, stop_grace_seconds)
@@ -202,7 +322,13 @@ def launch(command: Sequence[str], num_processes: int, *,
       # open longer, so do not wait for that indefinitely.
       forwarder.join(timeout=_DRAIN_SECONDS)
     for signum, handler in previous.items():
-      signal.signal(signum, handler)
+      if handler is not None:  # None: not installed from Python.
+        signal.signal(signum, handler)
+    with output.lock:
+      for k, log in enumerate(log_files):
+        if log is not None:
+          log.close()
+          log_files[k] = None
   ends = ', '.join(f'process {i} {describe_exit(p.returncode)}'
                    for i, p in enumerate(procs))
   if received:
@@ -211,12 +337,16 @@ def launch(command: Sequence[str], num_processes: int, *,
         f'interrupted by {name}, forwarded to the {num_processes} '
         f'processes: {ends}.', received[0])
   if failed is not None:
+    output.release(failed)
     others = ', '.join(f'process {i} {describe_exit(p.returncode)}'
                        for i, p in enumerate(procs) if i != failed)
     rc = procs[failed].returncode
+    logs = ('' if log_dir is None else
+            f' (all output of each: {os.path.join(log_dir, "launch.process")}'
+            f'<I>.log)')
     raise ProcessFailedError(
         f'process {failed} {describe_exit(rc)}; stopped the others'
-        f'{": " + others if others else ""}.', failed, rc)
+        f'{": " + others if others else ""}{logs}.', failed, rc)
   return 0
 
 
@@ -279,6 +409,9 @@ def main(argv=None):
   parser.add_argument('--num_processes', type=int, required=True)
   parser.add_argument('--stop_grace_seconds', type=float,
                       default=DEFAULT_STOP_GRACE_SECONDS)
+  parser.add_argument('--max_local_processes', type=int,
+                      default=default_max_processes())
+  parser.add_argument('--log_dir')
   if '--' in argv:
     split = argv.index('--')
     argv, command = argv[:split], argv[split + 1:]
@@ -287,7 +420,9 @@ def main(argv=None):
   args = parser.parse_args(argv)
   try:
     return launch(command, args.num_processes,
-                  stop_grace_seconds=args.stop_grace_seconds)
+                  stop_grace_seconds=args.stop_grace_seconds,
+                  log_dir=args.log_dir,
+                  max_processes=args.max_local_processes)
   except LaunchError as e:
     print(f'{parser.prog}: error: {e}', file=sys.stderr, flush=True)
     return e.exit_code
