@@ -90,6 +90,37 @@ def test_compare_tiny_config_stock_equals_revplus(tmp_path, capsys):
   assert 'H2D copied (MiB)' in table and 'n/a' in table
   _check_png(output_dir / 'compare.png')
 
+  # Stock's step peak as XLA computes it, from estimate on the same
+  # config; ours as its memory log recorded it, which is estimate's too.
+  accounted = report['device_accounting']
+  assert accounted['status'] == 'ok', accounted['error']
+  stock_peak = accounted['trainers']['stock']['peak_device_bytes']
+  ours_peak = ours['memory_log']['peak_device_bytes']
+  assert stock_peak > 0
+  assert ours_peak == accounted['trainers']['revplus']['peak_device_bytes']
+  row = next(line for line in table.splitlines()
+             if line.startswith('peak device, XLA (MiB)')).split()[4:7]
+  mib = 1 << 20
+  assert row == [f'{stock_peak / mib:.4g}', f'{ours_peak / mib:.4g}',
+                 f'{ours_peak / stock_peak:.3g}']
+
+
+_MIB = 1 << 20
+
+
+def _fake_estimate(command, log_path):
+  """estimate's stand-in: stock's step peak 8 MiB, ours 6 MiB."""
+  json_path = next(a.split('=', 1)[1] for a in command
+                   if a.startswith('--json='))
+  with open(log_path, 'w') as f:
+    f.write('log')
+  with open(json_path, 'w') as f:
+    json.dump({'backend': 'cpu', 'trainers': {
+        'default': {'error': 'ValueError: no'},
+        'stock': {'peak_device_bytes': 8 * _MIB},
+        'revplus': {'peak_device_bytes': 6 * _MIB}}}, f)
+  return 0, ''
+
 
 def _fake_stats(steps, loss0=5.5):
   return {
@@ -123,6 +154,8 @@ def test_failed_stock_run_is_reported_and_ours_decides_exit(
   def fake_run(command, log_path, prefix, stream):
     del prefix, stream
     commands.append(command)
+    if 'estimate' in command:
+      return _fake_estimate(command, log_path)
     implementation = command[command.index('train') + 1].split('=')[1]
     output_dir = next(a.split('=', 1)[1] for a in command
                       if a.startswith('--output_dir='))
@@ -139,18 +172,22 @@ def test_failed_stock_run_is_reported_and_ours_decides_exit(
 
   monkeypatch.setattr(compare.runs, 'run_streaming', fake_run)
   config = tmp_path / 'mode2.gin'
-  config.write_text('train.use_memory_efficient_trainer = 2\n')
+  config.write_text('train.use_memory_efficient_trainer = 2\n'
+                    'train.model = @trax.models.ReformerLM\n')
   output_dir = tmp_path / 'cmp'
   code, out, _ = _main(capsys, 'compare', f'--config_file={config}',
                        '--steps=3', f'--output_dir={output_dir}')
   assert code == 0
 
-  assert [c[c.index('train') + 1] for c in commands] == [
+  assert [c[c.index('train') + 1] for c in commands[:2]] == [
       '--implementation=stock', '--implementation=revplus']
+  # Then estimate on the same config, for the XLA peaks.
+  assert commands[2][2:4] == ['trax_revplus.cli', 'estimate']
   for command in commands:
     # The config sets no seed, so compare binds one, after the user's.
-    assert command[-3:-1] == ['--config=train.steps = 3',
-                              '--config=train.random_seed = 0']
+    bindings = [a for a in command if a.startswith('--config=')]
+    assert bindings == ['--config=train.steps = 3',
+                        '--config=train.random_seed = 0']
   report = json.loads((output_dir / 'compare.json').read_text())
   stock = report['runs']['stock']
   assert stock['status'] == 'failed'
@@ -197,6 +234,8 @@ def _fake_runs(memory_lines, junk=''):
 
   def fake_run(command, log_path, prefix, stream):
     del prefix, stream
+    if 'estimate' in command:
+      return _fake_estimate(command, log_path)
     implementation = command[command.index('train') + 1].split('=')[1]
     output_dir = next(a.split('=', 1)[1] for a in command
                       if a.startswith('--output_dir='))
@@ -242,10 +281,12 @@ def test_peaks_come_from_the_memory_log(xla, tmp_path, monkeypatch, capsys):
   assert report['runs']['stock']['memory_log'] is None
   ours = report['runs']['revplus']['memory_log']
   assert ours['host_peak_bytes'] == 1234 * mib and ours['records'] == 5
-  if xla:
-    assert rows['peak device, XLA (MiB)'][4:6] == ['n/a', '9']
-  else:
-    assert 'peak device, XLA (MiB)' not in rows
+  # Stock's XLA peak is estimate's; ours the memory log's where it has
+  # one, else estimate's.
+  assert rows['peak device, XLA (MiB)'][4:6] == ['8', '9' if xla else '6']
+  assert report['device_accounting']['trainers']['stock'] == {
+      'peak_device_bytes': 8 * mib, 'min_peak_device_bytes': None,
+      'error': None}
   _check_png(output_dir / 'compare.png')
 
 

@@ -43,7 +43,8 @@ def run(flags: argparse.Namespace) -> int:
     output_dirs.check_writable(os.path.expanduser(flags.output_dir))
   return compare_main(config_files=config_files, bindings=bindings,
                       output_dir=flags.output_dir, steps=flags.steps,
-                      seed=flags.seed)
+                      seed=flags.seed,
+                      device_accounting=flags.device_accounting)
 
 
 def _check_config(config_files: Sequence[str], bindings: Sequence[str]
@@ -77,7 +78,8 @@ def _check_fresh(run_dirs):
 def compare_main(config_files: Sequence[str], bindings: Sequence[str],
                  output_dir: str | None = None, steps: int | None = None,
                  seed: int | None = None,
-                 stream: TextIO | None = None) -> int:
+                 stream: TextIO | None = None,
+                 device_accounting: bool = True) -> int:
   """Runs both trainings, prints the table, writes compare.json and the PNG.
 
   Args:
@@ -89,6 +91,8 @@ def compare_main(config_files: Sequence[str], bindings: Sequence[str],
       the config's seed, or binds 0 if the config sets none.
     stream: file-like object for the runs' output and the table; default
       sys.stdout.
+    device_accounting: bool, after the runs, run `estimate` on the config
+      for each trainer's XLA-computed step peak (`compare.accounting`).
 
   Returns:
     int exit status: 0 when the trax_revplus run succeeded, 1 when it failed.
@@ -137,12 +141,21 @@ def compare_main(config_files: Sequence[str], bindings: Sequence[str],
     runs[k] = compare.collect_run(k, exit_code, output, run_dirs[k],
                                   log_path, time.perf_counter() - start)
 
+  if device_accounting:
+    stream.write(f'{PROG} compare: accounting device memory with estimate '
+                 f'(output in {os.path.join(output_dir, compare.accounting.ESTIMATE_LOG)})\n')
+    stream.flush()
+    accounting = compare.accounting.account(
+        config_files, list(bindings) + extra, output_dir, stream)
+  else:
+    accounting = compare.accounting.skipped()
+
   for k in compare.IMPLEMENTATIONS:
     note = (runs[k].get('memory_log') or {}).get('unreadable_note')
     if note:
       stream.write(warning_line('compare', note) + '\n')
   report = compare.build_report(config_files, bindings, steps, seed,
-                                seed_from_config, runs)
+                                seed_from_config, runs, accounting)
   json_path = os.path.join(output_dir, compare.COMPARE_JSON)
   text = json.dumps(report, indent=1)
   output_files.write(json_path, lambda f: f.write(text.encode('utf-8')))

@@ -321,7 +321,8 @@ def _add_compare(commands) -> None:
   parser = commands.add_parser(
       'compare', help='stock trax and trax_revplus side by side',
       usage=(f'{PROG} compare --config_file=FILE.gin [--config=BINDING ...]\n'
-             f'{" " * 22}[--steps=N] [--seed=S] [--output_dir=DIR]'),
+             f'{" " * 22}[--steps=N] [--seed=S] [--output_dir=DIR] '
+             '[--nodevice_accounting]'),
       description=_COMPARE_DESCRIPTION, epilog=_COMPARE_EPILOG)
   _add_config_flags(
       parser,
@@ -342,6 +343,12 @@ def _add_compare(commands) -> None:
       help='Directory for both runs (stock/, revplus/, with their logs '
            'stock.log and revplus.log), compare.json and compare.png. '
            'Default: ~/trax/compare_<first config name>_<date>_<time>.')
+  parser.add_argument(
+      '--device_accounting', action=argparse.BooleanOptionalAction,
+      default=True,
+      help="After both runs, run `estimate` on the config for each "
+           "trainer's step peak as XLA computes it (stock trax writes no "
+           'memory log); --nodevice_accounting skips it. Default: on.')
 
 
 def _add_plot_memory(commands) -> None:

@@ -50,6 +50,10 @@ token for cross-entropy):
       (median over all steps but the first), `peak_host_rss_bytes`,
       `peak_device_bytes`, `total_h2d_bytes`, `total_d2h_bytes` (null where
       the trainer does not count transfers: stock trax).
+  device_accounting: each trainer's step peak as XLA computes it, from
+    `trax-revplus estimate` on the same config after both runs (keys in
+    `trax_revplus.compare.accounting`); the table's "peak device, XLA" row
+    takes stock's from here, ours from the memory log of the run.
   loss_max_abs_diff (float or null): max over common steps of |stock loss -
     trax_revplus loss|; null unless both runs recorded losses.
   loss_steps_compared (int).
@@ -71,6 +75,7 @@ the table says why), 1 when the trax_revplus run failed, 2 on a usage error
 # holds what they share. The command that runs them in order is
 # `trax_revplus.cli.compare`. The names below are importable from
 # `trax_revplus.compare` itself.
+from trax_revplus.compare import accounting
 from trax_revplus.compare.common import COMPARE_JSON
 from trax_revplus.compare.common import COMPARE_PNG
 from trax_revplus.compare.common import IMPLEMENTATIONS
@@ -90,7 +95,7 @@ from trax_revplus.compare.seed import DEFAULT_SEED
 from trax_revplus.compare.table import format_table
 
 __all__ = [
-    'build_report', 'checkpoint_diff', 'collect_run', 'COMPARE_JSON',
+    'accounting', 'build_report', 'checkpoint_diff', 'collect_run', 'COMPARE_JSON',
     'COMPARE_PNG', 'config_seed', 'DEFAULT_SEED', 'failure_reason',
     'format_table', 'IMPLEMENTATIONS', 'LABELS', 'max_abs_diff', 'plot',
     'read_npy_gz', 'Report', 'Run', 'RUN_STATS_FILENAME',

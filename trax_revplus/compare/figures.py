@@ -6,6 +6,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from trax_revplus.compare import accounting
+from trax_revplus.compare.accounting import DeviceAccounting
 from trax_revplus.compare.common import IMPLEMENTATIONS
 from trax_revplus.compare.common import LABELS
 from trax_revplus.compare.common import Report
@@ -100,7 +102,9 @@ def _losses_by_step(run):
 
 def build_report(config_files: Sequence[str], bindings: Sequence[str],
                  steps: int | None, seed: int | None,
-                 seed_from_config: bool, runs: dict[str, Run]) -> Report:
+                 seed_from_config: bool, runs: dict[str, Run],
+                 device_accounting: DeviceAccounting | None = None
+                 ) -> Report:
   """Assembles compare.json's content (see the module docstring).
 
   Args:
@@ -109,6 +113,7 @@ def build_report(config_files: Sequence[str], bindings: Sequence[str],
     seed: int or None, the `train.random_seed` both runs used.
     seed_from_config: bool, the config set the seed and compare left it.
     runs: {'stock': RUN, 'revplus': RUN} from `collect_run`.
+    device_accounting: `accounting.account`'s entry, or None (skipped).
 
   Returns:
     dict, plain JSON types.
@@ -124,6 +129,7 @@ def build_report(config_files: Sequence[str], bindings: Sequence[str],
       'seed': seed,
       'seed_from_config': seed_from_config,
       'runs': runs,
+      'device_accounting': device_accounting or accounting.skipped(),
       'loss_max_abs_diff': loss_diff,
       'loss_steps_compared': len(common),
       'final_weights': checkpoint_diff(runs, 'model.weights.npy.gz'),

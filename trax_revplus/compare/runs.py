@@ -20,7 +20,7 @@ from trax_revplus.compare.common import RUN_STATS_FILENAME
 # one-line error.
 _ERROR_LINE = re.compile(
     r'^((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt)'
-    r'\b(?::.*)?|trax-revplus train: error: .*)$')
+    r'\b(?::.*)?|trax-revplus \w+: error: .*)$')
 
 
 def train_command(implementation, config_files, bindings, output_dir,

@@ -3,6 +3,7 @@
 import textwrap
 
 from trax_revplus import memory
+from trax_revplus.compare import accounting
 from trax_revplus.compare.common import IMPLEMENTATIONS
 from trax_revplus.compare.common import LABELS
 from trax_revplus.compare.common import Report
@@ -97,11 +98,16 @@ def format_table(report: Report) -> str:
       ('D2H copied (MiB)', lambda r: _stat(r, 'total_d2h_bytes'), 'mib',
        True),
   ]
-  if any((runs[k].get('memory_log') or {}).get('peak_device_bytes')
-         is not None for k in IMPLEMENTATIONS):
-    metrics.insert(6, ('peak device, XLA (MiB)',
-                       lambda r: _peak(r, 'peak_device_bytes', None), 'mib',
-                       True))
+  accounted = report.get('device_accounting')
+
+  def xla_peak(run):
+    # What the run's memory log recorded, else estimate's figure for the
+    # trainer (stock trax writes no memory log).
+    return (_peak(run, 'peak_device_bytes', None) or
+            accounting.peak_device_bytes(accounted, run['implementation']))
+
+  if any(xla_peak(runs[k]) is not None for k in IMPLEMENTATIONS):
+    metrics.insert(6, ('peak device, XLA (MiB)', xla_peak, 'mib', True))
   table = [('metric', LABELS['stock'], LABELS['revplus'],
             'trax_revplus / stock')]
   for name, get, kind, with_ratio in metrics:
@@ -141,5 +147,11 @@ def format_table(report: Report) -> str:
       'after the steps) where the run writes one (trax_revplus), else from '
       'run_stats.json (stock trax: the process peak RSS, device bytes after '
       'each step); H2D/D2H bytes are counted by trax_revplus only (n/a for '
-      'stock trax).', width=78))
+      'stock trax). The XLA peak is the step\'s peak device bytes computed '
+      'from its compiled programs: trax_revplus\'s from its memory log, '
+      'stock\'s from `trax-revplus estimate` on the same config.',
+      width=78))
+  if accounted and accounted.get('status') == 'failed':
+    lines.append(f'device accounting (estimate): failed, '
+                 f'{accounted["error"]}')
   return '\n'.join(lines)
