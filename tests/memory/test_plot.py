@@ -2,6 +2,7 @@
 
 import collections
 
+import matplotlib.colors
 import numpy as np
 import pytest
 
@@ -115,3 +116,40 @@ def test_plot_of_an_empty_log_writes_no_figure(tmp_path):
   with pytest.raises(ValueError, match='holds no memory records'):
     plot.plot_memory(str(tmp_path))
   assert not (tmp_path / 'memory.png').exists()
+
+
+def _rows_of(image, box, color, tolerance=0.06):
+  """Image rows inside `box` that hold pixels of `color`."""
+  top, bottom, left, right = box
+  near = np.all(np.abs(image[top:bottom, left:right + 1] -
+                       np.asarray(matplotlib.colors.to_rgb(color),
+                                  np.float32)) <= tolerance, axis=-1)
+  return top + np.flatnonzero(near.any(axis=1))
+
+
+def test_device_panel_draws_the_xla_peak_above_the_live_arrays(tmp_path):
+  # Live arrays between phases say 2-4 MiB; the step's programs need 50 MiB
+  # at their peak (as on the main job: 7.5-17.5 MiB live, 55 MiB needed).
+  mib = 1 << 20
+  log = memory.MemoryLog(every_n_steps=1, output_dir=str(tmp_path),
+                         tensorboard=False)
+  for step in (1, 2, 3):
+    log.begin_step(step)
+    for i, phase in enumerate(('forward', 'loss', 'backward')):
+      log.record(step, phase, device_bytes_in_use=(2 + i) * mib,
+                 peak_device_bytes=50 * mib,
+                 phase_peak_device_bytes=(40 + i) * mib)
+    log.end_step(step)
+  log.close()
+  image = png_checks.read_png(plot.plot_memory(str(tmp_path)))
+  device = png_checks.panels(image)[1]
+  peak_rows = _rows_of(image, device, 'tab:purple')
+  assert peak_rows.size, 'no XLA peak drawn'
+  live_rows = np.concatenate([_rows_of(image, device, c)
+                              for c in png_checks.TAB10[:3]])
+  assert live_rows.size
+  # Image rows grow downwards: the peak (50 MiB) is drawn far above every
+  # live-array point (at most 4 MiB), near the top of the panel.
+  top, bottom = device[:2]
+  assert peak_rows.max() < live_rows.min()
+  assert peak_rows.min() < top + 0.25 * (bottom - top)
