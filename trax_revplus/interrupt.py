@@ -108,6 +108,20 @@ class StopOnSignal:
       raise Interrupted(signum)
     self._notify(signum)
 
+  def raise_if_signalled(self) -> None:
+    """Raises `Interrupted` for a signal that came before the first step.
+
+    The handler raises it at once, but where the signal interrupts a
+    callback that a library runs (e.g. JAX's garbage-collection callback
+    while trax is imported), Python reports the exception as ignored and
+    carries on: a caller checks here between the stages before its steps.
+
+    Raises:
+      Interrupted: a signal came and no step has begun.
+    """
+    if self.signum is not None and not self.steps_started:
+      raise Interrupted(self.signum)
+
   def callback(self, loop: Any) -> Any:
     """The Loop callback (trax calls `callback(loop)` for each entry)."""
     return _callback_class()(loop, self)

@@ -151,7 +151,7 @@ def fixture_bad_gin(tmp_path):
 @pytest.mark.parametrize('case', [
     'missing_config', 'unparsable_config', 'unknown_configurable',
     'unknown_parameter', 'unwritable_output_dir', 'empty_corpus_glob',
-    'no_model', 'bad_flag', 'stray_argument'])
+    'no_model', 'bad_flag', 'stray_argument', 'empty_output_dir'])
 def test_user_errors_are_one_line_without_traceback(case, tmp_path, bad_gin,
                                                     capsys):
   not_a_dir = tmp_path / 'file'
@@ -180,6 +180,9 @@ def test_user_errors_are_one_line_without_traceback(case, tmp_path, bad_gin,
       'bad_flag': (['--config_fil=x.gin'], 2, 'config_fil'),
       'stray_argument': ([f'--config_file={STOCK}', 'extra'], 2,
                          'unexpected arguments: extra'),
+      'empty_output_dir': ([f'--config_file={STOCK}', '--output_dir='], 2,
+                           'argument --output_dir: must be a path, got an '
+                           'empty one'),
   }[case]
   got, out, err = _main(capsys, 'train', *args)
   assert got == code, err
@@ -211,7 +214,8 @@ def _flags_of(command):
                 'max_local_processes']),
     ('estimate', ['config_file', 'config', 'device_memory', 'n_devices',
                   'json']),
-    ('compare', ['config_file', 'config', 'steps', 'seed', 'output_dir']),
+    ('compare', ['config_file', 'config', 'steps', 'seed', 'output_dir',
+                 'device_accounting']),
     ('plot-memory', ['output']),
 ])
 def test_help_documents_every_flag(command, flags, capsys):
@@ -221,8 +225,12 @@ def test_help_documents_every_flag(command, flags, capsys):
   defined = _flags_of(command)
   assert sorted(defined) == sorted(flags)
   for name in flags:
-    assert f'--{name}=' in out
-    assert defined[name].help.split()[0] in out
+    action = defined[name]
+    if action.nargs == 0:  # A switch, e.g. --nodevice_accounting.
+      assert action.option_strings[0] in out
+    else:
+      assert f'--{name}=' in out
+    assert action.help.split()[0] in out
 
 
 def test_top_level_usage_and_unknown_command(capsys):

@@ -172,10 +172,10 @@ def test_failed_stock_run_is_reported_and_ours_decides_exit(
 
   monkeypatch.setattr(compare.runs, 'run_streaming', fake_run)
   config = tmp_path / 'mode2.gin'
-  config.write_text('train.use_memory_efficient_trainer = 2\n'
-                    'train.model = @trax.models.ReformerLM\n')
+  config.write_text('train.use_memory_efficient_trainer = 2\n')
   output_dir = tmp_path / 'cmp'
-  code, out, _ = _main(capsys, 'compare', f'--config_file={config}',
+  code, out, _ = _main(capsys, 'compare', f'--config_file={MAIN}',
+                       f'--config_file={config}',
                        '--steps=3', f'--output_dir={output_dir}')
   assert code == 0
 
@@ -184,10 +184,9 @@ def test_failed_stock_run_is_reported_and_ours_decides_exit(
   # Then estimate on the same config, for the XLA peaks.
   assert commands[2][2:4] == ['trax_revplus.cli', 'estimate']
   for command in commands:
-    # The config sets no seed, so compare binds one, after the user's.
+    # The main job's config sets its seed, so compare binds only steps.
     bindings = [a for a in command if a.startswith('--config=')]
-    assert bindings == ['--config=train.steps = 3',
-                        '--config=train.random_seed = 0']
+    assert bindings == ['--config=train.steps = 3']
   report = json.loads((output_dir / 'compare.json').read_text())
   stock = report['runs']['stock']
   assert stock['status'] == 'failed'
@@ -207,7 +206,8 @@ def test_failed_stock_run_is_reported_and_ours_decides_exit(
   # Our run failing too is a runtime error.
   monkeypatch.setattr(compare.runs, 'run_streaming',
                       lambda *args: (1, _STOCK_CRASH))
-  code, out, _ = _main(capsys, 'compare', f'--config_file={config}',
+  code, out, _ = _main(capsys, 'compare', f'--config_file={MAIN}',
+                       f'--config_file={config}',
                        f'--output_dir={tmp_path / "cmp2"}')
   assert code == 1
   assert 'trax_revplus: failed (exit 1: AttributeError' in out
@@ -225,7 +225,9 @@ def test_compare_refuses_output_dirs_that_hold_runs(tmp_path, capsys):
 
 
 # A config the check before the runs accepts; the runs are stand-ins.
-_FAKE_CONFIG = 'train.steps = 2\ntrain.model = @trax.models.ReformerLM\n'
+# Given after the main job's config (its inputs and model: compare reads
+# one batch before the runs).
+_FAKE_CONFIG = 'train.steps = 2\n'
 
 
 def _fake_runs(memory_lines, junk=''):
@@ -269,7 +271,8 @@ def test_peaks_come_from_the_memory_log(xla, tmp_path, monkeypatch, capsys):
   config = tmp_path / 'c.gin'
   config.write_text(_FAKE_CONFIG)
   output_dir = tmp_path / 'cmp'
-  code, out, _ = _main(capsys, 'compare', f'--config_file={config}',
+  code, out, _ = _main(capsys, 'compare', f'--config_file={MAIN}',
+                       f'--config_file={config}',
                        f'--output_dir={output_dir}')
   assert code == 0
   rows = {line.split('  ')[0]: line.split() for line in out.splitlines()}
@@ -297,7 +300,8 @@ def test_unreadable_memory_log_lines_are_named(tmp_path, monkeypatch, capsys):
   config = tmp_path / 'c.gin'
   config.write_text(_FAKE_CONFIG)
   output_dir = tmp_path / 'cmp'
-  code, out, err = _main(capsys, 'compare', f'--config_file={config}',
+  code, out, err = _main(capsys, 'compare', f'--config_file={MAIN}',
+                       f'--config_file={config}',
                          f'--output_dir={output_dir}')
   assert code == 0, err
   log = output_dir / 'revplus' / 'memory.jsonl'
@@ -314,7 +318,10 @@ def test_unreadable_memory_log_lines_are_named(tmp_path, monkeypatch, capsys):
      'train.use_memory_efficient_trainer = 3: must be one of False, True, 2'),
     ("trax_revplus.ReversibleSerialTrainer.on_non_finite = 'warn'",
      'the trainer rejects its settings: on_non_finite must be one of'),
-], ids=['trainer_mode', 'on_non_finite'])
+    ('trax_revplus.ReversibleSerialTrainer.batch_slices = 3',
+     'batch_slices = 3 does not divide the 8 rows of the batch each device '
+     'gets'),
+], ids=['trainer_mode', 'on_non_finite', 'batch_slices'])
 def test_compare_rejects_what_train_rejects_before_either_run(
     binding, text, tmp_path, monkeypatch, capsys):
   def no_run(*unused_args):

@@ -180,6 +180,17 @@ def test_launch_checks_the_train_flags_before_starting(tmp_path, capsys,
   assert not launched
 
 
+def test_launch_checks_the_config_files_before_starting(tmp_path, capsys,
+                                                       launched):
+  missing = tmp_path / 'nope.gin'
+  code, _, err = _cli(capsys, 'launch', '--num_processes=2', '--',
+                      f'--config_file={missing}',
+                      f'--output_dir={tmp_path / "run"}')
+  assert code == errors.EXIT_USAGE
+  assert err == f'trax-revplus launch: error: config file not found: {missing}\n'
+  assert not launched and not (tmp_path / 'run').exists()
+
+
 def test_launch_gives_every_process_one_output_dir(tmp_path, capsys,
                                                    launched, monkeypatch):
   monkeypatch.setenv('HOME', str(tmp_path))

@@ -172,3 +172,19 @@ def test_a_dash_is_standard_output_only_where_allowed(capfdbinary):
   assert error.value.exit_code == EXIT_USAGE
   assert output_files.write('-', _writer(b'{"a": 1}\n')) == '-'
   assert capfdbinary.readouterr().out == b'{"a": 1}\n'
+
+
+@pytest.mark.parametrize('args', [
+    ['estimate', '--config_file=c.gin', '--json='],
+    ['plot-memory', 'run', '--output='],
+    ['compare', '--config_file=c.gin', '--output_dir='],
+], ids=['estimate_json', 'plot_memory_output', 'compare_output_dir'])
+def test_an_empty_path_is_a_usage_error_not_the_default(args, capsys):
+  # --json= or --output= from an unset shell variable must not read as no
+  # flag (no JSON, the run dir's memory.png replaced).
+  from trax_revplus import cli  # pylint: disable=g-import-not-at-top
+  assert cli.main(['trax-revplus'] + args) == 2
+  err = capsys.readouterr().err
+  flag = args[-1].rstrip('=')
+  assert err == (f'trax-revplus {args[0]}: error: argument {flag}: must be '
+                 f'a path, got an empty one\n')

@@ -217,6 +217,20 @@ def check_batch(cfg, n_devices: int, device_memory_bytes: Optional[int],
     raise _as_train_reports(e, bindings) from None
 
 
+def check_inputs_and_batch(bindings: list[str], n_devices: int,
+                           device_memory_bytes: Optional[int] = None):
+  """Reads one batch of the parsed config's inputs and checks it
+  (`check_batch`) as `train`'s run will; returns the config to build from.
+
+  Raises:
+    UserError: as `train` reports the config's mistakes (exit status 2), or
+      1 when the inputs cannot be read.
+  """
+  cfg = _Config(bindings)
+  check_batch(cfg, n_devices, device_memory_bytes, bindings)
+  return cfg
+
+
 def _default(cfg, backend):
   from trax import fastmath  # pylint: disable=g-import-not-at-top
   from trax import layers as tl  # pylint: disable=g-import-not-at-top
@@ -304,8 +318,7 @@ def estimate(device_memory_bytes: Optional[int], n_devices: int,
   bindings = list(bindings)
   backend = jax.default_backend()
   activated = trax_revplus.is_active()
-  cfg = _Config(bindings)
-  check_batch(cfg, n_devices, device_memory_bytes, bindings)
+  cfg = check_inputs_and_batch(bindings, n_devices, device_memory_bytes)
   check_model(cfg, bindings)
   results, plan_line, budget = {}, [None], [device_memory_bytes]
   try:

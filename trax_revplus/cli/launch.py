@@ -6,7 +6,8 @@ Each process runs `trax-revplus train` with the flags given after `--`, plus
 signals and stops the others when one fails).
 
 Before any process starts: the launch flags (at most `--max_local_processes`
-processes, a positive grace), the train flags as `train` parses them, and
+processes, a positive grace), the train flags as `train` parses them, the
+config files as `train` checks them, and
 the output dir, which every process shares: the default one is named here
 once (each process would name its own from its clock), checked and made.
 Each process's full output goes to `OUTPUT_DIR/launch.process<I>.log`; once
@@ -20,6 +21,7 @@ import sys
 
 from trax_revplus.cli import output_dir as output_dirs
 from trax_revplus.cli import parser
+from trax_revplus.cli import train
 from trax_revplus.errors import EXIT_RUNTIME
 from trax_revplus.errors import UserError
 from trax_revplus.multiprocess import launcher
@@ -65,6 +67,9 @@ def run(flags: argparse.Namespace) -> int:
   launcher.check_launch(flags.num_processes, flags.stop_grace_seconds,
                         max_processes)
   train_flags = _train_flags(flags.train_args)
+  # The config files as train checks them, once here rather than once per
+  # process after each has started.
+  train.configs_from_flags(train_flags)
   train_args = list(flags.train_args)
   output_dir = train_flags.output_dir
   if output_dir is None:

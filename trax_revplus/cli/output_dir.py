@@ -57,11 +57,13 @@ def check_writable(output_dir: str) -> None:
     probe = parent
   if not os.path.isdir(probe):
     raise UserError(f'cannot use output dir {output_dir}: {probe} is not a '
-                    f'directory', EXIT_RUNTIME)
+                    f'directory; give an --output_dir that is a directory or '
+                    f'does not exist yet', EXIT_RUNTIME)
   if not os.access(probe, os.W_OK | os.X_OK):
     what = 'it' if probe == path else f'its parent {probe}'
     raise UserError(f'cannot write to output dir {output_dir}: {what} is not '
-                    f'writable', EXIT_RUNTIME)
+                    f'writable; give an --output_dir you can write to',
+                    EXIT_RUNTIME)
 
 
 def make(output_dir: str) -> None:

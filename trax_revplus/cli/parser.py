@@ -185,6 +185,14 @@ def _positive_seconds(text: str) -> float:
   return value
 
 
+def _path(text: str) -> str:
+  # An empty path would read as no flag at all (a default output place),
+  # e.g. --output_dir= from a shell variable that is unset.
+  if not text.strip():
+    raise argparse.ArgumentTypeError('must be a path, got an empty one')
+  return text
+
+
 def _int(text: str) -> int:
   try:
     return int(text)
@@ -196,7 +204,7 @@ def _int(text: str) -> int:
 def _add_config_flags(parser: argparse.ArgumentParser, file_help: str,
                       binding_help: str) -> None:
   parser.add_argument('--config_file', action='append', default=[],
-                      metavar='FILE', help=file_help)
+                      type=_path, metavar='FILE', help=file_help)
   parser.add_argument('--config', action='append', default=[],
                       metavar='BINDING', help=binding_help)
 
@@ -217,7 +225,7 @@ def _add_train(commands) -> None:
       "Gin binding, e.g. --config='train.steps = 50'. Repeat for several; "
       'applied after all config files.')
   parser.add_argument(
-      '--output_dir', action=_Once, metavar='DIR',
+      '--output_dir', action=_Once, type=_path, metavar='DIR',
       help='Directory for checkpoints (model.pkl.gz, model.weights.npy.gz, '
            'model.manifest.json and the previous set model.prev.*), '
            'TensorBoard summaries, config.gin and the full log (train.log); '
@@ -339,16 +347,16 @@ def _add_compare(commands) -> None:
       help='Random seed of both runs (binds train.random_seed). Default: the '
            "config's, or 0 if the config sets none.")
   parser.add_argument(
-      '--output_dir', action=_Once, metavar='DIR',
+      '--output_dir', action=_Once, type=_path, metavar='DIR',
       help='Directory for both runs (stock/, revplus/, with their logs '
            'stock.log and revplus.log), compare.json and compare.png. '
            'Default: ~/trax/compare_<first config name>_<date>_<time>.')
   parser.add_argument(
-      '--device_accounting', action=argparse.BooleanOptionalAction,
-      default=True,
-      help="After both runs, run `estimate` on the config for each "
-           "trainer's step peak as XLA computes it (stock trax writes no "
-           'memory log); --nodevice_accounting skips it. Default: on.')
+      '--nodevice_accounting', dest='device_accounting',
+      action='store_false',
+      help="Skip `estimate` on the config after both runs (by default it "
+           "gives each trainer's step peak as XLA computes it, stock's "
+           'included, which writes no memory log).')
 
 
 def _add_plot_memory(commands) -> None:
@@ -357,11 +365,11 @@ def _add_plot_memory(commands) -> None:
       usage=f'{PROG} plot-memory RUN_DIR [--output=PNG]',
       description=_PLOT_MEMORY_DESCRIPTION, epilog=_PLOT_MEMORY_EPILOG)
   parser.add_argument(
-      'run_dir', metavar='RUN_DIR',
+      'run_dir', type=_path, metavar='RUN_DIR',
       help='Training output dir holding memory.jsonl, or the path of a '
            'memory.jsonl.')
   parser.add_argument(
-      '--output', action=_Once, metavar='PNG',
+      '--output', action=_Once, type=_path, metavar='PNG',
       help='Path of the PNG to write, exactly (no suffix is added); a link '
            'is followed, a pipe or device written in place. Default: '
            'memory.png next to the log.')
@@ -389,7 +397,7 @@ def _add_estimate(commands) -> None:
       help="Devices trax_revplus's trainer runs on (default: %(default)s); "
            "trax's trainers are accounted on one.")
   parser.add_argument(
-      '--json', action=_Once, metavar='PATH',
+      '--json', action=_Once, type=_path, metavar='PATH',
       help='Also write the figures as JSON to PATH (checked before anything '
            'is compiled; a link is followed, a pipe or device written in '
            'place; - for stdout, the table then on stderr).')

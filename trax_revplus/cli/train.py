@@ -290,8 +290,11 @@ def _train(output_dir: str, callbacks: list[Any], log_path: str,
   # pylint: enable=g-import-not-at-top
   gin.finalize()
   which = 'trax_revplus' if trax_revplus.is_active() else 'stock trax'
-  print(f'{PROG} train: {which} reversible layers and trainer; output in '
-        f'{output_dir}', flush=True)
+  if gin_config.bound_value('train.use_memory_efficient_trainer', False):
+    what = f'{which} reversible layers and trainer'
+  else:
+    what = f"{which} reversible layers, trax's default Trainer"
+  print(f'{PROG} train: {what}; output in {output_dir}', flush=True)
   # trax reads the data counters before any checkpoint; a damaged file must
   # not stop the run (the checkpoint set's own counters are restored).
   checkpoints.set_aside_unreadable_data_counters(output_dir)
@@ -413,10 +416,15 @@ def _run(flags: argparse.Namespace, config_files: list[str],
     if locked:
       lock_if_chief()  # Before trax's import: a busy dir answers at once.
     import_messages = gin_config.import_trax()
+    # A signal during the import may have been lost inside a callback of
+    # a library (see `StopOnSignal.raise_if_signalled`): stop here, before
+    # anything is written.
+    stop.raise_if_signalled()
     gin_config.parse_configs(config_files, bindings)
     _select_implementation(flags.implementation)
     _bind_memory_log(flags.memory_log_every_n_steps)
     warnings = _check_settings()
+    stop.raise_if_signalled()
     if process is not None:
       _share_seed()
     callbacks = _train_callbacks(flags.progress_every_n_steps)
