@@ -1,23 +1,23 @@
-"""`trax-revplus compare`: stock trax and trax_revplus side by side."""
+"""`trax-revplus compare`: stock trax and trax_revplus side by side.
+
+In-process, with stand-ins for the training and estimate processes;
+tools/compare_smoke.py runs compare with its real processes on the tiny
+main job (stock equals trax_revplus, the figures, the table, the PNG and
+the device accounting; `.ci/run` runs it after the suite).
+"""
 
 import json
 import os
 
-import numpy as np
 import pytest
 
 from trax_revplus import cli
 from trax_revplus import compare
 
 from cli_cases import MAIN
-from cli_cases import TINY_MODEL
 
-# MAIN has the activation line, so the stock run trains with stock classes
-# only because of --implementation=stock. compare binds train.steps itself.
-TINY = ['train.eval_frequency = 2', 'sequence_length = 32'] + TINY_MODEL
 PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
 
-STOCK_TRAINER = 'trax.optimizers.trainer.ReversibleSerialTrainer'
 OUR_TRAINER = 'trax_revplus.trainer.ReversibleSerialTrainer'
 
 
@@ -33,76 +33,6 @@ def _check_png(path):
   from matplotlib import image  # pylint: disable=g-import-not-at-top
   height, width = image.imread(path).shape[:2]
   assert height >= 400 and width >= 600
-
-
-def test_compare_tiny_config_stock_equals_revplus(tmp_path, capsys):
-  output_dir = tmp_path / 'cmp'
-  code, out, err = _main(
-      capsys, 'compare', f'--config_file={MAIN}', '--steps=2',
-      f'--output_dir={output_dir}', *[f'--config={b}' for b in TINY])
-  assert code == 0, (out[-3000:], err[-3000:])
-
-  report = json.loads((output_dir / 'compare.json').read_text())
-  stock, ours = report['runs']['stock'], report['runs']['revplus']
-  for run in (stock, ours):
-    assert run['status'] == 'ok' and run['exit_code'] == 0, run['error']
-    assert os.path.getsize(run['log']) > 0
-  # The stock run really trained with stock classes, though the config
-  # activates trax_revplus.
-  assert stock['trainer'] == STOCK_TRAINER
-  assert 'trax.layers.reversible.ReversibleHalfResidual x2' in (
-      stock['reversible_layers'])
-  assert 'trax_revplus' not in stock['reversible_layers']
-  assert ours['trainer'] == OUR_TRAINER
-  assert 'trax_revplus.layers.ReversibleHalfResidual x2' in (
-      ours['reversible_layers'])
-  assert report['seed'] == 0 and report['seed_from_config']
-  assert report['steps'] == 2
-
-  # Same seed, same data: the same losses at every step and the same final
-  # weights and slots.
-  assert stock['stats']['steps'] == ours['stats']['steps'] == [1, 2]
-  np.testing.assert_allclose(ours['stats']['loss'], stock['stats']['loss'],
-                             rtol=0, atol=1e-5)
-  assert report['loss_steps_compared'] == 2
-  assert report['loss_max_abs_diff'] < 1e-5
-  for key in ('final_weights', 'final_slots'):
-    assert report[key]['reason'] is None
-    assert report[key]['n_arrays'] > 0
-    assert report[key]['max_abs_diff'] < 1e-5
-
-  for run in (stock, ours):
-    stats = run['stats']
-    assert len(stats['step_seconds']) == 2
-    assert stats['first_step_seconds'] == stats['step_seconds'][0] > 0
-    assert stats['median_step_seconds'] == stats['step_seconds'][1] > 0
-    assert stats['peak_host_rss_bytes'] >= max(stats['host_rss_bytes']) > 0
-    assert stats['peak_device_bytes'] >= max(stats['device_bytes_in_use'])
-    assert stats['peak_device_bytes'] > 0
-  # Only trax_revplus counts its copies; stock has no figure, not a zero.
-  assert stock['stats']['total_h2d_bytes'] is None
-  assert stock['stats']['h2d_bytes'] is None
-  assert ours['stats']['total_h2d_bytes'] == sum(ours['stats']['h2d_bytes'])
-  assert ours['stats']['total_h2d_bytes'] > 0
-
-  assert 'final weights: max abs difference' in out
-  table = out.split('== compare:', 1)[1]
-  assert 'H2D copied (MiB)' in table and 'n/a' in table
-  _check_png(output_dir / 'compare.png')
-
-  # Stock's step peak as XLA computes it, from estimate on the same
-  # config; ours as its memory log recorded it, which is estimate's too.
-  accounted = report['device_accounting']
-  assert accounted['status'] == 'ok', accounted['error']
-  stock_peak = accounted['trainers']['stock']['peak_device_bytes']
-  ours_peak = ours['memory_log']['peak_device_bytes']
-  assert stock_peak > 0
-  assert ours_peak == accounted['trainers']['revplus']['peak_device_bytes']
-  row = next(line for line in table.splitlines()
-             if line.startswith('peak device, XLA (MiB)')).split()[4:7]
-  mib = 1 << 20
-  assert row == [f'{stock_peak / mib:.4g}', f'{ours_peak / mib:.4g}',
-                 f'{ours_peak / stock_peak:.3g}']
 
 
 _MIB = 1 << 20

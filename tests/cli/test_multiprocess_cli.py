@@ -1,11 +1,12 @@
 """`trax-revplus train` across processes and `trax-revplus launch`: flags,
 subcommands and one-line errors, without starting a multi-process run.
 
-Real processes on loopback: tests/multiprocess/ (equal weights:
-test_training_matches_one_process.py; launch and join behaviour:
-test_launcher.py, test_join.py); the main job end to end (a two-process
-launch, its checkpoint resumed with one and with two processes, a killed
-process): tools/multiprocess_smoke.py (`--tiny` for a 1-layer model).
+Real processes on loopback: tests/multiprocess/ (launch and join
+behaviour: test_launcher.py, test_join.py); equal weights of 2 processes
+and one: tools/multiprocess_training_smoke.py; the main job end to end (a
+two-process launch, its checkpoint resumed with one and with two
+processes, a killed process): tools/multiprocess_smoke.py (`--tiny` for a
+1-layer model).
 """
 
 import os

@@ -1,7 +1,8 @@
 """Trains on N forced CPU devices and prints figures as one JSON line.
 
-Run by tests/placement/test_multidevice.py in a fresh process, because the
-device count is fixed when JAX starts:
+Run by tests/placement/test_multidevice.py (2 devices) and
+tools/multidevice_smoke.py (4) in a fresh process, because the device count
+is fixed when JAX starts:
 
   XLA_FLAGS=--xla_force_host_platform_device_count=N \
       python tests/placement/multidevice_worker.py N

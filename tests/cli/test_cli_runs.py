@@ -1,0 +1,233 @@
+"""`trax-revplus train` runs of the tiny main job: training through the
+CLI, the checkpoint it saves, and resuming copies of it.
+
+Ours trains in a fresh process (`trax-revplus train`, as a user runs it);
+the stock twin trains in this process through `cli.main`, as the command's
+entry point calls it (tools/cli_smoke.py trains it in a fresh process too).
+"""
+
+import collections
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+from trax_revplus import cli
+from trax_revplus.cli import noise
+
+from cli_cases import cli_command
+from cli_cases import REPO
+from cli_cases import MAIN
+from cli_cases import STOCK
+from cli_cases import TINY_MODEL
+
+# The main job shrunk to a few steps of a tiny model: 3 steps, eval and
+# checkpoint at steps 1 and 2, so the CLI saves the final checkpoint itself.
+TINY = ['train.steps = 3', 'train.eval_frequency = 2',
+        'sequence_length = 32'] + TINY_MODEL
+
+# What `_check_trained` reads of a run, in this process or another.
+_Result = collections.namedtuple('_Result', 'returncode stdout stderr')
+
+
+def _main(capsys, *args):
+  code = cli.main(['trax-revplus'] + list(args))
+  out, err = capsys.readouterr()
+  return code, out, err
+
+
+def _one_line_error(err):
+  lines = err.strip().splitlines()
+  assert len(lines) == 1, err
+  assert 'Traceback' not in err
+  return lines[0]
+
+
+def _run(args, timeout=None):
+  return subprocess.run(cli_command() + args, capture_output=True, text=True,
+                        timeout=timeout, cwd=REPO, check=False)
+
+
+def _train_args(config, output_dir):
+  return (['train', f'--config_file={config}', f'--output_dir={output_dir}',
+           '--progress_every_n_steps=1'] +
+          [f'--config={binding}' for binding in TINY])
+
+
+def _summary(stdout):
+  """The summary block as {row name: value}."""
+  block = stdout.split('== summary ==', 1)[1]
+  rows = {}
+  for line in block.strip().splitlines():
+    name, _, value = line.partition('  ')
+    rows[name.strip()] = value.strip()
+  return rows
+
+
+def _check_trained(result, output_dir):
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert 'Traceback' not in result.stderr
+  # No third-party warning reaches the terminal; train.log has them.
+  for line in result.stderr.splitlines():
+    assert not noise.is_known_noise(line), line
+    assert 'Warning:' not in line, line
+  for step in (1, 2, 3):
+    assert f'step {step}/3  loss ' in result.stdout
+  rows = _summary(result.stdout)
+  assert rows['steps'].startswith('3 ')
+  assert rows['final eval loss'].endswith('(step 2)')
+  checkpoint = os.path.join(output_dir, 'model.pkl.gz')
+  assert rows['checkpoint'] == f'{checkpoint} (step 3)'
+  assert os.path.exists(os.path.join(output_dir, 'model.weights.npy.gz'))
+  assert os.path.getsize(os.path.join(output_dir, 'train.log')) > 0
+  return rows
+
+
+def test_stock_config_trains_through_the_cli(tmp_path, capsys,
+                                             stock_trax_and_empty_gin):
+  del stock_trax_and_empty_gin
+  output_dir = str(tmp_path / 'stock')
+  result = _Result(*_main(capsys, *_train_args(STOCK, output_dir)))
+  rows = _check_trained(result, output_dir)
+  assert rows['trainer'] == 'trax.optimizers.trainer.ReversibleSerialTrainer'
+  assert 'trax_revplus' not in rows['reversible layers']
+  assert 'trax.layers.reversible.ReversibleHalfResidual x2' in (
+      rows['reversible layers'])
+
+
+@pytest.fixture(name='ours_run', scope='module')
+def fixture_ours_run(tmp_path_factory):
+  """The tiny main job trained by `trax-revplus train`: (result, dir)."""
+  output_dir = str(tmp_path_factory.mktemp('ours') / 'run')
+  return _run(_train_args(MAIN, output_dir)), output_dir
+
+
+def test_activated_twin_trains_and_its_checkpoint_loads(ours_run):
+  result, output_dir = ours_run
+  rows = _check_trained(result, output_dir)
+  assert rows['trainer'] == 'trax_revplus.trainer.ReversibleSerialTrainer'
+  assert 'trax_revplus.layers.ReversibleHalfResidual x2' in (
+      rows['reversible layers'])
+  assert 'trax.layers.reversible' not in rows['reversible layers']
+
+  # The checkpoint loads into the same model with Layer.init_from_file.
+  from trax import layers as tl  # pylint: disable=g-import-not-at-top
+  from trax import models  # pylint: disable=g-import-not-at-top
+  from trax import shapes  # pylint: disable=g-import-not-at-top
+  import trax_revplus  # pylint: disable=g-import-not-at-top
+  cli.parse_configs([MAIN], TINY)
+  try:
+    model = models.ReformerLM(mode='eval')
+    model.init_from_file(os.path.join(output_dir, 'model.pkl.gz'),
+                         weights_only=True,
+                         input_signature=shapes.ShapeDtype((1, 32), np.int32))
+    loaded, _ = tl.flatten_weights_and_state(model.weights, model.state)
+    saved = tl.np_from_file(os.path.join(output_dir, 'model.weights.npy.gz'),
+                            compresslevel=0)
+    assert len(loaded) == len(saved)
+    for a, b in zip(loaded, saved):
+      np.testing.assert_array_equal(np.asarray(a), b)
+  finally:
+    import gin  # pylint: disable=g-import-not-at-top
+    gin.clear_config()
+    trax_revplus.deactivate()
+
+
+
+# Resuming the run of `ours_run`, in this process, from copies of its dir.
+
+
+def _resume(capsys, output_dir, *bindings, steps=4, implementation='config'):
+  code, out, err = _main(
+      capsys, 'train', f'--config_file={MAIN}', f'--output_dir={output_dir}',
+      '--progress_every_n_steps=1', f'--implementation={implementation}',
+      *[f'--config={b}' for b in TINY + [f'train.steps = {steps}'] +
+        list(bindings)])
+  import trax_revplus  # pylint: disable=g-import-not-at-top
+  trax_revplus.deactivate()
+  return code, out, err
+
+
+def _copy_run(ours_run, tmp_path):
+  import shutil  # pylint: disable=g-import-not-at-top
+  assert ours_run[0].returncode == 0, ours_run[0].stderr[-3000:]
+  path = tmp_path / 'run'
+  shutil.copytree(ours_run[1], path)
+  return path
+
+
+def _manifest_counters(path):
+  import json  # pylint: disable=g-import-not-at-top
+  manifest = json.loads((path / 'model.manifest.json').read_text())
+  return manifest['step'], manifest['data_counters']
+
+
+@pytest.mark.parametrize('content', [b'', b'\x80\x04garbage'],
+                         ids=['empty', 'garbage'])
+def test_damaged_data_counters_file_resumes_from_the_verified_set(
+    ours_run, tmp_path, capsys, content):
+  path = _copy_run(ours_run, tmp_path)
+  step, counters = _manifest_counters(path)
+  assert step == 3 and counters
+  (path / 'data_counters0.pkl').write_bytes(content)
+  code, out, err = _resume(capsys, path)
+  assert code == 0, err
+  assert 'Traceback' not in err
+  assert 'step 4/4  loss ' in out and 'step 1/4' not in out
+  assert 'data_counters0.pkl is unreadable' in err
+  assert 'holds data counters' not in err  # Nothing left to disagree.
+  # The data position came from the set: one batch further, not restarted.
+  step, after = _manifest_counters(path)
+  assert step == 4
+  assert after == {k: v + 1 for k, v in counters.items()}
+
+
+def _flip_middle_byte(file_path):
+  data = bytearray(file_path.read_bytes())
+  data[len(data) // 2] ^= 0xFF
+  file_path.write_bytes(bytes(data))
+
+
+def test_both_sets_damaged_stop_with_one_line(ours_run, tmp_path, capsys):
+  path = _copy_run(ours_run, tmp_path)
+  _flip_middle_byte(path / 'model.weights.npy.gz')
+  _flip_middle_byte(path / 'model.prev.weights.npy.gz')
+  code, out, err = _resume(capsys, path)
+  assert code == 1
+  line = _one_line_error(err)
+  assert line.startswith('trax-revplus train: error: checkpoint set model in')
+  assert 'model.weights.npy.gz is damaged' in line
+  assert 'model.prev.weights.npy.gz is damaged' in line
+  assert line.endswith('to load it anyway, unverified, run with '
+                       '--implementation=stock')
+  assert 'step 1/' not in out
+
+
+def test_run_already_at_its_last_step_says_so(ours_run, tmp_path, capsys):
+  path = _copy_run(ours_run, tmp_path)
+  code, out, err = _resume(capsys, path, steps=3)
+  assert code == 0, err
+  rows = _summary(out)
+  assert rows['steps'] == ('3 (0 in this run: the checkpoint was at '
+                           'train.steps = 3 already)')
+  assert 'None' not in out.split('== summary ==')[1]
+
+
+@pytest.mark.parametrize('implementation', ['config', 'stock'])
+def test_checkpoint_of_another_model_is_a_usage_error(ours_run, tmp_path,
+                                                      capsys, implementation):
+  path = _copy_run(ours_run, tmp_path)
+  code, _, err = _resume(capsys, path, 'ReformerLM.d_model = 32',
+                         'ReformerLM.d_ff = 64',
+                         implementation=implementation)
+  assert code == 2
+  line = _one_line_error(err)
+  if implementation == 'config':  # trax_revplus's load: the set verified.
+    assert (f'checkpoint {path}/model.pkl.gz (step 3) does not fit this '
+            f'model (IndexError): it was written by a model of another '
+            f'shape') in line
+  else:  # Stock trax's load.
+    assert (f'the checkpoint in {path} does not fit this model (IndexError):'
+            f' it was written by a model of another shape') in line
+  assert line.endswith('give another --output_dir')
