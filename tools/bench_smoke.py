@@ -32,22 +32,10 @@ import tempfile
 
 import numpy as np
 
+from smoke_checks import Checks
+
 _BENCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'bench.py')
 _OURS = "ours+GLIBC_TUNABLES='glibc.malloc.arena_max=1'"
-
-
-class Checks:
-  """Prints a PASS or FAIL line per check and remembers any failure."""
-
-  def __init__(self):
-    self.failed = []
-
-  def check(self, name, ok, detail=''):
-    print(f'{"PASS" if ok else "FAIL"} {name}' + (f': {detail}' if detail
-                                                 else ''), flush=True)
-    if not ok:
-      self.failed.append(name)
-    return ok
 
 
 def _run(checks, name, args, out_dir):

@@ -43,6 +43,8 @@ import time
 
 import psutil
 
+from smoke_checks import Checks
+
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CONFIG = os.path.join(_REPO, 'gin_configs', 'reformer_char_lm.gin')
 _STOCK = os.path.join(_REPO, 'gin_configs', 'reformer_char_lm_stock.gin')
@@ -56,20 +58,6 @@ _TINY = ['train.steps = 2000', 'train.eval_frequency = 1000',
 _CLI = [sys.executable, '-m', 'trax_revplus.cli']
 # A generous bound for a step to show up or a process to start here.
 _PATIENCE_SECONDS = 900
-
-
-class Checks:
-  """Prints a PASS or FAIL line per check and remembers any failure."""
-
-  def __init__(self):
-    self.failed = []
-
-  def check(self, name, ok, detail=''):
-    print(f'{"PASS" if ok else "FAIL"} {name}' + (f': {detail}' if detail
-                                                 else ''), flush=True)
-    if not ok:
-      self.failed.append(name)
-    return ok
 
 
 def _train_flags(output_dir, config=_CONFIG, bindings=None):

@@ -42,6 +42,8 @@ import tempfile
 
 import numpy as np
 
+from smoke_checks import Checks
+
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CONFIG = os.path.join(_REPO, 'gin_configs', 'reformer_char_lm.gin')
 # The config has the activation line, so the stock run trains with stock
@@ -58,20 +60,6 @@ _STOCK_TRAINER = 'trax.optimizers.trainer.ReversibleSerialTrainer'
 _OUR_TRAINER = 'trax_revplus.trainer.ReversibleSerialTrainer'
 _TOLERANCE = 1e-5
 _MIB = 1 << 20
-
-
-class Checks:
-  """Prints a PASS or FAIL line per check and remembers any failure."""
-
-  def __init__(self):
-    self.failed = []
-
-  def check(self, name, ok, detail=''):
-    print(f'{"PASS" if ok else "FAIL"} {name}' + (f': {detail}' if detail
-                                                 else ''), flush=True)
-    if not ok:
-      self.failed.append(name)
-    return ok
 
 
 def _png_size(path):

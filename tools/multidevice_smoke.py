@@ -33,23 +33,11 @@ import os
 import subprocess
 import sys
 
+from smoke_checks import Checks
+
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _WORKER = os.path.join(_REPO, 'tests', 'placement', 'multidevice_worker.py')
 _TOLERANCE = 1e-5
-
-
-class Checks:
-  """Prints a PASS or FAIL line per check and remembers any failure."""
-
-  def __init__(self):
-    self.failed = []
-
-  def check(self, name, ok, detail=''):
-    print(f'{"PASS" if ok else "FAIL"} {name}' + (f': {detail}' if detail
-                                                 else ''), flush=True)
-    if not ok:
-      self.failed.append(name)
-    return ok
 
 
 def _run_worker(n_devices, work_dir):

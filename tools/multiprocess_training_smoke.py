@@ -55,21 +55,9 @@ sys.path.insert(0, _WORKER_DIR)
 import training_worker
 import trax_revplus
 from trax_revplus.multiprocess import launcher
+
+from smoke_checks import Checks
 # pylint: enable=g-import-not-at-top,wrong-import-position
-
-
-class Checks:
-  """Prints a PASS or FAIL line per check and remembers any failure."""
-
-  def __init__(self):
-    self.failed = []
-
-  def check(self, name, ok, detail=''):
-    print(f'{"PASS" if ok else "FAIL"} {name}' + (f': {detail}' if detail
-                                                 else ''), flush=True)
-    if not ok:
-      self.failed.append(name)
-    return ok
 
 
 def _env(n_local_devices):
