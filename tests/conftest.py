@@ -6,6 +6,11 @@ The models are plain functions (import them with `from conftest import
 
 import os
 
+from trax_revplus import trax_import
+
+trax_import.import_trax()  # Before any trax module: see trax_import.
+
+# pylint: disable=g-import-not-at-top,g-bad-import-order
 import gin
 import jax
 import numpy as np

@@ -11,7 +11,7 @@ import importlib
 __version__ = '0.1.0'
 
 # Public names and the submodules defining them, imported on first use: the
-# submodules import trax (~20 s), and `import trax_revplus` must stay cheap
+# submodules import trax (seconds of CPU), and `import trax_revplus` must stay cheap
 # so that the `trax-revplus` command answers --help and flag errors at once.
 _EXPORTS = {
     'activate': 'trax_revplus.swap',
@@ -30,6 +30,8 @@ def __getattr__(name):
   module = _EXPORTS.get(name)
   if module is None:
     raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+  from trax_revplus import trax_import  # pylint: disable=g-import-not-at-top
+  trax_import.import_trax()
   value = getattr(importlib.import_module(module), name)
   globals()[name] = value
   return value

@@ -19,7 +19,7 @@ carries its exit status; the command prints it without a traceback.
 `one_line` condenses any other exception's message for such a line.
 
 Only the standard library is imported here: the CLI reads this module
-before trax's ~20 s import, and `multiprocess`, `cli` and `compare` all
+before trax's import (seconds of CPU), and `multiprocess`, `cli` and `compare` all
 import it.
 """
 

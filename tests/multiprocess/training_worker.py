@@ -147,6 +147,8 @@ def main():
   except errors.DistributedError as e:
     print(f'error: {e}', file=sys.stderr, flush=True)
     return e.exit_code
+  from trax_revplus import trax_import  # pylint: disable=g-import-not-at-top
+  trax_import.import_trax()
   index = train(args.out_dir)
   print(f'process {index}: done', flush=True)
   return 0

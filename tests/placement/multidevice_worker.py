@@ -36,6 +36,11 @@ import threading
 
 import numpy as np
 
+from trax_revplus import trax_import
+
+trax_import.import_trax()  # Before any trax module: see trax_import.
+
+# pylint: disable=g-import-not-at-top,g-bad-import-order,wrong-import-position
 from trax import fastmath
 from trax import layers as tl
 from trax import optimizers

@@ -34,6 +34,8 @@ def memory_child(spec, quick, memory_steps):
   # Import everything the build needs before the baseline is taken.
   # pylint: disable=g-import-not-at-top,unused-import
   import jax
+  from trax_revplus import trax_import
+  trax_import.import_trax()
   import trax
   from trax import models
   from trax import optimizers

@@ -19,6 +19,8 @@ def build(spec, cfg):
   """
   trainer_name, extra_kwargs, _ = configs.split_trainer(spec)
   # pylint: disable=g-import-not-at-top
+  from trax_revplus import trax_import
+  trax_import.import_trax()
   from trax import fastmath
   from trax import layers as tl
   from trax import models

@@ -5,7 +5,7 @@ in a module of its own (`train`, `compare`, `estimate`, `launch`,
 `plot_memory`); the one-line form of errors in `messages`, the exit
 statuses and the error base class in `trax_revplus.errors`. Only the
 standard library is imported here, so `--help` and mistakes in flags or
-paths answer before trax's ~20 s import. Run as `trax-revplus ...` or
+paths answer before trax's import (seconds of CPU). Run as `trax-revplus ...` or
 `python -m trax_revplus.cli ...`.
 """
 

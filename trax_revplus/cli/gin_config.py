@@ -8,6 +8,7 @@ import sys
 import tempfile
 from typing import Any, Iterator
 
+from trax_revplus import trax_import
 from trax_revplus.errors import one_line
 from trax_revplus.errors import UserError
 
@@ -45,8 +46,8 @@ def import_trax() -> str:
     try:
       with _stderr_captured_to(capture), contextlib.redirect_stderr(
           python_level):
+        trax_import.import_trax()
         # pylint: disable=g-import-not-at-top,unused-import
-        import trax
         from trax import data as _trax_data
         from trax import layers as _trax_layers
         from trax import models as _trax_models

@@ -18,7 +18,7 @@ def read_npy_gz(path: str | os.PathLike) -> list[np.ndarray]:
   """Reads the arrays of a trax `.npy.gz` checkpoint file.
 
   Mirrors `trax.layers.np_from_file` (the same format: `np.save`d arrays
-  one after another in one gzip stream) without importing trax (~20 s).
+  one after another in one gzip stream) without importing trax (seconds of CPU).
 
   Args:
     path: str, e.g. `<output_dir>/model.weights.npy.gz`.

@@ -1,7 +1,7 @@
 """Checks of the trainer's blocks, loss layer and positional encodings.
 
 Abstract: nothing is traced or run. trax is imported inside the checks (it
-takes ~20 s), so that the CLI can import the error types at once.
+takes seconds of CPU), so that the CLI can import the error types at once.
 """
 
 import math
@@ -60,7 +60,7 @@ def check_blocks(blocks):
       pair, not a layer or list of layers, or not reversible in a
       reversible list.
   """
-  # Imported here: trax takes ~20 s to import, and the CLI imports this
+  # Imported here: trax takes seconds of CPU to import, and the CLI imports this
   # module for its error types before it needs trax.
   from trax.layers import base  # pylint: disable=g-import-not-at-top
   from trax.layers import reversible  # pylint: disable=g-import-not-at-top
