@@ -104,7 +104,14 @@ def test_same_as_default_extended():
   cases.assert_all_close(ref_state, model.state)
 
 
-def test_same_as_default_terraformer_loss_chunking():
+@pytest.mark.parametrize('plan', [
+    {},
+    # One layer per call, each in 2 batch slices: the decoder's
+    # `ReversibleSelect([0, 0])` reads 1 stack item and writes 2, and
+    # `ConcatWithPadding` reshapes its state on its first call.
+    dict(segment_max_layers=1, backward_segment_max_layers=1,
+         batch_slices=2)], ids=['defaults', 'one_layer_per_call_2_slices'])
+def test_same_as_default_terraformer_loss_chunking(plan):
   inputs = np.arange(8).reshape((2, 4)) + 1
   batch = (inputs, 2 * inputs, np.ones_like(inputs))
   int_sig = shapes.ShapeDtype((2, 4), dtype=np.int32)
@@ -124,7 +131,7 @@ def test_same_as_default_terraformer_loss_chunking():
 
   init()
   trainer = rev_trainer.ReversibleSerialTrainer(
-      blocks, loss_layer, optimizers.Adafactor)
+      blocks, loss_layer, optimizers.Adafactor, **plan)
   cases.train(trainer, batch, 3)
   cases.assert_all_close(ref_weights, model_with_loss.weights)
   cases.host_leaves_only(model_with_loss.weights)

@@ -165,34 +165,41 @@ def types_key(args: PyTree):
   return treedef, tuple(leaf(x) for x in leaves)
 
 
-def _used_invars(jaxpr) -> list:
-  """Which inputs of a jaxpr a dead-code-free program keeps (bool per
-  invar): those read by an equation that leads to an output or has
-  effects, or returned directly."""
-  live = {id(v) for v in jaxpr.outvars if hasattr(v, 'aval') and
-          not hasattr(v, 'val')}
-  for eqn in reversed(jaxpr.eqns):
-    if eqn.effects or any(id(v) in live for v in eqn.outvars):
-      live.update(id(v) for v in eqn.invars if not hasattr(v, 'val'))
-  return [id(v) in live for v in jaxpr.invars]
-
-
-def kept_arguments(traced: jax.stages.Traced, args: PyTree,
+def kept_arguments(compiled: jax.stages.Compiled, args: PyTree,
                    memory: ProgramMemory) -> Optional[PyTree]:
-  """Per argument leaf, whether the compiled program keeps it; None when
-  the jaxpr's inputs do not match the arguments or the kept leaves' bytes
-  differ from XLA's argument bytes (JAX pruned differently)."""
+  """Per argument leaf, whether the compiled program keeps it.
+
+  JAX drops the arguments a program does not read, inside `scan`s and
+  nested calls too, before XLA sees it; the executable's `input_formats`
+  has no layout for those.
+
+  Returns:
+    A pytree of bool of `args`'s structure; None when the formats do not
+    match the arguments or the kept leaves' bytes differ from XLA's
+    argument bytes.
+  """
   leaves, treedef = jax.tree_util.tree_flatten(args)
   try:
-    used = _used_invars(traced.jaxpr.jaxpr)
-  except AttributeError:
+    formats = jax.tree_util.tree_leaves(
+        compiled.input_formats[0],
+        is_leaf=lambda x: hasattr(x, 'layout'))
+  except (AttributeError, TypeError, ValueError):
     return None
-  if len(used) != len(leaves):
+  if len(formats) != len(leaves):
     return None
-  kept = jax.tree_util.tree_unflatten(treedef, used)
-  if tree_bytes(args, kept) != memory.argument_bytes:
+  flags = [f.layout is not None for f in formats]
+  if sum(_argument_bytes(x) for x, k in zip(leaves, flags)
+         if k) != memory.argument_bytes:
     return None
-  return kept
+  return jax.tree_util.tree_unflatten(treedef, flags)
+
+
+def _argument_bytes(x) -> int:
+  """`leaf_bytes` of an argument as a jitted call passes it: a float0
+  leaf (the cotangent of an integer input) goes as bool zeros."""
+  if getattr(x, 'dtype', None) == jax.dtypes.float0:
+    return int(math.prod(x.shape))
+  return leaf_bytes(x)
 
 
 def analyze(fn: Callable, *args) -> Analysis:
@@ -219,7 +226,7 @@ def analyze(fn: Callable, *args) -> Analysis:
     compiled = traced.lower().compile()
     memory = ProgramMemory.from_compiled(compiled)
     return Analysis(memory, traced.out_info,
-                    kept_arguments(traced, args, memory))
+                    kept_arguments(compiled, args, memory))
   lowered = fn.lower(*args)
   compiled = lowered.compile()
   return Analysis(ProgramMemory.from_compiled(compiled), lowered.out_info,

@@ -78,7 +78,7 @@ class Programs:
             'a program of the step did not compile.')
       memory = program_lib.ProgramMemory.from_compiled(compiled)
       self._analyses[key] = (memory, program_lib.kept_arguments(
-          self.traced[key], args, memory))
+          compiled, args, memory))
     return self._analyses[key]
 
 

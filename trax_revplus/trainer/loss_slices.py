@@ -119,7 +119,7 @@ def _sliced_loss(loss_fn, combine, k, inputs, weights, states, rows):
     per_row, new_shared = st.parts(new_s)
     return (add(acc, grads_weights), new_shared), (loss, grads_inputs,
                                                     per_row)
-  (grads_weights, shared), (losses, gx, per_row) = lax.scan(
+  (grads_weights, shared), (losses, gx, per_row) = slices.scan(
       body, (zeros(weights), st.shared), (xs.scanned, st.scanned))
   return (jnp.sum(losses), out_tree[0](gx, k), grads_weights,
           st.join(per_row, shared))

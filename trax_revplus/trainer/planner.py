@@ -28,6 +28,7 @@ from trax_revplus.trainer import ahead
 from trax_revplus.trainer import candidates as candidates_lib
 from trax_revplus.trainer import options as options_lib
 from trax_revplus.trainer import plan as plan_lib
+from trax_revplus.trainer import step_fns
 from trax_revplus.trainer import units as units_lib
 
 
@@ -159,7 +160,7 @@ class Planner:
             std.pure_fn, inputs, std.weights, std.state,
             jax.ShapeDtypeStruct((2,), np.uint32))
         stack = cb.outputs_onto_stack(outputs, stack, std.n_in)
-        depth = max([layer.n_in for layer in revs], default=0)
+        depth = step_fns.chain_depth(revs)
         out.append(n * memory.array_bytes(
             cb.inputs_from_stack(stack, depth) if depth else ()))
     except Exception:  # pylint: disable=broad-except

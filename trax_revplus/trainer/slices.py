@@ -125,6 +125,35 @@ def stackable(tree):
   return kept, merged
 
 
+def _types(tree):
+  leaves, treedef = jax.tree_util.tree_flatten(tree)
+  return treedef, [(x.shape, x.dtype, getattr(x, 'weak_type', False))
+                   for x in leaves]
+
+
+def scan(body, carry, xs):
+  """`lax.scan(body, carry, xs)` over the k slices, also where the carry
+  changes type in the first slice.
+
+  trax's `ConcatWithPadding` and `StripFromConcatenateWithPadding` (in
+  Terraformer) mark their first call by reshaping their int32 state from
+  () to (1,); a scan's carry must keep its type. There the first slice runs
+  before the scan, whose carry then has the type the state keeps.
+
+  Returns:
+    (carry, ys) as `lax.scan`: ys leaves have the leading axis k.
+  """
+  first = jax.tree_util.tree_map(lambda x: x[0], xs)
+  after_one = jax.eval_shape(lambda c, x: body(c, x)[0], carry, first)
+  if _types(after_one) == _types(carry):
+    return lax.scan(body, carry, xs)
+  carry, y0 = body(carry, first)
+  carry, ys = lax.scan(body, carry,
+                       jax.tree_util.tree_map(lambda x: x[1:], xs))
+  return carry, jax.tree_util.tree_map(
+      lambda a, b: jnp.concatenate([a[None], b]), y0, ys)
+
+
 class States:
   """Layer states: leaves split with the rows, and leaves shared whole."""
 
@@ -208,8 +237,7 @@ def forward(fn, k, rows):
       out_tree[:] = [merged]
       per_row, new_shared = st.parts(new_states)
       return new_shared, (y, per_row)
-    shared, (ys, per_row) = lax.scan(body, st.shared,
-                                     (xs.scanned, st.scanned))
+    shared, (ys, per_row) = scan(body, st.shared, (xs.scanned, st.scanned))
     return out_tree[0](ys, k), st.join(per_row, shared)
   return sliced
 
@@ -237,7 +265,7 @@ def fbo(layer, optimizer, n_devices, adasum, k, rows):
       out_tree[:] = [merged]
       per_row, new_shared = st.parts(new_state)
       return (add(acc, grads_weights), new_shared), (grads_inputs, per_row)
-    (grads_weights, shared), (gx, per_row) = lax.scan(
+    (grads_weights, shared), (gx, per_row) = scan(
         body, (zeros(weights), st.shared), (xs.scanned, cts.scanned,
                                              st.scanned))
     new_state = st.join(per_row, shared)
@@ -251,14 +279,56 @@ def segment_reverse(layers, optimizers, n_devices, adasum, k, rows):
   """`step_fns.segment_reverse_fn` over k slices: each slice reversed
   through every layer, last to first; then each layer's update.
 
-  The slices' reconstructed inputs and input cotangents are written over
-  their outputs and output cotangents, in place (a reversible segment's
-  inputs have its outputs' shapes): with those arguments donated, as the
-  trainer donates them, the call needs no second batch-sized buffer.
+  Where the segment keeps the stack's depth (its layers' `n_in == n_out`,
+  as `ReversibleHalfResidual` and `ReversibleSwap`), the slices'
+  reconstructed inputs and input cotangents are written over their outputs
+  and output cotangents, in place: with those arguments donated, as the
+  trainer donates them, the call needs no second batch-sized buffer. A
+  segment that changes it (`tl.ReversibleSelect([0, 0])`) collects them as
+  a scan's results instead.
   """
   if k == 1:
     return step_fns.segment_reverse_fn(layers, optimizers, n_devices, adasum)
   updates = [step_fns.update_fn(opt, n_devices, adasum) for opt in optimizers]
+
+  def reverse_slice(stack, grad_stack, weights, old_s, new_s, rngs):
+    """One slice through every layer, last to first: (stack, grad_stack,
+    each layer's weight gradients)."""
+    grads_weights = [None] * len(layers)
+    for j in range(len(layers) - 1, -1, -1):
+      n_out = layers[j].n_out
+      x, (x_ct, grads_weights[j]) = layers[j].reverse_and_grad(
+          cb.inputs_from_stack(stack, n_out), cb.inputs_from_stack(
+              grad_stack, n_out), weights[j], old_s[j], new_s[j],
+          rng=rngs[j])
+      stack = cb.outputs_onto_stack(x, stack, n_out)
+      grad_stack = cb.outputs_onto_stack(x_ct, grad_stack, n_out)
+    return stack, grad_stack, grads_weights
+
+  if any(layer.n_in != layer.n_out for layer in layers):
+    def sliced_by_scan(outputs, weights, grads, states, new_states, slots,
+                       opt_params, rngs, step):
+      n = n_rows(outputs)
+      old, new = States(states, rows, n, k), States(new_states, rows, n, k)
+      ys, cts = Rows(outputs, k), Rows(grads, k)
+      out_tree = []
+
+      def body(acc, scanned):
+        y, ct, old_rows, new_rows = scanned
+        stack, grad_stack, grads_weights = reverse_slice(
+            ys.slice(y), cts.slice(ct), weights, old.slice(old_rows),
+            new.slice(new_rows), rngs)
+        done, merged = stackable((stack, grad_stack))
+        out_tree[:] = [merged]
+        return add(acc, grads_weights), done
+      grads_weights, done = lax.scan(
+          body, zeros(weights),
+          (ys.scanned, cts.scanned, old.scanned, new.scanned))
+      inputs, grads_inputs = out_tree[0](done, k)
+      new_weights, new_slots, stats = step_fns.update_each(
+          updates, grads_weights, weights, slots, opt_params, step)
+      return new_weights, new_slots, inputs, grads_inputs, stats
+    return sliced_by_scan
 
   def sliced(outputs, weights, grads, states, new_states, slots, opt_params,
              rngs, step):
@@ -282,16 +352,9 @@ def segment_reverse(layers, optimizers, n_devices, adasum, k, rows):
       stack, grad_stack = slice_of(bufs, s)
       at = lambda arrays: [lax.dynamic_index_in_dim(a, s, keepdims=False)
                            for a in arrays]
-      old_s, new_s = old.slice(at(old.scanned)), new.slice(at(new.scanned))
-      grads_weights = [None] * len(layers)
-      for j in range(len(layers) - 1, -1, -1):
-        n_out = layers[j].n_out
-        x, (x_ct, grads_weights[j]) = layers[j].reverse_and_grad(
-            cb.inputs_from_stack(stack, n_out), cb.inputs_from_stack(
-                grad_stack, n_out), weights[j], old_s[j], new_s[j],
-            rng=rngs[j])
-        stack = cb.outputs_onto_stack(x, stack, n_out)
-        grad_stack = cb.outputs_onto_stack(x_ct, grad_stack, n_out)
+      stack, grad_stack, grads_weights = reverse_slice(
+          stack, grad_stack, weights, old.slice(at(old.scanned)),
+          new.slice(at(new.scanned)), rngs)
       done = jax.tree_util.tree_leaves((stack, grad_stack))
       bufs = [lax.dynamic_update_slice_in_dim(buf, done[i].astype(buf.dtype),
                                               s * b, 0)

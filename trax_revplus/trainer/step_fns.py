@@ -228,17 +228,19 @@ def forward_fn(layer):
 def segment_forward_fn(layers):
   """Forward of consecutive reversible layers in one call.
 
-  The layers run in order on the top items of the stack (a reversible layer
-  has `n_in == n_out`, so the stack depth does not change), each with its
-  own weights, state and RNG, exactly as one call per layer would.
+  The layers run in order on the top items of the stack, each with its
+  own weights, state and RNG, exactly as one call per layer would. A
+  reversible layer may change the stack's depth (`tl.ReversibleSelect([0,
+  0])` reads 1 item and writes 2).
 
   Args (of the returned function):
-    inputs: the top `depth` stack items (an array if depth is 1).
+    inputs: the top `chain_depth(layers)` stack items (an array if 1).
     weights, states, rngs: lists, one entry per layer.
 
   Returns (of the returned function):
-    (outputs, new_states): the top `depth` stack items after the last
-    layer; list of each layer's new state.
+    (outputs, new_states): the stack items the layers wrote in place of
+    `inputs` (`chain_depth(layers)` plus each layer's `n_out - n_in`);
+    list of each layer's new state.
   """
   def forward(inputs, weights, states, rngs):
     stack = inputs
@@ -258,13 +260,13 @@ def segment_reverse_fn(layers, optimizers, n_devices, adasum):
   Runs `reverse_and_fbo_fn` of each layer, last to first, inside one call;
   every layer keeps its own weights, slots, optimizer hyperparameters,
   states and RNG. Arguments are those of `reverse_and_fbo_fn` with a list
-  (one entry per layer) in place of each per-layer value, and the top
-  `depth` stack items as outputs and cotangents.
+  (one entry per layer) in place of each per-layer value, and the stack
+  items the segment's forward wrote as outputs and cotangents.
 
   Returns (of the returned function):
     (new_weights, new_slots, inputs, grads_inputs, stats): lists of each
-    layer's new weights, slots and stats; the reconstructed inputs of the
-    first layer and their cotangents (top `depth` stack items).
+    layer's new weights, slots and stats; the reconstructed stack items the
+    segment's forward read (`chain_depth(layers)`) and their cotangents.
   """
   fns = [reverse_and_fbo_fn(layer, opt, n_devices, adasum)
          for layer, opt in zip(layers, optimizers)]

@@ -20,6 +20,8 @@ all follow one traversal. Nothing in a walk changes the plan or the units.
 
 from trax.layers import combinators as cb
 
+from trax_revplus.trainer import step_fns
+
 
 class StandardUnit:
   """A standard layer: a compiled forward and a compiled FBO.
@@ -81,7 +83,12 @@ class ReversibleSegment:
 
   Attributes:
     layers: list of layer indices, in forward order.
-    depth: int, stack items the segment reads and writes.
+    depth: int, stack items the segment's forward reads (and its backward
+      writes back): `tl.Serial(layers).n_in`.
+    out_depth: int, stack items its forward writes (and its backward
+      reads): `depth` plus each layer's `n_out - n_in`. A reversible layer
+      may change the depth: `tl.ReversibleSelect([0, 0])`, trax's
+      reversible Dup in Terraformer's decoder, reads 1 item and writes 2.
     forward_fn: compiled `Kind.SEGMENT_FORWARD` function, or None for a
       segment that only runs backward (a backward split).
     backward_fn: compiled `Kind.SEGMENT_REVERSE_UPDATE` function.
@@ -89,7 +96,9 @@ class ReversibleSegment:
 
   def __init__(self, indices, layers, forward_fn, backward_fn):
     self.layers = list(indices)
-    self.depth = max(layer.n_in for layer in layers)
+    self.depth = step_fns.chain_depth(layers)
+    self.out_depth = self.depth + sum(layer.n_out - layer.n_in
+                                      for layer in layers)
     self.forward_fn = forward_fn
     self.backward_fn = backward_fn
 
@@ -97,7 +106,8 @@ class ReversibleSegment:
     """Runs the layers in order; saves each one's old and new state.
 
     Returns:
-      (stack, outputs): the stack after the segment; its top `depth` items.
+      (stack, outputs): the stack after the segment; its top `out_depth`
+      items.
     """
     weights, _ = params
     del params
@@ -109,7 +119,7 @@ class ReversibleSegment:
     for i, s, ns in zip(self.layers, state, new_state):
       run.saved[i] = (s, ns)
     stack = cb.outputs_onto_stack(outputs, stack, self.depth)
-    return stack, cb.inputs_from_stack(stack, self.depth)
+    return stack, cb.inputs_from_stack(stack, self.out_depth)
 
   def backward(self, stack, grad_stack, params, run):
     """Reverse + backward + update of each layer, last to first; returns
@@ -118,16 +128,16 @@ class ReversibleSegment:
     del params
     old_state = [run.saved[i][0] for i in self.layers]
     new_state = [run.saved.pop(i)[1] for i in self.layers]
-    outputs = cb.inputs_from_stack(stack, self.depth)
-    grads = cb.inputs_from_stack(grad_stack, self.depth)
+    outputs = cb.inputs_from_stack(stack, self.out_depth)
+    grads = cb.inputs_from_stack(grad_stack, self.out_depth)
     new_weights, new_slots, inputs, grads_in, stats = run.call(
         self.backward_fn,
         (outputs, weights, grads, old_state, new_state, slots,
          [run.opt_params[i] for i in self.layers],
          [run.rngs[i] for i in self.layers], run.step_placed))
     del outputs, grads, old_state, weights, slots
-    stack = cb.outputs_onto_stack(inputs, stack, self.depth)
-    grad_stack = cb.outputs_onto_stack(grads_in, grad_stack, self.depth)
+    stack = cb.outputs_onto_stack(inputs, stack, self.out_depth)
+    grad_stack = cb.outputs_onto_stack(grads_in, grad_stack, self.out_depth)
     order = range(len(self.layers) - 1, -1, -1)  # backward order
     run.updated([self.layers[k] for k in order],
                 [new_weights[k] for k in order], [new_slots[k] for k in order],
