@@ -11,8 +11,9 @@ import importlib
 __version__ = '0.1.0'
 
 # Public names and the submodules defining them, imported on first use: the
-# submodules import trax (seconds of CPU), and `import trax_revplus` must stay cheap
-# so that the `trax-revplus` command answers --help and flag errors at once.
+# submodules import trax (seconds of CPU), and `import trax_revplus` must
+# stay cheap so that the `trax-revplus` command answers --help and flag
+# errors at once.
 _EXPORTS = {
     'activate': 'trax_revplus.swap',
     'deactivate': 'trax_revplus.swap',

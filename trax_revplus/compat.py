@@ -112,7 +112,8 @@ def init_host_and_devices(n_devices=None, random_seed=None):
   Raises:
     ValueError: n_devices is not the local device count (as trax, on JAX).
   """
-  # Imported here: trax takes seconds of CPU to import (see trax_revplus/__init__).
+  # Imported here: trax takes seconds of CPU to import (see
+  # trax_revplus/__init__).
   from trax import fastmath  # pylint: disable=g-import-not-at-top
   from trax.supervised import training  # pylint: disable=g-import-not-at-top
   if fastmath.is_backend(fastmath.Backend.JAX):

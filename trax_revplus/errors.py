@@ -19,8 +19,8 @@ carries its exit status; the command prints it without a traceback.
 `one_line` condenses any other exception's message for such a line.
 
 Only the standard library is imported here: the CLI reads this module
-before trax's import (seconds of CPU), and `multiprocess`, `cli` and `compare` all
-import it.
+before trax's import (seconds of CPU), and `multiprocess`, `cli` and
+`compare` all import it.
 """
 
 import re
