@@ -73,11 +73,6 @@ def test_configured_plan_follows_the_settings():
   assert step_plan.blocks == ((0, ((1, 2), (3, 4))),)
   assert (step_plan.batch_slices, step_plan.n_async_layers,
           step_plan.fused_from) == (2, 3, 5)
-  always = plan.configured_plan(
-      [4], {i: 1 for i in range(6)}, [0],
-      options_lib.TrainerOptions(store_activations='always'))
-  assert (always.fused_from, always.keep_activations) == (0, True)
-  assert always.n_calls == 1
 
 
 def test_a_step_never_changes_its_plan():

@@ -60,8 +60,7 @@ def _every_candidate():
 def test_candidates_cover_every_dimension():
   plans = [plan for plan, _ in _every_candidate()]
   assert {p.batch_slices for p in plans} == {1, 2, 4}
-  assert {(p.fused_from, p.keep_activations) for p in plans
-          if p.fused_from < p.loss} == {(0, True), (0, False)}
+  assert {p.fused_from for p in plans} == {0, plans[0].loss}
   assert {p.n_async_layers for p in plans} == {8, 4, 2, 1, 0}
   assert {p.prefetch for p in plans} == {True, False}
   assert {p.settings()['segment_max_layers'] for p in plans} == {1, 2, 4}
@@ -186,9 +185,49 @@ def test_a_device_budget_where_the_size_is_unknown_is_one_line():
 
 @pytest.mark.parametrize('name,value', [
     ('device_memory_budget_bytes', 0), ('device_memory_budget_bytes', 1.5),
-    ('device_memory_budget_bytes', 'gpu'), ('store_activations', 'sometimes'),
+    ('device_memory_budget_bytes', 'gpu'),
     ('batch_slices', 0), ('batch_slices', -2), ('batch_slices', 1.5),
     ('batch_slices', '2')])
 def test_bad_budget_settings_are_rejected(name, value):
   with pytest.raises(validation.TrainerOptionError, match=name):
     _trainer(**{name: value})
+
+
+def _default_trainer_peak():
+  """trax's default Trainer's accounted step peak on `_trainer`'s model."""
+  from conftest import reversible_lm_blocks  # pylint: disable=g-import-not-at-top
+  first, revs, loss = reversible_lm_blocks()
+  model = tl.Serial([first] + revs + [loss])
+  model.init(_BATCH, rng=fastmath.random.get_prng(12))
+  optimizer = optimizers.Adam()
+  optimizer.tree_init(model.weights)
+  trainer = optimizers.Trainer(model, optimizer, n_devices=1)
+  return device_memory.default_trainer_memory(
+      trainer, device_memory.abstract(_BATCH), 'cpu').peak_device_bytes
+
+
+def test_fused_program_trains_as_the_default_trainer_in_its_memory():
+  """The fused program (every layer in the loss's one program, reversible
+  layers recomputing through their reverse) gives trax's default
+  `Trainer`'s weights, sliced or not, and needs no more device memory
+  than that Trainer's own step."""
+  ref_weights, ref_slots, _ = cases.lm_reference_3_steps()
+  peaks = {}
+  for k in (1, 2):
+    model, trainer = _trainer(device_memory_budget_bytes=None)
+    peaks[k] = cases.set_plan(trainer, _BATCH, cases.fused_plan(
+        trainer, _BATCH, k)).peak_device_bytes
+    cases.train(trainer, _BATCH, 3)
+    cases.assert_all_close(ref_weights, model.weights)
+    cases.assert_all_close(ref_slots, trainer.slots)
+  assert peaks[2] <= peaks[1] <= _default_trainer_peak()
+
+
+def test_the_removed_store_activations_is_one_line_naming_what_to_do():
+  with pytest.raises(validation.TrainerOptionError) as e:
+    _trainer(store_activations='always')
+  message = str(e.value).splitlines()[0]  # gin adds a line naming the class
+  assert message.endswith('Remove the binding.')
+  assert message.startswith(
+      'trax_revplus.ReversibleSerialTrainer.store_activations was removed: '
+      'keeping every activation ran slower than recomputing it')

@@ -26,8 +26,7 @@ pytestmark = pytest.mark.usefixtures('stock_trax')
 
 
 @pytest.mark.parametrize('kwargs', [
-    {'batch_slices': 2}, {'batch_slices': 4, 'segment_max_layers': 1},
-    {'batch_slices': 2, 'store_activations': 'always'}])
+    {'batch_slices': 2}, {'batch_slices': 4, 'segment_max_layers': 1}])
 def test_slices_train_as_the_default_trainer(kwargs):
   batch = cases.lm_batch()
   model, trainer = cases.lm_trainer(batch, **kwargs)

@@ -110,7 +110,10 @@ def test_same_as_default_extended():
     # `ReversibleSelect([0, 0])` reads 1 stack item and writes 2, and
     # `ConcatWithPadding` reshapes its state on its first call.
     dict(segment_max_layers=1, backward_segment_max_layers=1,
-         batch_slices=2)], ids=['defaults', 'one_layer_per_call_2_slices'])
+         batch_slices=2),
+    # Every layer in the loss's one program, in 2 slices.
+    'fused_2_slices'],
+    ids=['defaults', 'one_layer_per_call_2_slices', 'fused_2_slices'])
 def test_same_as_default_terraformer_loss_chunking(plan):
   inputs = np.arange(8).reshape((2, 4)) + 1
   batch = (inputs, 2 * inputs, np.ones_like(inputs))
@@ -130,8 +133,11 @@ def test_same_as_default_terraformer_loss_chunking(plan):
       model_with_loss, init, optimizers.Adafactor, 3, batch)
 
   init()
+  fused = plan == 'fused_2_slices'
   trainer = rev_trainer.ReversibleSerialTrainer(
-      blocks, loss_layer, optimizers.Adafactor, **plan)
+      blocks, loss_layer, optimizers.Adafactor, **({} if fused else plan))
+  if fused:
+    cases.set_plan(trainer, batch, cases.fused_plan(trainer, batch, 2))
   cases.train(trainer, batch, 3)
   cases.assert_all_close(ref_weights, model_with_loss.weights)
   cases.host_leaves_only(model_with_loss.weights)

@@ -151,3 +151,33 @@ def lm_reference_3_steps(zero_rows=()):
   init = lambda: model.init(batch_, rng=fastmath.random.get_prng(12))
   return jax.tree_util.tree_map(
       np.asarray, reference(model, init, optimizers.Adam, 3, batch_))
+
+
+def fused_plan(trainer, batch_, slices=1):
+  """The planner's fused candidate of `slices` slices for `batch_`: every
+  layer in the loss's one program."""
+  # pylint: disable=g-import-not-at-top,protected-access
+  from trax_revplus.trainer import candidates as candidates_lib
+  p = trainer.planner
+  types = p.step_types(batch_)
+  store = trainer._store
+  candidates = candidates_lib.Candidates(
+      store.block_sizes(), store.params_bytes(), p._stack_bytes(types),
+      p._rows(types), trainer.options)
+  [plan] = [group.leanest for group in candidates.groups()
+            if group.fused_blocks and group.leanest.batch_slices == slices]
+  return plan
+
+
+def set_plan(trainer, batch_, plan):
+  """Makes `trainer` step on `batch_`'s shapes with `plan` in place of the
+  planner's; returns the plan's accounted `StepMemory`."""
+  # pylint: disable=g-import-not-at-top,protected-access
+  from trax_revplus.trainer import planner
+  from trax_revplus.trainer import units as units_lib
+  p = trainer.planner
+  units = units_lib.Units(plan, p._factory)
+  memory = p.account(plan, units, p.step_types(batch_))
+  p._planned[planner.batch_key(p._placement.abstract_batch(batch_))] = (
+      planner.Planned(plan, units, memory))
+  return memory

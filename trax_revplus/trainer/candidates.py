@@ -2,10 +2,10 @@
 
 Every dimension of `plan.StepPlan` that costs device memory is varied:
 
-  fused layers      all layers run in the loss's one program, keeping
-                    their activations (nothing recomputed) or recomputing
-                    them through each reversible layer's reverse (trax's
-                    default `Trainer`'s way); or none;
+  fused layers      every layer runs in the loss's one program, as trax's
+                    default `Trainer` runs the whole model (reversible
+                    layers recompute their activations through their
+                    reverse inside it), or none;
   batch_slices      every divisor k of each device's rows;
   segment lengths   forward and backward segments of 1, 2, 4 or 8 layers
                     (a backward length at most the forward one);
@@ -13,13 +13,15 @@ Every dimension of `plan.StepPlan` that costs device memory is varied:
   prefetch          on, then off.
 
 The speed model ranks plans without timing them, in this order of
-importance: (1) fewer recomputed layers (a recompute costs a layer's
-forward pass again): all layers fused with kept activations first, then
-fused and recomputed, then unfused; (2) fewer batch slices (smaller
-matrices and a loop per call); (3) fewer compiled calls (each costs a
-dispatch and host work for its weights, slots and updates), then fewer
-backward calls, then longer forward segments; (4) a deeper copy-back, then
-prefetching (each overlaps host work with device work).
+importance: (1) the fused program first: one call per step, with no host
+work and no dispatch between layers, where unfused plans run two calls per
+segment and recompute the same activations (on the 6-layer benchmark model
+it stepped 1.10 s against 1.39 s unfused, and 0.96 against 1.12 s at 2
+slices: docs/performance.md); (2) fewer batch slices (larger matrices, no
+loop per call); (3) fewer compiled calls (each costs a dispatch and host
+work for its weights, slots and updates), then fewer backward calls, then
+longer forward segments; (4) a deeper copy-back, then prefetching (each
+overlaps host work with device work).
 
 Plans are grouped by (1) and (2): the members of a group share their
 slicing, and the group's leanest member (one layer per call, no copy-back
@@ -30,7 +32,6 @@ the group, so a group whose leanest member does not fit is skipped whole.
 import dataclasses
 from typing import Iterator, Tuple
 
-from trax_revplus.trainer import options as options_lib
 from trax_revplus.trainer import plan as plan_lib
 
 SEGMENT_LENGTHS = (1, 2, 4, 8)
@@ -44,11 +45,12 @@ class Group:
   Attributes:
     plans: tuple of `plan.StepPlan`, in the speed model's order.
     leanest: the member that needs the least device memory.
-    fused_reversible_layers: reversible layers inside the loss program.
+    fused_blocks: blocks whose reversible layers run inside the loss
+      program.
   """
   plans: Tuple[plan_lib.StepPlan, ...]
   leanest: plan_lib.StepPlan
-  fused_reversible_layers: int
+  fused_blocks: int
 
 
 class Candidates:
@@ -61,8 +63,8 @@ class Candidates:
       stack_bytes: list over blocks of the bytes (all devices) of the stack
         items its reversible layers read.
       rows: int, rows of the batch each device gets.
-      options: `options.TrainerOptions` (segment_max_bytes, n_async_layers,
-        store_activations).
+      options: `options.TrainerOptions` (segment_max_bytes,
+        n_async_layers).
     """
     self._sizes = list(block_sizes)
     self._nbytes = nbytes
@@ -75,12 +77,12 @@ class Candidates:
     return plan_lib.make_plan(self._sizes, self._nbytes, self._stack_bytes,
                               **settings)
 
-  def _fused(self, k, keep):
+  def _fused(self, k):
     plan = self._make(segment_max_layers=max(self._sizes + [1]),
                       backward_segment_max_layers=max(self._sizes + [1]),
-                      batch_slices=k, fused_from=0, keep_activations=keep,
+                      batch_slices=k, fused_from=0,
                       n_async_layers=self._options.n_async_layers)
-    return Group((plan,), plan, sum(self._sizes))
+    return Group((plan,), plan, len(self._sizes))
 
   def _lengths(self):
     """(forward, backward) segment lengths, fewest calls first."""
@@ -114,24 +116,18 @@ class Candidates:
 
   def groups(self) -> Iterator[Group]:
     """Every group, in the speed model's order."""
-    store = self._options.store_activations
-    if store in ('always', options_lib.AUTO):
-      for k in self.slices:
-        yield self._fused(k, keep=True)
-    if store == options_lib.AUTO:
-      for k in self.slices:
-        yield self._fused(k, keep=False)
-    if store != 'always':
-      for k in self.slices:
-        yield self._unfused(k)
+    for k in self.slices:
+      yield self._fused(k)
+    for k in self.slices:
+      yield self._unfused(k)
 
   def lower_bound_bytes(self, group, n_devices) -> int:
     """Bytes per device every plan of `group` holds, known without
-    compiling: a fused program keeps, for the slice it runs, each fused
-    reversible layer's inputs (the stack state it reads) until its
-    backward, and takes every fused layer's weights and slots."""
-    if not group.fused_reversible_layers:
+    compiling: a fused program keeps, for the slice it runs, the outputs of
+    each block's reversible layers until its backward (their reverse
+    starts there), and takes every fused layer's weights and slots."""
+    if not group.fused_blocks:
       return 0
     k = group.leanest.batch_slices
-    kept = sum(n * b for n, b in zip(self._sizes, self._stack_bytes))
+    kept = sum(b for n, b in zip(self._sizes, self._stack_bytes) if n)
     return kept // (n_devices * k) + sum(self._nbytes.values())

@@ -147,15 +147,13 @@ def loss_fbo(layer, optimizer, n_devices, adasum, k):
   return sliced
 
 
-def fused_loss(layers, optimizers, n_devices, adasum, k, rows,
-               keep_activations):
+def fused_loss(layers, optimizers, n_devices, adasum, k, rows):
   """`step_fns.fused_loss_fn` over k slices where `loss_combination`
   allows; unsliced otherwise."""
   combine = loss_combination(layers) if k > 1 else None
   if combine is None:
-    return step_fns.fused_loss_fn(layers, optimizers, n_devices, adasum,
-                                  keep_activations)
-  forward = step_fns.chain_forward_fn(layers, keep_activations)
+    return step_fns.fused_loss_fn(layers, optimizers, n_devices, adasum)
+  forward = step_fns.chain_forward_fn(layers)
   updates = [step_fns.update_fn(opt, n_devices, adasum) for opt in optimizers]
 
   def sliced(inputs, weights, states, slots, opt_params, rngs, step):

@@ -22,7 +22,15 @@ GIN_CONFIGURABLE = 'trax_revplus.ReversibleSerialTrainer'
 ON_NON_FINITE = ('raise', 'skip', 'ignore')
 AUTO = 'auto'
 DEVICE = 'device'
-STORE_ACTIVATIONS = ('never', 'always', AUTO)
+# Settings that were removed, and what to do instead.
+REMOVED = {
+    'store_activations': (
+        'keeping every activation ran slower than recomputing it through '
+        'the reversible layers (docs/performance.md); under a '
+        'device_memory_budget_bytes the planner runs the whole model in one '
+        'program, as trax\'s default Trainer, where that fits and is '
+        'fastest. Remove the binding'),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,18 +134,10 @@ class TrainerOptions:
       lengths, batch slices, fused layers, copy-back depth, prefetch;
       `trainer.candidates`) and runs the fastest one whose peak fits,
       replacing segment_max_layers, backward_segment_max_layers,
-      batch_slices and store_activations='auto'; n_async_layers is the
+      and batch_slices; n_async_layers is the
       deepest copy-back it tries. If none fits, `one_step` raises
       `planner.DeviceMemoryBudgetError` naming the least budget that
       would, before any weight changes.
-    store_activations: 'never': reversible layers recompute their inputs
-      and activations in the backward pass (as trax). 'always': every
-      layer runs forward, loss and backward in the loss's one program,
-      keeping its activations for its backward (no recompute; the step
-      holds every layer's activations, as trax's default `Trainer` does).
-      'auto' (default): under a device memory budget the planner may fuse
-      layers so, where the result fits; without one, as 'never'. Results
-      are the same up to float32 rounding.
     batch_slices: int k >= 1 (default 1). Every call of the step runs over
       k equal slices of each device's rows of the batch, summing the
       slices' weight gradients before one optimizer update
@@ -164,7 +164,6 @@ class TrainerOptions:
   backward_segment_max_layers: Union[int, str] = AUTO
   clear_compilation_caches: bool = True
   device_memory_budget_bytes: Optional[Union[int, str]] = AUTO
-  store_activations: str = AUTO
   memory_log_first_steps: int = FIRST_STEPS_RECORDED
   batch_slices: int = 1
 
@@ -206,10 +205,6 @@ class TrainerOptions:
       _check_int(self, 'device_memory_budget_bytes', 1,
                  allowed=f"'{AUTO}', '{DEVICE}', None or an int number of "
                          f"bytes >= 1")
-    if self.store_activations not in STORE_ACTIVATIONS:
-      raise validation.TrainerOptionError(
-          'store_activations', self.store_activations,
-          f'one of {STORE_ACTIVATIONS}')
     _check_int(self, 'batch_slices', 1,
                allowed='an int >= 1 that divides each device\'s rows of the '
                        'batch (1: no slices)')
@@ -223,6 +218,12 @@ class TrainerOptions:
         setting out of its range.
     """
     unknown = sorted(set(settings) - set(cls.field_names()))
+    removed = [name for name in unknown if name in REMOVED]
+    if removed:
+      name = removed[0]
+      raise validation.TrainerOptionError(
+          name, settings[name], None, message=(
+              f'{GIN_CONFIGURABLE}.{name} was removed: {REMOVED[name]}.'))
     if unknown:
       name = unknown[0]
       raise validation.TrainerOptionError(

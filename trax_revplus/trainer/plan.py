@@ -11,12 +11,9 @@ step's speed or device memory but never its result:
   batch_slices    each call runs over k slices of each device's rows, one
                   after the other (per-call temporaries shrink about k-fold);
   fused_from      layers from this index on run forward, loss and backward
-                  in the loss's one program (their activations stay inside
-                  that program: nothing is recomputed, more is held);
-  keep_activations
-                  whether those fused layers keep their activations
-                  (autodiff) or recompute them through each reversible
-                  layer's reverse, as trax's default `Trainer` does;
+                  in the loss's one program, as trax's default `Trainer`
+                  runs the whole model (reversible layers recompute their
+                  activations through their reverse inside it);
   n_async_layers  how long an update stays on the device before its copy
                   back to the host is committed;
   prefetch        whether the next call's weights are placed during the
@@ -65,11 +62,6 @@ class StepPlan:
     fused_from: int, the first layer whose forward and backward run inside
       the loss layer's program (`loss`: none). It is a unit boundary: a
       block's standard layer or the first layer of a forward segment.
-    keep_activations: bool, whether the fused layers keep their
-      activations (plain autodiff: nothing recomputed, more held) or run
-      each reversible layer's own custom gradient, which recomputes its
-      inputs from its outputs (trax's default `Trainer`'s way). Read only
-      where layers are fused.
     n_async_layers: int >= 0, a call's updates are committed to the host
       once calls updating at least this many layers were dispatched after
       it (`options.TrainerOptions.n_async_layers`).
@@ -82,7 +74,6 @@ class StepPlan:
   backward: Mapping[Segment, Tuple[Segment, ...]]
   batch_slices: int = 1
   fused_from: Optional[int] = None
-  keep_activations: bool = True
   n_async_layers: int = 8
   prefetch: bool = True
 
@@ -139,7 +130,6 @@ class StepPlan:
         'backward_segment_max_layers': max(backward, default=0),
         'batch_slices': self.batch_slices,
         'fused_layers': self.loss - self.fused_from,
-        'keep_activations': self.keep_activations,
         'n_async_layers': self.n_async_layers,
         'prefetch': self.prefetch,
     }
@@ -211,7 +201,7 @@ def make_plan(block_sizes: Sequence[int], nbytes: Mapping[int, int],
               stack_bytes: Sequence[int], *, segment_max_layers: int,
               segment_max_bytes: int, backward_segment_max_layers,
               batch_slices: int = 1, fused_from: Optional[int] = None,
-              keep_activations: bool = True, n_async_layers: int = 8,
+              n_async_layers: int = 8,
               prefetch: bool = True) -> StepPlan:
   """The plan of a trainer's blocks for given settings.
 
@@ -225,7 +215,7 @@ def make_plan(block_sizes: Sequence[int], nbytes: Mapping[int, int],
     segment_max_layers, segment_max_bytes, backward_segment_max_layers,
       batch_slices, n_async_layers: as `options.TrainerOptions`.
     fused_from: int or None (nothing fused), see `StepPlan.fused_from`.
-    keep_activations, prefetch: see `StepPlan`.
+    prefetch: see `StepPlan`.
 
   Returns:
     `StepPlan`, every backward split decided.
@@ -244,22 +234,17 @@ def make_plan(block_sizes: Sequence[int], nbytes: Mapping[int, int],
     k += 1 + n_reversible
   return StepPlan(blocks=tuple(blocks), loss=k, backward=backward,
                   batch_slices=batch_slices, fused_from=fused_from,
-                  keep_activations=keep_activations,
                   n_async_layers=n_async_layers, prefetch=prefetch)
 
 
 def configured_plan(block_sizes, nbytes, stack_bytes,
                     options: options_lib.TrainerOptions) -> StepPlan:
-  """The plan the trainer's settings name, without a device budget.
-
-  `store_activations='always'` fuses every layer into the loss program.
-  """
-  loss = sum(block_sizes) + len(block_sizes)
+  """The plan the trainer's settings name, without a device budget: no
+  layer fused into the loss program."""
   return make_plan(
       block_sizes, nbytes, stack_bytes,
       segment_max_layers=options.segment_max_layers,
       segment_max_bytes=options.segment_max_bytes,
       backward_segment_max_layers=options.backward_segment_max_layers,
       batch_slices=options.batch_slices,
-      fused_from=0 if options.store_activations == 'always' else loss,
       n_async_layers=options.n_async_layers)

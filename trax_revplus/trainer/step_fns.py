@@ -288,21 +288,6 @@ def segment_reverse_fn(layers, optimizers, n_devices, adasum):
   return reverse
 
 
-def _plain_forward(layer, x, weights, state, rng):
-  """`layer.forward` with `weights`, `state` and `rng` swapped in, as
-  trax's `Layer.pure_fn` runs it, but without a reversible layer's custom
-  gradient (which would reverse the layer in the backward pass)."""
-  saved = layer.weights, layer.state, layer._rng  # pylint: disable=protected-access
-  try:
-    layer.weights, layer.state = weights, state
-    layer._rng = rng  # pylint: disable=protected-access
-    y = layer.forward(x)
-    return y, layer.state
-  finally:
-    layer.weights, layer.state = saved[:2]
-    layer._rng = saved[2]  # pylint: disable=protected-access
-
-
 def update_fn(optimizer, n_devices, adasum):
   """One layer's optimizer update from its summed gradients.
 
@@ -330,32 +315,97 @@ def is_reversible(layer):
   return isinstance(layer, trax_reversible.ReversibleLayer)
 
 
-def chain_forward_fn(layers, keep_activations):
-  """Forward of consecutive layers (standard and reversible) in one call.
+def chain_forward_fn(layers):
+  """Forward of consecutive layers (standard and reversible) in one call,
+  differentiable as trax's default `Trainer` differentiates them.
 
-  Args:
-    layers: the layers, in forward order.
-    keep_activations: bool; True runs each reversible layer's own forward,
-      so autodiff keeps its activations and its backward recomputes
-      nothing; False runs `pure_fn`, whose custom gradient reverses the
-      layer from its outputs (as trax's default `Trainer` does).
+  Each run of consecutive reversible layers goes under one custom gradient
+  that holds only the run's outputs and reverses its layers from them,
+  last to first (`reversible_run_fn`), as trax's `ReversibleSerial` does
+  in the default `Trainer`; the other layers run `pure_fn`.
 
   Returns (of the returned function):
     (inputs, weights, states, rngs) -> (outputs, new_states): lists over
     the layers; `inputs` are the top `chain_depth(layers)` stack items.
   """
+  runs = _runs(layers)
+
   def forward(inputs, weights, states, rngs):
     stack, new_states = inputs, []
-    for layer, w, s, rng in zip(layers, weights, states, rngs):
-      x = cb.inputs_from_stack(stack, layer.n_in)
-      if keep_activations and is_reversible(layer):
-        y, new_state = _plain_forward(layer, x, w, s, rng)
-      else:
-        y, new_state = layer.pure_fn(x, w, s, rng)
+    for start, stop, fn in runs:
+      if fn is not None:
+        depth = chain_depth(layers[start:stop])
+        y, run_states = fn(cb.inputs_from_stack(stack, depth),
+                           list(weights[start:stop]), list(states[start:stop]),
+                           list(rngs[start:stop]))
+        stack = cb.outputs_onto_stack(y, stack, depth)
+        new_states.extend(run_states)
+        continue
+      layer = layers[start]
+      y, new_state = layer.pure_fn(cb.inputs_from_stack(stack, layer.n_in),
+                                   weights[start], states[start], rngs[start])
       stack = cb.outputs_onto_stack(y, stack, layer.n_in)
       new_states.append(new_state)
     return stack, new_states
   return forward
+
+
+def _runs(layers):
+  """(start, stop, fn) over `layers` in order: a run of consecutive
+  reversible layers as one `reversible_run_fn`, every other layer alone
+  with fn None."""
+  runs, i = [], 0
+  while i < len(layers):
+    j = i + 1
+    if is_reversible(layers[i]):
+      while j < len(layers) and is_reversible(layers[j]):
+        j += 1
+      runs.append((i, j, reversible_run_fn(layers[i:j])))
+    else:
+      runs.append((i, j, None))
+    i = j
+  return runs
+
+
+def reversible_run_fn(layers):
+  """Forward of consecutive reversible layers whose gradient recomputes.
+
+  The forward is `segment_forward_fn`'s. Its custom gradient holds the
+  run's outputs (not each layer's activations) and runs each layer's
+  `reverse_and_grad`, last to first, as `segment_reverse_fn` does without
+  the updates: trax's `ReversibleSerial.reverse_and_grad`, with each layer's
+  own weights, state and RNG.
+
+  Returns (of the returned function):
+    (inputs, weights, states, rngs) -> (outputs, new_states), as
+    `segment_forward_fn`; differentiable in `inputs` and `weights`.
+  """
+  forward = segment_forward_fn(layers)
+
+  @jax.custom_vjp
+  def run(inputs, weights, states, rngs):
+    return forward(inputs, weights, states, rngs)
+
+  def run_forward(inputs, weights, states, rngs):
+    outputs, new_states = forward(inputs, weights, states, rngs)
+    return (outputs, new_states), (outputs, weights, states, new_states, rngs)
+
+  def run_backward(residuals, cotangents):
+    stack, weights, states, new_states, rngs = residuals
+    grad_stack = cotangents[0]  # New states take no cotangent.
+    grads_weights = [None] * len(layers)
+    for k in range(len(layers) - 1, -1, -1):
+      n_out = layers[k].n_out
+      x, (x_ct, grads_weights[k]) = layers[k].reverse_and_grad(
+          cb.inputs_from_stack(stack, n_out),
+          cb.inputs_from_stack(grad_stack, n_out), weights[k], states[k],
+          new_states[k], rng=rngs[k])
+      stack = cb.outputs_onto_stack(x, stack, n_out)
+      grad_stack = cb.outputs_onto_stack(x_ct, grad_stack, n_out)
+    return grad_stack, grads_weights, None, None
+
+  run.defvjp(run_forward, run_backward)
+  return run
 
 
 def chain_depth(layers):
@@ -369,19 +419,21 @@ def chain_depth(layers):
   return needed
 
 
-def fused_loss_fn(layers, optimizers, n_devices, adasum, keep_activations):
+def fused_loss_fn(layers, optimizers, n_devices, adasum):
   """Forward + backward + update of consecutive layers ending in the loss.
 
   The whole-model step of trax's `_accelerated_update_fn` for the layers
   given (the default `Trainer`'s), each layer updated by its own optimizer
-  as `fbo_fn` does. The loss layer's stats hold its output as 'loss'.
+  as `fbo_fn` does; reversible layers recompute their activations in the
+  backward pass (`chain_forward_fn`). The loss layer's stats hold its
+  output as 'loss'.
 
   Returns (of the returned function):
     (inputs, weights, states, slots, opt_params, rngs, step) ->
     (new_weights, new_states, new_slots, grads_inputs, stats), per-layer
     values as lists over the layers.
   """
-  forward = chain_forward_fn(layers, keep_activations)
+  forward = chain_forward_fn(layers)
   updates = [update_fn(opt, n_devices, adasum) for opt in optimizers]
 
   def fbo(inputs, weights, states, slots, opt_params, rngs, step):

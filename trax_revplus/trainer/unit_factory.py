@@ -92,10 +92,10 @@ class UnitFactory:
                                 self._donated(kind, indices), n_slices)
     return ReversibleSegment(indices, layers, forward_fn, backward_fn)
 
-  def loss(self, indices, n_slices=1, keep_activations=True):
+  def loss(self, indices, n_slices=1):
     """The `LossUnit` of layers `indices` (the loss layer last); the
-    layers before the loss keep their activations or recompute them
-    (`plan.StepPlan.keep_activations`)."""
+    reversible layers before the loss recompute their activations in its
+    backward pass (`step_fns.chain_forward_fn`)."""
     layers = [self._layers[i] for i in indices]
     optimizers = [self._optimizers[i] for i in indices]
     depth = step_fns.chain_depth(layers)
@@ -106,8 +106,6 @@ class UnitFactory:
     else:
       kind = Kind.FUSED_LOSS
       fn = loss_slices.fused_loss(layers, optimizers, self._n_devices,
-                             self._adasum, n_slices, self._rows(indices),
-                             keep_activations)
+                             self._adasum, n_slices, self._rows(indices))
     return LossUnit(indices, depth, self._compile(
-        kind, indices, fn, self._donated(kind, indices),
-        (n_slices, keep_activations)))
+        kind, indices, fn, self._donated(kind, indices), n_slices))

@@ -277,7 +277,7 @@ class Units:
              for s in split])
     self.backward_units.reverse()
     self.loss_unit = factory.loss(list(range(plan.fused_from, plan.loss + 1)),
-                                  plan.batch_slices, plan.keep_activations)
+                                  plan.batch_slices)
 
   def programs(self):
     """Every compiled function a step calls, in call order (with repeats
