@@ -29,7 +29,7 @@ def _functions():
       Kind.SEGMENT_REVERSE_UPDATE: step_fns.segment_reverse_fn(
           [half, swap], [adam(), adam()], 1, False),
       Kind.FUSED_LOSS: step_fns.fused_loss_fn(
-          [half, swap, dense], [adam(), adam(), adam()], 1, False, True),
+          [half, swap, dense], [adam(), adam(), adam()], 1, False),
   }
 
 
