@@ -69,6 +69,8 @@ def check_result(checks, n, result):
       ('max_diff_free', 'ours with free_accelerators_on_step=True'),
       ('max_diff_slices_vs_default_1dev',
        "batch_slices=2 vs trax's default Trainer"),
+      ('max_diff_fused_vs_default_1dev',
+       "every layer in one program vs trax's default Trainer"),
       ('max_diff_lsh_slices', 'LSH ReformerLM: batch_slices=2 vs 1')):
     checks.check(f'{n} devices match {what} (<= {_TOLERANCE})',
                  result[key] <= _TOLERANCE, f'{result[key]:.3g}')

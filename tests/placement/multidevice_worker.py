@@ -17,6 +17,10 @@ Printed (last line of stdout), all differences as max absolute values:
     False, loss_shape: shape of the returned loss,
   max_diff_slices_vs_default_1dev: ours on N devices with batch_slices=2
     (each device's rows in 2 slices) vs trax's default Trainer,
+  max_diff_fused_vs_default_1dev: ours on N devices running every layer
+    in the loss's one program (the plan a budget chooses first where it
+    fits; set directly, since a budget is not accounted on N CPU devices)
+    vs trax's default Trainer, fused_layers: the layers that program ran,
   max_diff_lsh_slices: a ReformerLM with LSH attention on N devices,
     batch_slices=2 vs 1 (LSH hashes with per-row state),
   adasum_finite: ours with adasum=True trains to finite weights,
@@ -81,15 +85,35 @@ def _default_weights():
 
 
 def _ours(n_devices, **kwargs):
+  weights, loss_value, _ = _ours_and_plan(n_devices, **kwargs)
+  return weights, loss_value
+
+
+def _fuse_every_layer(trainer):
+  """Makes `trainer` run every layer in the loss's one program."""
+  # pylint: disable=g-import-not-at-top,protected-access
+  import dataclasses
+  from trax_revplus.trainer import planner
+  from trax_revplus.trainer import units
+  p = trainer.planner
+  plan = dataclasses.replace(p.planned(_BATCH).plan, fused_from=0)
+  p._planned[planner.batch_key(p._placement.abstract_batch(_BATCH))] = (
+      planner.Planned(plan, units.Units(plan, p._factory), None))
+
+
+def _ours_and_plan(n_devices, fused=False, **kwargs):
   first, revs, loss = reversible_lm_blocks()
   model = tl.Serial([first] + revs + [loss])
   model.init(_BATCH, rng=fastmath.random.get_prng(12))
   trainer = rev_trainer.ReversibleSerialTrainer(
       [(first.sublayers, revs)], loss, optimizers.Adam, n_devices=n_devices,
       **kwargs)
+  if fused:
+    _fuse_every_layer(trainer)
   for rng, lr in zip(_RNGS, _LRS):
     loss_value, _ = trainer.one_step(_BATCH, rng, learning_rate=lr)
-  return model.weights, np.asarray(loss_value)
+  return (model.weights, np.asarray(loss_value),
+          trainer.planned(_BATCH).plan.settings())
 
 
 def _lsh(n_devices, batch_slices):
@@ -142,6 +166,7 @@ def main():
                        memory_log_every_n_steps=1)
   adasum, _ = _ours(n, adasum=True)
   sliced, _ = _ours(n, batch_slices=2)
+  fused, _, fused_plan = _ours_and_plan(n, fused=True, compile_ahead=False)
   result = {
       'n_devices': n,
       'local_devices': len(jax.local_devices()),
@@ -150,6 +175,8 @@ def main():
       'max_diff_vs_ours_1dev': _max_diff(ours_n, ours_1),
       'max_diff_free': _max_diff(ours_n, ours_free),
       'max_diff_slices_vs_default_1dev': _max_diff(sliced, reference),
+      'max_diff_fused_vs_default_1dev': _max_diff(fused, reference),
+      'fused_layers': fused_plan['fused_layers'],
       'max_diff_lsh_slices': _max_diff(_lsh(n, 2), _lsh(n, 1)),
       'loss_shape': list(loss_n.shape),
       'adasum_finite': all(np.all(np.isfinite(x))
