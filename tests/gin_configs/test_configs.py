@@ -132,3 +132,15 @@ def test_full_size_enwik8_model_builds_abstractly():
       _to_struct(weights), _to_struct(state),
       jax.ShapeDtypeStruct((1, length), np.int32))
   assert logits.shape == (1, length, vocab)
+
+
+def test_includes_are_found_next_to_their_includer_at_any_depth(tmp_path):
+  """A config in another directory that includes the main job's config,
+  which includes its base next to itself: both directories are searched."""
+  from trax_revplus.cli import gin_config  # pylint: disable=g-import-not-at-top
+  top = tmp_path / 'mine.gin'
+  top.write_text(f"include '{MAIN}'\ntrain.steps = 3\n")
+  assert gin_config._include_dirs([str(top)]) == [str(tmp_path), CONFIG_DIR]  # pylint: disable=protected-access
+  cli.parse_configs([str(top)], [])
+  assert gin.query_parameter('train.steps') == 3
+  assert gin.query_parameter('train.model') is not None

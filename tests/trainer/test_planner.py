@@ -180,7 +180,7 @@ def test_a_device_budget_where_the_size_is_unknown_is_one_line():
       "trax_revplus.ReversibleSerialTrainer.device_memory_budget_bytes = "
       "'device', but the cpu backend does not report its devices' memory "
       "size (memory_stats()['bytes_limit']); set the budget in bytes (e.g. "
-      "16 * 2**30), or 'auto' to plan without one here.")
+      "17179869184 for 16 GiB), or 'auto' to plan without one here.")
 
 
 @pytest.mark.parametrize('name,value', [

@@ -50,3 +50,26 @@ def test_cli_unknown_knob_of_ours_is_one_line(tmp_path, capsys):
   assert ("; trax_revplus.ReversibleSerialTrainer has no knob 'no_such_knob';"
           " its knobs: blocks, loss_layer, optimizer_fn, n_devices") in err[0]
   assert not os.listdir(tmp_path)
+
+
+def test_cli_removed_setting_is_one_line_saying_so(tmp_path, capsys):
+  import gin  # pylint: disable=g-import-not-at-top
+  from trax_revplus import cli  # pylint: disable=g-import-not-at-top
+  repo = os.path.dirname(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__))))
+  config = os.path.join(repo, 'gin_configs', 'reformer_char_lm.gin')
+  try:
+    code = cli.main(['trax-revplus', 'train', f'--config_file={config}',
+                     f'--output_dir={tmp_path}',
+                     '--config=trax_revplus.ReversibleSerialTrainer.'
+                     "store_activations = 'always'"])
+  finally:
+    gin.clear_config()
+  err = capsys.readouterr().err.strip().splitlines()
+  assert code == 2
+  assert err == [
+      'trax-revplus train: error: cannot apply --config="trax_revplus.'
+      "ReversibleSerialTrainer.store_activations = 'always'\": "
+      + validation.removed_setting_message(
+          'trax_revplus.ReversibleSerialTrainer', 'store_activations')]
+  assert not os.listdir(tmp_path)

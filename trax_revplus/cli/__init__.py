@@ -46,8 +46,14 @@ def _command(name: str):
   return module.run
 
 
-class _Stopped(Exception):
-  """SIGINT or SIGTERM reached a command that has no handler of its own."""
+class _Stopped(BaseException):
+  """SIGINT or SIGTERM reached a command that has no handler of its own.
+
+  A BaseException, as KeyboardInterrupt is: code that reports any
+  Exception (trax wraps one raised while a layer initializes into a
+  `LayerError`; `estimate` reports a trainer it cannot account) must not
+  turn a stop into an error message or swallow it.
+  """
 
   def __init__(self, signum: int):
     super().__init__(signum)

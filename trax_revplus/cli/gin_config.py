@@ -4,6 +4,7 @@ import contextlib
 import io
 import logging as std_logging
 import os
+import re
 import sys
 import tempfile
 from typing import Any, Iterator
@@ -82,8 +83,12 @@ class _GinSearchNoise(std_logging.Filter):
 
 
 def _gin_error(exception: BaseException) -> str:
-  """gin's error in one line; for a knob of ours, also the knobs it has."""
+  """gin's error in one line; for a knob of ours, also the knobs it has;
+  for a removed setting, that it was removed and what to do instead."""
   from trax_revplus import validation  # pylint: disable=g-import-not-at-top
+  removed = validation.removed_knob_message(str(exception))
+  if removed:
+    return removed
   hint = validation.unknown_knob_hint(str(exception))
   text = one_line(exception)
   return f'{text}; {hint}' if hint else text
@@ -94,8 +99,9 @@ def parse_configs(config_files: list[str], bindings: list[str]) -> None:
 
   Starts from an empty gin config and stock trax (any earlier activation is
   undone), so that an `import trax_revplus.activate` line in the configs
-  takes effect in this call. Each config file's directory is added to gin's
-  search path, so `include 'base.gin'` finds a file next to the includer.
+  takes effect in this call. The directory of each config file, and of each
+  file they include (transitively), is added to gin's search path, so
+  `include 'base.gin'` finds a file next to its includer at any depth.
   trax and the configurables configs use must be imported already.
 
   Args:
@@ -112,8 +118,8 @@ def parse_configs(config_files: list[str], bindings: list[str]) -> None:
   # Let gin's `import trax_revplus.activate` run the module (and activate)
   # again in this process.
   sys.modules.pop('trax_revplus.activate', None)
-  for path in config_files:
-    gin.add_config_file_search_path(os.path.dirname(os.path.abspath(path)))
+  for folder in _include_dirs(config_files):
+    gin.add_config_file_search_path(folder)
   noise = _GinSearchNoise()
   std_logging.getLogger().addFilter(noise)
   try:
@@ -131,6 +137,37 @@ def parse_configs(config_files: list[str], bindings: list[str]) -> None:
     except _GIN_ERRORS as e:
       raise UserError(
           f'cannot apply --config={binding!r}: {_gin_error(e)}') from None
+
+
+# gin's include statement, as its parser reads it at the start of a line.
+_INCLUDE = re.compile(r"""^\s*include\s+(['"])(.+?)\1""", re.MULTILINE)
+
+
+def _include_dirs(config_files: list[str]) -> list[str]:
+  """The directories of `config_files` and of every file they include,
+  transitively, where found next to the includer: gin looks an include up
+  only on its search paths, so a file included from an included file in
+  another directory needs that directory there too."""
+  dirs, seen = [], set()
+  pending = [os.path.abspath(p) for p in config_files]
+  while pending:
+    path = pending.pop(0)
+    if path in seen:
+      continue
+    seen.add(path)
+    folder = os.path.dirname(path)
+    if folder not in dirs:
+      dirs.append(folder)
+    try:
+      with open(path, encoding='utf-8') as f:
+        text = f.read()
+    except (OSError, UnicodeDecodeError):
+      continue  # gin reports the file itself.
+    for _, name in _INCLUDE.findall(text):
+      candidate = os.path.join(folder, os.path.expanduser(name))
+      if os.path.isfile(candidate):
+        pending.append(os.path.abspath(candidate))
+  return dirs
 
 
 _UNBOUND = object()

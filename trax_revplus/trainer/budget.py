@@ -57,6 +57,6 @@ def budget_bytes(setting, placement) -> Optional[int]:
         f"{options_lib.GIN_CONFIGURABLE}.device_memory_budget_bytes = "
         f"'device', but the {placement.platform} backend does not report its "
         f"devices' memory size (memory_stats()['bytes_limit']); set the "
-        f"budget in bytes (e.g. 16 * 2**30), or 'auto' to plan without one "
-        f"here.")
+        f"budget in bytes (e.g. 17179869184 for 16 GiB), or 'auto' to plan "
+        f"without one here.")
   return None

@@ -22,17 +22,6 @@ GIN_CONFIGURABLE = 'trax_revplus.ReversibleSerialTrainer'
 ON_NON_FINITE = ('raise', 'skip', 'ignore')
 AUTO = 'auto'
 DEVICE = 'device'
-# Settings that were removed, and what to do instead.
-REMOVED = {
-    'store_activations': (
-        'keeping every activation ran slower than recomputing it through '
-        'the reversible layers (docs/performance.md); under a '
-        'device_memory_budget_bytes the planner runs the whole model in one '
-        'program, as trax\'s default Trainer, where that fits and is '
-        'fastest. Remove the binding'),
-}
-
-
 @dataclasses.dataclass(frozen=True)
 class TrainerOptions:
   """Settings of `ReversibleSerialTrainer` beyond trax's arguments.
@@ -218,12 +207,12 @@ class TrainerOptions:
         setting out of its range.
     """
     unknown = sorted(set(settings) - set(cls.field_names()))
-    removed = [name for name in unknown if name in REMOVED]
+    removed = [n for n in unknown if n in validation.REMOVED_SETTINGS]
     if removed:
       name = removed[0]
       raise validation.TrainerOptionError(
-          name, settings[name], None, message=(
-              f'{GIN_CONFIGURABLE}.{name} was removed: {REMOVED[name]}.'))
+          name, settings[name], None,
+          message=validation.removed_setting_message(GIN_CONFIGURABLE, name))
     if unknown:
       name = unknown[0]
       raise validation.TrainerOptionError(
