@@ -24,7 +24,9 @@ def test_unknown_knob_hint_lists_our_knobs():
       "Configurable 'ReformerLM' doesn't have a parameter named 'x'") is None
 
 
-def test_cli_unknown_knob_of_ours_is_one_line(tmp_path, capsys):
+def _train_with_binding(tmp_path, capsys, binding):
+  """`trax-revplus train` of the main job with `binding`: (exit status,
+  stderr lines)."""
   import gin  # pylint: disable=g-import-not-at-top
   from trax_revplus import cli  # pylint: disable=g-import-not-at-top
   repo = os.path.dirname(os.path.dirname(os.path.dirname(
@@ -32,12 +34,15 @@ def test_cli_unknown_knob_of_ours_is_one_line(tmp_path, capsys):
   config = os.path.join(repo, 'gin_configs', 'reformer_char_lm.gin')
   try:
     code = cli.main(['trax-revplus', 'train', f'--config_file={config}',
-                     f'--output_dir={tmp_path}',
-                     '--config=trax_revplus.ReversibleSerialTrainer.'
-                     'no_such_knob = 1'])
+                     f'--output_dir={tmp_path}', f'--config={binding}'])
   finally:
     gin.clear_config()
-  err = capsys.readouterr().err.strip().splitlines()
+  return code, capsys.readouterr().err.strip().splitlines()
+
+
+def test_cli_unknown_knob_of_ours_is_one_line(tmp_path, capsys):
+  code, err = _train_with_binding(
+      tmp_path, capsys, 'trax_revplus.ReversibleSerialTrainer.no_such_knob = 1')
   assert code == 2
   assert len(err) == 1
   # gin's own message comes first (its wording varies with gin's version and
@@ -53,19 +58,9 @@ def test_cli_unknown_knob_of_ours_is_one_line(tmp_path, capsys):
 
 
 def test_cli_removed_setting_is_one_line_saying_so(tmp_path, capsys):
-  import gin  # pylint: disable=g-import-not-at-top
-  from trax_revplus import cli  # pylint: disable=g-import-not-at-top
-  repo = os.path.dirname(os.path.dirname(os.path.dirname(
-      os.path.abspath(__file__))))
-  config = os.path.join(repo, 'gin_configs', 'reformer_char_lm.gin')
-  try:
-    code = cli.main(['trax-revplus', 'train', f'--config_file={config}',
-                     f'--output_dir={tmp_path}',
-                     '--config=trax_revplus.ReversibleSerialTrainer.'
-                     "store_activations = 'always'"])
-  finally:
-    gin.clear_config()
-  err = capsys.readouterr().err.strip().splitlines()
+  code, err = _train_with_binding(
+      tmp_path, capsys,
+      "trax_revplus.ReversibleSerialTrainer.store_activations = 'always'")
   assert code == 2
   assert err == [
       'trax-revplus train: error: cannot apply --config="trax_revplus.'
