@@ -21,7 +21,6 @@ from trax_revplus import device_memory
 from trax_revplus import placement as placement_lib
 from trax_revplus import validation
 from trax_revplus.trainer import budget
-from trax_revplus.trainer import candidates as candidates_lib
 from trax_revplus.trainer import planner
 from trax_revplus.trainer import units as units_lib
 
@@ -43,16 +42,13 @@ def _every_candidate():
   each accounted by itself."""
   _, trainer = _trainer(device_memory_budget_bytes=None)
   p = trainer.planner
-  # pylint: disable=protected-access
   types = p.step_types(_BATCH)
-  store = trainer._store
-  candidates = candidates_lib.Candidates(
-      store.block_sizes(), store.params_bytes(), p._stack_bytes(types),
-      4, trainer.options)
+  candidates = p.candidates(types)
   out = []
   for group in candidates.groups():
     for plan in group.plans:
-      step = p.account(plan, units_lib.Units(plan, p._factory), types)
+      units = units_lib.Units(plan, p._factory)  # pylint: disable=protected-access
+      step = p.account(plan, units, types)
       out.append((plan, step.peak_device_bytes))
   return out
 
@@ -199,9 +195,7 @@ def _default_trainer_peak():
   first, revs, loss = reversible_lm_blocks()
   model = tl.Serial([first] + revs + [loss])
   model.init(_BATCH, rng=fastmath.random.get_prng(12))
-  optimizer = optimizers.Adam()
-  optimizer.tree_init(model.weights)
-  trainer = optimizers.Trainer(model, optimizer, n_devices=1)
+  trainer, _ = cases.default_trainer(model, optimizers.Adam)
   return device_memory.default_trainer_memory(
       trainer, device_memory.abstract(_BATCH), 'cpu').peak_device_bytes
 

@@ -70,12 +70,18 @@ def extended_model(mid_rate=0.3):
   return first, revs1, mid, revs2, loss
 
 
+def default_trainer(model, optimizer_fn):
+  """trax's default Trainer on one device for the initialized `model`, with
+  a fresh `optimizer_fn()`: (trainer, optimizer)."""
+  optimizer = optimizer_fn()
+  optimizer.tree_init(model.weights)
+  return optimizers.Trainer(model, optimizer, n_devices=1), optimizer
+
+
 def reference(model, init, optimizer_fn, n_steps, batch_):
   """Trains with trax's default Trainer; returns (weights, slots, state)."""
   init()
-  optimizer = optimizer_fn()
-  optimizer.tree_init(model.weights)
-  trainer = optimizers.Trainer(model, optimizer, n_devices=1)
+  trainer, optimizer = default_trainer(model, optimizer_fn)
   train(trainer, batch_, n_steps)
   return model.weights, optimizer.slots, model.state
 
@@ -156,16 +162,11 @@ def lm_reference_3_steps(zero_rows=()):
 def fused_plan(trainer, batch_, slices=1):
   """The planner's fused candidate of `slices` slices for `batch_`: every
   layer in the loss's one program."""
-  # pylint: disable=g-import-not-at-top,protected-access
-  from trax_revplus.trainer import candidates as candidates_lib
   p = trainer.planner
-  types = p.step_types(batch_)
-  store = trainer._store
-  candidates = candidates_lib.Candidates(
-      store.block_sizes(), store.params_bytes(), p._stack_bytes(types),
-      p._rows(types), trainer.options)
+  candidates = p.candidates(p.step_types(batch_))
   [plan] = [group.leanest for group in candidates.groups()
-            if group.fused_blocks and group.leanest.batch_slices == slices]
+            if group.fused_reversible_layers and
+            group.leanest.batch_slices == slices]
   return plan
 
 

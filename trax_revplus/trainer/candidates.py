@@ -45,12 +45,11 @@ class Group:
   Attributes:
     plans: tuple of `plan.StepPlan`, in the speed model's order.
     leanest: the member that needs the least device memory.
-    fused_blocks: blocks whose reversible layers run inside the loss
-      program.
+    fused_reversible_layers: reversible layers inside the loss program.
   """
   plans: Tuple[plan_lib.StepPlan, ...]
   leanest: plan_lib.StepPlan
-  fused_blocks: int
+  fused_reversible_layers: int
 
 
 class Candidates:
@@ -82,7 +81,7 @@ class Candidates:
                       backward_segment_max_layers=max(self._sizes + [1]),
                       batch_slices=k, fused_from=0,
                       n_async_layers=self._options.n_async_layers)
-    return Group((plan,), plan, len(self._sizes))
+    return Group((plan,), plan, sum(self._sizes))
 
   def _lengths(self):
     """(forward, backward) segment lengths, fewest calls first."""
@@ -126,7 +125,7 @@ class Candidates:
     compiling: a fused program keeps, for the slice it runs, the outputs of
     each block's reversible layers until its backward (their reverse
     starts there), and takes every fused layer's weights and slots."""
-    if not group.fused_blocks:
+    if not group.fused_reversible_layers:
       return 0
     k = group.leanest.batch_slices
     kept = sum(b for n, b in zip(self._sizes, self._stack_bytes) if n)

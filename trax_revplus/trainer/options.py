@@ -22,6 +22,8 @@ GIN_CONFIGURABLE = 'trax_revplus.ReversibleSerialTrainer'
 ON_NON_FINITE = ('raise', 'skip', 'ignore')
 AUTO = 'auto'
 DEVICE = 'device'
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainerOptions:
   """Settings of `ReversibleSerialTrainer` beyond trax's arguments.
@@ -122,9 +124,8 @@ class TrainerOptions:
       first step on each batch shape: it compiles candidate plans (segment
       lengths, batch slices, fused layers, copy-back depth, prefetch;
       `trainer.candidates`) and runs the fastest one whose peak fits,
-      replacing segment_max_layers, backward_segment_max_layers,
-      and batch_slices; n_async_layers is the
-      deepest copy-back it tries. If none fits, `one_step` raises
+      replacing segment_max_layers, backward_segment_max_layers and
+      batch_slices; n_async_layers is the deepest copy-back it tries. If none fits, `one_step` raises
       `planner.DeviceMemoryBudgetError` naming the least budget that
       would, before any weight changes.
     batch_slices: int k >= 1 (default 1). Every call of the step runs over

@@ -122,22 +122,26 @@ class Planner:
     leaf = jax.tree_util.tree_leaves(types.stack)[0]
     return leaf.shape[1] if self._placement.n_devices > 1 else leaf.shape[0]
 
+  def candidates(self, types) -> candidates_lib.Candidates:
+    """The plans a budget chooses from for a step starting from `types`
+    (`step_types`), in the speed model's order."""
+    return candidates_lib.Candidates(
+        self._store.block_sizes(), self._store.params_bytes(),
+        self._stack_bytes(types), self._rows(types), self._options)
+
   def _plan(self, types):
     options = self._options
-    rows = self._rows(types)
-    stack_bytes = self._stack_bytes(types)
-    sizes = self._store.block_sizes()
-    nbytes = self._store.params_bytes()
-    if self.budget_bytes is None:
-      validation.check_batch_slices(options.batch_slices, rows)
-      plan = plan_lib.configured_plan(sizes, nbytes, stack_bytes, options)
-      units = units_lib.Units(plan, self._factory)
-      memory_ = None
-      if options.compile_ahead:
-        memory_ = self._account_or_none(plan, units, types)
-      return Planned(plan, units, memory_)
-    return self._choose(candidates_lib.Candidates(
-        sizes, nbytes, stack_bytes, rows, options), types)
+    if self.budget_bytes is not None:
+      return self._choose(self.candidates(types), types)
+    validation.check_batch_slices(options.batch_slices, self._rows(types))
+    plan = plan_lib.configured_plan(
+        self._store.block_sizes(), self._store.params_bytes(),
+        self._stack_bytes(types), options)
+    units = units_lib.Units(plan, self._factory)
+    memory_ = None
+    if options.compile_ahead:
+      memory_ = self._account_or_none(plan, units, types)
+    return Planned(plan, units, memory_)
 
   def _stack_bytes(self, types):
     """Per block, the bytes (all devices) of the stack items its reversible
@@ -254,9 +258,7 @@ class Planner:
     layer per call, no copy-back depth, no prefetch, with the slicing that
     needs least; the least device memory this trainer can step in."""
     types = self.step_types(batch)
-    candidates = candidates_lib.Candidates(
-        self._store.block_sizes(), self._store.params_bytes(),
-        self._stack_bytes(types), self._rows(types), self._options)
+    candidates = self.candidates(types)
     least = None
     for k in candidates.slices:
       plan = candidates.leanest(k)
