@@ -33,6 +33,7 @@ Modules, one job each:
   arguments       checking and preparing the arguments of `reverse`
   attention       `forward_and_or_backward` for attention layers without one
   cotangents      adding cotangents; float0/None ones of int/bool items
+  preserved       tracing layers outside their call, leaving them as found
 
 Stack layout (trax convention): a layer with `n_in` inputs takes the top
 `n_in` items of the data stack, as a single array when `n_in == 1` and as a
@@ -42,6 +43,7 @@ tuple otherwise; item 0 is the top of the stack.
 from trax.layers import reversible as _trax_reversible
 
 from trax_revplus.layers.half_residual import ReversibleHalfResidual
+from trax_revplus.layers.preserved import preserved
 from trax_revplus.layers.reconstruction import ReconstructionRecord
 from trax_revplus.layers.reconstruction import reconstruction_error
 from trax_revplus.layers.serial import ReversibleSerial
@@ -56,4 +58,4 @@ for _public in (ReversibleHalfResidual, ReversibleSerial, ReconstructionRecord,
 del _public
 
 __all__ = ['ReconstructionRecord', 'ReversibleHalfResidual', 'ReversibleLayer',
-           'ReversibleSerial', 'reconstruction_error']
+           'ReversibleSerial', 'preserved', 'reconstruction_error']

@@ -24,6 +24,7 @@ from absl import logging
 import jax
 
 from trax_revplus import device_memory
+from trax_revplus import layers as layers_lib
 from trax_revplus.device_memory import program as program_lib
 from trax_revplus.trainer import run as run_lib
 
@@ -188,9 +189,11 @@ class AheadOfTime(run_lib.Run):
         raise TypesUnknown()
       # Tracing stays on this thread: trax layers hold their weights
       # while traced (`Layer.pure_fn`), so layers must not be traced
-      # concurrently; lowering and compiling need no layer.
+      # concurrently; lowering and compiling need no layer. A trace that
+      # fails inside a layer leaves the layers as they were found.
       try:
-        traced = fn.trace(*args)
+        with layers_lib.preserved(*self._layers):
+          traced = fn.trace(*args)
       except Exception as e:  # pylint: disable=broad-except
         logging.info('tracing a function ahead of the step failed (%s); it '
                      'compiles when called.', e)
