@@ -9,13 +9,14 @@ the suite:
   2. ours on 4 devices matches trax's default Trainer on one device, ours on
      one device, ours with free_accelerators_on_step=True, and ours with
      batch_slices=2 against the default Trainer; a ReformerLM with LSH
-     attention gives the same with batch_slices=2 as with 1 (all max abs
-     differences <= 1e-5);
+     attention gives the same with batch_slices=2 as with 1; ours planned
+     under a device memory budget (1 GiB, and the least plan's own peak)
+     against the default Trainer (all max abs differences <= 1e-5);
   3. the loss has one value per device; Adasum trains to finite weights
      that differ from plain averaging; every weight is a host numpy array;
-  4. the forward functions compile ahead on helper threads (at least 2),
-     and nothing compiled ahead compiles again when called (the same total
-     as without compiling ahead).
+  4. every function of the step compiles ahead on helper threads, and
+     nothing compiled ahead compiles again when called (the same total as
+     without compiling ahead).
 
 Prints one PASS or FAIL line per check; exit status 0 when all pass, 1
 otherwise.
@@ -71,6 +72,10 @@ def check_result(checks, n, result):
        "batch_slices=2 vs trax's default Trainer"),
       ('max_diff_fused_vs_default_1dev',
        "every layer in one program vs trax's default Trainer"),
+      ('max_diff_budget_vs_default_1dev',
+       "planned under a 1 GiB budget vs trax's default Trainer"),
+      ('max_diff_least_vs_default_1dev',
+       "planned under the least plan's peak vs trax's default Trainer"),
       ('max_diff_lsh_slices', 'LSH ReformerLM: batch_slices=2 vs 1')):
     checks.check(f'{n} devices match {what} (<= {_TOLERANCE})',
                  result[key] <= _TOLERANCE, f'{result[key]:.3g}')
@@ -82,13 +87,15 @@ def check_result(checks, n, result):
                f"{result['adasum_diff_vs_mean']:.3g}")
   checks.check('every weight a host numpy array',
                result['weights_are_numpy'])
-  # The forward functions compile ahead on N CPU devices (the loss's and
-  # the backward ones wait for their collectives, see
-  # `Placement.sync_collectives`, and compile when called), and none of
-  # them compiles again.
+  checks.check('a budget plans on N devices: the fused program under 1 GiB',
+               result['budget_plan']['fused_layers'] > 0,
+               str(result['budget_plan']))
+  # Every function of the step compiles ahead on N CPU devices, those
+  # whose calls wait for their collectives (`Placement.sync_collectives`)
+  # too, and none of them compiles again.
   helper, total = result['compiles_ahead']
   checks.check('compiled ahead on helper threads, nothing again when called',
-               helper >= 2 and total == result['compiles_when_called'],
+               helper == total == result['compiles_when_called'],
                f'{helper} on helpers, {total} in all vs '
                f"{result['compiles_when_called']} when called")
 

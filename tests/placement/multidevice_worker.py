@@ -19,8 +19,13 @@ Printed (last line of stdout), all differences as max absolute values:
     (each device's rows in 2 slices) vs trax's default Trainer,
   max_diff_fused_vs_default_1dev: ours on N devices running every layer
     in the loss's one program (the plan a budget chooses first where it
-    fits; set directly, since a budget is not accounted on N CPU devices)
-    vs trax's default Trainer, fused_layers: the layers that program ran,
+    fits; set directly here) vs trax's default Trainer, fused_layers: the layers that program ran,
+  max_diff_budget_vs_default_1dev: ours on N devices under a device memory
+    budget (planned: every candidate's step accounted from XLA on N
+    devices) vs trax's default Trainer, budget_plan: the plan it chose,
+    least_budget: [the least plan's peak bytes, what ours under that budget
+    then chose], max_diff_least_vs_default_1dev: that run vs the default
+    Trainer,
   max_diff_lsh_slices: a ReformerLM with LSH attention on N devices,
     batch_slices=2 vs 1 (LSH hashes with per-row state),
   adasum_finite: ours with adasum=True trains to finite weights,
@@ -116,6 +121,18 @@ def _ours_and_plan(n_devices, fused=False, **kwargs):
           trainer.planned(_BATCH).plan.settings())
 
 
+def _least_bytes(n_devices):
+  """Peak device bytes of the least plan on N devices (`least_plan`)."""
+  first, revs, loss = reversible_lm_blocks()
+  model = tl.Serial([first] + revs + [loss])
+  model.init(_BATCH, rng=fastmath.random.get_prng(12))
+  trainer = rev_trainer.ReversibleSerialTrainer(
+      [(first.sublayers, revs)], loss, optimizers.Adam, n_devices=n_devices,
+      device_memory_budget_bytes=None)
+  _, step = trainer.planner.least_plan(_BATCH)
+  return step.peak_device_bytes
+
+
 def _lsh(n_devices, batch_slices):
   """Weights and state of ours on a tiny LSH ReformerLM, 2 steps."""
   import functools  # pylint: disable=g-import-not-at-top
@@ -167,6 +184,11 @@ def main():
   adasum, _ = _ours(n, adasum=True)
   sliced, _ = _ours(n, batch_slices=2)
   fused, _, fused_plan = _ours_and_plan(n, fused=True, compile_ahead=False)
+  budgeted, _, budget_plan = _ours_and_plan(
+      n, device_memory_budget_bytes=2**30)
+  least_bytes = _least_bytes(n)
+  least, _, least_plan = _ours_and_plan(
+      n, device_memory_budget_bytes=least_bytes)
   result = {
       'n_devices': n,
       'local_devices': len(jax.local_devices()),
@@ -177,6 +199,10 @@ def main():
       'max_diff_slices_vs_default_1dev': _max_diff(sliced, reference),
       'max_diff_fused_vs_default_1dev': _max_diff(fused, reference),
       'fused_layers': fused_plan['fused_layers'],
+      'max_diff_budget_vs_default_1dev': _max_diff(budgeted, reference),
+      'budget_plan': budget_plan,
+      'least_budget': [least_bytes, least_plan],
+      'max_diff_least_vs_default_1dev': _max_diff(least, reference),
       'max_diff_lsh_slices': _max_diff(_lsh(n, 2), _lsh(n, 1)),
       'loss_shape': list(loss_n.shape),
       'adasum_finite': all(np.all(np.isfinite(x))

@@ -45,9 +45,16 @@ def test_n_devices_match_one_device(n_devices):
   assert result['adasum_finite'], result
   assert result['adasum_diff_vs_mean'] > 0, result
   assert result['weights_are_numpy'], result
-  # The forward functions compile ahead on N CPU devices (the loss's and
-  # the backward ones wait for their collectives, see
-  # `Placement.sync_collectives`, and compile when called), and none of
-  # them compiles again.
+  # A budget plans on N devices (every candidate accounted from XLA), and
+  # what it chose trains as the default Trainer: the fastest plan under a
+  # large budget, the least plan under the least plan's own peak.
+  assert result['max_diff_budget_vs_default_1dev'] <= 1e-5, result
+  assert result['budget_plan']['fused_layers'] == 5, result
+  least_bytes, least_plan = result['least_budget']
+  assert least_bytes > 0 and least_plan['fused_layers'] == 0, result
+  assert result['max_diff_least_vs_default_1dev'] <= 1e-5, result
+  # Every function of the step compiles ahead on N CPU devices, those
+  # whose calls wait for their collectives (`Placement.sync_collectives`)
+  # too, on the helper threads, and none of them compiles again.
   helper, total = result['compiles_ahead']
-  assert helper >= 2 and total == result['compiles_when_called'], result
+  assert helper == total == result['compiles_when_called'], result

@@ -52,7 +52,8 @@ def jit(fn: Callable[..., Any], in_layouts: Sequence[Layout],
 
   Returns:
     The compiled function: a `jax.jit` function, or where calls wait, a
-    function without `trace` that calls one.
+    function that calls one and waits, with the `jax.jit` function's
+    `trace`.
   """
   if mesh is None:
     return jax.jit(fn, donate_argnums=donate_argnums)
@@ -70,13 +71,24 @@ def jit(fn: Callable[..., Any], in_layouts: Sequence[Layout],
                     in_specs=tuple(k.partition_spec for k in in_layouts),
                     out_specs=tuple(k.partition_spec for k in out_layouts),
                     check_vma=False),
+      # Named result shardings (the ones shard_map gives them anyway), so
+      # that a trace's result types carry them: a walk ahead of the step
+      # then knows a replicated result from a per-device one.
+      out_shardings=tuple(jax.sharding.NamedSharding(mesh, k.partition_spec)
+                          for k in out_layouts),
       donate_argnums=donate_argnums)
   return _waiting(compiled) if wait else compiled
 
 
 def _waiting(fn):
-  """Waits for each call's results (see `Placement.sync_collectives`)."""
+  """Waits for each call's results (see `Placement.sync_collectives`).
+
+  Its `trace` is `fn`'s: the types of a call's arguments and results, and
+  its program, do not depend on the wait, so the walk ahead of a step
+  compiles and accounts it as any other.
+  """
   @functools.wraps(fn)
   def call(*args):
     return jax.block_until_ready(fn(*args))
+  call.trace = fn.trace
   return call

@@ -11,9 +11,10 @@ memory analysis of the very executables the step calls.
 
 The walk stops at the first call whose argument types cannot be known
 without placing its arguments, or which cannot be traced apart from its
-call (a function whose calls wait, `Placement.jit`); it and the calls after
-it compile when called, and the step cannot be accounted. A miss costs
-time, never correctness.
+call; it and the calls after it compile when called, and the step cannot be
+accounted. A miss costs time, never correctness. Programs that hold
+collectives are traced as any other: waiting for them is a matter of the
+call (`Placement.sync_collectives`), not of the program.
 """
 
 import concurrent.futures
@@ -185,7 +186,7 @@ class AheadOfTime(run_lib.Run):
     key = call_key(fn, args)
     programs = self._programs
     if key not in programs.results:
-      if not hasattr(fn, 'trace'):  # its calls wait: `Placement.jit`
+      if not hasattr(fn, 'trace'):
         raise TypesUnknown()
       # Tracing stays on this thread: trax layers hold their weights
       # while traced (`Layer.pure_fn`), so layers must not be traced
@@ -227,9 +228,8 @@ class AheadOfTime(run_lib.Run):
 
     Raises:
       device_memory.UnsupportedTrainerError: the walk stopped before the
-        step's end (a call's argument types are not known ahead, e.g. on
-        several devices that wait for collectives), or a program did not
-        compile.
+        step's end (a call's argument types are not known ahead, or its
+        trace failed), or a program did not compile.
     """
     if not self.complete:
       raise device_memory.UnsupportedTrainerError(
