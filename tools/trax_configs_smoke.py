@@ -4,18 +4,27 @@
       [--config=NAME ...]
 
 For each CPU override in `gin_configs/trax/` (trax 1.4.1's copy and
-Terraformer configs, which need no download, shrunk for a CPU; see
-docs/compatibility.md), runs `trax-revplus compare`: the config trained with
-stock trax, then with trax_revplus, in fresh processes with the same seed.
+Terraformer configs, which need no download, shrunk in size only, trax's
+attention settings kept; see docs/compatibility.md), runs
+
+1. `trax-revplus compare`: the config trained with stock trax, then with
+   trax_revplus with no settings, in fresh processes with the same seed,
+   and both trainers' XLA step peaks (`estimate`);
+2. `trax-revplus train` with trax_revplus under a device memory budget of
+   stock's own XLA peak from 1 (the planner's path);
+3. `trax-revplus train` with trax_revplus on 2 forced CPU devices.
+
 Prints one line per config: whether each run finished (and stock's error
 when it did not), trax_revplus's first and last losses, and, where stock
-ran, the largest loss and weight differences between the two.
+ran, the largest loss and weight differences between the two; then one line
+per further run.
 
-Exit status 0 when, for every config, trax_revplus trained (its loss over
-the last quarter of the steps below that over the first quarter, its
-last eval loss below its first) and did not hit stock's step-1 donation
-failure ("Attempt to donate the same buffer twice"); 1 otherwise. Expect a
-few minutes per config on 2 CPU cores; the suite trains the cheapest one
+Exit status 0 when, for every config, each trax_revplus run trained (its
+loss over the last quarter of the steps below that over the first quarter,
+its last eval loss below its first), did not hit stock's step-1 donation
+failure ("Attempt to donate the same buffer twice"), and the budget run
+planned within stock's peak; 1 otherwise. Expect a few minutes per config
+on 2 CPU cores; the suite trains the cheapest one
 (tests/gin_configs/test_trax_configs.py).
 """
 
@@ -30,6 +39,8 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_DIR = os.path.join(ROOT, 'gin_configs', 'trax')
+BUDGET_SETTING = 'trax_revplus.ReversibleSerialTrainer.device_memory_budget_bytes'
+N_DEVICES = 2
 CONFIGS = ('reformer_copy', 'terraformer_copy', 'terraformer_copy_self_attn',
            'terraformer_purelsh_copy')
 DONATION_FAILURE = 'Attempt to donate the same buffer twice'
@@ -50,6 +61,104 @@ def _compare(name, output_dir, steps):
     return None
   with open(path) as f:
     return json.load(f)
+
+
+def _train(name, run_dir, bindings, env=None):
+  """Runs `trax-revplus train` on `<name>_cpu.gin`; returns its exit status
+  and log path."""
+  config = os.path.join(CONFIG_DIR, f'{name}_cpu.gin')
+  command = [sys.executable, '-m', 'trax_revplus.cli', 'train',
+             f'--config_file={config}', f'--output_dir={run_dir}']
+  command += [f'--config={b}' for b in bindings]
+  out_path = run_dir + '.out'
+  with open(out_path, 'w') as out:
+    proc = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT,
+                          check=False, env=env)
+  return proc.returncode, out_path
+
+
+def _losses(run_dir):
+  """Training losses of a run (run_stats.json), or []."""
+  try:
+    with open(os.path.join(run_dir, 'run_stats.json')) as f:
+      return json.load(f).get('loss') or []
+  except (OSError, ValueError):
+    return []
+
+
+def _trained(losses, evals):
+  """Problems with a run's losses: [] where it trained."""
+  problems = []
+  quarter = max(1, len(losses) // 4)
+  if not losses or not np.mean(losses[-quarter:]) < np.mean(losses[:quarter]):
+    problems.append(f'loss did not fall: {losses}')
+  if len(evals) < 2 or not evals[-1] < evals[0]:
+    problems.append(f'eval loss did not fall: {evals}')
+  return problems
+
+
+def _planned_bytes(run_dir):
+  """The step's XLA peak device bytes from the run's memory log (the
+  planned step's), or None."""
+  peaks = []
+  path = os.path.join(run_dir, 'memory.jsonl')
+  if os.path.exists(path):
+    with open(path, errors='replace') as f:
+      for line in f:
+        try:
+          peak = json.loads(line).get('peak_device_bytes')
+        except ValueError:
+          continue
+        if peak is not None:
+          peaks.append(peak)
+  return max(peaks) if peaks else None
+
+
+def _check_run(what, run_dir, code, out_path, budget_bytes=None):
+  """(ok, summary line) of a further trax_revplus run."""
+  losses, evals = _losses(run_dir), _eval_losses(run_dir)
+  problems = [] if code == 0 else [f'exit status {code} (see {out_path})']
+  problems += _trained(losses, evals)
+  with open(out_path, errors='replace') as f:
+    if DONATION_FAILURE in f.read():
+      problems.append('hit the donation failure')
+  line = f'  {what}: '
+  if losses and len(evals) >= 2:
+    quarter = max(1, len(losses) // 4)
+    line += (f'loss {np.mean(losses[:quarter]):.3f} -> '
+             f'{np.mean(losses[-quarter:]):.3f}, eval {evals[0]:.3f} -> '
+             f'{evals[-1]:.3f}')
+  if budget_bytes is not None:
+    planned = _planned_bytes(run_dir)
+    line += f'; planned peak {planned} bytes <= budget {budget_bytes}'
+    if planned is None or planned > budget_bytes:
+      problems.append(f'no plan within the budget: {planned}')
+  if problems:
+    line += '; PROBLEMS: ' + '; '.join(problems)
+  return not problems, line
+
+
+def _further_runs(name, output_dir, result):
+  """Under stock's own peak, and on N_DEVICES devices: [(ok, line)]."""
+  out = []
+  stock = (((result or {}).get('device_accounting') or {}).get('trainers')
+           or {}).get('stock') or {}
+  budget = stock.get('peak_device_bytes')
+  if budget is None:
+    out.append((False, f"  budget of stock's peak: no stock peak in "
+                       f"compare.json ({stock.get('error')})"))
+  else:
+    run_dir = os.path.join(output_dir, name, 'revplus_stock_budget')
+    code, out_path = _train(name, run_dir, [f'{BUDGET_SETTING} = {budget}'])
+    out.append(_check_run(f"budget of stock's peak ({budget} bytes)",
+                          run_dir, code, out_path, budget_bytes=budget))
+  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS=(
+      os.environ.get('XLA_FLAGS', '') +
+      f' --xla_force_host_platform_device_count={N_DEVICES}'))
+  run_dir = os.path.join(output_dir, name, f'revplus_{N_DEVICES}_devices')
+  code, out_path = _train(name, run_dir, [], env=env)
+  out.append(_check_run(f'{N_DEVICES} devices', run_dir, code, out_path))
+  return out
 
 
 def _eval_losses(run_dir):
@@ -119,9 +228,13 @@ def main(argv):
   os.makedirs(output_dir, exist_ok=True)
   ok = True
   for name in args.config or CONFIGS:
-    config_ok, line = _check(name, _compare(name, output_dir, args.steps))
+    result = _compare(name, output_dir, args.steps)
+    config_ok, line = _check(name, result)
     ok = ok and config_ok
     print(line, flush=True)
+    for run_ok, line in _further_runs(name, output_dir, result):
+      ok = ok and run_ok
+      print(line, flush=True)
   print(f'runs in {output_dir}')
   return 0 if ok else 1
 
