@@ -53,10 +53,13 @@ def _record_step(trainer):
   return calls
 
 
+_UNPLANNED = {'device_memory_budget_bytes': None}  # the settings as given
+
+
 @pytest.mark.parametrize('kwargs', [
-    {}, {'segment_max_layers': 1}, {'segment_max_layers': 4,
-                                    'backward_segment_max_layers': 2},
-    {'batch_slices': 2, 'n_async_layers': 0},
+    _UNPLANNED, {'segment_max_layers': 1, **_UNPLANNED},
+    {'segment_max_layers': 4, 'backward_segment_max_layers': 2, **_UNPLANNED},
+    {'batch_slices': 2, 'n_async_layers': 0, **_UNPLANNED},
     # Any budget that fits it chooses the fused program first.
     {'device_memory_budget_bytes': 2**40}])
 def test_accounted_programs_are_those_one_step_calls(kwargs):
@@ -70,7 +73,7 @@ def test_accounted_programs_are_those_one_step_calls(kwargs):
   names = [c.name for c in memory.calls]
   assert names[0].startswith(
       'loss program, layers 0..5'
-      if 'device_memory_budget_bytes' in kwargs else 'forward layer 0')
+      if kwargs['device_memory_budget_bytes'] else 'forward layer 0')
   assert [c.phase for c in memory.calls].count('loss') == 1
 
 
@@ -166,7 +169,7 @@ def test_updates_leave_the_device_when_the_step_commits_them(kwargs,
 
 def test_memory_log_records_the_accounted_peak(tmp_path):
   _, trainer = _trainer(memory_log_every_n_steps=1, output_dir=str(tmp_path),
-                        memory_log_tensorboard=False)
+                        memory_log_tensorboard=False, **_UNPLANNED)
   expected = trainer.device_memory_of(cases.batch())
   trainer.one_step(cases.batch(), cases.RNGS[0], step=1)
   trainer.memory_log.close()

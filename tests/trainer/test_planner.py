@@ -18,6 +18,7 @@ from trax import optimizers
 
 import trainer_cases as cases
 from trax_revplus import device_memory
+from trax_revplus import memory
 from trax_revplus import placement as placement_lib
 from trax_revplus import validation
 from trax_revplus.trainer import budget
@@ -156,7 +157,8 @@ def test_the_memory_limit_is_the_devices_bytes_limit(stats, limit):
 
 @pytest.mark.parametrize('setting,limit,expected', [
     ('auto', 8 * 2**30, 8 * 2**30 - int(0.1 * 8 * 2**30)),
-    ('auto', None, None),
+    # Where the size is not reported (CPU): what the host can give.
+    ('auto', None, 4 * 2**30 - int(0.1 * 4 * 2**30)),
     ('device', 2**30, 2**30 - int(0.1 * 2**30)),
     (5 * 2**20, 8 * 2**30, 5 * 2**20),  # the user's value wins
     (None, 8 * 2**30, None)])
@@ -164,6 +166,7 @@ def test_the_default_budget_is_the_devices_size_less_a_reserve(
     setting, limit, expected, monkeypatch):
   monkeypatch.setattr(placement_lib.Placement, 'memory_limit_bytes',
                       lambda self: limit)
+  monkeypatch.setattr(memory, 'host_available_bytes', lambda: 4 * 2**30)
   _, trainer = _trainer(device_memory_budget_bytes=setting)
   assert trainer.planner.budget_bytes == expected
 
@@ -176,7 +179,8 @@ def test_a_device_budget_where_the_size_is_unknown_is_one_line():
       "trax_revplus.ReversibleSerialTrainer.device_memory_budget_bytes = "
       "'device', but the cpu backend does not report its devices' memory "
       "size (memory_stats()['bytes_limit']); set the budget in bytes (e.g. "
-      "17179869184 for 16 GiB), or 'auto' to plan without one here.")
+      "17179869184 for 16 GiB), or 'auto' to plan under what the host can "
+      "give.")
 
 
 @pytest.mark.parametrize('name,value', [
@@ -225,3 +229,62 @@ def test_the_removed_store_activations_is_one_line_naming_what_to_do():
   assert message.startswith(
       'trax_revplus.ReversibleSerialTrainer.store_activations was removed: '
       'keeping every activation ran slower than recomputing it')
+
+
+def test_a_large_budget_compiles_the_fastest_plan_alone(monkeypatch):
+  """Where the fastest candidate fits, planning accounts it and nothing
+  else: the step's own programs, no extra compilation."""
+  accounted = []
+  account = planner.Planner.account
+
+  def counting(self, plan, units, types):
+    accounted.append(plan)
+    return account(self, plan, units, types)
+  monkeypatch.setattr(planner.Planner, 'account', counting)
+  _, trainer = _trainer(device_memory_budget_bytes=2**40)
+  trainer.one_step(_BATCH, cases.RNGS[0])
+  assert accounted == [_every_candidate()[0][0]]
+
+
+@pytest.mark.parametrize('pinned', [
+    {'batch_slices': 2}, {'segment_max_layers': 1},
+    {'segment_max_layers': 2, 'backward_segment_max_layers': 1,
+     'batch_slices': 4}])
+def test_settings_given_as_ints_pin_their_dimension(pinned):
+  """Under a budget the planner keeps what the user pinned and chooses the
+  rest: the first candidate of the exhaustive order with those values."""
+  peaks = _every_candidate()
+  budget_bytes = max(p for _, p in peaks)
+
+  def keeps(plan):
+    settings = plan.settings()
+    if 'segment_max_layers' in pinned and plan.fused_from < plan.loss:
+      return False
+    return all(settings[k] == v for k, v in pinned.items())
+  expected = next(plan for plan, p in peaks
+                  if keeps(plan) and p <= budget_bytes)
+  model, trainer = _trainer(device_memory_budget_bytes=budget_bytes,
+                            **pinned)
+  cases.train(trainer, _BATCH, 3)
+  assert trainer.planned(_BATCH).plan == expected
+  ref_weights, ref_slots, _ = cases.lm_reference_3_steps()
+  cases.assert_all_close(ref_weights, model.weights)
+  cases.assert_all_close(ref_slots, trainer.slots)
+
+
+def test_auto_plan_settings_without_a_budget_are_the_unplanned_values():
+  _, trainer = _trainer(device_memory_budget_bytes=None)
+  settings = trainer.planned(_BATCH).plan.settings()
+  assert settings['batch_slices'] == 1 and settings['fused_layers'] == 0
+  assert settings['segment_max_layers'] == min(
+      8, max(trainer.planner._store.block_sizes()))  # pylint: disable=protected-access
+
+
+def test_a_pinned_plan_that_does_not_fit_names_the_setting_to_unpin():
+  _, trainer = _trainer(device_memory_budget_bytes=1000, batch_slices=2)
+  with pytest.raises(planner.DeviceMemoryBudgetError) as e:
+    trainer.one_step(_BATCH, cases.RNGS[0])
+  message = str(e.value)
+  assert '\n' not in message
+  assert "set batch_slices to 'auto'" in message
+  assert 'with batch_slices=2 and one layer per call' in message

@@ -36,7 +36,7 @@ def test_backward_segments_split_forward_ones(
   trainer = rev_trainer.ReversibleSerialTrainer(
       [(first.sublayers, revs)], loss, optimizers.Adam, segment_max_layers=4,
       backward_segment_max_layers=backward_segment_max_layers,
-      n_async_layers=2)
+      n_async_layers=2, device_memory_budget_bytes=None)
   events = []  # ('dispatch' | 'commit', layer indices of a call)
   commits = trainer._commits  # pylint: disable=protected-access
   start, commit = commits.start, commits.commit

@@ -189,8 +189,7 @@ def check_batch(cfg, n_devices: int, device_memory_bytes: Optional[int],
   """Checks what a step on the config's batch needs, as the trainers will.
 
   The batch splits over `n_devices` (that many devices exist), the
-  trainer's budget can be resolved, and, without a budget (when the
-  configured `batch_slices` is used, not the planner's), `batch_slices`
+  trainer's budget can be resolved, and a `batch_slices` set to an int
   divides each device's rows.
 
   Raises:
@@ -208,11 +207,9 @@ def check_batch(cfg, n_devices: int, device_memory_bytes: Optional[int],
     validation.check_batch(cfg.batch, n_devices)
     setting = (options.device_memory_budget_bytes
                if device_memory_bytes is None else device_memory_bytes)
-    budget = budget_lib.budget_bytes(setting,
-                                     placement_lib.Placement(n_devices))
-    if budget is None:
-      validation.check_batch_slices(options.batch_slices,
-                                    cfg.batch[0].shape[0] // n_devices)
+    budget_lib.budget_bytes(setting, placement_lib.Placement(n_devices))
+    validation.check_batch_slices(options.unplanned('batch_slices'),
+                                  cfg.batch[0].shape[0] // n_devices)
   except validation.ConfigurationError as e:
     raise _as_train_reports(e, bindings) from None
 

@@ -3,7 +3,8 @@
 Modules, one job each:
 
   probes        bytes in use now: `host_rss_bytes()`, `device_memory()`,
-                `array_bytes(tree)`.
+                `array_bytes(tree)`; what the host can give:
+                `host_available_bytes()`.
   host_peak     the true peak RSS between two moments (the kernel's
                 high-water mark, reset around each step on Linux).
   host_release  gives memory the C allocator holds free back to the system
@@ -29,6 +30,7 @@ from trax_revplus.memory import host_peak
 from trax_revplus.memory.log import MemoryLog
 from trax_revplus.memory.probes import array_bytes
 from trax_revplus.memory.probes import device_memory
+from trax_revplus.memory.probes import host_available_bytes
 from trax_revplus.memory.probes import host_rss_bytes
 from trax_revplus.memory.records import BYTES_PER_MIB
 from trax_revplus.memory.records import format_record
@@ -41,7 +43,7 @@ from trax_revplus.memory.transfers import TransferCounter
 
 __all__ = [
     'array_bytes', 'BYTES_PER_MIB', 'device_memory', 'FIRST_STEPS_RECORDED',
-    'format_record', 'host_peak', 'host_rss_bytes', 'MEMORY_LOG_FILENAME',
+    'format_record', 'host_available_bytes', 'host_peak', 'host_rss_bytes', 'MEMORY_LOG_FILENAME',
     'MemoryLog', 'peaks', 'read_memory_log', 'TENSORBOARD_SUBDIR',
     'TransferCounter',
 ]

@@ -1,6 +1,7 @@
 """Probes: bytes in use now, on the host, on devices, in a pytree.
 
   host_rss_bytes() -> int: resident set size of this process (psutil).
+  host_available_bytes() -> int: memory the host can give (psutil).
   device_memory(devices=None) -> dict: bytes in use on accelerators.
   array_bytes(tree) -> int: bytes of all array leaves of a pytree.
 
@@ -30,6 +31,18 @@ def host_rss_bytes() -> int:
     int, bytes.
   """
   return int(_PROCESS.memory_info().rss)
+
+
+def host_available_bytes() -> int:
+  """Returns the memory the host can give without swapping, now.
+
+  psutil's `virtual_memory().available`: free memory plus what the kernel
+  can reclaim at once (page cache), not counting this process's own.
+
+  Returns:
+    int, bytes.
+  """
+  return int(psutil.virtual_memory().available)
 
 
 def _live_array_bytes_per_device(devices):

@@ -115,6 +115,21 @@ class Processes:
 
 
 @functools.lru_cache(maxsize=None)
+def least_over_processes(value: int) -> int:
+  """The least of every process's `value` (int), the same on each process.
+
+  A collective (`multihost_utils.process_allgather`) in a multi-process run:
+  every process must call it at the same point. Used where processes must
+  agree on a figure each reads locally, such as the device memory budget
+  (on the CPU, each host's available memory), so that all run one plan.
+  """
+  if jax.process_count() == 1:
+    return int(value)
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  values = multihost_utils.process_allgather(np.asarray(value, np.int64))
+  return int(np.min(values))
+
+
 def _gather(sharding):
   """A compiled identity whose results are replicated on `sharding`'s mesh
   (XLA all-gathers each per-device input)."""

@@ -18,13 +18,14 @@ a single line on the terminal)::
     step 60/300  loss 3.104  3.05 steps/s (1 step compiling, 4.1 s, left
         out)  host 1535 MB
 
-After the first step, a step that compiles prints a line of its own, the
-first `MAX_RECOMPILE_NOTICES` times (trax's variable-length inputs compile
-once for each new shape; trax's default trainer compiles again at step 2,
-when its weights come back as arrays of another type)::
+After the first step, a step that compiles prints a line of its own naming
+the programs it compiled (at most `MAX_NAMES_SHOWN`), the first
+`MAX_RECOMPILE_NOTICES` times (trax's variable-length inputs compile once
+for each new shape; trax's default trainer compiles again at step 2, when
+its weights come back as arrays of another type)::
 
-    step 57: 2 programs compiled in this step (4.1 s): arguments of a new
-        shape or type (e.g. a new input length) reached the training step
+    step 57: 2 programs compiled in this step (4.1 s): jit(forward),
+        jit(backward)
 
 Compilations are counted from JAX's public monitoring events
 (`jax.monitoring`), not timed around calls. `summary()` returns the figures
@@ -61,6 +62,7 @@ from trax_revplus.progress.compiles import CompileCounter
 
 # Recompiles after the first step printed as a line of their own.
 MAX_RECOMPILE_NOTICES = 3
+MAX_NAMES_SHOWN = 3
 
 
 def _mean_loss(losses: list[Any]) -> float | None:
@@ -207,9 +209,14 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
     self._recompile_notices += 1
     if self._recompile_notices > MAX_RECOMPILE_NOTICES:
       return
+    # The programs by name, not a guessed cause: a new input length
+    # compiles the step's programs again, and so does trax's default
+    # Trainer at step 2 (its weights come back as arrays of another type).
+    shown = ', '.join(names[:MAX_NAMES_SHOWN])
+    if len(names) > MAX_NAMES_SHOWN:
+      shown += f' and {len(names) - MAX_NAMES_SHOWN} more'
     line = (f'step {step}: {_plural(programs, "program")} compiled in this '
-            f'step ({seconds:.1f} s): arguments of a new shape or type (e.g. '
-            f'a new input length) reached the training step')
+            f'step ({seconds:.1f} s): {shown}')
     if self._recompile_notices == MAX_RECOMPILE_NOTICES:
       line += ' (later ones: train.log and the summary)'
     self._print(line)

@@ -5,8 +5,13 @@
   'auto' (default)  the device's own size less `RESERVE_FRACTION` of it,
                     where the backend reports its size (GPU, TPU:
                     `memory_stats()['bytes_limit']`, the least over the
-                    process's devices); no budget where it does not (CPU);
-  'device'          the same, and an error where the size is not reported;
+                    process's devices); where it does not (CPU, whose
+                    devices are the host's memory), what the host can give
+                    now (`memory.host_available_bytes`) less the same
+                    reserve, shared by the process's devices: so every run
+                    is planned, on a CPU as on an accelerator;
+  'device'          the device's size as for 'auto', and an error where
+                    the size is not reported;
   an int            that many bytes per device;
   None              no budget: the plan the segment settings name runs.
 
@@ -17,6 +22,8 @@ the allocator's fragmentation and rounding, the runtime's own buffers
 
 from typing import Optional
 
+from trax_revplus import memory
+from trax_revplus import placement as placement_lib
 from trax_revplus import validation
 from trax_revplus.trainer import options as options_lib
 
@@ -31,6 +38,12 @@ class DeviceMemoryUnknownError(validation.ConfigurationError):
 def device_budget_bytes(limit_bytes: int) -> int:
   """The budget of a device whose allocator may hand out `limit_bytes`."""
   return limit_bytes - int(limit_bytes * RESERVE_FRACTION)
+
+
+def host_budget_bytes(available_bytes: int, n_devices: int) -> int:
+  """The budget of each of `n_devices` devices that share the host's
+  `available_bytes` (CPU devices)."""
+  return device_budget_bytes(available_bytes) // max(1, n_devices)
 
 
 def budget_bytes(setting, placement) -> Optional[int]:
@@ -51,12 +64,14 @@ def budget_bytes(setting, placement) -> Optional[int]:
     return setting
   limit = placement.memory_limit_bytes()
   if limit is not None:
-    return device_budget_bytes(limit)
+    return placement_lib.least_over_processes(device_budget_bytes(limit))
   if setting == options_lib.DEVICE:
     raise DeviceMemoryUnknownError(
         f"{options_lib.GIN_CONFIGURABLE}.device_memory_budget_bytes = "
         f"'device', but the {placement.platform} backend does not report its "
         f"devices' memory size (memory_stats()['bytes_limit']); set the "
         f"budget in bytes (e.g. 17179869184 for 16 GiB), or 'auto' to plan "
-        f"without one here.")
-  return None
+        f"under what the host can give.")
+  # Every process plans under the least host's budget, so all run one plan.
+  return placement_lib.least_over_processes(host_budget_bytes(
+      memory.host_available_bytes(), len(placement.devices)))

@@ -23,6 +23,11 @@ work for its weights, slots and updates), then fewer backward calls, then
 longer forward segments; (4) a deeper copy-back, then prefetching (each
 overlaps host work with device work).
 
+A setting the user gave as an int pins its dimension (`options.AUTO`
+leaves it to the budget): `batch_slices` keeps only that slicing,
+`segment_max_layers` only segments of that length (never the fused
+program), `backward_segment_max_layers` only backward calls of that length.
+
 Plans are grouped by (1) and (2): the members of a group share their
 slicing, and the group's leanest member (one layer per call, no copy-back
 depth, no prefetch; or its one fused program) needs the least memory of
@@ -32,6 +37,7 @@ the group, so a group whose leanest member does not fit is skipped whole.
 import dataclasses
 from typing import Iterator, Tuple
 
+from trax_revplus.trainer import options as options_lib
 from trax_revplus.trainer import plan as plan_lib
 
 SEGMENT_LENGTHS = (1, 2, 4, 8)
@@ -69,7 +75,10 @@ class Candidates:
     self._nbytes = nbytes
     self._stack_bytes = list(stack_bytes)
     self._options = options
-    self.slices = [k for k in range(1, rows + 1) if rows % k == 0]
+    if options.batch_slices == options_lib.AUTO:
+      self.slices = [k for k in range(1, rows + 1) if rows % k == 0]
+    else:
+      self.slices = [options.batch_slices]
 
   def _make(self, **settings):
     settings.setdefault('segment_max_bytes', self._options.segment_max_bytes)
@@ -83,14 +92,26 @@ class Candidates:
                       n_async_layers=self._options.n_async_layers)
     return Group((plan,), plan, sum(self._sizes))
 
+  def _pinned(self, name):
+    """The int the user gave for setting `name`, or None ('auto')."""
+    value = getattr(self._options, name)
+    return None if value == options_lib.AUTO else value
+
+  def _usable(self, name):
+    """Lengths to try for segment setting `name`: the pinned one, or
+    `SEGMENT_LENGTHS`, capped at the longest block."""
+    longest = max(max(self._sizes, default=0), 1)
+    pinned = self._pinned(name)
+    lengths = SEGMENT_LENGTHS if pinned is None else (pinned,)
+    return sorted({min(n, longest) for n in lengths})
+
   def _lengths(self):
     """(forward, backward) segment lengths, fewest calls first."""
-    longest = max(self._sizes, default=0)
-    usable = sorted({min(n, max(longest, 1)) for n in SEGMENT_LENGTHS})
     pairs = []
-    for f in usable:
-      for b in usable:
-        if b <= f:
+    backward = self._usable('backward_segment_max_layers')
+    for f in self._usable('segment_max_layers'):
+      for b in backward:
+        if b <= f or len(backward) == 1:
           plan = self._make(segment_max_layers=f,
                             backward_segment_max_layers=b)
           pairs.append(((plan.n_calls, plan.n_backward_calls, -f), f, b))
@@ -109,14 +130,19 @@ class Candidates:
     return Group(tuple(plans), self.leanest(k), 0)
 
   def leanest(self, k) -> plan_lib.StepPlan:
-    """The unfused plan of k slices with the least device memory."""
-    return self._make(segment_max_layers=1, backward_segment_max_layers=1,
-                      batch_slices=k, n_async_layers=0, prefetch=False)
+    """The unfused plan of k slices with the least device memory: one
+    layer per call, or the pinned segment lengths."""
+    return self._make(
+        segment_max_layers=self._usable('segment_max_layers')[0],
+        backward_segment_max_layers=self._usable(
+            'backward_segment_max_layers')[0],
+        batch_slices=k, n_async_layers=0, prefetch=False)
 
   def groups(self) -> Iterator[Group]:
     """Every group, in the speed model's order."""
-    for k in self.slices:
-      yield self._fused(k)
+    if self._pinned('segment_max_layers') is None:
+      for k in self.slices:
+        yield self._fused(k)
     for k in self.slices:
       yield self._unfused(k)
 

@@ -22,6 +22,9 @@ GIN_CONFIGURABLE = 'trax_revplus.ReversibleSerialTrainer'
 ON_NON_FINITE = ('raise', 'skip', 'ignore')
 AUTO = 'auto'
 DEVICE = 'device'
+# What segment_max_layers and batch_slices = 'auto' mean without a budget.
+UNPLANNED_SEGMENT_MAX_LAYERS = 8
+UNPLANNED_BATCH_SLICES = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,15 +56,18 @@ class TrainerOptions:
       `one_step` returns the non-finite loss with a warning. 'ignore': no
       check (as trax). Checked when each layer's update is committed, which
       waits for that update anyway.
-    segment_max_layers: int >= 1, most consecutive reversible layers of a
-      block run in one compiled call (forward: the layers in order;
-      backward: reverse + backward + update of each, last to first), to
-      save per-call dispatch and host work when layers are small. 1 runs
-      one call per layer, as trax. Every layer keeps its own weights,
-      optimizer, slots and RNG, so results match per-layer calls. Segments
-      of a block have equal lengths (the last one may be shorter), so
-      repeated layer patterns give identical segments that share one
-      compilation.
+    segment_max_layers: 'auto' (default) or int >= 1, most consecutive
+      reversible layers of a block run in one compiled call (forward: the
+      layers in order; backward: reverse + backward + update of each, last
+      to first), to save per-call dispatch and host work when layers are
+      small. 1 runs one call per layer, as trax. Every layer keeps its own
+      weights, optimizer, slots and RNG, so results match per-layer calls.
+      Segments of a block have equal lengths (the last one may be
+      shorter), so repeated layer patterns give identical segments that
+      share one compilation. 'auto': the planner's choice under a device
+      memory budget (the fused program, or segments of 1 to 8 layers),
+      `UNPLANNED_SEGMENT_MAX_LAYERS` without one. An int pins it: the
+      planner then runs segments of that length, never the fused program.
     segment_max_bytes: int >= 0, most bytes of weights + slots a segment
       may hold on the device at once; segments are shortened until every
       one fits, down to one layer (which is never split).
@@ -117,24 +123,27 @@ class TrainerOptions:
       int >= 1: bytes per device the step may use at its peak, as composed
       from XLA's memory analysis of its programs (`device_memory`; the
       figure the memory log records as `peak_device_bytes`). 'auto': the
-      device's own size less a reserve where the backend reports it
-      (GPU, TPU), none where it does not (CPU); 'device': the same, and
-      an error where the size is not reported; None: no budget
-      (`trainer.budget`). Under a budget the trainer plans before the
-      first step on each batch shape: it compiles candidate plans (segment
-      lengths, batch slices, fused layers, copy-back depth, prefetch;
-      `trainer.candidates`) and runs the fastest one whose peak fits,
-      replacing segment_max_layers, backward_segment_max_layers and
-      batch_slices; n_async_layers is the deepest copy-back it tries. If none fits, `one_step` raises
+      device's own size less a reserve where the backend reports it (GPU,
+      TPU), what the host can give less the reserve where it does not
+      (CPU); 'device': the device's size, and an error where it is not
+      reported; None: no budget, the settings as given (`trainer.budget`).
+      Under a budget the trainer plans before the first step on each batch
+      shape: it compiles candidate plans (segment lengths, batch slices,
+      the fused program, copy-back depth, prefetch; `trainer.candidates`)
+      and runs the fastest one whose peak fits. segment_max_layers and
+      batch_slices set to an int pin their dimension of the plan; left at
+      'auto' the planner chooses them; n_async_layers is the deepest
+      copy-back it tries. If none fits, `one_step` raises
       `planner.DeviceMemoryBudgetError` naming the least budget that
       would, before any weight changes.
-    batch_slices: int k >= 1 (default 1). Every call of the step runs over
-      k equal slices of each device's rows of the batch, summing the
-      slices' weight gradients before one optimizer update
+    batch_slices: 'auto' (default) or int k >= 1. Every call of the step
+      runs over k equal slices of each device's rows of the batch, summing
+      the slices' weight gradients before one optimizer update
       (`trainer.slices`): per-call temporaries shrink about k-fold, the
       result is the same (with dropout, each slice draws with its layer's
-      RNG of the step). k must divide each device's rows. Chosen by the
-      planner under a device memory budget.
+      RNG of the step). k must divide each device's rows. 'auto': the
+      planner's choice under a device memory budget,
+      `UNPLANNED_BATCH_SLICES` (no slices) without one; an int pins it.
     memory_log_first_steps: int >= 0, steps at the start of each process
       that are recorded too (each waits for its phases to finish, so they
       run slower than unrecorded steps).
@@ -146,7 +155,7 @@ class TrainerOptions:
   output_dir: Optional[Union[str, os.PathLike]] = None
   donate: bool = True
   on_non_finite: str = 'raise'
-  segment_max_layers: int = 8
+  segment_max_layers: Union[int, str] = AUTO
   segment_max_bytes: int = 32 * 2**20
   compile_ahead: bool = True
   release_host_memory: bool = True
@@ -155,7 +164,7 @@ class TrainerOptions:
   clear_compilation_caches: bool = True
   device_memory_budget_bytes: Optional[Union[int, str]] = AUTO
   memory_log_first_steps: int = FIRST_STEPS_RECORDED
-  batch_slices: int = 1
+  batch_slices: Union[int, str] = AUTO
 
   def __post_init__(self):
     """Checks every setting; ints are stored as Python ints.
@@ -177,8 +186,9 @@ class TrainerOptions:
     if self.on_non_finite not in ON_NON_FINITE:
       raise validation.TrainerOptionError(
           'on_non_finite', self.on_non_finite, f'one of {ON_NON_FINITE}')
-    _check_int(self, 'segment_max_layers', 1,
-               allowed='an int >= 1 (1: one call per layer)')
+    if self.segment_max_layers != AUTO:
+      _check_int(self, 'segment_max_layers', 1,
+                 allowed=f"an int >= 1 (1: one call per layer) or '{AUTO}'")
     _check_int(self, 'segment_max_bytes', 0)
     _check_bool(self, 'compile_ahead')
     _check_bool(self, 'release_host_memory')
@@ -195,9 +205,10 @@ class TrainerOptions:
       _check_int(self, 'device_memory_budget_bytes', 1,
                  allowed=f"'{AUTO}', '{DEVICE}', None or an int number of "
                          f"bytes >= 1")
-    _check_int(self, 'batch_slices', 1,
-               allowed='an int >= 1 that divides each device\'s rows of the '
-                       'batch (1: no slices)')
+    if self.batch_slices != AUTO:
+      _check_int(self, 'batch_slices', 1,
+                 allowed=f"an int >= 1 that divides each device's rows of "
+                         f"the batch (1: no slices) or '{AUTO}'")
 
   @classmethod
   def of(cls, settings):
@@ -221,6 +232,15 @@ class TrainerOptions:
               f'{GIN_CONFIGURABLE} has no setting {name!r}; its settings: '
               f'{", ".join(cls.field_names())}.'))
     return cls(**settings)
+
+  def unplanned(self, name):
+    """Setting `name` (segment_max_layers or batch_slices) as a step
+    without a budget runs it: 'auto' resolved to its unplanned value."""
+    value = getattr(self, name)
+    if value != AUTO:
+      return value
+    return {'segment_max_layers': UNPLANNED_SEGMENT_MAX_LAYERS,
+            'batch_slices': UNPLANNED_BATCH_SLICES}[name]
 
   @classmethod
   def field_names(cls):

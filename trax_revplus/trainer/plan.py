@@ -243,8 +243,8 @@ def configured_plan(block_sizes, nbytes, stack_bytes,
   layer fused into the loss program."""
   return make_plan(
       block_sizes, nbytes, stack_bytes,
-      segment_max_layers=options.segment_max_layers,
+      segment_max_layers=options.unplanned('segment_max_layers'),
       segment_max_bytes=options.segment_max_bytes,
       backward_segment_max_layers=options.backward_segment_max_layers,
-      batch_slices=options.batch_slices,
+      batch_slices=options.unplanned('batch_slices'),
       n_async_layers=options.n_async_layers)

@@ -29,12 +29,17 @@ from trax_revplus.trainer import ahead
 from trax_revplus.trainer import candidates as candidates_lib
 from trax_revplus.trainer import options as options_lib
 from trax_revplus.trainer import plan as plan_lib
+from trax_revplus.trainer import plan_store as plan_store_lib
 from trax_revplus.trainer import step_fns
 from trax_revplus.trainer import units as units_lib
 
 
 class DeviceMemoryBudgetError(validation.ConfigurationError):
   """No plan's step fits the device memory budget (a ValueError)."""
+
+
+class _Unaccountable(Exception):
+  """A candidate's step cannot be accounted here (its error's text)."""
 
 
 class Planned(NamedTuple):
@@ -66,6 +71,8 @@ class Planner:
       None (no budget: the configured plan runs).
     least: (`plan.StepPlan`, `device_memory.StepMemory`) of the leanest
       plan, set when no plan fits the budget; else None.
+    plan_store: `plan_store.PlanStore` where plans chosen under a budget
+      are kept and read back (the run's output directory), or None.
   """
 
   def __init__(self, placement, store, factory, options, budget_bytes):
@@ -84,6 +91,7 @@ class Planner:
     self._planned = {}  # batch_key -> Planned
     self._programs = ahead.Programs()
     self.least = None
+    self.plan_store = None
 
   def planned(self, batch) -> Planned:
     """The `Planned` step of `batch`'s shapes, planned on first sight.
@@ -100,7 +108,7 @@ class Planner:
     """
     key = batch_key(self._placement.abstract_batch(batch))
     if key not in self._planned:
-      self._planned[key] = self._plan(self.step_types(batch))
+      self._planned[key] = self._plan(key, self.step_types(batch))
     return self._planned[key]
 
   def is_planned(self, batch) -> bool:
@@ -130,11 +138,17 @@ class Planner:
         self._store.block_sizes(), self._store.params_bytes(),
         self._stack_bytes(types), self._rows(types), self._options)
 
-  def _plan(self, types):
+  def _plan(self, key, types):
     options = self._options
+    validation.check_batch_slices(options.unplanned('batch_slices'),
+                                  self._rows(types))
     if self.budget_bytes is not None:
-      return self._choose(self.candidates(types), types)
-    validation.check_batch_slices(options.batch_slices, self._rows(types))
+      return self._plan_under_budget(key, types)
+    return self._configured(types)
+
+  def _configured(self, types):
+    """The plan the settings name, accounted where it can be."""
+    options = self._options
     plan = plan_lib.configured_plan(
         self._store.block_sizes(), self._store.params_bytes(),
         self._stack_bytes(types), options)
@@ -143,6 +157,46 @@ class Planner:
     if options.compile_ahead:
       memory_ = self._account_or_none(plan, units, types)
     return Planned(plan, units, memory_)
+
+  def _plan_under_budget(self, key, types):
+    """The fastest plan that fits: the one kept for this step where the
+    run's plan store has it and it still fits, else `_choose`'s (then
+    kept)."""
+    store_key = None
+    if self.plan_store is not None:
+      settings = dataclasses.asdict(self._options)
+      for name in ('output_dir', 'device_memory_budget_bytes'):
+        settings.pop(name)
+      store_key = plan_store_lib.plan_key(
+          key, settings, self._store.layers, self._placement.platform,
+          self._placement.n_devices)
+      plan = self.plan_store.load(store_key, self.budget_bytes)
+      if plan is not None:
+        units = units_lib.Units(plan, self._factory)
+        step = self._account_or_none(plan, units, types)
+        if step is not None and step.peak_device_bytes <= self.budget_bytes:
+          logging.info('device memory plan (kept in %s): %s; %s',
+                       self.plan_store.path, plan.describe(), step.describe())
+          return Planned(plan, units, step)
+    try:
+      planned, faster_plans_need_bytes = self._choose(
+          self.candidates(types), types)
+    except _Unaccountable as e:
+      if self._options.device_memory_budget_bytes != options_lib.AUTO:
+        raise DeviceMemoryBudgetError(
+            f'device_memory_budget_bytes cannot be honoured here: {e} Set '
+            f'{options_lib.GIN_CONFIGURABLE}.device_memory_budget_bytes = '
+            f'None and choose the segments and slices yourself.') from None
+      # The default budget plans where it can: a step that cannot be
+      # accounted here runs the settings as given, as without a budget.
+      logging.warning('device memory: the step cannot be accounted here, so '
+                      'it runs the settings as given, unplanned: %s', e)
+      return self._configured(types)
+    if store_key is not None:
+      self.plan_store.save(store_key, planned.plan,
+                           planned.memory.peak_device_bytes,
+                           faster_plans_need_bytes)
+    return planned
 
   def _stack_bytes(self, types):
     """Per block, the bytes (all devices) of the stack items its reversible
@@ -207,46 +261,60 @@ class Planner:
       return None
 
   def _choose(self, candidates, types):
-    """The first candidate, in the speed model's order, that fits.
+    """The first candidate, in the speed model's order, that fits, and the
+    least bytes that excluded a faster one (None: none was faster).
 
-    A group is tried only where its slicing's leanest plan (one layer
-    per call: the least compiling) fits; a fused group also needs the stack
-    states it keeps within the budget (`Candidates.lower_bound_bytes`).
+    Each group's fastest plan is accounted first: where it fits, nothing
+    else compiles (its programs are the step's own). Where it does not, the
+    rest of the group is tried only where its slicing's leanest plan (one
+    layer per call: the least compiling) fits; a fused group also needs the
+    stack states it keeps within the budget
+    (`Candidates.lower_bound_bytes`).
     """
     budget = self.budget_bytes
-    lean = {}  # slices -> StepMemory of their leanest plan
+    accounted = []  # (plan, StepMemory); plans are equal by value
 
     def account(plan):
+      for seen, step in accounted:
+        if seen == plan:
+          return step
       try:
-        return self.account(plan, units_lib.Units(plan, self._factory), types)
+        step = self.account(plan, units_lib.Units(plan, self._factory), types)
       except (device_memory.UnsupportedTrainerError,
               device_memory.AccountingError) as e:
-        raise DeviceMemoryBudgetError(
-            f'device_memory_budget_bytes cannot be honoured here: {e} Set '
-            f'{options_lib.GIN_CONFIGURABLE}.device_memory_budget_bytes = '
-            f'None and choose the segments and slices yourself.') from None
+        raise _Unaccountable(e) from None
+      accounted.append((plan, step))
+      return step
 
-    def lean_fits(k):
-      if k not in lean:
-        lean[k] = account(candidates.leanest(k))
-      return lean[k].peak_device_bytes <= budget
+    excluded = []  # bytes that excluded each faster plan or group
+
+    def fits(plan):
+      peak = account(plan).peak_device_bytes
+      if peak > budget:
+        excluded.append(peak)
+      return peak <= budget
+
+    def chosen(plan):
+      step = account(plan)
+      logging.info('device memory plan: %s; %s', plan.describe(),
+                   step.describe())
+      return (Planned(plan, units_lib.Units(plan, self._factory), step),
+              min(excluded, default=None))
 
     for group in candidates.groups():
-      k = group.leanest.batch_slices
-      if not lean_fits(k):
+      bound = candidates.lower_bound_bytes(group, self._placement.n_devices)
+      if bound > budget:
+        excluded.append(bound)
         continue
-      if candidates.lower_bound_bytes(group,
-                                      self._placement.n_devices) > budget:
+      first, rest = group.plans[0], group.plans[1:]
+      if fits(first):
+        return chosen(first)
+      if not rest or not fits(group.leanest):
         continue
-      for plan in group.plans:
-        step = lean[k] if plan == candidates.leanest(k) else account(plan)
-        if step.peak_device_bytes <= budget:
-          units = units_lib.Units(plan, self._factory)
-          logging.info('device memory plan: %s; %s', plan.describe(),
-                       step.describe())
-          return Planned(plan, units, step)
-    for k in candidates.slices:
-      lean_fits(k)
+      for plan in rest:
+        if fits(plan):
+          return chosen(plan)
+    lean = {k: account(candidates.leanest(k)) for k in candidates.slices}
     k = min(lean, key=lambda k: lean[k].peak_device_bytes)
     self.least = (candidates.leanest(k), lean[k])
     self._raise_nothing_fits()
@@ -255,13 +323,19 @@ class Planner:
     plan, step = self.least
     budget = self.budget_bytes
     need = step.peak_device_bytes
+    pinned = [name for name in ('segment_max_layers', 'batch_slices',
+                                'backward_segment_max_layers')
+              if getattr(self._options, name) != options_lib.AUTO]
+    unpin = (f", set {' and '.join(pinned)} to 'auto'" if pinned else '')
+    layers = plan.settings()['segment_max_layers']
     raise DeviceMemoryBudgetError(
         f'no plan fits device_memory_budget_bytes={budget} '
         f'({budget / 2**20:.1f} MiB) on this batch: the least needs {need} '
         f'bytes ({need / 2**20:.1f} MiB), with batch_slices='
-        f'{plan.batch_slices} and one layer per call; set '
+        f'{plan.batch_slices} and '
+        f'{"one layer" if layers <= 1 else f"{layers} layers"} per call; set '
         f'{options_lib.GIN_CONFIGURABLE}.device_memory_budget_bytes >= '
-        f'{need}, or use a shorter sequence or a smaller batch.')
+        f'{need}{unpin}, or use a shorter sequence or a smaller batch.')
 
   def least_plan(self, batch):
     """(plan, StepMemory) of the leanest plan on `batch`'s shapes: one

@@ -33,6 +33,7 @@ from trax_revplus import placement as placement_lib
 from trax_revplus import validation
 from trax_revplus.memory import host_release
 from trax_revplus.trainer import budget as budget_lib
+from trax_revplus.trainer import plan_store as plan_store_lib
 from trax_revplus.trainer import commit
 from trax_revplus.trainer import compilation
 from trax_revplus.trainer import hooks as hooks_lib
@@ -147,6 +148,7 @@ class ReversibleSerialTrainer:
         placement, store, unit_factory.UnitFactory(
             store.layers, store.optimizers, self._compiler.compile,
             self._n_devices, adasum), options, budget_bytes)
+    self._keep_plans_in(self._files_dir(options.output_dir))
     self._commits = commit.CommitQueue(placement, store,
                                        options.on_non_finite,
                                        self._describe_last_checkpoint)
@@ -240,7 +242,14 @@ class ReversibleSerialTrainer:
     their lines with absl only.
     """
     self._memory_log.set_output_dir(self._files_dir(output_dir))
+    self._keep_plans_in(self._files_dir(output_dir))
     self._flush_init_records()
+
+  def _keep_plans_in(self, directory):
+    """Plans chosen under a budget are kept in `directory` (None: not
+    kept), so that a resumed run does not plan again."""
+    self._planner.plan_store = (None if directory is None
+                                else plan_store_lib.PlanStore(directory))
 
   def _files_dir(self, output_dir):
     """`output_dir`, or None on a process other than 0 of a multi-process

@@ -1,0 +1,119 @@
+"""Plans kept in the run's output directory: a second run, or a resume,
+does not plan again; a damaged or foreign file is ignored with a warning.
+
+References: the planner's own search on a fresh trainer (what a kept plan
+must equal), and trax's default `Trainer` for the values trained.
+"""
+
+import json
+import logging
+import os
+
+import pytest
+
+import trainer_cases as cases
+from trax_revplus.trainer import plan_store
+from trax_revplus.trainer import planner
+
+pytestmark = pytest.mark.usefixtures('stock_trax')
+
+_BATCH = cases.lm_batch()
+
+
+@pytest.fixture
+def accounted(monkeypatch):
+  """The plans `Planner.account` compiles and accounts, in order."""
+  plans = []
+  account = planner.Planner.account
+
+  def counting(self, plan, units, types):
+    plans.append(plan)
+    return account(self, plan, units, types)
+  monkeypatch.setattr(planner.Planner, 'account', counting)
+  return plans
+
+
+def _least_budget():
+  _, trainer = cases.lm_trainer(_BATCH, device_memory_budget_bytes=None)
+  return trainer.planner.least_plan(_BATCH)[1].peak_device_bytes
+
+
+def _trainer(output_dir, budget_bytes):
+  return cases.lm_trainer(_BATCH, device_memory_budget_bytes=budget_bytes,
+                          output_dir=str(output_dir))
+
+
+def test_a_plan_round_trips_through_json():
+  _, trainer = cases.lm_trainer(_BATCH, device_memory_budget_bytes=None)
+  p = trainer.planner
+  for group in p.candidates(p.step_types(_BATCH)).groups():
+    for plan in group.plans:
+      data = json.loads(json.dumps(plan_store.plan_to_json(plan)))
+      assert plan_store.plan_from_json(data) == plan
+
+
+def test_a_second_run_reads_its_plan_back_and_trains_the_same(
+    tmp_path, accounted):
+  budget = _least_budget()
+  del accounted[:]
+  _, first = _trainer(tmp_path, budget)
+  first.one_step(_BATCH, cases.RNGS[0])
+  searched = len(accounted)
+  assert searched > 1  # the least budget: every faster plan was excluded
+  assert os.path.exists(tmp_path / plan_store.FILENAME)
+  del accounted[:]
+  model, second = _trainer(tmp_path, budget)
+  cases.train(second, _BATCH, 3)
+  assert accounted == [first.planned(_BATCH).plan]  # its own step's alone
+  assert second.planned(_BATCH).plan == first.planned(_BATCH).plan
+  ref_weights, ref_slots, _ = cases.lm_reference_3_steps()
+  cases.assert_all_close(ref_weights, model.weights)
+  cases.assert_all_close(ref_slots, second.slots)
+
+
+def test_a_kept_plan_is_not_read_for_a_budget_outside_its_range(
+    tmp_path, accounted):
+  budget = _least_budget()
+  del accounted[:]
+  _, first = _trainer(tmp_path, budget)
+  first.one_step(_BATCH, cases.RNGS[0])
+  del accounted[:]
+  # Room for the fastest plan: the kept answer is no longer the fastest.
+  _, second = _trainer(tmp_path, 2**40)
+  second.one_step(_BATCH, cases.RNGS[0])
+  assert second.planned(_BATCH).plan != first.planned(_BATCH).plan
+  assert second.planned(_BATCH).plan.fused_from == 0
+
+
+@pytest.mark.parametrize('damage', ['garbage', 'digest', 'format'])
+def test_a_damaged_file_is_one_warning_and_a_fresh_plan(
+    tmp_path, accounted, caplog, damage):
+  budget = _least_budget()
+  del accounted[:]
+  _, first = _trainer(tmp_path, budget)
+  first.one_step(_BATCH, cases.RNGS[0])
+  searched = len(accounted)
+  path = tmp_path / plan_store.FILENAME
+  data = json.loads(path.read_text())
+  if damage == 'garbage':
+    path.write_text('{"format": "trax_revplus plans 1", "plans": {')
+  elif damage == 'digest':
+    for entry in data['plans'].values():
+      entry['plan']['batch_slices'] += 1
+    path.write_text(json.dumps(data))
+  else:
+    data['format'] = 'something else'
+    path.write_text(json.dumps(data))
+  del accounted[:]
+  caplog.set_level(logging.WARNING)
+  _, second = _trainer(tmp_path, budget)
+  second.one_step(_BATCH, cases.RNGS[0])
+  assert len(accounted) == searched  # planned afresh
+  assert second.planned(_BATCH).plan == first.planned(_BATCH).plan
+  warnings = [r.getMessage() for r in caplog.records
+              if 'stored plans' in r.getMessage()]
+  assert len(warnings) == 1 and 'planning afresh' in warnings[0]
+  # The fresh plan is kept again, intact.
+  assert plan_store.PlanStore(str(tmp_path)).load(
+      next(iter(json.loads(path.read_text())['plans'])), budget) == (
+          first.planned(_BATCH).plan)
