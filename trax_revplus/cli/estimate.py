@@ -22,10 +22,8 @@ be harmless (`noise.KNOWN_NOISE`) are not shown; any other is one line.
 
 import argparse
 import copy
-import decimal
 import json
 import logging as std_logging
-import re
 import sys
 from typing import Any, Optional
 
@@ -35,6 +33,8 @@ from trax_revplus.cli import gin_config
 from trax_revplus.cli import noise
 from trax_revplus.cli import preflight
 from trax_revplus.cli.messages import warning_line
+from trax_revplus.cli.sizes import human_bytes
+from trax_revplus.cli.sizes import parse_bytes
 from trax_revplus.errors import EXIT_OK
 from trax_revplus.errors import EXIT_RUNTIME
 from trax_revplus.errors import one_line
@@ -42,57 +42,6 @@ from trax_revplus.errors import UserError
 
 COMMAND = 'estimate'
 TRAINERS = ('default', 'stock', 'revplus')
-_UNITS = {'': 1, 'b': 1, 'kb': 10**3, 'mb': 10**6, 'gb': 10**9,
-          'tb': 10**12, 'kib': 2**10, 'mib': 2**20, 'gib': 2**30,
-          'tib': 2**40}
-# More than any one device holds (1 PiB): a size past it is a typo.
-MAX_DEVICE_BYTES = 2**50
-
-
-def parse_bytes(text: str) -> int:
-  """'16GiB', '16 GB', '512MiB', '1e9', '1.5GiB' -> bytes (int), exactly.
-
-  The number is read as a decimal, not a float, so every whole byte count
-  up to `MAX_DEVICE_BYTES` is kept exactly.
-
-  Raises:
-    ValueError: not a number with an optional unit (B, kB, MB, GB, TB,
-      KiB, MiB, GiB, TiB; case-insensitive), zero, not a whole number of
-      bytes, or more than `MAX_DEVICE_BYTES`.
-  """
-  match = re.fullmatch(r'\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*'
-                       r'([a-zA-Z]*)\s*', text)
-  unit = match and match.group(2).lower()
-  if not match or unit not in _UNITS:
-    raise ValueError(f'--device_memory={text!r} is not a size: give bytes '
-                     'or a number with a unit, e.g. 16GiB, 40GB, 512MiB')
-  number = decimal.Decimal(match.group(1))
-  if number == 0:
-    raise ValueError(f'--device_memory={text!r} is zero; give the memory of '
-                     f'one device, e.g. 16GiB')
-  # Exact: enough digits for the number as written times the unit.
-  with decimal.localcontext() as context:
-    context.prec = len(text) + 40
-    context.Emin, context.Emax = decimal.MIN_EMIN, decimal.MAX_EMAX
-    value = (number * _UNITS[unit] if number <= MAX_DEVICE_BYTES else
-             number)
-  if value > MAX_DEVICE_BYTES:
-    raise ValueError(f'--device_memory={text!r} is more than any device '
-                     f'holds (at most {MAX_DEVICE_BYTES} bytes, 1 PiB); give '
-                     f'the memory of one device, e.g. 16GiB')
-  if value != value.to_integral_value():
-    raise ValueError(f'--device_memory={text!r} is not a whole number of '
-                     f'bytes; give whole bytes or a unit, e.g. 512MiB')
-  return int(value)
-
-
-def human_bytes(n: Optional[int]) -> str:
-  if n is None:
-    return '-'
-  for unit, size in (('GiB', 2**30), ('MiB', 2**20), ('KiB', 2**10)):
-    if n >= size:
-      return f'{n / size:.1f} {unit}'
-  return f'{n} B'
 
 
 def _bound(name: str, default: Any) -> Any:
@@ -263,13 +212,14 @@ def _stock(cfg, backend):
 
 
 def _revplus(cfg, backend, n_devices, device_memory_bytes):
-  """(TrainerMemory, plan line, the budget it planned for) of trax_revplus's
-  trainer.
+  """(TrainerMemory, plan line, the budget it planned for, the plans it
+  weighed: `weighing.Weighing`) of trax_revplus's trainer.
 
   With `device_memory_bytes` (--device_memory) the trainer plans for it;
   without, for the budget its settings give (the config's
   `device_memory_budget_bytes`, by default the device's own size where the
-  backend reports it).
+  backend reports it). The plan, the least plan and the plans weighed come
+  from one search: a plan is accounted once.
   """
   from trax_revplus import device_memory  # pylint: disable=g-import-not-at-top
   from trax_revplus import trainer as rev_lib  # pylint: disable=g-import-not-at-top
@@ -281,12 +231,15 @@ def _revplus(cfg, backend, n_devices, device_memory_bytes):
       blocks, loss_layer, cfg.optimizer, n_devices=n_devices,
       memory_log_tensorboard=False, output_dir=None, **budget)
   budget_bytes = trainer.planner.budget_bytes
-  least_plan, least = trainer.least_device_memory_of(cfg.batch)
   try:
-    planned = trainer.planned(cfg.batch)
-    plan, step, note = planned.plan, trainer.device_memory_of(cfg.batch), (
-        'fits' if budget_bytes is not None else 'no budget: as configured')
+    plan = trainer.planned(cfg.batch).plan
+    step = trainer.device_memory_of(cfg.batch)
+    note = ('fits' if budget_bytes is not None else
+            'no budget: as configured')
   except planner.DeviceMemoryBudgetError:
+    plan = step = None
+  least_plan, least = trainer.least_device_memory_of(cfg.batch)
+  if plan is None:
     plan, step = least_plan, least
     note = (f'no plan fits {human_bytes(budget_bytes)}; the least needs '
             f'{least.peak_device_bytes} bytes')
@@ -294,7 +247,8 @@ def _revplus(cfg, backend, n_devices, device_memory_bytes):
   result = device_memory.trainer_memory(
       'revplus', trainer, cfg.batch, backend, step=step, plan=settings,
       least=(dict(least_plan.settings(), n_calls=least_plan.n_calls), least))
-  return result, f'{plan.describe()} ({note})', budget_bytes
+  return (result, f'{plan.describe()} ({note})', budget_bytes,
+          trainer.planner.weighing(cfg.batch))
 
 
 def estimate(device_memory_bytes: Optional[int], n_devices: int,
@@ -307,7 +261,8 @@ def estimate(device_memory_bytes: Optional[int], n_devices: int,
 
   Returns:
     (backend, {trainer: TrainerMemory}, revplus plan line or None,
-    batch types, the budget revplus planned for or None).
+    batch types, the budget revplus planned for or None, the plans revplus
+    weighed (`weighing.Weighing`) or None).
 
   Raises:
     UserError: as `train` reports the config's mistakes.
@@ -320,7 +275,8 @@ def estimate(device_memory_bytes: Optional[int], n_devices: int,
   activated = trax_revplus.is_active()
   cfg = check_inputs_and_batch(bindings, n_devices, device_memory_bytes)
   check_model(cfg, bindings)
-  results, plan_line, budget = {}, [None], [device_memory_bytes]
+  results, plan_line, budget, plans = {}, [None], [device_memory_bytes], [
+      None]
   try:
     trax_revplus.deactivate()
     results['default'] = device_memory.account(
@@ -330,20 +286,21 @@ def estimate(device_memory_bytes: Optional[int], n_devices: int,
     trax_revplus.activate()
 
     def revplus():
-      memory, plan_line[0], budget[0] = _revplus(cfg, backend, n_devices,
-                                                 device_memory_bytes)
+      memory, plan_line[0], budget[0], plans[0] = _revplus(
+          cfg, backend, n_devices, device_memory_bytes)
       return memory
     results['revplus'] = device_memory.account('revplus', backend, n_devices,
                                                revplus)
   finally:
     if not activated:
       trax_revplus.deactivate()
-  return backend, results, plan_line[0], cfg.batch, budget[0]
+  return backend, results, plan_line[0], cfg.batch, budget[0], plans[0]
 
 
 def table(backend, results, plan_line, batch, device_memory_bytes,
-          n_devices) -> str:
-  """The printed report."""
+          n_devices, plans=None) -> str:
+  """The printed report; `plans` (`weighing.Weighing` or None): the plans
+  revplus weighed, listed under its plan."""
   shapes = ', '.join(f'{x.dtype}{list(x.shape)}' for x in batch)
   lines = [
       f'figures compiled for backend {backend} (XLA memory analysis; other '
@@ -373,17 +330,25 @@ def table(backend, results, plan_line, batch, device_memory_bytes,
   peak = results['revplus'].step
   if peak is not None:
     lines.append(f'revplus {peak.describe()}')
+  if plans is not None and plans.weighed and results['revplus'].error is None:
+    lines.append('')
+    lines.append('revplus plans weighed (* the chosen plan):')
+    lines.extend(plans.lines())
   return '\n'.join(lines)
 
 
 def to_json(backend, results, plan_line, device_memory_bytes,
-            n_devices) -> dict:
+            n_devices, plans=None) -> dict:
+  """The object `--json` writes; revplus's has the plans it weighed
+  (`plans`, a `weighing.Weighing`) as `plans`."""
   out = {'backend': backend, 'device_memory_bytes': device_memory_bytes,
          'n_devices': n_devices,
          'trainers': {name: results[name].to_json(device_memory_bytes)
                       for name in TRAINERS}}
   if plan_line is not None and 'error' not in out['trainers']['revplus']:
     out['trainers']['revplus']['plan_line'] = plan_line
+    if plans is not None:
+      out['trainers']['revplus']['plans'] = plans.to_json()
   return out
 
 
@@ -449,19 +414,19 @@ def run(flags: argparse.Namespace) -> int:
   # other is one line on stderr.
   with noise.route_warnings(std_logging.NullHandler(),
                             std_logging.StreamHandler(sys.stderr)):
-    backend, results, plan_line, batch, budget = estimate(
+    backend, results, plan_line, batch, budget, plans = estimate(
         device_memory_bytes, flags.n_devices, bindings)
   if budget is not None:
     device_memory_bytes = budget
   report = table(backend, results, plan_line, batch, device_memory_bytes,
-                 flags.n_devices)
+                 flags.n_devices, plans)
   if flags.json == output_files.STDOUT:  # The JSON alone on stdout.
     print(report, file=sys.stderr, flush=True)
   else:
     print(report, flush=True)
   if flags.json:
     text = json.dumps(to_json(backend, results, plan_line,
-                              device_memory_bytes, flags.n_devices),
+                              device_memory_bytes, flags.n_devices, plans),
                       indent=1, sort_keys=True) + '\n'
     output_files.write(flags.json, _json_writer(text), '--json')
   return EXIT_OK
