@@ -4,10 +4,9 @@ Checks what `train` checks, with the same code and lines (`preflight`), and
 the --json path (`output_files`), before anything is built; then the
 config's inputs (one batch, for its shapes), that the batch splits over
 --n_devices and into the trainer's `batch_slices`, and that the model
-builds, each mistake reported as `train` reports it (`failures`), before
-anything is compiled. Then it parses the gin config as `train` does,
-builds the config's model three
-times (trax's default `Trainer`, stock trax's `ReversibleSerialTrainer`,
+builds, each mistake reported as `train` reports it (`parsed_config`),
+before anything is compiled. Then it builds the config's model three times
+(trax's default `Trainer`, stock trax's `ReversibleSerialTrainer`,
 trax_revplus's), compiles what one step of each would run and composes XLA's
 memory analysis of those programs into the step's peak device bytes
 (`trax_revplus.device_memory`); runs no step. The batch's shapes come from
@@ -15,169 +14,31 @@ the config's inputs (trax's `Inputs` reads one batch to learn them).
 trax_revplus's trainer is built with `device_memory_budget_bytes` set to
 `--device_memory` (which overrides, with a warning line, a budget the config
 sets), so its figures are those of the plan it would run under that
-memory. A trainer that cannot be built or compiled here gets a
-one-line error in its row instead of figures. Third-party warnings known to
+memory; the plans it weighed to choose that plan are listed under it
+(`weighing.Weighing`). A trainer that cannot be built or compiled here gets
+a one-line error in its row instead of figures. Third-party warnings known to
 be harmless (`noise.KNOWN_NOISE`) are not shown; any other is one line.
 """
 
 import argparse
-import copy
 import json
 import logging as std_logging
 import sys
-from typing import Any, Optional
+from typing import Optional
 
 from trax_revplus import output_files
-from trax_revplus.cli import failures
 from trax_revplus.cli import gin_config
 from trax_revplus.cli import noise
+from trax_revplus.cli import parsed_config
 from trax_revplus.cli import preflight
 from trax_revplus.cli.messages import warning_line
 from trax_revplus.cli.sizes import human_bytes
 from trax_revplus.cli.sizes import parse_bytes
 from trax_revplus.errors import EXIT_OK
-from trax_revplus.errors import EXIT_RUNTIME
-from trax_revplus.errors import one_line
 from trax_revplus.errors import UserError
 
 COMMAND = 'estimate'
 TRAINERS = ('default', 'stock', 'revplus')
-
-
-def _bound(name: str, default: Any) -> Any:
-  """The value gin would pass for `name`, references made callables."""
-  return copy.deepcopy(gin_config.bound_value(name, default))
-
-
-def _batch_types(inputs_fn):
-  """The batch's `jax.ShapeDtypeStruct`s from the config's inputs."""
-  import jax  # pylint: disable=g-import-not-at-top
-  inputs = inputs_fn() if callable(inputs_fn) else inputs_fn
-  shapes, dtypes = inputs.example_shape_dtype
-  return tuple(jax.ShapeDtypeStruct(tuple(s), d)
-               for s, d in zip(shapes, dtypes))
-
-
-class _Config:
-  """What `train` would build from the parsed config."""
-
-  def __init__(self, bindings: list[str]):
-    from trax import layers as tl  # pylint: disable=g-import-not-at-top
-    from trax import optimizers  # pylint: disable=g-import-not-at-top
-    from trax.data import inputs as trax_inputs  # pylint: disable=g-import-not-at-top
-    self.model_fn = _bound('train.model', None)
-    if self.model_fn is None:
-      raise UserError('no model configured: bind train.model, e.g. '
-                      "--config='train.model = @trax.models.ReformerLM'")
-    self._tl = tl
-    self.loss()  # fails here on a bad loss binding
-    self.optimizer = _bound('train.optimizer', optimizers.Adafactor)
-    inputs = _bound('train.inputs', trax_inputs.batcher)
-    try:
-      self.batch = _batch_types(inputs)
-    except Exception as e:  # pylint: disable=broad-except
-      # As `train` reports it (e.g. corpus files that match nothing).
-      raise _as_train_reports(e, bindings) or UserError(
-          f"cannot read the config's inputs: {one_line(e)}",
-          EXIT_RUNTIME) from None
-
-  def model(self):
-    """A new model (train mode)."""
-    return self.model_fn(mode='train')
-
-  def loss(self):
-    """A new loss layer."""
-    return (_bound('train.loss_fn', None) or
-            self._tl.WeightedCategoryCrossEntropy())
-
-
-def _signature(batch):
-  from trax import shapes  # pylint: disable=g-import-not-at-top
-  return tuple(shapes.ShapeDtype(x.shape, x.dtype) for x in batch)
-
-
-def _as_train_reports(error: Exception, bindings: list[str]
-                      ) -> Optional[UserError]:
-  """`error` as `train` reports it when building its Loop, or None."""
-  return failures.user_error(error, '', False, bindings)
-
-
-def check_model(cfg, bindings: list[str]) -> None:
-  """Builds and initializes the config's model as `train` would.
-
-  Before any trainer: a model the config cannot build is the config's
-  mistake, reported as `train` reports it (the same line: the model is
-  initialized the way `train`'s run initializes it, block by block for
-  the memory-efficient trainer), not a trainer's row.
-
-  Raises:
-    UserError: as `train` (exit status 2 for a model its bindings cannot
-      build), or exit status 1 for an error nobody could foresee.
-  """
-  # pylint: disable=g-import-not-at-top
-  from trax import fastmath
-  from trax.optimizers import trainer as stock_lib
-  import trax_revplus
-  from trax_revplus import trainer as rev_lib
-  # pylint: enable=g-import-not-at-top
-  mode = gin_config.bound_value('train.use_memory_efficient_trainer', False)
-  try:
-    if mode and not gin_config.is_reference(mode):
-      _blocks(rev_lib if trax_revplus.is_active() else stock_lib, cfg)
-    else:
-      cfg.model().init(_signature(cfg.batch),
-                       rng=fastmath.random.get_prng(0))
-  except Exception as e:  # pylint: disable=broad-except
-    raise _as_train_reports(e, bindings) or UserError(
-        f"cannot build the config's model: {one_line(e)}; fix the model "
-        f'bindings (train.model, ...)', EXIT_RUNTIME) from None
-
-
-def check_batch(cfg, n_devices: int, device_memory_bytes: Optional[int],
-                bindings: list[str]) -> None:
-  """Checks what a step on the config's batch needs, as the trainers will.
-
-  The batch splits over `n_devices` (that many devices exist), the
-  trainer's budget can be resolved, and, without a budget (when the
-  configured `batch_slices` is used, not the planner's), `batch_slices`
-  divides each device's rows.
-
-  Raises:
-    UserError (exit status 2): as `train` reports each.
-  """
-  # pylint: disable=g-import-not-at-top
-  from trax_revplus import placement as placement_lib
-  from trax_revplus import validation
-  from trax_revplus.trainer import budget as budget_lib
-  from trax_revplus.trainer import options as options_lib
-  # pylint: enable=g-import-not-at-top
-  options = options_lib.validate_gin_bindings()
-  try:
-    validation.check_n_devices(n_devices)
-    validation.check_batch(cfg.batch, n_devices)
-    setting = (options.device_memory_budget_bytes
-               if device_memory_bytes is None else device_memory_bytes)
-    budget = budget_lib.budget_bytes(setting,
-                                     placement_lib.Placement(n_devices))
-    if budget is None:
-      validation.check_batch_slices(options.batch_slices,
-                                    cfg.batch[0].shape[0] // n_devices)
-  except validation.ConfigurationError as e:
-    raise _as_train_reports(e, bindings) from None
-
-
-def check_inputs_and_batch(bindings: list[str], n_devices: int,
-                           device_memory_bytes: Optional[int] = None):
-  """Reads one batch of the parsed config's inputs and checks it
-  (`check_batch`) as `train`'s run will; returns the config to build from.
-
-  Raises:
-    UserError: as `train` reports the config's mistakes (exit status 2), or
-      1 when the inputs cannot be read.
-  """
-  cfg = _Config(bindings)
-  check_batch(cfg, n_devices, device_memory_bytes, bindings)
-  return cfg
 
 
 def _default(cfg, backend):
@@ -186,26 +47,18 @@ def _default(cfg, backend):
   from trax import optimizers  # pylint: disable=g-import-not-at-top
   from trax_revplus import device_memory  # pylint: disable=g-import-not-at-top
   model = tl.Serial(cfg.model(), cfg.loss())
-  model.init(_signature(cfg.batch), rng=fastmath.random.get_prng(0))
+  model.init(parsed_config.signature(cfg.batch),
+             rng=fastmath.random.get_prng(0))
   opt = cfg.optimizer()
   opt.tree_init(model.weights)
   trainer = optimizers.Trainer(model, opt, n_devices=1)
   return device_memory.trainer_memory('default', trainer, cfg.batch, backend)
 
 
-def _blocks(module, cfg):
-  from trax import fastmath  # pylint: disable=g-import-not-at-top
-  blocks, loss_layer = module.extract_reversible_blocks([cfg.model(),
-                                                         cfg.loss()])
-  module.init_reversible_blocks(blocks, loss_layer, _signature(cfg.batch),
-                                fastmath.random.get_prng(0))
-  return blocks, loss_layer
-
-
 def _stock(cfg, backend):
   from trax.optimizers import trainer as stock_lib  # pylint: disable=g-import-not-at-top
   from trax_revplus import device_memory  # pylint: disable=g-import-not-at-top
-  blocks, loss_layer = _blocks(stock_lib, cfg)
+  blocks, loss_layer = parsed_config.reversible_blocks(stock_lib, cfg)
   trainer = stock_lib.ReversibleSerialTrainer(blocks, loss_layer,
                                               cfg.optimizer, n_devices=1)
   return device_memory.trainer_memory('stock', trainer, cfg.batch, backend)
@@ -224,7 +77,7 @@ def _revplus(cfg, backend, n_devices, device_memory_bytes):
   from trax_revplus import device_memory  # pylint: disable=g-import-not-at-top
   from trax_revplus import trainer as rev_lib  # pylint: disable=g-import-not-at-top
   from trax_revplus.trainer import planner  # pylint: disable=g-import-not-at-top
-  blocks, loss_layer = _blocks(rev_lib, cfg)
+  blocks, loss_layer = parsed_config.reversible_blocks(rev_lib, cfg)
   budget = ({} if device_memory_bytes is None else
             {'device_memory_budget_bytes': device_memory_bytes})
   trainer = rev_lib.ReversibleSerialTrainer(
@@ -255,9 +108,9 @@ def estimate(device_memory_bytes: Optional[int], n_devices: int,
              bindings: list[str] = ()):
   """Builds and accounts the three trainers of the parsed config.
 
-  First reads the inputs, checks the batch (`check_batch`) and builds the
-  model (`check_model`): a mistake there is the config's, one line, before
-  anything is compiled.
+  First reads the inputs, checks the batch (`parsed_config.check_batch`)
+  and builds the model (`parsed_config.check_model`): a mistake there is
+  the config's, one line, before anything is compiled.
 
   Returns:
     (backend, {trainer: TrainerMemory}, revplus plan line or None,
@@ -273,8 +126,9 @@ def estimate(device_memory_bytes: Optional[int], n_devices: int,
   bindings = list(bindings)
   backend = jax.default_backend()
   activated = trax_revplus.is_active()
-  cfg = check_inputs_and_batch(bindings, n_devices, device_memory_bytes)
-  check_model(cfg, bindings)
+  cfg = parsed_config.check_inputs_and_batch(bindings, n_devices,
+                                             device_memory_bytes)
+  parsed_config.check_model(cfg, bindings)
   results, plan_line, budget, plans = {}, [None], [device_memory_bytes], [
       None]
   try:
