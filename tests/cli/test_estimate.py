@@ -76,6 +76,7 @@ def test_estimate_table_and_json(tmp_path, capsys):
   rev = data['trainers']['revplus']
   assert rev['host_weights_and_slots_bytes'] == (rev['weights_bytes'] +
                                                  rev['slots_bytes'])
+  _check_plans(out, rev, 2**30)
   assert os.listdir(tmp_path) == ['estimate.json']
 
   # Just below the smaller peak: that trainer does not fit, and the JSON
@@ -94,10 +95,42 @@ def test_estimate_table_and_json(tmp_path, capsys):
   assert data['trainers']['stock']['fits'] is (
       data['trainers']['stock']['peak_device_bytes'] <= need - 1)
   rev_small = data['trainers']['revplus']
+  _check_plans(out, rev_small, need - 1)
   if rev_small['peak_device_bytes'] > need - 1:
     assert rev_small['fits'] is False
-    assert 'no plan fits' in rev_small['plan']
+    assert 'no plan fits' in rev_small['plan_line']
   assert sorted(os.listdir(tmp_path)) == ['estimate.json', 'link.json']
+
+
+def _check_plans(out, rev, budget_bytes):
+  """The plans revplus weighed, printed and in its JSON: the chosen one
+  (where one fits) is the plan it ran, marked once; fits is the peak
+  within the budget; no step time is measured."""
+  plans = rev['plans']
+  assert plans
+  chosen = [p for p in plans if p['chosen']]
+  if rev['fits']:
+    [plan] = chosen
+    assert plan['peak_device_bytes'] == rev['peak_device_bytes']
+    assert dict(plan['settings'], n_calls=plan['calls_per_step']) == (
+        rev['plan'])
+    assert plan['describe'] in rev['plan_line']
+  else:
+    assert not chosen
+  for plan in plans:
+    assert plan['fits'] is (plan['peak_device_bytes'] <= budget_bytes)
+    assert isinstance(plan['calls_per_step'], int)
+    assert plan['calls_per_step'] >= 1
+    assert plan['step_seconds'] is None
+  listed = out.split('revplus plans weighed (* the chosen plan):\n')[1]
+  rows = listed.splitlines()[1:]
+  assert len(rows) == len(plans)
+  assert [row[0] for row in rows].count('*') == len(chosen)
+  for row, plan in zip(rows, plans):
+    assert f"{plan['peak_device_bytes']} B (" in row
+    assert row.endswith(plan['describe'].rsplit(', ', 1)[0])
+    assert ' yes ' in row if plan['fits'] else ' no ' in row
+    assert row.split()[-1].startswith('prefetch=')
 
 
 def test_device_memory_overriding_the_config_says_so(tmp_path, capsys):

@@ -109,12 +109,66 @@ def test_nothing_fits_names_the_least_budget_and_changes_nothing():
   need = int(message.split('device_memory_budget_bytes >= ')[1].split(',')[0])
   assert need == min(p for _, p in _every_candidate())
   cases.assert_all_close(before, model.weights, tol=0)
+  weighing = trainer.planner.weighing(_BATCH)
+  assert weighing.chosen is None
+  assert [w.fits for w in weighing.weighed] == [False] * len(
+      weighing.weighed)
+  assert need == min(w.memory.peak_device_bytes for w in weighing.weighed)
   _, trainer = _trainer(device_memory_budget_bytes=need)
   trainer.one_step(_BATCH, cases.RNGS[0])
   assert trainer.planned(_BATCH).memory.peak_device_bytes == need
   least_plan, least = trainer.least_device_memory_of(_BATCH)
   assert least.peak_device_bytes == need
   assert least_plan.fused_from == least_plan.loss
+
+
+def test_the_plans_weighed_are_accounted_once_the_chosen_marked(
+    monkeypatch):
+  """One search: the plan to run, the least plan and every plan weighed on
+  the way take one accounting each, all listed; each listed peak is the
+  plan's own accounting (by a trainer without a budget), and a plan fits
+  where its peak is within the budget."""
+  _, reference = _trainer(device_memory_budget_bytes=None)
+  ref = reference.planner
+  types = ref.step_types(_BATCH)
+
+  def peak_bytes(plan):
+    units = units_lib.Units(plan, ref._factory)  # pylint: disable=protected-access
+    return ref.account(plan, units, types).peak_device_bytes
+
+  # Below the fastest plan: the search goes on past it.
+  fastest = cases.fused_plan(reference, _BATCH, 1)
+  budget_bytes = peak_bytes(fastest) - 1
+  _, trainer = _trainer(device_memory_budget_bytes=budget_bytes)
+  p = trainer.planner
+  accounted = []
+  account = p.account
+
+  def counting(plan, units, types):
+    accounted.append(plan)
+    return account(plan, units, types)
+  monkeypatch.setattr(p, 'account', counting)
+
+  chosen = trainer.planned(_BATCH).plan
+  least_plan, least = trainer.least_device_memory_of(_BATCH)
+  weighing = p.weighing(_BATCH)
+  plans = [w.plan for w in weighing.weighed]
+  assert plans == accounted
+  assert fastest in plans and len(plans) >= 3
+  assert weighing.chosen == chosen
+  assert [w.plan for w in weighing.weighed if w.plan == chosen] == [chosen]
+  assert least_plan in plans
+  for w in weighing.weighed:
+    assert w.memory.peak_device_bytes == peak_bytes(w.plan), w.plan
+    assert w.fits == (w.memory.peak_device_bytes <= budget_bytes), w.plan
+    assert w.calls_per_step == w.plan.n_calls
+    assert w.step_seconds is None
+  assert least.peak_device_bytes == min(w.memory.peak_device_bytes
+                                        for w in weighing.weighed)
+  [chosen_json] = [x for x in weighing.to_json() if x['chosen']]
+  assert chosen_json['settings'] == chosen.settings()
+  assert chosen_json['fits'] is True
+  assert [line[0] for line in weighing.lines()[1:]].count('*') == 1
 
 
 def test_a_budget_of_stocks_own_peak_finds_a_plan():

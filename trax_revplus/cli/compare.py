@@ -64,11 +64,11 @@ def _check_config(config_files: Sequence[str], bindings: Sequence[str]
     # The batch against the devices and batch_slices, as the trainer checks
     # it at its first step: one batch of the inputs, no model built.
     import jax  # pylint: disable=g-import-not-at-top
-    from trax_revplus.cli import estimate  # pylint: disable=g-import-not-at-top
+    from trax_revplus.cli import parsed_config  # pylint: disable=g-import-not-at-top
     n_devices = gin_config.bound_value('train.n_devices', None)
     if not isinstance(n_devices, int):
       n_devices = jax.local_device_count()
-    estimate.check_inputs_and_batch(list(bindings), n_devices)
+    parsed_config.check_inputs_and_batch(list(bindings), n_devices)
   finally:
     gin.clear_config()
     trax_revplus.deactivate()

@@ -4,10 +4,9 @@ Checks what `train` checks, with the same code and lines (`preflight`), and
 the --json path (`output_files`), before anything is built; then the
 config's inputs (one batch, for its shapes), that the batch splits over
 --n_devices and into the trainer's `batch_slices`, and that the model
-builds, each mistake reported as `train` reports it (`failures`), before
-anything is compiled. Then it parses the gin config as `train` does,
-builds the config's model three
-times (trax's default `Trainer`, stock trax's `ReversibleSerialTrainer`,
+builds, each mistake reported as `train` reports it (`parsed_config`),
+before anything is compiled. Then it builds the config's model three times
+(trax's default `Trainer`, stock trax's `ReversibleSerialTrainer`,
 trax_revplus's), compiles what one step of each would run and composes XLA's
 memory analysis of those programs into the step's peak device bytes
 (`trax_revplus.device_memory`); runs no step. The batch's shapes come from
@@ -15,217 +14,31 @@ the config's inputs (trax's `Inputs` reads one batch to learn them).
 trax_revplus's trainer is built with `device_memory_budget_bytes` set to
 `--device_memory` (which overrides, with a warning line, a budget the config
 sets), so its figures are those of the plan it would run under that
-memory. A trainer that cannot be built or compiled here gets a
-one-line error in its row instead of figures. Third-party warnings known to
+memory; the plans it weighed to choose that plan are listed under it
+(`weighing.Weighing`). A trainer that cannot be built or compiled here gets
+a one-line error in its row instead of figures. Third-party warnings known to
 be harmless (`noise.KNOWN_NOISE`) are not shown; any other is one line.
 """
 
 import argparse
-import copy
-import decimal
 import json
 import logging as std_logging
-import re
 import sys
-from typing import Any, Optional
+from typing import Optional
 
 from trax_revplus import output_files
-from trax_revplus.cli import failures
 from trax_revplus.cli import gin_config
 from trax_revplus.cli import noise
+from trax_revplus.cli import parsed_config
 from trax_revplus.cli import preflight
 from trax_revplus.cli.messages import warning_line
+from trax_revplus.cli.sizes import human_bytes
+from trax_revplus.cli.sizes import parse_bytes
 from trax_revplus.errors import EXIT_OK
-from trax_revplus.errors import EXIT_RUNTIME
-from trax_revplus.errors import one_line
 from trax_revplus.errors import UserError
 
 COMMAND = 'estimate'
 TRAINERS = ('default', 'stock', 'revplus')
-_UNITS = {'': 1, 'b': 1, 'kb': 10**3, 'mb': 10**6, 'gb': 10**9,
-          'tb': 10**12, 'kib': 2**10, 'mib': 2**20, 'gib': 2**30,
-          'tib': 2**40}
-# More than any one device holds (1 PiB): a size past it is a typo.
-MAX_DEVICE_BYTES = 2**50
-
-
-def parse_bytes(text: str) -> int:
-  """'16GiB', '16 GB', '512MiB', '1e9', '1.5GiB' -> bytes (int), exactly.
-
-  The number is read as a decimal, not a float, so every whole byte count
-  up to `MAX_DEVICE_BYTES` is kept exactly.
-
-  Raises:
-    ValueError: not a number with an optional unit (B, kB, MB, GB, TB,
-      KiB, MiB, GiB, TiB; case-insensitive), zero, not a whole number of
-      bytes, or more than `MAX_DEVICE_BYTES`.
-  """
-  match = re.fullmatch(r'\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*'
-                       r'([a-zA-Z]*)\s*', text)
-  unit = match and match.group(2).lower()
-  if not match or unit not in _UNITS:
-    raise ValueError(f'--device_memory={text!r} is not a size: give bytes '
-                     'or a number with a unit, e.g. 16GiB, 40GB, 512MiB')
-  number = decimal.Decimal(match.group(1))
-  if number == 0:
-    raise ValueError(f'--device_memory={text!r} is zero; give the memory of '
-                     f'one device, e.g. 16GiB')
-  # Exact: enough digits for the number as written times the unit.
-  with decimal.localcontext() as context:
-    context.prec = len(text) + 40
-    context.Emin, context.Emax = decimal.MIN_EMIN, decimal.MAX_EMAX
-    value = (number * _UNITS[unit] if number <= MAX_DEVICE_BYTES else
-             number)
-  if value > MAX_DEVICE_BYTES:
-    raise ValueError(f'--device_memory={text!r} is more than any device '
-                     f'holds (at most {MAX_DEVICE_BYTES} bytes, 1 PiB); give '
-                     f'the memory of one device, e.g. 16GiB')
-  if value != value.to_integral_value():
-    raise ValueError(f'--device_memory={text!r} is not a whole number of '
-                     f'bytes; give whole bytes or a unit, e.g. 512MiB')
-  return int(value)
-
-
-def human_bytes(n: Optional[int]) -> str:
-  if n is None:
-    return '-'
-  for unit, size in (('GiB', 2**30), ('MiB', 2**20), ('KiB', 2**10)):
-    if n >= size:
-      return f'{n / size:.1f} {unit}'
-  return f'{n} B'
-
-
-def _bound(name: str, default: Any) -> Any:
-  """The value gin would pass for `name`, references made callables."""
-  return copy.deepcopy(gin_config.bound_value(name, default))
-
-
-def _batch_types(inputs_fn):
-  """The batch's `jax.ShapeDtypeStruct`s from the config's inputs."""
-  import jax  # pylint: disable=g-import-not-at-top
-  inputs = inputs_fn() if callable(inputs_fn) else inputs_fn
-  shapes, dtypes = inputs.example_shape_dtype
-  return tuple(jax.ShapeDtypeStruct(tuple(s), d)
-               for s, d in zip(shapes, dtypes))
-
-
-class _Config:
-  """What `train` would build from the parsed config."""
-
-  def __init__(self, bindings: list[str]):
-    from trax import layers as tl  # pylint: disable=g-import-not-at-top
-    from trax import optimizers  # pylint: disable=g-import-not-at-top
-    from trax.data import inputs as trax_inputs  # pylint: disable=g-import-not-at-top
-    self.model_fn = _bound('train.model', None)
-    if self.model_fn is None:
-      raise UserError('no model configured: bind train.model, e.g. '
-                      "--config='train.model = @trax.models.ReformerLM'")
-    self._tl = tl
-    self.loss()  # fails here on a bad loss binding
-    self.optimizer = _bound('train.optimizer', optimizers.Adafactor)
-    inputs = _bound('train.inputs', trax_inputs.batcher)
-    try:
-      self.batch = _batch_types(inputs)
-    except Exception as e:  # pylint: disable=broad-except
-      # As `train` reports it (e.g. corpus files that match nothing).
-      raise _as_train_reports(e, bindings) or UserError(
-          f"cannot read the config's inputs: {one_line(e)}",
-          EXIT_RUNTIME) from None
-
-  def model(self):
-    """A new model (train mode)."""
-    return self.model_fn(mode='train')
-
-  def loss(self):
-    """A new loss layer."""
-    return (_bound('train.loss_fn', None) or
-            self._tl.WeightedCategoryCrossEntropy())
-
-
-def _signature(batch):
-  from trax import shapes  # pylint: disable=g-import-not-at-top
-  return tuple(shapes.ShapeDtype(x.shape, x.dtype) for x in batch)
-
-
-def _as_train_reports(error: Exception, bindings: list[str]
-                      ) -> Optional[UserError]:
-  """`error` as `train` reports it when building its Loop, or None."""
-  return failures.user_error(error, '', False, bindings)
-
-
-def check_model(cfg, bindings: list[str]) -> None:
-  """Builds and initializes the config's model as `train` would.
-
-  Before any trainer: a model the config cannot build is the config's
-  mistake, reported as `train` reports it (the same line: the model is
-  initialized the way `train`'s run initializes it, block by block for
-  the memory-efficient trainer), not a trainer's row.
-
-  Raises:
-    UserError: as `train` (exit status 2 for a model its bindings cannot
-      build), or exit status 1 for an error nobody could foresee.
-  """
-  # pylint: disable=g-import-not-at-top
-  from trax import fastmath
-  from trax.optimizers import trainer as stock_lib
-  import trax_revplus
-  from trax_revplus import trainer as rev_lib
-  # pylint: enable=g-import-not-at-top
-  mode = gin_config.bound_value('train.use_memory_efficient_trainer', False)
-  try:
-    if mode and not gin_config.is_reference(mode):
-      _blocks(rev_lib if trax_revplus.is_active() else stock_lib, cfg)
-    else:
-      cfg.model().init(_signature(cfg.batch),
-                       rng=fastmath.random.get_prng(0))
-  except Exception as e:  # pylint: disable=broad-except
-    raise _as_train_reports(e, bindings) or UserError(
-        f"cannot build the config's model: {one_line(e)}; fix the model "
-        f'bindings (train.model, ...)', EXIT_RUNTIME) from None
-
-
-def check_batch(cfg, n_devices: int, device_memory_bytes: Optional[int],
-                bindings: list[str]) -> None:
-  """Checks what a step on the config's batch needs, as the trainers will.
-
-  The batch splits over `n_devices` (that many devices exist), the
-  trainer's budget can be resolved, and a `batch_slices` set to an int
-  divides each device's rows.
-
-  Raises:
-    UserError (exit status 2): as `train` reports each.
-  """
-  # pylint: disable=g-import-not-at-top
-  from trax_revplus import placement as placement_lib
-  from trax_revplus import validation
-  from trax_revplus.trainer import budget as budget_lib
-  from trax_revplus.trainer import options as options_lib
-  # pylint: enable=g-import-not-at-top
-  options = options_lib.validate_gin_bindings()
-  try:
-    validation.check_n_devices(n_devices)
-    validation.check_batch(cfg.batch, n_devices)
-    setting = (options.device_memory_budget_bytes
-               if device_memory_bytes is None else device_memory_bytes)
-    budget_lib.budget_bytes(setting, placement_lib.Placement(n_devices))
-    validation.check_batch_slices(options.unplanned('batch_slices'),
-                                  cfg.batch[0].shape[0] // n_devices)
-  except validation.ConfigurationError as e:
-    raise _as_train_reports(e, bindings) from None
-
-
-def check_inputs_and_batch(bindings: list[str], n_devices: int,
-                           device_memory_bytes: Optional[int] = None):
-  """Reads one batch of the parsed config's inputs and checks it
-  (`check_batch`) as `train`'s run will; returns the config to build from.
-
-  Raises:
-    UserError: as `train` reports the config's mistakes (exit status 2), or
-      1 when the inputs cannot be read.
-  """
-  cfg = _Config(bindings)
-  check_batch(cfg, n_devices, device_memory_bytes, bindings)
-  return cfg
 
 
 def _default(cfg, backend):
@@ -234,56 +47,52 @@ def _default(cfg, backend):
   from trax import optimizers  # pylint: disable=g-import-not-at-top
   from trax_revplus import device_memory  # pylint: disable=g-import-not-at-top
   model = tl.Serial(cfg.model(), cfg.loss())
-  model.init(_signature(cfg.batch), rng=fastmath.random.get_prng(0))
+  model.init(parsed_config.signature(cfg.batch),
+             rng=fastmath.random.get_prng(0))
   opt = cfg.optimizer()
   opt.tree_init(model.weights)
   trainer = optimizers.Trainer(model, opt, n_devices=1)
   return device_memory.trainer_memory('default', trainer, cfg.batch, backend)
 
 
-def _blocks(module, cfg):
-  from trax import fastmath  # pylint: disable=g-import-not-at-top
-  blocks, loss_layer = module.extract_reversible_blocks([cfg.model(),
-                                                         cfg.loss()])
-  module.init_reversible_blocks(blocks, loss_layer, _signature(cfg.batch),
-                                fastmath.random.get_prng(0))
-  return blocks, loss_layer
-
-
 def _stock(cfg, backend):
   from trax.optimizers import trainer as stock_lib  # pylint: disable=g-import-not-at-top
   from trax_revplus import device_memory  # pylint: disable=g-import-not-at-top
-  blocks, loss_layer = _blocks(stock_lib, cfg)
+  blocks, loss_layer = parsed_config.reversible_blocks(stock_lib, cfg)
   trainer = stock_lib.ReversibleSerialTrainer(blocks, loss_layer,
                                               cfg.optimizer, n_devices=1)
   return device_memory.trainer_memory('stock', trainer, cfg.batch, backend)
 
 
 def _revplus(cfg, backend, n_devices, device_memory_bytes):
-  """(TrainerMemory, plan line, the budget it planned for) of trax_revplus's
-  trainer.
+  """(TrainerMemory, plan line, the budget it planned for, the plans it
+  weighed: `weighing.Weighing`) of trax_revplus's trainer.
 
   With `device_memory_bytes` (--device_memory) the trainer plans for it;
   without, for the budget its settings give (the config's
   `device_memory_budget_bytes`, by default the device's own size where the
-  backend reports it).
+  backend reports it). The plan, the least plan and the plans weighed come
+  from one search: a plan is accounted once.
   """
   from trax_revplus import device_memory  # pylint: disable=g-import-not-at-top
   from trax_revplus import trainer as rev_lib  # pylint: disable=g-import-not-at-top
   from trax_revplus.trainer import planner  # pylint: disable=g-import-not-at-top
-  blocks, loss_layer = _blocks(rev_lib, cfg)
+  blocks, loss_layer = parsed_config.reversible_blocks(rev_lib, cfg)
   budget = ({} if device_memory_bytes is None else
             {'device_memory_budget_bytes': device_memory_bytes})
   trainer = rev_lib.ReversibleSerialTrainer(
       blocks, loss_layer, cfg.optimizer, n_devices=n_devices,
       memory_log_tensorboard=False, output_dir=None, **budget)
   budget_bytes = trainer.planner.budget_bytes
-  least_plan, least = trainer.least_device_memory_of(cfg.batch)
   try:
-    planned = trainer.planned(cfg.batch)
-    plan, step, note = planned.plan, trainer.device_memory_of(cfg.batch), (
-        'fits' if budget_bytes is not None else 'no budget: as configured')
+    plan = trainer.planned(cfg.batch).plan
+    step = trainer.device_memory_of(cfg.batch)
+    note = ('fits' if budget_bytes is not None else
+            'no budget: as configured')
   except planner.DeviceMemoryBudgetError:
+    plan = step = None
+  least_plan, least = trainer.least_device_memory_of(cfg.batch)
+  if plan is None:
     plan, step = least_plan, least
     note = (f'no plan fits {human_bytes(budget_bytes)}; the least needs '
             f'{least.peak_device_bytes} bytes')
@@ -291,20 +100,22 @@ def _revplus(cfg, backend, n_devices, device_memory_bytes):
   result = device_memory.trainer_memory(
       'revplus', trainer, cfg.batch, backend, step=step, plan=settings,
       least=(dict(least_plan.settings(), n_calls=least_plan.n_calls), least))
-  return result, f'{plan.describe()} ({note})', budget_bytes
+  return (result, f'{plan.describe()} ({note})', budget_bytes,
+          trainer.planner.weighing(cfg.batch))
 
 
 def estimate(device_memory_bytes: Optional[int], n_devices: int,
              bindings: list[str] = ()):
   """Builds and accounts the three trainers of the parsed config.
 
-  First reads the inputs, checks the batch (`check_batch`) and builds the
-  model (`check_model`): a mistake there is the config's, one line, before
-  anything is compiled.
+  First reads the inputs, checks the batch (`parsed_config.check_batch`)
+  and builds the model (`parsed_config.check_model`): a mistake there is
+  the config's, one line, before anything is compiled.
 
   Returns:
     (backend, {trainer: TrainerMemory}, revplus plan line or None,
-    batch types, the budget revplus planned for or None).
+    batch types, the budget revplus planned for or None, the plans revplus
+    weighed (`weighing.Weighing`) or None).
 
   Raises:
     UserError: as `train` reports the config's mistakes.
@@ -315,9 +126,11 @@ def estimate(device_memory_bytes: Optional[int], n_devices: int,
   bindings = list(bindings)
   backend = jax.default_backend()
   activated = trax_revplus.is_active()
-  cfg = check_inputs_and_batch(bindings, n_devices, device_memory_bytes)
-  check_model(cfg, bindings)
-  results, plan_line, budget = {}, [None], [device_memory_bytes]
+  cfg = parsed_config.check_inputs_and_batch(bindings, n_devices,
+                                             device_memory_bytes)
+  parsed_config.check_model(cfg, bindings)
+  results, plan_line, budget, plans = {}, [None], [device_memory_bytes], [
+      None]
   try:
     trax_revplus.deactivate()
     results['default'] = device_memory.account(
@@ -327,20 +140,21 @@ def estimate(device_memory_bytes: Optional[int], n_devices: int,
     trax_revplus.activate()
 
     def revplus():
-      memory, plan_line[0], budget[0] = _revplus(cfg, backend, n_devices,
-                                                 device_memory_bytes)
+      memory, plan_line[0], budget[0], plans[0] = _revplus(
+          cfg, backend, n_devices, device_memory_bytes)
       return memory
     results['revplus'] = device_memory.account('revplus', backend, n_devices,
                                                revplus)
   finally:
     if not activated:
       trax_revplus.deactivate()
-  return backend, results, plan_line[0], cfg.batch, budget[0]
+  return backend, results, plan_line[0], cfg.batch, budget[0], plans[0]
 
 
 def table(backend, results, plan_line, batch, device_memory_bytes,
-          n_devices) -> str:
-  """The printed report."""
+          n_devices, plans=None) -> str:
+  """The printed report; `plans` (`weighing.Weighing` or None): the plans
+  revplus weighed, listed under its plan."""
   shapes = ', '.join(f'{x.dtype}{list(x.shape)}' for x in batch)
   lines = [
       f'figures compiled for backend {backend} (XLA memory analysis; other '
@@ -370,17 +184,25 @@ def table(backend, results, plan_line, batch, device_memory_bytes,
   peak = results['revplus'].step
   if peak is not None:
     lines.append(f'revplus {peak.describe()}')
+  if plans is not None and plans.weighed and results['revplus'].error is None:
+    lines.append('')
+    lines.append('revplus plans weighed (* the chosen plan):')
+    lines.extend(plans.lines())
   return '\n'.join(lines)
 
 
 def to_json(backend, results, plan_line, device_memory_bytes,
-            n_devices) -> dict:
+            n_devices, plans=None) -> dict:
+  """The object `--json` writes; revplus's has the plans it weighed
+  (`plans`, a `weighing.Weighing`) as `plans`."""
   out = {'backend': backend, 'device_memory_bytes': device_memory_bytes,
          'n_devices': n_devices,
          'trainers': {name: results[name].to_json(device_memory_bytes)
                       for name in TRAINERS}}
   if plan_line is not None and 'error' not in out['trainers']['revplus']:
     out['trainers']['revplus']['plan_line'] = plan_line
+    if plans is not None:
+      out['trainers']['revplus']['plans'] = plans.to_json()
   return out
 
 
@@ -446,19 +268,19 @@ def run(flags: argparse.Namespace) -> int:
   # other is one line on stderr.
   with noise.route_warnings(std_logging.NullHandler(),
                             std_logging.StreamHandler(sys.stderr)):
-    backend, results, plan_line, batch, budget = estimate(
+    backend, results, plan_line, batch, budget, plans = estimate(
         device_memory_bytes, flags.n_devices, bindings)
   if budget is not None:
     device_memory_bytes = budget
   report = table(backend, results, plan_line, batch, device_memory_bytes,
-                 flags.n_devices)
+                 flags.n_devices, plans)
   if flags.json == output_files.STDOUT:  # The JSON alone on stdout.
     print(report, file=sys.stderr, flush=True)
   else:
     print(report, flush=True)
   if flags.json:
     text = json.dumps(to_json(backend, results, plan_line,
-                              device_memory_bytes, flags.n_devices),
+                              device_memory_bytes, flags.n_devices, plans),
                       indent=1, sort_keys=True) + '\n'
     output_files.write(flags.json, _json_writer(text), '--json')
   return EXIT_OK

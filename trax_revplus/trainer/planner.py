@@ -10,7 +10,9 @@ With one (`device_memory_budget_bytes`, by default the device's own size
 where the backend reports it, `budget`) the planner runs the fastest plan
 whose composed XLA peak fits: `candidates.Candidates` lists plans in the
 speed model's order, and each is accounted in turn. See `candidates` for
-the dimensions and the order.
+the dimensions and the order. Every plan accounted on a batch's shapes,
+by the search or for the least (`least_plan`), is kept with its figures
+(`weighing.Weighing`): the memory/speed front `estimate` shows.
 """
 
 import dataclasses
@@ -32,6 +34,7 @@ from trax_revplus.trainer import plan as plan_lib
 from trax_revplus.trainer import plan_store as plan_store_lib
 from trax_revplus.trainer import step_fns
 from trax_revplus.trainer import units as units_lib
+from trax_revplus.trainer import weighing as weighing_lib
 
 
 class DeviceMemoryBudgetError(validation.ConfigurationError):
@@ -90,6 +93,7 @@ class Planner:
     self.budget_bytes = budget_bytes
     self._planned = {}  # batch_key -> Planned
     self._programs = ahead.Programs()
+    self._weighings = {}  # batch_key -> weighing.Weighing
     self.least = None
     self.plan_store = None
 
@@ -110,6 +114,13 @@ class Planner:
     if key not in self._planned:
       self._planned[key] = self._plan(key, self.step_types(batch))
     return self._planned[key]
+
+  def weighing(self, batch) -> weighing_lib.Weighing:
+    """The `weighing.Weighing` of `batch`'s shapes: every plan accounted
+    on them so far (by `planned`, `least_plan` or `weigh`), the chosen one
+    named."""
+    key = batch_key(self._placement.abstract_batch(batch))
+    return self._weighing_key(key)
 
   def is_planned(self, batch) -> bool:
     """Whether a step on `batch`'s shapes is planned already."""
@@ -156,6 +167,10 @@ class Planner:
     memory_ = None
     if options.compile_ahead:
       memory_ = self._account_or_none(plan, units, types)
+    weighing = self._weighing_of(types)
+    if memory_ is not None:
+      weighing.add(plan, memory_)
+    weighing.chosen = plan
     return Planned(plan, units, memory_)
 
   def _plan_under_budget(self, key, types):
@@ -175,6 +190,9 @@ class Planner:
         units = units_lib.Units(plan, self._factory)
         step = self._account_or_none(plan, units, types)
         if step is not None and step.peak_device_bytes <= self.budget_bytes:
+          weighing = self._weighing_of(types)
+          weighing.add(plan, step)
+          weighing.chosen = plan
           logging.info('device memory plan (kept in %s): %s; %s',
                        self.plan_store.path, plan.describe(), step.describe())
           return Planned(plan, units, step)
@@ -197,6 +215,14 @@ class Planner:
                            planned.memory.peak_device_bytes,
                            faster_plans_need_bytes)
     return planned
+
+  def _weighing_of(self, types):
+    return self._weighing_key(batch_key(types.stack))
+
+  def _weighing_key(self, key):
+    if key not in self._weighings:
+      self._weighings[key] = weighing_lib.Weighing(self.budget_bytes)
+    return self._weighings[key]
 
   def _stack_bytes(self, types):
     """Per block, the bytes (all devices) of the stack items its reversible
@@ -248,6 +274,20 @@ class Planner:
     walk.walk(units)
     return walk.memory()
 
+  def weigh(self, plan, types) -> device_memory.StepMemory:
+    """`plan`'s `StepMemory` on `types` (`step_types`), accounted once per
+    batch's shapes and kept in their `weighing.Weighing`.
+
+    Raises:
+      As `account`.
+    """
+    weighing = self._weighing_of(types)
+    step = weighing.memory_of(plan)
+    if step is None:
+      step = self.account(plan, units_lib.Units(plan, self._factory), types)
+      weighing.add(plan, step)
+    return step
+
   def _account_or_none(self, plan, units, types):
     try:
       return self.account(plan, units, types)
@@ -269,33 +309,32 @@ class Planner:
     rest of the group is tried only where its slicing's leanest plan (one
     layer per call: the least compiling) fits; a fused group also needs the
     stack states it keeps within the budget
-    (`Candidates.lower_bound_bytes`).
+    (`Candidates.lower_bound_bytes`). Every plan accounted is kept in the
+    shapes' `weighing.Weighing`.
+
+    Raises:
+      _Unaccountable: a candidate's step cannot be accounted here.
+      DeviceMemoryBudgetError: no candidate fits.
     """
     budget = self.budget_bytes
-    accounted = []  # (plan, StepMemory); plans are equal by value
+    excluded = []  # bytes that excluded each faster plan or group
 
-    def account(plan):
-      for seen, step in accounted:
-        if seen == plan:
-          return step
+    def weigh(plan):
       try:
-        step = self.account(plan, units_lib.Units(plan, self._factory), types)
+        return self.weigh(plan, types)
       except (device_memory.UnsupportedTrainerError,
               device_memory.AccountingError) as e:
         raise _Unaccountable(e) from None
-      accounted.append((plan, step))
-      return step
-
-    excluded = []  # bytes that excluded each faster plan or group
 
     def fits(plan):
-      peak = account(plan).peak_device_bytes
+      peak = weigh(plan).peak_device_bytes
       if peak > budget:
         excluded.append(peak)
       return peak <= budget
 
     def chosen(plan):
-      step = account(plan)
+      step = weigh(plan)
+      self._weighing_of(types).chosen = plan
       logging.info('device memory plan: %s; %s', plan.describe(),
                    step.describe())
       return (Planned(plan, units_lib.Units(plan, self._factory), step),
@@ -314,10 +353,20 @@ class Planner:
       for plan in rest:
         if fits(plan):
           return chosen(plan)
-    lean = {k: account(candidates.leanest(k)) for k in candidates.slices}
-    k = min(lean, key=lambda k: lean[k].peak_device_bytes)
-    self.least = (candidates.leanest(k), lean[k])
+    self.least = self._least(candidates, weigh)
     self._raise_nothing_fits()
+
+  @staticmethod
+  def _least(candidates, weigh):
+    """(plan, StepMemory) of the leanest plan of the slicing that needs
+    least, each slicing's leanest plan accounted by `weigh`."""
+    least = None
+    for k in candidates.slices:
+      plan = candidates.leanest(k)
+      step = weigh(plan)
+      if least is None or step.peak_device_bytes < least[1].peak_device_bytes:
+        least = (plan, step)
+    return least
 
   def _raise_nothing_fits(self):
     plan, step = self.least
@@ -340,16 +389,15 @@ class Planner:
   def least_plan(self, batch):
     """(plan, StepMemory) of the leanest plan on `batch`'s shapes: one
     layer per call, no copy-back depth, no prefetch, with the slicing that
-    needs least; the least device memory this trainer can step in."""
+    needs least; the least device memory this trainer can step in. Plans
+    the search for the step's plan accounted are not accounted again.
+
+    Raises:
+      As `account`.
+    """
     types = self.step_types(batch)
-    candidates = self.candidates(types)
-    least = None
-    for k in candidates.slices:
-      plan = candidates.leanest(k)
-      step = self.account(plan, units_lib.Units(plan, self._factory), types)
-      if least is None or step.peak_device_bytes < least[1].peak_device_bytes:
-        least = (plan, step)
-    return least
+    return self._least(self.candidates(types),
+                       lambda plan: self.weigh(plan, types))
 
 
 def zeros_batch(batch):

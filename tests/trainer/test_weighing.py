@@ -1,0 +1,67 @@
+"""The plans weighed on one batch's shapes: one entry per distinct plan,
+fits against the budget (unknown without one), the chosen one marked, and
+the lines and JSON `estimate` shows.
+
+References: peaks and plans set by the test; calls per step from
+`StepPlan.n_calls`.
+"""
+
+import types
+
+import pytest
+
+from trax_revplus.trainer import plan as plan_lib
+from trax_revplus.trainer import weighing as weighing_lib
+
+pytestmark = pytest.mark.usefixtures('stock_trax')
+
+
+def _plan(segment_max_layers, batch_slices=1):
+  return plan_lib.make_plan(
+      [4], {i: 1 for i in range(6)}, [0],
+      segment_max_layers=segment_max_layers, segment_max_bytes=100,
+      backward_segment_max_layers=1, batch_slices=batch_slices)
+
+
+def _memory(peak_bytes):
+  return types.SimpleNamespace(peak_device_bytes=peak_bytes)
+
+
+def test_each_plan_once_fits_within_the_budget_the_chosen_marked():
+  weighing = weighing_lib.Weighing(budget_bytes=100)
+  long_, short = _plan(4), _plan(1, batch_slices=2)
+  weighing.add(long_, _memory(101))
+  weighing.add(short, _memory(100))
+  weighing.add(_plan(4), _memory(7))  # the same plan: kept as first seen
+  weighing.chosen = short
+  assert [w.plan for w in weighing.weighed] == [long_, short]
+  assert weighing.memory_of(_plan(4)).peak_device_bytes == 101
+  assert weighing.memory_of(_plan(2)) is None
+  assert [w.fits for w in weighing.weighed] == [False, True]
+  assert [w.calls_per_step for w in weighing.weighed] == [
+      long_.n_calls, short.n_calls]
+  assert long_.n_calls < short.n_calls
+  out = weighing.to_json()
+  assert [x['chosen'] for x in out] == [False, True]
+  assert out[1] == {
+      'describe': short.describe(), 'settings': short.settings(),
+      'peak_device_bytes': 100, 'fits': True,
+      'calls_per_step': short.n_calls, 'step_seconds': None, 'chosen': True}
+  header, *rows = weighing.lines()
+  assert header.split() == ['peak', 'device/step', 'fits', 'calls/step',
+                            'step', 'time', 'plan']
+  assert rows[0].startswith(' ') and rows[1].startswith('*')
+  assert rows[1].split()[1:8] == [
+      '100', 'B', '(0.0', 'MiB)', 'yes', str(short.n_calls), '-']
+  assert rows[0].split()[4] == 'no'
+  assert rows[1].endswith('batch_slices=2, fused_layers=0, '
+                          'n_async_layers=8, prefetch=True')
+
+
+def test_without_a_budget_fits_is_unknown():
+  weighing = weighing_lib.Weighing(budget_bytes=None)
+  weighing.add(_plan(4), _memory(10))
+  assert weighing.weighed[0].fits is None
+  assert weighing.to_json()[0]['fits'] is None
+  assert weighing.to_json()[0]['chosen'] is False
+  assert weighing.lines()[1].split()[4] == '-'

@@ -1,0 +1,161 @@
+"""What `train` would build from a parsed gin config, checked before
+anything is compiled: its inputs' batch (one batch read, for its shapes),
+that the batch splits over the devices and into the trainer's
+`batch_slices`, and that its model builds. Each mistake is reported as
+`train` reports it (`failures`). `estimate` and `compare` run these checks.
+"""
+
+import copy
+from typing import Any, Optional
+
+from trax_revplus.cli import failures
+from trax_revplus.cli import gin_config
+from trax_revplus.errors import EXIT_RUNTIME
+from trax_revplus.errors import one_line
+from trax_revplus.errors import UserError
+
+
+def _bound(name: str, default: Any) -> Any:
+  """The value gin would pass for `name`, references made callables."""
+  return copy.deepcopy(gin_config.bound_value(name, default))
+
+
+def _batch_types(inputs_fn):
+  """The batch's `jax.ShapeDtypeStruct`s from the config's inputs."""
+  import jax  # pylint: disable=g-import-not-at-top
+  inputs = inputs_fn() if callable(inputs_fn) else inputs_fn
+  shapes, dtypes = inputs.example_shape_dtype
+  return tuple(jax.ShapeDtypeStruct(tuple(s), d)
+               for s, d in zip(shapes, dtypes))
+
+
+class Config:
+  """What `train` would build from the parsed config."""
+
+  def __init__(self, bindings: list[str]):
+    from trax import layers as tl  # pylint: disable=g-import-not-at-top
+    from trax import optimizers  # pylint: disable=g-import-not-at-top
+    from trax.data import inputs as trax_inputs  # pylint: disable=g-import-not-at-top
+    self.model_fn = _bound('train.model', None)
+    if self.model_fn is None:
+      raise UserError('no model configured: bind train.model, e.g. '
+                      "--config='train.model = @trax.models.ReformerLM'")
+    self._tl = tl
+    self.loss()  # fails here on a bad loss binding
+    self.optimizer = _bound('train.optimizer', optimizers.Adafactor)
+    inputs = _bound('train.inputs', trax_inputs.batcher)
+    try:
+      self.batch = _batch_types(inputs)
+    except Exception as e:  # pylint: disable=broad-except
+      # As `train` reports it (e.g. corpus files that match nothing).
+      raise _as_train_reports(e, bindings) or UserError(
+          f"cannot read the config's inputs: {one_line(e)}",
+          EXIT_RUNTIME) from None
+
+  def model(self):
+    """A new model (train mode)."""
+    return self.model_fn(mode='train')
+
+  def loss(self):
+    """A new loss layer."""
+    return (_bound('train.loss_fn', None) or
+            self._tl.WeightedCategoryCrossEntropy())
+
+
+def signature(batch):
+  """The batch's `trax.shapes.ShapeDtype`s, as models are initialized."""
+  from trax import shapes  # pylint: disable=g-import-not-at-top
+  return tuple(shapes.ShapeDtype(x.shape, x.dtype) for x in batch)
+
+
+def _as_train_reports(error: Exception, bindings: list[str]
+                      ) -> Optional[UserError]:
+  """`error` as `train` reports it when building its Loop, or None."""
+  return failures.user_error(error, '', False, bindings)
+
+
+def check_model(cfg, bindings: list[str]) -> None:
+  """Builds and initializes the config's model as `train` would.
+
+  Before any trainer: a model the config cannot build is the config's
+  mistake, reported as `train` reports it (the same line: the model is
+  initialized the way `train`'s run initializes it, block by block for
+  the memory-efficient trainer), not a trainer's row.
+
+  Raises:
+    UserError: as `train` (exit status 2 for a model its bindings cannot
+      build), or exit status 1 for an error nobody could foresee.
+  """
+  # pylint: disable=g-import-not-at-top
+  from trax import fastmath
+  from trax.optimizers import trainer as stock_lib
+  import trax_revplus
+  from trax_revplus import trainer as rev_lib
+  # pylint: enable=g-import-not-at-top
+  mode = gin_config.bound_value('train.use_memory_efficient_trainer', False)
+  try:
+    if mode and not gin_config.is_reference(mode):
+      reversible_blocks(rev_lib if trax_revplus.is_active() else stock_lib, cfg)
+    else:
+      cfg.model().init(signature(cfg.batch),
+                       rng=fastmath.random.get_prng(0))
+  except Exception as e:  # pylint: disable=broad-except
+    raise _as_train_reports(e, bindings) or UserError(
+        f"cannot build the config's model: {one_line(e)}; fix the model "
+        f'bindings (train.model, ...)', EXIT_RUNTIME) from None
+
+
+def check_batch(cfg, n_devices: int, device_memory_bytes: Optional[int],
+                bindings: list[str]) -> None:
+  """Checks what a step on the config's batch needs, as the trainers will.
+
+  The batch splits over `n_devices` (that many devices exist), the
+  trainer's budget can be resolved, and a `batch_slices` set to an int
+  divides each device's rows.
+
+  Raises:
+    UserError (exit status 2): as `train` reports each.
+  """
+  # pylint: disable=g-import-not-at-top
+  from trax_revplus import placement as placement_lib
+  from trax_revplus import validation
+  from trax_revplus.trainer import budget as budget_lib
+  from trax_revplus.trainer import options as options_lib
+  # pylint: enable=g-import-not-at-top
+  options = options_lib.validate_gin_bindings()
+  try:
+    validation.check_n_devices(n_devices)
+    validation.check_batch(cfg.batch, n_devices)
+    setting = (options.device_memory_budget_bytes
+               if device_memory_bytes is None else device_memory_bytes)
+    budget_lib.budget_bytes(setting, placement_lib.Placement(n_devices))
+    validation.check_batch_slices(options.unplanned('batch_slices'),
+                                  cfg.batch[0].shape[0] // n_devices)
+  except validation.ConfigurationError as e:
+    raise _as_train_reports(e, bindings) from None
+
+
+def check_inputs_and_batch(bindings: list[str], n_devices: int,
+                           device_memory_bytes: Optional[int] = None):
+  """Reads one batch of the parsed config's inputs and checks it
+  (`check_batch`) as `train`'s run will; returns the config to build from.
+
+  Raises:
+    UserError: as `train` reports the config's mistakes (exit status 2), or
+      1 when the inputs cannot be read.
+  """
+  cfg = Config(bindings)
+  check_batch(cfg, n_devices, device_memory_bytes, bindings)
+  return cfg
+
+
+def reversible_blocks(module, cfg):
+  """The config's model and loss as `module`'s reversible blocks (stock
+  trax's or trax_revplus's trainer module), initialized: (blocks, loss
+  layer)."""
+  from trax import fastmath  # pylint: disable=g-import-not-at-top
+  blocks, loss_layer = module.extract_reversible_blocks([cfg.model(),
+                                                         cfg.loss()])
+  module.init_reversible_blocks(blocks, loss_layer, signature(cfg.batch),
+                                fastmath.random.get_prng(0))
+  return blocks, loss_layer
