@@ -24,13 +24,16 @@ leading axis.
 Modules: `devices` (`Placement`: the devices of this process, H2D and D2H
 copies, the types placed values will have), `layouts` (`Layout`; functions
 compiled to run per device), `host_copy` (D2H copies collected when
-needed), `freeing` (releasing device buffers nothing can read).
+needed; arrays waiting on the host between a forward and a backward),
+`freeing` (releasing device buffers nothing can read).
 """
 
 from trax_revplus.placement.devices import Placement
 from trax_revplus.placement.host_copy import HostCopy
+from trax_revplus.placement.host_copy import WaitingOnHost
 from trax_revplus.placement.host_copy import to_numpy
 from trax_revplus.placement.layouts import AXIS_NAME
 from trax_revplus.placement.layouts import Layout
 
-__all__ = ['AXIS_NAME', 'HostCopy', 'Layout', 'Placement', 'to_numpy']
+__all__ = ['AXIS_NAME', 'HostCopy', 'Layout', 'Placement', 'WaitingOnHost',
+           'to_numpy']

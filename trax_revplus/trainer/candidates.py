@@ -10,7 +10,10 @@ Every dimension of `plan.StepPlan` that costs device memory is varied:
   segment lengths   forward and backward segments of 1, 2, 4 or 8 layers
                     (a backward length at most the forward one);
   n_async_layers    the setting's value, then 4, 2, 1 and 0 below it;
-  prefetch          on, then off.
+  prefetch          on, then off;
+  saved_on_host     what each unit's forward keeps for its backward waits
+                    on the device, then on the host as stock trax keeps it
+                    (unfused plans; the fused program keeps none).
 
 The speed model ranks plans without timing them, in this order of
 importance: (1) the fused program first: one call per step, with no host
@@ -21,12 +24,19 @@ slices: docs/performance.md); (2) fewer batch slices (larger matrices, no
 loop per call); (3) fewer compiled calls (each costs a dispatch and host
 work for its weights, slots and updates), then fewer backward calls, then
 longer forward segments; (4) a deeper copy-back, then prefetching (each
-overlaps host work with device work).
+overlaps host work with device work). Within a group, every plan whose
+saved inputs and states wait on the device comes before every plan whose
+wait on the host: those copy them out and back, and wait for each forward
+call before dispatching the next.
 
 Plans are grouped by (1) and (2): the members of a group share their
 slicing, and the group's leanest member (one layer per call, no copy-back
-depth, no prefetch; or its one fused program) needs the least memory of
-the group, so a group whose leanest member does not fit is skipped whole.
+depth, no prefetch, saved inputs and states on the host; or its one fused
+program) needs the least memory of the group, so a group whose leanest
+member does not fit is skipped whole. Stock trax's step is the leanest
+unfused plan of one slice, less its per-call overheads (see
+`device_memory.stock_trainer`), so the least of all plans needs no more
+than stock's step.
 """
 
 import dataclasses
@@ -103,15 +113,19 @@ class Candidates:
   def _unfused(self, k):
     plans = [self._make(segment_max_layers=f, backward_segment_max_layers=b,
                         batch_slices=k, n_async_layers=depth,
-                        prefetch=prefetch)
+                        prefetch=prefetch, saved_on_host=on_host)
+             for on_host in (False, True)
              for f, b in self._lengths() for depth in self._depths()
              for prefetch in (True, False)]
     return Group(tuple(plans), self.leanest(k), 0)
 
   def leanest(self, k) -> plan_lib.StepPlan:
-    """The unfused plan of k slices with the least device memory."""
+    """The unfused plan of k slices with the least device memory: one
+    layer per call, nothing placed ahead or waiting to be copied back,
+    saved inputs and states on the host."""
     return self._make(segment_max_layers=1, backward_segment_max_layers=1,
-                      batch_slices=k, n_async_layers=0, prefetch=False)
+                      batch_slices=k, n_async_layers=0, prefetch=False,
+                      saved_on_host=True)
 
   def groups(self) -> Iterator[Group]:
     """Every group, in the speed model's order."""

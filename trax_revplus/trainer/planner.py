@@ -209,73 +209,100 @@ class Planner:
   def _choose(self, candidates, types):
     """The first candidate, in the speed model's order, that fits.
 
-    A group is tried only where its slicing's leanest plan (one layer
-    per call: the least compiling) fits; a fused group also needs the stack
-    states it keeps within the budget (`Candidates.lower_bound_bytes`).
+    An unfused group is tried only where its leanest plan (one layer per
+    call, saved inputs and states on the host: the least compiling) fits;
+    a fused group only where the stack states it keeps fit
+    (`Candidates.lower_bound_bytes`). Where nothing fits, `least` is set
+    to the leanest of every group, fused and unfused.
     """
     budget = self.budget_bytes
-    lean = {}  # slices -> StepMemory of their leanest plan
+    accounted = {}  # plan -> its StepMemory
 
     def account(plan):
-      try:
-        return self.account(plan, units_lib.Units(plan, self._factory), types)
-      except (device_memory.UnsupportedTrainerError,
-              device_memory.AccountingError) as e:
-        raise DeviceMemoryBudgetError(
-            f'device_memory_budget_bytes cannot be honoured here: {e} Set '
-            f'{options_lib.GIN_CONFIGURABLE}.device_memory_budget_bytes = '
-            f'None and choose the segments and slices yourself.') from None
+      if plan not in accounted:
+        accounted[plan] = self._account_for_budget(plan, types)
+      return accounted[plan]
 
-    def lean_fits(k):
-      if k not in lean:
-        lean[k] = account(candidates.leanest(k))
-      return lean[k].peak_device_bytes <= budget
-
+    n_devices = self._placement.n_devices
     for group in candidates.groups():
-      k = group.leanest.batch_slices
-      if not lean_fits(k):
+      if candidates.lower_bound_bytes(group, n_devices) > budget:
         continue
-      if candidates.lower_bound_bytes(group,
-                                      self._placement.n_devices) > budget:
+      if account(group.leanest).peak_device_bytes > budget:
         continue
       for plan in group.plans:
-        step = lean[k] if plan == candidates.leanest(k) else account(plan)
+        step = account(plan)
         if step.peak_device_bytes <= budget:
           units = units_lib.Units(plan, self._factory)
           logging.info('device memory plan: %s; %s', plan.describe(),
                        step.describe())
           return Planned(plan, units, step)
-    for k in candidates.slices:
-      lean_fits(k)
-    k = min(lean, key=lambda k: lean[k].peak_device_bytes)
-    self.least = (candidates.leanest(k), lean[k])
+    self.least = self._least(candidates, account)
     self._raise_nothing_fits()
+
+  def _account_for_budget(self, plan, types):
+    """`account`, its failures as the budget's error."""
+    try:
+      return self.account(plan, units_lib.Units(plan, self._factory), types)
+    except (device_memory.UnsupportedTrainerError,
+            device_memory.AccountingError) as e:
+      raise DeviceMemoryBudgetError(
+          f'device_memory_budget_bytes cannot be honoured here: {e} Set '
+          f'{options_lib.GIN_CONFIGURABLE}.device_memory_budget_bytes = '
+          f'None and choose the segments and slices yourself.') from None
+
+  def _least(self, candidates, account):
+    """(plan, StepMemory) of the group leanest plan, fused or unfused, with
+    the least peak (ties: the first in the speed model's order).
+
+    The unfused ones are accounted first; a fused one whose lower bound
+    (`Candidates.lower_bound_bytes`) is above the least peak found so far
+    cannot need less, and is not compiled.
+    """
+    groups = list(candidates.groups())
+    order = sorted(range(len(groups)),
+                   key=lambda i: bool(groups[i].fused_reversible_layers))
+    found = {}  # group index -> StepMemory of its leanest plan
+    for i in order:
+      least = min((s.peak_device_bytes for s in found.values()), default=None)
+      bound = candidates.lower_bound_bytes(groups[i],
+                                           self._placement.n_devices)
+      if least is None or bound <= least:
+        found[i] = account(groups[i].leanest)
+    i = min(found, key=lambda i: (found[i].peak_device_bytes, i))
+    return groups[i].leanest, found[i]
 
   def _raise_nothing_fits(self):
     plan, step = self.least
     budget = self.budget_bytes
     need = step.peak_device_bytes
+    fused = plan.loss - plan.fused_from
+    how = ('every layer in the loss program' if fused else
+           'one layer per call, saved inputs and states on the host')
     raise DeviceMemoryBudgetError(
         f'no plan fits device_memory_budget_bytes={budget} '
         f'({budget / 2**20:.1f} MiB) on this batch: the least needs {need} '
         f'bytes ({need / 2**20:.1f} MiB), with batch_slices='
-        f'{plan.batch_slices} and one layer per call; set '
+        f'{plan.batch_slices} and {how}; set '
         f'{options_lib.GIN_CONFIGURABLE}.device_memory_budget_bytes >= '
         f'{need}, or use a shorter sequence or a smaller batch.')
 
   def least_plan(self, batch):
-    """(plan, StepMemory) of the leanest plan on `batch`'s shapes: one
-    layer per call, no copy-back depth, no prefetch, with the slicing that
-    needs least; the least device memory this trainer can step in."""
+    """(plan, StepMemory) of the leanest plan on `batch`'s shapes: the
+    least peak among every group's leanest plan, fused (every layer in the
+    loss program) and unfused (one layer per call, no copy-back depth, no
+    prefetch, saved inputs and states on the host), over every slicing; the
+    least device memory this trainer can step in.
+
+    Raises:
+      device_memory.UnsupportedTrainerError: the step cannot be compiled
+        ahead here.
+      device_memory.AccountingError: its figures contradict each other.
+    """
     types = self.step_types(batch)
-    candidates = self.candidates(types)
-    least = None
-    for k in candidates.slices:
-      plan = candidates.leanest(k)
-      step = self.account(plan, units_lib.Units(plan, self._factory), types)
-      if least is None or step.peak_device_bytes < least[1].peak_device_bytes:
-        least = (plan, step)
-    return least
+    return self._least(
+        self.candidates(types),
+        lambda plan: self.account(plan, units_lib.Units(plan, self._factory),
+                                  types))
 
 
 def zeros_batch(batch):
