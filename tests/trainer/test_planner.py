@@ -105,6 +105,9 @@ def test_budget_chooses_the_fastest_plan_that_fits():
     planned = trainer.planned(_BATCH)
     assert planned.plan == expected, budget_bytes
     assert planned.memory.peak_device_bytes <= budget_bytes
+    # No plan keeping its saved inputs and states on the device fits the
+    # least: waiting on the host is what fits it.
+    assert planned.plan.saved_on_host == (budget_bytes == least)
     cases.assert_all_close(ref_weights, model.weights)
     cases.assert_all_close(ref_slots, trainer.slots)
 

@@ -33,10 +33,14 @@ Plans are grouped by (1) and (2): the members of a group share their
 slicing, and the group's leanest member (one layer per call, no copy-back
 depth, no prefetch, saved inputs and states on the host; or its one fused
 program) needs the least memory of the group, so a group whose leanest
-member does not fit is skipped whole. Stock trax's step is the leanest
-unfused plan of one slice, less its per-call overheads (see
-`device_memory.stock_trainer`), so the least of all plans needs no more
-than stock's step.
+member does not fit is skipped whole.
+
+The leanest unfused plan of one slice runs stock trax's own schedule
+(`device_memory.stock_trainer`): one layer per call, each call's weights
+placed for it, saved inputs and states on the host; and no update waits on
+the device to be copied back, where stock's wait one layer. More slices
+and the fused program can only lower the least of all plans
+(`planner.Planner.least_plan`) below it.
 """
 
 import dataclasses

@@ -4,9 +4,10 @@
 arguments and makes their calls: `step.StepContext` on placed arrays (the
 step itself), or `ahead.AheadOfTime` on their types (compiling ahead and
 accounting device memory). Both are this class, so what a step holds on the
-device across each call (`Run.held`) and when an update leaves the device
-(`CopyBack`) are written once, here, for the step, the compile-ahead walk
-and the accounting alike.
+device across each call (`Run.held`), when an update leaves the device
+(`CopyBack`) and where what a forward keeps for its backward waits
+(`Run.keep_saved`, `Run.take_saved`) are written once, here, for the step,
+the compile-ahead walk and the accounting alike.
 """
 
 import abc
@@ -124,7 +125,9 @@ class Run(abc.ABC):
   def held(self) -> List[Tuple[str, Any]]:
     """What the step holds on the device now, as named parts (pytrees).
 
-    Each array counts in the first part that lists it.
+    Each array counts in the first part that lists it. Saved entries
+    waiting on the host (`on_host`) are not listed; placed back, they are
+    their backward call's arguments, and the stack's after it.
     """
     return [
         ('optimizer hyperparameters', self.opt_params),
