@@ -77,6 +77,12 @@ def test_estimate_table_and_json(tmp_path, capsys):
   assert rev['host_weights_and_slots_bytes'] == (rev['weights_bytes'] +
                                                  rev['slots_bytes'])
   _check_plans(out, rev, 2**30)
+  # The least plan (saved inputs and states on the host, as stock keeps
+  # them) needs no more than stock's step.
+  assert rev['least_plan']['saved_on_host'] or rev['least_plan'][
+      'fused_layers']
+  assert rev['min_peak_device_bytes'] <= (
+      data['trainers']['stock']['peak_device_bytes'])
   assert os.listdir(tmp_path) == ['estimate.json']
 
   # Just below the smaller peak: that trainer does not fit, and the JSON

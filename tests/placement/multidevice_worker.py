@@ -19,13 +19,18 @@ Printed (last line of stdout), all differences as max absolute values:
     (each device's rows in 2 slices) vs trax's default Trainer,
   max_diff_fused_vs_default_1dev: ours on N devices running every layer
     in the loss's one program (the plan a budget chooses first where it
-    fits; set directly here) vs trax's default Trainer, fused_layers: the layers that program ran,
+    fits; set directly here) vs trax's default Trainer, fused_layers: the
+    layers that program ran,
   max_diff_budget_vs_default_1dev: ours on N devices under a device memory
     budget (planned: every candidate's step accounted from XLA on N
     devices) vs trax's default Trainer, budget_plan: the plan it chose,
     least_budget: [the least plan's peak bytes, what ours under that budget
     then chose], max_diff_least_vs_default_1dev: that run vs the default
     Trainer,
+  max_diff_saved_on_host_vs_default_1dev: ours on N devices with each
+    unit's saved inputs and states waiting on the host between its forward
+    and its backward vs trax's default Trainer, saved_on_host: whether the
+    plan that ran said so,
   max_diff_lsh_slices: a ReformerLM with LSH attention on N devices,
     batch_slices=2 vs 1 (LSH hashes with per-row state),
   adasum_finite: ours with adasum=True trains to finite weights,
@@ -94,19 +99,19 @@ def _ours(n_devices, **kwargs):
   return weights, loss_value
 
 
-def _fuse_every_layer(trainer):
-  """Makes `trainer` run every layer in the loss's one program."""
+def _replan(trainer, **changes):
+  """Makes `trainer` run its plan with `changes` (`StepPlan` fields)."""
   # pylint: disable=g-import-not-at-top,protected-access
   import dataclasses
   from trax_revplus.trainer import planner
   from trax_revplus.trainer import units
   p = trainer.planner
-  plan = dataclasses.replace(p.planned(_BATCH).plan, fused_from=0)
+  plan = dataclasses.replace(p.planned(_BATCH).plan, **changes)
   p._planned[planner.batch_key(p._placement.abstract_batch(_BATCH))] = (
       planner.Planned(plan, units.Units(plan, p._factory), None))
 
 
-def _ours_and_plan(n_devices, fused=False, **kwargs):
+def _ours_and_plan(n_devices, fused=False, saved_on_host=False, **kwargs):
   first, revs, loss = reversible_lm_blocks()
   model = tl.Serial([first] + revs + [loss])
   model.init(_BATCH, rng=fastmath.random.get_prng(12))
@@ -114,7 +119,9 @@ def _ours_and_plan(n_devices, fused=False, **kwargs):
       [(first.sublayers, revs)], loss, optimizers.Adam, n_devices=n_devices,
       **kwargs)
   if fused:
-    _fuse_every_layer(trainer)
+    _replan(trainer, fused_from=0)  # every layer in the loss's program
+  if saved_on_host:
+    _replan(trainer, saved_on_host=True)
   for rng, lr in zip(_RNGS, _LRS):
     loss_value, _ = trainer.one_step(_BATCH, rng, learning_rate=lr)
   return (model.weights, np.asarray(loss_value),
@@ -189,6 +196,10 @@ def main():
   least_bytes = _least_bytes(n)
   least, _, least_plan = _ours_and_plan(
       n, device_memory_budget_bytes=least_bytes)
+  # The settings as given (unplanned: segments), saved entries on the host.
+  on_host, _, on_host_plan = _ours_and_plan(
+      n, saved_on_host=True, compile_ahead=False,
+      device_memory_budget_bytes=None)
   result = {
       'n_devices': n,
       'local_devices': len(jax.local_devices()),
@@ -203,6 +214,9 @@ def main():
       'budget_plan': budget_plan,
       'least_budget': [least_bytes, least_plan],
       'max_diff_least_vs_default_1dev': _max_diff(least, reference),
+      'max_diff_saved_on_host_vs_default_1dev': _max_diff(on_host,
+                                                          reference),
+      'saved_on_host': on_host_plan['saved_on_host'],
       'max_diff_lsh_slices': _max_diff(_lsh(n, 2), _lsh(n, 1)),
       'loss_shape': list(loss_n.shape),
       'adasum_finite': all(np.all(np.isfinite(x))

@@ -40,6 +40,8 @@ def test_n_devices_match_one_device(n_devices):
   assert result['max_diff_slices_vs_default_1dev'] <= 1e-5, result
   assert result['max_diff_fused_vs_default_1dev'] <= 1e-5, result
   assert result['fused_layers'] == 5, result  # every layer before the loss
+  assert result['max_diff_saved_on_host_vs_default_1dev'] <= 1e-5, result
+  assert result['saved_on_host'] is True, result
   assert result['max_diff_lsh_slices'] <= 1e-5, result
   assert result['loss_shape'] == [n_devices], result
   assert result['adasum_finite'], result

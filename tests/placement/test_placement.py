@@ -120,3 +120,30 @@ def test_abstract_types_serve_the_placed_calls_without_compiling_again():
   assert len(compiles) == start
   np.testing.assert_allclose(float(total), (batch * 3 + 1).sum() + 2)
   assert p.abstract_per_device({'count': 1}) is None  # type not known
+
+
+def test_arrays_waiting_on_the_host_come_back_as_they_left():
+  """Values, dtypes, weak types and shardings as the device arrays had
+  them (a call compiled for those takes them without compiling again);
+  host values and None pass through."""
+  counter = memory.TransferCounter()
+  p = placement_lib.Placement(1, counter)
+  placed = p.replicate({'x': np.arange(6, dtype=np.float32).reshape(2, 3)})
+  scale = jax.jit(lambda: 2.0)()  # weak-typed float32
+  tree = {'x': placed['x'] * 3, 'scale': scale, 'i': jnp.int32(4),
+          'host': np.ones(2, np.int64), 'none': None}
+  moves = memory.TransferCounter()
+  waiting = placement_lib.WaitingOnHost(tree, moves)
+  cpu = jax.local_devices(backend='cpu')[0]
+  assert all(x.sharding.device_set == {cpu} for x in waiting.arrays())
+  back = waiting.place_back(moves)
+  assert back['none'] is None and back['host'] is tree['host']
+  for key in ('x', 'scale', 'i'):
+    assert isinstance(back[key], jax.Array)
+    assert back[key].dtype == tree[key].dtype
+    assert back[key].weak_type == tree[key].weak_type
+    assert back[key].sharding == tree[key].sharding
+    np.testing.assert_array_equal(back[key], tree[key])
+  assert back['scale'].weak_type
+  if p.platform != 'cpu':  # on the CPU backend nothing leaves the device
+    assert moves.d2h_bytes == moves.h2d_bytes == 24 + 4 + 4

@@ -60,25 +60,37 @@ def test_candidates_cover_every_dimension():
   assert {p.fused_from for p in plans} == {0, plans[0].loss}
   assert {p.n_async_layers for p in plans} == {8, 4, 2, 1, 0}
   assert {p.prefetch for p in plans} == {True, False}
+  assert {p.saved_on_host for p in plans} == {True, False}
   assert {p.settings()['segment_max_layers'] for p in plans} == {1, 2, 4}
   # Fused first, fewest slices first within each kind of plan.
   assert plans[0].fused_from == 0 and plans[0].batch_slices == 1
   assert plans[-1].fused_from == plans[-1].loss
+  # Within a slicing, saved entries on the host after every device plan
+  # (fused programs keep none).
+  for k in (1, 2, 4):
+    kept = [p.saved_on_host for p in plans
+            if p.batch_slices == k and p.fused_from == p.loss]
+    assert kept == sorted(kept) and kept[-1], k
+  assert not any(p.saved_on_host for p in plans if p.fused_from == 0)
 
 
 def test_the_planners_bounds_hold():
-  """What the planner skips on: a plan needs at least the leanest plan of
-  its slicing, and the leanest of one slicing is the least of all."""
+  """What the planner skips on: an unfused plan needs at least the leanest
+  unfused plan of its slicing, and the least of all is the least of the
+  groups' leanest plans, fused and unfused (`least_plan`)."""
   peaks = _every_candidate()
-  lean = {}
+  _, trainer = _trainer(device_memory_budget_bytes=None)
+  p = trainer.planner
+  candidates = p.candidates(p.step_types(_BATCH))
+  peak_of = dict(peaks)
+  least = min(peak for _, peak in peaks)
+  assert min(peak_of[group.leanest]
+             for group in candidates.groups()) == least
   for plan, peak in peaks:
-    k = plan.batch_slices
     if plan.fused_from == plan.loss:
-      lean[k] = min(lean.get(k, peak), peak)
-  assert min(lean.values()) == min(p for _, p in peaks)
-  for plan, peak in peaks:
-    if plan.fused_from < plan.loss:
-      assert peak >= lean[plan.batch_slices], plan
+      assert peak >= peak_of[candidates.leanest(plan.batch_slices)], plan
+  least_plan, least_step = trainer.least_device_memory_of(_BATCH)
+  assert least_step.peak_device_bytes == least == peak_of[least_plan]
 
 
 def test_budget_chooses_the_fastest_plan_that_fits():
@@ -94,6 +106,9 @@ def test_budget_chooses_the_fastest_plan_that_fits():
     planned = trainer.planned(_BATCH)
     assert planned.plan == expected, budget_bytes
     assert planned.memory.peak_device_bytes <= budget_bytes
+    # No plan keeping its saved inputs and states on the device fits the
+    # least: waiting on the host is what fits it.
+    assert planned.plan.saved_on_host == (budget_bytes == least)
     cases.assert_all_close(ref_weights, model.weights)
     cases.assert_all_close(ref_slots, trainer.slots)
 
@@ -119,7 +134,9 @@ def test_nothing_fits_names_the_least_budget_and_changes_nothing():
   assert trainer.planned(_BATCH).memory.peak_device_bytes == need
   least_plan, least = trainer.least_device_memory_of(_BATCH)
   assert least.peak_device_bytes == need
-  assert least_plan.fused_from == least_plan.loss
+  kind = ('every layer in the loss program' if least_plan.fused_from == 0
+          else 'one layer per call, saved inputs and states on the host')
+  assert f'batch_slices={least_plan.batch_slices} and {kind};' in message
 
 
 def test_the_plans_weighed_are_accounted_once_the_chosen_marked(

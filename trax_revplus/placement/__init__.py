@@ -24,16 +24,18 @@ leading axis.
 Modules: `devices` (`Placement`: the devices of this process, H2D and D2H
 copies, the types placed values will have), `layouts` (`Layout`; functions
 compiled to run per device), `host_copy` (D2H copies collected when
-needed), `freeing` (releasing device buffers nothing can read),
-`processes` (the devices of every process of a run; `least_over_processes`).
+needed; arrays waiting on the host between a forward and a backward),
+`freeing` (releasing device buffers nothing can read), `processes` (the
+devices of every process of a run; `least_over_processes`).
 """
 
 from trax_revplus.placement.devices import Placement
 from trax_revplus.placement.host_copy import HostCopy
+from trax_revplus.placement.host_copy import WaitingOnHost
 from trax_revplus.placement.host_copy import to_numpy
 from trax_revplus.placement.layouts import AXIS_NAME
 from trax_revplus.placement.layouts import Layout
 from trax_revplus.placement.processes import least_over_processes
 
 __all__ = ['AXIS_NAME', 'HostCopy', 'Layout', 'least_over_processes',
-           'Placement', 'to_numpy']
+           'Placement', 'to_numpy', 'WaitingOnHost']

@@ -1,8 +1,10 @@
-"""Device-to-host copies of one pytree, collected when needed.
+"""Device-to-host copies of one pytree.
 
-Mirrors trax 1.4.1's `_lazy_unreplicate`: the copy of a layer's updated
-weights starts right after the call that computed them, and the host waits
-for it only when it needs the values.
+`HostCopy` mirrors trax 1.4.1's `_lazy_unreplicate`: the copy of a layer's
+updated weights starts right after the call that computed them, and the
+host waits for it only when it needs the values. `WaitingOnHost` mirrors
+its `tl.on_cpu` of a block's saved inputs and states: they wait on the host
+between the block's forward and its backward, and are placed back for it.
 """
 
 import math
@@ -128,3 +130,69 @@ def gather(tree: PyTree, transfers) -> PyTree:
   transfers.add_d2h(d2h)
   out = [np.asarray(x) if here else x for x, here in zip(leaves, local)]
   return jax.tree_util.tree_unflatten(treedef, out)
+
+
+class WaitingOnHost:
+  """A pytree whose device arrays wait on the host, as trax's `tl.on_cpu`
+  keeps a block's saved inputs and states; `place_back` returns them.
+
+  Each array is copied whole (every device's data) to the host's CPU device,
+  keeping its dtype and weak type, and placed back with its own sharding,
+  so the calls that read it get exactly the values and types they would
+  have got from the device array. The copy is waited for here, so that the
+  device buffers are released before the caller's next call is dispatched
+  (once the caller drops the device arrays). Arrays spanning other
+  processes' devices stay where they are (a host copy of them could not be
+  placed back).
+  """
+
+  def __init__(self, tree: PyTree, transfers):
+    """Copies `tree`'s arrays to the host and waits for the copies.
+
+    Args:
+      tree: pytree; its `jax.Array` leaves move, other leaves stay.
+      transfers: `memory.TransferCounter` the D2H bytes are added to.
+    """
+    cpu = jax.local_devices(backend='cpu')[0]
+    leaves, self._treedef = jax.tree_util.tree_flatten(tree)
+    self._shardings = [None] * len(leaves)
+    d2h = 0
+    for i, x in enumerate(leaves):
+      if not isinstance(x, jax.Array) or not x.is_fully_addressable:
+        continue
+      self._shardings[i] = x.sharding
+      if x.sharding.device_set != {cpu}:
+        d2h += x.nbytes
+      leaves[i] = jax.device_put(x, cpu)
+    self._leaves = jax.block_until_ready(leaves)
+    if d2h:
+      transfers.add_d2h(d2h)
+
+  def arrays(self) -> List[Array]:
+    """The host copies (and the arrays that stayed) until `place_back`."""
+    return [x for x in self._leaves if isinstance(x, jax.Array)]
+
+  def place_back(self, transfers) -> PyTree:
+    """The pytree with each moved array placed back with its own sharding.
+
+    Args:
+      transfers: `memory.TransferCounter` the H2D bytes are added to.
+
+    Returns:
+      The pytree as given to the constructor (equal values and types).
+    """
+    leaves, moving, h2d = list(self._leaves), [], 0
+    for i, sharding in enumerate(self._shardings):
+      if sharding is not None:
+        moving.append(i)
+        if sharding.device_set != leaves[i].sharding.device_set:
+          h2d += leaves[i].nbytes
+    if moving:
+      placed = jax.device_put([leaves[i] for i in moving],
+                              [self._shardings[i] for i in moving])
+      for i, x in zip(moving, placed):
+        leaves[i] = x
+    if h2d:
+      transfers.add_h2d(h2d)
+    self._leaves = ()
+    return jax.tree_util.tree_unflatten(self._treedef, leaves)

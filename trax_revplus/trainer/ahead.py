@@ -180,6 +180,11 @@ class AheadOfTime(run_lib.Run):
       raise TypesUnknown()
     return params
 
+  def from_host(self, waiting):
+    # Placed back, the arrays are new device arrays (`run.Run.to_host` left
+    # their types out of what is held meanwhile).
+    return _fresh(waiting)
+
   def call(self, fn, args):
     """Notes the call and what is held across it; traces `fn` for `args`
     and queues its compilation; returns its result types."""

@@ -10,7 +10,10 @@ Every dimension of `plan.StepPlan` that costs device memory is varied:
   segment lengths   forward and backward segments of 1, 2, 4 or 8 layers
                     (a backward length at most the forward one);
   n_async_layers    the setting's value, then 4, 2, 1 and 0 below it;
-  prefetch          on, then off.
+  prefetch          on, then off;
+  saved_on_host     what each unit's forward keeps for its backward waits
+                    on the device, then on the host as stock trax keeps it
+                    (unfused plans; the fused program keeps none).
 
 The speed model ranks plans without timing them, in this order of
 importance: (1) the fused program first: one call per step, with no host
@@ -21,7 +24,10 @@ slices: docs/performance.md); (2) fewer batch slices (larger matrices, no
 loop per call); (3) fewer compiled calls (each costs a dispatch and host
 work for its weights, slots and updates), then fewer backward calls, then
 longer forward segments; (4) a deeper copy-back, then prefetching (each
-overlaps host work with device work).
+overlaps host work with device work). Within a group, every plan whose
+saved inputs and states wait on the device comes before every plan whose
+wait on the host: those copy them out and back, and wait for each forward
+call before dispatching the next.
 
 A setting the user gave as an int pins its dimension (`options.AUTO`
 leaves it to the budget): `batch_slices` keeps only that slicing,
@@ -30,8 +36,16 @@ program), `backward_segment_max_layers` only backward calls of that length.
 
 Plans are grouped by (1) and (2): the members of a group share their
 slicing, and the group's leanest member (one layer per call, no copy-back
-depth, no prefetch; or its one fused program) needs the least memory of
-the group, so a group whose leanest member does not fit is skipped whole.
+depth, no prefetch, saved inputs and states on the host; or its one fused
+program) needs the least memory of the group, so a group whose leanest
+member does not fit is skipped whole.
+
+The leanest unfused plan of one slice runs stock trax's own schedule
+(`device_memory.stock_trainer`): one layer per call, each call's weights
+placed for it, saved inputs and states on the host; and no update waits on
+the device to be copied back, where stock's wait one layer. More slices
+and the fused program can only lower the least of all plans
+(`planner.Planner.least_plan`) below it.
 """
 
 import dataclasses
@@ -124,19 +138,21 @@ class Candidates:
   def _unfused(self, k):
     plans = [self._make(segment_max_layers=f, backward_segment_max_layers=b,
                         batch_slices=k, n_async_layers=depth,
-                        prefetch=prefetch)
+                        prefetch=prefetch, saved_on_host=on_host)
+             for on_host in (False, True)
              for f, b in self._lengths() for depth in self._depths()
              for prefetch in (True, False)]
     return Group(tuple(plans), self.leanest(k), 0)
 
   def leanest(self, k) -> plan_lib.StepPlan:
     """The unfused plan of k slices with the least device memory: one
-    layer per call, or the pinned segment lengths."""
+    layer per call (or the pinned segment lengths), nothing placed ahead
+    or waiting to be copied back, saved inputs and states on the host."""
     return self._make(
         segment_max_layers=self._usable('segment_max_layers')[0],
         backward_segment_max_layers=self._usable(
             'backward_segment_max_layers')[0],
-        batch_slices=k, n_async_layers=0, prefetch=False)
+        batch_slices=k, n_async_layers=0, prefetch=False, saved_on_host=True)
 
   def groups(self) -> Iterator[Group]:
     """Every group, in the speed model's order."""

@@ -17,7 +17,12 @@ step's speed or device memory but never its result:
   n_async_layers  how long an update stays on the device before its copy
                   back to the host is committed;
   prefetch        whether the next call's weights are placed during the
-                  current call.
+                  current call;
+  saved_on_host   where what a unit's forward keeps for its backward (a
+                  standard layer's inputs and new state, a reversible
+                  layer's old and new state) waits: on the device, or on
+                  the host as stock trax's `one_step` keeps it (`tl.on_cpu`),
+                  placed back just before the unit's backward.
 
 A plan is data, made before a step and never changed by it; `units` compiles
 it and `planner` chooses it. The rules here build one from the trainer's
@@ -68,6 +73,12 @@ class StepPlan:
     prefetch: bool, place the next call's weights (and slots) during the
       current call, so the copy overlaps compute; False places them just
       before their call, holding one call's parameters at a time.
+    saved_on_host: bool, what each unit's forward keeps for its backward
+      (`run.Run.saved`) waits on the host from right after that forward
+      until just before that unit's backward, where it is placed back;
+      False keeps it on the device. It costs one copy each way per unit
+      and a wait for each forward call, and holds none of it on the device
+      in between.
   """
   blocks: Tuple[Tuple[int, Tuple[Segment, ...]], ...]
   loss: int
@@ -76,6 +87,7 @@ class StepPlan:
   fused_from: Optional[int] = None
   n_async_layers: int = 8
   prefetch: bool = True
+  saved_on_host: bool = False
 
   def __post_init__(self):
     if self.fused_from is None:
@@ -83,6 +95,14 @@ class StepPlan:
     missing = [s for s in self.forward_segments() if s not in self.backward]
     if missing:
       raise ValueError(f'backward split of segments {missing} not decided.')
+
+  def __hash__(self):
+    # `backward` is a mapping: hashed by its items, so that equal plans key
+    # one dict entry (the planner's accounted plans).
+    return hash(tuple(
+        frozenset(value.items()) if isinstance(value, Mapping) else value
+        for value in (getattr(self, f.name)
+                      for f in dataclasses.fields(self))))
 
   def forward_segments(self) -> List[Segment]:
     """Every reversible forward segment, in forward order."""
@@ -132,12 +152,13 @@ class StepPlan:
         'fused_layers': self.loss - self.fused_from,
         'n_async_layers': self.n_async_layers,
         'prefetch': self.prefetch,
+        'saved_on_host': self.saved_on_host,
     }
 
   def describe(self) -> str:
     """One line, e.g. 'segment_max_layers=8, backward_segment_max_layers=2,
-    batch_slices=1, fused_layers=0, n_async_layers=8, prefetch=True, 9
-    calls per step'."""
+    batch_slices=1, fused_layers=0, n_async_layers=8, prefetch=True,
+    saved_on_host=False, 9 calls per step'."""
     settings = ', '.join(f'{k}={v}' for k, v in self.settings().items())
     return f'{settings}, {self.n_calls} calls per step'
 
@@ -201,8 +222,8 @@ def make_plan(block_sizes: Sequence[int], nbytes: Mapping[int, int],
               stack_bytes: Sequence[int], *, segment_max_layers: int,
               segment_max_bytes: int, backward_segment_max_layers,
               batch_slices: int = 1, fused_from: Optional[int] = None,
-              n_async_layers: int = 8,
-              prefetch: bool = True) -> StepPlan:
+              n_async_layers: int = 8, prefetch: bool = True,
+              saved_on_host: bool = False) -> StepPlan:
   """The plan of a trainer's blocks for given settings.
 
   Args:
@@ -215,7 +236,7 @@ def make_plan(block_sizes: Sequence[int], nbytes: Mapping[int, int],
     segment_max_layers, segment_max_bytes, backward_segment_max_layers,
       batch_slices, n_async_layers: as `options.TrainerOptions`.
     fused_from: int or None (nothing fused), see `StepPlan.fused_from`.
-    prefetch: see `StepPlan`.
+    prefetch, saved_on_host: see `StepPlan`.
 
   Returns:
     `StepPlan`, every backward split decided.
@@ -234,7 +255,8 @@ def make_plan(block_sizes: Sequence[int], nbytes: Mapping[int, int],
     k += 1 + n_reversible
   return StepPlan(blocks=tuple(blocks), loss=k, backward=backward,
                   batch_slices=batch_slices, fused_from=fused_from,
-                  n_async_layers=n_async_layers, prefetch=prefetch)
+                  n_async_layers=n_async_layers, prefetch=prefetch,
+                  saved_on_host=saved_on_host)
 
 
 def configured_plan(block_sizes, nbytes, stack_bytes,

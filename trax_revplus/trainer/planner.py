@@ -340,8 +340,9 @@ class Planner:
       return (Planned(plan, units_lib.Units(plan, self._factory), step),
               min(excluded, default=None))
 
+    n_devices = self._placement.n_devices
     for group in candidates.groups():
-      bound = candidates.lower_bound_bytes(group, self._placement.n_devices)
+      bound = candidates.lower_bound_bytes(group, n_devices)
       if bound > budget:
         excluded.append(bound)
         continue
@@ -356,17 +357,26 @@ class Planner:
     self.least = self._least(candidates, weigh)
     self._raise_nothing_fits()
 
-  @staticmethod
-  def _least(candidates, weigh):
-    """(plan, StepMemory) of the leanest plan of the slicing that needs
-    least, each slicing's leanest plan accounted by `weigh`."""
-    least = None
-    for k in candidates.slices:
-      plan = candidates.leanest(k)
-      step = weigh(plan)
-      if least is None or step.peak_device_bytes < least[1].peak_device_bytes:
-        least = (plan, step)
-    return least
+  def _least(self, candidates, account):
+    """(plan, StepMemory) of the group leanest plan, fused or unfused, with
+    the least peak (ties: the first in the speed model's order).
+
+    The unfused ones are accounted first; a fused one whose lower bound
+    (`Candidates.lower_bound_bytes`) is above the least peak found so far
+    cannot need less, and is not compiled.
+    """
+    groups = list(candidates.groups())
+    order = sorted(range(len(groups)),
+                   key=lambda i: bool(groups[i].fused_reversible_layers))
+    found = {}  # group index -> StepMemory of its leanest plan
+    for i in order:
+      least = min((s.peak_device_bytes for s in found.values()), default=None)
+      bound = candidates.lower_bound_bytes(groups[i],
+                                           self._placement.n_devices)
+      if least is None or bound <= least:
+        found[i] = account(groups[i].leanest)
+    i = min(found, key=lambda i: (found[i].peak_device_bytes, i))
+    return groups[i].leanest, found[i]
 
   def _raise_nothing_fits(self):
     plan, step = self.least
@@ -377,23 +387,30 @@ class Planner:
               if getattr(self._options, name) != options_lib.AUTO]
     unpin = (f", set {' and '.join(pinned)} to 'auto'" if pinned else '')
     layers = plan.settings()['segment_max_layers']
+    fused = plan.loss - plan.fused_from
+    how = ('every layer in the loss program' if fused else
+           f'{"one layer" if layers <= 1 else f"{layers} layers"} per call, '
+           f'saved inputs and states on the host')
     raise DeviceMemoryBudgetError(
         f'no plan fits device_memory_budget_bytes={budget} '
         f'({budget / 2**20:.1f} MiB) on this batch: the least needs {need} '
         f'bytes ({need / 2**20:.1f} MiB), with batch_slices='
-        f'{plan.batch_slices} and '
-        f'{"one layer" if layers <= 1 else f"{layers} layers"} per call; set '
+        f'{plan.batch_slices} and {how}; set '
         f'{options_lib.GIN_CONFIGURABLE}.device_memory_budget_bytes >= '
         f'{need}{unpin}, or use a shorter sequence or a smaller batch.')
 
   def least_plan(self, batch):
-    """(plan, StepMemory) of the leanest plan on `batch`'s shapes: one
-    layer per call, no copy-back depth, no prefetch, with the slicing that
-    needs least; the least device memory this trainer can step in. Plans
-    the search for the step's plan accounted are not accounted again.
+    """(plan, StepMemory) of the leanest plan on `batch`'s shapes: the
+    least peak among every group's leanest plan, fused (every layer in the
+    loss program) and unfused (one layer per call, no copy-back depth, no
+    prefetch, saved inputs and states on the host), over every slicing; the
+    least device memory this trainer can step in. Plans the search for the
+    step's plan accounted are not accounted again.
 
     Raises:
-      As `account`.
+      device_memory.UnsupportedTrainerError: the step cannot be compiled
+        ahead here.
+      device_memory.AccountingError: its figures contradict each other.
     """
     types = self.step_types(batch)
     return self._least(self.candidates(types),

@@ -4,9 +4,10 @@
 arguments and makes their calls: `step.StepContext` on placed arrays (the
 step itself), or `ahead.AheadOfTime` on their types (compiling ahead and
 accounting device memory). Both are this class, so what a step holds on the
-device across each call (`Run.held`) and when an update leaves the device
-(`CopyBack`) are written once, here, for the step, the compile-ahead walk
-and the accounting alike.
+device across each call (`Run.held`), when an update leaves the device
+(`CopyBack`) and where what a forward keeps for its backward waits
+(`Run.keep_saved`, `Run.take_saved`) are written once, here, for the step,
+the compile-ahead walk and the accounting alike.
 """
 
 import abc
@@ -91,7 +92,10 @@ class Run(abc.ABC):
     grad_stack: the cotangents of `stack`, from the loss on.
     saved: dict, layer index -> (inputs, new state) of a standard layer,
       (old state, new state) of a reversible one: what the forward pass
-      keeps for the backward pass.
+      keeps for the backward pass on the device (`keep_saved`).
+    on_host: dict, layer index -> what `to_host` returned for its entry:
+      the entries waiting on the host (`plan.StepPlan.saved_on_host`),
+      held on no device.
     rngs: list of each layer's placed RNG, by layer index.
     opt_params: list of each layer's placed optimizer hyperparameters.
     step_placed: the step number, placed (int32).
@@ -105,6 +109,7 @@ class Run(abc.ABC):
     self.stack = stack
     self.grad_stack = None
     self.saved = {}
+    self.on_host = {}
     self.rngs = rngs
     self.opt_params = opt_params
     self.step_placed = step_placed
@@ -120,7 +125,9 @@ class Run(abc.ABC):
   def held(self) -> List[Tuple[str, Any]]:
     """What the step holds on the device now, as named parts (pytrees).
 
-    Each array counts in the first part that lists it.
+    Each array counts in the first part that lists it. Saved entries
+    waiting on the host (`on_host`) are not listed; placed back, they are
+    their backward call's arguments, and the stack's after it.
     """
     return [
         ('optimizer hyperparameters', self.opt_params),
@@ -132,6 +139,45 @@ class Run(abc.ABC):
         ('updates not yet copied back', self.copy_back.on_device()),
         ('statistics', self.stats),
     ]
+
+  # What the forward pass keeps for the backward pass, and where it waits.
+
+  def keep_saved(self, entries):
+    """Keeps what a unit's forward saved for its backward: on the device,
+    or where the plan says so, on the host (`to_host`).
+
+    Args:
+      entries: dict, layer index -> its entry (see `saved`).
+    """
+    for i, entry in entries.items():
+      if self.plan.saved_on_host:
+        self.on_host[i] = self.to_host(entry)
+      else:
+        self.saved[i] = entry
+
+  def take_saved(self, layers):
+    """The entries of `layers`, on the device, taken out of the run: an
+    entry waiting on the host is placed back (`from_host`) now, just
+    before its unit's backward call, which takes it as an argument.
+
+    Args:
+      layers: list of layer indices whose forward kept an entry.
+
+    Returns:
+      List of their entries, in the order of `layers`.
+    """
+    return [self.saved.pop(i) if i in self.saved else
+            self.from_host(self.on_host.pop(i)) for i in layers]
+
+  def to_host(self, entry):
+    """Moves a saved entry off the device; returns what `from_host`
+    takes. Here nothing moves: the entry leaves `held`, which is all a
+    walk on types needs."""
+    return entry
+
+  def from_host(self, waiting):
+    """The entry `to_host` moved, on the device again."""
+    return waiting
 
   @property
   def prefetched(self):

@@ -12,6 +12,7 @@ import time
 from typing import Any, Callable, NamedTuple, Optional
 
 import numpy as np
+from trax_revplus import placement as placement_lib
 from trax_revplus.trainer import run as run_lib
 
 
@@ -125,6 +126,14 @@ class StepContext(run_lib.Run):
     super().updated(layers, weights, slots, states,
                     self._placement.replicated(stats))
 
+  def to_host(self, entry):
+    # Waits for the copy, so that the device buffers go (with the walk's
+    # last reference) before the next call is dispatched, as accounted.
+    return placement_lib.WaitingOnHost(entry, self._placement.transfers)
+
+  def from_host(self, waiting):
+    return waiting.place_back(self._placement.transfers)
+
   def start_copy_back(self, layers, weights, slots, states, stats):
     return self._commits.start(layers, weights, slots, states, stats)
 
@@ -136,8 +145,10 @@ class StepContext(run_lib.Run):
     self._record_unit('backward', unit, self.grad_stack)
 
   def held_arrays(self):
-    """Every device array the step holds now (to keep when freeing)."""
-    return [tree for _, tree in self.held()]
+    """Every array the step holds now, on the device or waiting on the
+    host (to keep when freeing)."""
+    return [tree for _, tree in self.held()] + [
+        waiting.arrays() for waiting in self.on_host.values()]
 
   def block(self, tree):
     """Waits for the device arrays in `tree`."""

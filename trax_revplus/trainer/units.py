@@ -55,7 +55,7 @@ class StandardUnit:
     inputs = cb.inputs_from_stack(stack, self.depth)
     outputs, new_state = run.call(self.forward_fn,
                                   (inputs, weights[0], state, run.rngs[i]))
-    run.saved[i] = (inputs, new_state)
+    run.keep_saved({i: (inputs, new_state)})
     return cb.outputs_onto_stack(outputs, stack, self.depth), outputs
 
   def backward(self, stack, grad_stack, params, run):
@@ -64,7 +64,7 @@ class StandardUnit:
     weights, slots = params
     del params
     i = self.layers[0]
-    inputs, state = run.saved.pop(i)
+    [(inputs, state)] = run.take_saved(self.layers)
     grads = cb.inputs_from_stack(grad_stack, self.n_out)
     new_weights, new_state, new_slots, grads_in, stats = run.call(
         self.backward_fn,
@@ -116,8 +116,8 @@ class ReversibleSegment:
     outputs, new_state = run.call(
         self.forward_fn,
         (inputs, weights, state, [run.rngs[i] for i in self.layers]))
-    for i, s, ns in zip(self.layers, state, new_state):
-      run.saved[i] = (s, ns)
+    run.keep_saved({i: (s, ns)
+                    for i, s, ns in zip(self.layers, state, new_state)})
     stack = cb.outputs_onto_stack(outputs, stack, self.depth)
     return stack, cb.inputs_from_stack(stack, self.out_depth)
 
@@ -126,8 +126,7 @@ class ReversibleSegment:
     the stack and cotangents with the reconstructed inputs in place."""
     weights, slots = params
     del params
-    old_state = [run.saved[i][0] for i in self.layers]
-    new_state = [run.saved.pop(i)[1] for i in self.layers]
+    old_state, new_state = map(list, zip(*run.take_saved(self.layers)))
     outputs = cb.inputs_from_stack(stack, self.out_depth)
     grads = cb.inputs_from_stack(grad_stack, self.out_depth)
     new_weights, new_slots, inputs, grads_in, stats = run.call(
