@@ -136,7 +136,7 @@ def _check_plans(out, rev, budget_bytes):
     assert f"{plan['peak_device_bytes']} B (" in row
     assert row.endswith(plan['describe'].rsplit(', ', 1)[0])
     assert ' yes ' in row if plan['fits'] else ' no ' in row
-    assert row.split()[-1].startswith('prefetch=')
+    assert row.split()[-1].startswith('saved_on_host=')
 
 
 def test_device_memory_overriding_the_config_says_so(tmp_path, capsys):

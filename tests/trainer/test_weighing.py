@@ -55,7 +55,8 @@ def test_each_plan_once_fits_within_the_budget_the_chosen_marked():
       '100', 'B', '(0.0', 'MiB)', 'yes', str(short.n_calls), '-']
   assert rows[0].split()[4] == 'no'
   assert rows[1].endswith('batch_slices=2, fused_layers=0, '
-                          'n_async_layers=8, prefetch=True')
+                          'n_async_layers=8, prefetch=True, '
+                          'saved_on_host=False')
 
 
 def test_without_a_budget_fits_is_unknown():

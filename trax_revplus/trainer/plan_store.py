@@ -30,7 +30,7 @@ from trax_revplus import output_files
 from trax_revplus.trainer import plan as plan_lib
 
 FILENAME = 'plans.json'
-FORMAT = 'trax_revplus plans 1'
+FORMAT = 'trax_revplus plans 2'
 
 
 def _version(distribution: str) -> str:
@@ -79,6 +79,7 @@ def plan_to_json(plan: plan_lib.StepPlan) -> dict:
       'fused_from': plan.fused_from,
       'n_async_layers': plan.n_async_layers,
       'prefetch': plan.prefetch,
+      'saved_on_host': plan.saved_on_host,
   }
 
 
@@ -99,7 +100,8 @@ def plan_from_json(data: Mapping[str, Any]) -> plan_lib.StepPlan:
       batch_slices=int(data['batch_slices']),
       fused_from=int(data['fused_from']),
       n_async_layers=int(data['n_async_layers']),
-      prefetch=bool(data['prefetch']))
+      prefetch=bool(data['prefetch']),
+      saved_on_host=bool(data['saved_on_host']))
 
 
 def _digest(entry: Mapping[str, Any]) -> str:
