@@ -14,7 +14,6 @@ import pytest
 
 import trainer_cases as cases
 from trax_revplus.trainer import plan_store
-from trax_revplus.trainer import planner
 
 pytestmark = pytest.mark.usefixtures('stock_trax')
 
@@ -24,18 +23,11 @@ _BATCH = cases.lm_batch()
 @pytest.fixture
 def accounted(monkeypatch):
   """The plans `Planner.account` compiles and accounts, in order."""
-  plans = []
-  account = planner.Planner.account
-
-  def counting(self, plan, units, types):
-    plans.append(plan)
-    return account(self, plan, units, types)
-  monkeypatch.setattr(planner.Planner, 'account', counting)
-  return plans
+  return cases.count_accounted(monkeypatch)
 
 
 @functools.lru_cache(maxsize=1)
-def _least_budget():
+def _budget():
   """A budget one byte under the fastest candidate's peak: the search
   accounts more than one plan."""
   _, trainer = cases.lm_trainer(_BATCH, device_memory_budget_bytes=None)
@@ -50,6 +42,18 @@ def _trainer(output_dir, budget_bytes):
                           output_dir=str(output_dir))
 
 
+def _first_run(output_dir, accounted):
+  """One step under `_budget()` in `output_dir`: (budget, trainer, plans
+  its planning accounted); `accounted` is emptied after."""
+  budget = _budget()
+  del accounted[:]
+  _, first = _trainer(output_dir, budget)
+  first.one_step(_BATCH, cases.RNGS[0])
+  searched = len(accounted)
+  del accounted[:]
+  return budget, first, searched
+
+
 def test_a_plan_round_trips_through_json():
   _, trainer = cases.lm_trainer(_BATCH, device_memory_budget_bytes=None)
   p = trainer.planner
@@ -61,14 +65,9 @@ def test_a_plan_round_trips_through_json():
 
 def test_a_second_run_reads_its_plan_back_and_trains_the_same(
     tmp_path, accounted):
-  budget = _least_budget()
-  del accounted[:]
-  _, first = _trainer(tmp_path, budget)
-  first.one_step(_BATCH, cases.RNGS[0])
-  searched = len(accounted)
+  budget, first, searched = _first_run(tmp_path, accounted)
   assert searched > 1  # the fastest plan was excluded
   assert os.path.exists(tmp_path / plan_store.FILENAME)
-  del accounted[:]
   model, second = _trainer(tmp_path, budget)
   cases.train(second, _BATCH, 3)
   assert accounted == [first.planned(_BATCH).plan]  # its own step's alone
@@ -80,11 +79,7 @@ def test_a_second_run_reads_its_plan_back_and_trains_the_same(
 
 def test_a_kept_plan_is_not_read_for_a_budget_outside_its_range(
     tmp_path, accounted):
-  budget = _least_budget()
-  del accounted[:]
-  _, first = _trainer(tmp_path, budget)
-  first.one_step(_BATCH, cases.RNGS[0])
-  del accounted[:]
+  _, first, _ = _first_run(tmp_path, accounted)
   # Room for the fastest plan: the kept answer is no longer the fastest.
   _, second = _trainer(tmp_path, 2**40)
   second.one_step(_BATCH, cases.RNGS[0])
@@ -95,11 +90,7 @@ def test_a_kept_plan_is_not_read_for_a_budget_outside_its_range(
 @pytest.mark.parametrize('damage', ['garbage', 'digest', 'format'])
 def test_a_damaged_file_is_one_warning_and_a_fresh_plan(
     tmp_path, accounted, caplog, damage):
-  budget = _least_budget()
-  del accounted[:]
-  _, first = _trainer(tmp_path, budget)
-  first.one_step(_BATCH, cases.RNGS[0])
-  searched = len(accounted)
+  budget, first, searched = _first_run(tmp_path, accounted)
   path = tmp_path / plan_store.FILENAME
   data = json.loads(path.read_text())
   if damage == 'garbage':
@@ -111,7 +102,6 @@ def test_a_damaged_file_is_one_warning_and_a_fresh_plan(
   else:
     data['format'] = 'something else'
     path.write_text(json.dumps(data))
-  del accounted[:]
   caplog.set_level(logging.WARNING)
   _, second = _trainer(tmp_path, budget)
   second.one_step(_BATCH, cases.RNGS[0])

@@ -305,13 +305,7 @@ def test_the_removed_store_activations_is_one_line_naming_what_to_do():
 def test_a_large_budget_compiles_the_fastest_plan_alone(monkeypatch):
   """Where the fastest candidate fits, planning accounts it and nothing
   else: the step's own programs, no extra compilation."""
-  accounted = []
-  account = planner.Planner.account
-
-  def counting(self, plan, units, types):
-    accounted.append(plan)
-    return account(self, plan, units, types)
-  monkeypatch.setattr(planner.Planner, 'account', counting)
+  accounted = cases.count_accounted(monkeypatch)
   _, trainer = _trainer(device_memory_budget_bytes=2**40)
   trainer.one_step(_BATCH, cases.RNGS[0])
   assert accounted == [_every_candidate()[0][0]]

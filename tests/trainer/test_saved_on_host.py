@@ -13,7 +13,6 @@ import functools
 
 import numpy as np
 import pytest
-import trax
 from trax import fastmath
 from trax import layers as tl
 from trax import optimizers
@@ -75,15 +74,6 @@ def test_dense_model_trains_as_the_default_trainer():
   cases.host_leaves_only(model.weights)
 
 
-def _lsh_model():
-  return trax.models.ReformerLM(
-      16, d_model=16, d_ff=32, d_attention_key=8, d_attention_value=8,
-      n_layers=2, n_heads=2, max_len=32, dropout=0.0,
-      attention_type=functools.partial(
-          tl.LSHSelfAttention, chunk_len=4, n_buckets=4, n_hashes=2),
-      mode='train')
-
-
 def _lsh_batch():
   tokens = np.random.RandomState(2).randint(1, 16, size=(2, 16))
   tokens = tokens.astype(np.int32)
@@ -95,13 +85,13 @@ def test_lsh_model_trains_as_the_default_trainer():
   wait on the host with the block inputs."""
   batch = _lsh_batch()
   init_rng = fastmath.random.get_prng(3)
-  model = tl.Serial(_lsh_model(), tl.WeightedCategoryCrossEntropy())
+  model = tl.Serial(cases.lsh_model(), tl.WeightedCategoryCrossEntropy())
   init = lambda: model.init(shapes.signature(batch), rng=init_rng)
   ref_weights, ref_slots, ref_state = cases.reference(
       model, init, optimizers.Adam, 2, batch)
   ref = fastmath.nested_map(np.asarray, (ref_weights, ref_slots, ref_state))
 
-  model = tl.Serial(_lsh_model(), tl.WeightedCategoryCrossEntropy())
+  model = tl.Serial(cases.lsh_model(), tl.WeightedCategoryCrossEntropy())
   model.init(shapes.signature(batch), rng=init_rng)
   blocks, loss = rev_trainer.extract_reversible_blocks(list(model.sublayers))
   trainer = rev_trainer.ReversibleSerialTrainer(
@@ -128,7 +118,7 @@ def _extended():
 
 
 def _lsh():
-  return [_lsh_model(), tl.WeightedCategoryCrossEntropy()], _lsh_batch()
+  return [cases.lsh_model(), tl.WeightedCategoryCrossEntropy()], _lsh_batch()
 
 
 def _terraformer():

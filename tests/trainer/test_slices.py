@@ -6,12 +6,10 @@ come from per-row state), and `jax.vjp` of the whole loss (the loss
 combination).
 """
 
-import functools
 
 import jax
 import numpy as np
 import pytest
-import trax
 from trax import fastmath
 from trax import layers as tl
 from trax import optimizers
@@ -48,18 +46,9 @@ def test_a_slice_whose_loss_weights_are_all_zero_adds_nothing():
   cases.assert_all_close(ref_slots, trainer.slots)
 
 
-def _lsh_model():
-  return trax.models.ReformerLM(
-      16, d_model=16, d_ff=32, d_attention_key=8, d_attention_value=8,
-      n_layers=2, n_heads=2, max_len=32, dropout=0.0,
-      attention_type=functools.partial(
-          tl.LSHSelfAttention, chunk_len=4, n_buckets=4, n_hashes=2),
-      mode='train')
-
-
 def _lsh_trainer(batch, **kwargs):
   blocks, loss = rev_trainer.extract_reversible_blocks(
-      [_lsh_model(), tl.WeightedCategoryCrossEntropy()])
+      [cases.lsh_model(), tl.WeightedCategoryCrossEntropy()])
   rev_trainer.init_reversible_blocks(blocks, loss, shapes.signature(batch),
                                      fastmath.random.get_prng(3))
   trainer = rev_trainer.ReversibleSerialTrainer(blocks, loss, optimizers.Adam,

@@ -9,6 +9,7 @@ import threading
 
 import jax
 import numpy as np
+import trax
 from trax import fastmath
 from trax import layers as tl
 from trax import optimizers
@@ -124,6 +125,31 @@ def count_compiles():
       events.append(threading.current_thread().name)
   jax.monitoring.register_event_duration_secs_listener(listener)
   return events
+
+
+def count_accounted(monkeypatch):
+  """The plans `planner.Planner.account` compiles and accounts from now on,
+  in order (a list that grows as they are)."""
+  from trax_revplus.trainer import planner  # pylint: disable=g-import-not-at-top
+  plans = []
+  account = planner.Planner.account
+
+  def counting(self, plan, units, types):
+    plans.append(plan)
+    return account(self, plan, units, types)
+  monkeypatch.setattr(planner.Planner, 'account', counting)
+  return plans
+
+
+def lsh_model():
+  """A dropout-free 2-layer ReformerLM with LSH attention (vocab 16, inputs
+  of length 16 or 32), in train mode."""
+  return trax.models.ReformerLM(
+      16, d_model=16, d_ff=32, d_attention_key=8, d_attention_value=8,
+      n_layers=2, n_heads=2, max_len=32, dropout=0.0,
+      attention_type=functools.partial(
+          tl.LSHSelfAttention, chunk_len=4, n_buckets=4, n_hashes=2),
+      mode='train')
 
 
 def lm_batch(rows=4, zero_rows=()):

@@ -187,15 +187,14 @@ class Planner:
           self._placement.n_devices)
       plan = self.plan_store.load(store_key, self.budget_bytes)
       if plan is not None:
-        units = units_lib.Units(plan, self._factory)
-        step = self._account_or_none(plan, units, types)
-        if step is not None and step.peak_device_bytes <= self.budget_bytes:
-          weighing = self._weighing_of(types)
-          weighing.add(plan, step)
-          weighing.chosen = plan
-          logging.info('device memory plan (kept in %s): %s; %s',
-                       self.plan_store.path, plan.describe(), step.describe())
-          return Planned(plan, units, step)
+        try:
+          fits = self.weigh(plan, types).peak_device_bytes <= self.budget_bytes
+        except (device_memory.UnsupportedTrainerError,
+                device_memory.AccountingError):
+          fits = False
+        if fits:
+          return self._chosen(plan, types,
+                              f' (kept in {self.plan_store.path})')
     try:
       planned, faster_plans_need_bytes = self._choose(
           self.candidates(types), types)
@@ -333,12 +332,7 @@ class Planner:
       return peak <= budget
 
     def chosen(plan):
-      step = weigh(plan)
-      self._weighing_of(types).chosen = plan
-      logging.info('device memory plan: %s; %s', plan.describe(),
-                   step.describe())
-      return (Planned(plan, units_lib.Units(plan, self._factory), step),
-              min(excluded, default=None))
+      return self._chosen(plan, types), min(excluded, default=None)
 
     n_devices = self._placement.n_devices
     for group in candidates.groups():
@@ -356,6 +350,16 @@ class Planner:
           return chosen(plan)
     self.least = self._least(candidates, weigh)
     self._raise_nothing_fits()
+
+  def _chosen(self, plan, types, source=''):
+    """The `Planned` step of `plan`, weighed already: marked chosen in the
+    shapes' `weighing.Weighing` and logged (`source` says where it came
+    from)."""
+    step = self.weigh(plan, types)
+    self._weighing_of(types).chosen = plan
+    logging.info('device memory plan%s: %s; %s', source, plan.describe(),
+                 step.describe())
+    return Planned(plan, units_lib.Units(plan, self._factory), step)
 
   def _least(self, candidates, account):
     """(plan, StepMemory) of the group leanest plan, fused or unfused, with

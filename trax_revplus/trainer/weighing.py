@@ -51,22 +51,25 @@ class Weighing:
 
   def __init__(self, budget_bytes: Optional[int]):
     self.budget_bytes = budget_bytes
-    self.weighed = []
+    self._by_plan = {}  # plan -> Weighed, in the order accounted
     self.chosen = None
+
+  @property
+  def weighed(self) -> List[Weighed]:
+    """One `Weighed` per distinct plan, in the order accounted."""
+    return list(self._by_plan.values())
 
   def memory_of(self, plan) -> Optional[device_memory.StepMemory]:
     """The `StepMemory` of `plan` where it was accounted, else None."""
-    for w in self.weighed:
-      if w.plan == plan:
-        return w.memory
-    return None
+    weighed = self._by_plan.get(plan)
+    return None if weighed is None else weighed.memory
 
   def add(self, plan, memory: device_memory.StepMemory) -> None:
     """Records `plan`, accounted as `memory` (once per distinct plan)."""
-    if self.memory_of(plan) is None:
+    if plan not in self._by_plan:
       budget = self.budget_bytes
       fits = None if budget is None else memory.peak_device_bytes <= budget
-      self.weighed.append(Weighed(plan, memory, fits))
+      self._by_plan[plan] = Weighed(plan, memory, fits)
 
   def to_json(self) -> List[dict]:
     """One JSON object per plan weighed, in the order accounted: its
