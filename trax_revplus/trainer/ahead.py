@@ -53,7 +53,6 @@ class Programs:
 
   Attributes:
     results: key -> result types.
-    traced: key -> `jax.stages.Traced`.
     jobs: key -> future of its `jax.stages.Compiled` (None where compiling
       failed).
     functions: key -> the compiled function, kept alive so that its id in
@@ -62,7 +61,6 @@ class Programs:
 
   def __init__(self):
     self.results = {}
-    self.traced = {}
     self.jobs = {}
     self.functions = {}
     self._analyses = {}
@@ -206,7 +204,6 @@ class AheadOfTime(run_lib.Run):
         raise TypesUnknown() from e
       programs.results[key] = self._placement.per_device_types(
           traced.out_info)
-      programs.traced[key] = traced
       programs.functions[key] = fn
       programs.jobs[key] = self._pool.submit(_compile_traced, traced)
     # The leaves now: the walk changes the held containers as it goes.

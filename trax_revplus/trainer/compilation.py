@@ -1,30 +1,15 @@
 """The compile cache: one compiled function per distinct computation.
 
 `Compiler` compiles one function for all layers that compute the same
-thing (equal `fingerprints.of`, same kind and batch slices);
-`Compiler.programs` lists every distinct compiled function. Compiling ahead
-of a step's calls is `ahead.AheadOfTime`'s.
+thing (equal `fingerprints.of`, same kind and batch slices) and counts the
+distinct functions it made. Compiling ahead of a step's calls is
+`ahead.AheadOfTime`'s.
 """
 
 import gc
-from typing import Any, Callable, NamedTuple, Tuple
-
 import jax
 
 from trax_revplus.trainer import fingerprints
-from trax_revplus.trainer import step_fns
-
-class Program(NamedTuple):
-  """One distinct compiled function of the step.
-
-  Attributes:
-    kind: `step_fns.Kind`, what it computes.
-    layers: tuple of the layer indices it was first compiled for.
-    fn: the compiled function (`placement.Placement.jit`).
-  """
-  kind: step_fns.Kind
-  layers: Tuple[int, ...]
-  fn: Callable[..., Any]
 
 
 class Compiler:
@@ -32,7 +17,6 @@ class Compiler:
 
   Attributes:
     n_compiled_functions: int, distinct compiled functions made so far.
-    programs: list of `Program`, each of them, in the order made.
   """
 
   def __init__(self, placement, layers, optimizers, memoize, donate, adasum):
@@ -53,11 +37,7 @@ class Compiler:
     self._cache = {}
     self._fingerprints = {}  # layer index -> its fingerprint
     self._distinct_fingerprints = {}  # fingerprint -> its stored copy
-    self.programs = []
-
-  @property
-  def n_compiled_functions(self):
-    return len(self.programs)
+    self.n_compiled_functions = 0
 
   def fingerprint_of(self, i):
     """(layer, optimizer) fingerprint of layer i, computed once.
@@ -100,7 +80,7 @@ class Compiler:
         return hit
     compiled = self._placement.jit(fn, kind.in_layouts, kind.out_layouts,
                                    donate_argnums, collectives=kind.updates)
-    self.programs.append(Program(kind, tuple(indices), compiled))
+    self.n_compiled_functions += 1
     if key is not None:
       self._cache[key] = compiled
     return compiled

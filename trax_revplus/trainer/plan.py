@@ -108,7 +108,7 @@ class StepPlan:
     """Every reversible forward segment, in forward order."""
     return [s for _, segments in self.blocks for s in segments]
 
-  def units(self) -> List[Segment]:
+  def unit_spans(self) -> List[Segment]:
     """The layers of every forward unit in forward order: each standard
     layer alone, each forward segment (fused ones included)."""
     out = []
@@ -120,14 +120,14 @@ class StepPlan:
   def unit_starts(self) -> List[int]:
     """First layer of each forward unit, then the loss: the values
     `fused_from` can take."""
-    return [u[0] for u in self.units()] + [self.loss]
+    return [u[0] for u in self.unit_spans()] + [self.loss]
 
   @property
   def n_calls(self) -> int:
     """Compiled calls per step: forward units and backward units outside
     the loss program, and the loss program."""
     n = 1
-    for unit in self.units():
+    for unit in self.unit_spans():
       if unit[0] >= self.fused_from:
         continue
       n += 1 + (len(self.backward[unit]) if unit in self.backward else 1)

@@ -278,12 +278,6 @@ class Units:
     self.loss_unit = factory.loss(list(range(plan.fused_from, plan.loss + 1)),
                                   plan.batch_slices)
 
-  def programs(self):
-    """Every compiled function a step calls, in call order (with repeats
-    where layers share one)."""
-    return ([u.forward_fn for u in self.forward_units] + [self.loss_unit.fn] +
-            [u.backward_fn for u in self.backward_units])
-
   def forward(self, run):
     """The forward pass: `run.stack` through every forward unit."""
     run.phase = 'forward'
