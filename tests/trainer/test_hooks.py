@@ -1,4 +1,5 @@
-"""Freeing device buffers and host memory around the step (`hooks`)."""
+"""Freeing device buffers and host memory around the step (`step_context`,
+`observers`)."""
 
 import jax
 import numpy as np

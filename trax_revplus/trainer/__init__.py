@@ -12,12 +12,14 @@ Modules, from the schedule down:
   budget      the device memory budget (the device's own size by default)
   candidates  the plans a budget chooses from, fastest first
   plan        `StepPlan`: which calls a step makes, over what, holding what
-  step        one step's context: shared values, memory-log phases
-  hooks       what observes a step: freeing device and host memory
+  step_context one step's run on placed arrays: shared values, the owner
+              of the walk's points (observers, freeing device buffers)
+  observers   what observes a step: memory-log phases, host memory release
   units       standard units, reversible segments, the loss program; the
-              one walk over a fixed plan
-  run         `Run`: what a walk runs on, what a step holds on the device
-              and when an update leaves it (one description for all walks)
+              one walk over a fixed plan (the step's schedule)
+  run         `Run`: what a walk runs on, what a step holds on the device,
+              when an update leaves it and the sink it goes to (one
+              description for all walks)
   unit_factory builds a plan's units from the step functions
   ahead       the walk on types: compiling ahead, accounting device memory
   compilation the compile cache
@@ -26,7 +28,8 @@ Modules, from the schedule down:
               the fused loss program
   slices      the same functions over batch slices
   loss_slices how slices of a loss combine; the loss programs over slices
-  commit      committing updates to the host; the non-finite guard
+  commit      the step's update sink: committing updates to the host; the
+              non-finite guard
   store       layers, optimizers, host weights / state / slots
   options     the settings beyond trax's, validated
   init        `init_reversible_blocks`

@@ -5,7 +5,9 @@
 the argument types its call will get, compiles it on a helper thread (one
 per CPU core: XLA compiles without the GIL, so compilations run beside each
 other and beside the tracing), and notes at each call what the step holds
-on the device across it (`run.Run.held`, the step's own description).
+on the device across it (`run.Run.held`, the step's own description). Its
+updates go to the no-op `run.UpdateSink`: leaving the device, they only
+leave what the walk holds.
 `memory()` then composes the step's `device_memory.StepMemory` from XLA's
 memory analysis of the very executables the step calls.
 
@@ -123,7 +125,7 @@ class AheadOfTime(run_lib.Run):
       programs: `Programs` shared by the trainer's walks.
     """
     super().__init__(plan, types.stack, types.rngs, types.opt_params,
-                     types.step)
+                     types.step, run_lib.UpdateSink())
     self._placement = placement
     self._layers = layers
     self._optimizers = optimizers

@@ -1,6 +1,7 @@
 """Committing updated weights, slots and state to the host, and the NaN guard.
 
-A compiled call's results start their device-to-host copies at once
+`CommitQueue` is a real step's `run.UpdateSink`: a compiled call's results
+start their device-to-host copies at once
 (`placement.Placement.start_to_host`); they are committed (set on the layers
 and optimizers) when they leave the device, once calls updating at least
 `n_async_layers` layers were dispatched after them (`run.CopyBack`, the
@@ -16,6 +17,7 @@ from absl import logging
 import numpy as np
 
 from trax_revplus import validation
+from trax_revplus.trainer import run as run_lib
 
 # What a layer update's results are checked for when `on_non_finite` is not
 # 'ignore': the loss (loss layer) and the optimizer's gradient norm.
@@ -124,7 +126,7 @@ class _Pending(NamedTuple):
   checks: List[Optional[dict]]  # NonFiniteGuard.values_to_check per layer
 
 
-class CommitQueue:
+class CommitQueue(run_lib.UpdateSink):
   """Commits updates to the host, through the non-finite guard it owns.
 
   A step's `run.CopyBack` decides when an update leaves the device; this
@@ -154,6 +156,12 @@ class CommitQueue:
   def end_step(self):
     """After the step's last commit: undoes a skipped step (`'skip'`)."""
     self.guard.end_step()
+
+  def readable(self, stats):
+    """`stats` readable on every process (`placement.Placement.replicated`):
+    in a multi-process run every process reads every device's statistics
+    (loss, gradient norms), so all take the same decisions on them."""
+    return self._placement.replicated(stats)
 
   def start(self, layers, weights, slots, states, stats):
     """Starts the D2H copies of one call's updates (lists over `layers`, in

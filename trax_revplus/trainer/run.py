@@ -1,18 +1,23 @@
 """`Run`: what a walk over a plan's units runs on, and what it holds.
 
-`units.Units` walks its units on a `Run`, which gives the units their
-arguments and makes their calls: `step.StepContext` on placed arrays (the
-step itself), or `ahead.AheadOfTime` on their types (compiling ahead and
-accounting device memory). Both are this class, so what a step holds on the
-device across each call (`Run.held`), when an update leaves the device
-(`CopyBack`) and where what a forward keeps for its backward waits
-(`Run.keep_saved`, `Run.take_saved`) are written once, here, for the step,
-the compile-ahead walk and the accounting alike.
+`units.Units.walk` walks its units on a `Run`, which gives the units their
+arguments and makes their calls: `step_context.StepContext` on placed
+arrays (the step itself), or `ahead.AheadOfTime` on their types (compiling
+ahead and accounting device memory). Both are this class, so what a step
+holds on the device across each call (`Run.held`), when an update leaves
+the device (`CopyBack`) and where what a forward keeps for its backward
+waits (`Run.keep_saved`, `Run.take_saved`) are written once, here, for the
+step, the compile-ahead walk and the accounting alike.
+
+Each call's updates go to the run's `UpdateSink`: the commit queue in a
+real step (`commit.CommitQueue`), which copies them back to the host; the
+no-op `UpdateSink` itself in a walk on types, where an update leaving the
+device only leaves `Run.held`.
 """
 
 import abc
 import collections
-from typing import Any, Callable, List, Tuple
+from typing import Any, List, Tuple
 
 
 def commit_waits(pending_sizes, n_async_layers):
@@ -36,42 +41,65 @@ def commit_waits(pending_sizes, n_async_layers):
   return len(pending)
 
 
+class UpdateSink:
+  """Where a walk hands each call's updates; this one keeps none of them.
+
+  `CopyBack` starts an update's journey when its call is dispatched
+  (`start`) and ends it when the update leaves the device (`commit`).
+  A walk on types uses this class as is: nothing is copied, and an update
+  leaving the device only leaves what the walk holds. A real step uses
+  `commit.CommitQueue`, which copies updates to the host and commits them.
+  """
+
+  def readable(self, stats):
+    """A call's statistics as the walk keeps them (here: as they are)."""
+    return stats
+
+  def start(self, layers, weights, slots, states, stats):
+    """One call's updates are dispatched (lists over `layers`, in commit
+    order); returns the token `commit` takes (here: None)."""
+    del layers, weights, slots, states, stats
+
+  def commit(self, token):
+    """The update of `token` leaves the device (here: it is dropped)."""
+    del token
+
+  def end_step(self):
+    """Every update of the walk has left the device."""
+
+
 class CopyBack:
   """Updates on their way from the device to the host, oldest first.
 
-  A call's updates are pushed as they are dispatched; `start` begins their
-  journey (a real step starts the device-to-host copies), and once
-  `commit_waits` says so, `leave` ends it (a real step commits them to the
-  host; the device buffers are released). Until then the updates are held
-  on the device (`on_device`).
+  A call's updates are pushed as they are dispatched and handed to the sink
+  (`UpdateSink.start`); once `commit_waits` says so, they leave the device
+  (`UpdateSink.commit`: a real step commits them to the host and the device
+  buffers are released). Until then they are held on the device
+  (`on_device`).
   """
 
-  def __init__(self, n_async_layers: int, start: Callable[..., Any],
-               leave: Callable[[Any], None]):
+  def __init__(self, n_async_layers: int, sink: UpdateSink):
     """Args:
       n_async_layers: int >= 0, see `commit_waits`.
-      start: callable(layers, weights, slots, states, stats) -> a token
-        handed to `leave`.
-      leave: callable(token), when the update leaves the device.
+      sink: the `UpdateSink` the updates go to.
     """
     self._n_async_layers = n_async_layers
-    self._start = start
-    self._leave = leave
+    self._sink = sink
     self._pending = collections.deque()  # (n layers, device updates, token)
 
   def push(self, layers, weights, slots, states, stats):
     """One call's updates, lists over `layers` in commit (backward) order."""
-    token = self._start(layers, weights, slots, states, stats)
+    token = self._sink.start(layers, weights, slots, states, stats)
     self._pending.append((len(layers), (weights, slots, states), token))
     waiting = commit_waits([n for n, _, _ in self._pending],
                            self._n_async_layers)
     while len(self._pending) > waiting:
-      self._leave(self._pending.popleft()[2])
+      self._sink.commit(self._pending.popleft()[2])
 
   def drain(self):
     """Every waiting update leaves, oldest first."""
     while self._pending:
-      self._leave(self._pending.popleft()[2])
+      self._sink.commit(self._pending.popleft()[2])
 
   def on_device(self) -> List[Any]:
     """The updates still held on the device (weights, slots, states)."""
@@ -102,9 +130,10 @@ class Run(abc.ABC):
     stats: list of each call's stats dicts, in commit order (the loss
       layer's first).
     phase: the pass the walk is in: 'forward', 'loss' or 'backward'.
+    sink: the `UpdateSink` each call's updates go to.
   """
 
-  def __init__(self, plan, stack, rngs, opt_params, step_placed):
+  def __init__(self, plan, stack, rngs, opt_params, step_placed, sink):
     self.plan = plan
     self.stack = stack
     self.grad_stack = None
@@ -115,8 +144,8 @@ class Run(abc.ABC):
     self.step_placed = step_placed
     self.stats = []
     self.phase = 'forward'
-    self.copy_back = CopyBack(plan.n_async_layers, self.start_copy_back,
-                              self.leave)
+    self.sink = sink
+    self.copy_back = CopyBack(plan.n_async_layers, sink)
     self._next = None  # (unit, its params) placed ahead of its call
 
   # What the device holds: one description for the step, the freeing of
@@ -234,27 +263,28 @@ class Run(abc.ABC):
   # What happens to a call's updates.
 
   def updated(self, layers, weights, slots, states, stats):
-    """A call's updates, lists over `layers` in commit (backward) order."""
+    """A call's updates, lists over `layers` in commit (backward) order:
+    its statistics kept (as the sink reads them), the updates handed to
+    the sink on their way off the device (`CopyBack`)."""
+    stats = self.sink.readable(stats)
     self.stats.extend(stats)
     self.copy_back.push(layers, weights, slots, states, stats)
 
-  def start_copy_back(self, layers, weights, slots, states, stats):
-    """Starts moving a call's updates to the host; returns a token for
-    `leave` (here: nothing moves)."""
-    del layers, weights, slots, states, stats
+  # The named points of the walk (`units.Units.walk`), in its order. A walk
+  # on types does nothing at them; the step records its phases there and
+  # frees device buffers where its settings say so.
 
-  def leave(self, token):
-    """An update leaves the device (here: it is dropped)."""
-    del token
+  def begin(self):
+    """Before the forward pass; the stack is the batch's."""
+
+  def unit_done(self, unit):
+    """After `unit`'s call in the pass `phase` ('forward' or 'backward')."""
+
+  def end_pass(self, phase):
+    """After the pass `phase`: 'forward', 'loss', then 'backward' (once
+    every update has left the device)."""
 
   def finish(self):
-    """The end of the walk: every update leaves the device."""
+    """The end of the backward pass: every update leaves the device."""
     self.copy_back.drain()
-
-  # Points of the walk where a run may observe it.
-
-  def forward_done(self, unit, outputs):
-    """After `unit`'s forward; `outputs` are its outputs."""
-
-  def backward_done(self, unit):
-    """After `unit`'s backward."""
+    self.sink.end_step()

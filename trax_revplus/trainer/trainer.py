@@ -5,16 +5,16 @@ weights and optimizer slots live on the host as `numpy.ndarray`s, one layer
 (or segment of reversible layers) at a time goes to the device(s);
 reversible layers recompute their inputs from their outputs on the way
 back instead of storing activations; updated weights come back
-asynchronously. This module is trax's public surface and the schedule:
+asynchronously. This module is trax's public surface; a step is
 
   plan:     on first sight of the batch's shapes, the step's plan, its
             compiled units and device memory (`planner`), fixed from then on
-  begin:    learning rate, batch, step and per-layer RNGs placed
-  forward:  for each unit: standard layer, or a segment of reversible
-            layers (keep only block inputs and layer states)
-  loss:     loss layer forward + backward + optimizer update
-  backward: for each unit, last to first: reverse + backward + update
-  commit:   every layer's new weights, slots and state back on the host
+  begin:    learning rate, step and per-layer RNGs placed
+            (`step_context.StepContext`)
+  walk:     the plan's one schedule (`units.Units.walk`): batch placed;
+            forward, loss, backward; every layer's new weights, slots and
+            state committed on the host (`commit.CommitQueue`)
+  result:   the loss and statistics
 
 The other modules of the package (`trax_revplus.trainer`) do the work.
 """
@@ -36,10 +36,10 @@ from trax_revplus.trainer import budget as budget_lib
 from trax_revplus.trainer import plan_store as plan_store_lib
 from trax_revplus.trainer import commit
 from trax_revplus.trainer import compilation
-from trax_revplus.trainer import hooks as hooks_lib
+from trax_revplus.trainer import observers
 from trax_revplus.trainer import options as options_lib
 from trax_revplus.trainer import planner as planner_lib
-from trax_revplus.trainer import step as step_lib
+from trax_revplus.trainer import step_context
 from trax_revplus.trainer import store as store_lib
 from trax_revplus.trainer import unit_factory
 from trax_revplus.typing import Array
@@ -152,25 +152,14 @@ class ReversibleSerialTrainer:
     self._commits = commit.CommitQueue(placement, store,
                                        options.on_non_finite,
                                        self._describe_last_checkpoint)
-    self._release = (hooks_lib.ReleaseHostMemory()
+    self._release = (observers.ReleaseHostMemory()
                      if options.release_host_memory else None)
-    self._hooks = self._make_hooks(free_accelerators_on_step)
-    self._parts = step_lib.TrainerParts(
-        placement, store, self._commits, self._hooks, self._memory_log,
-        self._release.released_bytes if self._release else None)
+    self._parts = step_context.TrainerParts(
+        placement, store, self._commits, self._memory_log, self._release,
+        bool(free_accelerators_on_step))
     if options.clear_compilation_caches:
       compilation.clear_caches()
     self._release_host_memory()
-
-  def _make_hooks(self, free_accelerators_on_step):
-    """What observes each step, in the order it runs at each point."""
-    hooks = []
-    if free_accelerators_on_step:
-      hooks.append(hooks_lib.FreeAccelerators(self._placement,
-                                              self._store.keep))
-    if self._release:
-      hooks.append(self._release)
-    return hooks_lib.HookList(hooks)
 
   def _release_host_memory(self):
     if self._release:
@@ -298,18 +287,7 @@ class ReversibleSerialTrainer:
     # In a multi-process run `batch` is this process's rows, for its devices.
     validation.check_batch(batch, self._placement.n_local_devices)
     ctx = self._begin_step(batch, rng, step, learning_rate)
-    units = ctx.units
-    units.forward(ctx)
-    ctx.end_phase('forward', ctx.stack)
-    units.loss(ctx)
-    self._hooks.loss_done(ctx)
-    ctx.end_phase('loss', ctx.grad_stack)
-    self._hooks.loss_phase_ended(ctx)
-    units.backward(ctx)
-    ctx.finish()
-    self._commits.end_step()
-    self._hooks.step_ends(ctx)
-    ctx.end_phase('backward')
+    ctx.units.walk(ctx)
     self._memory_log.end_step(step)
     return ctx.loss_and_stats()
 
@@ -323,8 +301,8 @@ class ReversibleSerialTrainer:
     self._memory_log.begin_step(step, self._placement.transfers)
     self._store.set_learning_rate(learning_rate)
     self._commits.begin_step(step)
-    return step_lib.StepContext.begin(self.planned(batch), step, rng, batch,
-                                      self._parts)
+    return step_context.StepContext.for_step(self.planned(batch), step, rng,
+                                             batch, self._parts)
 
   def planned(self, batch: Batch) -> planner_lib.Planned:
     """How a step on `batch`'s shapes runs: its plan, compiled units and

@@ -12,10 +12,14 @@ a `plan.StepPlan` and walks them:
   loss:     loss unit forward + backward + update
   backward: for unit in backward units: reverse, backward, update
 
-A walk runs on a `run.Run`, which gives the units their arguments and makes
-their calls: `step.StepContext` on placed arrays (the step itself), or
-`ahead.AheadOfTime` on their types (compiling ahead, accounting memory), so
-all follow one traversal. Nothing in a walk changes the plan or the units.
+`Units.walk` is the step's one schedule: the only place that says forward,
+loss, backward, in that order, and names the points between them where the
+run may act (`run.Run.begin`, `unit_done`, `end_pass`, `finish`). It runs on
+a `run.Run`, which gives the units their arguments, makes their calls and
+hands their updates to its sink: `step_context.StepContext` on placed
+arrays (the step itself), or `ahead.AheadOfTime` on their types (compiling
+ahead, accounting memory), so all follow one traversal. Nothing in a walk
+changes the plan or the units.
 """
 
 from trax.layers import combinators as cb
@@ -46,7 +50,7 @@ class StandardUnit:
     """Runs the layer on the top of `stack`; saves its inputs and new state.
 
     Returns:
-      (stack, outputs): the stack after the layer; its outputs.
+      The stack after the layer.
     """
     weights, _ = params
     del params
@@ -56,7 +60,7 @@ class StandardUnit:
     outputs, new_state = run.call(self.forward_fn,
                                   (inputs, weights[0], state, run.rngs[i]))
     run.keep_saved({i: (inputs, new_state)})
-    return cb.outputs_onto_stack(outputs, stack, self.depth), outputs
+    return cb.outputs_onto_stack(outputs, stack, self.depth)
 
   def backward(self, stack, grad_stack, params, run):
     """Forward + backward + update from the saved inputs; returns the
@@ -106,8 +110,7 @@ class ReversibleSegment:
     """Runs the layers in order; saves each one's old and new state.
 
     Returns:
-      (stack, outputs): the stack after the segment; its top `out_depth`
-      items.
+      The stack after the segment.
     """
     weights, _ = params
     del params
@@ -118,8 +121,7 @@ class ReversibleSegment:
         (inputs, weights, state, [run.rngs[i] for i in self.layers]))
     run.keep_saved({i: (s, ns)
                     for i, s, ns in zip(self.layers, state, new_state)})
-    stack = cb.outputs_onto_stack(outputs, stack, self.depth)
-    return stack, cb.inputs_from_stack(stack, self.out_depth)
+    return cb.outputs_onto_stack(outputs, stack, self.depth)
 
   def backward(self, stack, grad_stack, params, run):
     """Reverse + backward + update of each layer, last to first; returns
@@ -168,7 +170,7 @@ class SelectSegment:
       items = cb.inputs_from_stack(stack, n)
       stack = cb.outputs_onto_stack(tuple(items[i] for i in indices), stack,
                                     n)
-    return stack, None
+    return stack
 
   def backward(self, stack, grad_stack, params, run):
     """Puts the inputs back and their cotangents (the outputs' cotangents,
@@ -285,10 +287,9 @@ class Units:
     if units:
       run.place_ahead(units[0], with_slots=False)
     for unit, following in zip(units, units[1:] + [None]):
-      run.stack, outputs = unit.forward(
+      run.stack = unit.forward(
           run.stack, run.params(unit, following, with_slots=False), run)
-      run.forward_done(unit, outputs)
-      del outputs
+      run.unit_done(unit)
 
   def loss(self, run):
     """The loss program: sets `run.grad_stack` (and places the first
@@ -307,13 +308,22 @@ class Units:
       run.stack, run.grad_stack = unit.backward(
           run.stack, run.grad_stack,
           run.params(unit, following, with_slots=True), run)
-      run.backward_done(unit)
+      run.unit_done(unit)
     run.stack = run.grad_stack = None
 
   def walk(self, run):
-    """The whole step's walk: forward, loss, backward, every update off
-    the device."""
+    """The step's schedule, whole: forward, loss, backward, every update
+    off the device, with the run's named points between them.
+
+    A real step records each pass's end at `end_pass` and may free device
+    buffers at `begin` and at the loss's end; a walk on types does nothing
+    at the points (`run.Run`).
+    """
+    run.begin()
     self.forward(run)
+    run.end_pass('forward')
     self.loss(run)
+    run.end_pass('loss')
     self.backward(run)
     run.finish()
+    run.end_pass('backward')

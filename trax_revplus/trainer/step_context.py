@@ -1,0 +1,170 @@
+"""One training step's context: the walk's run on placed arrays.
+
+`StepContext` is made once per step, in one place (`for_step`), from the
+step's fixed plan: it carries the step number, its placed RNGs and step,
+the data stack and what the forward pass keeps for the backward pass; it
+runs the units on placed arrays (a `run.Run` whose sink is the trainer's
+`commit.CommitQueue`). At the named points of the walk
+(`units.Units.walk`) it is the one owner of what happens around the
+units: it calls its observers (`observers`: the memory log's phase
+records, host memory release), and where `free_accelerators_on_step` is
+set it frees device buffers before the forward pass and after the loss.
+"""
+
+import time
+from typing import Any, NamedTuple
+
+import numpy as np
+from trax_revplus import placement as placement_lib
+from trax_revplus.trainer import observers as observers_lib
+from trax_revplus.trainer import run as run_lib
+
+
+class TrainerParts(NamedTuple):
+  """The parts of a trainer that its steps use (made once by the trainer).
+
+  Attributes:
+    placement: `placement.Placement`.
+    store: `store.LayerStore`.
+    commits: `commit.CommitQueue`, the steps' `run.UpdateSink`.
+    memory_log: `memory.MemoryLog`.
+    release: `observers.ReleaseHostMemory`, or None when host memory is
+      not released.
+    free_accelerators: bool, free device buffers before the forward pass
+      and after the loss (`free_accelerators_on_step`).
+  """
+  placement: Any
+  store: Any
+  commits: Any
+  memory_log: Any
+  release: Any
+  free_accelerators: bool
+
+
+class StepContext(run_lib.Run):
+  """One step's shared values; runs units on placed arrays.
+
+  Attributes (besides `run.Run`'s):
+    units: the plan's compiled `units.Units`, which the step walks.
+    step: int, the training step.
+    unit_start_seconds: time.time() when the current unit's parameters
+      were ready (its call began).
+  """
+
+  def __init__(self, planned, step, batch, rngs, step_placed, parts):
+    """Use `for_step`."""
+    super().__init__(planned.plan, None, rngs, parts.store.opt_params,
+                     step_placed, parts.commits)
+    self.units = planned.units
+    self.step = step
+    self.unit_start_seconds = None
+    self._batch = batch
+    self._placement = parts.placement
+    self._store = parts.store
+    self._free_accelerators = parts.free_accelerators
+    release = parts.release
+    self._recorder = observers_lib.PhaseRecorder(
+        step, planned.memory, parts.placement, parts.store.layers,
+        parts.memory_log, release.released_bytes if release else None)
+    # In this order at each point: a release is counted in the phase
+    # record that follows it.
+    self._observers = [o for o in (release, self._recorder)
+                       if o is not None]
+
+  @classmethod
+  def for_step(cls, planned, step, rng, batch, parts):
+    """Places the step and its per-layer RNGs; starts timing phases. The
+    batch is placed when the walk begins (`begin`).
+
+    Args:
+      planned: the `planner.Planned` of the batch's shapes (its plan and
+        units are fixed for the step).
+      step: int, the training step.
+      rng: JAX PRNG key of the step, split into one per layer as trax does.
+      batch: tuple of host arrays of shape (B, ...).
+      parts: the trainer's `TrainerParts`.
+
+    Returns:
+      The `StepContext`.
+    """
+    placement = parts.placement
+    step_placed = placement.replicate(np.asarray(step, dtype=np.int32))
+    rngs = placement.place_rngs(rng, len(parts.store.layers))
+    return cls(planned, step, batch, rngs, step_placed, parts)
+
+  # The named points of the walk.
+
+  def begin(self):
+    """Frees device buffers (where set); then places the batch: once the
+    forward phase's clock runs, so that the forward phase counts its
+    bytes."""
+    if self._free_accelerators:
+      self._free_device_buffers(self._store.keep())
+    self.stack = self._placement.shard_batch(self._batch)
+    self._batch = None
+
+  def unit_done(self, unit):
+    for observer in self._observers:
+      observer.unit_done(self, unit)
+
+  def end_pass(self, phase):
+    for observer in self._observers:
+      observer.pass_ends(self, phase)
+    if phase == 'loss' and self._free_accelerators:
+      # The activations and cotangents wait on the host meanwhile.
+      self.stack, self.grad_stack = self._placement.gather_to_host(
+          (self.stack, self.grad_stack))
+      self._free_device_buffers([self._store.keep()] + self._held_arrays())
+
+  def _free_device_buffers(self, keep):
+    """Frees the device buffers nothing alive reads besides `keep`
+    (`placement.Placement.free_device_buffers`, as trax's Loop mode 2);
+    a 'free' phase of the memory log."""
+    freed_arrays, freed_bytes = self._placement.free_device_buffers(keep)
+    self._recorder.end_phase('free', freed_arrays=freed_arrays,
+                             freed_bytes=freed_bytes)
+
+  def _held_arrays(self):
+    """Every array the step holds now, on the device or waiting on the
+    host (to keep when freeing)."""
+    return [tree for _, tree in self.held()] + [
+        waiting.arrays() for waiting in self.on_host.values()]
+
+  # The units' run on placed arrays.
+
+  def place(self, layers, with_slots):
+    weights, slots = self._store.params(layers, with_slots)
+    if with_slots:
+      return self._placement.place_params((weights, slots))
+    return self._placement.place_params(weights), None
+
+  def state(self, layers):
+    return self._placement.per_device(self._store.states(layers))
+
+  def call(self, fn, args):
+    return fn(*args)
+
+  def params(self, unit, following, with_slots):
+    params = super().params(unit, following, with_slots)
+    self.unit_start_seconds = time.time()
+    return params
+
+  def to_host(self, entry):
+    # Waits for the copy, so that the device buffers go (with the walk's
+    # last reference) before the next call is dispatched, as accounted.
+    return placement_lib.WaitingOnHost(entry, self._placement.transfers)
+
+  def from_host(self, waiting):
+    return waiting.place_back(self._placement.transfers)
+
+  def block(self, tree):
+    """Waits for the device arrays in `tree`."""
+    self._placement.block(tree)
+
+  def loss_and_stats(self):
+    """(loss, stats) as `one_step` returns them."""
+    joint_stats = {}
+    for i, stat in enumerate(reversed(self.stats)):
+      for k, v in stat.items():
+        joint_stats[f'layer{i}/' + k] = v
+    return self.stats[0]['loss'], joint_stats
