@@ -275,7 +275,7 @@ class Run(abc.ABC):
   # frees device buffers where its settings say so.
 
   def begin(self):
-    """Before the forward pass; the stack is the batch's."""
+    """Before the forward pass; after it, the stack holds the batch."""
 
   def unit_done(self, unit):
     """After `unit`'s call in the pass `phase` ('forward' or 'backward')."""
@@ -285,6 +285,7 @@ class Run(abc.ABC):
     every update has left the device)."""
 
   def finish(self):
-    """The end of the backward pass: every update leaves the device."""
+    """The end of the backward pass: every update leaves the device, then
+    the sink hears the walk's end (`UpdateSink.end_step`)."""
     self.copy_back.drain()
     self.sink.end_step()
