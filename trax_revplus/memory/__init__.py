@@ -26,13 +26,13 @@ imports matplotlib, which training does not need).
 
 from absl import logging  # pylint: disable=unused-import
 
+from trax_revplus.byte_sizes import BYTES_PER_MIB
 from trax_revplus.memory import host_peak
 from trax_revplus.memory.log import MemoryLog
 from trax_revplus.memory.probes import array_bytes
 from trax_revplus.memory.probes import device_memory
 from trax_revplus.memory.probes import host_available_bytes
 from trax_revplus.memory.probes import host_rss_bytes
-from trax_revplus.memory.records import BYTES_PER_MIB
 from trax_revplus.memory.records import format_record
 from trax_revplus.memory.records import MEMORY_LOG_FILENAME
 from trax_revplus.memory.records import peaks

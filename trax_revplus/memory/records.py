@@ -84,10 +84,10 @@ from absl import logging
 import jax
 import numpy as np
 
+from trax_revplus.byte_sizes import format_bytes
+
 MEMORY_LOG_FILENAME = 'memory.jsonl'
 TENSORBOARD_SUBDIR = 'memory'
-# Bytes in one MiB, the unit every figure printed in MiB is divided by.
-BYTES_PER_MIB = 1 << 20
 
 Record = dict[str, Any]
 
@@ -110,10 +110,6 @@ def to_json_value(value: Any) -> Any:
   return str(value)
 
 
-def _mib(nbytes):
-  return f'{nbytes / BYTES_PER_MIB:.1f} MiB'
-
-
 def format_record(record: Record) -> str:
   """Returns the one-line, human-readable form of a record (str).
 
@@ -128,13 +124,13 @@ def format_record(record: Record) -> str:
       head += f' ({record["layer_name"]})'
   parts = []
   if record.get('host_rss_bytes') is not None:
-    parts.append('host ' + _mib(record['host_rss_bytes']))
+    parts.append('host ' + format_bytes(record['host_rss_bytes']))
   if isinstance(record.get('host_peak_bytes'), (int, float)):
-    parts.append('host peak ' + _mib(record['host_peak_bytes']))
+    parts.append('host peak ' + format_bytes(record['host_peak_bytes']))
   if record.get('device_bytes_in_use') is not None:
-    device = 'device ' + _mib(record['device_bytes_in_use'])
+    device = 'device ' + format_bytes(record['device_bytes_in_use'])
     if record.get('device_peak_bytes') is not None:
-      device += ', peak ' + _mib(record['device_peak_bytes'])
+      device += ', peak ' + format_bytes(record['device_peak_bytes'])
     if record.get('device_bytes_source') == 'live_arrays':
       device += ' (live arrays)'
     parts.append(device)
@@ -143,12 +139,12 @@ def format_record(record: Record) -> str:
               ('h2d_bytes', 'H2D'), ('d2h_bytes', 'D2H')]
   for key, label in labelled:
     if isinstance(record.get(key), (int, float)):
-      parts.append(f'{label} {_mib(record[key])}')
+      parts.append(f'{label} {format_bytes(record[key])}')
   if isinstance(record.get('freed_bytes'), (int, float)):
     freed = 'freed '
     if record.get('freed_arrays') is not None:
       freed += f'{record["freed_arrays"]} arrays, '
-    parts.append(freed + _mib(record['freed_bytes']))
+    parts.append(freed + format_bytes(record['freed_bytes']))
   if isinstance(record.get('seconds'), (int, float)):
     parts.append(f'{record["seconds"]:.3f} s')
   return head + ': ' + ', '.join(parts)
