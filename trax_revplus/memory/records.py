@@ -71,16 +71,14 @@ name; sizes are in bytes, durations in seconds, times in Unix seconds.
   Other caller fields are written as given (numpy and JAX scalars and arrays
   become JSON numbers and lists; non-finite floats become null).
 
-Rule for readers (`read_memory_log`): a line that is not a complete JSON
-object is a record lost to a killed writer and is skipped.
+Readers skip a line that is not a valid record, e.g. one cut short by a
+killed writer (`reading`).
 """
 
-import json
 import math
 import os
 from typing import Any
 
-from absl import logging
 import jax
 import numpy as np
 
@@ -150,43 +148,6 @@ def format_record(record: Record) -> str:
   return head + ': ' + ', '.join(parts)
 
 
-def read_memory_log(path: str | os.PathLike) -> list[Record]:
-  """Reads the records of a `memory.jsonl` file.
-
-  Lines that are not a complete JSON object (a record cut short when its
-  writer was killed) are skipped, following the rule in the module docstring.
-
-  Args:
-    path: str, a `memory.jsonl` file.
-
-  Returns:
-    list of dict, the records in file order.
-
-  Raises:
-    FileNotFoundError: `path` does not exist.
-  """
-  records = []
-  skipped = 0
-  with open(path, 'r', encoding='utf-8', errors='replace') as f:
-    for line in f:
-      line = line.strip()
-      if not line:
-        continue
-      try:
-        record = json.loads(line)
-      except ValueError:
-        skipped += 1
-        continue
-      if isinstance(record, dict):
-        records.append(record)
-      else:
-        skipped += 1
-  if skipped:
-    logging.info('%s: skipped %d incomplete line(s), records cut short by a '
-                 'killed writer.', path, skipped)
-  return records
-
-
 def is_number(value: Any) -> bool:
   """Whether `value` is a JSON number (int or float, not bool)."""
   return isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -196,7 +157,7 @@ def peaks(records: list[Record]) -> dict[str, int | None]:
   """The largest figures of a run's records, for `compare` and plots.
 
   Args:
-    records: from `read_memory_log`.
+    records: from `reading.read_memory_log`.
 
   Returns:
     dict with 'host_peak_bytes' (the largest host_peak_bytes or
