@@ -12,7 +12,6 @@ the layers before it. Any other loss layer runs on the whole batch
 
 from typing import Any, Callable
 
-import jax
 from jax import lax
 from jax import numpy as jnp
 from trax import fastmath

@@ -171,8 +171,9 @@ def scan_rows(body, carry, xs, k, rows_at=0, loop=scan):
 
   Returns:
     (carry, ys, rows): carry and ys as `loop`'s; `rows()` puts the slices'
-    trees of ys[rows_at] back together along the rows. It is called where
-    the program computes that, e.g. after the update of a backward.
+    trees of ys[rows_at] back together along the rows. The caller calls it
+    where its program joins them (e.g. after a backward's update), so that
+    the program's operations keep their order.
   """
   merged = []
 
