@@ -61,7 +61,8 @@ class UserError(Exception):
 
 
 def one_line(exception: BaseException, context: bool = True,
-             all_lines: bool = False) -> str:
+             all_lines: bool = False, typed: bool = False,
+             max_chars: int | None = None) -> str:
   """Condenses an exception's message (e.g. gin's, with context) to a line.
 
   By default keeps the first non-empty line, plus gin's "In file ..." /
@@ -74,11 +75,27 @@ def one_line(exception: BaseException, context: bool = True,
     all_lines: keep every non-empty line, joined by spaces (e.g. JAX's
       errors, whose later lines say why), instead of the first; `context`
       then does not apply.
+    typed: the exception's class name first, 'KeyError: ...'; the name
+      alone where the line would be empty.
+    max_chars: the most characters the line keeps; a longer one is cut to
+      end with '...'. None: no limit.
 
   Returns:
-    str without newlines; '' (context=False) or the exception's class name
-    if it has no message.
+    str without newlines; '' (context=False, typed=False) or the
+    exception's class name if it has no message.
   """
+  text = _condensed(exception, context, all_lines)
+  if typed:
+    name = type(exception).__name__
+    text = f'{name}: {text}' if text else name
+  if max_chars is not None and len(text) > max_chars:
+    text = text[:max_chars - 3] + '...'
+  return text
+
+
+def _condensed(exception: BaseException, context: bool,
+               all_lines: bool) -> str:
+  """`one_line`'s text before its class name and limit."""
   lines = [line.strip() for line in str(exception).splitlines()]
   lines = [line for line in lines if line]
   if all_lines:

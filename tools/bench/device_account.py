@@ -31,6 +31,7 @@ def account(trainer_name, trainer, batch):
   # pylint: disable=g-import-not-at-top
   import jax
   from trax_revplus import device_memory
+  from trax_revplus import errors
   from trax_revplus.trainer import planner
   # pylint: enable=g-import-not-at-top
   backend = jax.default_backend()
@@ -42,7 +43,9 @@ def account(trainer_name, trainer, batch):
   except planner.DeviceMemoryBudgetError as e:
     return {'error': str(e), 'fits': False}
   except Exception as e:  # pylint: disable=broad-except
-    return {'error': device_memory.report.one_line(e)}
+    return {'error': errors.one_line(
+        e, context=False, typed=True,
+        max_chars=device_memory.report.MAX_ERROR_CHARS)}
   out = {'peak_device_bytes': step.peak_device_bytes,
          'largest_program_bytes': step.largest_program_bytes,
          'peak_call': step.peak_call.name, 'n_calls': len(step.calls)}

@@ -16,6 +16,8 @@ import subprocess
 import sys
 import time
 
+from trax_revplus.byte_sizes import format_bytes
+
 from tools.bench import configs
 from tools.bench import model
 from tools.bench import protocol
@@ -87,7 +89,7 @@ def run_memory(name, trainer_name, memory_steps, quick):
     raise RuntimeError(f'memory process {name}:{trainer_name} failed')
   result = json.loads(proc.stdout.strip().splitlines()[-1])
   print(f'[{name}] memory {trainer_name}: peak above baseline '
-        f"{result['peak_above_baseline_bytes'] / 2**20:.0f} MiB "
+        f"{format_bytes(result['peak_above_baseline_bytes'], spec='.0f')} "
         f'({time.perf_counter() - t0:.0f} s)', flush=True)
   return result
 

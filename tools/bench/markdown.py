@@ -4,6 +4,10 @@ Reads `results` after `summary.summarize` (its ratios and checks). Each
 section is a list of lines; one without figures is left out.
 """
 
+import functools
+
+from trax_revplus.byte_sizes import format_bytes
+
 from tools.bench import configs
 from tools.bench import summary
 
@@ -12,8 +16,8 @@ def _fmt(x, spec='.3f'):
   return '-' if x is None else format(x, spec)
 
 
-def _mib(x):
-  return '-' if x is None else f'{x / 2**20:.0f}'
+# Whole MiB without the unit, '-' where unknown: the tables' headers name it.
+_mib = functools.partial(format_bytes, spec='.0f', suffix=False)
 
 
 def _holds(ok):

@@ -13,7 +13,7 @@ import shutil
 
 from trax.supervised import training
 
-from trax_revplus import memory
+from trax_revplus.byte_sizes import format_bytes
 from trax_revplus.checkpoints import atomicity
 from trax_revplus.checkpoints import data_counters
 from trax_revplus.checkpoints import errors
@@ -84,8 +84,7 @@ def save_checkpoint(loop: training.Loop, basename: str) -> None:
     if not errors.is_disk_full(e):
       raise
     free = errors.free_bytes(directory)
-    free_text = ('unknown space' if free is None else
-                 f'{free / memory.BYTES_PER_MIB:.1f} MiB')
+    free_text = format_bytes(free, none='unknown space')
     problem = (f'cannot write checkpoint {basename} (step {step}) in '
                f'{directory}: no space left on the device ({free_text} '
                f'free); {integrity.describe_last_good(directory)}')

@@ -27,12 +27,12 @@ import sys
 from typing import Optional
 
 from trax_revplus import output_files
+from trax_revplus.byte_sizes import format_bytes
 from trax_revplus.cli import gin_config
 from trax_revplus.cli import noise
 from trax_revplus.cli import parsed_config
 from trax_revplus.cli import preflight
 from trax_revplus.cli.messages import warning_line
-from trax_revplus.cli.sizes import human_bytes
 from trax_revplus.cli.sizes import parse_bytes
 from trax_revplus.errors import EXIT_OK
 from trax_revplus.errors import UserError
@@ -94,8 +94,8 @@ def _revplus(cfg, backend, n_devices, device_memory_bytes):
   least_plan, least = trainer.least_device_memory_of(cfg.batch)
   if plan is None:
     plan, step = least_plan, least
-    note = (f'no plan fits {human_bytes(budget_bytes)}; the least needs '
-            f'{least.peak_device_bytes} bytes')
+    note = (f'no plan fits {format_bytes(budget_bytes, unit=None)}; the '
+            f'least needs {least.peak_device_bytes} bytes')
   settings = dict(plan.settings(), n_calls=plan.n_calls)
   result = device_memory.trainer_memory(
       'revplus', trainer, cfg.batch, backend, step=step, plan=settings,
@@ -160,7 +160,7 @@ def table(backend, results, plan_line, batch, device_memory_bytes,
       f'figures compiled for backend {backend} (XLA memory analysis; other '
       f'backends compile differently), per device, one training step on '
       f'batch ({shapes}), trax_revplus on {n_devices} device(s)',
-      f'device memory: {human_bytes(device_memory_bytes)}' +
+      f'device memory: {format_bytes(device_memory_bytes, unit=None)}' +
       (f' ({device_memory_bytes} bytes)' if device_memory_bytes else
        ' not given (--device_memory)'),
       '',
@@ -174,10 +174,11 @@ def table(backend, results, plan_line, batch, device_memory_bytes,
       continue
     fits = r.fits(device_memory_bytes)
     fits = '-' if fits is None else ('yes' if fits else 'no')
-    lines.append(f'{name:<9}{human_bytes(r.peak_device_bytes):>18}'
-                 f'{human_bytes(r.min_peak_device_bytes):>19}'
-                 f'{human_bytes(r.host_weights_and_slots_bytes):>20}'
-                 f'{human_bytes(r.largest_program_bytes):>17}{fits:>6}')
+    sizes = [format_bytes(n, unit=None) for n in (
+        r.peak_device_bytes, r.min_peak_device_bytes,
+        r.host_weights_and_slots_bytes, r.largest_program_bytes)]
+    lines.append(f'{name:<9}{sizes[0]:>18}{sizes[1]:>19}{sizes[2]:>20}'
+                 f'{sizes[3]:>17}{fits:>6}')
   if plan_line:
     lines.append('')
     lines.append(f'revplus plan: {plan_line}')

@@ -12,6 +12,7 @@ import re
 import traceback
 from typing import Sequence
 
+from trax_revplus.byte_sizes import format_bytes
 from trax_revplus.cli import preflight
 from trax_revplus.errors import EXIT_RUNTIME
 from trax_revplus.errors import EXIT_USAGE
@@ -33,13 +34,6 @@ def _passed(error: BaseException, modules: Sequence[str],
             function: str | None = None) -> bool:
   return any(module.startswith(modules) and function in (None, name)
              for module, name in _frames(error))
-
-
-def _mib(nbytes: int | None) -> str:
-  from trax_revplus import memory  # pylint: disable=g-import-not-at-top
-  if nbytes is None:
-    return 'unknown space'
-  return f'{nbytes / memory.BYTES_PER_MIB:.1f} MiB'
 
 
 def _last_line(text: str) -> str:
@@ -184,11 +178,12 @@ def user_error(error: Exception, output_dir: str, steps_started: bool,
   if checkpoints.is_disk_full(error):
     remove_partial_files(output_dir)
     what = getattr(error, 'filename', None) or _last_line(str(error))
+    free = format_bytes(checkpoints.free_bytes(output_dir),
+                        none='unknown space')
     return UserError(
         f'cannot write {what}: no space left on the device '
-        f'({_mib(checkpoints.free_bytes(output_dir))} free); '
-        f'{checkpoints.describe_last_good(output_dir)}; free some space and '
-        f'run the same command to resume', EXIT_RUNTIME)
+        f'({free} free); {checkpoints.describe_last_good(output_dir)}; free '
+        f'some space and run the same command to resume', EXIT_RUNTIME)
   if steps_started:
     return None
   if (isinstance(error, (ValueError, TypeError)) and

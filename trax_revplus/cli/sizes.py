@@ -1,9 +1,9 @@
-"""Byte counts as people write and read them: '16GiB' -> bytes, and back.
+"""Byte counts as people write them: '16GiB' -> bytes (printed back by
+`byte_sizes.format_bytes`).
 """
 
 import decimal
 import re
-from typing import Optional
 
 _UNITS = {'': 1, 'b': 1, 'kb': 10**3, 'mb': 10**6, 'gb': 10**9,
           'tb': 10**12, 'kib': 2**10, 'mib': 2**20, 'gib': 2**30,
@@ -47,13 +47,3 @@ def parse_bytes(text: str) -> int:
     raise ValueError(f'--device_memory={text!r} is not a whole number of '
                      f'bytes; give whole bytes or a unit, e.g. 512MiB')
   return int(value)
-
-
-def human_bytes(n: Optional[int]) -> str:
-  """Bytes in the largest unit they reach, e.g. '1.5 GiB'; '-' for None."""
-  if n is None:
-    return '-'
-  for unit, size in (('GiB', 2**30), ('MiB', 2**20), ('KiB', 2**10)):
-    if n >= size:
-      return f'{n / size:.1f} {unit}'
-  return f'{n} B'

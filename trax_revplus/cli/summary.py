@@ -2,6 +2,8 @@
 
 from typing import Any
 
+from trax_revplus.byte_sizes import format_bytes
+
 
 def implementations(loop: Any) -> tuple[str, str]:
   """Which classes ran: the trainer and the reversible layers of the model.
@@ -113,9 +115,9 @@ def format_summary(summary: dict[str, Any] | None,
     train_time = _train_time(summary)
     if train_time:
       rows.append(('train time', train_time))
-    from trax_revplus import memory  # pylint: disable=g-import-not-at-top
-    peak = summary['peak_host_rss_bytes'] / memory.BYTES_PER_MIB
-    rows.append(('peak host memory', f'{peak:.0f} MB (RSS)'))
+    peak = format_bytes(summary['peak_host_rss_bytes'], spec='.0f',
+                        suffix=False)
+    rows.append(('peak host memory', f'{peak} MB (RSS)'))
   if checkpoint:
     rows.append(('checkpoint', f'{checkpoint} (step {checkpoint_step})'))
   else:

@@ -2,7 +2,7 @@
 
 import textwrap
 
-from trax_revplus import memory
+from trax_revplus.byte_sizes import format_bytes
 from trax_revplus.compare import accounting
 from trax_revplus.compare.common import IMPLEMENTATIONS
 from trax_revplus.compare.common import LABELS
@@ -33,7 +33,7 @@ def _fmt(value, kind):
   if value is None:
     return 'n/a'
   if kind == 'mib':
-    return f'{value / memory.BYTES_PER_MIB:.4g}'
+    return format_bytes(value, spec='.4g', suffix=False)
   if kind == 'seconds':
     return f'{value:.3f}'
   if kind == 'loss':

@@ -27,6 +27,7 @@ from typing import Any, Optional, Sequence, Tuple
 
 import jax
 
+from trax_revplus.byte_sizes import format_bytes
 from trax_revplus.device_memory import program as program_lib
 
 
@@ -161,9 +162,9 @@ class StepMemory:
   def describe(self) -> str:
     """One line: the peak, its call and what it is made of (MiB)."""
     call = self.peak_call
-    parts = ', '.join(f'{name} {nbytes / 2**20:.1f}'
+    parts = ', '.join(f'{name} {format_bytes(nbytes, suffix=False)}'
                       for name, nbytes in call.parts().items() if nbytes)
-    return (f'peak {self.peak_device_bytes / 2**20:.1f} MiB in {call.name} '
+    return (f'peak {format_bytes(self.peak_device_bytes)} in {call.name} '
             f'({call.phase}): {parts} MiB')
 
 

@@ -10,12 +10,16 @@ building or compiling a trainer into `TrainerMemory.error`, one line.
 """
 
 import dataclasses
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 from trax_revplus import errors
 from trax_revplus.device_memory import composition
 from trax_revplus.device_memory import default_trainer
 from trax_revplus.device_memory import stock_trainer
+
+# The most characters of `TrainerMemory.error`: a compiler's message can run
+# to pages, and the error stands in a table's row.
+MAX_ERROR_CHARS = 300
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,21 +47,21 @@ class TrainerMemory:
   trainer: str
   backend: str
   n_devices: int
-  step: Optional[composition.StepMemory] = None
+  step: composition.StepMemory | None = None
   weights_bytes: int = 0
   slots_bytes: int = 0
   weights_and_slots_on_host: bool = True
-  error: Optional[str] = None
-  least: Optional[composition.StepMemory] = None
-  plan: Optional[dict] = None
-  least_plan: Optional[dict] = None
+  error: str | None = None
+  least: composition.StepMemory | None = None
+  plan: dict | None = None
+  least_plan: dict | None = None
 
   @property
-  def peak_device_bytes(self) -> Optional[int]:
+  def peak_device_bytes(self) -> int | None:
     return None if self.step is None else self.step.peak_device_bytes
 
   @property
-  def min_peak_device_bytes(self) -> Optional[int]:
+  def min_peak_device_bytes(self) -> int | None:
     """The least peak device bytes any plan of this trainer steps in (its
     only plan's, for trainers with one)."""
     if self.step is None:
@@ -67,7 +71,7 @@ class TrainerMemory:
     return min(self.least.peak_device_bytes, self.step.peak_device_bytes)
 
   @property
-  def largest_program_bytes(self) -> Optional[int]:
+  def largest_program_bytes(self) -> int | None:
     return None if self.step is None else self.step.largest_program_bytes
 
   @property
@@ -78,14 +82,14 @@ class TrainerMemory:
       return 0
     return self.weights_bytes + self.slots_bytes
 
-  def fits(self, device_memory_bytes: Optional[int]) -> Optional[bool]:
+  def fits(self, device_memory_bytes: int | None) -> bool | None:
     """Whether the step's peak fits `device_memory_bytes` (None: no figure
     or no memory given)."""
     if self.step is None or device_memory_bytes is None:
       return None
     return self.peak_device_bytes <= device_memory_bytes
 
-  def to_json(self, device_memory_bytes: Optional[int] = None) -> dict:
+  def to_json(self, device_memory_bytes: int | None = None) -> dict:
     """The JSON object `estimate --json` writes for this trainer."""
     if self.error is not None:
       return {'error': self.error}
@@ -109,13 +113,6 @@ class TrainerMemory:
     return out
 
 
-def one_line(error: BaseException) -> str:
-  """`error` as one line: its type and the first line of its message."""
-  first = errors.one_line(error, context=False)
-  text = f'{type(error).__name__}: {first}' if first else type(error).__name__
-  return text if len(text) <= 300 else text[:297] + '...'
-
-
 def account(trainer: str, backend: str, n_devices: int,
             fn: Callable[[], TrainerMemory]) -> TrainerMemory:
   """`fn()`, or a `TrainerMemory` with the one-line error it raised.
@@ -127,7 +124,8 @@ def account(trainer: str, backend: str, n_devices: int,
   try:
     return fn()
   except Exception as e:  # pylint: disable=broad-except
-    return TrainerMemory(trainer, backend, n_devices, error=one_line(e))
+    return TrainerMemory(trainer, backend, n_devices, error=errors.one_line(
+        e, context=False, typed=True, max_chars=MAX_ERROR_CHARS))
 
 
 def default_trainer_memory(trainer, batch, backend: str,
@@ -153,8 +151,8 @@ def stock_trainer_memory(trainer, batch, backend: str,
 
 
 def trainer_memory(name: str, trainer: Any, batch: Any, backend: str,
-                   step: Optional[composition.StepMemory] = None,
-                   plan: Optional[dict] = None, least: Any = None
+                   step: composition.StepMemory | None = None,
+                   plan: dict | None = None, least: Any = None
                    ) -> TrainerMemory:
   """`TrainerMemory` of one built trainer, whichever of the three it is.
 

@@ -12,7 +12,8 @@ Modules, one job each:
   transfers     `TransferCounter`: bytes copied host-to-device (H2D) and
                 device-to-host (D2H), counted by the code that copies.
   records       the fields of a `memory.jsonl` record, its one-line form,
-                reading a log back, a run's peaks.
+                a run's peaks.
+  reading       reading a log back: its valid records, and what is not.
   schedule      which steps get phase records.
   log           `MemoryLog`: what each step records, and when.
   writers       where records go: absl lines, `memory.jsonl`, TensorBoard.
@@ -26,17 +27,17 @@ imports matplotlib, which training does not need).
 
 from absl import logging  # pylint: disable=unused-import
 
+from trax_revplus.byte_sizes import BYTES_PER_MIB
 from trax_revplus.memory import host_peak
 from trax_revplus.memory.log import MemoryLog
 from trax_revplus.memory.probes import array_bytes
 from trax_revplus.memory.probes import device_memory
 from trax_revplus.memory.probes import host_available_bytes
 from trax_revplus.memory.probes import host_rss_bytes
-from trax_revplus.memory.records import BYTES_PER_MIB
+from trax_revplus.memory.reading import read_memory_log
 from trax_revplus.memory.records import format_record
 from trax_revplus.memory.records import MEMORY_LOG_FILENAME
 from trax_revplus.memory.records import peaks
-from trax_revplus.memory.records import read_memory_log
 from trax_revplus.memory.records import TENSORBOARD_SUBDIR
 from trax_revplus.memory.schedule import FIRST_STEPS_RECORDED
 from trax_revplus.memory.transfers import TransferCounter

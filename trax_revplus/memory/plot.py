@@ -27,8 +27,9 @@ import matplotlib.pyplot as plt
 from matplotlib import ticker
 
 from trax_revplus import output_files
+from trax_revplus.byte_sizes import BYTES_PER_MIB
+from trax_revplus.byte_sizes import format_bytes
 from trax_revplus.memory import reading as reading_lib
-from trax_revplus.memory.records import BYTES_PER_MIB
 from trax_revplus.memory.records import is_number
 from trax_revplus.memory.records import MEMORY_LOG_FILENAME
 from trax_revplus.memory.records import peaks
@@ -158,7 +159,8 @@ def _plot_host(ax, segs, phase_style):
   peak = peaks(all_records)['host_peak_bytes']
   if peak is not None:
     ax.axhline(peak / _MIB, color='tab:red', linestyle=':', linewidth=1)
-    ax.annotate(f'peak {peak / _MIB:.0f} MiB', xy=(0.01, peak / _MIB),
+    ax.annotate(f'peak {format_bytes(peak, spec=".0f")}',
+                xy=(0.01, peak / _MIB),
                 xycoords=('axes fraction', 'data'), va='bottom',
                 color='tab:red', fontsize=9)
   if not drawn:

@@ -1,9 +1,10 @@
 """Reading a `memory.jsonl` defensively: its valid records, and what is not.
 
-The commands that read a memory log (`plot-memory`, `compare`) use the
-records that are valid, and say how many lines are not and where the first
-one is, instead of tracing back on a field of the wrong type or skipping
-damage without a word. A line is unreadable when it
+Every reader of a memory log uses the records that are valid: the commands
+(`plot-memory`, `compare`) through `read`, and say how many lines are not
+and where the first one is, instead of tracing back on a field of the wrong
+type or skipping damage without a word; Python callers through
+`read_memory_log`, which logs the same. A line is unreadable when it
 
   * is not one JSON object (a record cut short by a killed writer, binary
     junk, text of another file), or
@@ -20,6 +21,8 @@ import json
 import math
 import os
 from typing import Any, NamedTuple
+
+from absl import logging
 
 from trax_revplus.errors import EXIT_RUNTIME
 from trax_revplus.errors import UserError
@@ -171,3 +174,25 @@ def read(path: str | os.PathLike) -> LogReading:
         first_line, first_problem = number, problem
   return LogReading(path, records, lines, unreadable, first_line,
                     first_problem)
+
+
+def read_memory_log(path: str | os.PathLike) -> list[Record]:
+  """The valid records of a `memory.jsonl` file (`read`), in file order.
+
+  The unreadable lines (`LogReading.unreadable_note`) are logged at info
+  level, not raised: a run's log may end in a record cut short.
+
+  Args:
+    path: a `memory.jsonl` file.
+
+  Returns:
+    list of dict.
+
+  Raises:
+    OSError: the file cannot be opened or read (e.g. FileNotFoundError).
+  """
+  log = read(path)
+  note = log.unreadable_note()
+  if note:
+    logging.info('%s', note)
+  return log.records

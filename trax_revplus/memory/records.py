@@ -71,23 +71,21 @@ name; sizes are in bytes, durations in seconds, times in Unix seconds.
   Other caller fields are written as given (numpy and JAX scalars and arrays
   become JSON numbers and lists; non-finite floats become null).
 
-Rule for readers (`read_memory_log`): a line that is not a complete JSON
-object is a record lost to a killed writer and is skipped.
+Readers skip a line that is not a valid record, e.g. one cut short by a
+killed writer (`reading`).
 """
 
-import json
 import math
 import os
 from typing import Any
 
-from absl import logging
 import jax
 import numpy as np
 
+from trax_revplus.byte_sizes import format_bytes
+
 MEMORY_LOG_FILENAME = 'memory.jsonl'
 TENSORBOARD_SUBDIR = 'memory'
-# Bytes in one MiB, the unit every figure printed in MiB is divided by.
-BYTES_PER_MIB = 1 << 20
 
 Record = dict[str, Any]
 
@@ -110,10 +108,6 @@ def to_json_value(value: Any) -> Any:
   return str(value)
 
 
-def _mib(nbytes):
-  return f'{nbytes / BYTES_PER_MIB:.1f} MiB'
-
-
 def format_record(record: Record) -> str:
   """Returns the one-line, human-readable form of a record (str).
 
@@ -128,13 +122,13 @@ def format_record(record: Record) -> str:
       head += f' ({record["layer_name"]})'
   parts = []
   if record.get('host_rss_bytes') is not None:
-    parts.append('host ' + _mib(record['host_rss_bytes']))
+    parts.append('host ' + format_bytes(record['host_rss_bytes']))
   if isinstance(record.get('host_peak_bytes'), (int, float)):
-    parts.append('host peak ' + _mib(record['host_peak_bytes']))
+    parts.append('host peak ' + format_bytes(record['host_peak_bytes']))
   if record.get('device_bytes_in_use') is not None:
-    device = 'device ' + _mib(record['device_bytes_in_use'])
+    device = 'device ' + format_bytes(record['device_bytes_in_use'])
     if record.get('device_peak_bytes') is not None:
-      device += ', peak ' + _mib(record['device_peak_bytes'])
+      device += ', peak ' + format_bytes(record['device_peak_bytes'])
     if record.get('device_bytes_source') == 'live_arrays':
       device += ' (live arrays)'
     parts.append(device)
@@ -143,52 +137,15 @@ def format_record(record: Record) -> str:
               ('h2d_bytes', 'H2D'), ('d2h_bytes', 'D2H')]
   for key, label in labelled:
     if isinstance(record.get(key), (int, float)):
-      parts.append(f'{label} {_mib(record[key])}')
+      parts.append(f'{label} {format_bytes(record[key])}')
   if isinstance(record.get('freed_bytes'), (int, float)):
     freed = 'freed '
     if record.get('freed_arrays') is not None:
       freed += f'{record["freed_arrays"]} arrays, '
-    parts.append(freed + _mib(record['freed_bytes']))
+    parts.append(freed + format_bytes(record['freed_bytes']))
   if isinstance(record.get('seconds'), (int, float)):
     parts.append(f'{record["seconds"]:.3f} s')
   return head + ': ' + ', '.join(parts)
-
-
-def read_memory_log(path: str | os.PathLike) -> list[Record]:
-  """Reads the records of a `memory.jsonl` file.
-
-  Lines that are not a complete JSON object (a record cut short when its
-  writer was killed) are skipped, following the rule in the module docstring.
-
-  Args:
-    path: str, a `memory.jsonl` file.
-
-  Returns:
-    list of dict, the records in file order.
-
-  Raises:
-    FileNotFoundError: `path` does not exist.
-  """
-  records = []
-  skipped = 0
-  with open(path, 'r', encoding='utf-8', errors='replace') as f:
-    for line in f:
-      line = line.strip()
-      if not line:
-        continue
-      try:
-        record = json.loads(line)
-      except ValueError:
-        skipped += 1
-        continue
-      if isinstance(record, dict):
-        records.append(record)
-      else:
-        skipped += 1
-  if skipped:
-    logging.info('%s: skipped %d incomplete line(s), records cut short by a '
-                 'killed writer.', path, skipped)
-  return records
 
 
 def is_number(value: Any) -> bool:
@@ -200,7 +157,7 @@ def peaks(records: list[Record]) -> dict[str, int | None]:
   """The largest figures of a run's records, for `compare` and plots.
 
   Args:
-    records: from `read_memory_log`.
+    records: from `reading.read_memory_log`.
 
   Returns:
     dict with 'host_peak_bytes' (the largest host_peak_bytes or

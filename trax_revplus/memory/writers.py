@@ -3,7 +3,7 @@
 `memory.jsonl` is opened for appending, so a restarted run adds to the same
 file, and every record is written as one complete line in a single write to
 an O_APPEND descriptor: a killed process can at worst leave its last line
-cut short, which readers skip (`records.read_memory_log`); a writer that
+cut short, which readers skip (`reading.read`); a writer that
 finds the file not ending in a newline starts its first record on a new
 line, so records written later still parse. A writer that raises is
 reported once with an absl warning and skipped for the rest of the run.

@@ -56,7 +56,7 @@ import numpy as np
 
 from trax.supervised import callbacks
 from trax.supervised import training
-from trax_revplus import memory
+from trax_revplus.byte_sizes import format_bytes
 from trax_revplus.progress import run_stats as run_stats_lib
 from trax_revplus.progress.compiles import CompileCounter
 
@@ -247,7 +247,7 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
     loss_text = 'n/a' if loss is None else f'{loss:.3f}'
     self._print(f'step {step}{total}  loss {loss_text}  '
                 f'{self._rate_text(window)}  '
-                f'host {rss / memory.BYTES_PER_MIB:.0f} MB')
+                f'host {format_bytes(rss, spec=".0f", suffix=False)} MB')
     self._window = self._new_window()
 
   def run_stats(self) -> dict[str, Any]:

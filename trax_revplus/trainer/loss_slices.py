@@ -10,20 +10,19 @@ the layers before it. Any other loss layer runs on the whole batch
 (`loss_combination` is None; the planner accounts its unsliced program).
 """
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
-import jax
 from jax import lax
 from jax import numpy as jnp
 from trax import fastmath
 from trax.layers import metrics as trax_metrics
 
+from trax_revplus.trainer import chains
 from trax_revplus.trainer import slices
 from trax_revplus.trainer import step_fns
 from trax_revplus.trainer.slices import add
 from trax_revplus.trainer.slices import n_rows
 from trax_revplus.trainer.slices import Rows
-from trax_revplus.trainer.slices import stackable
 from trax_revplus.trainer.slices import States
 from trax_revplus.trainer.slices import zeros
 
@@ -53,7 +52,7 @@ def _leaves(layer):
   return [layer]
 
 
-def loss_combination(layers) -> Optional[Callable[[Any], Any]]:
+def loss_combination(layers) -> Callable[[Any], Any] | None:
   """How slices of a loss program combine, or None if they cannot.
 
   Args:
@@ -77,7 +76,7 @@ def loss_combination(layers) -> Optional[Callable[[Any], Any]]:
     den = _WEIGHTED_MEANS[final.name]
   else:
     return None
-  depth = step_fns.chain_depth(flat)
+  depth = chains.chain_depth(flat)
   for layer in flat[:-1]:
     if layer.n_in > depth - 1:
       return None
@@ -96,7 +95,6 @@ def _sliced_loss(loss_fn, combine, k, inputs, weights, states, rows):
   st = States(states, rows, n_rows(inputs), k)
   xs = Rows(inputs, k)
   loss_weights = inputs[-1]
-  out_tree = []
 
   def body(carry, scanned):
     acc, _ = carry
@@ -114,14 +112,13 @@ def _sliced_loss(loss_fn, combine, k, inputs, weights, states, rows):
       return loss * factor.astype(loss.dtype), new_s
     loss, vjp_fn, new_s = fastmath.vjp(scaled, x, weights, has_aux=True)
     grads_inputs, grads_weights = vjp_fn(jnp.ones((), dtype=loss.dtype))
-    grads_inputs, merged = stackable(grads_inputs)
-    out_tree[:] = [merged]
     per_row, new_shared = st.parts(new_s)
     return (add(acc, grads_weights), new_shared), (loss, grads_inputs,
                                                     per_row)
-  (grads_weights, shared), (losses, gx, per_row) = slices.scan(
-      body, (zeros(weights), st.shared), (xs.scanned, st.scanned))
-  return (jnp.sum(losses), out_tree[0](gx, k), grads_weights,
+  (grads_weights, shared), (losses, _, per_row), grads_inputs = (
+      slices.scan_rows(body, (zeros(weights), st.shared),
+                       (xs.scanned, st.scanned), k, rows_at=1))
+  return (jnp.sum(losses), grads_inputs(), grads_weights,
           st.join(per_row, shared))
 
 
@@ -153,7 +150,7 @@ def fused_loss(layers, optimizers, n_devices, adasum, k, rows):
   combine = loss_combination(layers) if k > 1 else None
   if combine is None:
     return step_fns.fused_loss_fn(layers, optimizers, n_devices, adasum)
-  forward = step_fns.chain_forward_fn(layers)
+  forward = chains.chain_forward_fn(layers)
   updates = [step_fns.update_fn(opt, n_devices, adasum) for opt in optimizers]
 
   def sliced(inputs, weights, states, slots, opt_params, rngs, step):

@@ -419,10 +419,3 @@ class Planner:
     types = self.step_types(batch)
     return self._least(self.candidates(types),
                        lambda plan: self.weigh(plan, types))
-
-
-def zeros_batch(batch):
-  """Host zeros shaped as `batch` (arrays or `jax.ShapeDtypeStruct`s)."""
-  return jax.tree_util.tree_map(
-      lambda x: np.zeros(x.shape, jax.dtypes.canonicalize_dtype(x.dtype)),
-      batch)

@@ -34,8 +34,8 @@ from jax import lax
 from jax import numpy as jnp
 import numpy as np
 from trax import fastmath
-from trax.layers import combinators as cb
 
+from trax_revplus.trainer import chains
 from trax_revplus.trainer import step_fns
 
 # `state_rows` of a leaf not known per row: per row if its leading axis is
@@ -154,6 +154,41 @@ def scan(body, carry, xs):
       lambda a, b: jnp.concatenate([a[None], b]), y0, ys)
 
 
+def scan_rows(body, carry, xs, k, rows_at=0, loop=scan):
+  """`loop(body, carry, xs)` over k slices, where item `rows_at` of the
+  body's results is a tree of the slice's rows, given back whole.
+
+  `lax.scan` stacks arrays only: the item's float0 leaves are left out of
+  the scan and its tree is rebuilt after it (`stackable`).
+
+  Args:
+    body: `(carry, x) -> (carry, ys)`, ys a tuple.
+    carry, xs: as `lax.scan`'s.
+    k: int, the slices.
+    rows_at: int, the item of ys whose leaves are per row.
+    loop: `scan` (a carry that may change type in the first slice) or
+      `lax.scan`.
+
+  Returns:
+    (carry, ys, rows): carry and ys as `loop`'s; `rows()` puts the slices'
+    trees of ys[rows_at] back together along the rows. The caller calls it
+    where its program joins them (e.g. after a backward's update), so that
+    the program's operations keep their order.
+  """
+  merged = []
+
+  def stacked_body(c, x):
+    c, ys = body(c, x)
+    ys = list(ys)
+    ys[rows_at], merge = stackable(ys[rows_at])
+    # The tree is known only while tracing the body; the last trace's is
+    # the scan's.
+    merged[:] = [merge]
+    return c, tuple(ys)
+  carry, ys = loop(stacked_body, carry, xs)
+  return carry, ys, lambda: merged[0](ys[rows_at], k)
+
+
 class States:
   """Layer states: leaves split with the rows, and leaves shared whole."""
 
@@ -228,17 +263,15 @@ def forward(fn, k, rows):
   def sliced(inputs, weights, states, rngs):
     st = States(states, rows, n_rows(inputs), k)
     xs = Rows(inputs, k)
-    out_tree = []
 
     def body(shared, scanned):
       x, state_rows_ = scanned
       y, new_states = fn(xs.slice(x), weights, st.slice(state_rows_), rngs)
-      y, merged = stackable(y)
-      out_tree[:] = [merged]
       per_row, new_shared = st.parts(new_states)
       return new_shared, (y, per_row)
-    shared, (ys, per_row) = scan(body, st.shared, (xs.scanned, st.scanned))
-    return out_tree[0](ys, k), st.join(per_row, shared)
+    shared, (_, per_row), outputs = scan_rows(body, st.shared,
+                                              (xs.scanned, st.scanned), k)
+    return outputs(), st.join(per_row, shared)
   return sliced
 
 
@@ -251,7 +284,6 @@ def fbo(layer, optimizer, n_devices, adasum, k, rows):
   def sliced(inputs, weights, grads, state, slots, opt_params, rng, step):
     st = States(state, rows, n_rows(inputs), k)
     xs, cts = Rows(inputs, k), Rows(grads, k)
-    out_tree = []
 
     def body(carry, scanned):
       acc, _ = carry
@@ -261,17 +293,15 @@ def fbo(layer, optimizer, n_devices, adasum, k, rows):
           lambda x_, w_: layer.pure_fn(x_, w_, s, rng), xs.slice(x), weights,
           has_aux=True)
       grads_inputs, grads_weights = vjp_fn(cts.slice(ct))
-      grads_inputs, merged = stackable(grads_inputs)
-      out_tree[:] = [merged]
       per_row, new_shared = st.parts(new_state)
       return (add(acc, grads_weights), new_shared), (grads_inputs, per_row)
-    (grads_weights, shared), (gx, per_row) = scan(
-        body, (zeros(weights), st.shared), (xs.scanned, cts.scanned,
-                                             st.scanned))
+    (grads_weights, shared), (_, per_row), grads_inputs = scan_rows(
+        body, (zeros(weights), st.shared),
+        (xs.scanned, cts.scanned, st.scanned), k)
     new_state = st.join(per_row, shared)
     new_weights, new_slots, stats = update(grads_weights, weights, slots,
                                            opt_params, step)
-    return new_weights, new_state, new_slots, out_tree[0](gx, k), stats
+    return new_weights, new_state, new_slots, grads_inputs(), stats
   return sliced
 
 
@@ -291,40 +321,25 @@ def segment_reverse(layers, optimizers, n_devices, adasum, k, rows):
     return step_fns.segment_reverse_fn(layers, optimizers, n_devices, adasum)
   updates = [step_fns.update_fn(opt, n_devices, adasum) for opt in optimizers]
 
-  def reverse_slice(stack, grad_stack, weights, old_s, new_s, rngs):
-    """One slice through every layer, last to first: (stack, grad_stack,
-    each layer's weight gradients)."""
-    grads_weights = [None] * len(layers)
-    for j in range(len(layers) - 1, -1, -1):
-      n_out = layers[j].n_out
-      x, (x_ct, grads_weights[j]) = layers[j].reverse_and_grad(
-          cb.inputs_from_stack(stack, n_out), cb.inputs_from_stack(
-              grad_stack, n_out), weights[j], old_s[j], new_s[j],
-          rng=rngs[j])
-      stack = cb.outputs_onto_stack(x, stack, n_out)
-      grad_stack = cb.outputs_onto_stack(x_ct, grad_stack, n_out)
-    return stack, grad_stack, grads_weights
-
   if any(layer.n_in != layer.n_out for layer in layers):
     def sliced_by_scan(outputs, weights, grads, states, new_states, slots,
                        opt_params, rngs, step):
       n = n_rows(outputs)
       old, new = States(states, rows, n, k), States(new_states, rows, n, k)
       ys, cts = Rows(outputs, k), Rows(grads, k)
-      out_tree = []
 
       def body(acc, scanned):
         y, ct, old_rows, new_rows = scanned
-        stack, grad_stack, grads_weights = reverse_slice(
-            ys.slice(y), cts.slice(ct), weights, old.slice(old_rows),
+        stack, grad_stack, grads_weights = chains.reverse_and_grad_chain(
+            layers, ys.slice(y), cts.slice(ct), weights, old.slice(old_rows),
             new.slice(new_rows), rngs)
-        done, merged = stackable((stack, grad_stack))
-        out_tree[:] = [merged]
-        return add(acc, grads_weights), done
-      grads_weights, done = lax.scan(
+        return add(acc, grads_weights), ((stack, grad_stack),)
+      # The carry holds only gradient sums, whose type the slices keep.
+      grads_weights, _, done = scan_rows(
           body, zeros(weights),
-          (ys.scanned, cts.scanned, old.scanned, new.scanned))
-      inputs, grads_inputs = out_tree[0](done, k)
+          (ys.scanned, cts.scanned, old.scanned, new.scanned), k,
+          loop=lax.scan)
+      inputs, grads_inputs = done()
       new_weights, new_slots, stats = step_fns.update_each(
           updates, grads_weights, weights, slots, opt_params, step)
       return new_weights, new_slots, inputs, grads_inputs, stats
@@ -352,8 +367,8 @@ def segment_reverse(layers, optimizers, n_devices, adasum, k, rows):
       stack, grad_stack = slice_of(bufs, s)
       at = lambda arrays: [lax.dynamic_index_in_dim(a, s, keepdims=False)
                            for a in arrays]
-      stack, grad_stack, grads_weights = reverse_slice(
-          stack, grad_stack, weights, old.slice(at(old.scanned)),
+      stack, grad_stack, grads_weights = chains.reverse_and_grad_chain(
+          layers, stack, grad_stack, weights, old.slice(at(old.scanned)),
           new.slice(at(new.scanned)), rngs)
       done = jax.tree_util.tree_leaves((stack, grad_stack))
       bufs = [lax.dynamic_update_slice_in_dim(buf, done[i].astype(buf.dtype),

@@ -18,11 +18,14 @@ import enum
 import jax
 from trax import fastmath
 from trax.fastmath import numpy as jnp
-from trax.layers import combinators as cb
-from trax.layers import reversible as trax_reversible
 from trax.optimizers import trainer as stock_trainer
 
 from trax_revplus import placement as placement_lib
+from trax_revplus.trainer import chains
+# The chains' depth and forward, also under the names the trainer's modules
+# use (`step_fns.chain_depth`, `step_fns.segment_forward_fn`).
+from trax_revplus.trainer.chains import chain_depth  # pylint: disable=unused-import
+from trax_revplus.trainer.chains import segment_forward_fn  # pylint: disable=unused-import
 
 _R = placement_lib.Layout.REPLICATED
 _D = placement_lib.Layout.PER_DEVICE
@@ -169,130 +172,12 @@ def average_gradients(grads, n_devices, adasum):
   return fastmath.nested_map(lambda g: g / n, grads_psum)
 
 
-def fbo_fn(layer, optimizer, n_devices, adasum, stats_name=None):
-  """Forward + backward + optimizer update of a standard layer.
-
-  Mirrors trax's `_fbo_with_layer_and_opt`. With `stats_name` (the loss
-  layer: `Kind.LOSS`) the cotangent is 1 when none is given, and the
-  layer's output is returned among the stats under that name.
-  """
-  def fbo(inputs, weights, grads, state, slots, opt_params, rng, step):
-    def pure_fn_without_state_and_rng(x, w):
-      return layer.pure_fn(x, w, state, rng)
-    activations, vjp_fn, new_state = fastmath.vjp(
-        pure_fn_without_state_and_rng, inputs, weights, has_aux=True)
-    if grads is None and stats_name is not None:
-      grads = jnp.ones((), dtype=activations.dtype)
-    grads_inputs, grads_weights = vjp_fn(grads)
-    if is_empty_tuple(weights):
-      stats = {}
-      if stats_name is not None:
-        stats[stats_name] = activations
-      return weights, new_state, slots, grads_inputs, stats
-    if n_devices > 1:
-      grads_weights = average_gradients(grads_weights, n_devices, adasum)
-    new_weights, new_slots, stats = optimizer.tree_update(
-        step, grads_weights, weights, slots, opt_params, store_slots=False)
-    if stats_name is not None:
-      stats[stats_name] = activations
-    return new_weights, new_state, new_slots, grads_inputs, stats
-  return fbo
-
-
-def reverse_and_fbo_fn(layer, optimizer, n_devices, adasum):
-  """Reverse + backward + optimizer update of a reversible layer.
-
-  Mirrors trax's `_reverse_and_fbo_with_layer_and_opt`.
-  """
-  def reverse_and_fbo(output, weights, grads, state, new_state, slots,
-                      opt_params, rng, step):
-    inputs, (grads_inputs, grads_weights) = layer.reverse_and_grad(
-        output, grads, weights, state, new_state, rng=rng)
-    if is_empty_tuple(weights):
-      return weights, slots, inputs, grads_inputs, {}
-    if n_devices > 1:
-      grads_weights = average_gradients(grads_weights, n_devices, adasum)
-    new_weights, new_slots, stats = optimizer.tree_update(
-        step, grads_weights, weights, slots, opt_params, store_slots=False)
-    return new_weights, new_slots, inputs, grads_inputs, stats
-  return reverse_and_fbo
-
-
-def forward_fn(layer):
-  """A standard layer's forward: `layer.pure_fn` (`Kind.FORWARD`)."""
-  def forward(inputs, weights, state, rng):
-    return layer.pure_fn(inputs, weights, state, rng)
-  return forward
-
-
-def segment_forward_fn(layers):
-  """Forward of consecutive reversible layers in one call.
-
-  The layers run in order on the top items of the stack, each with its
-  own weights, state and RNG, exactly as one call per layer would. A
-  reversible layer may change the stack's depth (`tl.ReversibleSelect([0,
-  0])` reads 1 item and writes 2).
-
-  Args (of the returned function):
-    inputs: the top `chain_depth(layers)` stack items (an array if 1).
-    weights, states, rngs: lists, one entry per layer.
-
-  Returns (of the returned function):
-    (outputs, new_states): the stack items the layers wrote in place of
-    `inputs` (`chain_depth(layers)` plus each layer's `n_out - n_in`);
-    list of each layer's new state.
-  """
-  def forward(inputs, weights, states, rngs):
-    stack = inputs
-    new_states = []
-    for layer, w, s, rng in zip(layers, weights, states, rngs):
-      x = cb.inputs_from_stack(stack, layer.n_in)
-      y, new_state = layer.pure_fn(x, w, s, rng)
-      stack = cb.outputs_onto_stack(y, stack, layer.n_in)
-      new_states.append(new_state)
-    return stack, new_states
-  return forward
-
-
-def segment_reverse_fn(layers, optimizers, n_devices, adasum):
-  """Reverse + backward + update of consecutive reversible layers.
-
-  Runs `reverse_and_fbo_fn` of each layer, last to first, inside one call;
-  every layer keeps its own weights, slots, optimizer hyperparameters,
-  states and RNG. Arguments are those of `reverse_and_fbo_fn` with a list
-  (one entry per layer) in place of each per-layer value, and the stack
-  items the segment's forward wrote as outputs and cotangents.
-
-  Returns (of the returned function):
-    (new_weights, new_slots, inputs, grads_inputs, stats): lists of each
-    layer's new weights, slots and stats; the reconstructed stack items the
-    segment's forward read (`chain_depth(layers)`) and their cotangents.
-  """
-  fns = [reverse_and_fbo_fn(layer, opt, n_devices, adasum)
-         for layer, opt in zip(layers, optimizers)]
-
-  def reverse(outputs, weights, grads, states, new_states, slots, opt_params,
-              rngs, step):
-    stack, grad_stack = outputs, grads
-    n = len(layers)
-    new_weights, new_slots, stats = [None] * n, [None] * n, [None] * n
-    for k in range(n - 1, -1, -1):
-      n_out = layers[k].n_out
-      new_weights[k], new_slots[k], x, x_ct, stats[k] = fns[k](
-          cb.inputs_from_stack(stack, n_out), weights[k],
-          cb.inputs_from_stack(grad_stack, n_out), states[k], new_states[k],
-          slots[k], opt_params[k], rngs[k], step)
-      stack = cb.outputs_onto_stack(x, stack, n_out)
-      grad_stack = cb.outputs_onto_stack(x_ct, grad_stack, n_out)
-    return new_weights, new_slots, stack, grad_stack, stats
-  return reverse
-
-
 def update_fn(optimizer, n_devices, adasum):
-  """One layer's optimizer update from its summed gradients.
+  """One layer's optimizer update from its gradients.
 
-  The update of trax's `_fbo_with_layer_and_opt`, apart from its forward
-  and backward: gradients averaged over the devices, then
+  The update of trax's `_fbo_with_layer_and_opt` and
+  `_reverse_and_fbo_with_layer_and_opt`, apart from their forward and
+  backward: gradients averaged over the devices, then
   `optimizer.tree_update`.
 
   Returns (of the returned function):
@@ -310,113 +195,89 @@ def update_fn(optimizer, n_devices, adasum):
   return update
 
 
-def is_reversible(layer):
-  """Whether `layer` is a trax reversible layer (has `reverse`)."""
-  return isinstance(layer, trax_reversible.ReversibleLayer)
+def fbo_fn(layer, optimizer, n_devices, adasum, stats_name=None):
+  """Forward + backward + optimizer update of a standard layer.
 
-
-def chain_forward_fn(layers):
-  """Forward of consecutive layers (standard and reversible) in one call,
-  differentiable as trax's default `Trainer` differentiates them.
-
-  Each run of consecutive reversible layers goes under one custom gradient
-  that holds only the run's outputs and reverses its layers from them,
-  last to first (`reversible_run_fn`), as trax's `ReversibleSerial` does
-  in the default `Trainer`; the other layers run `pure_fn`.
-
-  Returns (of the returned function):
-    (inputs, weights, states, rngs) -> (outputs, new_states): lists over
-    the layers; `inputs` are the top `chain_depth(layers)` stack items.
+  Mirrors trax's `_fbo_with_layer_and_opt`. With `stats_name` (the loss
+  layer: `Kind.LOSS`) the cotangent is 1 when none is given, and the
+  layer's output is returned among the stats under that name.
   """
-  runs = _runs(layers)
+  update = update_fn(optimizer, n_devices, adasum)
 
-  def forward(inputs, weights, states, rngs):
-    stack, new_states = inputs, []
-    for start, stop, fn in runs:
-      if fn is not None:
-        depth = chain_depth(layers[start:stop])
-        y, run_states = fn(cb.inputs_from_stack(stack, depth),
-                           list(weights[start:stop]), list(states[start:stop]),
-                           list(rngs[start:stop]))
-        stack = cb.outputs_onto_stack(y, stack, depth)
-        new_states.extend(run_states)
-        continue
-      layer = layers[start]
-      y, new_state = layer.pure_fn(cb.inputs_from_stack(stack, layer.n_in),
-                                   weights[start], states[start], rngs[start])
-      stack = cb.outputs_onto_stack(y, stack, layer.n_in)
-      new_states.append(new_state)
-    return stack, new_states
+  def fbo(inputs, weights, grads, state, slots, opt_params, rng, step):
+    def pure_fn_without_state_and_rng(x, w):
+      return layer.pure_fn(x, w, state, rng)
+    activations, vjp_fn, new_state = fastmath.vjp(
+        pure_fn_without_state_and_rng, inputs, weights, has_aux=True)
+    if grads is None and stats_name is not None:
+      grads = jnp.ones((), dtype=activations.dtype)
+    grads_inputs, grads_weights = vjp_fn(grads)
+    new_weights, new_slots, stats = update(grads_weights, weights, slots,
+                                           opt_params, step)
+    if stats_name is not None:
+      stats[stats_name] = activations
+    return new_weights, new_state, new_slots, grads_inputs, stats
+  return fbo
+
+
+def reverse_and_fbo_fn(layer, optimizer, n_devices, adasum):
+  """Reverse + backward + optimizer update of a reversible layer.
+
+  Mirrors trax's `_reverse_and_fbo_with_layer_and_opt`.
+  """
+  update = update_fn(optimizer, n_devices, adasum)
+
+  def reverse_and_fbo(output, weights, grads, state, new_state, slots,
+                      opt_params, rng, step):
+    inputs, (grads_inputs, grads_weights) = layer.reverse_and_grad(
+        output, grads, weights, state, new_state, rng=rng)
+    new_weights, new_slots, stats = update(grads_weights, weights, slots,
+                                           opt_params, step)
+    return new_weights, new_slots, inputs, grads_inputs, stats
+  return reverse_and_fbo
+
+
+def forward_fn(layer):
+  """A standard layer's forward: `layer.pure_fn` (`Kind.FORWARD`)."""
+  def forward(inputs, weights, state, rng):
+    return layer.pure_fn(inputs, weights, state, rng)
   return forward
 
 
-def _runs(layers):
-  """(start, stop, fn) over `layers` in order: a run of consecutive
-  reversible layers as one `reversible_run_fn`, every other layer alone
-  with fn None."""
-  runs, i = [], 0
-  while i < len(layers):
-    j = i + 1
-    if is_reversible(layers[i]):
-      while j < len(layers) and is_reversible(layers[j]):
-        j += 1
-      runs.append((i, j, reversible_run_fn(layers[i:j])))
-    else:
-      runs.append((i, j, None))
-    i = j
-  return runs
+def segment_reverse_fn(layers, optimizers, n_devices, adasum):
+  """Reverse + backward + update of consecutive reversible layers.
 
-
-def reversible_run_fn(layers):
-  """Forward of consecutive reversible layers whose gradient recomputes.
-
-  The forward is `segment_forward_fn`'s. Its custom gradient holds the
-  run's outputs (not each layer's activations) and runs each layer's
-  `reverse_and_grad`, last to first, as `segment_reverse_fn` does without
-  the updates: trax's `ReversibleSerial.reverse_and_grad`, with each layer's
-  own weights, state and RNG.
+  Runs `reverse_and_fbo_fn` of each layer, last to first
+  (`chains.reverse_chain`), inside one call; every layer keeps its own
+  weights, slots, optimizer hyperparameters, states and RNG. Arguments are
+  those of `reverse_and_fbo_fn` with a list (one entry per layer) in place
+  of each per-layer value, and the stack items the segment's forward wrote
+  as outputs and cotangents.
 
   Returns (of the returned function):
-    (inputs, weights, states, rngs) -> (outputs, new_states), as
-    `segment_forward_fn`; differentiable in `inputs` and `weights`.
+    (new_weights, new_slots, inputs, grads_inputs, stats): lists of each
+    layer's new weights, slots and stats; the reconstructed stack items the
+    segment's forward read (`chain_depth(layers)`) and their cotangents.
   """
-  forward = segment_forward_fn(layers)
+  fns = [reverse_and_fbo_fn(layer, opt, n_devices, adasum)
+         for layer, opt in zip(layers, optimizers)]
 
-  @jax.custom_vjp
-  def run(inputs, weights, states, rngs):
-    return forward(inputs, weights, states, rngs)
+  def reverse(outputs, weights, grads, states, new_states, slots, opt_params,
+              rngs, step):
+    n = len(layers)
+    new_weights, new_slots, stats = [None] * n, [None] * n, [None] * n
 
-  def run_forward(inputs, weights, states, rngs):
-    outputs, new_states = forward(inputs, weights, states, rngs)
-    return (outputs, new_states), (outputs, weights, states, new_states, rngs)
-
-  def run_backward(residuals, cotangents):
-    stack, weights, states, new_states, rngs = residuals
-    grad_stack = cotangents[0]  # New states take no cotangent.
-    grads_weights = [None] * len(layers)
-    for k in range(len(layers) - 1, -1, -1):
-      n_out = layers[k].n_out
-      x, (x_ct, grads_weights[k]) = layers[k].reverse_and_grad(
-          cb.inputs_from_stack(stack, n_out),
-          cb.inputs_from_stack(grad_stack, n_out), weights[k], states[k],
-          new_states[k], rng=rngs[k])
-      stack = cb.outputs_onto_stack(x, stack, n_out)
-      grad_stack = cb.outputs_onto_stack(x_ct, grad_stack, n_out)
-    return grad_stack, grads_weights, None, None
-
-  run.defvjp(run_forward, run_backward)
-  return run
-
-
-def chain_depth(layers):
-  """Stack items a chain of layers reads (`tl.Serial(layers).n_in`)."""
-  needed, depth = 0, 0
-  for layer in layers:
-    if depth < layer.n_in:
-      needed += layer.n_in - depth
-      depth = layer.n_in
-    depth += layer.n_out - layer.n_in
-  return needed
+    def reverse_layer(k, y, y_ct):
+      # Each layer's update follows its own reverse, as one call per layer
+      # would order them.
+      new_weights[k], new_slots[k], x, x_ct, stats[k] = fns[k](
+          y, weights[k], y_ct, states[k], new_states[k], slots[k],
+          opt_params[k], rngs[k], step)
+      return x, x_ct
+    stack, grad_stack = chains.reverse_chain(layers, outputs, grads,
+                                             reverse_layer)
+    return new_weights, new_slots, stack, grad_stack, stats
+  return reverse
 
 
 def fused_loss_fn(layers, optimizers, n_devices, adasum):
@@ -425,7 +286,7 @@ def fused_loss_fn(layers, optimizers, n_devices, adasum):
   The whole-model step of trax's `_accelerated_update_fn` for the layers
   given (the default `Trainer`'s), each layer updated by its own optimizer
   as `fbo_fn` does; reversible layers recompute their activations in the
-  backward pass (`chain_forward_fn`). The loss layer's stats hold its
+  backward pass (`chains.chain_forward_fn`). The loss layer's stats hold its
   output as 'loss'.
 
   Returns (of the returned function):
@@ -433,7 +294,7 @@ def fused_loss_fn(layers, optimizers, n_devices, adasum):
     (new_weights, new_states, new_slots, grads_inputs, stats), per-layer
     values as lists over the layers.
   """
-  forward = chain_forward_fn(layers)
+  forward = chains.chain_forward_fn(layers)
   updates = [update_fn(opt, n_devices, adasum) for opt in optimizers]
 
   def fbo(inputs, weights, states, slots, opt_params, rngs, step):

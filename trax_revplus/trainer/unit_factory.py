@@ -95,7 +95,7 @@ class UnitFactory:
   def loss(self, indices, n_slices=1):
     """The `LossUnit` of layers `indices` (the loss layer last); the
     reversible layers before the loss recompute their activations in its
-    backward pass (`step_fns.chain_forward_fn`)."""
+    backward pass (`chains.chain_forward_fn`)."""
     layers = [self._layers[i] for i in indices]
     optimizers = [self._optimizers[i] for i in indices]
     depth = step_fns.chain_depth(layers)

@@ -9,6 +9,7 @@ writes them (`Weighing.to_json`), the chosen one marked.
 from typing import List, NamedTuple, Optional
 
 from trax_revplus import device_memory
+from trax_revplus.byte_sizes import format_bytes
 from trax_revplus.trainer import plan as plan_lib
 
 
@@ -96,6 +97,6 @@ class Weighing:
       fits = '-' if w.fits is None else ('yes' if w.fits else 'no')
       seconds = '-' if w.step_seconds is None else f'{w.step_seconds:.3f}s'
       settings = ', '.join(f'{k}={v}' for k, v in w.plan.settings().items())
-      out.append(f'{mark} {f"{peak} B ({peak / 2**20:.1f} MiB)":>27} '
+      out.append(f'{mark} {f"{peak} B ({format_bytes(peak)})":>27} '
                  f'{fits:>4} {w.calls_per_step:>10} {seconds:>9}  {settings}')
     return out
