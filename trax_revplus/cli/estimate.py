@@ -31,6 +31,7 @@ from trax_revplus.cli import gin_config
 from trax_revplus.cli import noise
 from trax_revplus.cli import parsed_config
 from trax_revplus.cli import preflight
+from trax_revplus.cli.config_flags import configs_from_flags
 from trax_revplus.cli.messages import warning_line
 from trax_revplus.cli.sizes import human_bytes
 from trax_revplus.cli.sizes import parse_bytes
@@ -245,7 +246,6 @@ def run(flags: argparse.Namespace) -> int:
       exit for the same config), 1 when the config's inputs cannot be read
       or the JSON cannot be written.
   """
-  from trax_revplus.cli import train  # pylint: disable=g-import-not-at-top
   device_memory_bytes = None
   if flags.device_memory is not None:
     try:
@@ -254,7 +254,7 @@ def run(flags: argparse.Namespace) -> int:
       raise UserError(str(e)) from None
   if flags.json:
     output_files.check(flags.json, '--json', allow_stdout=True)
-  config_files, bindings = train.configs_from_flags(flags)
+  config_files, bindings = configs_from_flags(flags)
   gin_config.import_trax()
   gin_config.parse_configs(config_files, bindings)
   # Not `no_effect_warnings`: estimate builds trax_revplus's trainer with

@@ -43,6 +43,7 @@ from trax_revplus.cli import noise
 from trax_revplus.cli import output_dir as output_dirs
 from trax_revplus.cli import preflight
 from trax_revplus.cli import summary as summaries
+from trax_revplus.cli.config_flags import configs_from_flags
 from trax_revplus.cli.messages import error_line
 from trax_revplus.cli.messages import PROG
 from trax_revplus.cli.messages import warning_line
@@ -53,32 +54,6 @@ from trax_revplus.multiprocess import ending
 from trax_revplus.multiprocess import training as processes
 
 COMMAND = 'train'
-
-
-def configs_from_flags(flags: argparse.Namespace) -> tuple[list[str],
-                                                            list[str]]:
-  """The config files and bindings `train` and `compare` were given.
-
-  Returns:
-    `(config_files, bindings)`.
-
-  Raises:
-    UserError: when neither a config file nor a binding is given, or when a
-      config file is missing or unreadable.
-  """
-  config_files = list(flags.config_file or [])
-  bindings = list(flags.config or [])
-  if not config_files and not bindings:
-    raise UserError('no config: give --config_file=FILE.gin (and/or '
-                    '--config=BINDING)')
-  for path in config_files:
-    if not os.path.exists(path):
-      raise UserError(f'config file not found: {path}')
-    if not os.path.isfile(path):
-      raise UserError(f'config file is not a regular file: {path}')
-    if not os.access(path, os.R_OK):
-      raise UserError(f'config file is not readable: {path}')
-  return config_files, bindings
 
 
 def _select_implementation(implementation: str) -> None:
