@@ -8,6 +8,7 @@ that the batch splits over the devices and into the trainer's
 import copy
 from typing import Any
 
+from trax_revplus.cli import build_errors
 from trax_revplus.cli import failures
 from trax_revplus.cli import gin_config
 from trax_revplus.errors import EXIT_RUNTIME
@@ -96,7 +97,8 @@ def check_model(cfg, bindings: list[str]) -> None:
       cfg.model().init(three_trainers.init_signature(cfg.batch),
                        rng=fastmath.random.get_prng(0))
   except Exception as e:  # pylint: disable=broad-except
-    raise _as_train_reports(e, bindings) or UserError(
+    error = build_errors.as_model_error(e)
+    raise _as_train_reports(error, bindings) or UserError(
         f"cannot build the config's model: {one_line(e)}; fix the model "
         f'bindings (train.model, ...)', EXIT_RUNTIME) from None
 

@@ -33,6 +33,7 @@ import sys
 from typing import Any
 
 from trax_revplus import interrupt
+from trax_revplus.cli import build_errors
 from trax_revplus.cli import failures
 from trax_revplus.cli import gin_config
 from trax_revplus.cli import join
@@ -192,9 +193,11 @@ def _train(output_dir: str, callbacks: list[Any], log_path: str,
   failed_loop = None
   if multi_process:  # Before stop.callback: every process stops together.
     callbacks = list(callbacks) + [ending.stop_together(stop)]
+  build = None
   try:
-    loop = trainer_lib.train(output_dir=output_dir,
-                             callbacks=list(callbacks) + [stop.callback])
+    with build_errors.watch_loop_build() as build:
+      loop = trainer_lib.train(output_dir=output_dir,
+                               callbacks=list(callbacks) + [stop.callback])
     checkpoint = os.path.join(output_dir, 'model.pkl.gz')
     if multi_process:  # Process 0 may still be writing it.
       processes.barrier('trained')
@@ -207,9 +210,9 @@ def _train(output_dir: str, callbacks: list[Any], log_path: str,
         processes.barrier('saved')
       checkpoint_step = _checkpoint_step(checkpoint)
   except Exception as e:  # pylint: disable=broad-except
-    # trainer_lib.train raised: its Loop is in the error, or in the frames
-    # the error passed.
-    failed_loop = getattr(e, 'loop', None) or failures.loop_of(e)
+    # trainer_lib.train raised: its Loop is in the error, or the one whose
+    # construction began.
+    failed_loop = getattr(e, 'loop', None) or (build and build.loop)
     if isinstance(e, interrupt.Interrupted):
       raise
     error = failures.user_error(e, output_dir, stop.steps_started,
