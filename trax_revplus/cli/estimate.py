@@ -9,9 +9,9 @@ before anything is compiled. Then it builds the config's model three times
 (trax's default `Trainer`, stock trax's `ReversibleSerialTrainer`,
 trax_revplus's), compiles what one step of each would run and composes XLA's
 memory analysis of those programs into the step's peak device bytes
-(`trax_revplus.device_memory.three_trainers`); runs no step. The batch's
-shapes come from the config's inputs (trax's `Inputs` reads one batch to
-learn them). trax_revplus's trainer is built with
+(`trax_revplus.three_trainers`, with `trax_revplus.device_memory`); runs
+no step. The batch's shapes come from the config's inputs (trax's `Inputs`
+reads one batch to learn them). trax_revplus's trainer is built with
 `device_memory_budget_bytes` set to `--device_memory` (which overrides,
 with a warning line, a budget the config sets), so its figures are those
 of the plan it would run under that memory; the plans it weighed to choose
@@ -68,7 +68,7 @@ def estimate(device_memory_bytes: int | None, n_devices: int,
   First reads the inputs, checks the batch (`parsed_config.check_batch`)
   and builds the model (`parsed_config.check_model`): a mistake there is
   the config's, one line, before anything is compiled. The accounting is
-  `device_memory.three_trainers`'.
+  `trax_revplus.three_trainers`'.
 
   Returns:
     (backend, {trainer: TrainerMemory}, revplus plan line or None,
@@ -79,7 +79,7 @@ def estimate(device_memory_bytes: int | None, n_devices: int,
     UserError: as `train` reports the config's mistakes.
   """
   import jax  # pylint: disable=g-import-not-at-top
-  from trax_revplus.device_memory import three_trainers  # pylint: disable=g-import-not-at-top
+  from trax_revplus import three_trainers  # pylint: disable=g-import-not-at-top
   bindings = list(bindings)
   backend = jax.default_backend()
   cfg = parsed_config.check_inputs_and_batch(bindings, n_devices,

@@ -85,8 +85,8 @@ def check_model(cfg, bindings: list[str]) -> None:
   from trax import fastmath
   from trax.optimizers import trainer as stock_lib
   import trax_revplus
+  from trax_revplus import three_trainers
   from trax_revplus import trainer as rev_lib
-  from trax_revplus.device_memory import three_trainers
   # pylint: enable=g-import-not-at-top
   mode = gin_config.bound_value('train.use_memory_efficient_trainer', False)
   try:

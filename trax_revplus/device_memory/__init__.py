@@ -13,9 +13,6 @@
     own trainer accounts its step itself (`trainer.ahead`), with these
     figures and compositions.
   report: `TrainerMemory`, one trainer's figures (or a one-line error).
-  three_trainers: `account_three`, one config's model built with each of
-    the three trainers, one step of each accounted (`trax-revplus
-    estimate`).
 
 See docs/device-memory.md for what the figures mean and how exact they are.
 """

@@ -2,21 +2,23 @@
 
 `account_three` builds the model three times: with trax's default
 `Trainer`, stock trax's `ReversibleSerialTrainer` and trax_revplus's, and
-accounts what one training step of each would need on a device (`report`),
-without running a step. trax_revplus's trainer plans for a device memory
-(its `device_memory_budget_bytes`), and the plan it would run, the least
-plan and the plans it weighed come from one search. A trainer that cannot
-be built or compiled on this JAX gets a one-line error instead of figures
-(`report.account`).
+accounts what one training step of each would need on a device
+(`device_memory`), without running a step. trax_revplus's trainer plans for
+a device memory (its `device_memory_budget_bytes`), and the plan it would
+run, the least plan and the plans it weighed come from one search. A
+trainer that cannot be built or compiled on this JAX gets a one-line error
+instead of figures (`device_memory.account`).
 
-trax_revplus's trainer and the activation switch are imported when called:
-`trax_revplus.trainer` imports this package.
+It stands beside `trax_revplus.device_memory` rather than in it: it builds
+trax_revplus's trainer, which imports that package. trax's trainers and
+trax_revplus's are imported when a trainer is built.
 """
 
 import dataclasses
 from typing import Any
 
-from trax_revplus.device_memory import report
+import trax_revplus
+from trax_revplus import device_memory
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,14 +41,15 @@ class ThreeTrainers:
   """The figures of the three trainers of one config.
 
   Attributes:
-    trainers: {'default' | 'stock' | 'revplus': `report.TrainerMemory`}.
+    trainers: {'default' | 'stock' | 'revplus':
+      `device_memory.TrainerMemory`}.
     plan: trax_revplus's plan, or None when its trainer has an error.
     budget_bytes: the budget trax_revplus's trainer planned for (None: no
       budget), or the device memory asked for when it has an error.
     weighing: the plans it weighed (`trainer.weighing.Weighing`), or None
       when it has an error.
   """
-  trainers: dict[str, report.TrainerMemory]
+  trainers: dict[str, device_memory.TrainerMemory]
   plan: RevplusPlan | None
   budget_bytes: int | None
   weighing: Any
@@ -71,7 +74,7 @@ def reversible_blocks(module, cfg):
   return blocks, loss_layer
 
 
-def _default(cfg, backend: str) -> report.TrainerMemory:
+def _default(cfg, backend: str) -> device_memory.TrainerMemory:
   # pylint: disable=g-import-not-at-top
   from trax import fastmath
   from trax import layers as tl
@@ -82,15 +85,15 @@ def _default(cfg, backend: str) -> report.TrainerMemory:
   opt = cfg.optimizer()
   opt.tree_init(model.weights)
   trainer = optimizers.Trainer(model, opt, n_devices=1)
-  return report.trainer_memory('default', trainer, cfg.batch, backend)
+  return device_memory.trainer_memory('default', trainer, cfg.batch, backend)
 
 
-def _stock(cfg, backend: str) -> report.TrainerMemory:
+def _stock(cfg, backend: str) -> device_memory.TrainerMemory:
   from trax.optimizers import trainer as stock_lib  # pylint: disable=g-import-not-at-top
   blocks, loss_layer = reversible_blocks(stock_lib, cfg)
   trainer = stock_lib.ReversibleSerialTrainer(blocks, loss_layer,
                                               cfg.optimizer, n_devices=1)
-  return report.trainer_memory('stock', trainer, cfg.batch, backend)
+  return device_memory.trainer_memory('stock', trainer, cfg.batch, backend)
 
 
 def _revplus(cfg, backend: str, n_devices: int,
@@ -126,7 +129,7 @@ def _revplus(cfg, backend: str, n_devices: int,
     plan, step = least_plan, least
     fits = False
   settings = dict(plan.settings(), n_calls=plan.n_calls)
-  result = report.trainer_memory(
+  result = device_memory.trainer_memory(
       'revplus', trainer, cfg.batch, backend, step=step, plan=settings,
       least=(dict(least_plan.settings(), n_calls=least_plan.n_calls), least))
   revplus_plan = RevplusPlan(plan.describe(), fits, least.peak_device_bytes)
@@ -157,12 +160,6 @@ def account_three(cfg, backend: str, n_devices: int,
   Returns:
     `ThreeTrainers`.
   """
-  # Through the package, not `report`: what replaces
-  # `device_memory.account` (e.g. to forbid compiling) replaces it here too.
-  # pylint: disable=g-import-not-at-top
-  import trax_revplus
-  from trax_revplus import device_memory
-  # pylint: enable=g-import-not-at-top
   activated = trax_revplus.is_active()
   results = {}
   revplus = [None, device_memory_bytes, None]  # plan, budget, weighing
