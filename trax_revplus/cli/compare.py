@@ -20,9 +20,9 @@ from trax_revplus import output_files
 from trax_revplus.cli import gin_config
 from trax_revplus.cli import output_dir as output_dirs
 from trax_revplus.cli import preflight
+from trax_revplus.cli.config_flags import configs_from_flags
 from trax_revplus.cli.messages import PROG
 from trax_revplus.cli.messages import warning_line
-from trax_revplus.cli.train import configs_from_flags
 from trax_revplus.errors import EXIT_OK
 from trax_revplus.errors import EXIT_RUNTIME
 from trax_revplus.errors import UserError

@@ -9,22 +9,22 @@ before anything is compiled. Then it builds the config's model three times
 (trax's default `Trainer`, stock trax's `ReversibleSerialTrainer`,
 trax_revplus's), compiles what one step of each would run and composes XLA's
 memory analysis of those programs into the step's peak device bytes
-(`trax_revplus.device_memory`); runs no step. The batch's shapes come from
-the config's inputs (trax's `Inputs` reads one batch to learn them).
-trax_revplus's trainer is built with `device_memory_budget_bytes` set to
-`--device_memory` (which overrides, with a warning line, a budget the config
-sets), so its figures are those of the plan it would run under that
-memory; the plans it weighed to choose that plan are listed under it
-(`weighing.Weighing`). A trainer that cannot be built or compiled here gets
-a one-line error in its row instead of figures. Third-party warnings known to
-be harmless (`noise.KNOWN_NOISE`) are not shown; any other is one line.
+(`trax_revplus.three_trainers`, with `trax_revplus.device_memory`); runs
+no step. The batch's shapes come from the config's inputs (trax's `Inputs`
+reads one batch to learn them). trax_revplus's trainer is built with
+`device_memory_budget_bytes` set to `--device_memory` (which overrides,
+with a warning line, a budget the config sets), so its figures are those
+of the plan it would run under that memory; the plans it weighed to choose
+that plan are listed under it (`weighing.Weighing`). A trainer that cannot
+be built or compiled here gets a one-line error in its row instead of
+figures. Third-party warnings known to be harmless (`noise.KNOWN_NOISE`)
+are not shown; any other is one line.
 """
 
 import argparse
 import json
 import logging as std_logging
 import sys
-from typing import Optional
 
 from trax_revplus import output_files
 from trax_revplus.byte_sizes import format_bytes
@@ -32,6 +32,7 @@ from trax_revplus.cli import gin_config
 from trax_revplus.cli import noise
 from trax_revplus.cli import parsed_config
 from trax_revplus.cli import preflight
+from trax_revplus.cli.config_flags import configs_from_flags
 from trax_revplus.cli.messages import warning_line
 from trax_revplus.cli.sizes import parse_bytes
 from trax_revplus.errors import EXIT_OK
@@ -41,76 +42,33 @@ COMMAND = 'estimate'
 TRAINERS = ('default', 'stock', 'revplus')
 
 
-def _default(cfg, backend):
-  from trax import fastmath  # pylint: disable=g-import-not-at-top
-  from trax import layers as tl  # pylint: disable=g-import-not-at-top
-  from trax import optimizers  # pylint: disable=g-import-not-at-top
-  from trax_revplus import device_memory  # pylint: disable=g-import-not-at-top
-  model = tl.Serial(cfg.model(), cfg.loss())
-  model.init(parsed_config.signature(cfg.batch),
-             rng=fastmath.random.get_prng(0))
-  opt = cfg.optimizer()
-  opt.tree_init(model.weights)
-  trainer = optimizers.Trainer(model, opt, n_devices=1)
-  return device_memory.trainer_memory('default', trainer, cfg.batch, backend)
+def _plan_line(plan, budget_bytes: int | None) -> str | None:
+  """trax_revplus's plan as the table names it: the plan, then whether it
+  fits `budget_bytes`, the budget it planned for.
 
-
-def _stock(cfg, backend):
-  from trax.optimizers import trainer as stock_lib  # pylint: disable=g-import-not-at-top
-  from trax_revplus import device_memory  # pylint: disable=g-import-not-at-top
-  blocks, loss_layer = parsed_config.reversible_blocks(stock_lib, cfg)
-  trainer = stock_lib.ReversibleSerialTrainer(blocks, loss_layer,
-                                              cfg.optimizer, n_devices=1)
-  return device_memory.trainer_memory('stock', trainer, cfg.batch, backend)
-
-
-def _revplus(cfg, backend, n_devices, device_memory_bytes):
-  """(TrainerMemory, plan line, the budget it planned for, the plans it
-  weighed: `weighing.Weighing`) of trax_revplus's trainer.
-
-  With `device_memory_bytes` (--device_memory) the trainer plans for it;
-  without, for the budget its settings give (the config's
-  `device_memory_budget_bytes`, by default the device's own size where the
-  backend reports it). The plan, the least plan and the plans weighed come
-  from one search: a plan is accounted once.
+  Args:
+    plan: `three_trainers.RevplusPlan`, or None (no line).
+    budget_bytes: int or None (no budget).
   """
-  from trax_revplus import device_memory  # pylint: disable=g-import-not-at-top
-  from trax_revplus import trainer as rev_lib  # pylint: disable=g-import-not-at-top
-  from trax_revplus.trainer import planner  # pylint: disable=g-import-not-at-top
-  blocks, loss_layer = parsed_config.reversible_blocks(rev_lib, cfg)
-  budget = ({} if device_memory_bytes is None else
-            {'device_memory_budget_bytes': device_memory_bytes})
-  trainer = rev_lib.ReversibleSerialTrainer(
-      blocks, loss_layer, cfg.optimizer, n_devices=n_devices,
-      memory_log_tensorboard=False, output_dir=None, **budget)
-  budget_bytes = trainer.planner.budget_bytes
-  try:
-    plan = trainer.planned(cfg.batch).plan
-    step = trainer.device_memory_of(cfg.batch)
+  if plan is None:
+    return None
+  if plan.fits:
     note = ('fits' if budget_bytes is not None else
             'no budget: as configured')
-  except planner.DeviceMemoryBudgetError:
-    plan = step = None
-  least_plan, least = trainer.least_device_memory_of(cfg.batch)
-  if plan is None:
-    plan, step = least_plan, least
-    note = (f'no plan fits {format_bytes(budget_bytes, unit=None)}; the '
-            f'least needs {least.peak_device_bytes} bytes')
-  settings = dict(plan.settings(), n_calls=plan.n_calls)
-  result = device_memory.trainer_memory(
-      'revplus', trainer, cfg.batch, backend, step=step, plan=settings,
-      least=(dict(least_plan.settings(), n_calls=least_plan.n_calls), least))
-  return (result, f'{plan.describe()} ({note})', budget_bytes,
-          trainer.planner.weighing(cfg.batch))
+  else:
+    note = (f'no plan fits {format_bytes(budget_bytes, unit=None)}; the least '
+            f'needs {plan.least_peak_device_bytes} bytes')
+  return f'{plan.description} ({note})'
 
 
-def estimate(device_memory_bytes: Optional[int], n_devices: int,
+def estimate(device_memory_bytes: int | None, n_devices: int,
              bindings: list[str] = ()):
-  """Builds and accounts the three trainers of the parsed config.
+  """Checks the parsed config, then builds and accounts its three trainers.
 
   First reads the inputs, checks the batch (`parsed_config.check_batch`)
   and builds the model (`parsed_config.check_model`): a mistake there is
-  the config's, one line, before anything is compiled.
+  the config's, one line, before anything is compiled. The accounting is
+  `trax_revplus.three_trainers`'.
 
   Returns:
     (backend, {trainer: TrainerMemory}, revplus plan line or None,
@@ -121,34 +79,17 @@ def estimate(device_memory_bytes: Optional[int], n_devices: int,
     UserError: as `train` reports the config's mistakes.
   """
   import jax  # pylint: disable=g-import-not-at-top
-  import trax_revplus  # pylint: disable=g-import-not-at-top
-  from trax_revplus import device_memory  # pylint: disable=g-import-not-at-top
+  from trax_revplus import three_trainers  # pylint: disable=g-import-not-at-top
   bindings = list(bindings)
   backend = jax.default_backend()
-  activated = trax_revplus.is_active()
   cfg = parsed_config.check_inputs_and_batch(bindings, n_devices,
                                              device_memory_bytes)
   parsed_config.check_model(cfg, bindings)
-  results, plan_line, budget, plans = {}, [None], [device_memory_bytes], [
-      None]
-  try:
-    trax_revplus.deactivate()
-    results['default'] = device_memory.account(
-        'default', backend, 1, lambda: _default(cfg, backend))
-    results['stock'] = device_memory.account(
-        'stock', backend, 1, lambda: _stock(cfg, backend))
-    trax_revplus.activate()
-
-    def revplus():
-      memory, plan_line[0], budget[0], plans[0] = _revplus(
-          cfg, backend, n_devices, device_memory_bytes)
-      return memory
-    results['revplus'] = device_memory.account('revplus', backend, n_devices,
-                                               revplus)
-  finally:
-    if not activated:
-      trax_revplus.deactivate()
-  return backend, results, plan_line[0], cfg.batch, budget[0], plans[0]
+  three = three_trainers.account_three(cfg, backend, n_devices,
+                                       device_memory_bytes)
+  return (backend, three.trainers,
+          _plan_line(three.plan, three.budget_bytes), cfg.batch,
+          three.budget_bytes, three.weighing)
 
 
 def table(backend, results, plan_line, batch, device_memory_bytes,
@@ -207,8 +148,8 @@ def to_json(backend, results, plan_line, device_memory_bytes,
   return out
 
 
-def _budget_override_warning(device_memory_bytes: Optional[int]
-                             ) -> Optional[str]:
+def _budget_override_warning(device_memory_bytes: int | None
+                             ) -> str | None:
   """A line when --device_memory replaces a budget the config sets."""
   from trax_revplus.trainer import options  # pylint: disable=g-import-not-at-top
   configured = options.validate_gin_bindings().device_memory_budget_bytes
@@ -246,7 +187,6 @@ def run(flags: argparse.Namespace) -> int:
       exit for the same config), 1 when the config's inputs cannot be read
       or the JSON cannot be written.
   """
-  from trax_revplus.cli import train  # pylint: disable=g-import-not-at-top
   device_memory_bytes = None
   if flags.device_memory is not None:
     try:
@@ -255,7 +195,7 @@ def run(flags: argparse.Namespace) -> int:
       raise UserError(str(e)) from None
   if flags.json:
     output_files.check(flags.json, '--json', allow_stdout=True)
-  config_files, bindings = train.configs_from_flags(flags)
+  config_files, bindings = configs_from_flags(flags)
   gin_config.import_trax()
   gin_config.parse_configs(config_files, bindings)
   # Not `no_effect_warnings`: estimate builds trax_revplus's trainer with

@@ -3,37 +3,24 @@
 `user_error` maps an exception escaping `trainer_lib.train` to a
 `UserError` (exit status 2 when the config or the output dir's contents
 cannot work, 1 when running failed), or to None for an error nobody could
-foresee, which then shows its traceback.
+foresee, which then shows its traceback. Each line follows from the
+error's type: trax_revplus's own errors, and `build_errors`' types for
+trax's errors while the model, the trainer or the checkpoint was being
+built (the part that raised it knows which).
 """
 
 import glob
 import os
 import re
-import traceback
 from typing import Sequence
 
 from trax_revplus.byte_sizes import format_bytes
+from trax_revplus.cli import build_errors
 from trax_revplus.cli import preflight
 from trax_revplus.errors import EXIT_RUNTIME
 from trax_revplus.errors import EXIT_USAGE
 from trax_revplus.errors import one_line
 from trax_revplus.errors import UserError
-
-_TRAINER_MODULES = ('trax_revplus.trainer', 'trax.optimizers.trainer')
-_MODEL_MODULES = ('trax.models', 'trax.layers', 'trax_revplus.layers')
-_MODEL_ERRORS = (TypeError, ValueError, IndexError, KeyError, AssertionError)
-
-
-def _frames(error: BaseException) -> list[tuple[str, str]]:
-  """(module, function) of each frame `error` passed, outermost first."""
-  return [(frame.f_globals.get('__name__', ''), frame.f_code.co_name)
-          for frame, _ in traceback.walk_tb(error.__traceback__)]
-
-
-def _passed(error: BaseException, modules: Sequence[str],
-            function: str | None = None) -> bool:
-  return any(module.startswith(modules) and function in (None, name)
-             for module, name in _frames(error))
 
 
 def _last_line(text: str) -> str:
@@ -45,13 +32,16 @@ def _model_error(error: BaseException) -> str:
   """'TypeError: ... (in layer X, file.py line N)' for a trax layer error.
 
   A `tl.LayerError` carries the traceback of the error it wraps as text; its
-  last exception line is that error.
+  last exception line is that error. The text is read for the line's detail
+  only (the error's type decided the line): it names the layers as trax
+  shows them to the user, which following the exceptions' chain does not.
   """
   text = str(error)
   raised = [line.strip() for line in text.splitlines()
             if re.match(r'^\s*[\w.]+(Error|Exception)\b', line)]
+  cause = getattr(error, 'cause', error)  # A `build_errors.ModelError`'s.
   innermost = raised[-1] if raised else (
-      f'{type(error).__name__}: {one_line(error)}')
+      f'{type(cause).__name__}: {one_line(error)}')
   where = []
   layers = re.findall(r'Exception passing through layer (\S+) \(in (\w+)\)',
                       text)
@@ -99,22 +89,6 @@ def suspect_bindings(error_text: str, command_line: Sequence[str]) -> list[str]:
   return [f'{n} = {v}' for n, v in given[:3]]
 
 
-def loop_of(error: BaseException):
-  """The trax `Loop` whose building or run raised `error`, or None.
-
-  `trainer_lib.train` returns its Loop only when it succeeds; an error
-  carries it in the frames it passed (the Loop's methods, or `train`'s
-  local `loop`), so that its trainers' memory logs can be closed.
-  """
-  for frame, _ in traceback.walk_tb(error.__traceback__):
-    for name in ('self', 'loop'):
-      value = frame.f_locals.get(name)
-      if (type(value).__name__ == 'Loop' and
-          hasattr(value, '_trainer_per_task')):
-        return value
-  return None
-
-
 def remove_partial_files(output_dir: str) -> None:
   """Removes the temporary files a failed stock trax save leaves (`*._tmp_`)."""
   for path in glob.glob(os.path.join(glob.escape(output_dir), '*._tmp_')):
@@ -129,7 +103,10 @@ def user_error(error: Exception, output_dir: str, steps_started: bool,
   """The one-line report of `error`, raised by `trainer_lib.train`.
 
   Args:
-    error: the exception.
+    error: the exception: one of trax_revplus's, reported by its type; a
+      `build_errors.BuildError`, by the part of the build that raised the
+      error it wraps (gin, having called `train`, may have re-raised either
+      as a proxy of its type, with its context added to the message).
     output_dir: the run's output dir.
     steps_started: whether the Loop had begun its first step (before it,
       errors from the model, the trainer's constructor or checkpoint
@@ -186,21 +163,17 @@ def user_error(error: Exception, output_dir: str, steps_started: bool,
         f'some space and run the same command to resume', EXIT_RUNTIME)
   if steps_started:
     return None
-  if (isinstance(error, (ValueError, TypeError)) and
-      _passed(error, _TRAINER_MODULES, '__init__')):
+  if isinstance(error, build_errors.TrainerSettingsError):
     return UserError(f'the trainer rejects its settings: {one_line(error)}',
                      EXIT_USAGE)
-  if (isinstance(error, (IndexError, ValueError, KeyError)) and
-      _passed(error, ('trax.supervised.training',), 'load_checkpoint')):
+  if isinstance(error, build_errors.CheckpointFitError):
     detail = one_line(error, context=False)
     return UserError(
         f'the checkpoint in {output_dir} does not fit this model '
-        f'({type(error).__name__}{": " + detail if detail else ""}): it was '
-        f'written by a model of another shape or configuration; resume with '
-        f'that config, or give another --output_dir', EXIT_USAGE)
-  from trax.layers import base  # pylint: disable=g-import-not-at-top
-  if isinstance(error, base.LayerError) or (
-      isinstance(error, _MODEL_ERRORS) and _passed(error, _MODEL_MODULES)):
+        f'({type(error.cause).__name__}{": " + detail if detail else ""}): '
+        f'it was written by a model of another shape or configuration; '
+        f'resume with that config, or give another --output_dir', EXIT_USAGE)
+  if isinstance(error, build_errors.ModelError):
     import gin  # pylint: disable=g-import-not-at-top
     model = gin.query_parameter('train.model')
     name = str(model).lstrip('@').rstrip('()').split('.')[-1]

@@ -21,7 +21,7 @@ import sys
 
 from trax_revplus.cli import output_dir as output_dirs
 from trax_revplus.cli import parser
-from trax_revplus.cli import train
+from trax_revplus.cli.config_flags import configs_from_flags
 from trax_revplus.errors import EXIT_RUNTIME
 from trax_revplus.errors import UserError
 from trax_revplus.multiprocess import launcher
@@ -69,7 +69,7 @@ def run(flags: argparse.Namespace) -> int:
   train_flags = _train_flags(flags.train_args)
   # The config files as train checks them, once here rather than once per
   # process after each has started.
-  train.configs_from_flags(train_flags)
+  configs_from_flags(train_flags)
   train_args = list(flags.train_args)
   output_dir = train_flags.output_dir
   if output_dir is None:

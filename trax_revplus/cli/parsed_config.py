@@ -6,8 +6,9 @@ that the batch splits over the devices and into the trainer's
 """
 
 import copy
-from typing import Any, Optional
+from typing import Any
 
+from trax_revplus.cli import build_errors
 from trax_revplus.cli import failures
 from trax_revplus.cli import gin_config
 from trax_revplus.errors import EXIT_RUNTIME
@@ -62,14 +63,8 @@ class Config:
             self._tl.WeightedCategoryCrossEntropy())
 
 
-def signature(batch):
-  """The batch's `trax.shapes.ShapeDtype`s, as models are initialized."""
-  from trax import shapes  # pylint: disable=g-import-not-at-top
-  return tuple(shapes.ShapeDtype(x.shape, x.dtype) for x in batch)
-
-
 def _as_train_reports(error: Exception, bindings: list[str]
-                      ) -> Optional[UserError]:
+                      ) -> UserError | None:
   """`error` as `train` reports it when building its Loop, or None."""
   return failures.user_error(error, '', False, bindings)
 
@@ -90,22 +85,25 @@ def check_model(cfg, bindings: list[str]) -> None:
   from trax import fastmath
   from trax.optimizers import trainer as stock_lib
   import trax_revplus
+  from trax_revplus import three_trainers
   from trax_revplus import trainer as rev_lib
   # pylint: enable=g-import-not-at-top
   mode = gin_config.bound_value('train.use_memory_efficient_trainer', False)
   try:
     if mode and not gin_config.is_reference(mode):
-      reversible_blocks(rev_lib if trax_revplus.is_active() else stock_lib, cfg)
+      three_trainers.reversible_blocks(
+          rev_lib if trax_revplus.is_active() else stock_lib, cfg)
     else:
-      cfg.model().init(signature(cfg.batch),
+      cfg.model().init(three_trainers.init_signature(cfg.batch),
                        rng=fastmath.random.get_prng(0))
   except Exception as e:  # pylint: disable=broad-except
-    raise _as_train_reports(e, bindings) or UserError(
+    error = build_errors.as_model_error(e)
+    raise _as_train_reports(error, bindings) or UserError(
         f"cannot build the config's model: {one_line(e)}; fix the model "
         f'bindings (train.model, ...)', EXIT_RUNTIME) from None
 
 
-def check_batch(cfg, n_devices: int, device_memory_bytes: Optional[int],
+def check_batch(cfg, n_devices: int, device_memory_bytes: int | None,
                 bindings: list[str]) -> None:
   """Checks what a step on the config's batch needs, as the trainers will.
 
@@ -136,7 +134,7 @@ def check_batch(cfg, n_devices: int, device_memory_bytes: Optional[int],
 
 
 def check_inputs_and_batch(bindings: list[str], n_devices: int,
-                           device_memory_bytes: Optional[int] = None):
+                           device_memory_bytes: int | None = None):
   """Reads one batch of the parsed config's inputs and checks it
   (`check_batch`) as `train`'s run will; returns the config to build from.
 
@@ -147,15 +145,3 @@ def check_inputs_and_batch(bindings: list[str], n_devices: int,
   cfg = Config(bindings)
   check_batch(cfg, n_devices, device_memory_bytes, bindings)
   return cfg
-
-
-def reversible_blocks(module, cfg):
-  """The config's model and loss as `module`'s reversible blocks (stock
-  trax's or trax_revplus's trainer module), initialized: (blocks, loss
-  layer)."""
-  from trax import fastmath  # pylint: disable=g-import-not-at-top
-  blocks, loss_layer = module.extract_reversible_blocks([cfg.model(),
-                                                         cfg.loss()])
-  module.init_reversible_blocks(blocks, loss_layer, signature(cfg.batch),
-                                fastmath.random.get_prng(0))
-  return blocks, loss_layer

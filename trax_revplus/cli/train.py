@@ -17,7 +17,7 @@ cause end the command with one line (`failures`), the last line the command
 prints: the trainers' memory logs are closed while the run's log is still
 the place of their lines. The terminal shows the plugin's own lines and
 warnings, third-party warnings known to be harmless go to
-`<output_dir>/train.log` only (`noise`).
+`<output_dir>/train.log` only (`run_log`, `noise`).
 
 With several processes (`--num_processes` or a cluster launcher), each
 joins the run before anything touches JAX (`join`); what differs then is
@@ -25,24 +25,23 @@ in `trax_revplus.multiprocess` (`training`, `ending`).
 """
 
 import argparse
-import contextlib
 import copy
 import functools
 import inspect
-import logging as std_logging
 import os
 import sys
-import threading
-from typing import Any, Iterator
+from typing import Any
 
 from trax_revplus import interrupt
+from trax_revplus.cli import build_errors
 from trax_revplus.cli import failures
 from trax_revplus.cli import gin_config
 from trax_revplus.cli import join
-from trax_revplus.cli import noise
 from trax_revplus.cli import output_dir as output_dirs
 from trax_revplus.cli import preflight
+from trax_revplus.cli import run_log
 from trax_revplus.cli import summary as summaries
+from trax_revplus.cli.config_flags import configs_from_flags
 from trax_revplus.cli.messages import error_line
 from trax_revplus.cli.messages import PROG
 from trax_revplus.cli.messages import warning_line
@@ -53,32 +52,6 @@ from trax_revplus.multiprocess import ending
 from trax_revplus.multiprocess import training as processes
 
 COMMAND = 'train'
-
-
-def configs_from_flags(flags: argparse.Namespace) -> tuple[list[str],
-                                                            list[str]]:
-  """The config files and bindings `train` and `compare` were given.
-
-  Returns:
-    `(config_files, bindings)`.
-
-  Raises:
-    UserError: when neither a config file nor a binding is given, or when a
-      config file is missing or unreadable.
-  """
-  config_files = list(flags.config_file or [])
-  bindings = list(flags.config or [])
-  if not config_files and not bindings:
-    raise UserError('no config: give --config_file=FILE.gin (and/or '
-                    '--config=BINDING)')
-  for path in config_files:
-    if not os.path.exists(path):
-      raise UserError(f'config file not found: {path}')
-    if not os.path.isfile(path):
-      raise UserError(f'config file is not a regular file: {path}')
-    if not os.access(path, os.R_OK):
-      raise UserError(f'config file is not readable: {path}')
-  return config_files, bindings
 
 
 def _select_implementation(implementation: str) -> None:
@@ -157,88 +130,6 @@ def _lock(lock: output_dirs.OutputDirLock) -> None:
     print(warning_line(COMMAND, warning), file=sys.stderr, flush=True)
 
 
-class _ThreadErrors:
-  """Reports an exception that ends a background thread in one line.
-
-  trax's TensorBoard writers write on a thread of their own; when the disk
-  fills up, that thread dies with a traceback before the Loop sees the error
-  at its next write. The traceback goes to the log instead.
-  """
-
-  def __init__(self):
-    self._saved = None
-
-  def __enter__(self) -> '_ThreadErrors':
-    self._saved = threading.excepthook
-    threading.excepthook = self._report
-    return self
-
-  def __exit__(self, *exc_info) -> None:
-    threading.excepthook = self._saved
-
-  @staticmethod
-  def _report(args: threading.ExceptHookArgs) -> None:
-    from absl import logging  # pylint: disable=g-import-not-at-top
-    name = args.thread.name if args.thread is not None else 'a thread'
-    logging.info('thread %s stopped', name,
-                 exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
-    print(warning_line(COMMAND, f'background thread {name} stopped: '
-                                f'{args.exc_type.__name__}: '
-                                f'{args.exc_value}'),
-          file=sys.stderr, flush=True)
-
-
-@contextlib.contextmanager
-def _run_logging(output_dir: str, import_messages: str,
-                 process: int | None = None,
-                 warnings: tuple[str, ...] = ()) -> Iterator[str]:
-  """Full log to output_dir/train.log; the plugin's warnings on stderr.
-
-  In a multi-process run (`process` not None) each process logs to its own
-  file (`training.log_file_name`), every line marked with its index.
-
-  Yields:
-    The path of the log file.
-  """
-  from absl import logging  # pylint: disable=g-import-not-at-top
-  verbosity = logging.get_verbosity()
-  logging.set_verbosity(logging.INFO)
-  absl_logger = logging.get_absl_logger()
-  log_path = os.path.join(output_dir,
-                          processes.log_file_name(process or 0))
-  to_file = std_logging.FileHandler(log_path)
-  to_file.setLevel(std_logging.INFO)
-  to_stderr = std_logging.StreamHandler(sys.stderr)
-  to_stderr.setLevel(std_logging.WARNING)
-  to_stderr.addFilter(noise.DropKnownNoise())
-  for handler in (to_file, to_stderr):
-    formatter = logging.PythonFormatter()
-    if process is not None:
-      formatter = processes.ProcessFormatter(formatter, process)
-    handler.setFormatter(formatter)
-    absl_logger.addHandler(handler)
-  # trax logs every metric at INFO; keep those out of the terminal (where
-  # trax also prints the eval lines) and out of the root logger's handlers.
-  absl_logger.propagate = False
-  warnings_to_stderr = std_logging.StreamHandler(sys.stderr)
-  try:
-    if import_messages.strip():
-      logging.info('Messages printed on stderr while importing trax:\n%s',
-                   import_messages)
-    for warning in warnings:  # Shown on the terminal already.
-      logging.info('warning: %s', warning)
-    with noise.route_warnings(to_file, warnings_to_stderr), _ThreadErrors():
-      yield log_path
-  finally:
-    absl_logger.propagate = True
-    for handler in (to_file, to_stderr):
-      absl_logger.removeHandler(handler)
-      handler.close()
-    # What is logged at INFO after the run (e.g. by a memory log closed at
-    # exit) would otherwise reach the terminal after the run's last line.
-    logging.set_verbosity(verbosity)
-
-
 def _share_seed() -> None:
   """Binds train.random_seed to process 0's when the config sets none.
 
@@ -302,9 +193,11 @@ def _train(output_dir: str, callbacks: list[Any], log_path: str,
   failed_loop = None
   if multi_process:  # Before stop.callback: every process stops together.
     callbacks = list(callbacks) + [ending.stop_together(stop)]
+  build = None
   try:
-    loop = trainer_lib.train(output_dir=output_dir,
-                             callbacks=list(callbacks) + [stop.callback])
+    with build_errors.watch_loop_build() as build:
+      loop = trainer_lib.train(output_dir=output_dir,
+                               callbacks=list(callbacks) + [stop.callback])
     checkpoint = os.path.join(output_dir, 'model.pkl.gz')
     if multi_process:  # Process 0 may still be writing it.
       processes.barrier('trained')
@@ -317,9 +210,9 @@ def _train(output_dir: str, callbacks: list[Any], log_path: str,
         processes.barrier('saved')
       checkpoint_step = _checkpoint_step(checkpoint)
   except Exception as e:  # pylint: disable=broad-except
-    # trainer_lib.train raised: its Loop is in the error, or in the frames
-    # the error passed.
-    failed_loop = getattr(e, 'loop', None) or failures.loop_of(e)
+    # trainer_lib.train raised: its Loop is in the error, or the one whose
+    # construction began.
+    failed_loop = getattr(e, 'loop', None) or (build and build.loop)
     if isinstance(e, interrupt.Interrupted):
       raise
     error = failures.user_error(e, output_dir, stop.steps_started,
@@ -431,7 +324,7 @@ def _run(flags: argparse.Namespace, config_files: list[str],
     output_dirs.make(output_dir)
     if not locked:
       lock_if_chief()
-    with _run_logging(output_dir, import_messages, process,
+    with run_log.run_logging(output_dir, import_messages, process,
                       tuple(warnings)) as log_path:
       return _train(output_dir, callbacks, log_path, stop, bindings,
                     process is not None)

@@ -22,7 +22,8 @@ On one device both layouts are plain single-device arrays without the
 leading axis.
 
 Modules: `devices` (`Placement`: the devices of this process, H2D and D2H
-copies, the types placed values will have), `layouts` (`Layout`; functions
+copies), `ahead_of_time` (the types placed values will have, for compiling
+ahead of time; a base of `Placement`), `layouts` (`Layout`; functions
 compiled to run per device), `host_copy` (D2H copies collected when
 needed; arrays waiting on the host between a forward and a backward),
 `freeing` (releasing device buffers nothing can read), `processes` (the

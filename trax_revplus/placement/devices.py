@@ -1,6 +1,8 @@
 """`Placement`: the devices of this process and the copies to and from them.
 
-See the package docstring (`trax_revplus.placement`) for the layouts.
+See the package docstring (`trax_revplus.placement`) for the layouts. The
+types placed values will have, for compiling ahead of time, are
+`ahead_of_time`'s (a base of `Placement`).
 """
 
 from typing import Any, Callable, List, Optional, Sequence, Tuple
@@ -13,6 +15,7 @@ from jax.sharding import SingleDeviceSharding
 import numpy as np
 
 from trax_revplus import memory
+from trax_revplus.placement import ahead_of_time
 from trax_revplus.placement import freeing
 from trax_revplus.placement import host_copy
 from trax_revplus.placement import layouts
@@ -35,7 +38,7 @@ def _host_nbytes(x):
   return 0
 
 
-class Placement:
+class Placement(ahead_of_time.AheadOfTimeTypes):
   """Puts pytrees on N devices, brings them back, frees device memory.
 
   The N devices are the first `n_devices` of this process, or in a
@@ -202,80 +205,6 @@ class Placement:
       self.transfers.add_h2d(h2d)
     return tree
 
-  def abstract_params(self, tree: PyTree) -> Optional[PyTree]:
-    """What `place_params(tree)` would pass to a compiled call, untransferred.
-
-    For compiling ahead of time: on one CPU device `tree` itself (its host
-    arrays are what the call receives); elsewhere each leaf becomes a
-    `jax.ShapeDtypeStruct` with the replicated sharding.
-
-    Args:
-      tree: pytree of host `numpy.ndarray`s or device arrays.
-
-    Returns:
-      The pytree, or None if a leaf is neither (its type after placement is
-      not known without placing it).
-    """
-    return self._abstract(tree, self._replicated)
-
-  def abstract_per_device(self, tree: PyTree) -> Optional[PyTree]:
-    """What `per_device(tree)` would pass to a compiled call, untransferred.
-
-    For compiling ahead of time, as `abstract_params`.
-
-    Args:
-      tree: pytree of host `numpy.ndarray`s or device arrays of shape S.
-
-    Returns:
-      The pytree (one CPU device), or one of `jax.ShapeDtypeStruct`s of
-      shape (N,) + S on N > 1 devices, S on one, with the per-device
-      sharding; None if a leaf is neither kind of array.
-    """
-    lead = (self.n_devices,) if self.n_devices > 1 else ()
-    return self._abstract(tree, self._per_device, lead)
-
-  def _abstract(self, tree, sharding, lead=()):
-    """`tree` as a placement onto `sharding` would give it, untransferred:
-    itself on one CPU device; else leaves already there stay, the others
-    become `jax.ShapeDtypeStruct`s of shape `lead` + their own. None if a
-    leaf is neither a numpy nor a device array."""
-    leaves = _leaves(tree)
-    if not all(isinstance(x, (np.ndarray, jax.Array)) for x in leaves):
-      return None
-    if self.host_is_device:
-      return tree
-
-    def abstract(x):
-      if isinstance(x, jax.Array) and x.sharding == sharding:
-        return x
-      return jax.ShapeDtypeStruct(
-          lead + x.shape, jax.dtypes.canonicalize_dtype(x.dtype),
-          sharding=sharding)
-    return jax.tree_util.tree_map(abstract, tree)
-
-  def per_device_types(self, tree: PyTree) -> PyTree:
-    """Result types of a compiled call, as its per-device results have them.
-
-    A jitted function's traced result types (`jax.stages.Traced.out_info`)
-    carry no sharding, but the results of calls on arrays that
-    `shard_batch` placed are committed to the per-device sharding, and a
-    function compiled for uncommitted arguments would compile again for
-    them.
-
-    Args:
-      tree: pytree of `jax.ShapeDtypeStruct`s.
-
-    Returns:
-      The pytree, each leaf without a sharding given the per-device one.
-    """
-
-    def with_sharding(x):
-      if not isinstance(x, jax.ShapeDtypeStruct) or x.sharding is not None:
-        return x
-      return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=self._per_device,
-                                  weak_type=x.weak_type)
-    return jax.tree_util.tree_map(with_sharding, tree)
-
   def per_device(self, tree: PyTree) -> PyTree:
     """Places a copy of a host value on each device in per-device layout.
 
@@ -333,27 +262,6 @@ class Placement:
       return x.reshape((n, x.shape[0] // n) + x.shape[1:])
     return self._put(batch, self._per_device, prepare=split,
                      lead=(self.n_devices,))
-
-  def abstract_batch(self, batch: PyTree) -> PyTree:
-    """What `shard_batch(batch)` would give, untransferred.
-
-    Args:
-      batch: pytree of arrays or `jax.ShapeDtypeStruct`s of shape (B, ...)
-        (this process's rows).
-
-    Returns:
-      The pytree of `jax.ShapeDtypeStruct`s of shape (N, B // L, ...) with
-      the per-device sharding on N > 1 devices, (B, ...) on one.
-    """
-    n = self.n_local_devices
-
-    def abstract(x):
-      shape = tuple(np.shape(x))
-      dtype = jax.dtypes.canonicalize_dtype(x.dtype)
-      if self.n_devices > 1:
-        shape = (self.n_devices, shape[0] // n) + shape[1:]
-      return jax.ShapeDtypeStruct(shape, dtype, sharding=self._per_device)
-    return jax.tree_util.tree_map(abstract, batch)
 
   def place_rngs(self, rng, n_layers: int) -> List[Array]:
     """Per-layer RNGs of a step, as trax splits them: `split(rng,

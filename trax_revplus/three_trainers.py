@@ -1,0 +1,183 @@
+"""One config's model with each of three trainers, one step of each accounted.
+
+`account_three` builds the model three times: with trax's default
+`Trainer`, stock trax's `ReversibleSerialTrainer` and trax_revplus's, and
+accounts what one training step of each would need on a device
+(`device_memory`), without running a step. trax_revplus's trainer plans for
+a device memory (its `device_memory_budget_bytes`), and the plan it would
+run, the least plan and the plans it weighed come from one search. A
+trainer that cannot be built or compiled on this JAX gets a one-line error
+instead of figures (`device_memory.account`).
+
+It stands beside `trax_revplus.device_memory` rather than in it: it builds
+trax_revplus's trainer, which imports that package. trax's trainers and
+trax_revplus's are imported when a trainer is built.
+"""
+
+import dataclasses
+from typing import Any
+
+import trax_revplus
+from trax_revplus import device_memory
+
+
+@dataclasses.dataclass(frozen=True)
+class RevplusPlan:
+  """The plan trax_revplus's trainer would run under its budget.
+
+  Attributes:
+    description: the plan's `describe()`.
+    fits: whether a plan fits the budget (True when there is none); when
+      False, the plan is the least one.
+    least_peak_device_bytes: the peak device bytes of the least plan.
+  """
+  description: str
+  fits: bool
+  least_peak_device_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ThreeTrainers:
+  """The figures of the three trainers of one config.
+
+  Attributes:
+    trainers: {'default' | 'stock' | 'revplus':
+      `device_memory.TrainerMemory`}.
+    plan: trax_revplus's plan, or None when its trainer has an error.
+    budget_bytes: the budget trax_revplus's trainer planned for (None: no
+      budget), or the device memory asked for when it has an error.
+    weighing: the plans it weighed (`trainer.weighing.Weighing`), or None
+      when it has an error.
+  """
+  trainers: dict[str, device_memory.TrainerMemory]
+  plan: RevplusPlan | None
+  budget_bytes: int | None
+  weighing: Any
+
+
+def init_signature(batch):
+  """The batch's `trax.shapes.ShapeDtype`s, as models are initialized."""
+  from trax import shapes  # pylint: disable=g-import-not-at-top
+  return tuple(shapes.ShapeDtype(x.shape, x.dtype) for x in batch)
+
+
+def reversible_blocks(module, cfg):
+  """The config's model and loss as `module`'s reversible blocks (stock
+  trax's or trax_revplus's trainer module), initialized: (blocks, loss
+  layer)."""
+  from trax import fastmath  # pylint: disable=g-import-not-at-top
+  blocks, loss_layer = module.extract_reversible_blocks([cfg.model(),
+                                                         cfg.loss()])
+  module.init_reversible_blocks(blocks, loss_layer,
+                                init_signature(cfg.batch),
+                                fastmath.random.get_prng(0))
+  return blocks, loss_layer
+
+
+def _default(cfg, backend: str) -> device_memory.TrainerMemory:
+  # pylint: disable=g-import-not-at-top
+  from trax import fastmath
+  from trax import layers as tl
+  from trax import optimizers
+  # pylint: enable=g-import-not-at-top
+  model = tl.Serial(cfg.model(), cfg.loss())
+  model.init(init_signature(cfg.batch), rng=fastmath.random.get_prng(0))
+  opt = cfg.optimizer()
+  opt.tree_init(model.weights)
+  trainer = optimizers.Trainer(model, opt, n_devices=1)
+  return device_memory.trainer_memory('default', trainer, cfg.batch, backend)
+
+
+def _stock(cfg, backend: str) -> device_memory.TrainerMemory:
+  from trax.optimizers import trainer as stock_lib  # pylint: disable=g-import-not-at-top
+  blocks, loss_layer = reversible_blocks(stock_lib, cfg)
+  trainer = stock_lib.ReversibleSerialTrainer(blocks, loss_layer,
+                                              cfg.optimizer, n_devices=1)
+  return device_memory.trainer_memory('stock', trainer, cfg.batch, backend)
+
+
+def _revplus(cfg, backend: str, n_devices: int,
+             device_memory_bytes: int | None) -> tuple:
+  """(TrainerMemory, `RevplusPlan`, the budget it planned for, the plans it
+  weighed: `weighing.Weighing`) of trax_revplus's trainer.
+
+  With `device_memory_bytes` the trainer plans for it; without, for the
+  budget its settings give (the config's `device_memory_budget_bytes`, by
+  default the device's own size where the backend reports it). The plan,
+  the least plan and the plans weighed come from one search: a plan is
+  accounted once.
+  """
+  # pylint: disable=g-import-not-at-top
+  from trax_revplus import trainer as rev_lib
+  from trax_revplus.trainer import planner
+  # pylint: enable=g-import-not-at-top
+  blocks, loss_layer = reversible_blocks(rev_lib, cfg)
+  budget = ({} if device_memory_bytes is None else
+            {'device_memory_budget_bytes': device_memory_bytes})
+  trainer = rev_lib.ReversibleSerialTrainer(
+      blocks, loss_layer, cfg.optimizer, n_devices=n_devices,
+      memory_log_tensorboard=False, output_dir=None, **budget)
+  budget_bytes = trainer.planner.budget_bytes
+  try:
+    plan = trainer.planned(cfg.batch).plan
+    step = trainer.device_memory_of(cfg.batch)
+    fits = True
+  except planner.DeviceMemoryBudgetError:
+    plan = step = None
+  least_plan, least = trainer.least_device_memory_of(cfg.batch)
+  if plan is None:
+    plan, step = least_plan, least
+    fits = False
+  settings = dict(plan.settings(), n_calls=plan.n_calls)
+  result = device_memory.trainer_memory(
+      'revplus', trainer, cfg.batch, backend, step=step, plan=settings,
+      least=(dict(least_plan.settings(), n_calls=least_plan.n_calls), least))
+  revplus_plan = RevplusPlan(plan.describe(), fits, least.peak_device_bytes)
+  return (result, revplus_plan, budget_bytes,
+          trainer.planner.weighing(cfg.batch))
+
+
+def account_three(cfg, backend: str, n_devices: int,
+                  device_memory_bytes: int | None) -> ThreeTrainers:
+  """Builds and accounts the three trainers of a config: 'default',
+  'stock', 'revplus', in that order.
+
+  trax's trainers are built with stock trax's classes, trax_revplus's with
+  its own (activated for it); the activation is as it was afterwards.
+
+  Args:
+    cfg: what to build, as `train` would (e.g.
+      `trax_revplus.cli.parsed_config.Config`): `model()` a new model in
+      train mode, `loss()` a new loss layer, `optimizer` the optimizer's
+      class, `batch` the batch's `jax.ShapeDtypeStruct`s.
+    backend: the platform the programs compile for, e.g.
+      `jax.default_backend()`.
+    n_devices: devices trax_revplus's trainer runs on; trax's trainers are
+      accounted on one.
+    device_memory_bytes: the memory trax_revplus's trainer plans for, or
+      None: the budget its settings give.
+
+  Returns:
+    `ThreeTrainers`.
+  """
+  activated = trax_revplus.is_active()
+  results = {}
+  revplus = [None, device_memory_bytes, None]  # plan, budget, weighing
+  try:
+    trax_revplus.deactivate()
+    results['default'] = device_memory.account(
+        'default', backend, 1, lambda: _default(cfg, backend))
+    results['stock'] = device_memory.account(
+        'stock', backend, 1, lambda: _stock(cfg, backend))
+    trax_revplus.activate()
+
+    def account_revplus():
+      memory, revplus[0], revplus[1], revplus[2] = _revplus(
+          cfg, backend, n_devices, device_memory_bytes)
+      return memory
+    results['revplus'] = device_memory.account('revplus', backend, n_devices,
+                                               account_revplus)
+  finally:
+    if not activated:
+      trax_revplus.deactivate()
+  return ThreeTrainers(results, *revplus)
