@@ -7,6 +7,8 @@ Every reference is trax's own `optimizers.Trainer` on
 (`trainer_cases`).
 """
 
+import functools
+
 import jax
 import numpy as np
 import pytest
@@ -104,6 +106,36 @@ def test_same_as_default_extended():
   cases.assert_all_close(ref_state, model.state)
 
 
+def _terraformer_with_loss():
+  """(ConfigurableTerraformer, its loss, model + loss, init): 2 + 2 layers,
+  a sparse feed-forward, Adafactor's shapes."""
+  model = terraformer.ConfigurableTerraformer(
+      20, d_model=8, d_ff=32, n_heads=1, dropout=0.0, n_encoder_layers=2,
+      n_decoder_layers=2, ff_sparsity=(4, 8, 0.0, 1.0), pos_type=None,
+      reversible_encoder=True)
+  loss = tl.Serial(tl.LogSoftmax(), tl.CrossEntropyLoss())
+  model_with_loss = tl.Serial(model, loss)
+  int_sig = shapes.ShapeDtype((2, 4), dtype=np.int32)
+  rng_init = fastmath.random.get_prng(12)
+  init = lambda: model_with_loss.init((int_sig,) * 3, rng=rng_init)
+  return model, loss, model_with_loss, init
+
+
+def _terraformer_batch():
+  inputs = np.arange(8).reshape((2, 4)) + 1
+  return (inputs, 2 * inputs, np.ones_like(inputs))
+
+
+@functools.lru_cache(maxsize=1)
+def _terraformer_reference_3_steps():
+  """trax's default Trainer's weights after 3 Adafactor steps, computed once
+  for every plan compared with them."""
+  _, _, model_with_loss, init = _terraformer_with_loss()
+  weights, _, _ = cases.reference(model_with_loss, init, optimizers.Adafactor,
+                                  3, _terraformer_batch())
+  return weights
+
+
 @pytest.mark.parametrize('plan', [
     {},
     # One layer per call, each in 2 batch slices: the decoder's
@@ -115,23 +147,11 @@ def test_same_as_default_extended():
     'fused_2_slices'],
     ids=['defaults', 'one_layer_per_call_2_slices', 'fused_2_slices'])
 def test_same_as_default_terraformer_loss_chunking(plan):
-  inputs = np.arange(8).reshape((2, 4)) + 1
-  batch = (inputs, 2 * inputs, np.ones_like(inputs))
-  int_sig = shapes.ShapeDtype((2, 4), dtype=np.int32)
-  input_sig = (int_sig, int_sig, int_sig)
-  model = terraformer.ConfigurableTerraformer(
-      20, d_model=8, d_ff=32, n_heads=1, dropout=0.0, n_encoder_layers=2,
-      n_decoder_layers=2, ff_sparsity=(4, 8, 0.0, 1.0), pos_type=None,
-      reversible_encoder=True)
-  loss = tl.Serial(tl.LogSoftmax(), tl.CrossEntropyLoss())
+  batch = _terraformer_batch()
+  ref_weights = _terraformer_reference_3_steps()
+  model, loss, model_with_loss, init = _terraformer_with_loss()
   blocks, loss_layer = trax_revplus.trainer.extract_reversible_blocks(
       [model, loss], loss_chunk_size=4)
-  model_with_loss = tl.Serial(model, loss)
-  rng_init = fastmath.random.get_prng(12)
-  init = lambda: model_with_loss.init(input_sig, rng=rng_init)
-  ref_weights, _, _ = cases.reference(
-      model_with_loss, init, optimizers.Adafactor, 3, batch)
-
   init()
   fused = plan == 'fused_2_slices'
   trainer = rev_trainer.ReversibleSerialTrainer(

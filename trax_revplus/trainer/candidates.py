@@ -18,16 +18,20 @@ Every dimension of `plan.StepPlan` that costs device memory is varied:
 The speed model ranks plans without timing them, in this order of
 importance: (1) the fused program first: one call per step, with no host
 work and no dispatch between layers, where unfused plans run two calls per
-segment and recompute the same activations (on the 6-layer benchmark model
-it stepped 1.10 s against 1.39 s unfused, and 0.96 against 1.12 s at 2
-slices: docs/performance.md); (2) fewer batch slices (larger matrices, no
-loop per call); (3) fewer compiled calls (each costs a dispatch and host
-work for its weights, slots and updates), then fewer backward calls, then
-longer forward segments; (4) a deeper copy-back, then prefetching (each
-overlaps host work with device work). Within a group, every plan whose
-saved inputs and states wait on the device comes before every plan whose
-wait on the host: those copy them out and back, and wait for each forward
-call before dispatching the next.
+segment and recompute the same activations; (2) fewer batch slices: a
+sliced call draws its random masks (dropout) per slice, so only an
+unsliced plan gives the weights stock trax gives on the same RNGs, and an
+accelerator runs larger matrices faster (on CPU a fused program of 2 slices
+can step faster than an unsliced one; the rank keeps stock's results first,
+and `batch_slices = 2` pins the other); (3) fewer compiled calls (each
+costs a dispatch and host work for its weights, slots and updates), then
+fewer backward calls, then longer forward segments; (4) a deeper
+copy-back, then prefetching (each overlaps host work with device work).
+Within a group, every plan whose saved inputs and states wait on the
+device comes before every plan whose wait on the host: those copy them out
+and back, and wait for each forward call before dispatching the next. The
+benchmark checks the rank against measured step times
+(docs/performance.md).
 
 A setting the user gave as an int pins its dimension (`options.AUTO`
 leaves it to the budget): `batch_slices` keeps only that slicing,
