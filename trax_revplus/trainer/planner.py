@@ -21,18 +21,15 @@ from typing import NamedTuple, Optional
 from absl import logging
 import jax
 import numpy as np
-from trax.layers import combinators as cb
 
 from trax_revplus import device_memory
-from trax_revplus import layers as layers_lib
-from trax_revplus import memory
 from trax_revplus import validation
 from trax_revplus.trainer import ahead
 from trax_revplus.trainer import candidates as candidates_lib
 from trax_revplus.trainer import options as options_lib
 from trax_revplus.trainer import plan as plan_lib
 from trax_revplus.trainer import plan_store as plan_store_lib
-from trax_revplus.trainer import step_fns
+from trax_revplus.trainer import stack_bytes as stack_bytes_lib
 from trax_revplus.trainer import units as units_lib
 from trax_revplus.trainer import weighing as weighing_lib
 
@@ -224,41 +221,10 @@ class Planner:
     return self._weighings[key]
 
   def _stack_bytes(self, types):
-    """Per block, the bytes (all devices) of the stack items its reversible
-    layers read and write: what backward_segment_max_layers='auto' reads.
-
-    The stack's types come from `jax.eval_shape` of every layer's forward
-    on one device's rows, in order; where they cannot be known so, every
-    block counts as activation-bound. Tracing leaves the layers as they were
-    (`layers.preserved`), also where a layer's trace fails.
-    """
-    n = self._placement.n_devices
-    per_device = lambda x: jax.ShapeDtypeStruct(
-        x.shape[1:] if n > 1 else x.shape, x.dtype)
-    stack = jax.tree_util.tree_map(per_device, types.stack)
-    rng = jax.ShapeDtypeStruct((2,), np.uint32)
-
-    def forward(layer, stack):
-      outputs, _ = jax.eval_shape(
-          layer.pure_fn, cb.inputs_from_stack(stack, layer.n_in),
-          layer.weights, layer.state, rng)
-      return cb.outputs_onto_stack(outputs, stack, layer.n_in)
-
-    out = []
-    try:
-      with layers_lib.preserved(*self._store.layers):
-        for std, revs in self._store.blocks:
-          stack = forward(std, stack)
-          depth = step_fns.chain_depth(revs)
-          out.append(n * memory.array_bytes(
-              cb.inputs_from_stack(stack, depth) if depth else ()))
-          for rev in revs:
-            stack = forward(rev, stack)
-    except Exception as e:  # pylint: disable=broad-except
-      logging.info('the stack\'s types could not be traced (%s); every block '
-                   'counts as activation-bound.', e)
-      return [plan_lib.ACTIVATION_BOUND_BYTES] * len(self._store.blocks)
-    return out
+    """Per block, the bytes of the stack items its reversible layers read
+    (`stack_bytes.stack_bytes`)."""
+    return stack_bytes_lib.stack_bytes(self._store, types.stack,
+                                       self._placement.n_devices)
 
   def account(self, plan, units, types) -> device_memory.StepMemory:
     """Compiles `units` ahead and composes the step's device memory.
