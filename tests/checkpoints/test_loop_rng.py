@@ -47,6 +47,9 @@ def test_the_reference_run_is_that_of_a_fresh_process(continuous,
   # eps) must not reach the reference: it is made as in a fresh process.
   import gin  # pylint: disable=g-import-not-at-top
   gin.parse_config('Adam.b2 = 0.98\nAdam.eps = 1e-9')
-  _, _, (weights6, slots6), _ = cases._continuous(tmp_path_factory)  # pylint: disable=protected-access
+  try:
+    _, _, (weights6, slots6), _ = cases._continuous(tmp_path_factory)  # pylint: disable=protected-access
+  finally:
+    gin.clear_config()
   _, _, (want_weights, want_slots), _ = continuous
   cases.assert_equal(weights6 + slots6, want_weights + want_slots)
