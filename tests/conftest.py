@@ -59,6 +59,24 @@ def stock_trax():
   trax_revplus.deactivate()
 
 
+@pytest.fixture(autouse=True)
+def _trainer_tests_start_from_empty_gin(request):
+  """Every test under tests/trainer starts and ends with no gin config.
+
+  Their references (`trainer_cases`) and ours build trax's optimizers,
+  whose hyperparameters gin can bind: a binding an earlier test in the
+  same worker left (the main job's config binds `Adam.b2` and `Adam.eps`)
+  would reach one and not the other, and which tests share a worker
+  depends on timing.
+  """
+  if os.path.basename(os.path.dirname(str(request.node.fspath))) != 'trainer':
+    yield
+    return
+  gin.clear_config()
+  yield
+  gin.clear_config()
+
+
 @pytest.fixture
 def stock_trax_and_empty_gin(stock_trax):  # pylint: disable=redefined-outer-name,unused-argument
   """Each test starts and ends with stock trax bound and no gin config."""

@@ -104,6 +104,7 @@ def _stopped_step(err, name):
 
 
 @pytest.mark.usefixtures('stock_trax_and_empty_gin')
+@pytest.mark.slow
 def test_sigint_and_sigterm_resume_to_the_uninterrupted_weights(tmp_path,
                                                                  capsys):
   reference_dir = tmp_path / 'uninterrupted'

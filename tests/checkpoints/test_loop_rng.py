@@ -27,6 +27,7 @@ def test_restart_with_dropout_reaches_the_same_weights(continuous, tmp_path):
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_restart_at_an_eval_step_reaches_the_same_weights(tmp_path):
   reference = cases.make_loop(tmp_path / 'reference', evals=True)
   reference.run(6)

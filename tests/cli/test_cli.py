@@ -388,6 +388,7 @@ def test_trainer_settings_in_use_get_no_warning(tmp_path, capsys):
   assert len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_an_error_in_the_first_step_is_the_last_line(tmp_path, capsys):
   # A budget no plan fits stops the first step; the trainer's memory log
   # is closed within the run (its last record is 'end'), so nothing it

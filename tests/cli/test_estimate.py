@@ -49,6 +49,7 @@ def fixture_no_compile(monkeypatch):
   monkeypatch.setattr(device_memory, 'account', compiled)
 
 
+@pytest.mark.slow
 def test_estimate_table_and_json(tmp_path, capsys):
   path = tmp_path / 'estimate.json'
   code, out, err = _estimate(capsys, '--device_memory=1GiB',
@@ -139,6 +140,7 @@ def _check_plans(out, rev, budget_bytes):
     assert row.split()[-1].startswith('saved_on_host=')
 
 
+@pytest.mark.slow
 def test_device_memory_overriding_the_config_says_so(tmp_path, capsys):
   code, out, err = _estimate(
       capsys, '--device_memory=1GiB', f'--json={tmp_path / "e.json"}',

@@ -59,6 +59,7 @@ def _eval_losses(output_dir):
             if ': eval ' in line and ' loss |' in line]
 
 
+@pytest.mark.slow
 def test_cheapest_config_trains_to_a_lower_loss(tmp_path, capsys):
   output_dir = str(tmp_path / 'run')
   code = cli.main(['trax-revplus', 'train',

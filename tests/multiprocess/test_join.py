@@ -170,6 +170,7 @@ def test_unresolvable_coordinator_host_fails_at_once_in_one_line():
   _assert_refused_before_jax(config, "'no-such-host.invalid' does not resolve")
 
 
+@pytest.mark.slow
 def test_processes_disagreeing_on_the_count_fail_in_one_line_each():
   # Process 1 believes in 3 processes; process 0 started a run of 2.
   address = _address()

@@ -131,6 +131,7 @@ def test_a_child_that_exits_without_a_result_is_an_error():
     protocol.receive(proc, 'l6:ours')
 
 
+@pytest.mark.slow
 def test_memory_child_reports_its_peak_after_each_step(capsys):
   # In this process: the protocol (a fresh process) is the smoke script's.
   host_memory.memory_child('l6:ours', quick=True, memory_steps=2)

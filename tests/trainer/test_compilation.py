@@ -51,6 +51,7 @@ def test_memoization_distinguishes_layers_repr_cannot():
   cases.assert_all_close(ref_weights, model.weights)
 
 
+@pytest.mark.slow
 def test_identical_layers_share_one_compilation():
   batch = cases.batch()
   n_pairs = 3

@@ -144,7 +144,7 @@ def _terraformer_reference_3_steps():
     dict(segment_max_layers=1, backward_segment_max_layers=1,
          batch_slices=2),
     # Every layer in the loss's one program, in 2 slices.
-    'fused_2_slices'],
+    pytest.param('fused_2_slices', marks=pytest.mark.slow)],
     ids=['defaults', 'one_layer_per_call_2_slices', 'fused_2_slices'])
 def test_same_as_default_terraformer_loss_chunking(plan):
   batch = _terraformer_batch()

@@ -88,6 +88,7 @@ def _eval_values(loop):
   return [v for _, v in loop.history.get('eval', 'metrics/CrossEntropyLoss')]
 
 
+@pytest.mark.slow
 def test_loop_modes_restart_and_cross_compatibility(tmp_path, monkeypatch):
   gin.bind_parameter(
       'trax_revplus.ReversibleSerialTrainer.memory_log_every_n_steps', 1)
