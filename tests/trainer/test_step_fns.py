@@ -10,6 +10,7 @@ from trax import optimizers
 from trax.optimizers import trainer as stock_trainer
 
 from trax_revplus.placement import Layout
+from trax_revplus.trainer import chains
 from trax_revplus.trainer import step_fns
 from trax_revplus.trainer.step_fns import Kind
 
@@ -25,7 +26,7 @@ def _functions():
       Kind.FORWARD: step_fns.forward_fn(dense),
       Kind.FORWARD_BACKWARD_UPDATE: step_fns.fbo_fn(dense, adam(), 1, False),
       Kind.LOSS: step_fns.fbo_fn(dense, adam(), 1, False, 'loss'),
-      Kind.SEGMENT_FORWARD: step_fns.segment_forward_fn([half, swap]),
+      Kind.SEGMENT_FORWARD: chains.segment_forward_fn([half, swap]),
       Kind.SEGMENT_REVERSE_UPDATE: step_fns.segment_reverse_fn(
           [half, swap], [adam(), adam()], 1, False),
       Kind.FUSED_LOSS: step_fns.fused_loss_fn(

@@ -22,10 +22,6 @@ from trax.optimizers import trainer as stock_trainer
 
 from trax_revplus import placement as placement_lib
 from trax_revplus.trainer import chains
-# The chains' depth and forward, also under the names the trainer's modules
-# use (`step_fns.chain_depth`, `step_fns.segment_forward_fn`).
-from trax_revplus.trainer.chains import chain_depth  # pylint: disable=unused-import
-from trax_revplus.trainer.chains import segment_forward_fn  # pylint: disable=unused-import
 
 _R = placement_lib.Layout.REPLICATED
 _D = placement_lib.Layout.PER_DEVICE
@@ -257,7 +253,7 @@ def segment_reverse_fn(layers, optimizers, n_devices, adasum):
   Returns (of the returned function):
     (new_weights, new_slots, inputs, grads_inputs, stats): lists of each
     layer's new weights, slots and stats; the reconstructed stack items the
-    segment's forward read (`chain_depth(layers)`) and their cotangents.
+    segment's forward read (`chains.chain_depth(layers)`) and their cotangents.
   """
   fns = [reverse_and_fbo_fn(layer, opt, n_devices, adasum)
          for layer, opt in zip(layers, optimizers)]

@@ -5,6 +5,7 @@
 trainer's `compilation.Compiler`.
 """
 
+from trax_revplus.trainer import chains
 from trax_revplus.trainer import loss_slices
 from trax_revplus.trainer import slices
 from trax_revplus.trainer import step_fns
@@ -77,7 +78,7 @@ class UnitFactory:
     if forward:
       forward_fn = self._compile(
           Kind.SEGMENT_FORWARD, indices,
-          slices.forward(step_fns.segment_forward_fn(layers), n_slices, rows),
+          slices.forward(chains.segment_forward_fn(layers), n_slices, rows),
           (), n_slices)
     fn = slices.segment_reverse(
         layers, [self._optimizers[i] for i in indices], self._n_devices,
@@ -98,7 +99,7 @@ class UnitFactory:
     backward pass (`chains.chain_forward_fn`)."""
     layers = [self._layers[i] for i in indices]
     optimizers = [self._optimizers[i] for i in indices]
-    depth = step_fns.chain_depth(layers)
+    depth = chains.chain_depth(layers)
     if len(indices) == 1:
       kind = Kind.LOSS
       fn = loss_slices.loss_fbo(layers[0], optimizers[0], self._n_devices,

@@ -24,7 +24,7 @@ changes the plan or the units.
 
 from trax.layers import combinators as cb
 
-from trax_revplus.trainer import step_fns
+from trax_revplus.trainer import chains
 
 
 class StandardUnit:
@@ -100,7 +100,7 @@ class ReversibleSegment:
 
   def __init__(self, indices, layers, forward_fn, backward_fn):
     self.layers = list(indices)
-    self.depth = step_fns.chain_depth(layers)
+    self.depth = chains.chain_depth(layers)
     self.out_depth = self.depth + sum(layer.n_out - layer.n_in
                                       for layer in layers)
     self.forward_fn = forward_fn
