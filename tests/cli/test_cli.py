@@ -222,7 +222,11 @@ def test_contradicting_repeated_flags_are_a_usage_error(capsys):
      'local_text_inputs.batch_size must be >= 1'),
     (['ReformerLM.d_attention_key = None', 'ReformerLM.n_heads = 3'], 2,
      'cannot build the model ReformerLM: TypeError'),
-], ids=['batch_size', 'model'])
+    # Raised by the model's constructor, before trax builds its Loop.
+    (['ReformerLM.ff_activation = None'], 2,
+     "cannot build the model ReformerLM: TypeError: 'NoneType' object is "
+     'not callable'),
+], ids=['batch_size', 'model', 'model_constructor'])
 def test_errors_while_building_are_one_line(bindings, code, text, tmp_path,
                                             capsys):
   got, out, err = _main(capsys, 'train', f'--config_file={MAIN}',
@@ -235,6 +239,8 @@ def test_errors_while_building_are_one_line(bindings, code, text, tmp_path,
   assert text in line
   if 'd_attention_key = None' in bindings[0]:
     assert line.endswith('check ReformerLM.d_attention_key = None')
+  if 'ff_activation = None' in bindings[0]:
+    assert line.endswith('check ReformerLM.ff_activation = None')
   assert '== summary ==' not in out
 
 

@@ -7,10 +7,12 @@ in one call that raises trax's or Python's plain errors. While
 an error they can raise for a known reason as the `BuildError` of that part
 (its `cause` the error itself): `failures` then maps each type to its line.
 `estimate` and `compare` build the model themselves and type its errors the
-same way (`as_model_error`). An error of trax_revplus's own types passes
-through as raised: its type says what went wrong already. What
-`trainer_lib.train` calls before the Loop (the inputs, the tasks, the
-model's constructor) is not one part, so its plain errors stay untyped.
+same way (`as_model_error`), and `typed_model` types the errors of the
+model's constructor, which `trainer_lib.train` calls before the Loop. An
+error of trax_revplus's own types passes through as raised: its type says
+what went wrong already. What else `trainer_lib.train` calls before the
+Loop (the inputs, the tasks) is not one part, so its plain errors stay
+untyped.
 
 Only the standard library is imported at the top: trax is imported once a
 Loop or a model is being built.
@@ -88,6 +90,29 @@ def _typed(method: Callable[..., Any], catches: tuple[type, ...],
       if _ours(e):
         raise
       raise error_type(e) from e
+  return typed
+
+
+def typed_model(model_fn: Callable[..., Any]) -> Callable[..., Any]:
+  """`model_fn` (e.g. `trax.models.ReformerLM`), whose errors are typed.
+
+  Args:
+    model_fn: the model's constructor, as `train.model` binds it.
+
+  Returns:
+    A callable taking `model_fn`'s arguments that returns its model and
+    raises what `model_fn` raises, as `as_model_error` types it.
+  """
+
+  @functools.wraps(model_fn)
+  def typed(*args, **kwargs):
+    try:
+      return model_fn(*args, **kwargs)
+    except Exception as e:  # pylint: disable=broad-except
+      error = as_model_error(e)
+      if error is e:
+        raise
+      raise error from e
   return typed
 
 

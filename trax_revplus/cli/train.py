@@ -168,6 +168,17 @@ def _checkpoint_step(path: str) -> int | None:
     return None
 
 
+def _typed_model() -> dict[str, Any]:
+  """`{'model': ...}`: the bound model, its constructor's errors typed
+  (`build_errors.typed_model`); empty where `train.model` is no reference
+  to a constructor (gin then reports what is wrong with it)."""
+  model = gin_config.bound_value('train.model', None)
+  if not gin_config.is_reference(model) or str(model).endswith('()'):
+    return {}
+  # gin's deep copy of a reference is the configurable it names.
+  return {'model': build_errors.typed_model(copy.deepcopy(model))}
+
+
 def _train(output_dir: str, callbacks: list[Any], log_path: str,
            stop: interrupt.StopOnSignal, bindings: list[str],
            multi_process: bool = False) -> int:
@@ -197,7 +208,8 @@ def _train(output_dir: str, callbacks: list[Any], log_path: str,
   try:
     with build_errors.watch_loop_build() as build:
       loop = trainer_lib.train(output_dir=output_dir,
-                               callbacks=list(callbacks) + [stop.callback])
+                               callbacks=list(callbacks) + [stop.callback],
+                               **_typed_model())
     checkpoint = os.path.join(output_dir, 'model.pkl.gz')
     if multi_process:  # Process 0 may still be writing it.
       processes.barrier('trained')
