@@ -18,6 +18,7 @@ from trax import fastmath
 from trax.layers import metrics as trax_metrics
 
 from trax_revplus.trainer import chains
+from trax_revplus.trainer import slice_loop
 from trax_revplus.trainer import slices
 from trax_revplus.trainer import step_fns
 from trax_revplus.trainer.slices import add
@@ -116,7 +117,7 @@ def _sliced_loss(loss_fn, combine, k, inputs, weights, states, rows):
     return (add(acc, grads_weights), new_shared), (loss, grads_inputs,
                                                     per_row)
   (grads_weights, shared), (losses, _, per_row), grads_inputs = (
-      slices.scan_rows(body, (zeros(weights), st.shared),
+      slice_loop.scan_rows(body, (zeros(weights), st.shared),
                        (xs.scanned, st.scanned), k, rows_at=1))
   return (jnp.sum(losses), grads_inputs(), grads_weights,
           st.join(per_row, shared))

@@ -37,12 +37,15 @@ from trax import fastmath
 
 from trax_revplus.trainer import chains
 from trax_revplus.trainer import step_fns
+from trax_revplus.trainer.slice_loop import FLOAT0
+from trax_revplus.trainer.slice_loop import is_float0
+from trax_revplus.trainer.slice_loop import merge
+from trax_revplus.trainer.slice_loop import scan_rows
 
 # `state_rows` of a leaf not known per row: per row if its leading axis is
 # a multiple of the batch's rows (rows-major), else shared by all rows.
 BY_SHAPE = 0
 
-_FLOAT0 = jax.dtypes.float0
 
 
 def state_rows(layer) -> Any:
@@ -75,14 +78,6 @@ def _split(x, k):
   return x.reshape((k, x.shape[0] // k) + x.shape[1:])
 
 
-def _merge(x):
-  return x.reshape((x.shape[0] * x.shape[1],) + x.shape[2:])
-
-
-def _is_float0(x):
-  return getattr(x, 'dtype', None) == _FLOAT0
-
-
 class Rows:
   """A pytree of per-row arrays, split into k slices for `lax.scan`.
 
@@ -92,7 +87,7 @@ class Rows:
 
   def __init__(self, tree, k):
     self._leaves, self._treedef = jax.tree_util.tree_flatten(tree)
-    self.scanned = [_split(x, k) for x in self._leaves if not _is_float0(x)]
+    self.scanned = [_split(x, k) for x in self._leaves if not is_float0(x)]
     self._k = k
 
   def slice(self, scanned):
@@ -100,93 +95,11 @@ class Rows:
     scanned = list(scanned)
     out = []
     for x in self._leaves:
-      if _is_float0(x):
-        out.append(np.zeros((x.shape[0] // self._k,) + x.shape[1:], _FLOAT0))
+      if is_float0(x):
+        out.append(np.zeros((x.shape[0] // self._k,) + x.shape[1:], FLOAT0))
       else:
         out.append(scanned.pop(0))
     return jax.tree_util.tree_unflatten(self._treedef, out)
-
-
-def stackable(tree):
-  """(leaves lax.scan can stack, a function rebuilding the merged tree)."""
-  leaves, treedef = jax.tree_util.tree_flatten(tree)
-  shapes = [(x.shape, _is_float0(x)) for x in leaves]
-  kept = [x for x in leaves if not _is_float0(x)]
-
-  def merged(stacked, k):
-    stacked = list(stacked)
-    out = []
-    for shape, float0 in shapes:
-      if float0:
-        out.append(np.zeros((k * shape[0],) + shape[1:], _FLOAT0))
-      else:
-        out.append(_merge(stacked.pop(0)))
-    return jax.tree_util.tree_unflatten(treedef, out)
-  return kept, merged
-
-
-def _types(tree):
-  leaves, treedef = jax.tree_util.tree_flatten(tree)
-  return treedef, [(x.shape, x.dtype, getattr(x, 'weak_type', False))
-                   for x in leaves]
-
-
-def scan(body, carry, xs):
-  """`lax.scan(body, carry, xs)` over the k slices, also where the carry
-  changes type in the first slice.
-
-  trax's `ConcatWithPadding` and `StripFromConcatenateWithPadding` (in
-  Terraformer) mark their first call by reshaping their int32 state from
-  () to (1,); a scan's carry must keep its type. There the first slice runs
-  before the scan, whose carry then has the type the state keeps.
-
-  Returns:
-    (carry, ys) as `lax.scan`: ys leaves have the leading axis k.
-  """
-  first = jax.tree_util.tree_map(lambda x: x[0], xs)
-  after_one = jax.eval_shape(lambda c, x: body(c, x)[0], carry, first)
-  if _types(after_one) == _types(carry):
-    return lax.scan(body, carry, xs)
-  carry, y0 = body(carry, first)
-  carry, ys = lax.scan(body, carry,
-                       jax.tree_util.tree_map(lambda x: x[1:], xs))
-  return carry, jax.tree_util.tree_map(
-      lambda a, b: jnp.concatenate([a[None], b]), y0, ys)
-
-
-def scan_rows(body, carry, xs, k, rows_at=0, loop=scan):
-  """`loop(body, carry, xs)` over k slices, where item `rows_at` of the
-  body's results is a tree of the slice's rows, given back whole.
-
-  `lax.scan` stacks arrays only: the item's float0 leaves are left out of
-  the scan and its tree is rebuilt after it (`stackable`).
-
-  Args:
-    body: `(carry, x) -> (carry, ys)`, ys a tuple.
-    carry, xs: as `lax.scan`'s.
-    k: int, the slices.
-    rows_at: int, the item of ys whose leaves are per row.
-    loop: `scan` (a carry that may change type in the first slice) or
-      `lax.scan`.
-
-  Returns:
-    (carry, ys, rows): carry and ys as `loop`'s; `rows()` puts the slices'
-    trees of ys[rows_at] back together along the rows. The caller calls it
-    where its program joins them (e.g. after a backward's update), so that
-    the program's operations keep their order.
-  """
-  merged = []
-
-  def stacked_body(c, x):
-    c, ys = body(c, x)
-    ys = list(ys)
-    ys[rows_at], merge = stackable(ys[rows_at])
-    # The tree is known only while tracing the body; the last trace's is
-    # the scan's.
-    merged[:] = [merge]
-    return c, tuple(ys)
-  carry, ys = loop(stacked_body, carry, xs)
-  return carry, ys, lambda: merged[0](ys[rows_at], k)
 
 
 class States:
@@ -233,7 +146,7 @@ class States:
       if u is None:
         out.append(shared.pop(0))
       else:
-        rows = _merge(stacked.pop(0))
+        rows = merge(stacked.pop(0))
         out.append(rows if u == x.shape[0] else
                    jnp.concatenate([rows, x[u:]], axis=0))
     return jax.tree_util.tree_unflatten(self._treedef, out)
@@ -351,15 +264,15 @@ def segment_reverse(layers, optimizers, n_devices, adasum, k, rows):
     b = n // k
     old, new = States(states, rows, n, k), States(new_states, rows, n, k)
     leaves, treedef = jax.tree_util.tree_flatten((outputs, grads))
-    moving = [i for i, x in enumerate(leaves) if not _is_float0(x)]
+    moving = [i for i, x in enumerate(leaves) if not is_float0(x)]
 
     def slice_of(bufs, s):
       part = list(leaves)
       for i, x in zip(moving, bufs):
         part[i] = lax.dynamic_slice_in_dim(x, s * b, b)
       for i, x in enumerate(leaves):
-        if _is_float0(x):
-          part[i] = np.zeros((b,) + x.shape[1:], _FLOAT0)
+        if is_float0(x):
+          part[i] = np.zeros((b,) + x.shape[1:], FLOAT0)
       return jax.tree_util.tree_unflatten(treedef, part)
 
     def body(s, carry):
