@@ -21,6 +21,8 @@ CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
 # trax config -> the model it trains.
 TRAX_CONFIGS = {
     'reformer_copy': 'ReformerLM',
+    'reformer_wmt_ende': 'Reformer',
+    'scientific_papers_terraformer': 'ConfigurableTerraformer',
     'terraformer_copy': 'ConfigurableTerraformer',
     'terraformer_copy_self_attn': 'ConfigurableTerraformer',
     'terraformer_purelsh_copy': 'ConfigurableTerraformer',
