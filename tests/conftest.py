@@ -15,6 +15,8 @@ and the benchmarks compile at the default level. Set XLA_FLAGS with a
 """
 
 import os
+import shutil
+import tempfile
 
 from trax_revplus import trax_import
 
@@ -35,20 +37,43 @@ from trax_revplus import trainer as rev_trainer
 
 
 _OPT_LEVEL = '--xla_backend_optimization_level'
+_CACHE_DIR = pytest.StashKey[str]()
 
 
 def pytest_configure(config):
-  """Compiles at optimization level 0 (see the module docstring).
+  """Compiles at optimization level 0 (see the module docstring), through a
+  compilation cache of this test process.
 
   A pytest hook, so that scripts importing this module's models
   (`tests/placement/multidevice_worker.py`) compile at the default level.
   It runs before collection, hence before JAX starts its backend, which
-  reads XLA_FLAGS once.
+  reads XLA_FLAGS once, and before JAX's first compilation, which decides
+  whether the cache is used.
   """
-  del config
   if _OPT_LEVEL not in os.environ.get('XLA_FLAGS', ''):
     os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
                                f' {_OPT_LEVEL}=0').strip()
+  # The suite's tests build the same tiny models again and again, each a new
+  # Python function whose `jit` cache starts empty, so XLA compiles the same
+  # HLO many times. JAX's persistent compilation cache, keyed by the HLO and
+  # the compile options, hands back the executable compiled first. It is
+  # this process's own, fresh for each run and removed after it, and set
+  # through `jax.config` rather than the environment: processes the tests
+  # start run concurrently (the multi-process tests) and would share it, and
+  # a cache file read while another process writes it is a warning on the
+  # stderr those tests read.
+  cache_dir = tempfile.mkdtemp(prefix='trax_revplus_tests_xla_cache_')
+  config.stash[_CACHE_DIR] = cache_dir
+  jax.config.update('jax_compilation_cache_dir', cache_dir)
+  jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
+  jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
+
+
+def pytest_unconfigure(config):
+  """Removes the process's compilation cache (see `pytest_configure`)."""
+  cache_dir = config.stash.get(_CACHE_DIR, None)
+  if cache_dir:
+    shutil.rmtree(cache_dir, ignore_errors=True)
 
 
 @pytest.fixture

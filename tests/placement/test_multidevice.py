@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 
+import jax
 import pytest
 
 _WORKER = os.path.join(os.path.dirname(__file__), 'multidevice_worker.py')
@@ -23,6 +24,12 @@ def _run_worker(n_devices):
   env['XLA_FLAGS'] = (env.get('XLA_FLAGS', '') +
                       f' --xla_force_host_platform_device_count={n_devices}')
   env['JAX_PLATFORMS'] = 'cpu'
+  # This test process's compilation cache (tests/conftest.py): the worker
+  # builds the same models again and again, and compiles while this
+  # process waits for it, so no two processes use the cache at once.
+  env.update(JAX_COMPILATION_CACHE_DIR=jax.config.jax_compilation_cache_dir,
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
+             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='0')
   proc = subprocess.run([sys.executable, _WORKER, str(n_devices)], env=env,
                         capture_output=True, text=True,
                         check=False)
