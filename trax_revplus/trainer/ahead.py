@@ -5,8 +5,11 @@
 the argument types its call will get, compiles it on a helper thread (one
 per CPU core: XLA compiles without the GIL, so compilations run beside each
 other and beside the tracing), and notes at each call what the step holds
-on the device across it (`run.Run.held`, the step's own description). Its
-updates go to the no-op `run.UpdateSink`: leaving the device, they only
+on the device across it (`run.Run.held`, the step's own description), in
+a `device_memory.walk.StepWalk`. The programs live in the trainer's
+`device_memory.walk.Programs`, shared by every walk of the trainer, so a
+program traced or compiled once (for one plan) is not again (for another).
+Its updates go to the no-op `run.UpdateSink`: leaving the device, they only
 leave what the walk holds.
 `memory()` then composes the step's `device_memory.StepMemory` from XLA's
 memory analysis of the very executables the step calls.
@@ -28,7 +31,7 @@ import jax
 
 from trax_revplus import device_memory
 from trax_revplus import layers as layers_lib
-from trax_revplus.device_memory import program as program_lib
+from trax_revplus.device_memory import walk as walk_lib
 from trax_revplus.trainer import run as run_lib
 
 
@@ -47,63 +50,11 @@ class StepTypes(NamedTuple):
   step: Any
 
 
-class Programs:
-  """The programs walks on types traced and compiled, by call key.
-
-  Shared by every walk of one trainer, so a program traced or compiled
-  once (for one plan) is not again (for another).
-
-  Attributes:
-    results: key -> result types.
-    jobs: key -> future of its `jax.stages.Compiled` (None where compiling
-      failed).
-    functions: key -> the compiled function, kept alive so that its id in
-      the key is not reused.
-  """
-
-  def __init__(self):
-    self.results = {}
-    self.jobs = {}
-    self.functions = {}
-    self._analyses = {}
-
-  def analysis(self, key, args):
-    """(`ProgramMemory`, kept arguments) of the program of `key`.
-
-    Raises:
-      device_memory.UnsupportedTrainerError: the program did not compile.
-    """
-    if key not in self._analyses:
-      compiled = self.jobs[key].result()
-      if compiled is None:
-        raise device_memory.UnsupportedTrainerError(
-            'a program of the step did not compile.')
-      memory = program_lib.ProgramMemory.from_compiled(compiled)
-      self._analyses[key] = (memory, program_lib.kept_arguments(
-          compiled, args, memory))
-    return self._analyses[key]
-
-
 class TypesUnknown(Exception):
   """A call's argument types are not known without running the step."""
 
 
 _UNKNOWN = object()  # parameters placed ahead whose types are unknown
-
-
-def call_key(fn, args):
-  """The key of a call of `fn` with `args`: equal for calls that run one
-  program."""
-  return (id(fn), program_lib.types_key(args))
-
-
-class _Noted(NamedTuple):
-  """One call as the walk met it."""
-  name: str
-  phase: str
-  key: Any
-  args: Any
-  held: list  # (part name, leaves) as `Run.held` gave them at the call
 
 
 class AheadOfTime(run_lib.Run):
@@ -122,7 +73,8 @@ class AheadOfTime(run_lib.Run):
       types: `StepTypes` of the step.
       placement: the trainer's `placement.Placement`.
       layers, optimizers: lists by layer index (host weights, state, slots).
-      programs: `Programs` shared by the trainer's walks.
+      programs: `device_memory.walk.Programs` shared by the trainer's
+        walks.
     """
     super().__init__(plan, types.stack, types.rngs, types.opt_params,
                      types.step, run_lib.UpdateSink())
@@ -130,9 +82,9 @@ class AheadOfTime(run_lib.Run):
     self._layers = layers
     self._optimizers = optimizers
     self._programs = programs
+    self._record = walk_lib.StepWalk(programs)
     self._pool = None
     self._unit = None
-    self._noted = []
     self.complete = False
 
   def walk(self, units):
@@ -146,7 +98,7 @@ class AheadOfTime(run_lib.Run):
     except TypesUnknown:
       pass
     finally:
-      concurrent.futures.wait(list(self._programs.jobs.values()))
+      self._programs.wait()
       self._pool.shutdown()
 
   # The run on types.
@@ -188,9 +140,9 @@ class AheadOfTime(run_lib.Run):
   def call(self, fn, args):
     """Notes the call and what is held across it; traces `fn` for `args`
     and queues its compilation; returns its result types."""
-    key = call_key(fn, args)
+    key = walk_lib.call_key(fn, args)
     programs = self._programs
-    if key not in programs.results:
+    if key not in programs:
       if not hasattr(fn, 'trace'):
         raise TypesUnknown()
       # Tracing stays on this thread: trax layers hold their weights
@@ -204,16 +156,10 @@ class AheadOfTime(run_lib.Run):
         logging.info('tracing a function ahead of the step failed (%s); it '
                      'compiles when called.', e)
         raise TypesUnknown() from e
-      programs.results[key] = self._placement.per_device_types(
-          traced.out_info)
-      programs.functions[key] = fn
-      programs.jobs[key] = self._pool.submit(_compile_traced, traced)
-    # The leaves now: the walk changes the held containers as it goes.
-    self._noted.append(_Noted(
-        self._name(), self.phase, key, args,
-        [(name, jax.tree_util.tree_leaves(tree))
-         for name, tree in self.held()]))
-    return _fresh(programs.results[key])
+      programs.add_traced(key, fn, traced,
+                          self._pool.submit(_compile_traced, traced))
+    self._record.note(self._name(), self.phase, key, args, self.held())
+    return _fresh(self._placement.per_device_types(programs.outputs(key)))
 
   def _name(self):
     unit = self._unit
@@ -240,13 +186,7 @@ class AheadOfTime(run_lib.Run):
           "the step's calls cannot all be compiled ahead of it here (their "
           'argument types are not known without running it), so its device '
           'memory cannot be accounted.')
-    calls = []
-    for noted in self._noted:
-      memory, kept = self._programs.analysis(noted.key, noted.args)
-      calls.append(device_memory.Call(
-          noted.name, noted.phase, memory,
-          device_memory.held_parts(noted.held, noted.args, kept)))
-    return device_memory.compose(calls)
+    return self._record.memory()
 
 
 def _known(tree):

@@ -24,6 +24,7 @@ import numpy as np
 
 from trax_revplus import device_memory
 from trax_revplus import validation
+from trax_revplus.device_memory import walk as walk_lib
 from trax_revplus.trainer import ahead
 from trax_revplus.trainer import candidates as candidates_lib
 from trax_revplus.trainer import options as options_lib
@@ -89,7 +90,7 @@ class Planner:
     self._options = options
     self.budget_bytes = budget_bytes
     self._planned = {}  # batch_key -> Planned
-    self._programs = ahead.Programs()
+    self._programs = walk_lib.Programs()
     self._weighings = {}  # batch_key -> weighing.Weighing
     self.least = None
     self.plan_store = None
