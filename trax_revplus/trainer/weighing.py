@@ -38,9 +38,9 @@ class Weighed(NamedTuple):
 class Weighing:
   """The plans accounted on one batch's shapes, in the order accounted.
 
-  One record serves the search for the plan to run (`Planner._choose`),
-  the least plan (`Planner.least_plan`) and what `estimate` shows: a plan
-  accounted by one is not accounted again by another.
+  One record serves the search for the plan to run and for the least plan
+  (`plan_search.PlanSearch`) and what `estimate` shows: a plan accounted by
+  one is not accounted again by another.
 
   Attributes:
     budget_bytes: int bytes the plans were weighed against, or None.
