@@ -18,8 +18,8 @@ Modules, from the schedule down:
   observers   what observes a step: memory-log phases, host memory release
   units       standard units, reversible segments, the loss program; the
               one walk over a fixed plan (the step's schedule)
-  run         `Run`: what a walk runs on, what a step holds on the device,
-              when an update leaves it and the sink it goes to (one
+  step_run    `StepRun`: what a walk runs on, what a step holds on the
+              device, when an update leaves it and the sink it goes to (one
               description for all walks)
   unit_factory builds a plan's units from the step functions
   ahead       the walk on types: compiling ahead (into

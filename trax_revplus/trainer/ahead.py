@@ -1,18 +1,18 @@
 """A step's walk on argument types: compiling ahead, accounting device memory.
 
-`AheadOfTime` is a `run.Run` whose arrays are types: it walks a plan's units
-(`units.Units.walk`) as the step will, traces each compiled function with
-the argument types its call will get, compiles it on a helper thread (one
-per CPU core: XLA compiles without the GIL, so compilations run beside each
-other and beside the tracing), and notes at each call what the step holds
-on the device across it (`run.Run.held`, the step's own description), in
-a `device_memory.walk.StepWalk`. The programs live in the trainer's
-`device_memory.walk.Programs`, shared by every walk of the trainer, so a
-program traced or compiled once (for one plan) is not again (for another).
-Its updates go to the no-op `run.UpdateSink`: leaving the device, they only
-leave what the walk holds.
-`memory()` then composes the step's `device_memory.StepMemory` from XLA's
-memory analysis of the very executables the step calls.
+`AheadOfTime` is a `step_run.StepRun` whose arrays are types: it walks a
+plan's units (`units.Units.walk`) as the step will, traces each compiled
+function with the argument types its call will get, compiles it on a helper
+thread (one per CPU core: XLA compiles without the GIL, so compilations run
+beside each other and beside the tracing), and notes at each call what the
+step holds on the device across it (`step_run.StepRun.held`, the step's own
+description), in a `device_memory.walk.StepWalk`. The programs live in the
+trainer's `device_memory.walk.Programs`, shared by every walk of the
+trainer, so a program traced or compiled once (for one plan) is not again
+(for another). Its updates go to the no-op `step_run.UpdateSink`: leaving
+the device, they only leave what the walk holds. `memory()` then composes
+the step's `device_memory.StepMemory` from XLA's memory analysis of the
+very executables the step calls.
 
 The walk stops at the first call whose argument types cannot be known
 without placing its arguments, or which cannot be traced apart from its
@@ -32,7 +32,7 @@ import jax
 from trax_revplus import device_memory
 from trax_revplus import layers as layers_lib
 from trax_revplus.device_memory import walk as walk_lib
-from trax_revplus.trainer import run as run_lib
+from trax_revplus.trainer import step_run as step_run_lib
 
 
 class StepTypes(NamedTuple):
@@ -57,7 +57,7 @@ class TypesUnknown(Exception):
 _UNKNOWN = object()  # parameters placed ahead whose types are unknown
 
 
-class AheadOfTime(run_lib.Run):
+class AheadOfTime(step_run_lib.StepRun):
   """Walks a step on types, compiling its programs and noting what it holds.
 
   Use `walk(units)`; then `complete` says whether it reached the step's end,
@@ -77,7 +77,7 @@ class AheadOfTime(run_lib.Run):
         walks.
     """
     super().__init__(plan, types.stack, types.rngs, types.opt_params,
-                     types.step, run_lib.UpdateSink())
+                     types.step, step_run_lib.UpdateSink())
     self._placement = placement
     self._layers = layers
     self._optimizers = optimizers
@@ -133,7 +133,7 @@ class AheadOfTime(run_lib.Run):
     return params
 
   def from_host(self, waiting):
-    # Placed back, the arrays are new device arrays (`run.Run.to_host` left
+    # Placed back, the arrays are new device arrays (`StepRun.to_host` left
     # their types out of what is held meanwhile).
     return _fresh(waiting)
 

@@ -1,10 +1,10 @@
 """Committing updated weights, slots and state to the host, and the NaN guard.
 
-`CommitQueue` is a real step's `run.UpdateSink`: a compiled call's results
+`CommitQueue` is a real step's `step_run.UpdateSink`: a compiled call's results
 start their device-to-host copies at once
 (`placement.Placement.start_to_host`); they are committed (set on the layers
 and optimizers) when they leave the device, once calls updating at least
-`n_async_layers` layers were dispatched after them (`run.CopyBack`, the
+`n_async_layers` layers were dispatched after them (`step_run.CopyBack`, the
 rule the accounting shares), so the host work of committing overlaps the
 device work of those calls (trax's "lazy unreplication"). Before a layer's
 update is committed, the queue's `NonFiniteGuard` applies the
@@ -17,7 +17,7 @@ from absl import logging
 import numpy as np
 
 from trax_revplus import validation
-from trax_revplus.trainer import run as run_lib
+from trax_revplus.trainer import step_run as step_run_lib
 
 # What a layer update's results are checked for when `on_non_finite` is not
 # 'ignore': the loss (loss layer) and the optimizer's gradient norm.
@@ -126,10 +126,10 @@ class _Pending(NamedTuple):
   checks: List[Optional[dict]]  # NonFiniteGuard.values_to_check per layer
 
 
-class CommitQueue(run_lib.UpdateSink):
+class CommitQueue(step_run_lib.UpdateSink):
   """Commits updates to the host, through the non-finite guard it owns.
 
-  A step's `run.CopyBack` decides when an update leaves the device; this
+  A step's `step_run.CopyBack` decides when an update leaves the device; this
   queue starts its device-to-host copies when it is dispatched (`start`)
   and commits it when it leaves (`commit`): each layer's update passes the
   guard, then its weights, slots and state are set on the host.

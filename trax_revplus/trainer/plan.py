@@ -74,7 +74,7 @@ class StepPlan:
       current call, so the copy overlaps compute; False places them just
       before their call, holding one call's parameters at a time.
     saved_on_host: bool, what each unit's forward keeps for its backward
-      (`run.Run.saved`) waits on the host from right after that forward
+      (`step_run.StepRun.saved`) waits on the host from right after that forward
       until just before that unit's backward, where it is placed back;
       False keeps it on the device. It costs one copy each way per unit
       and a wait for each forward call, and holds none of it on the device

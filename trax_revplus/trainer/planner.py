@@ -1,6 +1,6 @@
 """Planning a step: its plan, compiled units and device memory, per shapes.
 
-Before the first step on a batch's shapes, `Planner.planned` fixes how the
+Before the first step on a batch's shapes, `Planner.step_for` fixes how the
 step runs (`plan.StepPlan`), compiles its units (`units.Units`), compiles
 them ahead and accounts the step's device memory (`ahead.AheadOfTime`).
 A step never changes what it was given.
@@ -41,7 +41,7 @@ class DeviceMemoryBudgetError(validation.ConfigurationError):
   """No plan's step fits the device memory budget (a ValueError)."""
 
 
-class Planned(NamedTuple):
+class PlannedStep(NamedTuple):
   """What a step on one batch's shapes runs.
 
   Attributes:
@@ -87,15 +87,15 @@ class Planner:
     self._factory = factory
     self._options = options
     self.budget_bytes = budget_bytes
-    self._planned = {}  # batch_key -> Planned
+    self._planned = {}  # batch_key -> PlannedStep
     self._programs = walk_lib.Programs()
     self._weighings = {}  # batch_key -> weighing.Weighing
     self._searches = {}  # batch_key -> plan_search.PlanSearch
     self.least = None
     self.plan_store = None
 
-  def planned(self, batch) -> Planned:
-    """The `Planned` step of `batch`'s shapes, planned on first sight.
+  def step_for(self, batch) -> PlannedStep:
+    """The `PlannedStep` of `batch`'s shapes, planned on first sight.
 
     Args:
       batch: tuple of host arrays or `jax.ShapeDtypeStruct`s of shape
@@ -168,7 +168,7 @@ class Planner:
     if memory_ is not None:
       weighing.add(plan, memory_)
     weighing.chosen = plan
-    return Planned(plan, units, memory_)
+    return PlannedStep(plan, units, memory_)
 
   def _plan_under_budget(self, key, types):
     """The fastest plan that fits: the one kept for this step where the
@@ -278,14 +278,14 @@ class Planner:
       return None
 
   def _chosen(self, plan, types, source=''):
-    """The `Planned` step of `plan`, weighed already: marked chosen in the
+    """The `PlannedStep` of `plan`, weighed already: marked chosen in the
     shapes' `weighing.Weighing` and logged (`source` says where it came
     from)."""
     step = self.weigh(plan, types)
     self._weighing_of(types).chosen = plan
     logging.info('device memory plan%s: %s; %s', source, plan.describe(),
                  step.describe())
-    return Planned(plan, units_lib.Units(plan, self._factory), step)
+    return PlannedStep(plan, units_lib.Units(plan, self._factory), step)
 
   def _raise_nothing_fits(self):
     plan, step = self.least

@@ -3,8 +3,8 @@
 `StepContext` is made once per step, in one place (`for_step`), from the
 step's fixed plan: it carries the step number, its placed RNGs and step,
 the data stack and what the forward pass keeps for the backward pass; it
-runs the units on placed arrays (a `run.Run` whose sink is the trainer's
-`commit.CommitQueue`). At the named points of the walk
+runs the units on placed arrays (a `step_run.StepRun` whose sink is the
+trainer's `commit.CommitQueue`). At the named points of the walk
 (`units.Units.walk`) it is the one owner of what happens around the
 units: it calls its observers (`observers`: the memory log's phase
 records, host memory release), and where `free_accelerators_on_step` is
@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from trax_revplus import placement as placement_lib
 from trax_revplus.trainer import observers as observers_lib
-from trax_revplus.trainer import run as run_lib
+from trax_revplus.trainer import step_run as step_run_lib
 
 
 class TrainerParts(NamedTuple):
@@ -26,7 +26,7 @@ class TrainerParts(NamedTuple):
   Attributes:
     placement: `placement.Placement`.
     store: `store.LayerStore`.
-    commits: `commit.CommitQueue`, the steps' `run.UpdateSink`.
+    commits: `commit.CommitQueue`, the steps' `step_run.UpdateSink`.
     memory_log: `memory.MemoryLog`.
     release: `observers.ReleaseHostMemory`, or None when host memory is
       not released.
@@ -41,10 +41,10 @@ class TrainerParts(NamedTuple):
   free_accelerators: bool
 
 
-class StepContext(run_lib.Run):
+class StepContext(step_run_lib.StepRun):
   """One step's shared values; runs units on placed arrays.
 
-  Attributes (besides `run.Run`'s):
+  Attributes (besides `step_run.StepRun`'s):
     units: the plan's compiled `units.Units`, which the step walks.
     step: int, the training step.
     unit_start_seconds: time.time() when the current unit's parameters
@@ -77,7 +77,7 @@ class StepContext(run_lib.Run):
     batch is placed when the walk begins (`begin`).
 
     Args:
-      planned: the `planner.Planned` of the batch's shapes (its plan and
+      planned: the `planner.PlannedStep` of the batch's shapes (its plan and
         units are fixed for the step).
       step: int, the training step.
       rng: JAX PRNG key of the step, split into one per layer as trax does.

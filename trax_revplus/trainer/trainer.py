@@ -304,7 +304,7 @@ class ReversibleSerialTrainer:
     return step_context.StepContext.for_step(self.planned(batch), step, rng,
                                              batch, self._parts)
 
-  def planned(self, batch: Batch) -> planner_lib.Planned:
+  def planned(self, batch: Batch) -> planner_lib.PlannedStep:
     """How a step on `batch`'s shapes runs: its plan, compiled units and
     device memory; planned (compiled ahead, accounted) on first sight.
 
@@ -313,7 +313,7 @@ class ReversibleSerialTrainer:
         (B, ...), as `one_step` takes them (values are not read).
 
     Returns:
-      `planner.Planned`.
+      `planner.PlannedStep`.
 
     Raises:
       validation.BatchSlicesError: batch_slices does not divide each
@@ -322,7 +322,7 @@ class ReversibleSerialTrainer:
         plan fits it (nothing changed yet).
     """
     known = self._planner.is_planned(batch)
-    planned = self._planner.planned(batch)
+    planned = self._planner.step_for(batch)
     if not known:
       # The compilers' temporaries are free now.
       self._release_host_memory()
@@ -348,7 +348,7 @@ class ReversibleSerialTrainer:
       planner.DeviceMemoryBudgetError: no plan fits the budget.
     """
     validation.check_batch(batch, self._placement.n_local_devices)
-    planned = self._planner.planned(batch)
+    planned = self._planner.step_for(batch)
     if planned.memory is not None:
       return planned.memory
     return self._planner.account(planned.plan, planned.units,

@@ -14,11 +14,12 @@ a `plan.StepPlan` and walks them:
 
 `Units.walk` is the step's one schedule: the only place that says forward,
 loss, backward, in that order, and names the points between them where the
-run may act (`run.Run.begin`, `unit_done`, `end_pass`, `finish`). It runs on
-a `run.Run`, which gives the units their arguments, makes their calls and
-hands their updates to its sink: `step_context.StepContext` on placed
-arrays (the step itself), or `ahead.AheadOfTime` on their types (compiling
-ahead, accounting memory), so all follow one traversal. Nothing in a walk
+run may act (`step_run.StepRun.begin`, `unit_done`, `end_pass`, `finish`).
+It runs on a `step_run.StepRun`, which gives the units their arguments,
+makes their calls and hands their updates to its sink:
+`step_context.StepContext` on placed arrays (the step itself), or
+`ahead.AheadOfTime` on their types (compiling ahead, accounting memory), so
+all follow one traversal. Nothing in a walk
 changes the plan or the units.
 """
 
@@ -317,7 +318,7 @@ class Units:
 
     A real step records each pass's end at `end_pass` and may free device
     buffers at `begin` and at the loss's end; a walk on types does nothing
-    at the points (`run.Run`).
+    at the points (`step_run.StepRun`).
     """
     run.begin()
     self.forward(run)

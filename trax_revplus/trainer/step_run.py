@@ -1,18 +1,18 @@
-"""`Run`: what a walk over a plan's units runs on, and what it holds.
+"""`StepRun`: what a walk over a plan's units runs on, and what it holds.
 
-`units.Units.walk` walks its units on a `Run`, which gives the units their
-arguments and makes their calls: `step_context.StepContext` on placed
+`units.Units.walk` walks its units on a `StepRun`, which gives the units
+their arguments and makes their calls: `step_context.StepContext` on placed
 arrays (the step itself), or `ahead.AheadOfTime` on their types (compiling
 ahead and accounting device memory). Both are this class, so what a step
-holds on the device across each call (`Run.held`), when an update leaves
+holds on the device across each call (`StepRun.held`), when an update leaves
 the device (`CopyBack`) and where what a forward keeps for its backward
-waits (`Run.keep_saved`, `Run.take_saved`) are written once, here, for the
-step, the compile-ahead walk and the accounting alike.
+waits (`StepRun.keep_saved`, `StepRun.take_saved`) are written once, here,
+for the step, the compile-ahead walk and the accounting alike.
 
 Each call's updates go to the run's `UpdateSink`: the commit queue in a
 real step (`commit.CommitQueue`), which copies them back to the host; the
 no-op `UpdateSink` itself in a walk on types, where an update leaving the
-device only leaves `Run.held`.
+device only leaves `StepRun.held`.
 """
 
 import abc
@@ -106,7 +106,7 @@ class CopyBack:
     return [updates for _, updates, _ in self._pending]
 
 
-class Run(abc.ABC):
+class StepRun(abc.ABC):
   """What a walk over a plan's units runs on; one per walk.
 
   A run sees each compiled call with its arguments (`call`) and what the
