@@ -124,7 +124,7 @@ def check_launch(num_processes: int, stop_grace_seconds: float,
         f'number of seconds, e.g. 10.')
 
 
-def log_file_name(process_id: int) -> str:
+def launch_log_file_name(process_id: int) -> str:
   """'launch.process<I>.log': all that process I printed."""
   return f'launch.process{process_id}.log'
 
@@ -169,7 +169,7 @@ def launch(command: Sequence[str], num_processes: int, *,
     stdout: text stream for the processes' stdout (`sys.stdout` if None).
     stderr: text stream for their stderr (`sys.stderr` if None).
     log_dir: str or None, an existing directory for each process's full
-      output (`log_file_name`).
+      output (`launch_log_file_name`).
     max_processes: int or None, the most processes to start (None: no
       limit); see `default_max_processes`.
 
@@ -213,7 +213,8 @@ def launch(command: Sequence[str], num_processes: int, *,
     preexec = _parent_death_signal()
     for i in range(num_processes):
       log_files.append(None if log_dir is None else open(  # pylint: disable=consider-using-with
-          os.path.join(log_dir, log_file_name(i)), 'w', encoding='utf-8'))
+          os.path.join(log_dir, launch_log_file_name(i)), 'w',
+          encoding='utf-8'))
       proc = subprocess.Popen(
           command + process_flags(num_processes, i, address),
           env=child_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
