@@ -14,7 +14,7 @@ two classes here:
 """
 
 import concurrent.futures
-from typing import Any, Callable, Hashable, NamedTuple
+from typing import Callable, Hashable, NamedTuple
 
 import jax
 

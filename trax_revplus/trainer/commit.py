@@ -11,7 +11,7 @@ update is committed, the queue's `NonFiniteGuard` applies the
 `on_non_finite` policy to its loss and gradient norm.
 """
 
-from typing import Any, List, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 from absl import logging
 import numpy as np
@@ -119,11 +119,11 @@ class NonFiniteGuard:
 
 class _Pending(NamedTuple):
   """One compiled call's updates on their way to the host."""
-  layers: List[int]  # commit (backward) order
+  layers: list[int]  # commit (backward) order
   weights: Any  # placement.HostCopy of a list over `layers`
   slots: Any
   state: Any
-  checks: List[Optional[dict]]  # NonFiniteGuard.values_to_check per layer
+  checks: list[dict | None]  # NonFiniteGuard.values_to_check per layer
 
 
 class CommitQueue(step_run_lib.UpdateSink):

@@ -9,7 +9,6 @@ command line can reject a bad config before it builds a model.
 
 import dataclasses
 import os
-from typing import Optional, Union
 
 import gin
 import numpy as np
@@ -152,19 +151,19 @@ class TrainerOptions:
   memory_log_every_n_steps: int = 100
   memory_log_per_layer: bool = False
   memory_log_tensorboard: bool = True
-  output_dir: Optional[Union[str, os.PathLike]] = None
+  output_dir: str | os.PathLike | None = None
   donate: bool = True
   on_non_finite: str = 'raise'
-  segment_max_layers: Union[int, str] = AUTO
+  segment_max_layers: int | str = AUTO
   segment_max_bytes: int = 32 * 2**20
   compile_ahead: bool = True
   release_host_memory: bool = True
-  host_mmap_threshold: Optional[int] = None
-  backward_segment_max_layers: Union[int, str] = AUTO
+  host_mmap_threshold: int | None = None
+  backward_segment_max_layers: int | str = AUTO
   clear_compilation_caches: bool = True
-  device_memory_budget_bytes: Optional[Union[int, str]] = AUTO
+  device_memory_budget_bytes: int | str | None = AUTO
   memory_log_first_steps: int = FIRST_STEPS_RECORDED
-  batch_slices: Union[int, str] = AUTO
+  batch_slices: int | str = AUTO
 
   def __post_init__(self):
     """Checks every setting; ints are stored as Python ints.

@@ -17,7 +17,7 @@ Every plan accounted on a batch's shapes is kept with its figures
 """
 
 import dataclasses
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 from absl import logging
 import jax
@@ -52,7 +52,7 @@ class PlannedStep(NamedTuple):
   """
   plan: plan_lib.StepPlan
   units: units_lib.Units
-  memory: Optional[device_memory.StepMemory]
+  memory: device_memory.StepMemory | None
 
 
 def batch_key(types):

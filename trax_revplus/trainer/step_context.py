@@ -12,12 +12,15 @@ set it frees device buffers before the forward pass and after the loss.
 """
 
 import time
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
+from trax_revplus import memory as memory_lib
 from trax_revplus import placement as placement_lib
+from trax_revplus.trainer import commit as commit_lib
 from trax_revplus.trainer import observers as observers_lib
 from trax_revplus.trainer import step_run as step_run_lib
+from trax_revplus.trainer import store as store_lib
 
 
 class TrainerParts(NamedTuple):
@@ -33,11 +36,11 @@ class TrainerParts(NamedTuple):
     free_accelerators: bool, free device buffers before the forward pass
       and after the loss (`free_accelerators_on_step`).
   """
-  placement: Any
-  store: Any
-  commits: Any
-  memory_log: Any
-  release: Any
+  placement: placement_lib.Placement
+  store: store_lib.LayerStore
+  commits: commit_lib.CommitQueue
+  memory_log: memory_lib.MemoryLog
+  release: observers_lib.ReleaseHostMemory | None
   free_accelerators: bool
 
 

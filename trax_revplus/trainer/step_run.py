@@ -17,7 +17,7 @@ device only leaves `StepRun.held`.
 
 import abc
 import collections
-from typing import Any, List, Tuple
+from typing import Any, List
 
 
 def commit_waits(pending_sizes, n_async_layers):
@@ -101,7 +101,7 @@ class CopyBack:
     while self._pending:
       self._sink.commit(self._pending.popleft()[2])
 
-  def on_device(self) -> List[Any]:
+  def on_device(self) -> list[Any]:
     """The updates still held on the device (weights, slots, states)."""
     return [updates for _, updates, _ in self._pending]
 
@@ -151,7 +151,7 @@ class StepRun(abc.ABC):
   # What the device holds: one description for the step, the freeing of
   # device buffers and the accounting.
 
-  def held(self) -> List[Tuple[str, Any]]:
+  def held(self) -> list[tuple[str, Any]]:
     """What the step holds on the device now, as named parts (pytrees).
 
     Each array counts in the first part that lists it. Saved entries

@@ -20,7 +20,7 @@ The other modules of the package (`trax_revplus.trainer`) do the work.
 """
 
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable
 
 import gin
 from trax import fastmath
@@ -77,7 +77,7 @@ class ReversibleSerialTrainer:
 
   def __init__(self, blocks: Blocks, loss_layer: tl.Layer,
                optimizer_fn: Callable[[], Any],
-               n_devices: Optional[int] = None, memoize_jit: bool = True,
+               n_devices: int | None = None, memoize_jit: bool = True,
                free_accelerators_on_step: bool = False, adasum: bool = False,
                **settings):
     """Creates the trainer and one optimizer per layer.
@@ -173,7 +173,7 @@ class ReversibleSerialTrainer:
     return self._loss_layer
 
   @property
-  def all_layers(self) -> List[tl.Layer]:
+  def all_layers(self) -> list[tl.Layer]:
     """All layers in forward order: [std0, rev0..., std1, ..., loss]."""
     return list(self._store.layers)
 
@@ -224,7 +224,7 @@ class ReversibleSerialTrainer:
     the same thing share one)."""
     return self._compiler.n_compiled_functions
 
-  def set_output_dir(self, output_dir: Optional[str]):
+  def set_output_dir(self, output_dir: str | None):
     """Writes the memory log to `<output_dir>/memory.jsonl` from now on.
 
     In a multi-process run only process 0 writes files; the others log
@@ -256,8 +256,8 @@ class ReversibleSerialTrainer:
   # One training step.
 
   def one_step(self, batch: Batch, rng: PRNGKey, step: int = 0,
-               learning_rate: Optional[float] = None
-               ) -> Tuple[Array, Dict[str, Array]]:
+               learning_rate: float | None = None
+               ) -> tuple[Array, dict[str, Array]]:
     """Updates weights, state and slots of all layers by one training step.
 
     Same contract as trax's `ReversibleSerialTrainer.one_step`.
