@@ -87,7 +87,7 @@ class AheadOfTime(step_run_lib.StepRun):
     self._unit = None
     self.complete = False
 
-  def walk(self, units):
+  def walk(self, units) -> None:
     """Runs `units.walk(self)`; waits for the compilations it started."""
     self._pool = concurrent.futures.ThreadPoolExecutor(
         max_workers=os.cpu_count() or 1,
@@ -117,7 +117,7 @@ class AheadOfTime(step_run_lib.StepRun):
     return [_known(self._placement.abstract_per_device(self._layers[i].state))
             for i in layers]
 
-  def place_ahead(self, unit, with_slots):
+  def place_ahead(self, unit, with_slots) -> None:
     # A unit whose types are unknown stops the walk when it is called, after
     # the calls before it, as the step would meet them.
     try:

@@ -48,7 +48,7 @@ class NonFiniteGuard:
     self._skipping = None  # (layer, what) once a skipped step went bad.
     self._rollback = []  # (layer, weights, slots, state) replaced this step.
 
-  def begin_step(self, step):
+  def begin_step(self, step) -> None:
     """Checks from now on belong to training step `step` (int)."""
     self._step = step
 
@@ -79,12 +79,12 @@ class NonFiniteGuard:
       return False
     raise self._error(i, what, values[what])
 
-  def replacing(self, i):
+  def replacing(self, i) -> None:
     """Layer i's update is about to be committed (kept to undo a skip)."""
     if self._policy == 'skip':
       self._rollback.append((i,) + self._store.get(i))
 
-  def end_step(self):
+  def end_step(self) -> None:
     """Undoes a skipped step's committed updates; forgets the rollback."""
     rollback, self._rollback = self._rollback, []
     if self._skipping is None:
@@ -149,11 +149,11 @@ class CommitQueue(step_run_lib.UpdateSink):
     self.guard = NonFiniteGuard(on_non_finite, store,
                                 describe_last_checkpoint)
 
-  def begin_step(self, step):
+  def begin_step(self, step) -> None:
     """Commits from now on belong to training step `step` (int)."""
     self.guard.begin_step(step)
 
-  def end_step(self):
+  def end_step(self) -> None:
     """After the step's last commit: undoes a skipped step (`'skip'`)."""
     self.guard.end_step()
 
@@ -171,7 +171,7 @@ class CommitQueue(step_run_lib.UpdateSink):
                     p.start_to_host(states, per_device=True),
                     [self.guard.values_to_check(s) for s in stats])
 
-  def commit(self, entry):
+  def commit(self, entry) -> None:
     """Commits one call's updates: each layer's weights, slots, state.
 
     Layers are checked and committed in the order of `entry` (backward order

@@ -17,7 +17,7 @@ Every plan accounted on a batch's shapes is kept with its figures
 """
 
 import dataclasses
-from typing import NamedTuple
+from typing import Hashable, NamedTuple
 
 from absl import logging
 import jax
@@ -35,6 +35,8 @@ from trax_revplus.trainer import plan_store as plan_store_lib
 from trax_revplus.trainer import stack_bytes as stack_bytes_lib
 from trax_revplus.trainer import units as units_lib
 from trax_revplus.trainer import weighing as weighing_lib
+from trax_revplus.typing import Batch
+from trax_revplus.typing import PyTree
 
 
 class DeviceMemoryBudgetError(validation.ConfigurationError):
@@ -55,7 +57,7 @@ class PlannedStep(NamedTuple):
   memory: device_memory.StepMemory | None
 
 
-def batch_key(types):
+def batch_key(types: PyTree) -> Hashable:
   """Hashable shapes, dtypes and shardings of a batch's types."""
   leaves, treedef = jax.tree_util.tree_flatten(types)
   return treedef, tuple((tuple(x.shape), str(x.dtype),
@@ -308,7 +310,9 @@ class Planner:
         f'{options_lib.GIN_CONFIGURABLE}.device_memory_budget_bytes >= '
         f'{need}{unpin}, or use a shorter sequence or a smaller batch.')
 
-  def least_plan(self, batch):
+  def least_plan(
+      self, batch: Batch
+  ) -> tuple[plan_lib.StepPlan, device_memory.StepMemory]:
     """(plan, StepMemory) of the leanest plan on `batch`'s shapes: the
     least peak among every group's leanest plan, fused (every layer in the
     loss program) and unfused (one layer per call, no copy-back depth, no

@@ -97,7 +97,7 @@ class StepContext(step_run_lib.StepRun):
 
   # The named points of the walk.
 
-  def begin(self):
+  def begin(self) -> None:
     """Frees device buffers (where set); then places the batch: once the
     forward phase's clock runs, so that the forward phase counts its
     bytes."""
@@ -106,11 +106,11 @@ class StepContext(step_run_lib.StepRun):
     self.stack = self._placement.shard_batch(self._batch)
     self._batch = None
 
-  def unit_done(self, unit):
+  def unit_done(self, unit) -> None:
     for observer in self._observers:
       observer.unit_done(self, unit)
 
-  def end_pass(self, phase):
+  def end_pass(self, phase) -> None:
     for observer in self._observers:
       observer.pass_ends(self, phase)
     if phase == 'loss' and self._free_accelerators:
@@ -160,7 +160,7 @@ class StepContext(step_run_lib.StepRun):
   def from_host(self, waiting):
     return waiting.place_back(self._placement.transfers)
 
-  def block(self, tree):
+  def block(self, tree) -> None:
     """Waits for the device arrays in `tree`."""
     self._placement.block(tree)
 

@@ -17,7 +17,7 @@ device only leaves `StepRun.held`.
 
 import abc
 import collections
-from typing import Any, List
+from typing import Any
 
 
 def commit_waits(pending_sizes, n_async_layers):
@@ -55,16 +55,16 @@ class UpdateSink:
     """A call's statistics as the walk keeps them (here: as they are)."""
     return stats
 
-  def start(self, layers, weights, slots, states, stats):
+  def start(self, layers, weights, slots, states, stats) -> Any:
     """One call's updates are dispatched (lists over `layers`, in commit
     order); returns the token `commit` takes (here: None)."""
     del layers, weights, slots, states, stats
 
-  def commit(self, token):
+  def commit(self, token) -> None:
     """The update of `token` leaves the device (here: it is dropped)."""
     del token
 
-  def end_step(self):
+  def end_step(self) -> None:
     """Every update of the walk has left the device."""
 
 
@@ -87,7 +87,7 @@ class CopyBack:
     self._sink = sink
     self._pending = collections.deque()  # (n layers, device updates, token)
 
-  def push(self, layers, weights, slots, states, stats):
+  def push(self, layers, weights, slots, states, stats) -> None:
     """One call's updates, lists over `layers` in commit (backward) order."""
     token = self._sink.start(layers, weights, slots, states, stats)
     self._pending.append((len(layers), (weights, slots, states), token))
@@ -96,7 +96,7 @@ class CopyBack:
     while len(self._pending) > waiting:
       self._sink.commit(self._pending.popleft()[2])
 
-  def drain(self):
+  def drain(self) -> None:
     """Every waiting update leaves, oldest first."""
     while self._pending:
       self._sink.commit(self._pending.popleft()[2])
@@ -171,7 +171,7 @@ class StepRun(abc.ABC):
 
   # What the forward pass keeps for the backward pass, and where it waits.
 
-  def keep_saved(self, entries):
+  def keep_saved(self, entries) -> None:
     """Keeps what a unit's forward saved for its backward: on the device,
     or where the plan says so, on the host (`to_host`).
 
@@ -232,7 +232,7 @@ class StepRun(abc.ABC):
   def call(self, fn, args):
     """Calls compiled function `fn` on `args`; returns its results."""
 
-  def place_ahead(self, unit, with_slots):
+  def place_ahead(self, unit, with_slots) -> None:
     """Places `unit`'s parameters ahead of its call, if the plan
     prefetches (H2D overlaps the current call's work)."""
     if self.plan.prefetch:
@@ -262,7 +262,7 @@ class StepRun(abc.ABC):
 
   # What happens to a call's updates.
 
-  def updated(self, layers, weights, slots, states, stats):
+  def updated(self, layers, weights, slots, states, stats) -> None:
     """A call's updates, lists over `layers` in commit (backward) order:
     its statistics kept (as the sink reads them), the updates handed to
     the sink on their way off the device (`CopyBack`)."""
@@ -274,17 +274,17 @@ class StepRun(abc.ABC):
   # on types does nothing at them; the step records its phases there and
   # frees device buffers where its settings say so.
 
-  def begin(self):
+  def begin(self) -> None:
     """Before the forward pass; after it, the stack holds the batch."""
 
-  def unit_done(self, unit):
+  def unit_done(self, unit) -> None:
     """After `unit`'s call in the pass `phase` ('forward' or 'backward')."""
 
-  def end_pass(self, phase):
+  def end_pass(self, phase) -> None:
     """After the pass `phase`: 'forward', 'loss', then 'backward' (once
     every update has left the device)."""
 
-  def finish(self):
+  def finish(self) -> None:
     """The end of the backward pass: every update leaves the device, then
     the sink hears the walk's end (`UpdateSink.end_step`)."""
     self.copy_back.drain()

@@ -38,6 +38,7 @@ from trax_revplus.trainer import commit
 from trax_revplus.trainer import compilation
 from trax_revplus.trainer import observers
 from trax_revplus.trainer import options as options_lib
+from trax_revplus.trainer import plan as plan_lib
 from trax_revplus.trainer import planner as planner_lib
 from trax_revplus.trainer import step_context
 from trax_revplus.trainer import store as store_lib
@@ -194,7 +195,7 @@ class ReversibleSerialTrainer:
         lambda opt: opt.slots, self._store.trax_optimizers()))
 
   @slots.setter
-  def slots(self, slots: PyTree):
+  def slots(self, slots: PyTree) -> None:
     """Sets the slots of all optimizers (structure as the getter's)."""
     optimizers = self._store.trax_optimizers()
     for ((s_opt, r_opts), (s_slots, r_slots)) in zip(optimizers[:-1],
@@ -224,7 +225,7 @@ class ReversibleSerialTrainer:
     the same thing share one)."""
     return self._compiler.n_compiled_functions
 
-  def set_output_dir(self, output_dir: str | None):
+  def set_output_dir(self, output_dir: str | None) -> None:
     """Writes the memory log to `<output_dir>/memory.jsonl` from now on.
 
     In a multi-process run only process 0 writes files; the others log
@@ -354,7 +355,9 @@ class ReversibleSerialTrainer:
     return self._planner.account(planned.plan, planned.units,
                                  self._planner.step_types(batch))
 
-  def least_device_memory_of(self, batch: Batch):
+  def least_device_memory_of(
+      self, batch: Batch
+  ) -> tuple[plan_lib.StepPlan, device_memory_lib.StepMemory]:
     """The leanest plan on `batch`'s shapes and its device memory: the
     least this trainer can step in.
 

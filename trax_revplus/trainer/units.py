@@ -281,7 +281,7 @@ class Units:
     self.loss_unit = factory.loss(list(range(plan.fused_from, plan.loss + 1)),
                                   plan.batch_slices)
 
-  def forward(self, run):
+  def forward(self, run) -> None:
     """The forward pass: `run.stack` through every forward unit."""
     run.phase = 'forward'
     units = self.forward_units
@@ -292,7 +292,7 @@ class Units:
           run.stack, run.params(unit, following, with_slots=False), run)
       run.unit_done(unit)
 
-  def loss(self, run):
+  def loss(self, run) -> None:
     """The loss program: sets `run.grad_stack` (and places the first
     backward unit's parameters ahead, where the plan prefetches)."""
     run.phase = 'loss'
@@ -300,7 +300,7 @@ class Units:
     params = run.params(self.loss_unit, following, with_slots=True)
     run.grad_stack = self.loss_unit.backward(run.stack, params, run)
 
-  def backward(self, run):
+  def backward(self, run) -> None:
     """The backward pass, last unit first; empties `run.stack` and
     `run.grad_stack` (the batch's reconstruction and cotangents)."""
     run.phase = 'backward'
@@ -312,7 +312,7 @@ class Units:
       run.unit_done(unit)
     run.stack = run.grad_stack = None
 
-  def walk(self, run):
+  def walk(self, run) -> None:
     """The step's schedule, whole: forward, loss, backward, every update
     off the device, with the run's named points between them.
 
