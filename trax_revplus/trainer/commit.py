@@ -1,12 +1,14 @@
 """Committing updated weights, slots and state to the host, and the NaN guard.
 
-`CommitQueue` is a real step's `step_run.UpdateSink`: a compiled call's results
-start their device-to-host copies at once
-(`placement.Placement.start_to_host`); they are committed (set on the layers
-and optimizers) when they leave the device, once calls updating at least
-`n_async_layers` layers were dispatched after them (`step_run.CopyBack`, the
-rule the accounting shares), so the host work of committing overlaps the
-device work of those calls (trax's "lazy unreplication"). Before a layer's
+The copy-back rule, stated here once: a compiled call's updates start their
+device-to-host copies at once (`placement.Placement.start_to_host`), and
+are committed (set on the layers and optimizers) when they leave the
+device, once calls updating at least `n_async_layers` layers were
+dispatched after them (0: at once), so the host work of committing overlaps
+the device work of those calls (trax's "lazy unreplication").
+`step_run.commit_waits` computes it, and `step_run.CopyBack` follows it for
+the step and the accounting alike. `CommitQueue` is a real step's
+`step_run.UpdateSink`, which copies and commits. Before a layer's
 update is committed, the queue's `NonFiniteGuard` applies the
 `on_non_finite` policy to its loss and gradient norm.
 """

@@ -31,13 +31,12 @@ class TrainerOptions:
   """Settings of `ReversibleSerialTrainer` beyond trax's arguments.
 
   Attributes:
-    n_async_layers: int >= 0. A compiled call's updated weights, slots and
-      state are committed to the host once calls updating at least this
-      many layers were dispatched after it (0: synchronously), so the host
-      work of committing overlaps their compute. A call updates one layer,
-      or every layer of a reversible segment: with the default of 8 one call
-      of an 8-layer segment waits, or four of 2-layer segments, whose calls
-      are too short to hide the host work of one.
+    n_async_layers: int >= 0, the copy-back depth: how many layers' calls
+      a call's updates wait behind on the device before their commit to
+      the host (the rule: `trainer.commit`; 0: synchronously). A call
+      updates one layer, or every layer of a reversible segment: with the
+      default of 8 one call of an 8-layer segment waits, or four of 2-layer
+      segments, whose calls are too short to hide the host work of one.
     memory_log_every_n_steps: int >= 1, record memory every N steps
       (`memory.MemoryLog`).
     memory_log_per_layer: bool, also record each compiled call.

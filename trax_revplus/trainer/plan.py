@@ -67,9 +67,8 @@ class StepPlan:
     fused_from: int, the first layer whose forward and backward run inside
       the loss layer's program (`loss`: none). It is a unit boundary: a
       block's standard layer or the first layer of a forward segment.
-    n_async_layers: int >= 0, a call's updates are committed to the host
-      once calls updating at least this many layers were dispatched after
-      it (`options.TrainerOptions.n_async_layers`).
+    n_async_layers: int >= 0, the copy-back depth (the rule: `commit`; the
+      setting: `options.TrainerOptions.n_async_layers`).
     prefetch: bool, place the next call's weights (and slots) during the
       current call, so the copy overlaps compute; False places them just
       before their call, holding one call's parameters at a time.

@@ -21,10 +21,8 @@ from typing import Any
 
 
 def commit_waits(pending_sizes, n_async_layers):
-  """How many of the newest pending calls stay on the device after a push.
-
-  The oldest call leaves (is committed to the host) once calls updating at
-  least `n_async_layers` layers were dispatched after it.
+  """How many of the newest pending calls stay on the device after a push,
+  by the copy-back rule (`commit`).
 
   Args:
     pending_sizes: list of int, layers each pending call updated, oldest
