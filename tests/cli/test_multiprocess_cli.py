@@ -14,7 +14,7 @@ import os
 import pytest
 
 from trax_revplus import errors
-from trax_revplus.cli import join
+from trax_revplus.cli import distributed_flags as join
 from trax_revplus.cli import launch as launch_command
 from trax_revplus.cli import parser
 from trax_revplus.multiprocess import ending

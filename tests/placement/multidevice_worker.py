@@ -106,9 +106,9 @@ def _replan(trainer, **changes):
   from trax_revplus.trainer import planner
   from trax_revplus.trainer import units
   p = trainer.planner
-  plan = dataclasses.replace(p.planned(_BATCH).plan, **changes)
+  plan = dataclasses.replace(p.step_for(_BATCH).plan, **changes)
   p._planned[planner.batch_key(p._placement.abstract_batch(_BATCH))] = (
-      planner.Planned(plan, units.Units(plan, p._factory), None))
+      planner.PlannedStep(plan, units.Units(plan, p._factory), None))
 
 
 def _ours_and_plan(n_devices, fused=False, saved_on_host=False, **kwargs):

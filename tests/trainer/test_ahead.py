@@ -17,7 +17,7 @@ from trax import layers as tl
 from trax import optimizers
 
 from trax_revplus.device_memory import program
-from trax_revplus.trainer import run
+from trax_revplus.trainer import step_run as run
 from trax_revplus.trainer import trainer as trainer_lib
 import trainer_cases as cases
 

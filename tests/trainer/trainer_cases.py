@@ -206,5 +206,5 @@ def set_plan(trainer, batch_, plan):
   units = units_lib.Units(plan, p._factory)
   memory = p.account(plan, units, p.step_types(batch_))
   p._planned[planner.batch_key(p._placement.abstract_batch(batch_))] = (
-      planner.Planned(plan, units, memory))
+      planner.PlannedStep(plan, units, memory))
   return memory

@@ -20,7 +20,7 @@ warnings, third-party warnings known to be harmless go to
 `<output_dir>/train.log` only (`run_log`, `noise`).
 
 With several processes (`--num_processes` or a cluster launcher), each
-joins the run before anything touches JAX (`join`); what differs then is
+joins the run before anything touches JAX (`distributed_flags`); what differs then is
 in `trax_revplus.multiprocess` (`training`, `ending`).
 """
 
@@ -36,7 +36,7 @@ from trax_revplus import interrupt
 from trax_revplus.cli import build_errors
 from trax_revplus.cli import failures
 from trax_revplus.cli import gin_config
-from trax_revplus.cli import join
+from trax_revplus.cli import distributed_flags
 from trax_revplus.cli import output_dir as output_dirs
 from trax_revplus.cli import preflight
 from trax_revplus.cli import run_log
@@ -271,7 +271,7 @@ def run(flags: argparse.Namespace) -> int:
   with stop:
     try:
       # Before anything touches JAX.
-      config = join.join_from_flags(flags, COMMAND)
+      config = distributed_flags.join_from_flags(flags, COMMAND)
     except interrupt.Interrupted as e:
       raise _interrupted(e, output_dir) from None
     if not config.is_multi_process:

@@ -6,12 +6,13 @@
   composition: `Held`, `Call`, `StepMemory`: a step's peak device bytes as
     the most, over its calls, of what is held across a call plus what the
     call adds.
-  walk: `StepWalk`, which replays a trainer's schedule with abstract
-    arrays, compiling each call's program and naming what is held.
+  walk: `Programs`, the programs compiled for calls, once per function and
+    argument types; `StepWalk`, a step's calls on abstract arrays and what
+    is held across each, composed into its `StepMemory`.
   default_trainer, stock_trainer: the calls of one step of trax's default
     `Trainer` and of stock trax's `ReversibleSerialTrainer`. trax_revplus's
-    own trainer accounts its step itself (`trainer.ahead`), with these
-    figures and compositions.
+    own trainer walks its step itself (`trainer.ahead`), noting its calls
+    in a `StepWalk` over the trainer's `Programs`.
   report: `TrainerMemory`, one trainer's figures (or a one-line error).
 
 See docs/device-memory.md for what the figures mean and how exact they are.
@@ -32,4 +33,5 @@ from trax_revplus.device_memory.report import default_trainer_memory
 from trax_revplus.device_memory.report import stock_trainer_memory
 from trax_revplus.device_memory.report import trainer_memory
 from trax_revplus.device_memory.report import TrainerMemory
+from trax_revplus.device_memory.walk import Programs
 from trax_revplus.device_memory.walk import StepWalk

@@ -23,7 +23,7 @@ arrays held outside the trainer.
 """
 
 import dataclasses
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, Sequence
 
 import jax
 
@@ -173,8 +173,8 @@ def compose(calls: Sequence[Call]) -> StepMemory:
   return StepMemory(tuple(calls))
 
 
-def held_parts(held: Sequence[Tuple[str, Any]], args: Any,
-               kept: Optional[Any] = None, on_device=None) -> list:
+def held_parts(held: Sequence[tuple[str, Any]], args: Any,
+               kept: Any | None = None, on_device=None) -> list:
   """`Held` parts of what a step holds across one call.
 
   Args:

@@ -14,15 +14,12 @@ and `jax.pmap`s arrays committed to the CPU, which current JAX removed or
 rejects.
 """
 
-from typing import Any
-
 import jax
 import numpy as np
 
 from trax_revplus.device_memory import composition
 from trax_revplus.device_memory import program as program_lib
-
-PyTree = Any
+from trax_revplus.typing import PyTree
 
 
 def update_call_args(trainer, batch, rng=None, step=1) -> tuple:

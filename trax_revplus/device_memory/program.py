@@ -27,12 +27,12 @@ temporaries, so it is not used as the call's peak.
 
 import dataclasses
 import math
-from typing import Any, Callable, Optional
+from typing import Callable
 
 import jax
 import numpy as np
 
-PyTree = Any
+from trax_revplus.typing import PyTree
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +53,7 @@ class ProgramMemory:
   alias_bytes: int
   temp_bytes: int
   generated_code_bytes: int = 0
-  xla_peak_bytes: Optional[int] = None
+  xla_peak_bytes: int | None = None
 
   @property
   def call_bytes(self) -> int:
@@ -95,7 +95,7 @@ class Analysis:
   """
   memory: ProgramMemory
   outputs: PyTree
-  kept: Optional[PyTree]
+  kept: PyTree | None
 
 
 def abstract(tree: PyTree) -> PyTree:
@@ -139,7 +139,7 @@ def leaf_bytes(x) -> int:
   return int(math.prod(shape)) * itemsize
 
 
-def tree_bytes(tree: PyTree, kept: Optional[PyTree] = None) -> int:
+def tree_bytes(tree: PyTree, kept: PyTree | None = None) -> int:
   """Bytes of the array leaves of `tree`; with `kept` (a pytree of bool of
   the same structure, from `Analysis.kept`), only of the kept leaves."""
   leaves = jax.tree_util.tree_leaves(tree)
@@ -166,7 +166,7 @@ def types_key(args: PyTree):
 
 
 def kept_arguments(compiled: jax.stages.Compiled, args: PyTree,
-                   memory: ProgramMemory) -> Optional[PyTree]:
+                   memory: ProgramMemory) -> PyTree | None:
   """Per argument leaf, whether the compiled program keeps it.
 
   JAX drops the arguments a program does not read, inside `scan`s and

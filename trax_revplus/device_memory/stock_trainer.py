@@ -37,8 +37,6 @@ One device only: on more, stock's `one_step` replicates with
 `jax.device_put_replicated`, which current JAX removed.
 """
 
-from typing import Any
-
 import jax
 import numpy as np
 
@@ -47,8 +45,7 @@ from trax.layers import combinators as cb
 from trax_revplus.device_memory import composition
 from trax_revplus.device_memory import program as program_lib
 from trax_revplus.device_memory import walk as walk_lib
-
-PyTree = Any
+from trax_revplus.typing import PyTree
 
 
 def stock_trainer_step(trainer, batch, step=1) -> composition.StepMemory:

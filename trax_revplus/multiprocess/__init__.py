@@ -18,9 +18,11 @@ apart. Modules, one job each:
               signal; at once, in one line, on a failure, with exit status
               4 (`EXIT_LOST_PROCESS`) for a process that lost a peer.
   launcher    `launch`: N processes of one run on this host.
+  forwarding  where the launched processes' lines go: their log files, the
+              terminal until one fails, then the cause's only.
 
 Import the modules themselves: this package imports none of them, so that
 `trax-revplus launch` loads neither numpy nor JAX. The CLI turns its flags
-into a `DistributedConfig` (`trax_revplus.cli.join`); nothing here reads
+into a `DistributedConfig` (`trax_revplus.cli.distributed_flags`); nothing here reads
 flags.
 """

@@ -49,6 +49,7 @@ from typing import Mapping, Optional, Sequence
 
 from trax_revplus.errors import EXIT_LOST_PROCESS
 from trax_revplus.errors import EXIT_RUNTIME
+from trax_revplus.multiprocess import forwarding
 from trax_revplus.multiprocess.errors import LaunchError
 from trax_revplus.multiprocess.errors import LaunchInterruptedError
 from trax_revplus.multiprocess.errors import LaunchUsageError
@@ -123,7 +124,7 @@ def check_launch(num_processes: int, stop_grace_seconds: float,
         f'number of seconds, e.g. 10.')
 
 
-def log_file_name(process_id: int) -> str:
+def launch_log_file_name(process_id: int) -> str:
   """'launch.process<I>.log': all that process I printed."""
   return f'launch.process{process_id}.log'
 
@@ -147,92 +148,6 @@ def _parent_death_signal():
   return lambda: prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
-def _has_failed(proc) -> bool:
-  """Whether `proc` has ended other than with status 0, as the kernel
-  knows it now (without reaping it: its waiting thread does)."""
-  if proc.returncode is not None:
-    return proc.returncode != 0
-  if not hasattr(os, 'waitid'):
-    return False
-  try:
-    info = os.waitid(os.P_PID, proc.pid,
-                     os.WEXITED | os.WNOHANG | os.WNOWAIT)
-  except ChildProcessError:  # Reaped by its waiting thread just now.
-    return proc.wait() != 0
-  if info is None:
-    return False
-  return not (info.si_code == os.CLD_EXITED and info.si_status == 0)
-
-
-class _Output:
-  """Where the processes' lines go: the terminal, their log files.
-
-  Until a process fails, every line is forwarded. After, the lines of the
-  others are held back (and written to their log files only); the cause's
-  are printed at the end (`release`).
-  """
-
-  def __init__(self, procs, log_files, received):
-    self.lock = threading.Lock()
-    self._procs = procs
-    self._log_files = log_files
-    self._received = received
-    self._held = []
-
-  def line(self, i, stream, prefix, text):
-    """Process i printed `text` (no newline) on `stream`; on the terminal
-    it gets `prefix`."""
-    with self.lock:
-      log = self._log_files[i]
-      if log is not None:
-        try:
-          log.write(text + '\n')
-          log.flush()
-        except (OSError, ValueError):
-          pass
-      while len(self._held) <= i:
-        self._held.append([])
-      # After a signal to the launcher every process ends: its lines say
-      # how, and none is a failure the others follow from.
-      others_failed = not self._received and any(
-          _has_failed(p) for j, p in enumerate(self._procs) if j != i)
-      if others_failed:
-        self._held[i].append((stream, prefix + text))
-      else:
-        _write(stream, prefix + text)
-
-  def release(self, i):
-    """Prints what process i printed after another had failed."""
-    with self.lock:
-      held = self._held[i] if i < len(self._held) else []
-      for stream, text in held:
-        _write(stream, text)
-      held.clear()
-
-
-def _write(stream, text):
-  try:
-    stream.write(text + '\n')
-    stream.flush()
-  except (OSError, ValueError):
-    pass  # The launcher's own output is gone; keep draining.
-
-
-class _Forwarder(threading.Thread):
-  """Copies one pipe of process i, line by line with a prefix, to `output`."""
-
-  def __init__(self, pipe, stream, prefix, output, i):
-    super().__init__(daemon=True)
-    self._pipe, self._stream, self._prefix = pipe, stream, prefix
-    self._output, self._i = output, i
-
-  def run(self):
-    with self._pipe:
-      for raw in iter(self._pipe.readline, b''):
-        line = raw.decode('utf-8', errors='replace').rstrip('\r\n')
-        self._output.line(self._i, self._stream, self._prefix, line)
-
-
 def launch(command: Sequence[str], num_processes: int, *,
            host: str = '127.0.0.1', port: Optional[int] = None,
            env: Optional[Mapping[str, str]] = None,
@@ -254,7 +169,7 @@ def launch(command: Sequence[str], num_processes: int, *,
     stdout: text stream for the processes' stdout (`sys.stdout` if None).
     stderr: text stream for their stderr (`sys.stderr` if None).
     log_dir: str or None, an existing directory for each process's full
-      output (`log_file_name`).
+      output (`launch_log_file_name`).
     max_processes: int or None, the most processes to start (None: no
       limit); see `default_max_processes`.
 
@@ -281,7 +196,7 @@ def launch(command: Sequence[str], num_processes: int, *,
   procs, forwarders = [], []
   log_files = []
   received = []
-  output = _Output(procs, log_files, received)
+  output = forwarding.LineOutput(procs, log_files, received)
 
   def forward_signal(signum, unused_frame):
     received.append(signum)
@@ -298,7 +213,8 @@ def launch(command: Sequence[str], num_processes: int, *,
     preexec = _parent_death_signal()
     for i in range(num_processes):
       log_files.append(None if log_dir is None else open(  # pylint: disable=consider-using-with
-          os.path.join(log_dir, log_file_name(i)), 'w', encoding='utf-8'))
+          os.path.join(log_dir, launch_log_file_name(i)), 'w',
+          encoding='utf-8'))
       proc = subprocess.Popen(
           command + process_flags(num_processes, i, address),
           env=child_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -308,7 +224,8 @@ def launch(command: Sequence[str], num_processes: int, *,
       if received:  # A signal came while starting: the new one gets it too.
         _send(proc, received[0])
       for pipe, stream in ((proc.stdout, stdout), (proc.stderr, stderr)):
-        forwarder = _Forwarder(pipe, stream, f'[process {i}] ', output, i)
+        forwarder = forwarding.LineForwarder(pipe, stream, f'[process {i}] ',
+                                             output, i)
         forwarder.start()
         forwarders.append(forwarder)
     failed = _wait(procs, received, stop_grace_seconds)

@@ -11,17 +11,19 @@ Modules, from the schedule down:
   planner     per batch shapes, before the step: plan, units, device memory
   budget      the device memory budget (the device's own size by default)
   candidates  the plans a budget chooses from, fastest first
+  plan_search one search of a shapes' candidates: the chosen and the least
   plan        `StepPlan`: which calls a step makes, over what, holding what
   step_context one step's run on placed arrays: shared values, the owner
               of the walk's points (observers, freeing device buffers)
   observers   what observes a step: memory-log phases, host memory release
   units       standard units, reversible segments, the loss program; the
               one walk over a fixed plan (the step's schedule)
-  run         `Run`: what a walk runs on, what a step holds on the device,
-              when an update leaves it and the sink it goes to (one
+  step_run    `StepRun`: what a walk runs on, what a step holds on the
+              device, when an update leaves it and the sink it goes to (one
               description for all walks)
   unit_factory builds a plan's units from the step functions
-  ahead       the walk on types: compiling ahead, accounting device memory
+  ahead       the walk on types: compiling ahead (into
+              `device_memory.walk.Programs`), accounting device memory
   compilation the compile cache
   fingerprints what a layer computes (which layers share a compilation)
   step_fns    the pure functions compiled: forward, FBO, reverse-and-update,

@@ -1,15 +1,18 @@
 """A step's walk on argument types: compiling ahead, accounting device memory.
 
-`AheadOfTime` is a `run.Run` whose arrays are types: it walks a plan's units
-(`units.Units.walk`) as the step will, traces each compiled function with
-the argument types its call will get, compiles it on a helper thread (one
-per CPU core: XLA compiles without the GIL, so compilations run beside each
-other and beside the tracing), and notes at each call what the step holds
-on the device across it (`run.Run.held`, the step's own description). Its
-updates go to the no-op `run.UpdateSink`: leaving the device, they only
-leave what the walk holds.
-`memory()` then composes the step's `device_memory.StepMemory` from XLA's
-memory analysis of the very executables the step calls.
+`AheadOfTime` is a `step_run.StepRun` whose arrays are types: it walks a
+plan's units (`units.Units.walk`) as the step will, traces each compiled
+function with the argument types its call will get, compiles it on a helper
+thread (one per CPU core: XLA compiles without the GIL, so compilations run
+beside each other and beside the tracing), and notes at each call what the
+step holds on the device across it (`step_run.StepRun.held`, the step's own
+description), in a `device_memory.walk.StepWalk`. The programs live in the
+trainer's `device_memory.walk.Programs`, shared by every walk of the
+trainer, so a program traced or compiled once (for one plan) is not again
+(for another). Its updates go to the no-op `step_run.UpdateSink`: leaving
+the device, they only leave what the walk holds. `memory()` then composes
+the step's `device_memory.StepMemory` from XLA's memory analysis of the
+very executables the step calls.
 
 The walk stops at the first call whose argument types cannot be known
 without placing its arguments, or which cannot be traced apart from its
@@ -28,8 +31,8 @@ import jax
 
 from trax_revplus import device_memory
 from trax_revplus import layers as layers_lib
-from trax_revplus.device_memory import program as program_lib
-from trax_revplus.trainer import run as run_lib
+from trax_revplus.device_memory import walk as walk_lib
+from trax_revplus.trainer import step_run as step_run_lib
 
 
 class StepTypes(NamedTuple):
@@ -47,43 +50,6 @@ class StepTypes(NamedTuple):
   step: Any
 
 
-class Programs:
-  """The programs walks on types traced and compiled, by call key.
-
-  Shared by every walk of one trainer, so a program traced or compiled
-  once (for one plan) is not again (for another).
-
-  Attributes:
-    results: key -> result types.
-    jobs: key -> future of its `jax.stages.Compiled` (None where compiling
-      failed).
-    functions: key -> the compiled function, kept alive so that its id in
-      the key is not reused.
-  """
-
-  def __init__(self):
-    self.results = {}
-    self.jobs = {}
-    self.functions = {}
-    self._analyses = {}
-
-  def analysis(self, key, args):
-    """(`ProgramMemory`, kept arguments) of the program of `key`.
-
-    Raises:
-      device_memory.UnsupportedTrainerError: the program did not compile.
-    """
-    if key not in self._analyses:
-      compiled = self.jobs[key].result()
-      if compiled is None:
-        raise device_memory.UnsupportedTrainerError(
-            'a program of the step did not compile.')
-      memory = program_lib.ProgramMemory.from_compiled(compiled)
-      self._analyses[key] = (memory, program_lib.kept_arguments(
-          compiled, args, memory))
-    return self._analyses[key]
-
-
 class TypesUnknown(Exception):
   """A call's argument types are not known without running the step."""
 
@@ -91,22 +57,7 @@ class TypesUnknown(Exception):
 _UNKNOWN = object()  # parameters placed ahead whose types are unknown
 
 
-def call_key(fn, args):
-  """The key of a call of `fn` with `args`: equal for calls that run one
-  program."""
-  return (id(fn), program_lib.types_key(args))
-
-
-class _Noted(NamedTuple):
-  """One call as the walk met it."""
-  name: str
-  phase: str
-  key: Any
-  args: Any
-  held: list  # (part name, leaves) as `Run.held` gave them at the call
-
-
-class AheadOfTime(run_lib.Run):
+class AheadOfTime(step_run_lib.StepRun):
   """Walks a step on types, compiling its programs and noting what it holds.
 
   Use `walk(units)`; then `complete` says whether it reached the step's end,
@@ -122,20 +73,21 @@ class AheadOfTime(run_lib.Run):
       types: `StepTypes` of the step.
       placement: the trainer's `placement.Placement`.
       layers, optimizers: lists by layer index (host weights, state, slots).
-      programs: `Programs` shared by the trainer's walks.
+      programs: `device_memory.walk.Programs` shared by the trainer's
+        walks.
     """
     super().__init__(plan, types.stack, types.rngs, types.opt_params,
-                     types.step, run_lib.UpdateSink())
+                     types.step, step_run_lib.UpdateSink())
     self._placement = placement
     self._layers = layers
     self._optimizers = optimizers
     self._programs = programs
+    self._record = walk_lib.StepWalk(programs)
     self._pool = None
     self._unit = None
-    self._noted = []
     self.complete = False
 
-  def walk(self, units):
+  def walk(self, units) -> None:
     """Runs `units.walk(self)`; waits for the compilations it started."""
     self._pool = concurrent.futures.ThreadPoolExecutor(
         max_workers=os.cpu_count() or 1,
@@ -146,7 +98,7 @@ class AheadOfTime(run_lib.Run):
     except TypesUnknown:
       pass
     finally:
-      concurrent.futures.wait(list(self._programs.jobs.values()))
+      self._programs.wait()
       self._pool.shutdown()
 
   # The run on types.
@@ -165,7 +117,7 @@ class AheadOfTime(run_lib.Run):
     return [_known(self._placement.abstract_per_device(self._layers[i].state))
             for i in layers]
 
-  def place_ahead(self, unit, with_slots):
+  def place_ahead(self, unit, with_slots) -> None:
     # A unit whose types are unknown stops the walk when it is called, after
     # the calls before it, as the step would meet them.
     try:
@@ -181,16 +133,16 @@ class AheadOfTime(run_lib.Run):
     return params
 
   def from_host(self, waiting):
-    # Placed back, the arrays are new device arrays (`run.Run.to_host` left
+    # Placed back, the arrays are new device arrays (`StepRun.to_host` left
     # their types out of what is held meanwhile).
     return _fresh(waiting)
 
   def call(self, fn, args):
     """Notes the call and what is held across it; traces `fn` for `args`
     and queues its compilation; returns its result types."""
-    key = call_key(fn, args)
+    key = walk_lib.call_key(fn, args)
     programs = self._programs
-    if key not in programs.results:
+    if key not in programs:
       if not hasattr(fn, 'trace'):
         raise TypesUnknown()
       # Tracing stays on this thread: trax layers hold their weights
@@ -204,16 +156,10 @@ class AheadOfTime(run_lib.Run):
         logging.info('tracing a function ahead of the step failed (%s); it '
                      'compiles when called.', e)
         raise TypesUnknown() from e
-      programs.results[key] = self._placement.per_device_types(
-          traced.out_info)
-      programs.functions[key] = fn
-      programs.jobs[key] = self._pool.submit(_compile_traced, traced)
-    # The leaves now: the walk changes the held containers as it goes.
-    self._noted.append(_Noted(
-        self._name(), self.phase, key, args,
-        [(name, jax.tree_util.tree_leaves(tree))
-         for name, tree in self.held()]))
-    return _fresh(programs.results[key])
+      programs.add_traced(key, fn, traced,
+                          self._pool.submit(_compile_traced, traced))
+    self._record.note(self._name(), self.phase, key, args, self.held())
+    return _fresh(self._placement.per_device_types(programs.outputs(key)))
 
   def _name(self):
     unit = self._unit
@@ -240,13 +186,7 @@ class AheadOfTime(run_lib.Run):
           "the step's calls cannot all be compiled ahead of it here (their "
           'argument types are not known without running it), so its device '
           'memory cannot be accounted.')
-    calls = []
-    for noted in self._noted:
-      memory, kept = self._programs.analysis(noted.key, noted.args)
-      calls.append(device_memory.Call(
-          noted.name, noted.phase, memory,
-          device_memory.held_parts(noted.held, noted.args, kept)))
-    return device_memory.compose(calls)
+    return self._record.memory()
 
 
 def _known(tree):

@@ -20,8 +20,6 @@ the allocator's fragmentation and rounding, the runtime's own buffers
 (e.g. convolution workspaces), and arrays held outside the trainer.
 """
 
-from typing import Optional
-
 from trax_revplus import memory
 from trax_revplus import placement as placement_lib
 from trax_revplus import validation
@@ -46,7 +44,7 @@ def host_budget_bytes(available_bytes: int, n_devices: int) -> int:
   return device_budget_bytes(available_bytes) // max(1, n_devices)
 
 
-def budget_bytes(setting, placement) -> Optional[int]:
+def budget_bytes(setting, placement) -> int | None:
   """The budget `setting` means on `placement`'s devices.
 
   Args:

@@ -53,7 +53,7 @@ and the fused program can only lower the least of all plans
 """
 
 import dataclasses
-from typing import Iterator, Tuple
+from typing import Iterator
 
 from trax_revplus.trainer import options as options_lib
 from trax_revplus.trainer import plan as plan_lib
@@ -71,7 +71,7 @@ class Group:
     leanest: the member that needs the least device memory.
     fused_reversible_layers: reversible layers inside the loss program.
   """
-  plans: Tuple[plan_lib.StepPlan, ...]
+  plans: tuple[plan_lib.StepPlan, ...]
   leanest: plan_lib.StepPlan
   fused_reversible_layers: int
 

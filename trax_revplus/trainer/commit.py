@@ -1,23 +1,25 @@
 """Committing updated weights, slots and state to the host, and the NaN guard.
 
-`CommitQueue` is a real step's `run.UpdateSink`: a compiled call's results
-start their device-to-host copies at once
-(`placement.Placement.start_to_host`); they are committed (set on the layers
-and optimizers) when they leave the device, once calls updating at least
-`n_async_layers` layers were dispatched after them (`run.CopyBack`, the
-rule the accounting shares), so the host work of committing overlaps the
-device work of those calls (trax's "lazy unreplication"). Before a layer's
+The copy-back rule, stated here once: a compiled call's updates start their
+device-to-host copies at once (`placement.Placement.start_to_host`), and
+are committed (set on the layers and optimizers) when they leave the
+device, once calls updating at least `n_async_layers` layers were
+dispatched after them (0: at once), so the host work of committing overlaps
+the device work of those calls (trax's "lazy unreplication").
+`step_run.commit_waits` computes it, and `step_run.CopyBack` follows it for
+the step and the accounting alike. `CommitQueue` is a real step's
+`step_run.UpdateSink`, which copies and commits. Before a layer's
 update is committed, the queue's `NonFiniteGuard` applies the
 `on_non_finite` policy to its loss and gradient norm.
 """
 
-from typing import Any, List, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 from absl import logging
 import numpy as np
 
 from trax_revplus import validation
-from trax_revplus.trainer import run as run_lib
+from trax_revplus.trainer import step_run as step_run_lib
 
 # What a layer update's results are checked for when `on_non_finite` is not
 # 'ignore': the loss (loss layer) and the optimizer's gradient norm.
@@ -48,7 +50,7 @@ class NonFiniteGuard:
     self._skipping = None  # (layer, what) once a skipped step went bad.
     self._rollback = []  # (layer, weights, slots, state) replaced this step.
 
-  def begin_step(self, step):
+  def begin_step(self, step) -> None:
     """Checks from now on belong to training step `step` (int)."""
     self._step = step
 
@@ -79,12 +81,12 @@ class NonFiniteGuard:
       return False
     raise self._error(i, what, values[what])
 
-  def replacing(self, i):
+  def replacing(self, i) -> None:
     """Layer i's update is about to be committed (kept to undo a skip)."""
     if self._policy == 'skip':
       self._rollback.append((i,) + self._store.get(i))
 
-  def end_step(self):
+  def end_step(self) -> None:
     """Undoes a skipped step's committed updates; forgets the rollback."""
     rollback, self._rollback = self._rollback, []
     if self._skipping is None:
@@ -119,17 +121,17 @@ class NonFiniteGuard:
 
 class _Pending(NamedTuple):
   """One compiled call's updates on their way to the host."""
-  layers: List[int]  # commit (backward) order
+  layers: list[int]  # commit (backward) order
   weights: Any  # placement.HostCopy of a list over `layers`
   slots: Any
   state: Any
-  checks: List[Optional[dict]]  # NonFiniteGuard.values_to_check per layer
+  checks: list[dict | None]  # NonFiniteGuard.values_to_check per layer
 
 
-class CommitQueue(run_lib.UpdateSink):
+class CommitQueue(step_run_lib.UpdateSink):
   """Commits updates to the host, through the non-finite guard it owns.
 
-  A step's `run.CopyBack` decides when an update leaves the device; this
+  A step's `step_run.CopyBack` decides when an update leaves the device; this
   queue starts its device-to-host copies when it is dispatched (`start`)
   and commits it when it leaves (`commit`): each layer's update passes the
   guard, then its weights, slots and state are set on the host.
@@ -149,11 +151,11 @@ class CommitQueue(run_lib.UpdateSink):
     self.guard = NonFiniteGuard(on_non_finite, store,
                                 describe_last_checkpoint)
 
-  def begin_step(self, step):
+  def begin_step(self, step) -> None:
     """Commits from now on belong to training step `step` (int)."""
     self.guard.begin_step(step)
 
-  def end_step(self):
+  def end_step(self) -> None:
     """After the step's last commit: undoes a skipped step (`'skip'`)."""
     self.guard.end_step()
 
@@ -171,7 +173,7 @@ class CommitQueue(run_lib.UpdateSink):
                     p.start_to_host(states, per_device=True),
                     [self.guard.values_to_check(s) for s in stats])
 
-  def commit(self, entry):
+  def commit(self, entry) -> None:
     """Commits one call's updates: each layer's weights, slots, state.
 
     Layers are checked and committed in the order of `entry` (backward order

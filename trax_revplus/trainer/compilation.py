@@ -86,7 +86,7 @@ class Compiler:
     return compiled
 
 
-def clear_caches():
+def clear_caches() -> None:
   """Drops every program JAX compiled so far in this process.
 
   A function compiled before compiles again at its next call.

@@ -49,7 +49,7 @@ def _leaf_layers(layer):
   """
   found, seen = [], set()
 
-  def walk(l):
+  def walk(l) -> None:
     if id(l) in seen:
       return
     seen.add(id(l))
@@ -130,7 +130,7 @@ def init_reversible_blocks(blocks: Blocks, loss_layer: tl.Layer,
   sig_stack = input_signature
   rss = memory.host_rss_bytes()
 
-  def init_one(layer, sig, layer_rng):
+  def init_one(layer, sig, layer_rng) -> None:
     nonlocal rss
     leaves = _leaf_layers(layer)
     kept = [leaf for leaf in leaves if id(leaf) in loaded]

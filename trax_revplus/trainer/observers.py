@@ -23,10 +23,10 @@ class StepObserver:
   `ctx` is the step's `step_context.StepContext`.
   """
 
-  def unit_done(self, ctx, unit):
+  def unit_done(self, ctx, unit) -> None:
     """`unit` ran in the pass `ctx.phase` ('forward' or 'backward')."""
 
-  def pass_ends(self, ctx, phase):
+  def pass_ends(self, ctx, phase) -> None:
     """The pass `phase` ended: 'forward'; 'loss' (`ctx.grad_stack` set);
     'backward' (every update committed)."""
 
@@ -46,7 +46,7 @@ class ReleaseHostMemory(StepObserver):
     self._releaser = host_release.HostMemoryReleaser()
     self._first_calls_done = set()  # ids of compiled functions called
 
-  def release(self):
+  def release(self) -> None:
     """Releases now, if host memory grew enough since the last release."""
     self._releaser.release()
 
@@ -54,13 +54,13 @@ class ReleaseHostMemory(StepObserver):
     """int, host bytes released so far."""
     return self._releaser.released_bytes
 
-  def unit_done(self, ctx, unit):
+  def unit_done(self, ctx, unit) -> None:
     fn = unit.forward_fn if ctx.phase == 'forward' else unit.backward_fn
     if fn is not None and id(fn) not in self._first_calls_done:
       self._first_calls_done.add(id(fn))
       self.release()
 
-  def pass_ends(self, ctx, phase):
+  def pass_ends(self, ctx, phase) -> None:
     if phase == 'loss':
       ctx.block(ctx.grad_stack)
       self.release()
@@ -108,7 +108,7 @@ class PhaseRecorder(StepObserver):
     self._per_layer = self._recording and memory_log.per_layer
     self._phase_start = self._now()
 
-  def unit_done(self, ctx, unit):
+  def unit_done(self, ctx, unit) -> None:
     """Per-layer record of a unit (a segment counts as one), timed from
     `ctx.unit_start_seconds`."""
     if not self._per_layer:
@@ -121,12 +121,12 @@ class PhaseRecorder(StepObserver):
                      layer_name=name, n_layers=len(unit.layers),
                      seconds=time.time() - ctx.unit_start_seconds)
 
-  def pass_ends(self, ctx, phase):
+  def pass_ends(self, ctx, phase) -> None:
     # Each pass's record waits for what the pass made last.
     self.end_phase(phase, {'forward': ctx.stack,
                            'loss': ctx.grad_stack}.get(phase))
 
-  def end_phase(self, phase, outputs=None, **fields):
+  def end_phase(self, phase, outputs=None, **fields) -> None:
     """Records the phase that ends now, if this step is recorded.
 
     Args:

@@ -9,7 +9,6 @@ command line can reject a bad config before it builds a model.
 
 import dataclasses
 import os
-from typing import Optional, Union
 
 import gin
 import numpy as np
@@ -32,13 +31,12 @@ class TrainerOptions:
   """Settings of `ReversibleSerialTrainer` beyond trax's arguments.
 
   Attributes:
-    n_async_layers: int >= 0. A compiled call's updated weights, slots and
-      state are committed to the host once calls updating at least this
-      many layers were dispatched after it (0: synchronously), so the host
-      work of committing overlaps their compute. A call updates one layer,
-      or every layer of a reversible segment: with the default of 8 one call
-      of an 8-layer segment waits, or four of 2-layer segments, whose calls
-      are too short to hide the host work of one.
+    n_async_layers: int >= 0, the copy-back depth: how many layers' calls
+      a call's updates wait behind on the device before their commit to
+      the host (the rule: `trainer.commit`; 0: synchronously). A call
+      updates one layer, or every layer of a reversible segment: with the
+      default of 8 one call of an 8-layer segment waits, or four of 2-layer
+      segments, whose calls are too short to hide the host work of one.
     memory_log_every_n_steps: int >= 1, record memory every N steps
       (`memory.MemoryLog`).
     memory_log_per_layer: bool, also record each compiled call.
@@ -152,19 +150,19 @@ class TrainerOptions:
   memory_log_every_n_steps: int = 100
   memory_log_per_layer: bool = False
   memory_log_tensorboard: bool = True
-  output_dir: Optional[Union[str, os.PathLike]] = None
+  output_dir: str | os.PathLike | None = None
   donate: bool = True
   on_non_finite: str = 'raise'
-  segment_max_layers: Union[int, str] = AUTO
+  segment_max_layers: int | str = AUTO
   segment_max_bytes: int = 32 * 2**20
   compile_ahead: bool = True
   release_host_memory: bool = True
-  host_mmap_threshold: Optional[int] = None
-  backward_segment_max_layers: Union[int, str] = AUTO
+  host_mmap_threshold: int | None = None
+  backward_segment_max_layers: int | str = AUTO
   clear_compilation_caches: bool = True
-  device_memory_budget_bytes: Optional[Union[int, str]] = AUTO
+  device_memory_budget_bytes: int | str | None = AUTO
   memory_log_first_steps: int = FIRST_STEPS_RECORDED
-  batch_slices: Union[int, str] = AUTO
+  batch_slices: int | str = AUTO
 
   def __post_init__(self):
     """Checks every setting; ints are stored as Python ints.

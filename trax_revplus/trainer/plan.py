@@ -30,7 +30,7 @@ settings (`options.TrainerOptions`).
 """
 
 import dataclasses
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Mapping, Sequence
 
 from trax_revplus.trainer import options as options_lib
 
@@ -44,7 +44,7 @@ ACTIVATION_BOUND_BYTES = 2**20
 # segments below ACTIVATION_BOUND_BYTES.
 SMALL_BACKWARD_SEGMENT_LAYERS = 2
 
-Segment = Tuple[int, ...]  # layer indices, consecutive, in forward order
+Segment = tuple[int, ...]  # layer indices, consecutive, in forward order
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,24 +67,23 @@ class StepPlan:
     fused_from: int, the first layer whose forward and backward run inside
       the loss layer's program (`loss`: none). It is a unit boundary: a
       block's standard layer or the first layer of a forward segment.
-    n_async_layers: int >= 0, a call's updates are committed to the host
-      once calls updating at least this many layers were dispatched after
-      it (`options.TrainerOptions.n_async_layers`).
+    n_async_layers: int >= 0, the copy-back depth (the rule: `commit`; the
+      setting: `options.TrainerOptions.n_async_layers`).
     prefetch: bool, place the next call's weights (and slots) during the
       current call, so the copy overlaps compute; False places them just
       before their call, holding one call's parameters at a time.
     saved_on_host: bool, what each unit's forward keeps for its backward
-      (`run.Run.saved`) waits on the host from right after that forward
+      (`step_run.StepRun.saved`) waits on the host from right after that forward
       until just before that unit's backward, where it is placed back;
       False keeps it on the device. It costs one copy each way per unit
       and a wait for each forward call, and holds none of it on the device
       in between.
   """
-  blocks: Tuple[Tuple[int, Tuple[Segment, ...]], ...]
+  blocks: tuple[tuple[int, tuple[Segment, ...]], ...]
   loss: int
-  backward: Mapping[Segment, Tuple[Segment, ...]]
+  backward: Mapping[Segment, tuple[Segment, ...]]
   batch_slices: int = 1
-  fused_from: Optional[int] = None
+  fused_from: int | None = None
   n_async_layers: int = 8
   prefetch: bool = True
   saved_on_host: bool = False
@@ -104,11 +103,11 @@ class StepPlan:
         for value in (getattr(self, f.name)
                       for f in dataclasses.fields(self))))
 
-  def forward_segments(self) -> List[Segment]:
+  def forward_segments(self) -> list[Segment]:
     """Every reversible forward segment, in forward order."""
     return [s for _, segments in self.blocks for s in segments]
 
-  def unit_spans(self) -> List[Segment]:
+  def unit_spans(self) -> list[Segment]:
     """The layers of every forward unit in forward order: each standard
     layer alone, each forward segment (fused ones included)."""
     out = []
@@ -117,7 +116,7 @@ class StepPlan:
       out.extend(segments)
     return out
 
-  def unit_starts(self) -> List[int]:
+  def unit_starts(self) -> list[int]:
     """First layer of each forward unit, then the loss: the values
     `fused_from` can take."""
     return [u[0] for u in self.unit_spans()] + [self.loss]
@@ -139,7 +138,7 @@ class StepPlan:
     return sum(len(self.backward[s]) for s in self.forward_segments()
                if s[0] < self.fused_from)
 
-  def settings(self) -> Dict[str, object]:
+  def settings(self) -> dict[str, object]:
     """The plan as the trainer's settings would name it (for logs and
     `estimate`)."""
     forward = [len(s) for s in self.forward_segments()]
@@ -221,7 +220,7 @@ def backward_split(segment, length):
 def make_plan(block_sizes: Sequence[int], nbytes: Mapping[int, int],
               stack_bytes: Sequence[int], *, segment_max_layers: int,
               segment_max_bytes: int, backward_segment_max_layers,
-              batch_slices: int = 1, fused_from: Optional[int] = None,
+              batch_slices: int = 1, fused_from: int | None = None,
               n_async_layers: int = 8, prefetch: bool = True,
               saved_on_host: bool = False) -> StepPlan:
   """The plan of a trainer's blocks for given settings.

@@ -1,6 +1,6 @@
 """Planning a step: its plan, compiled units and device memory, per shapes.
 
-Before the first step on a batch's shapes, `Planner.planned` fixes how the
+Before the first step on a batch's shapes, `Planner.step_for` fixes how the
 step runs (`plan.StepPlan`), compiles its units (`units.Units`), compiles
 them ahead and accounts the step's device memory (`ahead.AheadOfTime`).
 A step never changes what it was given.
@@ -9,14 +9,15 @@ Without a device budget the plan is the one the trainer's settings name.
 With one (`device_memory_budget_bytes`, by default the device's own size
 where the backend reports it, `budget`) the planner runs the fastest plan
 whose composed XLA peak fits: `candidates.Candidates` lists plans in the
-speed model's order, and each is accounted in turn. See `candidates` for
-the dimensions and the order. Every plan accounted on a batch's shapes,
-by the search or for the least (`least_plan`), is kept with its figures
+speed model's order, and one search per batch's shapes
+(`plan_search.PlanSearch`) accounts them in turn and gives the least plan
+too (`least_plan`). See `candidates` for the dimensions and the order.
+Every plan accounted on a batch's shapes is kept with its figures
 (`weighing.Weighing`): the memory/speed front `estimate` shows.
 """
 
 import dataclasses
-from typing import NamedTuple, Optional
+from typing import Hashable, NamedTuple
 
 from absl import logging
 import jax
@@ -24,25 +25,25 @@ import numpy as np
 
 from trax_revplus import device_memory
 from trax_revplus import validation
+from trax_revplus.device_memory import walk as walk_lib
 from trax_revplus.trainer import ahead
 from trax_revplus.trainer import candidates as candidates_lib
 from trax_revplus.trainer import options as options_lib
 from trax_revplus.trainer import plan as plan_lib
+from trax_revplus.trainer import plan_search as plan_search_lib
 from trax_revplus.trainer import plan_store as plan_store_lib
 from trax_revplus.trainer import stack_bytes as stack_bytes_lib
 from trax_revplus.trainer import units as units_lib
 from trax_revplus.trainer import weighing as weighing_lib
+from trax_revplus.typing import Batch
+from trax_revplus.typing import PyTree
 
 
 class DeviceMemoryBudgetError(validation.ConfigurationError):
   """No plan's step fits the device memory budget (a ValueError)."""
 
 
-class _Unaccountable(Exception):
-  """A candidate's step cannot be accounted here (its error's text)."""
-
-
-class Planned(NamedTuple):
+class PlannedStep(NamedTuple):
   """What a step on one batch's shapes runs.
 
   Attributes:
@@ -53,10 +54,10 @@ class Planned(NamedTuple):
   """
   plan: plan_lib.StepPlan
   units: units_lib.Units
-  memory: Optional[device_memory.StepMemory]
+  memory: device_memory.StepMemory | None
 
 
-def batch_key(types):
+def batch_key(types: PyTree) -> Hashable:
   """Hashable shapes, dtypes and shardings of a batch's types."""
   leaves, treedef = jax.tree_util.tree_flatten(types)
   return treedef, tuple((tuple(x.shape), str(x.dtype),
@@ -88,14 +89,15 @@ class Planner:
     self._factory = factory
     self._options = options
     self.budget_bytes = budget_bytes
-    self._planned = {}  # batch_key -> Planned
-    self._programs = ahead.Programs()
+    self._planned = {}  # batch_key -> PlannedStep
+    self._programs = walk_lib.Programs()
     self._weighings = {}  # batch_key -> weighing.Weighing
+    self._searches = {}  # batch_key -> plan_search.PlanSearch
     self.least = None
     self.plan_store = None
 
-  def planned(self, batch) -> Planned:
-    """The `Planned` step of `batch`'s shapes, planned on first sight.
+  def step_for(self, batch) -> PlannedStep:
+    """The `PlannedStep` of `batch`'s shapes, planned on first sight.
 
     Args:
       batch: tuple of host arrays or `jax.ShapeDtypeStruct`s of shape
@@ -168,12 +170,18 @@ class Planner:
     if memory_ is not None:
       weighing.add(plan, memory_)
     weighing.chosen = plan
-    return Planned(plan, units, memory_)
+    return PlannedStep(plan, units, memory_)
 
   def _plan_under_budget(self, key, types):
     """The fastest plan that fits: the one kept for this step where the
-    run's plan store has it and it still fits, else `_choose`'s (then
-    kept)."""
+    run's plan store has it and it still fits, else the shapes' search's
+    (`plan_search.PlanSearch.fastest_fitting`, then kept). Where nothing
+    fits, `least` is the search's least.
+
+    Raises:
+      DeviceMemoryBudgetError: no plan fits, or (with a budget set by the
+        user) the step cannot be accounted here.
+    """
     store_key = None
     if self.plan_store is not None:
       settings = dataclasses.asdict(self._options)
@@ -192,10 +200,13 @@ class Planner:
         if fits:
           return self._chosen(plan, types,
                               f' (kept in {self.plan_store.path})')
+    search = self._search(key, types)
     try:
-      planned, faster_plans_need_bytes = self._choose(
-          self.candidates(types), types)
-    except _Unaccountable as e:
+      plan = search.fastest_fitting(self.budget_bytes)
+      if plan is None:
+        self.least = search.least()
+    except (device_memory.UnsupportedTrainerError,
+            device_memory.AccountingError) as e:
       if self._options.device_memory_budget_bytes != options_lib.AUTO:
         raise DeviceMemoryBudgetError(
             f'device_memory_budget_bytes cannot be honoured here: {e} Set '
@@ -206,10 +217,13 @@ class Planner:
       logging.warning('device memory: the step cannot be accounted here, so '
                       'it runs the settings as given, unplanned: %s', e)
       return self._configured(types)
+    if plan is None:
+      self._raise_nothing_fits()
+    planned = self._chosen(plan, types)
     if store_key is not None:
       self.plan_store.save(store_key, planned.plan,
                            planned.memory.peak_device_bytes,
-                           faster_plans_need_bytes)
+                           search.faster_plans_need_bytes)
     return planned
 
   def _weighing_of(self, types):
@@ -265,88 +279,15 @@ class Planner:
                       'memory records go without peak_device_bytes: %s', e)
       return None
 
-  def _choose(self, candidates, types):
-    """The first candidate, in the speed model's order, that fits, and the
-    least bytes that excluded a faster one (None: none was faster).
-
-    Each group's fastest plan is accounted first: where it fits, nothing
-    else compiles (its programs are the step's own). Where it does not, the
-    rest of the group is tried only where its slicing's leanest plan (one
-    layer per call: the least compiling) fits; a fused group also needs the
-    stack states it keeps within the budget
-    (`Candidates.lower_bound_bytes`). Every plan accounted is kept in the
-    shapes' `weighing.Weighing`.
-
-    Raises:
-      _Unaccountable: a candidate's step cannot be accounted here.
-      DeviceMemoryBudgetError: no candidate fits.
-    """
-    budget = self.budget_bytes
-    excluded = []  # bytes that excluded each faster plan or group
-
-    def weigh(plan):
-      try:
-        return self.weigh(plan, types)
-      except (device_memory.UnsupportedTrainerError,
-              device_memory.AccountingError) as e:
-        raise _Unaccountable(e) from None
-
-    def fits(plan):
-      peak = weigh(plan).peak_device_bytes
-      if peak > budget:
-        excluded.append(peak)
-      return peak <= budget
-
-    def chosen(plan):
-      return self._chosen(plan, types), min(excluded, default=None)
-
-    n_devices = self._placement.n_devices
-    for group in candidates.groups():
-      bound = candidates.lower_bound_bytes(group, n_devices)
-      if bound > budget:
-        excluded.append(bound)
-        continue
-      first, rest = group.plans[0], group.plans[1:]
-      if fits(first):
-        return chosen(first)
-      if not rest or not fits(group.leanest):
-        continue
-      for plan in rest:
-        if fits(plan):
-          return chosen(plan)
-    self.least = self._least(candidates, weigh)
-    self._raise_nothing_fits()
-
   def _chosen(self, plan, types, source=''):
-    """The `Planned` step of `plan`, weighed already: marked chosen in the
+    """The `PlannedStep` of `plan`, weighed already: marked chosen in the
     shapes' `weighing.Weighing` and logged (`source` says where it came
     from)."""
     step = self.weigh(plan, types)
     self._weighing_of(types).chosen = plan
     logging.info('device memory plan%s: %s; %s', source, plan.describe(),
                  step.describe())
-    return Planned(plan, units_lib.Units(plan, self._factory), step)
-
-  def _least(self, candidates, account):
-    """(plan, StepMemory) of the group leanest plan, fused or unfused, with
-    the least peak (ties: the first in the speed model's order).
-
-    The unfused ones are accounted first; a fused one whose lower bound
-    (`Candidates.lower_bound_bytes`) is above the least peak found so far
-    cannot need less, and is not compiled.
-    """
-    groups = list(candidates.groups())
-    order = sorted(range(len(groups)),
-                   key=lambda i: bool(groups[i].fused_reversible_layers))
-    found = {}  # group index -> StepMemory of its leanest plan
-    for i in order:
-      least = min((s.peak_device_bytes for s in found.values()), default=None)
-      bound = candidates.lower_bound_bytes(groups[i],
-                                           self._placement.n_devices)
-      if least is None or bound <= least:
-        found[i] = account(groups[i].leanest)
-    i = min(found, key=lambda i: (found[i].peak_device_bytes, i))
-    return groups[i].leanest, found[i]
+    return PlannedStep(plan, units_lib.Units(plan, self._factory), step)
 
   def _raise_nothing_fits(self):
     plan, step = self.least
@@ -369,7 +310,9 @@ class Planner:
         f'{options_lib.GIN_CONFIGURABLE}.device_memory_budget_bytes >= '
         f'{need}{unpin}, or use a shorter sequence or a smaller batch.')
 
-  def least_plan(self, batch):
+  def least_plan(
+      self, batch: Batch
+  ) -> tuple[plan_lib.StepPlan, device_memory.StepMemory]:
     """(plan, StepMemory) of the leanest plan on `batch`'s shapes: the
     least peak among every group's leanest plan, fused (every layer in the
     loss program) and unfused (one layer per call, no copy-back depth, no
@@ -382,6 +325,15 @@ class Planner:
         ahead here.
       device_memory.AccountingError: its figures contradict each other.
     """
-    types = self.step_types(batch)
-    return self._least(self.candidates(types),
-                       lambda plan: self.weigh(plan, types))
+    return self._search(batch_key(self._placement.abstract_batch(batch)),
+                        self.step_types(batch)).least()
+
+  def _search(self, key, types):
+    """The `plan_search.PlanSearch` of the shapes of `key` (one per
+    shapes: the plan chosen under the budget and the least come from one
+    search)."""
+    if key not in self._searches:
+      self._searches[key] = plan_search_lib.PlanSearch(
+          self.candidates(types), self._placement.n_devices,
+          lambda plan: self.weigh(plan, types))
+    return self._searches[key]

@@ -3,8 +3,8 @@
 `StepContext` is made once per step, in one place (`for_step`), from the
 step's fixed plan: it carries the step number, its placed RNGs and step,
 the data stack and what the forward pass keeps for the backward pass; it
-runs the units on placed arrays (a `run.Run` whose sink is the trainer's
-`commit.CommitQueue`). At the named points of the walk
+runs the units on placed arrays (a `step_run.StepRun` whose sink is the
+trainer's `commit.CommitQueue`). At the named points of the walk
 (`units.Units.walk`) it is the one owner of what happens around the
 units: it calls its observers (`observers`: the memory log's phase
 records, host memory release), and where `free_accelerators_on_step` is
@@ -12,12 +12,15 @@ set it frees device buffers before the forward pass and after the loss.
 """
 
 import time
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
+from trax_revplus import memory as memory_lib
 from trax_revplus import placement as placement_lib
+from trax_revplus.trainer import commit as commit_lib
 from trax_revplus.trainer import observers as observers_lib
-from trax_revplus.trainer import run as run_lib
+from trax_revplus.trainer import step_run as step_run_lib
+from trax_revplus.trainer import store as store_lib
 
 
 class TrainerParts(NamedTuple):
@@ -26,25 +29,25 @@ class TrainerParts(NamedTuple):
   Attributes:
     placement: `placement.Placement`.
     store: `store.LayerStore`.
-    commits: `commit.CommitQueue`, the steps' `run.UpdateSink`.
+    commits: `commit.CommitQueue`, the steps' `step_run.UpdateSink`.
     memory_log: `memory.MemoryLog`.
     release: `observers.ReleaseHostMemory`, or None when host memory is
       not released.
     free_accelerators: bool, free device buffers before the forward pass
       and after the loss (`free_accelerators_on_step`).
   """
-  placement: Any
-  store: Any
-  commits: Any
-  memory_log: Any
-  release: Any
+  placement: placement_lib.Placement
+  store: store_lib.LayerStore
+  commits: commit_lib.CommitQueue
+  memory_log: memory_lib.MemoryLog
+  release: observers_lib.ReleaseHostMemory | None
   free_accelerators: bool
 
 
-class StepContext(run_lib.Run):
+class StepContext(step_run_lib.StepRun):
   """One step's shared values; runs units on placed arrays.
 
-  Attributes (besides `run.Run`'s):
+  Attributes (besides `step_run.StepRun`'s):
     units: the plan's compiled `units.Units`, which the step walks.
     step: int, the training step.
     unit_start_seconds: time.time() when the current unit's parameters
@@ -77,7 +80,7 @@ class StepContext(run_lib.Run):
     batch is placed when the walk begins (`begin`).
 
     Args:
-      planned: the `planner.Planned` of the batch's shapes (its plan and
+      planned: the `planner.PlannedStep` of the batch's shapes (its plan and
         units are fixed for the step).
       step: int, the training step.
       rng: JAX PRNG key of the step, split into one per layer as trax does.
@@ -94,7 +97,7 @@ class StepContext(run_lib.Run):
 
   # The named points of the walk.
 
-  def begin(self):
+  def begin(self) -> None:
     """Frees device buffers (where set); then places the batch: once the
     forward phase's clock runs, so that the forward phase counts its
     bytes."""
@@ -103,11 +106,11 @@ class StepContext(run_lib.Run):
     self.stack = self._placement.shard_batch(self._batch)
     self._batch = None
 
-  def unit_done(self, unit):
+  def unit_done(self, unit) -> None:
     for observer in self._observers:
       observer.unit_done(self, unit)
 
-  def end_pass(self, phase):
+  def end_pass(self, phase) -> None:
     for observer in self._observers:
       observer.pass_ends(self, phase)
     if phase == 'loss' and self._free_accelerators:
@@ -157,7 +160,7 @@ class StepContext(run_lib.Run):
   def from_host(self, waiting):
     return waiting.place_back(self._placement.transfers)
 
-  def block(self, tree):
+  def block(self, tree) -> None:
     """Waits for the device arrays in `tree`."""
     self._placement.block(tree)
 

@@ -120,7 +120,7 @@ class LayerStore:
     layer = self.layers[i]
     return layer.weights, self.optimizers[i].slots, layer.state
 
-  def set(self, i, weights, slots, state):
+  def set(self, i, weights, slots, state) -> None:
     """Sets layer i's weights and state and its optimizer's slots."""
     self.layers[i].weights = weights
     self.optimizers[i].slots = slots
@@ -136,7 +136,7 @@ class LayerStore:
       k += 1 + len(revs)
     return structured + [self.optimizers[-1]]
 
-  def set_learning_rate(self, learning_rate):
+  def set_learning_rate(self, learning_rate) -> None:
     """Places a new learning rate once; the same value costs nothing.
 
     Args:

@@ -20,7 +20,7 @@ The other modules of the package (`trax_revplus.trainer`) do the work.
 """
 
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable
 
 import gin
 from trax import fastmath
@@ -38,6 +38,7 @@ from trax_revplus.trainer import commit
 from trax_revplus.trainer import compilation
 from trax_revplus.trainer import observers
 from trax_revplus.trainer import options as options_lib
+from trax_revplus.trainer import plan as plan_lib
 from trax_revplus.trainer import planner as planner_lib
 from trax_revplus.trainer import step_context
 from trax_revplus.trainer import store as store_lib
@@ -77,7 +78,7 @@ class ReversibleSerialTrainer:
 
   def __init__(self, blocks: Blocks, loss_layer: tl.Layer,
                optimizer_fn: Callable[[], Any],
-               n_devices: Optional[int] = None, memoize_jit: bool = True,
+               n_devices: int | None = None, memoize_jit: bool = True,
                free_accelerators_on_step: bool = False, adasum: bool = False,
                **settings):
     """Creates the trainer and one optimizer per layer.
@@ -173,7 +174,7 @@ class ReversibleSerialTrainer:
     return self._loss_layer
 
   @property
-  def all_layers(self) -> List[tl.Layer]:
+  def all_layers(self) -> list[tl.Layer]:
     """All layers in forward order: [std0, rev0..., std1, ..., loss]."""
     return list(self._store.layers)
 
@@ -194,7 +195,7 @@ class ReversibleSerialTrainer:
         lambda opt: opt.slots, self._store.trax_optimizers()))
 
   @slots.setter
-  def slots(self, slots: PyTree):
+  def slots(self, slots: PyTree) -> None:
     """Sets the slots of all optimizers (structure as the getter's)."""
     optimizers = self._store.trax_optimizers()
     for ((s_opt, r_opts), (s_slots, r_slots)) in zip(optimizers[:-1],
@@ -224,7 +225,7 @@ class ReversibleSerialTrainer:
     the same thing share one)."""
     return self._compiler.n_compiled_functions
 
-  def set_output_dir(self, output_dir: Optional[str]):
+  def set_output_dir(self, output_dir: str | None) -> None:
     """Writes the memory log to `<output_dir>/memory.jsonl` from now on.
 
     In a multi-process run only process 0 writes files; the others log
@@ -256,8 +257,8 @@ class ReversibleSerialTrainer:
   # One training step.
 
   def one_step(self, batch: Batch, rng: PRNGKey, step: int = 0,
-               learning_rate: Optional[float] = None
-               ) -> Tuple[Array, Dict[str, Array]]:
+               learning_rate: float | None = None
+               ) -> tuple[Array, dict[str, Array]]:
     """Updates weights, state and slots of all layers by one training step.
 
     Same contract as trax's `ReversibleSerialTrainer.one_step`.
@@ -304,7 +305,7 @@ class ReversibleSerialTrainer:
     return step_context.StepContext.for_step(self.planned(batch), step, rng,
                                              batch, self._parts)
 
-  def planned(self, batch: Batch) -> planner_lib.Planned:
+  def planned(self, batch: Batch) -> planner_lib.PlannedStep:
     """How a step on `batch`'s shapes runs: its plan, compiled units and
     device memory; planned (compiled ahead, accounted) on first sight.
 
@@ -313,7 +314,7 @@ class ReversibleSerialTrainer:
         (B, ...), as `one_step` takes them (values are not read).
 
     Returns:
-      `planner.Planned`.
+      `planner.PlannedStep`.
 
     Raises:
       validation.BatchSlicesError: batch_slices does not divide each
@@ -322,7 +323,7 @@ class ReversibleSerialTrainer:
         plan fits it (nothing changed yet).
     """
     known = self._planner.is_planned(batch)
-    planned = self._planner.planned(batch)
+    planned = self._planner.step_for(batch)
     if not known:
       # The compilers' temporaries are free now.
       self._release_host_memory()
@@ -348,13 +349,15 @@ class ReversibleSerialTrainer:
       planner.DeviceMemoryBudgetError: no plan fits the budget.
     """
     validation.check_batch(batch, self._placement.n_local_devices)
-    planned = self._planner.planned(batch)
+    planned = self._planner.step_for(batch)
     if planned.memory is not None:
       return planned.memory
     return self._planner.account(planned.plan, planned.units,
                                  self._planner.step_types(batch))
 
-  def least_device_memory_of(self, batch: Batch):
+  def least_device_memory_of(
+      self, batch: Batch
+  ) -> tuple[plan_lib.StepPlan, device_memory_lib.StepMemory]:
     """The leanest plan on `batch`'s shapes and its device memory: the
     least this trainer can step in.
 

@@ -14,11 +14,12 @@ a `plan.StepPlan` and walks them:
 
 `Units.walk` is the step's one schedule: the only place that says forward,
 loss, backward, in that order, and names the points between them where the
-run may act (`run.Run.begin`, `unit_done`, `end_pass`, `finish`). It runs on
-a `run.Run`, which gives the units their arguments, makes their calls and
-hands their updates to its sink: `step_context.StepContext` on placed
-arrays (the step itself), or `ahead.AheadOfTime` on their types (compiling
-ahead, accounting memory), so all follow one traversal. Nothing in a walk
+run may act (`step_run.StepRun.begin`, `unit_done`, `end_pass`, `finish`).
+It runs on a `step_run.StepRun`, which gives the units their arguments,
+makes their calls and hands their updates to its sink:
+`step_context.StepContext` on placed arrays (the step itself), or
+`ahead.AheadOfTime` on their types (compiling ahead, accounting memory), so
+all follow one traversal. Nothing in a walk
 changes the plan or the units.
 """
 
@@ -280,7 +281,7 @@ class Units:
     self.loss_unit = factory.loss(list(range(plan.fused_from, plan.loss + 1)),
                                   plan.batch_slices)
 
-  def forward(self, run):
+  def forward(self, run) -> None:
     """The forward pass: `run.stack` through every forward unit."""
     run.phase = 'forward'
     units = self.forward_units
@@ -291,7 +292,7 @@ class Units:
           run.stack, run.params(unit, following, with_slots=False), run)
       run.unit_done(unit)
 
-  def loss(self, run):
+  def loss(self, run) -> None:
     """The loss program: sets `run.grad_stack` (and places the first
     backward unit's parameters ahead, where the plan prefetches)."""
     run.phase = 'loss'
@@ -299,7 +300,7 @@ class Units:
     params = run.params(self.loss_unit, following, with_slots=True)
     run.grad_stack = self.loss_unit.backward(run.stack, params, run)
 
-  def backward(self, run):
+  def backward(self, run) -> None:
     """The backward pass, last unit first; empties `run.stack` and
     `run.grad_stack` (the batch's reconstruction and cotangents)."""
     run.phase = 'backward'
@@ -311,13 +312,13 @@ class Units:
       run.unit_done(unit)
     run.stack = run.grad_stack = None
 
-  def walk(self, run):
+  def walk(self, run) -> None:
     """The step's schedule, whole: forward, loss, backward, every update
     off the device, with the run's named points between them.
 
     A real step records each pass's end at `end_pass` and may free device
     buffers at `begin` and at the loss's end; a walk on types does nothing
-    at the points (`run.Run`).
+    at the points (`step_run.StepRun`).
     """
     run.begin()
     self.forward(run)

@@ -6,7 +6,7 @@ search for the plan to run and for the least plan, with its figures
 writes them (`Weighing.to_json`), the chosen one marked.
 """
 
-from typing import List, NamedTuple, Optional
+from typing import NamedTuple
 
 from trax_revplus import device_memory
 from trax_revplus.byte_sizes import format_bytes
@@ -26,8 +26,8 @@ class Weighed(NamedTuple):
   """
   plan: plan_lib.StepPlan
   memory: device_memory.StepMemory
-  fits: Optional[bool]
-  step_seconds: Optional[float] = None
+  fits: bool | None
+  step_seconds: float | None = None
 
   @property
   def calls_per_step(self) -> int:
@@ -38,9 +38,9 @@ class Weighed(NamedTuple):
 class Weighing:
   """The plans accounted on one batch's shapes, in the order accounted.
 
-  One record serves the search for the plan to run (`Planner._choose`),
-  the least plan (`Planner.least_plan`) and what `estimate` shows: a plan
-  accounted by one is not accounted again by another.
+  One record serves the search for the plan to run and for the least plan
+  (`plan_search.PlanSearch`) and what `estimate` shows: a plan accounted by
+  one is not accounted again by another.
 
   Attributes:
     budget_bytes: int bytes the plans were weighed against, or None.
@@ -50,17 +50,17 @@ class Weighing:
       no plan fits the budget).
   """
 
-  def __init__(self, budget_bytes: Optional[int]):
+  def __init__(self, budget_bytes: int | None):
     self.budget_bytes = budget_bytes
     self._by_plan = {}  # plan -> Weighed, in the order accounted
     self.chosen = None
 
   @property
-  def weighed(self) -> List[Weighed]:
+  def weighed(self) -> list[Weighed]:
     """One `Weighed` per distinct plan, in the order accounted."""
     return list(self._by_plan.values())
 
-  def memory_of(self, plan) -> Optional[device_memory.StepMemory]:
+  def memory_of(self, plan) -> device_memory.StepMemory | None:
     """The `StepMemory` of `plan` where it was accounted, else None."""
     weighed = self._by_plan.get(plan)
     return None if weighed is None else weighed.memory
@@ -72,7 +72,7 @@ class Weighing:
       fits = None if budget is None else memory.peak_device_bytes <= budget
       self._by_plan[plan] = Weighed(plan, memory, fits)
 
-  def to_json(self) -> List[dict]:
+  def to_json(self) -> list[dict]:
     """One JSON object per plan weighed, in the order accounted: its
     `describe`, `settings`, `peak_device_bytes`, `fits`, `calls_per_step`,
     `step_seconds` (null where not measured) and whether it is `chosen`."""
@@ -86,7 +86,7 @@ class Weighing:
         'chosen': w.plan == self.chosen,
     } for w in self.weighed]
 
-  def lines(self) -> List[str]:
+  def lines(self) -> list[str]:
     """The plans weighed as printed lines, a header first: '*' marks the
     chosen plan; fits and step time are '-' where unknown."""
     out = [f'  {"peak device/step":>27} {"fits":>4} {"calls/step":>10} '

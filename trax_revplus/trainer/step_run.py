@@ -1,30 +1,28 @@
-"""`Run`: what a walk over a plan's units runs on, and what it holds.
+"""`StepRun`: what a walk over a plan's units runs on, and what it holds.
 
-`units.Units.walk` walks its units on a `Run`, which gives the units their
-arguments and makes their calls: `step_context.StepContext` on placed
+`units.Units.walk` walks its units on a `StepRun`, which gives the units
+their arguments and makes their calls: `step_context.StepContext` on placed
 arrays (the step itself), or `ahead.AheadOfTime` on their types (compiling
 ahead and accounting device memory). Both are this class, so what a step
-holds on the device across each call (`Run.held`), when an update leaves
+holds on the device across each call (`StepRun.held`), when an update leaves
 the device (`CopyBack`) and where what a forward keeps for its backward
-waits (`Run.keep_saved`, `Run.take_saved`) are written once, here, for the
-step, the compile-ahead walk and the accounting alike.
+waits (`StepRun.keep_saved`, `StepRun.take_saved`) are written once, here,
+for the step, the compile-ahead walk and the accounting alike.
 
 Each call's updates go to the run's `UpdateSink`: the commit queue in a
 real step (`commit.CommitQueue`), which copies them back to the host; the
 no-op `UpdateSink` itself in a walk on types, where an update leaving the
-device only leaves `Run.held`.
+device only leaves `StepRun.held`.
 """
 
 import abc
 import collections
-from typing import Any, List, Tuple
+from typing import Any
 
 
 def commit_waits(pending_sizes, n_async_layers):
-  """How many of the newest pending calls stay on the device after a push.
-
-  The oldest call leaves (is committed to the host) once calls updating at
-  least `n_async_layers` layers were dispatched after it.
+  """How many of the newest pending calls stay on the device after a push,
+  by the copy-back rule (`commit`).
 
   Args:
     pending_sizes: list of int, layers each pending call updated, oldest
@@ -55,16 +53,16 @@ class UpdateSink:
     """A call's statistics as the walk keeps them (here: as they are)."""
     return stats
 
-  def start(self, layers, weights, slots, states, stats):
+  def start(self, layers, weights, slots, states, stats) -> Any:
     """One call's updates are dispatched (lists over `layers`, in commit
     order); returns the token `commit` takes (here: None)."""
     del layers, weights, slots, states, stats
 
-  def commit(self, token):
+  def commit(self, token) -> None:
     """The update of `token` leaves the device (here: it is dropped)."""
     del token
 
-  def end_step(self):
+  def end_step(self) -> None:
     """Every update of the walk has left the device."""
 
 
@@ -87,7 +85,7 @@ class CopyBack:
     self._sink = sink
     self._pending = collections.deque()  # (n layers, device updates, token)
 
-  def push(self, layers, weights, slots, states, stats):
+  def push(self, layers, weights, slots, states, stats) -> None:
     """One call's updates, lists over `layers` in commit (backward) order."""
     token = self._sink.start(layers, weights, slots, states, stats)
     self._pending.append((len(layers), (weights, slots, states), token))
@@ -96,17 +94,17 @@ class CopyBack:
     while len(self._pending) > waiting:
       self._sink.commit(self._pending.popleft()[2])
 
-  def drain(self):
+  def drain(self) -> None:
     """Every waiting update leaves, oldest first."""
     while self._pending:
       self._sink.commit(self._pending.popleft()[2])
 
-  def on_device(self) -> List[Any]:
+  def on_device(self) -> list[Any]:
     """The updates still held on the device (weights, slots, states)."""
     return [updates for _, updates, _ in self._pending]
 
 
-class Run(abc.ABC):
+class StepRun(abc.ABC):
   """What a walk over a plan's units runs on; one per walk.
 
   A run sees each compiled call with its arguments (`call`) and what the
@@ -151,7 +149,7 @@ class Run(abc.ABC):
   # What the device holds: one description for the step, the freeing of
   # device buffers and the accounting.
 
-  def held(self) -> List[Tuple[str, Any]]:
+  def held(self) -> list[tuple[str, Any]]:
     """What the step holds on the device now, as named parts (pytrees).
 
     Each array counts in the first part that lists it. Saved entries
@@ -171,7 +169,7 @@ class Run(abc.ABC):
 
   # What the forward pass keeps for the backward pass, and where it waits.
 
-  def keep_saved(self, entries):
+  def keep_saved(self, entries) -> None:
     """Keeps what a unit's forward saved for its backward: on the device,
     or where the plan says so, on the host (`to_host`).
 
@@ -232,7 +230,7 @@ class Run(abc.ABC):
   def call(self, fn, args):
     """Calls compiled function `fn` on `args`; returns its results."""
 
-  def place_ahead(self, unit, with_slots):
+  def place_ahead(self, unit, with_slots) -> None:
     """Places `unit`'s parameters ahead of its call, if the plan
     prefetches (H2D overlaps the current call's work)."""
     if self.plan.prefetch:
@@ -262,7 +260,7 @@ class Run(abc.ABC):
 
   # What happens to a call's updates.
 
-  def updated(self, layers, weights, slots, states, stats):
+  def updated(self, layers, weights, slots, states, stats) -> None:
     """A call's updates, lists over `layers` in commit (backward) order:
     its statistics kept (as the sink reads them), the updates handed to
     the sink on their way off the device (`CopyBack`)."""
@@ -274,17 +272,17 @@ class Run(abc.ABC):
   # on types does nothing at them; the step records its phases there and
   # frees device buffers where its settings say so.
 
-  def begin(self):
+  def begin(self) -> None:
     """Before the forward pass; after it, the stack holds the batch."""
 
-  def unit_done(self, unit):
+  def unit_done(self, unit) -> None:
     """After `unit`'s call in the pass `phase` ('forward' or 'backward')."""
 
-  def end_pass(self, phase):
+  def end_pass(self, phase) -> None:
     """After the pass `phase`: 'forward', 'loss', then 'backward' (once
     every update has left the device)."""
 
-  def finish(self):
+  def finish(self) -> None:
     """The end of the backward pass: every update leaves the device, then
     the sink hears the walk's end (`UpdateSink.end_step`)."""
     self.copy_back.drain()

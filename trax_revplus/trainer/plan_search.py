@@ -1,0 +1,111 @@
+"""The search of one batch's shapes' candidate plans: the chosen and the least.
+
+`PlanSearch` walks the candidates' groups (`candidates.Candidates.groups`,
+fastest first) with their lower bounds, weighing plans through one function
+(the planner's `weigh`, which accounts a plan once per batch's shapes). The
+same search gives both answers a budget needs:
+
+  `fastest_fitting(budget)`: the first plan, in the speed model's order,
+    whose peak fits, and the least bytes that excluded a faster one;
+  `least()`: the leanest plan of all and its figures, the least device
+    memory the trainer can step in.
+
+The planner keeps one search per batch's shapes, so the least named when
+nothing fits and the least `estimate` prints are one answer.
+"""
+
+from typing import Callable
+
+from trax_revplus import device_memory
+from trax_revplus.trainer import candidates as candidates_lib
+from trax_revplus.trainer import plan as plan_lib
+
+Weigh = Callable[[plan_lib.StepPlan], device_memory.StepMemory]
+
+
+class PlanSearch:
+  """The candidate plans of one batch's shapes, searched by the budget.
+
+  Attributes:
+    faster_plans_need_bytes: after `fastest_fitting`, the least peak (or
+      lower bound) bytes that excluded a plan faster than the one found;
+      None where none was faster.
+  """
+
+  def __init__(self, candidates: candidates_lib.Candidates, n_devices: int,
+               weigh: Weigh):
+    """Args:
+      candidates: the shapes' `candidates.Candidates`.
+      n_devices: devices a step runs on (for the lower bounds).
+      weigh: plan -> its `device_memory.StepMemory`, raising as
+        `planner.Planner.account`.
+    """
+    self._groups = list(candidates.groups())
+    self._bounds = [candidates.lower_bound_bytes(group, n_devices)
+                    for group in self._groups]
+    self._weigh = weigh
+    self._least = None
+    self.faster_plans_need_bytes = None
+
+  def fastest_fitting(self, budget_bytes: int) -> plan_lib.StepPlan | None:
+    """The first plan, in the speed model's order, whose peak is at most
+    `budget_bytes`; None where none is.
+
+    Each group's fastest plan is weighed first: where it fits, nothing else
+    compiles (its programs are the step's own). Where it does not, the rest
+    of the group is tried only where its leanest plan (one layer per call:
+    the least compiling) fits; a fused group also needs the stack states it
+    keeps within the budget (`Candidates.lower_bound_bytes`).
+
+    Raises:
+      As `weigh`.
+    """
+    excluded = []  # bytes that excluded each faster plan or group
+
+    def fits(plan):
+      peak = self._weigh(plan).peak_device_bytes
+      if peak > budget_bytes:
+        excluded.append(peak)
+      return peak <= budget_bytes
+
+    found = None
+    for group, bound in zip(self._groups, self._bounds):
+      if bound > budget_bytes:
+        excluded.append(bound)
+        continue
+      first, rest = group.plans[0], group.plans[1:]
+      if fits(first):
+        found = first
+        break
+      if not rest or not fits(group.leanest):
+        continue
+      found = next((plan for plan in rest if fits(plan)), None)
+      if found is not None:
+        break
+    self.faster_plans_need_bytes = min(excluded, default=None)
+    return found
+
+  def least(self) -> tuple[plan_lib.StepPlan, device_memory.StepMemory]:
+    """(plan, StepMemory) of the group leanest plan, fused or unfused, with
+    the least peak (ties: the first in the speed model's order).
+
+    The unfused ones are weighed first; a fused one whose lower bound
+    (`Candidates.lower_bound_bytes`) is above the least peak found so far
+    cannot need less, and is not compiled.
+
+    Raises:
+      As `weigh`.
+    """
+    if self._least is None:
+      groups = self._groups
+      order = sorted(range(len(groups)),
+                     key=lambda i: bool(groups[i].fused_reversible_layers))
+      found = {}  # group index -> StepMemory of its leanest plan
+      for i in order:
+        least = min((s.peak_device_bytes for s in found.values()),
+                    default=None)
+        if least is None or self._bounds[i] <= least:
+          found[i] = self._weigh(groups[i].leanest)
+      i = min(found, key=lambda i: (found[i].peak_device_bytes, i))
+      self._least = (groups[i].leanest, found[i])
+    return self._least
