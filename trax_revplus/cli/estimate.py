@@ -26,6 +26,7 @@ import json
 import logging as std_logging
 import sys
 
+from trax_revplus import notices
 from trax_revplus import output_files
 from trax_revplus.byte_sizes import format_bytes
 from trax_revplus.cli import gin_config
@@ -161,6 +162,10 @@ def _budget_override_warning(device_memory_bytes: int | None
           f'{configured!r}; trax_revplus plans for --device_memory')
 
 
+def _print_notice(message: str) -> None:
+  print(warning_line(COMMAND, message), file=sys.stderr, flush=True)
+
+
 def _bound_trainer_settings() -> dict:
   import gin  # pylint: disable=g-import-not-at-top
   return gin.get_bindings(preflight.TRAINER)
@@ -207,8 +212,10 @@ def run(flags: argparse.Namespace) -> int:
   # Compiling the trainers' programs raises third-party warnings (e.g. JAX's
   # on donations stock's programs cannot use): known ones are dropped, any
   # other is one line on stderr.
+  # A setting the budget's plan replaces is one warning line (`notices`).
   with noise.route_warnings(std_logging.NullHandler(),
-                            std_logging.StreamHandler(sys.stderr)):
+                            std_logging.StreamHandler(sys.stderr)), \
+      notices.listening(_print_notice):
     backend, results, plan_line, batch, budget, plans = estimate(
         device_memory_bytes, flags.n_devices, bindings)
   if budget is not None:
