@@ -100,7 +100,7 @@ def test_a_note_names_the_trainer_train_would_run(config_file, bindings,
 
 _TWO_DEVICES = r'''
 import sys
-from trax import fastmath, layers as tl, optimizers
+from trax import fastmath, layers as tl, optimizers, shapes
 import numpy as np
 from trax_revplus import cli
 code = cli.main(['trax-revplus', 'estimate', '--config_file=' + sys.argv[1],
@@ -112,7 +112,7 @@ model = tl.Serial(tl.Embedding(9, 4), tl.Dense(9), tl.LogSoftmax())
 loss = tl.Serial(model, tl.CrossEntropyLoss())
 x = np.ones((2, 4), np.int32)
 batch = (x, x, np.ones((2, 4), np.float32))
-loss.init(tuple(fastmath.ShapeDtype(b.shape, b.dtype) for b in batch))
+loss.init(tuple(shapes.ShapeDtype(b.shape, b.dtype) for b in batch))
 opt = optimizers.Adam()
 opt.tree_init(loss.weights)
 try:
