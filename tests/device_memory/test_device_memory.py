@@ -256,7 +256,8 @@ def test_more_devices_give_one_line_errors():
     assert result.step is None and result.peak_device_bytes is None
     assert result.error.startswith('UnsupportedTrainerError: '), name
     assert '\n' not in result.error and 'n_devices=2' in result.error
-    assert result.to_json(2**30) == {'error': result.error}
+    assert result.to_json(2**30) == {'error': result.error, 'runs': None,
+                                     'n_devices': 2, 'max_devices': None}
 
 
 def test_trainer_memory_json_and_fits(default_case, stock_case,

@@ -41,8 +41,9 @@ def _batches(lengths, shapes=None):
     k += 1
 
 
-def _run(lengths, n_steps, mode, eval_every_step=False, shapes=None):
-  if mode:
+def _run(lengths, n_steps, mode, eval_every_step=False, shapes=None,
+         revplus=True):
+  if mode and revplus:
     trax_revplus.activate()
   # The memory-efficient trainer makes one optimizer per layer from a
   # factory; trax's default trainer takes an optimizer.
@@ -82,6 +83,20 @@ def test_losses_are_those_the_loop_records(mode):
   assert summary['final_train_loss'] == pytest.approx(np.mean(history[2:4]))
 
 
+def test_stock_step_2_compile_names_the_weights_placement():
+  """Stock's memory-efficient trainer compiles its programs again at step 2
+  on equal batch shapes: its weights come as the initializers' committed
+  arrays at step 1 and as host numpy copies after the update."""
+  _, printer, lines = _run([4], 3, True, revplus=False)
+  compiled = printer.run_stats()['compiled_programs']
+  assert compiled[1] and not compiled[2], compiled
+  notices = [line for line in lines if 'compiled in this step' in line]
+  assert len(notices) == 1 and notices[0].startswith('step 2: '), lines
+  assert ('; same batch shapes as step 1, but the trainer handed its '
+          'weights over as arrays committed to a device at step 1 and as '
+          'host numpy arrays now') in notices[0], notices[0]
+
+
 def test_compilations_are_counted_and_new_shapes_reported():
   shapes = []
   _, printer, lines = _run([4, 4, 4, 4, 6, 6, 8], 6, False, shapes=shapes)
@@ -100,9 +115,22 @@ def test_compilations_are_counted_and_new_shapes_reported():
   notices = [line for line in lines if 'compiled in this step' in line]
   assert [n.split(':')[0] for n in notices] == [
       f'step {s}' for s in compiling_steps[1:]]
-  # Each notice names the programs compiled, not a guessed cause.
+  # Each notice names the programs compiled and what changed since the
+  # step before: the batch's shapes at steps 4 and 6; at step 2, where
+  # trax's default Trainer compiles again, not the shapes but where its
+  # weights are (some uncommitted at step 1, its own committed outputs
+  # after).
   assert 'jit(' in notices[0].split('): ', 1)[1], notices[0]
-  assert 'new shape' not in notices[0]
+  for notice in notices:
+    step = int(notice.split(':')[0].split()[1])
+    if step in new_shape_steps:
+      assert ('; the batch has new shapes or dtypes (int64[2, '
+              f'{step_shapes[step - 1][1]}]') in notice, notice
+    else:
+      assert step == 2, notice
+      assert '; same batch shapes as step 1, but ' in notice, notice
+      assert ('uncommitted JAX arrays at step 1 and as arrays committed to '
+              'a device now') in notice, notice
   assert 'compiling' in lines[0]  # Step 1 compiled: no rate for it.
   assert 'steps/s' not in lines[0]
   summary = printer.summary()

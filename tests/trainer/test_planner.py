@@ -19,6 +19,7 @@ from trax import optimizers
 import trainer_cases as cases
 from trax_revplus import device_memory
 from trax_revplus import memory
+from trax_revplus import notices
 from trax_revplus import placement as placement_lib
 from trax_revplus import validation
 from trax_revplus.trainer import budget
@@ -353,3 +354,42 @@ def test_a_pinned_plan_that_does_not_fit_names_the_setting_to_unpin():
   assert '\n' not in message
   assert "set batch_slices to 'auto'" in message
   assert 'with batch_slices=2 and one layer per call' in message
+
+
+def _notices_planning(**settings):
+  """The notices (`trax_revplus.notices`) planning `_BATCH` sends, and the
+  plan chosen."""
+  sent = []
+  _, trainer = _trainer(**settings)
+  with notices.listening(sent.append):
+    plan = trainer.planned(_BATCH).plan
+  return sent, plan
+
+
+def test_a_pinned_backward_length_the_fused_program_ignores_is_a_notice():
+  budget_bytes = max(p for _, p in _every_candidate())
+  sent, plan = _notices_planning(device_memory_budget_bytes=budget_bytes,
+                                 backward_segment_max_layers=1)
+  assert plan.fused_from < plan.loss
+  assert len(sent) == 1 and sent[0].startswith(
+      'trax_revplus.ReversibleSerialTrainer.backward_segment_max_layers = 1 '
+      'was replaced by '), sent
+
+
+def test_settings_kept_as_given_send_no_notice():
+  """Pinned slices are kept: no notice; n_async_layers left at its default
+  (not given) may change without one."""
+  least = min(p for _, p in _every_candidate())
+  expected = next(plan for plan, p in _every_candidate() if p <= least)
+  sent, plan = _notices_planning(device_memory_budget_bytes=least,
+                                 batch_slices=expected.batch_slices)
+  assert sent == [] and plan == expected
+
+
+def test_without_a_listener_a_notice_is_a_python_warning():
+  budget_bytes = max(p for _, p in _every_candidate())
+  _, trainer = _trainer(device_memory_budget_bytes=budget_bytes,
+                        backward_segment_max_layers=1)
+  with pytest.warns(notices.SettingReplacedWarning,
+                    match='backward_segment_max_layers = 1 was replaced'):
+    trainer.planned(_BATCH)

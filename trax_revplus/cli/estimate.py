@@ -26,6 +26,7 @@ import json
 import logging as std_logging
 import sys
 
+from trax_revplus import notices
 from trax_revplus import output_files
 from trax_revplus.byte_sizes import format_bytes
 from trax_revplus.cli import gin_config
@@ -92,26 +93,57 @@ def estimate(device_memory_bytes: int | None, n_devices: int,
           three.budget_bytes, three.weighing)
 
 
+def train_runs() -> str:
+  """The trainer `train` would run on the parsed config: 'default' (trax's
+  `Trainer`: `train.use_memory_efficient_trainer` False or unset),
+  'stock' (memory-efficient, the config does not activate trax_revplus)
+  or 'revplus'."""
+  import trax_revplus  # pylint: disable=g-import-not-at-top
+  if not gin_config.bound_value('train.use_memory_efficient_trainer', False):
+    return 'default'
+  return 'revplus' if trax_revplus.is_active() else 'stock'
+
+
+_TRAIN_RUNS_NOTES = {
+    'default': ("train.use_memory_efficient_trainer is False or unset "
+                "(trax's default): `train` would run trax's default Trainer "
+                "(the default row), not a trax_revplus plan; set it to True "
+                "for the revplus rows"),
+    'stock': ('the config does not import trax_revplus.activate: `train` '
+              "would run stock trax's memory-efficient trainer (the stock "
+              'row); add that line for the revplus rows'),
+}
+
+
 def table(backend, results, plan_line, batch, device_memory_bytes,
-          n_devices, plans=None) -> str:
+          n_devices, plans=None, runs='revplus') -> str:
   """The printed report; `plans` (`weighing.Weighing` or None): the plans
-  revplus weighed, listed under its plan."""
+  revplus weighed, listed under its plan; `runs`: the trainer `train`
+  would run (`train_runs`), a note where it is not revplus."""
   shapes = ', '.join(f'{x.dtype}{list(x.shape)}' for x in batch)
   lines = [
       f'figures compiled for backend {backend} (XLA memory analysis; other '
       f'backends compile differently), per device, one training step on '
-      f'batch ({shapes}), trax_revplus on {n_devices} device(s)',
+      f'batch ({shapes}), asked for {n_devices} device(s)',
       f'device memory: {format_bytes(device_memory_bytes, unit=None)}' +
       (f' ({device_memory_bytes} bytes)' if device_memory_bytes else
        ' not given (--device_memory)'),
+  ]
+  if runs in _TRAIN_RUNS_NOTES:
+    lines.append(f'note: {_TRAIN_RUNS_NOTES[runs]}')
+  lines += [
       '',
       f'{"trainer":<9}{"peak device/step":>18}{"least device/step":>19}'
-      f'{"host weights+slots":>20}{"largest program":>17}{"fits":>6}',
+      f'{"host weights+slots":>20}{"largest program":>17}{"fits":>6}'
+      f'  devices',
   ]
   for name in TRAINERS:
     r = results[name]
     if r.error is not None:
       lines.append(f'{name:<9}error: {r.error}')
+      continue
+    if r.step_error is not None:
+      lines.append(f'{name:<9}fails at step 1: {r.step_error}')
       continue
     fits = r.fits(device_memory_bytes)
     fits = '-' if fits is None else ('yes' if fits else 'no')
@@ -119,7 +151,7 @@ def table(backend, results, plan_line, batch, device_memory_bytes,
         r.peak_device_bytes, r.min_peak_device_bytes,
         r.host_weights_and_slots_bytes, r.largest_program_bytes)]
     lines.append(f'{name:<9}{sizes[0]:>18}{sizes[1]:>19}{sizes[2]:>20}'
-                 f'{sizes[3]:>17}{fits:>6}')
+                 f'{sizes[3]:>17}{fits:>6}  {r.devices_text()}')
   if plan_line:
     lines.append('')
     lines.append(f'revplus plan: {plan_line}')
@@ -134,11 +166,12 @@ def table(backend, results, plan_line, batch, device_memory_bytes,
 
 
 def to_json(backend, results, plan_line, device_memory_bytes,
-            n_devices, plans=None) -> dict:
+            n_devices, plans=None, runs='revplus') -> dict:
   """The object `--json` writes; revplus's has the plans it weighed
-  (`plans`, a `weighing.Weighing`) as `plans`."""
+  (`plans`, a `weighing.Weighing`) as `plans`; `train_runs` is the trainer
+  `train` would run (`train_runs`)."""
   out = {'backend': backend, 'device_memory_bytes': device_memory_bytes,
-         'n_devices': n_devices,
+         'n_devices': n_devices, 'train_runs': runs,
          'trainers': {name: results[name].to_json(device_memory_bytes)
                       for name in TRAINERS}}
   if plan_line is not None and 'error' not in out['trainers']['revplus']:
@@ -159,6 +192,10 @@ def _budget_override_warning(device_memory_bytes: int | None
   return (f'--device_memory={device_memory_bytes} bytes overrides the '
           f"config's {preflight.TRAINER}.device_memory_budget_bytes = "
           f'{configured!r}; trax_revplus plans for --device_memory')
+
+
+def _print_notice(message: str) -> None:
+  print(warning_line(COMMAND, message), file=sys.stderr, flush=True)
 
 
 def _bound_trainer_settings() -> dict:
@@ -207,21 +244,25 @@ def run(flags: argparse.Namespace) -> int:
   # Compiling the trainers' programs raises third-party warnings (e.g. JAX's
   # on donations stock's programs cannot use): known ones are dropped, any
   # other is one line on stderr.
+  # A setting the budget's plan replaces is one warning line (`notices`).
   with noise.route_warnings(std_logging.NullHandler(),
-                            std_logging.StreamHandler(sys.stderr)):
+                            std_logging.StreamHandler(sys.stderr)), \
+      notices.listening(_print_notice):
     backend, results, plan_line, batch, budget, plans = estimate(
         device_memory_bytes, flags.n_devices, bindings)
   if budget is not None:
     device_memory_bytes = budget
+  runs = train_runs()
   report = table(backend, results, plan_line, batch, device_memory_bytes,
-                 flags.n_devices, plans)
+                 flags.n_devices, plans, runs)
   if flags.json == output_files.STDOUT:  # The JSON alone on stdout.
     print(report, file=sys.stderr, flush=True)
   else:
     print(report, flush=True)
   if flags.json:
     text = json.dumps(to_json(backend, results, plan_line,
-                              device_memory_bytes, flags.n_devices, plans),
+                              device_memory_bytes, flags.n_devices, plans,
+                              runs),
                       indent=1, sort_keys=True) + '\n'
     output_files.write(flags.json, _json_writer(text), '--json')
   return EXIT_OK

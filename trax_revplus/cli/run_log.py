@@ -4,7 +4,8 @@ The run's full log (absl at INFO, trax's metrics included) goes to
 `<output_dir>/train.log` (one file per process in a multi-process run);
 the terminal gets warnings only, without the third-party ones known to be
 harmless (`noise`), since trax prints its own progress and eval lines
-there. A background thread that dies is one warning line, its traceback in
+there; the library's notices (`trax_revplus.notices`, e.g. a setting the
+device memory budget replaced) are the command's warning lines. A background thread that dies is one warning line, its traceback in
 the log.
 """
 
@@ -15,6 +16,7 @@ import sys
 import threading
 from typing import Iterator
 
+from trax_revplus import notices
 from trax_revplus.cli import noise
 from trax_revplus.cli.messages import warning_line
 from trax_revplus.multiprocess import training as processes
@@ -52,6 +54,17 @@ class ThreadErrors:
                                  f'{args.exc_type.__name__}: '
                                  f'{args.exc_value}'),
           file=sys.stderr, flush=True)
+
+
+def _print_notice(message: str) -> None:
+  """A library notice (`trax_revplus.notices`) as the command's warning
+  line; its sender logged it to train.log."""
+  print(warning_line(_COMMAND, message), file=sys.stderr, flush=True)
+
+
+def _drop(message: str) -> None:
+  """Processes other than 0 leave notices to process 0's terminal."""
+  del message
 
 
 @contextlib.contextmanager
@@ -93,7 +106,8 @@ def run_logging(output_dir: str, import_messages: str,
                    import_messages)
     for warning in warnings:  # Shown on the terminal already.
       logging.info('warning: %s', warning)
-    with noise.route_warnings(to_file, warnings_to_stderr), ThreadErrors():
+    with noise.route_warnings(to_file, warnings_to_stderr), ThreadErrors(), \
+        notices.listening(_print_notice if not process else _drop):
       yield log_path
   finally:
     absl_logger.propagate = True

@@ -11,7 +11,9 @@ module lowers the Trainer's own update function with the argument types
 
 One device only: on more, trax replicates with `jax.device_put_replicated`
 and `jax.pmap`s arrays committed to the CPU, which current JAX removed or
-rejects.
+rejects: with trax_revplus active (whose `compat` stands in for the
+first) its first step on 2 devices still fails ("ValueError: Sharding
+passed to jit does not match the sharding on the respective arg").
 """
 
 import jax

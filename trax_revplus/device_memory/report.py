@@ -43,6 +43,13 @@ class TrainerMemory:
     plan: the plan `step` ran, as its settings (trax_revplus's trainer), or
       None.
     least_plan: the leanest plan's settings, or None.
+    step_error: one line, trax's error, where the trainer's first step on
+      this config would fail although its programs compile (stock's
+      donation of a shared weight, `stock_trainer.step_1_failure`); None
+      where nothing known stops it. The figures are then what the step
+      would have needed.
+    max_devices: the most devices the trainer can run on here, where that
+      is fewer than asked (stock: 1 on current JAX), or None.
   """
   trainer: str
   backend: str
@@ -55,6 +62,24 @@ class TrainerMemory:
   least: composition.StepMemory | None = None
   plan: dict | None = None
   least_plan: dict | None = None
+  step_error: str | None = None
+  max_devices: int | None = None
+
+  @property
+  def runs(self) -> bool | None:
+    """Whether the trainer's step runs on this config: False where it
+    would fail (`step_error`), None where it could not be accounted
+    (`error`)."""
+    if self.error is not None:
+      return None
+    return self.step_error is None
+
+  def devices_text(self) -> str:
+    """The devices the figures are for, e.g. '2', '1 device only'."""
+    if self.max_devices is not None and self.n_devices <= self.max_devices:
+      return f'{self.n_devices} device only' if self.n_devices == 1 else (
+          f'{self.n_devices} devices only')
+    return f'{self.n_devices}'
 
   @property
   def peak_device_bytes(self) -> int | None:
@@ -87,13 +112,18 @@ class TrainerMemory:
     or no memory given)."""
     if self.step is None or device_memory_bytes is None:
       return None
+    if self.step_error is not None:
+      return False  # It would not step in any memory.
     return self.peak_device_bytes <= device_memory_bytes
 
   def to_json(self, device_memory_bytes: int | None = None) -> dict:
     """The JSON object `estimate --json` writes for this trainer."""
+    devices = {'n_devices': self.n_devices, 'max_devices': self.max_devices}
     if self.error is not None:
-      return {'error': self.error}
+      return {'error': self.error, 'runs': None, **devices}
     out = {
+        'runs': self.runs,
+        **devices,
         'peak_device_bytes': self.peak_device_bytes,
         'min_peak_device_bytes': self.min_peak_device_bytes,
         'host_weights_and_slots_bytes': self.host_weights_and_slots_bytes,
@@ -110,6 +140,8 @@ class TrainerMemory:
       out['plan'] = self.plan
     if self.least_plan is not None:
       out['least_plan'] = self.least_plan
+    if self.step_error is not None:
+      out['error'] = self.step_error
     return out
 
 
@@ -135,19 +167,27 @@ def default_trainer_memory(trainer, batch, backend: str,
   step = default_trainer.default_trainer_step(trainer, batch)
   weights, slots = default_trainer.weights_and_slots_bytes(trainer)
   n_devices = trainer._n_devices  # pylint: disable=protected-access
+  # On 2+ devices its first step fails on current JAX: it pmaps arrays
+  # committed to one device (`default_trainer`).
   return TrainerMemory(name, backend, n_devices, step, weights, slots,
-                       weights_and_slots_on_host=False)
+                       weights_and_slots_on_host=False, max_devices=1)
 
 
 def stock_trainer_memory(trainer, batch, backend: str,
                          name: str = 'stock') -> TrainerMemory:
   """`TrainerMemory` of stock trax's `ReversibleSerialTrainer` (see
-  `stock_trainer`); its weights and slots live on the host."""
+  `stock_trainer`); its weights and slots live on the host. Where its
+  first step would fail (`stock_trainer.step_1_failure`), the figures come
+  with that error (`step_error`)."""
   step = stock_trainer.stock_trainer_step(trainer, batch)
   weights, slots = stock_trainer.weights_and_slots_bytes(trainer)
   n_devices = trainer._n_devices  # pylint: disable=protected-access
+  # Stock's multi-device step needs jax.device_put_replicated, which
+  # current JAX removed (`stock_trainer`).
   return TrainerMemory(name, backend, n_devices, step, weights, slots,
-                       weights_and_slots_on_host=True)
+                       weights_and_slots_on_host=True,
+                       step_error=stock_trainer.step_1_failure(trainer),
+                       max_devices=1)
 
 
 def trainer_memory(name: str, trainer: Any, batch: Any, backend: str,

@@ -181,3 +181,67 @@ def weights_and_slots_bytes(trainer) -> tuple:
   return program_lib.tree_bytes(weights), program_lib.tree_bytes(
       trainer.slots)
 
+
+
+# trax's message when one buffer is donated twice to a program, as JAX
+# raises it (`JaxRuntimeError: INVALID_ARGUMENT: ...`).
+DONATED_TWICE = 'Attempt to donate the same buffer twice'
+
+
+def _buffer(x) -> tuple | None:
+  """What identifies the memory of an array leaf as a program gets it:
+  a JAX array's device buffer, a numpy array's data (which JAX on the
+  CPU takes without a copy); None for anything else."""
+  if isinstance(x, jax.Array):
+    return ('device', x.unsafe_buffer_pointer())
+  if isinstance(x, np.ndarray) and x.size:
+    return ('host', x.__array_interface__['data'][0], x.nbytes)
+  return None
+
+
+def _donated_twice(tree) -> tuple | None:
+  """(first path, second path) of two leaves of `tree` that are one
+  buffer, or None."""
+  seen = {}
+  for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+    key = _buffer(leaf)
+    if key is None:
+      continue
+    if key in seen:
+      return seen[key], jax.tree_util.keystr(path)
+    seen[key] = jax.tree_util.keystr(path)
+  return None
+
+
+def step_1_failure(trainer) -> str | None:
+  """Why stock's first step would fail on this trainer, or None.
+
+  Stock's backward programs donate each layer's weights
+  (`donate_argnums=(1, 2)` and `(0, 1, 2)` in trax 1.4.1's
+  `ReversibleSerialTrainer`), and it places a layer's weights for the call
+  with `tl.on_accelerator`, leaf by leaf. A layer that holds one weight at
+  two places (a layer shared inside it, e.g. a ConfigurableTerraformer's
+  embedding shared by its encoder and decoder) then hands the program one
+  buffer twice, which XLA refuses at step 1: "Attempt to donate the same
+  buffer twice". This places every layer's weights as stock does (on a
+  machine without an accelerator `tl.on_accelerator` returns them as they
+  are) and compares the buffers; nothing is compiled or run.
+
+  Args:
+    trainer: stock trax's `ReversibleSerialTrainer`, built.
+
+  Returns:
+    One line naming the error, the layer and the two places; or None.
+  """
+  from trax import layers as tl  # pylint: disable=g-import-not-at-top
+  # pylint: disable=protected-access
+  layers = list(trainer.all_layers)
+  for k, layer in enumerate(layers):
+    placed = (tl.on_accelerator(layer.weights) if trainer._n_devices == 1
+              else None)
+    twice = None if placed is None else _donated_twice(placed)
+    if twice is not None:
+      return (f'{DONATED_TWICE} (its update of layer {k} '
+              f'({layer.name}) donates the layer\'s weights, whose '
+              f'{twice[0]} and {twice[1]} are one shared array)')
+  return None

@@ -20,12 +20,16 @@ a single line on the terminal)::
 
 After the first step, a step that compiles prints a line of its own naming
 the programs it compiled (at most `MAX_NAMES_SHOWN`), the first
-`MAX_RECOMPILE_NOTICES` times (trax's variable-length inputs compile once
-for each new shape; trax's default trainer compiles again at step 2, when
-its weights come back as arrays of another type)::
+`MAX_RECOMPILE_NOTICES` times, and what changed since the step before
+(`step_inputs`): trax's variable-length inputs compile once for each new
+shape; trax's default `Trainer` and stock's `ReversibleSerialTrainer`
+compile again at step 2 on a machine without an accelerator, the batch's
+shapes unchanged, because they hand their weights over placed otherwise
+than at step 1::
 
     step 57: 2 programs compiled in this step (4.1 s): jit(forward),
-        jit(backward)
+        jit(backward); the batch has new shapes or dtypes (int32[8, 300];
+        step 56: int32[8, 256])
 
 Compilations are counted from JAX's public monitoring events
 (`jax.monitoring`), not timed around calls. `summary()` returns the figures
@@ -59,6 +63,7 @@ from trax.supervised import training
 from trax_revplus.byte_sizes import format_bytes
 from trax_revplus.progress import run_stats as run_stats_lib
 from trax_revplus.progress.compiles import CompileCounter
+from trax_revplus.progress.step_inputs import StepInputs
 
 # Recompiles after the first step printed as a line of their own.
 MAX_RECOMPILE_NOTICES = 3
@@ -121,6 +126,7 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
         getattr(loop, '_trainer_per_task', ()))
     CompileCounter.snapshot()  # Listens from now on.
     self._observe_step_results(loop)
+    self._inputs = StepInputs(loop)
 
   def _observe_step_results(self, loop: training.Loop) -> None:
     """Has this printer see the (loss, stats) each training step returns.
@@ -156,6 +162,7 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
     self._step = step
     self._step_seconds = None
     self._figures.begin_step()
+    self._inputs.begin(step)
     self._compiles_at_step_begin = CompileCounter.snapshot()
     self._step_start = time.perf_counter()
 
@@ -209,14 +216,17 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
     self._recompile_notices += 1
     if self._recompile_notices > MAX_RECOMPILE_NOTICES:
       return
-    # The programs by name, not a guessed cause: a new input length
-    # compiles the step's programs again, and so does trax's default
-    # Trainer at step 2 (its weights come back as arrays of another type).
+    # The programs by name and what changed since the step before (a new
+    # input length, or the same shapes with the weights placed otherwise:
+    # trax's trainers at step 2, `step_inputs`), not a guessed cause.
     shown = ', '.join(names[:MAX_NAMES_SHOWN])
     if len(names) > MAX_NAMES_SHOWN:
       shown += f' and {len(names) - MAX_NAMES_SHOWN} more'
     line = (f'step {step}: {_plural(programs, "program")} compiled in this '
             f'step ({seconds:.1f} s): {shown}')
+    cause = self._inputs.cause(step)
+    if cause:
+      line += f'; {cause}'
     if self._recompile_notices == MAX_RECOMPILE_NOTICES:
       line += ' (later ones: train.log and the summary)'
     self._print(line)

@@ -29,6 +29,7 @@ from trax_revplus.device_memory import walk as walk_lib
 from trax_revplus.trainer import ahead
 from trax_revplus.trainer import candidates as candidates_lib
 from trax_revplus.trainer import options as options_lib
+from trax_revplus.trainer import overrides
 from trax_revplus.trainer import plan as plan_lib
 from trax_revplus.trainer import plan_search as plan_search_lib
 from trax_revplus.trainer import plan_store as plan_store_lib
@@ -76,14 +77,19 @@ class Planner:
       are kept and read back (the run's output directory), or None.
   """
 
-  def __init__(self, placement, store, factory, options, budget_bytes):
+  def __init__(self, placement, store, factory, options, budget_bytes,
+               explicit=()):
     """Args:
       placement: the trainer's `placement.Placement`.
       store: its `store.LayerStore`.
       factory: its `unit_factory.UnitFactory`.
       options: its `options.TrainerOptions`.
       budget_bytes: int or None, see `budget.budget_bytes`.
+      explicit: names of the settings given explicitly; one the budget's
+        plan replaces is a notice (`overrides`).
     """
+    self._explicit = frozenset(explicit)
+    self._notified = set()
     self._placement = placement
     self._store = store
     self._factory = factory
@@ -287,6 +293,8 @@ class Planner:
     self._weighing_of(types).chosen = plan
     logging.info('device memory plan%s: %s; %s', source, plan.describe(),
                  step.describe())
+    overrides.notify(plan, self._options, self._explicit, self.budget_bytes,
+                     self._notified)
     return PlannedStep(plan, units_lib.Units(plan, self._factory), step)
 
   def _raise_nothing_fits(self):

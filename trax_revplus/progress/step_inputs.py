@@ -1,0 +1,119 @@
+"""`StepInputs`: what each training step was handed, to say why it compiled.
+
+JAX compiles a jitted function again when its arguments differ from every
+earlier call's in shape or dtype (e.g. a new input length), and also when
+they are placed differently: a host numpy array (uncommitted) and an array
+committed to a device compile to separate programs although their shapes
+and dtypes are equal. trax's trainers hit the second case at step 2 on a
+machine without an accelerator: the default `Trainer` gets its weights and
+slots partly uncommitted (host numpy or uncommitted JAX arrays, as the
+Loop initialized them) at step 1 and as its own committed outputs from
+step 2 on; stock trax's `ReversibleSerialTrainer` gets them as the
+committed arrays its initializers returned at step 1 and as the host numpy
+copies it makes after each update (`np.asarray`) from step 2 on.
+
+`StepInputs` records per step the batch's shapes and dtypes (observed on
+the Loop's training tasks' `next_batch`) and how the trainer's weights and
+optimizer slots are placed when the step begins, so that a step that
+compiles can be explained by what changed since the step before, rather
+than by a guess.
+"""
+
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+
+def batch_signature(batch: Any) -> tuple[str, ...]:
+  """The batch's arrays as 'dtype[shape]' strings, e.g. ('int32[8, 256]',)."""
+  return tuple(f'{np.dtype(x.dtype).name}{list(np.shape(x))}'
+               for x in jax.tree_util.tree_leaves(batch))
+
+
+def _placement_of_leaf(x: Any) -> str | None:
+  if isinstance(x, jax.Array):
+    if x.committed:
+      return 'arrays committed to a device'
+    return 'uncommitted JAX arrays'
+  if isinstance(x, (np.ndarray, np.generic)):
+    return 'host numpy arrays'
+  return None
+
+
+def placement(tree: Any) -> str | None:
+  """How the array leaves of `tree` are placed, in words: 'host numpy
+  arrays', 'arrays committed to a device', 'uncommitted JAX arrays', or
+  those joined by ' and ' where they are mixed; None without arrays."""
+  kinds = {_placement_of_leaf(x) for x in jax.tree_util.tree_leaves(tree)}
+  kinds.discard(None)
+  return ' and '.join(sorted(kinds)) or None
+
+
+def trainer_arrays(trainer: Any) -> Any:
+  """The weights and optimizer slots `trainer` passes its compiled step
+  programs: trax's default `Trainer`'s accelerated model weights and
+  slots, a memory-efficient trainer's layers' weights; None for another
+  trainer."""
+  # pylint: disable=protected-access
+  if hasattr(trainer, 'accelerated_model_with_loss'):  # trax's Trainer
+    return (trainer.accelerated_model_with_loss.weights,
+            getattr(trainer, '_slots', None))
+  layers = getattr(trainer, 'all_layers', None)
+  if layers is not None:
+    return [layer.weights for layer in layers]
+  return None
+
+
+class StepInputs:
+  """Batch signature and weight placement of each step of one Loop."""
+
+  def __init__(self, loop: Any):
+    """Observes `loop`'s training tasks' batches (their `next_batch`; the
+    batches are handed on unchanged)."""
+    self._loop = loop
+    self._records: dict[int, dict[str, Any]] = {}
+    self._step = None
+    self._last_batch = None
+    for task in getattr(loop, '_tasks', ()):  # pylint: disable=protected-access
+      if hasattr(task, 'next_batch'):
+        task.next_batch = self._observed(task.next_batch)
+
+  def _observed(self, next_batch: Callable[[], Any]) -> Callable[[], Any]:
+    def observed() -> Any:
+      batch = next_batch()
+      if self._step is not None:
+        self._records[self._step]['batch'] = batch_signature(batch)
+      return batch
+    return observed
+
+  def begin(self, step: int) -> None:
+    """Records the trainer's weight placement as `step` begins."""
+    trainers = getattr(self._loop, '_trainer_per_task', ()) or (None,)
+    arrays = trainer_arrays(trainers[0])
+    self._records[step] = {'batch': None,
+                           'placement': None if arrays is None else
+                                        placement(arrays)}
+    self._step = step
+    for old in [s for s in self._records if s < step - 1]:
+      del self._records[old]  # Only the step before is compared.
+
+  def cause(self, step: int) -> str | None:
+    """Why `step` compiled, from what changed since the step before it:
+    one clause, or None where there is no step before to compare with."""
+    now, before = self._records.get(step), self._records.get(step - 1)
+    if now is None or before is None or now['batch'] is None:
+      return None
+    prev = step - 1
+    if now['batch'] != before['batch']:
+      return (f'the batch has new shapes or dtypes '
+              f'({", ".join(now["batch"])}; step {prev}: '
+              f'{", ".join(before["batch"] or ("?",))})')
+    same = f'same batch shapes as step {prev}'
+    if (now['placement'] is not None and before['placement'] is not None and
+        now['placement'] != before['placement']):
+      return (f'{same}, but the trainer handed its weights over as '
+              f'{before["placement"]} at step {prev} and as '
+              f'{now["placement"]} now, and JAX compiles a separate program '
+              f'for each placement')
+    return f'{same}; the weights placed as then'
