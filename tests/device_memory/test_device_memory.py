@@ -147,6 +147,21 @@ def test_composition_rejects_impossible_counts():
     composition.compose([])
 
 
+def test_held_parts_count_an_array_listed_many_times_once():
+  """Equal optimizers share one placed copy of their hyperparameters, so a
+  part lists it once per layer: the device holds it once, and a call that
+  takes it is passed it once."""
+  shared = jax.ShapeDtypeStruct((), jnp.float32)
+  unused = jax.ShapeDtypeStruct((), jnp.float32)
+  stack = jax.ShapeDtypeStruct((4, 8), jnp.float32)
+  held = [('optimizer hyperparameters', [[shared, unused]] * 6),
+          ('stack', [stack, shared])]
+  args = ([stack], [shared, unused])
+  parts = composition.held_parts(held, args, kept=([True], [True, False]))
+  assert parts == [composition.Held('optimizer hyperparameters', 8, 4),
+                   composition.Held('stack', 128, 128)]
+
+
 def test_analyze_tells_kept_arguments_and_reads_xla():
   def fn(x, w, unused, scale):
     return jnp.tanh(x @ w) * scale, jnp.sum(x)

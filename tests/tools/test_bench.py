@@ -143,3 +143,18 @@ def test_memory_child_reports_its_peak_after_each_step(capsys):
   assert mem['weights_bytes'] > 0 and mem['slots_bytes'] > 0
   assert mem['peak_rss_bytes'] == (mem['baseline_rss_bytes'] +
                                    mem['peak_above_baseline_bytes'])
+
+
+def test_encoder_decoder_config_builds_trax_s_reformer_for_each_trainer():
+  """The 'ende' row: trax's encoder-decoder Reformer, its 33300-token input
+  vocabulary (two embeddings and the output layer hold most weights), the
+  same weights under stock and ours."""
+  from tools.bench import model  # pylint: disable=g-import-not-at-top
+  cfg = configs.config('ende', quick=True)
+  assert configs.describe(cfg).startswith(
+      'encoder-decoder Reformer, 2 + 2 layers, vocab 33300')
+  sizes = {name: model.build(name, cfg)[1:] for name in ('stock', 'ours')}
+  assert sizes['stock'] == sizes['ours']
+  weights_bytes, slots_bytes = sizes['ours']
+  assert weights_bytes > 3 * 33300 * cfg['d_model'] * 4
+  assert slots_bytes == 2 * weights_bytes  # Adam: two slots per weight

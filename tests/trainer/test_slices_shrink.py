@@ -37,7 +37,7 @@ def _terraformer():
 
 def _dense():
   first, revs, loss = reversible_lm_blocks()
-  return [first] + revs + [loss], cases.lm_batch(rows=4), optimizers.Adam
+  return [first] + revs + [loss], cases.lm_batch(rows=4), optimizers.Adafactor
 
 
 MODELS = {'dense': _dense, 'terraformer': _terraformer}

@@ -17,16 +17,23 @@ TRAINER_NAMES = {'default': 'default Trainer',
                  'stock': 'stock ReversibleSerialTrainer',
                  'ours': 'trax_revplus ReversibleSerialTrainer'}
 
-# n_layers decoder blocks (each 2 ReversibleHalfResidual + 2 ReversibleSwap),
-# d_ff = 4 * d_model, 4 heads of d_model / 4.
+# ReformerLMs: n_layers decoder blocks (each 2 ReversibleHalfResidual + 2
+# ReversibleSwap), d_ff = 4 * d_model, 4 heads of d_model / 4, byte vocabulary.
+# 'ende': trax's encoder-decoder `Reformer` as reformer_wmt_ende.gin sets it
+# (input vocabulary 33300, Adam with its b2 and eps), at the sizes of
+# gin_configs/trax/reformer_wmt_ende_cpu.gin: n_layers encoder and n_layers
+# decoder layers, d_ff = 2 * d_model; small steps, where the per-step work
+# around the program (copies, dispatch, the allocator) weighs most.
 CONFIGS = {
     'l6': dict(n_layers=6, length=1024, d_model=128, batch=4),
     'l24': dict(n_layers=24, length=1024, d_model=128, batch=4),
     'l12': dict(n_layers=12, length=2048, d_model=256, batch=2),
     'l64': dict(n_layers=64, length=64, d_model=32, batch=2),
+    'ende': dict(n_layers=2, length=128, d_model=64, batch=4,
+                 model='reformer', vocab=33300),
 }
 _QUICK = {'length': 64, 'd_model': 32}
-VOCAB = 256
+VOCAB = 256  # token ids of every batch are below it
 
 
 def config(name, quick=False):
@@ -39,8 +46,12 @@ def config(name, quick=False):
 
 def describe(cfg):
   """`cfg` in words, as the tables' first column."""
-  return (f"{cfg['n_layers']} layers, length {cfg['length']}, "
-          f"d_model {cfg['d_model']}, batch {cfg['batch']}")
+  shape = (f"length {cfg['length']}, d_model {cfg['d_model']}, "
+           f"batch {cfg['batch']}")
+  if cfg.get('model') == 'reformer':
+    return (f"encoder-decoder Reformer, {cfg['n_layers']} + "
+            f"{cfg['n_layers']} layers, vocab {cfg['vocab']}, {shape}")
+  return f"{cfg['n_layers']} layers, {shape}"
 
 
 def batch(cfg, seed=0):

@@ -1,9 +1,11 @@
 """Builds the benchmark's model under each trainer, and runs one step.
 
-The three trainers get the same ReformerLM (full causal self-attention,
-dropout 0.1, byte vocabulary), the same initialization seed and Adam.
+The three trainers get the same model (a ReformerLM with full causal
+self-attention, dropout 0.1 and a byte vocabulary, or the config's
+encoder-decoder `Reformer`), the same initialization seed and Adam.
 """
 
+import functools
 import time
 
 from tools.bench import configs
@@ -37,18 +39,28 @@ def build(spec, cfg):
     trax_revplus.deactivate()
   try:
     d = cfg['d_model']
-    model = models.ReformerLM(
-        configs.VOCAB, d_model=d, d_ff=4 * d, d_attention_key=d // 4,
-        d_attention_value=d // 4, n_layers=cfg['n_layers'], n_heads=4,
-        dropout=0.1, max_len=cfg['length'], attention_type=tl.SelfAttention,
-        mode='train')
+    optimizer = optimizers.Adam
+    if cfg.get('model') == 'reformer':
+      model = models.Reformer(
+          cfg['vocab'], d_model=d, d_ff=2 * d, n_encoder_layers=cfg['n_layers'],
+          n_decoder_layers=cfg['n_layers'], n_heads=4, dropout=0.1,
+          ff_dropout=0.1, ff_activation=tl.Relu, max_len=cfg['length'],
+          mode='train')
+      optimizer = functools.partial(optimizers.Adam, b1=0.9, b2=0.98,
+                                    eps=1e-9)
+    else:
+      model = models.ReformerLM(
+          configs.VOCAB, d_model=d, d_ff=4 * d, d_attention_key=d // 4,
+          d_attention_value=d // 4, n_layers=cfg['n_layers'], n_heads=4,
+          dropout=0.1, max_len=cfg['length'],
+          attention_type=tl.SelfAttention, mode='train')
     loss = tl.WeightedCategoryCrossEntropy()
     sig = shapes.signature(configs.batch(cfg))
     rng = fastmath.random.get_prng(0)
     if trainer_name == 'default':
       model_with_loss = tl.Serial(model, loss)
       model_with_loss.init(sig, rng=rng)
-      opt = optimizers.Adam()
+      opt = optimizer()
       opt.tree_init(model_with_loss.weights)
       trainer = optimizers.Trainer(model_with_loss, opt, n_devices=1)
       return (trainer, memory.array_bytes(model_with_loss.weights),
@@ -63,7 +75,7 @@ def build(spec, cfg):
       kwargs = dict(memory_log_tensorboard=False, memory_log_first_steps=1,
                     **extra_kwargs)
     trainer = module.ReversibleSerialTrainer(
-        blocks, loss_layer, optimizers.Adam, n_devices=1, **kwargs)
+        blocks, loss_layer, optimizer, n_devices=1, **kwargs)
     weights = [l.weights for l in trainer.all_layers]
     return (trainer, memory.array_bytes(weights),
             memory.array_bytes(trainer.slots))

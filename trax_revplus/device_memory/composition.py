@@ -187,8 +187,8 @@ def held_parts(held: Sequence[tuple[str, Any]], args: Any,
 
   Returns:
     List of `Held`, one per part with bytes: each leaf counted once (in the
-    first part listing it), the leaves the call also takes as kept
-    arguments counted as passed.
+    first part listing it, once however often that part lists it), the
+    leaves the call also takes as kept arguments counted as passed.
   """
   arg_leaves = jax.tree_util.tree_leaves(args)
   flags = ([True] * len(arg_leaves) if kept is None
@@ -196,10 +196,14 @@ def held_parts(held: Sequence[tuple[str, Any]], args: Any,
   passed_ids = {id(x) for x, k in zip(arg_leaves, flags) if k}
   parts, seen = [], set()
   for name, tree in held:
-    leaves = [x for x in jax.tree_util.tree_leaves(tree)
-              if hasattr(x, 'shape') and hasattr(x, 'dtype') and
-              id(x) not in seen and (on_device is None or on_device(x))]
-    seen.update(id(x) for x in leaves)
+    leaves = []
+    for x in jax.tree_util.tree_leaves(tree):
+      # One array may be listed many times, in one part too (the optimizer
+      # hyperparameters that equal optimizers share): it is held once.
+      if (hasattr(x, 'shape') and hasattr(x, 'dtype') and
+          id(x) not in seen and (on_device is None or on_device(x))):
+        seen.add(id(x))
+        leaves.append(x)
     size = sum(program_lib.leaf_bytes(x) for x in leaves)
     passed = sum(program_lib.leaf_bytes(x) for x in leaves
                  if id(x) in passed_ids)
