@@ -41,7 +41,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_DIR = os.path.join(ROOT, 'gin_configs', 'trax')
 BUDGET_SETTING = 'trax_revplus.ReversibleSerialTrainer.device_memory_budget_bytes'
 N_DEVICES = 2
-CONFIGS = ('reformer_copy', 'reformer_wmt_ende', 'scientific_papers_terraformer',
+CONFIGS = ('reformer_copy', 'reformer_wmt_ende',
            'terraformer_copy', 'terraformer_copy_self_attn',
            'terraformer_purelsh_copy')
 DONATION_FAILURE = 'Attempt to donate the same buffer twice'
