@@ -103,17 +103,7 @@ def typed_model(model_fn: Callable[..., Any]) -> Callable[..., Any]:
     A callable taking `model_fn`'s arguments that returns its model and
     raises what `model_fn` raises, as `as_model_error` types it.
   """
-
-  @functools.wraps(model_fn)
-  def typed(*args, **kwargs):
-    try:
-      return model_fn(*args, **kwargs)
-    except Exception as e:  # pylint: disable=broad-except
-      error = as_model_error(e)
-      if error is e:
-        raise
-      raise error from e
-  return typed
+  return _typed(model_fn, (_layer_error(),) + _MODEL_ERRORS, ModelError)
 
 
 class LoopBuild:
