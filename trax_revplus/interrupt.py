@@ -6,8 +6,10 @@ at the end of the step during which the signal came and raises
 `Interrupted` out of `Loop.run`. Before the first step begins (importing,
 parsing, building and initializing the model, loading a checkpoint) nothing
 new would be lost, so a signal stops at once, with `Interrupted` raised
-from the signal handler. A second signal does what it did before the
-handler was installed (e.g. a plain Ctrl-C).
+from the signal handler; during trax's import, once the import ends
+(`import_signals`: raised inside it, the exception can crash a C
+extension half way through its initialization). A second signal does what
+it did before the handler was installed (e.g. a plain Ctrl-C).
 
 The handlers are installed for SIGINT and SIGTERM whatever their
 disposition was, ignored included: a process started in the background of
@@ -23,6 +25,8 @@ import types
 from typing import Any, Callable
 
 from absl import logging
+
+from trax_revplus import import_signals
 
 SIGNALS = ('SIGINT', 'SIGTERM')
 
@@ -98,6 +102,8 @@ class StopOnSignal:
 
   def _handle(self, signum: int, frame: types.FrameType | None) -> None:
     del frame
+    if import_signals.defer(signum):
+      return  # Raised again once the import ends.
     if self.signum is not None:
       # Asked twice: stop now, as without this handler.
       self._restore()

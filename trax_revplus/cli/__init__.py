@@ -14,6 +14,7 @@ import sys
 import threading
 from typing import Sequence
 
+from trax_revplus import import_signals
 from trax_revplus.cli import parser
 from trax_revplus.cli.gin_config import import_trax
 from trax_revplus.cli.gin_config import parse_configs
@@ -61,7 +62,8 @@ class _Stopped(BaseException):
 
 
 def _stop(signum: int, unused_frame) -> None:
-  raise _Stopped(signum)
+  if not import_signals.defer(signum):  # Else raised again after it.
+    raise _Stopped(signum)
 
 
 def _handle_signals() -> dict[int, object]:

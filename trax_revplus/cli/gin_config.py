@@ -9,6 +9,7 @@ import sys
 import tempfile
 from typing import Any, Iterator
 
+from trax_revplus import import_signals
 from trax_revplus import trax_import
 from trax_revplus.errors import one_line
 from trax_revplus.errors import UserError
@@ -45,8 +46,8 @@ def import_trax() -> str:
   python_level = io.StringIO()  # sys.stderr, where it is not descriptor 2.
   with tempfile.TemporaryFile(mode='w+b') as capture:
     try:
-      with _stderr_captured_to(capture), contextlib.redirect_stderr(
-          python_level):
+      with import_signals.signals_wait_for_imports(), _stderr_captured_to(
+          capture), contextlib.redirect_stderr(python_level):
         trax_import.import_trax()
         # pylint: disable=g-import-not-at-top,unused-import
         from trax import data as _trax_data
