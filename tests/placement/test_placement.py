@@ -31,8 +31,10 @@ def test_replicate_and_collect_round_trip_counts_bytes():
     np.testing.assert_array_equal(out[k], host[k] * 2)
 
 
-def test_collect_copies_large_leaves_out_of_cpu_device_buffers():
-  """A numpy view would keep the XLA buffer alive while the host holds it."""
+def test_collect_keeps_cpu_device_buffers_as_views_that_outlive_freeing():
+  """On CPU the updates' buffers are host memory: collected without a copy,
+  and a held view stays intact through freeing and through a donated call
+  that takes it as an argument (the step's next update)."""
   p = placement_lib.Placement(1)
   large = jnp.arange(2**14, dtype=jnp.float32)  # 64 KiB
   small = jnp.arange(2**14 - 1, dtype=jnp.float32)
@@ -40,8 +42,14 @@ def test_collect_copies_large_leaves_out_of_cpu_device_buffers():
   np.testing.assert_array_equal(out['large'], np.arange(2**14) * 2)
   np.testing.assert_array_equal(out['small'], np.arange(2**14 - 1) * 2)
   if p.platform == 'cpu':
-    assert out['large'].flags.owndata
+    assert not out['large'].flags.owndata
     assert not out['small'].flags.owndata
+  p.free_device_buffers([])
+  update = jax.jit(lambda w: w * 0 - 1, donate_argnums=0)
+  new = update(p.place_params(out['large']))
+  p.free_device_buffers([new])
+  np.testing.assert_array_equal(out['large'], np.arange(2**14) * 2)
+  np.testing.assert_array_equal(p.to_host(new), -np.ones(2**14))
 
 
 def test_shard_batch_rejects_indivisible_batch():

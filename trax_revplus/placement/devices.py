@@ -305,9 +305,8 @@ class Placement(ahead_of_time.AheadOfTimeTypes):
 
     Mirrors trax's `_lazy_unreplicate`: takes device 0's value and calls
     `copy_to_host_async` on it, so the copy overlaps later device work. On
-    the CPU backend no copy is started: the buffer is in host memory;
-    `collect` returns views of leaves under 64 KiB and copies of larger
-    ones (see `HostCopy`).
+    the CPU backend no copy is started: the buffer is in host memory, and
+    `collect` returns numpy views of it (see `HostCopy`).
 
     Args:
       tree: pytree of device arrays in replicated (default) or per-device

@@ -15,10 +15,6 @@ import numpy as np
 
 from trax_revplus.typing import Array, PyTree
 
-# Leaves of at least this many bytes are copied out of CPU device buffers
-# into numpy's own memory when collected (`HostCopy`).
-OWN_COPY_MIN_BYTES = 64 * 2**10
-
 
 def to_numpy(tree: PyTree) -> PyTree:
   """`tree` with each `jax.Array` leaf copied to a host `numpy.ndarray`.
@@ -35,15 +31,19 @@ class HostCopy:
   Made by `Placement.start_to_host`; `collect()` waits for the copies and
   returns the pytree with `numpy.ndarray` leaves.
 
-  On the CPU backend a numpy view of a device array would keep the XLA
-  output buffer alive for as long as the host holds the value (weights and
-  slots: until the next step), scattered among the allocator arenas that
-  later calls' temporaries use, which raises later peaks of host memory.
-  Leaves of 64 KiB (`OWN_COPY_MIN_BYTES`) or more are therefore copied into
-  memory numpy allocates; smaller ones stay views.
+  On the CPU backend a device buffer is host memory, so `collect` returns
+  numpy views of the device arrays, as stock's `tl.on_cpu` keeps them: no
+  copy. A view keeps its XLA buffer alive for as long as the host holds the
+  value (weights and slots: until the next step's update replaces them);
+  the buffer is never donated or freed under it (the calls take copies of
+  host arguments, and freeing spares every array a numpy view still
+  reads). Copying every weight and slot into numpy's own memory, as earlier
+  revisions did for leaves of 64 KiB or more, took a tenth of a step on
+  trax's encoder-decoder Reformer (its 33300-token embeddings) for peaks of
+  host memory equal within their spread (docs/performance.md).
   """
 
-  def __init__(self, treedef, leaves, squeeze, own):
+  def __init__(self, treedef, leaves, squeeze):
     """Holds the leaves of one pytree until `collect`.
 
     Args:
@@ -52,14 +52,10 @@ class HostCopy:
         host values passed through.
       squeeze: list of bool, per leaf, whether to drop the leading device
         axis of size 1 (per-device layout on N > 1 devices).
-      own: list of bool, per leaf, whether `collect` copies the leaf into
-        numpy's memory rather than returning a view (CPU leaves of 64 KiB
-        or more).
     """
     self._treedef = treedef
     self._leaves = leaves
     self._squeeze = squeeze
-    self._own = own
 
   def device_arrays(self) -> List[Array]:
     """The device arrays still referenced (so freeing can protect them)."""
@@ -68,9 +64,9 @@ class HostCopy:
   def collect(self) -> PyTree:
     """Returns the pytree with host `numpy.ndarray` leaves (blocks on D2H)."""
     out = []
-    for x, squeeze, own in zip(self._leaves, self._squeeze, self._own):
+    for x, squeeze in zip(self._leaves, self._squeeze):
       if isinstance(x, jax.Array):
-        x = np.array(x) if own else np.asarray(x)
+        x = np.asarray(x)
         if squeeze:
           x = x[0]
       out.append(x)
@@ -95,7 +91,7 @@ def start(tree: PyTree, transfers, multi_device: bool, on_cpu: bool,
     `HostCopy`.
   """
   leaves, treedef = jax.tree_util.tree_flatten(tree)
-  out, squeeze, own = [], [], []
+  out, squeeze = [], []
   d2h = 0
   for x in leaves:
     nbytes = 0
@@ -109,10 +105,9 @@ def start(tree: PyTree, transfers, multi_device: bool, on_cpu: bool,
       d2h += nbytes
     out.append(x)
     squeeze.append(multi_device and per_device)
-    own.append(on_cpu and nbytes >= OWN_COPY_MIN_BYTES)
   if d2h:
     transfers.add_d2h(d2h)
-  return HostCopy(treedef, out, squeeze, own)
+  return HostCopy(treedef, out, squeeze)
 
 
 def gather(tree: PyTree, transfers) -> PyTree:
