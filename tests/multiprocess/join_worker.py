@@ -11,7 +11,9 @@ Run by tests/multiprocess/test_join.py and test_launcher.py, N times with
 Modes (after `join.initialize`, unless said otherwise):
   psum          every device contributes (its global device index + 1);
                 prints the sum over all devices of all processes (a
-                collective across processes, on a mesh of `jax.devices()`).
+                collective across processes, on a mesh of `jax.devices()`);
+                and the least over processes of byte counts above 2**31
+                and below zero (`placement.least_over_processes`).
   exit-early    process 1 exits with status 3 right after joining; the
                 others then run collectives until one fails.
   backend-first calls `jax.devices()` before joining.
@@ -92,6 +94,12 @@ def main():
   try:
     if args.mode == 'psum':
       out['psum'] = _psum_over_all_devices()
+      from trax_revplus import placement  # pylint: disable=g-import-not-at-top
+      index = jax.process_index()
+      out['least_large'] = placement.least_over_processes(
+          (5 << 32) + 7 - 3 * index)
+      out['least_signed'] = placement.least_over_processes(
+          -(3 << 31) if index == 1 else 11)
     elif args.mode == 'exit-early':
       if jax.process_index() == 1:
         print('process 1 exits now', flush=True)

@@ -122,6 +122,9 @@ def test_two_processes_join_and_psum_across_them(devices_per_process):
     assert report['local_device_count'] == devices_per_process
     # Device d contributes d + 1: the sum over every device of both.
     assert report['psum'] == n * (n + 1) / 2
+    # Every process agrees on the least, exactly, beyond int32's range.
+    assert report['least_large'] == (5 << 32) + 7 - 3
+    assert report['least_signed'] == -(3 << 31)
 
 
 def test_a_process_that_never_joins_times_out_in_one_line():
