@@ -67,7 +67,8 @@ class AheadOfTime(step_run_lib.StepRun):
     complete: bool, whether the walk reached the step's end.
   """
 
-  def __init__(self, plan, types, placement, layers, optimizers, programs):
+  def __init__(self, plan, types, placement, layers, optimizers, programs,
+               ties=None):
     """Args:
       plan: the `plan.StepPlan` walked.
       types: `StepTypes` of the step.
@@ -75,9 +76,10 @@ class AheadOfTime(step_run_lib.StepRun):
       layers, optimizers: lists by layer index (host weights, state, slots).
       programs: `device_memory.walk.Programs` shared by the trainer's
         walks.
+      ties: `ties.Ties` of the layers (default: none shared).
     """
     super().__init__(plan, types.stack, types.rngs, types.opt_params,
-                     types.step, step_run_lib.UpdateSink())
+                     types.step, step_run_lib.UpdateSink(), ties)
     self._placement = placement
     self._layers = layers
     self._optimizers = optimizers
@@ -131,6 +133,10 @@ class AheadOfTime(step_run_lib.StepRun):
     if params is _UNKNOWN:
       raise TypesUnknown()
     return params
+
+  def duplicate(self, array):
+    # A device array of its own, as the step's copy is.
+    return self._record.device(_fresh(array))
 
   def from_host(self, waiting):
     # Placed back, the arrays are new device arrays (`StepRun.to_host` left

@@ -37,6 +37,8 @@ A setting the user gave as an int pins its dimension (`options.AUTO`
 leaves it to the budget): `batch_slices` keeps only that slicing,
 `segment_max_layers` only segments of that length (never the fused
 program), `backward_segment_max_layers` only backward calls of that length.
+Where layers share weights (`ties.Ties`), the fused program runs unsliced
+only: trax updates the later holder before the earlier one's backward.
 
 Plans are grouped by (1) and (2): the members of a group share their
 slicing, and the group's leanest member (one layer per call, no copy-back
@@ -79,7 +81,8 @@ class Group:
 class Candidates:
   """The candidate plans of one trainer on one batch's shapes."""
 
-  def __init__(self, block_sizes, nbytes, stack_bytes, rows, options):
+  def __init__(self, block_sizes, nbytes, stack_bytes, rows, options,
+               shared_weights=False):
     """Args:
       block_sizes: list over blocks of their numbers of reversible layers.
       nbytes: dict layer index -> bytes of its weights + slots.
@@ -88,7 +91,11 @@ class Candidates:
       rows: int, rows of the batch each device gets.
       options: `options.TrainerOptions` (segment_max_bytes,
         n_async_layers).
+      shared_weights: bool, whether layers share weights (`ties.Ties`):
+        then the fused program runs unsliced only
+        (`loss_slices.fused_loss`).
     """
+    self._shared_weights = shared_weights
     self._sizes = list(block_sizes)
     self._nbytes = nbytes
     self._stack_bytes = list(stack_bytes)
@@ -158,11 +165,21 @@ class Candidates:
             'backward_segment_max_layers')[0],
         batch_slices=k, n_async_layers=0, prefetch=False, saved_on_host=True)
 
+  def may_fuse(self, k) -> bool:
+    """Whether the fused program may run over k batch slices."""
+    return k == 1 or not self._shared_weights
+
+  def may_run(self, plan: plan_lib.StepPlan) -> bool:
+    """Whether `plan` (one kept from an earlier run) is one this trainer
+    may run."""
+    return plan.fused_from >= plan.loss or self.may_fuse(plan.batch_slices)
+
   def groups(self) -> Iterator[Group]:
     """Every group, in the speed model's order."""
     if self._pinned('segment_max_layers') is None:
       for k in self.slices:
-        yield self._fused(k)
+        if self.may_fuse(k):
+          yield self._fused(k)
     for k in self.slices:
       yield self._unfused(k)
 

@@ -145,12 +145,23 @@ def loss_fbo(layer, optimizer, n_devices, adasum, k):
   return sliced
 
 
-def fused_loss(layers, optimizers, n_devices, adasum, k, rows):
+def fused_loss(layers, optimizers, n_devices, adasum, k, rows, in_call=()):
   """`step_fns.fused_loss_fn` over k slices where `loss_combination`
-  allows; unsliced otherwise."""
+  allows; unsliced otherwise.
+
+  Raises:
+    ValueError: k > 1 and the layers share weights (`in_call`, see
+      `step_fns.fused_loss_fn`): trax updates the later holder before the
+      earlier holder's backward, which a sum of slices' gradients cannot
+      follow (the planner offers no such plan, `candidates.Candidates`).
+  """
+  if in_call and k > 1:
+    raise ValueError(f'a fused program of {k} batch slices cannot update '
+                     f'weights its layers share as trax does')
   combine = loss_combination(layers) if k > 1 else None
   if combine is None:
-    return step_fns.fused_loss_fn(layers, optimizers, n_devices, adasum)
+    return step_fns.fused_loss_fn(layers, optimizers, n_devices, adasum,
+                                  in_call)
   forward = chains.chain_forward_fn(layers)
   updates = [step_fns.update_fn(opt, n_devices, adasum) for opt in optimizers]
 

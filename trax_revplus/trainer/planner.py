@@ -152,7 +152,8 @@ class Planner:
     (`step_types`), in the speed model's order."""
     return candidates_lib.Candidates(
         self._store.block_sizes(), self._store.params_bytes(),
-        self._stack_bytes(types), self._rows(types), self._options)
+        self._stack_bytes(types), self._rows(types), self._options,
+        bool(self._store.ties))
 
   def _plan(self, key, types):
     options = self._options
@@ -197,7 +198,7 @@ class Planner:
           key, settings, self._store.layers, self._placement.platform,
           self._placement.n_devices)
       plan = self.plan_store.load(store_key, self.budget_bytes)
-      if plan is not None:
+      if plan is not None and self.candidates(types).may_run(plan):
         try:
           fits = self.weigh(plan, types).peak_device_bytes <= self.budget_bytes
         except (device_memory.UnsupportedTrainerError,
@@ -255,7 +256,8 @@ class Planner:
       device_memory.AccountingError: its figures contradict each other.
     """
     walk = ahead.AheadOfTime(plan, types, self._placement, self._store.layers,
-                             self._store.optimizers, self._programs)
+                             self._store.optimizers, self._programs,
+                             self._store.ties)
     walk.walk(units)
     return walk.memory()
 

@@ -218,7 +218,8 @@ def fbo(layer, optimizer, n_devices, adasum, k, rows):
   return sliced
 
 
-def segment_reverse(layers, optimizers, n_devices, adasum, k, rows):
+def segment_reverse(layers, optimizers, n_devices, adasum, k, rows,
+                    in_call=()):
   """`step_fns.segment_reverse_fn` over k slices: each slice reversed
   through every layer, last to first; then each layer's update.
 
@@ -228,10 +229,11 @@ def segment_reverse(layers, optimizers, n_devices, adasum, k, rows):
   and output cotangents, in place: with those arguments donated, as the
   trainer donates them, the call needs no second batch-sized buffer. A
   segment that changes it (`tl.ReversibleSelect([0, 0])`) collects them as
-  a scan's results instead.
+  a scan's results instead. `in_call`: see `step_fns.update_each`.
   """
   if k == 1:
-    return step_fns.segment_reverse_fn(layers, optimizers, n_devices, adasum)
+    return step_fns.segment_reverse_fn(layers, optimizers, n_devices, adasum,
+                                       in_call)
   updates = [step_fns.update_fn(opt, n_devices, adasum) for opt in optimizers]
 
   if any(layer.n_in != layer.n_out for layer in layers):
@@ -254,7 +256,7 @@ def segment_reverse(layers, optimizers, n_devices, adasum, k, rows):
           loop=lax.scan)
       inputs, grads_inputs = done()
       new_weights, new_slots, stats = step_fns.update_each(
-          updates, grads_weights, weights, slots, opt_params, step)
+          updates, grads_weights, weights, slots, opt_params, step, in_call)
       return new_weights, new_slots, inputs, grads_inputs, stats
     return sliced_by_scan
 
@@ -295,6 +297,6 @@ def segment_reverse(layers, optimizers, n_devices, adasum, k, rows):
       done[i] = x
     inputs, grads_inputs = jax.tree_util.tree_unflatten(treedef, done)
     new_weights, new_slots, stats = step_fns.update_each(
-        updates, grads_weights, weights, slots, opt_params, step)
+        updates, grads_weights, weights, slots, opt_params, step, in_call)
     return new_weights, new_slots, inputs, grads_inputs, stats
   return sliced

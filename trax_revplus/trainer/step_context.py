@@ -15,6 +15,7 @@ import time
 from typing import NamedTuple
 
 import numpy as np
+from trax.fastmath import numpy as jnp
 from trax_revplus import memory as memory_lib
 from trax_revplus import placement as placement_lib
 from trax_revplus.trainer import commit as commit_lib
@@ -57,7 +58,7 @@ class StepContext(step_run_lib.StepRun):
   def __init__(self, planned, step, batch, rngs, step_placed, parts):
     """Use `for_step`."""
     super().__init__(planned.plan, None, rngs, parts.store.opt_params,
-                     step_placed, parts.commits)
+                     step_placed, parts.commits, parts.store.ties)
     self.units = planned.units
     self.step = step
     self.unit_start_seconds = None
@@ -146,6 +147,9 @@ class StepContext(step_run_lib.StepRun):
 
   def call(self, fn, args):
     return fn(*args)
+
+  def duplicate(self, array):
+    return jnp.copy(array)
 
   def params(self, unit, following, with_slots):
     params = super().params(unit, following, with_slots)

@@ -18,10 +18,12 @@ import enum
 import jax
 from trax import fastmath
 from trax.fastmath import numpy as jnp
+from trax.layers import combinators as cb
 from trax.optimizers import trainer as stock_trainer
 
 from trax_revplus import placement as placement_lib
 from trax_revplus.trainer import chains
+from trax_revplus.trainer import ties as ties_lib
 
 _R = placement_lib.Layout.REPLICATED
 _D = placement_lib.Layout.PER_DEVICE
@@ -240,7 +242,7 @@ def forward_fn(layer):
   return forward
 
 
-def segment_reverse_fn(layers, optimizers, n_devices, adasum):
+def segment_reverse_fn(layers, optimizers, n_devices, adasum, in_call=()):
   """Reverse + backward + update of consecutive reversible layers.
 
   Runs `reverse_and_fbo_fn` of each layer, last to first
@@ -254,6 +256,9 @@ def segment_reverse_fn(layers, optimizers, n_devices, adasum):
     (new_weights, new_slots, inputs, grads_inputs, stats): lists of each
     layer's new weights, slots and stats; the reconstructed stack items the
     segment's forward read (`chains.chain_depth(layers)`) and their cotangents.
+  With `in_call` (`ties.Ties.in_call` of the layers), a layer reads the
+  weights it shares with a later layer of the segment from that layer's
+  update, as trax's one call per layer would.
   """
   fns = [reverse_and_fbo_fn(layer, opt, n_devices, adasum)
          for layer, opt in zip(layers, optimizers)]
@@ -267,7 +272,8 @@ def segment_reverse_fn(layers, optimizers, n_devices, adasum):
       # Each layer's update follows its own reverse, as one call per layer
       # would order them.
       new_weights[k], new_slots[k], x, x_ct, stats[k] = fns[k](
-          y, weights[k], y_ct, states[k], new_states[k], slots[k],
+          y, tied_weights(k, weights[k], new_weights, in_call), y_ct,
+          states[k], new_states[k], slots[k],
           opt_params[k], rngs[k], step)
       return x, x_ct
     stack, grad_stack = chains.reverse_chain(layers, outputs, grads,
@@ -276,7 +282,7 @@ def segment_reverse_fn(layers, optimizers, n_devices, adasum):
   return reverse
 
 
-def fused_loss_fn(layers, optimizers, n_devices, adasum):
+def fused_loss_fn(layers, optimizers, n_devices, adasum, in_call=()):
   """Forward + backward + update of consecutive layers ending in the loss.
 
   The whole-model step of trax's `_accelerated_update_fn` for the layers
@@ -285,11 +291,19 @@ def fused_loss_fn(layers, optimizers, n_devices, adasum):
   backward pass (`chains.chain_forward_fn`). The loss layer's stats hold its
   output as 'loss'.
 
+  Weights shared between the layers (`in_call`, from `ties.Ties.in_call`)
+  are updated as trax's `ReversibleSerialTrainer` updates them: the layers
+  after the earlier holder are differentiated and updated first, then the
+  earlier holder's forward and backward run again at the weights the later
+  holder's update left (`_pieces`), as its own call would.
+
   Returns (of the returned function):
     (inputs, weights, states, slots, opt_params, rngs, step) ->
     (new_weights, new_states, new_slots, grads_inputs, stats), per-layer
     values as lists over the layers.
   """
+  if in_call:
+    return _pieces(layers, optimizers, n_devices, adasum, in_call)
   forward = chains.chain_forward_fn(layers)
   updates = [update_fn(opt, n_devices, adasum) for opt in optimizers]
 
@@ -304,19 +318,87 @@ def fused_loss_fn(layers, optimizers, n_devices, adasum):
   return fbo
 
 
-def update_each(updates, grads_weights, weights, slots, opt_params, step):
+def _stack_fn(layers):
+  """`chains.chain_forward_fn` of `layers` from a whole stack to a whole
+  stack: (stack, weights, states, rngs) -> (stack, new_states)."""
+  forward = chains.chain_forward_fn(layers)
+  depth = chains.chain_depth(layers)
+
+  def run(stack, weights, states, rngs):
+    outputs, new_states = forward(cb.inputs_from_stack(stack, depth),
+                                  weights, states, rngs)
+    return cb.outputs_onto_stack(outputs, stack, depth), new_states
+  return run
+
+
+def _pieces(layers, optimizers, n_devices, adasum, in_call):
+  """`fused_loss_fn` where layers of the call share weights: the chain cut
+  after each earlier holder into pieces, each differentiated (`vjp`) and
+  updated in turn, last to first, at the weights the updates of the pieces
+  after it left. The forward keeps each piece's input stack (one stack of
+  activations per cut) for its backward."""
+  updates = [update_fn(opt, n_devices, adasum) for opt in optimizers]
+  cuts = sorted({reader for reader, _, _, _ in in_call})
+  bounds = [0] + [c + 1 for c in cuts] + [len(layers)]
+  pieces = [(a, b, _stack_fn(layers[a:b]))
+            for a, b in zip(bounds, bounds[1:])]
+
+  def fbo(inputs, weights, states, slots, opt_params, rngs, step):
+    n = len(layers)
+    stacks = [inputs]
+    for a, b, run in pieces[:-1]:
+      stacks.append(run(stacks[-1], weights[a:b], states[a:b],
+                        rngs[a:b])[0])
+    new_weights, new_slots = [None] * n, [None] * n
+    new_states, stats = [None] * n, [None] * n
+    loss = cotangents = None
+    for stack, (a, b, run) in reversed(list(zip(stacks, pieces))):
+      ws = [tied_weights(k, weights[k], new_weights, in_call)
+            for k in range(a, b)]
+      out, vjp_fn, new_states[a:b] = fastmath.vjp(
+          lambda x, w, a=a, b=b, run=run: run(x, w, states[a:b], rngs[a:b]),
+          stack, ws, has_aux=True)
+      if loss is None:
+        loss = out
+        cotangents = jnp.ones((), dtype=loss.dtype)
+      cotangents, grads = vjp_fn(cotangents)
+      for k in range(b - 1, a - 1, -1):
+        new_weights[k], new_slots[k], st = updates[k](
+            grads[k - a], ws[k - a], slots[k], opt_params[k], step)
+        stats[k] = dict(st)
+    stats[-1]['loss'] = loss
+    return new_weights, new_states, new_slots, cotangents, stats
+  return fbo
+
+
+def tied_weights(k, weights_k, new_weights, in_call):
+  """Layer k's weights with the leaves it shares with a later layer of the
+  call taken from that layer's update (`new_weights[source]`, already
+  computed: updates run last to first)."""
+  replacements = {leaf: ties_lib.leaf(new_weights[source], source_leaf)
+                  for layer, leaf, source, source_leaf in in_call
+                  if layer == k}
+  return ties_lib.with_leaves(weights_k, replacements)
+
+
+def update_each(updates, grads_weights, weights, slots, opt_params, step,
+                in_call=()):
   """Each layer's `update_fn` on its gradients (lists over the layers).
+
+  Layers are updated last to first, as trax's backward pass does; with
+  `in_call` (`ties.Ties.in_call`), a layer's shared weights are those its
+  later holder's update left.
 
   Returns:
     (new_weights, new_slots, stats): lists over the layers.
   """
-  new_weights, new_slots, stats = [], [], []
-  for update, g, w, sl, op in zip(updates, grads_weights, weights, slots,
-                                  opt_params):
-    nw, ns, st = update(g, w, sl, op, step)
-    new_weights.append(nw)
-    new_slots.append(ns)
-    stats.append(dict(st))
+  n = len(updates)
+  new_weights, new_slots, stats = [None] * n, [None] * n, [None] * n
+  for k in range(n - 1, -1, -1):
+    w = tied_weights(k, weights[k], new_weights, in_call)
+    new_weights[k], new_slots[k], st = updates[k](
+        grads_weights[k], w, slots[k], opt_params[k], step)
+    stats[k] = dict(st)
   return new_weights, new_slots, stats
 
 

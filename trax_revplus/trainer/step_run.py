@@ -19,6 +19,8 @@ import abc
 import collections
 from typing import Any
 
+from trax_revplus.trainer import ties as ties_lib
+
 
 def commit_waits(pending_sizes, n_async_layers):
   """How many of the newest pending calls stay on the device after a push,
@@ -129,9 +131,14 @@ class StepRun(abc.ABC):
       layer's first).
     phase: the pass the walk is in: 'forward', 'loss' or 'backward'.
     sink: the `UpdateSink` each call's updates go to.
+    ties: the `ties.Ties` of the trainer's layers (weights several layers
+      share).
+    tied: dict, (layer, leaf) -> that leaf of the layer's update this step,
+      kept for the backward of the earlier layer sharing it (`params`).
   """
 
-  def __init__(self, plan, stack, rngs, opt_params, step_placed, sink):
+  def __init__(self, plan, stack, rngs, opt_params, step_placed, sink,
+               ties=None):
     self.plan = plan
     self.stack = stack
     self.grad_stack = None
@@ -144,6 +151,8 @@ class StepRun(abc.ABC):
     self.phase = 'forward'
     self.sink = sink
     self.copy_back = CopyBack(plan.n_async_layers, sink)
+    self.ties = ties if ties is not None else ties_lib.Ties()
+    self.tied = {}
     self._next = None  # (unit, its params) placed ahead of its call
 
   # What the device holds: one description for the step, the freeing of
@@ -164,6 +173,7 @@ class StepRun(abc.ABC):
         ('saved block inputs and states', self.saved),
         ('weights placed ahead', self.prefetched),
         ('updates not yet copied back', self.copy_back.on_device()),
+        ('shared weights updated for an earlier layer', self.tied),
         ('statistics', self.stats),
     ]
 
@@ -256,7 +266,27 @@ class StepRun(abc.ABC):
       params = self.place(unit.layers, with_slots)
     if following is not None:
       self.place_ahead(following, with_slots)
+    if with_slots and self.ties:
+      params = self._with_tied(unit.layers, params)
     return params
+
+  def _with_tied(self, layers, params):
+    """`params` of a call updating `layers`, with each weight those layers
+    share with a layer updated by an earlier call taken from that update
+    (`ties`: as trax's backward reads `layer.weights` its last update set).
+    The update is still the copy-back's, which the call must not donate:
+    the call gets a copy (`duplicate`)."""
+    weights, slots = params
+    weights = list(weights)
+    for tie in self.ties.across(layers):
+      k = layers.index(tie.layer)
+      value = self.duplicate(self.tied.pop((tie.source, tie.source_leaf)))
+      weights[k] = ties_lib.with_leaves(weights[k], {tie.leaf: value})
+    return weights, slots
+
+  @abc.abstractmethod
+  def duplicate(self, array):
+    """A copy of the device array `array` that a call may donate."""
 
   # What happens to a call's updates.
 
@@ -266,6 +296,13 @@ class StepRun(abc.ABC):
     the sink on their way off the device (`CopyBack`)."""
     stats = self.sink.readable(stats)
     self.stats.extend(stats)
+    if self.ties:
+      for layer, layer_weights in zip(layers, weights):
+        for tie in self.ties.read_from(layer):
+          if tie.layer in layers:
+            continue  # Read inside the call itself (`Ties.in_call`).
+          self.tied[(layer, tie.source_leaf)] = ties_lib.leaf(
+              layer_weights, tie.source_leaf)
     self.copy_back.push(layers, weights, slots, states, stats)
 
   # The named points of the walk (`units.Units.walk`), in its order. A walk

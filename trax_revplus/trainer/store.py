@@ -18,6 +18,7 @@ from trax_revplus import placement as placement_lib
 from trax_revplus import validation
 from trax_revplus.trainer import fingerprints
 from trax_revplus.trainer import init
+from trax_revplus.trainer import ties as ties_lib
 
 _MIB = 2**20
 
@@ -35,6 +36,10 @@ class LayerStore:
       for all (`set_learning_rate`).
     init_records: list of dict, one memory-log 'init' record per layer
       (layer, layer_name, weights_bytes, slots_bytes, host_rss_added_bytes).
+    ties: `ties.Ties`, the weights two layers share (one trax sublayer used
+      in both, as the encoder-decoder `Reformer`'s embedding); `set` of the
+      later layer, then of the earlier, leaves the earlier's update in both,
+      as trax's backward pass does.
   """
 
   def __init__(self, blocks, loss_layer, optimizer_fn, placement):
@@ -76,6 +81,7 @@ class LayerStore:
           host_rss_added_bytes=memory.host_rss_bytes() - rss))
     self.optimizers = opts
     self.init_records = init_records
+    self.ties = ties_lib.Ties.of_layers(self.layers)
     for r in init_records:
       logging.info('init: layer %d %s: weights %.2f MiB, slots %.2f MiB, '
                    'host RSS added %.2f MiB', r['layer'], r['layer_name'],

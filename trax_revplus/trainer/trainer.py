@@ -148,7 +148,7 @@ class ReversibleSerialTrainer:
     self._planner = planner_lib.Planner(
         placement, store, unit_factory.UnitFactory(
             store.layers, store.optimizers, self._compiler.compile,
-            self._n_devices, adasum), options, budget_bytes,
+            self._n_devices, adasum, store.ties), options, budget_bytes,
         explicit=settings)
     self._keep_plans_in(self._files_dir(options.output_dir))
     self._commits = commit.CommitQueue(placement, store,

@@ -9,6 +9,7 @@ from trax_revplus.trainer import chains
 from trax_revplus.trainer import loss_slices
 from trax_revplus.trainer import slices
 from trax_revplus.trainer import step_fns
+from trax_revplus.trainer import ties as ties_lib
 from trax_revplus.trainer.step_fns import Kind
 from trax_revplus.trainer.units import LossUnit
 from trax_revplus.trainer.units import ReversibleSegment
@@ -25,17 +26,26 @@ def is_permutation(layer):
 
 
 
+def _variant(n_slices, in_call):
+  """What tells compiled functions of equal layers apart: their batch
+  slices, and the shared weights they pass between their layers."""
+  return (n_slices, in_call) if in_call else n_slices
+
+
 class UnitFactory:
   """Builds units: their functions (`step_fns`, `slices`), compiled by
   `compile`."""
 
-  def __init__(self, layers, optimizers, compile_fn, n_devices, adasum):
+  def __init__(self, layers, optimizers, compile_fn, n_devices, adasum,
+               ties=None):
     """Args:
       layers, optimizers: lists by layer index (forward order).
       compile_fn: `compilation.Compiler.compile`.
       n_devices: int, devices the gradients are averaged over.
       adasum: bool, average them with Adasum.
+      ties: `ties.Ties` of the layers (default: none shared).
     """
+    self._ties = ties if ties is not None else ties_lib.Ties()
     self._layers = layers
     self._optimizers = optimizers
     self._compile = compile_fn
@@ -80,9 +90,10 @@ class UnitFactory:
           Kind.SEGMENT_FORWARD, indices,
           slices.forward(chains.segment_forward_fn(layers), n_slices, rows),
           (), n_slices)
+    in_call = self._ties.in_call(indices)
     fn = slices.segment_reverse(
         layers, [self._optimizers[i] for i in indices], self._n_devices,
-        self._adasum, n_slices, rows)
+        self._adasum, n_slices, rows, in_call)
     # Weights, slots, the outputs and their cotangents are replaced by the
     # results and never read again: the stacks hold the outputs and
     # cotangents alone (a standard layer's saved inputs are popped before
@@ -90,7 +101,8 @@ class UnitFactory:
     # cotangents can take their buffers.
     kind = Kind.SEGMENT_REVERSE_UPDATE
     backward_fn = self._compile(kind, indices, fn,
-                                self._donated(kind, indices), n_slices)
+                                self._donated(kind, indices),
+                                _variant(n_slices, in_call))
     return ReversibleSegment(indices, layers, forward_fn, backward_fn)
 
   def loss(self, indices, n_slices=1):
@@ -100,13 +112,17 @@ class UnitFactory:
     layers = [self._layers[i] for i in indices]
     optimizers = [self._optimizers[i] for i in indices]
     depth = chains.chain_depth(layers)
+    variant = n_slices
     if len(indices) == 1:
       kind = Kind.LOSS
       fn = loss_slices.loss_fbo(layers[0], optimizers[0], self._n_devices,
                            self._adasum, n_slices)
     else:
       kind = Kind.FUSED_LOSS
+      in_call = self._ties.in_call(indices)
       fn = loss_slices.fused_loss(layers, optimizers, self._n_devices,
-                             self._adasum, n_slices, self._rows(indices))
+                                  self._adasum, n_slices, self._rows(indices),
+                                  in_call)
+      variant = _variant(n_slices, in_call)
     return LossUnit(indices, depth, self._compile(
-        kind, indices, fn, self._donated(kind, indices), n_slices))
+        kind, indices, fn, self._donated(kind, indices), variant))
