@@ -155,3 +155,29 @@ def test_arrays_waiting_on_the_host_come_back_as_they_left():
   assert back['scale'].weak_type
   if p.platform != 'cpu':  # on the CPU backend nothing leaves the device
     assert moves.d2h_bytes == moves.h2d_bytes == 24 + 4 + 4
+
+
+def test_float0_cotangents_cross_a_compiled_call_as_empty_device_arrays():
+  """A float0 result would be a numpy array, which keeps every call of the
+  function off JAX's compiled dispatch path; it leaves as an empty device
+  array and arrives at the next call as float0 of its shape again."""
+  from trax_revplus.placement import layouts  # pylint: disable=g-import-not-at-top
+  r = layouts.Layout.REPLICATED
+
+  def backward(x, tokens):
+    _, vjp_fn = jax.vjp(lambda x, t: x * t.sum(), x, tokens)
+    return vjp_fn(jnp.ones(3))
+
+  def consumer(x_ct, tokens_ct):
+    assert tokens_ct.dtype == jax.dtypes.float0, tokens_ct.dtype
+    return (x_ct + 1, jnp.zeros(tokens_ct.shape))
+
+  produce = layouts.jit(backward, [r, r], [r, r], None)
+  x_ct, tokens_ct = produce(jnp.arange(3.0), np.ones((2, 5), np.int32))
+  assert isinstance(tokens_ct, jax.Array)
+  assert (tokens_ct.shape, tokens_ct.dtype, tokens_ct.nbytes) == (
+      (2, 5, 0), np.bool_, 0)
+  np.testing.assert_array_equal(x_ct, np.full(3, 10.0))
+  consume = layouts.jit(consumer, [r, r], [r, r], None)
+  _, zeros = consume(x_ct, tokens_ct)
+  assert zeros.shape == (2, 5)
