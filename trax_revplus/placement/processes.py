@@ -127,30 +127,11 @@ def least_over_processes(value: int) -> int:
     return int(value)
   from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
   # Without jax_enable_x64, JAX narrows int64 to int32, which wraps a figure
-  # of bytes above 2 GiB (a host's available memory) to a negative one; so
-  # the value travels as int32 digits of base 2**31, most significant first.
-  gathered = np.asarray(multihost_utils.process_allgather(
-      np.asarray(_digits(int(value)), np.int32)))
-  return min(_from_digits(row) for row in gathered.reshape(-1, _DIGITS))
-
-
-_BASE = 2**31
-_DIGITS = 3  # |value| < 2**62 with the sign digit: any count of bytes.
-
-
-def _digits(value: int) -> list[int]:
-  """`value` as `_DIGITS` int32 digits: a sign, then base-2**31 digits."""
-  sign, magnitude = (1 if value < 0 else 0), abs(value)
-  if magnitude >= _BASE**(_DIGITS - 1):
-    raise OverflowError(f'{value} does not fit {_DIGITS - 1} digits')
-  return [sign, magnitude // _BASE, magnitude % _BASE]
-
-
-def _from_digits(row) -> int:
-  """The int `_digits` wrote as `row`."""
-  sign, high, low = (int(d) for d in row)
-  magnitude = high * _BASE + low
-  return -magnitude if sign else magnitude
+  # of bytes above 2 GiB (a host's available memory); so the int64's bytes
+  # travel as two int32s and are read back as one int64.
+  halves = np.asarray([value], np.int64).view(np.int32)
+  gathered = np.asarray(multihost_utils.process_allgather(halves))
+  return int(np.ascontiguousarray(gathered, np.int32).view(np.int64).min())
 
 
 def _gather(sharding):

@@ -362,10 +362,10 @@ def _pieces(layers, optimizers, n_devices, adasum, in_call):
         loss = out
         cotangents = jnp.ones((), dtype=loss.dtype)
       cotangents, grads = vjp_fn(cotangents)
-      for k in range(b - 1, a - 1, -1):
-        new_weights[k], new_slots[k], st = updates[k](
-            grads[k - a], ws[k - a], slots[k], opt_params[k], step)
-        stats[k] = dict(st)
+      # The piece's own layers share nothing among themselves (each cut
+      # follows an earlier holder), so `ws` are the weights to update.
+      new_weights[a:b], new_slots[a:b], stats[a:b] = update_each(
+          updates[a:b], grads, ws, slots[a:b], opt_params[a:b], step)
     stats[-1]['loss'] = loss
     return new_weights, new_states, new_slots, cotangents, stats
   return fbo
