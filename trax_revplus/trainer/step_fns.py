@@ -374,7 +374,18 @@ def _pieces(layers, optimizers, n_devices, adasum, in_call):
 def tied_weights(k, weights_k, new_weights, in_call):
   """Layer k's weights with the leaves it shares with a later layer of the
   call taken from that layer's update (`new_weights[source]`, already
-  computed: updates run last to first)."""
+  computed: updates run last to first).
+
+  Args:
+    k: int, the layer's position in the call's lists.
+    weights_k: pytree, its weights at the step's start.
+    new_weights: list over the call's layers of updated weights (None for
+      layers not yet updated).
+    in_call: `ties.Ties.in_call` of the call's layers.
+
+  Returns:
+    `weights_k` with each tied leaf replaced (same shapes and dtypes).
+  """
   replacements = {leaf: ties_lib.leaf(new_weights[source], source_leaf)
                   for layer, leaf, source, source_leaf in in_call
                   if layer == k}
