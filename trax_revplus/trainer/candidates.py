@@ -18,7 +18,14 @@ Every dimension of `plan.StepPlan` that costs device memory is varied:
 The speed model ranks plans without timing them, in this order of
 importance: (1) the fused program first: one call per step, with no host
 work and no dispatch between layers, where unfused plans run two calls per
-segment and recompute the same activations; (2) fewer batch slices: a
+segment and recompute the same activations; but only where it compiles at
+most `FUSED_COMPILE_RATIO` times the layers the fastest unfused plan
+compiles (`compiled_layers`): XLA compiles the fused program's layers one
+by one, unrolled, while equal segments share one compilation, so on a deep
+model of equal blocks the fused program's compilation would cost many times
+the run's first step (and there, with many small layers, it did not step
+faster either: docs/performance.md); such a model ranks its fused groups
+after every unfused one; (2) fewer batch slices: a
 sliced call draws its random masks (dropout) per slice, so only an
 unsliced plan gives the weights stock trax gives on the same RNGs, and an
 accelerator runs larger matrices faster (on CPU a fused program of 2 slices
@@ -62,6 +69,14 @@ from trax_revplus.trainer import plan as plan_lib
 
 SEGMENT_LENGTHS = (1, 2, 4, 8)
 ASYNC_DEPTHS = (4, 2, 1, 0)
+# The fused program ranks first where it compiles at most this many times
+# the layers of the fastest unfused plan's distinct programs. Measured on
+# one CPU (docs/performance.md, the benchmark's ReformerLMs): at 2.9, 5.6
+# and 10.9 times (6, 12 and 24 blocks) the fused program stepped 15-25%
+# faster than segments of 8, its compilation adding 0 to 17 s to the first
+# step; at 29 times (64 small blocks) it stepped no faster and its
+# compilation took 77 s, against stock's whole first step of 5.6 s.
+FUSED_COMPILE_RATIO = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,7 +97,7 @@ class Candidates:
   """The candidate plans of one trainer on one batch's shapes."""
 
   def __init__(self, block_sizes, nbytes, stack_bytes, rows, options,
-               shared_weights=False):
+               shared_weights=False, layer_kinds=None):
     """Args:
       block_sizes: list over blocks of their numbers of reversible layers.
       nbytes: dict layer index -> bytes of its weights + slots.
@@ -94,8 +109,12 @@ class Candidates:
       shared_weights: bool, whether layers share weights (`ties.Ties`):
         then the fused program runs unsliced only
         (`loss_slices.fused_loss`).
+      layer_kinds: list by layer index of hashables, equal where two layers
+        compute the same thing (they share a compilation,
+        `compilation.Compiler.fingerprint_of`); None: every layer its own.
     """
     self._shared_weights = shared_weights
+    self._kinds = layer_kinds
     self._sizes = list(block_sizes)
     self._nbytes = nbytes
     self._stack_bytes = list(stack_bytes)
@@ -174,14 +193,45 @@ class Candidates:
     may run."""
     return plan.fused_from >= plan.loss or self.may_fuse(plan.batch_slices)
 
+  def compiled_layers(self, plan: plan_lib.StepPlan) -> int:
+    """Layers in the distinct programs `plan`'s step compiles, the loss
+    layer's included: each fused layer, and each forward unit outside the
+    loss program whose layers compute what an earlier unit's do once (its
+    backward calls compile the same layers again)."""
+    seen = set()
+    n = 1 + plan.loss - plan.fused_from
+    for unit in plan.unit_spans():
+      if unit[0] >= plan.fused_from:
+        continue
+      key = (tuple(unit) if self._kinds is None else
+             tuple(self._kinds[i] for i in unit))
+      if key not in seen:
+        seen.add(key)
+        n += len(unit)
+    return n
+
+  def fused_compiles_cheaply(self) -> bool:
+    """Whether the fused program compiles at most `FUSED_COMPILE_RATIO`
+    times the layers of the fastest unfused plan."""
+    forward, backward = self._lengths()[0]
+    unfused = self._make(segment_max_layers=forward,
+                         backward_segment_max_layers=backward)
+    fused = self._fused(1).leanest
+    return (self.compiled_layers(fused) <=
+            FUSED_COMPILE_RATIO * self.compiled_layers(unfused))
+
   def groups(self) -> Iterator[Group]:
     """Every group, in the speed model's order."""
+    fused = []
     if self._pinned('segment_max_layers') is None:
-      for k in self.slices:
-        if self.may_fuse(k):
-          yield self._fused(k)
-    for k in self.slices:
-      yield self._unfused(k)
+      fused = [self._fused(k) for k in self.slices if self.may_fuse(k)]
+    unfused = [self._unfused(k) for k in self.slices]
+    if fused and self.fused_compiles_cheaply():
+      yield from fused
+      yield from unfused
+    else:
+      yield from unfused
+      yield from fused
 
   def lower_bound_bytes(self, group, n_devices) -> int:
     """Bytes per device every plan of `group` holds, known without

@@ -78,7 +78,7 @@ class Planner:
   """
 
   def __init__(self, placement, store, factory, options, budget_bytes,
-               explicit=()):
+               explicit=(), fingerprint_of=None):
     """Args:
       placement: the trainer's `placement.Placement`.
       store: its `store.LayerStore`.
@@ -87,7 +87,11 @@ class Planner:
       budget_bytes: int or None, see `budget.budget_bytes`.
       explicit: names of the settings given explicitly; one the budget's
         plan replaces is a notice (`overrides`).
+      fingerprint_of: layer index -> hashable, equal for layers sharing a
+        compilation (`compilation.Compiler.fingerprint_of`); None: every
+        layer compiles on its own.
     """
+    self._fingerprint_of = fingerprint_of
     self._explicit = frozenset(explicit)
     self._notified = set()
     self._placement = placement
@@ -153,7 +157,12 @@ class Planner:
     return candidates_lib.Candidates(
         self._store.block_sizes(), self._store.params_bytes(),
         self._stack_bytes(types), self._rows(types), self._options,
-        bool(self._store.ties))
+        bool(self._store.ties), self._layer_kinds())
+
+  def _layer_kinds(self):
+    if self._fingerprint_of is None:
+      return None
+    return [self._fingerprint_of(i) for i in range(len(self._store.layers))]
 
   def _plan(self, key, types):
     options = self._options

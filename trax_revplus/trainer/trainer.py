@@ -149,7 +149,8 @@ class ReversibleSerialTrainer:
         placement, store, unit_factory.UnitFactory(
             store.layers, store.optimizers, self._compiler.compile,
             self._n_devices, adasum, store.ties), options, budget_bytes,
-        explicit=settings)
+        explicit=settings,
+        fingerprint_of=self._compiler.fingerprint_of if memoize_jit else None)
     self._keep_plans_in(self._files_dir(options.output_dir))
     self._commits = commit.CommitQueue(placement, store,
                                        options.on_non_finite,

@@ -1,0 +1,91 @@
+"""The speed model's order of plans: the fused program first only where its
+compilation stays within a few times the unfused plan's.
+
+References: the layers each plan's distinct programs hold, counted by hand
+for blocks of equal layers (the way trax's ReformerLM repeats its decoder
+blocks), and the trainer's own fingerprints on a model the suite builds.
+"""
+
+import pytest
+
+import trainer_cases as cases
+from trax_revplus.trainer import candidates as candidates_lib
+from trax_revplus.trainer import options as options_lib
+
+pytestmark = pytest.mark.usefixtures('stock_trax')
+
+
+def _candidates(n_reversible, kinds=True):
+  """One block: a standard layer, then `n_reversible` reversible layers
+  alternating two kinds (a half-residual and a swap), then the loss."""
+  n = n_reversible + 2
+  layer_kinds = None
+  if kinds:
+    layer_kinds = (['embedding'] +
+                   ['half' if i % 2 == 0 else 'swap'
+                    for i in range(n_reversible)] + ['loss'])
+  return candidates_lib.Candidates(
+      [n_reversible], {i: 1000 for i in range(n)}, [2**20], rows=2,
+      options=options_lib.TrainerOptions(), layer_kinds=layer_kinds)
+
+
+def test_compiled_layers_count_equal_segments_once():
+  candidates = _candidates(24)
+  fused = next(g for g in candidates.groups()
+               if g.fused_reversible_layers).leanest
+  # Every layer inside the fused program: 1 + 24 + the loss.
+  assert candidates.compiled_layers(fused) == 26
+  # Segments of 8 equal layers share one program: the standard layer, one
+  # segment, the loss.
+  unfused = next(g for g in candidates.groups()
+                 if not g.fused_reversible_layers).plans[0]
+  assert unfused.settings()['segment_max_layers'] == 8
+  assert candidates.compiled_layers(unfused) == 1 + 8 + 1
+
+
+def test_a_shallow_model_ranks_the_fused_program_first():
+  # 26 against 10 layers compiled: within FUSED_COMPILE_RATIO.
+  assert 26 <= candidates_lib.FUSED_COMPILE_RATIO * 10
+  groups = list(_candidates(24).groups())
+  assert groups[0].fused_reversible_layers == 24
+  assert groups[0].leanest.batch_slices == 1
+  assert not groups[-1].fused_reversible_layers
+
+
+def test_a_deep_model_of_equal_blocks_ranks_every_unfused_plan_first():
+  # 258 against 10 layers compiled: the fused program's compilation would
+  # cost the run's start many times over.
+  assert 258 > candidates_lib.FUSED_COMPILE_RATIO * 10
+  candidates = _candidates(256)
+  assert not candidates.fused_compiles_cheaply()
+  fused = [bool(g.fused_reversible_layers) for g in candidates.groups()]
+  assert fused == sorted(fused) and fused[0] is False and fused[-1] is True
+  # Still candidates: for `least`, and where no unfused plan fits.
+  assert fused.count(True) == len(candidates.slices)
+
+
+def test_layers_that_compile_alone_keep_the_fused_program_first():
+  # Without shared compilations (memoize_jit=False) every unfused layer
+  # compiles on its own, as inside the fused program.
+  candidates = _candidates(256, kinds=False)
+  assert candidates.fused_compiles_cheaply()
+  assert next(iter(candidates.groups())).fused_reversible_layers == 256
+
+
+def test_the_trainers_fingerprints_tell_equal_layers_apart():
+  batch = cases.lm_batch()
+  _, trainer = cases.lm_trainer(batch, device_memory_budget_bytes=None)
+  p = trainer.planner
+  candidates = p.candidates(p.step_types(batch))
+  plan = next(g for g in candidates.groups()
+              if not g.fused_reversible_layers).plans[0]
+  layers = trainer.all_layers
+  kinds = p._layer_kinds()  # pylint: disable=protected-access
+  assert len(kinds) == len(layers)
+  # Its decoder blocks repeat: equal layers share a kind.
+  assert len(set(kinds)) < len(kinds)
+  for i, layer_i in enumerate(layers):
+    for j, layer_j in enumerate(layers):
+      if kinds[i] == kinds[j]:
+        assert type(layer_i) is type(layer_j), (i, j)
+  assert candidates.compiled_layers(plan) <= len(layers)
