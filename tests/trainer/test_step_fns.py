@@ -11,6 +11,7 @@ from trax.optimizers import trainer as stock_trainer
 
 from trax_revplus.placement import Layout
 from trax_revplus.trainer import chains
+from trax_revplus.trainer import fused_fns
 from trax_revplus.trainer import step_fns
 from trax_revplus.trainer.step_fns import Kind
 
@@ -29,7 +30,7 @@ def _functions():
       Kind.SEGMENT_FORWARD: chains.segment_forward_fn([half, swap]),
       Kind.SEGMENT_REVERSE_UPDATE: step_fns.segment_reverse_fn(
           [half, swap], [adam(), adam()], 1, False),
-      Kind.FUSED_LOSS: step_fns.fused_loss_fn(
+      Kind.FUSED_LOSS: fused_fns.fused_loss_fn(
           [half, swap, dense], [adam(), adam(), adam()], 1, False),
   }
 

@@ -26,8 +26,8 @@ Modules, from the schedule down:
               `device_memory.walk.Programs`), accounting device memory
   compilation the compile cache
   fingerprints what a layer computes (which layers share a compilation)
-  step_fns    the pure functions compiled: forward, FBO, reverse-and-update,
-              the fused loss program
+  step_fns    the pure functions compiled: forward, FBO, reverse-and-update
+  fused_fns   the fused loss program's function
   slices      the same functions over batch slices
   loss_slices how slices of a loss combine; the loss programs over slices
   commit      the step's update sink: committing updates to the host; the

@@ -18,6 +18,7 @@ from trax import fastmath
 from trax.layers import metrics as trax_metrics
 
 from trax_revplus.trainer import chains
+from trax_revplus.trainer import fused_fns
 from trax_revplus.trainer import slice_loop
 from trax_revplus.trainer import slices
 from trax_revplus.trainer import step_fns
@@ -146,12 +147,12 @@ def loss_fbo(layer, optimizer, n_devices, adasum, k):
 
 
 def fused_loss(layers, optimizers, n_devices, adasum, k, rows, in_call=()):
-  """`step_fns.fused_loss_fn` over k slices where `loss_combination`
+  """`fused_fns.fused_loss_fn` over k slices where `loss_combination`
   allows; unsliced otherwise.
 
   Raises:
     ValueError: k > 1 and the layers share weights (`in_call`, see
-      `step_fns.fused_loss_fn`): trax updates the later holder before the
+      `fused_fns.fused_loss_fn`): trax updates the later holder before the
       earlier holder's backward, which a sum of slices' gradients cannot
       follow (the planner offers no such plan, `candidates.Candidates`).
   """
@@ -160,7 +161,7 @@ def fused_loss(layers, optimizers, n_devices, adasum, k, rows, in_call=()):
                      f'weights its layers share as trax does')
   combine = loss_combination(layers) if k > 1 else None
   if combine is None:
-    return step_fns.fused_loss_fn(layers, optimizers, n_devices, adasum,
+    return fused_fns.fused_loss_fn(layers, optimizers, n_devices, adasum,
                                   in_call)
   forward = chains.chain_forward_fn(layers)
   updates = [step_fns.update_fn(opt, n_devices, adasum) for opt in optimizers]
@@ -169,7 +170,7 @@ def fused_loss(layers, optimizers, n_devices, adasum, k, rows, in_call=()):
     loss, grads_inputs, grads_weights, new_states = _sliced_loss(
         lambda x, ws, ss: forward(x, ws, ss, rngs), combine, k, inputs,
         weights, states, rows)
-    return step_fns.apply_updates(updates, grads_weights, weights, slots,
+    return fused_fns.apply_updates(updates, grads_weights, weights, slots,
                                   opt_params, step, new_states, grads_inputs,
                                   loss)
   return sliced

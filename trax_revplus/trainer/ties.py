@@ -19,7 +19,7 @@ leaves are to be read from which later layer's update of this step:
 the update's device arrays, `step_run.StepRun.params`), `in_call` for
 holders updated in one call (the call's function reads the update it has
 just computed: `step_fns.segment_reverse_fn`, one layer's reverse and
-update after another; `step_fns.fused_loss_fn`, which cuts its chain after
+update after another; `fused_fns.fused_loss_fn`, which cuts its chain after
 the earlier holder). A leaf is a position in
 `jax.tree_util.tree_leaves(layer.weights)`.
 
