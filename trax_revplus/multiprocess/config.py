@@ -23,7 +23,7 @@ With none of these the run is a single process and nothing is joined.
 import dataclasses
 import os
 import re
-from typing import Mapping, Optional, Tuple
+from typing import Mapping, Tuple
 
 from trax_revplus.multiprocess.errors import DistributedUsageError
 
@@ -60,11 +60,11 @@ class DistributedConfig:
     shutdown_timeout_seconds: int > 0, how long a process that finished
       waits at exit for the others to finish.
   """
-  num_processes: Optional[int] = 1
-  process_id: Optional[int] = 0
-  coordinator_address: Optional[str] = None
-  local_device_ids: Optional[Tuple[int, ...]] = None
-  cluster: Optional[str] = None
+  num_processes: int | None = 1
+  process_id: int | None = 0
+  coordinator_address: str | None = None
+  local_device_ids: Tuple[int, ...] | None = None
+  cluster: str | None = None
   timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
   heartbeat_timeout_seconds: int = DEFAULT_HEARTBEAT_TIMEOUT_SECONDS
   shutdown_timeout_seconds: int = DEFAULT_SHUTDOWN_TIMEOUT_SECONDS
@@ -139,7 +139,7 @@ def resolve_config(num_processes=None, process_id=None,
                    timeout_seconds=DEFAULT_TIMEOUT_SECONDS,
                    heartbeat_timeout_seconds=DEFAULT_HEARTBEAT_TIMEOUT_SECONDS,
                    shutdown_timeout_seconds=DEFAULT_SHUTDOWN_TIMEOUT_SECONDS,
-                   environ: Optional[Mapping[str, str]] = None):
+                   environ: Mapping[str, str] | None = None):
   """Builds the `DistributedConfig` of this process; see the module doc.
 
   Args:

@@ -12,7 +12,7 @@
 
 import os
 import sys
-from typing import Any, Optional, Tuple
+from typing import Any, Tuple
 
 import numpy as np
 
@@ -40,7 +40,7 @@ def exit_immediately(exit_code):
   os._exit(exit_code)  # pylint: disable=protected-access
 
 
-def any_signal(signum: Optional[int]) -> Optional[int]:
+def any_signal(signum: int | None) -> int | None:
   """The first signal any process received (a collective), or None.
 
   Args:

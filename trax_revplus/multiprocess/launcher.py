@@ -45,7 +45,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, Sequence
 
 from trax_revplus.errors import EXIT_LOST_PROCESS
 from trax_revplus.errors import EXIT_RUNTIME
@@ -98,7 +98,7 @@ def default_max_processes() -> int:
 
 
 def check_launch(num_processes: int, stop_grace_seconds: float,
-                 max_processes: Optional[int] = None) -> None:
+                 max_processes: int | None = None) -> None:
   """Checks the numbers of a launch (see `launch`).
 
   Raises:
@@ -149,11 +149,11 @@ def _parent_death_signal():
 
 
 def launch(command: Sequence[str], num_processes: int, *,
-           host: str = '127.0.0.1', port: Optional[int] = None,
-           env: Optional[Mapping[str, str]] = None,
+           host: str = '127.0.0.1', port: int | None = None,
+           env: Mapping[str, str] | None = None,
            stop_grace_seconds: float = DEFAULT_STOP_GRACE_SECONDS,
-           stdout=None, stderr=None, log_dir: Optional[str] = None,
-           max_processes: Optional[int] = None):
+           stdout=None, stderr=None, log_dir: str | None = None,
+           max_processes: int | None = None):
   """Runs `command` as processes 0..N-1 of one run and waits for them.
 
   Args:

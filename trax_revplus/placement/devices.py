@@ -5,7 +5,7 @@ types placed values will have, for compiling ahead of time, are
 `ahead_of_time`'s (a base of `Placement`).
 """
 
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Sequence, Tuple
 
 import jax
 from jax.sharding import Mesh
@@ -66,8 +66,8 @@ class Placement(ahead_of_time.AheadOfTimeTypes):
       devices).
   """
 
-  def __init__(self, n_devices: Optional[int] = None,
-               transfer_counter: Optional[memory.TransferCounter] = None):
+  def __init__(self, n_devices: int | None = None,
+               transfer_counter: memory.TransferCounter | None = None):
     """Creates a placement over the first `n_devices` local devices.
 
     Args:
@@ -153,7 +153,7 @@ class Placement(ahead_of_time.AheadOfTimeTypes):
         self.transfers.add_h2d(h2d)
     return jax.tree_util.tree_unflatten(treedef, leaves)
 
-  def memory_limit_bytes(self) -> Optional[int]:
+  def memory_limit_bytes(self) -> int | None:
     """The bytes each device's allocator may hand out, where the backend
     reports it: the least over this process's devices of
     `memory_stats()['bytes_limit']` (GPU, TPU); None where it does not

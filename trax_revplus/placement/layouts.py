@@ -2,7 +2,7 @@
 
 import enum
 import functools
-from typing import Any, Callable, Optional, Sequence, Tuple
+from typing import Any, Callable, Sequence, Tuple
 
 import jax
 from jax.sharding import PartitionSpec
@@ -31,7 +31,7 @@ class Layout(enum.Enum):
 
 
 def jit(fn: Callable[..., Any], in_layouts: Sequence[Layout],
-        out_layouts: Sequence[Layout], mesh: Optional[jax.sharding.Mesh],
+        out_layouts: Sequence[Layout], mesh: jax.sharding.Mesh | None,
         donate_argnums: Tuple[int, ...] = (),
         wait: bool = False) -> Callable[..., Any]:
   """Compiles `fn` to run once per device of `mesh`, as `jax.pmap` would.
