@@ -151,7 +151,8 @@ def tree_bytes(tree: PyTree, kept: PyTree | None = None) -> int:
   return sum(leaf_bytes(x) for x, k in zip(leaves, flags) if k)
 
 
-def types_key(args: PyTree):
+def types_key(args: PyTree) -> tuple[jax.tree_util.PyTreeDef,
+                                     tuple[tuple, ...]]:
   """A hashable key of the argument types a call compiles for: the tree
   structure, and per leaf its shape, dtype, weak type and sharding (arrays,
   `jax.ShapeDtypeStruct`s) or its type and value (anything else)."""

@@ -24,7 +24,7 @@ call (`Placement.sync_collectives`), not of the program.
 
 import concurrent.futures
 import os
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from absl import logging
 import jax
@@ -33,6 +33,7 @@ from trax_revplus import device_memory
 from trax_revplus import layers as layers_lib
 from trax_revplus.device_memory import walk as walk_lib
 from trax_revplus.trainer import step_run as step_run_lib
+from trax_revplus.typing import PyTree
 
 
 class StepTypes(NamedTuple):
@@ -105,7 +106,8 @@ class AheadOfTime(step_run_lib.StepRun):
 
   # The run on types.
 
-  def place(self, layers, with_slots):
+  def place(self, layers: list[int],
+            with_slots: bool) -> tuple[list[PyTree], list[PyTree] | None]:
     p = self._placement
     weights = _known(p.abstract_params([self._layers[i].weights
                                         for i in layers]))
@@ -115,7 +117,7 @@ class AheadOfTime(step_run_lib.StepRun):
                                         for i in layers]))
     return weights, slots
 
-  def state(self, layers):
+  def state(self, layers: list[int]) -> list[PyTree]:
     return [_known(self._placement.abstract_per_device(self._layers[i].state))
             for i in layers]
 
@@ -127,23 +129,24 @@ class AheadOfTime(step_run_lib.StepRun):
     except TypesUnknown:
       self._next = (unit, _UNKNOWN)
 
-  def params(self, unit, following, with_slots):
+  def params(self, unit, following,
+             with_slots: bool) -> tuple[list[PyTree], list[PyTree] | None]:
     self._unit = unit
     params = super().params(unit, following, with_slots)
     if params is _UNKNOWN:
       raise TypesUnknown()
     return params
 
-  def duplicate(self, array):
+  def duplicate(self, array: PyTree) -> PyTree:
     # A device array of its own, as the step's copy is.
     return self._record.device(_fresh(array))
 
-  def from_host(self, waiting):
+  def from_host(self, waiting: Any) -> PyTree:
     # Placed back, the arrays are new device arrays (`StepRun.to_host` left
     # their types out of what is held meanwhile).
     return _fresh(waiting)
 
-  def call(self, fn, args):
+  def call(self, fn: Callable[..., Any], args: tuple) -> PyTree:
     """Notes the call and what is held across it; traces `fn` for `args`
     and queues its compilation; returns its result types."""
     key = walk_lib.call_key(fn, args)

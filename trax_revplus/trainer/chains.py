@@ -8,12 +8,17 @@ outputs, last layer to first. The step functions (`step_fns`, `slices`,
 walks a chain the same way.
 """
 
+from typing import Callable
+
 import jax
 from trax.layers import combinators as cb
 from trax.layers import reversible as trax_reversible
 
+from trax_revplus.typing import PyTree
+from trax_revplus.typing import Stack
 
-def chain_depth(layers):
+
+def chain_depth(layers) -> int:
   """Stack items a chain of layers reads (`tl.Serial(layers).n_in`)."""
   needed, depth = 0, 0
   for layer in layers:
@@ -24,12 +29,12 @@ def chain_depth(layers):
   return needed
 
 
-def is_reversible(layer):
+def is_reversible(layer) -> bool:
   """Whether `layer` is a trax reversible layer (has `reverse`)."""
   return isinstance(layer, trax_reversible.ReversibleLayer)
 
 
-def segment_forward_fn(layers):
+def segment_forward_fn(layers) -> Callable[..., tuple[Stack, list[PyTree]]]:
   """Forward of consecutive reversible layers in one call.
 
   The layers run in order on the top items of the stack, each with its
@@ -58,7 +63,9 @@ def segment_forward_fn(layers):
   return forward
 
 
-def reverse_chain(layers, stack, grad_stack, reverse_layer):
+def reverse_chain(layers, stack: Stack, grad_stack: Stack,
+                  reverse_layer: Callable[..., tuple[Stack, Stack]]
+                  ) -> tuple[Stack, Stack]:
   """Walks a chain of reversible layers backwards, last layer to first.
 
   Args:
@@ -81,8 +88,9 @@ def reverse_chain(layers, stack, grad_stack, reverse_layer):
   return stack, grad_stack
 
 
-def reverse_and_grad_chain(layers, stack, grad_stack, weights, states,
-                           new_states, rngs):
+def reverse_and_grad_chain(layers, stack: Stack, grad_stack: Stack, weights,
+                           states, new_states,
+                           rngs) -> tuple[Stack, Stack, list[PyTree]]:
   """Each layer's `reverse_and_grad`, last to first (`reverse_chain`): trax's
   `ReversibleSerial.reverse_and_grad` with each layer's own weights, states
   and RNG (lists over the layers).
@@ -101,7 +109,7 @@ def reverse_and_grad_chain(layers, stack, grad_stack, weights, states,
   return stack, grad_stack, grads_weights
 
 
-def reversible_run_fn(layers):
+def reversible_run_fn(layers) -> Callable[..., tuple[Stack, list[PyTree]]]:
   """Forward of consecutive reversible layers whose gradient recomputes.
 
   The forward is `segment_forward_fn`'s. Its custom gradient holds the
@@ -134,7 +142,7 @@ def reversible_run_fn(layers):
   return run
 
 
-def chain_forward_fn(layers):
+def chain_forward_fn(layers) -> Callable[..., tuple[Stack, list[PyTree]]]:
   """Forward of consecutive layers (standard and reversible) in one call,
   differentiable as trax's default `Trainer` differentiates them.
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from trax_revplus import validation
 from trax_revplus.trainer import step_run as step_run_lib
+from trax_revplus.typing import PyTree
 
 # What a layer update's results are checked for when `on_non_finite` is not
 # 'ignore': the loss (loss layer) and the optimizer's gradient norm.
@@ -54,13 +55,13 @@ class NonFiniteGuard:
     """Checks from now on belong to training step `step` (int)."""
     self._step = step
 
-  def values_to_check(self, stats):
+  def values_to_check(self, stats: dict) -> dict | None:
     """The values of a layer's `stats` to check, or None ('ignore')."""
     if self._policy == 'ignore':
       return None
     return {k: stats[k] for k in CHECKED_STATS if k in stats}
 
-  def admits(self, i, values):
+  def admits(self, i: int, values: dict | None) -> bool:
     """Whether layer i's update (checked `values`) may be committed.
 
     Returns:
@@ -159,13 +160,13 @@ class CommitQueue(step_run_lib.UpdateSink):
     """After the step's last commit: undoes a skipped step (`'skip'`)."""
     self.guard.end_step()
 
-  def readable(self, stats):
+  def readable(self, stats: PyTree) -> PyTree:
     """`stats` readable on every process (`placement.Placement.replicated`):
     in a multi-process run every process reads every device's statistics
     (loss, gradient norms), so all take the same decisions on them."""
     return self._placement.replicated(stats)
 
-  def start(self, layers, weights, slots, states, stats):
+  def start(self, layers, weights, slots, states, stats) -> _Pending:
     """Starts the D2H copies of one call's updates (lists over `layers`, in
     commit order); returns what `commit` takes."""
     p = self._placement

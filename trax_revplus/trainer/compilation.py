@@ -7,9 +7,12 @@ distinct functions it made. Compiling ahead of a step's calls is
 """
 
 import gc
+from typing import Any, Callable, Hashable
+
 import jax
 
 from trax_revplus.trainer import fingerprints
+from trax_revplus.trainer import step_fns
 
 
 class Compiler:
@@ -39,7 +42,7 @@ class Compiler:
     self._distinct_fingerprints = {}  # fingerprint -> its stored copy
     self.n_compiled_functions = 0
 
-  def fingerprint_of(self, i):
+  def fingerprint_of(self, i: int) -> tuple[Hashable, Hashable]:
     """(layer, optimizer) fingerprint of layer i, computed once.
 
     Equal fingerprints are stored once: a fingerprint holds a tuple per
@@ -52,7 +55,9 @@ class Compiler:
       self._fingerprints[i] = self._distinct_fingerprints.setdefault(fp, fp)
     return self._fingerprints[i]
 
-  def compile(self, kind, indices, fn, donate_argnums, variant=()):
+  def compile(self, kind: step_fns.Kind, indices: list[int],
+              fn: Callable[..., Any], donate_argnums: tuple[int, ...],
+              variant: Hashable = ()) -> Callable[..., Any]:
     """`fn` of `kind` for layers `indices`, compiled for the placement.
 
     Shared by every call with the same kind, variant and equal layers and

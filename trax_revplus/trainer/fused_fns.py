@@ -7,6 +7,8 @@ compiles (`trax.optimizers.trainer._accelerated_update_fn`), with each
 layer updated by its own optimizer as `step_fns.fbo_fn` does.
 """
 
+from typing import Callable
+
 from trax import fastmath
 from trax.fastmath import numpy as jnp
 from trax.layers import combinators as cb
@@ -15,9 +17,11 @@ from trax_revplus.trainer import chains
 from trax_revplus.trainer.step_fns import tied_weights
 from trax_revplus.trainer.step_fns import update_each
 from trax_revplus.trainer.step_fns import update_fn
+from trax_revplus.typing import PyTree
 
 
-def fused_loss_fn(layers, optimizers, n_devices, adasum, in_call=()):
+def fused_loss_fn(layers, optimizers, n_devices: int, adasum: bool,
+                  in_call=()) -> Callable[..., tuple]:
   """Forward + backward + update of consecutive layers ending in the loss.
 
   The whole-model step of trax's `_accelerated_update_fn` for the layers
@@ -107,7 +111,9 @@ def _pieces(layers, optimizers, n_devices, adasum, in_call):
 
 
 def apply_updates(updates, grads_weights, weights, slots, opt_params, step,
-                  new_states, grads_inputs, loss):
+                  new_states, grads_inputs,
+                  loss) -> tuple[list[PyTree], PyTree, list[PyTree], PyTree,
+                                 list[dict]]:
   """`update_each`, and the loss into the last layer's stats. Returns
   `fused_loss_fn`'s results."""
   new_weights, new_slots, stats = update_each(

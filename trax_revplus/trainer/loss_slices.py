@@ -124,7 +124,8 @@ def _sliced_loss(loss_fn, combine, k, inputs, weights, states, rows):
           st.join(per_row, shared))
 
 
-def loss_fbo(layer, optimizer, n_devices, adasum, k):
+def loss_fbo(layer, optimizer, n_devices: int, adasum: bool,
+             k: int) -> Callable[..., tuple]:
   """`step_fns.fbo_fn` of the loss layer (`Kind.LOSS`) over k slices where
   `loss_combination` allows; unsliced otherwise."""
   combine = loss_combination([layer]) if k > 1 else None
@@ -146,7 +147,8 @@ def loss_fbo(layer, optimizer, n_devices, adasum, k):
   return sliced
 
 
-def fused_loss(layers, optimizers, n_devices, adasum, k, rows, in_call=()):
+def fused_loss(layers, optimizers, n_devices: int, adasum: bool, k: int,
+               rows, in_call=()) -> Callable[..., tuple]:
   """`fused_fns.fused_loss_fn` over k slices where `loss_combination`
   allows; unsliced otherwise.
 

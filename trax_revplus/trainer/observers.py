@@ -50,7 +50,7 @@ class ReleaseHostMemory(StepObserver):
     """Releases now, if host memory grew enough since the last release."""
     self._releaser.release()
 
-  def released_bytes(self):
+  def released_bytes(self) -> int:
     """int, host bytes released so far."""
     return self._releaser.released_bytes
 

@@ -162,7 +162,8 @@ class StepPlan:
     return f'{settings}, {self.n_calls} calls per step'
 
 
-def backward_segment_length(setting, n_layers, outputs_bytes):
+def backward_segment_length(setting: int | str, n_layers: int,
+                            outputs_bytes: int) -> int:
   """Most layers of one backward call of an `n_layers` forward segment.
 
   Args:
@@ -181,7 +182,9 @@ def backward_segment_length(setting, n_layers, outputs_bytes):
   return SMALL_BACKWARD_SEGMENT_LAYERS
 
 
-def equal_segments(indices, max_layers, nbytes, max_bytes):
+def equal_segments(indices: list[int], max_layers: int,
+                   nbytes: Mapping[int, int],
+                   max_bytes: int) -> list[list[int]]:
   """Splits consecutive layer indices into equal-length segments.
 
   The length is the largest one up to `max_layers` for which every
@@ -210,7 +213,7 @@ def _equal_runs(indices, length):
   return [indices[k:k + length] for k in range(0, len(indices), length)]
 
 
-def backward_split(segment, length):
+def backward_split(segment: Segment, length: int) -> tuple[Segment, ...]:
   """`segment` split into backward segments of at most `length` layers."""
   if length >= len(segment):
     return (segment,)

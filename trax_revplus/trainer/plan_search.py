@@ -62,7 +62,7 @@ class PlanSearch:
     """
     excluded = []  # bytes that excluded each faster plan or group
 
-    def fits(plan):
+    def fits(plan: plan_lib.StepPlan) -> bool:
       peak = self._weigh(plan).peak_device_bytes
       if peak > budget_bytes:
         excluded.append(peak)

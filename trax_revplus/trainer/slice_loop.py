@@ -5,25 +5,31 @@ one slice's intermediates at a time, and gives the slices' per-row results
 back whole (`slices` and `loss_slices` build the bodies).
 """
 
+from typing import Any, Callable
+
 import jax
 from jax import lax
 from jax import numpy as jnp
 import numpy as np
 
+from trax_revplus.typing import Array
+from trax_revplus.typing import PyTree
+
 FLOAT0 = jax.dtypes.float0
 
 
-def merge(x):
+def merge(x: Array) -> Array:
   """Puts k slices (leading axis k) back together along the rows."""
   return x.reshape((x.shape[0] * x.shape[1],) + x.shape[2:])
 
 
-def is_float0(x):
+def is_float0(x: Any) -> bool:
   """Whether x is a float0 array (a cotangent of an integer input)."""
   return getattr(x, 'dtype', None) == FLOAT0
 
 
-def stackable(tree):
+def stackable(tree: PyTree) -> tuple[list[Array],
+                                     Callable[[list[Array], int], PyTree]]:
   """(leaves lax.scan can stack, a function rebuilding the merged tree)."""
   leaves, treedef = jax.tree_util.tree_flatten(tree)
   shapes = [(x.shape, is_float0(x)) for x in leaves]
@@ -60,7 +66,8 @@ def _reshaped(carry, after_one):
       treedef, [jnp.reshape(x, a.shape) for x, a in zip(leaves, after)])
 
 
-def scan(body, carry, xs):
+def scan(body: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
+         carry: PyTree, xs: PyTree) -> tuple[PyTree, PyTree]:
   """`lax.scan(body, carry, xs)` over the k slices, also where the carry
   changes type in the first slice; every slice runs inside the loop, one
   at a time.
@@ -105,7 +112,10 @@ def scan(body, carry, xs):
                   (jnp.arange(k, dtype=jnp.int32), xs))
 
 
-def scan_rows(body, carry, xs, k, rows_at=0, loop=scan):
+def scan_rows(body: Callable[[PyTree, PyTree], tuple[PyTree, tuple]],
+              carry: PyTree, xs: PyTree, k: int, rows_at: int = 0,
+              loop: Callable[..., tuple[PyTree, PyTree]] = scan
+              ) -> tuple[PyTree, tuple, Callable[[], PyTree]]:
   """`loop(body, carry, xs)` over k slices, where item `rows_at` of the
   body's results is a tree of the slice's rows, given back whole.
 

@@ -14,9 +14,10 @@ from trax_revplus import layers as layers_lib
 from trax_revplus import memory
 from trax_revplus.trainer import chains
 from trax_revplus.trainer import plan as plan_lib
+from trax_revplus.typing import PyTree
 
 
-def stack_bytes(store, stack_types, n_devices: int) -> list[int]:
+def stack_bytes(store, stack_types: PyTree, n_devices: int) -> list[int]:
   """Per block, the bytes (all devices) of the stack items its reversible
   layers read and write.
 

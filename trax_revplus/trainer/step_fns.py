@@ -14,6 +14,7 @@ The builders mirror trax 1.4.1's `trax.optimizers.trainer`:
 """
 
 import enum
+from typing import Any, Callable
 
 import jax
 from trax import fastmath
@@ -23,6 +24,7 @@ from trax.optimizers import trainer as stock_trainer
 from trax_revplus import placement as placement_lib
 from trax_revplus.trainer import chains
 from trax_revplus.trainer import ties as ties_lib
+from trax_revplus.typing import PyTree
 
 _R = placement_lib.Layout.REPLICATED
 _D = placement_lib.Layout.PER_DEVICE
@@ -62,23 +64,23 @@ class Kind(enum.Enum):
   FUSED_LOSS = 'fused_loss'
 
   @property
-  def in_layouts(self):
+  def in_layouts(self) -> tuple[placement_lib.Layout, ...]:
     """`placement.Layout` of each positional argument."""
     return _IN_LAYOUTS[self]
 
   @property
-  def out_layouts(self):
+  def out_layouts(self) -> tuple[placement_lib.Layout, ...]:
     """`placement.Layout` of each result."""
     return _OUT_LAYOUTS[self]
 
   @property
-  def updates(self):
+  def updates(self) -> bool:
     """Whether it updates weights, averaging gradients over devices (so its
     program holds cross-device collectives on N > 1 devices)."""
     return self not in (Kind.FORWARD, Kind.SEGMENT_FORWARD)
 
   @property
-  def parameters(self):
+  def parameters(self) -> tuple[int, ...]:
     """Argument positions of the weights and the slots."""
     if self is Kind.SEGMENT_REVERSE_UPDATE:
       return (1, 5)
@@ -87,7 +89,7 @@ class Kind(enum.Enum):
     return (1, 4) if self.updates else (1,)
 
   @property
-  def donated(self):
+  def donated(self) -> tuple[int, ...]:
     """Argument positions it replaces by its results, never read again, so
     their buffers may be donated: weights and slots; for a reverse step
     also the outputs and their cotangents, which its reconstructed inputs
@@ -122,21 +124,21 @@ _OUT_LAYOUTS = {
 }
 
 
-def is_empty_tuple(x):
+def is_empty_tuple(x: Any) -> bool:
   """Whether x is empty or a tuple of (tuples of) empty things (as trax)."""
   if not isinstance(x, (list, tuple)):
     return False
   return all(is_empty_tuple(y) for y in x)
 
 
-def has_weights(layer):
+def has_weights(layer) -> bool:
   """Whether a layer's weights hold any array (it was initialized or
   loaded; a layer without weights holds only empty tuples)."""
   return any(hasattr(x, 'shape')
              for x in jax.tree_util.tree_leaves(layer.weights))
 
 
-def average_gradients(grads, n_devices, adasum):
+def average_gradients(grads: PyTree, n_devices: int, adasum: bool) -> PyTree:
   """Averages gradients over the devices' 'batch' axis.
 
   Mirrors trax's `_average_multidevice_gradients`, with N the devices of
@@ -169,7 +171,8 @@ def average_gradients(grads, n_devices, adasum):
   return fastmath.nested_map(lambda g: g / n, grads_psum)
 
 
-def update_fn(optimizer, n_devices, adasum):
+def update_fn(optimizer, n_devices: int,
+              adasum: bool) -> Callable[..., tuple[PyTree, PyTree, dict]]:
   """One layer's optimizer update from its gradients.
 
   The update of trax's `_fbo_with_layer_and_opt` and
@@ -192,7 +195,8 @@ def update_fn(optimizer, n_devices, adasum):
   return update
 
 
-def fbo_fn(layer, optimizer, n_devices, adasum, stats_name=None):
+def fbo_fn(layer, optimizer, n_devices: int, adasum: bool,
+           stats_name: str | None = None) -> Callable[..., tuple]:
   """Forward + backward + optimizer update of a standard layer.
 
   Mirrors trax's `_fbo_with_layer_and_opt`. With `stats_name` (the loss
@@ -217,7 +221,8 @@ def fbo_fn(layer, optimizer, n_devices, adasum, stats_name=None):
   return fbo
 
 
-def reverse_and_fbo_fn(layer, optimizer, n_devices, adasum):
+def reverse_and_fbo_fn(layer, optimizer, n_devices: int,
+                       adasum: bool) -> Callable[..., tuple]:
   """Reverse + backward + optimizer update of a reversible layer.
 
   Mirrors trax's `_reverse_and_fbo_with_layer_and_opt`.
@@ -234,14 +239,15 @@ def reverse_and_fbo_fn(layer, optimizer, n_devices, adasum):
   return reverse_and_fbo
 
 
-def forward_fn(layer):
+def forward_fn(layer) -> Callable[..., tuple[PyTree, PyTree]]:
   """A standard layer's forward: `layer.pure_fn` (`Kind.FORWARD`)."""
   def forward(inputs, weights, state, rng):
     return layer.pure_fn(inputs, weights, state, rng)
   return forward
 
 
-def segment_reverse_fn(layers, optimizers, n_devices, adasum, in_call=()):
+def segment_reverse_fn(layers, optimizers, n_devices: int, adasum: bool,
+                       in_call=()) -> Callable[..., tuple]:
   """Reverse + backward + update of consecutive reversible layers.
 
   Runs `reverse_and_fbo_fn` of each layer, last to first
@@ -281,7 +287,8 @@ def segment_reverse_fn(layers, optimizers, n_devices, adasum, in_call=()):
   return reverse
 
 
-def tied_weights(k, weights_k, new_weights, in_call):
+def tied_weights(k: int, weights_k: PyTree, new_weights: list[PyTree],
+                 in_call) -> PyTree:
   """Layer k's weights with the leaves it shares with a later layer of the
   call taken from that layer's update (`new_weights[source]`, already
   computed: updates run last to first).
@@ -303,7 +310,7 @@ def tied_weights(k, weights_k, new_weights, in_call):
 
 
 def update_each(updates, grads_weights, weights, slots, opt_params, step,
-                in_call=()):
+                in_call=()) -> tuple[list[PyTree], list[PyTree], list[dict]]:
   """Each layer's `update_fn` on its gradients (lists over the layers).
 
   Layers are updated last to first, as trax's backward pass does; with

@@ -17,12 +17,13 @@ device only leaves `StepRun.held`.
 
 import abc
 import collections
-from typing import Any
+from typing import Any, Callable
 
 from trax_revplus.trainer import ties as ties_lib
+from trax_revplus.typing import PyTree
 
 
-def commit_waits(pending_sizes, n_async_layers):
+def commit_waits(pending_sizes: list[int], n_async_layers: int) -> int:
   """How many of the newest pending calls stay on the device after a push,
   by the copy-back rule (`commit`).
 
@@ -51,7 +52,7 @@ class UpdateSink:
   `commit.CommitQueue`, which copies updates to the host and commits them.
   """
 
-  def readable(self, stats):
+  def readable(self, stats: PyTree) -> PyTree:
     """A call's statistics as the walk keeps them (here: as they are)."""
     return stats
 
@@ -192,7 +193,7 @@ class StepRun(abc.ABC):
       else:
         self.saved[i] = entry
 
-  def take_saved(self, layers):
+  def take_saved(self, layers: list[int]) -> list[PyTree]:
     """The entries of `layers`, on the device, taken out of the run: an
     entry waiting on the host is placed back (`from_host`) now, just
     before its unit's backward call, which takes it as an argument.
@@ -206,25 +207,26 @@ class StepRun(abc.ABC):
     return [self.saved.pop(i) if i in self.saved else
             self.from_host(self.on_host.pop(i)) for i in layers]
 
-  def to_host(self, entry):
+  def to_host(self, entry: PyTree) -> Any:
     """Moves a saved entry off the device; returns what `from_host`
     takes. Here nothing moves: the entry leaves `held`, which is all a
     walk on types needs."""
     return entry
 
-  def from_host(self, waiting):
+  def from_host(self, waiting: Any) -> PyTree:
     """The entry `to_host` moved, on the device again."""
     return waiting
 
   @property
-  def prefetched(self):
+  def prefetched(self) -> PyTree | None:
     """Parameters placed for the next call, or None."""
     return None if self._next is None else self._next[1]
 
   # How the walk gets its arguments and makes its calls.
 
   @abc.abstractmethod
-  def place(self, layers, with_slots):
+  def place(self, layers: list[int],
+            with_slots: bool) -> tuple[list[PyTree], list[PyTree] | None]:
     """Weights (and slots) of `layers` as their call takes them.
 
     Returns:
@@ -233,11 +235,11 @@ class StepRun(abc.ABC):
     """
 
   @abc.abstractmethod
-  def state(self, layers):
+  def state(self, layers: list[int]) -> list[PyTree]:
     """List of the state of each of `layers` as its call takes it."""
 
   @abc.abstractmethod
-  def call(self, fn, args):
+  def call(self, fn: Callable[..., Any], args: tuple) -> PyTree:
     """Calls compiled function `fn` on `args`; returns its results."""
 
   def place_ahead(self, unit, with_slots) -> None:
@@ -246,7 +248,8 @@ class StepRun(abc.ABC):
     if self.plan.prefetch:
       self._next = (unit, self.place(unit.layers, with_slots))
 
-  def params(self, unit, following, with_slots):
+  def params(self, unit, following,
+             with_slots: bool) -> tuple[list[PyTree], list[PyTree] | None]:
     """`unit`'s parameters, placed ahead or now; places `following`'s ahead
     (where the plan prefetches) before returning.
 
@@ -285,7 +288,7 @@ class StepRun(abc.ABC):
     return weights, slots
 
   @abc.abstractmethod
-  def duplicate(self, array):
+  def duplicate(self, array: PyTree) -> PyTree:
     """A copy of the device array `array` that a call may donate."""
 
   # What happens to a call's updates.

@@ -23,9 +23,13 @@ all follow one traversal. Nothing in a walk
 changes the plan or the units.
 """
 
+from typing import Any, Callable
+
 from trax.layers import combinators as cb
 
 from trax_revplus.trainer import chains
+from trax_revplus.trainer import step_run as step_run_lib
+from trax_revplus.typing import Stack
 
 
 class StandardUnit:
@@ -47,7 +51,7 @@ class StandardUnit:
     self.forward_fn = forward_fn
     self.backward_fn = backward_fn
 
-  def forward(self, stack, params, run):
+  def forward(self, stack: Stack, params, run: step_run_lib.StepRun) -> Stack:
     """Runs the layer on the top of `stack`; saves its inputs and new state.
 
     Returns:
@@ -63,7 +67,8 @@ class StandardUnit:
     run.keep_saved({i: (inputs, new_state)})
     return cb.outputs_onto_stack(outputs, stack, self.depth)
 
-  def backward(self, stack, grad_stack, params, run):
+  def backward(self, stack: Stack, grad_stack: Stack, params,
+               run: step_run_lib.StepRun) -> tuple[Stack, Stack]:
     """Forward + backward + update from the saved inputs; returns the
     stack and cotangents with the layer's inputs in place of its outputs."""
     weights, slots = params
@@ -107,7 +112,7 @@ class ReversibleSegment:
     self.forward_fn = forward_fn
     self.backward_fn = backward_fn
 
-  def forward(self, stack, params, run):
+  def forward(self, stack: Stack, params, run: step_run_lib.StepRun) -> Stack:
     """Runs the layers in order; saves each one's old and new state.
 
     Returns:
@@ -124,7 +129,8 @@ class ReversibleSegment:
                     for i, s, ns in zip(self.layers, state, new_state)})
     return cb.outputs_onto_stack(outputs, stack, self.depth)
 
-  def backward(self, stack, grad_stack, params, run):
+  def backward(self, stack: Stack, grad_stack: Stack, params,
+               run: step_run_lib.StepRun) -> tuple[Stack, Stack]:
     """Reverse + backward + update of each layer, last to first; returns
     the stack and cotangents with the reconstructed inputs in place."""
     weights, slots = params
@@ -165,7 +171,7 @@ class SelectSegment:
     self._permutations = [(layer.n_in, list(layer._indices))  # pylint: disable=protected-access
                           for layer in layers]
 
-  def forward(self, stack, params, run):
+  def forward(self, stack: Stack, params, run: step_run_lib.StepRun) -> Stack:
     del params, run
     for n, indices in self._permutations:
       items = cb.inputs_from_stack(stack, n)
@@ -173,7 +179,8 @@ class SelectSegment:
                                     n)
     return stack
 
-  def backward(self, stack, grad_stack, params, run):
+  def backward(self, stack: Stack, grad_stack: Stack, params,
+               run: step_run_lib.StepRun) -> tuple[Stack, Stack]:
     """Puts the inputs back and their cotangents (the outputs' cotangents,
     reordered the same way: a permutation's gradient)."""
     del params
@@ -210,14 +217,14 @@ class LossUnit:
     self.fn = fn
 
   @property
-  def forward_fn(self):
+  def forward_fn(self) -> None:
     return None
 
   @property
-  def backward_fn(self):
+  def backward_fn(self) -> Callable[..., Any]:
     return self.fn
 
-  def backward(self, stack, params, run):
+  def backward(self, stack: Stack, params, run: step_run_lib.StepRun) -> Stack:
     """Returns the cotangents of the program's inputs (cotangent of the
     loss: 1); the stack keeps the inputs, for the backward pass."""
     weights, slots = params
@@ -281,7 +288,7 @@ class Units:
     self.loss_unit = factory.loss(list(range(plan.fused_from, plan.loss + 1)),
                                   plan.batch_slices)
 
-  def forward(self, run) -> None:
+  def forward(self, run: step_run_lib.StepRun) -> None:
     """The forward pass: `run.stack` through every forward unit."""
     run.phase = 'forward'
     units = self.forward_units
@@ -292,7 +299,7 @@ class Units:
           run.stack, run.params(unit, following, with_slots=False), run)
       run.unit_done(unit)
 
-  def loss(self, run) -> None:
+  def loss(self, run: step_run_lib.StepRun) -> None:
     """The loss program: sets `run.grad_stack` (and places the first
     backward unit's parameters ahead, where the plan prefetches)."""
     run.phase = 'loss'
@@ -300,7 +307,7 @@ class Units:
     params = run.params(self.loss_unit, following, with_slots=True)
     run.grad_stack = self.loss_unit.backward(run.stack, params, run)
 
-  def backward(self, run) -> None:
+  def backward(self, run: step_run_lib.StepRun) -> None:
     """The backward pass, last unit first; empties `run.stack` and
     `run.grad_stack` (the batch's reconstruction and cotangents)."""
     run.phase = 'backward'
@@ -312,7 +319,7 @@ class Units:
       run.unit_done(unit)
     run.stack = run.grad_stack = None
 
-  def walk(self, run) -> None:
+  def walk(self, run: step_run_lib.StepRun) -> None:
     """The step's schedule, whole: forward, loss, backward, every update
     off the device, with the run's named points between them.
 
