@@ -24,6 +24,11 @@ TRAINER_NAMES = {'default': 'default Trainer',
 # gin_configs/trax/reformer_wmt_ende_cpu.gin: n_layers encoder and n_layers
 # decoder layers, d_ff = 2 * d_model; small steps, where the per-step work
 # around the program (copies, dispatch, the allocator) weighs most.
+# 'terraformer': trax's `ConfigurableTerraformer` as
+# scientific_papers_terraformer.gin sets it (LSH attention in the encoder
+# and the encoder-decoder attention with the file's chunk_len, n_buckets,
+# n_hashes and chunk windows, dropout 0.2, vocab 32000, Adafactor), at the
+# sizes of gin_configs/trax/scientific_papers_terraformer_cpu.gin.
 CONFIGS = {
     'l6': dict(n_layers=6, length=1024, d_model=128, batch=4),
     'l24': dict(n_layers=24, length=1024, d_model=128, batch=4),
@@ -31,6 +36,8 @@ CONFIGS = {
     'l64': dict(n_layers=64, length=64, d_model=32, batch=2),
     'ende': dict(n_layers=2, length=128, d_model=64, batch=4,
                  model='reformer', vocab=33300),
+    'terraformer': dict(n_layers=2, length=256, d_model=64, batch=2,
+                        model='terraformer', vocab=32000),
 }
 _QUICK = {'length': 64, 'd_model': 32}
 VOCAB = 256  # token ids of every batch are below it
@@ -50,6 +57,9 @@ def describe(cfg):
            f"batch {cfg['batch']}")
   if cfg.get('model') == 'reformer':
     return (f"encoder-decoder Reformer, {cfg['n_layers']} + "
+            f"{cfg['n_layers']} layers, vocab {cfg['vocab']}, {shape}")
+  if cfg.get('model') == 'terraformer':
+    return (f"encoder-decoder Terraformer (LSH), {cfg['n_layers']} + "
             f"{cfg['n_layers']} layers, vocab {cfg['vocab']}, {shape}")
   return f"{cfg['n_layers']} layers, {shape}"
 

@@ -11,6 +11,42 @@ import time
 from tools.bench import configs
 
 
+# scientific_papers_terraformer.gin's attention and optimizer settings, as
+# that file binds them.
+_TERRAFORMER_GIN = '''
+LSHSelfAttention.attention_dropout = 0.2
+LSHSelfAttention.chunk_len = 128
+LSHSelfAttention.n_buckets = 128
+LSHSelfAttention.n_chunks_after = 0
+LSHSelfAttention.n_chunks_before = 1
+LSHSelfAttention.n_hashes = 2
+LSHSelfAttention.n_parallel_heads = 1
+ref2_encoder/LSHSelfAttention.n_chunks_after = 1
+ConfigurableTerraformer.encoder_attention_type = @ref2_encoder/LSHSelfAttention
+ConfigurableTerraformer.encoder_decoder_attention_type = @LSHSelfAttention
+'''
+_ADAFACTOR = dict(beta1=0.0, decay_rate=0.9, clipping_threshold=1.0,
+                  epsilon1=1e-16, epsilon2=0.001, factored=True,
+                  multiply_by_parameter_scale=True)
+
+
+def _terraformer(cfg):
+  """trax's `ConfigurableTerraformer` as scientific_papers_terraformer.gin
+  builds it, at `cfg`'s sizes."""
+  import gin  # pylint: disable=g-import-not-at-top
+  from trax import layers as tl  # pylint: disable=g-import-not-at-top
+  from trax import models  # pylint: disable=g-import-not-at-top
+  gin.parse_config(_TERRAFORMER_GIN)
+  d = cfg['d_model']
+  return models.ConfigurableTerraformer(
+      cfg['vocab'], d_model=d, d_ff=2 * d, dropout=0.2, ff_dropout=0.1,
+      ff_activation=tl.Relu, max_len=cfg['length'], n_heads=4,
+      n_encoder_layers=cfg['n_layers'], n_decoder_layers=cfg['n_layers'],
+      d_attention_key=d // 4, d_attention_value=d // 4,
+      pos_type='fixed-base', pos_d_axial_embs=(d // 2, d // 2),
+      mode='train')
+
+
 def build(spec, cfg):
   """Builds model + trainer; returns (trainer, weights_bytes, slots_bytes).
 
@@ -40,7 +76,10 @@ def build(spec, cfg):
   try:
     d = cfg['d_model']
     optimizer = optimizers.Adam
-    if cfg.get('model') == 'reformer':
+    if cfg.get('model') == 'terraformer':
+      model = _terraformer(cfg)
+      optimizer = functools.partial(optimizers.Adafactor, **_ADAFACTOR)
+    elif cfg.get('model') == 'reformer':
       model = models.Reformer(
           cfg['vocab'], d_model=d, d_ff=2 * d, n_encoder_layers=cfg['n_layers'],
           n_decoder_layers=cfg['n_layers'], n_heads=4, dropout=0.1,

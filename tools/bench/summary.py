@@ -42,8 +42,10 @@ def summarize(results):
     if first.get('ours') is not None and first.get('stock') is not None:
       checks['first step ours <= stock'] = first['ours'] <= first['stock']
       second = {t: tm.get(t, {}).get('second_step_s') for t in tm}
-      checks['first two steps ours <= stock'] = (
-          first['ours'] + second['ours'] <= first['stock'] + second['stock'])
+      if second.get('ours') is not None and second.get('stock') is not None:
+        checks['first two steps ours <= stock'] = (
+            first['ours'] + second['ours'] <=
+            first['stock'] + second['stock'])
     mem = r.get('memory', {})
     if 'ours' in mem and 'stock' in mem:
       checks['peak RSS above baseline ours <= stock'] = (

@@ -31,14 +31,29 @@ def timing_child(spec, quick):
   name, _, trainer_name = spec.partition(':')  # the variant may hold ':'
   cfg = configs.config(name, quick)
   t0 = time.perf_counter()
-  trainer, weights_bytes, slots_bytes = model.build(trainer_name, cfg)
+  try:
+    trainer, weights_bytes, slots_bytes = model.build(trainer_name, cfg)
+  except Exception as e:  # pylint: disable=broad-except
+    # A trainer that cannot train this model is a result, not a crash.
+    protocol.send(dict(error=_one_line(e)))
+    return
   batch = configs.batch(cfg)
   protocol.send(dict(build_s=time.perf_counter() - t0,
                      weights_bytes=weights_bytes, slots_bytes=slots_bytes,
                      glibc_tunables=os.environ.get('GLIBC_TUNABLES')))
   for line in sys.stdin:
-    seconds, loss = model.step(trainer, batch, int(line))
+    try:
+      seconds, loss = model.step(trainer, batch, int(line))
+    except Exception as e:  # pylint: disable=broad-except
+      protocol.send(dict(error=_one_line(e)))
+      return
     protocol.send(dict(seconds=seconds, loss=loss))
+
+
+def _one_line(error):
+  """`error`'s type and the first line of its message."""
+  lines = str(error).strip().splitlines()
+  return f'{type(error).__name__}: {lines[0] if lines else ""}'[:300]
 
 
 def time_config(name, trainers, n_steps, quick):
@@ -56,7 +71,10 @@ def time_config(name, trainers, n_steps, quick):
 
   Returns:
     {trainer: {first_step_s, second_step_s, step_s, losses, median_step_s,
-    weights_bytes, slots_bytes, glibc_tunables}}.
+    weights_bytes, slots_bytes, glibc_tunables, failed_at_step, error}}:
+    a trainer that raised while building (`failed_at_step` 0) or stepping
+    has `error`, its exception in one line, and takes no more steps; its
+    times are None where it took none.
   """
   procs, built = {}, {}
   try:
@@ -68,15 +86,30 @@ def time_config(name, trainers, n_steps, quick):
                                   stdout=subprocess.PIPE, text=True,
                                   env=configs.child_env(t))
       built[t] = protocol.receive(procs[t], f'{name}:{t}')
-      print(f'[{name}] built {t} in {built[t]["build_s"]:.1f} s',
-            flush=True)
+      if 'error' in built[t]:
+        print(f'[{name}] {t} fails to build: {built[t]["error"]}',
+              flush=True)
+      else:
+        print(f'[{name}] built {t} in {built[t]["build_s"]:.1f} s',
+              flush=True)
     results = {t: dict(first_step_s=None, second_step_s=None, step_s=[],
-                       losses=[]) for t in trainers}
+                       losses=[], failed_at_step=None, error=None)
+               for t in trainers}
+    for t in trainers:
+      if 'error' in built[t]:
+        results[t].update(failed_at_step=0, error=built[t]['error'])
     for step in range(1, n_steps + 3):
       for t in trainers:
+        if results[t]['error'] is not None:
+          continue
         procs[t].stdin.write(f'{step}\n')
         procs[t].stdin.flush()
         done = protocol.receive(procs[t], f'{name}:{t}')
+        if 'error' in done:
+          results[t].update(failed_at_step=step, error=done['error'])
+          print(f'[{name}] step {step} {t} fails: {done["error"]}',
+                flush=True)
+          continue
         seconds, loss = done['seconds'], done['loss']
         r = results[t]
         if step == 1:
@@ -95,12 +128,15 @@ def time_config(name, trainers, n_steps, quick):
     raise
   finally:
     for proc in procs.values():
-      proc.stdin.close()
+      try:
+        proc.stdin.close()
+      except BrokenPipeError:  # a failed trainer's process has ended
+        pass
       proc.wait()
   for t in trainers:
     r = results[t]
     r['median_step_s'] = statistics.median(r['step_s']) if r['step_s'] else None
-    r['weights_bytes'] = built[t]['weights_bytes']
-    r['slots_bytes'] = built[t]['slots_bytes']
+    r['weights_bytes'] = built[t].get('weights_bytes')
+    r['slots_bytes'] = built[t].get('slots_bytes')
     r['glibc_tunables'] = built[t].get('glibc_tunables')
   return results
