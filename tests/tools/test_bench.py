@@ -158,3 +158,40 @@ def test_encoder_decoder_config_builds_trax_s_reformer_for_each_trainer():
   weights_bytes, slots_bytes = sizes['ours']
   assert weights_bytes > 3 * 33300 * cfg['d_model'] * 4
   assert slots_bytes == 2 * weights_bytes  # Adam: two slots per weight
+
+
+def test_a_trainer_that_fails_is_reported_not_timed():
+  timing = {'default': dict(median_step_s=2.0, first_step_s=10.0,
+                            second_step_s=3.0),
+            'stock': dict(median_step_s=None, first_step_s=None,
+                          second_step_s=None, failed_at_step=1,
+                          error='JaxRuntimeError: donate twice'),
+            'ours': dict(median_step_s=3.0, first_step_s=9.0,
+                         second_step_s=3.0)}
+  results = dict(configs={'terraformer': dict(
+      config=configs.config('terraformer'), timing=timing)})
+  text = markdown.markdown(summary.summarize(results))
+  assert '| 2.000 | - | 3.000 | - | 1.50 | - |' in text
+  assert ('- terraformer: stock fails at step 1: JaxRuntimeError: donate '
+          'twice' in text)
+
+
+def test_terraformer_config_builds_trax_s_lsh_terraformer():
+  """The 'terraformer' row: trax's ConfigurableTerraformer with LSH
+  attention as scientific_papers_terraformer.gin sets it."""
+  from tools.bench import model  # pylint: disable=g-import-not-at-top
+  cfg = configs.config('terraformer', quick=True)
+  assert configs.describe(cfg).startswith(
+      'encoder-decoder Terraformer (LSH), 2 + 2 layers, vocab 32000')
+  trainer, weights_bytes, slots_bytes = model.build('ours', cfg)
+  assert weights_bytes > 32000 * cfg['d_model'] * 4 and slots_bytes > 0
+
+  def sublayers(layer):
+    yield layer
+    for sub in layer.sublayers:
+      yield from sublayers(sub)
+  # By name: gin's registration wraps trax's attention classes.
+  lsh = [l for layer in trainer.all_layers for l in sublayers(layer)
+         if type(l).__name__ == 'LSHSelfAttention']
+  assert lsh and all(l._n_hashes == 2 and l._chunk_len == 128  # pylint: disable=protected-access
+                     for l in lsh)
