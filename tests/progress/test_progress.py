@@ -9,6 +9,7 @@ the printer says so at that step and no other.
 """
 
 import functools
+import os
 import io
 
 import numpy as np
@@ -135,3 +136,45 @@ def test_compilations_are_counted_and_new_shapes_reported():
   assert 'steps/s' not in lines[0]
   summary = printer.summary()
   assert [s for s, _, _ in summary['compiling_steps']] == compiling_steps
+
+
+def _loop_in(output_dir, stream):
+  """trax's Loop with our memory-efficient trainer in `output_dir`, as
+  `trax-revplus train` runs it: a checkpoint and an eval (of the 'loss'
+  metric the summary reads) at every even step."""
+  trax_revplus.activate()
+  task = training.TrainTask(_batches([4]), tl.CrossEntropyLoss(),
+                            optimizers.Adam, n_steps_per_checkpoint=2)
+  return training.Loop(
+      reversible_lm(), [task], random_seed=0, output_dir=output_dir,
+      use_memory_efficient_trainer=True,
+      eval_tasks=[training.EvalTask(_batches([4]), [tl.CrossEntropyLoss()],
+                                    metric_names=['loss'],
+                                    n_eval_batches=1)],
+      eval_at=lambda step: step % 2 == 0,
+      callbacks=[functools.partial(progress.ProgressPrinter,
+                                   every_n_steps=2, stream=stream)])
+
+
+def test_a_resumed_run_reports_the_eval_of_its_checkpoint_step(tmp_path):
+  """trax saves step 2's checkpoint before step 2's eval, so the history a
+  resumed run restores ends at an earlier eval (here: none); the summary
+  still reports step 2's."""
+  first = _loop_in(str(tmp_path), io.StringIO())
+  first.run(2)
+  evals = first._callbacks[0].summary()['eval_losses']  # pylint: disable=protected-access
+  assert [step for step, _ in evals] == [2]
+  resumed = _loop_in(str(tmp_path), io.StringIO())
+  assert resumed.step == 2
+  restored = resumed.history.get('eval', 'metrics/loss')
+  assert 2 not in [step for step, _ in restored]  # trax's order
+  resumed.run(1)  # to step 3: no eval
+  assert resumed._callbacks[0].summary()['eval_losses'] == evals  # pylint: disable=protected-access
+  # A directory started over drops what its removed checkpoints evaluated.
+  for name in os.listdir(tmp_path):
+    if name.startswith('model'):
+      os.remove(os.path.join(tmp_path, name))
+  fresh = _loop_in(str(tmp_path), io.StringIO())
+  assert fresh.step == 0
+  fresh.run(1)
+  assert fresh._callbacks[0].summary()['eval_losses'] == []  # pylint: disable=protected-access

@@ -8,6 +8,8 @@ Modules, one job each:
              `run_stats.json` and its keys.
   compiles   `CompileCounter`: programs JAX compiled, from its monitoring
              events.
+  eval_history the eval losses of an output directory's runs, kept across
+             resumes (`eval_losses.json`).
 
 The names below are importable from `trax_revplus.progress` itself; the
 gin name of the printer stays `trax_revplus.progress.ProgressPrinter`.

@@ -61,6 +61,7 @@ import numpy as np
 from trax.supervised import callbacks
 from trax.supervised import training
 from trax_revplus.byte_sizes import format_bytes
+from trax_revplus.progress import eval_history
 from trax_revplus.progress import run_stats as run_stats_lib
 from trax_revplus.progress.compiles import CompileCounter
 from trax_revplus.progress.step_inputs import StepInputs
@@ -302,18 +303,18 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
           'last_step'.
         'final_train_loss_from_step' (int or None).
         'eval_losses' (list of (step, float)): trax's eval 'loss' metric at
-          each eval, from `loop.history`.
+          each eval, from `loop.history` and the evals earlier runs of the
+          output directory kept (`eval_history`).
         'peak_host_rss_bytes' (int): peak resident set size of the process.
     """
     if self._window['steps']:  # Steps after the last line, if any.
       self._print_line(self._last_step)
     if self._steps_run:
       self.write_run_stats()
-    eval_losses = []
+    history_losses = []
     history = getattr(self._loop, 'history', None)
     if history is not None:
-      eval_losses = [(int(step), float(value))
-                     for step, value in history.get('eval', 'metrics/loss')]
+      history_losses = history.get('eval', 'metrics/loss')
     from_step, train_loss = self._last_window
     compiling_seconds = sum(s for _, s, _ in self._compiling_steps)
     plain_steps = self._steps_run - len(self._compiling_steps)
@@ -321,6 +322,9 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
     last_step = self._last_step
     if last_step is None:
       last_step = int(getattr(self._loop, 'step', 0))
+    eval_losses = eval_history.merged(
+        getattr(self._loop, 'output_dir', None), history_losses, last_step,
+        write=getattr(self._loop, 'is_chief', True))
     return {
         'last_step': last_step,
         'steps_run': self._steps_run,
