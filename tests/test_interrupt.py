@@ -162,6 +162,11 @@ def test_sigterm_before_the_first_step_stops_with_a_message(tmp_path):
   assert os.listdir(output_dir) == []
 
 
+# Python reports the exception the callback raised as ignored (what this
+# test makes happen), which pytest would echo as a warning with its
+# traceback.
+@pytest.mark.filterwarnings(
+    'ignore::pytest.PytestUnraisableExceptionWarning')
 def test_a_signal_lost_in_a_library_callback_still_stops_before_the_steps():
   # The handler's exception raised inside a callback Python runs for a
   # library (here the garbage collector's, as JAX's during trax's import)
