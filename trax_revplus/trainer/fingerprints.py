@@ -8,6 +8,7 @@ hyperparameters can share one placed copy (`store.LayerStore`).
 import functools
 import hashlib
 import types
+from typing import Any, Hashable
 
 import jax
 import numpy as np
@@ -32,7 +33,7 @@ class _Unique:
   __slots__ = ()
 
 
-def of(obj, active=None):
+def of(obj: Any, active=None) -> Hashable:
   """Returns a hashable value equal for objects that compute the same thing.
 
   Args:

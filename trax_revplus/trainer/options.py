@@ -9,6 +9,7 @@ command line can reject a bad config before it builds a model.
 
 import dataclasses
 import os
+from typing import Any, Mapping
 
 import gin
 import numpy as np
@@ -209,7 +210,7 @@ class TrainerOptions:
                          f"the batch (1: no slices) or '{AUTO}'")
 
   @classmethod
-  def of(cls, settings):
+  def of(cls, settings: Mapping[str, Any]) -> 'TrainerOptions':
     """`TrainerOptions(**settings)`, an unknown name as a one-line error.
 
     Raises:
@@ -231,7 +232,7 @@ class TrainerOptions:
               f'{", ".join(cls.field_names())}.'))
     return cls(**settings)
 
-  def unplanned(self, name):
+  def unplanned(self, name: str) -> int:
     """Setting `name` (segment_max_layers or batch_slices) as a step
     without a budget runs it: 'auto' resolved to its unplanned value."""
     value = getattr(self, name)
@@ -241,12 +242,12 @@ class TrainerOptions:
             'batch_slices': UNPLANNED_BATCH_SLICES}[name]
 
   @classmethod
-  def field_names(cls):
+  def field_names(cls) -> tuple[str, ...]:
     """The settings' names (tuple of str), in constructor order."""
     return tuple(f.name for f in dataclasses.fields(cls))
 
 
-def validate_gin_bindings():
+def validate_gin_bindings() -> TrainerOptions:
   """Checks the settings bound in gin for the trainer, without making one.
 
   Reads the unscoped bindings of `trax_revplus.ReversibleSerialTrainer`

@@ -27,7 +27,7 @@ What stays exact (up to float32 summation order):
   * the loss: see `loss_slices`.
 """
 
-from typing import Any
+from typing import Any, Callable
 
 import jax
 from jax import lax
@@ -41,6 +41,8 @@ from trax_revplus.trainer.slice_loop import FLOAT0
 from trax_revplus.trainer.slice_loop import is_float0
 from trax_revplus.trainer.slice_loop import merge
 from trax_revplus.trainer.slice_loop import scan_rows
+from trax_revplus.typing import Array
+from trax_revplus.typing import PyTree
 
 # `state_rows` of a leaf not known per row: per row if its leading axis is
 # a multiple of the batch's rows (rows-major), else shared by all rows.
@@ -90,7 +92,7 @@ class Rows:
     self.scanned = [_split(x, k) for x in self._leaves if not is_float0(x)]
     self._k = k
 
-  def slice(self, scanned):
+  def slice(self, scanned) -> PyTree:
     """The tree of one slice, from its scanned leaves."""
     scanned = list(scanned)
     out = []
@@ -123,7 +125,7 @@ class States:
                     if u is not None]
     self.shared = [x for x, u in zip(leaves, self._used) if u is None]
 
-  def slice(self, scanned, shared=None):
+  def slice(self, scanned, shared=None) -> PyTree:
     """The states of one slice, from its scanned leaves."""
     scanned, shared = list(scanned), list(
         self.shared if shared is None else shared)
@@ -131,13 +133,13 @@ class States:
            for u in self._used]
     return jax.tree_util.tree_unflatten(self._treedef, out)
 
-  def parts(self, states):
+  def parts(self, states: PyTree) -> tuple[list[Array], list[Array]]:
     """(per-row leaves, shared leaves) of a slice's new states."""
     leaves = jax.tree_util.tree_leaves(states)
     return ([x for x, u in zip(leaves, self._used) if u is not None],
             [x for x, u in zip(leaves, self._used) if u is None])
 
-  def join(self, stacked, shared):
+  def join(self, stacked, shared) -> PyTree:
     """The whole new states: the slices' per-row leaves put back together
     (rows beyond the batch's kept), the last slice's shared leaves."""
     stacked, shared = list(stacked), list(shared)
@@ -152,22 +154,23 @@ class States:
     return jax.tree_util.tree_unflatten(self._treedef, out)
 
 
-def n_rows(tree):
+def n_rows(tree: PyTree) -> int:
   """Leading-axis size of the first leaf of `tree` (the rows)."""
   return jax.tree_util.tree_leaves(tree)[0].shape[0]
 
 
-def add(acc, tree):
+def add(acc: PyTree, tree: PyTree) -> PyTree:
   """`acc + tree`, leaf by leaf."""
   return jax.tree_util.tree_map(jnp.add, acc, tree)
 
 
-def zeros(tree):
+def zeros(tree: PyTree) -> PyTree:
   """Zeros shaped as `tree`, leaf by leaf."""
   return jax.tree_util.tree_map(jnp.zeros_like, tree)
 
 
-def forward(fn, k, rows):
+def forward(fn: Callable[..., tuple[PyTree, PyTree]], k: int,
+            rows: PyTree) -> Callable[..., tuple[PyTree, PyTree]]:
   """`fn` (a `Kind.FORWARD` or `Kind.SEGMENT_FORWARD` function) over k
   slices; `rows` is `state_rows` of its state argument."""
   if k == 1:
@@ -188,7 +191,8 @@ def forward(fn, k, rows):
   return sliced
 
 
-def fbo(layer, optimizer, n_devices, adasum, k, rows):
+def fbo(layer, optimizer, n_devices: int, adasum: bool, k: int,
+        rows) -> Callable[..., tuple]:
   """`step_fns.fbo_fn` of a standard layer over k slices."""
   if k == 1:
     return step_fns.fbo_fn(layer, optimizer, n_devices, adasum)
@@ -218,8 +222,8 @@ def fbo(layer, optimizer, n_devices, adasum, k, rows):
   return sliced
 
 
-def segment_reverse(layers, optimizers, n_devices, adasum, k, rows,
-                    in_call=()):
+def segment_reverse(layers, optimizers, n_devices: int, adasum: bool, k: int,
+                    rows, in_call=()) -> Callable[..., tuple]:
   """`step_fns.segment_reverse_fn` over k slices: each slice reversed
   through every layer, last to first; then each layer's update.
 

@@ -12,7 +12,7 @@ set it frees device buffers before the forward pass and after the loss.
 """
 
 import time
-from typing import NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 from trax.fastmath import numpy as jnp
@@ -22,6 +22,10 @@ from trax_revplus.trainer import commit as commit_lib
 from trax_revplus.trainer import observers as observers_lib
 from trax_revplus.trainer import step_run as step_run_lib
 from trax_revplus.trainer import store as store_lib
+from trax_revplus.typing import Array
+from trax_revplus.typing import Batch
+from trax_revplus.typing import PRNGKey
+from trax_revplus.typing import PyTree
 
 
 class TrainerParts(NamedTuple):
@@ -76,7 +80,8 @@ class StepContext(step_run_lib.StepRun):
                        if o is not None]
 
   @classmethod
-  def for_step(cls, planned, step, rng, batch, parts):
+  def for_step(cls, planned, step: int, rng: PRNGKey, batch: Batch,
+               parts: TrainerParts) -> 'StepContext':
     """Places the step and its per-layer RNGs; starts timing phases. The
     batch is placed when the walk begins (`begin`).
 
@@ -136,39 +141,41 @@ class StepContext(step_run_lib.StepRun):
 
   # The units' run on placed arrays.
 
-  def place(self, layers, with_slots):
+  def place(self, layers: list[int],
+            with_slots: bool) -> tuple[list[PyTree], list[PyTree] | None]:
     weights, slots = self._store.params(layers, with_slots)
     if with_slots:
       return self._placement.place_params((weights, slots))
     return self._placement.place_params(weights), None
 
-  def state(self, layers):
+  def state(self, layers: list[int]) -> list[PyTree]:
     return self._placement.per_device(self._store.states(layers))
 
-  def call(self, fn, args):
+  def call(self, fn: Callable[..., Any], args: tuple) -> PyTree:
     return fn(*args)
 
-  def duplicate(self, array):
+  def duplicate(self, array: PyTree) -> PyTree:
     return jnp.copy(array)
 
-  def params(self, unit, following, with_slots):
+  def params(self, unit, following,
+             with_slots: bool) -> tuple[list[PyTree], list[PyTree] | None]:
     params = super().params(unit, following, with_slots)
     self.unit_start_seconds = time.time()
     return params
 
-  def to_host(self, entry):
+  def to_host(self, entry: PyTree) -> placement_lib.WaitingOnHost:
     # Waits for the copy, so that the device buffers go (with the walk's
     # last reference) before the next call is dispatched, as accounted.
     return placement_lib.WaitingOnHost(entry, self._placement.transfers)
 
-  def from_host(self, waiting):
+  def from_host(self, waiting: Any) -> PyTree:
     return waiting.place_back(self._placement.transfers)
 
   def block(self, tree) -> None:
     """Waits for the device arrays in `tree`."""
     self._placement.block(tree)
 
-  def loss_and_stats(self):
+  def loss_and_stats(self) -> tuple[Array, dict[str, Array]]:
     """(loss, stats) as `one_step` returns them."""
     joint_stats = {}
     for i, stat in enumerate(reversed(self.stats)):

@@ -12,6 +12,7 @@ import jax
 import numpy as np
 from trax import layers as tl
 from trax.fastmath import numpy as jnp
+from trax.optimizers import base as optimizer_base
 
 from trax_revplus import memory
 from trax_revplus import placement as placement_lib
@@ -19,6 +20,7 @@ from trax_revplus import validation
 from trax_revplus.trainer import fingerprints
 from trax_revplus.trainer import init
 from trax_revplus.trainer import ties as ties_lib
+from trax_revplus.typing import PyTree
 
 _MIB = 2**20
 
@@ -99,17 +101,18 @@ class LayerStore:
       self.opt_params.append(placed_params[key])
     self._learning_rate = None  # (host value, placed value)
 
-  def block_sizes(self):
+  def block_sizes(self) -> list[int]:
     """Reversible layers per block (list of int)."""
     return [len(revs) for _, revs in self.blocks]
 
-  def params_bytes(self):
+  def params_bytes(self) -> dict[int, int]:
     """dict layer index -> bytes of its weights + slots."""
     return {i: memory.array_bytes(layer.weights) +
                memory.array_bytes(self.optimizers[i].slots)
             for i, layer in enumerate(self.layers)}
 
-  def params(self, indices, with_slots):
+  def params(self, indices: list[int], with_slots: bool
+             ) -> tuple[list[PyTree], list[PyTree] | None]:
     """(weights, slots) of layers `indices`: lists; slots None without
     `with_slots`."""
     weights = [self.layers[i].weights for i in indices]
@@ -117,11 +120,11 @@ class LayerStore:
       return weights, None
     return weights, [self.optimizers[i].slots for i in indices]
 
-  def states(self, indices):
+  def states(self, indices: list[int]) -> list[PyTree]:
     """List of the state of each of layers `indices`."""
     return [self.layers[i].state for i in indices]
 
-  def get(self, i):
+  def get(self, i: int) -> tuple[PyTree, PyTree, PyTree]:
     """(weights, slots, state) of layer i."""
     layer = self.layers[i]
     return layer.weights, self.optimizers[i].slots, layer.state
@@ -132,7 +135,9 @@ class LayerStore:
     self.optimizers[i].slots = slots
     self.layers[i].state = state
 
-  def trax_optimizers(self):
+  def trax_optimizers(self) -> list[tuple[optimizer_base.Optimizer,
+                                          list[optimizer_base.Optimizer]]
+                                    | optimizer_base.Optimizer]:
     """Optimizers in trax's structure: [(std opt, [rev opts]), ..., loss]."""
     structured = []
     k = 0
@@ -163,7 +168,7 @@ class LayerStore:
     for params in self.opt_params:
       params['learning_rate'] = placed
 
-  def keep(self):
+  def keep(self) -> list[PyTree]:
     """Everything held between steps (for safe freeing)."""
     return [[(l.weights, l.state) for l in self.layers],
             [o.slots for o in self.optimizers], self.opt_params,

@@ -32,10 +32,12 @@ standard layers only, which never share a backward call but in the fused
 program, and the planner runs that unsliced where weights are shared.
 """
 
-from typing import NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import jax
 from trax import layers as tl
+
+from trax_revplus.typing import PyTree
 
 
 class Tie(NamedTuple):
@@ -113,7 +115,7 @@ class Ties:
     return self._read_from.get(layer, [])
 
 
-def with_leaves(tree, replacements: dict[int, object]):
+def with_leaves(tree: PyTree, replacements: dict[int, object]) -> PyTree:
   """`tree` with the leaves at the given positions replaced.
 
   Args:
@@ -131,6 +133,6 @@ def with_leaves(tree, replacements: dict[int, object]):
   return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
-def leaf(tree, position: int):
+def leaf(tree: PyTree, position: int) -> Any:
   """Leaf `position` of `tree` (`jax.tree_util.tree_leaves` order)."""
   return jax.tree_util.tree_leaves(tree)[position]

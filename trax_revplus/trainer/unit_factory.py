@@ -17,7 +17,7 @@ from trax_revplus.trainer.units import SelectSegment
 from trax_revplus.trainer.units import StandardUnit
 
 
-def is_permutation(layer):
+def is_permutation(layer) -> bool:
   """Whether `layer` is a reversible layer that only permutes its inputs
   (trax's `ReversibleSelect` with each input once: `ReversibleSwap`)."""
   indices = getattr(layer, '_indices', None)
@@ -63,7 +63,7 @@ class UnitFactory:
     """`slices.Rows` of layers `indices` (how their state splits)."""
     return [slices.state_rows(self._layers[i]) for i in indices]
 
-  def standard(self, i, n_slices=1):
+  def standard(self, i: int, n_slices: int = 1) -> StandardUnit:
     layer, opt = self._layers[i], self._optimizers[i]
     rows = self._rows([i])[0]
     forward_fn = self._compile(
@@ -77,7 +77,8 @@ class UnitFactory:
         self._donated(kind, [i]), n_slices)
     return StandardUnit(i, layer, forward_fn, backward_fn)
 
-  def segment(self, indices, n_slices=1, forward=True):
+  def segment(self, indices: list[int], n_slices: int = 1,
+              forward: bool = True) -> ReversibleSegment | SelectSegment:
     """A `ReversibleSegment`, or a `SelectSegment` where every layer only
     permutes the stack; without `forward` its forward_fn is None."""
     layers = [self._layers[i] for i in indices]
@@ -105,7 +106,7 @@ class UnitFactory:
                                 _variant(n_slices, in_call))
     return ReversibleSegment(indices, layers, forward_fn, backward_fn)
 
-  def loss(self, indices, n_slices=1):
+  def loss(self, indices: list[int], n_slices: int = 1) -> LossUnit:
     """The `LossUnit` of layers `indices` (the loss layer last); the
     reversible layers before the loss recompute their activations in its
     backward pass (`chains.chain_forward_fn`)."""
