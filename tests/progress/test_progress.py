@@ -11,6 +11,7 @@ the printer says so at that step and no other.
 import functools
 import os
 import io
+import json
 
 import numpy as np
 import pytest
@@ -178,3 +179,15 @@ def test_a_resumed_run_reports_the_eval_of_its_checkpoint_step(tmp_path):
   assert fresh.step == 0
   fresh.run(1)
   assert fresh._callbacks[0].summary()['eval_losses'] == []  # pylint: disable=protected-access
+
+
+def test_an_eval_is_kept_before_the_run_ends(tmp_path):
+  """Kept at the next step's beginning, not only by `summary`: a run killed
+  before its end still leaves its evals for the resumed run."""
+  loop = _loop_in(str(tmp_path), io.StringIO())
+  loop.run(3)  # evaluates at step 2; no summary
+  with open(os.path.join(tmp_path, 'eval_losses.json')) as f:
+    kept = json.load(f)['losses']
+  history = loop.history.get('eval', 'metrics/loss')
+  assert [step for step, _ in kept] == [2]
+  assert kept[0][1] == pytest.approx(float(history[-1][1]))

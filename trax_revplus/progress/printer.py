@@ -123,6 +123,7 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
     self._steps_run = 0
     self._compiling_steps = []  # (step, seconds, programs)
     self._recompile_notices = 0
+    self._evals_kept = None  # evals in the Loop's history when last kept
     self._figures = run_stats_lib.StepFigures(
         getattr(loop, '_trainer_per_task', ()))
     CompileCounter.snapshot()  # Listens from now on.
@@ -158,6 +159,11 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
     return True
 
   def on_step_begin(self, step: int) -> None:
+    # trax runs a step's evals after its callbacks: the first point that
+    # sees them is the next step's beginning (and `summary`, after the last).
+    history = self._history_eval_losses()
+    if len(history) != self._evals_kept:
+      self._eval_losses(history, step)
     if self._first_step is None:
       self._first_step = step
     self._step = step
@@ -204,6 +210,21 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
       self._print_line(step)
     if is_last:
       self.write_run_stats()
+
+  def _history_eval_losses(self) -> list[tuple[int, float]]:
+    """(step, loss) of each eval in the Loop's history."""
+    history = getattr(self._loop, 'history', None)
+    return [] if history is None else history.get('eval', 'metrics/loss')
+
+  def _eval_losses(self, history: list[tuple[int, float]],
+                   step: int) -> list[tuple[int, float]]:
+    """`history` merged with the evals kept in the output directory up to
+    `step`, and kept there (`eval_history.merged`), so that an eval survives
+    a run that ends before its next checkpoint."""
+    self._evals_kept = len(history)
+    return eval_history.merged(
+        getattr(self._loop, 'output_dir', None), history, step,
+        write=getattr(self._loop, 'is_chief', True))
 
   def _print(self, line: str) -> None:
     self.lines.append(line)
@@ -311,10 +332,6 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
       self._print_line(self._last_step)
     if self._steps_run:
       self.write_run_stats()
-    history_losses = []
-    history = getattr(self._loop, 'history', None)
-    if history is not None:
-      history_losses = history.get('eval', 'metrics/loss')
     from_step, train_loss = self._last_window
     compiling_seconds = sum(s for _, s, _ in self._compiling_steps)
     plain_steps = self._steps_run - len(self._compiling_steps)
@@ -322,9 +339,7 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
     last_step = self._last_step
     if last_step is None:
       last_step = int(getattr(self._loop, 'step', 0))
-    eval_losses = eval_history.merged(
-        getattr(self._loop, 'output_dir', None), history_losses, last_step,
-        write=getattr(self._loop, 'is_chief', True))
+    eval_losses = self._eval_losses(self._history_eval_losses(), last_step)
     return {
         'last_step': last_step,
         'steps_run': self._steps_run,
