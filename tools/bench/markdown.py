@@ -60,12 +60,13 @@ def _step_time(results):
         f"{_fmt(ra['stock_over_default'], '.2f')} | "
         f"{three('first_step_s', '.1f')} | "
         f"{three('second_step_s', '.1f')} |")
-  failures = [
-      f"- {name}: {t} fails "
-      f"{'to build' if r['failed_at_step'] == 0 else 'at step %d' % r['failed_at_step']}"
-      f": {r['error']}"
-      for name, c in results['configs'].items()
-      for t, r in c.get('timing', {}).items() if r.get('error')]
+  failures = []
+  for name, c in results['configs'].items():
+    for t, r in c.get('timing', {}).items():
+      if r.get('error'):
+        when = ('to build' if r['failed_at_step'] == 0 else
+                f"at step {r['failed_at_step']}")
+        failures.append(f"- {name}: {t} fails {when}: {r['error']}")
   if failures:
     lines += ['', 'Trainers that could not train a config ("-" in the '
               'table):', ''] + failures
