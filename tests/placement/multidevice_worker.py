@@ -17,6 +17,9 @@ Printed (last line of stdout), all differences as max absolute values:
     False, loss_shape: shape of the returned loss,
   max_diff_slices_vs_default_1dev: ours on N devices with batch_slices=2
     (each device's rows in 2 slices) vs trax's default Trainer,
+  max_diff_chunks_vs_default_1dev: ours on N devices with
+    sequence_chunks=2 and batch_slices=2 (the loss layer's tail over 2
+    chunks of the sequence in each slice) vs trax's default Trainer,
   max_diff_fused_vs_default_1dev: ours on N devices running every layer
     in the loss's one program (the plan a budget chooses first where it
     fits; set directly here) vs trax's default Trainer, fused_layers: the
@@ -190,6 +193,7 @@ def main():
                        memory_log_every_n_steps=1)
   adasum, _ = _ours(n, adasum=True)
   sliced, _ = _ours(n, batch_slices=2)
+  chunked, _ = _ours(n, batch_slices=2, sequence_chunks=2)
   fused, _, fused_plan = _ours_and_plan(n, fused=True, compile_ahead=False)
   budgeted, _, budget_plan = _ours_and_plan(
       n, device_memory_budget_bytes=2**30)
@@ -208,6 +212,7 @@ def main():
       'max_diff_vs_ours_1dev': _max_diff(ours_n, ours_1),
       'max_diff_free': _max_diff(ours_n, ours_free),
       'max_diff_slices_vs_default_1dev': _max_diff(sliced, reference),
+      'max_diff_chunks_vs_default_1dev': _max_diff(chunked, reference),
       'max_diff_fused_vs_default_1dev': _max_diff(fused, reference),
       'fused_layers': fused_plan['fused_layers'],
       'max_diff_budget_vs_default_1dev': _max_diff(budgeted, reference),

@@ -45,6 +45,7 @@ def test_n_devices_match_one_device(n_devices):
   assert result['max_diff_vs_ours_1dev'] <= 1e-5, result
   assert result['max_diff_free'] <= 1e-5, result
   assert result['max_diff_slices_vs_default_1dev'] <= 1e-5, result
+  assert result['max_diff_chunks_vs_default_1dev'] <= 1e-5, result
   assert result['max_diff_fused_vs_default_1dev'] <= 1e-5, result
   assert result['fused_layers'] == 5, result  # every layer before the loss
   assert result['max_diff_saved_on_host_vs_default_1dev'] <= 1e-5, result

@@ -62,6 +62,7 @@ def test_candidates_cover_every_dimension():
   assert {p.n_async_layers for p in plans} == {8, 4, 2, 1, 0}
   assert {p.prefetch for p in plans} == {True, False}
   assert {p.saved_on_host for p in plans} == {True, False}
+  assert {p.sequence_chunks for p in plans} == {1, 2}  # length 6
   assert {p.settings()['segment_max_layers'] for p in plans} == {1, 2, 4}
   # Fused first, fewest slices first within each kind of plan.
   assert plans[0].fused_from == 0 and plans[0].batch_slices == 1
@@ -70,8 +71,12 @@ def test_candidates_cover_every_dimension():
   # (fused programs keep none).
   for k in (1, 2, 4):
     kept = [p.saved_on_host for p in plans
-            if p.batch_slices == k and p.fused_from == p.loss]
+            if p.batch_slices == k and p.fused_from == p.loss and
+            p.sequence_chunks == 1]
     assert kept == sorted(kept) and kept[-1], k
+  # Sequence chunks after every plan without.
+  chunked = [p.sequence_chunks > 1 for p in plans]
+  assert chunked == sorted(chunked)
   assert not any(p.saved_on_host for p in plans if p.fused_from == 0)
 
 
@@ -89,7 +94,8 @@ def test_the_planners_bounds_hold():
              for group in candidates.groups()) == least
   for plan, peak in peaks:
     if plan.fused_from == plan.loss:
-      assert peak >= peak_of[candidates.leanest(plan.batch_slices)], plan
+      assert peak >= peak_of[candidates.leanest(
+          plan.batch_slices, plan.sequence_chunks)], plan
   least_plan, least_step = trainer.least_device_memory_of(_BATCH)
   assert least_step.peak_device_bytes == least == peak_of[least_plan]
 
@@ -137,7 +143,10 @@ def test_nothing_fits_names_the_least_budget_and_changes_nothing():
   assert least.peak_device_bytes == need
   kind = ('every layer in the loss program' if least_plan.fused_from == 0
           else 'one layer per call, saved inputs and states on the host')
-  assert f'batch_slices={least_plan.batch_slices} and {kind};' in message
+  chunks = (f', sequence_chunks={least_plan.sequence_chunks}'
+            if least_plan.sequence_chunks > 1 else '')
+  assert (f'batch_slices={least_plan.batch_slices}{chunks} and {kind};'
+          in message)
 
 
 def test_the_plans_weighed_are_accounted_once_the_chosen_marked(
@@ -353,7 +362,8 @@ def test_a_pinned_plan_that_does_not_fit_names_the_setting_to_unpin():
   message = str(e.value)
   assert '\n' not in message
   assert "set batch_slices to 'auto'" in message
-  assert 'with batch_slices=2 and one layer per call' in message
+  assert ('with batch_slices=2, sequence_chunks=2 and one layer per call'
+          in message)
 
 
 def _notices_planning(**settings):

@@ -18,7 +18,7 @@ from trax import shapes
 import trainer_cases as cases
 from trax_revplus import trainer as rev_trainer
 from trax_revplus import validation
-from trax_revplus.trainer import loss_slices
+from trax_revplus.trainer import loss_combination
 
 pytestmark = pytest.mark.usefixtures('stock_trax')
 
@@ -131,7 +131,7 @@ def test_slices_that_do_not_divide_the_rows_stop_before_any_update():
      False),
 ])
 def test_which_losses_combine_over_slices(loss, combines):
-  assert (loss_slices.loss_combination([loss]) is not None) == combines
+  assert (loss_combination.loss_combination([loss]) is not None) == combines
 
 
 def test_combined_slices_give_the_whole_loss_and_its_gradient():
@@ -143,7 +143,7 @@ def test_combined_slices_give_the_whole_loss_and_its_gradient():
   weights = rs.randint(0, 3, size=(4, 5)).astype(np.float32)
   whole, vjp_fn = jax.vjp(lambda x: loss((x, targets, weights)), logits)
   (grad,) = vjp_fn(np.float32(1))
-  combine = loss_slices.loss_combination([loss])
+  combine = loss_combination.loss_combination([loss])
   parts, grads = [], []
   for s in range(2):
     rows = slice(2 * s, 2 * s + 2)

@@ -13,7 +13,11 @@ Every dimension of `plan.StepPlan` that costs device memory is varied:
   prefetch          on, then off;
   saved_on_host     what each unit's forward keeps for its backward waits
                     on the device, then on the host as stock trax keeps it
-                    (unfused plans; the fused program keeps none).
+                    (unfused plans; the fused program keeps none);
+  sequence_chunks   the loss layer's tail over 2, 4, ... 64 chunks of the
+                    sequence (those dividing it; unfused plans, where the
+                    loss layer has a position-wise tail:
+                    `sequence_chunks`), only after every plan without.
 
 The speed model ranks plans without timing them, in this order of
 importance: (1) the fused program first: one call per step, with no host
@@ -47,7 +51,11 @@ program), `backward_segment_max_layers` only backward calls of that length.
 Where layers share weights (`ties.Ties`), the fused program runs unsliced
 only: trax updates the later holder before the earlier one's backward.
 
-Plans are grouped by (1) and (2): the members of a group share their
+Plans in sequence chunks come after all others, fewest chunks first, then
+fewest slices: they only lower the loss call's peak, and cost a loop over
+smaller matrices there.
+
+Plans are grouped by (1), (2) and their chunks: the members of a group share their
 slicing, and the group's leanest member (one layer per call, no copy-back
 depth, no prefetch, saved inputs and states on the host; or its one fused
 program) needs the least memory of the group, so a group whose leanest
@@ -66,6 +74,7 @@ from typing import Iterator
 
 from trax_revplus.trainer import options as options_lib
 from trax_revplus.trainer import plan as plan_lib
+from trax_revplus.trainer import sequence_chunks
 
 SEGMENT_LENGTHS = (1, 2, 4, 8)
 ASYNC_DEPTHS = (4, 2, 1, 0)
@@ -87,17 +96,19 @@ class Group:
     plans: tuple of `plan.StepPlan`, in the speed model's order.
     leanest: the member that needs the least device memory.
     fused_reversible_layers: reversible layers inside the loss program.
+    sequence_chunks: the chunks of the loss layer's tail in every member.
   """
   plans: tuple[plan_lib.StepPlan, ...]
   leanest: plan_lib.StepPlan
   fused_reversible_layers: int
+  sequence_chunks: int = 1
 
 
 class Candidates:
   """The candidate plans of one trainer on one batch's shapes."""
 
   def __init__(self, block_sizes, nbytes, stack_bytes, rows, options,
-               shared_weights=False, layer_kinds=None):
+               shared_weights=False, layer_kinds=None, sequence_length=None):
     """Args:
       block_sizes: list over blocks of their numbers of reversible layers.
       nbytes: dict layer index -> bytes of its weights + slots.
@@ -112,6 +123,9 @@ class Candidates:
       layer_kinds: list by layer index of hashables, equal where two layers
         compute the same thing (they share a compilation,
         `compilation.Compiler.fingerprint_of`); None: every layer its own.
+      sequence_length: int, the sequence the loss layer's tail would run
+        in chunks (`sequence_chunks.tail_length`), or None where it has no
+        such tail.
     """
     self._shared_weights = shared_weights
     self._kinds = layer_kinds
@@ -123,6 +137,14 @@ class Candidates:
       self.slices = [k for k in range(1, rows + 1) if rows % k == 0]
     else:
       self.slices = [options.batch_slices]
+    pinned = self._pinned('sequence_chunks')
+    if pinned is None:
+      self.chunks = sequence_chunks.chunk_counts(sequence_length)
+    else:
+      self.chunks = [pinned] if pinned > 1 else []
+    # Whether plans without chunks are candidates (not where an int > 1 is
+    # pinned).
+    self._unchunked = pinned is None or pinned == 1
 
   def _make(self, **settings):
     settings.setdefault('segment_max_bytes', self._options.segment_max_bytes)
@@ -165,24 +187,27 @@ class Candidates:
     n = self._options.n_async_layers
     return [n] + [d for d in ASYNC_DEPTHS if d < n]
 
-  def _unfused(self, k):
+  def _unfused(self, k, chunks=1):
     plans = [self._make(segment_max_layers=f, backward_segment_max_layers=b,
                         batch_slices=k, n_async_layers=depth,
-                        prefetch=prefetch, saved_on_host=on_host)
+                        prefetch=prefetch, saved_on_host=on_host,
+                        sequence_chunks=chunks)
              for on_host in (False, True)
              for f, b in self._lengths() for depth in self._depths()
              for prefetch in (True, False)]
-    return Group(tuple(plans), self.leanest(k), 0)
+    return Group(tuple(plans), self.leanest(k, chunks), 0, chunks)
 
-  def leanest(self, k) -> plan_lib.StepPlan:
-    """The unfused plan of k slices with the least device memory: one
-    layer per call (or the pinned segment lengths), nothing placed ahead
-    or waiting to be copied back, saved inputs and states on the host."""
+  def leanest(self, k, chunks=1) -> plan_lib.StepPlan:
+    """The unfused plan of k slices (and `chunks` sequence chunks) with the
+    least device memory: one layer per call (or the pinned segment
+    lengths), nothing placed ahead or waiting to be copied back, saved
+    inputs and states on the host."""
     return self._make(
         segment_max_layers=self._usable('segment_max_layers')[0],
         backward_segment_max_layers=self._usable(
             'backward_segment_max_layers')[0],
-        batch_slices=k, n_async_layers=0, prefetch=False, saved_on_host=True)
+        batch_slices=k, n_async_layers=0, prefetch=False, saved_on_host=True,
+        sequence_chunks=chunks)
 
   def may_fuse(self, k) -> bool:
     """Whether the fused program may run over k batch slices."""
@@ -191,6 +216,8 @@ class Candidates:
   def may_run(self, plan: plan_lib.StepPlan) -> bool:
     """Whether `plan` (one kept from an earlier run) is one this trainer
     may run."""
+    if plan.sequence_chunks > 1 and plan.sequence_chunks not in self.chunks:
+      return False
     return plan.fused_from >= plan.loss or self.may_fuse(plan.batch_slices)
 
   def compiled_layers(self, plan: plan_lib.StepPlan) -> int:
@@ -222,16 +249,20 @@ class Candidates:
 
   def groups(self) -> Iterator[Group]:
     """Every group, in the speed model's order."""
-    fused = []
-    if self._pinned('segment_max_layers') is None:
-      fused = [self._fused(k) for k in self.slices if self.may_fuse(k)]
-    unfused = [self._unfused(k) for k in self.slices]
-    if fused and self.fused_compiles_cheaply():
-      yield from fused
-      yield from unfused
-    else:
-      yield from unfused
-      yield from fused
+    if self._unchunked:
+      fused = []
+      if self._pinned('segment_max_layers') is None:
+        fused = [self._fused(k) for k in self.slices if self.may_fuse(k)]
+      unfused = [self._unfused(k) for k in self.slices]
+      if fused and self.fused_compiles_cheaply():
+        yield from fused
+        yield from unfused
+      else:
+        yield from unfused
+        yield from fused
+    for chunks in self.chunks:
+      for k in self.slices:
+        yield self._unfused(k, chunks)
 
   def lower_bound_bytes(self, group, n_devices) -> int:
     """Bytes per device every plan of `group` holds, known without

@@ -1,27 +1,24 @@
-"""The loss program over batch slices: how slices of a loss combine.
+"""The loss program over batch slices and sequence chunks.
 
-trax's weighted means (`WeightedCategoryCrossEntropy`,
-`WeightedCategoryAccuracy`, `CrossEntropyLoss`,
-`CrossEntropyLossWithLogSoftmax`, `L2Loss`, `SmoothL1Loss`) are combined by
-their weight sums, sum_s mean_s * den(w_s) / den(w), with the layer's own
-denominator, and weighted sums (`WeightedSum`, `CrossEntropySum`) by adding,
-where the loss's weights are the deepest stack item it reads, untouched by
-the layers before it. Any other loss layer runs on the whole batch
-(`loss_combination` is None; the planner accounts its unsliced program).
+Slices of a loss combine as `loss_combination.loss_combination` says; a
+loss whose slices cannot be combined runs on the whole batch (the planner
+accounts its unsliced program). The loss layer's own program may also run
+its tail over chunks of the sequence (`sequence_chunks`).
 """
 
-from typing import Any, Callable
+from typing import Callable
 
 from jax import lax
 from jax import numpy as jnp
 from trax import fastmath
-from trax.layers import metrics as trax_metrics
 
 from trax_revplus.trainer import chains
 from trax_revplus.trainer import fused_fns
+from trax_revplus.trainer import sequence_chunks
 from trax_revplus.trainer import slice_loop
 from trax_revplus.trainer import slices
 from trax_revplus.trainer import step_fns
+from trax_revplus.trainer.loss_combination import loss_combination
 from trax_revplus.trainer.slices import add
 from trax_revplus.trainer.slices import n_rows
 from trax_revplus.trainer.slices import Rows
@@ -29,71 +26,24 @@ from trax_revplus.trainer.slices import States
 from trax_revplus.trainer.slices import zeros
 
 
-def _per_core_weights(w):
-  return trax_metrics._n_weights_per_core(w)  # pylint: disable=protected-access
+def vjp_grads(loss_fn) -> Callable[..., tuple]:
+  """`(x, weights, states, factor) -> (loss, grads_inputs, grads_weights,
+  new_states)` of `loss_fn(x, weights, states) -> (loss, new_states)`, its
+  loss times `factor`, differentiated whole (`fastmath.vjp`)."""
+  def grads(x, weights, states, factor):
+    def scaled(x_, w_):
+      loss, new_s = loss_fn(x_, w_, states)
+      return loss * factor.astype(loss.dtype), new_s
+    loss, vjp_fn, new_s = fastmath.vjp(scaled, x, weights, has_aux=True)
+    grads_inputs, grads_weights = vjp_fn(jnp.ones((), dtype=loss.dtype))
+    return loss, grads_inputs, grads_weights, new_s
+  return grads
 
 
-# Final loss layers (by trax's layer name) that are weighted means, with the
-# denominator they divide by.
-_WEIGHTED_MEANS = {
-    'WeightedCategoryCrossEntropy': _per_core_weights,
-    'WeightedCategoryAccuracy': _per_core_weights,
-    '_WeightedMean': _per_core_weights,
-    'L2Loss': jnp.sum,
-    'SmoothL1Loss': jnp.sum,
-}
-_WEIGHTED_SUMS = frozenset({'WeightedSum'})
-# trax loss parts that mix rows (a dot product over the batch).
-_MIXING_ROWS = frozenset({'_BinaryCrossEntropy'})
-
-
-def _leaves(layer):
-  """`layer` flattened through `tl.Serial`s (reversible layers stay whole)."""
-  if type(layer).__name__ == 'Serial' and layer.sublayers:
-    return [leaf for sub in layer.sublayers for leaf in _leaves(sub)]
-  return [layer]
-
-
-def loss_combination(layers) -> Callable[[Any], Any] | None:
-  """How slices of a loss program combine, or None if they cannot.
-
-  Args:
-    layers: the layers of the loss program, in forward order (the loss
-      layer last).
-
-  Returns:
-    None where the loss is not a known weighted mean or sum of its
-    weights' rows, or its weights are not the deepest stack item the
-    program reads, untouched by the layers before the final one; else a
-    function `(slice weights, all weights) -> factor` such that the loss
-    is the sum over slices of factor times the loss on the slice.
-  """
-  flat = [leaf for layer in layers for leaf in _leaves(layer)]
-  if any(leaf.name in _MIXING_ROWS for leaf in flat):
-    return None
-  final = flat[-1]
-  if final.name in _WEIGHTED_SUMS:
-    den = None
-  elif final.name in _WEIGHTED_MEANS:
-    den = _WEIGHTED_MEANS[final.name]
-  else:
-    return None
-  depth = chains.chain_depth(flat)
-  for layer in flat[:-1]:
-    if layer.n_in > depth - 1:
-      return None
-    depth += layer.n_out - layer.n_in
-  if final.n_in != depth:
-    return None
-  if den is None:
-    return lambda w_slice, w_all: jnp.ones((), jnp.float32)
-  return lambda w_slice, w_all: den(w_slice) / den(w_all)
-
-
-def _sliced_loss(loss_fn, combine, k, inputs, weights, states, rows):
-  """Runs `loss_fn(x, weights, states) -> (loss, new_states)` over k slices
-  of `inputs`, each loss scaled by `combine`; returns (loss,
-  grads_inputs, grads_weights, new_states)."""
+def _sliced_loss(grads_fn, combine, k, inputs, weights, states, rows):
+  """Runs `grads_fn` (as `vjp_grads` returns) over k slices of `inputs`,
+  each loss scaled by `combine`; returns (loss, grads_inputs,
+  grads_weights, new_states)."""
   st = States(states, rows, n_rows(inputs), k)
   xs = Rows(inputs, k)
   loss_weights = inputs[-1]
@@ -107,13 +57,8 @@ def _sliced_loss(loss_fn, combine, k, inputs, weights, states, rows):
     # swapped for ones so that its own mean stays finite.
     safe = jnp.where(factor > 0, x[-1], jnp.ones_like(x[-1]))
     x = tuple(x[:-1]) + (safe,)
-    s = st.slice(state_rows_)
-
-    def scaled(x_, w_):
-      loss, new_s = loss_fn(x_, w_, s)
-      return loss * factor.astype(loss.dtype), new_s
-    loss, vjp_fn, new_s = fastmath.vjp(scaled, x, weights, has_aux=True)
-    grads_inputs, grads_weights = vjp_fn(jnp.ones((), dtype=loss.dtype))
+    loss, grads_inputs, grads_weights, new_s = grads_fn(
+        x, weights, st.slice(state_rows_), factor)
     per_row, new_shared = st.parts(new_s)
     return (add(acc, grads_weights), new_shared), (loss, grads_inputs,
                                                     per_row)
@@ -124,21 +69,49 @@ def _sliced_loss(loss_fn, combine, k, inputs, weights, states, rows):
           st.join(per_row, shared))
 
 
-def loss_fbo(layer, optimizer, n_devices: int, adasum: bool,
-             k: int) -> Callable[..., tuple]:
-  """`step_fns.fbo_fn` of the loss layer (`Kind.LOSS`) over k slices where
-  `loss_combination` allows; unsliced otherwise."""
-  combine = loss_combination([layer]) if k > 1 else None
+def _loss_and_grads(grads_fn, combine, k, inputs, weights, state, rows):
+  """`grads_fn` over k slices where `combine` allows, else whole."""
   if combine is None:
+    return grads_fn(inputs, weights, state, jnp.ones((), jnp.float32))
+  return _sliced_loss(grads_fn, combine, k, inputs, weights, state, rows)
+
+
+def loss_fbo(layer, optimizer, n_devices: int, adasum: bool, k: int,
+             chunks: int = 1) -> Callable[..., tuple]:
+  """`step_fns.fbo_fn` of the loss layer (`Kind.LOSS`) over k slices where
+  `loss_combination` allows (unsliced otherwise), its tail over `chunks`
+  chunks of the sequence (`sequence_chunks`).
+
+  Raises:
+    ValueError: chunks > 1 and the loss layer has no tail that can run in
+      chunks (`sequence_chunks.tail_start`).
+  """
+  if chunks > 1 and sequence_chunks.tail_start(layer) is None:
+    raise ValueError(f'sequence_chunks = {chunks}: the loss layer '
+                     f'{layer.name} has no position-wise tail to run in '
+                     f'chunks.')
+  combine = loss_combination([layer]) if k > 1 else None
+  if combine is None and chunks == 1:
     return step_fns.fbo_fn(layer, optimizer, n_devices, adasum, 'loss')
   update = step_fns.update_fn(optimizer, n_devices, adasum)
   rows = slices.state_rows(layer)
 
   def sliced(inputs, weights, grads, state, slots, opt_params, rng, step):
     del grads  # The loss's cotangent is 1.
-    loss, grads_inputs, grads_weights, new_state = _sliced_loss(
-        lambda x, w, s: layer.pure_fn(x, w, s, rng), combine, k, inputs,
-        weights, state, rows)
+    if sequence_chunks.in_place(layer, inputs, state):
+      # The whole loss layer is its tail: slices and chunks as pieces of
+      # one loop, in place.
+      loss, grads_inputs, grads_weights, new_state = (
+          sequence_chunks.pieces_grads(layer, k if combine else 1, chunks,
+                                       rng)(inputs, weights, state))
+    elif chunks > 1:
+      loss, grads_inputs, grads_weights, new_state = _loss_and_grads(
+          sequence_chunks.chunked_grads(layer, chunks, rng), combine, k,
+          inputs, weights, state, rows)
+    else:
+      loss, grads_inputs, grads_weights, new_state = _sliced_loss(
+          vjp_grads(lambda x, w, s: layer.pure_fn(x, w, s, rng)), combine,
+          k, inputs, weights, state, rows)
     new_weights, new_slots, stats = update(grads_weights, weights, slots,
                                            opt_params, step)
     stats = dict(stats)
@@ -170,8 +143,8 @@ def fused_loss(layers, optimizers, n_devices: int, adasum: bool, k: int,
 
   def sliced(inputs, weights, states, slots, opt_params, rngs, step):
     loss, grads_inputs, grads_weights, new_states = _sliced_loss(
-        lambda x, ws, ss: forward(x, ws, ss, rngs), combine, k, inputs,
-        weights, states, rows)
+        vjp_grads(lambda x, ws, ss: forward(x, ws, ss, rngs)), combine, k,
+        inputs, weights, states, rows)
     return fused_fns.apply_updates(updates, grads_weights, weights, slots,
                                   opt_params, step, new_states, grads_inputs,
                                   loss)

@@ -25,6 +25,7 @@ DEVICE = 'device'
 # What segment_max_layers and batch_slices = 'auto' mean without a budget.
 UNPLANNED_SEGMENT_MAX_LAYERS = 8
 UNPLANNED_BATCH_SLICES = 1
+UNPLANNED_SEQUENCE_CHUNKS = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,6 +147,20 @@ class TrainerOptions:
     memory_log_first_steps: int >= 0, steps at the start of each process
       that are recorded too (each waits for its phases to finish, so they
       run slower than unrecorded steps).
+    sequence_chunks: 'auto' (default) or int k >= 1. The loss layer's tail
+      (its last layers that act on each position alone, and the loss: for
+      trax's ReformerLM the concatenation, LayerNorm, Dropout, the Dense to
+      the vocabulary and the cross-entropy) runs over k equal chunks of
+      the sequence, one after the other, inside the loss layer's own
+      program (`trainer.sequence_chunks`, which lists the layers it
+      recognises): its temporaries, which for long sequences and large
+      vocabularies set the step's peak, shrink about k-fold. Exact up to
+      float32 summation order; with dropout in the tail, chunk j draws
+      with its layer's RNG of the step folded with j. k must divide the
+      sequence length, and the model's loss layer must have such a tail.
+      'auto': the planner's choice under a device memory budget (chunks
+      only where no plan without them fits), `UNPLANNED_SEQUENCE_CHUNKS`
+      (none) without one; an int pins it.
   """
   n_async_layers: int = 8
   memory_log_every_n_steps: int = 100
@@ -164,6 +179,7 @@ class TrainerOptions:
   device_memory_budget_bytes: int | str | None = AUTO
   memory_log_first_steps: int = FIRST_STEPS_RECORDED
   batch_slices: int | str = AUTO
+  sequence_chunks: int | str = AUTO
 
   def __post_init__(self):
     """Checks every setting; ints are stored as Python ints.
@@ -208,6 +224,10 @@ class TrainerOptions:
       _check_int(self, 'batch_slices', 1,
                  allowed=f"an int >= 1 that divides each device's rows of "
                          f"the batch (1: no slices) or '{AUTO}'")
+    if self.sequence_chunks != AUTO:
+      _check_int(self, 'sequence_chunks', 1,
+                 allowed=f"an int >= 1 that divides the sequence length (1: "
+                         f"no chunks) or '{AUTO}'")
 
   @classmethod
   def of(cls, settings: Mapping[str, Any]) -> 'TrainerOptions':
@@ -233,13 +253,15 @@ class TrainerOptions:
     return cls(**settings)
 
   def unplanned(self, name: str) -> int:
-    """Setting `name` (segment_max_layers or batch_slices) as a step
-    without a budget runs it: 'auto' resolved to its unplanned value."""
+    """Setting `name` (segment_max_layers, batch_slices or
+    sequence_chunks) as a step without a budget runs it: 'auto' resolved
+    to its unplanned value."""
     value = getattr(self, name)
     if value != AUTO:
       return value
     return {'segment_max_layers': UNPLANNED_SEGMENT_MAX_LAYERS,
-            'batch_slices': UNPLANNED_BATCH_SLICES}[name]
+            'batch_slices': UNPLANNED_BATCH_SLICES,
+            'sequence_chunks': UNPLANNED_SEQUENCE_CHUNKS}[name]
 
   @classmethod
   def field_names(cls) -> tuple[str, ...]:

@@ -22,7 +22,10 @@ step's speed or device memory but never its result:
                   standard layer's inputs and new state, a reversible
                   layer's old and new state) waits: on the device, or on
                   the host as stock trax's `one_step` keeps it (`tl.on_cpu`),
-                  placed back just before the unit's backward.
+                  placed back just before the unit's backward;
+  sequence_chunks the loss layer's position-wise tail (its last layers and
+                  the loss) runs over k chunks of the sequence, one after
+                  the other (`sequence_chunks`).
 
 A plan is data, made before a step and never changed by it; `units` compiles
 it and `planner` chooses it. The rules here build one from the trainer's
@@ -78,6 +81,10 @@ class StepPlan:
       False keeps it on the device. It costs one copy each way per unit
       and a wait for each forward call, and holds none of it on the device
       in between.
+    sequence_chunks: int k >= 1; the loss layer's own program (`fused_from`
+      equal to `loss` where k > 1) runs its position-wise tail over k equal
+      chunks of the sequence (`sequence_chunks`): its temporaries (the
+      logits and their cotangents) shrink about k-fold.
   """
   blocks: tuple[tuple[int, tuple[Segment, ...]], ...]
   loss: int
@@ -87,10 +94,14 @@ class StepPlan:
   n_async_layers: int = 8
   prefetch: bool = True
   saved_on_host: bool = False
+  sequence_chunks: int = 1
 
   def __post_init__(self):
     if self.fused_from is None:
       object.__setattr__(self, 'fused_from', self.loss)
+    if self.sequence_chunks > 1 and self.fused_from != self.loss:
+      raise ValueError('sequence chunks run the loss layer\'s own program; '
+                       'no layer may be fused into it.')
     missing = [s for s in self.forward_segments() if s not in self.backward]
     if missing:
       raise ValueError(f'backward split of segments {missing} not decided.')
@@ -152,12 +163,13 @@ class StepPlan:
         'n_async_layers': self.n_async_layers,
         'prefetch': self.prefetch,
         'saved_on_host': self.saved_on_host,
+        'sequence_chunks': self.sequence_chunks,
     }
 
   def describe(self) -> str:
     """One line, e.g. 'segment_max_layers=8, backward_segment_max_layers=2,
     batch_slices=1, fused_layers=0, n_async_layers=8, prefetch=True,
-    saved_on_host=False, 9 calls per step'."""
+    saved_on_host=False, sequence_chunks=1, 9 calls per step'."""
     settings = ', '.join(f'{k}={v}' for k, v in self.settings().items())
     return f'{settings}, {self.n_calls} calls per step'
 
@@ -225,7 +237,8 @@ def make_plan(block_sizes: Sequence[int], nbytes: Mapping[int, int],
               segment_max_bytes: int, backward_segment_max_layers,
               batch_slices: int = 1, fused_from: int | None = None,
               n_async_layers: int = 8, prefetch: bool = True,
-              saved_on_host: bool = False) -> StepPlan:
+              saved_on_host: bool = False,
+              sequence_chunks: int = 1) -> StepPlan:
   """The plan of a trainer's blocks for given settings.
 
   Args:
@@ -238,7 +251,7 @@ def make_plan(block_sizes: Sequence[int], nbytes: Mapping[int, int],
     segment_max_layers, segment_max_bytes, backward_segment_max_layers,
       batch_slices, n_async_layers: as `options.TrainerOptions`.
     fused_from: int or None (nothing fused), see `StepPlan.fused_from`.
-    prefetch, saved_on_host: see `StepPlan`.
+    prefetch, saved_on_host, sequence_chunks: see `StepPlan`.
 
   Returns:
     `StepPlan`, every backward split decided.
@@ -258,7 +271,8 @@ def make_plan(block_sizes: Sequence[int], nbytes: Mapping[int, int],
   return StepPlan(blocks=tuple(blocks), loss=k, backward=backward,
                   batch_slices=batch_slices, fused_from=fused_from,
                   n_async_layers=n_async_layers, prefetch=prefetch,
-                  saved_on_host=saved_on_host)
+                  saved_on_host=saved_on_host,
+                  sequence_chunks=sequence_chunks)
 
 
 def configured_plan(block_sizes, nbytes, stack_bytes,
@@ -271,4 +285,5 @@ def configured_plan(block_sizes, nbytes, stack_bytes,
       segment_max_bytes=options.segment_max_bytes,
       backward_segment_max_layers=options.backward_segment_max_layers,
       batch_slices=options.unplanned('batch_slices'),
-      n_async_layers=options.n_async_layers)
+      n_async_layers=options.n_async_layers,
+      sequence_chunks=options.unplanned('sequence_chunks'))

@@ -14,6 +14,7 @@ The planner keeps one search per batch's shapes, so the least named when
 nothing fits and the least `estimate` prints are one answer.
 """
 
+import dataclasses
 from typing import Callable
 
 from trax_revplus import device_memory
@@ -44,6 +45,7 @@ class PlanSearch:
     self._bounds = [candidates.lower_bound_bytes(group, n_devices)
                     for group in self._groups]
     self._weigh = weigh
+    self._weighed = {}  # plan -> StepMemory, of the plans weighed here
     self._least = None
     self.faster_plans_need_bytes = None
 
@@ -63,13 +65,14 @@ class PlanSearch:
     excluded = []  # bytes that excluded each faster plan or group
 
     def fits(plan: plan_lib.StepPlan) -> bool:
-      peak = self._weigh(plan).peak_device_bytes
+      peak = self._memory(plan).peak_device_bytes
       if peak > budget_bytes:
         excluded.append(peak)
       return peak <= budget_bytes
 
     found = None
     for group, bound in zip(self._groups, self._bounds):
+      bound = max(bound, self._chunks_bound(group))
       if bound > budget_bytes:
         excluded.append(bound)
         continue
@@ -85,27 +88,59 @@ class PlanSearch:
     self.faster_plans_need_bytes = min(excluded, default=None)
     return found
 
+  def _memory(self, plan):
+    if plan not in self._weighed:
+      self._weighed[plan] = self._weigh(plan)
+    return self._weighed[plan]
+
+  def _chunks_bound(self, group) -> int:
+    """Bytes every plan of a group in sequence chunks holds at least: the
+    largest call but the loss call of its leanest plan without chunks
+    (chunks change the loss call alone), where that plan was weighed;
+    else 0."""
+    if group.sequence_chunks == 1:
+      return 0
+    unchunked = self._weighed.get(
+        dataclasses.replace(group.leanest, sequence_chunks=1))
+    if unchunked is None:
+      return 0
+    return max((c.device_bytes for c in unchunked.calls
+                if c.phase != 'loss'), default=0)
+
   def least(self) -> tuple[plan_lib.StepPlan, device_memory.StepMemory]:
     """(plan, StepMemory) of the group leanest plan, fused or unfused, with
     the least peak (ties: the first in the speed model's order).
 
     The unfused ones are weighed first; a fused one whose lower bound
     (`Candidates.lower_bound_bytes`) is above the least peak found so far
-    cannot need less, and is not compiled.
+    cannot need less, and is not compiled. Of the groups in sequence
+    chunks, only those with the most chunks of their slicing are weighed
+    (more chunks hold less: each chunk's temporaries shrink with its
+    length, and nothing else the step holds changes), and only where the
+    calls they do not change (all but the loss call) leave room below the
+    least found (`_chunks_bound`).
 
     Raises:
       As `weigh`.
     """
     if self._least is None:
       groups = self._groups
-      order = sorted(range(len(groups)),
-                     key=lambda i: bool(groups[i].fused_reversible_layers))
+      most = {}  # batch slices -> most sequence chunks of its groups
+      for group in groups:
+        k = group.leanest.batch_slices
+        most[k] = max(most.get(k, 1), group.sequence_chunks)
+      order = sorted(
+          (i for i, group in enumerate(groups)
+           if group.sequence_chunks in (1, most[group.leanest.batch_slices])),
+          key=lambda i: bool(groups[i].fused_reversible_layers))
       found = {}  # group index -> StepMemory of its leanest plan
       for i in order:
         least = min((s.peak_device_bytes for s in found.values()),
                     default=None)
-        if least is None or self._bounds[i] <= least:
-          found[i] = self._weigh(groups[i].leanest)
+        chunks_bound = self._chunks_bound(groups[i])
+        if least is None or (self._bounds[i] <= least and
+                             chunks_bound < least):
+          found[i] = self._memory(groups[i].leanest)
       i = min(found, key=lambda i: (found[i].peak_device_bytes, i))
       self._least = (groups[i].leanest, found[i])
     return self._least

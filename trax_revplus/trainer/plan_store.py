@@ -30,7 +30,7 @@ from trax_revplus import output_files
 from trax_revplus.trainer import plan as plan_lib
 
 FILENAME = 'plans.json'
-FORMAT = 'trax_revplus plans 3'
+FORMAT = 'trax_revplus plans 4'
 
 
 def _version(distribution: str) -> str:
@@ -80,6 +80,7 @@ def plan_to_json(plan: plan_lib.StepPlan) -> dict:
       'n_async_layers': plan.n_async_layers,
       'prefetch': plan.prefetch,
       'saved_on_host': plan.saved_on_host,
+      'sequence_chunks': plan.sequence_chunks,
   }
 
 
@@ -101,7 +102,8 @@ def plan_from_json(data: Mapping[str, Any]) -> plan_lib.StepPlan:
       fused_from=int(data['fused_from']),
       n_async_layers=int(data['n_async_layers']),
       prefetch=bool(data['prefetch']),
-      saved_on_host=bool(data['saved_on_host']))
+      saved_on_host=bool(data['saved_on_host']),
+      sequence_chunks=int(data['sequence_chunks']))
 
 
 def _digest(entry: Mapping[str, Any]) -> str:

@@ -33,6 +33,7 @@ from trax_revplus.trainer import overrides
 from trax_revplus.trainer import plan as plan_lib
 from trax_revplus.trainer import plan_search as plan_search_lib
 from trax_revplus.trainer import plan_store as plan_store_lib
+from trax_revplus.trainer import sequence_chunks
 from trax_revplus.trainer import stack_bytes as stack_bytes_lib
 from trax_revplus.trainer import units as units_lib
 from trax_revplus.trainer import weighing as weighing_lib
@@ -103,6 +104,7 @@ class Planner:
     self._programs = walk_lib.Programs()
     self._weighings = {}  # batch_key -> weighing.Weighing
     self._searches = {}  # batch_key -> plan_search.PlanSearch
+    self._traces = {}  # batch_key -> stack_bytes.trace
     self.least = None
     self.plan_store = None
 
@@ -116,6 +118,9 @@ class Planner:
     Raises:
       validation.BatchSlicesError: batch_slices does not divide each
         device's rows.
+      validation.SequenceChunksError: sequence_chunks set to an int > 1
+        where the loss layer has no tail to chunk, or that does not divide
+        its sequence length.
       DeviceMemoryBudgetError: under a budget, no plan fits it, or the
         step cannot be accounted here.
     """
@@ -157,7 +162,8 @@ class Planner:
     return candidates_lib.Candidates(
         self._store.block_sizes(), self._store.params_bytes(),
         self._stack_bytes(types), self._rows(types), self._options,
-        bool(self._store.ties), self._layer_kinds())
+        bool(self._store.ties), self._layer_kinds(),
+        self._tail_length(types))
 
   def _layer_kinds(self):
     if self._fingerprint_of is None:
@@ -168,6 +174,9 @@ class Planner:
     options = self._options
     validation.check_batch_slices(options.unplanned('batch_slices'),
                                   self._rows(types))
+    validation.check_sequence_chunks(
+        options.unplanned('sequence_chunks'), self._tail_length(types),
+        self._store.layers[-1].name)
     if self.budget_bytes is not None:
       return self._plan_under_budget(key, types)
     return self._configured(types)
@@ -250,11 +259,24 @@ class Planner:
       self._weighings[key] = weighing_lib.Weighing(self.budget_bytes)
     return self._weighings[key]
 
+  def _trace(self, types):
+    """`stack_bytes.trace` of `types`' stack, once per batch's shapes."""
+    key = batch_key(types.stack)
+    if key not in self._traces:
+      self._traces[key] = stack_bytes_lib.trace(
+          self._store, types.stack, self._placement.n_devices)
+    return self._traces[key]
+
   def _stack_bytes(self, types):
     """Per block, the bytes of the stack items its reversible layers read
-    (`stack_bytes.stack_bytes`)."""
-    return stack_bytes_lib.stack_bytes(self._store, types.stack,
-                                       self._placement.n_devices)
+    (`stack_bytes.trace`)."""
+    return self._trace(types)[0]
+
+  def _tail_length(self, types):
+    """The sequence length of the loss layer's tail's inputs, or None where
+    it has no tail to run in chunks (`sequence_chunks.tail_length`)."""
+    return sequence_chunks.tail_length(self._store.layers[-1],
+                                       self._trace(types)[1])
 
   def account(self, plan, units, types) -> device_memory.StepMemory:
     """Compiles `units` ahead and composes the step's device memory.
@@ -313,11 +335,14 @@ class Planner:
     budget = self.budget_bytes
     need = step.peak_device_bytes
     pinned = [name for name in ('segment_max_layers', 'batch_slices',
-                                'backward_segment_max_layers')
+                                'backward_segment_max_layers',
+                                'sequence_chunks')
               if getattr(self._options, name) != options_lib.AUTO]
     unpin = (f", set {' and '.join(pinned)} to 'auto'" if pinned else '')
     layers = plan.settings()['segment_max_layers']
     fused = plan.loss - plan.fused_from
+    chunks = (f', sequence_chunks={plan.sequence_chunks}'
+              if plan.sequence_chunks > 1 else '')
     how = ('every layer in the loss program' if fused else
            f'{"one layer" if layers <= 1 else f"{layers} layers"} per call, '
            f'saved inputs and states on the host')
@@ -325,7 +350,7 @@ class Planner:
         f'no plan fits device_memory_budget_bytes={budget} '
         f'({budget / 2**20:.1f} MiB) on this batch: the least needs {need} '
         f'bytes ({need / 2**20:.1f} MiB), with batch_slices='
-        f'{plan.batch_slices} and {how}; set '
+        f'{plan.batch_slices}{chunks} and {how}; set '
         f'{options_lib.GIN_CONFIGURABLE}.device_memory_budget_bytes >= '
         f'{need}{unpin}, or use a shorter sequence or a smaller batch.')
 

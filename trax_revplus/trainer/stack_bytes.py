@@ -1,8 +1,10 @@
-"""The bytes of the stack each block's reversible layers read, from types.
+"""The stack's types through the blocks: the bytes each block's reversible
+layers read, and the loss layer's inputs.
 
 `backward_segment_max_layers='auto'` and the fused program's lower bound
-(`candidates`) read them: a block whose reversible layers pass on less than
-`plan.ACTIVATION_BOUND_BYTES` is compiler-bound, not activation-bound.
+(`candidates`) read the bytes: a block whose reversible layers pass on less
+than `plan.ACTIVATION_BOUND_BYTES` is compiler-bound, not activation-bound.
+Sequence chunks (`sequence_chunks.tail_length`) read the loss's inputs.
 """
 
 from absl import logging
@@ -19,7 +21,13 @@ from trax_revplus.typing import PyTree
 
 def stack_bytes(store, stack_types: PyTree, n_devices: int) -> list[int]:
   """Per block, the bytes (all devices) of the stack items its reversible
-  layers read and write.
+  layers read and write: `trace(...)[0]`."""
+  return trace(store, stack_types, n_devices)[0]
+
+
+def trace(store, stack_types: PyTree,
+          n_devices: int) -> tuple[list[int], PyTree | None]:
+  """The stack's types through every block, from the batch's.
 
   The stack's types come from `jax.eval_shape` of every layer's forward on
   one device's rows, in order; where they cannot be known so, every block
@@ -34,7 +42,10 @@ def stack_bytes(store, stack_types: PyTree, n_devices: int) -> list[int]:
     n_devices: int N, devices the batch is sharded over.
 
   Returns:
-    list over blocks of int bytes.
+    (list over blocks of int bytes: the stack items each block's
+    reversible layers read, all devices; the loss layer's input stack
+    items as `jax.ShapeDtypeStruct`s on one device, or None where the
+    types could not be traced).
   """
   per_device = lambda x: jax.ShapeDtypeStruct(
       x.shape[1:] if n_devices > 1 else x.shape, x.dtype)
@@ -60,5 +71,6 @@ def stack_bytes(store, stack_types: PyTree, n_devices: int) -> list[int]:
   except Exception as e:  # pylint: disable=broad-except
     logging.info('the stack\'s types could not be traced (%s); every block '
                  'counts as activation-bound.', e)
-    return [plan_lib.ACTIVATION_BOUND_BYTES] * len(store.blocks)
-  return out
+    return [plan_lib.ACTIVATION_BOUND_BYTES] * len(store.blocks), None
+  loss = store.layers[-1]
+  return out, cb.inputs_from_stack(stack, loss.n_in)

@@ -106,18 +106,32 @@ class UnitFactory:
                                 _variant(n_slices, in_call))
     return ReversibleSegment(indices, layers, forward_fn, backward_fn)
 
-  def loss(self, indices: list[int], n_slices: int = 1) -> LossUnit:
+  def loss(self, indices: list[int], n_slices: int = 1,
+           chunks: int = 1) -> LossUnit:
     """The `LossUnit` of layers `indices` (the loss layer last); the
     reversible layers before the loss recompute their activations in its
-    backward pass (`chains.chain_forward_fn`)."""
+    backward pass (`chains.chain_forward_fn`). `chunks`: the loss layer's
+    tail over that many chunks of the sequence (`sequence_chunks`; the
+    loss layer alone only).
+
+    Raises:
+      ValueError: chunks > 1 with layers fused into the loss program, or a
+        loss layer with no tail to chunk.
+    """
     layers = [self._layers[i] for i in indices]
     optimizers = [self._optimizers[i] for i in indices]
     depth = chains.chain_depth(layers)
     variant = n_slices
+    if chunks > 1 and len(indices) > 1:
+      raise ValueError(f'sequence_chunks = {chunks} runs the loss layer\'s '
+                       f'own program in chunks; {len(indices) - 1} layers '
+                       f'are fused into it.')
     if len(indices) == 1:
       kind = Kind.LOSS
       fn = loss_slices.loss_fbo(layers[0], optimizers[0], self._n_devices,
-                           self._adasum, n_slices)
+                                self._adasum, n_slices, chunks)
+      if chunks > 1:
+        variant = (n_slices, 'sequence_chunks', chunks)
     else:
       kind = Kind.FUSED_LOSS
       in_call = self._ties.in_call(indices)

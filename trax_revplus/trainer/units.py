@@ -286,7 +286,7 @@ class Units:
              for s in split])
     self.backward_units.reverse()
     self.loss_unit = factory.loss(list(range(plan.fused_from, plan.loss + 1)),
-                                  plan.batch_slices)
+                                  plan.batch_slices, plan.sequence_chunks)
 
   def forward(self, run: step_run_lib.StepRun) -> None:
     """The forward pass: `run.stack` through every forward unit."""

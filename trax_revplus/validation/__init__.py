@@ -12,6 +12,9 @@ surfaces at step 0 instead of deep inside JAX tracing or hours into a run:
   BatchSizeError         a batch's leading axis does not divide over devices.
   SequenceLengthError    the batch's sequence axis does not fit the model's
                          positional encodings (`max_len`).
+  SequenceChunksError    `sequence_chunks` cannot split the loss layer's
+                         tail (it has none, or the count does not divide
+                         its sequence length).
   TrainerOptionError     a setting of `ReversibleSerialTrainer` beyond
                          trax's (gin `trax_revplus.ReversibleSerialTrainer.
                          <name>`) is out of its range.
@@ -38,6 +41,7 @@ from trax_revplus.validation.blocks import check_sequence_length
 from trax_revplus.validation.blocks import standard_layer_list
 from trax_revplus.validation.devices import check_batch
 from trax_revplus.validation.devices import check_batch_slices
+from trax_revplus.validation.devices import check_sequence_chunks
 from trax_revplus.validation.devices import check_n_devices
 from trax_revplus.validation.errors import BatchSizeError
 from trax_revplus.validation.errors import BatchSlicesError
@@ -47,6 +51,7 @@ from trax_revplus.validation.errors import DeviceCountError
 from trax_revplus.validation.errors import LossLayerError
 from trax_revplus.validation.errors import NonFiniteError
 from trax_revplus.validation.errors import OptimizerFactoryError
+from trax_revplus.validation.errors import SequenceChunksError
 from trax_revplus.validation.errors import SequenceLengthError
 from trax_revplus.validation.errors import TrainerOptionError
 from trax_revplus.validation.gin_hints import parameters_of
@@ -62,8 +67,8 @@ from trax_revplus.validation.optimizers import make_optimizer
 for _error in (BatchSizeError, BatchSlicesError, BlockStructureError,
                ConfigurationError,
                DeviceCountError, LossLayerError, NonFiniteError,
-               OptimizerFactoryError, SequenceLengthError,
-               TrainerOptionError):
+               OptimizerFactoryError, SequenceChunksError,
+               SequenceLengthError, TrainerOptionError):
   _error.__module__ = __name__
 del _error
 
@@ -71,8 +76,10 @@ __all__ = [
     'BatchSizeError', 'BatchSlicesError', 'BlockStructureError',
     'ConfigurationError',
     'DeviceCountError', 'LossLayerError', 'NonFiniteError',
-    'OptimizerFactoryError', 'SequenceLengthError', 'TrainerOptionError',
-    'check_batch', 'check_batch_slices', 'check_blocks', 'check_loss_output', 'check_n_devices',
+    'OptimizerFactoryError', 'SequenceChunksError', 'SequenceLengthError',
+    'TrainerOptionError', 'check_batch', 'check_batch_slices',
+    'check_sequence_chunks', 'check_blocks', 'check_loss_output',
+    'check_n_devices',
     'check_optimizer_factory', 'check_sequence_length', 'first_non_finite',
     'make_optimizer', 'parameters_of', 'standard_layer_list',
     'REMOVED_SETTINGS',

@@ -80,3 +80,34 @@ def check_batch_slices(batch_slices, rows):
         f'does not divide the {rows} rows of the batch each device gets; use '
         f'one of {divisors}, or a batch whose rows per device are a '
         f'multiple of {batch_slices}.')
+
+
+def check_sequence_chunks(sequence_chunks, length, loss_name):
+  """Checks that `sequence_chunks` can split the loss layer's tail.
+
+  Args:
+    sequence_chunks: int >= 1, the trainer's `sequence_chunks`.
+    length: int, the sequence length of the loss layer's tail's inputs, or
+      None where the loss layer has no tail that can run in chunks
+      (`trainer.sequence_chunks.tail_length`).
+    loss_name: str, the loss layer's name (for the message).
+
+  Raises:
+    SequenceChunksError: sequence_chunks > 1 and `length` is None or not a
+      multiple of it.
+  """
+  name = 'trax_revplus.ReversibleSerialTrainer.sequence_chunks'
+  if sequence_chunks == 1:
+    return
+  if length is None:
+    raise errors.SequenceChunksError(
+        f'{name} = {sequence_chunks}: the loss layer {loss_name} does not '
+        f'end in layers that act on each position alone and a weighted mean '
+        f'or sum (the list: trax_revplus.trainer.sequence_chunks); set it '
+        f'to 1.')
+  if length % sequence_chunks:
+    divisors = [c for c in range(1, min(length, 64) + 1) if length % c == 0]
+    raise errors.SequenceChunksError(
+        f'{name} = {sequence_chunks} does not divide the sequence length '
+        f'{length} of the loss layer\'s inputs; use a divisor of {length}, '
+        f'e.g. one of {divisors}.')

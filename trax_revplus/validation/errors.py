@@ -30,6 +30,11 @@ class BatchSlicesError(BatchSizeError):
   """`batch_slices` does not divide each device's rows of the batch."""
 
 
+class SequenceChunksError(ConfigurationError):
+  """`sequence_chunks` cannot split the loss layer's tail: it has none, or
+  the count does not divide its sequence length."""
+
+
 class SequenceLengthError(ConfigurationError):
   """Sequences longer than the model's positional encodings allow."""
 
