@@ -9,6 +9,8 @@ figures for what chunks hold.
 """
 
 import dataclasses
+import json
+import os
 
 import jax
 import numpy as np
@@ -237,6 +239,27 @@ def test_the_budget_takes_chunks_only_where_nothing_else_fits():
   losses = cases.train(tight, batch, 2)
   control = trainer_of(device_memory_budget_bytes=None)
   cases.assert_all_close(losses, cases.train(control, batch, 2))
+
+
+def test_the_memory_log_records_the_accounted_peak_of_a_chunked_step(
+    tmp_path):
+  batch = cases.lm_batch()
+  _, trainer = cases.lm_trainer(
+      batch, sequence_chunks=3, batch_slices=2,
+      device_memory_budget_bytes=None, memory_log_every_n_steps=1,
+      output_dir=str(tmp_path), memory_log_tensorboard=False)
+  expected = trainer.device_memory_of(batch)
+  assert trainer.planned(batch).plan.sequence_chunks == 3
+  trainer.one_step(batch, cases.RNGS[0], step=1)
+  trainer.memory_log.close()
+  records = [json.loads(l) for l in
+             open(os.path.join(tmp_path, 'memory.jsonl'))]
+  step = [r for r in records if r['step'] == 1 and
+          r['phase'] in ('forward', 'loss', 'backward')]
+  assert {r['phase'] for r in step} == {'forward', 'loss', 'backward'}
+  for r in step:
+    assert r['peak_device_bytes'] == expected.peak_device_bytes
+    assert r['phase_peak_device_bytes'] == expected.phase_peaks()[r['phase']]
 
 
 def test_bad_chunks_stop_before_any_update():
