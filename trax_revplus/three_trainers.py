@@ -19,6 +19,7 @@ from typing import Any
 
 import trax_revplus
 from trax_revplus import device_memory
+from trax_revplus import validation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,8 +140,9 @@ def _revplus(cfg, backend: str, n_devices: int,
 
 def account_three(cfg, backend: str, n_devices: int,
                   device_memory_bytes: int | None) -> ThreeTrainers:
-  """Builds and accounts the three trainers of a config: 'default',
-  'stock', 'revplus', in that order.
+  """Builds and accounts the three trainers of a config: 'revplus' first,
+  then 'default' and 'stock' (returned in the order default, stock,
+  revplus).
 
   trax's trainers are built with stock trax's classes, trax_revplus's with
   its own (activated for it); the activation is as it was afterwards.
@@ -159,25 +161,35 @@ def account_three(cfg, backend: str, n_devices: int,
 
   Returns:
     `ThreeTrainers`.
+
+  Raises:
+    validation.SequenceChunksError: trax_revplus's `sequence_chunks`
+      cannot split the config's loss layer's tail (the config's mistake).
   """
   activated = trax_revplus.is_active()
-  results = {}
   revplus = [None, device_memory_bytes, None]  # plan, budget, weighing
   try:
-    trax_revplus.deactivate()
-    results['default'] = device_memory.account(
-        'default', backend, 1, lambda: _default(cfg, backend))
-    results['stock'] = device_memory.account(
-        'stock', backend, 1, lambda: _stock(cfg, backend))
     trax_revplus.activate()
 
     def account_revplus():
       memory, revplus[0], revplus[1], revplus[2] = _revplus(
           cfg, backend, n_devices, device_memory_bytes)
       return memory
-    results['revplus'] = device_memory.account('revplus', backend, n_devices,
-                                               account_revplus)
+    # First: a setting the batch's shapes refute (sequence_chunks) stops
+    # before the other trainers compile.
+    ours = device_memory.account('revplus', backend, n_devices,
+                                 account_revplus,
+                                 passes=(validation.SequenceChunksError,))
+    trax_revplus.deactivate()
+    results = {
+        'default': device_memory.account(
+            'default', backend, 1, lambda: _default(cfg, backend)),
+        'stock': device_memory.account(
+            'stock', backend, 1, lambda: _stock(cfg, backend)),
+        'revplus': ours}
   finally:
-    if not activated:
+    if activated:
+      trax_revplus.activate()
+    else:
       trax_revplus.deactivate()
   return ThreeTrainers(results, *revplus)

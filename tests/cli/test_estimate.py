@@ -279,3 +279,33 @@ def _main_train(capsys, output_dir, bindings):
   import trax_revplus  # pylint: disable=g-import-not-at-top
   trax_revplus.deactivate()
   return code, out, err
+
+
+def test_sequence_chunks_the_sequence_refutes_stop_before_other_trainers(
+    tmp_path, capsys, monkeypatch):
+  """The sequence length is known once the model's stack is traced: the
+  revplus trainer is accounted first, and its SequenceChunksError is
+  train's line and status, before trax's trainers compile."""
+  accounted = []
+  account = device_memory.account
+
+  def recording(trainer, *args, **kwargs):
+    accounted.append(trainer)
+    return account(trainer, *args, **kwargs)
+  monkeypatch.setattr(device_memory, 'account', recording)
+  bindings = ['trax_revplus.ReversibleSerialTrainer.sequence_chunks = 3']
+  got, out, err = _estimate(capsys, f'--json={tmp_path / "e.json"}',
+                            bindings=bindings)
+  line = _one_line(err)
+  assert got == 2, err
+  assert line == (
+      f'{PREFIX}SequenceChunksError: trax_revplus.ReversibleSerialTrainer.'
+      'sequence_chunks = 3 does not divide the sequence length 32 of the '
+      "loss layer's inputs; use a divisor of 32, e.g. one of [1, 2, 4, 8, "
+      '16, 32].')
+  assert accounted == ['revplus']
+  assert not out
+  assert not (tmp_path / 'e.json').exists()
+  got, _, err = _main_train(capsys, tmp_path / 'run', bindings)
+  assert got == 2, err
+  assert _one_line(err).endswith(line[len(PREFIX):])

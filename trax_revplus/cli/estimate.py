@@ -28,6 +28,7 @@ import sys
 
 from trax_revplus import notices
 from trax_revplus import output_files
+from trax_revplus import validation
 from trax_revplus.byte_sizes import format_bytes
 from trax_revplus.cli import gin_config
 from trax_revplus.cli import noise
@@ -86,8 +87,12 @@ def estimate(device_memory_bytes: int | None, n_devices: int,
   cfg = parsed_config.check_inputs_and_batch(bindings, n_devices,
                                              device_memory_bytes)
   parsed_config.check_model(cfg, bindings)
-  three = three_trainers.account_three(cfg, backend, n_devices,
-                                       device_memory_bytes)
+  try:
+    three = three_trainers.account_three(cfg, backend, n_devices,
+                                         device_memory_bytes)
+  except validation.SequenceChunksError as e:
+    raise (parsed_config.as_train_reports(e, bindings) or
+           UserError(str(e))) from None
   return (backend, three.trainers,
           _plan_line(three.plan, three.budget_bytes), cfg.batch,
           three.budget_bytes, three.weighing)

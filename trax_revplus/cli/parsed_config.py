@@ -49,7 +49,7 @@ class Config:
       self.batch = _batch_types(inputs)
     except Exception as e:  # pylint: disable=broad-except
       # As `train` reports it (e.g. corpus files that match nothing).
-      raise _as_train_reports(e, bindings) or UserError(
+      raise as_train_reports(e, bindings) or UserError(
           f"cannot read the config's inputs: {one_line(e)}",
           EXIT_RUNTIME) from None
 
@@ -63,7 +63,7 @@ class Config:
             self._tl.WeightedCategoryCrossEntropy())
 
 
-def _as_train_reports(error: Exception, bindings: list[str]
+def as_train_reports(error: Exception, bindings: list[str]
                       ) -> UserError | None:
   """`error` as `train` reports it when building its Loop, or None."""
   return failures.user_error(error, '', False, bindings)
@@ -98,7 +98,7 @@ def check_model(cfg, bindings: list[str]) -> None:
                        rng=fastmath.random.get_prng(0))
   except Exception as e:  # pylint: disable=broad-except
     error = build_errors.as_model_error(e)
-    raise _as_train_reports(error, bindings) or UserError(
+    raise as_train_reports(error, bindings) or UserError(
         f"cannot build the config's model: {one_line(e)}; fix the model "
         f'bindings (train.model, ...)', EXIT_RUNTIME) from None
 
@@ -130,7 +130,7 @@ def check_batch(cfg, n_devices: int, device_memory_bytes: int | None,
     validation.check_batch_slices(options.unplanned('batch_slices'),
                                   cfg.batch[0].shape[0] // n_devices)
   except validation.ConfigurationError as e:
-    raise _as_train_reports(e, bindings) from None
+    raise as_train_reports(e, bindings) from None
 
 
 def check_inputs_and_batch(bindings: list[str], n_devices: int,

@@ -146,15 +146,19 @@ class TrainerMemory:
 
 
 def account(trainer: str, backend: str, n_devices: int,
-            fn: Callable[[], TrainerMemory]) -> TrainerMemory:
+            fn: Callable[[], TrainerMemory],
+            passes: tuple[type[Exception], ...] = ()) -> TrainerMemory:
   """`fn()`, or a `TrainerMemory` with the one-line error it raised.
 
   For building a trainer and composing its step, where a trainer that
   cannot be built or compiled on this JAX gets an error instead of
-  figures. KeyboardInterrupt and SystemExit pass through.
+  figures. KeyboardInterrupt, SystemExit and the `passes` types (mistakes
+  of the config the caller reports itself) pass through.
   """
   try:
     return fn()
+  except passes:
+    raise
   except Exception as e:  # pylint: disable=broad-except
     return TrainerMemory(trainer, backend, n_devices, error=errors.one_line(
         e, context=False, typed=True, max_chars=MAX_ERROR_CHARS))

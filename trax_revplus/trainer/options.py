@@ -160,7 +160,8 @@ class TrainerOptions:
       sequence length, and the model's loss layer must have such a tail.
       'auto': the planner's choice under a device memory budget (chunks
       only where no plan without them fits), `UNPLANNED_SEQUENCE_CHUNKS`
-      (none) without one; an int pins it.
+      (none) without one; an int pins it (an int > 1: the step runs
+      per-layer calls, never the fused program, which runs no chunks).
   """
   n_async_layers: int = 8
   memory_log_every_n_steps: int = 100
