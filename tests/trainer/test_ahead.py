@@ -7,8 +7,6 @@ counts of the real arrays (weights, slots, activations from running the
 layers); trax's default `Trainer` for the values trained under a budget.
 """
 
-import json
-import os
 
 import jax
 import pytest
@@ -173,10 +171,7 @@ def test_memory_log_records_the_accounted_peak(tmp_path):
   expected = trainer.device_memory_of(cases.batch())
   trainer.one_step(cases.batch(), cases.RNGS[0], step=1)
   trainer.memory_log.close()
-  records = [json.loads(l) for l in
-             open(os.path.join(tmp_path, 'memory.jsonl'))]
-  step = [r for r in records if r['step'] == 1 and
-          r['phase'] in ('forward', 'loss', 'backward')]
+  step = cases.phase_records(tmp_path, 1)
   assert {r['phase'] for r in step} == {'forward', 'loss', 'backward'}
   for r in step:
     assert r['peak_device_bytes'] == expected.peak_device_bytes

@@ -9,8 +9,6 @@ figures for what chunks hold.
 """
 
 import dataclasses
-import json
-import os
 
 import jax
 import numpy as np
@@ -252,10 +250,7 @@ def test_the_memory_log_records_the_accounted_peak_of_a_chunked_step(
   assert trainer.planned(batch).plan.sequence_chunks == 3
   trainer.one_step(batch, cases.RNGS[0], step=1)
   trainer.memory_log.close()
-  records = [json.loads(l) for l in
-             open(os.path.join(tmp_path, 'memory.jsonl'))]
-  step = [r for r in records if r['step'] == 1 and
-          r['phase'] in ('forward', 'loss', 'backward')]
+  step = cases.phase_records(tmp_path, 1)
   assert {r['phase'] for r in step} == {'forward', 'loss', 'backward'}
   for r in step:
     assert r['peak_device_bytes'] == expected.peak_device_bytes

@@ -5,6 +5,8 @@ Every reference is trax's own `optimizers.Trainer` on
 """
 
 import functools
+import json
+import os
 import threading
 
 import jax
@@ -208,3 +210,12 @@ def set_plan(trainer, batch_, plan):
   p._planned[planner.batch_key(p._placement.abstract_batch(batch_))] = (
       planner.PlannedStep(plan, units, memory))
   return memory
+
+
+def phase_records(output_dir, step):
+  """The forward, loss and backward records of `step` in the memory log
+  (`memory.jsonl`) a trainer wrote to `output_dir`."""
+  with open(os.path.join(output_dir, 'memory.jsonl')) as f:
+    records = [json.loads(line) for line in f]
+  return [r for r in records if r['step'] == step and
+          r['phase'] in ('forward', 'loss', 'backward')]

@@ -34,18 +34,22 @@ class PlanSearch:
   """
 
   def __init__(self, candidates: candidates_lib.Candidates, n_devices: int,
-               weigh: Weigh):
+               weigh: Weigh,
+               weighed: Callable[[plan_lib.StepPlan],
+                                 device_memory.StepMemory | None]):
     """Args:
       candidates: the shapes' `candidates.Candidates`.
       n_devices: devices a step runs on (for the lower bounds).
       weigh: plan -> its `device_memory.StepMemory`, raising as
         `planner.Planner.account`.
+      weighed: plan -> its `StepMemory` where `weigh` accounted it
+        already, else None (nothing accounted).
     """
     self._groups = list(candidates.groups())
     self._bounds = [candidates.lower_bound_bytes(group, n_devices)
                     for group in self._groups]
     self._weigh = weigh
-    self._weighed = {}  # plan -> StepMemory, of the plans weighed here
+    self._weighed = weighed
     self._least = None
     self.faster_plans_need_bytes = None
 
@@ -65,7 +69,7 @@ class PlanSearch:
     excluded = []  # bytes that excluded each faster plan or group
 
     def fits(plan: plan_lib.StepPlan) -> bool:
-      peak = self._memory(plan).peak_device_bytes
+      peak = self._weigh(plan).peak_device_bytes
       if peak > budget_bytes:
         excluded.append(peak)
       return peak <= budget_bytes
@@ -88,11 +92,6 @@ class PlanSearch:
     self.faster_plans_need_bytes = min(excluded, default=None)
     return found
 
-  def _memory(self, plan):
-    if plan not in self._weighed:
-      self._weighed[plan] = self._weigh(plan)
-    return self._weighed[plan]
-
   def _chunks_bound(self, group) -> int:
     """Bytes every plan of a group in sequence chunks holds at least: the
     largest call but the loss call of its leanest plan without chunks
@@ -100,7 +99,7 @@ class PlanSearch:
     else 0."""
     if group.sequence_chunks == 1:
       return 0
-    unchunked = self._weighed.get(
+    unchunked = self._weighed(
         dataclasses.replace(group.leanest, sequence_chunks=1))
     if unchunked is None:
       return 0
@@ -140,7 +139,7 @@ class PlanSearch:
         chunks_bound = self._chunks_bound(groups[i])
         if least is None or (self._bounds[i] <= least and
                              chunks_bound < least):
-          found[i] = self._memory(groups[i].leanest)
+          found[i] = self._weigh(groups[i].leanest)
       i = min(found, key=lambda i: (found[i].peak_device_bytes, i))
       self._least = (groups[i].leanest, found[i])
     return self._least

@@ -104,7 +104,7 @@ class Planner:
     self._programs = walk_lib.Programs()
     self._weighings = {}  # batch_key -> weighing.Weighing
     self._searches = {}  # batch_key -> plan_search.PlanSearch
-    self._traces = {}  # batch_key -> stack_bytes.trace
+    self._traces = {}  # batch_key -> (stack bytes per block, tail length)
     self.least = None
     self.plan_store = None
 
@@ -260,23 +260,23 @@ class Planner:
     return self._weighings[key]
 
   def _trace(self, types):
-    """`stack_bytes.trace` of `types`' stack, once per batch's shapes."""
+    """(per block, the bytes of the stack items its reversible layers read;
+    the sequence length of the loss layer's tail's inputs, or None where it
+    has no tail to run in chunks), from `stack_bytes.trace` and
+    `sequence_chunks.tail_length`, once per batch's shapes."""
     key = batch_key(types.stack)
     if key not in self._traces:
-      self._traces[key] = stack_bytes_lib.trace(
+      block_bytes, loss_inputs = stack_bytes_lib.trace(
           self._store, types.stack, self._placement.n_devices)
+      self._traces[key] = (block_bytes, sequence_chunks.tail_length(
+          self._store.layers[-1], loss_inputs))
     return self._traces[key]
 
   def _stack_bytes(self, types):
-    """Per block, the bytes of the stack items its reversible layers read
-    (`stack_bytes.trace`)."""
     return self._trace(types)[0]
 
   def _tail_length(self, types):
-    """The sequence length of the loss layer's tail's inputs, or None where
-    it has no tail to run in chunks (`sequence_chunks.tail_length`)."""
-    return sequence_chunks.tail_length(self._store.layers[-1],
-                                       self._trace(types)[1])
+    return self._trace(types)[1]
 
   def account(self, plan, units, types) -> device_memory.StepMemory:
     """Compiles `units` ahead and composes the step's device memory.
@@ -379,5 +379,6 @@ class Planner:
     if key not in self._searches:
       self._searches[key] = plan_search_lib.PlanSearch(
           self.candidates(types), self._placement.n_devices,
-          lambda plan: self.weigh(plan, types))
+          lambda plan: self.weigh(plan, types),
+          self._weighing_of(types).memory_of)
     return self._searches[key]

@@ -42,6 +42,7 @@ from trax.layers import combinators as cb
 
 from trax_revplus import layers as layers_lib
 from trax_revplus.trainer import chains
+from trax_revplus.trainer import slices
 from trax_revplus.trainer.loss_combination import loss_combination
 from trax_revplus.trainer.slice_loop import FLOAT0
 from trax_revplus.typing import Array
@@ -112,14 +113,16 @@ def tail_start(loss_layer) -> int | None:
             (last and loss_combination([sub]) is not None)):
       break
     start -= 1
+  # Stack items after the head: the loss layer's inputs, changed by each
+  # head layer.
+  depth = chains.chain_depth(subs) + sum(
+      sub.n_out - sub.n_in for sub in subs[:start])
   while start < len(subs):
     tail = subs[start:]
-    if loss_combination(tail) is not None:
-      head_depth = chains.chain_depth(subs)
-      for sub in subs[:start]:
-        head_depth += sub.n_out - sub.n_in
-      if head_depth == chains.chain_depth(tail):
-        return start
+    if (loss_combination(tail) is not None and
+        depth == chains.chain_depth(tail)):
+      return start
+    depth += subs[start].n_out - subs[start].n_in
     start += 1
   return None
 
@@ -169,28 +172,31 @@ def chunk_counts(length: int | None) -> list[int]:
   return [c for c in CHUNK_COUNTS if c <= length and length % c == 0]
 
 
+def _whole(loss_layer) -> bool:
+  """Whether `sublayers_of(loss_layer)` is the layer itself (not a
+  `tl.Serial`'s sublayers)."""
+  return sublayers_of(loss_layer)[0] is loss_layer
+
+
 def _parts(loss_layer, weights, states):
   """(weights, states) of `sublayers_of(loss_layer)`, as lists."""
-  if len(sublayers_of(loss_layer)) == 1 and (
-      sublayers_of(loss_layer)[0] is loss_layer):
+  if _whole(loss_layer):
     return [weights], [states]
   return list(weights), list(states)
 
 
 def _joined(loss_layer, parts):
   """`parts` (one per sublayer) in the loss layer's own structure."""
-  if sublayers_of(loss_layer)[0] is loss_layer:
-    return parts[0]
-  return tuple(parts)
+  return parts[0] if _whole(loss_layer) else tuple(parts)
 
 
 def _rngs(loss_layer, rng):
   """The sublayers' RNGs as the loss layer's own forward draws them
   (`tl.Serial` splits its RNG among its sublayers)."""
-  subs = sublayers_of(loss_layer)
-  if subs[0] is loss_layer:
+  if _whole(loss_layer):
     return [rng]
-  return list(cb._split_rngs(rng, len(subs)))  # pylint: disable=protected-access
+  return list(cb._split_rngs(  # pylint: disable=protected-access
+      rng, len(sublayers_of(loss_layer))))
 
 
 def _items(stack):
@@ -330,13 +336,13 @@ def chunked_grads(loss_layer, k: int, rng) -> Callable[..., tuple]:
 
 def in_place(loss_layer, inputs: PyTree, state: PyTree) -> bool:
   """Whether `pieces_grads` can run the loss layer's call: its tail is the
-  whole layer, and its state holds nothing per row (no leaf whose leading
-  axis is a multiple of the rows)."""
+  whole layer, and its state holds nothing per row (as batch slices split
+  state: `slices.States`)."""
   if tail_start(loss_layer) != 0:
     return False
   rows = _items(inputs)[0].shape[0]
-  return not any(getattr(x, 'ndim', 0) and x.shape[0] % rows == 0
-                 for x in jax.tree_util.tree_leaves(state))
+  return not slices.States(state, slices.state_rows(loss_layer), rows,
+                           1).scanned
 
 
 def pieces_grads(loss_layer, k: int, chunks: int,

@@ -19,12 +19,6 @@ from trax_revplus.trainer import plan as plan_lib
 from trax_revplus.typing import PyTree
 
 
-def stack_bytes(store, stack_types: PyTree, n_devices: int) -> list[int]:
-  """Per block, the bytes (all devices) of the stack items its reversible
-  layers read and write: `trace(...)[0]`."""
-  return trace(store, stack_types, n_devices)[0]
-
-
 def trace(store, stack_types: PyTree,
           n_devices: int) -> tuple[list[int], PyTree | None]:
   """The stack's types through every block, from the batch's.

@@ -112,20 +112,15 @@ class UnitFactory:
     reversible layers before the loss recompute their activations in its
     backward pass (`chains.chain_forward_fn`). `chunks`: the loss layer's
     tail over that many chunks of the sequence (`sequence_chunks`; the
-    loss layer alone only).
+    loss layer alone only, as `plan.StepPlan` holds).
 
     Raises:
-      ValueError: chunks > 1 with layers fused into the loss program, or a
-        loss layer with no tail to chunk.
+      ValueError: chunks > 1 and the loss layer has no tail to chunk.
     """
     layers = [self._layers[i] for i in indices]
     optimizers = [self._optimizers[i] for i in indices]
     depth = chains.chain_depth(layers)
     variant = n_slices
-    if chunks > 1 and len(indices) > 1:
-      raise ValueError(f'sequence_chunks = {chunks} runs the loss layer\'s '
-                       f'own program in chunks; {len(indices) - 1} layers '
-                       f'are fused into it.')
     if len(indices) == 1:
       kind = Kind.LOSS
       fn = loss_slices.loss_fbo(layers[0], optimizers[0], self._n_devices,
