@@ -18,7 +18,10 @@ process):
   5. with dropout, each of the 2 processes matches 1 process x 2 devices
      (weights and slots within 1e-5), and 1 process x 1 device differs
      (> 1e-4: dropout masks are drawn per device, so the comparison can
-     fail).
+     fail);
+  6. without dropout, every run's every process trained in 2 micro-batches
+     (`micro_batches = 2`) matches its own run in one pass (weights and
+     slots within 1e-5).
 
 The suite keeps the cheap part, 1 process x 1 device against trax's default
 `Trainer` (tests/multiprocess/test_training_matches_one_process.py), and a
@@ -149,6 +152,16 @@ def check_runs(checks, runs):
                            two[1][f'{variant}/loss']))
     checks.check(f'{variant}: weights, slots and losses identical on both '
                  'processes', same)
+  for name, run in runs.items():
+    for i, result in run.items():
+      keys = [k[len('plain/'):] for k in result
+              if k.startswith(('plain/w/', 'plain/s/'))]
+      diff = max((float(np.max(np.abs(result['micro/' + k] -
+                                      result['plain/' + k])))
+                  for k in keys), default=float('inf'))
+      checks.check(f'{name} process {i}: 2 micro-batches match one pass '
+                   f'(weights and slots < {_TOLERANCE})', diff < _TOLERANCE,
+                   f'{diff:.3g}')
   one = runs['1x2'][0]
   for i in (0, 1):
     for part, prefix in (('weights', 'dropout/w/'), ('slots', 'dropout/s/')):

@@ -165,6 +165,8 @@ def account_three(cfg, backend: str, n_devices: int,
   Raises:
     validation.SequenceChunksError: trax_revplus's `sequence_chunks`
       cannot split the config's loss layer's tail (the config's mistake).
+    validation.MicroBatchesError: its `micro_batches` cannot split the
+      config's batch, or its step cannot add their gradients exactly.
   """
   activated = trax_revplus.is_active()
   revplus = [None, device_memory_bytes, None]  # plan, budget, weighing
@@ -175,11 +177,13 @@ def account_three(cfg, backend: str, n_devices: int,
       memory, revplus[0], revplus[1], revplus[2] = _revplus(
           cfg, backend, n_devices, device_memory_bytes)
       return memory
-    # First: a setting the batch's shapes refute (sequence_chunks) stops
+    # First: a setting the batch's shapes refute (sequence_chunks,
+    # micro_batches) stops
     # before the other trainers compile.
     ours = device_memory.account('revplus', backend, n_devices,
                                  account_revplus,
-                                 passes=(validation.SequenceChunksError,))
+                                 passes=(validation.SequenceChunksError,
+                                         validation.MicroBatchesError))
     trax_revplus.deactivate()
     results = {
         'default': device_memory.account(

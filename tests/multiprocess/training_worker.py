@@ -11,8 +11,9 @@ their own process for the run of 1 process x 1 device:
       [--num_processes=N --process_id=I --coordinator_address=HOST:PORT]
 
 Every run trains on the same global batch of 8 rows with the same RNGs and
-weights, once without dropout (keys `plain/...`) and once with dropout
-(`dropout/...`); a process of a multi-process run feeds its own rows of the
+weights, once without dropout (keys `plain/...`), once with dropout
+(`dropout/...`) and once without dropout in 2 micro-batches per device
+(`micro/...`); a process of a multi-process run feeds its own rows of the
 batch, as `trax_revplus.data` splits one. Writes OUT_DIR/process<I>.npz with,
 per variant, the weights and optimizer slots after 3 steps (`<variant>/w/<k>`,
 `<variant>/s/<k>` in tree order) and the losses (`<variant>/loss`, per step
@@ -110,12 +111,15 @@ def train(out_dir):
                    enumerate(_default_trainer_weights(batch))})
 
   trax_revplus.activate()
-  for variant in ('plain', 'dropout'):
+  for variant in ('plain', 'dropout', 'micro'):
     first, revs, loss = _blocks(variant == 'dropout')
     model = tl.Serial([first] + revs + [loss])
     model.init(batch, rng=fastmath.random.get_prng(12))
+    # 'micro': without dropout, each device's rows in 2 micro-batches.
+    settings = ({'micro_batches': 2, 'device_memory_budget_bytes': None}
+                if variant == 'micro' else {})
     trainer = rev_trainer.ReversibleSerialTrainer(
-        [(first.sublayers, revs)], loss, optimizers.Adam)
+        [(first.sublayers, revs)], loss, optimizers.Adam, **settings)
     losses = []
     for step, lr in enumerate(_LRS):
       loss_value, _ = trainer.one_step(

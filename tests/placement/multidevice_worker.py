@@ -85,16 +85,20 @@ def _max_diff(a, b):
              for x, y in zip(fa, fb))
 
 
-def _default_weights():
+def _default_weights_and_losses():
+  """trax's default Trainer on one device: (weights, list of the loss each
+  step returned)."""
   first, revs, loss = reversible_lm_blocks()
   model = tl.Serial([first] + revs + [loss])
   model.init(_BATCH, rng=fastmath.random.get_prng(12))
   opt = optimizers.Adam()
   opt.tree_init(model.weights)
   trainer = optimizers.Trainer(model, opt, n_devices=1)
+  losses = []
   for rng, lr in zip(_RNGS, _LRS):
-    trainer.one_step(_BATCH, rng, learning_rate=lr)
-  return model.weights
+    loss_value, _ = trainer.one_step(_BATCH, rng, learning_rate=lr)
+    losses.append(np.asarray(loss_value))
+  return model.weights, losses
 
 
 def _ours(n_devices, **kwargs):
@@ -143,8 +147,8 @@ def _least_bytes(n_devices):
   return step.peak_device_bytes
 
 
-def _lsh(n_devices, batch_slices):
-  """Weights and state of ours on a tiny LSH ReformerLM, 2 steps."""
+def _lsh_trained(n_devices, **settings):
+  """Ours with `settings` on a tiny LSH ReformerLM after 2 steps."""
   import functools  # pylint: disable=g-import-not-at-top
   import trax  # pylint: disable=g-import-not-at-top
   from trax import shapes  # pylint: disable=g-import-not-at-top
@@ -161,10 +165,15 @@ def _lsh(n_devices, batch_slices):
   rev_trainer.init_reversible_blocks(blocks, loss, shapes.signature(batch),
                                      fastmath.random.get_prng(3))
   trainer = rev_trainer.ReversibleSerialTrainer(
-      blocks, loss, optimizers.Adam, n_devices=n_devices,
-      batch_slices=batch_slices)
+      blocks, loss, optimizers.Adam, n_devices=n_devices, **settings)
   for rng, lr in zip(_RNGS, _LRS):
     trainer.one_step(batch, rng, learning_rate=lr)
+  return trainer
+
+
+def _lsh(n_devices, batch_slices):
+  """Weights and state of `_lsh_trained` with `batch_slices`."""
+  trainer = _lsh_trained(n_devices, batch_slices=batch_slices)
   return [(l.weights, l.state) for l in trainer.all_layers]
 
 
@@ -181,7 +190,7 @@ def main():
         fun_name == 'jit(per_device)'):
       compiled_by.append(threading.current_thread().name)
   jax.monitoring.register_event_duration_secs_listener(listener)
-  reference = _default_weights()
+  reference, _ = _default_weights_and_losses()
   ours_1, _ = _ours(1)
   start = len(compiled_by)
   ours_n, loss_n = _ours(n)
@@ -234,6 +243,96 @@ def main():
           sum(t.startswith('trax_revplus_compile') for t in ahead),
           len(ahead)],
       'compiles_when_called': len(when_called),
+  }
+  print(json.dumps(result))
+
+
+# Micro-batches (`micro_batches_main`), run by
+# tests/trainer/test_micro_batches.py.
+
+
+def _ours_with_losses(n_devices, **kwargs):
+  """Ours on N devices, as `_ours_and_plan` (no replanning): (weights, list
+  of the loss each step returned, the plan's settings)."""
+  first, revs, loss = reversible_lm_blocks()
+  model = tl.Serial([first] + revs + [loss])
+  model.init(_BATCH, rng=fastmath.random.get_prng(12))
+  trainer = rev_trainer.ReversibleSerialTrainer(
+      [(first.sublayers, revs)], loss, optimizers.Adam, n_devices=n_devices,
+      **kwargs)
+  losses = []
+  for rng, lr in zip(_RNGS, _LRS):
+    loss_value, _ = trainer.one_step(_BATCH, rng, learning_rate=lr)
+    losses.append(np.asarray(loss_value))
+  return (model.weights, losses,
+          trainer.planned(_BATCH).plan.settings())
+
+
+def _lsh_micro(n_devices, micro_batches):
+  """Weights, slots and state of `_lsh_trained` with `micro_batches`."""
+  trainer = _lsh_trained(n_devices, micro_batches=micro_batches,
+                         device_memory_budget_bytes=None)
+  return ([l.weights for l in trainer.all_layers], trainer.slots,
+          [l.state for l in trainer.all_layers])
+
+
+def micro_batches_main(n):
+  """Micro-batches on N devices; prints one JSON line:
+    n_devices, local_devices,
+    max_diff_micro_vs_default_1dev: ours on N devices with micro_batches=2
+      (each device's rows in 2 parts) vs trax's default Trainer on one
+      device (`_default_weights_and_losses`' run), micro_plan: the plan
+      that ran,
+    max_diff_micro_slices_vs_default_1dev: with micro_batches=2 and
+      batch_slices=2, micro_slices_plan: the plan that ran,
+    max_diff_micro_loss_vs_default_1dev: each step's loss with
+      micro_batches=2 (one entry per device: its rows' loss, as without
+      micro-batches), averaged over the devices, vs the default Trainer's
+      (`_BATCH`'s loss weights are all ones: each device's rows weigh
+      alike, so the average is the batch's loss),
+    max_diff_micro_loss_vs_ours_nd: each device's entry of each step's
+      loss, micro_batches=2 vs 1 on N devices,
+    max_diff_lsh_micro: `_lsh`'s ReformerLM with LSH attention on N
+      devices, micro_batches=2 vs 1 (weights and slots),
+    lsh_state_equal: whether their layers' states (per-row LSH state
+      joined from the parts on each device) are equal.
+  """
+  trax_revplus.deactivate()
+  import jax  # pylint: disable=g-import-not-at-top
+  reference, reference_losses = _default_weights_and_losses()
+  micro, micro_losses, micro_plan = _ours_with_losses(
+      n, micro_batches=2, device_memory_budget_bytes=None)
+  _, one_pass_losses, _ = _ours_with_losses(
+      n, micro_batches=1, device_memory_budget_bytes=None)
+  micro_sliced, _, micro_slices_plan = _ours_with_losses(
+      n, micro_batches=2, batch_slices=2, device_memory_budget_bytes=None)
+  lsh_whole = _lsh_micro(n, 1)
+  lsh_parts = _lsh_micro(n, 2)
+  state_whole, state_parts = lsh_whole[2], lsh_parts[2]
+  lsh_state_equal = (
+      jax.tree_util.tree_structure(state_whole) ==
+      jax.tree_util.tree_structure(state_parts) and
+      all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(
+          fastmath.tree_flatten(state_whole),
+          fastmath.tree_flatten(state_parts))))
+  result = {
+      'n_devices': n,
+      'local_devices': len(jax.local_devices()),
+      'max_diff_micro_vs_default_1dev': _max_diff(micro, reference),
+      'micro_plan': micro_plan,
+      'max_diff_micro_slices_vs_default_1dev': _max_diff(micro_sliced,
+                                                         reference),
+      'micro_slices_plan': micro_slices_plan,
+      'max_diff_micro_loss_vs_default_1dev': max(
+          abs(float(np.mean(ours)) - float(ref))
+          for ours, ref in zip(micro_losses, reference_losses)),
+      'max_diff_micro_loss_vs_ours_nd': _max_diff(micro_losses,
+                                                  one_pass_losses),
+      'micro_loss_shape': list(micro_losses[0].shape),
+      'micro_losses': [l.tolist() for l in micro_losses],
+      'default_losses': [l.tolist() for l in reference_losses],
+      'max_diff_lsh_micro': _max_diff(lsh_whole[:2], lsh_parts[:2]),
+      'lsh_state_equal': bool(lsh_state_equal),
   }
   print(json.dumps(result))
 

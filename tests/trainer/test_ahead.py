@@ -139,8 +139,8 @@ def test_updates_leave_the_device_when_the_step_commits_them(kwargs,
   pending = {}  # id(token) -> bytes of the update on the device
   at_calls = []
 
-  def logged_start(layers, weights, slots, states, stats):
-    token = start(layers, weights, slots, states, stats)
+  def logged_start(layers, weights, slots, states, stats, part=None):
+    token = start(layers, weights, slots, states, stats, part)
     pending[id(token)] = _nbytes((weights, slots, states))
     return token
 
@@ -168,13 +168,4 @@ def test_updates_leave_the_device_when_the_step_commits_them(kwargs,
 def test_memory_log_records_the_accounted_peak(tmp_path):
   _, trainer = _trainer(memory_log_every_n_steps=1, output_dir=str(tmp_path),
                         memory_log_tensorboard=False, **_UNPLANNED)
-  expected = trainer.device_memory_of(cases.batch())
-  trainer.one_step(cases.batch(), cases.RNGS[0], step=1)
-  trainer.memory_log.close()
-  step = cases.phase_records(tmp_path, 1)
-  assert {r['phase'] for r in step} == {'forward', 'loss', 'backward'}
-  for r in step:
-    assert r['peak_device_bytes'] == expected.peak_device_bytes
-    assert r['phase_peak_device_bytes'] == expected.phase_peaks()[r['phase']]
-  assert max(r['phase_peak_device_bytes'] for r in step) == (
-      expected.peak_device_bytes)
+  cases.check_logged_peaks(trainer, cases.batch(), tmp_path)

@@ -58,7 +58,8 @@ def test_a_deep_model_of_equal_blocks_ranks_every_unfused_plan_first():
   assert 258 > candidates_lib.FUSED_COMPILE_RATIO * 10
   candidates = _candidates(256)
   assert not candidates.fused_compiles_cheaply()
-  fused = [bool(g.fused_reversible_layers) for g in candidates.groups()]
+  fused = [bool(g.fused_reversible_layers) for g in candidates.groups()
+           if g.micro_batches == 1]
   assert fused == sorted(fused) and fused[0] is False and fused[-1] is True
   # Still candidates: for `least`, and where no unfused plan fits.
   assert fused.count(True) == len(candidates.slices)
@@ -89,3 +90,35 @@ def test_the_trainers_fingerprints_tell_equal_layers_apart():
       if kinds[i] == kinds[j]:
         assert type(layer_i) is type(layer_j), (i, j)
   assert candidates.compiled_layers(plan) <= len(layers)
+
+
+def _parts_candidates(rows, refused=False, **settings):
+  return candidates_lib.Candidates(
+      [4], {i: 1000 for i in range(6)}, [2**20], rows=rows,
+      options=options_lib.TrainerOptions(**settings),
+      micro_batches_refused=refused)
+
+
+def test_micro_batches_come_after_every_one_pass_plan_fewest_parts_first():
+  groups = list(_parts_candidates(8).groups())
+  parts = [g.micro_batches for g in groups]
+  first_micro = parts.index(2)
+  assert set(parts[:first_micro]) == {1}
+  assert parts[first_micro:] == [2, 4, 8]
+  for group in groups[first_micro:]:
+    assert not group.fused_reversible_layers
+    assert all(p.micro_batches == group.micro_batches and
+               p.batch_slices == 1 for p in group.plans)
+
+
+def test_micro_batches_refused_or_pinned():
+  assert {g.micro_batches for g in _parts_candidates(8, refused=True).groups()
+          } == {1}
+  pinned = list(_parts_candidates(8, micro_batches=4).groups())
+  assert {g.micro_batches for g in pinned} == {4}
+  # Pinned slices: parts keep those whose rows they divide.
+  sliced = list(_parts_candidates(8, batch_slices=2).groups())
+  assert [g.micro_batches for g in sliced if g.micro_batches > 1] == [2, 4]
+  assert all(g.leanest.batch_slices == 2 for g in sliced)
+  assert {g.micro_batches for g in _parts_candidates(
+      8, micro_batches=1).groups()} == {1}

@@ -40,15 +40,19 @@ def _trainer(**kwargs):
 
 @functools.lru_cache(maxsize=1)
 def _every_candidate():
-  """[(plan, peak bytes)] of every candidate, in the speed model's order,
-  each accounted by itself."""
+  """[(plan, peak bytes)] of every candidate in one pass, and of each group
+  in micro-batches its fastest and leanest plans, in the speed model's
+  order, each accounted by itself."""
   _, trainer = _trainer(device_memory_budget_bytes=None)
   p = trainer.planner
   types = p.step_types(_BATCH)
   candidates = p.candidates(types)
   out = []
   for group in candidates.groups():
-    for plan in group.plans:
+    plans = group.plans
+    if group.micro_batches > 1:
+      plans = (plans[0], group.leanest)
+    for plan in plans:
       units = units_lib.Units(plan, p._factory)  # pylint: disable=protected-access
       step = p.account(plan, units, types)
       out.append((plan, step.peak_device_bytes))
@@ -63,6 +67,7 @@ def test_candidates_cover_every_dimension():
   assert {p.prefetch for p in plans} == {True, False}
   assert {p.saved_on_host for p in plans} == {True, False}
   assert {p.sequence_chunks for p in plans} == {1, 2}  # length 6
+  assert {p.micro_batches for p in plans} == {1, 2, 4}  # 4 rows
   assert {p.settings()['segment_max_layers'] for p in plans} == {1, 2, 4}
   # Fused first, fewest slices first within each kind of plan.
   assert plans[0].fused_from == 0 and plans[0].batch_slices == 1
@@ -72,11 +77,13 @@ def test_candidates_cover_every_dimension():
   for k in (1, 2, 4):
     kept = [p.saved_on_host for p in plans
             if p.batch_slices == k and p.fused_from == p.loss and
-            p.sequence_chunks == 1]
+            p.sequence_chunks == 1 and p.micro_batches == 1]
     assert kept == sorted(kept) and kept[-1], k
-  # Sequence chunks after every plan without.
-  chunked = [p.sequence_chunks > 1 for p in plans]
+  # Sequence chunks after every plan without, micro-batches after both.
+  chunked = [p.sequence_chunks > 1 for p in plans if p.micro_batches == 1]
   assert chunked == sorted(chunked)
+  parts = [p.micro_batches for p in plans]
+  assert parts == sorted(parts)
   assert not any(p.saved_on_host for p in plans if p.fused_from == 0)
 
 
@@ -95,7 +102,7 @@ def test_the_planners_bounds_hold():
   for plan, peak in peaks:
     if plan.fused_from == plan.loss:
       assert peak >= peak_of[candidates.leanest(
-          plan.batch_slices, plan.sequence_chunks)], plan
+          plan.batch_slices, plan.sequence_chunks, plan.micro_batches)], plan
   least_plan, least_step = trainer.least_device_memory_of(_BATCH)
   assert least_step.peak_device_bytes == least == peak_of[least_plan]
 
@@ -111,11 +118,18 @@ def test_budget_chooses_the_fastest_plan_that_fits():
     model, trainer = _trainer(device_memory_budget_bytes=budget_bytes)
     cases.train(trainer, _BATCH, 3)
     planned = trainer.planned(_BATCH)
-    assert planned.plan == expected, budget_bytes
     assert planned.memory.peak_device_bytes <= budget_bytes
-    # No plan keeping its saved inputs and states on the device fits the
-    # least: waiting on the host is what fits it.
-    assert planned.plan.saved_on_host == (budget_bytes == least)
+    if expected.micro_batches == 1:
+      assert planned.plan == expected, budget_bytes
+      # No plan keeping its saved inputs and states on the device fits the
+      # least: waiting on the host is what fits it.
+      assert planned.plan.saved_on_host == (budget_bytes == least)
+    else:
+      # Of a group in micro-batches only the fastest and the leanest plan
+      # were accounted above: the chosen one is at most the leanest.
+      group = next(g for g in trainer.planner.candidates(
+          trainer.planner.step_types(_BATCH)).groups() if expected in g.plans)
+      assert planned.plan in group.plans[:group.plans.index(expected) + 1]
     cases.assert_all_close(ref_weights, model.weights)
     cases.assert_all_close(ref_slots, trainer.slots)
 
@@ -144,7 +158,10 @@ def test_nothing_fits_names_the_least_budget_and_changes_nothing():
   kind = ('every layer in the loss program' if least_plan.fused_from == 0
           else 'one layer per call, saved inputs and states on the host')
   chunks = (f', sequence_chunks={least_plan.sequence_chunks}'
-            if least_plan.sequence_chunks > 1 else '')
+            if least_plan.sequence_chunks > 1 else '') + (
+                f', micro_batches={least_plan.micro_batches}'
+                if least_plan.micro_batches > 1 else '')
+  assert least_plan.micro_batches == 4  # one row per part
   assert (f'batch_slices={least_plan.batch_slices}{chunks} and {kind};'
           in message)
 
@@ -362,8 +379,8 @@ def test_a_pinned_plan_that_does_not_fit_names_the_setting_to_unpin():
   message = str(e.value)
   assert '\n' not in message
   assert "set batch_slices to 'auto'" in message
-  assert ('with batch_slices=2, sequence_chunks=2 and one layer per call'
-          in message)
+  assert ('with batch_slices=2, sequence_chunks=2, micro_batches=2 and one '
+          'layer per call' in message)
 
 
 def _notices_planning(**settings):
@@ -389,7 +406,8 @@ def test_a_pinned_backward_length_the_fused_program_ignores_is_a_notice():
 def test_settings_kept_as_given_send_no_notice():
   """Pinned slices are kept: no notice; n_async_layers left at its default
   (not given) may change without one."""
-  least = min(p for _, p in _every_candidate())
+  least = min(peak for plan, peak in _every_candidate()
+              if plan.micro_batches == 1)
   expected = next(plan for plan, p in _every_candidate() if p <= least)
   sent, plan = _notices_planning(device_memory_budget_bytes=least,
                                  batch_slices=expected.batch_slices)

@@ -246,15 +246,8 @@ def test_the_memory_log_records_the_accounted_peak_of_a_chunked_step(
       batch, sequence_chunks=3, batch_slices=2,
       device_memory_budget_bytes=None, memory_log_every_n_steps=1,
       output_dir=str(tmp_path), memory_log_tensorboard=False)
-  expected = trainer.device_memory_of(batch)
   assert trainer.planned(batch).plan.sequence_chunks == 3
-  trainer.one_step(batch, cases.RNGS[0], step=1)
-  trainer.memory_log.close()
-  step = cases.phase_records(tmp_path, 1)
-  assert {r['phase'] for r in step} == {'forward', 'loss', 'backward'}
-  for r in step:
-    assert r['peak_device_bytes'] == expected.peak_device_bytes
-    assert r['phase_peak_device_bytes'] == expected.phase_peaks()[r['phase']]
+  cases.check_logged_peaks(trainer, batch, tmp_path)
 
 
 def test_bad_chunks_stop_before_any_update():

@@ -212,10 +212,20 @@ def set_plan(trainer, batch_, plan):
   return memory
 
 
-def phase_records(output_dir, step):
-  """The forward, loss and backward records of `step` in the memory log
-  (`memory.jsonl`) a trainer wrote to `output_dir`."""
+def check_logged_peaks(trainer, batch_, output_dir):
+  """Runs step 1 of `trainer` (built with `memory_log_every_n_steps=1` and
+  `output_dir`) on `batch_`, then checks that the memory log's forward, loss
+  and backward records give the accounted step's peaks."""
+  expected = trainer.device_memory_of(batch_)
+  trainer.one_step(batch_, RNGS[0], step=1)
+  trainer.memory_log.close()
   with open(os.path.join(output_dir, 'memory.jsonl')) as f:
     records = [json.loads(line) for line in f]
-  return [r for r in records if r['step'] == step and
+  step = [r for r in records if r['step'] == 1 and
           r['phase'] in ('forward', 'loss', 'backward')]
+  assert {r['phase'] for r in step} == {'forward', 'loss', 'backward'}
+  for r in step:
+    assert r['peak_device_bytes'] == expected.peak_device_bytes
+    assert r['phase_peak_device_bytes'] == expected.phase_peaks()[r['phase']]
+  assert max(r['phase_peak_device_bytes'] for r in step) == (
+      expected.peak_device_bytes)

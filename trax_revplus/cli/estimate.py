@@ -90,7 +90,7 @@ def estimate(device_memory_bytes: int | None, n_devices: int,
   try:
     three = three_trainers.account_three(cfg, backend, n_devices,
                                          device_memory_bytes)
-  except validation.SequenceChunksError as e:
+  except (validation.SequenceChunksError, validation.MicroBatchesError) as e:
     raise (parsed_config.as_train_reports(e, bindings) or
            UserError(str(e))) from None
   return (backend, three.trainers,

@@ -32,6 +32,7 @@ import jax
 from trax_revplus import device_memory
 from trax_revplus import layers as layers_lib
 from trax_revplus.device_memory import walk as walk_lib
+from trax_revplus.trainer import micro_batches
 from trax_revplus.trainer import step_run as step_run_lib
 from trax_revplus.typing import PyTree
 
@@ -88,6 +89,7 @@ class AheadOfTime(step_run_lib.StepRun):
     self._record = walk_lib.StepWalk(programs)
     self._pool = None
     self._unit = None
+    self._batch = None  # the whole batch's types, with micro-batches
     self.complete = False
 
   def walk(self, units) -> None:
@@ -118,8 +120,36 @@ class AheadOfTime(step_run_lib.StepRun):
     return weights, slots
 
   def state(self, layers: list[int]) -> list[PyTree]:
-    return [_known(self._placement.abstract_per_device(self._layers[i].state))
-            for i in layers]
+    states = [self._layers[i].state for i in layers]
+    if self.part is not None:
+      states = [self.part.state(self._layers[i], state)
+                for i, state in zip(layers, states)]
+    return [_known(self._placement.abstract_per_device(state))
+            for state in states]
+
+  def begin(self) -> None:
+    if self.plan.micro_batches == 1:
+      return
+    self._batch, self.stack = self.stack, None
+    item = micro_batches.loss_weights_item(self._layers, len(self._batch))
+    self.loss_weights = _fresh(self._batch[item])
+
+  def begin_part(self, index: int) -> None:
+    """The part's rows of the batch's types, as `shard_batch` would give
+    them (rows are axis 1 on N > 1 devices, else axis 0)."""
+    m = self.plan.micro_batches
+    if m == 1:
+      return
+    axis = 1 if self._placement.n_devices > 1 else 0
+
+    def part(x):
+      shape = list(x.shape)
+      shape[axis] //= m
+      return jax.ShapeDtypeStruct(tuple(shape), x.dtype, sharding=x.sharding,
+                                  weak_type=x.weak_type)
+    first = jax.tree_util.tree_leaves(self._batch)[0]
+    self.part = micro_batches.Part(index, m, first.shape[axis])
+    self.stack = jax.tree_util.tree_map(part, self._batch)
 
   def place_ahead(self, unit, with_slots) -> None:
     # A unit whose types are unknown stops the walk when it is called, after

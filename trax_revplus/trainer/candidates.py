@@ -17,7 +17,13 @@ Every dimension of `plan.StepPlan` that costs device memory is varied:
   sequence_chunks   the loss layer's tail over 2, 4, ... 64 chunks of the
                     sequence (those dividing it; unfused plans, where the
                     loss layer has a position-wise tail:
-                    `sequence_chunks`), only after every plan without.
+                    `sequence_chunks`), only after every plan without;
+  micro_batches     the step over 2, 4, ... parts of each device's rows
+                    (divisors of them, where the step can add its parts'
+                    gradients exactly: `micro_batches.refusal`; unfused
+                    plans, each part's calls over the fewest batch slices
+                    that divide its rows), only after every plan without,
+                    fewest parts first, then fewest chunks.
 
 The speed model ranks plans without timing them, in this order of
 importance: (1) the fused program first: one call per step, with no host
@@ -55,11 +61,15 @@ Plans in sequence chunks come after all others, fewest chunks first, then
 fewest slices: they only lower the loss call's peak, and cost a loop over
 smaller matrices there.
 
-Plans are grouped by (1), (2) and their chunks: the members of a group share their
-slicing, and the group's leanest member (one layer per call, no copy-back
-depth, no prefetch, saved inputs and states on the host; or its one fused
-program) needs the least memory of the group, so a group whose leanest
-member does not fit is skipped whole.
+Plans in micro-batches come after those, fewest parts first: they shrink
+what the step holds across its calls, and cost every layer's weights a
+trip to the device per part.
+
+Plans are grouped by (1), (2), their chunks and parts: the members of a
+group share their slicing, and the group's leanest member (one layer per
+call, no copy-back depth, no prefetch, saved inputs and states on the host;
+or its one fused program) needs the least memory of the group, so a group
+whose leanest member does not fit is skipped whole.
 
 The leanest unfused plan of one slice runs stock trax's own schedule
 (`device_memory.stock_trainer`): one layer per call, each call's weights
@@ -97,18 +107,21 @@ class Group:
     leanest: the member that needs the least device memory.
     fused_reversible_layers: reversible layers inside the loss program.
     sequence_chunks: the chunks of the loss layer's tail in every member.
+    micro_batches: the parts of the batch in every member.
   """
   plans: tuple[plan_lib.StepPlan, ...]
   leanest: plan_lib.StepPlan
   fused_reversible_layers: int
   sequence_chunks: int = 1
+  micro_batches: int = 1
 
 
 class Candidates:
   """The candidate plans of one trainer on one batch's shapes."""
 
   def __init__(self, block_sizes, nbytes, stack_bytes, rows, options,
-               shared_weights=False, layer_kinds=None, sequence_length=None):
+               shared_weights=False, layer_kinds=None, sequence_length=None,
+               micro_batches_refused=False):
     """Args:
       block_sizes: list over blocks of their numbers of reversible layers.
       nbytes: dict layer index -> bytes of its weights + slots.
@@ -126,6 +139,8 @@ class Candidates:
       sequence_length: int, the sequence the loss layer's tail would run
         in chunks (`sequence_chunks.tail_length`), or None where it has no
         such tail.
+      micro_batches_refused: bool, the step cannot run in micro-batches
+        (`micro_batches.refusal`).
     """
     self._shared_weights = shared_weights
     self._kinds = layer_kinds
@@ -145,6 +160,22 @@ class Candidates:
     # Whether plans without chunks are candidates (not where an int > 1 is
     # pinned).
     self._unchunked = pinned is None or pinned == 1
+    pinned = self._pinned('micro_batches')
+    if micro_batches_refused:
+      self.parts = []
+    elif pinned is None:
+      self.parts = [m for m in range(2, rows + 1) if rows % m == 0]
+    else:
+      self.parts = [pinned] if pinned > 1 else []
+    self.parts = [m for m in self.parts if self._part_slices(rows // m)]
+    self._rows = rows
+    # Whether plans in one pass are candidates.
+    self._one_pass = pinned is None or pinned == 1
+
+  def _part_slices(self, part_rows):
+    """Batch slices each part's calls run over: the fewest of `slices`
+    dividing the part's rows (None where none does)."""
+    return next((k for k in self.slices if part_rows % k == 0), None)
 
   def _make(self, **settings):
     settings.setdefault('segment_max_bytes', self._options.segment_max_bytes)
@@ -187,27 +218,28 @@ class Candidates:
     n = self._options.n_async_layers
     return [n] + [d for d in ASYNC_DEPTHS if d < n]
 
-  def _unfused(self, k, chunks=1):
+  def _unfused(self, k, chunks=1, parts=1):
     plans = [self._make(segment_max_layers=f, backward_segment_max_layers=b,
                         batch_slices=k, n_async_layers=depth,
                         prefetch=prefetch, saved_on_host=on_host,
-                        sequence_chunks=chunks)
+                        sequence_chunks=chunks, micro_batches=parts)
              for on_host in (False, True)
              for f, b in self._lengths() for depth in self._depths()
              for prefetch in (True, False)]
-    return Group(tuple(plans), self.leanest(k, chunks), 0, chunks)
+    return Group(tuple(plans), self.leanest(k, chunks, parts), 0, chunks,
+                 parts)
 
-  def leanest(self, k, chunks=1) -> plan_lib.StepPlan:
-    """The unfused plan of k slices (and `chunks` sequence chunks) with the
-    least device memory: one layer per call (or the pinned segment
-    lengths), nothing placed ahead or waiting to be copied back, saved
-    inputs and states on the host."""
+  def leanest(self, k, chunks=1, parts=1) -> plan_lib.StepPlan:
+    """The unfused plan of k slices (`chunks` sequence chunks, `parts`
+    micro-batches) with the least device memory: one layer per call (or
+    the pinned segment lengths), nothing placed ahead or waiting to be
+    copied back, saved inputs and states on the host."""
     return self._make(
         segment_max_layers=self._usable('segment_max_layers')[0],
         backward_segment_max_layers=self._usable(
             'backward_segment_max_layers')[0],
         batch_slices=k, n_async_layers=0, prefetch=False, saved_on_host=True,
-        sequence_chunks=chunks)
+        sequence_chunks=chunks, micro_batches=parts)
 
   def may_fuse(self, k) -> bool:
     """Whether the fused program may run over k batch slices."""
@@ -217,6 +249,8 @@ class Candidates:
     """Whether `plan` (one kept from an earlier run) is one this trainer
     may run."""
     if plan.sequence_chunks > 1 and plan.sequence_chunks not in self.chunks:
+      return False
+    if plan.micro_batches > 1 and plan.micro_batches not in self.parts:
       return False
     return plan.fused_from >= plan.loss or self.may_fuse(plan.batch_slices)
 
@@ -249,6 +283,15 @@ class Candidates:
 
   def groups(self) -> Iterator[Group]:
     """Every group, in the speed model's order."""
+    if self._one_pass:
+      yield from self._one_pass_groups()
+    chunks = ([1] if self._unchunked else []) + self.chunks
+    for parts in self.parts:
+      k = self._part_slices(self._rows // parts)
+      for c in chunks:
+        yield self._unfused(k, c, parts)
+
+  def _one_pass_groups(self) -> Iterator[Group]:
     if self._unchunked:
       fused = []
       if self._pinned('segment_max_layers') is None:

@@ -123,10 +123,11 @@ class NonFiniteGuard:
 class _Pending(NamedTuple):
   """One compiled call's updates on their way to the host."""
   layers: list[int]  # commit (backward) order
-  weights: Any  # placement.HostCopy of a list over `layers`
+  weights: Any  # placement.HostCopy of a list over `layers`, or None
   slots: Any
   state: Any
   checks: list[dict | None]  # NonFiniteGuard.values_to_check per layer
+  part: Any  # the micro_batches.Part whose rows `state` holds, or None
 
 
 class CommitQueue(step_run_lib.UpdateSink):
@@ -166,13 +167,18 @@ class CommitQueue(step_run_lib.UpdateSink):
     (loss, gradient norms), so all take the same decisions on them."""
     return self._placement.replicated(stats)
 
-  def start(self, layers, weights, slots, states, stats) -> _Pending:
+  def start(self, layers, weights, slots, states, stats,
+            part=None) -> _Pending:
     """Starts the D2H copies of one call's updates (lists over `layers`, in
-    commit order); returns what `commit` takes."""
+    commit order; see `step_run.UpdateSink.start`); returns what `commit`
+    takes."""
     p = self._placement
-    return _Pending(layers, p.start_to_host(weights), p.start_to_host(slots),
-                    p.start_to_host(states, per_device=True),
-                    [self.guard.values_to_check(s) for s in stats])
+    accumulated = weights[0] is None if weights else False
+    return _Pending(
+        layers, None if accumulated else p.start_to_host(weights),
+        None if accumulated else p.start_to_host(slots),
+        p.start_to_host(states, per_device=True),
+        [self.guard.values_to_check(s) for s in stats], part)
 
   def commit(self, entry) -> None:
     """Commits one call's updates: each layer's weights, slots, state.
@@ -180,11 +186,18 @@ class CommitQueue(step_run_lib.UpdateSink):
     Layers are checked and committed in the order of `entry` (backward order
     within a segment), so a non-finite value stops at the first bad layer.
     """
-    weights = entry.weights.collect()
-    slots = entry.slots.collect()
     state = entry.state.collect()
+    if entry.weights is not None:
+      weights, slots = entry.weights.collect(), entry.slots.collect()
     for k, i in enumerate(entry.layers):
       if not self.guard.admits(i, entry.checks[k]):
         return  # A skipped step commits nothing more.
       self.guard.replacing(i)
-      self._store.set(i, weights[k], slots[k], state[k])
+      if entry.part is not None:
+        # A micro-batch's rows of the state, into the whole state.
+        state[k] = entry.part.joined_state(self._store.layers[i],
+                                           self._store.get(i)[2], state[k])
+      if entry.weights is None:  # Gradients accumulated; state only.
+        self._store.set_state(i, state[k])
+      else:
+        self._store.set(i, weights[k], slots[k], state[k])

@@ -40,13 +40,15 @@ def vjp_grads(loss_fn) -> Callable[..., tuple]:
   return grads
 
 
-def _sliced_loss(grads_fn, combine, k, inputs, weights, states, rows):
+def _sliced_loss(grads_fn, combine, k, inputs, weights, states, rows,
+                 all_weights=None):
   """Runs `grads_fn` (as `vjp_grads` returns) over k slices of `inputs`,
-  each loss scaled by `combine`; returns (loss, grads_inputs,
-  grads_weights, new_states)."""
+  each loss scaled by `combine` of its loss weights and `all_weights` (the
+  loss weights of the whole batch, by default those of `inputs`); returns
+  (loss, grads_inputs, grads_weights, new_states)."""
   st = States(states, rows, n_rows(inputs), k)
   xs = Rows(inputs, k)
-  loss_weights = inputs[-1]
+  loss_weights = inputs[-1] if all_weights is None else all_weights
 
   def body(carry, scanned):
     acc, _ = carry
@@ -69,49 +71,66 @@ def _sliced_loss(grads_fn, combine, k, inputs, weights, states, rows):
           st.join(per_row, shared))
 
 
-def _loss_and_grads(grads_fn, combine, k, inputs, weights, state, rows):
+def _loss_and_grads(grads_fn, combine, k, inputs, weights, state, rows,
+                    all_weights=None):
   """`grads_fn` over k slices where `combine` allows, else whole."""
   if combine is None:
     return grads_fn(inputs, weights, state, jnp.ones((), jnp.float32))
-  return _sliced_loss(grads_fn, combine, k, inputs, weights, state, rows)
+  return _sliced_loss(grads_fn, combine, k, inputs, weights, state, rows,
+                      all_weights)
 
 
 def loss_fbo(layer, optimizer, n_devices: int, adasum: bool, k: int,
-             chunks: int = 1) -> Callable[..., tuple]:
+             chunks: int = 1,
+             mode: step_fns.Update = step_fns.Update.NOW
+             ) -> Callable[..., tuple]:
   """`step_fns.fbo_fn` of the loss layer (`Kind.LOSS`) over k slices where
   `loss_combination` allows (unsliced otherwise), its tail over `chunks`
   chunks of the sequence (`sequence_chunks`).
 
+  With `mode` other than `Update.NOW` the call is one micro-batch's
+  (`micro_batches`): its cotangent argument (`Kind.LOSS`'s third) is the
+  loss weights of the whole batch on this device, and its loss is scaled
+  by its share of them.
+
   Raises:
     ValueError: chunks > 1 and the loss layer has no tail that can run in
-      chunks (`sequence_chunks.tail_start`).
+      chunks (`sequence_chunks.tail_start`); a micro-batch's loss that
+      `loss_combination` cannot combine.
   """
   if chunks > 1 and sequence_chunks.tail_start(layer) is None:
     raise ValueError(f'sequence_chunks = {chunks}: the loss layer '
                      f'{layer.name} has no position-wise tail to run in '
                      f'chunks.')
-  combine = loss_combination([layer]) if k > 1 else None
+  micro = mode is not step_fns.Update.NOW
+  combine = loss_combination([layer]) if k > 1 or micro else None
+  if micro and combine is None:
+    raise ValueError(f'micro-batches: the loss layer {layer.name} is not a '
+                     f'weighted mean or sum they can combine.')
   if combine is None and chunks == 1:
     return step_fns.fbo_fn(layer, optimizer, n_devices, adasum, 'loss')
-  update = step_fns.update_fn(optimizer, n_devices, adasum)
+  update = step_fns.update_fn(optimizer, n_devices, adasum, mode)
   rows = slices.state_rows(layer)
 
   def sliced(inputs, weights, grads, state, slots, opt_params, rng, step):
-    del grads  # The loss's cotangent is 1.
+    # The loss's cotangent is 1; a micro-batch's `grads` are the batch's
+    # loss weights.
+    all_weights = grads if micro else None
     if sequence_chunks.in_place(layer, inputs, state):
       # The whole loss layer is its tail: slices and chunks as pieces of
       # one loop, in place.
       loss, grads_inputs, grads_weights, new_state = (
           sequence_chunks.pieces_grads(layer, k if combine else 1, chunks,
-                                       rng)(inputs, weights, state))
+                                       rng)(inputs, weights, state,
+                                            all_weights))
     elif chunks > 1:
       loss, grads_inputs, grads_weights, new_state = _loss_and_grads(
           sequence_chunks.chunked_grads(layer, chunks, rng), combine, k,
-          inputs, weights, state, rows)
+          inputs, weights, state, rows, all_weights)
     else:
       loss, grads_inputs, grads_weights, new_state = _sliced_loss(
           vjp_grads(lambda x, w, s: layer.pure_fn(x, w, s, rng)), combine,
-          k, inputs, weights, state, rows)
+          k, inputs, weights, state, rows, all_weights)
     new_weights, new_slots, stats = update(grads_weights, weights, slots,
                                            opt_params, step)
     stats = dict(stats)

@@ -55,7 +55,8 @@ class ReleaseHostMemory(StepObserver):
     return self._releaser.released_bytes
 
   def unit_done(self, ctx, unit) -> None:
-    fn = unit.forward_fn if ctx.phase == 'forward' else unit.backward_fn
+    fn = (unit.forward_fn if ctx.phase == 'forward' else
+          ctx.backward_fn_of(unit))
     if fn is not None and id(fn) not in self._first_calls_done:
       self._first_calls_done.add(id(fn))
       self.release()

@@ -26,6 +26,7 @@ DEVICE = 'device'
 UNPLANNED_SEGMENT_MAX_LAYERS = 8
 UNPLANNED_BATCH_SLICES = 1
 UNPLANNED_SEQUENCE_CHUNKS = 1
+UNPLANNED_MICRO_BATCHES = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,6 +163,25 @@ class TrainerOptions:
       only where no plan without them fits), `UNPLANNED_SEQUENCE_CHUNKS`
       (none) without one; an int pins it (an int > 1: the step runs
       per-layer calls, never the fused program, which runs no chunks).
+    micro_batches: 'auto' (default) or int m >= 1. The step runs its
+      forward and backward passes over m equal parts of each device's rows,
+      one after the other, adds each layer's weight gradients of the parts
+      together on the device, and applies each layer's optimizer update
+      once, in the last part (`trainer.micro_batches`): the same update as
+      one pass over the batch (exact up to float32 summation order for
+      trax's weighted-mean and weighted-sum losses, combined by their
+      weight sums). The stack and cotangent stack the step holds across
+      its calls are one part's (they shrink m-fold); the accumulated
+      gradients (one copy of the weights' size) are held on the device
+      across the step, and every layer's weights go to the device m times.
+      Layer state splits with the rows as batch slices split it; with
+      dropout, each part draws with its layers' RNGs of the step. m must
+      divide each device's rows; not with `adasum`, weights shared between
+      layers, or a loss that is not a weighted mean or sum of its weights.
+      'auto': the planner's choice under a device memory budget (parts
+      only where no plan without them fits), `UNPLANNED_MICRO_BATCHES`
+      (none) without one; an int pins it (an int > 1: per-layer calls,
+      never the fused program).
   """
   n_async_layers: int = 8
   memory_log_every_n_steps: int = 100
@@ -181,6 +201,7 @@ class TrainerOptions:
   memory_log_first_steps: int = FIRST_STEPS_RECORDED
   batch_slices: int | str = AUTO
   sequence_chunks: int | str = AUTO
+  micro_batches: int | str = AUTO
 
   def __post_init__(self):
     """Checks every setting; ints are stored as Python ints.
@@ -229,6 +250,10 @@ class TrainerOptions:
       _check_int(self, 'sequence_chunks', 1,
                  allowed=f"an int >= 1 that divides the sequence length (1: "
                          f"no chunks) or '{AUTO}'")
+    if self.micro_batches != AUTO:
+      _check_int(self, 'micro_batches', 1,
+                 allowed=f"an int >= 1 that divides each device's rows of "
+                         f"the batch (1: one pass) or '{AUTO}'")
 
   @classmethod
   def of(cls, settings: Mapping[str, Any]) -> 'TrainerOptions':
@@ -254,15 +279,16 @@ class TrainerOptions:
     return cls(**settings)
 
   def unplanned(self, name: str) -> int:
-    """Setting `name` (segment_max_layers, batch_slices or
-    sequence_chunks) as a step without a budget runs it: 'auto' resolved
-    to its unplanned value."""
+    """Setting `name` (segment_max_layers, batch_slices, sequence_chunks or
+    micro_batches) as a step without a budget runs it: 'auto' resolved to
+    its unplanned value."""
     value = getattr(self, name)
     if value != AUTO:
       return value
     return {'segment_max_layers': UNPLANNED_SEGMENT_MAX_LAYERS,
             'batch_slices': UNPLANNED_BATCH_SLICES,
-            'sequence_chunks': UNPLANNED_SEQUENCE_CHUNKS}[name]
+            'sequence_chunks': UNPLANNED_SEQUENCE_CHUNKS,
+            'micro_batches': UNPLANNED_MICRO_BATCHES}[name]
 
   @classmethod
   def field_names(cls) -> tuple[str, ...]:

@@ -25,7 +25,10 @@ step's speed or device memory but never its result:
                   placed back just before the unit's backward;
   sequence_chunks the loss layer's position-wise tail (its last layers and
                   the loss) runs over k chunks of the sequence, one after
-                  the other (`sequence_chunks`).
+                  the other (`sequence_chunks`);
+  micro_batches   the step's forward and backward run over m parts of each
+                  device's rows, one after the other, accumulating weight
+                  gradients, and update once (`micro_batches`).
 
 A plan is data, made before a step and never changed by it; `units` compiles
 it and `planner` chooses it. The rules here build one from the trainer's
@@ -85,6 +88,12 @@ class StepPlan:
       equal to `loss` where k > 1) runs its position-wise tail over k equal
       chunks of the sequence (`sequence_chunks`): its temporaries (the
       logits and their cotangents) shrink about k-fold.
+    micro_batches: int m >= 1; the step walks its units over m equal parts
+      of each device's rows (`fused_from` equal to `loss` where m > 1),
+      accumulating each layer's weight gradients on the device and
+      updating once, in the last part (`micro_batches`): the stack and
+      cotangent stack held across the step are one part's, and every
+      layer's weights go to the device m times.
   """
   blocks: tuple[tuple[int, tuple[Segment, ...]], ...]
   loss: int
@@ -95,6 +104,7 @@ class StepPlan:
   prefetch: bool = True
   saved_on_host: bool = False
   sequence_chunks: int = 1
+  micro_batches: int = 1
 
   def __post_init__(self):
     if self.fused_from is None:
@@ -102,6 +112,9 @@ class StepPlan:
     if self.sequence_chunks > 1 and self.fused_from != self.loss:
       raise ValueError('sequence chunks run the loss layer\'s own program; '
                        'no layer may be fused into it.')
+    if self.micro_batches > 1 and self.fused_from != self.loss:
+      raise ValueError('micro-batches accumulate per-layer calls; no layer '
+                       'may be fused into the loss program.')
     missing = [s for s in self.forward_segments() if s not in self.backward]
     if missing:
       raise ValueError(f'backward split of segments {missing} not decided.')
@@ -135,13 +148,13 @@ class StepPlan:
   @property
   def n_calls(self) -> int:
     """Compiled calls per step: forward units and backward units outside
-    the loss program, and the loss program."""
+    the loss program, and the loss program (each micro-batch's)."""
     n = 1
     for unit in self.unit_spans():
       if unit[0] >= self.fused_from:
         continue
       n += 1 + (len(self.backward[unit]) if unit in self.backward else 1)
-    return n
+    return n * self.micro_batches
 
   @property
   def n_backward_calls(self) -> int:
@@ -164,12 +177,14 @@ class StepPlan:
         'prefetch': self.prefetch,
         'saved_on_host': self.saved_on_host,
         'sequence_chunks': self.sequence_chunks,
+        'micro_batches': self.micro_batches,
     }
 
   def describe(self) -> str:
     """One line, e.g. 'segment_max_layers=8, backward_segment_max_layers=2,
     batch_slices=1, fused_layers=0, n_async_layers=8, prefetch=True,
-    saved_on_host=False, sequence_chunks=1, 9 calls per step'."""
+    saved_on_host=False, sequence_chunks=1, micro_batches=1, 9 calls per
+    step'."""
     settings = ', '.join(f'{k}={v}' for k, v in self.settings().items())
     return f'{settings}, {self.n_calls} calls per step'
 
@@ -238,7 +253,7 @@ def make_plan(block_sizes: Sequence[int], nbytes: Mapping[int, int],
               batch_slices: int = 1, fused_from: int | None = None,
               n_async_layers: int = 8, prefetch: bool = True,
               saved_on_host: bool = False,
-              sequence_chunks: int = 1) -> StepPlan:
+              sequence_chunks: int = 1, micro_batches: int = 1) -> StepPlan:
   """The plan of a trainer's blocks for given settings.
 
   Args:
@@ -251,7 +266,8 @@ def make_plan(block_sizes: Sequence[int], nbytes: Mapping[int, int],
     segment_max_layers, segment_max_bytes, backward_segment_max_layers,
       batch_slices, n_async_layers: as `options.TrainerOptions`.
     fused_from: int or None (nothing fused), see `StepPlan.fused_from`.
-    prefetch, saved_on_host, sequence_chunks: see `StepPlan`.
+    prefetch, saved_on_host, sequence_chunks, micro_batches: see
+      `StepPlan`.
 
   Returns:
     `StepPlan`, every backward split decided.
@@ -272,7 +288,8 @@ def make_plan(block_sizes: Sequence[int], nbytes: Mapping[int, int],
                   batch_slices=batch_slices, fused_from=fused_from,
                   n_async_layers=n_async_layers, prefetch=prefetch,
                   saved_on_host=saved_on_host,
-                  sequence_chunks=sequence_chunks)
+                  sequence_chunks=sequence_chunks,
+                  micro_batches=micro_batches)
 
 
 def configured_plan(block_sizes, nbytes, stack_bytes,
@@ -286,4 +303,5 @@ def configured_plan(block_sizes, nbytes, stack_bytes,
       backward_segment_max_layers=options.backward_segment_max_layers,
       batch_slices=options.unplanned('batch_slices'),
       n_async_layers=options.n_async_layers,
-      sequence_chunks=options.unplanned('sequence_chunks'))
+      sequence_chunks=options.unplanned('sequence_chunks'),
+      micro_batches=options.unplanned('micro_batches'))

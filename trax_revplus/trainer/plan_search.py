@@ -61,7 +61,9 @@ class PlanSearch:
     compiles (its programs are the step's own). Where it does not, the rest
     of the group is tried only where its leanest plan (one layer per call:
     the least compiling) fits; a fused group also needs the stack states it
-    keeps within the budget (`Candidates.lower_bound_bytes`).
+    keeps within the budget (`Candidates.lower_bound_bytes`). After the
+    first unfused group whose leanest plan does not fit, each later group's
+    leanest is weighed before its fastest.
 
     Raises:
       As `weigh`.
@@ -75,16 +77,25 @@ class PlanSearch:
       return peak <= budget_bytes
 
     found = None
+    tight = False  # whether a group's leanest plan did not fit
     for group, bound in zip(self._groups, self._bounds):
       bound = max(bound, self._chunks_bound(group))
       if bound > budget_bytes:
         excluded.append(bound)
         continue
       first, rest = group.plans[0], group.plans[1:]
+      # Once an unfused group did not fit even at its leanest, the budget
+      # is tight: a later group's leanest is weighed first, so that a group
+      # whose leanest does not fit costs that one accounting.
+      if rest and tight and not fits(group.leanest):
+        continue
       if fits(first):
         found = first
         break
-      if not rest or not fits(group.leanest):
+      if not rest:
+        continue
+      if not tight and not fits(group.leanest):
+        tight = True
         continue
       found = next((plan for plan in rest if fits(plan)), None)
       if found is not None:
@@ -117,7 +128,9 @@ class PlanSearch:
     (more chunks hold less: each chunk's temporaries shrink with its
     length, and nothing else the step holds changes), and only where the
     calls they do not change (all but the loss call) leave room below the
-    least found (`_chunks_bound`).
+    least found (`_chunks_bound`). Of the groups in micro-batches, only
+    those with the most parts are weighed (without chunks and with the
+    most), last.
 
     Raises:
       As `weigh`.
@@ -126,12 +139,22 @@ class PlanSearch:
       groups = self._groups
       most = {}  # batch slices -> most sequence chunks of its groups
       for group in groups:
-        k = group.leanest.batch_slices
-        most[k] = max(most.get(k, 1), group.sequence_chunks)
+        if group.micro_batches == 1:
+          k = group.leanest.batch_slices
+          most[k] = max(most.get(k, 1), group.sequence_chunks)
+      # Of the groups in micro-batches, those of the most parts (the least
+      # held across the step), without chunks and with the most.
+      parts = max((group.micro_batches for group in groups), default=1)
+      chunks = max((group.sequence_chunks for group in groups
+                    if group.micro_batches == parts), default=1)
       order = sorted(
           (i for i, group in enumerate(groups)
-           if group.sequence_chunks in (1, most[group.leanest.batch_slices])),
-          key=lambda i: bool(groups[i].fused_reversible_layers))
+           if group.sequence_chunks in (
+               (1, chunks) if group.micro_batches > 1 else
+               (1, most[group.leanest.batch_slices])) and
+           group.micro_batches in (1, parts)),
+          key=lambda i: (bool(groups[i].fused_reversible_layers),
+                         groups[i].micro_batches > 1))
       found = {}  # group index -> StepMemory of its leanest plan
       for i in order:
         least = min((s.peak_device_bytes for s in found.values()),

@@ -30,7 +30,7 @@ from trax_revplus import output_files
 from trax_revplus.trainer import plan as plan_lib
 
 FILENAME = 'plans.json'
-FORMAT = 'trax_revplus plans 4'
+FORMAT = 'trax_revplus plans 5'
 
 
 def _version(distribution: str) -> str:
@@ -81,6 +81,7 @@ def plan_to_json(plan: plan_lib.StepPlan) -> dict:
       'prefetch': plan.prefetch,
       'saved_on_host': plan.saved_on_host,
       'sequence_chunks': plan.sequence_chunks,
+      'micro_batches': plan.micro_batches,
   }
 
 
@@ -103,7 +104,8 @@ def plan_from_json(data: Mapping[str, Any]) -> plan_lib.StepPlan:
       n_async_layers=int(data['n_async_layers']),
       prefetch=bool(data['prefetch']),
       saved_on_host=bool(data['saved_on_host']),
-      sequence_chunks=int(data['sequence_chunks']))
+      sequence_chunks=int(data['sequence_chunks']),
+      micro_batches=int(data['micro_batches']))
 
 
 def _digest(entry: Mapping[str, Any]) -> str:

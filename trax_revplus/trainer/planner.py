@@ -28,6 +28,7 @@ from trax_revplus import validation
 from trax_revplus.device_memory import walk as walk_lib
 from trax_revplus.trainer import ahead
 from trax_revplus.trainer import candidates as candidates_lib
+from trax_revplus.trainer import micro_batches
 from trax_revplus.trainer import options as options_lib
 from trax_revplus.trainer import overrides
 from trax_revplus.trainer import plan as plan_lib
@@ -121,6 +122,9 @@ class Planner:
       validation.SequenceChunksError: sequence_chunks set to an int > 1
         where the loss layer has no tail to chunk, or that does not divide
         its sequence length.
+      validation.MicroBatchesError: micro_batches set to an int > 1 that
+        does not divide each device's rows (or their slices), or where the
+        step cannot add its parts' gradients exactly.
       DeviceMemoryBudgetError: under a budget, no plan fits it, or the
         step cannot be accounted here.
     """
@@ -163,7 +167,16 @@ class Planner:
         self._store.block_sizes(), self._store.params_bytes(),
         self._stack_bytes(types), self._rows(types), self._options,
         bool(self._store.ties), self._layer_kinds(),
-        self._tail_length(types))
+        self._tail_length(types),
+        self.micro_batches_refusal(types) is not None)
+
+  def micro_batches_refusal(self, types) -> str | None:
+    """Why a step from `types` cannot run in micro-batches, or None
+    (`micro_batches.refusal`)."""
+    stack = types.stack
+    n_items = len(stack) if isinstance(stack, (tuple, list)) else 1
+    return micro_batches.refusal(self._store.layers, n_items,
+                                 self._factory.adasum, bool(self._store.ties))
 
   def _layer_kinds(self):
     if self._fingerprint_of is None:
@@ -177,6 +190,9 @@ class Planner:
     validation.check_sequence_chunks(
         options.unplanned('sequence_chunks'), self._tail_length(types),
         self._store.layers[-1].name)
+    validation.check_micro_batches(
+        options.unplanned('micro_batches'), self._rows(types),
+        options.unplanned('batch_slices'), self.micro_batches_refusal(types))
     if self.budget_bytes is not None:
       return self._plan_under_budget(key, types)
     return self._configured(types)
@@ -336,13 +352,15 @@ class Planner:
     need = step.peak_device_bytes
     pinned = [name for name in ('segment_max_layers', 'batch_slices',
                                 'backward_segment_max_layers',
-                                'sequence_chunks')
+                                'sequence_chunks', 'micro_batches')
               if getattr(self._options, name) != options_lib.AUTO]
     unpin = (f", set {' and '.join(pinned)} to 'auto'" if pinned else '')
     layers = plan.settings()['segment_max_layers']
     fused = plan.loss - plan.fused_from
     chunks = (f', sequence_chunks={plan.sequence_chunks}'
-              if plan.sequence_chunks > 1 else '')
+              if plan.sequence_chunks > 1 else '') + (
+                  f', micro_batches={plan.micro_batches}'
+                  if plan.micro_batches > 1 else '')
     how = ('every layer in the loss program' if fused else
            f'{"one layer" if layers <= 1 else f"{layers} layers"} per call, '
            f'saved inputs and states on the host')

@@ -208,15 +208,16 @@ def _stack(items):
 
 
 def _pieces(forward, combine, items, weights, states, rngs, k, chunks,
-            factor):
+            factor, all_weights=None):
   """Loss and gradients of `forward` (a chain from stack items to a loss)
   over k row slices times `chunks` chunks of the sequence, in one loop.
 
-  Each piece reads its rows and positions from `items` as they are and
-  writes its items' cotangents into one buffer of their shape, so the loop
-  holds one piece's temporaries (a loop over stacked slices would copy the
-  items and their cotangents). A piece's loss is scaled by `factor` times
-  its share (`combine`); with chunks each layer draws with its RNG folded
+  Each piece reads its rows and positions from `items` as they are and writes
+  its items' cotangents into one buffer of their shape, so the loop holds one
+  piece's temporaries (a loop over stacked slices would copy the items and
+  their cotangents). A piece's loss is scaled by `factor` times its share
+  (`combine` of its loss weights and `all_weights`, by default the loss
+  weights among `items`); with chunks each layer draws with its RNG folded
   with the chunk's index, without them with its RNG (as batch slices).
 
   Returns:
@@ -239,6 +240,7 @@ def _pieces(forward, combine, items, weights, states, rngs, k, chunks,
     n = length // chunks
   floats = [i for i, x in enumerate(items)
             if jnp.issubdtype(x.dtype, jnp.inexact)]
+  whole = items[-1] if all_weights is None else all_weights
 
   def starts(x, s, j):
     at = [s * b] + [0] * (x.ndim - 1)
@@ -254,7 +256,7 @@ def _pieces(forward, combine, items, weights, states, rngs, k, chunks,
     loss, bufs, acc, _ = carry
     s, j = p // chunks, p % chunks
     part = [lax.dynamic_slice(x, starts(x, s, j), sizes(x)) for x in items]
-    share = factor * lax.stop_gradient(combine(part[-1], items[-1]))
+    share = factor * lax.stop_gradient(combine(part[-1], whole))
     # A piece whose loss weights are all 0 adds 0: its weights are swapped
     # for ones so that its own mean stays finite.
     part[-1] = jnp.where(share > 0, part[-1], jnp.ones_like(part[-1]))
@@ -358,18 +360,19 @@ def pieces_grads(loss_layer, k: int, chunks: int,
     rng: the loss layer's RNG of the step.
 
   Returns:
-    `(inputs, weights, state) -> (loss, grads_inputs, grads_weights,
-    new_state)`.
+    `(inputs, weights, state, all_weights=None) -> (loss, grads_inputs,
+    grads_weights, new_state)`; `all_weights`: the loss weights each
+    piece's share is of (`_pieces`).
   """
   subs = sublayers_of(loss_layer)
   forward = chains.segment_forward_fn(subs)
   combine = loss_combination(subs)
 
-  def grads(inputs, weights, state):
+  def grads(inputs, weights, state, all_weights=None):
     ws, ss = _parts(loss_layer, weights, state)
     loss, grads_inputs, grads_ws, new_states = _pieces(
         forward, combine, _items(inputs), ws, ss, _rngs(loss_layer, rng), k,
-        chunks, jnp.ones((), jnp.float32))
+        chunks, jnp.ones((), jnp.float32), all_weights)
     return (loss, _stack(grads_inputs), _joined(loss_layer, grads_ws),
             _joined(loss_layer, new_states))
   return grads

@@ -121,6 +121,7 @@ class States:
             used % k == 0)
       self._used.append(used if ok else None)
     self._leaves = leaves
+    self._k = k
     self.scanned = [_split(x[:u], k) for x, u in zip(leaves, self._used)
                     if u is not None]
     self.shared = [x for x, u in zip(leaves, self._used) if u is None]
@@ -131,6 +132,27 @@ class States:
         self.shared if shared is None else shared)
     out = [scanned.pop(0) if u is not None else shared.pop(0)
            for u in self._used]
+    return jax.tree_util.tree_unflatten(self._treedef, out)
+
+  def slice_at(self, s: int) -> PyTree:
+    """The states of slice s: its rows of each per-row leaf, each shared
+    leaf whole."""
+    return self.slice([x[s] for x in self.scanned])
+
+  def with_slice(self, s: int, states: PyTree) -> PyTree:
+    """Host states: the whole states with slice s's rows of each per-row
+    leaf, and each shared leaf, taken from `states` (a slice's new states,
+    host arrays); the other rows as they are (copied)."""
+    per_row, shared = self.parts(states)
+    out = []
+    for x, u in zip(self._leaves, self._used):
+      if u is None:
+        out.append(shared.pop(0))
+      else:
+        b = u // self._k
+        x = np.array(x)
+        x[s * b:(s + 1) * b] = per_row.pop(0)
+        out.append(x)
     return jax.tree_util.tree_unflatten(self._treedef, out)
 
   def parts(self, states: PyTree) -> tuple[list[Array], list[Array]]:
@@ -191,12 +213,13 @@ def forward(fn: Callable[..., tuple[PyTree, PyTree]], k: int,
   return sliced
 
 
-def fbo(layer, optimizer, n_devices: int, adasum: bool, k: int,
-        rows) -> Callable[..., tuple]:
-  """`step_fns.fbo_fn` of a standard layer over k slices."""
+def fbo(layer, optimizer, n_devices: int, adasum: bool, k: int, rows,
+        mode: step_fns.Update = step_fns.Update.NOW) -> Callable[..., tuple]:
+  """`step_fns.fbo_fn` of a standard layer over k slices (`mode`: see
+  `step_fns.update_fn`)."""
   if k == 1:
-    return step_fns.fbo_fn(layer, optimizer, n_devices, adasum)
-  update = step_fns.update_fn(optimizer, n_devices, adasum)
+    return step_fns.fbo_fn(layer, optimizer, n_devices, adasum, mode=mode)
+  update = step_fns.update_fn(optimizer, n_devices, adasum, mode)
 
   def sliced(inputs, weights, grads, state, slots, opt_params, rng, step):
     st = States(state, rows, n_rows(inputs), k)
@@ -223,7 +246,9 @@ def fbo(layer, optimizer, n_devices: int, adasum: bool, k: int,
 
 
 def segment_reverse(layers, optimizers, n_devices: int, adasum: bool, k: int,
-                    rows, in_call=()) -> Callable[..., tuple]:
+                    rows, in_call=(),
+                    mode: step_fns.Update = step_fns.Update.NOW
+                    ) -> Callable[..., tuple]:
   """`step_fns.segment_reverse_fn` over k slices: each slice reversed
   through every layer, last to first; then each layer's update.
 
@@ -233,12 +258,14 @@ def segment_reverse(layers, optimizers, n_devices: int, adasum: bool, k: int,
   and output cotangents, in place: with those arguments donated, as the
   trainer donates them, the call needs no second batch-sized buffer. A
   segment that changes it (`tl.ReversibleSelect([0, 0])`) collects them as
-  a scan's results instead. `in_call`: see `step_fns.update_each`.
+  a scan's results instead. `in_call`: see `step_fns.update_each`; `mode`:
+  `step_fns.update_fn`.
   """
   if k == 1:
     return step_fns.segment_reverse_fn(layers, optimizers, n_devices, adasum,
-                                       in_call)
-  updates = [step_fns.update_fn(opt, n_devices, adasum) for opt in optimizers]
+                                       in_call, mode)
+  updates = [step_fns.update_fn(opt, n_devices, adasum, mode)
+             for opt in optimizers]
 
   if any(layer.n_in != layer.n_out for layer in layers):
     def sliced_by_scan(outputs, weights, grads, states, new_states, slots,

@@ -19,6 +19,7 @@ from trax.fastmath import numpy as jnp
 from trax_revplus import memory as memory_lib
 from trax_revplus import placement as placement_lib
 from trax_revplus.trainer import commit as commit_lib
+from trax_revplus.trainer import micro_batches
 from trax_revplus.trainer import observers as observers_lib
 from trax_revplus.trainer import step_run as step_run_lib
 from trax_revplus.trainer import store as store_lib
@@ -104,13 +105,30 @@ class StepContext(step_run_lib.StepRun):
   # The named points of the walk.
 
   def begin(self) -> None:
-    """Frees device buffers (where set); then places the batch: once the
-    forward phase's clock runs, so that the forward phase counts its
-    bytes."""
+    """Frees device buffers (where set); then places the batch (with
+    micro-batches: its loss weights): once the forward phase's clock runs,
+    so that the forward phase counts its bytes."""
     if self._free_accelerators:
       self._free_device_buffers(self._store.keep())
-    self.stack = self._placement.shard_batch(self._batch)
-    self._batch = None
+    if self.plan.micro_batches == 1:
+      self.stack = self._placement.shard_batch(self._batch)
+      self._batch = None
+      return
+    item = micro_batches.loss_weights_item(self._store.layers,
+                                           len(self._batch))
+    self.loss_weights = self._placement.shard_batch(self._batch[item])
+
+  def begin_part(self, index: int) -> None:
+    if self.plan.micro_batches == 1:
+      return
+    n_devices = self._placement.n_local_devices
+    self.part = micro_batches.Part(
+        index, self.plan.micro_batches,
+        len(self._batch[0]) // n_devices)
+    self.stack = self._placement.shard_batch(
+        micro_batches.batch_part(self._batch, self.part, n_devices))
+    if self.part.last:
+      self._batch = None
 
   def unit_done(self, unit) -> None:
     for observer in self._observers:
@@ -149,7 +167,11 @@ class StepContext(step_run_lib.StepRun):
     return self._placement.place_params(weights), None
 
   def state(self, layers: list[int]) -> list[PyTree]:
-    return self._placement.per_device(self._store.states(layers))
+    states = self._store.states(layers)
+    if self.part is not None:
+      states = [self.part.state(self._store.layers[i], state)
+                for i, state in zip(layers, states)]
+    return self._placement.per_device(states)
 
   def call(self, fn: Callable[..., Any], args: tuple) -> PyTree:
     return fn(*args)
@@ -181,4 +203,5 @@ class StepContext(step_run_lib.StepRun):
     for i, stat in enumerate(reversed(self.stats)):
       for k, v in stat.items():
         joint_stats[f'layer{i}/' + k] = v
-    return self.stats[0]['loss'], joint_stats
+    # With micro-batches each part's loss is its share of the batch's.
+    return sum(self.part_losses, self.stats[0]['loss']), joint_stats

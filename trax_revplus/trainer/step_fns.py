@@ -171,39 +171,74 @@ def average_gradients(grads: PyTree, n_devices: int, adasum: bool) -> PyTree:
   return fastmath.nested_map(lambda g: g / n, grads_psum)
 
 
-def update_fn(optimizer, n_devices: int,
-              adasum: bool) -> Callable[..., tuple[PyTree, PyTree, dict]]:
+class Update(enum.Enum):
+  """What an updating call does with the weight gradients it computes.
+
+  NOW: the optimizer update, at once (a step in one pass over the batch).
+  ACCUMULATE: adds them to the gradients of the step's earlier micro-batches
+    (`micro_batches`), which the call takes in the slots' place (an empty
+    tuple in the first micro-batch) and returns in the new slots' place;
+    it returns no weights (an empty tuple) and no update statistics.
+  APPLY: the update of the step's last micro-batch, with the gradients of
+    the earlier ones added: the call takes (slots, accumulated gradients)
+    in the slots' place.
+  """
+  NOW = 'now'
+  ACCUMULATE = 'accumulate'
+  APPLY = 'apply'
+
+
+def update_fn(optimizer, n_devices: int, adasum: bool,
+              mode: Update = Update.NOW
+              ) -> Callable[..., tuple[PyTree, PyTree, dict]]:
   """One layer's optimizer update from its gradients.
 
   The update of trax's `_fbo_with_layer_and_opt` and
   `_reverse_and_fbo_with_layer_and_opt`, apart from their forward and
   backward: gradients averaged over the devices, then
-  `optimizer.tree_update`.
+  `optimizer.tree_update`. With `mode` (`Update`) the gradients of a
+  micro-batch are accumulated, or added to the accumulated ones before the
+  update; each micro-batch's gradients are averaged over the devices
+  before they are added (an average of sums is the sum of averages;
+  Adasum, which is not linear, is not accumulated: `micro_batches`).
 
   Returns (of the returned function):
     (grads_weights, weights, slots, opt_params, step) -> (new_weights,
     new_slots, stats); a layer without weights is returned unchanged with
-    empty stats.
+    empty stats (ACCUMULATE: empty tuples).
   """
   def update(grads_weights, weights, slots, opt_params, step):
+    if mode is Update.APPLY:
+      slots, accumulated = slots
     if is_empty_tuple(weights):
+      if mode is Update.ACCUMULATE:
+        return (), (), {}
       return weights, slots, {}
     if n_devices > 1:
       grads_weights = average_gradients(grads_weights, n_devices, adasum)
+    if mode is Update.ACCUMULATE:
+      if not is_empty_tuple(slots):  # The gradients so far.
+        grads_weights = jax.tree_util.tree_map(jnp.add, slots, grads_weights)
+      return (), grads_weights, {}
+    if mode is Update.APPLY:
+      grads_weights = jax.tree_util.tree_map(jnp.add, accumulated,
+                                             grads_weights)
     return optimizer.tree_update(step, grads_weights, weights, slots,
                                  opt_params, store_slots=False)
   return update
 
 
 def fbo_fn(layer, optimizer, n_devices: int, adasum: bool,
-           stats_name: str | None = None) -> Callable[..., tuple]:
+           stats_name: str | None = None,
+           mode: Update = Update.NOW) -> Callable[..., tuple]:
   """Forward + backward + optimizer update of a standard layer.
 
   Mirrors trax's `_fbo_with_layer_and_opt`. With `stats_name` (the loss
   layer: `Kind.LOSS`) the cotangent is 1 when none is given, and the
-  layer's output is returned among the stats under that name.
+  layer's output is returned among the stats under that name. `mode`: see
+  `update_fn`.
   """
-  update = update_fn(optimizer, n_devices, adasum)
+  update = update_fn(optimizer, n_devices, adasum, mode)
 
   def fbo(inputs, weights, grads, state, slots, opt_params, rng, step):
     def pure_fn_without_state_and_rng(x, w):
@@ -221,13 +256,14 @@ def fbo_fn(layer, optimizer, n_devices: int, adasum: bool,
   return fbo
 
 
-def reverse_and_fbo_fn(layer, optimizer, n_devices: int,
-                       adasum: bool) -> Callable[..., tuple]:
+def reverse_and_fbo_fn(layer, optimizer, n_devices: int, adasum: bool,
+                       mode: Update = Update.NOW) -> Callable[..., tuple]:
   """Reverse + backward + optimizer update of a reversible layer.
 
-  Mirrors trax's `_reverse_and_fbo_with_layer_and_opt`.
+  Mirrors trax's `_reverse_and_fbo_with_layer_and_opt`. `mode`: see
+  `update_fn`.
   """
-  update = update_fn(optimizer, n_devices, adasum)
+  update = update_fn(optimizer, n_devices, adasum, mode)
 
   def reverse_and_fbo(output, weights, grads, state, new_state, slots,
                       opt_params, rng, step):
@@ -247,7 +283,8 @@ def forward_fn(layer) -> Callable[..., tuple[PyTree, PyTree]]:
 
 
 def segment_reverse_fn(layers, optimizers, n_devices: int, adasum: bool,
-                       in_call=()) -> Callable[..., tuple]:
+                       in_call=(),
+                       mode: Update = Update.NOW) -> Callable[..., tuple]:
   """Reverse + backward + update of consecutive reversible layers.
 
   Runs `reverse_and_fbo_fn` of each layer, last to first
@@ -263,9 +300,9 @@ def segment_reverse_fn(layers, optimizers, n_devices: int, adasum: bool,
     segment's forward read (`chains.chain_depth(layers)`) and their cotangents.
   With `in_call` (`ties.Ties.in_call` of the layers), a layer reads the
   weights it shares with a later layer of the segment from that layer's
-  update, as trax's one call per layer would.
+  update, as trax's one call per layer would. `mode`: see `update_fn`.
   """
-  fns = [reverse_and_fbo_fn(layer, opt, n_devices, adasum)
+  fns = [reverse_and_fbo_fn(layer, opt, n_devices, adasum, mode)
          for layer, opt in zip(layers, optimizers)]
 
   def reverse(outputs, weights, grads, states, new_states, slots, opt_params,

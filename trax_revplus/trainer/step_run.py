@@ -56,10 +56,14 @@ class UpdateSink:
     """A call's statistics as the walk keeps them (here: as they are)."""
     return stats
 
-  def start(self, layers, weights, slots, states, stats) -> Any:
+  def start(self, layers, weights, slots, states, stats,
+            part=None) -> Any:
     """One call's updates are dispatched (lists over `layers`, in commit
-    order); returns the token `commit` takes (here: None)."""
-    del layers, weights, slots, states, stats
+    order; weights and slots None where the call only accumulated
+    gradients, and `part` the `micro_batches.Part` whose rows of each
+    layer's state `states` are); returns the token `commit` takes (here:
+    None)."""
+    del layers, weights, slots, states, stats, part
 
   def commit(self, token) -> None:
     """The update of `token` leaves the device (here: it is dropped)."""
@@ -88,9 +92,10 @@ class CopyBack:
     self._sink = sink
     self._pending = collections.deque()  # (n layers, device updates, token)
 
-  def push(self, layers, weights, slots, states, stats) -> None:
-    """One call's updates, lists over `layers` in commit (backward) order."""
-    token = self._sink.start(layers, weights, slots, states, stats)
+  def push(self, layers, weights, slots, states, stats, part=None) -> None:
+    """One call's updates, lists over `layers` in commit (backward) order
+    (see `UpdateSink.start`)."""
+    token = self._sink.start(layers, weights, slots, states, stats, part)
     self._pending.append((len(layers), (weights, slots, states), token))
     waiting = commit_waits([n for n, _, _ in self._pending],
                            self._n_async_layers)
@@ -136,6 +141,14 @@ class StepRun(abc.ABC):
       share).
     tied: dict, (layer, leaf) -> that leaf of the layer's update this step,
       kept for the backward of the earlier layer sharing it (`params`).
+    part: the `micro_batches.Part` walked, or None without micro-batches
+      (`plan.StepPlan.micro_batches`).
+    loss_weights: with micro-batches, the loss weights of the whole batch,
+      placed (each part's loss call takes them); else None.
+    grads: dict, layer index -> its weight gradients accumulated over the
+      step's earlier micro-batches, on the device.
+    part_losses: the losses of the step's earlier micro-batches (each its
+      share of the batch's loss).
   """
 
   def __init__(self, plan, stack, rngs, opt_params, step_placed, sink,
@@ -154,6 +167,10 @@ class StepRun(abc.ABC):
     self.copy_back = CopyBack(plan.n_async_layers, sink)
     self.ties = ties if ties is not None else ties_lib.Ties()
     self.tied = {}
+    self.part = None
+    self.loss_weights = None
+    self.grads = {}
+    self.part_losses = []
     self._next = None  # (unit, its params) placed ahead of its call
 
   # What the device holds: one description for the step, the freeing of
@@ -171,6 +188,8 @@ class StepRun(abc.ABC):
         ('step and RNGs', (self.step_placed, self.rngs)),
         ('stack', self.stack),
         ('cotangent stack', self.grad_stack),
+        ('loss weights of the batch', self.loss_weights),
+        ('accumulated gradients', self.grads),
         ('saved block inputs and states', self.saved),
         ('weights placed ahead', self.prefetched),
         ('updates not yet copied back', self.copy_back.on_device()),
@@ -242,11 +261,22 @@ class StepRun(abc.ABC):
   def call(self, fn: Callable[..., Any], args: tuple) -> PyTree:
     """Calls compiled function `fn` on `args`; returns its results."""
 
+  @property
+  def accumulating(self) -> bool:
+    """Whether the walk is in a micro-batch that only accumulates its
+    gradients (any but the step's last)."""
+    return self.part is not None and not self.part.last
+
+  def backward_fn_of(self, unit) -> Callable[..., Any]:
+    """The compiled backward `unit` calls in this part of the step."""
+    return unit.accumulate_fn if self.accumulating else unit.backward_fn
+
   def place_ahead(self, unit, with_slots) -> None:
     """Places `unit`'s parameters ahead of its call, if the plan
     prefetches (H2D overlaps the current call's work)."""
     if self.plan.prefetch:
-      self._next = (unit, self.place(unit.layers, with_slots))
+      self._next = (unit, self.place(unit.layers,
+                                     with_slots and not self.accumulating))
 
   def params(self, unit, following,
              with_slots: bool) -> tuple[list[PyTree], list[PyTree] | None]:
@@ -266,12 +296,24 @@ class StepRun(abc.ABC):
       assert ahead_unit is unit, (ahead_unit, unit)
       self._next = None
     else:
-      params = self.place(unit.layers, with_slots)
+      params = self.place(unit.layers, with_slots and not self.accumulating)
     if following is not None:
       self.place_ahead(following, with_slots)
+    if with_slots and self.part is not None:
+      params = self._with_gradients(unit.layers, params)
     if with_slots and self.ties:
       params = self._with_tied(unit.layers, params)
     return params
+
+  def _with_gradients(self, layers, params):
+    """A micro-batch's `params` (`step_fns.Update`): the gradients
+    accumulated so far in the slots' place (an empty tuple in the first
+    part), or beside the slots in the last part."""
+    weights, slots = params
+    grads = [self.grads.pop(i, ()) for i in layers]
+    if self.accumulating:
+      return weights, grads
+    return weights, [(s, g) for s, g in zip(slots, grads)]
 
   def _with_tied(self, layers, params):
     """`params` of a call updating `layers`, with each weight those layers
@@ -296,8 +338,19 @@ class StepRun(abc.ABC):
   def updated(self, layers, weights, slots, states, stats) -> None:
     """A call's updates, lists over `layers` in commit (backward) order:
     its statistics kept (as the sink reads them), the updates handed to
-    the sink on their way off the device (`CopyBack`)."""
+    the sink on their way off the device (`CopyBack`). In a micro-batch
+    that accumulates, `slots` are the layers' accumulated gradients, kept
+    on the device (`grads`); its loss is kept (`part_losses`) and only the
+    states go to the sink."""
     stats = self.sink.readable(stats)
+    if self.accumulating:
+      for layer, layer_grads, layer_stats in zip(layers, slots, stats):
+        self.grads[layer] = layer_grads
+        if 'loss' in layer_stats:
+          self.part_losses.append(layer_stats['loss'])
+      none = [None] * len(layers)
+      self.copy_back.push(layers, none, none, states, stats, self.part)
+      return
     self.stats.extend(stats)
     if self.ties:
       for layer, layer_weights in zip(layers, weights):
@@ -306,14 +359,20 @@ class StepRun(abc.ABC):
             continue  # Read inside the call itself (`Ties.in_call`).
           self.tied[(layer, tie.source_leaf)] = ties_lib.leaf(
               layer_weights, tie.source_leaf)
-    self.copy_back.push(layers, weights, slots, states, stats)
+    self.copy_back.push(layers, weights, slots, states, stats, self.part)
 
   # The named points of the walk (`units.Units.walk`), in its order. A walk
   # on types does nothing at them; the step records its phases there and
   # frees device buffers where its settings say so.
 
   def begin(self) -> None:
-    """Before the forward pass; after it, the stack holds the batch."""
+    """Before the step's first forward pass; after it, the stack holds the
+    batch (with micro-batches: `loss_weights` hold the batch's loss
+    weights, and `begin_part` places each part)."""
+
+  def begin_part(self, index: int) -> None:
+    """Before part `index`'s forward pass (0 without micro-batches); with
+    micro-batches, sets `part` and places the part's rows as the stack."""
 
   def unit_done(self, unit) -> None:
     """After `unit`'s call in the pass `phase` ('forward' or 'backward')."""
@@ -322,8 +381,11 @@ class StepRun(abc.ABC):
     """After the pass `phase`: 'forward', 'loss', then 'backward' (once
     every update has left the device)."""
 
-  def finish(self) -> None:
-    """The end of the backward pass: every update leaves the device, then
-    the sink hears the walk's end (`UpdateSink.end_step`)."""
+  def end_part(self) -> None:
+    """The end of a part's backward pass (the step's, without
+    micro-batches): every update leaves the device (the next part reads
+    the states this one wrote); after the last part the sink hears the
+    walk's end (`UpdateSink.end_step`)."""
     self.copy_back.drain()
-    self.sink.end_step()
+    if self.part is None or self.part.last:
+      self.sink.end_step()

@@ -135,6 +135,10 @@ class LayerStore:
     self.optimizers[i].slots = slots
     self.layers[i].state = state
 
+  def set_state(self, i, state) -> None:
+    """Sets layer i's state alone."""
+    self.layers[i].state = state
+
   def trax_optimizers(self) -> list[tuple[optimizer_base.Optimizer,
                                           list[optimizer_base.Optimizer]]
                                     | optimizer_base.Optimizer]:

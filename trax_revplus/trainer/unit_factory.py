@@ -26,10 +26,19 @@ def is_permutation(layer) -> bool:
 
 
 
-def _variant(n_slices, in_call):
+def _variant(n_slices, in_call, mode=step_fns.Update.NOW):
   """What tells compiled functions of equal layers apart: their batch
-  slices, and the shared weights they pass between their layers."""
-  return (n_slices, in_call) if in_call else n_slices
+  slices, the shared weights they pass between their layers, and what
+  they do with their gradients (`step_fns.Update`)."""
+  variant = (n_slices, in_call) if in_call else n_slices
+  return variant if mode is step_fns.Update.NOW else (variant, mode.value)
+
+
+def _modes(micro: bool) -> tuple[step_fns.Update, step_fns.Update | None]:
+  """(mode of a unit's backward_fn, mode of its accumulate_fn or None)."""
+  if micro:
+    return step_fns.Update.APPLY, step_fns.Update.ACCUMULATE
+  return step_fns.Update.NOW, None
 
 
 class UnitFactory:
@@ -51,19 +60,28 @@ class UnitFactory:
     self._compile = compile_fn
     self._n_devices = n_devices
     self._adasum = adasum
+    self.adasum = adasum
 
-  def _donated(self, kind, indices):
+  def _donated(self, kind, indices, mode=step_fns.Update.NOW):
     """The arguments `kind` replaces: weights and slots where any of its
-    layers has weights (else they are empty), the others always."""
-    if any(step_fns.has_weights(self._layers[i]) for i in indices):
-      return kind.donated
-    return tuple(i for i in kind.donated if i not in kind.parameters)
+    layers has weights (else they are empty), the others always. A call
+    that accumulates gradients (`step_fns.Update.ACCUMULATE`) replaces the
+    gradients in the slots' place, not the weights."""
+    if not any(step_fns.has_weights(self._layers[i]) for i in indices):
+      return tuple(i for i in kind.donated if i not in kind.parameters)
+    if mode is step_fns.Update.ACCUMULATE:
+      return tuple(i for i in kind.donated if i != kind.parameters[0])
+    return kind.donated
 
   def _rows(self, indices):
     """`slices.Rows` of layers `indices` (how their state splits)."""
     return [slices.state_rows(self._layers[i]) for i in indices]
 
-  def standard(self, i: int, n_slices: int = 1) -> StandardUnit:
+  def standard(self, i: int, n_slices: int = 1,
+               micro: bool = False) -> StandardUnit:
+    """The `StandardUnit` of layer i; with `micro` (micro-batches) its
+    backward_fn applies accumulated gradients and its accumulate_fn
+    accumulates them (`step_fns.Update`)."""
     layer, opt = self._layers[i], self._optimizers[i]
     rows = self._rows([i])[0]
     forward_fn = self._compile(
@@ -71,16 +89,22 @@ class UnitFactory:
         slices.forward(step_fns.forward_fn(layer), n_slices, rows), (),
         n_slices)
     kind = Kind.FORWARD_BACKWARD_UPDATE
-    backward_fn = self._compile(
-        kind, [i], slices.fbo(layer, opt, self._n_devices, self._adasum,
-                              n_slices, rows),
-        self._donated(kind, [i]), n_slices)
-    return StandardUnit(i, layer, forward_fn, backward_fn)
+
+    def backward(mode):
+      return mode and self._compile(
+          kind, [i], slices.fbo(layer, opt, self._n_devices, self._adasum,
+                                n_slices, rows, mode),
+          self._donated(kind, [i], mode), _variant(n_slices, (), mode))
+    update, accumulate = _modes(micro)
+    return StandardUnit(i, layer, forward_fn, backward(update),
+                        backward(accumulate))
 
   def segment(self, indices: list[int], n_slices: int = 1,
-              forward: bool = True) -> ReversibleSegment | SelectSegment:
+              forward: bool = True,
+              micro: bool = False) -> ReversibleSegment | SelectSegment:
     """A `ReversibleSegment`, or a `SelectSegment` where every layer only
-    permutes the stack; without `forward` its forward_fn is None."""
+    permutes the stack; without `forward` its forward_fn is None; `micro`:
+    see `standard`."""
     layers = [self._layers[i] for i in indices]
     if all(is_permutation(layer) for layer in layers):
       return SelectSegment(indices, layers)
@@ -92,47 +116,62 @@ class UnitFactory:
           slices.forward(chains.segment_forward_fn(layers), n_slices, rows),
           (), n_slices)
     in_call = self._ties.in_call(indices)
-    fn = slices.segment_reverse(
-        layers, [self._optimizers[i] for i in indices], self._n_devices,
-        self._adasum, n_slices, rows, in_call)
     # Weights, slots, the outputs and their cotangents are replaced by the
     # results and never read again: the stacks hold the outputs and
     # cotangents alone (a standard layer's saved inputs are popped before
     # this backward runs), and the reconstructed inputs and input
     # cotangents can take their buffers.
     kind = Kind.SEGMENT_REVERSE_UPDATE
-    backward_fn = self._compile(kind, indices, fn,
-                                self._donated(kind, indices),
-                                _variant(n_slices, in_call))
-    return ReversibleSegment(indices, layers, forward_fn, backward_fn)
+
+    def backward(mode):
+      return mode and self._compile(
+          kind, indices, slices.segment_reverse(
+              layers, [self._optimizers[i] for i in indices],
+              self._n_devices, self._adasum, n_slices, rows, in_call, mode),
+          self._donated(kind, indices, mode),
+          _variant(n_slices, in_call, mode))
+    update, accumulate = _modes(micro)
+    return ReversibleSegment(indices, layers, forward_fn, backward(update),
+                             backward(accumulate))
 
   def loss(self, indices: list[int], n_slices: int = 1,
-           chunks: int = 1) -> LossUnit:
+           chunks: int = 1, micro: bool = False) -> LossUnit:
     """The `LossUnit` of layers `indices` (the loss layer last); the
     reversible layers before the loss recompute their activations in its
     backward pass (`chains.chain_forward_fn`). `chunks`: the loss layer's
     tail over that many chunks of the sequence (`sequence_chunks`; the
     loss layer alone only, as `plan.StepPlan` holds).
 
+    With `micro` (micro-batches; the loss layer alone, as `plan.StepPlan`
+    holds) its fn applies accumulated gradients and its accumulate_fn
+    accumulates them (`step_fns.Update`).
+
     Raises:
-      ValueError: chunks > 1 and the loss layer has no tail to chunk.
+      ValueError: chunks > 1 and the loss layer has no tail to chunk; with
+        `micro`, a loss micro-batches cannot combine.
     """
     layers = [self._layers[i] for i in indices]
     optimizers = [self._optimizers[i] for i in indices]
     depth = chains.chain_depth(layers)
-    variant = n_slices
-    if len(indices) == 1:
-      kind = Kind.LOSS
-      fn = loss_slices.loss_fbo(layers[0], optimizers[0], self._n_devices,
-                                self._adasum, n_slices, chunks)
-      if chunks > 1:
-        variant = (n_slices, 'sequence_chunks', chunks)
-    else:
-      kind = Kind.FUSED_LOSS
+    if len(indices) > 1:
       in_call = self._ties.in_call(indices)
       fn = loss_slices.fused_loss(layers, optimizers, self._n_devices,
                                   self._adasum, n_slices, self._rows(indices),
                                   in_call)
-      variant = _variant(n_slices, in_call)
-    return LossUnit(indices, depth, self._compile(
-        kind, indices, fn, self._donated(kind, indices), variant))
+      kind = Kind.FUSED_LOSS
+      return LossUnit(indices, depth, self._compile(
+          kind, indices, fn, self._donated(kind, indices),
+          _variant(n_slices, in_call)))
+    kind = Kind.LOSS
+    variant = (n_slices, 'sequence_chunks', chunks) if chunks > 1 else (
+        n_slices)
+
+    def program(mode):
+      return mode and self._compile(
+          kind, indices, loss_slices.loss_fbo(
+              layers[0], optimizers[0], self._n_devices, self._adasum,
+              n_slices, chunks, mode),
+          self._donated(kind, indices, mode),
+          _variant(variant, (), mode))
+    update, accumulate = _modes(micro)
+    return LossUnit(indices, depth, program(update), program(accumulate))

@@ -14,7 +14,8 @@ a `plan.StepPlan` and walks them:
 
 `Units.walk` is the step's one schedule: the only place that says forward,
 loss, backward, in that order, and names the points between them where the
-run may act (`step_run.StepRun.begin`, `unit_done`, `end_pass`, `finish`).
+run may act (`step_run.StepRun.begin`, `begin_part`, `unit_done`,
+`end_pass`, `end_part`).
 It runs on a `step_run.StepRun`, which gives the units their arguments,
 makes their calls and hands their updates to its sink:
 `step_context.StepContext` on placed arrays (the step itself), or
@@ -42,14 +43,19 @@ class StandardUnit:
       backward reads.
     forward_fn, backward_fn: compiled `Kind.FORWARD` and
       `Kind.FORWARD_BACKWARD_UPDATE` functions.
+    accumulate_fn: the backward of a micro-batch that only accumulates
+      its gradients (`step_fns.Update.ACCUMULATE`), or None without
+      micro-batches.
   """
 
-  def __init__(self, index, layer, forward_fn, backward_fn):
+  def __init__(self, index, layer, forward_fn, backward_fn,
+               accumulate_fn=None):
     self.layers = [index]
     self.depth = layer.n_in
     self.n_out = layer.n_out
     self.forward_fn = forward_fn
     self.backward_fn = backward_fn
+    self.accumulate_fn = accumulate_fn
 
   def forward(self, stack: Stack, params, run: step_run_lib.StepRun) -> Stack:
     """Runs the layer on the top of `stack`; saves its inputs and new state.
@@ -77,7 +83,7 @@ class StandardUnit:
     [(inputs, state)] = run.take_saved(self.layers)
     grads = cb.inputs_from_stack(grad_stack, self.n_out)
     new_weights, new_state, new_slots, grads_in, stats = run.call(
-        self.backward_fn,
+        run.backward_fn_of(self),
         (inputs, weights[0], grads, state, slots[0], run.opt_params[i],
          run.rngs[i], run.step_placed))
     del weights, slots, state, grads
@@ -102,15 +108,18 @@ class ReversibleSegment:
     forward_fn: compiled `Kind.SEGMENT_FORWARD` function, or None for a
       segment that only runs backward (a backward split).
     backward_fn: compiled `Kind.SEGMENT_REVERSE_UPDATE` function.
+    accumulate_fn: as `StandardUnit.accumulate_fn`.
   """
 
-  def __init__(self, indices, layers, forward_fn, backward_fn):
+  def __init__(self, indices, layers, forward_fn, backward_fn,
+               accumulate_fn=None):
     self.layers = list(indices)
     self.depth = chains.chain_depth(layers)
     self.out_depth = self.depth + sum(layer.n_out - layer.n_in
                                       for layer in layers)
     self.forward_fn = forward_fn
     self.backward_fn = backward_fn
+    self.accumulate_fn = accumulate_fn
 
   def forward(self, stack: Stack, params, run: step_run_lib.StepRun) -> Stack:
     """Runs the layers in order; saves each one's old and new state.
@@ -139,7 +148,7 @@ class ReversibleSegment:
     outputs = cb.inputs_from_stack(stack, self.out_depth)
     grads = cb.inputs_from_stack(grad_stack, self.out_depth)
     new_weights, new_slots, inputs, grads_in, stats = run.call(
-        self.backward_fn,
+        run.backward_fn_of(self),
         (outputs, weights, grads, old_state, new_state, slots,
          [run.opt_params[i] for i in self.layers],
          [run.rngs[i] for i in self.layers], run.step_placed))
@@ -165,6 +174,7 @@ class SelectSegment:
 
   forward_fn = None
   backward_fn = None
+  accumulate_fn = None
 
   def __init__(self, indices, layers):
     self.layers = list(indices)
@@ -209,12 +219,14 @@ class LossUnit:
     depth: int, stack items it reads.
     fn: the compiled function: `Kind.LOSS` with the loss layer alone,
       `Kind.FUSED_LOSS` with fused layers.
+    accumulate_fn: as `StandardUnit.accumulate_fn` (`Kind.LOSS` only).
   """
 
-  def __init__(self, indices, depth, fn):
+  def __init__(self, indices, depth, fn, accumulate_fn=None):
     self.layers = list(indices)
     self.depth = depth
     self.fn = fn
+    self.accumulate_fn = accumulate_fn
 
   @property
   def forward_fn(self) -> None:
@@ -233,9 +245,12 @@ class LossUnit:
     inputs = cb.inputs_from_stack(stack, self.depth)
     if len(self.layers) == 1:
       i = self.layers[0]
+      # A micro-batch's loss takes the batch's loss weights in the
+      # cotangent's place (`loss_slices.loss_fbo`).
       new_weights, new_state, new_slots, grad_stack, stats = run.call(
-          self.fn, (inputs, weights[0], None, state[0], slots[0],
-                    run.opt_params[i], run.rngs[i], run.step_placed))
+          run.backward_fn_of(self),
+          (inputs, weights[0], run.loss_weights, state[0], slots[0],
+           run.opt_params[i], run.rngs[i], run.step_placed))
       new_weights, new_state, new_slots, stats = (
           [new_weights], [new_state], [new_slots], [stats])
     else:
@@ -269,24 +284,27 @@ class Units:
     self.plan = plan
     self.forward_units = []
     self.backward_units = []
+    micro = plan.micro_batches > 1
     for std, segments in plan.blocks:
       if std < plan.fused_from:
-        unit = factory.standard(std, plan.batch_slices)
+        unit = factory.standard(std, plan.batch_slices, micro)
         self.forward_units.append(unit)
         self.backward_units.append(unit)
       for segment in segments:
         if segment[0] >= plan.fused_from:
           continue
-        unit = factory.segment(segment, plan.batch_slices)
+        unit = factory.segment(segment, plan.batch_slices, micro=micro)
         self.forward_units.append(unit)
         split = plan.backward[segment]
         self.backward_units.extend(
             [unit] if split == (segment,) else
-            [factory.segment(s, plan.batch_slices, forward=False)
+            [factory.segment(s, plan.batch_slices, forward=False,
+                             micro=micro)
              for s in split])
     self.backward_units.reverse()
     self.loss_unit = factory.loss(list(range(plan.fused_from, plan.loss + 1)),
-                                  plan.batch_slices, plan.sequence_chunks)
+                                  plan.batch_slices, plan.sequence_chunks,
+                                  micro)
 
   def forward(self, run: step_run_lib.StepRun) -> None:
     """The forward pass: `run.stack` through every forward unit."""
@@ -321,17 +339,21 @@ class Units:
 
   def walk(self, run: step_run_lib.StepRun) -> None:
     """The step's schedule, whole: forward, loss, backward, every update
-    off the device, with the run's named points between them.
+    off the device, with the run's named points between them; with
+    micro-batches (`micro_batches`), forward, loss and backward once per
+    part of the batch, the updates in the last part.
 
     A real step records each pass's end at `end_pass` and may free device
     buffers at `begin` and at the loss's end; a walk on types does nothing
     at the points (`step_run.StepRun`).
     """
     run.begin()
-    self.forward(run)
-    run.end_pass('forward')
-    self.loss(run)
-    run.end_pass('loss')
-    self.backward(run)
-    run.finish()
-    run.end_pass('backward')
+    for part in range(self.plan.micro_batches):
+      run.begin_part(part)
+      self.forward(run)
+      run.end_pass('forward')
+      self.loss(run)
+      run.end_pass('loss')
+      self.backward(run)
+      run.end_part()
+      run.end_pass('backward')

@@ -10,6 +10,9 @@ surfaces at step 0 instead of deep inside JAX tracing or hours into a run:
   LossLayerError         the loss layer does not output one scalar.
   DeviceCountError       n_devices is not an int in [1, local device count].
   BatchSizeError         a batch's leading axis does not divide over devices.
+  MicroBatchesError      `micro_batches` does not divide each device's
+                         rows (or their slices), or the step cannot add
+                         its parts' gradients exactly.
   SequenceLengthError    the batch's sequence axis does not fit the model's
                          positional encodings (`max_len`).
   SequenceChunksError    `sequence_chunks` cannot split the loss layer's
@@ -41,6 +44,7 @@ from trax_revplus.validation.blocks import check_sequence_length
 from trax_revplus.validation.blocks import standard_layer_list
 from trax_revplus.validation.devices import check_batch
 from trax_revplus.validation.devices import check_batch_slices
+from trax_revplus.validation.devices import check_micro_batches
 from trax_revplus.validation.devices import check_sequence_chunks
 from trax_revplus.validation.devices import check_n_devices
 from trax_revplus.validation.errors import BatchSizeError
@@ -49,6 +53,7 @@ from trax_revplus.validation.errors import BlockStructureError
 from trax_revplus.validation.errors import ConfigurationError
 from trax_revplus.validation.errors import DeviceCountError
 from trax_revplus.validation.errors import LossLayerError
+from trax_revplus.validation.errors import MicroBatchesError
 from trax_revplus.validation.errors import NonFiniteError
 from trax_revplus.validation.errors import OptimizerFactoryError
 from trax_revplus.validation.errors import SequenceChunksError

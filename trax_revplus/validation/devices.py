@@ -111,3 +111,37 @@ def check_sequence_chunks(sequence_chunks, length, loss_name):
         f'{name} = {sequence_chunks} does not divide the sequence length '
         f'{length} of the loss layer\'s inputs; use a divisor of {length}, '
         f'e.g. one of {divisors}.')
+
+
+def check_micro_batches(micro_batches, rows, batch_slices, refusal):
+  """Checks that `micro_batches` can split each device's rows.
+
+  Args:
+    micro_batches: int >= 1, the trainer's `micro_batches`.
+    rows: int, rows of the batch each device gets.
+    batch_slices: int >= 1, the batch slices each part's calls run over.
+    refusal: str or None, why the step cannot run in micro-batches
+      (`trainer.micro_batches.refusal`).
+
+  Raises:
+    MicroBatchesError: micro_batches > 1 and it does not divide `rows`,
+      `batch_slices` does not divide a part's rows, or `refusal` is set.
+  """
+  name = 'trax_revplus.ReversibleSerialTrainer.micro_batches'
+  if micro_batches == 1:
+    return
+  if refusal is not None:
+    raise errors.MicroBatchesError(
+        f'{name} = {micro_batches}: {refusal}; set it to 1.')
+  if rows % micro_batches:
+    divisors = [m for m in range(1, rows + 1) if rows % m == 0]
+    raise errors.MicroBatchesError(
+        f'{name} = {micro_batches} does not divide the {rows} rows of the '
+        f'batch each device gets; use one of {divisors}, or a batch whose '
+        f'rows per device are a multiple of {micro_batches}.')
+  part_rows = rows // micro_batches
+  if part_rows % batch_slices:
+    raise errors.MicroBatchesError(
+        f'{name} = {micro_batches} leaves {part_rows} rows per device in '
+        f'each part, which batch_slices = {batch_slices} does not divide; '
+        f'use micro_batches and batch_slices whose product divides {rows}.')

@@ -35,6 +35,12 @@ class SequenceChunksError(ConfigurationError):
   the count does not divide its sequence length."""
 
 
+class MicroBatchesError(ConfigurationError):
+  """`micro_batches` does not divide each device's rows of the batch (or
+  their batch slices), or the step cannot accumulate its parts' gradients
+  exactly."""
+
+
 class SequenceLengthError(ConfigurationError):
   """Sequences longer than the model's positional encodings allow."""
 
