@@ -251,15 +251,18 @@ def main():
 # tests/trainer/test_micro_batches.py.
 
 
-def _ours_with_losses(n_devices, **kwargs):
-  """Ours on N devices, as `_ours_and_plan` (no replanning): (weights, list
-  of the loss each step returned, the plan's settings)."""
+def _ours_with_losses(n_devices, grads_on_host=False, **kwargs):
+  """Ours on N devices, as `_ours_and_plan` (the plan's accumulated
+  gradients on the host where `grads_on_host`): (weights, list of the loss
+  each step returned, the plan's settings)."""
   first, revs, loss = reversible_lm_blocks()
   model = tl.Serial([first] + revs + [loss])
   model.init(_BATCH, rng=fastmath.random.get_prng(12))
   trainer = rev_trainer.ReversibleSerialTrainer(
       [(first.sublayers, revs)], loss, optimizers.Adam, n_devices=n_devices,
       **kwargs)
+  if grads_on_host:
+    _replan(trainer, grads_on_host=True)
   losses = []
   for rng, lr in zip(_RNGS, _LRS):
     loss_value, _ = trainer.one_step(_BATCH, rng, learning_rate=lr)
@@ -285,6 +288,9 @@ def micro_batches_main(n):
       that ran,
     max_diff_micro_slices_vs_default_1dev: with micro_batches=2 and
       batch_slices=2, micro_slices_plan: the plan that ran,
+    max_diff_micro_host_vs_default_1dev: with micro_batches=2, the
+      accumulated gradients on the host, micro_host_plan: the plan that
+      ran,
     max_diff_micro_loss_vs_default_1dev: each step's loss with
       micro_batches=2 (one entry per device: its rows' loss, as without
       micro-batches), averaged over the devices, vs the default Trainer's
@@ -306,6 +312,9 @@ def micro_batches_main(n):
       n, micro_batches=1, device_memory_budget_bytes=None)
   micro_sliced, _, micro_slices_plan = _ours_with_losses(
       n, micro_batches=2, batch_slices=2, device_memory_budget_bytes=None)
+  micro_host, _, micro_host_plan = _ours_with_losses(
+      n, grads_on_host=True, micro_batches=2,
+      device_memory_budget_bytes=None)
   lsh_whole = _lsh_micro(n, 1)
   lsh_parts = _lsh_micro(n, 2)
   state_whole, state_parts = lsh_whole[2], lsh_parts[2]
@@ -323,6 +332,9 @@ def micro_batches_main(n):
       'max_diff_micro_slices_vs_default_1dev': _max_diff(micro_sliced,
                                                          reference),
       'micro_slices_plan': micro_slices_plan,
+      'max_diff_micro_host_vs_default_1dev': _max_diff(micro_host,
+                                                       reference),
+      'micro_host_plan': micro_host_plan,
       'max_diff_micro_loss_vs_default_1dev': max(
           abs(float(np.mean(ours)) - float(ref))
           for ours, ref in zip(micro_losses, reference_losses)),

@@ -13,6 +13,7 @@ tests/placement/multidevice_worker.py (`micro_batches_main`), against
 trax's default `Trainer` on one device.
 """
 
+import dataclasses
 import functools
 import json
 import os
@@ -69,6 +70,36 @@ def test_micro_batches_train_as_the_default_trainer(micro, slices, chunks):
   ours = [float(np.mean(np.asarray(l))) for l in losses]
   np.testing.assert_allclose(ours, _lm_reference_losses(), rtol=0,
                              atol=1e-5)
+
+
+@pytest.mark.parametrize('slices,n_async_layers', [(1, 0), (2, 8)])
+def test_gradients_added_on_the_host_train_as_the_default_trainer(
+    slices, n_async_layers):
+  batch = cases.lm_batch()
+  model, trainer = cases.lm_trainer(batch, micro_batches=2,
+                                    batch_slices=slices,
+                                    n_async_layers=n_async_layers,
+                                    device_memory_budget_bytes=None)
+  on_device = trainer.planned(batch).plan
+  assert not on_device.grads_on_host
+  on_host = cases.set_plan(
+      trainer, batch, dataclasses.replace(on_device, grads_on_host=True))
+  held = {h.name for call in on_host.calls for h in call.held
+          if h.size_bytes}
+  assert 'accumulated gradients' not in held, held
+  on_device_memory = trainer.planner.weigh(
+      on_device, trainer.planner.step_types(batch))
+  assert 'accumulated gradients' in {
+      h.name for call in on_device_memory.calls for h in call.held
+      if h.size_bytes}
+  if n_async_layers == 0:
+    assert (on_host.peak_device_bytes <
+            on_device_memory.peak_device_bytes)
+  cases.train(trainer, batch, 3)
+  assert trainer.planned(batch).plan.grads_on_host
+  ref_weights, ref_slots, _ = cases.lm_reference_3_steps()
+  cases.assert_all_close(ref_weights, model.weights)
+  cases.assert_all_close(ref_slots, trainer.slots)
 
 
 def test_a_part_whose_loss_weights_are_all_zero_adds_nothing():
@@ -196,6 +227,8 @@ def test_micro_batches_on_2_devices_train_as_the_default_trainer():
   assert result['micro_slices_plan']['micro_batches'] == 2, result
   assert result['micro_slices_plan']['batch_slices'] == 2, result
   assert result['max_diff_micro_slices_vs_default_1dev'] <= 1e-5, result
+  assert result['micro_host_plan']['grads_on_host'], result
+  assert result['max_diff_micro_host_vs_default_1dev'] <= 1e-5, result
   # Each device's loss of its rows, as without micro-batches; their mean
   # (rows of equal weight) is the default Trainer's loss of the batch.
   assert result['micro_loss_shape'] == [2], result

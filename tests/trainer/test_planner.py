@@ -156,12 +156,14 @@ def test_nothing_fits_names_the_least_budget_and_changes_nothing():
   least_plan, least = trainer.least_device_memory_of(_BATCH)
   assert least.peak_device_bytes == need
   kind = ('every layer in the loss program' if least_plan.fused_from == 0
-          else 'one layer per call, saved inputs and states on the host')
+          else 'one layer per call, saved inputs and states and accumulated '
+          'gradients on the host')
   chunks = (f', sequence_chunks={least_plan.sequence_chunks}'
             if least_plan.sequence_chunks > 1 else '') + (
                 f', micro_batches={least_plan.micro_batches}'
                 if least_plan.micro_batches > 1 else '')
   assert least_plan.micro_batches == 4  # one row per part
+  assert least_plan.grads_on_host
   assert (f'batch_slices={least_plan.batch_slices}{chunks} and {kind};'
           in message)
 
@@ -332,10 +334,11 @@ def test_the_removed_store_activations_is_one_line_naming_what_to_do():
 def test_a_large_budget_compiles_the_fastest_plan_alone(monkeypatch):
   """Where the fastest candidate fits, planning accounts it and nothing
   else: the step's own programs, no extra compilation."""
+  fastest = _every_candidate()[0][0]  # accounted before counting starts
   accounted = cases.count_accounted(monkeypatch)
   _, trainer = _trainer(device_memory_budget_bytes=2**40)
   trainer.one_step(_BATCH, cases.RNGS[0])
-  assert accounted == [_every_candidate()[0][0]]
+  assert accounted == [fastest]
 
 
 @pytest.mark.parametrize('pinned', [

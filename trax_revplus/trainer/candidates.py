@@ -23,7 +23,9 @@ Every dimension of `plan.StepPlan` that costs device memory is varied:
                     gradients exactly: `micro_batches.refusal`; unfused
                     plans, each part's calls over the fewest batch slices
                     that divide its rows), only after every plan without,
-                    fewest parts first, then fewest chunks.
+                    fewest parts first, then fewest chunks;
+  grads_on_host     in micro-batches, the accumulated gradients wait on
+                    the device, then on the host.
 
 The speed model ranks plans without timing them, in this order of
 importance: (1) the fused program first: one call per step, with no host
@@ -63,13 +65,17 @@ smaller matrices there.
 
 Plans in micro-batches come after those, fewest parts first: they shrink
 what the step holds across its calls, and cost every layer's weights a
-trip to the device per part.
+trip to the device per part. Within such a group, every plan that keeps
+the accumulated gradients on the device comes before every plan whose
+gradients wait on the host: those copy each part's gradients out and add
+them on the host, and place their sum with the last part's slots.
 
 Plans are grouped by (1), (2), their chunks and parts: the members of a
 group share their slicing, and the group's leanest member (one layer per
-call, no copy-back depth, no prefetch, saved inputs and states on the host;
-or its one fused program) needs the least memory of the group, so a group
-whose leanest member does not fit is skipped whole.
+call, no copy-back depth, no prefetch, saved inputs and states on the host,
+accumulated gradients on the host; or its one fused program) needs the
+least memory of the group, so a group whose leanest member does not fit is
+skipped whole.
 
 The leanest unfused plan of one slice runs stock trax's own schedule
 (`device_memory.stock_trainer`): one layer per call, each call's weights
@@ -222,7 +228,9 @@ class Candidates:
     plans = [self._make(segment_max_layers=f, backward_segment_max_layers=b,
                         batch_slices=k, n_async_layers=depth,
                         prefetch=prefetch, saved_on_host=on_host,
-                        sequence_chunks=chunks, micro_batches=parts)
+                        sequence_chunks=chunks, micro_batches=parts,
+                        grads_on_host=grads_on_host)
+             for grads_on_host in ((False, True) if parts > 1 else (False,))
              for on_host in (False, True)
              for f, b in self._lengths() for depth in self._depths()
              for prefetch in (True, False)]
@@ -233,13 +241,15 @@ class Candidates:
     """The unfused plan of k slices (`chunks` sequence chunks, `parts`
     micro-batches) with the least device memory: one layer per call (or
     the pinned segment lengths), nothing placed ahead or waiting to be
-    copied back, saved inputs and states on the host."""
+    copied back, saved inputs and states on the host, and in micro-batches
+    the accumulated gradients too."""
     return self._make(
         segment_max_layers=self._usable('segment_max_layers')[0],
         backward_segment_max_layers=self._usable(
             'backward_segment_max_layers')[0],
         batch_slices=k, n_async_layers=0, prefetch=False, saved_on_host=True,
-        sequence_chunks=chunks, micro_batches=parts)
+        sequence_chunks=chunks, micro_batches=parts,
+        grads_on_host=parts > 1)
 
   def may_fuse(self, k) -> bool:
     """Whether the fused program may run over k batch slices."""

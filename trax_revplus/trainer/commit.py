@@ -16,6 +16,7 @@ update is committed, the queue's `NonFiniteGuard` applies the
 from typing import Any, NamedTuple
 
 from absl import logging
+import jax
 import numpy as np
 
 from trax_revplus import validation
@@ -124,7 +125,7 @@ class _Pending(NamedTuple):
   """One compiled call's updates on their way to the host."""
   layers: list[int]  # commit (backward) order
   weights: Any  # placement.HostCopy of a list over `layers`, or None
-  slots: Any
+  slots: Any  # the same; without weights, gradients to add up, or None
   state: Any
   checks: list[dict | None]  # NonFiniteGuard.values_to_check per layer
   part: Any  # the micro_batches.Part whose rows `state` holds, or None
@@ -136,7 +137,10 @@ class CommitQueue(step_run_lib.UpdateSink):
   A step's `step_run.CopyBack` decides when an update leaves the device; this
   queue starts its device-to-host copies when it is dispatched (`start`)
   and commits it when it leaves (`commit`): each layer's update passes the
-  guard, then its weights, slots and state are set on the host.
+  guard, then its weights, slots and state are set on the host. A
+  micro-batch's gradients that wait on the host (`plan.StepPlan.
+  grads_on_host`) are added up here until the step's last part takes them
+  (`take_gradients`).
   """
 
   def __init__(self, placement, store, on_non_finite,
@@ -152,14 +156,23 @@ class CommitQueue(step_run_lib.UpdateSink):
     self._store = store
     self.guard = NonFiniteGuard(on_non_finite, store,
                                 describe_last_checkpoint)
+    self._gradients = {}  # layer index -> host gradients added up
 
   def begin_step(self, step) -> None:
     """Commits from now on belong to training step `step` (int)."""
     self.guard.begin_step(step)
+    self._gradients = {}
 
   def end_step(self) -> None:
     """After the step's last commit: undoes a skipped step (`'skip'`)."""
     self.guard.end_step()
+    self._gradients = {}
+
+  def take_gradients(self, layers: list[int]) -> list[PyTree]:
+    """The host gradients of `layers` added up over the step's committed
+    micro-batches (each as its layer's weights; an empty tuple for a layer
+    none was added for), taken out of the queue."""
+    return [self._gradients.pop(i, ()) for i in layers]
 
   def readable(self, stats: PyTree) -> PyTree:
     """`stats` readable on every process (`placement.Placement.replicated`):
@@ -174,9 +187,10 @@ class CommitQueue(step_run_lib.UpdateSink):
     takes."""
     p = self._placement
     accumulated = weights[0] is None if weights else False
+    gradients = accumulated and slots[0] is not None
     return _Pending(
         layers, None if accumulated else p.start_to_host(weights),
-        None if accumulated else p.start_to_host(slots),
+        p.start_to_host(slots) if gradients or not accumulated else None,
         p.start_to_host(states, per_device=True),
         [self.guard.values_to_check(s) for s in stats], part)
 
@@ -189,6 +203,8 @@ class CommitQueue(step_run_lib.UpdateSink):
     state = entry.state.collect()
     if entry.weights is not None:
       weights, slots = entry.weights.collect(), entry.slots.collect()
+    elif entry.slots is not None:
+      gradients = entry.slots.collect()
     for k, i in enumerate(entry.layers):
       if not self.guard.admits(i, entry.checks[k]):
         return  # A skipped step commits nothing more.
@@ -199,5 +215,14 @@ class CommitQueue(step_run_lib.UpdateSink):
                                            self._store.get(i)[2], state[k])
       if entry.weights is None:  # Gradients accumulated; state only.
         self._store.set_state(i, state[k])
+        if entry.slots is not None:
+          self._add_gradients(i, gradients[k])
       else:
         self._store.set(i, weights[k], slots[k], state[k])
+
+  def _add_gradients(self, i, gradients):
+    """Adds a micro-batch's host gradients of layer i to the step's."""
+    if i in self._gradients:
+      gradients = jax.tree_util.tree_map(np.add, self._gradients[i],
+                                         gradients)
+    self._gradients[i] = gradients

@@ -7,14 +7,19 @@ last part:
 
   parts 0 .. m-2: forward, loss, backward; every backward call adds its
                   weight gradients (averaged over the devices) to the
-                  step's accumulated gradients, held on the device, and
-                  updates nothing (`step_fns.Update.ACCUMULATE`);
+                  step's accumulated gradients and updates nothing
+                  (`step_fns.Update.ACCUMULATE`);
   part m-1:       forward, loss, backward; every backward call adds the
                   accumulated gradients to its own and updates
                   (`step_fns.Update.APPLY`).
 
-The stack and cotangent stack held across the step are one part's; every
-layer's weights go to the device m times per step, its slots once.
+The accumulated gradients wait on the device (`step_run.StepRun.grads`)
+or, in a plan with `grads_on_host`, on the host: each accumulating call
+then returns its part's gradients alone, which are copied back with its
+state and added up by the commit queue (`commit.CommitQueue`), and the
+last part's call takes their sum, placed with its slots. The stack and
+cotangent stack held across the step are one part's; every layer's
+weights go to the device m times per step, its slots once.
 
 What stays exact (up to float32 summation order), as with batch slices
 (`slices`): the loss is combined by its weight sums

@@ -172,8 +172,11 @@ class TrainerOptions:
       trax's weighted-mean and weighted-sum losses, combined by their
       weight sums). The stack and cotangent stack the step holds across
       its calls are one part's (they shrink m-fold); the accumulated
-      gradients (one copy of the weights' size) are held on the device
-      across the step, and every layer's weights go to the device m times.
+      gradients (one copy of the weights' size) wait on the device across
+      the step, or, where the planner's budget needs it, on the host
+      (`plan.StepPlan.grads_on_host`: each part's gradients copied back
+      and added there, their sum placed for the last part's update); every
+      layer's weights go to the device m times.
       Layer state splits with the rows as batch slices split it; with
       dropout, each part draws with its layers' RNGs of the step. m must
       divide each device's rows; not with `adasum`, weights shared between

@@ -28,7 +28,9 @@ step's speed or device memory but never its result:
                   the other (`sequence_chunks`);
   micro_batches   the step's forward and backward run over m parts of each
                   device's rows, one after the other, accumulating weight
-                  gradients, and update once (`micro_batches`).
+                  gradients, and update once (`micro_batches`);
+  grads_on_host   where those accumulated gradients wait between parts: on
+                  the device, or on the host.
 
 A plan is data, made before a step and never changed by it; `units` compiles
 it and `planner` chooses it. The rules here build one from the trainer's
@@ -90,10 +92,16 @@ class StepPlan:
       logits and their cotangents) shrink about k-fold.
     micro_batches: int m >= 1; the step walks its units over m equal parts
       of each device's rows (`fused_from` equal to `loss` where m > 1),
-      accumulating each layer's weight gradients on the device and
-      updating once, in the last part (`micro_batches`): the stack and
-      cotangent stack held across the step are one part's, and every
-      layer's weights go to the device m times.
+      accumulating each layer's weight gradients and updating once, in
+      the last part (`micro_batches`): the stack and cotangent stack held
+      across the step are one part's, and every layer's weights go to the
+      device m times.
+    grads_on_host: bool (micro_batches > 1 only), the accumulated
+      gradients wait on the host between parts: each accumulating call's
+      gradients are copied back with its updates and added there, and the
+      last part's call takes their sum, placed with its slots; False keeps
+      them on the device from a layer's first backward call to its update
+      (one copy of every layer's weights held across the step).
   """
   blocks: tuple[tuple[int, tuple[Segment, ...]], ...]
   loss: int
@@ -105,6 +113,7 @@ class StepPlan:
   saved_on_host: bool = False
   sequence_chunks: int = 1
   micro_batches: int = 1
+  grads_on_host: bool = False
 
   def __post_init__(self):
     if self.fused_from is None:
@@ -115,6 +124,9 @@ class StepPlan:
     if self.micro_batches > 1 and self.fused_from != self.loss:
       raise ValueError('micro-batches accumulate per-layer calls; no layer '
                        'may be fused into the loss program.')
+    if self.grads_on_host and self.micro_batches == 1:
+      raise ValueError('gradients are accumulated on the host only over '
+                       'micro-batches.')
     missing = [s for s in self.forward_segments() if s not in self.backward]
     if missing:
       raise ValueError(f'backward split of segments {missing} not decided.')
@@ -178,13 +190,14 @@ class StepPlan:
         'saved_on_host': self.saved_on_host,
         'sequence_chunks': self.sequence_chunks,
         'micro_batches': self.micro_batches,
+        'grads_on_host': self.grads_on_host,
     }
 
   def describe(self) -> str:
     """One line, e.g. 'segment_max_layers=8, backward_segment_max_layers=2,
     batch_slices=1, fused_layers=0, n_async_layers=8, prefetch=True,
-    saved_on_host=False, sequence_chunks=1, micro_batches=1, 9 calls per
-    step'."""
+    saved_on_host=False, sequence_chunks=1, micro_batches=1,
+    grads_on_host=False, 9 calls per step'."""
     settings = ', '.join(f'{k}={v}' for k, v in self.settings().items())
     return f'{settings}, {self.n_calls} calls per step'
 
@@ -253,7 +266,8 @@ def make_plan(block_sizes: Sequence[int], nbytes: Mapping[int, int],
               batch_slices: int = 1, fused_from: int | None = None,
               n_async_layers: int = 8, prefetch: bool = True,
               saved_on_host: bool = False,
-              sequence_chunks: int = 1, micro_batches: int = 1) -> StepPlan:
+              sequence_chunks: int = 1, micro_batches: int = 1,
+              grads_on_host: bool = False) -> StepPlan:
   """The plan of a trainer's blocks for given settings.
 
   Args:
@@ -266,8 +280,8 @@ def make_plan(block_sizes: Sequence[int], nbytes: Mapping[int, int],
     segment_max_layers, segment_max_bytes, backward_segment_max_layers,
       batch_slices, n_async_layers: as `options.TrainerOptions`.
     fused_from: int or None (nothing fused), see `StepPlan.fused_from`.
-    prefetch, saved_on_host, sequence_chunks, micro_batches: see
-      `StepPlan`.
+    prefetch, saved_on_host, sequence_chunks, micro_batches,
+      grads_on_host: see `StepPlan`.
 
   Returns:
     `StepPlan`, every backward split decided.
@@ -289,7 +303,7 @@ def make_plan(block_sizes: Sequence[int], nbytes: Mapping[int, int],
                   n_async_layers=n_async_layers, prefetch=prefetch,
                   saved_on_host=saved_on_host,
                   sequence_chunks=sequence_chunks,
-                  micro_batches=micro_batches)
+                  micro_batches=micro_batches, grads_on_host=grads_on_host)
 
 
 def configured_plan(block_sizes, nbytes, stack_bytes,

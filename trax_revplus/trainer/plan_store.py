@@ -82,6 +82,7 @@ def plan_to_json(plan: plan_lib.StepPlan) -> dict:
       'saved_on_host': plan.saved_on_host,
       'sequence_chunks': plan.sequence_chunks,
       'micro_batches': plan.micro_batches,
+      'grads_on_host': plan.grads_on_host,
   }
 
 
@@ -105,7 +106,8 @@ def plan_from_json(data: Mapping[str, Any]) -> plan_lib.StepPlan:
       prefetch=bool(data['prefetch']),
       saved_on_host=bool(data['saved_on_host']),
       sequence_chunks=int(data['sequence_chunks']),
-      micro_batches=int(data['micro_batches']))
+      micro_batches=int(data['micro_batches']),
+      grads_on_host=bool(data['grads_on_host']))
 
 
 def _digest(entry: Mapping[str, Any]) -> str:

@@ -363,7 +363,9 @@ class Planner:
                   if plan.micro_batches > 1 else '')
     how = ('every layer in the loss program' if fused else
            f'{"one layer" if layers <= 1 else f"{layers} layers"} per call, '
-           f'saved inputs and states on the host')
+           f'saved inputs and states'
+           f'{" and accumulated gradients" if plan.grads_on_host else ""}'
+           f' on the host')
     raise DeviceMemoryBudgetError(
         f'no plan fits device_memory_budget_bytes={budget} '
         f'({budget / 2**20:.1f} MiB) on this batch: the least needs {need} '

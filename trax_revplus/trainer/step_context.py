@@ -176,6 +176,11 @@ class StepContext(step_run_lib.StepRun):
   def call(self, fn: Callable[..., Any], args: tuple) -> PyTree:
     return fn(*args)
 
+  def gradients_from_host(self, layers: list[int],
+                          weights: list[PyTree]) -> list[PyTree]:
+    del weights  # Placed as weights are: `Placement.place_params`.
+    return self._placement.place_params(self.sink.take_gradients(layers))
+
   def duplicate(self, array: PyTree) -> PyTree:
     return jnp.copy(array)
 

@@ -59,10 +59,11 @@ class UpdateSink:
   def start(self, layers, weights, slots, states, stats,
             part=None) -> Any:
     """One call's updates are dispatched (lists over `layers`, in commit
-    order; weights and slots None where the call only accumulated
-    gradients, and `part` the `micro_batches.Part` whose rows of each
-    layer's state `states` are); returns the token `commit` takes (here:
-    None)."""
+    order; `part` the `micro_batches.Part` whose rows of each layer's
+    state `states` are). Where the call only accumulated gradients,
+    weights are None and slots are None, or the part's gradients where
+    they wait on the host (`plan.StepPlan.grads_on_host`: the sink adds
+    them up). Returns the token `commit` takes (here: None)."""
     del layers, weights, slots, states, stats, part
 
   def commit(self, token) -> None:
@@ -146,7 +147,8 @@ class StepRun(abc.ABC):
     loss_weights: with micro-batches, the loss weights of the whole batch,
       placed (each part's loss call takes them); else None.
     grads: dict, layer index -> its weight gradients accumulated over the
-      step's earlier micro-batches, on the device.
+      step's earlier micro-batches, on the device (empty where they wait
+      on the host: `plan.StepPlan.grads_on_host`).
     part_losses: the losses of the step's earlier micro-batches (each its
       share of the batch's loss).
   """
@@ -308,9 +310,15 @@ class StepRun(abc.ABC):
   def _with_gradients(self, layers, params):
     """A micro-batch's `params` (`step_fns.Update`): the gradients
     accumulated so far in the slots' place (an empty tuple in the first
-    part), or beside the slots in the last part."""
+    part, and in every part where they wait on the host), or beside the
+    slots in the last part."""
     weights, slots = params
-    grads = [self.grads.pop(i, ()) for i in layers]
+    if not self.plan.grads_on_host:
+      grads = [self.grads.pop(i, ()) for i in layers]
+    elif self.accumulating:
+      grads = [()] * len(layers)
+    else:
+      grads = self.gradients_from_host(layers, weights)
     if self.accumulating:
       return weights, grads
     return weights, [(s, g) for s, g in zip(slots, grads)]
@@ -330,6 +338,13 @@ class StepRun(abc.ABC):
     return weights, slots
 
   @abc.abstractmethod
+  def gradients_from_host(self, layers: list[int],
+                          weights: list[PyTree]) -> list[PyTree]:
+    """The gradients of `layers` accumulated on the host over the step's
+    earlier micro-batches, placed as their `weights` are (a list over
+    `layers`)."""
+
+  @abc.abstractmethod
   def duplicate(self, array: PyTree) -> PyTree:
     """A copy of the device array `array` that a call may donate."""
 
@@ -339,16 +354,19 @@ class StepRun(abc.ABC):
     """A call's updates, lists over `layers` in commit (backward) order:
     its statistics kept (as the sink reads them), the updates handed to
     the sink on their way off the device (`CopyBack`). In a micro-batch
-    that accumulates, `slots` are the layers' accumulated gradients, kept
-    on the device (`grads`); its loss is kept (`part_losses`) and only the
-    states go to the sink."""
+    that accumulates, `slots` are the layers' accumulated gradients: kept
+    on the device (`grads`), or where they wait on the host, handed to the
+    sink with the states; its loss is kept (`part_losses`)."""
     stats = self.sink.readable(stats)
     if self.accumulating:
-      for layer, layer_grads, layer_stats in zip(layers, slots, stats):
-        self.grads[layer] = layer_grads
+      for layer_stats in stats:
         if 'loss' in layer_stats:
           self.part_losses.append(layer_stats['loss'])
       none = [None] * len(layers)
+      if self.plan.grads_on_host:
+        self.copy_back.push(layers, none, slots, states, stats, self.part)
+        return
+      self.grads.update(zip(layers, slots))
       self.copy_back.push(layers, none, none, states, stats, self.part)
       return
     self.stats.extend(stats)
