@@ -118,21 +118,11 @@ def _replan(trainer, **changes):
       planner.PlannedStep(plan, units.Units(plan, p._factory), None))
 
 
-def _ours_and_plan(n_devices, fused=False, saved_on_host=False, **kwargs):
-  first, revs, loss = reversible_lm_blocks()
-  model = tl.Serial([first] + revs + [loss])
-  model.init(_BATCH, rng=fastmath.random.get_prng(12))
-  trainer = rev_trainer.ReversibleSerialTrainer(
-      [(first.sublayers, revs)], loss, optimizers.Adam, n_devices=n_devices,
-      **kwargs)
-  if fused:
-    _replan(trainer, fused_from=0)  # every layer in the loss's program
-  if saved_on_host:
-    _replan(trainer, saved_on_host=True)
-  for rng, lr in zip(_RNGS, _LRS):
-    loss_value, _ = trainer.one_step(_BATCH, rng, learning_rate=lr)
-  return (model.weights, np.asarray(loss_value),
-          trainer.planned(_BATCH).plan.settings())
+def _ours_and_plan(n_devices, **kwargs):
+  """`_ours_with_losses` with the last step's loss alone: (weights, loss,
+  the plan's settings)."""
+  weights, losses, settings = _ours_with_losses(n_devices, **kwargs)
+  return weights, losses[-1], settings
 
 
 def _least_bytes(n_devices):
@@ -251,16 +241,23 @@ def main():
 # tests/trainer/test_micro_batches.py.
 
 
-def _ours_with_losses(n_devices, grads_on_host=False, **kwargs):
-  """Ours on N devices, as `_ours_and_plan` (the plan's accumulated
-  gradients on the host where `grads_on_host`): (weights, list of the loss
-  each step returned, the plan's settings)."""
+def _ours_with_losses(n_devices, fused=False, saved_on_host=False,
+                      grads_on_host=False, **kwargs):
+  """Ours on N devices, 2 steps; its plan with every layer in the loss's
+  program where `fused`, saved inputs and states on the host where
+  `saved_on_host`, accumulated gradients on the host where
+  `grads_on_host`: (weights, list of the loss each step returned, the
+  plan's settings)."""
   first, revs, loss = reversible_lm_blocks()
   model = tl.Serial([first] + revs + [loss])
   model.init(_BATCH, rng=fastmath.random.get_prng(12))
   trainer = rev_trainer.ReversibleSerialTrainer(
       [(first.sublayers, revs)], loss, optimizers.Adam, n_devices=n_devices,
       **kwargs)
+  if fused:
+    _replan(trainer, fused_from=0)
+  if saved_on_host:
+    _replan(trainer, saved_on_host=True)
   if grads_on_host:
     _replan(trainer, grads_on_host=True)
   losses = []
