@@ -40,9 +40,11 @@ faster either: docs/performance.md); such a model ranks its fused groups
 after every unfused one; (2) fewer batch slices: a
 sliced call draws its random masks (dropout) per slice, so only an
 unsliced plan gives the weights stock trax gives on the same RNGs, and an
-accelerator runs larger matrices faster (on CPU a fused program of 2 slices
-can step faster than an unsliced one; the rank keeps stock's results first,
-and `batch_slices = 2` pins the other); (3) fewer compiled calls (each
+accelerator runs larger matrices faster; but where no layer uses its RNG
+(`rng_use`: nothing is drawn, so slices change only float32 summation
+order), on the CPU backend 2 slices rank before 1 (`SPEED_SLICES`): there
+2 slices stepped faster than one in every kind of plan measured, and 4 no
+faster than 2 (docs/performance.md); (3) fewer compiled calls (each
 costs a dispatch and host work for its weights, slots and updates), then
 fewer backward calls, then longer forward segments; (4) a deeper
 copy-back, then prefetching (each overlaps host work with device work).
@@ -102,6 +104,9 @@ ASYNC_DEPTHS = (4, 2, 1, 0)
 # step; at 29 times (64 small blocks) it stepped no faster and its
 # compilation took 77 s, against stock's whole first step of 5.6 s.
 FUSED_COMPILE_RATIO = 16
+# Where no layer uses its RNG, on these backends, this many batch slices
+# rank before one (measured there: docs/performance.md).
+SPEED_SLICES = {'cpu': 2}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,7 +132,7 @@ class Candidates:
 
   def __init__(self, block_sizes, nbytes, stack_bytes, rows, options,
                shared_weights=False, layer_kinds=None, sequence_length=None,
-               micro_batches_refused=False):
+               micro_batches_refused=False, uses_rng=True, platform=None):
     """Args:
       block_sizes: list over blocks of their numbers of reversible layers.
       nbytes: dict layer index -> bytes of its weights + slots.
@@ -147,6 +152,9 @@ class Candidates:
         such tail.
       micro_batches_refused: bool, the step cannot run in micro-batches
         (`micro_batches.refusal`).
+      uses_rng: bool, whether any layer's results depend on its RNG
+        (`rng_use`); where not, `SPEED_SLICES[platform]` slices rank first.
+      platform: str, the devices' backend ('cpu', 'gpu', 'tpu'), or None.
     """
     self._shared_weights = shared_weights
     self._kinds = layer_kinds
@@ -156,6 +164,10 @@ class Candidates:
     self._options = options
     if options.batch_slices == options_lib.AUTO:
       self.slices = [k for k in range(1, rows + 1) if rows % k == 0]
+      first = SPEED_SLICES.get(platform)
+      if not uses_rng and first in self.slices:
+        self.slices.remove(first)
+        self.slices.insert(0, first)
     else:
       self.slices = [options.batch_slices]
     pinned = self._pinned('sequence_chunks')
@@ -181,7 +193,7 @@ class Candidates:
   def _part_slices(self, part_rows):
     """Batch slices each part's calls run over: the fewest of `slices`
     dividing the part's rows (None where none does)."""
-    return next((k for k in self.slices if part_rows % k == 0), None)
+    return min((k for k in self.slices if part_rows % k == 0), default=None)
 
   def _make(self, **settings):
     settings.setdefault('segment_max_bytes', self._options.segment_max_bytes)

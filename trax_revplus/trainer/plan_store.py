@@ -30,7 +30,7 @@ from trax_revplus import output_files
 from trax_revplus.trainer import plan as plan_lib
 
 FILENAME = 'plans.json'
-FORMAT = 'trax_revplus plans 5'
+FORMAT = 'trax_revplus plans 6'
 
 
 def _version(distribution: str) -> str:

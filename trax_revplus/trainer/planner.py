@@ -168,7 +168,8 @@ class Planner:
         self._stack_bytes(types), self._rows(types), self._options,
         bool(self._store.ties), self._layer_kinds(),
         self._tail_length(types),
-        self.micro_batches_refusal(types) is not None)
+        self.micro_batches_refusal(types) is not None,
+        self._uses_rng(types), self._placement.platform)
 
   def micro_batches_refusal(self, types) -> str | None:
     """Why a step from `types` cannot run in micro-batches, or None
@@ -276,23 +277,25 @@ class Planner:
     return self._weighings[key]
 
   def _trace(self, types):
-    """(per block, the bytes of the stack items its reversible layers read;
-    the sequence length of the loss layer's tail's inputs, or None where it
-    has no tail to run in chunks), from `stack_bytes.trace` and
-    `sequence_chunks.tail_length`, once per batch's shapes."""
+    """(`stack_bytes.StackTrace`; the sequence length of the loss layer's
+    tail's inputs, or None where it has no tail to run in chunks:
+    `sequence_chunks.tail_length`), once per batch's shapes."""
     key = batch_key(types.stack)
     if key not in self._traces:
-      block_bytes, loss_inputs = stack_bytes_lib.trace(
+      trace = stack_bytes_lib.trace(
           self._store, types.stack, self._placement.n_devices)
-      self._traces[key] = (block_bytes, sequence_chunks.tail_length(
-          self._store.layers[-1], loss_inputs))
+      self._traces[key] = (trace, sequence_chunks.tail_length(
+          self._store.layers[-1], trace.loss_inputs))
     return self._traces[key]
 
   def _stack_bytes(self, types):
-    return self._trace(types)[0]
+    return self._trace(types)[0].block_bytes
 
   def _tail_length(self, types):
     return self._trace(types)[1]
+
+  def _uses_rng(self, types):
+    return self._trace(types)[0].uses_rng
 
   def account(self, plan, units, types) -> device_memory.StepMemory:
     """Compiles `units` ahead and composes the step's device memory.

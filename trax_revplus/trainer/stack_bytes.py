@@ -1,29 +1,48 @@
 """The stack's types through the blocks: the bytes each block's reversible
-layers read, and the loss layer's inputs.
+layers read, the loss layer's inputs, and whether any layer uses its RNG.
 
 `backward_segment_max_layers='auto'` and the fused program's lower bound
 (`candidates`) read the bytes: a block whose reversible layers pass on less
 than `plan.ACTIVATION_BOUND_BYTES` is compiler-bound, not activation-bound.
-Sequence chunks (`sequence_chunks.tail_length`) read the loss's inputs.
+Sequence chunks (`sequence_chunks.tail_length`) read the loss's inputs; the
+speed model's rank of batch slices reads the RNG use (`rng_use`).
 """
+
+from typing import NamedTuple
 
 from absl import logging
 import jax
-import numpy as np
 from trax.layers import combinators as cb
 
 from trax_revplus import layers as layers_lib
 from trax_revplus import memory
 from trax_revplus.trainer import chains
 from trax_revplus.trainer import plan as plan_lib
+from trax_revplus.trainer import rng_use
 from trax_revplus.typing import PyTree
 
 
-def trace(store, stack_types: PyTree,
-          n_devices: int) -> tuple[list[int], PyTree | None]:
+class StackTrace(NamedTuple):
+  """What tracing the step's forward tells the planner.
+
+  Attributes:
+    block_bytes: list over blocks of int bytes: the stack items each
+      block's reversible layers read, all devices.
+    loss_inputs: the loss layer's input stack items as
+      `jax.ShapeDtypeStruct`s on one device, or None where the types could
+      not be traced.
+    uses_rng: bool, whether any layer's results (the loss layer's too)
+      depend on its RNG (`rng_use`); True where they could not be traced.
+  """
+  block_bytes: list[int]
+  loss_inputs: PyTree | None
+  uses_rng: bool
+
+
+def trace(store, stack_types: PyTree, n_devices: int) -> StackTrace:
   """The stack's types through every block, from the batch's.
 
-  The stack's types come from `jax.eval_shape` of every layer's forward on
+  The stack's types come from `jax.make_jaxpr` of every layer's forward on
   one device's rows, in order; where they cannot be known so, every block
   counts as activation-bound (`plan.ACTIVATION_BOUND_BYTES`). Tracing
   leaves the layers as they were (`layers.preserved`), also where a
@@ -36,23 +55,22 @@ def trace(store, stack_types: PyTree,
     n_devices: int N, devices the batch is sharded over.
 
   Returns:
-    (list over blocks of int bytes: the stack items each block's
-    reversible layers read, all devices; the loss layer's input stack
-    items as `jax.ShapeDtypeStruct`s on one device, or None where the
-    types could not be traced).
+    `StackTrace`.
   """
   per_device = lambda x: jax.ShapeDtypeStruct(
       x.shape[1:] if n_devices > 1 else x.shape, x.dtype)
   stack = jax.tree_util.tree_map(per_device, stack_types)
-  rng = jax.ShapeDtypeStruct((2,), np.uint32)
+  uses_rng = False
 
   def forward(layer, stack):
-    outputs, _ = jax.eval_shape(
-        layer.pure_fn, cb.inputs_from_stack(stack, layer.n_in),
-        layer.weights, layer.state, rng)
+    nonlocal uses_rng
+    outputs, uses = rng_use.forward_types(
+        layer, cb.inputs_from_stack(stack, layer.n_in))
+    uses_rng = uses_rng or uses
     return cb.outputs_onto_stack(outputs, stack, layer.n_in)
 
   out = []
+  loss = store.layers[-1]
   try:
     with layers_lib.preserved(*store.layers):
       for std, revs in store.blocks:
@@ -65,6 +83,13 @@ def trace(store, stack_types: PyTree,
   except Exception as e:  # pylint: disable=broad-except
     logging.info('the stack\'s types could not be traced (%s); every block '
                  'counts as activation-bound.', e)
-    return [plan_lib.ACTIVATION_BOUND_BYTES] * len(store.blocks), None
-  loss = store.layers[-1]
-  return out, cb.inputs_from_stack(stack, loss.n_in)
+    return StackTrace([plan_lib.ACTIVATION_BOUND_BYTES] * len(store.blocks),
+                      None, True)
+  try:
+    with layers_lib.preserved(loss):
+      forward(loss, stack)
+  except Exception as e:  # pylint: disable=broad-except
+    logging.info('the loss layer could not be traced (%s); it counts as '
+                 'using its RNG.', e)
+    uses_rng = True
+  return StackTrace(out, cb.inputs_from_stack(stack, loss.n_in), uses_rng)

@@ -1,0 +1,106 @@
+"""Whether a layer's forward uses its RNG: what a step's random draws are.
+
+A sliced call (`slices`) gives each slice its layer's RNG of the step, so a
+draw whose shape follows the rows (trax's `Dropout`, attention dropout)
+repeats its first slice's mask instead of drawing the unsliced one. Where
+no layer's results depend on its RNG argument (trax's models with
+`dropout = 0.0`), batch slices change nothing but float32 summation order,
+and the speed model may rank them by speed alone (`candidates`).
+
+The dependence is read from the forward's jaxpr (`jax.make_jaxpr`): a
+value depends on the RNG when an equation that computes it reads the RNG or
+a value that depends on it, followed into jit, custom derivatives and
+remat; a loop or any other nesting counts as reading all its operands into
+all its results, so the answer may say "uses" where a draw is dead, never
+the reverse.
+"""
+
+import jax
+from jax import numpy as jnp
+from jax.extend import core as jax_core
+
+from trax_revplus.typing import PyTree
+
+# The RNG a layer's forward is traced with: trax's raw uint32[2] key.
+RNG_TYPE = jax.ShapeDtypeStruct((2,), jnp.uint32)
+
+
+def _reads(values, marked) -> bool:
+  return any(not isinstance(v, jax_core.Literal) and v in marked
+             for v in values)
+
+
+def _inner(eqn):
+  """The one nested jaxpr of `eqn` that takes its operands and gives its
+  results position by position (jit, custom derivatives, remat), or None."""
+  found = [p for p in eqn.params.values()
+           if isinstance(p, (jax_core.ClosedJaxpr, jax_core.Jaxpr))]
+  if len(found) != 1 or eqn.primitive.name in ('scan', 'while'):
+    return None
+  inner = found[0].jaxpr if isinstance(found[0], jax_core.ClosedJaxpr) else (
+      found[0])
+  if (len(inner.invars) != len(eqn.invars) or
+      len(inner.outvars) != len(eqn.outvars)):
+    return None
+  return inner
+
+
+def _marked_outputs(jaxpr, marked_inputs) -> list[bool]:
+  """For each output of `jaxpr`, whether it depends on an input marked in
+  `marked_inputs` (a list of bools, one per input)."""
+  marked = {v for v, m in zip(jaxpr.invars, marked_inputs) if m}
+  for eqn in jaxpr.eqns:
+    if not _reads(eqn.invars, marked):
+      continue
+    inner = _inner(eqn)
+    if inner is None:  # a loop or an unknown nesting: all of it
+      marked.update(eqn.outvars)
+      continue
+    inputs = [_reads([v], marked) for v in eqn.invars]
+    marked.update(v for v, m in zip(eqn.outvars,
+                                    _marked_outputs(inner, inputs)) if m)
+  return [_reads([v], marked) for v in jaxpr.outvars]
+
+
+def depends_on_last_input(closed_jaxpr) -> bool:
+  """Whether any output of `closed_jaxpr` depends on its last input.
+
+  A call with one nested jaxpr of the same operands and results (jit,
+  custom derivatives, remat) is followed inside; a loop or any other
+  nesting counts as reading all its operands into all its results.
+
+  Args:
+    closed_jaxpr: a `jax.extend.core.ClosedJaxpr`, as `jax.make_jaxpr`
+      returns it.
+
+  Returns:
+    bool: True where an output is the last input, or is computed (through
+    any chain of equations) from it.
+  """
+  jaxpr = closed_jaxpr.jaxpr
+  if not jaxpr.invars:
+    return False
+  marked = [False] * (len(jaxpr.invars) - 1) + [True]
+  return any(_marked_outputs(jaxpr, marked))
+
+
+def forward_types(layer, inputs: PyTree) -> tuple[PyTree, bool]:
+  """`layer`'s forward traced on `inputs`: its outputs' types, and whether
+  its results (outputs or new state) depend on its RNG.
+
+  The caller keeps the layer as it was found (`layers.preserved`): trax's
+  layers keep what their forward sets (e.g. their state) in the layer.
+
+  Args:
+    layer: a trax `Layer`, its weights and state initialized.
+    inputs: its n_in stack items as `pure_fn` takes them: arrays or
+      `jax.ShapeDtypeStruct`s.
+
+  Returns:
+    (outputs as `jax.ShapeDtypeStruct`s, bool).
+  """
+  def forward(x, weights, state, rng):
+    return layer.pure_fn(x, weights, state, rng)
+  closed, (outputs, _) = jax.make_jaxpr(forward, return_shape=True)(
+      inputs, layer.weights, layer.state, RNG_TYPE)
+  return outputs, depends_on_last_input(closed)
