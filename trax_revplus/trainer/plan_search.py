@@ -12,9 +12,18 @@ same search gives both answers a budget needs:
 
 The planner keeps one search per batch's shapes, so the least named when
 nothing fits and the least `estimate` prints are one answer.
+
+Both lean on one property of the plan space: a group's leanest plan needs
+no more memory with more batch slices (each call's temporaries shrink with
+its slice, and what the step holds does not grow) or more micro-batches
+(the stack held across the step shrinks with its part). Groups that differ
+in that one dimension form a family (`_family`), and where its members
+with more slices or parts do not fit, those with fewer are not compiled.
+The unsliced unfused groups are always weighed all the same: their leanest
+plan is stock trax's own schedule, which a budget of stock's peak must
+find, even where slicing a call that cannot shrink adds a few bytes.
 """
 
-import dataclasses
 from typing import Callable
 
 from trax_revplus import device_memory
@@ -48,10 +57,17 @@ class PlanSearch:
     self._groups = list(candidates.groups())
     self._bounds = [candidates.lower_bound_bytes(group, n_devices)
                     for group in self._groups]
+    self._bound_of = {id(g): b for g, b in zip(self._groups, self._bounds)}
     self._weigh = weigh
     self._weighed = weighed
     self._least = None
     self.faster_plans_need_bytes = None
+    self._families = {}  # family key -> [(value, group)], value ascending
+    for group in self._groups:
+      key, value = _family(group)
+      self._families.setdefault(key, []).append((value, group))
+    for members in self._families.values():
+      members.sort(key=lambda m: m[0])
 
   def fastest_fitting(self, budget_bytes: int) -> plan_lib.StepPlan | None:
     """The first plan, in the speed model's order, whose peak is at most
@@ -63,7 +79,10 @@ class PlanSearch:
     the least compiling) fits; a fused group also needs the stack states it
     keeps within the budget (`Candidates.lower_bound_bytes`). After the
     first unfused group whose leanest plan does not fit, each later group's
-    leanest is weighed before its fastest.
+    leanest is weighed before its fastest. After that first one, or once a
+    member of its family did not fit, a group is skipped where its family's
+    least fitting member (`_least_fitting`, over its leanest plans) has more
+    slices or parts.
 
     Raises:
       As `weigh`.
@@ -78,11 +97,27 @@ class PlanSearch:
 
     found = None
     tight = False  # whether a group's leanest plan did not fit
-    for group, bound in zip(self._groups, self._bounds):
-      bound = max(bound, self._chunks_bound(group))
+    least_fitting = {}  # family key -> its least fitting value, or None
+    short = set()  # families with a member whose leanest plan did not fit
+
+    def leanest_fits(group) -> bool:
+      bound = self._bound(group)
+      if bound > budget_bytes:
+        excluded.append(bound)
+        return False
+      return fits(group.leanest)
+
+    for group in self._groups:
+      bound = self._bound(group)
       if bound > budget_bytes:
         excluded.append(bound)
         continue
+      key, value = _family(group)
+      if ((tight or key in short) and not _is_stock_schedule(group)):
+        if key not in least_fitting:
+          least_fitting[key] = self._least_fitting(key, leanest_fits)
+        if least_fitting[key] is None or value < least_fitting[key]:
+          continue
       first, rest = group.plans[0], group.plans[1:]
       # Once an unfused group did not fit even at its leanest, the budget
       # is tight: a later group's leanest is weighed first, so that a group
@@ -93,9 +128,11 @@ class PlanSearch:
         found = first
         break
       if not rest:
+        short.add(key)
         continue
       if not tight and not fits(group.leanest):
         tight = True
+        short.add(key)
         continue
       found = next((plan for plan in rest if fits(plan)), None)
       if found is not None:
@@ -103,24 +140,51 @@ class PlanSearch:
     self.faster_plans_need_bytes = min(excluded, default=None)
     return found
 
+  def _bound(self, group) -> int:
+    """Bytes every plan of `group` needs at least, known without compiling
+    it (`Candidates.lower_bound_bytes`, `_chunks_bound`)."""
+    return max(self._bound_of[id(group)], self._chunks_bound(group))
+
+  def _least_fitting(self, key, leanest_fits) -> int | None:
+    """The least slices or parts of family `key` whose group's leanest plan
+    fits (`leanest_fits(group)`); None where none does. The member with the
+    most is tried first (where it does not fit, nothing else is), then the
+    rest by bisection.
+    """
+    members = self._families[key]
+    if not leanest_fits(members[-1][1]):
+      return None
+    lo, hi = 0, len(members) - 1  # members[hi:] fit; members[:lo] do not
+    while lo < hi:
+      mid = (lo + hi) // 2
+      if leanest_fits(members[mid][1]):
+        hi = mid
+      else:
+        lo = mid + 1
+    return members[hi][0] if hi < len(members) else None
+
   def _chunks_bound(self, group) -> int:
     """Bytes every plan of a group in sequence chunks holds at least: the
-    largest call but the loss call of its leanest plan without chunks
-    (chunks change the loss call alone), where that plan was weighed;
-    else 0."""
+    largest call but the loss call (chunks change the loss call alone) of
+    each leanest plan without chunks, with as many slices or parts or more
+    (which hold no more), that was weighed; else 0."""
     if group.sequence_chunks == 1:
       return 0
-    unchunked = self._weighed(
-        dataclasses.replace(group.leanest, sequence_chunks=1))
-    if unchunked is None:
-      return 0
-    return max((c.device_bytes for c in unchunked.calls
-                if c.phase != 'loss'), default=0)
+    key, value = _family(group)
+    bound = 0
+    for v, unchunked in self._families.get(key[:-1] + (1,), ()):
+      step = self._weighed(unchunked.leanest) if v >= value else None
+      if step is not None:
+        bound = max(bound, max((c.device_bytes for c in step.calls
+                                if c.phase != 'loss'), default=0))
+    return bound
 
   def least(self) -> tuple[plan_lib.StepPlan, device_memory.StepMemory]:
     """(plan, StepMemory) of the group leanest plan, fused or unfused, with
     the least peak (ties: the first in the speed model's order).
 
+    Of each family (`_family`), only the member with the most slices or
+    parts is weighed, and the unsliced unfused groups (stock's schedule).
     The unfused ones are weighed first; a fused one whose lower bound
     (`Candidates.lower_bound_bytes`) is above the least peak found so far
     cannot need less, and is not compiled. Of the groups in sequence
@@ -147,12 +211,16 @@ class PlanSearch:
       parts = max((group.micro_batches for group in groups), default=1)
       chunks = max((group.sequence_chunks for group in groups
                     if group.micro_batches == parts), default=1)
+      leanest_of_family = {key: members[-1][1]
+                           for key, members in self._families.items()}
       order = sorted(
           (i for i, group in enumerate(groups)
            if group.sequence_chunks in (
                (1, chunks) if group.micro_batches > 1 else
                (1, most[group.leanest.batch_slices])) and
-           group.micro_batches in (1, parts)),
+           group.micro_batches in (1, parts) and
+           (leanest_of_family[_family(group)[0]] is group or
+            _is_stock_schedule(group))),
           key=lambda i: (bool(groups[i].fused_reversible_layers),
                          groups[i].micro_batches > 1))
       found = {}  # group index -> StepMemory of its leanest plan
@@ -166,3 +234,21 @@ class PlanSearch:
       i = min(found, key=lambda i: (found[i].peak_device_bytes, i))
       self._least = (groups[i].leanest, found[i])
     return self._least
+
+
+def _family(group) -> tuple[tuple, int]:
+  """(family key, value): groups in one pass differ in their batch slices
+  within (fused or not, sequence chunks); groups in micro-batches differ in
+  their parts (their slices follow) within their sequence chunks. A key's
+  last item is its sequence chunks."""
+  if group.micro_batches > 1:
+    return ('parts', group.sequence_chunks), group.micro_batches
+  return (('slices', bool(group.fused_reversible_layers),
+           group.sequence_chunks), group.leanest.batch_slices)
+
+
+def _is_stock_schedule(group) -> bool:
+  """Whether `group` holds stock trax's own schedule (`candidates`): the
+  unsliced unfused group in one pass, without chunks."""
+  return (not group.fused_reversible_layers and group.micro_batches == 1 and
+          group.sequence_chunks == 1 and group.leanest.batch_slices == 1)
