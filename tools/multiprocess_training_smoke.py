@@ -20,8 +20,9 @@ process):
      (> 1e-4: dropout masks are drawn per device, so the comparison can
      fail);
   6. without dropout, every run's every process trained in 2 micro-batches
-     (`micro_batches = 2`) matches its own run in one pass (weights and
-     slots within 1e-5).
+     (`micro_batches = 2`), with the accumulated gradients on the device
+     and on the host, matches its own run in one pass (weights and slots
+     within 1e-5).
 
 The suite keeps the cheap part, 1 process x 1 device against trax's default
 `Trainer` (tests/multiprocess/test_training_matches_one_process.py), and a
@@ -156,12 +157,14 @@ def check_runs(checks, runs):
     for i, result in run.items():
       keys = [k[len('plain/'):] for k in result
               if k.startswith(('plain/w/', 'plain/s/'))]
-      diff = max((float(np.max(np.abs(result['micro/' + k] -
-                                      result['plain/' + k])))
-                  for k in keys), default=float('inf'))
-      checks.check(f'{name} process {i}: 2 micro-batches match one pass '
-                   f'(weights and slots < {_TOLERANCE})', diff < _TOLERANCE,
-                   f'{diff:.3g}')
+      for variant, where in (('micro', 'device'), ('micro_host', 'host')):
+        diff = max((float(np.max(np.abs(result[f'{variant}/' + k] -
+                                        result['plain/' + k])))
+                    for k in keys), default=float('inf'))
+        checks.check(f'{name} process {i}: 2 micro-batches, gradients '
+                     f'accumulated on the {where}, match one pass (weights '
+                     f'and slots < {_TOLERANCE})', diff < _TOLERANCE,
+                     f'{diff:.3g}')
   one = runs['1x2'][0]
   for i in (0, 1):
     for part, prefix in (('weights', 'dropout/w/'), ('slots', 'dropout/s/')):

@@ -12,8 +12,9 @@ their own process for the run of 1 process x 1 device:
 
 Every run trains on the same global batch of 8 rows with the same RNGs and
 weights, once without dropout (keys `plain/...`), once with dropout
-(`dropout/...`) and once without dropout in 2 micro-batches per device
-(`micro/...`); a process of a multi-process run feeds its own rows of the
+(`dropout/...`), and without dropout in 2 micro-batches per device, with
+the accumulated gradients on the device (`micro/...`) and on the host
+(`micro_host/...`: the plan's `grads_on_host`); a process of a multi-process run feeds its own rows of the
 batch, as `trax_revplus.data` splits one. Writes OUT_DIR/process<I>.npz with,
 per variant, the weights and optimizer slots after 3 steps (`<variant>/w/<k>`,
 `<variant>/s/<k>` in tree order) and the losses (`<variant>/loss`, per step
@@ -88,6 +89,19 @@ def _default_trainer_weights(batch):
   return _flat(model.weights)
 
 
+def _replan(trainer, batch, **changes):
+  """Makes `trainer` run its plan for `batch` with `changes` (`StepPlan`
+  fields)."""
+  # pylint: disable=g-import-not-at-top,protected-access
+  import dataclasses
+  from trax_revplus.trainer import planner
+  from trax_revplus.trainer import units
+  p = trainer.planner
+  plan = dataclasses.replace(p.step_for(batch).plan, **changes)
+  p._planned[planner.batch_key(p._placement.abstract_batch(batch))] = (
+      planner.PlannedStep(plan, units.Units(plan, p._factory), None))
+
+
 def train(out_dir):
   """Trains every variant here; writes `out_dir`/process<I>.npz.
 
@@ -111,15 +125,17 @@ def train(out_dir):
                    enumerate(_default_trainer_weights(batch))})
 
   trax_revplus.activate()
-  for variant in ('plain', 'dropout', 'micro'):
+  for variant in ('plain', 'dropout', 'micro', 'micro_host'):
     first, revs, loss = _blocks(variant == 'dropout')
     model = tl.Serial([first] + revs + [loss])
     model.init(batch, rng=fastmath.random.get_prng(12))
     # 'micro': without dropout, each device's rows in 2 micro-batches.
     settings = ({'micro_batches': 2, 'device_memory_budget_bytes': None}
-                if variant == 'micro' else {})
+                if variant.startswith('micro') else {})
     trainer = rev_trainer.ReversibleSerialTrainer(
         [(first.sublayers, revs)], loss, optimizers.Adam, **settings)
+    if variant == 'micro_host':
+      _replan(trainer, local_batch, grads_on_host=True)
     losses = []
     for step, lr in enumerate(_LRS):
       loss_value, _ = trainer.one_step(
