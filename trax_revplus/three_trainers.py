@@ -129,11 +129,14 @@ def _revplus(cfg, backend: str, n_devices: int,
   if plan is None:
     plan, step = least_plan, least
     fits = False
-  settings = dict(plan.settings(), n_calls=plan.n_calls)
+  # Calls per step as the accounting counted them (`plan.StepPlan.n_calls`
+  # counts units that only reorder the stack, which make none).
+  settings = dict(plan.settings(), n_calls=len(step.calls))
   result = device_memory.trainer_memory(
       'revplus', trainer, cfg.batch, backend, step=step, plan=settings,
-      least=(dict(least_plan.settings(), n_calls=least_plan.n_calls), least))
-  revplus_plan = RevplusPlan(plan.describe(), fits, least.peak_device_bytes)
+      least=(dict(least_plan.settings(), n_calls=len(least.calls)), least))
+  revplus_plan = RevplusPlan(plan.describe(len(step.calls)), fits,
+                             least.peak_device_bytes)
   return (result, revplus_plan, budget_bytes,
           trainer.planner.weighing(cfg.batch))
 

@@ -121,6 +121,9 @@ def _check_plans(out, rev, budget_bytes):
     assert plan['peak_device_bytes'] == rev['peak_device_bytes']
     assert dict(plan['settings'], n_calls=plan['calls_per_step']) == (
         rev['plan'])
+    # The plan's calls are the accounted step's (units of swaps alone make
+    # no call).
+    assert rev['plan']['n_calls'] == rev['n_calls']
     assert plan['describe'] in rev['plan_line']
   else:
     assert not chosen

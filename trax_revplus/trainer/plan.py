@@ -159,8 +159,12 @@ class StepPlan:
 
   @property
   def n_calls(self) -> int:
-    """Compiled calls per step: forward units and backward units outside
-    the loss program, and the loss program (each micro-batch's)."""
+    """Calls per step as the plan lays them out, for the speed model's
+    rank: forward units and backward units outside the loss program, and
+    the loss program (each micro-batch's). A unit that only reorders the
+    stack (`units.SelectSegment`) runs without a compiled call, so a step
+    makes fewer; the calls it makes are its accounting's
+    (`device_memory.StepMemory.calls`)."""
     n = 1
     for unit in self.unit_spans():
       if unit[0] >= self.fused_from:
@@ -193,13 +197,20 @@ class StepPlan:
         'grads_on_host': self.grads_on_host,
     }
 
-  def describe(self) -> str:
+  def describe(self, n_calls: int | None = None) -> str:
     """One line, e.g. 'segment_max_layers=8, backward_segment_max_layers=2,
     batch_slices=1, fused_layers=0, n_async_layers=8, prefetch=True,
     saved_on_host=False, sequence_chunks=1, micro_batches=1,
-    grads_on_host=False, 9 calls per step'."""
+    grads_on_host=False, 9 calls per step'.
+
+    Args:
+      n_calls: the compiled calls a step makes, where its accounting
+        counted them (`device_memory.StepMemory.calls`); else the plan's
+        own layout (`n_calls`).
+    """
     settings = ', '.join(f'{k}={v}' for k, v in self.settings().items())
-    return f'{settings}, {self.n_calls} calls per step'
+    n_calls = self.n_calls if n_calls is None else n_calls
+    return f'{settings}, {n_calls} calls per step'
 
 
 def backward_segment_length(setting: int | str, n_layers: int,

@@ -343,7 +343,8 @@ class Planner:
     from)."""
     step = self.weigh(plan, types)
     self._weighing_of(types).chosen = plan
-    logging.info('device memory plan%s: %s; %s', source, plan.describe(),
+    logging.info('device memory plan%s: %s; %s', source,
+                 plan.describe(len(step.calls)),
                  step.describe())
     overrides.notify(plan, self._options, self._explicit, self.budget_bytes,
                      self._notified)

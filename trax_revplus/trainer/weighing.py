@@ -31,8 +31,9 @@ class Weighed(NamedTuple):
 
   @property
   def calls_per_step(self) -> int:
-    """Compiled calls one step of the plan makes (`StepPlan.n_calls`)."""
-    return self.plan.n_calls
+    """Compiled calls one step of the plan makes, as its accounting counted
+    them (a unit that only reorders the stack makes none)."""
+    return len(self.memory.calls)
 
 
 class Weighing:
@@ -77,7 +78,7 @@ class Weighing:
     `describe`, `settings`, `peak_device_bytes`, `fits`, `calls_per_step`,
     `step_seconds` (null where not measured) and whether it is `chosen`."""
     return [{
-        'describe': w.plan.describe(),
+        'describe': w.plan.describe(w.calls_per_step),
         'settings': w.plan.settings(),
         'peak_device_bytes': w.memory.peak_device_bytes,
         'fits': w.fits,
