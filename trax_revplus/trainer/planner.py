@@ -163,13 +163,13 @@ class Planner:
   def candidates(self, types) -> candidates_lib.Candidates:
     """The plans a budget chooses from for a step starting from `types`
     (`step_types`), in the speed model's order."""
+    trace, tail_length = self._trace(types)
     return candidates_lib.Candidates(
         self._store.block_sizes(), self._store.params_bytes(),
-        self._stack_bytes(types), self._rows(types), self._options,
-        bool(self._store.ties), self._layer_kinds(),
-        self._tail_length(types),
-        self.micro_batches_refusal(types) is not None,
-        self._uses_rng(types), self._placement.platform)
+        trace.block_bytes, self._rows(types), self._options,
+        bool(self._store.ties), self._layer_kinds(), tail_length,
+        self.micro_batches_refusal(types) is not None, trace.uses_rng,
+        self._placement.platform)
 
   def micro_batches_refusal(self, types) -> str | None:
     """Why a step from `types` cannot run in micro-batches, or None
@@ -189,7 +189,7 @@ class Planner:
     validation.check_batch_slices(options.unplanned('batch_slices'),
                                   self._rows(types))
     validation.check_sequence_chunks(
-        options.unplanned('sequence_chunks'), self._tail_length(types),
+        options.unplanned('sequence_chunks'), self._trace(types)[1],
         self._store.layers[-1].name)
     validation.check_micro_batches(
         options.unplanned('micro_batches'), self._rows(types),
@@ -203,7 +203,7 @@ class Planner:
     options = self._options
     plan = plan_lib.configured_plan(
         self._store.block_sizes(), self._store.params_bytes(),
-        self._stack_bytes(types), options)
+        self._trace(types)[0].block_bytes, options)
     units = units_lib.Units(plan, self._factory)
     memory_ = None
     if options.compile_ahead:
@@ -287,15 +287,6 @@ class Planner:
       self._traces[key] = (trace, sequence_chunks.tail_length(
           self._store.layers[-1], trace.loss_inputs))
     return self._traces[key]
-
-  def _stack_bytes(self, types):
-    return self._trace(types)[0].block_bytes
-
-  def _tail_length(self, types):
-    return self._trace(types)[1]
-
-  def _uses_rng(self, types):
-    return self._trace(types)[0].uses_rng
 
   def account(self, plan, units, types) -> device_memory.StepMemory:
     """Compiles `units` ahead and composes the step's device memory.
