@@ -188,6 +188,20 @@ def split_blocks_trainer(**kwargs):
       blocks, loss, kwargs.pop('optimizer_fn', optimizers.Adam), **kwargs)
 
 
+def replan(trainer, batch, **changes):
+  """Makes `trainer` run, on `batch`'s shapes, its plan with `changes`
+  (`StepPlan` fields) in place of the planner's, unaccounted (the multi-
+  device and multi-process workers' way to a plan no setting names)."""
+  # pylint: disable=g-import-not-at-top,protected-access
+  import dataclasses
+  from trax_revplus.trainer import planner
+  from trax_revplus.trainer import units
+  p = trainer.planner
+  plan = dataclasses.replace(p.step_for(batch).plan, **changes)
+  p._planned[planner.batch_key(p._placement.abstract_batch(batch))] = (
+      planner.PlannedStep(plan, units.Units(plan, p._factory), None))
+
+
 def host_weights_and_state(trainer):
   """Copies of every layer's (weights, state)."""
   return [jax.tree_util.tree_map(np.array, (l.weights, l.state))

@@ -31,6 +31,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))))
+# tests/, for conftest's `replan`.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # pylint: disable=g-import-not-at-top
 from trax_revplus.multiprocess import config as config_lib
@@ -89,19 +91,6 @@ def _default_trainer_weights(batch):
   return _flat(model.weights)
 
 
-def _replan(trainer, batch, **changes):
-  """Makes `trainer` run its plan for `batch` with `changes` (`StepPlan`
-  fields)."""
-  # pylint: disable=g-import-not-at-top,protected-access
-  import dataclasses
-  from trax_revplus.trainer import planner
-  from trax_revplus.trainer import units
-  p = trainer.planner
-  plan = dataclasses.replace(p.step_for(batch).plan, **changes)
-  p._planned[planner.batch_key(p._placement.abstract_batch(batch))] = (
-      planner.PlannedStep(plan, units.Units(plan, p._factory), None))
-
-
 def train(out_dir):
   """Trains every variant here; writes `out_dir`/process<I>.npz.
 
@@ -114,6 +103,7 @@ def train(out_dir):
   from trax import layers as tl  # pylint: disable=g-import-not-at-top
   import trax_revplus  # pylint: disable=g-import-not-at-top
   from trax_revplus import trainer as rev_trainer  # pylint: disable=g-import-not-at-top
+  import conftest  # pylint: disable=g-import-not-at-top
 
   batch = _global_batch()
   index, count = jax.process_index(), jax.process_count()
@@ -135,7 +125,7 @@ def train(out_dir):
     trainer = rev_trainer.ReversibleSerialTrainer(
         [(first.sublayers, revs)], loss, optimizers.Adam, **settings)
     if variant == 'micro_host':
-      _replan(trainer, local_batch, grads_on_host=True)
+      conftest.replan(trainer, local_batch, grads_on_host=True)
     losses = []
     for step, lr in enumerate(_LRS):
       loss_value, _ = trainer.one_step(

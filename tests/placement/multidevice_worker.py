@@ -65,6 +65,7 @@ from trax import optimizers
 # tests/, for conftest's models.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=g-import-not-at-top,wrong-import-position
+from conftest import replan
 from conftest import reversible_lm_blocks
 import trax_revplus
 from trax_revplus import trainer as rev_trainer
@@ -104,18 +105,6 @@ def _default_weights_and_losses():
 def _ours(n_devices, **kwargs):
   weights, loss_value, _ = _ours_and_plan(n_devices, **kwargs)
   return weights, loss_value
-
-
-def _replan(trainer, **changes):
-  """Makes `trainer` run its plan with `changes` (`StepPlan` fields)."""
-  # pylint: disable=g-import-not-at-top,protected-access
-  import dataclasses
-  from trax_revplus.trainer import planner
-  from trax_revplus.trainer import units
-  p = trainer.planner
-  plan = dataclasses.replace(p.step_for(_BATCH).plan, **changes)
-  p._planned[planner.batch_key(p._placement.abstract_batch(_BATCH))] = (
-      planner.PlannedStep(plan, units.Units(plan, p._factory), None))
 
 
 def _ours_and_plan(n_devices, **kwargs):
@@ -255,11 +244,11 @@ def _ours_with_losses(n_devices, fused=False, saved_on_host=False,
       [(first.sublayers, revs)], loss, optimizers.Adam, n_devices=n_devices,
       **kwargs)
   if fused:
-    _replan(trainer, fused_from=0)
+    replan(trainer, _BATCH, fused_from=0)
   if saved_on_host:
-    _replan(trainer, saved_on_host=True)
+    replan(trainer, _BATCH, saved_on_host=True)
   if grads_on_host:
-    _replan(trainer, grads_on_host=True)
+    replan(trainer, _BATCH, grads_on_host=True)
   losses = []
   for rng, lr in zip(_RNGS, _LRS):
     loss_value, _ = trainer.one_step(_BATCH, rng, learning_rate=lr)

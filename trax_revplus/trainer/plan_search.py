@@ -55,9 +55,9 @@ class PlanSearch:
         already, else None (nothing accounted).
     """
     self._groups = list(candidates.groups())
-    self._bounds = [candidates.lower_bound_bytes(group, n_devices)
-                    for group in self._groups]
-    self._bound_of = {id(g): b for g, b in zip(self._groups, self._bounds)}
+    # Group id -> `Candidates.lower_bound_bytes` of the group.
+    self._bound_of = {id(g): candidates.lower_bound_bytes(g, n_devices)
+                      for g in self._groups}
     self._weigh = weigh
     self._weighed = weighed
     self._least = None
@@ -161,7 +161,7 @@ class PlanSearch:
         hi = mid
       else:
         lo = mid + 1
-    return members[hi][0] if hi < len(members) else None
+    return members[hi][0]
 
   def _chunks_bound(self, group) -> int:
     """Bytes every plan of a group in sequence chunks holds at least: the
@@ -228,7 +228,7 @@ class PlanSearch:
         least = min((s.peak_device_bytes for s in found.values()),
                     default=None)
         chunks_bound = self._chunks_bound(groups[i])
-        if least is None or (self._bounds[i] <= least and
+        if least is None or (self._bound_of[id(groups[i])] <= least and
                              chunks_bound < least):
           found[i] = self._weigh(groups[i].leanest)
       i = min(found, key=lambda i: (found[i].peak_device_bytes, i))
