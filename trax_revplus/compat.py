@@ -20,11 +20,11 @@ and so that they work in a multi-process run (`jax.distributed`), where
 jax itself is left as it is: only the names trax's modules call are bound.
 """
 
-import time
-
 from absl import logging
 import jax
 import numpy as np
+
+from trax_revplus.multiprocess import training as processes
 
 
 def tree_unflatten(flat, tree, copy_from_tree=None):
@@ -131,7 +131,7 @@ def init_host_and_devices(n_devices=None, random_seed=None):
     raise ValueError('JAX cannot work yet with n_devices != all devices: '
                      '%d != %d' % (n_devices, device_count))
   if random_seed is None and host_count > 1:
-    random_seed = shared_random_seed()
+    random_seed = processes.shared_random_seed()
   return (is_chief, host_count, n_devices,
           training._init_random_number_generators(random_seed))  # pylint: disable=protected-access
 
@@ -191,13 +191,3 @@ def on_cpu(x):
     return x
   return jax.device_put(x, local_cpu_device())
 
-
-def shared_random_seed():
-  """A seed from process 0's clock, the same on every process (a collective).
-
-  Returns:
-    int in [0, 2**31).
-  """
-  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-  seed = np.int64(int(1e6 * time.time()) % 2**31)
-  return int(multihost_utils.broadcast_one_to_all(seed))

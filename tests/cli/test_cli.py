@@ -424,7 +424,7 @@ def test_unbound_train_settings_keep_trax_defaults(stock_trax_and_empty_gin):
   # Only a model bound: train.steps and train.eval_steps keep trax's valid
   # defaults (bound to None, they are mistakes).
   from trax_revplus.cli import settings  # pylint: disable=g-import-not-at-top
-  cli.import_trax()
+  cli.import_trax_quietly()
   cli.parse_configs([], ['train.model = @trax.models.ReformerLM'])
   settings.check_train_settings()
   cli.parse_configs([], ['train.model = @trax.models.ReformerLM',

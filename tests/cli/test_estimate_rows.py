@@ -84,7 +84,7 @@ def test_each_row_says_whether_it_runs_and_on_how_many_devices():
 ])
 def test_a_note_names_the_trainer_train_would_run(config_file, bindings,
                                                   runs):
-  gin_config.import_trax()
+  gin_config.import_trax_quietly()
   gin_config.parse_configs([config_file], bindings)
   assert estimate.train_runs() == runs
   report = estimate.table('cpu', _results(), None, BATCH, 1000, 1,

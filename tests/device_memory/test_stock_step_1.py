@@ -37,7 +37,7 @@ TINY_LM = ['sequence_length = 32', 'local_text_inputs.batch_size = 2',
 def _stock_trainer(config_file, bindings=()):
   """(stock's trainer of the config's model, the config) on one device."""
   from trax.optimizers import trainer as stock_lib  # pylint: disable=g-import-not-at-top
-  gin_config.import_trax()
+  gin_config.import_trax_quietly()
   gin_config.parse_configs([config_file], list(bindings))
   import trax_revplus  # pylint: disable=g-import-not-at-top
   trax_revplus.deactivate()

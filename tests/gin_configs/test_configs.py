@@ -28,7 +28,7 @@ ACTIVATION_LINE = 'import trax_revplus.activate'
 
 @pytest.fixture(autouse=True)
 def _clean_gin():
-  cli.import_trax()
+  cli.import_trax_quietly()
   yield
   gin.clear_config()
   trax_revplus.deactivate()

@@ -16,7 +16,7 @@ from typing import Sequence
 
 from trax_revplus import import_signals
 from trax_revplus.cli import parser
-from trax_revplus.cli.gin_config import import_trax
+from trax_revplus.cli.gin_config import import_trax_quietly
 from trax_revplus.cli.gin_config import parse_configs
 from trax_revplus.cli.messages import error_line
 from trax_revplus.cli.messages import PROG
@@ -26,7 +26,8 @@ from trax_revplus.errors import EXIT_USAGE
 from trax_revplus.errors import signal_exit_status
 from trax_revplus.errors import UserError
 
-__all__ = ['main', 'run', 'parse_configs', 'import_trax', 'UserError',
+__all__ = ['main', 'run', 'parse_configs', 'import_trax_quietly',
+           'UserError',
            'PROG', 'EXIT_OK', 'EXIT_RUNTIME', 'EXIT_USAGE']
 
 

@@ -56,7 +56,7 @@ def _check_config(config_files: Sequence[str], bindings: Sequence[str]
   """
   import gin  # pylint: disable=g-import-not-at-top
   import trax_revplus  # pylint: disable=g-import-not-at-top
-  gin_config.import_trax()
+  gin_config.import_trax_quietly()
   try:
     gin_config.parse_configs(list(config_files), list(bindings))
     trax_revplus.activate()  # As --implementation=revplus.
@@ -138,7 +138,7 @@ def compare_main(config_files: Sequence[str], bindings: Sequence[str],
   runs = {}
   for k in compare.IMPLEMENTATIONS:
     log_path = os.path.join(output_dir, f'{k}.log')
-    command = compare.runs.train_command(
+    command = compare.runs.run_command(
         k, config_files, list(bindings) + extra, run_dirs[k], every)
     stream.write(f'{PROG} compare: training with {compare.LABELS[k]} '
                  f'(output in {log_path})\n')
@@ -153,7 +153,7 @@ def compare_main(config_files: Sequence[str], bindings: Sequence[str],
     stream.write(f'{PROG} compare: accounting device memory with estimate '
                  f'(output in {os.path.join(output_dir, compare.accounting.ESTIMATE_LOG)})\n')
     stream.flush()
-    accounting = compare.accounting.account(
+    accounting = compare.accounting.run_estimate(
         config_files, list(bindings) + extra, output_dir, stream)
   else:
     accounting = compare.accounting.skipped()

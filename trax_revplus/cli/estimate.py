@@ -67,7 +67,7 @@ def estimate(device_memory_bytes: int | None, n_devices: int,
              bindings: list[str] = ()):
   """Checks the parsed config, then builds and accounts its three trainers.
 
-  First reads the inputs, checks the batch (`parsed_config.check_batch`)
+  First reads the inputs, checks the batch (`parsed_config.check_step_settings`)
   and builds the model (`parsed_config.check_model`): a mistake there is
   the config's, one line, before anything is compiled. The accounting is
   `trax_revplus.three_trainers`'.
@@ -238,7 +238,7 @@ def run(flags: argparse.Namespace) -> int:
   if flags.json:
     output_files.check(flags.json, '--json', allow_stdout=True)
   config_files, bindings = configs_from_flags(flags)
-  gin_config.import_trax()
+  gin_config.import_trax_quietly()
   gin_config.parse_configs(config_files, bindings)
   # Not `no_effect_warnings`: estimate builds trax_revplus's trainer with
   # the trainer settings whatever train.use_memory_efficient_trainer says.

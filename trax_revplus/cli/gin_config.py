@@ -33,7 +33,7 @@ def _stderr_captured_to(capture) -> Iterator[None]:
     os.close(saved)
 
 
-def import_trax() -> str:
+def import_trax_quietly() -> str:
   """Imports trax and the modules whose gin configurables configs use.
 
   TensorFlow, XLA and gym print notices on stderr while trax is imported

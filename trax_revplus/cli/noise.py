@@ -5,8 +5,9 @@ keep off the terminal. `train` routes Python warnings (`warnings.warn`)
 through logging for the length of a run (`route_warnings`): every warning
 goes to `<output_dir>/train.log`; on the terminal, only warnings not in the
 list, each on one line. Notices that TensorFlow and gym print on stderr
-while trax is imported never reach the terminal (`gin_config.import_trax`
-captures them for the log), so their entries here document them.
+while trax is imported never reach the terminal
+(`gin_config.import_trax_quietly` captures them for the log), so their
+entries here document them.
 """
 
 import contextlib

@@ -103,7 +103,7 @@ def check_model(cfg, bindings: list[str]) -> None:
         f'bindings (train.model, ...)', EXIT_RUNTIME) from None
 
 
-def check_batch(cfg, n_devices: int, device_memory_bytes: int | None,
+def check_step_settings(cfg, n_devices: int, device_memory_bytes: int | None,
                 bindings: list[str]) -> None:
   """Checks what a step on the config's batch needs, as the trainers will.
 
@@ -136,12 +136,13 @@ def check_batch(cfg, n_devices: int, device_memory_bytes: int | None,
 def check_inputs_and_batch(bindings: list[str], n_devices: int,
                            device_memory_bytes: int | None = None):
   """Reads one batch of the parsed config's inputs and checks it
-  (`check_batch`) as `train`'s run will; returns the config to build from.
+  (`check_step_settings`) as `train`'s run will; returns the config to build
+  from.
 
   Raises:
     UserError: as `train` reports the config's mistakes (exit status 2), or
       1 when the inputs cannot be read.
   """
   cfg = Config(bindings)
-  check_batch(cfg, n_devices, device_memory_bytes, bindings)
+  check_step_settings(cfg, n_devices, device_memory_bytes, bindings)
   return cfg

@@ -320,7 +320,7 @@ def _run(flags: argparse.Namespace, config_files: list[str],
     locked = os.path.isdir(output_dir)
     if locked:
       lock_if_chief()  # Before trax's import: a busy dir answers at once.
-    import_messages = gin_config.import_trax()
+    import_messages = gin_config.import_trax_quietly()
     # A signal during the import may have been lost inside a callback of
     # a library (see `StopOnSignal.raise_if_signalled`): stop here, before
     # anything is written.

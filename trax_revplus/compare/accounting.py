@@ -43,7 +43,7 @@ def skipped() -> DeviceAccounting:
           'trainers': {}}
 
 
-def account(config_files: Sequence[str], bindings: Sequence[str],
+def run_estimate(config_files: Sequence[str], bindings: Sequence[str],
             output_dir: str, stream: TextIO) -> DeviceAccounting:
   """Runs estimate on the config; returns its `DeviceAccounting` entry.
 

@@ -113,7 +113,7 @@ def build_report(config_files: Sequence[str], bindings: Sequence[str],
     seed: int or None, the `train.random_seed` both runs used.
     seed_from_config: bool, the config set the seed and compare left it.
     runs: {'stock': RUN, 'revplus': RUN} from `collect_run`.
-    device_accounting: `accounting.account`'s entry, or None (skipped).
+    device_accounting: `accounting.run_estimate`'s entry, or None (skipped).
 
   Returns:
     dict, plain JSON types.

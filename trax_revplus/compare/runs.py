@@ -23,7 +23,7 @@ _ERROR_LINE = re.compile(
     r'\b(?::.*)?|trax-revplus \w+: error: .*)$')
 
 
-def train_command(implementation, config_files, bindings, output_dir,
+def run_command(implementation, config_files, bindings, output_dir,
                    progress_every_n_steps):
   command = [sys.executable, '-m', 'trax_revplus.cli', 'train',
              f'--implementation={implementation}',

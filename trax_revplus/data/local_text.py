@@ -7,12 +7,12 @@ from trax.data import inputs as trax_inputs
 
 from trax_revplus.data.errors import CorpusError
 from trax_revplus.data.errors import CorpusSettingError
-from trax_revplus.data.files import DEFAULT_EXCLUDED_DIRS
-from trax_revplus.data.files import default_corpus_files
-from trax_revplus.data.files import default_corpus_root
-from trax_revplus.data.files import read_bytes
-from trax_revplus.data.files import resolve_paths
-from trax_revplus.data.files import split_files
+from trax_revplus.data.corpus_files import DEFAULT_EXCLUDED_DIRS
+from trax_revplus.data.corpus_files import default_corpus_files
+from trax_revplus.data.corpus_files import default_corpus_root
+from trax_revplus.data.corpus_files import read_bytes
+from trax_revplus.data.corpus_files import resolve_paths
+from trax_revplus.data.corpus_files import split_files
 from trax_revplus.data.streams import LocalTextCorpus
 
 _SPLITS = ('file', 'bytes')

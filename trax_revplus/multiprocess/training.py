@@ -13,6 +13,7 @@ Only process 0 writes checkpoints, summaries and the memory log's files
 """
 
 import logging as std_logging
+import time
 
 
 def process_index() -> int:
@@ -40,9 +41,18 @@ class ProcessFormatter(std_logging.Formatter):
 
 
 def shared_random_seed() -> int:
-  """Process 0's seed from its clock, the same on every process."""
-  from trax_revplus import compat  # pylint: disable=g-import-not-at-top
-  return compat.shared_random_seed()
+  """A seed from process 0's clock, the same on every process (a collective).
+
+  Every process must call it: process 0's value is broadcast to the others.
+
+  Returns:
+    int in [0, 2**31).
+  """
+  # JAX and numpy load with trax; this module is imported before trax is.
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  seed = np.int64(int(1e6 * time.time()) % 2**31)
+  return int(multihost_utils.broadcast_one_to_all(seed))
 
 
 def barrier(name: str) -> None:

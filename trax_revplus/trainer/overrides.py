@@ -63,7 +63,8 @@ def replaced(plan, options, explicit, budget_bytes) -> list[str]:
   return out
 
 
-def notify(plan, options, explicit, budget_bytes, notified: set) -> None:
+def notify_replaced(plan, options, explicit, budget_bytes,
+                    notified: set) -> None:
   """Logs and notifies (`trax_revplus.notices`) each line of `replaced`
   not in `notified` yet (which it adds to): once per run, not per batch
   shape."""

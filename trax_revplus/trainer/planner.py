@@ -337,8 +337,8 @@ class Planner:
     logging.info('device memory plan%s: %s; %s', source,
                  plan.describe(len(step.calls)),
                  step.describe())
-    overrides.notify(plan, self._options, self._explicit, self.budget_bytes,
-                     self._notified)
+    overrides.notify_replaced(plan, self._options, self._explicit,
+                              self.budget_bytes, self._notified)
     return PlannedStep(plan, units_lib.Units(plan, self._factory), step)
 
   def _raise_nothing_fits(self):

@@ -68,7 +68,6 @@ class UpdateSink:
 
   def commit(self, token) -> None:
     """The update of `token` leaves the device (here: it is dropped)."""
-    del token
 
   def end_step(self) -> None:
     """Every update of the walk has left the device."""
@@ -85,10 +84,8 @@ class CopyBack:
   """
 
   def __init__(self, n_async_layers: int, sink: UpdateSink):
-    """Args:
-      n_async_layers: int >= 0, see `commit_waits`.
-      sink: the `UpdateSink` the updates go to.
-    """
+    """Args: n_async_layers, int >= 0 (`commit_waits`); sink, the
+    `UpdateSink` the updates go to."""
     self._n_async_layers = n_async_layers
     self._sink = sink
     self._pending = collections.deque()  # (n layers, device updates, token)
@@ -193,7 +190,7 @@ class StepRun(abc.ABC):
         ('loss weights of the batch', self.loss_weights),
         ('accumulated gradients', self.grads),
         ('saved block inputs and states', self.saved),
-        ('weights placed ahead', self.prefetched),
+        ('weights placed ahead', self._next and self._next[1]),
         ('updates not yet copied back', self.copy_back.on_device()),
         ('shared weights updated for an earlier layer', self.tied),
         ('statistics', self.stats),
@@ -230,18 +227,12 @@ class StepRun(abc.ABC):
 
   def to_host(self, entry: PyTree) -> Any:
     """Moves a saved entry off the device; returns what `from_host`
-    takes. Here nothing moves: the entry leaves `held`, which is all a
-    walk on types needs."""
+    takes (here: the entry; leaving `held` is all a walk on types needs)."""
     return entry
 
   def from_host(self, waiting: Any) -> PyTree:
     """The entry `to_host` moved, on the device again."""
     return waiting
-
-  @property
-  def prefetched(self) -> PyTree | None:
-    """Parameters placed for the next call, or None."""
-    return None if self._next is None else self._next[1]
 
   # How the walk gets its arguments and makes its calls.
 
@@ -363,11 +354,10 @@ class StepRun(abc.ABC):
         if 'loss' in layer_stats:
           self.part_losses.append(layer_stats['loss'])
       none = [None] * len(layers)
-      if self.plan.grads_on_host:
-        self.copy_back.push(layers, none, slots, states, stats, self.part)
-        return
-      self.grads.update(zip(layers, slots))
-      self.copy_back.push(layers, none, none, states, stats, self.part)
+      if not self.plan.grads_on_host:  # They stay on the device.
+        self.grads.update(zip(layers, slots))
+        slots = none
+      self.copy_back.push(layers, none, slots, states, stats, self.part)
       return
     self.stats.extend(stats)
     if self.ties:

@@ -29,10 +29,11 @@ surfaces at step 0 instead of deep inside JAX tracing or hours into a run:
                          `ReversibleSerialTrainer`).
 
 Modules: `errors` (the exceptions), `blocks` (blocks, loss layer,
-positional encodings), `devices` (device count, batch split),
-`optimizers` (optimizer factories), `non_finite` (NaN/Inf among a step's
-values), `gin_hints` (the fix for an unknown gin parameter of ours). None
-imports trax at module level: the CLI imports the error types at once.
+positional encodings), `splits` (the device count; how a batch splits over
+devices, batch slices, micro-batches and sequence chunks), `optimizers`
+(optimizer factories), `non_finite` (NaN/Inf among a step's values),
+`gin_hints` (the fix for an unknown gin parameter of ours). None imports
+trax at module level: the CLI imports the error types at once.
 
 All but `OptimizerFactoryError` (a `TypeError`) and `NonFiniteError` (an
 `ArithmeticError`) are `ConfigurationError`s, a `ValueError`.
@@ -42,11 +43,11 @@ from trax_revplus.validation.blocks import check_blocks
 from trax_revplus.validation.blocks import check_loss_output
 from trax_revplus.validation.blocks import check_sequence_length
 from trax_revplus.validation.blocks import standard_layer_list
-from trax_revplus.validation.devices import check_batch
-from trax_revplus.validation.devices import check_batch_slices
-from trax_revplus.validation.devices import check_micro_batches
-from trax_revplus.validation.devices import check_sequence_chunks
-from trax_revplus.validation.devices import check_n_devices
+from trax_revplus.validation.splits import check_batch
+from trax_revplus.validation.splits import check_batch_slices
+from trax_revplus.validation.splits import check_micro_batches
+from trax_revplus.validation.splits import check_sequence_chunks
+from trax_revplus.validation.splits import check_n_devices
 from trax_revplus.validation.errors import BatchSizeError
 from trax_revplus.validation.errors import BatchSlicesError
 from trax_revplus.validation.errors import BlockStructureError
