@@ -335,5 +335,57 @@ def micro_batches_main(n):
   print(json.dumps(result))
 
 
+
+# Attention heads at a time (`attention_heads_main`), run by
+# tests/trainer/test_attention_heads.py.
+
+
+def attention_heads_main(n):
+  """One attention head at a time on N devices; prints one JSON line:
+    n_devices, local_devices,
+    max_diff_heads_vs_default_1dev: weights after 2 steps of ours with
+      parallel_heads=1 on N devices against trax's default Trainer on one
+      device, on a dropout-free ReformerLM with trax's `SelfAttention`
+      (4 heads, all pairs at once as configured),
+    heads_plan: the plan that ran.
+  """
+  trax_revplus.deactivate()
+  import jax  # pylint: disable=g-import-not-at-top
+  import trax  # pylint: disable=g-import-not-at-top
+  from trax import shapes  # pylint: disable=g-import-not-at-top
+  tokens = (np.arange(8 * 16).reshape((8, 16)) * 7 + 3) % 15 + 1
+  batch = (tokens, tokens, np.ones((8, 16), np.float32))
+
+  def initialized():
+    model = tl.Serial(trax.models.ReformerLM(
+        16, d_model=16, d_ff=32, d_attention_key=8, d_attention_value=8,
+        n_layers=1, n_heads=4, max_len=32, dropout=0.0,
+        attention_type=tl.SelfAttention, mode='train'),
+                      tl.WeightedCategoryCrossEntropy())
+    model.init(shapes.signature(batch), rng=fastmath.random.get_prng(12))
+    return model
+
+  reference = initialized()
+  opt = optimizers.Adam()
+  opt.tree_init(reference.weights)
+  default = optimizers.Trainer(reference, opt, n_devices=1)
+  ours_model = initialized()
+  blocks, loss = rev_trainer.extract_reversible_blocks(
+      list(ours_model.sublayers))
+  ours = rev_trainer.ReversibleSerialTrainer(
+      blocks, loss, optimizers.Adam, n_devices=n, parallel_heads=1,
+      device_memory_budget_bytes=None)
+  for rng, lr in zip(_RNGS, _LRS):
+    default.one_step(batch, rng, learning_rate=lr)
+    ours.one_step(batch, rng, learning_rate=lr)
+  print(json.dumps({
+      'n_devices': n,
+      'local_devices': len(jax.local_devices()),
+      'max_diff_heads_vs_default_1dev': _max_diff(ours_model.weights,
+                                                  reference.weights),
+      'heads_plan': ours.planned(batch).plan.settings(),
+  }))
+
+
 if __name__ == '__main__':
   main()

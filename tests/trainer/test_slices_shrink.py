@@ -58,7 +58,7 @@ def _programs(trainer, batch, fused, k):
   [plan] = [g.leanest for g in p.candidates(p.step_types(batch)).groups()
             if bool(g.fused_reversible_layers) == fused and
             g.leanest.batch_slices == k and g.sequence_chunks == 1 and
-            g.micro_batches == 1]
+            g.micro_batches == 1 and g.parallel_heads is None]
   step = cases.set_plan(trainer, batch, plan)
   return {c.name: c.program for c in step.calls}
 

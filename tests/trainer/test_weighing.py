@@ -59,7 +59,8 @@ def test_each_plan_once_fits_within_the_budget_the_chosen_marked():
   assert rows[1].endswith('batch_slices=2, fused_layers=0, '
                           'n_async_layers=8, prefetch=True, '
                           'saved_on_host=False, sequence_chunks=1, '
-                          'micro_batches=1, grads_on_host=False')
+                          'micro_batches=1, grads_on_host=False, '
+                          'parallel_heads=None')
 
 
 def test_without_a_budget_fits_is_unknown():

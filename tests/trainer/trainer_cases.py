@@ -192,10 +192,11 @@ def fused_plan(trainer, batch_, slices=1):
   layer in the loss's one program."""
   p = trainer.planner
   candidates = p.candidates(p.step_types(batch_))
-  [plan] = [group.leanest for group in candidates.groups()
-            if group.fused_reversible_layers and
-            group.leanest.batch_slices == slices]
-  return plan
+  # The first: attention layers as the trainer's settings run them (the
+  # groups with fewer heads at once come after).
+  return [group.leanest for group in candidates.groups()
+          if group.fused_reversible_layers and
+          group.leanest.batch_slices == slices][0]
 
 
 def set_plan(trainer, batch_, plan):

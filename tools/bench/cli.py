@@ -63,7 +63,7 @@ def define_flags(flag_values=flags.FLAGS, module_name=None):
                     'device_memory_targets).', **fv)
   flags.DEFINE_integer('seq_device_memory_bytes', 2**30,
                        'Device memory of the longest-sequence target.', **fv)
-  flags.DEFINE_list('seq_lengths', ['512', '1024', '2048', '4096'],
+  flags.DEFINE_list('seq_lengths', ['512', '1024', '2048', '4096', '8192'],
                     'Sequence lengths tried for the longest-sequence target '
                     '(l6 family).', **fv)
   flags.DEFINE_bool('estimate_main_job', True,

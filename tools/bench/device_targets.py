@@ -125,7 +125,7 @@ def device_memory_targets(names, quick, seq_device_memory_bytes,
     Trainer's ratio beside;
   * longest sequence of the l6 family whose step fits
     `seq_device_memory_bytes`: ours (planning under that budget) at least
-    2x stock's and 2x the default Trainer's;
+    4x stock's and 4x the default Trainer's;
   * ours' accounted peak == the peak_device_bytes its memory log records
     for a real step;
   * `trax-revplus estimate` on the main job config: wall seconds (< 60),
@@ -180,8 +180,8 @@ def device_memory_targets(names, quick, seq_device_memory_bytes,
                                per_length=per_length)
   if longest.get('ours') and longest.get('default'):
     t['longest_sequence_met'] = (
-        longest['ours'] >= 2 * longest.get('stock', 0) and
-        longest['ours'] >= 2 * longest['default'])
+        longest['ours'] >= 4 * longest.get('stock', 0) and
+        longest['ours'] >= 4 * longest['default'])
   if not quick:  # full-size configs: minutes of compiling
     out['gin_configs'] = gin_configs_at_stock_peak()
     t['gin_configs_fit_stock_peak'] = {

@@ -26,6 +26,40 @@ from trax_revplus import validation
 from trax_revplus.trainer import options as options_lib
 
 RESERVE_FRACTION = 0.1
+# Plan dimensions a least plan names where they differ from a plain step's.
+_BELOW_ONE_ROW = {'sequence_chunks': 1, 'micro_batches': 1,
+                  'parallel_heads': None}
+
+
+class DeviceMemoryBudgetError(validation.ConfigurationError):
+  """No plan's step fits the device memory budget (a ValueError)."""
+
+
+def nothing_fits(plan, need_bytes: int, budget_bytes: int,
+                 options: options_lib.TrainerOptions
+                 ) -> DeviceMemoryBudgetError:
+  """The error where no plan fits `budget_bytes`: it names the least plan
+  (`plan`, whose peak is `need_bytes`), the budget it needs, and the
+  settings pinned in `options` that kept the planner from leaner plans."""
+  pinned = [name for name in ('segment_max_layers', 'batch_slices',
+                              'backward_segment_max_layers', *_BELOW_ONE_ROW)
+            if getattr(options, name) != options_lib.AUTO]
+  unpin = (f", set {' and '.join(pinned)} to 'auto'" if pinned else '')
+  layers = plan.settings()['segment_max_layers']
+  below = ''.join(f', {k}={v}' for k, v in plan.settings().items()
+                  if k in _BELOW_ONE_ROW and v != _BELOW_ONE_ROW[k])
+  how = ('every layer in the loss program' if plan.loss - plan.fused_from
+         else f'{"one layer" if layers <= 1 else f"{layers} layers"} per '
+         f'call, saved inputs and states'
+         f'{" and accumulated gradients" if plan.grads_on_host else ""}'
+         f' on the host')
+  return DeviceMemoryBudgetError(
+      f'no plan fits device_memory_budget_bytes={budget_bytes} '
+      f'({budget_bytes / 2**20:.1f} MiB) on this batch: the least needs '
+      f'{need_bytes} bytes ({need_bytes / 2**20:.1f} MiB), with '
+      f'batch_slices={plan.batch_slices}{below} and {how}; set '
+      f'{options_lib.GIN_CONFIGURABLE}.device_memory_budget_bytes >= '
+      f'{need_bytes}{unpin}, or use a shorter sequence or a smaller batch.')
 
 
 class DeviceMemoryUnknownError(validation.ConfigurationError):

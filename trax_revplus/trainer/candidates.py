@@ -25,7 +25,11 @@ Every dimension of `plan.StepPlan` that costs device memory is varied:
                     that divide its rows), only after every plan without,
                     fewest parts first, then fewest chunks;
   grads_on_host     in micro-batches, the accumulated gradients wait on
-                    the device, then on the host.
+                    the device, then on the host;
+  parallel_heads    trax's efficient attention layers as configured, then
+                    one (example, head) pair at a time (where some layer
+                    computes more at once: `attention_heads`): every group
+                    above again, after all of them.
 
 The speed model ranks plans without timing them, in this order of
 importance: (1) the fused program first: one call per step, with no host
@@ -119,12 +123,15 @@ class Group:
     fused_reversible_layers: reversible layers inside the loss program.
     sequence_chunks: the chunks of the loss layer's tail in every member.
     micro_batches: the parts of the batch in every member.
+    parallel_heads: the attention heads at once of every member
+      (`plan.StepPlan.parallel_heads`).
   """
   plans: tuple[plan_lib.StepPlan, ...]
   leanest: plan_lib.StepPlan
   fused_reversible_layers: int
   sequence_chunks: int = 1
   micro_batches: int = 1
+  parallel_heads: int | None = None
 
 
 class Candidates:
@@ -132,7 +139,8 @@ class Candidates:
 
   def __init__(self, block_sizes, nbytes, stack_bytes, rows, options,
                shared_weights=False, layer_kinds=None, sequence_length=None,
-               micro_batches_refused=False, uses_rng=True, platform=None):
+               micro_batches_refused=False, uses_rng=True, platform=None,
+               heads_lowerable=False):
     """Args:
       block_sizes: list over blocks of their numbers of reversible layers.
       nbytes: dict layer index -> bytes of its weights + slots.
@@ -155,6 +163,9 @@ class Candidates:
       uses_rng: bool, whether any layer's results depend on its RNG
         (`rng_use`); where not, `SPEED_SLICES[platform]` slices rank first.
       platform: str, the devices' backend ('cpu', 'gpu', 'tpu'), or None.
+      heads_lowerable: bool, whether one (example, head) pair at a time is
+        fewer than some attention layer computes at once
+        (`attention_heads.lowers`).
     """
     self._shared_weights = shared_weights
     self._kinds = layer_kinds
@@ -189,6 +200,8 @@ class Candidates:
     self._rows = rows
     # Whether plans in one pass are candidates.
     self._one_pass = pinned is None or pinned == 1
+    self._heads = self._pinned('parallel_heads')
+    self._more_heads = self._heads is None and heads_lowerable
 
   def _part_slices(self, part_rows):
     """Batch slices each part's calls run over: the fewest of `slices`
@@ -197,6 +210,7 @@ class Candidates:
 
   def _make(self, **settings):
     settings.setdefault('segment_max_bytes', self._options.segment_max_bytes)
+    settings.setdefault('parallel_heads', self._heads)
     return plan_lib.make_plan(self._sizes, self._nbytes, self._stack_bytes,
                               **settings)
 
@@ -274,6 +288,9 @@ class Candidates:
       return False
     if plan.micro_batches > 1 and plan.micro_batches not in self.parts:
       return False
+    if plan.parallel_heads != self._heads and not (
+        self._more_heads and plan.parallel_heads == 1):
+      return False
     return plan.fused_from >= plan.loss or self.may_fuse(plan.batch_slices)
 
   def compiled_layers(self, plan: plan_lib.StepPlan) -> int:
@@ -304,7 +321,20 @@ class Candidates:
             FUSED_COMPILE_RATIO * self.compiled_layers(unfused))
 
   def groups(self) -> Iterator[Group]:
-    """Every group, in the speed model's order."""
+    """Every group, in the speed model's order: with the attention layers
+    as configured, then (where that lowers something) each again with one
+    (example, head) pair at a time."""
+    groups = list(self._configured_heads_groups())
+    yield from groups
+    if self._more_heads:
+      for group in groups:
+        yield dataclasses.replace(
+            group, plans=tuple(dataclasses.replace(p, parallel_heads=1)
+                               for p in group.plans),
+            leanest=dataclasses.replace(group.leanest, parallel_heads=1),
+            parallel_heads=1)
+
+  def _configured_heads_groups(self) -> Iterator[Group]:
     if self._one_pass:
       yield from self._one_pass_groups()
     chunks = ([1] if self._unchunked else []) + self.chunks

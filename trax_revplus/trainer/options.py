@@ -185,6 +185,19 @@ class TrainerOptions:
       only where no plan without them fits), `UNPLANNED_MICRO_BATCHES`
       (none) without one; an int pins it (an int > 1: per-layer calls,
       never the fused program).
+    parallel_heads: 'auto' (default) or int n >= 1. trax's efficient
+      attention layers (`SelfAttention`, `LSHSelfAttention`,
+      `EncDecAttention`, `PureLSHSelfAttention`) compute at most n of
+      their (example, head) pairs at once in every call of the step, one
+      group after another (their own `n_parallel_heads`, lowered to n
+      where unset or larger, while the trainer's programs are traced:
+      `trainer.attention_heads`). One row's attention temporaries (heads x
+      length x length floats at once) shrink with it; the results are the
+      same up to float32 summation order (each pair draws with the same
+      RNG either way). n must divide each such layer's heads or be a
+      multiple of them. 'auto': the planner's choice under a device memory
+      budget (only where no plan with the layers as configured fits), the
+      layers as configured without one; an int pins it.
   """
   n_async_layers: int = 8
   memory_log_every_n_steps: int = 100
@@ -205,6 +218,7 @@ class TrainerOptions:
   batch_slices: int | str = AUTO
   sequence_chunks: int | str = AUTO
   micro_batches: int | str = AUTO
+  parallel_heads: int | str = AUTO
 
   def __post_init__(self):
     """Checks every setting; ints are stored as Python ints.
@@ -257,6 +271,10 @@ class TrainerOptions:
       _check_int(self, 'micro_batches', 1,
                  allowed=f"an int >= 1 that divides each device's rows of "
                          f"the batch (1: one pass) or '{AUTO}'")
+    if self.parallel_heads != AUTO:
+      _check_int(self, 'parallel_heads', 1,
+                 allowed=f"an int >= 1 (1: one attention head at a time) "
+                         f"or '{AUTO}'")
 
   @classmethod
   def of(cls, settings: Mapping[str, Any]) -> 'TrainerOptions':
@@ -281,17 +299,19 @@ class TrainerOptions:
               f'{", ".join(cls.field_names())}.'))
     return cls(**settings)
 
-  def unplanned(self, name: str) -> int:
-    """Setting `name` (segment_max_layers, batch_slices, sequence_chunks or
-    micro_batches) as a step without a budget runs it: 'auto' resolved to
-    its unplanned value."""
+  def unplanned(self, name: str) -> int | None:
+    """Setting `name` (segment_max_layers, batch_slices, sequence_chunks,
+    micro_batches or parallel_heads) as a step without a budget runs it:
+    'auto' resolved to its unplanned value (for parallel_heads None: the
+    layers as configured)."""
     value = getattr(self, name)
     if value != AUTO:
       return value
     return {'segment_max_layers': UNPLANNED_SEGMENT_MAX_LAYERS,
             'batch_slices': UNPLANNED_BATCH_SLICES,
             'sequence_chunks': UNPLANNED_SEQUENCE_CHUNKS,
-            'micro_batches': UNPLANNED_MICRO_BATCHES}[name]
+            'micro_batches': UNPLANNED_MICRO_BATCHES,
+            'parallel_heads': None}[name]
 
   @classmethod
   def field_names(cls) -> tuple[str, ...]:

@@ -30,7 +30,9 @@ step's speed or device memory but never its result:
                   device's rows, one after the other, accumulating weight
                   gradients, and update once (`micro_batches`);
   grads_on_host   where those accumulated gradients wait between parts: on
-                  the device, or on the host.
+                  the device, or on the host;
+  parallel_heads  how many (example, head) pairs trax's efficient attention
+                  layers compute at once (`attention_heads`).
 
 A plan is data, made before a step and never changed by it; `units` compiles
 it and `planner` chooses it. The rules here build one from the trainer's
@@ -102,6 +104,12 @@ class StepPlan:
       last part's call takes their sum, placed with its slots; False keeps
       them on the device from a layer's first backward call to its update
       (one copy of every layer's weights held across the step).
+    parallel_heads: int n >= 1 or None; in every call, trax's efficient
+      attention layers compute at most n of their (example, head) pairs at
+      once, one group after another (`attention_heads`: their
+      `n_parallel_heads`, lowered to n where unset or larger); None: as
+      the model configures them. One row's attention temporaries shrink
+      with it; the results are the same.
   """
   blocks: tuple[tuple[int, tuple[Segment, ...]], ...]
   loss: int
@@ -114,6 +122,7 @@ class StepPlan:
   sequence_chunks: int = 1
   micro_batches: int = 1
   grads_on_host: bool = False
+  parallel_heads: int | None = None
 
   def __post_init__(self):
     if self.fused_from is None:
@@ -195,13 +204,14 @@ class StepPlan:
         'sequence_chunks': self.sequence_chunks,
         'micro_batches': self.micro_batches,
         'grads_on_host': self.grads_on_host,
+        'parallel_heads': self.parallel_heads,
     }
 
   def describe(self, n_calls: int | None = None) -> str:
     """One line, e.g. 'segment_max_layers=8, backward_segment_max_layers=2,
     batch_slices=1, fused_layers=0, n_async_layers=8, prefetch=True,
     saved_on_host=False, sequence_chunks=1, micro_batches=1,
-    grads_on_host=False, 9 calls per step'.
+    grads_on_host=False, parallel_heads=None, 9 calls per step'.
 
     Args:
       n_calls: the compiled calls a step makes, where its accounting
@@ -278,7 +288,8 @@ def make_plan(block_sizes: Sequence[int], nbytes: Mapping[int, int],
               n_async_layers: int = 8, prefetch: bool = True,
               saved_on_host: bool = False,
               sequence_chunks: int = 1, micro_batches: int = 1,
-              grads_on_host: bool = False) -> StepPlan:
+              grads_on_host: bool = False,
+              parallel_heads: int | None = None) -> StepPlan:
   """The plan of a trainer's blocks for given settings.
 
   Args:
@@ -292,7 +303,7 @@ def make_plan(block_sizes: Sequence[int], nbytes: Mapping[int, int],
       batch_slices, n_async_layers: as `options.TrainerOptions`.
     fused_from: int or None (nothing fused), see `StepPlan.fused_from`.
     prefetch, saved_on_host, sequence_chunks, micro_batches,
-      grads_on_host: see `StepPlan`.
+      grads_on_host, parallel_heads: see `StepPlan`.
 
   Returns:
     `StepPlan`, every backward split decided.
@@ -314,7 +325,8 @@ def make_plan(block_sizes: Sequence[int], nbytes: Mapping[int, int],
                   n_async_layers=n_async_layers, prefetch=prefetch,
                   saved_on_host=saved_on_host,
                   sequence_chunks=sequence_chunks,
-                  micro_batches=micro_batches, grads_on_host=grads_on_host)
+                  micro_batches=micro_batches, grads_on_host=grads_on_host,
+                  parallel_heads=parallel_heads)
 
 
 def configured_plan(block_sizes, nbytes, stack_bytes,
@@ -329,4 +341,5 @@ def configured_plan(block_sizes, nbytes, stack_bytes,
       batch_slices=options.unplanned('batch_slices'),
       n_async_layers=options.n_async_layers,
       sequence_chunks=options.unplanned('sequence_chunks'),
-      micro_batches=options.unplanned('micro_batches'))
+      micro_batches=options.unplanned('micro_batches'),
+      parallel_heads=options.unplanned('parallel_heads'))

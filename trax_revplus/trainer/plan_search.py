@@ -55,6 +55,10 @@ class PlanSearch:
         already, else None (nothing accounted).
     """
     self._groups = list(candidates.groups())
+    # Groups with the attention layers as configured come first; those
+    # after them compute fewer heads at once (`Candidates.groups`).
+    heads = self._groups[0].parallel_heads if self._groups else None
+    self._n_configured = sum(g.parallel_heads == heads for g in self._groups)
     # Group id -> `Candidates.lower_bound_bytes` of the group.
     self._bound_of = {id(g): candidates.lower_bound_bytes(g, n_devices)
                       for g in self._groups}
@@ -113,7 +117,7 @@ class PlanSearch:
         excluded.append(bound)
         continue
       key, value = _family(group)
-      if ((tight or key in short) and not _is_stock_schedule(group)):
+      if ((tight or key in short) and not self._is_stock_schedule(group)):
         if key not in least_fitting:
           least_fitting[key] = self._least_fitting(key, leanest_fits)
         if least_fitting[key] is None or value < least_fitting[key]:
@@ -139,6 +143,15 @@ class PlanSearch:
         break
     self.faster_plans_need_bytes = min(excluded, default=None)
     return found
+
+  def _is_stock_schedule(self, group) -> bool:
+    """Whether `group` holds stock trax's own schedule (`candidates`): the
+    unsliced unfused group in one pass, without chunks, its attention
+    layers as the step runs them without a budget."""
+    return (not group.fused_reversible_layers and
+            group.micro_batches == 1 and group.sequence_chunks == 1 and
+            group.leanest.batch_slices == 1 and
+            group.parallel_heads == self._groups[0].parallel_heads)
 
   def _bound(self, group) -> int:
     """Bytes every plan of `group` needs at least, known without compiling
@@ -194,13 +207,15 @@ class PlanSearch:
     calls they do not change (all but the loss call) leave room below the
     least found (`_chunks_bound`). Of the groups in micro-batches, only
     those with the most parts are weighed (without chunks and with the
-    most), last.
+    most), last. Of the groups with fewer attention heads at once, only
+    the one of the least group found so far is weighed (heads at once
+    shrink one call's attention temporaries, the same in every group).
 
     Raises:
       As `weigh`.
     """
     if self._least is None:
-      groups = self._groups
+      groups = self._groups[:self._n_configured]
       most = {}  # batch slices -> most sequence chunks of its groups
       for group in groups:
         if group.micro_batches == 1:
@@ -220,7 +235,7 @@ class PlanSearch:
                (1, most[group.leanest.batch_slices])) and
            group.micro_batches in (1, parts) and
            (leanest_of_family[_family(group)[0]] is group or
-            _is_stock_schedule(group))),
+            self._is_stock_schedule(group))),
           key=lambda i: (bool(groups[i].fused_reversible_layers),
                          groups[i].micro_batches > 1))
       found = {}  # group index -> StepMemory of its leanest plan
@@ -232,23 +247,23 @@ class PlanSearch:
                              chunks_bound < least):
           found[i] = self._weigh(groups[i].leanest)
       i = min(found, key=lambda i: (found[i].peak_device_bytes, i))
-      self._least = (groups[i].leanest, found[i])
+      if len(self._groups) > len(groups):  # `i`'s, fewer heads at once
+        found[len(groups) + i] = self._weigh(
+            self._groups[len(groups) + i].leanest)
+        i = min(found, key=lambda i: (found[i].peak_device_bytes, i))
+      self._least = (self._groups[i].leanest, found[i])
     return self._least
 
 
 def _family(group) -> tuple[tuple, int]:
   """(family key, value): groups in one pass differ in their batch slices
-  within (fused or not, sequence chunks); groups in micro-batches differ in
-  their parts (their slices follow) within their sequence chunks. A key's
-  last item is its sequence chunks."""
+  within (attention heads at once, fused or not, sequence chunks); groups
+  in micro-batches differ in their parts (their slices follow) within
+  their heads at once and sequence chunks. A key's last item is its
+  sequence chunks."""
   if group.micro_batches > 1:
-    return ('parts', group.sequence_chunks), group.micro_batches
-  return (('slices', bool(group.fused_reversible_layers),
-           group.sequence_chunks), group.leanest.batch_slices)
-
-
-def _is_stock_schedule(group) -> bool:
-  """Whether `group` holds stock trax's own schedule (`candidates`): the
-  unsliced unfused group in one pass, without chunks."""
-  return (not group.fused_reversible_layers and group.micro_batches == 1 and
-          group.sequence_chunks == 1 and group.leanest.batch_slices == 1)
+    return (('parts', group.parallel_heads, group.sequence_chunks),
+            group.micro_batches)
+  return (('slices', group.parallel_heads,
+           bool(group.fused_reversible_layers), group.sequence_chunks),
+          group.leanest.batch_slices)

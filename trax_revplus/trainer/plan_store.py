@@ -30,7 +30,7 @@ from trax_revplus import output_files
 from trax_revplus.trainer import plan as plan_lib
 
 FILENAME = 'plans.json'
-FORMAT = 'trax_revplus plans 6'
+FORMAT = 'trax_revplus plans 7'
 
 
 def _version(distribution: str) -> str:
@@ -83,6 +83,7 @@ def plan_to_json(plan: plan_lib.StepPlan) -> dict:
       'sequence_chunks': plan.sequence_chunks,
       'micro_batches': plan.micro_batches,
       'grads_on_host': plan.grads_on_host,
+      'parallel_heads': plan.parallel_heads,
   }
 
 
@@ -107,7 +108,9 @@ def plan_from_json(data: Mapping[str, Any]) -> plan_lib.StepPlan:
       saved_on_host=bool(data['saved_on_host']),
       sequence_chunks=int(data['sequence_chunks']),
       micro_batches=int(data['micro_batches']),
-      grads_on_host=bool(data['grads_on_host']))
+      grads_on_host=bool(data['grads_on_host']),
+      parallel_heads=(None if data['parallel_heads'] is None
+                      else int(data['parallel_heads'])))
 
 
 def _digest(entry: Mapping[str, Any]) -> str:

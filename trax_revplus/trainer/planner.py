@@ -27,6 +27,8 @@ from trax_revplus import device_memory
 from trax_revplus import validation
 from trax_revplus.device_memory import walk as walk_lib
 from trax_revplus.trainer import ahead
+from trax_revplus.trainer import attention_heads
+from trax_revplus.trainer import budget as budget_lib
 from trax_revplus.trainer import candidates as candidates_lib
 from trax_revplus.trainer import micro_batches
 from trax_revplus.trainer import options as options_lib
@@ -42,8 +44,7 @@ from trax_revplus.typing import Batch
 from trax_revplus.typing import PyTree
 
 
-class DeviceMemoryBudgetError(validation.ConfigurationError):
-  """No plan's step fits the device memory budget (a ValueError)."""
+DeviceMemoryBudgetError = budget_lib.DeviceMemoryBudgetError
 
 
 class PlannedStep(NamedTuple):
@@ -125,6 +126,8 @@ class Planner:
       validation.MicroBatchesError: micro_batches set to an int > 1 that
         does not divide each device's rows (or their slices), or where the
         step cannot add its parts' gradients exactly.
+      validation.TrainerOptionError: parallel_heads set to an int that
+        neither divides nor is a multiple of an attention layer's heads.
       DeviceMemoryBudgetError: under a budget, no plan fits it, or the
         step cannot be accounted here.
     """
@@ -169,7 +172,8 @@ class Planner:
         trace.block_bytes, self._rows(types), self._options,
         bool(self._store.ties), self._layer_kinds(), tail_length,
         self.micro_batches_refusal(types) is not None, trace.uses_rng,
-        self._placement.platform)
+        self._placement.platform,
+        attention_heads.lowers(self._store.layers, 1))
 
   def micro_batches_refusal(self, types) -> str | None:
     """Why a step from `types` cannot run in micro-batches, or None
@@ -194,6 +198,8 @@ class Planner:
     validation.check_micro_batches(
         options.unplanned('micro_batches'), self._rows(types),
         options.unplanned('batch_slices'), self.micro_batches_refusal(types))
+    if options.parallel_heads != options_lib.AUTO:
+      attention_heads.check(self._store.layers, options.parallel_heads)
     if self.budget_bytes is not None:
       return self._plan_under_budget(key, types)
     return self._configured(types)
@@ -343,31 +349,8 @@ class Planner:
 
   def _raise_nothing_fits(self):
     plan, step = self.least
-    budget = self.budget_bytes
-    need = step.peak_device_bytes
-    pinned = [name for name in ('segment_max_layers', 'batch_slices',
-                                'backward_segment_max_layers',
-                                'sequence_chunks', 'micro_batches')
-              if getattr(self._options, name) != options_lib.AUTO]
-    unpin = (f", set {' and '.join(pinned)} to 'auto'" if pinned else '')
-    layers = plan.settings()['segment_max_layers']
-    fused = plan.loss - plan.fused_from
-    chunks = (f', sequence_chunks={plan.sequence_chunks}'
-              if plan.sequence_chunks > 1 else '') + (
-                  f', micro_batches={plan.micro_batches}'
-                  if plan.micro_batches > 1 else '')
-    how = ('every layer in the loss program' if fused else
-           f'{"one layer" if layers <= 1 else f"{layers} layers"} per call, '
-           f'saved inputs and states'
-           f'{" and accumulated gradients" if plan.grads_on_host else ""}'
-           f' on the host')
-    raise DeviceMemoryBudgetError(
-        f'no plan fits device_memory_budget_bytes={budget} '
-        f'({budget / 2**20:.1f} MiB) on this batch: the least needs {need} '
-        f'bytes ({need / 2**20:.1f} MiB), with batch_slices='
-        f'{plan.batch_slices}{chunks} and {how}; set '
-        f'{options_lib.GIN_CONFIGURABLE}.device_memory_budget_bytes >= '
-        f'{need}{unpin}, or use a shorter sequence or a smaller batch.')
+    raise budget_lib.nothing_fits(plan, step.peak_device_bytes,
+                                  self.budget_bytes, self._options)
 
   def least_plan(
       self, batch: Batch

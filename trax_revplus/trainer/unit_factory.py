@@ -5,6 +5,7 @@
 trainer's `compilation.Compiler`.
 """
 
+from trax_revplus.trainer import attention_heads
 from trax_revplus.trainer import chains
 from trax_revplus.trainer import loss_slices
 from trax_revplus.trainer import slices
@@ -73,35 +74,49 @@ class UnitFactory:
       return tuple(i for i in kind.donated if i != kind.parameters[0])
     return kind.donated
 
+  def _compiled(self, kind, indices, fn, donated, variant, heads):
+    """`compile_fn(kind, indices, fn, donated, variant)`; with `heads`
+    (`plan.StepPlan.parallel_heads`) where it lowers how many attention
+    heads a layer of `indices` computes at once, `fn` traced so
+    (`attention_heads`), a variant of its own."""
+    layers = [self._layers[i] for i in indices]
+    if heads is not None and attention_heads.lowers(layers, heads):
+      fn = attention_heads.traced_at_most(fn, layers, heads)
+      variant = (variant, 'parallel_heads', heads)
+    return self._compile(kind, indices, fn, donated, variant)
+
   def _rows(self, indices):
     """`slices.Rows` of layers `indices` (how their state splits)."""
     return [slices.state_rows(self._layers[i]) for i in indices]
 
-  def standard(self, i: int, n_slices: int = 1,
-               micro: bool = False) -> StandardUnit:
+  def standard(self, i: int, n_slices: int = 1, micro: bool = False,
+               heads: int | None = None) -> StandardUnit:
     """The `StandardUnit` of layer i; with `micro` (micro-batches) its
     backward_fn applies accumulated gradients and its accumulate_fn
-    accumulates them (`step_fns.Update`)."""
+    accumulates them (`step_fns.Update`); `heads`: attention heads at
+    once (`plan.StepPlan.parallel_heads`)."""
     layer, opt = self._layers[i], self._optimizers[i]
     rows = self._rows([i])[0]
-    forward_fn = self._compile(
+    forward_fn = self._compiled(
         Kind.FORWARD, [i],
         slices.forward(step_fns.forward_fn(layer), n_slices, rows), (),
-        n_slices)
+        n_slices, heads)
     kind = Kind.FORWARD_BACKWARD_UPDATE
 
     def backward(mode):
-      return mode and self._compile(
+      return mode and self._compiled(
           kind, [i], slices.fbo(layer, opt, self._n_devices, self._adasum,
                                 n_slices, rows, mode),
-          self._donated(kind, [i], mode), _variant(n_slices, (), mode))
+          self._donated(kind, [i], mode), _variant(n_slices, (), mode),
+          heads)
     update, accumulate = _modes(micro)
     return StandardUnit(i, layer, forward_fn, backward(update),
                         backward(accumulate))
 
   def segment(self, indices: list[int], n_slices: int = 1,
-              forward: bool = True,
-              micro: bool = False) -> ReversibleSegment | SelectSegment:
+              forward: bool = True, micro: bool = False,
+              heads: int | None = None
+              ) -> ReversibleSegment | SelectSegment:
     """A `ReversibleSegment`, or a `SelectSegment` where every layer only
     permutes the stack; without `forward` its forward_fn is None; `micro`:
     see `standard`."""
@@ -111,10 +126,10 @@ class UnitFactory:
     rows = self._rows(indices)
     forward_fn = None
     if forward:
-      forward_fn = self._compile(
+      forward_fn = self._compiled(
           Kind.SEGMENT_FORWARD, indices,
           slices.forward(chains.segment_forward_fn(layers), n_slices, rows),
-          (), n_slices)
+          (), n_slices, heads)
     in_call = self._ties.in_call(indices)
     # Weights, slots, the outputs and their cotangents are replaced by the
     # results and never read again: the stacks hold the outputs and
@@ -124,18 +139,19 @@ class UnitFactory:
     kind = Kind.SEGMENT_REVERSE_UPDATE
 
     def backward(mode):
-      return mode and self._compile(
+      return mode and self._compiled(
           kind, indices, slices.segment_reverse(
               layers, [self._optimizers[i] for i in indices],
               self._n_devices, self._adasum, n_slices, rows, in_call, mode),
           self._donated(kind, indices, mode),
-          _variant(n_slices, in_call, mode))
+          _variant(n_slices, in_call, mode), heads)
     update, accumulate = _modes(micro)
     return ReversibleSegment(indices, layers, forward_fn, backward(update),
                              backward(accumulate))
 
   def loss(self, indices: list[int], n_slices: int = 1,
-           chunks: int = 1, micro: bool = False) -> LossUnit:
+           chunks: int = 1, micro: bool = False,
+           heads: int | None = None) -> LossUnit:
     """The `LossUnit` of layers `indices` (the loss layer last); the
     reversible layers before the loss recompute their activations in its
     backward pass (`chains.chain_forward_fn`). `chunks`: the loss layer's
@@ -159,19 +175,19 @@ class UnitFactory:
                                   self._adasum, n_slices, self._rows(indices),
                                   in_call)
       kind = Kind.FUSED_LOSS
-      return LossUnit(indices, depth, self._compile(
+      return LossUnit(indices, depth, self._compiled(
           kind, indices, fn, self._donated(kind, indices),
-          _variant(n_slices, in_call)))
+          _variant(n_slices, in_call), heads))
     kind = Kind.LOSS
     variant = (n_slices, 'sequence_chunks', chunks) if chunks > 1 else (
         n_slices)
 
     def program(mode):
-      return mode and self._compile(
+      return mode and self._compiled(
           kind, indices, loss_slices.loss_fbo(
               layers[0], optimizers[0], self._n_devices, self._adasum,
               n_slices, chunks, mode),
           self._donated(kind, indices, mode),
-          _variant(variant, (), mode))
+          _variant(variant, (), mode), heads)
     update, accumulate = _modes(micro)
     return LossUnit(indices, depth, program(update), program(accumulate))

@@ -285,26 +285,28 @@ class Units:
     self.forward_units = []
     self.backward_units = []
     micro = plan.micro_batches > 1
+    heads = plan.parallel_heads
     for std, segments in plan.blocks:
       if std < plan.fused_from:
-        unit = factory.standard(std, plan.batch_slices, micro)
+        unit = factory.standard(std, plan.batch_slices, micro, heads)
         self.forward_units.append(unit)
         self.backward_units.append(unit)
       for segment in segments:
         if segment[0] >= plan.fused_from:
           continue
-        unit = factory.segment(segment, plan.batch_slices, micro=micro)
+        unit = factory.segment(segment, plan.batch_slices, micro=micro,
+                               heads=heads)
         self.forward_units.append(unit)
         split = plan.backward[segment]
         self.backward_units.extend(
             [unit] if split == (segment,) else
             [factory.segment(s, plan.batch_slices, forward=False,
-                             micro=micro)
+                             micro=micro, heads=heads)
              for s in split])
     self.backward_units.reverse()
     self.loss_unit = factory.loss(list(range(plan.fused_from, plan.loss + 1)),
                                   plan.batch_slices, plan.sequence_chunks,
-                                  micro)
+                                  micro, heads)
 
   def forward(self, run: step_run_lib.StepRun) -> None:
     """The forward pass: `run.stack` through every forward unit."""

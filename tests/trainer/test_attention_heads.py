@@ -1,0 +1,206 @@
+"""Attention heads at a time (`parallel_heads`): below the one-row floor.
+
+References: stock trax's `ReversibleSerialTrainer` on the same ReformerLM
+(trax's efficient `SelfAttention`, 4 heads, all pairs at once as
+configured), inputs and RNGs, with dropout off and on (every (example,
+head) pair draws with the same RNG however many run at once); XLA's own
+figures for what one pair at a time saves; the layer objects as they were
+before tracing.
+"""
+
+import dataclasses
+import functools
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+import trax
+from trax import fastmath
+from trax import layers as tl
+from trax import optimizers
+from trax import shapes
+from trax.optimizers import trainer as stock_trainer
+
+import trainer_cases as cases
+from trax_revplus import trainer as rev_trainer
+from trax_revplus import validation
+from trax_revplus.trainer import attention_heads
+
+pytestmark = pytest.mark.usefixtures('stock_trax')
+
+_STEPS = 2
+
+
+def _model(dropout):
+  return trax.models.ReformerLM(
+      16, d_model=16, d_ff=32, d_attention_key=8, d_attention_value=8,
+      n_layers=2, n_heads=4, max_len=64, dropout=dropout,
+      attention_type=tl.SelfAttention, mode='train')
+
+
+def _batch(length=16):
+  tokens = np.random.RandomState(2).randint(1, 16, size=(4, length))
+  tokens = tokens.astype(np.int32)
+  return tokens, tokens, np.ones_like(tokens, dtype=np.float32)
+
+
+def _blocks(dropout, length=16):
+  blocks, loss = rev_trainer.extract_reversible_blocks(
+      [_model(dropout), tl.WeightedCategoryCrossEntropy()])
+  rev_trainer.init_reversible_blocks(blocks, loss,
+                                     shapes.signature(_batch(length)),
+                                     fastmath.random.get_prng(3))
+  return blocks, loss
+
+
+def _train(make_trainer, dropout):
+  """Host leaves of every layer's weights after `_STEPS` steps, and the
+  losses; `make_trainer(blocks, loss)` builds the trainer."""
+  blocks, loss = _blocks(dropout)
+  trainer = make_trainer(blocks, loss)
+  losses = cases.train(trainer, _batch(), _STEPS)
+  weights = [layer.weights for std, revs in blocks for layer in std + revs]
+  return ([np.asarray(x) for x in
+           jax.tree_util.tree_leaves(weights + [loss.weights])],
+          [float(np.mean(np.asarray(x))) for x in losses])
+
+
+@functools.lru_cache(maxsize=2)
+def _stock(dropout):
+  return _train(lambda blocks, loss: stock_trainer.ReversibleSerialTrainer(
+      blocks, loss, optimizers.Adam), dropout)
+
+
+def _ours(fused, **kwargs):
+  def make(blocks, loss):
+    trainer = rev_trainer.ReversibleSerialTrainer(
+        blocks, loss, optimizers.Adam, **kwargs)
+    if fused:
+      batch = _batch()
+      cases.set_plan(trainer, batch, dataclasses.replace(
+          cases.fused_plan(trainer, batch), parallel_heads=1))
+    else:
+      assert trainer.planned(_batch()).plan.parallel_heads == 1
+    return trainer
+  return make
+
+
+@pytest.mark.parametrize('dropout', [0.0, 0.1])
+@pytest.mark.parametrize('fused,kwargs', [
+    (False, {'device_memory_budget_bytes': None, 'parallel_heads': 1}),
+    (False, {'device_memory_budget_bytes': None, 'parallel_heads': 1,
+             'segment_max_layers': 1, 'micro_batches': 2}),
+    (True, {'parallel_heads': 1}),
+], ids=['configured', 'one-layer-per-call-micro-batches', 'fused'])
+def test_one_head_at_a_time_trains_as_stock(fused, kwargs, dropout):
+  if dropout and kwargs.get('micro_batches'):
+    pytest.skip('micro-batches draw their masks per part (documented)')
+  expected_weights, expected_losses = _stock(dropout)
+  weights, losses = _train(_ours(fused, **kwargs), dropout)
+  np.testing.assert_allclose(losses, expected_losses, rtol=0, atol=1e-5)
+  assert len(weights) == len(expected_weights)
+  for got, expected in zip(weights, expected_weights):
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5)
+
+
+def test_the_layers_are_left_as_found():
+  blocks, loss = _blocks(0.0)
+  found = attention_heads.attention_layers(
+      [l for std, revs in blocks for l in std + revs])
+  assert len(found) == 2 and all(a._n_parallel_heads is None for a in found)  # pylint: disable=protected-access
+  trainer = rev_trainer.ReversibleSerialTrainer(
+      blocks, loss, optimizers.Adam, device_memory_budget_bytes=None,
+      parallel_heads=1)
+  cases.train(trainer, _batch(), 1)
+  assert all(a._n_parallel_heads is None for a in found)  # pylint: disable=protected-access
+  with pytest.raises(RuntimeError):
+    with attention_heads.at_most(found, 2):
+      assert all(a._n_parallel_heads == 2 for a in found)  # pylint: disable=protected-access
+      raise RuntimeError('inside')
+  assert all(a._n_parallel_heads is None for a in found)  # pylint: disable=protected-access
+
+
+def _peak_attention_call_bytes(trainer, batch, plan):
+  step = trainer.planner.weigh(plan, trainer.planner.step_types(batch))
+  return step.peak_device_bytes, max(
+      c.device_bytes for c in step.calls if 'Attn' in c.name)
+
+
+def test_one_head_at_a_time_shrinks_the_attention_calls_and_the_least():
+  batch = _batch(64)
+  blocks, loss = _blocks(0.0, 64)
+  trainer = rev_trainer.ReversibleSerialTrainer(
+      blocks, loss, optimizers.Adam, device_memory_budget_bytes=None)
+  plan, least = trainer.planner.least_plan(batch)
+  assert plan.parallel_heads == 1
+  configured = dataclasses.replace(plan, parallel_heads=None)
+  peak, attention = _peak_attention_call_bytes(trainer, batch, configured)
+  peak_1, attention_1 = _peak_attention_call_bytes(trainer, batch, plan)
+  assert least.peak_device_bytes == peak_1 < peak
+  # All (example, head) pairs of a call's rows at once hold an attention
+  # matrix of 64 x 64 floats (16 KiB) each; one pair at a time, one.
+  rows = 4 // (plan.micro_batches * plan.batch_slices)
+  assert attention - attention_1 >= (rows * 4 - 1) * 64 * 64 * 4
+
+
+def test_a_budget_takes_one_head_at_a_time_only_where_nothing_else_fits():
+  batch = _batch(64)
+  # One pass, unsliced, without chunks: fewer plans to compile.
+  pins = dict(batch_slices=1, micro_batches=1, sequence_chunks=1)
+  roomy = rev_trainer.ReversibleSerialTrainer(
+      *_blocks(0.0, 64), optimizers.Adam, device_memory_budget_bytes=2**30,
+      **pins)
+  assert roomy.planned(batch).plan.parallel_heads is None
+  plan, least = roomy.planner.least_plan(batch)
+  assert plan.parallel_heads == 1
+  tight = rev_trainer.ReversibleSerialTrainer(
+      *_blocks(0.0, 64), optimizers.Adam,
+      device_memory_budget_bytes=least.peak_device_bytes, **pins)
+  chosen = tight.planned(batch)
+  assert chosen.plan.parallel_heads == 1
+  assert chosen.memory.peak_device_bytes <= least.peak_device_bytes
+  # Nothing with the heads as configured fits this budget.
+  assert all(w.memory.peak_device_bytes > least.peak_device_bytes
+             for w in tight.planner.weighing(batch).weighed
+             if w.plan.parallel_heads is None)
+
+
+def test_bad_parallel_heads_are_one_line_errors():
+  with pytest.raises(validation.TrainerOptionError, match='parallel_heads'):
+    rev_trainer.ReversibleSerialTrainer(*_blocks(0.0), optimizers.Adam,
+                                        parallel_heads=0)
+  trainer = rev_trainer.ReversibleSerialTrainer(
+      *_blocks(0.0), optimizers.Adam, device_memory_budget_bytes=None,
+      parallel_heads=3)
+  with pytest.raises(validation.TrainerOptionError) as raised:
+    trainer.planned(_batch())
+  message = str(raised.value)
+  assert '\n' not in message
+  assert 'parallel_heads = 3 does not divide the 4 heads' in message
+
+
+_WORKER = os.path.join(os.path.dirname(os.path.dirname(__file__)),
+                       'placement', 'multidevice_worker.py')
+
+
+def test_one_head_at_a_time_on_2_devices_trains_as_the_default_trainer():
+  """tests/placement/multidevice_worker.py's `attention_heads_main` in a
+  fresh process on 2 forced CPU devices."""
+  env = dict(os.environ)
+  env['XLA_FLAGS'] = (env.get('XLA_FLAGS', '') +
+                      ' --xla_force_host_platform_device_count=2')
+  env['JAX_PLATFORMS'] = 'cpu'
+  code = ('import runpy; '
+          f'worker = runpy.run_path({_WORKER!r}); '
+          'worker["attention_heads_main"](2)')
+  proc = subprocess.run([sys.executable, '-c', code], env=env,
+                        capture_output=True, text=True, check=False)
+  assert proc.returncode == 0, proc.stderr[-5000:]
+  result = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert result['local_devices'] == 2, result
+  assert result['heads_plan']['parallel_heads'] == 1, result
+  assert result['max_diff_heads_vs_default_1dev'] <= 1e-5, result
