@@ -204,3 +204,12 @@ def test_one_head_at_a_time_on_2_devices_trains_as_the_default_trainer():
   assert result['local_devices'] == 2, result
   assert result['heads_plan']['parallel_heads'] == 1, result
   assert result['max_diff_heads_vs_default_1dev'] <= 1e-5, result
+
+
+def test_the_memory_log_records_the_accounted_peak_of_a_step(tmp_path):
+  trainer = rev_trainer.ReversibleSerialTrainer(
+      *_blocks(0.0), optimizers.Adam, device_memory_budget_bytes=None,
+      parallel_heads=1, memory_log_every_n_steps=1, output_dir=str(tmp_path),
+      memory_log_tensorboard=False)
+  assert trainer.planned(_batch()).plan.parallel_heads == 1
+  cases.check_logged_peaks(trainer, _batch(), tmp_path)
