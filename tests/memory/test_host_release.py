@@ -38,6 +38,19 @@ def test_release_returns_freed_memory_and_waits_for_growth():
   del survivors
 
 
+@pytest.mark.skipif(not host_release.available(), reason='needs glibc')
+def test_growth_the_caller_keeps_is_not_released():
+  releaser = host_release.HostMemoryReleaser(min_growth_bytes=0)
+  releaser.release()
+  survivors = _fragmented_free_heap()
+  held = memory.host_rss_bytes()
+  # The growth (~200 MiB touched) is within what the caller keeps.
+  assert releaser.release(keep_bytes=1 << 40) == 0
+  assert memory.host_rss_bytes() >= held - 16 * 2**20
+  assert releaser.release(keep_bytes=0) >= 100 * 2**20
+  del survivors
+
+
 # Maps a 4 MiB block after glibc's threshold rose past it (argv[1] == 'set':
 # with a fixed 1 MiB threshold first); prints the bytes glibc mapped for it.
 _MAPPED_BLOCK_SCRIPT = """

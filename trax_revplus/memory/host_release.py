@@ -104,8 +104,13 @@ class HostMemoryReleaser:
     self._rss_after_release = 0
     self.released_bytes = 0
 
-  def release(self):
+  def release(self, keep_bytes: int = 0):
     """Returns free allocator memory to the system if RSS grew enough.
+
+    Args:
+      keep_bytes: int >= 0, growth on top of `min_growth_bytes` not worth
+        returning: memory the caller will take again soon (e.g. a step's
+        own working set, faulted in again by its next phase).
 
     Returns:
       int, bytes by which RSS went down (0 if nothing was attempted, or
@@ -114,7 +119,8 @@ class HostMemoryReleaser:
     if _MALLOC_TRIM is None:
       return 0
     before = host_rss_bytes()
-    if before - self._rss_after_release < self._min_growth_bytes:
+    if (before - self._rss_after_release <
+        self._min_growth_bytes + keep_bytes):
       return 0
     _MALLOC_TRIM(0)
     self._rss_after_release = host_rss_bytes()

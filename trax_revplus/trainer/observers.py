@@ -39,16 +39,19 @@ class ReleaseHostMemory(StepObserver):
   kept by the allocator they would stay under every later peak), once the
   loss has run (the forward pass's temporaries are free), and at the end of
   each step. Each release makes the next phase fault its pages in again, so
-  not after every call.
+  not after every call, and within a step on the CPU backend only what
+  grew beyond the step's own accounted device peak (its buffers live in
+  host memory there, and the next phase takes them again).
   """
 
   def __init__(self):
     self._releaser = host_release.HostMemoryReleaser()
     self._first_calls_done = set()  # ids of compiled functions called
 
-  def release(self) -> None:
-    """Releases now, if host memory grew enough since the last release."""
-    self._releaser.release()
+  def release(self, keep_bytes: int = 0) -> None:
+    """Releases now, if host memory grew by more than `keep_bytes` and the
+    releaser's minimum since the last release."""
+    self._releaser.release(keep_bytes)
 
   def released_bytes(self) -> int:
     """int, host bytes released so far."""
@@ -62,11 +65,15 @@ class ReleaseHostMemory(StepObserver):
       self.release()
 
   def pass_ends(self, ctx, phase) -> None:
+    # Where the devices' memory is the host's (the CPU backend), the step's
+    # own buffers come back with its next phase or step: returning them
+    # only makes those fault their pages in again.
+    keep = ctx.host_working_set_bytes()
     if phase == 'loss':
       ctx.block(ctx.grad_stack)
-      self.release()
+      self.release(keep)
     elif phase == 'backward':
-      self.release()
+      self.release(keep)
 
 
 class _PhaseStart(NamedTuple):

@@ -71,6 +71,7 @@ class StepContext(step_run_lib.StepRun):
     self._placement = parts.placement
     self._store = parts.store
     self._free_accelerators = parts.free_accelerators
+    self._step_memory = planned.memory
     release = parts.release
     self._recorder = observers_lib.PhaseRecorder(
         step, planned.memory, parts.placement, parts.store.layers,
@@ -101,6 +102,14 @@ class StepContext(step_run_lib.StepRun):
     step_placed = placement.replicate(np.asarray(step, dtype=np.int32))
     rngs = placement.place_rngs(rng, len(parts.store.layers))
     return cls(planned, step, batch, rngs, step_placed, parts)
+
+  def host_working_set_bytes(self) -> int:
+    """Host bytes the step's own device buffers take: its accounted peak
+    on all devices where they are the host's memory (the CPU backend),
+    else (or where not accounted) 0."""
+    if self._placement.platform != 'cpu' or self._step_memory is None:
+      return 0
+    return self._step_memory.peak_device_bytes * self._placement.n_devices
 
   # The named points of the walk.
 
