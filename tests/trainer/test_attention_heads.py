@@ -10,10 +10,6 @@ before tracing.
 
 import dataclasses
 import functools
-import json
-import os
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -183,24 +179,10 @@ def test_bad_parallel_heads_are_one_line_errors():
   assert 'parallel_heads = 3 does not divide the 4 heads' in message
 
 
-_WORKER = os.path.join(os.path.dirname(os.path.dirname(__file__)),
-                       'placement', 'multidevice_worker.py')
-
-
 def test_one_head_at_a_time_on_2_devices_trains_as_the_default_trainer():
   """tests/placement/multidevice_worker.py's `attention_heads_main` in a
   fresh process on 2 forced CPU devices."""
-  env = dict(os.environ)
-  env['XLA_FLAGS'] = (env.get('XLA_FLAGS', '') +
-                      ' --xla_force_host_platform_device_count=2')
-  env['JAX_PLATFORMS'] = 'cpu'
-  code = ('import runpy; '
-          f'worker = runpy.run_path({_WORKER!r}); '
-          'worker["attention_heads_main"](2)')
-  proc = subprocess.run([sys.executable, '-c', code], env=env,
-                        capture_output=True, text=True, check=False)
-  assert proc.returncode == 0, proc.stderr[-5000:]
-  result = json.loads(proc.stdout.strip().splitlines()[-1])
+  result = cases.run_on_devices('attention_heads_main')
   assert result['local_devices'] == 2, result
   assert result['heads_plan']['parallel_heads'] == 1, result
   assert result['max_diff_heads_vs_default_1dev'] <= 1e-5, result

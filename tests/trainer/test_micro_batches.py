@@ -15,10 +15,6 @@ trax's default `Trainer` on one device.
 
 import dataclasses
 import functools
-import json
-import os
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -200,27 +196,10 @@ def test_dropout_micro_batches_and_chunks_repeat_across_runs_and_resumes():
                          jax.tree_util.tree_leaves(host(one_pass)[0])[0])
 
 
-_WORKER = os.path.join(os.path.dirname(os.path.dirname(__file__)),
-                       'placement', 'multidevice_worker.py')
-
-
 def test_micro_batches_on_2_devices_train_as_the_default_trainer():
   """tests/placement/multidevice_worker.py's `micro_batches_main` in a fresh
   process on 2 forced CPU devices (see tests/placement/test_multidevice.py)."""
-  env = dict(os.environ)
-  env['XLA_FLAGS'] = (env.get('XLA_FLAGS', '') +
-                      ' --xla_force_host_platform_device_count=2')
-  env['JAX_PLATFORMS'] = 'cpu'
-  env.update(JAX_COMPILATION_CACHE_DIR=jax.config.jax_compilation_cache_dir,
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
-             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='0')
-  code = ('import runpy, sys; '
-          f'worker = runpy.run_path({_WORKER!r}); '
-          'worker["micro_batches_main"](2)')
-  proc = subprocess.run([sys.executable, '-c', code], env=env,
-                        capture_output=True, text=True, check=False)
-  assert proc.returncode == 0, proc.stderr[-5000:]
-  result = json.loads(proc.stdout.strip().splitlines()[-1])
+  result = cases.run_on_devices('micro_batches_main')
   assert result['local_devices'] == 2, result
   assert result['micro_plan']['micro_batches'] == 2, result
   assert result['max_diff_micro_vs_default_1dev'] <= 1e-5, result
