@@ -14,8 +14,11 @@ and the benchmarks compile at the default level. Set XLA_FLAGS with a
 `--xla_backend_optimization_level` of your own to test at another level.
 """
 
+import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 
 from trax_revplus import trax_import
@@ -233,3 +236,38 @@ def start_seconds(idle_seconds=240.0):
   """
   load_per_core = os.getloadavg()[0] / (os.cpu_count() or 1)
   return idle_seconds * max(1.0, load_per_core)
+
+
+MULTIDEVICE_WORKER = os.path.join(os.path.dirname(__file__), 'placement',
+                                  'multidevice_worker.py')
+
+
+def run_multidevice_worker(n_devices, function='main'):
+  """tests/placement/multidevice_worker.py's `function` in a fresh process
+  on `n_devices` forced CPU devices (XLA_FLAGS set before JAX starts):
+  `main` as the script runs it, any other with `n_devices` as its
+  argument; returns the JSON line it printed last.
+
+  Raises:
+    AssertionError: the process failed (its stderr's end as the message).
+  """
+  env = dict(os.environ)
+  env['XLA_FLAGS'] = (env.get('XLA_FLAGS', '') +
+                      f' --xla_force_host_platform_device_count={n_devices}')
+  env['JAX_PLATFORMS'] = 'cpu'
+  # This test process's compilation cache (see above): the worker builds
+  # the same models again and again, and compiles while this process waits
+  # for it, so no two processes use the cache at once.
+  env.update(JAX_COMPILATION_CACHE_DIR=jax.config.jax_compilation_cache_dir,
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
+             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='0')
+  if function == 'main':
+    args = [MULTIDEVICE_WORKER, str(n_devices)]
+  else:
+    args = ['-c', f'import runpy; '
+                  f'runpy.run_path({MULTIDEVICE_WORKER!r})'
+                  f'[{function!r}]({n_devices})']
+  proc = subprocess.run([sys.executable, *args], env=env,
+                        capture_output=True, text=True, check=False)
+  assert proc.returncode == 0, proc.stderr[-5000:]
+  return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -8,38 +8,14 @@ The reference is trax's default Trainer on one device (trax 1.4.1 cannot run
 on 2+ devices with current JAX: `jax.device_put_replicated` is gone).
 """
 
-import json
-import os
-import subprocess
-import sys
-
-import jax
 import pytest
 
-_WORKER = os.path.join(os.path.dirname(__file__), 'multidevice_worker.py')
-
-
-def _run_worker(n_devices):
-  env = dict(os.environ)
-  env['XLA_FLAGS'] = (env.get('XLA_FLAGS', '') +
-                      f' --xla_force_host_platform_device_count={n_devices}')
-  env['JAX_PLATFORMS'] = 'cpu'
-  # This test process's compilation cache (tests/conftest.py): the worker
-  # builds the same models again and again, and compiles while this
-  # process waits for it, so no two processes use the cache at once.
-  env.update(JAX_COMPILATION_CACHE_DIR=jax.config.jax_compilation_cache_dir,
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
-             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='0')
-  proc = subprocess.run([sys.executable, _WORKER, str(n_devices)], env=env,
-                        capture_output=True, text=True,
-                        check=False)
-  assert proc.returncode == 0, proc.stderr[-5000:]
-  return json.loads(proc.stdout.strip().splitlines()[-1])
+from conftest import run_multidevice_worker
 
 
 @pytest.mark.parametrize('n_devices', [2])
 def test_n_devices_match_one_device(n_devices):
-  result = _run_worker(n_devices)
+  result = run_multidevice_worker(n_devices)
   assert result['local_devices'] == n_devices
   assert result['max_diff_vs_default_1dev'] <= 1e-5, result
   assert result['max_diff_vs_ours_1dev'] <= 1e-5, result

@@ -22,6 +22,7 @@ from trax import shapes
 from trax.optimizers import trainer as stock_trainer
 
 import trainer_cases as cases
+from conftest import run_multidevice_worker
 from trax_revplus import trainer as rev_trainer
 from trax_revplus import validation
 from trax_revplus.trainer import attention_heads
@@ -182,7 +183,7 @@ def test_bad_parallel_heads_are_one_line_errors():
 def test_one_head_at_a_time_on_2_devices_trains_as_the_default_trainer():
   """tests/placement/multidevice_worker.py's `attention_heads_main` in a
   fresh process on 2 forced CPU devices."""
-  result = cases.run_on_devices('attention_heads_main')
+  result = run_multidevice_worker(2, 'attention_heads_main')
   assert result['local_devices'] == 2, result
   assert result['heads_plan']['parallel_heads'] == 1, result
   assert result['max_diff_heads_vs_default_1dev'] <= 1e-5, result

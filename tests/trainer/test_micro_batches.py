@@ -25,6 +25,7 @@ from trax import optimizers
 from trax import shapes
 
 import trainer_cases as cases
+from conftest import run_multidevice_worker
 from conftest import reversible_lm_blocks
 from trax_revplus import trainer as rev_trainer
 from trax_revplus import validation
@@ -199,7 +200,7 @@ def test_dropout_micro_batches_and_chunks_repeat_across_runs_and_resumes():
 def test_micro_batches_on_2_devices_train_as_the_default_trainer():
   """tests/placement/multidevice_worker.py's `micro_batches_main` in a fresh
   process on 2 forced CPU devices (see tests/placement/test_multidevice.py)."""
-  result = cases.run_on_devices('micro_batches_main')
+  result = run_multidevice_worker(2, 'micro_batches_main')
   assert result['local_devices'] == 2, result
   assert result['micro_plan']['micro_batches'] == 2, result
   assert result['max_diff_micro_vs_default_1dev'] <= 1e-5, result

@@ -7,8 +7,6 @@ Every reference is trax's own `optimizers.Trainer` on
 import functools
 import json
 import os
-import subprocess
-import sys
 import threading
 
 import jax
@@ -233,30 +231,3 @@ def check_logged_peaks(trainer, batch_, output_dir):
   assert max(r['phase_peak_device_bytes'] for r in step) == (
       expected.peak_device_bytes)
 
-
-_WORKER = os.path.join(os.path.dirname(os.path.dirname(__file__)),
-                       'placement', 'multidevice_worker.py')
-
-
-def run_on_devices(function, n_devices=2):
-  """tests/placement/multidevice_worker.py's `function(n_devices)` in a
-  fresh process on `n_devices` forced CPU devices (see
-  tests/placement/test_multidevice.py); returns the JSON line it printed.
-
-  Raises:
-    AssertionError: the process failed (its stderr's end as the message).
-  """
-  env = dict(os.environ)
-  env['XLA_FLAGS'] = (env.get('XLA_FLAGS', '') +
-                      f' --xla_force_host_platform_device_count={n_devices}')
-  env['JAX_PLATFORMS'] = 'cpu'
-  env.update(JAX_COMPILATION_CACHE_DIR=jax.config.jax_compilation_cache_dir,
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
-             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='0')
-  code = ('import runpy; '
-          f'worker = runpy.run_path({_WORKER!r}); '
-          f'worker[{function!r}]({n_devices})')
-  proc = subprocess.run([sys.executable, '-c', code], env=env,
-                        capture_output=True, text=True, check=False)
-  assert proc.returncode == 0, proc.stderr[-5000:]
-  return json.loads(proc.stdout.strip().splitlines()[-1])
