@@ -9,17 +9,10 @@ before tracing.
 """
 
 import dataclasses
-import functools
 
-import jax
 import numpy as np
 import pytest
-import trax
-from trax import fastmath
-from trax import layers as tl
 from trax import optimizers
-from trax import shapes
-from trax.optimizers import trainer as stock_trainer
 
 import trainer_cases as cases
 from conftest import run_multidevice_worker
@@ -29,47 +22,10 @@ from trax_revplus.trainer import attention_heads
 
 pytestmark = pytest.mark.usefixtures('stock_trax')
 
-_STEPS = 2
-
-
-def _model(dropout):
-  return trax.models.ReformerLM(
-      16, d_model=16, d_ff=32, d_attention_key=8, d_attention_value=8,
-      n_layers=2, n_heads=4, max_len=64, dropout=dropout,
-      attention_type=tl.SelfAttention, mode='train')
-
-
-def _batch(length=16):
-  tokens = np.random.RandomState(2).randint(1, 16, size=(4, length))
-  tokens = tokens.astype(np.int32)
-  return tokens, tokens, np.ones_like(tokens, dtype=np.float32)
-
-
-def _blocks(dropout, length=16):
-  blocks, loss = rev_trainer.extract_reversible_blocks(
-      [_model(dropout), tl.WeightedCategoryCrossEntropy()])
-  rev_trainer.init_reversible_blocks(blocks, loss,
-                                     shapes.signature(_batch(length)),
-                                     fastmath.random.get_prng(3))
-  return blocks, loss
-
-
-def _train(make_trainer, dropout):
-  """Host leaves of every layer's weights after `_STEPS` steps, and the
-  losses; `make_trainer(blocks, loss)` builds the trainer."""
-  blocks, loss = _blocks(dropout)
-  trainer = make_trainer(blocks, loss)
-  losses = cases.train(trainer, _batch(), _STEPS)
-  weights = [layer.weights for std, revs in blocks for layer in std + revs]
-  return ([np.asarray(x) for x in
-           jax.tree_util.tree_leaves(weights + [loss.weights])],
-          [float(np.mean(np.asarray(x))) for x in losses])
-
-
-@functools.lru_cache(maxsize=2)
-def _stock(dropout):
-  return _train(lambda blocks, loss: stock_trainer.ReversibleSerialTrainer(
-      blocks, loss, optimizers.Adam), dropout)
+_batch = cases.self_attention_lm_batch
+_blocks = cases.self_attention_lm_blocks
+_train = cases.train_self_attention_lm
+_stock = cases.stock_self_attention_lm
 
 
 def _ours(fused, **kwargs):

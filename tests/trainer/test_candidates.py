@@ -124,20 +124,20 @@ def test_micro_batches_refused_or_pinned():
       8, micro_batches=1).groups()} == {1}
 
 
-def _sliced(uses_rng, platform, batch_slices=options_lib.AUTO, rows=8):
+def _sliced(slices_change_draws, platform, batch_slices=options_lib.AUTO, rows=8):
   candidates = candidates_lib.Candidates(
       [4], {i: 1000 for i in range(6)}, [2**20], rows=rows,
       options=options_lib.TrainerOptions(batch_slices=batch_slices),
-      uses_rng=uses_rng, platform=platform)
+      slices_change_draws=slices_change_draws, platform=platform)
   return [g.leanest.batch_slices for g in candidates.groups()
           if g.fused_reversible_layers]
 
 
-def test_two_slices_rank_first_on_the_cpu_where_nothing_is_drawn():
-  assert _sliced(uses_rng=False, platform='cpu') == [2, 1, 4, 8]
-  # Dropout draws per slice: the unsliced plan gives stock's masks first.
-  assert _sliced(uses_rng=True, platform='cpu') == [1, 2, 4, 8]
+def test_two_slices_rank_first_on_the_cpu_where_slices_change_no_draw():
+  assert _sliced(slices_change_draws=False, platform='cpu') == [2, 1, 4, 8]
+  # A draw of slice shape: the unsliced plan gives stock's draws first.
+  assert _sliced(slices_change_draws=True, platform='cpu') == [1, 2, 4, 8]
   # Not measured on accelerators: larger matrices use them better.
-  assert _sliced(uses_rng=False, platform='tpu') == [1, 2, 4, 8]
-  assert _sliced(uses_rng=False, platform='cpu', rows=3) == [1, 3]
-  assert _sliced(uses_rng=False, platform='cpu', batch_slices=4) == [4]
+  assert _sliced(slices_change_draws=False, platform='tpu') == [1, 2, 4, 8]
+  assert _sliced(slices_change_draws=False, platform='cpu', rows=3) == [1, 3]
+  assert _sliced(slices_change_draws=False, platform='cpu', batch_slices=4) == [4]

@@ -93,8 +93,8 @@ def test_stock_s_schedule_is_weighed_where_slicing_does_not_shrink():
              plan.n_async_layers == 0 and not plan.prefetch and
              plan.settings()['segment_max_layers'] == 1)
     return 1500 if stock else 4000
-  search, _ = _search(peak, uses_rng=False, platform='cpu')
-  assert next(_candidates(uses_rng=False, platform='cpu').groups()
+  search, _ = _search(peak, slices_change_draws=False, platform='cpu')
+  assert next(_candidates(slices_change_draws=False, platform='cpu').groups()
               ).leanest.batch_slices == 2
   chosen = search.fastest_fitting(1500)
   assert peak(chosen) == 1500

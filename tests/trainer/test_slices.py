@@ -1,15 +1,19 @@
 """Batch slices: the same step over k slices of each device's rows.
 
-References: trax's default `Trainer` on the same dropout-free model and
-inputs (dense layers), ours without slices (LSH attention, whose hashes
-come from per-row state), and `jax.vjp` of the whole loss (the loss
+References: trax's default `Trainer` on the same model and inputs (dense
+layers, with and without dropout), stock trax's `ReversibleSerialTrainer`
+(a ReformerLM with dropout), ours without slices (LSH attention, whose
+hashes come from per-row state), and `jax.vjp` of the whole loss (the loss
 combination).
 """
 
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
+import trax
 from trax import fastmath
 from trax import layers as tl
 from trax import optimizers
@@ -71,39 +75,66 @@ def test_lsh_slices_hash_each_row_as_unsliced():
   cases.assert_all_close(results[0], results[1])
 
 
-def test_dropout_slices_repeat_across_runs_and_resumes():
-  """With dropout, sliced steps differ from unsliced ones but are a
-  function of the weights, the step's RNG and the batch: two runs agree,
-  and a run resumed from the host weights and slots after step 2 ends
-  where the uninterrupted one does."""
-  batch = cases.batch()
-  first, revs, loss = cases.basic_model()
+@pytest.mark.parametrize('kwargs', [
+    {}, {'segment_max_layers': 1, 'device_memory_budget_bytes': None}],
+                         ids=['fused', 'one-layer-per-call'])
+def test_dropout_slices_draw_the_unsliced_masks(kwargs):
+  """trax's `Dropout` in the first layer, in reversible blocks and in the
+  loss layer: each slice draws its rows of the unsliced masks, so 2 slices
+  give the default Trainer's weights and slots on the same RNGs."""
+  model, trainer, _ = cases.train_basic(n_steps=3, batch_slices=2, **kwargs)
+  plan = trainer.planned(cases.batch()).plan
+  assert plan.batch_slices == 2
+  assert (plan.fused_from == 0) == (not kwargs)
+  ref_weights, ref_slots, _ = cases.basic_adam_reference_3_steps()
+  cases.assert_all_close(ref_weights, model.weights)
+  cases.assert_all_close(ref_slots, trainer.slots)
 
-  def fresh():
-    model = tl.Serial([first] + revs + [loss])
-    model.init(batch, rng=fastmath.random.get_prng(12))
-    return rev_trainer.ReversibleSerialTrainer(
-        [(first.sublayers, revs)], loss, optimizers.Adam, batch_slices=2)
 
-  def host(trainer):
-    return jax.tree_util.tree_map(
-        np.array, ([l.weights for l in trainer.all_layers], trainer.slots))
-  trainer = fresh()
-  cases.train(trainer, batch, 3)
-  uninterrupted = host(trainer)
-  trainer = fresh()
-  cases.train(trainer, batch, 2)
-  weights, slots = host(trainer)
-  resumed = fresh()
-  for layer, w in zip(resumed.all_layers, weights):
-    layer.weights = w
-  resumed.slots = slots
-  resumed.one_step(batch, cases.RNGS[2], learning_rate=cases.LRS[2])
-  cases.assert_all_close(uninterrupted, host(resumed), tol=0)
-  _, unsliced, _ = cases.train_basic(n_steps=3)
-  assert not np.allclose(
-      jax.tree_util.tree_leaves(uninterrupted[0])[0],
-      jax.tree_util.tree_leaves([l.weights for l in unsliced.all_layers])[0])
+@pytest.mark.parametrize('fused', [True, False], ids=['fused', 'unfused'])
+def test_slices_of_a_reformer_lm_with_dropout_train_as_stock(fused):
+  """trax's ReformerLM, dropout 0.1: `Dropout`, `PositionalEncoding`'s
+  dropout and `SelfAttention`'s per-pair draws, in 2 slices, against stock
+  trax's `ReversibleSerialTrainer`; the planner sees that slices change no
+  draw and, on the CPU, plans 2 slices with no settings."""
+  def make(blocks, loss):
+    kwargs = {} if fused else {'segment_max_layers': 1}
+    trainer = rev_trainer.ReversibleSerialTrainer(blocks, loss,
+                                                  optimizers.Adam, **kwargs)
+    plan = trainer.planned(cases.self_attention_lm_batch()).plan
+    if jax.default_backend() == 'cpu':
+      assert plan.batch_slices == 2
+    if plan.batch_slices != 2:
+      cases.set_plan(trainer, cases.self_attention_lm_batch(),
+                     dataclasses.replace(plan, batch_slices=2))
+    assert (plan.fused_from == 0) == fused
+    return trainer
+  expected_weights, expected_losses = cases.stock_self_attention_lm(0.1)
+  weights, losses = cases.train_self_attention_lm(make, 0.1)
+  np.testing.assert_allclose(losses, expected_losses, rtol=0, atol=1e-5)
+  cases.assert_all_close(expected_weights, weights)
+
+
+def test_slices_change_a_draw_of_slice_shape_elsewhere():
+  """`tl.Attention`'s dropout draws (rows x heads, length, length): slices
+  would change it, so the trace says so; trax's `Dropout`, efficient
+  attention and `PositionalEncoding` do not."""
+  def trace(attention, dropout=0.1):
+    model = trax.models.TransformerLM(16, d_model=16, d_ff=32, n_layers=1,
+                                      n_heads=2, dropout=dropout,
+                                      mode='train') \
+        if attention else cases.self_attention_lm(dropout)
+    blocks, loss = rev_trainer.extract_reversible_blocks(
+        [model, tl.WeightedCategoryCrossEntropy()])
+    batch = cases.self_attention_lm_batch()
+    rev_trainer.init_reversible_blocks(blocks, loss, shapes.signature(batch),
+                                       fastmath.random.get_prng(3))
+    trainer = rev_trainer.ReversibleSerialTrainer(blocks, loss,
+                                                  optimizers.Adam)
+    return trainer.planned(batch)
+  assert trace(False).plan.batch_slices == 2
+  assert trace(True).plan.batch_slices == 1
+  assert trace(True, dropout=0.0).plan.batch_slices == 2
 
 
 def test_slices_that_do_not_divide_the_rows_stop_before_any_update():

@@ -1,7 +1,9 @@
 """Models, batches and references the trainer tests share.
 
 Every reference is trax's own `optimizers.Trainer` on
-`tl.Serial(blocks + [loss_layer])`, run on the same inputs and RNGs.
+`tl.Serial(blocks + [loss_layer])`, or stock trax's
+`ReversibleSerialTrainer` on the same blocks (`stock_self_attention_lm`),
+run on the same inputs and RNGs.
 """
 
 import functools
@@ -15,6 +17,8 @@ import trax
 from trax import fastmath
 from trax import layers as tl
 from trax import optimizers
+from trax import shapes
+from trax.optimizers import trainer as trainer_module
 
 from conftest import reversible_lm_blocks
 from trax_revplus import trainer as rev_trainer
@@ -231,3 +235,50 @@ def check_logged_peaks(trainer, batch_, output_dir):
   assert max(r['phase_peak_device_bytes'] for r in step) == (
       expected.peak_device_bytes)
 
+
+_LM_STEPS = 2
+
+
+def self_attention_lm(dropout):
+  """trax's ReformerLM with its efficient `SelfAttention` (4 heads), its
+  `Dropout` and `PositionalEncoding` at rate `dropout`."""
+  return trax.models.ReformerLM(
+      16, d_model=16, d_ff=32, d_attention_key=8, d_attention_value=8,
+      n_layers=2, n_heads=4, max_len=64, dropout=dropout,
+      attention_type=tl.SelfAttention, mode='train')
+
+
+def self_attention_lm_batch(length=16):
+  tokens = np.random.RandomState(2).randint(1, 16, size=(4, length))
+  tokens = tokens.astype(np.int32)
+  return tokens, tokens, np.ones_like(tokens, dtype=np.float32)
+
+
+def self_attention_lm_blocks(dropout, length=16):
+  blocks, loss = rev_trainer.extract_reversible_blocks(
+      [self_attention_lm(dropout), tl.WeightedCategoryCrossEntropy()])
+  rev_trainer.init_reversible_blocks(
+      blocks, loss, shapes.signature(self_attention_lm_batch(length)),
+      fastmath.random.get_prng(3))
+  return blocks, loss
+
+
+def train_self_attention_lm(make_trainer, dropout):
+  """Host leaves of every layer's weights after `_LM_STEPS` steps, and the
+  losses; `make_trainer(blocks, loss)` builds the trainer."""
+  blocks, loss = self_attention_lm_blocks(dropout)
+  trainer = make_trainer(blocks, loss)
+  losses = train(trainer, self_attention_lm_batch(), _LM_STEPS)
+  weights = [layer.weights for std, revs in blocks for layer in std + revs]
+  return ([np.asarray(x) for x in
+           jax.tree_util.tree_leaves(weights + [loss.weights])],
+          [float(np.mean(np.asarray(x))) for x in losses])
+
+
+@functools.lru_cache(maxsize=2)
+def stock_self_attention_lm(dropout):
+  """Stock trax's ReversibleSerialTrainer on `self_attention_lm`, Adam:
+  as `train_self_attention_lm` returns."""
+  return train_self_attention_lm(
+      lambda blocks, loss: trainer_module.ReversibleSerialTrainer(
+          blocks, loss, optimizers.Adam), dropout)

@@ -35,15 +35,20 @@ def _sublayers(layer) -> Iterator[Any]:
     yield from _sublayers(sub)
 
 
-def attention_layers(layers: Sequence[Any]) -> list[Any]:
-  """The efficient attention layers among `layers` and their sublayers,
-  each once (those with trax's `n_parallel_heads`)."""
+def sublayers(layers: Sequence[Any]) -> list[Any]:
+  """`layers` and all their sublayers, each once."""
   found = {}
   for layer in layers:
     for sub in _sublayers(layer):
-      if hasattr(sub, _PARALLEL) and hasattr(sub, _HEADS):
-        found[id(sub)] = sub
+      found[id(sub)] = sub
   return list(found.values())
+
+
+def attention_layers(layers: Sequence[Any]) -> list[Any]:
+  """The efficient attention layers among `layers` and their sublayers,
+  each once (those with trax's `n_parallel_heads`)."""
+  return [sub for sub in sublayers(layers)
+          if hasattr(sub, _PARALLEL) and hasattr(sub, _HEADS)]
 
 
 def lowers(layers: Sequence[Any], n: int) -> bool:

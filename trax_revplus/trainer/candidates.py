@@ -41,11 +41,11 @@ by one, unrolled, while equal segments share one compilation, so on a deep
 model of equal blocks the fused program's compilation would cost many times
 the run's first step (and there, with many small layers, it did not step
 faster either: docs/performance.md); such a model ranks its fused groups
-after every unfused one; (2) fewer batch slices: a
-sliced call draws its random masks (dropout) per slice, so only an
-unsliced plan gives the weights stock trax gives on the same RNGs, and an
-accelerator runs larger matrices faster; but where no layer uses its RNG
-(`rng_use`: nothing is drawn, so slices change only float32 summation
+after every unfused one; (2) fewer batch slices: an
+accelerator runs larger matrices faster, and a draw that slices change (a
+layer drawing a mask of slice shape other than trax's `Dropout` and
+efficient attention: `row_draws`) gives stock trax's weights only unsliced;
+but where slices change no draw (they change only float32 summation
 order), on the CPU backend 2 slices rank before 1 (`SPEED_SLICES`): there
 2 slices stepped faster than one in every kind of plan measured, and 4 no
 faster than 2 (docs/performance.md); (3) fewer compiled calls (each
@@ -139,7 +139,7 @@ class Candidates:
 
   def __init__(self, block_sizes, nbytes, stack_bytes, rows, options,
                shared_weights=False, layer_kinds=None, sequence_length=None,
-               micro_batches_refused=False, uses_rng=True, platform=None,
+               micro_batches_refused=False, slices_change_draws=True, platform=None,
                heads_lowerable=False):
     """Args:
       block_sizes: list over blocks of their numbers of reversible layers.
@@ -160,8 +160,9 @@ class Candidates:
         such tail.
       micro_batches_refused: bool, the step cannot run in micro-batches
         (`micro_batches.refusal`).
-      uses_rng: bool, whether any layer's results depend on its RNG
-        (`rng_use`); where not, `SPEED_SLICES[platform]` slices rank first.
+      slices_change_draws: bool, whether batch slices change a random
+        draw of some layer (`row_draws`; `stack_bytes.StackTrace`); where
+        not, `SPEED_SLICES[platform]` slices rank first.
       platform: str, the devices' backend ('cpu', 'gpu', 'tpu'), or None.
       heads_lowerable: bool, whether one (example, head) pair at a time is
         fewer than some attention layer computes at once
@@ -176,7 +177,7 @@ class Candidates:
     if options.batch_slices == options_lib.AUTO:
       self.slices = [k for k in range(1, rows + 1) if rows % k == 0]
       first = SPEED_SLICES.get(platform)
-      if not uses_rng and first in self.slices:
+      if not slices_change_draws and first in self.slices:
         self.slices.remove(first)
         self.slices.insert(0, first)
     else:

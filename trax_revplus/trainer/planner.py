@@ -171,7 +171,7 @@ class Planner:
         self._store.block_sizes(), self._store.params_bytes(),
         trace.block_bytes, self._rows(types), self._options,
         bool(self._store.ties), self._layer_kinds(), tail_length,
-        self.micro_batches_refusal(types) is not None, trace.uses_rng,
+        self.micro_batches_refusal(types) is not None, trace.slices_change_draws,
         self._placement.platform,
         attention_heads.lowers(self._store.layers, 1))
 

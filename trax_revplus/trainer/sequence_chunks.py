@@ -31,6 +31,7 @@ sublayer is); anything else (attention, shifts, convolutions, layers this
 module does not know) is never chunked.
 """
 
+import contextlib
 from typing import Any, Callable
 
 import jax
@@ -42,6 +43,7 @@ from trax.layers import combinators as cb
 
 from trax_revplus import layers as layers_lib
 from trax_revplus.trainer import chains
+from trax_revplus.trainer import row_draws
 from trax_revplus.trainer import slices
 from trax_revplus.trainer.loss_combination import loss_combination
 from trax_revplus.trainer.slice_loop import FLOAT0
@@ -218,7 +220,8 @@ def _pieces(forward, combine, items, weights, states, rngs, k, chunks,
   their cotangents). A piece's loss is scaled by `factor` times its share
   (`combine` of its loss weights and `all_weights`, by default the loss
   weights among `items`); with chunks each layer draws with its RNG folded
-  with the chunk's index, without them with its RNG (as batch slices).
+  with the chunk's index, without them with its RNG, its `Dropout` masks
+  the slice's rows of the unsliced ones (`row_draws`, as batch slices).
 
   Returns:
     (loss, items' cotangents (list), weights' gradients, new states).
@@ -265,8 +268,13 @@ def _pieces(forward, combine, items, weights, states, rngs, k, chunks,
     def scaled(y, w):
       out, new_states = forward(y, w, states, piece_rngs)
       return out * share.astype(out.dtype), new_states
-    out, vjp_fn, new_states = fastmath.vjp(scaled, _stack(part), weights,
-                                           has_aux=True)
+    # Without chunks a piece is a batch slice: its masks are its rows of
+    # the unsliced ones (`row_draws`).
+    draws = (row_draws.slice_of(s, k) if n is None and k > 1 else
+             contextlib.nullcontext())
+    with draws:
+      out, vjp_fn, new_states = fastmath.vjp(scaled, _stack(part), weights,
+                                             has_aux=True)
     grads_part, grads_weights = vjp_fn(jnp.ones((), out.dtype))
     grads_part = _items(grads_part)
     bufs = [lax.dynamic_update_slice(buf, grads_part[i].astype(buf.dtype),

@@ -12,6 +12,7 @@ from jax import lax
 from jax import numpy as jnp
 import numpy as np
 
+from trax_revplus.trainer import row_draws
 from trax_revplus.typing import Array
 from trax_revplus.typing import PyTree
 
@@ -120,7 +121,9 @@ def scan_rows(body: Callable[[PyTree, PyTree], tuple[PyTree, tuple]],
   body's results is a tree of the slice's rows, given back whole.
 
   `lax.scan` stacks arrays only: the item's float0 leaves are left out of
-  the scan and its tree is rebuilt after it (`stackable`).
+  the scan and its tree is rebuilt after it (`stackable`). Each slice's
+  body is traced with `row_draws.slice_of`: its random masks are its rows
+  of the unsliced call's.
 
   Args:
     body: `(carry, x) -> (carry, ys)`, ys a tuple.
@@ -138,13 +141,15 @@ def scan_rows(body: Callable[[PyTree, PyTree], tuple[PyTree, tuple]],
   """
   merged = []
 
-  def stacked_body(c, x):
-    c, ys = body(c, x)
+  def stacked_body(c, indexed):
+    s, x = indexed
+    with row_draws.slice_of(s, k):
+      c, ys = body(c, x)
     ys = list(ys)
     ys[rows_at], merge = stackable(ys[rows_at])
     # The tree is known only while tracing the body; the last trace's is
     # the scan's.
     merged[:] = [merge]
     return c, tuple(ys)
-  carry, ys = loop(stacked_body, carry, xs)
+  carry, ys = loop(stacked_body, carry, (jnp.arange(k, dtype=jnp.int32), xs))
   return carry, ys, lambda: merged[0](ys[rows_at], k)

@@ -22,8 +22,11 @@ What stays exact (up to float32 summation order):
     whole to every slice, and the last slice's new value is kept;
   * RNGs: every slice gets its layer's RNG of the step, so a random draw
     whose shape does not depend on the rows (LSH's rotations) is the same
-    as unsliced, and dropout masks of slice shape repeat from slice to
-    slice (deterministic across runs and resumes, not the unsliced masks);
+    as unsliced; trax's `Dropout` draws the unsliced call's mask and keeps
+    the slice's rows (`row_draws`), so its masks are the unsliced ones; a
+    draw of slice shape in any other layer (`tl.Attention`'s dropout)
+    repeats from slice to slice (deterministic across runs and resumes,
+    not the unsliced draw: `row_draws.exact_draws_fixed`);
   * the loss: see `loss_slices`.
 """
 
@@ -36,6 +39,7 @@ import numpy as np
 from trax import fastmath
 
 from trax_revplus.trainer import chains
+from trax_revplus.trainer import row_draws
 from trax_revplus.trainer import step_fns
 from trax_revplus.trainer.slice_loop import FLOAT0
 from trax_revplus.trainer.slice_loop import is_float0
@@ -313,9 +317,10 @@ def segment_reverse(layers, optimizers, n_devices: int, adasum: bool, k: int,
       stack, grad_stack = slice_of(bufs, s)
       at = lambda arrays: [lax.dynamic_index_in_dim(a, s, keepdims=False)
                            for a in arrays]
-      stack, grad_stack, grads_weights = chains.reverse_and_grad_chain(
-          layers, stack, grad_stack, weights, old.slice(at(old.scanned)),
-          new.slice(at(new.scanned)), rngs)
+      with row_draws.slice_of(s, k):
+        stack, grad_stack, grads_weights = chains.reverse_and_grad_chain(
+            layers, stack, grad_stack, weights, old.slice(at(old.scanned)),
+            new.slice(at(new.scanned)), rngs)
       done = jax.tree_util.tree_leaves((stack, grad_stack))
       bufs = [lax.dynamic_update_slice_in_dim(buf, done[i].astype(buf.dtype),
                                               s * b, 0)

@@ -1,11 +1,14 @@
 """The stack's types through the blocks: the bytes each block's reversible
-layers read, the loss layer's inputs, and whether any layer uses its RNG.
+layers read, the loss layer's inputs, and whether batch slices change a
+random draw.
 
 `backward_segment_max_layers='auto'` and the fused program's lower bound
 (`candidates`) read the bytes: a block whose reversible layers pass on less
 than `plan.ACTIVATION_BOUND_BYTES` is compiler-bound, not activation-bound.
 Sequence chunks (`sequence_chunks.tail_length`) read the loss's inputs; the
-speed model's rank of batch slices reads the RNG use (`rng_use`).
+speed model's rank of batch slices reads whether they change a draw
+(`rng_use` of each forward with the draws slices keep exact on a fixed key,
+`row_draws.exact_draws_fixed`).
 """
 
 from typing import NamedTuple
@@ -19,6 +22,7 @@ from trax_revplus import memory
 from trax_revplus.trainer import chains
 from trax_revplus.trainer import plan as plan_lib
 from trax_revplus.trainer import rng_use
+from trax_revplus.trainer import row_draws
 from trax_revplus.typing import PyTree
 
 
@@ -31,12 +35,13 @@ class StackTrace(NamedTuple):
     loss_inputs: the loss layer's input stack items as
       `jax.ShapeDtypeStruct`s on one device, or None where the types could
       not be traced.
-    uses_rng: bool, whether any layer's results (the loss layer's too)
-      depend on its RNG (`rng_use`); True where they could not be traced.
+    slices_change_draws: bool, whether any layer's results (the loss
+      layer's too) depend on a random draw that batch slices change
+      (`row_draws`); True where they could not be traced.
   """
   block_bytes: list[int]
   loss_inputs: PyTree | None
-  uses_rng: bool
+  slices_change_draws: bool
 
 
 def trace(store, stack_types: PyTree, n_devices: int) -> StackTrace:
@@ -60,13 +65,14 @@ def trace(store, stack_types: PyTree, n_devices: int) -> StackTrace:
   per_device = lambda x: jax.ShapeDtypeStruct(
       x.shape[1:] if n_devices > 1 else x.shape, x.dtype)
   stack = jax.tree_util.tree_map(per_device, stack_types)
-  uses_rng = False
+  changed = False
 
   def forward(layer, stack):
-    nonlocal uses_rng
-    outputs, uses = rng_use.forward_types(
-        layer, cb.inputs_from_stack(stack, layer.n_in))
-    uses_rng = uses_rng or uses
+    nonlocal changed
+    with row_draws.exact_draws_fixed([layer]):
+      outputs, uses = rng_use.forward_types(
+          layer, cb.inputs_from_stack(stack, layer.n_in))
+    changed = changed or uses
     return cb.outputs_onto_stack(outputs, stack, layer.n_in)
 
   out = []
@@ -90,6 +96,6 @@ def trace(store, stack_types: PyTree, n_devices: int) -> StackTrace:
       forward(loss, stack)
   except Exception as e:  # pylint: disable=broad-except
     logging.info('the loss layer could not be traced (%s); it counts as '
-                 'using its RNG.', e)
-    uses_rng = True
-  return StackTrace(out, cb.inputs_from_stack(stack, loss.n_in), uses_rng)
+                 'drawing what slices change.', e)
+    changed = True
+  return StackTrace(out, cb.inputs_from_stack(stack, loss.n_in), changed)
