@@ -10,6 +10,7 @@ before tracing.
 
 import dataclasses
 
+import jax
 import numpy as np
 import pytest
 from trax import optimizers
@@ -19,6 +20,7 @@ from conftest import run_multidevice_worker
 from trax_revplus import trainer as rev_trainer
 from trax_revplus import validation
 from trax_revplus.trainer import attention_heads
+from trax_revplus.trainer import candidates
 
 pytestmark = pytest.mark.usefixtures('stock_trax')
 
@@ -100,7 +102,10 @@ def test_one_head_at_a_time_shrinks_the_attention_calls_and_the_least():
   assert attention - attention_1 >= (rows * 4 - 1) * 64 * 64 * 4
 
 
-def test_a_budget_takes_one_head_at_a_time_only_where_nothing_else_fits():
+def test_a_budget_takes_one_head_at_a_time_only_where_nothing_else_fits(
+    monkeypatch):
+  # The rank of a backend without `SPEED_PARALLEL_HEADS` (an accelerator's).
+  monkeypatch.setattr(candidates, 'SPEED_PARALLEL_HEADS', {})
   batch = _batch(64)
   # One pass, unsliced, without chunks: fewer plans to compile.
   pins = dict(batch_slices=1, micro_batches=1, sequence_chunks=1)
@@ -120,6 +125,16 @@ def test_a_budget_takes_one_head_at_a_time_only_where_nothing_else_fits():
   assert all(w.memory.peak_device_bytes > least.peak_device_bytes
              for w in tight.planner.weighing(batch).weighed
              if w.plan.parallel_heads is None)
+
+
+def test_one_head_at_a_time_ranks_first_on_the_cpu():
+  batch = _batch(64)
+  trainer = rev_trainer.ReversibleSerialTrainer(
+      *_blocks(0.0, 64), optimizers.Adam, device_memory_budget_bytes=2**30,
+      batch_slices=1, micro_batches=1, sequence_chunks=1)
+  heads = trainer.planned(batch).plan.parallel_heads
+  assert heads == candidates.SPEED_PARALLEL_HEADS.get(
+      jax.default_backend())
 
 
 def test_bad_parallel_heads_are_one_line_errors():

@@ -141,3 +141,21 @@ def test_two_slices_rank_first_on_the_cpu_where_slices_change_no_draw():
   assert _sliced(slices_change_draws=False, platform='tpu') == [1, 2, 4, 8]
   assert _sliced(slices_change_draws=False, platform='cpu', rows=3) == [1, 3]
   assert _sliced(slices_change_draws=False, platform='cpu', batch_slices=4) == [4]
+
+
+def _heads(platform, parallel_heads=options_lib.AUTO):
+  candidates = candidates_lib.Candidates(
+      [4], {i: 1000 for i in range(6)}, [2**20], rows=2,
+      options=options_lib.TrainerOptions(parallel_heads=parallel_heads),
+      platform=platform, heads_lowerable=True)
+  return [g.leanest.parallel_heads for g in candidates.groups()]
+
+
+def test_one_pair_at_a_time_ranks_first_on_the_cpu_only():
+  cpu, tpu = _heads('cpu'), _heads('tpu')
+  assert len(cpu) == len(tpu) and len(cpu) % 2 == 0
+  half = len(cpu) // 2
+  assert cpu == [1] * half + [None] * half
+  assert tpu == [None] * half + [1] * half
+  # A pinned number is the only one.
+  assert set(_heads('cpu', parallel_heads=2)) == {2}

@@ -26,10 +26,11 @@ Every dimension of `plan.StepPlan` that costs device memory is varied:
                     fewest parts first, then fewest chunks;
   grads_on_host     in micro-batches, the accumulated gradients wait on
                     the device, then on the host;
-  parallel_heads    trax's efficient attention layers as configured, then
+  parallel_heads    trax's efficient attention layers as configured, and
                     one (example, head) pair at a time (where some layer
                     computes more at once: `attention_heads`): every group
-                    above again, after all of them.
+                    above again, after all of them; on the backends of
+                    `SPEED_PARALLEL_HEADS`, before all of them.
 
 The speed model ranks plans without timing them, in this order of
 importance: (1) the fused program first: one call per step, with no host
@@ -76,6 +77,14 @@ the accumulated gradients on the device comes before every plan whose
 gradients wait on the host: those copy each part's gradients out and add
 them on the host, and place their sum with the last part's slots.
 
+Every group appears twice where trax's efficient attention layers compute
+more than one (example, head) pair at once: as configured, and with one
+pair at a time (`attention_heads`; the same results up to float32
+summation order, smaller attention temporaries). The copies with one pair
+at a time come after all the others, so a budget takes them only where
+nothing else fits; on the CPU they come first (`SPEED_PARALLEL_HEADS`):
+there one pair at a time stepped faster.
+
 Plans are grouped by (1), (2), their chunks and parts: the members of a
 group share their slicing, and the group's leanest member (one layer per
 call, no copy-back depth, no prefetch, saved inputs and states on the host,
@@ -108,9 +117,16 @@ ASYNC_DEPTHS = (4, 2, 1, 0)
 # step; at 29 times (64 small blocks) it stepped no faster and its
 # compilation took 77 s, against stock's whole first step of 5.6 s.
 FUSED_COMPILE_RATIO = 16
-# Where no layer uses its RNG, on these backends, this many batch slices
-# rank before one (measured there: docs/performance.md).
+# Where slices change no random draw (`row_draws`), on these backends, this
+# many batch slices rank before one (measured there: docs/performance.md).
 SPEED_SLICES = {'cpu': 2}
+# On these backends every group with trax's efficient attention layers
+# computing this many (example, head) pairs at once ranks before every
+# group with the layers as configured (measured on the CPU: one pair at a
+# time stepped 10-17% faster on the benchmark's ReformerLMs and
+# encoder-decoder Reformer, the same on its LSH Terraformer;
+# docs/performance.md).
+SPEED_PARALLEL_HEADS = {'cpu': 1}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,6 +219,8 @@ class Candidates:
     self._one_pass = pinned is None or pinned == 1
     self._heads = self._pinned('parallel_heads')
     self._more_heads = self._heads is None and heads_lowerable
+    self._heads_first = (self._more_heads and
+                         SPEED_PARALLEL_HEADS.get(platform) == 1)
 
   def _part_slices(self, part_rows):
     """Batch slices each part's calls run over: the fewest of `slices`
@@ -323,17 +341,19 @@ class Candidates:
 
   def groups(self) -> Iterator[Group]:
     """Every group, in the speed model's order: with the attention layers
-    as configured, then (where that lowers something) each again with one
-    (example, head) pair at a time."""
+    as configured, and (where that lowers something) each again with one
+    (example, head) pair at a time, after them (before them on the
+    backends of `SPEED_PARALLEL_HEADS`)."""
     groups = list(self._configured_heads_groups())
+    lowered = [dataclasses.replace(
+        group, plans=tuple(dataclasses.replace(p, parallel_heads=1)
+                           for p in group.plans),
+        leanest=dataclasses.replace(group.leanest, parallel_heads=1),
+        parallel_heads=1) for group in groups] if self._more_heads else []
+    if self._heads_first:
+      groups, lowered = lowered, groups
     yield from groups
-    if self._more_heads:
-      for group in groups:
-        yield dataclasses.replace(
-            group, plans=tuple(dataclasses.replace(p, parallel_heads=1)
-                               for p in group.plans),
-            leanest=dataclasses.replace(group.leanest, parallel_heads=1),
-            parallel_heads=1)
+    yield from lowered
 
   def _configured_heads_groups(self) -> Iterator[Group]:
     if self._one_pass:

@@ -55,8 +55,9 @@ class PlanSearch:
         already, else None (nothing accounted).
     """
     self._groups = list(candidates.groups())
-    # Groups with the attention layers as configured come first; those
-    # after them compute fewer heads at once (`Candidates.groups`).
+    # Groups with the attention layers as the step runs them without a
+    # budget come first; those after them compute another number of heads
+    # at once (`Candidates.groups`).
     heads = self._groups[0].parallel_heads if self._groups else None
     self._n_configured = sum(g.parallel_heads == heads for g in self._groups)
     # Group id -> `Candidates.lower_bound_bytes` of the group.
@@ -247,7 +248,8 @@ class PlanSearch:
                              chunks_bound < least):
           found[i] = self._weigh(groups[i].leanest)
       i = min(found, key=lambda i: (found[i].peak_device_bytes, i))
-      if len(self._groups) > len(groups):  # `i`'s, fewer heads at once
+      if (len(self._groups) > len(groups) and  # `i`'s, fewer heads at once
+          self._groups[-1].parallel_heads == 1):
         found[len(groups) + i] = self._weigh(
             self._groups[len(groups) + i].leanest)
         i = min(found, key=lambda i: (found[i].peak_device_bytes, i))
