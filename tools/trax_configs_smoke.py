@@ -24,8 +24,10 @@ loss over the last quarter of the steps below that over the first quarter,
 its last eval loss below its first), did not hit stock's step-1 donation
 failure ("Attempt to donate the same buffer twice"), gave stock's losses
 and final weights within `STOCK_ATOL` where stock ran (the plan chosen
-with no settings runs unsliced, as stock, on the same RNGs), and the
-budget run planned within stock's peak; 1 otherwise. Expect a few minutes per config
+with no settings gives stock's results on the same RNGs: batch slices
+draw the unsliced dropout masks, attention pairs at a time change only
+float32 summation order), and the budget run planned within stock's peak;
+1 otherwise. Expect a few minutes per config
 on 2 CPU cores; the suite trains the cheapest one
 (tests/gin_configs/test_trax_configs.py).
 """

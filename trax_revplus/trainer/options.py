@@ -196,8 +196,10 @@ class TrainerOptions:
       same up to float32 summation order (each pair draws with the same
       RNG either way). n must divide each such layer's heads or be a
       multiple of them. 'auto': the planner's choice under a device memory
-      budget (only where no plan with the layers as configured fits), the
-      layers as configured without one; an int pins it.
+      budget (on the CPU backend one pair at a time ranks first; on other
+      backends it is taken only where no plan with the layers as
+      configured fits), the layers as configured without one; an int pins
+      it.
   """
   n_async_layers: int = 8
   memory_log_every_n_steps: int = 100
