@@ -124,7 +124,8 @@ def test_micro_batches_refused_or_pinned():
       8, micro_batches=1).groups()} == {1}
 
 
-def _sliced(slices_change_draws, platform, batch_slices=options_lib.AUTO, rows=8):
+def _sliced(slices_change_draws, platform, batch_slices=options_lib.AUTO,
+            rows=8):
   candidates = candidates_lib.Candidates(
       [4], {i: 1000 for i in range(6)}, [2**20], rows=rows,
       options=options_lib.TrainerOptions(batch_slices=batch_slices),
@@ -140,7 +141,8 @@ def test_two_slices_rank_first_on_the_cpu_where_slices_change_no_draw():
   # Not measured on accelerators: larger matrices use them better.
   assert _sliced(slices_change_draws=False, platform='tpu') == [1, 2, 4, 8]
   assert _sliced(slices_change_draws=False, platform='cpu', rows=3) == [1, 3]
-  assert _sliced(slices_change_draws=False, platform='cpu', batch_slices=4) == [4]
+  assert _sliced(slices_change_draws=False, platform='cpu',
+                 batch_slices=4) == [4]
 
 
 def _heads(platform, parallel_heads=options_lib.AUTO):

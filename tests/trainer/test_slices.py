@@ -16,12 +16,14 @@ import pytest
 import trax
 from trax import fastmath
 from trax import layers as tl
+from trax.layers import core
 from trax import optimizers
 from trax import shapes
 
 import trainer_cases as cases
 from trax_revplus import trainer as rev_trainer
 from trax_revplus import validation
+from trax_revplus.trainer import attention_heads
 from trax_revplus.trainer import loss_combination
 
 pytestmark = pytest.mark.usefixtures('stock_trax')
@@ -113,6 +115,21 @@ def test_slices_of_a_reformer_lm_with_dropout_train_as_stock(fused):
   weights, losses = cases.train_self_attention_lm(make, 0.1)
   np.testing.assert_allclose(losses, expected_losses, rtol=0, atol=1e-5)
   cases.assert_all_close(expected_weights, weights)
+
+
+def test_the_dropout_and_attention_layers_are_left_as_found():
+  """Planning and sliced steps patch trax's `Dropout.forward` and the
+  attention layers' `forward` only while they trace."""
+  found = core.Dropout.__dict__['forward']
+  blocks, loss = cases.self_attention_lm_blocks(0.1)
+  trainer = rev_trainer.ReversibleSerialTrainer(blocks, loss,
+                                                optimizers.Adam,
+                                                batch_slices=2)
+  cases.train(trainer, cases.self_attention_lm_batch(), 1)
+  assert core.Dropout.__dict__['forward'] is found
+  assert all('forward' not in vars(layer)
+             for layer in attention_heads.sublayers(trainer.all_layers))
+  assert 'bernoulli' not in vars(fastmath.random)
 
 
 def test_slices_change_a_draw_of_slice_shape_elsewhere():

@@ -155,8 +155,8 @@ class Candidates:
 
   def __init__(self, block_sizes, nbytes, stack_bytes, rows, options,
                shared_weights=False, layer_kinds=None, sequence_length=None,
-               micro_batches_refused=False, slices_change_draws=True, platform=None,
-               heads_lowerable=False):
+               micro_batches_refused=False, slices_change_draws=True,
+               platform=None, heads_lowerable=False):
     """Args:
       block_sizes: list over blocks of their numbers of reversible layers.
       nbytes: dict layer index -> bytes of its weights + slots.

@@ -142,8 +142,8 @@ class TrainerOptions:
       the slices' weight gradients before one optimizer update
       (`trainer.slices`): per-call temporaries shrink about k-fold, the
       result is the same (each slice draws its rows of trax's `Dropout`
-      masks: `trainer.row_draws`). k must divide each device's rows. 'auto': the
-      planner's choice under a device memory budget,
+      masks: `trainer.row_draws`). k must divide each device's rows.
+      'auto': the planner's choice under a device memory budget,
       `UNPLANNED_BATCH_SLICES` (no slices) without one; an int pins it.
     memory_log_first_steps: int >= 0, steps at the start of each process
       that are recorded too (each waits for its phases to finish, so they

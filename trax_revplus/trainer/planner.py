@@ -171,8 +171,8 @@ class Planner:
         self._store.block_sizes(), self._store.params_bytes(),
         trace.block_bytes, self._rows(types), self._options,
         bool(self._store.ties), self._layer_kinds(), tail_length,
-        self.micro_batches_refusal(types) is not None, trace.slices_change_draws,
-        self._placement.platform,
+        self.micro_batches_refusal(types) is not None,
+        trace.slices_change_draws, self._placement.platform,
         attention_heads.lowers(self._store.layers, 1))
 
   def micro_batches_refusal(self, types) -> str | None:

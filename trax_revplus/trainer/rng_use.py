@@ -1,11 +1,13 @@
 """Whether a layer's forward uses its RNG: what a step's random draws are.
 
 A sliced call (`slices`) gives each slice its layer's RNG of the step, so a
-draw whose shape follows the rows (trax's `Dropout`, attention dropout)
-repeats its first slice's mask instead of drawing the unsliced one. Where
-no layer's results depend on its RNG argument (trax's models with
-`dropout = 0.0`), batch slices change nothing but float32 summation order,
-and the speed model may rank them by speed alone (`candidates`).
+draw whose shape follows the rows repeats from slice to slice instead of
+drawing the unsliced one, except trax's `Dropout`, which draws its rows of
+the unsliced mask (`row_draws`). Traced with the draws slices keep exact
+on a fixed key (`row_draws.exact_draws_fixed`), a forward whose results
+still depend on its RNG argument holds a draw that slices change; where
+none does, batch slices change nothing but float32 summation order, and
+the speed model may rank them by speed alone (`candidates`).
 
 The dependence is read from the forward's jaxpr (`jax.make_jaxpr`): a
 value depends on the RNG when an equation that computes it reads the RNG or

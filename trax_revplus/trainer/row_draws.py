@@ -7,11 +7,11 @@ trax's `Dropout` draws one mask of its input's shape from its layer's RNG
 slice's shape would repeat from slice to slice. While slice s of k is
 traced (`slice_of`), `Dropout` instead draws the mask of the call's whole
 rows (k b, ...) and keeps the slice's rows [s b, (s + 1) b): bit for bit
-the unsliced call's mask for those rows. JAX's threefry counts from each
-element's index (`jax_threefry_partitionable`, on by default), so XLA
-fuses the draw with the slice and computes the slice's elements only: the
-call's temporaries still shrink with its slices (`compiled.memory_analysis`
-accounts them either way).
+the unsliced call's mask for those rows. Each slice computes the whole
+draw: on the CPU backend JAX runs threefry's rounds in a loop, which XLA
+does not fuse with the slice, so a `Dropout`'s mask temporaries do not
+shrink with the slices (`compiled.memory_analysis` accounts them, and the
+planner with it).
 
 Two other kinds of trax layers draw the same in any slice: the efficient
 attention layers (`attention_heads.attention_layers`) draw per (example,
@@ -44,7 +44,7 @@ def _at() -> tuple[Any, int] | None:
   return getattr(_tracing, 'at', None)
 
 
-def _bernoulli_of(rows: int, key=None, at=None):
+def _bernoulli_of(rows: int | None = None, key=None, at=None):
   """`fastmath.random.bernoulli` as `Dropout` calls it, where a mask of
   `rows` rows is slice `at` = (s, k) of the whole rows' mask (None: drawn
   as asked), and `key` replaces the RNG (None: the one given)."""
@@ -65,7 +65,8 @@ def _draws_per_row(layer, x) -> bool:
   """Whether `layer`'s (a `Dropout`'s) mask on input `x` has a row axis:
   not shared along axis 0."""
   ndim = getattr(x, 'ndim', 0)
-  return ndim > 0 and all(a % ndim != 0 for a in layer._shared_axes)  # pylint: disable=protected-access
+  shared = layer._shared_axes  # pylint: disable=protected-access
+  return ndim > 0 and all(a % ndim != 0 for a in shared)
 
 
 @contextlib.contextmanager
@@ -131,9 +132,10 @@ def exact_draws_fixed(layers: Sequence[Any]) -> Iterator[None]:
   """Within the block, the draws that batch slices keep exact read a fixed
   key instead of their layer's RNG: trax's `Dropout` masks, and everything
   trax's efficient attention and `PositionalEncoding` layers among `layers`
-  (and their sublayers) draw. A forward traced inside it (`rng_use.forward_types`) that still
-  depends on an RNG holds a draw that slices change (e.g. `tl.Attention`'s
-  dropout, of shape (rows x heads, length, length)).
+  (and their sublayers) draw. A forward traced inside it
+  (`rng_use.forward_types`) that still depends on an RNG holds a draw that
+  slices change (e.g. `tl.Attention`'s dropout, of shape (rows x heads,
+  length, length)).
 
   Args:
     layers: trax layers about to be traced; the caller keeps them as found
@@ -149,7 +151,7 @@ def exact_draws_fixed(layers: Sequence[Any]) -> Iterator[None]:
     # trax's `Layer.__setattr__` refuses public names but its own three.
     vars(a)['forward'] = _with_fixed_key(a)
   try:
-    with _dropout_drawing(lambda layer, x: _bernoulli_of(0, key=_FIXED_KEY)):
+    with _dropout_drawing(lambda layer, x: _bernoulli_of(key=_FIXED_KEY)):
       yield
   finally:
     for a in attention:
