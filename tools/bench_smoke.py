@@ -10,7 +10,9 @@ Runs the benchmark twice, as a user would:
      the two processes' losses agree (same model, seed and batches);
   2. peak RSS of ours in a fresh process over 3 steps: a running peak per
      step, never falling, above the baseline from the first step on, and
-     not above the process's peak read after the last step.
+     not above the process's peak read after the last step;
+  3. tools/step_floor.py on the 'char' config: one table row of positive
+     times.
 
 Prints one PASS or FAIL line per check; exit status 0 when all pass, 1
 otherwise.
@@ -35,6 +37,8 @@ import numpy as np
 from smoke_checks import Checks
 
 _BENCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'bench.py')
+_STEP_FLOOR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                           'step_floor.py')
 _OURS = "ours+GLIBC_TUNABLES='glibc.malloc.arena_max=1'"
 
 
@@ -116,6 +120,22 @@ def check_memory(checks, out_dir):
                f"{mem['weights_bytes']}, {mem['slots_bytes']}")
 
 
+def check_step_floor(checks):
+  """The floor tool's table: one row per config, positive times."""
+  proc = subprocess.run(
+      [sys.executable, _STEP_FLOOR, '--quick', '--configs=char',
+       '--repeats=1'], capture_output=True, text=True, check=False)
+  if not checks.check('step_floor run exits 0', proc.returncode == 0,
+                      f'status {proc.returncode}'):
+    print(proc.stderr[-3000:], file=sys.stderr)
+    return
+  rows = [line.split('|')[1:-1] for line in proc.stdout.splitlines()
+          if line.startswith('| char |')]
+  checks.check('step_floor: one row for char, its times positive',
+               len(rows) == 1 and all(float(c) > 0 for c in rows[0][1:]),
+               proc.stdout[-500:])
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--work_dir', default=None,
@@ -127,6 +147,7 @@ def main():
     work_dir = flags.work_dir or tmp
     check_timing(checks, os.path.join(work_dir, 'timing'))
     check_memory(checks, os.path.join(work_dir, 'memory'))
+  check_step_floor(checks)
   print(f'{"FAIL" if checks.failed else "PASS"} bench smoke: '
         f'{len(checks.failed)} check(s) failed', flush=True)
   return 1 if checks.failed else 0

@@ -195,3 +195,23 @@ def test_terraformer_config_builds_trax_s_lsh_terraformer():
          if type(l).__name__ == 'LSHSelfAttention']
   assert lsh and all(l._n_hashes == 2 and l._chunk_len == 128  # pylint: disable=protected-access
                      for l in lsh)
+
+
+def test_char_config_is_the_main_job_s_model():
+  """The 'char' row: gin_configs/reformer_char_lm_base.gin's ReformerLM,
+  which draws nothing (dropout 0.0)."""
+  from tools.bench import model  # pylint: disable=g-import-not-at-top
+  from trax import layers as tl  # pylint: disable=g-import-not-at-top
+  cfg = configs.config('char')
+  assert (cfg['n_layers'], cfg['length'], cfg['d_model'], cfg['batch']) == (
+      4, 256, 128, 8)
+  assert configs.describe(cfg).endswith("no dropout (the main job's)")
+  net, _ = model.model_and_optimizer(configs.config('char', quick=True))
+
+  def sublayers(layer):
+    yield layer
+    for sub in layer.sublayers:
+      yield from sublayers(sub)
+  rates = [l._initial_rate for l in sublayers(net)  # pylint: disable=protected-access
+           if isinstance(l, tl.Dropout)]
+  assert rates and all(r == 0.0 for r in rates)

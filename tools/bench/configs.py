@@ -29,6 +29,8 @@ TRAINER_NAMES = {'default': 'default Trainer',
 # and the encoder-decoder attention with the file's chunk_len, n_buckets,
 # n_hashes and chunk windows, dropout 0.2, vocab 32000, Adafactor), at the
 # sizes of gin_configs/trax/scientific_papers_terraformer_cpu.gin.
+# 'char': the main job's ReformerLM (gin_configs/reformer_char_lm_base.gin):
+# no dropout.
 CONFIGS = {
     'l6': dict(n_layers=6, length=1024, d_model=128, batch=4),
     'l24': dict(n_layers=24, length=1024, d_model=128, batch=4),
@@ -38,6 +40,7 @@ CONFIGS = {
                  model='reformer', vocab=33300),
     'terraformer': dict(n_layers=2, length=256, d_model=64, batch=2,
                         model='terraformer', vocab=32000),
+    'char': dict(n_layers=4, length=256, d_model=128, batch=8, dropout=0.0),
 }
 _QUICK = {'length': 64, 'd_model': 32}
 VOCAB = 256  # token ids of every batch are below it
@@ -61,6 +64,8 @@ def describe(cfg):
   if cfg.get('model') == 'terraformer':
     return (f"encoder-decoder Terraformer (LSH), {cfg['n_layers']} + "
             f"{cfg['n_layers']} layers, vocab {cfg['vocab']}, {shape}")
+  if cfg.get('dropout') == 0.0:
+    return f"{cfg['n_layers']} layers, {shape}, no dropout (the main job's)"
   return f"{cfg['n_layers']} layers, {shape}"
 
 

@@ -1,8 +1,8 @@
 """Builds the benchmark's model under each trainer, and runs one step.
 
 The three trainers get the same model (a ReformerLM with full causal
-self-attention, dropout 0.1 and a byte vocabulary, or the config's
-encoder-decoder `Reformer`), the same initialization seed and Adam.
+self-attention, dropout 0.1 (none in 'char') and a byte vocabulary, or the
+config's encoder-decoder model), the same initialization seed and optimizer.
 """
 
 import functools
@@ -47,6 +47,34 @@ def _terraformer(cfg):
       mode='train')
 
 
+def model_and_optimizer(cfg):
+  """The config's model (trax layers, mode 'train', not initialized) and its
+  optimizer factory: (model, optimizer_fn)."""
+  # pylint: disable=g-import-not-at-top
+  from trax import layers as tl
+  from trax import models
+  from trax import optimizers
+  # pylint: enable=g-import-not-at-top
+  d = cfg['d_model']
+  if cfg.get('model') == 'terraformer':
+    return (_terraformer(cfg),
+            functools.partial(optimizers.Adafactor, **_ADAFACTOR))
+  if cfg.get('model') == 'reformer':
+    model = models.Reformer(
+        cfg['vocab'], d_model=d, d_ff=2 * d, n_encoder_layers=cfg['n_layers'],
+        n_decoder_layers=cfg['n_layers'], n_heads=4, dropout=0.1,
+        ff_dropout=0.1, ff_activation=tl.Relu, max_len=cfg['length'],
+        mode='train')
+    return model, functools.partial(optimizers.Adam, b1=0.9, b2=0.98,
+                                    eps=1e-9)
+  model = models.ReformerLM(
+      configs.VOCAB, d_model=d, d_ff=4 * d, d_attention_key=d // 4,
+      d_attention_value=d // 4, n_layers=cfg['n_layers'], n_heads=4,
+      dropout=cfg.get('dropout', 0.1), max_len=cfg['length'],
+      attention_type=tl.SelfAttention, mode='train')
+  return model, optimizers.Adam
+
+
 def build(spec, cfg):
   """Builds model + trainer; returns (trainer, weights_bytes, slots_bytes).
 
@@ -61,7 +89,6 @@ def build(spec, cfg):
   trax_import.import_trax()
   from trax import fastmath
   from trax import layers as tl
-  from trax import models
   from trax import optimizers
   from trax import shapes
   from trax.optimizers import trainer as stock_trainer
@@ -74,25 +101,7 @@ def build(spec, cfg):
   else:
     trax_revplus.deactivate()
   try:
-    d = cfg['d_model']
-    optimizer = optimizers.Adam
-    if cfg.get('model') == 'terraformer':
-      model = _terraformer(cfg)
-      optimizer = functools.partial(optimizers.Adafactor, **_ADAFACTOR)
-    elif cfg.get('model') == 'reformer':
-      model = models.Reformer(
-          cfg['vocab'], d_model=d, d_ff=2 * d, n_encoder_layers=cfg['n_layers'],
-          n_decoder_layers=cfg['n_layers'], n_heads=4, dropout=0.1,
-          ff_dropout=0.1, ff_activation=tl.Relu, max_len=cfg['length'],
-          mode='train')
-      optimizer = functools.partial(optimizers.Adam, b1=0.9, b2=0.98,
-                                    eps=1e-9)
-    else:
-      model = models.ReformerLM(
-          configs.VOCAB, d_model=d, d_ff=4 * d, d_attention_key=d // 4,
-          d_attention_value=d // 4, n_layers=cfg['n_layers'], n_heads=4,
-          dropout=0.1, max_len=cfg['length'],
-          attention_type=tl.SelfAttention, mode='train')
+    model, optimizer = model_and_optimizer(cfg)
     loss = tl.WeightedCategoryCrossEntropy()
     sig = shapes.signature(configs.batch(cfg))
     rng = fastmath.random.get_prng(0)
