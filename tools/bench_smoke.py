@@ -11,8 +11,7 @@ Runs the benchmark twice, as a user would:
   2. peak RSS of ours in a fresh process over 3 steps: a running peak per
      step, never falling, above the baseline from the first step on, and
      not above the process's peak read after the last step;
-  3. tools/step_floor.py on the 'char' config: one table row of positive
-     times.
+  3. tools/step_floor.py on the 'char' config: one table row of times.
 
 Prints one PASS or FAIL line per check; exit status 0 when all pass, 1
 otherwise.
@@ -121,7 +120,7 @@ def check_memory(checks, out_dir):
 
 
 def check_step_floor(checks):
-  """The floor tool's table: one row per config, positive times."""
+  """tools/step_floor.py's table: one row per config."""
   proc = subprocess.run(
       [sys.executable, _STEP_FLOOR, '--quick', '--configs=char',
        '--repeats=1'], capture_output=True, text=True, check=False)
@@ -131,8 +130,9 @@ def check_step_floor(checks):
     return
   rows = [line.split('|')[1:-1] for line in proc.stdout.splitlines()
           if line.startswith('| char |')]
-  checks.check('step_floor: one row for char, its times positive',
-               len(rows) == 1 and all(float(c) > 0 for c in rows[0][1:]),
+  # Times print to 0.1 ms: the loss layer's may round to 0 at quick sizes.
+  checks.check('step_floor: one row for char, its times not negative',
+               len(rows) == 1 and all(float(c) >= 0 for c in rows[0][1:]),
                proc.stdout[-500:])
 
 

@@ -8,17 +8,18 @@ copies, recomputation, host updates). For each config of tools/bench/ this
 times, in one process, round-robin over the functions so that machine load
 hits all alike, the median over `--repeats` calls of one compiled program:
 
-  grad          forward and gradient of the model and its loss, as trax's
-                default `Trainer` differentiates them (trax's reversible
-                layers and efficient attention recompute their forward in
-                the backward pass);
+  grad          forward and gradient in the weights of the model and its
+                loss, as trax's default `Trainer` differentiates them
+                (trax's reversible layers and efficient attention recompute
+                their forward in the backward pass);
   grad_kept     the same with every custom gradient off (autodiff keeps the
-                activations instead of recomputing them): what a schedule
-                without recomputation could save at most;
-  head_grad     forward and gradient of the loss layer alone (what follows
-                the last reversible block: trax's final norm, output
-                `Dense`, `LogSoftmax` and the loss), on its inputs: the
-                part no schedule of reversible layers changes.
+                activations instead of recomputing them): grad - grad_kept
+                is what dropping the recomputation would save;
+  head_grad     forward and gradient in the weights and inputs of the loss
+                layer alone (what follows the last reversible block, e.g.
+                ReformerLM's `Concatenate`, `LayerNorm`, `Dropout`, output
+                `Dense` and the cross-entropy with its log-softmax), on its
+                inputs: the part no schedule of reversible layers changes.
 
 A schedule that only removes work around the arithmetic stops at `grad`
 (plus its optimizer updates); one that lays the same arithmetic out
@@ -69,6 +70,8 @@ def _custom_gradient_classes(base):
 def _functions(cfg):
   """{name: (jitted function, arguments)} of the config's model."""
   # pylint: disable=g-import-not-at-top
+  from trax_revplus import trax_import
+  trax_import.import_trax()
   import jax
   from trax import fastmath
   from trax import layers as tl
@@ -88,13 +91,14 @@ def _functions(cfg):
   head_inputs = body(batch, rng=rng)
   head.init(shapes.signature(head_inputs), rng=rng)
 
-  def grad_of(layer, inputs):
+  def grad_of(layer, argnums=0):
     state, key = layer.state, fastmath.random.get_prng(1)
     return jax.jit(jax.grad(
-        lambda w, x: layer.pure_fn(x, w, state, key)[0], argnums=(0, 1),
+        lambda w, x: layer.pure_fn(x, w, state, key)[0], argnums=argnums,
         allow_int=True))
-  functions = {'grad': (grad_of(whole, batch), (whole.weights, batch)),
-               'head_grad': (grad_of(head, head_inputs),
+  functions = {'grad': (grad_of(whole), (whole.weights, batch)),
+               # The loss layer's input cotangent is part of every step.
+               'head_grad': (grad_of(head, argnums=(0, 1)),
                              (head.weights, head_inputs))}
   # A custom gradient is read when the function is traced: trace it with
   # every `has_backward` False, then restore the classes.
@@ -103,7 +107,7 @@ def _functions(cfg):
   try:
     for cls in saved:
       cls.has_backward = property(lambda self: False)
-    kept = grad_of(whole, batch)
+    kept = grad_of(whole)
     jax.block_until_ready(kept(whole.weights, batch))
   finally:
     for cls, prop in saved.items():
@@ -139,8 +143,8 @@ def main(argv):
     cfg = configs.config(name, _QUICK.value)
     seconds = _median_seconds(_functions(cfg), _REPEATS.value)
     g = seconds['grad']
-    print(f"| {name} | {g:.3f} | {seconds['grad_kept']:.3f} | "
-          f"{seconds['head_grad']:.3f} | {seconds['grad_kept'] / g:.2f} | "
+    print(f"| {name} | {g:.4f} | {seconds['grad_kept']:.4f} | "
+          f"{seconds['head_grad']:.4f} | {seconds['grad_kept'] / g:.2f} | "
           f"{seconds['head_grad'] / g:.2f} |", flush=True)
 
 

@@ -9,22 +9,37 @@ from tools import step_floor
 from tools.bench import configs
 
 
-def test_the_timed_programs_agree_and_the_layers_are_restored():
+def _classes_and_their_has_backward():
+  return {c: vars(c)['has_backward']
+          for c in step_floor._custom_gradient_classes(tl.Layer)}  # pylint: disable=protected-access
+
+
+def test_the_timed_programs_agree_and_only_grad_recomputes(monkeypatch):
   """`grad` (trax's custom gradients, recomputing) and `grad_kept` (plain
-  autodiff keeping activations) give the same weight gradients; the layer
-  classes' `has_backward` is as found afterwards; the loss layer's gradient
-  runs on the stack the blocks leave."""
-  before = {c: vars(c)['has_backward']
-            for c in step_floor._custom_gradient_classes(tl.Layer)}  # pylint: disable=protected-access
+  autodiff keeping activations) give the same weight gradients, only `grad`
+  runs the reversible layers' custom backward, the layer classes'
+  `has_backward` is as found afterwards, and the loss layer's gradient runs
+  on the stack the blocks leave."""
+  backward_calls = []
+  custom_backward = reversible.ReversibleLayer.backward
+
+  def counted_backward(self, *args, **kwargs):
+    backward_calls.append(type(self).__name__)
+    return custom_backward(self, *args, **kwargs)
+  monkeypatch.setattr(reversible.ReversibleLayer, 'backward',
+                      counted_backward)
+  before = _classes_and_their_has_backward()
   assert reversible.ReversibleLayer in before
+  # Traces (and runs once) grad_kept; grad and head_grad are traced when
+  # first called below.
   functions = step_floor._functions(configs.config('char', quick=True))  # pylint: disable=protected-access
   assert sorted(functions) == ['grad', 'grad_kept', 'head_grad']
-  after = {c: vars(c)['has_backward']
-           for c in step_floor._custom_gradient_classes(tl.Layer)}  # pylint: disable=protected-access
-  assert after == before
+  assert not backward_calls
+  assert _classes_and_their_has_backward() == before
   results = {name: fn(*args) for name, (fn, args) in functions.items()}
-  recomputed = jax.tree_util.tree_leaves(results['grad'][0])
-  kept = jax.tree_util.tree_leaves(results['grad_kept'][0])
+  assert backward_calls
+  recomputed = jax.tree_util.tree_leaves(results['grad'])
+  kept = jax.tree_util.tree_leaves(results['grad_kept'])
   assert len(recomputed) == len(kept) > 10
   assert max(float(np.max(np.abs(a - b)))
              for a, b in zip(recomputed, kept)) < 1e-5
@@ -32,3 +47,20 @@ def test_the_timed_programs_agree_and_the_layers_are_restored():
   head_weights_grads = jax.tree_util.tree_leaves(results['head_grad'][0])
   assert head_weights_grads and all(
       np.all(np.isfinite(g)) for g in head_weights_grads)
+
+
+def test_the_classes_are_restored_when_tracing_fails(monkeypatch):
+  """A failure while `grad_kept` is traced leaves every `has_backward` as
+  it was found."""
+  before = _classes_and_their_has_backward()
+
+  def fail(*args, **kwargs):
+    raise RuntimeError('tracing failed')
+  monkeypatch.setattr(jax, 'block_until_ready', fail)
+  try:
+    step_floor._functions(configs.config('char', quick=True))  # pylint: disable=protected-access
+  except RuntimeError as e:
+    assert str(e) == 'tracing failed'
+  else:
+    raise AssertionError('the failure did not propagate')
+  assert _classes_and_their_has_backward() == before
