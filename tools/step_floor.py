@@ -84,12 +84,11 @@ def _functions(cfg):
   rng = fastmath.random.get_prng(0)
   whole = tl.Serial(model, loss)
   whole.init(shapes.signature(batch), rng=rng)
+  # The blocks and the loss layer hold `whole`'s layers, initialized above.
   blocks, head = stock_trainer.extract_reversible_blocks([model, loss])
   # The loss layer's inputs: the stack the blocks leave, computed once.
   body = tl.Serial([tl.Serial(std, *revs) for std, revs in blocks])
-  body.init(shapes.signature(batch), rng=rng)
   head_inputs = body(batch, rng=rng)
-  head.init(shapes.signature(head_inputs), rng=rng)
 
   def grad_of(layer, argnums=0):
     state, key = layer.state, fastmath.random.get_prng(1)

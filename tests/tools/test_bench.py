@@ -183,15 +183,11 @@ def test_terraformer_config_builds_trax_s_lsh_terraformer():
   cfg = configs.config('terraformer', quick=True)
   assert configs.describe(cfg).startswith(
       'encoder-decoder Terraformer (LSH), 2 + 2 layers, vocab 32000')
+  from trax_revplus.trainer import attention_heads  # pylint: disable=g-import-not-at-top
   trainer, weights_bytes, slots_bytes = model.build('ours', cfg)
   assert weights_bytes > 32000 * cfg['d_model'] * 4 and slots_bytes > 0
-
-  def sublayers(layer):
-    yield layer
-    for sub in layer.sublayers:
-      yield from sublayers(sub)
   # By name: gin's registration wraps trax's attention classes.
-  lsh = [l for layer in trainer.all_layers for l in sublayers(layer)
+  lsh = [l for l in attention_heads.sublayers(trainer.all_layers)
          if type(l).__name__ == 'LSHSelfAttention']
   assert lsh and all(l._n_hashes == 2 and l._chunk_len == 128  # pylint: disable=protected-access
                      for l in lsh)
@@ -202,16 +198,12 @@ def test_char_config_is_the_main_job_s_model():
   which draws nothing (dropout 0.0)."""
   from tools.bench import model  # pylint: disable=g-import-not-at-top
   from trax import layers as tl  # pylint: disable=g-import-not-at-top
+  from trax_revplus.trainer import attention_heads  # pylint: disable=g-import-not-at-top
   cfg = configs.config('char')
   assert (cfg['n_layers'], cfg['length'], cfg['d_model'], cfg['batch']) == (
       4, 256, 128, 8)
-  assert configs.describe(cfg).endswith("no dropout (the main job's)")
+  assert configs.describe(cfg).endswith(', no dropout')
   net, _ = model.model_and_optimizer(configs.config('char', quick=True))
-
-  def sublayers(layer):
-    yield layer
-    for sub in layer.sublayers:
-      yield from sublayers(sub)
-  rates = [l._initial_rate for l in sublayers(net)  # pylint: disable=protected-access
+  rates = [l._initial_rate for l in attention_heads.sublayers([net])  # pylint: disable=protected-access
            if isinstance(l, tl.Dropout)]
   assert rates and all(r == 0.0 for r in rates)

@@ -65,7 +65,7 @@ def describe(cfg):
     return (f"encoder-decoder Terraformer (LSH), {cfg['n_layers']} + "
             f"{cfg['n_layers']} layers, vocab {cfg['vocab']}, {shape}")
   if cfg.get('dropout') == 0.0:
-    return f"{cfg['n_layers']} layers, {shape}, no dropout (the main job's)"
+    return f"{cfg['n_layers']} layers, {shape}, no dropout"
   return f"{cfg['n_layers']} layers, {shape}"
 
 
