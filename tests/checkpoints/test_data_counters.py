@@ -1,8 +1,10 @@
 """trax's data position resumes from the set; its file cannot stop a run.
 
-A counted stream resumes from the counters a load sets; an empty or garbage
-`data_counters0.pkl`, which stops trax's own reader, is skipped with a
-warning (or set aside for a stock Loop).
+A counted stream (train and eval) resumes from the counters a load sets; a
+set saved at an eval step keeps the eval position past the evals trax runs
+after the save; an empty or garbage `data_counters0.pkl`, which stops
+trax's own reader, is skipped with a warning (or set aside for a stock
+Loop).
 """
 
 import pytest
@@ -30,6 +32,24 @@ def test_train_stream_resumes_from_data_counters(tmp_path, monkeypatch):
   cases.assert_equal(first[0], next(resumed))
   # What Loop.load_checkpoint does: replace the counters dict.
   trax_inputs.data_counters = {data.TRAIN_COUNTER: 3}
+  cases.assert_equal(first[3], next(resumed))
+  cases.assert_equal(first[4], next(resumed))
+
+
+def test_eval_stream_resumes_from_data_counters(tmp_path, monkeypatch):
+  (tmp_path / 'a.txt').write_bytes(bytes(range(32, 127)) * 20)
+  monkeypatch.setattr(trax_inputs, 'data_counters', {})
+  corpus = data.load_corpus(paths=str(tmp_path / 'a.txt'), split_by='bytes',
+                            sequence_length=8, batch_size=2,
+                            eval_cycle_batches=5)
+  stream = corpus.eval_stream(1)
+  first = [next(stream) for _ in range(7)]
+  assert trax_inputs.data_counters[data.EVAL_COUNTER] == 7
+  cases.assert_equal(first[5], first[0])  # 5 batches a cycle.
+  assert any((a != b).any() for a, b in zip(first[0], first[1]))
+  resumed = corpus.eval_stream(1)
+  cases.assert_equal(first[0], next(resumed))
+  trax_inputs.data_counters = {data.EVAL_COUNTER: 3}
   cases.assert_equal(first[3], next(resumed))
   cases.assert_equal(first[4], next(resumed))
 

@@ -25,8 +25,10 @@ Modules, one job each:
   integrity       sizes and CRC-32s: `verify` a set, `describe_last_good`
   files           durable writes: fsync, atomic JSON replace
   atomicity       committing a staged set as a unit; cleaning up after kills
+  pending_evals   the evals trax runs after a step's save, taken as done
   loop_rng        the Loop's RNG kept and restored (dropout resumes exactly)
-  data_counters   trax's data position kept with the set, and its file
+  data_counters   trax's data position kept with the set (eval streams too),
+                  and its file
   saving          `save_checkpoint`: stage, describe, commit
   loading         `load_checkpoint`: verify, fall back to `.prev`, restore
   errors          `CheckpointError` and friends; telling a full disk

@@ -7,16 +7,24 @@ reading the file back in `Loop.__init__` before any checkpoint is loaded.
 Here the counts are part of each checkpoint set (its manifest) and restored
 with it; the file is still written where stock trax reads it, and a file
 that cannot be read no longer stops a run.
+
+An eval stream that keeps its position in the counters (it names its key
+in `data_counter`, as `trax_revplus.data.CountedStream` does) resumes too:
+trax runs a step's evals after it saves the step's checkpoint, so the set
+keeps the position those evals leave (`at_next_step`).
 """
 
+import contextlib
 import os
 import pickle
-from typing import Any
+from typing import Any, Iterator
 
 from absl import logging
 
 from trax.data import inputs as trax_inputs
 from trax.supervised import training
+
+from trax_revplus.checkpoints import pending_evals
 
 # trax's own reader, as bound when this module was imported.
 stock_load_data_counters = trax_inputs.load_data_counters
@@ -58,6 +66,37 @@ def read(path: str) -> tuple[dict[str, Any] | None, str]:
 def as_json() -> dict[str, int]:
   """trax's data counters now, as a manifest keeps them: {name: count}."""
   return {str(k): int(v) for k, v in trax_inputs.data_counters.items()}
+
+
+def at_next_step(loop: training.Loop) -> dict[str, int]:
+  """trax's data counters as a run without restart has them when its next
+  step begins: {name: count}.
+
+  The counter of each eval task's stream that keeps one (`data_counter`)
+  is moved past the batches the evals still to come at the Loop's step
+  take from it (`pending_evals`).
+  """
+  counters = as_json()
+  for task in pending_evals.tasks(loop):
+    name = getattr(task.labeled_data, 'data_counter', None)
+    if name in counters:
+      counters[name] += int(task.n_eval_batches)
+  return counters
+
+
+@contextlib.contextmanager
+def bound(counters: dict[str, int]) -> Iterator[None]:
+  """Binds trax's data counters to a copy of `counters` inside the block.
+
+  trax's `save_data_counters` writes the module's dict; the dict bound
+  before (which the streams keep counting in) is bound again after.
+  """
+  before = trax_inputs.data_counters
+  trax_inputs.data_counters = dict(counters)
+  try:
+    yield
+  finally:
+    trax_inputs.data_counters = before
 
 
 def restore(loop: training.Loop, counters: dict[str, int], basename: str,

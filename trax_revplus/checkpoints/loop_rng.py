@@ -15,35 +15,14 @@ from trax import layers as tl
 from trax.fastmath import numpy as jnp
 from trax.supervised import training
 
-
-def evals_to_come(loop: training.Loop) -> int:
-  """Keys the evals of the Loop's current step will still take from its RNG.
-
-  trax's `Loop.run` saves the checkpoint of step k before it runs the evals
-  of step k, and each eval batch takes a key from the Loop's RNG
-  (`Loop.new_rng`).
-
-  Returns:
-    Their number when the step is an eval step whose evals have not been
-    recorded in the Loop's history yet, else 0.
-  """
-  # pylint: disable=protected-access
-  eval_tasks = [t for t in getattr(loop, '_eval_tasks', ()) if t is not None]
-  eval_at = getattr(loop, '_eval_at', None)
-  if not eval_tasks or eval_at is None or not eval_at(loop.step):
-    return 0
-  # pylint: enable=protected-access
-  name = f'metrics/{eval_tasks[0].metric_names[0]}'
-  if any(step == loop.step for step, _ in loop.history.get('eval', name)):
-    return 0
-  return sum(int(t.n_eval_batches) for t in eval_tasks)
+from trax_revplus.checkpoints import pending_evals
 
 
 def rng_at_next_step(loop: training.Loop) -> Any:
   """The Loop's RNG as a run without restart has it when its next step begins.
 
   A run resumed from this checkpoint starts with the next step, so the keys
-  the evals of this step would still take (`evals_to_come`) are taken here,
+  the evals of this step would still take (`pending_evals`) are taken here,
   as `Loop.new_rng` takes them, for dropout after a restart to be what it
   would have been without one.
 
@@ -53,7 +32,7 @@ def rng_at_next_step(loop: training.Loop) -> Any:
   rng = getattr(loop, '_rng', None)
   if rng is None:
     return None
-  for _ in range(evals_to_come(loop)):
+  for _ in range(pending_evals.batches(loop)):
     rng, _ = fastmath.random.split(rng)
   return rng
 

@@ -10,7 +10,8 @@ A set `<basename>` in an output dir is the files trax writes,
   step: int, the training step of the set;
   files: {suffix: {'bytes': int, 'crc32': 8 hex digits}} per file;
   loop_rng: the Loop's random key (uint32 list) as its next step finds it;
-  data_counters: {name: int}, `trax.data.inputs.data_counters`;
+  data_counters: {name: int}, `trax.data.inputs.data_counters` as the
+    Loop's next step finds them (eval streams past the step's evals);
   manifest_crc32: CRC-32 of the manifest's other keys (compact JSON, keys
     sorted).
 

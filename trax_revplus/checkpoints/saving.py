@@ -3,8 +3,9 @@
 Stock trax writes the set's files into the staging directory
 `<basename>.tmp/` (removed first if a killed save left it); each file is
 flushed to the disk and described in the manifest (size, CRC-32), with the
-Loop's RNG at its next step and the data counters; `atomicity.commit_set`
-then installs the set. A failed save (e.g. a full disk) removes the staging
+Loop's RNG and the data counters as its next step finds them (past the
+evals trax runs after the save); `atomicity.commit_set` then installs the
+set. A failed save (e.g. a full disk) removes the staging
 directory; the sets already there are untouched.
 """
 
@@ -47,7 +48,9 @@ def save_checkpoint(loop: training.Loop, basename: str) -> None:
   Writes the files trax writes (same names and contents), plus
   `<basename>.manifest.json`, and keeps the set it replaces as
   `<basename>.prev.*`; see `trax_revplus.checkpoints`. Without an output
-  dir, or on a non-chief host, behaves as trax.
+  dir, or on a non-chief host, behaves as trax. On every host the data
+  counters written (the manifest's and `data_counters<host>.pkl`) are
+  those the Loop's next step finds (`data_counters.at_next_step`).
 
   Args:
     loop: the `training.Loop`.
@@ -60,9 +63,17 @@ def save_checkpoint(loop: training.Loop, basename: str) -> None:
     OSError: another failure to write; the sets already there stay
       loadable and nothing of this save is left behind.
   """
+  # trax writes data_counters<host>.pkl from trax's counters, on every host.
+  with data_counters.bound(data_counters.at_next_step(loop)):
+    _save(loop, basename)
+
+
+def _save(loop: training.Loop, basename: str) -> None:
+  """`save_checkpoint` with the data counters to keep bound."""
   directory = loop.output_dir
   if directory is None or not loop.is_chief:
-    return stock_save_checkpoint(loop, basename)
+    stock_save_checkpoint(loop, basename)
+    return
   step = int(loop.step)
   staging = manifest_lib.staging_path(directory, basename)
   try:

@@ -18,11 +18,12 @@ split and the NUL bytes that a text file practically never contains.
 
 The corpus of each split is one contiguous `uint8` buffer in host memory (one
 byte per token); batches are gathered from it, never re-read from disk.
-The train stream resumes: batch n is a function of `seed` and n only, and the
-stream keeps n in trax's data counters (`trax.data.inputs.data_counters`,
-name `TRAIN_COUNTER`), which trax's `Loop` saves with each checkpoint and
-loads before training; a restarted run continues with the batch after the
-checkpoint's step instead of the first. In a multi-process run
+The train and eval streams resume: batch n is a function of `seed` and n
+only, and each stream keeps n in trax's data counters
+(`trax.data.inputs.data_counters`, names `TRAIN_COUNTER` and
+`EVAL_COUNTER`), which a checkpoint keeps and a load restores; a restarted
+run continues with the batches an uninterrupted run would have read, not
+the first. In a multi-process run
 (`jax.distributed`) each process reads its own rows of the same global
 batch. Nothing here touches the network. TFDS datasets remain usable through trax's
 own `trax.data.batcher` / `data_streams` configs.
@@ -38,6 +39,8 @@ from trax_revplus.data.corpus_files import resolve_paths
 from trax_revplus.data.corpus_files import split_files
 from trax_revplus.data.local_text import load_corpus
 from trax_revplus.data.local_text import local_text_inputs
+from trax_revplus.data.streams import CountedStream
+from trax_revplus.data.streams import EVAL_COUNTER
 from trax_revplus.data.streams import LocalTextCorpus
 from trax_revplus.data.streams import PAD_ID
 from trax_revplus.data.streams import TRAIN_COUNTER
@@ -45,7 +48,8 @@ from trax_revplus.data.streams import VOCAB_SIZE
 
 __all__ = [
     'CorpusError', 'CorpusSettingError', 'DEFAULT_EXCLUDED_DIRS',
-    'LocalTextCorpus', 'PAD_ID', 'TRAIN_COUNTER', 'VOCAB_SIZE',
+    'CountedStream', 'EVAL_COUNTER', 'LocalTextCorpus', 'PAD_ID',
+    'TRAIN_COUNTER', 'VOCAB_SIZE',
     'default_corpus_files', 'default_corpus_root', 'load_corpus',
     'local_text_inputs', 'read_bytes', 'resolve_paths', 'split_files',
 ]

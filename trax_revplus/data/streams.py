@@ -1,9 +1,10 @@
 """Train and eval batch streams over a corpus held in host memory.
 
-The train stream resumes: batch n is a function of `seed` and n only, and the
+Both streams resume: batch n is a function of `seed` and n only, and each
 stream keeps n in trax's data counters (`trax.data.inputs.data_counters`,
-name `TRAIN_COUNTER`). In a multi-process run each process reads its own rows
-of the same global batch.
+names `TRAIN_COUNTER` and `EVAL_COUNTER`), which a checkpoint set keeps and
+restores. In a multi-process run each process reads its own rows of the same
+global train batch.
 """
 
 import numpy as np
@@ -14,8 +15,9 @@ from trax_revplus.data.errors import CorpusSettingError
 VOCAB_SIZE = 256
 PAD_ID = 0
 
-# Key of the train stream's position in trax's data counters.
+# Keys of the streams' positions in trax's data counters.
 TRAIN_COUNTER = 'trax_revplus.data.local_text_inputs/train'
+EVAL_COUNTER = 'trax_revplus.data.local_text_inputs/eval'
 
 
 def _check_divisible(name, batch_size, n_devices):
@@ -65,6 +67,38 @@ def _batch(buffer, offsets, sequence_length):
   tokens[padded] = PAD_ID
   weights = (tokens != PAD_ID).astype(np.float32)
   return tokens, tokens.copy(), weights
+
+
+class CountedStream:
+  """An endless stream whose position lives in trax's data counters.
+
+  Batch n is `batch_fn(n)`; the position (the number of batches yielded) is
+  `trax.data.inputs.data_counters[data_counter]`. It is read at every batch,
+  since trax's `Loop` replaces the whole dict when it loads the counters of
+  a checkpoint, and the stream jumps ahead to a raised counter.
+
+  Attributes:
+    data_counter: str, the stream's key in `trax.data.inputs.data_counters`
+      (a checkpoint save finds the eval stream's key here to account for
+      the eval batches a step's evals take after its checkpoint).
+  """
+
+  def __init__(self, data_counter, batch_fn):
+    self.data_counter = data_counter
+    self._batch_fn = batch_fn
+    self._index = 0
+    trax_inputs.data_counters[data_counter] = 0
+
+  def __iter__(self):
+    return self
+
+  def __next__(self):
+    self._index = max(self._index,
+                      trax_inputs.data_counters.get(self.data_counter, 0))
+    batch = self._batch_fn(self._index)
+    self._index += 1
+    trax_inputs.data_counters[self.data_counter] = self._index
+    return batch
 
 
 class LocalTextCorpus:
@@ -138,8 +172,9 @@ class LocalTextCorpus:
     _check_divisible('batch_size', self._batch_size, n_devices)
     _check_process_split(self._batch_size, n_devices, process_index,
                          process_count)
-    trax_inputs.data_counters[TRAIN_COUNTER] = 0
-    return self._train_batches(process_index, process_count)
+    return CountedStream(
+        TRAIN_COUNTER,
+        lambda index: self.train_batch(index, process_index, process_count))
 
   def train_batch(self, index, process_index=0, process_count=1):
     """Returns training batch number `index` (int >= 0) of the stream.
@@ -161,17 +196,6 @@ class LocalTextCorpus:
     offsets = offsets[process_index * rows:(process_index + 1) * rows]
     return _batch(self.train_bytes, offsets, self._sequence_length)
 
-  def _train_batches(self, process_index, process_count):
-    index = 0
-    while True:
-      # Read at every batch: trax's Loop replaces the whole dict when it
-      # loads the counters of a checkpoint.
-      index = max(index, trax_inputs.data_counters.get(TRAIN_COUNTER, 0))
-      batch = self.train_batch(index, process_index, process_count)
-      index += 1
-      trax_inputs.data_counters[TRAIN_COUNTER] = index
-      yield batch
-
   def eval_stream(self, n_devices):
     """Returns an endless iterator cycling over fixed eval windows.
 
@@ -183,21 +207,32 @@ class LocalTextCorpus:
       n_devices: int, number of devices the batch is split over.
 
     Returns:
-      Iterator of (inputs, targets, weights) with shapes
-      (eval_batch_size, sequence_length), dtypes int32, int32, float32;
-      every call yields the same batches in the same order.
+      `CountedStream` of (inputs, targets, weights) with shapes
+      (eval_batch_size, sequence_length), dtypes int32, int32, float32:
+      `eval_batch(0)`, `eval_batch(1)`, ... Making the stream sets its
+      position (`trax.data.inputs.data_counters[EVAL_COUNTER]`) to 0; when
+      that counter is later raised (a checkpoint set restored), the stream
+      jumps ahead to it, so a resumed run's evals score the batches an
+      uninterrupted run's would.
 
     Raises:
       CorpusSettingError: If eval_batch_size is not divisible by n_devices.
     """
     _check_divisible('eval_batch_size', self._eval_batch_size, n_devices)
-    return self._eval_batches()
+    return CountedStream(EVAL_COUNTER, self.eval_batch)
 
-  def _eval_batches(self):
+  def eval_batch(self, index):
+    """Returns eval batch number `index` (int >= 0) of the stream.
+
+    Batch n holds the eval windows n * eval_batch_size onwards, wrapping
+    around at the last window (see `local_text_inputs`'s
+    `eval_cycle_batches`).
+
+    Returns:
+      (inputs, targets, weights), each of shape
+      (eval_batch_size, sequence_length).
+    """
     offsets = self._eval_offsets
-    position = 0
-    while True:
-      take = np.arange(position, position + self._eval_batch_size)
-      yield _batch(self.eval_bytes, offsets[take % len(offsets)],
-                   self._sequence_length)
-      position = (position + self._eval_batch_size) % len(offsets)
+    take = index * self._eval_batch_size + np.arange(self._eval_batch_size)
+    return _batch(self.eval_bytes, offsets[take % len(offsets)],
+                  self._sequence_length)
