@@ -143,9 +143,18 @@ def train(out_dir):
   return index
 
 
-def main():
-  parser = argparse.ArgumentParser()
-  parser.add_argument('out_dir')
+def joined(parser):
+  """Parses the worker's arguments and the launcher's flags; joins the run.
+
+  Args:
+    parser: `argparse.ArgumentParser` with the worker's own arguments; the
+      launcher's `--num_processes`, `--process_id` and
+      `--coordinator_address` are added here.
+
+  Returns:
+    (args, None) once joined, with trax imported; (args, exit status) if
+    joining failed (its line printed on stderr).
+  """
   parser.add_argument('--num_processes', type=int)
   parser.add_argument('--process_id', type=int)
   parser.add_argument('--coordinator_address')
@@ -156,9 +165,18 @@ def main():
     join.initialize(config, error_prefix='error: ')
   except errors.DistributedError as e:
     print(f'error: {e}', file=sys.stderr, flush=True)
-    return e.exit_code
+    return args, e.exit_code
   from trax_revplus import trax_import  # pylint: disable=g-import-not-at-top
   trax_import.import_trax()
+  return args, None
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument('out_dir')
+  args, failed = joined(parser)
+  if failed is not None:
+    return failed
   index = train(args.out_dir)
   print(f'process {index}: done', flush=True)
   return 0

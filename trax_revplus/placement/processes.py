@@ -65,7 +65,11 @@ class Processes:
     self.local_devices = list(local)
     self.global_devices = list(jax.devices())
     self.mesh = Mesh(np.array(self.global_devices), (AXIS_NAME,))
-    self._replicated = NamedSharding(self.mesh, PartitionSpec())
+    # One compiled gather per argument types for the whole run: a jit of a
+    # fresh function at each call would trace and compile again every time.
+    self._gather = jax.jit(_identity,
+                           out_shardings=NamedSharding(self.mesh,
+                                                       PartitionSpec()))
 
   @property
   def n_local(self) -> int:
@@ -107,7 +111,7 @@ class Processes:
              if isinstance(x, jax.Array) and not x.is_fully_addressable]
     if not where:
       return tree
-    gathered = _gather(self._replicated)([leaves[i] for i in where])
+    gathered = self._gather([leaves[i] for i in where])
     gathered = jax.block_until_ready(gathered)
     for i, x in zip(where, gathered):
       leaves[i] = x
@@ -134,10 +138,10 @@ def least_over_processes(value: int) -> int:
   return int(np.ascontiguousarray(gathered, np.int32).view(np.int64).min())
 
 
-def _gather(sharding):
-  """A compiled identity whose results are replicated on `sharding`'s mesh
-  (XLA all-gathers each per-device input)."""
-  return jax.jit(lambda leaves: leaves, out_shardings=sharding)
+def _identity(leaves):
+  """The gather's function: jitted with replicated outputs, XLA all-gathers
+  each per-device input."""
+  return leaves
 
 
 __all__: List[str] = ['Processes']
