@@ -26,11 +26,16 @@ import trax_revplus
 _SHARED = {}
 
 
+def batch(k):
+  """Batch number k (int >= 0) of `batches`."""
+  x = (np.arange(8).reshape((2, 4)) + k) % 9
+  return (x, (2 * x + 1) % 9, np.ones_like(x, dtype=np.float32))
+
+
 def batches():
   k = 0
   while True:
-    x = (np.arange(8).reshape((2, 4)) + k) % 9
-    yield (x, (2 * x + 1) % 9, np.ones_like(x, dtype=np.float32))
+    yield batch(k)
     k += 1
 
 
@@ -43,7 +48,7 @@ def model():
       tl.LogSoftmax())
 
 
-def make_loop(output_dir, evals=False):
+def make_loop(output_dir, evals=False, eval_stream=None):
   trax_revplus.activate()
   # As in a fresh process; trax's count_and_skip makes the stream resumable
   # from the data counters a checkpoint restores.
@@ -52,8 +57,10 @@ def make_loop(output_dir, evals=False):
   task = training.TrainTask(stream, tl.CrossEntropyLoss(),
                             optimizers.Adam, n_steps_per_checkpoint=3)
   # With evals, trax evaluates at its checkpoint steps (1, 3, 6), after it
-  # saves, and each eval batch takes a key from the Loop's RNG.
-  eval_tasks = ([training.EvalTask(batches(), [tl.CrossEntropyLoss()],
+  # saves, and each eval batch takes a key from the Loop's RNG (and a batch
+  # from `eval_stream`, by default an uncounted `batches()`).
+  eval_tasks = ([training.EvalTask(eval_stream or batches(),
+                                   [tl.CrossEntropyLoss()],
                                    n_eval_batches=2)] if evals else None)
   return training.Loop(model(), [task], eval_tasks=eval_tasks,
                        output_dir=str(output_dir), random_seed=0,

@@ -7,6 +7,9 @@ trax's own reader, is skipped with a warning (or set aside for a stock
 Loop).
 """
 
+import json
+import pickle
+
 import pytest
 
 from trax.data import inputs as trax_inputs
@@ -52,6 +55,27 @@ def test_eval_stream_resumes_from_data_counters(tmp_path, monkeypatch):
   trax_inputs.data_counters = {data.EVAL_COUNTER: 3}
   cases.assert_equal(first[3], next(resumed))
   cases.assert_equal(first[4], next(resumed))
+
+
+def test_a_set_saved_before_its_steps_evals_keeps_their_position(tmp_path):
+  name = 'test_checkpoints/eval'
+  loop = cases.make_loop(tmp_path, evals=True,
+                         eval_stream=data.CountedStream(name, cases.batch))
+  # The sample batch (1), the evals of step 1 (2 batches), then the set of
+  # step 3 before its evals; the position it keeps is the one after them.
+  loop.run(3)
+  assert trax_inputs.data_counters[name] == 1 + 2 + 2
+  manifest = json.loads((tmp_path / 'model.manifest.json').read_text())
+  assert manifest['step'] == 3
+  assert manifest['data_counters'][name] == 5
+  with open(tmp_path / 'data_counters0.pkl', 'rb') as f:
+    assert pickle.load(f) == manifest['data_counters']
+  resumed = cases.make_loop(tmp_path, evals=True,
+                            eval_stream=data.CountedStream(name, cases.batch))
+  assert resumed.step == 3
+  assert trax_inputs.data_counters[name] == 5
+  eval_task = resumed._eval_tasks[0]  # pylint: disable=protected-access
+  cases.assert_equal(eval_task.next_batch(), cases.batch(5))
 
 
 def test_unreadable_data_counters_file_is_ignored(tmp_path, monkeypatch,
