@@ -26,6 +26,7 @@ setuptools.setup(
         'gin-config>=0.5.0,<0.6',
         'absl-py>=2.1,<3',
         'psutil>=7.0,<8',
+        'filelock>=3.12,<5',
         'matplotlib>=3.8,<3.12',
     ],
     extras_require={

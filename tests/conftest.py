@@ -67,6 +67,11 @@ def pytest_configure(config):
   # stderr those tests read.
   cache_dir = tempfile.mkdtemp(prefix='trax_revplus_tests_xla_cache_')
   config.stash[_CACHE_DIR] = cache_dir
+  # `trax-revplus train` and `estimate` keep a compilation cache of their
+  # own by default, in the user's cache directory: the runs the tests start
+  # (in this process or others) share one under the process's, never the
+  # user's, and each run's JAX settings are restored after it.
+  os.environ['XDG_CACHE_HOME'] = os.path.join(cache_dir, 'user_cache')
   jax.config.update('jax_compilation_cache_dir', cache_dir)
   jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
   jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)

@@ -163,6 +163,60 @@ def _manifest_counters(path):
   return manifest['step'], manifest['data_counters']
 
 
+def test_a_resumed_run_reads_its_programs_from_the_compilation_cache(
+    ours_run, tmp_path, capsys):
+  del capsys
+  path = _copy_run(ours_run, tmp_path)
+  # In a process of its own, as `ours_run` trained: this process compiles
+  # under the suite's settings (conftest), other cache keys.
+  result = _run(_train_args(MAIN, str(path)) + ['--config=train.steps = 4'])
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert 'programs read from the compilation cache' in _summary(
+      result.stdout)['train time']
+
+
+def test_out_of_device_memory_is_one_line_and_keeps_the_checkpoint(
+    ours_run, tmp_path, capsys, monkeypatch):
+  from trax_revplus import checkpoints  # pylint: disable=g-import-not-at-top
+  from trax_revplus.trainer import step_context  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  path = _copy_run(ours_run, tmp_path)
+  call = step_context.StepContext.call
+
+  def short_of_memory(*args):
+    del args
+    raise jax.errors.JaxRuntimeError(
+        'RESOURCE_EXHAUSTED: Out of memory while trying to allocate 4096 '
+        'bytes.')
+
+  def failing(self, fn, args):  # The device is short from step 5 on.
+    return call(self, short_of_memory if self.step >= 5 else fn, args)
+  monkeypatch.setattr(step_context.StepContext, 'call', failing)
+  # Resumed at step 3: step 4 trains (and is checkpointed), step 5 fails.
+  code, out, err = _resume(capsys, path, steps=6)
+  assert code == 1
+  assert 'step 4/6  loss' in out
+  line = _one_line_error(err)
+  assert line.startswith('trax-revplus train: error: out of device memory in ')
+  assert 'at step 5: it asked for 4.0 KiB' in line
+  assert 'device_memory_budget_bytes' in line
+  ok, manifest, reason = checkpoints.verify(str(path), 'model')
+  assert ok, reason
+  assert manifest['step'] == 4
+
+
+def test_an_unwritable_compilation_cache_is_one_line(tmp_path, capsys):
+  blocker = tmp_path / 'a_file'
+  blocker.write_text('')
+  code, out, err = _main(capsys, *_train_args(MAIN, str(tmp_path / 'run')),
+                         f'--compilation_cache_dir={blocker}/cache')
+  assert code == 2 and not out
+  line = _one_line_error(err)
+  assert f'{blocker}/cache cannot be written' in line
+  assert '--nocompilation_cache' in line
+  assert not (tmp_path / 'run').exists()
+
+
 @pytest.mark.parametrize('content', [b'', b'\x80\x04garbage'],
                          ids=['empty', 'garbage'])
 def test_damaged_data_counters_file_resumes_from_the_verified_set(

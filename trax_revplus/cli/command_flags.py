@@ -126,6 +126,7 @@ def add_train(commands) -> None:
            '1 + N, 1 + 2N, ... also get records of their phases. Binds '
            'trax_revplus.ReversibleSerialTrainer.memory_log_every_n_steps '
            '(default: the config\'s, else 100).')
+  add_compilation_cache_flags(parser)
   parser.add_argument(
       '--implementation', action=Once, choices=IMPLEMENTATIONS,
       default='config', metavar='config|stock|revplus',
@@ -135,6 +136,21 @@ def add_train(commands) -> None:
            'even if the config has that line) or revplus (trax_revplus, '
            'even if it does not) (default: %(default)s).')
   _add_distributed_flags(parser)
+
+
+def add_compilation_cache_flags(parser: argparse.ArgumentParser) -> None:
+  """--compilation_cache_dir and --nocompilation_cache (train, estimate)."""
+  group = parser.add_mutually_exclusive_group()
+  group.add_argument(
+      '--compilation_cache_dir', action=Once, type=path, default='auto',
+      metavar='DIR',
+      help='JAX\'s persistent compilation cache: programs compiled once are '
+           'written here and read back by every later run (a resume, a '
+           'second run of the config) instead of compiled again. Default: '
+           '$XDG_CACHE_HOME/trax_revplus/jax (~/.cache/trax_revplus/jax).')
+  group.add_argument(
+      '--nocompilation_cache', action='store_true',
+      help='Compile every program afresh; read and write no cache.')
 
 
 def _add_distributed_flags(parser: argparse.ArgumentParser) -> None:
@@ -276,6 +292,7 @@ def add_estimate(commands) -> None:
       metavar='N',
       help="Devices trax_revplus's trainer runs on (default: %(default)s); "
            "trax's trainers are accounted on one.")
+  add_compilation_cache_flags(parser)
   parser.add_argument(
       '--json', action=Once, type=path, metavar='PATH',
       help='Also write the figures as JSON to PATH (checked before anything '

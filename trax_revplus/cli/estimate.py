@@ -30,6 +30,7 @@ from trax_revplus import notices
 from trax_revplus import output_files
 from trax_revplus import validation
 from trax_revplus.byte_sizes import format_bytes
+from trax_revplus.cli import cache_flags
 from trax_revplus.cli import gin_config
 from trax_revplus.cli import noise
 from trax_revplus.cli import parsed_config
@@ -238,6 +239,7 @@ def run(flags: argparse.Namespace) -> int:
   if flags.json:
     output_files.check(flags.json, '--json', allow_stdout=True)
   config_files, bindings = configs_from_flags(flags)
+  cache_dir = cache_flags.directory_from_flags(flags)
   gin_config.import_trax_quietly()
   gin_config.parse_configs(config_files, bindings)
   # Not `no_effect_warnings`: estimate builds trax_revplus's trainer with
@@ -252,7 +254,7 @@ def run(flags: argparse.Namespace) -> int:
   # A setting the budget's plan replaces is one warning line (`notices`).
   with noise.route_warnings(std_logging.NullHandler(),
                             std_logging.StreamHandler(sys.stderr)), \
-      notices.listening(_print_notice):
+      notices.listening(_print_notice), cache_flags.enabled(cache_dir):
     backend, results, plan_line, batch, budget, plans = estimate(
         device_memory_bytes, flags.n_devices, bindings)
   if budget is not None:

@@ -17,6 +17,7 @@ from typing import Sequence
 from trax_revplus.byte_sizes import format_bytes
 from trax_revplus.cli import build_errors
 from trax_revplus.cli import preflight
+from trax_revplus.device_memory import out_of_memory
 from trax_revplus.errors import EXIT_RUNTIME
 from trax_revplus.errors import EXIT_USAGE
 from trax_revplus.errors import one_line
@@ -120,6 +121,7 @@ def user_error(error: Exception, output_dir: str, steps_started: bool,
   # pylint: disable=g-import-not-at-top
   from trax_revplus import checkpoints
   from trax_revplus import data
+  from trax_revplus import trainer
   from trax_revplus import validation
   # pylint: enable=g-import-not-at-top
   if isinstance(error, checkpoints.CheckpointWriteError):
@@ -152,6 +154,14 @@ def user_error(error: Exception, output_dir: str, steps_started: bool,
   if isinstance(error, validation.NonFiniteError):
     return UserError(f'{type(error).__name__}: {one_line(error)}',
                      EXIT_RUNTIME)
+  if isinstance(error, trainer.DeviceOutOfMemoryError):
+    return UserError(one_line(error, context=False), EXIT_RUNTIME)
+  if out_of_memory.is_out_of_memory(error):  # trax's trainers, evals
+    return UserError(
+        f'out of device memory: {out_of_memory.first_line(error)}; use a '
+        f'smaller batch or shorter sequences (trax_revplus plans its steps '
+        f'to fit the device); the last checkpoint is the one to resume from',
+        EXIT_RUNTIME)
   if checkpoints.is_disk_full(error):
     remove_partial_files(output_dir)
     what = getattr(error, 'filename', None) or _last_line(str(error))

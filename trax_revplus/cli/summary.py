@@ -67,6 +67,10 @@ def _train_time(summary: dict[str, Any]) -> str | None:
     word = 'step' if len(compiling) == 1 else 'steps'
     text += (f' ({len(compiling)} compiling {word}, {seconds:.1f} s, left '
              f'out: {word} {steps})')
+  cached = summary.get('programs_from_cache')
+  if cached:
+    text += (f'; {cached} {"program" if cached == 1 else "programs"} read '
+             f'from the compilation cache')
   return text
 
 

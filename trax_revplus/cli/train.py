@@ -34,6 +34,7 @@ from typing import Any
 
 from trax_revplus import interrupt
 from trax_revplus.cli import build_errors
+from trax_revplus.cli import cache_flags
 from trax_revplus.cli import failures
 from trax_revplus.cli import gin_config
 from trax_revplus.cli import distributed_flags
@@ -267,6 +268,7 @@ def run(flags: argparse.Namespace) -> int:
   output_dir = os.path.expanduser(
       flags.output_dir or output_dirs.default_output_dir(config_files))
   output_dirs.check_writable(output_dir)
+  cache_dir = cache_flags.directory_from_flags(flags)
   stop = interrupt.StopOnSignal(notify=_signal_notice)
   with stop:
     try:
@@ -275,10 +277,11 @@ def run(flags: argparse.Namespace) -> int:
     except interrupt.Interrupted as e:
       raise _interrupted(e, output_dir) from None
     if not config.is_multi_process:
-      return _run(flags, config_files, bindings, output_dir, None, stop)
+      return _run(flags, config_files, bindings, output_dir, None, stop,
+                  cache_dir)
     try:
       return _run(flags, config_files, bindings, output_dir,
-                  processes.process_index(), stop)
+                  processes.process_index(), stop, cache_dir)
     except UserError as e:
       if e.exit_code > 128 and stop.stopped_at_step is not None:
         raise  # Every process stopped after one step: they end together.
@@ -309,9 +312,10 @@ def _interrupted(e: interrupt.Interrupted, output_dir: str) -> UserError:
 
 def _run(flags: argparse.Namespace, config_files: list[str],
          bindings: list[str], output_dir: str, process: int | None,
-         stop: interrupt.StopOnSignal) -> int:
+         stop: interrupt.StopOnSignal, cache_dir: str | None) -> int:
   """`run` once joined; `process` is this process's index in a
-  multi-process run, else None."""
+  multi-process run, else None; `cache_dir` the compilation cache's
+  directory, or None (none)."""
   # Process 0 alone holds the lock of a run's shared output dir.
   lock = output_dirs.OutputDirLock(output_dir, f'{PROG} train')
   lock_if_chief = (lambda: None) if process else functools.partial(_lock,
@@ -337,7 +341,8 @@ def _run(flags: argparse.Namespace, config_files: list[str],
     if not locked:
       lock_if_chief()
     with run_log.run_logging(output_dir, import_messages, process,
-                      tuple(warnings)) as log_path:
+                             tuple(warnings)) as log_path, \
+        cache_flags.enabled(cache_dir):
       return _train(output_dir, callbacks, log_path, stop, bindings,
                     process is not None)
   except interrupt.Interrupted as e:

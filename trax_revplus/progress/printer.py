@@ -127,6 +127,7 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
     self._figures = run_stats_lib.StepFigures(
         getattr(loop, '_trainer_per_task', ()))
     CompileCounter.snapshot()  # Listens from now on.
+    self._cache_hits_at_start = CompileCounter.cache_hits()
     self._observe_step_results(loop)
     self._inputs = StepInputs(loop)
 
@@ -317,6 +318,9 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
         'steps_per_second' (float or None): steps_run / train_seconds.
         'compiling_steps' (list of (step, seconds, programs)): the steps
           during which JAX compiled, their seconds and programs compiled.
+        'programs_from_cache' (int): programs read back from JAX's
+          persistent compilation cache instead of compiled, since this
+          printer began (the build's and evals' too).
         'steps_per_second_without_compiling' (float or None): over the
           other steps.
         'final_train_loss' (float or None): mean loss of the last printed
@@ -347,6 +351,8 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
         'steps_per_second': (self._steps_run / self._train_seconds
                              if self._train_seconds > 0 else None),
         'compiling_steps': list(self._compiling_steps),
+        'programs_from_cache': (CompileCounter.cache_hits() -
+                                self._cache_hits_at_start),
         'steps_per_second_without_compiling': (
             plain_steps / plain_seconds
             if plain_steps and plain_seconds > 0 else None),

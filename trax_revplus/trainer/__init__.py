@@ -1,6 +1,7 @@
 """The memory-efficient reversible trainer, split by job.
 
 Public names: `ReversibleSerialTrainer`, `init_reversible_blocks`,
+`DeviceOutOfMemoryError` (a step that ran out of device memory),
 `extract_reversible_blocks` (trax's, reused as is), `TrainerOptions` and
 `validate_gin_bindings` (the settings beyond trax's, checked without making
 a trainer).
@@ -30,6 +31,7 @@ Modules, from the schedule down:
   fused_fns   the fused loss program's function
   slices      the same functions over batch slices
   loss_slices how slices of a loss combine; the loss programs over slices
+  oom_report  the one line a step's out-of-memory error becomes
   commit      the step's update sink: committing updates to the host; the
               non-finite guard
   store       layers, optimizers, host weights / state / slots
@@ -40,6 +42,7 @@ Modules, from the schedule down:
 from trax.optimizers import trainer as _stock_trainer
 
 from trax_revplus.trainer.init import init_reversible_blocks
+from trax_revplus.trainer.oom_report import DeviceOutOfMemoryError
 from trax_revplus.trainer.options import TrainerOptions
 from trax_revplus.trainer.options import validate_gin_bindings
 from trax_revplus.trainer.trainer import ReversibleSerialTrainer
@@ -51,6 +54,7 @@ init_reversible_blocks.__module__ = __name__
 # trax's block extraction is backend-neutral and reused as is.
 extract_reversible_blocks = _stock_trainer.extract_reversible_blocks
 
-__all__ = ['ReversibleSerialTrainer', 'TrainerOptions',
+__all__ = ['DeviceOutOfMemoryError', 'ReversibleSerialTrainer',
+           'TrainerOptions',
            'extract_reversible_blocks', 'init_reversible_blocks',
            'validate_gin_bindings']

@@ -207,14 +207,7 @@ class AheadOfTime(step_run_lib.StepRun):
     return _fresh(self._placement.per_device_types(programs.outputs(key)))
 
   def _name(self):
-    unit = self._unit
-    first, last = unit.layers[0], unit.layers[-1]
-    if self.phase == 'loss':
-      return (f'loss layer {last} ({self._layers[last].name})'
-              if first == last else f'loss program, layers {first}..{last}')
-    if first == last:
-      return f'{self.phase} layer {first} ({self._layers[first].name})'
-    return f'{self.phase} layers {first}..{last}'
+    return step_run_lib.call_name(self.phase, self._unit, self._layers)
 
   # The figures.
 

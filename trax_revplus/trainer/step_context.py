@@ -58,6 +58,10 @@ class StepContext(step_run_lib.StepRun):
     step: int, the training step.
     unit_start_seconds: time.time() when the current unit's parameters
       were ready (its call began).
+    calling: the name of the last call dispatched (`step_run.call_name`),
+      or None before the first: where a device error of the step arose.
+    planned_peak_bytes: the step's accounted peak device bytes, or None
+      where it was not accounted.
   """
 
   def __init__(self, planned, step, batch, rngs, step_placed, parts):
@@ -67,6 +71,10 @@ class StepContext(step_run_lib.StepRun):
     self.units = planned.units
     self.step = step
     self.unit_start_seconds = None
+    self.calling = None
+    self.planned_peak_bytes = (None if planned.memory is None else
+                               planned.memory.peak_device_bytes)
+    self._unit = None
     self._batch = batch
     self._placement = parts.placement
     self._store = parts.store
@@ -183,6 +191,8 @@ class StepContext(step_run_lib.StepRun):
     return self._placement.per_device(states)
 
   def call(self, fn: Callable[..., Any], args: tuple) -> PyTree:
+    self.calling = step_run_lib.call_name(self.phase, self._unit,
+                                          self._store.layers)
     return fn(*args)
 
   def gradients_from_host(self, layers: list[int],
@@ -196,6 +206,7 @@ class StepContext(step_run_lib.StepRun):
   def params(self, unit, following,
              with_slots: bool) -> tuple[list[PyTree], list[PyTree] | None]:
     params = super().params(unit, following, with_slots)
+    self._unit = unit
     self.unit_start_seconds = time.time()
     return params
 

@@ -110,6 +110,24 @@ class CopyBack:
     return [updates for _, updates, _ in self._pending]
 
 
+def call_name(phase: str, unit, layers) -> str:
+  """What the memory figures and errors call a unit's call in `phase`, e.g.
+  'backward layers 3..6', 'loss layer 9 (Serial)'.
+
+  Args:
+    phase: 'forward', 'loss' or 'backward'.
+    unit: the unit called (its `layers`, indices in forward order).
+    layers: the trainer's layers, by index.
+  """
+  first, last = unit.layers[0], unit.layers[-1]
+  if phase == 'loss':
+    return (f'loss layer {last} ({layers[last].name})'
+            if first == last else f'loss program, layers {first}..{last}')
+  if first == last:
+    return f'{phase} layer {first} ({layers[first].name})'
+  return f'{phase} layers {first}..{last}'
+
+
 class StepRun(abc.ABC):
   """What a walk over a plan's units runs on; one per walk.
 

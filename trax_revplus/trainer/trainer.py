@@ -31,12 +31,14 @@ from trax_revplus import device_memory as device_memory_lib
 from trax_revplus import memory
 from trax_revplus import placement as placement_lib
 from trax_revplus import validation
+from trax_revplus.device_memory import out_of_memory
 from trax_revplus.memory import host_release
 from trax_revplus.trainer import budget as budget_lib
 from trax_revplus.trainer import plan_store as plan_store_lib
 from trax_revplus.trainer import commit
 from trax_revplus.trainer import compilation
 from trax_revplus.trainer import observers
+from trax_revplus.trainer import oom_report
 from trax_revplus.trainer import options as options_lib
 from trax_revplus.trainer import plan as plan_lib
 from trax_revplus.trainer import planner as planner_lib
@@ -286,13 +288,30 @@ class ReversibleSerialTrainer:
         device's rows of the batch (before anything changes).
       planner.DeviceMemoryBudgetError: under a device memory budget, no
         plan fits it (before anything changes).
+      oom_report.DeviceOutOfMemoryError: a call of the step found too
+        little device memory (the backend's RESOURCE_EXHAUSTED); the step's
+        updates are incomplete.
     """
     # In a multi-process run `batch` is this process's rows, for its devices.
     validation.check_batch(batch, self._placement.n_local_devices)
     ctx = self._begin_step(batch, rng, step, learning_rate)
-    ctx.units.walk(ctx)
+    try:
+      ctx.units.walk(ctx)
+    except RuntimeError as e:
+      if not out_of_memory.is_out_of_memory(e):
+        raise
+      raise self._out_of_memory(e, ctx, batch) from e
     self._memory_log.end_step(step)
     return ctx.loss_and_stats()
+
+  def _out_of_memory(self, error, ctx, batch):
+    """The `oom_report.DeviceOutOfMemoryError` of the step's device
+    out-of-memory `error`."""
+    weighed = self._planner.weighing(batch).weighed
+    least = min((w.memory.peak_device_bytes for w in weighed), default=None)
+    return oom_report.report(error, ctx.calling, ctx.step,
+                             ctx.planned_peak_bytes,
+                             self._planner.budget_bytes, least)
 
   def _begin_step(self, batch, rng, step, learning_rate):
     """The step's context: its plan (planned now on first sight of the

@@ -1,0 +1,77 @@
+"""A step that runs out of device memory ends in one line that says where,
+how much, and what to change."""
+
+import jax
+import pytest
+from trax import fastmath
+from trax import layers as tl
+from trax import optimizers
+
+from trax_revplus import trainer as rev_trainer
+from trax_revplus.trainer import step_context
+
+import trainer_cases
+
+# Sizes in the tiny model's range: 4 KiB short.
+_ERROR = ('RESOURCE_EXHAUSTED: Error allocating device buffer: Attempting to '
+          'allocate 6.00K. That was not possible. There are 2.00K free.')
+
+
+def fail_in_phase(monkeypatch, phase, from_step=1):
+  """Makes every call of `phase` from `from_step` on raise a backend's
+  out-of-memory error, as a device short of memory does."""
+  call = step_context.StepContext.call
+
+  def short_of_memory(*args):
+    del args
+    raise jax.errors.JaxRuntimeError(_ERROR)
+
+  def failing(self, fn, args):
+    if self.phase == phase and self.step >= from_step:
+      return call(self, short_of_memory, args)
+    return call(self, fn, args)
+  monkeypatch.setattr(step_context.StepContext, 'call', failing)
+
+
+def test_out_of_memory_names_the_call_the_bytes_and_the_setting(
+    monkeypatch):
+  batch = trainer_cases.batch()
+  first, revs, loss = trainer_cases.basic_model()
+  tl.Serial([first] + revs + [loss]).init(
+      batch, rng=fastmath.random.get_prng(12))
+  trainer = rev_trainer.ReversibleSerialTrainer(
+      [(first.sublayers, revs)], loss, optimizers.Adam,
+      device_memory_budget_bytes=2**30, segment_max_layers=1)
+  planned_peak = trainer.device_memory_of(batch).peak_device_bytes
+  fail_in_phase(monkeypatch, 'backward')
+  with pytest.raises(rev_trainer.DeviceOutOfMemoryError) as e:
+    trainer.one_step(batch, fastmath.random.get_prng(0), step=7)
+  message = str(e.value)
+  assert '\n' not in message
+  assert e.value.call.startswith('backward layer')
+  assert message.startswith(
+      f'out of device memory in {e.value.call} at step 7: it asked for 6.0 '
+      f'KiB, 2.0 KiB were there; its plan was accounted at ')
+  assert 'under a budget of 1.0 GiB' in message
+  assert 'the leanest plan accounted needs' in message
+  # The accounted peak less what the call lacked and 1% of the peak.
+  assert e.value.suggested_budget_bytes == (
+      planned_peak - 4096 - planned_peak // 100)
+  assert (f'device_memory_budget_bytes = {e.value.suggested_budget_bytes} '
+          in message)
+
+
+def test_other_runtime_errors_pass_unchanged(monkeypatch):
+  call = step_context.StepContext.call
+
+  def failing(self, fn, args):
+    del fn
+    return call(self, _raise_internal, args)
+  monkeypatch.setattr(step_context.StepContext, 'call', failing)
+  with pytest.raises(jax.errors.JaxRuntimeError, match='INTERNAL'):
+    trainer_cases.train_basic(n_steps=1)
+
+
+def _raise_internal(*args):
+  del args
+  raise jax.errors.JaxRuntimeError('INTERNAL: something else')
