@@ -14,20 +14,24 @@ import sys
 SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                         'one_chip')
 LOCK_ENV = 'TRAX_REVPLUS_ONE_CHIP_LOCK'
-# What a process that finds the chip held fails with, in part (as a TPU).
-BUSY_TEXT = 'The TPU is already in use by process with pid'
-# The one line our commands print then, in part.
-BUSY_LINE = 'the TPU is in use by another process (pid '
+MESSAGE_ENV = 'TRAX_REVPLUS_ONE_CHIP_MESSAGE'
+# What a process that finds the chip held fails with, in part (as a TPU),
+# by default and with `env(..., message='pid')`.
+BUSY_TEXT = 'Internal error when accessing libtpu multi-process lockfile'
+BUSY_PID_TEXT = 'The TPU is already in use by process with pid'
 
 
-def env(lock_path, base=None):
+def env(lock_path, base=None, message='lockfile'):
   """`base` (default os.environ) with the simulation on, its lock at
-  `lock_path` (a new dict)."""
+  `lock_path` (a new dict); `message`: what a process that finds the chip
+  held fails with, 'lockfile' (libtpu's, with JAX 0.10.2 on a v5e host) or
+  'pid' (other libtpu versions')."""
   env_ = dict(os.environ if base is None else base)
   env_['PYTHONPATH'] = os.pathsep.join(
       [SITE_DIR] + [p for p in env_.get('PYTHONPATH', '').split(os.pathsep)
                     if p])
   env_[LOCK_ENV] = str(lock_path)
+  env_[MESSAGE_ENV] = message
   return env_
 
 

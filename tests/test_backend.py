@@ -27,9 +27,33 @@ def test_a_busy_tpu_is_one_line_naming_the_holder_and_the_fix():
   assert error.exit_code == errors.EXIT_RUNTIME
   assert str(error) == ('the TPU is in use by another process (pid 4242): '
                         'wait for it to end or stop it; one process per chip')
-  lockfile = backend.busy_device_error(RuntimeError(_LOCKFILE))
-  assert "libtpu's lockfile (/tmp/libtpu_lockfile)" in str(lockfile)
-  assert str(lockfile).endswith('one process per chip')
+
+
+def test_libtpu_s_lockfile_names_the_process_that_holds_it(tmp_path):
+  """libtpu's holder keeps its lockfile open: that process is named."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  lockfile = tmp_path / 'libtpu_lockfile'
+  lockfile.write_text('')
+  message = _LOCKFILE.replace('/tmp/libtpu_lockfile', str(lockfile))
+  alone = backend.busy_device_error(RuntimeError(message))
+  assert str(alone) == (
+      f"the TPU cannot be opened: libtpu's lockfile {lockfile} cannot be "
+      f'taken, and no process this user can see holds it open: wait for the '
+      f'process that uses the TPU to end, or if none does, remove the file '
+      f'(sudo rm {lockfile}); one process per chip')
+  holder = subprocess.Popen(
+      [sys.executable, '-c', f'f = open({str(lockfile)!r}); print(1, '
+       'flush=True); input()'], stdin=subprocess.PIPE,
+      stdout=subprocess.PIPE, text=True)
+  try:
+    holder.stdout.readline()
+    held = backend.busy_device_error(RuntimeError(message))
+  finally:
+    holder.communicate('')
+  assert str(held) == (f'the TPU is in use by another process (pid '
+                       f'{holder.pid}): wait for it to end or stop it; one '
+                       f'process per chip')
 
 
 def test_a_busy_device_is_found_in_the_error_it_was_raised_from():

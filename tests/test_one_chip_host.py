@@ -5,6 +5,8 @@ once the first has ended, it opens."""
 import subprocess
 import sys
 
+import pytest
+
 import one_chip_host as one_chip_host_lib
 
 
@@ -14,20 +16,26 @@ def _open_backend(env):
       capture_output=True, text=True, check=False)
 
 
+@pytest.mark.parametrize('message', ['lockfile', 'pid'])
 def test_a_second_process_fails_while_the_first_holds_the_backend(
-    one_chip_host):
-  with one_chip_host_lib.holding_the_chip(one_chip_host) as pid:
-    proc = _open_backend(one_chip_host)
+    message, tmp_path):
+  lock = tmp_path / 'one_chip.lock'
+  env = one_chip_host_lib.env(lock, message=message)
+  with one_chip_host_lib.holding_the_chip(env) as pid:
+    proc = _open_backend(env)
     assert proc.returncode == 1
     last = proc.stderr.strip().splitlines()[-1]
     # JAX's own line, as a TPU host gives it, but for the platform's name.
     assert last.startswith(
         "RuntimeError: Unable to initialize backend 'cpu': ABORTED: "), last
-    assert f'{one_chip_host_lib.BUSY_TEXT} {pid}.' in last
+    if message == 'pid':
+      assert f'{one_chip_host_lib.BUSY_PID_TEXT} {pid}.' in last
+    else:
+      assert (f'{one_chip_host_lib.BUSY_TEXT}. Run "$ sudo rm {lock}".'
+              in last)
     # Without the simulation a process opens its own CPU backend.
-    env = dict(one_chip_host)
     del env[one_chip_host_lib.LOCK_ENV]
     assert _open_backend(env).returncode == 0
-  proc = _open_backend(one_chip_host)
+  proc = _open_backend(one_chip_host_lib.env(lock, message=message))
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert 'CpuDevice' in proc.stdout

@@ -17,6 +17,7 @@ JAX is imported only where the backend opens (in the child, or by
 
 import importlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -30,10 +31,14 @@ from trax_revplus.errors import UserError
 # Marks the line a child writes its answer on, among what else it prints.
 _ANSWER = 'TRAX_REVPLUS_CHILD_ANSWER '
 # What a TPU runtime says when another process holds the chip: the pid in
-# its message ("... in use by process with pid 1234. ..."), or a lockfile
-# of libtpu's it cannot take.
+# its message ("... in use by process with pid 1234. ..."), or, as libtpu
+# with JAX 0.10 on a v5e host does, that it cannot take its lockfile, which
+# the holder keeps open ("Internal error when accessing libtpu
+# multi-process lockfile. Run "$ sudo rm /tmp/libtpu_lockfile".").
 _IN_USE = re.compile(r'TPU is already in use by process(?: with pid)? (\d+)')
-_LOCKFILE = re.compile(r'libtpu multi-process lockfile')
+_LOCKFILE = re.compile(
+    r'libtpu multi-process lockfile(?:\. Run "\$ sudo rm ([^"]+)")?')
+_DEFAULT_LOCKFILE = '/tmp/libtpu_lockfile'
 _ONE_PER_CHIP = 'one process per chip'
 
 
@@ -51,8 +56,9 @@ def busy_device_error(error: BaseException) -> BusyDeviceError | None:
       while handling the runtime's error) are read.
 
   Returns:
-    A `BusyDeviceError` naming the holder's pid where the runtime gives it,
-    and the fix; None for any other error.
+    A `BusyDeviceError` naming the holder's pid (from the runtime's
+    message, or the process that keeps libtpu's lockfile open) and the
+    fix; None for any other error.
   """
   seen = set()
   while error is not None and id(error) not in seen:
@@ -60,17 +66,46 @@ def busy_device_error(error: BaseException) -> BusyDeviceError | None:
     text = str(error)
     match = _IN_USE.search(text)
     if match:
+      return _in_use([int(match.group(1))])
+    match = _LOCKFILE.search(text)
+    if match:
+      path = match.group(1) or _DEFAULT_LOCKFILE
+      holders = _holders(path)
+      if holders:
+        return _in_use(holders)
       return BusyDeviceError(
-          f'the TPU is in use by another process (pid {match.group(1)}): '
-          f'wait for it to end or stop it; {_ONE_PER_CHIP}')
-    if _LOCKFILE.search(text):
-      return BusyDeviceError(
-          "the TPU cannot be opened: libtpu's lockfile (/tmp/libtpu_lockfile)"
-          ' is held or was left by another process, maybe of another user: '
-          'wait for that process to end or stop it, and remove the file if '
-          f'no process uses the TPU; {_ONE_PER_CHIP}')
+          f"the TPU cannot be opened: libtpu's lockfile {path} cannot be "
+          f'taken, and no process this user can see holds it open: wait '
+          f'for the process that uses the TPU to end, or if none does, '
+          f'remove the file (sudo rm {path}); {_ONE_PER_CHIP}')
     error = error.__cause__ or error.__context__
   return None
+
+
+def _in_use(pids: list[int]) -> BusyDeviceError:
+  which = (f'pid {pids[0]}' if len(pids) == 1 else
+           'pids ' + ', '.join(str(p) for p in pids))
+  return BusyDeviceError(f'the TPU is in use by another process ({which}): '
+                         f'wait for it to end or stop it; {_ONE_PER_CHIP}')
+
+
+def _holders(path: str) -> list[int]:
+  """The pids of the other processes that have the file `path` open, of
+  those this process may read."""
+  # Imported here: the CLI imports this module before anything else, and
+  # only a busy device needs psutil.
+  import psutil  # pylint: disable=g-import-not-at-top
+  path = os.path.realpath(path)  # As /proc names open files.
+  pids = []
+  for process in psutil.process_iter():
+    if process.pid == os.getpid():
+      continue
+    try:
+      if any(f.path == path for f in process.open_files()):
+        pids.append(process.pid)
+    except (psutil.Error, OSError):  # Gone, or another user's.
+      continue
+  return sorted(pids)
 
 
 def open_backend() -> None:

@@ -1,15 +1,19 @@
 """A simulated one-chip host: JAX's backend opens in one process at a time.
 
-On a TPU host a chip belongs to one process: a second process that opens
-JAX's backend fails with "Unable to initialize backend 'tpu': ABORTED: The
-TPU is already in use by process with pid N. ...". This module makes the
-CPU backend behave so, for tests: with this directory on PYTHONPATH (Python
-imports `sitecustomize` at start-up) and `TRAX_REVPLUS_ONE_CHIP_LOCK` naming
-a lock file, the first backend a process opens takes a non-blocking
-exclusive `fcntl.flock` on that file, held until the process ends; a
-process that finds it held fails as on a TPU, naming the holder's pid.
-Child processes inherit both variables, so a parent that opened the backend
-makes its children fail, as it would on the chip.
+On a TPU host a chip belongs to one process: libtpu takes a lockfile,
+which it keeps open, and a second process that opens JAX's backend fails
+with "Unable to initialize backend 'tpu': ABORTED: Internal error when
+accessing libtpu multi-process lockfile. Run "$ sudo rm
+/tmp/libtpu_lockfile"." (JAX 0.10.2 on a v5e host; other libtpu versions
+say "The TPU is already in use by process with pid N"). This module makes
+the CPU backend behave so, for tests: with this directory on PYTHONPATH
+(Python imports `sitecustomize` at start-up) and
+`TRAX_REVPLUS_ONE_CHIP_LOCK` naming a lock file, the first backend a
+process opens takes a non-blocking exclusive `fcntl.flock` on that file,
+kept open until the process ends; a process that finds it held fails as
+on a TPU, naming the lock file (`TRAX_REVPLUS_ONE_CHIP_MESSAGE=pid`: the
+holder's pid instead). Child processes inherit the variables, so a parent
+that opened the backend makes its children fail, as it would on the chip.
 
 Test-only: it wraps a private JAX function (`jax._src.xla_bridge.
 _init_backend`) once JAX imports that module, and imports nothing of JAX
@@ -20,6 +24,7 @@ builds the environment.
 import os
 
 LOCK_ENV = 'TRAX_REVPLUS_ONE_CHIP_LOCK'
+MESSAGE_ENV = 'TRAX_REVPLUS_ONE_CHIP_MESSAGE'
 _BRIDGE = 'jax._src.xla_bridge'
 _held_fd = None  # The lock file, open and locked, once this process holds it.
 
@@ -42,10 +47,15 @@ def _hold_the_chip(path):
   except BlockingIOError:
     holder = os.pread(fd, 32, 0).decode(errors='replace').strip() or '?'
     os.close(fd)
+    if os.environ.get(MESSAGE_ENV) == 'pid':
+      raise RuntimeError(
+          f'ABORTED: The TPU is already in use by process with pid {holder}.'
+          f' Not attempting to load libtpu.so in this process. (simulated '
+          f'one-chip host)') from None
     raise RuntimeError(
-        f'ABORTED: The TPU is already in use by process with pid {holder}. '
-        f'Not attempting to load libtpu.so in this process. (simulated '
-        f'one-chip host)') from None
+        f'ABORTED: Internal error when accessing libtpu multi-process '
+        f'lockfile. Run "$ sudo rm {path}". (simulated one-chip host)'
+    ) from None
   os.ftruncate(fd, 0)
   os.pwrite(fd, str(os.getpid()).encode(), 0)
   _held_fd = fd

@@ -254,7 +254,7 @@ def test_on_a_one_chip_host_the_trainers_are_timed_one_at_a_time(
   in_turns = timing.time_config('l6', trainers, 2, True)
   assert in_turns['default']['error'] is None
   assert in_turns['stock']['failed_at_step'] == 0
-  assert 'The TPU is already in use by process' in in_turns['stock']['error']
+  assert 'libtpu multi-process lockfile' in in_turns['stock']['error']
   results = dict(configs={'l6': dict(config=configs.config('l6', True),
                                      timing=timed,
                                      timing_mode='sequential')})
