@@ -38,6 +38,8 @@ from trax import shapes
 import trax_revplus
 from trax_revplus import trainer as rev_trainer
 
+import one_chip_host as one_chip_host_lib
+
 
 _OPT_LEVEL = '--xla_backend_optimization_level'
 _CACHE_DIR = pytest.StashKey[str]()
@@ -82,6 +84,14 @@ def pytest_unconfigure(config):
   cache_dir = config.stash.get(_CACHE_DIR, None)
   if cache_dir:
     shutil.rmtree(cache_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def one_chip_host(tmp_path):
+  """The environment of a simulated one-chip host (`one_chip_host.py`):
+  processes started with it, and theirs, open JAX's backend one at a time,
+  as on a TPU host; hold it with `one_chip_host_lib.holding_the_chip`."""
+  return one_chip_host_lib.env(tmp_path / 'one_chip.lock')
 
 
 @pytest.fixture

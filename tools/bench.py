@@ -4,9 +4,15 @@ Measures, on ReformerLM configs (full causal self-attention, dropout 0.1,
 Adam, byte vocabulary), side by side:
 
   * step time (seconds per step): each trainer is built in a process of its
-    own, and the parent steps them round-robin (default, stock, ours,
+    own; on the CPU the parent steps them round-robin (default, stock, ours,
     default, ...), one step at a time while the others wait idle, so machine
-    load hits all three alike; the first two steps of each are reported apart
+    load hits all three alike; on an accelerator (or with --sequential) the
+    processes run one at a time, each built, stepped and ended before the
+    next starts (a TPU chip belongs to one process, and a dedicated device
+    is not shared with other load), and each reports its device's peak bytes
+    in use (`memory_stats()['peak_bytes_in_use']`) beside its step times.
+    The benchmark's own process opens no JAX backend: the platform comes from
+    a short-lived child. The first two steps of each are reported apart
     (the first compiles; trax's default and stock trainers compile again on
     the second, when their weights come back as different array types), the
     median of the `--steps` steps after them is the step time. Each trainer
@@ -35,6 +41,8 @@ Usage:
   python tools/bench.py --configs=l6,l64 --steps=3
   python tools/bench.py --quick              # small shapes, a smoke run
   python tools/bench.py --nomemory           # timing only
+  python tools/bench.py --sequential         # one trainer process at a time,
+                                             # as on an accelerator
   python tools/bench.py --configs=l6 \
       --trainers=default,stock,ours,ours+host_mmap_threshold=1048576
       # ours with a constructor argument changed, as a fourth trainer
@@ -55,7 +63,8 @@ job (`device_memory_targets`). The step-time targets under a budget run as
 trainer variants, e.g. --trainers=stock,ours+device_memory_budget_bytes=N.
 
 Absolute times on a shared machine vary from run to run; the ratios of one
-interleaved run are the figures to read.
+interleaved run are the figures to read (on a dedicated accelerator, those
+of one sequential run).
 """
 
 import os

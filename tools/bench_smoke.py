@@ -8,10 +8,16 @@ Runs the benchmark twice, as a user would:
      and one measured step took time; weights and slots were counted; ours'
      process saw its GLIBC_TUNABLES and stock's inherited this process's;
      the two processes' losses agree (same model, seed and batches);
-  2. peak RSS of ours in a fresh process over 3 steps: a running peak per
+  2. the same timing one process at a time (`--sequential`, as on an
+     accelerator) on a simulated one-chip host (tests/one_chip/: a second
+     process that opens JAX's backend fails, as on a TPU): the benchmark's
+     own process holds no backend, each trainer's process ran its steps
+     alone and reported its device peak (None on the CPU), the table says
+     so; the losses agree;
+  3. peak RSS of ours in a fresh process over 3 steps: a running peak per
      step, never falling, above the baseline from the first step on, and
      not above the process's peak read after the last step;
-  3. tools/step_floor.py on the 'char' config: one table row of times.
+  4. tools/step_floor.py on the 'char' config: one table row of times.
 
 Prints one PASS or FAIL line per check; exit status 0 when all pass, 1
 otherwise.
@@ -19,7 +25,7 @@ otherwise.
 Usage:
   python tools/bench_smoke.py [--work_dir=DIR]
 
-Takes minutes: each of the 3 processes imports trax (~20-60 s on a busy
+Takes minutes: each of the 5 processes imports trax (~20-60 s on a busy
 machine).
 """
 
@@ -35,16 +41,20 @@ import numpy as np
 
 from smoke_checks import Checks
 
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(_REPO, 'tests'))
+import one_chip_host  # pylint: disable=g-import-not-at-top,wrong-import-position
+
 _BENCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'bench.py')
 _STEP_FLOOR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                            'step_floor.py')
 _OURS = "ours+GLIBC_TUNABLES='glibc.malloc.arena_max=1'"
 
 
-def _run(checks, name, args, out_dir):
+def _run(checks, name, args, out_dir, env=None):
   """Runs `python *args`; its bench_quick.json, or None when it failed."""
   proc = subprocess.run([sys.executable] + args, capture_output=True,
-                        text=True, check=False)
+                        text=True, check=False, env=env)
   if not checks.check(f'{name} run exits 0', proc.returncode == 0,
                       f'status {proc.returncode}'):
     print(proc.stderr[-3000:], file=sys.stderr)
@@ -92,6 +102,40 @@ def check_timing(checks, out_dir):
                len(ours) == len(stock) and
                np.allclose(ours, stock, rtol=1e-5, atol=0),
                f'{ours} vs {stock}')
+
+
+def check_one_at_a_time(checks, out_dir):
+  """Timing of stock and ours one process at a time, on a simulated
+  one-chip host."""
+  args = [_BENCH, '--quick', '--configs=l6', '--trainers=stock,ours',
+          '--steps=1', '--nomemory', '--sequential', f'--out_dir={out_dir}']
+  os.makedirs(out_dir, exist_ok=True)
+  env = one_chip_host.env(os.path.join(out_dir, 'one_chip.lock'))
+  results = _run(checks, 'one at a time, one-chip host', args, out_dir, env)
+  if results is None:
+    return
+  timing = results['configs']['l6']['timing']
+  checks.check('one at a time: recorded as timed so',
+               results['configs']['l6']['timing_mode'] == 'sequential',
+               str(results['configs']['l6'].get('timing_mode')))
+  for t in ('stock', 'ours'):
+    r = timing[t]
+    checks.check(f'one at a time {t}: 3 steps, no error, a device peak '
+                 f'(none on the CPU)',
+                 r['error'] is None and len(r['losses']) == 3 and
+                 'chip_peak_bytes' in r and
+                 (r['chip_peak_bytes'] is None) ==
+                 (results['environment']['platform'] == 'cpu'),
+                 f"{r['error']}, {r['losses']}, {r.get('chip_peak_bytes')}")
+  checks.check('one at a time: the losses of the two processes agree',
+               np.allclose(timing['ours']['losses'],
+                           timing['stock']['losses'], rtol=1e-5, atol=0),
+               f"{timing['ours']['losses']} vs {timing['stock']['losses']}")
+  with open(os.path.join(out_dir, 'bench_quick.md')) as f:
+    table = f.read()
+  checks.check('one at a time: the table says so, with a device peak column',
+               'one at a time' in table and 'device peak default / stock / '
+               'ours (MiB)' in table, table[:2000])
 
 
 def check_memory(checks, out_dir):
@@ -146,6 +190,7 @@ def main():
   with tempfile.TemporaryDirectory() as tmp:
     work_dir = flags.work_dir or tmp
     check_timing(checks, os.path.join(work_dir, 'timing'))
+    check_one_at_a_time(checks, os.path.join(work_dir, 'one_at_a_time'))
     check_memory(checks, os.path.join(work_dir, 'memory'))
   check_step_floor(checks)
   print(f'{"FAIL" if checks.failed else "PASS"} bench smoke: '

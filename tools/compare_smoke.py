@@ -21,7 +21,16 @@ checks the real runs:
      compare.png of at least 600x400 pixels;
   6. device accounting from estimate: stock's XLA step peak > 0, ours equal
      to the peak in our memory log, and the table's "peak device, XLA" row
-     shows both and their ratio.
+     shows both and their ratio;
+  7. the same config trained with trax's default Trainer
+     (tests/gin_configs/configs/default_trainer_tiny.gin): both runs ran
+     that trainer, and the "peak device, XLA" row shows its figure from
+     estimate on both sides, not the memory-efficient trainers'.
+
+Both compares run on a simulated one-chip host (tests/one_chip/: a process
+that opens JAX's backend while another holds it fails, as on a TPU), so
+that compare's own process must hold none and its runs must run one after
+another.
 
 Prints one PASS or FAIL line per check; exit status 0 when all pass, 1
 otherwise.
@@ -29,7 +38,7 @@ otherwise.
 Usage:
   python tools/compare_smoke.py [--work_dir=DIR]
 
-Takes minutes: each of the 4 processes imports trax (~20-60 s on a busy
+Takes minutes: each of the 10 processes imports trax (~20-60 s on a busy
 machine).
 """
 
@@ -45,7 +54,13 @@ import numpy as np
 from smoke_checks import Checks
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(_REPO, 'tests'))
+import one_chip_host  # pylint: disable=g-import-not-at-top,wrong-import-position
+
 _CONFIG = os.path.join(_REPO, 'gin_configs', 'reformer_char_lm.gin')
+# trax's default Trainer on the tiny main job.
+_DEFAULT_TRAINER_CONFIG = os.path.join(_REPO, 'tests', 'gin_configs',
+                                       'configs', 'default_trainer_tiny.gin')
 # The config has the activation line, so the stock run trains with stock
 # classes only because of --implementation=stock. compare binds train.steps
 # itself.
@@ -57,6 +72,7 @@ _TINY = ['train.eval_frequency = 2', 'sequence_length = 32',
          'ReformerLM.d_attention_value = 8']
 _PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
 _STOCK_TRAINER = 'trax.optimizers.trainer.ReversibleSerialTrainer'
+_DEFAULT_TRAINER = 'trax.optimizers.trainer.Trainer'
 _OUR_TRAINER = 'trax_revplus.trainer.ReversibleSerialTrainer'
 _TOLERANCE = 1e-5
 _MIB = 1 << 20
@@ -184,6 +200,50 @@ def _check_output(checks, report, out, output_dir):
                row.split()[4:7] == want, f'{row!r}, want {want}')
 
 
+def _check_default_trainer(checks, work):
+  """compare where both sides run trax's default Trainer."""
+  output_dir = os.path.join(work, 'cmp_default')
+  proc = _compare(work, [f'--config_file={_CONFIG}',
+                         f'--config_file={_DEFAULT_TRAINER_CONFIG}',
+                         '--steps=2', f'--output_dir={output_dir}'])
+  if not checks.check('default Trainer: compare exits 0',
+                      proc.returncode == 0, f'status {proc.returncode}'):
+    print(proc.stdout[-3000:], proc.stderr[-3000:], file=sys.stderr)
+    return
+  with open(os.path.join(output_dir, 'compare.json')) as f:
+    report = json.load(f)
+  runs = report['runs']
+  checks.check("default Trainer: both runs ran trax's default Trainer",
+               [runs[k]['trainer'] for k in ('stock', 'revplus')] ==
+               [_DEFAULT_TRAINER] * 2,
+               str([runs[k]['trainer'] for k in ('stock', 'revplus')]))
+  accounted = report['device_accounting']
+  if not checks.check('default Trainer: estimate accounted it',
+                      accounted['status'] == 'ok', str(accounted['error'])):
+    return
+  peak = accounted['trainers']['default']['peak_device_bytes']
+  want = {'trainer': 'default', 'peak_device_bytes': peak,
+          'source': 'estimate'}
+  checks.check("default Trainer: each side's XLA peak is that trainer's",
+               bool(peak) and report['xla_peaks'] == {
+                   'stock': want, 'revplus': want}, str(report['xla_peaks']))
+  row = next((line for line in proc.stdout.splitlines()
+              if line.startswith('peak device, XLA')), '')
+  name = "peak device, XLA (MiB, trax's default Trainer)"
+  cells = row[len(name):].split()
+  checks.check("default Trainer: the row names it, its figure on both sides",
+               row.startswith(name) and bool(peak) and
+               cells == [f'{peak / _MIB:.4g}'] * 2 + ['1'], repr(row))
+
+
+def _compare(work, args):
+  """`trax-revplus compare` with `args`, on a simulated one-chip host."""
+  env = one_chip_host.env(os.path.join(work, 'one_chip.lock'))
+  return subprocess.run(
+      [sys.executable, '-m', 'trax_revplus.cli', 'compare'] + args,
+      capture_output=True, text=True, cwd=_REPO, check=False, env=env)
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--work_dir', default=None,
@@ -195,11 +255,9 @@ def main():
     work = flags.work_dir or tmp
     os.makedirs(work, exist_ok=True)
     output_dir = os.path.join(work, 'cmp')
-    proc = subprocess.run(
-        [sys.executable, '-m', 'trax_revplus.cli', 'compare',
-         f'--config_file={_CONFIG}', '--steps=2',
-         f'--output_dir={output_dir}'] + [f'--config={b}' for b in _TINY],
-        capture_output=True, text=True, cwd=_REPO, check=False)
+    proc = _compare(work, [f'--config_file={_CONFIG}', '--steps=2',
+                           f'--output_dir={output_dir}'] +
+                    [f'--config={b}' for b in _TINY])
     if checks.check('compare exits 0', proc.returncode == 0,
                     f'status {proc.returncode}'):
       with open(os.path.join(output_dir, 'compare.json')) as f:
@@ -211,6 +269,7 @@ def main():
         _check_output(checks, report, proc.stdout, output_dir)
     else:
       print(proc.stdout[-3000:], proc.stderr[-3000:], file=sys.stderr)
+    _check_default_trainer(checks, work)
   print(f'{"FAIL" if checks.failed else "PASS"} compare smoke: '
         f'{len(checks.failed)} check(s) failed', flush=True)
   return 1 if checks.failed else 0

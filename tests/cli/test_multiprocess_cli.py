@@ -206,3 +206,26 @@ def test_launch_gives_every_process_one_output_dir(tmp_path, capsys,
   assert os.path.expanduser(dirs[0]) == str(made)
   assert kwargs['log_dir'] == str(made)
   assert kwargs['max_processes'] >= 4
+
+
+# `trax-revplus launch` on a simulated one-chip host, its process a
+# stand-in that opens JAX's backend: it can only where launch's own process
+# holds none.
+_LAUNCH_PARENT = """
+import sys
+from trax_revplus import cli
+from trax_revplus.cli import launch
+launch.train_command = lambda args: [
+    sys.executable, '-c', 'import jax; jax.devices()']
+sys.exit(cli.main(['trax-revplus', 'launch'] + sys.argv[1:]))
+"""
+
+
+def test_launch_s_own_process_holds_no_backend(tmp_path, one_chip_host):
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  proc = subprocess.run(
+      [sys.executable, '-c', _LAUNCH_PARENT, '--num_processes=1', '--',
+       f'--config_file={_CONFIG}', f'--output_dir={tmp_path / "run"}'],
+      env=one_chip_host, capture_output=True, text=True, check=False)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -3,9 +3,9 @@
 Run by tools/multiprocess_training_smoke.py: alone (1 process, 1 or N
 forced CPU devices) or as each process of a multi-process run
 (`trax_revplus.multiprocess.launcher` appends `--num_processes=N
---process_id=I --coordinator_address=...`); that script, and
-tests/multiprocess/test_training_matches_one_process.py, call `train` in
-their own process for the run of 1 process x 1 device:
+--process_id=I --coordinator_address=...`);
+tests/multiprocess/test_training_matches_one_process.py calls `train` in
+its own process for the run of 1 process x 1 device:
 
   python tests/multiprocess/training_worker.py OUT_DIR
       [--num_processes=N --process_id=I --coordinator_address=HOST:PORT]

@@ -207,3 +207,93 @@ def test_char_config_is_the_main_job_s_model():
   rates = [l._initial_rate for l in attention_heads.sublayers([net])  # pylint: disable=protected-access
            if isinstance(l, tl.Dropout)]
   assert rates and all(r == 0.0 for r in rates)
+
+
+# A timing child's stand-in: it opens JAX's backend as the real one does
+# when it builds its trainer (failing to build where it cannot), then
+# answers each step with a time, a loss and a device peak of 5 MiB.
+_FAKE_TIMING_CHILD = f'''
+import json, sys
+def send(obj):
+  print({protocol.RESULT!r} + json.dumps(obj), flush=True)
+try:
+  import jax
+  jax.devices()
+except RuntimeError as e:
+  send(dict(error=str(e)[:200]))
+  sys.exit(0)
+send(dict(build_s=0.1, weights_bytes=10, slots_bytes=20,
+          glibc_tunables=None))
+for line in sys.stdin:
+  send(dict(seconds=0.01 * int(line), loss=1.0, chip_peak_bytes=5 << 20))
+'''
+
+
+def _fake_timing_children(monkeypatch):
+  monkeypatch.setattr(protocol, 'command', lambda *args: [
+      sys.executable, '-c', _FAKE_TIMING_CHILD, *args])
+
+
+def test_on_a_one_chip_host_the_trainers_are_timed_one_at_a_time(
+    monkeypatch, one_chip_host):
+  """`--sequential` (always so on an accelerator): each trainer's process
+  is built, stepped and ended before the next starts, and reports its
+  device peak; stepped in turns, the second process cannot open the
+  device."""
+  from tools.bench import timing  # pylint: disable=g-import-not-at-top
+  _fake_timing_children(monkeypatch)
+  for name, value in one_chip_host.items():  # The children inherit it.
+    monkeypatch.setenv(name, value)
+  trainers = list(configs.TRAINERS)
+  timed = timing.time_config('l6', trainers, 2, True, sequential=True)
+  for t in trainers:
+    assert timed[t]['error'] is None, timed[t]['error']
+    assert timed[t]['step_s'] == [0.03, 0.04]
+    assert timed[t]['median_step_s'] == 0.035
+    assert timed[t]['chip_peak_bytes'] == 5 << 20
+  in_turns = timing.time_config('l6', trainers, 2, True)
+  assert in_turns['default']['error'] is None
+  assert in_turns['stock']['failed_at_step'] == 0
+  assert 'libtpu multi-process lockfile' in in_turns['stock']['error']
+  results = dict(configs={'l6': dict(config=configs.config('l6', True),
+                                     timing=timed,
+                                     timing_mode='sequential')})
+  text = markdown.markdown(summary.summarize(results))
+  assert ('| 0.035 | 0.035 | 0.035 | 1.00 | 1.00 | 1.00 | 0.0 / 0.0 / 0.0 '
+          '| 0.0 / 0.0 / 0.0 | one at a time | 5 / 5 / 5 |') in text
+
+
+# tools/bench.py's own process on a simulated one-chip host, its timing
+# children stand-ins that open the device.
+_BENCH_PARENT = '''
+import sys
+sys.path.insert(0, {root!r})
+from absl import app
+from absl import flags
+from tools.bench import cli, main, protocol
+protocol.command = lambda *args: [sys.executable, '-c', {child!r}, *args]
+cli.define_flags(flags.FLAGS)
+app.run(main.main, argv=['bench.py'] + sys.argv[1:])
+'''
+
+
+def test_the_benchmark_s_own_process_holds_no_backend(tmp_path,
+                                                      one_chip_host):
+  import subprocess  # pylint: disable=g-import-not-at-top
+  root = os.path.dirname(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__))))
+  out_dir = tmp_path / 'out'
+  proc = subprocess.run(
+      [sys.executable, '-c', _BENCH_PARENT.format(
+          root=root, child=_FAKE_TIMING_CHILD), '--quick', '--configs=l6',
+       '--trainers=stock,ours', '--steps=1', '--nomemory', '--sequential',
+       f'--out_dir={out_dir}'], env=one_chip_host, capture_output=True,
+      text=True, check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  results = json.loads((out_dir / 'bench_quick.json').read_text())
+  assert results['environment']['platform'] == 'cpu'
+  assert results['environment']['devices'] == ['cpu:0']
+  assert results['configs']['l6']['timing_mode'] == 'sequential'
+  for t in ('stock', 'ours'):
+    timed = results['configs']['l6']['timing'][t]
+    assert timed['error'] is None and timed['chip_peak_bytes'] == 5 << 20

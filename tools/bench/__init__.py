@@ -6,7 +6,8 @@ Modules, one job each (tools/bench.py's docstring says what is measured):
   configs         model configs and `--trainers` specs: parsing, checks.
   model           builds the model under each trainer; runs one step.
   protocol        child processes: their command line and result lines.
-  timing          step time: one process per trainer, stepped in turns.
+  timing          step time: one process per trainer, stepped in turns
+                  (one at a time on an accelerator).
   host_memory     peak host RSS: a fresh process per (config, trainer).
   device_account  device memory of built trainers (child side).
   device_targets  device-memory figures per config and their targets.

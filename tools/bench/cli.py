@@ -47,7 +47,13 @@ def define_flags(flag_values=flags.FLAGS, module_name=None):
   flags.DEFINE_integer('memory_repeats', 1,
                        'Fresh processes per (config, trainer) peak RSS; the '
                        'median is reported.', **fv)
-  flags.DEFINE_bool('timing', True, 'Measure step times (interleaved).', **fv)
+  flags.DEFINE_bool('timing', True, 'Measure step times.', **fv)
+  flags.DEFINE_bool('sequential', False,
+                    'Time the trainers one process at a time (each built, '
+                    'stepped and ended before the next starts) and report '
+                    'each one\'s device peak, as on an accelerator, where it '
+                    'is always so (a TPU chip belongs to one process); by '
+                    'default the CPU steps them in turns.', **fv)
   flags.DEFINE_bool('quick', False, 'Scale every config down (smoke run).',
                     **fv)
   flags.DEFINE_string('out_dir', DEFAULT_OUT_DIR,

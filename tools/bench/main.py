@@ -10,6 +10,8 @@ import sys
 
 from absl import app
 from absl import flags
+from trax_revplus import backend
+from trax_revplus.errors import UserError
 
 from tools.bench import cli
 from tools.bench import configs
@@ -63,7 +65,10 @@ def bench(opts, argv):
   """Runs the benchmark `opts` asks for (or one child of it).
 
   Writes bench.json and bench.md (`results`) into `opts.out_dir` after each
-  part, and prints bench.md at the end.
+  part, and prints bench.md at the end. This process opens no JAX backend:
+  the platform comes from a child (`trax_revplus.backend.probe`), and
+  every measurement runs in children of its own, one after another where
+  the platform is an accelerator or `opts.sequential` asks for it.
 
   Args:
     opts: the parsed flags (`cli.define_flags`).
@@ -72,11 +77,22 @@ def bench(opts, argv):
   Raises:
     app.UsageError: a wrong flag (`check`), before `opts.out_dir` is
       created.
+    SystemExit: the device cannot be opened (e.g. another process holds
+      it), in one line.
   """
   if run_child(opts):
     return
   check(opts)
-  results = results_lib.new(opts, argv)
+  try:
+    # In a child: the children that time and measure need the device, and
+    # a TPU chip belongs to one process.
+    device = backend.probe()
+  except UserError as e:
+    sys.exit(f'bench: {e}')
+  # One process at a time on an accelerator: it is not shared with other
+  # load, and a TPU chip takes one process.
+  sequential = opts.sequential or device['platform'] != 'cpu'
+  results = results_lib.new(opts, argv, device)
   os.makedirs(opts.out_dir, exist_ok=True)
   json_path, md_path = results_lib.paths(opts.out_dir, opts.quick)
   if opts.update and os.path.exists(json_path):
@@ -95,7 +111,9 @@ def bench(opts, argv):
   for name in opts.configs:
     if opts.timing:
       results['configs'][name]['timing'] = timing.time_config(
-          name, opts.trainers, opts.steps, opts.quick)
+          name, opts.trainers, opts.steps, opts.quick, sequential)
+      results['configs'][name]['timing_mode'] = (
+          'sequential' if sequential else 'interleaved')
       save()
     if opts.memory:
       memory = results['configs'][name].setdefault('memory', {})

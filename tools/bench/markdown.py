@@ -33,23 +33,45 @@ def markdown(results):
 
 
 def _step_time(results):
-  """The step-time table of the three trainers (always there)."""
-  lines = ['Step time: median seconds per step after two warm-up steps '
-           '(one process per trainer, stepped in turns); first and '
-           'second step times include compilation.', '',
+  """The step-time table of the three trainers (always there); where a
+  config was timed one process at a time (`timing_mode` 'sequential'),
+  with how each config was timed and each trainer's device peak."""
+  sequential = any(r.get('timing') and r.get('timing_mode') == 'sequential'
+                   for r in results['configs'].values())
+  if sequential:
+    head = ('Step time: median seconds per step after two warm-up steps '
+            '(one process per trainer: stepped in turns, or one process at '
+            'a time, as the "timed" column says); first and second step '
+            'times include compilation; the device peak is '
+            '`memory_stats()[\'peak_bytes_in_use\']` of each trainer\'s '
+            'process after its last step (MiB; "-" where the backend keeps '
+            'none, as the CPU).')
+    extra_head, extra_rule = (' timed | device peak default / stock / ours '
+                              '(MiB) |', '---|---|')
+  else:
+    head = ('Step time: median seconds per step after two warm-up steps '
+            '(one process per trainer, stepped in turns); first and '
+            'second step times include compilation.')
+    extra_head, extra_rule = '', ''
+  lines = [head, '',
            '| config | default s/step | stock s/step | ours s/step | '
            'ours / stock | ours / default | stock / default | '
            'first step default / stock / ours (s) | '
-           'second step default / stock / ours (s) |',
-           '|---|---|---|---|---|---|---|---|---|']
+           'second step default / stock / ours (s) |' + extra_head,
+           '|---|---|---|---|---|---|---|---|---|' + extra_rule]
   for r in results['configs'].values():
     tm = r.get('timing')
     if not tm:
       continue
     g = lambda t, k: tm.get(t, {}).get(k)  # pylint: disable=cell-var-from-loop
-    three = lambda k, spec: ' / '.join(_fmt(g(t, k), spec)  # pylint: disable=cell-var-from-loop
-                                       for t in configs.TRAINERS)
+    three = lambda k, fmt: ' / '.join(fmt(g(t, k))  # pylint: disable=cell-var-from-loop
+                                      for t in configs.TRAINERS)
     ra = r['ratios']
+    extra = ''
+    if sequential:
+      timed = ('one at a time' if r.get('timing_mode') == 'sequential'
+               else 'in turns')
+      extra = f" {timed} | {three('chip_peak_bytes', _mib)} |"
     lines.append(
         f"| {configs.describe(r['config'])} | "
         f"{_fmt(g('default', 'median_step_s'))} | "
@@ -58,8 +80,8 @@ def _step_time(results):
         f"{_fmt(ra['ours_over_stock'], '.2f')} | "
         f"{_fmt(ra['ours_over_default'], '.2f')} | "
         f"{_fmt(ra['stock_over_default'], '.2f')} | "
-        f"{three('first_step_s', '.1f')} | "
-        f"{three('second_step_s', '.1f')} |")
+        f"{three('first_step_s', lambda x: _fmt(x, '.1f'))} | "
+        f"{three('second_step_s', lambda x: _fmt(x, '.1f'))} |" + extra)
   failures = []
   for name, c in results['configs'].items():
     for t, r in c.get('timing', {}).items():

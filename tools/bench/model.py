@@ -140,3 +140,14 @@ def step(trainer, batch, step_number):
                              step=step_number)
   loss = float(jax.block_until_ready(loss))
   return time.perf_counter() - t0, loss
+
+
+def chip_peak_bytes():
+  """The peak bytes in use on this process's first device since it
+  started (`memory_stats()['peak_bytes_in_use']`), or None where the
+  backend keeps no such figure (the CPU)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  stats = jax.local_devices()[0].memory_stats()
+  if not stats or 'peak_bytes_in_use' not in stats:
+    return None
+  return int(stats['peak_bytes_in_use'])

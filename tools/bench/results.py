@@ -4,6 +4,7 @@
 never overwrites the documented figures.
 """
 
+from importlib import metadata
 import json
 import os
 import shlex
@@ -21,29 +22,33 @@ def paths(out_dir, quick):
           os.path.join(out_dir, f'bench{suffix}.md'))
 
 
-def environment():
-  """Python, JAX and trax versions, CPUs and devices of this run."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import trax  # pylint: disable=g-import-not-at-top
-  return dict(python=sys.version.split()[0], jax=jax.__version__,
-              trax=getattr(trax, '__version__', '1.4.1'),
-              cpu_count=os.cpu_count(),
-              devices=[str(d) for d in jax.devices()])
+def environment(backend):
+  """Python, JAX and trax versions, CPUs, platform and devices of this run.
+
+  Args:
+    backend: the backend as a child process saw it
+      (`trax_revplus.backend.probe`): the benchmark's own process opens
+      none, a TPU chip belonging to one process.
+  """
+  return dict(python=sys.version.split()[0], jax=metadata.version('jax'),
+              trax=metadata.version('trax'), cpu_count=os.cpu_count(),
+              platform=backend['platform'], devices=backend['devices'])
 
 
-def new(opts, argv):
+def new(opts, argv, backend):
   """The results of a run that has measured nothing yet.
 
   Args:
     opts: the parsed flags (`cli.define_flags`).
     argv: the command line, program first.
+    backend: as `environment` takes it.
   """
   # Quoted as a shell needs it, so the recorded command runs as given.
   return dict(command=shlex.join(['python'] + list(argv)),
               started=time.strftime('%Y-%m-%d %H:%M:%S'),
               steps=opts.steps, memory_steps=opts.memory_steps,
               quick=opts.quick, trainers=list(opts.trainers),
-              environment=environment(), configs={})
+              environment=environment(backend), configs={})
 
 
 def merge_previous(results, previous, opts):
@@ -56,7 +61,8 @@ def merge_previous(results, previous, opts):
       results['configs'][name] = r
       continue
     kept = {k: v for k, v in r.items()
-            if k == 'config' or (k == 'timing' and not opts.timing) or
+            if k == 'config' or
+            (k in ('timing', 'timing_mode') and not opts.timing) or
             (k == 'memory' and not opts.memory)}
     if opts.memory and 'memory' in r:  # trainers not measured now
       kept['memory'] = {t: m for t, m in r['memory'].items()

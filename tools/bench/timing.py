@@ -1,12 +1,17 @@
-"""Step time: one process per trainer, stepped in turns by the parent.
+"""Step time: one process per trainer, stepped in turns or one at a time.
 
-Each trainer is built in a process of its own (`timing_child`), and the
-parent steps them round-robin (default, stock, ours, default, ...), one
-step at a time while the others wait idle, so machine load hits all of
-them alike. The first two steps of each are reported apart (the first
-compiles; trax's default and stock trainers compile again on the second,
-when their weights come back as different array types); the median of the
-steps after them is the step time.
+Each trainer is built in a process of its own (`timing_child`). On the CPU
+the parent steps them round-robin (default, stock, ours, default, ...),
+one step at a time while the others wait idle, so machine load hits all
+of them alike. On an accelerator (or with `--sequential`) the processes
+run one at a time, each built, stepped and ended before the next starts: a
+TPU chip belongs to one process, and a dedicated device is not shared
+with other load. The first two steps of each are reported apart (the
+first compiles; trax's default and stock trainers compile again on the
+second, when their weights come back as different array types); the
+median of the steps after them is the step time. Each process also
+reports its device's peak bytes in use (`memory_stats()`, where the
+backend keeps one: not on the CPU).
 """
 
 import os
@@ -47,7 +52,8 @@ def timing_child(spec, quick):
     except Exception as e:  # pylint: disable=broad-except
       protocol.send(dict(error=_one_line(e)))
       return
-    protocol.send(dict(seconds=seconds, loss=loss))
+    protocol.send(dict(seconds=seconds, loss=loss,
+                       chip_peak_bytes=model.chip_peak_bytes()))
 
 
 def _one_line(error):
@@ -56,71 +62,105 @@ def _one_line(error):
   return f'{type(error).__name__}: {lines[0] if lines else ""}'[:300]
 
 
-def time_config(name, trainers, n_steps, quick):
-  """Interleaved timing of `trainers` on config `name`; returns a dict.
+def _start(name, t, quick):
+  """Starts trainer `t`'s process on config `name`; returns (process,
+  what it answered once built)."""
+  cmd = protocol.command(f'--timing_child={name}:{t}')
+  if quick:
+    cmd.append('--quick')
+  proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          text=True, env=configs.child_env(t))
+  built = protocol.receive(proc, f'{name}:{t}')
+  if 'error' in built:
+    print(f'[{name}] {t} fails to build: {built["error"]}', flush=True)
+  else:
+    print(f'[{name}] built {t} in {built["build_s"]:.1f} s', flush=True)
+  return proc, built
 
-  Each trainer runs in a process of its own (`timing_child`), built one
-  after the other; the steps then go round-robin, one process computing at
-  a time.
+
+def _step(proc, name, t, step, r):
+  """Runs step `step` in trainer `t`'s process; records it in `r`."""
+  proc.stdin.write(f'{step}\n')
+  proc.stdin.flush()
+  done = protocol.receive(proc, f'{name}:{t}')
+  if 'error' in done:
+    r.update(failed_at_step=step, error=done['error'])
+    print(f'[{name}] step {step} {t} fails: {done["error"]}', flush=True)
+    return
+  seconds, loss = done['seconds'], done['loss']
+  if step == 1:
+    r['first_step_s'] = seconds
+  elif step == 2:
+    r['second_step_s'] = seconds
+  else:
+    r['step_s'].append(seconds)
+  r['losses'].append(loss)
+  r['chip_peak_bytes'] = done.get('chip_peak_bytes')
+  print(f'[{name}] step {step} {t}: {seconds:.3f} s loss {loss:.5f}',
+        flush=True)
+
+
+def _end(proc):
+  """Closes a trainer's stdin (it then exits) and waits for it."""
+  try:
+    proc.stdin.close()
+  except BrokenPipeError:  # a failed trainer's process has ended
+    pass
+  proc.wait()
+
+
+def time_config(name, trainers, n_steps, quick, sequential=False):
+  """Timing of `trainers` on config `name`; returns a dict.
+
+  Each trainer runs in a process of its own (`timing_child`). Interleaved
+  (default): the processes are built one after the other, then the steps
+  go round-robin, one process computing at a time. `sequential`: one
+  process at a time, built, stepped and ended before the next starts.
 
   Args:
     name: a config name.
     trainers: `--trainers` entries.
     n_steps: measured steps after the two warm-up steps.
     quick: whether configs are scaled down (`--quick`).
+    sequential: one process at a time (an accelerator: `--sequential`).
 
   Returns:
     {trainer: {first_step_s, second_step_s, step_s, losses, median_step_s,
-    weights_bytes, slots_bytes, glibc_tunables, failed_at_step, error}}:
-    a trainer that raised while building (`failed_at_step` 0) or stepping
-    has `error`, its exception in one line, and takes no more steps; its
-    times are None where it took none.
+    chip_peak_bytes, weights_bytes, slots_bytes, glibc_tunables,
+    failed_at_step, error}}: `chip_peak_bytes` is the device's peak bytes
+    in use after the process's last step (`model.chip_peak_bytes`; None on
+    the CPU); a trainer that raised while building (`failed_at_step` 0)
+    or stepping has `error`, its exception in one line, and takes no more
+    steps; its times are None where it took none.
   """
+  results = {t: dict(first_step_s=None, second_step_s=None, step_s=[],
+                     losses=[], chip_peak_bytes=None, failed_at_step=None,
+                     error=None)
+             for t in trainers}
   procs, built = {}, {}
+
+  def start(t):
+    procs[t], built[t] = _start(name, t, quick)
+    if 'error' in built[t]:
+      results[t].update(failed_at_step=0, error=built[t]['error'])
+
+  def step_all(ts, step):
+    for t in ts:
+      if results[t]['error'] is None:
+        _step(procs[t], name, t, step, results[t])
+
   try:
-    for t in trainers:
-      cmd = protocol.command(f'--timing_child={name}:{t}')
-      if quick:
-        cmd.append('--quick')
-      procs[t] = subprocess.Popen(cmd, stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, text=True,
-                                  env=configs.child_env(t))
-      built[t] = protocol.receive(procs[t], f'{name}:{t}')
-      if 'error' in built[t]:
-        print(f'[{name}] {t} fails to build: {built[t]["error"]}',
-              flush=True)
-      else:
-        print(f'[{name}] built {t} in {built[t]["build_s"]:.1f} s',
-              flush=True)
-    results = {t: dict(first_step_s=None, second_step_s=None, step_s=[],
-                       losses=[], failed_at_step=None, error=None)
-               for t in trainers}
-    for t in trainers:
-      if 'error' in built[t]:
-        results[t].update(failed_at_step=0, error=built[t]['error'])
-    for step in range(1, n_steps + 3):
+    if sequential:
       for t in trainers:
-        if results[t]['error'] is not None:
-          continue
-        procs[t].stdin.write(f'{step}\n')
-        procs[t].stdin.flush()
-        done = protocol.receive(procs[t], f'{name}:{t}')
-        if 'error' in done:
-          results[t].update(failed_at_step=step, error=done['error'])
-          print(f'[{name}] step {step} {t} fails: {done["error"]}',
-                flush=True)
-          continue
-        seconds, loss = done['seconds'], done['loss']
-        r = results[t]
-        if step == 1:
-          r['first_step_s'] = seconds
-        elif step == 2:
-          r['second_step_s'] = seconds
-        else:
-          r['step_s'].append(seconds)
-        r['losses'].append(loss)
-        print(f'[{name}] step {step} {t}: {seconds:.3f} s loss {loss:.5f}',
-              flush=True)
+        start(t)
+        for step in range(1, n_steps + 3):
+          step_all([t], step)
+        _end(procs.pop(t))
+    else:
+      for t in trainers:
+        start(t)
+      for step in range(1, n_steps + 3):
+        step_all(trainers, step)
   except BaseException:
     # A failed or interrupted run must not leave children waiting on stdin.
     for proc in procs.values():
@@ -128,11 +168,7 @@ def time_config(name, trainers, n_steps, quick):
     raise
   finally:
     for proc in procs.values():
-      try:
-        proc.stdin.close()
-      except BrokenPipeError:  # a failed trainer's process has ended
-        pass
-      proc.wait()
+      _end(proc)
   for t in trainers:
     r = results[t]
     r['median_step_s'] = statistics.median(r['step_s']) if r['step_s'] else None

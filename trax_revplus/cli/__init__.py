@@ -14,6 +14,7 @@ import sys
 import threading
 from typing import Sequence
 
+from trax_revplus import backend
 from trax_revplus import import_signals
 from trax_revplus.cli import parser
 from trax_revplus.cli.gin_config import import_trax_quietly
@@ -90,8 +91,9 @@ def main(argv: Sequence[str]) -> int:
   Returns:
     The exit status: 0 success, 1 runtime error, 2 usage error, 128 + N
     for a command stopped by signal N. User errors are printed as one
-    line on stderr, the last line the command prints; unexpected crashes
-    propagate.
+    line on stderr, the last line the command prints, and so is a device
+    another process holds (`backend.busy_device_error`), wherever the
+    command first opened JAX's backend; unexpected crashes propagate.
   """
   previous = _handle_signals()
   args = list(argv[1:])
@@ -107,6 +109,12 @@ def main(argv: Sequence[str]) -> int:
   except UserError as e:
     print(error_line(command, str(e)), file=sys.stderr, flush=True)
     return e.exit_code
+  except Exception as e:  # pylint: disable=broad-except
+    busy = backend.busy_device_error(e)
+    if busy is None:
+      raise
+    print(error_line(command, str(busy)), file=sys.stderr, flush=True)
+    return busy.exit_code
   except (_Stopped, KeyboardInterrupt) as e:
     signum = getattr(e, 'signum', signal.SIGINT)
     print(error_line(command, f'interrupted by '

@@ -4,9 +4,13 @@ What the two runs are and what is measured: `trax_revplus.compare`, which
 runs and measures the trainings and makes the table and figures; this
 module is the command around it. Before either run starts, the config is
 checked as `train` checks it (`preflight`), so a setting `train` rejects
-ends the command in seconds, with `train`'s line and exit status. The
-memory logs are read defensively: unreadable lines are named in a warning
-line. compare.json and compare.png are written safely (`output_files`).
+ends the command in seconds, with `train`'s line and exit status. This
+process never opens JAX's backend (a TPU chip belongs to one process):
+the check (which reads the device count), both runs and the accounting
+each run in a process of their own, one after another
+(`trax_revplus.backend`). The memory logs are read defensively: unreadable
+lines are named in a warning line. compare.json and compare.png are
+written safely (`output_files`).
 """
 
 import argparse
@@ -16,6 +20,7 @@ import sys
 import time
 from typing import Sequence, TextIO
 
+from trax_revplus import backend
 from trax_revplus import output_files
 from trax_revplus.cli import gin_config
 from trax_revplus.cli import output_dir as output_dirs
@@ -47,9 +52,16 @@ def run(flags: argparse.Namespace) -> int:
                       device_accounting=flags.device_accounting)
 
 
-def _check_config(config_files: Sequence[str], bindings: Sequence[str]
-                  ) -> None:
+# What the check before the runs printed, in the output dir.
+CHECK_LOG = 'check.log'
+
+
+def check_config(config_files: Sequence[str], bindings: Sequence[str]
+                 ) -> None:
   """Checks the config as `train` will for the trax_revplus run.
+
+  Opens JAX's backend (for the device count): `compare_main` runs it in a
+  process of its own (`backend.call`).
 
   Raises:
     UserError: as `train` (exit status 2 for a setting it rejects).
@@ -100,13 +112,18 @@ def compare_main(config_files: Sequence[str], bindings: Sequence[str],
     stream: file-like object for the runs' output and the table; default
       sys.stdout.
     device_accounting: bool, after the runs, run `estimate` on the config
-      for each trainer's XLA-computed step peak (`compare.accounting`).
+      for each trainer's XLA-computed step peak (`compare.accounting`);
+      its output goes to <output_dir>/estimate.log, its failure to one line
+      of the table.
 
   Returns:
     int exit status: 0 when the trax_revplus run succeeded, 1 when it failed.
 
   Raises:
-    UserError: the output dirs already hold runs.
+    UserError: the output dirs already hold runs, the config fails the
+      check before the runs (`check_config`, as `train` reports it; the
+      check's output is in <output_dir>/check.log), or the device is held
+      by another process.
   """
   # Imported here, not at the top: `trax_revplus.compare` imports JAX, and
   # `run` reports mistakes in the flags and paths before that.
@@ -133,7 +150,9 @@ def compare_main(config_files: Sequence[str], bindings: Sequence[str],
   else:
     extra.append(f'train.random_seed = {int(seed)}')
   every = None if steps is None else max(1, int(steps) // 10)
-  _check_config(config_files, list(bindings) + extra)
+  backend.call(f'{__name__}:check_config', list(config_files),
+               list(bindings) + extra,
+               log_path=os.path.join(output_dir, CHECK_LOG))
 
   runs = {}
   for k in compare.IMPLEMENTATIONS:
@@ -154,7 +173,7 @@ def compare_main(config_files: Sequence[str], bindings: Sequence[str],
                  f'(output in {os.path.join(output_dir, compare.accounting.ESTIMATE_LOG)})\n')
     stream.flush()
     accounting = compare.accounting.run_estimate(
-        config_files, list(bindings) + extra, output_dir, stream)
+        config_files, list(bindings) + extra, output_dir)
   else:
     accounting = compare.accounting.skipped()
 

@@ -9,7 +9,10 @@ trainer; without that line it trains with stock trax.
 In order, before anything is built: the flags, the config files, the
 output dir (writable, and locked for the run: `output_dir.OutputDirLock`),
 the gin configs and the settings (`preflight`, shared with `estimate` and
-`compare`), which also names trainer settings that would have no effect.
+`compare`), which also names trainer settings that would have no effect,
+then the device: JAX's backend opens before the output dir is made, so a
+device another process holds (a TPU chip belongs to one process) is one
+line (`trax_revplus.backend`), with nothing written.
 SIGINT and SIGTERM stop the run at the next step boundary with a checkpoint
 (before the first step, at once, joining included): `trax_revplus.interrupt`,
 whose handlers are installed before anything else runs. Errors a user can
@@ -32,6 +35,7 @@ import os
 import sys
 from typing import Any
 
+from trax_revplus import backend
 from trax_revplus import interrupt
 from trax_revplus.cli import build_errors
 from trax_revplus.cli import cache_flags
@@ -337,6 +341,9 @@ def _run(flags: argparse.Namespace, config_files: list[str],
     if process is not None:
       _share_seed()
     callbacks = _train_callbacks(flags.progress_every_n_steps)
+    # The device, before anything is written: one held by another process
+    # (a TPU chip belongs to one) ends the run in one line.
+    backend.open_backend()
     output_dirs.make(output_dir)
     if not locked:
       lock_if_chief()

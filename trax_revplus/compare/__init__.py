@@ -12,7 +12,9 @@ bindings, the same number of steps and the same seed. Both runs are measured by 
 Files under `output_dir`:
   stock/, revplus/: the two training output dirs (checkpoints, train.log,
     run_stats.json; revplus/ also memory.jsonl).
+  check.log: what the check of the config before the runs printed.
   stock.log, revplus.log: what each training process printed.
+  estimate.json, estimate.log: the device accounting (`accounting`).
   compare.json: the figures below.
   compare.png: loss and step time per step, host and device memory per step
     (plus the trax_revplus memory log's per-phase records).
@@ -52,8 +54,13 @@ token for cross-entropy):
       the trainer does not count transfers: stock trax).
   device_accounting: each trainer's step peak as XLA computes it, from
     `trax-revplus estimate` on the same config after both runs (keys in
-    `trax_revplus.compare.accounting`); the table's "peak device, XLA" row
-    takes stock's from here, ours from the memory log of the run.
+    `trax_revplus.compare.accounting`).
+  xla_peaks: {'stock': PEAK, 'revplus': PEAK}, the table's "peak device,
+    XLA" row: for each side the trainer it ran and that trainer's step peak
+    (`accounting.xla_peak`): trainer ('default' for trax's default
+    `Trainer`, 'stock', 'revplus', or null), peak_device_bytes (int or
+    null; null for a failed run), source ('memory_log': trax_revplus's
+    trainer records it; 'estimate'; or null).
   loss_max_abs_diff (float or null): max over common steps of |stock loss -
     trax_revplus loss|; null unless both runs recorded losses.
   loss_steps_compared (int).

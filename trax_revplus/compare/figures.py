@@ -130,6 +130,8 @@ def build_report(config_files: Sequence[str], bindings: Sequence[str],
       'seed_from_config': seed_from_config,
       'runs': runs,
       'device_accounting': device_accounting or accounting.skipped(),
+      'xla_peaks': {k: accounting.xla_peak(runs[k], device_accounting)
+                    for k in IMPLEMENTATIONS},
       'loss_max_abs_diff': loss_diff,
       'loss_steps_compared': len(common),
       'final_weights': checkpoint_diff(runs, 'model.weights.npy.gz'),

@@ -36,7 +36,8 @@ def run_command(implementation, config_files, bindings, output_dir,
 
 
 def run_streaming(command, log_path, prefix, stream):
-  """Runs `command`, copying its output to `log_path` and, prefixed, `stream`.
+  """Runs `command`, copying its output to `log_path` and, prefixed, `stream`
+  (None: to `log_path` only).
 
   Returns:
     (exit_code, output): int exit status (negative: killed by that signal)
@@ -53,8 +54,9 @@ def run_streaming(command, log_path, prefix, stream):
         lines.append(line)
         log.write(line)
         log.flush()
-        stream.write(f'{prefix}{line}')
-        stream.flush()
+        if stream is not None:
+          stream.write(f'{prefix}{line}')
+          stream.flush()
       process.wait()
     except BaseException:
       # Ctrl-C reaches the child too; wait for it so no run is left behind.

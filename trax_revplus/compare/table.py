@@ -41,6 +41,17 @@ def _fmt(value, kind):
   return str(value)
 
 
+def _xla_row_name(xla_peaks):
+  """'peak device, XLA (MiB)', naming the trainers where a side ran
+  another than its memory-efficient one (trax's default Trainer)."""
+  trainers = [xla_peaks[k]['trainer'] for k in IMPLEMENTATIONS]
+  if all(t in (None, k) for t, k in zip(trainers, IMPLEMENTATIONS)):
+    return 'peak device, XLA (MiB)'
+  named = [accounting.TRAINER_LABELS[t] if t else 'n/a' for t in trainers]
+  return (f'peak device, XLA (MiB, {named[0]})' if named[0] == named[1]
+          else f'peak device, XLA (MiB, {named[0]} / {named[1]})')
+
+
 def _fmt_diff(entry):
   if entry['max_abs_diff'] is None:
     return f'n/a ({entry["reason"]})'
@@ -99,17 +110,15 @@ def format_table(report: Report) -> str:
        True),
   ]
   accounted = report.get('device_accounting')
-
-  def xla_peak(run):
-    # What the run's memory log recorded, else estimate's figure for the
-    # trainer (stock trax writes no memory log).
-    return (_peak(run, 'peak_device_bytes', None) or
-            accounting.peak_device_bytes(accounted, run['implementation']))
-
-  if any(xla_peak(runs[k]) is not None for k in IMPLEMENTATIONS):
-    metrics.insert(6, ('peak device, XLA (MiB)', xla_peak, 'mib', True))
+  xla_peaks = report['xla_peaks']
+  if any(xla_peaks[k]['peak_device_bytes'] is not None
+         for k in IMPLEMENTATIONS):
+    metrics.insert(6, (_xla_row_name(xla_peaks),
+                       lambda r: xla_peaks[r['implementation']][
+                           'peak_device_bytes'], 'mib', True))
   table = [('metric', LABELS['stock'], LABELS['revplus'],
             'trax_revplus / stock')]
+  both_ok = all(runs[k]['status'] == 'ok' for k in IMPLEMENTATIONS)
   for name, get, kind, with_ratio in metrics:
     a, b = get(runs['stock']), get(runs['revplus'])
     if runs['stock']['status'] != 'ok':
@@ -120,8 +129,12 @@ def format_table(report: Report) -> str:
       b_text = 'failed'
     else:
       b_text = _fmt(b, kind)
-    ratio = (f'{b / a:.3g}' if with_ratio and a and b is not None
-             else ('' if not with_ratio else 'n/a'))
+    if not with_ratio:
+      ratio = ''
+    elif not both_ok:  # Nothing to compare with a run that failed.
+      ratio = '-'
+    else:
+      ratio = f'{b / a:.3g}' if a and b is not None else 'n/a'
     table.append((name, a_text, b_text, ratio))
   widths = [max(len(row[i]) for row in table) for i in range(4)]
   lines.append('')
@@ -147,9 +160,12 @@ def format_table(report: Report) -> str:
       'after the steps) where the run writes one (trax_revplus), else from '
       'run_stats.json (stock trax: the process peak RSS, device bytes after '
       'each step); H2D/D2H bytes are counted by trax_revplus only (n/a for '
-      'stock trax). The XLA peak is the step\'s peak device bytes computed '
-      'from its compiled programs: trax_revplus\'s from its memory log, '
-      'stock\'s from `trax-revplus estimate` on the same config.',
+      'stock trax). The XLA peak is the step\'s peak device bytes '
+      'computed from its compiled programs, for the trainer each side ran: '
+      'trax_revplus\'s memory-efficient trainer\'s from its memory log, '
+      'the others\' (stock trax\'s, trax\'s default Trainer) from '
+      '`trax-revplus estimate` on the same config. No ratio beside a run '
+      'that failed.',
       width=78))
   if accounted and accounted.get('status') == 'failed':
     lines.append(f'device accounting (estimate): failed, '

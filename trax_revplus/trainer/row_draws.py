@@ -29,6 +29,7 @@ from typing import Any, Iterator, Sequence
 
 from jax import lax
 from jax import numpy as jnp
+import numpy as np
 from trax import fastmath
 from trax.fastmath import ops as fastmath_ops
 from trax.layers import attention as tl_attention
@@ -123,8 +124,10 @@ def slice_of(s, k: int) -> Iterator[None]:
     _tracing.at = previous
 
 
-# A fixed key for the draws `exact_draws_fixed` takes off the RNG.
-_FIXED_KEY = jnp.zeros((2,), jnp.uint32)
+# A fixed key for the draws `exact_draws_fixed` takes off the RNG. A numpy
+# array: a JAX array made at import would start JAX's backend in every
+# process that imports the trainer, parents of the runs included.
+_FIXED_KEY = np.zeros((2,), np.uint32)
 
 
 @contextlib.contextmanager
