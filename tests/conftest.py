@@ -138,14 +138,16 @@ def reversible_lm(dropout_rate=None):
        tl.Concatenate()] + dropout + [tl.Dense(9), tl.LogSoftmax()])
 
 
-def lsh_reformer_lm(mode='train', dropout=0.0, n_layers=1):
-  """A tiny trax ReformerLM with LSH attention: vocab 16, d_model 16, 2
-  heads, sequences of at most 32, uninitialized. LSH keeps per (row, head)
-  state (its hash RNGs) and draws its rotations from the layer's RNG."""
+def lsh_reformer_lm(mode='train', dropout=0.0, n_layers=1, d_model=16,
+                    d_ff=32):
+  """A tiny trax ReformerLM with LSH attention: vocab 16, d_model 16 and
+  d_ff 32 unless given, 2 heads, sequences of at most 32, uninitialized.
+  LSH keeps per (row, head) state (its hash RNGs) and draws its rotations
+  from the layer's RNG."""
   import functools  # pylint: disable=g-import-not-at-top
   from trax import models  # pylint: disable=g-import-not-at-top
   return models.ReformerLM(
-      16, d_model=16, d_ff=32, d_attention_key=8, d_attention_value=8,
+      16, d_model=d_model, d_ff=d_ff, d_attention_key=8, d_attention_value=8,
       n_layers=n_layers, n_heads=2, max_len=32, dropout=dropout,
       attention_type=functools.partial(
           tl.LSHSelfAttention, chunk_len=4, n_buckets=4, n_hashes=2),

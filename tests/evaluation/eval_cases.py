@@ -22,6 +22,7 @@ from trax.supervised import training
 
 from conftest import lsh_reformer_lm
 import trax_revplus
+from trax_revplus import evaluation
 
 RNG = fastmath.random.get_prng(5)
 BUDGET = 'trax_revplus.ReversibleSerialTrainer.device_memory_budget_bytes'
@@ -45,12 +46,12 @@ def eval_batch(rows=8, length=16):
   return tokens, tokens, weights
 
 
-def loop(output_dir, budget_bytes='auto', ours_=True):
+def loop(output_dir, budget_bytes='auto', ours_=True, **sizes):
   """A memory-efficient `training.Loop` on trax_revplus (activated here;
-  `ours_` False: stock trax) of a tiny LSH ReformerLM with dropout,
-  evaluating its `mode='eval'` model on `eval_batch()` with `metrics()`;
-  the trainer's device memory budget is `budget_bytes`. Nothing is
-  trained."""
+  `ours_` False: stock trax) of a tiny LSH ReformerLM with dropout
+  (`conftest.lsh_reformer_lm(**sizes)`), evaluating its `mode='eval'`
+  model on `eval_batch()` with `metrics()`; the trainer's device memory
+  budget is `budget_bytes`. Nothing is trained."""
   if ours_:
     trax_revplus.activate()
   else:
@@ -64,8 +65,8 @@ def loop(output_dir, budget_bytes='auto', ours_=True):
   eval_task = training.EvalTask(itertools.repeat(batch), metrics(),
                                 n_eval_batches=1)
   return training.Loop(
-      lsh_reformer_lm('train', dropout=0.1), [task],
-      eval_model=lsh_reformer_lm('eval'), eval_tasks=[eval_task],
+      lsh_reformer_lm('train', dropout=0.1, **sizes), [task],
+      eval_model=lsh_reformer_lm('eval', **sizes), eval_tasks=[eval_task],
       output_dir=output_dir, use_memory_efficient_trainer=True,
       random_seed=0)
 
@@ -83,18 +84,30 @@ def arguments(loop_, batch=None, rng=RNG):
           (loop_.model.state, ev.state), rng)
 
 
+def evaluate(loop_, budget_bytes, batch=None, rng=RNG):
+  """(metrics, plan) of a new `evaluation.DeviceEvaluator` of the loop's
+  model with metrics on its trainer's placement, under `budget_bytes`."""
+  trainer = loop_._trainer_per_task[0]  # pylint: disable=protected-access
+  metrics_fn = evaluation.DeviceEvaluator(
+      evaluator(loop_).metrics_fn.model_with_metrics, trainer.placement,
+      budget_bytes)
+  args = arguments(loop_, batch, rng)
+  values, _ = metrics_fn(*args)
+  return np.asarray(values, np.float64), metrics_fn.planned(*args).plan
+
+
 def ours(loop_, batch=None, rng=RNG):
   """The loop's eval metrics on `batch` (float64 array, one per metric)."""
   values, _ = evaluator(loop_).metrics_fn(*arguments(loop_, batch, rng))
   return np.asarray(values, np.float64)
 
 
-def stock(loop_, batch=None, rng=RNG):
-  """Stock trax's CPU eval metrics on the loop's weights and state;
-  deactivates trax_revplus."""
+def stock(loop_, batch=None, rng=RNG, **sizes):
+  """Stock trax's CPU eval metrics on the loop's weights and state (its
+  model of `sizes`); deactivates trax_revplus."""
   trax_revplus.deactivate()
   batch = eval_batch() if batch is None else batch
-  model = lsh_reformer_lm('eval')
+  model = lsh_reformer_lm('eval', **sizes)
   model.init(shapes.signature(batch[0]))
   eval_task = training.EvalTask(itertools.repeat(batch), metrics(),
                                 n_eval_batches=1)
@@ -108,22 +121,23 @@ def stock(loop_, batch=None, rng=RNG):
   return np.asarray(values, np.float64)
 
 
-def mean_of_parts(loop_, parts, batch=None, rng=RNG):
-  """The mean over `parts` parts of the rows of trax's metrics layer on
-  each part's rows of stock's logits of the whole batch: what averaging
-  per-part metrics would report (1: the batch's metrics); deactivates
-  trax_revplus."""
+def means_of_parts(loop_, parts, batch=None, rng=RNG):
+  """For each count in `parts`, the mean over that many parts of the rows
+  of trax's metrics layer on each part's rows of stock's logits of the
+  whole batch: what averaging per-part metrics would report (1: the
+  batch's metrics); deactivates trax_revplus."""
   trax_revplus.deactivate()
   batch = eval_batch() if batch is None else batch
   model = lsh_reformer_lm('eval')
   model.init(shapes.signature(batch[0]))
-  # As JAX arrays: stock's LSH layers index numpy weights inside a loop.
-  weights, state = jax.tree_util.tree_map(
-      jnp.asarray, (loop_.model.weights, loop_.model.state))
-  logits, _ = model.pure_fn(batch[0], weights, state, rng)
+  logits, _ = jax.jit(model.pure_fn)(batch[0], loop_.model.weights,
+                                     loop_.model.state, rng)
   metrics_layer = tl.Branch(*metrics())
-  b = batch[0].shape[0] // parts
-  rows = lambda x, i: x[i * b:(i + 1) * b]
-  values = [metrics_layer((rows(logits, i), rows(batch[1], i),
-                           rows(batch[2], i))) for i in range(parts)]
-  return np.mean(np.asarray(values, np.float64), axis=0)
+  means = []
+  for k in parts:
+    b = batch[0].shape[0] // k
+    rows = lambda x, i, b=b: x[i * b:(i + 1) * b]
+    values = [metrics_layer((rows(logits, i), rows(batch[1], i),
+                             rows(batch[2], i))) for i in range(k)]
+    means.append(np.mean(np.asarray(values, np.float64), axis=0))
+  return means

@@ -1,7 +1,7 @@
 """Planning an eval: the fewest row parts whose program fits the budget.
 
 References: an exhaustive search over the candidates (`fewest_fitting`),
-and programs whose figures are given (`plan_parts`), some refused by the
+and programs whose figures are given (`search_parts`), some refused by the
 backend for memory as a TPU refuses an over-budget program when it
 compiles it.
 """
@@ -45,22 +45,39 @@ def test_fewest_fitting_finds_the_first_that_fits_in_few_tries(n):
     assert len(tried) <= 2 * max(1, n).bit_length() + 1
 
 
-def test_plan_parts_takes_the_fewest_parts_that_fit():
+def test_search_parts_takes_the_fewest_parts_that_fit():
   figures = {1: 1000, 2: 600, 4: 400, 8: 300, 16: 250, 32: 220, 64: 210}
   weighed = []
 
   def weigh(parts):
     weighed.append(parts)
     return _memory(figures[parts])
-  plan = planning.plan_parts(64, weigh, budget_bytes=500)
+  plan, _, _ = planning.search_parts(64, weigh, budget_bytes=500)
   assert (plan.rows, plan.parts, plan.peak_device_bytes) == (64, 4, 400)
   # 8 fits, so more parts are not compiled.
   assert sorted(weighed) == [1, 2, 4, 8]
-  assert planning.plan_parts(8, weigh, budget_bytes=1000).parts == 1
+  assert planning.search_parts(8, weigh, 1000)[0].parts == 1
   # Without a budget: one part, weighed for the log.
   weighed.clear()
-  assert planning.plan_parts(8, weigh, budget_bytes=None).parts == 1
+  assert planning.search_parts(8, weigh, None)[0].parts == 1
   assert weighed == [1]
+  # Given candidates.
+  assert planning.search_parts(64, weigh, 500, [1, 8, 64])[0].parts == 8
+  # None fits: the least, with its figures.
+  assert planning.search_parts(64, weigh, 200) == (
+      None, planning.EvalPlan(64, 64, _memory(210)), None)
+
+
+def test_arguments_over_the_budget_fit_with_no_parts():
+  weighed = []
+
+  def weigh(parts):
+    weighed.append(parts)
+    return device_memory.ProgramMemory(argument_bytes=1000, output_bytes=4,
+                                       alias_bytes=0, temp_bytes=64 // parts)
+  plan, least, refusal = planning.search_parts(64, weigh, budget_bytes=900)
+  assert (plan, least.parts, refusal) == (None, 64, None)
+  assert weighed == [1, 64]
 
 
 def test_a_program_refused_for_memory_does_not_fit():
@@ -68,13 +85,13 @@ def test_a_program_refused_for_memory_does_not_fit():
     if parts < 4:
       raise _refused()
     return _memory(100 * parts)
-  plan = planning.plan_parts(8, weigh, budget_bytes=10**9)
+  plan, _, _ = planning.search_parts(8, weigh, budget_bytes=10**9)
   assert plan.parts == 4
   # Any other error is not the plan's to judge.
   def broken(parts):
     raise jax.errors.JaxRuntimeError('INTERNAL: something else')
   with pytest.raises(jax.errors.JaxRuntimeError, match='INTERNAL'):
-    planning.plan_parts(8, broken, budget_bytes=10**9)
+    planning.search_parts(8, broken, budget_bytes=10**9)
 
 
 def test_is_out_of_memory():
@@ -90,9 +107,12 @@ def test_nothing_fits_is_one_line_naming_the_least_and_the_setting(refused):
     if refused:
       raise _refused()
     return _memory(2000 // parts)
-  with pytest.raises(planning.EvalMemoryBudgetError) as raised:
-    planning.plan_parts(4, weigh, budget_bytes=300)
-  message = str(raised.value)
+  plan, least, refusal = planning.search_parts(4, weigh, budget_bytes=300)
+  assert plan is None and least.parts == 4
+  assert (refusal is not None) == refused
+  error = planning.nothing_fits(least, refusal, 300)
+  assert isinstance(error, planning.EvalMemoryBudgetError)
+  message = str(error)
   assert '\n' not in message
   assert message.startswith(
       'the eval of a batch of 4 rows does not fit device_memory_budget_bytes'

@@ -7,10 +7,12 @@ accelerator that the train step plans to fit. A `DeviceEvaluator` is that
 `metrics_fn` on the first device the trainer steps on (its `placement`),
 planned under the trainer's device memory budget (`planning`): before the
 first eval on a batch's shapes, the fewest parts of the batch's rows whose
-program fits, compiled once and logged once (`eval device memory plan:`).
-At each call the arguments (the eval batch, the host weights and state the
-`Loop` passes, the RNG) are placed on that device, the program runs, the
-metrics come back to the host and the copies placed for it are deleted.
+program fits, or where not even one row of the whole model fits, its
+layers one program at a time (`segments`); compiled once and logged once
+(`eval device memory plan:`). At each call the arguments (the eval batch,
+the host weights and state the `Loop` passes, the RNG) are placed on that
+device, the programs run, the metrics come back to the host and the copies
+placed for them are deleted.
 """
 
 from typing import Any, Callable, NamedTuple
@@ -24,6 +26,7 @@ from trax_revplus import placement as placement_lib
 from trax_revplus.device_memory import program as program_lib
 from trax_revplus.evaluation import functions
 from trax_revplus.evaluation import planning
+from trax_revplus.evaluation import segments
 from trax_revplus.layers import preserved
 from trax_revplus.typing import PRNGKey
 from trax_revplus.typing import PyTree
@@ -33,12 +36,30 @@ class PlannedEval(NamedTuple):
   """An eval on one batch's shapes.
 
   Attributes:
-    plan: its `planning.EvalPlan`.
-    fn: the jitted `functions.metrics_function` of `plan.parts`, compiled
-      for these shapes on the evaluator's device.
+    plan: its `planning.EvalPlan` (the whole model over row parts) or
+      `segments.SegmentedPlan` (one layer at a time).
+    run: `run(batch, weights, state, rng) -> metric values` (host arrays),
+      its programs compiled for these shapes on the evaluator's device.
   """
-  plan: planning.EvalPlan
-  fn: Callable[..., Any]
+  plan: Any
+  run: Callable[..., Any]
+
+
+class _Whole:
+  """The whole model's program over row parts, run on placed arguments."""
+
+  def __init__(self, compiled, device):
+    self._compiled = compiled
+    self._device = device
+
+  def __call__(self, batch, weights, state, rng):
+    args = (batch, weights, state, rng)
+    placed, copies = self._device.put(args)
+    try:
+      return jax.device_get(self._compiled(*placed))
+    finally:
+      del placed
+      self._device.release(copies, args)
 
 
 class DeviceEvaluator:
@@ -75,6 +96,11 @@ class DeviceEvaluator:
     """The device the eval runs on."""
     return self._device.device
 
+  @property
+  def model_with_metrics(self) -> tl.Layer:
+    """The `tl.Serial(model, metrics_layer)` it evaluates."""
+    return self._model_with_metrics
+
   def planned(self, batch: PyTree, weights: PyTree, state: PyTree,
               rng: PRNGKey) -> PlannedEval:
     """The `PlannedEval` of these arguments' shapes, planned (compiled,
@@ -82,31 +108,51 @@ class DeviceEvaluator:
     read.
 
     Raises:
-      planning.EvalMemoryBudgetError: not even one row per part fits the
-        budget.
+      planning.EvalMemoryBudgetError: not even one row per part of the
+        whole model fits the budget, and not even one layer and one row
+        at a time (`segments.SegmentsError`, where the model runs as
+        layers one after another).
     """
     args = (batch, weights, state, rng)
     key = program_lib.types_key(args)
     if key not in self._planned:
-      self._planned[key] = self._plan(args)
+      with preserved(self._model_with_metrics):
+        self._planned[key] = self._plan(self._device.types(args))
+      logging.info('eval device memory plan on %s: %s', self.device,
+                   self._planned[key].plan.describe(self.budget_bytes))
     return self._planned[key]
 
-  def _plan(self, args):
-    types = self._device.types(args)
+  def _plan(self, types):
+    """The whole model over the fewest row parts that fit; where none
+    does, its layers one at a time."""
     rows = jax.tree_util.tree_leaves(types[0])[0].shape[0]
-    fns = {}
+    # The compiled programs, called as they are: calling the jitted
+    # function would trace trax's layers again and compile a second time.
+    compiled = {}
 
     def weigh(parts):
       fn = jax.jit(functions.metrics_function(self._model_with_metrics,
                                               parts))
-      with preserved(self._model_with_metrics):
-        compiled = fn.trace(*types).lower().compile()
-      fns[parts] = fn
-      return device_memory.ProgramMemory.from_compiled(compiled)
-    plan = planning.plan_parts(rows, weigh, self.budget_bytes)
-    logging.info('eval device memory plan on %s: %s', self.device,
-                 plan.describe(self.budget_bytes))
-    return PlannedEval(plan, fns[plan.parts])
+      compiled[parts] = fn.trace(*types).lower().compile()
+      return device_memory.ProgramMemory.from_compiled(compiled[parts])
+    plan, least, refusal = planning.search_parts(rows, weigh,
+                                                 self.budget_bytes)
+    if plan is not None:
+      return PlannedEval(plan, _Whole(compiled[plan.parts], self._device))
+    whole = planning.nothing_fits(least, refusal, self.budget_bytes)
+    model, _ = functions.model_and_metrics(self._model_with_metrics)
+    if len(segments.steps(model)) < 2:
+      raise whole
+    try:
+      segmented = segments.Segmented(self._model_with_metrics, self._device,
+                                     types, self.budget_bytes)
+    except segments.SegmentsError as e:
+      # The error naming the least of the two.
+      if whole.least_bytes is not None and (
+          e.least_bytes is None or whole.least_bytes < e.least_bytes):
+        raise whole from None
+      raise
+    return PlannedEval(segmented.plan, segmented)
 
   def __call__(self, batch: PyTree, weights: PyTree, state: PyTree,
                rng: PRNGKey) -> tuple[Any, PyTree]:
@@ -125,14 +171,5 @@ class DeviceEvaluator:
     Raises:
       planning.EvalMemoryBudgetError: see `planned`.
     """
-    args = (batch, weights, state, rng)
-    planned = self.planned(*args)
-    placed, copies = self._device.put(args)
-    try:
-      with preserved(self._model_with_metrics):
-        values = planned.fn(*placed)
-      values = jax.device_get(values)
-    finally:
-      del placed
-      self._device.release(copies, args)
-    return values, state
+    planned = self.planned(batch, weights, state, rng)
+    return planned.run(batch, weights, state, rng), state

@@ -28,7 +28,16 @@ T = TypeVar('T')
 
 class EvalMemoryBudgetError(budget_lib.DeviceMemoryBudgetError):
   """An eval batch that no plan of the eval fits in the device memory
-  budget (a ValueError)."""
+  budget (a ValueError).
+
+  Attributes:
+    least_bytes: int, the least budget the eval fits, or None where the
+      backend refused the least plan's program.
+  """
+
+  def __init__(self, message: str, least_bytes: int | None = None):
+    super().__init__(message)
+    self.least_bytes = least_bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,24 +106,26 @@ def fewest_fitting(candidates: Sequence[T],
   return candidates[above]
 
 
-def plan_parts(rows: int,
-               weigh: Callable[[int], device_memory.ProgramMemory],
-               budget_bytes: int | None) -> EvalPlan:
-  """The eval's plan on a batch of `rows` rows: the fewest parts whose
-  program fits `budget_bytes` (None: one part).
+def search_parts(rows: int,
+                 weigh: Callable[[int], device_memory.ProgramMemory],
+                 budget_bytes: int | None,
+                 candidates: Sequence[int] | None = None
+                 ) -> tuple[EvalPlan | None, EvalPlan, Exception | None]:
+  """The fewest parts of `rows` rows whose program fits `budget_bytes`.
 
   Args:
     rows: int, the eval batch's rows.
     weigh: parts -> `device_memory.ProgramMemory` of that program,
       compiled; an error that `device_memory.is_out_of_memory` calls so
       counts as not fitting, any other is raised.
-    budget_bytes: int bytes, or None.
+    budget_bytes: int bytes, or None: one part fits.
+    candidates: the part counts to choose from, ascending (default: every
+      divisor of `rows`).
 
   Returns:
-    `EvalPlan`.
-
-  Raises:
-    EvalMemoryBudgetError: not even one row per part fits.
+    (the plan of the fewest parts that fit, None, None) or, where none
+    fits, (None, the plan of the most parts, the backend's error where it
+    refused that one for memory, else None).
   """
   weighed = {}
 
@@ -131,13 +142,22 @@ def plan_parts(rows: int,
     return weighed[parts][0]
 
   if budget_bytes is None:
-    return plan_of(1)
+    return plan_of(1), None, None
   fits = lambda parts: (plan_of(parts).memory is not None and
                         plan_of(parts).peak_device_bytes <= budget_bytes)
-  parts = fewest_fitting(divisors(rows), fits)
+  candidates = divisors(rows) if candidates is None else candidates
+  first = plan_of(candidates[0])
+  if (first.memory is not None and
+      first.memory.argument_bytes > budget_bytes):
+    # Arguments (weights, state, the batch) do not shrink with parts: none
+    # fits, and the least is the most parts'.
+    parts = None
+    plan_of(candidates[-1])
+  else:
+    parts = fewest_fitting(candidates, fits)
   if parts is None:
-    raise nothing_fits(*weighed[rows], budget_bytes)
-  return plan_of(parts)
+    return (None, *weighed[candidates[-1]])
+  return plan_of(parts), None, None
 
 
 def nothing_fits(least: EvalPlan, refusal: Exception | None,
@@ -156,4 +176,4 @@ def nothing_fits(least: EvalPlan, refusal: Exception | None,
       f'device_memory_budget_bytes={mib(budget_bytes)} even one row at a '
       f'time: {need}; set {options_lib.GIN_CONFIGURABLE}.'
       f'device_memory_budget_bytes{at_least}, or use a smaller eval batch '
-      f'or shorter sequences.')
+      f'or shorter sequences.', least.peak_device_bytes)
