@@ -22,7 +22,6 @@ import trax_revplus
 from trax_revplus import evaluation
 from trax_revplus import placement as placement_lib
 from trax_revplus import validation
-from trax_revplus.device_memory import program as program_lib
 from trax_revplus.evaluation import planning
 from trax_revplus.evaluation import segments
 
@@ -171,7 +170,7 @@ def test_eval_runs_on_the_trainers_device_not_through_the_cpu_jit(
 
 @pytest.mark.parametrize('how', ['whole', 'layers'])
 def test_an_eval_is_planned_and_compiled_once_per_batch_shape(
-    how, tiny, wide, monkeypatch, caplog):
+    how, tiny, wide, caplog):
   """Planning compiles the programs the eval runs: no call compiles or
   traces anything, the whole model's or one layer at a time."""
   loop = tiny[0] if how == 'whole' else wide[0]
@@ -184,14 +183,6 @@ def test_an_eval_is_planned_and_compiled_once_per_batch_shape(
     if name in ('/jax/core/compile/jaxpr_trace_duration',
                 '/jax/core/compile/backend_compile_duration'):
       events.append(name)
-  plans = []
-  planned = evaluation.DeviceEvaluator.planned
-
-  def counting(self, *args):
-    if program_lib.types_key(args) not in self._planned:  # pylint: disable=protected-access
-      plans.append(args[0][0].shape[0])
-    return planned(self, *args)
-  monkeypatch.setattr(evaluation.DeviceEvaluator, 'planned', counting)
   metrics_fn = evaluation.DeviceEvaluator(
       cases.evaluator(loop).metrics_fn.model_with_metrics,
       loop._trainer_per_task[0].placement, budget)  # pylint: disable=protected-access
@@ -209,10 +200,10 @@ def test_an_eval_is_planned_and_compiled_once_per_batch_shape(
   finally:
     jax.monitoring.unregister_event_duration_listener(listener)
   np.testing.assert_array_equal(values[0], values[1])
-  assert plans == ([8, 4] if how == 'whole' else [8])
+  # Planned (and logged) once per batch shape.
   lines = [r.getMessage() for r in caplog.records
            if 'eval device memory plan' in r.getMessage()]
-  assert len(lines) == len(plans), lines
+  assert len(lines) == (2 if how == 'whole' else 1), lines
   assert ('the model on all 8 rows, then the metrics; peak ' if how == 'whole'
           else 'the model one layer at a time (') in lines[0]
 

@@ -8,9 +8,10 @@ with its own RNG of the `Serial`'s split over them
 (`tl.Serial.forward`); a `Serial` inside a `Serial` does the same on the
 items it is given. `steps` opens every layer that runs as a `tl.Serial`
 (trax's `Serial`, `Branch`, `Residual`, the reversible `ReversibleSerial`;
-not a layer wrapped in shape asserts) down to the layers that do not, in the order the model's forward runs
-them, with where their weights, state and RNG sit in the model's: run one
-after another on the stack they compute what the model computes.
+not a layer wrapped in shape asserts) down to the layers that do not, in
+the order the model's forward runs them, with where their weights, state
+and RNG sit in the model's: run one after another on the stack they
+compute what the model computes.
 
 Each step is one program over the fewest parts of the rows that fit
 (`slices.forward`, as the whole model's), with its weights and state
@@ -155,10 +156,12 @@ class SegmentedPlan:
     size = lambda n: byte_sizes.format_bytes(n, unit=None)
     limit = ('no budget' if budget_bytes is None else
              f'budget {size(budget_bytes)}')
+    rows = (f'up to {self.parts} parts of the {self.rows} rows'
+            if self.parts > 1 else f'each on all {self.rows} rows')
     return (f'the model one layer at a time ({len(self.steps) - 1} '
-            f'programs, up to {self.parts} parts of the {self.rows} rows), '
-            f'then the metrics; peak {size(self.peak_device_bytes)} in '
-            f'{peak.name}: held {size(peak.held_bytes)}, its program '
+            f'programs, {rows}), then the metrics; peak '
+            f'{size(self.peak_device_bytes)} in {peak.name}: held '
+            f'{size(peak.held_bytes)}, its program '
             f'{size(peak.plan.peak_device_bytes)} ({limit})')
 
 
