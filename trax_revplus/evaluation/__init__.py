@@ -9,6 +9,8 @@ Modules:
   functions   the function an eval compiles: the model over row parts of
               the eval batch, then the metrics once on the whole batch
   planning    `EvalPlan`: the fewest parts whose program fits the budget
+  segments    where not even one row of the whole model fits: its layers
+              one program each, their weights placed per layer
   evaluator   `DeviceEvaluator`: trax's `metrics_fn`, planned once per
               batch shapes, arguments placed and their copies freed
 
