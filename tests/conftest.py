@@ -153,6 +153,22 @@ def reversible_lm(dropout_rate=None):
        tl.Concatenate()] + dropout + [tl.Dense(9), tl.LogSoftmax()])
 
 
+def lsh_reformer_lm(mode='train', dropout=0.0, n_layers=1, d_model=16,
+                    d_ff=32):
+  """A tiny trax ReformerLM with LSH attention: vocab 16, d_model 16 and
+  d_ff 32 unless given, 2 heads, sequences of at most 32, uninitialized.
+  LSH keeps per (row, head) state (its hash RNGs) and draws its rotations
+  from the layer's RNG."""
+  import functools  # pylint: disable=g-import-not-at-top
+  from trax import models  # pylint: disable=g-import-not-at-top
+  return models.ReformerLM(
+      16, d_model=d_model, d_ff=d_ff, d_attention_key=8, d_attention_value=8,
+      n_layers=n_layers, n_heads=2, max_len=32, dropout=dropout,
+      attention_type=functools.partial(
+          tl.LSHSelfAttention, chunk_len=4, n_buckets=4, n_hashes=2),
+      mode=mode)
+
+
 def reversible_lm_blocks():
   """`reversible_lm()` with a cross-entropy loss, as trainer blocks.
 
@@ -257,11 +273,13 @@ MULTIDEVICE_WORKER = os.path.join(os.path.dirname(__file__), 'placement',
                                   'multidevice_worker.py')
 
 
-def run_multidevice_worker(n_devices, function='main'):
-  """tests/placement/multidevice_worker.py's `function` in a fresh process
-  on `n_devices` forced CPU devices (XLA_FLAGS set before JAX starts):
-  `main` as the script runs it, any other with `n_devices` as its
-  argument; returns the JSON line it printed last.
+def run_multidevice_worker(n_devices, function='main',
+                           script=MULTIDEVICE_WORKER):
+  """`script`'s (tests/placement/multidevice_worker.py by default)
+  `function` in a fresh process on `n_devices` forced CPU devices
+  (XLA_FLAGS set before JAX starts): `main` as the script runs it, any
+  other with `n_devices` as its argument; returns the JSON line it printed
+  last.
 
   Raises:
     AssertionError: the process failed (its stderr's end as the message).
@@ -277,10 +295,10 @@ def run_multidevice_worker(n_devices, function='main'):
              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
              JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='0')
   if function == 'main':
-    args = [MULTIDEVICE_WORKER, str(n_devices)]
+    args = [script, str(n_devices)]
   else:
     args = ['-c', f'import runpy; '
-                  f'runpy.run_path({MULTIDEVICE_WORKER!r})'
+                  f'runpy.run_path({script!r})'
                   f'[{function!r}]({n_devices})']
   proc = subprocess.run([sys.executable, *args], env=env,
                         capture_output=True, text=True, check=False)

@@ -8,7 +8,9 @@ deprecated JAX API (which warns now and will be removed):
   trax                                   deprecated JAX call
   training.init_host_and_devices         jax.host_count()
   acceleration._accelerate (n_devices=0:  jax.jit(f, device=cpu)
-    the memory-efficient Loop's evals)
+    trax's memory-efficient Loop's evals;
+    with trax_revplus's trainer they run
+    on its device instead, `evaluation`)
 
 and so that they work in a multi-process run (`jax.distributed`), where
 `jax.devices('cpu')[0]` is process 0's CPU device on every process:
@@ -140,7 +142,9 @@ def accelerate(f, n_devices):
   """`f` compiled for `n_devices` (0: on the CPU, whatever else is present).
 
   Mirrors `trax.layers.acceleration._accelerate`, behind `tl.jit_forward`,
-  which the memory-efficient `Loop` calls with `n_devices=0` for its evals.
+  which trax's memory-efficient `Loop` calls with `n_devices=0` for its
+  evals (with trax_revplus's trainer the `Loop` evaluates on the trainer's
+  device instead: `evaluation.DeviceEvaluator`).
   For 0, trax calls `jax.jit(f, device=jax.devices('cpu')[0])`, deprecated;
   here the arguments are placed on the CPU device and the computation follows
   them, as JAX advises. Other counts compile as in trax: `jit` for 1, `pmap`

@@ -113,16 +113,20 @@ def _loop_init(loop, *args, **kwargs):
 
 
 def _init_evaluator_with_eval_model(loop, eval_task):
-  """`training.Loop._init_evaluator`, evaluating the eval model.
+  """`training.Loop._init_evaluator`, evaluating the eval model on the device.
 
   trax's memory-efficient `Loop` replaces the `eval_model` it was given by
   the training model, so its evals ran with dropout and other train-mode
   behaviour. Here the eval model given (e.g. `mode='eval'`, as
   `trainer_lib.train` passes it) is evaluated, with the training model's
   weights and state: the same host arrays, not a copy, which `run_evals`
-  passes to the evaluator at every eval (evaluated on the CPU, as trax).
-  Without an eval model, or if its weights do not fit the training model's,
-  the training model is evaluated, as trax does.
+  passes to the evaluator at every eval. Without an eval model, or if its
+  weights do not fit the training model's, the training model is
+  evaluated, as trax does.
+
+  trax evaluates on the host's CPU device; with trax_revplus's trainer the
+  evaluator is an `evaluation.DeviceEvaluator`: the eval runs on the
+  trainer's (first) device, planned under its step's device memory budget.
   """
   eval_model = getattr(loop, '_revplus_eval_model', None)
   # pylint: disable=protected-access
@@ -136,6 +140,23 @@ def _init_evaluator_with_eval_model(loop, eval_task):
                       '(%s); evaluating the training model instead.', e)
     else:
       loop._eval_model = eval_model
+  # Imported here: these modules import trax_revplus.swap indirectly.
+  # pylint: disable=g-import-not-at-top
+  from trax_revplus import compat
+  from trax_revplus import evaluation
+  from trax_revplus import trainer as trainer_lib
+  # pylint: enable=g-import-not-at-top
+  trainer = loop._trainer_per_task[0]
+  if (loop._use_memory_efficient_trainer and
+      isinstance(trainer, trainer_lib.ReversibleSerialTrainer)):
+    model_with_metrics = _training._model_with_metrics(loop._eval_model,
+                                                       eval_task)
+    return _training._Evaluator(
+        weights=compat.on_cpu(model_with_metrics.weights[1]),
+        state=compat.on_cpu(model_with_metrics.state[1]),
+        metrics_fn=evaluation.DeviceEvaluator(
+            model_with_metrics, trainer.placement,
+            trainer.planner.budget_bytes))
   # pylint: enable=protected-access
   return _stock_init_evaluator(loop, eval_task)
 
@@ -171,8 +192,10 @@ def activate():
   consistent set; the Loop's RNG and data position resumed). The
   memory-efficient `Loop` then rejects an optimizer instance before it
   initializes anything (`_loop_init`) and evaluates the `eval_model` it is
-  given, e.g. dropout off, rather than the training model
-  (`_init_evaluator_with_eval_model`). Layers built before the call keep
+  given, e.g. dropout off, rather than the training model, on the
+  trainer's device rather than the host's CPU, planned under the
+  trainer's device memory budget (`_init_evaluator_with_eval_model`,
+  `evaluation.DeviceEvaluator`). Layers built before the call keep
   their classes. Calling it twice is harmless.
   """
   with _lock:

@@ -2,7 +2,8 @@
 
   program: `ProgramMemory`, XLA's memory analysis of one compiled program,
     and `analyze`, which compiles a jitted function for a call's argument
-    types without placing or running anything.
+    types without placing or running anything; `is_out_of_memory`,
+    whether an error is the backend refusing a program for memory.
   composition: `Held`, `Call`, `StepMemory`: a step's peak device bytes as
     the most, over its calls, of what is held across a call plus what the
     call adds.
@@ -27,6 +28,7 @@ from trax_revplus.device_memory.composition import StepMemory
 from trax_revplus.device_memory.composition import UnsupportedTrainerError
 from trax_revplus.device_memory.program import abstract
 from trax_revplus.device_memory.program import analyze
+from trax_revplus.device_memory.program import is_out_of_memory
 from trax_revplus.device_memory.program import ProgramMemory
 from trax_revplus.device_memory.report import account
 from trax_revplus.device_memory.report import default_trainer_memory

@@ -232,3 +232,15 @@ def analyze(fn: Callable, *args) -> Analysis:
   compiled = lowered.compile()
   return Analysis(ProgramMemory.from_compiled(compiled), lowered.out_info,
                   None)
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+  """Whether `error` is the backend refusing a program for memory.
+
+  A TPU refuses a program whose buffers exceed the device's memory when
+  it compiles it, and any backend when a call cannot allocate them:
+  `jax.errors.JaxRuntimeError` with status RESOURCE_EXHAUSTED. A program
+  so refused does not fit, as one whose figures exceed a budget.
+  """
+  return (isinstance(error, jax.errors.JaxRuntimeError) and
+          'RESOURCE_EXHAUSTED' in str(error))

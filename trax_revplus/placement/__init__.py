@@ -27,7 +27,9 @@ ahead of time; a base of `Placement`), `layouts` (`Layout`; functions
 compiled to run per device), `host_copy` (D2H copies collected when
 needed; arrays waiting on the host between a forward and a backward),
 `freeing` (releasing device buffers nothing can read), `processes` (the
-devices of every process of a run; `least_over_processes`).
+devices of every process of a run; `least_over_processes`), `one_device`
+(`OneDevice`: values placed whole on one device, e.g. an eval's, and their
+copies deleted after it).
 """
 
 from trax_revplus.placement.devices import Placement
@@ -36,7 +38,8 @@ from trax_revplus.placement.host_copy import WaitingOnHost
 from trax_revplus.placement.host_copy import to_numpy
 from trax_revplus.placement.layouts import AXIS_NAME
 from trax_revplus.placement.layouts import Layout
+from trax_revplus.placement.one_device import OneDevice
 from trax_revplus.placement.processes import least_over_processes
 
 __all__ = ['AXIS_NAME', 'HostCopy', 'Layout', 'least_over_processes',
-           'Placement', 'to_numpy', 'WaitingOnHost']
+           'OneDevice', 'Placement', 'to_numpy', 'WaitingOnHost']

@@ -87,6 +87,38 @@ def free_device_buffers(devices: Iterable[jax.Device],
   return freed_arrays, freed_bytes
 
 
+def delete_copies(copies: Iterable[jax.Array], sources: PyTree) -> int:
+  """Deletes device arrays that were placed as copies of `sources`' leaves.
+
+  A copy whose buffer is the memory of a leaf of `sources` (on the CPU
+  backend `jax.device_put` may alias a numpy array, or an array already in
+  host memory) is left alone: deleting it frees nothing, and the leaf is
+  still in use. Any other copy's buffer goes at once, not when Python
+  drops the last reference to it.
+
+  Args:
+    copies: the `jax.Array`s a placement made.
+    sources: pytree of what was placed (numpy arrays, `jax.Array`s).
+
+  Returns:
+    int, the bytes deleted (on this process's devices).
+  """
+  source_pointers = set()
+  for x in jax.tree_util.tree_leaves(sources):
+    if isinstance(x, jax.Array):
+      source_pointers.update(_buffer_pointers(x))
+    elif isinstance(x, np.ndarray) and x.size:
+      source_pointers.add(x.ctypes.data)
+  deleted_bytes = 0
+  for x in copies:
+    if x.is_deleted() or any(p in source_pointers
+                             for p in _buffer_pointers(x)):
+      continue
+    deleted_bytes += _local_nbytes(x)
+    x.delete()
+  return deleted_bytes
+
+
 def _local_nbytes(x):
   """`x.nbytes`, or for an array spanning other processes' devices (whose
   `nbytes` is its global size) the bytes of its shards on this process."""
