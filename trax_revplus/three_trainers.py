@@ -31,10 +31,13 @@ class RevplusPlan:
     fits: whether a plan fits the budget (True when there is none); when
       False, the plan is the least one.
     least_peak_device_bytes: the peak device bytes of the least plan.
+    reason: why no plan fits where it is not the device budget (the host
+      budget's one line), else None.
   """
   description: str
   fits: bool
   least_peak_device_bytes: int
+  reason: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,11 +52,13 @@ class ThreeTrainers:
       budget), or the device memory asked for when it has an error.
     weighing: the plans it weighed (`trainer.weighing.Weighing`), or None
       when it has an error.
+    host_budget_bytes: the host budget it planned for, or None.
   """
   trainers: dict[str, device_memory.TrainerMemory]
   plan: RevplusPlan | None
   budget_bytes: int | None
   weighing: Any
+  host_budget_bytes: int | None = None
 
 
 def init_signature(batch):
@@ -100,7 +105,8 @@ def _stock(cfg, backend: str) -> device_memory.TrainerMemory:
 def _revplus(cfg, backend: str, n_devices: int,
              device_memory_bytes: int | None) -> tuple:
   """(TrainerMemory, `RevplusPlan`, the budget it planned for, the plans it
-  weighed: `weighing.Weighing`) of trax_revplus's trainer.
+  weighed: `weighing.Weighing`, its host budget) of trax_revplus's
+  trainer.
 
   With `device_memory_bytes` the trainer plans for it; without, for the
   budget its settings give (the config's `device_memory_budget_bytes`, by
@@ -110,7 +116,7 @@ def _revplus(cfg, backend: str, n_devices: int,
   """
   # pylint: disable=g-import-not-at-top
   from trax_revplus import trainer as rev_lib
-  from trax_revplus.trainer import planner
+  from trax_revplus.trainer import budget as budget_lib
   # pylint: enable=g-import-not-at-top
   blocks, loss_layer = reversible_blocks(rev_lib, cfg)
   budget = ({} if device_memory_bytes is None else
@@ -119,12 +125,15 @@ def _revplus(cfg, backend: str, n_devices: int,
       blocks, loss_layer, cfg.optimizer, n_devices=n_devices,
       memory_log_tensorboard=False, output_dir=None, **budget)
   budget_bytes = trainer.planner.budget_bytes
+  reason = None
   try:
     plan = trainer.planned(cfg.batch).plan
     step = trainer.device_memory_of(cfg.batch)
     fits = True
-  except planner.DeviceMemoryBudgetError:
+  except budget_lib.MemoryBudgetError as e:
     plan = step = None
+    if isinstance(e, budget_lib.HostMemoryBudgetError):
+      reason = str(e)
   least_plan, least = trainer.least_device_memory_of(cfg.batch)
   if plan is None:
     plan, step = least_plan, least
@@ -136,9 +145,10 @@ def _revplus(cfg, backend: str, n_devices: int,
       'revplus', trainer, cfg.batch, backend, step=step, plan=settings,
       least=(dict(least_plan.settings(), n_calls=len(least.calls)), least))
   revplus_plan = RevplusPlan(plan.describe(len(step.calls)), fits,
-                             least.peak_device_bytes)
+                             least.peak_device_bytes, reason)
   return (result, revplus_plan, budget_bytes,
-          trainer.planner.weighing(cfg.batch))
+          trainer.planner.weighing(cfg.batch),
+          trainer.planner.host_budget_bytes)
 
 
 def account_three(cfg, backend: str, n_devices: int,
@@ -172,13 +182,15 @@ def account_three(cfg, backend: str, n_devices: int,
       config's batch, or its step cannot add their gradients exactly.
   """
   activated = trax_revplus.is_active()
-  revplus = [None, device_memory_bytes, None]  # plan, budget, weighing
+  # plan, budget, weighing, host budget
+  revplus = [None, device_memory_bytes, None, None]
   try:
     trax_revplus.activate()
 
     def account_revplus():
-      memory, revplus[0], revplus[1], revplus[2] = _revplus(
-          cfg, backend, n_devices, device_memory_bytes)
+      memory, *figures = _revplus(cfg, backend, n_devices,
+                                  device_memory_bytes)
+      revplus[:] = figures
       return memory
     # First: a setting the batch's shapes refute (sequence_chunks,
     # micro_batches) stops

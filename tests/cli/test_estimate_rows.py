@@ -77,6 +77,42 @@ def test_each_row_says_whether_it_runs_and_on_how_many_devices():
   assert 'error' not in rev and data['train_runs'] == 'revplus'
 
 
+def test_rows_show_host_bytes_and_a_trainer_the_backend_refuses():
+  """A trainer's peak host bytes (the process's) stand in its row; one
+  whose program the backend refused to compile for memory does not fit
+  this device, whatever its memory."""
+  results = _results()
+  program = device_memory.ProgramMemory(0, 0, 0, 40)
+  host = device_memory.Held('weights, slots and state', 3 * 2**20)
+  step = device_memory.compose([device_memory.Call(
+      'step', 'step', program, (), (host,), devices_on_host=1)])
+  results['revplus'] = device_memory.TrainerMemory('revplus', 'cpu', 1, step)
+  results['default'] = device_memory.account(
+      'default', 'cpu', 1, lambda: (_ for _ in ()).throw(
+          device_memory.ProgramOutOfMemoryError(
+              'JaxRuntimeError: RESOURCE_EXHAUSTED: ...',
+              'update (forward, backward, optimizer)', 2**34)))
+  report = estimate.table('cpu', results, None, BATCH, 1000, 1)
+  header = next(line for line in report.splitlines()
+                if line.startswith('trainer'))
+  assert 'peak host/step' in header
+  assert step.peak_host_bytes == 3 * 2**20 + 40
+  assert '3.0 MiB' in _row(report, 'revplus')
+  assert _row(report, 'default') == (
+      'default  does not fit this device: the backend refused to compile '
+      'update (forward, backward, optimizer) for memory, needing at least '
+      '17179869184 bytes (16.0 GiB): JaxRuntimeError: RESOURCE_EXHAUSTED: '
+      '...')
+  data = estimate.to_json('cpu', results, None, 1000, 1)
+  assert data['trainers']['revplus']['peak_host_bytes'] == 3 * 2**20 + 40
+  assert data['trainers']['revplus']['peak_host_parts_bytes'] == {
+      'weights, slots and state': 3 * 2**20,
+      'device buffers (host memory here)': 40}
+  default = data['trainers']['default']
+  assert (default['runs'], default['fits'],
+          default['least_device_bytes']) == (False, False, 2**34)
+
+
 @pytest.mark.parametrize('config_file,bindings,runs', [
     (MAIN, [], 'revplus'),
     (MAIN, ['train.use_memory_efficient_trainer = False'], 'default'),

@@ -342,3 +342,42 @@ def test_trainer_memory_accounts_each_trainer_by_name(default_case,
   given = report.trainer_memory('revplus', ours, _abstract_batch(), 'cpu',
                                 step=step)
   assert given.step is step
+
+
+def _nbytes(tree):
+  return sum({id(x): np.asarray(x).nbytes
+              for x in jax.tree_util.tree_leaves(tree)}.values())
+
+
+def test_host_bytes_of_stock_and_the_default_trainer(default_case,
+                                                     stock_case):
+  """Stock keeps every layer's weights, state and slots on the host, the
+  batch, and each block's saved inputs and states from its forward on;
+  the default Trainer the batch alone (its weights live on the device);
+  on the CPU each call's device bytes are host memory too."""
+  batch_bytes = _nbytes(_batch())
+  trainer, step = stock_case
+  between_steps = _nbytes(([l.weights for l in trainer.all_layers],
+                           [l.state for l in trainer.all_layers],
+                           trainer.slots))
+  loss = next(c for c in step.calls if c.phase == 'loss')
+  parts = loss.host_parts()
+  assert parts['weights, slots and state'] == between_steps
+  assert parts['batch'] == batch_bytes
+  # The block's standard layer's inputs (the tokens) and new state, and
+  # its reversible layers' old and new states, copied to the host.
+  std, revs = trainer._blocks[0]  # pylint: disable=protected-access
+  assert parts['saved block inputs and states'] == (
+      _nbytes(_batch()[0]) + _nbytes(tl.Serial(std).state) +
+      2 * _nbytes([l.state for l in revs]))
+  assert parts['device buffers (host memory here)'] == loss.device_bytes
+  first = step.calls[0].host_parts()
+  assert 'saved block inputs and states' not in first
+  assert step.peak_host_bytes == max(c.host_bytes for c in step.calls)
+  _, default_step = default_case
+  [call] = default_step.calls
+  assert call.host_parts() == {
+      'batch': batch_bytes,
+      'device buffers (host memory here)': call.device_bytes}
+  memory = report.TrainerMemory('stock', 'cpu', 1, step)
+  assert memory.to_json()['peak_host_bytes'] == step.peak_host_bytes

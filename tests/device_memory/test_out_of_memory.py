@@ -18,6 +18,9 @@ GiB = 2**30
     ('RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory '
      'required for HLO temporaries (16.01G) exceeds available HBM (15.75G)',
      int(16.01 * GiB), int(15.75 * GiB)),
+    ('RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory '
+     'in memory space hbm. Used 20.18G of 15.48G hbm. Exceeded hbm capacity '
+     'by 4.70G.', int(20.18 * GiB), int(15.48 * GiB)),
     ('RESOURCE_EXHAUSTED: Error allocating device buffer: Attempting to '
      'allocate 2.00G. That was not possible. There are 1.50G free.',
      2 * GiB, int(1.5 * GiB)),

@@ -81,7 +81,7 @@ def test_the_trainers_fingerprints_tell_equal_layers_apart():
   plan = next(g for g in candidates.groups()
               if not g.fused_reversible_layers).plans[0]
   layers = trainer.all_layers
-  kinds = p._layer_kinds()  # pylint: disable=protected-access
+  kinds = p._facts._layer_kinds()  # pylint: disable=protected-access
   assert len(kinds) == len(layers)
   # Its decoder blocks repeat: equal layers share a kind.
   assert len(set(kinds)) < len(kinds)

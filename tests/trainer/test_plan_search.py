@@ -28,13 +28,15 @@ def _candidates(**kwargs):
 def _figures():
   """A peak per plan: unfused plans hold a stack that shrinks with parts,
   and calls whose temporaries shrink with slices and parts; fused plans
-  more; deeper copy-backs hold more, saved inputs on the host less."""
+  more; deeper copy-backs hold more, saved inputs on the device more
+  (every part of a peak is bytes held or a call's, none negative: the
+  search's rows bound rests on it)."""
   def peak(plan):
     k, m = plan.batch_slices, plan.micro_batches
     if plan.fused_from < plan.loss:
       return 4000 // k
-    return (800 // m + 800 // (k * m) + 10 * plan.n_async_layers -
-            5 * plan.saved_on_host)
+    return (800 // m + 800 // (k * m) + 10 * plan.n_async_layers +
+            5 * (not plan.saved_on_host))
   return peak
 
 
@@ -56,7 +58,7 @@ def _exhaustive(peak, budget_bytes):
 
 
 @pytest.mark.parametrize('budget_bytes', [10**9, 4000, 1700, 1000, 900,
-                                          500, 200, 195, 10])
+                                          500, 450, 205, 200, 195, 10])
 def test_the_search_finds_what_an_exhaustive_one_finds(budget_bytes):
   peak = _figures()
   search, _ = _search(peak)
@@ -99,6 +101,26 @@ def test_stock_s_schedule_is_weighed_where_slicing_does_not_shrink():
   chosen = search.fastest_fitting(1500)
   assert peak(chosen) == 1500
   assert search.least()[1].peak_device_bytes == 1500
+
+
+def test_a_member_with_more_slices_is_bounded_by_one_with_fewer():
+  """The fused program of 4 slices needs 1000 bytes: that of 8 needs at
+  least half (`_rows_bound`), above a budget of 450, and is not compiled;
+  those of 1 and 2 keep more stack states than that
+  (`Candidates.lower_bound_bytes`)."""
+  peak = _figures()
+  search, weighed = _search(peak)
+  assert search.fastest_fitting(450) == _exhaustive(peak, 450)
+  assert [p.batch_slices for p in weighed if p.fused_from < p.loss] == [4]
+  # A refused member bounds the rest by the bytes its refusal names.
+  refusal = types.SimpleNamespace(least_bytes=1000)
+  search = plan_search.PlanSearch(
+      _candidates(), 1, lambda plan: None, lambda plan: None,
+      lambda plan: refusal if plan.batch_slices == 4 else None)
+  fused_8 = next(g for g in _candidates().groups()
+                 if g.fused_reversible_layers and
+                 g.leanest.batch_slices == 8)
+  assert search._rows_bound(fused_8) == 500  # pylint: disable=protected-access
 
 
 def test_the_least_is_an_exhaustive_search_s_least_group_leanest():

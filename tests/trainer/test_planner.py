@@ -23,6 +23,7 @@ from trax_revplus import notices
 from trax_revplus import placement as placement_lib
 from trax_revplus import validation
 from trax_revplus.trainer import budget
+from trax_revplus.trainer import plan_search
 from trax_revplus.trainer import planner
 from trax_revplus.trainer import units as units_lib
 
@@ -109,6 +110,25 @@ def test_the_planners_bounds_hold():
           plan.batch_slices, plan.sequence_chunks, plan.micro_batches)], plan
   least_plan, least_step = trainer.least_device_memory_of(_BATCH)
   assert least_step.peak_device_bytes == least == peak_of[least_plan]
+
+
+def test_a_family_member_needs_at_least_its_share_of_one_with_fewer():
+  """What `plan_search`'s rows bound rests on: the leanest plan of a group
+  with m times the slices or parts of another of its family needs at
+  least 1/m of that one's peak."""
+  peaks = dict(_every_candidate())
+  _, trainer = _trainer(device_memory_budget_bytes=None)
+  p = trainer.planner
+  families = {}
+  for group in p.candidates(p.step_types(_BATCH)).groups():
+    key, value = plan_search._family(group)  # pylint: disable=protected-access
+    families.setdefault(key, []).append((value, peaks[group.leanest]))
+  assert any(len(members) > 1 for members in families.values())
+  for key, members in families.items():
+    for v0, peak0 in members:
+      for v, peak in members:
+        if v > v0:
+          assert peak >= peak0 * v0 // v, (key, v0, v)
 
 
 def test_budget_chooses_the_fastest_plan_that_fits():

@@ -20,8 +20,10 @@ pytestmark = pytest.mark.usefixtures('stock_trax')
 _PHASE = ['seconds', 'h2d_bytes', 'd2h_bytes']
 _RELEASED = ['host_released_bytes']
 _FREED = ['freed_arrays', 'freed_bytes']
-# The step's composed XLA peak and the phase's (device_memory).
-_DEVICE = ['peak_device_bytes', 'phase_peak_device_bytes']
+# The step's composed XLA peak and the phase's (device_memory), and its
+# accounted host peaks.
+_DEVICE = ['peak_device_bytes', 'phase_peak_device_bytes', 'peak_host_bytes',
+           'phase_peak_host_bytes']
 _UNIT = ['layer', 'layer_name', 'n_layers', 'seconds']
 _INIT = ['layer', 'layer_name', 'weights_bytes', 'slots_bytes',
          'host_rss_added_bytes']
@@ -30,6 +32,9 @@ _START = ['process_index', 'pid', 'process_start_time', 'host_peak_bytes',
 _STEP = ['process_index', 'pid', 'host_peak_bytes', 'host_peak_source',
          'seconds', 'recorded']
 _BETWEEN = ['host_peak_between_steps_bytes']
+# What a measured host peak is compared with (`host_peak_bytes` less the
+# first).
+_HOST = ['host_rss_backend_open_bytes', 'peak_host_bytes']
 
 
 def _caller_fields(record):
@@ -70,7 +75,7 @@ def test_records_and_fields_of_each_phase_and_unit(tmp_path):
                  (step, 'backward', _UNIT),
                  (step, 'backward', _PHASE + _RELEASED + _DEVICE),
                  (step, 'step', _STEP + _PHASE[1:] +
-                  _BETWEEN * (step > 1))]
+                  _BETWEEN * (step > 1) + _HOST)]
   assert [(r['step'], r['phase'], _caller_fields(r)) for r in records] == (
       expected)
   units = [(r['layer'], r['layer_name'], r['n_layers'])

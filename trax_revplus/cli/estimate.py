@@ -8,13 +8,16 @@ builds, each mistake reported as `train` reports it (`parsed_config`),
 before anything is compiled. Then it builds the config's model three times
 (trax's default `Trainer`, stock trax's `ReversibleSerialTrainer`,
 trax_revplus's), compiles what one step of each would run and composes XLA's
-memory analysis of those programs into the step's peak device bytes
+memory analysis of those programs into the step's peak device bytes, and
+what each holds on the host into its peak host bytes
 (`trax_revplus.three_trainers`, with `trax_revplus.device_memory`); runs
-no step. The batch's shapes come from the config's inputs (trax's `Inputs`
-reads one batch to learn them). trax_revplus's trainer is built with
-`device_memory_budget_bytes` set to `--device_memory` (which overrides,
-with a warning line, a budget the config sets), so its figures are those
-of the plan it would run under that memory; the plans it weighed to choose
+no step. A trainer the backend refuses to compile for memory does not fit
+this device: its row says so. The batch's shapes come from the config's
+inputs (trax's `Inputs` reads one batch to learn them). trax_revplus's
+trainer is built with `device_memory_budget_bytes` set to `--device_memory`
+(which overrides, with a warning line, a budget the config sets), so its
+figures are those of the plan it would run under that memory (and its
+host budget); the plans it weighed to choose
 that plan are listed under it (`weighing.Weighing`). A trainer that cannot
 be built or compiled here gets a one-line error in its row instead of
 figures. Third-party warnings known to be harmless (`noise.KNOWN_NOISE`)
@@ -58,6 +61,8 @@ def _plan_line(plan, budget_bytes: int | None) -> str | None:
   if plan.fits:
     note = ('fits' if budget_bytes is not None else
             'no budget: as configured')
+  elif plan.reason is not None:
+    note = plan.reason
   else:
     note = (f'no plan fits {format_bytes(budget_bytes, unit=None)}; the least '
             f'needs {plan.least_peak_device_bytes} bytes')
@@ -135,18 +140,26 @@ def table(backend, results, plan_line, batch, device_memory_bytes,
       (f' ({device_memory_bytes} bytes)' if device_memory_bytes else
        ' not given (--device_memory)'),
   ]
+  host_budget = None if plans is None else plans.host_budget_bytes
+  if host_budget is not None:
+    lines.append(f'host memory revplus plans for: '
+                 f'{format_bytes(host_budget, unit=None)} ({host_budget} '
+                 f'bytes)')
   if runs in _TRAIN_RUNS_NOTES:
     lines.append(f'note: {_TRAIN_RUNS_NOTES[runs]}')
   lines += [
       '',
       f'{"trainer":<9}{"peak device/step":>18}{"least device/step":>19}'
-      f'{"host weights+slots":>20}{"largest program":>17}{"fits":>6}'
-      f'  devices',
+      f'{"peak host/step":>16}{"host weights+slots":>20}'
+      f'{"largest program":>17}{"fits":>6}  devices',
   ]
   for name in TRAINERS:
     r = results[name]
     if r.error is not None:
       lines.append(f'{name:<9}error: {r.error}')
+      continue
+    if r.refused is not None:
+      lines.append(f'{name:<9}does not fit this device: {r.refused}')
       continue
     if r.step_error is not None:
       lines.append(f'{name:<9}fails at step 1: {r.step_error}')
@@ -154,16 +167,18 @@ def table(backend, results, plan_line, batch, device_memory_bytes,
     fits = r.fits(device_memory_bytes)
     fits = '-' if fits is None else ('yes' if fits else 'no')
     sizes = [format_bytes(n, unit=None) for n in (
-        r.peak_device_bytes, r.min_peak_device_bytes,
+        r.peak_device_bytes, r.min_peak_device_bytes, r.peak_host_bytes,
         r.host_weights_and_slots_bytes, r.largest_program_bytes)]
-    lines.append(f'{name:<9}{sizes[0]:>18}{sizes[1]:>19}{sizes[2]:>20}'
-                 f'{sizes[3]:>17}{fits:>6}  {r.devices_text()}')
+    lines.append(f'{name:<9}{sizes[0]:>18}{sizes[1]:>19}{sizes[2]:>16}'
+                 f'{sizes[3]:>20}{sizes[4]:>17}{fits:>6}  '
+                 f'{r.devices_text()}')
   if plan_line:
     lines.append('')
     lines.append(f'revplus plan: {plan_line}')
   peak = results['revplus'].step
   if peak is not None:
     lines.append(f'revplus {peak.describe()}')
+    lines.append(f'revplus {peak.describe_host()}')
   if plans is not None and plans.weighed and results['revplus'].error is None:
     lines.append('')
     lines.append('revplus plans weighed (* the chosen plan):')
@@ -184,6 +199,8 @@ def to_json(backend, results, plan_line, device_memory_bytes,
     out['trainers']['revplus']['plan_line'] = plan_line
     if plans is not None:
       out['trainers']['revplus']['plans'] = plans.to_json()
+      out['trainers']['revplus']['host_memory_budget_bytes'] = (
+          plans.host_budget_bytes)
   return out
 
 

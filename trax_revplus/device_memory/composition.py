@@ -15,6 +15,16 @@ program (`program.ProgramMemory`), and an array that is held and also
 passed to the call is counted once (`Held.passed_bytes`). Each held part is
 named, so a figure can say what the peak is made of.
 
+The host, per process, during a call holds what the step keeps there
+(weights, slots and state between steps, the batch, saved block inputs
+and states waiting on the host, gradients added up on the host, host
+copies of updates being copied back: `Call.host_held`) and, where the
+devices' buffers are host memory (the CPU backend), the call's device
+bytes on each of the process's devices:
+
+  call's host bytes = host held bytes + call's device bytes x devices on host
+  step's peak host bytes = max over the step's calls
+
 This is exact where every call's buffers are those XLA assigned and the
 held arrays are those listed: the runtime allocates a program's temporary
 block whole, arguments and results are whole arrays. Not counted: the
@@ -72,14 +82,22 @@ class Call:
       trainer whose step is one program).
     program: XLA's figures for the called program.
     held: what the device holds across the call (named parts).
+    host_held: what the host holds across the call (named parts, bytes of
+      the process).
+    devices_on_host: how many of the process's devices keep their
+      buffers in host memory (the CPU backend's), so that the call's
+      device bytes count on the host that many times; 0 on accelerators.
   """
   name: str
   phase: str
   program: program_lib.ProgramMemory
   held: tuple = ()
+  host_held: tuple = ()
+  devices_on_host: int = 0
 
   def __post_init__(self):
     object.__setattr__(self, 'held', tuple(self.held))
+    object.__setattr__(self, 'host_held', tuple(self.host_held))
     if self.passed_bytes > self.program.argument_bytes:
       raise AccountingError(
           f'call {self.name!r}: held arrays passed to it hold '
@@ -107,6 +125,24 @@ class Call:
     p = self.program
     return (self.held_bytes + self.fresh_argument_bytes + p.output_bytes +
             p.temp_bytes - p.alias_bytes)
+
+  @property
+  def host_bytes(self) -> int:
+    """Host bytes in use during the call, for the whole process (see the
+    module docstring)."""
+    return (sum(h.size_bytes for h in self.host_held) +
+            self.device_bytes * self.devices_on_host)
+
+  def host_parts(self) -> dict:
+    """`host_bytes` by part: each host part, then the devices' buffers
+    where they are host memory; the values sum to `host_bytes`."""
+    parts = {}
+    for h in self.host_held:
+      parts[h.name] = parts.get(h.name, 0) + h.size_bytes
+    if self.devices_on_host:
+      parts['device buffers (host memory here)'] = (
+          self.device_bytes * self.devices_on_host)
+    return parts
 
   def parts(self) -> dict:
     """`device_bytes` by part: each held part (the passed bytes included),
@@ -147,6 +183,17 @@ class StepMemory:
     return self.peak_call.device_bytes
 
   @property
+  def peak_host_call(self) -> Call:
+    """The first call with the most host bytes."""
+    return max(self.calls, key=lambda c: c.host_bytes)
+
+  @property
+  def peak_host_bytes(self) -> int:
+    """Most host bytes (the process's) in use during any call of the
+    step."""
+    return self.peak_host_call.host_bytes
+
+  @property
   def largest_program_bytes(self) -> int:
     """Most `call_bytes` (argument + output + temp - alias) of any program
     the step runs, held bytes left out."""
@@ -159,13 +206,35 @@ class StepMemory:
       peaks[c.phase] = max(peaks.get(c.phase, 0), c.device_bytes)
     return peaks
 
+  def phase_host_peaks(self) -> dict:
+    """Peak host bytes per phase, in the order phases first run."""
+    peaks = {}
+    for c in self.calls:
+      peaks[c.phase] = max(peaks.get(c.phase, 0), c.host_bytes)
+    return peaks
+
   def describe(self) -> str:
     """One line: the peak, its call and what it is made of (MiB)."""
     call = self.peak_call
-    parts = ', '.join(f'{name} {format_bytes(nbytes, suffix=False)}'
-                      for name, nbytes in call.parts().items() if nbytes)
     return (f'peak {format_bytes(self.peak_device_bytes)} in {call.name} '
-            f'({call.phase}): {parts} MiB')
+            f'({call.phase}): {_listed(call.parts())} MiB')
+
+  def describe_host(self) -> str:
+    """One line: the host's peak, its call and what it is made of (MiB)."""
+    call = self.peak_host_call
+    return (f'host peak {format_bytes(self.peak_host_bytes)} in {call.name} '
+            f'({call.phase}): {_listed(call.host_parts())} MiB')
+
+
+def _listed(parts: dict) -> str:
+  return ', '.join(f'{name} {format_bytes(nbytes, suffix=False)}'
+                   for name, nbytes in parts.items() if nbytes)
+
+
+def devices_on_host(platform: str, n_devices: int) -> int:
+  """How many of a process's `n_devices` keep their buffers in host memory
+  (`Call.devices_on_host`): all of them on the CPU backend, else none."""
+  return n_devices if platform == 'cpu' else 0
 
 
 def compose(calls: Sequence[Call]) -> StepMemory:
@@ -174,7 +243,8 @@ def compose(calls: Sequence[Call]) -> StepMemory:
 
 
 def held_parts(held: Sequence[tuple[str, Any]], args: Any,
-               kept: Any | None = None, on_device=None) -> list:
+               kept: Any | None = None, on_device=None,
+               whole: bool = False) -> list:
   """`Held` parts of what a step holds across one call.
 
   Args:
@@ -184,6 +254,8 @@ def held_parts(held: Sequence[tuple[str, Any]], args: Any,
       keeps (`program.kept_arguments`), or None: all of them.
     on_device: callable(leaf) -> bool, whether a held leaf is on the
       device, or None: every array leaf is.
+    whole: bool, count each array whole (every device's data, as the host
+      holds it) rather than one device's shard.
 
   Returns:
     List of `Held`, one per part with bytes: each leaf counted once (in the
@@ -204,8 +276,8 @@ def held_parts(held: Sequence[tuple[str, Any]], args: Any,
           id(x) not in seen and (on_device is None or on_device(x))):
         seen.add(id(x))
         leaves.append(x)
-    size = sum(program_lib.leaf_bytes(x) for x in leaves)
-    passed = sum(program_lib.leaf_bytes(x) for x in leaves
+    size = sum(program_lib.leaf_bytes(x, whole) for x in leaves)
+    passed = sum(program_lib.leaf_bytes(x, whole) for x in leaves
                  if id(x) in passed_ids)
     if size:
       parts.append(Held(name, size, passed))

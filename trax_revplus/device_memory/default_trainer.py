@@ -21,6 +21,8 @@ import numpy as np
 
 from trax_revplus.device_memory import composition
 from trax_revplus.device_memory import program as program_lib
+from trax_revplus.device_memory import refusals
+from trax_revplus.device_memory import walk as walk_lib
 from trax_revplus.typing import PyTree
 
 
@@ -73,8 +75,11 @@ def default_trainer_step(trainer, batch, rng=None, step=1
   Raises:
     composition.UnsupportedTrainerError: the trainer runs on more than one
       device.
-    Whatever tracing, lowering or compiling trax's update function raises
-    for these arguments (e.g. a batch the model cannot take).
+    refusals.ProgramCompileError: the backend did not compile trax's
+      update function (`refusals.ProgramOutOfMemoryError`: refused it for
+      memory: the step does not fit this device).
+    Whatever tracing or lowering it raises for these arguments (e.g. a
+    batch the model cannot take).
   """
   n = trainer._n_devices  # pylint: disable=protected-access
   if n != 1:
@@ -85,7 +90,12 @@ def default_trainer_step(trainer, batch, rng=None, step=1
         f'only.')
   args = update_call_args(trainer, batch, rng, step)
   fn = trainer._accelerated_update_fn  # pylint: disable=protected-access
-  analysis = program_lib.analyze(fn, *args)
+  name = 'update (forward, backward, optimizer)'
+  programs = walk_lib.Programs()
+  try:
+    analysis = programs.analysis(programs.analyzed(fn, args), args)
+  except refusals.ProgramCompileError as e:
+    raise e.named(name) from None
   kept = analysis.kept
   if kept is None:
     kept = jax.tree_util.tree_map(lambda _: True, args)
@@ -97,8 +107,13 @@ def default_trainer_step(trainer, batch, rng=None, step=1
                         ('optimizer hyperparameters', opt_params, kept_p)):
     held.append(composition.Held(name, program_lib.tree_bytes(tree),
                                  program_lib.tree_bytes(tree, k)))
-  call = composition.Call('update (forward, backward, optimizer)', 'step',
-                          analysis.memory, held)
+  # The host holds the batch; where the device is the host's memory (CPU),
+  # the device's buffers too.
+  host_held = composition.held_parts(
+      [('batch', program_lib.host_types(batch))], (), whole=True)
+  call = composition.Call(
+      name, 'step', analysis.memory, held, host_held,
+      composition.devices_on_host(jax.default_backend(), 1))
   return composition.compose([call])
 
 

@@ -119,17 +119,28 @@ def abstract(tree: PyTree) -> PyTree:
   return jax.tree_util.tree_map(leaf, tree)
 
 
-def leaf_bytes(x) -> int:
+def host_types(tree: PyTree) -> PyTree:
+  """Array leaves (and `jax.ShapeDtypeStruct`s) become unsharded
+  `jax.ShapeDtypeStruct`s of their shape and own dtype (a numpy int64
+  batch stays int64, as the host holds it); other leaves stay."""
+  def leaf(x):
+    if hasattr(x, 'shape') and hasattr(x, 'dtype'):
+      return jax.ShapeDtypeStruct(tuple(x.shape), x.dtype)
+    return x
+  return jax.tree_util.tree_map(leaf, tree)
+
+
+def leaf_bytes(x, whole: bool = False) -> int:
   """Bytes one leaf occupies on each device holding it: an array or
-  `jax.ShapeDtypeStruct` (its shard's bytes where it has a sharding), a
-  Python scalar (as the 0-d array a jitted call makes of it); 0 for
-  anything else."""
+  `jax.ShapeDtypeStruct` (its shard's bytes where it has a sharding; with
+  `whole`, every device's data, as a host copy holds it), a Python scalar
+  (as the 0-d array a jitted call makes of it); 0 for anything else."""
   if isinstance(x, (bool, int, float, complex)):  # traced as 0-d arrays
     return np.dtype(jax.dtypes.canonicalize_dtype(np.result_type(x))).itemsize
   shape, dtype = getattr(x, 'shape', None), getattr(x, 'dtype', None)
   if shape is None or dtype is None:
     return 0
-  sharding = getattr(x, 'sharding', None)
+  sharding = None if whole else getattr(x, 'sharding', None)
   if sharding is not None and hasattr(sharding, 'shard_shape'):
     shape = sharding.shard_shape(tuple(shape))
   try:
@@ -232,15 +243,3 @@ def analyze(fn: Callable, *args) -> Analysis:
   compiled = lowered.compile()
   return Analysis(ProgramMemory.from_compiled(compiled), lowered.out_info,
                   None)
-
-
-def is_out_of_memory(error: BaseException) -> bool:
-  """Whether `error` is the backend refusing a program for memory.
-
-  A TPU refuses a program whose buffers exceed the device's memory when
-  it compiles it, and any backend when a call cannot allocate them:
-  `jax.errors.JaxRuntimeError` with status RESOURCE_EXHAUSTED. A program
-  so refused does not fit, as one whose figures exceed a budget.
-  """
-  return (isinstance(error, jax.errors.JaxRuntimeError) and
-          'RESOURCE_EXHAUSTED' in str(error))

@@ -1,12 +1,14 @@
 """One trainer's memory figures, or the one line saying why there are none.
 
 `TrainerMemory` is what `trax-revplus estimate`, `compare` and the
-benchmark report per trainer: the step's peak device bytes
+benchmark report per trainer: the step's peak device and host bytes
 (`composition.StepMemory`), the weights and optimizer slots it keeps on the
 host, the largest single program, and whether it fits a device memory.
 `trainer_memory(name, trainer, batch, backend)` accounts any of the three
-trainers, built; `account(name, fn)` turns any exception raised while
-building or compiling a trainer into `TrainerMemory.error`, one line.
+trainers, built; `account(name, fn)` turns a program the backend refused
+to compile for memory into `TrainerMemory.refused` (the step does not fit
+this device) and any other exception raised while building or compiling a
+trainer into `TrainerMemory.error`, one line each.
 """
 
 import dataclasses
@@ -15,6 +17,7 @@ from typing import Any, Callable
 from trax_revplus import errors
 from trax_revplus.device_memory import composition
 from trax_revplus.device_memory import default_trainer
+from trax_revplus.device_memory import refusals
 from trax_revplus.device_memory import stock_trainer
 
 # The most characters of `TrainerMemory.error`: a compiler's message can run
@@ -50,6 +53,11 @@ class TrainerMemory:
       would have needed.
     max_devices: the most devices the trainer can run on here, where that
       is fewer than asked (stock: 1 on current JAX), or None.
+    refused: one line where the backend refused to compile a program of
+      the step for memory (it does not fit this device; no figures), else
+      None.
+    refused_least_bytes: the bytes the refused step needs at least, where
+      known, else None.
   """
   trainer: str
   backend: str
@@ -64,15 +72,17 @@ class TrainerMemory:
   least_plan: dict | None = None
   step_error: str | None = None
   max_devices: int | None = None
+  refused: str | None = None
+  refused_least_bytes: int | None = None
 
   @property
   def runs(self) -> bool | None:
     """Whether the trainer's step runs on this config: False where it
-    would fail (`step_error`), None where it could not be accounted
-    (`error`)."""
+    would fail (`step_error`, `refused`), None where it could not be
+    accounted (`error`)."""
     if self.error is not None:
       return None
-    return self.step_error is None
+    return self.step_error is None and self.refused is None
 
   def devices_text(self) -> str:
     """The devices the figures are for, e.g. '2', '1 device only'."""
@@ -84,6 +94,12 @@ class TrainerMemory:
   @property
   def peak_device_bytes(self) -> int | None:
     return None if self.step is None else self.step.peak_device_bytes
+
+  @property
+  def peak_host_bytes(self) -> int | None:
+    """The step's peak host bytes (the process's: what the trainer keeps on
+    the host, and on the CPU backend the devices' buffers)."""
+    return None if self.step is None else self.step.peak_host_bytes
 
   @property
   def min_peak_device_bytes(self) -> int | None:
@@ -110,6 +126,8 @@ class TrainerMemory:
   def fits(self, device_memory_bytes: int | None) -> bool | None:
     """Whether the step's peak fits `device_memory_bytes` (None: no figure
     or no memory given)."""
+    if self.refused is not None:
+      return False  # Not on this device, whatever its memory.
     if self.step is None or device_memory_bytes is None:
       return None
     if self.step_error is not None:
@@ -121,6 +139,9 @@ class TrainerMemory:
     devices = {'n_devices': self.n_devices, 'max_devices': self.max_devices}
     if self.error is not None:
       return {'error': self.error, 'runs': None, **devices}
+    if self.refused is not None:
+      return {'refused': self.refused, 'runs': False, 'fits': False,
+              'least_device_bytes': self.refused_least_bytes, **devices}
     out = {
         'runs': self.runs,
         **devices,
@@ -135,6 +156,9 @@ class TrainerMemory:
         'peak_call': self.step.peak_call.name,
         'peak_parts_bytes': self.step.peak_call.parts(),
         'phase_peak_device_bytes': self.step.phase_peaks(),
+        'peak_host_bytes': self.peak_host_bytes,
+        'peak_host_call': self.step.peak_host_call.name,
+        'peak_host_parts_bytes': self.step.peak_host_call.host_parts(),
     }
     if self.plan is not None:
       out['plan'] = self.plan
@@ -152,13 +176,20 @@ def account(trainer: str, backend: str, n_devices: int,
 
   For building a trainer and composing its step, where a trainer that
   cannot be built or compiled on this JAX gets an error instead of
-  figures. KeyboardInterrupt, SystemExit and the `passes` types (mistakes
-  of the config the caller reports itself) pass through.
+  figures, and one whose program the backend refused to compile for
+  memory the refusal (`refused`). KeyboardInterrupt, SystemExit and the
+  `passes` types (mistakes of the config the caller reports itself) pass
+  through.
   """
   try:
     return fn()
   except passes:
     raise
+  except refusals.ProgramOutOfMemoryError as e:
+    return TrainerMemory(trainer, backend, n_devices,
+                         refused=errors.one_line(
+                             e, max_chars=MAX_ERROR_CHARS),
+                         refused_least_bytes=e.least_bytes)
   except Exception as e:  # pylint: disable=broad-except
     return TrainerMemory(trainer, backend, n_devices, error=errors.one_line(
         e, context=False, typed=True, max_chars=MAX_ERROR_CHARS))

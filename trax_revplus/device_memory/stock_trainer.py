@@ -76,7 +76,8 @@ def stock_trainer_step(trainer, batch, step=1) -> composition.StepMemory:
         f'{trainer._n_devices}: its step replicates with '
         f'jax.device_put_replicated, which current JAX removed; accounted '
         f'on one device only.')
-  walk = walk_lib.StepWalk()
+  walk = walk_lib.StepWalk(devices_on_host=composition.devices_on_host(
+      jax.default_backend(), 1))
   blocks = trainer._blocks
   n_layers = trainer._n_layers
   rngs = walk.device(jax.ShapeDtypeStruct((n_layers, 2), np.uint32))
@@ -92,6 +93,17 @@ def stock_trainer_step(trainer, batch, step=1) -> composition.StepMemory:
                                else batch)
   saved = []  # per block: host copies of (std inputs, new state, states)
   locals_ = {}
+  # On the host across every call: each layer's weights, state and slots
+  # (`tl.on_cpu`), the batch, and the blocks' saved inputs and states.
+  between_steps = ([layer.weights for layer in trainer.all_layers],
+                   [layer.state for layer in trainer.all_layers],
+                   trainer.slots)
+  batch_on_host = program_lib.host_types(batch)
+
+  def on_host():
+    return [('weights, slots and state', between_steps),
+            ('batch', batch_on_host),
+            ('saved block inputs and states', [s[1:] for s in saved])]
   k = 0
   for b, (std_layer, rev_layers) in enumerate(blocks):
     std_fn, rev_fns = trainer._accelerated_layer_fns[b]
@@ -99,7 +111,7 @@ def stock_trainer_step(trainer, batch, step=1) -> composition.StepMemory:
     args = (inputs, weights_of(std_layer), state_of(std_layer), rng_rows[k])
     outputs, new_state = walk.call(
         f'forward layer {k} ({std_layer.name})', 'forward', std_fn, args,
-        keep + [('stack', stack)] + list(locals_.items()))
+        keep + [('stack', stack)] + list(locals_.items()), on_host())
     stack = cb.outputs_onto_stack(outputs, stack, std_layer.n_in)
     locals_['standard-layer inputs and state (one_step locals)'] = (
         inputs, new_state)
@@ -115,7 +127,7 @@ def stock_trainer_step(trainer, batch, step=1) -> composition.StepMemory:
           f'forward layer {k} ({layer.name})', 'forward', fn, args,
           keep + [('stack', stack),
                   ('reversible layer states', (old_states, new_states))] +
-          list(locals_.items()))
+          list(locals_.items()), on_host())
       stack = cb.outputs_onto_stack(outputs, stack, layer.n_in)
       new_states.append(new_state)
       k += 1
@@ -134,7 +146,7 @@ def stock_trainer_step(trainer, batch, step=1) -> composition.StepMemory:
           rng_rows[k], step)
   _, _, _, grad_stack, _ = walk.call(
       f'loss layer {k} ({loss_layer.name})', 'loss', trainer._loss_fbo, args,
-      keep + [('stack', stack)] + list(locals_.items()))
+      keep + [('stack', stack)] + list(locals_.items()), on_host())
   locals_.clear()
 
   # Backward, last block first.
@@ -157,7 +169,7 @@ def stock_trainer_step(trainer, batch, step=1) -> composition.StepMemory:
       new_weights, _, inputs, grads_in, _ = walk.call(
           f'backward layer {k} ({layer.name})', 'backward', rev_fbos[j], args,
           keep + [('stack', stack), ('cotangent stack', grad_stack),
-                  ('weights not yet copied back', pending)])
+                  ('weights not yet copied back', pending)], on_host())
       stack = cb.outputs_onto_stack(inputs, stack, layer.n_out)
       grad_stack = cb.outputs_onto_stack(grads_in, grad_stack, layer.n_out)
       pending = [new_weights]  # the previous layer's are collected now
@@ -168,7 +180,7 @@ def stock_trainer_step(trainer, batch, step=1) -> composition.StepMemory:
     _, _, _, grads_in, _ = walk.call(
         f'backward layer {std_k} ({std_layer.name})', 'backward', std_fbo,
         args, keep + [('stack', stack), ('cotangent stack', grad_stack),
-                      ('weights not yet copied back', pending)])
+                      ('weights not yet copied back', pending)], on_host())
     grad_stack = cb.outputs_onto_stack(grads_in, grad_stack, std_layer.n_out)
     stack = cb.outputs_onto_stack(std_inputs, stack, std_layer.n_out)
   return composition.compose(walk.calls)

@@ -10,7 +10,13 @@ two classes here:
     seen again (equal layers share one jitted function; walks of several
     plans share programs) compiles nothing.
   `StepWalk`: the calls of one step in order, each with what the device
-    holds across it; `memory()` composes the step's `composition.StepMemory`.
+    and the host hold across it; `memory()` composes the step's
+    `composition.StepMemory`.
+
+A program the backend does not compile is kept as such, so that no other
+walk compiles it again: a call of it raises `refusals.ProgramOutOfMemoryError`
+(refused for memory: the plan does not fit this device) or
+`refusals.ProgramCompileError`, naming the call.
 """
 
 import concurrent.futures
@@ -20,6 +26,7 @@ import jax
 
 from trax_revplus.device_memory import composition
 from trax_revplus.device_memory import program as program_lib
+from trax_revplus.device_memory import refusals
 from trax_revplus.typing import PyTree
 
 
@@ -34,8 +41,10 @@ class Programs:
 
   A program is added either compiled and analyzed at once (`analyzed`), or
   traced with its compilation under way elsewhere (`add_traced`, a future
-  of the `jax.stages.Compiled`, None where compiling failed); its memory
-  analysis is read once, when first asked for (`analysis`).
+  of the `jax.stages.Compiled`, raising where compiling failed); its memory
+  analysis is read once, when first asked for (`analysis`). A program that
+  did not compile raises its `refusals.ProgramCompileError` each time it
+  is asked for, and is not compiled again.
   """
 
   def __init__(self):
@@ -45,6 +54,7 @@ class Programs:
     # reused by another.
     self._functions = {}
     self._analyses = {}  # key -> program.Analysis
+    self._failed = {}  # key -> refusals.ProgramCompileError
 
   def __contains__(self, key: Hashable) -> bool:
     return key in self._outputs
@@ -53,7 +63,7 @@ class Programs:
                  traced: jax.stages.Traced,
                  compiled: concurrent.futures.Future) -> None:
     """Adds the program of `key`: `fn` traced for the call, and the future
-    of its `jax.stages.Compiled` (None where compiling failed)."""
+    of its `jax.stages.Compiled` (raising what compiling raised)."""
     self._outputs[key] = traced.out_info
     self._functions[key] = fn
     self._compiled[key] = compiled
@@ -63,15 +73,33 @@ class Programs:
     analyzed now where it is not yet (`program.analyze`).
 
     Raises:
-      Whatever tracing, lowering or compiling `fn` raises for `args`;
-      ValueError where the backend gives no memory analysis.
+      refusals.ProgramCompileError: the backend did not compile it (a
+        `refusals.ProgramOutOfMemoryError` where it refused it for memory),
+        now or before; the error names no call.
+      Whatever tracing or lowering `fn` raises for `args`; ValueError where
+      the backend gives no memory analysis.
     """
     key = call_key(fn, args)
+    failed = self._failed.get(key)
+    if failed is not None:
+      raise failed
     if key not in self:
-      analysis = program_lib.analyze(fn, *args)
-      self._outputs[key] = analysis.outputs
+      # Traced (or lowered) apart from compiling: only the backend's
+      # compilation of the program can refuse it.
+      staged = fn.trace(*args) if hasattr(fn, 'trace') else fn.lower(*args)
+      try:
+        compiled = (staged.lower() if hasattr(fn, 'trace')
+                    else staged).compile()
+      except Exception as e:  # pylint: disable=broad-except
+        self._failed[key] = refusals.compile_failure(e)
+        raise self._failed[key] from None
+      memory = program_lib.ProgramMemory.from_compiled(compiled)
+      self._outputs[key] = staged.out_info
       self._functions[key] = fn
-      self._analyses[key] = analysis
+      self._analyses[key] = program_lib.Analysis(
+          memory, staged.out_info,
+          program_lib.kept_arguments(compiled, args, memory)
+          if hasattr(fn, 'trace') else None)
     return key
 
   def outputs(self, key: Hashable) -> PyTree:
@@ -88,14 +116,19 @@ class Programs:
     arguments (for which ones the program keeps), read on the first ask.
 
     Raises:
-      composition.UnsupportedTrainerError: the program did not compile.
+      refusals.ProgramCompileError: the program did not compile (a
+        `refusals.ProgramOutOfMemoryError` where the backend refused it for
+        memory); the error names no call.
       ValueError: the backend gives no memory analysis.
     """
+    if key in self._failed:
+      raise self._failed[key]
     if key not in self._analyses:
-      compiled = self._compiled[key].result()
-      if compiled is None:
-        raise composition.UnsupportedTrainerError(
-            'a program of the step did not compile.')
+      try:
+        compiled = self._compiled[key].result()
+      except Exception as e:  # pylint: disable=broad-except
+        self._failed[key] = refusals.compile_failure(e)
+        raise self._failed[key] from None
       memory = program_lib.ProgramMemory.from_compiled(compiled)
       self._analyses[key] = program_lib.Analysis(
           memory, self._outputs[key],
@@ -110,6 +143,7 @@ class _Noted(NamedTuple):
   key: Hashable
   args: tuple
   held: list  # (part name, list of leaves) on the device across the call
+  host_held: list  # (part name, list of leaves) on the host across it
 
 
 def _leaves(tree: PyTree) -> list:
@@ -128,17 +162,23 @@ class StepWalk:
   results) held, and returns its results as new device values. `memory()`
   composes the held parts of each call (each leaf counted once, in the
   first part listing it; the arguments its program keeps counted as
-  passed) with the call's program.
+  passed) with the call's program, and the host's parts of each call
+  (each leaf counted once, whole: host arrays are not sharded).
 
   Attributes:
     programs: the `Programs` the calls run (shared where given).
     on_device: set of the ids of the abstract leaves marked as on the
       device.
+    devices_on_host: devices of the process whose buffers are host memory
+      (`composition.Call.devices_on_host`): the process's devices on the
+      CPU backend, else 0.
   """
 
-  def __init__(self, programs: Programs | None = None):
+  def __init__(self, programs: Programs | None = None,
+               devices_on_host: int = 0):
     self.programs = Programs() if programs is None else programs
     self.on_device = set()
+    self.devices_on_host = devices_on_host
     self._noted = []
 
   def device(self, tree: PyTree) -> PyTree:
@@ -154,7 +194,8 @@ class StepWalk:
         if hasattr(x, 'shape') else x, tree)
 
   def note(self, name: str, phase: str, key: Hashable, args: tuple,
-           held: list[tuple[str, PyTree]]) -> None:
+           held: list[tuple[str, PyTree]],
+           host_held: list[tuple[str, PyTree]] = ()) -> None:
     """Records one call of the program of `key` with `args`.
 
     Args:
@@ -163,12 +204,17 @@ class StepWalk:
       args: tuple of its positional arguments.
       held: list of (part name, pytree) on the device across the call;
         their leaves are read now (the walk may change the trees after).
+      host_held: list of (part name, pytree) on the host across the call,
+        read now.
     """
-    self._noted.append(_Noted(name, phase, key, args,
-                              [(part, _leaves(tree)) for part, tree in held]))
+    self._noted.append(_Noted(
+        name, phase, key, args,
+        [(part, _leaves(tree)) for part, tree in held],
+        [(part, _leaves(tree)) for part, tree in host_held]))
 
   def call(self, name: str, phase: str, fn: Callable, args: tuple,
-           held: list[tuple[str, PyTree]]) -> PyTree:
+           held: list[tuple[str, PyTree]],
+           host_held: list[tuple[str, PyTree]] = ()) -> PyTree:
     """Compiles jitted `fn` for `args` (once per call key) and notes the
     call.
 
@@ -178,18 +224,26 @@ class StepWalk:
       args: tuple of its positional arguments (abstract or concrete).
       held: list of (part name, pytree) on the device across the call; only
         leaves marked by `device` count.
+      host_held: list of (part name, pytree) on the host across the call.
 
     Returns:
       The call's results (`jax.ShapeDtypeStruct`s, new objects), marked as
       device values.
 
     Raises:
-      As `Programs.analyzed`.
+      refusals.ProgramCompileError: the backend did not compile the program
+        (`refusals.ProgramOutOfMemoryError`: refused it for memory), naming
+        this call.
+      As `Programs.analyzed` otherwise.
     """
-    key = self.programs.analyzed(fn, args)
-    self.note(name, phase, key, args,
-              [(part, [x for x in _leaves(tree) if id(x) in self.on_device])
-               for part, tree in held])
+    held = [(part, [x for x in _leaves(tree) if id(x) in self.on_device])
+            for part, tree in held]
+    try:
+      key = self.programs.analyzed(fn, args)
+    except refusals.ProgramCompileError as e:
+      raise e.named(name, sum(
+          h.size_bytes for h in composition.held_parts(held, ()))) from None
+    self.note(name, phase, key, args, held, host_held)
     # New leaves per call.
     return self.device(self.host(self.programs.outputs(key)))
 
@@ -198,14 +252,36 @@ class StepWalk:
     """The `composition.Call`s noted, in order.
 
     Raises:
-      As `Programs.analysis`.
+      refusals.ProgramCompileError: a program did not compile, naming the
+        first such call: where one did not for a reason other than memory,
+        that one; else (`refusals.ProgramOutOfMemoryError`) the first the
+        backend refused for memory, with the least bytes the step needs
+        (the most of the compiler's figure, what the device holds across
+        each refused call, and each other call's bytes).
+      As `Programs.analysis` otherwise.
     """
-    calls = []
+    calls, failed, least = [], [], 0
     for noted in self._noted:
-      analysis = self.programs.analysis(noted.key, noted.args)
-      calls.append(composition.Call(
+      try:
+        analysis = self.programs.analysis(noted.key, noted.args)
+      except refusals.ProgramCompileError as e:
+        held = composition.held_parts(noted.held, ())
+        failed.append(e.named(noted.name, sum(h.size_bytes for h in held)))
+        continue
+      call = composition.Call(
           noted.name, noted.phase, analysis.memory,
-          composition.held_parts(noted.held, noted.args, analysis.kept)))
+          composition.held_parts(noted.held, noted.args, analysis.kept),
+          composition.held_parts(noted.host_held, (), whole=True),
+          self.devices_on_host)
+      least = max(least, call.device_bytes)
+      calls.append(call)
+    if failed:
+      other = [e for e in failed
+               if not isinstance(e, refusals.ProgramOutOfMemoryError)]
+      if other:
+        raise other[0]
+      raise failed[0].named(failed[0].program, max(
+          [least] + [e.least_bytes or 0 for e in failed]))
     return calls
 
   def memory(self) -> composition.StepMemory:

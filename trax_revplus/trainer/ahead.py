@@ -9,10 +9,18 @@ step holds on the device across it (`step_run.StepRun.held`, the step's own
 description), in a `device_memory.walk.StepWalk`. The programs live in the
 trainer's `device_memory.walk.Programs`, shared by every walk of the
 trainer, so a program traced or compiled once (for one plan) is not again
-(for another). Its updates go to the no-op `step_run.UpdateSink`: leaving
-the device, they only leave what the walk holds. `memory()` then composes
-the step's `device_memory.StepMemory` from XLA's memory analysis of the
-very executables the step calls.
+(for another). It notes, too, what the step holds on the host across each
+call (`step_run.StepRun.held_on_host`). Its updates go to `HostTypes`, a
+sink that keeps only the types of what a real step's commit queue keeps on
+the host: leaving the device, they only leave what the walk holds.
+`memory()` then composes the step's `device_memory.StepMemory`, device and
+host bytes, from XLA's memory analysis of the very executables the step
+calls.
+
+A program the backend does not compile is not a miss: `memory()` raises
+`device_memory.ProgramOutOfMemoryError` where the backend refused it for
+memory (the plan does not fit this device), else
+`device_memory.ProgramCompileError`, naming the call.
 
 The walk stops at the first call whose argument types cannot be known
 without placing its arguments, or which cannot be traced apart from its
@@ -31,6 +39,7 @@ import jax
 
 from trax_revplus import device_memory
 from trax_revplus import layers as layers_lib
+from trax_revplus.device_memory import program
 from trax_revplus.device_memory import walk as walk_lib
 from trax_revplus.trainer import micro_batches
 from trax_revplus.trainer import step_run as step_run_lib
@@ -45,11 +54,14 @@ class StepTypes(NamedTuple):
     rngs: each layer's placed RNG (values unused).
     opt_params: each layer's placed optimizer hyperparameters.
     step: the step number, placed (value unused).
+    host_batch: the batch's types as the host holds it (this process's
+      rows, unsharded: `device_memory.program.host_types`), or None.
   """
   stack: Any
   rngs: Any
   opt_params: Any
   step: Any
+  host_batch: Any = None
 
 
 class TypesUnknown(Exception):
@@ -70,7 +82,7 @@ class AheadOfTime(step_run_lib.StepRun):
   """
 
   def __init__(self, plan, types, placement, layers, optimizers, programs,
-               ties=None):
+               ties=None, keeps_replaced=False):
     """Args:
       plan: the `plan.StepPlan` walked.
       types: `StepTypes` of the step.
@@ -79,14 +91,20 @@ class AheadOfTime(step_run_lib.StepRun):
       programs: `device_memory.walk.Programs` shared by the trainer's
         walks.
       ties: `ties.Ties` of the layers (default: none shared).
+      keeps_replaced: bool, whether the step keeps each replaced host
+        weight, slot and state until its end (`on_non_finite='skip'`).
     """
     super().__init__(plan, types.stack, types.rngs, types.opt_params,
-                     types.step, step_run_lib.UpdateSink(), ties)
+                     types.step, HostTypes(layers, optimizers, keeps_replaced),
+                     ties)
     self._placement = placement
     self._layers = layers
     self._optimizers = optimizers
     self._programs = programs
-    self._record = walk_lib.StepWalk(programs)
+    self._host_batch = types.host_batch
+    self._devices_are_host = devices_are_host(placement)
+    self._record = walk_lib.StepWalk(
+        programs, placement.n_local_devices if self._devices_are_host else 0)
     self._pool = None
     self._unit = None
     self._batch = None  # the whole batch's types, with micro-batches
@@ -167,10 +185,16 @@ class AheadOfTime(step_run_lib.StepRun):
       raise TypesUnknown()
     return params
 
+  def host_params(self) -> PyTree:
+    return step_run_lib.host_params(self._layers, self._optimizers)
+
+  def host_batch(self) -> PyTree:
+    return self._host_batch
+
   def gradients_from_host(self, layers: list[int],
                           weights: list[PyTree]) -> list[PyTree]:
-    # Placed as the weights are, new device arrays.
-    del layers
+    # Taken off the host; placed as the weights are, new device arrays.
+    self.sink.take_gradients(layers)
     return _fresh(weights)
 
   def duplicate(self, array: PyTree) -> PyTree:
@@ -203,7 +227,8 @@ class AheadOfTime(step_run_lib.StepRun):
         raise TypesUnknown() from e
       programs.add_traced(key, fn, traced,
                           self._pool.submit(_compile_traced, traced))
-    self._record.note(self._name(), self.phase, key, args, self.held())
+    self._record.note(self._name(), self.phase, key, args, self.held(),
+                      self.held_on_host(self._devices_are_host))
     return _fresh(self._placement.per_device_types(programs.outputs(key)))
 
   def _name(self):
@@ -217,7 +242,11 @@ class AheadOfTime(step_run_lib.StepRun):
     Raises:
       device_memory.UnsupportedTrainerError: the walk stopped before the
         step's end (a call's argument types are not known ahead, or its
-        trace failed), or a program did not compile.
+        trace failed).
+      device_memory.ProgramOutOfMemoryError: the backend refused to
+        compile a program of the step for memory.
+      device_memory.ProgramCompileError: a program did not compile for
+        another reason.
     """
     if not self.complete:
       raise device_memory.UnsupportedTrainerError(
@@ -225,6 +254,13 @@ class AheadOfTime(step_run_lib.StepRun):
           'argument types are not known without running it), so its device '
           'memory cannot be accounted.')
     return self._record.memory()
+
+
+def devices_are_host(placement) -> bool:
+  """Whether `placement`'s devices keep their buffers in host memory (the
+  CPU backend's), so that the host's figure counts their bytes
+  (`device_memory.devices_on_host`)."""
+  return device_memory.devices_on_host(placement.platform, 1) == 1
 
 
 def _known(tree):
@@ -246,11 +282,55 @@ def _fresh(tree):
 
 def _compile_traced(traced):
   """Lowers and compiles a `jax.stages.Traced`, which fills the caches its
-  jitted function's calls use; returns the `jax.stages.Compiled`, or None
-  where compiling failed."""
-  try:
-    return traced.lower().compile()
-  except Exception as e:  # pylint: disable=broad-except
-    logging.info('compiling a function ahead of the step failed (%s); it '
-                 'compiles when called.', e)
-    return None
+  jitted function's calls use; returns the `jax.stages.Compiled`, raising
+  what compiling raised (`walk.Programs` keeps it as the program's)."""
+  return traced.lower().compile()
+
+
+class HostTypes(step_run_lib.UpdateSink):
+  """The walk ahead's sink: the types of what a real step's commit queue
+  (`commit.CommitQueue`) keeps on the host, nothing else.
+
+  A micro-batch's gradients that wait on the host are added up there from
+  their commit (one array per weight, whatever the parts) until the last
+  part takes them (`take_gradients`); under `on_non_finite='skip'` each
+  replaced host weight, slot and state stays until the step ends.
+  """
+
+  def __init__(self, layers, optimizers, keeps_replaced: bool):
+    self._layers = layers
+    self._optimizers = optimizers
+    self._keeps_replaced = keeps_replaced
+    self._gradients = {}  # layer index -> host types of its gradients
+    self._replaced = []  # host types of replaced weights, slots and state
+
+  def start(self, layers, weights, slots, states, stats, part=None):
+    # As `CommitQueue.start`: weights None where the call only accumulated;
+    # slots then the gradients waiting on the host, or None.
+    del states, stats, part
+    accumulated = weights[0] is None if weights else False
+    return layers, (slots if accumulated and slots[0] is not None
+                    else None), not accumulated
+
+  def commit(self, token) -> None:
+    layers, gradients, updated = token
+    if gradients is not None:
+      for i, g in zip(layers, gradients):
+        self._gradients.setdefault(i, program.host_types(g))
+    elif updated and self._keeps_replaced:
+      self._replaced.extend(program.host_types(step_run_lib.host_params(
+          [self._layers[i]], [self._optimizers[i]])) for i in layers)
+
+  def take_gradients(self, layers: list[int]) -> None:
+    """The last part takes the gradients of `layers` off the host."""
+    for i in layers:
+      self._gradients.pop(i, None)
+
+  def end_step(self) -> None:
+    self._gradients = {}
+    self._replaced = []
+
+  def held_on_host(self) -> list[tuple[str, Any]]:
+    return [('accumulated gradients on the host', self._gradients),
+            ('weights, slots and state kept to undo a skipped step',
+             self._replaced)]

@@ -88,6 +88,10 @@ class NonFiniteGuard:
     if self._policy == 'skip':
       self._rollback.append((i,) + self._store.get(i))
 
+  def kept_to_undo(self) -> list:
+    """The replaced (weights, slots, state) kept to undo this step."""
+    return [kept[1:] for kept in self._rollback]
+
   def end_step(self) -> None:
     """Undoes a skipped step's committed updates; forgets the rollback."""
     rollback, self._rollback = self._rollback, []
@@ -167,6 +171,13 @@ class CommitQueue(step_run_lib.UpdateSink):
     """After the step's last commit: undoes a skipped step (`'skip'`)."""
     self.guard.end_step()
     self._gradients = {}
+
+  def held_on_host(self) -> list[tuple[str, Any]]:
+    """The gradients added up so far, and under 'skip' the replaced host
+    arrays kept to undo the step (`step_run.StepRun.held_on_host`)."""
+    return [('accumulated gradients on the host', self._gradients),
+            ('weights, slots and state kept to undo a skipped step',
+             self.guard.kept_to_undo())]
 
   def take_gradients(self, layers: list[int]) -> list[PyTree]:
     """The host gradients of `layers` added up over the step's committed

@@ -88,7 +88,8 @@ class PhaseRecorder(StepObserver):
 
   A phase runs from the previous phase's end (or the recorder's making) to
   its own; its record counts the H2D/D2H bytes and the host bytes released
-  meanwhile, and carries the step's accounted peak (`device_memory`).
+  meanwhile, and carries the step's accounted device and host peaks
+  (`device_memory`).
   """
 
   def __init__(self, step, step_memory, placement, layers, memory_log,
@@ -156,6 +157,8 @@ class PhaseRecorder(StepObserver):
     if phase in peaks:
       fields['peak_device_bytes'] = step_memory.peak_device_bytes
       fields['phase_peak_device_bytes'] = peaks[phase]
+      fields['peak_host_bytes'] = step_memory.peak_host_bytes
+      fields['phase_peak_host_bytes'] = step_memory.phase_host_peaks()[phase]
     self._log.record(self._step, phase, seconds=time.time() - start.seconds,
                      h2d_bytes=h2d, d2h_bytes=d2h, **fields)
     self._phase_start = self._now()

@@ -200,6 +200,16 @@ class TrainerOptions:
       backends it is taken only where no plan with the layers as
       configured fits), the layers as configured without one; an int pins
       it.
+    host_memory_budget_bytes: 'auto' (default), None or an int >= 1: host
+      bytes the process's step may hold at its peak, as accounted with its
+      device memory (the memory log's `peak_host_bytes`: weights, slots and
+      state, the batch, what waits on the host, on the CPU backend the
+      devices' buffers). 'auto': what the host can give once the backend
+      opened and the weights came to the host, less a reserve, plus those
+      weights, slots and state (`trainer.budget`); None: no host budget.
+      Under a device budget no plan over it is chosen; the plan the
+      settings name (device_memory_budget_bytes = None) over it is one
+      line, `budget.HostMemoryBudgetError`, before any step.
   """
   n_async_layers: int = 8
   memory_log_every_n_steps: int = 100
@@ -221,6 +231,7 @@ class TrainerOptions:
   sequence_chunks: int | str = AUTO
   micro_batches: int | str = AUTO
   parallel_heads: int | str = AUTO
+  host_memory_budget_bytes: int | str | None = AUTO
 
   def __post_init__(self):
     """Checks every setting; ints are stored as Python ints.
@@ -277,6 +288,9 @@ class TrainerOptions:
       _check_int(self, 'parallel_heads', 1,
                  allowed=f"an int >= 1 (1: one attention head at a time) "
                          f"or '{AUTO}'")
+    if self.host_memory_budget_bytes not in (None, AUTO):
+      _check_int(self, 'host_memory_budget_bytes', 1,
+                 allowed=f"'{AUTO}', None or an int number of bytes >= 1")
 
   @classmethod
   def of(cls, settings: Mapping[str, Any]) -> 'TrainerOptions':

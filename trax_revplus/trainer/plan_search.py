@@ -22,15 +22,49 @@ with more slices or parts do not fit, those with fewer are not compiled.
 The unsliced unfused groups are always weighed all the same: their leanest
 plan is stock trax's own schedule, which a budget of stock's peak must
 find, even where slicing a call that cannot shrink adds a few bytes.
+
+The same property read the other way bounds a family's members from
+below, without compiling them (`_rows_bound`): each of a call's
+temporaries is a part that does not depend on the rows plus a part in
+proportion to them, so a call over 1/m of the rows needs at least 1/m of
+the temporaries, and what the step holds shrinks no faster; a member with
+m times the slices or parts of one weighed needs at least 1/m of its
+peak. On trax's enwik8 Reformer, where the whole-model (fused) program of
+one row needs about 34 GiB on the CPU's accounting, this keeps the search
+from compiling the fused program of more slices once that of fewer did
+not fit (docs/device-memory.md).
+
+A plan fits where its peak device bytes are within the device budget and
+its peak host bytes within the host budget (where there is one). A plan
+one of whose programs the backend refuses to compile for memory
+(`device_memory.ProgramOutOfMemoryError`) fits no budget: the search goes
+on to leaner plans, and counts it as needing more than the budget (or the
+bytes the refusal names, where more) among those that excluded a faster
+plan. `least()` prefers plans the backend compiled; where it refused even
+every group's leanest plan, it raises `LeastRefused`.
 """
 
-from typing import Callable
+from typing import Any, Callable
 
 from trax_revplus import device_memory
 from trax_revplus.trainer import candidates as candidates_lib
 from trax_revplus.trainer import plan as plan_lib
 
 Weigh = Callable[[plan_lib.StepPlan], device_memory.StepMemory]
+
+
+class LeastRefused(device_memory.ProgramOutOfMemoryError):
+  """The backend refused to compile a program of every group's leanest
+  plan for memory: no plan fits this device.
+
+  Attributes (besides `device_memory.ProgramOutOfMemoryError`'s, those of
+  the refusal with the fewest bytes known):
+    plan: the leanest plan of that refusal.
+  """
+
+  def __init__(self, refused: device_memory.ProgramOutOfMemoryError, plan):
+    self.plan = plan
+    super().__init__(refused.cause, refused.program, refused.least_bytes)
 
 
 class PlanSearch:
@@ -45,7 +79,8 @@ class PlanSearch:
   def __init__(self, candidates: candidates_lib.Candidates, n_devices: int,
                weigh: Weigh,
                weighed: Callable[[plan_lib.StepPlan],
-                                 device_memory.StepMemory | None]):
+                                 device_memory.StepMemory | None],
+               refused: Callable[[plan_lib.StepPlan], Any] = lambda _: None):
     """Args:
       candidates: the shapes' `candidates.Candidates`.
       n_devices: devices a step runs on (for the lower bounds).
@@ -53,6 +88,8 @@ class PlanSearch:
         `planner.Planner.account`.
       weighed: plan -> its `StepMemory` where `weigh` accounted it
         already, else None (nothing accounted).
+      refused: plan -> its `device_memory.ProgramOutOfMemoryError` where
+        `weigh` found the backend refused it, else None.
     """
     self._groups = list(candidates.groups())
     # Groups with the attention layers as the step runs them without a
@@ -65,6 +102,7 @@ class PlanSearch:
                       for g in self._groups}
     self._weigh = weigh
     self._weighed = weighed
+    self._refused = refused
     self._least = None
     self.faster_plans_need_bytes = None
     self._families = {}  # family key -> [(value, group)], value ascending
@@ -74,9 +112,12 @@ class PlanSearch:
     for members in self._families.values():
       members.sort(key=lambda m: m[0])
 
-  def fastest_fitting(self, budget_bytes: int) -> plan_lib.StepPlan | None:
+  def fastest_fitting(self, budget_bytes: int,
+                      host_budget_bytes: int | None = None
+                      ) -> plan_lib.StepPlan | None:
     """The first plan, in the speed model's order, whose peak is at most
-    `budget_bytes`; None where none is.
+    `budget_bytes` and whose peak host bytes are at most
+    `host_budget_bytes` (None: any); None where none is.
 
     Each group's fastest plan is weighed first: where it fits, nothing else
     compiles (its programs are the step's own). Where it does not, the rest
@@ -87,18 +128,33 @@ class PlanSearch:
     leanest is weighed before its fastest. After that first one, or once a
     member of its family did not fit, a group is skipped where its family's
     least fitting member (`_least_fitting`, over its leanest plans) has more
-    slices or parts.
+    slices or parts. These rules weigh the device budget alone: a group's
+    leanest plan needs the least device memory of the group, not the least
+    host memory (saved inputs and states wait on the host there), so the
+    host budget only excludes the plans it is weighed on.
 
     Raises:
-      As `weigh`.
+      As `weigh`, but for `device_memory.ProgramOutOfMemoryError` (a plan
+      that does not fit).
     """
-    excluded = []  # bytes that excluded each faster plan or group
+    excluded = []  # device bytes that excluded each faster plan or group
 
-    def fits(plan: plan_lib.StepPlan) -> bool:
-      peak = self._weigh(plan).peak_device_bytes
+    def fits_device(plan: plan_lib.StepPlan) -> bool:
+      try:
+        peak = self._weigh(plan).peak_device_bytes
+      except device_memory.ProgramOutOfMemoryError as e:
+        excluded.append(max(e.least_bytes or 0, budget_bytes + 1))
+        return False
       if peak > budget_bytes:
         excluded.append(peak)
       return peak <= budget_bytes
+
+    def fits(plan: plan_lib.StepPlan) -> bool:
+      # A host budget excludes plans, but not a device budget's range: the
+      # host's memory changes from run to run.
+      return fits_device(plan) and (
+          host_budget_bytes is None or
+          self._weigh(plan).peak_host_bytes <= host_budget_bytes)
 
     found = None
     tight = False  # whether a group's leanest plan did not fit
@@ -110,7 +166,7 @@ class PlanSearch:
       if bound > budget_bytes:
         excluded.append(bound)
         return False
-      return fits(group.leanest)
+      return fits_device(group.leanest)
 
     for group in self._groups:
       bound = self._bound(group)
@@ -127,7 +183,7 @@ class PlanSearch:
       # Once an unfused group did not fit even at its leanest, the budget
       # is tight: a later group's leanest is weighed first, so that a group
       # whose leanest does not fit costs that one accounting.
-      if rest and tight and not fits(group.leanest):
+      if rest and tight and not fits_device(group.leanest):
         continue
       if fits(first):
         found = first
@@ -135,7 +191,7 @@ class PlanSearch:
       if not rest:
         short.add(key)
         continue
-      if not tight and not fits(group.leanest):
+      if not tight and not fits_device(group.leanest):
         tight = True
         short.add(key)
         continue
@@ -156,8 +212,27 @@ class PlanSearch:
 
   def _bound(self, group) -> int:
     """Bytes every plan of `group` needs at least, known without compiling
-    it (`Candidates.lower_bound_bytes`, `_chunks_bound`)."""
-    return max(self._bound_of[id(group)], self._chunks_bound(group))
+    it (`Candidates.lower_bound_bytes`, `_chunks_bound`, `_rows_bound`)."""
+    return max(self._bound_of[id(group)], self._chunks_bound(group),
+               self._rows_bound(group))
+
+  def _rows_bound(self, group) -> int:
+    """Bytes every plan of `group` needs at least, from each member of its
+    family with fewer slices or parts whose leanest plan was weighed (its
+    peak) or refused (the bytes the refusal names): that times its slices
+    or parts over the group's (see the module docstring); else 0."""
+    key, value = _family(group)
+    bound = 0
+    for v, member in self._families.get(key, ()):
+      if v >= value:
+        break
+      step = self._weighed(member.leanest)
+      refusal = None if step is not None else self._refused(member.leanest)
+      need = (step.peak_device_bytes if step is not None else
+              refusal.least_bytes if refusal is not None else None)
+      if need:
+        bound = max(bound, need * v // value)
+    return bound
 
   def _least_fitting(self, key, leanest_fits) -> int | None:
     """The least slices or parts of family `key` whose group's leanest plan
@@ -200,11 +275,11 @@ class PlanSearch:
     Of each family (`_family`), only the member with the most slices or
     parts is weighed, and the unsliced unfused groups (stock's schedule).
     The unfused ones are weighed first; a fused one whose lower bound
-    (`Candidates.lower_bound_bytes`) is above the least peak found so far
-    cannot need less, and is not compiled. Of the groups in sequence
-    chunks, only those with the most chunks of their slicing are weighed
-    (more chunks hold less: each chunk's temporaries shrink with its
-    length, and nothing else the step holds changes), and only where the
+    (`Candidates.lower_bound_bytes`, `_rows_bound`) is above the least peak
+    found so far cannot need less, and is not compiled. Of the groups in
+    sequence chunks, only those with the most chunks of their slicing are
+    weighed (more chunks hold less: each chunk's temporaries shrink with
+    its length, and nothing else the step holds changes), and only where the
     calls they do not change (all but the loss call) leave room below the
     least found (`_chunks_bound`). Of the groups in micro-batches, only
     those with the most parts are weighed (without chunks and with the
@@ -212,8 +287,12 @@ class PlanSearch:
     the one of the least group found so far is weighed (heads at once
     shrink one call's attention temporaries, the same in every group).
 
+    A plan one of whose programs the backend refused to compile for
+    memory counts after every plan it compiled.
+
     Raises:
-      As `weigh`.
+      LeastRefused: the backend refused every leanest plan weighed.
+      As `weigh` otherwise.
     """
     if self._least is None:
       groups = self._groups[:self._n_configured]
@@ -240,21 +319,43 @@ class PlanSearch:
           key=lambda i: (bool(groups[i].fused_reversible_layers),
                          groups[i].micro_batches > 1))
       found = {}  # group index -> StepMemory of its leanest plan
+      refused = {}  # group index -> the refusal of its leanest plan
+
+      def weigh(i):
+        try:
+          found[i] = self._weigh(self._groups[i].leanest)
+        except device_memory.ProgramOutOfMemoryError as e:
+          refused[i] = e
+
       for i in order:
+        # Only compiled plans bound the rest: a refusal's bytes are a
+        # lower bound of what its plan needs.
         least = min((s.peak_device_bytes for s in found.values()),
                     default=None)
         chunks_bound = self._chunks_bound(groups[i])
-        if least is None or (self._bound_of[id(groups[i])] <= least and
-                             chunks_bound < least):
-          found[i] = self._weigh(groups[i].leanest)
-      i = min(found, key=lambda i: (found[i].peak_device_bytes, i))
+        bound = max(self._bound_of[id(groups[i])],
+                    self._rows_bound(groups[i]))
+        if least is None or (bound <= least and chunks_bound < least):
+          weigh(i)
+      i = self._least_of(found, refused)
       if (len(self._groups) > len(groups) and  # `i`'s, fewer heads at once
           self._groups[-1].parallel_heads == 1):
-        found[len(groups) + i] = self._weigh(
-            self._groups[len(groups) + i].leanest)
-        i = min(found, key=lambda i: (found[i].peak_device_bytes, i))
+        weigh(len(groups) + i)
+        i = self._least_of(found, refused)
+      if i not in found:
+        raise LeastRefused(refused[i], self._groups[i].leanest)
       self._least = (self._groups[i].leanest, found[i])
     return self._least
+
+  @staticmethod
+  def _least_of(found, refused) -> int:
+    """The group index of the least plan: the least peak of those
+    compiled (ties: the first), else the refusal with the fewest bytes
+    known."""
+    if found:
+      return min(found, key=lambda i: (found[i].peak_device_bytes, i))
+    return min(refused, key=lambda i: (
+        refused[i].least_bytes is None, refused[i].least_bytes or 0, i))
 
 
 def _family(group) -> tuple[tuple, int]:

@@ -5,14 +5,19 @@ step runs (`plan.StepPlan`), compiles its units (`units.Units`), compiles
 them ahead and accounts the step's device memory (`ahead.AheadOfTime`).
 A step never changes what it was given.
 
-Without a device budget the plan is the one the trainer's settings name.
-With one (`device_memory_budget_bytes`, by default the device's own size
-where the backend reports it, `budget`) the planner runs the fastest plan
-whose composed XLA peak fits: `candidates.Candidates` lists plans in the
+Without a device budget the plan is the one the trainer's settings name;
+where its accounted host bytes exceed the host budget, or the backend does
+not compile one of its programs, that is one line before any step. With
+one (`device_memory_budget_bytes`, by default the device's own size where
+the backend reports it, `budget`) the planner runs the fastest plan whose
+composed XLA peak fits, and whose host bytes fit the host budget
+(`host_memory_budget_bytes`): `candidates.Candidates` lists plans in the
 speed model's order, and one search per batch's shapes
 (`plan_search.PlanSearch`) accounts them in turn and gives the least plan
-too (`least_plan`). See `candidates` for the dimensions and the order.
-Every plan accounted on a batch's shapes is kept with its figures
+too (`least_plan`). A plan one of whose programs the backend refuses to
+compile for memory does not fit; any other failure to compile is one
+line naming the program. See `candidates` for the dimensions and the
+order. Every plan accounted on a batch's shapes is kept with its figures
 (`weighing.Weighing`): the memory/speed front `estimate` shows.
 """
 
@@ -24,20 +29,16 @@ import jax
 import numpy as np
 
 from trax_revplus import device_memory
-from trax_revplus import validation
 from trax_revplus.device_memory import walk as walk_lib
 from trax_revplus.trainer import ahead
-from trax_revplus.trainer import attention_heads
 from trax_revplus.trainer import budget as budget_lib
 from trax_revplus.trainer import candidates as candidates_lib
-from trax_revplus.trainer import micro_batches
 from trax_revplus.trainer import options as options_lib
 from trax_revplus.trainer import overrides
 from trax_revplus.trainer import plan as plan_lib
 from trax_revplus.trainer import plan_search as plan_search_lib
 from trax_revplus.trainer import plan_store as plan_store_lib
-from trax_revplus.trainer import sequence_chunks
-from trax_revplus.trainer import stack_bytes as stack_bytes_lib
+from trax_revplus.trainer import shape_facts
 from trax_revplus.trainer import units as units_lib
 from trax_revplus.trainer import weighing as weighing_lib
 from trax_revplus.typing import Batch
@@ -74,6 +75,8 @@ class Planner:
   Attributes:
     budget_bytes: int bytes per device the step may use at its peak, or
       None (no budget: the configured plan runs).
+    host_budget_bytes: int host bytes the process's step may hold at its
+      peak, or None (`budget.host_budget_bytes`).
     least: (`plan.StepPlan`, `device_memory.StepMemory`) of the leanest
       plan, set when no plan fits the budget; else None.
     plan_store: `plan_store.PlanStore` where plans chosen under a budget
@@ -81,7 +84,7 @@ class Planner:
   """
 
   def __init__(self, placement, store, factory, options, budget_bytes,
-               explicit=(), fingerprint_of=None):
+               explicit=(), fingerprint_of=None, host_budget_bytes=None):
     """Args:
       placement: the trainer's `placement.Placement`.
       store: its `store.LayerStore`.
@@ -93,8 +96,8 @@ class Planner:
       fingerprint_of: layer index -> hashable, equal for layers sharing a
         compilation (`compilation.Compiler.fingerprint_of`); None: every
         layer compiles on its own.
+      host_budget_bytes: int or None, see `budget.host_budget_bytes`.
     """
-    self._fingerprint_of = fingerprint_of
     self._explicit = frozenset(explicit)
     self._notified = set()
     self._placement = placement
@@ -102,11 +105,13 @@ class Planner:
     self._factory = factory
     self._options = options
     self.budget_bytes = budget_bytes
+    self.host_budget_bytes = host_budget_bytes
     self._planned = {}  # batch_key -> PlannedStep
     self._programs = walk_lib.Programs()
     self._weighings = {}  # batch_key -> weighing.Weighing
     self._searches = {}  # batch_key -> plan_search.PlanSearch
-    self._traces = {}  # batch_key -> (stack bytes per block, tail length)
+    self._facts = shape_facts.ShapeFacts(placement, store, factory, options,
+                                         fingerprint_of, batch_key)
     self.least = None
     self.plan_store = None
 
@@ -128,8 +133,14 @@ class Planner:
         step cannot add its parts' gradients exactly.
       validation.TrainerOptionError: parallel_heads set to an int that
         neither divides nor is a multiple of an attention layer's heads.
-      DeviceMemoryBudgetError: under a budget, no plan fits it, or the
+      DeviceMemoryBudgetError: under a budget, no plan fits it (or this
+        device: the backend refused even the least plan's program), or the
         step cannot be accounted here.
+      budget.HostMemoryBudgetError: no plan that fits the device fits the
+        host budget; or without a device budget, the plan the settings
+        name exceeds it.
+      budget.StepCompileError: a program of a plan weighed did not compile
+        for a reason other than memory.
     """
     key = batch_key(self._placement.abstract_batch(batch))
     if key not in self._planned:
@@ -156,50 +167,16 @@ class Planner:
     stack = p.abstract_batch(batch)
     rngs = p.place_rngs(np.zeros((2,), np.uint32), len(self._store.layers))
     step = p.replicate(np.zeros((), np.int32))
-    return ahead.StepTypes(stack, rngs, self._store.opt_params, step)
-
-  def _rows(self, types):
-    """Rows of the batch each device gets."""
-    leaf = jax.tree_util.tree_leaves(types.stack)[0]
-    return leaf.shape[1] if self._placement.n_devices > 1 else leaf.shape[0]
+    return ahead.StepTypes(stack, rngs, self._store.opt_params, step,
+                           device_memory.program.host_types(batch))
 
   def candidates(self, types) -> candidates_lib.Candidates:
     """The plans a budget chooses from for a step starting from `types`
     (`step_types`), in the speed model's order."""
-    trace, tail_length = self._trace(types)
-    return candidates_lib.Candidates(
-        self._store.block_sizes(), self._store.params_bytes(),
-        trace.block_bytes, self._rows(types), self._options,
-        bool(self._store.ties), self._layer_kinds(), tail_length,
-        self.micro_batches_refusal(types) is not None,
-        trace.slices_change_draws, self._placement.platform,
-        attention_heads.lowers(self._store.layers, 1))
-
-  def micro_batches_refusal(self, types) -> str | None:
-    """Why a step from `types` cannot run in micro-batches, or None
-    (`micro_batches.refusal`)."""
-    stack = types.stack
-    n_items = len(stack) if isinstance(stack, (tuple, list)) else 1
-    return micro_batches.refusal(self._store.layers, n_items,
-                                 self._factory.adasum, bool(self._store.ties))
-
-  def _layer_kinds(self):
-    if self._fingerprint_of is None:
-      return None
-    return [self._fingerprint_of(i) for i in range(len(self._store.layers))]
+    return self._facts.candidates(types)
 
   def _plan(self, key, types):
-    options = self._options
-    validation.check_batch_slices(options.unplanned('batch_slices'),
-                                  self._rows(types))
-    validation.check_sequence_chunks(
-        options.unplanned('sequence_chunks'), self._trace(types)[1],
-        self._store.layers[-1].name)
-    validation.check_micro_batches(
-        options.unplanned('micro_batches'), self._rows(types),
-        options.unplanned('batch_slices'), self.micro_batches_refusal(types))
-    if options.parallel_heads != options_lib.AUTO:
-      attention_heads.check(self._store.layers, options.parallel_heads)
+    self._facts.check(types)
     if self.budget_bytes is not None:
       return self._plan_under_budget(key, types)
     return self._configured(types)
@@ -209,14 +186,25 @@ class Planner:
     options = self._options
     plan = plan_lib.configured_plan(
         self._store.block_sizes(), self._store.params_bytes(),
-        self._trace(types)[0].block_bytes, options)
+        self._facts.trace(types)[0].block_bytes, options)
     units = units_lib.Units(plan, self._factory)
     memory_ = None
     if options.compile_ahead:
-      memory_ = self._account_or_none(plan, units, types)
+      try:
+        memory_ = self._account_or_none(plan, units, types)
+      except device_memory.ProgramOutOfMemoryError as e:
+        raise budget_lib.nothing_fits(plan, e.least_bytes or 0, None,
+                                      options, refused=e.program) from None
+      except device_memory.ProgramCompileError as e:
+        raise budget_lib.not_compiled(e, configured=True) from None
     weighing = self._weighing_of(types)
     if memory_ is not None:
       weighing.add(plan, memory_)
+      if (self.host_budget_bytes is not None and
+          memory_.peak_host_bytes > self.host_budget_bytes):
+        raise budget_lib.host_exceeded(plan.describe(len(memory_.calls)),
+                                       memory_, self.host_budget_bytes,
+                                       options)
     weighing.chosen = plan
     return PlannedStep(plan, units, memory_)
 
@@ -233,7 +221,8 @@ class Planner:
     store_key = None
     if self.plan_store is not None:
       settings = dataclasses.asdict(self._options)
-      for name in ('output_dir', 'device_memory_budget_bytes'):
+      for name in ('output_dir', 'device_memory_budget_bytes',
+                   'host_memory_budget_bytes'):
         settings.pop(name)
       store_key = plan_store_lib.plan_key(
           key, settings, self._store.layers, self._placement.platform,
@@ -241,18 +230,25 @@ class Planner:
       plan = self.plan_store.load(store_key, self.budget_bytes)
       if plan is not None and self.candidates(types).may_run(plan):
         try:
-          fits = self.weigh(plan, types).peak_device_bytes <= self.budget_bytes
+          fits = self._weighing_of(types).fits(self.weigh(plan, types))
         except (device_memory.UnsupportedTrainerError,
-                device_memory.AccountingError):
+                device_memory.AccountingError,
+                device_memory.ProgramCompileError):
           fits = False
         if fits:
           return self._chosen(plan, types,
                               f' (kept in {self.plan_store.path})')
     search = self._search(key, types)
     try:
-      plan = search.fastest_fitting(self.budget_bytes)
+      plan = search.fastest_fitting(self.budget_bytes, self.host_budget_bytes)
       if plan is None:
         self.least = search.least()
+    except plan_search_lib.LeastRefused as e:
+      raise budget_lib.nothing_fits(e.plan, e.least_bytes or 0,
+                                    self.budget_bytes, self._options,
+                                    refused=e.program) from None
+    except device_memory.ProgramCompileError as e:
+      raise budget_lib.not_compiled(e, configured=False) from None
     except (device_memory.UnsupportedTrainerError,
             device_memory.AccountingError) as e:
       if self._options.device_memory_budget_bytes != options_lib.AUTO:
@@ -266,7 +262,8 @@ class Planner:
                       'it runs the settings as given, unplanned: %s', e)
       return self._configured(types)
     if plan is None:
-      self._raise_nothing_fits()
+      raise budget_lib.nothing_fits_error(
+          self.least, self._weighing_of(types), self._options)
     planned = self._chosen(plan, types)
     if store_key is not None:
       self.plan_store.save(store_key, planned.plan,
@@ -279,20 +276,9 @@ class Planner:
 
   def _weighing_key(self, key):
     if key not in self._weighings:
-      self._weighings[key] = weighing_lib.Weighing(self.budget_bytes)
+      self._weighings[key] = weighing_lib.Weighing(self.budget_bytes,
+                                                   self.host_budget_bytes)
     return self._weighings[key]
-
-  def _trace(self, types):
-    """(`stack_bytes.StackTrace`; the sequence length of the loss layer's
-    tail's inputs, or None where it has no tail to run in chunks:
-    `sequence_chunks.tail_length`), once per batch's shapes."""
-    key = batch_key(types.stack)
-    if key not in self._traces:
-      trace = stack_bytes_lib.trace(
-          self._store, types.stack, self._placement.n_devices)
-      self._traces[key] = (trace, sequence_chunks.tail_length(
-          self._store.layers[-1], trace.loss_inputs))
-    return self._traces[key]
 
   def account(self, plan, units, types) -> device_memory.StepMemory:
     """Compiles `units` ahead and composes the step's device memory.
@@ -301,10 +287,15 @@ class Planner:
       device_memory.UnsupportedTrainerError: the step cannot be compiled
         ahead here.
       device_memory.AccountingError: its figures contradict each other.
+      device_memory.ProgramOutOfMemoryError: the backend refused to
+        compile one of its programs for memory.
+      device_memory.ProgramCompileError: one did not compile otherwise.
     """
     walk = ahead.AheadOfTime(plan, types, self._placement, self._store.layers,
                              self._store.optimizers, self._programs,
-                             self._store.ties)
+                             self._store.ties,
+                             keeps_replaced=(
+                                 self._options.on_non_finite == 'skip'))
     walk.walk(units)
     return walk.memory()
 
@@ -313,12 +304,20 @@ class Planner:
     batch's shapes and kept in their `weighing.Weighing`.
 
     Raises:
-      As `account`.
+      As `account`; a plan the backend refused raises its refusal again,
+      compiling nothing.
     """
     weighing = self._weighing_of(types)
+    refused = weighing.refusal_of(plan)
+    if refused is not None:
+      raise refused
     step = weighing.memory_of(plan)
     if step is None:
-      step = self.account(plan, units_lib.Units(plan, self._factory), types)
+      try:
+        step = self.account(plan, units_lib.Units(plan, self._factory), types)
+      except device_memory.ProgramOutOfMemoryError as e:
+        weighing.refuse(plan, e)
+        raise
       weighing.add(plan, step)
     return step
 
@@ -340,17 +339,12 @@ class Planner:
     from)."""
     step = self.weigh(plan, types)
     self._weighing_of(types).chosen = plan
-    logging.info('device memory plan%s: %s; %s', source,
-                 plan.describe(len(step.calls)),
-                 step.describe())
+    logging.info('device memory plan%s: %s; %s; %s', source,
+                 plan.describe(len(step.calls)), step.describe(),
+                 step.describe_host())
     overrides.notify_replaced(plan, self._options, self._explicit,
                               self.budget_bytes, self._notified)
     return PlannedStep(plan, units_lib.Units(plan, self._factory), step)
-
-  def _raise_nothing_fits(self):
-    plan, step = self.least
-    raise budget_lib.nothing_fits(plan, step.peak_device_bytes,
-                                  self.budget_bytes, self._options)
 
   def least_plan(
       self, batch: Batch
@@ -366,6 +360,9 @@ class Planner:
       device_memory.UnsupportedTrainerError: the step cannot be compiled
         ahead here.
       device_memory.AccountingError: its figures contradict each other.
+      plan_search.LeastRefused: the backend refused to compile every
+        leanest plan for memory (a `device_memory.ProgramOutOfMemoryError`).
+      device_memory.ProgramCompileError: one did not compile otherwise.
     """
     return self._search(batch_key(self._placement.abstract_batch(batch)),
                         self.step_types(batch)).least()
@@ -378,5 +375,6 @@ class Planner:
       self._searches[key] = plan_search_lib.PlanSearch(
           self.candidates(types), self._placement.n_devices,
           lambda plan: self.weigh(plan, types),
-          self._weighing_of(types).memory_of)
+          self._weighing_of(types).memory_of,
+          self._weighing_of(types).refusal_of)
     return self._searches[key]

@@ -76,6 +76,8 @@ class StepContext(step_run_lib.StepRun):
                                planned.memory.peak_device_bytes)
     self._unit = None
     self._batch = batch
+    # The caller holds the batch for the whole step (`held_on_host`).
+    self._host_batch = batch
     self._placement = parts.placement
     self._store = parts.store
     self._free_accelerators = parts.free_accelerators
@@ -118,6 +120,16 @@ class StepContext(step_run_lib.StepRun):
     if self._placement.platform != 'cpu' or self._step_memory is None:
       return 0
     return self._step_memory.peak_device_bytes * self._placement.n_devices
+
+  def host_figures(self, host_rss_backend_open_bytes: int) -> dict:
+    """The fields of the memory log's 'step' record that a run's measured
+    host peak is compared with: `peak_host_bytes`, the step's accounted
+    host peak (where accounted), and `host_rss_backend_open_bytes`, the
+    process's RSS when its trainer was made."""
+    fields = {'host_rss_backend_open_bytes': host_rss_backend_open_bytes}
+    if self._step_memory is not None:
+      fields['peak_host_bytes'] = self._step_memory.peak_host_bytes
+    return fields
 
   # The named points of the walk.
 
@@ -194,6 +206,16 @@ class StepContext(step_run_lib.StepRun):
     self.calling = step_run_lib.call_name(self.phase, self._unit,
                                           self._store.layers)
     return fn(*args)
+
+  def host_params(self) -> PyTree:
+    return step_run_lib.host_params(self._store.layers,
+                                    self._store.optimizers)
+
+  def host_batch(self) -> PyTree:
+    return self._host_batch
+
+  def waiting_arrays(self, waiting: Any) -> PyTree:
+    return waiting.arrays()
 
   def gradients_from_host(self, layers: list[int],
                           weights: list[PyTree]) -> list[PyTree]:

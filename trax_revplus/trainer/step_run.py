@@ -4,110 +4,30 @@
 their arguments and makes their calls: `step_context.StepContext` on placed
 arrays (the step itself), or `ahead.AheadOfTime` on their types (compiling
 ahead and accounting device memory). Both are this class, so what a step
-holds on the device across each call (`StepRun.held`), when an update leaves
-the device (`CopyBack`) and where what a forward keeps for its backward
-waits (`StepRun.keep_saved`, `StepRun.take_saved`) are written once, here,
-for the step, the compile-ahead walk and the accounting alike.
+holds on the device across each call (`StepRun.held`) and on the host
+(`StepRun.held_on_host`), when an update leaves the device (`CopyBack`) and
+where what a forward keeps for its backward waits (`StepRun.keep_saved`,
+`StepRun.take_saved`) are written once, here, for the step, the
+compile-ahead walk and the accounting alike.
 
 Each call's updates go to the run's `UpdateSink`: the commit queue in a
-real step (`commit.CommitQueue`), which copies them back to the host; the
-no-op `UpdateSink` itself in a walk on types, where an update leaving the
-device only leaves `StepRun.held`.
+real step (`commit.CommitQueue`), which copies them back to the host; in a
+walk on types a sink that keeps only the types of what the host would
+hold (`ahead`), where an update leaving the device only leaves
+`StepRun.held`.
 """
 
 import abc
-import collections
 from typing import Any, Callable
 
+from trax_revplus.trainer import copy_back as copy_back_lib
 from trax_revplus.trainer import ties as ties_lib
 from trax_revplus.typing import PyTree
 
-
-def commit_waits(pending_sizes: list[int], n_async_layers: int) -> int:
-  """How many of the newest pending calls stay on the device after a push,
-  by the copy-back rule (`commit`).
-
-  Args:
-    pending_sizes: list of int, layers each pending call updated, oldest
-      first (the newest included).
-    n_async_layers: int >= 0.
-
-  Returns:
-    int, how many of the newest calls remain pending.
-  """
-  pending = list(pending_sizes)
-  total = sum(pending)
-  while pending and total - pending[0] >= n_async_layers:
-    total -= pending.pop(0)
-  return len(pending)
-
-
-class UpdateSink:
-  """Where a walk hands each call's updates; this one keeps none of them.
-
-  `CopyBack` starts an update's journey when its call is dispatched
-  (`start`) and ends it when the update leaves the device (`commit`).
-  A walk on types uses this class as is: nothing is copied, and an update
-  leaving the device only leaves what the walk holds. A real step uses
-  `commit.CommitQueue`, which copies updates to the host and commits them.
-  """
-
-  def readable(self, stats: PyTree) -> PyTree:
-    """A call's statistics as the walk keeps them (here: as they are)."""
-    return stats
-
-  def start(self, layers, weights, slots, states, stats,
-            part=None) -> Any:
-    """One call's updates are dispatched (lists over `layers`, in commit
-    order; `part` the `micro_batches.Part` whose rows of each layer's
-    state `states` are). Where the call only accumulated gradients,
-    weights are None and slots are None, or the part's gradients where
-    they wait on the host (`plan.StepPlan.grads_on_host`: the sink adds
-    them up). Returns the token `commit` takes (here: None)."""
-    del layers, weights, slots, states, stats, part
-
-  def commit(self, token) -> None:
-    """The update of `token` leaves the device (here: it is dropped)."""
-
-  def end_step(self) -> None:
-    """Every update of the walk has left the device."""
-
-
-class CopyBack:
-  """Updates on their way from the device to the host, oldest first.
-
-  A call's updates are pushed as they are dispatched and handed to the sink
-  (`UpdateSink.start`); once `commit_waits` says so, they leave the device
-  (`UpdateSink.commit`: a real step commits them to the host and the device
-  buffers are released). Until then they are held on the device
-  (`on_device`).
-  """
-
-  def __init__(self, n_async_layers: int, sink: UpdateSink):
-    """Args: n_async_layers, int >= 0 (`commit_waits`); sink, the
-    `UpdateSink` the updates go to."""
-    self._n_async_layers = n_async_layers
-    self._sink = sink
-    self._pending = collections.deque()  # (n layers, device updates, token)
-
-  def push(self, layers, weights, slots, states, stats, part=None) -> None:
-    """One call's updates, lists over `layers` in commit (backward) order
-    (see `UpdateSink.start`)."""
-    token = self._sink.start(layers, weights, slots, states, stats, part)
-    self._pending.append((len(layers), (weights, slots, states), token))
-    waiting = commit_waits([n for n, _, _ in self._pending],
-                           self._n_async_layers)
-    while len(self._pending) > waiting:
-      self._sink.commit(self._pending.popleft()[2])
-
-  def drain(self) -> None:
-    """Every waiting update leaves, oldest first."""
-    while self._pending:
-      self._sink.commit(self._pending.popleft()[2])
-
-  def on_device(self) -> list[Any]:
-    """The updates still held on the device (weights, slots, states)."""
-    return [updates for _, updates, _ in self._pending]
+# The copy-back rule and its sink (`copy_back`), by their names here too.
+commit_waits = copy_back_lib.commit_waits
+CopyBack = copy_back_lib.CopyBack
+UpdateSink = copy_back_lib.UpdateSink
 
 
 def call_name(phase: str, unit, layers) -> str:
@@ -145,7 +65,7 @@ class StepRun(abc.ABC):
       keeps for the backward pass on the device (`keep_saved`).
     on_host: dict, layer index -> what `to_host` returned for its entry:
       the entries waiting on the host (`plan.StepPlan.saved_on_host`),
-      held on no device.
+      held on no device (`held_on_host`).
     rngs: list of each layer's placed RNG, by layer index.
     opt_params: list of each layer's placed optimizer hyperparameters.
     step_placed: the step number, placed (int32).
@@ -214,6 +134,40 @@ class StepRun(abc.ABC):
         ('statistics', self.stats),
     ]
 
+  def held_on_host(self, devices_are_host: bool) -> list[tuple[str, Any]]:
+    """What the step holds on the host now, as named parts (pytrees).
+
+    Each array counts once, whole (every device's data), in the first part
+    that lists it: each layer's weights, state and slots (kept there
+    between steps); the batch the step was given; saved entries waiting on
+    the host (`on_host`); what the sink keeps there (the gradients it adds
+    up over micro-batches, the arrays it keeps to undo a step:
+    `UpdateSink.held_on_host`); and host copies of updates not yet copied
+    back (`CopyBack`: their copies are under way), except where the
+    devices' buffers are host memory (`devices_are_host`, the CPU
+    backend), where those copies are the device buffers themselves.
+    Weights placed ahead (prefetch) hold device bytes only; a micro-batch's
+    rows are a view of the batch, or a copy placed at once.
+    """
+    parts = [('weights, slots and state', self.host_params()),
+             ('batch', self.host_batch()),
+             ('saved block inputs and states waiting on the host',
+              [self.waiting_arrays(w) for w in self.on_host.values()])]
+    parts += self.sink.held_on_host()
+    if not devices_are_host:
+      parts.append(('updates being copied back', self.copy_back.on_device()))
+    return parts
+
+  def host_params(self) -> PyTree:
+    """Every layer's host weights, state and slots (here: none)."""
+
+  def host_batch(self) -> PyTree:
+    """The batch the step was given, on the host (here: none)."""
+
+  def waiting_arrays(self, waiting: Any) -> PyTree:
+    """The host arrays of an entry `to_host` returned (here: the entry)."""
+    return waiting
+
   # What the forward pass keeps for the backward pass, and where it waits.
 
   def keep_saved(self, entries) -> None:
@@ -245,7 +199,8 @@ class StepRun(abc.ABC):
 
   def to_host(self, entry: PyTree) -> Any:
     """Moves a saved entry off the device; returns what `from_host`
-    takes (here: the entry; leaving `held` is all a walk on types needs)."""
+    takes (here: the entry; leaving `held` for `held_on_host` is all a
+    walk on types needs)."""
     return entry
 
   def from_host(self, waiting: Any) -> PyTree:
@@ -415,3 +370,11 @@ class StepRun(abc.ABC):
     self.copy_back.drain()
     if self.part is None or self.part.last:
       self.sink.end_step()
+
+
+def host_params(layers, optimizers) -> PyTree:
+  """(weights, state, slots) of `layers` and their `optimizers` (lists by
+  layer index), as the host keeps them between steps."""
+  return ([layer.weights for layer in layers],
+          [layer.state for layer in layers],
+          [optimizer.slots for optimizer in optimizers])

@@ -111,6 +111,15 @@ class LayerStore:
                memory.array_bytes(self.optimizers[i].slots)
             for i, layer in enumerate(self.layers)}
 
+  def host_bytes(self) -> int:
+    """Bytes of every layer's host weights and state and every optimizer's
+    slots, an array two layers share counted once."""
+    leaves = jax.tree_util.tree_leaves(
+        ([layer.weights for layer in self.layers],
+         [layer.state for layer in self.layers],
+         [opt.slots for opt in self.optimizers]))
+    return sum({id(x): memory.array_bytes(x) for x in leaves}.values())
+
   def params(self, indices: list[int], with_slots: bool
              ) -> tuple[list[PyTree], list[PyTree] | None]:
     """(weights, slots) of layers `indices`: lists; slots None without

@@ -125,6 +125,10 @@ class ReversibleSerialTrainer:
     self._loss_layer = loss_layer
     self._optimizer_fn = optimizer_fn
     self._placement = placement = placement_lib.Placement(n_devices)
+    # The backend is open now (the placement or the model's initialization
+    # opened it), the layers' weights not yet taken to the host: the
+    # baseline a run's measured host peak is read against.
+    self._host_rss_backend_open_bytes = memory.host_rss_bytes()
     self._n_devices = placement.n_devices
     budget_bytes = budget_lib.budget_bytes(options.device_memory_budget_bytes,
                                            placement)
@@ -152,7 +156,9 @@ class ReversibleSerialTrainer:
             store.layers, store.optimizers, self._compiler.compile,
             self._n_devices, adasum, store.ties), options, budget_bytes,
         explicit=settings,
-        fingerprint_of=self._compiler.fingerprint_of if memoize_jit else None)
+        fingerprint_of=self._compiler.fingerprint_of if memoize_jit else None,
+        host_budget_bytes=budget_lib.host_budget_bytes(
+            options.host_memory_budget_bytes, store.host_bytes()))
     self._keep_plans_in(self._files_dir(options.output_dir))
     self._commits = commit.CommitQueue(placement, store,
                                        options.on_non_finite,
@@ -287,7 +293,13 @@ class ReversibleSerialTrainer:
       validation.BatchSlicesError: batch_slices does not divide each
         device's rows of the batch (before anything changes).
       planner.DeviceMemoryBudgetError: under a device memory budget, no
-        plan fits it (before anything changes).
+        plan fits it, or the backend refuses to compile even the least
+        plan's programs for memory (before anything changes).
+      budget.HostMemoryBudgetError: no plan fits the host memory budget,
+        or without a device budget the plan the settings name exceeds it
+        (before anything changes).
+      budget.StepCompileError: a program of the step does not compile, for
+        a reason other than memory (before anything changes).
       oom_report.DeviceOutOfMemoryError: a call of the step found too
         little device memory (the backend's RESOURCE_EXHAUSTED); the step's
         updates are incomplete.
@@ -301,7 +313,8 @@ class ReversibleSerialTrainer:
       if not out_of_memory.is_out_of_memory(e):
         raise
       raise self._out_of_memory(e, ctx, batch) from e
-    self._memory_log.end_step(step)
+    self._memory_log.end_step(step, **ctx.host_figures(
+        self._host_rss_backend_open_bytes))
     return ctx.loss_and_stats()
 
   def _out_of_memory(self, error, ctx, batch):
@@ -340,8 +353,8 @@ class ReversibleSerialTrainer:
     Raises:
       validation.BatchSlicesError: batch_slices does not divide each
         device's rows.
-      planner.DeviceMemoryBudgetError: under a device memory budget, no
-        plan fits it (nothing changed yet).
+      planner.DeviceMemoryBudgetError, budget.HostMemoryBudgetError,
+        budget.StepCompileError: as `one_step` (nothing changed yet).
     """
     known = self._planner.is_planned(batch)
     planned = self._planner.step_for(batch)
