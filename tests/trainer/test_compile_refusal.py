@@ -166,5 +166,5 @@ def test_the_refusal_works_in_a_process_started_with_its_variable(
   env = dict(os.environ, PYTHONPATH=folder, **{refusal.LIMIT_ENV: '100'})
   out = subprocess.run([sys.executable, '-c', script], env=env, check=True,
                        capture_output=True, text=True, cwd=tmp_path).stdout
-  assert out.startswith('RESOURCE_EXHAUSTED: Ran out of memory in the '
-                        'simulated device: the program needs 404 bytes')
+  assert out.startswith('RESOURCE_EXHAUSTED: Ran out of memory in memory '
+                        'space hbm. Used 404 of 100 hbm')
