@@ -35,6 +35,9 @@ CONFIGS = {
     'l6': dict(n_layers=6, length=1024, d_model=128, batch=4),
     'l24': dict(n_layers=24, length=1024, d_model=128, batch=4),
     'l12': dict(n_layers=12, length=2048, d_model=256, batch=2),
+    # An accelerator's size of 'l12': a step of a few hundred milliseconds
+    # on one TPU v5e chip.
+    'lm12': dict(n_layers=12, length=2048, d_model=512, batch=8),
     'l64': dict(n_layers=64, length=64, d_model=32, batch=2),
     'ende': dict(n_layers=2, length=128, d_model=64, batch=4,
                  model='reformer', vocab=33300),
