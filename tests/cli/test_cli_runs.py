@@ -211,7 +211,30 @@ def test_run_already_at_its_last_step_says_so(ours_run, tmp_path, capsys):
   rows = _summary(out)
   assert rows['steps'] == ('3 (0 in this run: the checkpoint was at '
                            'train.steps = 3 already)')
+  assert rows['checkpoint'] == (f'{path}/model.pkl.gz (step 3, as loaded: '
+                                f'no step ran, nothing new to save)')
   assert 'None' not in out.split('== summary ==')[1]
+
+
+def test_final_checkpoint_is_saved_whatever_checkpoints_at_says(
+    tmp_path, capsys):
+  # trax's Loop saves at the steps of train.checkpoints_at alone: none of
+  # this run's, so it writes no checkpoint at all.
+  path = tmp_path / 'run'
+  late = '--config=train.checkpoints_at = [100]'
+  code, out, err = _main(capsys, *_train_args(MAIN, path), late)
+  import trax_revplus  # pylint: disable=g-import-not-at-top
+  trax_revplus.deactivate()
+  assert code == 0, err
+  assert 'Traceback' not in err
+  assert _summary(out)['checkpoint'] == f'{path}/model.pkl.gz (step 3)'
+  assert _manifest_counters(path)[0] == 3
+  # The same command with one more step resumes from it.
+  code, out, err = _resume(capsys, path, 'train.checkpoints_at = [100]')
+  assert code == 0, err
+  assert 'step 4/4  loss ' in out and 'step 1/4' not in out
+  assert _summary(out)['steps'] == '4 (1 in this run)'
+  assert _summary(out)['checkpoint'] == f'{path}/model.pkl.gz (step 4)'
 
 
 @pytest.mark.parametrize('implementation', ['config', 'stock'])

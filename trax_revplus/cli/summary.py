@@ -97,7 +97,9 @@ def format_summary(summary: dict[str, Any] | None,
     steps = f"{summary['last_step']} ({summary['steps_run']} in this run"
     if not summary['steps_run'] and total_steps is not None:
       steps += (f': the checkpoint was at train.steps = {total_steps} '
-                f'already')
+                f'already' if summary['last_step'] == total_steps else
+                f': the checkpoint was at step {summary["last_step"]}, past '
+                f'train.steps = {total_steps}')
     rows.append(('steps', steps + ')'))
     train_from = summary['final_train_loss_from_step']
     rows.append(('final train loss',
@@ -118,7 +120,10 @@ def format_summary(summary: dict[str, Any] | None,
     peak = format_bytes(summary['peak_host_rss_bytes'], spec='.0f',
                         suffix=False)
     rows.append(('peak host memory', f'{peak} MB (RSS)'))
-  if checkpoint:
+  if checkpoint and summary is not None and not summary['steps_run']:
+    rows.append(('checkpoint', f'{checkpoint} (step {checkpoint_step}, as '
+                               f'loaded: no step ran, nothing new to save)'))
+  elif checkpoint:
     rows.append(('checkpoint', f'{checkpoint} (step {checkpoint_step})'))
   else:
     rows.append(('checkpoint', 'none written'))
