@@ -241,10 +241,13 @@ def test_final_checkpoint_is_saved_whatever_checkpoints_at_says(
 def test_checkpoint_of_another_model_is_a_usage_error(ours_run, tmp_path,
                                                       capsys, implementation):
   path = _copy_run(ours_run, tmp_path)
-  code, _, err = _resume(capsys, path, 'ReformerLM.d_model = 32',
-                         'ReformerLM.d_ff = 64',
-                         implementation=implementation)
+  code, out, err = _resume(capsys, path, 'ReformerLM.d_model = 32',
+                           'ReformerLM.d_ff = 64',
+                           implementation=implementation)
   assert code == 2
+  # trax prints a line per weight it could not place; its log keeps them.
+  assert 'tensor of shape' not in out and 'match shapes' not in out, out
+  assert 'Not inserted tensor of shape' in (path / 'train.log').read_text()
   line = _one_line_error(err)
   if implementation == 'config':  # trax_revplus's load: the set verified.
     assert (f'checkpoint {path}/model.pkl.gz (step 3) does not fit this '
