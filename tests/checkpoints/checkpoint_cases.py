@@ -43,7 +43,7 @@ def model():
       tl.LogSoftmax())
 
 
-def make_loop(output_dir, evals=False):
+def make_loop(output_dir, evals=False, model_fn=model):
   trax_revplus.activate()
   # As in a fresh process; trax's count_and_skip makes the stream resumable
   # from the data counters a checkpoint restores.
@@ -55,7 +55,7 @@ def make_loop(output_dir, evals=False):
   # saves, and each eval batch takes a key from the Loop's RNG.
   eval_tasks = ([training.EvalTask(batches(), [tl.CrossEntropyLoss()],
                                    n_eval_batches=2)] if evals else None)
-  return training.Loop(model(), [task], eval_tasks=eval_tasks,
+  return training.Loop(model_fn(), [task], eval_tasks=eval_tasks,
                        output_dir=str(output_dir), random_seed=0,
                        use_memory_efficient_trainer=True)
 

@@ -27,6 +27,8 @@ Modules, one job each:
   atomicity       committing a staged set as a unit; cleaning up after kills
   loop_rng        the Loop's RNG kept and restored (dropout resumes exactly)
   data_counters   trax's data position kept with the set, and its file
+  model_state     a set loaded into the structure it was saved from
+                  (trax's load misplaces arrays after a shared layer)
   saving          `save_checkpoint`: stage, describe, commit
   loading         `load_checkpoint`: verify, fall back to `.prev`, restore
   errors          `CheckpointError` and friends; telling a full disk
