@@ -133,6 +133,20 @@ def format_summary(summary: dict[str, Any] | None,
                    [f'{k.ljust(width)}  {v}' for k, v in rows])
 
 
+def summary_rows(text: str) -> dict[str, str]:
+  """The summary block `format_summary` made, read back from what a run
+  printed: {row name: value}; {} where `text` holds no summary."""
+  if '== summary ==' not in text:
+    return {}
+  rows = {}
+  for line in text.split('== summary ==', 1)[1].strip().splitlines():
+    name, sep, value = line.partition('  ')
+    if not sep:
+      break
+    rows[name.strip()] = value.strip()
+  return rows
+
+
 def interrupted_message(interrupted: Any, output_dir: str) -> str:
   """One line for a run stopped by SIGINT/SIGTERM (`interrupt.Interrupted`)."""
   import signal  # pylint: disable=g-import-not-at-top
