@@ -237,6 +237,24 @@ def test_final_checkpoint_is_saved_whatever_checkpoints_at_says(
   assert _summary(out)['checkpoint'] == f'{path}/model.pkl.gz (step 4)'
 
 
+def test_stock_traxs_failing_load_is_one_line_naming_the_fix(
+    ours_run, tmp_path, capsys):
+  path = _copy_run(ours_run, tmp_path)
+  code, out, err = _resume(capsys, path, implementation='stock')
+  assert code == 1
+  assert _one_line_error(err) == (
+      f'trax-revplus train: error: cannot load the checkpoint in {path} '
+      f"(TypeError: unsupported operand type(s) for ==: 'ArrayImpl' and "
+      f"'tuple'); stock trax's load fails so on current JAX: resume without "
+      f'--implementation=stock (trax_revplus loads the checkpoint), or give '
+      f'another --output_dir')
+  assert 'step 4/4' not in out
+  # As it says: trax_revplus loads it.
+  code, out, err = _resume(capsys, path, implementation='config')
+  assert code == 0, err
+  assert 'step 4/4  loss ' in out and 'step 1/4' not in out
+
+
 @pytest.mark.parametrize('implementation', ['config', 'stock'])
 def test_checkpoint_of_another_model_is_a_usage_error(ours_run, tmp_path,
                                                       capsys, implementation):
