@@ -44,6 +44,7 @@ import time
 import psutil
 
 from smoke_checks import Checks
+from trax_revplus.cli.summary import summary_rows
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CONFIG = os.path.join(_REPO, 'gin_configs', 'reformer_char_lm.gin')
@@ -183,17 +184,6 @@ def _process_killed_at_start(checks, work):
                f'{seconds:.0f} s; {lines[-1] if lines else ""}')
 
 
-def _summary(stdout):
-  """The summary block as {row name: value}."""
-  rows = {}
-  if '== summary ==' not in stdout:
-    return rows
-  for line in stdout.split('== summary ==', 1)[1].strip().splitlines():
-    name, _, value = line.partition('  ')
-    rows[name.strip()] = value.strip()
-  return rows
-
-
 def _stock_trains(checks, work):
   """The stock twin trains 3 steps through `train`, as a user runs it."""
   from trax_revplus.cli import noise  # pylint: disable=g-import-not-at-top
@@ -219,7 +209,7 @@ def _stock_trains(checks, work):
   checks.check('stock: a line per step',
                all(f'step {step}/3  loss ' in proc.stdout
                    for step in (1, 2, 3)), proc.stdout[-2000:])
-  rows = _summary(proc.stdout)
+  rows = summary_rows(proc.stdout)
   checkpoint = os.path.join(output_dir, 'model.pkl.gz')
   checks.check('stock: the summary\'s steps, final eval loss and checkpoint',
                rows.get('steps', '').startswith('3 ') and

@@ -9,7 +9,11 @@ attention settings kept; see docs/compatibility.md), runs
 
 1. `trax-revplus compare`: the config trained with stock trax, then with
    trax_revplus with no settings, in fresh processes with the same seed,
-   and both trainers' XLA step peaks (`estimate`);
+   and both trainers' XLA step peaks (`estimate`); each run with the
+   config's own `train.checkpoints_at` (trax's WMT config names steps from
+   100000 on), so each must end with its final checkpoint at its last
+   step; then trax_revplus's run resumed with the same command, which
+   loads that checkpoint (verified) and has no step left to run;
 2. `trax-revplus train` with trax_revplus under a device memory budget of
    stock's own XLA peak from 1 (the planner's path);
 3. `trax-revplus train` with trax_revplus on 2 forced CPU devices.
@@ -21,7 +25,8 @@ per further run.
 
 Exit status 0 when, for every config, each trax_revplus run trained (its
 loss over the last quarter of the steps below that over the first quarter,
-its last eval loss below its first), did not hit stock's step-1 donation
+its last eval loss below its first), each run that finished saved its
+final checkpoint and trax_revplus's loads, did not hit stock's step-1 donation
 failure ("Attempt to donate the same buffer twice"), gave stock's losses
 and final weights within `STOCK_ATOL` where stock ran (the plan chosen
 with no settings gives stock's results on the same RNGs: batch slices
@@ -35,11 +40,14 @@ on 2 CPU cores; the suite trains the cheapest one
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
 
 import numpy as np
+
+from trax_revplus.cli.summary import summary_rows
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_DIR = os.path.join(ROOT, 'gin_configs', 'trax')
@@ -74,14 +82,14 @@ def _compare(name, output_dir, steps):
     return json.load(f)
 
 
-def _train(name, run_dir, bindings, env=None):
+def _train(name, run_dir, bindings, env=None, out_path=None):
   """Runs `trax-revplus train` on `<name>_cpu.gin`; returns its exit status
-  and log path."""
+  and the path of what it printed (`out_path`, else `<run_dir>.out`)."""
   config = os.path.join(CONFIG_DIR, f'{name}_cpu.gin')
   command = [sys.executable, '-m', 'trax_revplus.cli', 'train',
              f'--config_file={config}', f'--output_dir={run_dir}']
   command += [f'--config={b}' for b in bindings]
-  out_path = run_dir + '.out'
+  out_path = out_path or run_dir + '.out'
   with open(out_path, 'w') as out:
     proc = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT,
                           check=False, env=env)
@@ -184,6 +192,37 @@ def _eval_losses(run_dir):
   return losses
 
 
+def _final_checkpoint_problems(what, text):
+  """[] where a run's summary names its checkpoint at its last step."""
+  rows = summary_rows(text)
+  last = re.match(r'(\d+) ', rows.get('steps', ''))
+  saved = re.match(r'\S+ \(step (\d+)', rows.get('checkpoint', ''))
+  if not (last and saved and saved.group(1) == last.group(1)):
+    return [f"{what}'s final checkpoint is not at its last step: "
+            f"steps {rows.get('steps')!r}, checkpoint "
+            f"{rows.get('checkpoint')!r}"]
+  return []
+
+
+def _resume_problems(name, result):
+  """Resumes trax_revplus's run of compare with the command it ran: []
+  where its final checkpoint loads and no step is left to run."""
+  bindings = list(result['bindings'])
+  if result['steps'] is not None:
+    bindings.append(f"train.steps = {result['steps']}")
+  if not result['seed_from_config']:
+    bindings.append(f"train.random_seed = {result['seed']}")
+  run_dir = result['runs']['revplus']['output_dir']
+  code, out_path = _train(name, run_dir, bindings,
+                          out_path=run_dir + '.resumed.out')
+  with open(out_path, errors='replace') as f:
+    rows = summary_rows(f.read())
+  if code != 0 or 'nothing new to save' not in rows.get('checkpoint', ''):
+    return [f'its final checkpoint did not load (exit status {code}, '
+            f'checkpoint {rows.get("checkpoint")!r}; see {out_path})']
+  return []
+
+
 def _log_text(run):
   try:
     with open(run['log'], errors='replace') as f:
@@ -211,6 +250,11 @@ def _check(name, result):
     problems.append(f'loss did not fall: {losses}')
   if len(evals) < 2 or not evals[-1] < evals[0]:
     problems.append(f'eval loss did not fall: {evals}')
+  for what, run in (('trax_revplus', ours), ('stock', stock)):
+    if run['status'] == 'ok':
+      problems += _final_checkpoint_problems(what, _log_text(run))
+  if ours['status'] == 'ok':
+    problems += _resume_problems(name, result)
   if stock['status'] == 'ok':
     for what, diff in (('losses', result['loss_max_abs_diff']),
                        ('final weights',

@@ -23,7 +23,6 @@ before trax's import (seconds of CPU), and `multiprocess`, `cli` and
 `compare` all import it.
 """
 
-import re
 
 EXIT_OK = 0
 EXIT_RUNTIME = 1
@@ -32,8 +31,12 @@ EXIT_USAGE = 2
 # launcher can tell the process that failed first from those it took along.
 EXIT_LOST_PROCESS = 4
 
-# The lines gin adds to an exception's message to say where it was raised.
-_GIN_CONTEXT = ('In call to configurable', 'In file ', 'In bindings string')
+# The lines gin adds to an exception's message to say where it was raised:
+# the statement of a config file or bindings string (a position), or the
+# configurable gin was calling (a call site, which gives a user nothing to
+# fix: it is always left out).
+_GIN_POSITION = ('In file ', 'In bindings string')
+_GIN_CALL_SITE = 'In call to configurable'
 
 
 def signal_exit_status(signum: int) -> int:
@@ -66,7 +69,8 @@ def one_line(exception: BaseException, context: bool = True,
   """Condenses an exception's message (e.g. gin's, with context) to a line.
 
   By default keeps the first non-empty line, plus gin's "In file ..." /
-  "In call to configurable ..." context line when there is one.
+  "In bindings string ..." context line when there is one; gin's "In call
+  to configurable ..." line (where gin called a function) never.
 
   Args:
     exception: any exception.
@@ -97,18 +101,17 @@ def _condensed(exception: BaseException, context: bool,
                all_lines: bool) -> str:
   """`one_line`'s text before its class name and limit."""
   lines = [line.strip() for line in str(exception).splitlines()]
-  lines = [line for line in lines if line]
+  lines = [line for line in lines
+           if line and not line.startswith(_GIN_CALL_SITE)]
   if all_lines:
     return ' '.join(lines) or type(exception).__name__
   if not context:
-    lines = [line for line in lines if not line.startswith(_GIN_CONTEXT)]
+    lines = [line for line in lines if not line.startswith(_GIN_POSITION)]
     return lines[0] if lines else ''
   if not lines:
     return type(exception).__name__
-  where = [line for line in lines[1:] if line.startswith('In ')]
+  where = [line for line in lines[1:] if line.startswith(_GIN_POSITION)]
   text = lines[0]
   if where:
-    # gin names the configurable and then its repr, e.g. "(<function f at
-    # 0x7f...>)"; the name is enough.
-    text += f' ({re.sub(r" [(]<[^>]*>[)]", "", where[0])})'
+    text += f' ({where[0]})'
   return text

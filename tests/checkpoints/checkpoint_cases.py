@@ -48,7 +48,7 @@ def model():
       tl.LogSoftmax())
 
 
-def make_loop(output_dir, evals=False, eval_stream=None):
+def make_loop(output_dir, evals=False, eval_stream=None, model_fn=model):
   trax_revplus.activate()
   # As in a fresh process; trax's count_and_skip makes the stream resumable
   # from the data counters a checkpoint restores.
@@ -62,7 +62,7 @@ def make_loop(output_dir, evals=False, eval_stream=None):
   eval_tasks = ([training.EvalTask(eval_stream or batches(),
                                    [tl.CrossEntropyLoss()],
                                    n_eval_batches=2)] if evals else None)
-  return training.Loop(model(), [task], eval_tasks=eval_tasks,
+  return training.Loop(model_fn(), [task], eval_tasks=eval_tasks,
                        output_dir=str(output_dir), random_seed=0,
                        use_memory_efficient_trainer=True)
 

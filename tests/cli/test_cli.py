@@ -226,7 +226,14 @@ def test_contradicting_repeated_flags_are_a_usage_error(capsys):
     (['ReformerLM.ff_activation = None'], 2,
      "cannot build the model ReformerLM: TypeError: 'NoneType' object is "
      'not callable'),
-], ids=['batch_size', 'model', 'model_constructor'])
+    # Raised by the trainer as the Loop's first step plans, inside gin's
+    # call of train.
+    (['trax_revplus.ReversibleSerialTrainer.parallel_heads = 3'], 2,
+     'trax-revplus train: error: the trainer rejects its settings: '
+     'trax_revplus.ReversibleSerialTrainer.parallel_heads = 3 does not '
+     'divide the 2 heads of SelfAttention (nor do they divide it); use 1, a '
+     "divisor of 2 or a multiple of it, or 'auto'."),
+], ids=['batch_size', 'model', 'model_constructor', 'parallel_heads'])
 def test_errors_while_building_are_one_line(bindings, code, text, tmp_path,
                                             capsys):
   got, out, err = _main(capsys, 'train', f'--config_file={MAIN}',
@@ -237,6 +244,9 @@ def test_errors_while_building_are_one_line(bindings, code, text, tmp_path,
   assert got == code, err
   line = _one_line_error(err)
   assert text in line
+  assert 'In call to configurable' not in line  # gin's call site.
+  if 'parallel_heads' in bindings[0]:
+    assert line == text
   if 'd_attention_key = None' in bindings[0]:
     assert line.endswith('check ReformerLM.d_attention_key = None')
   if 'ff_activation = None' in bindings[0]:

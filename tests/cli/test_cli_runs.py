@@ -265,17 +265,61 @@ def test_run_already_at_its_last_step_says_so(ours_run, tmp_path, capsys):
   rows = _summary(out)
   assert rows['steps'] == ('3 (0 in this run: the checkpoint was at '
                            'train.steps = 3 already)')
+  assert rows['checkpoint'] == (f'{path}/model.pkl.gz (step 3, as loaded: '
+                                f'no step ran, nothing new to save)')
   assert 'None' not in out.split('== summary ==')[1]
+
+
+def test_final_checkpoint_is_saved_whatever_checkpoints_at_says(
+    tmp_path, capsys):
+  # trax's Loop saves at the steps of train.checkpoints_at alone: none of
+  # this run's, so it writes no checkpoint at all.
+  path = tmp_path / 'run'
+  late = '--config=train.checkpoints_at = [100]'
+  code, out, err = _main(capsys, *_train_args(MAIN, path), late)
+  import trax_revplus  # pylint: disable=g-import-not-at-top
+  trax_revplus.deactivate()
+  assert code == 0, err
+  assert 'Traceback' not in err
+  assert _summary(out)['checkpoint'] == f'{path}/model.pkl.gz (step 3)'
+  assert _manifest_counters(path)[0] == 3
+  # The same command with one more step resumes from it.
+  code, out, err = _resume(capsys, path, 'train.checkpoints_at = [100]')
+  assert code == 0, err
+  assert 'step 4/4  loss ' in out and 'step 1/4' not in out
+  assert _summary(out)['steps'] == '4 (1 in this run)'
+  assert _summary(out)['checkpoint'] == f'{path}/model.pkl.gz (step 4)'
+
+
+def test_stock_traxs_failing_load_is_one_line_naming_the_fix(
+    ours_run, tmp_path, capsys):
+  path = _copy_run(ours_run, tmp_path)
+  code, out, err = _resume(capsys, path, implementation='stock')
+  assert code == 1
+  assert _one_line_error(err) == (
+      f'trax-revplus train: error: cannot load the checkpoint in {path} '
+      f"(TypeError: unsupported operand type(s) for ==: 'ArrayImpl' and "
+      f"'tuple'); stock trax's load fails so on current JAX: resume without "
+      f'--implementation=stock (trax_revplus loads the checkpoint), or give '
+      f'another --output_dir')
+  assert 'step 4/4' not in out
+  # As it says: trax_revplus loads it.
+  code, out, err = _resume(capsys, path, implementation='config')
+  assert code == 0, err
+  assert 'step 4/4  loss ' in out and 'step 1/4' not in out
 
 
 @pytest.mark.parametrize('implementation', ['config', 'stock'])
 def test_checkpoint_of_another_model_is_a_usage_error(ours_run, tmp_path,
                                                       capsys, implementation):
   path = _copy_run(ours_run, tmp_path)
-  code, _, err = _resume(capsys, path, 'ReformerLM.d_model = 32',
-                         'ReformerLM.d_ff = 64',
-                         implementation=implementation)
+  code, out, err = _resume(capsys, path, 'ReformerLM.d_model = 32',
+                           'ReformerLM.d_ff = 64',
+                           implementation=implementation)
   assert code == 2
+  # trax prints a line per weight it could not place; its log keeps them.
+  assert 'tensor of shape' not in out and 'match shapes' not in out, out
+  assert 'Not inserted tensor of shape' in (path / 'train.log').read_text()
   line = _one_line_error(err)
   if implementation == 'config':  # trax_revplus's load: the set verified.
     assert (f'checkpoint {path}/model.pkl.gz (step 3) does not fit this '

@@ -61,7 +61,7 @@ def test_estimate_table_and_json(tmp_path, capsys):
   assert 'device memory: 1.0 GiB (1073741824 bytes)' in out
   for name in estimate.TRAINERS:
     assert f'\n{name} ' in out
-  assert 'revplus plan: segment_max_layers=' in out
+  assert 'revplus plan: 1 calls per step (fits); as gin bindings:\n' in out
   data = json.loads(path.read_text())
   assert data['backend'] == 'cpu'
   assert data['device_memory_bytes'] == 2**30
@@ -141,6 +141,30 @@ def _check_plans(out, rev, budget_bytes):
     assert row.endswith(plan['describe'].rsplit(', ', 1)[0])
     assert ' yes ' in row if plan['fits'] else ' no ' in row
     assert row.split()[-1].startswith('parallel_heads=')
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('device_memory', ['1GiB', '200KiB'],
+                         ids=['fused', 'segments_and_chunks'])
+def test_plan_bindings_give_the_same_plan(device_memory, tmp_path, capsys):
+  """The bindings estimate prints for its plan, given back to it under the
+  same device memory, give that plan."""
+  first, second = tmp_path / 'first.json', tmp_path / 'second.json'
+  code, out, err = _estimate(capsys, f'--device_memory={device_memory}',
+                             f'--json={first}')
+  assert code == 0, err
+  listed = out.split('; as gin bindings:\n', 1)[1].splitlines()
+  bindings = [line for line in listed
+              if line.startswith('trax_revplus.ReversibleSerialTrainer.')]
+  assert bindings and listed[len(bindings)].startswith(
+      'revplus plan, left to the planner (no binding pins it): ')
+  code, _, err = _estimate(capsys, f'--device_memory={device_memory}',
+                           f'--json={second}', bindings=bindings)
+  assert code == 0, err
+  plans = [json.loads(path.read_text())['trainers']['revplus']
+           for path in (first, second)]
+  assert plans[1]['plan'] == plans[0]['plan']
+  assert plans[1]['peak_device_bytes'] == plans[0]['peak_device_bytes']
 
 
 @pytest.mark.slow

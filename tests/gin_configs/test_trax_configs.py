@@ -55,6 +55,14 @@ def test_cpu_override_parses_with_trax_revplus(name):
   assert model.configurable.name == TRAX_CONFIGS[name]
 
 
+@pytest.mark.parametrize('name', sorted(TRAX_CONFIGS))
+def test_cpu_override_keeps_traxs_checkpoint_steps(name):
+  # Shrunk in size only: a run keeps the steps trax checkpoints at (and
+  # its final checkpoint, whatever they are).
+  with open(_cpu_config(name)) as f:
+    assert 'checkpoints_at' not in f.read()
+
+
 def _eval_losses(output_dir):
   with open(os.path.join(output_dir, 'train.log'), errors='replace') as f:
     return [float(line.rsplit('|', 1)[1]) for line in f

@@ -109,8 +109,8 @@ def test_an_unknown_setting_in_gin_names_the_settings():
   finally:
     gin.clear_config()
   hint = validation.unknown_knob_hint(str(e.value))
-  assert hint.startswith("trax_revplus.ReversibleSerialTrainer has no knob "
-                         "'n_async_layer'; its knobs: blocks, ")
+  assert hint.startswith("trax_revplus.ReversibleSerialTrainer has no setting "
+                         "'n_async_layer'; its settings: n_devices, ")
   assert 'batch_slices' in hint
 
 

@@ -29,6 +29,8 @@ Modules, one job each:
   loop_rng        the Loop's RNG kept and restored (dropout resumes exactly)
   data_counters   trax's data position kept with the set (eval streams too),
                   and its file
+  model_state     a set loaded into the structure it was saved from
+                  (trax's load misplaces arrays after a shared layer)
   saving          `save_checkpoint`: stage, describe, commit
   loading         `load_checkpoint`: verify, fall back to `.prev`, restore
   errors          `CheckpointError` and friends; telling a full disk

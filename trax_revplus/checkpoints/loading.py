@@ -9,7 +9,9 @@ How a load chooses a set:
      and loads, with a warning naming the file that did not match;
   4. if neither matches, nothing is loaded: `CheckpointError`;
   5. the Loop's RNG and trax's data counters are restored from the manifest
-     of the set loaded.
+     of the set loaded. The set loads into the structure it was saved from
+     (`model_state`: trax's own load misplaces the arrays after a layer
+     that stands at two places).
 
 A set marked "installing" with no previous set at all is a first save that
 was killed: it is removed, with a warning, and training starts from step 0.
@@ -32,6 +34,7 @@ from trax_revplus.checkpoints import errors
 from trax_revplus.checkpoints import integrity
 from trax_revplus.checkpoints import loop_rng
 from trax_revplus.checkpoints import manifest as manifest_lib
+from trax_revplus.checkpoints import model_state
 
 # trax's own method, as bound when this module was imported; `activate()`
 # binds `load_checkpoint` below in its place.
@@ -43,7 +46,8 @@ def _load_verified(loop: training.Loop, directory: str, basename: str,
   """stock `load_checkpoint` of a set; errors named as checkpoint errors."""
   pkl = os.path.join(directory, basename + '.pkl.gz')
   try:
-    stock_load_checkpoint(loop, directory, basename)
+    with model_state.own_structure(loop):
+      stock_load_checkpoint(loop, directory, basename)
   except (IndexError, ValueError, KeyError) as e:
     detail = f': {e}' if str(e) else ''
     problem = (f'checkpoint {pkl} (step {step}) does not fit this model '

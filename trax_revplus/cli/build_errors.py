@@ -30,6 +30,10 @@ _MODEL_ERRORS = (TypeError, ValueError, IndexError, KeyError, AssertionError)
 _TRAINER_ERRORS = (ValueError, TypeError)
 # What loading weights of another shape or structure raises.
 _CHECKPOINT_ERRORS = (IndexError, ValueError, KeyError)
+# What stock trax 1.4.1's load raises on current JAX for a checkpoint that
+# fits: it compares its memory-efficient trainer's slots, device arrays,
+# with () (`fastmath.tree_unflatten`), which JAX refuses.
+_LOAD_ERRORS = (TypeError,)
 
 
 class BuildError(Exception):
@@ -55,6 +59,10 @@ class TrainerSettingsError(BuildError):
 
 class CheckpointFitError(BuildError):
   """The checkpoint in the output dir cannot be loaded into this model."""
+
+
+class CheckpointLoadError(BuildError):
+  """Loading the checkpoint in the output dir failed otherwise."""
 
 
 def _ours(error: BaseException) -> bool:
@@ -125,7 +133,8 @@ def watch_loop_build() -> Iterator[LoopBuild]:
   While a Loop is constructed, its `_init_trainer` (initializing the
   model's blocks, then building the trainer) raises a `ModelError` for a
   layer that cannot initialize and a `TrainerSettingsError` for settings
-  rejected; its `load_checkpoint` raises a `CheckpointFitError`; any other
+  rejected; its `load_checkpoint` raises a `CheckpointFitError` (or, for
+  stock trax's failure on current JAX, a `CheckpointLoadError`); any other
   layer error of its construction (the model's or the eval model's
   initialization) is a `ModelError`. Once it is built, the Loop's methods
   are its class's again, so an error while training is not typed here.
@@ -148,8 +157,9 @@ def watch_loop_build() -> Iterator[LoopBuild]:
     loop._init_trainer = _typed(
         _typed(loop._init_trainer, (layer_error,), ModelError),
         _TRAINER_ERRORS, TrainerSettingsError)
-    loop.load_checkpoint = _typed(loop.load_checkpoint, _CHECKPOINT_ERRORS,
-                                  CheckpointFitError)
+    loop.load_checkpoint = _typed(
+        _typed(loop.load_checkpoint, _CHECKPOINT_ERRORS, CheckpointFitError),
+        _LOAD_ERRORS, CheckpointLoadError)
     try:
       init(loop, *args, **kwargs)
     except layer_error as e:  # The model's or the eval model's init.

@@ -37,6 +37,7 @@ from trax_revplus.cli import cache_flags
 from trax_revplus.cli import gin_config
 from trax_revplus.cli import noise
 from trax_revplus.cli import parsed_config
+from trax_revplus.cli import plan_bindings
 from trax_revplus.cli import preflight
 from trax_revplus.cli.config_flags import configs_from_flags
 from trax_revplus.cli.messages import warning_line
@@ -174,7 +175,7 @@ def table(backend, results, plan_line, batch, device_memory_bytes,
                  f'{r.devices_text()}')
   if plan_line:
     lines.append('')
-    lines.append(f'revplus plan: {plan_line}')
+    lines.extend(plan_bindings.lines(results['revplus'].plan, plan_line))
   peak = results['revplus'].step
   if peak is not None:
     lines.append(f'revplus {peak.describe()}')

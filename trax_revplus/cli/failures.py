@@ -183,6 +183,16 @@ def user_error(error: Exception, output_dir: str, steps_started: bool,
         f'({type(error.cause).__name__}{": " + detail if detail else ""}): '
         f'it was written by a model of another shape or configuration; '
         f'resume with that config, or give another --output_dir', EXIT_USAGE)
+  if isinstance(error, build_errors.CheckpointLoadError):
+    import trax_revplus  # pylint: disable=g-import-not-at-top
+    fix = ('give another --output_dir' if trax_revplus.is_active() else
+           "stock trax's load fails so on current JAX: resume without "
+           '--implementation=stock (trax_revplus loads the checkpoint), or '
+           'give another --output_dir')
+    return UserError(
+        f'cannot load the checkpoint in {output_dir} '
+        f'({type(error.cause).__name__}: {one_line(error.cause)}); {fix}',
+        EXIT_RUNTIME)
   if isinstance(error, build_errors.ModelError):
     import gin  # pylint: disable=g-import-not-at-top
     model = gin.query_parameter('train.model')

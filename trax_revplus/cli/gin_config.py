@@ -4,19 +4,21 @@ import contextlib
 import io
 import logging as std_logging
 import os
-import re
 import sys
 import tempfile
+import tokenize
 from typing import Any, Iterator
 
 from trax_revplus import import_signals
 from trax_revplus import trax_import
-from trax_revplus.errors import one_line
+from trax_revplus.cli import gin_errors
+from trax_revplus.cli import gin_text
 from trax_revplus.errors import UserError
 
-# What gin raises for a config it cannot parse or apply.
-_GIN_ERRORS = (SyntaxError, ValueError, ImportError, NameError,
-               AttributeError, TypeError, OSError, KeyError)
+# What gin raises for a config it cannot parse or apply; Python's
+# tokenizer, which gin reads the text with, raises TokenError.
+_GIN_ERRORS = (SyntaxError, tokenize.TokenError, ValueError, ImportError,
+               NameError, AttributeError, TypeError, OSError, KeyError)
 
 
 @contextlib.contextmanager
@@ -83,18 +85,6 @@ class _GinSearchNoise(std_logging.Filter):
                 record.getMessage().startswith('Path not found'))
 
 
-def _gin_error(exception: BaseException) -> str:
-  """gin's error in one line; for a knob of ours, also the knobs it has;
-  for a removed setting, that it was removed and what to do instead."""
-  from trax_revplus import validation  # pylint: disable=g-import-not-at-top
-  removed = validation.removed_knob_message(str(exception))
-  if removed:
-    return removed
-  hint = validation.unknown_knob_hint(str(exception))
-  text = one_line(exception)
-  return f'{text}; {hint}' if hint else text
-
-
 def parse_configs(config_files: list[str], bindings: list[str]) -> None:
   """Parses gin config files, then bindings, the way `train` does.
 
@@ -110,7 +100,9 @@ def parse_configs(config_files: list[str], bindings: list[str]) -> None:
     bindings: gin binding strings, parsed after the files.
 
   Raises:
-    UserError: naming the file or binding that gin could not parse.
+    UserError (exit status 2): one line naming the file or binding gin
+      could not parse or apply, the position in it and what is wrong
+      (`gin_errors`); or a macro the config uses that nothing binds.
   """
   import gin  # pylint: disable=g-import-not-at-top
   import trax_revplus  # pylint: disable=g-import-not-at-top
@@ -128,20 +120,15 @@ def parse_configs(config_files: list[str], bindings: list[str]) -> None:
       try:
         gin.parse_config_file(path)
       except _GIN_ERRORS as e:
-        raise UserError(
-            f'cannot parse config file {path}: {_gin_error(e)}') from None
+        raise UserError(gin_errors.file_error(e, path)) from None
   finally:
     std_logging.getLogger().removeFilter(noise)
   for binding in bindings:
     try:
       gin.parse_config(binding)
     except _GIN_ERRORS as e:
-      raise UserError(
-          f'cannot apply --config={binding!r}: {_gin_error(e)}') from None
-
-
-# gin's include statement, as its parser reads it at the start of a line.
-_INCLUDE = re.compile(r"""^\s*include\s+(['"])(.+?)\1""", re.MULTILINE)
+      raise UserError(gin_errors.binding_error(e, binding)) from None
+  gin_errors.check_macros_bound(config_files, bindings)
 
 
 def _include_dirs(config_files: list[str]) -> list[str]:
@@ -159,15 +146,7 @@ def _include_dirs(config_files: list[str]) -> list[str]:
     folder = os.path.dirname(path)
     if folder not in dirs:
       dirs.append(folder)
-    try:
-      with open(path, encoding='utf-8') as f:
-        text = f.read()
-    except (OSError, UnicodeDecodeError):
-      continue  # gin reports the file itself.
-    for _, name in _INCLUDE.findall(text):
-      candidate = os.path.join(folder, os.path.expanduser(name))
-      if os.path.isfile(candidate):
-        pending.append(os.path.abspath(candidate))
+    pending.extend(gin_text.includes(path))
   return dirs
 
 

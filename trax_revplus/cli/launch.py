@@ -7,7 +7,8 @@ signals and stops the others when one fails).
 
 Before any process starts: the launch flags (at most `--max_local_processes`
 processes, a positive grace), the train flags as `train` parses them, the
-config files as `train` checks them, and
+config files as `train` checks them and their syntax (the names in them
+are looked up by each process), and
 the output dir, which every process shares: the default one is named here
 once (each process would name its own from its clock), checked and made.
 Each process's full output goes to `OUTPUT_DIR/launch.process<I>.log`; once
@@ -19,6 +20,7 @@ import argparse
 import os
 import sys
 
+from trax_revplus.cli import gin_errors
 from trax_revplus.cli import output_dir as output_dirs
 from trax_revplus.cli import parser
 from trax_revplus.cli.config_flags import configs_from_flags
@@ -67,9 +69,9 @@ def run(flags: argparse.Namespace) -> int:
   launcher.check_launch(flags.num_processes, flags.stop_grace_seconds,
                         max_processes)
   train_flags = _train_flags(flags.train_args)
-  # The config files as train checks them, once here rather than once per
-  # process after each has started.
-  configs_from_flags(train_flags)
+  # The config files as train checks them, and their syntax, once here
+  # rather than once per process after each has started.
+  gin_errors.check_syntax(*configs_from_flags(train_flags))
   train_args = list(flags.train_args)
   output_dir = train_flags.output_dir
   if output_dir is None:

@@ -4,7 +4,9 @@
 keep off the terminal. `train` routes Python warnings (`warnings.warn`)
 through logging for the length of a run (`route_warnings`): every warning
 goes to `<output_dir>/train.log`; on the terminal, only warnings not in the
-list, each on one line. Notices that TensorFlow and gym print on stderr
+list, each on one line. Lines trax prints on stdout that it also logs
+(its `training._log`) leave the terminal when they are in the list
+(`stdout_without_noise`). Notices that TensorFlow and gym print on stderr
 while trax is imported never reach the terminal
 (`gin_config.import_trax_quietly` captures them for the log), so their
 entries here document them.
@@ -12,9 +14,12 @@ entries here document them.
 
 import contextlib
 import dataclasses
+import io
 import logging as std_logging
 import re
-from typing import Iterator
+import sys
+import threading
+from typing import Iterator, TextIO
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +79,15 @@ KNOWN_NOISE = (
         'TensorFlow, on stderr while trax is imported',
         "TensorFlow's start-up notices about its own CPU kernels and logging;"
         ' trax_revplus runs no TensorFlow kernels.'),
+    KnownNoise(
+        r'^Did not manage to match shapes in model for all checkpoint '
+        r'weights\.$|^  (?:Not inserted|Inserted) tensor of shape \(|'
+        r'^  Tensor in that place has shape: \(',
+        "trax (stdout, and its log), when a checkpoint's weights do not fit "
+        'the model that loads it: one line per weight of the model, '
+        'hundreds on a large one',
+        'the run stops with one line saying that the checkpoint does not fit '
+        'the model and what to do; train.log keeps the lines.'),
 )
 
 _KNOWN = re.compile('|'.join(f'(?:{n.pattern})' for n in KNOWN_NOISE))
@@ -140,3 +154,65 @@ def route_warnings(log_handler: std_logging.Handler,
     logger.removeHandler(terminal)
     logger.propagate, level = saved
     logger.setLevel(level)
+
+
+class _LinesWithoutNoise(io.TextIOBase):
+  """A text stream writing to `stream` the lines it gets, less known noise.
+
+  A line is held until it ends (trax's `print` writes a line and its
+  newline apart); `flush` passes on a line not ended yet.
+  """
+
+  def __init__(self, stream: TextIO):
+    super().__init__()
+    self._stream = stream
+    self._pending = ''
+    self._lock = threading.Lock()
+
+  def writable(self) -> bool:
+    return True
+
+  def write(self, text: str) -> int:
+    with self._lock:
+      lines = (self._pending + text).split('\n')
+      self._pending = lines.pop()
+      kept = [line + '\n' for line in lines if not is_known_noise(line)]
+      if kept:
+        self._stream.write(''.join(kept))
+    return len(text)
+
+  def flush(self) -> None:
+    with self._lock:
+      if self._pending:
+        if not is_known_noise(self._pending):
+          self._stream.write(self._pending)
+        self._pending = ''
+      self._stream.flush()
+
+  # What callers may ask of sys.stdout, as the stream it wraps answers.
+
+  def isatty(self) -> bool:
+    return self._stream.isatty()
+
+  def fileno(self) -> int:
+    return self._stream.fileno()
+
+  @property
+  def encoding(self) -> str | None:
+    return getattr(self._stream, 'encoding', None)
+
+
+@contextlib.contextmanager
+def stdout_without_noise() -> Iterator[None]:
+  """Keeps the known-noise lines written to `sys.stdout` off it meanwhile.
+
+  For lines that reach the log too (trax's `_log` logs what it prints).
+  """
+  stream = sys.stdout
+  sys.stdout = filtered = _LinesWithoutNoise(stream)
+  try:
+    yield
+  finally:
+    filtered.flush()
+    if sys.stdout is filtered:
+      sys.stdout = stream

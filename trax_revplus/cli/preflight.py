@@ -21,6 +21,7 @@ import inspect
 
 from trax_revplus.cli import gin_config
 from trax_revplus.cli import settings
+from trax_revplus.errors import one_line
 from trax_revplus.errors import UserError
 
 TRAINER = 'trax_revplus.ReversibleSerialTrainer'
@@ -33,7 +34,9 @@ def trainer_option_line(error) -> str:
     error: `validation.TrainerOptionError`.
   """
   if error.allowed is None:  # A name the trainer does not have.
-    return f'the trainer rejects its settings: {error}'
+    # Without gin's "In call to configurable ..." line where gin called the
+    # trainer.
+    return f'the trainer rejects its settings: {one_line(error)}'
   return (f'the trainer rejects its settings: {error.name} must be '
           f'{error.allowed}, got {error.value!r}; fix '
           f'{TRAINER}.{error.name} in the config')
@@ -58,7 +61,8 @@ def _check_trainer_settings() -> None:
   if unknown:
     raise UserError(
         f'the trainer rejects its settings: {TRAINER} has no setting '
-        f'{unknown[0]!r}; its settings: {", ".join(sorted(names))}')
+        f'{unknown[0]!r}; its settings: '
+        f'{", ".join(validation.settings_of("ReversibleSerialTrainer"))}')
   try:
     options.validate_gin_bindings()
   except validation.TrainerOptionError as e:

@@ -4,7 +4,7 @@ The run's full log (absl at INFO, trax's metrics included) goes to
 `<output_dir>/train.log` (one file per process in a multi-process run);
 the terminal gets warnings only, without the third-party ones known to be
 harmless (`noise`), since trax prints its own progress and eval lines
-there; the library's notices (`trax_revplus.notices`, e.g. a setting the
+there (less the lines of its own known to be noise, which its log keeps); the library's notices (`trax_revplus.notices`, e.g. a setting the
 device memory budget replaced) are the command's warning lines. A background thread that dies is one warning line, its traceback in
 the log.
 """
@@ -107,7 +107,8 @@ def run_logging(output_dir: str, import_messages: str,
     for warning in warnings:  # Shown on the terminal already.
       logging.info('warning: %s', warning)
     with noise.route_warnings(to_file, warnings_to_stderr), ThreadErrors(), \
-        notices.listening(_print_notice if not process else _drop):
+        notices.listening(_print_notice if not process else _drop), \
+        noise.stdout_without_noise():
       yield log_path
   finally:
     absl_logger.propagate = True

@@ -101,7 +101,9 @@ def format_summary(summary: dict[str, Any] | None,
     steps = f"{summary['last_step']} ({summary['steps_run']} in this run"
     if not summary['steps_run'] and total_steps is not None:
       steps += (f': the checkpoint was at train.steps = {total_steps} '
-                f'already')
+                f'already' if summary['last_step'] == total_steps else
+                f': the checkpoint was at step {summary["last_step"]}, past '
+                f'train.steps = {total_steps}')
     rows.append(('steps', steps + ')'))
     train_from = summary['final_train_loss_from_step']
     rows.append(('final train loss',
@@ -122,7 +124,10 @@ def format_summary(summary: dict[str, Any] | None,
     peak = format_bytes(summary['peak_host_rss_bytes'], spec='.0f',
                         suffix=False)
     rows.append(('peak host memory', f'{peak} MB (RSS)'))
-  if checkpoint:
+  if checkpoint and summary is not None and not summary['steps_run']:
+    rows.append(('checkpoint', f'{checkpoint} (step {checkpoint_step}, as '
+                               f'loaded: no step ran, nothing new to save)'))
+  elif checkpoint:
     rows.append(('checkpoint', f'{checkpoint} (step {checkpoint_step})'))
   else:
     rows.append(('checkpoint', 'none written'))
@@ -130,6 +135,20 @@ def format_summary(summary: dict[str, Any] | None,
   width = max(len(k) for k, _ in rows)
   return '\n'.join(['', '== summary =='] +
                    [f'{k.ljust(width)}  {v}' for k, v in rows])
+
+
+def summary_rows(text: str) -> dict[str, str]:
+  """The summary block `format_summary` made, read back from what a run
+  printed: {row name: value}; {} where `text` holds no summary."""
+  if '== summary ==' not in text:
+    return {}
+  rows = {}
+  for line in text.split('== summary ==', 1)[1].strip().splitlines():
+    name, sep, value = line.partition('  ')
+    if not sep:
+      break
+    rows[name.strip()] = value.strip()
+  return rows
 
 
 def interrupted_message(interrupted: Any, output_dir: str) -> str:

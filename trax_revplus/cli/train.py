@@ -166,7 +166,15 @@ def _close_trainers(loop: Any) -> None:
 
 
 def _checkpoint_step(path: str) -> int | None:
+  """The step of the checkpoint whose `.pkl.gz` is `path`, or None where
+  there is none: trax's Loop saves only at the steps its `checkpoint_at`
+  names (`train.checkpoints_at`, else every `eval_frequency` steps), so a
+  run may end with none written; or it cannot be read."""
   from trax.supervised import training  # pylint: disable=g-import-not-at-top
+  # trax reads through tf.io.gfile, whose missing file is TensorFlow's
+  # NotFoundError, not an OSError.
+  if not os.path.isfile(path):
+    return None
   try:
     return training.unpickle_from_file(path, gzip=True)['step']
   except (OSError, EOFError, KeyError, ValueError):
@@ -219,8 +227,8 @@ def _train(output_dir: str, callbacks: list[Any], log_path: str,
     if multi_process:  # Process 0 may still be writing it.
       processes.barrier('trained')
     checkpoint_step = _checkpoint_step(checkpoint)
-    # trax checkpoints every eval_frequency steps; keep the final weights
-    # too when the run did not end on such a step.
+    # The final weights are always kept: saved here unless the Loop saved
+    # them at its last step (or the run resumed at train.steps already).
     if checkpoint_step != loop.step:
       loop.save_checkpoint('model')
       if multi_process:

@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 from trax_revplus import memory
+from trax_revplus.cli.summary import summary_rows
 from trax_revplus.memory import reading
 from trax_revplus.compare.common import Run
 from trax_revplus.compare.common import RUN_STATS_FILENAME
@@ -89,19 +90,6 @@ def failure_reason(exit_code: int, output: str) -> str:
   return f'{head}: {last}' if last else head
 
 
-def _summary_rows(output):
-  """The `== summary ==` block a training run printed, as {row: value}."""
-  if '== summary ==' not in output:
-    return {}
-  rows = {}
-  for line in output.split('== summary ==', 1)[1].strip().splitlines():
-    name, sep, value = line.partition('  ')
-    if not sep:
-      break
-    rows[name.strip()] = value.strip()
-  return rows
-
-
 def _read_json(path):
   try:
     with open(path, encoding='utf-8') as f:
@@ -126,7 +114,7 @@ def collect_run(implementation: str, exit_code: int, output: str,
   Returns:
     dict, see the module docstring.
   """
-  rows = _summary_rows(output)
+  rows = summary_rows(output)
   stats = _read_json(os.path.join(output_dir, RUN_STATS_FILENAME))
   records = memory_records(output_dir)
   trainer = rows.get('trainer') or (stats or {}).get('trainer')

@@ -60,10 +60,10 @@ from trax_revplus.validation.errors import OptimizerFactoryError
 from trax_revplus.validation.errors import SequenceChunksError
 from trax_revplus.validation.errors import SequenceLengthError
 from trax_revplus.validation.errors import TrainerOptionError
-from trax_revplus.validation.gin_hints import parameters_of
 from trax_revplus.validation.gin_hints import REMOVED_SETTINGS
 from trax_revplus.validation.gin_hints import removed_knob_message
 from trax_revplus.validation.gin_hints import removed_setting_message
+from trax_revplus.validation.gin_hints import settings_of
 from trax_revplus.validation.gin_hints import unknown_knob_hint
 from trax_revplus.validation.non_finite import first_non_finite
 from trax_revplus.validation.optimizers import check_optimizer_factory
@@ -87,9 +87,9 @@ __all__ = [
     'check_sequence_chunks', 'check_blocks', 'check_loss_output',
     'check_n_devices',
     'check_optimizer_factory', 'check_sequence_length', 'first_non_finite',
-    'make_optimizer', 'parameters_of', 'standard_layer_list',
+    'make_optimizer', 'standard_layer_list',
     'REMOVED_SETTINGS',
     'removed_knob_message',
-    'removed_setting_message',
+    'removed_setting_message', 'settings_of',
     'unknown_knob_hint',
 ]

@@ -36,18 +36,24 @@ _UNKNOWN_PARAMETER = re.compile(
     r"kwarg) '(\w+)'")
 
 
-def parameters_of(configurable):
-  """Names a trax_revplus gin configurable accepts (list of str)."""
+def settings_of(configurable):
+  """The settings a trax_revplus gin configurable takes (list of str), in
+  its order: its parameters with a default value. Those without one are
+  what trax passes it (the trainer's `blocks`, `loss_layer` and
+  `optimizer_fn`, `ProgressPrinter`'s `loop`); a config does not set them.
+  """
   import importlib  # pylint: disable=g-import-not-at-top
   module, name = _OUR_CONFIGURABLES[configurable]
   target = getattr(importlib.import_module(module), name)
-  if hasattr(target, 'gin_parameters'):  # keyword settings, listed there
-    return [n for n in target.gin_parameters if n not in ('self', 'loop')]
-  if inspect.isclass(target):
-    target = target.__init__
-  names = [p.name for p in inspect.signature(target).parameters.values()
+  signature = inspect.signature(target.__init__ if inspect.isclass(target)
+                                else target)
+  named = [p for p in signature.parameters.values()
            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-  return [n for n in names if n not in ('self', 'loop')]
+  passed = {p.name for p in named if p.default is p.empty}
+  # The trainer's settings beyond trax's arguments come as **settings;
+  # gin's allowlist names them all.
+  names = getattr(target, 'gin_parameters', None) or [p.name for p in named]
+  return [n for n in names if n not in passed]
 
 
 def _our_unknown_knob(message):
@@ -84,14 +90,14 @@ def unknown_knob_hint(message):
     message: str, gin's error message.
 
   Returns:
-    str such as "trax_revplus.ReversibleSerialTrainer has no knob
-    'no_such_knob'; its knobs: blocks, ..." or None if the message is not
-    about a trax_revplus configurable.
+    str such as "trax_revplus.ReversibleSerialTrainer has no setting
+    'no_such_knob'; its settings: n_devices, ..." (`settings_of`) or None
+    if the message is not about a trax_revplus configurable.
   """
   found = _our_unknown_knob(message)
   if found is None:
     return None
   configurable, knob = found
   short = configurable.rsplit('.', 1)[-1]
-  return (f'{configurable} has no knob {knob!r}; its knobs: '
-          f'{", ".join(parameters_of(short))}')
+  return (f'{configurable} has no setting {knob!r}; its settings: '
+          f'{", ".join(settings_of(short))}')
