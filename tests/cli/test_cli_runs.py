@@ -253,8 +253,9 @@ def test_both_sets_damaged_stop_with_one_line(ours_run, tmp_path, capsys):
   assert line.startswith('trax-revplus train: error: checkpoint set model in')
   assert 'model.weights.npy.gz is damaged' in line
   assert 'model.prev.weights.npy.gz is damaged' in line
-  assert line.endswith('to load it anyway, unverified, run with '
-                       '--implementation=stock')
+  assert line.endswith('to load it anyway, unverified, move '
+                       'model.manifest.json out of it (a set without a '
+                       'manifest loads as stock trax loads it)')
   assert 'step 1/' not in out
 
 

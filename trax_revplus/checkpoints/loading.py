@@ -126,8 +126,10 @@ def load_checkpoint(loop: training.Loop, directory: str | None = None,
                  f'({previous_reason}); nothing was loaded')
       raise errors.CheckpointError(
           f'{problem}. To start from scratch, move {filename}.* out of '
-          f'{directory}; to load it anyway, unverified, use stock trax '
-          f'(trax_revplus.deactivate()).', directory, filename, problem)
+          f'{directory}; to load it anyway, unverified, move '
+          f'{filename}{manifest_lib.MANIFEST_SUFFIX} out of it (a set without '
+          f'a manifest loads as stock trax loads it).', directory, filename,
+          problem)
     logging.warning('checkpoint set %s in %s is inconsistent (%s); loading '
                     'the previous set %s (step %s) instead.', filename,
                     directory, reason, previous, manifest['step'])

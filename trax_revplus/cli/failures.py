@@ -136,8 +136,10 @@ def user_error(error: Exception, output_dir: str, steps_started: bool,
     return UserError(
         f'{error.problem}; to start from scratch, move '
         f'{error.basename or "model"}.* out of {error.directory or output_dir}'
-        f' or give another --output_dir; to load it anyway, unverified, run '
-        f'with --implementation=stock', EXIT_RUNTIME)
+        f' or give another --output_dir; to load it anyway, unverified, move '
+        f'{error.basename or "model"}{checkpoints.MANIFEST_SUFFIX} out of it '
+        f'(a set without a manifest loads as stock trax loads it)',
+        EXIT_RUNTIME)
   if isinstance(error, data.CorpusSettingError):
     return UserError(one_line(error), EXIT_USAGE)
   if isinstance(error, data.CorpusError):
