@@ -30,6 +30,7 @@ from trax_revplus.cli.messages import PROG
 from trax_revplus.cli.messages import warning_line
 from trax_revplus.errors import EXIT_OK
 from trax_revplus.errors import EXIT_RUNTIME
+from trax_revplus.errors import EXIT_USAGE
 from trax_revplus.errors import UserError
 
 
@@ -95,6 +96,15 @@ def _check_fresh(run_dirs):
           f'give a new --output_dir or remove it')
 
 
+def _remove_check_output(output_dir: str, check_log: str,
+                         made_output_dir: bool) -> None:
+  """Removes check.log, and the output dir if this command made it."""
+  if os.path.exists(check_log):
+    os.remove(check_log)
+  if made_output_dir and not os.listdir(output_dir):
+    os.rmdir(output_dir)
+
+
 def compare_main(config_files: Sequence[str], bindings: Sequence[str],
                  output_dir: str | None = None, steps: int | None = None,
                  seed: int | None = None,
@@ -121,8 +131,10 @@ def compare_main(config_files: Sequence[str], bindings: Sequence[str],
 
   Raises:
     UserError: the output dirs already hold runs, the config fails the
-      check before the runs (`check_config`, as `train` reports it; the
-      check's output is in <output_dir>/check.log), or the device is held
+      check before the runs (`check_config`, as `train` reports it; for
+      a runtime failure of the check, its output is in
+      <output_dir>/check.log; for a mistake in the config, nothing is left
+      in the output dir), or the device is held
       by another process.
   """
   # Imported here, not at the top: `trax_revplus.compare` imports JAX, and
@@ -133,6 +145,7 @@ def compare_main(config_files: Sequence[str], bindings: Sequence[str],
       output_dir or output_dirs.default_output_dir(config_files, 'compare_')))
   run_dirs = {k: os.path.join(output_dir, k) for k in compare.IMPLEMENTATIONS}
   _check_fresh(run_dirs.values())
+  made_output_dir = not os.path.isdir(output_dir)
   os.makedirs(output_dir, exist_ok=True)
 
   extra = []
@@ -150,9 +163,16 @@ def compare_main(config_files: Sequence[str], bindings: Sequence[str],
   else:
     extra.append(f'train.random_seed = {int(seed)}')
   every = None if steps is None else max(1, int(steps) // 10)
-  backend.call(f'{__name__}:check_config', list(config_files),
-               list(bindings) + extra,
-               log_path=os.path.join(output_dir, CHECK_LOG))
+  check_log = os.path.join(output_dir, CHECK_LOG)
+  try:
+    backend.call(f'{__name__}:check_config', list(config_files),
+                 list(bindings) + extra, log_path=check_log)
+  except UserError as e:
+    if e.exit_code == EXIT_USAGE:
+      # A mistake in the config: its line says all, and a run dir left
+      # behind would look like a run to the next command.
+      _remove_check_output(output_dir, check_log, made_output_dir)
+    raise
 
   runs = {}
   for k in compare.IMPLEMENTATIONS:

@@ -17,7 +17,6 @@ from typing import Sequence
 from trax_revplus.byte_sizes import format_bytes
 from trax_revplus.cli import build_errors
 from trax_revplus.cli import preflight
-from trax_revplus.device_memory import out_of_memory
 from trax_revplus.errors import EXIT_RUNTIME
 from trax_revplus.errors import EXIT_USAGE
 from trax_revplus.errors import one_line
@@ -122,6 +121,7 @@ def user_error(error: Exception, output_dir: str, steps_started: bool,
   from trax_revplus import checkpoints
   from trax_revplus import data
   from trax_revplus import trainer
+  from trax_revplus.device_memory import out_of_memory
   from trax_revplus import validation
   # pylint: enable=g-import-not-at-top
   if isinstance(error, checkpoints.CheckpointWriteError):
