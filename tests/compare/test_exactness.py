@@ -43,15 +43,15 @@ def test_a_difference_within_rounding_or_none_needs_no_line(tmp_path):
   assert exactness.explanation(plans, exactness.TOLERANCE) is None
 
 
-def test_slices_alone_name_batch_slices_1(tmp_path):
+def test_slices_are_named_with_the_setting_that_runs_stocks_order(tmp_path):
   line = exactness.explanation(_kept(tmp_path, _plan(batch_slices=2)), 0.03)
   assert line == (
       "final weights differ from stock's by 0.03 (over 1e-05): "
-      'trax_revplus ran 2 batch slices, which sum in another float32 order '
-      'than stock (where a layer hashes its activations, as LSH attention '
-      'does, rounding can change a bucket and grow); '
-      "--config='trax_revplus.ReversibleSerialTrainer.batch_slices = 1' "
-      "runs stock's order bit for bit.")
+      'trax_revplus ran 2 batch slices, which can sum in another float32 '
+      'order than stock (where a layer hashes its activations, as LSH '
+      'attention does, rounding can change a bucket and grow); '
+      "--config='trax_revplus.ReversibleSerialTrainer."
+      "device_memory_budget_bytes = None' runs stock's order.")
 
 
 @pytest.mark.parametrize('settings,named', [
@@ -59,17 +59,18 @@ def test_slices_alone_name_batch_slices_1(tmp_path):
     ({'sequence_chunks': 4}, '4 sequence chunks'),
     ({'parallel_heads': 1}, 'attention at most 1 (example, head) pair at a '
                             'time'),
-    ({'batch_slices': 2, 'parallel_heads': 2},
-     '2 batch slices and attention at most 2 (example, head) pairs at a '
-     'time'),
+    ({'fused_from': 0}, 'the step as one program'),
+    ({'batch_slices': 2, 'parallel_heads': 2, 'fused_from': 0},
+     '2 batch slices, attention at most 2 (example, head) pairs at a time, '
+     'the step as one program'),
 ])
-def test_other_dimensions_name_the_unplanned_settings(tmp_path, settings,
-                                                      named):
+def test_every_dimension_that_can_reorder_is_named(tmp_path, settings,
+                                                   named):
   line = exactness.explanation(_kept(tmp_path, _plan(**settings)), 2e-5)
-  assert f'trax_revplus ran {named}, which sum' in line
+  assert f'trax_revplus ran {named}, which can sum' in line
   assert line.endswith(
       "--config='trax_revplus.ReversibleSerialTrainer."
-      "device_memory_budget_bytes = None' runs stock's order bit for bit.")
+      "device_memory_budget_bytes = None' runs stock's order.")
   assert '\n' not in line
 
 

@@ -185,16 +185,25 @@ def test_trax_s_enwik8_lsh_attention_trains_as_stock():
   cases.assert_all_close(expected_weights, weights, tol=1e-6)
 
 
-def test_without_a_budget_a_model_without_hashing_trains_bit_for_bit():
-  """The one setting that runs stock's summation order where the CPU's
-  default would not (2 slices, one attention pair at a time): the settings
-  as given, unplanned (`device_memory_budget_bytes = None`)."""
+@pytest.mark.parametrize('lsh', [False, True],
+                         ids=['self-attention', 'lsh'])
+def test_without_a_budget_models_train_bit_for_bit(lsh):
+  """The one setting that runs stock's summation order where the default
+  would not (on the CPU, 2 slices and one attention pair at a time without
+  hashing; the fused program): the settings as given, unplanned
+  (`device_memory_budget_bytes = None`)."""
   made = []
-  weights, losses = cases.train_self_attention_lm(
-      _ours(made, device_memory_budget_bytes=None), 0.1)
-  plan = made[0].planned(cases.self_attention_lm_batch()).plan
+  ours = _ours(made, device_memory_budget_bytes=None)
+  batch = cases.self_attention_lm_batch()
+  if lsh:
+    weights, losses = cases.train_lm(
+        ours, cases.lsh_model(n_parallel_heads=None), batch, _STEPS)
+    expected_weights, expected_losses = _stock_tiny_lsh_lm()
+  else:
+    weights, losses = cases.train_self_attention_lm(ours, 0.1)
+    expected_weights, expected_losses = cases.stock_self_attention_lm(0.1)
+  plan = made[0].planned(batch).plan
   assert (plan.batch_slices, plan.sequence_chunks, plan.micro_batches,
-          plan.parallel_heads) == (1, 1, 1, None)
-  expected_weights, expected_losses = cases.stock_self_attention_lm(0.1)
+          plan.parallel_heads, plan.fused_from) == (1, 1, 1, None, plan.loss)
   assert losses == expected_losses
   cases.assert_all_close(expected_weights, weights, tol=0)

@@ -2,19 +2,22 @@
 
 trax_revplus computes stock trax's step in stock's float32 summation order
 wherever its plan keeps that order, and then gives stock's weights bit for
-bit. Four plan dimensions change the order (docs/compatibility.md, "Same
-weights"): batch slices, micro-batches and sequence chunks add partial sums
-in another order, and attention layers computing fewer (example, head)
-pairs at once than configured run other matrix shapes. Their results differ
-by float32 rounding, which grows from step to step; on a model whose
-layers hash their activations (LSH attention) a rounding difference can
-move a position to another bucket, and the weights then differ by far
-more.
+bit. Five plan dimensions can change the order (docs/compatibility.md,
+"Same weights"): batch slices, micro-batches and sequence chunks add
+partial sums in another order, attention layers computing fewer (example,
+head) pairs at once than configured run other matrix shapes, and the whole
+step compiled as one program lets XLA fuse a sum across layers. Their
+results differ by float32 rounding, which grows from step to step; on a
+model whose layers hash their activations (LSH attention) a rounding
+difference can move a position to another bucket, and the weights then
+differ by far more.
 
 `explanation` reads which of them a run's plans used (the plans the
 trainer kept in its output directory, `trainer.plan_store`) and says so,
-with the setting that runs stock's order, wherever the final weights
-differ by more than `TOLERANCE`.
+with the setting that runs stock's order (`device_memory_budget_bytes =
+None`: the settings as given, one program per segment, no slices, chunks
+or micro-batches, the attention layers as configured), wherever the final
+weights differ by more than `TOLERANCE`.
 """
 
 import json
@@ -65,6 +68,8 @@ def _reorderings(plan: Mapping[str, Any]) -> list[str]:
   if heads is not None:
     found.append(f'attention at most {heads} (example, head) '
                  f'pair{"s" if heads > 1 else ""} at a time')
+  if plan.get('fused_from', 0) < plan.get('loss', 0):
+    found.append('the step as one program')
   return found
 
 
@@ -85,32 +90,27 @@ def explanation(plans: Sequence[Mapping[str, Any]],
     None where `max_abs_diff` is None or at most `TOLERANCE`; else a line
     naming the plan dimensions that changed stock's summation order (none:
     the plan is not the cause; no plan kept: it cannot tell) and the
-    setting that runs stock's order: `batch_slices = 1` where slices alone
-    changed it, else `device_memory_budget_bytes = None` (the settings as
-    given: no slices, chunks or micro-batches, the attention layers as
-    configured).
+    setting that runs stock's order, `device_memory_budget_bytes = None`.
   """
   if max_abs_diff is None or max_abs_diff <= TOLERANCE:
     return None
   head = (f'final weights differ from stock\'s by {max_abs_diff:.3g} '
           f'(over {TOLERANCE:g})')
+  setting = _setting('device_memory_budget_bytes', None)
   if not plans:
     return (f'{head}; trax_revplus kept no plan ({PLANS_FILENAME}) to tell '
             f'which plan dimension changed stock\'s float32 summation order: '
-            f'{_setting("device_memory_budget_bytes", None)}, with '
-            f'batch_slices, micro_batches, sequence_chunks and parallel_heads '
-            f'unset, runs it bit for bit.')
+            f'{setting}, with batch_slices, micro_batches, sequence_chunks, '
+            f'parallel_heads and segment_max_layers unset, runs it.')
   reorderings = []
   for plan in plans:
     reorderings += [r for r in _reorderings(plan) if r not in reorderings]
   if not reorderings:
     return (f'{head}, although trax_revplus ran stock\'s float32 summation '
-            f'order (no batch slices, micro-batches or sequence chunks, the '
-            f'attention layers as configured): the plan is not the cause.')
-  only_slices = all(r.endswith(' batch slices') for r in reorderings)
-  setting = (_setting('batch_slices', 1) if only_slices else
-             _setting('device_memory_budget_bytes', None))
-  return (f'{head}: trax_revplus ran {" and ".join(reorderings)}, which sum '
+            f'order (one program per segment, no batch slices, micro-batches '
+            f'or sequence chunks, the attention layers as configured): the '
+            f'plan is not the cause.')
+  return (f'{head}: trax_revplus ran {", ".join(reorderings)}, which can sum '
           f'in another float32 order than stock (where a layer hashes its '
           f'activations, as LSH attention does, rounding can change a bucket '
-          f'and grow); {setting} runs stock\'s order bit for bit.')
+          f'and grow); {setting} runs stock\'s order.')
