@@ -125,11 +125,12 @@ def test_micro_batches_refused_or_pinned():
 
 
 def _sliced(slices_change_draws, platform, batch_slices=options_lib.AUTO,
-            rows=8):
+            rows=8, hashes_activations=False):
   candidates = candidates_lib.Candidates(
       [4], {i: 1000 for i in range(6)}, [2**20], rows=rows,
       options=options_lib.TrainerOptions(batch_slices=batch_slices),
-      slices_change_draws=slices_change_draws, platform=platform)
+      slices_change_draws=slices_change_draws, platform=platform,
+      hashes_activations=hashes_activations)
   return [g.leanest.batch_slices for g in candidates.groups()
           if g.fused_reversible_layers]
 
@@ -138,6 +139,10 @@ def test_two_slices_rank_first_on_the_cpu_where_slices_change_no_draw():
   assert _sliced(slices_change_draws=False, platform='cpu') == [2, 1, 4, 8]
   # A draw of slice shape: the unsliced plan gives stock's draws first.
   assert _sliced(slices_change_draws=True, platform='cpu') == [1, 2, 4, 8]
+  # A layer hashing its activations: another summation order can change
+  # its buckets, the unsliced plan keeps stock's.
+  assert _sliced(slices_change_draws=False, platform='cpu',
+                 hashes_activations=True) == [1, 2, 4, 8]
   # Not measured on accelerators: larger matrices use them better.
   assert _sliced(slices_change_draws=False, platform='tpu') == [1, 2, 4, 8]
   assert _sliced(slices_change_draws=False, platform='cpu', rows=3) == [1, 3]
@@ -145,11 +150,13 @@ def test_two_slices_rank_first_on_the_cpu_where_slices_change_no_draw():
                  batch_slices=4) == [4]
 
 
-def _heads(platform, parallel_heads=options_lib.AUTO):
+def _heads(platform, parallel_heads=options_lib.AUTO,
+           hashes_activations=False):
   candidates = candidates_lib.Candidates(
       [4], {i: 1000 for i in range(6)}, [2**20], rows=2,
       options=options_lib.TrainerOptions(parallel_heads=parallel_heads),
-      platform=platform, heads_lowerable=True)
+      platform=platform, heads_lowerable=True,
+      hashes_activations=hashes_activations)
   return [g.leanest.parallel_heads for g in candidates.groups()]
 
 
@@ -159,5 +166,7 @@ def test_one_pair_at_a_time_ranks_first_on_the_cpu_only():
   half = len(cpu) // 2
   assert cpu == [1] * half + [None] * half
   assert tpu == [None] * half + [1] * half
+  # Not where a layer hashes its activations: as configured first.
+  assert _heads('cpu', hashes_activations=True) == tpu
   # A pinned number is the only one.
   assert set(_heads('cpu', parallel_heads=2)) == {2}

@@ -45,9 +45,14 @@ LRS = [None, 0.02, 0.03]
 
 
 def train(trainer, batch_, n_steps):
+  """`n_steps` steps on `batch_`: step i with RNG `get_prng(7 + i)` (`RNGS`
+  for the first three) and learning rate `LRS[i]` (the last one after
+  them); returns the losses."""
   losses = []
-  for rng, lr in list(zip(RNGS, LRS))[:n_steps]:
-    loss, _ = trainer.one_step(batch_, rng, learning_rate=lr)
+  for i in range(n_steps):
+    rng = RNGS[i] if i < len(RNGS) else fastmath.random.get_prng(7 + i)
+    loss, _ = trainer.one_step(batch_, rng,
+                               learning_rate=LRS[min(i, len(LRS) - 1)])
     losses.append(loss)
   return losses
 
@@ -147,14 +152,16 @@ def count_accounted(monkeypatch):
   return plans
 
 
-def lsh_model():
+def lsh_model(**attention):
   """A dropout-free 2-layer ReformerLM with LSH attention (vocab 16, inputs
-  of length 16 or 32), in train mode."""
+  of length 16 or 32), in train mode; `attention`: more arguments of its
+  `LSHSelfAttention`."""
   return trax.models.ReformerLM(
       16, d_model=16, d_ff=32, d_attention_key=8, d_attention_value=8,
       n_layers=2, n_heads=2, max_len=32, dropout=0.0,
       attention_type=functools.partial(
-          tl.LSHSelfAttention, chunk_len=4, n_buckets=4, n_hashes=2),
+          tl.LSHSelfAttention, chunk_len=4, n_buckets=4, n_hashes=2,
+          **attention),
       mode='train')
 
 
@@ -263,22 +270,37 @@ def self_attention_lm_blocks(dropout, length=16):
   return blocks, loss
 
 
-def train_self_attention_lm(make_trainer, dropout):
-  """Host leaves of every layer's weights after `_LM_STEPS` steps, and the
-  losses; `make_trainer(blocks, loss)` builds the trainer."""
-  blocks, loss = self_attention_lm_blocks(dropout)
+def train_lm(make_trainer, model, batch_, n_steps):
+  """Host leaves of every layer's weights after `n_steps` steps (`train`)
+  of `model` (a trax LM, uninitialized) with trax's weighted cross-entropy
+  on `batch_`, and the losses; `make_trainer(blocks, loss)` builds the
+  trainer."""
+  blocks, loss = rev_trainer.extract_reversible_blocks(
+      [model, tl.WeightedCategoryCrossEntropy()])
+  rev_trainer.init_reversible_blocks(
+      blocks, loss, shapes.signature(batch_), fastmath.random.get_prng(3))
   trainer = make_trainer(blocks, loss)
-  losses = train(trainer, self_attention_lm_batch(), _LM_STEPS)
+  losses = train(trainer, batch_, n_steps)
   weights = [layer.weights for std, revs in blocks for layer in std + revs]
   return ([np.asarray(x) for x in
            jax.tree_util.tree_leaves(weights + [loss.weights])],
           [float(np.mean(np.asarray(x))) for x in losses])
 
 
+def stock_trainer(blocks, loss):
+  """Stock trax's ReversibleSerialTrainer on `blocks` and `loss`, Adam."""
+  return trainer_module.ReversibleSerialTrainer(blocks, loss,
+                                                optimizers.Adam)
+
+
+def train_self_attention_lm(make_trainer, dropout):
+  """`train_lm` of `self_attention_lm` for `_LM_STEPS` steps."""
+  return train_lm(make_trainer, self_attention_lm(dropout),
+                  self_attention_lm_batch(), _LM_STEPS)
+
+
 @functools.lru_cache(maxsize=2)
 def stock_self_attention_lm(dropout):
   """Stock trax's ReversibleSerialTrainer on `self_attention_lm`, Adam:
   as `train_self_attention_lm` returns."""
-  return train_self_attention_lm(
-      lambda blocks, loss: trainer_module.ReversibleSerialTrainer(
-          blocks, loss, optimizers.Adam), dropout)
+  return train_self_attention_lm(stock_trainer, dropout)

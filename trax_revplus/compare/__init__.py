@@ -70,6 +70,10 @@ token for cross-entropy):
     (`model.weights.npy.gz`) and optimizer slots (`model.opt_slots0.npy.gz`);
     `reason` says why there is no figure (a run failed, a file is missing,
     the array lists differ in length or shape).
+  final_weights_note (str or null): where the final weights differ by more
+    than `exactness.TOLERANCE`, the line saying which plan dimension of the
+    trax_revplus run (its plans.json) changed stock's float32 summation
+    order and the setting that runs stock's order; else null.
 
 Exit status: 0 when the trax_revplus run succeeded (also when stock failed:
 the table says why), 1 when the trax_revplus run failed, 2 on a usage error
@@ -78,7 +82,8 @@ the table says why), 1 when the trax_revplus run failed, 2 on a usage error
 
 # The parts, one job each: `seed` (the seed both runs use), `runs` (the
 # training processes and their entries), `figures` (checkpoint differences,
-# the report), `table` (the printed table), `png` (compare.png); `common`
+# the report), `exactness` (the line explaining a final weight difference
+# from stock's), `table` (the printed table), `png` (compare.png); `common`
 # holds what they share. The command that runs them in order is
 # `trax_revplus.cli.compare`. The names below are importable from
 # `trax_revplus.compare` itself.

@@ -7,6 +7,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from trax_revplus.compare import accounting
+from trax_revplus.compare import exactness
 from trax_revplus.compare.accounting import DeviceAccounting
 from trax_revplus.compare.common import IMPLEMENTATIONS
 from trax_revplus.compare.common import LABELS
@@ -120,6 +121,11 @@ def build_report(config_files: Sequence[str], bindings: Sequence[str],
   """
   stock, ours = (_losses_by_step(runs[k]) for k in IMPLEMENTATIONS)
   common = sorted(set(stock) & set(ours))
+  final_weights = checkpoint_diff(runs, 'model.weights.npy.gz')
+  ours_dir = runs['revplus'].get('output_dir')
+  weights_note = exactness.explanation(
+      exactness.stored_plans(ours_dir) if ours_dir else [],
+      final_weights['max_abs_diff'])
   loss_diff = (max(abs(stock[s] - ours[s]) for s in common)
                if common else None)
   return {
@@ -134,6 +140,7 @@ def build_report(config_files: Sequence[str], bindings: Sequence[str],
                     for k in IMPLEMENTATIONS},
       'loss_max_abs_diff': loss_diff,
       'loss_steps_compared': len(common),
-      'final_weights': checkpoint_diff(runs, 'model.weights.npy.gz'),
+      'final_weights': final_weights,
+      'final_weights_note': weights_note,
       'final_slots': checkpoint_diff(runs, 'model.opt_slots0.npy.gz'),
   }

@@ -151,6 +151,9 @@ def format_table(report: Report) -> str:
                  f'{report["loss_steps_compared"]} steps')
   lines.append(f'final weights: max abs difference '
                f'{_fmt_diff(report["final_weights"])}')
+  if report.get('final_weights_note'):
+    # One line, unwrapped: the setting in it is pasted as it is.
+    lines.append(f'  {report["final_weights_note"]}')
   lines.append(f'optimizer slots: max abs difference '
                f'{_fmt_diff(report["final_slots"])}')
   lines.extend(textwrap.wrap(

@@ -42,17 +42,19 @@ by one, unrolled, while equal segments share one compilation, so on a deep
 model of equal blocks the fused program's compilation would cost many times
 the run's first step (and there, with many small layers, it did not step
 faster either: docs/performance.md); such a model ranks its fused groups
-after every unfused one; (2) fewer batch slices: an
-accelerator runs larger matrices faster, and a draw that slices change (a
-layer drawing a mask of slice shape other than trax's `Dropout` and
-efficient attention: `row_draws`) gives stock trax's weights only unsliced;
-but where slices change no draw (they change only float32 summation
-order), on the CPU backend 2 slices rank before 1 (`SPEED_SLICES`): there
-2 slices stepped faster than one in every kind of plan measured, and 4 no
-faster than 2 (docs/performance.md); (3) fewer compiled calls (each
-costs a dispatch and host work for its weights, slots and updates), then
-fewer backward calls, then longer forward segments; (4) a deeper
-copy-back, then prefetching (each overlaps host work with device work).
+after every unfused one; (2) fewer batch slices: an accelerator runs
+larger matrices faster, and a draw that slices change (a layer drawing a
+mask of slice shape other than trax's `Dropout` and efficient attention:
+`row_draws`) gives stock trax's weights only unsliced; but where slices
+change no draw (they change only float32 summation order), on the CPU
+backend 2 slices rank before 1 (`SPEED_SLICES`): there 2 slices stepped
+faster than one in every kind of plan measured, and 4 no faster than 2
+(docs/performance.md), except where a layer hashes its activations
+(`hashing`: LSH attention; another summation order can change its
+buckets); (3) fewer compiled calls (each costs a dispatch and host work
+for its weights, slots and updates), then fewer backward calls, then
+longer forward segments; (4) a deeper copy-back, then prefetching (each
+overlaps host work with device work).
 Within a group, every plan whose saved inputs and states wait on the
 device comes before every plan whose wait on the host: those copy them out
 and back, and wait for each forward call before dispatching the next. The
@@ -83,7 +85,8 @@ pair at a time (`attention_heads`; the same results up to float32
 summation order, smaller attention temporaries). The copies with one pair
 at a time come after all the others, so a budget takes them only where
 nothing else fits; on the CPU they come first (`SPEED_PARALLEL_HEADS`):
-there one pair at a time stepped faster.
+there one pair at a time stepped faster (not where a layer hashes its
+activations, as for slices).
 
 Plans are grouped by (1), (2), their chunks and parts: the members of a
 group share their slicing, and the group's leanest member (one layer per
@@ -117,14 +120,14 @@ ASYNC_DEPTHS = (4, 2, 1, 0)
 # step; at 29 times (64 small blocks) it stepped no faster and its
 # compilation took 77 s, against stock's whole first step of 5.6 s.
 FUSED_COMPILE_RATIO = 16
-# Where slices change no random draw (`row_draws`), on these backends, this
-# many batch slices rank before one (measured there: docs/performance.md).
+# Where slices change no random draw (`row_draws`) and no layer hashes its
+# activations (`hashing`), on these backends this many slices rank first.
 SPEED_SLICES = {'cpu': 2}
-# On these backends every group with trax's efficient attention layers
-# computing this many (example, head) pairs at once ranks before every
-# group with the layers as configured (measured on the CPU: one pair at a
-# time stepped 10-17% faster on the benchmark's ReformerLMs and
-# encoder-decoder Reformer, the same on its LSH Terraformer;
+# On these backends, where no layer hashes its activations (`hashing`),
+# every group with trax's efficient attention layers computing this many
+# (example, head) pairs at once ranks before every group with the layers
+# as configured (measured on the CPU: one pair at a time stepped 10-17%
+# faster on the benchmark's ReformerLMs and encoder-decoder Reformer;
 # docs/performance.md).
 SPEED_PARALLEL_HEADS = {'cpu': 1}
 
@@ -156,7 +159,8 @@ class Candidates:
   def __init__(self, block_sizes, nbytes, stack_bytes, rows, options,
                shared_weights=False, layer_kinds=None, sequence_length=None,
                micro_batches_refused=False, slices_change_draws=True,
-               platform=None, heads_lowerable=False):
+               platform=None, heads_lowerable=False,
+               hashes_activations=True):
     """Args:
       block_sizes: list over blocks of their numbers of reversible layers.
       nbytes: dict layer index -> bytes of its weights + slots.
@@ -183,6 +187,9 @@ class Candidates:
       heads_lowerable: bool, whether one (example, head) pair at a time is
         fewer than some attention layer computes at once
         (`attention_heads.lowers`).
+      hashes_activations: bool, whether some layer hashes its activations
+        (`hashing`): then neither `SPEED_SLICES` nor `SPEED_PARALLEL_HEADS`
+        reorders the plans.
     """
     self._shared_weights = shared_weights
     self._kinds = layer_kinds
@@ -193,7 +200,8 @@ class Candidates:
     if options.batch_slices == options_lib.AUTO:
       self.slices = [k for k in range(1, rows + 1) if rows % k == 0]
       first = SPEED_SLICES.get(platform)
-      if not slices_change_draws and first in self.slices:
+      if (not slices_change_draws and not hashes_activations and
+          first in self.slices):
         self.slices.remove(first)
         self.slices.insert(0, first)
     else:
@@ -219,7 +227,7 @@ class Candidates:
     self._one_pass = pinned is None or pinned == 1
     self._heads = self._pinned('parallel_heads')
     self._more_heads = self._heads is None and heads_lowerable
-    self._heads_first = (self._more_heads and
+    self._heads_first = (self._more_heads and not hashes_activations and
                          SPEED_PARALLEL_HEADS.get(platform) == 1)
 
   def _part_slices(self, part_rows):

@@ -141,10 +141,13 @@ class TrainerOptions:
       runs over k equal slices of each device's rows of the batch, summing
       the slices' weight gradients before one optimizer update
       (`trainer.slices`): per-call temporaries shrink about k-fold, the
-      result is the same (each slice draws its rows of trax's `Dropout`
-      masks: `trainer.row_draws`). k must divide each device's rows.
-      'auto': the planner's choice under a device memory budget,
-      `UNPLANNED_BATCH_SLICES` (no slices) without one; an int pins it.
+      result is the same up to float32 summation order (each slice draws
+      its rows of trax's `Dropout` masks: `trainer.row_draws`). k must
+      divide each device's rows. 'auto': the planner's choice under a
+      device memory budget (on the CPU backend 2 rank first where slices
+      change no draw and no layer hashes its activations:
+      `trainer.hashing`), `UNPLANNED_BATCH_SLICES` (no slices) without
+      one; an int pins it.
     memory_log_first_steps: int >= 0, steps at the start of each process
       that are recorded too (each waits for its phases to finish, so they
       run slower than unrecorded steps).
@@ -196,7 +199,8 @@ class TrainerOptions:
       same up to float32 summation order (each pair draws with the same
       RNG either way). n must divide each such layer's heads or be a
       multiple of them. 'auto': the planner's choice under a device memory
-      budget (on the CPU backend one pair at a time ranks first; on other
+      budget (on the CPU backend one pair at a time ranks first where no
+      layer hashes its activations, `trainer.hashing`; on other
       backends it is taken only where no plan with the layers as
       configured fits), the layers as configured without one; an int pins
       it.

@@ -14,7 +14,7 @@ budget in that range; the planner then accounts it as it would any plan
 
 A damaged, unreadable or foreign file is ignored with one warning line, and
 the run plans afresh and writes a new one: a stored plan saves time, never
-decides a result (every plan computes the same weights).
+decides a result (it is the plan the same key and budget would choose).
 """
 
 import hashlib
@@ -30,9 +30,10 @@ from trax_revplus import output_files
 from trax_revplus.trainer import plan as plan_lib
 
 FILENAME = 'plans.json'
-# 8: batch slices draw the unsliced `Dropout` masks, so the rank of a model
-# with dropout changed; plans an earlier rank kept are planned afresh.
-FORMAT = 'trax_revplus plans 8'
+# 9: a model whose layers hash their activations (LSH attention) ranks no
+# plan first on the CPU that changes the summation order (`candidates`);
+# plans an earlier rank kept are planned afresh.
+FORMAT = 'trax_revplus plans 9'
 
 
 def _version(distribution: str) -> str:

@@ -7,7 +7,9 @@ the unsliced mask (`row_draws`). Traced with the draws slices keep exact
 on a fixed key (`row_draws.exact_draws_fixed`), a forward whose results
 still depend on its RNG argument holds a draw that slices change; where
 none does, batch slices change nothing but float32 summation order, and
-the speed model may rank them by speed alone (`candidates`).
+the speed model may rank them by speed alone (`candidates`; not where a
+layer hashes its activations, which `hashing` reads with the same walk,
+`marked_outputs`).
 
 The dependence is read from the forward's jaxpr (`jax.make_jaxpr`): a
 value depends on the RNG when an equation that computes it reads the RNG or
@@ -16,6 +18,8 @@ remat; a loop or any other nesting counts as reading all its operands into
 all its results, so the answer may say "uses" where a draw is dead, never
 the reverse.
 """
+
+from typing import Any
 
 import jax
 from jax import numpy as jnp
@@ -27,41 +31,57 @@ from trax_revplus.typing import PyTree
 RNG_TYPE = jax.ShapeDtypeStruct((2,), jnp.uint32)
 
 
-def _reads(values, marked) -> bool:
-  return any(not isinstance(v, jax_core.Literal) and v in marked
-             for v in values)
-
-
-def _inner(eqn):
+def inner(eqn):
   """The one nested jaxpr of `eqn` that takes its operands and gives its
-  results position by position (jit, custom derivatives, remat), or None."""
+  results position by position (jit, custom derivatives, remat), or None
+  (a loop, a branch, any other nesting, or none)."""
   found = [p for p in eqn.params.values()
            if isinstance(p, (jax_core.ClosedJaxpr, jax_core.Jaxpr))]
   if len(found) != 1 or eqn.primitive.name in ('scan', 'while'):
     return None
-  inner = found[0].jaxpr if isinstance(found[0], jax_core.ClosedJaxpr) else (
+  nested = found[0].jaxpr if isinstance(found[0], jax_core.ClosedJaxpr) else (
       found[0])
-  if (len(inner.invars) != len(eqn.invars) or
-      len(inner.outvars) != len(eqn.outvars)):
+  if (len(nested.invars) != len(eqn.invars) or
+      len(nested.outvars) != len(eqn.outvars)):
     return None
-  return inner
+  return nested
 
 
-def _marked_outputs(jaxpr, marked_inputs) -> list[bool]:
+def reads(values, marked) -> bool:
+  """Whether any of `values` (a jaxpr's variables and literals) is in the
+  set `marked`."""
+  return any(not isinstance(v, jax_core.Literal) and v in marked
+             for v in values)
+
+
+def marked_outputs(jaxpr, marked_inputs, visit=None) -> list[bool]:
   """For each output of `jaxpr`, whether it depends on an input marked in
-  `marked_inputs` (a list of bools, one per input)."""
+  `marked_inputs` (a list of bools, one per input).
+
+  Args:
+    jaxpr: a `jax.extend.core.Jaxpr`.
+    marked_inputs: list of bool, one per input of `jaxpr`.
+    visit: None, or a function called as `visit(eqn, marked)` on every
+      equation that reads a marked value (`marked`: the set of marked
+      variables so far), also inside the nestings followed (`inner`).
+
+  Returns:
+    list of bool, one per output.
+  """
   marked = {v for v, m in zip(jaxpr.invars, marked_inputs) if m}
   for eqn in jaxpr.eqns:
-    if not _reads(eqn.invars, marked):
+    if not reads(eqn.invars, marked):
       continue
-    inner = _inner(eqn)
-    if inner is None:  # a loop or an unknown nesting: all of it
+    if visit is not None:
+      visit(eqn, marked)
+    nested = inner(eqn)
+    if nested is None:  # a loop or an unknown nesting: all of it
       marked.update(eqn.outvars)
       continue
-    inputs = [_reads([v], marked) for v in eqn.invars]
-    marked.update(v for v, m in zip(eqn.outvars,
-                                    _marked_outputs(inner, inputs)) if m)
-  return [_reads([v], marked) for v in jaxpr.outvars]
+    inputs = [reads([v], marked) for v in eqn.invars]
+    marked.update(v for v, m in zip(
+        eqn.outvars, marked_outputs(nested, inputs, visit)) if m)
+  return [reads([v], marked) for v in jaxpr.outvars]
 
 
 def depends_on_last_input(closed_jaxpr) -> bool:
@@ -83,7 +103,7 @@ def depends_on_last_input(closed_jaxpr) -> bool:
   if not jaxpr.invars:
     return False
   marked = [False] * (len(jaxpr.invars) - 1) + [True]
-  return any(_marked_outputs(jaxpr, marked))
+  return any(marked_outputs(jaxpr, marked))
 
 
 def forward_types(layer, inputs: PyTree) -> tuple[PyTree, bool]:
@@ -101,8 +121,27 @@ def forward_types(layer, inputs: PyTree) -> tuple[PyTree, bool]:
   Returns:
     (outputs as `jax.ShapeDtypeStruct`s, bool).
   """
+  closed, outputs = forward_jaxpr(layer, inputs)
+  return outputs, depends_on_last_input(closed)
+
+
+def forward_jaxpr(layer, inputs: PyTree) -> tuple[Any, PyTree]:
+  """`layer`'s forward traced on `inputs`: its jaxpr and its outputs' types.
+
+  The jaxpr's inputs are the leaves of (inputs, weights, state, RNG), in
+  that order, the RNG (`RNG_TYPE`) last. The caller keeps the layer as it
+  was found (`layers.preserved`).
+
+  Args:
+    layer: a trax `Layer`, its weights and state initialized.
+    inputs: its n_in stack items as `pure_fn` takes them: arrays or
+      `jax.ShapeDtypeStruct`s.
+
+  Returns:
+    (a `jax.extend.core.ClosedJaxpr`, outputs as `jax.ShapeDtypeStruct`s).
+  """
   def forward(x, weights, state, rng):
     return layer.pure_fn(x, weights, state, rng)
   closed, (outputs, _) = jax.make_jaxpr(forward, return_shape=True)(
       inputs, layer.weights, layer.state, RNG_TYPE)
-  return outputs, depends_on_last_input(closed)
+  return closed, outputs

@@ -19,8 +19,8 @@ head) pair with one RNG for every pair (attention dropout, LSH rotations),
 and `PositionalEncoding` draws its offset and its dropout mask over the
 positions and features only (shape (1, length, d_feature)). Whether any
 other draw remains is read with `exact_draws_fixed` (`stack_bytes`): the
-speed model ranks batch slices by speed only where none does
-(`candidates`).
+speed model ranks batch slices by speed only where none does and no layer
+hashes its activations (`hashing`, `candidates`).
 """
 
 import contextlib

@@ -68,7 +68,8 @@ class ShapeFacts:
         bool(self._store.ties), self._layer_kinds(), tail_length,
         self.micro_batches_refusal(types) is not None,
         trace.slices_change_draws, self._placement.platform,
-        attention_heads.lowers(self._store.layers, 1))
+        attention_heads.lowers(self._store.layers, 1),
+        trace.hashes_activations)
 
   def micro_batches_refusal(self, types) -> str | None:
     """Why a step from `types` cannot run in micro-batches, or None

@@ -1,6 +1,6 @@
 """The stack's types through the blocks: the bytes each block's reversible
-layers read, the loss layer's inputs, and whether batch slices change a
-random draw.
+layers read, the loss layer's inputs, whether batch slices change a random
+draw, and whether some layer hashes its activations.
 
 `backward_segment_max_layers='auto'` and the fused program's lower bound
 (`candidates`) read the bytes: a block whose reversible layers pass on less
@@ -8,7 +8,9 @@ than `plan.ACTIVATION_BOUND_BYTES` is compiler-bound, not activation-bound.
 Sequence chunks (`sequence_chunks.tail_length`) read the loss's inputs; the
 speed model's rank of batch slices reads whether they change a draw
 (`rng_use` of each forward with the draws slices keep exact on a fixed key,
-`row_draws.exact_draws_fixed`).
+`row_draws.exact_draws_fixed`), and its ranks for speed alone read whether
+a layer hashes its activations (`hashing`: then float32 summation order
+can change results beyond rounding).
 """
 
 from typing import NamedTuple
@@ -20,6 +22,7 @@ from trax.layers import combinators as cb
 from trax_revplus import layers as layers_lib
 from trax_revplus import memory
 from trax_revplus.trainer import chains
+from trax_revplus.trainer import hashing
 from trax_revplus.trainer import plan as plan_lib
 from trax_revplus.trainer import rng_use
 from trax_revplus.trainer import row_draws
@@ -38,10 +41,15 @@ class StackTrace(NamedTuple):
     slices_change_draws: bool, whether any layer's results (the loss
       layer's too) depend on a random draw that batch slices change
       (`row_draws`); True where they could not be traced.
+    hashes_activations: bool, whether any layer's forward (the loss
+      layer's too) makes a discrete choice on float values it computes
+      (`hashing`: LSH attention's buckets); True where they could not be
+      traced.
   """
   block_bytes: list[int]
   loss_inputs: PyTree | None
   slices_change_draws: bool
+  hashes_activations: bool
 
 
 def trace(store, stack_types: PyTree, n_devices: int) -> StackTrace:
@@ -65,14 +73,15 @@ def trace(store, stack_types: PyTree, n_devices: int) -> StackTrace:
   per_device = lambda x: jax.ShapeDtypeStruct(
       x.shape[1:] if n_devices > 1 else x.shape, x.dtype)
   stack = jax.tree_util.tree_map(per_device, stack_types)
-  changed = False
+  changed = hashes = False
 
   def forward(layer, stack):
-    nonlocal changed
+    nonlocal changed, hashes
     with row_draws.exact_draws_fixed([layer]):
-      outputs, uses = rng_use.forward_types(
+      closed, outputs = rng_use.forward_jaxpr(
           layer, cb.inputs_from_stack(stack, layer.n_in))
-    changed = changed or uses
+    changed = changed or rng_use.depends_on_last_input(closed)
+    hashes = hashes or hashing.hashes_activations(closed)
     return cb.outputs_onto_stack(outputs, stack, layer.n_in)
 
   out = []
@@ -90,12 +99,13 @@ def trace(store, stack_types: PyTree, n_devices: int) -> StackTrace:
     logging.info('the stack\'s types could not be traced (%s); every block '
                  'counts as activation-bound.', e)
     return StackTrace([plan_lib.ACTIVATION_BOUND_BYTES] * len(store.blocks),
-                      None, True)
+                      None, True, True)
   try:
     with layers_lib.preserved(loss):
       forward(loss, stack)
   except Exception as e:  # pylint: disable=broad-except
     logging.info('the loss layer could not be traced (%s); it counts as '
-                 'drawing what slices change.', e)
-    changed = True
-  return StackTrace(out, cb.inputs_from_stack(stack, loss.n_in), changed)
+                 'drawing what slices change and hashing its activations.', e)
+    changed = hashes = True
+  return StackTrace(out, cb.inputs_from_stack(stack, loss.n_in), changed,
+                    hashes)

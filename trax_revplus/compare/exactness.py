@@ -1,0 +1,116 @@
+"""Why trax_revplus's final weights differ from stock's: one line.
+
+trax_revplus computes stock trax's step in stock's float32 summation order
+wherever its plan keeps that order, and then gives stock's weights bit for
+bit. Five plan dimensions can change the order (docs/compatibility.md,
+"Same weights"): batch slices, micro-batches and sequence chunks add
+partial sums in another order, attention layers computing fewer (example,
+head) pairs at once than configured run other matrix shapes, and the whole
+step compiled as one program lets XLA fuse a sum across layers. Their
+results differ by float32 rounding, which grows from step to step; on a
+model whose layers hash their activations (LSH attention) a rounding
+difference can move a position to another bucket, and the weights then
+differ by far more.
+
+`explanation` reads which of them a run's plans used (the plans the
+trainer kept in its output directory, `trainer.plan_store`) and says so,
+with the setting that runs stock's order (`device_memory_budget_bytes =
+None`: the settings as given, one program per segment, no slices, chunks
+or micro-batches, the attention layers as configured), wherever the final
+weights differ by more than `TOLERANCE`.
+"""
+
+import json
+import os
+from typing import Any, Mapping, Sequence
+
+# Largest final weight difference from stock's left unexplained: float32
+# rounding of the same step in another order stays below it over a short
+# run (docs/compatibility.md).
+TOLERANCE = 1e-5
+# `trainer.plan_store.FILENAME`, not imported from there: that would import
+# trax (seconds of CPU), which compare does not need.
+PLANS_FILENAME = 'plans.json'
+_SETTING = 'trax_revplus.ReversibleSerialTrainer'
+
+
+def stored_plans(output_dir: str | os.PathLike) -> list[Mapping[str, Any]]:
+  """The plans a trax_revplus run kept in its output directory.
+
+  Args:
+    output_dir: the run's output directory.
+
+  Returns:
+    list of dicts as `trainer.plan_store.plan_to_json` writes them (keys
+    `batch_slices`, `sequence_chunks`, `micro_batches`, `parallel_heads`,
+    ...); empty where the file is missing, unreadable or holds none (a run
+    without a budget keeps none).
+  """
+  try:
+    with open(os.path.join(output_dir, PLANS_FILENAME)) as f:
+      entries = json.load(f)['plans'].values()
+    return [entry['plan'] for entry in entries
+            if isinstance(entry.get('plan'), dict)]
+  except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    return []
+
+
+def _reorderings(plan: Mapping[str, Any]) -> list[str]:
+  """What in `plan` changes stock's summation order, in words."""
+  found = []
+  for key, words in (('batch_slices', 'batch slices'),
+                     ('micro_batches', 'micro-batches'),
+                     ('sequence_chunks', 'sequence chunks')):
+    n = plan.get(key) or 1
+    if n > 1:
+      found.append(f'{n} {words}')
+  heads = plan.get('parallel_heads')
+  if heads is not None:
+    found.append(f'attention at most {heads} (example, head) '
+                 f'pair{"s" if heads > 1 else ""} at a time')
+  if plan.get('fused_from', 0) < plan.get('loss', 0):
+    found.append('the step as one program')
+  return found
+
+
+def _setting(name: str, value: Any) -> str:
+  return f"--config='{_SETTING}.{name} = {value}'"
+
+
+def explanation(plans: Sequence[Mapping[str, Any]],
+                max_abs_diff: float | None) -> str | None:
+  """One line on why the final weights differ from stock's, or None.
+
+  Args:
+    plans: the trax_revplus run's plans (`stored_plans`).
+    max_abs_diff: the largest |stock - trax_revplus| over the final
+      weights, or None where there is none (a run failed).
+
+  Returns:
+    None where `max_abs_diff` is None or at most `TOLERANCE`; else a line
+    naming the plan dimensions that changed stock's summation order (none:
+    the plan is not the cause; no plan kept: it cannot tell) and the
+    setting that runs stock's order, `device_memory_budget_bytes = None`.
+  """
+  if max_abs_diff is None or max_abs_diff <= TOLERANCE:
+    return None
+  head = (f'final weights differ from stock\'s by {max_abs_diff:.3g} '
+          f'(over {TOLERANCE:g})')
+  setting = _setting('device_memory_budget_bytes', None)
+  if not plans:
+    return (f'{head}; trax_revplus kept no plan ({PLANS_FILENAME}) to tell '
+            f'which plan dimension changed stock\'s float32 summation order: '
+            f'{setting}, with batch_slices, micro_batches, sequence_chunks, '
+            f'parallel_heads and segment_max_layers unset, runs it.')
+  reorderings = []
+  for plan in plans:
+    reorderings += [r for r in _reorderings(plan) if r not in reorderings]
+  if not reorderings:
+    return (f'{head}, although trax_revplus ran stock\'s float32 summation '
+            f'order (one program per segment, no batch slices, micro-batches '
+            f'or sequence chunks, the attention layers as configured): the '
+            f'plan is not the cause.')
+  return (f'{head}: trax_revplus ran {", ".join(reorderings)}, which can sum '
+          f'in another float32 order than stock (where a layer hashes its '
+          f'activations, as LSH attention does, rounding can change a bucket '
+          f'and grow); {setting} runs stock\'s order.')
