@@ -104,18 +104,18 @@ def stock_trax():
 
 @pytest.fixture(autouse=True)
 def _trainer_tests_start_from_empty_gin(request):
-  """Every test under tests/trainer and tests/tools starts and ends with no
-  gin config.
+  """Every test under tests/trainer, tests/tools and tests/data starts and
+  ends with no gin config.
 
   They build trainers and trax's optimizers, which gin can configure: a
   binding an earlier test in the same worker left (the main job's config
   binds `Adam.b2` and `Adam.eps`; a CLI test binds a device memory budget)
   would reach ours and not a cached reference, or a trainer the test
-  builds with its own settings; which tests share a worker depends on
-  timing.
+  builds with its own settings, or `local_text_inputs` (the main job's
+  config binds its sizes); which tests share a worker depends on timing.
   """
   if os.path.basename(os.path.dirname(str(request.node.fspath))) not in (
-      'trainer', 'tools'):
+      'trainer', 'tools', 'data'):
     yield
     return
   gin.clear_config()
