@@ -7,6 +7,7 @@ entry point calls it (tools/cli_smoke.py trains it in a fresh process too).
 """
 
 import collections
+import json
 import os
 import subprocess
 
@@ -81,6 +82,11 @@ def _check_trained(result, output_dir):
   assert rows['checkpoint'] == f'{checkpoint} (step 3)'
   assert os.path.exists(os.path.join(output_dir, 'model.weights.npy.gz'))
   assert os.path.getsize(os.path.join(output_dir, 'train.log')) > 0
+  # run_stats.json names the classes that ran, as the summary does.
+  with open(os.path.join(output_dir, 'run_stats.json'), encoding='utf-8') as f:
+    stats = json.load(f)
+  assert stats['trainer'] == rows['trainer']
+  assert stats['reversible_layers'] == rows['reversible layers']
   return rows
 
 

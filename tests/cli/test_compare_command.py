@@ -75,9 +75,11 @@ def _fake_estimate(command, log_path):
   return 0, ''
 
 
-def _fake_stats(steps, loss0=5.5):
+def _fake_stats(steps, loss0=5.5, trainer=OUR_TRAINER,
+                reversible_layers='trax_revplus.layers.ReversibleSerial x1'):
   return {
-      'trainer': OUR_TRAINER, 'steps': list(steps),
+      'trainer': trainer, 'reversible_layers': reversible_layers,
+      'steps': list(steps),
       'loss': [loss0 - 0.1 * i for i in range(len(steps))],
       'step_seconds': [2.0] + [0.1] * (len(steps) - 1),
       'host_rss_bytes': [1000 << 20] * len(steps),
@@ -186,8 +188,8 @@ _FAKE_CONFIG = 'train.steps = 2\n'
 def _fake_runs(memory_lines, junk='', trainers=None, failed=()):
   """A `_run_streaming` stand-in: both runs succeed but those `failed`
   names; ours writes a log (its records, then `junk`). `trainers`:
-  {implementation: the trainer class its summary names}, by default each
-  side's memory-efficient trainer."""
+  {implementation: the trainer class its run_stats.json (and summary)
+  names}, by default each side's memory-efficient trainer."""
   trainers = trainers or {'stock': STOCK_TRAINER, 'revplus': OUR_TRAINER}
 
   def fake_run(command, log_path, prefix, stream):
@@ -203,7 +205,7 @@ def _fake_runs(memory_lines, junk='', trainers=None, failed=()):
       return 1, _STOCK_CRASH
     os.makedirs(output_dir)
     with open(os.path.join(output_dir, 'run_stats.json'), 'w') as f:
-      json.dump(_fake_stats([1, 2]), f)
+      json.dump(_fake_stats([1, 2], trainer=trainers[implementation]), f)
     if implementation == 'revplus' and memory_lines:
       with open(os.path.join(output_dir, 'memory.jsonl'), 'w') as f:
         f.write(''.join(json.dumps(r) + '\n' for r in memory_lines) + junk)

@@ -137,3 +137,20 @@ def test_a_missing_run_or_log_is_a_usage_error(tmp_path, capsys):
   assert _one_line(err).startswith(
       f'trax-revplus plot-memory: error: No memory log at '
       f'{tmp_path}/memory.jsonl')
+
+
+@pytest.mark.parametrize('where', ['nope', '.'],
+                         ids=['missing_dir', 'dir_without_log'])
+def test_the_command_says_what_the_library_finds(tmp_path, capsys, where):
+  """The command finds the log and names the PNG as `memory.plot` does."""
+  from trax_revplus.memory import plot  # pylint: disable=g-import-not-at-top
+  given = str(tmp_path / where)
+  with pytest.raises(FileNotFoundError) as raised:
+    plot.resolve_jsonl(given)
+  code, out, err = _main(capsys, given)
+  assert code == 2 and not out
+  assert _one_line(err) == f'trax-revplus plot-memory: error: {raised.value}'
+  (tmp_path / 'memory.jsonl').write_text(GOOD)
+  code, out, err = _main(capsys, str(tmp_path))
+  assert code == 0, err
+  assert out == f'{plot.default_png(plot.resolve_jsonl(tmp_path))}\n'

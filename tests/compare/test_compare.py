@@ -66,3 +66,19 @@ def test_png_places_phase_records_where_plot_memory_does(tmp_path):
   assert [(r['phase'], x) for x, r in points] == [
       ('forward', 0.25), ('loss', 0.5), ('backward', 0.75)]
   assert [x for x, _ in points] == step_axis.x_positions(lines)[1:4]
+
+
+def test_a_run_entry_takes_the_classes_that_ran_from_run_stats(tmp_path):
+  """compare.json's trainer and reversible layers of a run are those its
+  run_stats.json holds; what the run printed is not read for them."""
+  stats = {'trainer': 'trax_revplus.trainer.ReversibleSerialTrainer',
+           'reversible_layers': 'trax_revplus.layers.ReversibleHalfResidual '
+                                'x2, trax_revplus.layers.ReversibleSwap x2',
+           'steps': [1]}
+  (tmp_path / 'run_stats.json').write_text(json.dumps(stats))
+  output = 'step 1/1  loss 2.000\n\n== summary ==\ntrainer  something else\n'
+  run = compare.collect_run('revplus', 0, output, str(tmp_path),
+                            str(tmp_path / 'revplus.log'), 1.0)
+  assert run['trainer'] == stats['trainer']
+  assert run['reversible_layers'] == stats['reversible_layers']
+  assert run['stats'] == stats

@@ -359,3 +359,37 @@ def test_the_default_limit_follows_the_cpu_count(monkeypatch):
   monkeypatch.setattr(os, 'cpu_count', lambda: 2)
   assert launcher_lib.default_max_processes() == 8
   assert launcher_lib.main(['--num_processes=9', '--', 'true']) == 2
+
+
+@pytest.mark.parametrize('flags', [
+    ['--num_processes=2'],
+    ['--num_processes=2', '--stop_grace_seconds=2.5',
+     '--max_local_processes=8'],
+    ['--num_processes=0'],
+    ['--num_processes=x'],
+    ['--num_processes=2', '--stop_grace_seconds=0'],
+    ['--num_processes=2', '--stop_grace_seconds=inf'],
+    ['--num_processes=2', '--max_local_processes=0'],
+    ['--num_processes=2', '--num_processes=3'],
+], ids=['default', 'all', 'zero', 'not_int', 'no_grace', 'inf_grace',
+        'no_max', 'contradiction'])
+def test_the_launch_flags_read_alike_in_both_commands(flags):
+  """`trax-revplus launch` and `python -m ...launcher` read the launch
+  flags alike: the same values and defaults, the same values refused."""
+  from trax_revplus.cli import parser  # pylint: disable=g-import-not-at-top
+  from trax_revplus.errors import UserError  # pylint: disable=g-import-not-at-top
+  names = ('num_processes', 'stop_grace_seconds', 'max_local_processes')
+  try:
+    cli = parser.parse(['launch', *flags, '--', '--config_file=a.gin'])
+  except UserError:
+    cli = None
+  try:
+    module = launcher_lib.build_parser().parse_args(flags)
+  except SystemExit:
+    module = None
+  if cli is None or module is None:
+    assert cli is None and module is None, (cli, module)
+    return
+  got = [(getattr(cli, n), type(getattr(cli, n))) for n in names]
+  assert got == [(getattr(module, n), type(getattr(module, n)))
+                 for n in names]

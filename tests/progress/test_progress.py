@@ -75,6 +75,9 @@ def test_losses_are_those_the_loop_records(mode):
              loop.history.get('train', 'metrics/CrossEntropyLoss')]
   stats = printer.run_stats()
   assert stats['steps'] == [1, 2, 3, 4]
+  # The model's two half-residual blocks (the swaps are not counted).
+  assert stats['reversible_layers'].endswith('.ReversibleHalfResidual x2')
+  assert ',' not in stats['reversible_layers']
   assert len(history) == 4
   np.testing.assert_allclose(stats['loss'], history, rtol=1e-6)
   trainer = loop._trainer_per_task[0]  # pylint: disable=protected-access

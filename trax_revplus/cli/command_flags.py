@@ -12,7 +12,7 @@ from trax_revplus.cli.strict_argparse import integer
 from trax_revplus.cli.strict_argparse import Once
 from trax_revplus.cli.strict_argparse import path
 from trax_revplus.cli.strict_argparse import positive_int
-from trax_revplus.cli.strict_argparse import positive_seconds
+from trax_revplus.multiprocess import launcher
 
 IMPLEMENTATIONS = ('config', 'stock', 'revplus')
 
@@ -205,20 +205,7 @@ def add_launch(commands) -> None:
       'launch', help='start N local processes of one training run',
       usage=f'{PROG} launch --num_processes=N -- TRAIN_FLAGS...',
       description=_LAUNCH_DESCRIPTION, epilog=_LAUNCH_EPILOG)
-  parser.add_argument(
-      '--num_processes', action=Once, type=positive_int, required=True,
-      metavar='N', help='Processes to start.')
-  parser.add_argument(
-      '--stop_grace_seconds', action=Once, type=positive_seconds,
-      default=10.0, metavar='S',
-      help='After one process failed, how long the others get to stop on '
-           'SIGTERM before SIGKILL, > 0 (default: %(default)s).')
-  parser.add_argument(
-      '--max_local_processes', action=Once, type=positive_int,
-      metavar='N',
-      help='The most processes launch starts on this host (default: 4 per '
-           'CPU core: each process imports JAX and holds its own model, so '
-           'more only thrash); raise it to start more.')
+  launcher.add_launch_flags(parser)
 
 
 def add_compare(commands) -> None:

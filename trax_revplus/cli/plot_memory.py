@@ -1,15 +1,15 @@
 """`trax-revplus plot-memory`: a run's memory log as a PNG.
 
-Before anything is drawn: RUN_DIR exists and holds a memory log, and the
-PNG's path can be written (`output_files.check`). The log is read
-defensively (`memory.reading`): unreadable lines are named in a warning
-line and left out; a log with lines but no valid record is corrupt (exit
-status 1), one without any line holds no records yet (2). The PNG is
-written safely, at exactly the path printed.
+A thin command around `trax_revplus.memory.plot`, which finds the log
+(`resolve_jsonl`), names the default PNG (`default_png`) and draws it
+(`plot_reading`). Here: each of its errors becomes one line with an exit
+status, the PNG's path is checked before anything is drawn
+(`output_files.check`), and unreadable lines of the log (`memory.reading`)
+are named in a warning line. A log with lines but no valid record is
+corrupt (exit status 1), one without any line holds no records yet (2).
 """
 
 import argparse
-import os
 import sys
 
 from trax_revplus import output_files
@@ -20,26 +20,6 @@ from trax_revplus.errors import one_line
 from trax_revplus.errors import UserError
 
 COMMAND = 'plot-memory'
-_LOG_FILENAME = 'memory.jsonl'  # as `memory.MEMORY_LOG_FILENAME`
-_PNG_FILENAME = 'memory.png'  # as `memory.plot.DEFAULT_PNG_FILENAME`
-
-
-def _log_path(run_dir: str) -> str:
-  """The memory log RUN_DIR names.
-
-  Raises:
-    UserError (exit status 2): RUN_DIR is missing or holds no memory log.
-  """
-  if not os.path.exists(run_dir):
-    raise UserError(f'run directory not found: {run_dir}')
-  path = (os.path.join(run_dir, _LOG_FILENAME) if os.path.isdir(run_dir)
-          else run_dir)
-  if not os.path.isfile(path):
-    raise UserError(
-        f'No memory log at {path}: give a training output dir that holds '
-        f'{_LOG_FILENAME} (written by the trax_revplus trainer) or the '
-        f'path of the file itself')
-  return path
 
 
 def run(flags: argparse.Namespace) -> int:
@@ -56,14 +36,17 @@ def run(flags: argparse.Namespace) -> int:
       log, the log holds no records, or --output can never be a file; 1
       when the log is corrupt or unreadable, or the PNG cannot be written.
   """
-  path = _log_path(flags.run_dir)
-  output = flags.output or os.path.join(
-      os.path.dirname(os.path.abspath(path)), _PNG_FILENAME)
-  output_files.check(output, '--output')
   # pylint: disable=g-import-not-at-top
+  # matplotlib and JAX: imported once the flags are read, not for --help.
   from trax_revplus.memory import plot
   from trax_revplus.memory import reading
   # pylint: enable=g-import-not-at-top
+  try:
+    path = plot.resolve_jsonl(flags.run_dir)
+  except FileNotFoundError as e:
+    raise UserError(one_line(e)) from None
+  output = flags.output or plot.default_png(path)
+  output_files.check(output, '--output')
   try:
     log = reading.read(path)
   except OSError as e:

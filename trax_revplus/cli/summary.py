@@ -13,24 +13,10 @@ def implementations(loop: Any) -> tuple[str, str]:
     and 'trax_revplus.layers.ReversibleHalfResidual x8, ...' ('none' if the
     model has no reversible layers).
   """
-  # pylint: disable=g-import-not-at-top
-  from trax.layers import reversible
-  from trax_revplus import progress
-  # pylint: enable=g-import-not-at-top
+  from trax_revplus import progress  # pylint: disable=g-import-not-at-top
   trainers = getattr(loop, '_trainer_per_task', ())
   trainer = progress.qualified_name(type(trainers[0])) if trainers else 'n/a'
-  counts = {}
-
-  def walk(layer):
-    if isinstance(layer, (reversible.ReversibleSerial,
-                          reversible.ReversibleHalfResidual)):
-      name = progress.qualified_name(type(layer))
-      counts[name] = counts.get(name, 0) + 1
-    for sublayer in layer.sublayers:
-      walk(sublayer)
-  walk(loop.model)
-  layers = ', '.join(f'{name} x{n}' for name, n in sorted(counts.items()))
-  return trainer, layers or 'none'
+  return trainer, progress.reversible_layers(loop.model)
 
 
 def trainer_mode(loop: Any) -> str:

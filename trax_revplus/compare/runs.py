@@ -1,8 +1,10 @@
 """The two training processes: their command, output, and what they left.
 
 Each run is `python -m trax_revplus.cli train` in a fresh process; its
-entry of compare.json (`collect_run`) gathers its exit status, the summary
-it printed, its `run_stats.json` and the peaks of its memory log.
+entry of compare.json (`collect_run`) gathers its exit status, its
+`run_stats.json` (the classes that ran and the figures of each step) and the
+peaks of its memory log; the summary it printed is for the reader of its
+log.
 """
 
 import json
@@ -12,7 +14,6 @@ import subprocess
 import sys
 
 from trax_revplus import memory
-from trax_revplus.cli.summary import summary_rows
 from trax_revplus.memory import reading
 from trax_revplus.compare.common import Run
 from trax_revplus.compare.common import RUN_STATS_FILENAME
@@ -114,10 +115,8 @@ def collect_run(implementation: str, exit_code: int, output: str,
   Returns:
     dict, see the module docstring.
   """
-  rows = summary_rows(output)
   stats = _read_json(os.path.join(output_dir, RUN_STATS_FILENAME))
   records = memory_records(output_dir)
-  trainer = rows.get('trainer') or (stats or {}).get('trainer')
   return {
       'implementation': implementation,
       'status': 'ok' if exit_code == 0 else 'failed',
@@ -126,8 +125,8 @@ def collect_run(implementation: str, exit_code: int, output: str,
       'output_dir': output_dir,
       'log': log_path,
       'wall_seconds': wall_seconds,
-      'trainer': trainer,
-      'reversible_layers': rows.get('reversible layers'),
+      'trainer': (stats or {}).get('trainer'),
+      'reversible_layers': (stats or {}).get('reversible_layers'),
       'stats': stats,
       'memory_log': dict(memory.peaks(records.records),
                          records=len(records.records),

@@ -47,16 +47,18 @@ def resolve_jsonl(run_dir_or_jsonl: str | os.PathLike) -> str:
   """The memory log of a run dir, or the path given if it is the log.
 
   Raises:
-    FileNotFoundError: no memory log there.
+    FileNotFoundError: nothing at the path given, or no memory log there.
   """
   path = os.fspath(run_dir_or_jsonl)
+  if not os.path.exists(path):
+    raise FileNotFoundError(f'run directory not found: {path}')
   if os.path.isdir(path):
     path = os.path.join(path, MEMORY_LOG_FILENAME)
   if not os.path.isfile(path):
     raise FileNotFoundError(
-        f'No memory log at {path}. Pass a training output dir that holds '
-        f'{MEMORY_LOG_FILENAME} (written by the trax_revplus trainer '
-        f'once the Loop has an output_dir) or the path of the file itself.')
+        f'No memory log at {path}: give a training output dir that holds '
+        f'{MEMORY_LOG_FILENAME} (written by the trax_revplus trainer) or '
+        f'the path of the file itself')
   return path
 
 

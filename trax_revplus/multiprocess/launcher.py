@@ -47,6 +47,9 @@ import threading
 import time
 from typing import Mapping, Sequence
 
+from trax_revplus.cli.strict_argparse import Once
+from trax_revplus.cli.strict_argparse import positive_int
+from trax_revplus.cli.strict_argparse import positive_seconds
 from trax_revplus.errors import EXIT_LOST_PROCESS
 from trax_revplus.errors import EXIT_RUNTIME
 from trax_revplus.multiprocess import forwarding
@@ -95,6 +98,29 @@ def free_port(host='127.0.0.1'):
 def default_max_processes() -> int:
   """The most processes a local launch starts unless told otherwise."""
   return PROCESSES_PER_CORE * (os.cpu_count() or 1)
+
+
+def add_launch_flags(parser: argparse.ArgumentParser) -> None:
+  """Adds the flags of a launch: --num_processes, --stop_grace_seconds and
+  --max_local_processes (`trax-revplus launch` and this module's `main`).
+
+  `--max_local_processes` defaults to None: `default_max_processes()`.
+  """
+  parser.add_argument(
+      '--num_processes', action=Once, type=positive_int, required=True,
+      metavar='N', help='Processes to start.')
+  parser.add_argument(
+      '--stop_grace_seconds', action=Once, type=positive_seconds,
+      default=DEFAULT_STOP_GRACE_SECONDS, metavar='S',
+      help='After one process failed, how long the others get to stop on '
+           'SIGTERM before SIGKILL, > 0 (default: %(default)s).')
+  parser.add_argument(
+      '--max_local_processes', action=Once, type=positive_int,
+      metavar='N',
+      help=f'The most processes launch starts on this host (default: '
+           f'{PROCESSES_PER_CORE} per CPU core: each process imports JAX and '
+           f'holds its own model, so more only thrash); raise it to start '
+           f'more.')
 
 
 def check_launch(num_processes: int, stop_grace_seconds: float,
@@ -317,29 +343,38 @@ def _wait(procs, received, stop_grace_seconds):
   return (causes or [i for i, _ in failures] or [None])[0]
 
 
-def main(argv=None):
-  """`python -m trax_revplus.multiprocess.launcher --num_processes=N -- COMMAND...`."""
-  argv = sys.argv[1:] if argv is None else list(argv)
+def build_parser() -> argparse.ArgumentParser:
+  """The flags of `main`: those of `add_launch_flags`, and --log_dir."""
   parser = argparse.ArgumentParser(
       prog='python -m trax_revplus.multiprocess.launcher',
       description='Start N processes of a multi-process run on this host.')
-  parser.add_argument('--num_processes', type=int, required=True)
-  parser.add_argument('--stop_grace_seconds', type=float,
-                      default=DEFAULT_STOP_GRACE_SECONDS)
-  parser.add_argument('--max_local_processes', type=int,
-                      default=default_max_processes())
-  parser.add_argument('--log_dir')
+  add_launch_flags(parser)
+  parser.add_argument(
+      '--log_dir', metavar='DIR',
+      help='An existing directory for each process\'s full output '
+           '(launch.process<I>.log).')
+  return parser
+
+
+def main(argv=None):
+  """`python -m trax_revplus.multiprocess.launcher --num_processes=N -- COMMAND...`."""
+  argv = sys.argv[1:] if argv is None else list(argv)
+  parser = build_parser()
   if '--' in argv:
     split = argv.index('--')
     argv, command = argv[:split], argv[split + 1:]
   else:
     command = []
-  args = parser.parse_args(argv)
+  try:
+    args = parser.parse_args(argv)
+  except SystemExit as e:  # A bad flag (status 2, argparse's line) or --help.
+    return e.code
   try:
     return launch(command, args.num_processes,
                   stop_grace_seconds=args.stop_grace_seconds,
                   log_dir=args.log_dir,
-                  max_processes=args.max_local_processes)
+                  max_processes=(args.max_local_processes or
+                                 default_max_processes()))
   except LaunchError as e:
     print(f'{parser.prog}: error: {e}', file=sys.stderr, flush=True)
     return e.exit_code

@@ -1,7 +1,9 @@
 """Where the reversible trainer's arrays live: host, one device, or N devices.
 
-This package is the only part of trax_revplus that talks to JAX device
-APIs. It mirrors what trax 1.4.1's `ReversibleSerialTrainer` does with
+This package places every array of the trainer's step and its evals;
+other modules call JAX's device APIs only for one fact each (the backend,
+memory figures, device and process counts: docs/architecture.md lists
+them). It mirrors what trax 1.4.1's `ReversibleSerialTrainer` does with
 `tl.on_cpu`, `tl.on_accelerator`, `tl.for_n_devices`, `tl.reshape_by_device`,
 `_lazy_unreplicate`, `_collect_weights`, `_free_accelerators` and `jax.pmap`,
 using only current public APIs (`jax.device_put` with `NamedSharding`,

@@ -125,7 +125,7 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
     self._recompile_notices = 0
     self._evals_kept = None  # evals in the Loop's history when last kept
     self._figures = run_stats_lib.StepFigures(
-        getattr(loop, '_trainer_per_task', ()))
+        getattr(loop, '_trainer_per_task', ()), getattr(loop, 'model', None))
     CompileCounter.snapshot()  # Listens from now on.
     self._cache_hits_at_start = CompileCounter.cache_hits()
     self._observe_step_results(loop)
