@@ -8,7 +8,8 @@ them, `activate()` walks every loaded `trax.*` module and replaces each
 attribute that *is* a stock object by its replacement, remembering what it
 replaced so that `deactivate()` restores exactly the previous bindings.
 Methods of trax's `training.Loop` that ours extend are swapped the same way:
-the binding found at `activate()` is remembered and put back.
+the binding found at `activate()` is remembered and put back (each is
+listed, with why, in `trax_door.patches.PATCHES`).
 """
 
 import inspect
