@@ -117,7 +117,7 @@ def init_host_and_devices(n_devices=None, random_seed=None):
   # Imported here: trax takes seconds of CPU to import (see
   # trax_revplus/__init__).
   from trax import fastmath  # pylint: disable=g-import-not-at-top
-  from trax.supervised import training  # pylint: disable=g-import-not-at-top
+  from trax_revplus.trax_door import functions as trax_functions  # pylint: disable=g-import-not-at-top
   if fastmath.is_backend(fastmath.Backend.JAX):
     host_id = jax.process_index()
     host_count = jax.process_count()
@@ -135,7 +135,7 @@ def init_host_and_devices(n_devices=None, random_seed=None):
   if random_seed is None and host_count > 1:
     random_seed = processes.shared_random_seed()
   return (is_chief, host_count, n_devices,
-          training._init_random_number_generators(random_seed))  # pylint: disable=protected-access
+          trax_functions.init_random_number_generators(random_seed))
 
 
 def accelerate(f, n_devices):

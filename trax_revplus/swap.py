@@ -8,12 +8,14 @@ them, `activate()` walks every loaded `trax.*` module and replaces each
 attribute that *is* a stock object by its replacement, remembering what it
 replaced so that `deactivate()` restores exactly the previous bindings.
 Methods of trax's `training.Loop` that ours extend are swapped the same way:
-the binding found at `activate()` is remembered and put back.
+the binding found at `activate()` is remembered and put back (each is
+listed, with why, in `trax_door.patches.PATCHES`).
 """
 
 import inspect
 import sys
 import threading
+import weakref
 
 from absl import logging
 from trax import fastmath as _fastmath
@@ -23,13 +25,19 @@ from trax.optimizers import trainer as _stock_trainer
 from trax.supervised import training as _training
 
 from trax_revplus import validation
+from trax_revplus.trax_door import functions as trax_functions
+from trax_revplus.trax_door import loop as loop_door
+from trax_revplus.trax_door import patches as trax_patches
 
 _lock = threading.Lock()
 # (module, attribute name, stock object) for every binding we replaced.
 _replaced = []
-_stock_init_trainer = _training.Loop._init_trainer
+_stock_init_trainer = trax_patches.loop_init_trainer()
 _stock_loop_init = _training.Loop.__init__
-_stock_init_evaluator = _training.Loop._init_evaluator
+_stock_init_evaluator = trax_patches.loop_init_evaluator()
+# The eval model each memory-efficient Loop was given, kept for
+# `_init_evaluator_with_eval_model` (trax replaces it by the training model).
+_eval_model_given = weakref.WeakKeyDictionary()
 
 
 def _replacements():
@@ -46,7 +54,7 @@ def _replacements():
       # Helpers of trax's Loop that current JAX broke or deprecated.
       (_fastmath.tree_unflatten, compat.tree_unflatten),
       (_stock_acceleration.for_n_devices, compat.for_n_devices),
-      (_stock_acceleration._accelerate, compat.accelerate),  # pylint: disable=protected-access
+      (trax_functions.bound_accelerate(), compat.accelerate),
       (_training.init_host_and_devices, compat.init_host_and_devices),
       (_stock_acceleration.on_cpu, compat.on_cpu),
   ]
@@ -108,7 +116,7 @@ def _loop_init(loop, *args, **kwargs):
         raise validation.OptimizerFactoryError(
             _optimizer_instance_message(mode, index, optimizer))
       validation.check_optimizer_factory(optimizer)
-    loop._revplus_eval_model = arguments.get('eval_model')  # pylint: disable=protected-access
+    _eval_model_given[loop] = arguments.get('eval_model')
   _stock_loop_init(loop, *args, **kwargs)
 
 
@@ -128,36 +136,35 @@ def _init_evaluator_with_eval_model(loop, eval_task):
   evaluator is an `evaluation.DeviceEvaluator`: the eval runs on the
   trainer's (first) device, planned under its step's device memory budget.
   """
-  eval_model = getattr(loop, '_revplus_eval_model', None)
-  # pylint: disable=protected-access
-  if (loop._use_memory_efficient_trainer and eval_model is not None and
-      loop._eval_model is not eval_model):
+  eval_model = _eval_model_given.get(loop)
+  memory_efficient = loop_door.memory_efficient_mode(loop)
+  if (memory_efficient and eval_model is not None and
+      loop_door.eval_model(loop) is not eval_model):
     try:
-      eval_model.weights = loop._model.weights
-      eval_model.state = loop._model.state
+      eval_model.weights = loop_door.model(loop).weights
+      eval_model.state = loop_door.model(loop).state
     except ValueError as e:
       logging.warning('eval_model does not take the weights of the model '
                       '(%s); evaluating the training model instead.', e)
     else:
-      loop._eval_model = eval_model
+      loop_door.set_eval_model(loop, eval_model)
   # Imported here: these modules import trax_revplus.swap indirectly.
   # pylint: disable=g-import-not-at-top
   from trax_revplus import compat
   from trax_revplus import evaluation
   from trax_revplus import trainer as trainer_lib
   # pylint: enable=g-import-not-at-top
-  trainer = loop._trainer_per_task[0]
-  if (loop._use_memory_efficient_trainer and
+  trainer = loop_door.trainers(loop)[0]
+  if (memory_efficient and
       isinstance(trainer, trainer_lib.ReversibleSerialTrainer)):
-    model_with_metrics = _training._model_with_metrics(loop._eval_model,
-                                                       eval_task)
-    return _training._Evaluator(
+    model_with_metrics = trax_functions.model_with_metrics(
+        loop_door.eval_model(loop), eval_task)
+    return trax_functions.evaluator(
         weights=compat.on_cpu(model_with_metrics.weights[1]),
         state=compat.on_cpu(model_with_metrics.state[1]),
         metrics_fn=evaluation.DeviceEvaluator(
             model_with_metrics, trainer.placement,
             trainer.planner.budget_bytes))
-  # pylint: enable=protected-access
   return _stock_init_evaluator(loop, eval_task)
 
 

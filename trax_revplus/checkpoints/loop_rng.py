@@ -16,6 +16,7 @@ from trax.fastmath import numpy as jnp
 from trax.supervised import training
 
 from trax_revplus.checkpoints import pending_evals
+from trax_revplus.trax_door import loop as loop_door
 
 
 def rng_at_next_step(loop: training.Loop) -> Any:
@@ -29,7 +30,7 @@ def rng_at_next_step(loop: training.Loop) -> Any:
   Returns:
     The PRNG key (uint32[2]), or None if the Loop has none.
   """
-  rng = getattr(loop, '_rng', None)
+  rng = loop_door.rng(loop)
   if rng is None:
     return None
   for _ in range(pending_evals.batches(loop)):
@@ -49,6 +50,6 @@ def restore(loop: training.Loop, rng: list[int]) -> None:
   key = jnp.asarray(np.asarray(rng, dtype=np.uint32))
   # As `Loop.new_rng` keeps it: in host memory for the memory-efficient
   # trainer.
-  if getattr(loop, '_use_memory_efficient_trainer', False):
+  if loop_door.memory_efficient_mode(loop):
     key = tl.on_cpu(key)
-  loop._rng = key  # pylint: disable=protected-access
+  loop_door.set_rng(loop, key)

@@ -9,6 +9,8 @@ run has it when its next step begins.
 
 from trax.supervised import training
 
+from trax_revplus.trax_door import loop as loop_door
+
 
 def tasks(loop: training.Loop) -> list[training.EvalTask]:
   """The Loop's eval tasks whose evals of its current step are still to come.
@@ -17,12 +19,10 @@ def tasks(loop: training.Loop) -> list[training.EvalTask]:
     Every eval task of the Loop when its current step is an eval step whose
     evals have not been recorded in the Loop's history yet, else [].
   """
-  # pylint: disable=protected-access
-  eval_tasks = [t for t in getattr(loop, '_eval_tasks', ()) if t is not None]
-  eval_at = getattr(loop, '_eval_at', None)
+  eval_tasks = [t for t in loop_door.eval_tasks(loop) if t is not None]
+  eval_at = loop_door.eval_at(loop)
   if not eval_tasks or eval_at is None or not eval_at(loop.step):
     return []
-  # pylint: enable=protected-access
   name = f'metrics/{eval_tasks[0].metric_names[0]}'
   if any(step == loop.step for step, _ in loop.history.get('eval', name)):
     return []

@@ -22,6 +22,7 @@ from trax_revplus.checkpoints import files
 from trax_revplus.checkpoints import integrity
 from trax_revplus.checkpoints import loop_rng
 from trax_revplus.checkpoints import manifest as manifest_lib
+from trax_revplus.trax_door import loop as loop_door
 
 # trax's own method, as bound when this module was imported; `activate()`
 # binds `save_checkpoint` below in its place.
@@ -34,12 +35,8 @@ def _stage(loop: training.Loop, staging: str, basename: str) -> None:
   trax writes `data_counters<host>.pkl` into the Loop's output dir in place,
   so the Loop's output dir is `staging` during the call.
   """
-  output_dir = loop._output_dir  # pylint: disable=protected-access
-  loop._output_dir = staging  # pylint: disable=protected-access
-  try:
+  with loop_door.output_dir_set_to(loop, staging):
     stock_save_checkpoint(loop, basename)
-  finally:
-    loop._output_dir = output_dir  # pylint: disable=protected-access
 
 
 def save_checkpoint(loop: training.Loop, basename: str) -> None:

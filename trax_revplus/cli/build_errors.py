@@ -22,6 +22,8 @@ import contextlib
 import functools
 from typing import Any, Callable, Iterator
 
+from trax_revplus.trax_door import loop as loop_door
+
 # What a model's code raises for a binding it cannot take (a layer's own
 # error, trax's `LayerError`, wraps any of these raised while it
 # initializes).
@@ -153,10 +155,9 @@ def watch_loop_build() -> Iterator[LoopBuild]:
   def typed_init(loop, *args, **kwargs):
     build.loop = loop
     # On the instance: only this construction's calls are typed.
-    # pylint: disable=protected-access
-    loop._init_trainer = _typed(
-        _typed(loop._init_trainer, (layer_error,), ModelError),
-        _TRAINER_ERRORS, TrainerSettingsError)
+    loop_door.wrap_init_trainer(loop, lambda init_trainer: _typed(
+        _typed(init_trainer, (layer_error,), ModelError),
+        _TRAINER_ERRORS, TrainerSettingsError))
     loop.load_checkpoint = _typed(
         _typed(loop.load_checkpoint, _CHECKPOINT_ERRORS, CheckpointFitError),
         _LOAD_ERRORS, CheckpointLoadError)
@@ -165,9 +166,8 @@ def watch_loop_build() -> Iterator[LoopBuild]:
     except layer_error as e:  # The model's or the eval model's init.
       raise ModelError(e) from e
     finally:
-      del loop._init_trainer
+      loop_door.unwrap_init_trainer(loop)
       del loop.load_checkpoint
-    # pylint: enable=protected-access
 
   training.Loop.__init__ = typed_init
   try:

@@ -3,6 +3,7 @@
 from typing import Any
 
 from trax_revplus.byte_sizes import format_bytes
+from trax_revplus.trax_door import loop as loop_door
 
 
 def implementations(loop: Any) -> tuple[str, str]:
@@ -14,14 +15,14 @@ def implementations(loop: Any) -> tuple[str, str]:
     model has no reversible layers).
   """
   from trax_revplus import progress  # pylint: disable=g-import-not-at-top
-  trainers = getattr(loop, '_trainer_per_task', ())
+  trainers = loop_door.trainers(loop)
   trainer = progress.qualified_name(type(trainers[0])) if trainers else 'n/a'
   return trainer, progress.reversible_layers(loop.model)
 
 
 def trainer_mode(loop: Any) -> str:
   """The Loop's trainer mode, from `use_memory_efficient_trainer`."""
-  mode = getattr(loop, '_use_memory_efficient_trainer', None)
+  mode = loop_door.memory_efficient_mode(loop)
   if not mode:
     return ('default trainer (use_memory_efficient_trainer = False: weights '
             'and slots on the devices)')

@@ -55,6 +55,7 @@ from trax_revplus.errors import signal_exit_status
 from trax_revplus.errors import UserError
 from trax_revplus.multiprocess import ending
 from trax_revplus.multiprocess import training as processes
+from trax_revplus.trax_door import loop as loop_door
 
 COMMAND = 'train'
 
@@ -158,7 +159,7 @@ def _close_trainers(loop: Any) -> None:
   """
   if loop is None:
     return
-  for trainer in getattr(loop, '_trainer_per_task', ()):
+  for trainer in loop_door.trainers(loop):
     memory_log = getattr(trainer, 'memory_log', None)
     close = getattr(memory_log, 'close', None)
     if close is not None:
@@ -247,7 +248,7 @@ def _train(output_dir: str, callbacks: list[Any], log_path: str,
     raise error from None
   finally:
     _close_trainers(loop if loop is not None else failed_loop)
-  printers = [c for c in getattr(loop, '_callbacks', ())
+  printers = [c for c in loop_door.callbacks(loop)
               if isinstance(c, progress.ProgressPrinter)]
   summary = printers[0].summary() if printers else None
   if not os.path.exists(checkpoint):

@@ -23,6 +23,7 @@ from trax_revplus.device_memory import composition
 from trax_revplus.device_memory import program as program_lib
 from trax_revplus.device_memory import refusals
 from trax_revplus.device_memory import walk as walk_lib
+from trax_revplus.trax_door import trainers as trainer_door
 from trax_revplus.typing import PyTree
 
 
@@ -43,10 +44,10 @@ def update_call_args(trainer, batch, rng=None, step=1) -> tuple:
   model = trainer.accelerated_model_with_loss
   if rng is None:
     rng = jax.ShapeDtypeStruct((2,), np.uint32)
-  # pylint: disable=protected-access
   return ((program_lib.abstract(model.weights),
-           program_lib.abstract(trainer._slots)),
-          step, program_lib.abstract(trainer._opt_params),
+           program_lib.abstract(trainer_door.default_trainer_slots(trainer))),
+          step, program_lib.abstract(
+              trainer_door.default_trainer_opt_params(trainer)),
           program_lib.abstract(batch), program_lib.abstract(model.state),
           program_lib.abstract(rng))
 
@@ -81,7 +82,7 @@ def default_trainer_step(trainer, batch, rng=None, step=1
     Whatever tracing or lowering it raises for these arguments (e.g. a
     batch the model cannot take).
   """
-  n = trainer._n_devices  # pylint: disable=protected-access
+  n = trainer_door.n_devices(trainer)
   if n != 1:
     raise composition.UnsupportedTrainerError(
         f'trax Trainer with n_devices={n}: its multi-device step needs '
@@ -89,7 +90,7 @@ def default_trainer_step(trainer, batch, rng=None, step=1
         f'CPU, which current JAX removed or rejects; accounted on one device '
         f'only.')
   args = update_call_args(trainer, batch, rng, step)
-  fn = trainer._accelerated_update_fn  # pylint: disable=protected-access
+  fn = trainer_door.default_trainer_update_fn(trainer)
   name = 'update (forward, backward, optimizer)'
   programs = walk_lib.Programs()
   try:

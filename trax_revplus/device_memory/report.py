@@ -19,6 +19,7 @@ from trax_revplus.device_memory import composition
 from trax_revplus.device_memory import default_trainer
 from trax_revplus.device_memory import refusals
 from trax_revplus.device_memory import stock_trainer
+from trax_revplus.trax_door import trainers as trainer_door
 
 # The most characters of `TrainerMemory.error`: a compiler's message can run
 # to pages, and the error stands in a table's row.
@@ -201,7 +202,7 @@ def default_trainer_memory(trainer, batch, backend: str,
   its weights and slots live on the device."""
   step = default_trainer.default_trainer_step(trainer, batch)
   weights, slots = default_trainer.weights_and_slots_bytes(trainer)
-  n_devices = trainer._n_devices  # pylint: disable=protected-access
+  n_devices = trainer_door.n_devices(trainer)
   # On 2+ devices its first step fails on current JAX: it pmaps arrays
   # committed to one device (`default_trainer`).
   return TrainerMemory(name, backend, n_devices, step, weights, slots,
@@ -216,7 +217,7 @@ def stock_trainer_memory(trainer, batch, backend: str,
   with that error (`step_error`)."""
   step = stock_trainer.stock_trainer_step(trainer, batch)
   weights, slots = stock_trainer.weights_and_slots_bytes(trainer)
-  n_devices = trainer._n_devices  # pylint: disable=protected-access
+  n_devices = trainer_door.n_devices(trainer)
   # Stock's multi-device step needs jax.device_put_replicated, which
   # current JAX removed (`stock_trainer`).
   return TrainerMemory(name, backend, n_devices, step, weights, slots,

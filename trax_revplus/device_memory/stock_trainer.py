@@ -45,6 +45,7 @@ from trax.layers import combinators as cb
 from trax_revplus.device_memory import composition
 from trax_revplus.device_memory import program as program_lib
 from trax_revplus.device_memory import walk as walk_lib
+from trax_revplus.trax_door import trainers as trainer_door
 from trax_revplus.typing import PyTree
 
 
@@ -69,17 +70,18 @@ def stock_trainer_step(trainer, batch, step=1) -> composition.StepMemory:
     Whatever tracing, lowering or compiling the trainer's functions raises
     for these arguments.
   """
-  # pylint: disable=protected-access
-  if trainer._n_devices != 1:
+  n_devices = trainer_door.n_devices(trainer)
+  if n_devices != 1:
     raise composition.UnsupportedTrainerError(
         f'stock ReversibleSerialTrainer with n_devices='
-        f'{trainer._n_devices}: its step replicates with '
+        f'{n_devices}: its step replicates with '
         f'jax.device_put_replicated, which current JAX removed; accounted '
         f'on one device only.')
   walk = walk_lib.StepWalk(devices_on_host=composition.devices_on_host(
       jax.default_backend(), 1))
-  blocks = trainer._blocks
-  n_layers = trainer._n_layers
+  parts = trainer_door.stock_trainer_parts(trainer)
+  blocks = parts.blocks
+  n_layers = parts.n_layers
   rngs = walk.device(jax.ShapeDtypeStruct((n_layers, 2), np.uint32))
   rng_rows = walk.device([jax.ShapeDtypeStruct((2,), np.uint32)
                           for _ in range(n_layers)])
@@ -106,7 +108,7 @@ def stock_trainer_step(trainer, batch, step=1) -> composition.StepMemory:
             ('saved block inputs and states', [s[1:] for s in saved])]
   k = 0
   for b, (std_layer, rev_layers) in enumerate(blocks):
-    std_fn, rev_fns = trainer._accelerated_layer_fns[b]
+    std_fn, rev_fns = parts.accelerated_layer_fns[b]
     inputs = cb.inputs_from_stack(stack, std_layer.n_in)
     args = (inputs, weights_of(std_layer), state_of(std_layer), rng_rows[k])
     outputs, new_state = walk.call(
@@ -138,23 +140,23 @@ def stock_trainer_step(trainer, batch, step=1) -> composition.StepMemory:
                   walk.host((old_states, new_states))))
 
   # Loss layer: forward, backward and update.
-  loss_layer, loss_opt = trainer._loss_layer, trainer._loss_opt
+  loss_layer, loss_opt = parts.loss_layer, parts.loss_opt
   loss_inputs = cb.inputs_from_stack(stack, loss_layer.n_in)
   args = (loss_inputs, weights_of(loss_layer), None, state_of(loss_layer),
           program_lib.abstract(loss_opt.slots),
-          program_lib.abstract(trainer._replicated_loss_opt_params),
+          program_lib.abstract(parts.replicated_loss_opt_params),
           rng_rows[k], step)
   _, _, _, grad_stack, _ = walk.call(
-      f'loss layer {k} ({loss_layer.name})', 'loss', trainer._loss_fbo, args,
+      f'loss layer {k} ({loss_layer.name})', 'loss', parts.loss_fbo, args,
       keep + [('stack', stack)] + list(locals_.items()), on_host())
   locals_.clear()
 
   # Backward, last block first.
   for b in range(len(blocks) - 1, -1, -1):
     std_layer, rev_layers = blocks[b]
-    std_fbo, rev_fbos = trainer._fbos[b]
-    std_opt, rev_opts = trainer._optimizers[b]
-    std_params, rev_params = trainer._replicated_opt_params[b]
+    std_fbo, rev_fbos = parts.fbos[b]
+    std_opt, rev_opts = parts.optimizers[b]
+    std_params, rev_params = parts.replicated_opt_params[b]
     std_k, (std_inputs, std_state), (old_states, new_states) = saved[b]
     pending = []  # lazily copied-back weights still on the device
     for j in range(len(rev_layers) - 1, -1, -1):
@@ -246,10 +248,10 @@ def step_1_failure(trainer) -> str | None:
     One line naming the error, the layer and the two places; or None.
   """
   from trax import layers as tl  # pylint: disable=g-import-not-at-top
-  # pylint: disable=protected-access
   layers = list(trainer.all_layers)
   for k, layer in enumerate(layers):
-    placed = (tl.on_accelerator(layer.weights) if trainer._n_devices == 1
+    placed = (tl.on_accelerator(layer.weights)
+              if trainer_door.n_devices(trainer) == 1
               else None)
     twice = None if placed is None else _donated_twice(placed)
     if twice is not None:

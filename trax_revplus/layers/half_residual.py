@@ -18,8 +18,10 @@ from trax.layers import reversible as trax_reversible
 from trax_revplus.layers import arguments
 from trax_revplus.layers import attention
 from trax_revplus.layers import cotangents
+from trax_revplus.trax_door import functions as trax_functions
+from trax_revplus.trax_door import layers as layer_door
 
-_split_rngs = cb._split_rngs  # pylint: disable=protected-access
+_split_rngs = trax_functions.split_rngs
 
 ReversibleLayer = trax_reversible.ReversibleLayer
 
@@ -277,7 +279,6 @@ class ReversibleHalfResidual(ReversibleLayer):
     weights_ct = (compute_residual_weights_ct,) + weights_ct_attention
     return stack, (stack_ct, weights_ct)
 
-  # pylint: disable=protected-access
   def init_weights_and_state(self, input_signature):
     """Initializes weights and state; mirrors the stock method.
 
@@ -291,7 +292,7 @@ class ReversibleHalfResidual(ReversibleLayer):
 
     inputs = cb.inputs_from_stack(stack, self._compute_residual.n_in)
     weights, state = self._compute_residual.init(inputs)
-    outputs, _ = self._compute_residual._forward_abstract(inputs)
+    outputs, _ = layer_door.forward_abstract(self._compute_residual, inputs)
     stack = cb.outputs_onto_stack(outputs, stack, self._compute_residual.n_in)
 
     if self._attention_layer is None:

@@ -17,8 +17,9 @@ from trax.layers import combinators as cb
 from trax.layers import reversible as trax_reversible
 
 from trax_revplus.layers import arguments
+from trax_revplus.trax_door import functions as trax_functions
 
-_split_rngs = cb._split_rngs  # pylint: disable=protected-access
+_split_rngs = trax_functions.split_rngs
 
 ReversibleLayer = trax_reversible.ReversibleLayer
 

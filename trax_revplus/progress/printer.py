@@ -65,6 +65,7 @@ from trax_revplus.progress import eval_history
 from trax_revplus.progress import run_stats as run_stats_lib
 from trax_revplus.progress.compiles import CompileCounter
 from trax_revplus.progress.step_inputs import StepInputs
+from trax_revplus.trax_door import loop as loop_door
 
 # Recompiles after the first step printed as a line of their own.
 MAX_RECOMPILE_NOTICES = 3
@@ -125,7 +126,7 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
     self._recompile_notices = 0
     self._evals_kept = None  # evals in the Loop's history when last kept
     self._figures = run_stats_lib.StepFigures(
-        getattr(loop, '_trainer_per_task', ()), getattr(loop, 'model', None))
+        loop_door.trainers(loop), getattr(loop, 'model', None))
     CompileCounter.snapshot()  # Listens from now on.
     self._cache_hits_at_start = CompileCounter.cache_hits()
     self._observe_step_results(loop)
@@ -139,16 +140,14 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
     own loss lines; this Loop's calls go through `observed`, which hands the
     result on unchanged.
     """
-    # pylint: disable=protected-access
-    run_one_step: Callable[..., Any] = loop._run_one_step
+    def observing(run_one_step: Callable[..., Any]) -> Callable[..., Any]:
+      def observed(*args: Any, **kwargs: Any) -> Any:
+        loss, stats = run_one_step(*args, **kwargs)
+        self._end_step(loss)
+        return loss, stats
+      return observed
 
-    def observed(*args: Any, **kwargs: Any) -> Any:
-      loss, stats = run_one_step(*args, **kwargs)
-      self._end_step(loss)
-      return loss, stats
-
-    loop._run_one_step = observed
-    # pylint: enable=protected-access
+    loop_door.wrap_run_one_step(loop, observing)
 
   @staticmethod
   def _new_window() -> dict[str, Any]:

@@ -24,6 +24,9 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from trax_revplus.trax_door import loop as loop_door
+from trax_revplus.trax_door import trainers as trainer_door
+
 
 def batch_signature(batch: Any) -> tuple[str, ...]:
   """The batch's arrays as 'dtype[shape]' strings, e.g. ('int32[8, 256]',)."""
@@ -55,10 +58,9 @@ def trainer_arrays(trainer: Any) -> Any:
   programs: trax's default `Trainer`'s accelerated model weights and
   slots, a memory-efficient trainer's layers' weights; None for another
   trainer."""
-  # pylint: disable=protected-access
   if hasattr(trainer, 'accelerated_model_with_loss'):  # trax's Trainer
     return (trainer.accelerated_model_with_loss.weights,
-            getattr(trainer, '_slots', None))
+            trainer_door.default_trainer_slots(trainer))
   layers = getattr(trainer, 'all_layers', None)
   if layers is not None:
     return [layer.weights for layer in layers]
@@ -75,7 +77,7 @@ class StepInputs:
     self._records: dict[int, dict[str, Any]] = {}
     self._step = None
     self._last_batch = None
-    for task in getattr(loop, '_tasks', ()):  # pylint: disable=protected-access
+    for task in loop_door.tasks(loop):
       if hasattr(task, 'next_batch'):
         task.next_batch = self._observed(task.next_batch)
 
@@ -89,7 +91,7 @@ class StepInputs:
 
   def begin(self, step: int) -> None:
     """Records the trainer's weight placement as `step` begins."""
-    trainers = getattr(self._loop, '_trainer_per_task', ()) or (None,)
+    trainers = loop_door.trainers(self._loop) or (None,)
     arrays = trainer_arrays(trainers[0])
     self._records[step] = {'batch': None,
                            'placement': None if arrays is None else

@@ -13,13 +13,13 @@ runs whole.
 from typing import Any, Callable
 
 from jax import numpy as jnp
-from trax.layers import metrics as trax_metrics
 
 from trax_revplus.trainer import chains
+from trax_revplus.trax_door import functions as trax_functions
 
 
 def _per_core_weights(w):
-  return trax_metrics._n_weights_per_core(w)  # pylint: disable=protected-access
+  return trax_functions.n_weights_per_core(w)
 
 
 # Final loss layers (by trax's layer name) that are weighted means, with the

@@ -36,6 +36,7 @@ from trax.layers import attention as tl_attention
 from trax.layers import core
 
 from trax_revplus.trainer import attention_heads
+from trax_revplus.trax_door import layers as layer_door
 
 # The slice being traced, per thread: (index s, a traced int32; k slices).
 _tracing = threading.local()
@@ -66,7 +67,7 @@ def _draws_per_row(layer, x) -> bool:
   """Whether `layer`'s (a `Dropout`'s) mask on input `x` has a row axis:
   not shared along axis 0."""
   ndim = getattr(x, 'ndim', 0)
-  shared = layer._shared_axes  # pylint: disable=protected-access
+  shared = layer_door.dropout_shared_axes(layer)
   return ndim > 0 and all(a % ndim != 0 for a in shared)
 
 
@@ -165,6 +166,6 @@ def _with_fixed_key(layer):
   own = type(layer).forward
 
   def forward(x):
-    layer._rng = _FIXED_KEY  # pylint: disable=protected-access
+    layer_door.set_rng(layer, _FIXED_KEY)
     return own(layer, x)
   return forward

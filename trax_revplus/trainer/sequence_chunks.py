@@ -39,7 +39,6 @@ from jax import lax
 from jax import numpy as jnp
 import numpy as np
 from trax import fastmath
-from trax.layers import combinators as cb
 
 from trax_revplus import layers as layers_lib
 from trax_revplus.trainer import chains
@@ -47,6 +46,7 @@ from trax_revplus.trainer import row_draws
 from trax_revplus.trainer import slices
 from trax_revplus.trainer.loss_combination import loss_combination
 from trax_revplus.trainer.slice_loop import FLOAT0
+from trax_revplus.trax_door import functions as trax_functions
 from trax_revplus.typing import Array
 from trax_revplus.typing import PyTree
 
@@ -197,7 +197,7 @@ def _rngs(loss_layer, rng):
   (`tl.Serial` splits its RNG among its sublayers)."""
   if _whole(loss_layer):
     return [rng]
-  return list(cb._split_rngs(  # pylint: disable=protected-access
+  return list(trax_functions.split_rngs(
       rng, len(sublayers_of(loss_layer))))
 
 

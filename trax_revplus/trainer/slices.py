@@ -45,6 +45,7 @@ from trax_revplus.trainer.slice_loop import FLOAT0
 from trax_revplus.trainer.slice_loop import is_float0
 from trax_revplus.trainer.slice_loop import merge
 from trax_revplus.trainer.slice_loop import scan_rows
+from trax_revplus.trax_door import layers as layer_door
 from trax_revplus.typing import Array
 from trax_revplus.typing import PyTree
 
@@ -74,9 +75,9 @@ def _rows_of(layer):
   if layer.sublayers:
     return tuple(_rows_of(sub) for sub in layer.sublayers)
   per_row = (hasattr(layer, 'create_state_unbatched') and
-             isinstance(getattr(layer, '_n_heads', None), int) and
-             not getattr(layer, '_incremental', False))
-  m = layer._n_heads if per_row else BY_SHAPE  # pylint: disable=protected-access
+             isinstance(layer_door.attention_n_heads(layer), int) and
+             not layer_door.attention_incremental(layer))
+  m = layer_door.attention_n_heads(layer) if per_row else BY_SHAPE
   return jax.tree_util.tree_map(lambda _: m, layer.state)
 
 

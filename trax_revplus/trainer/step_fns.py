@@ -19,11 +19,11 @@ from typing import Any, Callable
 import jax
 from trax import fastmath
 from trax.fastmath import numpy as jnp
-from trax.optimizers import trainer as stock_trainer
 
 from trax_revplus import placement as placement_lib
 from trax_revplus.trainer import chains
 from trax_revplus.trainer import ties as ties_lib
+from trax_revplus.trax_door import functions as trax_functions
 from trax_revplus.typing import PyTree
 
 _R = placement_lib.Layout.REPLICATED
@@ -165,7 +165,7 @@ def average_gradients(grads: PyTree, n_devices: int, adasum: bool) -> PyTree:
       perm_grads = jax.lax.ppermute(
           grads, perm=perm, axis_name=placement_lib.AXIS_NAME)
       grads = fastmath.nested_map_multiarg(
-          stock_trainer._adasum_merge, grads, perm_grads)  # pylint: disable=protected-access
+          trax_functions.adasum_merge, grads, perm_grads)
   grads_psum = fastmath.psum(grads, placement_lib.AXIS_NAME)
   n = jnp.array(n_devices, dtype=jnp.float32)
   return fastmath.nested_map(lambda g: g / n, grads_psum)

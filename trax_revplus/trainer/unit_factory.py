@@ -16,12 +16,13 @@ from trax_revplus.trainer.units import LossUnit
 from trax_revplus.trainer.units import ReversibleSegment
 from trax_revplus.trainer.units import SelectSegment
 from trax_revplus.trainer.units import StandardUnit
+from trax_revplus.trax_door import layers as layer_door
 
 
 def is_permutation(layer) -> bool:
   """Whether `layer` is a reversible layer that only permutes its inputs
   (trax's `ReversibleSelect` with each input once: `ReversibleSwap`)."""
-  indices = getattr(layer, '_indices', None)
+  indices = layer_door.select_indices(layer)
   return (type(layer).__name__ == 'ReversibleSelect' and
           indices is not None and sorted(indices) == list(range(layer.n_in)))
 

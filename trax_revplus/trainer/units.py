@@ -30,6 +30,7 @@ from trax.layers import combinators as cb
 
 from trax_revplus.trainer import chains
 from trax_revplus.trainer import step_run as step_run_lib
+from trax_revplus.trax_door import layers as layer_door
 from trax_revplus.typing import Stack
 
 
@@ -178,7 +179,7 @@ class SelectSegment:
 
   def __init__(self, indices, layers):
     self.layers = list(indices)
-    self._permutations = [(layer.n_in, list(layer._indices))  # pylint: disable=protected-access
+    self._permutations = [(layer.n_in, list(layer_door.select_indices(layer)))
                           for layer in layers]
 
   def forward(self, stack: Stack, params, run: step_run_lib.StepRun) -> Stack:

@@ -6,6 +6,7 @@ takes seconds of CPU), so that the CLI can import the error types at once.
 
 import math
 
+from trax_revplus.trax_door import layers as layer_door
 from trax_revplus.validation import errors
 
 
@@ -142,7 +143,7 @@ def check_sequence_length(blocks, input_signature):
     for top in list(std_layers) + list(rev_layers):
       for layer in _walk(top):
         if isinstance(layer, attention.PositionalEncoding):
-          max_len = getattr(layer, '_max_len', None)
+          max_len = layer_door.positional_max_len(layer)
           if max_len is not None and length > max_len:
             raise errors.SequenceLengthError(
                 f'sequence length {length} (axis 1 of input shape {shape}) '
@@ -150,7 +151,7 @@ def check_sequence_length(blocks, input_signature):
                 f'{b}; set the model\'s max_len >= {length} (e.g. gin '
                 f'ReformerLM.max_len = {length}) or shorten the sequences.')
         elif isinstance(layer, position_encodings.AxialPositionalEncoding):
-          axial = tuple(getattr(layer, '_shape', ()))
+          axial = layer_door.axial_shape(layer)
           if axial and length != math.prod(axial):
             raise errors.SequenceLengthError(
                 f'sequence length {length} (axis 1 of input shape {shape}) '
