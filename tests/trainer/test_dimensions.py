@@ -150,9 +150,10 @@ def test_toy_dimension_is_in_the_plan_and_the_store(toy):
 
 def test_least_plan_line_names_the_toy_dimension(toy):
   del toy
-  text = budget._plan_text(_plan(toy_parts=4))  # pylint: disable=protected-access
+  # pylint: disable=protected-access
+  text = budget._plan_text(_plan(toy_parts=4))
   assert text.startswith('batch_slices=1, toy_parts=4 and ')
-  assert 'toy_parts' not in budget._plan_text(_plan())  # pylint: disable=protected-access
+  assert 'toy_parts' not in budget._plan_text(_plan())
 
 
 def test_search_keeps_toy_values_apart(toy):

@@ -69,19 +69,86 @@ class PlanDimension:
   replaced: str | None = None
 
 
+_SETTING = 'trax_revplus.ReversibleSerialTrainer'  # options.GIN_CONFIGURABLE
+
+
+def check_slicing(options, rows: int) -> None:
+  """Checks that the batch slices `options` sets divide each device's
+  `rows` of the batch (as a step without a budget runs them).
+
+  Args:
+    options: `options.TrainerOptions`.
+    rows: int, rows of the batch each device gets.
+
+  Raises:
+    validation.BatchSlicesError: they do not.
+  """
+  _check_slices_of_rows(options.unplanned('batch_slices'), rows)
+
+
+def _check_slices_of_rows(batch_slices, rows):
+  if rows % batch_slices:
+    divisors = [k for k in range(1, rows + 1) if rows % k == 0]
+    raise validation.BatchSlicesError(
+        f'{_SETTING}.batch_slices = {batch_slices} '
+        f'does not divide the {rows} rows of the batch each device gets; use '
+        f'one of {divisors}, or a batch whose rows per device are a '
+        f'multiple of {batch_slices}.')
+
+
 def _check_slices(value, facts, types):
-  validation.check_batch_slices(value, facts.rows(types))
+  """Raises validation.BatchSlicesError: `value` slices do not divide
+  each device's rows."""
+  _check_slices_of_rows(value, facts.rows(types))
 
 
-def _check_chunks(value, facts, types):
-  validation.check_sequence_chunks(value, facts.trace(types)[1],
-                                   facts.loss_name)
+def _check_chunks(sequence_chunks, facts, types):
+  """Raises validation.SequenceChunksError: chunks > 1 where the loss
+  layer has no tail to chunk (`sequence_chunks.tail_length`), or that do
+  not divide its sequence length."""
+  name = f'{_SETTING}.sequence_chunks'
+  length = facts.trace(types)[1]
+  if sequence_chunks == 1:
+    return
+  if length is None:
+    raise validation.SequenceChunksError(
+        f'{name} = {sequence_chunks}: the loss layer {facts.loss_name} does '
+        f'not end in layers that act on each position alone and a weighted '
+        f'mean or sum (the list: trax_revplus.trainer.sequence_chunks); set '
+        f'it to 1.')
+  if length % sequence_chunks:
+    divisors = [c for c in range(1, min(length, 64) + 1) if length % c == 0]
+    raise validation.SequenceChunksError(
+        f'{name} = {sequence_chunks} does not divide the sequence length '
+        f'{length} of the loss layer\'s inputs; use a divisor of {length}, '
+        f'e.g. one of {divisors}.')
 
 
-def _check_parts(value, facts, types):
-  validation.check_micro_batches(value, facts.rows(types),
-                                 facts.unplanned(SLICES),
-                                 facts.parts_refusal(types))
+def _check_parts(micro_batches, facts, types):
+  """Raises validation.MicroBatchesError: parts > 1 that do not divide
+  each device's rows, whose part's rows the batch slices do not divide, or
+  where the step cannot add its parts' gradients exactly
+  (`micro_batches.refusal`)."""
+  name = f'{_SETTING}.micro_batches'
+  rows, batch_slices = facts.rows(types), facts.unplanned(SLICES)
+  refusal = facts.parts_refusal(types)
+  if micro_batches == 1:
+    return
+  if refusal is not None:
+    raise validation.MicroBatchesError(
+        f'{name} = {micro_batches}: {refusal}; set it to 1.')
+  if rows % micro_batches:
+    divisors = [m for m in range(1, rows + 1) if rows % m == 0]
+    raise validation.MicroBatchesError(
+        f'{name} = {micro_batches} does not divide the {rows} rows of the '
+        f'batch each device gets; use one of {divisors}, or a batch whose '
+        f'rows per device are a multiple of {micro_batches}.')
+  part_rows = rows // micro_batches
+  if part_rows % batch_slices:
+    raise validation.MicroBatchesError(
+        f'{name} = {micro_batches} leaves {part_rows} rows per device in '
+        f'each part, which batch_slices = {batch_slices} does not divide; '
+        f'use micro_batches and batch_slices whose product divides {rows}.')
 
 
 def _check_heads(value, facts, types):
