@@ -51,10 +51,13 @@ class PlanDimension:
       'auto'.
     none: the plan's value where the dimension changes nothing (its
       `StepPlan` default).
-    role: one of `SLICES`, `PARTS`, `LOSS_CALL`, `COMPUTED_AT_ONCE`: how
-      `plan_search` bounds and orders its values.
+    role: str, how `plan_search` bounds and orders its values: one of
+      `SLICES`, `PARTS`, `LOSS_CALL`, `COMPUTED_AT_ONCE` (one dimension
+      each), or another, whose groups the search keeps apart (families of
+      their own) without bounding one by another.
     check: (value, shape facts, types) -> None, raising a
-      `validation.ConfigurationError` where a pinned int cannot run on a
+      `validation.ConfigurationError` where the value a step without a
+      budget runs (`options.TrainerOptions.unplanned`) cannot run on a
       batch's shapes (`shape_facts.ShapeFacts`); None: any int in range
       can.
     replaced: str or None, why an explicit int a budget replaced did not
