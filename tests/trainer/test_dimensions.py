@@ -198,3 +198,13 @@ def test_few_modules_name_a_dimension(name):
   modules = _modules_naming(name)
   assert 'trainer/dimensions.py' in modules
   assert len(modules) <= MOST_MODULES[name], modules
+
+
+def test_store_reads_none_for_a_dimension_alone():
+  """None is read back for a dimension whose unused value is None; any
+  other setting field must hold its value (else the entry is damaged)."""
+  data = plan_store.plan_to_json(_plan())
+  assert data['parallel_heads'] is None
+  assert plan_store.plan_from_json(data) == _plan()
+  with pytest.raises(TypeError):
+    plan_store.plan_from_json({**data, 'fused_from': None})

@@ -28,6 +28,7 @@ from absl import logging
 import jax
 
 from trax_revplus import output_files
+from trax_revplus.trainer import dimensions
 from trax_revplus.trainer import plan as plan_lib
 
 FILENAME = 'plans.json'
@@ -77,9 +78,15 @@ _LAYOUT = ('blocks', 'loss', 'backward')
 
 
 def _setting(field: dataclasses.Field, value: Any) -> Any:
-  """A setting field's JSON value as `StepPlan` holds it (its declared
-  type: int, bool, or int or None)."""
-  if value is None and field.default is None:
+  """A setting field's JSON value as `StepPlan` holds it: a bool, or an
+  int (None where it is a dimension whose value that changes nothing is
+  None: `dimensions.PlanDimension.none`).
+
+  Raises:
+    TypeError, ValueError: `value` is not one.
+  """
+  if value is None and field.name in dimensions.names() and (
+      dimensions.by_name(field.name).none is None):
     return None
   return bool(value) if field.type is bool else int(value)
 
