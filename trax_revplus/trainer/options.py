@@ -145,8 +145,7 @@ class TrainerOptions:
       divide each device's rows. 'auto': the planner's choice under a
       device memory budget (on the CPU backend 2 rank first where slices
       change no draw and no layer hashes its activations:
-      `trainer.hashing`), 1 (no slices) without
-      one; an int pins it.
+      `trainer.hashing`), 1 (no slices) without one; an int pins it.
     memory_log_first_steps: int >= 0, steps at the start of each process
       that are recorded too (each waits for its phases to finish, so they
       run slower than unrecorded steps).
@@ -162,9 +161,9 @@ class TrainerOptions:
       with its layer's RNG of the step folded with j. k must divide the
       sequence length, and the model's loss layer must have such a tail.
       'auto': the planner's choice under a device memory budget (chunks
-      only where no plan without them fits), 1
-      (none) without one; an int pins it (an int > 1: the step runs
-      per-layer calls, never the fused program, which runs no chunks).
+      only where no plan without them fits), 1 (none) without one; an int
+      pins it (an int > 1: the step runs per-layer calls, never the fused
+      program, which runs no chunks).
     micro_batches: 'auto' (default) or int m >= 1. The step runs its
       forward and backward passes over m equal parts of each device's rows,
       one after the other, adds each layer's weight gradients of the parts
@@ -184,9 +183,8 @@ class TrainerOptions:
       divide each device's rows; not with `adasum`, weights shared between
       layers, or a loss that is not a weighted mean or sum of its weights.
       'auto': the planner's choice under a device memory budget (parts
-      only where no plan without them fits), 1
-      (none) without one; an int pins it (an int > 1: per-layer calls,
-      never the fused program).
+      only where no plan without them fits), 1 (none) without one; an int
+      pins it (an int > 1: per-layer calls, never the fused program).
     parallel_heads: 'auto' (default) or int n >= 1. trax's efficient
       attention layers (`SelfAttention`, `LSHSelfAttention`,
       `EncDecAttention`, `PureLSHSelfAttention`) compute at most n of
