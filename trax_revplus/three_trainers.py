@@ -176,9 +176,9 @@ def account_three(cfg, backend: str, n_devices: int,
     `ThreeTrainers`.
 
   Raises:
-    validation.SequenceChunksError: trax_revplus's `sequence_chunks`
+    validation.SequenceChunksError: trax_revplus's sequence chunks set
       cannot split the config's loss layer's tail (the config's mistake).
-    validation.MicroBatchesError: its `micro_batches` cannot split the
+    validation.MicroBatchesError: its micro-batches set cannot split the
       config's batch, or its step cannot add their gradients exactly.
   """
   activated = trax_revplus.is_active()
@@ -192,9 +192,9 @@ def account_three(cfg, backend: str, n_devices: int,
                                   device_memory_bytes)
       revplus[:] = figures
       return memory
-    # First: a setting the batch's shapes refute (sequence_chunks,
-    # micro_batches) stops
-    # before the other trainers compile.
+    # First: a setting the batch's shapes refute (a plan dimension's:
+    # `dimensions.PlanDimension.check`) stops before the other trainers
+    # compile.
     ours = device_memory.account('revplus', backend, n_devices,
                                  account_revplus,
                                  passes=(validation.SequenceChunksError,

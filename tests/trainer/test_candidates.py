@@ -59,7 +59,7 @@ def test_a_deep_model_of_equal_blocks_ranks_every_unfused_plan_first():
   candidates = _candidates(256)
   assert not candidates.fused_compiles_cheaply()
   fused = [bool(g.fused_reversible_layers) for g in candidates.groups()
-           if g.micro_batches == 1]
+           if g.leanest.micro_batches == 1]
   assert fused == sorted(fused) and fused[0] is False and fused[-1] is True
   # Still candidates: for `least`, and where no unfused plan fits.
   assert fused.count(True) == len(candidates.slices)
@@ -101,26 +101,26 @@ def _parts_candidates(rows, refused=False, **settings):
 
 def test_micro_batches_come_after_every_one_pass_plan_fewest_parts_first():
   groups = list(_parts_candidates(8).groups())
-  parts = [g.micro_batches for g in groups]
+  parts = [g.leanest.micro_batches for g in groups]
   first_micro = parts.index(2)
   assert set(parts[:first_micro]) == {1}
   assert parts[first_micro:] == [2, 4, 8]
   for group in groups[first_micro:]:
     assert not group.fused_reversible_layers
-    assert all(p.micro_batches == group.micro_batches and
+    assert all(p.micro_batches == group.leanest.micro_batches and
                p.batch_slices == 1 for p in group.plans)
 
 
 def test_micro_batches_refused_or_pinned():
-  assert {g.micro_batches for g in _parts_candidates(8, refused=True).groups()
+  assert {g.leanest.micro_batches for g in _parts_candidates(8, refused=True).groups()
           } == {1}
   pinned = list(_parts_candidates(8, micro_batches=4).groups())
-  assert {g.micro_batches for g in pinned} == {4}
+  assert {g.leanest.micro_batches for g in pinned} == {4}
   # Pinned slices: parts keep those whose rows they divide.
   sliced = list(_parts_candidates(8, batch_slices=2).groups())
-  assert [g.micro_batches for g in sliced if g.micro_batches > 1] == [2, 4]
+  assert [g.leanest.micro_batches for g in sliced if g.leanest.micro_batches > 1] == [2, 4]
   assert all(g.leanest.batch_slices == 2 for g in sliced)
-  assert {g.micro_batches for g in _parts_candidates(
+  assert {g.leanest.micro_batches for g in _parts_candidates(
       8, micro_batches=1).groups()} == {1}
 
 

@@ -51,7 +51,7 @@ def _every_candidate():
   out = []
   for group in candidates.groups():
     plans = group.plans
-    if group.micro_batches > 1:
+    if group.leanest.micro_batches > 1:
       plans = (plans[0], group.leanest)
     for plan in plans:
       units = units_lib.Units(plan, p._factory)  # pylint: disable=protected-access

@@ -57,8 +57,8 @@ def _programs(trainer, batch, fused, k):
   p = trainer.planner
   [plan] = [g.leanest for g in p.candidates(p.step_types(batch)).groups()
             if bool(g.fused_reversible_layers) == fused and
-            g.leanest.batch_slices == k and g.sequence_chunks == 1 and
-            g.micro_batches == 1 and g.parallel_heads is None]
+            g.leanest.batch_slices == k and g.leanest.sequence_chunks == 1 and
+            g.leanest.micro_batches == 1 and g.leanest.parallel_heads is None]
   step = cases.set_plan(trainer, batch, plan)
   return {c.name: c.program for c in step.calls}
 

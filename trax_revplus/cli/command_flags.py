@@ -76,7 +76,7 @@ exit status: 0 done (also when a trainer cannot be built on this JAX: its
 row says why); otherwise the status train ends with for the same config,
 with the same line, before anything is compiled: 2 usage error (bad flag
 or --device_memory, missing or unparsable config, a setting train rejects,
-a batch the devices or batch_slices do not divide, a model its bindings
+a batch the devices or batch slices do not divide, a model its bindings
 cannot build); 1 the config's inputs cannot be read, or --json cannot be
 written."""
 

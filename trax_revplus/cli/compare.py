@@ -74,7 +74,7 @@ def check_config(config_files: Sequence[str], bindings: Sequence[str]
     gin_config.parse_configs(list(config_files), list(bindings))
     trax_revplus.activate()  # As --implementation=revplus.
     preflight.check_config()
-    # The batch against the devices and batch_slices, as the trainer checks
+    # The batch against the devices and batch slices, as the trainer checks
     # it at its first step: one batch of the inputs, no model built.
     import jax  # pylint: disable=g-import-not-at-top
     from trax_revplus.cli import parsed_config  # pylint: disable=g-import-not-at-top

@@ -3,7 +3,7 @@
 Checks what `train` checks, with the same code and lines (`preflight`), and
 the --json path (`output_files`), before anything is built; then the
 config's inputs (one batch, for its shapes), that the batch splits over
---n_devices and into the trainer's `batch_slices`, and that the model
+--n_devices and into the trainer's batch slices, and that the model
 builds, each mistake reported as `train` reports it (`parsed_config`),
 before anything is compiled. Then it builds the config's model three times
 (trax's default `Trainer`, stock trax's `ReversibleSerialTrainer`,

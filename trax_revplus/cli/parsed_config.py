@@ -1,7 +1,7 @@
 """What `train` would build from a parsed gin config, checked before
 anything is compiled: its inputs' batch (one batch read, for its shapes),
-that the batch splits over the devices and into the trainer's
-`batch_slices`, and that its model builds. Each mistake is reported as
+that the batch splits over the devices and into the trainer's batch
+slices, and that its model builds. Each mistake is reported as
 `train` reports it (`failures`). `estimate` and `compare` run these checks.
 """
 
@@ -108,8 +108,8 @@ def check_step_settings(cfg, n_devices: int, device_memory_bytes: int | None,
   """Checks what a step on the config's batch needs, as the trainers will.
 
   The batch splits over `n_devices` (that many devices exist), the
-  trainer's budget can be resolved, and a `batch_slices` set to an int
-  divides each device's rows.
+  trainer's budget can be resolved, and the batch slices set to an int
+  divide each device's rows (`dimensions.check_slicing`).
 
   Raises:
     UserError (exit status 2): as `train` reports each.
@@ -118,6 +118,7 @@ def check_step_settings(cfg, n_devices: int, device_memory_bytes: int | None,
   from trax_revplus import placement as placement_lib
   from trax_revplus import validation
   from trax_revplus.trainer import budget as budget_lib
+  from trax_revplus.trainer import dimensions
   from trax_revplus.trainer import options as options_lib
   # pylint: enable=g-import-not-at-top
   options = options_lib.validate_gin_bindings()
@@ -127,8 +128,7 @@ def check_step_settings(cfg, n_devices: int, device_memory_bytes: int | None,
     setting = (options.device_memory_budget_bytes
                if device_memory_bytes is None else device_memory_bytes)
     budget_lib.budget_bytes(setting, placement_lib.Placement(n_devices))
-    validation.check_batch_slices(options.unplanned('batch_slices'),
-                                  cfg.batch[0].shape[0] // n_devices)
+    dimensions.check_slicing(options, cfg.batch[0].shape[0] // n_devices)
   except validation.ConfigurationError as e:
     raise as_train_reports(e, bindings) from None
 

@@ -14,6 +14,8 @@ Modules, from the schedule down:
   candidates  the plans a budget chooses from, fastest first
   plan_search one search of a shapes' candidates: the chosen and the least
   plan        `StepPlan`: which calls a step makes, over what, holding what
+  dimensions  each dimension of the plan declared once: its setting, check,
+              search role and store field, read by the modules above
   step_context one step's run on placed arrays: shared values, the owner
               of the walk's points (observers, freeing device buffers)
   observers   what observes a step: memory-log phases, host memory release

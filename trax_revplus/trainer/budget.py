@@ -47,12 +47,10 @@ refused, `nothing_fits` says so.
 from trax_revplus import memory
 from trax_revplus import placement as placement_lib
 from trax_revplus import validation
+from trax_revplus.trainer import dimensions
 from trax_revplus.trainer import options as options_lib
 
 RESERVE_FRACTION = 0.1
-# Plan dimensions a least plan names where they differ from a plain step's.
-_BELOW_ONE_ROW = {'sequence_chunks': 1, 'micro_batches': 1,
-                  'parallel_heads': None}
 
 
 class MemoryBudgetError(validation.ConfigurationError):
@@ -72,25 +70,37 @@ class StepCompileError(validation.ConfigurationError):
   memory."""
 
 
+def _below_one_row() -> list:
+  """The plan's dimensions that can take a step below one row's batch
+  slice (all but the slicing): a least plan names them where they differ
+  from a plain step's."""
+  return [d for d in dimensions.DIMENSIONS if d.role != dimensions.SLICES]
+
+
 def _pinned(options) -> str:
   """', set X and Y to 'auto'' for the plan settings `options` pins."""
-  pinned = [name for name in ('segment_max_layers', 'batch_slices',
-                              'backward_segment_max_layers', *_BELOW_ONE_ROW)
+  slices = dimensions.of_role(dimensions.SLICES).name
+  pinned = [name for name in ('segment_max_layers', slices,
+                              'backward_segment_max_layers',
+                              *(d.name for d in _below_one_row()))
             if getattr(options, name) != options_lib.AUTO]
   return f", set {' and '.join(pinned)} to 'auto'" if pinned else ''
 
 
 def _plan_text(plan) -> str:
-  """'batch_slices=2, micro_batches=4 and one layer per call, ...'."""
+  """'<slices>=2, <parts>=4 and one layer per call, ...' (the plan's
+  slicing, its other dimensions where they differ from a plain step's)."""
   layers = plan.settings()['segment_max_layers']
-  below = ''.join(f', {k}={v}' for k, v in plan.settings().items()
-                  if k in _BELOW_ONE_ROW and v != _BELOW_ONE_ROW[k])
+  slices = dimensions.of_role(dimensions.SLICES).name
+  below = ''.join(f', {d.name}={getattr(plan, d.name)}'
+                  for d in _below_one_row()
+                  if getattr(plan, d.name) != d.none)
   how = ('every layer in the loss program' if plan.loss - plan.fused_from
          else f'{"one layer" if layers <= 1 else f"{layers} layers"} per '
          f'call, saved inputs and states'
          f'{" and accumulated gradients" if plan.grads_on_host else ""}'
          f' on the {"host" if plan.saved_on_host else "device"}')
-  return f'batch_slices={plan.batch_slices}{below} and {how}'
+  return f'{slices}={getattr(plan, slices)}{below} and {how}'
 
 
 def _sized(nbytes: int) -> str:

@@ -140,17 +140,13 @@ class Group:
     plans: tuple of `plan.StepPlan`, in the speed model's order.
     leanest: the member that needs the least device memory.
     fused_reversible_layers: reversible layers inside the loss program.
-    sequence_chunks: the chunks of the loss layer's tail in every member.
-    micro_batches: the parts of the batch in every member.
-    parallel_heads: the attention heads at once of every member
-      (`plan.StepPlan.parallel_heads`).
+
+  Every member has the same value of each of the plan's dimensions
+  (`dimensions.DIMENSIONS`): the leanest member's.
   """
   plans: tuple[plan_lib.StepPlan, ...]
   leanest: plan_lib.StepPlan
   fused_reversible_layers: int
-  sequence_chunks: int = 1
-  micro_batches: int = 1
-  parallel_heads: int | None = None
 
 
 class Candidates:
@@ -287,8 +283,7 @@ class Candidates:
              for on_host in (False, True)
              for f, b in self._lengths() for depth in self._depths()
              for prefetch in (True, False)]
-    return Group(tuple(plans), self.leanest(k, chunks, parts), 0, chunks,
-                 parts)
+    return Group(tuple(plans), self.leanest(k, chunks, parts), 0)
 
   def leanest(self, k, chunks=1, parts=1) -> plan_lib.StepPlan:
     """The unfused plan of k slices (`chunks` sequence chunks, `parts`
@@ -356,8 +351,8 @@ class Candidates:
     lowered = [dataclasses.replace(
         group, plans=tuple(dataclasses.replace(p, parallel_heads=1)
                            for p in group.plans),
-        leanest=dataclasses.replace(group.leanest, parallel_heads=1),
-        parallel_heads=1) for group in groups] if self._more_heads else []
+        leanest=dataclasses.replace(group.leanest, parallel_heads=1))
+        for group in groups] if self._more_heads else []
     if self._heads_first:
       groups, lowered = lowered, groups
     yield from groups

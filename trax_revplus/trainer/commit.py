@@ -132,7 +132,7 @@ class _Pending(NamedTuple):
   slots: Any  # the same; without weights, gradients to add up, or None
   state: Any
   checks: list[dict | None]  # NonFiniteGuard.values_to_check per layer
-  part: Any  # the micro_batches.Part whose rows `state` holds, or None
+  part: Any  # the micro-batch's Part whose rows `state` holds, or None
 
 
 class CommitQueue(step_run_lib.UpdateSink):

@@ -50,7 +50,7 @@ class UpdateSink:
   def start(self, layers, weights, slots, states, stats,
             part=None) -> Any:
     """One call's updates are dispatched (lists over `layers`, in commit
-    order; `part` the `micro_batches.Part` whose rows of each layer's
+    order; `part` the micro-batch's `Part` whose rows of each layer's
     state `states` are). Where the call only accumulated gradients,
     weights are None and slots are None, or the part's gradients where
     they wait on the host (`plan.StepPlan.grads_on_host`: the sink adds

@@ -89,7 +89,7 @@ def loss_fbo(layer, optimizer, n_devices: int, adasum: bool, k: int,
   chunks of the sequence (`sequence_chunks`).
 
   With `mode` other than `Update.NOW` the call is one micro-batch's
-  (`micro_batches`): its cotangent argument (`Kind.LOSS`'s third) is the
+  (`units.Units.walk`): its cotangent argument (`Kind.LOSS`'s third) is the
   loss weights of the whole batch on this device, and its loss is scaled
   by its share of them.
 

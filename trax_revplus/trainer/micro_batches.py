@@ -1,6 +1,6 @@
 """Micro-batches: the step's forward and backward over m parts of the batch.
 
-With `micro_batches = m > 1` a step walks its units m times
+With m > 1 micro-batches in its plan a step walks its units m times
 (`units.Units.walk`), each time over one part of each device's rows (B/m of
 them, in order), and applies each layer's optimizer update once, in the
 last part:

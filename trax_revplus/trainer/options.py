@@ -17,16 +17,15 @@ import numpy as np
 from trax_revplus import validation
 from trax_revplus.memory import host_release
 from trax_revplus.memory.schedule import FIRST_STEPS_RECORDED
+from trax_revplus.trainer import dimensions
 
 GIN_CONFIGURABLE = 'trax_revplus.ReversibleSerialTrainer'
 ON_NON_FINITE = ('raise', 'skip', 'ignore')
 AUTO = 'auto'
 DEVICE = 'device'
-# What segment_max_layers and batch_slices = 'auto' mean without a budget.
+# What segment_max_layers = 'auto' means without a budget (the plan's
+# dimensions': `dimensions.PlanDimension.unplanned`).
 UNPLANNED_SEGMENT_MAX_LAYERS = 8
-UNPLANNED_BATCH_SLICES = 1
-UNPLANNED_SEQUENCE_CHUNKS = 1
-UNPLANNED_MICRO_BATCHES = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,8 +145,7 @@ class TrainerOptions:
       divide each device's rows. 'auto': the planner's choice under a
       device memory budget (on the CPU backend 2 rank first where slices
       change no draw and no layer hashes its activations:
-      `trainer.hashing`), `UNPLANNED_BATCH_SLICES` (no slices) without
-      one; an int pins it.
+      `trainer.hashing`), 1 (no slices) without one; an int pins it.
     memory_log_first_steps: int >= 0, steps at the start of each process
       that are recorded too (each waits for its phases to finish, so they
       run slower than unrecorded steps).
@@ -163,9 +161,9 @@ class TrainerOptions:
       with its layer's RNG of the step folded with j. k must divide the
       sequence length, and the model's loss layer must have such a tail.
       'auto': the planner's choice under a device memory budget (chunks
-      only where no plan without them fits), `UNPLANNED_SEQUENCE_CHUNKS`
-      (none) without one; an int pins it (an int > 1: the step runs
-      per-layer calls, never the fused program, which runs no chunks).
+      only where no plan without them fits), 1 (none) without one; an int
+      pins it (an int > 1: the step runs per-layer calls, never the fused
+      program, which runs no chunks).
     micro_batches: 'auto' (default) or int m >= 1. The step runs its
       forward and backward passes over m equal parts of each device's rows,
       one after the other, adds each layer's weight gradients of the parts
@@ -185,9 +183,8 @@ class TrainerOptions:
       divide each device's rows; not with `adasum`, weights shared between
       layers, or a loss that is not a weighted mean or sum of its weights.
       'auto': the planner's choice under a device memory budget (parts
-      only where no plan without them fits), `UNPLANNED_MICRO_BATCHES`
-      (none) without one; an int pins it (an int > 1: per-layer calls,
-      never the fused program).
+      only where no plan without them fits), 1 (none) without one; an int
+      pins it (an int > 1: per-layer calls, never the fused program).
     parallel_heads: 'auto' (default) or int n >= 1. trax's efficient
       attention layers (`SelfAttention`, `LSHSelfAttention`,
       `EncDecAttention`, `PureLSHSelfAttention`) compute at most n of
@@ -276,22 +273,10 @@ class TrainerOptions:
       _check_int(self, 'device_memory_budget_bytes', 1,
                  allowed=f"'{AUTO}', '{DEVICE}', None or an int number of "
                          f"bytes >= 1")
-    if self.batch_slices != AUTO:
-      _check_int(self, 'batch_slices', 1,
-                 allowed=f"an int >= 1 that divides each device's rows of "
-                         f"the batch (1: no slices) or '{AUTO}'")
-    if self.sequence_chunks != AUTO:
-      _check_int(self, 'sequence_chunks', 1,
-                 allowed=f"an int >= 1 that divides the sequence length (1: "
-                         f"no chunks) or '{AUTO}'")
-    if self.micro_batches != AUTO:
-      _check_int(self, 'micro_batches', 1,
-                 allowed=f"an int >= 1 that divides each device's rows of "
-                         f"the batch (1: one pass) or '{AUTO}'")
-    if self.parallel_heads != AUTO:
-      _check_int(self, 'parallel_heads', 1,
-                 allowed=f"an int >= 1 (1: one attention head at a time) "
-                         f"or '{AUTO}'")
+    for dimension in dimensions.DIMENSIONS:
+      if getattr(self, dimension.name) != AUTO:
+        _check_int(self, dimension.name, 1,
+                   allowed=f"{dimension.allowed} or '{AUTO}'")
     if self.host_memory_budget_bytes not in (None, AUTO):
       _check_int(self, 'host_memory_budget_bytes', 1,
                  allowed=f"'{AUTO}', None or an int number of bytes >= 1")
@@ -320,18 +305,15 @@ class TrainerOptions:
     return cls(**settings)
 
   def unplanned(self, name: str) -> int | None:
-    """Setting `name` (segment_max_layers, batch_slices, sequence_chunks,
-    micro_batches or parallel_heads) as a step without a budget runs it:
-    'auto' resolved to its unplanned value (for parallel_heads None: the
-    layers as configured)."""
+    """Setting `name` (segment_max_layers or one of the plan's dimensions,
+    `dimensions.DIMENSIONS`) as a step without a budget runs it: 'auto'
+    resolved to its unplanned value (None: the layers as configured)."""
     value = getattr(self, name)
     if value != AUTO:
       return value
-    return {'segment_max_layers': UNPLANNED_SEGMENT_MAX_LAYERS,
-            'batch_slices': UNPLANNED_BATCH_SLICES,
-            'sequence_chunks': UNPLANNED_SEQUENCE_CHUNKS,
-            'micro_batches': UNPLANNED_MICRO_BATCHES,
-            'parallel_heads': None}[name]
+    if name == 'segment_max_layers':
+      return UNPLANNED_SEGMENT_MAX_LAYERS
+    return dimensions.by_name(name).unplanned
 
   @classmethod
   def field_names(cls) -> tuple[str, ...]:

@@ -2,8 +2,10 @@
 
 Under a budget the planner chooses the step's plan (`planner`); a setting
 the user gave explicitly is kept where it pins a dimension of the plan
-(`segment_max_layers`, `batch_slices`, `backward_segment_max_layers`), but
-the plan that runs may still differ from it: `n_async_layers` is only the
+(`segment_max_layers`, `backward_segment_max_layers`, the plan's
+dimensions: `dimensions.DIMENSIONS`), but the plan that runs may still
+differ from it: a budget may replace a dimension's slicing
+(`dimensions.PlanDimension.replaced`), `n_async_layers` is only the
 deepest copy-back the planner tries, and the fused program (every layer in
 the loss program) has no backward segments of its own. `replaced` names
 each explicit setting the chosen plan does not run as given, with the
@@ -14,6 +16,7 @@ terminal (`trax_revplus.notices`) and not only in `train.log`.
 from absl import logging
 
 from trax_revplus import notices
+from trax_revplus.trainer import dimensions
 from trax_revplus.trainer import options as options_lib
 
 
@@ -41,11 +44,13 @@ def replaced(plan, options, explicit, budget_bytes) -> list[str]:
   out = []
   budget = f'{budget_bytes} bytes'
   fused = plan.fused_from < plan.loss
-  if ('batch_slices' in explicit and options.batch_slices != options_lib.AUTO
-      and plan.batch_slices != options.batch_slices):
-    out.append(_message('batch_slices', options.batch_slices,
-                        plan.batch_slices,
-                        f'the plans with the slicing set do not fit {budget}'))
+  for dimension in dimensions.DIMENSIONS:
+    name, used = dimension.name, getattr(plan, dimension.name)
+    value = getattr(options, name)
+    if (dimension.replaced and name in explicit and
+        value != options_lib.AUTO and used != value):
+      out.append(_message(name, value, used,
+                          f'{dimension.replaced} {budget}'))
   if ('n_async_layers' in explicit and
       plan.n_async_layers != options.n_async_layers):
     out.append(_message(

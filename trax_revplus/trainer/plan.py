@@ -42,6 +42,7 @@ settings (`options.TrainerOptions`).
 import dataclasses
 from typing import Mapping, Sequence
 
+from trax_revplus.trainer import dimensions
 from trax_revplus.trainer import options as options_lib
 
 # Smallest outputs (bytes, all devices) of an activation-bound segment: above
@@ -55,6 +56,8 @@ ACTIVATION_BOUND_BYTES = 2**20
 SMALL_BACKWARD_SEGMENT_LAYERS = 2
 
 Segment = tuple[int, ...]  # layer indices, consecutive, in forward order
+# `StepPlan`'s first fields, its layout: the rest are settings.
+_LAYOUT = ('blocks', 'loss', 'backward')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,19 +196,16 @@ class StepPlan:
     forward = [len(s) for s in self.forward_segments()]
     backward = [len(b) for s in self.forward_segments()
                 for b in self.backward[s]]
-    return {
-        'segment_max_layers': max(forward, default=0),
-        'backward_segment_max_layers': max(backward, default=0),
-        'batch_slices': self.batch_slices,
-        'fused_layers': self.loss - self.fused_from,
-        'n_async_layers': self.n_async_layers,
-        'prefetch': self.prefetch,
-        'saved_on_host': self.saved_on_host,
-        'sequence_chunks': self.sequence_chunks,
-        'micro_batches': self.micro_batches,
-        'grads_on_host': self.grads_on_host,
-        'parallel_heads': self.parallel_heads,
-    }
+    out = {'segment_max_layers': max(forward, default=0),
+           'backward_segment_max_layers': max(backward, default=0)}
+    # Every setting field (the plan's dimensions among them) in field
+    # order; `fused_from` as the layers it fuses.
+    for f in dataclasses.fields(self)[len(_LAYOUT):]:
+      if f.name == 'fused_from':
+        out['fused_layers'] = self.loss - self.fused_from
+      else:
+        out[f.name] = getattr(self, f.name)
+    return out
 
   def describe(self, n_calls: int | None = None) -> str:
     """One line, e.g. 'segment_max_layers=8, backward_segment_max_layers=2,
@@ -284,12 +284,9 @@ def backward_split(segment: Segment, length: int) -> tuple[Segment, ...]:
 def make_plan(block_sizes: Sequence[int], nbytes: Mapping[int, int],
               stack_bytes: Sequence[int], *, segment_max_layers: int,
               segment_max_bytes: int, backward_segment_max_layers,
-              batch_slices: int = 1, fused_from: int | None = None,
-              n_async_layers: int = 8, prefetch: bool = True,
-              saved_on_host: bool = False,
-              sequence_chunks: int = 1, micro_batches: int = 1,
-              grads_on_host: bool = False,
-              parallel_heads: int | None = None) -> StepPlan:
+              fused_from: int | None = None, n_async_layers: int = 8,
+              prefetch: bool = True, saved_on_host: bool = False,
+              grads_on_host: bool = False, **dimension_values) -> StepPlan:
   """The plan of a trainer's blocks for given settings.
 
   Args:
@@ -300,13 +297,18 @@ def make_plan(block_sizes: Sequence[int], nbytes: Mapping[int, int],
       items the block's reversible layers read and write (their outputs);
       read by backward_segment_max_layers='auto' only.
     segment_max_layers, segment_max_bytes, backward_segment_max_layers,
-      batch_slices, n_async_layers: as `options.TrainerOptions`.
+      n_async_layers: as `options.TrainerOptions`.
     fused_from: int or None (nothing fused), see `StepPlan.fused_from`.
-    prefetch, saved_on_host, sequence_chunks, micro_batches,
-      grads_on_host, parallel_heads: see `StepPlan`.
+    prefetch, saved_on_host, grads_on_host: see `StepPlan`.
+    **dimension_values: the plan's dimensions by name
+      (`dimensions.DIMENSIONS`), each as its `StepPlan` field; one not
+      given is its field's default.
 
   Returns:
     `StepPlan`, every backward split decided.
+
+  Raises:
+    TypeError: a keyword that is no field of `StepPlan`.
   """
   blocks, backward = [], {}
   k = 0
@@ -321,12 +323,9 @@ def make_plan(block_sizes: Sequence[int], nbytes: Mapping[int, int],
     blocks.append((k, segments))
     k += 1 + n_reversible
   return StepPlan(blocks=tuple(blocks), loss=k, backward=backward,
-                  batch_slices=batch_slices, fused_from=fused_from,
-                  n_async_layers=n_async_layers, prefetch=prefetch,
-                  saved_on_host=saved_on_host,
-                  sequence_chunks=sequence_chunks,
-                  micro_batches=micro_batches, grads_on_host=grads_on_host,
-                  parallel_heads=parallel_heads)
+                  fused_from=fused_from, n_async_layers=n_async_layers,
+                  prefetch=prefetch, saved_on_host=saved_on_host,
+                  grads_on_host=grads_on_host, **dimension_values)
 
 
 def configured_plan(block_sizes, nbytes, stack_bytes,
@@ -338,8 +337,5 @@ def configured_plan(block_sizes, nbytes, stack_bytes,
       segment_max_layers=options.unplanned('segment_max_layers'),
       segment_max_bytes=options.segment_max_bytes,
       backward_segment_max_layers=options.backward_segment_max_layers,
-      batch_slices=options.unplanned('batch_slices'),
       n_async_layers=options.n_async_layers,
-      sequence_chunks=options.unplanned('sequence_chunks'),
-      micro_batches=options.unplanned('micro_batches'),
-      parallel_heads=options.unplanned('parallel_heads'))
+      **{name: options.unplanned(name) for name in dimensions.names()})

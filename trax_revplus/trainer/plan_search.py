@@ -48,7 +48,13 @@ from typing import Any, Callable
 
 from trax_revplus import device_memory
 from trax_revplus.trainer import candidates as candidates_lib
+from trax_revplus.trainer import dimensions
 from trax_revplus.trainer import plan as plan_lib
+
+# The roles of the plan's dimensions this search bounds and orders by
+# (`dimensions`).
+SLICES, PARTS = dimensions.SLICES, dimensions.PARTS
+CHUNKS, AT_ONCE = dimensions.LOSS_CALL, dimensions.COMPUTED_AT_ONCE
 
 Weigh = Callable[[plan_lib.StepPlan], device_memory.StepMemory]
 
@@ -95,8 +101,9 @@ class PlanSearch:
     # Groups with the attention layers as the step runs them without a
     # budget come first; those after them compute another number of heads
     # at once (`Candidates.groups`).
-    heads = self._groups[0].parallel_heads if self._groups else None
-    self._n_configured = sum(g.parallel_heads == heads for g in self._groups)
+    heads = _value(self._groups[0], AT_ONCE) if self._groups else None
+    self._n_configured = sum(_value(g, AT_ONCE) == heads
+                             for g in self._groups)
     # Group id -> `Candidates.lower_bound_bytes` of the group.
     self._bound_of = {id(g): candidates.lower_bound_bytes(g, n_devices)
                       for g in self._groups}
@@ -206,9 +213,9 @@ class PlanSearch:
     unsliced unfused group in one pass, without chunks, its attention
     layers as the step runs them without a budget."""
     return (not group.fused_reversible_layers and
-            group.micro_batches == 1 and group.sequence_chunks == 1 and
-            group.leanest.batch_slices == 1 and
-            group.parallel_heads == self._groups[0].parallel_heads)
+            not _used(group, PARTS) and not _used(group, CHUNKS) and
+            not _used(group, SLICES) and
+            _value(group, AT_ONCE) == _value(self._groups[0], AT_ONCE))
 
   def _bound(self, group) -> int:
     """Bytes every plan of `group` needs at least, known without compiling
@@ -257,11 +264,12 @@ class PlanSearch:
     largest call but the loss call (chunks change the loss call alone) of
     each leanest plan without chunks, with as many slices or parts or more
     (which hold no more), that was weighed; else 0."""
-    if group.sequence_chunks == 1:
+    if not _used(group, CHUNKS):
       return 0
     key, value = _family(group)
     bound = 0
-    for v, unchunked in self._families.get(key[:-1] + (1,), ()):
+    unchunked_key = key[:-1] + (dimensions.of_role(CHUNKS).none,)
+    for v, unchunked in self._families.get(unchunked_key, ()):
       step = self._weighed(unchunked.leanest) if v >= value else None
       if step is not None:
         bound = max(bound, max((c.device_bytes for c in step.calls
@@ -298,26 +306,26 @@ class PlanSearch:
       groups = self._groups[:self._n_configured]
       most = {}  # batch slices -> most sequence chunks of its groups
       for group in groups:
-        if group.micro_batches == 1:
-          k = group.leanest.batch_slices
-          most[k] = max(most.get(k, 1), group.sequence_chunks)
+        if not _used(group, PARTS):
+          k = _value(group, SLICES)
+          most[k] = max(most.get(k, 1), _value(group, CHUNKS))
       # Of the groups in micro-batches, those of the most parts (the least
       # held across the step), without chunks and with the most.
-      parts = max((group.micro_batches for group in groups), default=1)
-      chunks = max((group.sequence_chunks for group in groups
-                    if group.micro_batches == parts), default=1)
+      parts = max((_value(group, PARTS) for group in groups), default=1)
+      chunks = max((_value(group, CHUNKS) for group in groups
+                    if _value(group, PARTS) == parts), default=1)
       leanest_of_family = {key: members[-1][1]
                            for key, members in self._families.items()}
       order = sorted(
           (i for i, group in enumerate(groups)
-           if group.sequence_chunks in (
-               (1, chunks) if group.micro_batches > 1 else
-               (1, most[group.leanest.batch_slices])) and
-           group.micro_batches in (1, parts) and
+           if _value(group, CHUNKS) in (
+               (1, chunks) if _used(group, PARTS) else
+               (1, most[_value(group, SLICES)])) and
+           _value(group, PARTS) in (1, parts) and
            (leanest_of_family[_family(group)[0]] is group or
             self._is_stock_schedule(group))),
           key=lambda i: (bool(groups[i].fused_reversible_layers),
-                         groups[i].micro_batches > 1))
+                         _used(groups[i], PARTS)))
       found = {}  # group index -> StepMemory of its leanest plan
       refused = {}  # group index -> the refusal of its leanest plan
 
@@ -339,7 +347,7 @@ class PlanSearch:
           weigh(i)
       i = self._least_of(found, refused)
       if (len(self._groups) > len(groups) and  # `i`'s, fewer heads at once
-          self._groups[-1].parallel_heads == 1):
+          _value(self._groups[-1], AT_ONCE) == 1):
         weigh(len(groups) + i)
         i = self._least_of(found, refused)
       if i not in found:
@@ -358,15 +366,27 @@ class PlanSearch:
         refused[i].least_bytes is None, refused[i].least_bytes or 0, i))
 
 
+def _value(group, role):
+  """The value, in every plan of `group`, of the plan's dimension of
+  `role` (`dimensions.PlanDimension.role`)."""
+  return getattr(group.leanest, dimensions.of_role(role).name)
+
+
+def _used(group, role) -> bool:
+  """Whether `group`'s plans use the plan's dimension of `role` (its value
+  is not the one that changes nothing)."""
+  return _value(group, role) != dimensions.of_role(role).none
+
+
 def _family(group) -> tuple[tuple, int]:
   """(family key, value): groups in one pass differ in their batch slices
-  within (attention heads at once, fused or not, sequence chunks); groups
-  in micro-batches differ in their parts (their slices follow) within
-  their heads at once and sequence chunks. A key's last item is its
-  sequence chunks."""
-  if group.micro_batches > 1:
-    return (('parts', group.parallel_heads, group.sequence_chunks),
-            group.micro_batches)
-  return (('slices', group.parallel_heads,
-           bool(group.fused_reversible_layers), group.sequence_chunks),
-          group.leanest.batch_slices)
+  within (fused or not, the other dimensions' values); groups in
+  micro-batches differ in their parts (their slices follow) within the
+  other dimensions' values. A key's last item is its sequence chunks
+  (`_chunks_bound`)."""
+  rows = PARTS if _used(group, PARTS) else SLICES
+  others = tuple(getattr(group.leanest, d.name)
+                 for d in dimensions.DIMENSIONS
+                 if d.role not in (SLICES, PARTS, CHUNKS))
+  return ((rows, bool(group.fused_reversible_layers), *others,
+           _value(group, CHUNKS)), _value(group, rows))

@@ -17,6 +17,7 @@ the run plans afresh and writes a new one: a stored plan saves time, never
 decides a result (it is the plan the same key and budget would choose).
 """
 
+import dataclasses
 import hashlib
 from importlib import metadata
 import json
@@ -27,6 +28,7 @@ from absl import logging
 import jax
 
 from trax_revplus import output_files
+from trax_revplus.trainer import dimensions
 from trax_revplus.trainer import plan as plan_lib
 
 FILENAME = 'plans.json'
@@ -70,23 +72,37 @@ def plan_key(batch_key: Any, settings: Mapping[str, Any], layers,
   return hashlib.sha256(described.encode()).hexdigest()
 
 
+# `StepPlan`'s fields that hold layer indices (the rest are settings: one
+# JSON value each, under the field's name, read back by `_setting`).
+_LAYOUT = ('blocks', 'loss', 'backward')
+
+
+def _setting(field: dataclasses.Field, value: Any) -> Any:
+  """A setting field's JSON value as `StepPlan` holds it: a bool, or an
+  int (None where it is a dimension whose value that changes nothing is
+  None: `dimensions.PlanDimension.none`).
+
+  Raises:
+    TypeError, ValueError: `value` is not one.
+  """
+  if value is None and field.name in dimensions.names() and (
+      dimensions.by_name(field.name).none is None):
+    return None
+  return bool(value) if field.type is bool else int(value)
+
+
 def plan_to_json(plan: plan_lib.StepPlan) -> dict:
-  """`plan` as JSON-able data (`plan_from_json` reads it back)."""
+  """`plan` as JSON-able data (`plan_from_json` reads it back): its layout,
+  then every setting field (the plan's dimensions among them) under its
+  name."""
   return {
       'blocks': [[std, [list(s) for s in segments]]
                  for std, segments in plan.blocks],
       'loss': plan.loss,
       'backward': [[list(s), [list(b) for b in splits]]
                    for s, splits in plan.backward.items()],
-      'batch_slices': plan.batch_slices,
-      'fused_from': plan.fused_from,
-      'n_async_layers': plan.n_async_layers,
-      'prefetch': plan.prefetch,
-      'saved_on_host': plan.saved_on_host,
-      'sequence_chunks': plan.sequence_chunks,
-      'micro_batches': plan.micro_batches,
-      'grads_on_host': plan.grads_on_host,
-      'parallel_heads': plan.parallel_heads,
+      **{f.name: getattr(plan, f.name) for f in dataclasses.fields(plan)
+         if f.name not in _LAYOUT},
   }
 
 
@@ -104,16 +120,9 @@ def plan_from_json(data: Mapping[str, Any]) -> plan_lib.StepPlan:
       backward={tuple(int(i) for i in s): tuple(tuple(int(i) for i in b)
                                                 for b in splits)
                 for s, splits in data['backward']},
-      batch_slices=int(data['batch_slices']),
-      fused_from=int(data['fused_from']),
-      n_async_layers=int(data['n_async_layers']),
-      prefetch=bool(data['prefetch']),
-      saved_on_host=bool(data['saved_on_host']),
-      sequence_chunks=int(data['sequence_chunks']),
-      micro_batches=int(data['micro_batches']),
-      grads_on_host=bool(data['grads_on_host']),
-      parallel_heads=(None if data['parallel_heads'] is None
-                      else int(data['parallel_heads'])))
+      **{f.name: _setting(f, data[f.name])
+         for f in dataclasses.fields(plan_lib.StepPlan)
+         if f.name not in _LAYOUT})
 
 
 def _digest(entry: Mapping[str, Any]) -> str:

@@ -123,16 +123,15 @@ class Planner:
         (B, ...), this process's rows (their values are not read).
 
     Raises:
-      validation.BatchSlicesError: batch_slices does not divide each
-        device's rows.
-      validation.SequenceChunksError: sequence_chunks set to an int > 1
-        where the loss layer has no tail to chunk, or that does not divide
-        its sequence length.
-      validation.MicroBatchesError: micro_batches set to an int > 1 that
-        does not divide each device's rows (or their slices), or where the
-        step cannot add its parts' gradients exactly.
-      validation.TrainerOptionError: parallel_heads set to an int that
-        neither divides nor is a multiple of an attention layer's heads.
+      validation.BatchSlicesError, SequenceChunksError, MicroBatchesError,
+        TrainerOptionError: a plan dimension set to an int these shapes
+        refute (`dimensions.PlanDimension.check`): batch slices that do
+        not divide each device's rows; sequence chunks > 1 where the loss
+        layer has no tail to chunk, or that do not divide its sequence
+        length; micro-batches > 1 that do not divide each device's rows
+        (or their slices), or where the step cannot add its parts'
+        gradients exactly; attention heads at once that neither divide nor
+        are a multiple of an attention layer's heads.
       DeviceMemoryBudgetError: under a budget, no plan fits it (or this
         device: the backend refused even the least plan's program), or the
         step cannot be accounted here.

@@ -11,11 +11,10 @@ settings given as ints can run on these shapes (`check`, each a one-line
 
 import jax
 
-from trax_revplus import validation
 from trax_revplus.trainer import attention_heads
 from trax_revplus.trainer import candidates as candidates_lib
+from trax_revplus.trainer import dimensions
 from trax_revplus.trainer import micro_batches
-from trax_revplus.trainer import options as options_lib
 from trax_revplus.trainer import sequence_chunks
 from trax_revplus.trainer import stack_bytes as stack_bytes_lib
 
@@ -66,12 +65,12 @@ class ShapeFacts:
         self._store.block_sizes(), self._store.params_bytes(),
         trace.block_bytes, self.rows(types), self._options,
         bool(self._store.ties), self._layer_kinds(), tail_length,
-        self.micro_batches_refusal(types) is not None,
+        self.parts_refusal(types) is not None,
         trace.slices_change_draws, self._placement.platform,
         attention_heads.lowers(self._store.layers, 1),
         trace.hashes_activations)
 
-  def micro_batches_refusal(self, types) -> str | None:
+  def parts_refusal(self, types) -> str | None:
     """Why a step from `types` cannot run in micro-batches, or None
     (`micro_batches.refusal`)."""
     stack = types.stack
@@ -84,21 +83,33 @@ class ShapeFacts:
       return None
     return [self._fingerprint_of(i) for i in range(len(self._store.layers))]
 
+  @property
+  def layers(self) -> list:
+    """The trainer's layers by index (trax `Layer`s)."""
+    return self._store.layers
+
+  @property
+  def loss_name(self) -> str:
+    """The loss layer's name (for error lines)."""
+    return self._store.layers[-1].name
+
+  def unplanned(self, role: str):
+    """The setting of the plan's dimension of `role`
+    (`dimensions.PlanDimension.role`) as a step without a budget runs it
+    (`options.TrainerOptions.unplanned`)."""
+    return self._options.unplanned(dimensions.of_role(role).name)
+
   def check(self, types) -> None:
-    """Checks the plan settings given as ints against these shapes.
+    """Checks the plan's dimensions against these shapes
+    (`dimensions.PlanDimension.check`), in `dimensions.DIMENSIONS` order.
 
     Raises:
       As `planner.Planner.step_for`: validation.BatchSlicesError,
       SequenceChunksError, MicroBatchesError, TrainerOptionError.
     """
-    options = self._options
-    validation.check_batch_slices(options.unplanned('batch_slices'),
-                                  self.rows(types))
-    validation.check_sequence_chunks(
-        options.unplanned('sequence_chunks'), self.trace(types)[1],
-        self._store.layers[-1].name)
-    validation.check_micro_batches(
-        options.unplanned('micro_batches'), self.rows(types),
-        options.unplanned('batch_slices'), self.micro_batches_refusal(types))
-    if options.parallel_heads != options_lib.AUTO:
-      attention_heads.check(self._store.layers, options.parallel_heads)
+    for dimension in dimensions.DIMENSIONS:
+      # As a step without a budget runs it: 'auto' checks its unplanned
+      # value, where it has one (None: the model as configured).
+      value = self._options.unplanned(dimension.name)
+      if dimension.check is not None and value is not None:
+        dimension.check(value, self, types)

@@ -1,6 +1,6 @@
 """Batch slices: one compiled call over k slices of each device's rows.
 
-With `batch_slices = k > 1` every function of the step (`step_fns`) runs
+With k > 1 batch slices every function of the step (`step_fns`) runs
 inside a `jax.lax.scan` over k equal slices of the rows it is given (each
 device's rows, inside a per-device call): a forward maps each slice and
 puts the outputs back together; a backward sums the slices' weight

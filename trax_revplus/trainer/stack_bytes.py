@@ -5,7 +5,7 @@ draw, and whether some layer hashes its activations.
 `backward_segment_max_layers='auto'` and the fused program's lower bound
 (`candidates`) read the bytes: a block whose reversible layers pass on less
 than `plan.ACTIVATION_BOUND_BYTES` is compiler-bound, not activation-bound.
-Sequence chunks (`sequence_chunks.tail_length`) read the loss's inputs; the
+Sequence chunks (their module's `tail_length`) read the loss's inputs; the
 speed model's rank of batch slices reads whether they change a draw
 (`rng_use` of each forward with the draws slices keep exact on a fixed key,
 `row_draws.exact_draws_fixed`), and its ranks for speed alone read whether

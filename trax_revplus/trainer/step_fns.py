@@ -176,7 +176,7 @@ class Update(enum.Enum):
 
   NOW: the optimizer update, at once (a step in one pass over the batch).
   ACCUMULATE: adds them to the gradients of the step's earlier micro-batches
-    (`micro_batches`), which the call takes in the slots' place (an empty
+    (`units.Units.walk`), which the call takes in the slots' place (an empty
     tuple in the first micro-batch) and returns in the new slots' place;
     it returns no weights (an empty tuple) and no update statistics.
   APPLY: the update of the step's last micro-batch, with the gradients of
@@ -200,7 +200,7 @@ def update_fn(optimizer, n_devices: int, adasum: bool,
   micro-batch are accumulated, or added to the accumulated ones before the
   update; each micro-batch's gradients are averaged over the devices
   before they are added (an average of sums is the sum of averages;
-  Adasum, which is not linear, is not accumulated: `micro_batches`).
+  Adasum, which is not linear, is not accumulated).
 
   Returns (of the returned function):
     (grads_weights, weights, slots, opt_params, step) -> (new_weights,

@@ -77,8 +77,8 @@ class StepRun(abc.ABC):
       share).
     tied: dict, (layer, leaf) -> that leaf of the layer's update this step,
       kept for the backward of the earlier layer sharing it (`params`).
-    part: the `micro_batches.Part` walked, or None without micro-batches
-      (`plan.StepPlan.micro_batches`).
+    part: the micro-batch's `Part` walked, or None without micro-batches
+      (the plan's).
     loss_weights: with micro-batches, the loss weights of the whole batch,
       placed (each part's loss call takes them); else None.
     grads: dict, layer index -> its weight gradients accumulated over the

@@ -102,7 +102,7 @@ class ReversibleSerialTrainer:
         `Placement.free_device_buffers`.
       adasum: bool, combine multi-device gradients with Adasum.
       **settings: the settings of `options.TrainerOptions` (e.g.
-        `device_memory_budget_bytes=2**30`, `batch_slices=2`).
+        `device_memory_budget_bytes=2**30`, `n_async_layers=4`).
 
     Raises:
       validation.BlockStructureError: blocks are not (standard, reversible)
@@ -290,8 +290,8 @@ class ReversibleSerialTrainer:
       validation.BatchSizeError: N does not divide B.
       validation.NonFiniteError: with on_non_finite='raise', the loss or a
         gradient norm is NaN/Inf (see `options.TrainerOptions`).
-      validation.BatchSlicesError: batch_slices does not divide each
-        device's rows of the batch (before anything changes).
+      validation.BatchSlicesError: the batch slices set do not divide
+        each device's rows of the batch (before anything changes).
       planner.DeviceMemoryBudgetError: under a device memory budget, no
         plan fits it, or the backend refuses to compile even the least
         plan's programs for memory (before anything changes).
@@ -351,8 +351,8 @@ class ReversibleSerialTrainer:
       `planner.PlannedStep`.
 
     Raises:
-      validation.BatchSlicesError: batch_slices does not divide each
-        device's rows.
+      validation.BatchSlicesError: the batch slices set do not divide
+        each device's rows.
       planner.DeviceMemoryBudgetError, budget.HostMemoryBudgetError,
         budget.StepCompileError: as `one_step` (nothing changed yet).
     """

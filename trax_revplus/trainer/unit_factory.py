@@ -77,13 +77,13 @@ class UnitFactory:
 
   def _compiled(self, kind, indices, fn, donated, variant, heads):
     """`compile_fn(kind, indices, fn, donated, variant)`; with `heads`
-    (`plan.StepPlan.parallel_heads`) where it lowers how many attention
+    (the plan's attention heads at once) where it lowers how many attention
     heads a layer of `indices` computes at once, `fn` traced so
     (`attention_heads`), a variant of its own."""
     layers = [self._layers[i] for i in indices]
     if heads is not None and attention_heads.lowers(layers, heads):
       fn = attention_heads.traced_at_most(fn, layers, heads)
-      variant = (variant, 'parallel_heads', heads)
+      variant = (variant, 'heads at once', heads)
     return self._compile(kind, indices, fn, donated, variant)
 
   def _rows(self, indices):
@@ -95,7 +95,7 @@ class UnitFactory:
     """The `StandardUnit` of layer i; with `micro` (micro-batches) its
     backward_fn applies accumulated gradients and its accumulate_fn
     accumulates them (`step_fns.Update`); `heads`: attention heads at
-    once (`plan.StepPlan.parallel_heads`)."""
+    once (the plan's)."""
     layer, opt = self._layers[i], self._optimizers[i]
     rows = self._rows([i])[0]
     forward_fn = self._compiled(
@@ -156,7 +156,7 @@ class UnitFactory:
     """The `LossUnit` of layers `indices` (the loss layer last); the
     reversible layers before the loss recompute their activations in its
     backward pass (`chains.chain_forward_fn`). `chunks`: the loss layer's
-    tail over that many chunks of the sequence (`sequence_chunks`; the
+    tail over that many chunks of the sequence (`loss_slices.loss_fbo`; the
     loss layer alone only, as `plan.StepPlan` holds).
 
     With `micro` (micro-batches; the loss layer alone, as `plan.StepPlan`
@@ -180,7 +180,7 @@ class UnitFactory:
           kind, indices, fn, self._donated(kind, indices),
           _variant(n_slices, in_call), heads))
     kind = Kind.LOSS
-    variant = (n_slices, 'sequence_chunks', chunks) if chunks > 1 else (
+    variant = (n_slices, 'chunks', chunks) if chunks > 1 else (
         n_slices)
 
     def program(mode):

@@ -343,7 +343,7 @@ class Units:
   def walk(self, run: step_run_lib.StepRun) -> None:
     """The step's schedule, whole: forward, loss, backward, every update
     off the device, with the run's named points between them; with
-    micro-batches (`micro_batches`), forward, loss and backward once per
+    micro-batches (the plan's), forward, loss and backward once per
     part of the batch, the updates in the last part.
 
     A real step records each pass's end at `end_pass` and may free device

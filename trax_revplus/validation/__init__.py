@@ -10,13 +10,15 @@ surfaces at step 0 instead of deep inside JAX tracing or hours into a run:
   LossLayerError         the loss layer does not output one scalar.
   DeviceCountError       n_devices is not an int in [1, local device count].
   BatchSizeError         a batch's leading axis does not divide over devices.
-  MicroBatchesError      `micro_batches` does not divide each device's
-                         rows (or their slices), or the step cannot add
-                         its parts' gradients exactly.
+  BatchSlicesError       the batch slices set do not divide each
+                         device's rows.
+  MicroBatchesError      the micro-batches set do not divide each
+                         device's rows (or their slices), or the step
+                         cannot add its parts' gradients exactly.
   SequenceLengthError    the batch's sequence axis does not fit the model's
                          positional encodings (`max_len`).
-  SequenceChunksError    `sequence_chunks` cannot split the loss layer's
-                         tail (it has none, or the count does not divide
+  SequenceChunksError    the sequence chunks set cannot split the loss
+                         layer's tail (it has none, or the count does not divide
                          its sequence length).
   TrainerOptionError     a setting of `ReversibleSerialTrainer` beyond
                          trax's (gin `trax_revplus.ReversibleSerialTrainer.
@@ -30,7 +32,8 @@ surfaces at step 0 instead of deep inside JAX tracing or hours into a run:
 
 Modules: `errors` (the exceptions), `blocks` (blocks, loss layer,
 positional encodings), `splits` (the device count; how a batch splits over
-devices, batch slices, micro-batches and sequence chunks), `optimizers`
+devices; the plan's dimensions check theirs: `trainer.dimensions`),
+`optimizers`
 (optimizer factories), `non_finite` (NaN/Inf among a step's values),
 `gin_hints` (the fix for an unknown gin parameter of ours). None imports
 trax at module level: the CLI imports the error types at once.
@@ -44,9 +47,6 @@ from trax_revplus.validation.blocks import check_loss_output
 from trax_revplus.validation.blocks import check_sequence_length
 from trax_revplus.validation.blocks import standard_layer_list
 from trax_revplus.validation.splits import check_batch
-from trax_revplus.validation.splits import check_batch_slices
-from trax_revplus.validation.splits import check_micro_batches
-from trax_revplus.validation.splits import check_sequence_chunks
 from trax_revplus.validation.splits import check_n_devices
 from trax_revplus.validation.errors import BatchSizeError
 from trax_revplus.validation.errors import BatchSlicesError
@@ -83,8 +83,7 @@ __all__ = [
     'ConfigurationError',
     'DeviceCountError', 'LossLayerError', 'NonFiniteError',
     'OptimizerFactoryError', 'SequenceChunksError', 'SequenceLengthError',
-    'TrainerOptionError', 'check_batch', 'check_batch_slices',
-    'check_sequence_chunks', 'check_blocks', 'check_loss_output',
+    'TrainerOptionError', 'check_batch', 'check_blocks', 'check_loss_output',
     'check_n_devices',
     'check_optimizer_factory', 'check_sequence_length', 'first_non_finite',
     'make_optimizer', 'standard_layer_list',

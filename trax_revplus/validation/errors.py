@@ -27,16 +27,16 @@ class BatchSizeError(ConfigurationError):
 
 
 class BatchSlicesError(BatchSizeError):
-  """`batch_slices` does not divide each device's rows of the batch."""
+  """The batch slices set do not divide each device's rows of the batch."""
 
 
 class SequenceChunksError(ConfigurationError):
-  """`sequence_chunks` cannot split the loss layer's tail: it has none, or
-  the count does not divide its sequence length."""
+  """The sequence chunks set cannot split the loss layer's tail: it has
+  none, or the count does not divide its sequence length."""
 
 
 class MicroBatchesError(ConfigurationError):
-  """`micro_batches` does not divide each device's rows of the batch (or
+  """The micro-batches set do not divide each device's rows of the batch (or
   their batch slices), or the step cannot accumulate its parts' gradients
   exactly."""
 
