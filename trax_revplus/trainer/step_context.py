@@ -150,12 +150,10 @@ class StepContext(step_run_lib.StepRun):
   def begin_part(self, index: int) -> None:
     if self.plan.micro_batches == 1:
       return
-    n_devices = self._placement.n_local_devices
-    self.part = micro_batches.Part(
-        index, self.plan.micro_batches,
-        len(self._batch[0]) // n_devices)
-    self.stack = self._placement.shard_batch(
-        micro_batches.batch_part(self._batch, self.part, n_devices))
+    self.part, rows = micro_batches.part_of_batch(
+        self._batch, index, self.plan.micro_batches,
+        self._placement.n_local_devices)
+    self.stack = self._placement.shard_batch(rows)
     if self.part.last:
       self._batch = None
 
