@@ -21,6 +21,7 @@ from trax_revplus import placement as placement_lib
 from trax_revplus.trainer import commit as commit_lib
 from trax_revplus.trainer import micro_batches
 from trax_revplus.trainer import observers as observers_lib
+from trax_revplus.trainer import protocols
 from trax_revplus.trainer import step_run as step_run_lib
 from trax_revplus.trainer import store as store_lib
 from trax_revplus.typing import Array
@@ -88,8 +89,8 @@ class StepContext(step_run_lib.StepRun):
         parts.memory_log, release.released_bytes if release else None)
     # In this order at each point: a release is counted in the phase
     # record that follows it.
-    self._observers = [o for o in (release, self._recorder)
-                       if o is not None]
+    self._observers: list[protocols.StepObserver] = [
+        o for o in (release, self._recorder) if o is not None]
 
   @classmethod
   def for_step(cls, planned, step: int, rng: PRNGKey, batch: Batch,
@@ -157,11 +158,11 @@ class StepContext(step_run_lib.StepRun):
     if self.part.last:
       self._batch = None
 
-  def unit_done(self, unit) -> None:
+  def unit_done(self, unit: protocols.Unit) -> None:
     for observer in self._observers:
       observer.unit_done(self, unit)
 
-  def end_pass(self, phase) -> None:
+  def end_pass(self, phase: str) -> None:
     for observer in self._observers:
       observer.pass_ends(self, phase)
     if phase == 'loss' and self._free_accelerators:
