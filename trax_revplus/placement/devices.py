@@ -135,15 +135,15 @@ class Placement:
       moving.append(x)
       where.append(i)
       targets.append(target)
+    if self.processes is not None:
+      placed = [self.processes.place(x, t.sharding, t.shape)
+                for x, t in zip(moving, targets)]
+    elif moving:
+      placed = jax.device_put(moving, [t.sharding for t in targets])
     if h2d:
       self.transfers.add_h2d(h2d)
     if not moving:
       return tree
-    if self.processes is not None:
-      placed = [self.processes.place(x, t.sharding, t.shape)
-                for x, t in zip(moving, targets)]
-    else:
-      placed = jax.device_put(moving, [t.sharding for t in targets])
     for i, x in zip(where, placed):
       leaves[i] = x
     return jax.tree_util.tree_unflatten(treedef, leaves)
