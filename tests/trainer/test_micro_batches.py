@@ -30,6 +30,7 @@ from conftest import reversible_lm_blocks
 from trax_revplus import trainer as rev_trainer
 from trax_revplus import validation
 from trax_revplus.trainer import options as options_lib
+from trax_revplus.trainer import micro_batches
 
 pytestmark = pytest.mark.usefixtures('stock_trax')
 
@@ -270,3 +271,21 @@ def test_the_budget_takes_micro_batches_only_where_nothing_else_fits():
   cases.assert_all_close(ref_slots, tight.slots)
   np.testing.assert_allclose([float(np.mean(np.asarray(l))) for l in losses],
                              _lm_reference_losses(), rtol=0, atol=1e-5)
+
+
+def test_a_parts_rows_and_their_types_come_from_one_function():
+  """The step's part of the host batch and the walk ahead's part of its
+  types (`micro_batches.part_of_batch`): the same rows, dtypes and Part."""
+  batch = (np.arange(24, dtype=np.int64).reshape(12, 2),
+           np.arange(12, dtype=np.float32))
+  types = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in batch)
+  for index in range(3):
+    part, rows = micro_batches.part_of_batch(batch, index, 3, 2)
+    part_of_types, row_types = micro_batches.part_of_batch(types, index, 3, 2)
+    assert part == part_of_types == micro_batches.Part(index, 3, 6)
+    assert [(x.shape, x.dtype) for x in rows] == [
+        (x.shape, x.dtype) for x in row_types] == [
+            ((4, 2), np.int64), ((4,), np.float32)]
+    # Device d's rows [2 * index, 2 * index + 2) of its 6, devices in order.
+    np.testing.assert_array_equal(
+        rows[1], [2 * index, 2 * index + 1, 6 + 2 * index, 7 + 2 * index])

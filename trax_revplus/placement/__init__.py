@@ -24,9 +24,10 @@ On one device both layouts are plain single-device arrays without the
 leading axis.
 
 Modules: `devices` (`Placement`: the devices of this process, H2D and D2H
-copies), `ahead_of_time` (the types placed values will have, for compiling
-ahead of time; a base of `Placement`), `layouts` (`Layout`; functions
-compiled to run per device), `host_copy` (D2H copies collected when
+copies), `rules` (one function per placement rule: the shape and sharding
+a placed array gets), `ahead_of_time` (the types placed values will have,
+from the same rules, for compiling ahead of time), `layouts` (`Layout`;
+functions compiled to run per device), `host_copy` (D2H copies collected when
 needed; arrays waiting on the host between a forward and a backward),
 `freeing` (releasing device buffers nothing can read), `processes` (the
 devices of every process of a run; `least_over_processes`), `one_device`

@@ -1,17 +1,14 @@
 """`Placement`: the devices of this process and the copies to and from them.
 
-See the package docstring (`trax_revplus.placement`) for the layouts. The
-types placed values will have, for compiling ahead of time, are
-`ahead_of_time`'s (a base of `Placement`).
+See the package docstring (`trax_revplus.placement`) for the layouts. Each
+value is placed by its rule (`rules`), and the types placed values will have,
+for compiling ahead of time, come from the same rules (`ahead_of_time`).
 """
 
 from typing import Any, Callable, List, Sequence, Tuple
 
 import jax
 from jax.sharding import Mesh
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec
-from jax.sharding import SingleDeviceSharding
 import numpy as np
 
 from trax_revplus import memory
@@ -20,12 +17,9 @@ from trax_revplus.placement import freeing
 from trax_revplus.placement import host_copy
 from trax_revplus.placement import layouts
 from trax_revplus.placement import processes as processes_lib
+from trax_revplus.placement import rules
 from trax_revplus.placement.layouts import AXIS_NAME
 from trax_revplus.typing import Array, HostArray, PyTree
-
-def _leaves(tree):
-  return jax.tree_util.tree_leaves(tree)
-
 
 def _host_nbytes(x):
   """Bytes a host leaf occupies (0 for non-arrays and device arrays)."""
@@ -38,7 +32,7 @@ def _host_nbytes(x):
   return 0
 
 
-class Placement(ahead_of_time.AheadOfTimeTypes):
+class Placement:
   """Puts pytrees on N devices, brings them back, frees device memory.
 
   The N devices are the first `n_devices` of this process, or in a
@@ -55,6 +49,7 @@ class Placement(ahead_of_time.AheadOfTimeTypes):
     platform: str, e.g. 'cpu', 'gpu', 'tpu'.
     mesh: `jax.sharding.Mesh` over `devices` with axis 'batch' (N > 1), or
       None.
+    shardings: `rules.Shardings`, what the placement rules read.
     transfers: `memory.TransferCounter` that every H2D and D2H copy issued
       here is added to (bytes handed to the device APIs; on the CPU backend
       the runtime may alias instead of copying).
@@ -96,14 +91,9 @@ class Placement(ahead_of_time.AheadOfTimeTypes):
     self.platform = self.devices[0].platform
     self.sync_collectives = self.platform == 'cpu' and n > 1
     self.host_is_device = self.platform == 'cpu' and n == 1
-    if n > 1:
-      self.mesh = Mesh(np.array(self.devices), (AXIS_NAME,))
-      self._replicated = NamedSharding(self.mesh, PartitionSpec())
-      self._per_device = NamedSharding(self.mesh, PartitionSpec(AXIS_NAME))
-    else:
-      self.mesh = None
-      self._replicated = SingleDeviceSharding(self.devices[0])
-      self._per_device = self._replicated
+    self.mesh = Mesh(np.array(self.devices), (AXIS_NAME,)) if n > 1 else None
+    self.shardings = rules.shardings(self.devices, self.mesh, n,
+                                     self.host_is_device)
 
   def _init_processes(self, n_devices):
     """The mesh over every process's devices (see `processes`)."""
@@ -117,40 +107,45 @@ class Placement(ahead_of_time.AheadOfTimeTypes):
     self.sync_collectives = self.platform == 'cpu'
     self.host_is_device = False
     self.mesh = self.processes.mesh
-    self._replicated = NamedSharding(self.mesh, PartitionSpec())
-    self._per_device = NamedSharding(self.mesh, PartitionSpec(AXIS_NAME))
+    self.shardings = rules.shardings(self.devices, self.mesh, self.n_devices,
+                                     self.host_is_device)
 
-  def _put(self, tree, sharding, prepare=None, copies=1, lead=None):
-    """device_put of all leaves in one call; device arrays already there stay.
+  def _put(self, tree, rule, prepare=None):
+    """device_put of all leaves in one call, each to its `rule`'s target;
+    device arrays already there, and host arrays the rule leaves on the
+    host, stay (the latter's bytes count as H2D: the call copies them).
 
-    In a multi-process run `prepare` gives this process's part of a leaf,
-    whose global shape is `lead` + the part's shape without its first axis
-    (per-device layout) or the part's own (`lead` None: replicated).
+    `prepare(x, target)` gives the host array of `target.local_shape` that
+    is placed for leaf `x` (in a multi-process run, this process's part of
+    the global array).
     """
     leaves, treedef = jax.tree_util.tree_flatten(tree)
-    if not leaves:
-      return tree
-    moving, where = [], []
+    moving, where, targets = [], [], []
     h2d = 0
     for i, x in enumerate(leaves):
-      if isinstance(x, jax.Array) and x.sharding == sharding:
+      target = rule(self.shardings, tuple(np.shape(x)))
+      if target is None:
+        h2d += _host_nbytes(x)
+        continue
+      if isinstance(x, jax.Array) and x.sharding == target.sharding:
         continue
       if prepare is not None:
-        x = prepare(x)
-      h2d += _host_nbytes(x) * copies
+        x = prepare(x, target)
+      h2d += _host_nbytes(x) * target.copies
       moving.append(x)
       where.append(i)
-    if moving and self.processes is not None:
-      place = self.processes.place
-      placed = [place(x, sharding, np.shape(x) if lead is None else
-                      lead + np.shape(x)[1:]) for x in moving]
+      targets.append(target)
+    if self.processes is not None:
+      placed = [self.processes.place(x, t.sharding, t.shape)
+                for x, t in zip(moving, targets)]
     elif moving:
-      placed = jax.device_put(moving, sharding)
-    if moving:
-      for i, x in zip(where, placed):
-        leaves[i] = x
-      if h2d:
-        self.transfers.add_h2d(h2d)
+      placed = jax.device_put(moving, [t.sharding for t in targets])
+    if h2d:
+      self.transfers.add_h2d(h2d)
+    if not moving:
+      return tree
+    for i, x in zip(where, placed):
+      leaves[i] = x
     return jax.tree_util.tree_unflatten(treedef, leaves)
 
   def memory_limit_bytes(self) -> int | None:
@@ -182,7 +177,7 @@ class Placement(ahead_of_time.AheadOfTimeTypes):
     Returns:
       The pytree with `jax.Array` leaves, same shapes and dtypes.
     """
-    return self._put(tree, self._replicated, copies=self.n_local_devices)
+    return self._put(tree, rules.replicated)
 
   def place_params(self, tree: PyTree) -> PyTree:
     """Readies host weights, slots or state for a compiled call.
@@ -198,12 +193,7 @@ class Placement(ahead_of_time.AheadOfTimeTypes):
     Returns:
       The pytree, ready to pass to a function compiled for these devices.
     """
-    if not self.host_is_device:
-      return self.replicate(tree)
-    h2d = sum(_host_nbytes(x) for x in _leaves(tree))
-    if h2d:
-      self.transfers.add_h2d(h2d)
-    return tree
+    return self._put(tree, rules.params)
 
   def per_device(self, tree: PyTree) -> PyTree:
     """Places a copy of a host value on each device in per-device layout.
@@ -218,17 +208,10 @@ class Placement(ahead_of_time.AheadOfTimeTypes):
       The pytree with leaves of shape (N,) + S on N > 1 devices, S on one
       (host arrays unchanged on one CPU device, see `place_params`).
     """
-    if self.host_is_device:
-      return self.place_params(tree)
     if self.n_devices == 1:
-      return self._put(tree, self._per_device)
-    n = self.n_local_devices
-
-    def broadcast(x):
-      x = np.asarray(x)
-      return np.broadcast_to(x, (n,) + x.shape)
-    return self._put(tree, self._per_device, prepare=broadcast,
-                     lead=(self.n_devices,))
+      return self._put(tree, rules.per_device)
+    return self._put(tree, rules.per_device, prepare=lambda x, target:
+                     np.broadcast_to(np.asarray(x), target.local_shape))
 
   def shard_batch(self, batch: PyTree) -> PyTree:
     """Splits a host batch over devices along its leading (batch) axis.
@@ -249,19 +232,18 @@ class Placement(ahead_of_time.AheadOfTimeTypes):
       ValueError: N (L: local rows) does not divide B.
     """
     if self.n_devices == 1:
-      return self._put(batch, self._per_device)
+      return self._put(batch, rules.batch)
     n = self.n_local_devices
 
-    def split(x):
+    def split(x, target):
       x = np.asarray(x)
       if x.ndim == 0 or x.shape[0] % n:
         raise ValueError(
             f'Number of devices ({n}) does not evenly divide batch size '
             f'(array of shape {x.shape}); use a batch size that is a '
             f'multiple of {n} or set n_devices.')
-      return x.reshape((n, x.shape[0] // n) + x.shape[1:])
-    return self._put(batch, self._per_device, prepare=split,
-                     lead=(self.n_devices,))
+      return x.reshape(target.local_shape)
+    return self._put(batch, rules.batch, prepare=split)
 
   def place_rngs(self, rng, n_layers: int) -> List[Array]:
     """Per-layer RNGs of a step, as trax splits them: `split(rng,
@@ -287,10 +269,32 @@ class Placement(ahead_of_time.AheadOfTimeTypes):
   def per_device_rows(self, rows: Sequence[HostArray]) -> List[Array]:
     """Places a list of host arrays of shape (N, ...) in per-device layout."""
     if self.processes is None:
-      return self._put(list(rows), self._per_device)
-    return self._put(list(rows), self._per_device,
-                     prepare=self.processes.local_rows,
-                     lead=(self.n_devices,))
+      return self._put(list(rows), rules.rows)
+    return self._put(list(rows), rules.rows, prepare=lambda x, target:
+                     self.processes.local_rows(x))
+
+  # The same rules' types, for compiling ahead (`ahead_of_time`).
+
+  def abstract_params(self, tree: PyTree) -> PyTree | None:
+    """What `place_params(tree)` would pass to a compiled call,
+    untransferred (`ahead_of_time.types`: None if a leaf is neither a host
+    `numpy.ndarray` nor a device array)."""
+    return ahead_of_time.types(self.shardings, rules.params, tree)
+
+  def abstract_per_device(self, tree: PyTree) -> PyTree | None:
+    """What `per_device(tree)` would pass to a compiled call, untransferred
+    (as `abstract_params`)."""
+    return ahead_of_time.types(self.shardings, rules.per_device, tree)
+
+  def abstract_batch(self, batch: PyTree) -> PyTree:
+    """What `shard_batch(batch)` would give, untransferred; `batch` may hold
+    `jax.ShapeDtypeStruct`s (`ahead_of_time.batch_types`)."""
+    return ahead_of_time.batch_types(self.shardings, batch)
+
+  def per_device_types(self, tree: PyTree) -> PyTree:
+    """Traced result types with the per-device sharding where they have
+    none (`ahead_of_time.per_device_types`)."""
+    return ahead_of_time.per_device_types(self.shardings, tree)
 
   def replicated(self, tree: PyTree) -> PyTree:
     """`tree` readable on every process (`processes.Processes.replicated`);

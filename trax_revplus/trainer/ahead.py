@@ -55,7 +55,8 @@ class StepTypes(NamedTuple):
     opt_params: each layer's placed optimizer hyperparameters.
     step: the step number, placed (value unused).
     host_batch: the batch's types as the host holds it (this process's
-      rows, unsharded: `device_memory.program.host_types`), or None.
+      rows, unsharded: `device_memory.program.host_types`), or None (a
+      walk with micro-batches then stops: each part's types come from it).
   """
   stack: Any
   rngs: Any
@@ -107,7 +108,6 @@ class AheadOfTime(step_run_lib.StepRun):
         programs, placement.n_local_devices if self._devices_are_host else 0)
     self._pool = None
     self._unit = None
-    self._batch = None  # the whole batch's types, with micro-batches
     self.complete = False
 
   def walk(self, units) -> None:
@@ -146,28 +146,28 @@ class AheadOfTime(step_run_lib.StepRun):
             for state in states]
 
   def begin(self) -> None:
+    """With micro-batches, the batch's loss weights as the step places
+    them; each part's rows come from the host batch's types (`begin_part`),
+    as the step's from the host batch."""
     if self.plan.micro_batches == 1:
       return
-    self._batch, self.stack = self.stack, None
-    item = micro_batches.loss_weights_item(self._layers, len(self._batch))
-    self.loss_weights = _fresh(self._batch[item])
+    if self._host_batch is None:
+      raise TypesUnknown()
+    self.stack = None
+    item = micro_batches.loss_weights_item(self._layers,
+                                           len(self._host_batch))
+    self.loss_weights = self._placement.abstract_batch(
+        self._host_batch[item])
 
   def begin_part(self, index: int) -> None:
     """The part's rows of the batch's types, as `shard_batch` would give
-    them (rows are axis 1 on N > 1 devices, else axis 0)."""
-    m = self.plan.micro_batches
-    if m == 1:
+    them (`micro_batches.part_of_batch`, as the step)."""
+    if self.plan.micro_batches == 1:
       return
-    axis = 1 if self._placement.n_devices > 1 else 0
-
-    def part(x):
-      shape = list(x.shape)
-      shape[axis] //= m
-      return jax.ShapeDtypeStruct(tuple(shape), x.dtype, sharding=x.sharding,
-                                  weak_type=x.weak_type)
-    first = jax.tree_util.tree_leaves(self._batch)[0]
-    self.part = micro_batches.Part(index, m, first.shape[axis])
-    self.stack = jax.tree_util.tree_map(part, self._batch)
+    self.part, rows = micro_batches.part_of_batch(
+        self._host_batch, index, self.plan.micro_batches,
+        self._placement.n_local_devices)
+    self.stack = self._placement.abstract_batch(rows)
 
   def place_ahead(self, unit, with_slots) -> None:
     # A unit whose types are unknown stops the walk when it is called, after

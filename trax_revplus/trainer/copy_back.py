@@ -11,6 +11,7 @@ the host would hold. The step and the accounting follow this one rule
 import collections
 from typing import Any
 
+from trax_revplus.trainer import protocols
 from trax_revplus.typing import PyTree
 
 
@@ -34,7 +35,8 @@ def commit_waits(pending_sizes: list[int], n_async_layers: int) -> int:
 
 
 class UpdateSink:
-  """Where a walk hands each call's updates; this one keeps none of them.
+  """Where a walk hands each call's updates; this one keeps none of them
+  (a `protocols.UpdateSink`).
 
   `CopyBack` starts an update's journey when its call is dispatched
   (`start`) and ends it when the update leaves the device (`commit`).
@@ -80,9 +82,9 @@ class CopyBack:
   (`on_device`).
   """
 
-  def __init__(self, n_async_layers: int, sink: UpdateSink):
+  def __init__(self, n_async_layers: int, sink: protocols.UpdateSink):
     """Args: n_async_layers, int >= 0 (`commit_waits`); sink, the
-    `UpdateSink` the updates go to."""
+    `protocols.UpdateSink` the updates go to."""
     self._n_async_layers = n_async_layers
     self._sink = sink
     self._pending = collections.deque()  # (n layers, device updates, token)

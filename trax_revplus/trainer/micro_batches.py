@@ -40,6 +40,7 @@ Adasum (not linear), and a loss `loss_combination` cannot combine.
 
 from typing import Any, NamedTuple
 
+import jax
 import numpy as np
 
 from trax_revplus.trainer import chains
@@ -107,17 +108,22 @@ def part_of_rows(x: np.ndarray, p: int, m: int, n_devices: int) -> np.ndarray:
 
   Args:
     x: host array of shape (B, ...), B rows split over `n_devices` devices
-      in order (as `placement.Placement.shard_batch` splits them).
+      in order (as `placement.Placement.shard_batch` splits them); or its
+      `jax.ShapeDtypeStruct` (the walk ahead's types).
     p: int, the part, 0 <= p < m.
     m: int, the parts; m divides each device's rows.
     n_devices: int, the devices (this process's).
 
   Returns:
     Host array of shape (B // m, ...): rows [p * b, (p + 1) * b) of each
-    device's rows, b = B / (n_devices * m), devices in order.
+    device's rows, b = B / (n_devices * m), devices in order; for a
+    `jax.ShapeDtypeStruct`, one of that shape and `x`'s dtype.
   """
-  x = np.asarray(x)
   b = x.shape[0] // (n_devices * m)
+  if isinstance(x, jax.ShapeDtypeStruct):
+    return jax.ShapeDtypeStruct((n_devices * b,) + tuple(x.shape[1:]),
+                                x.dtype)
+  x = np.asarray(x)
   parts = x.reshape((n_devices, m, b) + x.shape[1:])
   return parts[:, p].reshape((n_devices * b,) + x.shape[1:])
 
@@ -154,8 +160,29 @@ class Part(NamedTuple):
     return self._states(layer, state).with_slice(self.index, new_state)
 
 
+def part_of_batch(batch: Any, index: int, count: int,
+                  n_devices: int) -> tuple[Part, Any]:
+  """Part `index` of `count` of a host batch, and its rows: what the step
+  places (`step_context`) and the walk ahead types (`ahead`) alike.
+
+  Args:
+    batch: a tuple of host arrays of shape (B, ...) or one array, or their
+      `jax.ShapeDtypeStruct`s.
+    index: int, the part, 0 <= index < count.
+    count: int m >= 2, the step's micro-batches.
+    n_devices: int, the devices the rows are split over (this process's).
+
+  Returns:
+    (`Part`, the part's rows as `batch_part` gives them).
+  """
+  n_rows = jax.tree_util.tree_leaves(batch)[0].shape[0] // n_devices
+  part = Part(index, count, n_rows)
+  return part, batch_part(batch, part, n_devices)
+
+
 def batch_part(batch: Any, part: Part, n_devices: int) -> Any:
-  """Part `part` of a host batch (a tuple of items or one array)."""
+  """Part `part` of a host batch (a tuple of items or one array, or their
+  `jax.ShapeDtypeStruct`s)."""
   if isinstance(batch, (tuple, list)):
     return type(batch)(part_of_rows(x, part.index, part.count, n_devices)
                        for x in batch)

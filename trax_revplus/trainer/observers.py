@@ -15,18 +15,20 @@ import time
 from typing import Callable, NamedTuple
 
 from trax_revplus.memory import host_release
+from trax_revplus.trainer import protocols
 
 
 class StepObserver:
-  """The points of a step an observer sees; here all do nothing.
+  """The points of a step an observer sees (`protocols.StepObserver`);
+  here all do nothing.
 
   `ctx` is the step's `step_context.StepContext`.
   """
 
-  def unit_done(self, ctx, unit) -> None:
+  def unit_done(self, ctx: protocols.Step, unit: protocols.Unit) -> None:
     """`unit` ran in the pass `ctx.phase` ('forward' or 'backward')."""
 
-  def pass_ends(self, ctx, phase) -> None:
+  def pass_ends(self, ctx: protocols.Step, phase: str) -> None:
     """The pass `phase` ended: 'forward'; 'loss' (`ctx.grad_stack` set);
     'backward' (every update committed)."""
 
@@ -57,14 +59,14 @@ class ReleaseHostMemory(StepObserver):
     """int, host bytes released so far."""
     return self._releaser.released_bytes
 
-  def unit_done(self, ctx, unit) -> None:
+  def unit_done(self, ctx: protocols.Step, unit: protocols.Unit) -> None:
     fn = (unit.forward_fn if ctx.phase == 'forward' else
           ctx.backward_fn_of(unit))
     if fn is not None and id(fn) not in self._first_calls_done:
       self._first_calls_done.add(id(fn))
       self.release()
 
-  def pass_ends(self, ctx, phase) -> None:
+  def pass_ends(self, ctx: protocols.Step, phase: str) -> None:
     # Where the devices' memory is the host's (the CPU backend), the step's
     # own buffers come back with its next phase or step: returning them
     # only makes those fault their pages in again.
@@ -117,7 +119,7 @@ class PhaseRecorder(StepObserver):
     self._per_layer = self._recording and memory_log.per_layer
     self._phase_start = self._now()
 
-  def unit_done(self, ctx, unit) -> None:
+  def unit_done(self, ctx: protocols.Step, unit: protocols.Unit) -> None:
     """Per-layer record of a unit (a segment counts as one), timed from
     `ctx.unit_start_seconds`."""
     if not self._per_layer:
@@ -130,7 +132,7 @@ class PhaseRecorder(StepObserver):
                      layer_name=name, n_layers=len(unit.layers),
                      seconds=time.time() - ctx.unit_start_seconds)
 
-  def pass_ends(self, ctx, phase) -> None:
+  def pass_ends(self, ctx: protocols.Step, phase: str) -> None:
     # Each pass's record waits for what the pass made last.
     self.end_phase(phase, {'forward': ctx.stack,
                            'loss': ctx.grad_stack}.get(phase))

@@ -21,6 +21,7 @@ from trax_revplus import placement as placement_lib
 from trax_revplus.trainer import commit as commit_lib
 from trax_revplus.trainer import micro_batches
 from trax_revplus.trainer import observers as observers_lib
+from trax_revplus.trainer import protocols
 from trax_revplus.trainer import step_run as step_run_lib
 from trax_revplus.trainer import store as store_lib
 from trax_revplus.typing import Array
@@ -88,8 +89,8 @@ class StepContext(step_run_lib.StepRun):
         parts.memory_log, release.released_bytes if release else None)
     # In this order at each point: a release is counted in the phase
     # record that follows it.
-    self._observers = [o for o in (release, self._recorder)
-                       if o is not None]
+    self._observers: list[protocols.StepObserver] = [
+        o for o in (release, self._recorder) if o is not None]
 
   @classmethod
   def for_step(cls, planned, step: int, rng: PRNGKey, batch: Batch,
@@ -150,20 +151,18 @@ class StepContext(step_run_lib.StepRun):
   def begin_part(self, index: int) -> None:
     if self.plan.micro_batches == 1:
       return
-    n_devices = self._placement.n_local_devices
-    self.part = micro_batches.Part(
-        index, self.plan.micro_batches,
-        len(self._batch[0]) // n_devices)
-    self.stack = self._placement.shard_batch(
-        micro_batches.batch_part(self._batch, self.part, n_devices))
+    self.part, rows = micro_batches.part_of_batch(
+        self._batch, index, self.plan.micro_batches,
+        self._placement.n_local_devices)
+    self.stack = self._placement.shard_batch(rows)
     if self.part.last:
       self._batch = None
 
-  def unit_done(self, unit) -> None:
+  def unit_done(self, unit: protocols.Unit) -> None:
     for observer in self._observers:
       observer.unit_done(self, unit)
 
-  def end_pass(self, phase) -> None:
+  def end_pass(self, phase: str) -> None:
     for observer in self._observers:
       observer.pass_ends(self, phase)
     if phase == 'loss' and self._free_accelerators:

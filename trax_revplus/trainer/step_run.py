@@ -21,6 +21,7 @@ import abc
 from typing import Any, Callable
 
 from trax_revplus.trainer import copy_back as copy_back_lib
+from trax_revplus.trainer import protocols
 from trax_revplus.trainer import ties as ties_lib
 from trax_revplus.typing import PyTree
 
@@ -49,7 +50,8 @@ def call_name(phase: str, unit, layers) -> str:
 
 
 class StepRun(abc.ABC):
-  """What a walk over a plan's units runs on; one per walk.
+  """What a walk over a plan's units runs on; one per walk (a
+  `protocols.Run`).
 
   A run sees each compiled call with its arguments (`call`) and what the
   step holds across it (`held`), so per-call accounting of device memory
@@ -72,7 +74,7 @@ class StepRun(abc.ABC):
     stats: list of each call's stats dicts, in commit order (the loss
       layer's first).
     phase: the pass the walk is in: 'forward', 'loss' or 'backward'.
-    sink: the `UpdateSink` each call's updates go to.
+    sink: the `protocols.UpdateSink` each call's updates go to.
     ties: the `ties.Ties` of the trainer's layers (weights several layers
       share).
     tied: dict, (layer, leaf) -> that leaf of the layer's update this step,
@@ -88,8 +90,8 @@ class StepRun(abc.ABC):
       share of the batch's loss).
   """
 
-  def __init__(self, plan, stack, rngs, opt_params, step_placed, sink,
-               ties=None):
+  def __init__(self, plan, stack, rngs, opt_params, step_placed,
+               sink: protocols.UpdateSink, ties=None):
     self.plan = plan
     self.stack = stack
     self.grad_stack = None
@@ -233,18 +235,18 @@ class StepRun(abc.ABC):
     gradients (any but the step's last)."""
     return self.part is not None and not self.part.last
 
-  def backward_fn_of(self, unit) -> Callable[..., Any]:
+  def backward_fn_of(self, unit: protocols.Unit) -> Callable[..., Any]:
     """The compiled backward `unit` calls in this part of the step."""
     return unit.accumulate_fn if self.accumulating else unit.backward_fn
 
-  def place_ahead(self, unit, with_slots) -> None:
+  def place_ahead(self, unit: protocols.Unit, with_slots: bool) -> None:
     """Places `unit`'s parameters ahead of its call, if the plan
     prefetches (H2D overlaps the current call's work)."""
     if self.plan.prefetch:
       self._next = (unit, self.place(unit.layers,
                                      with_slots and not self.accumulating))
 
-  def params(self, unit, following,
+  def params(self, unit: protocols.Unit, following: protocols.Unit | None,
              with_slots: bool) -> tuple[list[PyTree], list[PyTree] | None]:
     """`unit`'s parameters, placed ahead or now; places `following`'s ahead
     (where the plan prefetches) before returning.
@@ -355,7 +357,7 @@ class StepRun(abc.ABC):
     """Before part `index`'s forward pass (0 without micro-batches); with
     micro-batches, sets `part` and places the part's rows as the stack."""
 
-  def unit_done(self, unit) -> None:
+  def unit_done(self, unit: protocols.Unit) -> None:
     """After `unit`'s call in the pass `phase` ('forward' or 'backward')."""
 
   def end_pass(self, phase) -> None:

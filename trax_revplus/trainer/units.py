@@ -29,7 +29,7 @@ from typing import Any, Callable
 from trax.layers import combinators as cb
 
 from trax_revplus.trainer import chains
-from trax_revplus.trainer import step_run as step_run_lib
+from trax_revplus.trainer import protocols
 from trax_revplus.trax_door import layers as layer_door
 from trax_revplus.typing import Stack
 
@@ -58,7 +58,7 @@ class StandardUnit:
     self.backward_fn = backward_fn
     self.accumulate_fn = accumulate_fn
 
-  def forward(self, stack: Stack, params, run: step_run_lib.StepRun) -> Stack:
+  def forward(self, stack: Stack, params, run: protocols.Run) -> Stack:
     """Runs the layer on the top of `stack`; saves its inputs and new state.
 
     Returns:
@@ -75,7 +75,7 @@ class StandardUnit:
     return cb.outputs_onto_stack(outputs, stack, self.depth)
 
   def backward(self, stack: Stack, grad_stack: Stack, params,
-               run: step_run_lib.StepRun) -> tuple[Stack, Stack]:
+               run: protocols.Run) -> tuple[Stack, Stack]:
     """Forward + backward + update from the saved inputs; returns the
     stack and cotangents with the layer's inputs in place of its outputs."""
     weights, slots = params
@@ -122,7 +122,7 @@ class ReversibleSegment:
     self.backward_fn = backward_fn
     self.accumulate_fn = accumulate_fn
 
-  def forward(self, stack: Stack, params, run: step_run_lib.StepRun) -> Stack:
+  def forward(self, stack: Stack, params, run: protocols.Run) -> Stack:
     """Runs the layers in order; saves each one's old and new state.
 
     Returns:
@@ -140,7 +140,7 @@ class ReversibleSegment:
     return cb.outputs_onto_stack(outputs, stack, self.depth)
 
   def backward(self, stack: Stack, grad_stack: Stack, params,
-               run: step_run_lib.StepRun) -> tuple[Stack, Stack]:
+               run: protocols.Run) -> tuple[Stack, Stack]:
     """Reverse + backward + update of each layer, last to first; returns
     the stack and cotangents with the reconstructed inputs in place."""
     weights, slots = params
@@ -182,7 +182,7 @@ class SelectSegment:
     self._permutations = [(layer.n_in, list(layer_door.select_indices(layer)))
                           for layer in layers]
 
-  def forward(self, stack: Stack, params, run: step_run_lib.StepRun) -> Stack:
+  def forward(self, stack: Stack, params, run: protocols.Run) -> Stack:
     del params, run
     for n, indices in self._permutations:
       items = cb.inputs_from_stack(stack, n)
@@ -191,7 +191,7 @@ class SelectSegment:
     return stack
 
   def backward(self, stack: Stack, grad_stack: Stack, params,
-               run: step_run_lib.StepRun) -> tuple[Stack, Stack]:
+               run: protocols.Run) -> tuple[Stack, Stack]:
     """Puts the inputs back and their cotangents (the outputs' cotangents,
     reordered the same way: a permutation's gradient)."""
     del params
@@ -237,7 +237,7 @@ class LossUnit:
   def backward_fn(self) -> Callable[..., Any]:
     return self.fn
 
-  def backward(self, stack: Stack, params, run: step_run_lib.StepRun) -> Stack:
+  def backward(self, stack: Stack, params, run: protocols.Run) -> Stack:
     """Returns the cotangents of the program's inputs (cotangent of the
     loss: 1); the stack keeps the inputs, for the backward pass."""
     weights, slots = params
@@ -309,7 +309,7 @@ class Units:
                                   plan.batch_slices, plan.sequence_chunks,
                                   micro, heads)
 
-  def forward(self, run: step_run_lib.StepRun) -> None:
+  def forward(self, run: protocols.Run) -> None:
     """The forward pass: `run.stack` through every forward unit."""
     run.phase = 'forward'
     units = self.forward_units
@@ -320,7 +320,7 @@ class Units:
           run.stack, run.params(unit, following, with_slots=False), run)
       run.unit_done(unit)
 
-  def loss(self, run: step_run_lib.StepRun) -> None:
+  def loss(self, run: protocols.Run) -> None:
     """The loss program: sets `run.grad_stack` (and places the first
     backward unit's parameters ahead, where the plan prefetches)."""
     run.phase = 'loss'
@@ -328,7 +328,7 @@ class Units:
     params = run.params(self.loss_unit, following, with_slots=True)
     run.grad_stack = self.loss_unit.backward(run.stack, params, run)
 
-  def backward(self, run: step_run_lib.StepRun) -> None:
+  def backward(self, run: protocols.Run) -> None:
     """The backward pass, last unit first; empties `run.stack` and
     `run.grad_stack` (the batch's reconstruction and cotangents)."""
     run.phase = 'backward'
@@ -340,7 +340,7 @@ class Units:
       run.unit_done(unit)
     run.stack = run.grad_stack = None
 
-  def walk(self, run: step_run_lib.StepRun) -> None:
+  def walk(self, run: protocols.Run) -> None:
     """The step's schedule, whole: forward, loss, backward, every update
     off the device, with the run's named points between them; with
     micro-batches (the plan's), forward, loss and backward once per
