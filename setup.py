@@ -1,4 +1,4 @@
-"""Install trax-revplus: drop-in memory-efficient reversible training for Trax."""
+"""Install trax-revplus: drop-in memory-efficient reversible training."""
 
 import setuptools
 
@@ -12,7 +12,8 @@ setuptools.setup(
     long_description_content_type='text/markdown',
     license='Apache-2.0',
     python_requires='>=3.10,<3.13',
-    packages=setuptools.find_packages(include=['trax_revplus', 'trax_revplus.*']),
+    packages=setuptools.find_packages(
+        include=['trax_revplus', 'trax_revplus.*']),
     # Upper bounds are the newest releases the test suite has run against;
     # constraints.txt pins the exact set CI installs.
     install_requires=[

@@ -64,4 +64,4 @@ def import_trax() -> None:
   if 'trax' in sys.modules:
     return
   with stack_without_source():
-    import trax  # pylint: disable=g-import-not-at-top,unused-import
+    import trax  # noqa: F401  # pylint: disable=g-import-not-at-top,unused-import

@@ -4,9 +4,10 @@ The run's full log (absl at INFO, trax's metrics included) goes to
 `<output_dir>/train.log` (one file per process in a multi-process run);
 the terminal gets warnings only, without the third-party ones known to be
 harmless (`noise`), since trax prints its own progress and eval lines
-there (less the lines of its own known to be noise, which its log keeps); the library's notices (`trax_revplus.notices`, e.g. a setting the
-device memory budget replaced) are the command's warning lines. A background thread that dies is one warning line, its traceback in
-the log.
+there (less the lines of its own known to be noise, which its log
+keeps); the library's notices (`trax_revplus.notices`, e.g. a setting the
+device memory budget replaced) are the command's warning lines. A
+background thread that dies is one warning line, its traceback in the log.
 """
 
 import contextlib

@@ -23,8 +23,8 @@ warnings, third-party warnings known to be harmless go to
 `<output_dir>/train.log` only (`run_log`, `noise`).
 
 With several processes (`--num_processes` or a cluster launcher), each
-joins the run before anything touches JAX (`distributed_flags`); what differs then is
-in `trax_revplus.multiprocess` (`training`, `ending`).
+joins the run before anything touches JAX (`distributed_flags`); what
+differs then is in `trax_revplus.multiprocess` (`training`, `ending`).
 """
 
 import argparse

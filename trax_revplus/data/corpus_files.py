@@ -69,9 +69,9 @@ def resolve_paths(paths):
     paths = [paths]
   paths = list(paths or ())
   if not paths:
-    raise CorpusSettingError('local_text_inputs.paths is empty; give at least one '
-                      'file, directory or glob, or None for the default '
-                      'corpus.')
+    raise CorpusSettingError('local_text_inputs.paths is empty; give at least '
+                             'one file, directory or glob, or None for the '
+                             'default corpus.')
   files = set()
   for entry in paths:
     pattern = os.path.expanduser(os.fspath(entry))

@@ -23,7 +23,6 @@ from trax_revplus.device_memory import composition
 from trax_revplus.device_memory import program as program_lib
 from trax_revplus.device_memory import refusals
 from trax_revplus.device_memory import walk as walk_lib
-from trax_revplus.typing import PyTree
 
 
 def update_call_args(trainer, batch, rng=None, step=1) -> tuple:

@@ -45,7 +45,6 @@ from trax.layers import combinators as cb
 from trax_revplus.device_memory import composition
 from trax_revplus.device_memory import program as program_lib
 from trax_revplus.device_memory import walk as walk_lib
-from trax_revplus.typing import PyTree
 
 
 def stock_trainer_step(trainer, batch, step=1) -> composition.StepMemory:

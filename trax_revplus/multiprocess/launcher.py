@@ -318,7 +318,7 @@ def _wait(procs, received, stop_grace_seconds):
 
 
 def main(argv=None):
-  """`python -m trax_revplus.multiprocess.launcher --num_processes=N -- COMMAND...`."""
+  """`python -m trax_revplus.multiprocess.launcher --num_processes=N -- CMD`."""
   argv = sys.argv[1:] if argv is None else list(argv)
   parser = argparse.ArgumentParser(
       prog='python -m trax_revplus.multiprocess.launcher',

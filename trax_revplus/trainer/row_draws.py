@@ -28,7 +28,6 @@ import threading
 from typing import Any, Iterator, Sequence
 
 from jax import lax
-from jax import numpy as jnp
 import numpy as np
 from trax import fastmath
 from trax.fastmath import ops as fastmath_ops

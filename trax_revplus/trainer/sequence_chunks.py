@@ -15,10 +15,11 @@ moves positions).
 With `sequence_chunks = k > 1` the loss layer's program runs its head on
 the whole sequence, then the tail's forward, backward and weight gradients
 over k equal chunks of the sequence axis (axis 1 of every stack item the
-tail reads, `sequence_length`), one after the other, inside one loop: XLA keeps one chunk's
-temporaries at a time. The chunks' losses are combined by their weight
-sums (`loss_combination`), as batch slices combine rows; their cotangents
-are written into one buffer, on which the head's backward runs once. With
+tail reads, `sequence_length`), one after the other, inside one loop: XLA
+keeps one chunk's temporaries at a time. The chunks' losses are combined
+by their weight sums (`loss_combination`), as batch slices combine rows;
+their cotangents are written into one buffer, on which the head's backward
+runs once. With
 batch slices, each slice runs its chunks. Exact up to float32 summation
 order, except for random draws: chunk j draws with
 `jax.random.fold_in(rng, j)` of its tail layer's RNG of the step (dropout
