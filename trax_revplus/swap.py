@@ -14,6 +14,7 @@ the binding found at `activate()` is remembered and put back.
 import inspect
 import sys
 import threading
+from typing import Any
 
 from absl import logging
 from trax import fastmath as _fastmath
@@ -26,7 +27,7 @@ from trax_revplus import validation
 
 _lock = threading.Lock()
 # (module, attribute name, stock object) for every binding we replaced.
-_replaced = []
+_replaced: list[tuple[Any, str, Any]] = []
 _stock_init_trainer = _training.Loop._init_trainer
 _stock_loop_init = _training.Loop.__init__
 _stock_init_evaluator = _training.Loop._init_evaluator

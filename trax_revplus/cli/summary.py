@@ -19,7 +19,7 @@ def implementations(loop: Any) -> tuple[str, str]:
   # pylint: enable=g-import-not-at-top
   trainers = getattr(loop, '_trainer_per_task', ())
   trainer = progress.qualified_name(type(trainers[0])) if trainers else 'n/a'
-  counts = {}
+  counts: dict[str, int] = {}
 
   def walk(layer):
     if isinstance(layer, (reversible.ReversibleSerial,

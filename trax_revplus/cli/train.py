@@ -250,13 +250,12 @@ def _train(output_dir: str, callbacks: list[Any], log_path: str,
   printers = [c for c in getattr(loop, '_callbacks', ())
               if isinstance(c, progress.ProgressPrinter)]
   summary = printers[0].summary() if printers else None
-  if not os.path.exists(checkpoint):
-    checkpoint = None
+  saved = checkpoint if os.path.exists(checkpoint) else None
   if stop.signum is not None:  # Came after the last step ended.
     print(warning_line(COMMAND, f'signal {stop.signum} received after the '
                                 f'last step; the run is complete.'),
           file=sys.stderr, flush=True)
-  print(summaries.format_summary(summary, loop, checkpoint, checkpoint_step,
+  print(summaries.format_summary(summary, loop, saved, checkpoint_step,
                                  log_path, _total_steps()), flush=True)
   return EXIT_OK
 

@@ -8,7 +8,7 @@ outputs, last layer to first. The step functions (`step_fns`, `slices`,
 walks a chain the same way.
 """
 
-from typing import Callable
+from typing import Any, Callable
 
 import jax
 from trax.layers import combinators as cb
@@ -181,7 +181,8 @@ def _runs(layers):
   """(start, stop, fn) over `layers` in order: a run of consecutive
   reversible layers as one `reversible_run_fn`, every other layer alone
   with fn None."""
-  runs, i = [], 0
+  runs: list[tuple[int, int, Any]] = []
+  i = 0
   while i < len(layers):
     j = i + 1
     if is_reversible(layers[i]):

@@ -7,7 +7,7 @@ compiles (`trax.optimizers.trainer._accelerated_update_fn`), with each
 layer updated by its own optimizer as `step_fns.fbo_fn` does.
 """
 
-from typing import Callable
+from typing import Any, Callable
 
 from trax import fastmath
 from trax.fastmath import numpy as jnp
@@ -88,8 +88,10 @@ def _pieces(layers, optimizers, n_devices, adasum, in_call):
     for a, b, run in pieces[:-1]:
       stacks.append(run(stacks[-1], weights[a:b], states[a:b],
                         rngs[a:b])[0])
-    new_weights, new_slots = [None] * n, [None] * n
-    new_states, stats = [None] * n, [None] * n
+    new_weights: list[Any] = [None] * n
+    new_slots: list[Any] = [None] * n
+    new_states: list[Any] = [None] * n
+    stats: list[Any] = [None] * n
     loss = cotangents = None
     for stack, (a, b, run) in reversed(list(zip(stacks, pieces))):
       ws = [tied_weights(k, weights[k], new_weights, in_call)

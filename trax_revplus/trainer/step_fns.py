@@ -308,7 +308,9 @@ def segment_reverse_fn(layers, optimizers, n_devices: int, adasum: bool,
   def reverse(outputs, weights, grads, states, new_states, slots, opt_params,
               rngs, step):
     n = len(layers)
-    new_weights, new_slots, stats = [None] * n, [None] * n, [None] * n
+    new_weights: list[Any] = [None] * n
+    new_slots: list[Any] = [None] * n
+    stats: list[Any] = [None] * n
 
     def reverse_layer(k, y, y_ct):
       # Each layer's update follows its own reverse, as one call per layer
@@ -358,7 +360,9 @@ def update_each(updates, grads_weights, weights, slots, opt_params, step,
     (new_weights, new_slots, stats): lists over the layers.
   """
   n = len(updates)
-  new_weights, new_slots, stats = [None] * n, [None] * n, [None] * n
+  new_weights: list[Any] = [None] * n
+  new_slots: list[Any] = [None] * n
+  stats: list[Any] = [None] * n
   for k in range(n - 1, -1, -1):
     w = tied_weights(k, weights[k], new_weights, in_call)
     new_weights[k], new_slots[k], st = updates[k](

@@ -59,10 +59,10 @@ class Ties:
 
   def __init__(self, ties: Sequence[Tie] = ()):
     self.ties = tuple(ties)
-    self._by_layer = {}
+    self._by_layer: dict[int, list[Tie]] = {}
     for tie in self.ties:
       self._by_layer.setdefault(tie.layer, []).append(tie)
-    self._read_from = {}
+    self._read_from: dict[int, list[Tie]] = {}
     for tie in self.ties:
       self._read_from.setdefault(tie.source, []).append(tie)
 
@@ -77,7 +77,8 @@ class Ties:
     Returns:
       `Ties` (empty where no array is held twice).
     """
-    holders = {}  # id(array) -> [(layer index, leaf)] in forward order
+    # id(array) -> [(layer index, leaf)] in forward order
+    holders: dict[int, list[tuple[int, int]]] = {}
     for i, layer in enumerate(layers):
       for leaf, x in enumerate(jax.tree_util.tree_leaves(layer.weights)):
         if getattr(x, 'nbytes', 0):
