@@ -32,6 +32,9 @@ setuptools.setup(
     ],
     extras_require={
         'test': ['pytest>=8,<10', 'pytest-xdist>=3.6,<4'],
+        # What CI checks besides the tests: `ruff check` and `mypy`
+        # (configured in ruff.toml and mypy.ini).
+        'lint': ['ruff>=0.17.6,<0.18', 'mypy>=2.4.1,<2.5'],
     },
     entry_points={
         'console_scripts': ['trax-revplus=trax_revplus.cli:run'],
