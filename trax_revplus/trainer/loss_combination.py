@@ -10,9 +10,10 @@ the layers before it. For any other loss `loss_combination` is None: it
 runs whole.
 """
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from jax import numpy as jnp
+from trax import layers as tl
 from trax.layers import metrics as trax_metrics
 
 from trax_revplus.trainer import chains
@@ -43,7 +44,8 @@ def _leaves(layer):
   return [layer]
 
 
-def loss_combination(layers) -> Callable[[Any], Any] | None:
+def loss_combination(layers: Sequence[tl.Layer]
+                     ) -> Callable[[Any], Any] | None:
   """How slices of a loss program combine, or None if they cannot.
 
   Args:

@@ -93,7 +93,7 @@ def _dropout_drawing(make_bernoulli) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def slice_of(s, k: int) -> Iterator[None]:
+def slice_of(s: Any, k: int) -> Iterator[None]:
   """Within the block (the trace of slice `s` of a call's `k` slices),
   trax's `Dropout` layers draw their rows of the unsliced call's masks.
 

@@ -40,6 +40,11 @@ from trax import layers as tl
 from trax_revplus.typing import PyTree
 
 
+# Ties within one call, as positions in the call's lists:
+# ((k, leaf, source_k, source_leaf), ...) (`Ties.in_call`).
+InCall = tuple[tuple[int, int, int, int], ...]
+
+
 class Tie(NamedTuple):
   """Leaf `leaf` of layer `layer` is read from leaf `source_leaf` of layer
   `source`'s update (the next holder in backward order, `source > layer`)."""
@@ -100,8 +105,7 @@ class Ties:
     return [t for i in indices for t in self._by_layer.get(i, ())
             if t.source not in inside]
 
-  def in_call(self, indices: Sequence[int]) -> tuple[tuple[int, int, int,
-                                                           int], ...]:
+  def in_call(self, indices: Sequence[int]) -> InCall:
     """Ties between layers of one call over `indices` (forward order), as
     positions in the call's lists: ((k, leaf, source_k, source_leaf), ...),
     hashable (part of what the compiled function computes)."""
