@@ -1,4 +1,4 @@
-"""Install trax-revplus: drop-in memory-efficient reversible training for Trax."""
+"""Install trax-revplus: drop-in memory-efficient reversible training."""
 
 import setuptools
 
@@ -12,7 +12,8 @@ setuptools.setup(
     long_description_content_type='text/markdown',
     license='Apache-2.0',
     python_requires='>=3.10,<3.13',
-    packages=setuptools.find_packages(include=['trax_revplus', 'trax_revplus.*']),
+    packages=setuptools.find_packages(
+        include=['trax_revplus', 'trax_revplus.*']),
     # Upper bounds are the newest releases the test suite has run against;
     # constraints.txt pins the exact set CI installs.
     install_requires=[
@@ -31,6 +32,9 @@ setuptools.setup(
     ],
     extras_require={
         'test': ['pytest>=8,<10', 'pytest-xdist>=3.6,<4'],
+        # What CI checks besides the tests: `ruff check` and `mypy`
+        # (configured in ruff.toml and mypy.ini).
+        'lint': ['ruff>=0.17.6,<0.18', 'mypy>=2.4.1,<2.5'],
     },
     entry_points={
         'console_scripts': ['trax-revplus=trax_revplus.cli:run'],

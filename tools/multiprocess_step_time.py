@@ -64,7 +64,8 @@ def run_once(layout, work_dir, index, steps):
   started = time.monotonic()
   with open(log, 'w') as f:
     rc = subprocess.call(_command(layout, output_dir, steps), cwd=_REPO,
-                         env=cpu_env(LAYOUTS[layout][1]), stdout=f, stderr=subprocess.STDOUT)
+                         env=cpu_env(LAYOUTS[layout][1]), stdout=f,
+                         stderr=subprocess.STDOUT)
   wall_seconds = time.monotonic() - started
   if rc != 0:
     raise RuntimeError(f'{layout} run {index} exited {rc}; see {log}')

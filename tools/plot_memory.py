@@ -1,4 +1,4 @@
-"""Plots a trax_revplus memory log: `python tools/plot_memory.py RUN_DIR [--output=PNG]`.
+"""Plots a trax_revplus memory log: `python tools/plot_memory.py RUN_DIR`.
 
 The same as `trax-revplus plot-memory RUN_DIR [--output=PNG]`: writes
 `<RUN_DIR>/memory.png` (or PNG) from `<RUN_DIR>/memory.jsonl` and prints its

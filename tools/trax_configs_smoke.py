@@ -51,7 +51,8 @@ from trax_revplus.cli.summary import summary_rows
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_DIR = os.path.join(ROOT, 'gin_configs', 'trax')
-BUDGET_SETTING = 'trax_revplus.ReversibleSerialTrainer.device_memory_budget_bytes'
+BUDGET_SETTING = ('trax_revplus.ReversibleSerialTrainer.'
+                  'device_memory_budget_bytes')
 N_DEVICES = 2
 CONFIGS = ('reformer_copy', 'reformer_wmt_ende',
            'terraformer_copy', 'terraformer_copy_self_attn',

@@ -24,7 +24,7 @@ _EXPORTS = {
     'init_reversible_blocks': 'trax_revplus.trainer',
     'ReversibleSerialTrainer': 'trax_revplus.trainer',
 }
-__all__ = sorted(_EXPORTS)
+__all__ = sorted(_EXPORTS)  # noqa: PLE0605 (the lazily imported names)
 
 
 def __getattr__(name):

@@ -11,13 +11,14 @@ This module is only the hook; the swap itself is `trax_revplus.swap`.
 """
 
 import sys
+import types
 
 from trax_revplus import swap
 
 swap.activate()
 
 
-class _CallableModule(type(swap)):
+class _CallableModule(types.ModuleType):
   """This module, callable as `trax_revplus.activate()`.
 
   Importing a submodule binds it as an attribute of its package, so after

@@ -47,7 +47,8 @@ class BusyDeviceError(UserError):
   exit_code = EXIT_RUNTIME
 
 
-def busy_device_error(error: BaseException) -> BusyDeviceError | None:
+def busy_device_error(error: BaseException | None
+                      ) -> BusyDeviceError | None:
   """`error` as one line when it says another process holds the device.
 
   Args:

@@ -62,10 +62,10 @@ def tree_unflatten(flat, tree, copy_from_tree=None):
       new_tree.append(new_t)
     return (tuple(new_tree) if isinstance(tree, tuple) else new_tree), rest
   if isinstance(tree, dict):
-    new_tree, rest = {}, flat
+    new_dict, rest = {}, flat
     for k in tree:
-      new_tree[k], rest = tree_unflatten(rest, tree[k], copy_from_tree)
-    return new_tree, rest
+      new_dict[k], rest = tree_unflatten(rest, tree[k], copy_from_tree)
+    return new_dict, rest
   return flat[0], flat[1:]
 
 

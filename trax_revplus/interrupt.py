@@ -78,11 +78,11 @@ class StopOnSignal:
         step); default: an absl warning.
     """
     self.basename = basename
-    self.signum = None
+    self.signum: int | None = None
     self.steps_started = False
-    self.stopped_at_step = None
+    self.stopped_at_step: int | None = None
     self._notify = notify or _warn
-    self._previous = {}
+    self._previous: dict[int, Any] = {}
 
   def __enter__(self) -> 'StopOnSignal':
     for name in SIGNALS:
@@ -90,9 +90,8 @@ class StopOnSignal:
       self._previous[signum] = signal.signal(signum, self._handle)
     return self
 
-  def __exit__(self, *exc_info) -> bool:
+  def __exit__(self, *exc_info) -> None:
     self._restore()
-    return False
 
   def _restore(self) -> None:
     previous, self._previous = self._previous, {}

@@ -122,7 +122,7 @@ def check(path: str, flag: str, allow_stdout: bool = False) -> None:
                           f'{directory} is not writable', EXIT_RUNTIME)
 
 
-def write(path: str, fill: Callable[[IO[bytes]], None],
+def write(path: str, fill: Callable[[IO[bytes]], object],
           flag: str | None = None) -> str:
   """Writes an output file safely (see the module docstring).
 

@@ -18,6 +18,7 @@ same, messages included. Outside the import, `inspect.stack` is Python's.
 import contextlib
 import inspect
 import sys
+import types
 from typing import Iterator
 
 
@@ -35,7 +36,7 @@ def frames_without_source(context: int = 1) -> list[inspect.FrameInfo]:
   """
   del context
   frames = []
-  frame = sys._getframe(1)  # pylint: disable=protected-access
+  frame: types.FrameType | None = sys._getframe(1)  # pylint: disable=protected-access
   while frame is not None:
     frames.append(inspect.FrameInfo(frame, frame.f_code.co_filename,
                                     frame.f_lineno, frame.f_code.co_name,
@@ -64,4 +65,4 @@ def import_trax() -> None:
   if 'trax' in sys.modules:
     return
   with stack_without_source():
-    import trax  # pylint: disable=g-import-not-at-top,unused-import
+    import trax  # noqa: F401  # pylint: disable=g-import-not-at-top,unused-import

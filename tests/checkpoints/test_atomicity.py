@@ -13,8 +13,8 @@ import pytest
 from trax.supervised import training
 
 import checkpoint_cases as cases
-from checkpoint_cases import continuous  # pylint: disable=unused-import
-from checkpoint_cases import warnings_logged  # pylint: disable=unused-import
+from checkpoint_cases import continuous  # noqa: F401  # pylint: disable=unused-import
+from checkpoint_cases import warnings_logged  # noqa: F401  # pylint: disable=unused-import
 from trax_revplus import checkpoints
 
 

@@ -15,7 +15,7 @@ import pytest
 from trax.data import inputs as trax_inputs
 
 import checkpoint_cases as cases
-from checkpoint_cases import warnings_logged  # pylint: disable=unused-import
+from checkpoint_cases import warnings_logged  # noqa: F401  # pylint: disable=unused-import
 from trax_revplus import checkpoints
 from trax_revplus import data
 
@@ -83,7 +83,7 @@ def test_unreadable_data_counters_file_is_ignored(tmp_path, monkeypatch,
   monkeypatch.setattr(trax_inputs, 'data_counters', {'stream': 4})
   for content in (b'', b'\x80\x04not a pickle'):
     (tmp_path / 'data_counters0.pkl').write_bytes(content)
-    with pytest.raises(Exception):  # As trax's own loader fails.
+    with pytest.raises(Exception):  # noqa: B017 (as trax's own loader fails)
       checkpoints.stock_load_data_counters(str(tmp_path))
     checkpoints.load_data_counters(str(tmp_path))
     assert trax_inputs.data_counters == {'stream': 4}

@@ -12,9 +12,9 @@ import shutil
 import pytest
 
 import checkpoint_cases as cases
-from checkpoint_cases import continuous  # pylint: disable=unused-import
-from checkpoint_cases import fixture_loader  # pylint: disable=unused-import
-from checkpoint_cases import warnings_logged  # pylint: disable=unused-import
+from checkpoint_cases import continuous  # noqa: F401  # pylint: disable=unused-import
+from checkpoint_cases import fixture_loader  # noqa: F401  # pylint: disable=unused-import
+from checkpoint_cases import warnings_logged  # noqa: F401  # pylint: disable=unused-import
 import trax_revplus
 from trax_revplus import checkpoints
 
@@ -25,8 +25,9 @@ pytestmark = pytest.mark.usefixtures('stock_trax_and_empty_gin')
 def test_truncated_weights_fall_back_to_previous_set(
     continuous, tmp_path, warnings_logged):
   _, (weights3, slots3), _, _ = continuous
-  path = cases.damaged_copy(continuous, tmp_path,
-                            lambda p: cases.truncate(p / 'model.weights.npy.gz'))
+  path = cases.damaged_copy(
+      continuous, tmp_path,
+      lambda p: cases.truncate(p / 'model.weights.npy.gz'))
   loop = cases.make_loop(path)
   assert loop.step == 3
   cases.assert_equal(weights3, cases.weights_of(loop))

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 import checkpoint_cases as cases
-from checkpoint_cases import continuous  # pylint: disable=unused-import
-from checkpoint_cases import fixture_loader  # pylint: disable=unused-import
-from checkpoint_cases import warnings_logged  # pylint: disable=unused-import
+from checkpoint_cases import continuous  # noqa: F401  # pylint: disable=unused-import
+from checkpoint_cases import fixture_loader  # noqa: F401  # pylint: disable=unused-import
+from checkpoint_cases import warnings_logged  # noqa: F401  # pylint: disable=unused-import
 import trax_revplus
 from trax_revplus import checkpoints
 

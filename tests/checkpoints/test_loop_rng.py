@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import checkpoint_cases as cases
-from checkpoint_cases import continuous  # pylint: disable=unused-import
+from checkpoint_cases import continuous  # noqa: F401  # pylint: disable=unused-import
 
 
 pytestmark = pytest.mark.usefixtures('stock_trax_and_empty_gin')

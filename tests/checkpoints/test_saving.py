@@ -105,5 +105,5 @@ def test_save_on_a_full_disk_keeps_the_sets_and_leaves_nothing(
   assert error.exit_code == errors.EXIT_RUNTIME
   line = messages.error_line('train', str(error))
   assert len(line.splitlines()) == 1
-  assert f'(step 3) is intact; free some space and run the same command to ' \
-         f'resume' in line
+  assert '(step 3) is intact; free some space and run the same command to ' \
+         'resume' in line

@@ -50,7 +50,7 @@ def test_any_command_that_finds_the_device_busy_is_one_line(monkeypatch,
                          'with pid 77. Not attempting to load libtpu.so in '
                          'this process.')
     except RuntimeError:
-      raise RuntimeError("Unable to initialize backend 'tpu': ABORTED: The "
+      raise RuntimeError("Unable to initialize backend 'tpu': ABORTED: The "  # noqa: B904
                          'TPU is already in use by process with pid 77.')  # pylint: disable=raise-missing-from
   monkeypatch.setattr(cli, '_command', lambda name: busy)
   code = cli.main(['trax-revplus', 'estimate', f'--config_file={MAIN}'])

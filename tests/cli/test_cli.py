@@ -292,10 +292,10 @@ def test_known_warnings_go_to_the_log_only(tmp_path, capsys):
     with noise.route_warnings(log, terminal):
       warnings.warn('jax.process_count has been renamed to '
                     'jax.process_count. This alias will eventually be '
-                    'removed', DeprecationWarning)
+                    'removed', DeprecationWarning, stacklevel=1)
       warnings.warn('GzipFile was opened for writing, but this will change '
-                    'in future Python releases.', FutureWarning)
-      warnings.warn('a new problem', RuntimeWarning)
+                    'in future Python releases.', FutureWarning, stacklevel=1)
+      warnings.warn('a new problem', RuntimeWarning, stacklevel=1)
   log.close()
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1

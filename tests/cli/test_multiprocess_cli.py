@@ -188,7 +188,8 @@ def test_launch_checks_the_config_files_before_starting(tmp_path, capsys,
                       f'--config_file={missing}',
                       f'--output_dir={tmp_path / "run"}')
   assert code == errors.EXIT_USAGE
-  assert err == f'trax-revplus launch: error: config file not found: {missing}\n'
+  assert err == (f'trax-revplus launch: error: config file not found: '
+                 f'{missing}\n')
   assert not launched and not (tmp_path / 'run').exists()
 
 

@@ -12,7 +12,6 @@ import itertools
 
 import gin
 import jax
-from jax import numpy as jnp
 import numpy as np
 from trax import fastmath
 from trax import layers as tl

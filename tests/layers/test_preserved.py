@@ -59,7 +59,8 @@ def test_trax_leaves_tracers_in_a_layer_whose_trace_fails():
   model = _model()
   before = set(_leaked(model))  # trax's init leaves stale `_rng` tracers
   _eval_shape(model)
-  assert {'model/0._weights', 'model/1._weights'} <= set(_leaked(model)) - before
+  leaked = set(_leaked(model)) - before
+  assert {'model/0._weights', 'model/1._weights'} <= leaked
 
 
 @pytest.mark.parametrize('raise_through', [False, True])

@@ -14,8 +14,9 @@ Every run trains on the same global batch of 8 rows with the same RNGs and
 weights, once without dropout (keys `plain/...`), once with dropout
 (`dropout/...`), and without dropout in 2 micro-batches per device, with
 the accumulated gradients on the device (`micro/...`) and on the host
-(`micro_host/...`: the plan's `grads_on_host`); a process of a multi-process run feeds its own rows of the
-batch, as `trax_revplus.data` splits one. Writes OUT_DIR/process<I>.npz with,
+(`micro_host/...`: the plan's `grads_on_host`); a process of a
+multi-process run feeds its own rows of the batch, as `trax_revplus.data`
+splits one. Writes OUT_DIR/process<I>.npz with,
 per variant, the weights and optimizer slots after 3 steps (`<variant>/w/<k>`,
 `<variant>/s/<k>` in tree order) and the losses (`<variant>/loss`, per step
 the mean over devices); alone, also the weights of trax's default `Trainer`

@@ -18,7 +18,8 @@ def test_replicate_and_collect_round_trip_counts_bytes():
   host = {'w': np.arange(12, dtype=np.float32).reshape(3, 4),
           'b': np.ones(4, np.float32)}
   placed = p.replicate(host)
-  assert all(isinstance(x, jax.Array) for x in jax.tree_util.tree_leaves(placed))
+  assert all(isinstance(x, jax.Array)
+             for x in jax.tree_util.tree_leaves(placed))
   assert counter.h2d_bytes == 64
   # Already on the device: no second copy.
   p.replicate(placed)

@@ -28,7 +28,10 @@ from trax_revplus.trainer import rng_use
 pytestmark = pytest.mark.usefixtures('stock_trax')
 
 
-def _hashes(fn, x=jax.ShapeDtypeStruct((4, 3), jnp.float32)):
+_X = jax.ShapeDtypeStruct((4, 3), jnp.float32)
+
+
+def _hashes(fn, x=_X):
   return hashing.hashes_activations(
       jax.make_jaxpr(fn)(x, rng_use.RNG_TYPE))
 

@@ -30,9 +30,10 @@ def test_init_reversible_blocks_keeps_loaded_weights():
   rev_trainer.init_reversible_blocks(ours_blocks, ours_loss, sig, rng)
   # Fresh layers: exactly stock's initialization (same RNG use).
   cases.assert_all_close([l.weights for l in stock_blocks[0][1]] +
-                    [stock_loss.weights],
-                    [l.weights for l in ours_blocks[0][1]] + [ours_loss.weights],
-                    tol=0)
+                         [stock_loss.weights],
+                         [l.weights for l in ours_blocks[0][1]] +
+                         [ours_loss.weights],
+                         tol=0)
   # A layer that already holds weights keeps them; the others still get
   # stock's values.
   loaded_blocks, loaded_loss = blocks_and_loss()

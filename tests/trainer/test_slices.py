@@ -37,7 +37,8 @@ def test_slices_train_as_the_default_trainer(kwargs):
   planned = trainer.planned(batch)
   assert planned.plan.batch_slices == kwargs['batch_slices']
   cases.train(trainer, batch, 3)
-  ref_weights, ref_slots, _ = cases.lm_reference_3_steps()  # the model is stateless
+  # The model is stateless.
+  ref_weights, ref_slots, _ = cases.lm_reference_3_steps()
   cases.assert_all_close(ref_weights, model.weights)
   cases.assert_all_close(ref_slots, trainer.slots)
 
@@ -197,7 +198,7 @@ def test_combined_slices_give_the_whole_loss_and_its_gradient():
     rows = slice(2 * s, 2 * s + 2)
     factor = combine(weights[rows], weights)
     part, vjp_fn = jax.vjp(
-        lambda x, r=rows: loss((x, targets[r], weights[r])) * factor,
+        lambda x, r=rows, f=factor: loss((x, targets[r], weights[r])) * f,
         logits[rows])
     parts.append(part)
     grads.append(vjp_fn(np.float32(1))[0])

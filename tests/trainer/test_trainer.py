@@ -61,7 +61,8 @@ def test_same_as_default_basic(optimizer_fn, segment_max_layers):
   model = tl.Serial([first] + revs + [loss])
   rng_init = fastmath.random.get_prng(12)
   init = lambda: model.init(batch, rng=rng_init)
-  ref_weights, ref_slots, _ = cases.reference(model, init, optimizer_fn, 2, batch)
+  ref_weights, ref_slots, _ = cases.reference(model, init, optimizer_fn, 2,
+                                              batch)
 
   init()
   trainer = rev_trainer.ReversibleSerialTrainer(

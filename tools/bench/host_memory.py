@@ -35,16 +35,16 @@ def memory_child(spec, quick, memory_steps):
   name, _, trainer_name = spec.partition(':')  # the variant may hold ':'
   # Import everything the build needs before the baseline is taken.
   # pylint: disable=g-import-not-at-top,unused-import
-  import jax
+  import jax  # noqa: F401
   from trax_revplus import trax_import
   trax_import.import_trax()
-  import trax
-  from trax import models
-  from trax import optimizers
-  from trax.supervised import training
-  import trax_revplus
+  import trax  # noqa: F401
+  from trax import models  # noqa: F401
+  from trax import optimizers  # noqa: F401
+  from trax.supervised import training  # noqa: F401
+  import trax_revplus  # noqa: F401
   from trax_revplus import memory
-  from trax_revplus import trainer as rev_trainer
+  from trax_revplus import trainer as rev_trainer  # noqa: F401
   # pylint: enable=g-import-not-at-top,unused-import
   cfg = configs.config(name, quick)
   # Ours resets the kernel's mark only with a memory log output dir, which

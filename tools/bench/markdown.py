@@ -63,8 +63,8 @@ def _step_time(results):
     tm = r.get('timing')
     if not tm:
       continue
-    g = lambda t, k: tm.get(t, {}).get(k)  # pylint: disable=cell-var-from-loop
-    three = lambda k, fmt: ' / '.join(fmt(g(t, k))  # pylint: disable=cell-var-from-loop
+    g = lambda t, k: tm.get(t, {}).get(k)  # noqa: B023  # pylint: disable=cell-var-from-loop
+    three = lambda k, fmt: ' / '.join(fmt(g(t, k))  # noqa: B023  # pylint: disable=cell-var-from-loop
                                       for t in configs.TRAINERS)
     ra = r['ratios']
     extra = ''
@@ -204,7 +204,7 @@ def _device_memory(dm):
       lines.append(f'| {name} | error: {str(g["error"])[-60:]} | | | | |')
       continue
     tr = g['trainers']
-    cell = lambda t, k='peak_device_bytes': (
+    cell = lambda t, k='peak_device_bytes', tr=tr: (
         '-' if tr.get(t, {}).get(k) is None else _mib(tr[t][k]) + ' MiB')
     ours = g['ours_at_stock_peak']
     at_stock = (_mib(ours['peak_device_bytes']) + ' MiB'

@@ -84,7 +84,7 @@ def commit_set(directory: str, basename: str, staging: str,
   """
   current_ok, current, _ = integrity.verify(directory, basename,
                                             contents=False)
-  if current_ok:
+  if current_ok and current is not None:
     link_set(directory, basename, basename + manifest_lib.PREVIOUS, current)
   files.write_json_atomic(
       manifest_lib.manifest_path(directory, basename),

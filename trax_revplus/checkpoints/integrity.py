@@ -105,7 +105,7 @@ def describe_last_good(directory: str | None, basename: str = 'model') -> str:
     return 'no checkpoint directory is set'
   for name in (basename, basename + manifest_lib.PREVIOUS):
     ok, manifest, _ = verify(directory, name, contents=False)
-    if ok:
+    if ok and manifest is not None:
       pkl = os.path.join(directory, name + '.pkl.gz')
       return (f'the last good checkpoint {pkl} (step {manifest["step"]}) is '
               f'intact')

@@ -120,7 +120,7 @@ def load_checkpoint(loop: training.Loop, directory: str | None = None,
       return
     previous = filename + manifest_lib.PREVIOUS
     ok, manifest, previous_reason = integrity.verify(directory, previous)
-    if not ok:
+    if not ok or manifest is None:
       problem = (f'checkpoint set {filename} in {directory} is inconsistent '
                  f'({reason}) and there is no good previous set '
                  f'({previous_reason}); nothing was loaded')

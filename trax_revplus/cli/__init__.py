@@ -12,7 +12,7 @@ paths answer before trax's import (seconds of CPU). Run as `trax-revplus ...` or
 import signal
 import sys
 import threading
-from typing import Sequence
+from typing import Any, Sequence
 
 from trax_revplus import backend
 from trax_revplus import import_signals
@@ -68,7 +68,7 @@ def _stop(signum: int, unused_frame) -> None:
     raise _Stopped(signum)
 
 
-def _handle_signals() -> dict[int, object]:
+def _handle_signals() -> dict[int, Any]:
   """Makes SIGINT and SIGTERM end any command in one line (`_Stopped`).
 
   Installed first thing, whatever the signals' dispositions were (SIGINT

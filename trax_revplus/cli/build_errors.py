@@ -73,12 +73,12 @@ def _ours(error: BaseException) -> bool:
   return type(error).__module__.startswith('trax_revplus.')
 
 
-def _layer_error() -> type:
+def _layer_error() -> type[Exception]:
   from trax.layers import base  # pylint: disable=g-import-not-at-top
   return base.LayerError
 
 
-def as_model_error(error: BaseException) -> BaseException:
+def as_model_error(error: Exception) -> Exception:
   """`error`, raised while building or initializing a model, as a
   `ModelError` when a model's bindings can cause it; else `error` itself.
   """
@@ -88,7 +88,8 @@ def as_model_error(error: BaseException) -> BaseException:
   return error
 
 
-def _typed(method: Callable[..., Any], catches: tuple[type, ...],
+def _typed(method: Callable[..., Any],
+           catches: tuple[type[BaseException], ...],
            error_type: type) -> Callable[..., Any]:
   """`method`, whose errors of types `catches` become `error_type`s."""
 

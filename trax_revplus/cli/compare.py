@@ -189,8 +189,9 @@ def compare_main(config_files: Sequence[str], bindings: Sequence[str],
                                   log_path, time.perf_counter() - start)
 
   if device_accounting:
+    estimate_log = os.path.join(output_dir, compare.accounting.ESTIMATE_LOG)
     stream.write(f'{PROG} compare: accounting device memory with estimate '
-                 f'(output in {os.path.join(output_dir, compare.accounting.ESTIMATE_LOG)})\n')
+                 f'(output in {estimate_log})\n')
     stream.flush()
     accounting = compare.accounting.run_estimate(
         config_files, list(bindings) + extra, output_dir)

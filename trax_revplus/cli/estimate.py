@@ -28,6 +28,7 @@ import argparse
 import json
 import logging as std_logging
 import sys
+from typing import Sequence
 
 from trax_revplus import notices
 from trax_revplus import output_files
@@ -71,7 +72,7 @@ def _plan_line(plan, budget_bytes: int | None) -> str | None:
 
 
 def estimate(device_memory_bytes: int | None, n_devices: int,
-             bindings: list[str] = ()):
+             bindings: Sequence[str] = ()):
   """Checks the parsed config, then builds and accounts its three trainers.
 
   First reads the inputs, checks the batch (`parsed_config.check_step_settings`)

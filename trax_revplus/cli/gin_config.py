@@ -52,13 +52,13 @@ def import_trax_quietly() -> str:
           capture), contextlib.redirect_stderr(python_level):
         trax_import.import_trax()
         # pylint: disable=g-import-not-at-top,unused-import
-        from trax import data as _trax_data
-        from trax import layers as _trax_layers
-        from trax import models as _trax_models
-        from trax import optimizers as _trax_optimizers
-        from trax.supervised import trainer_lib as _trainer_lib
-        from trax_revplus import data as _revplus_data
-        from trax_revplus import progress as _revplus_progress
+        from trax import data as _trax_data  # noqa: F401
+        from trax import layers as _trax_layers  # noqa: F401
+        from trax import models as _trax_models  # noqa: F401
+        from trax import optimizers as _trax_optimizers  # noqa: F401
+        from trax.supervised import trainer_lib as _trainer_lib  # noqa: F401
+        from trax_revplus import data as _revplus_data  # noqa: F401
+        from trax_revplus import progress as _revplus_progress  # noqa: F401
         # pylint: enable=g-import-not-at-top,unused-import
     except Exception as e:  # pylint: disable=broad-except
       from trax_revplus import interrupt  # pylint: disable=g-import-not-at-top

@@ -77,9 +77,10 @@ def _located(exception: BaseException
   lines = str(exception).splitlines()
   for i, line in enumerate(lines):
     in_file, in_bindings = _IN_FILE.match(line), _IN_BINDINGS.match(line)
-    if not (in_file or in_bindings):
+    match = in_file or in_bindings
+    if not match:
       continue
-    number = int((in_file or in_bindings).groups()[-1])
+    number = int(match.groups()[-1])
     statement = lines[i + 1][4:] if i + 1 < len(lines) else ''
     caret = _CARET.match(lines[i + 2]) if i + 2 < len(lines) else None
     column = (len(caret.group(1)) + 1 if caret else
@@ -128,9 +129,9 @@ def _token_error_in_file(exception: tokenize.TokenError, path: str) -> str:
       shown = None if _same_file(candidate, path) else candidate
       return _line(_where(shown, position), what)
   # In a file found on gin's search path only: gin names its include line.
-  included_from, position = _located(exception)
+  included_from, included_at = _located(exception)
   where = _where(None if _same_file(included_from, path) else included_from,
-                 position)
+                 included_at)
   return _line(where, f'{exception.args[0]} in the file included there')
 
 

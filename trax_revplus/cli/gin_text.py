@@ -80,7 +80,7 @@ def macro_uses(text: str) -> Iterator[tuple[str, Position]]:
 
   A text the tokenizer cannot read yields the uses before that point.
   """
-  tokens = []
+  tokens: list[tokenize.TokenInfo] = []
   try:
     tokens.extend(_tokens(text))
   except tokenize.TokenError:

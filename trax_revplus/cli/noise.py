@@ -198,7 +198,7 @@ class _LinesWithoutNoise(io.TextIOBase):
     return self._stream.fileno()
 
   @property
-  def encoding(self) -> str | None:
+  def encoding(self) -> str | None:  # type: ignore[override]  # read-only
     return getattr(self._stream, 'encoding', None)
 
 

@@ -14,6 +14,7 @@ import json
 import os
 import socket
 import time
+from typing import Sequence
 
 from trax_revplus.cli.messages import PROG
 from trax_revplus.errors import EXIT_RUNTIME
@@ -22,12 +23,13 @@ from trax_revplus.errors import UserError
 try:
   import fcntl  # pylint: disable=g-import-not-at-top
 except ImportError:  # Not on POSIX: runs are not locked.
-  fcntl = None
+  fcntl = None  # type: ignore[assignment]  # the module or None
 
 LOCK_FILENAME = 'trax-revplus.lock'
 
 
-def default_output_dir(config_files: list[str], prefix: str = '') -> str:
+def default_output_dir(config_files: Sequence[str], prefix: str = ''
+                       ) -> str:
   """`~/trax/<prefix><first config name>_<date>_<time>` (not expanded).
 
   Args:
@@ -112,7 +114,7 @@ class OutputDirLock:
     self.output_dir = output_dir
     self.path = os.path.join(output_dir, LOCK_FILENAME)
     self._command = command
-    self._fd = None
+    self._fd: int | None = None
 
   @property
   def held(self) -> bool:

@@ -130,7 +130,7 @@ def check_step_settings(cfg, n_devices: int, device_memory_bytes: int | None,
     budget_lib.budget_bytes(setting, placement_lib.Placement(n_devices))
     dimensions.check_slicing(options, cfg.batch[0].shape[0] // n_devices)
   except validation.ConfigurationError as e:
-    raise as_train_reports(e, bindings) from None
+    raise as_train_reports(e, bindings) or e from None
 
 
 def check_inputs_and_batch(bindings: list[str], n_devices: int,

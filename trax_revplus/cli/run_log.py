@@ -4,9 +4,10 @@ The run's full log (absl at INFO, trax's metrics included) goes to
 `<output_dir>/train.log` (one file per process in a multi-process run);
 the terminal gets warnings only, without the third-party ones known to be
 harmless (`noise`), since trax prints its own progress and eval lines
-there (less the lines of its own known to be noise, which its log keeps); the library's notices (`trax_revplus.notices`, e.g. a setting the
-device memory budget replaced) are the command's warning lines. A background thread that dies is one warning line, its traceback in
-the log.
+there (less the lines of its own known to be noise, which its log
+keeps); the library's notices (`trax_revplus.notices`, e.g. a setting the
+device memory budget replaced) are the command's warning lines. A
+background thread that dies is one warning line, its traceback in the log.
 """
 
 import contextlib
@@ -14,7 +15,7 @@ import logging as std_logging
 import os
 import sys
 import threading
-from typing import Iterator
+from typing import Any, Iterator
 
 from trax_revplus import notices
 from trax_revplus.cli import noise
@@ -34,7 +35,7 @@ class ThreadErrors:
   """
 
   def __init__(self):
-    self._saved = None
+    self._saved: Any = None
 
   def __enter__(self) -> 'ThreadErrors':
     self._saved = threading.excepthook
@@ -48,8 +49,8 @@ class ThreadErrors:
   def _report(args: threading.ExceptHookArgs) -> None:
     from absl import logging  # pylint: disable=g-import-not-at-top
     name = args.thread.name if args.thread is not None else 'a thread'
-    logging.info('thread %s stopped', name,
-                 exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
+    exc_info: Any = (args.exc_type, args.exc_value, args.exc_traceback)
+    logging.info('thread %s stopped', name, exc_info=exc_info)
     print(warning_line(_COMMAND, f'background thread {name} stopped: '
                                  f'{args.exc_type.__name__}: '
                                  f'{args.exc_value}'),
@@ -91,10 +92,10 @@ def run_logging(output_dir: str, import_messages: str,
   to_stderr.setLevel(std_logging.WARNING)
   to_stderr.addFilter(noise.DropKnownNoise())
   for handler in (to_file, to_stderr):
-    formatter = logging.PythonFormatter()
-    if process is not None:
-      formatter = processes.ProcessFormatter(formatter, process)
-    handler.setFormatter(formatter)
+    python_formatter = logging.PythonFormatter()
+    handler.setFormatter(
+        python_formatter if process is None else
+        processes.ProcessFormatter(python_formatter, process))
     absl_logger.addHandler(handler)
   # trax logs every metric at INFO; keep those out of the terminal (where
   # trax also prints the eval lines) and out of the root logger's handlers.

@@ -23,8 +23,8 @@ warnings, third-party warnings known to be harmless go to
 `<output_dir>/train.log` only (`run_log`, `noise`).
 
 With several processes (`--num_processes` or a cluster launcher), each
-joins the run before anything touches JAX (`distributed_flags`); what differs then is
-in `trax_revplus.multiprocess` (`training`, `ending`).
+joins the run before anything touches JAX (`distributed_flags`); what
+differs then is in `trax_revplus.multiprocess` (`training`, `ending`).
 """
 
 import argparse
@@ -251,13 +251,12 @@ def _train(output_dir: str, callbacks: list[Any], log_path: str,
   printers = [c for c in loop_door.callbacks(loop)
               if isinstance(c, progress.ProgressPrinter)]
   summary = printers[0].summary() if printers else None
-  if not os.path.exists(checkpoint):
-    checkpoint = None
+  saved = checkpoint if os.path.exists(checkpoint) else None
   if stop.signum is not None:  # Came after the last step ended.
     print(warning_line(COMMAND, f'signal {stop.signum} received after the '
                                 f'last step; the run is complete.'),
           file=sys.stderr, flush=True)
-  print(summaries.format_summary(summary, loop, checkpoint, checkpoint_step,
+  print(summaries.format_summary(summary, loop, saved, checkpoint_step,
                                  log_path, _total_steps()), flush=True)
   return EXIT_OK
 

@@ -4,8 +4,9 @@
 twice, one run after the other, each in a fresh process (`python -m
 trax_revplus.cli train`): first with stock trax (`--implementation=stock`),
 then with trax_revplus (`--implementation=revplus`), with the same
-bindings, the same number of steps and the same seed. Both runs are measured by the same code,
-`trax_revplus.progress.ProgressPrinter`, which writes each run's
+bindings, the same number of steps and the same seed. Both runs are
+measured by the same code, `trax_revplus.progress.ProgressPrinter`, which
+writes each run's
 `run_stats.json`. The comparison is printed as a table and written to
 `<output_dir>/compare.json` and `<output_dir>/compare.png`.
 
@@ -107,8 +108,9 @@ from trax_revplus.compare.seed import DEFAULT_SEED
 from trax_revplus.compare.table import format_table
 
 __all__ = [
-    'accounting', 'build_report', 'checkpoint_diff', 'collect_run', 'COMPARE_JSON',
-    'COMPARE_PNG', 'config_seed', 'DEFAULT_SEED', 'failure_reason',
-    'format_table', 'IMPLEMENTATIONS', 'LABELS', 'max_abs_diff', 'plot',
-    'read_npy_gz', 'Report', 'Run', 'RUN_STATS_FILENAME',
+    'accounting', 'build_report', 'checkpoint_diff', 'collect_run',
+    'COMPARE_JSON', 'COMPARE_PNG', 'config_seed', 'DEFAULT_SEED',
+    'failure_reason', 'format_table', 'IMPLEMENTATIONS', 'LABELS',
+    'max_abs_diff', 'plot', 'read_npy_gz', 'Report', 'Run',
+    'RUN_STATS_FILENAME',
 ]

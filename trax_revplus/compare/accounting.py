@@ -66,7 +66,7 @@ def run_estimate(config_files: Sequence[str], bindings: Sequence[str],
   log_path = os.path.join(output_dir, ESTIMATE_LOG)
   exit_code, output = runs.run_streaming(
       estimate_command(config_files, bindings, json_path), log_path, '', None)
-  entry = {'status': 'failed', 'error': None, 'backend': None,
+  entry: dict[str, Any] = {'status': 'failed', 'error': None, 'backend': None,
            'log': log_path, 'trainers': {}}
   if exit_code != 0:
     entry['error'] = runs.failure_reason(exit_code, output)
@@ -124,7 +124,8 @@ def xla_peak(run: dict[str, Any],
     or None}. A failed run has no figure.
   """
   trainer = TRAINER_CLASSES.get(run.get('trainer') or '')
-  entry = {'trainer': trainer, 'peak_device_bytes': None, 'source': None}
+  entry: dict[str, Any] = {'trainer': trainer, 'peak_device_bytes': None,
+                           'source': None}
   if run['status'] != 'ok' or trainer is None:
     return entry
   logged = (run.get('memory_log') or {}).get('peak_device_bytes')

@@ -51,6 +51,7 @@ def run_streaming(command, log_path, prefix, stream):
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         errors='replace', env=env)
+    assert process.stdout is not None  # stdout=PIPE
     try:
       for line in process.stdout:
         lines.append(line)

@@ -25,8 +25,8 @@ only, and each stream keeps n in trax's data counters
 run continues with the batches an uninterrupted run would have read, not
 the first. In a multi-process run
 (`jax.distributed`) each process reads its own rows of the same global
-batch. Nothing here touches the network. TFDS datasets remain usable through trax's
-own `trax.data.batcher` / `data_streams` configs.
+batch. Nothing here touches the network. TFDS datasets remain usable
+through trax's own `trax.data.batcher` / `data_streams` configs.
 """
 
 from trax_revplus.data.errors import CorpusError

@@ -38,7 +38,7 @@ def default_corpus_files(root=None, exclude_dirs=DEFAULT_EXCLUDED_DIRS):
   """
   root = os.path.abspath(root or default_corpus_root())
   excluded = set(exclude_dirs or ())
-  files = []
+  files: list[str] = []
   for dirpath, dirnames, filenames in os.walk(root):
     dirnames[:] = [d for d in dirnames if d not in excluded]
     files.extend(os.path.join(dirpath, f)
@@ -69,9 +69,9 @@ def resolve_paths(paths):
     paths = [paths]
   paths = list(paths or ())
   if not paths:
-    raise CorpusSettingError('local_text_inputs.paths is empty; give at least one '
-                      'file, directory or glob, or None for the default '
-                      'corpus.')
+    raise CorpusSettingError('local_text_inputs.paths is empty; give at least '
+                             'one file, directory or glob, or None for the '
+                             'default corpus.')
   files = set()
   for entry in paths:
     pattern = os.path.expanduser(os.fspath(entry))

@@ -48,11 +48,11 @@ def load_corpus(paths=None, eval_paths=None, sequence_length=256,
     raise CorpusSettingError(f'local_text_inputs.seed must be an int >= 0, got '
                       f'{seed!r}.')
   if split_by not in _SPLITS:
-    raise CorpusSettingError(f'local_text_inputs.split_by must be one of {_SPLITS}, '
-                      f'got {split_by!r}.')
+    raise CorpusSettingError(f'local_text_inputs.split_by must be one of '
+                             f'{_SPLITS}, got {split_by!r}.')
   if eval_paths is None and not 0.0 < eval_fraction < 1.0:
-    raise CorpusSettingError(f'local_text_inputs.eval_fraction must be in (0, 1), '
-                      f'got {eval_fraction!r}.')
+    raise CorpusSettingError(f'local_text_inputs.eval_fraction must be in '
+                             f'(0, 1), got {eval_fraction!r}.')
 
   if paths is None:
     files = default_corpus_files(exclude_dirs=exclude_dirs)

@@ -40,7 +40,8 @@ def _check_process_split(batch_size, n_devices, process_index,
                            ('process_index', process_index, 0)):
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or (
         value < low):
-      raise CorpusSettingError(f'{name} must be an int >= {low}, got {value!r}.')
+      raise CorpusSettingError(
+          f'{name} must be an int >= {low}, got {value!r}.')
   if process_index >= process_count:
     raise CorpusSettingError(f'process_index = {process_index} is not below '
                       f'process_count = {process_count}.')

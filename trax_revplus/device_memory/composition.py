@@ -136,7 +136,7 @@ class Call:
   def host_parts(self) -> dict:
     """`host_bytes` by part: each host part, then the devices' buffers
     where they are host memory; the values sum to `host_bytes`."""
-    parts = {}
+    parts: dict[str, int] = {}
     for h in self.host_held:
       parts[h.name] = parts.get(h.name, 0) + h.size_bytes
     if self.devices_on_host:
@@ -148,7 +148,7 @@ class Call:
     """`device_bytes` by part: each held part (the passed bytes included),
     then 'arguments placed for the call', 'outputs' (less the aliased ones)
     and 'temporaries'; the values sum to `device_bytes`."""
-    parts = {}
+    parts: dict[str, int] = {}
     for h in self.held:
       parts[h.name] = parts.get(h.name, 0) + h.size_bytes
     p = self.program
@@ -201,14 +201,14 @@ class StepMemory:
 
   def phase_peaks(self) -> dict:
     """Peak device bytes per phase, in the order phases first run."""
-    peaks = {}
+    peaks: dict[str, int] = {}
     for c in self.calls:
       peaks[c.phase] = max(peaks.get(c.phase, 0), c.device_bytes)
     return peaks
 
   def phase_host_peaks(self) -> dict:
     """Peak host bytes per phase, in the order phases first run."""
-    peaks = {}
+    peaks: dict[str, int] = {}
     for c in self.calls:
       peaks[c.phase] = max(peaks.get(c.phase, 0), c.host_bytes)
     return peaks

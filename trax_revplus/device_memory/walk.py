@@ -177,7 +177,7 @@ class StepWalk:
   def __init__(self, programs: Programs | None = None,
                devices_on_host: int = 0):
     self.programs = Programs() if programs is None else programs
-    self.on_device = set()
+    self.on_device: set[int] = set()
     self.devices_on_host = devices_on_host
     self._noted = []
 

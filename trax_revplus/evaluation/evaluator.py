@@ -89,7 +89,8 @@ class DeviceEvaluator:
     self._device = placement_lib.OneDevice(placement.devices[0],
                                            placement.transfers)
     self.budget_bytes = budget_bytes
-    self._planned = {}  # argument types key -> PlannedEval
+    # argument types key -> PlannedEval
+    self._planned: dict[Any, Any] = {}
 
   @property
   def device(self) -> jax.Device:

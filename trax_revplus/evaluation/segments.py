@@ -206,7 +206,8 @@ class Segmented:
       args = (combinators.inputs_from_stack(stack, layer.n_in),
               *device.types(_params(path, weights, state)), rng_type)
       held = program_lib.tree_bytes((_items(stack)[layer.n_in:], rngs))
-      fns, kind = {}, (fingerprints.of(layer), program_lib.types_key(args))
+      fns: dict[Any, Any] = {}
+      kind = (fingerprints.of(layer), program_lib.types_key(args))
 
       def weigh(parts, layer=layer, args=args, fns=fns, kind=kind):
         key = (kind, parts)

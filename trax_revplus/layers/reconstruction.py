@@ -7,7 +7,7 @@ does) and reversing the layer alone.
 """
 
 import dataclasses
-from typing import Tuple
+from typing import Any, Tuple
 
 import jax
 import numpy as np
@@ -177,10 +177,10 @@ def reconstruction_error(layer_or_model, inputs, weights=None, state=None,
         f'reconstruction_error: {layer_or_model.name} holds no reversible '
         'layer (trax.layers.ReversibleLayer); nothing to reconstruct.')
 
-  records = []
+  records: list[Any] = []
   # (path, layer, weights, state, new_state, rng, inputs, outputs,
   #  stack after the layer) for each layer of the current reversible run.
-  block = []
+  block: list[tuple[Any, ...]] = []
   n_blocks = 0
 
   def close_block():

@@ -6,6 +6,8 @@ walk the sublayers last first; on top of stock it rejects a sublayer that
 is not reversible and weights or states without one entry per sublayer.
 """
 
+from typing import Any
+
 from trax.layers import combinators as cb
 from trax.layers import reversible as trax_reversible
 
@@ -101,7 +103,7 @@ class ReversibleSerial(ReversibleLayer, cb.Serial):
     rngs = _split_rngs(rng, self._n_layers)
     stack = output
     stack_grad = grad
-    weights_grad = []
+    weights_grad: list[Any] = []
     for layer, w, s, ns, layer_rng in reversed(list(zip(
         self.sublayers, weights, state, new_state, rngs))):
       layer_val = cb.inputs_from_stack(stack, layer.n_out)

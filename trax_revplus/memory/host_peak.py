@@ -27,7 +27,7 @@ from trax_revplus.memory import probes
 try:
   import resource  # pylint: disable=g-import-not-at-top
 except ImportError:  # Windows has no getrusage.
-  resource = None
+  resource = None  # type: ignore[assignment]  # the module or None
 
 _STATUS_PATH = '/proc/self/status'
 _CLEAR_REFS_PATH = '/proc/self/clear_refs'
@@ -35,7 +35,7 @@ _CLEAR_REFS_PATH = '/proc/self/clear_refs'
 _RESET_PEAK_RSS = '5'
 
 _lock = threading.Lock()
-_windows = weakref.WeakSet()
+_windows: weakref.WeakSet = weakref.WeakSet()
 _can_reset = None  # Unknown until the first reset.
 
 

@@ -100,11 +100,13 @@ class MemoryLog(LogOutputs):
     self.output_dir = None
     self._lock = threading.RLock()
     self._schedule = RecordSchedule(self.every_n_steps, first_steps)
-    self._step = None  # What `begin_step` noted of the step not yet ended.
-    self._last_step = None
+    # What `begin_step` noted of the step not yet ended.
+    self._step: dict[str, Any] | None = None
+    self._last_step: int | None = None
     self._steps_begun = 0
     self._ended = False
-    self._identity = None  # {'process_index', 'pid'}, read once.
+    # {'process_index', 'pid'}, read once.
+    self._identity: dict[str, int] | None = None
     self._sampled_peak = 0  # Largest RSS read since the last step boundary.
     self._failed = set()
     self._fd = None

@@ -69,7 +69,7 @@ def _transfers_per_step(records):
   records are summed, else its per-layer records, so bytes are not counted
   twice.
   """
-  by_step = collections.defaultdict(
+  by_step: dict[int, dict[str, list]] = collections.defaultdict(
       lambda: {k: [0, 0, False] for k in ('step', 'phase', 'layer')})
   for r in records:
     if r.get('h2d_bytes') is None and r.get('d2h_bytes') is None:
@@ -131,7 +131,7 @@ def _plot_line(ax, segs, phase, key, label, **style):
 
 
 def _plot_host(ax, segs, phase_style):
-  labelled = set()
+  labelled: set[str] = set()
   drawn = _plot_phases(ax, segs, 'host_rss_bytes', phase_style, labelled)
   sources = {r.get('host_peak_source') for seg, _ in segs for r in seg
              if r['phase'] == 'step'} - {None}
@@ -179,6 +179,7 @@ def _plot_device(ax, segs, phase_style, sources):
   drawn |= _plot_line(ax, segs, 'step', 'device_bytes_in_use',
                       'after each step', color='black', marker='.',
                       linewidth=0.8)
+  label: str | None
   for key, label, style in (
       ('device_peak_bytes', 'peak (runtime)', dict(linestyle='--')),
       ('peak_device_bytes', 'peak of the step (XLA, computed)',

@@ -30,13 +30,14 @@ class RecordSchedule:
     """
     self.every_n_steps = int(every_n_steps)
     self.first_steps = int(first_steps)
-    self._first_step = None
+    self._first_step: int | None = None
 
   def should_record(self, step: int) -> bool:
     """Whether step `step` (int) gets phase records (bool)."""
     step = int(step)
     if self._first_step is None:
       self._first_step = step
-    if self._first_step <= step < self._first_step + max(self.first_steps, 1):
+    first = self._first_step
+    if first <= step < first + max(self.first_steps, 1):
       return True
     return step % self.every_n_steps == 1 % self.every_n_steps

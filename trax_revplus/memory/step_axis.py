@@ -34,7 +34,7 @@ def segments(records: Sequence[Record]) -> list[list[Record]]:
   Returns:
     list of lists of records; each record in exactly one.
   """
-  out = []
+  out: list[list[dict[str, Any]]] = []
   current = {}  # process_index -> index into out
   last_index = 0
 
@@ -80,7 +80,7 @@ def x_positions(segment: Sequence[Record]) -> list[float]:
   per_step = collections.Counter(
       r['step'] for r in segment
       if r['phase'] not in PROCESS_PHASES and not any(r is b for b in before))
-  seen = collections.Counter()
+  seen: collections.Counter[int] = collections.Counter()
   xs = []
   n_before = 0
   for r in segment:

@@ -11,6 +11,7 @@ reported once with an absl warning and skipped for the rest of the run.
 
 import json
 import os
+from typing import Any
 
 from absl import logging
 
@@ -37,6 +38,14 @@ class LogOutputs:
   A base of `MemoryLog`, which sets `tensorboard`, `output_dir`, `_lock`,
   `_failed`, `_fd`, `_needs_newline` and `_writer` before use.
   """
+
+  tensorboard: bool
+  output_dir: str | None
+  _lock: Any  # threading.RLock
+  _failed: set[str]
+  _fd: int | None
+  _needs_newline: bool
+  _writer: Any
 
   @property
   def jsonl_path(self):

@@ -23,6 +23,6 @@ apart. Modules, one job each:
 
 Import the modules themselves: this package imports none of them, so that
 `trax-revplus launch` loads neither numpy nor JAX. The CLI turns its flags
-into a `DistributedConfig` (`trax_revplus.cli.distributed_flags`); nothing here reads
-flags.
+into a `DistributedConfig` (`trax_revplus.cli.distributed_flags`); nothing
+here reads flags.
 """

@@ -12,7 +12,7 @@
 
 import os
 import sys
-from typing import Any, Tuple
+from typing import Any, NoReturn, Tuple
 
 import numpy as np
 
@@ -21,7 +21,7 @@ from trax_revplus.errors import EXIT_RUNTIME
 from trax_revplus.errors import one_line
 
 
-def exit_immediately(exit_code):
+def exit_immediately(exit_code: int) -> NoReturn:
   """Ends this process now, without JAX's shutdown barrier.
 
   A normal exit runs `jax.distributed.shutdown` (registered with `atexit`),
@@ -47,9 +47,9 @@ def any_signal(signum: int | None) -> int | None:
     signum: int or None, this process's.
   """
   from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-  received = np.asarray(multihost_utils.process_allgather(
+  gathered = np.asarray(multihost_utils.process_allgather(
       np.int32(signum or 0))).ravel()
-  received = [int(s) for s in received if s]
+  received = [int(s) for s in gathered if s]
   return received[0] if received else None
 
 

@@ -1,4 +1,4 @@
-"""Keeps a blocked `jax.distributed` join to one line: deadline, signals, aborts.
+"""Keeps a blocked `jax.distributed` join to one line: deadline, signal, abort.
 
 `jax.distributed.initialize` waits in C++ (the GIL released) until every
 process has connected. Three things then escape Python's error handling:

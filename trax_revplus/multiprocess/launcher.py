@@ -45,7 +45,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Mapping, Sequence
+from typing import IO, Mapping, Sequence
 
 from trax_revplus.cli.strict_argparse import Once
 from trax_revplus.cli.strict_argparse import positive_int
@@ -219,9 +219,10 @@ def launch(command: Sequence[str], num_processes: int, *,
   address = f'{host}:{port or free_port(host)}'
   child_env = dict(os.environ if env is None else env)
   child_env.setdefault('PYTHONUNBUFFERED', '1')
-  procs, forwarders = [], []
-  log_files = []
-  received = []
+  procs: list[subprocess.Popen] = []
+  forwarders: list[forwarding.LineForwarder] = []
+  log_files: list[IO[str] | None] = []
+  received: list[int] = []
   output = forwarding.LineOutput(procs, log_files, received)
 
   def forward_signal(signum, unused_frame):
@@ -311,7 +312,8 @@ def _wait(procs, received, stop_grace_seconds):
     The index of the process that failed first, or None when none did;
     one that ended with `EXIT_LOST_PROCESS` only when every failed one did.
   """
-  ended = queue.Queue()
+  ended: queue.Queue[tuple[int, int]] = queue.Queue()
+  i: int | None
   for i, proc in enumerate(procs):
     threading.Thread(target=lambda i=i, p=proc: ended.put((i, p.wait())),
                      daemon=True).start()

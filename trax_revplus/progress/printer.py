@@ -111,20 +111,23 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
     self._total_steps = total_steps
     self._every_n_steps = every_n_steps
     self._stream = stream
-    self.lines = []
-    self._first_step = None
-    self._last_step = None
-    self._step = None  # The step begun and not yet recorded.
-    self._step_start = None
-    self._step_seconds = None
-    self._compiles_at_step_begin = None
+    self.lines: list[str] = []
+    self._first_step: int | None = None
+    self._last_step: int | None = None
+    self._step: int | None = None  # The step begun and not yet recorded.
+    self._step_start: float | None = None
+    self._step_seconds: float | None = None
+    self._compiles_at_step_begin: tuple[int, float] | None = None
     self._window = self._new_window()
-    self._last_window = (None, None)  # (first step, mean loss) of a window.
+    # (first step, mean loss) of a window.
+    self._last_window: tuple[Any, Any] = (None, None)
     self._train_seconds = 0.0
     self._steps_run = 0
-    self._compiling_steps = []  # (step, seconds, programs)
+    # (step, seconds, programs)
+    self._compiling_steps: list[tuple[int, float, int]] = []
     self._recompile_notices = 0
-    self._evals_kept = None  # evals in the Loop's history when last kept
+    # evals in the Loop's history when last kept
+    self._evals_kept: int | None = None
     self._figures = run_stats_lib.StepFigures(
         loop_door.trainers(loop), getattr(loop, 'model', None))
     CompileCounter.snapshot()  # Listens from now on.
@@ -175,12 +178,14 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
 
   def on_step_end(self, step: int) -> None:
     del step
-    self._step_seconds = time.perf_counter() - self._step_start
+    if self._step_start is not None:
+      self._step_seconds = time.perf_counter() - self._step_start
 
   def _end_step(self, loss: Any) -> None:
     """Records the step `_run_one_step` just returned `loss` for."""
     step = self._step
-    if step is None or self._step_seconds is None:
+    if (step is None or self._step_seconds is None or
+        self._compiles_at_step_begin is None):
       return  # Not a step this printer saw begin and end.
     self._step = None
     # Waiting for the loss makes the step's time that of its computation,
@@ -331,7 +336,8 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
           output directory kept (`eval_history`).
         'peak_host_rss_bytes' (int): peak resident set size of the process.
     """
-    if self._window['steps']:  # Steps after the last line, if any.
+    # Steps after the last line, if any.
+    if self._window['steps'] and self._last_step is not None:
       self._print_line(self._last_step)
     if self._steps_run:
       self.write_run_stats()

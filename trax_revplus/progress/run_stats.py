@@ -121,12 +121,12 @@ class StepFigures:
                                reversible_layers(model))
     self._counters = [c for c in map(_transfer_counter, trainers)
                       if c is not None]
-    self._transfers_at_step_begin = None
+    self._transfers_at_step_begin: tuple[int, int] | None = None
     self._peak_sampled_rss = 0
     self._device_probe_failed = False
     self._device_peak_reported = None
     self._device_bytes_source = None
-    self._stats = {key: [] for key in (
+    self._stats: dict[str, list[Any]] = {key: [] for key in (
         'steps', 'loss', 'step_seconds', 'compiled_programs',
         'host_rss_bytes', 'device_bytes_in_use', 'h2d_bytes', 'd2h_bytes')}
 

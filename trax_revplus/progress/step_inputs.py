@@ -49,8 +49,7 @@ def placement(tree: Any) -> str | None:
   arrays', 'arrays committed to a device', 'uncommitted JAX arrays', or
   those joined by ' and ' where they are mixed; None without arrays."""
   kinds = {_placement_of_leaf(x) for x in jax.tree_util.tree_leaves(tree)}
-  kinds.discard(None)
-  return ' and '.join(sorted(kinds)) or None
+  return ' and '.join(sorted(k for k in kinds if k is not None)) or None
 
 
 def trainer_arrays(trainer: Any) -> Any:
@@ -75,7 +74,7 @@ class StepInputs:
     batches are handed on unchanged)."""
     self._loop = loop
     self._records: dict[int, dict[str, Any]] = {}
-    self._step = None
+    self._step: int | None = None
     self._last_batch = None
     for task in loop_door.tasks(loop):
       if hasattr(task, 'next_batch'):

@@ -157,8 +157,9 @@ def host_nothing_fits(plan, need_bytes: int, budget_bytes: int,
   budget = _host_budget_text(budget_bytes, options.host_memory_budget_bytes)
   return HostMemoryBudgetError(
       f'no plan fits {budget} on this batch: of the plans that fit the '
-      f'device, the least host memory is {_sized(need_bytes)}, with {_plan_text(plan)}; free host '
-      f'memory, set {options_lib.GIN_CONFIGURABLE}.host_memory_budget_bytes '
+      f'device, the least host memory is {_sized(need_bytes)}, with '
+      f'{_plan_text(plan)}; free host memory, set '
+      f'{options_lib.GIN_CONFIGURABLE}.host_memory_budget_bytes '
       f'>= {need_bytes} (None: no host budget){_pinned(options)}, or use a '
       f'shorter sequence or a smaller batch.')
 

@@ -8,17 +8,19 @@ outputs, last layer to first. The step functions (`step_fns`, `slices`,
 walks a chain the same way.
 """
 
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 import jax
+from trax import layers as tl
 from trax.layers import combinators as cb
 from trax.layers import reversible as trax_reversible
 
+from trax_revplus.typing import PRNGKey
 from trax_revplus.typing import PyTree
 from trax_revplus.typing import Stack
 
 
-def chain_depth(layers) -> int:
+def chain_depth(layers: Sequence[tl.Layer]) -> int:
   """Stack items a chain of layers reads (`tl.Serial(layers).n_in`)."""
   needed, depth = 0, 0
   for layer in layers:
@@ -29,12 +31,13 @@ def chain_depth(layers) -> int:
   return needed
 
 
-def is_reversible(layer) -> bool:
+def is_reversible(layer: tl.Layer) -> bool:
   """Whether `layer` is a trax reversible layer (has `reverse`)."""
   return isinstance(layer, trax_reversible.ReversibleLayer)
 
 
-def segment_forward_fn(layers) -> Callable[..., tuple[Stack, list[PyTree]]]:
+def segment_forward_fn(layers: Sequence[tl.Layer]
+                       ) -> Callable[..., tuple[Stack, list[PyTree]]]:
   """Forward of consecutive reversible layers in one call.
 
   The layers run in order on the top items of the stack, each with its
@@ -63,7 +66,7 @@ def segment_forward_fn(layers) -> Callable[..., tuple[Stack, list[PyTree]]]:
   return forward
 
 
-def reverse_chain(layers, stack: Stack, grad_stack: Stack,
+def reverse_chain(layers: Sequence[tl.Layer], stack: Stack, grad_stack: Stack,
                   reverse_layer: Callable[..., tuple[Stack, Stack]]
                   ) -> tuple[Stack, Stack]:
   """Walks a chain of reversible layers backwards, last layer to first.
@@ -88,9 +91,12 @@ def reverse_chain(layers, stack: Stack, grad_stack: Stack,
   return stack, grad_stack
 
 
-def reverse_and_grad_chain(layers, stack: Stack, grad_stack: Stack, weights,
-                           states, new_states,
-                           rngs) -> tuple[Stack, Stack, list[PyTree]]:
+def reverse_and_grad_chain(layers: Sequence[tl.Layer], stack: Stack,
+                           grad_stack: Stack, weights: Sequence[PyTree],
+                           states: Sequence[PyTree],
+                           new_states: Sequence[PyTree],
+                           rngs: Sequence[PRNGKey]
+                           ) -> tuple[Stack, Stack, list[PyTree]]:
   """Each layer's `reverse_and_grad`, last to first (`reverse_chain`): trax's
   `ReversibleSerial.reverse_and_grad` with each layer's own weights, states
   and RNG (lists over the layers).
@@ -109,7 +115,8 @@ def reverse_and_grad_chain(layers, stack: Stack, grad_stack: Stack, weights,
   return stack, grad_stack, grads_weights
 
 
-def reversible_run_fn(layers) -> Callable[..., tuple[Stack, list[PyTree]]]:
+def reversible_run_fn(layers: Sequence[tl.Layer]
+                      ) -> Callable[..., tuple[Stack, list[PyTree]]]:
   """Forward of consecutive reversible layers whose gradient recomputes.
 
   The forward is `segment_forward_fn`'s. Its custom gradient holds the
@@ -142,7 +149,8 @@ def reversible_run_fn(layers) -> Callable[..., tuple[Stack, list[PyTree]]]:
   return run
 
 
-def chain_forward_fn(layers) -> Callable[..., tuple[Stack, list[PyTree]]]:
+def chain_forward_fn(layers: Sequence[tl.Layer]
+                     ) -> Callable[..., tuple[Stack, list[PyTree]]]:
   """Forward of consecutive layers (standard and reversible) in one call,
   differentiable as trax's default `Trainer` differentiates them.
 
@@ -181,7 +189,8 @@ def _runs(layers):
   """(start, stop, fn) over `layers` in order: a run of consecutive
   reversible layers as one `reversible_run_fn`, every other layer alone
   with fn None."""
-  runs, i = [], 0
+  runs: list[tuple[int, int, Any]] = []
+  i = 0
   while i < len(layers):
     j = i + 1
     if is_reversible(layers[i]):

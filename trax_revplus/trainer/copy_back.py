@@ -87,7 +87,9 @@ class CopyBack:
     `protocols.UpdateSink` the updates go to."""
     self._n_async_layers = n_async_layers
     self._sink = sink
-    self._pending = collections.deque()  # (n layers, device updates, token)
+    # (n layers, device updates, token)
+    self._pending: collections.deque[tuple[int, Any, Any]] = (
+        collections.deque())
 
   def push(self, layers, weights, slots, states, stats, part=None) -> None:
     """One call's updates, lists over `layers` in commit (backward) order

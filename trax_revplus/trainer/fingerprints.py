@@ -102,7 +102,7 @@ def of(obj: Any, active=None) -> Hashable:
 
 def _cell_full(cell):
   try:
-    cell.cell_contents  # pylint: disable=pointless-statement
+    cell.cell_contents  # noqa: B018  # pylint: disable=pointless-statement
     return True
   except ValueError:
     return False

@@ -7,21 +7,26 @@ compiles (`trax.optimizers.trainer._accelerated_update_fn`), with each
 layer updated by its own optimizer as `step_fns.fbo_fn` does.
 """
 
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 from trax import fastmath
+from trax import layers as tl
 from trax.fastmath import numpy as jnp
 from trax.layers import combinators as cb
+from trax.optimizers import base as optimizer_base
 
 from trax_revplus.trainer import chains
+from trax_revplus.trainer import ties as ties_lib
 from trax_revplus.trainer.step_fns import tied_weights
 from trax_revplus.trainer.step_fns import update_each
 from trax_revplus.trainer.step_fns import update_fn
 from trax_revplus.typing import PyTree
 
 
-def fused_loss_fn(layers, optimizers, n_devices: int, adasum: bool,
-                  in_call=()) -> Callable[..., tuple]:
+def fused_loss_fn(layers: Sequence[tl.Layer],
+                  optimizers: Sequence[optimizer_base.Optimizer],
+                  n_devices: int, adasum: bool,
+                  in_call: ties_lib.InCall = ()) -> Callable[..., tuple]:
   """Forward + backward + update of consecutive layers ending in the loss.
 
   The whole-model step of trax's `_accelerated_update_fn` for the layers
@@ -88,8 +93,10 @@ def _pieces(layers, optimizers, n_devices, adasum, in_call):
     for a, b, run in pieces[:-1]:
       stacks.append(run(stacks[-1], weights[a:b], states[a:b],
                         rngs[a:b])[0])
-    new_weights, new_slots = [None] * n, [None] * n
-    new_states, stats = [None] * n, [None] * n
+    new_weights: list[Any] = [None] * n
+    new_slots: list[Any] = [None] * n
+    new_states: list[Any] = [None] * n
+    stats: list[Any] = [None] * n
     loss = cotangents = None
     for stack, (a, b, run) in reversed(list(zip(stacks, pieces))):
       ws = [tied_weights(k, weights[k], new_weights, in_call)
@@ -110,10 +117,14 @@ def _pieces(layers, optimizers, n_devices, adasum, in_call):
   return fbo
 
 
-def apply_updates(updates, grads_weights, weights, slots, opt_params, step,
-                  new_states, grads_inputs,
-                  loss) -> tuple[list[PyTree], PyTree, list[PyTree], PyTree,
-                                 list[dict]]:
+def apply_updates(updates: Sequence[Callable[..., tuple]],
+                  grads_weights: Sequence[PyTree], weights: Sequence[PyTree],
+                  slots: Sequence[PyTree], opt_params: Sequence[PyTree],
+                  step: PyTree, new_states: list[PyTree],
+                  grads_inputs: PyTree,
+                  loss: PyTree
+                  ) -> tuple[list[PyTree], PyTree, list[PyTree], PyTree,
+                             list[dict]]:
   """`update_each`, and the loss into the last layer's stats. Returns
   `fused_loss_fn`'s results."""
   new_weights, new_slots, stats = update_each(

@@ -81,7 +81,7 @@ def _chooses(jaxpr, marked_inputs) -> bool:
   return found
 
 
-def hashes_activations(closed_jaxpr) -> bool:
+def hashes_activations(closed_jaxpr: jax_core.ClosedJaxpr) -> bool:
   """Whether a forward hashes what it computes: an argmax, argmin, top_k or
   float-keyed sort reads a float value computed from any input but the
   last (the RNG).

@@ -10,7 +10,7 @@ the layers before it. For any other loss `loss_combination` is None: it
 runs whole.
 """
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from jax import numpy as jnp
 
@@ -43,7 +43,8 @@ def _leaves(layer):
   return [layer]
 
 
-def loss_combination(layers) -> Callable[[Any], Any] | None:
+def loss_combination(layers: Sequence[tl.Layer]
+                     ) -> Callable[[Any], Any] | None:
   """How slices of a loss program combine, or None if they cannot.
 
   Args:

@@ -6,11 +6,13 @@ accounts its unsliced program). The loss layer's own program may also run
 its tail over chunks of the sequence (`sequence_chunks`).
 """
 
-from typing import Callable
+from typing import Callable, Sequence
 
 from jax import lax
 from jax import numpy as jnp
 from trax import fastmath
+from trax import layers as tl
+from trax.optimizers import base as optimizer_base
 
 from trax_revplus.trainer import chains
 from trax_revplus.trainer import fused_fns
@@ -18,15 +20,17 @@ from trax_revplus.trainer import sequence_chunks
 from trax_revplus.trainer import slice_loop
 from trax_revplus.trainer import slices
 from trax_revplus.trainer import step_fns
+from trax_revplus.trainer import ties as ties_lib
 from trax_revplus.trainer.loss_combination import loss_combination
 from trax_revplus.trainer.slices import add
 from trax_revplus.trainer.slices import n_rows
 from trax_revplus.trainer.slices import Rows
 from trax_revplus.trainer.slices import States
 from trax_revplus.trainer.slices import zeros
+from trax_revplus.typing import PyTree
 
 
-def vjp_grads(loss_fn) -> Callable[..., tuple]:
+def vjp_grads(loss_fn: Callable[..., tuple]) -> Callable[..., tuple]:
   """`(x, weights, states, factor) -> (loss, grads_inputs, grads_weights,
   new_states)` of `loss_fn(x, weights, states) -> (loss, new_states)`, its
   loss times `factor`, differentiated whole (`fastmath.vjp`)."""
@@ -80,7 +84,8 @@ def _loss_and_grads(grads_fn, combine, k, inputs, weights, state, rows,
                       all_weights)
 
 
-def loss_fbo(layer, optimizer, n_devices: int, adasum: bool, k: int,
+def loss_fbo(layer: tl.Layer, optimizer: optimizer_base.Optimizer,
+             n_devices: int, adasum: bool, k: int,
              chunks: int = 1,
              mode: step_fns.Update = step_fns.Update.NOW
              ) -> Callable[..., tuple]:
@@ -139,8 +144,10 @@ def loss_fbo(layer, optimizer, n_devices: int, adasum: bool, k: int,
   return sliced
 
 
-def fused_loss(layers, optimizers, n_devices: int, adasum: bool, k: int,
-               rows, in_call=()) -> Callable[..., tuple]:
+def fused_loss(layers: Sequence[tl.Layer],
+               optimizers: Sequence[optimizer_base.Optimizer],
+               n_devices: int, adasum: bool, k: int, rows: PyTree,
+               in_call: ties_lib.InCall = ()) -> Callable[..., tuple]:
   """`fused_fns.fused_loss_fn` over k slices where `loss_combination`
   allows; unsliced otherwise.
 

@@ -38,10 +38,11 @@ reads the later holder's update, which exists only after the last part),
 Adasum (not linear), and a loss `loss_combination` cannot combine.
 """
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Sequence
 
 import jax
 import numpy as np
+from trax import layers as tl
 
 from trax_revplus.trainer import chains
 from trax_revplus.trainer import slices
@@ -49,7 +50,7 @@ from trax_revplus.trainer.loss_combination import loss_combination
 from trax_revplus.typing import PyTree
 
 
-def loss_weights_item(layers, n_items: int) -> int | None:
+def loss_weights_item(layers: Sequence[tl.Layer], n_items: int) -> int | None:
   """Which batch item the loss layer reads as its loss weights, untouched.
 
   Follows each batch item's position on the stack through the layers
@@ -73,7 +74,8 @@ def loss_weights_item(layers, n_items: int) -> int | None:
   return positions.index(deepest) if deepest in positions else None
 
 
-def refusal(layers, n_items: int, adasum: bool, tied: bool) -> str | None:
+def refusal(layers: Sequence[tl.Layer], n_items: int, adasum: bool,
+            tied: bool) -> str | None:
   """Why a step on these layers cannot run in micro-batches, or None.
 
   Args:
@@ -149,12 +151,13 @@ class Part(NamedTuple):
     return slices.States(state, slices.state_rows(layer), self.n_rows,
                          self.count)
 
-  def state(self, layer, state: PyTree) -> PyTree:
+  def state(self, layer: tl.Layer, state: PyTree) -> PyTree:
     """The part's state of `layer` (its rows of each per-row leaf), from
     the layer's whole host state `state`."""
     return self._states(layer, state).slice_at(self.index)
 
-  def joined_state(self, layer, state: PyTree, new_state: PyTree) -> PyTree:
+  def joined_state(self, layer: tl.Layer, state: PyTree,
+                   new_state: PyTree) -> PyTree:
     """`layer`'s whole host state with the part's new state in its rows
     (`state`: the whole state; `new_state`: the part's, host arrays)."""
     return self._states(layer, state).with_slice(self.index, new_state)

@@ -84,8 +84,8 @@ class TrainerOptions:
       are the same either way.
     release_host_memory: bool, when host RSS has grown by 32 MiB or more
       since the last release, give the memory the C allocator holds free
-      back to the system (`memory.host_release`, glibc only), so compiler and XLA
-      temporaries freed earlier do not stay under later phases' peak: at
+      back to the system (`memory.host_release`, glibc only), so compiler and
+      XLA temporaries freed earlier do not stay under later phases' peak: at
       the end of the constructor, once the first step's functions are
       compiled ahead (`compile_ahead`), after the first call of each
       compiled function (which compiles it where it was not compiled

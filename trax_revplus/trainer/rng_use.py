@@ -19,11 +19,12 @@ all its results, so the answer may say "uses" where a draw is dead, never
 the reverse.
 """
 
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import jax
 from jax import numpy as jnp
 from jax.extend import core as jax_core
+from trax import layers as tl
 
 from trax_revplus.typing import PyTree
 
@@ -31,7 +32,7 @@ from trax_revplus.typing import PyTree
 RNG_TYPE = jax.ShapeDtypeStruct((2,), jnp.uint32)
 
 
-def inner(eqn):
+def inner(eqn: jax_core.JaxprEqn) -> jax_core.Jaxpr | None:
   """The one nested jaxpr of `eqn` that takes its operands and gives its
   results position by position (jit, custom derivatives, remat), or None
   (a loop, a branch, any other nesting, or none)."""
@@ -47,14 +48,16 @@ def inner(eqn):
   return nested
 
 
-def reads(values, marked) -> bool:
+def reads(values: Sequence[Any], marked: set[Any]) -> bool:
   """Whether any of `values` (a jaxpr's variables and literals) is in the
   set `marked`."""
   return any(not isinstance(v, jax_core.Literal) and v in marked
              for v in values)
 
 
-def marked_outputs(jaxpr, marked_inputs, visit=None) -> list[bool]:
+def marked_outputs(jaxpr: jax_core.Jaxpr, marked_inputs: Sequence[bool],
+                   visit: Callable[[Any, set[Any]], None] | None = None
+                   ) -> list[bool]:
   """For each output of `jaxpr`, whether it depends on an input marked in
   `marked_inputs` (a list of bools, one per input).
 
@@ -84,7 +87,7 @@ def marked_outputs(jaxpr, marked_inputs, visit=None) -> list[bool]:
   return [reads([v], marked) for v in jaxpr.outvars]
 
 
-def depends_on_last_input(closed_jaxpr) -> bool:
+def depends_on_last_input(closed_jaxpr: jax_core.ClosedJaxpr) -> bool:
   """Whether any output of `closed_jaxpr` depends on its last input.
 
   A call with one nested jaxpr of the same operands and results (jit,
@@ -106,7 +109,7 @@ def depends_on_last_input(closed_jaxpr) -> bool:
   return any(marked_outputs(jaxpr, marked))
 
 
-def forward_types(layer, inputs: PyTree) -> tuple[PyTree, bool]:
+def forward_types(layer: tl.Layer, inputs: PyTree) -> tuple[PyTree, bool]:
   """`layer`'s forward traced on `inputs`: its outputs' types, and whether
   its results (outputs or new state) depend on its RNG.
 
@@ -125,7 +128,7 @@ def forward_types(layer, inputs: PyTree) -> tuple[PyTree, bool]:
   return outputs, depends_on_last_input(closed)
 
 
-def forward_jaxpr(layer, inputs: PyTree) -> tuple[Any, PyTree]:
+def forward_jaxpr(layer: tl.Layer, inputs: PyTree) -> tuple[Any, PyTree]:
   """`layer`'s forward traced on `inputs`: its jaxpr and its outputs' types.
 
   The jaxpr's inputs are the leaves of (inputs, weights, state, RNG), in

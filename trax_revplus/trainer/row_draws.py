@@ -28,7 +28,6 @@ import threading
 from typing import Any, Iterator, Sequence
 
 from jax import lax
-from jax import numpy as jnp
 import numpy as np
 from trax import fastmath
 from trax.fastmath import ops as fastmath_ops
@@ -95,7 +94,7 @@ def _dropout_drawing(make_bernoulli) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def slice_of(s, k: int) -> Iterator[None]:
+def slice_of(s: Any, k: int) -> Iterator[None]:
   """Within the block (the trace of slice `s` of a call's `k` slices),
   trax's `Dropout` layers draw their rows of the unsliced call's masks.
 

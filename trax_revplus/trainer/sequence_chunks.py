@@ -15,10 +15,11 @@ moves positions).
 With `sequence_chunks = k > 1` the loss layer's program runs its head on
 the whole sequence, then the tail's forward, backward and weight gradients
 over k equal chunks of the sequence axis (axis 1 of every stack item the
-tail reads, `sequence_length`), one after the other, inside one loop: XLA keeps one chunk's
-temporaries at a time. The chunks' losses are combined by their weight
-sums (`loss_combination`), as batch slices combine rows; their cotangents
-are written into one buffer, on which the head's backward runs once. With
+tail reads, `sequence_length`), one after the other, inside one loop: XLA
+keeps one chunk's temporaries at a time. The chunks' losses are combined
+by their weight sums (`loss_combination`), as batch slices combine rows;
+their cotangents are written into one buffer, on which the head's backward
+runs once. With
 batch slices, each slice runs its chunks. Exact up to float32 summation
 order, except for random draws: chunk j draws with
 `jax.random.fold_in(rng, j)` of its tail layer's RNG of the step (dropout
@@ -48,6 +49,7 @@ from trax_revplus.trainer.loss_combination import loss_combination
 from trax_revplus.trainer.slice_loop import FLOAT0
 from trax_revplus.trax_door import functions as trax_functions
 from trax_revplus.typing import Array
+from trax_revplus.typing import PRNGKey
 from trax_revplus.typing import PyTree
 
 # Layer classes that act on each position alone (along the last axis, or
@@ -68,7 +70,7 @@ _COMBINATORS = frozenset({'Serial', 'Parallel'})
 CHUNK_COUNTS = (2, 4, 8, 16, 32, 64)
 
 
-def is_position_wise(layer) -> bool:
+def is_position_wise(layer: tl.Layer) -> bool:
   """Whether `layer` acts on each position of its inputs alone.
 
   Recognised: `POSITION_WISE_CLASSES`; `Concatenate` along the last axis
@@ -90,7 +92,7 @@ def is_position_wise(layer) -> bool:
   return False
 
 
-def sublayers_of(loss_layer) -> list[Any]:
+def sublayers_of(loss_layer: tl.Layer) -> list[Any]:
   """The loss layer's parts the tail is cut from: a `tl.Serial`'s
   sublayers (each a distinct layer), else the layer itself."""
   subs = list(loss_layer.sublayers)
@@ -100,7 +102,7 @@ def sublayers_of(loss_layer) -> list[Any]:
   return [loss_layer]
 
 
-def tail_start(loss_layer) -> int | None:
+def tail_start(loss_layer: tl.Layer) -> int | None:
   """Index into `sublayers_of(loss_layer)` where its tail starts, or None
   where no tail can run in chunks (its last part is not a loss
   `loss_combination` combines). A tail layer's state is given whole to
@@ -129,7 +131,7 @@ def tail_start(loss_layer) -> int | None:
   return None
 
 
-def tail_length(loss_layer, inputs_types: PyTree) -> int | None:
+def tail_length(loss_layer: tl.Layer, inputs_types: PyTree) -> int | None:
   """The sequence length the tail's chunks split: axis 1 of every stack
   item the tail reads, found with `jax.eval_shape` of the head on
   `inputs_types` (the loss layer's inputs on one device; the layer is left
@@ -293,7 +295,8 @@ def _pieces(forward, combine, items, weights, states, rngs, k, chunks,
   return loss, grads_items, grads_weights, new_states
 
 
-def chunked_grads(loss_layer, k: int, rng) -> Callable[..., tuple]:
+def chunked_grads(loss_layer: tl.Layer, k: int,
+                  rng: PRNGKey) -> Callable[..., tuple]:
   """The loss layer's loss and gradients with its tail over k chunks.
 
   The head (`tail_start`) runs forward and backward once, on whole rows;
@@ -344,7 +347,7 @@ def chunked_grads(loss_layer, k: int, rng) -> Callable[..., tuple]:
   return grads
 
 
-def in_place(loss_layer, inputs: PyTree, state: PyTree) -> bool:
+def in_place(loss_layer: tl.Layer, inputs: PyTree, state: PyTree) -> bool:
   """Whether `pieces_grads` can run the loss layer's call: its tail is the
   whole layer, and its state holds nothing per row (as batch slices split
   state: `slices.States`)."""
@@ -355,8 +358,8 @@ def in_place(loss_layer, inputs: PyTree, state: PyTree) -> bool:
                            1).scanned
 
 
-def pieces_grads(loss_layer, k: int, chunks: int,
-                 rng) -> Callable[..., tuple]:
+def pieces_grads(loss_layer: tl.Layer, k: int, chunks: int,
+                 rng: PRNGKey) -> Callable[..., tuple]:
   """The loss layer's loss and gradients over k row slices times `chunks`
   chunks of the sequence, in one loop, in place (`_pieces`): the call
   holds, beyond its arguments and results, one piece's temporaries.

@@ -139,7 +139,7 @@ def scan_rows(body: Callable[[PyTree, PyTree], tuple[PyTree, tuple]],
     where its program joins them (e.g. after a backward's update), so that
     the program's operations keep their order.
   """
-  merged = []
+  merged: list[Any] = []
 
   def stacked_body(c, indexed):
     s, x = indexed

@@ -30,17 +30,20 @@ What stays exact (up to float32 summation order):
   * the loss: see `loss_slices`.
 """
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 from jax import lax
 from jax import numpy as jnp
 import numpy as np
 from trax import fastmath
+from trax import layers as tl
+from trax.optimizers import base as optimizer_base
 
 from trax_revplus.trainer import chains
 from trax_revplus.trainer import row_draws
 from trax_revplus.trainer import step_fns
+from trax_revplus.trainer import ties as ties_lib
 from trax_revplus.trainer.slice_loop import FLOAT0
 from trax_revplus.trainer.slice_loop import is_float0
 from trax_revplus.trainer.slice_loop import merge
@@ -55,7 +58,7 @@ BY_SHAPE = 0
 
 
 
-def state_rows(layer) -> Any:
+def state_rows(layer: tl.Layer) -> Any:
   """How each leaf of `layer.state` splits with the batch's rows.
 
   Returns:
@@ -218,7 +221,8 @@ def forward(fn: Callable[..., tuple[PyTree, PyTree]], k: int,
   return sliced
 
 
-def fbo(layer, optimizer, n_devices: int, adasum: bool, k: int, rows,
+def fbo(layer: tl.Layer, optimizer: optimizer_base.Optimizer, n_devices: int,
+        adasum: bool, k: int, rows: PyTree,
         mode: step_fns.Update = step_fns.Update.NOW) -> Callable[..., tuple]:
   """`step_fns.fbo_fn` of a standard layer over k slices (`mode`: see
   `step_fns.update_fn`)."""
@@ -250,8 +254,10 @@ def fbo(layer, optimizer, n_devices: int, adasum: bool, k: int, rows,
   return sliced
 
 
-def segment_reverse(layers, optimizers, n_devices: int, adasum: bool, k: int,
-                    rows, in_call=(),
+def segment_reverse(layers: Sequence[tl.Layer],
+                    optimizers: Sequence[optimizer_base.Optimizer],
+                    n_devices: int, adasum: bool, k: int, rows: PyTree,
+                    in_call: ties_lib.InCall = (),
                     mode: step_fns.Update = step_fns.Update.NOW
                     ) -> Callable[..., tuple]:
   """`step_fns.segment_reverse_fn` over k slices: each slice reversed

@@ -14,10 +14,11 @@ The builders mirror trax 1.4.1's `trax.optimizers.trainer`:
 """
 
 import enum
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 from trax import fastmath
+from trax import layers as tl
 from trax.fastmath import numpy as jnp
 
 from trax_revplus import placement as placement_lib
@@ -131,7 +132,7 @@ def is_empty_tuple(x: Any) -> bool:
   return all(is_empty_tuple(y) for y in x)
 
 
-def has_weights(layer) -> bool:
+def has_weights(layer: tl.Layer) -> bool:
   """Whether a layer's weights hold any array (it was initialized or
   loaded; a layer without weights holds only empty tuples)."""
   return any(hasattr(x, 'shape')
@@ -188,7 +189,8 @@ class Update(enum.Enum):
   APPLY = 'apply'
 
 
-def update_fn(optimizer, n_devices: int, adasum: bool,
+def update_fn(optimizer: optimizer_base.Optimizer, n_devices: int,
+              adasum: bool,
               mode: Update = Update.NOW
               ) -> Callable[..., tuple[PyTree, PyTree, dict]]:
   """One layer's optimizer update from its gradients.
@@ -228,7 +230,8 @@ def update_fn(optimizer, n_devices: int, adasum: bool,
   return update
 
 
-def fbo_fn(layer, optimizer, n_devices: int, adasum: bool,
+def fbo_fn(layer: tl.Layer, optimizer: optimizer_base.Optimizer,
+           n_devices: int, adasum: bool,
            stats_name: str | None = None,
            mode: Update = Update.NOW) -> Callable[..., tuple]:
   """Forward + backward + optimizer update of a standard layer.
@@ -256,7 +259,8 @@ def fbo_fn(layer, optimizer, n_devices: int, adasum: bool,
   return fbo
 
 
-def reverse_and_fbo_fn(layer, optimizer, n_devices: int, adasum: bool,
+def reverse_and_fbo_fn(layer: tl.Layer, optimizer: optimizer_base.Optimizer,
+                       n_devices: int, adasum: bool,
                        mode: Update = Update.NOW) -> Callable[..., tuple]:
   """Reverse + backward + optimizer update of a reversible layer.
 
@@ -275,15 +279,17 @@ def reverse_and_fbo_fn(layer, optimizer, n_devices: int, adasum: bool,
   return reverse_and_fbo
 
 
-def forward_fn(layer) -> Callable[..., tuple[PyTree, PyTree]]:
+def forward_fn(layer: tl.Layer) -> Callable[..., tuple[PyTree, PyTree]]:
   """A standard layer's forward: `layer.pure_fn` (`Kind.FORWARD`)."""
   def forward(inputs, weights, state, rng):
     return layer.pure_fn(inputs, weights, state, rng)
   return forward
 
 
-def segment_reverse_fn(layers, optimizers, n_devices: int, adasum: bool,
-                       in_call=(),
+def segment_reverse_fn(layers: Sequence[tl.Layer],
+                       optimizers: Sequence[optimizer_base.Optimizer],
+                       n_devices: int, adasum: bool,
+                       in_call: ties_lib.InCall = (),
                        mode: Update = Update.NOW) -> Callable[..., tuple]:
   """Reverse + backward + update of consecutive reversible layers.
 
@@ -308,7 +314,9 @@ def segment_reverse_fn(layers, optimizers, n_devices: int, adasum: bool,
   def reverse(outputs, weights, grads, states, new_states, slots, opt_params,
               rngs, step):
     n = len(layers)
-    new_weights, new_slots, stats = [None] * n, [None] * n, [None] * n
+    new_weights: list[Any] = [None] * n
+    new_slots: list[Any] = [None] * n
+    stats: list[Any] = [None] * n
 
     def reverse_layer(k, y, y_ct):
       # Each layer's update follows its own reverse, as one call per layer
@@ -325,7 +333,7 @@ def segment_reverse_fn(layers, optimizers, n_devices: int, adasum: bool,
 
 
 def tied_weights(k: int, weights_k: PyTree, new_weights: list[PyTree],
-                 in_call) -> PyTree:
+                 in_call: ties_lib.InCall) -> PyTree:
   """Layer k's weights with the leaves it shares with a later layer of the
   call taken from that layer's update (`new_weights[source]`, already
   computed: updates run last to first).
@@ -346,8 +354,11 @@ def tied_weights(k: int, weights_k: PyTree, new_weights: list[PyTree],
   return ties_lib.with_leaves(weights_k, replacements)
 
 
-def update_each(updates, grads_weights, weights, slots, opt_params, step,
-                in_call=()) -> tuple[list[PyTree], list[PyTree], list[dict]]:
+def update_each(updates: Sequence[Callable[..., tuple]],
+                grads_weights: Sequence[PyTree], weights: Sequence[PyTree],
+                slots: Sequence[PyTree], opt_params: Sequence[PyTree],
+                step: PyTree, in_call: ties_lib.InCall = ()
+                ) -> tuple[list[PyTree], list[PyTree], list[dict]]:
   """Each layer's `update_fn` on its gradients (lists over the layers).
 
   Layers are updated last to first, as trax's backward pass does; with
@@ -358,7 +369,9 @@ def update_each(updates, grads_weights, weights, slots, opt_params, step,
     (new_weights, new_slots, stats): lists over the layers.
   """
   n = len(updates)
-  new_weights, new_slots, stats = [None] * n, [None] * n, [None] * n
+  new_weights: list[Any] = [None] * n
+  new_slots: list[Any] = [None] * n
+  stats: list[Any] = [None] * n
   for k in range(n - 1, -1, -1):
     w = tied_weights(k, weights[k], new_weights, in_call)
     new_weights[k], new_slots[k], st = updates[k](

@@ -40,6 +40,11 @@ from trax import layers as tl
 from trax_revplus.typing import PyTree
 
 
+# Ties within one call, as positions in the call's lists:
+# ((k, leaf, source_k, source_leaf), ...) (`Ties.in_call`).
+InCall = tuple[tuple[int, int, int, int], ...]
+
+
 class Tie(NamedTuple):
   """Leaf `leaf` of layer `layer` is read from leaf `source_leaf` of layer
   `source`'s update (the next holder in backward order, `source > layer`)."""
@@ -59,10 +64,10 @@ class Ties:
 
   def __init__(self, ties: Sequence[Tie] = ()):
     self.ties = tuple(ties)
-    self._by_layer = {}
+    self._by_layer: dict[int, list[Tie]] = {}
     for tie in self.ties:
       self._by_layer.setdefault(tie.layer, []).append(tie)
-    self._read_from = {}
+    self._read_from: dict[int, list[Tie]] = {}
     for tie in self.ties:
       self._read_from.setdefault(tie.source, []).append(tie)
 
@@ -77,7 +82,8 @@ class Ties:
     Returns:
       `Ties` (empty where no array is held twice).
     """
-    holders = {}  # id(array) -> [(layer index, leaf)] in forward order
+    # id(array) -> [(layer index, leaf)] in forward order
+    holders: dict[int, list[tuple[int, int]]] = {}
     for i, layer in enumerate(layers):
       for leaf, x in enumerate(jax.tree_util.tree_leaves(layer.weights)):
         if getattr(x, 'nbytes', 0):
@@ -99,8 +105,7 @@ class Ties:
     return [t for i in indices for t in self._by_layer.get(i, ())
             if t.source not in inside]
 
-  def in_call(self, indices: Sequence[int]) -> tuple[tuple[int, int, int,
-                                                           int], ...]:
+  def in_call(self, indices: Sequence[int]) -> InCall:
     """Ties between layers of one call over `indices` (forward order), as
     positions in the call's lists: ((k, leaf, source_k, source_leaf), ...),
     hashable (part of what the compiled function computes)."""

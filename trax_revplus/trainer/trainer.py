@@ -1,4 +1,4 @@
-"""ReversibleSerialTrainer: drop-in for `trax.optimizers.ReversibleSerialTrainer`.
+"""ReversibleSerialTrainer: a drop-in for trax's ReversibleSerialTrainer.
 
 The step schedule of trax 1.4.1's memory-efficient trainer, on current JAX:
 weights and optimizer slots live on the host as `numpy.ndarray`s, one layer

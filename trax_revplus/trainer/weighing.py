@@ -83,24 +83,27 @@ class Weighing:
     """One `Weighed` per distinct plan, in the order accounted."""
     return list(self._by_plan.values())
 
-  def memory_of(self, plan) -> device_memory.StepMemory | None:
+  def memory_of(self, plan: plan_lib.StepPlan
+                ) -> device_memory.StepMemory | None:
     """The `StepMemory` of `plan` where it was accounted, else None (not
     accounted, or refused)."""
     weighed = self._by_plan.get(plan)
     return None if weighed is None else weighed.memory
 
-  def refusal_of(self, plan) -> device_memory.ProgramOutOfMemoryError | None:
+  def refusal_of(self, plan: plan_lib.StepPlan
+                 ) -> device_memory.ProgramOutOfMemoryError | None:
     """The refusal of `plan` where the backend refused to compile one of
     its programs for memory, else None."""
     weighed = self._by_plan.get(plan)
     return None if weighed is None else weighed.refused
 
-  def add(self, plan, memory: device_memory.StepMemory) -> None:
+  def add(self, plan: plan_lib.StepPlan,
+          memory: device_memory.StepMemory) -> None:
     """Records `plan`, accounted as `memory` (once per distinct plan)."""
     if plan not in self._by_plan:
       self._by_plan[plan] = Weighed(plan, memory, self.fits(memory))
 
-  def refuse(self, plan,
+  def refuse(self, plan: plan_lib.StepPlan,
              error: device_memory.ProgramOutOfMemoryError) -> None:
     """Records `plan`, one of whose programs the backend refused to compile
     for memory (`error`): it fits no budget."""

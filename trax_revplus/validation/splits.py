@@ -60,5 +60,6 @@ def check_batch(batch, n_devices):
       raise errors.BatchSizeError(
           f'batch element {k} has batch size {shape[0]} (shape {shape}), '
           f'not divisible by the {n_devices} devices; use a batch size that '
-          f'is a multiple of {n_devices} (e.g. {n_devices * max(1, shape[0] // n_devices)}) '
+          f'is a multiple of {n_devices} '
+          f'(e.g. {n_devices * max(1, shape[0] // n_devices)}) '
           f'or set n_devices to a divisor of {shape[0]}.')
