@@ -15,6 +15,7 @@ listed, with why, in `trax_door.patches.PATCHES`).
 import inspect
 import sys
 import threading
+from typing import Any
 import weakref
 
 from absl import logging
@@ -31,13 +32,14 @@ from trax_revplus.trax_door import patches as trax_patches
 
 _lock = threading.Lock()
 # (module, attribute name, stock object) for every binding we replaced.
-_replaced = []
+_replaced: list[tuple[Any, str, Any]] = []
 _stock_init_trainer = trax_patches.loop_init_trainer()
 _stock_loop_init = _training.Loop.__init__
 _stock_init_evaluator = trax_patches.loop_init_evaluator()
 # The eval model each memory-efficient Loop was given, kept for
 # `_init_evaluator_with_eval_model` (trax replaces it by the training model).
-_eval_model_given = weakref.WeakKeyDictionary()
+_eval_model_given: weakref.WeakKeyDictionary[Any, Any] = (
+    weakref.WeakKeyDictionary())
 
 
 def _replacements():

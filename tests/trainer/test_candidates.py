@@ -112,13 +112,14 @@ def test_micro_batches_come_after_every_one_pass_plan_fewest_parts_first():
 
 
 def test_micro_batches_refused_or_pinned():
-  assert {g.leanest.micro_batches for g in _parts_candidates(8, refused=True).groups()
-          } == {1}
+  refused = _parts_candidates(8, refused=True).groups()
+  assert {g.leanest.micro_batches for g in refused} == {1}
   pinned = list(_parts_candidates(8, micro_batches=4).groups())
   assert {g.leanest.micro_batches for g in pinned} == {4}
   # Pinned slices: parts keep those whose rows they divide.
   sliced = list(_parts_candidates(8, batch_slices=2).groups())
-  assert [g.leanest.micro_batches for g in sliced if g.leanest.micro_batches > 1] == [2, 4]
+  assert [g.leanest.micro_batches for g in sliced
+          if g.leanest.micro_batches > 1] == [2, 4]
   assert all(g.leanest.batch_slices == 2 for g in sliced)
   assert {g.leanest.micro_batches for g in _parts_candidates(
       8, micro_batches=1).groups()} == {1}

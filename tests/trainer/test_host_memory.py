@@ -41,7 +41,8 @@ def _parts_plan(trainer, **changes):
   accumulated gradients on the host), with `changes`."""
   p = trainer.planner
   group = next(g for g in p.candidates(p.step_types(_BATCH)).groups()
-               if g.leanest.micro_batches == 2 and g.leanest.sequence_chunks == 1)
+               if g.leanest.micro_batches == 2
+               and g.leanest.sequence_chunks == 1)
   return dataclasses.replace(group.leanest, **changes)
 
 

@@ -24,7 +24,6 @@ from trax_revplus.device_memory import program as program_lib
 from trax_revplus.device_memory import refusals
 from trax_revplus.device_memory import walk as walk_lib
 from trax_revplus.trax_door import trainers as trainer_door
-from trax_revplus.typing import PyTree
 
 
 def update_call_args(trainer, batch, rng=None, step=1) -> tuple:

@@ -46,7 +46,6 @@ from trax_revplus.device_memory import composition
 from trax_revplus.device_memory import program as program_lib
 from trax_revplus.device_memory import walk as walk_lib
 from trax_revplus.trax_door import trainers as trainer_door
-from trax_revplus.typing import PyTree
 
 
 def stock_trainer_step(trainer, batch, step=1) -> composition.StepMemory:

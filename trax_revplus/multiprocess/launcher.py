@@ -359,7 +359,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None):
-  """`python -m trax_revplus.multiprocess.launcher --num_processes=N -- COMMAND...`."""
+  """Runs `python -m trax_revplus.multiprocess.launcher --num_processes=N --
+  COMMAND...`; returns its exit status."""
   argv = sys.argv[1:] if argv is None else list(argv)
   parser = build_parser()
   if '--' in argv:

@@ -72,7 +72,7 @@ def reversible_layers(model: Any) -> str:
     trax_revplus.layers.ReversibleSwap x8', classes sorted by name; 'none'
     when `model` holds no `ReversibleSerial` or `ReversibleHalfResidual`.
   """
-  counts = {}
+  counts: dict[str, int] = {}
 
   def walk(layer):
     if isinstance(layer, (reversible.ReversibleSerial,

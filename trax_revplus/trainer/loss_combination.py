@@ -13,6 +13,7 @@ runs whole.
 from typing import Any, Callable, Sequence
 
 from jax import numpy as jnp
+from trax import layers as tl
 
 from trax_revplus.trainer import chains
 from trax_revplus.trax_door import functions as trax_functions

@@ -40,6 +40,7 @@ from jax import lax
 from jax import numpy as jnp
 import numpy as np
 from trax import fastmath
+from trax import layers as tl
 
 from trax_revplus import layers as layers_lib
 from trax_revplus.trainer import chains

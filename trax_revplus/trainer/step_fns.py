@@ -20,6 +20,7 @@ import jax
 from trax import fastmath
 from trax import layers as tl
 from trax.fastmath import numpy as jnp
+from trax.optimizers import base as optimizer_base
 
 from trax_revplus import placement as placement_lib
 from trax_revplus.trainer import chains

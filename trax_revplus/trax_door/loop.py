@@ -8,7 +8,7 @@ reads a Loop's attributes before it imports trax's modules itself.
 """
 
 import contextlib
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from trax_revplus.trax_door.registry import ATTRIBUTE
 from trax_revplus.trax_door.registry import METHOD
@@ -53,7 +53,7 @@ def set_rng(loop: Any, key: Any) -> None:
 @uses(LOOP, '_tasks', ATTRIBUTE,
       'the training tasks, a list; each task\'s `next_batch` is what the '
       'Loop calls for its batch', check=lambda v: isinstance(v, list))
-def tasks(loop: Any) -> list:
+def tasks(loop: Any) -> Sequence:
   """The Loop's training tasks (`Loop._tasks`); () for another object."""
   return getattr(loop, '_tasks', ())
 
@@ -61,7 +61,7 @@ def tasks(loop: Any) -> list:
 @uses(LOOP, '_eval_tasks', ATTRIBUTE,
       'the eval tasks, a list (None entries where a task has none)',
       check=lambda v: isinstance(v, list))
-def eval_tasks(loop: Any) -> list:
+def eval_tasks(loop: Any) -> Sequence:
   """The Loop's eval tasks (`Loop._eval_tasks`), None entries included;
   () for another object."""
   return getattr(loop, '_eval_tasks', ())
@@ -119,7 +119,7 @@ def set_eval_model(loop: Any, eval_model_: Any) -> None:
 @uses(LOOP, '_callbacks', ATTRIBUTE,
       'the callback instances the Loop calls at each step, a list',
       check=lambda v: isinstance(v, list))
-def callbacks(loop: Any) -> list:
+def callbacks(loop: Any) -> Sequence:
   """The Loop's callback instances (`Loop._callbacks`); () for another
   object."""
   return getattr(loop, '_callbacks', ())
