@@ -1,5 +1,6 @@
 """The one-line switch: `import trax_revplus.activate` in gin, and back."""
 
+import importlib
 import sys
 
 import gin
@@ -16,6 +17,7 @@ from trax.supervised import training
 import trax_revplus
 from trax_revplus import compat
 from trax_revplus import layers as revplus_layers
+from trax_revplus import swap
 from trax_revplus import trainer as revplus_trainer
 
 STOCK_TO_OURS = {
@@ -115,6 +117,35 @@ def test_python_api_still_callable_after_the_gin_import():
   assert tl.ReversibleSerial is revplus_layers.ReversibleSerial
   trax_revplus.deactivate()
   assert tl.ReversibleSerial is stock_reversible.ReversibleSerial
+
+
+def test_gin_line_activates_again_after_deactivate():
+  _parse_activation_line()
+  trax_revplus.deactivate()
+  gin.clear_config()
+  # As a config parsed again in the same process: the module was imported.
+  gin.parse_config('import trax_revplus.activate')
+  assert trax_revplus.is_active()
+  assert tl.ReversibleSerial is revplus_layers.ReversibleSerial
+  trax_revplus.deactivate()
+  importlib.import_module('trax_revplus.activate')  # `import` in Python.
+  assert trax_revplus.is_active()
+
+
+def test_python_api_bound_before_the_gin_import_still_activates():
+  sys.modules.pop('trax_revplus.activate', None)
+  vars(trax_revplus).pop('activate', None)
+  from trax_revplus import activate  # pylint: disable=g-import-not-at-top
+  assert activate is swap.activate
+  _parse_activation_line()
+  # The package's name is now the module; the function bound before works.
+  assert trax_revplus.activate is sys.modules['trax_revplus.activate']
+  trax_revplus.deactivate()
+  activate()
+  assert tl.ReversibleSerial is revplus_layers.ReversibleSerial
+  trax_revplus.deactivate()
+  trax_revplus.activate()
+  assert tl.ReversibleSerial is revplus_layers.ReversibleSerial
 
 
 def _reversible_layer_types(layer):

@@ -6,8 +6,9 @@ Add this line to a gin config (or import it from Python)::
 
 and `trax.layers.ReversibleHalfResidual`, `trax.layers.ReversibleSerial` and
 `trax.optimizers.ReversibleSerialTrainer` resolve to trax_revplus's classes
-for the rest of the process. `trax_revplus.deactivate()` switches back.
-This module is only the hook; the swap itself is `trax_revplus.swap`.
+until `trax_revplus.deactivate()` switches back (after which importing
+this module again activates again). This module is only the hook; the swap
+itself is `trax_revplus.swap`, whose `activate` the package's own code calls.
 """
 
 import sys

@@ -223,11 +223,20 @@ def activate():
 
 
 def deactivate():
-  """Restores every binding `activate()` replaced; stock trax again."""
+  """Restores every binding `activate()` replaced; stock trax again.
+
+  Also forgets the import of the `trax_revplus.activate` module, so that a
+  later `import trax_revplus.activate` (a gin config parsed again) runs it,
+  and activates, again.
+  """
   with _lock:
     while _replaced:
       module, name, stock = _replaced.pop()
       setattr(module, name, stock)
+    # Python runs a module once per process: without this, the gin
+    # one-liner after a deactivate() would find the module imported and
+    # leave stock trax bound.
+    sys.modules.pop('trax_revplus.activate', None)
 
 
 def is_active():

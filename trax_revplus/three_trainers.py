@@ -17,8 +17,8 @@ trax_revplus's are imported when a trainer is built.
 import dataclasses
 from typing import Any
 
-import trax_revplus
 from trax_revplus import device_memory
+from trax_revplus import swap
 from trax_revplus import validation
 
 
@@ -181,11 +181,11 @@ def account_three(cfg, backend: str, n_devices: int,
     validation.MicroBatchesError: its micro-batches set cannot split the
       config's batch, or its step cannot add their gradients exactly.
   """
-  activated = trax_revplus.is_active()
+  activated = swap.is_active()
   # plan, budget, weighing, host budget
   revplus = [None, device_memory_bytes, None, None]
   try:
-    trax_revplus.activate()
+    swap.activate()
 
     def account_revplus():
       memory, *figures = _revplus(cfg, backend, n_devices,
@@ -199,7 +199,7 @@ def account_three(cfg, backend: str, n_devices: int,
                                  account_revplus,
                                  passes=(validation.SequenceChunksError,
                                          validation.MicroBatchesError))
-    trax_revplus.deactivate()
+    swap.deactivate()
     results = {
         'default': device_memory.account(
             'default', backend, 1, lambda: _default(cfg, backend)),
@@ -208,7 +208,7 @@ def account_three(cfg, backend: str, n_devices: int,
         'revplus': ours}
   finally:
     if activated:
-      trax_revplus.activate()
+      swap.activate()
     else:
-      trax_revplus.deactivate()
+      swap.deactivate()
   return ThreeTrainers(results, *revplus)

@@ -225,12 +225,12 @@ def test_failing_probe_reported_once_and_skipped(tmp_path):
 
 def test_failing_device_probe_keeps_host_figures():
   log = memory.MemoryLog(tensorboard=False)
-  with mock.patch.object(log_lib, 'device_memory',
+  with mock.patch.object(log_lib, 'device_bytes_in_use',
                          side_effect=RuntimeError('device lost')), \
        mock.patch.object(memory.logging, 'warning') as warning:
     first = log.record(1, 'forward')
     second = log.record(2, 'forward')
-  assert len(_warnings_naming(warning, 'device_memory')) == 1
+  assert len(_warnings_naming(warning, 'device_bytes_in_use')) == 1
   assert 'device_bytes_in_use' not in first and 'device_bytes_in_use' not in (
       second)
   assert second['host_rss_bytes'] > 0

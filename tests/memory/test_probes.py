@@ -24,10 +24,10 @@ def test_host_rss_matches_psutil():
 def test_device_bytes_grow_by_array_nbytes():
   device = jax.local_devices()[0]
   gc.collect()  # Garbage from earlier tests must not be freed mid-count.
-  before = memory.device_memory([device])
+  before = memory.device_bytes_in_use([device])
   host = np.arange(512 * 1024, dtype=np.float32)  # 2 MiB
   x = jax.device_put(host, device)
-  after = memory.device_memory([device])
+  after = memory.device_bytes_in_use([device])
   grown = after['device_bytes_in_use'] - before['device_bytes_in_use']
   assert after['device_bytes_in_use'] > 0
   # Allocator slack only where the backend reports its own figures.
@@ -39,7 +39,7 @@ def test_device_bytes_grow_by_array_nbytes():
     assert after['device_bytes_source'] == 'live_arrays'
     assert after['device_peak_bytes'] is None
   x.delete()
-  freed = memory.device_memory([device])
+  freed = memory.device_bytes_in_use([device])
   assert (after['device_bytes_in_use'] - freed['device_bytes_in_use']
           >= host.nbytes - slack)
 
@@ -53,13 +53,14 @@ def test_device_bytes_count_each_shard_on_its_device():
       from trax_revplus import memory
       devices = jax.local_devices()
       mesh = Mesh(np.array(devices), ('batch',))
-      before = memory.device_memory(devices)['device_bytes_in_use_per_device']
+      before = memory.device_bytes_in_use(devices)[
+          'device_bytes_in_use_per_device']
       sharded = jax.device_put(np.ones((8, 1024), np.float32),
                                NamedSharding(mesh, P('batch')))
       replicated = jax.device_put(np.ones((256,), np.float32),
                                   NamedSharding(mesh, P()))
-      after = memory.device_memory(devices)
-      first = memory.device_memory(devices[:1])
+      after = memory.device_bytes_in_use(devices)
+      first = memory.device_bytes_in_use(devices[:1])
       print(json.dumps({'before': before, 'after': after, 'first': first}))
   """)
   env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=4',
@@ -90,7 +91,7 @@ class _FakeAccelerator:
 
 def test_device_bytes_use_memory_stats_where_reported():
   devices = [_FakeAccelerator(100, 300), _FakeAccelerator(50, 70)]
-  assert memory.device_memory(devices) == {
+  assert memory.device_bytes_in_use(devices) == {
       'device_bytes_in_use': 150, 'device_peak_bytes': 370,
       'device_bytes_source': 'memory_stats',
       'device_bytes_in_use_per_device': [100, 50]}
@@ -98,7 +99,7 @@ def test_device_bytes_use_memory_stats_where_reported():
   # figures of one record always share one source.
   local = jax.local_devices()[0]
   if local.memory_stats() is None:
-    mixed = memory.device_memory([devices[0], local])
+    mixed = memory.device_bytes_in_use([devices[0], local])
     assert mixed['device_bytes_source'] == 'live_arrays'
     assert mixed['device_bytes_in_use_per_device'][0] == 0
 

@@ -245,6 +245,18 @@ def test_usage_errors_exit_2():
                             '/nonexistent/program']) == 1
 
 
+@pytest.mark.parametrize('module', ['trax_revplus.multiprocess.launcher',
+                                    'trax_revplus.launch'])  # The old path.
+def test_both_module_paths_run_the_launcher(module):
+  proc = subprocess.run(
+      [sys.executable, '-m', module, '--num_processes=2', '--']
+      + _child('print(f"hello from {i}")'),
+      cwd=_REPO, capture_output=True, text=True, timeout=2 * _START_SECONDS)
+  assert proc.returncode == 0, proc.stderr
+  assert sorted(proc.stdout.splitlines()) == [
+      '[process 0] hello from 0', '[process 1] hello from 1']
+
+
 def _launch_workers(mode, extra=()):
   proc = subprocess.run(
       _LAUNCHER + ['--num_processes=2', '--', sys.executable, _WORKER, mode]

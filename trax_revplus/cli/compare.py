@@ -68,11 +68,11 @@ def check_config(config_files: Sequence[str], bindings: Sequence[str]
     UserError: as `train` (exit status 2 for a setting it rejects).
   """
   import gin  # pylint: disable=g-import-not-at-top
-  import trax_revplus  # pylint: disable=g-import-not-at-top
   gin_config.import_trax_quietly()
+  from trax_revplus import swap  # pylint: disable=g-import-not-at-top
   try:
     gin_config.parse_configs(list(config_files), list(bindings))
-    trax_revplus.activate()  # As --implementation=revplus.
+    swap.activate()  # As --implementation=revplus.
     preflight.check_config()
     # The batch against the devices and batch slices, as the trainer checks
     # it at its first step: one batch of the inputs, no model built.
@@ -84,7 +84,7 @@ def check_config(config_files: Sequence[str], bindings: Sequence[str]
     parsed_config.check_inputs_and_batch(list(bindings), n_devices)
   finally:
     gin.clear_config()
-    trax_revplus.deactivate()
+    swap.deactivate()
 
 
 def _check_fresh(run_dirs):

@@ -107,10 +107,9 @@ def parse_configs(config_files: list[str], bindings: list[str]) -> None:
   import gin  # pylint: disable=g-import-not-at-top
   import trax_revplus  # pylint: disable=g-import-not-at-top
   gin.clear_config()
+  # Also lets gin's `import trax_revplus.activate` run the module (and
+  # activate) again in this process.
   trax_revplus.deactivate()
-  # Let gin's `import trax_revplus.activate` run the module (and activate)
-  # again in this process.
-  sys.modules.pop('trax_revplus.activate', None)
   for folder in _include_dirs(config_files):
     gin.add_config_file_search_path(folder)
   noise = _GinSearchNoise()

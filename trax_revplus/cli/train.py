@@ -69,11 +69,11 @@ def _select_implementation(implementation: str) -> None:
   Args:
     implementation: 'config' (leave as parsed), 'stock' or 'revplus'.
   """
-  import trax_revplus  # pylint: disable=g-import-not-at-top
+  from trax_revplus import swap  # pylint: disable=g-import-not-at-top
   if implementation == 'stock':
-    trax_revplus.deactivate()
+    swap.deactivate()
   elif implementation == 'revplus':
-    trax_revplus.activate()
+    swap.activate()
 
 
 def _bind_memory_log(every_n_steps: int | None) -> None:

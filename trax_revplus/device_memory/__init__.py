@@ -11,13 +11,13 @@
   composition: `Held`, `Call`, `StepMemory`: a step's peak device bytes as
     the most, over its calls, of what is held across a call plus what the
     call adds; its peak host bytes likewise, from what the host holds.
-  walk: `Programs`, the programs compiled for calls, once per function and
-    argument types; `StepWalk`, a step's calls on abstract arrays and what
+  calls: `Programs`, the programs compiled for calls, once per function and
+    argument types; `StepCalls`, a step's calls on abstract arrays and what
     is held across each, composed into its `StepMemory`.
   default_trainer, stock_trainer: the calls of one step of trax's default
     `Trainer` and of stock trax's `ReversibleSerialTrainer`. trax_revplus's
     own trainer walks its step itself (`trainer.ahead`), noting its calls
-    in a `StepWalk` over the trainer's `Programs`.
+    in a `StepCalls` over the trainer's `Programs`.
   report: `TrainerMemory`, one trainer's figures (or a one-line error).
   refusals: `ProgramOutOfMemoryError`, a program the backend refused to
     compile for memory (a plan that does not fit the device), and
@@ -45,5 +45,5 @@ from trax_revplus.device_memory.report import default_trainer_memory
 from trax_revplus.device_memory.report import stock_trainer_memory
 from trax_revplus.device_memory.report import trainer_memory
 from trax_revplus.device_memory.report import TrainerMemory
-from trax_revplus.device_memory.walk import Programs
-from trax_revplus.device_memory.walk import StepWalk
+from trax_revplus.device_memory.calls import Programs
+from trax_revplus.device_memory.calls import StepCalls

@@ -22,7 +22,7 @@ import numpy as np
 from trax_revplus.device_memory import composition
 from trax_revplus.device_memory import program as program_lib
 from trax_revplus.device_memory import refusals
-from trax_revplus.device_memory import walk as walk_lib
+from trax_revplus.device_memory import calls as calls_lib
 from trax_revplus.trax_door import trainers as trainer_door
 
 
@@ -91,7 +91,7 @@ def default_trainer_step(trainer, batch, rng=None, step=1
   args = update_call_args(trainer, batch, rng, step)
   fn = trainer_door.default_trainer_update_fn(trainer)
   name = 'update (forward, backward, optimizer)'
-  programs = walk_lib.Programs()
+  programs = calls_lib.Programs()
   try:
     analysis = programs.analysis(programs.analyzed(fn, args), args)
   except refusals.ProgramCompileError as e:

@@ -44,7 +44,7 @@ from trax.layers import combinators as cb
 
 from trax_revplus.device_memory import composition
 from trax_revplus.device_memory import program as program_lib
-from trax_revplus.device_memory import walk as walk_lib
+from trax_revplus.device_memory import calls as calls_lib
 from trax_revplus.trax_door import trainers as trainer_door
 
 
@@ -76,14 +76,14 @@ def stock_trainer_step(trainer, batch, step=1) -> composition.StepMemory:
         f'{n_devices}: its step replicates with '
         f'jax.device_put_replicated, which current JAX removed; accounted '
         f'on one device only.')
-  walk = walk_lib.StepWalk(devices_on_host=composition.devices_on_host(
+  record = calls_lib.StepCalls(devices_on_host=composition.devices_on_host(
       jax.default_backend(), 1))
   parts = trainer_door.stock_trainer_parts(trainer)
   blocks = parts.blocks
   n_layers = parts.n_layers
-  rngs = walk.device(jax.ShapeDtypeStruct((n_layers, 2), np.uint32))
-  rng_rows = walk.device([jax.ShapeDtypeStruct((2,), np.uint32)
-                          for _ in range(n_layers)])
+  rngs = record.device(jax.ShapeDtypeStruct((n_layers, 2), np.uint32))
+  rng_rows = record.device([jax.ShapeDtypeStruct((2,), np.uint32)
+                            for _ in range(n_layers)])
   keep = [('rngs', (rngs, rng_rows))]
   weights_of = lambda layer: program_lib.abstract(layer.weights)
   state_of = lambda layer: program_lib.abstract(layer.state)
@@ -110,7 +110,7 @@ def stock_trainer_step(trainer, batch, step=1) -> composition.StepMemory:
     std_fn, rev_fns = parts.accelerated_layer_fns[b]
     inputs = cb.inputs_from_stack(stack, std_layer.n_in)
     args = (inputs, weights_of(std_layer), state_of(std_layer), rng_rows[k])
-    outputs, new_state = walk.call(
+    outputs, new_state = record.call(
         f'forward layer {k} ({std_layer.name})', 'forward', std_fn, args,
         keep + [('stack', stack)] + list(locals_.items()), on_host())
     stack = cb.outputs_onto_stack(outputs, stack, std_layer.n_in)
@@ -120,11 +120,11 @@ def stock_trainer_step(trainer, batch, step=1) -> composition.StepMemory:
     k += 1
     old_states, new_states = [], []
     for layer, fn in zip(rev_layers, rev_fns):
-      state = walk.device(state_of(layer))
+      state = record.device(state_of(layer))
       old_states.append(state)
       inputs = cb.inputs_from_stack(stack, layer.n_in)
       args = (inputs, weights_of(layer), state, rng_rows[k])
-      outputs, new_state = walk.call(
+      outputs, new_state = record.call(
           f'forward layer {k} ({layer.name})', 'forward', fn, args,
           keep + [('stack', stack),
                   ('reversible layer states', (old_states, new_states))] +
@@ -134,9 +134,9 @@ def stock_trainer_step(trainer, batch, step=1) -> composition.StepMemory:
       k += 1
     locals_['reversible layer states (one_step locals)'] = (
         old_states, new_states)
-    saved.append((std_k, walk.host(locals_[
+    saved.append((std_k, record.host(locals_[
         'standard-layer inputs and state (one_step locals)']),
-                  walk.host((old_states, new_states))))
+                  record.host((old_states, new_states))))
 
   # Loss layer: forward, backward and update.
   loss_layer, loss_opt = parts.loss_layer, parts.loss_opt
@@ -145,7 +145,7 @@ def stock_trainer_step(trainer, batch, step=1) -> composition.StepMemory:
           program_lib.abstract(loss_opt.slots),
           program_lib.abstract(parts.replicated_loss_opt_params),
           rng_rows[k], step)
-  _, _, _, grad_stack, _ = walk.call(
+  _, _, _, grad_stack, _ = record.call(
       f'loss layer {k} ({loss_layer.name})', 'loss', parts.loss_fbo, args,
       keep + [('stack', stack)] + list(locals_.items()), on_host())
   locals_.clear()
@@ -167,7 +167,7 @@ def stock_trainer_step(trainer, batch, step=1) -> composition.StepMemory:
       args = (outputs, weights_of(layer), grads, old_states[j],
               new_states[j], program_lib.abstract(opt.slots),
               program_lib.abstract(rev_params[j]), rng_rows[k], step)
-      new_weights, _, inputs, grads_in, _ = walk.call(
+      new_weights, _, inputs, grads_in, _ = record.call(
           f'backward layer {k} ({layer.name})', 'backward', rev_fbos[j], args,
           keep + [('stack', stack), ('cotangent stack', grad_stack),
                   ('weights not yet copied back', pending)], on_host())
@@ -178,13 +178,13 @@ def stock_trainer_step(trainer, batch, step=1) -> composition.StepMemory:
     args = (std_inputs, weights_of(std_layer), grads, std_state,
             program_lib.abstract(std_opt.slots),
             program_lib.abstract(std_params), rng_rows[std_k], step)
-    _, _, _, grads_in, _ = walk.call(
+    _, _, _, grads_in, _ = record.call(
         f'backward layer {std_k} ({std_layer.name})', 'backward', std_fbo,
         args, keep + [('stack', stack), ('cotangent stack', grad_stack),
                       ('weights not yet copied back', pending)], on_host())
     grad_stack = cb.outputs_onto_stack(grads_in, grad_stack, std_layer.n_out)
     stack = cb.outputs_onto_stack(std_inputs, stack, std_layer.n_out)
-  return composition.compose(walk.calls)
+  return composition.compose(record.calls)
 
 
 def weights_and_slots_bytes(trainer) -> tuple:

@@ -2,7 +2,7 @@
 
 Modules, one job each:
 
-  probes        bytes in use now: `host_rss_bytes()`, `device_memory()`,
+  probes        bytes in use now: `host_rss_bytes()`, `device_bytes_in_use()`,
                 `array_bytes(tree)`; what the host can give:
                 `host_available_bytes()`.
   host_peak     the true peak RSS between two moments (the kernel's
@@ -31,7 +31,7 @@ from trax_revplus.byte_sizes import BYTES_PER_MIB
 from trax_revplus.memory import host_peak
 from trax_revplus.memory.log import MemoryLog
 from trax_revplus.memory.probes import array_bytes
-from trax_revplus.memory.probes import device_memory
+from trax_revplus.memory.probes import device_bytes_in_use
 from trax_revplus.memory.probes import host_available_bytes
 from trax_revplus.memory.probes import host_rss_bytes
 from trax_revplus.memory.reading import read_memory_log
@@ -43,8 +43,8 @@ from trax_revplus.memory.schedule import FIRST_STEPS_RECORDED
 from trax_revplus.memory.transfers import TransferCounter
 
 __all__ = [
-    'array_bytes', 'BYTES_PER_MIB', 'device_memory', 'FIRST_STEPS_RECORDED',
-    'format_record', 'host_available_bytes', 'host_peak', 'host_rss_bytes',
-    'MEMORY_LOG_FILENAME', 'MemoryLog', 'peaks', 'read_memory_log',
-    'TENSORBOARD_SUBDIR', 'TransferCounter',
+    'array_bytes', 'BYTES_PER_MIB', 'device_bytes_in_use',
+    'FIRST_STEPS_RECORDED', 'format_record', 'host_available_bytes',
+    'host_peak', 'host_rss_bytes', 'MEMORY_LOG_FILENAME', 'MemoryLog',
+    'peaks', 'read_memory_log', 'TENSORBOARD_SUBDIR', 'TransferCounter',
 ]

@@ -37,7 +37,7 @@ import numpy as np
 import psutil
 
 from trax_revplus.memory import host_peak
-from trax_revplus.memory.probes import device_memory
+from trax_revplus.memory.probes import device_bytes_in_use
 from trax_revplus.memory.probes import host_rss_bytes
 from trax_revplus.memory.records import Record
 from trax_revplus.memory.records import to_json_value
@@ -272,8 +272,8 @@ class MemoryLog(LogOutputs):
           record['host_rss_bytes'] = rss
         if probe_devices:
           devices = self.devices if devices is None else devices
-          device = self._probe('device_memory',
-                               lambda: device_memory(devices))
+          device = self._probe('device_bytes_in_use',
+                               lambda: device_bytes_in_use(devices))
           if device is not None:
             record.update(device)
         for key, value in fields.items():

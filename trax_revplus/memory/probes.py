@@ -2,7 +2,7 @@
 
   host_rss_bytes() -> int: resident set size of this process (psutil).
   host_available_bytes() -> int: memory the host can give (psutil).
-  device_memory(devices=None) -> dict: bytes in use on accelerators.
+  device_bytes_in_use(devices=None) -> dict: bytes in use on accelerators.
   array_bytes(tree) -> int: bytes of all array leaves of a pytree.
 
 The peak resident set size between two moments is `host_peak`'s job.
@@ -71,7 +71,8 @@ def _live_array_bytes_per_device(devices):
   return totals
 
 
-def device_memory(devices: Sequence[Any] | None = None) -> dict[str, Any]:
+def device_bytes_in_use(
+    devices: Sequence[Any] | None = None) -> dict[str, Any]:
   """Reads how many bytes are in use on accelerator devices.
 
   Uses `Device.memory_stats()` where every device reports it (GPU, TPU); else

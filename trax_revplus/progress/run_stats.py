@@ -19,7 +19,7 @@
   compiled_programs (list of int): programs JAX compiled during each step.
   host_rss_bytes (list of int): resident set size after each step.
   device_bytes_in_use (list of int or null): bytes in use on the local
-    devices after each step (`trax_revplus.memory.device_memory`: device
+    devices after each step (`trax_revplus.memory.device_bytes_in_use`: device
     `memory_stats()` where reported, bytes of live JAX arrays on CPU).
   device_bytes_source (str or null): 'memory_stats' or 'live_arrays'.
   h2d_bytes, d2h_bytes (list of int, or null): bytes the trainer copied
@@ -163,7 +163,7 @@ class StepFigures:
     device = None
     if not self._device_probe_failed:
       try:
-        device = memory.device_memory()
+        device = memory.device_bytes_in_use()
       except Exception as e:  # pylint: disable=broad-except
         self._device_probe_failed = True
         logging.warning('ProgressPrinter: device memory probe failed (%s: %s);'

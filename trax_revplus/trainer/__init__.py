@@ -26,7 +26,7 @@ Modules, from the schedule down:
               description for all walks)
   unit_factory builds a plan's units from the step functions
   ahead       the walk on types: compiling ahead (into
-              `device_memory.walk.Programs`), accounting device memory
+              `device_memory.calls.Programs`), accounting device memory
   compilation the compile cache
   fingerprints what a layer computes (which layers share a compilation)
   step_fns    the pure functions compiled: forward, FBO, reverse-and-update

@@ -6,8 +6,8 @@ function with the argument types its call will get, compiles it on a helper
 thread (one per CPU core: XLA compiles without the GIL, so compilations run
 beside each other and beside the tracing), and notes at each call what the
 step holds on the device across it (`step_run.StepRun.held`, the step's own
-description), in a `device_memory.walk.StepWalk`. The programs live in the
-trainer's `device_memory.walk.Programs`, shared by every walk of the
+description), in a `device_memory.calls.StepCalls`. The programs live in the
+trainer's `device_memory.calls.Programs`, shared by every walk of the
 trainer, so a program traced or compiled once (for one plan) is not again
 (for another). It notes, too, what the step holds on the host across each
 call (`step_run.StepRun.held_on_host`). Its updates go to `HostTypes`, a
@@ -40,7 +40,7 @@ import jax
 from trax_revplus import device_memory
 from trax_revplus import layers as layers_lib
 from trax_revplus.device_memory import program
-from trax_revplus.device_memory import walk as walk_lib
+from trax_revplus.device_memory import calls as calls_lib
 from trax_revplus.trainer import micro_batches
 from trax_revplus.trainer import step_run as step_run_lib
 from trax_revplus.typing import PyTree
@@ -89,7 +89,7 @@ class AheadOfTime(step_run_lib.StepRun):
       types: `StepTypes` of the step.
       placement: the trainer's `placement.Placement`.
       layers, optimizers: lists by layer index (host weights, state, slots).
-      programs: `device_memory.walk.Programs` shared by the trainer's
+      programs: `device_memory.calls.Programs` shared by the trainer's
         walks.
       ties: `ties.Ties` of the layers (default: none shared).
       keeps_replaced: bool, whether the step keeps each replaced host
@@ -104,7 +104,7 @@ class AheadOfTime(step_run_lib.StepRun):
     self._programs = programs
     self._host_batch = types.host_batch
     self._devices_are_host = devices_are_host(placement)
-    self._record = walk_lib.StepWalk(
+    self._record = calls_lib.StepCalls(
         programs, placement.n_local_devices if self._devices_are_host else 0)
     self._pool = None
     self._unit = None
@@ -209,7 +209,7 @@ class AheadOfTime(step_run_lib.StepRun):
   def call(self, fn: Callable[..., Any], args: tuple) -> PyTree:
     """Notes the call and what is held across it; traces `fn` for `args`
     and queues its compilation; returns its result types."""
-    key = walk_lib.call_key(fn, args)
+    key = calls_lib.call_key(fn, args)
     programs = self._programs
     if key not in programs:
       if not hasattr(fn, 'trace'):
@@ -283,7 +283,7 @@ def _fresh(tree):
 def _compile_traced(traced):
   """Lowers and compiles a `jax.stages.Traced`, which fills the caches its
   jitted function's calls use; returns the `jax.stages.Compiled`, raising
-  what compiling raised (`walk.Programs` keeps it as the program's)."""
+  what compiling raised (`calls.Programs` keeps it as the program's)."""
   return traced.lower().compile()
 
 

@@ -29,7 +29,7 @@ import jax
 import numpy as np
 
 from trax_revplus import device_memory
-from trax_revplus.device_memory import walk as walk_lib
+from trax_revplus.device_memory import calls as calls_lib
 from trax_revplus.trainer import ahead
 from trax_revplus.trainer import budget as budget_lib
 from trax_revplus.trainer import candidates as candidates_lib
@@ -107,7 +107,7 @@ class Planner:
     self.budget_bytes = budget_bytes
     self.host_budget_bytes = host_budget_bytes
     self._planned = {}  # batch_key -> PlannedStep
-    self._programs = walk_lib.Programs()
+    self._programs = calls_lib.Programs()
     self._weighings = {}  # batch_key -> weighing.Weighing
     self._searches = {}  # batch_key -> plan_search.PlanSearch
     self._facts = shape_facts.ShapeFacts(placement, store, factory, options,

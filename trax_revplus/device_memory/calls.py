@@ -9,7 +9,7 @@ two classes here:
     XLA's memory analysis (`program.Analysis`), each read once. A call key
     seen again (equal layers share one jitted function; walks of several
     plans share programs) compiles nothing.
-  `StepWalk`: the calls of one step in order, each with what the device
+  `StepCalls`: the calls of one step in order, each with what the device
     and the host hold across it; `memory()` composes the step's
     `composition.StepMemory`.
 
@@ -150,7 +150,7 @@ def _leaves(tree: PyTree) -> list:
   return jax.tree_util.tree_leaves(tree)
 
 
-class StepWalk:
+class StepCalls:
   """A step's calls with abstract arrays, and what the device holds across
   each.
 
