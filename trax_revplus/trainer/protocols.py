@@ -125,7 +125,7 @@ class UpdateSink(Protocol):
             stats: list[dict], part: Any = None) -> Any:
     """One call's updates are dispatched: lists over `layers` in commit
     (backward) order of replicated weights and slots and per-device
-    states; `part` the `micro_batches.Part` or None. Returns the token
+    states; `part` the `Part` of the batch or None. Returns the token
     `commit` takes."""
 
   def commit(self, token: Any) -> None:
@@ -154,7 +154,7 @@ class Run(Protocol):
     step_placed: the replicated step number, int32[].
     loss_weights: with micro-batches the whole batch's per-device loss
       weights, else None.
-    part: the `micro_batches.Part` walked, or None.
+    part: the `Part` of the batch walked, or None.
     sink: the `UpdateSink` the updates go to.
   """
   plan: Any
