@@ -198,6 +198,7 @@ def test_dropout_micro_batches_and_chunks_repeat_across_runs_and_resumes():
                          jax.tree_util.tree_leaves(host(one_pass)[0])[0])
 
 
+@pytest.mark.slow  # 2 devices in a subprocess; CI runs it (slow_tests_smoke)
 def test_micro_batches_on_2_devices_train_as_the_default_trainer():
   """tests/placement/multidevice_worker.py's `micro_batches_main` in a fresh
   process on 2 forced CPU devices (see tests/placement/test_multidevice.py)."""
