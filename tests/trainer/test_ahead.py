@@ -14,9 +14,9 @@ from trax import fastmath
 from trax import layers as tl
 from trax import optimizers
 
+import trax_revplus
 from trax_revplus.device_memory import program
 from trax_revplus.trainer import step_run as run
-from trax_revplus.trainer import trainer as trainer_lib
 import trainer_cases as cases
 
 
@@ -25,7 +25,7 @@ def _trainer(**kwargs):
   first, revs, loss = cases.basic_model()
   model = tl.Serial([first] + revs + [loss])
   model.init(batch, rng=fastmath.random.get_prng(12))
-  trainer = trainer_lib.ReversibleSerialTrainer(
+  trainer = trax_revplus.ReversibleSerialTrainer(
       [(first.sublayers, revs)], loss, optimizers.Adam, **kwargs)
   return model, trainer
 

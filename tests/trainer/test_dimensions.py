@@ -19,7 +19,8 @@ from trax_revplus import validation
 from trax_revplus.trainer import budget
 from trax_revplus.trainer import candidates as candidates_lib
 from trax_revplus.trainer import dimensions
-from trax_revplus.trainer import options as options_lib
+from trax_revplus.trainer import AUTO
+from trax_revplus.trainer import TrainerOptions
 from trax_revplus.trainer import plan as plan_lib
 from trax_revplus.trainer import plan_search
 from trax_revplus.trainer import plan_store
@@ -53,8 +54,8 @@ class ToyPlan(plan_lib.StepPlan):
 
 
 @dataclasses.dataclass(frozen=True)
-class ToyOptions(options_lib.TrainerOptions):
-  toy_parts: int | str = options_lib.AUTO
+class ToyOptions(TrainerOptions):
+  toy_parts: int | str = AUTO
 
 
 class ToyError(validation.ConfigurationError):
@@ -115,11 +116,11 @@ def test_registry_is_the_plans_settings():
   assert dimensions.names() == (
       'batch_slices', 'sequence_chunks', 'micro_batches', 'parallel_heads')
   fields = {f.name: f.default for f in dataclasses.fields(plan_lib.StepPlan)}
-  settings = options_lib.TrainerOptions.field_names()
+  settings = TrainerOptions.field_names()
   for dimension in dimensions.DIMENSIONS:
     assert fields[dimension.name] == dimension.none
     assert dimension.name in settings
-    assert (options_lib.TrainerOptions().unplanned(dimension.name) ==
+    assert (TrainerOptions().unplanned(dimension.name) ==
             dimension.unplanned)
 
 

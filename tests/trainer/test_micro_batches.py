@@ -29,7 +29,7 @@ from conftest import run_multidevice_worker
 from conftest import reversible_lm_blocks
 from trax_revplus import trainer as rev_trainer
 from trax_revplus import validation
-from trax_revplus.trainer import options as options_lib
+from trax_revplus.trainer import TrainerOptions
 from trax_revplus.trainer import micro_batches
 
 pytestmark = pytest.mark.usefixtures('stock_trax')
@@ -250,7 +250,7 @@ def test_bad_micro_batches_stop_before_any_update(settings, message):
 def test_micro_batches_that_are_not_positive_ints_are_refused(value):
   with pytest.raises(validation.TrainerOptionError,
                      match='micro_batches must be an int >= 1'):
-    options_lib.TrainerOptions(micro_batches=value)
+    TrainerOptions(micro_batches=value)
 
 
 def test_the_budget_takes_micro_batches_only_where_nothing_else_fits():

@@ -22,7 +22,7 @@ from trax.models.research import terraformer
 import trainer_cases as cases
 from trax_revplus import trainer as rev_trainer
 from trax_revplus import validation
-from trax_revplus.trainer import options as options_lib
+from trax_revplus.trainer import TrainerOptions
 from trax_revplus.trainer import sequence_chunks
 
 pytestmark = pytest.mark.usefixtures('stock_trax')
@@ -278,4 +278,4 @@ def test_bad_chunks_stop_before_any_update():
 def test_chunks_that_are_not_positive_ints_are_refused(value):
   with pytest.raises(validation.TrainerOptionError,
                      match='sequence_chunks must be an int >= 1'):
-    options_lib.TrainerOptions(sequence_chunks=value)
+    TrainerOptions(sequence_chunks=value)
