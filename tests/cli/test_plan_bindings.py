@@ -13,7 +13,7 @@ import pytest
 
 from trax_revplus.cli import plan_bindings
 from trax_revplus.trainer import TrainerOptions
-from trax_revplus.trainer import plan as plan_lib
+from trax_revplus.trainer._plan import plan as plan_lib
 
 pytestmark = pytest.mark.usefixtures('stock_trax')
 

@@ -9,9 +9,9 @@ blocks), and the trainer's own fingerprints on a model the suite builds.
 import pytest
 
 import trainer_cases as cases
-from trax_revplus.trainer import candidates as candidates_lib
 from trax_revplus.trainer import AUTO
 from trax_revplus.trainer import TrainerOptions
+from trax_revplus.trainer._plan import candidates as candidates_lib
 
 pytestmark = pytest.mark.usefixtures('stock_trax')
 

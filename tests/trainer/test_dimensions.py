@@ -1,4 +1,4 @@
-"""A plan dimension is declared once (`trainer.dimensions`).
+"""A plan dimension is declared once (`trainer._plan.dimensions`).
 
 A toy dimension is added the way docs/architecture.md's "Adding a plan
 dimension" says (a `StepPlan` field, a trainer setting, one `PlanDimension`
@@ -16,15 +16,15 @@ import types
 import pytest
 
 from trax_revplus import validation
-from trax_revplus.trainer import budget
-from trax_revplus.trainer import candidates as candidates_lib
-from trax_revplus.trainer import dimensions
 from trax_revplus.trainer import AUTO
 from trax_revplus.trainer import TrainerOptions
-from trax_revplus.trainer import plan as plan_lib
-from trax_revplus.trainer import plan_search
-from trax_revplus.trainer import plan_store
-from trax_revplus.trainer import shape_facts
+from trax_revplus.trainer._plan import budget
+from trax_revplus.trainer._plan import candidates as candidates_lib
+from trax_revplus.trainer._plan import dimensions
+from trax_revplus.trainer._plan import plan as plan_lib
+from trax_revplus.trainer._plan import plan_search
+from trax_revplus.trainer._plan import plan_store
+from trax_revplus.trainer._plan import shape_facts
 
 pytestmark = pytest.mark.usefixtures('stock_trax')
 
@@ -197,7 +197,7 @@ def _modules_naming(name):
 @pytest.mark.parametrize('name', sorted(MOST_MODULES))
 def test_few_modules_name_a_dimension(name):
   modules = _modules_naming(name)
-  assert 'trainer/dimensions.py' in modules
+  assert 'trainer/_plan/dimensions.py' in modules
   assert len(modules) <= MOST_MODULES[name], modules
 
 

@@ -8,7 +8,7 @@ import pytest
 
 import trainer_cases as cases
 from trax_revplus.trainer import TrainerOptions
-from trax_revplus.trainer import plan
+from trax_revplus.trainer._plan import plan
 
 pytestmark = pytest.mark.usefixtures('stock_trax')
 

@@ -10,9 +10,9 @@ import types
 
 import pytest
 
-from trax_revplus.trainer import candidates as candidates_lib
 from trax_revplus.trainer import TrainerOptions
-from trax_revplus.trainer import plan_search
+from trax_revplus.trainer._plan import candidates as candidates_lib
+from trax_revplus.trainer._plan import plan_search
 
 pytestmark = pytest.mark.usefixtures('stock_trax')
 

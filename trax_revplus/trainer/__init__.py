@@ -28,18 +28,18 @@ Errors a user catches:
 
 from trax.optimizers import trainer as _stock_trainer
 
-from trax_revplus.trainer.budget import DeviceMemoryBudgetError
-from trax_revplus.trainer.budget import DeviceMemoryUnknownError
-from trax_revplus.trainer.budget import HostMemoryBudgetError
-from trax_revplus.trainer.budget import MemoryBudgetError
-from trax_revplus.trainer.budget import StepCompileError
+from trax_revplus.trainer._accounting.oom_report import DeviceOutOfMemoryError
+from trax_revplus.trainer._plan.budget import DeviceMemoryBudgetError
+from trax_revplus.trainer._plan.budget import DeviceMemoryUnknownError
+from trax_revplus.trainer._plan.budget import HostMemoryBudgetError
+from trax_revplus.trainer._plan.budget import MemoryBudgetError
+from trax_revplus.trainer._plan.budget import StepCompileError
+from trax_revplus.trainer._plan.plan import StepPlan
+from trax_revplus.trainer._plan.planner import PlannedStep
 from trax_revplus.trainer.init import init_reversible_blocks
-from trax_revplus.trainer.oom_report import DeviceOutOfMemoryError
 from trax_revplus.trainer.options import AUTO
 from trax_revplus.trainer.options import TrainerOptions
 from trax_revplus.trainer.options import validate_gin_bindings
-from trax_revplus.trainer.plan import StepPlan
-from trax_revplus.trainer.planner import PlannedStep
 from trax_revplus.trainer.trainer import ReversibleSerialTrainer
 
 # The class's public home, as the CLI and `repr` name it.

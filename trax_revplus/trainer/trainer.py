@@ -33,18 +33,18 @@ from trax_revplus import placement as placement_lib
 from trax_revplus import validation
 from trax_revplus.device_memory import out_of_memory
 from trax_revplus.memory import host_release
-from trax_revplus.trainer import budget as budget_lib
-from trax_revplus.trainer import plan_store as plan_store_lib
-from trax_revplus.trainer import commit
-from trax_revplus.trainer import compilation
-from trax_revplus.trainer import observers
-from trax_revplus.trainer import oom_report
+from trax_revplus.trainer import host_store as store_lib
 from trax_revplus.trainer import options as options_lib
-from trax_revplus.trainer import plan as plan_lib
-from trax_revplus.trainer import planner as planner_lib
-from trax_revplus.trainer import step_context
-from trax_revplus.trainer import store as store_lib
-from trax_revplus.trainer import unit_factory
+from trax_revplus.trainer._accounting import oom_report
+from trax_revplus.trainer._plan import budget as budget_lib
+from trax_revplus.trainer._plan import plan as plan_lib
+from trax_revplus.trainer._plan import plan_store as plan_store_lib
+from trax_revplus.trainer._plan import planner as planner_lib
+from trax_revplus.trainer._step import commit
+from trax_revplus.trainer._step import compilation
+from trax_revplus.trainer._step import observers
+from trax_revplus.trainer._step import step_context
+from trax_revplus.trainer._step import unit_factory
 from trax_revplus.typing import Array
 from trax_revplus.typing import Batch
 from trax_revplus.typing import Blocks
@@ -368,7 +368,7 @@ class ReversibleSerialTrainer:
 
     The figures of the plan `planned(batch)` runs: its programs compiled
     ahead, XLA's memory analyses of them composed with what the step holds
-    across each call (`ahead.AheadOfTime`).
+    across each call (`on_types.AheadOfTime`).
 
     Args:
       batch: tuple of host arrays or `jax.ShapeDtypeStruct`s of shape
