@@ -75,7 +75,7 @@ _UNKNOWN = object()  # parameters placed ahead whose types are unknown
 class AheadOfTime(step_run_lib.StepRun):
   """Walks a step on types, compiling its programs and noting what it holds.
 
-  Use `walk(units)`; then `complete` says whether it reached the step's end,
+  Use `account(units)`; then `complete` says whether it reached the step's end,
   and `memory()` composes its device memory.
 
   Attributes:
@@ -110,8 +110,10 @@ class AheadOfTime(step_run_lib.StepRun):
     self._unit = None
     self.complete = False
 
-  def walk(self, units) -> None:
-    """Runs `units.walk(self)`; waits for the compilations it started."""
+  def account(self, units) -> None:
+    """Walks `units` on types (`units.walk(self)`), compiling each call's
+    program and noting what the step holds across it; waits for the
+    compilations it started."""
     self._pool = concurrent.futures.ThreadPoolExecutor(
         max_workers=os.cpu_count() or 1,
         thread_name_prefix='trax_revplus_compile')

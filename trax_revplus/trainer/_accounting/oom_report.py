@@ -96,3 +96,25 @@ def report(error: BaseException, call: str | None, step: int,
              f'{plan}, or use a smaller batch or shorter sequences; the '
              f'last checkpoint is the one to resume from')
   return DeviceOutOfMemoryError(message, call, step, shortfall, suggested)
+
+
+def raise_if_out_of_memory(error: BaseException, ctx, planner,
+                           batch) -> None:
+  """Raises the `DeviceOutOfMemoryError` of `error` (from `error`) where it
+  is the backend's out-of-memory error (`out_of_memory.is_out_of_memory`);
+  else returns, and the caller re-raises `error`.
+
+  The error is `report`'s with the call `ctx` (the step's
+  `step_context.StepContext` on `batch`) was in, the plan's accounted peak,
+  the budget `planner` (`planner.Planner`) planned under and the leanest
+  plan accounted on `batch`'s shapes.
+
+  Raises:
+    DeviceOutOfMemoryError: `error` is the backend's out-of-memory error.
+  """
+  if not out_of_memory.is_out_of_memory(error):
+    return
+  weighed = planner.weighing(batch).weighed
+  least = min((w.memory.peak_device_bytes for w in weighed), default=None)
+  raise report(error, ctx.calling, ctx.step, ctx.planned_peak_bytes,
+               planner.budget_bytes, least) from error

@@ -115,6 +115,12 @@ class Planner:
     self.least = None
     self.plan_store = None
 
+  def keep_plans_in(self, directory: str | None) -> None:
+    """Keeps plans chosen under a budget in `directory` (None: not kept),
+    so that a resumed run does not plan again."""
+    self.plan_store = (None if directory is None
+                       else plan_store_lib.PlanStore(directory))
+
   def step_for(self, batch) -> PlannedStep:
     """The `PlannedStep` of `batch`'s shapes, planned on first sight.
 
@@ -290,13 +296,13 @@ class Planner:
         compile one of its programs for memory.
       device_memory.ProgramCompileError: one did not compile otherwise.
     """
-    walk = on_types.AheadOfTime(plan, types, self._placement,
-                                self._store.layers, self._store.optimizers,
-                                self._programs, self._store.ties,
-                                keeps_replaced=(
-                                    self._options.on_non_finite == 'skip'))
-    walk.walk(units)
-    return walk.memory()
+    ahead = on_types.AheadOfTime(plan, types, self._placement,
+                                 self._store.layers, self._store.optimizers,
+                                 self._programs, self._store.ties,
+                                 keeps_replaced=(
+                                     self._options.on_non_finite == 'skip'))
+    ahead.account(units)
+    return ahead.memory()
 
   def weigh(self, plan, types) -> device_memory.StepMemory:
     """`plan`'s `StepMemory` on `types` (`step_types`), accounted once per

@@ -3,7 +3,7 @@
 `ShapeFacts` answers, for a step starting from `on_types.StepTypes`, what the
 planner needs before it weighs any plan: each device's rows, the stack's
 bytes per block and the loss layer's tail (`stack_bytes`,
-`sequence_chunks`), whether micro-batches can run, the candidate plans in
+`loss_tail`), whether micro-batches can run, the candidate plans in
 the speed model's order (`candidates.Candidates`), and whether the plan
 settings given as ints can run on these shapes (`check`, each a one-line
 `validation` error).

@@ -3,7 +3,7 @@
 Slices of a loss combine as `loss_combination.loss_combination` says; a
 loss whose slices cannot be combined runs on the whole batch (the planner
 accounts its unsliced program). The loss layer's own program may also run
-its tail over chunks of the sequence (`sequence_chunks`).
+its tail over chunks of the sequence (`loss_tail`).
 """
 
 from typing import Callable
@@ -86,7 +86,7 @@ def loss_fbo(layer, optimizer, n_devices: int, adasum: bool, k: int,
              ) -> Callable[..., tuple]:
   """`step_fns.fbo_fn` of the loss layer (`Kind.LOSS`) over k slices where
   `loss_combination` allows (unsliced otherwise), its tail over `chunks`
-  chunks of the sequence (`sequence_chunks`).
+  chunks of the sequence (`loss_tail`).
 
   With `mode` other than `Update.NOW` the call is one micro-batch's
   (`units.Units.walk`): its cotangent argument (`Kind.LOSS`'s third) is the
@@ -99,7 +99,7 @@ def loss_fbo(layer, optimizer, n_devices: int, adasum: bool, k: int,
       `loss_combination` cannot combine.
   """
   if chunks > 1 and loss_tail.tail_start(layer) is None:
-    raise ValueError(f'sequence_chunks = {chunks}: the loss layer '
+    raise ValueError(f'{chunks} sequence chunks: the loss layer '
                      f'{layer.name} has no position-wise tail to run in '
                      f'chunks.')
   micro = mode is not step_fns.Update.NOW

@@ -12,15 +12,15 @@ over positions); its **head** is the sublayers before (for trax's
 `ConfigurableTerraformer`, up to `StripFromConcatenateWithPadding`, which
 moves positions).
 
-With `sequence_chunks = k > 1` the loss layer's program runs its head on
-the whole sequence, then the tail's forward, backward and weight gradients
-over k equal chunks of the sequence axis (axis 1 of every stack item the
-tail reads, `sequence_length`), one after the other, inside one loop: XLA keeps one chunk's
-temporaries at a time. The chunks' losses are combined by their weight
-sums (`loss_combination`), as batch slices combine rows; their cotangents
-are written into one buffer, on which the head's backward runs once. With
-batch slices, each slice runs its chunks. Exact up to float32 summation
-order, except for random draws: chunk j draws with
+With k > 1 sequence chunks in its plan the loss layer's program runs its
+head on the whole sequence, then the tail's forward, backward and weight
+gradients over k equal chunks of the sequence axis (axis 1 of every stack
+item the tail reads, `sequence_length`), one after the other, inside one
+loop: XLA keeps one chunk's temporaries at a time. The chunks' losses are
+combined by their weight sums (`loss_combination`), as batch slices combine
+rows; their cotangents are written into one buffer, on which the head's
+backward runs once. With batch slices, each slice runs its chunks. Exact up
+to float32 summation order, except for random draws: chunk j draws with
 `jax.random.fold_in(rng, j)` of its tail layer's RNG of the step (dropout
 masks of chunk shape; deterministic across runs and resumes, not the
 unchunked masks).
@@ -236,7 +236,7 @@ def _pieces(forward, combine, items, weights, states, rngs, k, chunks,
     length = sequence_length(items)
     if length is None or length % chunks:
       raise ValueError(
-          f'sequence_chunks = {chunks}: the loss layer\'s tail reads items '
+          f'{chunks} sequence chunks: the loss layer\'s tail reads items '
           f'of shapes {[tuple(x.shape) for x in items]}, which do not share '
           f'a sequence length (axis 1, before a feature axis) that {chunks} '
           f'divides.')
