@@ -147,11 +147,11 @@ class AheadOfTime(step_run_lib.StepRun):
     return [_known(self._placement.abstract_per_device(state))
             for state in states]
 
-  def begin(self) -> None:
+  def begin(self, n_parts: int) -> None:
     """With micro-batches, the batch's loss weights as the step places
     them; each part's rows come from the host batch's types (`begin_part`),
     as the step's from the host batch."""
-    if self.plan.micro_batches == 1:
+    if n_parts == 1:
       return
     if self._host_batch is None:
       raise TypesUnknown()
@@ -161,13 +161,13 @@ class AheadOfTime(step_run_lib.StepRun):
     self.loss_weights = self._placement.abstract_batch(
         self._host_batch[item])
 
-  def begin_part(self, index: int) -> None:
+  def begin_part(self, index: int, n_parts: int) -> None:
     """The part's rows of the batch's types, as `shard_batch` would give
     them (`batch_parts.part_of_batch`, as the step)."""
-    if self.plan.micro_batches == 1:
+    if n_parts == 1:
       return
     self.part, rows = batch_parts.part_of_batch(
-        self._host_batch, index, self.plan.micro_batches,
+        self._host_batch, index, n_parts,
         self._placement.n_local_devices)
     self.stack = self._placement.abstract_batch(rows)
 

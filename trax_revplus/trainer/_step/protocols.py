@@ -196,11 +196,13 @@ class Run(Protocol):
               stats: list[dict]) -> None:
     """A call's updates, lists over `layers` in commit order."""
 
-  def begin(self) -> None:
-    """Before the step's first forward pass."""
+  def begin(self, n_parts: int) -> None:
+    """Before the step's first forward pass, over `n_parts` micro-batches
+    (1 without)."""
 
-  def begin_part(self, index: int) -> None:
-    """Before micro-batch `index`'s forward pass (0 without)."""
+  def begin_part(self, index: int, n_parts: int) -> None:
+    """Before micro-batch `index`'s forward pass (0 without), of
+    `n_parts`."""
 
   def unit_done(self, unit: Unit) -> None:
     """After `unit`'s call in the forward or backward pass."""

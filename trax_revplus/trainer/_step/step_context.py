@@ -134,13 +134,13 @@ class StepContext(step_run_lib.StepRun):
 
   # The named points of the walk.
 
-  def begin(self) -> None:
+  def begin(self, n_parts: int) -> None:
     """Frees device buffers (where set); then places the batch (with
     micro-batches: its loss weights): once the forward phase's clock runs,
     so that the forward phase counts its bytes."""
     if self._free_accelerators:
       self._free_device_buffers(self._store.keep())
-    if self.plan.micro_batches == 1:
+    if n_parts == 1:
       self.stack = self._placement.shard_batch(self._batch)
       self._batch = None
       return
@@ -148,11 +148,11 @@ class StepContext(step_run_lib.StepRun):
                                          len(self._batch))
     self.loss_weights = self._placement.shard_batch(self._batch[item])
 
-  def begin_part(self, index: int) -> None:
-    if self.plan.micro_batches == 1:
+  def begin_part(self, index: int, n_parts: int) -> None:
+    if n_parts == 1:
       return
     self.part, rows = batch_parts.part_of_batch(
-        self._batch, index, self.plan.micro_batches,
+        self._batch, index, n_parts,
         self._placement.n_local_devices)
     self.stack = self._placement.shard_batch(rows)
     if self.part.last:

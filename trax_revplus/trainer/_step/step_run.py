@@ -348,14 +348,16 @@ class StepRun(abc.ABC):
   # on types does nothing at them; the step records its phases there and
   # frees device buffers where its settings say so.
 
-  def begin(self) -> None:
-    """Before the step's first forward pass; after it, the stack holds the
+  def begin(self, n_parts: int) -> None:
+    """Before the step's first forward pass, over `n_parts` parts of the
+    batch (1 without micro-batches); after it, the stack holds the
     batch (with micro-batches: `loss_weights` hold the batch's loss
     weights, and `begin_part` places each part)."""
 
-  def begin_part(self, index: int) -> None:
-    """Before part `index`'s forward pass (0 without micro-batches); with
-    micro-batches, sets `part` and places the part's rows as the stack."""
+  def begin_part(self, index: int, n_parts: int) -> None:
+    """Before part `index`'s forward pass, of `n_parts` (0 of 1 without
+    micro-batches); with micro-batches, sets `part` and places the part's
+    rows as the stack."""
 
   def unit_done(self, unit: protocols.Unit) -> None:
     """After `unit`'s call in the pass `phase` ('forward' or 'backward')."""

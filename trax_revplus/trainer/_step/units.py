@@ -350,9 +350,10 @@ class Units:
     buffers at `begin` and at the loss's end; a walk on types does nothing
     at the points (`step_run.StepRun`).
     """
-    run.begin()
-    for part in range(self.plan.micro_batches):
-      run.begin_part(part)
+    n_parts = self.plan.micro_batches
+    run.begin(n_parts)
+    for part in range(n_parts):
+      run.begin_part(part, n_parts)
       self.forward(run)
       run.end_pass('forward')
       self.loss(run)
