@@ -4,6 +4,10 @@ Replacements for trax 1.4.1's `ReversibleHalfResidual`, `ReversibleSerial`
 and `ReversibleSerialTrainer` that run on current JAX. Switch a gin config to
 them with one line, `import trax_revplus.activate`, or from Python with
 `trax_revplus.activate()`.
+
+The supported API is the names of `__all__` here and of
+`trax_revplus.trainer.__all__` (the trainer's options, plan types and
+errors); deeper module paths are the implementation and may move.
 """
 
 import importlib
@@ -23,6 +27,8 @@ _EXPORTS = {
     'reconstruction_error': 'trax_revplus.layers',
     'init_reversible_blocks': 'trax_revplus.trainer',
     'ReversibleSerialTrainer': 'trax_revplus.trainer',
+    'TrainerOptions': 'trax_revplus.trainer',
+    'DeviceOutOfMemoryError': 'trax_revplus.trainer',
 }
 __all__ = sorted(_EXPORTS)  # noqa: PLE0605 (the lazily imported names)
 

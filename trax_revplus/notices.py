@@ -2,8 +2,8 @@
 
 A notice is a fact the person should see even when the run goes on, e.g.
 that a device memory budget replaced a setting they set
-(`trainer.overrides`). The commands of `trax-revplus` listen while they run
-(`listening`) and print each notice as their own warning line on stderr;
+(`trainer._plan.overrides`). The commands of `trax-revplus` listen while they
+run (`listening`) and print each notice as their own warning line on stderr;
 with no listener, e.g. from Python, a notice is a Python warning
 (`SettingReplacedWarning`), which Python shows once per place.
 

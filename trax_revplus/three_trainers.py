@@ -50,7 +50,7 @@ class ThreeTrainers:
     plan: trax_revplus's plan, or None when its trainer has an error.
     budget_bytes: the budget trax_revplus's trainer planned for (None: no
       budget), or the device memory asked for when it has an error.
-    weighing: the plans it weighed (`trainer.weighing.Weighing`), or None
+    weighing: the plans it weighed (`trainer._plan.weighing.Weighing`), or None
       when it has an error.
     host_budget_bytes: the host budget it planned for, or None.
   """
@@ -116,7 +116,7 @@ def _revplus(cfg, backend: str, n_devices: int,
   """
   # pylint: disable=g-import-not-at-top
   from trax_revplus import trainer as rev_lib
-  from trax_revplus.trainer import budget as budget_lib
+  from trax_revplus.trainer._plan import budget as budget_lib
   # pylint: enable=g-import-not-at-top
   blocks, loss_layer = reversible_blocks(rev_lib, cfg)
   budget = ({} if device_memory_bytes is None else

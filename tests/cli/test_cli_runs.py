@@ -184,7 +184,7 @@ def test_a_resumed_run_reads_its_programs_from_the_compilation_cache(
 def test_out_of_device_memory_is_one_line_and_keeps_the_checkpoint(
     ours_run, tmp_path, capsys, monkeypatch):
   from trax_revplus import checkpoints  # pylint: disable=g-import-not-at-top
-  from trax_revplus.trainer import step_context  # pylint: disable=g-import-not-at-top
+  from trax_revplus.trainer._step import step_context  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   path = _copy_run(ours_run, tmp_path)
   call = step_context.StepContext.call

@@ -12,8 +12,8 @@ import gin
 import pytest
 
 from trax_revplus.cli import plan_bindings
-from trax_revplus.trainer import options as options_lib
-from trax_revplus.trainer import plan as plan_lib
+from trax_revplus.trainer import TrainerOptions
+from trax_revplus.trainer._plan import plan as plan_lib
 
 pytestmark = pytest.mark.usefixtures('stock_trax')
 
@@ -35,7 +35,7 @@ def _bindings(printed):
     [(name, value)] = gin.get_bindings(plan_bindings.TRAINER).items()
     found[name] = value
   gin.clear_config()
-  options_lib.TrainerOptions.of(found)
+  TrainerOptions.of(found)
   return found
 
 

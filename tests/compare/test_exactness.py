@@ -8,8 +8,8 @@ changing the float32 summation order.
 import pytest
 
 from trax_revplus.compare import exactness
-from trax_revplus.trainer import plan as plan_lib
-from trax_revplus.trainer import plan_store
+from trax_revplus.trainer._plan import plan as plan_lib
+from trax_revplus.trainer._plan import plan_store
 
 
 def _plan(**settings):

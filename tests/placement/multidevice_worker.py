@@ -227,7 +227,7 @@ def main():
 
 
 # Micro-batches (`micro_batches_main`), run by
-# tests/trainer/test_micro_batches.py.
+# tests/trainer/test_batch_parts.py.
 
 
 def _ours_with_losses(n_devices, fused=False, saved_on_host=False,

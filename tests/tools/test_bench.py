@@ -183,7 +183,7 @@ def test_terraformer_config_builds_trax_s_lsh_terraformer():
   cfg = configs.config('terraformer', quick=True)
   assert configs.describe(cfg).startswith(
       'encoder-decoder Terraformer (LSH), 2 + 2 layers, vocab 32000')
-  from trax_revplus.trainer import attention_heads  # pylint: disable=g-import-not-at-top
+  from trax_revplus.trainer._step import attention_heads  # pylint: disable=g-import-not-at-top
   trainer, weights_bytes, slots_bytes = model.build('ours', cfg)
   assert weights_bytes > 32000 * cfg['d_model'] * 4 and slots_bytes > 0
   # By name: gin's registration wraps trax's attention classes.
@@ -198,7 +198,7 @@ def test_char_config_is_the_main_job_s_model():
   which draws nothing (dropout 0.0)."""
   from tools.bench import model  # pylint: disable=g-import-not-at-top
   from trax import layers as tl  # pylint: disable=g-import-not-at-top
-  from trax_revplus.trainer import attention_heads  # pylint: disable=g-import-not-at-top
+  from trax_revplus.trainer._step import attention_heads  # pylint: disable=g-import-not-at-top
   cfg = configs.config('char')
   assert (cfg['n_layers'], cfg['length'], cfg['d_model'], cfg['batch']) == (
       4, 256, 128, 8)

@@ -9,8 +9,9 @@ blocks), and the trainer's own fingerprints on a model the suite builds.
 import pytest
 
 import trainer_cases as cases
-from trax_revplus.trainer import candidates as candidates_lib
-from trax_revplus.trainer import options as options_lib
+from trax_revplus.trainer import AUTO
+from trax_revplus.trainer import TrainerOptions
+from trax_revplus.trainer._plan import candidates as candidates_lib
 
 pytestmark = pytest.mark.usefixtures('stock_trax')
 
@@ -26,7 +27,7 @@ def _candidates(n_reversible, kinds=True):
                     for i in range(n_reversible)] + ['loss'])
   return candidates_lib.Candidates(
       [n_reversible], {i: 1000 for i in range(n)}, [2**20], rows=2,
-      options=options_lib.TrainerOptions(), layer_kinds=layer_kinds)
+      options=TrainerOptions(), layer_kinds=layer_kinds)
 
 
 def test_compiled_layers_count_equal_segments_once():
@@ -95,7 +96,7 @@ def test_the_trainers_fingerprints_tell_equal_layers_apart():
 def _parts_candidates(rows, refused=False, **settings):
   return candidates_lib.Candidates(
       [4], {i: 1000 for i in range(6)}, [2**20], rows=rows,
-      options=options_lib.TrainerOptions(**settings),
+      options=TrainerOptions(**settings),
       micro_batches_refused=refused)
 
 
@@ -125,11 +126,11 @@ def test_micro_batches_refused_or_pinned():
       8, micro_batches=1).groups()} == {1}
 
 
-def _sliced(slices_change_draws, platform, batch_slices=options_lib.AUTO,
+def _sliced(slices_change_draws, platform, batch_slices=AUTO,
             rows=8, hashes_activations=False):
   candidates = candidates_lib.Candidates(
       [4], {i: 1000 for i in range(6)}, [2**20], rows=rows,
-      options=options_lib.TrainerOptions(batch_slices=batch_slices),
+      options=TrainerOptions(batch_slices=batch_slices),
       slices_change_draws=slices_change_draws, platform=platform,
       hashes_activations=hashes_activations)
   return [g.leanest.batch_slices for g in candidates.groups()
@@ -151,11 +152,11 @@ def test_two_slices_rank_first_on_the_cpu_where_slices_change_no_draw():
                  batch_slices=4) == [4]
 
 
-def _heads(platform, parallel_heads=options_lib.AUTO,
+def _heads(platform, parallel_heads=AUTO,
            hashes_activations=False):
   candidates = candidates_lib.Candidates(
       [4], {i: 1000 for i in range(6)}, [2**20], rows=2,
-      options=options_lib.TrainerOptions(parallel_heads=parallel_heads),
+      options=TrainerOptions(parallel_heads=parallel_heads),
       platform=platform, heads_lowerable=True,
       hashes_activations=hashes_activations)
   return [g.leanest.parallel_heads for g in candidates.groups()]

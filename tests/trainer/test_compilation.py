@@ -18,8 +18,8 @@ from trax import optimizers
 import trainer_cases as cases
 from trax_revplus import placement as placement_lib
 from trax_revplus import trainer as rev_trainer
-from trax_revplus.trainer import fingerprints as fingerprints_lib
-from trax_revplus.trainer import plan
+from trax_revplus.trainer._plan import plan
+from trax_revplus.trainer._step import fingerprints as fingerprints_lib
 
 pytestmark = pytest.mark.usefixtures('stock_trax')
 

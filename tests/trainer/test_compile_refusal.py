@@ -23,9 +23,9 @@ import pytest
 import trainer_cases as cases
 from compile_refusal import refusal
 from trax_revplus import device_memory
-from trax_revplus.trainer import budget
-from trax_revplus.trainer import plan_search
-from trax_revplus.trainer import units as units_lib
+from trax_revplus.trainer._plan import budget
+from trax_revplus.trainer._plan import plan_search
+from trax_revplus.trainer._step import units as units_lib
 
 pytestmark = pytest.mark.usefixtures('stock_trax')
 

@@ -17,9 +17,9 @@ import pytest
 
 import trainer_cases as cases
 from trax_revplus import memory
-from trax_revplus.trainer import ahead
-from trax_revplus.trainer import budget
-from trax_revplus.trainer import step_context
+from trax_revplus.trainer._accounting import on_types
+from trax_revplus.trainer._plan import budget
+from trax_revplus.trainer._step import step_context
 
 pytestmark = pytest.mark.usefixtures('stock_trax')
 
@@ -52,7 +52,7 @@ def test_accounted_host_bytes_are_what_the_real_step_holds(
   """At each call the accounted host parts are the host arrays the real
   step holds then; on an accelerator (simulated) the updates being copied
   back count too."""
-  monkeypatch.setattr(ahead, 'devices_are_host',
+  monkeypatch.setattr(on_types, 'devices_are_host',
                       lambda placement: devices_are_host)
   model, trainer = _trainer(device_memory_budget_bytes=None)
   plan = _parts_plan(trainer, n_async_layers=2)
@@ -160,7 +160,7 @@ def test_on_an_accelerator_a_small_host_budget_saves_on_the_device(
   whose fastest fitting plan keeps its saved inputs and states on the
   host, and a host budget 'auto' below that plan's host bytes: the plan
   run keeps them on the device."""
-  monkeypatch.setattr(ahead, 'devices_are_host', lambda placement: False)
+  monkeypatch.setattr(on_types, 'devices_are_host', lambda placement: False)
   ref_weights, ref_slots, _ = cases.lm_reference_3_steps()
   _, trainer = _trainer(device_memory_budget_bytes=None)
   p = trainer.planner

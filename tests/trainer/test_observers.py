@@ -1,6 +1,7 @@
-"""trax_revplus.trainer.observers: what a step's observers do at its points."""
+"""trax_revplus.trainer._step.observers: what a step's observers do at
+its points."""
 
-from trax_revplus.trainer import observers
+from trax_revplus.trainer._step import observers
 
 
 class _Releaser:
@@ -38,7 +39,7 @@ def test_releases_within_a_step_keep_the_steps_own_working_set():
 def test_the_working_set_on_the_cpu_backend_is_the_accounted_peak():
   # pylint: disable=g-import-not-at-top,protected-access
   import trainer_cases as cases
-  from trax_revplus.trainer import step_context
+  from trax_revplus.trainer._step import step_context
   batch = cases.lm_batch()
   _, trainer = cases.lm_trainer(batch, device_memory_budget_bytes=None)
   planned = trainer.planned(batch)

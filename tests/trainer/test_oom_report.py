@@ -8,7 +8,7 @@ from trax import layers as tl
 from trax import optimizers
 
 from trax_revplus import trainer as rev_trainer
-from trax_revplus.trainer import step_context
+from trax_revplus.trainer._step import step_context
 
 import trainer_cases
 

@@ -19,7 +19,7 @@ from conftest import split_blocks_trainer
 from trax_revplus import trainer as rev_trainer
 from trax_revplus import validation
 from trax_revplus.memory import host_release as host_memory
-from trax_revplus.trainer import options as options_lib
+from trax_revplus.trainer import TrainerOptions
 
 pytestmark = pytest.mark.usefixtures('stock_trax')
 
@@ -88,7 +88,7 @@ def test_constructor_is_stocks_plus_the_options_as_keywords():
   # gin binds exactly stock's arguments and the settings, listed once.
   assert rev_trainer.ReversibleSerialTrainer.gin_parameters == (
       tuple(n for n in stock.parameters if n != 'self') +
-      options_lib.TrainerOptions.field_names())
+      TrainerOptions.field_names())
 
 
 def test_an_unknown_setting_is_one_line_naming_the_settings():
@@ -135,7 +135,7 @@ def test_an_unknown_setting_in_gin_names_the_settings():
 def test_a_bad_setting_gets_one_line_naming_it_the_value_and_the_range(
     name, value, allowed):
   with pytest.raises(validation.TrainerOptionError) as info:
-    options_lib.TrainerOptions(**{name: value})
+    TrainerOptions(**{name: value})
   assert str(info.value) == (
       f'trax_revplus.ReversibleSerialTrainer.{name}: {name} must be '
       f'{allowed}, got {value!r}.')
@@ -157,7 +157,7 @@ def test_gin_bindings_are_checked_without_a_trainer_or_a_device(monkeypatch):
       "trax_revplus.ReversibleSerialTrainer.n_devices = 64\n")
   options = rev_trainer.validate_gin_bindings()
   assert (options.n_async_layers, options.on_non_finite) == (3, 'skip')
-  assert options == options_lib.TrainerOptions(n_async_layers=3,
+  assert options == TrainerOptions(n_async_layers=3,
                                                on_non_finite='skip')
   gin.bind_parameter(
       'trax_revplus.ReversibleSerialTrainer.segment_max_layers', 0)

@@ -4,9 +4,9 @@ runs or one left to the planner."""
 
 import pytest
 
-from trax_revplus.trainer import options as options_lib
-from trax_revplus.trainer import overrides
-from trax_revplus.trainer import plan as plan_lib
+from trax_revplus.trainer import TrainerOptions
+from trax_revplus.trainer._plan import overrides
+from trax_revplus.trainer._plan import plan as plan_lib
 
 PREFIX = 'trax_revplus.ReversibleSerialTrainer.'
 
@@ -28,7 +28,7 @@ def _plan(**settings):
 ])
 def test_an_explicit_setting_the_plan_replaces_is_named(name, value, used,
                                                         plan):
-  options = options_lib.TrainerOptions(**{name: value})
+  options = TrainerOptions(**{name: value})
   lines = overrides.replaced(plan, options, {name}, 12345)
   assert len(lines) == 1, lines
   assert lines[0].startswith(
@@ -42,13 +42,13 @@ def test_an_explicit_setting_the_plan_replaces_is_named(name, value, used,
 def test_settings_run_as_given_or_not_given_are_not_named():
   plan = _plan(batch_slices=2, n_async_layers=0)
   # Given and run as given.
-  options = options_lib.TrainerOptions(batch_slices=2, n_async_layers=0)
+  options = TrainerOptions(batch_slices=2, n_async_layers=0)
   assert overrides.replaced(plan, options, {'batch_slices', 'n_async_layers'},
                             1) == []
   # Not given: the planner's to choose.
-  options = options_lib.TrainerOptions()
+  options = TrainerOptions()
   assert overrides.replaced(plan, options, set(), 1) == []
   # A backward length the unfused plan runs.
-  options = options_lib.TrainerOptions(backward_segment_max_layers=1)
+  options = TrainerOptions(backward_segment_max_layers=1)
   assert overrides.replaced(plan, options, {'backward_segment_max_layers'},
                             1) == []

@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 
 import trainer_cases as cases
-from trax_revplus.trainer import options as options_lib
-from trax_revplus.trainer import plan
+from trax_revplus.trainer import TrainerOptions
+from trax_revplus.trainer._plan import plan
 
 pytestmark = pytest.mark.usefixtures('stock_trax')
 
@@ -65,7 +65,7 @@ def test_a_plan_must_decide_every_backward_split():
 
 
 def test_configured_plan_follows_the_settings():
-  options = options_lib.TrainerOptions(segment_max_layers=2,
+  options = TrainerOptions(segment_max_layers=2,
                                        backward_segment_max_layers=1,
                                        n_async_layers=3, batch_slices=2)
   step_plan = plan.configured_plan([4], {i: 1 for i in range(6)}, [0],

@@ -10,9 +10,9 @@ import types
 
 import pytest
 
-from trax_revplus.trainer import candidates as candidates_lib
-from trax_revplus.trainer import options as options_lib
-from trax_revplus.trainer import plan_search
+from trax_revplus.trainer import TrainerOptions
+from trax_revplus.trainer._plan import candidates as candidates_lib
+from trax_revplus.trainer._plan import plan_search
 
 pytestmark = pytest.mark.usefixtures('stock_trax')
 
@@ -22,7 +22,7 @@ def _candidates(**kwargs):
   # 4, 8; no sequence chunks.
   return candidates_lib.Candidates(
       [4], {i: 10 for i in range(6)}, [2**10], rows=8,
-      options=options_lib.TrainerOptions(), **kwargs)
+      options=TrainerOptions(), **kwargs)
 
 
 def _figures():

@@ -13,7 +13,7 @@ import os
 import pytest
 
 import trainer_cases as cases
-from trax_revplus.trainer import plan_store
+from trax_revplus.trainer._plan import plan_store
 
 pytestmark = pytest.mark.usefixtures('stock_trax')
 

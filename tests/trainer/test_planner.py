@@ -22,10 +22,10 @@ from trax_revplus import memory
 from trax_revplus import notices
 from trax_revplus import placement as placement_lib
 from trax_revplus import validation
-from trax_revplus.trainer import budget
-from trax_revplus.trainer import plan_search
-from trax_revplus.trainer import planner
-from trax_revplus.trainer import units as units_lib
+from trax_revplus.trainer._plan import budget
+from trax_revplus.trainer._plan import plan_search
+from trax_revplus.trainer._plan import planner
+from trax_revplus.trainer._step import units as units_lib
 
 pytestmark = pytest.mark.usefixtures('stock_trax')
 

@@ -1,4 +1,4 @@
-"""trax_revplus.trainer.protocols: the concrete units, runs, sinks and
+"""trax_revplus.trainer._step.protocols: the concrete units, runs, sinks and
 observers of a real trainer satisfy the contracts they are taken as.
 
 Two checks each: the instance check of `typing.runtime_checkable` (every
@@ -11,14 +11,14 @@ import inspect
 
 import pytest
 
-from trax_revplus.trainer import ahead
-from trax_revplus.trainer import commit
-from trax_revplus.trainer import copy_back
-from trax_revplus.trainer import observers
-from trax_revplus.trainer import protocols
-from trax_revplus.trainer import step_context
-from trax_revplus.trainer import step_run
-from trax_revplus.trainer import units
+from trax_revplus.trainer._accounting import on_types
+from trax_revplus.trainer._step import commit
+from trax_revplus.trainer._step import copy_back
+from trax_revplus.trainer._step import observers
+from trax_revplus.trainer._step import protocols
+from trax_revplus.trainer._step import step_context
+from trax_revplus.trainer._step import step_run
+from trax_revplus.trainer._step import units
 import trainer_cases as cases
 
 
@@ -59,9 +59,9 @@ def real_step():
   ctx = step_context.StepContext.for_step(planned, 1, cases.RNGS[0], batch,
                                           trainer._parts)
   planner = trainer._planner
-  walk = ahead.AheadOfTime(planned.plan, planner.step_types(batch),
-                           trainer._placement, planner._store.layers,
-                           planner._store.optimizers, planner._programs)
+  walk = on_types.AheadOfTime(planned.plan, planner.step_types(batch),
+                              trainer._placement, planner._store.layers,
+                              planner._store.optimizers, planner._programs)
   return planned, ctx, walk, trainer._parts
 
 
@@ -95,7 +95,7 @@ def test_runs_satisfy_the_run_protocol(real_step):
   assert isinstance(ctx, protocols.Step)
   assert isinstance(walk, protocols.Run)
   for klass in (step_run.StepRun, step_context.StepContext,
-                ahead.AheadOfTime):
+                on_types.AheadOfTime):
     _assert_signatures(klass, protocols.Run)
   _assert_signatures(step_context.StepContext, protocols.Step)
 
@@ -105,7 +105,7 @@ def test_sinks_satisfy_the_update_sink_protocol(real_step):
   for sink in (parts.commits, walk.sink, copy_back.UpdateSink()):
     assert isinstance(sink, protocols.UpdateSink), sink
   assert ctx.sink is parts.commits
-  for klass in (copy_back.UpdateSink, commit.CommitQueue, ahead.HostTypes):
+  for klass in (copy_back.UpdateSink, commit.CommitQueue, on_types.HostTypes):
     _assert_signatures(klass, protocols.UpdateSink)
 
 

@@ -23,8 +23,8 @@ from trax import shapes
 import trainer_cases as cases
 from trax_revplus import trainer as rev_trainer
 from trax_revplus import validation
-from trax_revplus.trainer import attention_heads
-from trax_revplus.trainer import loss_combination
+from trax_revplus.trainer._step import attention_heads
+from trax_revplus.trainer._step import loss_combination
 
 pytestmark = pytest.mark.usefixtures('stock_trax')
 

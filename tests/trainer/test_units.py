@@ -10,7 +10,7 @@ from trax import optimizers
 
 import trainer_cases as cases
 from trax_revplus import trainer as rev_trainer
-from trax_revplus.trainer import plan
+from trax_revplus.trainer._plan import plan
 
 pytestmark = pytest.mark.usefixtures('stock_trax')
 

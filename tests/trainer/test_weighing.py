@@ -10,8 +10,8 @@ import types
 
 import pytest
 
-from trax_revplus.trainer import plan as plan_lib
-from trax_revplus.trainer import weighing as weighing_lib
+from trax_revplus.trainer._plan import plan as plan_lib
+from trax_revplus.trainer._plan import weighing as weighing_lib
 
 pytestmark = pytest.mark.usefixtures('stock_trax')
 

@@ -141,7 +141,7 @@ def count_compiles():
 def count_accounted(monkeypatch):
   """The plans `planner.Planner.account` compiles and accounts from now on,
   in order (a list that grows as they are)."""
-  from trax_revplus.trainer import planner  # pylint: disable=g-import-not-at-top
+  from trax_revplus.trainer._plan import planner  # pylint: disable=g-import-not-at-top
   plans = []
   account = planner.Planner.account
 
@@ -214,8 +214,8 @@ def set_plan(trainer, batch_, plan):
   """Makes `trainer` step on `batch_`'s shapes with `plan` in place of the
   planner's; returns the plan's accounted `StepMemory`."""
   # pylint: disable=g-import-not-at-top,protected-access
-  from trax_revplus.trainer import planner
-  from trax_revplus.trainer import units as units_lib
+  from trax_revplus.trainer._plan import planner
+  from trax_revplus.trainer._step import units as units_lib
   p = trainer.planner
   units = units_lib.Units(plan, p._factory)
   memory = p.account(plan, units, p.step_types(batch_))

@@ -38,10 +38,10 @@ def test_settings_lists_hold_settings_only(configurable, passed):
   settings = validation.settings_of(configurable)
   assert settings and not set(passed) & set(settings)
   if configurable == 'ReversibleSerialTrainer':
-    from trax_revplus.trainer import options  # pylint: disable=g-import-not-at-top
+    from trax_revplus.trainer import TrainerOptions  # pylint: disable=g-import-not-at-top
     assert settings == ['n_devices', 'memoize_jit',
                         'free_accelerators_on_step', 'adasum',
-                        *options.TrainerOptions.field_names()]
+                        *TrainerOptions.field_names()]
 
 
 def _train_with_binding(tmp_path, capsys, binding):

@@ -12,8 +12,8 @@ from trax_revplus.cli import build_errors
 from trax_revplus.cli import failures
 from trax_revplus.cli import gin_config
 from trax_revplus.errors import EXIT_RUNTIME
-from trax_revplus.errors import one_line
 from trax_revplus.errors import UserError
+from trax_revplus.errors import one_line
 
 
 def _bound(name: str, default: Any) -> Any:
@@ -117,8 +117,8 @@ def check_step_settings(cfg, n_devices: int, device_memory_bytes: int | None,
   # pylint: disable=g-import-not-at-top
   from trax_revplus import placement as placement_lib
   from trax_revplus import validation
-  from trax_revplus.trainer import budget as budget_lib
-  from trax_revplus.trainer import dimensions
+  from trax_revplus.trainer._plan import budget as budget_lib
+  from trax_revplus.trainer._plan import dimensions
   from trax_revplus.trainer import options as options_lib
   # pylint: enable=g-import-not-at-top
   options = options_lib.validate_gin_bindings()

@@ -48,7 +48,7 @@ def split(settings: dict[str, Any]) -> tuple[dict[str, Any],
   if settings.get('fused_layers'):
     # The whole model in the loss layer's program: its segment lengths
     # describe that program; pinned, a length excludes it
-    # (`trainer.candidates`).
+    # (`trainer._plan.candidates`).
     names -= {'segment_max_layers', 'backward_segment_max_layers'}
   settable, derived = {}, {}
   for name, value in settings.items():

@@ -13,7 +13,7 @@ difference can move a position to another bucket, and the weights then
 differ by far more.
 
 `explanation` reads which of them a run's plans used (the plans the
-trainer kept in its output directory, `trainer.plan_store`) and says so,
+trainer kept in its output directory, `trainer._plan.plan_store`) and says so,
 with the setting that runs stock's order (`device_memory_budget_bytes =
 None`: the settings as given, one program per segment, no slices, chunks
 or micro-batches, the attention layers as configured), wherever the final
@@ -28,8 +28,8 @@ from typing import Any, Mapping, Sequence
 # rounding of the same step in another order stays below it over a short
 # run (docs/compatibility.md).
 TOLERANCE = 1e-5
-# `trainer.plan_store.FILENAME`, not imported from there: that would import
-# trax (seconds of CPU), which compare does not need.
+# `trainer._plan.plan_store.FILENAME`, not imported from there: that would
+# import trax (seconds of CPU), which compare does not need.
 PLANS_FILENAME = 'plans.json'
 _SETTING = 'trax_revplus.ReversibleSerialTrainer'
 
@@ -41,7 +41,7 @@ def stored_plans(output_dir: str | os.PathLike) -> list[Mapping[str, Any]]:
     output_dir: the run's output directory.
 
   Returns:
-    list of dicts as `trainer.plan_store.plan_to_json` writes them (keys
+    list of dicts as `trainer._plan.plan_store.plan_to_json` writes them (keys
     `batch_slices`, `sequence_chunks`, `micro_batches`, `parallel_heads`,
     ...); empty where the file is missing, unreadable or holds none (a run
     without a budget keeps none).

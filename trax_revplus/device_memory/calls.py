@@ -1,8 +1,8 @@
 """A step's calls on abstract arrays: its programs, once each, and its figure.
 
-Every accounting of a step, trax_revplus's own (`trainer.ahead`) and the
-replays of other trainers' schedules (`stock_trainer`), goes through the
-two classes here:
+Every accounting of a step, trax_revplus's own
+(`trainer._accounting.on_types`) and the replays of other trainers'
+schedules (`stock_trainer`), goes through the two classes here:
 
   `Programs`: the programs compiled for calls, by call key (`call_key`:
     the function's id and the argument types), with their result types and

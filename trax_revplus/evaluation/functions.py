@@ -4,7 +4,7 @@ trax's memory-efficient `Loop` evaluates `model_with_metrics =
 tl.Serial(model, tl.Branch(*metrics))` (`training._model_with_metrics`) on
 each eval batch. `metrics_function` computes what that `Serial`'s
 `pure_fn` computes, with the model's forward run over k equal parts of the
-batch's rows, one part at a time inside one `lax.scan` (`trainer.slices`:
+batch's rows, one part at a time inside one `lax.scan` (`trainer._step.slices`:
 per-row layer state split with the rows, trax's `Dropout` masks drawn as
 for the whole batch), so that the program keeps one part's intermediates
 at a time; the parts' outputs are put back together and the metrics layer
@@ -20,7 +20,7 @@ from trax import fastmath
 from trax import layers as tl
 from trax.layers import combinators
 
-from trax_revplus.trainer import slices
+from trax_revplus.trainer._step import slices
 from trax_revplus.typing import Array
 from trax_revplus.typing import PRNGKey
 from trax_revplus.typing import PyTree

@@ -35,9 +35,9 @@ from trax_revplus import device_memory
 from trax_revplus import errors
 from trax_revplus.device_memory import program as program_lib
 from trax_revplus.evaluation import planning
-from trax_revplus.trainer import fingerprints
 from trax_revplus.trainer import options as options_lib
-from trax_revplus.trainer import slices
+from trax_revplus.trainer._step import fingerprints
+from trax_revplus.trainer._step import slices
 
 
 class Step(NamedTuple):

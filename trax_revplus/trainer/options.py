@@ -17,7 +17,7 @@ import numpy as np
 from trax_revplus import validation
 from trax_revplus.memory import host_release
 from trax_revplus.memory.schedule import FIRST_STEPS_RECORDED
-from trax_revplus.trainer import dimensions
+from trax_revplus.trainer._plan import dimensions
 
 GIN_CONFIGURABLE = 'trax_revplus.ReversibleSerialTrainer'
 ON_NON_FINITE = ('raise', 'skip', 'ignore')
@@ -35,7 +35,7 @@ class TrainerOptions:
   Attributes:
     n_async_layers: int >= 0, the copy-back depth: how many layers' calls
       a call's updates wait behind on the device before their commit to
-      the host (the rule: `trainer.commit`; 0: synchronously). A call
+      the host (the rule: `trainer._step.commit`; 0: synchronously). A call
       updates one layer, or every layer of a reversible segment: with the
       default of 8 one call of an 8-layer segment waits, or four of 2-layer
       segments, whose calls are too short to hide the host work of one.
@@ -126,10 +126,10 @@ class TrainerOptions:
       device's own size less a reserve where the backend reports it (GPU,
       TPU), what the host can give less the reserve where it does not
       (CPU); 'device': the device's size, and an error where it is not
-      reported; None: no budget, the settings as given (`trainer.budget`).
+      reported; None: no budget, the settings as given (`trainer._plan.budget`).
       Under a budget the trainer plans before the first step on each batch
       shape: it compiles candidate plans (segment lengths, batch slices,
-      the fused program, copy-back depth, prefetch; `trainer.candidates`)
+      the fused program, copy-back depth, prefetch; `trainer._plan.candidates`)
       and runs the fastest one whose peak fits. segment_max_layers and
       batch_slices set to an int pin their dimension of the plan; left at
       'auto' the planner chooses them; n_async_layers is the deepest
@@ -139,13 +139,13 @@ class TrainerOptions:
     batch_slices: 'auto' (default) or int k >= 1. Every call of the step
       runs over k equal slices of each device's rows of the batch, summing
       the slices' weight gradients before one optimizer update
-      (`trainer.slices`): per-call temporaries shrink about k-fold, the
+      (`trainer._step.slices`): per-call temporaries shrink about k-fold, the
       result is the same up to float32 summation order (each slice draws
-      its rows of trax's `Dropout` masks: `trainer.row_draws`). k must
+      its rows of trax's `Dropout` masks: `trainer._plan.row_draws`). k must
       divide each device's rows. 'auto': the planner's choice under a
       device memory budget (on the CPU backend 2 rank first where slices
       change no draw and no layer hashes its activations:
-      `trainer.hashing`), 1 (no slices) without one; an int pins it.
+      `trainer._plan.hashing`), 1 (no slices) without one; an int pins it.
     memory_log_first_steps: int >= 0, steps at the start of each process
       that are recorded too (each waits for its phases to finish, so they
       run slower than unrecorded steps).
@@ -154,7 +154,7 @@ class TrainerOptions:
       trax's ReformerLM the concatenation, LayerNorm, Dropout, the Dense to
       the vocabulary and the cross-entropy) runs over k equal chunks of
       the sequence, one after the other, inside the loss layer's own
-      program (`trainer.sequence_chunks`, which lists the layers it
+      program (`trainer._step.loss_tail`, which lists the layers it
       recognises): its temporaries, which for long sequences and large
       vocabularies set the step's peak, shrink about k-fold. Exact up to
       float32 summation order; with dropout in the tail, chunk j draws
@@ -168,7 +168,7 @@ class TrainerOptions:
       forward and backward passes over m equal parts of each device's rows,
       one after the other, adds each layer's weight gradients of the parts
       together on the device, and applies each layer's optimizer update
-      once, in the last part (`trainer.micro_batches`): the same update as
+      once, in the last part (`trainer._step.batch_parts`): the same update as
       one pass over the batch (exact up to float32 summation order for
       trax's weighted-mean and weighted-sum losses, combined by their
       weight sums). The stack and cotangent stack the step holds across
@@ -191,13 +191,13 @@ class TrainerOptions:
       their (example, head) pairs at once in every call of the step, one
       group after another (their own `n_parallel_heads`, lowered to n
       where unset or larger, while the trainer's programs are traced:
-      `trainer.attention_heads`). One row's attention temporaries (heads x
+      `trainer._step.attention_heads`). One row's attention temporaries (heads x
       length x length floats at once) shrink with it; the results are the
       same up to float32 summation order (each pair draws with the same
       RNG either way). n must divide each such layer's heads or be a
       multiple of them. 'auto': the planner's choice under a device memory
       budget (on the CPU backend one pair at a time ranks first where no
-      layer hashes its activations, `trainer.hashing`; on other
+      layer hashes its activations, `trainer._plan.hashing`; on other
       backends it is taken only where no plan with the layers as
       configured fits), the layers as configured without one; an int pins
       it.
@@ -207,7 +207,7 @@ class TrainerOptions:
       state, the batch, what waits on the host, on the CPU backend the
       devices' buffers). 'auto': what the host can give once the backend
       opened and the weights came to the host, less a reserve, plus those
-      weights, slots and state (`trainer.budget`); None: no host budget.
+      weights, slots and state (`trainer._plan.budget`); None: no host budget.
       Under a device budget no plan over it is chosen; the plan the
       settings name (device_memory_budget_bytes = None) over it is one
       line, `budget.HostMemoryBudgetError`, before any step.

@@ -16,7 +16,8 @@ asynchronously. This module is trax's public surface; a step is
             state committed on the host (`commit.CommitQueue`)
   result:   the loss and statistics
 
-The other modules of the package (`trax_revplus.trainer`) do the work.
+The package's private sub-packages do the work: `_plan` (the plan),
+`_step` (the units and the run), `_accounting` (device memory).
 """
 
 import weakref
@@ -31,20 +32,18 @@ from trax_revplus import device_memory as device_memory_lib
 from trax_revplus import memory
 from trax_revplus import placement as placement_lib
 from trax_revplus import validation
-from trax_revplus.device_memory import out_of_memory
 from trax_revplus.memory import host_release
-from trax_revplus.trainer import budget as budget_lib
-from trax_revplus.trainer import plan_store as plan_store_lib
-from trax_revplus.trainer import commit
-from trax_revplus.trainer import compilation
-from trax_revplus.trainer import observers
-from trax_revplus.trainer import oom_report
+from trax_revplus.trainer import host_store as store_lib
 from trax_revplus.trainer import options as options_lib
-from trax_revplus.trainer import plan as plan_lib
-from trax_revplus.trainer import planner as planner_lib
-from trax_revplus.trainer import step_context
-from trax_revplus.trainer import store as store_lib
-from trax_revplus.trainer import unit_factory
+from trax_revplus.trainer._accounting import oom_report
+from trax_revplus.trainer._plan import budget as budget_lib
+from trax_revplus.trainer._plan import plan as plan_lib
+from trax_revplus.trainer._plan import planner as planner_lib
+from trax_revplus.trainer._step import commit
+from trax_revplus.trainer._step import compilation
+from trax_revplus.trainer._step import observers
+from trax_revplus.trainer._step import step_context
+from trax_revplus.trainer._step import unit_factory
 from trax_revplus.typing import Array
 from trax_revplus.typing import Batch
 from trax_revplus.typing import Blocks
@@ -159,7 +158,7 @@ class ReversibleSerialTrainer:
         fingerprint_of=self._compiler.fingerprint_of if memoize_jit else None,
         host_budget_bytes=budget_lib.host_budget_bytes(
             options.host_memory_budget_bytes, store.host_bytes()))
-    self._keep_plans_in(self._files_dir(options.output_dir))
+    self._planner.keep_plans_in(self._files_dir(options.output_dir))
     self._commits = commit.CommitQueue(placement, store,
                                        options.on_non_finite,
                                        self._describe_last_checkpoint)
@@ -242,14 +241,8 @@ class ReversibleSerialTrainer:
     their lines with absl only.
     """
     self._memory_log.set_output_dir(self._files_dir(output_dir))
-    self._keep_plans_in(self._files_dir(output_dir))
+    self._planner.keep_plans_in(self._files_dir(output_dir))
     self._flush_init_records()
-
-  def _keep_plans_in(self, directory):
-    """Plans chosen under a budget are kept in `directory` (None: not
-    kept), so that a resumed run does not plan again."""
-    self._planner.plan_store = (None if directory is None
-                                else plan_store_lib.PlanStore(directory))
 
   def _files_dir(self, output_dir):
     """`output_dir`, or None on a process other than 0 of a multi-process
@@ -310,21 +303,11 @@ class ReversibleSerialTrainer:
     try:
       ctx.units.walk(ctx)
     except RuntimeError as e:
-      if not out_of_memory.is_out_of_memory(e):
-        raise
-      raise self._out_of_memory(e, ctx, batch) from e
+      oom_report.raise_if_out_of_memory(e, ctx, self._planner, batch)
+      raise
     self._memory_log.end_step(step, **ctx.host_figures(
         self._host_rss_backend_open_bytes))
     return ctx.loss_and_stats()
-
-  def _out_of_memory(self, error, ctx, batch):
-    """The `oom_report.DeviceOutOfMemoryError` of the step's device
-    out-of-memory `error`."""
-    weighed = self._planner.weighing(batch).weighed
-    least = min((w.memory.peak_device_bytes for w in weighed), default=None)
-    return oom_report.report(error, ctx.calling, ctx.step,
-                             ctx.planned_peak_bytes,
-                             self._planner.budget_bytes, least)
 
   def _begin_step(self, batch, rng, step, learning_rate):
     """The step's context: its plan (planned now on first sight of the
@@ -368,7 +351,7 @@ class ReversibleSerialTrainer:
 
     The figures of the plan `planned(batch)` runs: its programs compiled
     ahead, XLA's memory analyses of them composed with what the step holds
-    across each call (`ahead.AheadOfTime`).
+    across each call (`on_types.AheadOfTime`).
 
     Args:
       batch: tuple of host arrays or `jax.ShapeDtypeStruct`s of shape

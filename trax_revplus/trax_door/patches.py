@@ -78,11 +78,11 @@ PATCHES = (
           'trax_revplus.progress.step_inputs',
           'the step report records each batch\'s signature', ()),
     Patch('trax.layers.core.Dropout', 'forward', CLASS_SCOPE,
-          'trax_revplus.trainer.row_draws',
+          'trax_revplus.trainer._plan.row_draws',
           'within a sliced or fixed-key call: masks drawn as the unsliced '
           'call draws them', ('x',)),
     Patch('trax.layers.base.Layer', 'forward', INSTANCE_SCOPE,
-          'trax_revplus.trainer.row_draws',
+          'trax_revplus.trainer._plan.row_draws',
           'within a fixed-key call: attention draws from a fixed key',
           ('inputs',)),
 )

@@ -32,7 +32,7 @@ surfaces at step 0 instead of deep inside JAX tracing or hours into a run:
 
 Modules: `errors` (the exceptions), `blocks` (blocks, loss layer,
 positional encodings), `splits` (the device count; how a batch splits over
-devices; the plan's dimensions check theirs: `trainer.dimensions`),
+devices; the plan's dimensions check theirs: `trainer._plan.dimensions`),
 `optimizers`
 (optimizer factories), `non_finite` (NaN/Inf among a step's values),
 `gin_hints` (the fix for an unknown gin parameter of ours). None imports
@@ -46,8 +46,6 @@ from trax_revplus.validation.blocks import check_blocks
 from trax_revplus.validation.blocks import check_loss_output
 from trax_revplus.validation.blocks import check_sequence_length
 from trax_revplus.validation.blocks import standard_layer_list
-from trax_revplus.validation.splits import check_batch
-from trax_revplus.validation.splits import check_n_devices
 from trax_revplus.validation.errors import BatchSizeError
 from trax_revplus.validation.errors import BatchSlicesError
 from trax_revplus.validation.errors import BlockStructureError
@@ -68,6 +66,8 @@ from trax_revplus.validation.gin_hints import unknown_knob_hint
 from trax_revplus.validation.non_finite import first_non_finite
 from trax_revplus.validation.optimizers import check_optimizer_factory
 from trax_revplus.validation.optimizers import make_optimizer
+from trax_revplus.validation.splits import check_batch
+from trax_revplus.validation.splits import check_n_devices
 
 # The errors' public home, as tracebacks and `repr` name them.
 for _error in (BatchSizeError, BatchSlicesError, BlockStructureError,

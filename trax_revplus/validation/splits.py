@@ -1,5 +1,5 @@
 """Checks of the device count and of how a batch splits over devices (the
-plan's dimensions check their own splits: `trainer.dimensions`)."""
+plan's dimensions check their own splits: `trainer._plan.dimensions`)."""
 
 import numpy as np
 

@@ -1,0 +1,395 @@
+"""The plans a device budget chooses from, fastest first.
+
+Every dimension of `plan.StepPlan` that costs device memory is varied:
+
+  fused layers      every layer runs in the loss's one program, as trax's
+                    default `Trainer` runs the whole model (reversible
+                    layers recompute their activations through their
+                    reverse inside it), or none;
+  batch_slices      every divisor k of each device's rows;
+  segment lengths   forward and backward segments of 1, 2, 4 or 8 layers
+                    (a backward length at most the forward one);
+  n_async_layers    the setting's value, then 4, 2, 1 and 0 below it;
+  prefetch          on, then off;
+  saved_on_host     what each unit's forward keeps for its backward waits
+                    on the device, then on the host as stock trax keeps it
+                    (unfused plans; the fused program keeps none);
+  sequence_chunks   the loss layer's tail over 2, 4, ... 64 chunks of the
+                    sequence (those dividing it; unfused plans, where the
+                    loss layer has a position-wise tail:
+                    `sequence_chunks`), only after every plan without;
+  micro_batches     the step over 2, 4, ... parts of each device's rows
+                    (divisors of them, where the step can add its parts'
+                    gradients exactly: `batch_parts.refusal`; unfused
+                    plans, each part's calls over the fewest batch slices
+                    that divide its rows), only after every plan without,
+                    fewest parts first, then fewest chunks;
+  grads_on_host     in micro-batches, the accumulated gradients wait on
+                    the device, then on the host;
+  parallel_heads    trax's efficient attention layers as configured, and
+                    one (example, head) pair at a time (where some layer
+                    computes more at once: `attention_heads`): every group
+                    above again, after all of them; on the backends of
+                    `SPEED_PARALLEL_HEADS`, before all of them.
+
+The speed model ranks plans without timing them, in this order of
+importance: (1) the fused program first: one call per step, with no host
+work and no dispatch between layers, where unfused plans run two calls per
+segment and recompute the same activations; but only where it compiles at
+most `FUSED_COMPILE_RATIO` times the layers the fastest unfused plan
+compiles (`compiled_layers`): XLA compiles the fused program's layers one
+by one, unrolled, while equal segments share one compilation, so on a deep
+model of equal blocks the fused program's compilation would cost many times
+the run's first step (and there, with many small layers, it did not step
+faster either: docs/performance.md); such a model ranks its fused groups
+after every unfused one; (2) fewer batch slices: an accelerator runs
+larger matrices faster, and a draw that slices change (a layer drawing a
+mask of slice shape other than trax's `Dropout` and efficient attention:
+`row_draws`) gives stock trax's weights only unsliced; but where slices
+change no draw (they change only float32 summation order), on the CPU
+backend 2 slices rank before 1 (`SPEED_SLICES`): there 2 slices stepped
+faster than one in every kind of plan measured, and 4 no faster than 2
+(docs/performance.md), except where a layer hashes its activations
+(`hashing`: LSH attention; another summation order can change its
+buckets); (3) fewer compiled calls (each costs a dispatch and host work
+for its weights, slots and updates), then fewer backward calls, then
+longer forward segments; (4) a deeper copy-back, then prefetching (each
+overlaps host work with device work).
+Within a group, every plan whose saved inputs and states wait on the
+device comes before every plan whose wait on the host: those copy them out
+and back, and wait for each forward call before dispatching the next. The
+benchmark checks the rank against measured step times
+(docs/performance.md).
+
+A setting the user gave as an int pins its dimension (`options.AUTO`
+leaves it to the budget): `batch_slices` keeps only that slicing,
+`segment_max_layers` only segments of that length (never the fused
+program), `backward_segment_max_layers` only backward calls of that length.
+Where layers share weights (`ties.Ties`), the fused program runs unsliced
+only: trax updates the later holder before the earlier one's backward.
+
+Plans in sequence chunks come after all others, fewest chunks first, then
+fewest slices: they only lower the loss call's peak, and cost a loop over
+smaller matrices there.
+
+Plans in micro-batches come after those, fewest parts first: they shrink
+what the step holds across its calls, and cost every layer's weights a
+trip to the device per part. Within such a group, every plan that keeps
+the accumulated gradients on the device comes before every plan whose
+gradients wait on the host: those copy each part's gradients out and add
+them on the host, and place their sum with the last part's slots.
+
+Every group appears twice where trax's efficient attention layers compute
+more than one (example, head) pair at once: as configured, and with one
+pair at a time (`attention_heads`; the same results up to float32
+summation order, smaller attention temporaries). The copies with one pair
+at a time come after all the others, so a budget takes them only where
+nothing else fits; on the CPU they come first (`SPEED_PARALLEL_HEADS`):
+there one pair at a time stepped faster (not where a layer hashes its
+activations, as for slices).
+
+Plans are grouped by (1), (2), their chunks and parts: the members of a
+group share their slicing, and the group's leanest member (one layer per
+call, no copy-back depth, no prefetch, saved inputs and states on the host,
+accumulated gradients on the host; or its one fused program) needs the
+least memory of the group, so a group whose leanest member does not fit is
+skipped whole.
+
+The leanest unfused plan of one slice runs stock trax's own schedule
+(`device_memory.stock_trainer`): one layer per call, each call's weights
+placed for it, saved inputs and states on the host; and no update waits on
+the device to be copied back, where stock's wait one layer. More slices
+and the fused program can only lower the least of all plans
+(`planner.Planner.least_plan`) below it.
+"""
+
+import dataclasses
+from typing import Iterator
+
+from trax_revplus.trainer import options as options_lib
+from trax_revplus.trainer._plan import plan as plan_lib
+from trax_revplus.trainer._step import loss_tail
+
+SEGMENT_LENGTHS = (1, 2, 4, 8)
+ASYNC_DEPTHS = (4, 2, 1, 0)
+# The fused program ranks first where it compiles at most this many times
+# the layers of the fastest unfused plan's distinct programs. Measured on
+# one CPU (docs/performance.md, the benchmark's ReformerLMs): at 2.9, 5.6
+# and 10.9 times (6, 12 and 24 blocks) the fused program stepped 15-25%
+# faster than segments of 8, its compilation adding 0 to 17 s to the first
+# step; at 29 times (64 small blocks) it stepped no faster and its
+# compilation took 77 s, against stock's whole first step of 5.6 s.
+FUSED_COMPILE_RATIO = 16
+# Where slices change no random draw (`row_draws`) and no layer hashes its
+# activations (`hashing`), on these backends this many slices rank first.
+SPEED_SLICES = {'cpu': 2}
+# On these backends, where no layer hashes its activations (`hashing`),
+# every group with trax's efficient attention layers computing this many
+# (example, head) pairs at once ranks before every group with the layers
+# as configured (measured on the CPU: one pair at a time stepped 10-17%
+# faster on the benchmark's ReformerLMs and encoder-decoder Reformer;
+# docs/performance.md).
+SPEED_PARALLEL_HEADS = {'cpu': 1}
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+  """Plans that share their fusion and slicing, fastest first.
+
+  Attributes:
+    plans: tuple of `plan.StepPlan`, in the speed model's order.
+    leanest: the member that needs the least device memory.
+    fused_reversible_layers: reversible layers inside the loss program.
+
+  Every member has the same value of each of the plan's dimensions
+  (`dimensions.DIMENSIONS`): the leanest member's.
+  """
+  plans: tuple[plan_lib.StepPlan, ...]
+  leanest: plan_lib.StepPlan
+  fused_reversible_layers: int
+
+
+class Candidates:
+  """The candidate plans of one trainer on one batch's shapes."""
+
+  def __init__(self, block_sizes, nbytes, stack_bytes, rows, options,
+               shared_weights=False, layer_kinds=None, sequence_length=None,
+               micro_batches_refused=False, slices_change_draws=True,
+               platform=None, heads_lowerable=False,
+               hashes_activations=True):
+    """Args:
+      block_sizes: list over blocks of their numbers of reversible layers.
+      nbytes: dict layer index -> bytes of its weights + slots.
+      stack_bytes: list over blocks of the bytes (all devices) of the stack
+        items its reversible layers read.
+      rows: int, rows of the batch each device gets.
+      options: `options.TrainerOptions` (segment_max_bytes,
+        n_async_layers).
+      shared_weights: bool, whether layers share weights (`ties.Ties`):
+        then the fused program runs unsliced only
+        (`loss_slices.fused_loss`).
+      layer_kinds: list by layer index of hashables, equal where two layers
+        compute the same thing (they share a compilation,
+        `compilation.Compiler.fingerprint_of`); None: every layer its own.
+      sequence_length: int, the sequence the loss layer's tail would run
+        in chunks (`loss_tail.tail_length`), or None where it has no
+        such tail.
+      micro_batches_refused: bool, the step cannot run in micro-batches
+        (`batch_parts.refusal`).
+      slices_change_draws: bool, whether batch slices change a random
+        draw of some layer (`row_draws`; `stack_bytes.StackTrace`); where
+        not, `SPEED_SLICES[platform]` slices rank first.
+      platform: str, the devices' backend ('cpu', 'gpu', 'tpu'), or None.
+      heads_lowerable: bool, whether one (example, head) pair at a time is
+        fewer than some attention layer computes at once
+        (`attention_heads.lowers`).
+      hashes_activations: bool, whether some layer hashes its activations
+        (`hashing`): then neither `SPEED_SLICES` nor `SPEED_PARALLEL_HEADS`
+        reorders the plans.
+    """
+    self._shared_weights = shared_weights
+    self._kinds = layer_kinds
+    self._sizes = list(block_sizes)
+    self._nbytes = nbytes
+    self._stack_bytes = list(stack_bytes)
+    self._options = options
+    if options.batch_slices == options_lib.AUTO:
+      self.slices = [k for k in range(1, rows + 1) if rows % k == 0]
+      first = SPEED_SLICES.get(platform)
+      if (not slices_change_draws and not hashes_activations and
+          first in self.slices):
+        self.slices.remove(first)
+        self.slices.insert(0, first)
+    else:
+      self.slices = [options.batch_slices]
+    pinned = self._pinned('sequence_chunks')
+    if pinned is None:
+      self.chunks = loss_tail.chunk_counts(sequence_length)
+    else:
+      self.chunks = [pinned] if pinned > 1 else []
+    # Whether plans without chunks are candidates (not where an int > 1 is
+    # pinned).
+    self._unchunked = pinned is None or pinned == 1
+    pinned = self._pinned('micro_batches')
+    if micro_batches_refused:
+      self.parts = []
+    elif pinned is None:
+      self.parts = [m for m in range(2, rows + 1) if rows % m == 0]
+    else:
+      self.parts = [pinned] if pinned > 1 else []
+    self.parts = [m for m in self.parts if self._part_slices(rows // m)]
+    self._rows = rows
+    # Whether plans in one pass are candidates.
+    self._one_pass = pinned is None or pinned == 1
+    self._heads = self._pinned('parallel_heads')
+    self._more_heads = self._heads is None and heads_lowerable
+    self._heads_first = (self._more_heads and not hashes_activations and
+                         SPEED_PARALLEL_HEADS.get(platform) == 1)
+
+  def _part_slices(self, part_rows):
+    """Batch slices each part's calls run over: the fewest of `slices`
+    dividing the part's rows (None where none does)."""
+    return min((k for k in self.slices if part_rows % k == 0), default=None)
+
+  def _make(self, **settings):
+    settings.setdefault('segment_max_bytes', self._options.segment_max_bytes)
+    settings.setdefault('parallel_heads', self._heads)
+    return plan_lib.make_plan(self._sizes, self._nbytes, self._stack_bytes,
+                              **settings)
+
+  def _fused(self, k):
+    plan = self._make(segment_max_layers=max(self._sizes + [1]),
+                      backward_segment_max_layers=max(self._sizes + [1]),
+                      batch_slices=k, fused_from=0,
+                      n_async_layers=self._options.n_async_layers)
+    return Group((plan,), plan, sum(self._sizes))
+
+  def _pinned(self, name):
+    """The int the user gave for setting `name`, or None ('auto')."""
+    value = getattr(self._options, name)
+    return None if value == options_lib.AUTO else value
+
+  def _usable(self, name):
+    """Lengths to try for segment setting `name`: the pinned one, or
+    `SEGMENT_LENGTHS`, capped at the longest block."""
+    longest = max(max(self._sizes, default=0), 1)
+    pinned = self._pinned(name)
+    lengths = SEGMENT_LENGTHS if pinned is None else (pinned,)
+    return sorted({min(n, longest) for n in lengths})
+
+  def _lengths(self):
+    """(forward, backward) segment lengths, fewest calls first."""
+    pairs = []
+    backward = self._usable('backward_segment_max_layers')
+    for f in self._usable('segment_max_layers'):
+      for b in backward:
+        if b <= f or len(backward) == 1:
+          plan = self._make(segment_max_layers=f,
+                            backward_segment_max_layers=b)
+          pairs.append(((plan.n_calls, plan.n_backward_calls, -f), f, b))
+    return [(f, b) for _, f, b in sorted(pairs)]
+
+  def _depths(self):
+    n = self._options.n_async_layers
+    return [n] + [d for d in ASYNC_DEPTHS if d < n]
+
+  def _unfused(self, k, chunks=1, parts=1):
+    plans = [self._make(segment_max_layers=f, backward_segment_max_layers=b,
+                        batch_slices=k, n_async_layers=depth,
+                        prefetch=prefetch, saved_on_host=on_host,
+                        sequence_chunks=chunks, micro_batches=parts,
+                        grads_on_host=grads_on_host)
+             for grads_on_host in ((False, True) if parts > 1 else (False,))
+             for on_host in (False, True)
+             for f, b in self._lengths() for depth in self._depths()
+             for prefetch in (True, False)]
+    return Group(tuple(plans), self.leanest(k, chunks, parts), 0)
+
+  def leanest(self, k, chunks=1, parts=1) -> plan_lib.StepPlan:
+    """The unfused plan of k slices (`chunks` sequence chunks, `parts`
+    micro-batches) with the least device memory: one layer per call (or
+    the pinned segment lengths), nothing placed ahead or waiting to be
+    copied back, saved inputs and states on the host, and in micro-batches
+    the accumulated gradients too."""
+    return self._make(
+        segment_max_layers=self._usable('segment_max_layers')[0],
+        backward_segment_max_layers=self._usable(
+            'backward_segment_max_layers')[0],
+        batch_slices=k, n_async_layers=0, prefetch=False, saved_on_host=True,
+        sequence_chunks=chunks, micro_batches=parts,
+        grads_on_host=parts > 1)
+
+  def may_fuse(self, k) -> bool:
+    """Whether the fused program may run over k batch slices."""
+    return k == 1 or not self._shared_weights
+
+  def may_run(self, plan: plan_lib.StepPlan) -> bool:
+    """Whether `plan` (one kept from an earlier run) is one this trainer
+    may run."""
+    if plan.sequence_chunks > 1 and plan.sequence_chunks not in self.chunks:
+      return False
+    if plan.micro_batches > 1 and plan.micro_batches not in self.parts:
+      return False
+    if plan.parallel_heads != self._heads and not (
+        self._more_heads and plan.parallel_heads == 1):
+      return False
+    return plan.fused_from >= plan.loss or self.may_fuse(plan.batch_slices)
+
+  def compiled_layers(self, plan: plan_lib.StepPlan) -> int:
+    """Layers in the distinct programs `plan`'s step compiles, the loss
+    layer's included: each fused layer, and each forward unit outside the
+    loss program whose layers compute what an earlier unit's do once (its
+    backward calls compile the same layers again)."""
+    seen = set()
+    n = 1 + plan.loss - plan.fused_from
+    for unit in plan.unit_spans():
+      if unit[0] >= plan.fused_from:
+        continue
+      key = (tuple(unit) if self._kinds is None else
+             tuple(self._kinds[i] for i in unit))
+      if key not in seen:
+        seen.add(key)
+        n += len(unit)
+    return n
+
+  def fused_compiles_cheaply(self) -> bool:
+    """Whether the fused program compiles at most `FUSED_COMPILE_RATIO`
+    times the layers of the fastest unfused plan."""
+    forward, backward = self._lengths()[0]
+    unfused = self._make(segment_max_layers=forward,
+                         backward_segment_max_layers=backward)
+    fused = self._fused(1).leanest
+    return (self.compiled_layers(fused) <=
+            FUSED_COMPILE_RATIO * self.compiled_layers(unfused))
+
+  def groups(self) -> Iterator[Group]:
+    """Every group, in the speed model's order: with the attention layers
+    as configured, and (where that lowers something) each again with one
+    (example, head) pair at a time, after them (before them on the
+    backends of `SPEED_PARALLEL_HEADS`)."""
+    groups = list(self._configured_heads_groups())
+    lowered = [dataclasses.replace(
+        group, plans=tuple(dataclasses.replace(p, parallel_heads=1)
+                           for p in group.plans),
+        leanest=dataclasses.replace(group.leanest, parallel_heads=1))
+        for group in groups] if self._more_heads else []
+    if self._heads_first:
+      groups, lowered = lowered, groups
+    yield from groups
+    yield from lowered
+
+  def _configured_heads_groups(self) -> Iterator[Group]:
+    if self._one_pass:
+      yield from self._one_pass_groups()
+    chunks = ([1] if self._unchunked else []) + self.chunks
+    for parts in self.parts:
+      k = self._part_slices(self._rows // parts)
+      for c in chunks:
+        yield self._unfused(k, c, parts)
+
+  def _one_pass_groups(self) -> Iterator[Group]:
+    if self._unchunked:
+      fused = []
+      if self._pinned('segment_max_layers') is None:
+        fused = [self._fused(k) for k in self.slices if self.may_fuse(k)]
+      unfused = [self._unfused(k) for k in self.slices]
+      if fused and self.fused_compiles_cheaply():
+        yield from fused
+        yield from unfused
+      else:
+        yield from unfused
+        yield from fused
+    for chunks in self.chunks:
+      for k in self.slices:
+        yield self._unfused(k, chunks)
+
+  def lower_bound_bytes(self, group, n_devices) -> int:
+    """Bytes per device every plan of `group` holds, known without
+    compiling: a fused program keeps, for the slice it runs, the outputs of
+    each block's reversible layers until its backward (their reverse
+    starts there), and takes every fused layer's weights and slots."""
+    if not group.fused_reversible_layers:
+      return 0
+    k = group.leanest.batch_slices
+    kept = sum(b for n, b in zip(self._sizes, self._stack_bytes) if n)
+    return kept // (n_devices * k) + sum(self._nbytes.values())

@@ -1,0 +1,341 @@
+"""The step plan: which calls a step makes, over what, and what they hold.
+
+A step runs, per block, its standard layer as one call and its reversible
+layers as segments: consecutive layers in one call, forward in order and
+backward (reverse + backward + update) last to first; then the loss layer's
+forward, backward and update. A `StepPlan` fixes every choice that changes a
+step's speed or device memory but never its result:
+
+  segments        which reversible layers share a forward call, and how
+                  each forward segment splits for the backward pass;
+  batch_slices    each call runs over k slices of each device's rows, one
+                  after the other (per-call temporaries shrink about k-fold);
+  fused_from      layers from this index on run forward, loss and backward
+                  in the loss's one program, as trax's default `Trainer`
+                  runs the whole model (reversible layers recompute their
+                  activations through their reverse inside it);
+  n_async_layers  how long an update stays on the device before its copy
+                  back to the host is committed;
+  prefetch        whether the next call's weights are placed during the
+                  current call;
+  saved_on_host   where what a unit's forward keeps for its backward (a
+                  standard layer's inputs and new state, a reversible
+                  layer's old and new state) waits: on the device, or on
+                  the host as stock trax's `one_step` keeps it (`tl.on_cpu`),
+                  placed back just before the unit's backward;
+  sequence_chunks the loss layer's position-wise tail (its last layers and
+                  the loss) runs over k chunks of the sequence, one after
+                  the other (`sequence_chunks`);
+  micro_batches   the step's forward and backward run over m parts of each
+                  device's rows, one after the other, accumulating weight
+                  gradients, and update once (`micro_batches`);
+  grads_on_host   where those accumulated gradients wait between parts: on
+                  the device, or on the host;
+  parallel_heads  how many (example, head) pairs trax's efficient attention
+                  layers compute at once (`attention_heads`).
+
+A plan is data, made before a step and never changed by it; `units` compiles
+it and `planner` chooses it. The rules here build one from the trainer's
+settings (`options.TrainerOptions`).
+"""
+
+import dataclasses
+from typing import Mapping, Sequence
+
+from trax_revplus.trainer import options as options_lib
+from trax_revplus.trainer._plan import dimensions
+
+# Smallest outputs (bytes, all devices) of an activation-bound segment: above
+# it activations set the peak host memory and long compiled calls run
+# fastest; below it the compiler's memory sets the peak (a long backward
+# segment raises it) and dispatch sets the speed. Used by
+# backward_segment_max_layers='auto'.
+ACTIVATION_BOUND_BYTES = 2**20
+# backward_segment_max_layers='auto': the length of backward segments of
+# segments below ACTIVATION_BOUND_BYTES.
+SMALL_BACKWARD_SEGMENT_LAYERS = 2
+
+Segment = tuple[int, ...]  # layer indices, consecutive, in forward order
+# `StepPlan`'s first fields, its layout: the rest are settings.
+_LAYOUT = ('blocks', 'loss', 'backward')
+
+
+@dataclasses.dataclass(frozen=True)
+class StepPlan:
+  """How a step runs: its calls and what each holds (never its results).
+
+  Layer indices count the trainer's layers in forward order (block 0's
+  standard layer, its reversible layers, block 1's standard layer, ...,
+  the loss layer last).
+
+  Attributes:
+    blocks: tuple over blocks of (index of the standard layer, tuple of
+      reversible segments run forward, in order).
+    loss: int, index of the loss layer.
+    backward: mapping, forward segment -> tuple of the segments running it
+      backward, in forward order (the segment itself, or shorter ones).
+    batch_slices: int k >= 1; every call runs over k equal slices of each
+      device's rows of the batch, summing the slices' weight gradients
+      before its one optimizer update.
+    fused_from: int, the first layer whose forward and backward run inside
+      the loss layer's program (`loss`: none). It is a unit boundary: a
+      block's standard layer or the first layer of a forward segment.
+    n_async_layers: int >= 0, the copy-back depth (the rule: `commit`; the
+      setting: `options.TrainerOptions.n_async_layers`).
+    prefetch: bool, place the next call's weights (and slots) during the
+      current call, so the copy overlaps compute; False places them just
+      before their call, holding one call's parameters at a time.
+    saved_on_host: bool, what each unit's forward keeps for its backward
+      (`step_run.StepRun.saved`) waits on the host from right after that forward
+      until just before that unit's backward, where it is placed back;
+      False keeps it on the device. It costs one copy each way per unit
+      and a wait for each forward call, and holds none of it on the device
+      in between.
+    sequence_chunks: int k >= 1; the loss layer's own program (`fused_from`
+      equal to `loss` where k > 1) runs its position-wise tail over k equal
+      chunks of the sequence (`sequence_chunks`): its temporaries (the
+      logits and their cotangents) shrink about k-fold.
+    micro_batches: int m >= 1; the step walks its units over m equal parts
+      of each device's rows (`fused_from` equal to `loss` where m > 1),
+      accumulating each layer's weight gradients and updating once, in
+      the last part (`micro_batches`): the stack and cotangent stack held
+      across the step are one part's, and every layer's weights go to the
+      device m times.
+    grads_on_host: bool (micro_batches > 1 only), the accumulated
+      gradients wait on the host between parts: each accumulating call's
+      gradients are copied back with its updates and added there, and the
+      last part's call takes their sum, placed with its slots; False keeps
+      them on the device from a layer's first backward call to its update
+      (one copy of every layer's weights held across the step).
+    parallel_heads: int n >= 1 or None; in every call, trax's efficient
+      attention layers compute at most n of their (example, head) pairs at
+      once, one group after another (`attention_heads`: their
+      `n_parallel_heads`, lowered to n where unset or larger); None: as
+      the model configures them. One row's attention temporaries shrink
+      with it; the results are the same.
+  """
+  blocks: tuple[tuple[int, tuple[Segment, ...]], ...]
+  loss: int
+  backward: Mapping[Segment, tuple[Segment, ...]]
+  batch_slices: int = 1
+  fused_from: int | None = None
+  n_async_layers: int = 8
+  prefetch: bool = True
+  saved_on_host: bool = False
+  sequence_chunks: int = 1
+  micro_batches: int = 1
+  grads_on_host: bool = False
+  parallel_heads: int | None = None
+
+  def __post_init__(self):
+    if self.fused_from is None:
+      object.__setattr__(self, 'fused_from', self.loss)
+    if self.sequence_chunks > 1 and self.fused_from != self.loss:
+      raise ValueError('sequence chunks run the loss layer\'s own program; '
+                       'no layer may be fused into it.')
+    if self.micro_batches > 1 and self.fused_from != self.loss:
+      raise ValueError('micro-batches accumulate per-layer calls; no layer '
+                       'may be fused into the loss program.')
+    if self.grads_on_host and self.micro_batches == 1:
+      raise ValueError('gradients are accumulated on the host only over '
+                       'micro-batches.')
+    missing = [s for s in self.forward_segments() if s not in self.backward]
+    if missing:
+      raise ValueError(f'backward split of segments {missing} not decided.')
+
+  def __hash__(self):
+    # `backward` is a mapping: hashed by its items, so that equal plans key
+    # one dict entry (`weighing.Weighing`'s accounted plans).
+    return hash(tuple(
+        frozenset(value.items()) if isinstance(value, Mapping) else value
+        for value in (getattr(self, f.name)
+                      for f in dataclasses.fields(self))))
+
+  def forward_segments(self) -> list[Segment]:
+    """Every reversible forward segment, in forward order."""
+    return [s for _, segments in self.blocks for s in segments]
+
+  def unit_spans(self) -> list[Segment]:
+    """The layers of every forward unit in forward order: each standard
+    layer alone, each forward segment (fused ones included)."""
+    out = []
+    for std, segments in self.blocks:
+      out.append((std,))
+      out.extend(segments)
+    return out
+
+  def unit_starts(self) -> list[int]:
+    """First layer of each forward unit, then the loss: the values
+    `fused_from` can take."""
+    return [u[0] for u in self.unit_spans()] + [self.loss]
+
+  @property
+  def n_calls(self) -> int:
+    """Calls per step as the plan lays them out, for the speed model's
+    rank: forward units and backward units outside the loss program, and
+    the loss program (each micro-batch's). A unit that only reorders the
+    stack (`units.SelectSegment`) runs without a compiled call, so a step
+    makes fewer; the calls it makes are its accounting's
+    (`device_memory.StepMemory.calls`)."""
+    n = 1
+    for unit in self.unit_spans():
+      if unit[0] >= self.fused_from:
+        continue
+      n += 1 + (len(self.backward[unit]) if unit in self.backward else 1)
+    return n * self.micro_batches
+
+  @property
+  def n_backward_calls(self) -> int:
+    """Backward calls of reversible segments outside the loss program."""
+    return sum(len(self.backward[s]) for s in self.forward_segments()
+               if s[0] < self.fused_from)
+
+  def settings(self) -> dict[str, object]:
+    """The plan as the trainer's settings would name it (for logs and
+    `estimate`)."""
+    forward = [len(s) for s in self.forward_segments()]
+    backward = [len(b) for s in self.forward_segments()
+                for b in self.backward[s]]
+    out = {'segment_max_layers': max(forward, default=0),
+           'backward_segment_max_layers': max(backward, default=0)}
+    # Every setting field (the plan's dimensions among them) in field
+    # order; `fused_from` as the layers it fuses.
+    for f in dataclasses.fields(self)[len(_LAYOUT):]:
+      if f.name == 'fused_from':
+        out['fused_layers'] = self.loss - self.fused_from
+      else:
+        out[f.name] = getattr(self, f.name)
+    return out
+
+  def describe(self, n_calls: int | None = None) -> str:
+    """One line, e.g. 'segment_max_layers=8, backward_segment_max_layers=2,
+    batch_slices=1, fused_layers=0, n_async_layers=8, prefetch=True,
+    saved_on_host=False, sequence_chunks=1, micro_batches=1,
+    grads_on_host=False, parallel_heads=None, 9 calls per step'.
+
+    Args:
+      n_calls: the compiled calls a step makes, where its accounting
+        counted them (`device_memory.StepMemory.calls`); else the plan's
+        own layout (`n_calls`).
+    """
+    settings = ', '.join(f'{k}={v}' for k, v in self.settings().items())
+    n_calls = self.n_calls if n_calls is None else n_calls
+    return f'{settings}, {n_calls} calls per step'
+
+
+def backward_segment_length(setting: int | str, n_layers: int,
+                            outputs_bytes: int) -> int:
+  """Most layers of one backward call of an `n_layers` forward segment.
+
+  Args:
+    setting: int >= 1 or 'auto' (`backward_segment_max_layers`).
+    n_layers: int, layers of the forward segment.
+    outputs_bytes: int, bytes of its outputs on all devices ('auto' only).
+
+  Returns:
+    int: `setting`; for 'auto', `n_layers` when the outputs hold at least
+    `ACTIVATION_BOUND_BYTES`, else `SMALL_BACKWARD_SEGMENT_LAYERS`.
+  """
+  if setting != options_lib.AUTO:
+    return setting
+  if outputs_bytes >= ACTIVATION_BOUND_BYTES:
+    return n_layers
+  return SMALL_BACKWARD_SEGMENT_LAYERS
+
+
+def equal_segments(indices: list[int], max_layers: int,
+                   nbytes: Mapping[int, int],
+                   max_bytes: int) -> list[list[int]]:
+  """Splits consecutive layer indices into equal-length segments.
+
+  The length is the largest one up to `max_layers` for which every
+  segment's bytes fit in `max_bytes` (1 always does); the last segment may
+  be shorter.
+
+  Args:
+    indices: list of int, layer indices in forward order.
+    max_layers: int >= 1.
+    nbytes: dict index -> int, bytes of the layer's weights + slots.
+    max_bytes: int, most bytes of one segment.
+
+  Returns:
+    List of segments (lists of indices) covering `indices` in order.
+  """
+  length = max(1, min(max_layers, len(indices)))
+  while length > 1:
+    segments = _equal_runs(indices, length)
+    if all(sum(nbytes[i] for i in s) <= max_bytes for s in segments):
+      return segments
+    length -= 1
+  return [[i] for i in indices]
+
+
+def _equal_runs(indices, length):
+  return [indices[k:k + length] for k in range(0, len(indices), length)]
+
+
+def backward_split(segment: Segment, length: int) -> tuple[Segment, ...]:
+  """`segment` split into backward segments of at most `length` layers."""
+  if length >= len(segment):
+    return (segment,)
+  return tuple(tuple(s) for s in _equal_runs(list(segment), length))
+
+
+def make_plan(block_sizes: Sequence[int], nbytes: Mapping[int, int],
+              stack_bytes: Sequence[int], *, segment_max_layers: int,
+              segment_max_bytes: int, backward_segment_max_layers,
+              fused_from: int | None = None, n_async_layers: int = 8,
+              prefetch: bool = True, saved_on_host: bool = False,
+              grads_on_host: bool = False, **dimension_values) -> StepPlan:
+  """The plan of a trainer's blocks for given settings.
+
+  Args:
+    block_sizes: list over blocks of the number of reversible layers of the
+      block (each block also has one standard layer before them).
+    nbytes: dict layer index -> int, bytes of its weights + slots.
+    stack_bytes: list over blocks of the bytes (all devices) of the stack
+      items the block's reversible layers read and write (their outputs);
+      read by backward_segment_max_layers='auto' only.
+    segment_max_layers, segment_max_bytes, backward_segment_max_layers,
+      n_async_layers: as `options.TrainerOptions`.
+    fused_from: int or None (nothing fused), see `StepPlan.fused_from`.
+    prefetch, saved_on_host, grads_on_host: see `StepPlan`.
+    **dimension_values: the plan's dimensions by name
+      (`dimensions.DIMENSIONS`), each as its `StepPlan` field; one not
+      given is its field's default.
+
+  Returns:
+    `StepPlan`, every backward split decided.
+
+  Raises:
+    TypeError: a keyword that is no field of `StepPlan`.
+  """
+  blocks, backward = [], {}
+  k = 0
+  for n_reversible, outputs_bytes in zip(block_sizes, stack_bytes):
+    indices = list(range(k + 1, k + 1 + n_reversible))
+    segments = tuple(tuple(s) for s in equal_segments(
+        indices, segment_max_layers, nbytes, segment_max_bytes))
+    for segment in segments:
+      length = backward_segment_length(backward_segment_max_layers,
+                                       len(segment), outputs_bytes)
+      backward[segment] = backward_split(segment, length)
+    blocks.append((k, segments))
+    k += 1 + n_reversible
+  return StepPlan(blocks=tuple(blocks), loss=k, backward=backward,
+                  fused_from=fused_from, n_async_layers=n_async_layers,
+                  prefetch=prefetch, saved_on_host=saved_on_host,
+                  grads_on_host=grads_on_host, **dimension_values)
+
+
+def configured_plan(block_sizes, nbytes, stack_bytes,
+                    options: options_lib.TrainerOptions) -> StepPlan:
+  """The plan the trainer's settings name, without a device budget: no
+  layer fused into the loss program."""
+  return make_plan(
+      block_sizes, nbytes, stack_bytes,
+      segment_max_layers=options.unplanned('segment_max_layers'),
+      segment_max_bytes=options.segment_max_bytes,
+      backward_segment_max_layers=options.backward_segment_max_layers,
+      n_async_layers=options.n_async_layers,
+      **{name: options.unplanned(name) for name in dimensions.names()})

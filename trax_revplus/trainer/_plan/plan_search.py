@@ -1,0 +1,392 @@
+"""The search of one batch's shapes' candidate plans: the chosen and the least.
+
+`PlanSearch` walks the candidates' groups (`candidates.Candidates.groups`,
+fastest first) with their lower bounds, weighing plans through one function
+(the planner's `weigh`, which accounts a plan once per batch's shapes). The
+same search gives both answers a budget needs:
+
+  `fastest_fitting(budget)`: the first plan, in the speed model's order,
+    whose peak fits, and the least bytes that excluded a faster one;
+  `least()`: the leanest plan of all and its figures, the least device
+    memory the trainer can step in.
+
+The planner keeps one search per batch's shapes, so the least named when
+nothing fits and the least `estimate` prints are one answer.
+
+Both lean on one property of the plan space: a group's leanest plan needs
+no more memory with more batch slices (each call's temporaries shrink with
+its slice, and what the step holds does not grow) or more micro-batches
+(the stack held across the step shrinks with its part). Groups that differ
+in that one dimension form a family (`_family`), and where its members
+with more slices or parts do not fit, those with fewer are not compiled.
+The unsliced unfused groups are always weighed all the same: their leanest
+plan is stock trax's own schedule, which a budget of stock's peak must
+find, even where slicing a call that cannot shrink adds a few bytes.
+
+The same property read the other way bounds a family's members from
+below, without compiling them (`_rows_bound`): each of a call's
+temporaries is a part that does not depend on the rows plus a part in
+proportion to them, so a call over 1/m of the rows needs at least 1/m of
+the temporaries, and what the step holds shrinks no faster; a member with
+m times the slices or parts of one weighed needs at least 1/m of its
+peak. On trax's enwik8 Reformer, where the whole-model (fused) program of
+one row needs about 34 GiB on the CPU's accounting, this keeps the search
+from compiling the fused program of more slices once that of fewer did
+not fit (docs/device-memory.md).
+
+A plan fits where its peak device bytes are within the device budget and
+its peak host bytes within the host budget (where there is one). A plan
+one of whose programs the backend refuses to compile for memory
+(`device_memory.ProgramOutOfMemoryError`) fits no budget: the search goes
+on to leaner plans, and counts it as needing more than the budget (or the
+bytes the refusal names, where more) among those that excluded a faster
+plan. `least()` prefers plans the backend compiled; where it refused even
+every group's leanest plan, it raises `LeastRefused`.
+"""
+
+from typing import Any, Callable
+
+from trax_revplus import device_memory
+from trax_revplus.trainer._plan import candidates as candidates_lib
+from trax_revplus.trainer._plan import dimensions
+from trax_revplus.trainer._plan import plan as plan_lib
+
+# The roles of the plan's dimensions this search bounds and orders by
+# (`dimensions`).
+SLICES, PARTS = dimensions.SLICES, dimensions.PARTS
+CHUNKS, AT_ONCE = dimensions.LOSS_CALL, dimensions.COMPUTED_AT_ONCE
+
+Weigh = Callable[[plan_lib.StepPlan], device_memory.StepMemory]
+
+
+class LeastRefused(device_memory.ProgramOutOfMemoryError):
+  """The backend refused to compile a program of every group's leanest
+  plan for memory: no plan fits this device.
+
+  Attributes (besides `device_memory.ProgramOutOfMemoryError`'s, those of
+  the refusal with the fewest bytes known):
+    plan: the leanest plan of that refusal.
+  """
+
+  def __init__(self, refused: device_memory.ProgramOutOfMemoryError, plan):
+    self.plan = plan
+    super().__init__(refused.cause, refused.program, refused.least_bytes)
+
+
+class PlanSearch:
+  """The candidate plans of one batch's shapes, searched by the budget.
+
+  Attributes:
+    faster_plans_need_bytes: after `fastest_fitting`, the least peak (or
+      lower bound) bytes that excluded a plan faster than the one found;
+      None where none was faster.
+  """
+
+  def __init__(self, candidates: candidates_lib.Candidates, n_devices: int,
+               weigh: Weigh,
+               weighed: Callable[[plan_lib.StepPlan],
+                                 device_memory.StepMemory | None],
+               refused: Callable[[plan_lib.StepPlan], Any] = lambda _: None):
+    """Args:
+      candidates: the shapes' `candidates.Candidates`.
+      n_devices: devices a step runs on (for the lower bounds).
+      weigh: plan -> its `device_memory.StepMemory`, raising as
+        `planner.Planner.account`.
+      weighed: plan -> its `StepMemory` where `weigh` accounted it
+        already, else None (nothing accounted).
+      refused: plan -> its `device_memory.ProgramOutOfMemoryError` where
+        `weigh` found the backend refused it, else None.
+    """
+    self._groups = list(candidates.groups())
+    # Groups with the attention layers as the step runs them without a
+    # budget come first; those after them compute another number of heads
+    # at once (`Candidates.groups`).
+    heads = _value(self._groups[0], AT_ONCE) if self._groups else None
+    self._n_configured = sum(_value(g, AT_ONCE) == heads
+                             for g in self._groups)
+    # Group id -> `Candidates.lower_bound_bytes` of the group.
+    self._bound_of = {id(g): candidates.lower_bound_bytes(g, n_devices)
+                      for g in self._groups}
+    self._weigh = weigh
+    self._weighed = weighed
+    self._refused = refused
+    self._least = None
+    self.faster_plans_need_bytes = None
+    self._families = {}  # family key -> [(value, group)], value ascending
+    for group in self._groups:
+      key, value = _family(group)
+      self._families.setdefault(key, []).append((value, group))
+    for members in self._families.values():
+      members.sort(key=lambda m: m[0])
+
+  def fastest_fitting(self, budget_bytes: int,
+                      host_budget_bytes: int | None = None
+                      ) -> plan_lib.StepPlan | None:
+    """The first plan, in the speed model's order, whose peak is at most
+    `budget_bytes` and whose peak host bytes are at most
+    `host_budget_bytes` (None: any); None where none is.
+
+    Each group's fastest plan is weighed first: where it fits, nothing else
+    compiles (its programs are the step's own). Where it does not, the rest
+    of the group is tried only where its leanest plan (one layer per call:
+    the least compiling) fits; a fused group also needs the stack states it
+    keeps within the budget (`Candidates.lower_bound_bytes`). After the
+    first unfused group whose leanest plan does not fit, each later group's
+    leanest is weighed before its fastest. After that first one, or once a
+    member of its family did not fit, a group is skipped where its family's
+    least fitting member (`_least_fitting`, over its leanest plans) has more
+    slices or parts. These rules weigh the device budget alone: a group's
+    leanest plan needs the least device memory of the group, not the least
+    host memory (saved inputs and states wait on the host there), so the
+    host budget only excludes the plans it is weighed on.
+
+    Raises:
+      As `weigh`, but for `device_memory.ProgramOutOfMemoryError` (a plan
+      that does not fit).
+    """
+    excluded = []  # device bytes that excluded each faster plan or group
+
+    def fits_device(plan: plan_lib.StepPlan) -> bool:
+      try:
+        peak = self._weigh(plan).peak_device_bytes
+      except device_memory.ProgramOutOfMemoryError as e:
+        excluded.append(max(e.least_bytes or 0, budget_bytes + 1))
+        return False
+      if peak > budget_bytes:
+        excluded.append(peak)
+      return peak <= budget_bytes
+
+    def fits(plan: plan_lib.StepPlan) -> bool:
+      # A host budget excludes plans, but not a device budget's range: the
+      # host's memory changes from run to run.
+      return fits_device(plan) and (
+          host_budget_bytes is None or
+          self._weigh(plan).peak_host_bytes <= host_budget_bytes)
+
+    found = None
+    tight = False  # whether a group's leanest plan did not fit
+    least_fitting = {}  # family key -> its least fitting value, or None
+    short = set()  # families with a member whose leanest plan did not fit
+
+    def leanest_fits(group) -> bool:
+      bound = self._bound(group)
+      if bound > budget_bytes:
+        excluded.append(bound)
+        return False
+      return fits_device(group.leanest)
+
+    for group in self._groups:
+      bound = self._bound(group)
+      if bound > budget_bytes:
+        excluded.append(bound)
+        continue
+      key, value = _family(group)
+      if ((tight or key in short) and not self._is_stock_schedule(group)):
+        if key not in least_fitting:
+          least_fitting[key] = self._least_fitting(key, leanest_fits)
+        if least_fitting[key] is None or value < least_fitting[key]:
+          continue
+      first, rest = group.plans[0], group.plans[1:]
+      # Once an unfused group did not fit even at its leanest, the budget
+      # is tight: a later group's leanest is weighed first, so that a group
+      # whose leanest does not fit costs that one accounting.
+      if rest and tight and not fits_device(group.leanest):
+        continue
+      if fits(first):
+        found = first
+        break
+      if not rest:
+        short.add(key)
+        continue
+      if not tight and not fits_device(group.leanest):
+        tight = True
+        short.add(key)
+        continue
+      found = next((plan for plan in rest if fits(plan)), None)
+      if found is not None:
+        break
+    self.faster_plans_need_bytes = min(excluded, default=None)
+    return found
+
+  def _is_stock_schedule(self, group) -> bool:
+    """Whether `group` holds stock trax's own schedule (`candidates`): the
+    unsliced unfused group in one pass, without chunks, its attention
+    layers as the step runs them without a budget."""
+    return (not group.fused_reversible_layers and
+            not _used(group, PARTS) and not _used(group, CHUNKS) and
+            not _used(group, SLICES) and
+            _value(group, AT_ONCE) == _value(self._groups[0], AT_ONCE))
+
+  def _bound(self, group) -> int:
+    """Bytes every plan of `group` needs at least, known without compiling
+    it (`Candidates.lower_bound_bytes`, `_chunks_bound`, `_rows_bound`)."""
+    return max(self._bound_of[id(group)], self._chunks_bound(group),
+               self._rows_bound(group))
+
+  def _rows_bound(self, group) -> int:
+    """Bytes every plan of `group` needs at least, from each member of its
+    family with fewer slices or parts whose leanest plan was weighed (its
+    peak) or refused (the bytes the refusal names): that times its slices
+    or parts over the group's (see the module docstring); else 0."""
+    key, value = _family(group)
+    bound = 0
+    for v, member in self._families.get(key, ()):
+      if v >= value:
+        break
+      step = self._weighed(member.leanest)
+      refusal = None if step is not None else self._refused(member.leanest)
+      need = (step.peak_device_bytes if step is not None else
+              refusal.least_bytes if refusal is not None else None)
+      if need:
+        bound = max(bound, need * v // value)
+    return bound
+
+  def _least_fitting(self, key, leanest_fits) -> int | None:
+    """The least slices or parts of family `key` whose group's leanest plan
+    fits (`leanest_fits(group)`); None where none does. The member with the
+    most is tried first (where it does not fit, nothing else is), then the
+    rest by bisection.
+    """
+    members = self._families[key]
+    if not leanest_fits(members[-1][1]):
+      return None
+    lo, hi = 0, len(members) - 1  # members[hi:] fit; members[:lo] do not
+    while lo < hi:
+      mid = (lo + hi) // 2
+      if leanest_fits(members[mid][1]):
+        hi = mid
+      else:
+        lo = mid + 1
+    return members[hi][0]
+
+  def _chunks_bound(self, group) -> int:
+    """Bytes every plan of a group in sequence chunks holds at least: the
+    largest call but the loss call (chunks change the loss call alone) of
+    each leanest plan without chunks, with as many slices or parts or more
+    (which hold no more), that was weighed; else 0."""
+    if not _used(group, CHUNKS):
+      return 0
+    key, value = _family(group)
+    bound = 0
+    unchunked_key = key[:-1] + (dimensions.of_role(CHUNKS).none,)
+    for v, unchunked in self._families.get(unchunked_key, ()):
+      step = self._weighed(unchunked.leanest) if v >= value else None
+      if step is not None:
+        bound = max(bound, max((c.device_bytes for c in step.calls
+                                if c.phase != 'loss'), default=0))
+    return bound
+
+  def least(self) -> tuple[plan_lib.StepPlan, device_memory.StepMemory]:
+    """(plan, StepMemory) of the group leanest plan, fused or unfused, with
+    the least peak (ties: the first in the speed model's order).
+
+    Of each family (`_family`), only the member with the most slices or
+    parts is weighed, and the unsliced unfused groups (stock's schedule).
+    The unfused ones are weighed first; a fused one whose lower bound
+    (`Candidates.lower_bound_bytes`, `_rows_bound`) is above the least peak
+    found so far cannot need less, and is not compiled. Of the groups in
+    sequence chunks, only those with the most chunks of their slicing are
+    weighed (more chunks hold less: each chunk's temporaries shrink with
+    its length, and nothing else the step holds changes), and only where the
+    calls they do not change (all but the loss call) leave room below the
+    least found (`_chunks_bound`). Of the groups in micro-batches, only
+    those with the most parts are weighed (without chunks and with the
+    most), last. Of the groups with fewer attention heads at once, only
+    the one of the least group found so far is weighed (heads at once
+    shrink one call's attention temporaries, the same in every group).
+
+    A plan one of whose programs the backend refused to compile for
+    memory counts after every plan it compiled.
+
+    Raises:
+      LeastRefused: the backend refused every leanest plan weighed.
+      As `weigh` otherwise.
+    """
+    if self._least is None:
+      groups = self._groups[:self._n_configured]
+      most = {}  # batch slices -> most sequence chunks of its groups
+      for group in groups:
+        if not _used(group, PARTS):
+          k = _value(group, SLICES)
+          most[k] = max(most.get(k, 1), _value(group, CHUNKS))
+      # Of the groups in micro-batches, those of the most parts (the least
+      # held across the step), without chunks and with the most.
+      parts = max((_value(group, PARTS) for group in groups), default=1)
+      chunks = max((_value(group, CHUNKS) for group in groups
+                    if _value(group, PARTS) == parts), default=1)
+      leanest_of_family = {key: members[-1][1]
+                           for key, members in self._families.items()}
+      order = sorted(
+          (i for i, group in enumerate(groups)
+           if _value(group, CHUNKS) in (
+               (1, chunks) if _used(group, PARTS) else
+               (1, most[_value(group, SLICES)])) and
+           _value(group, PARTS) in (1, parts) and
+           (leanest_of_family[_family(group)[0]] is group or
+            self._is_stock_schedule(group))),
+          key=lambda i: (bool(groups[i].fused_reversible_layers),
+                         _used(groups[i], PARTS)))
+      found = {}  # group index -> StepMemory of its leanest plan
+      refused = {}  # group index -> the refusal of its leanest plan
+
+      def weigh(i):
+        try:
+          found[i] = self._weigh(self._groups[i].leanest)
+        except device_memory.ProgramOutOfMemoryError as e:
+          refused[i] = e
+
+      for i in order:
+        # Only compiled plans bound the rest: a refusal's bytes are a
+        # lower bound of what its plan needs.
+        least = min((s.peak_device_bytes for s in found.values()),
+                    default=None)
+        chunks_bound = self._chunks_bound(groups[i])
+        bound = max(self._bound_of[id(groups[i])],
+                    self._rows_bound(groups[i]))
+        if least is None or (bound <= least and chunks_bound < least):
+          weigh(i)
+      i = self._least_of(found, refused)
+      if (len(self._groups) > len(groups) and  # `i`'s, fewer heads at once
+          _value(self._groups[-1], AT_ONCE) == 1):
+        weigh(len(groups) + i)
+        i = self._least_of(found, refused)
+      if i not in found:
+        raise LeastRefused(refused[i], self._groups[i].leanest)
+      self._least = (self._groups[i].leanest, found[i])
+    return self._least
+
+  @staticmethod
+  def _least_of(found, refused) -> int:
+    """The group index of the least plan: the least peak of those
+    compiled (ties: the first), else the refusal with the fewest bytes
+    known."""
+    if found:
+      return min(found, key=lambda i: (found[i].peak_device_bytes, i))
+    return min(refused, key=lambda i: (
+        refused[i].least_bytes is None, refused[i].least_bytes or 0, i))
+
+
+def _value(group, role):
+  """The value, in every plan of `group`, of the plan's dimension of
+  `role` (`dimensions.PlanDimension.role`)."""
+  return getattr(group.leanest, dimensions.of_role(role).name)
+
+
+def _used(group, role) -> bool:
+  """Whether `group`'s plans use the plan's dimension of `role` (its value
+  is not the one that changes nothing)."""
+  return _value(group, role) != dimensions.of_role(role).none
+
+
+def _family(group) -> tuple[tuple, int]:
+  """(family key, value): groups in one pass differ in their batch slices
+  within (fused or not, the other dimensions' values); groups in
+  micro-batches differ in their parts (their slices follow) within the
+  other dimensions' values. A key's last item is its sequence chunks
+  (`_chunks_bound`)."""
+  rows = PARTS if _used(group, PARTS) else SLICES
+  others = tuple(getattr(group.leanest, d.name)
+                 for d in dimensions.DIMENSIONS
+                 if d.role not in (SLICES, PARTS, CHUNKS))
+  return ((rows, bool(group.fused_reversible_layers), *others,
+           _value(group, CHUNKS)), _value(group, rows))

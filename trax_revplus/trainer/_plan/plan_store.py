@@ -1,0 +1,213 @@
+"""A run's plans, kept in its output directory so that it plans once.
+
+Planning under a budget that the fastest plan does not fit compiles
+candidate plans before the first step; a resumed run, or a second run of
+the same config, would pay that again. `PlanStore` keeps each chosen plan
+in `<output_dir>/plans.json`, under a key of everything that decides it
+(`plan_key`: the batch's shapes, the trainer's settings, the model's layers
+and their weights' shapes, the backend and devices, the versions of JAX,
+trax and trax_revplus), with the range of budgets it is the answer for:
+from its own peak device bytes up to (not including) the least bytes that
+excluded a faster plan. A plan is read back only for the same key and a
+budget in that range; the planner then accounts it as it would any plan
+(its compilation is the step's own) and runs it only where it still fits.
+
+A damaged, unreadable or foreign file is ignored with one warning line, and
+the run plans afresh and writes a new one: a stored plan saves time, never
+decides a result (it is the plan the same key and budget would choose).
+"""
+
+import dataclasses
+import hashlib
+from importlib import metadata
+import json
+import os
+from typing import Any, Mapping
+
+from absl import logging
+import jax
+
+from trax_revplus import output_files
+from trax_revplus.trainer._plan import dimensions
+from trax_revplus.trainer._plan import plan as plan_lib
+
+FILENAME = 'plans.json'
+# 9: a model whose layers hash their activations (LSH attention) ranks no
+# plan first on the CPU that changes the summation order (`candidates`);
+# plans an earlier rank kept are planned afresh.
+FORMAT = 'trax_revplus plans 9'
+
+
+def _version(distribution: str) -> str:
+  try:
+    return metadata.version(distribution)
+  except metadata.PackageNotFoundError:
+    return 'unknown'
+
+
+def plan_key(batch_key: Any, settings: Mapping[str, Any], layers,
+             platform: str, n_devices: int) -> str:
+  """A hex digest of everything that decides a step's plan.
+
+  Args:
+    batch_key: hashable shapes, dtypes and shardings of the batch
+      (`planner.batch_key`).
+    settings: the trainer's settings (`dataclasses.asdict` of its
+      `options.TrainerOptions`) that shape a plan.
+    layers: the trainer's layers by index (trax `Layer`s, host weights).
+    platform: str, the backend's platform ('cpu', 'gpu', 'tpu').
+    n_devices: int, devices of the run (all processes).
+
+  Returns:
+    str, 64 hex digits.
+  """
+  model = [(repr(layer), [(tuple(x.shape), str(x.dtype))
+                          for x in jax.tree_util.tree_leaves(layer.weights)
+                          if hasattr(x, 'shape')])
+           for layer in layers]
+  versions = [_version(name)
+              for name in ('jax', 'jaxlib', 'trax', 'trax_revplus')]
+  described = repr((batch_key, sorted(settings.items()), model, platform,
+                    n_devices, versions))
+  return hashlib.sha256(described.encode()).hexdigest()
+
+
+# `StepPlan`'s fields that hold layer indices (the rest are settings: one
+# JSON value each, under the field's name, read back by `_setting`).
+_LAYOUT = ('blocks', 'loss', 'backward')
+
+
+def _setting(field: dataclasses.Field, value: Any) -> Any:
+  """A setting field's JSON value as `StepPlan` holds it: a bool, or an
+  int (None where it is a dimension whose value that changes nothing is
+  None: `dimensions.PlanDimension.none`).
+
+  Raises:
+    TypeError, ValueError: `value` is not one.
+  """
+  if value is None and field.name in dimensions.names() and (
+      dimensions.by_name(field.name).none is None):
+    return None
+  return bool(value) if field.type is bool else int(value)
+
+
+def plan_to_json(plan: plan_lib.StepPlan) -> dict:
+  """`plan` as JSON-able data (`plan_from_json` reads it back): its layout,
+  then every setting field (the plan's dimensions among them) under its
+  name."""
+  return {
+      'blocks': [[std, [list(s) for s in segments]]
+                 for std, segments in plan.blocks],
+      'loss': plan.loss,
+      'backward': [[list(s), [list(b) for b in splits]]
+                   for s, splits in plan.backward.items()],
+      **{f.name: getattr(plan, f.name) for f in dataclasses.fields(plan)
+         if f.name not in _LAYOUT},
+  }
+
+
+def plan_from_json(data: Mapping[str, Any]) -> plan_lib.StepPlan:
+  """The `StepPlan` of `plan_to_json`'s data.
+
+  Raises:
+    ValueError, KeyError, TypeError: the data is not a plan.
+  """
+  return plan_lib.StepPlan(
+      blocks=tuple((int(std), tuple(tuple(int(i) for i in s)
+                                    for s in segments))
+                   for std, segments in data['blocks']),
+      loss=int(data['loss']),
+      backward={tuple(int(i) for i in s): tuple(tuple(int(i) for i in b)
+                                                for b in splits)
+                for s, splits in data['backward']},
+      **{f.name: _setting(f, data[f.name])
+         for f in dataclasses.fields(plan_lib.StepPlan)
+         if f.name not in _LAYOUT})
+
+
+def _digest(entry: Mapping[str, Any]) -> str:
+  body = {k: v for k, v in entry.items() if k != 'sha256'}
+  return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+class PlanStore:
+  """The plans kept in one output directory (`FILENAME`)."""
+
+  def __init__(self, directory: str):
+    """Args:
+      directory: str, the run's output directory (made where missing when
+        a plan is saved).
+    """
+    self.path = os.path.join(directory, FILENAME)
+    self._warned = False
+
+  def _warn(self, why: str) -> None:
+    if not self._warned:
+      logging.warning('stored plans %s ignored (%s); planning afresh.',
+                      self.path, why)
+      self._warned = True
+
+  def _read(self) -> dict:
+    """The stored entries by key; {} where there is no usable file."""
+    try:
+      with open(self.path) as f:
+        data = json.load(f)
+    except FileNotFoundError:
+      return {}
+    except (OSError, ValueError) as e:
+      self._warn(f'unreadable: {e}')
+      return {}
+    if not isinstance(data, dict) or data.get('format') != FORMAT or (
+        not isinstance(data.get('plans'), dict)):
+      self._warn('not a plans file of this version')
+      return {}
+    return data['plans']
+
+  def load(self, key: str, budget_bytes: int) -> plan_lib.StepPlan | None:
+    """The plan stored for `key` that answers `budget_bytes`, or None.
+
+    Args:
+      key: str, `plan_key` of the step.
+      budget_bytes: int, the budget per device the step plans under.
+
+    Returns:
+      The stored `plan.StepPlan`, where one is stored for `key`, intact
+      (its digest verifies), and `budget_bytes` lies in its range; else
+      None (a damaged entry with one warning line).
+    """
+    entry = self._read().get(key)
+    if entry is None:
+      return None
+    try:
+      if entry.get('sha256') != _digest(entry):
+        raise ValueError('its digest does not match its content')
+      plan = plan_from_json(entry['plan'])
+      low = int(entry['peak_device_bytes'])
+      high = entry['faster_plans_need_bytes']
+    except (AttributeError, KeyError, TypeError, ValueError) as e:
+      self._warn(f'damaged entry: {e}')
+      return None
+    if budget_bytes < low or (high is not None and budget_bytes >= high):
+      return None
+    return plan
+
+  def save(self, key: str, plan: plan_lib.StepPlan, peak_device_bytes: int,
+           faster_plans_need_bytes: int | None) -> None:
+    """Keeps `plan` as the answer for `key` under budgets from
+    `peak_device_bytes` up to `faster_plans_need_bytes` (None: any budget
+    above). A write that fails is one warning line; the run goes on."""
+    plans = dict(self._read())
+    entry = {'plan': plan_to_json(plan),
+             'peak_device_bytes': int(peak_device_bytes),
+             'faster_plans_need_bytes': (None if faster_plans_need_bytes is None
+                                         else int(faster_plans_need_bytes))}
+    entry['sha256'] = _digest(entry)
+    plans[key] = entry
+    text = json.dumps({'format': FORMAT, 'plans': plans}, sort_keys=True,
+                      indent=1).encode()
+    try:
+      os.makedirs(os.path.dirname(self.path), exist_ok=True)
+      output_files.write(self.path, lambda f: f.write(text))
+    except (OSError, output_files.OutputFileError) as e:
+      logging.warning('could not keep the plan in %s (%s); the next run '
+                      'plans again.', self.path, e)

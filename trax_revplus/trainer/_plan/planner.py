@@ -1,0 +1,385 @@
+"""Planning a step: its plan, compiled units and device memory, per shapes.
+
+Before the first step on a batch's shapes, `Planner.step_for` fixes how the
+step runs (`plan.StepPlan`), compiles its units (`units.Units`), compiles
+them ahead and accounts the step's device memory (`on_types.AheadOfTime`).
+A step never changes what it was given.
+
+Without a device budget the plan is the one the trainer's settings name;
+where its accounted host bytes exceed the host budget, or the backend does
+not compile one of its programs, that is one line before any step. With
+one (`device_memory_budget_bytes`, by default the device's own size where
+the backend reports it, `budget`) the planner runs the fastest plan whose
+composed XLA peak fits, and whose host bytes fit the host budget
+(`host_memory_budget_bytes`): `candidates.Candidates` lists plans in the
+speed model's order, and one search per batch's shapes
+(`plan_search.PlanSearch`) accounts them in turn and gives the least plan
+too (`least_plan`). A plan one of whose programs the backend refuses to
+compile for memory does not fit; any other failure to compile is one
+line naming the program. See `candidates` for the dimensions and the
+order. Every plan accounted on a batch's shapes is kept with its figures
+(`weighing.Weighing`): the memory/speed front `estimate` shows.
+"""
+
+import dataclasses
+from typing import Hashable, NamedTuple
+
+from absl import logging
+import jax
+import numpy as np
+
+from trax_revplus import device_memory
+from trax_revplus.device_memory import calls as calls_lib
+from trax_revplus.trainer import options as options_lib
+from trax_revplus.trainer._accounting import on_types
+from trax_revplus.trainer._plan import budget as budget_lib
+from trax_revplus.trainer._plan import candidates as candidates_lib
+from trax_revplus.trainer._plan import overrides
+from trax_revplus.trainer._plan import plan as plan_lib
+from trax_revplus.trainer._plan import plan_search as plan_search_lib
+from trax_revplus.trainer._plan import plan_store as plan_store_lib
+from trax_revplus.trainer._plan import shape_facts
+from trax_revplus.trainer._plan import weighing as weighing_lib
+from trax_revplus.trainer._step import units as units_lib
+from trax_revplus.typing import Batch
+from trax_revplus.typing import PyTree
+
+
+DeviceMemoryBudgetError = budget_lib.DeviceMemoryBudgetError
+
+
+class PlannedStep(NamedTuple):
+  """What a step on one batch's shapes runs.
+
+  Attributes:
+    plan: the `plan.StepPlan`.
+    units: its compiled `units.Units`.
+    memory: `device_memory.StepMemory` of the step, or None where it was
+      not accounted (not compiled ahead, or not accountable here).
+  """
+  plan: plan_lib.StepPlan
+  units: units_lib.Units
+  memory: device_memory.StepMemory | None
+
+
+def batch_key(types: PyTree) -> Hashable:
+  """Hashable shapes, dtypes and shardings of a batch's types."""
+  leaves, treedef = jax.tree_util.tree_flatten(types)
+  return treedef, tuple((tuple(x.shape), str(x.dtype),
+                         getattr(x, 'sharding', None)) for x in leaves)
+
+
+class Planner:
+  """Plans the trainer's steps, once per batch shapes.
+
+  Attributes:
+    budget_bytes: int bytes per device the step may use at its peak, or
+      None (no budget: the configured plan runs).
+    host_budget_bytes: int host bytes the process's step may hold at its
+      peak, or None (`budget.host_budget_bytes`).
+    least: (`plan.StepPlan`, `device_memory.StepMemory`) of the leanest
+      plan, set when no plan fits the budget; else None.
+    plan_store: `plan_store.PlanStore` where plans chosen under a budget
+      are kept and read back (the run's output directory), or None.
+  """
+
+  def __init__(self, placement, store, factory, options, budget_bytes,
+               explicit=(), fingerprint_of=None, host_budget_bytes=None):
+    """Args:
+      placement: the trainer's `placement.Placement`.
+      store: its `store.LayerStore`.
+      factory: its `unit_factory.UnitFactory`.
+      options: its `options.TrainerOptions`.
+      budget_bytes: int or None, see `budget.budget_bytes`.
+      explicit: names of the settings given explicitly; one the budget's
+        plan replaces is a notice (`overrides`).
+      fingerprint_of: layer index -> hashable, equal for layers sharing a
+        compilation (`compilation.Compiler.fingerprint_of`); None: every
+        layer compiles on its own.
+      host_budget_bytes: int or None, see `budget.host_budget_bytes`.
+    """
+    self._explicit = frozenset(explicit)
+    self._notified = set()
+    self._placement = placement
+    self._store = store
+    self._factory = factory
+    self._options = options
+    self.budget_bytes = budget_bytes
+    self.host_budget_bytes = host_budget_bytes
+    self._planned = {}  # batch_key -> PlannedStep
+    self._programs = calls_lib.Programs()
+    self._weighings = {}  # batch_key -> weighing.Weighing
+    self._searches = {}  # batch_key -> plan_search.PlanSearch
+    self._facts = shape_facts.ShapeFacts(placement, store, factory, options,
+                                         fingerprint_of, batch_key)
+    self.least = None
+    self.plan_store = None
+
+  def keep_plans_in(self, directory: str | None) -> None:
+    """Keeps plans chosen under a budget in `directory` (None: not kept),
+    so that a resumed run does not plan again."""
+    self.plan_store = (None if directory is None
+                       else plan_store_lib.PlanStore(directory))
+
+  def step_for(self, batch) -> PlannedStep:
+    """The `PlannedStep` of `batch`'s shapes, planned on first sight.
+
+    Args:
+      batch: tuple of host arrays or `jax.ShapeDtypeStruct`s of shape
+        (B, ...), this process's rows (their values are not read).
+
+    Raises:
+      validation.BatchSlicesError, SequenceChunksError, MicroBatchesError,
+        TrainerOptionError: a plan dimension set to an int these shapes
+        refute (`dimensions.PlanDimension.check`): batch slices that do
+        not divide each device's rows; sequence chunks > 1 where the loss
+        layer has no tail to chunk, or that do not divide its sequence
+        length; micro-batches > 1 that do not divide each device's rows
+        (or their slices), or where the step cannot add its parts'
+        gradients exactly; attention heads at once that neither divide nor
+        are a multiple of an attention layer's heads.
+      DeviceMemoryBudgetError: under a budget, no plan fits it (or this
+        device: the backend refused even the least plan's program), or the
+        step cannot be accounted here.
+      budget.HostMemoryBudgetError: no plan that fits the device fits the
+        host budget; or without a device budget, the plan the settings
+        name exceeds it.
+      budget.StepCompileError: a program of a plan weighed did not compile
+        for a reason other than memory.
+    """
+    key = batch_key(self._placement.abstract_batch(batch))
+    if key not in self._planned:
+      self._planned[key] = self._plan(key, self.step_types(batch))
+    return self._planned[key]
+
+  def weighing(self, batch) -> weighing_lib.Weighing:
+    """The `weighing.Weighing` of `batch`'s shapes: every plan accounted
+    on them so far (by `planned`, `least_plan` or `weigh`), the chosen one
+    named."""
+    key = batch_key(self._placement.abstract_batch(batch))
+    return self._weighing_key(key)
+
+  def is_planned(self, batch) -> bool:
+    """Whether a step on `batch`'s shapes is planned already."""
+    return batch_key(self._placement.abstract_batch(batch)) in self._planned
+
+  # How a plan is made.
+
+  def step_types(self, batch) -> on_types.StepTypes:
+    """The types a step on `batch` starts from (RNG and step placed, with
+    values that do not matter)."""
+    p = self._placement
+    stack = p.abstract_batch(batch)
+    rngs = p.place_rngs(np.zeros((2,), np.uint32), len(self._store.layers))
+    step = p.replicate(np.zeros((), np.int32))
+    return on_types.StepTypes(stack, rngs, self._store.opt_params, step,
+                              device_memory.program.host_types(batch))
+
+  def candidates(self, types) -> candidates_lib.Candidates:
+    """The plans a budget chooses from for a step starting from `types`
+    (`step_types`), in the speed model's order."""
+    return self._facts.candidates(types)
+
+  def _plan(self, key, types):
+    self._facts.check(types)
+    if self.budget_bytes is not None:
+      return self._plan_under_budget(key, types)
+    return self._configured(types)
+
+  def _configured(self, types):
+    """The plan the settings name, accounted where it can be."""
+    options = self._options
+    plan = plan_lib.configured_plan(
+        self._store.block_sizes(), self._store.params_bytes(),
+        self._facts.trace(types)[0].block_bytes, options)
+    units = units_lib.Units(plan, self._factory)
+    memory_ = None
+    if options.compile_ahead:
+      try:
+        memory_ = self._account_or_none(plan, units, types)
+      except device_memory.ProgramOutOfMemoryError as e:
+        raise budget_lib.nothing_fits(plan, e.least_bytes or 0, None,
+                                      options, refused=e.program) from None
+      except device_memory.ProgramCompileError as e:
+        raise budget_lib.not_compiled(e, configured=True) from None
+    weighing = self._weighing_of(types)
+    if memory_ is not None:
+      weighing.add(plan, memory_)
+      if (self.host_budget_bytes is not None and
+          memory_.peak_host_bytes > self.host_budget_bytes):
+        raise budget_lib.host_exceeded(plan.describe(len(memory_.calls)),
+                                       memory_, self.host_budget_bytes,
+                                       options)
+    weighing.chosen = plan
+    return PlannedStep(plan, units, memory_)
+
+  def _plan_under_budget(self, key, types):
+    """The fastest plan that fits: the one kept for this step where the
+    run's plan store has it and it still fits, else the shapes' search's
+    (`plan_search.PlanSearch.fastest_fitting`, then kept). Where nothing
+    fits, `least` is the search's least.
+
+    Raises:
+      DeviceMemoryBudgetError: no plan fits, or (with a budget set by the
+        user) the step cannot be accounted here.
+    """
+    store_key = None
+    if self.plan_store is not None:
+      settings = dataclasses.asdict(self._options)
+      for name in ('output_dir', 'device_memory_budget_bytes',
+                   'host_memory_budget_bytes'):
+        settings.pop(name)
+      store_key = plan_store_lib.plan_key(
+          key, settings, self._store.layers, self._placement.platform,
+          self._placement.n_devices)
+      plan = self.plan_store.load(store_key, self.budget_bytes)
+      if plan is not None and self.candidates(types).may_run(plan):
+        try:
+          fits = self._weighing_of(types).fits(self.weigh(plan, types))
+        except (device_memory.UnsupportedTrainerError,
+                device_memory.AccountingError,
+                device_memory.ProgramCompileError):
+          fits = False
+        if fits:
+          return self._chosen(plan, types,
+                              f' (kept in {self.plan_store.path})')
+    search = self._search(key, types)
+    try:
+      plan = search.fastest_fitting(self.budget_bytes, self.host_budget_bytes)
+      if plan is None:
+        self.least = search.least()
+    except plan_search_lib.LeastRefused as e:
+      raise budget_lib.nothing_fits(e.plan, e.least_bytes or 0,
+                                    self.budget_bytes, self._options,
+                                    refused=e.program) from None
+    except device_memory.ProgramCompileError as e:
+      raise budget_lib.not_compiled(e, configured=False) from None
+    except (device_memory.UnsupportedTrainerError,
+            device_memory.AccountingError) as e:
+      if self._options.device_memory_budget_bytes != options_lib.AUTO:
+        raise DeviceMemoryBudgetError(
+            f'device_memory_budget_bytes cannot be honoured here: {e} Set '
+            f'{options_lib.GIN_CONFIGURABLE}.device_memory_budget_bytes = '
+            f'None and choose the segments and slices yourself.') from None
+      # The default budget plans where it can: a step that cannot be
+      # accounted here runs the settings as given, as without a budget.
+      logging.warning('device memory: the step cannot be accounted here, so '
+                      'it runs the settings as given, unplanned: %s', e)
+      return self._configured(types)
+    if plan is None:
+      raise budget_lib.nothing_fits_error(
+          self.least, self._weighing_of(types), self._options)
+    planned = self._chosen(plan, types)
+    if store_key is not None:
+      self.plan_store.save(store_key, planned.plan,
+                           planned.memory.peak_device_bytes,
+                           search.faster_plans_need_bytes)
+    return planned
+
+  def _weighing_of(self, types):
+    return self._weighing_key(batch_key(types.stack))
+
+  def _weighing_key(self, key):
+    if key not in self._weighings:
+      self._weighings[key] = weighing_lib.Weighing(self.budget_bytes,
+                                                   self.host_budget_bytes)
+    return self._weighings[key]
+
+  def account(self, plan, units, types) -> device_memory.StepMemory:
+    """Compiles `units` ahead and composes the step's device memory.
+
+    Raises:
+      device_memory.UnsupportedTrainerError: the step cannot be compiled
+        ahead here.
+      device_memory.AccountingError: its figures contradict each other.
+      device_memory.ProgramOutOfMemoryError: the backend refused to
+        compile one of its programs for memory.
+      device_memory.ProgramCompileError: one did not compile otherwise.
+    """
+    ahead = on_types.AheadOfTime(plan, types, self._placement,
+                                 self._store.layers, self._store.optimizers,
+                                 self._programs, self._store.ties,
+                                 keeps_replaced=(
+                                     self._options.on_non_finite == 'skip'))
+    ahead.account(units)
+    return ahead.memory()
+
+  def weigh(self, plan, types) -> device_memory.StepMemory:
+    """`plan`'s `StepMemory` on `types` (`step_types`), accounted once per
+    batch's shapes and kept in their `weighing.Weighing`.
+
+    Raises:
+      As `account`; a plan the backend refused raises its refusal again,
+      compiling nothing.
+    """
+    weighing = self._weighing_of(types)
+    refused = weighing.refusal_of(plan)
+    if refused is not None:
+      raise refused
+    step = weighing.memory_of(plan)
+    if step is None:
+      try:
+        step = self.account(plan, units_lib.Units(plan, self._factory), types)
+      except device_memory.ProgramOutOfMemoryError as e:
+        weighing.refuse(plan, e)
+        raise
+      weighing.add(plan, step)
+    return step
+
+  def _account_or_none(self, plan, units, types):
+    try:
+      return self.account(plan, units, types)
+    except device_memory.UnsupportedTrainerError:
+      return None
+    except device_memory.AccountingError as e:
+      # The figure is an observation: a step it cannot account for still
+      # trains, and its records go without peak_device_bytes.
+      logging.warning('device memory: the step could not be accounted, its '
+                      'memory records go without peak_device_bytes: %s', e)
+      return None
+
+  def _chosen(self, plan, types, source=''):
+    """The `PlannedStep` of `plan`, weighed already: marked chosen in the
+    shapes' `weighing.Weighing` and logged (`source` says where it came
+    from)."""
+    step = self.weigh(plan, types)
+    self._weighing_of(types).chosen = plan
+    logging.info('device memory plan%s: %s; %s; %s', source,
+                 plan.describe(len(step.calls)), step.describe(),
+                 step.describe_host())
+    overrides.notify_replaced(plan, self._options, self._explicit,
+                              self.budget_bytes, self._notified)
+    return PlannedStep(plan, units_lib.Units(plan, self._factory), step)
+
+  def least_plan(
+      self, batch: Batch
+  ) -> tuple[plan_lib.StepPlan, device_memory.StepMemory]:
+    """(plan, StepMemory) of the leanest plan on `batch`'s shapes: the
+    least peak among every group's leanest plan, fused (every layer in the
+    loss program) and unfused (one layer per call, no copy-back depth, no
+    prefetch, saved inputs and states on the host), over every slicing; the
+    least device memory this trainer can step in. Plans the search for the
+    step's plan accounted are not accounted again.
+
+    Raises:
+      device_memory.UnsupportedTrainerError: the step cannot be compiled
+        ahead here.
+      device_memory.AccountingError: its figures contradict each other.
+      plan_search.LeastRefused: the backend refused to compile every
+        leanest plan for memory (a `device_memory.ProgramOutOfMemoryError`).
+      device_memory.ProgramCompileError: one did not compile otherwise.
+    """
+    return self._search(batch_key(self._placement.abstract_batch(batch)),
+                        self.step_types(batch)).least()
+
+  def _search(self, key, types):
+    """The `plan_search.PlanSearch` of the shapes of `key` (one per
+    shapes: the plan chosen under the budget and the least come from one
+    search)."""
+    if key not in self._searches:
+      self._searches[key] = plan_search_lib.PlanSearch(
+          self.candidates(types), self._placement.n_devices,
+          lambda plan: self.weigh(plan, types),
+          self._weighing_of(types).memory_of,
+          self._weighing_of(types).refusal_of)
+    return self._searches[key]

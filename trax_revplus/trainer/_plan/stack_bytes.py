@@ -1,0 +1,111 @@
+"""The stack's types through the blocks: the bytes each block's reversible
+layers read, the loss layer's inputs, whether batch slices change a random
+draw, and whether some layer hashes its activations.
+
+`backward_segment_max_layers='auto'` and the fused program's lower bound
+(`candidates`) read the bytes: a block whose reversible layers pass on less
+than `plan.ACTIVATION_BOUND_BYTES` is compiler-bound, not activation-bound.
+Sequence chunks (their module's `tail_length`) read the loss's inputs; the
+speed model's rank of batch slices reads whether they change a draw
+(`rng_use` of each forward with the draws slices keep exact on a fixed key,
+`row_draws.exact_draws_fixed`), and its ranks for speed alone read whether
+a layer hashes its activations (`hashing`: then float32 summation order
+can change results beyond rounding).
+"""
+
+from typing import NamedTuple
+
+from absl import logging
+import jax
+from trax.layers import combinators as cb
+
+from trax_revplus import layers as layers_lib
+from trax_revplus import memory
+from trax_revplus.trainer._plan import hashing
+from trax_revplus.trainer._plan import plan as plan_lib
+from trax_revplus.trainer._plan import rng_use
+from trax_revplus.trainer._plan import row_draws
+from trax_revplus.trainer._step import chains
+from trax_revplus.typing import PyTree
+
+
+class StackTrace(NamedTuple):
+  """What tracing the step's forward tells the planner.
+
+  Attributes:
+    block_bytes: list over blocks of int bytes: the stack items each
+      block's reversible layers read, all devices.
+    loss_inputs: the loss layer's input stack items as
+      `jax.ShapeDtypeStruct`s on one device, or None where the types could
+      not be traced.
+    slices_change_draws: bool, whether any layer's results (the loss
+      layer's too) depend on a random draw that batch slices change
+      (`row_draws`); True where they could not be traced.
+    hashes_activations: bool, whether any layer's forward (the loss
+      layer's too) makes a discrete choice on float values it computes
+      (`hashing`: LSH attention's buckets); True where they could not be
+      traced.
+  """
+  block_bytes: list[int]
+  loss_inputs: PyTree | None
+  slices_change_draws: bool
+  hashes_activations: bool
+
+
+def trace(store, stack_types: PyTree, n_devices: int) -> StackTrace:
+  """The stack's types through every block, from the batch's.
+
+  The stack's types come from `jax.make_jaxpr` of every layer's forward on
+  one device's rows, in order; where they cannot be known so, every block
+  counts as activation-bound (`plan.ACTIVATION_BOUND_BYTES`). Tracing
+  leaves the layers as they were (`layers.preserved`), also where a
+  layer's trace fails.
+
+  Args:
+    store: the trainer's `store.LayerStore` (its blocks and layers).
+    stack_types: the batch's types as placed: leaves of shape (B, ...) on
+      one device, (N, B / N, ...) on N devices.
+    n_devices: int N, devices the batch is sharded over.
+
+  Returns:
+    `StackTrace`.
+  """
+  per_device = lambda x: jax.ShapeDtypeStruct(
+      x.shape[1:] if n_devices > 1 else x.shape, x.dtype)
+  stack = jax.tree_util.tree_map(per_device, stack_types)
+  changed = hashes = False
+
+  def forward(layer, stack):
+    nonlocal changed, hashes
+    with row_draws.exact_draws_fixed([layer]):
+      closed, outputs = rng_use.forward_jaxpr(
+          layer, cb.inputs_from_stack(stack, layer.n_in))
+    changed = changed or rng_use.depends_on_last_input(closed)
+    hashes = hashes or hashing.hashes_activations(closed)
+    return cb.outputs_onto_stack(outputs, stack, layer.n_in)
+
+  out = []
+  loss = store.layers[-1]
+  try:
+    with layers_lib.preserved(*store.layers):
+      for std, revs in store.blocks:
+        stack = forward(std, stack)
+        depth = chains.chain_depth(revs)
+        out.append(n_devices * memory.array_bytes(
+            cb.inputs_from_stack(stack, depth) if depth else ()))
+        for rev in revs:
+          stack = forward(rev, stack)
+  except Exception as e:  # pylint: disable=broad-except
+    logging.info('the stack\'s types could not be traced (%s); every block '
+                 'counts as activation-bound.', e)
+    return StackTrace([plan_lib.ACTIVATION_BOUND_BYTES] * len(store.blocks),
+                      None, True, True)
+  try:
+    with layers_lib.preserved(loss):
+      forward(loss, stack)
+  except Exception as e:  # pylint: disable=broad-except
+    logging.info('the loss layer could not be traced (%s); it counts as '
+                 'drawing what slices change and hashing its activations.', e)
+    changed = hashes = True
+  return StackTrace(out, cb.inputs_from_stack(stack, loss.n_in), changed,
+                    hashes)

@@ -1,0 +1,111 @@
+"""When a call's updates leave the device: the copy-back rule and its sink.
+
+`CopyBack` keeps each call's updates on the device until `commit_waits`
+says they leave, and hands them to an `UpdateSink` on the way: the commit
+queue in a real step (`commit.CommitQueue`), which copies them to the
+host; in a walk on types (`on_types.AheadOfTime`) a sink that keeps only what
+the host would hold. The step and the accounting follow this one rule
+(`step_run.StepRun` holds a `CopyBack`).
+"""
+
+import collections
+from typing import Any
+
+from trax_revplus.trainer._step import protocols
+from trax_revplus.typing import PyTree
+
+
+def commit_waits(pending_sizes: list[int], n_async_layers: int) -> int:
+  """How many of the newest pending calls stay on the device after a push,
+  by the copy-back rule (`commit`).
+
+  Args:
+    pending_sizes: list of int, layers each pending call updated, oldest
+      first (the newest included).
+    n_async_layers: int >= 0.
+
+  Returns:
+    int, how many of the newest calls remain pending.
+  """
+  pending = list(pending_sizes)
+  total = sum(pending)
+  while pending and total - pending[0] >= n_async_layers:
+    total -= pending.pop(0)
+  return len(pending)
+
+
+class UpdateSink:
+  """Where a walk hands each call's updates; this one keeps none of them
+  (a `protocols.UpdateSink`).
+
+  `CopyBack` starts an update's journey when its call is dispatched
+  (`start`) and ends it when the update leaves the device (`commit`).
+  A walk on types uses this class as is: nothing is copied, and an update
+  leaving the device only leaves what the walk holds. A real step uses
+  `commit.CommitQueue`, which copies updates to the host and commits them.
+  """
+
+  def readable(self, stats: PyTree) -> PyTree:
+    """A call's statistics as the walk keeps them (here: as they are)."""
+    return stats
+
+  def start(self, layers, weights, slots, states, stats,
+            part=None) -> Any:
+    """One call's updates are dispatched (lists over `layers`, in commit
+    order; `part` the micro-batch's `Part` whose rows of each layer's
+    state `states` are). Where the call only accumulated gradients,
+    weights are None and slots are None, or the part's gradients where
+    they wait on the host (`plan.StepPlan.grads_on_host`: the sink adds
+    them up). Returns the token `commit` takes (here: None)."""
+    del layers, weights, slots, states, stats, part
+
+  def commit(self, token) -> None:
+    """The update of `token` leaves the device (here: it is dropped)."""
+
+  def end_step(self) -> None:
+    """Every update of the walk has left the device."""
+
+  def held_on_host(self) -> list[tuple[str, Any]]:
+    """What the sink keeps on the host now, as named parts (pytrees): the
+    gradients it adds up over a step's micro-batches, the host arrays it
+    keeps to undo a step (here: nothing)."""
+    return []
+
+
+class CopyBack:
+  """Updates on their way from the device to the host, oldest first.
+
+  A call's updates are pushed as they are dispatched and handed to the sink
+  (`UpdateSink.start`); once `commit_waits` says so, they leave the device
+  (`UpdateSink.commit`: a real step commits them to the host and the device
+  buffers are released). Until then they are held on the device
+  (`on_device`).
+  """
+
+  def __init__(self, n_async_layers: int, sink: protocols.UpdateSink):
+    """Args: n_async_layers, int >= 0 (`commit_waits`); sink, the
+    `protocols.UpdateSink` the updates go to."""
+    self._n_async_layers = n_async_layers
+    self._sink = sink
+    # (n layers, device updates, token)
+    self._pending: collections.deque[tuple[int, Any, Any]] = (
+        collections.deque())
+
+  def push(self, layers, weights, slots, states, stats, part=None) -> None:
+    """One call's updates, lists over `layers` in commit (backward) order
+    (see `UpdateSink.start`)."""
+    token = self._sink.start(layers, weights, slots, states, stats, part)
+    self._pending.append((len(layers), (weights, slots, states), token))
+    waiting = commit_waits([n for n, _, _ in self._pending],
+                           self._n_async_layers)
+    while len(self._pending) > waiting:
+      self._sink.commit(self._pending.popleft()[2])
+
+  def drain(self) -> None:
+    """Every waiting update leaves, oldest first."""
+    while self._pending:
+      self._sink.commit(self._pending.popleft()[2])
+
+  def on_device(self) -> list[Any]:
+    """The updates still held on the device (weights, slots, states)."""
+    return [updates for _, updates, _ in self._pending]
