@@ -13,6 +13,10 @@ import pytest
 from conftest import run_multidevice_worker
 
 
+# Every plan kind on 2 forced devices in a subprocess (about a minute): with
+# the tests marked slow, which CI runs; the default suite keeps other
+# 2-device runs (attention heads, evals, the placement rules).
+@pytest.mark.slow
 @pytest.mark.parametrize('n_devices', [2])
 def test_n_devices_match_one_device(n_devices):
   result = run_multidevice_worker(n_devices)

@@ -160,7 +160,8 @@ def _stock_peak(name):
       stock, device_memory.abstract(batch), 'cpu').peak_device_bytes
 
 
-@pytest.mark.parametrize('name', ['dense', 'lsh', 'terraformer'])
+@pytest.mark.parametrize('name', [
+    'dense', 'lsh', pytest.param('terraformer', marks=pytest.mark.slow)])
 def test_least_plan_needs_no_more_than_stocks_step(name):
   trainer, batch = _ours(name)
   plan, least = trainer.least_device_memory_of(batch)
