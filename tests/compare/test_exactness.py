@@ -23,17 +23,19 @@ def _kept(tmp_path, *plans):
   store = plan_store.PlanStore(str(tmp_path))
   for i, plan in enumerate(plans):
     store.save(f'key{i}', plan, 100, None)
-  return exactness.stored_plans(tmp_path)
+  return exactness.stored_reorderings(tmp_path)
 
 
 def test_the_plans_a_run_keeps_are_read_back(tmp_path):
   assert exactness.PLANS_FILENAME == plan_store.FILENAME
-  assert exactness.stored_plans(tmp_path) == []  # none kept
-  plans = [_plan(batch_slices=2), _plan(micro_batches=2)]
-  assert _kept(tmp_path, *plans) == [plan_store.plan_to_json(p)
-                                     for p in plans]
+  assert exactness.REORDERINGS == plan_store.REORDERINGS
+  assert exactness.stored_reorderings(tmp_path) == []  # none kept
+  plans = [_plan(batch_slices=2), _plan(micro_batches=2, sequence_chunks=4),
+           _plan()]
+  assert _kept(tmp_path, *plans) == [
+      ['2 batch slices'], ['4 sequence chunks', '2 micro-batches'], []]
   (tmp_path / exactness.PLANS_FILENAME).write_text('{"plans": [')
-  assert exactness.stored_plans(tmp_path) == []  # damaged
+  assert exactness.stored_reorderings(tmp_path) == []  # damaged
 
 
 def test_a_difference_within_rounding_or_none_needs_no_line(tmp_path):
@@ -83,9 +85,12 @@ def test_stocks_order_is_not_the_cause(tmp_path):
 
 
 def test_no_kept_plan_says_so(tmp_path):
-  line = exactness.explanation(exactness.stored_plans(tmp_path), 1e-3)
+  line = exactness.explanation(exactness.stored_reorderings(tmp_path), 1e-3)
   assert 'kept no plan (plans.json)' in line
-  assert 'device_memory_budget_bytes = None' in line
+  assert line.endswith(
+      "--config='trax_revplus.ReversibleSerialTrainer."
+      "device_memory_budget_bytes = None', with every setting the planner "
+      "chooses left at 'auto', runs it.")
 
 
 def test_compare_prints_the_line_under_the_weights_row(tmp_path):

@@ -1,11 +1,11 @@
-"""A plan dimension is declared once (`trainer._plan.dimensions`).
+"""A plan dimension is declared once: its `StepPlan` field's entry.
 
 A toy dimension is added the way docs/architecture.md's "Adding a plan
-dimension" says (a `StepPlan` field, a trainer setting, one `PlanDimension`
-entry), and the planning modules are seen to read it without naming it:
-the setting's range, its unplanned value, the shapes check, the plan's
-settings, plans.json, the least plan's line and the search's families.
-Then it is removed, and the registry is the package's own again.
+dimension" says (a `StepPlan` field with its entry, a trainer setting), and
+the planning modules are seen to read it without naming it: the setting's
+range, its unplanned value, the shapes check, the plan's settings,
+plans.json, the least plan's line, the candidates and the search's
+families. Then it is removed, and the registry is the package's own again.
 """
 
 import dataclasses
@@ -18,6 +18,7 @@ import pytest
 from trax_revplus import validation
 from trax_revplus.trainer import AUTO
 from trax_revplus.trainer import TrainerOptions
+from trax_revplus.trainer import options as options_lib
 from trax_revplus.trainer._plan import budget
 from trax_revplus.trainer._plan import candidates as candidates_lib
 from trax_revplus.trainer._plan import dimensions
@@ -29,33 +30,16 @@ from trax_revplus.trainer._plan import shape_facts
 pytestmark = pytest.mark.usefixtures('stock_trax')
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[2] / 'trax_revplus'
-# Modules of the package that name each dimension (as a word, docstrings and
-# comments included): the registry (`dimensions`), the plan's field (`plan`),
-# the gin setting (`options`), the enumeration of its values (`candidates`),
-# the walk's units that hand it to the compiled functions (`units`, which
-# hands the runs of a step their number of micro-batches too), the code that
-# reads the plan's value where it runs it (for attention heads:
-# `attention_heads`), and `compare.exactness`, which reads plans.json without
-# importing the trainer. The modules that run a dimension are named for what
-# they run (`batch_parts`, `loss_tail`), not for the dimension. A change that
-# names one in another module must raise its figure here, on purpose.
-MOST_MODULES = {
-    'batch_slices': 6,
-    'sequence_chunks': 6,
-    'micro_batches': 6,
-    'parallel_heads': 7,
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class ToyPlan(plan_lib.StepPlan):
-  toy_parts: int = 1
-  __hash__ = plan_lib.StepPlan.__hash__  # a dataclass would replace it
-
-
-@dataclasses.dataclass(frozen=True)
-class ToyOptions(TrainerOptions):
-  toy_parts: int | str = AUTO
+# Most modules of the package that may name a dimension (as a word,
+# docstrings and comments included): the plan's field with its entry
+# (`plan`), the gin setting (`options`), and the code that runs it (the
+# walk's units, `units`, which hand it to the compiled functions), with
+# one to spare. Every other module reads the registry (`dimensions`) and
+# names dimensions by role; the modules that run a dimension's value are
+# named for what they run (`batch_parts`, `loss_tail`, `attention_heads`),
+# not for the dimension.
+MOST_MODULES = 4
+NAMES = ('batch_slices', 'sequence_chunks', 'micro_batches', 'parallel_heads')
 
 
 class ToyError(validation.ConfigurationError):
@@ -68,9 +52,19 @@ def _check_toy(value, facts, types_):
                    f'{facts.rows(types_)} rows.')
 
 
-TOY = dimensions.PlanDimension(
-    'toy_parts', 'an int >= 1 that divides the rows', unplanned=1, none=1,
-    role='toy', check=_check_toy)
+# Step 1: the plan's field, with its entry.
+@dataclasses.dataclass(frozen=True)
+class ToyPlan(plan_lib.StepPlan):
+  toy_parts: int = dimensions.field(
+      1, 'toy', check=_check_toy, reordering=lambda n: f'{n} toy parts')
+  __hash__ = plan_lib.StepPlan.__hash__  # a dataclass would replace it
+
+
+# Step 2: the trainer setting.
+@dataclasses.dataclass(frozen=True)
+class ToyOptions(TrainerOptions):
+  toy_parts: int | str = options_lib.dimension_setting(
+      'an int >= 1 that divides the rows', unplanned=1)
 
 
 @pytest.fixture(name='toy')
@@ -79,8 +73,8 @@ def _toy(monkeypatch):
   after the test."""
   monkeypatch.setattr(plan_lib, 'StepPlan', ToyPlan)
   before = list(dimensions.DIMENSIONS)
-  with dimensions.registered(TOY):
-    yield TOY
+  with dimensions.registered(ToyPlan):
+    yield dimensions.by_name('toy_parts')
   assert dimensions.DIMENSIONS == before
 
 
@@ -113,15 +107,15 @@ def _plan(**settings):
 
 
 def test_registry_is_the_plans_settings():
-  assert dimensions.names() == (
-      'batch_slices', 'sequence_chunks', 'micro_batches', 'parallel_heads')
+  assert dimensions.names() == NAMES
   fields = {f.name: f.default for f in dataclasses.fields(plan_lib.StepPlan)}
-  settings = TrainerOptions.field_names()
+  settings = TrainerOptions.dimension_settings()
+  assert tuple(settings) == NAMES
   for dimension in dimensions.DIMENSIONS:
     assert fields[dimension.name] == dimension.none
-    assert dimension.name in settings
     assert (TrainerOptions().unplanned(dimension.name) ==
-            dimension.unplanned)
+            settings[dimension.name].unplanned)
+  assert TrainerOptions(batch_slices=4).unplanned('batch_slices') == 4
 
 
 def test_toy_setting_is_checked_and_resolved(toy):
@@ -129,6 +123,7 @@ def test_toy_setting_is_checked_and_resolved(toy):
                      match="toy_parts must be an int >= 1 that divides the "
                            "rows or 'auto', got 0"):
     ToyOptions(toy_parts=0)
+  assert ToyOptions().toy_parts == AUTO
   assert ToyOptions().unplanned(toy.name) == 1
   assert ToyOptions(toy_parts=4).unplanned(toy.name) == 4
 
@@ -152,6 +147,27 @@ def test_toy_dimension_is_in_the_plan_and_the_store(toy):
   configured = plan_lib.configured_plan(
       [2], {i: 10 for i in range(4)}, [2**10], ToyOptions(toy_parts=2))
   assert configured.toy_parts == 2
+  assert dimensions.reorderings(plan) == ['2 micro-batches', '4 toy parts']
+  assert dimensions.reorderings(_plan()) == []
+
+
+def test_candidates_run_the_toy_setting(toy):
+  """A dimension of a role the candidates do not vary runs its setting's
+  value under a budget, and a kept plan with another value is not one
+  this trainer may run."""
+  del toy
+
+  def candidates(options):
+    return candidates_lib.Candidates([2], {i: 10 for i in range(4)}, [2**10],
+                                     rows=4, options=options)
+
+  pinned = candidates(ToyOptions(toy_parts=2))
+  plans = [p for g in pinned.groups() for p in g.plans]
+  assert plans and {p.toy_parts for p in plans} == {2}
+  assert pinned.may_run(plans[0])
+  unplanned = candidates(ToyOptions())
+  assert {p.toy_parts for g in unplanned.groups() for p in g.plans} == {1}
+  assert not unplanned.may_run(plans[0])
 
 
 def test_least_plan_line_names_the_toy_dimension(toy):
@@ -194,11 +210,11 @@ def _modules_naming(name):
                 if word.search(p.read_text()))
 
 
-@pytest.mark.parametrize('name', sorted(MOST_MODULES))
+@pytest.mark.parametrize('name', NAMES)
 def test_few_modules_name_a_dimension(name):
   modules = _modules_naming(name)
-  assert 'trainer/_plan/dimensions.py' in modules
-  assert len(modules) <= MOST_MODULES[name], modules
+  assert 'trainer/_plan/plan.py' in modules
+  assert len(modules) <= MOST_MODULES, modules
 
 
 def test_store_reads_none_for_a_dimension_alone():

@@ -12,8 +12,9 @@ model whose layers hash their activations (LSH attention) a rounding
 difference can move a position to another bucket, and the weights then
 differ by far more.
 
-`explanation` reads which of them a run's plans used (the plans the
-trainer kept in its output directory, `trainer._plan.plan_store`) and says so,
+`explanation` reads which of them a run's plans used (the trainer keeps,
+beside each plan in its output directory, what in it can change the order,
+in words: `trainer._plan.plan_store`, `trainer._plan.dimensions`) and says so,
 with the setting that runs stock's order (`device_memory_budget_bytes =
 None`: the settings as given, one program per segment, no slices, chunks
 or micro-batches, the attention layers as configured), wherever the final
@@ -22,67 +23,54 @@ weights differ by more than `TOLERANCE`.
 
 import json
 import os
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 # Largest final weight difference from stock's left unexplained: float32
 # rounding of the same step in another order stays below it over a short
 # run (docs/compatibility.md).
 TOLERANCE = 1e-5
-# `trainer._plan.plan_store.FILENAME`, not imported from there: that would
-# import trax (seconds of CPU), which compare does not need.
+# `trainer._plan.plan_store.FILENAME` and `REORDERINGS`, not imported from
+# there: that would import trax (seconds of CPU), which compare does not
+# need.
 PLANS_FILENAME = 'plans.json'
+REORDERINGS = 'summation_order_changes'
 _SETTING = 'trax_revplus.ReversibleSerialTrainer'
 
 
-def stored_plans(output_dir: str | os.PathLike) -> list[Mapping[str, Any]]:
-  """The plans a trax_revplus run kept in its output directory.
+def stored_reorderings(output_dir: str | os.PathLike) -> list[list[str]]:
+  """What in each plan a trax_revplus run kept in its output directory can
+  change stock's float32 summation order, in words.
 
   Args:
     output_dir: the run's output directory.
 
   Returns:
-    list of dicts as `trainer._plan.plan_store.plan_to_json` writes them (keys
-    `batch_slices`, `sequence_chunks`, `micro_batches`, `parallel_heads`,
-    ...); empty where the file is missing, unreadable or holds none (a run
+    list over the plans kept of lists of str, as
+    `trainer._plan.dimensions.reorderings` words them (e.g. ['2 batch
+    slices', 'the step as one program']; [] for a plan in stock's order);
+    empty where the file is missing, unreadable or holds none (a run
     without a budget keeps none).
   """
   try:
     with open(os.path.join(output_dir, PLANS_FILENAME)) as f:
       entries = json.load(f)['plans'].values()
-    return [entry['plan'] for entry in entries
-            if isinstance(entry.get('plan'), dict)]
+    return [[str(words) for words in entry[REORDERINGS]]
+            for entry in entries if isinstance(entry.get(REORDERINGS), list)]
   except (OSError, ValueError, KeyError, TypeError, AttributeError):
     return []
-
-
-def _reorderings(plan: Mapping[str, Any]) -> list[str]:
-  """What in `plan` changes stock's summation order, in words."""
-  found = []
-  for key, words in (('batch_slices', 'batch slices'),
-                     ('micro_batches', 'micro-batches'),
-                     ('sequence_chunks', 'sequence chunks')):
-    n = plan.get(key) or 1
-    if n > 1:
-      found.append(f'{n} {words}')
-  heads = plan.get('parallel_heads')
-  if heads is not None:
-    found.append(f'attention at most {heads} (example, head) '
-                 f'pair{"s" if heads > 1 else ""} at a time')
-  if plan.get('fused_from', 0) < plan.get('loss', 0):
-    found.append('the step as one program')
-  return found
 
 
 def _setting(name: str, value: Any) -> str:
   return f"--config='{_SETTING}.{name} = {value}'"
 
 
-def explanation(plans: Sequence[Mapping[str, Any]],
+def explanation(plans: Sequence[Sequence[str]],
                 max_abs_diff: float | None) -> str | None:
   """One line on why the final weights differ from stock's, or None.
 
   Args:
-    plans: the trax_revplus run's plans (`stored_plans`).
+    plans: what in each of the trax_revplus run's plans can change stock's
+      summation order (`stored_reorderings`).
     max_abs_diff: the largest |stock - trax_revplus| over the final
       weights, or None where there is none (a run failed).
 
@@ -100,11 +88,11 @@ def explanation(plans: Sequence[Mapping[str, Any]],
   if not plans:
     return (f'{head}; trax_revplus kept no plan ({PLANS_FILENAME}) to tell '
             f'which plan dimension changed stock\'s float32 summation order: '
-            f'{setting}, with batch_slices, micro_batches, sequence_chunks, '
-            f'parallel_heads and segment_max_layers unset, runs it.')
+            f'{setting}, with every setting the planner chooses left at '
+            f"'auto', runs it.")
   reorderings = []
   for plan in plans:
-    reorderings += [r for r in _reorderings(plan) if r not in reorderings]
+    reorderings += [r for r in plan if r not in reorderings]
   if not reorderings:
     return (f'{head}, although trax_revplus ran stock\'s float32 summation '
             f'order (one program per segment, no batch slices, micro-batches '

@@ -124,7 +124,7 @@ def build_report(config_files: Sequence[str], bindings: Sequence[str],
   final_weights = checkpoint_diff(runs, 'model.weights.npy.gz')
   ours_dir = runs['revplus'].get('output_dir')
   weights_note = exactness.explanation(
-      exactness.stored_plans(ours_dir) if ours_dir else [],
+      exactness.stored_reorderings(ours_dir) if ours_dir else [],
       final_weights['max_abs_diff'])
   loss_diff = (max(abs(stock[s] - ours[s]) for s in common)
                if common else None)

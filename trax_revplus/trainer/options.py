@@ -17,15 +17,35 @@ import numpy as np
 from trax_revplus import validation
 from trax_revplus.memory import host_release
 from trax_revplus.memory.schedule import FIRST_STEPS_RECORDED
-from trax_revplus.trainer._plan import dimensions
 
 GIN_CONFIGURABLE = 'trax_revplus.ReversibleSerialTrainer'
 ON_NON_FINITE = ('raise', 'skip', 'ignore')
 AUTO = 'auto'
 DEVICE = 'device'
 # What segment_max_layers = 'auto' means without a budget (the plan's
-# dimensions': `dimensions.PlanDimension.unplanned`).
+# dimensions': `DimensionSetting.unplanned`).
 UNPLANNED_SEGMENT_MAX_LAYERS = 8
+_DIMENSION = 'plan dimension setting'  # its key in a field's metadata
+
+
+@dataclasses.dataclass(frozen=True)
+class DimensionSetting:
+  """The setting of a plan dimension (`trainer._plan.dimensions`): an int
+  pins it, 'auto' leaves it to the device memory budget.
+
+  Attributes:
+    allowed: str, its range in an error line (before "or 'auto'").
+    unplanned: the value a step without a budget runs for 'auto'.
+  """
+  allowed: str
+  unplanned: Any
+
+
+def dimension_setting(allowed: str, unplanned: Any) -> Any:
+  """A `TrainerOptions` field that sets the plan dimension of its name,
+  'auto' by default (`DimensionSetting`)."""
+  return dataclasses.field(default=AUTO, metadata={
+      _DIMENSION: DimensionSetting(allowed, unplanned)})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,10 +248,17 @@ class TrainerOptions:
   clear_compilation_caches: bool = True
   device_memory_budget_bytes: int | str | None = AUTO
   memory_log_first_steps: int = FIRST_STEPS_RECORDED
-  batch_slices: int | str = AUTO
-  sequence_chunks: int | str = AUTO
-  micro_batches: int | str = AUTO
-  parallel_heads: int | str = AUTO
+  batch_slices: int | str = dimension_setting(
+      "an int >= 1 that divides each device's rows of the batch (1: no "
+      'slices)', unplanned=1)
+  sequence_chunks: int | str = dimension_setting(
+      'an int >= 1 that divides the sequence length (1: no chunks)',
+      unplanned=1)
+  micro_batches: int | str = dimension_setting(
+      "an int >= 1 that divides each device's rows of the batch (1: one "
+      'pass)', unplanned=1)
+  parallel_heads: int | str = dimension_setting(
+      'an int >= 1 (1: one attention head at a time)', unplanned=None)
   host_memory_budget_bytes: int | str | None = AUTO
 
   def __post_init__(self):
@@ -273,10 +300,9 @@ class TrainerOptions:
       _check_int(self, 'device_memory_budget_bytes', 1,
                  allowed=f"'{AUTO}', '{DEVICE}', None or an int number of "
                          f"bytes >= 1")
-    for dimension in dimensions.DIMENSIONS:
-      if getattr(self, dimension.name) != AUTO:
-        _check_int(self, dimension.name, 1,
-                   allowed=f"{dimension.allowed} or '{AUTO}'")
+    for name, setting in self.dimension_settings().items():
+      if getattr(self, name) != AUTO:
+        _check_int(self, name, 1, allowed=f"{setting.allowed} or '{AUTO}'")
     if self.host_memory_budget_bytes not in (None, AUTO):
       _check_int(self, 'host_memory_budget_bytes', 1,
                  allowed=f"'{AUTO}', None or an int number of bytes >= 1")
@@ -304,16 +330,23 @@ class TrainerOptions:
               f'{", ".join(cls.field_names())}.'))
     return cls(**settings)
 
-  def unplanned(self, name: str) -> int | None:
+  def unplanned(self, name: str) -> Any:
     """Setting `name` (segment_max_layers or one of the plan's dimensions,
-    `dimensions.DIMENSIONS`) as a step without a budget runs it: 'auto'
+    `dimension_settings`) as a step without a budget runs it: 'auto'
     resolved to its unplanned value (None: the layers as configured)."""
     value = getattr(self, name)
     if value != AUTO:
       return value
     if name == 'segment_max_layers':
       return UNPLANNED_SEGMENT_MAX_LAYERS
-    return dimensions.by_name(name).unplanned
+    return self.dimension_settings()[name].unplanned
+
+  @classmethod
+  def dimension_settings(cls) -> dict[str, DimensionSetting]:
+    """{name: `DimensionSetting`} of the settings of the plan's dimensions
+    (`dimension_setting`), in field order."""
+    return {f.name: f.metadata[_DIMENSION] for f in dataclasses.fields(cls)
+            if _DIMENSION in f.metadata}
 
   @classmethod
   def field_names(cls) -> tuple[str, ...]:

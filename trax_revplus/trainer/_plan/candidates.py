@@ -6,7 +6,7 @@ Every dimension of `plan.StepPlan` that costs device memory is varied:
                     default `Trainer` runs the whole model (reversible
                     layers recompute their activations through their
                     reverse inside it), or none;
-  batch_slices      every divisor k of each device's rows;
+  batch slices      every divisor k of each device's rows;
   segment lengths   forward and backward segments of 1, 2, 4 or 8 layers
                     (a backward length at most the forward one);
   n_async_layers    the setting's value, then 4, 2, 1 and 0 below it;
@@ -14,11 +14,11 @@ Every dimension of `plan.StepPlan` that costs device memory is varied:
   saved_on_host     what each unit's forward keeps for its backward waits
                     on the device, then on the host as stock trax keeps it
                     (unfused plans; the fused program keeps none);
-  sequence_chunks   the loss layer's tail over 2, 4, ... 64 chunks of the
+  sequence chunks   the loss layer's tail over 2, 4, ... 64 chunks of the
                     sequence (those dividing it; unfused plans, where the
-                    loss layer has a position-wise tail:
-                    `sequence_chunks`), only after every plan without;
-  micro_batches     the step over 2, 4, ... parts of each device's rows
+                    loss layer has a position-wise tail: `loss_tail`),
+                    only after every plan without;
+  micro-batches     the step over 2, 4, ... parts of each device's rows
                     (divisors of them, where the step can add its parts'
                     gradients exactly: `batch_parts.refusal`; unfused
                     plans, each part's calls over the fewest batch slices
@@ -26,11 +26,14 @@ Every dimension of `plan.StepPlan` that costs device memory is varied:
                     fewest parts first, then fewest chunks;
   grads_on_host     in micro-batches, the accumulated gradients wait on
                     the device, then on the host;
-  parallel_heads    trax's efficient attention layers as configured, and
+  attention heads   trax's efficient attention layers as configured, and
                     one (example, head) pair at a time (where some layer
-                    computes more at once: `attention_heads`): every group
-                    above again, after all of them; on the backends of
-                    `SPEED_PARALLEL_HEADS`, before all of them.
+                    computes more at once: `attention_heads`; the same
+                    results up to float32 summation order): every group
+                    above again, after all of them, so a budget takes them
+                    only where nothing else fits; on the backends of
+                    `SPEED_PARALLEL_HEADS`, before all of them;
+  other dimensions  the setting's value ('auto': its value without a budget).
 
 The speed model ranks plans without timing them, in this order of
 importance: (1) the fused program first: one call per step, with no host
@@ -62,7 +65,7 @@ benchmark checks the rank against measured step times
 (docs/performance.md).
 
 A setting the user gave as an int pins its dimension (`options.AUTO`
-leaves it to the budget): `batch_slices` keeps only that slicing,
+leaves it to the budget): the batch slices' keeps only that slicing,
 `segment_max_layers` only segments of that length (never the fused
 program), `backward_segment_max_layers` only backward calls of that length.
 Where layers share weights (`ties.Ties`), the fused program runs unsliced
@@ -78,15 +81,6 @@ trip to the device per part. Within such a group, every plan that keeps
 the accumulated gradients on the device comes before every plan whose
 gradients wait on the host: those copy each part's gradients out and add
 them on the host, and place their sum with the last part's slots.
-
-Every group appears twice where trax's efficient attention layers compute
-more than one (example, head) pair at once: as configured, and with one
-pair at a time (`attention_heads`; the same results up to float32
-summation order, smaller attention temporaries). The copies with one pair
-at a time come after all the others, so a budget takes them only where
-nothing else fits; on the CPU they come first (`SPEED_PARALLEL_HEADS`):
-there one pair at a time stepped faster (not where a layer hashes its
-activations, as for slices).
 
 Plans are grouped by (1), (2), their chunks and parts: the members of a
 group share their slicing, and the group's leanest member (one layer per
@@ -104,12 +98,17 @@ and the fused program can only lower the least of all plans
 """
 
 import dataclasses
-from typing import Iterator
+from typing import Any, Iterator, Mapping
 
 from trax_revplus.trainer import options as options_lib
+from trax_revplus.trainer._plan import dimensions
 from trax_revplus.trainer._plan import plan as plan_lib
 from trax_revplus.trainer._step import loss_tail
 
+# The roles of the plan's dimensions the candidates vary (`dimensions`).
+SLICES, PARTS = dimensions.SLICES, dimensions.PARTS
+CHUNKS, AT_ONCE = dimensions.LOSS_CALL, dimensions.COMPUTED_AT_ONCE
+_VARIED = (SLICES, PARTS, CHUNKS, AT_ONCE)
 SEGMENT_LENGTHS = (1, 2, 4, 8)
 ASYNC_DEPTHS = (4, 2, 1, 0)
 # The fused program ranks first where it compiles at most this many times
@@ -138,11 +137,9 @@ class Group:
 
   Attributes:
     plans: tuple of `plan.StepPlan`, in the speed model's order.
-    leanest: the member that needs the least device memory.
+    leanest: the member that needs the least device memory (each member
+      has its values of the plan's dimensions).
     fused_reversible_layers: reversible layers inside the loss program.
-
-  Every member has the same value of each of the plan's dimensions
-  (`dimensions.DIMENSIONS`): the leanest member's.
   """
   plans: tuple[plan_lib.StepPlan, ...]
   leanest: plan_lib.StepPlan
@@ -193,7 +190,8 @@ class Candidates:
     self._nbytes = nbytes
     self._stack_bytes = list(stack_bytes)
     self._options = options
-    if options.batch_slices == options_lib.AUTO:
+    pinned = dimensions.pinned(options, SLICES)
+    if pinned is None:
       self.slices = [k for k in range(1, rows + 1) if rows % k == 0]
       first = SPEED_SLICES.get(platform)
       if (not slices_change_draws and not hashes_activations and
@@ -201,8 +199,8 @@ class Candidates:
         self.slices.remove(first)
         self.slices.insert(0, first)
     else:
-      self.slices = [options.batch_slices]
-    pinned = self._pinned('sequence_chunks')
+      self.slices = [pinned]
+    pinned = dimensions.pinned(options, CHUNKS)
     if pinned is None:
       self.chunks = loss_tail.chunk_counts(sequence_length)
     else:
@@ -210,7 +208,7 @@ class Candidates:
     # Whether plans without chunks are candidates (not where an int > 1 is
     # pinned).
     self._unchunked = pinned is None or pinned == 1
-    pinned = self._pinned('micro_batches')
+    pinned = dimensions.pinned(options, PARTS)
     if micro_batches_refused:
       self.parts = []
     elif pinned is None:
@@ -221,7 +219,9 @@ class Candidates:
     self._rows = rows
     # Whether plans in one pass are candidates.
     self._one_pass = pinned is None or pinned == 1
-    self._heads = self._pinned('parallel_heads')
+    self._heads = dimensions.pinned(options, AT_ONCE)
+    # {name: value} of the dimensions of roles not varied here.
+    self._fixed = dimensions.unplanned(options, excluded=_VARIED)
     self._more_heads = self._heads is None and heads_lowerable
     self._heads_first = (self._more_heads and not hashes_activations and
                          SPEED_PARALLEL_HEADS.get(platform) == 1)
@@ -231,17 +231,21 @@ class Candidates:
     dividing the part's rows (None where none does)."""
     return min((k for k in self.slices if part_rows % k == 0), default=None)
 
-  def _make(self, **settings):
+  def _make(self, by_role: Mapping[str, Any] | None = None,
+            **settings: Any) -> plan_lib.StepPlan:
+    """`make_plan` of `settings`, `_fixed`, and `by_role` ({role: value};
+    the heads at once as pinned, the other roles' at their `none`)."""
     settings.setdefault('segment_max_bytes', self._options.segment_max_bytes)
-    settings.setdefault('parallel_heads', self._heads)
-    return plan_lib.make_plan(self._sizes, self._nbytes, self._stack_bytes,
-                              **settings)
+    return plan_lib.make_plan(
+        self._sizes, self._nbytes, self._stack_bytes, **settings,
+        **self._fixed, **dimensions.by_role({AT_ONCE: self._heads,
+                                             **(by_role or {})}))
 
   def _fused(self, k):
-    plan = self._make(segment_max_layers=max(self._sizes + [1]),
+    plan = self._make({SLICES: k},
+                      segment_max_layers=max(self._sizes + [1]),
                       backward_segment_max_layers=max(self._sizes + [1]),
-                      batch_slices=k, fused_from=0,
-                      n_async_layers=self._options.n_async_layers)
+                      fused_from=0, n_async_layers=self._options.n_async_layers)
     return Group((plan,), plan, sum(self._sizes))
 
   def _pinned(self, name):
@@ -274,11 +278,10 @@ class Candidates:
     return [n] + [d for d in ASYNC_DEPTHS if d < n]
 
   def _unfused(self, k, chunks=1, parts=1):
-    plans = [self._make(segment_max_layers=f, backward_segment_max_layers=b,
-                        batch_slices=k, n_async_layers=depth,
-                        prefetch=prefetch, saved_on_host=on_host,
-                        sequence_chunks=chunks, micro_batches=parts,
-                        grads_on_host=grads_on_host)
+    plans = [self._make({SLICES: k, CHUNKS: chunks, PARTS: parts},
+                        segment_max_layers=f, backward_segment_max_layers=b,
+                        n_async_layers=depth, prefetch=prefetch,
+                        saved_on_host=on_host, grads_on_host=grads_on_host)
              for grads_on_host in ((False, True) if parts > 1 else (False,))
              for on_host in (False, True)
              for f, b in self._lengths() for depth in self._depths()
@@ -292,11 +295,11 @@ class Candidates:
     copied back, saved inputs and states on the host, and in micro-batches
     the accumulated gradients too."""
     return self._make(
+        {SLICES: k, CHUNKS: chunks, PARTS: parts},
         segment_max_layers=self._usable('segment_max_layers')[0],
         backward_segment_max_layers=self._usable(
             'backward_segment_max_layers')[0],
-        batch_slices=k, n_async_layers=0, prefetch=False, saved_on_host=True,
-        sequence_chunks=chunks, micro_batches=parts,
+        n_async_layers=0, prefetch=False, saved_on_host=True,
         grads_on_host=parts > 1)
 
   def may_fuse(self, k) -> bool:
@@ -306,14 +309,15 @@ class Candidates:
   def may_run(self, plan: plan_lib.StepPlan) -> bool:
     """Whether `plan` (one kept from an earlier run) is one this trainer
     may run."""
-    if plan.sequence_chunks > 1 and plan.sequence_chunks not in self.chunks:
+    chunks, parts, heads = (dimensions.value(plan, r)
+                            for r in (CHUNKS, PARTS, AT_ONCE))
+    if (chunks > 1 and chunks not in self.chunks or
+        parts > 1 and parts not in self.parts or
+        heads != self._heads and not (self._more_heads and heads == 1) or
+        any(getattr(plan, k) != v for k, v in self._fixed.items())):
       return False
-    if plan.micro_batches > 1 and plan.micro_batches not in self.parts:
-      return False
-    if plan.parallel_heads != self._heads and not (
-        self._more_heads and plan.parallel_heads == 1):
-      return False
-    return plan.fused_from >= plan.loss or self.may_fuse(plan.batch_slices)
+    return plan.fused_from >= plan.loss or self.may_fuse(
+        dimensions.value(plan, SLICES))
 
   def compiled_layers(self, plan: plan_lib.StepPlan) -> int:
     """Layers in the distinct programs `plan`'s step compiles, the loss
@@ -348,10 +352,11 @@ class Candidates:
     (example, head) pair at a time, after them (before them on the
     backends of `SPEED_PARALLEL_HEADS`)."""
     groups = list(self._configured_heads_groups())
+    one = dimensions.by_role({AT_ONCE: 1})
     lowered = [dataclasses.replace(
-        group, plans=tuple(dataclasses.replace(p, parallel_heads=1)
+        group, plans=tuple(dataclasses.replace(p, **one)
                            for p in group.plans),
-        leanest=dataclasses.replace(group.leanest, parallel_heads=1))
+        leanest=dataclasses.replace(group.leanest, **one))
         for group in groups] if self._more_heads else []
     if self._heads_first:
       groups, lowered = lowered, groups
@@ -390,6 +395,6 @@ class Candidates:
     starts there), and takes every fused layer's weights and slots."""
     if not group.fused_reversible_layers:
       return 0
-    k = group.leanest.batch_slices
+    k = dimensions.value(group.leanest, SLICES)
     kept = sum(b for n, b in zip(self._sizes, self._stack_bytes) if n)
     return kept // (n_devices * k) + sum(self._nbytes.values())

@@ -3,29 +3,35 @@
 A plan dimension is a choice of `plan.StepPlan` that a trainer setting of
 the same name pins (an int) or leaves to the device memory budget
 ('auto'): each changes a step's speed or device memory, never its result.
-`DIMENSIONS` holds one `PlanDimension` per dimension, in `StepPlan`'s
-field order, and the modules that plan read it instead of naming each:
+Each is declared where its `StepPlan` field is, as the field's metadata
+(`field`: its role in the search, its check, ...), and its setting where
+the trainer's settings are (`options.dimension_setting`: its range and its
+value without a budget). `declare` reads the plan's fields into
+`DIMENSIONS`, one `PlanDimension` per dimension in field order, and the
+modules that plan read that instead of naming each:
 
-  options      the setting's range (`allowed`) and its value without a
-               budget (`unplanned`);
+  options      the setting's range and its value without a budget (the
+               setting's own metadata);
   plan         the plan's field and its value where unused (`none`);
-  plan_store   the field, kept under its name in plans.json;
+  plan_store   the field, kept under its name in plans.json, and what in a
+               plan changes stock trax's summation order (`reorderings`);
   shape_facts  the check of a pinned int against a batch's shapes
                (`check`, one `validation` error line);
+  candidates   the values the budget tries, by `role`;
   plan_search  how the search orders it (`role`);
   budget       how a least plan names it (`role`, `none`);
   overrides    why a budget may replace an explicit setting (`replaced`).
 
-The units that run a dimension read its field of the plan; the candidates
-(`candidates.Candidates`) enumerate its values in the speed model's order.
+The units that run a dimension read its field of the plan.
 Adding a dimension: docs/architecture.md, "Adding a plan dimension".
 """
 
 import contextlib
 import dataclasses
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Collection, Iterator, Mapping
 
 from trax_revplus import validation
+from trax_revplus.trainer import options as options_lib
 from trax_revplus.trainer._step import attention_heads
 
 # Roles of a dimension in the search (`plan_search`): what its values do
@@ -36,6 +42,8 @@ LOSS_CALL = 'loss call'  # changes the loss call alone
 COMPUTED_AT_ONCE = 'computed at once'  # groups again, after all others
 
 Check = Callable[[Any, Any, Any], None]
+# The key of a dimension's entry in its `StepPlan` field's metadata.
+_ENTRY = 'plan dimension'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,16 +53,14 @@ class PlanDimension:
   Attributes:
     name: str, the `plan.StepPlan` field, the trainer setting
       (`options.TrainerOptions`) and the plans.json key.
-    allowed: str, the setting's range in an error line (before "or
-      'auto'").
-    unplanned: the value a step without a budget runs where the setting is
-      'auto'.
     none: the plan's value where the dimension changes nothing (its
       `StepPlan` default).
-    role: str, how `plan_search` bounds and orders its values: one of
-      `SLICES`, `PARTS`, `LOSS_CALL`, `COMPUTED_AT_ONCE` (one dimension
-      each), or another, whose groups the search keeps apart (families of
-      their own) without bounding one by another.
+    role: str, how `plan_search` bounds and orders its values and which
+      values `candidates` tries: one of `SLICES`, `PARTS`, `LOSS_CALL`,
+      `COMPUTED_AT_ONCE` (one dimension each), or another, whose groups
+      the search keeps apart (families of their own) without bounding one
+      by another, and of which the candidates try the setting's value
+      without a budget.
     check: (value, shape facts, types) -> None, raising a
       `validation.ConfigurationError` where the value a step without a
       budget runs (`options.TrainerOptions.unplanned`) cannot run on a
@@ -62,122 +68,52 @@ class PlanDimension:
       can.
     replaced: str or None, why an explicit int a budget replaced did not
       run (`overrides.replaced`); None: a budget always runs it as given.
+    reordering: (value) -> str, a value other than `none` in a line on
+      what changes stock trax's float32 summation order (e.g. '2 batch
+      slices'; `reorderings`); None: no value changes it.
   """
   name: str
-  allowed: str
-  unplanned: Any
   none: Any
   role: str
   check: Check | None = None
   replaced: str | None = None
+  reordering: Callable[[Any], str] | None = None
 
 
-_SETTING = 'trax_revplus.ReversibleSerialTrainer'  # options.GIN_CONFIGURABLE
+def field(none: Any, role: str, **entry: Any) -> Any:
+  """A `plan.StepPlan` field that is a plan dimension: its default `none`,
+  its entry (`PlanDimension`'s attributes but `name` and `none`, as
+  keywords) in its metadata, which `declare` reads."""
+  return dataclasses.field(default=none,
+                           metadata={_ENTRY: dict(role=role, **entry)})
 
 
-def check_slicing(options, rows: int) -> None:
-  """Checks that the batch slices `options` sets divide each device's
-  `rows` of the batch (as a step without a budget runs them).
-
-  Args:
-    options: `options.TrainerOptions`.
-    rows: int, rows of the batch each device gets.
-
-  Raises:
-    validation.BatchSlicesError: they do not.
-  """
-  _check_slices_of_rows(options.unplanned('batch_slices'), rows)
+def of_plan(plan_class: type) -> list[PlanDimension]:
+  """The dimensions of `plan_class`'s fields (`field`), in field order."""
+  return [PlanDimension(f.name, f.default, **f.metadata[_ENTRY])
+          for f in dataclasses.fields(plan_class) if _ENTRY in f.metadata]
 
 
-def _check_slices_of_rows(batch_slices, rows):
-  if rows % batch_slices:
-    divisors = [k for k in range(1, rows + 1) if rows % k == 0]
-    raise validation.BatchSlicesError(
-        f'{_SETTING}.batch_slices = {batch_slices} '
-        f'does not divide the {rows} rows of the batch each device gets; use '
-        f'one of {divisors}, or a batch whose rows per device are a '
-        f'multiple of {batch_slices}.')
+# The dimensions of `plan.StepPlan`, which `declare`s them.
+DIMENSIONS: list[PlanDimension] = []
 
 
-def _check_slices(value, facts, types):
-  """Raises validation.BatchSlicesError: `value` slices do not divide
-  each device's rows."""
-  _check_slices_of_rows(value, facts.rows(types))
+def declare(plan_class: type) -> type:
+  """Class decorator: `DIMENSIONS` are `plan_class`'s (`of_plan`)."""
+  DIMENSIONS[:] = of_plan(plan_class)
+  return plan_class
 
 
-def _check_chunks(sequence_chunks, facts, types):
-  """Raises validation.SequenceChunksError: chunks > 1 where the loss
-  layer has no tail to chunk (`loss_tail.tail_length`), or that do
-  not divide its sequence length."""
-  name = f'{_SETTING}.sequence_chunks'
-  length = facts.trace(types)[1]
-  if sequence_chunks == 1:
-    return
-  if length is None:
-    raise validation.SequenceChunksError(
-        f'{name} = {sequence_chunks}: the loss layer {facts.loss_name} does '
-        f'not end in layers that act on each position alone and a weighted '
-        f'mean or sum (the list: trax_revplus.trainer._step.loss_tail); set '
-        f'it to 1.')
-  if length % sequence_chunks:
-    divisors = [c for c in range(1, min(length, 64) + 1) if length % c == 0]
-    raise validation.SequenceChunksError(
-        f'{name} = {sequence_chunks} does not divide the sequence length '
-        f'{length} of the loss layer\'s inputs; use a divisor of {length}, '
-        f'e.g. one of {divisors}.')
-
-
-def _check_parts(micro_batches, facts, types):
-  """Raises validation.MicroBatchesError: parts > 1 that do not divide
-  each device's rows, whose part's rows the batch slices do not divide, or
-  where the step cannot add its parts' gradients exactly
-  (`batch_parts.refusal`)."""
-  name = f'{_SETTING}.micro_batches'
-  rows, batch_slices = facts.rows(types), facts.unplanned(SLICES)
-  refusal = facts.parts_refusal(types)
-  if micro_batches == 1:
-    return
-  if refusal is not None:
-    raise validation.MicroBatchesError(
-        f'{name} = {micro_batches}: {refusal}; set it to 1.')
-  if rows % micro_batches:
-    divisors = [m for m in range(1, rows + 1) if rows % m == 0]
-    raise validation.MicroBatchesError(
-        f'{name} = {micro_batches} does not divide the {rows} rows of the '
-        f'batch each device gets; use one of {divisors}, or a batch whose '
-        f'rows per device are a multiple of {micro_batches}.')
-  part_rows = rows // micro_batches
-  if part_rows % batch_slices:
-    raise validation.MicroBatchesError(
-        f'{name} = {micro_batches} leaves {part_rows} rows per device in '
-        f'each part, which batch_slices = {batch_slices} does not divide; '
-        f'use micro_batches and batch_slices whose product divides {rows}.')
-
-
-def _check_heads(value, facts, types):
-  del types  # the attention layers' heads do not depend on the batch
-  attention_heads.check(facts.layers, value)
-
-
-DIMENSIONS: list[PlanDimension] = [
-    PlanDimension(
-        'batch_slices', "an int >= 1 that divides each device's rows of the "
-        'batch (1: no slices)', unplanned=1, none=1, role=SLICES,
-        check=_check_slices,
-        replaced='the plans with the slicing set do not fit'),
-    PlanDimension(
-        'sequence_chunks', 'an int >= 1 that divides the sequence length (1: '
-        'no chunks)', unplanned=1, none=1, role=LOSS_CALL,
-        check=_check_chunks),
-    PlanDimension(
-        'micro_batches', "an int >= 1 that divides each device's rows of the "
-        'batch (1: one pass)', unplanned=1, none=1, role=PARTS,
-        check=_check_parts),
-    PlanDimension(
-        'parallel_heads', 'an int >= 1 (1: one attention head at a time)',
-        unplanned=None, none=None, role=COMPUTED_AT_ONCE,
-        check=_check_heads),
-]
+@contextlib.contextmanager
+def registered(plan_class: type) -> Iterator[list[PlanDimension]]:
+  """`DIMENSIONS` are those of `plan_class` (a subclass of `StepPlan`
+  with a field more: tests) while the block runs, then as they were."""
+  before = list(DIMENSIONS)
+  declare(plan_class)
+  try:
+    yield DIMENSIONS
+  finally:
+    DIMENSIONS[:] = before
 
 
 def names() -> tuple[str, ...]:
@@ -209,20 +145,139 @@ def by_name(name: str) -> PlanDimension:
   raise KeyError(name)
 
 
-def values(plan) -> dict[str, Any]:
-  """{name: value} of every dimension of `plan` (a `plan.StepPlan`)."""
-  return {d.name: getattr(plan, d.name) for d in DIMENSIONS}
+def value(plan: Any, role: str) -> Any:
+  """`plan`'s value of the dimension of `role`."""
+  return getattr(plan, of_role(role).name)
 
 
-@contextlib.contextmanager
-def registered(dimension: PlanDimension) -> Iterator[PlanDimension]:
-  """`dimension` in `DIMENSIONS` (last) while the block runs, then out.
+def used(plan: Any, role: str) -> bool:
+  """Whether `plan` uses the dimension of `role` (its value is not the one
+  that changes nothing)."""
+  return value(plan, role) != of_role(role).none
 
-  For a dimension whose plan field and setting exist only for a while
-  (tests); a dimension the package runs is an entry of `DIMENSIONS`.
+
+def by_role(values_by_role: Mapping[str, Any]) -> dict[str, Any]:
+  """{name: value} of {role: value}: keyword arguments of `plan.make_plan`
+  or `dataclasses.replace` naming the dimensions by role."""
+  return {of_role(role).name: v for role, v in values_by_role.items()}
+
+
+def pinned(options: options_lib.TrainerOptions, role: str) -> Any:
+  """The int `options` pin the dimension of `role` to, or None ('auto')."""
+  setting = getattr(options, of_role(role).name)
+  return None if setting == options_lib.AUTO else setting
+
+
+def unplanned(options: options_lib.TrainerOptions,
+              excluded: Collection[str] = ()) -> dict[str, Any]:
+  """{name: value} of every dimension whose role is not `excluded`, as
+  `options` set it without a budget (`TrainerOptions.unplanned`)."""
+  return {d.name: options.unplanned(d.name) for d in DIMENSIONS
+          if d.role not in excluded}
+
+
+def reorderings(plan: Any) -> list[str]:
+  """What in `plan` (a `plan.StepPlan`) can change stock trax's float32
+  summation order, in words (for `compare.exactness`, through
+  plans.json): each dimension's value that has a `reordering`, in
+  `DIMENSIONS` order, then the step compiled as one program (XLA may fuse
+  a sum across layers)."""
+  found = [d.reordering(getattr(plan, d.name)) for d in DIMENSIONS
+           if d.reordering is not None and getattr(plan, d.name) != d.none]
+  if plan.fused_from < plan.loss:
+    found.append('the step as one program')
+  return found
+
+
+_SETTING = 'trax_revplus.ReversibleSerialTrainer'  # options.GIN_CONFIGURABLE
+
+
+def _setting(role: str) -> str:
+  return f'{_SETTING}.{of_role(role).name}'
+
+
+def check_slicing(options: Any, rows: int) -> None:
+  """Checks that the batch slices `options` sets divide each device's
+  `rows` of the batch (as a step without a budget runs them).
+
+  Args:
+    options: `options.TrainerOptions`.
+    rows: int, rows of the batch each device gets.
+
+  Raises:
+    validation.BatchSlicesError: they do not.
   """
-  DIMENSIONS.append(dimension)
-  try:
-    yield dimension
-  finally:
-    DIMENSIONS.remove(dimension)
+  _check_slices_of_rows(options.unplanned(of_role(SLICES).name), rows)
+
+
+def _check_slices_of_rows(slices: int, rows: int) -> None:
+  if rows % slices:
+    divisors = [k for k in range(1, rows + 1) if rows % k == 0]
+    raise validation.BatchSlicesError(
+        f'{_setting(SLICES)} = {slices} '
+        f'does not divide the {rows} rows of the batch each device gets; use '
+        f'one of {divisors}, or a batch whose rows per device are a '
+        f'multiple of {slices}.')
+
+
+def check_slices(value: int, facts: Any, types: Any) -> None:
+  """Raises validation.BatchSlicesError: `value` slices do not divide
+  each device's rows."""
+  _check_slices_of_rows(value, facts.rows(types))
+
+
+def check_chunks(chunks: int, facts: Any, types: Any) -> None:
+  """Raises validation.SequenceChunksError: chunks > 1 where the loss
+  layer has no tail to chunk (`loss_tail.tail_length`), or that do
+  not divide its sequence length."""
+  name = _setting(LOSS_CALL)
+  length = facts.trace(types)[1]
+  if chunks == 1:
+    return
+  if length is None:
+    raise validation.SequenceChunksError(
+        f'{name} = {chunks}: the loss layer {facts.loss_name} does '
+        f'not end in layers that act on each position alone and a weighted '
+        f'mean or sum (the list: trax_revplus.trainer._step.loss_tail); set '
+        f'it to 1.')
+  if length % chunks:
+    divisors = [c for c in range(1, min(length, 64) + 1) if length % c == 0]
+    raise validation.SequenceChunksError(
+        f'{name} = {chunks} does not divide the sequence length '
+        f'{length} of the loss layer\'s inputs; use a divisor of {length}, '
+        f'e.g. one of {divisors}.')
+
+
+def check_parts(parts: int, facts: Any, types: Any) -> None:
+  """Raises validation.MicroBatchesError: parts > 1 that do not divide
+  each device's rows, whose part's rows the batch slices do not divide, or
+  where the step cannot add its parts' gradients exactly
+  (`batch_parts.refusal`)."""
+  name, slices_name = _setting(PARTS), of_role(SLICES).name
+  parts_name = of_role(PARTS).name
+  rows, slices = facts.rows(types), facts.unplanned(SLICES)
+  refusal = facts.parts_refusal(types)
+  if parts == 1:
+    return
+  if refusal is not None:
+    raise validation.MicroBatchesError(
+        f'{name} = {parts}: {refusal}; set it to 1.')
+  if rows % parts:
+    divisors = [m for m in range(1, rows + 1) if rows % m == 0]
+    raise validation.MicroBatchesError(
+        f'{name} = {parts} does not divide the {rows} rows of the '
+        f'batch each device gets; use one of {divisors}, or a batch whose '
+        f'rows per device are a multiple of {parts}.')
+  part_rows = rows // parts
+  if part_rows % slices:
+    raise validation.MicroBatchesError(
+        f'{name} = {parts} leaves {part_rows} rows per device in '
+        f'each part, which {slices_name} = {slices} does not divide; '
+        f'use {parts_name} and {slices_name} whose product divides {rows}.')
+
+
+def check_heads(value: int, facts: Any, types: Any) -> None:
+  """Raises validation.TrainerOptionError: an attention layer cannot run
+  `value` (example, head) pairs at once (`attention_heads.check`)."""
+  del types  # the attention layers' heads do not depend on the batch
+  attention_heads.check(facts.layers, value, of_role(COMPUTED_AT_ONCE).name)

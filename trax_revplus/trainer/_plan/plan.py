@@ -60,6 +60,7 @@ Segment = tuple[int, ...]  # layer indices, consecutive, in forward order
 _LAYOUT = ('blocks', 'loss', 'backward')
 
 
+@dimensions.declare
 @dataclasses.dataclass(frozen=True)
 class StepPlan:
   """How a step runs: its calls and what each holds (never its results).
@@ -117,15 +118,27 @@ class StepPlan:
   blocks: tuple[tuple[int, tuple[Segment, ...]], ...]
   loss: int
   backward: Mapping[Segment, tuple[Segment, ...]]
-  batch_slices: int = 1
+  # The plan's dimensions (`dimensions.field`): each field's default is
+  # the value that changes nothing, its metadata its entry.
+  batch_slices: int = dimensions.field(
+      1, dimensions.SLICES, check=dimensions.check_slices,
+      replaced='the plans with the slicing set do not fit',
+      reordering=lambda k: f'{k} batch slices')
   fused_from: int | None = None
   n_async_layers: int = 8
   prefetch: bool = True
   saved_on_host: bool = False
-  sequence_chunks: int = 1
-  micro_batches: int = 1
+  sequence_chunks: int = dimensions.field(
+      1, dimensions.LOSS_CALL, check=dimensions.check_chunks,
+      reordering=lambda k: f'{k} sequence chunks')
+  micro_batches: int = dimensions.field(
+      1, dimensions.PARTS, check=dimensions.check_parts,
+      reordering=lambda m: f'{m} micro-batches')
   grads_on_host: bool = False
-  parallel_heads: int | None = None
+  parallel_heads: int | None = dimensions.field(
+      None, dimensions.COMPUTED_AT_ONCE, check=dimensions.check_heads,
+      reordering=lambda n: (f'attention at most {n} (example, head) '
+                            f'pair{"s" if n > 1 else ""} at a time'))
 
   def __post_init__(self):
     if self.fused_from is None:
@@ -338,4 +351,4 @@ def configured_plan(block_sizes, nbytes, stack_bytes,
       segment_max_bytes=options.segment_max_bytes,
       backward_segment_max_layers=options.backward_segment_max_layers,
       n_async_layers=options.n_async_layers,
-      **{name: options.unplanned(name) for name in dimensions.names()})
+      **dimensions.unplanned(options))

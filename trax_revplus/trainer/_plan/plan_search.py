@@ -52,9 +52,9 @@ from trax_revplus.trainer._plan import dimensions
 from trax_revplus.trainer._plan import plan as plan_lib
 
 # The roles of the plan's dimensions this search bounds and orders by
-# (`dimensions`).
-SLICES, PARTS = dimensions.SLICES, dimensions.PARTS
-CHUNKS, AT_ONCE = dimensions.LOSS_CALL, dimensions.COMPUTED_AT_ONCE
+# (`dimensions`), as the candidates vary them.
+SLICES, PARTS = candidates_lib.SLICES, candidates_lib.PARTS
+CHUNKS, AT_ONCE = candidates_lib.CHUNKS, candidates_lib.AT_ONCE
 
 Weigh = Callable[[plan_lib.StepPlan], device_memory.StepMemory]
 
@@ -369,13 +369,13 @@ class PlanSearch:
 def _value(group, role):
   """The value, in every plan of `group`, of the plan's dimension of
   `role` (`dimensions.PlanDimension.role`)."""
-  return getattr(group.leanest, dimensions.of_role(role).name)
+  return dimensions.value(group.leanest, role)
 
 
 def _used(group, role) -> bool:
   """Whether `group`'s plans use the plan's dimension of `role` (its value
   is not the one that changes nothing)."""
-  return _value(group, role) != dimensions.of_role(role).none
+  return dimensions.used(group.leanest, role)
 
 
 def _family(group) -> tuple[tuple, int]:

@@ -32,10 +32,13 @@ from trax_revplus.trainer._plan import dimensions
 from trax_revplus.trainer._plan import plan as plan_lib
 
 FILENAME = 'plans.json'
-# 9: a model whose layers hash their activations (LSH attention) ranks no
-# plan first on the CPU that changes the summation order (`candidates`);
-# plans an earlier rank kept are planned afresh.
-FORMAT = 'trax_revplus plans 9'
+# 10: each entry says, in words, what in its plan can change stock trax's
+# float32 summation order (`REORDERINGS`).
+FORMAT = 'trax_revplus plans 10'
+# The key of an entry's list of what in its plan can change stock trax's
+# float32 summation order (`dimensions.reorderings`): read by
+# `compare.exactness`, which imports neither JAX nor the trainer.
+REORDERINGS = 'summation_order_changes'
 
 
 def _version(distribution: str) -> str:
@@ -198,6 +201,7 @@ class PlanStore:
     above). A write that fails is one warning line; the run goes on."""
     plans = dict(self._read())
     entry = {'plan': plan_to_json(plan),
+             REORDERINGS: dimensions.reorderings(plan),
              'peak_device_bytes': int(peak_device_bytes),
              'faster_plans_need_bytes': (None if faster_plans_need_bytes is None
                                          else int(faster_plans_need_bytes))}

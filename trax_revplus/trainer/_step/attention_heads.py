@@ -11,11 +11,12 @@ changes a call's temporaries (one row's attention weights over a long
 sequence: heads x length x length floats at once) and never its results,
 up to float32 summation order.
 
-A plan's `parallel_heads` (`plan.StepPlan.parallel_heads`) sets that number
-for the trainer's calls: while a call's function is traced, every such
-layer of the call computes at most that many pairs at once; the layer is
-restored as found as soon as the trace ends (the compiled program keeps the
-loop; the layer object does not).
+The plan's dimension of pairs computed at once (the `plan.StepPlan` field
+of role `dimensions.COMPUTED_AT_ONCE`) sets that number for the trainer's
+calls: while a call's function is traced, every such layer of the call
+computes at most that many pairs at once; the layer is restored as found as
+soon as the trace ends (the compiled program keeps the loop; the layer
+object does not).
 """
 
 import contextlib
@@ -58,9 +59,15 @@ def lowers(layers: Sequence[Any], n: int) -> bool:
              for a in attention_layers(layers))
 
 
-def check(layers: Sequence[Any], n: int) -> None:
+def check(layers: Sequence[Any], n: int, setting: str) -> None:
   """Checks that trax's attention layers among `layers` can run `n` pairs
   at a time: n divides their number of heads, or their heads divide n.
+
+  Args:
+    layers: trax layers.
+    n: int >= 1, pairs at a time.
+    setting: str, the trainer setting that asks for `n` (its name, as the
+      error line names it).
 
   Raises:
     validation.TrainerOptionError: one cannot, named with its heads.
@@ -69,8 +76,8 @@ def check(layers: Sequence[Any], n: int) -> None:
     heads = getattr(a, _HEADS)
     if n % heads and heads % n:
       raise validation.TrainerOptionError(
-          'parallel_heads', n, None, message=(
-              f'trax_revplus.ReversibleSerialTrainer.parallel_heads = {n} '
+          setting, n, None, message=(
+              f'trax_revplus.ReversibleSerialTrainer.{setting} = {n} '
               f'does not divide the {heads} heads of {a.name} (nor do they '
               f'divide it); use 1, a divisor of {heads} or a multiple of '
               f"it, or 'auto'."))
