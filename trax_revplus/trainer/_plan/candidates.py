@@ -17,7 +17,9 @@ Every dimension of `plan.StepPlan` that costs device memory is varied:
   sequence chunks   the loss layer's tail over 2, 4, ... 64 chunks of the
                     sequence (those dividing it; unfused plans, where the
                     loss layer has a position-wise tail: `loss_tail`),
-                    only after every plan without;
+                    only after every plan without (they lower only the
+                    loss call's peak), fewest chunks first, then fewest
+                    slices;
   micro-batches     the step over 2, 4, ... parts of each device's rows
                     (divisors of them, where the step can add its parts'
                     gradients exactly: `batch_parts.refusal`; unfused
@@ -71,16 +73,12 @@ program), `backward_segment_max_layers` only backward calls of that length.
 Where layers share weights (`ties.Ties`), the fused program runs unsliced
 only: trax updates the later holder before the earlier one's backward.
 
-Plans in sequence chunks come after all others, fewest chunks first, then
-fewest slices: they only lower the loss call's peak, and cost a loop over
-smaller matrices there.
-
-Plans in micro-batches come after those, fewest parts first: they shrink
-what the step holds across its calls, and cost every layer's weights a
-trip to the device per part. Within such a group, every plan that keeps
-the accumulated gradients on the device comes before every plan whose
-gradients wait on the host: those copy each part's gradients out and add
-them on the host, and place their sum with the last part's slots.
+Plans in micro-batches come after those in sequence chunks, fewest parts
+first: they shrink what the step holds across its calls, and cost every
+layer's weights a trip to the device per part. In such a group, plans that
+keep the accumulated gradients on the device come before those whose
+gradients wait on the host (copied out, added there, their sum placed
+with the last part's slots).
 
 Plans are grouped by (1), (2), their chunks and parts: the members of a
 group share their slicing, and the group's leanest member (one layer per
@@ -98,7 +96,7 @@ and the fused program can only lower the least of all plans
 """
 
 import dataclasses
-from typing import Any, Iterator, Mapping
+from typing import Any, Hashable, Iterator, Mapping, Sequence
 
 from trax_revplus.trainer import options as options_lib
 from trax_revplus.trainer._plan import dimensions
@@ -149,11 +147,14 @@ class Group:
 class Candidates:
   """The candidate plans of one trainer on one batch's shapes."""
 
-  def __init__(self, block_sizes, nbytes, stack_bytes, rows, options,
-               shared_weights=False, layer_kinds=None, sequence_length=None,
-               micro_batches_refused=False, slices_change_draws=True,
-               platform=None, heads_lowerable=False,
-               hashes_activations=True):
+  def __init__(
+      self, block_sizes: Sequence[int], nbytes: Mapping[int, int],
+      stack_bytes: Sequence[int], rows: int,
+      options: options_lib.TrainerOptions, shared_weights: bool = False,
+      layer_kinds: Sequence[Hashable] | None = None,
+      sequence_length: int | None = None, micro_batches_refused: bool = False,
+      slices_change_draws: bool = True, platform: str | None = None,
+      heads_lowerable: bool = False, hashes_activations: bool = True) -> None:
     """Args:
       block_sizes: list over blocks of their numbers of reversible layers.
       nbytes: dict layer index -> bytes of its weights + slots.
@@ -220,7 +221,6 @@ class Candidates:
     # Whether plans in one pass are candidates.
     self._one_pass = pinned is None or pinned == 1
     self._heads = dimensions.pinned(options, AT_ONCE)
-    # {name: value} of the dimensions of roles not varied here.
     self._fixed = dimensions.unplanned(options, excluded=_VARIED)
     self._more_heads = self._heads is None and heads_lowerable
     self._heads_first = (self._more_heads and not hashes_activations and
@@ -288,7 +288,8 @@ class Candidates:
              for prefetch in (True, False)]
     return Group(tuple(plans), self.leanest(k, chunks, parts), 0)
 
-  def leanest(self, k, chunks=1, parts=1) -> plan_lib.StepPlan:
+  def leanest(self, k: int, chunks: int = 1,
+              parts: int = 1) -> plan_lib.StepPlan:
     """The unfused plan of k slices (`chunks` sequence chunks, `parts`
     micro-batches) with the least device memory: one layer per call (or
     the pinned segment lengths), nothing placed ahead or waiting to be
@@ -302,7 +303,7 @@ class Candidates:
         n_async_layers=0, prefetch=False, saved_on_host=True,
         grads_on_host=parts > 1)
 
-  def may_fuse(self, k) -> bool:
+  def may_fuse(self, k: int) -> bool:
     """Whether the fused program may run over k batch slices."""
     return k == 1 or not self._shared_weights
 
@@ -354,8 +355,7 @@ class Candidates:
     groups = list(self._configured_heads_groups())
     one = dimensions.by_role({AT_ONCE: 1})
     lowered = [dataclasses.replace(
-        group, plans=tuple(dataclasses.replace(p, **one)
-                           for p in group.plans),
+        group, plans=tuple(dataclasses.replace(p, **one) for p in group.plans),
         leanest=dataclasses.replace(group.leanest, **one))
         for group in groups] if self._more_heads else []
     if self._heads_first:
@@ -388,7 +388,7 @@ class Candidates:
       for k in self.slices:
         yield self._unfused(k, chunks)
 
-  def lower_bound_bytes(self, group, n_devices) -> int:
+  def lower_bound_bytes(self, group: Group, n_devices: int) -> int:
     """Bytes per device every plan of `group` holds, known without
     compiling: a fused program keeps, for the slice it runs, the outputs of
     each block's reversible layers until its backward (their reverse

@@ -40,7 +40,7 @@ settings (`options.TrainerOptions`).
 """
 
 import dataclasses
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from trax_revplus.trainer import options as options_lib
 from trax_revplus.trainer._plan import dimensions
@@ -296,10 +296,11 @@ def backward_split(segment: Segment, length: int) -> tuple[Segment, ...]:
 
 def make_plan(block_sizes: Sequence[int], nbytes: Mapping[int, int],
               stack_bytes: Sequence[int], *, segment_max_layers: int,
-              segment_max_bytes: int, backward_segment_max_layers,
+              segment_max_bytes: int, backward_segment_max_layers: int | str,
               fused_from: int | None = None, n_async_layers: int = 8,
               prefetch: bool = True, saved_on_host: bool = False,
-              grads_on_host: bool = False, **dimension_values) -> StepPlan:
+              grads_on_host: bool = False,
+              **dimension_values: Any) -> StepPlan:
   """The plan of a trainer's blocks for given settings.
 
   Args:
@@ -341,7 +342,8 @@ def make_plan(block_sizes: Sequence[int], nbytes: Mapping[int, int],
                   grads_on_host=grads_on_host, **dimension_values)
 
 
-def configured_plan(block_sizes, nbytes, stack_bytes,
+def configured_plan(block_sizes: Sequence[int], nbytes: Mapping[int, int],
+                    stack_bytes: Sequence[int],
                     options: options_lib.TrainerOptions) -> StepPlan:
   """The plan the trainer's settings name, without a device budget: no
   layer fused into the loss program."""

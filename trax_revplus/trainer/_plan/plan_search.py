@@ -68,7 +68,8 @@ class LeastRefused(device_memory.ProgramOutOfMemoryError):
     plan: the leanest plan of that refusal.
   """
 
-  def __init__(self, refused: device_memory.ProgramOutOfMemoryError, plan):
+  def __init__(self, refused: device_memory.ProgramOutOfMemoryError,
+               plan: plan_lib.StepPlan):
     self.plan = plan
     super().__init__(refused.cause, refused.program, refused.least_bytes)
 

@@ -48,7 +48,7 @@ def _version(distribution: str) -> str:
     return 'unknown'
 
 
-def plan_key(batch_key: Any, settings: Mapping[str, Any], layers,
+def plan_key(batch_key: Any, settings: Mapping[str, Any], layers: Any,
              platform: str, n_devices: int) -> str:
   """A hex digest of everything that decides a step's plan.
 
