@@ -5,6 +5,7 @@ import glob
 import hashlib
 import os
 import sysconfig
+from typing import Iterable, Sequence, Union
 
 import numpy as np
 
@@ -17,13 +18,19 @@ from trax_revplus.data.errors import CorpusSettingError
 DEFAULT_EXCLUDED_DIRS = ('site-packages', 'dist-packages', '__pycache__',
                          'test', 'tests', 'idle_test')
 
+# Where files are read from: a file, a directory or a glob, or a sequence
+# of them (see `resolve_paths`).
+Paths = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
 
-def default_corpus_root():
+
+def default_corpus_root() -> str:
   """Returns the directory of the running Python's standard library (str)."""
   return sysconfig.get_paths()['stdlib']
 
 
-def default_corpus_files(root=None, exclude_dirs=DEFAULT_EXCLUDED_DIRS):
+def default_corpus_files(
+    root: str | None = None,
+    exclude_dirs: Iterable[str] | None = DEFAULT_EXCLUDED_DIRS) -> list[str]:
   """Lists the `*.py` files of the standard library, sorted.
 
   Args:
@@ -50,7 +57,7 @@ def default_corpus_files(root=None, exclude_dirs=DEFAULT_EXCLUDED_DIRS):
   return sorted(files)
 
 
-def resolve_paths(paths):
+def resolve_paths(paths: Paths) -> list[str]:
   """Expands files, directories and globs into a sorted list of files.
 
   Args:
@@ -65,15 +72,14 @@ def resolve_paths(paths):
     CorpusError: If `paths` is empty or an entry matches no regular file or
       only empty files.
   """
-  if isinstance(paths, (str, os.PathLike)):
-    paths = [paths]
-  paths = list(paths or ())
-  if not paths:
+  entries = ([paths] if isinstance(paths, (str, os.PathLike))
+             else list(paths or ()))
+  if not entries:
     raise CorpusSettingError('local_text_inputs.paths is empty; give at least '
                              'one file, directory or glob, or None for the '
                              'default corpus.')
-  files = set()
-  for entry in paths:
+  files: set[str] = set()
+  for entry in entries:
     pattern = os.path.expanduser(os.fspath(entry))
     if os.path.isdir(pattern):
       matched = [os.path.join(d, f)
@@ -91,7 +97,7 @@ def resolve_paths(paths):
   return sorted(files)
 
 
-def read_bytes(files):
+def read_bytes(files: Sequence[str]) -> np.ndarray:
   """Reads and concatenates files into one byte buffer.
 
   Args:
@@ -102,7 +108,7 @@ def read_bytes(files):
   """
   sizes = [os.path.getsize(f) for f in files]
   buffer = np.empty(sum(sizes), dtype=np.uint8)
-  view = memoryview(buffer)
+  view = buffer.data  # A memoryview of its bytes, which readinto fills.
   position = 0
   for path, size in zip(files, sizes):
     with open(path, 'rb') as f:
@@ -111,13 +117,14 @@ def read_bytes(files):
   return buffer[:position]
 
 
-def _split_score(relative_path, seed):
+def _split_score(relative_path: str, seed: int) -> float:
   """A deterministic pseudo-random number in [0, 1) for one file."""
   digest = hashlib.sha256(f'{seed}:{relative_path}'.encode('utf-8')).digest()
   return int.from_bytes(digest[:8], 'big') / 2.0**64
 
 
-def split_files(files, eval_fraction, seed=0):
+def split_files(files: Iterable[str], eval_fraction: float, seed: int = 0
+                ) -> tuple[list[str], list[str]]:
   """Assigns whole files to train or eval, deterministically.
 
   The assignment of a file depends only on its path relative to the files'
@@ -126,7 +133,7 @@ def split_files(files, eval_fraction, seed=0):
   one file.
 
   Args:
-    files: Sequence of at least 2 file paths (str).
+    files: At least 2 file paths (str).
     eval_fraction: Expected fraction of files in eval, in (0, 1).
     seed: int; changes the assignment.
 

@@ -1,5 +1,7 @@
 """`local_text_inputs`, the gin-configurable inputs, and `load_corpus`."""
 
+from typing import Iterable
+
 from absl import logging
 import gin
 import numpy as np
@@ -8,6 +10,7 @@ from trax.data import inputs as trax_inputs
 from trax_revplus.data.errors import CorpusError
 from trax_revplus.data.errors import CorpusSettingError
 from trax_revplus.data.corpus_files import DEFAULT_EXCLUDED_DIRS
+from trax_revplus.data.corpus_files import Paths
 from trax_revplus.data.corpus_files import default_corpus_files
 from trax_revplus.data.corpus_files import default_corpus_root
 from trax_revplus.data.corpus_files import read_bytes
@@ -18,7 +21,7 @@ from trax_revplus.data.streams import LocalTextCorpus
 _SPLITS = ('file', 'bytes')
 
 
-def _check_positive_int(name, value):
+def _check_positive_int(name: str, value: object) -> None:
   if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
     raise CorpusSettingError(f'local_text_inputs.{name} must be an int, got '
                       f'{value!r}.')
@@ -27,10 +30,13 @@ def _check_positive_int(name, value):
         f'local_text_inputs.{name} must be >= 1, got {value}.')
 
 
-def load_corpus(paths=None, eval_paths=None, sequence_length=256,
-                batch_size=8, eval_batch_size=None, eval_fraction=0.1,
-                split_by='file', eval_cycle_batches=None,
-                exclude_dirs=DEFAULT_EXCLUDED_DIRS, seed=0):
+def load_corpus(paths: Paths | None = None, eval_paths: Paths | None = None,
+                sequence_length: int = 256, batch_size: int = 8,
+                eval_batch_size: int | None = None,
+                eval_fraction: float = 0.1, split_by: str = 'file',
+                eval_cycle_batches: int | None = None,
+                exclude_dirs: Iterable[str] | None = DEFAULT_EXCLUDED_DIRS,
+                seed: int = 0) -> LocalTextCorpus:
   """Reads the corpus and returns a `LocalTextCorpus`; see local_text_inputs.
 
   Raises:
@@ -90,10 +96,13 @@ def load_corpus(paths=None, eval_paths=None, sequence_length=256,
 
 
 @gin.configurable(module='trax_revplus.data')
-def local_text_inputs(paths=None, eval_paths=None, sequence_length=256,
-                      batch_size=8, eval_batch_size=None, eval_fraction=0.1,
-                      split_by='file', eval_cycle_batches=None,
-                      exclude_dirs=DEFAULT_EXCLUDED_DIRS, seed=0):
+def local_text_inputs(
+    paths: Paths | None = None, eval_paths: Paths | None = None,
+    sequence_length: int = 256, batch_size: int = 8,
+    eval_batch_size: int | None = None, eval_fraction: float = 0.1,
+    split_by: str = 'file', eval_cycle_batches: int | None = None,
+    exclude_dirs: Iterable[str] | None = DEFAULT_EXCLUDED_DIRS,
+    seed: int = 0) -> trax_inputs.Inputs:
   """Byte-level LM inputs from local text files, for `train.inputs`.
 
   Plays the role of `trax.data.inputs.batcher` (with an LM `data_streams`)

@@ -7,10 +7,13 @@ restores. In a multi-process run each process reads its own rows of the same
 global train batch.
 """
 
+from typing import Callable
+
 import numpy as np
 from trax.data import inputs as trax_inputs
 
 from trax_revplus.data.errors import CorpusSettingError
+from trax_revplus.typing import HostArray
 
 VOCAB_SIZE = 256
 PAD_ID = 0
@@ -19,22 +22,26 @@ PAD_ID = 0
 TRAIN_COUNTER = 'trax_revplus.data.local_text_inputs/train'
 EVAL_COUNTER = 'trax_revplus.data.local_text_inputs/eval'
 
+# (inputs, targets, weights) of shape (batch, sequence_length), dtypes
+# int32, int32, float32.
+TokenBatch = tuple[HostArray, HostArray, HostArray]
 
-def _check_divisible(name, batch_size, n_devices):
+
+def _check_divisible(name: str, batch_size: int, n_devices: int) -> None:
   if batch_size % n_devices:
     raise CorpusSettingError(
         f'local_text_inputs.{name} = {batch_size} is not divisible by the '
         f'{n_devices} devices; choose a multiple of {n_devices}.')
 
 
-def _this_process():
+def _this_process() -> tuple[int, int]:
   """(index, count) of this process in a multi-process JAX run."""
   import jax  # pylint: disable=g-import-not-at-top
   return jax.process_index(), jax.process_count()
 
 
-def _check_process_split(batch_size, n_devices, process_index,
-                         process_count):
+def _check_process_split(batch_size: int, n_devices: int,
+                         process_index: int, process_count: int) -> None:
   """Checks that the global batch splits over processes, then devices."""
   for name, value, low in (('process_count', process_count, 1),
                            ('process_index', process_index, 0)):
@@ -54,7 +61,8 @@ def _check_process_split(batch_size, n_devices, process_index,
         f'{total}.')
 
 
-def _batch(buffer, offsets, sequence_length):
+def _batch(buffer: HostArray, offsets: HostArray,
+           sequence_length: int) -> TokenBatch:
   """Gathers windows of `buffer` at `offsets`; zero-pads past its end.
 
   Returns:
@@ -84,16 +92,17 @@ class CountedStream:
       the eval batches a step's evals take after its checkpoint).
   """
 
-  def __init__(self, data_counter, batch_fn):
+  def __init__(self, data_counter: str,
+               batch_fn: Callable[[int], TokenBatch]):
     self.data_counter = data_counter
     self._batch_fn = batch_fn
     self._index = 0
     trax_inputs.data_counters[data_counter] = 0
 
-  def __iter__(self):
+  def __iter__(self) -> 'CountedStream':
     return self
 
-  def __next__(self):
+  def __next__(self) -> TokenBatch:
     self._index = max(self._index,
                       trax_inputs.data_counters.get(self.data_counter, 0))
     batch = self._batch_fn(self._index)
@@ -113,9 +122,10 @@ class LocalTextCorpus:
       split_by="bytes" the same as train_files.
   """
 
-  def __init__(self, train_bytes, eval_bytes, train_files, eval_files,
-               sequence_length, batch_size, eval_batch_size,
-               eval_cycle_batches, seed):
+  def __init__(self, train_bytes: HostArray, eval_bytes: HostArray,
+               train_files: list[str], eval_files: list[str],
+               sequence_length: int, batch_size: int, eval_batch_size: int,
+               eval_cycle_batches: int | None, seed: int):
     self.train_bytes = train_bytes
     self.eval_bytes = eval_bytes
     self.train_files = train_files
@@ -135,7 +145,8 @@ class LocalTextCorpus:
       last = max(length - sequence_length, 0)
       self._eval_offsets = np.linspace(0, last, n_windows).astype(np.int64)
 
-  def train_stream(self, n_devices, process_index=None, process_count=None):
+  def train_stream(self, n_devices: int, process_index: int | None = None,
+                   process_count: int | None = None) -> CountedStream:
     """Returns an endless iterator of random training windows.
 
     Mirrors the stream functions of `trax.data.inputs.Inputs`. In a
@@ -177,7 +188,8 @@ class LocalTextCorpus:
         TRAIN_COUNTER,
         lambda index: self.train_batch(index, process_index, process_count))
 
-  def train_batch(self, index, process_index=0, process_count=1):
+  def train_batch(self, index: int, process_index: int = 0,
+                  process_count: int = 1) -> TokenBatch:
     """Returns training batch number `index` (int >= 0) of the stream.
 
     Args:
@@ -197,7 +209,7 @@ class LocalTextCorpus:
     offsets = offsets[process_index * rows:(process_index + 1) * rows]
     return _batch(self.train_bytes, offsets, self._sequence_length)
 
-  def eval_stream(self, n_devices):
+  def eval_stream(self, n_devices: int) -> CountedStream:
     """Returns an endless iterator cycling over fixed eval windows.
 
     Not split over processes: in a multi-process run every process
@@ -222,7 +234,7 @@ class LocalTextCorpus:
     _check_divisible('eval_batch_size', self._eval_batch_size, n_devices)
     return CountedStream(EVAL_COUNTER, self.eval_batch)
 
-  def eval_batch(self, index):
+  def eval_batch(self, index: int) -> TokenBatch:
     """Returns eval batch number `index` (int >= 0) of the stream.
 
     Batch n holds the eval windows n * eval_batch_size onwards, wrapping

@@ -33,7 +33,7 @@ arrays held outside the trainer.
 """
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 
@@ -243,7 +243,8 @@ def compose(calls: Sequence[Call]) -> StepMemory:
 
 
 def held_parts(held: Sequence[tuple[str, Any]], args: Any,
-               kept: Any | None = None, on_device=None,
+               kept: Any | None = None,
+               on_device: Callable[[Any], bool] | None = None,
                whole: bool = False) -> list:
   """`Held` parts of what a step holds across one call.
 

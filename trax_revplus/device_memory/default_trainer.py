@@ -16,6 +16,8 @@ first) its first step on 2 devices still fails ("ValueError: Sharding
 passed to jit does not match the sharding on the respective arg").
 """
 
+from typing import TYPE_CHECKING
+
 import jax
 import numpy as np
 
@@ -24,16 +26,24 @@ from trax_revplus.device_memory import program as program_lib
 from trax_revplus.device_memory import refusals
 from trax_revplus.device_memory import calls as calls_lib
 from trax_revplus.trax_door import trainers as trainer_door
+from trax_revplus.typing import PRNGKey
+from trax_revplus.typing import PyTree
+
+if TYPE_CHECKING:  # Annotations only: accounting does not import trax.
+  from trax import optimizers as trax_optimizers
 
 
-def update_call_args(trainer, batch, rng=None, step=1) -> tuple:
+def update_call_args(trainer: 'trax_optimizers.Trainer', batch: PyTree,
+                     rng: PRNGKey | jax.ShapeDtypeStruct | None = None,
+                     step: int = 1) -> tuple:
   """The (abstract) arguments `trainer.one_step(batch, rng, step)` passes
   its compiled update function on one device.
 
   Args:
     trainer: a `trax.optimizers.Trainer` on one device.
     batch: tuple of arrays or `jax.ShapeDtypeStruct`s of shape (B, ...).
-    rng: JAX PRNG key (uint32[2]) or None (an abstract one).
+    rng: JAX PRNG key (uint32[2]) or its `jax.ShapeDtypeStruct`, or None
+      (an abstract one).
     step: int, the step number (a traced scalar, its value is not used).
 
   Returns:
@@ -51,7 +61,9 @@ def update_call_args(trainer, batch, rng=None, step=1) -> tuple:
           program_lib.abstract(rng))
 
 
-def default_trainer_step(trainer, batch, rng=None, step=1
+def default_trainer_step(trainer: 'trax_optimizers.Trainer', batch: PyTree,
+                         rng: PRNGKey | jax.ShapeDtypeStruct | None = None,
+                         step: int = 1
                          ) -> composition.StepMemory:
   """Composes the device memory of one step of trax's default Trainer.
 
@@ -66,7 +78,7 @@ def default_trainer_step(trainer, batch, rng=None, step=1
       initialized).
     batch: tuple of arrays or `jax.ShapeDtypeStruct`s of shape (B, ...), as
       `one_step` would get it.
-    rng: JAX PRNG key or None.
+    rng: JAX PRNG key or its `jax.ShapeDtypeStruct`, or None.
     step: int.
 
   Returns:
@@ -112,12 +124,13 @@ def default_trainer_step(trainer, batch, rng=None, step=1
   host_held = composition.held_parts(
       [('batch', program_lib.host_types(batch))], (), whole=True)
   call = composition.Call(
-      name, 'step', analysis.memory, held, host_held,
+      name, 'step', analysis.memory, tuple(held), tuple(host_held),
       composition.devices_on_host(jax.default_backend(), 1))
   return composition.compose([call])
 
 
-def weights_and_slots_bytes(trainer) -> tuple:
+def weights_and_slots_bytes(trainer: 'trax_optimizers.Trainer'
+                            ) -> tuple[int, int]:
   """(weights bytes, slots bytes) of the model and optimizer, one copy."""
   weights = trainer.model_with_loss.weights
   slots = trainer.optimizer.slots

@@ -27,7 +27,6 @@ temporaries, so it is not used as the call's peak.
 
 import dataclasses
 import math
-from typing import Callable
 
 import jax
 import numpy as np
@@ -130,7 +129,7 @@ def host_types(tree: PyTree) -> PyTree:
   return jax.tree_util.tree_map(leaf, tree)
 
 
-def leaf_bytes(x, whole: bool = False) -> int:
+def leaf_bytes(x: object, whole: bool = False) -> int:
   """Bytes one leaf occupies on each device holding it: an array or
   `jax.ShapeDtypeStruct` (its shard's bytes where it has a sharding; with
   `whole`, every device's data, as a host copy holds it), a Python scalar
@@ -214,7 +213,7 @@ def _argument_bytes(x) -> int:
   return leaf_bytes(x)
 
 
-def analyze(fn: Callable, *args) -> Analysis:
+def analyze(fn: jax.stages.Wrapped, *args: PyTree) -> Analysis:
   """Compiles `fn` for a call with `args` and reads XLA's memory analysis.
 
   Nothing is placed or run: `fn.trace(*args).lower().compile()`, where

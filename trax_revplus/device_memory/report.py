@@ -12,7 +12,7 @@ trainer into `TrainerMemory.error`, one line each.
 """
 
 import dataclasses
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from trax_revplus import errors
 from trax_revplus.device_memory import composition
@@ -20,6 +20,10 @@ from trax_revplus.device_memory import default_trainer
 from trax_revplus.device_memory import refusals
 from trax_revplus.device_memory import stock_trainer
 from trax_revplus.trax_door import trainers as trainer_door
+from trax_revplus.typing import PyTree
+
+if TYPE_CHECKING:  # Annotations only: accounting does not import trax.
+  from trax import optimizers as trax_optimizers
 
 # The most characters of `TrainerMemory.error`: a compiler's message can run
 # to pages, and the error stands in a table's row.
@@ -196,7 +200,8 @@ def account(trainer: str, backend: str, n_devices: int,
         e, context=False, typed=True, max_chars=MAX_ERROR_CHARS))
 
 
-def default_trainer_memory(trainer, batch, backend: str,
+def default_trainer_memory(trainer: 'trax_optimizers.Trainer', batch: PyTree,
+                           backend: str,
                            name: str = 'default') -> TrainerMemory:
   """`TrainerMemory` of trax's default `Trainer` (see `default_trainer`);
   its weights and slots live on the device."""
@@ -209,7 +214,8 @@ def default_trainer_memory(trainer, batch, backend: str,
                        weights_and_slots_on_host=False, max_devices=1)
 
 
-def stock_trainer_memory(trainer, batch, backend: str,
+def stock_trainer_memory(trainer: 'trax_optimizers.ReversibleSerialTrainer',
+                         batch: PyTree, backend: str,
                          name: str = 'stock') -> TrainerMemory:
   """`TrainerMemory` of stock trax's `ReversibleSerialTrainer` (see
   `stock_trainer`); its weights and slots live on the host. Where its

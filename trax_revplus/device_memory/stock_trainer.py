@@ -37,6 +37,8 @@ One device only: on more, stock's `one_step` replicates with
 `jax.device_put_replicated`, which current JAX removed.
 """
 
+from typing import TYPE_CHECKING
+
 import jax
 import numpy as np
 
@@ -46,9 +48,15 @@ from trax_revplus.device_memory import composition
 from trax_revplus.device_memory import program as program_lib
 from trax_revplus.device_memory import calls as calls_lib
 from trax_revplus.trax_door import trainers as trainer_door
+from trax_revplus.typing import PyTree
+
+if TYPE_CHECKING:  # Annotations only: accounting does not import trax.
+  from trax import optimizers as trax_optimizers
 
 
-def stock_trainer_step(trainer, batch, step=1) -> composition.StepMemory:
+def stock_trainer_step(trainer: 'trax_optimizers.ReversibleSerialTrainer',
+                       batch: PyTree, step: int = 1
+                       ) -> composition.StepMemory:
   """Composes the device memory of one step of stock trax's
   `ReversibleSerialTrainer` on one device.
 
@@ -187,7 +195,8 @@ def stock_trainer_step(trainer, batch, step=1) -> composition.StepMemory:
   return composition.compose(record.calls)
 
 
-def weights_and_slots_bytes(trainer) -> tuple:
+def weights_and_slots_bytes(
+    trainer: 'trax_optimizers.ReversibleSerialTrainer') -> tuple[int, int]:
   """(weights bytes, slots bytes) over all layers; both live on the host
   between steps."""
   weights = [layer.weights for layer in trainer.all_layers]
@@ -226,7 +235,8 @@ def _donated_twice(tree) -> tuple | None:
   return None
 
 
-def step_1_failure(trainer) -> str | None:
+def step_1_failure(
+    trainer: 'trax_optimizers.ReversibleSerialTrainer') -> str | None:
   """Why stock's first step would fail on this trainer, or None.
 
   Stock's backward programs donate each layer's weights

@@ -7,15 +7,22 @@ become jax arrays (trax's efficient attention indexes them inside
 marked for replay.
 """
 
+from typing import Any
+
 import jax
 import numpy as np
+from trax.layers import base
+
+from trax_revplus.typing import Array
+from trax_revplus.typing import PyTree
+from trax_revplus.typing import Stack
 
 
-def as_tuple(xs):
+def as_tuple(xs: Stack) -> tuple[Array, ...]:
   return tuple(xs) if isinstance(xs, (tuple, list)) else (xs,)
 
 
-def as_jax_arrays(*trees):
+def as_jax_arrays(*trees: PyTree) -> tuple[PyTree, ...]:
   """`trees` with numpy leaves turned into jax arrays (float0 ones kept).
 
   trax's efficient attention (e.g. `LSHSelfAttention` without
@@ -24,7 +31,7 @@ def as_jax_arrays(*trees):
   (`TracerArrayConversionError`, in stock trax too); jax arrays and tracers
   can, and pass through unchanged.
   """
-  def convert(x):
+  def convert(x: Any) -> Any:
     if (isinstance(x, (np.ndarray, np.generic)) and
         x.dtype != jax.dtypes.float0):
       return jax.numpy.asarray(x)
@@ -32,7 +39,7 @@ def as_jax_arrays(*trees):
   return jax.tree_util.tree_map(convert, trees)
 
 
-def replace_second_time(state, new_state):
+def replace_second_time(state: PyTree, new_state: PyTree) -> PyTree:
   """Marks states of `_RememberInReverse`-style layers as a second pass.
 
   A layer whose state is `(value, {'running_second_time': ...})` (trax's
@@ -68,7 +75,7 @@ def replace_second_time(state, new_state):
   return state
 
 
-def check_per_sublayer(layer, **trees):
+def check_per_sublayer(layer: base.Layer, **trees: PyTree) -> None:
   """Raises ValueError unless each tree has one entry per sublayer."""
   n = len(layer.sublayers)
   for arg_name, tree in trees.items():

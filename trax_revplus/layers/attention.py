@@ -6,10 +6,21 @@ compute their output and gradients together in `forward_and_or_backward`;
 layers (e.g. a `tl.Chunk`-wrapped one) get the VJP-based equivalent here.
 """
 
+from typing import Callable
+
 from trax import fastmath
+from trax.layers import base
+
+from trax_revplus.typing import PyTree
+from trax_revplus.typing import Stack
+
+# `(inputs, weights, state, rng, output_grad=None, compute_output=True,
+# update_state=True) -> (output, new_state, inputs_grad, weights_grad)`.
+ForwardAndOrBackward = Callable[
+    ..., tuple[Stack | None, PyTree, Stack | None, PyTree]]
 
 
-def forward_and_or_backward(layer):
+def forward_and_or_backward(layer: base.Layer) -> ForwardAndOrBackward:
   """`forward_and_or_backward` for attention layers that do not define it.
 
   Same contract as `trax.layers.reversible._forward_and_or_backward`, except

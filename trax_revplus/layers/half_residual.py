@@ -9,8 +9,11 @@ the residual in the backward pass too when weights are sharded, and takes
 numpy arrays as well as jax arrays.
 """
 
+from typing import Sequence
+
 import jax
 from trax import fastmath
+from trax import shapes
 from trax.layers import base
 from trax.layers import combinators as cb
 from trax.layers import reversible as trax_reversible
@@ -20,13 +23,17 @@ from trax_revplus.layers import attention
 from trax_revplus.layers import cotangents
 from trax_revplus.trax_door import functions as trax_functions
 from trax_revplus.trax_door import layers as layer_door
+from trax_revplus.typing import Array
+from trax_revplus.typing import PRNGKey
+from trax_revplus.typing import PyTree
+from trax_revplus.typing import Stack
 
 _split_rngs = trax_functions.split_rngs
 
 ReversibleLayer = trax_reversible.ReversibleLayer
 
 
-class ReversibleHalfResidual(ReversibleLayer):
+class ReversibleHalfResidual(trax_reversible.ReversibleLayer):
   """Half of a RevNet-style residual, optionally ending in attention.
 
   Drop-in for `trax.layers.ReversibleHalfResidual` (trax 1.4.1).
@@ -60,7 +67,14 @@ class ReversibleHalfResidual(ReversibleLayer):
   inside `lax.fori_loop` (stock raises `TracerArrayConversionError`).
   """
 
-  def __init__(self, *residual_layers, attention_layer=None, name=None):
+  # `tl.Layer`'s properties, as this class sets them (trax has no type
+  # information).
+  weights: tuple[PyTree, ...]
+  state: tuple[PyTree, ...]
+
+  def __init__(self, *residual_layers: base.Layer | Sequence[base.Layer],
+               attention_layer: base.Layer | None = None,
+               name: str | None = None):
     """Creates the layer.
 
     Args:
@@ -73,6 +87,9 @@ class ReversibleHalfResidual(ReversibleLayer):
     super().__init__(name=name)
     self._compute_residual = cb.Serial(*residual_layers)
     self._attention_layer = attention_layer
+    self._forward_and_or_backward: (
+        attention.ForwardAndOrBackward | None)
+    self._sublayers: tuple[base.Layer, ...]
     if attention_layer is None:
       self._sublayers = (self._compute_residual,)
       self._forward_and_or_backward = None
@@ -82,7 +99,7 @@ class ReversibleHalfResidual(ReversibleLayer):
       else:
         self._forward_and_or_backward = attention.forward_and_or_backward(
             attention_layer)
-      self._sublayers = (self._compute_residual, self._attention_layer)
+      self._sublayers = (self._compute_residual, attention_layer)
 
     running_max = 0
     running_total = 0
@@ -92,7 +109,7 @@ class ReversibleHalfResidual(ReversibleLayer):
       running_total -= layer.n_out
     self._n_in = self._n_out = running_max + 1
 
-  def forward(self, xs):
+  def forward(self, xs: tuple[Array, ...]) -> tuple[Array, ...]:
     """Computes `[accumulator + f(context), *context]`.
 
     Mirrors `trax.layers.ReversibleHalfResidual.forward`: sublayer rngs come
@@ -108,8 +125,8 @@ class ReversibleHalfResidual(ReversibleLayer):
     """
     rngs = _split_rngs(self.rng, len(self.sublayers))
     weights, state = arguments.as_jax_arrays(self.weights, self.state)
-    accumulator, *context = xs
-    stack = context = tuple(context)
+    accumulator, *context_items = xs
+    stack = context = tuple(context_items)
     new_state = []
     for layer, w, s, rng in zip(self.sublayers, weights, state, rngs):
       inputs = cb.inputs_from_stack(stack, layer.n_in)
@@ -131,7 +148,9 @@ class ReversibleHalfResidual(ReversibleLayer):
       pure_fn = jax.checkpoint(pure_fn)
     return pure_fn
 
-  def reverse(self, output, weights=(), state=(), new_state=(), rng=None):
+  def reverse(self, output: tuple[Array, ...], weights: PyTree = (),
+              state: PyTree = (), new_state: PyTree = (),
+              rng: PRNGKey | None = None) -> tuple[Array, ...]:
     """Reconstructs the inputs from the outputs of `forward`.
 
     Recomputes the residual from the (unchanged) context exactly as
@@ -158,8 +177,8 @@ class ReversibleHalfResidual(ReversibleLayer):
     weights, state, new_state = arguments.as_jax_arrays(weights, state,
                                                         new_state)
     rngs = _split_rngs(rng, len(self.sublayers))
-    accumulator_output, *context = output
-    context = tuple(context)
+    accumulator_output, *context_items = output
+    context = tuple(context_items)
 
     state_to_pass = arguments.replace_second_time(state[0], new_state[0])
     inputs = cb.inputs_from_stack(context, self._compute_residual.n_in)
@@ -170,13 +189,17 @@ class ReversibleHalfResidual(ReversibleLayer):
       residual = stack[0] if isinstance(stack, (tuple, list)) else stack
     else:
       inputs = cb.inputs_from_stack(stack, self._attention_layer.n_in)
+      assert self._forward_and_or_backward is not None  # Set with attention.
       residual, _, _, _ = self._forward_and_or_backward(
           inputs, weights[1], new_state[1], rngs[1], output_grad=None,
           compute_output=True, update_state=False)
     return (accumulator_output - residual,) + context
 
-  def reverse_and_grad(self, output, ct, weights=(), state=(), new_state=(),
-                       rng=None):
+  def reverse_and_grad(
+      self, output: tuple[Array, ...], ct: tuple[Array | None, ...],
+      weights: PyTree = (), state: PyTree = (), new_state: PyTree = (),
+      rng: PRNGKey | None = None
+  ) -> tuple[tuple[Array, ...], tuple[Stack, tuple[PyTree, ...]]]:
     """Reconstructs the inputs and back-propagates cotangents.
 
     Mirrors `trax.layers.ReversibleHalfResidual.reverse_and_grad`: the
@@ -209,10 +232,10 @@ class ReversibleHalfResidual(ReversibleLayer):
     ct, weights, state, new_state = arguments.as_jax_arrays(
         ct, weights, state, new_state)
     rngs = _split_rngs(rng, len(self.sublayers))
-    accumulator_output, *context = output
-    context = tuple(context)
-    accumulator_output_ct, *context_ct = ct
-    context_ct = tuple(context_ct)
+    accumulator_output, *context_items = output
+    context = tuple(context_items)
+    accumulator_output_ct, *context_ct_items = ct
+    context_ct = tuple(context_ct_items)
 
     state_to_pass = arguments.replace_second_time(state[0], new_state[0])
     residual_fn = self._residual_fn()
@@ -238,12 +261,14 @@ class ReversibleHalfResidual(ReversibleLayer):
       outputs = outputs + outputs_aux
     stack = cb.outputs_onto_stack(outputs, stack, self._compute_residual.n_in)
 
-    stack_ct = accumulator_output_ct
+    stack_ct: Stack | None = accumulator_output_ct
+    weights_ct_attention: tuple[PyTree, ...]
     if self._attention_layer is None:
       residual = stack[0] if isinstance(stack, (tuple, list)) else stack
       weights_ct_attention = ()
     else:
       inputs = cb.inputs_from_stack(stack, self._attention_layer.n_in)
+      assert self._forward_and_or_backward is not None  # Set with attention.
       residual, _, attn_inputs_ct, attn_weights_ct = (
           self._forward_and_or_backward(
               inputs, weights[1], new_state[1], rngs[1],
@@ -279,7 +304,8 @@ class ReversibleHalfResidual(ReversibleLayer):
     weights_ct = (compute_residual_weights_ct,) + weights_ct_attention
     return stack, (stack_ct, weights_ct)
 
-  def init_weights_and_state(self, input_signature):
+  def init_weights_and_state(
+      self, input_signature: tuple[shapes.ShapeDtype, ...]) -> None:
     """Initializes weights and state; mirrors the stock method.
 
     Args:

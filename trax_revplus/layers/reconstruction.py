@@ -13,11 +13,15 @@ import jax
 import numpy as np
 from trax import fastmath
 from trax import shapes
+from trax.layers import base
 from trax.layers import combinators as cb
 from trax.layers import reversible as trax_reversible
 
 from trax_revplus.layers import arguments
 from trax_revplus.trax_door import functions as trax_functions
+from trax_revplus.typing import PRNGKey
+from trax_revplus.typing import PyTree
+from trax_revplus.typing import Stack
 
 _split_rngs = trax_functions.split_rngs
 
@@ -57,7 +61,7 @@ class ReconstructionRecord:
   local_max_abs_error: float
   local_max_rel_error: float
 
-  def as_dict(self):
+  def as_dict(self) -> dict[str, Any]:
     return dataclasses.asdict(self)
 
 
@@ -122,8 +126,11 @@ def _errors(reconstructed, true):
   return max_abs, max_rel
 
 
-def reconstruction_error(layer_or_model, inputs, weights=None, state=None,
-                         rng=None):
+def reconstruction_error(layer_or_model: base.Layer, inputs: Stack,
+                         weights: PyTree | None = None,
+                         state: PyTree | None = None,
+                         rng: PRNGKey | None = None
+                         ) -> tuple[list[ReconstructionRecord], str]:
   """Measures how exactly reversible layers reconstruct their inputs.
 
   Runs `layer_or_model` forward on `inputs` layer by layer (opening up

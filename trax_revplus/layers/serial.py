@@ -6,20 +6,24 @@ walk the sublayers last first; on top of stock it rejects a sublayer that
 is not reversible and weights or states without one entry per sublayer.
 """
 
-from typing import Any
+from typing import Any, Sequence
 
+from trax.layers import base
 from trax.layers import combinators as cb
 from trax.layers import reversible as trax_reversible
 
 from trax_revplus.layers import arguments
 from trax_revplus.trax_door import functions as trax_functions
+from trax_revplus.typing import PRNGKey
+from trax_revplus.typing import PyTree
+from trax_revplus.typing import Stack
 
 _split_rngs = trax_functions.split_rngs
 
 ReversibleLayer = trax_reversible.ReversibleLayer
 
 
-class ReversibleSerial(ReversibleLayer, cb.Serial):
+class ReversibleSerial(trax_reversible.ReversibleLayer, cb.Serial):
   """A reversible `tl.Serial`: every sublayer must be reversible.
 
   Drop-in for `trax.layers.ReversibleSerial` (trax 1.4.1). Forward, weights,
@@ -29,7 +33,7 @@ class ReversibleSerial(ReversibleLayer, cb.Serial):
   flattened into its sublayers by trax's `extract_reversible_blocks`.
   """
 
-  def __init__(self, *layers):
+  def __init__(self, *layers: base.Layer | Sequence[base.Layer]):
     """Creates the layer.
 
     Args:
@@ -45,7 +49,8 @@ class ReversibleSerial(ReversibleLayer, cb.Serial):
             f'Sub-layer {i} of ReversibleSerial is not reversible: {layer}. '
             'Use tl.Serial, or make it a trax.layers.ReversibleLayer.')
 
-  def reverse(self, output, weights=(), state=(), new_state=(), rng=None):
+  def reverse(self, output: Stack, weights: PyTree = (), state: PyTree = (),
+              new_state: PyTree = (), rng: PRNGKey | None = None) -> Stack:
     """Reconstructs the inputs from the outputs, last sublayer first.
 
     Mirrors `trax.layers.ReversibleSerial.reverse`.
@@ -75,8 +80,11 @@ class ReversibleSerial(ReversibleLayer, cb.Serial):
       stack = cb.outputs_onto_stack(layer_val, stack, layer.n_out)
     return stack
 
-  def reverse_and_grad(self, output, grad, weights=(), state=(), new_state=(),
-                       rng=None):
+  def reverse_and_grad(
+      self, output: Stack, grad: Stack, weights: PyTree = (),
+      state: PyTree = (), new_state: PyTree = (),
+      rng: PRNGKey | None = None
+  ) -> tuple[Stack, tuple[Stack, tuple[PyTree, ...]]]:
     """Reconstructs the inputs and back-propagates, last sublayer first.
 
     Mirrors `trax.layers.ReversibleSerial.reverse_and_grad`.

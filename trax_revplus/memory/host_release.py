@@ -48,12 +48,12 @@ MAX_MMAP_THRESHOLD_BYTES = 32 * 2**20  # glibc's limit on 64-bit systems
 _TUNABLE = 'glibc.malloc.mmap_threshold'
 
 
-def available():
+def available() -> bool:
   """Whether this process's C library can give free memory back (glibc)."""
   return _MALLOC_TRIM is not None
 
 
-def set_mmap_threshold(nbytes):
+def set_mmap_threshold(nbytes: int) -> bool:
   """Makes glibc map blocks of `nbytes` or more on their own, for good.
 
   Calls `mallopt(M_MMAP_THRESHOLD, nbytes)`, which also stops glibc from
@@ -93,7 +93,7 @@ class HostMemoryReleaser:
     released_bytes: int, total RSS decrease measured across releases.
   """
 
-  def __init__(self, min_growth_bytes=32 * 2**20):
+  def __init__(self, min_growth_bytes: int = 32 * 2**20):
     """Creates a releaser.
 
     Args:
@@ -104,7 +104,7 @@ class HostMemoryReleaser:
     self._rss_after_release = 0
     self.released_bytes = 0
 
-  def release(self, keep_bytes: int = 0):
+  def release(self, keep_bytes: int = 0) -> int:
     """Returns free allocator memory to the system if RSS grew enough.
 
     Args:

@@ -287,7 +287,7 @@ class MemoryLog(LogOutputs):
       self._report_failure('memory record', e)
     return record
 
-  def close(self):
+  def close(self) -> None:
     """Writes the 'end' record, closes `memory.jsonl` and TensorBoard.
 
     The 'end' record (after a step, once) carries the peak RSS since the

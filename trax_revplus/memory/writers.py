@@ -48,13 +48,13 @@ class LogOutputs:
   _writer: Any
 
   @property
-  def jsonl_path(self):
+  def jsonl_path(self) -> str | None:
     """str path of `memory.jsonl`, or None while there is no output dir."""
     if self.output_dir is None:
       return None
     return os.path.join(self.output_dir, MEMORY_LOG_FILENAME)
 
-  def set_output_dir(self, output_dir):
+  def set_output_dir(self, output_dir: str | os.PathLike | None) -> None:
     """Writes `<output_dir>/memory.jsonl` and TensorBoard events from now on.
 
     Appends to an existing `memory.jsonl` (a restarted run continues it).
@@ -62,8 +62,8 @@ class LogOutputs:
     never raises.
 
     Args:
-      output_dir: str, directory (created if missing); None stops file and
-        TensorBoard output.
+      output_dir: str or path, directory (created if missing); None stops
+        file and TensorBoard output.
     """
     with self._lock:
       self._set_output_dir(output_dir)
@@ -80,6 +80,7 @@ class LogOutputs:
     try:
       os.makedirs(output_dir, exist_ok=True)
       path = self.jsonl_path
+      assert path is not None  # output_dir was set just above.
       self._needs_newline = ends_without_newline(path)
       self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     except Exception as e:  # pylint: disable=broad-except

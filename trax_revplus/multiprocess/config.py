@@ -23,7 +23,7 @@ With none of these the run is a single process and nothing is joined.
 import dataclasses
 import os
 import re
-from typing import Mapping, Tuple
+from typing import Mapping, Sequence, Tuple
 
 from trax_revplus.multiprocess.errors import DistributedUsageError
 
@@ -70,11 +70,11 @@ class DistributedConfig:
   shutdown_timeout_seconds: int = DEFAULT_SHUTDOWN_TIMEOUT_SECONDS
 
   @property
-  def is_multi_process(self):
+  def is_multi_process(self) -> bool:
     """Whether `join.initialize` joins a runtime (more than one process)."""
     return self.num_processes != 1
 
-  def describe(self):
+  def describe(self) -> str:
     """One line for logs: 'process I of N (coordinator HOST:PORT)'."""
     n = '?' if self.num_processes is None else self.num_processes
     i = '?' if self.process_id is None else self.process_id
@@ -82,7 +82,7 @@ class DistributedConfig:
     return f'process {i} of {n} (coordinator {where})'
 
 
-def parse_address(address):
+def parse_address(address: str) -> tuple[str, int]:
   """Splits 'HOST:PORT' (IPv6 hosts in brackets, '[::1]:PORT').
 
   Args:
@@ -134,12 +134,14 @@ def _detect_cluster(environ):
   return None
 
 
-def resolve_config(num_processes=None, process_id=None,
-                   coordinator_address=None, local_device_ids=None,
-                   timeout_seconds=DEFAULT_TIMEOUT_SECONDS,
-                   heartbeat_timeout_seconds=DEFAULT_HEARTBEAT_TIMEOUT_SECONDS,
-                   shutdown_timeout_seconds=DEFAULT_SHUTDOWN_TIMEOUT_SECONDS,
-                   environ: Mapping[str, str] | None = None):
+def resolve_config(
+    num_processes: int | None = None, process_id: int | None = None,
+    coordinator_address: str | None = None,
+    local_device_ids: Sequence[int] | None = None,
+    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+    heartbeat_timeout_seconds: int = DEFAULT_HEARTBEAT_TIMEOUT_SECONDS,
+    shutdown_timeout_seconds: int = DEFAULT_SHUTDOWN_TIMEOUT_SECONDS,
+    environ: Mapping[str, str] | None = None) -> DistributedConfig:
   """Builds the `DistributedConfig` of this process; see the module doc.
 
   Args:

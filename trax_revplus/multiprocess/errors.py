@@ -49,7 +49,7 @@ class JoinTimeoutError(DistributedRuntimeError):
 class JoinInterruptedError(DistributedRuntimeError):
   """A signal (e.g. Ctrl-C) arrived while waiting for the other processes."""
 
-  def __init__(self, message, signum):
+  def __init__(self, message: str, signum: int):
     super().__init__(message, signal_exit_status(signum))
 
 
@@ -71,7 +71,7 @@ class ProcessFailedError(LaunchError, RuntimeError):
     exit_code: its exit status; 128 + the signal number for a signal.
   """
 
-  def __init__(self, message, process_id, returncode):
+  def __init__(self, message: str, process_id: int, returncode: int):
     super().__init__(message, signal_exit_status(-returncode)
                      if returncode < 0 else returncode)
     self.process_id = process_id
@@ -86,6 +86,6 @@ class LaunchInterruptedError(LaunchError):
     exit_code: 128 + signum.
   """
 
-  def __init__(self, message, signum):
+  def __init__(self, message: str, signum: int):
     super().__init__(message, signal_exit_status(signum))
     self.signum = signum

@@ -11,10 +11,12 @@ failure is never forwarded, however busy the machine.
 """
 
 import os
+import subprocess
 import threading
+from typing import IO, Sequence
 
 
-def has_failed(proc) -> bool:
+def has_failed(proc: subprocess.Popen) -> bool:
   """Whether `proc` has ended other than with status 0, as the kernel
   knows it now (without reaping it: its waiting thread does)."""
   if proc.returncode is not None:
@@ -39,14 +41,15 @@ class LineOutput:
   are printed at the end (`release`).
   """
 
-  def __init__(self, procs, log_files, received):
+  def __init__(self, procs: Sequence[subprocess.Popen],
+               log_files: Sequence[IO[str] | None], received: Sequence[int]):
     self.lock = threading.Lock()
     self._procs = procs
     self._log_files = log_files
     self._received = received
-    self._held = []
+    self._held: list[list[tuple[IO[str], str]]] = []
 
-  def line(self, i, stream, prefix, text):
+  def line(self, i: int, stream: IO[str], prefix: str, text: str) -> None:
     """Process i printed `text` (no newline) on `stream`; on the terminal
     it gets `prefix`."""
     with self.lock:
@@ -68,7 +71,7 @@ class LineOutput:
       else:
         write(stream, prefix + text)
 
-  def release(self, i):
+  def release(self, i: int) -> None:
     """Prints what process i printed after another had failed."""
     with self.lock:
       held = self._held[i] if i < len(self._held) else []
@@ -77,7 +80,7 @@ class LineOutput:
       held.clear()
 
 
-def write(stream, text):
+def write(stream: IO[str], text: str) -> None:
   """Writes `text` and a newline to `stream`, flushed; a stream that is
   gone is skipped."""
   try:
@@ -90,12 +93,13 @@ def write(stream, text):
 class LineForwarder(threading.Thread):
   """Copies one pipe of process i, line by line with a prefix, to `output`."""
 
-  def __init__(self, pipe, stream, prefix, output, i):
+  def __init__(self, pipe: IO[bytes], stream: IO[str], prefix: str,
+               output: LineOutput, i: int):
     super().__init__(daemon=True)
     self._pipe, self._stream, self._prefix = pipe, stream, prefix
     self._output, self._i = output, i
 
-  def run(self):
+  def run(self) -> None:
     with self._pipe:
       for raw in iter(self._pipe.readline, b''):
         line = raw.decode('utf-8', errors='replace').rstrip('\r\n')

@@ -75,7 +75,8 @@ def _check_port_free(config):
       probe.close()
 
 
-def initialize(config: DistributedConfig, error_prefix: str = 'error: '):
+def initialize(config: DistributedConfig,
+               error_prefix: str = 'error: ') -> None:
   """Joins JAX's multi-process runtime; does nothing for one process.
 
   Must run before anything initialises a JAX backend (any computation, and
@@ -234,7 +235,7 @@ def _count_devices_collectively():
   return float(np.asarray(total.addressable_shards[0].data)[0])
 
 
-def shutdown():
+def shutdown() -> None:
   """Leaves the run normally, waiting for the other processes to finish.
 
   JAX registers this with `atexit` too; calling it early releases the

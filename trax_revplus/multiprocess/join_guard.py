@@ -24,8 +24,15 @@ import subprocess
 import sys
 import threading
 import time
+from types import FrameType
+from typing import Any, Callable, NoReturn, Optional, Union
 
+from trax_revplus.errors import UserError
 from trax_revplus.multiprocess.ending import exit_immediately
+
+# A signal's disposition as `signal.signal` returns it: a Python handler,
+# SIG_DFL or SIG_IGN, or None (not installed from Python).
+_Handler = Union[Callable[[int, Optional[FrameType]], Any], int, None]
 
 
 class JoinWatchdog:
@@ -42,7 +49,8 @@ class JoinWatchdog:
   watchdog thread has seen it, is reported when the watchdog exits.
   """
 
-  def __init__(self, seconds, timeout_error, interrupted_error, prefix):
+  def __init__(self, seconds: float, timeout_error: UserError,
+               interrupted_error: Callable[[int], UserError], prefix: str):
     """Arms the watchdog; it starts watching on `__enter__`.
 
     Args:
@@ -60,9 +68,9 @@ class JoinWatchdog:
     self._done = threading.Event()
     self._read_fd, self._write_fd = os.pipe()
     os.set_blocking(self._write_fd, False)
-    self._previous_wakeup_fd = None
-    self._previous_handlers = {}
-    self._signal = None
+    self._previous_wakeup_fd: int | None = None
+    self._previous_handlers: dict[int, _Handler] = {}
+    self._signal: int | None = None
     self._thread = threading.Thread(target=self._watch, daemon=True,
                                     name='join-watchdog')
 
@@ -94,13 +102,13 @@ class JoinWatchdog:
     if self._signal is None:
       self._signal = signum
 
-  def restart(self, seconds, timeout_error):
+  def restart(self, seconds: float, timeout_error: UserError) -> None:
     """Sets a new deadline, `seconds` from now, and what it reports."""
     self._deadline = time.monotonic() + seconds
     self._timeout_error = timeout_error
     self._wake()
 
-  def fail(self, error):
+  def fail(self, error: UserError) -> NoReturn:
     """Prints `error` as one line and ends the process with its status."""
     try:
       print(f'{self._prefix}{error}', file=sys.stderr, flush=True)
@@ -163,7 +171,7 @@ class CondensedStderr:
   Does nothing if descriptor 2 is not open.
   """
 
-  def __init__(self, prefix, lead, hint):
+  def __init__(self, prefix: str, lead: str, hint: str):
     """Prepares the filter.
 
     Args:
@@ -172,8 +180,8 @@ class CondensedStderr:
       hint: str, what to check, after JAX's status.
     """
     self._argv = [prefix, lead, hint]
-    self._saved_fd = None
-    self._proc = None
+    self._saved_fd: int | None = None
+    self._proc: subprocess.Popen[bytes] | None = None
 
   def __enter__(self):
     try:
@@ -189,12 +197,15 @@ class CondensedStderr:
     except OSError:  # No interpreter to run it: JAX's output stays as is.
       os.close(self._saved_fd)
       return self
+    assert self._proc.stdin is not None  # stdin=subprocess.PIPE.
     os.dup2(self._proc.stdin.fileno(), 2)
     return self
 
   def __exit__(self, *unused_exc_info):
     if self._proc is None:
       return
+    # Both set in __enter__ with the filter (its stdin a pipe).
+    assert self._saved_fd is not None and self._proc.stdin is not None
     sys.stderr.flush()
     os.dup2(self._saved_fd, 2)
     os.close(self._saved_fd)

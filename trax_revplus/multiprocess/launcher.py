@@ -67,7 +67,7 @@ _DRAIN_SECONDS = 10
 _PR_SET_PDEATHSIG = 1
 
 
-def describe_exit(returncode):
+def describe_exit(returncode: int) -> str:
   """'exited with status 3' or 'was killed by SIGKILL' for a returncode."""
   if returncode >= 0:
     return f'exited with status {returncode}'
@@ -78,7 +78,7 @@ def describe_exit(returncode):
   return f'was killed by {name}'
 
 
-def free_port(host='127.0.0.1'):
+def free_port(host: str = '127.0.0.1') -> int:
   """A TCP port free at the moment on every address of this host (int).
 
   The port is released before returning; another program may take it
@@ -155,7 +155,8 @@ def launch_log_file_name(process_id: int) -> str:
   return f'launch.process{process_id}.log'
 
 
-def process_flags(num_processes, process_id, coordinator_address):
+def process_flags(num_processes: int, process_id: int,
+                  coordinator_address: str) -> list[str]:
   """The flags appended to the command of process `process_id` (list)."""
   return [f'--num_processes={num_processes}', f'--process_id={process_id}',
           f'--coordinator_address={coordinator_address}']
@@ -178,8 +179,9 @@ def launch(command: Sequence[str], num_processes: int, *,
            host: str = '127.0.0.1', port: int | None = None,
            env: Mapping[str, str] | None = None,
            stop_grace_seconds: float = DEFAULT_STOP_GRACE_SECONDS,
-           stdout=None, stderr=None, log_dir: str | None = None,
-           max_processes: int | None = None):
+           stdout: IO[str] | None = None, stderr: IO[str] | None = None,
+           log_dir: str | None = None,
+           max_processes: int | None = None) -> int:
   """Runs `command` as processes 0..N-1 of one run and waits for them.
 
   Args:
@@ -251,6 +253,7 @@ def launch(command: Sequence[str], num_processes: int, *,
       if received:  # A signal came while starting: the new one gets it too.
         _send(proc, received[0])
       for pipe, stream in ((proc.stdout, stdout), (proc.stderr, stderr)):
+        assert pipe is not None  # Both are subprocess.PIPE.
         forwarder = forwarding.LineForwarder(pipe, stream, f'[process {i}] ',
                                              output, i)
         forwarder.start()
@@ -358,7 +361,7 @@ def build_parser() -> argparse.ArgumentParser:
   return parser
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> int:
   """Runs `python -m trax_revplus.multiprocess.launcher --num_processes=N --
   COMMAND...`; returns its exit status."""
   argv = sys.argv[1:] if argv is None else list(argv)
@@ -371,6 +374,7 @@ def main(argv=None):
   try:
     args = parser.parse_args(argv)
   except SystemExit as e:  # A bad flag (status 2, argparse's line) or --help.
+    assert isinstance(e.code, int)  # argparse exits with 2 or 0.
     return e.code
   try:
     return launch(command, args.num_processes,

@@ -13,10 +13,14 @@ import jax
 import numpy as np
 
 from trax_revplus.placement import rules as rules_lib
+from trax_revplus.typing import Array
+from trax_revplus.typing import HostArray
 from trax_revplus.typing import PyTree
 
 
-def leaf_type(shardings: rules_lib.Shardings, rule: rules_lib.Rule, x):
+def leaf_type(shardings: rules_lib.Shardings, rule: rules_lib.Rule,
+              x: HostArray | Array | jax.ShapeDtypeStruct
+              ) -> HostArray | Array | jax.ShapeDtypeStruct:
   """What placing `x` by `rule` would give a compiled call, untransferred.
 
   Args:

@@ -19,7 +19,7 @@ from trax_revplus.placement import layouts
 from trax_revplus.placement import processes as processes_lib
 from trax_revplus.placement import rules
 from trax_revplus.placement.layouts import AXIS_NAME
-from trax_revplus.typing import Array, HostArray, PyTree
+from trax_revplus.typing import Array, HostArray, PRNGKey, PyTree
 
 def _host_nbytes(x):
   """Bytes a host leaf occupies (0 for non-arrays and device arrays)."""
@@ -74,7 +74,7 @@ class Placement:
         multi-process run, not None nor the local device count.
     """
     self.transfers = transfer_counter or memory.TransferCounter()
-    self.processes = None
+    self.processes: processes_lib.Processes | None = None
     if jax.process_count() > 1:
       self._init_processes(n_devices)
       return
@@ -245,7 +245,7 @@ class Placement:
       return x.reshape(target.local_shape)
     return self._put(batch, rules.batch, prepare=split)
 
-  def place_rngs(self, rng, n_layers: int) -> List[Array]:
+  def place_rngs(self, rng: PRNGKey, n_layers: int) -> List[Array]:
     """Per-layer RNGs of a step, as trax splits them: `split(rng,
     n_layers)`; on N devices each device first splits its own key.
 

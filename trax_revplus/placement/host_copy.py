@@ -8,11 +8,12 @@ between the block's forward and its backward, and are placed back for it.
 """
 
 import math
-from typing import List
+from typing import List, Sequence
 
 import jax
 import numpy as np
 
+from trax_revplus import memory
 from trax_revplus.typing import Array, PyTree
 
 
@@ -43,7 +44,8 @@ class HostCopy:
   host memory equal within their spread (docs/performance.md).
   """
 
-  def __init__(self, treedef, leaves, squeeze):
+  def __init__(self, treedef: jax.tree_util.PyTreeDef, leaves: Sequence[PyTree],
+               squeeze: List[bool]):
     """Holds the leaves of one pytree until `collect`.
 
     Args:
@@ -74,7 +76,8 @@ class HostCopy:
     return jax.tree_util.tree_unflatten(self._treedef, out)
 
 
-def start(tree: PyTree, transfers, multi_device: bool, on_cpu: bool,
+def start(tree: PyTree, transfers: memory.TransferCounter, multi_device: bool,
+          on_cpu: bool,
           per_device: bool) -> HostCopy:
   """Starts the D2H copies of device 0's value of each leaf of `tree`.
 
@@ -110,7 +113,7 @@ def start(tree: PyTree, transfers, multi_device: bool, on_cpu: bool,
   return HostCopy(treedef, out, squeeze)
 
 
-def gather(tree: PyTree, transfers) -> PyTree:
+def gather(tree: PyTree, transfers: memory.TransferCounter) -> PyTree:
   """Every device's data of `tree`'s arrays on the host; see
   `Placement.gather_to_host`. Arrays spanning other processes' devices
   stay as they are."""
@@ -141,7 +144,7 @@ class WaitingOnHost:
   placed back).
   """
 
-  def __init__(self, tree: PyTree, transfers):
+  def __init__(self, tree: PyTree, transfers: memory.TransferCounter):
     """Copies `tree`'s arrays to the host and waits for the copies.
 
     Args:
@@ -150,7 +153,8 @@ class WaitingOnHost:
     """
     cpu = jax.local_devices(backend='cpu')[0]
     leaves, self._treedef = jax.tree_util.tree_flatten(tree)
-    self._shardings = [None] * len(leaves)
+    self._shardings: List[jax.sharding.Sharding | None] = (
+        [None] * len(leaves))
     d2h = 0
     for i, x in enumerate(leaves):
       if not isinstance(x, jax.Array) or not x.is_fully_addressable:
@@ -167,7 +171,7 @@ class WaitingOnHost:
     """The host copies (and the arrays that stayed) until `place_back`."""
     return [x for x in self._leaves if isinstance(x, jax.Array)]
 
-  def place_back(self, transfers) -> PyTree:
+  def place_back(self, transfers: memory.TransferCounter) -> PyTree:
     """The pytree with each moved array placed back with its own sharding.
 
     Args:
@@ -176,7 +180,9 @@ class WaitingOnHost:
     Returns:
       The pytree as given to the constructor (equal values and types).
     """
-    leaves, moving, h2d = list(self._leaves), [], 0
+    leaves = list(self._leaves)
+    moving: List[int] = []
+    h2d = 0
     for i, sharding in enumerate(self._shardings):
       if sharding is not None:
         moving.append(i)

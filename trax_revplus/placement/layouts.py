@@ -23,7 +23,7 @@ class Layout(enum.Enum):
   PER_DEVICE = 'd'
 
   @property
-  def partition_spec(self):
+  def partition_spec(self) -> PartitionSpec:
     """The `jax.sharding.PartitionSpec` of this layout on the 'batch' mesh."""
     if self is Layout.PER_DEVICE:
       return PartitionSpec(AXIS_NAME)
@@ -66,9 +66,9 @@ def jit(fn: Callable[..., Any], in_layouts: Sequence[Layout],
   expand = lambda t: jax.tree_util.tree_map(lambda x: x[None], t)
 
   def per_device(*args):
-    args = [squeeze(a) if k is Layout.PER_DEVICE else a
-            for a, k in zip(args, in_layouts)]
-    outs = fn(*args)
+    local_args = [squeeze(a) if k is Layout.PER_DEVICE else a
+                  for a, k in zip(args, in_layouts)]
+    outs = fn(*local_args)
     return tuple(expand(o) if k is Layout.PER_DEVICE else o
                  for o, k in zip(outs, out_layouts))
   compiled = jax.jit(
@@ -82,7 +82,7 @@ def jit(fn: Callable[..., Any], in_layouts: Sequence[Layout],
       out_shardings=tuple(jax.sharding.NamedSharding(mesh, k.partition_spec)
                           for k in out_layouts),
       donate_argnums=donate_argnums)
-  return _waiting(compiled) if wait else compiled
+  return _Waiting(compiled) if wait else compiled
 
 
 def _empty_of_float0(x):
@@ -94,7 +94,7 @@ def _empty_of_float0(x):
 
 def _float0_of_empty(x):
   """`_empty_of_float0`'s empty array as float0 zeros of shape S again."""
-  shape = getattr(x, 'shape', ())
+  shape: tuple[int, ...] = getattr(x, 'shape', ())
   if (getattr(x, 'dtype', None) == np.bool_ and len(shape) > 0 and
       shape[-1] == 0):
     return np.zeros(tuple(shape[:-1]), jax.dtypes.float0)
@@ -121,15 +121,19 @@ def float0_as_empty(fn: Callable[..., Any]) -> Callable[..., Any]:
   return wrapped
 
 
-def _waiting(fn):
-  """Waits for each call's results (see `Placement.sync_collectives`).
+class _Waiting:
+  """`fn` (a `jax.jit` function) that waits for each call's results (see
+  `Placement.sync_collectives`).
 
   Its `trace` is `fn`'s: the types of a call's arguments and results, and
   its program, do not depend on the wait, so the walk ahead of a step
   compiles and accounts it as any other.
   """
-  @functools.wraps(fn)
-  def call(*args):
-    return jax.block_until_ready(fn(*args))
-  call.trace = fn.trace
-  return call
+
+  def __init__(self, fn: jax.stages.Wrapped):
+    functools.update_wrapper(self, fn)
+    self._fn = fn
+    self.trace = fn.trace
+
+  def __call__(self, *args: Any) -> Any:
+    return jax.block_until_ready(self._fn(*args))

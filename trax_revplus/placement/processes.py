@@ -28,6 +28,8 @@ from jax.sharding import PartitionSpec
 import numpy as np
 
 from trax_revplus.placement.layouts import AXIS_NAME
+from trax_revplus.typing import Array
+from trax_revplus.typing import HostArray
 from trax_revplus.typing import PyTree
 
 
@@ -43,7 +45,7 @@ class Processes:
     mesh: `jax.sharding.Mesh` over `global_devices` with axis 'batch'.
   """
 
-  def __init__(self, n_devices=None):
+  def __init__(self, n_devices: int | None = None):
     """Describes the run JAX joined (`jax.distributed.initialize`).
 
     Args:
@@ -81,13 +83,14 @@ class Processes:
     """N, the devices of all processes."""
     return len(self.global_devices)
 
-  def local_rows(self, x):
+  def local_rows(self, x: HostArray) -> HostArray:
     """Rows [p * L, (p + 1) * L) of a host array of shape (N, ...)."""
     first = self.process_index * self.n_local
     return np.asarray(x)[first:first + self.n_local]
 
   @staticmethod
-  def place(x, sharding, global_shape):
+  def place(x: HostArray, sharding: jax.sharding.Sharding,
+            global_shape: tuple[int, ...]) -> Array:
     """A global array of shape `global_shape` on `sharding`, from `x`, this
     process's part of it (host array)."""
     return jax.make_array_from_process_local_data(sharding, x, global_shape)

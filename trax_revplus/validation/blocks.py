@@ -5,16 +5,23 @@ takes seconds of CPU), so that the CLI can import the error types at once.
 """
 
 import math
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 from trax_revplus.trax_door import layers as layer_door
 from trax_revplus.validation import errors
 
+if TYPE_CHECKING:  # Annotations only: trax is imported inside the checks.
+  from trax import layers as tl
+  from trax import shapes
 
-def layer_name(layer):
+  from trax_revplus.typing import Blocks
+
+
+def layer_name(layer: 'tl.Layer') -> str:
   return getattr(layer, 'name', type(layer).__name__)
 
 
-def standard_layer_list(std_layers):
+def standard_layer_list(std_layers: object) -> list[object] | None:
   """A block's standard part as a flat list of layers.
 
   As trax's `ReversibleSerialTrainer` runs it, `tl.Serial(std_layers)`: a
@@ -33,16 +40,20 @@ def standard_layer_list(std_layers):
     return [std_layers]
   if not isinstance(std_layers, (list, tuple)):
     return None
-  flat = []
-  for x in std_layers:
+  return _flattened(std_layers)
+
+
+def _flattened(items: Sequence[object]) -> list[object]:
+  flat: list[object] = []
+  for x in items:
     if isinstance(x, (list, tuple)):
-      flat.extend(standard_layer_list(x))
+      flat.extend(_flattened(x))
     else:
       flat.append(x)
   return flat
 
 
-def check_blocks(blocks):
+def check_blocks(blocks: object) -> None:
   """Checks that `blocks` is a list of (standard, reversible) layer pairs.
 
   The shape `trax.optimizers.trainer.extract_reversible_blocks` returns and
@@ -108,13 +119,16 @@ def check_blocks(blocks):
             f'(e.g. wrap a residual branch in tl.ReversibleHalfResidual).')
 
 
-def _walk(layer):
+def _walk(layer: 'tl.Layer') -> Iterator['tl.Layer']:
   yield layer
   for sublayer in getattr(layer, 'sublayers', ()) or ():
     yield from _walk(sublayer)
 
 
-def check_sequence_length(blocks, input_signature):
+def check_sequence_length(
+    blocks: 'Blocks',
+    input_signature: 'shapes.ShapeDtype | Sequence[shapes.ShapeDtype]'
+) -> None:
   """Checks the batch's sequence length against positional encodings.
 
   Looks for trax's `PositionalEncoding` (sequences up to `max_len`) and
@@ -162,7 +176,10 @@ def check_sequence_length(blocks, input_signature):
                 f'{math.prod(axial)}.')
 
 
-def check_loss_output(loss_layer, input_signature):
+def check_loss_output(
+    loss_layer: 'tl.Layer',
+    input_signature: 'shapes.ShapeDtype | Sequence[shapes.ShapeDtype]'
+) -> None:
   """Checks that `loss_layer` outputs one scalar for `input_signature`.
 
   Abstract (`Layer.output_signature`): no computation runs. The layer must

@@ -51,10 +51,12 @@ class TrainerOptionError(ConfigurationError):
   Attributes:
     name: str, the setting, e.g. 'on_non_finite'.
     value: the value given.
-    allowed: str, what the setting accepts.
+    allowed: str, what the setting accepts; None where `message` (then
+      given) says it.
   """
 
-  def __init__(self, name, value, allowed, message=None):
+  def __init__(self, name: str, value: object, allowed: str | None,
+               message: str | None = None):
     super().__init__(message or (
         f'trax_revplus.ReversibleSerialTrainer.{name}: {name} must be '
         f'{allowed}, got {value!r}.'))
@@ -71,13 +73,14 @@ class NonFiniteError(ArithmeticError):
   """A loss or gradient norm became NaN or Inf during a training step.
 
   Attributes:
-    step: int, the training step.
+    step: int, the training step (None if raised before the first).
     phase: str, 'loss' or 'backward'.
     layer: int, index of the layer (forward order) whose update showed it.
     what: str, the quantity, e.g. 'loss' or 'gradients_l2'.
   """
 
-  def __init__(self, message, step, phase, layer, what):
+  def __init__(self, message: str, step: int | None, phase: str,
+               layer: int, what: str):
     super().__init__(message)
     self.step = step
     self.phase = phase

@@ -24,7 +24,7 @@ REMOVED_SETTINGS = {
 }
 
 
-def removed_setting_message(configurable, name):
+def removed_setting_message(configurable: str, name: str) -> str:
   """One line: setting `name` of `configurable` was removed, and the fix."""
   return f'{configurable}.{name} was removed: {REMOVED_SETTINGS[name]}.'
 
@@ -36,7 +36,7 @@ _UNKNOWN_PARAMETER = re.compile(
     r"kwarg) '(\w+)'")
 
 
-def settings_of(configurable):
+def settings_of(configurable: str) -> list[str]:
   """The settings a trax_revplus gin configurable takes (list of str), in
   its order: its parameters with a default value. Those without one are
   what trax passes it (the trainer's `blocks`, `loss_layer` and
@@ -56,7 +56,7 @@ def settings_of(configurable):
   return [n for n in names if n not in passed]
 
 
-def _our_unknown_knob(message):
+def _our_unknown_knob(message: str) -> tuple[str, str] | None:
   """(configurable, knob) of gin's "doesn't have a parameter" error on a
   trax_revplus configurable, or None."""
   match = _UNKNOWN_PARAMETER.search(message)
@@ -70,7 +70,7 @@ def _our_unknown_knob(message):
   return configurable, knob
 
 
-def removed_knob_message(message):
+def removed_knob_message(message: str) -> str | None:
   """For gin's "doesn't have a parameter" error on a removed setting of the
   trainer, `removed_setting_message`; else None."""
   found = _our_unknown_knob(message)
@@ -83,7 +83,7 @@ def removed_knob_message(message):
   return removed_setting_message(configurable, knob)
 
 
-def unknown_knob_hint(message):
+def unknown_knob_hint(message: str) -> str | None:
   """For gin's "doesn't have a parameter" error on one of ours, the fix.
 
   Args:

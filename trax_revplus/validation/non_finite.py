@@ -1,9 +1,16 @@
 """Finding the first NaN or Inf among a step's losses and gradient norms."""
 
+from typing import TYPE_CHECKING, Mapping
+
 import numpy as np
 
+if TYPE_CHECKING:  # Annotations only: validation does not import jax.
+  from trax_revplus.typing import Array
+  from trax_revplus.typing import HostArray
 
-def first_non_finite(values):
+
+def first_non_finite(
+    values: 'Mapping[str, Array | HostArray | float]') -> str | None:
   """Returns the name of the first non-finite value in `values`, or None.
 
   Args:

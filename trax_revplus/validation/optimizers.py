@@ -5,11 +5,15 @@ factory; these checks name the mistake either way round.
 """
 
 import inspect
+from typing import TYPE_CHECKING, Callable
 
 from trax_revplus.validation import errors
 
+if TYPE_CHECKING:  # Annotations only: trax is imported inside the checks.
+  from trax.optimizers import base as optimizer_base
 
-def check_optimizer_factory(optimizer_fn):
+
+def check_optimizer_factory(optimizer_fn: object) -> None:
   """Checks that `optimizer_fn` is a factory of optimizers, not an instance.
 
   `ReversibleSerialTrainer` makes one optimizer per layer, so it needs a
@@ -42,7 +46,9 @@ def check_optimizer_factory(optimizer_fn):
         f'pass e.g. trax.optimizers.Adam.')
 
 
-def make_optimizer(optimizer_fn, layer_index=None):
+def make_optimizer(optimizer_fn: 'Callable[[], optimizer_base.Optimizer]',
+                   layer_index: int | None = None
+                   ) -> 'optimizer_base.Optimizer':
   """Calls the factory and checks it returned an `Optimizer`.
 
   Args:

@@ -1,12 +1,17 @@
 """Checks of the device count and of how a batch splits over devices (the
 plan's dimensions check their own splits: `trainer._plan.dimensions`)."""
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from trax_revplus.validation import errors
 
+if TYPE_CHECKING:  # Annotations only: jax is imported inside the check.
+  from trax_revplus.typing import Batch
 
-def check_n_devices(n_devices):
+
+def check_n_devices(n_devices: object) -> int:
   """Checks `n_devices` against the devices this process can use.
 
   Args:
@@ -39,7 +44,7 @@ def check_n_devices(n_devices):
   return int(n_devices)
 
 
-def check_batch(batch, n_devices):
+def check_batch(batch: 'Batch', n_devices: int) -> None:
   """Checks that every array of `batch` splits evenly over `n_devices`.
 
   Args:
