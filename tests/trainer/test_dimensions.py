@@ -180,7 +180,7 @@ def test_least_plan_line_names_the_toy_dimension(toy):
 
 def test_search_keeps_toy_values_apart(toy):
   """Groups that differ in the toy dimension alone are separate families
-  (`plan_search._family`): the least plan weighs each family's leanest, so
+  (`families.family`): the least plan weighs each family's leanest, so
   it finds the leaner toy value, though in one family it would weigh the
   last member alone."""
   del toy

@@ -1,6 +1,8 @@
 """A step that runs out of device memory ends in one line that says where,
 how much, and what to change."""
 
+import types
+
 import jax
 import pytest
 from trax import fastmath
@@ -8,6 +10,8 @@ from trax import layers as tl
 from trax import optimizers
 
 from trax_revplus import trainer as rev_trainer
+from trax_revplus.trainer._accounting import oom_report
+from trax_revplus.trainer._plan import weighing
 from trax_revplus.trainer._step import step_context
 
 import trainer_cases
@@ -70,6 +74,25 @@ def test_other_runtime_errors_pass_unchanged(monkeypatch):
   monkeypatch.setattr(step_context.StepContext, 'call', failing)
   with pytest.raises(jax.errors.JaxRuntimeError, match='INTERNAL'):
     trainer_cases.train_basic(n_steps=1)
+
+
+def test_the_leanest_plan_named_leaves_out_plans_the_backend_refused():
+  """A plan the backend refused to compile for memory has no peak: the
+  leanest plan the line names is the least of those accounted."""
+  accounted = weighing.Weighed(
+      'a plan', types.SimpleNamespace(peak_device_bytes=5 * 2**20), True)
+  refused = weighing.Weighed('another plan', None, False,
+                             refused=RuntimeError('refused'))
+  planner = types.SimpleNamespace(
+      budget_bytes=2**30,
+      weighing=lambda batch: types.SimpleNamespace(
+          weighed=[refused, accounted]))
+  ctx = types.SimpleNamespace(calling='backward layer 1', step=3,
+                              planned_peak_bytes=None)
+  with pytest.raises(rev_trainer.DeviceOutOfMemoryError) as e:
+    oom_report.raise_if_out_of_memory(jax.errors.JaxRuntimeError(_ERROR),
+                                      ctx, planner, None)
+  assert 'the leanest plan accounted needs 5.0 MiB' in str(e.value)
 
 
 def _raise_internal(*args):

@@ -23,7 +23,7 @@ from trax_revplus import notices
 from trax_revplus import placement as placement_lib
 from trax_revplus import validation
 from trax_revplus.trainer._plan import budget
-from trax_revplus.trainer._plan import plan_search
+from trax_revplus.trainer._plan import families
 from trax_revplus.trainer._plan import planner
 from trax_revplus.trainer._step import units as units_lib
 
@@ -119,12 +119,12 @@ def test_a_family_member_needs_at_least_its_share_of_one_with_fewer():
   peaks = dict(_every_candidate())
   _, trainer = _trainer(device_memory_budget_bytes=None)
   p = trainer.planner
-  families = {}
+  members_of = {}
   for group in p.candidates(p.step_types(_BATCH)).groups():
-    key, value = plan_search._family(group)  # pylint: disable=protected-access
-    families.setdefault(key, []).append((value, peaks[group.leanest]))
-  assert any(len(members) > 1 for members in families.values())
-  for key, members in families.items():
+    key, value = families.family(group)
+    members_of.setdefault(key, []).append((value, peaks[group.leanest]))
+  assert any(len(members) > 1 for members in members_of.values())
+  for key, members in members_of.items():
     for v0, peak0 in members:
       for v, peak in members:
         if v > v0:

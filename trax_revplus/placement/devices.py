@@ -245,12 +245,13 @@ class Placement:
       return x.reshape(target.local_shape)
     return self._put(batch, rules.batch, prepare=split)
 
-  def place_rngs(self, rng: PRNGKey, n_layers: int) -> List[Array]:
+  def place_rngs(self, rng: PRNGKey | HostArray,
+                 n_layers: int) -> List[Array]:
     """Per-layer RNGs of a step, as trax splits them: `split(rng,
     n_layers)`; on N devices each device first splits its own key.
 
     Args:
-      rng: JAX PRNG key (uint32[2]) of the step.
+      rng: PRNG key (uint32[2]) of the step, a JAX or numpy array.
       n_layers: int.
 
     Returns:

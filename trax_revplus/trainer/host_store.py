@@ -7,6 +7,8 @@ Between steps every layer's weights and state and every optimizer's slots
 are host `numpy.ndarray`s; optimizer hyperparameters stay on the devices.
 """
 
+from typing import Any, Callable
+
 from absl import logging
 import jax
 import numpy as np
@@ -20,6 +22,8 @@ from trax_revplus import validation
 from trax_revplus.trainer import init
 from trax_revplus.trainer import ties as ties_lib
 from trax_revplus.trainer._step import fingerprints
+from trax_revplus.typing import Array
+from trax_revplus.typing import Blocks
 from trax_revplus.typing import PyTree
 
 _MIB = 2**20
@@ -44,7 +48,9 @@ class LayerStore:
       as trax's backward pass does.
   """
 
-  def __init__(self, blocks, loss_layer, optimizer_fn, placement):
+  def __init__(self, blocks: Blocks, loss_layer: tl.Layer,
+               optimizer_fn: Callable[[], optimizer_base.Optimizer],
+               placement: placement_lib.Placement):
     """Makes one optimizer per layer and puts everything on the host.
 
     Args:
@@ -59,7 +65,7 @@ class LayerStore:
     """
     self._placement = placement
     self.blocks = [(tl.Serial(std), list(rev)) for (std, rev) in blocks]
-    self.layers = []
+    self.layers: list[tl.Layer] = []
     for std, revs in self.blocks:
       self.layers.append(std)
       self.layers.extend(revs)
@@ -99,7 +105,8 @@ class LayerStore:
       if key not in placed_params:
         placed_params[key] = placement.replicate(opt.opt_params)
       self.opt_params.append(placed_params[key])
-    self._learning_rate = None  # (host value, placed value)
+    # (host value, placed value).
+    self._learning_rate: tuple[Any, Array] | None = None
 
   def block_sizes(self) -> list[int]:
     """Reversible layers per block (list of int)."""
@@ -138,13 +145,14 @@ class LayerStore:
     layer = self.layers[i]
     return layer.weights, self.optimizers[i].slots, layer.state
 
-  def set(self, i, weights, slots, state) -> None:
+  def set(self, i: int, weights: PyTree, slots: PyTree,
+          state: PyTree) -> None:
     """Sets layer i's weights and state and its optimizer's slots."""
     self.layers[i].weights = weights
     self.optimizers[i].slots = slots
     self.layers[i].state = state
 
-  def set_state(self, i, state) -> None:
+  def set_state(self, i: int, state: PyTree) -> None:
     """Sets layer i's state alone."""
     self.layers[i].state = state
 
@@ -160,7 +168,8 @@ class LayerStore:
       k += 1 + len(revs)
     return structured + [self.optimizers[-1]]
 
-  def set_learning_rate(self, learning_rate) -> None:
+  def set_learning_rate(self, learning_rate: float | np.ndarray | Array
+                        | None) -> None:
     """Places a new learning rate once; the same value costs nothing.
 
     Args:

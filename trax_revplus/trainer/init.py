@@ -40,6 +40,13 @@ def move_to_host(layer: tl.Layer) -> None:
     layer.state = _host(layer.state)
 
 
+def _standard_layers(std_layers: Any) -> list[tl.Layer]:
+  """A block's standard layers as a flat list (blocks already checked)."""
+  layers = validation.standard_layer_list(std_layers)
+  assert layers is not None  # `validation.check_blocks` passed
+  return layers
+
+
 def _leaf_layers(layer):
   """The distinct layers without sublayers in `layer` (itself if it has none).
 
@@ -116,14 +123,14 @@ def init_reversible_blocks(blocks: Blocks, loss_layer: tl.Layer,
       (checked abstractly once the layers before it are initialized).
   """
   validation.check_blocks(blocks)
-  blocks = [(validation.standard_layer_list(std), list(rev))
-            for std, rev in blocks]
-  validation.check_sequence_length(blocks, input_signature)
+  # Each block's layers as lists (`standard_layer_list` flattens its first).
+  listed = [(_standard_layers(std), list(rev)) for std, rev in blocks]
+  validation.check_sequence_length(listed, input_signature)
   # The values the user loaded, noted before anything is initialized: a
   # layer shared with an earlier block holds values once that block is
   # initialized, which are not the user's.
   loaded = {}
-  for top in [l for std, rev in blocks for l in std + rev] + [loss_layer]:
+  for top in [l for std, rev in listed for l in std + rev] + [loss_layer]:
     for leaf in _leaf_layers(top):
       if id(leaf) not in loaded and _holds_arrays((leaf.weights, leaf.state)):
         loaded[id(leaf)] = (leaf, leaf.weights, leaf.state)
@@ -153,7 +160,7 @@ def init_reversible_blocks(blocks: Blocks, loss_layer: tl.Layer,
                  (now - rss) / 2**20, now / 2**20)
     rss = now
 
-  for (std_layers, rev_layers) in blocks:
+  for (std_layers, rev_layers) in listed:
     rngs = fastmath.random.split(rng, len(std_layers) + len(rev_layers) + 1)
     rng = rngs[0]
     for layer, layer_rng in zip(std_layers + rev_layers, rngs[1:]):

@@ -81,7 +81,7 @@ class ReversibleSerialTrainer:
                optimizer_fn: Callable[[], Any],
                n_devices: int | None = None, memoize_jit: bool = True,
                free_accelerators_on_step: bool = False, adasum: bool = False,
-               **settings):
+               **settings: Any):
     """Creates the trainer and one optimizer per layer.
 
     Args:
@@ -211,7 +211,7 @@ class ReversibleSerialTrainer:
                                                      slots[:-1]):
       for (opt, slot) in zip([s_opt] + list(r_opts), [s_slots] + list(r_slots)):
         opt.slots = placement_lib.to_numpy(slot)
-    optimizers[-1].slots = placement_lib.to_numpy(slots[-1])
+    self._store.optimizers[-1].slots = placement_lib.to_numpy(slots[-1])
 
   @property
   def placement(self) -> placement_lib.Placement:

@@ -5,7 +5,7 @@ takes seconds of CPU), so that the CLI can import the error types at once.
 """
 
 import math
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from trax_revplus.trax_door import layers as layer_door
 from trax_revplus.validation import errors
@@ -21,7 +21,7 @@ def layer_name(layer: 'tl.Layer') -> str:
   return getattr(layer, 'name', type(layer).__name__)
 
 
-def standard_layer_list(std_layers: object) -> list[object] | None:
+def standard_layer_list(std_layers: object) -> list[Any] | None:
   """A block's standard part as a flat list of layers.
 
   As trax's `ReversibleSerialTrainer` runs it, `tl.Serial(std_layers)`: a

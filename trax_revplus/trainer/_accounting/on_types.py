@@ -36,13 +36,20 @@ from typing import Any, Callable, NamedTuple
 
 from absl import logging
 import jax
+from trax import layers as tl
+from trax.optimizers import base as optimizer_base
 
 from trax_revplus import device_memory
 from trax_revplus import layers as layers_lib
+from trax_revplus import placement as placement_lib
 from trax_revplus.device_memory import program
 from trax_revplus.device_memory import calls as calls_lib
+from trax_revplus.trainer import ties as ties_lib
+from trax_revplus.trainer._plan import plan as plan_lib
 from trax_revplus.trainer._step import batch_parts
+from trax_revplus.trainer._step import protocols
 from trax_revplus.trainer._step import step_run as step_run_lib
+from trax_revplus.trainer._step import units as units_lib
 from trax_revplus.typing import PyTree
 
 
@@ -82,8 +89,12 @@ class AheadOfTime(step_run_lib.StepRun):
     complete: bool, whether the walk reached the step's end.
   """
 
-  def __init__(self, plan, types, placement, layers, optimizers, programs,
-               ties=None, keeps_replaced=False):
+  def __init__(self, plan: plan_lib.StepPlan, types: StepTypes,
+               placement: placement_lib.Placement, layers: list[tl.Layer],
+               optimizers: list[optimizer_base.Optimizer],
+               programs: calls_lib.Programs,
+               ties: ties_lib.Ties | None = None,
+               keeps_replaced: bool = False):
     """Args:
       plan: the `plan.StepPlan` walked.
       types: `StepTypes` of the step.
@@ -95,9 +106,10 @@ class AheadOfTime(step_run_lib.StepRun):
       keeps_replaced: bool, whether the step keeps each replaced host
         weight, slot and state until its end (`on_non_finite='skip'`).
     """
+    host_types = HostTypes(layers, optimizers, keeps_replaced)
     super().__init__(plan, types.stack, types.rngs, types.opt_params,
-                     types.step, HostTypes(layers, optimizers, keeps_replaced),
-                     ties)
+                     types.step, host_types, ties)
+    self._host_types = host_types
     self._placement = placement
     self._layers = layers
     self._optimizers = optimizers
@@ -106,11 +118,11 @@ class AheadOfTime(step_run_lib.StepRun):
     self._devices_are_host = devices_are_host(placement)
     self._record = calls_lib.StepCalls(
         programs, placement.n_local_devices if self._devices_are_host else 0)
-    self._pool = None
-    self._unit = None
+    self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+    self._unit: protocols.Unit | None = None  # the unit called next
     self.complete = False
 
-  def account(self, units) -> None:
+  def account(self, units: units_lib.Units) -> None:
     """Walks `units` on types (`units.walk(self)`), compiling each call's
     program and noting what the step holds across it; waits for the
     compilations it started."""
@@ -171,7 +183,7 @@ class AheadOfTime(step_run_lib.StepRun):
         self._placement.n_local_devices)
     self.stack = self._placement.abstract_batch(rows)
 
-  def place_ahead(self, unit, with_slots) -> None:
+  def place_ahead(self, unit: protocols.Unit, with_slots: bool) -> None:
     # A unit whose types are unknown stops the walk when it is called, after
     # the calls before it, as the step would meet them.
     try:
@@ -179,7 +191,7 @@ class AheadOfTime(step_run_lib.StepRun):
     except TypesUnknown:
       self._next = (unit, _UNKNOWN)
 
-  def params(self, unit, following,
+  def params(self, unit: protocols.Unit, following: protocols.Unit | None,
              with_slots: bool) -> tuple[list[PyTree], list[PyTree] | None]:
     self._unit = unit
     params = super().params(unit, following, with_slots)
@@ -196,7 +208,7 @@ class AheadOfTime(step_run_lib.StepRun):
   def gradients_from_host(self, layers: list[int],
                           weights: list[PyTree]) -> list[PyTree]:
     # Taken off the host; placed as the weights are, new device arrays.
-    self.sink.take_gradients(layers)
+    self._host_types.take_gradients(layers)
     return _fresh(weights)
 
   def duplicate(self, array: PyTree) -> PyTree:
@@ -227,13 +239,15 @@ class AheadOfTime(step_run_lib.StepRun):
         logging.info('tracing a function ahead of the step failed (%s); it '
                      'compiles when called.', e)
         raise TypesUnknown() from e
+      assert self._pool is not None  # `account` walks with a pool
       programs.add_traced(key, fn, traced,
                           self._pool.submit(_compile_traced, traced))
     self._record.note(self._name(), self.phase, key, args, self.held(),
                       self.held_on_host(self._devices_are_host))
     return _fresh(self._placement.per_device_types(programs.outputs(key)))
 
-  def _name(self):
+  def _name(self) -> str:
+    assert self._unit is not None  # each call's unit takes its `params`
     return step_run_lib.call_name(self.phase, self._unit, self._layers)
 
   # The figures.
@@ -258,7 +272,7 @@ class AheadOfTime(step_run_lib.StepRun):
     return self._record.memory()
 
 
-def devices_are_host(placement) -> bool:
+def devices_are_host(placement: placement_lib.Placement) -> bool:
   """Whether `placement`'s devices keep their buffers in host memory (the
   CPU backend's), so that the host's figure counts their bytes
   (`device_memory.devices_on_host`)."""
@@ -299,22 +313,31 @@ class HostTypes(step_run_lib.UpdateSink):
   replaced host weight, slot and state stays until the step ends.
   """
 
-  def __init__(self, layers, optimizers, keeps_replaced: bool):
+  def __init__(self, layers: list[tl.Layer],
+               optimizers: list[optimizer_base.Optimizer],
+               keeps_replaced: bool):
     self._layers = layers
     self._optimizers = optimizers
     self._keeps_replaced = keeps_replaced
-    self._gradients = {}  # layer index -> host types of its gradients
-    self._replaced = []  # host types of replaced weights, slots and state
+    # Layer index -> host types of its gradients.
+    self._gradients: dict[int, PyTree] = {}
+    # Host types of replaced weights, slots and state.
+    self._replaced: list[PyTree] = []
 
-  def start(self, layers, weights, slots, states, stats, part=None):
+  def start(self, layers: list[int], weights: list[PyTree] | None,
+            slots: list[PyTree] | None, states: list[PyTree],
+            stats: list[dict], part: batch_parts.Part | None = None
+            ) -> tuple[list[int], list[PyTree] | None, bool]:
     # As `CommitQueue.start`: weights None where the call only accumulated;
     # slots then the gradients waiting on the host, or None.
     del states, stats, part
     accumulated = weights[0] is None if weights else False
-    return layers, (slots if accumulated and slots[0] is not None
-                    else None), not accumulated
+    waiting = (accumulated and slots is not None and
+               slots[0] is not None)
+    return layers, slots if waiting else None, not accumulated
 
-  def commit(self, token) -> None:
+  def commit(self, token: tuple[list[int], list[PyTree] | None, bool]
+             ) -> None:
     layers, gradients, updated = token
     if gradients is not None:
       for i, g in zip(layers, gradients):

@@ -12,6 +12,9 @@ Nothing of that step is saved: the last checkpoint stays the run's.
 from trax_revplus.byte_sizes import format_bytes
 from trax_revplus.device_memory import out_of_memory
 from trax_revplus.trainer import options as options_lib
+from trax_revplus.trainer._plan import planner as planner_lib
+from trax_revplus.trainer._step import step_context
+from trax_revplus.typing import Batch
 
 class DeviceOutOfMemoryError(RuntimeError):
   """A step's call found too little device memory.
@@ -98,8 +101,10 @@ def report(error: BaseException, call: str | None, step: int,
   return DeviceOutOfMemoryError(message, call, step, shortfall, suggested)
 
 
-def raise_if_out_of_memory(error: BaseException, ctx, planner,
-                           batch) -> None:
+def raise_if_out_of_memory(error: BaseException,
+                           ctx: step_context.StepContext,
+                           planner: planner_lib.Planner,
+                           batch: Batch) -> None:
   """Raises the `DeviceOutOfMemoryError` of `error` (from `error`) where it
   is the backend's out-of-memory error (`out_of_memory.is_out_of_memory`);
   else returns, and the caller re-raises `error`.
@@ -115,6 +120,7 @@ def raise_if_out_of_memory(error: BaseException, ctx, planner,
   if not out_of_memory.is_out_of_memory(error):
     return
   weighed = planner.weighing(batch).weighed
-  least = min((w.memory.peak_device_bytes for w in weighed), default=None)
+  least = min((w.memory.peak_device_bytes for w in weighed
+               if w.memory is not None), default=None)
   raise report(error, ctx.calling, ctx.step, ctx.planned_peak_bytes,
                planner.budget_bytes, least) from error

@@ -44,11 +44,14 @@ not fit the device whatever the budget; where even the least plan's is
 refused, `nothing_fits` says so.
 """
 
+from trax_revplus import device_memory
 from trax_revplus import memory
 from trax_revplus import placement as placement_lib
 from trax_revplus import validation
 from trax_revplus.trainer import options as options_lib
 from trax_revplus.trainer._plan import dimensions
+from trax_revplus.trainer._plan import plan as plan_lib
+from trax_revplus.trainer._plan import weighing as weighing_lib
 
 RESERVE_FRACTION = 0.1
 
@@ -70,14 +73,14 @@ class StepCompileError(validation.ConfigurationError):
   memory."""
 
 
-def _below_one_row() -> list:
+def _below_one_row() -> list[dimensions.PlanDimension]:
   """The plan's dimensions that can take a step below one row's batch
   slice (all but the slicing): a least plan names them where they differ
   from a plain step's."""
   return [d for d in dimensions.DIMENSIONS if d.role != dimensions.SLICES]
 
 
-def _pinned(options) -> str:
+def _pinned(options: options_lib.TrainerOptions) -> str:
   """', set X and Y to 'auto'' for the plan settings `options` pins."""
   slices = dimensions.of_role(dimensions.SLICES).name
   pinned = [name for name in ('segment_max_layers', slices,
@@ -87,10 +90,13 @@ def _pinned(options) -> str:
   return f", set {' and '.join(pinned)} to 'auto'" if pinned else ''
 
 
-def _plan_text(plan) -> str:
+def _plan_text(plan: plan_lib.StepPlan) -> str:
   """'<slices>=2, <parts>=4 and one layer per call, ...' (the plan's
   slicing, its other dimensions where they differ from a plain step's)."""
   layers = plan.settings()['segment_max_layers']
+  assert isinstance(layers, int)  # the longest forward segment's length
+  # `StepPlan.__post_init__` sets `fused_from` (the loss where None).
+  assert plan.fused_from is not None
   slices = dimensions.of_role(dimensions.SLICES).name
   below = ''.join(f', {d.name}={getattr(plan, d.name)}'
                   for d in _below_one_row()
@@ -107,7 +113,8 @@ def _sized(nbytes: int) -> str:
   return f'{nbytes} bytes ({nbytes / 2**20:.1f} MiB)'
 
 
-def nothing_fits(plan, need_bytes: int, budget_bytes: int | None,
+def nothing_fits(plan: plan_lib.StepPlan, need_bytes: int,
+                 budget_bytes: int | None,
                  options: options_lib.TrainerOptions,
                  refused: str | None = None) -> DeviceMemoryBudgetError:
   """The error where no plan fits `budget_bytes`: it names the least plan
@@ -131,6 +138,8 @@ def nothing_fits(plan, need_bytes: int, budget_bytes: int | None,
         f'compile {refused} of {whose} ({_plan_text(plan)}) for memory, '
         f'which needs at least {_sized(need_bytes)}; use a shorter sequence '
         f'or a smaller batch{fix}, or a device with more memory.')
+  # Without a refusal, the planner searched under a budget.
+  assert budget_bytes is not None
   return DeviceMemoryBudgetError(
       f'no plan fits device_memory_budget_bytes={budget_bytes} '
       f'({budget_bytes / 2**20:.1f} MiB) on this batch: the least needs '
@@ -140,7 +149,8 @@ def nothing_fits(plan, need_bytes: int, budget_bytes: int | None,
       f'smaller batch.')
 
 
-def _host_budget_text(budget_bytes: int, setting) -> str:
+def _host_budget_text(budget_bytes: int,
+                      setting: int | str | None) -> str:
   auto = (" ('auto': what the host could give after the backend opened, "
           "less 10%, with the weights, slots and state it held then)"
           if setting == options_lib.AUTO else '')
@@ -148,7 +158,8 @@ def _host_budget_text(budget_bytes: int, setting) -> str:
           f'({budget_bytes / 2**20:.1f} MiB){auto}')
 
 
-def host_nothing_fits(plan, need_bytes: int, budget_bytes: int,
+def host_nothing_fits(plan: plan_lib.StepPlan, need_bytes: int,
+                      budget_bytes: int,
                       options: options_lib.TrainerOptions
                       ) -> HostMemoryBudgetError:
   """The error where no plan that fits the device fits the host budget
@@ -164,7 +175,8 @@ def host_nothing_fits(plan, need_bytes: int, budget_bytes: int,
       f'shorter sequence or a smaller batch.')
 
 
-def host_exceeded(plan_text: str, step, budget_bytes: int,
+def host_exceeded(plan_text: str, step: device_memory.StepMemory,
+                  budget_bytes: int,
                   options: options_lib.TrainerOptions
                   ) -> HostMemoryBudgetError:
   """The error where the plan the settings name (`plan_text`) would hold
@@ -185,25 +197,32 @@ def host_exceeded(plan_text: str, step, budget_bytes: int,
       f'anyway, or use a smaller batch.')
 
 
-def nothing_fits_error(least, weighing, options: options_lib.TrainerOptions
-                       ) -> MemoryBudgetError:
+def nothing_fits_error(
+    least: tuple[plan_lib.StepPlan, device_memory.StepMemory],
+    weighing: weighing_lib.Weighing, options: options_lib.TrainerOptions
+) -> MemoryBudgetError:
   """The error where no plan fits the budgets of `weighing` (a
   `weighing.Weighing`), `least` the (plan, `StepMemory`) of the least
   plan: the device budget's (`nothing_fits`) where the least plan exceeds
   it, else the host budget's (`host_nothing_fits`), naming the plan
   weighed with the least host bytes of those that fit the device."""
   plan, step = least
-  if step.peak_device_bytes > weighing.budget_bytes:
-    return nothing_fits(plan, step.peak_device_bytes, weighing.budget_bytes,
-                        options)
-  lean = min((w for w in weighing.weighed if w.memory is not None and
-              w.memory.peak_device_bytes <= weighing.budget_bytes),
-             key=lambda w: w.memory.peak_host_bytes)
-  return host_nothing_fits(lean.plan, lean.memory.peak_host_bytes,
+  budget = weighing.budget_bytes
+  assert budget is not None  # the planner searches under a device budget
+  if step.peak_device_bytes > budget:
+    return nothing_fits(plan, step.peak_device_bytes, budget, options)
+  # The least plan fits the device: the host budget excluded every plan.
+  assert weighing.host_budget_bytes is not None
+  plan, step = min(((w.plan, w.memory) for w in weighing.weighed
+                    if w.memory is not None and
+                    w.memory.peak_device_bytes <= budget),
+                   key=lambda weighed: weighed[1].peak_host_bytes)
+  return host_nothing_fits(plan, step.peak_host_bytes,
                            weighing.host_budget_bytes, options)
 
 
-def not_compiled(error, configured: bool) -> StepCompileError:
+def not_compiled(error: device_memory.ProgramCompileError,
+                 configured: bool) -> StepCompileError:
   """The error where a program of the step did not compile (`error`, a
   `device_memory.ProgramCompileError`, not for memory)."""
   what = ('the plan the settings name' if configured else
@@ -229,7 +248,8 @@ def shared_host_budget_bytes(available_bytes: int, n_devices: int) -> int:
   return device_budget_bytes(available_bytes) // max(1, n_devices)
 
 
-def host_budget_bytes(setting, held_bytes: int) -> int | None:
+def host_budget_bytes(setting: int | str | None,
+                      held_bytes: int) -> int | None:
   """The host budget `setting` means for a process holding `held_bytes` of
   weights, slots and state on the host now (see the module docstring); in
   a run of several processes the least over them."""
@@ -239,7 +259,8 @@ def host_budget_bytes(setting, held_bytes: int) -> int | None:
       held_bytes + device_budget_bytes(memory.host_available_bytes()))
 
 
-def budget_bytes(setting, placement) -> int | None:
+def budget_bytes(setting: int | str | None,
+                 placement: placement_lib.Placement) -> int | None:
   """The budget `setting` means on `placement`'s devices.
 
   Args:

@@ -13,21 +13,25 @@ value used and why, so that the person who set it hears of it on the
 terminal (`trax_revplus.notices`) and not only in `train.log`.
 """
 
+from typing import Collection
+
 from absl import logging
 
 from trax_revplus import notices
 from trax_revplus.trainer import options as options_lib
 from trax_revplus.trainer._plan import dimensions
+from trax_revplus.trainer._plan import plan as plan_lib
 
 
-def _message(name, value, used, why):
+def _message(name: str, value: object, used: object, why: str) -> str:
   return (f'{options_lib.GIN_CONFIGURABLE}.{name} = {value!r} was replaced '
           f'by {used!r} under the device memory budget: {why}; set '
           f'{options_lib.GIN_CONFIGURABLE}.device_memory_budget_bytes = None '
           f'to run the settings as given')
 
 
-def replaced(plan, options, explicit, budget_bytes) -> list[str]:
+def replaced(plan: plan_lib.StepPlan, options: options_lib.TrainerOptions,
+             explicit: Collection[str], budget_bytes: int) -> list[str]:
   """One line per explicitly set setting `plan` does not run as given.
 
   Args:
@@ -43,6 +47,8 @@ def replaced(plan, options, explicit, budget_bytes) -> list[str]:
   """
   out = []
   budget = f'{budget_bytes} bytes'
+  # `StepPlan.__post_init__` sets `fused_from` (the loss where None).
+  assert plan.fused_from is not None
   fused = plan.fused_from < plan.loss
   for dimension in dimensions.DIMENSIONS:
     name, used = dimension.name, getattr(plan, dimension.name)
@@ -68,8 +74,10 @@ def replaced(plan, options, explicit, budget_bytes) -> list[str]:
   return out
 
 
-def notify_replaced(plan, options, explicit, budget_bytes,
-                    notified: set) -> None:
+def notify_replaced(plan: plan_lib.StepPlan,
+                    options: options_lib.TrainerOptions,
+                    explicit: Collection[str], budget_bytes: int,
+                    notified: set[str]) -> None:
   """Logs and notifies (`trax_revplus.notices`) each line of `replaced`
   not in `notified` yet (which it adds to): once per run, not per batch
   shape."""

@@ -17,7 +17,7 @@ Both lean on one property of the plan space: a group's leanest plan needs
 no more memory with more batch slices (each call's temporaries shrink with
 its slice, and what the step holds does not grow) or more micro-batches
 (the stack held across the step shrinks with its part). Groups that differ
-in that one dimension form a family (`_family`), and where its members
+in that one dimension form a family (`families.family`), and where its members
 with more slices or parts do not fit, those with fewer are not compiled.
 The unsliced unfused groups are always weighed all the same: their leanest
 plan is stock trax's own schedule, which a budget of stock's peak must
@@ -44,17 +44,19 @@ plan. `least()` prefers plans the backend compiled; where it refused even
 every group's leanest plan, it raises `LeastRefused`.
 """
 
-from typing import Any, Callable
+from typing import Callable
 
 from trax_revplus import device_memory
 from trax_revplus.trainer._plan import candidates as candidates_lib
 from trax_revplus.trainer._plan import dimensions
+from trax_revplus.trainer._plan import families
 from trax_revplus.trainer._plan import plan as plan_lib
-
-# The roles of the plan's dimensions this search bounds and orders by
-# (`dimensions`), as the candidates vary them.
-SLICES, PARTS = candidates_lib.SLICES, candidates_lib.PARTS
-CHUNKS, AT_ONCE = candidates_lib.CHUNKS, candidates_lib.AT_ONCE
+from trax_revplus.trainer._plan.families import AT_ONCE
+from trax_revplus.trainer._plan.families import CHUNKS
+from trax_revplus.trainer._plan.families import FamilyKey
+from trax_revplus.trainer._plan.families import Group
+from trax_revplus.trainer._plan.families import PARTS
+from trax_revplus.trainer._plan.families import SLICES
 
 Weigh = Callable[[plan_lib.StepPlan], device_memory.StepMemory]
 
@@ -87,7 +89,10 @@ class PlanSearch:
                weigh: Weigh,
                weighed: Callable[[plan_lib.StepPlan],
                                  device_memory.StepMemory | None],
-               refused: Callable[[plan_lib.StepPlan], Any] = lambda _: None):
+               refused: Callable[
+                   [plan_lib.StepPlan],
+                   device_memory.ProgramOutOfMemoryError | None
+               ] = lambda _: None):
     """Args:
       candidates: the shapes' `candidates.Candidates`.
       n_devices: devices a step runs on (for the lower bounds).
@@ -102,8 +107,8 @@ class PlanSearch:
     # Groups with the attention layers as the step runs them without a
     # budget come first; those after them compute another number of heads
     # at once (`Candidates.groups`).
-    heads = _value(self._groups[0], AT_ONCE) if self._groups else None
-    self._n_configured = sum(_value(g, AT_ONCE) == heads
+    heads = families.value(self._groups[0], AT_ONCE) if self._groups else None
+    self._n_configured = sum(families.value(g, AT_ONCE) == heads
                              for g in self._groups)
     # Group id -> `Candidates.lower_bound_bytes` of the group.
     self._bound_of = {id(g): candidates.lower_bound_bytes(g, n_devices)
@@ -111,11 +116,13 @@ class PlanSearch:
     self._weigh = weigh
     self._weighed = weighed
     self._refused = refused
-    self._least = None
-    self.faster_plans_need_bytes = None
-    self._families = {}  # family key -> [(value, group)], value ascending
+    self._least: (tuple[plan_lib.StepPlan, device_memory.StepMemory]
+                  | None) = None
+    self.faster_plans_need_bytes: int | None = None
+    # Family key -> [(value, group)], value ascending.
+    self._families: dict[FamilyKey, list[tuple[int, Group]]] = {}
     for group in self._groups:
-      key, value = _family(group)
+      key, value = families.family(group)
       self._families.setdefault(key, []).append((value, group))
     for members in self._families.values():
       members.sort(key=lambda m: m[0])
@@ -145,7 +152,8 @@ class PlanSearch:
       As `weigh`, but for `device_memory.ProgramOutOfMemoryError` (a plan
       that does not fit).
     """
-    excluded = []  # device bytes that excluded each faster plan or group
+    # Device bytes that excluded each faster plan or group.
+    excluded: list[int] = []
 
     def fits_device(plan: plan_lib.StepPlan) -> bool:
       try:
@@ -166,10 +174,12 @@ class PlanSearch:
 
     found = None
     tight = False  # whether a group's leanest plan did not fit
-    least_fitting = {}  # family key -> its least fitting value, or None
-    short = set()  # families with a member whose leanest plan did not fit
+    # Family key -> its least fitting value, or None.
+    least_fitting: dict[FamilyKey, int | None] = {}
+    # Families with a member whose leanest plan did not fit.
+    short: set[FamilyKey] = set()
 
-    def leanest_fits(group) -> bool:
+    def leanest_fits(group: Group) -> bool:
       bound = self._bound(group)
       if bound > budget_bytes:
         excluded.append(bound)
@@ -181,11 +191,12 @@ class PlanSearch:
       if bound > budget_bytes:
         excluded.append(bound)
         continue
-      key, value = _family(group)
+      key, value = families.family(group)
       if ((tight or key in short) and not self._is_stock_schedule(group)):
         if key not in least_fitting:
           least_fitting[key] = self._least_fitting(key, leanest_fits)
-        if least_fitting[key] is None or value < least_fitting[key]:
+        least = least_fitting[key]
+        if least is None or value < least:
           continue
       first, rest = group.plans[0], group.plans[1:]
       # Once an unfused group did not fit even at its leanest, the budget
@@ -209,27 +220,28 @@ class PlanSearch:
     self.faster_plans_need_bytes = min(excluded, default=None)
     return found
 
-  def _is_stock_schedule(self, group) -> bool:
+  def _is_stock_schedule(self, group: Group) -> bool:
     """Whether `group` holds stock trax's own schedule (`candidates`): the
     unsliced unfused group in one pass, without chunks, its attention
     layers as the step runs them without a budget."""
+    first = self._groups[0]
     return (not group.fused_reversible_layers and
-            not _used(group, PARTS) and not _used(group, CHUNKS) and
-            not _used(group, SLICES) and
-            _value(group, AT_ONCE) == _value(self._groups[0], AT_ONCE))
+            not any(families.used(group, role)
+                    for role in (PARTS, CHUNKS, SLICES)) and
+            families.value(group, AT_ONCE) == families.value(first, AT_ONCE))
 
-  def _bound(self, group) -> int:
+  def _bound(self, group: Group) -> int:
     """Bytes every plan of `group` needs at least, known without compiling
     it (`Candidates.lower_bound_bytes`, `_chunks_bound`, `_rows_bound`)."""
     return max(self._bound_of[id(group)], self._chunks_bound(group),
                self._rows_bound(group))
 
-  def _rows_bound(self, group) -> int:
+  def _rows_bound(self, group: Group) -> int:
     """Bytes every plan of `group` needs at least, from each member of its
     family with fewer slices or parts whose leanest plan was weighed (its
     peak) or refused (the bytes the refusal names): that times its slices
     or parts over the group's (see the module docstring); else 0."""
-    key, value = _family(group)
+    key, value = families.family(group)
     bound = 0
     for v, member in self._families.get(key, ()):
       if v >= value:
@@ -242,7 +254,8 @@ class PlanSearch:
         bound = max(bound, need * v // value)
     return bound
 
-  def _least_fitting(self, key, leanest_fits) -> int | None:
+  def _least_fitting(self, key: FamilyKey,
+                     leanest_fits: Callable[[Group], bool]) -> int | None:
     """The least slices or parts of family `key` whose group's leanest plan
     fits (`leanest_fits(group)`); None where none does. The member with the
     most is tried first (where it does not fit, nothing else is), then the
@@ -260,14 +273,14 @@ class PlanSearch:
         lo = mid + 1
     return members[hi][0]
 
-  def _chunks_bound(self, group) -> int:
+  def _chunks_bound(self, group: Group) -> int:
     """Bytes every plan of a group in sequence chunks holds at least: the
     largest call but the loss call (chunks change the loss call alone) of
     each leanest plan without chunks, with as many slices or parts or more
     (which hold no more), that was weighed; else 0."""
-    if not _used(group, CHUNKS):
+    if not families.used(group, CHUNKS):
       return 0
-    key, value = _family(group)
+    key, value = families.family(group)
     bound = 0
     unchunked_key = key[:-1] + (dimensions.of_role(CHUNKS).none,)
     for v, unchunked in self._families.get(unchunked_key, ()):
@@ -281,7 +294,7 @@ class PlanSearch:
     """(plan, StepMemory) of the group leanest plan, fused or unfused, with
     the least peak (ties: the first in the speed model's order).
 
-    Of each family (`_family`), only the member with the most slices or
+    Of each family (`families.family`), only the member with the most slices or
     parts is weighed, and the unsliced unfused groups (stock's schedule).
     The unfused ones are weighed first; a fused one whose lower bound
     (`Candidates.lower_bound_bytes`, `_rows_bound`) is above the least peak
@@ -305,32 +318,35 @@ class PlanSearch:
     """
     if self._least is None:
       groups = self._groups[:self._n_configured]
-      most = {}  # batch slices -> most sequence chunks of its groups
+      # Batch slices -> most sequence chunks of its groups.
+      most: dict[int, int] = {}
       for group in groups:
-        if not _used(group, PARTS):
-          k = _value(group, SLICES)
-          most[k] = max(most.get(k, 1), _value(group, CHUNKS))
+        if not families.used(group, PARTS):
+          k = families.count(group, SLICES)
+          most[k] = max(most.get(k, 1), families.count(group, CHUNKS))
       # Of the groups in micro-batches, those of the most parts (the least
       # held across the step), without chunks and with the most.
-      parts = max((_value(group, PARTS) for group in groups), default=1)
-      chunks = max((_value(group, CHUNKS) for group in groups
-                    if _value(group, PARTS) == parts), default=1)
+      parts = max((families.count(group, PARTS) for group in groups), default=1)
+      chunks = max((families.count(group, CHUNKS) for group in groups
+                    if families.count(group, PARTS) == parts), default=1)
       leanest_of_family = {key: members[-1][1]
                            for key, members in self._families.items()}
       order = sorted(
           (i for i, group in enumerate(groups)
-           if _value(group, CHUNKS) in (
-               (1, chunks) if _used(group, PARTS) else
-               (1, most[_value(group, SLICES)])) and
-           _value(group, PARTS) in (1, parts) and
-           (leanest_of_family[_family(group)[0]] is group or
+           if families.count(group, CHUNKS) in (
+               (1, chunks) if families.used(group, PARTS) else
+               (1, most[families.count(group, SLICES)])) and
+           families.count(group, PARTS) in (1, parts) and
+           (leanest_of_family[families.family(group)[0]] is group or
             self._is_stock_schedule(group))),
           key=lambda i: (bool(groups[i].fused_reversible_layers),
-                         _used(groups[i], PARTS)))
-      found = {}  # group index -> StepMemory of its leanest plan
-      refused = {}  # group index -> the refusal of its leanest plan
+                         families.used(groups[i], PARTS)))
+      # Group index -> StepMemory of its leanest plan.
+      found: dict[int, device_memory.StepMemory] = {}
+      # Group index -> the refusal of its leanest plan.
+      refused: dict[int, device_memory.ProgramOutOfMemoryError] = {}
 
-      def weigh(i):
+      def weigh(i: int) -> None:
         try:
           found[i] = self._weigh(self._groups[i].leanest)
         except device_memory.ProgramOutOfMemoryError as e:
@@ -348,7 +364,7 @@ class PlanSearch:
           weigh(i)
       i = self._least_of(found, refused)
       if (len(self._groups) > len(groups) and  # `i`'s, fewer heads at once
-          _value(self._groups[-1], AT_ONCE) == 1):
+          families.value(self._groups[-1], AT_ONCE) == 1):
         weigh(len(groups) + i)
         i = self._least_of(found, refused)
       if i not in found:
@@ -357,7 +373,9 @@ class PlanSearch:
     return self._least
 
   @staticmethod
-  def _least_of(found, refused) -> int:
+  def _least_of(
+      found: dict[int, device_memory.StepMemory],
+      refused: dict[int, device_memory.ProgramOutOfMemoryError]) -> int:
     """The group index of the least plan: the least peak of those
     compiled (ties: the first), else the refusal with the fewest bytes
     known."""
@@ -366,28 +384,3 @@ class PlanSearch:
     return min(refused, key=lambda i: (
         refused[i].least_bytes is None, refused[i].least_bytes or 0, i))
 
-
-def _value(group, role):
-  """The value, in every plan of `group`, of the plan's dimension of
-  `role` (`dimensions.PlanDimension.role`)."""
-  return dimensions.value(group.leanest, role)
-
-
-def _used(group, role) -> bool:
-  """Whether `group`'s plans use the plan's dimension of `role` (its value
-  is not the one that changes nothing)."""
-  return dimensions.used(group.leanest, role)
-
-
-def _family(group) -> tuple[tuple, int]:
-  """(family key, value): groups in one pass differ in their batch slices
-  within (fused or not, the other dimensions' values); groups in
-  micro-batches differ in their parts (their slices follow) within the
-  other dimensions' values. A key's last item is its sequence chunks
-  (`_chunks_bound`)."""
-  rows = PARTS if _used(group, PARTS) else SLICES
-  others = tuple(getattr(group.leanest, d.name)
-                 for d in dimensions.DIMENSIONS
-                 if d.role not in (SLICES, PARTS, CHUNKS))
-  return ((rows, bool(group.fused_reversible_layers), *others,
-           _value(group, CHUNKS)), _value(group, rows))

@@ -22,10 +22,11 @@ import hashlib
 from importlib import metadata
 import json
 import os
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from absl import logging
 import jax
+from trax import layers as tl
 
 from trax_revplus import output_files
 from trax_revplus.trainer._plan import dimensions
@@ -48,7 +49,8 @@ def _version(distribution: str) -> str:
     return 'unknown'
 
 
-def plan_key(batch_key: Any, settings: Mapping[str, Any], layers: Any,
+def plan_key(batch_key: Any, settings: Mapping[str, Any],
+             layers: Sequence[tl.Layer],
              platform: str, n_devices: int) -> str:
   """A hex digest of everything that decides a step's plan.
 

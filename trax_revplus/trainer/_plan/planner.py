@@ -22,14 +22,16 @@ order. Every plan accounted on a batch's shapes is kept with its figures
 """
 
 import dataclasses
-from typing import Hashable, NamedTuple
+from typing import Callable, Hashable, Iterable, NamedTuple
 
 from absl import logging
 import jax
 import numpy as np
 
 from trax_revplus import device_memory
+from trax_revplus import placement as placement_lib
 from trax_revplus.device_memory import calls as calls_lib
+from trax_revplus.trainer import host_store
 from trax_revplus.trainer import options as options_lib
 from trax_revplus.trainer._accounting import on_types
 from trax_revplus.trainer._plan import budget as budget_lib
@@ -40,6 +42,7 @@ from trax_revplus.trainer._plan import plan_search as plan_search_lib
 from trax_revplus.trainer._plan import plan_store as plan_store_lib
 from trax_revplus.trainer._plan import shape_facts
 from trax_revplus.trainer._plan import weighing as weighing_lib
+from trax_revplus.trainer._step import unit_factory
 from trax_revplus.trainer._step import units as units_lib
 from trax_revplus.typing import Batch
 from trax_revplus.typing import PyTree
@@ -83,11 +86,16 @@ class Planner:
       are kept and read back (the run's output directory), or None.
   """
 
-  def __init__(self, placement, store, factory, options, budget_bytes,
-               explicit=(), fingerprint_of=None, host_budget_bytes=None):
+  def __init__(self, placement: placement_lib.Placement,
+               store: host_store.LayerStore,
+               factory: unit_factory.UnitFactory,
+               options: options_lib.TrainerOptions, budget_bytes: int | None,
+               explicit: Iterable[str] = (),
+               fingerprint_of: Callable[[int], Hashable] | None = None,
+               host_budget_bytes: int | None = None):
     """Args:
       placement: the trainer's `placement.Placement`.
-      store: its `store.LayerStore`.
+      store: its `host_store.LayerStore`.
       factory: its `unit_factory.UnitFactory`.
       options: its `options.TrainerOptions`.
       budget_bytes: int or None, see `budget.budget_bytes`.
@@ -99,21 +107,22 @@ class Planner:
       host_budget_bytes: int or None, see `budget.host_budget_bytes`.
     """
     self._explicit = frozenset(explicit)
-    self._notified = set()
+    self._notified: set[str] = set()
     self._placement = placement
     self._store = store
     self._factory = factory
     self._options = options
     self.budget_bytes = budget_bytes
     self.host_budget_bytes = host_budget_bytes
-    self._planned = {}  # batch_key -> PlannedStep
+    self._planned: dict[Hashable, PlannedStep] = {}  # by `batch_key`
     self._programs = calls_lib.Programs()
-    self._weighings = {}  # batch_key -> weighing.Weighing
-    self._searches = {}  # batch_key -> plan_search.PlanSearch
+    self._weighings: dict[Hashable, weighing_lib.Weighing] = {}
+    self._searches: dict[Hashable, plan_search_lib.PlanSearch] = {}
     self._facts = shape_facts.ShapeFacts(placement, store, factory, options,
                                          fingerprint_of, batch_key)
-    self.least = None
-    self.plan_store = None
+    self.least: (tuple[plan_lib.StepPlan, device_memory.StepMemory]
+                 | None) = None
+    self.plan_store: plan_store_lib.PlanStore | None = None
 
   def keep_plans_in(self, directory: str | None) -> None:
     """Keeps plans chosen under a budget in `directory` (None: not kept),
@@ -121,7 +130,7 @@ class Planner:
     self.plan_store = (None if directory is None
                        else plan_store_lib.PlanStore(directory))
 
-  def step_for(self, batch) -> PlannedStep:
+  def step_for(self, batch: Batch) -> PlannedStep:
     """The `PlannedStep` of `batch`'s shapes, planned on first sight.
 
     Args:
@@ -152,20 +161,20 @@ class Planner:
       self._planned[key] = self._plan(key, self.step_types(batch))
     return self._planned[key]
 
-  def weighing(self, batch) -> weighing_lib.Weighing:
+  def weighing(self, batch: Batch) -> weighing_lib.Weighing:
     """The `weighing.Weighing` of `batch`'s shapes: every plan accounted
     on them so far (by `planned`, `least_plan` or `weigh`), the chosen one
     named."""
     key = batch_key(self._placement.abstract_batch(batch))
     return self._weighing_key(key)
 
-  def is_planned(self, batch) -> bool:
+  def is_planned(self, batch: Batch) -> bool:
     """Whether a step on `batch`'s shapes is planned already."""
     return batch_key(self._placement.abstract_batch(batch)) in self._planned
 
   # How a plan is made.
 
-  def step_types(self, batch) -> on_types.StepTypes:
+  def step_types(self, batch: Batch) -> on_types.StepTypes:
     """The types a step on `batch` starts from (RNG and step placed, with
     values that do not matter)."""
     p = self._placement
@@ -175,18 +184,19 @@ class Planner:
     return on_types.StepTypes(stack, rngs, self._store.opt_params, step,
                               device_memory.program.host_types(batch))
 
-  def candidates(self, types) -> candidates_lib.Candidates:
+  def candidates(self, types: on_types.StepTypes
+                 ) -> candidates_lib.Candidates:
     """The plans a budget chooses from for a step starting from `types`
     (`step_types`), in the speed model's order."""
     return self._facts.candidates(types)
 
-  def _plan(self, key, types):
+  def _plan(self, key: Hashable, types: on_types.StepTypes) -> PlannedStep:
     self._facts.check(types)
     if self.budget_bytes is not None:
-      return self._plan_under_budget(key, types)
+      return self._plan_under_budget(key, types, self.budget_bytes)
     return self._configured(types)
 
-  def _configured(self, types):
+  def _configured(self, types: on_types.StepTypes) -> PlannedStep:
     """The plan the settings name, accounted where it can be."""
     options = self._options
     plan = plan_lib.configured_plan(
@@ -213,7 +223,8 @@ class Planner:
     weighing.chosen = plan
     return PlannedStep(plan, units, memory_)
 
-  def _plan_under_budget(self, key, types):
+  def _plan_under_budget(self, key: Hashable, types: on_types.StepTypes,
+                         budget_bytes: int) -> PlannedStep:
     """The fastest plan that fits: the one kept for this step where the
     run's plan store has it and it still fits, else the shapes' search's
     (`plan_search.PlanSearch.fastest_fitting`, then kept). Where nothing
@@ -223,8 +234,8 @@ class Planner:
       DeviceMemoryBudgetError: no plan fits, or (with a budget set by the
         user) the step cannot be accounted here.
     """
-    store_key = None
-    if self.plan_store is not None:
+    store_key, store = None, self.plan_store
+    if store is not None:
       settings = dataclasses.asdict(self._options)
       for name in ('output_dir', 'device_memory_budget_bytes',
                    'host_memory_budget_bytes'):
@@ -232,7 +243,7 @@ class Planner:
       store_key = plan_store_lib.plan_key(
           key, settings, self._store.layers, self._placement.platform,
           self._placement.n_devices)
-      plan = self.plan_store.load(store_key, self.budget_bytes)
+      plan = store.load(store_key, budget_bytes)
       if plan is not None and self.candidates(types).may_run(plan):
         try:
           fits = self._weighing_of(types).fits(self.weigh(plan, types))
@@ -241,16 +252,16 @@ class Planner:
                 device_memory.ProgramCompileError):
           fits = False
         if fits:
-          return self._chosen(plan, types,
-                              f' (kept in {self.plan_store.path})')
+          return self._chosen(plan, types, budget_bytes,
+                              f' (kept in {store.path})')
     search = self._search(key, types)
     try:
-      plan = search.fastest_fitting(self.budget_bytes, self.host_budget_bytes)
+      plan = search.fastest_fitting(budget_bytes, self.host_budget_bytes)
       if plan is None:
         self.least = search.least()
     except plan_search_lib.LeastRefused as e:
       raise budget_lib.nothing_fits(e.plan, e.least_bytes or 0,
-                                    self.budget_bytes, self._options,
+                                    budget_bytes, self._options,
                                     refused=e.program) from None
     except device_memory.ProgramCompileError as e:
       raise budget_lib.not_compiled(e, configured=False) from None
@@ -266,26 +277,28 @@ class Planner:
       logging.warning('device memory: the step cannot be accounted here, so '
                       'it runs the settings as given, unplanned: %s', e)
       return self._configured(types)
-    if plan is None:
+    if plan is None:  # `search.least` keeps its answer: this weighs nothing
       raise budget_lib.nothing_fits_error(
-          self.least, self._weighing_of(types), self._options)
-    planned = self._chosen(plan, types)
-    if store_key is not None:
-      self.plan_store.save(store_key, planned.plan,
+          search.least(), self._weighing_of(types), self._options)
+    planned = self._chosen(plan, types, budget_bytes)
+    assert planned.memory is not None  # `_chosen` weighs its plan
+    if store is not None and store_key is not None:
+      store.save(store_key, planned.plan,
                            planned.memory.peak_device_bytes,
                            search.faster_plans_need_bytes)
     return planned
 
-  def _weighing_of(self, types):
+  def _weighing_of(self, types: on_types.StepTypes) -> weighing_lib.Weighing:
     return self._weighing_key(batch_key(types.stack))
 
-  def _weighing_key(self, key):
+  def _weighing_key(self, key: Hashable) -> weighing_lib.Weighing:
     if key not in self._weighings:
       self._weighings[key] = weighing_lib.Weighing(self.budget_bytes,
                                                    self.host_budget_bytes)
     return self._weighings[key]
 
-  def account(self, plan, units, types) -> device_memory.StepMemory:
+  def account(self, plan: plan_lib.StepPlan, units: units_lib.Units,
+              types: on_types.StepTypes) -> device_memory.StepMemory:
     """Compiles `units` ahead and composes the step's device memory.
 
     Raises:
@@ -304,7 +317,8 @@ class Planner:
     ahead.account(units)
     return ahead.memory()
 
-  def weigh(self, plan, types) -> device_memory.StepMemory:
+  def weigh(self, plan: plan_lib.StepPlan,
+            types: on_types.StepTypes) -> device_memory.StepMemory:
     """`plan`'s `StepMemory` on `types` (`step_types`), accounted once per
     batch's shapes and kept in their `weighing.Weighing`.
 
@@ -338,7 +352,8 @@ class Planner:
                       'memory records go without peak_device_bytes: %s', e)
       return None
 
-  def _chosen(self, plan, types, source=''):
+  def _chosen(self, plan: plan_lib.StepPlan, types: on_types.StepTypes,
+              budget_bytes: int, source: str = '') -> PlannedStep:
     """The `PlannedStep` of `plan`, weighed already: marked chosen in the
     shapes' `weighing.Weighing` and logged (`source` says where it came
     from)."""
@@ -348,7 +363,7 @@ class Planner:
                  plan.describe(len(step.calls)), step.describe(),
                  step.describe_host())
     overrides.notify_replaced(plan, self._options, self._explicit,
-                              self.budget_bytes, self._notified)
+                              budget_bytes, self._notified)
     return PlannedStep(plan, units_lib.Units(plan, self._factory), step)
 
   def least_plan(

@@ -54,7 +54,7 @@ def _bernoulli_of(rows: int | None = None, key=None, at=None):
   def bernoulli(rng, p, shape):
     rng = rng if key is None else key
     shape = tuple(shape)
-    if at is None or not shape or shape[0] != rows:
+    if at is None or rows is None or not shape or shape[0] != rows:
       return own(fastmath.random, rng, p, shape)
     s, k = at
     whole = own(fastmath.random, rng, p, (k * rows,) + shape[1:])

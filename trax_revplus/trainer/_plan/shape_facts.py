@@ -9,24 +9,36 @@ settings given as ints can run on these shapes (`check`, each a one-line
 `validation` error).
 """
 
+from typing import Callable, Hashable
+
 import jax
 
+from trax_revplus import placement as placement_lib
+from trax_revplus.trainer import host_store
+from trax_revplus.trainer import options as options_lib
+from trax_revplus.trainer._accounting import on_types
 from trax_revplus.trainer._plan import candidates as candidates_lib
 from trax_revplus.trainer._plan import dimensions
 from trax_revplus.trainer._plan import stack_bytes as stack_bytes_lib
 from trax_revplus.trainer._step import attention_heads
 from trax_revplus.trainer._step import batch_parts
 from trax_revplus.trainer._step import loss_tail
+from trax_revplus.trainer._step import unit_factory
+from trax_revplus.typing import PyTree
 
 
 class ShapeFacts:
   """The facts of each batch's shapes a trainer's planner reads."""
 
-  def __init__(self, placement, store, factory, options, fingerprint_of,
-               key_of):
+  def __init__(self, placement: placement_lib.Placement,
+               store: host_store.LayerStore,
+               factory: unit_factory.UnitFactory,
+               options: options_lib.TrainerOptions,
+               fingerprint_of: Callable[[int], Hashable] | None,
+               key_of: Callable[[PyTree], Hashable]):
     """Args:
       placement, store, factory, options: the trainer's
-        `placement.Placement`, `store.LayerStore`,
+        `placement.Placement`, `host_store.LayerStore`,
         `unit_factory.UnitFactory` and `options.TrainerOptions`.
       fingerprint_of: layer index -> hashable, or None (see
         `planner.Planner`).
@@ -38,14 +50,17 @@ class ShapeFacts:
     self._options = options
     self._fingerprint_of = fingerprint_of
     self._key_of = key_of
-    self._traces = {}  # key -> (stack bytes per block, tail length)
+    # Key -> (stack bytes per block, tail length).
+    self._traces: dict[Hashable,
+                       tuple[stack_bytes_lib.StackTrace, int | None]] = {}
 
-  def rows(self, types) -> int:
+  def rows(self, types: on_types.StepTypes) -> int:
     """Rows of the batch each device gets."""
     leaf = jax.tree_util.tree_leaves(types.stack)[0]
     return leaf.shape[1] if self._placement.n_devices > 1 else leaf.shape[0]
 
-  def trace(self, types) -> tuple:
+  def trace(self, types: on_types.StepTypes
+            ) -> tuple[stack_bytes_lib.StackTrace, int | None]:
     """(`stack_bytes.StackTrace`; the sequence length of the loss layer's
     tail's inputs, or None where it has no tail to run in chunks:
     `loss_tail.tail_length`), once per batch's shapes."""
@@ -57,7 +72,8 @@ class ShapeFacts:
           self._store.layers[-1], trace.loss_inputs))
     return self._traces[key]
 
-  def candidates(self, types) -> candidates_lib.Candidates:
+  def candidates(self, types: on_types.StepTypes
+                 ) -> candidates_lib.Candidates:
     """The plans a budget chooses from for a step starting from `types`,
     in the speed model's order."""
     trace, tail_length = self.trace(types)
@@ -70,7 +86,7 @@ class ShapeFacts:
         attention_heads.lowers(self._store.layers, 1),
         trace.hashes_activations)
 
-  def parts_refusal(self, types) -> str | None:
+  def parts_refusal(self, types: on_types.StepTypes) -> str | None:
     """Why a step from `types` cannot run in micro-batches, or None
     (`batch_parts.refusal`)."""
     stack = types.stack
@@ -78,7 +94,7 @@ class ShapeFacts:
     return batch_parts.refusal(self._store.layers, n_items,
                                self._factory.adasum, bool(self._store.ties))
 
-  def _layer_kinds(self):
+  def _layer_kinds(self) -> list[Hashable] | None:
     if self._fingerprint_of is None:
       return None
     return [self._fingerprint_of(i) for i in range(len(self._store.layers))]
@@ -93,13 +109,13 @@ class ShapeFacts:
     """The loss layer's name (for error lines)."""
     return self._store.layers[-1].name
 
-  def unplanned(self, role: str):
+  def unplanned(self, role: str) -> int | None:
     """The setting of the plan's dimension of `role`
     (`dimensions.PlanDimension.role`) as a step without a budget runs it
     (`options.TrainerOptions.unplanned`)."""
     return self._options.unplanned(dimensions.of_role(role).name)
 
-  def check(self, types) -> None:
+  def check(self, types: on_types.StepTypes) -> None:
     """Checks the plan's dimensions against these shapes
     (`dimensions.PlanDimension.check`), in `dimensions.DIMENSIONS` order.
 

@@ -21,6 +21,7 @@ from trax.layers import combinators as cb
 
 from trax_revplus import layers as layers_lib
 from trax_revplus import memory
+from trax_revplus.trainer import host_store
 from trax_revplus.trainer._plan import hashing
 from trax_revplus.trainer._plan import plan as plan_lib
 from trax_revplus.trainer._plan import rng_use
@@ -52,7 +53,8 @@ class StackTrace(NamedTuple):
   hashes_activations: bool
 
 
-def trace(store, stack_types: PyTree, n_devices: int) -> StackTrace:
+def trace(store: host_store.LayerStore, stack_types: PyTree,
+          n_devices: int) -> StackTrace:
   """The stack's types through every block, from the batch's.
 
   The stack's types come from `jax.make_jaxpr` of every layer's forward on
@@ -62,7 +64,7 @@ def trace(store, stack_types: PyTree, n_devices: int) -> StackTrace:
   layer's trace fails.
 
   Args:
-    store: the trainer's `store.LayerStore` (its blocks and layers).
+    store: the trainer's `host_store.LayerStore` (its blocks and layers).
     stack_types: the batch's types as placed: leaves of shape (B, ...) on
       one device, (N, B / N, ...) on N devices.
     n_devices: int N, devices the batch is sharded over.

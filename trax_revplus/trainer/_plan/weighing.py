@@ -65,8 +65,9 @@ class Weighing:
                host_budget_bytes: int | None = None):
     self.budget_bytes = budget_bytes
     self.host_budget_bytes = host_budget_bytes
-    self._by_plan = {}  # plan -> Weighed, in the order accounted
-    self.chosen = None
+    # In the order accounted.
+    self._by_plan: dict[plan_lib.StepPlan, Weighed] = {}
+    self.chosen: plan_lib.StepPlan | None = None
 
   def fits(self, memory: device_memory.StepMemory) -> bool | None:
     """Whether `memory`'s peaks are within the budgets; None without
@@ -145,6 +146,7 @@ class Weighing:
     for w in self.weighed:
       mark = '*' if w.plan == self.chosen else ' '
       if w.memory is None:
+        assert w.refused is not None  # a plan without figures was refused
         least = w.refused.least_bytes
         device = ('refused' if least is None else
                   f'refused, >= {format_bytes(least, unit=None)}')
@@ -153,7 +155,7 @@ class Weighing:
         peak = w.memory.peak_device_bytes
         device = f'{peak} B ({format_bytes(peak)})'
         host = format_bytes(w.memory.peak_host_bytes, unit=None)
-        calls = w.calls_per_step
+        calls = str(w.calls_per_step)
       fits = '-' if w.fits is None else ('yes' if w.fits else 'no')
       seconds = '-' if w.step_seconds is None else f'{w.step_seconds:.3f}s'
       settings = ', '.join(f'{k}={v}' for k, v in w.plan.settings().items())

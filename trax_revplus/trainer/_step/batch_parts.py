@@ -38,7 +38,8 @@ reads the later holder's update, which exists only after the last part),
 Adasum (not linear), and a loss `loss_combination` cannot combine.
 """
 
-from typing import Any, NamedTuple, Sequence
+import dataclasses
+from typing import Any, Sequence
 
 import jax
 import numpy as np
@@ -66,7 +67,7 @@ def loss_weights_item(layers: Sequence[tl.Layer], n_items: int) -> int | None:
     the deepest item it reads (where `loss_combination` reads the weights);
     None where none does.
   """
-  positions = list(range(n_items))
+  positions: list[int | None] = list(range(n_items))
   for layer in layers[:-1]:
     positions = [None if p is None or p < layer.n_in else
                  p + layer.n_out - layer.n_in for p in positions]
@@ -130,7 +131,10 @@ def part_of_rows(x: np.ndarray, p: int, m: int, n_devices: int) -> np.ndarray:
   return parts[:, p].reshape((n_devices * b,) + x.shape[1:])
 
 
-class Part(NamedTuple):
+# A dataclass, not a NamedTuple: its fields `index` and `count` would
+# shadow the tuple's methods of those names.
+@dataclasses.dataclass(frozen=True)
+class Part:
   """One micro-batch of a step.
 
   Attributes:

@@ -13,13 +13,16 @@ update is committed, the queue's `NonFiniteGuard` applies the
 `on_non_finite` policy to its loss and gradient norm.
 """
 
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from absl import logging
 import jax
 import numpy as np
 
+from trax_revplus import placement as placement_lib
 from trax_revplus import validation
+from trax_revplus.trainer import host_store
+from trax_revplus.trainer._step import batch_parts
 from trax_revplus.trainer._step import step_run as step_run_lib
 from trax_revplus.typing import PyTree
 
@@ -37,10 +40,11 @@ class NonFiniteGuard:
   nothing is checked.
   """
 
-  def __init__(self, policy, store, describe_last_checkpoint):
+  def __init__(self, policy: str, store: host_store.LayerStore,
+               describe_last_checkpoint: Callable[[], str]):
     """Args:
       policy: 'raise', 'skip' or 'ignore' (`options.ON_NON_FINITE`).
-      store: the trainer's `store.LayerStore` (layer names; rollback).
+      store: the trainer's `host_store.LayerStore` (layer names; rollback).
       describe_last_checkpoint: callable returning one clause on the last
         good checkpoint, for the error message (e.g. 'no checkpoint
         directory is set').
@@ -48,11 +52,13 @@ class NonFiniteGuard:
     self._policy = policy
     self._store = store
     self._describe_last_checkpoint = describe_last_checkpoint
-    self._step = None
-    self._skipping = None  # (layer, what) once a skipped step went bad.
-    self._rollback = []  # (layer, weights, slots, state) replaced this step.
+    self._step: int | None = None
+    # (layer, what) once a skipped step went bad.
+    self._skipping: tuple[int, str] | None = None
+    # (layer, weights, slots, state) replaced this step.
+    self._rollback: list[tuple[int, PyTree, PyTree, PyTree]] = []
 
-  def begin_step(self, step) -> None:
+  def begin_step(self, step: int) -> None:
     """Checks from now on belong to training step `step` (int)."""
     self._step = step
 
@@ -83,7 +89,7 @@ class NonFiniteGuard:
       return False
     raise self._error(i, what, values[what])
 
-  def replacing(self, i) -> None:
+  def replacing(self, i: int) -> None:
     """Layer i's update is about to be committed (kept to undo a skip)."""
     if self._policy == 'skip':
       self._rollback.append((i,) + self._store.get(i))
@@ -147,11 +153,13 @@ class CommitQueue(step_run_lib.UpdateSink):
   (`take_gradients`).
   """
 
-  def __init__(self, placement, store, on_non_finite,
-               describe_last_checkpoint):
+  def __init__(self, placement: placement_lib.Placement,
+               store: host_store.LayerStore, on_non_finite: str,
+               describe_last_checkpoint: Callable[[], str]):
     """Args:
       placement: the trainer's `placement.Placement`.
-      store: the trainer's `store.LayerStore`, where updates are committed.
+      store: the trainer's `host_store.LayerStore`, where updates are
+        committed.
       on_non_finite: 'raise', 'skip' or 'ignore' (`options.ON_NON_FINITE`).
       describe_last_checkpoint: callable returning one clause on the last
         good checkpoint, for the guard's error message.
@@ -160,9 +168,10 @@ class CommitQueue(step_run_lib.UpdateSink):
     self._store = store
     self.guard = NonFiniteGuard(on_non_finite, store,
                                 describe_last_checkpoint)
-    self._gradients = {}  # layer index -> host gradients added up
+    # Layer index -> host gradients added up.
+    self._gradients: dict[int, PyTree] = {}
 
-  def begin_step(self, step) -> None:
+  def begin_step(self, step: int) -> None:
     """Commits from now on belong to training step `step` (int)."""
     self.guard.begin_step(step)
     self._gradients = {}
@@ -191,21 +200,23 @@ class CommitQueue(step_run_lib.UpdateSink):
     (loss, gradient norms), so all take the same decisions on them."""
     return self._placement.replicated(stats)
 
-  def start(self, layers, weights, slots, states, stats,
-            part=None) -> _Pending:
+  def start(self, layers: list[int], weights: list[PyTree] | None,
+            slots: list[PyTree] | None, states: list[PyTree],
+            stats: list[dict], part: batch_parts.Part | None = None
+            ) -> _Pending:
     """Starts the D2H copies of one call's updates (lists over `layers`, in
     commit order; see `step_run.UpdateSink.start`); returns what `commit`
     takes."""
     p = self._placement
     accumulated = weights[0] is None if weights else False
-    gradients = accumulated and slots[0] is not None
+    gradients = accumulated and slots is not None and slots[0] is not None
     return _Pending(
         layers, None if accumulated else p.start_to_host(weights),
         p.start_to_host(slots) if gradients or not accumulated else None,
         p.start_to_host(states, per_device=True),
         [self.guard.values_to_check(s) for s in stats], part)
 
-  def commit(self, entry) -> None:
+  def commit(self, entry: _Pending) -> None:
     """Commits one call's updates: each layer's weights, slots, state.
 
     Layers are checked and committed in the order of `entry` (backward order

@@ -11,6 +11,10 @@ from typing import Any, Callable, Hashable
 
 import jax
 
+from trax import layers as tl
+from trax.optimizers import base as optimizer_base
+
+from trax_revplus import placement as placement_lib
 from trax_revplus.trainer._step import fingerprints
 from trax_revplus.trainer._step import step_fns
 
@@ -22,7 +26,10 @@ class Compiler:
     n_compiled_functions: int, distinct compiled functions made so far.
   """
 
-  def __init__(self, placement, layers, optimizers, memoize, donate, adasum):
+  def __init__(self, placement: placement_lib.Placement,
+               layers: list[tl.Layer],
+               optimizers: list[optimizer_base.Optimizer], memoize: bool,
+               donate: bool, adasum: bool):
     """Args:
       placement: the trainer's `placement.Placement`.
       layers, optimizers: lists by layer index, fingerprinted on demand.
@@ -37,9 +44,13 @@ class Compiler:
     self._memoize = memoize
     self._donate = donate
     self._adasum = adasum
-    self._cache = {}
-    self._fingerprints = {}  # layer index -> its fingerprint
-    self._distinct_fingerprints = {}  # fingerprint -> its stored copy
+    # What tells equal computations apart -> their compiled function.
+    self._cache: dict[Hashable, Callable[..., Any]] = {}
+    # Layer index -> its fingerprint.
+    self._fingerprints: dict[int, tuple[Hashable, Hashable]] = {}
+    # Fingerprint -> its stored copy.
+    self._distinct_fingerprints: dict[tuple[Hashable, Hashable],
+                                      tuple[Hashable, Hashable]] = {}
     self.n_compiled_functions = 0
 
   def fingerprint_of(self, i: int) -> tuple[Hashable, Hashable]:

@@ -11,6 +11,7 @@ the host would hold. The step and the accounting follow this one rule
 import collections
 from typing import Any
 
+from trax_revplus.trainer._step import batch_parts
 from trax_revplus.trainer._step import protocols
 from trax_revplus.typing import PyTree
 
@@ -49,8 +50,9 @@ class UpdateSink:
     """A call's statistics as the walk keeps them (here: as they are)."""
     return stats
 
-  def start(self, layers, weights, slots, states, stats,
-            part=None) -> Any:
+  def start(self, layers: list[int], weights: list[PyTree] | None,
+            slots: list[PyTree] | None, states: list[PyTree],
+            stats: list[dict], part: batch_parts.Part | None = None) -> Any:
     """One call's updates are dispatched (lists over `layers`, in commit
     order; `part` the micro-batch's `Part` whose rows of each layer's
     state `states` are). Where the call only accumulated gradients,
@@ -59,7 +61,7 @@ class UpdateSink:
     them up). Returns the token `commit` takes (here: None)."""
     del layers, weights, slots, states, stats, part
 
-  def commit(self, token) -> None:
+  def commit(self, token: Any) -> None:
     """The update of `token` leaves the device (here: it is dropped)."""
 
   def end_step(self) -> None:
@@ -91,7 +93,9 @@ class CopyBack:
     self._pending: collections.deque[tuple[int, Any, Any]] = (
         collections.deque())
 
-  def push(self, layers, weights, slots, states, stats, part=None) -> None:
+  def push(self, layers: list[int], weights: list[PyTree] | None,
+           slots: list[PyTree] | None, states: list[PyTree],
+           stats: list[dict], part: batch_parts.Part | None = None) -> None:
     """One call's updates, lists over `layers` in commit (backward) order
     (see `UpdateSink.start`)."""
     token = self._sink.start(layers, weights, slots, states, stats, part)

@@ -33,12 +33,13 @@ class _Unique:
   __slots__ = ()
 
 
-def of(obj: Any, active=None) -> Hashable:
+def of(obj: Any, active: dict[int, int] | None = None) -> Hashable:
   """Returns a hashable value equal for objects that compute the same thing.
 
   Args:
     obj: a layer, optimizer, function, array, container or atom.
-    active: internal, ids of the objects being fingerprinted (cycles).
+    active: internal, id of each object being fingerprinted -> its number
+      in the order entered (cycles).
 
   Returns:
     A hashable fingerprint: equal for equal classes, hyperparameters,

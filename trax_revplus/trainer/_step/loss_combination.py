@@ -10,13 +10,17 @@ the layers before it. For any other loss `loss_combination` is None: it
 runs whole.
 """
 
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 from jax import numpy as jnp
 from trax import layers as tl
 
 from trax_revplus.trainer._step import chains
 from trax_revplus.trax_door import functions as trax_functions
+from trax_revplus.typing import Array
+
+# (slice weights, all weights) -> the factor of the loss on the slice.
+Combination = Callable[[Array, Array], Array]
 
 
 def _per_core_weights(w):
@@ -44,8 +48,7 @@ def _leaves(layer):
   return [layer]
 
 
-def loss_combination(layers: Sequence[tl.Layer]
-                     ) -> Callable[[Any], Any] | None:
+def loss_combination(layers: Sequence[tl.Layer]) -> Combination | None:
   """How slices of a loss program combine, or None if they cannot.
 
   Args:

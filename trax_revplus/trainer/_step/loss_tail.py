@@ -389,7 +389,7 @@ def pieces_grads(loss_layer: tl.Layer, k: int, chunks: int,
   return grads
 
 
-def _zero_cotangent(x: Array) -> Array:
+def _zero_cotangent(x: Array) -> Array | np.ndarray:
   """The cotangent of an input the tail does not differentiate: float0
   zeros for an integer input (as `jax.vjp` gives), zeros otherwise."""
   if jnp.issubdtype(x.dtype, jnp.inexact):

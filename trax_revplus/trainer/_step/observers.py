@@ -12,10 +12,16 @@ the step and tidy host memory; none changes the step's arrays or plan.
 """
 
 import time
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence
 
+from trax import layers as tl
+
+from trax_revplus import device_memory
+from trax_revplus import memory as memory_lib
+from trax_revplus import placement as placement_lib
 from trax_revplus.memory import host_release
 from trax_revplus.trainer._step import protocols
+from trax_revplus.typing import PyTree
 
 
 class StepObserver:
@@ -94,7 +100,10 @@ class PhaseRecorder(StepObserver):
   (`device_memory`).
   """
 
-  def __init__(self, step, step_memory, placement, layers, memory_log,
+  def __init__(self, step: int,
+               step_memory: device_memory.StepMemory | None,
+               placement: placement_lib.Placement, layers: Sequence[tl.Layer],
+               memory_log: memory_lib.MemoryLog,
                released_bytes: Callable[[], int] | None):
     """Starts the clock of the step's first phase.
 
@@ -124,20 +133,23 @@ class PhaseRecorder(StepObserver):
     `ctx.unit_start_seconds`."""
     if not self._per_layer:
       return
+    unit_start_seconds = ctx.unit_start_seconds
+    assert unit_start_seconds is not None  # set as the unit's call began
     self._placement.block(ctx.stack if ctx.phase == 'forward'
                           else ctx.grad_stack)
     names = [self._layers[i].name for i in unit.layers]
     name = names[0] if len(names) == 1 else f'{names[0]}..{names[-1]}'
     self._log.record(self._step, ctx.phase, layer=unit.layers[0],
                      layer_name=name, n_layers=len(unit.layers),
-                     seconds=time.time() - ctx.unit_start_seconds)
+                     seconds=time.time() - unit_start_seconds)
 
   def pass_ends(self, ctx: protocols.Step, phase: str) -> None:
     # Each pass's record waits for what the pass made last.
     self.end_phase(phase, {'forward': ctx.stack,
                            'loss': ctx.grad_stack}.get(phase))
 
-  def end_phase(self, phase, outputs=None, **fields) -> None:
+  def end_phase(self, phase: str, outputs: PyTree | None = None,
+                **fields: Any) -> None:
     """Records the phase that ends now, if this step is recorded.
 
     Args:
@@ -156,7 +168,7 @@ class PhaseRecorder(StepObserver):
                                        start.released_bytes)
     step_memory = self._step_memory
     peaks = {} if step_memory is None else step_memory.phase_peaks()
-    if phase in peaks:
+    if step_memory is not None and phase in peaks:
       fields['peak_device_bytes'] = step_memory.peak_device_bytes
       fields['phase_peak_device_bytes'] = peaks[phase]
       fields['peak_host_bytes'] = step_memory.peak_host_bytes

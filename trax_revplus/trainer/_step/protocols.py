@@ -146,7 +146,9 @@ class Run(Protocol):
     plan: the `plan.StepPlan` walked.
     phase: str, 'forward', 'loss' or 'backward'.
     stack: the data stack between units: per-device arrays, one or a
-      tuple, of shape (B / N, ...) per device.
+      tuple, of shape (B / N, ...) per device; None where the walk holds
+      none (after the backward pass; with micro-batches, before a part's
+      rows are placed).
     grad_stack: the cotangents of `stack` from the loss on, else None.
     rngs: list by layer index of per-device uint32[2] RNG keys.
     opt_params: list by layer index of replicated optimizer
@@ -159,7 +161,7 @@ class Run(Protocol):
   """
   plan: Any
   phase: str
-  stack: Stack
+  stack: Stack | None
   grad_stack: Stack | None
   rngs: list[Array]
   opt_params: list[PyTree]
@@ -182,8 +184,9 @@ class Run(Protocol):
   def call(self, fn: Callable[..., Any], args: tuple) -> PyTree:
     """Calls compiled function `fn` on `args`; returns its results."""
 
-  def backward_fn_of(self, unit: Unit) -> Callable[..., Any]:
-    """The compiled backward `unit` calls in this part of the step."""
+  def backward_fn_of(self, unit: Unit) -> Callable[..., Any] | None:
+    """The compiled backward `unit` calls in this part of the step, or
+    None where it compiles none."""
 
   def keep_saved(self, entries: dict[int, PyTree]) -> None:
     """Keeps what a forward saved for its backward, by layer index."""

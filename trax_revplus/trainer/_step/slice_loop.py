@@ -38,7 +38,7 @@ def stackable(tree: PyTree) -> tuple[list[Array],
 
   def merged(stacked, k):
     stacked = list(stacked)
-    out = []
+    out: list[Array | np.ndarray] = []
     for shape, float0 in shapes:
       if float0:
         out.append(np.zeros((k * shape[0],) + shape[1:], FLOAT0))
@@ -59,7 +59,8 @@ def _reshaped(carry, after_one):
   where a leaf changes more than its shape (its size, dtype or the tree)."""
   leaves, treedef = jax.tree_util.tree_flatten(carry)
   after, after_def = jax.tree_util.tree_flatten(after_one)
-  if treedef != after_def or any(
+  # jaxlib ships no stub of PyTreeDef: mypy knows no comparison of it.
+  if treedef != after_def or any(  # type: ignore[operator]
       np.size(x) != int(np.prod(a.shape)) or jnp.result_type(x) != a.dtype
       for x, a in zip(leaves, after)):
     return None
@@ -145,11 +146,11 @@ def scan_rows(body: Callable[[PyTree, PyTree], tuple[PyTree, tuple]],
     s, x = indexed
     with row_draws.slice_of(s, k):
       c, ys = body(c, x)
-    ys = list(ys)
-    ys[rows_at], merge = stackable(ys[rows_at])
+    outs = list(ys)
+    outs[rows_at], merge = stackable(outs[rows_at])
     # The tree is known only while tracing the body; the last trace's is
     # the scan's.
     merged[:] = [merge]
-    return c, tuple(ys)
+    return c, tuple(outs)
   carry, ys = loop(stacked_body, carry, (jnp.arange(k, dtype=jnp.int32), xs))
   return carry, ys, lambda: merged[0](ys[rows_at], k)

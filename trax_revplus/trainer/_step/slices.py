@@ -68,7 +68,8 @@ def state_rows(layer: tl.Layer) -> Any:
     any other leaf.
   """
   rows = _rows_of(layer)
-  same = (jax.tree_util.tree_structure(rows) ==
+  # jaxlib ships no stub of PyTreeDef: mypy knows no comparison of it.
+  same = (jax.tree_util.tree_structure(rows) ==  # type: ignore[operator]
           jax.tree_util.tree_structure(layer.state))
   return rows if same else jax.tree_util.tree_map(lambda _: BY_SHAPE,
                                                   layer.state)
@@ -95,15 +96,15 @@ class Rows:
   slice gets float0 zeros of its shape instead.
   """
 
-  def __init__(self, tree, k):
+  def __init__(self, tree: PyTree, k: int):
     self._leaves, self._treedef = jax.tree_util.tree_flatten(tree)
     self.scanned = [_split(x, k) for x in self._leaves if not is_float0(x)]
     self._k = k
 
-  def slice(self, scanned) -> PyTree:
+  def slice(self, scanned: Sequence[Array]) -> PyTree:
     """The tree of one slice, from its scanned leaves."""
     scanned = list(scanned)
-    out = []
+    out: list[Array | np.ndarray] = []
     for x in self._leaves:
       if is_float0(x):
         out.append(np.zeros((x.shape[0] // self._k,) + x.shape[1:], FLOAT0))
@@ -115,12 +116,13 @@ class Rows:
 class States:
   """Layer states: leaves split with the rows, and leaves shared whole."""
 
-  def __init__(self, states, rows, n_rows, k):
+  def __init__(self, states: PyTree, rows: PyTree, n_rows: int, k: int):
     leaves, self._treedef = jax.tree_util.tree_flatten(states)
     ms = jax.tree_util.tree_leaves(rows)
     if len(ms) != len(leaves):
       ms = [BY_SHAPE] * len(leaves)
-    self._used = []
+    # Per leaf: the entries its rows use (split), or None (shared whole).
+    self._used: list[int | None] = []
     for x, m in zip(leaves, ms):
       if m == BY_SHAPE and getattr(x, 'ndim', 0) and x.shape[0] % n_rows == 0:
         m = x.shape[0] // n_rows
@@ -134,7 +136,8 @@ class States:
                     if u is not None]
     self.shared = [x for x, u in zip(leaves, self._used) if u is None]
 
-  def slice(self, scanned, shared=None) -> PyTree:
+  def slice(self, scanned: Sequence[Array],
+            shared: Sequence[Array] | None = None) -> PyTree:
     """The states of one slice, from its scanned leaves."""
     scanned, shared = list(scanned), list(
         self.shared if shared is None else shared)
@@ -152,7 +155,7 @@ class States:
     leaf, and each shared leaf, taken from `states` (a slice's new states,
     host arrays); the other rows as they are (copied)."""
     per_row, shared = self.parts(states)
-    out = []
+    out: list[Array | np.ndarray] = []
     for x, u in zip(self._leaves, self._used):
       if u is None:
         out.append(shared.pop(0))
@@ -169,7 +172,8 @@ class States:
     return ([x for x, u in zip(leaves, self._used) if u is not None],
             [x for x, u in zip(leaves, self._used) if u is None])
 
-  def join(self, stacked, shared) -> PyTree:
+  def join(self, stacked: Sequence[Array],
+           shared: Sequence[Array]) -> PyTree:
     """The whole new states: the slices' per-row leaves put back together
     (rows beyond the batch's kept), the last slice's shared leaves."""
     stacked, shared = list(stacked), list(shared)

@@ -19,6 +19,7 @@ from trax.fastmath import numpy as jnp
 from trax_revplus import memory as memory_lib
 from trax_revplus import placement as placement_lib
 from trax_revplus.trainer import host_store as store_lib
+from trax_revplus.trainer._plan import planner as planner_lib
 from trax_revplus.trainer._step import batch_parts
 from trax_revplus.trainer._step import commit as commit_lib
 from trax_revplus.trainer._step import observers as observers_lib
@@ -65,22 +66,26 @@ class StepContext(step_run_lib.StepRun):
       where it was not accounted.
   """
 
-  def __init__(self, planned, step, batch, rngs, step_placed, parts):
+  def __init__(self, planned: planner_lib.PlannedStep, step: int,
+               batch: Batch, rngs: list[PRNGKey], step_placed: Array,
+               parts: TrainerParts):
     """Use `for_step`."""
     super().__init__(planned.plan, None, rngs, parts.store.opt_params,
                      step_placed, parts.commits, parts.store.ties)
     self.units = planned.units
     self.step = step
-    self.unit_start_seconds = None
-    self.calling = None
+    self.unit_start_seconds: float | None = None
+    self.calling: str | None = None
     self.planned_peak_bytes = (None if planned.memory is None else
                                planned.memory.peak_device_bytes)
-    self._unit = None
-    self._batch = batch
+    self._unit: protocols.Unit | None = None
+    # Placed when the walk begins (`begin`, `begin_part`); then None.
+    self._batch: Batch | None = batch
     # The caller holds the batch for the whole step (`held_on_host`).
     self._host_batch = batch
     self._placement = parts.placement
     self._store = parts.store
+    self._commits = parts.commits
     self._free_accelerators = parts.free_accelerators
     self._step_memory = planned.memory
     release = parts.release
@@ -93,7 +98,8 @@ class StepContext(step_run_lib.StepRun):
         o for o in (release, self._recorder) if o is not None]
 
   @classmethod
-  def for_step(cls, planned, step: int, rng: PRNGKey, batch: Batch,
+  def for_step(cls, planned: planner_lib.PlannedStep, step: int,
+               rng: PRNGKey, batch: Batch,
                parts: TrainerParts) -> 'StepContext':
     """Places the step and its per-layer RNGs; starts timing phases. The
     batch is placed when the walk begins (`begin`).
@@ -140,22 +146,24 @@ class StepContext(step_run_lib.StepRun):
     so that the forward phase counts its bytes."""
     if self._free_accelerators:
       self._free_device_buffers(self._store.keep())
+    batch = self._batch
+    assert batch is not None  # the walk begins once
     if n_parts == 1:
-      self.stack = self._placement.shard_batch(self._batch)
+      self.stack = self._placement.shard_batch(batch)
       self._batch = None
       return
-    item = batch_parts.loss_weights_item(self._store.layers,
-                                         len(self._batch))
-    self.loss_weights = self._placement.shard_batch(self._batch[item])
+    item = batch_parts.loss_weights_item(self._store.layers, len(batch))
+    assert item is not None  # else micro-batches refused (`refusal`)
+    self.loss_weights = self._placement.shard_batch(batch[item])
 
   def begin_part(self, index: int, n_parts: int) -> None:
     if n_parts == 1:
       return
-    self.part, rows = batch_parts.part_of_batch(
-        self._batch, index, n_parts,
-        self._placement.n_local_devices)
+    part, rows = batch_parts.part_of_batch(
+        self._batch, index, n_parts, self._placement.n_local_devices)
+    self.part = part
     self.stack = self._placement.shard_batch(rows)
-    if self.part.last:
+    if part.last:
       self._batch = None
 
   def unit_done(self, unit: protocols.Unit) -> None:
@@ -202,6 +210,7 @@ class StepContext(step_run_lib.StepRun):
     return self._placement.per_device(states)
 
   def call(self, fn: Callable[..., Any], args: tuple) -> PyTree:
+    assert self._unit is not None  # each call's unit takes its `params`
     self.calling = step_run_lib.call_name(self.phase, self._unit,
                                           self._store.layers)
     return fn(*args)
@@ -219,12 +228,13 @@ class StepContext(step_run_lib.StepRun):
   def gradients_from_host(self, layers: list[int],
                           weights: list[PyTree]) -> list[PyTree]:
     del weights  # Placed as weights are: `Placement.place_params`.
-    return self._placement.place_params(self.sink.take_gradients(layers))
+    return self._placement.place_params(
+        self._commits.take_gradients(layers))
 
   def duplicate(self, array: PyTree) -> PyTree:
     return jnp.copy(array)
 
-  def params(self, unit, following,
+  def params(self, unit: protocols.Unit, following: protocols.Unit | None,
              with_slots: bool) -> tuple[list[PyTree], list[PyTree] | None]:
     params = super().params(unit, following, with_slots)
     self._unit = unit
@@ -239,7 +249,7 @@ class StepContext(step_run_lib.StepRun):
   def from_host(self, waiting: Any) -> PyTree:
     return waiting.place_back(self._placement.transfers)
 
-  def block(self, tree) -> None:
+  def block(self, tree: PyTree) -> None:
     """Waits for the device arrays in `tree`."""
     self._placement.block(tree)
 

@@ -18,12 +18,19 @@ hold (`ahead`), where an update leaving the device only leaves
 """
 
 import abc
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
+
+from trax import layers as tl
+from trax.optimizers import base as optimizer_base
 
 from trax_revplus.trainer import ties as ties_lib
+from trax_revplus.trainer._plan import plan as plan_lib
+from trax_revplus.trainer._step import batch_parts
 from trax_revplus.trainer._step import copy_back as copy_back_lib
 from trax_revplus.trainer._step import protocols
+from trax_revplus.typing import Array
 from trax_revplus.typing import PyTree
+from trax_revplus.typing import Stack
 
 # The copy-back rule and its sink (`copy_back`), by their names here too.
 commit_waits = copy_back_lib.commit_waits
@@ -31,7 +38,8 @@ CopyBack = copy_back_lib.CopyBack
 UpdateSink = copy_back_lib.UpdateSink
 
 
-def call_name(phase: str, unit, layers) -> str:
+def call_name(phase: str, unit: protocols.Unit,
+              layers: Sequence[tl.Layer]) -> str:
   """What the memory figures and errors call a unit's call in `phase`, e.g.
   'backward layers 3..6', 'loss layer 9 (Serial)'.
 
@@ -60,7 +68,7 @@ class StepRun(abc.ABC):
   Attributes:
     plan: the `plan.StepPlan` walked (fixed for the walk).
     stack: the data stack between units (trax's layout: one array or a
-      tuple); the walks replace it as they go.
+      tuple); the walks replace it as they go (None where they hold none).
     grad_stack: the cotangents of `stack`, from the loss on.
     saved: dict, layer index -> (inputs, new state) of a standard layer,
       (old state, new state) of a reversible one: what the forward pass
@@ -90,27 +98,30 @@ class StepRun(abc.ABC):
       share of the batch's loss).
   """
 
-  def __init__(self, plan, stack, rngs, opt_params, step_placed,
-               sink: protocols.UpdateSink, ties=None):
+  def __init__(self, plan: plan_lib.StepPlan, stack: Stack | None,
+               rngs: list[Array], opt_params: list[PyTree],
+               step_placed: Array, sink: protocols.UpdateSink,
+               ties: ties_lib.Ties | None = None):
     self.plan = plan
-    self.stack = stack
-    self.grad_stack = None
-    self.saved = {}
-    self.on_host = {}
+    self.stack: Stack | None = stack
+    self.grad_stack: Stack | None = None
+    self.saved: dict[int, PyTree] = {}
+    self.on_host: dict[int, Any] = {}
     self.rngs = rngs
     self.opt_params = opt_params
     self.step_placed = step_placed
-    self.stats = []
+    self.stats: list[dict] = []
     self.phase = 'forward'
     self.sink = sink
     self.copy_back = CopyBack(plan.n_async_layers, sink)
     self.ties = ties if ties is not None else ties_lib.Ties()
-    self.tied = {}
-    self.part = None
-    self.loss_weights = None
-    self.grads = {}
-    self.part_losses = []
-    self._next = None  # (unit, its params) placed ahead of its call
+    self.tied: dict[tuple[int, int], PyTree] = {}
+    self.part: batch_parts.Part | None = None
+    self.loss_weights: Array | None = None
+    self.grads: dict[int, PyTree] = {}
+    self.part_losses: list[Array] = []
+    # (unit, its params) placed ahead of its call.
+    self._next: tuple[protocols.Unit, Any] | None = None
 
   # What the device holds: one description for the step, the freeing of
   # device buffers and the accounting.
@@ -172,7 +183,7 @@ class StepRun(abc.ABC):
 
   # What the forward pass keeps for the backward pass, and where it waits.
 
-  def keep_saved(self, entries) -> None:
+  def keep_saved(self, entries: dict[int, PyTree]) -> None:
     """Keeps what a unit's forward saved for its backward: on the device,
     or where the plan says so, on the host (`to_host`).
 
@@ -235,8 +246,10 @@ class StepRun(abc.ABC):
     gradients (any but the step's last)."""
     return self.part is not None and not self.part.last
 
-  def backward_fn_of(self, unit: protocols.Unit) -> Callable[..., Any]:
-    """The compiled backward `unit` calls in this part of the step."""
+  def backward_fn_of(self, unit: protocols.Unit
+                     ) -> Callable[..., Any] | None:
+    """The compiled backward `unit` calls in this part of the step, or
+    None where it compiles none (a reordering of the stack)."""
     return unit.accumulate_fn if self.accumulating else unit.backward_fn
 
   def place_ahead(self, unit: protocols.Unit, with_slots: bool) -> None:
@@ -316,7 +329,9 @@ class StepRun(abc.ABC):
 
   # What happens to a call's updates.
 
-  def updated(self, layers, weights, slots, states, stats) -> None:
+  def updated(self, layers: list[int], weights: list[PyTree],
+              slots: list[PyTree], states: list[PyTree],
+              stats: list[dict]) -> None:
     """A call's updates, lists over `layers` in commit (backward) order:
     its statistics kept (as the sink reads them), the updates handed to
     the sink on their way off the device (`CopyBack`). In a micro-batch
@@ -362,7 +377,7 @@ class StepRun(abc.ABC):
   def unit_done(self, unit: protocols.Unit) -> None:
     """After `unit`'s call in the pass `phase` ('forward' or 'backward')."""
 
-  def end_pass(self, phase) -> None:
+  def end_pass(self, phase: str) -> None:
     """After the pass `phase`: 'forward', 'loss', then 'backward' (once
     every update has left the device)."""
 
@@ -376,7 +391,8 @@ class StepRun(abc.ABC):
       self.sink.end_step()
 
 
-def host_params(layers, optimizers) -> PyTree:
+def host_params(layers: Sequence[tl.Layer],
+                optimizers: Sequence[optimizer_base.Optimizer]) -> PyTree:
   """(weights, state, slots) of `layers` and their `optimizers` (lists by
   layer index), as the host keeps them between steps."""
   return ([layer.weights for layer in layers],

@@ -5,6 +5,11 @@
 trainer's `compilation.Compiler`.
 """
 
+from typing import Any, Callable
+
+from trax import layers as tl
+from trax.optimizers import base as optimizer_base
+
 from trax_revplus.trainer import ties as ties_lib
 from trax_revplus.trainer._step import attention_heads
 from trax_revplus.trainer._step import chains
@@ -19,7 +24,7 @@ from trax_revplus.trainer._step.units import StandardUnit
 from trax_revplus.trax_door import layers as layer_door
 
 
-def is_permutation(layer) -> bool:
+def is_permutation(layer: tl.Layer) -> bool:
   """Whether `layer` is a reversible layer that only permutes its inputs
   (trax's `ReversibleSelect` with each input once: `ReversibleSwap`)."""
   indices = layer_door.select_indices(layer)
@@ -47,8 +52,10 @@ class UnitFactory:
   """Builds units: their functions (`step_fns`, `slices`), compiled by
   `compile`."""
 
-  def __init__(self, layers, optimizers, compile_fn, n_devices, adasum,
-               ties=None):
+  def __init__(self, layers: list[tl.Layer],
+               optimizers: list[optimizer_base.Optimizer],
+               compile_fn: Callable[..., Callable[..., Any]], n_devices: int,
+               adasum: bool, ties: ties_lib.Ties | None = None):
     """Args:
       layers, optimizers: lists by layer index (forward order).
       compile_fn: `compilation.Compiler.compile`.
