@@ -27,6 +27,7 @@ from typing import Any, Callable
 from absl import logging
 
 from trax_revplus import import_signals
+from trax_revplus import trax_import
 
 SIGNALS = ('SIGINT', 'SIGTERM')
 
@@ -144,7 +145,7 @@ def _callback_class() -> type:
   Made on first use: its base class comes with trax, which this module does
   not import, so that signals are handled while trax is being imported.
   """
-  from trax.supervised import callbacks  # pylint: disable=g-import-not-at-top
+  callbacks = trax_import.module('trax.supervised.callbacks')
 
   class _StopOnSignalCallback(callbacks.TrainingStepCallback):
     """Saves a checkpoint and raises `Interrupted` after a signalled step."""

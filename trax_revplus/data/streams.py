@@ -7,6 +7,7 @@ restores. In a multi-process run each process reads its own rows of the same
 global train batch.
 """
 
+import jax
 import numpy as np
 from trax.data import inputs as trax_inputs
 
@@ -29,7 +30,6 @@ def _check_divisible(name, batch_size, n_devices):
 
 def _this_process():
   """(index, count) of this process in a multi-process JAX run."""
-  import jax  # pylint: disable=g-import-not-at-top
   return jax.process_index(), jax.process_count()
 
 

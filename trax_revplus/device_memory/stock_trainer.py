@@ -40,6 +40,7 @@ One device only: on more, stock's `one_step` replicates with
 import jax
 import numpy as np
 
+from trax import layers as tl
 from trax.layers import combinators as cb
 
 from trax_revplus.device_memory import composition
@@ -246,7 +247,6 @@ def step_1_failure(trainer) -> str | None:
   Returns:
     One line naming the error, the layer and the two places; or None.
   """
-  from trax import layers as tl  # pylint: disable=g-import-not-at-top
   layers = list(trainer.all_layers)
   for k, layer in enumerate(layers):
     placed = (tl.on_accelerator(layer.weights)

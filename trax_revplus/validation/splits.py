@@ -3,6 +3,7 @@ plan's dimensions check their own splits: `trainer._plan.dimensions`)."""
 
 import numpy as np
 
+from trax_revplus import trax_import
 from trax_revplus.validation import errors
 
 
@@ -19,7 +20,7 @@ def check_n_devices(n_devices):
     DeviceCountError: if n_devices is not a positive int or exceeds
       `jax.local_device_count()`.
   """
-  import jax  # pylint: disable=g-import-not-at-top
+  jax = trax_import.module('jax')
   available = jax.local_device_count()
   if n_devices is None:
     return available
