@@ -145,9 +145,10 @@ def _callback_class() -> type:
   Made on first use: its base class comes with trax, which this module does
   not import, so that signals are handled while trax is being imported.
   """
-  callbacks = trax_import.module('trax.supervised.callbacks')
+  step_callback: Any = trax_import.module(
+      'trax.supervised.callbacks').TrainingStepCallback
 
-  class _StopOnSignalCallback(callbacks.TrainingStepCallback):
+  class _StopOnSignalCallback(step_callback):
     """Saves a checkpoint and raises `Interrupted` after a signalled step."""
 
     def __init__(self, loop, owner):

@@ -67,9 +67,10 @@ def stop_together(stop: Any) -> Any:
   Returns:
     The callback class's factory, for `train.callbacks`.
   """
-  callbacks = trax_import.module('trax.supervised.callbacks')
+  step_callback: Any = trax_import.module(
+      'trax.supervised.callbacks').TrainingStepCallback
 
-  class _StopTogether(callbacks.TrainingStepCallback):
+  class _StopTogether(step_callback):
     """Agrees on a signal at the end of every step."""
 
     def call_at(self, step):
