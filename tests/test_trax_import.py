@@ -1,6 +1,8 @@
 """trax_import: trax imported without its stack walks, with the same layers."""
 
 import inspect
+import subprocess
+import sys
 
 import pytest
 from trax import layers as tl
@@ -46,3 +48,23 @@ def test_inspect_stack_is_restored_after_the_block_even_on_error():
       assert inspect.stack is trax_import.frames_without_source
       raise RuntimeError('stop')
   assert inspect.stack is saved
+
+
+def test_module_imports_trax_and_jax_modules_only():
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  from trax.supervised import callbacks  # pylint: disable=g-import-not-at-top
+  assert (trax_import.module('jax.experimental.multihost_utils') is
+          multihost_utils)
+  assert trax_import.module('trax.supervised.callbacks') is callbacks
+  for name in ('numpy', 'trax_revplus.swap', 'jaxtyping'):
+    with pytest.raises(ValueError, match=name):
+      trax_import.module(name)
+
+
+def test_module_imports_trax_without_stack_walks():
+  code = ('import inspect, sys; from trax_revplus import trax_import; '
+          'calls = []; stack = inspect.stack; '
+          'inspect.stack = lambda *a: calls.append(1) or stack(*a); '
+          "trax_import.module('trax.layers'); "
+          "assert 'trax' in sys.modules and not calls, len(calls)")
+  subprocess.run([sys.executable, '-c', code], check=True)

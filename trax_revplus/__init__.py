@@ -12,6 +12,8 @@ errors); deeper module paths are the implementation and may move.
 
 import importlib
 
+from trax_revplus import trax_import
+
 __version__ = '0.1.0'
 
 # Public names and the submodules defining them, imported on first use: the
@@ -37,7 +39,6 @@ def __getattr__(name):
   module = _EXPORTS.get(name)
   if module is None:
     raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
-  from trax_revplus import trax_import  # pylint: disable=g-import-not-at-top
   trax_import.import_trax()
   value = getattr(importlib.import_module(module), name)
   globals()[name] = value

@@ -12,7 +12,8 @@ another. A process that runs on the device opens the backend with
 (`BusyDeviceError`).
 
 JAX is imported only where the backend opens (in the child, or by
-`open_backend`): the parents that use `call` need none of it.
+`open_backend`, through `trax_import.module`): the parents that use `call`
+need none of it.
 """
 
 import importlib
@@ -24,6 +25,7 @@ import sys
 import traceback
 from typing import Any, Mapping
 
+from trax_revplus import trax_import
 from trax_revplus.errors import EXIT_RUNTIME
 from trax_revplus.errors import one_line
 from trax_revplus.errors import UserError
@@ -116,7 +118,7 @@ def open_backend() -> None:
     BusyDeviceError: another process holds the device.
     Whatever else JAX raises when the backend cannot start.
   """
-  import jax  # pylint: disable=g-import-not-at-top
+  jax = trax_import.module('jax')
   try:
     jax.devices()
   except Exception as e:  # pylint: disable=broad-except
@@ -133,7 +135,7 @@ def describe() -> dict[str, Any]:
   Raises:
     BusyDeviceError: another process holds the device.
   """
-  import jax  # pylint: disable=g-import-not-at-top
+  jax = trax_import.module('jax')
   open_backend()
   local = jax.local_devices()
   return {'platform': local[0].platform, 'local_device_count': len(local),

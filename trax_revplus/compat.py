@@ -25,8 +25,10 @@ jax itself is left as it is: only the names trax's modules call are bound.
 from absl import logging
 import jax
 import numpy as np
+from trax import fastmath
 
 from trax_revplus.multiprocess import training as processes
+from trax_revplus.trax_door import functions as trax_functions
 
 
 def tree_unflatten(flat, tree, copy_from_tree=None):
@@ -85,7 +87,6 @@ def for_n_devices(x, n_devices):
     `x` itself when `n_devices == 1`; otherwise a pytree of the same
     structure whose leaves have shape `(n_devices,) + leaf.shape`.
   """
-  from trax import fastmath  # pylint: disable=g-import-not-at-top
   if n_devices <= 1:
     return x
   def replicate(leaf):
@@ -114,10 +115,6 @@ def init_host_and_devices(n_devices=None, random_seed=None):
   Raises:
     ValueError: n_devices is not the local device count (as trax, on JAX).
   """
-  # Imported here: trax takes seconds of CPU to import (see
-  # trax_revplus/__init__).
-  from trax import fastmath  # pylint: disable=g-import-not-at-top
-  from trax_revplus.trax_door import functions as trax_functions  # pylint: disable=g-import-not-at-top
   if fastmath.is_backend(fastmath.Backend.JAX):
     host_id = jax.process_index()
     host_count = jax.process_count()
@@ -157,7 +154,6 @@ def accelerate(f, n_devices):
   Returns:
     The compiled function, same signature as `f`.
   """
-  from trax import fastmath  # pylint: disable=g-import-not-at-top
   if n_devices == 1:
     return fastmath.jit(f)
   if n_devices > 1:
@@ -190,7 +186,6 @@ def on_cpu(x):
     The pytree with `jax.Array` leaves on this process's CPU device (with
     another backend than JAX's, `x` itself, as trax).
   """
-  from trax import fastmath  # pylint: disable=g-import-not-at-top
   if not fastmath.is_backend(fastmath.Backend.JAX):
     return x
   return jax.device_put(x, local_cpu_device())

@@ -26,6 +26,8 @@ import re
 import tempfile
 from typing import Iterator
 
+from trax_revplus import trax_import
+
 AUTO = 'auto'
 # The most bytes the cache keeps: past it, the entries read least recently
 # go. JAX keeps a cache with a size under a file lock (the `filelock`
@@ -102,9 +104,9 @@ def enable(directory: str = AUTO) -> str:
   Raises:
     CompilationCacheError: as `check_writable`.
   """
-  # Imported here: `trax-revplus` checks its flags before JAX is imported.
-  import jax  # pylint: disable=g-import-not-at-top
-  from jax.experimental.compilation_cache import compilation_cache  # pylint: disable=g-import-not-at-top
+  jax = trax_import.module('jax')
+  compilation_cache = trax_import.module(
+      'jax.experimental.compilation_cache.compilation_cache')
   path = check_writable(directory)
   jax.config.update('jax_compilation_cache_dir', path)
   jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
@@ -133,8 +135,9 @@ def enabled(directory: str = AUTO) -> Iterator[str]:
   Raises:
     CompilationCacheError: as `check_writable`.
   """
-  import jax  # pylint: disable=g-import-not-at-top
-  from jax.experimental.compilation_cache import compilation_cache  # pylint: disable=g-import-not-at-top
+  jax = trax_import.module('jax')
+  compilation_cache = trax_import.module(
+      'jax.experimental.compilation_cache.compilation_cache')
   saved = {name: getattr(jax.config, name) for name in _SETTINGS}
   try:
     yield enable(directory)

@@ -27,6 +27,7 @@ from typing import Any, Callable
 from absl import logging
 
 from trax_revplus import import_signals
+from trax_revplus import trax_import
 
 SIGNALS = ('SIGINT', 'SIGTERM')
 
@@ -144,9 +145,10 @@ def _callback_class() -> type:
   Made on first use: its base class comes with trax, which this module does
   not import, so that signals are handled while trax is being imported.
   """
-  from trax.supervised import callbacks  # pylint: disable=g-import-not-at-top
+  step_callback: Any = trax_import.module(
+      'trax.supervised.callbacks').TrainingStepCallback
 
-  class _StopOnSignalCallback(callbacks.TrainingStepCallback):
+  class _StopOnSignalCallback(step_callback):
     """Saves a checkpoint and raises `Interrupted` after a signalled step."""
 
     def __init__(self, loop, owner):

@@ -22,9 +22,15 @@ from absl import logging
 from trax import fastmath as _fastmath
 from trax.layers import acceleration as _stock_acceleration
 from trax.layers import reversible as _stock_reversible
+from trax.optimizers import base as _optimizer_base
 from trax.optimizers import trainer as _stock_trainer
 from trax.supervised import training as _training
 
+from trax_revplus import checkpoints
+from trax_revplus import compat
+from trax_revplus import evaluation
+from trax_revplus import layers
+from trax_revplus import trainer as trainer_lib
 from trax_revplus import validation
 from trax_revplus.trax_door import functions as trax_functions
 from trax_revplus.trax_door import loop as loop_door
@@ -44,15 +50,13 @@ _eval_model_given: weakref.WeakKeyDictionary[Any, Any] = (
 
 def _replacements():
   """Maps each stock object (by id) to (stock object, replacement)."""
-  # Imported here: these modules import trax_revplus.swap indirectly.
-  from trax_revplus import compat  # pylint: disable=g-import-not-at-top
-  from trax_revplus import layers  # pylint: disable=g-import-not-at-top
-  from trax_revplus import trainer  # pylint: disable=g-import-not-at-top
   pairs = [
       (_stock_reversible.ReversibleHalfResidual, layers.ReversibleHalfResidual),
       (_stock_reversible.ReversibleSerial, layers.ReversibleSerial),
-      (_stock_trainer.ReversibleSerialTrainer, trainer.ReversibleSerialTrainer),
-      (_stock_trainer.init_reversible_blocks, trainer.init_reversible_blocks),
+      (_stock_trainer.ReversibleSerialTrainer,
+       trainer_lib.ReversibleSerialTrainer),
+      (_stock_trainer.init_reversible_blocks,
+       trainer_lib.init_reversible_blocks),
       # Helpers of trax's Loop that current JAX broke or deprecated.
       (_fastmath.tree_unflatten, compat.tree_unflatten),
       (_stock_acceleration.for_n_devices, compat.for_n_devices),
@@ -111,10 +115,9 @@ def _loop_init(loop, *args, **kwargs):
   if mode:
     tasks = arguments.get('tasks')
     tasks = tasks if isinstance(tasks, (list, tuple)) else [tasks]
-    from trax.optimizers import base as optimizer_base  # pylint: disable=g-import-not-at-top
     for index, task in enumerate(tasks):
       optimizer = getattr(task, 'optimizer', None)
-      if isinstance(optimizer, optimizer_base.Optimizer):
+      if isinstance(optimizer, _optimizer_base.Optimizer):
         raise validation.OptimizerFactoryError(
             _optimizer_instance_message(mode, index, optimizer))
       validation.check_optimizer_factory(optimizer)
@@ -150,12 +153,6 @@ def _init_evaluator_with_eval_model(loop, eval_task):
                       '(%s); evaluating the training model instead.', e)
     else:
       loop_door.set_eval_model(loop, eval_model)
-  # Imported here: these modules import trax_revplus.swap indirectly.
-  # pylint: disable=g-import-not-at-top
-  from trax_revplus import compat
-  from trax_revplus import evaluation
-  from trax_revplus import trainer as trainer_lib
-  # pylint: enable=g-import-not-at-top
   trainer = loop_door.trainers(loop)[0]
   if (memory_efficient and
       isinstance(trainer, trainer_lib.ReversibleSerialTrainer)):
@@ -172,7 +169,6 @@ def _init_evaluator_with_eval_model(loop, eval_task):
 
 def _loop_methods():
   """Maps names of `training.Loop` methods to trax_revplus's versions."""
-  from trax_revplus import checkpoints  # pylint: disable=g-import-not-at-top
   return {
       '__init__': _loop_init,
       '_init_trainer': _init_trainer_with_output_dir,

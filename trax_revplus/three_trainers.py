@@ -10,16 +10,23 @@ trainer that cannot be built or compiled on this JAX gets a one-line error
 instead of figures (`device_memory.account`).
 
 It stands beside `trax_revplus.device_memory` rather than in it: it builds
-trax_revplus's trainer, which imports that package. trax's trainers and
-trax_revplus's are imported when a trainer is built.
+trax_revplus's trainer, which imports that package.
 """
 
 import dataclasses
 from typing import Any
 
+from trax import fastmath
+from trax import layers as tl
+from trax import optimizers
+from trax import shapes
+from trax.optimizers import trainer as stock_lib
+
 from trax_revplus import device_memory
 from trax_revplus import swap
+from trax_revplus import trainer as rev_lib
 from trax_revplus import validation
+from trax_revplus.trainer._plan import budget as budget_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +70,6 @@ class ThreeTrainers:
 
 def init_signature(batch):
   """The batch's `trax.shapes.ShapeDtype`s, as models are initialized."""
-  from trax import shapes  # pylint: disable=g-import-not-at-top
   return tuple(shapes.ShapeDtype(x.shape, x.dtype) for x in batch)
 
 
@@ -71,7 +77,6 @@ def reversible_blocks(module, cfg):
   """The config's model and loss as `module`'s reversible blocks (stock
   trax's or trax_revplus's trainer module), initialized: (blocks, loss
   layer)."""
-  from trax import fastmath  # pylint: disable=g-import-not-at-top
   blocks, loss_layer = module.extract_reversible_blocks([cfg.model(),
                                                          cfg.loss()])
   module.init_reversible_blocks(blocks, loss_layer,
@@ -81,11 +86,6 @@ def reversible_blocks(module, cfg):
 
 
 def _default(cfg, backend: str) -> device_memory.TrainerMemory:
-  # pylint: disable=g-import-not-at-top
-  from trax import fastmath
-  from trax import layers as tl
-  from trax import optimizers
-  # pylint: enable=g-import-not-at-top
   model = tl.Serial(cfg.model(), cfg.loss())
   model.init(init_signature(cfg.batch), rng=fastmath.random.get_prng(0))
   opt = cfg.optimizer()
@@ -95,7 +95,6 @@ def _default(cfg, backend: str) -> device_memory.TrainerMemory:
 
 
 def _stock(cfg, backend: str) -> device_memory.TrainerMemory:
-  from trax.optimizers import trainer as stock_lib  # pylint: disable=g-import-not-at-top
   blocks, loss_layer = reversible_blocks(stock_lib, cfg)
   trainer = stock_lib.ReversibleSerialTrainer(blocks, loss_layer,
                                               cfg.optimizer, n_devices=1)
@@ -114,10 +113,6 @@ def _revplus(cfg, backend: str, n_devices: int,
   the least plan and the plans weighed come from one search: a plan is
   accounted once.
   """
-  # pylint: disable=g-import-not-at-top
-  from trax_revplus import trainer as rev_lib
-  from trax_revplus.trainer._plan import budget as budget_lib
-  # pylint: enable=g-import-not-at-top
   blocks, loss_layer = reversible_blocks(rev_lib, cfg)
   budget = ({} if device_memory_bytes is None else
             {'device_memory_budget_bytes': device_memory_bytes})

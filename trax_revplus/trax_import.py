@@ -1,4 +1,15 @@
-"""Importing trax 1.4.1 without its import-time stack walks.
+"""trax and JAX imported lazily, in one place; trax without its stack walks.
+
+Some processes must not import trax or JAX at all: `import trax_revplus`
+(tests/test_public_api.py), and the `trax-revplus` command until a command
+runs (it answers --help and mistakes in flags at once; trax's import takes
+seconds of CPU). None of the parents of `compare` and `launch` may open
+JAX's backend (`trax_revplus.backend`). The modules
+those processes load, and which use trax or JAX later in their functions,
+import them through `module` here, never with an `import` inside a
+function (tests/test_imports.py): every lazy import of trax or JAX is a
+call of `module`, and imports trax by `import_trax`. Modules only ever
+loaded after trax import it at their top.
 
 trax's `@assert_shape` decorator (`trax/layers/assert_shape.py`) runs once
 per decorated layer while trax's modules are imported, and each run calls
@@ -16,6 +27,7 @@ same, messages included. Outside the import, `inspect.stack` is Python's.
 """
 
 import contextlib
+import importlib
 import inspect
 import sys
 import types
@@ -65,4 +77,30 @@ def import_trax() -> None:
   if 'trax' in sys.modules:
     return
   with stack_without_source():
-    import trax  # noqa: F401  # pylint: disable=g-import-not-at-top,unused-import
+    importlib.import_module('trax')
+
+
+# The packages whose modules `module` imports.
+_LAZY_PACKAGES = ('jax', 'trax')
+
+
+def module(name: str) -> types.ModuleType:
+  """trax's or JAX's module `name`, imported now if it is not yet.
+
+  Args:
+    name: a module of trax or JAX, e.g. 'jax',
+      'jax.experimental.multihost_utils' or 'trax.supervised.training'.
+      trax's modules are imported after `import_trax`.
+
+  Returns:
+    The module.
+
+  Raises:
+    ValueError: `name` is not a module of trax or JAX.
+    ImportError: the module or one of its dependencies cannot be imported.
+  """
+  if name.partition('.')[0] not in _LAZY_PACKAGES:
+    raise ValueError(f'{name} is not a module of trax or JAX')
+  if name.partition('.')[0] == 'trax':
+    import_trax()
+  return importlib.import_module(name)

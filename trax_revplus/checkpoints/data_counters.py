@@ -20,6 +20,7 @@ import pickle
 from typing import Any, Iterator
 
 from absl import logging
+import jax
 
 from trax.data import inputs as trax_inputs
 from trax.supervised import training
@@ -40,7 +41,6 @@ def file_name(host_id: int | None = None) -> str:
   Args:
     host_id: int or None (this process's index, `jax.process_index()`).
   """
-  import jax  # pylint: disable=g-import-not-at-top
   host_id = jax.process_index() if host_id is None else host_id
   return 'data_counters%d.pkl' % host_id
 

@@ -9,6 +9,7 @@ paths answer before trax's import (seconds of CPU). Run as `trax-revplus ...` or
 `python -m trax_revplus.cli ...`.
 """
 
+import importlib
 import signal
 import sys
 import threading
@@ -33,19 +34,10 @@ __all__ = ['main', 'run', 'parse_configs', 'import_trax_quietly',
 
 
 def _command(name: str):
-  """The `run(flags)` of command `name`, imported when it runs."""
-  # pylint: disable=g-import-not-at-top
-  if name == 'train':
-    from trax_revplus.cli import train as module
-  elif name == 'compare':
-    from trax_revplus.cli import compare as module
-  elif name == 'estimate':
-    from trax_revplus.cli import estimate as module
-  elif name == 'launch':
-    from trax_revplus.cli import launch as module
-  else:
-    from trax_revplus.cli import plot_memory as module
-  # pylint: enable=g-import-not-at-top
+  """The `run(flags)` of command `name` (one of `parser.COMMANDS`),
+  imported when it runs: --help and mistakes in flags are answered with
+  the standard library alone."""
+  module = importlib.import_module(f'{__name__}.{name.replace("-", "_")}')
   return module.run
 
 

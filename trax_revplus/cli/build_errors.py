@@ -22,6 +22,7 @@ import contextlib
 import functools
 from typing import Any, Callable, Iterator
 
+from trax_revplus import trax_import
 from trax_revplus.trax_door import loop as loop_door
 
 # What a model's code raises for a binding it cannot take (a layer's own
@@ -74,8 +75,7 @@ def _ours(error: BaseException) -> bool:
 
 
 def _layer_error() -> type[Exception]:
-  from trax.layers import base  # pylint: disable=g-import-not-at-top
-  return base.LayerError
+  return trax_import.module('trax.layers.base').LayerError
 
 
 def as_model_error(error: Exception) -> Exception:
@@ -147,7 +147,7 @@ def watch_loop_build() -> Iterator[LoopBuild]:
   Yields:
     `LoopBuild`, naming the Loop once its construction has begun.
   """
-  from trax.supervised import training  # pylint: disable=g-import-not-at-top
+  training = trax_import.module('trax.supervised.training')
   layer_error = _layer_error()
   build = LoopBuild()
   init = vars(training.Loop)['__init__']

@@ -20,10 +20,14 @@ import sys
 import time
 from typing import Sequence, TextIO
 
+import gin
+
 from trax_revplus import backend
 from trax_revplus import output_files
+from trax_revplus import trax_import
 from trax_revplus.cli import gin_config
 from trax_revplus.cli import output_dir as output_dirs
+from trax_revplus.cli import parsed_config
 from trax_revplus.cli import preflight
 from trax_revplus.cli.config_flags import configs_from_flags
 from trax_revplus.cli.messages import PROG
@@ -67,8 +71,9 @@ def check_config(config_files: Sequence[str], bindings: Sequence[str]
   Raises:
     UserError: as `train` (exit status 2 for a setting it rejects).
   """
-  import gin  # pylint: disable=g-import-not-at-top
   gin_config.import_trax_quietly()
+  # Here: swap imports trax, which the parent running this in a child
+  # (`compare_main`) never does.
   from trax_revplus import swap  # pylint: disable=g-import-not-at-top
   try:
     gin_config.parse_configs(list(config_files), list(bindings))
@@ -76,8 +81,7 @@ def check_config(config_files: Sequence[str], bindings: Sequence[str]
     preflight.check_config()
     # The batch against the devices and batch slices, as the trainer checks
     # it at its first step: one batch of the inputs, no model built.
-    import jax  # pylint: disable=g-import-not-at-top
-    from trax_revplus.cli import parsed_config  # pylint: disable=g-import-not-at-top
+    jax = trax_import.module('jax')
     n_devices = gin_config.bound_value('train.n_devices', None)
     if not isinstance(n_devices, int):
       n_devices = jax.local_device_count()

@@ -30,8 +30,12 @@ import logging as std_logging
 import sys
 from typing import Sequence
 
+import gin
+
+import trax_revplus
 from trax_revplus import notices
 from trax_revplus import output_files
+from trax_revplus import trax_import
 from trax_revplus import validation
 from trax_revplus.byte_sizes import format_bytes
 from trax_revplus.cli import cache_flags
@@ -88,7 +92,8 @@ def estimate(device_memory_bytes: int | None, n_devices: int,
   Raises:
     UserError: as `train` reports the config's mistakes.
   """
-  import jax  # pylint: disable=g-import-not-at-top
+  jax = trax_import.module('jax')
+  # Here: it imports trax, once the flags are checked.
   from trax_revplus import three_trainers  # pylint: disable=g-import-not-at-top
   bindings = list(bindings)
   backend = jax.default_backend()
@@ -111,7 +116,6 @@ def train_runs() -> str:
   `Trainer`: `train.use_memory_efficient_trainer` False or unset),
   'stock' (memory-efficient, the config does not activate trax_revplus)
   or 'revplus'."""
-  import trax_revplus  # pylint: disable=g-import-not-at-top
   if not gin_config.bound_value('train.use_memory_efficient_trainer', False):
     return 'default'
   return 'revplus' if trax_revplus.is_active() else 'stock'
@@ -209,7 +213,9 @@ def to_json(backend, results, plan_line, device_memory_bytes,
 def _budget_override_warning(device_memory_bytes: int | None
                              ) -> str | None:
   """A line when --device_memory replaces a budget the config sets."""
-  from trax_revplus.trainer import options  # pylint: disable=g-import-not-at-top
+  # Here: it imports trax, once the flags are checked.
+  # pylint: disable-next=g-import-not-at-top
+  from trax_revplus.trainer import options
   configured = options.validate_gin_bindings().device_memory_budget_bytes
   bound = 'device_memory_budget_bytes' in _bound_trainer_settings()
   if device_memory_bytes is None or not bound:
@@ -224,7 +230,6 @@ def _print_notice(message: str) -> None:
 
 
 def _bound_trainer_settings() -> dict:
-  import gin  # pylint: disable=g-import-not-at-top
   return gin.get_bindings(preflight.TRAINER)
 
 

@@ -14,6 +14,10 @@ import os
 import re
 from typing import Sequence
 
+import gin
+
+import trax_revplus
+from trax_revplus import validation
 from trax_revplus.byte_sizes import format_bytes
 from trax_revplus.cli import build_errors
 from trax_revplus.cli import preflight
@@ -55,7 +59,6 @@ def _model_error(error: BaseException) -> str:
 
 def _bindings_with_values() -> list[tuple[str, str]]:
   """(name, value text) of the simple one-line bindings gin holds."""
-  import gin  # pylint: disable=g-import-not-at-top
   found = []
   for line in gin.config_str().splitlines():
     match = re.match(r'^([\w./]+\.\w+) = (.+)$', line.strip())
@@ -117,12 +120,12 @@ def user_error(error: Exception, output_dir: str, steps_started: bool,
   Returns:
     A `UserError`, or None for an error that is not the user's to fix.
   """
+  # Here: they import trax, which `compare`'s parent process never does.
   # pylint: disable=g-import-not-at-top
   from trax_revplus import checkpoints
   from trax_revplus import data
   from trax_revplus import trainer
   from trax_revplus.device_memory import out_of_memory
-  from trax_revplus import validation
   # pylint: enable=g-import-not-at-top
   if isinstance(error, checkpoints.CheckpointWriteError):
     remove_partial_files(output_dir)
@@ -186,7 +189,6 @@ def user_error(error: Exception, output_dir: str, steps_started: bool,
         f'it was written by a model of another shape or configuration; '
         f'resume with that config, or give another --output_dir', EXIT_USAGE)
   if isinstance(error, build_errors.CheckpointLoadError):
-    import trax_revplus  # pylint: disable=g-import-not-at-top
     fix = ('give another --output_dir' if trax_revplus.is_active() else
            "stock trax's load fails so on current JAX: resume without "
            '--implementation=stock (trax_revplus loads the checkpoint), or '
@@ -196,7 +198,6 @@ def user_error(error: Exception, output_dir: str, steps_started: bool,
         f'({type(error.cause).__name__}: {one_line(error.cause)}); {fix}',
         EXIT_RUNTIME)
   if isinstance(error, build_errors.ModelError):
-    import gin  # pylint: disable=g-import-not-at-top
     model = gin.query_parameter('train.model')
     name = str(model).lstrip('@').rstrip('()').split('.')[-1]
     text = f'cannot build the model {name}: {_model_error(error)}'

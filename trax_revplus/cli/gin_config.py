@@ -9,6 +9,7 @@ import tempfile
 import tokenize
 from typing import Any, Iterator
 
+import trax_revplus
 from trax_revplus import import_signals
 from trax_revplus import trax_import
 from trax_revplus.cli import gin_errors
@@ -19,6 +20,9 @@ from trax_revplus.errors import UserError
 # tokenizer, which gin reads the text with, raises TokenError.
 _GIN_ERRORS = (SyntaxError, tokenize.TokenError, ValueError, ImportError,
                NameError, AttributeError, TypeError, OSError, KeyError)
+# trax's modules whose gin configurables configs use.
+_TRAX_CONFIGURABLES = ('trax.data', 'trax.layers', 'trax.models',
+                       'trax.optimizers', 'trax.supervised.trainer_lib')
 
 
 @contextlib.contextmanager
@@ -50,17 +54,15 @@ def import_trax_quietly() -> str:
     try:
       with import_signals.signals_wait_for_imports(), _stderr_captured_to(
           capture), contextlib.redirect_stderr(python_level):
-        trax_import.import_trax()
+        for name in _TRAX_CONFIGURABLES:
+          trax_import.module(name)
+        # Ours that configs use, which import trax.
         # pylint: disable=g-import-not-at-top,unused-import
-        from trax import data as _trax_data  # noqa: F401
-        from trax import layers as _trax_layers  # noqa: F401
-        from trax import models as _trax_models  # noqa: F401
-        from trax import optimizers as _trax_optimizers  # noqa: F401
-        from trax.supervised import trainer_lib as _trainer_lib  # noqa: F401
         from trax_revplus import data as _revplus_data  # noqa: F401
         from trax_revplus import progress as _revplus_progress  # noqa: F401
         # pylint: enable=g-import-not-at-top,unused-import
     except Exception as e:  # pylint: disable=broad-except
+      # Here: the CLI starts on the standard library alone (cli/__init__).
       from trax_revplus import interrupt  # pylint: disable=g-import-not-at-top
       if isinstance(e, interrupt.Interrupted):
         raise  # A signal stopped the import: its notices are no news.
@@ -104,8 +106,8 @@ def parse_configs(config_files: list[str], bindings: list[str]) -> None:
       could not parse or apply, the position in it and what is wrong
       (`gin_errors`); or a macro the config uses that nothing binds.
   """
+  # Here: the CLI starts on the standard library alone (cli/__init__).
   import gin  # pylint: disable=g-import-not-at-top
-  import trax_revplus  # pylint: disable=g-import-not-at-top
   gin.clear_config()
   # Also lets gin's `import trax_revplus.activate` run the module (and
   # activate) again in this process.
@@ -166,6 +168,7 @@ def bound_value(name: str, default: Any = _UNBOUND) -> Any:
   Raises:
     ValueError: `name` is not bound and no default is given.
   """
+  # Here: the CLI starts on the standard library alone (cli/__init__).
   import gin  # pylint: disable=g-import-not-at-top
   try:
     value = gin.query_parameter(name)
@@ -184,5 +187,6 @@ def bound_value(name: str, default: Any = _UNBOUND) -> Any:
 
 def is_reference(value: Any) -> bool:
   """Whether a bound value is a `@configurable` reference (not a literal)."""
+  # Here: the CLI starts on the standard library alone (cli/__init__).
   import gin  # pylint: disable=g-import-not-at-top
   return isinstance(value, gin.config.ConfigurableReference)

@@ -43,6 +43,7 @@ def _same_file(a: str | None, b: str | None) -> bool:
 def _what(exception: BaseException) -> str:
   """gin's message without its location lines; for a setting of ours
   that does not exist, the fix (`validation.gin_hints`)."""
+  # Here: the CLI starts on the standard library alone (cli/__init__).
   from trax_revplus import validation  # pylint: disable=g-import-not-at-top
   if isinstance(exception, SyntaxError):
     return exception.msg
@@ -160,6 +161,7 @@ def binding_error(exception: BaseException, binding: str) -> str:
 def _is_bound(name: str) -> bool:
   """Whether macro `%name` has a value: bound in the config, or a constant
   (`gin.constant`)."""
+  # Here: the CLI starts on the standard library alone (cli/__init__).
   import gin  # pylint: disable=g-import-not-at-top
   for key in (f'%{name}', name):
     try:
@@ -208,6 +210,7 @@ def check_syntax(config_files: list[str], bindings: list[str]) -> None:
     UserError (exit status 2): the line `gin_config.parse_configs` gives
       for the same mistake.
   """
+  # Here: the CLI starts on the standard library alone (cli/__init__).
   from gin import config_parser  # pylint: disable=g-import-not-at-top
 
   class AnyName(config_parser.ParserDelegate):

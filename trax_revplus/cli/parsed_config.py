@@ -8,6 +8,9 @@ slices, and that its model builds. Each mistake is reported as
 import copy
 from typing import Any
 
+import trax_revplus
+from trax_revplus import trax_import
+from trax_revplus import validation
 from trax_revplus.cli import build_errors
 from trax_revplus.cli import failures
 from trax_revplus.cli import gin_config
@@ -23,7 +26,7 @@ def _bound(name: str, default: Any) -> Any:
 
 def _batch_types(inputs_fn):
   """The batch's `jax.ShapeDtypeStruct`s from the config's inputs."""
-  import jax  # pylint: disable=g-import-not-at-top
+  jax = trax_import.module('jax')
   inputs = inputs_fn() if callable(inputs_fn) else inputs_fn
   shapes, dtypes = inputs.example_shape_dtype
   return tuple(jax.ShapeDtypeStruct(tuple(s), d)
@@ -34,9 +37,9 @@ class Config:
   """What `train` would build from the parsed config."""
 
   def __init__(self, bindings: list[str]):
-    from trax import layers as tl  # pylint: disable=g-import-not-at-top
-    from trax import optimizers  # pylint: disable=g-import-not-at-top
-    from trax.data import inputs as trax_inputs  # pylint: disable=g-import-not-at-top
+    tl = trax_import.module('trax.layers')
+    optimizers = trax_import.module('trax.optimizers')
+    trax_inputs = trax_import.module('trax.data.inputs')
     self.model_fn = _bound('train.model', None)
     if self.model_fn is None:
       raise UserError('no model configured: bind train.model, e.g. '
@@ -81,10 +84,10 @@ def check_model(cfg, bindings: list[str]) -> None:
     UserError: as `train` (exit status 2 for a model its bindings cannot
       build), or exit status 1 for an error nobody could foresee.
   """
+  fastmath = trax_import.module('trax.fastmath')
+  stock_lib = trax_import.module('trax.optimizers.trainer')
+  # Here: they import trax, which `compare`'s parent process never does.
   # pylint: disable=g-import-not-at-top
-  from trax import fastmath
-  from trax.optimizers import trainer as stock_lib
-  import trax_revplus
   from trax_revplus import three_trainers
   from trax_revplus import trainer as rev_lib
   # pylint: enable=g-import-not-at-top
@@ -114,9 +117,9 @@ def check_step_settings(cfg, n_devices: int, device_memory_bytes: int | None,
   Raises:
     UserError (exit status 2): as `train` reports each.
   """
+  # Here: they import trax, which `compare`'s parent process never does.
   # pylint: disable=g-import-not-at-top
   from trax_revplus import placement as placement_lib
-  from trax_revplus import validation
   from trax_revplus.trainer._plan import budget as budget_lib
   from trax_revplus.trainer._plan import dimensions
   from trax_revplus.trainer import options as options_lib

@@ -15,15 +15,16 @@ once: the attention layers as configured, which only 'auto' gives).
 
 from typing import Any
 
+from trax_revplus import validation
+
 TRAINER = 'trax_revplus.ReversibleSerialTrainer'
 
 
 def _accepted(name: str, value: Any) -> bool:
   """Whether trainer setting `name` takes `value`."""
-  # pylint: disable=g-import-not-at-top
-  from trax_revplus import validation
+  # Here: it imports trax, once the flags are checked.
+  # pylint: disable-next=g-import-not-at-top
   from trax_revplus.trainer import options
-  # pylint: enable=g-import-not-at-top
   try:
     options.TrainerOptions.of({name: value})
   except validation.TrainerOptionError:
@@ -43,7 +44,9 @@ def split(settings: dict[str, Any]) -> tuple[dict[str, Any],
     Two dicts in the plan's order: the settings taking the plan's value,
     and the rest.
   """
-  from trax_revplus.trainer import options  # pylint: disable=g-import-not-at-top
+  # Here: it imports trax, once the flags are checked.
+  # pylint: disable-next=g-import-not-at-top
+  from trax_revplus.trainer import options
   names = set(options.TrainerOptions.field_names())
   if settings.get('fused_layers'):
     # The whole model in the loss layer's program: its segment lengths

@@ -19,6 +19,10 @@ stock trax's trainer, which does not read them (`no_effect_warnings`).
 
 import inspect
 
+import gin
+
+import trax_revplus
+from trax_revplus import validation
 from trax_revplus.cli import gin_config
 from trax_revplus.cli import settings
 from trax_revplus.errors import one_line
@@ -49,10 +53,11 @@ def _check_trainer_settings() -> None:
     UserError (exit status 2): a setting out of its range, or a name that
       is neither a setting nor an argument of the trainer.
   """
-  import gin  # pylint: disable=g-import-not-at-top
-  from trax_revplus import validation  # pylint: disable=g-import-not-at-top
-  from trax_revplus.trainer import options  # pylint: disable=g-import-not-at-top
-  from trax_revplus.trainer import trainer  # pylint: disable=g-import-not-at-top
+  # Here: they import trax, which `compare`'s parent process never does.
+  # pylint: disable=g-import-not-at-top
+  from trax_revplus.trainer import options
+  from trax_revplus.trainer import trainer
+  # pylint: enable=g-import-not-at-top
   arguments = set(inspect.signature(
       trainer.ReversibleSerialTrainer.__init__).parameters) - {'self',
                                                                'settings'}
@@ -91,11 +96,9 @@ def no_effect_warnings() -> list[str]:
   Returns:
     list of str (empty, or one line naming every such binding and why).
   """
-  # pylint: disable=g-import-not-at-top
-  import gin
-  import trax_revplus
-  from trax_revplus import trainer  # Registers the configurable.
-  # pylint: enable=g-import-not-at-top
+  # Registers the configurable; here: it imports trax, which `compare`'s
+  # parent process never does.
+  from trax_revplus import trainer  # pylint: disable=g-import-not-at-top
   del trainer
   bound = sorted(gin.get_bindings(TRAINER))
   if not bound:

@@ -17,6 +17,8 @@ import sys
 import threading
 from typing import Any, Iterator
 
+from absl import logging
+
 from trax_revplus import notices
 from trax_revplus.cli import noise
 from trax_revplus.cli.messages import warning_line
@@ -47,7 +49,6 @@ class ThreadErrors:
 
   @staticmethod
   def _report(args: threading.ExceptHookArgs) -> None:
-    from absl import logging  # pylint: disable=g-import-not-at-top
     name = args.thread.name if args.thread is not None else 'a thread'
     exc_info: Any = (args.exc_type, args.exc_value, args.exc_traceback)
     logging.info('thread %s stopped', name, exc_info=exc_info)
@@ -80,7 +81,6 @@ def run_logging(output_dir: str, import_messages: str,
   Yields:
     The path of the log file.
   """
-  from absl import logging  # pylint: disable=g-import-not-at-top
   verbosity = logging.get_verbosity()
   logging.set_verbosity(logging.INFO)
   absl_logger = logging.get_absl_logger()

@@ -9,6 +9,8 @@ be, and, for a setting with a few allowed values, lists them.
 
 from typing import Any
 
+import numpy as np
+
 from trax_revplus.cli import gin_config
 from trax_revplus.errors import UserError
 
@@ -25,7 +27,6 @@ EXCLUSIVE_SETTINGS = (
 
 
 def _is_int(value: Any) -> bool:
-  import numpy as np  # pylint: disable=g-import-not-at-top
   return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 

@@ -1,5 +1,6 @@
 """The block `train` prints at the end of a run."""
 
+import signal
 from typing import Any
 
 from trax_revplus.byte_sizes import format_bytes
@@ -14,6 +15,7 @@ def implementations(loop: Any) -> tuple[str, str]:
     and 'trax_revplus.layers.ReversibleHalfResidual x8, ...' ('none' if the
     model has no reversible layers).
   """
+  # Here: it imports trax, and `trax-revplus train` reads its flags first.
   from trax_revplus import progress  # pylint: disable=g-import-not-at-top
   trainers = loop_door.trainers(loop)
   trainer = progress.qualified_name(type(trainers[0])) if trainers else 'n/a'
@@ -140,7 +142,6 @@ def summary_rows(text: str) -> dict[str, str]:
 
 def interrupted_message(interrupted: Any, output_dir: str) -> str:
   """One line for a run stopped by SIGINT/SIGTERM (`interrupt.Interrupted`)."""
-  import signal  # pylint: disable=g-import-not-at-top
   name = signal.Signals(interrupted.signum).name
   if interrupted.checkpoint is None:
     return (f'interrupted by {name} before the first step; nothing new was '

@@ -32,11 +32,17 @@ import copy
 import functools
 import inspect
 import os
+import signal
 import sys
 from typing import Any
 
+from absl import logging
+import gin
+
+import trax_revplus
 from trax_revplus import backend
 from trax_revplus import interrupt
+from trax_revplus import trax_import
 from trax_revplus.cli import build_errors
 from trax_revplus.cli import cache_flags
 from trax_revplus.cli import failures
@@ -69,6 +75,7 @@ def _select_implementation(implementation: str) -> None:
   Args:
     implementation: 'config' (leave as parsed), 'stock' or 'revplus'.
   """
+  # Here: it imports trax, which waits until the flags are checked.
   from trax_revplus import swap  # pylint: disable=g-import-not-at-top
   if implementation == 'stock':
     swap.deactivate()
@@ -80,10 +87,9 @@ def _bind_memory_log(every_n_steps: int | None) -> None:
   """Applies --memory_log_every_n_steps (None: leave the config's)."""
   if every_n_steps is None:
     return
-  # pylint: disable=g-import-not-at-top
-  import gin
-  from trax_revplus import trainer  # Registers the configurable.
-  # pylint: enable=g-import-not-at-top
+  # Registers the configurable; here: it imports trax, which waits until
+  # the flags are checked.
+  from trax_revplus import trainer  # pylint: disable=g-import-not-at-top
   del trainer
   gin.bind_parameter(
       'trax_revplus.ReversibleSerialTrainer.memory_log_every_n_steps',
@@ -109,13 +115,14 @@ def _check_settings() -> list[str]:
 
 
 def _total_steps() -> int:
-  from trax.supervised import trainer_lib  # pylint: disable=g-import-not-at-top
+  trainer_lib = trax_import.module('trax.supervised.trainer_lib')
   return gin_config.bound_value('train.steps', inspect.signature(
       trainer_lib.train).parameters['steps'].default)
 
 
 def _train_callbacks(every_n_steps: int) -> list[Any]:
   """train.callbacks as gin would pass them, plus a ProgressPrinter."""
+  # Here: it imports trax, which waits until the flags are checked.
   from trax_revplus import progress  # pylint: disable=g-import-not-at-top
   # Gin hands a configurable the deep copy of its bound value; the copy
   # turns `@Callback` references into the callables themselves.
@@ -143,7 +150,6 @@ def _share_seed() -> None:
   per-step RNG (trax would seed each host differently and average the
   initial weights).
   """
-  import gin  # pylint: disable=g-import-not-at-top
   if gin_config.bound_value('train.random_seed', None) is None:
     gin.bind_parameter('train.random_seed',
                        processes.shared_random_seed())
@@ -171,7 +177,7 @@ def _checkpoint_step(path: str) -> int | None:
   there is none: trax's Loop saves only at the steps its `checkpoint_at`
   names (`train.checkpoints_at`, else every `eval_frequency` steps), so a
   run may end with none written; or it cannot be read."""
-  from trax.supervised import training  # pylint: disable=g-import-not-at-top
+  training = trax_import.module('trax.supervised.training')
   # trax reads through tf.io.gfile, whose missing file is TensorFlow's
   # NotFoundError, not an OSError.
   if not os.path.isfile(path):
@@ -197,10 +203,9 @@ def _train(output_dir: str, callbacks: list[Any], log_path: str,
            stop: interrupt.StopOnSignal, bindings: list[str],
            multi_process: bool = False) -> int:
   """Runs trainer_lib.train, then saves a final checkpoint and summarizes."""
+  trainer_lib = trax_import.module('trax.supervised.trainer_lib')
+  # Here: they import trax, which waits until the flags are checked.
   # pylint: disable=g-import-not-at-top
-  import gin
-  from trax.supervised import trainer_lib
-  import trax_revplus
   from trax_revplus import checkpoints
   from trax_revplus import progress
   # pylint: enable=g-import-not-at-top
@@ -306,8 +311,6 @@ def run(flags: argparse.Namespace) -> int:
 
 def _signal_notice(signum: int) -> None:
   """Says, from the signal handler, that the run stops after this step."""
-  from absl import logging  # pylint: disable=g-import-not-at-top
-  import signal  # pylint: disable=g-import-not-at-top
   text = (f'{signal.Signals(signum).name} received: stopping after this '
           f'step with a checkpoint (send it again to stop at once)')
   logging.info(text)

@@ -48,10 +48,15 @@ def plot(report: Report, png_path: str) -> str:
   Returns:
     str, png_path.
   """
+  # Imported when a figure is drawn: matplotlib takes a quarter second, and
+  # its backend is chosen here, not in every process that imports compare.
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  from matplotlib import ticker  # pylint: disable=g-import-not-at-top
+  # Once the backend is chosen.
+  # pylint: disable=g-import-not-at-top
+  import matplotlib.pyplot as plt
+  from matplotlib import ticker
+  # pylint: enable=g-import-not-at-top
 
   runs = report['runs']
   style = {'stock': dict(color='tab:blue', linestyle='-', linewidth=3.5,

@@ -3,13 +3,14 @@
 import os
 from typing import Sequence
 
+import gin
+from gin import config_parser
+
 DEFAULT_SEED = 0
 
 
 def _statements(text):
   """The gin statements of `text` (list), without importing what they name."""
-  import gin  # pylint: disable=g-import-not-at-top
-  from gin import config_parser  # pylint: disable=g-import-not-at-top
   delegate = gin.config.ParserDelegate(skip_unknown=True)
   return list(config_parser.ConfigParser(text, delegate))
 
@@ -31,7 +32,6 @@ def config_seed(config_files: Sequence[str], bindings: Sequence[str]
     `train.random_seed`, or if a config cannot be read (then the seed is left
     to the config); value is the last bound literal (int) or None.
   """
-  from gin import config_parser  # pylint: disable=g-import-not-at-top
   found, value = False, None
   seen = set()
 

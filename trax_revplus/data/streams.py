@@ -9,6 +9,7 @@ global train batch.
 
 from typing import Callable
 
+import jax
 import numpy as np
 from trax.data import inputs as trax_inputs
 
@@ -36,7 +37,6 @@ def _check_divisible(name: str, batch_size: int, n_devices: int) -> None:
 
 def _this_process() -> tuple[int, int]:
   """(index, count) of this process in a multi-process JAX run."""
-  import jax  # pylint: disable=g-import-not-at-top
   return jax.process_index(), jax.process_count()
 
 

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING
 import jax
 import numpy as np
 
+from trax import layers as tl
 from trax.layers import combinators as cb
 
 from trax_revplus.device_memory import composition
@@ -256,7 +257,6 @@ def step_1_failure(
   Returns:
     One line naming the error, the layer and the two places; or None.
   """
-  from trax import layers as tl  # pylint: disable=g-import-not-at-top
   layers = list(trainer.all_layers)
   for k, layer in enumerate(layers):
     placed = (tl.on_accelerator(layer.weights)

@@ -15,6 +15,7 @@ from typing import Any
 
 from absl import logging
 
+from trax_revplus import trax_import
 from trax_revplus.memory.records import ends_without_newline
 from trax_revplus.memory.records import format_record
 from trax_revplus.memory.records import MEMORY_LOG_FILENAME
@@ -23,7 +24,7 @@ from trax_revplus.memory.records import TENSORBOARD_SUBDIR
 
 def _summary_writer(log_dir):
   # trax imports take seconds; only runs that write TensorBoard pay for them.
-  from trax import jaxboard  # pylint: disable=g-import-not-at-top
+  jaxboard = trax_import.module('trax.jaxboard')
   return jaxboard.SummaryWriter(log_dir)
 
 

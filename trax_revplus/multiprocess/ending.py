@@ -16,6 +16,7 @@ from typing import Any, NoReturn, Tuple
 
 import numpy as np
 
+from trax_revplus import trax_import
 from trax_revplus.errors import EXIT_LOST_PROCESS
 from trax_revplus.errors import EXIT_RUNTIME
 from trax_revplus.errors import one_line
@@ -46,7 +47,7 @@ def any_signal(signum: int | None) -> int | None:
   Args:
     signum: int or None, this process's.
   """
-  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  multihost_utils = trax_import.module('jax.experimental.multihost_utils')
   gathered = np.asarray(multihost_utils.process_allgather(
       np.int32(signum or 0))).ravel()
   received = [int(s) for s in gathered if s]
@@ -66,9 +67,10 @@ def stop_together(stop: Any) -> Any:
   Returns:
     The callback class's factory, for `train.callbacks`.
   """
-  from trax.supervised import callbacks  # pylint: disable=g-import-not-at-top
+  step_callback: Any = trax_import.module(
+      'trax.supervised.callbacks').TrainingStepCallback
 
-  class _StopTogether(callbacks.TrainingStepCallback):
+  class _StopTogether(step_callback):
     """Agrees on a signal at the end of every step."""
 
     def call_at(self, step):

@@ -17,7 +17,9 @@ import signal
 import socket
 
 from absl import logging
+import numpy as np
 
+from trax_revplus import trax_import
 from trax_revplus.errors import one_line
 from trax_revplus.multiprocess import join_guard
 from trax_revplus.multiprocess.config import DistributedConfig
@@ -117,7 +119,7 @@ def initialize(config: DistributedConfig,
   """
   if not config.is_multi_process:
     return
-  import jax  # pylint: disable=g-import-not-at-top
+  jax = trax_import.module('jax')
 
   if jax.distributed.is_initialized():
     raise DistributedRuntimeError(
@@ -200,7 +202,7 @@ def initialize(config: DistributedConfig,
 
 def _check_joined(config):
   """The error that makes the joined run unusable, or None."""
-  import jax  # pylint: disable=g-import-not-at-top
+  jax = trax_import.module('jax')
   count = jax.process_count()
   if config.num_processes is not None and count != config.num_processes:
     return DistributedUsageError(
@@ -221,17 +223,17 @@ def _check_joined(config):
 
 def _count_devices_collectively():
   """psum of one per device over a mesh of `jax.devices()` (a float)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from jax.sharding import Mesh, NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  mesh = Mesh(np.array(jax.devices()), ('devices',))
+  jax = trax_import.module('jax')
+  sharding = trax_import.module('jax.sharding')
+  mesh = sharding.Mesh(np.array(jax.devices()), ('devices',))
   ones = jax.make_array_from_process_local_data(
-      NamedSharding(mesh, PartitionSpec('devices')),
+      sharding.NamedSharding(mesh, sharding.PartitionSpec('devices')),
       np.ones((jax.local_device_count(),), np.float32),
       (jax.device_count(),))
   total = jax.jit(jax.shard_map(
       lambda x: jax.lax.psum(x, 'devices'), mesh=mesh,
-      in_specs=PartitionSpec('devices'), out_specs=PartitionSpec()))(ones)
+      in_specs=sharding.PartitionSpec('devices'),
+      out_specs=sharding.PartitionSpec()))(ones)
   return float(np.asarray(total.addressable_shards[0].data)[0])
 
 
@@ -241,6 +243,6 @@ def shutdown() -> None:
   JAX registers this with `atexit` too; calling it early releases the
   coordinator (process 0) before the interpreter winds down.
   """
-  import jax  # pylint: disable=g-import-not-at-top
+  jax = trax_import.module('jax')
   jax.distributed.shutdown()
 

@@ -15,10 +15,14 @@ Only process 0 writes checkpoints, summaries and the memory log's files
 import logging as std_logging
 import time
 
+import numpy as np
+
+from trax_revplus import trax_import
+
 
 def process_index() -> int:
   """This process's index (0 without a multi-process run)."""
-  import jax  # pylint: disable=g-import-not-at-top
+  jax = trax_import.module('jax')
   return jax.process_index()
 
 
@@ -48,9 +52,7 @@ def shared_random_seed() -> int:
   Returns:
     int in [0, 2**31).
   """
-  # JAX and numpy load with trax; this module is imported before trax is.
-  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
+  multihost_utils = trax_import.module('jax.experimental.multihost_utils')
   seed = np.int64(int(1e6 * time.time()) % 2**31)
   return int(multihost_utils.broadcast_one_to_all(seed))
 
@@ -61,5 +63,5 @@ def barrier(name: str) -> None:
   E.g. after the run, so that no process reads the checkpoint set before
   process 0 finished writing it.
   """
-  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  multihost_utils = trax_import.module('jax.experimental.multihost_utils')
   multihost_utils.sync_global_devices(name)

@@ -22,6 +22,7 @@ import functools
 from typing import List
 
 import jax
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec
@@ -132,7 +133,6 @@ def least_over_processes(value: int) -> int:
   """
   if jax.process_count() == 1:
     return int(value)
-  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
   # Without jax_enable_x64, JAX narrows int64 to int32, which wraps a figure
   # of bytes above 2 GiB (a host's available memory); so the int64's bytes
   # travel as two int32s and are read back as one int64.

@@ -7,6 +7,7 @@ takes seconds of CPU), so that the CLI can import the error types at once.
 import math
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
+from trax_revplus import trax_import
 from trax_revplus.trax_door import layers as layer_door
 from trax_revplus.validation import errors
 
@@ -35,7 +36,7 @@ def standard_layer_list(std_layers: object) -> list[Any] | None:
     list of the layers in order, or None when `std_layers` is neither a
     layer nor a list or tuple (its items are not checked here).
   """
-  from trax.layers import base  # pylint: disable=g-import-not-at-top
+  base = trax_import.module('trax.layers.base')
   if isinstance(std_layers, base.Layer):
     return [std_layers]
   if not isinstance(std_layers, (list, tuple)):
@@ -72,10 +73,10 @@ def check_blocks(blocks: object) -> None:
       pair, not a layer or list of layers, or not reversible in a
       reversible list.
   """
-  # Imported here: trax takes seconds of CPU to import, and the CLI imports this
-  # module for its error types before it needs trax.
-  from trax.layers import base  # pylint: disable=g-import-not-at-top
-  from trax.layers import reversible  # pylint: disable=g-import-not-at-top
+  # Imported here: trax takes seconds of CPU to import, and the CLI imports
+  # this module for its error types before it needs trax.
+  base = trax_import.module('trax.layers.base')
+  reversible = trax_import.module('trax.layers.reversible')
   fix = ('build them with trax.optimizers.trainer.extract_reversible_blocks'
          '([model, loss_layer]), which returns [(standard_layers, '
          'reversible_layers), ...] and the loss layer')
@@ -145,8 +146,9 @@ def check_sequence_length(
   Raises:
     SequenceLengthError: naming the layer, its limit and the length seen.
   """
-  from trax.layers import attention  # pylint: disable=g-import-not-at-top
-  from trax.layers.research import position_encodings  # pylint: disable=g-import-not-at-top
+  attention = trax_import.module('trax.layers.attention')
+  position_encodings = trax_import.module(
+      'trax.layers.research.position_encodings')
   first = (input_signature[0] if isinstance(input_signature, (list, tuple))
            else input_signature)
   shape = tuple(getattr(first, 'shape', ()))

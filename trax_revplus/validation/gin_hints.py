@@ -1,5 +1,6 @@
 """The fix for gin's "doesn't have a parameter" error on one of ours."""
 
+import importlib
 import inspect
 import re
 
@@ -42,7 +43,6 @@ def settings_of(configurable: str) -> list[str]:
   what trax passes it (the trainer's `blocks`, `loss_layer` and
   `optimizer_fn`, `ProgressPrinter`'s `loop`); a config does not set them.
   """
-  import importlib  # pylint: disable=g-import-not-at-top
   module, name = _OUR_CONFIGURABLES[configurable]
   target = getattr(importlib.import_module(module), name)
   signature = inspect.signature(target.__init__ if inspect.isclass(target)

@@ -7,6 +7,7 @@ factory; these checks name the mistake either way round.
 import inspect
 from typing import TYPE_CHECKING, Callable
 
+from trax_revplus import trax_import
 from trax_revplus.validation import errors
 
 if TYPE_CHECKING:  # Annotations only: trax is imported inside the checks.
@@ -30,7 +31,7 @@ def check_optimizer_factory(optimizer_fn: object) -> None:
   Raises:
     OptimizerFactoryError: if it is an `Optimizer` instance or not callable.
   """
-  from trax.optimizers import base  # pylint: disable=g-import-not-at-top
+  base = trax_import.module('trax.optimizers.base')
   if isinstance(optimizer_fn, base.Optimizer):
     name = type(optimizer_fn).__name__
     raise errors.OptimizerFactoryError(
@@ -62,7 +63,7 @@ def make_optimizer(optimizer_fn: 'Callable[[], optimizer_base.Optimizer]',
     OptimizerFactoryError: if the result is not an `Optimizer`, or calling
       with no arguments fails for lack of arguments.
   """
-  from trax.optimizers import base  # pylint: disable=g-import-not-at-top
+  base = trax_import.module('trax.optimizers.base')
   where = '' if layer_index is None else f' (for layer {layer_index})'
   try:
     inspect.signature(optimizer_fn).bind()

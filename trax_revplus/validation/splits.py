@@ -5,6 +5,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from trax_revplus import trax_import
 from trax_revplus.validation import errors
 
 if TYPE_CHECKING:  # Annotations only: jax is imported inside the check.
@@ -24,7 +25,7 @@ def check_n_devices(n_devices: object) -> int:
     DeviceCountError: if n_devices is not a positive int or exceeds
       `jax.local_device_count()`.
   """
-  import jax  # pylint: disable=g-import-not-at-top
+  jax = trax_import.module('jax')
   available = jax.local_device_count()
   if n_devices is None:
     return available
