@@ -5,6 +5,10 @@ prints, for each DIR, the public functions and methods (names without a
 leading underscore, and `__init__`) of its modules, and how many have a
 parameter without an annotation (`self` and `cls` excepted) or no return
 annotation. Read from the source with `ast`; nothing is imported.
+
+`--recursive` takes each DIR's subdirectories too. `--check` prints one
+line per function not fully annotated instead, and exits 1 where there is
+one (CI runs `--check --recursive trax_revplus`).
 """
 
 import argparse
@@ -61,13 +65,44 @@ def modules(directory: str) -> list[str]:
                 for name in os.listdir(directory) if name.endswith('.py'))
 
 
+def subdirectories(directory: str) -> list[str]:
+  """`directory` and every directory below it holding a module, in order
+  (caches excepted)."""
+  return sorted(root for root, dirs, files in os.walk(directory)
+                if os.path.basename(root) != '__pycache__' and
+                any(name.endswith('.py') for name in files))
+
+
+def gap(f: Function) -> str:
+  """'path:line name: what is missing', for a function not fully
+  annotated."""
+  missing = [f'parameter {name}' for name in f.unannotated_parameters]
+  if not f.return_annotated:
+    missing.append('return')
+  return f'{f.path}:{f.line} {f.name}: no annotation of {", ".join(missing)}'
+
+
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('dirs', nargs='*', default=['trax_revplus/trainer'])
   parser.add_argument('--list', action='store_true',
                       help='also list each function with a gap')
+  parser.add_argument('--recursive', action='store_true',
+                      help="also each DIR's subdirectories")
+  parser.add_argument('--check', action='store_true',
+                      help='one line per public function not fully '
+                      'annotated; exit 1 where there is one')
   flags = parser.parse_args(argv)
-  for directory in flags.dirs:
+  directories = ([d for top in flags.dirs for d in subdirectories(top)]
+                 if flags.recursive else flags.dirs)
+  if flags.check:
+    gaps = [gap(f) for directory in directories
+            for path in modules(directory) for f in functions(path)
+            if f.unannotated_parameters or not f.return_annotated]
+    for line in gaps:
+      print(line)
+    return 1 if gaps else 0
+  for directory in directories:
     found = [f for path in modules(directory) for f in functions(path)]
     parameters = [f for f in found if f.unannotated_parameters]
     returns = [f for f in found if not f.return_annotated]

@@ -22,6 +22,8 @@ and so that they work in a multi-process run (`jax.distributed`), where
 jax itself is left as it is: only the names trax's modules call are bound.
 """
 
+from typing import Any, Callable, Sequence
+
 from absl import logging
 import jax
 import numpy as np
@@ -29,9 +31,13 @@ from trax import fastmath
 
 from trax_revplus.multiprocess import training as processes
 from trax_revplus.trax_door import functions as trax_functions
+from trax_revplus.typing import PRNGKey
+from trax_revplus.typing import PyTree
 
 
-def tree_unflatten(flat, tree, copy_from_tree=None):
+def tree_unflatten(flat: Sequence[Any], tree: PyTree,
+                   copy_from_tree: Sequence[Any] | None = None
+                   ) -> tuple[PyTree, Sequence[Any]]:
   """Builds a tree shaped as `tree` from the leaves `flat`.
 
   Mirrors `trax.fastmath.tree_unflatten`, which `Loop.load_checkpoint` uses
@@ -71,7 +77,7 @@ def tree_unflatten(flat, tree, copy_from_tree=None):
   return flat[0], flat[1:]
 
 
-def for_n_devices(x, n_devices):
+def for_n_devices(x: PyTree, n_devices: int) -> PyTree:
   """Replicates `x` for `n_devices`: each leaf gets a leading device axis.
 
   Mirrors `trax.layers.acceleration.for_n_devices`, which calls the removed
@@ -95,7 +101,9 @@ def for_n_devices(x, n_devices):
   return fastmath.nested_map(replicate, x)
 
 
-def init_host_and_devices(n_devices=None, random_seed=None):
+def init_host_and_devices(n_devices: int | None = None,
+                          random_seed: int | None = None
+                          ) -> tuple[bool, int, int, PRNGKey]:
   """Host index and count, devices and the first RNG of a `training.Loop`.
 
   Mirrors `trax.supervised.training.init_host_and_devices`, which every
@@ -135,7 +143,7 @@ def init_host_and_devices(n_devices=None, random_seed=None):
           trax_functions.init_random_number_generators(random_seed))
 
 
-def accelerate(f, n_devices):
+def accelerate(f: Callable[..., Any], n_devices: int) -> Callable[..., Any]:
   """`f` compiled for `n_devices` (0: on the CPU, whatever else is present).
 
   Mirrors `trax.layers.acceleration._accelerate`, behind `tl.jit_forward`,
@@ -167,12 +175,12 @@ def accelerate(f, n_devices):
   return on_cpu
 
 
-def local_cpu_device():
+def local_cpu_device() -> jax.Device:
   """This process's CPU device (`jax.devices('cpu')[0]` is process 0's)."""
   return jax.local_devices(backend='cpu')[0]
 
 
-def on_cpu(x):
+def on_cpu(x: PyTree) -> PyTree:
   """Puts `x` in this process's CPU memory (host), as JAX arrays.
 
   Mirrors `trax.layers.acceleration.on_cpu` (`tl.on_cpu`), which places

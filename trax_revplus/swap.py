@@ -178,7 +178,7 @@ def _loop_methods():
   }
 
 
-def activate():
+def activate() -> None:
   """Makes trax resolve its reversible classes to trax_revplus's.
 
   After this call `trax.layers.ReversibleHalfResidual`,
@@ -218,7 +218,7 @@ def activate():
       setattr(_training.Loop, name, ours)
 
 
-def deactivate():
+def deactivate() -> None:
   """Restores every binding `activate()` replaced; stock trax again.
 
   Also forgets the import of the `trax_revplus.activate` module, so that a
@@ -235,6 +235,6 @@ def deactivate():
     sys.modules.pop('trax_revplus.activate', None)
 
 
-def is_active():
+def is_active() -> bool:
   """Returns True between `activate()` and `deactivate()`."""
   return bool(_replaced)

@@ -14,7 +14,8 @@ trax_revplus's trainer, which imports that package.
 """
 
 import dataclasses
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 from trax import fastmath
 from trax import layers as tl
@@ -27,6 +28,30 @@ from trax_revplus import swap
 from trax_revplus import trainer as rev_lib
 from trax_revplus import validation
 from trax_revplus.trainer._plan import budget as budget_lib
+
+if TYPE_CHECKING:
+  import jax
+
+  from trax_revplus.trainer import StepPlan
+
+
+class TrainConfig(Protocol):
+  """What the trainers are built from, as `train` would build them
+  (`trax_revplus.cli.parsed_config.Config`).
+
+  Attributes:
+    optimizer: the optimizer's class (a `trax.optimizers.Optimizer`).
+    batch: tuple of the batch's `jax.ShapeDtypeStruct`s (typed as the
+      trainer's methods take a batch: `trax_revplus.typing.Batch`).
+  """
+  optimizer: type
+  batch: tuple
+
+  def model(self) -> 'tl.Layer':
+    """A new model in train mode."""
+
+  def loss(self) -> 'tl.Layer':
+    """A new loss layer."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,12 +93,14 @@ class ThreeTrainers:
   host_budget_bytes: int | None = None
 
 
-def init_signature(batch):
+def init_signature(batch: 'Sequence[jax.ShapeDtypeStruct]'
+                   ) -> 'tuple[shapes.ShapeDtype, ...]':
   """The batch's `trax.shapes.ShapeDtype`s, as models are initialized."""
   return tuple(shapes.ShapeDtype(x.shape, x.dtype) for x in batch)
 
 
-def reversible_blocks(module, cfg):
+def reversible_blocks(module: ModuleType, cfg: TrainConfig
+                      ) -> 'tuple[list, tl.Layer]':
   """The config's model and loss as `module`'s reversible blocks (stock
   trax's or trax_revplus's trainer module), initialized: (blocks, loss
   layer)."""
@@ -85,7 +112,7 @@ def reversible_blocks(module, cfg):
   return blocks, loss_layer
 
 
-def _default(cfg, backend: str) -> device_memory.TrainerMemory:
+def _default(cfg: TrainConfig, backend: str) -> device_memory.TrainerMemory:
   model = tl.Serial(cfg.model(), cfg.loss())
   model.init(init_signature(cfg.batch), rng=fastmath.random.get_prng(0))
   opt = cfg.optimizer()
@@ -94,15 +121,17 @@ def _default(cfg, backend: str) -> device_memory.TrainerMemory:
   return device_memory.trainer_memory('default', trainer, cfg.batch, backend)
 
 
-def _stock(cfg, backend: str) -> device_memory.TrainerMemory:
+def _stock(cfg: TrainConfig, backend: str) -> device_memory.TrainerMemory:
   blocks, loss_layer = reversible_blocks(stock_lib, cfg)
   trainer = stock_lib.ReversibleSerialTrainer(blocks, loss_layer,
                                               cfg.optimizer, n_devices=1)
   return device_memory.trainer_memory('stock', trainer, cfg.batch, backend)
 
 
-def _revplus(cfg, backend: str, n_devices: int,
-             device_memory_bytes: int | None) -> tuple:
+def _revplus(cfg: TrainConfig, backend: str, n_devices: int,
+             device_memory_bytes: int | None
+             ) -> tuple[device_memory.TrainerMemory, RevplusPlan, int | None,
+                        Any, int | None]:
   """(TrainerMemory, `RevplusPlan`, the budget it planned for, the plans it
   weighed: `weighing.Weighing`, its host budget) of trax_revplus's
   trainer.
@@ -114,13 +143,15 @@ def _revplus(cfg, backend: str, n_devices: int,
   accounted once.
   """
   blocks, loss_layer = reversible_blocks(rev_lib, cfg)
-  budget = ({} if device_memory_bytes is None else
+  budget: dict[str, Any] = ({} if device_memory_bytes is None else
             {'device_memory_budget_bytes': device_memory_bytes})
   trainer = rev_lib.ReversibleSerialTrainer(
       blocks, loss_layer, cfg.optimizer, n_devices=n_devices,
       memory_log_tensorboard=False, output_dir=None, **budget)
   budget_bytes = trainer.planner.budget_bytes
   reason = None
+  plan: 'StepPlan | None'
+  step: device_memory.StepMemory | None
   try:
     plan = trainer.planned(cfg.batch).plan
     step = trainer.device_memory_of(cfg.batch)
@@ -130,7 +161,7 @@ def _revplus(cfg, backend: str, n_devices: int,
     if isinstance(e, budget_lib.HostMemoryBudgetError):
       reason = str(e)
   least_plan, least = trainer.least_device_memory_of(cfg.batch)
-  if plan is None:
+  if plan is None or step is None:  # both, or neither
     plan, step = least_plan, least
     fits = False
   # Calls per step as the accounting counted them (`plan.StepPlan.n_calls`
@@ -146,7 +177,7 @@ def _revplus(cfg, backend: str, n_devices: int,
           trainer.planner.host_budget_bytes)
 
 
-def account_three(cfg, backend: str, n_devices: int,
+def account_three(cfg: TrainConfig, backend: str, n_devices: int,
                   device_memory_bytes: int | None) -> ThreeTrainers:
   """Builds and accounts the three trainers of a config: 'revplus' first,
   then 'default' and 'stock' (returned in the order default, stock,
@@ -178,14 +209,16 @@ def account_three(cfg, backend: str, n_devices: int,
   """
   activated = swap.is_active()
   # plan, budget, weighing, host budget
-  revplus = [None, device_memory_bytes, None, None]
+  revplus: tuple[RevplusPlan | None, int | None, Any, int | None] = (
+      None, device_memory_bytes, None, None)
   try:
     swap.activate()
 
-    def account_revplus():
+    def account_revplus() -> device_memory.TrainerMemory:
+      nonlocal revplus
       memory, *figures = _revplus(cfg, backend, n_devices,
                                   device_memory_bytes)
-      revplus[:] = figures
+      revplus = tuple(figures)
       return memory
     # First: a setting the batch's shapes refute (a plan dimension's:
     # `dimensions.PlanDimension.check`) stops before the other trainers

@@ -59,6 +59,18 @@ def test_plan_of_blocks_counts_a_standard_layer_before_each_block():
   assert fused.settings()['fused_layers'] == 6
 
 
+def test_a_plan_without_fused_layers_holds_the_loss_index():
+  """Omitted, `UNFUSED` or None, `fused_from` is stored as the loss
+  layer's index (nothing fused), as plans.json writes it."""
+  layout = dict(blocks=((0, ((1, 2),)),), loss=3,
+                backward={(1, 2): ((1, 2),)})
+  for given in ({}, {'fused_from': plan.UNFUSED}, {'fused_from': None}):
+    step_plan = plan.StepPlan(**layout, **given)
+    assert step_plan.fused_from == 3
+    assert step_plan == plan.StepPlan(**layout, fused_from=3)
+    assert step_plan.settings()['fused_layers'] == 0
+
+
 def test_a_plan_must_decide_every_backward_split():
   with pytest.raises(ValueError, match='not decided'):
     plan.StepPlan(blocks=((0, ((1, 2),)),), loss=3, backward={})

@@ -89,7 +89,7 @@ def _add_config_flags(parser: argparse.ArgumentParser, file_help: str,
                       metavar='BINDING', help=binding_help)
 
 
-def add_train(commands) -> None:
+def add_train(commands: 'argparse._SubParsersAction') -> None:
   parser = commands.add_parser(
       'train', help='train a gin-configured trax model',
       usage=(f'{PROG} train --config_file=FILE.gin [--config=BINDING ...]\n'
@@ -200,7 +200,7 @@ exit status: 0 every process succeeded; otherwise the status of the first
 process that failed (128 + N for signal N); 2 usage error."""
 
 
-def add_launch(commands) -> None:
+def add_launch(commands: 'argparse._SubParsersAction') -> None:
   parser = commands.add_parser(
       'launch', help='start N local processes of one training run',
       usage=f'{PROG} launch --num_processes=N -- TRAIN_FLAGS...',
@@ -208,7 +208,7 @@ def add_launch(commands) -> None:
   launcher.add_launch_flags(parser)
 
 
-def add_compare(commands) -> None:
+def add_compare(commands: 'argparse._SubParsersAction') -> None:
   parser = commands.add_parser(
       'compare', help='stock trax and trax_revplus side by side',
       usage=(f'{PROG} compare --config_file=FILE.gin [--config=BINDING ...]\n'
@@ -242,7 +242,7 @@ def add_compare(commands) -> None:
            'included, which writes no memory log).')
 
 
-def add_plot_memory(commands) -> None:
+def add_plot_memory(commands: 'argparse._SubParsersAction') -> None:
   parser = commands.add_parser(
       'plot-memory', help='plot the memory log of a run',
       usage=f'{PROG} plot-memory RUN_DIR [--output=PNG]',
@@ -258,7 +258,7 @@ def add_plot_memory(commands) -> None:
            'memory.png next to the log.')
 
 
-def add_estimate(commands) -> None:
+def add_estimate(commands: 'argparse._SubParsersAction') -> None:
   parser = commands.add_parser(
       'estimate', help='device memory of a training step, per trainer',
       usage=(f'{PROG} estimate --config_file=FILE.gin [--config=BINDING ...]'

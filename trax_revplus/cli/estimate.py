@@ -28,7 +28,7 @@ import argparse
 import json
 import logging as std_logging
 import sys
-from typing import Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import gin
 
@@ -49,6 +49,16 @@ from trax_revplus.cli.messages import warning_line
 from trax_revplus.cli.sizes import parse_bytes
 from trax_revplus.errors import EXIT_OK
 from trax_revplus.errors import UserError
+
+if TYPE_CHECKING:  # JAX and trax load when the trainers are accounted
+  from trax_revplus import device_memory
+  from trax_revplus.trainer._plan import weighing
+
+  Results = Mapping[str, device_memory.TrainerMemory]
+  # `estimate`'s: backend, results, plan line, batch types, budget bytes,
+  # the plans revplus weighed.
+  Estimate = tuple[str, Results, str | None, tuple, int | None,
+                   weighing.Weighing | None]
 
 COMMAND = 'estimate'
 TRAINERS = ('default', 'stock', 'revplus')
@@ -76,7 +86,7 @@ def _plan_line(plan, budget_bytes: int | None) -> str | None:
 
 
 def estimate(device_memory_bytes: int | None, n_devices: int,
-             bindings: Sequence[str] = ()):
+             bindings: Sequence[str] = ()) -> 'Estimate':
   """Checks the parsed config, then builds and accounts its three trainers.
 
   First reads the inputs, checks the batch (`parsed_config.check_step_settings`)
@@ -132,8 +142,10 @@ _TRAIN_RUNS_NOTES = {
 }
 
 
-def table(backend, results, plan_line, batch, device_memory_bytes,
-          n_devices, plans=None, runs='revplus') -> str:
+def table(backend: str, results: 'Results', plan_line: str | None,
+          batch: tuple, device_memory_bytes: int | None, n_devices: int,
+          plans: 'weighing.Weighing | None' = None,
+          runs: str = 'revplus') -> str:
   """The printed report; `plans` (`weighing.Weighing` or None): the plans
   revplus weighed, listed under its plan; `runs`: the trainer `train`
   would run (`train_runs`), a note where it is not revplus."""
@@ -171,16 +183,18 @@ def table(backend, results, plan_line, batch, device_memory_bytes,
       lines.append(f'{name:<9}fails at step 1: {r.step_error}')
       continue
     fits = r.fits(device_memory_bytes)
-    fits = '-' if fits is None else ('yes' if fits else 'no')
+    fits_text = '-' if fits is None else ('yes' if fits else 'no')
     sizes = [format_bytes(n, unit=None) for n in (
         r.peak_device_bytes, r.min_peak_device_bytes, r.peak_host_bytes,
         r.host_weights_and_slots_bytes, r.largest_program_bytes)]
     lines.append(f'{name:<9}{sizes[0]:>18}{sizes[1]:>19}{sizes[2]:>16}'
-                 f'{sizes[3]:>20}{sizes[4]:>17}{fits:>6}  '
+                 f'{sizes[3]:>20}{sizes[4]:>17}{fits_text:>6}  '
                  f'{r.devices_text()}')
   if plan_line:
+    settings = results['revplus'].plan
+    assert settings is not None, 'a plan line names the plan revplus ran'
     lines.append('')
-    lines.extend(plan_bindings.lines(results['revplus'].plan, plan_line))
+    lines.extend(plan_bindings.lines(settings, plan_line))
   peak = results['revplus'].step
   if peak is not None:
     lines.append(f'revplus {peak.describe()}')
@@ -192,22 +206,23 @@ def table(backend, results, plan_line, batch, device_memory_bytes,
   return '\n'.join(lines)
 
 
-def to_json(backend, results, plan_line, device_memory_bytes,
-            n_devices, plans=None, runs='revplus') -> dict:
+def to_json(backend: str, results: 'Results', plan_line: str | None,
+            device_memory_bytes: int | None, n_devices: int,
+            plans: 'weighing.Weighing | None' = None,
+            runs: str = 'revplus') -> dict:
   """The object `--json` writes; revplus's has the plans it weighed
   (`plans`, a `weighing.Weighing`) as `plans`; `train_runs` is the trainer
   `train` would run (`train_runs`)."""
-  out = {'backend': backend, 'device_memory_bytes': device_memory_bytes,
-         'n_devices': n_devices, 'train_runs': runs,
-         'trainers': {name: results[name].to_json(device_memory_bytes)
-                      for name in TRAINERS}}
-  if plan_line is not None and 'error' not in out['trainers']['revplus']:
-    out['trainers']['revplus']['plan_line'] = plan_line
+  trainers = {name: results[name].to_json(device_memory_bytes)
+              for name in TRAINERS}
+  revplus = trainers['revplus']
+  if plan_line is not None and 'error' not in revplus:
+    revplus['plan_line'] = plan_line
     if plans is not None:
-      out['trainers']['revplus']['plans'] = plans.to_json()
-      out['trainers']['revplus']['host_memory_budget_bytes'] = (
-          plans.host_budget_bytes)
-  return out
+      revplus['plans'] = plans.to_json()
+      revplus['host_memory_budget_bytes'] = plans.host_budget_bytes
+  return {'backend': backend, 'device_memory_bytes': device_memory_bytes,
+          'n_devices': n_devices, 'train_runs': runs, 'trainers': trainers}
 
 
 def _budget_override_warning(device_memory_bytes: int | None

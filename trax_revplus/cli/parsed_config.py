@@ -6,7 +6,7 @@ slices, and that its model builds. Each mistake is reported as
 """
 
 import copy
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trax_revplus
 from trax_revplus import trax_import
@@ -17,6 +17,9 @@ from trax_revplus.cli import gin_config
 from trax_revplus.errors import EXIT_RUNTIME
 from trax_revplus.errors import UserError
 from trax_revplus.errors import one_line
+
+if TYPE_CHECKING:  # trax is imported when a config is built
+  from trax import layers as tl
 
 
 def _bound(name: str, default: Any) -> Any:
@@ -56,11 +59,11 @@ class Config:
           f"cannot read the config's inputs: {one_line(e)}",
           EXIT_RUNTIME) from None
 
-  def model(self):
+  def model(self) -> 'tl.Layer':
     """A new model (train mode)."""
     return self.model_fn(mode='train')
 
-  def loss(self):
+  def loss(self) -> 'tl.Layer':
     """A new loss layer."""
     return (_bound('train.loss_fn', None) or
             self._tl.WeightedCategoryCrossEntropy())
@@ -72,7 +75,7 @@ def as_train_reports(error: Exception, bindings: list[str]
   return failures.user_error(error, '', False, bindings)
 
 
-def check_model(cfg, bindings: list[str]) -> None:
+def check_model(cfg: Config, bindings: list[str]) -> None:
   """Builds and initializes the config's model as `train` would.
 
   Before any trainer: a model the config cannot build is the config's
@@ -106,8 +109,9 @@ def check_model(cfg, bindings: list[str]) -> None:
         f'bindings (train.model, ...)', EXIT_RUNTIME) from None
 
 
-def check_step_settings(cfg, n_devices: int, device_memory_bytes: int | None,
-                bindings: list[str]) -> None:
+def check_step_settings(cfg: Config, n_devices: int,
+                        device_memory_bytes: int | None,
+                        bindings: list[str]) -> None:
   """Checks what a step on the config's batch needs, as the trainers will.
 
   The batch splits over `n_devices` (that many devices exist), the
@@ -137,7 +141,7 @@ def check_step_settings(cfg, n_devices: int, device_memory_bytes: int | None,
 
 
 def check_inputs_and_batch(bindings: list[str], n_devices: int,
-                           device_memory_bytes: int | None = None):
+                           device_memory_bytes: int | None = None) -> Config:
   """Reads one batch of the parsed config's inputs and checks it
   (`check_step_settings`) as `train`'s run will; returns the config to build
   from.

@@ -18,6 +18,7 @@ stock trax's trainer, which does not read them (`no_effect_warnings`).
 """
 
 import inspect
+from typing import TYPE_CHECKING
 
 import gin
 
@@ -28,10 +29,13 @@ from trax_revplus.cli import settings
 from trax_revplus.errors import one_line
 from trax_revplus.errors import UserError
 
+if TYPE_CHECKING:
+  from trax_revplus import validation
+
 TRAINER = 'trax_revplus.ReversibleSerialTrainer'
 
 
-def trainer_option_line(error) -> str:
+def trainer_option_line(error: 'validation.TrainerOptionError') -> str:
   """The line of a `validation.TrainerOptionError` (`train` and the rest).
 
   Args:

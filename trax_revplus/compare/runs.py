@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+from typing import Sequence, TextIO
 
 from trax_revplus import memory
 from trax_revplus.memory import reading
@@ -25,8 +26,9 @@ _ERROR_LINE = re.compile(
     r'\b(?::.*)?|trax-revplus \w+: error: .*)$')
 
 
-def run_command(implementation, config_files, bindings, output_dir,
-                   progress_every_n_steps):
+def run_command(implementation: str, config_files: Sequence[str],
+                bindings: Sequence[str], output_dir: str,
+                progress_every_n_steps: int | None) -> list[str]:
   command = [sys.executable, '-m', 'trax_revplus.cli', 'train',
              f'--implementation={implementation}',
              f'--output_dir={output_dir}']
@@ -37,7 +39,8 @@ def run_command(implementation, config_files, bindings, output_dir,
   return command
 
 
-def run_streaming(command, log_path, prefix, stream):
+def run_streaming(command: Sequence[str], log_path: str, prefix: str,
+                  stream: TextIO | None) -> tuple[int, str]:
   """Runs `command`, copying its output to `log_path` and, prefixed, `stream`
   (None: to `log_path` only).
 
@@ -137,7 +140,7 @@ def collect_run(implementation: str, exit_code: int, output: str,
   }
 
 
-def memory_records(output_dir) -> reading.LogReading:
+def memory_records(output_dir: str) -> reading.LogReading:
   """The run's memory.jsonl as read (`memory.reading`); no records without
   one or when it cannot be read."""
   path = os.path.join(output_dir, memory.MEMORY_LOG_FILENAME)

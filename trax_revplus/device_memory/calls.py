@@ -20,7 +20,7 @@ walk compiles it again: a call of it raises `refusals.ProgramOutOfMemoryError`
 """
 
 import concurrent.futures
-from typing import Callable, Hashable, NamedTuple
+from typing import Any, Callable, Hashable, NamedTuple, Protocol, Sequence
 
 import jax
 
@@ -28,6 +28,15 @@ from trax_revplus.device_memory import composition
 from trax_revplus.device_memory import program as program_lib
 from trax_revplus.device_memory import refusals
 from trax_revplus.typing import PyTree
+
+
+class Lowerable(Protocol):
+  """A function a step calls: `jax.jit`'s (a `jax.stages.Wrapped`, traced
+  then lowered) or `jax.pmap`'s (only lowered)."""
+
+  def __call__(self, *args: Any) -> Any: ...
+
+  def lower(self, *args: Any) -> jax.stages.Lowered: ...
 
 
 def call_key(fn: Callable, args: PyTree) -> Hashable:
@@ -68,7 +77,7 @@ class Programs:
     self._functions[key] = fn
     self._compiled[key] = compiled
 
-  def analyzed(self, fn: Callable, args: tuple) -> Hashable:
+  def analyzed(self, fn: Lowerable, args: tuple) -> Hashable:
     """The key of a call of `fn` with `args`, its program compiled and
     analyzed now where it is not yet (`program.analyze`).
 
@@ -86,9 +95,10 @@ class Programs:
     if key not in self:
       # Traced (or lowered) apart from compiling: only the backend's
       # compilation of the program can refuse it.
-      staged = fn.trace(*args) if hasattr(fn, 'trace') else fn.lower(*args)
+      staged: jax.stages.Traced | jax.stages.Lowered = (
+          fn.trace(*args) if hasattr(fn, 'trace') else fn.lower(*args))
       try:
-        compiled = (staged.lower() if hasattr(fn, 'trace')
+        compiled = (staged.lower() if isinstance(staged, jax.stages.Traced)
                     else staged).compile()
       except Exception as e:  # pylint: disable=broad-except
         self._failed[key] = refusals.compile_failure(e)
@@ -179,7 +189,7 @@ class StepCalls:
     self.programs = Programs() if programs is None else programs
     self.on_device: set[int] = set()
     self.devices_on_host = devices_on_host
-    self._noted = []
+    self._noted: list[_Noted] = []
 
   def device(self, tree: PyTree) -> PyTree:
     """Marks the leaves of `tree` as device arrays; returns `tree`."""
@@ -195,7 +205,7 @@ class StepCalls:
 
   def note(self, name: str, phase: str, key: Hashable, args: tuple,
            held: list[tuple[str, PyTree]],
-           host_held: list[tuple[str, PyTree]] = ()) -> None:
+           host_held: Sequence[tuple[str, PyTree]] = ()) -> None:
     """Records one call of the program of `key` with `args`.
 
     Args:
@@ -212,9 +222,9 @@ class StepCalls:
         [(part, _leaves(tree)) for part, tree in held],
         [(part, _leaves(tree)) for part, tree in host_held]))
 
-  def call(self, name: str, phase: str, fn: Callable, args: tuple,
-           held: list[tuple[str, PyTree]],
-           host_held: list[tuple[str, PyTree]] = ()) -> PyTree:
+  def call(self, name: str, phase: str, fn: Lowerable, args: tuple,
+           held: Sequence[tuple[str, PyTree]],
+           host_held: Sequence[tuple[str, PyTree]] = ()) -> PyTree:
     """Compiles jitted `fn` for `args` (once per call key) and notes the
     call.
 
@@ -236,14 +246,15 @@ class StepCalls:
         this call.
       As `Programs.analyzed` otherwise.
     """
-    held = [(part, [x for x in _leaves(tree) if id(x) in self.on_device])
-            for part, tree in held]
+    on_device = [
+        (part, [x for x in _leaves(tree) if id(x) in self.on_device])
+        for part, tree in held]
     try:
       key = self.programs.analyzed(fn, args)
     except refusals.ProgramCompileError as e:
-      raise e.named(name, sum(
-          h.size_bytes for h in composition.held_parts(held, ()))) from None
-    self.note(name, phase, key, args, held, host_held)
+      raise e.named(name, sum(h.size_bytes for h in composition.held_parts(
+          on_device, ()))) from None
+    self.note(name, phase, key, args, on_device, host_held)
     # New leaves per call.
     return self.device(self.host(self.programs.outputs(key)))
 
@@ -260,13 +271,17 @@ class StepCalls:
         each refused call, and each other call's bytes).
       As `Programs.analysis` otherwise.
     """
-    calls, failed, least = [], [], 0
+    calls: list[composition.Call] = []
+    # The calls whose programs did not compile: (name, error naming it).
+    failed: list[tuple[str, refusals.ProgramCompileError]] = []
+    least = 0
     for noted in self._noted:
       try:
         analysis = self.programs.analysis(noted.key, noted.args)
       except refusals.ProgramCompileError as e:
         held = composition.held_parts(noted.held, ())
-        failed.append(e.named(noted.name, sum(h.size_bytes for h in held)))
+        failed.append((noted.name, e.named(
+            noted.name, sum(h.size_bytes for h in held))))
         continue
       call = composition.Call(
           noted.name, noted.phase, analysis.memory,
@@ -275,13 +290,15 @@ class StepCalls:
           self.devices_on_host)
       least = max(least, call.device_bytes)
       calls.append(call)
-    if failed:
-      other = [e for e in failed
-               if not isinstance(e, refusals.ProgramOutOfMemoryError)]
-      if other:
-        raise other[0]
-      raise failed[0].named(failed[0].program, max(
-          [least] + [e.least_bytes or 0 for e in failed]))
+    other = [e for _, e in failed
+             if not isinstance(e, refusals.ProgramOutOfMemoryError)]
+    if other:
+      raise other[0]
+    refused = [e for _, e in failed
+               if isinstance(e, refusals.ProgramOutOfMemoryError)]
+    if refused:
+      raise refused[0].named(failed[0][0], max(
+          [least] + [e.least_bytes or 0 for e in refused]))
     return calls
 
   def memory(self) -> composition.StepMemory:

@@ -91,11 +91,12 @@ class Call:
   name: str
   phase: str
   program: program_lib.ProgramMemory
-  held: tuple = ()
-  host_held: tuple = ()
+  # Given as any sequence, stored as a tuple.
+  held: Sequence[Held] = ()
+  host_held: Sequence[Held] = ()
   devices_on_host: int = 0
 
-  def __post_init__(self):
+  def __post_init__(self) -> None:
     object.__setattr__(self, 'held', tuple(self.held))
     object.__setattr__(self, 'host_held', tuple(self.host_held))
     if self.passed_bytes > self.program.argument_bytes:
@@ -245,7 +246,7 @@ def compose(calls: Sequence[Call]) -> StepMemory:
 def held_parts(held: Sequence[tuple[str, Any]], args: Any,
                kept: Any | None = None,
                on_device: Callable[[Any], bool] | None = None,
-               whole: bool = False) -> list:
+               whole: bool = False) -> list[Held]:
   """`Held` parts of what a step holds across one call.
 
   Args:

@@ -137,7 +137,7 @@ class TrainerMemory:
       return None
     if self.step_error is not None:
       return False  # It would not step in any memory.
-    return self.peak_device_bytes <= device_memory_bytes
+    return self.step.peak_device_bytes <= device_memory_bytes
 
   def to_json(self, device_memory_bytes: int | None = None) -> dict:
     """The JSON object `estimate --json` writes for this trainer."""
@@ -147,6 +147,8 @@ class TrainerMemory:
     if self.refused is not None:
       return {'refused': self.refused, 'runs': False, 'fits': False,
               'least_device_bytes': self.refused_least_bytes, **devices}
+    step = self.step
+    assert step is not None, 'figures are kept where nothing failed'
     out = {
         'runs': self.runs,
         **devices,
@@ -157,13 +159,13 @@ class TrainerMemory:
         'fits': self.fits(device_memory_bytes),
         'weights_bytes': self.weights_bytes,
         'slots_bytes': self.slots_bytes,
-        'n_calls': len(self.step.calls),
-        'peak_call': self.step.peak_call.name,
-        'peak_parts_bytes': self.step.peak_call.parts(),
-        'phase_peak_device_bytes': self.step.phase_peaks(),
+        'n_calls': len(step.calls),
+        'peak_call': step.peak_call.name,
+        'peak_parts_bytes': step.peak_call.parts(),
+        'phase_peak_device_bytes': step.phase_peaks(),
         'peak_host_bytes': self.peak_host_bytes,
-        'peak_host_call': self.step.peak_host_call.name,
-        'peak_host_parts_bytes': self.step.peak_host_call.host_parts(),
+        'peak_host_call': step.peak_host_call.name,
+        'peak_host_parts_bytes': step.peak_host_call.host_parts(),
     }
     if self.plan is not None:
       out['plan'] = self.plan

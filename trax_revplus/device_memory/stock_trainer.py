@@ -93,7 +93,7 @@ def stock_trainer_step(trainer: 'trax_optimizers.ReversibleSerialTrainer',
   rngs = record.device(jax.ShapeDtypeStruct((n_layers, 2), np.uint32))
   rng_rows = record.device([jax.ShapeDtypeStruct((2,), np.uint32)
                             for _ in range(n_layers)])
-  keep = [('rngs', (rngs, rng_rows))]
+  keep: list[tuple[str, PyTree]] = [('rngs', (rngs, rng_rows))]
   weights_of = lambda layer: program_lib.abstract(layer.weights)
   state_of = lambda layer: program_lib.abstract(layer.state)
 
@@ -101,8 +101,10 @@ def stock_trainer_step(trainer: 'trax_optimizers.ReversibleSerialTrainer',
   # next assignment.
   stack = program_lib.abstract(tuple(batch) if isinstance(batch, list)
                                else batch)
-  saved = []  # per block: host copies of (std inputs, new state, states)
-  locals_ = {}
+  # Per block: (std layer index, host copies of its inputs and new state,
+  # of the reversible layers' old and new states).
+  saved: list[tuple[int, PyTree, PyTree]] = []
+  locals_: dict[str, PyTree] = {}
   # On the host across every call: each layer's weights, state and slots
   # (`tl.on_cpu`), the batch, and the blocks' saved inputs and states.
   between_steps = ([layer.weights for layer in trainer.all_layers],
@@ -110,7 +112,7 @@ def stock_trainer_step(trainer: 'trax_optimizers.ReversibleSerialTrainer',
                    trainer.slots)
   batch_on_host = program_lib.host_types(batch)
 
-  def on_host():
+  def on_host() -> list[tuple[str, PyTree]]:
     return [('weights, slots and state', between_steps),
             ('batch', batch_on_host),
             ('saved block inputs and states', [s[1:] for s in saved])]
@@ -118,7 +120,8 @@ def stock_trainer_step(trainer: 'trax_optimizers.ReversibleSerialTrainer',
   for b, (std_layer, rev_layers) in enumerate(blocks):
     std_fn, rev_fns = parts.accelerated_layer_fns[b]
     inputs = cb.inputs_from_stack(stack, std_layer.n_in)
-    args = (inputs, weights_of(std_layer), state_of(std_layer), rng_rows[k])
+    args: tuple = (inputs, weights_of(std_layer), state_of(std_layer),
+                   rng_rows[k])
     outputs, new_state = record.call(
         f'forward layer {k} ({std_layer.name})', 'forward', std_fn, args,
         keep + [('stack', stack)] + list(locals_.items()), on_host())
@@ -127,7 +130,8 @@ def stock_trainer_step(trainer: 'trax_optimizers.ReversibleSerialTrainer',
         inputs, new_state)
     std_k = k
     k += 1
-    old_states, new_states = [], []
+    old_states: list[PyTree] = []
+    new_states: list[PyTree] = []
     for layer, fn in zip(rev_layers, rev_fns):
       state = record.device(state_of(layer))
       old_states.append(state)
@@ -166,7 +170,7 @@ def stock_trainer_step(trainer: 'trax_optimizers.ReversibleSerialTrainer',
     std_opt, rev_opts = parts.optimizers[b]
     std_params, rev_params = parts.replicated_opt_params[b]
     std_k, (std_inputs, std_state), (old_states, new_states) = saved[b]
-    pending = []  # lazily copied-back weights still on the device
+    pending: list[PyTree] = []  # lazily copied-back weights still on the device
     for j in range(len(rev_layers) - 1, -1, -1):
       layer, opt = rev_layers[j], rev_opts[j]
       k = std_k + 1 + j
@@ -211,7 +215,7 @@ def weights_and_slots_bytes(
 DONATED_TWICE = 'Attempt to donate the same buffer twice'
 
 
-def _buffer(x) -> tuple | None:
+def _buffer(x: object) -> tuple | None:
   """What identifies the memory of an array leaf as a program gets it:
   a JAX array's device buffer, a numpy array's data (which JAX on the
   CPU takes without a copy); None for anything else."""
@@ -222,10 +226,10 @@ def _buffer(x) -> tuple | None:
   return None
 
 
-def _donated_twice(tree) -> tuple | None:
+def _donated_twice(tree: PyTree) -> tuple[str, str] | None:
   """(first path, second path) of two leaves of `tree` that are one
   buffer, or None."""
-  seen = {}
+  seen: dict[tuple, str] = {}
   for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
     key = _buffer(leaf)
     if key is None:

@@ -140,6 +140,8 @@ class DeviceEvaluator:
                                                  self.budget_bytes)
     if plan is not None:
       return PlannedEval(plan, _Whole(compiled[plan.parts], self._device))
+    # No plan fits: there is a budget, and `least` is the most parts'.
+    assert least is not None and self.budget_bytes is not None
     whole = planning.nothing_fits(least, refusal, self.budget_bytes)
     model, _ = functions.model_and_metrics(self._model_with_metrics)
     if len(segments.steps(model)) < 2:

@@ -110,7 +110,8 @@ def search_parts(rows: int,
                  weigh: Callable[[int], device_memory.ProgramMemory],
                  budget_bytes: int | None,
                  candidates: Sequence[int] | None = None
-                 ) -> tuple[EvalPlan | None, EvalPlan, Exception | None]:
+                 ) -> tuple[EvalPlan | None, EvalPlan | None,
+                            Exception | None]:
   """The fewest parts of `rows` rows whose program fits `budget_bytes`.
 
   Args:
@@ -127,9 +128,9 @@ def search_parts(rows: int,
     fits, (None, the plan of the most parts, the backend's error where it
     refused that one for memory, else None).
   """
-  weighed = {}
+  weighed: dict[int, tuple[EvalPlan, Exception | None]] = {}
 
-  def plan_of(parts):
+  def plan_of(parts: int) -> EvalPlan:
     if parts not in weighed:
       try:
         memory = weigh(parts)
@@ -143,8 +144,11 @@ def search_parts(rows: int,
 
   if budget_bytes is None:
     return plan_of(1), None, None
-  fits = lambda parts: (plan_of(parts).memory is not None and
-                        plan_of(parts).peak_device_bytes <= budget_bytes)
+
+  def fits(parts: int) -> bool:
+    peak = plan_of(parts).peak_device_bytes  # None: refused for memory
+    return peak is not None and peak <= budget_bytes
+
   candidates = divisors(rows) if candidates is None else candidates
   first = plan_of(candidates[0])
   if (first.memory is not None and
@@ -165,9 +169,10 @@ def nothing_fits(least: EvalPlan, refusal: Exception | None,
   """The error where not even `least` (one row per part) fits; `refusal`
   is the backend's error where it refused the program for memory."""
   mib = lambda n: f'{n} bytes ({byte_sizes.format_bytes(n)})'
+  # `refusal` is set exactly where `least` has no figure.
   need = (f'the backend refused its program for memory '
           f'({errors.one_line(refusal, max_chars=200)})'
-          if least.memory is None else
+          if refusal is not None else
           f'its program needs {mib(least.peak_device_bytes)}')
   at_least = ('' if least.memory is None else
               f' >= {least.peak_device_bytes}')

@@ -33,11 +33,13 @@ from trax.layers import combinators
 from trax_revplus import byte_sizes
 from trax_revplus import device_memory
 from trax_revplus import errors
+from trax_revplus import placement as placement_lib
 from trax_revplus.device_memory import program as program_lib
 from trax_revplus.evaluation import planning
 from trax_revplus.trainer import options as options_lib
 from trax_revplus.trainer._step import fingerprints
 from trax_revplus.trainer._step import slices
+from trax_revplus.typing import PyTree
 
 
 class Step(NamedTuple):
@@ -95,7 +97,7 @@ def at(tree: Any, path: tuple[int, ...]) -> Any:
   return tree
 
 
-def rngs_function(steps_: list[Step]):
+def rngs_function(steps_: list[Step]) -> jax.stages.Wrapped:
   """`fn(rng) -> (each step's RNG, the metrics layer's RNG)`: the keys
   `tl.Serial(model, metrics)` gives them from the eval's `rng`."""
   def rngs(rng):
@@ -111,7 +113,7 @@ def rngs_function(steps_: list[Step]):
   return jax.jit(rngs)
 
 
-def layer_function(layer: tl.Layer, parts: int):
+def layer_function(layer: tl.Layer, parts: int) -> jax.stages.Wrapped:
   """`jit` of `fn(inputs, weights, state, rng) -> outputs`: `layer`'s
   forward over `parts` parts of the rows."""
   forward = slices.forward(
@@ -131,7 +133,9 @@ class StepPlan:
 
   @property
   def peak_device_bytes(self) -> int:
-    return self.held_bytes + self.plan.peak_device_bytes
+    program_bytes = self.plan.peak_device_bytes
+    assert program_bytes is not None, f'{self.name}: refused, no figure'
+    return self.held_bytes + program_bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,7 +181,10 @@ class Segmented:
   """An eval on one batch's shapes, one layer at a time: planned (every
   program compiled and accounted) when made, then called per batch."""
 
-  def __init__(self, model_with_metrics, device, types, budget_bytes):
+  def __init__(self, model_with_metrics: tl.Layer,
+               device: placement_lib.OneDevice,
+               types: tuple[PyTree, PyTree, PyTree, PyTree],
+               budget_bytes: int) -> None:
     """Args:
       model_with_metrics: trax's `tl.Serial(model, metrics_layer)`.
       device: the `placement.OneDevice` it runs on.
@@ -197,6 +204,7 @@ class Segmented:
     rows = jax.tree_util.tree_leaves(batch)[0].shape[0]
     # (layer, path in the model's weights and state or None: the metrics
     # layer's, its RNG's type, the parts it may run over).
+    calls: list[tuple[tl.Layer, tuple[int, ...] | None, PyTree, list[int]]]
     calls = [(s.layer, s.path, r, planning.divisors(rows) if s.layer.n_in
               else [1]) for s, r in zip(model_steps, rngs[0])]
     calls.append((metrics, None, rngs[1], [1]))
@@ -222,6 +230,7 @@ class Segmented:
       plan, least, refusal = planning.search_parts(
           rows, weigh, budget_bytes - held, candidates)
       if plan is None:
+        assert least is not None  # `search_parts`: where none fits
         # Planned on at its least, for the least of the whole eval.
         misses.append((StepPlan(layer.name, least, held), refusal))
         plan = least

@@ -9,7 +9,7 @@ the leading `parameters` of a callable we call or wrap).
 """
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 # What a name is, where the tests look for it.
 ATTRIBUTE = 'instance attribute'  # Set by the owner class's constructor.
@@ -44,9 +44,13 @@ class PrivateName:
 PRIVATE_NAMES: list[PrivateName] = []
 
 
+Accessor = TypeVar('Accessor', bound=Callable[..., Any])
+
+
 def uses(owner: str, name: str, kind: str, relied_on: str,
          parameters: tuple[str, ...] | None = None,
-         check: Callable[[Any], bool] | None = None):
+         check: Callable[[Any], bool] | None = None
+         ) -> Callable[[Accessor], Accessor]:
   """Declares that the decorated accessor uses trax's `owner`.`name`.
 
   Records a `PrivateName` (once per owner and name) and adds it to the
@@ -59,7 +63,9 @@ def uses(owner: str, name: str, kind: str, relied_on: str,
   if not any((p.owner, p.name) == (owner, name) for p in PRIVATE_NAMES):
     PRIVATE_NAMES.append(entry)
 
-  def declare(fn):
-    fn.trax_names = getattr(fn, 'trax_names', ()) + ((owner, name),)
+  def declare(fn: Accessor) -> Accessor:
+    # setattr: a function attribute, which a callable's type declares not.
+    setattr(fn, 'trax_names',  # noqa: B010
+            getattr(fn, 'trax_names', ()) + ((owner, name),))
     return fn
   return declare

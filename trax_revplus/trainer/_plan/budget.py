@@ -95,8 +95,6 @@ def _plan_text(plan: plan_lib.StepPlan) -> str:
   slicing, its other dimensions where they differ from a plain step's)."""
   layers = plan.settings()['segment_max_layers']
   assert isinstance(layers, int)  # the longest forward segment's length
-  # `StepPlan.__post_init__` sets `fused_from` (the loss where None).
-  assert plan.fused_from is not None
   slices = dimensions.of_role(dimensions.SLICES).name
   below = ''.join(f', {d.name}={getattr(plan, d.name)}'
                   for d in _below_one_row()

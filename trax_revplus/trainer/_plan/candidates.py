@@ -119,14 +119,14 @@ ASYNC_DEPTHS = (4, 2, 1, 0)
 FUSED_COMPILE_RATIO = 16
 # Where slices change no random draw (`row_draws`) and no layer hashes its
 # activations (`hashing`), on these backends this many slices rank first.
-SPEED_SLICES = {'cpu': 2}
+SPEED_SLICES: Mapping[str | None, int] = {'cpu': 2}
 # On these backends, where no layer hashes its activations (`hashing`),
 # every group with trax's efficient attention layers computing this many
 # (example, head) pairs at once ranks before every group with the layers
 # as configured (measured on the CPU: one pair at a time stepped 10-17%
 # faster on the benchmark's ReformerLMs and encoder-decoder Reformer;
 # docs/performance.md).
-SPEED_PARALLEL_HEADS = {'cpu': 1}
+SPEED_PARALLEL_HEADS: Mapping[str | None, int] = {'cpu': 1}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -226,7 +226,7 @@ class Candidates:
     self._heads_first = (self._more_heads and not hashes_activations and
                          SPEED_PARALLEL_HEADS.get(platform) == 1)
 
-  def _part_slices(self, part_rows):
+  def _part_slices(self, part_rows: int) -> int | None:
     """Batch slices each part's calls run over: the fewest of `slices`
     dividing the part's rows (None where none does)."""
     return min((k for k in self.slices if part_rows % k == 0), default=None)

@@ -47,8 +47,6 @@ def replaced(plan: plan_lib.StepPlan, options: options_lib.TrainerOptions,
   """
   out = []
   budget = f'{budget_bytes} bytes'
-  # `StepPlan.__post_init__` sets `fused_from` (the loss where None).
-  assert plan.fused_from is not None
   fused = plan.fused_from < plan.loss
   for dimension in dimensions.DIMENSIONS:
     name, used = dimension.name, getattr(plan, dimension.name)

@@ -54,6 +54,9 @@ ACTIVATION_BOUND_BYTES = 2**20
 # backward_segment_max_layers='auto': the length of backward segments of
 # segments below ACTIVATION_BOUND_BYTES.
 SMALL_BACKWARD_SEGMENT_LAYERS = 2
+# `StepPlan.fused_from`'s default, resolved to the plan's `loss` (no layer
+# fused) when the plan is made: a stored plan always holds the index.
+UNFUSED = -1
 
 Segment = tuple[int, ...]  # layer indices, consecutive, in forward order
 # `StepPlan`'s first fields, its layout: the rest are settings.
@@ -81,6 +84,7 @@ class StepPlan:
     fused_from: int, the first layer whose forward and backward run inside
       the loss layer's program (`loss`: none). It is a unit boundary: a
       block's standard layer or the first layer of a forward segment.
+      Given as `UNFUSED` (the default) or None, it is set to `loss`.
     n_async_layers: int >= 0, the copy-back depth (the rule: `commit`; the
       setting: `options.TrainerOptions.n_async_layers`).
     prefetch: bool, place the next call's weights (and slots) during the
@@ -124,7 +128,7 @@ class StepPlan:
       1, dimensions.SLICES, check=dimensions.check_slices,
       replaced='the plans with the slicing set do not fit',
       reordering=lambda k: f'{k} batch slices')
-  fused_from: int | None = None
+  fused_from: int = UNFUSED
   n_async_layers: int = 8
   prefetch: bool = True
   saved_on_host: bool = False
@@ -140,8 +144,9 @@ class StepPlan:
       reordering=lambda n: (f'attention at most {n} (example, head) '
                             f'pair{"s" if n > 1 else ""} at a time'))
 
-  def __post_init__(self):
-    if self.fused_from is None:
+  def __post_init__(self) -> None:
+    # None too: the default before `UNFUSED`, still accepted.
+    if self.fused_from is None or self.fused_from == UNFUSED:
       object.__setattr__(self, 'fused_from', self.loss)
     if self.sequence_chunks > 1 and self.fused_from != self.loss:
       raise ValueError('sequence chunks run the loss layer\'s own program; '
@@ -171,7 +176,7 @@ class StepPlan:
   def unit_spans(self) -> list[Segment]:
     """The layers of every forward unit in forward order: each standard
     layer alone, each forward segment (fused ones included)."""
-    out = []
+    out: list[Segment] = []
     for std, segments in self.blocks:
       out.append((std,))
       out.extend(segments)
@@ -209,7 +214,8 @@ class StepPlan:
     forward = [len(s) for s in self.forward_segments()]
     backward = [len(b) for s in self.forward_segments()
                 for b in self.backward[s]]
-    out = {'segment_max_layers': max(forward, default=0),
+    out: dict[str, object] = {
+        'segment_max_layers': max(forward, default=0),
            'backward_segment_max_layers': max(backward, default=0)}
     # Every setting field (the plan's dimensions among them) in field
     # order; `fused_from` as the layers it fuses.
@@ -250,6 +256,7 @@ def backward_segment_length(setting: int | str, n_layers: int,
     `ACTIVATION_BOUND_BYTES`, else `SMALL_BACKWARD_SEGMENT_LAYERS`.
   """
   if setting != options_lib.AUTO:
+    assert isinstance(setting, int)  # else options rejected it
     return setting
   if outputs_bytes >= ACTIVATION_BOUND_BYTES:
     return n_layers
@@ -283,7 +290,7 @@ def equal_segments(indices: list[int], max_layers: int,
   return [[i] for i in indices]
 
 
-def _equal_runs(indices, length):
+def _equal_runs(indices: list[int], length: int) -> list[list[int]]:
   return [indices[k:k + length] for k in range(0, len(indices), length)]
 
 
@@ -297,7 +304,7 @@ def backward_split(segment: Segment, length: int) -> tuple[Segment, ...]:
 def make_plan(block_sizes: Sequence[int], nbytes: Mapping[int, int],
               stack_bytes: Sequence[int], *, segment_max_layers: int,
               segment_max_bytes: int, backward_segment_max_layers: int | str,
-              fused_from: int | None = None, n_async_layers: int = 8,
+              fused_from: int = UNFUSED, n_async_layers: int = 8,
               prefetch: bool = True, saved_on_host: bool = False,
               grads_on_host: bool = False,
               **dimension_values: Any) -> StepPlan:
@@ -312,7 +319,8 @@ def make_plan(block_sizes: Sequence[int], nbytes: Mapping[int, int],
       read by backward_segment_max_layers='auto' only.
     segment_max_layers, segment_max_bytes, backward_segment_max_layers,
       n_async_layers: as `options.TrainerOptions`.
-    fused_from: int or None (nothing fused), see `StepPlan.fused_from`.
+    fused_from: int or `UNFUSED` (nothing fused), see
+      `StepPlan.fused_from`.
     prefetch, saved_on_host, grads_on_host: see `StepPlan`.
     **dimension_values: the plan's dimensions by name
       (`dimensions.DIMENSIONS`), each as its `StepPlan` field; one not

@@ -53,9 +53,17 @@ class Unit(Protocol):
       micro-batches.
   """
   layers: list[int]
-  forward_fn: Callable[..., Any] | None
-  backward_fn: Callable[..., Any] | None
-  accumulate_fn: Callable[..., Any] | None
+
+  # Read-only (properties): a unit's compiled functions are fixed when it
+  # is made, and `units.LossUnit` derives its own.
+  @property
+  def forward_fn(self) -> Callable[..., Any] | None: ...
+
+  @property
+  def backward_fn(self) -> Callable[..., Any] | None: ...
+
+  @property
+  def accumulate_fn(self) -> Callable[..., Any] | None: ...
 
 
 @runtime_checkable

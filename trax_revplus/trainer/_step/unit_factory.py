@@ -5,7 +5,7 @@
 trainer's `compilation.Compiler`.
 """
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from trax import layers as tl
 from trax.optimizers import base as optimizer_base
@@ -121,7 +121,7 @@ class UnitFactory:
     return StandardUnit(i, layer, forward_fn, backward(update),
                         backward(accumulate))
 
-  def segment(self, indices: list[int], n_slices: int = 1,
+  def segment(self, indices: Sequence[int], n_slices: int = 1,
               forward: bool = True, micro: bool = False,
               heads: int | None = None
               ) -> ReversibleSegment | SelectSegment:

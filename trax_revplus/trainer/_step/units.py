@@ -24,14 +24,29 @@ all follow one traversal. Nothing in a walk
 changes the plan or the units.
 """
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from trax import layers as tl
 from trax.layers import combinators as cb
 
+from trax_revplus.trainer._plan import plan as plan_lib
 from trax_revplus.trainer._step import chains
 from trax_revplus.trainer._step import protocols
 from trax_revplus.trax_door import layers as layer_door
 from trax_revplus.typing import Stack
+
+if TYPE_CHECKING:  # unit_factory makes the units of this module
+  from trax_revplus.trainer._step import unit_factory
+
+Fn = Callable[..., Any]  # a compiled (`jax.jit`) function
+
+
+def _backward_fn(unit: protocols.Unit, run: protocols.Run) -> Fn:
+  """`run.backward_fn_of(unit)` for a unit that compiles its backward
+  (all but `SelectSegment`)."""
+  fn = run.backward_fn_of(unit)
+  assert fn is not None, unit.layers
+  return fn
 
 
 class StandardUnit:
@@ -49,8 +64,8 @@ class StandardUnit:
       micro-batches.
   """
 
-  def __init__(self, index, layer, forward_fn, backward_fn,
-               accumulate_fn=None):
+  def __init__(self, index: int, layer: tl.Layer, forward_fn: Fn,
+               backward_fn: Fn, accumulate_fn: Fn | None = None) -> None:
     self.layers = [index]
     self.depth = layer.n_in
     self.n_out = layer.n_out
@@ -58,7 +73,8 @@ class StandardUnit:
     self.backward_fn = backward_fn
     self.accumulate_fn = accumulate_fn
 
-  def forward(self, stack: Stack, params, run: protocols.Run) -> Stack:
+  def forward(self, stack: Stack, params: tuple, run: protocols.Run
+              ) -> Stack:
     """Runs the layer on the top of `stack`; saves its inputs and new state.
 
     Returns:
@@ -74,7 +90,7 @@ class StandardUnit:
     run.keep_saved({i: (inputs, new_state)})
     return cb.outputs_onto_stack(outputs, stack, self.depth)
 
-  def backward(self, stack: Stack, grad_stack: Stack, params,
+  def backward(self, stack: Stack, grad_stack: Stack, params: tuple,
                run: protocols.Run) -> tuple[Stack, Stack]:
     """Forward + backward + update from the saved inputs; returns the
     stack and cotangents with the layer's inputs in place of its outputs."""
@@ -84,7 +100,7 @@ class StandardUnit:
     [(inputs, state)] = run.take_saved(self.layers)
     grads = cb.inputs_from_stack(grad_stack, self.n_out)
     new_weights, new_state, new_slots, grads_in, stats = run.call(
-        run.backward_fn_of(self),
+        _backward_fn(self, run),
         (inputs, weights[0], grads, state, slots[0], run.opt_params[i],
          run.rngs[i], run.step_placed))
     del weights, slots, state, grads
@@ -112,8 +128,9 @@ class ReversibleSegment:
     accumulate_fn: as `StandardUnit.accumulate_fn`.
   """
 
-  def __init__(self, indices, layers, forward_fn, backward_fn,
-               accumulate_fn=None):
+  def __init__(self, indices: Sequence[int], layers: Sequence[tl.Layer],
+               forward_fn: Fn | None, backward_fn: Fn,
+               accumulate_fn: Fn | None = None) -> None:
     self.layers = list(indices)
     self.depth = chains.chain_depth(layers)
     self.out_depth = self.depth + sum(layer.n_out - layer.n_in
@@ -122,7 +139,8 @@ class ReversibleSegment:
     self.backward_fn = backward_fn
     self.accumulate_fn = accumulate_fn
 
-  def forward(self, stack: Stack, params, run: protocols.Run) -> Stack:
+  def forward(self, stack: Stack, params: tuple, run: protocols.Run
+              ) -> Stack:
     """Runs the layers in order; saves each one's old and new state.
 
     Returns:
@@ -132,6 +150,7 @@ class ReversibleSegment:
     del params
     state = run.state(self.layers)
     inputs = cb.inputs_from_stack(stack, self.depth)
+    assert self.forward_fn is not None, 'a backward split runs no forward'
     outputs, new_state = run.call(
         self.forward_fn,
         (inputs, weights, state, [run.rngs[i] for i in self.layers]))
@@ -139,7 +158,7 @@ class ReversibleSegment:
                     for i, s, ns in zip(self.layers, state, new_state)})
     return cb.outputs_onto_stack(outputs, stack, self.depth)
 
-  def backward(self, stack: Stack, grad_stack: Stack, params,
+  def backward(self, stack: Stack, grad_stack: Stack, params: tuple,
                run: protocols.Run) -> tuple[Stack, Stack]:
     """Reverse + backward + update of each layer, last to first; returns
     the stack and cotangents with the reconstructed inputs in place."""
@@ -149,7 +168,7 @@ class ReversibleSegment:
     outputs = cb.inputs_from_stack(stack, self.out_depth)
     grads = cb.inputs_from_stack(grad_stack, self.out_depth)
     new_weights, new_slots, inputs, grads_in, stats = run.call(
-        run.backward_fn_of(self),
+        _backward_fn(self, run),
         (outputs, weights, grads, old_state, new_state, slots,
          [run.opt_params[i] for i in self.layers],
          [run.rngs[i] for i in self.layers], run.step_placed))
@@ -177,12 +196,14 @@ class SelectSegment:
   backward_fn = None
   accumulate_fn = None
 
-  def __init__(self, indices, layers):
+  def __init__(self, indices: Sequence[int],
+               layers: Sequence[tl.Layer]) -> None:
     self.layers = list(indices)
     self._permutations = [(layer.n_in, list(layer_door.select_indices(layer)))
                           for layer in layers]
 
-  def forward(self, stack: Stack, params, run: protocols.Run) -> Stack:
+  def forward(self, stack: Stack, params: tuple, run: protocols.Run
+              ) -> Stack:
     del params, run
     for n, indices in self._permutations:
       items = cb.inputs_from_stack(stack, n)
@@ -190,7 +211,7 @@ class SelectSegment:
                                     n)
     return stack
 
-  def backward(self, stack: Stack, grad_stack: Stack, params,
+  def backward(self, stack: Stack, grad_stack: Stack, params: tuple,
                run: protocols.Run) -> tuple[Stack, Stack]:
     """Puts the inputs back and their cotangents (the outputs' cotangents,
     reordered the same way: a permutation's gradient)."""
@@ -223,7 +244,8 @@ class LossUnit:
     accumulate_fn: as `StandardUnit.accumulate_fn` (`Kind.LOSS` only).
   """
 
-  def __init__(self, indices, depth, fn, accumulate_fn=None):
+  def __init__(self, indices: Sequence[int], depth: int, fn: Fn,
+               accumulate_fn: Fn | None = None) -> None:
     self.layers = list(indices)
     self.depth = depth
     self.fn = fn
@@ -234,10 +256,11 @@ class LossUnit:
     return None
 
   @property
-  def backward_fn(self) -> Callable[..., Any]:
+  def backward_fn(self) -> Fn:
     return self.fn
 
-  def backward(self, stack: Stack, params, run: protocols.Run) -> Stack:
+  def backward(self, stack: Stack, params: tuple, run: protocols.Run
+               ) -> Stack:
     """Returns the cotangents of the program's inputs (cotangent of the
     loss: 1); the stack keeps the inputs, for the backward pass."""
     weights, slots = params
@@ -249,7 +272,7 @@ class LossUnit:
       # A micro-batch's loss takes the batch's loss weights in the
       # cotangent's place (`loss_slices.loss_fbo`).
       new_weights, new_state, new_slots, grad_stack, stats = run.call(
-          run.backward_fn_of(self),
+          _backward_fn(self, run),
           (inputs, weights[0], run.loss_weights, state[0], slots[0],
            run.opt_params[i], run.rngs[i], run.step_placed))
       new_weights, new_state, new_slots, stats = (
@@ -279,15 +302,17 @@ class Units:
     backward_units: list of the units run backward, in backward order.
   """
 
-  def __init__(self, plan, factory):
+  def __init__(self, plan: plan_lib.StepPlan,
+               factory: 'unit_factory.UnitFactory') -> None:
     """Compiles the units of `plan` with `factory`
     (`unit_factory.UnitFactory`)."""
     self.plan = plan
-    self.forward_units = []
-    self.backward_units = []
+    self.forward_units: list[protocols.PassUnit] = []
+    self.backward_units: list[protocols.PassUnit] = []
     micro = plan.micro_batches > 1
     heads = plan.parallel_heads
     for std, segments in plan.blocks:
+      unit: protocols.PassUnit
       if std < plan.fused_from:
         unit = factory.standard(std, plan.batch_slices, micro, heads)
         self.forward_units.append(unit)
@@ -315,6 +340,7 @@ class Units:
     units = self.forward_units
     if units:
       run.place_ahead(units[0], with_slots=False)
+    assert run.stack is not None, 'the batch is placed before the walk'
     for unit, following in zip(units, units[1:] + [None]):
       run.stack = unit.forward(
           run.stack, run.params(unit, following, with_slots=False), run)
@@ -326,6 +352,7 @@ class Units:
     run.phase = 'loss'
     following = self.backward_units[0] if self.backward_units else None
     params = run.params(self.loss_unit, following, with_slots=True)
+    assert run.stack is not None, 'the forward pass leaves the stack'
     run.grad_stack = self.loss_unit.backward(run.stack, params, run)
 
   def backward(self, run: protocols.Run) -> None:
@@ -333,6 +360,8 @@ class Units:
     `run.grad_stack` (the batch's reconstruction and cotangents)."""
     run.phase = 'backward'
     units = self.backward_units
+    assert run.stack is not None and run.grad_stack is not None, (
+        'the loss program leaves the stack and its cotangents')
     for unit, following in zip(units, units[1:] + [None]):
       run.stack, run.grad_stack = unit.backward(
           run.stack, run.grad_stack,
