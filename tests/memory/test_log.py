@@ -2,6 +2,7 @@
 
 import glob
 import json
+import mmap
 import os
 import subprocess
 import sys
@@ -288,10 +289,18 @@ _SPIKE_BYTES = 96 << 20
 
 
 def _spike():
-  """Touches _SPIKE_BYTES of fresh memory and frees it again."""
-  buffer = np.ones(_SPIKE_BYTES // 8, np.float64)
-  assert buffer.nbytes == _SPIKE_BYTES
-  del buffer
+  """Touches _SPIKE_BYTES of fresh memory and frees it again.
+
+  Mapped directly rather than through malloc: an earlier test of the
+  process may have raised glibc's mmap threshold (`host_mmap_threshold`),
+  after which a freed numpy buffer stays in the heap and in the RSS.
+  """
+  mapped = mmap.mmap(-1, _SPIKE_BYTES)
+  touched = np.frombuffer(mapped, np.uint8)
+  touched[:] = 1
+  assert touched.nbytes == _SPIKE_BYTES
+  del touched
+  mapped.close()
 
 
 needs_peak_reset = pytest.mark.skipif(

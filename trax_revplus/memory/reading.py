@@ -9,7 +9,7 @@ type or skipping damage without a word; Python callers through
   * is not one JSON object (a record cut short by a killed writer, binary
     junk, text of another file), or
   * lacks `step` (a number) or `phase` (a string), or has a field that the
-    readers use (`FIELD_TYPES`) of another type.
+    readers use (`fields.FIELD_TYPES`) of another type.
 
 Other fields are not checked: the trainer may add fields of its own, and
 the readers ignore what they do not know. A file with lines but no valid
@@ -26,37 +26,13 @@ from absl import logging
 
 from trax_revplus.errors import EXIT_RUNTIME
 from trax_revplus.errors import UserError
+from trax_revplus.memory.fields import FIELD_TYPES
+from trax_revplus.memory.fields import INT
+from trax_revplus.memory.fields import NUMBER
+from trax_revplus.memory.fields import REQUIRED
 
 Record = dict[str, Any]
 
-_NUMBER = 'a number'
-_INT = 'an int'
-_STR = 'a string'
-
-# The fields readers use, and the type each must have when present and not
-# null (JSON null means the figure is unknown).
-FIELD_TYPES = {
-    'step': _NUMBER,
-    'host_rss_bytes': _NUMBER,
-    'host_peak_bytes': _NUMBER,
-    'host_peak_between_steps_bytes': _NUMBER,
-    'device_bytes_in_use': _NUMBER,
-    'device_peak_bytes': _NUMBER,
-    'peak_device_bytes': _NUMBER,
-    'phase_peak_device_bytes': _NUMBER,
-    'h2d_bytes': _NUMBER,
-    'd2h_bytes': _NUMBER,
-    'seconds': _NUMBER,
-    'time': _NUMBER,
-    'layer': _INT,
-    'process_index': _INT,
-    'pid': _INT,
-    'phase': _STR,
-    'layer_name': _STR,
-    'device_bytes_source': _STR,
-    'host_peak_source': _STR,
-}
-_REQUIRED = ('step', 'phase')
 
 
 class CorruptMemoryLogError(UserError):
@@ -67,9 +43,9 @@ class CorruptMemoryLogError(UserError):
 def _has_type(value: Any, kind: str) -> bool:
   if isinstance(value, bool):
     return False
-  if kind == _NUMBER:
+  if kind == NUMBER:
     return isinstance(value, (int, float)) and math.isfinite(value)
-  if kind == _INT:
+  if kind == INT:
     return isinstance(value, int)
   return isinstance(value, str)
 
@@ -85,7 +61,7 @@ def record_problem(record: Any) -> str | None:
   """
   if not isinstance(record, dict):
     return 'not a JSON object'
-  for name in _REQUIRED:
+  for name in REQUIRED:
     if record.get(name) is None:
       return f'no {name!r}'
   for name, kind in FIELD_TYPES.items():
