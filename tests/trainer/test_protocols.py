@@ -11,6 +11,7 @@ import inspect
 
 import pytest
 
+from trax_revplus.trainer._accounting import host_types
 from trax_revplus.trainer._accounting import on_types
 from trax_revplus.trainer._step import commit
 from trax_revplus.trainer._step import copy_back
@@ -105,7 +106,8 @@ def test_sinks_satisfy_the_update_sink_protocol(real_step):
   for sink in (parts.commits, walk.sink, copy_back.UpdateSink()):
     assert isinstance(sink, protocols.UpdateSink), sink
   assert ctx.sink is parts.commits
-  for klass in (copy_back.UpdateSink, commit.CommitQueue, on_types.HostTypes):
+  for klass in (copy_back.UpdateSink, commit.CommitQueue,
+                host_types.HostTypes):
     _assert_signatures(klass, protocols.UpdateSink)
 
 

@@ -230,8 +230,8 @@ def _budget_override_warning(device_memory_bytes: int | None
   """A line when --device_memory replaces a budget the config sets."""
   # Here: it imports trax, once the flags are checked.
   # pylint: disable-next=g-import-not-at-top
-  from trax_revplus.trainer import options
-  configured = options.validate_gin_bindings().device_memory_budget_bytes
+  from trax_revplus.trainer import gin_bindings
+  configured = gin_bindings.validate_gin_bindings().device_memory_budget_bytes
   bound = 'device_memory_budget_bytes' in _bound_trainer_settings()
   if device_memory_bytes is None or not bound:
     return None

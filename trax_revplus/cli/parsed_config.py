@@ -126,9 +126,9 @@ def check_step_settings(cfg: Config, n_devices: int,
   from trax_revplus import placement as placement_lib
   from trax_revplus.trainer._plan import budget as budget_lib
   from trax_revplus.trainer._plan import dimensions
-  from trax_revplus.trainer import options as options_lib
+  from trax_revplus.trainer import gin_bindings
   # pylint: enable=g-import-not-at-top
-  options = options_lib.validate_gin_bindings()
+  options = gin_bindings.validate_gin_bindings()
   try:
     validation.check_n_devices(n_devices)
     validation.check_batch(cfg.batch, n_devices)

@@ -8,8 +8,8 @@ minutes of compiling:
   * a model is configured (`train.model`);
   * `train`'s own settings (`settings.check_train_settings`);
   * the trainer's settings (`trax_revplus.ReversibleSerialTrainer.*`), as
-    its constructor will check them (`options.validate_gin_bindings`), and
-    their names.
+    its constructor will check them
+    (`gin_bindings.validate_gin_bindings`), and their names.
 
 It also names the trainer settings that would have no effect on the run:
 bound, but the run trains with trax's default `Trainer`
@@ -59,6 +59,7 @@ def _check_trainer_settings() -> None:
   """
   # Here: they import trax, which `compare`'s parent process never does.
   # pylint: disable=g-import-not-at-top
+  from trax_revplus.trainer import gin_bindings
   from trax_revplus.trainer import options
   from trax_revplus.trainer import trainer
   # pylint: enable=g-import-not-at-top
@@ -73,7 +74,7 @@ def _check_trainer_settings() -> None:
         f'{unknown[0]!r}; its settings: '
         f'{", ".join(validation.settings_of("ReversibleSerialTrainer"))}')
   try:
-    options.validate_gin_bindings()
+    gin_bindings.validate_gin_bindings()
   except validation.TrainerOptionError as e:
     raise UserError(trainer_option_line(e)) from None
 

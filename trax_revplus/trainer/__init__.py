@@ -36,10 +36,10 @@ from trax_revplus.trainer._plan.budget import MemoryBudgetError
 from trax_revplus.trainer._plan.budget import StepCompileError
 from trax_revplus.trainer._plan.plan import StepPlan
 from trax_revplus.trainer._plan.planner import PlannedStep
+from trax_revplus.trainer.gin_bindings import validate_gin_bindings
 from trax_revplus.trainer.init import init_reversible_blocks
 from trax_revplus.trainer.options import AUTO
 from trax_revplus.trainer.options import TrainerOptions
-from trax_revplus.trainer.options import validate_gin_bindings
 from trax_revplus.trainer.trainer import ReversibleSerialTrainer
 
 # The class's public home, as the CLI and `repr` name it.

@@ -2,21 +2,19 @@
 
 Each is a constructor argument of `ReversibleSerialTrainer` and a gin
 binding `trax_revplus.ReversibleSerialTrainer.<name>`. `TrainerOptions`
-checks them all when it is made, before any layer is placed or compiled;
-`validate_gin_bindings` checks the bound ones without making a trainer, so a
-command line can reject a bad config before it builds a model.
+checks them all when it is made, before any layer is placed or compiled
+(with `option_checks`); `gin_bindings.validate_gin_bindings` checks the
+bound ones without making a trainer.
 """
 
 import dataclasses
 import os
 from typing import Any, Mapping
 
-import gin
-import numpy as np
-
 from trax_revplus import validation
 from trax_revplus.memory import host_release
 from trax_revplus.memory.schedule import FIRST_STEPS_RECORDED
+from trax_revplus.trainer import option_checks as checks
 
 GIN_CONFIGURABLE = 'trax_revplus.ReversibleSerialTrainer'
 ON_NON_FINITE = ('raise', 'skip', 'ignore')
@@ -268,12 +266,12 @@ class TrainerOptions:
       validation.TrainerOptionError: a setting out of its range, the first
         in field order.
     """
-    _check_int(self, 'n_async_layers', 0)
-    _check_int(self, 'memory_log_every_n_steps', 1,
-               allowed='an int >= 1 (1 records every step)')
-    _check_int(self, 'memory_log_first_steps', 0)
+    checks.check_int(self, 'n_async_layers', 0)
+    checks.check_int(self, 'memory_log_every_n_steps', 1,
+                     allowed='an int >= 1 (1 records every step)')
+    checks.check_int(self, 'memory_log_first_steps', 0)
     for name in ('memory_log_per_layer', 'memory_log_tensorboard', 'donate'):
-      _check_bool(self, name)
+      checks.check_bool(self, name)
     if not (self.output_dir is None or
             isinstance(self.output_dir, (str, os.PathLike))):
       raise validation.TrainerOptionError(
@@ -282,30 +280,35 @@ class TrainerOptions:
       raise validation.TrainerOptionError(
           'on_non_finite', self.on_non_finite, f'one of {ON_NON_FINITE}')
     if self.segment_max_layers != AUTO:
-      _check_int(self, 'segment_max_layers', 1,
-                 allowed=f"an int >= 1 (1: one call per layer) or '{AUTO}'")
-    _check_int(self, 'segment_max_bytes', 0)
-    _check_bool(self, 'compile_ahead')
-    _check_bool(self, 'release_host_memory')
+      checks.check_int(
+          self, 'segment_max_layers', 1,
+          allowed=f"an int >= 1 (1: one call per layer) or '{AUTO}'")
+    checks.check_int(self, 'segment_max_bytes', 0)
+    checks.check_bool(self, 'compile_ahead')
+    checks.check_bool(self, 'release_host_memory')
     if self.host_mmap_threshold is not None:
       limit = host_release.MAX_MMAP_THRESHOLD_BYTES
-      _check_int(self, 'host_mmap_threshold', 0, limit,
-                 allowed=f"None (glibc's own threshold) or an int number of "
-                         f"bytes in [0, {limit}] (glibc's limit)")
+      checks.check_int(
+          self, 'host_mmap_threshold', 0, limit,
+          allowed=f"None (glibc's own threshold) or an int number of "
+                  f"bytes in [0, {limit}] (glibc's limit)")
     if self.backward_segment_max_layers != AUTO:
-      _check_int(self, 'backward_segment_max_layers', 1,
-                 allowed=f"an int >= 1 or '{AUTO}'")
-    _check_bool(self, 'clear_compilation_caches')
+      checks.check_int(self, 'backward_segment_max_layers', 1,
+                       allowed=f"an int >= 1 or '{AUTO}'")
+    checks.check_bool(self, 'clear_compilation_caches')
     if self.device_memory_budget_bytes not in (None, AUTO, DEVICE):
-      _check_int(self, 'device_memory_budget_bytes', 1,
-                 allowed=f"'{AUTO}', '{DEVICE}', None or an int number of "
-                         f"bytes >= 1")
+      checks.check_int(
+          self, 'device_memory_budget_bytes', 1,
+          allowed=f"'{AUTO}', '{DEVICE}', None or an int number of "
+                  f"bytes >= 1")
     for name, setting in self.dimension_settings().items():
       if getattr(self, name) != AUTO:
-        _check_int(self, name, 1, allowed=f"{setting.allowed} or '{AUTO}'")
+        checks.check_int(self, name, 1,
+                         allowed=f"{setting.allowed} or '{AUTO}'")
     if self.host_memory_budget_bytes not in (None, AUTO):
-      _check_int(self, 'host_memory_budget_bytes', 1,
-                 allowed=f"'{AUTO}', None or an int number of bytes >= 1")
+      checks.check_int(
+          self, 'host_memory_budget_bytes', 1,
+          allowed=f"'{AUTO}', None or an int number of bytes >= 1")
 
   @classmethod
   def of(cls, settings: Mapping[str, Any]) -> 'TrainerOptions':
@@ -315,19 +318,7 @@ class TrainerOptions:
       validation.TrainerOptionError: a name that is not a setting, or a
         setting out of its range.
     """
-    unknown = sorted(set(settings) - set(cls.field_names()))
-    removed = [n for n in unknown if n in validation.REMOVED_SETTINGS]
-    if removed:
-      name = removed[0]
-      raise validation.TrainerOptionError(
-          name, settings[name], None,
-          message=validation.removed_setting_message(GIN_CONFIGURABLE, name))
-    if unknown:
-      name = unknown[0]
-      raise validation.TrainerOptionError(
-          name, settings[name], None, message=(
-              f'{GIN_CONFIGURABLE} has no setting {name!r}; its settings: '
-              f'{", ".join(cls.field_names())}.'))
+    checks.check_names(GIN_CONFIGURABLE, settings, cls.field_names())
     return cls(**settings)
 
   def unplanned(self, name: str) -> Any:
@@ -352,49 +343,3 @@ class TrainerOptions:
   def field_names(cls) -> tuple[str, ...]:
     """The settings' names (tuple of str), in constructor order."""
     return tuple(f.name for f in dataclasses.fields(cls))
-
-
-def validate_gin_bindings() -> TrainerOptions:
-  """Checks the settings bound in gin for the trainer, without making one.
-
-  Reads the unscoped bindings of `trax_revplus.ReversibleSerialTrainer`
-  (after `gin.parse_config...`) and checks those of `TrainerOptions`
-  exactly as the trainer's constructor will; trax's own arguments and
-  scoped bindings are left to the constructor. Imports no model, places
-  nothing and touches no device, so a command line can call it right after
-  parsing its config.
-
-  Returns:
-    `TrainerOptions`: the bound settings, defaults for the rest.
-
-  Raises:
-    validation.TrainerOptionError: a bound setting is out of its range.
-  """
-  bound = gin.get_bindings(GIN_CONFIGURABLE)
-  names = set(TrainerOptions.field_names())
-  return TrainerOptions(**{k: v for k, v in bound.items() if k in names})
-
-
-def _is_int(value):
-  return isinstance(value, (int, np.integer)) and not isinstance(
-      value, (bool, np.bool_))
-
-
-def _check_int(options, name, low, high=None, allowed=None):
-  """Checks that setting `name` is an int in [low, high]; stores it as int.
-
-  `allowed` describes the range in the error message (default: 'an int >=
-  low').
-  """
-  value = getattr(options, name)
-  if not _is_int(value) or value < low or (high is not None and value > high):
-    raise validation.TrainerOptionError(name, value,
-                                        allowed or f'an int >= {low}')
-  object.__setattr__(options, name, int(value))
-
-
-def _check_bool(options, name):
-  value = getattr(options, name)
-  if not isinstance(value, (bool, np.bool_)):
-    raise validation.TrainerOptionError(name, value, 'True or False')
-  object.__setattr__(options, name, bool(value))

@@ -28,16 +28,15 @@ from trax import fastmath
 from trax import layers as tl
 
 from trax_revplus import checkpoints
-from trax_revplus import device_memory as device_memory_lib
 from trax_revplus import memory
 from trax_revplus import placement as placement_lib
 from trax_revplus import validation
 from trax_revplus.memory import host_release
 from trax_revplus.trainer import host_store as store_lib
 from trax_revplus.trainer import options as options_lib
+from trax_revplus.trainer import step_inquiries
 from trax_revplus.trainer._accounting import oom_report
 from trax_revplus.trainer._plan import budget as budget_lib
-from trax_revplus.trainer._plan import plan as plan_lib
 from trax_revplus.trainer._plan import planner as planner_lib
 from trax_revplus.trainer._step import commit
 from trax_revplus.trainer._step import compilation
@@ -59,7 +58,7 @@ GIN_PARAMETERS = ('blocks', 'loss_layer', 'optimizer_fn', 'n_devices',
 
 
 @gin.configurable(module='trax_revplus', allowlist=GIN_PARAMETERS)
-class ReversibleSerialTrainer:
+class ReversibleSerialTrainer(step_inquiries.StepInquiries):
   """Runs an optimizer on a series of layers, reversible and not.
 
   Drop-in replacement for trax 1.4.1's
@@ -72,7 +71,9 @@ class ReversibleSerialTrainer:
   `options.TrainerOptions`, which documents each.
 
   Between steps every layer's weights, state and optimizer slots are host
-  `numpy.ndarray`s.
+  `numpy.ndarray`s. A step's plan and device memory, asked without running
+  it (`planned`, `device_memory_of`, `least_device_memory_of`, `planner`),
+  are `step_inquiries.StepInquiries`'.
   """
 
   gin_parameters = GIN_PARAMETERS
@@ -321,77 +322,6 @@ class ReversibleSerialTrainer:
     self._commits.begin_step(step)
     return step_context.StepContext.for_step(self.planned(batch), step, rng,
                                              batch, self._parts)
-
-  def planned(self, batch: Batch) -> planner_lib.PlannedStep:
-    """How a step on `batch`'s shapes runs: its plan, compiled units and
-    device memory; planned (compiled ahead, accounted) on first sight.
-
-    Args:
-      batch: tuple of host arrays or `jax.ShapeDtypeStruct`s of shape
-        (B, ...), as `one_step` takes them (values are not read).
-
-    Returns:
-      `planner.PlannedStep`.
-
-    Raises:
-      validation.BatchSlicesError: the batch slices set do not divide
-        each device's rows.
-      planner.DeviceMemoryBudgetError, budget.HostMemoryBudgetError,
-        budget.StepCompileError: as `one_step` (nothing changed yet).
-    """
-    known = self._planner.is_planned(batch)
-    planned = self._planner.step_for(batch)
-    if not known:
-      # The compilers' temporaries are free now.
-      self._release_host_memory()
-    return planned
-
-  def device_memory_of(self, batch: Batch) -> device_memory_lib.StepMemory:
-    """Device memory of a step on `batch`'s shapes, without running it.
-
-    The figures of the plan `planned(batch)` runs: its programs compiled
-    ahead, XLA's memory analyses of them composed with what the step holds
-    across each call (`on_types.AheadOfTime`).
-
-    Args:
-      batch: tuple of host arrays or `jax.ShapeDtypeStruct`s of shape
-        (B, ...), as `one_step` takes them.
-
-    Returns:
-      `device_memory.StepMemory` (bytes per device).
-
-    Raises:
-      device_memory.UnsupportedTrainerError: the step cannot be compiled
-        ahead here.
-      planner.DeviceMemoryBudgetError: no plan fits the budget.
-    """
-    validation.check_batch(batch, self._placement.n_local_devices)
-    planned = self._planner.step_for(batch)
-    if planned.memory is not None:
-      return planned.memory
-    return self._planner.account(planned.plan, planned.units,
-                                 self._planner.step_types(batch))
-
-  def least_device_memory_of(
-      self, batch: Batch
-  ) -> tuple[plan_lib.StepPlan, device_memory_lib.StepMemory]:
-    """The leanest plan on `batch`'s shapes and its device memory: the
-    least this trainer can step in.
-
-    Returns:
-      (`plan.StepPlan`, `device_memory.StepMemory`).
-
-    Raises:
-      device_memory.UnsupportedTrainerError: the step cannot be compiled
-        ahead here.
-    """
-    validation.check_batch(batch, self._placement.n_local_devices)
-    return self._planner.least_plan(batch)
-
-  @property
-  def planner(self) -> planner_lib.Planner:
-    """The `planner.Planner` (budget, plans per batch shapes)."""
-    return self._planner
 
   def _describe_last_checkpoint(self):
     return checkpoints.describe_last_good(self._memory_log.output_dir)

@@ -10,9 +10,10 @@ description), in a `device_memory.calls.StepCalls`. The programs live in the
 trainer's `device_memory.calls.Programs`, shared by every walk of the
 trainer, so a program traced or compiled once (for one plan) is not again
 (for another). It notes, too, what the step holds on the host across each
-call (`step_run.StepRun.held_on_host`). Its updates go to `HostTypes`, a
-sink that keeps only the types of what a real step's commit queue keeps on
-the host: leaving the device, they only leave what the walk holds.
+call (`step_run.StepRun.held_on_host`). Its updates go to
+`host_types.HostTypes`, a sink that keeps only the types of what a real
+step's commit queue keeps on the host: leaving the device, they only leave
+what the walk holds.
 `memory()` then composes the step's `device_memory.StepMemory`, device and
 host bytes, from XLA's memory analysis of the very executables the step
 calls.
@@ -42,9 +43,9 @@ from trax.optimizers import base as optimizer_base
 from trax_revplus import device_memory
 from trax_revplus import layers as layers_lib
 from trax_revplus import placement as placement_lib
-from trax_revplus.device_memory import program
 from trax_revplus.device_memory import calls as calls_lib
 from trax_revplus.trainer import ties as ties_lib
+from trax_revplus.trainer._accounting import host_types as host_types_lib
 from trax_revplus.trainer._plan import plan as plan_lib
 from trax_revplus.trainer._step import batch_parts
 from trax_revplus.trainer._step import protocols
@@ -106,7 +107,8 @@ class AheadOfTime(step_run_lib.StepRun):
       keeps_replaced: bool, whether the step keeps each replaced host
         weight, slot and state until its end (`on_non_finite='skip'`).
     """
-    host_types = HostTypes(layers, optimizers, keeps_replaced)
+    host_types = host_types_lib.HostTypes(layers, optimizers,
+                                          keeps_replaced)
     super().__init__(plan, types.stack, types.rngs, types.opt_params,
                      types.step, host_types, ties)
     self._host_types = host_types
@@ -301,61 +303,3 @@ def _compile_traced(traced):
   jitted function's calls use; returns the `jax.stages.Compiled`, raising
   what compiling raised (`calls.Programs` keeps it as the program's)."""
   return traced.lower().compile()
-
-
-class HostTypes(step_run_lib.UpdateSink):
-  """The walk ahead's sink: the types of what a real step's commit queue
-  (`commit.CommitQueue`) keeps on the host, nothing else.
-
-  A micro-batch's gradients that wait on the host are added up there from
-  their commit (one array per weight, whatever the parts) until the last
-  part takes them (`take_gradients`); under `on_non_finite='skip'` each
-  replaced host weight, slot and state stays until the step ends.
-  """
-
-  def __init__(self, layers: list[tl.Layer],
-               optimizers: list[optimizer_base.Optimizer],
-               keeps_replaced: bool):
-    self._layers = layers
-    self._optimizers = optimizers
-    self._keeps_replaced = keeps_replaced
-    # Layer index -> host types of its gradients.
-    self._gradients: dict[int, PyTree] = {}
-    # Host types of replaced weights, slots and state.
-    self._replaced: list[PyTree] = []
-
-  def start(self, layers: list[int], weights: list[PyTree] | None,
-            slots: list[PyTree] | None, states: list[PyTree],
-            stats: list[dict], part: batch_parts.Part | None = None
-            ) -> tuple[list[int], list[PyTree] | None, bool]:
-    # As `CommitQueue.start`: weights None where the call only accumulated;
-    # slots then the gradients waiting on the host, or None.
-    del states, stats, part
-    accumulated = weights[0] is None if weights else False
-    waiting = (accumulated and slots is not None and
-               slots[0] is not None)
-    return layers, slots if waiting else None, not accumulated
-
-  def commit(self, token: tuple[list[int], list[PyTree] | None, bool]
-             ) -> None:
-    layers, gradients, updated = token
-    if gradients is not None:
-      for i, g in zip(layers, gradients):
-        self._gradients.setdefault(i, program.host_types(g))
-    elif updated and self._keeps_replaced:
-      self._replaced.extend(program.host_types(step_run_lib.host_params(
-          [self._layers[i]], [self._optimizers[i]])) for i in layers)
-
-  def take_gradients(self, layers: list[int]) -> None:
-    """The last part takes the gradients of `layers` off the host."""
-    for i in layers:
-      self._gradients.pop(i, None)
-
-  def end_step(self) -> None:
-    self._gradients = {}
-    self._replaced = []
-
-  def held_on_host(self) -> list[tuple[str, Any]]:
-    return [('accumulated gradients on the host', self._gradients),
-            ('weights, slots and state kept to undo a skipped step',
-             self._replaced)]
