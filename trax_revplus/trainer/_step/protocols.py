@@ -18,7 +18,7 @@ so that a step on placed arrays and a walk on their types
                 (`step_context.StepContext`).
   UpdateSink    where each call's updates go on their way off the device
                 (`copy_back.UpdateSink`, `commit.CommitQueue`,
-                `on_types.HostTypes`).
+                `host_types.HostTypes`).
   StepObserver  what a step notifies at the points of its walk
                 (`observers.ReleaseHostMemory`, `observers.PhaseRecorder`).
 
