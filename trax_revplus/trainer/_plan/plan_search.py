@@ -89,7 +89,7 @@ class PlanSearch:
       candidates: the shapes' `candidates.Candidates`.
       n_devices: devices a step runs on (for the lower bounds).
       weigh: plan -> its `device_memory.StepMemory`, raising as
-        `planner.Planner.account`.
+        `step_weigher.StepWeigher.account`.
       weighed: plan -> its `StepMemory` where `weigh` accounted it
         already, else None (nothing accounted).
       refused: plan -> its `device_memory.ProgramOutOfMemoryError` where
