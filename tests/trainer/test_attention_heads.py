@@ -19,7 +19,7 @@ import trainer_cases as cases
 from conftest import run_multidevice_worker
 from trax_revplus import trainer as rev_trainer
 from trax_revplus import validation
-from trax_revplus.trainer._plan import candidates
+from trax_revplus.trainer._plan import speed_rank
 from trax_revplus.trainer._step import attention_heads
 
 pytestmark = pytest.mark.usefixtures('stock_trax')
@@ -105,7 +105,7 @@ def test_one_head_at_a_time_shrinks_the_attention_calls_and_the_least():
 def test_a_budget_takes_one_head_at_a_time_only_where_nothing_else_fits(
     monkeypatch):
   # The rank of a backend without `SPEED_PARALLEL_HEADS` (an accelerator's).
-  monkeypatch.setattr(candidates, 'SPEED_PARALLEL_HEADS', {})
+  monkeypatch.setattr(speed_rank, 'SPEED_PARALLEL_HEADS', {})
   batch = _batch(64)
   # One pass, unsliced, without chunks: fewer plans to compile.
   pins = dict(batch_slices=1, micro_batches=1, sequence_chunks=1)
@@ -133,7 +133,7 @@ def test_one_head_at_a_time_ranks_first_on_the_cpu():
       *_blocks(0.0, 64), optimizers.Adam, device_memory_budget_bytes=2**30,
       batch_slices=1, micro_batches=1, sequence_chunks=1)
   heads = trainer.planned(batch).plan.parallel_heads
-  assert heads == candidates.SPEED_PARALLEL_HEADS.get(
+  assert heads == speed_rank.SPEED_PARALLEL_HEADS.get(
       jax.default_backend())
 
 

@@ -12,6 +12,7 @@ import trainer_cases as cases
 from trax_revplus.trainer import AUTO
 from trax_revplus.trainer import TrainerOptions
 from trax_revplus.trainer._plan import candidates as candidates_lib
+from trax_revplus.trainer._plan import speed_rank
 
 pytestmark = pytest.mark.usefixtures('stock_trax')
 
@@ -46,7 +47,7 @@ def test_compiled_layers_count_equal_segments_once():
 
 def test_a_shallow_model_ranks_the_fused_program_first():
   # 26 against 10 layers compiled: within FUSED_COMPILE_RATIO.
-  assert 26 <= candidates_lib.FUSED_COMPILE_RATIO * 10
+  assert 26 <= speed_rank.FUSED_COMPILE_RATIO * 10
   groups = list(_candidates(24).groups())
   assert groups[0].fused_reversible_layers == 24
   assert groups[0].leanest.batch_slices == 1
@@ -56,7 +57,7 @@ def test_a_shallow_model_ranks_the_fused_program_first():
 def test_a_deep_model_of_equal_blocks_ranks_every_unfused_plan_first():
   # 258 against 10 layers compiled: the fused program's compilation would
   # cost the run's start many times over.
-  assert 258 > candidates_lib.FUSED_COMPILE_RATIO * 10
+  assert 258 > speed_rank.FUSED_COMPILE_RATIO * 10
   candidates = _candidates(256)
   assert not candidates.fused_compiles_cheaply()
   fused = [bool(g.fused_reversible_layers) for g in candidates.groups()

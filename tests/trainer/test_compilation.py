@@ -18,7 +18,7 @@ from trax import optimizers
 import trainer_cases as cases
 from trax_revplus import placement as placement_lib
 from trax_revplus import trainer as rev_trainer
-from trax_revplus.trainer._plan import plan
+from trax_revplus.trainer._plan import segment_lengths
 from trax_revplus.trainer._step import fingerprints as fingerprints_lib
 
 pytestmark = pytest.mark.usefixtures('stock_trax')
@@ -131,9 +131,9 @@ def test_n_async_layers_compile_ahead_release_give_identical_weights(
   """Also: with compile_ahead, every function of the first step compiles on
   a helper thread before the step's first call, instead of, not in addition
   to, when it is called; whether the activations reach
-  `plan.ACTIVATION_BOUND_BYTES` changes only the backward split. Where the
-  argument types cannot be known ahead, the functions compile when called,
-  with the same results."""
+  `segment_lengths.ACTIVATION_BOUND_BYTES` changes only the backward split.
+  Where the argument types cannot be known ahead, the functions compile
+  when called, with the same results."""
   compiles = cases.count_compiles()
   settings = [dict(n_async_layers=1, compile_ahead=False),  # + helper ops
               dict(n_async_layers=0, compile_ahead=False,
@@ -144,7 +144,7 @@ def test_n_async_layers_compile_ahead_release_give_identical_weights(
   results, compiled_by = [], []
   for k, kwargs in enumerate(settings):
     if k == 3:
-      monkeypatch.setattr(plan, 'ACTIVATION_BOUND_BYTES', 0)
+      monkeypatch.setattr(segment_lengths, 'ACTIVATION_BOUND_BYTES', 0)
     if k == 4:  # types unknown ahead: nothing is traced
       monkeypatch.setattr(placement_lib.Placement, 'abstract_params',
                           lambda self, tree: None)

@@ -9,6 +9,7 @@ import pytest
 import trainer_cases as cases
 from trax_revplus.trainer import TrainerOptions
 from trax_revplus.trainer._plan import plan
+from trax_revplus.trainer._plan import segment_lengths
 
 pytestmark = pytest.mark.usefixtures('stock_trax')
 
@@ -16,20 +17,20 @@ pytestmark = pytest.mark.usefixtures('stock_trax')
 def test_equal_segments_shorten_until_every_segment_fits():
   indices = list(range(1, 8))
   ten = {i: 10 for i in indices}
-  assert plan.equal_segments(indices, 3, ten, 30) == [[1, 2, 3], [4, 5, 6],
-                                                      [7]]
-  assert plan.equal_segments(indices, 3, ten, 29) == [[1, 2], [3, 4], [5, 6],
-                                                      [7]]
-  assert plan.equal_segments(indices, 8, ten, 0) == [[i] for i in indices]
+  equal_segments = segment_lengths.equal_segments
+  assert equal_segments(indices, 3, ten, 30) == [[1, 2, 3], [4, 5, 6], [7]]
+  assert equal_segments(indices, 3, ten, 29) == [[1, 2], [3, 4], [5, 6],
+                                                 [7]]
+  assert equal_segments(indices, 8, ten, 0) == [[i] for i in indices]
   # One layer over the budget still runs, alone; so do all the others.
-  assert plan.equal_segments([1, 2, 3], 8, {1: 50, 2: 1, 3: 1}, 10) == [
+  assert equal_segments([1, 2, 3], 8, {1: 50, 2: 1, 3: 1}, 10) == [
       [1], [2], [3]]
-  assert plan.equal_segments([], 8, {}, 10) == []
+  assert equal_segments([], 8, {}, 10) == []
 
 
 @pytest.mark.parametrize('outputs_bytes,split', [
-    (plan.ACTIVATION_BOUND_BYTES, ((1, 2, 3, 4),)),
-    (plan.ACTIVATION_BOUND_BYTES - 1, ((1, 2), (3, 4)))])
+    (segment_lengths.ACTIVATION_BOUND_BYTES, ((1, 2, 3, 4),)),
+    (segment_lengths.ACTIVATION_BOUND_BYTES - 1, ((1, 2), (3, 4)))])
 def test_auto_backward_split_follows_the_block_outputs(outputs_bytes, split):
   step_plan = plan.make_plan(
       [4], {i: 1 for i in range(6)}, [outputs_bytes], segment_max_layers=4,

@@ -106,7 +106,7 @@ def test_stock_s_schedule_is_weighed_where_slicing_does_not_shrink():
 
 def test_a_member_with_more_slices_is_bounded_by_one_with_fewer():
   """The fused program of 4 slices needs 1000 bytes: that of 8 needs at
-  least half (`_rows_bound`), above a budget of 450, and is not compiled;
+  least half (`GroupBounds.rows`), above a budget of 450, and is not compiled;
   those of 1 and 2 keep more stack states than that
   (`Candidates.lower_bound_bytes`)."""
   peak = _figures()
@@ -121,7 +121,7 @@ def test_a_member_with_more_slices_is_bounded_by_one_with_fewer():
   fused_8 = next(g for g in _candidates().groups()
                  if g.fused_reversible_layers and
                  g.leanest.batch_slices == 8)
-  assert search._rows_bound(fused_8) == 500  # pylint: disable=protected-access
+  assert search._bounds.rows(fused_8) == 500  # pylint: disable=protected-access
 
 
 def test_the_least_is_an_exhaustive_search_s_least_group_leanest():

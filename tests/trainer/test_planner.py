@@ -71,7 +71,7 @@ def test_candidates_cover_every_dimension():
   assert {p.micro_batches for p in plans} == {1, 2, 4}  # 4 rows
   assert {p.settings()['segment_max_layers'] for p in plans} == {1, 2, 4}
   # Fused first. The model draws nothing (dropout-free), so on the CPU 2
-  # slices rank before 1 (`candidates.SPEED_SLICES`), then the rest fewest
+  # slices rank before 1 (`speed_rank.SPEED_SLICES`), then the rest fewest
   # first, within each kind of plan.
   assert plans[0].fused_from == 0 and plans[0].batch_slices == 2
   fused = [p.batch_slices for p in plans if p.fused_from == 0]

@@ -10,7 +10,7 @@ from trax import optimizers
 
 import trainer_cases as cases
 from trax_revplus import trainer as rev_trainer
-from trax_revplus.trainer._plan import plan
+from trax_revplus.trainer._plan import segment_lengths
 
 pytestmark = pytest.mark.usefixtures('stock_trax')
 
@@ -27,7 +27,8 @@ def test_backward_segments_split_forward_ones(
   call or as shorter segments: the same updates as trax's default Trainer,
   and the commits of each call wait for `n_async_layers` layers."""
   if activation_bound_bytes is not None:
-    monkeypatch.setattr(plan, 'ACTIVATION_BOUND_BYTES', activation_bound_bytes)
+    monkeypatch.setattr(segment_lengths, 'ACTIVATION_BOUND_BYTES',
+                        activation_bound_bytes)
   batch = cases.batch()
   ref_weights, ref_slots, ref_state = cases.basic_adam_reference_3_steps()
   first, revs, loss = cases.basic_model()

@@ -34,37 +34,12 @@ Every dimension of `plan.StepPlan` that costs device memory is varied:
                     results up to float32 summation order): every group
                     above again, after all of them, so a budget takes them
                     only where nothing else fits; on the backends of
-                    `SPEED_PARALLEL_HEADS`, before all of them;
+                    `speed_rank.SPEED_PARALLEL_HEADS`, before all of them;
   other dimensions  the setting's value ('auto': its value without a budget).
 
-The speed model ranks plans without timing them, in this order of
-importance: (1) the fused program first: one call per step, with no host
-work and no dispatch between layers, where unfused plans run two calls per
-segment and recompute the same activations; but only where it compiles at
-most `FUSED_COMPILE_RATIO` times the layers the fastest unfused plan
-compiles (`compiled_layers`): XLA compiles the fused program's layers one
-by one, unrolled, while equal segments share one compilation, so on a deep
-model of equal blocks the fused program's compilation would cost many times
-the run's first step (and there, with many small layers, it did not step
-faster either: docs/performance.md); such a model ranks its fused groups
-after every unfused one; (2) fewer batch slices: an accelerator runs
-larger matrices faster, and a draw that slices change (a layer drawing a
-mask of slice shape other than trax's `Dropout` and efficient attention:
-`row_draws`) gives stock trax's weights only unsliced; but where slices
-change no draw (they change only float32 summation order), on the CPU
-backend 2 slices rank before 1 (`SPEED_SLICES`): there 2 slices stepped
-faster than one in every kind of plan measured, and 4 no faster than 2
-(docs/performance.md), except where a layer hashes its activations
-(`hashing`: LSH attention; another summation order can change its
-buckets); (3) fewer compiled calls (each costs a dispatch and host work
-for its weights, slots and updates), then fewer backward calls, then
-longer forward segments; (4) a deeper copy-back, then prefetching (each
-overlaps host work with device work).
-Within a group, every plan whose saved inputs and states wait on the
-device comes before every plan whose wait on the host: those copy them out
-and back, and wait for each forward call before dispatching the next. The
-benchmark checks the rank against measured step times
-(docs/performance.md).
+The speed model (`speed_rank`) orders the plans without timing them: the
+fused program where it compiles cheaply, fewer batch slices, fewer calls,
+a deeper copy-back, prefetching; saved inputs and states on the device.
 
 A setting the user gave as an int pins its dimension (`options.AUTO`
 leaves it to the budget): the batch slices' keeps only that slicing,
@@ -101,6 +76,8 @@ from typing import Any, Hashable, Iterator, Mapping, Sequence
 from trax_revplus.trainer import options as options_lib
 from trax_revplus.trainer._plan import dimensions
 from trax_revplus.trainer._plan import plan as plan_lib
+from trax_revplus.trainer._plan import speed_rank
+from trax_revplus.trainer._plan.families import Group
 from trax_revplus.trainer._step import loss_tail
 
 # The roles of the plan's dimensions the candidates vary (`dimensions`).
@@ -109,40 +86,6 @@ CHUNKS, AT_ONCE = dimensions.LOSS_CALL, dimensions.COMPUTED_AT_ONCE
 _VARIED = (SLICES, PARTS, CHUNKS, AT_ONCE)
 SEGMENT_LENGTHS = (1, 2, 4, 8)
 ASYNC_DEPTHS = (4, 2, 1, 0)
-# The fused program ranks first where it compiles at most this many times
-# the layers of the fastest unfused plan's distinct programs. Measured on
-# one CPU (docs/performance.md, the benchmark's ReformerLMs): at 2.9, 5.6
-# and 10.9 times (6, 12 and 24 blocks) the fused program stepped 15-25%
-# faster than segments of 8, its compilation adding 0 to 17 s to the first
-# step; at 29 times (64 small blocks) it stepped no faster and its
-# compilation took 77 s, against stock's whole first step of 5.6 s.
-FUSED_COMPILE_RATIO = 16
-# Where slices change no random draw (`row_draws`) and no layer hashes its
-# activations (`hashing`), on these backends this many slices rank first.
-SPEED_SLICES: Mapping[str | None, int] = {'cpu': 2}
-# On these backends, where no layer hashes its activations (`hashing`),
-# every group with trax's efficient attention layers computing this many
-# (example, head) pairs at once ranks before every group with the layers
-# as configured (measured on the CPU: one pair at a time stepped 10-17%
-# faster on the benchmark's ReformerLMs and encoder-decoder Reformer;
-# docs/performance.md).
-SPEED_PARALLEL_HEADS: Mapping[str | None, int] = {'cpu': 1}
-
-
-@dataclasses.dataclass(frozen=True)
-class Group:
-  """Plans that share their fusion and slicing, fastest first.
-
-  Attributes:
-    plans: tuple of `plan.StepPlan`, in the speed model's order.
-    leanest: the member that needs the least device memory (each member
-      has its values of the plan's dimensions).
-    fused_reversible_layers: reversible layers inside the loss program.
-  """
-  plans: tuple[plan_lib.StepPlan, ...]
-  leanest: plan_lib.StepPlan
-  fused_reversible_layers: int
-
 
 class Candidates:
   """The candidate plans of one trainer on one batch's shapes."""
@@ -176,14 +119,14 @@ class Candidates:
         (`batch_parts.refusal`).
       slices_change_draws: bool, whether batch slices change a random
         draw of some layer (`row_draws`; `stack_bytes.StackTrace`); where
-        not, `SPEED_SLICES[platform]` slices rank first.
+        not, `speed_rank.SPEED_SLICES[platform]` slices rank first.
       platform: str, the devices' backend ('cpu', 'gpu', 'tpu'), or None.
       heads_lowerable: bool, whether one (example, head) pair at a time is
         fewer than some attention layer computes at once
         (`attention_heads.lowers`).
       hashes_activations: bool, whether some layer hashes its activations
-        (`hashing`): then neither `SPEED_SLICES` nor `SPEED_PARALLEL_HEADS`
-        reorders the plans.
+        (`hashing`): then neither `speed_rank.SPEED_SLICES` nor
+        `speed_rank.SPEED_PARALLEL_HEADS` reorders the plans.
     """
     self._shared_weights = shared_weights
     self._kinds = layer_kinds
@@ -193,12 +136,9 @@ class Candidates:
     self._options = options
     pinned = dimensions.pinned(options, SLICES)
     if pinned is None:
-      self.slices = [k for k in range(1, rows + 1) if rows % k == 0]
-      first = SPEED_SLICES.get(platform)
-      if (not slices_change_draws and not hashes_activations and
-          first in self.slices):
-        self.slices.remove(first)
-        self.slices.insert(0, first)
+      self.slices = speed_rank.ranked_slices(
+          [k for k in range(1, rows + 1) if rows % k == 0], platform,
+          slices_change_draws, hashes_activations)
     else:
       self.slices = [pinned]
     pinned = dimensions.pinned(options, CHUNKS)
@@ -223,8 +163,8 @@ class Candidates:
     self._heads = dimensions.pinned(options, AT_ONCE)
     self._fixed = dimensions.unplanned(options, excluded=_VARIED)
     self._more_heads = self._heads is None and heads_lowerable
-    self._heads_first = (self._more_heads and not hashes_activations and
-                         SPEED_PARALLEL_HEADS.get(platform) == 1)
+    self._heads_first = self._more_heads and speed_rank.one_head_first(
+        platform, hashes_activations)
 
   def _part_slices(self, part_rows: int) -> int | None:
     """Batch slices each part's calls run over: the fewest of `slices`
@@ -321,37 +261,26 @@ class Candidates:
         dimensions.value(plan, SLICES))
 
   def compiled_layers(self, plan: plan_lib.StepPlan) -> int:
-    """Layers in the distinct programs `plan`'s step compiles, the loss
-    layer's included: each fused layer, and each forward unit outside the
-    loss program whose layers compute what an earlier unit's do once (its
-    backward calls compile the same layers again)."""
-    seen = set()
-    n = 1 + plan.loss - plan.fused_from
-    for unit in plan.unit_spans():
-      if unit[0] >= plan.fused_from:
-        continue
-      key = (tuple(unit) if self._kinds is None else
-             tuple(self._kinds[i] for i in unit))
-      if key not in seen:
-        seen.add(key)
-        n += len(unit)
-    return n
+    """`speed_rank.compiled_layers` of `plan`, with this trainer's layer
+    kinds."""
+    return speed_rank.compiled_layers(plan, self._kinds)
 
   def fused_compiles_cheaply(self) -> bool:
-    """Whether the fused program compiles at most `FUSED_COMPILE_RATIO`
-    times the layers of the fastest unfused plan."""
+    """Whether the fused program compiles at most
+    `speed_rank.FUSED_COMPILE_RATIO` times the layers of the fastest
+    unfused plan."""
     forward, backward = self._lengths()[0]
     unfused = self._make(segment_max_layers=forward,
                          backward_segment_max_layers=backward)
     fused = self._fused(1).leanest
     return (self.compiled_layers(fused) <=
-            FUSED_COMPILE_RATIO * self.compiled_layers(unfused))
+            speed_rank.FUSED_COMPILE_RATIO * self.compiled_layers(unfused))
 
   def groups(self) -> Iterator[Group]:
     """Every group, in the speed model's order: with the attention layers
     as configured, and (where that lowers something) each again with one
     (example, head) pair at a time, after them (before them on the
-    backends of `SPEED_PARALLEL_HEADS`)."""
+    backends of `speed_rank.SPEED_PARALLEL_HEADS`)."""
     groups = list(self._configured_heads_groups())
     one = dimensions.by_role({AT_ONCE: 1})
     lowered = [dataclasses.replace(

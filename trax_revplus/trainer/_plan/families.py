@@ -1,21 +1,39 @@
-"""Families of candidate groups: groups that differ in their rows alone.
+"""Candidate groups, and their families: groups that differ in their rows alone.
 
 Groups in one pass that differ only in their batch slices, and groups in
 micro-batches that differ only in their parts, form a family: its members'
 leanest plans need no more memory the more slices or parts they have
 (`plan_search`, which bounds and orders a family's members by that). The
 roles of the plan's dimensions (`dimensions.PlanDimension.role`) say which
-dimension tells a family's members apart.
+dimension tells a family's members apart. The candidates' `Group` is
+declared here, where both the candidates and the search read it.
 """
 
-from trax_revplus.trainer._plan import candidates as candidates_lib
+import dataclasses
+
 from trax_revplus.trainer._plan import dimensions
+from trax_revplus.trainer._plan import plan as plan_lib
 
 # The roles of the plan's dimensions the search bounds and orders by.
 SLICES, PARTS = dimensions.SLICES, dimensions.PARTS
 CHUNKS, AT_ONCE = dimensions.LOSS_CALL, dimensions.COMPUTED_AT_ONCE
 
-Group = candidates_lib.Group
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+  """Plans that share their fusion and slicing, fastest first.
+
+  Attributes:
+    plans: tuple of `plan.StepPlan`, in the speed model's order.
+    leanest: the member that needs the least device memory (each member
+      has its values of the plan's dimensions).
+    fused_reversible_layers: reversible layers inside the loss program.
+  """
+  plans: tuple[plan_lib.StepPlan, ...]
+  leanest: plan_lib.StepPlan
+  fused_reversible_layers: int
+
+
 # (`SLICES` or `PARTS`: the role that tells the family's members apart;
 # fused or not; the other dimensions' values; sequence chunks last).
 FamilyKey = tuple

@@ -24,15 +24,7 @@ plan is stock trax's own schedule, which a budget of stock's peak must
 find, even where slicing a call that cannot shrink adds a few bytes.
 
 The same property read the other way bounds a family's members from
-below, without compiling them (`_rows_bound`): each of a call's
-temporaries is a part that does not depend on the rows plus a part in
-proportion to them, so a call over 1/m of the rows needs at least 1/m of
-the temporaries, and what the step holds shrinks no faster; a member with
-m times the slices or parts of one weighed needs at least 1/m of its
-peak. On trax's enwik8 Reformer, where the whole-model (fused) program of
-one row needs about 34 GiB on the CPU's accounting, this keeps the search
-from compiling the fused program of more slices once that of fewer did
-not fit (docs/device-memory.md).
+below, without compiling them (`group_bounds`).
 
 A plan fits where its peak device bytes are within the device budget and
 its peak host bytes within the host budget (where there is one). A plan
@@ -48,8 +40,8 @@ from typing import Callable
 
 from trax_revplus import device_memory
 from trax_revplus.trainer._plan import candidates as candidates_lib
-from trax_revplus.trainer._plan import dimensions
 from trax_revplus.trainer._plan import families
+from trax_revplus.trainer._plan import group_bounds
 from trax_revplus.trainer._plan import plan as plan_lib
 from trax_revplus.trainer._plan.families import AT_ONCE
 from trax_revplus.trainer._plan.families import CHUNKS
@@ -97,7 +89,7 @@ class PlanSearch:
       candidates: the shapes' `candidates.Candidates`.
       n_devices: devices a step runs on (for the lower bounds).
       weigh: plan -> its `device_memory.StepMemory`, raising as
-        `planner.Planner.account`.
+        `step_weigher.StepWeigher.account`.
       weighed: plan -> its `StepMemory` where `weigh` accounted it
         already, else None (nothing accounted).
       refused: plan -> its `device_memory.ProgramOutOfMemoryError` where
@@ -110,12 +102,7 @@ class PlanSearch:
     heads = families.value(self._groups[0], AT_ONCE) if self._groups else None
     self._n_configured = sum(families.value(g, AT_ONCE) == heads
                              for g in self._groups)
-    # Group id -> `Candidates.lower_bound_bytes` of the group.
-    self._bound_of = {id(g): candidates.lower_bound_bytes(g, n_devices)
-                      for g in self._groups}
     self._weigh = weigh
-    self._weighed = weighed
-    self._refused = refused
     self._least: (tuple[plan_lib.StepPlan, device_memory.StepMemory]
                   | None) = None
     self.faster_plans_need_bytes: int | None = None
@@ -126,6 +113,9 @@ class PlanSearch:
       self._families.setdefault(key, []).append((value, group))
     for members in self._families.values():
       members.sort(key=lambda m: m[0])
+    self._bounds = group_bounds.GroupBounds(
+        candidates, self._groups, n_devices, self._families, weighed,
+        refused)
 
   def fastest_fitting(self, budget_bytes: int,
                       host_budget_bytes: int | None = None
@@ -180,14 +170,14 @@ class PlanSearch:
     short: set[FamilyKey] = set()
 
     def leanest_fits(group: Group) -> bool:
-      bound = self._bound(group)
+      bound = self._bounds.bound(group)
       if bound > budget_bytes:
         excluded.append(bound)
         return False
       return fits_device(group.leanest)
 
     for group in self._groups:
-      bound = self._bound(group)
+      bound = self._bounds.bound(group)
       if bound > budget_bytes:
         excluded.append(bound)
         continue
@@ -230,30 +220,6 @@ class PlanSearch:
                     for role in (PARTS, CHUNKS, SLICES)) and
             families.value(group, AT_ONCE) == families.value(first, AT_ONCE))
 
-  def _bound(self, group: Group) -> int:
-    """Bytes every plan of `group` needs at least, known without compiling
-    it (`Candidates.lower_bound_bytes`, `_chunks_bound`, `_rows_bound`)."""
-    return max(self._bound_of[id(group)], self._chunks_bound(group),
-               self._rows_bound(group))
-
-  def _rows_bound(self, group: Group) -> int:
-    """Bytes every plan of `group` needs at least, from each member of its
-    family with fewer slices or parts whose leanest plan was weighed (its
-    peak) or refused (the bytes the refusal names): that times its slices
-    or parts over the group's (see the module docstring); else 0."""
-    key, value = families.family(group)
-    bound = 0
-    for v, member in self._families.get(key, ()):
-      if v >= value:
-        break
-      step = self._weighed(member.leanest)
-      refusal = None if step is not None else self._refused(member.leanest)
-      need = (step.peak_device_bytes if step is not None else
-              refusal.least_bytes if refusal is not None else None)
-      if need:
-        bound = max(bound, need * v // value)
-    return bound
-
   def _least_fitting(self, key: FamilyKey,
                      leanest_fits: Callable[[Group], bool]) -> int | None:
     """The least slices or parts of family `key` whose group's leanest plan
@@ -273,23 +239,6 @@ class PlanSearch:
         lo = mid + 1
     return members[hi][0]
 
-  def _chunks_bound(self, group: Group) -> int:
-    """Bytes every plan of a group in sequence chunks holds at least: the
-    largest call but the loss call (chunks change the loss call alone) of
-    each leanest plan without chunks, with as many slices or parts or more
-    (which hold no more), that was weighed; else 0."""
-    if not families.used(group, CHUNKS):
-      return 0
-    key, value = families.family(group)
-    bound = 0
-    unchunked_key = key[:-1] + (dimensions.of_role(CHUNKS).none,)
-    for v, unchunked in self._families.get(unchunked_key, ()):
-      step = self._weighed(unchunked.leanest) if v >= value else None
-      if step is not None:
-        bound = max(bound, max((c.device_bytes for c in step.calls
-                                if c.phase != 'loss'), default=0))
-    return bound
-
   def least(self) -> tuple[plan_lib.StepPlan, device_memory.StepMemory]:
     """(plan, StepMemory) of the group leanest plan, fused or unfused, with
     the least peak (ties: the first in the speed model's order).
@@ -297,13 +246,13 @@ class PlanSearch:
     Of each family (`families.family`), only the member with the most slices or
     parts is weighed, and the unsliced unfused groups (stock's schedule).
     The unfused ones are weighed first; a fused one whose lower bound
-    (`Candidates.lower_bound_bytes`, `_rows_bound`) is above the least peak
+    (`group_bounds.GroupBounds`) is above the least peak
     found so far cannot need less, and is not compiled. Of the groups in
     sequence chunks, only those with the most chunks of their slicing are
     weighed (more chunks hold less: each chunk's temporaries shrink with
     its length, and nothing else the step holds changes), and only where the
     calls they do not change (all but the loss call) leave room below the
-    least found (`_chunks_bound`). Of the groups in micro-batches, only
+    least found (`GroupBounds.chunks`). Of the groups in micro-batches, only
     those with the most parts are weighed (without chunks and with the
     most), last. Of the groups with fewer attention heads at once, only
     the one of the least group found so far is weighed (heads at once
@@ -357,9 +306,9 @@ class PlanSearch:
         # lower bound of what its plan needs.
         least = min((s.peak_device_bytes for s in found.values()),
                     default=None)
-        chunks_bound = self._chunks_bound(groups[i])
-        bound = max(self._bound_of[id(groups[i])],
-                    self._rows_bound(groups[i]))
+        chunks_bound = self._bounds.chunks(groups[i])
+        bound = max(self._bounds.candidates(groups[i]),
+                    self._bounds.rows(groups[i]))
         if least is None or (bound <= least and chunks_bound < least):
           weigh(i)
       i = self._least_of(found, refused)

@@ -56,7 +56,7 @@ def plan_key(batch_key: Any, settings: Mapping[str, Any],
 
   Args:
     batch_key: hashable shapes, dtypes and shardings of the batch
-      (`planner.batch_key`).
+      (`step_weigher.batch_key`).
     settings: the trainer's settings (`dataclasses.asdict` of its
       `options.TrainerOptions`) that shape a plan.
     layers: the trainer's layers by index (trax `Layer`s, host weights).

@@ -4,7 +4,8 @@ draw, and whether some layer hashes its activations.
 
 `backward_segment_max_layers='auto'` and the fused program's lower bound
 (`candidates`) read the bytes: a block whose reversible layers pass on less
-than `plan.ACTIVATION_BOUND_BYTES` is compiler-bound, not activation-bound.
+than `segment_lengths.ACTIVATION_BOUND_BYTES` is compiler-bound, not
+activation-bound.
 Sequence chunks (their module's `tail_length`) read the loss's inputs; the
 speed model's rank of batch slices reads whether they change a draw
 (`rng_use` of each forward with the draws slices keep exact on a fixed key,
@@ -23,9 +24,9 @@ from trax_revplus import layers as layers_lib
 from trax_revplus import memory
 from trax_revplus.trainer import host_store
 from trax_revplus.trainer._plan import hashing
-from trax_revplus.trainer._plan import plan as plan_lib
 from trax_revplus.trainer._plan import rng_use
 from trax_revplus.trainer._plan import row_draws
+from trax_revplus.trainer._plan import segment_lengths
 from trax_revplus.trainer._step import chains
 from trax_revplus.typing import PyTree
 
@@ -59,9 +60,9 @@ def trace(store: host_store.LayerStore, stack_types: PyTree,
 
   The stack's types come from `jax.make_jaxpr` of every layer's forward on
   one device's rows, in order; where they cannot be known so, every block
-  counts as activation-bound (`plan.ACTIVATION_BOUND_BYTES`). Tracing
-  leaves the layers as they were (`layers.preserved`), also where a
-  layer's trace fails.
+  counts as activation-bound (`segment_lengths.ACTIVATION_BOUND_BYTES`).
+  Tracing leaves the layers as they were (`layers.preserved`), also where
+  a layer's trace fails.
 
   Args:
     store: the trainer's `host_store.LayerStore` (its blocks and layers).
@@ -100,8 +101,9 @@ def trace(store: host_store.LayerStore, stack_types: PyTree,
   except Exception as e:  # pylint: disable=broad-except
     logging.info('the stack\'s types could not be traced (%s); every block '
                  'counts as activation-bound.', e)
-    return StackTrace([plan_lib.ACTIVATION_BOUND_BYTES] * len(store.blocks),
-                      None, True, True)
+    return StackTrace(
+        [segment_lengths.ACTIVATION_BOUND_BYTES] * len(store.blocks), None,
+        True, True)
   try:
     with layers_lib.preserved(loss):
       forward(loss, stack)

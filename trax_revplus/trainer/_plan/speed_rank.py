@@ -1,0 +1,106 @@
+"""The speed model's rank of candidate plans, and the facts it rests on.
+
+Kept apart from `candidates` (which lists the plans): the rules below are
+measured per backend, and change with measurements, not with the plan
+space.
+
+The speed model ranks plans without timing them, in this order of
+importance: (1) the fused program first: one call per step, with no host
+work and no dispatch between layers, where unfused plans run two calls per
+segment and recompute the same activations; but only where it compiles at
+most `FUSED_COMPILE_RATIO` times the layers the fastest unfused plan
+compiles (`compiled_layers`): XLA compiles the fused program's layers one
+by one, unrolled, while equal segments share one compilation, so on a deep
+model of equal blocks the fused program's compilation would cost many times
+the run's first step (and there, with many small layers, it did not step
+faster either: docs/performance.md); such a model ranks its fused groups
+after every unfused one; (2) fewer batch slices: an accelerator runs
+larger matrices faster, and a draw that slices change (a layer drawing a
+mask of slice shape other than trax's `Dropout` and efficient attention:
+`row_draws`) gives stock trax's weights only unsliced; but where slices
+change no draw (they change only float32 summation order), on the CPU
+backend 2 slices rank before 1 (`SPEED_SLICES`): there 2 slices stepped
+faster than one in every kind of plan measured, and 4 no faster than 2
+(docs/performance.md), except where a layer hashes its activations
+(`hashing`: LSH attention; another summation order can change its
+buckets); (3) fewer compiled calls (each costs a dispatch and host work
+for its weights, slots and updates), then fewer backward calls, then
+longer forward segments; (4) a deeper copy-back, then prefetching (each
+overlaps host work with device work).
+Within a group, every plan whose saved inputs and states wait on the
+device comes before every plan whose wait on the host: those copy them out
+and back, and wait for each forward call before dispatching the next. The
+benchmark checks the rank against measured step times
+(docs/performance.md).
+"""
+
+from typing import Hashable, Mapping, Sequence
+
+from trax_revplus.trainer._plan import plan as plan_lib
+
+# The fused program ranks first where it compiles at most this many times
+# the layers of the fastest unfused plan's distinct programs. Measured on
+# one CPU (docs/performance.md, the benchmark's ReformerLMs): at 2.9, 5.6
+# and 10.9 times (6, 12 and 24 blocks) the fused program stepped 15-25%
+# faster than segments of 8, its compilation adding 0 to 17 s to the first
+# step; at 29 times (64 small blocks) it stepped no faster and its
+# compilation took 77 s, against stock's whole first step of 5.6 s.
+FUSED_COMPILE_RATIO = 16
+# Where slices change no random draw (`row_draws`) and no layer hashes its
+# activations (`hashing`), on these backends this many slices rank first.
+SPEED_SLICES: Mapping[str | None, int] = {'cpu': 2}
+# On these backends, where no layer hashes its activations (`hashing`),
+# every group with trax's efficient attention layers computing this many
+# (example, head) pairs at once ranks before every group with the layers
+# as configured (measured on the CPU: one pair at a time stepped 10-17%
+# faster on the benchmark's ReformerLMs and encoder-decoder Reformer;
+# docs/performance.md).
+SPEED_PARALLEL_HEADS: Mapping[str | None, int] = {'cpu': 1}
+
+
+def compiled_layers(plan: plan_lib.StepPlan,
+                    layer_kinds: Sequence[Hashable] | None) -> int:
+  """Layers in the distinct programs `plan`'s step compiles, the loss
+  layer's included: each fused layer, and each forward unit outside the
+  loss program whose layers compute what an earlier unit's do once (its
+  backward calls compile the same layers again).
+
+  Args:
+    plan: the `plan.StepPlan`.
+    layer_kinds: list by layer index of hashables, equal where two layers
+      share a compilation (`candidates.Candidates`'s); None: every layer
+      its own.
+  """
+  seen = set()
+  n = 1 + plan.loss - plan.fused_from
+  for unit in plan.unit_spans():
+    if unit[0] >= plan.fused_from:
+      continue
+    key = (tuple(unit) if layer_kinds is None else
+           tuple(layer_kinds[i] for i in unit))
+    if key not in seen:
+      seen.add(key)
+      n += len(unit)
+  return n
+
+
+def ranked_slices(slices: list[int], platform: str | None,
+                  slices_change_draws: bool,
+                  hashes_activations: bool) -> list[int]:
+  """`slices` (batch slice counts, fewest first) in the speed model's
+  order: `SPEED_SLICES[platform]` first where slices change no random
+  draw and no layer hashes its activations, else as given."""
+  first = SPEED_SLICES.get(platform)
+  if (not slices_change_draws and not hashes_activations and
+      first in slices):
+    slices.remove(first)
+    slices.insert(0, first)
+  return slices
+
+
+def one_head_first(platform: str | None, hashes_activations: bool) -> bool:
+  """Whether groups computing one (example, head) pair at a time rank
+  before those with the attention layers as configured
+  (`SPEED_PARALLEL_HEADS`)."""
+  return (not hashes_activations and
+          SPEED_PARALLEL_HEADS.get(platform) == 1)
