@@ -3,7 +3,7 @@
 Slices of a loss combine as `loss_combination.loss_combination` says; a
 loss whose slices cannot be combined runs on the whole batch (the planner
 accounts its unsliced program). The loss layer's own program may also run
-its tail over chunks of the sequence (`loss_tail`).
+its tail over chunks of the sequence (`loss_tail`, `loss_chunks`).
 """
 
 from typing import Callable, Sequence
@@ -17,6 +17,7 @@ from trax.optimizers import base as optimizer_base
 from trax_revplus.trainer import ties as ties_lib
 from trax_revplus.trainer._step import chains
 from trax_revplus.trainer._step import fused_fns
+from trax_revplus.trainer._step import loss_chunks
 from trax_revplus.trainer._step import loss_tail
 from trax_revplus.trainer._step import slice_loop
 from trax_revplus.trainer._step import slices
@@ -121,15 +122,15 @@ def loss_fbo(layer: tl.Layer, optimizer: optimizer_base.Optimizer,
     # The loss's cotangent is 1; a micro-batch's `grads` are the batch's
     # loss weights.
     all_weights = grads if micro else None
-    if loss_tail.in_place(layer, inputs, state):
+    if loss_chunks.in_place(layer, inputs, state):
       # The whole loss layer is its tail: slices and chunks as pieces of
       # one loop, in place.
       loss, grads_inputs, grads_weights, new_state = (
-          loss_tail.pieces_grads(layer, k if combine else 1, chunks,
-                                 rng)(inputs, weights, state, all_weights))
+          loss_chunks.pieces_grads(layer, k if combine else 1, chunks,
+                                   rng)(inputs, weights, state, all_weights))
     elif chunks > 1:
       loss, grads_inputs, grads_weights, new_state = _loss_and_grads(
-          loss_tail.chunked_grads(layer, chunks, rng), combine, k,
+          loss_chunks.chunked_grads(layer, chunks, rng), combine, k,
           inputs, weights, state, rows, all_weights)
     else:
       loss, grads_inputs, grads_weights, new_state = _sliced_loss(
