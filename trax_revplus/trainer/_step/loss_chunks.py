@@ -21,7 +21,7 @@ from trax import layers as tl
 
 from trax_revplus.trainer._plan import row_draws
 from trax_revplus.trainer._step import chains
-from trax_revplus.trainer._step import slices
+from trax_revplus.trainer._step import slice_states
 from trax_revplus.trainer._step.loss_combination import loss_combination
 from trax_revplus.trainer._step.loss_tail import items_of
 from trax_revplus.trainer._step.loss_tail import joined
@@ -175,12 +175,12 @@ def chunked_grads(loss_layer: tl.Layer, k: int,
 def in_place(loss_layer: tl.Layer, inputs: PyTree, state: PyTree) -> bool:
   """Whether `pieces_grads` can run the loss layer's call: its tail is the
   whole layer, and its state holds nothing per row (as batch slices split
-  state: `slices.States`)."""
+  state: `slice_states.States`)."""
   if tail_start(loss_layer) != 0:
     return False
   rows = items_of(inputs)[0].shape[0]
-  return not slices.States(state, slices.state_rows(loss_layer), rows,
-                           1).scanned
+  return not slice_states.States(
+      state, slice_states.state_rows(loss_layer), rows, 1).scanned
 
 
 def pieces_grads(loss_layer: tl.Layer, k: int, chunks: int,

@@ -20,13 +20,13 @@ from trax_revplus.trainer._step import fused_fns
 from trax_revplus.trainer._step import loss_chunks
 from trax_revplus.trainer._step import loss_tail
 from trax_revplus.trainer._step import slice_loop
-from trax_revplus.trainer._step import slices
+from trax_revplus.trainer._step import slice_states
 from trax_revplus.trainer._step import step_fns
 from trax_revplus.trainer._step.loss_combination import loss_combination
-from trax_revplus.trainer._step.slices import Rows
-from trax_revplus.trainer._step.slices import States
+from trax_revplus.trainer._step.slice_states import n_rows
+from trax_revplus.trainer._step.slice_states import Rows
+from trax_revplus.trainer._step.slice_states import States
 from trax_revplus.trainer._step.slices import add
-from trax_revplus.trainer._step.slices import n_rows
 from trax_revplus.trainer._step.slices import zeros
 from trax_revplus.typing import PyTree
 
@@ -116,7 +116,7 @@ def loss_fbo(layer: tl.Layer, optimizer: optimizer_base.Optimizer,
   if combine is None and chunks == 1:
     return step_fns.fbo_fn(layer, optimizer, n_devices, adasum, 'loss')
   update = step_fns.update_fn(optimizer, n_devices, adasum, mode)
-  rows = slices.state_rows(layer)
+  rows = slice_states.state_rows(layer)
 
   def sliced(inputs, weights, grads, state, slots, opt_params, rng, step):
     # The loss's cotangent is 1; a micro-batch's `grads` are the batch's
