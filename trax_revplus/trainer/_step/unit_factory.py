@@ -17,7 +17,7 @@ from trax_revplus.trainer._step import loss_slices
 from trax_revplus.trainer._step import slice_states
 from trax_revplus.trainer._step import slices
 from trax_revplus.trainer._step import step_fns
-from trax_revplus.trainer._step.step_fns import Kind
+from trax_revplus.trainer._step.fn_kinds import Kind
 from trax_revplus.trainer._step.units import LossUnit
 from trax_revplus.trainer._step.units import ReversibleSegment
 from trax_revplus.trainer._step.units import SelectSegment
