@@ -18,10 +18,10 @@ from trax_revplus.trainer._step import slice_states
 from trax_revplus.trainer._step import slices
 from trax_revplus.trainer._step import step_fns
 from trax_revplus.trainer._step.fn_kinds import Kind
-from trax_revplus.trainer._step.units import LossUnit
-from trax_revplus.trainer._step.units import ReversibleSegment
-from trax_revplus.trainer._step.units import SelectSegment
-from trax_revplus.trainer._step.units import StandardUnit
+from trax_revplus.trainer._step.unit_kinds import LossUnit
+from trax_revplus.trainer._step.unit_kinds import ReversibleSegment
+from trax_revplus.trainer._step.unit_kinds import SelectSegment
+from trax_revplus.trainer._step.unit_kinds import StandardUnit
 from trax_revplus.trax_door import layers as layer_door
 
 
