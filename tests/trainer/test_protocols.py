@@ -19,7 +19,7 @@ from trax_revplus.trainer._step import observers
 from trax_revplus.trainer._step import protocols
 from trax_revplus.trainer._step import step_context
 from trax_revplus.trainer._step import step_run
-from trax_revplus.trainer._step import units
+from trax_revplus.trainer._step import unit_kinds
 import trainer_cases as cases
 
 
@@ -70,24 +70,24 @@ def test_units_satisfy_the_unit_protocols(real_step):
   planned = real_step[0]
   plan_units = planned.units
   pass_units = plan_units.forward_units + plan_units.backward_units
-  assert {type(u) for u in pass_units} >= {units.StandardUnit,
-                                          units.ReversibleSegment}
+  assert {type(u) for u in pass_units} >= {unit_kinds.StandardUnit,
+                                          unit_kinds.ReversibleSegment}
   for unit in pass_units + [plan_units.loss_unit]:
     assert isinstance(unit, protocols.Unit), unit
   for unit in pass_units:
     assert isinstance(unit, protocols.PassUnit), unit
-  assert isinstance(plan_units.loss_unit, units.LossUnit)
+  assert isinstance(plan_units.loss_unit, unit_kinds.LossUnit)
   assert isinstance(plan_units.loss_unit, protocols.LossProgram)
-  for klass in (units.StandardUnit, units.ReversibleSegment,
-                units.SelectSegment):
+  for klass in (unit_kinds.StandardUnit, unit_kinds.ReversibleSegment,
+                unit_kinds.SelectSegment):
     _assert_signatures(klass, protocols.PassUnit)
-  _assert_signatures(units.LossUnit, protocols.LossProgram)
+  _assert_signatures(unit_kinds.LossUnit, protocols.LossProgram)
 
 
 def test_select_segment_satisfies_the_pass_unit_protocol():
   # pylint: disable=g-import-not-at-top
   from trax import layers as tl
-  unit = units.SelectSegment([3], [tl.ReversibleSwap()])
+  unit = unit_kinds.SelectSegment([3], [tl.ReversibleSwap()])
   assert isinstance(unit, protocols.PassUnit)
 
 
@@ -122,7 +122,7 @@ def test_observers_satisfy_the_step_observer_protocol(real_step):
 
 
 def test_a_unit_missing_a_member_fails_the_check():
-  unit = units.LossUnit([0], 1, fn=None)
+  unit = unit_kinds.LossUnit([0], 1, fn=None)
   assert isinstance(unit, protocols.LossProgram)
   del unit.accumulate_fn
   assert not isinstance(unit, protocols.Unit)

@@ -13,7 +13,7 @@ from trax_revplus.placement import Layout
 from trax_revplus.trainer._step import chains
 from trax_revplus.trainer._step import fused_fns
 from trax_revplus.trainer._step import step_fns
-from trax_revplus.trainer._step.step_fns import Kind
+from trax_revplus.trainer._step.fn_kinds import Kind
 
 # Arguments every device holds whole; the rest differ per device.
 _REPLICATED = frozenset(['weights', 'slots', 'opt_params', 'step'])

@@ -16,7 +16,7 @@ from trax.optimizers import base as optimizer_base
 
 from trax_revplus import placement as placement_lib
 from trax_revplus.trainer._step import fingerprints
-from trax_revplus.trainer._step import step_fns
+from trax_revplus.trainer._step import fn_kinds
 
 
 class Compiler:
@@ -66,7 +66,7 @@ class Compiler:
       self._fingerprints[i] = self._distinct_fingerprints.setdefault(fp, fp)
     return self._fingerprints[i]
 
-  def compile(self, kind: step_fns.Kind, indices: list[int],
+  def compile(self, kind: fn_kinds.Kind, indices: list[int],
               fn: Callable[..., Any], donate_argnums: tuple[int, ...],
               variant: Hashable = ()) -> Callable[..., Any]:
     """`fn` of `kind` for layers `indices`, compiled for the placement.
@@ -76,7 +76,7 @@ class Compiler:
     call (or ahead of it, `on_types.AheadOfTime`).
 
     Args:
-      kind: `step_fns.Kind`.
+      kind: `fn_kinds.Kind`.
       indices: list of int, the layers `fn` computes.
       fn: the function (`step_fns`, `slices`).
       donate_argnums: tuple of int, arguments the call may reuse.

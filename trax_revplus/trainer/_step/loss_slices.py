@@ -3,7 +3,7 @@
 Slices of a loss combine as `loss_combination.loss_combination` says; a
 loss whose slices cannot be combined runs on the whole batch (the planner
 accounts its unsliced program). The loss layer's own program may also run
-its tail over chunks of the sequence (`loss_tail`).
+its tail over chunks of the sequence (`loss_tail`, `loss_chunks`).
 """
 
 from typing import Callable, Sequence
@@ -17,15 +17,16 @@ from trax.optimizers import base as optimizer_base
 from trax_revplus.trainer import ties as ties_lib
 from trax_revplus.trainer._step import chains
 from trax_revplus.trainer._step import fused_fns
+from trax_revplus.trainer._step import loss_chunks
 from trax_revplus.trainer._step import loss_tail
 from trax_revplus.trainer._step import slice_loop
-from trax_revplus.trainer._step import slices
+from trax_revplus.trainer._step import slice_states
 from trax_revplus.trainer._step import step_fns
 from trax_revplus.trainer._step.loss_combination import loss_combination
-from trax_revplus.trainer._step.slices import Rows
-from trax_revplus.trainer._step.slices import States
+from trax_revplus.trainer._step.slice_states import n_rows
+from trax_revplus.trainer._step.slice_states import Rows
+from trax_revplus.trainer._step.slice_states import States
 from trax_revplus.trainer._step.slices import add
-from trax_revplus.trainer._step.slices import n_rows
 from trax_revplus.trainer._step.slices import zeros
 from trax_revplus.typing import PyTree
 
@@ -115,21 +116,21 @@ def loss_fbo(layer: tl.Layer, optimizer: optimizer_base.Optimizer,
   if combine is None and chunks == 1:
     return step_fns.fbo_fn(layer, optimizer, n_devices, adasum, 'loss')
   update = step_fns.update_fn(optimizer, n_devices, adasum, mode)
-  rows = slices.state_rows(layer)
+  rows = slice_states.state_rows(layer)
 
   def sliced(inputs, weights, grads, state, slots, opt_params, rng, step):
     # The loss's cotangent is 1; a micro-batch's `grads` are the batch's
     # loss weights.
     all_weights = grads if micro else None
-    if loss_tail.in_place(layer, inputs, state):
+    if loss_chunks.in_place(layer, inputs, state):
       # The whole loss layer is its tail: slices and chunks as pieces of
       # one loop, in place.
       loss, grads_inputs, grads_weights, new_state = (
-          loss_tail.pieces_grads(layer, k if combine else 1, chunks,
-                                 rng)(inputs, weights, state, all_weights))
+          loss_chunks.pieces_grads(layer, k if combine else 1, chunks,
+                                   rng)(inputs, weights, state, all_weights))
     elif chunks > 1:
       loss, grads_inputs, grads_weights, new_state = _loss_and_grads(
-          loss_tail.chunked_grads(layer, chunks, rng), combine, k,
+          loss_chunks.chunked_grads(layer, chunks, rng), combine, k,
           inputs, weights, state, rows, all_weights)
     else:
       loss, grads_inputs, grads_weights, new_state = _sliced_loss(

@@ -6,11 +6,11 @@ so that a step on placed arrays and a walk on their types
 (`on_types.AheadOfTime`) are interchangeable wherever one is taken:
 
   Unit          any unit of a plan: the layers one compiled call runs
-                (`units.StandardUnit`, `ReversibleSegment`, `SelectSegment`,
-                `LossUnit`).
+                (`unit_kinds.StandardUnit`, `ReversibleSegment`,
+                `SelectSegment`, `LossUnit`).
   PassUnit      a unit run in the forward and the backward pass (all but
                 `LossUnit`).
-  LossProgram   the loss program (`units.LossUnit`).
+  LossProgram   the loss program (`unit_kinds.LossUnit`).
   Run           what a walk runs on: the units' arguments, calls and
                 updates (`step_run.StepRun`: `step_context.StepContext`,
                 `on_types.AheadOfTime`).
@@ -55,7 +55,7 @@ class Unit(Protocol):
   layers: list[int]
 
   # Read-only (properties): a unit's compiled functions are fixed when it
-  # is made, and `units.LossUnit` derives its own.
+  # is made, and `unit_kinds.LossUnit` derives its own.
   @property
   def forward_fn(self) -> Callable[..., Any] | None: ...
 

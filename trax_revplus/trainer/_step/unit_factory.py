@@ -14,13 +14,14 @@ from trax_revplus.trainer import ties as ties_lib
 from trax_revplus.trainer._step import attention_heads
 from trax_revplus.trainer._step import chains
 from trax_revplus.trainer._step import loss_slices
+from trax_revplus.trainer._step import slice_states
 from trax_revplus.trainer._step import slices
 from trax_revplus.trainer._step import step_fns
-from trax_revplus.trainer._step.step_fns import Kind
-from trax_revplus.trainer._step.units import LossUnit
-from trax_revplus.trainer._step.units import ReversibleSegment
-from trax_revplus.trainer._step.units import SelectSegment
-from trax_revplus.trainer._step.units import StandardUnit
+from trax_revplus.trainer._step.fn_kinds import Kind
+from trax_revplus.trainer._step.unit_kinds import LossUnit
+from trax_revplus.trainer._step.unit_kinds import ReversibleSegment
+from trax_revplus.trainer._step.unit_kinds import SelectSegment
+from trax_revplus.trainer._step.unit_kinds import StandardUnit
 from trax_revplus.trax_door import layers as layer_door
 
 
@@ -94,8 +95,8 @@ class UnitFactory:
     return self._compile(kind, indices, fn, donated, variant)
 
   def _rows(self, indices):
-    """`slices.Rows` of layers `indices` (how their state splits)."""
-    return [slices.state_rows(self._layers[i]) for i in indices]
+    """`slice_states.Rows` of layers `indices` (how their state splits)."""
+    return [slice_states.state_rows(self._layers[i]) for i in indices]
 
   def standard(self, i: int, n_slices: int = 1, micro: bool = False,
                heads: int | None = None) -> StandardUnit:
