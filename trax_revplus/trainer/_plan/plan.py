@@ -184,7 +184,7 @@ class StepPlan:
     """Calls per step as the plan lays them out, for the speed model's
     rank: forward units and backward units outside the loss program, and
     the loss program (each micro-batch's). A unit that only reorders the
-    stack (`units.SelectSegment`) runs without a compiled call, so a step
+    stack (`unit_kinds.SelectSegment`) runs without a compiled call, so a step
     makes fewer; the calls it makes are its accounting's
     (`device_memory.StepMemory.calls`)."""
     n = 1
