@@ -5,12 +5,13 @@
 trainer's `compilation.Compiler`.
 """
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 from trax import layers as tl
 from trax.optimizers import base as optimizer_base
 
 from trax_revplus.trainer import ties as ties_lib
+from trax_revplus.trainer._plan import plan as plan_lib
 from trax_revplus.trainer._step import attention_heads
 from trax_revplus.trainer._step import chains
 from trax_revplus.trainer._step import loss_slices
@@ -40,6 +41,30 @@ def _variant(n_slices, in_call, mode=step_fns.Update.NOW):
   they do with their gradients (`step_fns.Update`)."""
   variant = (n_slices, in_call) if in_call else n_slices
   return variant if mode is step_fns.Update.NOW else (variant, mode.value)
+
+
+class _Choices(NamedTuple):
+  """What a plan's dimensions choose for each unit's compiled functions.
+
+  Attributes:
+    n_slices: int, batch slices each call runs over (`slices`).
+    micro: bool, the step runs in micro-batches: backward functions apply
+      accumulated gradients, and accumulate functions accumulate them.
+    heads: int or None, attention heads computed at once
+      (`attention_heads`; None: as the layers are configured).
+    chunks: int, sequence chunks of the loss layer's tail (`loss_slices`).
+  """
+  n_slices: int
+  micro: bool
+  heads: int | None
+  chunks: int
+
+
+def _choices(plan: plan_lib.StepPlan) -> _Choices:
+  """The `_Choices` of `plan`: the one place a plan's dimensions reach the
+  compiled functions."""
+  return _Choices(plan.batch_slices, plan.micro_batches > 1,
+                  plan.parallel_heads, plan.sequence_chunks)
 
 
 def _modes(micro: bool) -> tuple[step_fns.Update, step_fns.Update | None]:
@@ -98,12 +123,11 @@ class UnitFactory:
     """`slice_states.Rows` of layers `indices` (how their state splits)."""
     return [slice_states.state_rows(self._layers[i]) for i in indices]
 
-  def standard(self, i: int, n_slices: int = 1, micro: bool = False,
-               heads: int | None = None) -> StandardUnit:
-    """The `StandardUnit` of layer i; with `micro` (micro-batches) its
-    backward_fn applies accumulated gradients and its accumulate_fn
-    accumulates them (`step_fns.Update`); `heads`: attention heads at
-    once (the plan's)."""
+  def standard(self, i: int, plan: plan_lib.StepPlan) -> StandardUnit:
+    """The `StandardUnit` of layer i, as `plan` runs it (`_Choices`): in
+    micro-batches its backward_fn applies accumulated gradients and its
+    accumulate_fn accumulates them (`step_fns.Update`)."""
+    n_slices, micro, heads, _ = _choices(plan)
     layer, opt = self._layers[i], self._optimizers[i]
     rows = self._rows([i])[0]
     forward_fn = self._compiled(
@@ -122,13 +146,12 @@ class UnitFactory:
     return StandardUnit(i, layer, forward_fn, backward(update),
                         backward(accumulate))
 
-  def segment(self, indices: Sequence[int], n_slices: int = 1,
-              forward: bool = True, micro: bool = False,
-              heads: int | None = None
-              ) -> ReversibleSegment | SelectSegment:
-    """A `ReversibleSegment`, or a `SelectSegment` where every layer only
-    permutes the stack; without `forward` its forward_fn is None; `micro`:
-    see `standard`."""
+  def segment(self, indices: Sequence[int], plan: plan_lib.StepPlan,
+              forward: bool = True) -> ReversibleSegment | SelectSegment:
+    """A `ReversibleSegment` as `plan` runs it (see `standard`), or a
+    `SelectSegment` where every layer only permutes the stack; without
+    `forward` its forward_fn is None."""
+    n_slices, micro, heads, _ = _choices(plan)
     layers = [self._layers[i] for i in indices]
     if all(is_permutation(layer) for layer in layers):
       return SelectSegment(indices, layers)
@@ -158,23 +181,21 @@ class UnitFactory:
     return ReversibleSegment(indices, layers, forward_fn, backward(update),
                              backward(accumulate))
 
-  def loss(self, indices: list[int], n_slices: int = 1,
-           chunks: int = 1, micro: bool = False,
-           heads: int | None = None) -> LossUnit:
-    """The `LossUnit` of layers `indices` (the loss layer last); the
-    reversible layers before the loss recompute their activations in its
-    backward pass (`chains.chain_forward_fn`). `chunks`: the loss layer's
-    tail over that many chunks of the sequence (`loss_slices.loss_fbo`; the
-    loss layer alone only, as `plan.StepPlan` holds).
-
-    With `micro` (micro-batches; the loss layer alone, as `plan.StepPlan`
-    holds) its fn applies accumulated gradients and its accumulate_fn
-    accumulates them (`step_fns.Update`).
+  def loss(self, indices: list[int], plan: plan_lib.StepPlan) -> LossUnit:
+    """The `LossUnit` of layers `indices` (the loss layer last), as `plan`
+    runs it (`_Choices`); the reversible layers before the loss recompute
+    their activations in its backward pass (`chains.chain_forward_fn`).
+    Over sequence chunks, the loss layer's tail runs over that many chunks
+    of the sequence (`loss_slices.loss_fbo`; the loss layer alone only, as
+    `plan.StepPlan` holds). In micro-batches (the loss layer alone, as
+    `plan.StepPlan` holds) its fn applies accumulated gradients and its
+    accumulate_fn accumulates them (`step_fns.Update`).
 
     Raises:
-      ValueError: chunks > 1 and the loss layer has no tail to chunk; with
-        `micro`, a loss micro-batches cannot combine.
+      ValueError: sequence chunks and the loss layer has no tail to chunk;
+        in micro-batches, a loss micro-batches cannot combine.
     """
+    n_slices, micro, heads, chunks = _choices(plan)
     layers = [self._layers[i] for i in indices]
     optimizers = [self._optimizers[i] for i in indices]
     depth = chains.chain_depth(layers)

@@ -48,30 +48,24 @@ class Units:
     self.plan = plan
     self.forward_units: list[protocols.PassUnit] = []
     self.backward_units: list[protocols.PassUnit] = []
-    micro = plan.micro_batches > 1
-    heads = plan.parallel_heads
     for std, segments in plan.blocks:
       unit: protocols.PassUnit
       if std < plan.fused_from:
-        unit = factory.standard(std, plan.batch_slices, micro, heads)
+        unit = factory.standard(std, plan)
         self.forward_units.append(unit)
         self.backward_units.append(unit)
       for segment in segments:
         if segment[0] >= plan.fused_from:
           continue
-        unit = factory.segment(segment, plan.batch_slices, micro=micro,
-                               heads=heads)
+        unit = factory.segment(segment, plan)
         self.forward_units.append(unit)
         split = plan.backward[segment]
         self.backward_units.extend(
             [unit] if split == (segment,) else
-            [factory.segment(s, plan.batch_slices, forward=False,
-                             micro=micro, heads=heads)
-             for s in split])
+            [factory.segment(s, plan, forward=False) for s in split])
     self.backward_units.reverse()
     self.loss_unit = factory.loss(list(range(plan.fused_from, plan.loss + 1)),
-                                  plan.batch_slices, plan.sequence_chunks,
-                                  micro, heads)
+                                  plan)
 
   def forward(self, run: protocols.Run) -> None:
     """The forward pass: `run.stack` through every forward unit."""
