@@ -19,6 +19,7 @@ from cli_cases import TINY_MODEL
 from trax_revplus import cli
 from trax_revplus import device_memory
 from trax_revplus.cli import estimate
+from trax_revplus.cli import estimate_report
 
 TINY = ['sequence_length = 32'] + TINY_MODEL
 PREFIX = 'trax-revplus estimate: error: '
@@ -59,7 +60,7 @@ def test_estimate_table_and_json(tmp_path, capsys):
   assert not err, err
   assert 'backend cpu' in out
   assert 'device memory: 1.0 GiB (1073741824 bytes)' in out
-  for name in estimate.TRAINERS:
+  for name in estimate_report.TRAINERS:
     assert f'\n{name} ' in out
   assert 'revplus plan: 1 calls per step (fits); as gin bindings:\n' in out
   data = json.loads(path.read_text())

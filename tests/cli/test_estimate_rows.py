@@ -24,6 +24,7 @@ from cli_cases import STOCK
 from cli_cases import TINY_MODEL
 from trax_revplus import device_memory
 from trax_revplus.cli import estimate
+from trax_revplus.cli import estimate_report
 from trax_revplus.cli import gin_config
 
 pytestmark = pytest.mark.usefixtures('stock_trax_and_empty_gin')
@@ -57,14 +58,14 @@ def _row(report, name):
 
 
 def test_each_row_says_whether_it_runs_and_on_how_many_devices():
-  report = estimate.table('cpu', _results(), None, BATCH, 1000, 2)
+  report = estimate_report.table('cpu', _results(), None, BATCH, 1000, 2)
   assert _row(report, 'stock') == (
       'stock    fails at step 1: Attempt to donate the same buffer twice '
       '(...)')
   assert _row(report, 'default').endswith('yes  1 device only')
   assert _row(report, 'revplus').endswith('yes  2')
   assert 'note:' not in report
-  data = estimate.to_json('cpu', _results(), None, 1000, 2)
+  data = estimate_report.to_json('cpu', _results(), None, 1000, 2)
   stock, default, rev = (data['trainers'][n] for n in
                          ('stock', 'default', 'revplus'))
   assert stock['runs'] is False and stock['fits'] is False
@@ -92,7 +93,7 @@ def test_rows_show_host_bytes_and_a_trainer_the_backend_refuses():
           device_memory.ProgramOutOfMemoryError(
               'JaxRuntimeError: RESOURCE_EXHAUSTED: ...',
               'update (forward, backward, optimizer)', 2**34)))
-  report = estimate.table('cpu', results, None, BATCH, 1000, 1)
+  report = estimate_report.table('cpu', results, None, BATCH, 1000, 1)
   header = next(line for line in report.splitlines()
                 if line.startswith('trainer'))
   assert 'peak host/step' in header
@@ -103,7 +104,7 @@ def test_rows_show_host_bytes_and_a_trainer_the_backend_refuses():
       'update (forward, backward, optimizer) for memory, needing at least '
       '17179869184 bytes (16.0 GiB): JaxRuntimeError: RESOURCE_EXHAUSTED: '
       '...')
-  data = estimate.to_json('cpu', results, None, 1000, 1)
+  data = estimate_report.to_json('cpu', results, None, 1000, 1)
   assert data['trainers']['revplus']['peak_host_bytes'] == 3 * 2**20 + 40
   assert data['trainers']['revplus']['peak_host_parts_bytes'] == {
       'weights, slots and state': 3 * 2**20,
@@ -123,15 +124,15 @@ def test_a_note_names_the_trainer_train_would_run(config_file, bindings,
   gin_config.import_trax_quietly()
   gin_config.parse_configs([config_file], bindings)
   assert estimate.train_runs() == runs
-  report = estimate.table('cpu', _results(), None, BATCH, 1000, 1,
-                          runs=runs)
+  report = estimate_report.table('cpu', _results(), None, BATCH, 1000, 1,
+                                 runs=runs)
   notes = [line for line in report.splitlines() if line.startswith('note:')]
   if runs == 'revplus':
     assert not notes
   else:
     assert len(notes) == 1 and f'(the {runs} row)' in notes[0], notes
-  assert estimate.to_json('cpu', _results(), None, 1000, 1,
-                          runs=runs)['train_runs'] == runs
+  assert estimate_report.to_json('cpu', _results(), None, 1000, 1,
+                                 runs=runs)['train_runs'] == runs
 
 
 _TWO_DEVICES = r'''

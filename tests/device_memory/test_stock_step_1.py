@@ -16,7 +16,7 @@ import pytest
 from trax import fastmath
 from trax_revplus import device_memory
 from trax_revplus import three_trainers
-from trax_revplus.cli import estimate
+from trax_revplus.cli import estimate_report
 from trax_revplus.cli import gin_config
 from trax_revplus.cli import parsed_config
 from trax_revplus.device_memory import stock_trainer
@@ -66,9 +66,9 @@ def test_stock_fails_at_step_1_where_its_accounting_says_so():
   figures = memory.to_json(2**40)
   assert figures['runs'] is False and figures['error'] == failure
   assert figures['n_devices'] == 1 and figures['max_devices'] == 1
-  report = estimate.table('cpu', {'default': memory, 'stock': memory,
-                                  'revplus': memory}, None, cfg.batch, 2**40,
-                          1)
+  report = estimate_report.table(
+      'cpu', {'default': memory, 'stock': memory, 'revplus': memory}, None,
+      cfg.batch, 2**40, 1)
   assert f'\nstock    fails at step 1: {failure}' in report
   # The reference: stock's own first step on the same trainer.
   batch = tuple(np.zeros(x.shape, x.dtype) for x in cfg.batch)

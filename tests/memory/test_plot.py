@@ -10,6 +10,7 @@ import png_checks
 from trax_revplus import cli
 from trax_revplus import memory
 from trax_revplus.memory import plot
+from trax_revplus.memory import plot_panels
 from trax_revplus.memory import reading
 from trax_revplus.memory import step_axis
 
@@ -54,7 +55,7 @@ def test_plot_renders_png(tmp_path):
 def test_plot_sums_transfers_per_step(tmp_path):
   _write_small_log(tmp_path)
   records = memory.read_memory_log(tmp_path / 'memory.jsonl')
-  assert plot._transfers_per_step(records) == {
+  assert plot_panels.transfers_per_step(records) == {
       1: (8 << 20, 4 << 20), 2: (8 << 20, 4 << 20)}
 
 

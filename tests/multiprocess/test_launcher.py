@@ -21,6 +21,7 @@ import pytest
 
 from trax_revplus.errors import EXIT_LOST_PROCESS
 from trax_revplus.multiprocess import errors
+from trax_revplus.multiprocess import launch_flags
 from trax_revplus.multiprocess import launcher as launcher_lib
 from conftest import start_seconds
 
@@ -369,7 +370,7 @@ def test_launch_numbers_out_of_range_are_usage_errors(kwargs, fragment):
 
 def test_the_default_limit_follows_the_cpu_count(monkeypatch):
   monkeypatch.setattr(os, 'cpu_count', lambda: 2)
-  assert launcher_lib.default_max_processes() == 8
+  assert launch_flags.default_max_processes() == 8
   assert launcher_lib.main(['--num_processes=9', '--', 'true']) == 2
 
 

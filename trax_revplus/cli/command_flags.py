@@ -12,7 +12,7 @@ from trax_revplus.cli.strict_argparse import integer
 from trax_revplus.cli.strict_argparse import Once
 from trax_revplus.cli.strict_argparse import path
 from trax_revplus.cli.strict_argparse import positive_int
-from trax_revplus.multiprocess import launcher
+from trax_revplus.multiprocess import launch_flags
 
 IMPLEMENTATIONS = ('config', 'stock', 'revplus')
 
@@ -205,7 +205,7 @@ def add_launch(commands: 'argparse._SubParsersAction') -> None:
       'launch', help='start N local processes of one training run',
       usage=f'{PROG} launch --num_processes=N -- TRAIN_FLAGS...',
       description=_LAUNCH_DESCRIPTION, epilog=_LAUNCH_EPILOG)
-  launcher.add_launch_flags(parser)
+  launch_flags.add_launch_flags(parser)
 
 
 def add_compare(commands: 'argparse._SubParsersAction') -> None:

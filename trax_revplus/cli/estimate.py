@@ -28,7 +28,7 @@ import argparse
 import json
 import logging as std_logging
 import sys
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import gin
 
@@ -39,10 +39,10 @@ from trax_revplus import trax_import
 from trax_revplus import validation
 from trax_revplus.byte_sizes import format_bytes
 from trax_revplus.cli import cache_flags
+from trax_revplus.cli import estimate_report
 from trax_revplus.cli import gin_config
 from trax_revplus.cli import noise
 from trax_revplus.cli import parsed_config
-from trax_revplus.cli import plan_bindings
 from trax_revplus.cli import preflight
 from trax_revplus.cli.config_flags import configs_from_flags
 from trax_revplus.cli.messages import warning_line
@@ -51,17 +51,15 @@ from trax_revplus.errors import EXIT_OK
 from trax_revplus.errors import UserError
 
 if TYPE_CHECKING:  # JAX and trax load when the trainers are accounted
-  from trax_revplus import device_memory
+  from trax_revplus.cli.estimate_report import Results
   from trax_revplus.trainer._plan import weighing
 
-  Results = Mapping[str, device_memory.TrainerMemory]
   # `estimate`'s: backend, results, plan line, batch types, budget bytes,
   # the plans revplus weighed.
   Estimate = tuple[str, Results, str | None, tuple, int | None,
                    weighing.Weighing | None]
 
 COMMAND = 'estimate'
-TRAINERS = ('default', 'stock', 'revplus')
 
 
 def _plan_line(plan, budget_bytes: int | None) -> str | None:
@@ -129,100 +127,6 @@ def train_runs() -> str:
   if not gin_config.bound_value('train.use_memory_efficient_trainer', False):
     return 'default'
   return 'revplus' if trax_revplus.is_active() else 'stock'
-
-
-_TRAIN_RUNS_NOTES = {
-    'default': ("train.use_memory_efficient_trainer is False or unset "
-                "(trax's default): `train` would run trax's default Trainer "
-                "(the default row), not a trax_revplus plan; set it to True "
-                "for the revplus rows"),
-    'stock': ('the config does not import trax_revplus.activate: `train` '
-              "would run stock trax's memory-efficient trainer (the stock "
-              'row); add that line for the revplus rows'),
-}
-
-
-def table(backend: str, results: 'Results', plan_line: str | None,
-          batch: tuple, device_memory_bytes: int | None, n_devices: int,
-          plans: 'weighing.Weighing | None' = None,
-          runs: str = 'revplus') -> str:
-  """The printed report; `plans` (`weighing.Weighing` or None): the plans
-  revplus weighed, listed under its plan; `runs`: the trainer `train`
-  would run (`train_runs`), a note where it is not revplus."""
-  shapes = ', '.join(f'{x.dtype}{list(x.shape)}' for x in batch)
-  lines = [
-      f'figures compiled for backend {backend} (XLA memory analysis; other '
-      f'backends compile differently), per device, one training step on '
-      f'batch ({shapes}), asked for {n_devices} device(s)',
-      f'device memory: {format_bytes(device_memory_bytes, unit=None)}' +
-      (f' ({device_memory_bytes} bytes)' if device_memory_bytes else
-       ' not given (--device_memory)'),
-  ]
-  host_budget = None if plans is None else plans.host_budget_bytes
-  if host_budget is not None:
-    lines.append(f'host memory revplus plans for: '
-                 f'{format_bytes(host_budget, unit=None)} ({host_budget} '
-                 f'bytes)')
-  if runs in _TRAIN_RUNS_NOTES:
-    lines.append(f'note: {_TRAIN_RUNS_NOTES[runs]}')
-  lines += [
-      '',
-      f'{"trainer":<9}{"peak device/step":>18}{"least device/step":>19}'
-      f'{"peak host/step":>16}{"host weights+slots":>20}'
-      f'{"largest program":>17}{"fits":>6}  devices',
-  ]
-  for name in TRAINERS:
-    r = results[name]
-    if r.error is not None:
-      lines.append(f'{name:<9}error: {r.error}')
-      continue
-    if r.refused is not None:
-      lines.append(f'{name:<9}does not fit this device: {r.refused}')
-      continue
-    if r.step_error is not None:
-      lines.append(f'{name:<9}fails at step 1: {r.step_error}')
-      continue
-    fits = r.fits(device_memory_bytes)
-    fits_text = '-' if fits is None else ('yes' if fits else 'no')
-    sizes = [format_bytes(n, unit=None) for n in (
-        r.peak_device_bytes, r.min_peak_device_bytes, r.peak_host_bytes,
-        r.host_weights_and_slots_bytes, r.largest_program_bytes)]
-    lines.append(f'{name:<9}{sizes[0]:>18}{sizes[1]:>19}{sizes[2]:>16}'
-                 f'{sizes[3]:>20}{sizes[4]:>17}{fits_text:>6}  '
-                 f'{r.devices_text()}')
-  if plan_line:
-    settings = results['revplus'].plan
-    assert settings is not None, 'a plan line names the plan revplus ran'
-    lines.append('')
-    lines.extend(plan_bindings.lines(settings, plan_line))
-  peak = results['revplus'].step
-  if peak is not None:
-    lines.append(f'revplus {peak.describe()}')
-    lines.append(f'revplus {peak.describe_host()}')
-  if plans is not None and plans.weighed and results['revplus'].error is None:
-    lines.append('')
-    lines.append('revplus plans weighed (* the chosen plan):')
-    lines.extend(plans.lines())
-  return '\n'.join(lines)
-
-
-def to_json(backend: str, results: 'Results', plan_line: str | None,
-            device_memory_bytes: int | None, n_devices: int,
-            plans: 'weighing.Weighing | None' = None,
-            runs: str = 'revplus') -> dict:
-  """The object `--json` writes; revplus's has the plans it weighed
-  (`plans`, a `weighing.Weighing`) as `plans`; `train_runs` is the trainer
-  `train` would run (`train_runs`)."""
-  trainers = {name: results[name].to_json(device_memory_bytes)
-              for name in TRAINERS}
-  revplus = trainers['revplus']
-  if plan_line is not None and 'error' not in revplus:
-    revplus['plan_line'] = plan_line
-    if plans is not None:
-      revplus['plans'] = plans.to_json()
-      revplus['host_memory_budget_bytes'] = plans.host_budget_bytes
-  return {'backend': backend, 'device_memory_bytes': device_memory_bytes,
-          'n_devices': n_devices, 'train_runs': runs, 'trainers': trainers}
 
 
 def _budget_override_warning(device_memory_bytes: int | None
@@ -299,16 +203,17 @@ def run(flags: argparse.Namespace) -> int:
   if budget is not None:
     device_memory_bytes = budget
   runs = train_runs()
-  report = table(backend, results, plan_line, batch, device_memory_bytes,
-                 flags.n_devices, plans, runs)
+  report = estimate_report.table(backend, results, plan_line, batch,
+                                device_memory_bytes, flags.n_devices, plans,
+                                runs)
   if flags.json == output_files.STDOUT:  # The JSON alone on stdout.
     print(report, file=sys.stderr, flush=True)
   else:
     print(report, flush=True)
   if flags.json:
-    text = json.dumps(to_json(backend, results, plan_line,
-                              device_memory_bytes, flags.n_devices, plans,
-                              runs),
+    text = json.dumps(estimate_report.to_json(backend, results, plan_line,
+                                              device_memory_bytes,
+                                              flags.n_devices, plans, runs),
                       indent=1, sort_keys=True) + '\n'
     output_files.write(flags.json, _json_writer(text), '--json')
   return EXIT_OK

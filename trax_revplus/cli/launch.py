@@ -26,6 +26,7 @@ from trax_revplus.cli import parser
 from trax_revplus.cli.config_flags import configs_from_flags
 from trax_revplus.errors import EXIT_RUNTIME
 from trax_revplus.errors import UserError
+from trax_revplus.multiprocess import launch_flags
 from trax_revplus.multiprocess import launcher
 
 _SET_BY_LAUNCH = ('--num_processes', '--process_id', '--coordinator_address')
@@ -65,9 +66,9 @@ def run(flags: argparse.Namespace) -> int:
       itself failing.
   """
   max_processes = (flags.max_local_processes or
-                   launcher.default_max_processes())
-  launcher.check_launch(flags.num_processes, flags.stop_grace_seconds,
-                        max_processes)
+                   launch_flags.default_max_processes())
+  launch_flags.check_launch(flags.num_processes, flags.stop_grace_seconds,
+                            max_processes)
   train_flags = _train_flags(flags.train_args)
   # The config files as train checks them, and their syntax, once here
   # rather than once per process after each has started.

@@ -28,9 +28,7 @@ differs then is in `trax_revplus.multiprocess` (`training`, `ending`).
 """
 
 import argparse
-import copy
 import functools
-import inspect
 import os
 import signal
 import sys
@@ -52,6 +50,7 @@ from trax_revplus.cli import output_dir as output_dirs
 from trax_revplus.cli import preflight
 from trax_revplus.cli import run_log
 from trax_revplus.cli import summary as summaries
+from trax_revplus.cli import train_bindings
 from trax_revplus.cli.config_flags import configs_from_flags
 from trax_revplus.cli.messages import error_line
 from trax_revplus.cli.messages import PROG
@@ -64,36 +63,6 @@ from trax_revplus.multiprocess import training as processes
 from trax_revplus.trax_door import loop as loop_door
 
 COMMAND = 'train'
-
-
-def _select_implementation(implementation: str) -> None:
-  """Applies --implementation after the configs are parsed.
-
-  The model and trainer are built later, in trainer_lib.train, so they get
-  the classes bound here whatever the config's activation line did.
-
-  Args:
-    implementation: 'config' (leave as parsed), 'stock' or 'revplus'.
-  """
-  # Here: it imports trax, which waits until the flags are checked.
-  from trax_revplus import swap  # pylint: disable=g-import-not-at-top
-  if implementation == 'stock':
-    swap.deactivate()
-  elif implementation == 'revplus':
-    swap.activate()
-
-
-def _bind_memory_log(every_n_steps: int | None) -> None:
-  """Applies --memory_log_every_n_steps (None: leave the config's)."""
-  if every_n_steps is None:
-    return
-  # Registers the configurable; here: it imports trax, which waits until
-  # the flags are checked.
-  from trax_revplus import trainer  # pylint: disable=g-import-not-at-top
-  del trainer
-  gin.bind_parameter(
-      'trax_revplus.ReversibleSerialTrainer.memory_log_every_n_steps',
-      every_n_steps)
 
 
 def _check_settings() -> list[str]:
@@ -114,45 +83,10 @@ def _check_settings() -> list[str]:
   return warnings
 
 
-def _total_steps() -> int:
-  trainer_lib = trax_import.module('trax.supervised.trainer_lib')
-  return gin_config.bound_value('train.steps', inspect.signature(
-      trainer_lib.train).parameters['steps'].default)
-
-
-def _train_callbacks(every_n_steps: int) -> list[Any]:
-  """train.callbacks as gin would pass them, plus a ProgressPrinter."""
-  # Here: it imports trax, which waits until the flags are checked.
-  from trax_revplus import progress  # pylint: disable=g-import-not-at-top
-  # Gin hands a configurable the deep copy of its bound value; the copy
-  # turns `@Callback` references into the callables themselves.
-  callbacks = list(copy.deepcopy(
-      gin_config.bound_value('train.callbacks', None)) or [])
-  if any(isinstance(c, type) and issubclass(c, progress.ProgressPrinter)
-         for c in callbacks):
-    return callbacks
-  callbacks.append(functools.partial(
-      progress.ProgressPrinter, total_steps=_total_steps(),
-      every_n_steps=every_n_steps))
-  return callbacks
-
-
 def _lock(lock: output_dirs.OutputDirLock) -> None:
   warning = lock.acquire()
   if warning:
     print(warning_line(COMMAND, warning), file=sys.stderr, flush=True)
-
-
-def _share_seed() -> None:
-  """Binds train.random_seed to process 0's when the config sets none.
-
-  Every process then initializes the same weights and draws the same
-  per-step RNG (trax would seed each host differently and average the
-  initial weights).
-  """
-  if gin_config.bound_value('train.random_seed', None) is None:
-    gin.bind_parameter('train.random_seed',
-                       processes.shared_random_seed())
 
 
 def _close_trainers(loop: Any) -> None:
@@ -188,17 +122,6 @@ def _checkpoint_step(path: str) -> int | None:
     return None
 
 
-def _typed_model() -> dict[str, Any]:
-  """`{'model': ...}`: the bound model, its constructor's errors typed
-  (`build_errors.typed_model`); empty where `train.model` is no reference
-  to a constructor (gin then reports what is wrong with it)."""
-  model = gin_config.bound_value('train.model', None)
-  if not gin_config.is_reference(model) or str(model).endswith('()'):
-    return {}
-  # gin's deep copy of a reference is the configurable it names.
-  return {'model': build_errors.typed_model(copy.deepcopy(model))}
-
-
 def _train(output_dir: str, callbacks: list[Any], log_path: str,
            stop: interrupt.StopOnSignal, bindings: list[str],
            multi_process: bool = False) -> int:
@@ -228,7 +151,7 @@ def _train(output_dir: str, callbacks: list[Any], log_path: str,
     with build_errors.watch_loop_build() as build:
       loop = trainer_lib.train(output_dir=output_dir,
                                callbacks=list(callbacks) + [stop.callback],
-                               **_typed_model())
+                               **train_bindings.typed_model())
     checkpoint = os.path.join(output_dir, 'model.pkl.gz')
     if multi_process:  # Process 0 may still be writing it.
       processes.barrier('trained')
@@ -262,7 +185,8 @@ def _train(output_dir: str, callbacks: list[Any], log_path: str,
                                 f'last step; the run is complete.'),
           file=sys.stderr, flush=True)
   print(summaries.format_summary(summary, loop, saved, checkpoint_step,
-                                 log_path, _total_steps()), flush=True)
+                                 log_path, train_bindings.total_steps()),
+        flush=True)
   return EXIT_OK
 
 
@@ -345,13 +269,13 @@ def _run(flags: argparse.Namespace, config_files: list[str],
     # anything is written.
     stop.raise_if_signalled()
     gin_config.parse_configs(config_files, bindings)
-    _select_implementation(flags.implementation)
-    _bind_memory_log(flags.memory_log_every_n_steps)
+    train_bindings.select_implementation(flags.implementation)
+    train_bindings.bind_memory_log(flags.memory_log_every_n_steps)
     warnings = _check_settings()
     stop.raise_if_signalled()
     if process is not None:
-      _share_seed()
-    callbacks = _train_callbacks(flags.progress_every_n_steps)
+      train_bindings.share_seed()
+    callbacks = train_bindings.train_callbacks(flags.progress_every_n_steps)
     # The device, before anything is written: one held by another process
     # (a TPU chip belongs to one) ends the run in one line.
     backend.open_backend()

@@ -15,7 +15,6 @@ valid records are left out, and a log without any is an error, for which
 no figure is written.
 """
 
-import collections
 import os
 from typing import IO
 
@@ -27,12 +26,9 @@ import matplotlib.pyplot as plt
 from matplotlib import ticker
 
 from trax_revplus import output_files
-from trax_revplus.byte_sizes import BYTES_PER_MIB
-from trax_revplus.byte_sizes import format_bytes
+from trax_revplus.memory import plot_panels
 from trax_revplus.memory import reading as reading_lib
-from trax_revplus.memory.records import is_number
 from trax_revplus.memory.records import MEMORY_LOG_FILENAME
-from trax_revplus.memory.records import peaks
 from trax_revplus.memory.step_axis import PROCESS_PHASES
 from trax_revplus.memory.step_axis import segments
 from trax_revplus.memory.step_axis import x_positions
@@ -40,7 +36,6 @@ from trax_revplus.memory.step_axis import x_positions
 
 DEFAULT_PNG_FILENAME = 'memory.png'
 _MARKERS = 'osD^v<>ph*'
-_MIB = BYTES_PER_MIB
 
 
 def resolve_jsonl(run_dir_or_jsonl: str | os.PathLike) -> str:
@@ -60,155 +55,6 @@ def resolve_jsonl(run_dir_or_jsonl: str | os.PathLike) -> str:
         f'{MEMORY_LOG_FILENAME} (written by the trax_revplus trainer) or '
         f'the path of the file itself')
   return path
-
-
-def _transfers_per_step(records):
-  """{step: (h2d_bytes, d2h_bytes)} of each step.
-
-  A step's 'step' record counts the whole step; without one, its phase
-  records are summed, else its per-layer records, so bytes are not counted
-  twice.
-  """
-  by_step: dict[int, dict[str, list]] = collections.defaultdict(
-      lambda: {k: [0, 0, False] for k in ('step', 'phase', 'layer')})
-  for r in records:
-    if r.get('h2d_bytes') is None and r.get('d2h_bytes') is None:
-      continue
-    if r['phase'] == 'step':
-      kind = 'step'
-    else:
-      kind = 'layer' if r.get('layer') is not None else 'phase'
-    acc = by_step[r['step']][kind]
-    acc[0] += r.get('h2d_bytes') or 0
-    acc[1] += r.get('d2h_bytes') or 0
-    acc[2] = True
-  out = {}
-  for step, kinds in sorted(by_step.items()):
-    acc = next(kinds[k] for k in ('step', 'phase', 'layer')
-               if kinds[k][2] or k == 'layer')
-    out[step] = (acc[0], acc[1])
-  return out
-
-
-def _no_data(ax, text):
-  ax.text(0.5, 0.5, text, transform=ax.transAxes, ha='center', va='center',
-          color='gray', wrap=True)
-
-
-def _plot_phases(ax, segs, key, phase_style, labelled):
-  """Each phase record's `key` (bytes) as a scatter, one line per process."""
-  drawn = False
-  for seg, xs in segs:
-    points = [(x, r) for x, r in zip(xs, seg)
-              if r['phase'] not in PROCESS_PHASES and is_number(r.get(key))]
-    if not points:
-      continue
-    drawn = True
-    ax.plot([x for x, _ in points], [r[key] / _MIB for _, r in points],
-            color='lightgray', linewidth=1, zorder=1)
-    for phase, (color, marker) in phase_style.items():
-      sel = [(x, r) for x, r in points if r['phase'] == phase]
-      if sel:
-        ax.scatter([x for x, _ in sel], [r[key] / _MIB for _, r in sel],
-                   color=color, marker=marker, s=24, zorder=2,
-                   edgecolors='none',
-                   label=None if phase in labelled else phase)
-        labelled.add(phase)
-  return drawn
-
-
-def _plot_line(ax, segs, phase, key, label, **style):
-  """`key` of the `phase` records as a line per process; True if any."""
-  drawn = False
-  for seg, xs in segs:
-    points = [(x, r[key] / _MIB) for x, r in zip(xs, seg)
-              if r['phase'] == phase and is_number(r.get(key))]
-    if points:
-      ax.plot([p[0] for p in points], [p[1] for p in points],
-              label=None if drawn else label, zorder=3, **style)
-      drawn = True
-  return drawn
-
-
-def _plot_host(ax, segs, phase_style):
-  labelled: set[str] = set()
-  drawn = _plot_phases(ax, segs, 'host_rss_bytes', phase_style, labelled)
-  sources = {r.get('host_peak_source') for seg, _ in segs for r in seg
-             if r['phase'] == 'step'} - {None}
-  how = 'true' if sources == {'kernel_hwm'} else 'sampled'
-  drawn |= _plot_line(ax, segs, 'step', 'host_peak_bytes',
-                      f'peak of each step ({how})', color='tab:red',
-                      marker='_', markersize=10, linewidth=1.5)
-  between = [(x - 1 + 0.1, r['host_peak_between_steps_bytes'] / _MIB)
-             for seg, xs in segs for x, r in zip(xs, seg)
-             if r['phase'] == 'step' and
-             is_number(r.get('host_peak_between_steps_bytes'))]
-  if between:
-    ax.scatter([p[0] for p in between], [p[1] for p in between], marker='x',
-               color='tab:red', s=20, zorder=3,
-               label='peak between steps (evals, checkpoints)')
-  for phase, label, marker in (('start', 'peak before the first step '
-                                          '(imports, model init)', '*'),
-                               ('end', 'peak after the last step', 'P')):
-    pts = [(x, r['host_peak_bytes'] / _MIB) for seg, xs in segs
-           for x, r in zip(xs, seg)
-           if r['phase'] == phase and is_number(r.get('host_peak_bytes'))]
-    if pts:
-      drawn = True
-      ax.scatter([p[0] for p in pts], [p[1] for p in pts], marker=marker,
-                 s=70, color='tab:red', zorder=4, label=label)
-  all_records = [r for seg, _ in segs for r in seg]
-  peak = peaks(all_records)['host_peak_bytes']
-  if peak is not None:
-    ax.axhline(peak / _MIB, color='tab:red', linestyle=':', linewidth=1)
-    ax.annotate(f'peak {format_bytes(peak, spec=".0f")}',
-                xy=(0.01, peak / _MIB),
-                xycoords=('axes fraction', 'data'), va='bottom',
-                color='tab:red', fontsize=9)
-  if not drawn:
-    _no_data(ax, 'no host_rss_bytes or host_peak_bytes in this log')
-  ax.set_ylabel('host RSS (MiB)')
-  ax.set_title('Host memory: RSS at each phase record, true peak of each '
-               'step')
-
-
-def _plot_device(ax, segs, phase_style, sources):
-  labelled = set(phase_style)  # The host panel's legend names the phases.
-  drawn = _plot_phases(ax, segs, 'device_bytes_in_use', phase_style,
-                       labelled)
-  drawn |= _plot_line(ax, segs, 'step', 'device_bytes_in_use',
-                      'after each step', color='black', marker='.',
-                      linewidth=0.8)
-  label: str | None
-  for key, label, style in (
-      ('device_peak_bytes', 'peak (runtime)', dict(linestyle='--')),
-      ('peak_device_bytes', 'peak of the step (XLA, computed)',
-       dict(linestyle='-', marker='_', markersize=10))):
-    for phase in ('step',) + tuple(phase_style):
-      if _plot_line(ax, segs, phase, key, label, color='tab:purple',
-                    linewidth=1, **style):
-        drawn = True
-        label = None
-  source = ', '.join(s.replace('_', ' ') for s in sources) or 'no probe'
-  if not drawn:
-    _no_data(ax, 'no device figures in this log')
-  ax.set_ylabel(f'device bytes (MiB)\n[{source}]')
-  ax.set_title('Device memory in use, summed over devices')
-
-
-def _plot_transfers(ax, records):
-  transfers = _transfers_per_step(records)
-  if transfers:
-    steps = list(transfers)
-    ax.plot(steps, [transfers[s][0] / _MIB for s in steps], marker='o',
-            label='H2D (host to device)')
-    ax.plot(steps, [transfers[s][1] / _MIB for s in steps], marker='s',
-            label='D2H (device to host)')
-  else:
-    _no_data(ax, 'no h2d_bytes / d2h_bytes in this log')
-  ax.set_ylim(bottom=0)
-  ax.set_ylabel('bytes copied per step (MiB)')
-  ax.set_title('Host-device transfers per step')
 
 
 def _save(fig, output_png):
@@ -293,9 +139,9 @@ def plot_reading(log: reading_lib.LogReading,
   fig.suptitle(f'Memory log: {path}\n({len(records)} records, '
                f'{len(steps)} steps, {len(segs)} process'
                f'{"" if len(segs) == 1 else "es"})', fontsize=11)
-  _plot_host(ax_host, segs, phase_style)
-  _plot_device(ax_dev, segs, phase_style, sources)
-  _plot_transfers(ax_xfer, records)
+  plot_panels.plot_host(ax_host, segs, phase_style)
+  plot_panels.plot_device(ax_dev, segs, phase_style, sources)
+  plot_panels.plot_transfers(ax_xfer, records)
   for seg, xs in segs:
     for x, r in zip(xs, seg):
       if r['phase'] == 'start':

@@ -18,18 +18,9 @@ from trax_revplus.placement import host_copy
 from trax_revplus.placement import layouts
 from trax_revplus.placement import processes as processes_lib
 from trax_revplus.placement import rules
+from trax_revplus.placement import to_device
 from trax_revplus.placement.layouts import AXIS_NAME
 from trax_revplus.typing import Array, HostArray, PRNGKey, PyTree
-
-def _host_nbytes(x):
-  """Bytes a host leaf occupies (0 for non-arrays and device arrays)."""
-  if isinstance(x, jax.Array):
-    return 0
-  if isinstance(x, (np.ndarray, np.generic)):
-    return int(x.nbytes)
-  if isinstance(x, (bool, int, float, complex)):
-    return np.asarray(x).nbytes
-  return 0
 
 
 class Placement:
@@ -111,42 +102,9 @@ class Placement:
                                      self.host_is_device)
 
   def _put(self, tree, rule, prepare=None):
-    """device_put of all leaves in one call, each to its `rule`'s target;
-    device arrays already there, and host arrays the rule leaves on the
-    host, stay (the latter's bytes count as H2D: the call copies them).
-
-    `prepare(x, target)` gives the host array of `target.local_shape` that
-    is placed for leaf `x` (in a multi-process run, this process's part of
-    the global array).
-    """
-    leaves, treedef = jax.tree_util.tree_flatten(tree)
-    moving, where, targets = [], [], []
-    h2d = 0
-    for i, x in enumerate(leaves):
-      target = rule(self.shardings, tuple(np.shape(x)))
-      if target is None:
-        h2d += _host_nbytes(x)
-        continue
-      if isinstance(x, jax.Array) and x.sharding == target.sharding:
-        continue
-      if prepare is not None:
-        x = prepare(x, target)
-      h2d += _host_nbytes(x) * target.copies
-      moving.append(x)
-      where.append(i)
-      targets.append(target)
-    if self.processes is not None:
-      placed = [self.processes.place(x, t.sharding, t.shape)
-                for x, t in zip(moving, targets)]
-    elif moving:
-      placed = jax.device_put(moving, [t.sharding for t in targets])
-    if h2d:
-      self.transfers.add_h2d(h2d)
-    if not moving:
-      return tree
-    for i, x in zip(where, placed):
-      leaves[i] = x
-    return jax.tree_util.tree_unflatten(treedef, leaves)
+    """`to_device.put` to this placement's devices, counted here."""
+    return to_device.put(tree, rule, self.shardings, self.transfers,
+                         self.processes, prepare)
 
   def memory_limit_bytes(self) -> int | None:
     """The bytes each device's allocator may hand out, where the backend

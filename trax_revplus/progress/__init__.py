@@ -4,6 +4,7 @@ Modules, one job each:
 
   printer    `ProgressPrinter`, the Loop callback: progress lines, compile
              notices, the run's summary.
+  line_text  the words of the printer's lines, from its figures.
   run_stats  `StepFigures`: each step's loss, time, memory and transfers;
              `run_stats.json` and its keys.
   compiles   `CompileCounter`: programs JAX compiled, from its monitoring

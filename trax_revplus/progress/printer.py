@@ -19,7 +19,7 @@ a single line on the terminal)::
         out)  host 1535 MB
 
 After the first step, a step that compiles prints a line of its own naming
-the programs it compiled (at most `MAX_NAMES_SHOWN`), the first
+the programs it compiled (at most `line_text.MAX_NAMES_SHOWN`), the first
 `MAX_RECOMPILE_NOTICES` times, and what changed since the step before
 (`step_inputs`): trax's variable-length inputs compile once for each new
 shape; trax's default `Trainer` and stock's `ReversibleSerialTrainer`
@@ -60,8 +60,8 @@ import numpy as np
 
 from trax.supervised import callbacks
 from trax.supervised import training
-from trax_revplus.byte_sizes import format_bytes
 from trax_revplus.progress import eval_history
+from trax_revplus.progress import line_text
 from trax_revplus.progress import run_stats as run_stats_lib
 from trax_revplus.progress.compiles import CompileCounter
 from trax_revplus.progress.step_inputs import StepInputs
@@ -69,7 +69,6 @@ from trax_revplus.trax_door import loop as loop_door
 
 # Recompiles after the first step printed as a line of their own.
 MAX_RECOMPILE_NOTICES = 3
-MAX_NAMES_SHOWN = 3
 
 
 def _mean_loss(losses: list[Any]) -> float | None:
@@ -77,10 +76,6 @@ def _mean_loss(losses: list[Any]) -> float | None:
   if not losses:
     return None
   return float(np.mean([np.mean(np.asarray(loss)) for loss in losses]))
-
-
-def _plural(n: int, word: str) -> str:
-  return f'{n} {word}' if n == 1 else f'{n} {word}s'
 
 
 @gin.configurable(module='trax_revplus.progress')
@@ -246,31 +241,11 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
     # The programs by name and what changed since the step before (a new
     # input length, or the same shapes with the weights placed otherwise:
     # trax's trainers at step 2, `step_inputs`), not a guessed cause.
-    shown = ', '.join(names[:MAX_NAMES_SHOWN])
-    if len(names) > MAX_NAMES_SHOWN:
-      shown += f' and {len(names) - MAX_NAMES_SHOWN} more'
-    line = (f'step {step}: {_plural(programs, "program")} compiled in this '
-            f'step ({seconds:.1f} s): {shown}')
-    cause = self._inputs.cause(step)
-    if cause:
-      line += f'; {cause}'
+    line = line_text.compile_notice(step, seconds, programs, names,
+                                    self._inputs.cause(step))
     if self._recompile_notices == MAX_RECOMPILE_NOTICES:
       line += ' (later ones: train.log and the summary)'
     self._print(line)
-
-  @staticmethod
-  def _rate_text(window: dict[str, Any]) -> str:
-    """'3.10 steps/s', 'compiling 14.2 s', or the rate naming the compiles."""
-    plain_steps = window['steps'] - window['compiling_steps']
-    plain_seconds = window['seconds'] - window['compiling_seconds']
-    compiling = window['compiling_steps']
-    if not plain_steps:
-      return f'compiling {window["compiling_seconds"]:.1f} s'
-    text = f'{plain_steps / max(plain_seconds, 1e-9):.2f} steps/s'
-    if compiling:
-      text += (f' ({_plural(compiling, "step")} compiling, '
-               f'{window["compiling_seconds"]:.1f} s, left out)')
-    return text
 
   def _print_line(self, step: int) -> None:
     """Prints one progress line and starts a new window."""
@@ -280,11 +255,8 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
     self._train_seconds += window['seconds']
     if loss is not None:
       self._last_window = (step - window['steps'] + 1, loss)
-    total = f'/{self._total_steps}' if self._total_steps is not None else ''
-    loss_text = 'n/a' if loss is None else f'{loss:.3f}'
-    self._print(f'step {step}{total}  loss {loss_text}  '
-                f'{self._rate_text(window)}  '
-                f'host {format_bytes(rss, spec=".0f", suffix=False)} MB')
+    self._print(line_text.progress_line(step, self._total_steps, loss,
+                                        window, rss))
     self._window = self._new_window()
 
   def run_stats(self) -> dict[str, Any]:
