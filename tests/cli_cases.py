@@ -11,15 +11,15 @@ STOCK = os.path.join(REPO, 'gin_configs', 'reformer_char_lm_stock.gin')
 
 # Bindings that shrink the main job's model and batches to seconds a step.
 TINY_MODEL = [
-    'eval_steps = 1',
-    'local_text_inputs.batch_size = 2',
-    'local_text_inputs.eval_batch_size = 2',
-    'ReformerLM.n_layers = 1',
-    'ReformerLM.d_model = 16',
-    'ReformerLM.d_ff = 32',
-    'ReformerLM.n_heads = 2',
-    'ReformerLM.d_attention_key = 8',
-    'ReformerLM.d_attention_value = 8',
+  'eval_steps = 1',
+  'local_text_inputs.batch_size = 2',
+  'local_text_inputs.eval_batch_size = 2',
+  'ReformerLM.n_layers = 1',
+  'ReformerLM.d_model = 16',
+  'ReformerLM.d_ff = 32',
+  'ReformerLM.n_heads = 2',
+  'ReformerLM.d_attention_key = 8',
+  'ReformerLM.d_attention_value = 8',
 ]
 
 

@@ -56,8 +56,9 @@ def pytest_configure(config):
   whether the cache is used.
   """
   if _OPT_LEVEL not in os.environ.get('XLA_FLAGS', ''):
-    os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
-                               f' {_OPT_LEVEL}=0').strip()
+    os.environ['XLA_FLAGS'] = (
+      os.environ.get('XLA_FLAGS', '') + f' {_OPT_LEVEL}=0'
+    ).strip()
   # The suite's tests build the same tiny models again and again, each a new
   # Python function whose `jit` cache starts empty, so XLA compiles the same
   # HLO many times. JAX's persistent compilation cache, keyed by the HLO and
@@ -115,7 +116,10 @@ def _trainer_tests_start_from_empty_gin(request):
   config binds its sizes); which tests share a worker depends on timing.
   """
   if os.path.basename(os.path.dirname(str(request.node.fspath))) not in (
-      'trainer', 'tools', 'data'):
+    'trainer',
+    'tools',
+    'data',
+  ):
     yield
     return
   gin.clear_config()
@@ -144,29 +148,50 @@ def reversible_lm(dropout_rate=None):
   Returns:
     `tl.Serial`, uninitialized; inputs int (B, L), outputs (B, L, 9).
   """
-  dropout = [] if dropout_rate is None else [
-      tl.Dropout(rate=dropout_rate, mode='train')]
+  dropout = (
+    []
+    if dropout_rate is None
+    else [tl.Dropout(rate=dropout_rate, mode='train')]
+  )
   return tl.Serial(
-      [tl.Embedding(9, 4)] + dropout + [tl.Dup(),
-       tl.ReversibleHalfResidual(tl.Dense(4)), tl.ReversibleSwap(),
-       tl.ReversibleHalfResidual(tl.Dense(4), tl.Relu()), tl.ReversibleSwap(),
-       tl.Concatenate()] + dropout + [tl.Dense(9), tl.LogSoftmax()])
+    [tl.Embedding(9, 4)]
+    + dropout
+    + [
+      tl.Dup(),
+      tl.ReversibleHalfResidual(tl.Dense(4)),
+      tl.ReversibleSwap(),
+      tl.ReversibleHalfResidual(tl.Dense(4), tl.Relu()),
+      tl.ReversibleSwap(),
+      tl.Concatenate(),
+    ]
+    + dropout
+    + [tl.Dense(9), tl.LogSoftmax()]
+  )
 
 
-def lsh_reformer_lm(mode='train', dropout=0.0, n_layers=1, d_model=16,
-                    d_ff=32):
+def lsh_reformer_lm(mode='train', dropout=0.0, n_layers=1, d_model=16, d_ff=32):
   """A tiny trax ReformerLM with LSH attention: vocab 16, d_model 16 and
   d_ff 32 unless given, 2 heads, sequences of at most 32, uninitialized.
   LSH keeps per (row, head) state (its hash RNGs) and draws its rotations
   from the layer's RNG."""
   import functools  # pylint: disable=g-import-not-at-top
   from trax import models  # pylint: disable=g-import-not-at-top
+
   return models.ReformerLM(
-      16, d_model=d_model, d_ff=d_ff, d_attention_key=8, d_attention_value=8,
-      n_layers=n_layers, n_heads=2, max_len=32, dropout=dropout,
-      attention_type=functools.partial(
-          tl.LSHSelfAttention, chunk_len=4, n_buckets=4, n_hashes=2),
-      mode=mode)
+    16,
+    d_model=d_model,
+    d_ff=d_ff,
+    d_attention_key=8,
+    d_attention_value=8,
+    n_layers=n_layers,
+    n_heads=2,
+    max_len=32,
+    dropout=dropout,
+    attention_type=functools.partial(
+      tl.LSHSelfAttention, chunk_len=4, n_buckets=4, n_hashes=2
+    ),
+    mode=mode,
+  )
 
 
 def reversible_lm_blocks():
@@ -177,11 +202,15 @@ def reversible_lm_blocks():
     layer), uninitialized: blocks `[(first.sublayers, reversible)]`.
   """
   first = tl.Serial(tl.Embedding(9, 4), tl.Dup())
-  reversible = [tl.ReversibleHalfResidual(tl.Dense(4)), tl.ReversibleSwap(),
-                tl.ReversibleHalfResidual(tl.Dense(4), tl.Relu()),
-                tl.ReversibleSwap()]
-  loss = tl.Serial(tl.Concatenate(), tl.Dense(9), tl.LogSoftmax(),
-                   tl.CrossEntropyLoss())
+  reversible = [
+    tl.ReversibleHalfResidual(tl.Dense(4)),
+    tl.ReversibleSwap(),
+    tl.ReversibleHalfResidual(tl.Dense(4), tl.Relu()),
+    tl.ReversibleSwap(),
+  ]
+  loss = tl.Serial(
+    tl.Concatenate(), tl.Dense(9), tl.LogSoftmax(), tl.CrossEntropyLoss()
+  )
   return first, reversible, loss
 
 
@@ -202,16 +231,21 @@ def dense_batch(x_value=1.0, batch_size=2):
 def initialized(blocks, loss_layer, batch):
   """Initializes blocks and loss with ours for `batch`'s signature."""
   rev_trainer.init_reversible_blocks(
-      blocks, loss_layer, shapes.signature(batch), fastmath.random.get_prng(0))
+    blocks, loss_layer, shapes.signature(batch), fastmath.random.get_prng(0)
+  )
   return blocks, loss_layer
 
 
 def split_blocks():
   """Two blocks of Dense layers, the first with two reversible layers."""
   # A Dup so that the reversible layers get two inputs.
-  return [([tl.Dense(4), tl.Dup()],
-           [tl.ReversibleHalfResidual(tl.Dense(4)), tl.ReversibleSwap()]),
-          ([tl.Concatenate(), tl.Dense(4)], [])]
+  return [
+    (
+      [tl.Dense(4), tl.Dup()],
+      [tl.ReversibleHalfResidual(tl.Dense(4)), tl.ReversibleSwap()],
+    ),
+    ([tl.Concatenate(), tl.Dense(4)], []),
+  ]
 
 
 def split_blocks_trainer(**kwargs):
@@ -219,7 +253,8 @@ def split_blocks_trainer(**kwargs):
   keyword arguments go to the trainer (optimizer_fn: Adam by default)."""
   blocks, loss = initialized(split_blocks(), tl.L2Loss(), dense_batch())
   return rev_trainer.ReversibleSerialTrainer(
-      blocks, loss, kwargs.pop('optimizer_fn', optimizers.Adam), **kwargs)
+    blocks, loss, kwargs.pop('optimizer_fn', optimizers.Adam), **kwargs
+  )
 
 
 def replan(trainer, batch, **changes):
@@ -230,16 +265,20 @@ def replan(trainer, batch, **changes):
   import dataclasses
   from trax_revplus.trainer._plan import planner
   from trax_revplus.trainer._step import units
+
   p = trainer.planner
   plan = dataclasses.replace(p.step_for(batch).plan, **changes)
   p._planned[planner.batch_key(p._placement.abstract_batch(batch))] = (
-      planner.PlannedStep(plan, units.Units(plan, p._factory), None))
+    planner.PlannedStep(plan, units.Units(plan, p._factory), None)
+  )
 
 
 def host_weights_and_state(trainer):
   """Copies of every layer's (weights, state)."""
-  return [jax.tree_util.tree_map(np.array, (l.weights, l.state))
-          for l in trainer.all_layers]
+  return [
+    jax.tree_util.tree_map(np.array, (l.weights, l.state))
+    for l in trainer.all_layers
+  ]
 
 
 def assert_same(before, after):
@@ -269,12 +308,14 @@ def start_seconds(idle_seconds=240.0):
   return idle_seconds * max(1.0, load_per_core)
 
 
-MULTIDEVICE_WORKER = os.path.join(os.path.dirname(__file__), 'placement',
-                                  'multidevice_worker.py')
+MULTIDEVICE_WORKER = os.path.join(
+  os.path.dirname(__file__), 'placement', 'multidevice_worker.py'
+)
 
 
-def run_multidevice_worker(n_devices, function='main',
-                           script=MULTIDEVICE_WORKER):
+def run_multidevice_worker(
+  n_devices, function='main', script=MULTIDEVICE_WORKER
+):
   """`script`'s (tests/placement/multidevice_worker.py by default)
   `function` in a fresh process on `n_devices` forced CPU devices
   (XLA_FLAGS set before JAX starts): `main` as the script runs it, any
@@ -285,22 +326,32 @@ def run_multidevice_worker(n_devices, function='main',
     AssertionError: the process failed (its stderr's end as the message).
   """
   env = dict(os.environ)
-  env['XLA_FLAGS'] = (env.get('XLA_FLAGS', '') +
-                      f' --xla_force_host_platform_device_count={n_devices}')
+  env['XLA_FLAGS'] = (
+    env.get('XLA_FLAGS', '')
+    + f' --xla_force_host_platform_device_count={n_devices}'
+  )
   env['JAX_PLATFORMS'] = 'cpu'
   # This test process's compilation cache (see above): the worker builds
   # the same models again and again, and compiles while this process waits
   # for it, so no two processes use the cache at once.
-  env.update(JAX_COMPILATION_CACHE_DIR=jax.config.jax_compilation_cache_dir,
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
-             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='0')
+  env.update(
+    JAX_COMPILATION_CACHE_DIR=jax.config.jax_compilation_cache_dir,
+    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
+    JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='0',
+  )
   if function == 'main':
     args = [script, str(n_devices)]
   else:
-    args = ['-c', f'import runpy; '
-                  f'runpy.run_path({script!r})'
-                  f'[{function!r}]({n_devices})']
-  proc = subprocess.run([sys.executable, *args], env=env,
-                        capture_output=True, text=True, check=False)
+    args = [
+      '-c',
+      f'import runpy; runpy.run_path({script!r})[{function!r}]({n_devices})',
+    ]
+  proc = subprocess.run(
+    [sys.executable, *args],
+    env=env,
+    capture_output=True,
+    text=True,
+    check=False,
+  )
   assert proc.returncode == 0, proc.stderr[-5000:]
   return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -11,8 +11,7 @@ import os
 import subprocess
 import sys
 
-SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                        'one_chip')
+SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'one_chip')
 LOCK_ENV = 'TRAX_REVPLUS_ONE_CHIP_LOCK'
 MESSAGE_ENV = 'TRAX_REVPLUS_ONE_CHIP_MESSAGE'
 # What a process that finds the chip held fails with, in part (as a TPU),
@@ -28,8 +27,8 @@ def env(lock_path, base=None, message='lockfile'):
   'pid' (other libtpu versions')."""
   env_ = dict(os.environ if base is None else base)
   env_['PYTHONPATH'] = os.pathsep.join(
-      [SITE_DIR] + [p for p in env_.get('PYTHONPATH', '').split(os.pathsep)
-                    if p])
+    [SITE_DIR] + [p for p in env_.get('PYTHONPATH', '').split(os.pathsep) if p]
+  )
   env_[LOCK_ENV] = str(lock_path)
   env_[MESSAGE_ENV] = message
   return env_
@@ -44,10 +43,18 @@ def holding_the_chip(env_):
     AssertionError: the process could not open the backend.
   """
   proc = subprocess.Popen(
-      [sys.executable, '-c', 'import sys, jax; jax.devices(); '
-       'print("held", flush=True); sys.stdin.read()'],
-      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-      text=True, env=env_)
+    [
+      sys.executable,
+      '-c',
+      'import sys, jax; jax.devices(); '
+      'print("held", flush=True); sys.stdin.read()',
+    ],
+    stdin=subprocess.PIPE,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+    env=env_,
+  )
   try:
     line = proc.stdout.readline()
     assert line.strip() == 'held', proc.stderr.read()[-3000:]

@@ -38,8 +38,11 @@ def _runs(column, min_length):
   """(start, end) of each run of True at least `min_length` long."""
   padded = np.concatenate([[False], column, [False]]).astype(np.int8)
   edges = np.flatnonzero(np.diff(padded))
-  return [(int(s), int(e)) for s, e in zip(edges[::2], edges[1::2])
-          if e - s >= min_length]
+  return [
+    (int(s), int(e))
+    for s, e in zip(edges[::2], edges[1::2])
+    if e - s >= min_length
+  ]
 
 
 def panels(image, min_height_fraction=0.08, tolerance=3):
@@ -60,8 +63,10 @@ def panels(image, min_height_fraction=0.08, tolerance=3):
   for col in range(width):
     for start, end in _runs(dark[:, col], min_length):
       for entry in by_rows:
-        if (abs(entry[0] - start) <= tolerance and
-            abs(entry[1] - end) <= tolerance):
+        if (
+          abs(entry[0] - start) <= tolerance
+          and abs(entry[1] - end) <= tolerance
+        ):
           entry[2].append(col)
           break
       else:
@@ -73,29 +78,31 @@ def panels(image, min_height_fraction=0.08, tolerance=3):
       # Inside the frame: past the frame lines' columns and rows.
       inner_left = max(c for c in cols if c - left < width / 10) + 1
       inner_right = min(c for c in cols if right - c < width / 10) - 1
-      boxes.append((start + tolerance, end - tolerance, inner_left,
-                    inner_right))
+      boxes.append(
+        (start + tolerance, end - tolerance, inner_left, inner_right)
+      )
   return sorted(boxes)
 
 
 def _crop(image, box):
   top, bottom, left, right = box
-  return image[top:bottom, left:right + 1]
+  return image[top:bottom, left : right + 1]
 
 
 def _near(pixels, color, tolerance):
-  return np.all(np.abs(pixels - np.asarray(color, np.float32)) <= tolerance,
-                axis=-1)
+  return np.all(
+    np.abs(pixels - np.asarray(color, np.float32)) <= tolerance, axis=-1
+  )
 
 
 def pixels_of(image, box, color, tolerance=0.06):
   """How many pixels inside `box` are `color` (RGB in [0, 1], or a name)."""
-  return int(np.sum(_near(_crop(image, box),
-                          matplotlib.colors.to_rgb(color), tolerance)))
+  return int(
+    np.sum(_near(_crop(image, box), matplotlib.colors.to_rgb(color), tolerance))
+  )
 
 
-def vertical_lines(image, box, color, min_height_fraction=0.3,
-                   tolerance=0.12):
+def vertical_lines(image, box, color, min_height_fraction=0.3, tolerance=0.12):
   """Columns of `box` where `color` covers a share of the height: lines.
 
   A vertical line, solid or dashed, of `color` covers at least

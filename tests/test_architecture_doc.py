@@ -21,8 +21,11 @@ def _modules():
   modules = []
   for directory, subdirectories, files in os.walk(_PACKAGE):
     subdirectories[:] = [d for d in subdirectories if d != '__pycache__']
-    modules += [os.path.relpath(os.path.join(directory, f), _PACKAGE)
-                for f in files if f.endswith('.py')]
+    modules += [
+      os.path.relpath(os.path.join(directory, f), _PACKAGE)
+      for f in files
+      if f.endswith('.py')
+    ]
   return sorted(m.replace(os.sep, '/') for m in modules)
 
 
@@ -32,8 +35,9 @@ def test_every_module_is_named():
   assert len(modules) > 100  # The walk found the package.
   missing = [m for m in modules if f'`{m}`' not in doc]
   assert not missing, (
-      f'docs/architecture.md does not name {missing}: add each to its '
-      f"package's table under 'Every module'")
+    f'docs/architecture.md does not name {missing}: add each to its '
+    f"package's table under 'Every module'"
+  )
 
 
 def test_every_module_named_exists():
@@ -41,8 +45,12 @@ def test_every_module_named_exists():
   # The tables' modules, and every path (the other names of a .py file
   # there are another project's, e.g. optax's `base.py`).
   named = set(re.findall(r'^\| `([\w/]+\.py)` \|', doc, flags=re.M)) | set(
-      re.findall(r'`([\w]+/[\w/]+\.py)`', doc))
-  gone = sorted(m for m in named
-                if not os.path.exists(os.path.join(_PACKAGE, m))
-                and not os.path.exists(os.path.join(_REPO, m)))
+    re.findall(r'`([\w]+/[\w/]+\.py)`', doc)
+  )
+  gone = sorted(
+    m
+    for m in named
+    if not os.path.exists(os.path.join(_PACKAGE, m))
+    and not os.path.exists(os.path.join(_REPO, m))
+  )
   assert not gone, f'docs/architecture.md names modules that are gone: {gone}'

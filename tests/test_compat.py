@@ -38,10 +38,13 @@ def test_stock_tree_unflatten_fails_on_current_jax():
 
 def test_tree_unflatten_restores_arrays_and_keeps_empty_leaves():
   tree = _slots_like_a_trainer()
-  flat = [np.full((2, 3), 7.0), np.full((4,), 8.0), np.full((2, 3), 9.0),
-          np.zeros(1)]
-  new_tree, rest = compat.tree_unflatten(flat, tree,
-                                         copy_from_tree=[None, ()])
+  flat = [
+    np.full((2, 3), 7.0),
+    np.full((4,), 8.0),
+    np.full((2, 3), 9.0),
+    np.zeros(1),
+  ]
+  new_tree, rest = compat.tree_unflatten(flat, tree, copy_from_tree=[None, ()])
   (x, y), empty = new_tree[0]
   assert empty == () and new_tree[1] == ()
   np.testing.assert_array_equal(x, flat[0])
@@ -67,8 +70,10 @@ def test_tree_unflatten_without_copy_from_tree_matches_stock():
 
 
 def test_for_n_devices_adds_a_device_axis_without_copying():
-  x = {'w': np.arange(6, dtype=np.float32).reshape(2, 3),
-       'b': (np.float32(2.0),)}
+  x = {
+    'w': np.arange(6, dtype=np.float32).reshape(2, 3),
+    'b': (np.float32(2.0),),
+  }
   assert compat.for_n_devices(x, 1) is x
   y = compat.for_n_devices(x, 4)
   assert y['w'].shape == (4, 2, 3) and y['b'][0].shape == (4,)
@@ -78,14 +83,19 @@ def test_for_n_devices_adds_a_device_axis_without_copying():
 
 
 def _jax_deprecations(record):
-  return [str(w.message) for w in record
-          if issubclass(w.category, (DeprecationWarning, UserWarning)) and
-          ('deprecated' in str(w.message) or 'renamed' in str(w.message))]
+  return [
+    str(w.message)
+    for w in record
+    if issubclass(w.category, (DeprecationWarning, UserWarning))
+    and ('deprecated' in str(w.message) or 'renamed' in str(w.message))
+  ]
 
 
 def test_init_host_and_devices_matches_stock_without_deprecated_calls(
-    monkeypatch):
+  monkeypatch,
+):
   from trax.supervised import training  # pylint: disable=g-import-not-at-top
+
   with warnings.catch_warnings(record=True) as record:
     warnings.simplefilter('always')
     stock = training.init_host_and_devices(None, 3)
@@ -111,18 +121,18 @@ def _jit_refusing_device_arguments(fun, **kwargs):
   return jax.jit(fun, **kwargs)
 
 
-def test_accelerate_on_cpu_matches_stock_without_deprecated_calls(
-    monkeypatch):
+def test_accelerate_on_cpu_matches_stock_without_deprecated_calls(monkeypatch):
   from trax.layers import acceleration  # pylint: disable=g-import-not-at-top
+
   def f(x, weights):
     return {'y': x @ weights[0] + weights[1]}
+
   x = np.arange(6, dtype=np.float32).reshape(2, 3)
   weights = (np.ones((3, 2), np.float32), np.float32(0.5))
   with warnings.catch_warnings(record=True) as record:
     warnings.simplefilter('always')
     stock = acceleration._accelerate(f, 0)(x, weights)  # pylint: disable=protected-access
-  assert any('device argument on jit' in m
-             for m in _jax_deprecations(record))
+  assert any('device argument on jit' in m for m in _jax_deprecations(record))
   with warnings.catch_warnings(record=True) as record:
     warnings.simplefilter('always')
     ours = compat.accelerate(f, 0)(x, weights)
@@ -132,9 +142,12 @@ def test_accelerate_on_cpu_matches_stock_without_deprecated_calls(
   # Keeps working once jit takes no `device`: trax's backend table is what
   # fastmath.jit calls.
   jax_backend = importlib.import_module('trax.fastmath.jax')
-  monkeypatch.setitem(jax_backend.JAX_BACKEND, 'jit',
-                      _jit_refusing_device_arguments)
-  np.testing.assert_array_equal(compat.accelerate(f, 0)(x, weights)['y'],
-                                stock['y'])
-  np.testing.assert_array_equal(compat.accelerate(f, 1)(x, weights)['y'],
-                                stock['y'])
+  monkeypatch.setitem(
+    jax_backend.JAX_BACKEND, 'jit', _jit_refusing_device_arguments
+  )
+  np.testing.assert_array_equal(
+    compat.accelerate(f, 0)(x, weights)['y'], stock['y']
+  )
+  np.testing.assert_array_equal(
+    compat.accelerate(f, 1)(x, weights)['y'], stock['y']
+  )

@@ -19,7 +19,7 @@ from trax_revplus.cli import noise
 # Compiles one program with the cache in argv[1] and prints how many
 # programs XLA compiled and how many were read from the cache (JAX's events;
 # `progress.compiles.CompileCounter` counts the same, but imports trax).
-_COMPILE_ONE = textwrap.dedent('''
+_COMPILE_ONE = textwrap.dedent("""
     import sys
     import jax
     import jax.numpy as jnp
@@ -31,12 +31,16 @@ _COMPILE_ONE = textwrap.dedent('''
     jax.jit(lambda x: jnp.tanh(x) @ x.T)(jnp.ones((64, 64))).block_until_ready()
     print(events.count('/jax/compilation_cache/cache_misses'),
           events.count('/jax/compilation_cache/cache_hits'))
-''')
+""")
 
 
 def _compile_one(directory):
-  done = subprocess.run([sys.executable, '-c', _COMPILE_ONE, str(directory)],
-                        capture_output=True, text=True, check=True)
+  done = subprocess.run(
+    [sys.executable, '-c', _COMPILE_ONE, str(directory)],
+    capture_output=True,
+    text=True,
+    check=True,
+  )
   programs, hits = map(int, done.stdout.split())
   return programs, hits, done.stderr
 
@@ -44,8 +48,7 @@ def _compile_one(directory):
 def test_a_second_process_reads_the_programs_the_first_compiled(tmp_path):
   misses, hits, _ = _compile_one(tmp_path / 'cache')
   assert misses >= 1 and hits == 0
-  assert any(name.endswith('-cache')
-             for name in os.listdir(tmp_path / 'cache'))
+  assert any(name.endswith('-cache') for name in os.listdir(tmp_path / 'cache'))
   misses_again, hits_again, _ = _compile_one(tmp_path / 'cache')
   assert misses_again == 0 and hits_again == misses
 
@@ -86,6 +89,7 @@ def test_an_unwritable_directory_is_named_with_the_fix(tmp_path):
 
 def test_enabled_leaves_jax_s_settings_as_they_were(tmp_path):
   import jax  # pylint: disable=g-import-not-at-top
+
   before = jax.config.jax_compilation_cache_dir
   with compilation_cache.enabled(str(tmp_path)) as directory:
     assert jax.config.jax_compilation_cache_dir == directory
@@ -95,4 +99,5 @@ def test_enabled_leaves_jax_s_settings_as_they_were(tmp_path):
 def test_auto_is_the_user_cache_directory(monkeypatch, tmp_path):
   monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path))
   assert compilation_cache.resolve('auto') == str(
-      tmp_path / 'trax_revplus' / 'jax')
+    tmp_path / 'trax_revplus' / 'jax'
+  )

@@ -21,9 +21,11 @@ _PACKAGE = os.path.dirname(os.path.abspath(trax_revplus.__file__))
 _LAZY_HOME = 'trax_import.py'
 _LAZY_PACKAGES = ('jax', 'jaxlib', 'trax')
 # Directives, which do not say why: pylint's, ruff's and mypy's.
-_DIRECTIVE = re.compile(r'pylint:\s*(disable|enable)(-next)?=[\w,-]+|'
-                        r'noqa(:\s*[A-Z]+\d+(,\s*[A-Z]+\d+)*)?|'
-                        r'type:\s*ignore(\[[\w,-]+\])?')
+_DIRECTIVE = re.compile(
+  r'pylint:\s*(disable|enable)(-next)?=[\w,-]+|'
+  r'noqa(:\s*[A-Z]+\d+(,\s*[A-Z]+\d+)*)?|'
+  r'type:\s*ignore(\[[\w,-]+\])?'
+)
 
 
 def _sources():
@@ -44,8 +46,13 @@ def _function_level_imports(tree):
     for child in ast.iter_child_nodes(node):
       if isinstance(child, (ast.Import, ast.ImportFrom)) and in_function:
         found.append(child)
-      visit(child, in_function or isinstance(
-          child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+      visit(
+        child,
+        in_function
+        or isinstance(
+          child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+        ),
+      )
 
   visit(tree, False)
   return found
@@ -67,8 +74,9 @@ def _comments(source):
   comments = {}
   for token in tokenize.generate_tokens(io.StringIO(source).readline):
     if token.type == tokenize.COMMENT:
-      parts = [_DIRECTIVE.sub('', part).strip(' ,')
-               for part in token.string.split('#')]
+      parts = [
+        _DIRECTIVE.sub('', part).strip(' ,') for part in token.string.split('#')
+      ]
       comments[token.start[0]] = ' '.join(p for p in parts if p)
   return comments
 
@@ -83,8 +91,7 @@ def _has_reason(node, lines, comments):
     text = lines[number - 1].strip()
     if comments.get(number) and text.startswith('#'):
       return True
-    if not (text.startswith(('#', 'import ', 'from ')) or
-            text.startswith(')')):
+    if not (text.startswith(('#', 'import ', 'from ')) or text.startswith(')')):
       return False
     number -= 1
   return False
@@ -92,12 +99,16 @@ def _has_reason(node, lines, comments):
 
 def _import_module_calls(tree):
   """`importlib.import_module('<trax or JAX module>')` calls."""
-  return [node for node in ast.walk(tree)
-          if isinstance(node, ast.Call) and
-          ast.unparse(node.func).endswith('import_module') and node.args and
-          isinstance(node.args[0], ast.Constant) and
-          isinstance(node.args[0].value, str) and
-          _is_lazy_package(node.args[0].value)]
+  return [
+    node
+    for node in ast.walk(tree)
+    if isinstance(node, ast.Call)
+    and ast.unparse(node.func).endswith('import_module')
+    and node.args
+    and isinstance(node.args[0], ast.Constant)
+    and isinstance(node.args[0].value, str)
+    and _is_lazy_package(node.args[0].value)
+  ]
 
 
 def test_trax_and_jax_are_imported_lazily_in_one_place():
@@ -107,15 +118,19 @@ def test_trax_and_jax_are_imported_lazily_in_one_place():
       continue
     tree = ast.parse(source)
     for node in _function_level_imports(tree) + _import_module_calls(tree):
-      names = (_imported(node) if not isinstance(node, ast.Call)
-               else [node.args[0].value])
+      names = (
+        _imported(node)
+        if not isinstance(node, ast.Call)
+        else [node.args[0].value]
+      )
       if any(_is_lazy_package(name) for name in names):
         misplaced.append(f'{path}:{node.lineno}')
   assert len(list(_sources())) > 100  # The walk found the package.
   assert not misplaced, (
-      f'trax or JAX imported inside a function at {misplaced}: import it at '
-      f"the module's top, or, where the module must stay free of them, "
-      f"call trax_revplus.trax_import.module('...')")
+    f'trax or JAX imported inside a function at {misplaced}: import it at '
+    f"the module's top, or, where the module must stay free of them, "
+    f"call trax_revplus.trax_import.module('...')"
+  )
 
 
 def test_every_other_function_level_import_says_why():
@@ -128,23 +143,26 @@ def test_every_other_function_level_import_says_why():
       if not _has_reason(node, lines, comments):
         unexplained.append(f'{path}:{node.lineno}')
   assert not unexplained, (
-      f'function-level imports without a comment saying why: {unexplained}: '
-      f"move each to the module's top, or say why it must wait (a cycle, "
-      f'a heavy import a light process must not pay for)')
+    f'function-level imports without a comment saying why: {unexplained}: '
+    f"move each to the module's top, or say why it must wait (a cycle, "
+    f'a heavy import a light process must not pay for)'
+  )
 
 
 def test_the_checks_see_what_they_check():
   source = (
-      'def f():\n'
-      '  import jax  # pylint: disable=g-import-not-at-top\n'
-      '  # Heavy: the command answers --help before it.\n'
-      '  import gin  # pylint: disable=g-import-not-at-top\n'
-      '  import numpy  # noqa: F401\n'
-      '  return importlib.import_module("trax.layers")\n')
+    'def f():\n'
+    '  import jax  # pylint: disable=g-import-not-at-top\n'
+    '  # Heavy: the command answers --help before it.\n'
+    '  import gin  # pylint: disable=g-import-not-at-top\n'
+    '  import numpy  # noqa: F401\n'
+    '  return importlib.import_module("trax.layers")\n'
+  )
   tree = ast.parse(source)
   nodes = _function_level_imports(tree)
   assert [_imported(n) for n in nodes] == [['jax'], ['gin'], ['numpy']]
-  reasons = [_has_reason(n, source.splitlines(), _comments(source))
-             for n in nodes]
+  reasons = [
+    _has_reason(n, source.splitlines(), _comments(source)) for n in nodes
+  ]
   assert reasons == [False, True, True]  # numpy: the block's comment.
   assert len(_import_module_calls(tree)) == 1

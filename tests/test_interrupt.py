@@ -37,8 +37,12 @@ from trax_revplus import interrupt
 
 STEPS = 6
 
-TINY = [f'train.steps = {STEPS}', 'train.eval_frequency = 100',
-        'sequence_length = 16', 'ReformerLM.dropout = 0.2'] + TINY_MODEL
+TINY = [
+  f'train.steps = {STEPS}',
+  'train.eval_frequency = 100',
+  'sequence_length = 16',
+  'ReformerLM.dropout = 0.2',
+] + TINY_MODEL
 
 # The steps each run began, in order (`SignalForTest` appends to the last).
 _STEPS_BEGUN = []
@@ -76,37 +80,47 @@ def _train(output_dir, capsys, bindings=(), signal_at=None):
   _STEPS_BEGUN.append([])
   callback = ['train.callbacks = [@SignalForTest]']
   if signal_at is not None:
-    callback += [f'SignalForTest.at_step = {signal_at[0]}',
-                 f'SignalForTest.signum = {int(signal_at[1])}']
+    callback += [
+      f'SignalForTest.at_step = {signal_at[0]}',
+      f'SignalForTest.signum = {int(signal_at[1])}',
+    ]
   code = cli.main(
-      [cli.PROG, 'train', f'--config_file={MAIN}',
-       f'--output_dir={output_dir}', '--progress_every_n_steps=100'] +
-      [f'--config={binding}'
-       for binding in TINY + callback + list(bindings)])
+    [
+      cli.PROG,
+      'train',
+      f'--config_file={MAIN}',
+      f'--output_dir={output_dir}',
+      '--progress_every_n_steps=100',
+    ]
+    + [f'--config={binding}' for binding in TINY + callback + list(bindings)]
+  )
   out, err = capsys.readouterr()
   return code, out, err
 
 
 def _weights_and_slots(output_dir, basename):
   path = os.path.join(output_dir, basename)
-  return (tl.np_from_file(path + '.weights.npy.gz', compresslevel=0) +
-          tl.np_from_file(path + '.opt_slots0.npy.gz', compresslevel=0))
+  return tl.np_from_file(
+    path + '.weights.npy.gz', compresslevel=0
+  ) + tl.np_from_file(path + '.opt_slots0.npy.gz', compresslevel=0)
 
 
 def _stopped_step(err, name):
   lines = [l for l in err.splitlines() if 'interrupted by' in l]
   assert len(lines) == 1, err[-3000:]
-  prefix = (f'trax-revplus train: error: interrupted by {name}: stopped '
-            f'after step ')
+  prefix = (
+    f'trax-revplus train: error: interrupted by {name}: stopped after step '
+  )
   assert lines[0].startswith(prefix), lines[0]
   assert lines[0].endswith('; run the same command to resume'), lines[0]
-  return int(lines[0][len(prefix):].split(',')[0])
+  return int(lines[0][len(prefix) :].split(',')[0])
 
 
 @pytest.mark.usefixtures('stock_trax_and_empty_gin')
 @pytest.mark.slow
-def test_sigint_and_sigterm_resume_to_the_uninterrupted_weights(tmp_path,
-                                                                 capsys):
+def test_sigint_and_sigterm_resume_to_the_uninterrupted_weights(
+  tmp_path, capsys
+):
   reference_dir = tmp_path / 'uninterrupted'
   run_dir = tmp_path / 'interrupted'
 
@@ -126,8 +140,9 @@ def test_sigint_and_sigterm_resume_to_the_uninterrupted_weights(tmp_path,
   assert _STEPS_BEGUN[-1] == [4]
 
   # The reference keeps a checkpoint of every step (model_<step>).
-  code, _, err = _train(reference_dir, capsys,
-                        ['train.permanent_checkpoint_frequency = 1'])
+  code, _, err = _train(
+    reference_dir, capsys, ['train.permanent_checkpoint_frequency = 1']
+  )
   assert code == 0, err[-3000:]
   assert _STEPS_BEGUN[-1] == list(range(1, STEPS + 1))
   expected = _weights_and_slots(reference_dir, 'model_4')
@@ -142,10 +157,14 @@ def test_sigterm_before_the_first_step_stops_with_a_message(tmp_path):
   output_dir = tmp_path / 'early'
   output_dir.mkdir()
   process = subprocess.Popen(
-      cli_command() + ['train', f'--config_file={MAIN}',
-                       f'--output_dir={output_dir}'] +
-      [f'--config={binding}' for binding in TINY],
-      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    cli_command()
+    + ['train', f'--config_file={MAIN}', f'--output_dir={output_dir}']
+    + [f'--config={binding}' for binding in TINY],
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+    cwd=REPO,
+  )
   # The run locks its (existing) output dir right after its signal handlers
   # are in place, before it imports trax.
   lock = output_dir / 'trax-revplus.lock'
@@ -156,8 +175,9 @@ def test_sigterm_before_the_first_step_stops_with_a_message(tmp_path):
   out, err = process.communicate()
   assert process.returncode == 143, err[-3000:]
   assert err.strip().splitlines() == [
-      f'trax-revplus train: error: interrupted by SIGTERM before the first '
-      f'step; nothing new was saved in {output_dir}']
+    f'trax-revplus train: error: interrupted by SIGTERM before the first '
+    f'step; nothing new was saved in {output_dir}'
+  ]
   assert 'step 1' not in out
   assert os.listdir(output_dir) == []
 
@@ -165,8 +185,7 @@ def test_sigterm_before_the_first_step_stops_with_a_message(tmp_path):
 # Python reports the exception the callback raised as ignored (what this
 # test makes happen), which pytest would echo as a warning with its
 # traceback.
-@pytest.mark.filterwarnings(
-    'ignore::pytest.PytestUnraisableExceptionWarning')
+@pytest.mark.filterwarnings('ignore::pytest.PytestUnraisableExceptionWarning')
 def test_a_signal_lost_in_a_library_callback_still_stops_before_the_steps():
   # The handler's exception raised inside a callback Python runs for a
   # library (here the garbage collector's, as JAX's during trax's import)

@@ -27,5 +27,4 @@ def test_no_module_is_over_the_limit():
   counts = _line_counts()
   assert len(counts) > 100  # the walk found the package
   over = {path: n for path, n in counts.items() if n > MAX_LINES}
-  assert not over, (
-      f'modules over {MAX_LINES} lines (split each by job): {over}')
+  assert not over, f'modules over {MAX_LINES} lines (split each by job): {over}'

@@ -14,6 +14,7 @@ def test_every_listed_name_resolves():
   for name in trax_revplus.__all__:
     assert getattr(trax_revplus, name) is not None, name
   from trax_revplus import trainer  # pylint: disable=g-import-not-at-top
+
   for name in trainer.__all__:
     assert getattr(trainer, name) is not None, name
   assert trax_revplus.TrainerOptions is trainer.TrainerOptions
@@ -24,13 +25,16 @@ def test_every_listed_name_resolves():
 
 def test_trainer_names_its_public_home():
   from trax_revplus import trainer  # pylint: disable=g-import-not-at-top
+
   assert trainer.ReversibleSerialTrainer.__module__ == 'trax_revplus.trainer'
 
 
 def test_importing_the_package_does_not_import_trax():
-  code = ('import sys, trax_revplus; '
-          'assert "trax" not in sys.modules and "jax" not in sys.modules; '
-          'assert "TrainerOptions" in dir(trax_revplus)')
+  code = (
+    'import sys, trax_revplus; '
+    'assert "trax" not in sys.modules and "jax" not in sys.modules; '
+    'assert "TrainerOptions" in dir(trax_revplus)'
+  )
   subprocess.run([sys.executable, '-c', code], check=True)
 
 

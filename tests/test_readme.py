@@ -17,8 +17,10 @@ def _read(path):
 def _pages():
   docs = os.path.join(_REPO, 'docs')
   return [_README, os.path.join(_REPO, 'CHANGELOG.md')] + sorted(
-      os.path.join(docs, name) for name in os.listdir(docs)
-      if name.endswith('.md'))
+    os.path.join(docs, name)
+    for name in os.listdir(docs)
+    if name.endswith('.md')
+  )
 
 
 def _anchors(path):
@@ -39,8 +41,9 @@ def test_readme_is_a_short_guide():
 
 def test_readme_test_command_is_the_one_ci_runs():
   ci = _read(os.path.join(_REPO, '.ci', 'run'))
-  command = next(line for line in ci.splitlines()
-                 if line.startswith('python3 -m venv'))
+  command = next(
+    line for line in ci.splitlines() if line.startswith('python3 -m venv')
+  )
   assert f'```sh\n{command}\n```' in _read(_README)
 
 
@@ -52,8 +55,11 @@ def test_every_relative_link_resolves():
       if re.match(r'[a-z]+:', link):
         continue
       target, _, anchor = link.partition('#')
-      path = (os.path.normpath(os.path.join(os.path.dirname(page), target))
-              if target else page)
+      path = (
+        os.path.normpath(os.path.join(os.path.dirname(page), target))
+        if target
+        else page
+      )
       if not os.path.exists(path):
         broken.append(f'{os.path.relpath(page, _REPO)}: {link} (no file)')
       elif anchor and path.endswith('.md') and anchor not in _anchors(path):

@@ -20,8 +20,11 @@ def test_frames_match_inspect_stack_without_source_lines():
   assert len(ours) == len(python) > 2
   for a, b in zip(ours, python):
     assert a.frame is b.frame
-    assert (a.filename, a.lineno, a.function) == (b.filename, b.lineno,
-                                                  b.function)
+    assert (a.filename, a.lineno, a.function) == (
+      b.filename,
+      b.lineno,
+      b.function,
+    )
     assert a.code_context is None and a.index is None
   assert ours[0].function == '_both_stacks'
 
@@ -30,6 +33,7 @@ def _decorated_layer_message():
   @tl.assert_shape('ab->ab')
   def make():
     return tl.Relu()
+
   return make().sublayers[0]._message  # pylint: disable=protected-access
 
 
@@ -53,8 +57,10 @@ def test_inspect_stack_is_restored_after_the_block_even_on_error():
 def test_module_imports_trax_and_jax_modules_only():
   from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
   from trax.supervised import callbacks  # pylint: disable=g-import-not-at-top
-  assert (trax_import.module('jax.experimental.multihost_utils') is
-          multihost_utils)
+
+  assert (
+    trax_import.module('jax.experimental.multihost_utils') is multihost_utils
+  )
   assert trax_import.module('trax.supervised.callbacks') is callbacks
   for name in ('numpy', 'trax_revplus.swap', 'jaxtyping'):
     with pytest.raises(ValueError, match=name):
@@ -62,9 +68,11 @@ def test_module_imports_trax_and_jax_modules_only():
 
 
 def test_module_imports_trax_without_stack_walks():
-  code = ('import inspect, sys; from trax_revplus import trax_import; '
-          'calls = []; stack = inspect.stack; '
-          'inspect.stack = lambda *a: calls.append(1) or stack(*a); '
-          "trax_import.module('trax.layers'); "
-          "assert 'trax' in sys.modules and not calls, len(calls)")
+  code = (
+    'import inspect, sys; from trax_revplus import trax_import; '
+    'calls = []; stack = inspect.stack; '
+    'inspect.stack = lambda *a: calls.append(1) or stack(*a); '
+    "trax_import.module('trax.layers'); "
+    "assert 'trax' in sys.modules and not calls, len(calls)"
+  )
   subprocess.run([sys.executable, '-c', code], check=True)

@@ -50,17 +50,33 @@ MAIN = os.path.join(REPO, 'gin_configs', 'reformer_char_lm.gin')
 # enwik8's config reads a local copy of enwik8: the standard library's
 # sources stand in for it (the same byte-level task; no download).
 ENWIK8_DATA = ['local_text_inputs.paths = None']
-ENWIK8_RUN = ['train.steps = 20', 'train.eval_frequency = 20',
-              'train.eval_steps = 1', 'train.checkpoints_at = [20]']
+ENWIK8_RUN = [
+  'train.steps = 20',
+  'train.eval_frequency = 20',
+  'train.eval_steps = 1',
+  'train.checkpoints_at = [20]',
+]
 ENWIK8_MORE = ['attn_kv = 128', 'ReformerLM.d_ff = 4096']
 # The benchmark's lm12 as a `train` config: the main job's model at its
 # sizes.
-LM12 = ['ReformerLM.n_layers = 12', 'ReformerLM.d_model = 512',
-        'ReformerLM.d_ff = 2048', 'sequence_length = 2048',
-        'local_text_inputs.batch_size = 8', 'train.steps = 2',
-        'train.eval_frequency = 1000']
-PARTS = ('enwik8', 'enwik8_more', 'others', 'compare', 'bench', 'floor',
-         'first_step')
+LM12 = [
+  'ReformerLM.n_layers = 12',
+  'ReformerLM.d_model = 512',
+  'ReformerLM.d_ff = 2048',
+  'sequence_length = 2048',
+  'local_text_inputs.batch_size = 8',
+  'train.steps = 2',
+  'train.eval_frequency = 1000',
+]
+PARTS = (
+  'enwik8',
+  'enwik8_more',
+  'others',
+  'compare',
+  'bench',
+  'floor',
+  'first_step',
+)
 
 
 def _cli(*args):
@@ -81,16 +97,25 @@ def _run(name, argv, folder, timeout_seconds):
     f.write(shlex.join(argv) + '\n')
     f.flush()
     try:
-      code = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT,
-                            cwd=REPO, timeout=timeout_seconds,
-                            check=False).returncode
+      code = subprocess.run(
+        argv,
+        stdout=f,
+        stderr=subprocess.STDOUT,
+        cwd=REPO,
+        timeout=timeout_seconds,
+        check=False,
+      ).returncode
     except subprocess.TimeoutExpired:
       code = 'timeout'
   with open(log) as f:
     lines = [line.rstrip() for line in f if line.strip()]
   print(f'{name}: exit {code}, {time.time() - start:.0f} s', flush=True)
-  return {'command': shlex.join(argv), 'exit': code,
-          'seconds': round(time.time() - start, 1), 'tail': lines[-3:]}
+  return {
+    'command': shlex.join(argv),
+    'exit': code,
+    'seconds': round(time.time() - start, 1),
+    'tail': lines[-3:],
+  }
 
 
 def _records(run_dir):
@@ -122,16 +147,33 @@ def _train_figures(run_dir):
   steps = [r for r in records if r.get('phase') == 'step']
   out = {}
   if steps:
-    out['chip_peak_bytes'] = max(r.get('device_peak_bytes') or 0
-                                 for r in records)
+    out['chip_peak_bytes'] = max(
+      r.get('device_peak_bytes') or 0 for r in records
+    )
     out['accounted_peak_device_bytes'] = next(
-        (r['peak_device_bytes'] for r in reversed(records)
-         if r.get('peak_device_bytes')), None)
+      (
+        r['peak_device_bytes']
+        for r in reversed(records)
+        if r.get('peak_device_bytes')
+      ),
+      None,
+    )
     out['accounted_peak_host_bytes'] = next(
-        (r['peak_host_bytes'] for r in reversed(steps)
-         if r.get('peak_host_bytes') is not None), None)
-    opened = next((r['host_rss_backend_open_bytes'] for r in steps
-                   if r.get('host_rss_backend_open_bytes')), None)
+      (
+        r['peak_host_bytes']
+        for r in reversed(steps)
+        if r.get('peak_host_bytes') is not None
+      ),
+      None,
+    )
+    opened = next(
+      (
+        r['host_rss_backend_open_bytes']
+        for r in steps
+        if r.get('host_rss_backend_open_bytes')
+      ),
+      None,
+    )
     host = max(r.get('host_peak_bytes') or 0 for r in steps)
     out['host_peak_in_steps_bytes'] = host
     out['host_rss_backend_open_bytes'] = opened
@@ -141,15 +183,22 @@ def _train_figures(run_dir):
   if os.path.exists(log):
     with open(log, errors='replace') as f:
       text = f.read()
-    for key, marker in (('plan', '] device memory plan'),
-                        ('eval_plan', 'eval device memory plan')):
-      found = [line.split(marker, 1)[1] for line in text.splitlines()
-               if marker in line]
+    for key, marker in (
+      ('plan', '] device memory plan'),
+      ('eval_plan', 'eval device memory plan'),
+    ):
+      found = [
+        line.split(marker, 1)[1] for line in text.splitlines() if marker in line
+      ]
       if found:
         out[key] = found[-1].strip(' :')[:600]
   stats = _run_stats(run_dir)
-  for key in ('steps_per_second_without_compiling', 'eval_losses',
-              'compiling_steps', 'programs_from_cache'):
+  for key in (
+    'steps_per_second_without_compiling',
+    'eval_losses',
+    'compiling_steps',
+    'programs_from_cache',
+  ):
     if key in stats:
       out[key] = stats[key]
   return out
@@ -162,46 +211,94 @@ _EXTRA = []
 
 def enwik8(folder, timeout, more=False):
   run_dir = os.path.join(folder, 'run')
-  bindings = (ENWIK8_DATA + ENWIK8_RUN + (ENWIK8_MORE if more else []) +
-              _EXTRA)
-  result = _run('train', _cli(
-      'train', f'--config_file={ENWIK8}', f'--output_dir={run_dir}',
-      '--progress_every_n_steps=1', *_bindings(bindings)), folder, timeout)
+  bindings = ENWIK8_DATA + ENWIK8_RUN + (ENWIK8_MORE if more else []) + _EXTRA
+  result = _run(
+    'train',
+    _cli(
+      'train',
+      f'--config_file={ENWIK8}',
+      f'--output_dir={run_dir}',
+      '--progress_every_n_steps=1',
+      *_bindings(bindings),
+    ),
+    folder,
+    timeout,
+  )
   return {'train': result, **_train_figures(run_dir)}
 
 
 def others(folder, timeout):
   out = {}
-  for name, extra in (('stock', ['--implementation=stock']),
-                      ('default', ['--config=train.use_memory_efficient_'
-                                   'trainer = False'])):
-    out[name] = _run(name, _cli(
-        'train', f'--config_file={ENWIK8}',
-        f'--output_dir={os.path.join(folder, name)}', *extra,
-        *_bindings(ENWIK8_DATA + ['train.steps = 2',
-                                  'train.eval_frequency = 1000',
-                                  'train.checkpoints_at = [2]'] + _EXTRA)),
-                     folder, timeout)
+  for name, extra in (
+    ('stock', ['--implementation=stock']),
+    ('default', ['--config=train.use_memory_efficient_trainer = False']),
+  ):
+    out[name] = _run(
+      name,
+      _cli(
+        'train',
+        f'--config_file={ENWIK8}',
+        f'--output_dir={os.path.join(folder, name)}',
+        *extra,
+        *_bindings(
+          ENWIK8_DATA
+          + [
+            'train.steps = 2',
+            'train.eval_frequency = 1000',
+            'train.checkpoints_at = [2]',
+          ]
+          + _EXTRA
+        ),
+      ),
+      folder,
+      timeout,
+    )
   json_path = os.path.join(folder, 'estimate.json')
-  out['estimate'] = _run('estimate', _cli(
-      'estimate', f'--config_file={ENWIK8}', f'--json={json_path}',
-      *_bindings(ENWIK8_DATA + _EXTRA)), folder, timeout)
+  out['estimate'] = _run(
+    'estimate',
+    _cli(
+      'estimate',
+      f'--config_file={ENWIK8}',
+      f'--json={json_path}',
+      *_bindings(ENWIK8_DATA + _EXTRA),
+    ),
+    folder,
+    timeout,
+  )
   if os.path.exists(json_path):
     with open(json_path) as f:
       trainers = json.load(f).get('trainers', {})
     out['estimated'] = {
-        name: {k: t.get(k) for k in (
-            'peak_device_bytes', 'peak_host_bytes', 'fits', 'refused',
-            'error', 'plan_line', 'least_device_bytes')}
-        for name, t in trainers.items()}
+      name: {
+        k: t.get(k)
+        for k in (
+          'peak_device_bytes',
+          'peak_host_bytes',
+          'fits',
+          'refused',
+          'error',
+          'plan_line',
+          'least_device_bytes',
+        )
+      }
+      for name, t in trainers.items()
+    }
   return out
 
 
 def compare(folder, timeout):
   out_dir = os.path.join(folder, 'compare')
-  result = _run('compare', _cli('compare', f'--config_file={MAIN}',
-                                '--steps=300', f'--output_dir={out_dir}'),
-                folder, timeout)
+  result = _run(
+    'compare',
+    _cli(
+      'compare',
+      f'--config_file={MAIN}',
+      '--steps=300',
+      f'--output_dir={out_dir}',
+    ),
+    folder,
+    timeout,
+  )
   path = os.path.join(out_dir, 'compare.json')
   summary = {}
   if os.path.exists(path):
@@ -209,18 +306,36 @@ def compare(folder, timeout):
       data = json.load(f)
     for side in ('stock', 'revplus'):
       run = data.get(side) or data.get('runs', {}).get(side) or {}
-      summary[side] = {k: run.get(k) for k in (
-          'eval_losses', 'final_train_loss', 'median_step_seconds',
-          'first_step_seconds', 'status') if k in run}
+      summary[side] = {
+        k: run.get(k)
+        for k in (
+          'eval_losses',
+          'final_train_loss',
+          'median_step_seconds',
+          'first_step_seconds',
+          'status',
+        )
+        if k in run
+      }
   return {'compare': result, 'sides': summary}
 
 
 def bench(folder, timeout):
   out_dir = os.path.join(folder, 'bench')
-  result = _run('bench', [
-      sys.executable, os.path.join(REPO, 'tools', 'bench.py'),
-      '--configs=l6,char,ende,lm12', '--trainers=default,stock,ours',
-      '--nomemory', '--steps=5', f'--out_dir={out_dir}'], folder, timeout)
+  result = _run(
+    'bench',
+    [
+      sys.executable,
+      os.path.join(REPO, 'tools', 'bench.py'),
+      '--configs=l6,char,ende,lm12',
+      '--trainers=default,stock,ours',
+      '--nomemory',
+      '--steps=5',
+      f'--out_dir={out_dir}',
+    ],
+    folder,
+    timeout,
+  )
   path = os.path.join(out_dir, 'bench.json')
   data = {}
   if os.path.exists(path):
@@ -230,34 +345,60 @@ def bench(folder, timeout):
 
 
 def floor(folder, timeout):
-  return {'floor': _run('floor', [
-      sys.executable, os.path.join(REPO, 'tools', 'step_floor.py'),
-      '--configs=lm12', '--repeats=5'], folder, timeout)}
+  return {
+    'floor': _run(
+      'floor',
+      [
+        sys.executable,
+        os.path.join(REPO, 'tools', 'step_floor.py'),
+        '--configs=lm12',
+        '--repeats=5',
+      ],
+      folder,
+      timeout,
+    )
+  }
 
 
 def first_step(folder, timeout):
   out = {}
   cache = os.path.join(folder, 'cache')
-  runs = (('stock', ['--implementation=stock', '--nocompilation_cache']),
-          ('ours_cold', ['--nocompilation_cache']),
-          ('ours_fill', [f'--compilation_cache_dir={cache}']),
-          ('ours_warm', [f'--compilation_cache_dir={cache}']))
+  runs = (
+    ('stock', ['--implementation=stock', '--nocompilation_cache']),
+    ('ours_cold', ['--nocompilation_cache']),
+    ('ours_fill', [f'--compilation_cache_dir={cache}']),
+    ('ours_warm', [f'--compilation_cache_dir={cache}']),
+  )
   for name, extra in runs:
     run_dir = os.path.join(folder, name)
-    out[name] = _run(name, _cli(
-        'train', f'--config_file={MAIN}', f'--output_dir={run_dir}', *extra,
-        *_bindings(LM12)), folder, timeout)
+    out[name] = _run(
+      name,
+      _cli(
+        'train',
+        f'--config_file={MAIN}',
+        f'--output_dir={run_dir}',
+        *extra,
+        *_bindings(LM12),
+      ),
+      folder,
+      timeout,
+    )
     compiling = _run_stats(run_dir).get('compiling_steps') or []
     out[name]['first_step_seconds'] = next(
-        (seconds for step, seconds, _ in compiling if step == 1), None)
+      (seconds for step, seconds, _ in compiling if step == 1), None
+    )
   return out
 
 
 _PART_FUNCTIONS = {
-    'enwik8': enwik8,
-    'enwik8_more': lambda folder, timeout: enwik8(folder, timeout, True),
-    'others': others, 'compare': compare, 'bench': bench, 'floor': floor,
-    'first_step': first_step}
+  'enwik8': enwik8,
+  'enwik8_more': lambda folder, timeout: enwik8(folder, timeout, True),
+  'others': others,
+  'compare': compare,
+  'bench': bench,
+  'floor': floor,
+  'first_step': first_step,
+}
 
 
 def _gib(nbytes):
@@ -278,25 +419,30 @@ def render(out_dir):
       continue
     p = parts[part]
     lines += [
-        f"| {part}: exit, steps/s | {p['train']['exit']}, "
-        f"{p.get('steps_per_second_without_compiling')} |",
-        f"| {part}: chip peak / accounted | {_gib(p.get('chip_peak_bytes'))}"
-        f" / {_gib(p.get('accounted_peak_device_bytes'))} |",
-        f"| {part}: host peak above open / accounted | "
-        f"{_gib(p.get('host_peak_above_open_bytes'))} / "
-        f"{_gib(p.get('accounted_peak_host_bytes'))} |",
-        f"| {part}: eval losses | {p.get('eval_losses')} |"]
+      f'| {part}: exit, steps/s | {p["train"]["exit"]}, '
+      f'{p.get("steps_per_second_without_compiling")} |',
+      f'| {part}: chip peak / accounted | {_gib(p.get("chip_peak_bytes"))}'
+      f' / {_gib(p.get("accounted_peak_device_bytes"))} |',
+      f'| {part}: host peak above open / accounted | '
+      f'{_gib(p.get("host_peak_above_open_bytes"))} / '
+      f'{_gib(p.get("accounted_peak_host_bytes"))} |',
+      f'| {part}: eval losses | {p.get("eval_losses")} |',
+    ]
   if 'others' in parts:
     for name in ('stock', 'default', 'estimate'):
       run = parts['others'].get(name, {})
       tail = ' '.join(run.get('tail', [])[-1:])[:300]
-      lines.append(f"| enwik8 {name}: exit | {run.get('exit')}: {tail} |")
+      lines.append(f'| enwik8 {name}: exit | {run.get("exit")}: {tail} |')
   if 'first_step' in parts:
     p = parts['first_step']
-    lines.append('| lm12 first step: stock / ours cold / ours warm cache | ' +
-                 ' / '.join(f"{p.get(k, {}).get('first_step_seconds')}"
-                            for k in ('stock', 'ours_cold', 'ours_warm')) +
-                 ' s |')
+    lines.append(
+      '| lm12 first step: stock / ours cold / ours warm cache | '
+      + ' / '.join(
+        f'{p.get(k, {}).get("first_step_seconds")}'
+        for k in ('stock', 'ours_cold', 'ours_warm')
+      )
+      + ' s |'
+    )
   return '\n'.join(lines) + '\n'
 
 
@@ -305,11 +451,18 @@ def main():
   parser.add_argument('--parts', default=','.join(PARTS))
   parser.add_argument('--out_dir', required=True)
   parser.add_argument('--timeout_seconds', type=float, default=900)
-  parser.add_argument('--bindings', action='append', default=[],
-                      help='a gin binding added to the enwik8 commands '
-                           '(e.g. smaller sizes, to try this on a CPU)')
-  parser.add_argument('--render', action='store_true',
-                      help='only rebuild the table from the JSON present')
+  parser.add_argument(
+    '--bindings',
+    action='append',
+    default=[],
+    help='a gin binding added to the enwik8 commands '
+    '(e.g. smaller sizes, to try this on a CPU)',
+  )
+  parser.add_argument(
+    '--render',
+    action='store_true',
+    help='only rebuild the table from the JSON present',
+  )
   args = parser.parse_args()
   os.makedirs(args.out_dir, exist_ok=True)
   _EXTRA.extend(args.bindings)
@@ -317,8 +470,9 @@ def main():
     for part in args.parts.split(','):
       if part not in _PART_FUNCTIONS:
         parser.error(f'--parts: unknown part {part!r}; one of {PARTS}')
-      figures = _PART_FUNCTIONS[part](os.path.join(args.out_dir, part),
-                                      args.timeout_seconds)
+      figures = _PART_FUNCTIONS[part](
+        os.path.join(args.out_dir, part), args.timeout_seconds
+      )
       with open(os.path.join(args.out_dir, f'{part}.json'), 'w') as f:
         json.dump(figures, f, indent=1, default=str)
   table = render(args.out_dir)

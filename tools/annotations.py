@@ -26,8 +26,9 @@ class Function(NamedTuple):
   return_annotated: bool
 
 
-def _parameters(node: ast.FunctionDef | ast.AsyncFunctionDef,
-                is_method: bool) -> list[ast.arg]:
+def _parameters(
+  node: ast.FunctionDef | ast.AsyncFunctionDef, is_method: bool
+) -> list[ast.arg]:
   args = node.args
   positional = args.posonlyargs + args.args
   if is_method and positional and positional[0].arg in ('self', 'cls'):
@@ -49,28 +50,36 @@ def functions(path: str) -> Iterator[Function]:
   found = [(node, False) for node in tree.body if isinstance(node, def_types)]
   for cls in tree.body:
     if isinstance(cls, ast.ClassDef) and _is_public(cls.name):
-      found += [(node, True) for node in cls.body
-                if isinstance(node, def_types)]
+      found += [
+        (node, True) for node in cls.body if isinstance(node, def_types)
+      ]
   for node, is_method in found:
     if not _is_public(node.name):
       continue
-    missing = tuple(a.arg for a in _parameters(node, is_method)
-                    if a.annotation is None)
+    missing = tuple(
+      a.arg for a in _parameters(node, is_method) if a.annotation is None
+    )
     returns = node.returns is not None or node.name == '__init__'
     yield Function(path, node.lineno, node.name, missing, returns)
 
 
 def modules(directory: str) -> list[str]:
-  return sorted(os.path.join(directory, name)
-                for name in os.listdir(directory) if name.endswith('.py'))
+  return sorted(
+    os.path.join(directory, name)
+    for name in os.listdir(directory)
+    if name.endswith('.py')
+  )
 
 
 def subdirectories(directory: str) -> list[str]:
   """`directory` and every directory below it holding a module, in order
   (caches excepted)."""
-  return sorted(root for root, dirs, files in os.walk(directory)
-                if os.path.basename(root) != '__pycache__' and
-                any(name.endswith('.py') for name in files))
+  return sorted(
+    root
+    for root, dirs, files in os.walk(directory)
+    if os.path.basename(root) != '__pycache__'
+    and any(name.endswith('.py') for name in files)
+  )
 
 
 def gap(f: Function) -> str:
@@ -85,20 +94,32 @@ def gap(f: Function) -> str:
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('dirs', nargs='*', default=['trax_revplus/trainer'])
-  parser.add_argument('--list', action='store_true',
-                      help='also list each function with a gap')
-  parser.add_argument('--recursive', action='store_true',
-                      help="also each DIR's subdirectories")
-  parser.add_argument('--check', action='store_true',
-                      help='one line per public function not fully '
-                      'annotated; exit 1 where there is one')
+  parser.add_argument(
+    '--list', action='store_true', help='also list each function with a gap'
+  )
+  parser.add_argument(
+    '--recursive', action='store_true', help="also each DIR's subdirectories"
+  )
+  parser.add_argument(
+    '--check',
+    action='store_true',
+    help='one line per public function not fully '
+    'annotated; exit 1 where there is one',
+  )
   flags = parser.parse_args(argv)
-  directories = ([d for top in flags.dirs for d in subdirectories(top)]
-                 if flags.recursive else flags.dirs)
+  directories = (
+    [d for top in flags.dirs for d in subdirectories(top)]
+    if flags.recursive
+    else flags.dirs
+  )
   if flags.check:
-    gaps = [gap(f) for directory in directories
-            for path in modules(directory) for f in functions(path)
-            if f.unannotated_parameters or not f.return_annotated]
+    gaps = [
+      gap(f)
+      for directory in directories
+      for path in modules(directory)
+      for f in functions(path)
+      if f.unannotated_parameters or not f.return_annotated
+    ]
     for line in gaps:
       print(line)
     return 1 if gaps else 0
@@ -106,14 +127,17 @@ def main(argv: list[str] | None = None) -> int:
     found = [f for path in modules(directory) for f in functions(path)]
     parameters = [f for f in found if f.unannotated_parameters]
     returns = [f for f in found if not f.return_annotated]
-    print(f'{directory}: {len(found)} public functions; '
-          f'{len(parameters)} with unannotated parameters '
-          f'({len(parameters) / max(len(found), 1):.0%}), '
-          f'{len(returns)} without a return annotation')
+    print(
+      f'{directory}: {len(found)} public functions; '
+      f'{len(parameters)} with unannotated parameters '
+      f'({len(parameters) / max(len(found), 1):.0%}), '
+      f'{len(returns)} without a return annotation'
+    )
     if flags.list:
       for f in parameters:
-        print(f'  {f.path}:{f.line} {f.name}: '
-              f'{", ".join(f.unannotated_parameters)}')
+        print(
+          f'  {f.path}:{f.line} {f.name}: {", ".join(f.unannotated_parameters)}'
+        )
   return 0
 
 

@@ -74,8 +74,7 @@ import sys
 # tools.bench: the checkout's root goes first on the path, so that it is
 # found whatever the working directory. Its child processes start this
 # script again (`tools.bench.protocol.ENTRY`).
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
-    __file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tools.bench import main  # pylint: disable=g-import-not-at-top,wrong-import-position
 

@@ -49,31 +49,44 @@ from trax_revplus.cli.summary import summary_rows
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CONFIG = os.path.join(_REPO, 'gin_configs', 'reformer_char_lm.gin')
 _STOCK = os.path.join(_REPO, 'gin_configs', 'reformer_char_lm_stock.gin')
-_TINY = ['train.steps = 2000', 'train.eval_frequency = 1000',
-         'sequence_length = 32', 'eval_steps = 1',
-         'local_text_inputs.batch_size = 2',
-         'local_text_inputs.eval_batch_size = 2', 'ReformerLM.n_layers = 1',
-         'ReformerLM.d_model = 16', 'ReformerLM.d_ff = 32',
-         'ReformerLM.n_heads = 2', 'ReformerLM.d_attention_key = 8',
-         'ReformerLM.d_attention_value = 8']
+_TINY = [
+  'train.steps = 2000',
+  'train.eval_frequency = 1000',
+  'sequence_length = 32',
+  'eval_steps = 1',
+  'local_text_inputs.batch_size = 2',
+  'local_text_inputs.eval_batch_size = 2',
+  'ReformerLM.n_layers = 1',
+  'ReformerLM.d_model = 16',
+  'ReformerLM.d_ff = 32',
+  'ReformerLM.n_heads = 2',
+  'ReformerLM.d_attention_key = 8',
+  'ReformerLM.d_attention_value = 8',
+]
 _CLI = [sys.executable, '-m', 'trax_revplus.cli']
 # A generous bound for a step to show up or a process to start here.
 _PATIENCE_SECONDS = 900
 
 
 def _train_flags(output_dir, config=_CONFIG, bindings=None):
-  return ([f'--config_file={config}', f'--output_dir={output_dir}',
-           '--progress_every_n_steps=1'] +
-          [f'--config={b}' for b in (_TINY if bindings is None
-                                     else bindings)])
+  return [
+    f'--config_file={config}',
+    f'--output_dir={output_dir}',
+    '--progress_every_n_steps=1',
+  ] + [f'--config={b}' for b in (_TINY if bindings is None else bindings)]
 
 
 def _start(args, out_path):
   """Starts a command with its stdout to `out_path`, stderr piped."""
   out = open(out_path, 'w')  # pylint: disable=consider-using-with
-  return subprocess.Popen(args, stdout=out, stderr=subprocess.PIPE,
-                          text=True, cwd=_REPO,
-                          env=dict(os.environ, PYTHONUNBUFFERED='1'))
+  return subprocess.Popen(
+    args,
+    stdout=out,
+    stderr=subprocess.PIPE,
+    text=True,
+    cwd=_REPO,
+    env=dict(os.environ, PYTHONUNBUFFERED='1'),
+  )
 
 
 def _wait_for(path, text, proc):
@@ -91,66 +104,104 @@ def _wait_for(path, text, proc):
 def _absl_lines(err):
   """Lines absl or C++ logging wrote raw (e.g. 'INFO:absl:...',
   'W1203 12:00:00.1 ... interrupt.py:93] ...'), prefixed or not."""
-  raw = re.compile(r'^(\[process \d+\] )?([IWEF]\d{4} |INFO:absl|'
-                   r'WARNING:absl)')
+  raw = re.compile(
+    r'^(\[process \d+\] )?([IWEF]\d{4} |INFO:absl|'
+    r'WARNING:absl)'
+  )
   return [l for l in err.splitlines() if raw.match(l)]
 
 
 def _sigint_to_train(checks, work):
   out_path = os.path.join(work, 'train.out')
-  proc = _start(_CLI + ['train'] + _train_flags(os.path.join(work, 'run')),
-                out_path)
-  if not checks.check('train reaches step 3', _wait_for(out_path,
-                                                        'step 3/', proc)):
+  proc = _start(
+    _CLI + ['train'] + _train_flags(os.path.join(work, 'run')), out_path
+  )
+  if not checks.check(
+    'train reaches step 3', _wait_for(out_path, 'step 3/', proc)
+  ):
     proc.kill()
     print(proc.communicate()[1][-3000:], file=sys.stderr)
     return
   proc.send_signal(signal.SIGINT)
   _, err = proc.communicate(timeout=_PATIENCE_SECONDS)
   lines = err.strip().splitlines()
-  checks.check('SIGINT: train exits 130', proc.returncode == 130,
-               f'status {proc.returncode}')
-  checks.check('SIGINT: the notice is a warning line in train\'s format',
-               any(l.startswith('trax-revplus train: warning: SIGINT '
-                                'received: stopping after this step')
-                   for l in lines), err[-2000:])
-  checks.check('SIGINT: the last line is the reason, with a checkpoint',
-               bool(lines) and lines[-1].startswith(
-                   'trax-revplus train: error: interrupted by SIGINT: '
-                   'stopped after step ') and 'checkpoint' in lines[-1],
-               lines[-1] if lines else 'no output')
-  checks.check('SIGINT: no absl line on the terminal', not _absl_lines(err),
-               str(_absl_lines(err)[:3]))
+  checks.check(
+    'SIGINT: train exits 130',
+    proc.returncode == 130,
+    f'status {proc.returncode}',
+  )
+  checks.check(
+    "SIGINT: the notice is a warning line in train's format",
+    any(
+      l.startswith(
+        'trax-revplus train: warning: SIGINT received: stopping after this step'
+      )
+      for l in lines
+    ),
+    err[-2000:],
+  )
+  checks.check(
+    'SIGINT: the last line is the reason, with a checkpoint',
+    bool(lines)
+    and lines[-1].startswith(
+      'trax-revplus train: error: interrupted by SIGINT: stopped after step '
+    )
+    and 'checkpoint' in lines[-1],
+    lines[-1] if lines else 'no output',
+  )
+  checks.check(
+    'SIGINT: no absl line on the terminal',
+    not _absl_lines(err),
+    str(_absl_lines(err)[:3]),
+  )
 
 
 def _sigterm_to_launch(checks, work):
   out_path = os.path.join(work, 'launch.out')
-  proc = _start(_CLI + ['launch', '--num_processes=2', '--'] +
-                _train_flags(os.path.join(work, 'launched')), out_path)
-  if not checks.check('launch reaches step 3',
-                      _wait_for(out_path, 'step 3/', proc)):
+  proc = _start(
+    _CLI
+    + ['launch', '--num_processes=2', '--']
+    + _train_flags(os.path.join(work, 'launched')),
+    out_path,
+  )
+  if not checks.check(
+    'launch reaches step 3', _wait_for(out_path, 'step 3/', proc)
+  ):
     proc.kill()
     print(proc.communicate()[1][-3000:], file=sys.stderr)
     return
   proc.send_signal(signal.SIGTERM)
   _, err = proc.communicate(timeout=_PATIENCE_SECONDS)
   lines = err.strip().splitlines()
-  checks.check('SIGTERM: launch exits 143', proc.returncode == 143,
-               f'status {proc.returncode}')
-  checks.check('SIGTERM: the last line is the launcher\'s',
-               bool(lines) and lines[-1].startswith(
-                   'trax-revplus launch: error: interrupted by SIGTERM'),
-               lines[-1] if lines else 'no output')
-  checks.check('SIGTERM: no absl line on the terminal', not _absl_lines(err),
-               str(_absl_lines(err)[:3]))
+  checks.check(
+    'SIGTERM: launch exits 143',
+    proc.returncode == 143,
+    f'status {proc.returncode}',
+  )
+  checks.check(
+    "SIGTERM: the last line is the launcher's",
+    bool(lines)
+    and lines[-1].startswith(
+      'trax-revplus launch: error: interrupted by SIGTERM'
+    ),
+    lines[-1] if lines else 'no output',
+  )
+  checks.check(
+    'SIGTERM: no absl line on the terminal',
+    not _absl_lines(err),
+    str(_absl_lines(err)[:3]),
+  )
 
 
 def _process_killed_at_start(checks, work):
   out_path = os.path.join(work, 'failed.out')
   grace = 120
-  proc = _start(_CLI + ['launch', '--num_processes=2',
-                        f'--stop_grace_seconds={grace}', '--'] +
-                _train_flags(os.path.join(work, 'failed')), out_path)
+  proc = _start(
+    _CLI
+    + ['launch', '--num_processes=2', f'--stop_grace_seconds={grace}', '--']
+    + _train_flags(os.path.join(work, 'failed')),
+    out_path,
+  )
   launcher = psutil.Process(proc.pid)
   deadline = time.monotonic() + _PATIENCE_SECONDS
   victim = None
@@ -171,80 +222,126 @@ def _process_killed_at_start(checks, work):
   _, err = proc.communicate(timeout=_PATIENCE_SECONDS)
   seconds = time.monotonic() - killed_at
   lines = err.strip().splitlines()
-  checks.check('killed process: launch exits with its status',
-               proc.returncode == 128 + signal.SIGKILL,
-               f'status {proc.returncode}')
-  checks.check('killed process: the terminal shows the launcher\'s line only',
-               len(lines) == 1 and lines[0].startswith(
-                   'trax-revplus launch: error: process 1 was killed by '
-                   'SIGKILL; stopped the others: process 0 '), err[-3000:])
-  checks.check('killed process: process 0 stopped on SIGTERM, within the '
-               'grace', bool(lines) and 'process 0 was killed by SIGKILL'
-               not in lines[-1] and seconds < grace,
-               f'{seconds:.0f} s; {lines[-1] if lines else ""}')
+  checks.check(
+    'killed process: launch exits with its status',
+    proc.returncode == 128 + signal.SIGKILL,
+    f'status {proc.returncode}',
+  )
+  checks.check(
+    "killed process: the terminal shows the launcher's line only",
+    len(lines) == 1
+    and lines[0].startswith(
+      'trax-revplus launch: error: process 1 was killed by '
+      'SIGKILL; stopped the others: process 0 '
+    ),
+    err[-3000:],
+  )
+  checks.check(
+    'killed process: process 0 stopped on SIGTERM, within the grace',
+    bool(lines)
+    and 'process 0 was killed by SIGKILL' not in lines[-1]
+    and seconds < grace,
+    f'{seconds:.0f} s; {lines[-1] if lines else ""}',
+  )
 
 
 def _stock_trains(checks, work):
   """The stock twin trains 3 steps through `train`, as a user runs it."""
   from trax_revplus.cli import noise  # pylint: disable=g-import-not-at-top
+
   output_dir = os.path.join(work, 'stock')
   bindings = ['train.steps = 3', 'train.eval_frequency = 2'] + [
-      b for b in _TINY if not b.startswith(('train.steps',
-                                            'train.eval_frequency'))]
-  proc = subprocess.run(_CLI + ['train'] + _train_flags(output_dir, _STOCK,
-                                                        bindings),
-                        capture_output=True, text=True, cwd=_REPO,
-                        check=False)
-  if not checks.check('stock: train exits 0', proc.returncode == 0,
-                      f'status {proc.returncode}'):
+    b
+    for b in _TINY
+    if not b.startswith(('train.steps', 'train.eval_frequency'))
+  ]
+  proc = subprocess.run(
+    _CLI + ['train'] + _train_flags(output_dir, _STOCK, bindings),
+    capture_output=True,
+    text=True,
+    cwd=_REPO,
+    check=False,
+  )
+  if not checks.check(
+    'stock: train exits 0', proc.returncode == 0, f'status {proc.returncode}'
+  ):
     print(proc.stderr[-3000:], file=sys.stderr)
     return
-  checks.check('stock: no traceback on the terminal',
-               'Traceback' not in proc.stderr)
+  checks.check(
+    'stock: no traceback on the terminal', 'Traceback' not in proc.stderr
+  )
   # No third-party warning reaches the terminal; train.log has them.
-  loud = [l for l in proc.stderr.splitlines()
-          if noise.is_known_noise(l) or 'Warning:' in l]
-  checks.check('stock: no third-party warning on the terminal', not loud,
-               str(loud[:3]))
-  checks.check('stock: a line per step',
-               all(f'step {step}/3  loss ' in proc.stdout
-                   for step in (1, 2, 3)), proc.stdout[-2000:])
+  loud = [
+    l
+    for l in proc.stderr.splitlines()
+    if noise.is_known_noise(l) or 'Warning:' in l
+  ]
+  checks.check(
+    'stock: no third-party warning on the terminal', not loud, str(loud[:3])
+  )
+  checks.check(
+    'stock: a line per step',
+    all(f'step {step}/3  loss ' in proc.stdout for step in (1, 2, 3)),
+    proc.stdout[-2000:],
+  )
   rows = summary_rows(proc.stdout)
   checkpoint = os.path.join(output_dir, 'model.pkl.gz')
-  checks.check('stock: the summary\'s steps, final eval loss and checkpoint',
-               rows.get('steps', '').startswith('3 ') and
-               rows.get('final eval loss', '').endswith('(step 2)') and
-               rows.get('checkpoint') == f'{checkpoint} (step 3)', str(rows))
+  checks.check(
+    "stock: the summary's steps, final eval loss and checkpoint",
+    rows.get('steps', '').startswith('3 ')
+    and rows.get('final eval loss', '').endswith('(step 2)')
+    and rows.get('checkpoint') == f'{checkpoint} (step 3)',
+    str(rows),
+  )
   log = os.path.join(output_dir, 'train.log')
-  checks.check('stock: the weights file and a non-empty train.log',
-               os.path.exists(os.path.join(output_dir,
-                                           'model.weights.npy.gz')) and
-               os.path.exists(log) and os.path.getsize(log) > 0)
+  checks.check(
+    'stock: the weights file and a non-empty train.log',
+    os.path.exists(os.path.join(output_dir, 'model.weights.npy.gz'))
+    and os.path.exists(log)
+    and os.path.getsize(log) > 0,
+  )
   layers = rows.get('reversible layers', '')
-  checks.check('stock: stock trax\'s trainer and reversible layers',
-               rows.get('trainer') ==
-               'trax.optimizers.trainer.ReversibleSerialTrainer' and
-               'trax_revplus' not in layers and
-               'trax.layers.reversible.ReversibleHalfResidual x2' in layers,
-               f"{rows.get('trainer')}; {layers}")
+  checks.check(
+    "stock: stock trax's trainer and reversible layers",
+    rows.get('trainer') == 'trax.optimizers.trainer.ReversibleSerialTrainer'
+    and 'trax_revplus' not in layers
+    and 'trax.layers.reversible.ReversibleHalfResidual x2' in layers,
+    f'{rows.get("trainer")}; {layers}',
+  )
 
 
 def _unknown_binding(checks, work):
   """An unknown binding in a fresh process: one line, exit status 2."""
   output_dir = os.path.join(work, 'unknown', 'out')
-  proc = subprocess.run(_CLI + ['train', f'--config_file={_STOCK}',
-                                '--config=train.no_such_setting = 3',
-                                f'--output_dir={output_dir}'],
-                        capture_output=True, text=True, cwd=_REPO,
-                        check=False)
-  checks.check('unknown binding: exit status 2', proc.returncode == 2,
-               f'status {proc.returncode}')
+  proc = subprocess.run(
+    _CLI
+    + [
+      'train',
+      f'--config_file={_STOCK}',
+      '--config=train.no_such_setting = 3',
+      f'--output_dir={output_dir}',
+    ],
+    capture_output=True,
+    text=True,
+    cwd=_REPO,
+    check=False,
+  )
+  checks.check(
+    'unknown binding: exit status 2',
+    proc.returncode == 2,
+    f'status {proc.returncode}',
+  )
   lines = proc.stderr.strip().splitlines()
-  checks.check('unknown binding: one line naming it, no traceback',
-               len(lines) == 1 and 'no_such_setting' in lines[0] and
-               'Traceback' not in proc.stderr, proc.stderr[-3000:])
-  checks.check('unknown binding: no output dir made',
-               not os.path.exists(output_dir))
+  checks.check(
+    'unknown binding: one line naming it, no traceback',
+    len(lines) == 1
+    and 'no_such_setting' in lines[0]
+    and 'Traceback' not in proc.stderr,
+    proc.stderr[-3000:],
+  )
+  checks.check(
+    'unknown binding: no output dir made', not os.path.exists(output_dir)
+  )
 
 
 def main():
@@ -259,8 +356,11 @@ def main():
   _process_killed_at_start(checks, work)
   _stock_trains(checks, work)
   _unknown_binding(checks, work)
-  print(f'{"FAIL" if checks.failed else "PASS"} cli_smoke: '
-        f'{len(checks.failed)} check(s) failed', flush=True)
+  print(
+    f'{"FAIL" if checks.failed else "PASS"} cli_smoke: '
+    f'{len(checks.failed)} check(s) failed',
+    flush=True,
+  )
   return 1 if checks.failed else 0
 
 

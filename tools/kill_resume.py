@@ -65,25 +65,42 @@ from trax_revplus import compare
 
 MAIN = os.path.join(REPO, 'gin_configs', 'reformer_char_lm.gin')
 TINY = [
-    'eval_steps = 1', 'sequence_length = 32', 'train.eval_frequency = 1000',
-    'local_text_inputs.batch_size = 2', 'local_text_inputs.eval_batch_size = 2',
-    'ReformerLM.n_layers = 1', 'ReformerLM.d_model = 16',
-    'ReformerLM.d_ff = 32',
-    'ReformerLM.n_heads = 2', 'ReformerLM.d_attention_key = 8',
-    'ReformerLM.d_attention_value = 8', 'ReformerLM.dropout = 0.1',
+  'eval_steps = 1',
+  'sequence_length = 32',
+  'train.eval_frequency = 1000',
+  'local_text_inputs.batch_size = 2',
+  'local_text_inputs.eval_batch_size = 2',
+  'ReformerLM.n_layers = 1',
+  'ReformerLM.d_model = 16',
+  'ReformerLM.d_ff = 32',
+  'ReformerLM.n_heads = 2',
+  'ReformerLM.d_attention_key = 8',
+  'ReformerLM.d_attention_value = 8',
+  'ReformerLM.dropout = 0.1',
 ]
 
 
 def _command(output_dir, steps):
   script = os.path.join(os.path.dirname(sys.executable), 'trax-revplus')
-  prefix = ([script] if os.path.exists(script) else
-            [sys.executable, '-m', 'trax_revplus.cli'])
-  bindings = TINY + [f'train.steps = {steps}',
-                     f'train.checkpoints_at = {list(range(1, steps + 1))}']
-  return prefix + ['train', f'--config_file={MAIN}',
-                   f'--output_dir={output_dir}',
-                   '--progress_every_n_steps=1'] + [
-                       f'--config={b}' for b in bindings]
+  prefix = (
+    [script]
+    if os.path.exists(script)
+    else [sys.executable, '-m', 'trax_revplus.cli']
+  )
+  bindings = TINY + [
+    f'train.steps = {steps}',
+    f'train.checkpoints_at = {list(range(1, steps + 1))}',
+  ]
+  return (
+    prefix
+    + [
+      'train',
+      f'--config_file={MAIN}',
+      f'--output_dir={output_dir}',
+      '--progress_every_n_steps=1',
+    ]
+    + [f'--config={b}' for b in bindings]
+  )
 
 
 class _Run:
@@ -91,9 +108,13 @@ class _Run:
 
   def __init__(self, command):
     self.start = time.monotonic()
-    self.process = subprocess.Popen(command, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True,
-                                    cwd=REPO)
+    self.process = subprocess.Popen(
+      command,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+      cwd=REPO,
+    )
     self.steps = []  # Steps whose progress line was printed.
     self.step_times = []  # When each of them was read (monotonic seconds).
     self.first_step_at = None
@@ -148,16 +169,21 @@ def _max_abs_diff(expected, got):
 
 
 def _final_arrays(output_dir):
-  return [compare.read_npy_gz(os.path.join(output_dir, f'model.{kind}.npy.gz'))
-          for kind in ('weights', 'opt_slots0')]
+  return [
+    compare.read_npy_gz(os.path.join(output_dir, f'model.{kind}.npy.gz'))
+    for kind in ('weights', 'opt_slots0')
+  ]
 
 
 def _check_first_step(run, first_step):
   """1 if `run` trained a first step other than `first_step`, else 0."""
   if not run.steps or run.steps[0] == first_step:
     return 0
-  print(f'  OTHER SET LOADED: the restart trained step {run.steps[0]} first, '
-        f'the verified set makes it step {first_step}', flush=True)
+  print(
+    f'  OTHER SET LOADED: the restart trained step {run.steps[0]} first, '
+    f'the verified set makes it step {first_step}',
+    flush=True,
+  )
   return 1
 
 
@@ -215,8 +241,7 @@ def main():
         last = tail_seconds if resume >= args.steps - 1 else 0.0
         delay = rng.uniform(0, step_seconds * (args.steps - resume) + last)
       base = run.start if during_setup else (run.first_step_at or run.start)
-      while (run.process.poll() is None and
-             time.monotonic() < base + delay):
+      while run.process.poll() is None and time.monotonic() < base + delay:
         time.sleep(0.005)
       if run.process.poll() is None:
         run.process.kill()
@@ -235,16 +260,20 @@ def main():
         if completed is not None:
           lost.append(completed - resume)
           where = f'after step {completed}, {completed - resume} lost'
-        print(f'kill {kills} {where}; a restart resumes from step {resume}'
-              f'{"; an install was interrupted" if interrupted else ""}',
-              flush=True)
+        print(
+          f'kill {kills} {where}; a restart resumes from step {resume}'
+          f'{"; an install was interrupted" if interrupted else ""}',
+          flush=True,
+        )
         continue
     code = run.wait()
     other_sets_loaded += _check_first_step(run, first_step)
     if code != 0 and not run.steps:
       no_resume += pending
-      print(f'  NOT RESUMED (exit {code}): '
-            f'{run.stderr.strip().splitlines()[-1:]}', flush=True)
+      print(
+        f'  NOT RESUMED (exit {code}): {run.stderr.strip().splitlines()[-1:]}',
+        flush=True,
+      )
     else:
       resumed += pending
     pending = 0
@@ -253,26 +282,42 @@ def main():
     got = _final_arrays(output_dir)
     diff = _max_abs_diff(expected, got)
     final_diffs.append(diff)
-    print(f'run {run_number} finished; final weights and slots vs the '
-          f'uninterrupted run: max abs diff {diff}', flush=True)
+    print(
+      f'run {run_number} finished; final weights and slots vs the '
+      f'uninterrupted run: max abs diff {diff}',
+      flush=True,
+    )
     output_dir = None
 
   print('\n== kill test ==')
   print(f'kills               {kills}')
   print(f'resumed             {resumed} (not resumed: {no_resume})')
   counts = {n: lost.count(n) for n in sorted(set(lost))}
-  print(f'steps lost          max {max(lost, default=0)}; per kill '
-        f'{json.dumps(counts)} (kills during start-up: {kills - len(lost)})')
-  print(f'sets found corrupt  {corrupt_sets} (interrupted installs, '
-        f'expected: {interrupted_installs})')
-  print(f'other sets loaded   {other_sets_loaded} (restarts whose first '
-        f'step was not the one after the verified set)')
-  print(f'final weights       {len(final_diffs)} runs finished; max abs diff '
-        f'from the uninterrupted run '
-        f'{max(final_diffs) if final_diffs else "n/a"}')
-  ok = (resumed == kills and not no_resume and corrupt_sets == 0 and
-        other_sets_loaded == 0 and
-        max(lost, default=0) <= 1 and all(d == 0.0 for d in final_diffs))
+  print(
+    f'steps lost          max {max(lost, default=0)}; per kill '
+    f'{json.dumps(counts)} (kills during start-up: {kills - len(lost)})'
+  )
+  print(
+    f'sets found corrupt  {corrupt_sets} (interrupted installs, '
+    f'expected: {interrupted_installs})'
+  )
+  print(
+    f'other sets loaded   {other_sets_loaded} (restarts whose first '
+    f'step was not the one after the verified set)'
+  )
+  print(
+    f'final weights       {len(final_diffs)} runs finished; max abs diff '
+    f'from the uninterrupted run '
+    f'{max(final_diffs) if final_diffs else "n/a"}'
+  )
+  ok = (
+    resumed == kills
+    and not no_resume
+    and corrupt_sets == 0
+    and other_sets_loaded == 0
+    and max(lost, default=0) <= 1
+    and all(d == 0.0 for d in final_diffs)
+  )
   sys.exit(0 if ok else 1)
 
 

@@ -44,12 +44,19 @@ _TOLERANCE = 1e-5
 def _run_worker(n_devices, work_dir):
   """(exit status, the worker's JSON result or None, stderr)."""
   env = dict(os.environ)
-  env['XLA_FLAGS'] = (env.get('XLA_FLAGS', '') +
-                      f' --xla_force_host_platform_device_count={n_devices}')
+  env['XLA_FLAGS'] = (
+    env.get('XLA_FLAGS', '')
+    + f' --xla_force_host_platform_device_count={n_devices}'
+  )
   env['JAX_PLATFORMS'] = 'cpu'
-  proc = subprocess.run([sys.executable, _WORKER, str(n_devices)], env=env,
-                        capture_output=True, text=True, cwd=_REPO,
-                        check=False)
+  proc = subprocess.run(
+    [sys.executable, _WORKER, str(n_devices)],
+    env=env,
+    capture_output=True,
+    text=True,
+    cwd=_REPO,
+    check=False,
+  )
   if work_dir:
     os.makedirs(work_dir, exist_ok=True)
     with open(os.path.join(work_dir, 'worker.out'), 'w') as f:
@@ -62,63 +69,97 @@ def _run_worker(n_devices, work_dir):
 
 
 def check_result(checks, n, result):
-  checks.check(f'{n} local devices', result['local_devices'] == n,
-               str(result['local_devices']))
+  checks.check(
+    f'{n} local devices',
+    result['local_devices'] == n,
+    str(result['local_devices']),
+  )
   for key, what in (
-      ('max_diff_vs_default_1dev', "trax's default Trainer on one device"),
-      ('max_diff_vs_ours_1dev', 'ours on one device'),
-      ('max_diff_free', 'ours with free_accelerators_on_step=True'),
-      ('max_diff_slices_vs_default_1dev',
-       "batch_slices=2 vs trax's default Trainer"),
-      ('max_diff_fused_vs_default_1dev',
-       "every layer in one program vs trax's default Trainer"),
-      ('max_diff_budget_vs_default_1dev',
-       "planned under a 1 GiB budget vs trax's default Trainer"),
-      ('max_diff_least_vs_default_1dev',
-       "planned under the least plan's peak vs trax's default Trainer"),
-      ('max_diff_lsh_slices', 'LSH ReformerLM: batch_slices=2 vs 1')):
-    checks.check(f'{n} devices match {what} (<= {_TOLERANCE})',
-                 result[key] <= _TOLERANCE, f'{result[key]:.3g}')
-  checks.check('one loss per device', result['loss_shape'] == [n],
-               str(result['loss_shape']))
-  checks.check('Adasum: finite weights, not plain averaging',
-               result['adasum_finite'] and result['adasum_diff_vs_mean'] > 0,
-               f"finite {result['adasum_finite']}, diff "
-               f"{result['adasum_diff_vs_mean']:.3g}")
-  checks.check('every weight a host numpy array',
-               result['weights_are_numpy'])
-  checks.check('a budget plans on N devices: the fused program under 1 GiB',
-               result['budget_plan']['fused_layers'] > 0,
-               str(result['budget_plan']))
+    ('max_diff_vs_default_1dev', "trax's default Trainer on one device"),
+    ('max_diff_vs_ours_1dev', 'ours on one device'),
+    ('max_diff_free', 'ours with free_accelerators_on_step=True'),
+    (
+      'max_diff_slices_vs_default_1dev',
+      "batch_slices=2 vs trax's default Trainer",
+    ),
+    (
+      'max_diff_fused_vs_default_1dev',
+      "every layer in one program vs trax's default Trainer",
+    ),
+    (
+      'max_diff_budget_vs_default_1dev',
+      "planned under a 1 GiB budget vs trax's default Trainer",
+    ),
+    (
+      'max_diff_least_vs_default_1dev',
+      "planned under the least plan's peak vs trax's default Trainer",
+    ),
+    ('max_diff_lsh_slices', 'LSH ReformerLM: batch_slices=2 vs 1'),
+  ):
+    checks.check(
+      f'{n} devices match {what} (<= {_TOLERANCE})',
+      result[key] <= _TOLERANCE,
+      f'{result[key]:.3g}',
+    )
+  checks.check(
+    'one loss per device',
+    result['loss_shape'] == [n],
+    str(result['loss_shape']),
+  )
+  checks.check(
+    'Adasum: finite weights, not plain averaging',
+    result['adasum_finite'] and result['adasum_diff_vs_mean'] > 0,
+    f'finite {result["adasum_finite"]}, diff '
+    f'{result["adasum_diff_vs_mean"]:.3g}',
+  )
+  checks.check('every weight a host numpy array', result['weights_are_numpy'])
+  checks.check(
+    'a budget plans on N devices: the fused program under 1 GiB',
+    result['budget_plan']['fused_layers'] > 0,
+    str(result['budget_plan']),
+  )
   # Every function of the step compiles ahead on N CPU devices, those
   # whose calls wait for their collectives (`Placement.sync_collectives`)
   # too, and none of them compiles again.
   helper, total = result['compiles_ahead']
-  checks.check('compiled ahead on helper threads, nothing again when called',
-               helper == total == result['compiles_when_called'],
-               f'{helper} on helpers, {total} in all vs '
-               f"{result['compiles_when_called']} when called")
+  checks.check(
+    'compiled ahead on helper threads, nothing again when called',
+    helper == total == result['compiles_when_called'],
+    f'{helper} on helpers, {total} in all vs '
+    f'{result["compiles_when_called"]} when called',
+  )
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--work_dir', default=None,
-                      help="Where to keep the worker's output (default: "
-                      'nowhere).')
-  parser.add_argument('--n_devices', type=int, default=4,
-                      help='Forced CPU devices (default 4; the suite runs '
-                      '2).')
+  parser.add_argument(
+    '--work_dir',
+    default=None,
+    help="Where to keep the worker's output (default: nowhere).",
+  )
+  parser.add_argument(
+    '--n_devices',
+    type=int,
+    default=4,
+    help='Forced CPU devices (default 4; the suite runs 2).',
+  )
   flags = parser.parse_args()
   checks = Checks()
   n = flags.n_devices
   code, result, err = _run_worker(n, flags.work_dir)
-  if checks.check(f'worker on {n} devices exits 0 with a result',
-                  result is not None, f'status {code}'):
+  if checks.check(
+    f'worker on {n} devices exits 0 with a result',
+    result is not None,
+    f'status {code}',
+  ):
     check_result(checks, n, result)
   else:
     print(err[-5000:], file=sys.stderr)
-  print(f'{"FAIL" if checks.failed else "PASS"} multidevice smoke: '
-        f'{len(checks.failed)} check(s) failed', flush=True)
+  print(
+    f'{"FAIL" if checks.failed else "PASS"} multidevice smoke: '
+    f'{len(checks.failed)} check(s) failed',
+    flush=True,
+  )
   return 1 if checks.failed else 0
 
 

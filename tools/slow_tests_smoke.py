@@ -20,12 +20,26 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def main(argv):
-  extra = argv[argv.index('--') + 1:] if '--' in argv else []
-  cmd = [sys.executable, '-m', 'pytest', '-q', '-n', '2', '--dist',
-         'loadfile', '-m', 'slow', 'tests'] + extra
+  extra = argv[argv.index('--') + 1 :] if '--' in argv else []
+  cmd = [
+    sys.executable,
+    '-m',
+    'pytest',
+    '-q',
+    '-n',
+    '2',
+    '--dist',
+    'loadfile',
+    '-m',
+    'slow',
+    'tests',
+  ] + extra
   rc = subprocess.call(cmd, cwd=_REPO)
-  print(f'{"PASS" if rc == 0 else "FAIL"} the tests marked slow '
-        f'(pytest exit status {rc})', flush=True)
+  print(
+    f'{"PASS" if rc == 0 else "FAIL"} the tests marked slow '
+    f'(pytest exit status {rc})',
+    flush=True,
+  )
   return 0 if rc == 0 else 1
 
 

@@ -17,8 +17,10 @@ class Checks:
 
   def check(self, name, ok, detail=''):
     """Prints `PASS name` or `FAIL name` (with `: detail`); returns `ok`."""
-    print(f'{"PASS" if ok else "FAIL"} {name}' + (f': {detail}' if detail
-                                                 else ''), flush=True)
+    print(
+      f'{"PASS" if ok else "FAIL"} {name}' + (f': {detail}' if detail else ''),
+      flush=True,
+    )
     if not ok:
       self.failed.append(name)
     return ok

@@ -41,19 +41,23 @@ import time
 from absl import app
 from absl import flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
-    __file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tools.bench import configs  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tools.bench import model as bench_model  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-_CONFIGS = flags.DEFINE_list('configs', ['char', 'ende'],
-                             'Benchmark configs (tools/bench/configs.py).')
-_REPEATS = flags.DEFINE_integer('repeats', 15,
-                                'Timed calls of each function after 3 '
-                                'warm-up calls.', lower_bound=1)
-_QUICK = flags.DEFINE_bool('quick', False,
-                           'Scale every config down (a smoke run).')
+_CONFIGS = flags.DEFINE_list(
+  'configs', ['char', 'ende'], 'Benchmark configs (tools/bench/configs.py).'
+)
+_REPEATS = flags.DEFINE_integer(
+  'repeats',
+  15,
+  'Timed calls of each function after 3 warm-up calls.',
+  lower_bound=1,
+)
+_QUICK = flags.DEFINE_bool(
+  'quick', False, 'Scale every config down (a smoke run).'
+)
 
 
 def _custom_gradient_classes(base):
@@ -71,12 +75,14 @@ def _functions(cfg):
   """{name: (jitted function, arguments)} of the config's model."""
   # pylint: disable=g-import-not-at-top
   from trax_revplus import trax_import
+
   trax_import.import_trax()
   import jax
   from trax import fastmath
   from trax import layers as tl
   from trax import shapes
   from trax.optimizers import trainer as stock_trainer
+
   # pylint: enable=g-import-not-at-top
   model, _ = bench_model.model_and_optimizer(cfg)
   loss = tl.WeightedCategoryCrossEntropy()
@@ -92,17 +98,24 @@ def _functions(cfg):
 
   def grad_of(layer, argnums=0):
     state, key = layer.state, fastmath.random.get_prng(1)
-    return jax.jit(jax.grad(
-        lambda w, x: layer.pure_fn(x, w, state, key)[0], argnums=argnums,
-        allow_int=True))
-  functions = {'grad': (grad_of(whole), (whole.weights, batch)),
-               # The loss layer's input cotangent is part of every step.
-               'head_grad': (grad_of(head, argnums=(0, 1)),
-                             (head.weights, head_inputs))}
+    return jax.jit(
+      jax.grad(
+        lambda w, x: layer.pure_fn(x, w, state, key)[0],
+        argnums=argnums,
+        allow_int=True,
+      )
+    )
+
+  functions = {
+    'grad': (grad_of(whole), (whole.weights, batch)),
+    # The loss layer's input cotangent is part of every step.
+    'head_grad': (grad_of(head, argnums=(0, 1)), (head.weights, head_inputs)),
+  }
   # A custom gradient is read when the function is traced: trace it with
   # every `has_backward` False, then restore the classes.
-  saved = {c: vars(c)['has_backward']
-           for c in _custom_gradient_classes(tl.Layer)}
+  saved = {
+    c: vars(c)['has_backward'] for c in _custom_gradient_classes(tl.Layer)
+  }
   try:
     for cls in saved:
       cls.has_backward = property(lambda self: False)
@@ -118,6 +131,7 @@ def _functions(cfg):
 def _median_seconds(functions, repeats):
   """{name: median seconds per call}, the functions called in turns."""
   import jax  # pylint: disable=g-import-not-at-top
+
   times = {name: [] for name in functions}
   for i in range(3 + repeats):
     for name, (fn, args) in functions.items():
@@ -135,16 +149,21 @@ def main(argv):
     configs.check_configs(_CONFIGS.value)
   except ValueError as e:
     raise app.UsageError(str(e)) from None
-  print('| config | grad s | grad_kept s | head_grad s | grad_kept / grad '
-        '| head_grad / grad |')
+  print(
+    '| config | grad s | grad_kept s | head_grad s | grad_kept / grad '
+    '| head_grad / grad |'
+  )
   print('|---|---|---|---|---|---|')
   for name in _CONFIGS.value:
     cfg = configs.config(name, _QUICK.value)
     seconds = _median_seconds(_functions(cfg), _REPEATS.value)
     g = seconds['grad']
-    print(f"| {name} | {g:.4f} | {seconds['grad_kept']:.4f} | "
-          f"{seconds['head_grad']:.4f} | {seconds['grad_kept'] / g:.2f} | "
-          f"{seconds['head_grad'] / g:.2f} |", flush=True)
+    print(
+      f'| {name} | {g:.4f} | {seconds["grad_kept"]:.4f} | '
+      f'{seconds["head_grad"]:.4f} | {seconds["grad_kept"] / g:.2f} | '
+      f'{seconds["head_grad"] / g:.2f} |',
+      flush=True,
+    )
 
 
 if __name__ == '__main__':

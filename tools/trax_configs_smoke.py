@@ -51,12 +51,17 @@ from trax_revplus.cli.summary import summary_rows
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_DIR = os.path.join(ROOT, 'gin_configs', 'trax')
-BUDGET_SETTING = ('trax_revplus.ReversibleSerialTrainer.'
-                  'device_memory_budget_bytes')
+BUDGET_SETTING = (
+  'trax_revplus.ReversibleSerialTrainer.device_memory_budget_bytes'
+)
 N_DEVICES = 2
-CONFIGS = ('reformer_copy', 'reformer_wmt_ende',
-           'terraformer_copy', 'terraformer_copy_self_attn',
-           'terraformer_purelsh_copy')
+CONFIGS = (
+  'reformer_copy',
+  'reformer_wmt_ende',
+  'terraformer_copy',
+  'terraformer_copy_self_attn',
+  'terraformer_purelsh_copy',
+)
 DONATION_FAILURE = 'Attempt to donate the same buffer twice'
 # Largest loss and final weight difference from stock after a config's
 # steps: float32 rounding of the same computation in another order stays
@@ -70,8 +75,14 @@ def _compare(name, output_dir, steps):
   """Runs `trax-revplus compare` on `<name>_cpu.gin`; returns compare.json."""
   config = os.path.join(CONFIG_DIR, f'{name}_cpu.gin')
   run_dir = os.path.join(output_dir, name)
-  command = [sys.executable, '-m', 'trax_revplus.cli', 'compare',
-             f'--config_file={config}', f'--output_dir={run_dir}']
+  command = [
+    sys.executable,
+    '-m',
+    'trax_revplus.cli',
+    'compare',
+    f'--config_file={config}',
+    f'--output_dir={run_dir}',
+  ]
   if steps is not None:
     command.append(f'--steps={steps}')
   with open(os.path.join(output_dir, f'{name}.out'), 'w') as out:
@@ -87,13 +98,20 @@ def _train(name, run_dir, bindings, env=None, out_path=None):
   """Runs `trax-revplus train` on `<name>_cpu.gin`; returns its exit status
   and the path of what it printed (`out_path`, else `<run_dir>.out`)."""
   config = os.path.join(CONFIG_DIR, f'{name}_cpu.gin')
-  command = [sys.executable, '-m', 'trax_revplus.cli', 'train',
-             f'--config_file={config}', f'--output_dir={run_dir}']
+  command = [
+    sys.executable,
+    '-m',
+    'trax_revplus.cli',
+    'train',
+    f'--config_file={config}',
+    f'--output_dir={run_dir}',
+  ]
   command += [f'--config={b}' for b in bindings]
   out_path = out_path or run_dir + '.out'
   with open(out_path, 'w') as out:
-    proc = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT,
-                          check=False, env=env)
+    proc = subprocess.run(
+      command, stdout=out, stderr=subprocess.STDOUT, check=False, env=env
+    )
   return proc.returncode, out_path
 
 
@@ -145,9 +163,11 @@ def _check_run(what, run_dir, code, out_path, budget_bytes=None):
   line = f'  {what}: '
   if losses and len(evals) >= 2:
     quarter = max(1, len(losses) // 4)
-    line += (f'loss {np.mean(losses[:quarter]):.3f} -> '
-             f'{np.mean(losses[-quarter:]):.3f}, eval {evals[0]:.3f} -> '
-             f'{evals[-1]:.3f}')
+    line += (
+      f'loss {np.mean(losses[:quarter]):.3f} -> '
+      f'{np.mean(losses[-quarter:]):.3f}, eval {evals[0]:.3f} -> '
+      f'{evals[-1]:.3f}'
+    )
   if budget_bytes is not None:
     planned = _planned_bytes(run_dir)
     line += f'; planned peak {planned} bytes <= budget {budget_bytes}'
@@ -161,20 +181,38 @@ def _check_run(what, run_dir, code, out_path, budget_bytes=None):
 def _further_runs(name, output_dir, result):
   """Under stock's own peak, and on N_DEVICES devices: [(ok, line)]."""
   out = []
-  stock = (((result or {}).get('device_accounting') or {}).get('trainers')
-           or {}).get('stock') or {}
+  stock = (
+    ((result or {}).get('device_accounting') or {}).get('trainers') or {}
+  ).get('stock') or {}
   budget = stock.get('peak_device_bytes')
   if budget is None:
-    out.append((False, f"  budget of stock's peak: no stock peak in "
-                       f"compare.json ({stock.get('error')})"))
+    out.append(
+      (
+        False,
+        f"  budget of stock's peak: no stock peak in "
+        f'compare.json ({stock.get("error")})',
+      )
+    )
   else:
     run_dir = os.path.join(output_dir, name, 'revplus_stock_budget')
     code, out_path = _train(name, run_dir, [f'{BUDGET_SETTING} = {budget}'])
-    out.append(_check_run(f"budget of stock's peak ({budget} bytes)",
-                          run_dir, code, out_path, budget_bytes=budget))
-  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS=(
-      os.environ.get('XLA_FLAGS', '') +
-      f' --xla_force_host_platform_device_count={N_DEVICES}'))
+    out.append(
+      _check_run(
+        f"budget of stock's peak ({budget} bytes)",
+        run_dir,
+        code,
+        out_path,
+        budget_bytes=budget,
+      )
+    )
+  env = dict(
+    os.environ,
+    JAX_PLATFORMS='cpu',
+    XLA_FLAGS=(
+      os.environ.get('XLA_FLAGS', '')
+      + f' --xla_force_host_platform_device_count={N_DEVICES}'
+    ),
+  )
   run_dir = os.path.join(output_dir, name, f'revplus_{N_DEVICES}_devices')
   code, out_path = _train(name, run_dir, [], env=env)
   out.append(_check_run(f'{N_DEVICES} devices', run_dir, code, out_path))
@@ -199,9 +237,11 @@ def _final_checkpoint_problems(what, text):
   last = re.match(r'(\d+) ', rows.get('steps', ''))
   saved = re.match(r'\S+ \(step (\d+)', rows.get('checkpoint', ''))
   if not (last and saved and saved.group(1) == last.group(1)):
-    return [f"{what}'s final checkpoint is not at its last step: "
-            f"steps {rows.get('steps')!r}, checkpoint "
-            f"{rows.get('checkpoint')!r}"]
+    return [
+      f"{what}'s final checkpoint is not at its last step: "
+      f'steps {rows.get("steps")!r}, checkpoint '
+      f'{rows.get("checkpoint")!r}'
+    ]
   return []
 
 
@@ -210,17 +250,20 @@ def _resume_problems(name, result):
   where its final checkpoint loads and no step is left to run."""
   bindings = list(result['bindings'])
   if result['steps'] is not None:
-    bindings.append(f"train.steps = {result['steps']}")
+    bindings.append(f'train.steps = {result["steps"]}')
   if not result['seed_from_config']:
-    bindings.append(f"train.random_seed = {result['seed']}")
+    bindings.append(f'train.random_seed = {result["seed"]}')
   run_dir = result['runs']['revplus']['output_dir']
-  code, out_path = _train(name, run_dir, bindings,
-                          out_path=run_dir + '.resumed.out')
+  code, out_path = _train(
+    name, run_dir, bindings, out_path=run_dir + '.resumed.out'
+  )
   with open(out_path, errors='replace') as f:
     rows = summary_rows(f.read())
   if code != 0 or 'nothing new to save' not in rows.get('checkpoint', ''):
-    return [f'its final checkpoint did not load (exit status {code}, '
-            f'checkpoint {rows.get("checkpoint")!r}; see {out_path})']
+    return [
+      f'its final checkpoint did not load (exit status {code}, '
+      f'checkpoint {rows.get("checkpoint")!r}; see {out_path})'
+    ]
   return []
 
 
@@ -239,14 +282,17 @@ def _check(name, result):
   ours, stock = result['runs']['revplus'], result['runs']['stock']
   problems = []
   if ours['status'] != 'ok':
-    problems.append(f"trax_revplus failed: {ours['error']}")
+    problems.append(f'trax_revplus failed: {ours["error"]}')
   if DONATION_FAILURE in _log_text(ours):
     problems.append('trax_revplus hit the donation failure')
   losses = ((ours.get('stats') or {}).get('loss')) or []
   evals = _eval_losses(ours['output_dir'])
   quarter = max(1, len(losses) // 4)
-  first, last = (float(np.mean(losses[:quarter])),
-                 float(np.mean(losses[-quarter:]))) if losses else (None, None)
+  first, last = (
+    (float(np.mean(losses[:quarter])), float(np.mean(losses[-quarter:])))
+    if losses
+    else (None, None)
+  )
   if not losses or not last < first:
     problems.append(f'loss did not fall: {losses}')
   if len(evals) < 2 or not evals[-1] < evals[0]:
@@ -257,20 +303,27 @@ def _check(name, result):
   if ours['status'] == 'ok':
     problems += _resume_problems(name, result)
   if stock['status'] == 'ok':
-    for what, diff in (('losses', result['loss_max_abs_diff']),
-                       ('final weights',
-                        result['final_weights']['max_abs_diff'])):
+    for what, diff in (
+      ('losses', result['loss_max_abs_diff']),
+      ('final weights', result['final_weights']['max_abs_diff']),
+    ):
       if diff is None or not diff <= STOCK_ATOL:
-        problems.append(f"{what} differ from stock's by {diff} "
-                        f'(> {STOCK_ATOL})')
-  stock_part = (f"stock ok, max |loss diff| {result['loss_max_abs_diff']}, "
-                f"max |weight diff| "
-                f"{result['final_weights']['max_abs_diff']}"
-                if stock['status'] == 'ok' else
-                f"stock failed: {stock['error']}")
-  loss_part = (f'trax_revplus loss {first:.3f} -> {last:.3f}, eval '
-               f'{evals[0]:.3f} -> {evals[-1]:.3f}'
-               if losses and len(evals) >= 2 else 'trax_revplus: no losses')
+        problems.append(
+          f"{what} differ from stock's by {diff} (> {STOCK_ATOL})"
+        )
+  stock_part = (
+    f'stock ok, max |loss diff| {result["loss_max_abs_diff"]}, '
+    f'max |weight diff| '
+    f'{result["final_weights"]["max_abs_diff"]}'
+    if stock['status'] == 'ok'
+    else f'stock failed: {stock["error"]}'
+  )
+  loss_part = (
+    f'trax_revplus loss {first:.3f} -> {last:.3f}, eval '
+    f'{evals[0]:.3f} -> {evals[-1]:.3f}'
+    if losses and len(evals) >= 2
+    else 'trax_revplus: no losses'
+  )
   line = f'{name}: {loss_part}; {stock_part}'
   if problems:
     line += '; PROBLEMS: ' + '; '.join(problems)
@@ -279,13 +332,23 @@ def _check(name, result):
 
 def main(argv):
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--output_dir', default=None,
-                      help='where the compare runs go (default: a new '
-                      'temporary directory)')
-  parser.add_argument('--steps', type=int, default=None,
-                      help="steps per run (default: the configs' 20)")
-  parser.add_argument('--config', action='append', choices=CONFIGS,
-                      help='a config to run (repeatable; default: all)')
+  parser.add_argument(
+    '--output_dir',
+    default=None,
+    help='where the compare runs go (default: a new temporary directory)',
+  )
+  parser.add_argument(
+    '--steps',
+    type=int,
+    default=None,
+    help="steps per run (default: the configs' 20)",
+  )
+  parser.add_argument(
+    '--config',
+    action='append',
+    choices=CONFIGS,
+    help='a config to run (repeatable; default: all)',
+  )
   args = parser.parse_args(argv)
   output_dir = args.output_dir or tempfile.mkdtemp(prefix='trax_configs_')
   os.makedirs(output_dir, exist_ok=True)

@@ -21,16 +21,16 @@ __version__ = '0.1.0'
 # stay cheap so that the `trax-revplus` command answers --help and flag
 # errors at once.
 _EXPORTS = {
-    'activate': 'trax_revplus.swap',
-    'deactivate': 'trax_revplus.swap',
-    'is_active': 'trax_revplus.swap',
-    'ReversibleHalfResidual': 'trax_revplus.layers',
-    'ReversibleSerial': 'trax_revplus.layers',
-    'reconstruction_error': 'trax_revplus.layers',
-    'init_reversible_blocks': 'trax_revplus.trainer',
-    'ReversibleSerialTrainer': 'trax_revplus.trainer',
-    'TrainerOptions': 'trax_revplus.trainer',
-    'DeviceOutOfMemoryError': 'trax_revplus.trainer',
+  'activate': 'trax_revplus.swap',
+  'deactivate': 'trax_revplus.swap',
+  'is_active': 'trax_revplus.swap',
+  'ReversibleHalfResidual': 'trax_revplus.layers',
+  'ReversibleSerial': 'trax_revplus.layers',
+  'reconstruction_error': 'trax_revplus.layers',
+  'init_reversible_blocks': 'trax_revplus.trainer',
+  'ReversibleSerialTrainer': 'trax_revplus.trainer',
+  'TrainerOptions': 'trax_revplus.trainer',
+  'DeviceOutOfMemoryError': 'trax_revplus.trainer',
 }
 __all__ = sorted(_EXPORTS)  # noqa: PLE0605 (the lazily imported names)
 

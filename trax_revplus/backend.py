@@ -39,18 +39,19 @@ _ANSWER = 'TRAX_REVPLUS_CHILD_ANSWER '
 # multi-process lockfile. Run "$ sudo rm /tmp/libtpu_lockfile".").
 _IN_USE = re.compile(r'TPU is already in use by process(?: with pid)? (\d+)')
 _LOCKFILE = re.compile(
-    r'libtpu multi-process lockfile(?:\. Run "\$ sudo rm ([^"]+)")?')
+  r'libtpu multi-process lockfile(?:\. Run "\$ sudo rm ([^"]+)")?'
+)
 _DEFAULT_LOCKFILE = '/tmp/libtpu_lockfile'
 _ONE_PER_CHIP = 'one process per chip'
 
 
 class BusyDeviceError(UserError):
   """The device is held by another process (exit status 1)."""
+
   exit_code = EXIT_RUNTIME
 
 
-def busy_device_error(error: BaseException | None
-                      ) -> BusyDeviceError | None:
+def busy_device_error(error: BaseException | None) -> BusyDeviceError | None:
   """`error` as one line when it says another process holds the device.
 
   Args:
@@ -77,19 +78,25 @@ def busy_device_error(error: BaseException | None
       if holders:
         return _in_use(holders)
       return BusyDeviceError(
-          f"the TPU cannot be opened: libtpu's lockfile {path} cannot be "
-          f'taken, and no process this user can see holds it open: wait '
-          f'for the process that uses the TPU to end, or if none does, '
-          f'remove the file (sudo rm {path}); {_ONE_PER_CHIP}')
+        f"the TPU cannot be opened: libtpu's lockfile {path} cannot be "
+        f'taken, and no process this user can see holds it open: wait '
+        f'for the process that uses the TPU to end, or if none does, '
+        f'remove the file (sudo rm {path}); {_ONE_PER_CHIP}'
+      )
     error = error.__cause__ or error.__context__
   return None
 
 
 def _in_use(pids: list[int]) -> BusyDeviceError:
-  which = (f'pid {pids[0]}' if len(pids) == 1 else
-           'pids ' + ', '.join(str(p) for p in pids))
-  return BusyDeviceError(f'the TPU is in use by another process ({which}): '
-                         f'wait for it to end or stop it; {_ONE_PER_CHIP}')
+  which = (
+    f'pid {pids[0]}'
+    if len(pids) == 1
+    else 'pids ' + ', '.join(str(p) for p in pids)
+  )
+  return BusyDeviceError(
+    f'the TPU is in use by another process ({which}): '
+    f'wait for it to end or stop it; {_ONE_PER_CHIP}'
+  )
 
 
 def _holders(path: str) -> list[int]:
@@ -98,6 +105,7 @@ def _holders(path: str) -> list[int]:
   # Imported here: the CLI imports this module before anything else, and
   # only a busy device needs psutil.
   import psutil  # pylint: disable=g-import-not-at-top
+
   path = os.path.realpath(path)  # As /proc names open files.
   pids = []
   for process in psutil.process_iter():
@@ -138,8 +146,11 @@ def describe() -> dict[str, Any]:
   jax = trax_import.module('jax')
   open_backend()
   local = jax.local_devices()
-  return {'platform': local[0].platform, 'local_device_count': len(local),
-          'devices': [str(d) for d in jax.devices()]}
+  return {
+    'platform': local[0].platform,
+    'local_device_count': len(local),
+    'devices': [str(d) for d in jax.devices()],
+  }
 
 
 def probe(env: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -156,8 +167,12 @@ def probe(env: Mapping[str, str] | None = None) -> dict[str, Any]:
   return call(f'{__name__}:describe', env=env)
 
 
-def call(function: str, *args: Any, env: Mapping[str, str] | None = None,
-         log_path: str | None = None) -> Any:
+def call(
+  function: str,
+  *args: Any,
+  env: Mapping[str, str] | None = None,
+  log_path: str | None = None,
+) -> Any:
   """Runs `function(*args)` in a fresh Python process; returns its result.
 
   For a process that must not open JAX's backend (see the module
@@ -179,26 +194,39 @@ def call(function: str, *args: Any, env: Mapping[str, str] | None = None,
       raised anything else or its process died: one line, exit status 1
       (the traceback is in `log_path`'s file).
   """
-  command = [sys.executable, '-m', __name__,
-             json.dumps({'function': function, 'args': list(args)})]
+  command = [
+    sys.executable,
+    '-m',
+    __name__,
+    json.dumps({'function': function, 'args': list(args)}),
+  ]
   # Ctrl-C and compare's SIGTERM reach the parent, which ends the child
   # (subprocess.run kills it while it unwinds).
-  proc = subprocess.run(command, stdin=subprocess.DEVNULL,
-                        capture_output=True, text=True, errors='replace',
-                        env=None if env is None else dict(env), check=False)
+  proc = subprocess.run(
+    command,
+    stdin=subprocess.DEVNULL,
+    capture_output=True,
+    text=True,
+    errors='replace',
+    env=None if env is None else dict(env),
+    check=False,
+  )
   if log_path is not None:
     with open(log_path, 'w', encoding='utf-8') as f:
       f.write(proc.stdout + proc.stderr)
-  answers = [line[len(_ANSWER):] for line in proc.stdout.splitlines()
-             if line.startswith(_ANSWER)]
+  answers = [
+    line[len(_ANSWER) :]
+    for line in proc.stdout.splitlines()
+    if line.startswith(_ANSWER)
+  ]
   if not answers:
-    lines = [line.strip() for line in proc.stderr.splitlines()
-             if line.strip()]
+    lines = [line.strip() for line in proc.stderr.splitlines() if line.strip()]
     where = f'; its output is in {log_path}' if log_path else ''
     raise UserError(
-        f'{function} ended in its process without an answer (exit status '
-        f'{proc.returncode}): {lines[-1] if lines else "no output"}{where}',
-        EXIT_RUNTIME)
+      f'{function} ended in its process without an answer (exit status '
+      f'{proc.returncode}): {lines[-1] if lines else "no output"}{where}',
+      EXIT_RUNTIME,
+    )
   answer = json.loads(answers[-1])
   if 'error' in answer:
     raise UserError(answer['error'], answer['exit_code'])
@@ -218,8 +246,10 @@ def _answer(request: dict[str, Any]) -> dict[str, Any]:
     if busy is not None:
       return {'error': str(busy), 'exit_code': busy.exit_code}
     traceback.print_exc()  # Into the log; the parent prints one line.
-    return {'error': one_line(e, typed=True, max_chars=300),
-            'exit_code': EXIT_RUNTIME}
+    return {
+      'error': one_line(e, typed=True, max_chars=300),
+      'exit_code': EXIT_RUNTIME,
+    }
 
 
 if __name__ == '__main__':

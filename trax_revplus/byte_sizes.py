@@ -12,9 +12,13 @@ BYTES_PER_MIB = 1 << 20
 _UNIT_BYTES = {'KiB': 1 << 10, 'MiB': BYTES_PER_MIB, 'GiB': 1 << 30}
 
 
-def format_bytes(nbytes: float | None, unit: str | None = 'MiB',
-                 spec: str = '.1f', suffix: bool = True,
-                 none: str = '-') -> str:
+def format_bytes(
+  nbytes: float | None,
+  unit: str | None = 'MiB',
+  spec: str = '.1f',
+  suffix: bool = True,
+  none: str = '-',
+) -> str:
   """A byte count in a binary unit, e.g. '12.1 MiB'.
 
   Args:
@@ -32,8 +36,10 @@ def format_bytes(nbytes: float | None, unit: str | None = 'MiB',
   if nbytes is None:
     return none
   if unit is None:
-    unit = next((name for name, size in reversed(_UNIT_BYTES.items())
-                 if nbytes >= size), None)
+    unit = next(
+      (name for name, size in reversed(_UNIT_BYTES.items()) if nbytes >= size),
+      None,
+    )
     if unit is None:
       return f'{nbytes} B'
   number = format(nbytes / _UNIT_BYTES[unit], spec)

@@ -35,9 +35,9 @@ from trax_revplus.typing import PRNGKey
 from trax_revplus.typing import PyTree
 
 
-def tree_unflatten(flat: Sequence[Any], tree: PyTree,
-                   copy_from_tree: Sequence[Any] | None = None
-                   ) -> tuple[PyTree, Sequence[Any]]:
+def tree_unflatten(
+  flat: Sequence[Any], tree: PyTree, copy_from_tree: Sequence[Any] | None = None
+) -> tuple[PyTree, Sequence[Any]]:
   """Builds a tree shaped as `tree` from the leaves `flat`.
 
   Mirrors `trax.fastmath.tree_unflatten`, which `Loop.load_checkpoint` uses
@@ -59,9 +59,13 @@ def tree_unflatten(flat: Sequence[Any], tree: PyTree,
     `(new_tree, rest)`: the tree with leaves from `flat`, and the leaves of
     `flat` left over.
   """
-  if copy_from_tree is not None and not hasattr(tree, 'shape') and any(
-      tree is c or (type(tree) is type(c) and tree == c)
-      for c in copy_from_tree):
+  if (
+    copy_from_tree is not None
+    and not hasattr(tree, 'shape')
+    and any(
+      tree is c or (type(tree) is type(c) and tree == c) for c in copy_from_tree
+    )
+  ):
     return tree, flat
   if isinstance(tree, (list, tuple)):
     new_tree, rest = [], flat
@@ -95,15 +99,17 @@ def for_n_devices(x: PyTree, n_devices: int) -> PyTree:
   """
   if n_devices <= 1:
     return x
+
   def replicate(leaf):
     leaf = np.asarray(leaf)
     return np.broadcast_to(leaf, (n_devices,) + leaf.shape)
+
   return fastmath.nested_map(replicate, x)
 
 
-def init_host_and_devices(n_devices: int | None = None,
-                          random_seed: int | None = None
-                          ) -> tuple[bool, int, int, PRNGKey]:
+def init_host_and_devices(
+  n_devices: int | None = None, random_seed: int | None = None
+) -> tuple[bool, int, int, PRNGKey]:
   """Host index and count, devices and the first RNG of a `training.Loop`.
 
   Mirrors `trax.supervised.training.init_host_and_devices`, which every
@@ -130,17 +136,27 @@ def init_host_and_devices(n_devices: int | None = None,
     host_id = 0
     host_count = 1
   is_chief = host_id == 0
-  logging.info('Initializing hosts and devices: host_id %d, host_count %d, '
-               'is_chief %d', host_id, host_count, is_chief)
+  logging.info(
+    'Initializing hosts and devices: host_id %d, host_count %d, is_chief %d',
+    host_id,
+    host_count,
+    is_chief,
+  )
   device_count = fastmath.local_device_count()
   n_devices = n_devices or device_count
   if n_devices != device_count and fastmath.is_backend(fastmath.Backend.JAX):
-    raise ValueError('JAX cannot work yet with n_devices != all devices: '
-                     '%d != %d' % (n_devices, device_count))
+    raise ValueError(
+      'JAX cannot work yet with n_devices != all devices: '
+      '%d != %d' % (n_devices, device_count)
+    )
   if random_seed is None and host_count > 1:
     random_seed = processes.shared_random_seed()
-  return (is_chief, host_count, n_devices,
-          trax_functions.init_random_number_generators(random_seed))
+  return (
+    is_chief,
+    host_count,
+    n_devices,
+    trax_functions.init_random_number_generators(random_seed),
+  )
 
 
 def accelerate(f: Callable[..., Any], n_devices: int) -> Callable[..., Any]:
@@ -172,6 +188,7 @@ def accelerate(f: Callable[..., Any], n_devices: int) -> Callable[..., Any]:
   def on_cpu(*args, **kwargs):
     args, kwargs = jax.device_put((args, kwargs), cpu)
     return compiled(*args, **kwargs)
+
   return on_cpu
 
 
@@ -197,4 +214,3 @@ def on_cpu(x: PyTree) -> PyTree:
   if not fastmath.is_backend(fastmath.Backend.JAX):
     return x
   return jax.device_put(x, local_cpu_device())
-

@@ -35,7 +35,8 @@ AUTO = 'auto'
 # read an entry another is still writing.
 MAX_SIZE_BYTES = 8 * 2**30
 _UNREADABLE_ENTRY = re.compile(
-    r"Error reading persistent compilation cache entry for '([^']*)'")
+  r"Error reading persistent compilation cache entry for '([^']*)'"
+)
 
 
 class CompilationCacheError(ValueError):
@@ -45,7 +46,8 @@ class CompilationCacheError(ValueError):
 def default_directory() -> str:
   """`$XDG_CACHE_HOME/trax_revplus/jax` (default `~/.cache/...`)."""
   base = os.environ.get('XDG_CACHE_HOME') or os.path.join(
-      os.path.expanduser('~'), '.cache')
+    os.path.expanduser('~'), '.cache'
+  )
   return os.path.join(base, 'trax_revplus', 'jax')
 
 
@@ -80,9 +82,10 @@ def check_writable(directory: str) -> str:
   except OSError as e:
     reason = e.strerror or type(e).__name__
     raise CompilationCacheError(
-        f'the compilation cache directory {path} cannot be written '
-        f'({reason}): give a writable one with --compilation_cache_dir=DIR, '
-        f'or run without the cache with --nocompilation_cache') from None
+      f'the compilation cache directory {path} cannot be written '
+      f'({reason}): give a writable one with --compilation_cache_dir=DIR, '
+      f'or run without the cache with --nocompilation_cache'
+    ) from None
   return path
 
 
@@ -106,7 +109,8 @@ def enable(directory: str = AUTO) -> str:
   """
   jax = trax_import.module('jax')
   compilation_cache = trax_import.module(
-      'jax.experimental.compilation_cache.compilation_cache')
+    'jax.experimental.compilation_cache.compilation_cache'
+  )
   path = check_writable(directory)
   jax.config.update('jax_compilation_cache_dir', path)
   jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
@@ -118,10 +122,12 @@ def enable(directory: str = AUTO) -> str:
   return path
 
 
-_SETTINGS = ('jax_compilation_cache_dir',
-             'jax_persistent_cache_min_compile_time_secs',
-             'jax_persistent_cache_min_entry_size_bytes',
-             'jax_compilation_cache_max_size')
+_SETTINGS = (
+  'jax_compilation_cache_dir',
+  'jax_persistent_cache_min_compile_time_secs',
+  'jax_persistent_cache_min_entry_size_bytes',
+  'jax_compilation_cache_max_size',
+)
 
 
 @contextlib.contextmanager
@@ -137,7 +143,8 @@ def enabled(directory: str = AUTO) -> Iterator[str]:
   """
   jax = trax_import.module('jax')
   compilation_cache = trax_import.module(
-      'jax.experimental.compilation_cache.compilation_cache')
+    'jax.experimental.compilation_cache.compilation_cache'
+  )
   saved = {name: getattr(jax.config, name) for name in _SETTINGS}
   try:
     yield enable(directory)

@@ -23,7 +23,6 @@ before trax's import (seconds of CPU), and `multiprocess`, `cli` and
 `compare` all import it.
 """
 
-
 EXIT_OK = 0
 EXIT_RUNTIME = 1
 EXIT_USAGE = 2
@@ -55,6 +54,7 @@ class UserError(Exception):
       given (or set by a subclass), `EXIT_RUNTIME`, `EXIT_LOST_PROCESS`, or
       `signal_exit_status(N)` for a run stopped by signal N.
   """
+
   exit_code = EXIT_USAGE
 
   def __init__(self, message: str, exit_code: int | None = None):
@@ -63,9 +63,13 @@ class UserError(Exception):
       self.exit_code = exit_code
 
 
-def one_line(exception: BaseException, context: bool = True,
-             all_lines: bool = False, typed: bool = False,
-             max_chars: int | None = None) -> str:
+def one_line(
+  exception: BaseException,
+  context: bool = True,
+  all_lines: bool = False,
+  typed: bool = False,
+  max_chars: int | None = None,
+) -> str:
   """Condenses an exception's message (e.g. gin's, with context) to a line.
 
   By default keeps the first non-empty line, plus gin's "In file ..." /
@@ -93,16 +97,16 @@ def one_line(exception: BaseException, context: bool = True,
     name = type(exception).__name__
     text = f'{name}: {text}' if text else name
   if max_chars is not None and len(text) > max_chars:
-    text = text[:max_chars - 3] + '...'
+    text = text[: max_chars - 3] + '...'
   return text
 
 
-def _condensed(exception: BaseException, context: bool,
-               all_lines: bool) -> str:
+def _condensed(exception: BaseException, context: bool, all_lines: bool) -> str:
   """`one_line`'s text before its class name and limit."""
   lines = [line.strip() for line in str(exception).splitlines()]
-  lines = [line for line in lines
-           if line and not line.startswith(_GIN_CALL_SITE)]
+  lines = [
+    line for line in lines if line and not line.startswith(_GIN_CALL_SITE)
+  ]
   if all_lines:
     return ' '.join(lines) or type(exception).__name__
   if not context:

@@ -43,8 +43,13 @@ class Interrupted(Exception):
     loop: the `training.Loop`, or None if it stopped before one was built.
   """
 
-  def __init__(self, signum: int, step: int | None = None,
-               checkpoint: str | None = None, loop: Any = None):
+  def __init__(
+    self,
+    signum: int,
+    step: int | None = None,
+    checkpoint: str | None = None,
+    loop: Any = None,
+  ):
     super().__init__(f'interrupted by signal {signum} at step {step}')
     self.signum = signum
     self.step = step
@@ -68,8 +73,9 @@ class StopOnSignal:
       (None: it has not, or it stopped before the first step).
   """
 
-  def __init__(self, basename: str = 'model',
-               notify: Callable[[int], None] | None = None):
+  def __init__(
+    self, basename: str = 'model', notify: Callable[[int], None] | None = None
+  ):
     """Prepares the handlers; `__enter__` installs them.
 
     Args:
@@ -134,8 +140,11 @@ class StopOnSignal:
 
 
 def _warn(signum: int) -> None:
-  logging.warning('signal %d received: stopping after this step with a '
-                  'checkpoint (send it again to stop at once).', signum)
+  logging.warning(
+    'signal %d received: stopping after this step with a '
+    'checkpoint (send it again to stop at once).',
+    signum,
+  )
 
 
 @functools.cache
@@ -146,7 +155,8 @@ def _callback_class() -> type:
   not import, so that signals are handled while trax is being imported.
   """
   step_callback: Any = trax_import.module(
-      'trax.supervised.callbacks').TrainingStepCallback
+    'trax.supervised.callbacks'
+  ).TrainingStepCallback
 
   class _StopOnSignalCallback(step_callback):
     """Saves a checkpoint and raises `Interrupted` after a signalled step."""
@@ -172,10 +182,12 @@ def _callback_class() -> type:
       checkpoint = None
       if self._loop.output_dir is not None:
         self._loop.save_checkpoint(owner.basename)
-        checkpoint = os.path.join(self._loop.output_dir,
-                                  owner.basename + '.pkl.gz')
+        checkpoint = os.path.join(
+          self._loop.output_dir, owner.basename + '.pkl.gz'
+        )
       owner.stopped_at_step = step
-      raise Interrupted(owner.signum, step=step, checkpoint=checkpoint,
-                        loop=self._loop)
+      raise Interrupted(
+        owner.signum, step=step, checkpoint=checkpoint, loop=self._loop
+      )
 
   return _StopOnSignalCallback

@@ -37,8 +37,9 @@ def listening(listener: Callable[[str], None]) -> Iterator[None]:
       _listeners.remove(listener)
 
 
-def notify(message: str,
-           category: type[Warning] = SettingReplacedWarning) -> None:
+def notify(
+  message: str, category: type[Warning] = SettingReplacedWarning
+) -> None:
   """Hands `message` (one line) to the listeners, or warns with it."""
   with _lock:
     listeners = list(_listeners)

@@ -96,34 +96,42 @@ def check(path: str, flag: str, allow_stdout: bool = False) -> None:
     mode = None
   except OSError as e:
     if e.errno == errno.ELOOP:
-      raise OutputFileError(f'{flag}={shown}: the link loops; give a file '
-                            f'path') from None
-    raise OutputFileError(f'cannot write {flag}={shown}: '
-                          f'{e.strerror or e}', EXIT_RUNTIME) from None
+      raise OutputFileError(
+        f'{flag}={shown}: the link loops; give a file path'
+      ) from None
+    raise OutputFileError(
+      f'cannot write {flag}={shown}: {e.strerror or e}', EXIT_RUNTIME
+    ) from None
   if mode is not None:
     kind = _kind(mode)
     if kind is not None:
-      raise OutputFileError(f'{flag}={shown} is {kind}; give the path of a '
-                            f'file', EXIT_USAGE)
+      raise OutputFileError(
+        f'{flag}={shown} is {kind}; give the path of a file', EXIT_USAGE
+      )
     if not os.access(target, os.W_OK):
-      raise OutputFileError(f'cannot write {flag}={shown}: the file is not '
-                            f'writable', EXIT_RUNTIME)
+      raise OutputFileError(
+        f'cannot write {flag}={shown}: the file is not writable', EXIT_RUNTIME
+      )
     if _written_in_place(mode):
       return
   directory = os.path.dirname(os.path.abspath(target))
   if not os.path.isdir(directory):
-    what = (f'{directory} is not a directory; give a path in a directory'
-            if os.path.lexists(directory) else
-            f'directory {directory} does not exist; create it first')
-    raise OutputFileError(f'cannot write {flag}={shown}: {what}',
-                          EXIT_RUNTIME)
+    what = (
+      f'{directory} is not a directory; give a path in a directory'
+      if os.path.lexists(directory)
+      else f'directory {directory} does not exist; create it first'
+    )
+    raise OutputFileError(f'cannot write {flag}={shown}: {what}', EXIT_RUNTIME)
   if not os.access(directory, os.W_OK | os.X_OK):
-    raise OutputFileError(f'cannot write {flag}={shown}: directory '
-                          f'{directory} is not writable', EXIT_RUNTIME)
+    raise OutputFileError(
+      f'cannot write {flag}={shown}: directory {directory} is not writable',
+      EXIT_RUNTIME,
+    )
 
 
-def write(path: str, fill: Callable[[IO[bytes]], object],
-          flag: str | None = None) -> str:
+def write(
+  path: str, fill: Callable[[IO[bytes]], object], flag: str | None = None
+) -> str:
   """Writes an output file safely (see the module docstring).
 
   Args:
@@ -152,8 +160,9 @@ def write(path: str, fill: Callable[[IO[bytes]], object],
   except (FileNotFoundError, NotADirectoryError):
     mode = None
   except OSError as e:
-    raise OutputFileError(f'cannot write {name}: {e.strerror or e}',
-                          EXIT_RUNTIME) from None
+    raise OutputFileError(
+      f'cannot write {name}: {e.strerror or e}', EXIT_RUNTIME
+    ) from None
   try:
     if mode is not None and _written_in_place(mode):
       with open(target, 'wb') as f:
@@ -162,8 +171,9 @@ def write(path: str, fill: Callable[[IO[bytes]], object],
       with _replacing(target) as f:
         fill(f)
   except OSError as e:
-    raise OutputFileError(f'cannot write {name}: {e.strerror or e}',
-                          EXIT_RUNTIME) from None
+    raise OutputFileError(
+      f'cannot write {name}: {e.strerror or e}', EXIT_RUNTIME
+    ) from None
   return path
 
 
@@ -172,9 +182,9 @@ def _replacing(target: str) -> Iterator[IO[bytes]]:
   """A temporary file beside `target`, renamed over it when the block ends
   without an error; removed otherwise. Keeps an existing file's mode."""
   directory = os.path.dirname(os.path.abspath(target))
-  fd, tmp = tempfile.mkstemp(dir=directory,
-                             prefix=f'.{os.path.basename(target)}.',
-                             suffix='.tmp')
+  fd, tmp = tempfile.mkstemp(
+    dir=directory, prefix=f'.{os.path.basename(target)}.', suffix='.tmp'
+  )
   try:
     with os.fdopen(fd, 'wb') as f:
       yield f

@@ -45,31 +45,36 @@ _stock_init_evaluator = trax_patches.loop_init_evaluator()
 # The eval model each memory-efficient Loop was given, kept for
 # `_init_evaluator_with_eval_model` (trax replaces it by the training model).
 _eval_model_given: weakref.WeakKeyDictionary[Any, Any] = (
-    weakref.WeakKeyDictionary())
+  weakref.WeakKeyDictionary()
+)
 
 
 def _replacements():
   """Maps each stock object (by id) to (stock object, replacement)."""
   pairs = [
-      (_stock_reversible.ReversibleHalfResidual, layers.ReversibleHalfResidual),
-      (_stock_reversible.ReversibleSerial, layers.ReversibleSerial),
-      (_stock_trainer.ReversibleSerialTrainer,
-       trainer_lib.ReversibleSerialTrainer),
-      (_stock_trainer.init_reversible_blocks,
-       trainer_lib.init_reversible_blocks),
-      # Helpers of trax's Loop that current JAX broke or deprecated.
-      (_fastmath.tree_unflatten, compat.tree_unflatten),
-      (_stock_acceleration.for_n_devices, compat.for_n_devices),
-      (trax_functions.bound_accelerate(), compat.accelerate),
-      (_training.init_host_and_devices, compat.init_host_and_devices),
-      (_stock_acceleration.on_cpu, compat.on_cpu),
+    (_stock_reversible.ReversibleHalfResidual, layers.ReversibleHalfResidual),
+    (_stock_reversible.ReversibleSerial, layers.ReversibleSerial),
+    (
+      _stock_trainer.ReversibleSerialTrainer,
+      trainer_lib.ReversibleSerialTrainer,
+    ),
+    (_stock_trainer.init_reversible_blocks, trainer_lib.init_reversible_blocks),
+    # Helpers of trax's Loop that current JAX broke or deprecated.
+    (_fastmath.tree_unflatten, compat.tree_unflatten),
+    (_stock_acceleration.for_n_devices, compat.for_n_devices),
+    (trax_functions.bound_accelerate(), compat.accelerate),
+    (_training.init_host_and_devices, compat.init_host_and_devices),
+    (_stock_acceleration.on_cpu, compat.on_cpu),
   ]
   return {id(stock): (stock, ours) for stock, ours in pairs}
 
 
 def _trax_modules():
-  return [m for name, m in list(sys.modules.items())
-          if m is not None and (name == 'trax' or name.startswith('trax.'))]
+  return [
+    m
+    for name, m in list(sys.modules.items())
+    if m is not None and (name == 'trax' or name.startswith('trax.'))
+  ]
 
 
 def _init_trainer_with_output_dir(loop, task):
@@ -88,12 +93,13 @@ def _init_trainer_with_output_dir(loop, task):
 def _optimizer_instance_message(mode, index, optimizer):
   name = type(optimizer).__name__
   return (
-      f'training.Loop(use_memory_efficient_trainer={mode!r}): the optimizer '
-      f'of task {index} is an optimizer instance ({name}(...)), but the '
-      f'memory-efficient trainer makes one optimizer per layer and needs a '
-      f'factory: pass TrainTask(..., optimizer=trax.optimizers.{name}), not '
-      f'trax.optimizers.{name}() (settings with functools.partial or gin '
-      f'bindings such as {name}.learning_rate).')
+    f'training.Loop(use_memory_efficient_trainer={mode!r}): the optimizer '
+    f'of task {index} is an optimizer instance ({name}(...)), but the '
+    f'memory-efficient trainer makes one optimizer per layer and needs a '
+    f'factory: pass TrainTask(..., optimizer=trax.optimizers.{name}), not '
+    f'trax.optimizers.{name}() (settings with functools.partial or gin '
+    f'bindings such as {name}.learning_rate).'
+  )
 
 
 def _loop_init(loop, *args, **kwargs):
@@ -109,8 +115,9 @@ def _loop_init(loop, *args, **kwargs):
     validation.OptimizerFactoryError: in the memory-efficient mode, a task's
       optimizer is an `Optimizer` instance or not callable.
   """
-  arguments = inspect.signature(_stock_loop_init).bind(
-      loop, *args, **kwargs).arguments
+  arguments = (
+    inspect.signature(_stock_loop_init).bind(loop, *args, **kwargs).arguments
+  )
   mode = arguments.get('use_memory_efficient_trainer', False)
   if mode:
     tasks = arguments.get('tasks')
@@ -119,7 +126,8 @@ def _loop_init(loop, *args, **kwargs):
       optimizer = getattr(task, 'optimizer', None)
       if isinstance(optimizer, _optimizer_base.Optimizer):
         raise validation.OptimizerFactoryError(
-            _optimizer_instance_message(mode, index, optimizer))
+          _optimizer_instance_message(mode, index, optimizer)
+        )
       validation.check_optimizer_factory(optimizer)
     _eval_model_given[loop] = arguments.get('eval_model')
   _stock_loop_init(loop, *args, **kwargs)
@@ -143,38 +151,47 @@ def _init_evaluator_with_eval_model(loop, eval_task):
   """
   eval_model = _eval_model_given.get(loop)
   memory_efficient = loop_door.memory_efficient_mode(loop)
-  if (memory_efficient and eval_model is not None and
-      loop_door.eval_model(loop) is not eval_model):
+  if (
+    memory_efficient
+    and eval_model is not None
+    and loop_door.eval_model(loop) is not eval_model
+  ):
     try:
       eval_model.weights = loop_door.model(loop).weights
       eval_model.state = loop_door.model(loop).state
     except ValueError as e:
-      logging.warning('eval_model does not take the weights of the model '
-                      '(%s); evaluating the training model instead.', e)
+      logging.warning(
+        'eval_model does not take the weights of the model '
+        '(%s); evaluating the training model instead.',
+        e,
+      )
     else:
       loop_door.set_eval_model(loop, eval_model)
   trainer = loop_door.trainers(loop)[0]
-  if (memory_efficient and
-      isinstance(trainer, trainer_lib.ReversibleSerialTrainer)):
+  if memory_efficient and isinstance(
+    trainer, trainer_lib.ReversibleSerialTrainer
+  ):
     model_with_metrics = trax_functions.model_with_metrics(
-        loop_door.eval_model(loop), eval_task)
+      loop_door.eval_model(loop), eval_task
+    )
     return trax_functions.evaluator(
-        weights=compat.on_cpu(model_with_metrics.weights[1]),
-        state=compat.on_cpu(model_with_metrics.state[1]),
-        metrics_fn=evaluation.DeviceEvaluator(
-            model_with_metrics, trainer.placement,
-            trainer.planner.budget_bytes))
+      weights=compat.on_cpu(model_with_metrics.weights[1]),
+      state=compat.on_cpu(model_with_metrics.state[1]),
+      metrics_fn=evaluation.DeviceEvaluator(
+        model_with_metrics, trainer.placement, trainer.planner.budget_bytes
+      ),
+    )
   return _stock_init_evaluator(loop, eval_task)
 
 
 def _loop_methods():
   """Maps names of `training.Loop` methods to trax_revplus's versions."""
   return {
-      '__init__': _loop_init,
-      '_init_trainer': _init_trainer_with_output_dir,
-      '_init_evaluator': _init_evaluator_with_eval_model,
-      'save_checkpoint': checkpoints.save_checkpoint,
-      'load_checkpoint': checkpoints.load_checkpoint,
+    '__init__': _loop_init,
+    '_init_trainer': _init_trainer_with_output_dir,
+    '_init_evaluator': _init_evaluator_with_eval_model,
+    'save_checkpoint': checkpoints.save_checkpoint,
+    'load_checkpoint': checkpoints.load_checkpoint,
   }
 
 

@@ -44,6 +44,7 @@ class TrainConfig(Protocol):
     batch: tuple of the batch's `jax.ShapeDtypeStruct`s (typed as the
       trainer's methods take a batch: `trax_revplus.typing.Batch`).
   """
+
   optimizer: type
   batch: tuple
 
@@ -66,6 +67,7 @@ class RevplusPlan:
     reason: why no plan fits where it is not the device budget (the host
       budget's one line), else None.
   """
+
   description: str
   fits: bool
   least_peak_device_bytes: int
@@ -86,6 +88,7 @@ class ThreeTrainers:
       when it has an error.
     host_budget_bytes: the host budget it planned for, or None.
   """
+
   trainers: dict[str, device_memory.TrainerMemory]
   plan: RevplusPlan | None
   budget_bytes: int | None
@@ -93,22 +96,25 @@ class ThreeTrainers:
   host_budget_bytes: int | None = None
 
 
-def init_signature(batch: 'Sequence[jax.ShapeDtypeStruct]'
-                   ) -> 'tuple[shapes.ShapeDtype, ...]':
+def init_signature(
+  batch: 'Sequence[jax.ShapeDtypeStruct]',
+) -> 'tuple[shapes.ShapeDtype, ...]':
   """The batch's `trax.shapes.ShapeDtype`s, as models are initialized."""
   return tuple(shapes.ShapeDtype(x.shape, x.dtype) for x in batch)
 
 
-def reversible_blocks(module: ModuleType, cfg: TrainConfig
-                      ) -> 'tuple[list, tl.Layer]':
+def reversible_blocks(
+  module: ModuleType, cfg: TrainConfig
+) -> 'tuple[list, tl.Layer]':
   """The config's model and loss as `module`'s reversible blocks (stock
   trax's or trax_revplus's trainer module), initialized: (blocks, loss
   layer)."""
-  blocks, loss_layer = module.extract_reversible_blocks([cfg.model(),
-                                                         cfg.loss()])
-  module.init_reversible_blocks(blocks, loss_layer,
-                                init_signature(cfg.batch),
-                                fastmath.random.get_prng(0))
+  blocks, loss_layer = module.extract_reversible_blocks(
+    [cfg.model(), cfg.loss()]
+  )
+  module.init_reversible_blocks(
+    blocks, loss_layer, init_signature(cfg.batch), fastmath.random.get_prng(0)
+  )
   return blocks, loss_layer
 
 
@@ -123,15 +129,20 @@ def _default(cfg: TrainConfig, backend: str) -> device_memory.TrainerMemory:
 
 def _stock(cfg: TrainConfig, backend: str) -> device_memory.TrainerMemory:
   blocks, loss_layer = reversible_blocks(stock_lib, cfg)
-  trainer = stock_lib.ReversibleSerialTrainer(blocks, loss_layer,
-                                              cfg.optimizer, n_devices=1)
+  trainer = stock_lib.ReversibleSerialTrainer(
+    blocks, loss_layer, cfg.optimizer, n_devices=1
+  )
   return device_memory.trainer_memory('stock', trainer, cfg.batch, backend)
 
 
-def _revplus(cfg: TrainConfig, backend: str, n_devices: int,
-             device_memory_bytes: int | None
-             ) -> tuple[device_memory.TrainerMemory, RevplusPlan, int | None,
-                        Any, int | None]:
+def _revplus(
+  cfg: TrainConfig,
+  backend: str,
+  n_devices: int,
+  device_memory_bytes: int | None,
+) -> tuple[
+  device_memory.TrainerMemory, RevplusPlan, int | None, Any, int | None
+]:
   """(TrainerMemory, `RevplusPlan`, the budget it planned for, the plans it
   weighed: `weighing.Weighing`, its host budget) of trax_revplus's
   trainer.
@@ -143,11 +154,20 @@ def _revplus(cfg: TrainConfig, backend: str, n_devices: int,
   accounted once.
   """
   blocks, loss_layer = reversible_blocks(rev_lib, cfg)
-  budget: dict[str, Any] = ({} if device_memory_bytes is None else
-            {'device_memory_budget_bytes': device_memory_bytes})
+  budget: dict[str, Any] = (
+    {}
+    if device_memory_bytes is None
+    else {'device_memory_budget_bytes': device_memory_bytes}
+  )
   trainer = rev_lib.ReversibleSerialTrainer(
-      blocks, loss_layer, cfg.optimizer, n_devices=n_devices,
-      memory_log_tensorboard=False, output_dir=None, **budget)
+    blocks,
+    loss_layer,
+    cfg.optimizer,
+    n_devices=n_devices,
+    memory_log_tensorboard=False,
+    output_dir=None,
+    **budget,
+  )
   budget_bytes = trainer.planner.budget_bytes
   reason = None
   plan: 'StepPlan | None'
@@ -168,17 +188,32 @@ def _revplus(cfg: TrainConfig, backend: str, n_devices: int,
   # counts units that only reorder the stack, which make none).
   settings = dict(plan.settings(), n_calls=len(step.calls))
   result = device_memory.trainer_memory(
-      'revplus', trainer, cfg.batch, backend, step=step, plan=settings,
-      least=(dict(least_plan.settings(), n_calls=len(least.calls)), least))
-  revplus_plan = RevplusPlan(plan.describe(len(step.calls)), fits,
-                             least.peak_device_bytes, reason)
-  return (result, revplus_plan, budget_bytes,
-          trainer.planner.weighing(cfg.batch),
-          trainer.planner.host_budget_bytes)
+    'revplus',
+    trainer,
+    cfg.batch,
+    backend,
+    step=step,
+    plan=settings,
+    least=(dict(least_plan.settings(), n_calls=len(least.calls)), least),
+  )
+  revplus_plan = RevplusPlan(
+    plan.describe(len(step.calls)), fits, least.peak_device_bytes, reason
+  )
+  return (
+    result,
+    revplus_plan,
+    budget_bytes,
+    trainer.planner.weighing(cfg.batch),
+    trainer.planner.host_budget_bytes,
+  )
 
 
-def account_three(cfg: TrainConfig, backend: str, n_devices: int,
-                  device_memory_bytes: int | None) -> ThreeTrainers:
+def account_three(
+  cfg: TrainConfig,
+  backend: str,
+  n_devices: int,
+  device_memory_bytes: int | None,
+) -> ThreeTrainers:
   """Builds and accounts the three trainers of a config: 'revplus' first,
   then 'default' and 'stock' (returned in the order default, stock,
   revplus).
@@ -210,30 +245,40 @@ def account_three(cfg: TrainConfig, backend: str, n_devices: int,
   activated = swap.is_active()
   # plan, budget, weighing, host budget
   revplus: tuple[RevplusPlan | None, int | None, Any, int | None] = (
-      None, device_memory_bytes, None, None)
+    None,
+    device_memory_bytes,
+    None,
+    None,
+  )
   try:
     swap.activate()
 
     def account_revplus() -> device_memory.TrainerMemory:
       nonlocal revplus
-      memory, *figures = _revplus(cfg, backend, n_devices,
-                                  device_memory_bytes)
+      memory, *figures = _revplus(cfg, backend, n_devices, device_memory_bytes)
       revplus = tuple(figures)
       return memory
+
     # First: a setting the batch's shapes refute (a plan dimension's:
     # `dimensions.PlanDimension.check`) stops before the other trainers
     # compile.
-    ours = device_memory.account('revplus', backend, n_devices,
-                                 account_revplus,
-                                 passes=(validation.SequenceChunksError,
-                                         validation.MicroBatchesError))
+    ours = device_memory.account(
+      'revplus',
+      backend,
+      n_devices,
+      account_revplus,
+      passes=(validation.SequenceChunksError, validation.MicroBatchesError),
+    )
     swap.deactivate()
     results = {
-        'default': device_memory.account(
-            'default', backend, 1, lambda: _default(cfg, backend)),
-        'stock': device_memory.account(
-            'stock', backend, 1, lambda: _stock(cfg, backend)),
-        'revplus': ours}
+      'default': device_memory.account(
+        'default', backend, 1, lambda: _default(cfg, backend)
+      ),
+      'stock': device_memory.account(
+        'stock', backend, 1, lambda: _stock(cfg, backend)
+      ),
+      'revplus': ours,
+    }
   finally:
     if activated:
       swap.activate()

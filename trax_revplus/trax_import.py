@@ -50,9 +50,16 @@ def frames_without_source(context: int = 1) -> list[inspect.FrameInfo]:
   frames = []
   frame: types.FrameType | None = sys._getframe(1)  # pylint: disable=protected-access
   while frame is not None:
-    frames.append(inspect.FrameInfo(frame, frame.f_code.co_filename,
-                                    frame.f_lineno, frame.f_code.co_name,
-                                    None, None))
+    frames.append(
+      inspect.FrameInfo(
+        frame,
+        frame.f_code.co_filename,
+        frame.f_lineno,
+        frame.f_code.co_name,
+        None,
+        None,
+      )
+    )
     frame = frame.f_back
   return frames
 

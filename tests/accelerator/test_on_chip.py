@@ -22,8 +22,9 @@ from trax_revplus import backend
 
 pytestmark = pytest.mark.accelerator
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))))
+REPO = os.path.dirname(
+  os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)
 ENWIK8 = os.path.join(REPO, 'gin_configs', 'reformer_enwik8_full.gin')
 MAIN = os.path.join(REPO, 'gin_configs', 'reformer_char_lm.gin')
 
@@ -37,9 +38,14 @@ def _on_an_accelerator():
 
 
 def _cli(*args, timeout=1800):
-  return subprocess.run([sys.executable, '-m', 'trax_revplus.cli', *args],
-                        capture_output=True, text=True, cwd=REPO,
-                        timeout=timeout, check=False)
+  return subprocess.run(
+    [sys.executable, '-m', 'trax_revplus.cli', *args],
+    capture_output=True,
+    text=True,
+    cwd=REPO,
+    timeout=timeout,
+    check=False,
+  )
 
 
 def _records(run_dir):
@@ -49,11 +55,16 @@ def _records(run_dir):
 
 def test_enwik8_plans_and_trains_on_the_chip(tmp_path):
   run_dir = str(tmp_path / 'run')
-  done = _cli('train', f'--config_file={ENWIK8}', f'--output_dir={run_dir}',
-              "--config=local_text_inputs.paths = None",
-              '--config=train.steps = 2', '--config=train.eval_frequency = 2',
-              '--config=train.eval_steps = 1',
-              '--config=train.checkpoints_at = [2]')
+  done = _cli(
+    'train',
+    f'--config_file={ENWIK8}',
+    f'--output_dir={run_dir}',
+    '--config=local_text_inputs.paths = None',
+    '--config=train.steps = 2',
+    '--config=train.eval_frequency = 2',
+    '--config=train.eval_steps = 1',
+    '--config=train.checkpoints_at = [2]',
+  )
   assert done.returncode == 0, done.stderr[-2000:]
   records = _records(run_dir)
   steps = [r for r in records if r['phase'] == 'step']
@@ -66,23 +77,33 @@ def test_enwik8_plans_and_trains_on_the_chip(tmp_path):
 
 
 def test_stock_and_the_default_trainer_end_in_one_line_on_enwik8(tmp_path):
-  for name, extra in (('stock', ['--implementation=stock']),
-                      ('default', ['--config=train.use_memory_efficient_'
-                                   'trainer = False'])):
-    done = _cli('train', f'--config_file={ENWIK8}',
-                f'--output_dir={tmp_path / name}', *extra,
-                "--config=local_text_inputs.paths = None",
-                '--config=train.steps = 1')
+  for name, extra in (
+    ('stock', ['--implementation=stock']),
+    ('default', ['--config=train.use_memory_efficient_trainer = False']),
+  ):
+    done = _cli(
+      'train',
+      f'--config_file={ENWIK8}',
+      f'--output_dir={tmp_path / name}',
+      *extra,
+      '--config=local_text_inputs.paths = None',
+      '--config=train.steps = 1',
+    )
     assert done.returncode == 1, done.stdout[-2000:]
     lines = done.stderr.strip().splitlines()
-    assert lines[-1].startswith('trax-revplus train: error: out of device '
-                                'memory'), lines[-3:]
+    assert lines[-1].startswith(
+      'trax-revplus train: error: out of device memory'
+    ), lines[-3:]
     assert 'Traceback' not in done.stderr
 
 
 def test_compare_runs_both_sides_on_a_one_chip_host(tmp_path):
-  done = _cli('compare', f'--config_file={MAIN}', '--steps=20',
-              f'--output_dir={tmp_path / "compare"}')
+  done = _cli(
+    'compare',
+    f'--config_file={MAIN}',
+    '--steps=20',
+    f'--output_dir={tmp_path / "compare"}',
+  )
   assert done.returncode == 0, done.stderr[-2000:]
   with open(tmp_path / 'compare' / 'compare.json') as f:
     data = json.load(f)
@@ -91,10 +112,21 @@ def test_compare_runs_both_sides_on_a_one_chip_host(tmp_path):
 
 def test_the_benchmark_times_each_trainer_alone_with_its_chip_peak(tmp_path):
   done = subprocess.run(
-      [sys.executable, os.path.join(REPO, 'tools', 'bench.py'),
-       '--configs=char', '--trainers=stock,ours', '--nomemory', '--steps=2',
-       f'--out_dir={tmp_path}'], capture_output=True, text=True, cwd=REPO,
-      timeout=1800, check=False)
+    [
+      sys.executable,
+      os.path.join(REPO, 'tools', 'bench.py'),
+      '--configs=char',
+      '--trainers=stock,ours',
+      '--nomemory',
+      '--steps=2',
+      f'--out_dir={tmp_path}',
+    ],
+    capture_output=True,
+    text=True,
+    cwd=REPO,
+    timeout=1800,
+    check=False,
+  )
   assert done.returncode == 0, done.stderr[-2000:]
   with open(tmp_path / 'bench.json') as f:
     text = f.read()

@@ -41,11 +41,18 @@ def batches():
 
 def model():
   return tl.Serial(
-      tl.Embedding(9, 4), tl.Dropout(rate=0.5, mode='train'), tl.Dup(),
-      tl.ReversibleHalfResidual(tl.Dense(4)), tl.ReversibleSwap(),
-      tl.ReversibleHalfResidual(tl.Dense(4), tl.Relu()), tl.ReversibleSwap(),
-      tl.Concatenate(), tl.Dropout(rate=0.5, mode='train'), tl.Dense(9),
-      tl.LogSoftmax())
+    tl.Embedding(9, 4),
+    tl.Dropout(rate=0.5, mode='train'),
+    tl.Dup(),
+    tl.ReversibleHalfResidual(tl.Dense(4)),
+    tl.ReversibleSwap(),
+    tl.ReversibleHalfResidual(tl.Dense(4), tl.Relu()),
+    tl.ReversibleSwap(),
+    tl.Concatenate(),
+    tl.Dropout(rate=0.5, mode='train'),
+    tl.Dense(9),
+    tl.LogSoftmax(),
+  )
 
 
 def make_loop(output_dir, evals=False, eval_stream=None, model_fn=model):
@@ -54,17 +61,29 @@ def make_loop(output_dir, evals=False, eval_stream=None, model_fn=model):
   # from the data counters a checkpoint restores.
   trax_inputs.data_counters = {}
   stream = trax_inputs.count_and_skip(batches(), 'test_checkpoints')
-  task = training.TrainTask(stream, tl.CrossEntropyLoss(),
-                            optimizers.Adam, n_steps_per_checkpoint=3)
+  task = training.TrainTask(
+    stream, tl.CrossEntropyLoss(), optimizers.Adam, n_steps_per_checkpoint=3
+  )
   # With evals, trax evaluates at its checkpoint steps (1, 3, 6), after it
   # saves, and each eval batch takes a key from the Loop's RNG (and a batch
   # from `eval_stream`, by default an uncounted `batches()`).
-  eval_tasks = ([training.EvalTask(eval_stream or batches(),
-                                   [tl.CrossEntropyLoss()],
-                                   n_eval_batches=2)] if evals else None)
-  return training.Loop(model_fn(), [task], eval_tasks=eval_tasks,
-                       output_dir=str(output_dir), random_seed=0,
-                       use_memory_efficient_trainer=True)
+  eval_tasks = (
+    [
+      training.EvalTask(
+        eval_stream or batches(), [tl.CrossEntropyLoss()], n_eval_batches=2
+      )
+    ]
+    if evals
+    else None
+  )
+  return training.Loop(
+    model_fn(),
+    [task],
+    eval_tasks=eval_tasks,
+    output_dir=str(output_dir),
+    random_seed=0,
+    use_memory_efficient_trainer=True,
+  )
 
 
 def weights_of(loop):
@@ -72,8 +91,9 @@ def weights_of(loop):
 
 
 def slots_of(loop):
-  return [np.array(s) for s in fastmath.tree_flatten(
-      loop._trainer_per_task[0].slots)]  # pylint: disable=protected-access
+  return [
+    np.array(s) for s in fastmath.tree_flatten(loop._trainer_per_task[0].slots)
+  ]  # pylint: disable=protected-access
 
 
 def assert_equal(a, b):
@@ -134,8 +154,9 @@ def fixture_loader(tmp_path_factory):
 @pytest.fixture
 def warnings_logged(monkeypatch):
   messages = []
-  monkeypatch.setattr(absl_logging, 'warning',
-                      lambda msg, *args: messages.append(msg % args))
+  monkeypatch.setattr(
+    absl_logging, 'warning', lambda msg, *args: messages.append(msg % args)
+  )
   return messages
 
 

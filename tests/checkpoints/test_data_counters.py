@@ -26,8 +26,12 @@ pytestmark = pytest.mark.usefixtures('stock_trax_and_empty_gin')
 def test_train_stream_resumes_from_data_counters(tmp_path, monkeypatch):
   (tmp_path / 'a.txt').write_bytes(bytes(range(32, 127)) * 20)
   monkeypatch.setattr(trax_inputs, 'data_counters', {})
-  corpus = data.load_corpus(paths=str(tmp_path / 'a.txt'), split_by='bytes',
-                            sequence_length=8, batch_size=2)
+  corpus = data.load_corpus(
+    paths=str(tmp_path / 'a.txt'),
+    split_by='bytes',
+    sequence_length=8,
+    batch_size=2,
+  )
   stream = corpus.train_stream(1)
   first = [next(stream) for _ in range(5)]
   assert trax_inputs.data_counters[data.TRAIN_COUNTER] == 5
@@ -42,9 +46,13 @@ def test_train_stream_resumes_from_data_counters(tmp_path, monkeypatch):
 def test_eval_stream_resumes_from_data_counters(tmp_path, monkeypatch):
   (tmp_path / 'a.txt').write_bytes(bytes(range(32, 127)) * 20)
   monkeypatch.setattr(trax_inputs, 'data_counters', {})
-  corpus = data.load_corpus(paths=str(tmp_path / 'a.txt'), split_by='bytes',
-                            sequence_length=8, batch_size=2,
-                            eval_cycle_batches=5)
+  corpus = data.load_corpus(
+    paths=str(tmp_path / 'a.txt'),
+    split_by='bytes',
+    sequence_length=8,
+    batch_size=2,
+    eval_cycle_batches=5,
+  )
   stream = corpus.eval_stream(1)
   first = [next(stream) for _ in range(7)]
   assert trax_inputs.data_counters[data.EVAL_COUNTER] == 7
@@ -59,8 +67,9 @@ def test_eval_stream_resumes_from_data_counters(tmp_path, monkeypatch):
 
 def test_a_set_saved_before_its_steps_evals_keeps_their_position(tmp_path):
   name = 'test_checkpoints/eval'
-  loop = cases.make_loop(tmp_path, evals=True,
-                         eval_stream=data.CountedStream(name, cases.batch))
+  loop = cases.make_loop(
+    tmp_path, evals=True, eval_stream=data.CountedStream(name, cases.batch)
+  )
   # The sample batch (1), the evals of step 1 (2 batches), then the set of
   # step 3 before its evals; the position it keeps is the one after them.
   loop.run(3)
@@ -70,16 +79,18 @@ def test_a_set_saved_before_its_steps_evals_keeps_their_position(tmp_path):
   assert manifest['data_counters'][name] == 5
   with open(tmp_path / 'data_counters0.pkl', 'rb') as f:
     assert pickle.load(f) == manifest['data_counters']
-  resumed = cases.make_loop(tmp_path, evals=True,
-                            eval_stream=data.CountedStream(name, cases.batch))
+  resumed = cases.make_loop(
+    tmp_path, evals=True, eval_stream=data.CountedStream(name, cases.batch)
+  )
   assert resumed.step == 3
   assert trax_inputs.data_counters[name] == 5
   eval_task = resumed._eval_tasks[0]  # pylint: disable=protected-access
   cases.assert_equal(eval_task.next_batch(), cases.batch(5))
 
 
-def test_unreadable_data_counters_file_is_ignored(tmp_path, monkeypatch,
-                                                  warnings_logged):
+def test_unreadable_data_counters_file_is_ignored(
+  tmp_path, monkeypatch, warnings_logged
+):
   monkeypatch.setattr(trax_inputs, 'data_counters', {'stream': 4})
   for content in (b'', b'\x80\x04not a pickle'):
     (tmp_path / 'data_counters0.pkl').write_bytes(content)
@@ -91,4 +102,5 @@ def test_unreadable_data_counters_file_is_ignored(tmp_path, monkeypatch,
     checkpoints.set_aside_unreadable_data_counters(str(tmp_path))
     assert not (tmp_path / 'data_counters0.pkl').exists()
     assert (tmp_path / 'data_counters0.pkl.unreadable').read_bytes() == (
-        content)
+      content
+    )

@@ -23,11 +23,12 @@ pytestmark = pytest.mark.usefixtures('stock_trax_and_empty_gin')
 
 
 def test_truncated_weights_fall_back_to_previous_set(
-    continuous, tmp_path, warnings_logged):
+  continuous, tmp_path, warnings_logged
+):
   _, (weights3, slots3), _, _ = continuous
   path = cases.damaged_copy(
-      continuous, tmp_path,
-      lambda p: cases.truncate(p / 'model.weights.npy.gz'))
+    continuous, tmp_path, lambda p: cases.truncate(p / 'model.weights.npy.gz')
+  )
   loop = cases.make_loop(path)
   assert loop.step == 3
   cases.assert_equal(weights3, cases.weights_of(loop))
@@ -37,13 +38,17 @@ def test_truncated_weights_fall_back_to_previous_set(
   assert 'loading the previous set model.prev (step 3)' in warnings_logged[0]
 
 
-def test_mixed_set_falls_back_to_previous_set(continuous, tmp_path,
-                                              warnings_logged):
+def test_mixed_set_falls_back_to_previous_set(
+  continuous, tmp_path, warnings_logged
+):
   _, (weights3, _), _, _ = continuous
   # Newer weights beside an older .pkl.gz: what a crash between trax's
   # separate file writes leaves.
-  path = cases.damaged_copy(continuous, tmp_path, lambda p: shutil.copy(
-      p / 'model.prev.pkl.gz', p / 'model.pkl.gz'))
+  path = cases.damaged_copy(
+    continuous,
+    tmp_path,
+    lambda p: shutil.copy(p / 'model.prev.pkl.gz', p / 'model.pkl.gz'),
+  )
   loop = cases.make_loop(path)
   assert loop.step == 3
   cases.assert_equal(weights3, cases.weights_of(loop))
@@ -51,15 +56,19 @@ def test_mixed_set_falls_back_to_previous_set(continuous, tmp_path,
 
 
 def test_flipped_byte_in_each_file_falls_back_to_previous_set(
-    continuous, loader, tmp_path, warnings_logged):
+  continuous, loader, tmp_path, warnings_logged
+):
   _, (weights3, slots3), (weights6, _), _ = continuous
   manifest = json.loads((continuous[0] / 'model.manifest.json').read_text())
   names = ['model' + suffix for suffix in manifest['files']]
   names.append('model.manifest.json')
   assert len(names) == 4
   for name in names:
-    path = cases.damaged_copy(continuous, tmp_path / name,
-                              lambda p, n=name: cases.flip_middle_byte(p / n))
+    path = cases.damaged_copy(
+      continuous,
+      tmp_path / name,
+      lambda p, n=name: cases.flip_middle_byte(p / n),
+    )
     del warnings_logged[:]
     trax_revplus.activate()
     checkpoints.load_checkpoint(loader, str(path))
@@ -68,8 +77,9 @@ def test_flipped_byte_in_each_file_falls_back_to_previous_set(
     cases.assert_equal(slots3, cases.slots_of(loader))
     assert len(warnings_logged) == 1, warnings_logged
     assert name in warnings_logged[0]
-    assert 'loading the previous set model.prev (step 3)' in (
-        warnings_logged[0])
+    assert (
+      'loading the previous set model.prev (step 3)' in (warnings_logged[0])
+    )
   # The undamaged set itself loads as written.
   checkpoints.load_checkpoint(loader, str(continuous[0]))
   assert loader.step == 6

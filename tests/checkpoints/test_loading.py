@@ -34,34 +34,43 @@ def test_consistent_set_loads_bit_exactly(continuous):
 
 
 def test_interrupted_install_falls_back_and_no_good_set_raises(
-    continuous, tmp_path, warnings_logged):
+  continuous, tmp_path, warnings_logged
+):
   def mark_installing(p):
-    (p / 'model.manifest.json').write_text(json.dumps(
-        dict(format=checkpoints.FORMAT, state='installing', step=9)))
+    (p / 'model.manifest.json').write_text(
+      json.dumps(dict(format=checkpoints.FORMAT, state='installing', step=9))
+    )
+
   path = cases.damaged_copy(continuous, tmp_path, mark_installing)
   assert cases.make_loop(path).step == 3
   assert 'writing the set of step 9 was interrupted' in warnings_logged[0]
   cases.truncate(path / 'model.prev.opt_slots0.npy.gz')
-  with pytest.raises(checkpoints.CheckpointError,
-                     match=r'checkpoint set model in .* is inconsistent .* no '
-                           r'good previous set \(model\.prev\.opt_slots0\.'
-                           r'npy\.gz has .*\); nothing was loaded'):
+  with pytest.raises(
+    checkpoints.CheckpointError,
+    match=r'checkpoint set model in .* is inconsistent .* no '
+    r'good previous set \(model\.prev\.opt_slots0\.'
+    r'npy\.gz has .*\); nothing was loaded',
+  ):
     cases.make_loop(path)
 
 
 def test_set_without_manifest_loads_as_stock_with_a_warning(
-    continuous, loader, tmp_path, warnings_logged):
+  continuous, loader, tmp_path, warnings_logged
+):
   _, _, (weights6, _), _ = continuous
+
   def strip_manifests(p):
     for name in os.listdir(p):
       if name.endswith('.manifest.json'):
         os.remove(p / name)
+
   path = cases.damaged_copy(continuous, tmp_path, strip_manifests)
   trax_revplus.activate()
   checkpoints.load_checkpoint(loader, str(path))
   assert loader.step == 6
   cases.assert_equal(weights6, cases.weights_of(loader))
   assert len(warnings_logged) == 1
-  assert 'has no model.manifest.json (written by stock trax)' in (
-      warnings_logged[0])
+  assert (
+    'has no model.manifest.json (written by stock trax)' in (warnings_logged[0])
+  )
   assert 'cannot be verified' in warnings_logged[0]

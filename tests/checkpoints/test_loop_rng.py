@@ -22,8 +22,9 @@ def test_restart_with_dropout_reaches_the_same_weights(continuous, tmp_path):
   resumed = cases.make_loop(tmp_path)
   assert resumed.step == 3
   resumed.run(3)
-  for got, want in zip(cases.weights_of(resumed) + cases.slots_of(resumed),
-                       weights6 + slots6):
+  for got, want in zip(
+    cases.weights_of(resumed) + cases.slots_of(resumed), weights6 + slots6
+  ):
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
 
 
@@ -42,11 +43,13 @@ def test_restart_at_an_eval_step_reaches_the_same_weights(tmp_path):
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
 
 
-def test_the_reference_run_is_that_of_a_fresh_process(continuous,
-                                                      tmp_path_factory):
+def test_the_reference_run_is_that_of_a_fresh_process(
+  continuous, tmp_path_factory
+):
   # Gin left bound by an earlier test (the main config binds Adam.b2 and
   # eps) must not reach the reference: it is made as in a fresh process.
   import gin  # pylint: disable=g-import-not-at-top
+
   gin.parse_config('Adam.b2 = 0.98\nAdam.eps = 1e-9')
   try:
     _, _, (weights6, slots6), _ = cases._continuous(tmp_path_factory)  # pylint: disable=protected-access

@@ -21,41 +21,60 @@ from cli_cases import TINY_MODEL
 # `train` opens the device itself; `compare` through its check's process;
 # any other command where JAX first opens it (the test below).
 @pytest.mark.parametrize('command', ['train', 'compare'])
-def test_a_command_on_a_busy_device_is_one_line(command, tmp_path,
-                                                one_chip_host):
+def test_a_command_on_a_busy_device_is_one_line(
+  command, tmp_path, one_chip_host
+):
   output_dir = tmp_path / 'run'
-  args = cli_command() + [command, f'--config_file={MAIN}'] + [
-      f'--config={b}' for b in TINY_MODEL + ['train.steps = 1']]
+  args = (
+    cli_command()
+    + [command, f'--config_file={MAIN}']
+    + [f'--config={b}' for b in TINY_MODEL + ['train.steps = 1']]
+  )
   args.append(f'--output_dir={output_dir}')
   with one_chip_host_lib.holding_the_chip(one_chip_host) as pid:
-    proc = subprocess.run(args, env=one_chip_host, cwd=REPO,
-                          capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+      args,
+      env=one_chip_host,
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      check=False,
+    )
   assert proc.returncode == errors.EXIT_RUNTIME, proc.stderr[-3000:]
   lines = proc.stderr.strip().splitlines()
   assert lines == [
-      f'trax-revplus {command}: error: the TPU is in use by another process '
-      f'(pid {pid}): wait for it to end or stop it; one process per chip'
+    f'trax-revplus {command}: error: the TPU is in use by another process '
+    f'(pid {pid}): wait for it to end or stop it; one process per chip'
   ], proc.stderr[-3000:]
   if command == 'train':  # Before the output dir is made.
     assert not output_dir.exists()
 
 
-def test_any_command_that_finds_the_device_busy_is_one_line(monkeypatch,
-                                                            capsys):
+def test_any_command_that_finds_the_device_busy_is_one_line(
+  monkeypatch, capsys
+):
   """Wherever a command first opens JAX's backend (`estimate` where it
   reads the platform), JAX's error, as a TPU host raises it, is one line."""
+
   def busy(unused_flags):
     try:
-      raise RuntimeError('ABORTED: The TPU is already in use by process '
-                         'with pid 77. Not attempting to load libtpu.so in '
-                         'this process.')
+      raise RuntimeError(
+        'ABORTED: The TPU is already in use by process '
+        'with pid 77. Not attempting to load libtpu.so in '
+        'this process.'
+      )
     except RuntimeError:
-      raise RuntimeError("Unable to initialize backend 'tpu': ABORTED: The "  # noqa: B904
-                         'TPU is already in use by process with pid 77.')  # pylint: disable=raise-missing-from
+      raise RuntimeError(  # noqa: B904
+        "Unable to initialize backend 'tpu': ABORTED: The "
+        'TPU is already in use by process with pid 77.'
+      )  # pylint: disable=raise-missing-from
+
   monkeypatch.setattr(cli, '_command', lambda name: busy)
   code = cli.main(['trax-revplus', 'estimate', f'--config_file={MAIN}'])
   _, err = capsys.readouterr()
   assert code == errors.EXIT_RUNTIME
-  assert err == ('trax-revplus estimate: error: the TPU is in use by another '
-                 'process (pid 77): wait for it to end or stop it; one process '
-                 'per chip\n')
+  assert err == (
+    'trax-revplus estimate: error: the TPU is in use by another '
+    'process (pid 77): wait for it to end or stop it; one process '
+    'per chip\n'
+  )

@@ -22,13 +22,22 @@ from cli_cases import TINY_MODEL
 
 # The main job shrunk to a few steps of a tiny model: 3 steps, eval and
 # checkpoint at steps 1 and 2, so the CLI saves the final checkpoint itself.
-TINY = ['train.steps = 3', 'train.eval_frequency = 2',
-        'sequence_length = 32'] + TINY_MODEL
+TINY = [
+  'train.steps = 3',
+  'train.eval_frequency = 2',
+  'sequence_length = 32',
+] + TINY_MODEL
 
 
 def _run(args, timeout=None):
-  return subprocess.run(cli_command() + args, capture_output=True, text=True,
-                        timeout=timeout, cwd=REPO, check=False)
+  return subprocess.run(
+    cli_command() + args,
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+    cwd=REPO,
+    check=False,
+  )
 
 
 def _one_line_error(err):
@@ -42,8 +51,9 @@ def test_errors_before_trax_import_are_one_line(tmp_path):
   result = _run(['train', f'--config_file={tmp_path}/missing.gin'])
   assert result.returncode == 2
   line = _one_line_error(result.stderr)
-  assert line == (f'trax-revplus train: error: config file not found: '
-                  f'{tmp_path}/missing.gin')
+  assert line == (
+    f'trax-revplus train: error: config file not found: {tmp_path}/missing.gin'
+  )
 
 
 def _main(capsys, *args):
@@ -59,41 +69,78 @@ def fixture_bad_gin(tmp_path):
   return str(path)
 
 
-@pytest.mark.parametrize('case', [
-    'missing_config', 'unparsable_config', 'unknown_configurable',
-    'unknown_parameter', 'unwritable_output_dir', 'empty_corpus_glob',
-    'no_model', 'bad_flag', 'stray_argument', 'empty_output_dir'])
-def test_user_errors_are_one_line_without_traceback(case, tmp_path, bad_gin,
-                                                    capsys):
+@pytest.mark.parametrize(
+  'case',
+  [
+    'missing_config',
+    'unparsable_config',
+    'unknown_configurable',
+    'unknown_parameter',
+    'unwritable_output_dir',
+    'empty_corpus_glob',
+    'no_model',
+    'bad_flag',
+    'stray_argument',
+    'empty_output_dir',
+  ],
+)
+def test_user_errors_are_one_line_without_traceback(
+  case, tmp_path, bad_gin, capsys
+):
   not_a_dir = tmp_path / 'file'
   not_a_dir.write_text('x')
   out_dir = f'--output_dir={tmp_path}/out'
   args, code, text = {
-      'missing_config': (['--config_file=/no/such.gin', out_dir], 2,
-                         'config file not found: /no/such.gin'),
-      'unparsable_config': ([f'--config_file={bad_gin}', out_dir], 2,
-                            f'cannot parse config file {bad_gin}'),
-      'unknown_configurable': ([f'--config_file={STOCK}', out_dir,
-                                '--config=nosuch_thing.size = 1'], 2,
-                               'nosuch_thing'),
-      'unknown_parameter': ([f'--config_file={STOCK}', out_dir,
-                             '--config=ReformerLM.d_modle = 8'], 2,
-                            'd_modle'),
-      'unwritable_output_dir': ([f'--config_file={STOCK}',
-                                 f'--output_dir={not_a_dir}/run'], 1,
-                                'is not a directory'),
-      'empty_corpus_glob': ([f'--config_file={STOCK}', out_dir,
-                             f"--config=local_text_inputs.paths = "
-                             f"'{tmp_path}/none/*.txt'"], 1,
-                            'none/*.txt'),
-      'no_model': (['--config=train.steps = 1', out_dir], 2,
-                   'no model configured'),
-      'bad_flag': (['--config_fil=x.gin'], 2, 'config_fil'),
-      'stray_argument': ([f'--config_file={STOCK}', 'extra'], 2,
-                         'unexpected arguments: extra'),
-      'empty_output_dir': ([f'--config_file={STOCK}', '--output_dir='], 2,
-                           'argument --output_dir: must be a path, got an '
-                           'empty one'),
+    'missing_config': (
+      ['--config_file=/no/such.gin', out_dir],
+      2,
+      'config file not found: /no/such.gin',
+    ),
+    'unparsable_config': (
+      [f'--config_file={bad_gin}', out_dir],
+      2,
+      f'cannot parse config file {bad_gin}',
+    ),
+    'unknown_configurable': (
+      [f'--config_file={STOCK}', out_dir, '--config=nosuch_thing.size = 1'],
+      2,
+      'nosuch_thing',
+    ),
+    'unknown_parameter': (
+      [f'--config_file={STOCK}', out_dir, '--config=ReformerLM.d_modle = 8'],
+      2,
+      'd_modle',
+    ),
+    'unwritable_output_dir': (
+      [f'--config_file={STOCK}', f'--output_dir={not_a_dir}/run'],
+      1,
+      'is not a directory',
+    ),
+    'empty_corpus_glob': (
+      [
+        f'--config_file={STOCK}',
+        out_dir,
+        f"--config=local_text_inputs.paths = '{tmp_path}/none/*.txt'",
+      ],
+      1,
+      'none/*.txt',
+    ),
+    'no_model': (
+      ['--config=train.steps = 1', out_dir],
+      2,
+      'no model configured',
+    ),
+    'bad_flag': (['--config_fil=x.gin'], 2, 'config_fil'),
+    'stray_argument': (
+      [f'--config_file={STOCK}', 'extra'],
+      2,
+      'unexpected arguments: extra',
+    ),
+    'empty_output_dir': (
+      [f'--config_file={STOCK}', '--output_dir='],
+      2,
+      'argument --output_dir: must be a path, got an empty one',
+    ),
   }[case]
   got, out, err = _main(capsys, 'train', *args)
   assert got == code, err
@@ -102,6 +149,7 @@ def test_user_errors_are_one_line_without_traceback(case, tmp_path, bad_gin,
   assert text in line
   assert '== summary ==' not in out
   import trax_revplus  # pylint: disable=g-import-not-at-top
+
   trax_revplus.deactivate()
 
 
@@ -109,27 +157,64 @@ def _flags_of(command):
   """The flags `command` defines: {name: argparse action}."""
   # pylint: disable=protected-access
   top = parser.build()
-  commands = next(a for a in top._actions
-                  if isinstance(a, argparse._SubParsersAction))
-  return {a.dest: a for a in commands.choices[command]._actions
-          if a.option_strings and a.dest != 'help'}
+  commands = next(
+    a for a in top._actions if isinstance(a, argparse._SubParsersAction)
+  )
+  return {
+    a.dest: a
+    for a in commands.choices[command]._actions
+    if a.option_strings and a.dest != 'help'
+  }
 
 
-@pytest.mark.parametrize('command,flags', [
-    ('train', ['config_file', 'config', 'output_dir',
-               'progress_every_n_steps', 'memory_log_every_n_steps',
-               'implementation', 'num_processes', 'process_id',
-               'coordinator_address', 'join_timeout_seconds',
-               'heartbeat_timeout_seconds', 'compilation_cache_dir',
-               'nocompilation_cache']),
-    ('launch', ['num_processes', 'stop_grace_seconds',
-                'max_local_processes']),
-    ('estimate', ['config_file', 'config', 'device_memory', 'n_devices',
-                  'json', 'compilation_cache_dir', 'nocompilation_cache']),
-    ('compare', ['config_file', 'config', 'steps', 'seed', 'output_dir',
-                 'device_accounting']),
+@pytest.mark.parametrize(
+  'command,flags',
+  [
+    (
+      'train',
+      [
+        'config_file',
+        'config',
+        'output_dir',
+        'progress_every_n_steps',
+        'memory_log_every_n_steps',
+        'implementation',
+        'num_processes',
+        'process_id',
+        'coordinator_address',
+        'join_timeout_seconds',
+        'heartbeat_timeout_seconds',
+        'compilation_cache_dir',
+        'nocompilation_cache',
+      ],
+    ),
+    ('launch', ['num_processes', 'stop_grace_seconds', 'max_local_processes']),
+    (
+      'estimate',
+      [
+        'config_file',
+        'config',
+        'device_memory',
+        'n_devices',
+        'json',
+        'compilation_cache_dir',
+        'nocompilation_cache',
+      ],
+    ),
+    (
+      'compare',
+      [
+        'config_file',
+        'config',
+        'steps',
+        'seed',
+        'output_dir',
+        'device_accounting',
+      ],
+    ),
     ('plot-memory', ['output']),
-])
+  ],
+)
 def test_help_documents_every_flag(command, flags, capsys):
   code, out, err = _main(capsys, command, '--help')
   assert code == 0 and not err
@@ -167,34 +252,62 @@ def test_plot_memory_needs_an_existing_run_dir(tmp_path, capsys):
 # its kind; checked before any training step.
 
 
-@pytest.mark.parametrize('bindings,text', [
+@pytest.mark.parametrize(
+  'bindings,text',
+  [
     (['train.steps = 0'], 'train.steps = 0: must be a positive int'),
     (['train.steps = -3'], 'train.steps = -3: must be a positive int'),
     (["train.steps = 'abc'"], "train.steps = 'abc': must be a positive int"),
     (['train.steps = 2.5'], 'train.steps = 2.5: must be a positive int'),
     (['train.eval_frequency = 0'], 'train.eval_frequency = 0'),
-    (['train.use_memory_efficient_trainer = 3'],
-     'train.use_memory_efficient_trainer = 3: must be one of False, True, 2'),
-    (['train.permanent_checkpoint_frequency = 2',
-      'train.permanent_checkpoints_at = [1, 2]'],
-     'train.permanent_checkpoint_frequency and '
-     'train.permanent_checkpoints_at are both set'),
-    (["trax_revplus.ReversibleSerialTrainer.on_non_finite = 'warn'"],
-     "the trainer rejects its settings: on_non_finite must be one of "
-     "('raise', 'skip', 'ignore'), got 'warn'; fix "
-     "trax_revplus.ReversibleSerialTrainer.on_non_finite in the config"),
-    (['trax_revplus.ReversibleSerialTrainer.batch_slices = 0'],
-     'the trainer rejects its settings: batch_slices must be an int >= 1'),
-], ids=['steps_0', 'steps_negative', 'steps_str', 'steps_float',
-        'eval_frequency_0', 'trainer_mode', 'permanent_both', 'on_non_finite',
-        'batch_slices'])
-def test_bad_settings_are_usage_errors_before_any_work(bindings, text,
-                                                       tmp_path, capsys):
+    (
+      ['train.use_memory_efficient_trainer = 3'],
+      'train.use_memory_efficient_trainer = 3: must be one of False, True, 2',
+    ),
+    (
+      [
+        'train.permanent_checkpoint_frequency = 2',
+        'train.permanent_checkpoints_at = [1, 2]',
+      ],
+      'train.permanent_checkpoint_frequency and '
+      'train.permanent_checkpoints_at are both set',
+    ),
+    (
+      ["trax_revplus.ReversibleSerialTrainer.on_non_finite = 'warn'"],
+      'the trainer rejects its settings: on_non_finite must be one of '
+      "('raise', 'skip', 'ignore'), got 'warn'; fix "
+      'trax_revplus.ReversibleSerialTrainer.on_non_finite in the config',
+    ),
+    (
+      ['trax_revplus.ReversibleSerialTrainer.batch_slices = 0'],
+      'the trainer rejects its settings: batch_slices must be an int >= 1',
+    ),
+  ],
+  ids=[
+    'steps_0',
+    'steps_negative',
+    'steps_str',
+    'steps_float',
+    'eval_frequency_0',
+    'trainer_mode',
+    'permanent_both',
+    'on_non_finite',
+    'batch_slices',
+  ],
+)
+def test_bad_settings_are_usage_errors_before_any_work(
+  bindings, text, tmp_path, capsys
+):
   out_dir = tmp_path / 'out'
-  code, out, err = _main(capsys, 'train', f'--config_file={MAIN}',
-                         f'--output_dir={out_dir}',
-                         *[f'--config={b}' for b in TINY + bindings])
+  code, out, err = _main(
+    capsys,
+    'train',
+    f'--config_file={MAIN}',
+    f'--output_dir={out_dir}',
+    *[f'--config={b}' for b in TINY + bindings],
+  )
   import trax_revplus  # pylint: disable=g-import-not-at-top
+
   trax_revplus.deactivate()
   assert code == 2, err
   assert text in _one_line_error(err)
@@ -203,44 +316,74 @@ def test_bad_settings_are_usage_errors_before_any_work(bindings, text,
 
 
 def test_contradicting_repeated_flags_are_a_usage_error(capsys):
-  code, _, err = _main(capsys, 'train', f'--config_file={MAIN}',
-                       '--implementation=stock', '--implementation=revplus')
+  code, _, err = _main(
+    capsys,
+    'train',
+    f'--config_file={MAIN}',
+    '--implementation=stock',
+    '--implementation=revplus',
+  )
   assert code == 2
   assert _one_line_error(err) == (
-      'trax-revplus train: error: --implementation=stock and '
-      '--implementation=revplus contradict each other; give '
-      '--implementation once')
-  code, _, err = _main(capsys, 'compare', f'--config_file={MAIN}',
-                       '--steps=2', '--steps=3')
+    'trax-revplus train: error: --implementation=stock and '
+    '--implementation=revplus contradict each other; give '
+    '--implementation once'
+  )
+  code, _, err = _main(
+    capsys, 'compare', f'--config_file={MAIN}', '--steps=2', '--steps=3'
+  )
   assert code == 2 and '--steps=2 and --steps=3' in _one_line_error(err)
-  code, _, err = _main(capsys, 'plot-memory', '.', '--output=a.png',
-                       '--output=b.png')
+  code, _, err = _main(
+    capsys, 'plot-memory', '.', '--output=a.png', '--output=b.png'
+  )
   assert code == 2 and 'contradict' in _one_line_error(err)
 
 
-@pytest.mark.parametrize('bindings,code,text', [
-    (['local_text_inputs.batch_size = 0'], 2,
-     'local_text_inputs.batch_size must be >= 1'),
-    (['ReformerLM.d_attention_key = None', 'ReformerLM.n_heads = 3'], 2,
-     'cannot build the model ReformerLM: TypeError'),
+@pytest.mark.parametrize(
+  'bindings,code,text',
+  [
+    (
+      ['local_text_inputs.batch_size = 0'],
+      2,
+      'local_text_inputs.batch_size must be >= 1',
+    ),
+    (
+      ['ReformerLM.d_attention_key = None', 'ReformerLM.n_heads = 3'],
+      2,
+      'cannot build the model ReformerLM: TypeError',
+    ),
     # Raised by the model's constructor, before trax builds its Loop.
-    (['ReformerLM.ff_activation = None'], 2,
-     "cannot build the model ReformerLM: TypeError: 'NoneType' object is "
-     'not callable'),
+    (
+      ['ReformerLM.ff_activation = None'],
+      2,
+      "cannot build the model ReformerLM: TypeError: 'NoneType' object is "
+      'not callable',
+    ),
     # Raised by the trainer as the Loop's first step plans, inside gin's
     # call of train.
-    (['trax_revplus.ReversibleSerialTrainer.parallel_heads = 3'], 2,
-     'trax-revplus train: error: the trainer rejects its settings: '
-     'trax_revplus.ReversibleSerialTrainer.parallel_heads = 3 does not '
-     'divide the 2 heads of SelfAttention (nor do they divide it); use 1, a '
-     "divisor of 2 or a multiple of it, or 'auto'."),
-], ids=['batch_size', 'model', 'model_constructor', 'parallel_heads'])
-def test_errors_while_building_are_one_line(bindings, code, text, tmp_path,
-                                            capsys):
-  got, out, err = _main(capsys, 'train', f'--config_file={MAIN}',
-                        f'--output_dir={tmp_path / "out"}',
-                        *[f'--config={b}' for b in TINY + bindings])
+    (
+      ['trax_revplus.ReversibleSerialTrainer.parallel_heads = 3'],
+      2,
+      'trax-revplus train: error: the trainer rejects its settings: '
+      'trax_revplus.ReversibleSerialTrainer.parallel_heads = 3 does not '
+      'divide the 2 heads of SelfAttention (nor do they divide it); use 1, a '
+      "divisor of 2 or a multiple of it, or 'auto'.",
+    ),
+  ],
+  ids=['batch_size', 'model', 'model_constructor', 'parallel_heads'],
+)
+def test_errors_while_building_are_one_line(
+  bindings, code, text, tmp_path, capsys
+):
+  got, out, err = _main(
+    capsys,
+    'train',
+    f'--config_file={MAIN}',
+    f'--output_dir={tmp_path / "out"}',
+    *[f'--config={b}' for b in TINY + bindings],
+  )
   import trax_revplus  # pylint: disable=g-import-not-at-top
+
   trax_revplus.deactivate()
   assert got == code, err
   line = _one_line_error(err)
@@ -255,28 +398,29 @@ def test_errors_while_building_are_one_line(bindings, code, text, tmp_path,
   assert '== summary ==' not in out
 
 
-
-
 def test_second_run_into_a_busy_output_dir_stops_at_once(tmp_path, capsys):
   # The lock is held here, as a first run would hold it (each lock is an
   # flock of its own open file, so one process can hold and be refused).
   from trax_revplus.cli import output_dir  # pylint: disable=g-import-not-at-top
+
   busy = tmp_path / 'busy'
   busy.mkdir()
   first = output_dir.OutputDirLock(str(busy), 'trax-revplus train')
   assert first.acquire() is None
   try:
-    code, out, err = _main(capsys, 'train', f'--config_file={MAIN}',
-                           f'--output_dir={busy}')
+    code, out, err = _main(
+      capsys, 'train', f'--config_file={MAIN}', f'--output_dir={busy}'
+    )
   finally:
     first.release()
   assert code == 1
   lock = busy / 'trax-revplus.lock'
   assert _one_line_error(err) == (
-      f'trax-revplus train: error: output dir {busy} is in use by '
-      f'process {os.getpid()} (trax-revplus train, since '
-      f'{err.split(", since ")[1].split(")")[0]}), which holds {lock}; wait '
-      f'for it to end, stop it, or give another --output_dir')
+    f'trax-revplus train: error: output dir {busy} is in use by '
+    f'process {os.getpid()} (trax-revplus train, since '
+    f'{err.split(", since ")[1].split(")")[0]}), which holds {lock}; wait '
+    f'for it to end, stop it, or give another --output_dir'
+  )
   assert not out
   assert os.listdir(busy) == []
 
@@ -285,16 +429,25 @@ def test_known_warnings_go_to_the_log_only(tmp_path, capsys):
   import logging  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
   import warnings  # pylint: disable=g-import-not-at-top
+
   log = logging.FileHandler(tmp_path / 'train.log')
   terminal = logging.StreamHandler(sys.stderr)
   with warnings.catch_warnings():
     warnings.simplefilter('always')
     with noise.route_warnings(log, terminal):
-      warnings.warn('jax.process_count has been renamed to '
-                    'jax.process_count. This alias will eventually be '
-                    'removed', DeprecationWarning, stacklevel=1)
-      warnings.warn('GzipFile was opened for writing, but this will change '
-                    'in future Python releases.', FutureWarning, stacklevel=1)
+      warnings.warn(
+        'jax.process_count has been renamed to '
+        'jax.process_count. This alias will eventually be '
+        'removed',
+        DeprecationWarning,
+        stacklevel=1,
+      )
+      warnings.warn(
+        'GzipFile was opened for writing, but this will change '
+        'in future Python releases.',
+        FutureWarning,
+        stacklevel=1,
+      )
       warnings.warn('a new problem', RuntimeWarning, stacklevel=1)
   log.close()
   err = capsys.readouterr().err.strip().splitlines()
@@ -302,18 +455,21 @@ def test_known_warnings_go_to_the_log_only(tmp_path, capsys):
   assert err[0].startswith('warning: RuntimeWarning: a new problem (')
   assert err[0].endswith('test_cli.py:' + err[0].rsplit(':', 1)[1])
   logged = (tmp_path / 'train.log').read_text()
-  for text in ('jax.process_count has been renamed', 'GzipFile was opened',
-               'a new problem'):
+  for text in (
+    'jax.process_count has been renamed',
+    'GzipFile was opened',
+    'a new problem',
+  ):
     assert text in logged
   for entry in noise.KNOWN_NOISE:
     assert entry.reason and entry.source
 
 
-def test_output_dir_lock_names_its_holder_and_takes_over_a_dead_one(
-    tmp_path):
+def test_output_dir_lock_names_its_holder_and_takes_over_a_dead_one(tmp_path):
   import json  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
   from trax_revplus.cli import output_dir  # pylint: disable=g-import-not-at-top
+
   lock_file = tmp_path / 'trax-revplus.lock'
   first = output_dir.OutputDirLock(str(tmp_path), 'first')
   assert first.acquire() is None
@@ -322,20 +478,27 @@ def test_output_dir_lock_names_its_holder_and_takes_over_a_dead_one(
     second.acquire()
   assert info.value.exit_code == 1
   assert str(info.value).startswith(
-      f'output dir {tmp_path} is in use by process {os.getpid()} (first, '
-      f'since ')
+    f'output dir {tmp_path} is in use by process {os.getpid()} (first, since '
+  )
   first.release()
   assert not lock_file.exists()
   # A holder that was killed leaves its record; the kernel freed its lock.
-  dead = subprocess.run([sys.executable, '-c', 'import os; print(os.getpid())'],
-                        capture_output=True, text=True, check=True)
+  dead = subprocess.run(
+    [sys.executable, '-c', 'import os; print(os.getpid())'],
+    capture_output=True,
+    text=True,
+    check=True,
+  )
   pid = int(dead.stdout)
-  lock_file.write_text(json.dumps({'pid': pid,
-                                   'command': 'trax-revplus train'}))
+  lock_file.write_text(
+    json.dumps({'pid': pid, 'command': 'trax-revplus train'})
+  )
   warning = second.acquire()
-  assert warning == (f'took over the lock of {tmp_path} left by process {pid} '
-                     f'(trax-revplus train), which ended without releasing it '
-                     f'(killed or crashed)')
+  assert warning == (
+    f'took over the lock of {tmp_path} left by process {pid} '
+    f'(trax-revplus train), which ended without releasing it '
+    f'(killed or crashed)'
+  )
   assert json.loads(lock_file.read_text())['pid'] == os.getpid()
   second.release()
   assert not lock_file.exists()
@@ -351,54 +514,79 @@ def test_plot_memory_exit_statuses(tmp_path, capsys):
   code, _, err = _main(capsys, 'plot-memory', str(tmp_path))
   assert code == 1 and 'is corrupt' in _one_line_error(err)
   (tmp_path / 'memory.jsonl').write_text(
-      '{"step": 1, "phase": "forward", "host_rss_bytes": 1048576}\n')
+    '{"step": 1, "phase": "forward", "host_rss_bytes": 1048576}\n'
+  )
   not_a_dir = tmp_path / 'file'
   not_a_dir.write_text('x')
-  code, _, err = _main(capsys, 'plot-memory', str(tmp_path),
-                       f'--output={not_a_dir}/m.png')
+  code, _, err = _main(
+    capsys, 'plot-memory', str(tmp_path), f'--output={not_a_dir}/m.png'
+  )
   assert code == 1
   assert _one_line_error(err).startswith(
-      f'trax-revplus plot-memory: error: cannot write '
-      f'--output={not_a_dir}/m.png: ')
+    f'trax-revplus plot-memory: error: cannot write '
+    f'--output={not_a_dir}/m.png: '
+  )
   code, out, err = _main(capsys, 'plot-memory', str(tmp_path))
   assert code == 0 and out.strip() == str(tmp_path / 'memory.png')
 
 
-def test_trainer_settings_without_effect_are_named_in_a_warning(tmp_path,
-                                                                capsys):
+def test_trainer_settings_without_effect_are_named_in_a_warning(
+  tmp_path, capsys
+):
   # The default Trainer does not read trax_revplus's trainer settings. The
   # corpus glob matches nothing, so the run ends once its log exists.
   out_dir = tmp_path / 'out'
   code, _, err = _main(
-      capsys, 'train', f'--config_file={MAIN}', f'--output_dir={out_dir}',
-      *[f'--config={b}' for b in TINY + [
-          'train.use_memory_efficient_trainer = False',
-          'trax_revplus.ReversibleSerialTrainer.segment_max_layers = 2',
-          "local_text_inputs.paths = '/no/such/corpus/*.txt'"]])
+    capsys,
+    'train',
+    f'--config_file={MAIN}',
+    f'--output_dir={out_dir}',
+    *[
+      f'--config={b}'
+      for b in TINY
+      + [
+        'train.use_memory_efficient_trainer = False',
+        'trax_revplus.ReversibleSerialTrainer.segment_max_layers = 2',
+        "local_text_inputs.paths = '/no/such/corpus/*.txt'",
+      ]
+    ],
+  )
   import trax_revplus  # pylint: disable=g-import-not-at-top
+
   trax_revplus.deactivate()
   assert code == 1, err
   lines = err.strip().splitlines()
   assert lines[0] == (
-      'trax-revplus train: warning: '
-      'trax_revplus.ReversibleSerialTrainer.segment_max_layers has no '
-      'effect: train.use_memory_efficient_trainer is False (trax\'s '
-      'default), so the run trains with trax\'s default Trainer; set it to '
-      'True (or 2) to train with trax_revplus\'s ReversibleSerialTrainer')
+    'trax-revplus train: warning: '
+    'trax_revplus.ReversibleSerialTrainer.segment_max_layers has no '
+    "effect: train.use_memory_efficient_trainer is False (trax's "
+    "default), so the run trains with trax's default Trainer; set it to "
+    "True (or 2) to train with trax_revplus's ReversibleSerialTrainer"
+  )
   assert lines[-1].startswith('trax-revplus train: error: ')
   assert len(lines) == 2, err
-  assert 'segment_max_layers has no effect' in (out_dir / 'train.log'
-                                               ).read_text()
+  assert (
+    'segment_max_layers has no effect' in (out_dir / 'train.log').read_text()
+  )
 
 
 def test_trainer_settings_in_use_get_no_warning(tmp_path, capsys):
   code, _, err = _main(
-      capsys, 'train', f'--config_file={MAIN}',
-      f'--output_dir={tmp_path / "out"}',
-      *[f'--config={b}' for b in TINY + [
-          'trax_revplus.ReversibleSerialTrainer.segment_max_layers = 2',
-          "local_text_inputs.paths = '/no/such/corpus/*.txt'"]])
+    capsys,
+    'train',
+    f'--config_file={MAIN}',
+    f'--output_dir={tmp_path / "out"}',
+    *[
+      f'--config={b}'
+      for b in TINY
+      + [
+        'trax_revplus.ReversibleSerialTrainer.segment_max_layers = 2',
+        "local_text_inputs.paths = '/no/such/corpus/*.txt'",
+      ]
+    ],
+  )
   import trax_revplus  # pylint: disable=g-import-not-at-top
+
   trax_revplus.deactivate()
   assert code == 1
   assert 'warning' not in err
@@ -411,22 +599,36 @@ def test_an_error_in_the_first_step_is_the_last_line(tmp_path, capsys):
   # is closed within the run (its last record is 'end'), so nothing it
   # logs comes after the error line.
   import json  # pylint: disable=g-import-not-at-top
+
   out_dir = tmp_path / 'out'
   code, _, err = _main(
-      capsys, 'train', f'--config_file={MAIN}', f'--output_dir={out_dir}',
-      *[f'--config={b}' for b in TINY + [
-          'trax_revplus.ReversibleSerialTrainer.'
-          'device_memory_budget_bytes = 1000']])
+    capsys,
+    'train',
+    f'--config_file={MAIN}',
+    f'--output_dir={out_dir}',
+    *[
+      f'--config={b}'
+      for b in TINY
+      + [
+        'trax_revplus.ReversibleSerialTrainer.device_memory_budget_bytes = 1000'
+      ]
+    ],
+  )
   import trax_revplus  # pylint: disable=g-import-not-at-top
+
   trax_revplus.deactivate()
   assert code == 2, err
   line = _one_line_error(err)
-  assert line.startswith('trax-revplus train: error: DeviceMemoryBudgetError:'
-                         ' no plan fits device_memory_budget_bytes=1000')
-  records = [json.loads(l) for l in
-             (out_dir / 'memory.jsonl').read_text().splitlines()]
+  assert line.startswith(
+    'trax-revplus train: error: DeviceMemoryBudgetError:'
+    ' no plan fits device_memory_budget_bytes=1000'
+  )
+  records = [
+    json.loads(l) for l in (out_dir / 'memory.jsonl').read_text().splitlines()
+  ]
   assert records[-1]['phase'] == 'end'
   import gc  # pylint: disable=g-import-not-at-top
+
   gc.collect()  # Nothing left to close, and so to print.
   assert not capsys.readouterr().err
 
@@ -435,25 +637,31 @@ def test_unbound_train_settings_keep_trax_defaults(stock_trax_and_empty_gin):
   # Only a model bound: train.steps and train.eval_steps keep trax's valid
   # defaults (bound to None, they are mistakes).
   from trax_revplus.cli import settings  # pylint: disable=g-import-not-at-top
+
   cli.import_trax_quietly()
   cli.parse_configs([], ['train.model = @trax.models.ReformerLM'])
   settings.check_train_settings()
-  cli.parse_configs([], ['train.model = @trax.models.ReformerLM',
-                         'train.eval_steps = None'])
-  with pytest.raises(cli.UserError, match='train.eval_steps = None: must be '
-                                          'a positive int'):
+  cli.parse_configs(
+    [], ['train.model = @trax.models.ReformerLM', 'train.eval_steps = None']
+  )
+  with pytest.raises(
+    cli.UserError, match='train.eval_steps = None: must be a positive int'
+  ):
     settings.check_train_settings()
 
 
-@pytest.mark.parametrize('signum,ignored_before,inside_except', [
-    (15, False, False), (2, True, False), (15, False, True)],
-    ids=['sigterm', 'sigint_inherited_ignored', 'sigterm_in_a_broad_except'])
-def test_a_signal_ends_any_command_in_one_line(signum, ignored_before,
-                                               inside_except, tmp_path,
-                                               capsys, monkeypatch):
+@pytest.mark.parametrize(
+  'signum,ignored_before,inside_except',
+  [(15, False, False), (2, True, False), (15, False, True)],
+  ids=['sigterm', 'sigint_inherited_ignored', 'sigterm_in_a_broad_except'],
+)
+def test_a_signal_ends_any_command_in_one_line(
+  signum, ignored_before, inside_except, tmp_path, capsys, monkeypatch
+):
   import signal  # pylint: disable=g-import-not-at-top
   import threading  # pylint: disable=g-import-not-at-top
   import time  # pylint: disable=g-import-not-at-top
+
   if threading.current_thread() is not threading.main_thread():
     pytest.skip('signal handlers are installed from the main thread only')
   from trax_revplus.cli import plot_memory  # pylint: disable=g-import-not-at-top
@@ -468,9 +676,11 @@ def test_a_signal_ends_any_command_in_one_line(signum, ignored_before,
       if not inside_except:
         raise
     raise AssertionError('the signal did not end the command')
+
   monkeypatch.setattr(plot_memory, 'run', interrupted)
-  previous = signal.signal(signum, signal.SIG_IGN if ignored_before else
-                           signal.getsignal(signum))
+  previous = signal.signal(
+    signum, signal.SIG_IGN if ignored_before else signal.getsignal(signum)
+  )
   try:
     code, out, err = _main(capsys, 'plot-memory', str(tmp_path))
     after = signal.getsignal(signum)
@@ -478,7 +688,8 @@ def test_a_signal_ends_any_command_in_one_line(signum, ignored_before,
     signal.signal(signum, previous)
   name = signal.Signals(signum).name
   assert code == 128 + signum
-  assert _one_line_error(err) == (f'trax-revplus plot-memory: error: '
-                                  f'interrupted by {name}')
+  assert _one_line_error(err) == (
+    f'trax-revplus plot-memory: error: interrupted by {name}'
+  )
   assert not out
   assert after == (signal.SIG_IGN if ignored_before else previous)

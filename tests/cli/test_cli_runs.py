@@ -25,8 +25,11 @@ from cli_cases import TINY_MODEL
 
 # The main job shrunk to a few steps of a tiny model: 3 steps, eval and
 # checkpoint at steps 1 and 2, so the CLI saves the final checkpoint itself.
-TINY = ['train.steps = 3', 'train.eval_frequency = 2',
-        'sequence_length = 32'] + TINY_MODEL
+TINY = [
+  'train.steps = 3',
+  'train.eval_frequency = 2',
+  'sequence_length = 32',
+] + TINY_MODEL
 
 # What `_check_trained` reads of a run, in this process or another.
 _Result = collections.namedtuple('_Result', 'returncode stdout stderr')
@@ -46,14 +49,23 @@ def _one_line_error(err):
 
 
 def _run(args, timeout=None):
-  return subprocess.run(cli_command() + args, capture_output=True, text=True,
-                        timeout=timeout, cwd=REPO, check=False)
+  return subprocess.run(
+    cli_command() + args,
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+    cwd=REPO,
+    check=False,
+  )
 
 
 def _train_args(config, output_dir):
-  return (['train', f'--config_file={config}', f'--output_dir={output_dir}',
-           '--progress_every_n_steps=1'] +
-          [f'--config={binding}' for binding in TINY])
+  return [
+    'train',
+    f'--config_file={config}',
+    f'--output_dir={output_dir}',
+    '--progress_every_n_steps=1',
+  ] + [f'--config={binding}' for binding in TINY]
 
 
 def _summary(stdout):
@@ -90,16 +102,19 @@ def _check_trained(result, output_dir):
   return rows
 
 
-def test_stock_config_trains_through_the_cli(tmp_path, capsys,
-                                             stock_trax_and_empty_gin):
+def test_stock_config_trains_through_the_cli(
+  tmp_path, capsys, stock_trax_and_empty_gin
+):
   del stock_trax_and_empty_gin
   output_dir = str(tmp_path / 'stock')
   result = _Result(*_main(capsys, *_train_args(STOCK, output_dir)))
   rows = _check_trained(result, output_dir)
   assert rows['trainer'] == 'trax.optimizers.trainer.ReversibleSerialTrainer'
   assert 'trax_revplus' not in rows['reversible layers']
-  assert 'trax.layers.reversible.ReversibleHalfResidual x2' in (
-      rows['reversible layers'])
+  assert (
+    'trax.layers.reversible.ReversibleHalfResidual x2'
+    in (rows['reversible layers'])
+  )
 
 
 @pytest.fixture(name='ours_run', scope='module')
@@ -113,8 +128,10 @@ def test_activated_twin_trains_and_its_checkpoint_loads(ours_run):
   result, output_dir = ours_run
   rows = _check_trained(result, output_dir)
   assert rows['trainer'] == 'trax_revplus.trainer.ReversibleSerialTrainer'
-  assert 'trax_revplus.layers.ReversibleHalfResidual x2' in (
-      rows['reversible layers'])
+  assert (
+    'trax_revplus.layers.ReversibleHalfResidual x2'
+    in (rows['reversible layers'])
+  )
   assert 'trax.layers.reversible' not in rows['reversible layers']
 
   # The checkpoint loads into the same model with Layer.init_from_file.
@@ -122,23 +139,27 @@ def test_activated_twin_trains_and_its_checkpoint_loads(ours_run):
   from trax import models  # pylint: disable=g-import-not-at-top
   from trax import shapes  # pylint: disable=g-import-not-at-top
   import trax_revplus  # pylint: disable=g-import-not-at-top
+
   cli.parse_configs([MAIN], TINY)
   try:
     model = models.ReformerLM(mode='eval')
-    model.init_from_file(os.path.join(output_dir, 'model.pkl.gz'),
-                         weights_only=True,
-                         input_signature=shapes.ShapeDtype((1, 32), np.int32))
+    model.init_from_file(
+      os.path.join(output_dir, 'model.pkl.gz'),
+      weights_only=True,
+      input_signature=shapes.ShapeDtype((1, 32), np.int32),
+    )
     loaded, _ = tl.flatten_weights_and_state(model.weights, model.state)
-    saved = tl.np_from_file(os.path.join(output_dir, 'model.weights.npy.gz'),
-                            compresslevel=0)
+    saved = tl.np_from_file(
+      os.path.join(output_dir, 'model.weights.npy.gz'), compresslevel=0
+    )
     assert len(loaded) == len(saved)
     for a, b in zip(loaded, saved):
       np.testing.assert_array_equal(np.asarray(a), b)
   finally:
     import gin  # pylint: disable=g-import-not-at-top
+
     gin.clear_config()
     trax_revplus.deactivate()
-
 
 
 # Resuming the run of `ours_run`, in this process, from copies of its dir.
@@ -146,17 +167,26 @@ def test_activated_twin_trains_and_its_checkpoint_loads(ours_run):
 
 def _resume(capsys, output_dir, *bindings, steps=4, implementation='config'):
   code, out, err = _main(
-      capsys, 'train', f'--config_file={MAIN}', f'--output_dir={output_dir}',
-      '--progress_every_n_steps=1', f'--implementation={implementation}',
-      *[f'--config={b}' for b in TINY + [f'train.steps = {steps}'] +
-        list(bindings)])
+    capsys,
+    'train',
+    f'--config_file={MAIN}',
+    f'--output_dir={output_dir}',
+    '--progress_every_n_steps=1',
+    f'--implementation={implementation}',
+    *[
+      f'--config={b}'
+      for b in TINY + [f'train.steps = {steps}'] + list(bindings)
+    ],
+  )
   import trax_revplus  # pylint: disable=g-import-not-at-top
+
   trax_revplus.deactivate()
   return code, out, err
 
 
 def _copy_run(ours_run, tmp_path):
   import shutil  # pylint: disable=g-import-not-at-top
+
   assert ours_run[0].returncode == 0, ours_run[0].stderr[-3000:]
   path = tmp_path / 'run'
   shutil.copytree(ours_run[1], path)
@@ -165,38 +195,45 @@ def _copy_run(ours_run, tmp_path):
 
 def _manifest_counters(path):
   import json  # pylint: disable=g-import-not-at-top
+
   manifest = json.loads((path / 'model.manifest.json').read_text())
   return manifest['step'], manifest['data_counters']
 
 
 def test_a_resumed_run_reads_its_programs_from_the_compilation_cache(
-    ours_run, tmp_path, capsys):
+  ours_run, tmp_path, capsys
+):
   del capsys
   path = _copy_run(ours_run, tmp_path)
   # In a process of its own, as `ours_run` trained: this process compiles
   # under the suite's settings (conftest), other cache keys.
   result = _run(_train_args(MAIN, str(path)) + ['--config=train.steps = 4'])
   assert result.returncode == 0, result.stderr[-3000:]
-  assert 'programs read from the compilation cache' in _summary(
-      result.stdout)['train time']
+  assert (
+    'programs read from the compilation cache'
+    in _summary(result.stdout)['train time']
+  )
 
 
 def test_out_of_device_memory_is_one_line_and_keeps_the_checkpoint(
-    ours_run, tmp_path, capsys, monkeypatch):
+  ours_run, tmp_path, capsys, monkeypatch
+):
   from trax_revplus import checkpoints  # pylint: disable=g-import-not-at-top
   from trax_revplus.trainer._step import step_context  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
+
   path = _copy_run(ours_run, tmp_path)
   call = step_context.StepContext.call
 
   def short_of_memory(*args):
     del args
     raise jax.errors.JaxRuntimeError(
-        'RESOURCE_EXHAUSTED: Out of memory while trying to allocate 4096 '
-        'bytes.')
+      'RESOURCE_EXHAUSTED: Out of memory while trying to allocate 4096 bytes.'
+    )
 
   def failing(self, fn, args):  # The device is short from step 5 on.
     return call(self, short_of_memory if self.step >= 5 else fn, args)
+
   monkeypatch.setattr(step_context.StepContext, 'call', failing)
   # Resumed at step 3: step 4 trains (and is checkpointed), step 5 fails.
   code, out, err = _resume(capsys, path, steps=6)
@@ -214,8 +251,11 @@ def test_out_of_device_memory_is_one_line_and_keeps_the_checkpoint(
 def test_an_unwritable_compilation_cache_is_one_line(tmp_path, capsys):
   blocker = tmp_path / 'a_file'
   blocker.write_text('')
-  code, out, err = _main(capsys, *_train_args(MAIN, str(tmp_path / 'run')),
-                         f'--compilation_cache_dir={blocker}/cache')
+  code, out, err = _main(
+    capsys,
+    *_train_args(MAIN, str(tmp_path / 'run')),
+    f'--compilation_cache_dir={blocker}/cache',
+  )
   assert code == 2 and not out
   line = _one_line_error(err)
   assert f'{blocker}/cache cannot be written' in line
@@ -223,10 +263,12 @@ def test_an_unwritable_compilation_cache_is_one_line(tmp_path, capsys):
   assert not (tmp_path / 'run').exists()
 
 
-@pytest.mark.parametrize('content', [b'', b'\x80\x04garbage'],
-                         ids=['empty', 'garbage'])
+@pytest.mark.parametrize(
+  'content', [b'', b'\x80\x04garbage'], ids=['empty', 'garbage']
+)
 def test_damaged_data_counters_file_resumes_from_the_verified_set(
-    ours_run, tmp_path, capsys, content):
+  ours_run, tmp_path, capsys, content
+):
   path = _copy_run(ours_run, tmp_path)
   step, counters = _manifest_counters(path)
   assert step == 3 and counters
@@ -259,9 +301,11 @@ def test_both_sets_damaged_stop_with_one_line(ours_run, tmp_path, capsys):
   assert line.startswith('trax-revplus train: error: checkpoint set model in')
   assert 'model.weights.npy.gz is damaged' in line
   assert 'model.prev.weights.npy.gz is damaged' in line
-  assert line.endswith('to load it anyway, unverified, move '
-                       'model.manifest.json out of it (a set without a '
-                       'manifest loads as stock trax loads it)')
+  assert line.endswith(
+    'to load it anyway, unverified, move '
+    'model.manifest.json out of it (a set without a '
+    'manifest loads as stock trax loads it)'
+  )
   assert 'step 1/' not in out
 
 
@@ -270,21 +314,25 @@ def test_run_already_at_its_last_step_says_so(ours_run, tmp_path, capsys):
   code, out, err = _resume(capsys, path, steps=3)
   assert code == 0, err
   rows = _summary(out)
-  assert rows['steps'] == ('3 (0 in this run: the checkpoint was at '
-                           'train.steps = 3 already)')
-  assert rows['checkpoint'] == (f'{path}/model.pkl.gz (step 3, as loaded: '
-                                f'no step ran, nothing new to save)')
+  assert rows['steps'] == (
+    '3 (0 in this run: the checkpoint was at train.steps = 3 already)'
+  )
+  assert rows['checkpoint'] == (
+    f'{path}/model.pkl.gz (step 3, as loaded: no step ran, nothing new to save)'
+  )
   assert 'None' not in out.split('== summary ==')[1]
 
 
 def test_final_checkpoint_is_saved_whatever_checkpoints_at_says(
-    tmp_path, capsys):
+  tmp_path, capsys
+):
   # trax's Loop saves at the steps of train.checkpoints_at alone: none of
   # this run's, so it writes no checkpoint at all.
   path = tmp_path / 'run'
   late = '--config=train.checkpoints_at = [100]'
   code, out, err = _main(capsys, *_train_args(MAIN, path), late)
   import trax_revplus  # pylint: disable=g-import-not-at-top
+
   trax_revplus.deactivate()
   assert code == 0, err
   assert 'Traceback' not in err
@@ -299,16 +347,18 @@ def test_final_checkpoint_is_saved_whatever_checkpoints_at_says(
 
 
 def test_stock_traxs_failing_load_is_one_line_naming_the_fix(
-    ours_run, tmp_path, capsys):
+  ours_run, tmp_path, capsys
+):
   path = _copy_run(ours_run, tmp_path)
   code, out, err = _resume(capsys, path, implementation='stock')
   assert code == 1
   assert _one_line_error(err) == (
-      f'trax-revplus train: error: cannot load the checkpoint in {path} '
-      f"(TypeError: unsupported operand type(s) for ==: 'ArrayImpl' and "
-      f"'tuple'); stock trax's load fails so on current JAX: resume without "
-      f'--implementation=stock (trax_revplus loads the checkpoint), or give '
-      f'another --output_dir')
+    f'trax-revplus train: error: cannot load the checkpoint in {path} '
+    f"(TypeError: unsupported operand type(s) for ==: 'ArrayImpl' and "
+    f"'tuple'); stock trax's load fails so on current JAX: resume without "
+    f'--implementation=stock (trax_revplus loads the checkpoint), or give '
+    f'another --output_dir'
+  )
   assert 'step 4/4' not in out
   # As it says: trax_revplus loads it.
   code, out, err = _resume(capsys, path, implementation='config')
@@ -317,22 +367,31 @@ def test_stock_traxs_failing_load_is_one_line_naming_the_fix(
 
 
 @pytest.mark.parametrize('implementation', ['config', 'stock'])
-def test_checkpoint_of_another_model_is_a_usage_error(ours_run, tmp_path,
-                                                      capsys, implementation):
+def test_checkpoint_of_another_model_is_a_usage_error(
+  ours_run, tmp_path, capsys, implementation
+):
   path = _copy_run(ours_run, tmp_path)
-  code, out, err = _resume(capsys, path, 'ReformerLM.d_model = 32',
-                           'ReformerLM.d_ff = 64',
-                           implementation=implementation)
+  code, out, err = _resume(
+    capsys,
+    path,
+    'ReformerLM.d_model = 32',
+    'ReformerLM.d_ff = 64',
+    implementation=implementation,
+  )
   assert code == 2
   # trax prints a line per weight it could not place; its log keeps them.
   assert 'tensor of shape' not in out and 'match shapes' not in out, out
   assert 'Not inserted tensor of shape' in (path / 'train.log').read_text()
   line = _one_line_error(err)
   if implementation == 'config':  # trax_revplus's load: the set verified.
-    assert (f'checkpoint {path}/model.pkl.gz (step 3) does not fit this '
-            f'model (IndexError): it was written by a model of another '
-            f'shape') in line
+    assert (
+      f'checkpoint {path}/model.pkl.gz (step 3) does not fit this '
+      f'model (IndexError): it was written by a model of another '
+      f'shape'
+    ) in line
   else:  # Stock trax's load.
-    assert (f'the checkpoint in {path} does not fit this model (IndexError):'
-            f' it was written by a model of another shape') in line
+    assert (
+      f'the checkpoint in {path} does not fit this model (IndexError):'
+      f' it was written by a model of another shape'
+    ) in line
   assert line.endswith('give another --output_dir')

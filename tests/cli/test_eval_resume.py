@@ -19,17 +19,26 @@ from cli_cases import TINY_MODEL
 # Every step evaluates one batch; the eval stream cycles over 10 different
 # batches, so a stream restarted from its first batch scores another one.
 _EVERY_STEP = TINY_MODEL + [
-    'sequence_length = 32', 'train.eval_frequency = 1',
-    'train.eval_steps = 1', 'local_text_inputs.eval_cycle_batches = 10']
+  'sequence_length = 32',
+  'train.eval_frequency = 1',
+  'train.eval_steps = 1',
+  'local_text_inputs.eval_cycle_batches = 10',
+]
 
 
 def _train(capsys, output_dir, steps):
-  code = cli.main(['trax-revplus', 'train', f'--config_file={MAIN}',
-                   f'--output_dir={output_dir}'] +
-                  [f'--config={b}' for b in _EVERY_STEP +
-                   [f'train.steps = {steps}']])
+  code = cli.main(
+    [
+      'trax-revplus',
+      'train',
+      f'--config_file={MAIN}',
+      f'--output_dir={output_dir}',
+    ]
+    + [f'--config={b}' for b in _EVERY_STEP + [f'train.steps = {steps}']]
+  )
   out, err = capsys.readouterr()
   import trax_revplus  # pylint: disable=g-import-not-at-top
+
   trax_revplus.deactivate()
   assert code == 0, err[-3000:]
   assert 'holds data counters' not in err  # The set and its file agree.
@@ -38,8 +47,12 @@ def _train(capsys, output_dir, steps):
 
 def _eval_losses(out):
   """{step: eval loss} as the run printed them (trax's Loop prints them)."""
-  return {int(step): float(loss) for step, loss in re.findall(
-      r'^Step +(\d+): eval +loss \| +(\S+)$', out, re.MULTILINE)}
+  return {
+    int(step): float(loss)
+    for step, loss in re.findall(
+      r'^Step +(\d+): eval +loss \| +(\S+)$', out, re.MULTILINE
+    )
+  }
 
 
 def _flip_middle_byte(file_path):
@@ -50,7 +63,8 @@ def _flip_middle_byte(file_path):
 
 @pytest.mark.usefixtures('stock_trax_and_empty_gin')
 def test_resumed_evals_score_the_batches_of_the_uninterrupted_run(
-    tmp_path, capsys):
+  tmp_path, capsys
+):
   uninterrupted = tmp_path / 'uninterrupted'
   want = _eval_losses(_train(capsys, uninterrupted, steps=4)[0])
   assert sorted(want) == [1, 2, 3, 4]

@@ -19,38 +19,57 @@ from trax_revplus.cli import launch as launch_command
 from trax_revplus.cli import parser
 from trax_revplus.multiprocess import ending
 
-_REPO = os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))))
+_REPO = os.path.dirname(
+  os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)
 _CONFIG = os.path.join(_REPO, 'gin_configs', 'reformer_char_lm.gin')
 
 
 def test_train_takes_the_multi_process_flags():
-  flags = parser.parse(['train', '--config_file=a.gin', '--num_processes=2',
-                        '--process_id=1', '--coordinator_address=h:1234',
-                        '--join_timeout_seconds=60',
-                        '--heartbeat_timeout_seconds=20'])
+  flags = parser.parse(
+    [
+      'train',
+      '--config_file=a.gin',
+      '--num_processes=2',
+      '--process_id=1',
+      '--coordinator_address=h:1234',
+      '--join_timeout_seconds=60',
+      '--heartbeat_timeout_seconds=20',
+    ]
+  )
   config = join.config_from_flags(flags)
-  assert (config.num_processes, config.process_id,
-          config.coordinator_address) == (2, 1, 'h:1234')
-  assert (config.timeout_seconds, config.heartbeat_timeout_seconds) == (60,
-                                                                        20)
+  assert (
+    config.num_processes,
+    config.process_id,
+    config.coordinator_address,
+  ) == (2, 1, 'h:1234')
+  assert (config.timeout_seconds, config.heartbeat_timeout_seconds) == (60, 20)
 
 
 def test_train_without_the_flags_is_one_process(monkeypatch):
-  for name in ('JAX_COORDINATOR_ADDRESS', 'SLURM_JOB_ID',
-               'OMPI_MCA_orte_hnp_uri', 'KUBERNETES_SERVICE_HOST'):
+  for name in (
+    'JAX_COORDINATOR_ADDRESS',
+    'SLURM_JOB_ID',
+    'OMPI_MCA_orte_hnp_uri',
+    'KUBERNETES_SERVICE_HOST',
+  ):
     monkeypatch.delenv(name, raising=False)
   flags = parser.parse(['train', '--config_file=a.gin'])
   assert not join.config_from_flags(flags).is_multi_process
 
 
-@pytest.mark.parametrize('args, fragment', [
+@pytest.mark.parametrize(
+  'args, fragment',
+  [
     (['launch', '--num_processes=2'], 'after --'),
     (['launch', '--num_processes=2', '--'], 'after --'),
     (['launch', '--', '--config_file=a.gin'], '--num_processes'),
-    (['launch', '--num_processes=0', '--', '--config_file=a.gin'],
-     'positive integer'),
-])
+    (
+      ['launch', '--num_processes=0', '--', '--config_file=a.gin'],
+      'positive integer',
+    ),
+  ],
+)
 def test_launch_usage_errors(args, fragment):
   with pytest.raises(errors.UserError) as error:
     parser.parse(args)
@@ -59,31 +78,52 @@ def test_launch_usage_errors(args, fragment):
 
 
 def test_launch_passes_the_flags_after_the_separator():
-  flags = parser.parse(['launch', '--num_processes=3', '--',
-                        '--config_file=a.gin', '--config=x = 1'])
+  flags = parser.parse(
+    [
+      'launch',
+      '--num_processes=3',
+      '--',
+      '--config_file=a.gin',
+      '--config=x = 1',
+    ]
+  )
   assert flags.num_processes == 3
   assert flags.train_args == ['--config_file=a.gin', '--config=x = 1']
   assert launch_command.train_command(flags.train_args)[-3:] == [
-      'train', '--config_file=a.gin', '--config=x = 1']
+    'train',
+    '--config_file=a.gin',
+    '--config=x = 1',
+  ]
 
 
-@pytest.mark.parametrize('flag', ['--process_id=0', '--num_processes=2',
-                                  '--coordinator_address=h:1'])
+@pytest.mark.parametrize(
+  'flag', ['--process_id=0', '--num_processes=2', '--coordinator_address=h:1']
+)
 def test_launch_refuses_the_flags_it_sets(flag):
-  flags = parser.parse(['launch', '--num_processes=2', '--',
-                        '--config_file=a.gin', flag])
+  flags = parser.parse(
+    ['launch', '--num_processes=2', '--', '--config_file=a.gin', flag]
+  )
   with pytest.raises(errors.UserError) as error:
     launch_command.run(flags)
   assert 'set by launch' in str(error.value)
 
 
 def test_failure_names_a_lost_process_and_gives_it_its_own_status():
-  config = join.config_from_flags(parser.parse(
-      ['train', '--config_file=a.gin', '--num_processes=2', '--process_id=0',
-       '--coordinator_address=h:1']))
+  config = join.config_from_flags(
+    parser.parse(
+      [
+        'train',
+        '--config_file=a.gin',
+        '--num_processes=2',
+        '--process_id=0',
+        '--coordinator_address=h:1',
+      ]
+    )
+  )
   line, code = ending.failure(
-      RuntimeError('UNKNOWN: Gloo all-reduce failed:\nConnection reset by '
-                   'peer'), config)
+    RuntimeError('UNKNOWN: Gloo all-reduce failed:\nConnection reset by peer'),
+    config,
+  )
   assert '\n' not in line
   assert line.startswith('process 0 of 2') and 'lost another process' in line
   assert code == errors.EXIT_LOST_PROCESS
@@ -91,18 +131,34 @@ def test_failure_names_a_lost_process_and_gives_it_its_own_status():
   assert 'ValueError: bad' in line and code == errors.EXIT_RUNTIME
 
 
-@pytest.mark.parametrize('flags, fragment', [
+@pytest.mark.parametrize(
+  'flags, fragment',
+  [
     (['--num_processes=2'], '--process_id'),
-    (['--num_processes=2', '--process_id=2', '--coordinator_address=h:1'],
-     'outside 0..1'),
-    (['--num_processes=2', '--process_id=0', '--coordinator_address=h'],
-     'HOST:PORT'),
-])
-def test_train_refuses_bad_process_flags_in_one_line(tmp_path, capsys, flags,
-                                                     fragment):
+    (
+      ['--num_processes=2', '--process_id=2', '--coordinator_address=h:1'],
+      'outside 0..1',
+    ),
+    (
+      ['--num_processes=2', '--process_id=0', '--coordinator_address=h'],
+      'HOST:PORT',
+    ),
+  ],
+)
+def test_train_refuses_bad_process_flags_in_one_line(
+  tmp_path, capsys, flags, fragment
+):
   from trax_revplus import cli  # pylint: disable=g-import-not-at-top
-  status = cli.main(['trax-revplus', 'train', f'--config_file={_CONFIG}',
-                     f'--output_dir={tmp_path / "run"}'] + flags)
+
+  status = cli.main(
+    [
+      'trax-revplus',
+      'train',
+      f'--config_file={_CONFIG}',
+      f'--output_dir={tmp_path / "run"}',
+    ]
+    + flags
+  )
   err = capsys.readouterr().err.strip()
   assert status == errors.EXIT_USAGE
   assert len(err.splitlines()) == 1 and fragment in err, err
@@ -115,6 +171,7 @@ def test_activate_binds_on_cpu_to_this_process_cpu_device():
   from trax import layers as tl  # pylint: disable=g-import-not-at-top
   import trax_revplus  # pylint: disable=g-import-not-at-top
   from trax_revplus import compat  # pylint: disable=g-import-not-at-top
+
   was_active = trax_revplus.is_active()
   trax_revplus.activate()
   try:
@@ -131,39 +188,61 @@ def test_activate_binds_on_cpu_to_this_process_cpu_device():
 def fixture_launched(monkeypatch):
   """Replaces the launch of processes: records what would be started."""
   from trax_revplus.multiprocess import launcher  # pylint: disable=g-import-not-at-top
+
   calls = []
 
   def launch(command, num_processes, **kwargs):
     calls.append((command, num_processes, kwargs))
     return 0
+
   monkeypatch.setattr(launcher, 'launch', launch)
   return calls
 
 
 def _cli(capsys, *args):
   from trax_revplus import cli  # pylint: disable=g-import-not-at-top
+
   code = cli.main(['trax-revplus', *args])
   out, err = capsys.readouterr()
   return code, out, err
 
 
-@pytest.mark.parametrize('args,text', [
-    (['--num_processes=1000'], '--num_processes=1000 is more than the 8 '
-                               'processes a local launch starts on this host'),
-    (['--num_processes=9', '--max_local_processes=8'],
-     '--num_processes=9 is more than the 8 processes'),
-    (['--num_processes=2', '--stop_grace_seconds=-1'],
-     'argument --stop_grace_seconds: must be a positive number of seconds, '
-     'got -1'),
-    (['--num_processes=2', '--stop_grace_seconds=nan'],
-     'argument --stop_grace_seconds: must be a positive number of seconds'),
-], ids=['too_many', 'above_the_flag', 'negative_grace', 'nan_grace'])
+@pytest.mark.parametrize(
+  'args,text',
+  [
+    (
+      ['--num_processes=1000'],
+      '--num_processes=1000 is more than the 8 '
+      'processes a local launch starts on this host',
+    ),
+    (
+      ['--num_processes=9', '--max_local_processes=8'],
+      '--num_processes=9 is more than the 8 processes',
+    ),
+    (
+      ['--num_processes=2', '--stop_grace_seconds=-1'],
+      'argument --stop_grace_seconds: must be a positive number of seconds, '
+      'got -1',
+    ),
+    (
+      ['--num_processes=2', '--stop_grace_seconds=nan'],
+      'argument --stop_grace_seconds: must be a positive number of seconds',
+    ),
+  ],
+  ids=['too_many', 'above_the_flag', 'negative_grace', 'nan_grace'],
+)
 def test_launch_refuses_numbers_out_of_range_before_starting(
-    args, text, tmp_path, capsys, launched, monkeypatch):
+  args, text, tmp_path, capsys, launched, monkeypatch
+):
   monkeypatch.setattr(os, 'cpu_count', lambda: 2)
-  code, out, err = _cli(capsys, 'launch', *args, '--',
-                        f'--config_file={_CONFIG}',
-                        f'--output_dir={tmp_path / "run"}')
+  code, out, err = _cli(
+    capsys,
+    'launch',
+    *args,
+    '--',
+    f'--config_file={_CONFIG}',
+    f'--output_dir={tmp_path / "run"}',
+  )
   assert code == errors.EXIT_USAGE
   assert err.startswith('trax-revplus launch: error: ')
   assert len(err.splitlines()) == 1 and text in err, err
@@ -171,33 +250,51 @@ def test_launch_refuses_numbers_out_of_range_before_starting(
   assert not (tmp_path / 'run').exists()
 
 
-def test_launch_checks_the_train_flags_before_starting(tmp_path, capsys,
-                                                       launched):
-  code, _, err = _cli(capsys, 'launch', '--num_processes=2', '--',
-                      f'--config_file={_CONFIG}', '--config_fil=x.gin')
+def test_launch_checks_the_train_flags_before_starting(
+  tmp_path, capsys, launched
+):
+  code, _, err = _cli(
+    capsys,
+    'launch',
+    '--num_processes=2',
+    '--',
+    f'--config_file={_CONFIG}',
+    '--config_fil=x.gin',
+  )
   assert code == errors.EXIT_USAGE
-  assert err == ('trax-revplus launch: error: unknown flag --config_fil (in '
-                 '--config_fil=x.gin; see trax-revplus train --help)\n')
+  assert err == (
+    'trax-revplus launch: error: unknown flag --config_fil (in '
+    '--config_fil=x.gin; see trax-revplus train --help)\n'
+  )
   assert not launched
 
 
-def test_launch_checks_the_config_files_before_starting(tmp_path, capsys,
-                                                       launched):
+def test_launch_checks_the_config_files_before_starting(
+  tmp_path, capsys, launched
+):
   missing = tmp_path / 'nope.gin'
-  code, _, err = _cli(capsys, 'launch', '--num_processes=2', '--',
-                      f'--config_file={missing}',
-                      f'--output_dir={tmp_path / "run"}')
+  code, _, err = _cli(
+    capsys,
+    'launch',
+    '--num_processes=2',
+    '--',
+    f'--config_file={missing}',
+    f'--output_dir={tmp_path / "run"}',
+  )
   assert code == errors.EXIT_USAGE
-  assert err == (f'trax-revplus launch: error: config file not found: '
-                 f'{missing}\n')
+  assert err == (
+    f'trax-revplus launch: error: config file not found: {missing}\n'
+  )
   assert not launched and not (tmp_path / 'run').exists()
 
 
-def test_launch_gives_every_process_one_output_dir(tmp_path, capsys,
-                                                   launched, monkeypatch):
+def test_launch_gives_every_process_one_output_dir(
+  tmp_path, capsys, launched, monkeypatch
+):
   monkeypatch.setenv('HOME', str(tmp_path))
-  code, _, err = _cli(capsys, 'launch', '--num_processes=2', '--',
-                      f'--config_file={_CONFIG}')
+  code, _, err = _cli(
+    capsys, 'launch', '--num_processes=2', '--', f'--config_file={_CONFIG}'
+  )
   assert code == 0, err
   [(command, num_processes, kwargs)] = launched
   dirs = [a.split('=', 1)[1] for a in command if a.startswith('--output_dir=')]
@@ -225,8 +322,20 @@ sys.exit(cli.main(['trax-revplus', 'launch'] + sys.argv[1:]))
 def test_launch_s_own_process_holds_no_backend(tmp_path, one_chip_host):
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
+
   proc = subprocess.run(
-      [sys.executable, '-c', _LAUNCH_PARENT, '--num_processes=1', '--',
-       f'--config_file={_CONFIG}', f'--output_dir={tmp_path / "run"}'],
-      env=one_chip_host, capture_output=True, text=True, check=False)
+    [
+      sys.executable,
+      '-c',
+      _LAUNCH_PARENT,
+      '--num_processes=1',
+      '--',
+      f'--config_file={_CONFIG}',
+      f'--output_dir={tmp_path / "run"}',
+    ],
+    env=one_chip_host,
+    capture_output=True,
+    text=True,
+    check=False,
+  )
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -82,8 +82,9 @@ def test_a_full_device_is_one_runtime_error():
   with pytest.raises(output_files.OutputFileError) as error:
     output_files.write('/dev/full', _writer(b'x' * 100000), '--json')
   assert error.value.exit_code == EXIT_RUNTIME
-  assert str(error.value) == ('cannot write --json=/dev/full: No space left '
-                              'on device')
+  assert str(error.value) == (
+    'cannot write --json=/dev/full: No space left on device'
+  )
 
 
 def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
@@ -93,6 +94,7 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
   def fill(f):
     f.write(b'half')
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
   with pytest.raises(output_files.OutputFileError) as error:
     output_files.write(str(path), fill)
   assert error.value.exit_code == EXIT_RUNTIME
@@ -105,6 +107,7 @@ def test_an_error_in_the_content_leaves_no_temporary(tmp_path):
   def fill(f):
     f.write(b'half')
     raise KeyboardInterrupt
+
   with pytest.raises(KeyboardInterrupt):
     output_files.write(str(tmp_path / 'new.png'), fill)
   assert not _entries(tmp_path)
@@ -121,14 +124,16 @@ def test_a_directory_or_socket_is_refused_untouched(tmp_path, kind):
     holder.bind(str(path))
   try:
     mode = os.lstat(path).st_mode
-    for call in (lambda: output_files.check(str(path), '--json'),
-                 lambda: output_files.write(str(path), _writer(b'x'),
-                                            '--json')):
+    for call in (
+      lambda: output_files.check(str(path), '--json'),
+      lambda: output_files.write(str(path), _writer(b'x'), '--json'),
+    ):
       with pytest.raises(output_files.OutputFileError) as error:
         call()
       assert error.value.exit_code == EXIT_USAGE
-      assert str(error.value) == (f'--json={path} is a {kind}; give the path '
-                                  f'of a file')
+      assert str(error.value) == (
+        f'--json={path} is a {kind}; give the path of a file'
+      )
     assert os.lstat(path).st_mode == mode
   finally:
     if holder is not None:
@@ -153,10 +158,12 @@ def test_a_missing_or_unusable_directory_is_a_runtime_error(tmp_path):
   not_a_dir = tmp_path / 'file'
   not_a_dir.write_text('x')
   cases = {
-      str(tmp_path / 'no' / 'out.json'):
-          f'directory {tmp_path / "no"} does not exist; create it first',
-      str(not_a_dir / 'out.json'):
-          f'{not_a_dir} is not a directory; give a path in a directory',
+    str(
+      tmp_path / 'no' / 'out.json'
+    ): f'directory {tmp_path / "no"} does not exist; create it first',
+    str(
+      not_a_dir / 'out.json'
+    ): f'{not_a_dir} is not a directory; give a path in a directory',
   }
   for path, text in cases.items():
     with pytest.raises(output_files.OutputFileError) as error:
@@ -174,17 +181,24 @@ def test_a_dash_is_standard_output_only_where_allowed(capfdbinary):
   assert capfdbinary.readouterr().out == b'{"a": 1}\n'
 
 
-@pytest.mark.parametrize('args', [
+@pytest.mark.parametrize(
+  'args',
+  [
     ['estimate', '--config_file=c.gin', '--json='],
     ['plot-memory', 'run', '--output='],
     ['compare', '--config_file=c.gin', '--output_dir='],
-], ids=['estimate_json', 'plot_memory_output', 'compare_output_dir'])
+  ],
+  ids=['estimate_json', 'plot_memory_output', 'compare_output_dir'],
+)
 def test_an_empty_path_is_a_usage_error_not_the_default(args, capsys):
   # --json= or --output= from an unset shell variable must not read as no
   # flag (no JSON, the run dir's memory.png replaced).
   from trax_revplus import cli  # pylint: disable=g-import-not-at-top
+
   assert cli.main(['trax-revplus'] + args) == 2
   err = capsys.readouterr().err
   flag = args[-1].rstrip('=')
-  assert err == (f'trax-revplus {args[0]}: error: argument {flag}: must be '
-                 f'a path, got an empty one\n')
+  assert err == (
+    f'trax-revplus {args[0]}: error: argument {flag}: must be '
+    f'a path, got an empty one\n'
+  )

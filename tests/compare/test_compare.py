@@ -13,24 +13,31 @@ from trax_revplus.memory import step_axis
 def test_config_seed_follows_includes_and_bindings(tmp_path):
   (tmp_path / 'base.gin').write_text('train.random_seed = 7\n')
   (tmp_path / 'top.gin').write_text(
-      "import no_such_module\ninclude 'base.gin'\ntrain.steps = 3\n")
+    "import no_such_module\ninclude 'base.gin'\ntrain.steps = 3\n"
+  )
   (tmp_path / 'plain.gin').write_text('train.steps = 3\n')
   top, plain = str(tmp_path / 'top.gin'), str(tmp_path / 'plain.gin')
   assert compare.config_seed([top], []) == (True, 7)
   assert compare.config_seed([top], ['train.random_seed = 9']) == (True, 9)
   assert compare.config_seed([plain], []) == (False, None)
   assert compare.config_seed([plain], ['train.random_seed = %s']) == (
-      True, None)
+    True,
+    None,
+  )
 
 
 def test_max_abs_diff_finds_a_planted_difference(tmp_path):
   rng = np.random.default_rng(0)
-  a = [rng.normal(size=(3, 4)).astype(np.float32), np.zeros((0,)),
-       rng.normal(size=(5,)).astype(np.float32)]
+  a = [
+    rng.normal(size=(3, 4)).astype(np.float32),
+    np.zeros((0,)),
+    rng.normal(size=(5,)).astype(np.float32),
+  ]
   b = [x.copy() for x in a]
   b[2][3] += 0.25
   # The files as trax.layers.np_to_file writes them: np.save in one gzip.
   import gzip  # pylint: disable=g-import-not-at-top
+
   for name, arrays in (('a', a), ('b', b)):
     with gzip.open(tmp_path / f'{name}.npy.gz', 'wb') as f:
       for x in arrays:
@@ -49,36 +56,48 @@ def test_max_abs_diff_finds_a_planted_difference(tmp_path):
 
 def test_failure_reason_names_signal_or_last_line():
   assert compare.failure_reason(-9, 'step 1/3 ...\n') == (
-      'killed by signal 9: step 1/3 ...')
+    'killed by signal 9: step 1/3 ...'
+  )
   assert compare.failure_reason(
-      2, 'trax-revplus train: error: config file not found: x.gin\n') == (
-          'exit 2: trax-revplus train: error: config file not found: x.gin')
+    2, 'trax-revplus train: error: config file not found: x.gin\n'
+  ) == ('exit 2: trax-revplus train: error: config file not found: x.gin')
 
 
 def test_png_places_phase_records_where_plot_memory_does(tmp_path):
-  lines = [{'step': 0, 'phase': 'start'},
-           {'step': 1, 'phase': 'forward'}, {'step': 1, 'phase': 'loss'},
-           {'step': 1, 'phase': 'backward'}, {'step': 1, 'phase': 'step'}]
+  lines = [
+    {'step': 0, 'phase': 'start'},
+    {'step': 1, 'phase': 'forward'},
+    {'step': 1, 'phase': 'loss'},
+    {'step': 1, 'phase': 'backward'},
+    {'step': 1, 'phase': 'step'},
+  ]
   (tmp_path / 'memory.jsonl').write_text(
-      ''.join(json.dumps(r) + '\n' for r in lines))
+    ''.join(json.dumps(r) + '\n' for r in lines)
+  )
   points = compare.png._phase_records({'output_dir': str(tmp_path)})
   # Step 1's three phases inside (0, 1), at i / 4, as plot-memory draws them.
   assert [(r['phase'], x) for x, r in points] == [
-      ('forward', 0.25), ('loss', 0.5), ('backward', 0.75)]
+    ('forward', 0.25),
+    ('loss', 0.5),
+    ('backward', 0.75),
+  ]
   assert [x for x, _ in points] == step_axis.x_positions(lines)[1:4]
 
 
 def test_a_run_entry_takes_the_classes_that_ran_from_run_stats(tmp_path):
   """compare.json's trainer and reversible layers of a run are those its
   run_stats.json holds; what the run printed is not read for them."""
-  stats = {'trainer': 'trax_revplus.trainer.ReversibleSerialTrainer',
-           'reversible_layers': 'trax_revplus.layers.ReversibleHalfResidual '
-                                'x2, trax_revplus.layers.ReversibleSwap x2',
-           'steps': [1]}
+  stats = {
+    'trainer': 'trax_revplus.trainer.ReversibleSerialTrainer',
+    'reversible_layers': 'trax_revplus.layers.ReversibleHalfResidual '
+    'x2, trax_revplus.layers.ReversibleSwap x2',
+    'steps': [1],
+  }
   (tmp_path / 'run_stats.json').write_text(json.dumps(stats))
   output = 'step 1/1  loss 2.000\n\n== summary ==\ntrainer  something else\n'
-  run = compare.collect_run('revplus', 0, output, str(tmp_path),
-                            str(tmp_path / 'revplus.log'), 1.0)
+  run = compare.collect_run(
+    'revplus', 0, output, str(tmp_path), str(tmp_path / 'revplus.log'), 1.0
+  )
   assert run['trainer'] == stats['trainer']
   assert run['reversible_layers'] == stats['reversible_layers']
   assert run['stats'] == stats

@@ -26,18 +26,25 @@ FAILED = 'INTERNAL'
 def program_bytes(executable) -> int:
   """argument + output + temporary - alias bytes of a loaded executable."""
   stats = executable.get_compiled_memory_stats()
-  return (stats.argument_size_in_bytes + stats.output_size_in_bytes +
-          stats.temp_size_in_bytes - stats.alias_size_in_bytes)
+  return (
+    stats.argument_size_in_bytes
+    + stats.output_size_in_bytes
+    + stats.temp_size_in_bytes
+    - stats.alias_size_in_bytes
+  )
 
 
 def message(status: str, need_bytes: int, limit_bytes: int) -> str:
   """The error text of a refused program, worded as XLA's TPU compiler's."""
   if status == OUT_OF_MEMORY:
-    return (f'{OUT_OF_MEMORY}: Ran out of memory in memory space hbm. Used '
-            f'{need_bytes} of {limit_bytes} hbm (a simulated device; the '
-            f"program's arguments, outputs and temporaries).")
-  return (f'{status}: simulated compiler failure on a program of '
-          f'{need_bytes} bytes.')
+    return (
+      f'{OUT_OF_MEMORY}: Ran out of memory in memory space hbm. Used '
+      f'{need_bytes} of {limit_bytes} hbm (a simulated device; the '
+      f"program's arguments, outputs and temporaries)."
+    )
+  return (
+    f'{status}: simulated compiler failure on a program of {need_bytes} bytes.'
+  )
 
 
 def install(limit_bytes: int, status: str = OUT_OF_MEMORY):
@@ -46,6 +53,7 @@ def install(limit_bytes: int, status: str = OUT_OF_MEMORY):
   uninstalls it."""
   import jax  # pylint: disable=g-import-not-at-top
   from jax._src import compiler  # pylint: disable=g-import-not-at-top
+
   compile_or_get_cached = compiler.compile_or_get_cached
 
   def refusing(*args, **kwargs):
@@ -54,10 +62,12 @@ def install(limit_bytes: int, status: str = OUT_OF_MEMORY):
     if need > limit_bytes:
       raise jax.errors.JaxRuntimeError(message(status, need, limit_bytes))
     return executable
+
   compiler.compile_or_get_cached = refusing
 
   def uninstall():
     compiler.compile_or_get_cached = compile_or_get_cached
+
   return uninstall
 
 

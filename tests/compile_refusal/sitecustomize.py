@@ -19,7 +19,6 @@ def _install_when_imported(refusal, limit_bytes, status):
   import importlib.machinery  # pylint: disable=g-import-not-at-top
 
   class _Finder(importlib.abc.MetaPathFinder):
-
     def find_spec(self, fullname, search_path, target=None):
       del target
       if fullname != 'jax._src.compiler':
@@ -31,6 +30,7 @@ def _install_when_imported(refusal, limit_bytes, status):
       def exec_then_install(module):
         exec_module(module)
         refusal.install(limit_bytes, status)
+
       spec.loader.exec_module = exec_then_install
       return spec
 
@@ -40,9 +40,12 @@ def _install_when_imported(refusal, limit_bytes, status):
 def _main():
   sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
   import refusal  # pylint: disable=g-import-not-at-top
+
   sys.path.pop(0)
-  for env, status in ((refusal.LIMIT_ENV, refusal.OUT_OF_MEMORY),
-                      (refusal.FAILURE_ENV, refusal.FAILED)):
+  for env, status in (
+    (refusal.LIMIT_ENV, refusal.OUT_OF_MEMORY),
+    (refusal.FAILURE_ENV, refusal.FAILED),
+  ):
     if os.environ.get(env):
       _install_when_imported(refusal, int(os.environ[env]), status)
       return

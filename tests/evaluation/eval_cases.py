@@ -30,18 +30,24 @@ BUDGET = 'trax_revplus.ReversibleSerialTrainer.device_memory_budget_bytes'
 def metrics():
   """trax's weighted metrics (means over the batch's loss weights) and
   `SequenceAccuracy` (a mean over rows)."""
-  return [tl.WeightedCategoryCrossEntropy(), tl.WeightedCategoryAccuracy(),
-          tl.SequenceAccuracy()]
+  return [
+    tl.WeightedCategoryCrossEntropy(),
+    tl.WeightedCategoryAccuracy(),
+    tl.SequenceAccuracy(),
+  ]
 
 
 def eval_batch(rows=8, length=16):
   """(tokens, targets, loss weights) of `rows` rows; the first half of the
   rows weighs only its first quarter of positions, so a mean of the
   metrics of parts of the rows is not the batch's."""
-  tokens = np.random.RandomState(0).randint(
-      1, 16, size=(rows, length)).astype(np.int32)
+  tokens = (
+    np.random.RandomState(0)
+    .randint(1, 16, size=(rows, length))
+    .astype(np.int32)
+  )
   weights = np.ones((rows, length), np.float32)
-  weights[:rows // 2, length // 4:] = 0.0
+  weights[: rows // 2, length // 4 :] = 0.0
   return tokens, tokens, weights
 
 
@@ -59,15 +65,21 @@ def loop(output_dir, budget_bytes='auto', ours_=True, **sizes):
   if budget_bytes != 'auto':
     gin.bind_parameter(BUDGET, budget_bytes)
   batch = eval_batch()
-  task = training.TrainTask(itertools.repeat(batch),
-                            tl.WeightedCategoryCrossEntropy(), optimizers.Adam)
-  eval_task = training.EvalTask(itertools.repeat(batch), metrics(),
-                                n_eval_batches=1)
+  task = training.TrainTask(
+    itertools.repeat(batch), tl.WeightedCategoryCrossEntropy(), optimizers.Adam
+  )
+  eval_task = training.EvalTask(
+    itertools.repeat(batch), metrics(), n_eval_batches=1
+  )
   return training.Loop(
-      lsh_reformer_lm('train', dropout=0.1, **sizes), [task],
-      eval_model=lsh_reformer_lm('eval', **sizes), eval_tasks=[eval_task],
-      output_dir=output_dir, use_memory_efficient_trainer=True,
-      random_seed=0)
+    lsh_reformer_lm('train', dropout=0.1, **sizes),
+    [task],
+    eval_model=lsh_reformer_lm('eval', **sizes),
+    eval_tasks=[eval_task],
+    output_dir=output_dir,
+    use_memory_efficient_trainer=True,
+    random_seed=0,
+  )
 
 
 def evaluator(loop_):
@@ -79,8 +91,12 @@ def arguments(loop_, batch=None, rng=RNG):
   """`metrics_fn`'s arguments as `Loop.run_evals` passes them."""
   batch = eval_batch() if batch is None else batch
   ev = evaluator(loop_)
-  return (batch, (loop_.model.weights, ev.weights),
-          (loop_.model.state, ev.state), rng)
+  return (
+    batch,
+    (loop_.model.weights, ev.weights),
+    (loop_.model.state, ev.state),
+    rng,
+  )
 
 
 def evaluate(loop_, budget_bytes, batch=None, rng=RNG):
@@ -88,8 +104,10 @@ def evaluate(loop_, budget_bytes, batch=None, rng=RNG):
   model with metrics on its trainer's placement, under `budget_bytes`."""
   trainer = loop_._trainer_per_task[0]  # pylint: disable=protected-access
   metrics_fn = evaluation.DeviceEvaluator(
-      evaluator(loop_).metrics_fn.model_with_metrics, trainer.placement,
-      budget_bytes)
+    evaluator(loop_).metrics_fn.model_with_metrics,
+    trainer.placement,
+    budget_bytes,
+  )
   args = arguments(loop_, batch, rng)
   values, _ = metrics_fn(*args)
   return np.asarray(values, np.float64), metrics_fn.planned(*args).plan
@@ -108,15 +126,19 @@ def stock(loop_, batch=None, rng=RNG, **sizes):
   batch = eval_batch() if batch is None else batch
   model = lsh_reformer_lm('eval', **sizes)
   model.init(shapes.signature(batch[0]))
-  eval_task = training.EvalTask(itertools.repeat(batch), metrics(),
-                                n_eval_batches=1)
+  eval_task = training.EvalTask(
+    itertools.repeat(batch), metrics(), n_eval_batches=1
+  )
   # pylint: disable=protected-access
   model_with_metrics = training._model_with_metrics(model, eval_task)
   metrics_fn = training._accelerate_model_with_metrics(model_with_metrics, 0)
   # pylint: enable=protected-access
   values, _ = metrics_fn(
-      batch, (loop_.model.weights, model_with_metrics.weights[1]),
-      (loop_.model.state, model_with_metrics.state[1]), rng)
+    batch,
+    (loop_.model.weights, model_with_metrics.weights[1]),
+    (loop_.model.state, model_with_metrics.state[1]),
+    rng,
+  )
   return np.asarray(values, np.float64)
 
 
@@ -129,14 +151,17 @@ def means_of_parts(loop_, parts, batch=None, rng=RNG):
   batch = eval_batch() if batch is None else batch
   model = lsh_reformer_lm('eval')
   model.init(shapes.signature(batch[0]))
-  logits, _ = jax.jit(model.pure_fn)(batch[0], loop_.model.weights,
-                                     loop_.model.state, rng)
+  logits, _ = jax.jit(model.pure_fn)(
+    batch[0], loop_.model.weights, loop_.model.state, rng
+  )
   metrics_layer = tl.Branch(*metrics())
   means = []
   for k in parts:
     b = batch[0].shape[0] // k
-    rows = lambda x, i, b=b: x[i * b:(i + 1) * b]
-    values = [metrics_layer((rows(logits, i), rows(batch[1], i),
-                             rows(batch[2], i))) for i in range(k)]
+    rows = lambda x, i, b=b: x[i * b : (i + 1) * b]
+    values = [
+      metrics_layer((rows(logits, i), rows(batch[1], i), rows(batch[2], i)))
+      for i in range(k)
+    ]
     means.append(np.mean(np.asarray(values, np.float64), axis=0))
   return means

@@ -37,8 +37,7 @@ import eval_cases as cases
 
 
 def _relative_diff(ours, stock):
-  return float(np.max(np.abs(ours - stock) / np.maximum(np.abs(stock),
-                                                         1e-30)))
+  return float(np.max(np.abs(ours - stock) / np.maximum(np.abs(stock), 1e-30)))
 
 
 def main():
@@ -50,15 +49,21 @@ def main():
     plan = metrics_fn.planned(*cases.arguments(loop)).plan
     parts, plan_of_parts = cases.evaluate(loop, plan.peak_device_bytes - 1)
     stock = cases.stock(loop)
-  print(json.dumps({
-      'local_devices': len(jax.local_devices()),
-      'trainer_devices': len(trainer.placement.devices),
-      'eval_device': str(metrics_fn.device),
-      'first_trainer_device': str(trainer.placement.devices[0]),
-      'parts': [plan.parts, plan_of_parts.parts],
-      'max_relative_diffs': [_relative_diff(whole, stock),
-                             _relative_diff(parts, stock)],
-  }))
+  print(
+    json.dumps(
+      {
+        'local_devices': len(jax.local_devices()),
+        'trainer_devices': len(trainer.placement.devices),
+        'eval_device': str(metrics_fn.device),
+        'first_trainer_device': str(trainer.placement.devices[0]),
+        'parts': [plan.parts, plan_of_parts.parts],
+        'max_relative_diffs': [
+          _relative_diff(whole, stock),
+          _relative_diff(parts, stock),
+        ],
+      }
+    )
+  )
 
 
 if __name__ == '__main__':

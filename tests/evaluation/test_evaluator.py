@@ -93,8 +93,10 @@ def test_a_budget_not_even_one_row_fits_is_one_line(tiny):
   assert isinstance(raised.value, validation.ConfigurationError)
   message = str(raised.value)
   assert '\n' not in message
-  assert message.startswith('the eval of a batch of 8 rows does not fit '
-                            'device_memory_budget_bytes=1000 bytes'), message
+  assert message.startswith(
+    'the eval of a batch of 8 rows does not fit '
+    'device_memory_budget_bytes=1000 bytes'
+  ), message
   least = raised.value.least_bytes
   assert least > 1000
   assert f'device_memory_budget_bytes >= {least}, or use' in message
@@ -106,8 +108,9 @@ def test_a_budget_not_even_one_row_fits_is_one_line(tiny):
 
 def test_layers_one_at_a_time_where_the_weights_exceed_the_budget(wide):
   loop, stock = wide
-  weights_bytes = sum(np.asarray(x).nbytes
-                      for x in jax.tree_util.tree_leaves(loop.model.weights))
+  weights_bytes = sum(
+    np.asarray(x).nbytes for x in jax.tree_util.tree_leaves(loop.model.weights)
+  )
   ours, plan = cases.evaluate(loop, weights_bytes)
   assert isinstance(plan, segments.SegmentedPlan)
   assert plan.peak_device_bytes <= weights_bytes
@@ -122,9 +125,10 @@ def test_a_budget_no_layer_fits_is_one_line_naming_the_least(wide):
   message = str(raised.value)
   assert '\n' not in message
   assert message.startswith(
-      'the eval of a batch of 8 rows does not fit device_memory_budget_bytes'
-      '=204800 bytes (0.2 MiB) even one layer and one row at a time: the '
-      'least needs '), message
+    'the eval of a batch of 8 rows does not fit device_memory_budget_bytes'
+    '=204800 bytes (0.2 MiB) even one layer and one row at a time: the '
+    'least needs '
+  ), message
   assert ', at layer ReversibleHalfResidualDecoderFF with the rest' in message
   least = raised.value.least_bytes
   assert f'device_memory_budget_bytes >= {least}, or use' in message
@@ -136,7 +140,8 @@ def test_a_budget_no_layer_fits_is_one_line_naming_the_least(wide):
 
 
 def test_eval_runs_on_the_trainers_device_not_through_the_cpu_jit(
-    tmp_path, monkeypatch):
+  tmp_path, monkeypatch
+):
   """trax's memory-efficient Loop compiles its evals with
   `_accelerate(f, 0)` (jit on the host's CPU device); ours places every
   argument of the eval's programs on the trainer's first device,
@@ -148,49 +153,68 @@ def test_eval_runs_on_the_trainers_device_not_through_the_cpu_jit(
   def counting(f, n_devices):
     accelerated.append(n_devices)
     return accelerate(f, n_devices)
+
   monkeypatch.setattr(acceleration, '_accelerate', counting)
   arguments = []
   put = placement_lib.OneDevice.put
 
   def watching(self, tree):
     placed, copies = put(self, tree)
-    arguments.extend((x.committed, x.sharding)
-                     for x in jax.tree_util.tree_leaves(placed))
+    arguments.extend(
+      (x.committed, x.sharding) for x in jax.tree_util.tree_leaves(placed)
+    )
     return placed, copies
+
   monkeypatch.setattr(placement_lib.OneDevice, 'put', watching)
   loop = cases.loop(str(tmp_path))
   loop.run_evals()
   assert 0 not in accelerated
   device = loop._trainer_per_task[0].placement.devices[0]  # pylint: disable=protected-access
   assert arguments
-  assert all(committed and sharding == jax.sharding.SingleDeviceSharding(
-      device) for committed, sharding in arguments)
+  assert all(
+    committed and sharding == jax.sharding.SingleDeviceSharding(device)
+    for committed, sharding in arguments
+  )
   assert loop.history.get('eval', 'metrics/WeightedCategoryCrossEntropy')
 
 
 @pytest.mark.parametrize('how', ['whole', 'layers'])
 def test_an_eval_is_planned_and_compiled_once_per_batch_shape(
-    how, tiny, wide, monkeypatch):
+  how, tiny, wide, monkeypatch
+):
   """Planning compiles the programs the eval runs: no call compiles or
   traces anything, the whole model's or one layer at a time."""
   loop = tiny[0] if how == 'whole' else wide[0]
-  budget = None if how == 'whole' else sum(
-      np.asarray(x).nbytes for x in jax.tree_util.tree_leaves(
-          loop.model.weights))
+  budget = (
+    None
+    if how == 'whole'
+    else sum(
+      np.asarray(x).nbytes
+      for x in jax.tree_util.tree_leaves(loop.model.weights)
+    )
+  )
   events = []
 
   def listener(name, *unused_args, **unused_kwargs):
-    if name in ('/jax/core/compile/jaxpr_trace_duration',
-                '/jax/core/compile/backend_compile_duration'):
+    if name in (
+      '/jax/core/compile/jaxpr_trace_duration',
+      '/jax/core/compile/backend_compile_duration',
+    ):
       events.append(name)
+
   metrics_fn = evaluation.DeviceEvaluator(
-      cases.evaluator(loop).metrics_fn.model_with_metrics,
-      loop._trainer_per_task[0].placement, budget)  # pylint: disable=protected-access
+    cases.evaluator(loop).metrics_fn.model_with_metrics,
+    loop._trainer_per_task[0].placement,
+    budget,
+  )  # pylint: disable=protected-access
   logged = []
   # The module's absl logging, read directly: whether absl's records reach
   # pytest's handlers depends on what earlier tests in the process did.
-  monkeypatch.setattr(evaluator_lib.logging, 'info',
-                      lambda message, *args: logged.append((message, args)))
+  monkeypatch.setattr(
+    evaluator_lib.logging,
+    'info',
+    lambda message, *args: logged.append((message, args)),
+  )
   jax.monitoring.register_event_duration_secs_listener(listener)
   try:
     values = []
@@ -205,11 +229,17 @@ def test_an_eval_is_planned_and_compiled_once_per_batch_shape(
     jax.monitoring.unregister_event_duration_listener(listener)
   np.testing.assert_array_equal(values[0], values[1])
   # Planned (and logged) once per batch shape.
-  lines = [message % args for message, args in logged
-           if 'eval device memory plan' in message]
+  lines = [
+    message % args
+    for message, args in logged
+    if 'eval device memory plan' in message
+  ]
   assert len(lines) == (2 if how == 'whole' else 1), lines
-  assert ('the model on all 8 rows, then the metrics; peak ' if how == 'whole'
-          else 'the model one layer at a time (') in lines[0]
+  assert (
+    'the model on all 8 rows, then the metrics; peak '
+    if how == 'whole'
+    else 'the model one layer at a time ('
+  ) in lines[0]
 
 
 def test_two_devices_evaluate_on_the_first_as_stock_on_the_cpu():
@@ -224,7 +254,9 @@ def test_two_devices_evaluate_on_the_first_as_stock_on_the_cpu():
 
 def test_stock_trax_evaluates_as_before(tiny, tmp_path):
   stock_loop = cases.loop(str(tmp_path), ours_=False)
-  assert not isinstance(cases.evaluator(stock_loop).metrics_fn,
-                        evaluation.DeviceEvaluator)
-  assert isinstance(cases.evaluator(tiny[0]).metrics_fn,
-                    evaluation.DeviceEvaluator)
+  assert not isinstance(
+    cases.evaluator(stock_loop).metrics_fn, evaluation.DeviceEvaluator
+  )
+  assert isinstance(
+    cases.evaluator(tiny[0]).metrics_fn, evaluation.DeviceEvaluator
+  )

@@ -17,8 +17,10 @@ import trax_revplus
 from trax_revplus import cli
 from trax_revplus import layers as revplus_layers
 
-CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))), 'gin_configs')
+CONFIG_DIR = os.path.join(
+  os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+  'gin_configs',
+)
 CONFIGS = sorted(glob.glob(os.path.join(CONFIG_DIR, '*.gin')))
 MAIN = os.path.join(CONFIG_DIR, 'reformer_char_lm.gin')
 STOCK = os.path.join(CONFIG_DIR, 'reformer_char_lm_stock.gin')
@@ -62,8 +64,12 @@ def test_main_job_and_stock_twin_differ_only_by_the_activation_line():
   assert main_lines == _code_lines(STOCK)
 
   def bindings():
-    return [line for line in gin.config_str().splitlines()
-            if not line.startswith('import ')]
+    return [
+      line
+      for line in gin.config_str().splitlines()
+      if not line.startswith('import ')
+    ]
+
   cli.parse_configs([MAIN], [])
   main_bindings = bindings()
   assert trax_revplus.is_active()
@@ -96,7 +102,8 @@ def test_main_job_is_the_specified_model():
 
 def _to_struct(tree):
   return fastmath.nested_map(
-      lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype), tree)
+    lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype), tree
+  )
 
 
 def test_full_size_enwik8_model_builds_abstractly():
@@ -109,16 +116,25 @@ def test_full_size_enwik8_model_builds_abstractly():
   model = models.ReformerLM()  # mode='train' from the config.
 
   found = []
+
   def walk(layer):
-    if isinstance(layer, (stock_reversible.ReversibleSerial,
-                          stock_reversible.ReversibleHalfResidual)):
+    if isinstance(
+      layer,
+      (
+        stock_reversible.ReversibleSerial,
+        stock_reversible.ReversibleHalfResidual,
+      ),
+    ):
       found.append(type(layer))
     for sub in layer.sublayers:
       walk(sub)
+
   walk(model)
   assert found.count(revplus_layers.ReversibleHalfResidual) == 2 * n_layers
-  assert set(found) == {revplus_layers.ReversibleSerial,
-                        revplus_layers.ReversibleHalfResidual}
+  assert set(found) == {
+    revplus_layers.ReversibleSerial,
+    revplus_layers.ReversibleHalfResidual,
+  }
 
   tokens = shapes.ShapeDtype((1, length), np.int32)
   # unsafe: an uninitialized model cannot take back its empty state.
@@ -128,9 +144,11 @@ def test_full_size_enwik8_model_builds_abstractly():
   n_weights = sum(int(np.prod(s)) for s in weight_shapes)
   assert n_weights > 12 * d_model * d_model  # Not a toy model.
   logits = jax.eval_shape(
-      lambda w, s, x: model.pure_fn(x, w, s, jax.random.PRNGKey(0))[0],
-      _to_struct(weights), _to_struct(state),
-      jax.ShapeDtypeStruct((1, length), np.int32))
+    lambda w, s, x: model.pure_fn(x, w, s, jax.random.PRNGKey(0))[0],
+    _to_struct(weights),
+    _to_struct(state),
+    jax.ShapeDtypeStruct((1, length), np.int32),
+  )
   assert logits.shape == (1, length, vocab)
 
 
@@ -138,6 +156,7 @@ def test_includes_are_found_next_to_their_includer_at_any_depth(tmp_path):
   """A config in another directory that includes the main job's config,
   which includes its base next to itself: both directories are searched."""
   from trax_revplus.cli import gin_config  # pylint: disable=g-import-not-at-top
+
   top = tmp_path / 'mine.gin'
   top.write_text(f"include '{MAIN}'\ntrain.steps = 3\n")
   assert gin_config._include_dirs([str(top)]) == [str(tmp_path), CONFIG_DIR]  # pylint: disable=protected-access

@@ -16,16 +16,19 @@ import pytest
 import trax_revplus
 from trax_revplus import cli
 
-CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))), 'gin_configs', 'trax')
+CONFIG_DIR = os.path.join(
+  os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+  'gin_configs',
+  'trax',
+)
 # trax config -> the model it trains.
 TRAX_CONFIGS = {
-    'reformer_copy': 'ReformerLM',
-    'reformer_wmt_ende': 'Reformer',
-    'scientific_papers_terraformer': 'ConfigurableTerraformer',
-    'terraformer_copy': 'ConfigurableTerraformer',
-    'terraformer_copy_self_attn': 'ConfigurableTerraformer',
-    'terraformer_purelsh_copy': 'ConfigurableTerraformer',
+  'reformer_copy': 'ReformerLM',
+  'reformer_wmt_ende': 'Reformer',
+  'scientific_papers_terraformer': 'ConfigurableTerraformer',
+  'terraformer_copy': 'ConfigurableTerraformer',
+  'terraformer_copy_self_attn': 'ConfigurableTerraformer',
+  'terraformer_purelsh_copy': 'ConfigurableTerraformer',
 }
 CHEAPEST = 'reformer_copy'
 
@@ -37,10 +40,12 @@ def _cpu_config(name):
 
 
 def test_every_trax_config_has_a_cpu_override():
-  found = sorted(os.path.basename(p)
-                 for p in glob.glob(os.path.join(CONFIG_DIR, '*.gin')))
-  assert found == sorted([f'{n}.gin' for n in TRAX_CONFIGS] +
-                         [f'{n}_cpu.gin' for n in TRAX_CONFIGS])
+  found = sorted(
+    os.path.basename(p) for p in glob.glob(os.path.join(CONFIG_DIR, '*.gin'))
+  )
+  assert found == sorted(
+    [f'{n}.gin' for n in TRAX_CONFIGS] + [f'{n}_cpu.gin' for n in TRAX_CONFIGS]
+  )
   for name in TRAX_CONFIGS:
     with open(os.path.join(CONFIG_DIR, f'{name}.gin')) as f:
       assert f.readline() == '# Copyright 2021 The Trax Authors.\n'
@@ -65,16 +70,25 @@ def test_cpu_override_keeps_traxs_checkpoint_steps(name):
 
 def _eval_losses(output_dir):
   with open(os.path.join(output_dir, 'train.log'), errors='replace') as f:
-    return [float(line.rsplit('|', 1)[1]) for line in f
-            if ': eval ' in line and ' loss |' in line]
+    return [
+      float(line.rsplit('|', 1)[1])
+      for line in f
+      if ': eval ' in line and ' loss |' in line
+    ]
 
 
 @pytest.mark.slow
 def test_cheapest_config_trains_to_a_lower_loss(tmp_path, capsys):
   output_dir = str(tmp_path / 'run')
-  code = cli.main(['trax-revplus', 'train',
-                   f'--config_file={_cpu_config(CHEAPEST)}',
-                   f'--output_dir={output_dir}', '--config=train.steps = 10'])
+  code = cli.main(
+    [
+      'trax-revplus',
+      'train',
+      f'--config_file={_cpu_config(CHEAPEST)}',
+      f'--output_dir={output_dir}',
+      '--config=train.steps = 10',
+    ]
+  )
   out, err = capsys.readouterr()
   assert code == 0, err
   with open(os.path.join(output_dir, 'run_stats.json')) as f:

@@ -25,8 +25,11 @@ def _floats(seed, shape=(BATCH, LENGTH, D)):
 
 def _tokens(seed):
   # Zeros included: they act as padding for the masking residual below.
-  return np.random.RandomState(seed).randint(
-      0, 4, size=(BATCH, LENGTH)).astype(np.int32)
+  return (
+    np.random.RandomState(seed)
+    .randint(0, 4, size=(BATCH, LENGTH))
+    .astype(np.int32)
+  )
 
 
 def _pair():
@@ -34,23 +37,29 @@ def _pair():
 
 
 def dense(hr, rs):
-  return rs(hr(tl.Dense(D)), tl.ReversibleSwap(),
-            hr(tl.Dense(D)), tl.ReversibleSwap()), _pair()
+  return rs(
+    hr(tl.Dense(D)), tl.ReversibleSwap(), hr(tl.Dense(D)), tl.ReversibleSwap()
+  ), _pair()
 
 
 def dropout_layernorm(hr, rs):
-  return rs(hr(tl.LayerNorm(), tl.Dense(D), tl.Dropout(0.5, mode='train')),
-            tl.ReversibleSwap(),
-            hr(tl.LayerNorm(), tl.Dropout(0.3, mode='train')),
-            tl.ReversibleSwap()), _pair()
+  return rs(
+    hr(tl.LayerNorm(), tl.Dense(D), tl.Dropout(0.5, mode='train')),
+    tl.ReversibleSwap(),
+    hr(tl.LayerNorm(), tl.Dropout(0.3, mode='train')),
+    tl.ReversibleSwap(),
+  ), _pair()
 
 
 def feed_forward(hr, rs):
   def ff():
     return ct.FeedForwardWithOptions(
-        D, 2 * D, 0.2, [-2], tl.Relu, 0.1, 0, 0, 0, True, 'train', False)
-  return rs(hr(ff()), tl.ReversibleSwap(),
-            hr(ff()), tl.ReversibleSwap()), _pair()
+      D, 2 * D, 0.2, [-2], tl.Relu, 0.1, 0, 0, 0, True, 'train', False
+    )
+
+  return rs(
+    hr(ff()), tl.ReversibleSwap(), hr(ff()), tl.ReversibleSwap()
+  ), _pair()
 
 
 def aux_outputs(hr, rs):
@@ -62,11 +71,25 @@ def aux_outputs(hr, rs):
 def lsh_attention(hr, rs):
   def attn():
     return tl.LSHSelfAttention(
-        n_heads=2, d_qk=8, d_v=8, causal=True, chunk_len=4, n_hashes=2,
-        n_buckets=4, attention_dropout=0.1, output_dropout=0.1, mode='train',
-        use_python_loop=True)
-  return rs(hr(tl.LayerNorm(), attention_layer=attn()), tl.ReversibleSwap(),
-            hr(tl.LayerNorm(), tl.Dense(D)), tl.ReversibleSwap()), _pair()
+      n_heads=2,
+      d_qk=8,
+      d_v=8,
+      causal=True,
+      chunk_len=4,
+      n_hashes=2,
+      n_buckets=4,
+      attention_dropout=0.1,
+      output_dropout=0.1,
+      mode='train',
+      use_python_loop=True,
+    )
+
+  return rs(
+    hr(tl.LayerNorm(), attention_layer=attn()),
+    tl.ReversibleSwap(),
+    hr(tl.LayerNorm(), tl.Dense(D)),
+    tl.ReversibleSwap(),
+  ), _pair()
 
 
 def chunked_self_attention(hr, rs):
@@ -76,42 +99,75 @@ def chunked_self_attention(hr, rs):
   trax's VJP-based fallback path.
   """
   attn = tl.SelfAttention(
-      n_heads=2, d_qk=8, d_v=8, causal=True, chunk_len=4,
-      n_chunks_before=1, attention_dropout=0.1, output_dropout=0.1,
-      mode='train', use_python_loop=True)
-  chunk_wrapped = tl.Chunk(tl.SelfAttention(
-      n_heads=2, d_qk=8, d_v=8, causal=True, mode='train'), 1)
-  return rs(hr(tl.LayerNorm(), attention_layer=attn), tl.ReversibleSwap(),
-            hr(tl.LayerNorm(), attention_layer=chunk_wrapped),
-            tl.ReversibleSwap()), _pair()
+    n_heads=2,
+    d_qk=8,
+    d_v=8,
+    causal=True,
+    chunk_len=4,
+    n_chunks_before=1,
+    attention_dropout=0.1,
+    output_dropout=0.1,
+    mode='train',
+    use_python_loop=True,
+  )
+  chunk_wrapped = tl.Chunk(
+    tl.SelfAttention(n_heads=2, d_qk=8, d_v=8, causal=True, mode='train'), 1
+  )
+  return rs(
+    hr(tl.LayerNorm(), attention_layer=attn),
+    tl.ReversibleSwap(),
+    hr(tl.LayerNorm(), attention_layer=chunk_wrapped),
+    tl.ReversibleSwap(),
+  ), _pair()
 
 
 def int_stack(hr, rs):
   """int32 tokens on the stack, read by one residual, passed by others."""
+
   def masked_dense():
-    mask = tl.Fn('MaskByTokens',
-                 lambda x, t: x * (t[..., None] > 0).astype(x.dtype))
+    mask = tl.Fn(
+      'MaskByTokens', lambda x, t: x * (t[..., None] > 0).astype(x.dtype)
+    )
     return [mask, tl.Dense(D)]
-  return rs(hr(*masked_dense()), tl.ReversibleSwap(),
-            hr(tl.Dense(D), tl.Dropout(0.2, mode='train')),
-            tl.ReversibleSwap()), _pair() + (_tokens(3),)
+
+  return rs(
+    hr(*masked_dense()),
+    tl.ReversibleSwap(),
+    hr(tl.Dense(D), tl.Dropout(0.2, mode='train')),
+    tl.ReversibleSwap(),
+  ), _pair() + (_tokens(3),)
 
 
 def nested_serial(hr, rs):
-  return rs(rs(hr(tl.Dense(D)), tl.ReversibleSwap()),
-            rs(hr(tl.Dense(D), tl.Dropout(0.4, mode='train')),
-               tl.ReversibleSwap(),
-               rs(hr(tl.LayerNorm()), tl.ReversibleSwap()))), _pair()
+  return rs(
+    rs(hr(tl.Dense(D)), tl.ReversibleSwap()),
+    rs(
+      hr(tl.Dense(D), tl.Dropout(0.4, mode='train')),
+      tl.ReversibleSwap(),
+      rs(hr(tl.LayerNorm()), tl.ReversibleSwap()),
+    ),
+  ), _pair()
 
 
 def remember_in_reverse(hr, rs):
   """SparseFF: `_RememberInReverse` state replayed on the second pass."""
-  sparse_ff = tl.SparseFF(2 * D, n_elements_in_block=4, d_lowrank=8,
-                          dropout_rate=0.1, mode='train')
+  sparse_ff = tl.SparseFF(
+    2 * D, n_elements_in_block=4, d_lowrank=8, dropout_rate=0.1, mode='train'
+  )
   return rs(hr(tl.LayerNorm(), sparse_ff), tl.ReversibleSwap()), _pair()
 
 
-CASES = {f.__name__: f for f in (
-    dense, dropout_layernorm, feed_forward, aux_outputs, lsh_attention,
-    chunked_self_attention, int_stack, nested_serial,
-    remember_in_reverse)}
+CASES = {
+  f.__name__: f
+  for f in (
+    dense,
+    dropout_layernorm,
+    feed_forward,
+    aux_outputs,
+    lsh_attention,
+    chunked_self_attention,
+    int_stack,
+    nested_serial,
+    remember_in_reverse,
+  )
+}

@@ -62,11 +62,13 @@ def assert_rel_close(actual, expected, tol):
 def random_ct(tree, seed):
   """Random float cotangents; float0 zeros for int/bool leaves."""
   rs = np.random.RandomState(seed)
+
   def ct(x):
     x = np.asarray(x)
     if np.issubdtype(x.dtype, np.inexact):
       return rs.normal(size=x.shape).astype(x.dtype)
     return np.zeros(x.shape, dtype=jax.dtypes.float0)
+
   return jax.tree_util.tree_map(ct, tree)
 
 

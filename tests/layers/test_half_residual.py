@@ -1,5 +1,4 @@
-"""`ReversibleHalfResidual`: remat with sharded weights; numpy arguments.
-"""
+"""`ReversibleHalfResidual`: remat with sharded weights; numpy arguments."""
 
 import jax
 import jax.extend.core
@@ -51,8 +50,9 @@ def test_weight_sharding_rematerialises_residual(n_weights_shards):
   y, ns = half.pure_fn(xs, w, s, RUN_RNG)
   fwd = jax.make_jaxpr(lambda xs: half.pure_fn(xs, w, s, RUN_RNG)[0])(xs)
   ct = random_ct(y, 1)
-  bwd = jax.make_jaxpr(lambda y: half.reverse_and_grad(
-      y, ct, w, s, ns, RUN_RNG))(y)
+  bwd = jax.make_jaxpr(
+    lambda y: half.reverse_and_grad(y, ct, w, s, ns, RUN_RNG)
+  )(y)
   remat = {'checkpoint', 'remat', 'remat2'}
   for jaxpr in (fwd, bwd):
     found = bool(_primitive_names(jaxpr.jaxpr) & remat)
@@ -62,8 +62,17 @@ def test_weight_sharding_rematerialises_residual(n_weights_shards):
 def _lsh_half_residual(hr):
   """LSH attention running its `lax.fori_loop` (no use_python_loop)."""
   attn = tl.LSHSelfAttention(
-      n_heads=2, d_qk=8, d_v=8, causal=True, chunk_len=4, n_hashes=2,
-      n_buckets=4, attention_dropout=0.1, output_dropout=0.1, mode='train')
+    n_heads=2,
+    d_qk=8,
+    d_v=8,
+    causal=True,
+    chunk_len=4,
+    n_hashes=2,
+    n_buckets=4,
+    attention_dropout=0.1,
+    output_dropout=0.1,
+    mode='train',
+  )
   return hr(tl.LayerNorm(), attention_layer=attn)
 
 
@@ -83,19 +92,22 @@ def test_lsh_reverse_and_grad_takes_numpy_and_jax_arrays():
   y, new_state = stock_layer.pure_fn(x, weights, state, RUN_RNG)
   ct = random_ct(y, seed=6)  # numpy
   reference = stock_layer.reverse_and_grad(
-      as_jax(y), as_jax(ct), weights, state, new_state, RUN_RNG)
+    as_jax(y), as_jax(ct), weights, state, new_state, RUN_RNG
+  )
   with pytest.raises(jax.errors.TracerArrayConversionError):
-    stock_layer.reverse_and_grad(as_numpy(y), ct, weights, state, new_state,
-                                 RUN_RNG)
+    stock_layer.reverse_and_grad(
+      as_numpy(y), ct, weights, state, new_state, RUN_RNG
+    )
   arguments = (y, ct, weights, state, new_state)
   for convert in (as_numpy, as_jax):
     got = our_layer.reverse_and_grad(*convert(arguments), RUN_RNG)
     assert_rel_close(got, reference, GRAD_TOL)
   # Forward and reverse take numpy weights and state too.
-  y_ours, _ = our_layer.pure_fn(x, as_numpy(weights), as_numpy(state),
-                                RUN_RNG)
+  y_ours, _ = our_layer.pure_fn(x, as_numpy(weights), as_numpy(state), RUN_RNG)
   assert max_abs_diff(y_ours, y) <= FORWARD_TOL
-  x_rec = our_layer.reverse(*as_numpy((y, weights, state, new_state)),
-                            rng=RUN_RNG)
+  x_rec = our_layer.reverse(
+    *as_numpy((y, weights, state, new_state)), rng=RUN_RNG
+  )
   assert max_abs_diff(x_rec, tuple(x)) <= 1e-5 * max(
-      float(np.max(np.abs(v))) for v in x)
+    float(np.max(np.abs(v))) for v in x
+  )

@@ -37,39 +37,67 @@ VOCAB = 16
 
 def _reformer():
   return trax.models.ReformerLM(
-      VOCAB, d_model=16, d_ff=32, d_attention_key=8, d_attention_value=8,
-      n_layers=2, n_heads=2, max_len=32, dropout=0.1,
-      attention_type=[
-          functools.partial(tl.SelfAttention, chunk_len=4, n_chunks_before=1,
-                            use_python_loop=True),
-          functools.partial(tl.LSHSelfAttention, chunk_len=4, n_buckets=4,
-                            n_hashes=2, use_python_loop=True)],
-      mode='train')
+    VOCAB,
+    d_model=16,
+    d_ff=32,
+    d_attention_key=8,
+    d_attention_value=8,
+    n_layers=2,
+    n_heads=2,
+    max_len=32,
+    dropout=0.1,
+    attention_type=[
+      functools.partial(
+        tl.SelfAttention, chunk_len=4, n_chunks_before=1, use_python_loop=True
+      ),
+      functools.partial(
+        tl.LSHSelfAttention,
+        chunk_len=4,
+        n_buckets=4,
+        n_hashes=2,
+        use_python_loop=True,
+      ),
+    ],
+    mode='train',
+  )
 
 
 # In eager mode, efficient attention's lax loops are recompiled on every call.
-_python_loop_self_attention = functools.partial(tl.SelfAttention,
-                                                use_python_loop=True)
+_python_loop_self_attention = functools.partial(
+  tl.SelfAttention, use_python_loop=True
+)
 
 
 def _terraformer():
   # ff_sparsity: sparse feed-forward with _RememberInReverse state, sized as
   # layer_cases.remember_in_reverse so eagerly compiled ops are shared.
   return terraformer.ConfigurableTerraformer(
-      VOCAB, d_model=16, d_ff=32, d_attention_key=8, d_attention_value=8,
-      n_encoder_layers=1, n_decoder_layers=1, n_decoder_attention_layers=1,
-      n_heads=2, max_len=32, dropout=0.1, ff_sparsity=4,
-      encoder_attention_type=_python_loop_self_attention,
-      encoder_decoder_attention_type=_python_loop_self_attention,
-      mode='train')
+    VOCAB,
+    d_model=16,
+    d_ff=32,
+    d_attention_key=8,
+    d_attention_value=8,
+    n_encoder_layers=1,
+    n_decoder_layers=1,
+    n_decoder_attention_layers=1,
+    n_heads=2,
+    max_len=32,
+    dropout=0.1,
+    ff_sparsity=4,
+    encoder_attention_type=_python_loop_self_attention,
+    encoder_decoder_attention_type=_python_loop_self_attention,
+    mode='train',
+  )
 
 
 def _model_inputs(name):
   rs = np.random.RandomState(11)
   if name == 'reformer':
     return rs.randint(1, VOCAB, size=(2, 16)).astype(np.int32)
-  return (rs.randint(1, VOCAB, size=(2, 8)).astype(np.int32),
-          rs.randint(1, VOCAB, size=(2, 8)).astype(np.int32))
+  return (
+    rs.randint(1, VOCAB, size=(2, 8)).astype(np.int32),
+    rs.randint(1, VOCAB, size=(2, 8)).astype(np.int32),
+  )
 
 
 def _all_sublayers(layer):
@@ -100,11 +128,9 @@ def test_activated_model_uses_our_classes(model_pair):
   stock_types = {type(l) for l in _all_sublayers(stock_model)}
   assert ours.ReversibleHalfResidual in ours_types
   assert ours.ReversibleSerial in ours_types
-  assert not ours_types & {stock.ReversibleHalfResidual,
-                           stock.ReversibleSerial}
+  assert not ours_types & {stock.ReversibleHalfResidual, stock.ReversibleSerial}
   assert stock.ReversibleHalfResidual in stock_types
-  assert not stock_types & {ours.ReversibleHalfResidual,
-                            ours.ReversibleSerial}
+  assert not stock_types & {ours.ReversibleHalfResidual, ours.ReversibleSerial}
 
 
 def _float_outputs(y):
@@ -125,6 +151,7 @@ def test_model_outputs_and_gradients_match_stock(model_pair):
   def loss(model, w):
     y, _ = model.pure_fn(x, w, state, RUN_RNG)
     return sum(jnp.sum(v * c) for v, c in zip(_float_outputs(y), ct))
+
   g_stock = jax.grad(functools.partial(loss, stock_model))(weights)
   g_ours = jax.grad(functools.partial(loss, our_model))(weights)
   assert_rel_close(g_ours, g_stock, GRAD_TOL)
@@ -190,10 +217,13 @@ def test_reconstruction_error_on_models(model_pair):
   _, stock_model, our_model, x = model_pair
   weights, state = stock_model.weights, stock_model.state
   records, summary = trax_revplus.reconstruction_error(
-      our_model, x, weights, state, RUN_RNG)
-  reversible = [l for l in _all_sublayers(our_model)
-                if isinstance(l, tl.ReversibleLayer)
-                and not isinstance(l, tl.Serial)]
+    our_model, x, weights, state, RUN_RNG
+  )
+  reversible = [
+    l
+    for l in _all_sublayers(our_model)
+    if isinstance(l, tl.ReversibleLayer) and not isinstance(l, tl.Serial)
+  ]
   assert [r.name for r in records] == [l.name for l in reversible]
   assert [r.index for r in records] == list(range(len(records)))
   for r in records:
@@ -207,7 +237,8 @@ def test_reconstruction_error_on_models(model_pair):
   assert '\n' not in summary
   # Stock layers (no reverse on the half-residual) are measured the same way.
   stock_records, _ = trax_revplus.reconstruction_error(
-      stock_model, x, weights, state, RUN_RNG)
+    stock_model, x, weights, state, RUN_RNG
+  )
   assert [r.name for r in stock_records] == [r.name for r in records]
   for a, b in zip(stock_records, records):
     assert abs(a.max_abs_error - b.max_abs_error) < 1e-6

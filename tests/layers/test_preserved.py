@@ -26,6 +26,7 @@ def _model():
     if initialized:
       raise ValueError('this layer fails on purpose')
     return x
+
   model = tl.Serial(tl.Dense(4), tl.LayerNorm(), tl.Fn('Fails', fails))
   model.init(shapes.ShapeDtype((2, 4), np.float32))
   initialized.append(True)
@@ -41,8 +42,9 @@ def _leaked(model):
     for name, value in vars(layer).items():
       if name == '_sublayers':
         continue
-      if any(isinstance(x, jax.core.Tracer)
-             for x in jax.tree_util.tree_leaves(value)):
+      if any(
+        isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(value)
+      ):
         out.append(f'{path}.{name}')
     todo.extend((f'{path}/{i}', s) for i, s in enumerate(layer.sublayers))
   return out

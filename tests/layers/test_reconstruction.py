@@ -1,5 +1,4 @@
-"""`reconstruction_error` locates drift, initialises, and rejects bad input.
-"""
+"""`reconstruction_error` locates drift, initialises, and rejects bad input."""
 
 import numpy as np
 import pytest
@@ -31,18 +30,29 @@ def test_reconstruction_error_locates_drift():
   x1, x2 = layer_cases._pair()  # pylint: disable=protected-access
   d = layer_cases.D
   model = tl.Serial(
-      tl.Dense(d),  # non-reversible: runs forward only
-      ours.ReversibleSerial(
-          ours.ReversibleHalfResidual(tl.Dense(d)), tl.ReversibleSwap(),
-          _LossyReverse(0.25),
-          ours.ReversibleHalfResidual(tl.Dense(d)), tl.ReversibleSwap()),
-      tl.Concatenate(), tl.Relu(), tl.Dup(),
-      ours.ReversibleSerial(ours.ReversibleHalfResidual(tl.LayerNorm())))
+    tl.Dense(d),  # non-reversible: runs forward only
+    ours.ReversibleSerial(
+      ours.ReversibleHalfResidual(tl.Dense(d)),
+      tl.ReversibleSwap(),
+      _LossyReverse(0.25),
+      ours.ReversibleHalfResidual(tl.Dense(d)),
+      tl.ReversibleSwap(),
+    ),
+    tl.Concatenate(),
+    tl.Relu(),
+    tl.Dup(),
+    ours.ReversibleSerial(ours.ReversibleHalfResidual(tl.LayerNorm())),
+  )
   model.init(shapes.signature((x1, x2)), rng=INIT_RNG)
   records, summary = trax_revplus.reconstruction_error(model, (x1, x2))
   assert [r.name for r in records] == [
-      'ReversibleHalfResidual', 'ReversibleSwap', '_LossyReverse',
-      'ReversibleHalfResidual', 'ReversibleSwap', 'ReversibleHalfResidual']
+    'ReversibleHalfResidual',
+    'ReversibleSwap',
+    '_LossyReverse',
+    'ReversibleHalfResidual',
+    'ReversibleSwap',
+    'ReversibleHalfResidual',
+  ]
   assert [r.block for r in records] == [0, 0, 0, 0, 0, 1]
   assert records[2].path == (1, 2)
   lossy = records[2]
@@ -58,15 +68,16 @@ def test_reconstruction_error_locates_drift():
 
 
 def test_reconstruction_error_initialises_and_rejects():
-  layer, x = layer_cases.dense(ours.ReversibleHalfResidual,
-                               ours.ReversibleSerial)
+  layer, x = layer_cases.dense(
+    ours.ReversibleHalfResidual, ours.ReversibleSerial
+  )
   records, _ = trax_revplus.reconstruction_error(layer, x)
   assert len(records) == 4
   assert leaves(layer.weights)  # initialised on the way
   assert all(r.max_rel_error < 1e-5 for r in records)
   with pytest.raises(ValueError, match='no reversible layer'):
-    trax_revplus.reconstruction_error(tl.Serial(tl.Dense(2)),
-                                      np.ones((1, 2), np.float32))
+    trax_revplus.reconstruction_error(
+      tl.Serial(tl.Dense(2)), np.ones((1, 2), np.float32)
+    )
   with pytest.raises(ValueError, match='one entry per sublayer'):
-    trax_revplus.reconstruction_error(layer, x, layer.weights[:1],
-                                      layer.state)
+    trax_revplus.reconstruction_error(layer, x, layer.weights[:1], layer.state)

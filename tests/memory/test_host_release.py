@@ -84,13 +84,20 @@ def _has_mallinfo2():  # glibc >= 2.33
 
 def _mapped_bytes(mode):
   env = {k: v for k, v in os.environ.items() if k != 'GLIBC_TUNABLES'}
-  out = subprocess.run([sys.executable, '-c', _MAPPED_BLOCK_SCRIPT, mode],
-                       capture_output=True, text=True, env=env, check=True)
+  out = subprocess.run(
+    [sys.executable, '-c', _MAPPED_BLOCK_SCRIPT, mode],
+    capture_output=True,
+    text=True,
+    env=env,
+    check=True,
+  )
   return int(out.stdout.split()[-1])
 
 
-@pytest.mark.skipif(not host_release.available() or not _has_mallinfo2(),
-                    reason='needs glibc >= 2.33')
+@pytest.mark.skipif(
+  not host_release.available() or not _has_mallinfo2(),
+  reason='needs glibc >= 2.33',
+)
 def test_set_mmap_threshold_maps_blocks_glibc_would_keep_in_its_arenas():
   assert _mapped_bytes('default') == 0
   assert _mapped_bytes('set') >= 4 << 20
@@ -104,6 +111,7 @@ def test_set_mmap_threshold_keeps_the_users_glibc_tunable(monkeypatch):
 
 @pytest.mark.parametrize('nbytes', [-1, 32 * 2**20 + 1, 1.5, True, '1'])
 def test_set_mmap_threshold_rejects_what_glibc_cannot_take(nbytes):
-  with pytest.raises(ValueError,
-                     match=r'int number of bytes in \[0, 33554432\]'):
+  with pytest.raises(
+    ValueError, match=r'int number of bytes in \[0, 33554432\]'
+  ):
     host_release.set_mmap_threshold(nbytes)

@@ -34,14 +34,17 @@ def test_device_bytes_grow_by_array_nbytes():
   slack = 1 << 20 if after['device_bytes_source'] == 'memory_stats' else 0
   assert abs(grown - host.nbytes) <= slack
   assert after['device_bytes_in_use_per_device'] == [
-      after['device_bytes_in_use']]
+    after['device_bytes_in_use']
+  ]
   if device.memory_stats() is None:
     assert after['device_bytes_source'] == 'live_arrays'
     assert after['device_peak_bytes'] is None
   x.delete()
   freed = memory.device_bytes_in_use([device])
-  assert (after['device_bytes_in_use'] - freed['device_bytes_in_use']
-          >= host.nbytes - slack)
+  assert (
+    after['device_bytes_in_use'] - freed['device_bytes_in_use']
+    >= host.nbytes - slack
+  )
 
 
 def test_device_bytes_count_each_shard_on_its_device():
@@ -63,10 +66,18 @@ def test_device_bytes_count_each_shard_on_its_device():
       first = memory.device_bytes_in_use(devices[:1])
       print(json.dumps({'before': before, 'after': after, 'first': first}))
   """)
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=4',
-             JAX_PLATFORMS='cpu')
-  out = subprocess.run([sys.executable, '-c', script], env=env, check=True,
-                       capture_output=True, text=True)
+  env = dict(
+    os.environ,
+    XLA_FLAGS='--xla_force_host_platform_device_count=4',
+    JAX_PLATFORMS='cpu',
+  )
+  out = subprocess.run(
+    [sys.executable, '-c', script],
+    env=env,
+    check=True,
+    capture_output=True,
+    text=True,
+  )
   result = json.loads(out.stdout.strip().splitlines()[-1])
   before = result['before']
   after = result['after']['device_bytes_in_use_per_device']
@@ -82,8 +93,11 @@ class _FakeAccelerator:
   """Stands for a GPU/TPU device, whose runtime reports memory_stats()."""
 
   def __init__(self, in_use, peak):
-    self._stats = {'bytes_in_use': in_use, 'peak_bytes_in_use': peak,
-                   'bytes_limit': 1 << 34}
+    self._stats = {
+      'bytes_in_use': in_use,
+      'peak_bytes_in_use': peak,
+      'bytes_limit': 1 << 34,
+    }
 
   def memory_stats(self):
     return self._stats
@@ -92,9 +106,11 @@ class _FakeAccelerator:
 def test_device_bytes_use_memory_stats_where_reported():
   devices = [_FakeAccelerator(100, 300), _FakeAccelerator(50, 70)]
   assert memory.device_bytes_in_use(devices) == {
-      'device_bytes_in_use': 150, 'device_peak_bytes': 370,
-      'device_bytes_source': 'memory_stats',
-      'device_bytes_in_use_per_device': [100, 50]}
+    'device_bytes_in_use': 150,
+    'device_peak_bytes': 370,
+    'device_bytes_source': 'memory_stats',
+    'device_bytes_in_use_per_device': [100, 50],
+  }
   # One device without stats sends all to the live-array count, so the
   # figures of one record always share one source.
   local = jax.local_devices()[0]
@@ -105,15 +121,24 @@ def test_device_bytes_use_memory_stats_where_reported():
 
 
 def test_array_bytes_sums_leaves():
-  leaves = [np.zeros((3, 4), np.float32), np.zeros((5,), np.int8),
-            np.float64(1.0)]
-  tree = {'a': (leaves[0], ()), 'b': [leaves[1], {'c': leaves[2]}],
-          'd': None, 'e': 3}
+  leaves = [
+    np.zeros((3, 4), np.float32),
+    np.zeros((5,), np.int8),
+    np.float64(1.0),
+  ]
+  tree = {
+    'a': (leaves[0], ()),
+    'b': [leaves[1], {'c': leaves[2]}],
+    'd': None,
+    'e': 3,
+  }
   assert memory.array_bytes(tree) == sum(x.nbytes for x in leaves)
   assert memory.array_bytes(()) == 0
   assert memory.array_bytes(((), ((),))) == 0
-  abstract = [jax.ShapeDtypeStruct((4, 6), np.float32),
-              jax.ShapeDtypeStruct((), np.int16)]
+  abstract = [
+    jax.ShapeDtypeStruct((4, 6), np.float32),
+    jax.ShapeDtypeStruct((), np.int16),
+  ]
   assert memory.array_bytes(abstract) == 4 * 6 * 4 + 2
   x = jax.numpy.ones((7, 3), jax.numpy.bfloat16)
   assert memory.array_bytes((x, leaves[0])) == 7 * 3 * 2 + leaves[0].nbytes

@@ -22,14 +22,22 @@ STEPS = 4
 
 def test_train_logs_every_step_and_the_summary_s_peak(tmp_path, capsys):
   # Phase records at step 1, then every 2nd: steps 1 and 3.
-  bindings = [f'train.steps = {STEPS}', f'train.eval_frequency = {STEPS}',
-              'sequence_length = 32',
-              'trax_revplus.ReversibleSerialTrainer.memory_log_first_steps '
-              '= 1'] + TINY_MODEL
-  code = cli.main([cli.PROG, 'train', f'--config_file={MAIN}',
-                   f'--output_dir={tmp_path}',
-                   '--memory_log_every_n_steps=2'] +
-                  [f'--config={b}' for b in bindings])
+  bindings = [
+    f'train.steps = {STEPS}',
+    f'train.eval_frequency = {STEPS}',
+    'sequence_length = 32',
+    'trax_revplus.ReversibleSerialTrainer.memory_log_first_steps = 1',
+  ] + TINY_MODEL
+  code = cli.main(
+    [
+      cli.PROG,
+      'train',
+      f'--config_file={MAIN}',
+      f'--output_dir={tmp_path}',
+      '--memory_log_every_n_steps=2',
+    ]
+    + [f'--config={b}' for b in bindings]
+  )
   out, err = capsys.readouterr()
   assert code == 0, err[-3000:]
   records = memory.read_memory_log(tmp_path / 'memory.jsonl')
@@ -39,15 +47,18 @@ def test_train_logs_every_step_and_the_summary_s_peak(tmp_path, capsys):
   steps = [r for r in records if r['phase'] == 'step']
   assert [r['step'] for r in steps] == list(range(1, STEPS + 1))
   assert sorted({r['step'] for r in records if r['phase'] == 'backward'}) == [
-      1, 3]
+    1,
+    3,
+  ]
   assert [r['recorded'] for r in steps] == [True, False, True, False]
   if memory.host_peak.supported():
     assert {r['host_peak_source'] for r in steps} == {'kernel_hwm'}
   # The summary's peak (the process's, from the kernel) is the log's: its
   # 'start' record holds the process's peak before the first step.
   summary = out.split('== summary ==', 1)[1]
-  line = next(l for l in summary.splitlines()
-              if l.startswith('peak host memory'))
+  line = next(
+    l for l in summary.splitlines() if l.startswith('peak host memory')
+  )
   summary_mib = float(line.split()[3])
   log_mib = memory.peaks(records)['host_peak_bytes'] / memory.BYTES_PER_MIB
   assert abs(log_mib - summary_mib) <= 0.05 * summary_mib, (log_mib, line)

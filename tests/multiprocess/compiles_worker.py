@@ -32,22 +32,24 @@ def _compiles_per_step(steps):
   batch = training_worker._global_batch()  # pylint: disable=protected-access
   rows = training_worker.GLOBAL_BATCH_ROWS // jax.process_count()
   index = jax.process_index()
-  local_batch = tuple(x[index * rows:(index + 1) * rows] for x in batch)
+  local_batch = tuple(x[index * rows : (index + 1) * rows] for x in batch)
   trax_revplus.activate()
   first, revs, loss = training_worker._blocks(False)  # pylint: disable=protected-access
   tl.Serial([first] + revs + [loss]).init(
-      batch, rng=fastmath.random.get_prng(12))
+    batch, rng=fastmath.random.get_prng(12)
+  )
   trainer = rev_trainer.ReversibleSerialTrainer(
-      [(first.sublayers, revs)], loss, optimizers.Adam)
+    [(first.sublayers, revs)], loss, optimizers.Adam
+  )
   counts = []
   for step in range(steps):
     before, _ = progress.CompileCounter.snapshot()
     loss_value, _ = trainer.one_step(
-        local_batch, fastmath.random.get_prng(100 + step), step=step)
+      local_batch, fastmath.random.get_prng(100 + step), step=step
+    )
     jax.block_until_ready(loss_value)
     after, _ = progress.CompileCounter.snapshot()
-    counts.append((after - before,
-                   progress.CompileCounter.names_since(before)))
+    counts.append((after - before, progress.CompileCounter.names_since(before)))
   return counts
 
 
@@ -57,8 +59,10 @@ def main():
   args, failed = training_worker.joined(parser)
   if failed is not None:
     return failed
-  print(json.dumps({'compiles_per_step': _compiles_per_step(args.steps)}),
-        flush=True)
+  print(
+    json.dumps({'compiles_per_step': _compiles_per_step(args.steps)}),
+    flush=True,
+  )
   return 0
 
 

@@ -29,8 +29,10 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))))
+sys.path.insert(
+  0,
+  os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+)
 
 # pylint: disable=g-import-not-at-top
 from trax_revplus.errors import EXIT_LOST_PROCESS
@@ -49,16 +51,27 @@ def _psum_over_all_devices():
   import jax  # pylint: disable=g-import-not-at-top
   from jax.sharding import Mesh, NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
+
   mesh = Mesh(np.array(jax.devices()), ('batch',))
   sharding = NamedSharding(mesh, PartitionSpec('batch'))
   first = jax.process_index() * jax.local_device_count()
-  local = np.arange(first, first + jax.local_device_count(),
-                    dtype=np.float32)[:, None] + 1
+  local = (
+    np.arange(first, first + jax.local_device_count(), dtype=np.float32)[
+      :, None
+    ]
+    + 1
+  )
   x = jax.make_array_from_process_local_data(
-      sharding, local, (jax.device_count(), 1))
-  total = jax.jit(jax.shard_map(
-      lambda v: jax.lax.psum(v, 'batch'), mesh=mesh,
-      in_specs=PartitionSpec('batch'), out_specs=PartitionSpec()))(x)
+    sharding, local, (jax.device_count(), 1)
+  )
+  total = jax.jit(
+    jax.shard_map(
+      lambda v: jax.lax.psum(v, 'batch'),
+      mesh=mesh,
+      in_specs=PartitionSpec('batch'),
+      out_specs=PartitionSpec(),
+    )
+  )(x)
   return float(np.asarray(total.addressable_shards[0].data)[0, 0])
 
 
@@ -74,12 +87,16 @@ def main():
 
   try:
     config = config_lib.resolve_config(
-        args.num_processes, args.process_id, args.coordinator_address,
-        timeout_seconds=args.timeout_seconds,
-        heartbeat_timeout_seconds=args.heartbeat_timeout_seconds,
-        shutdown_timeout_seconds=args.heartbeat_timeout_seconds)
+      args.num_processes,
+      args.process_id,
+      args.coordinator_address,
+      timeout_seconds=args.timeout_seconds,
+      heartbeat_timeout_seconds=args.heartbeat_timeout_seconds,
+      shutdown_timeout_seconds=args.heartbeat_timeout_seconds,
+    )
     if args.mode == 'backend-first':
       import jax  # pylint: disable=g-import-not-at-top
+
       jax.devices()
     join.initialize(config, error_prefix='error: ')
   except errors.DistributedError as e:
@@ -87,19 +104,25 @@ def main():
     return e.exit_code
 
   import jax  # pylint: disable=g-import-not-at-top
-  out = {'process_index': jax.process_index(),
-         'process_count': jax.process_count(),
-         'device_count': jax.device_count(),
-         'local_device_count': jax.local_device_count()}
+
+  out = {
+    'process_index': jax.process_index(),
+    'process_count': jax.process_count(),
+    'device_count': jax.device_count(),
+    'local_device_count': jax.local_device_count(),
+  }
   try:
     if args.mode == 'psum':
       out['psum'] = _psum_over_all_devices()
       from trax_revplus import placement  # pylint: disable=g-import-not-at-top
+
       index = jax.process_index()
       out['least_large'] = placement.least_over_processes(
-          (5 << 32) + 7 - 3 * index)
+        (5 << 32) + 7 - 3 * index
+      )
       out['least_signed'] = placement.least_over_processes(
-          -(3 << 31) if index == 1 else 11)
+        -(3 << 31) if index == 1 else 11
+      )
     elif args.mode == 'exit-early':
       if jax.process_index() == 1:
         print('process 1 exits now', flush=True)
@@ -112,8 +135,11 @@ def main():
     # A collective failed: the line, then out without the shutdown barrier,
     # with the status of a process that lost another one.
     first = ' '.join(str(e).split())[:300]
-    print(f'error: a collective failed: {type(e).__name__}: {first}',
-          file=sys.stderr, flush=True)
+    print(
+      f'error: a collective failed: {type(e).__name__}: {first}',
+      file=sys.stderr,
+      flush=True,
+    )
     ending.exit_immediately(EXIT_LOST_PROCESS)
   print(json.dumps(out), flush=True)
   return 0

@@ -24,8 +24,9 @@ import pytest
 from conftest import start_seconds
 from trax_revplus.multiprocess import launcher
 
-_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                       'join_worker.py')
+_WORKER = os.path.join(
+  os.path.dirname(os.path.abspath(__file__)), 'join_worker.py'
+)
 _START_SECONDS = start_seconds()
 _JOIN_SECONDS = 300
 
@@ -36,15 +37,28 @@ def _ignoring_sigint():
 
 def _start(sigint_ignored):
   port = launcher.free_port()
-  env = dict(os.environ, PYTHONUNBUFFERED='1',
-             XLA_FLAGS='--xla_force_host_platform_device_count=1')
+  env = dict(
+    os.environ,
+    PYTHONUNBUFFERED='1',
+    XLA_FLAGS='--xla_force_host_platform_device_count=1',
+  )
   proc = subprocess.Popen(
-      [sys.executable, _WORKER, 'psum', '--num_processes=2',
-       '--process_id=0', f'--coordinator_address=127.0.0.1:{port}',
-       f'--timeout_seconds={_JOIN_SECONDS}'],
-      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-      start_new_session=True,
-      preexec_fn=_ignoring_sigint if sigint_ignored else None)
+    [
+      sys.executable,
+      _WORKER,
+      'psum',
+      '--num_processes=2',
+      '--process_id=0',
+      f'--coordinator_address=127.0.0.1:{port}',
+      f'--timeout_seconds={_JOIN_SECONDS}',
+    ],
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+    env=env,
+    start_new_session=True,
+    preexec_fn=_ignoring_sigint if sigint_ignored else None,
+  )
   deadline = time.monotonic() + _START_SECONDS
   while True:
     try:
@@ -53,14 +67,18 @@ def _start(sigint_ignored):
     except OSError:
       if time.monotonic() > deadline or proc.poll() is not None:
         proc.kill()
-        pytest.fail(f'process 0 did not start serving the coordinator: '
-                    f'{proc.communicate()}')
+        pytest.fail(
+          f'process 0 did not start serving the coordinator: '
+          f'{proc.communicate()}'
+        )
       time.sleep(0.2)
 
 
-@pytest.mark.parametrize('signum,sigint_ignored', [
-    (signal.SIGINT, True), (signal.SIGTERM, False)],
-    ids=['sigint_inherited_ignored', 'sigterm'])
+@pytest.mark.parametrize(
+  'signum,sigint_ignored',
+  [(signal.SIGINT, True), (signal.SIGTERM, False)],
+  ids=['sigint_inherited_ignored', 'sigterm'],
+)
 def test_a_signal_while_joining_ends_in_one_line(signum, sigint_ignored):
   proc = _start(sigint_ignored)
   sent = time.monotonic()
@@ -73,7 +91,8 @@ def test_a_signal_while_joining_ends_in_one_line(signum, sigint_ignored):
   name = signal.Signals(signum).name
   assert proc.returncode == 128 + signum, err[-2000:]
   lines = [l for l in err.splitlines() if l.startswith('error: ')]
-  assert lines == [f'error: interrupted by {name} while joining the other '
-                   f'processes.'], err[-2000:]
+  assert lines == [
+    f'error: interrupted by {name} while joining the other processes.'
+  ], err[-2000:]
   # Not the join's deadline: that would say 'not every process joined'.
   assert time.monotonic() - sent < _JOIN_SECONDS

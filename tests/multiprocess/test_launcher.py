@@ -25,10 +25,12 @@ from trax_revplus.multiprocess import launch_flags
 from trax_revplus.multiprocess import launcher as launcher_lib
 from conftest import start_seconds
 
-_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                       'join_worker.py')
-_REPO = os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))))
+_WORKER = os.path.join(
+  os.path.dirname(os.path.abspath(__file__)), 'join_worker.py'
+)
+_REPO = os.path.dirname(
+  os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)
 # The launcher as a command, as `python -m` runs it.
 _LAUNCHER = [sys.executable, '-m', 'trax_revplus.multiprocess.launcher']
 # Seconds to start a few Python processes (or JAX ones) on a busy machine.
@@ -39,7 +41,7 @@ _FOREVER_SECONDS = 2 * _START_SECONDS
 
 # Helpers every child program starts with: its process id from the flags
 # the launcher appends, and a way to tell the test it is ready.
-_PRELUDE = textwrap.dedent('''
+_PRELUDE = textwrap.dedent("""
     import os, signal, sys, time
     flags = dict(a[2:].split('=', 1) for a in sys.argv[1:])
     i = int(flags['process_id'])
@@ -49,7 +51,7 @@ _PRELUDE = textwrap.dedent('''
       while not all(os.path.exists(os.path.join(directory, f'ready{j}'))
                     for j in range(n)):
         time.sleep(0.05)
-''')
+""")
 
 
 def _child(body):
@@ -68,19 +70,21 @@ def _launch(command, n, **kwargs):
 
 
 def test_output_is_forwarded_line_by_line_with_the_process_prefix():
-  error, out, err, _ = _launch(_child('''
+  error, out, err, _ = _launch(
+    _child("""
       print('argv', sys.argv[1:])
       print('second line of', i)
       print('to stderr from', i, file=sys.stderr)
-      '''), 3)
+      """),
+    3,
+  )
   assert error is None, err
   for i in range(3):
     assert f'[process {i}] second line of {i}' in out.splitlines()
     assert f'[process {i}] to stderr from {i}' in err.splitlines()
   argvs = [l for l in out.splitlines() if ' argv ' in l]
   assert len(argvs) == 3
-  addresses = set(re.findall(r"--coordinator_address=(127\.0\.0\.1:\d+)'",
-                             out))
+  addresses = set(re.findall(r"--coordinator_address=(127\.0\.0\.1:\d+)'", out))
   assert len(addresses) == 1
   for i in range(3):
     [line] = [l for l in argvs if l.startswith(f'[process {i}] ')]
@@ -88,18 +92,23 @@ def test_output_is_forwarded_line_by_line_with_the_process_prefix():
 
 
 def test_a_failing_process_stops_the_others_and_is_named(tmp_path):
-  error, _, err, seconds = _launch(_child(f'''
+  error, _, err, seconds = _launch(
+    _child(f"""
       ready({str(tmp_path)!r})
       if i == 1:
         wait_ready({str(tmp_path)!r}, 3)
         sys.exit(3)
       time.sleep({_FOREVER_SECONDS})
-      '''), 3)
+      """),
+    3,
+  )
   assert isinstance(error, errors.ProcessFailedError), err
   assert (error.process_id, error.returncode, error.exit_code) == (1, 3, 3)
-  assert str(error) == ('process 1 exited with status 3; stopped the others: '
-                        'process 0 was killed by SIGTERM, process 2 was '
-                        'killed by SIGTERM.')
+  assert str(error) == (
+    'process 1 exited with status 3; stopped the others: '
+    'process 0 was killed by SIGTERM, process 2 was '
+    'killed by SIGTERM.'
+  )
   assert seconds < _START_SECONDS
 
 
@@ -108,44 +117,58 @@ def test_a_process_that_lost_another_is_not_named_as_the_cause(tmp_path):
   # failed because another did (as when two end within one instant and are
   # seen in the wrong order); process 1, the cause, ends once the launcher
   # stops it.
-  error, _, err, _ = _launch(_child(f'''
+  error, _, err, _ = _launch(
+    _child(f"""
       signal.signal(signal.SIGTERM, lambda *_: sys.exit(3))
       ready({str(tmp_path)!r})
       wait_ready({str(tmp_path)!r}, 2)
       if i == 0:
         sys.exit({EXIT_LOST_PROCESS})
       time.sleep({_FOREVER_SECONDS})
-      '''), 2)
+      """),
+    2,
+  )
   assert isinstance(error, errors.ProcessFailedError), err
   assert (error.process_id, error.exit_code) == (1, 3)
-  assert str(error) == ('process 1 exited with status 3; stopped the others: '
-                        f'process 0 exited with status '
-                        f'{EXIT_LOST_PROCESS}.')
+  assert str(error) == (
+    'process 1 exited with status 3; stopped the others: '
+    f'process 0 exited with status '
+    f'{EXIT_LOST_PROCESS}.'
+  )
 
 
 def test_a_process_ignoring_sigterm_is_killed_after_the_grace(tmp_path):
-  error, _, err, seconds = _launch(_child(f'''
+  error, _, err, seconds = _launch(
+    _child(f"""
       if i == 0:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         ready({str(tmp_path)!r})
         time.sleep({_FOREVER_SECONDS})
       wait_ready({str(tmp_path)!r}, 1)
       sys.exit(1)
-      '''), 2, stop_grace_seconds=1)
+      """),
+    2,
+    stop_grace_seconds=1,
+  )
   assert isinstance(error, errors.ProcessFailedError), err
-  assert str(error) == ('process 1 exited with status 1; stopped the others: '
-                        'process 0 was killed by SIGKILL.')
+  assert str(error) == (
+    'process 1 exited with status 1; stopped the others: '
+    'process 0 was killed by SIGKILL.'
+  )
   assert seconds < _START_SECONDS
 
 
 def test_a_process_killed_by_a_signal_is_named(tmp_path):
-  error, _, err, _ = _launch(_child(f'''
+  error, _, err, _ = _launch(
+    _child(f"""
       ready({str(tmp_path)!r})
       if i == 1:
         wait_ready({str(tmp_path)!r}, 2)
         os.kill(os.getpid(), signal.SIGKILL)
       time.sleep({_FOREVER_SECONDS})
-      '''), 2)
+      """),
+    2,
+  )
   assert isinstance(error, errors.ProcessFailedError), err
   assert error.process_id == 1
   assert error.exit_code == 128 + signal.SIGKILL
@@ -159,8 +182,9 @@ def test_processes_that_all_succeed_return_0():
 
 @pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_to_the_launcher_is_forwarded_to_every_process(
-    tmp_path, signum):
-  command = _child(f'''
+  tmp_path, signum
+):
+  command = _child(f"""
       def stop(signum, frame):
         print('got', signal.Signals(signum).name, flush=True)
         sys.exit(128 + signum)
@@ -168,10 +192,14 @@ def test_a_signal_to_the_launcher_is_forwarded_to_every_process(
       signal.signal(signal.SIGINT, stop)
       ready({str(tmp_path)!r})
       time.sleep({_FOREVER_SECONDS})
-      ''')
+      """)
   launcher = subprocess.Popen(
-      _LAUNCHER + ['--num_processes=2', '--'] + command, cwd=_REPO,
-      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _LAUNCHER + ['--num_processes=2', '--'] + command,
+    cwd=_REPO,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
   deadline = time.monotonic() + _START_SECONDS
   while not all((tmp_path / f'ready{i}').exists() for i in range(2)):
     if time.monotonic() > deadline or launcher.poll() is not None:
@@ -190,23 +218,29 @@ def test_a_signal_to_the_launcher_is_forwarded_to_every_process(
     assert f'[process {i}] got {name}' in out.splitlines()
   [line] = [l for l in err.splitlines() if 'error:' in l]
   assert line.endswith(
-      f'error: interrupted by {name}, forwarded to the 2 processes: '
-      f'process 0 exited with status {128 + signum}, process 1 exited with '
-      f'status {128 + signum}.')
+    f'error: interrupted by {name}, forwarded to the 2 processes: '
+    f'process 0 exited with status {128 + signum}, process 1 exited with '
+    f'status {128 + signum}.'
+  )
 
 
-@pytest.mark.skipif(not sys.platform.startswith('linux'),
-                    reason='the parent-death signal is Linux only')
+@pytest.mark.skipif(
+  not sys.platform.startswith('linux'),
+  reason='the parent-death signal is Linux only',
+)
 def test_processes_die_with_the_launcher(tmp_path):
-  command = _child(f'''
+  command = _child(f"""
       with open(os.path.join({str(tmp_path)!r}, f'pid{{i}}'), 'w') as f:
         f.write(str(os.getpid()))
       ready({str(tmp_path)!r})
       time.sleep({_FOREVER_SECONDS})
-      ''')
+      """)
   launcher = subprocess.Popen(
-      _LAUNCHER + ['--num_processes=2', '--'] + command, cwd=_REPO,
-      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _LAUNCHER + ['--num_processes=2', '--'] + command,
+    cwd=_REPO,
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.DEVNULL,
+  )
   deadline = time.monotonic() + _START_SECONDS
   while not all((tmp_path / f'ready{i}').exists() for i in range(2)):
     if time.monotonic() > deadline or launcher.poll() is not None:
@@ -242,29 +276,41 @@ def test_usage_errors_exit_2():
     launcher_lib.launch(['true'], 0)
   assert launcher_lib.main(['--num_processes=2']) == 2
   assert launcher_lib.main(['--num_processes=0', '--', 'true']) == 2
-  assert launcher_lib.main(['--num_processes=1', '--',
-                            '/nonexistent/program']) == 1
+  assert (
+    launcher_lib.main(['--num_processes=1', '--', '/nonexistent/program']) == 1
+  )
 
 
-@pytest.mark.parametrize('module', ['trax_revplus.multiprocess.launcher',
-                                    'trax_revplus.launch'])  # The old path.
+@pytest.mark.parametrize(
+  'module', ['trax_revplus.multiprocess.launcher', 'trax_revplus.launch']
+)  # The old path.
 def test_both_module_paths_run_the_launcher(module):
   proc = subprocess.run(
-      [sys.executable, '-m', module, '--num_processes=2', '--']
-      + _child('print(f"hello from {i}")'),
-      cwd=_REPO, capture_output=True, text=True, timeout=2 * _START_SECONDS)
+    [sys.executable, '-m', module, '--num_processes=2', '--']
+    + _child('print(f"hello from {i}")'),
+    cwd=_REPO,
+    capture_output=True,
+    text=True,
+    timeout=2 * _START_SECONDS,
+  )
   assert proc.returncode == 0, proc.stderr
   assert sorted(proc.stdout.splitlines()) == [
-      '[process 0] hello from 0', '[process 1] hello from 1']
+    '[process 0] hello from 0',
+    '[process 1] hello from 1',
+  ]
 
 
 def _launch_workers(mode, extra=()):
   proc = subprocess.run(
-      _LAUNCHER + ['--num_processes=2', '--', sys.executable, _WORKER, mode]
-      + list(extra),
-      cwd=_REPO, capture_output=True, text=True, timeout=2 * _START_SECONDS,
-      env=dict(os.environ,
-               XLA_FLAGS='--xla_force_host_platform_device_count=1'))
+    _LAUNCHER
+    + ['--num_processes=2', '--', sys.executable, _WORKER, mode]
+    + list(extra),
+    cwd=_REPO,
+    capture_output=True,
+    text=True,
+    timeout=2 * _START_SECONDS,
+    env=dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=1'),
+  )
   return proc
 
 
@@ -272,11 +318,15 @@ def test_launch_runs_a_two_process_jax_job():
   proc = _launch_workers('psum')
   assert proc.returncode == 0, proc.stderr[-3000:]
   for i in range(2):
-    [line] = [l for l in proc.stdout.splitlines()
-              if l.startswith(f'[process {i}] {{')]
-    report = json.loads(line[len(f'[process {i}] '):])
-    assert (report['process_index'], report['process_count'],
-            report['psum']) == (i, 2, 3.0)
+    [line] = [
+      l for l in proc.stdout.splitlines() if l.startswith(f'[process {i}] {{')
+    ]
+    report = json.loads(line[len(f'[process {i}] ') :])
+    assert (
+      report['process_index'],
+      report['process_count'],
+      report['psum'],
+    ) == (i, 2, 3.0)
 
 
 def test_launch_ends_a_jax_job_whose_process_dies():
@@ -289,8 +339,11 @@ def test_launch_ends_a_jax_job_whose_process_dies():
   # launcher first: by SIGTERM's default action after joining, or, when
   # the SIGTERM came while it was still in the join's first collective, by
   # the join's handler (128 + SIGTERM).
-  assert re.search(r'process 0 (exited with status (4|143)|was killed by '
-                   r'SIGTERM)', last), last
+  assert re.search(
+    r'process 0 (exited with status (4|143)|was killed by '
+    r'SIGTERM)',
+    last,
+  ), last
   assert 'Check failure stack trace' not in proc.stderr
 
 
@@ -300,7 +353,8 @@ def test_after_a_failure_the_terminal_shows_only_the_failed_process(tmp_path):
   # lines go to process 0's log file, not to the terminal.
   logs = tmp_path / 'logs'
   logs.mkdir()
-  error, out, err, _ = _launch(_child(f'''
+  error, out, err, _ = _launch(
+    _child(f"""
       def ended(pid):
         try:
           with open(f'/proc/{{pid}}/stat') as f:
@@ -331,35 +385,56 @@ def test_after_a_failure_the_terminal_shows_only_the_failed_process(tmp_path):
             file=sys.stderr, flush=True)
       signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTERM])
       time.sleep({_FOREVER_SECONDS})
-      '''), 2, log_dir=str(logs))
+      """),
+    2,
+    log_dir=str(logs),
+  )
   assert isinstance(error, errors.ProcessFailedError), err
   assert error.process_id == 1 and error.exit_code == 2
   assert str(error) == (
-      f'process 1 exited with status 2; stopped the others: process 0 exited '
-      f'with status 143 (all output of each: {logs}/launch.process<I>.log).')
+    f'process 1 exited with status 2; stopped the others: process 0 exited '
+    f'with status 143 (all output of each: {logs}/launch.process<I>.log).'
+  )
   assert err.splitlines() == ['[process 1] error: process 1 cannot go on']
-  assert sorted(out.splitlines()) == ['[process 0] process 0 starting',
-                                      '[process 1] process 1 starting']
+  assert sorted(out.splitlines()) == [
+    '[process 0] process 0 starting',
+    '[process 1] process 1 starting',
+  ]
   assert (logs / 'launch.process0.log').read_text().splitlines() == [
-      'process 0 starting',
-      'F0101 Check failure stack trace: after the failure',
-      'interrupted by SIGTERM']
+    'process 0 starting',
+    'F0101 Check failure stack trace: after the failure',
+    'interrupted by SIGTERM',
+  ]
   # Its stdout and stderr come through two pipes, read apart: lines
   # written at once may reach the log in either order.
   assert sorted((logs / 'launch.process1.log').read_text().splitlines()) == [
-      'error: process 1 cannot go on', 'process 1 starting']
+    'error: process 1 cannot go on',
+    'process 1 starting',
+  ]
 
 
-@pytest.mark.parametrize('kwargs,fragment', [
-    (dict(num_processes=9, max_processes=8),
-     '--num_processes=9 is more than the 8 processes'),
-    (dict(num_processes=2, stop_grace_seconds=0),
-     '--stop_grace_seconds=0 must be a positive number'),
-    (dict(num_processes=2, stop_grace_seconds=-1.0),
-     '--stop_grace_seconds=-1.0 must be a positive number'),
-    (dict(num_processes=2, stop_grace_seconds=float('inf')),
-     '--stop_grace_seconds=inf must be a positive number'),
-], ids=['too_many', 'no_grace', 'negative_grace', 'endless_grace'])
+@pytest.mark.parametrize(
+  'kwargs,fragment',
+  [
+    (
+      dict(num_processes=9, max_processes=8),
+      '--num_processes=9 is more than the 8 processes',
+    ),
+    (
+      dict(num_processes=2, stop_grace_seconds=0),
+      '--stop_grace_seconds=0 must be a positive number',
+    ),
+    (
+      dict(num_processes=2, stop_grace_seconds=-1.0),
+      '--stop_grace_seconds=-1.0 must be a positive number',
+    ),
+    (
+      dict(num_processes=2, stop_grace_seconds=float('inf')),
+      '--stop_grace_seconds=inf must be a positive number',
+    ),
+  ],
+  ids=['too_many', 'no_grace', 'negative_grace', 'endless_grace'],
+)
 def test_launch_numbers_out_of_range_are_usage_errors(kwargs, fragment):
   num_processes = kwargs.pop('num_processes')
   with pytest.raises(errors.LaunchUsageError) as error:
@@ -374,23 +449,39 @@ def test_the_default_limit_follows_the_cpu_count(monkeypatch):
   assert launcher_lib.main(['--num_processes=9', '--', 'true']) == 2
 
 
-@pytest.mark.parametrize('flags', [
+@pytest.mark.parametrize(
+  'flags',
+  [
     ['--num_processes=2'],
-    ['--num_processes=2', '--stop_grace_seconds=2.5',
-     '--max_local_processes=8'],
+    [
+      '--num_processes=2',
+      '--stop_grace_seconds=2.5',
+      '--max_local_processes=8',
+    ],
     ['--num_processes=0'],
     ['--num_processes=x'],
     ['--num_processes=2', '--stop_grace_seconds=0'],
     ['--num_processes=2', '--stop_grace_seconds=inf'],
     ['--num_processes=2', '--max_local_processes=0'],
     ['--num_processes=2', '--num_processes=3'],
-], ids=['default', 'all', 'zero', 'not_int', 'no_grace', 'inf_grace',
-        'no_max', 'contradiction'])
+  ],
+  ids=[
+    'default',
+    'all',
+    'zero',
+    'not_int',
+    'no_grace',
+    'inf_grace',
+    'no_max',
+    'contradiction',
+  ],
+)
 def test_the_launch_flags_read_alike_in_both_commands(flags):
   """`trax-revplus launch` and `python -m ...launcher` read the launch
   flags alike: the same values and defaults, the same values refused."""
   from trax_revplus.cli import parser  # pylint: disable=g-import-not-at-top
   from trax_revplus.errors import UserError  # pylint: disable=g-import-not-at-top
+
   names = ('num_processes', 'stop_grace_seconds', 'max_local_processes')
   try:
     cli = parser.parse(['launch', *flags, '--', '--config_file=a.gin'])
@@ -404,5 +495,4 @@ def test_the_launch_flags_read_alike_in_both_commands(flags):
     assert cli is None and module is None, (cli, module)
     return
   got = [(getattr(cli, n), type(getattr(cli, n))) for n in names]
-  assert got == [(getattr(module, n), type(getattr(module, n)))
-                 for n in names]
+  assert got == [(getattr(module, n), type(getattr(module, n))) for n in names]

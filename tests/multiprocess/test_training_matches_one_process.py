@@ -23,8 +23,9 @@ def _max_diff_to_reference(result):
   """Our dropout-free weights against trax's default Trainer's (`ref/`)."""
   keys = sorted(k for k in result if k.startswith('ref/'))
   assert keys
-  return max(float(np.max(np.abs(result[k] - result['plain/w/' + k[4:]])))
-             for k in keys)
+  return max(
+    float(np.max(np.abs(result[k] - result['plain/w/' + k[4:]]))) for k in keys
+  )
 
 
 def test_one_process_matches_trax_default_trainer(tmp_path):

@@ -30,8 +30,10 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))))
+sys.path.insert(
+  0,
+  os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+)
 # tests/, for conftest's `replan`.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -49,28 +51,36 @@ _LRS = [None, 0.02, None]
 def _global_batch():
   x = np.arange(32).reshape((GLOBAL_BATCH_ROWS, 4)) % 9
   y = (3 * np.arange(32).reshape((GLOBAL_BATCH_ROWS, 4)) + 1) % 9
-  return (x.astype(np.int32), y.astype(np.int32),
-          np.ones((GLOBAL_BATCH_ROWS, 4), dtype=np.float32))
+  return (
+    x.astype(np.int32),
+    y.astype(np.int32),
+    np.ones((GLOBAL_BATCH_ROWS, 4), dtype=np.float32),
+  )
 
 
 def _blocks(dropout):
   """(standard layers, reversible layers, loss layer), uninitialized."""
   from trax import layers as tl  # pylint: disable=g-import-not-at-top
+
   rate = 0.3 if dropout else 0.0
-  first = tl.Serial(tl.Embedding(9, 4), tl.Dropout(rate, mode='train'),
-                    tl.Dup())
+  first = tl.Serial(
+    tl.Embedding(9, 4), tl.Dropout(rate, mode='train'), tl.Dup()
+  )
   reversible = [
-      tl.ReversibleHalfResidual(tl.Dense(4), tl.Dropout(rate, mode='train')),
-      tl.ReversibleSwap(),
-      tl.ReversibleHalfResidual(tl.Dense(4), tl.Relu()),
-      tl.ReversibleSwap()]
-  loss = tl.Serial(tl.Concatenate(), tl.Dense(9), tl.LogSoftmax(),
-                   tl.CrossEntropyLoss())
+    tl.ReversibleHalfResidual(tl.Dense(4), tl.Dropout(rate, mode='train')),
+    tl.ReversibleSwap(),
+    tl.ReversibleHalfResidual(tl.Dense(4), tl.Relu()),
+    tl.ReversibleSwap(),
+  ]
+  loss = tl.Serial(
+    tl.Concatenate(), tl.Dense(9), tl.LogSoftmax(), tl.CrossEntropyLoss()
+  )
   return first, reversible, loss
 
 
 def _flat(tree):
   from trax import fastmath  # pylint: disable=g-import-not-at-top
+
   return [np.asarray(x) for x in fastmath.tree_flatten(tree)]
 
 
@@ -79,6 +89,7 @@ def _default_trainer_weights(batch):
   from trax import fastmath, optimizers  # pylint: disable=g-import-not-at-top
   from trax import layers as tl  # pylint: disable=g-import-not-at-top
   import trax_revplus  # pylint: disable=g-import-not-at-top
+
   trax_revplus.deactivate()
   first, revs, loss = _blocks(False)
   model = tl.Serial([first] + revs + [loss])
@@ -87,8 +98,9 @@ def _default_trainer_weights(batch):
   opt.tree_init(model.weights)
   trainer = optimizers.Trainer(model, opt, n_devices=1)
   for step, lr in enumerate(_LRS):
-    trainer.one_step(batch, fastmath.random.get_prng(100 + step), step=step,
-                     learning_rate=lr)
+    trainer.one_step(
+      batch, fastmath.random.get_prng(100 + step), step=step, learning_rate=lr
+    )
   return _flat(model.weights)
 
 
@@ -109,11 +121,12 @@ def train(out_dir):
   batch = _global_batch()
   index, count = jax.process_index(), jax.process_count()
   rows = GLOBAL_BATCH_ROWS // count
-  local_batch = tuple(x[index * rows:(index + 1) * rows] for x in batch)
+  local_batch = tuple(x[index * rows : (index + 1) * rows] for x in batch)
   result = {}
   if count == 1:
-    result.update({f'ref/{k}': w for k, w in
-                   enumerate(_default_trainer_weights(batch))})
+    result.update(
+      {f'ref/{k}': w for k, w in enumerate(_default_trainer_weights(batch))}
+    )
 
   trax_revplus.activate()
   for variant in ('plain', 'dropout', 'micro', 'micro_host'):
@@ -121,25 +134,35 @@ def train(out_dir):
     model = tl.Serial([first] + revs + [loss])
     model.init(batch, rng=fastmath.random.get_prng(12))
     # 'micro': without dropout, each device's rows in 2 micro-batches.
-    settings = ({'micro_batches': 2, 'device_memory_budget_bytes': None}
-                if variant.startswith('micro') else {})
+    settings = (
+      {'micro_batches': 2, 'device_memory_budget_bytes': None}
+      if variant.startswith('micro')
+      else {}
+    )
     trainer = rev_trainer.ReversibleSerialTrainer(
-        [(first.sublayers, revs)], loss, optimizers.Adam, **settings)
+      [(first.sublayers, revs)], loss, optimizers.Adam, **settings
+    )
     if variant == 'micro_host':
       conftest.replan(trainer, local_batch, grads_on_host=True)
     losses = []
     for step, lr in enumerate(_LRS):
       loss_value, _ = trainer.one_step(
-          local_batch, fastmath.random.get_prng(100 + step), step=step,
-          learning_rate=lr)
+        local_batch,
+        fastmath.random.get_prng(100 + step),
+        step=step,
+        learning_rate=lr,
+      )
       losses.append(float(np.mean(np.asarray(loss_value))))
-    result.update({f'{variant}/w/{k}': w
-                   for k, w in enumerate(_flat(model.weights))})
-    result.update({f'{variant}/s/{k}': s
-                   for k, s in enumerate(_flat(trainer.slots))})
+    result.update(
+      {f'{variant}/w/{k}': w for k, w in enumerate(_flat(model.weights))}
+    )
+    result.update(
+      {f'{variant}/s/{k}': s for k, s in enumerate(_flat(trainer.slots))}
+    )
     result[f'{variant}/loss'] = np.asarray(losses)
-  result['devices'] = np.asarray([count, jax.local_device_count(),
-                                  jax.device_count()])
+  result['devices'] = np.asarray(
+    [count, jax.local_device_count(), jax.device_count()]
+  )
   np.savez(os.path.join(out_dir, f'process{index}.npz'), **result)
   return index
 
@@ -161,13 +184,15 @@ def joined(parser):
   parser.add_argument('--coordinator_address')
   args = parser.parse_args()
   config = config_lib.resolve_config(
-      args.num_processes, args.process_id, args.coordinator_address)
+    args.num_processes, args.process_id, args.coordinator_address
+  )
   try:
     join.initialize(config, error_prefix='error: ')
   except errors.DistributedError as e:
     print(f'error: {e}', file=sys.stderr, flush=True)
     return args, e.exit_code
   from trax_revplus import trax_import  # pylint: disable=g-import-not-at-top
+
   trax_import.import_trax()
   return args, None
 

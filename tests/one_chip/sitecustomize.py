@@ -39,6 +39,7 @@ def _hold_the_chip(path):
   if _held_fd is not None:
     return
   import fcntl  # pylint: disable=g-import-not-at-top
+
   # Not inherited by children (Python's descriptors are non-inheritable):
   # a child must take the lock itself.
   fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -49,12 +50,13 @@ def _hold_the_chip(path):
     os.close(fd)
     if os.environ.get(MESSAGE_ENV) == 'pid':
       raise RuntimeError(
-          f'ABORTED: The TPU is already in use by process with pid {holder}.'
-          f' Not attempting to load libtpu.so in this process. (simulated '
-          f'one-chip host)') from None
+        f'ABORTED: The TPU is already in use by process with pid {holder}.'
+        f' Not attempting to load libtpu.so in this process. (simulated '
+        f'one-chip host)'
+      ) from None
     raise RuntimeError(
-        f'ABORTED: Internal error when accessing libtpu multi-process '
-        f'lockfile. Run "$ sudo rm {path}". (simulated one-chip host)'
+      f'ABORTED: Internal error when accessing libtpu multi-process '
+      f'lockfile. Run "$ sudo rm {path}". (simulated one-chip host)'
     ) from None
   os.ftruncate(fd, 0)
   os.pwrite(fd, str(os.getpid()).encode(), 0)
@@ -72,6 +74,7 @@ def _wrap(bridge, path):
   def _init_backend(platform):
     _hold_the_chip(path)
     return init_backend(platform)
+
   bridge._init_backend = _init_backend  # pylint: disable=protected-access
 
 
@@ -82,7 +85,6 @@ def _install(path):
   import sys  # pylint: disable=g-import-not-at-top
 
   class _Finder(importlib.abc.MetaPathFinder):
-
     def find_spec(self, fullname, search_path, target=None):
       del target
       if fullname != _BRIDGE:
@@ -95,6 +97,7 @@ def _install(path):
       def exec_and_wrap(module):
         exec_module(module)
         _wrap(module, path)
+
       spec.loader.exec_module = exec_and_wrap
       return spec
 

@@ -9,9 +9,13 @@ from trax_revplus import placement as placement_lib
 
 
 def _tree():
-  return {'f32': np.arange(6, dtype=np.float32).reshape(2, 3),
-          'f64': np.linspace(0, 1, 5),  # copied: float32 on the device
-          'int': 3, 'float': 0.5, 'empty': ()}
+  return {
+    'f32': np.arange(6, dtype=np.float32).reshape(2, 3),
+    'f64': np.linspace(0, 1, 5),  # copied: float32 on the device
+    'int': 3,
+    'float': 0.5,
+    'empty': (),
+  }
 
 
 def test_types_are_those_of_the_placed_values():
@@ -21,8 +25,11 @@ def test_types_are_those_of_the_placed_values():
   types = one.types(tree)
   placed, _ = one.put(tree)
   expected = jax.tree_util.tree_map(
-      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding,
-                                     weak_type=x.weak_type), placed)
+    lambda x: jax.ShapeDtypeStruct(
+      x.shape, x.dtype, sharding=x.sharding, weak_type=x.weak_type
+    ),
+    placed,
+  )
   assert types == expected
   for x in jax.tree_util.tree_leaves(placed):
     assert x.committed and x.sharding == one.sharding
@@ -53,6 +60,7 @@ def test_release_deletes_copies_but_not_the_sources_memory():
     # Any copy not deleted is the memory of its source (the CPU backend
     # may alias a numpy array), which stays as it was.
     assert x.is_deleted() or x.unsafe_buffer_pointer() == (
-        tree['f32'].ctypes.data)
+      tree['f32'].ctypes.data
+    )
   for k, v in kept.items():
     np.testing.assert_array_equal(np.asarray(tree[k]), v)

@@ -15,11 +15,14 @@ from trax_revplus import placement as placement_lib
 def test_replicate_and_collect_round_trip_counts_bytes():
   counter = memory.TransferCounter()
   p = placement_lib.Placement(1, counter)
-  host = {'w': np.arange(12, dtype=np.float32).reshape(3, 4),
-          'b': np.ones(4, np.float32)}
+  host = {
+    'w': np.arange(12, dtype=np.float32).reshape(3, 4),
+    'b': np.ones(4, np.float32),
+  }
   placed = p.replicate(host)
-  assert all(isinstance(x, jax.Array)
-             for x in jax.tree_util.tree_leaves(placed))
+  assert all(
+    isinstance(x, jax.Array) for x in jax.tree_util.tree_leaves(placed)
+  )
   assert counter.h2d_bytes == 64
   # Already on the device: no second copy.
   p.replicate(placed)
@@ -80,6 +83,7 @@ def test_free_releases_cyclic_garbage():
 
   class Holder:
     pass
+
   a, b = Holder(), Holder()
   a.other, b.other = b, a  # a cycle only the cyclic collector frees
   a.array = jnp.ones((1000,), jnp.float32) + 1
@@ -110,17 +114,24 @@ def test_abstract_types_serve_the_placed_calls_without_compiling_again():
   def listener(name, *unused_args, **unused_kwargs):
     if name == '/jax/core/compile/backend_compile_duration':
       compiles.append(name)
+
   jax.monitoring.register_event_duration_secs_listener(listener)
   p = placement_lib.Placement(1)
   batch = np.arange(12, dtype=np.float32).reshape(3, 4)
   state = {'count': np.zeros((), np.int32), 'mean': np.ones(4, np.float32)}
-  first = jax.jit(lambda x, s: (x * 3 + s['mean'], {
-      'count': s['count'] + 1, 'mean': s['mean'] / 2}))
+  first = jax.jit(
+    lambda x, s: (
+      x * 3 + s['mean'],
+      {'count': s['count'] + 1, 'mean': s['mean'] / 2},
+    )
+  )
   second = jax.jit(lambda y, s: y.sum() + s['mean'].sum())
   traced = first.trace(p.shard_batch(batch), p.abstract_per_device(state))
   outputs, new_state = p.per_device_types(traced.out_info)
-  assert all(x.sharding is not None
-             for x in jax.tree_util.tree_leaves((outputs, new_state)))
+  assert all(
+    x.sharding is not None
+    for x in jax.tree_util.tree_leaves((outputs, new_state))
+  )
   traced.lower().compile()
   second.trace(outputs, new_state).lower().compile()
   start = len(compiles)
@@ -139,8 +150,13 @@ def test_arrays_waiting_on_the_host_come_back_as_they_left():
   p = placement_lib.Placement(1, counter)
   placed = p.replicate({'x': np.arange(6, dtype=np.float32).reshape(2, 3)})
   scale = jax.jit(lambda: 2.0)()  # weak-typed float32
-  tree = {'x': placed['x'] * 3, 'scale': scale, 'i': jnp.int32(4),
-          'host': np.ones(2, np.int64), 'none': None}
+  tree = {
+    'x': placed['x'] * 3,
+    'scale': scale,
+    'i': jnp.int32(4),
+    'host': np.ones(2, np.int64),
+    'none': None,
+  }
   moves = memory.TransferCounter()
   waiting = placement_lib.WaitingOnHost(tree, moves)
   cpu = jax.local_devices(backend='cpu')[0]
@@ -163,6 +179,7 @@ def test_float0_cotangents_cross_a_compiled_call_as_empty_device_arrays():
   function off JAX's compiled dispatch path; it leaves as an empty device
   array and arrives at the next call as float0 of its shape again."""
   from trax_revplus.placement import layouts  # pylint: disable=g-import-not-at-top
+
   r = layouts.Layout.REPLICATED
 
   def backward(x, tokens):
@@ -177,7 +194,10 @@ def test_float0_cotangents_cross_a_compiled_call_as_empty_device_arrays():
   x_ct, tokens_ct = produce(jnp.arange(3.0), np.ones((2, 5), np.int32))
   assert isinstance(tokens_ct, jax.Array)
   assert (tokens_ct.shape, tokens_ct.dtype, tokens_ct.nbytes) == (
-      (2, 5, 0), np.bool_, 0)
+    (2, 5, 0),
+    np.bool_,
+    0,
+  )
   np.testing.assert_array_equal(x_ct, np.full(3, 10.0))
   consume = layouts.jit(consumer, [r, r], [r, r], None)
   _, zeros = consume(x_ct, tokens_ct)

@@ -18,8 +18,10 @@ def _assert_the_same(result, n_devices):
     assert placed == types, name
   batch = result['batch'][0]
   assert batch[0][:2] == (
-      [[n_devices, 8 // n_devices, 3], 'int32'] if n_devices > 1 else
-      [[8, 3], 'int32'])
+    [[n_devices, 8 // n_devices, 3], 'int32']
+    if n_devices > 1
+    else [[8, 3], 'int32']
+  )
 
 
 def test_one_device_types_are_the_placed_ones():
@@ -31,7 +33,6 @@ def test_one_device_types_are_the_placed_ones():
 
 @pytest.mark.parametrize('n_devices', [2])
 def test_n_devices_types_are_the_placed_ones(n_devices):
-  result = run_multidevice_worker(n_devices, 'placed_and_types',
-                                  script=_WORKER)
+  result = run_multidevice_worker(n_devices, 'placed_and_types', script=_WORKER)
   _assert_the_same(result, n_devices)
   assert result['per_device'][0][0][0] == [n_devices, 4]

@@ -43,26 +43,40 @@ def _batches(lengths, shapes=None):
     k += 1
 
 
-def _run(lengths, n_steps, mode, eval_every_step=False, shapes=None,
-         revplus=True):
+def _run(
+  lengths, n_steps, mode, eval_every_step=False, shapes=None, revplus=True
+):
   if mode and revplus:
     trax_revplus.activate()
   # The memory-efficient trainer makes one optimizer per layer from a
   # factory; trax's default trainer takes an optimizer.
   optimizer = optimizers.Adam if mode else optimizers.Adam()
-  task = training.TrainTask(_batches(lengths, shapes), tl.CrossEntropyLoss(),
-                            optimizer)
+  task = training.TrainTask(
+    _batches(lengths, shapes), tl.CrossEntropyLoss(), optimizer
+  )
   eval_kwargs = {}
   if eval_every_step:
     eval_kwargs = dict(
-        eval_tasks=[training.EvalTask(_batches([4]), [tl.CrossEntropyLoss()],
-                                      n_eval_batches=1)],
-        eval_at=lambda step: True)
+      eval_tasks=[
+        training.EvalTask(
+          _batches([4]), [tl.CrossEntropyLoss()], n_eval_batches=1
+        )
+      ],
+      eval_at=lambda step: True,
+    )
   stream = io.StringIO()
   loop = training.Loop(
-      reversible_lm(), [task], random_seed=0, use_memory_efficient_trainer=mode,
-      callbacks=[functools.partial(progress.ProgressPrinter, every_n_steps=2,
-                                   stream=stream)], **eval_kwargs)
+    reversible_lm(),
+    [task],
+    random_seed=0,
+    use_memory_efficient_trainer=mode,
+    callbacks=[
+      functools.partial(
+        progress.ProgressPrinter, every_n_steps=2, stream=stream
+      )
+    ],
+    **eval_kwargs,
+  )
   loop.run(n_steps)
   printer = loop._callbacks[0]  # pylint: disable=protected-access
   return loop, printer, stream.getvalue().splitlines()
@@ -71,8 +85,9 @@ def _run(lengths, n_steps, mode, eval_every_step=False, shapes=None,
 @pytest.mark.parametrize('mode', [False, True], ids=['default', 'mode1'])
 def test_losses_are_those_the_loop_records(mode):
   loop, printer, lines = _run([4], 4, mode, eval_every_step=True)
-  history = [value for _, value in
-             loop.history.get('train', 'metrics/CrossEntropyLoss')]
+  history = [
+    value for _, value in loop.history.get('train', 'metrics/CrossEntropyLoss')
+  ]
   stats = printer.run_stats()
   assert stats['steps'] == [1, 2, 3, 4]
   # The model's two half-residual blocks (the swaps are not counted).
@@ -97,9 +112,11 @@ def test_stock_step_2_compile_names_the_weights_placement():
   assert compiled[1] and not compiled[2], compiled
   notices = [line for line in lines if 'compiled in this step' in line]
   assert len(notices) == 1 and notices[0].startswith('step 2: '), lines
-  assert ('; same batch shapes as step 1, but the trainer handed its '
-          'weights over as arrays committed to a device at step 1 and as '
-          'host numpy arrays now') in notices[0], notices[0]
+  assert (
+    '; same batch shapes as step 1, but the trainer handed its '
+    'weights over as arrays committed to a device at step 1 and as '
+    'host numpy arrays now'
+  ) in notices[0], notices[0]
 
 
 def test_compilations_are_counted_and_new_shapes_reported():
@@ -107,8 +124,9 @@ def test_compilations_are_counted_and_new_shapes_reported():
   _, printer, lines = _run([4, 4, 4, 4, 6, 6, 8], 6, False, shapes=shapes)
   # The Loop draws the batches of steps 1..6 last (a sample comes first).
   step_shapes = shapes[-6:]
-  new_shape_steps = [i + 1 for i, shape in enumerate(step_shapes)
-                     if shape not in step_shapes[:i]]
+  new_shape_steps = [
+    i + 1 for i, shape in enumerate(step_shapes) if shape not in step_shapes[:i]
+  ]
   assert new_shape_steps == [1, 4, 6]
   compiled = printer.run_stats()['compiled_programs']
   compiling_steps = [i + 1 for i, n in enumerate(compiled) if n]
@@ -119,7 +137,8 @@ def test_compilations_are_counted_and_new_shapes_reported():
   assert compiled[2] == compiled[4] == 0
   notices = [line for line in lines if 'compiled in this step' in line]
   assert [n.split(':')[0] for n in notices] == [
-      f'step {s}' for s in compiling_steps[1:]]
+    f'step {s}' for s in compiling_steps[1:]
+  ]
   # Each notice names the programs compiled and what changed since the
   # step before: the batch's shapes at steps 4 and 6; at step 2, where
   # trax's default Trainer compiles again, not the shapes but where its
@@ -129,13 +148,17 @@ def test_compilations_are_counted_and_new_shapes_reported():
   for notice in notices:
     step = int(notice.split(':')[0].split()[1])
     if step in new_shape_steps:
-      assert ('; the batch has new shapes or dtypes (int64[2, '
-              f'{step_shapes[step - 1][1]}]') in notice, notice
+      assert (
+        '; the batch has new shapes or dtypes (int64[2, '
+        f'{step_shapes[step - 1][1]}]'
+      ) in notice, notice
     else:
       assert step == 2, notice
       assert '; same batch shapes as step 1, but ' in notice, notice
-      assert ('uncommitted JAX arrays at step 1 and as arrays committed to '
-              'a device now') in notice, notice
+      assert (
+        'uncommitted JAX arrays at step 1 and as arrays committed to '
+        'a device now'
+      ) in notice, notice
   assert 'compiling' in lines[0]  # Step 1 compiled: no rate for it.
   assert 'steps/s' not in lines[0]
   summary = printer.summary()
@@ -147,17 +170,33 @@ def _loop_in(output_dir, stream):
   `trax-revplus train` runs it: a checkpoint and an eval (of the 'loss'
   metric the summary reads) at every even step."""
   trax_revplus.activate()
-  task = training.TrainTask(_batches([4]), tl.CrossEntropyLoss(),
-                            optimizers.Adam, n_steps_per_checkpoint=2)
+  task = training.TrainTask(
+    _batches([4]),
+    tl.CrossEntropyLoss(),
+    optimizers.Adam,
+    n_steps_per_checkpoint=2,
+  )
   return training.Loop(
-      reversible_lm(), [task], random_seed=0, output_dir=output_dir,
-      use_memory_efficient_trainer=True,
-      eval_tasks=[training.EvalTask(_batches([4]), [tl.CrossEntropyLoss()],
-                                    metric_names=['loss'],
-                                    n_eval_batches=1)],
-      eval_at=lambda step: step % 2 == 0,
-      callbacks=[functools.partial(progress.ProgressPrinter,
-                                   every_n_steps=2, stream=stream)])
+    reversible_lm(),
+    [task],
+    random_seed=0,
+    output_dir=output_dir,
+    use_memory_efficient_trainer=True,
+    eval_tasks=[
+      training.EvalTask(
+        _batches([4]),
+        [tl.CrossEntropyLoss()],
+        metric_names=['loss'],
+        n_eval_batches=1,
+      )
+    ],
+    eval_at=lambda step: step % 2 == 0,
+    callbacks=[
+      functools.partial(
+        progress.ProgressPrinter, every_n_steps=2, stream=stream
+      )
+    ],
+  )
 
 
 def test_a_resumed_run_reports_the_eval_of_its_checkpoint_step(tmp_path):

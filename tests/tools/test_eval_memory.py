@@ -4,17 +4,27 @@ import os
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
-    __file__))))
+ROOT = os.path.dirname(
+  os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)
 
 
 def test_figures_per_parts_and_the_plan_under_a_budget():
   proc = subprocess.run(
-      [sys.executable, os.path.join(ROOT, 'tools', 'eval_memory.py'),
-       '--config_file=' + os.path.join(ROOT, 'gin_configs',
-                                       'reformer_char_lm.gin'),
-       '--rows=4', '--length=64', '--budget_bytes=3000000'],
-      capture_output=True, text=True, check=False, cwd=ROOT)
+    [
+      sys.executable,
+      os.path.join(ROOT, 'tools', 'eval_memory.py'),
+      '--config_file='
+      + os.path.join(ROOT, 'gin_configs', 'reformer_char_lm.gin'),
+      '--rows=4',
+      '--length=64',
+      '--budget_bytes=3000000',
+    ],
+    capture_output=True,
+    text=True,
+    check=False,
+    cwd=ROOT,
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   lines = proc.stdout.strip().splitlines()
   assert lines[0] == '4 x 64 on cpu: parts | arguments | temporaries | peak'

@@ -10,8 +10,10 @@ from tools.bench import configs
 
 
 def _classes_and_their_has_backward():
-  return {c: vars(c)['has_backward']
-          for c in step_floor._custom_gradient_classes(tl.Layer)}  # pylint: disable=protected-access
+  return {
+    c: vars(c)['has_backward']
+    for c in step_floor._custom_gradient_classes(tl.Layer)
+  }  # pylint: disable=protected-access
 
 
 def test_the_timed_programs_agree_and_only_grad_recomputes(monkeypatch):
@@ -26,8 +28,8 @@ def test_the_timed_programs_agree_and_only_grad_recomputes(monkeypatch):
   def counted_backward(self, *args, **kwargs):
     backward_calls.append(type(self).__name__)
     return custom_backward(self, *args, **kwargs)
-  monkeypatch.setattr(reversible.ReversibleLayer, 'backward',
-                      counted_backward)
+
+  monkeypatch.setattr(reversible.ReversibleLayer, 'backward', counted_backward)
   before = _classes_and_their_has_backward()
   assert reversible.ReversibleLayer in before
   # Traces (and runs once) grad_kept; grad and head_grad are traced when
@@ -41,12 +43,14 @@ def test_the_timed_programs_agree_and_only_grad_recomputes(monkeypatch):
   recomputed = jax.tree_util.tree_leaves(results['grad'])
   kept = jax.tree_util.tree_leaves(results['grad_kept'])
   assert len(recomputed) == len(kept) > 10
-  assert max(float(np.max(np.abs(a - b)))
-             for a, b in zip(recomputed, kept)) < 1e-5
+  assert (
+    max(float(np.max(np.abs(a - b))) for a, b in zip(recomputed, kept)) < 1e-5
+  )
   assert any(float(np.max(np.abs(a))) > 1e-3 for a in recomputed)
   head_weights_grads = jax.tree_util.tree_leaves(results['head_grad'][0])
   assert head_weights_grads and all(
-      np.all(np.isfinite(g)) for g in head_weights_grads)
+    np.all(np.isfinite(g)) for g in head_weights_grads
+  )
 
 
 def test_the_classes_are_restored_when_tracing_fails(monkeypatch):
@@ -56,6 +60,7 @@ def test_the_classes_are_restored_when_tracing_fails(monkeypatch):
 
   def fail(*args, **kwargs):
     raise RuntimeError('tracing failed')
+
   monkeypatch.setattr(jax, 'block_until_ready', fail)
   try:
     step_floor._functions(configs.config('char', quick=True))  # pylint: disable=protected-access

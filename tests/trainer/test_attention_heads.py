@@ -33,24 +33,40 @@ _stock = cases.stock_self_attention_lm
 def _ours(fused, **kwargs):
   def make(blocks, loss):
     trainer = rev_trainer.ReversibleSerialTrainer(
-        blocks, loss, optimizers.Adam, **kwargs)
+      blocks, loss, optimizers.Adam, **kwargs
+    )
     if fused:
       batch = _batch()
-      cases.set_plan(trainer, batch, dataclasses.replace(
-          cases.fused_plan(trainer, batch), parallel_heads=1))
+      cases.set_plan(
+        trainer,
+        batch,
+        dataclasses.replace(cases.fused_plan(trainer, batch), parallel_heads=1),
+      )
     else:
       assert trainer.planned(_batch()).plan.parallel_heads == 1
     return trainer
+
   return make
 
 
 @pytest.mark.parametrize('dropout', [0.0, 0.1])
-@pytest.mark.parametrize('fused,kwargs', [
+@pytest.mark.parametrize(
+  'fused,kwargs',
+  [
     (False, {'device_memory_budget_bytes': None, 'parallel_heads': 1}),
-    (False, {'device_memory_budget_bytes': None, 'parallel_heads': 1,
-             'segment_max_layers': 1, 'micro_batches': 2}),
+    (
+      False,
+      {
+        'device_memory_budget_bytes': None,
+        'parallel_heads': 1,
+        'segment_max_layers': 1,
+        'micro_batches': 2,
+      },
+    ),
     (True, {'parallel_heads': 1}),
-], ids=['configured', 'one-layer-per-call-micro-batches', 'fused'])
+  ],
+  ids=['configured', 'one-layer-per-call-micro-batches', 'fused'],
+)
 def test_one_head_at_a_time_trains_as_stock(fused, kwargs, dropout):
   if dropout and kwargs.get('micro_batches'):
     pytest.skip('micro-batches draw their masks per part (documented)')
@@ -65,11 +81,16 @@ def test_one_head_at_a_time_trains_as_stock(fused, kwargs, dropout):
 def test_the_layers_are_left_as_found():
   blocks, loss = _blocks(0.0)
   found = attention_heads.attention_layers(
-      [l for std, revs in blocks for l in std + revs])
+    [l for std, revs in blocks for l in std + revs]
+  )
   assert len(found) == 2 and all(a._n_parallel_heads is None for a in found)  # pylint: disable=protected-access
   trainer = rev_trainer.ReversibleSerialTrainer(
-      blocks, loss, optimizers.Adam, device_memory_budget_bytes=None,
-      parallel_heads=1)
+    blocks,
+    loss,
+    optimizers.Adam,
+    device_memory_budget_bytes=None,
+    parallel_heads=1,
+  )
   cases.train(trainer, _batch(), 1)
   assert all(a._n_parallel_heads is None for a in found)  # pylint: disable=protected-access
   with pytest.raises(RuntimeError):
@@ -82,14 +103,16 @@ def test_the_layers_are_left_as_found():
 def _peak_attention_call_bytes(trainer, batch, plan):
   step = trainer.planner.weigh(plan, trainer.planner.step_types(batch))
   return step.peak_device_bytes, max(
-      c.device_bytes for c in step.calls if 'Attn' in c.name)
+    c.device_bytes for c in step.calls if 'Attn' in c.name
+  )
 
 
 def test_one_head_at_a_time_shrinks_the_attention_calls_and_the_least():
   batch = _batch(64)
   blocks, loss = _blocks(0.0, 64)
   trainer = rev_trainer.ReversibleSerialTrainer(
-      blocks, loss, optimizers.Adam, device_memory_budget_bytes=None)
+    blocks, loss, optimizers.Adam, device_memory_budget_bytes=None
+  )
   plan, least = trainer.planner.least_plan(batch)
   assert plan.parallel_heads == 1
   configured = dataclasses.replace(plan, parallel_heads=None)
@@ -103,47 +126,61 @@ def test_one_head_at_a_time_shrinks_the_attention_calls_and_the_least():
 
 
 def test_a_budget_takes_one_head_at_a_time_only_where_nothing_else_fits(
-    monkeypatch):
+  monkeypatch,
+):
   # The rank of a backend without `SPEED_PARALLEL_HEADS` (an accelerator's).
   monkeypatch.setattr(speed_rank, 'SPEED_PARALLEL_HEADS', {})
   batch = _batch(64)
   # One pass, unsliced, without chunks: fewer plans to compile.
   pins = dict(batch_slices=1, micro_batches=1, sequence_chunks=1)
   roomy = rev_trainer.ReversibleSerialTrainer(
-      *_blocks(0.0, 64), optimizers.Adam, device_memory_budget_bytes=2**30,
-      **pins)
+    *_blocks(0.0, 64), optimizers.Adam, device_memory_budget_bytes=2**30, **pins
+  )
   assert roomy.planned(batch).plan.parallel_heads is None
   plan, least = roomy.planner.least_plan(batch)
   assert plan.parallel_heads == 1
   tight = rev_trainer.ReversibleSerialTrainer(
-      *_blocks(0.0, 64), optimizers.Adam,
-      device_memory_budget_bytes=least.peak_device_bytes, **pins)
+    *_blocks(0.0, 64),
+    optimizers.Adam,
+    device_memory_budget_bytes=least.peak_device_bytes,
+    **pins,
+  )
   chosen = tight.planned(batch)
   assert chosen.plan.parallel_heads == 1
   assert chosen.memory.peak_device_bytes <= least.peak_device_bytes
   # Nothing with the heads as configured fits this budget.
-  assert all(w.memory.peak_device_bytes > least.peak_device_bytes
-             for w in tight.planner.weighing(batch).weighed
-             if w.plan.parallel_heads is None)
+  assert all(
+    w.memory.peak_device_bytes > least.peak_device_bytes
+    for w in tight.planner.weighing(batch).weighed
+    if w.plan.parallel_heads is None
+  )
 
 
 def test_one_head_at_a_time_ranks_first_on_the_cpu():
   batch = _batch(64)
   trainer = rev_trainer.ReversibleSerialTrainer(
-      *_blocks(0.0, 64), optimizers.Adam, device_memory_budget_bytes=2**30,
-      batch_slices=1, micro_batches=1, sequence_chunks=1)
+    *_blocks(0.0, 64),
+    optimizers.Adam,
+    device_memory_budget_bytes=2**30,
+    batch_slices=1,
+    micro_batches=1,
+    sequence_chunks=1,
+  )
   heads = trainer.planned(batch).plan.parallel_heads
-  assert heads == speed_rank.SPEED_PARALLEL_HEADS.get(
-      jax.default_backend())
+  assert heads == speed_rank.SPEED_PARALLEL_HEADS.get(jax.default_backend())
 
 
 def test_bad_parallel_heads_are_one_line_errors():
   with pytest.raises(validation.TrainerOptionError, match='parallel_heads'):
-    rev_trainer.ReversibleSerialTrainer(*_blocks(0.0), optimizers.Adam,
-                                        parallel_heads=0)
+    rev_trainer.ReversibleSerialTrainer(
+      *_blocks(0.0), optimizers.Adam, parallel_heads=0
+    )
   trainer = rev_trainer.ReversibleSerialTrainer(
-      *_blocks(0.0), optimizers.Adam, device_memory_budget_bytes=None,
-      parallel_heads=3)
+    *_blocks(0.0),
+    optimizers.Adam,
+    device_memory_budget_bytes=None,
+    parallel_heads=3,
+  )
   with pytest.raises(validation.TrainerOptionError) as raised:
     trainer.planned(_batch())
   message = str(raised.value)
@@ -162,8 +199,13 @@ def test_one_head_at_a_time_on_2_devices_trains_as_the_default_trainer():
 
 def test_the_memory_log_records_the_accounted_peak_of_a_step(tmp_path):
   trainer = rev_trainer.ReversibleSerialTrainer(
-      *_blocks(0.0), optimizers.Adam, device_memory_budget_bytes=None,
-      parallel_heads=1, memory_log_every_n_steps=1, output_dir=str(tmp_path),
-      memory_log_tensorboard=False)
+    *_blocks(0.0),
+    optimizers.Adam,
+    device_memory_budget_bytes=None,
+    parallel_heads=1,
+    memory_log_every_n_steps=1,
+    output_dir=str(tmp_path),
+    memory_log_tensorboard=False,
+  )
   assert trainer.planned(_batch()).plan.parallel_heads == 1
   cases.check_logged_peaks(trainer, _batch(), tmp_path)

@@ -48,17 +48,24 @@ def _lm_reference_losses():
   return [float(np.asarray(l)) for l in cases.train(trainer, batch, 3)]
 
 
-@pytest.mark.parametrize('micro,slices,chunks', [
-    (2, 1, 1), (4, 1, 1), (2, 2, 1), (2, 1, 2), (2, 2, 2)])
+@pytest.mark.parametrize(
+  'micro,slices,chunks', [(2, 1, 1), (4, 1, 1), (2, 2, 1), (2, 1, 2), (2, 2, 2)]
+)
 def test_micro_batches_train_as_the_default_trainer(micro, slices, chunks):
   batch = cases.lm_batch()  # 4 rows of length 6
-  model, trainer = cases.lm_trainer(batch, micro_batches=micro,
-                                    batch_slices=slices,
-                                    sequence_chunks=chunks,
-                                    device_memory_budget_bytes=None)
+  model, trainer = cases.lm_trainer(
+    batch,
+    micro_batches=micro,
+    batch_slices=slices,
+    sequence_chunks=chunks,
+    device_memory_budget_bytes=None,
+  )
   plan = trainer.planned(batch).plan
   assert (plan.micro_batches, plan.batch_slices, plan.sequence_chunks) == (
-      micro, slices, chunks)
+    micro,
+    slices,
+    chunks,
+  )
   losses = cases.train(trainer, batch, 3)
   ref_weights, ref_slots, _ = cases.lm_reference_3_steps()
   cases.assert_all_close(ref_weights, model.weights)
@@ -66,33 +73,36 @@ def test_micro_batches_train_as_the_default_trainer(micro, slices, chunks):
   # Each step's loss: the whole batch's, as trax's one pass returns it
   # (the parts' shares of it added).
   ours = [float(np.mean(np.asarray(l))) for l in losses]
-  np.testing.assert_allclose(ours, _lm_reference_losses(), rtol=0,
-                             atol=1e-5)
+  np.testing.assert_allclose(ours, _lm_reference_losses(), rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize('slices,n_async_layers', [(1, 0), (2, 8)])
 def test_gradients_added_on_the_host_train_as_the_default_trainer(
-    slices, n_async_layers):
+  slices, n_async_layers
+):
   batch = cases.lm_batch()
-  model, trainer = cases.lm_trainer(batch, micro_batches=2,
-                                    batch_slices=slices,
-                                    n_async_layers=n_async_layers,
-                                    device_memory_budget_bytes=None)
+  model, trainer = cases.lm_trainer(
+    batch,
+    micro_batches=2,
+    batch_slices=slices,
+    n_async_layers=n_async_layers,
+    device_memory_budget_bytes=None,
+  )
   on_device = trainer.planned(batch).plan
   assert not on_device.grads_on_host
   on_host = cases.set_plan(
-      trainer, batch, dataclasses.replace(on_device, grads_on_host=True))
-  held = {h.name for call in on_host.calls for h in call.held
-          if h.size_bytes}
+    trainer, batch, dataclasses.replace(on_device, grads_on_host=True)
+  )
+  held = {h.name for call in on_host.calls for h in call.held if h.size_bytes}
   assert 'accumulated gradients' not in held, held
   on_device_memory = trainer.planner.weigh(
-      on_device, trainer.planner.step_types(batch))
+    on_device, trainer.planner.step_types(batch)
+  )
   assert 'accumulated gradients' in {
-      h.name for call in on_device_memory.calls for h in call.held
-      if h.size_bytes}
+    h.name for call in on_device_memory.calls for h in call.held if h.size_bytes
+  }
   if n_async_layers == 0:
-    assert (on_host.peak_device_bytes <
-            on_device_memory.peak_device_bytes)
+    assert on_host.peak_device_bytes < on_device_memory.peak_device_bytes
   cases.train(trainer, batch, 3)
   assert trainer.planned(batch).plan.grads_on_host
   ref_weights, ref_slots, _ = cases.lm_reference_3_steps()
@@ -103,16 +113,18 @@ def test_gradients_added_on_the_host_train_as_the_default_trainer(
 def test_a_part_whose_loss_weights_are_all_zero_adds_nothing():
   zero_rows = (0, 1)  # part 0 of 2 on one device
   batch = cases.lm_batch(zero_rows=zero_rows)
-  model, trainer = cases.lm_trainer(batch, micro_batches=2,
-                                    device_memory_budget_bytes=None)
+  model, trainer = cases.lm_trainer(
+    batch, micro_batches=2, device_memory_budget_bytes=None
+  )
   assert trainer.planned(batch).plan.micro_batches == 2
   losses = cases.train(trainer, batch, 3)
   assert all(np.all(np.isfinite(np.asarray(l))) for l in losses), losses
   ref_weights, ref_slots, _ = cases.lm_reference_3_steps(zero_rows=zero_rows)
   cases.assert_all_close(ref_weights, model.weights)
   cases.assert_all_close(ref_slots, trainer.slots)
-  one_pass, control = cases.lm_trainer(batch, micro_batches=1,
-                                       device_memory_budget_bytes=None)
+  one_pass, control = cases.lm_trainer(
+    batch, micro_batches=1, device_memory_budget_bytes=None
+  )
   control_losses = cases.train(control, batch, 3)
   cases.assert_all_close(one_pass.weights, model.weights)
   cases.assert_all_close(control_losses, losses)
@@ -123,12 +135,18 @@ def _lsh_trained(micro_batches):
   tokens = tokens.astype(np.int32)
   batch = (tokens, tokens, np.ones_like(tokens, dtype=np.float32))
   blocks, loss = rev_trainer.extract_reversible_blocks(
-      [cases.lsh_model(), tl.WeightedCategoryCrossEntropy()])
-  rev_trainer.init_reversible_blocks(blocks, loss, shapes.signature(batch),
-                                     fastmath.random.get_prng(3))
+    [cases.lsh_model(), tl.WeightedCategoryCrossEntropy()]
+  )
+  rev_trainer.init_reversible_blocks(
+    blocks, loss, shapes.signature(batch), fastmath.random.get_prng(3)
+  )
   trainer = rev_trainer.ReversibleSerialTrainer(
-      blocks, loss, optimizers.Adam, device_memory_budget_bytes=None,
-      micro_batches=micro_batches)
+    blocks,
+    loss,
+    optimizers.Adam,
+    device_memory_budget_bytes=None,
+    micro_batches=micro_batches,
+  )
   assert trainer.planned(batch).plan.micro_batches == micro_batches
   losses = cases.train(trainer, batch, 2)
   return trainer, losses
@@ -138,15 +156,17 @@ def test_micro_batches_train_as_one_pass_on_an_lsh_reformer():
   whole, whole_losses = _lsh_trained(1)
   parts, part_losses = _lsh_trained(2)
   cases.assert_all_close(
-      ([l.weights for l in whole.all_layers], whole.slots),
-      ([l.weights for l in parts.all_layers], parts.slots))
+    ([l.weights for l in whole.all_layers], whole.slots),
+    ([l.weights for l in parts.all_layers], parts.slots),
+  )
   cases.assert_all_close(whole_losses, part_losses)
   # The per-row state (LSH buckets, per-row RNGs), joined from the parts'
   # rows, is the one pass's.
   whole_state = [l.state for l in whole.all_layers]
   part_state = [l.state for l in parts.all_layers]
-  assert (jax.tree_util.tree_structure(whole_state) ==
-          jax.tree_util.tree_structure(part_state))
+  assert jax.tree_util.tree_structure(
+    whole_state
+  ) == jax.tree_util.tree_structure(part_state)
   assert any(np.size(x) for x in jax.tree_util.tree_leaves(whole_state))
   cases.assert_all_close(whole_state, part_state, tol=0)
 
@@ -164,25 +184,36 @@ def test_dropout_micro_batches_and_chunks_repeat_across_runs_and_resumes():
     model = tl.Serial([first] + revs + [loss])
     model.init(batch, rng=fastmath.random.get_prng(12))
     trainer = rev_trainer.ReversibleSerialTrainer(
-        [(first.sublayers, revs)], loss, optimizers.Adam,
-        device_memory_budget_bytes=None, micro_batches=micro,
-        sequence_chunks=chunks)
+      [(first.sublayers, revs)],
+      loss,
+      optimizers.Adam,
+      device_memory_budget_bytes=None,
+      micro_batches=micro,
+      sequence_chunks=chunks,
+    )
     plan = trainer.planned(batch).plan
     assert (plan.micro_batches, plan.sequence_chunks) == (micro, chunks)
     return trainer
 
   def host(trainer):
     return jax.tree_util.tree_map(
-        np.array, ([l.weights for l in trainer.all_layers], trainer.slots,
-                   [l.state for l in trainer.all_layers]))
+      np.array,
+      (
+        [l.weights for l in trainer.all_layers],
+        trainer.slots,
+        [l.state for l in trainer.all_layers],
+      ),
+    )
+
   trainer = fresh(2)
   first_losses = cases.train(trainer, batch, 3)
   uninterrupted = host(trainer)
   trainer = fresh(2)
   second_losses = cases.train(trainer, batch, 2)
   weights, slots, state = host(trainer)  # after step 2
-  second_losses += [trainer.one_step(batch, cases.RNGS[2],
-                                     learning_rate=cases.LRS[2])[0]]
+  second_losses += [
+    trainer.one_step(batch, cases.RNGS[2], learning_rate=cases.LRS[2])[0]
+  ]
   cases.assert_all_close(uninterrupted, host(trainer), tol=0)
   cases.assert_all_close(first_losses, second_losses, tol=0)
   resumed = fresh(2)
@@ -194,8 +225,10 @@ def test_dropout_micro_batches_and_chunks_repeat_across_runs_and_resumes():
   cases.assert_all_close(uninterrupted, host(resumed), tol=0)
   one_pass = fresh(1, chunks=1)
   cases.train(one_pass, batch, 3)
-  assert not np.allclose(jax.tree_util.tree_leaves(uninterrupted[0])[0],
-                         jax.tree_util.tree_leaves(host(one_pass)[0])[0])
+  assert not np.allclose(
+    jax.tree_util.tree_leaves(uninterrupted[0])[0],
+    jax.tree_util.tree_leaves(host(one_pass)[0])[0],
+  )
 
 
 @pytest.mark.slow  # 2 devices in a subprocess; CI runs it (slow_tests_smoke)
@@ -221,26 +254,37 @@ def test_micro_batches_on_2_devices_train_as_the_default_trainer():
 
 
 def test_the_memory_log_records_the_accounted_peak_of_a_micro_batched_step(
-    tmp_path):
+  tmp_path,
+):
   batch = cases.lm_batch()
   _, trainer = cases.lm_trainer(
-      batch, micro_batches=2, device_memory_budget_bytes=None,
-      memory_log_every_n_steps=1, output_dir=str(tmp_path),
-      memory_log_tensorboard=False)
+    batch,
+    micro_batches=2,
+    device_memory_budget_bytes=None,
+    memory_log_every_n_steps=1,
+    output_dir=str(tmp_path),
+    memory_log_tensorboard=False,
+  )
   assert trainer.planned(batch).plan.micro_batches == 2
   cases.check_logged_peaks(trainer, batch, tmp_path)
 
 
-@pytest.mark.parametrize('settings,message', [
+@pytest.mark.parametrize(
+  'settings,message',
+  [
     (dict(micro_batches=3), 'micro_batches = 3 does not divide the 4 rows'),
-    (dict(micro_batches=2, batch_slices=4),
-     'leaves 2 rows per device in each part, which batch_slices = 4'),
+    (
+      dict(micro_batches=2, batch_slices=4),
+      'leaves 2 rows per device in each part, which batch_slices = 4',
+    ),
     (dict(micro_batches=2, adasum=True), 'adasum .* set it to 1'),
-])
+  ],
+)
 def test_bad_micro_batches_stop_before_any_update(settings, message):
   batch = cases.lm_batch()  # 4 rows
-  model, trainer = cases.lm_trainer(batch, device_memory_budget_bytes=None,
-                                    **settings)
+  model, trainer = cases.lm_trainer(
+    batch, device_memory_budget_bytes=None, **settings
+  )
   before = jax.tree_util.tree_map(np.array, model.weights)
   with pytest.raises(validation.MicroBatchesError, match=message):
     trainer.one_step(batch, cases.RNGS[0])
@@ -249,8 +293,9 @@ def test_bad_micro_batches_stop_before_any_update(settings, message):
 
 @pytest.mark.parametrize('value', [0, -2, 1.5, 'two', True])
 def test_micro_batches_that_are_not_positive_ints_are_refused(value):
-  with pytest.raises(validation.TrainerOptionError,
-                     match='micro_batches must be an int >= 1'):
+  with pytest.raises(
+    validation.TrainerOptionError, match='micro_batches must be an int >= 1'
+  ):
     TrainerOptions(micro_batches=value)
 
 
@@ -259,34 +304,46 @@ def test_the_budget_takes_micro_batches_only_where_nothing_else_fits():
   _, roomy = cases.lm_trainer(batch, device_memory_budget_bytes=2**30)
   assert roomy.planned(batch).plan.micro_batches == 1
   _, least = roomy.planner.least_plan(batch)
-  one_pass = [w.memory.peak_device_bytes
-              for w in roomy.planner.weighing(batch).weighed
-              if w.plan.micro_batches == 1]
+  one_pass = [
+    w.memory.peak_device_bytes
+    for w in roomy.planner.weighing(batch).weighed
+    if w.plan.micro_batches == 1
+  ]
   assert least.peak_device_bytes < min(one_pass)
   model, tight = cases.lm_trainer(
-      batch, device_memory_budget_bytes=least.peak_device_bytes)
+    batch, device_memory_budget_bytes=least.peak_device_bytes
+  )
   assert tight.planned(batch).plan.micro_batches > 1
   losses = cases.train(tight, batch, 3)
   ref_weights, ref_slots, _ = cases.lm_reference_3_steps()
   cases.assert_all_close(ref_weights, model.weights)
   cases.assert_all_close(ref_slots, tight.slots)
-  np.testing.assert_allclose([float(np.mean(np.asarray(l))) for l in losses],
-                             _lm_reference_losses(), rtol=0, atol=1e-5)
+  np.testing.assert_allclose(
+    [float(np.mean(np.asarray(l))) for l in losses],
+    _lm_reference_losses(),
+    rtol=0,
+    atol=1e-5,
+  )
 
 
 def test_a_parts_rows_and_their_types_come_from_one_function():
   """The step's part of the host batch and the walk ahead's part of its
   types (`batch_parts.part_of_batch`): the same rows, dtypes and Part."""
-  batch = (np.arange(24, dtype=np.int64).reshape(12, 2),
-           np.arange(12, dtype=np.float32))
+  batch = (
+    np.arange(24, dtype=np.int64).reshape(12, 2),
+    np.arange(12, dtype=np.float32),
+  )
   types = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in batch)
   for index in range(3):
     part, rows = batch_parts.part_of_batch(batch, index, 3, 2)
     part_of_types, row_types = batch_parts.part_of_batch(types, index, 3, 2)
     assert part == part_of_types == batch_parts.Part(index, 3, 6)
-    assert [(x.shape, x.dtype) for x in rows] == [
-        (x.shape, x.dtype) for x in row_types] == [
-            ((4, 2), np.int64), ((4,), np.float32)]
+    assert (
+      [(x.shape, x.dtype) for x in rows]
+      == [(x.shape, x.dtype) for x in row_types]
+      == [((4, 2), np.int64), ((4,), np.float32)]
+    )
     # Device d's rows [2 * index, 2 * index + 2) of its 6, devices in order.
     np.testing.assert_array_equal(
-        rows[1], [2 * index, 2 * index + 1, 6 + 2 * index, 7 + 2 * index])
+      rows[1], [2 * index, 2 * index + 1, 6 + 2 * index, 7 + 2 * index]
+    )

@@ -23,24 +23,33 @@ def _candidates(n_reversible, kinds=True):
   n = n_reversible + 2
   layer_kinds = None
   if kinds:
-    layer_kinds = (['embedding'] +
-                   ['half' if i % 2 == 0 else 'swap'
-                    for i in range(n_reversible)] + ['loss'])
+    layer_kinds = (
+      ['embedding']
+      + ['half' if i % 2 == 0 else 'swap' for i in range(n_reversible)]
+      + ['loss']
+    )
   return candidates_lib.Candidates(
-      [n_reversible], {i: 1000 for i in range(n)}, [2**20], rows=2,
-      options=TrainerOptions(), layer_kinds=layer_kinds)
+    [n_reversible],
+    {i: 1000 for i in range(n)},
+    [2**20],
+    rows=2,
+    options=TrainerOptions(),
+    layer_kinds=layer_kinds,
+  )
 
 
 def test_compiled_layers_count_equal_segments_once():
   candidates = _candidates(24)
-  fused = next(g for g in candidates.groups()
-               if g.fused_reversible_layers).leanest
+  fused = next(
+    g for g in candidates.groups() if g.fused_reversible_layers
+  ).leanest
   # Every layer inside the fused program: 1 + 24 + the loss.
   assert candidates.compiled_layers(fused) == 26
   # Segments of 8 equal layers share one program: the standard layer, one
   # segment, the loss.
-  unfused = next(g for g in candidates.groups()
-                 if not g.fused_reversible_layers).plans[0]
+  unfused = next(
+    g for g in candidates.groups() if not g.fused_reversible_layers
+  ).plans[0]
   assert unfused.settings()['segment_max_layers'] == 8
   assert candidates.compiled_layers(unfused) == 1 + 8 + 1
 
@@ -60,8 +69,11 @@ def test_a_deep_model_of_equal_blocks_ranks_every_unfused_plan_first():
   assert 258 > speed_rank.FUSED_COMPILE_RATIO * 10
   candidates = _candidates(256)
   assert not candidates.fused_compiles_cheaply()
-  fused = [bool(g.fused_reversible_layers) for g in candidates.groups()
-           if g.leanest.micro_batches == 1]
+  fused = [
+    bool(g.fused_reversible_layers)
+    for g in candidates.groups()
+    if g.leanest.micro_batches == 1
+  ]
   assert fused == sorted(fused) and fused[0] is False and fused[-1] is True
   # Still candidates: for `least`, and where no unfused plan fits.
   assert fused.count(True) == len(candidates.slices)
@@ -80,8 +92,9 @@ def test_the_trainers_fingerprints_tell_equal_layers_apart():
   _, trainer = cases.lm_trainer(batch, device_memory_budget_bytes=None)
   p = trainer.planner
   candidates = p.candidates(p.step_types(batch))
-  plan = next(g for g in candidates.groups()
-              if not g.fused_reversible_layers).plans[0]
+  plan = next(
+    g for g in candidates.groups() if not g.fused_reversible_layers
+  ).plans[0]
   layers = trainer.all_layers
   kinds = p._facts._layer_kinds()  # pylint: disable=protected-access
   assert len(kinds) == len(layers)
@@ -96,9 +109,13 @@ def test_the_trainers_fingerprints_tell_equal_layers_apart():
 
 def _parts_candidates(rows, refused=False, **settings):
   return candidates_lib.Candidates(
-      [4], {i: 1000 for i in range(6)}, [2**20], rows=rows,
-      options=TrainerOptions(**settings),
-      micro_batches_refused=refused)
+    [4],
+    {i: 1000 for i in range(6)},
+    [2**20],
+    rows=rows,
+    options=TrainerOptions(**settings),
+    micro_batches_refused=refused,
+  )
 
 
 def test_micro_batches_come_after_every_one_pass_plan_fewest_parts_first():
@@ -109,8 +126,10 @@ def test_micro_batches_come_after_every_one_pass_plan_fewest_parts_first():
   assert parts[first_micro:] == [2, 4, 8]
   for group in groups[first_micro:]:
     assert not group.fused_reversible_layers
-    assert all(p.micro_batches == group.leanest.micro_batches and
-               p.batch_slices == 1 for p in group.plans)
+    assert all(
+      p.micro_batches == group.leanest.micro_batches and p.batch_slices == 1
+      for p in group.plans
+    )
 
 
 def test_micro_batches_refused_or_pinned():
@@ -120,22 +139,38 @@ def test_micro_batches_refused_or_pinned():
   assert {g.leanest.micro_batches for g in pinned} == {4}
   # Pinned slices: parts keep those whose rows they divide.
   sliced = list(_parts_candidates(8, batch_slices=2).groups())
-  assert [g.leanest.micro_batches for g in sliced
-          if g.leanest.micro_batches > 1] == [2, 4]
+  assert [
+    g.leanest.micro_batches for g in sliced if g.leanest.micro_batches > 1
+  ] == [2, 4]
   assert all(g.leanest.batch_slices == 2 for g in sliced)
-  assert {g.leanest.micro_batches for g in _parts_candidates(
-      8, micro_batches=1).groups()} == {1}
+  assert {
+    g.leanest.micro_batches
+    for g in _parts_candidates(8, micro_batches=1).groups()
+  } == {1}
 
 
-def _sliced(slices_change_draws, platform, batch_slices=AUTO,
-            rows=8, hashes_activations=False):
+def _sliced(
+  slices_change_draws,
+  platform,
+  batch_slices=AUTO,
+  rows=8,
+  hashes_activations=False,
+):
   candidates = candidates_lib.Candidates(
-      [4], {i: 1000 for i in range(6)}, [2**20], rows=rows,
-      options=TrainerOptions(batch_slices=batch_slices),
-      slices_change_draws=slices_change_draws, platform=platform,
-      hashes_activations=hashes_activations)
-  return [g.leanest.batch_slices for g in candidates.groups()
-          if g.fused_reversible_layers]
+    [4],
+    {i: 1000 for i in range(6)},
+    [2**20],
+    rows=rows,
+    options=TrainerOptions(batch_slices=batch_slices),
+    slices_change_draws=slices_change_draws,
+    platform=platform,
+    hashes_activations=hashes_activations,
+  )
+  return [
+    g.leanest.batch_slices
+    for g in candidates.groups()
+    if g.fused_reversible_layers
+  ]
 
 
 def test_two_slices_rank_first_on_the_cpu_where_slices_change_no_draw():
@@ -144,22 +179,28 @@ def test_two_slices_rank_first_on_the_cpu_where_slices_change_no_draw():
   assert _sliced(slices_change_draws=True, platform='cpu') == [1, 2, 4, 8]
   # A layer hashing its activations: another summation order can change
   # its buckets, the unsliced plan keeps stock's.
-  assert _sliced(slices_change_draws=False, platform='cpu',
-                 hashes_activations=True) == [1, 2, 4, 8]
+  assert _sliced(
+    slices_change_draws=False, platform='cpu', hashes_activations=True
+  ) == [1, 2, 4, 8]
   # Not measured on accelerators: larger matrices use them better.
   assert _sliced(slices_change_draws=False, platform='tpu') == [1, 2, 4, 8]
   assert _sliced(slices_change_draws=False, platform='cpu', rows=3) == [1, 3]
-  assert _sliced(slices_change_draws=False, platform='cpu',
-                 batch_slices=4) == [4]
+  assert _sliced(slices_change_draws=False, platform='cpu', batch_slices=4) == [
+    4
+  ]
 
 
-def _heads(platform, parallel_heads=AUTO,
-           hashes_activations=False):
+def _heads(platform, parallel_heads=AUTO, hashes_activations=False):
   candidates = candidates_lib.Candidates(
-      [4], {i: 1000 for i in range(6)}, [2**20], rows=2,
-      options=TrainerOptions(parallel_heads=parallel_heads),
-      platform=platform, heads_lowerable=True,
-      hashes_activations=hashes_activations)
+    [4],
+    {i: 1000 for i in range(6)},
+    [2**20],
+    rows=2,
+    options=TrainerOptions(parallel_heads=parallel_heads),
+    platform=platform,
+    heads_lowerable=True,
+    hashes_activations=hashes_activations,
+  )
   return [g.leanest.parallel_heads for g in candidates.groups()]
 
 

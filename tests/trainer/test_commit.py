@@ -30,11 +30,13 @@ def test_nan_loss_stops_before_any_update():
   trainer.one_step(dense_batch(), fastmath.random.get_prng(1), step=1)
   before = host_weights_and_state(trainer)
   slots_before = jax.tree_util.tree_map(np.array, trainer.slots)
-  with pytest.raises(validation.NonFiniteError,
-                     match=r'loss is nan at step 2 \(phase loss, layer 4 '
-                           r'L2Loss.*\); no weight was updated in this step; '
-                           r'no checkpoint directory is set; lower the '
-                           r'learning rate') as info:
+  with pytest.raises(
+    validation.NonFiniteError,
+    match=r'loss is nan at step 2 \(phase loss, layer 4 '
+    r'L2Loss.*\); no weight was updated in this step; '
+    r'no checkpoint directory is set; lower the '
+    r'learning rate',
+  ) as info:
     trainer.one_step(dense_batch(np.nan), fastmath.random.get_prng(2), step=2)
   assert (info.value.step, info.value.phase) == (2, 'loss')
   assert_same(before, host_weights_and_state(trainer))
@@ -48,19 +50,24 @@ def _sqrt_trainer(on_non_finite):
   loss = tl.Serial(tl.Dense(4), tl.L2Loss())
   x, y, w = dense_batch()
   rev_trainer.init_reversible_blocks(
-      blocks, loss, shapes.signature((x, y, w)), fastmath.random.get_prng(0))
+    blocks, loss, shapes.signature((x, y, w)), fastmath.random.get_prng(0)
+  )
   return rev_trainer.ReversibleSerialTrainer(
-      blocks, loss, optimizers.Adam, on_non_finite=on_non_finite)
+    blocks, loss, optimizers.Adam, on_non_finite=on_non_finite
+  )
 
 
 def test_non_finite_gradient_names_step_and_phase():
   trainer = _sqrt_trainer('raise')
   x, y, w = dense_batch()
-  with pytest.raises(validation.NonFiniteError,
-                     match=r'gradients_l2 is nan at step 5 \(phase backward, '
-                           r'layer 0 Serial\)') as info:
-    trainer.one_step((np.zeros_like(x), y, w), fastmath.random.get_prng(0),
-                     step=5)
+  with pytest.raises(
+    validation.NonFiniteError,
+    match=r'gradients_l2 is nan at step 5 \(phase backward, '
+    r'layer 0 Serial\)',
+  ) as info:
+    trainer.one_step(
+      (np.zeros_like(x), y, w), fastmath.random.get_prng(0), step=5
+    )
   assert (info.value.layer, info.value.what) == (0, 'gradients_l2')
 
 
@@ -72,13 +79,15 @@ def test_skip_mode_undoes_the_whole_step():
   slots_before = jax.tree_util.tree_map(np.array, trainer.slots)
   # The loss layer's update is finite and committed first; the Dense
   # below gets a NaN gradient, so the loss layer's update is undone too.
-  loss, _ = trainer.one_step((np.zeros_like(x), y, w),
-                             fastmath.random.get_prng(1), step=2)
+  loss, _ = trainer.one_step(
+    (np.zeros_like(x), y, w), fastmath.random.get_prng(1), step=2
+  )
   assert np.isfinite(np.asarray(loss))
   assert_same(before, host_weights_and_state(trainer))
   assert_same(slots_before, trainer.slots)
   # And training goes on.
   trainer.one_step((x, y, w), fastmath.random.get_prng(2), step=3)
   after = host_weights_and_state(trainer)
-  assert not np.array_equal(jax.tree_util.tree_leaves(after)[0],
-                            jax.tree_util.tree_leaves(before)[0])
+  assert not np.array_equal(
+    jax.tree_util.tree_leaves(after)[0], jax.tree_util.tree_leaves(before)[0]
+  )

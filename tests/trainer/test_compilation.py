@@ -32,13 +32,16 @@ def test_memoization_distinguishes_layers_repr_cannot():
   """
   batch = cases.batch()
   first = tl.Serial(tl.Embedding(9, 4), tl.Dup())
-  revs = [tl.ReversibleHalfResidual(tl.Dense(4), tl.Dropout(0.1)),
-          tl.ReversibleSwap(),
-          tl.ReversibleHalfResidual(tl.Dense(4), tl.Dropout(0.6)),
-          tl.ReversibleSwap()]
+  revs = [
+    tl.ReversibleHalfResidual(tl.Dense(4), tl.Dropout(0.1)),
+    tl.ReversibleSwap(),
+    tl.ReversibleHalfResidual(tl.Dense(4), tl.Dropout(0.6)),
+    tl.ReversibleSwap(),
+  ]
   assert repr(revs[0]) == repr(revs[2])
-  loss = tl.Serial(tl.Concatenate(), tl.Dense(19), tl.LogSoftmax(),
-                   tl.CrossEntropyLoss())
+  loss = tl.Serial(
+    tl.Concatenate(), tl.Dense(19), tl.LogSoftmax(), tl.CrossEntropyLoss()
+  )
   model = tl.Serial([first] + revs + [loss])
   rng_init = fastmath.random.get_prng(12)
   init = lambda: model.init(batch, rng=rng_init)
@@ -46,7 +49,8 @@ def test_memoization_distinguishes_layers_repr_cannot():
 
   init()
   trainer = rev_trainer.ReversibleSerialTrainer(
-      [(first.sublayers, revs)], loss, optimizers.Adam, memoize_jit=True)
+    [(first.sublayers, revs)], loss, optimizers.Adam, memoize_jit=True
+  )
   cases.train(trainer, batch, 3)
   cases.assert_all_close(ref_weights, model.weights)
 
@@ -60,21 +64,29 @@ def test_identical_layers_share_one_compilation():
     first = tl.Serial(tl.Embedding(9, 4), tl.Dup())
     revs = []
     for _ in range(n_pairs):
-      revs += [tl.ReversibleHalfResidual(tl.Dense(4), tl.Dropout(0.1)),
-               tl.ReversibleSwap()]
-    loss = tl.Serial(tl.Concatenate(), tl.Dense(19), tl.LogSoftmax(),
-                     tl.CrossEntropyLoss())
+      revs += [
+        tl.ReversibleHalfResidual(tl.Dense(4), tl.Dropout(0.1)),
+        tl.ReversibleSwap(),
+      ]
+    loss = tl.Serial(
+      tl.Concatenate(), tl.Dense(19), tl.LogSoftmax(), tl.CrossEntropyLoss()
+    )
     model = tl.Serial([first] + revs + [loss])
     model.init(batch, rng=fastmath.random.get_prng(3))
     trainer = rev_trainer.ReversibleSerialTrainer(
-        [(first.sublayers, revs)], loss, optimizers.Adam, memoize_jit=memoize,
-        **kwargs)
+      [(first.sublayers, revs)],
+      loss,
+      optimizers.Adam,
+      memoize_jit=memoize,
+      **kwargs,
+    )
     return trainer
 
   # Every segment over budget: one compiled call per layer (the settings as
   # given, unplanned).
-  make = functools.partial(make, segment_max_bytes=0,
-                           device_memory_budget_bytes=None)
+  make = functools.partial(
+    make, segment_max_bytes=0, device_memory_budget_bytes=None
+  )
   compiles = cases.count_compiles()
   make(False).one_step(batch, cases.RNGS[0])  # compiles the step's helper ops
   shared = make(True)
@@ -127,7 +139,8 @@ def test_fingerprint_tells_functions_and_constants_apart():
 
 
 def test_n_async_layers_compile_ahead_release_give_identical_weights(
-    monkeypatch):
+  monkeypatch,
+):
   """Also: with compile_ahead, every function of the first step compiles on
   a helper thread before the step's first call, instead of, not in addition
   to, when it is called; whether the activations reach
@@ -135,25 +148,31 @@ def test_n_async_layers_compile_ahead_release_give_identical_weights(
   Where the argument types cannot be known ahead, the functions compile
   when called, with the same results."""
   compiles = cases.count_compiles()
-  settings = [dict(n_async_layers=1, compile_ahead=False),  # + helper ops
-              dict(n_async_layers=0, compile_ahead=False,
-                   release_host_memory=False),
-              dict(n_async_layers=3),
-              dict(n_async_layers=3),
-              dict(n_async_layers=3)]
+  settings = [
+    dict(n_async_layers=1, compile_ahead=False),  # + helper ops
+    dict(n_async_layers=0, compile_ahead=False, release_host_memory=False),
+    dict(n_async_layers=3),
+    dict(n_async_layers=3),
+    dict(n_async_layers=3),
+  ]
   results, compiled_by = [], []
   for k, kwargs in enumerate(settings):
     if k == 3:
       monkeypatch.setattr(segment_lengths, 'ACTIVATION_BOUND_BYTES', 0)
     if k == 4:  # types unknown ahead: nothing is traced
-      monkeypatch.setattr(placement_lib.Placement, 'abstract_params',
-                          lambda self, tree: None)
+      monkeypatch.setattr(
+        placement_lib.Placement, 'abstract_params', lambda self, tree: None
+      )
     start = len(compiles)
     # Cleared caches would make each run compile the step's helper ops; the
     # settings as given (unplanned), whose calls the counts below name.
-    results.append(cases.train_basic(clear_compilation_caches=False,
-                                     device_memory_budget_bytes=None,
-                                     **kwargs))
+    results.append(
+      cases.train_basic(
+        clear_compilation_caches=False,
+        device_memory_budget_bytes=None,
+        **kwargs,
+      )
+    )
     compiled_by.append(compiles[start:])
   for model, trainer, _ in results:
     cases.host_leaves_only(model.weights)
@@ -162,8 +181,10 @@ def test_n_async_layers_compile_ahead_release_give_identical_weights(
   for model, trainer, _ in results[1:]:
     cases.assert_all_close(results[0][0].weights, model.weights, tol=0)
     cases.assert_all_close(results[0][1].slots, trainer.slots, tol=0)
-  on_helper = [[name.startswith('trax_revplus_compile') for name in names]
-               for names in compiled_by]
+  on_helper = [
+    [name.startswith('trax_revplus_compile') for name in names]
+    for names in compiled_by
+  ]
   # Standard layer forward and backward, segment forward, loss, and the
   # segment's backward: two 2-layer calls below the activation bound (two
   # functions, their layers differ), one 4-layer call above it (settings 3
@@ -177,22 +198,31 @@ def test_n_async_layers_compile_ahead_release_give_identical_weights(
 def test_constructor_clears_compilation_caches_unless_told_not_to():
   compiled = []
   jax.monitoring.register_event_time_span_listener(
-      lambda event, *unused, fun_name=None, **unused_kw: compiled.append(
-          fun_name) if event.endswith('backend_compile_duration') else None)
+    lambda event, *unused, fun_name=None, **unused_kw: (
+      compiled.append(fun_name)
+      if event.endswith('backend_compile_duration')
+      else None
+    )
+  )
 
   def doubled_by_this_test(x):
     return x * 2
+
   double = jax.jit(doubled_by_this_test)
   x = jax.numpy.ones(3)
   first, revs, loss = cases.basic_model()
   tl.Serial([first] + revs + [loss]).init(
-      cases.batch(), rng=fastmath.random.get_prng(12))
+    cases.batch(), rng=fastmath.random.get_prng(12)
+  )
   counts = []
   for clear in (True, False):
     double(x)
     rev_trainer.ReversibleSerialTrainer(
-        [(first.sublayers, revs)], loss, optimizers.Adam,
-        clear_compilation_caches=clear)
+      [(first.sublayers, revs)],
+      loss,
+      optimizers.Adam,
+      clear_compilation_caches=clear,
+    )
     double(x)
     counts.append(compiled.count('jit(doubled_by_this_test)'))
   assert counts == [2, 2]

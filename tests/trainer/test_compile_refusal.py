@@ -91,8 +91,9 @@ def test_where_every_plan_is_refused_one_line_names_the_least_plan():
       trainer.one_step(_BATCH, cases.RNGS[0])
   message = str(e.value)
   assert '\n' not in message
-  assert message.startswith('no plan fits this device on this batch: the '
-                            'backend refused to compile ')
+  assert message.startswith(
+    'no plan fits this device on this batch: the backend refused to compile '
+  )
   need = int(message.split('needs at least ')[1].split(' bytes')[0])
   # A lower bound of the least plan's peak, at least its largest program.
   assert least.largest_program_bytes <= need <= least.peak_device_bytes
@@ -127,9 +128,11 @@ def test_a_pinned_plan_the_backend_refuses_is_one_line():
       trainer.one_step(_BATCH, cases.RNGS[0])
   message = str(e.value)
   assert '\n' not in message
-  assert message.startswith('the plan the settings name does not fit this '
-                            'device on this batch: the backend refused to '
-                            'compile ')
+  assert message.startswith(
+    'the plan the settings name does not fit this '
+    'device on this batch: the backend refused to '
+    'compile '
+  )
   assert "device_memory_budget_bytes = 'auto'" in message
 
 
@@ -144,27 +147,37 @@ def test_another_compile_failure_is_one_line_naming_the_program():
   assert '\n' not in message
   largest = max(fastest_step.calls, key=lambda c: c.program.call_bytes)
   assert message.startswith(
-      f'{largest.name} did not compile: JaxRuntimeError: INTERNAL: '
-      f'simulated compiler failure'), message
+    f'{largest.name} did not compile: JaxRuntimeError: INTERNAL: '
+    f'simulated compiler failure'
+  ), message
   assert 'Traceback' not in message
   cases.assert_all_close(before, model.weights, tol=0)
   del fastest
 
 
-def test_the_refusal_works_in_a_process_started_with_its_variable(
-    tmp_path):
+def test_the_refusal_works_in_a_process_started_with_its_variable(tmp_path):
   """A process started with `tests/compile_refusal` on PYTHONPATH and the
   variable set refuses programs over the limit (as a test's subprocess of
   `trax-revplus` would)."""
   folder = os.path.dirname(refusal.__file__)
-  script = ('import jax, jax.numpy as jnp\n'
-            'f = jax.jit(lambda x: (x @ x).sum())\n'
-            'try:\n'
-            '  f(jnp.ones((10, 10)))\n'
-            'except jax.errors.JaxRuntimeError as e:\n'
-            '  print(e)\n')
+  script = (
+    'import jax, jax.numpy as jnp\n'
+    'f = jax.jit(lambda x: (x @ x).sum())\n'
+    'try:\n'
+    '  f(jnp.ones((10, 10)))\n'
+    'except jax.errors.JaxRuntimeError as e:\n'
+    '  print(e)\n'
+  )
   env = dict(os.environ, PYTHONPATH=folder, **{refusal.LIMIT_ENV: '100'})
-  out = subprocess.run([sys.executable, '-c', script], env=env, check=True,
-                       capture_output=True, text=True, cwd=tmp_path).stdout
-  assert out.startswith('RESOURCE_EXHAUSTED: Ran out of memory in memory '
-                        'space hbm. Used 404 of 100 hbm')
+  out = subprocess.run(
+    [sys.executable, '-c', script],
+    env=env,
+    check=True,
+    capture_output=True,
+    text=True,
+    cwd=tmp_path,
+  ).stdout
+  assert out.startswith(
+    'RESOURCE_EXHAUSTED: Ran out of memory in memory '
+    'space hbm. Used 404 of 100 hbm'
+  )

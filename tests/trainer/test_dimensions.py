@@ -48,15 +48,17 @@ class ToyError(validation.ConfigurationError):
 
 def _check_toy(value, facts, types_):
   if facts.rows(types_) % value:
-    raise ToyError(f'toy_parts = {value} does not divide '
-                   f'{facts.rows(types_)} rows.')
+    raise ToyError(
+      f'toy_parts = {value} does not divide {facts.rows(types_)} rows.'
+    )
 
 
 # Step 1: the plan's field, with its entry.
 @dataclasses.dataclass(frozen=True)
 class ToyPlan(plan_lib.StepPlan):
   toy_parts: int = dimensions.field(
-      1, 'toy', check=_check_toy, reordering=lambda n: f'{n} toy parts')
+    1, 'toy', check=_check_toy, reordering=lambda n: f'{n} toy parts'
+  )
   __hash__ = plan_lib.StepPlan.__hash__  # a dataclass would replace it
 
 
@@ -64,7 +66,8 @@ class ToyPlan(plan_lib.StepPlan):
 @dataclasses.dataclass(frozen=True)
 class ToyOptions(TrainerOptions):
   toy_parts: int | str = options_lib.dimension_setting(
-      'an int >= 1 that divides the rows', unplanned=1)
+    'an int >= 1 that divides the rows', unplanned=1
+  )
 
 
 @pytest.fixture(name='toy')
@@ -101,9 +104,15 @@ class _Facts(shape_facts.ShapeFacts):
 
 
 def _plan(**settings):
-  return plan_lib.make_plan([2], {i: 10 for i in range(4)}, [2**10],
-                            segment_max_layers=2, segment_max_bytes=10**9,
-                            backward_segment_max_layers=2, **settings)
+  return plan_lib.make_plan(
+    [2],
+    {i: 10 for i in range(4)},
+    [2**10],
+    segment_max_layers=2,
+    segment_max_bytes=10**9,
+    backward_segment_max_layers=2,
+    **settings,
+  )
 
 
 def test_registry_is_the_plans_settings():
@@ -113,15 +122,19 @@ def test_registry_is_the_plans_settings():
   assert tuple(settings) == NAMES
   for dimension in dimensions.DIMENSIONS:
     assert fields[dimension.name] == dimension.none
-    assert (TrainerOptions().unplanned(dimension.name) ==
-            settings[dimension.name].unplanned)
+    assert (
+      TrainerOptions().unplanned(dimension.name)
+      == settings[dimension.name].unplanned
+    )
   assert TrainerOptions(batch_slices=4).unplanned('batch_slices') == 4
 
 
 def test_toy_setting_is_checked_and_resolved(toy):
-  with pytest.raises(validation.TrainerOptionError,
-                     match="toy_parts must be an int >= 1 that divides the "
-                           "rows or 'auto', got 0"):
+  with pytest.raises(
+    validation.TrainerOptionError,
+    match='toy_parts must be an int >= 1 that divides the '
+    "rows or 'auto', got 0",
+  ):
     ToyOptions(toy_parts=0)
   assert ToyOptions().toy_parts == AUTO
   assert ToyOptions().unplanned(toy.name) == 1
@@ -145,7 +158,8 @@ def test_toy_dimension_is_in_the_plan_and_the_store(toy):
   assert data['toy_parts'] == 4
   assert plan_store.plan_from_json(data) == plan
   configured = plan_lib.configured_plan(
-      [2], {i: 10 for i in range(4)}, [2**10], ToyOptions(toy_parts=2))
+    [2], {i: 10 for i in range(4)}, [2**10], ToyOptions(toy_parts=2)
+  )
   assert configured.toy_parts == 2
   assert dimensions.reorderings(plan) == ['2 micro-batches', '4 toy parts']
   assert dimensions.reorderings(_plan()) == []
@@ -158,8 +172,9 @@ def test_candidates_run_the_toy_setting(toy):
   del toy
 
   def candidates(options):
-    return candidates_lib.Candidates([2], {i: 10 for i in range(4)}, [2**10],
-                                     rows=4, options=options)
+    return candidates_lib.Candidates(
+      [2], {i: 10 for i in range(4)}, [2**10], rows=4, options=options
+    )
 
   pinned = candidates(ToyOptions(toy_parts=2))
   plans = [p for g in pinned.groups() for p in g.plans]
@@ -186,18 +201,26 @@ def test_search_keeps_toy_values_apart(toy):
   del toy
 
   def group(toy_parts):
-    plan = _plan(toy_parts=toy_parts, batch_slices=2, n_async_layers=0,
-                 prefetch=False, saved_on_host=True)
+    plan = _plan(
+      toy_parts=toy_parts,
+      batch_slices=2,
+      n_async_layers=0,
+      prefetch=False,
+      saved_on_host=True,
+    )
     return candidates_lib.Group((plan,), plan, 0)
 
   groups = [group(4), group(1)]
   candidates = types.SimpleNamespace(
-      groups=lambda: iter(groups), lower_bound_bytes=lambda g, n: 0)
+    groups=lambda: iter(groups), lower_bound_bytes=lambda g, n: 0
+  )
   weighed = {}
 
   def weigh(plan):
-    return weighed.setdefault(plan, types.SimpleNamespace(
-        peak_device_bytes=1000 // plan.toy_parts, calls=()))
+    return weighed.setdefault(
+      plan,
+      types.SimpleNamespace(peak_device_bytes=1000 // plan.toy_parts, calls=()),
+    )
 
   search = plan_search.PlanSearch(candidates, 1, weigh, weighed.get)
   assert search.least()[0].toy_parts == 4
@@ -206,8 +229,11 @@ def test_search_keeps_toy_values_apart(toy):
 
 def _modules_naming(name):
   word = re.compile(rf'\b{name}\b')
-  return sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob('*.py')
-                if word.search(p.read_text()))
+  return sorted(
+    str(p.relative_to(PACKAGE))
+    for p in PACKAGE.rglob('*.py')
+    if word.search(p.read_text())
+  )
 
 
 @pytest.mark.parametrize('name', NAMES)

@@ -17,7 +17,8 @@ def test_free_accelerators_identical_and_weights_readable():
   caller_view = np.asarray(jax.numpy.arange(1000.0) * 3)
   model0, trainer0, losses0 = cases.train_basic(free_accelerators_on_step=False)
   model1, trainer1, losses1 = cases.train_basic(
-      free_accelerators_on_step=True, memory_log_every_n_steps=1)
+    free_accelerators_on_step=True, memory_log_every_n_steps=1
+  )
   cases.assert_all_close(model0.weights, model1.weights, tol=0)
   cases.assert_all_close(trainer0.slots, trainer1.slots, tol=0)
   cases.assert_all_close(losses0, losses1, tol=0)

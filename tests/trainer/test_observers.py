@@ -40,10 +40,12 @@ def test_the_working_set_on_the_cpu_backend_is_the_accounted_peak():
   # pylint: disable=g-import-not-at-top,protected-access
   import trainer_cases as cases
   from trax_revplus.trainer._step import step_context
+
   batch = cases.lm_batch()
   _, trainer = cases.lm_trainer(batch, device_memory_budget_bytes=None)
   planned = trainer.planned(batch)
-  ctx = step_context.StepContext.for_step(planned, 1, cases.RNGS[0], batch,
-                                          trainer._parts)
+  ctx = step_context.StepContext.for_step(
+    planned, 1, cases.RNGS[0], batch, trainer._parts
+  )
   assert planned.memory is not None
   assert ctx.host_working_set_bytes() == planned.memory.peak_device_bytes

@@ -21,8 +21,13 @@ def _candidates(**kwargs):
   # One block of 4 reversible layers, 8 rows: slices 1, 2, 4, 8; parts 2,
   # 4, 8; no sequence chunks.
   return candidates_lib.Candidates(
-      [4], {i: 10 for i in range(6)}, [2**10], rows=8,
-      options=TrainerOptions(), **kwargs)
+    [4],
+    {i: 10 for i in range(6)},
+    [2**10],
+    rows=8,
+    options=TrainerOptions(),
+    **kwargs,
+  )
 
 
 def _figures():
@@ -31,12 +36,18 @@ def _figures():
   more; deeper copy-backs hold more, saved inputs on the device more
   (every part of a peak is bytes held or a call's, none negative: the
   search's rows bound rests on it)."""
+
   def peak(plan):
     k, m = plan.batch_slices, plan.micro_batches
     if plan.fused_from < plan.loss:
       return 4000 // k
-    return (800 // m + 800 // (k * m) + 10 * plan.n_async_layers +
-            5 * (not plan.saved_on_host))
+    return (
+      800 // m
+      + 800 // (k * m)
+      + 10 * plan.n_async_layers
+      + 5 * (not plan.saved_on_host)
+    )
+
   return peak
 
 
@@ -44,26 +55,34 @@ def _search(peak, **kwargs):
   weighed = {}
 
   def weigh(plan):
-    weighed.setdefault(plan, types.SimpleNamespace(
-        peak_device_bytes=peak(plan), calls=()))
+    weighed.setdefault(
+      plan, types.SimpleNamespace(peak_device_bytes=peak(plan), calls=())
+    )
     return weighed[plan]
-  search = plan_search.PlanSearch(_candidates(**kwargs), 1, weigh,
-                                  weighed.get)
+
+  search = plan_search.PlanSearch(_candidates(**kwargs), 1, weigh, weighed.get)
   return search, weighed
 
 
 def _exhaustive(peak, budget_bytes):
-  return next((plan for group in _candidates().groups()
-               for plan in group.plans if peak(plan) <= budget_bytes), None)
+  return next(
+    (
+      plan
+      for group in _candidates().groups()
+      for plan in group.plans
+      if peak(plan) <= budget_bytes
+    ),
+    None,
+  )
 
 
-@pytest.mark.parametrize('budget_bytes', [10**9, 4000, 1700, 1000, 900,
-                                          500, 450, 205, 200, 195, 10])
+@pytest.mark.parametrize(
+  'budget_bytes', [10**9, 4000, 1700, 1000, 900, 500, 450, 205, 200, 195, 10]
+)
 def test_the_search_finds_what_an_exhaustive_one_finds(budget_bytes):
   peak = _figures()
   search, _ = _search(peak)
-  assert search.fastest_fitting(budget_bytes) == _exhaustive(peak,
-                                                             budget_bytes)
+  assert search.fastest_fitting(budget_bytes) == _exhaustive(peak, budget_bytes)
 
 
 def test_members_with_fewer_slices_or_parts_are_not_compiled():
@@ -75,8 +94,11 @@ def test_members_with_fewer_slices_or_parts_are_not_compiled():
   # Only the fused group of the most slices keeps its stack states within
   # the budget (`Candidates.lower_bound_bytes`); it does not fit.
   assert fused == [8]
-  unfused_one_pass = {p.batch_slices for p in weighed
-                      if p.fused_from == p.loss and p.micro_batches == 1}
+  unfused_one_pass = {
+    p.batch_slices
+    for p in weighed
+    if p.fused_from == p.loss and p.micro_batches == 1
+  }
   assert unfused_one_pass == {1, 8}
   assert 2 not in {p.micro_batches for p in weighed}
   # Fewer compilations than an exhaustive search's.
@@ -90,13 +112,22 @@ def test_stock_s_schedule_is_weighed_where_slicing_does_not_shrink():
   # every sliced plan is larger (a call slicing cannot shrink). The search
   # is tight from the 2-slice group on, and finds it all the same.
   def peak(plan):
-    stock = (plan.fused_from == plan.loss and plan.batch_slices == 1 and
-             plan.micro_batches == 1 and plan.saved_on_host and
-             plan.n_async_layers == 0 and not plan.prefetch and
-             plan.settings()['segment_max_layers'] == 1)
+    stock = (
+      plan.fused_from == plan.loss
+      and plan.batch_slices == 1
+      and plan.micro_batches == 1
+      and plan.saved_on_host
+      and plan.n_async_layers == 0
+      and not plan.prefetch
+      and plan.settings()['segment_max_layers'] == 1
+    )
     return 1500 if stock else 4000
-  cpu = {'slices_change_draws': False, 'hashes_activations': False,
-         'platform': 'cpu'}
+
+  cpu = {
+    'slices_change_draws': False,
+    'hashes_activations': False,
+    'platform': 'cpu',
+  }
   search, _ = _search(peak, **cpu)
   assert next(_candidates(**cpu).groups()).leanest.batch_slices == 2
   chosen = search.fastest_fitting(1500)
@@ -116,11 +147,17 @@ def test_a_member_with_more_slices_is_bounded_by_one_with_fewer():
   # A refused member bounds the rest by the bytes its refusal names.
   refusal = types.SimpleNamespace(least_bytes=1000)
   search = plan_search.PlanSearch(
-      _candidates(), 1, lambda plan: None, lambda plan: None,
-      lambda plan: refusal if plan.batch_slices == 4 else None)
-  fused_8 = next(g for g in _candidates().groups()
-                 if g.fused_reversible_layers and
-                 g.leanest.batch_slices == 8)
+    _candidates(),
+    1,
+    lambda plan: None,
+    lambda plan: None,
+    lambda plan: refusal if plan.batch_slices == 4 else None,
+  )
+  fused_8 = next(
+    g
+    for g in _candidates().groups()
+    if g.fused_reversible_layers and g.leanest.batch_slices == 8
+  )
   assert search._bounds.rows(fused_8) == 500  # pylint: disable=protected-access
 
 
@@ -129,5 +166,6 @@ def test_the_least_is_an_exhaustive_search_s_least_group_leanest():
   search, _ = _search(peak)
   least_plan, least = search.least()
   assert least.peak_device_bytes == min(
-      peak(g.leanest) for g in _candidates().groups())
+    peak(g.leanest) for g in _candidates().groups()
+  )
   assert peak(least_plan) == least.peak_device_bytes

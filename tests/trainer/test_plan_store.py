@@ -38,8 +38,9 @@ def _budget():
 
 
 def _trainer(output_dir, budget_bytes):
-  return cases.lm_trainer(_BATCH, device_memory_budget_bytes=budget_bytes,
-                          output_dir=str(output_dir))
+  return cases.lm_trainer(
+    _BATCH, device_memory_budget_bytes=budget_bytes, output_dir=str(output_dir)
+  )
 
 
 def _first_run(output_dir, accounted):
@@ -64,7 +65,8 @@ def test_a_plan_round_trips_through_json():
 
 
 def test_a_second_run_reads_its_plan_back_and_trains_the_same(
-    tmp_path, accounted):
+  tmp_path, accounted
+):
   budget, first, searched = _first_run(tmp_path, accounted)
   assert searched > 1  # the fastest plan was excluded
   assert os.path.exists(tmp_path / plan_store.FILENAME)
@@ -78,7 +80,8 @@ def test_a_second_run_reads_its_plan_back_and_trains_the_same(
 
 
 def test_a_kept_plan_is_not_read_for_a_budget_outside_its_range(
-    tmp_path, accounted):
+  tmp_path, accounted
+):
   _, first, _ = _first_run(tmp_path, accounted)
   # Room for the fastest plan: the kept answer is no longer the fastest.
   _, second = _trainer(tmp_path, 2**40)
@@ -89,7 +92,8 @@ def test_a_kept_plan_is_not_read_for_a_budget_outside_its_range(
 
 @pytest.mark.parametrize('damage', ['garbage', 'digest', 'format'])
 def test_a_damaged_file_is_one_warning_and_a_fresh_plan(
-    tmp_path, accounted, caplog, damage):
+  tmp_path, accounted, caplog, damage
+):
   budget, first, searched = _first_run(tmp_path, accounted)
   path = tmp_path / plan_store.FILENAME
   data = json.loads(path.read_text())
@@ -107,10 +111,11 @@ def test_a_damaged_file_is_one_warning_and_a_fresh_plan(
   second.one_step(_BATCH, cases.RNGS[0])
   assert len(accounted) == searched  # planned afresh
   assert second.planned(_BATCH).plan == first.planned(_BATCH).plan
-  warnings = [r.getMessage() for r in caplog.records
-              if 'stored plans' in r.getMessage()]
+  warnings = [
+    r.getMessage() for r in caplog.records if 'stored plans' in r.getMessage()
+  ]
   assert len(warnings) == 1 and 'planning afresh' in warnings[0]
   # The fresh plan is kept again, intact.
   assert plan_store.PlanStore(str(tmp_path)).load(
-      next(iter(json.loads(path.read_text())['plans'])), budget) == (
-          first.planned(_BATCH).plan)
+    next(iter(json.loads(path.read_text())['plans'])), budget
+  ) == (first.planned(_BATCH).plan)

@@ -80,9 +80,14 @@ def test_candidates_cover_every_dimension():
   # Within a slicing, saved entries on the host after every device plan
   # (fused programs keep none).
   for k in (1, 2, 4):
-    kept = [p.saved_on_host for p in plans
-            if p.batch_slices == k and p.fused_from == p.loss and
-            p.sequence_chunks == 1 and p.micro_batches == 1]
+    kept = [
+      p.saved_on_host
+      for p in plans
+      if p.batch_slices == k
+      and p.fused_from == p.loss
+      and p.sequence_chunks == 1
+      and p.micro_batches == 1
+    ]
     assert kept == sorted(kept) and kept[-1], k
   # Sequence chunks after every plan without, micro-batches after both.
   chunked = [p.sequence_chunks > 1 for p in plans if p.micro_batches == 1]
@@ -102,12 +107,17 @@ def test_the_planners_bounds_hold():
   candidates = p.candidates(p.step_types(_BATCH))
   peak_of = dict(peaks)
   least = min(peak for _, peak in peaks)
-  assert min(peak_of[group.leanest]
-             for group in candidates.groups()) == least
+  assert min(peak_of[group.leanest] for group in candidates.groups()) == least
   for plan, peak in peaks:
     if plan.fused_from == plan.loss:
-      assert peak >= peak_of[candidates.leanest(
-          plan.batch_slices, plan.sequence_chunks, plan.micro_batches)], plan
+      assert (
+        peak
+        >= peak_of[
+          candidates.leanest(
+            plan.batch_slices, plan.sequence_chunks, plan.micro_batches
+          )
+        ]
+      ), plan
   least_plan, least_step = trainer.least_device_memory_of(_BATCH)
   assert least_step.peak_device_bytes == least == peak_of[least_plan]
 
@@ -151,9 +161,14 @@ def test_budget_chooses_the_fastest_plan_that_fits():
     else:
       # Of a group in micro-batches only the fastest and the leanest plan
       # were accounted above: the chosen one is at most the leanest.
-      group = next(g for g in trainer.planner.candidates(
-          trainer.planner.step_types(_BATCH)).groups() if expected in g.plans)
-      assert planned.plan in group.plans[:group.plans.index(expected) + 1]
+      group = next(
+        g
+        for g in trainer.planner.candidates(
+          trainer.planner.step_types(_BATCH)
+        ).groups()
+        if expected in g.plans
+      )
+      assert planned.plan in group.plans[: group.plans.index(expected) + 1]
     cases.assert_all_close(ref_weights, model.weights)
     cases.assert_all_close(ref_slots, trainer.slots)
 
@@ -171,25 +186,33 @@ def test_nothing_fits_names_the_least_budget_and_changes_nothing():
   cases.assert_all_close(before, model.weights, tol=0)
   weighing = trainer.planner.weighing(_BATCH)
   assert weighing.chosen is None
-  assert [w.fits for w in weighing.weighed] == [False] * len(
-      weighing.weighed)
+  assert [w.fits for w in weighing.weighed] == [False] * len(weighing.weighed)
   assert need == min(w.memory.peak_device_bytes for w in weighing.weighed)
   _, trainer = _trainer(device_memory_budget_bytes=need)
   trainer.one_step(_BATCH, cases.RNGS[0])
   assert trainer.planned(_BATCH).memory.peak_device_bytes == need
   least_plan, least = trainer.least_device_memory_of(_BATCH)
   assert least.peak_device_bytes == need
-  kind = ('every layer in the loss program' if least_plan.fused_from == 0
-          else 'one layer per call, saved inputs and states and accumulated '
-          'gradients on the host')
-  chunks = (f', sequence_chunks={least_plan.sequence_chunks}'
-            if least_plan.sequence_chunks > 1 else '') + (
-                f', micro_batches={least_plan.micro_batches}'
-                if least_plan.micro_batches > 1 else '')
+  kind = (
+    'every layer in the loss program'
+    if least_plan.fused_from == 0
+    else 'one layer per call, saved inputs and states and accumulated '
+    'gradients on the host'
+  )
+  chunks = (
+    f', sequence_chunks={least_plan.sequence_chunks}'
+    if least_plan.sequence_chunks > 1
+    else ''
+  ) + (
+    f', micro_batches={least_plan.micro_batches}'
+    if least_plan.micro_batches > 1
+    else ''
+  )
   assert least_plan.micro_batches == 4  # one row per part
   assert least_plan.grads_on_host
-  assert (f'batch_slices={least_plan.batch_slices}{chunks} and {kind};'
-          in message)
+  assert (
+    f'batch_slices={least_plan.batch_slices}{chunks} and {kind};' in message
+  )
 
 
 def _calls_made(plan, layers):
@@ -197,8 +220,9 @@ def _calls_made(plan, layers):
   per forward unit and per backward segment outside the loss program, and
   the loss program's, per micro-batch; a unit or backward segment made of
   trax's `ReversibleSwap` alone only reorders the stack and makes none."""
-  swaps = {i for i, layer in enumerate(layers)
-           if layer.name == 'ReversibleSwap'}
+  swaps = {
+    i for i, layer in enumerate(layers) if layer.name == 'ReversibleSwap'
+  }
   n = 1
   for unit in plan.unit_spans():
     if unit[0] >= plan.fused_from:
@@ -208,8 +232,7 @@ def _calls_made(plan, layers):
   return n * plan.micro_batches
 
 
-def test_the_plans_weighed_are_accounted_once_the_chosen_marked(
-    monkeypatch):
+def test_the_plans_weighed_are_accounted_once_the_chosen_marked(monkeypatch):
   """One search: the plan to run, the least plan and every plan weighed on
   the way take one accounting each, all listed; each listed peak is the
   plan's own accounting (by a trainer without a budget), and a plan fits
@@ -233,6 +256,7 @@ def test_the_plans_weighed_are_accounted_once_the_chosen_marked(
   def counting(plan, units, types):
     accounted.append(plan)
     return account(plan, units, types)
+
   monkeypatch.setattr(p, 'account', counting)
 
   chosen = trainer.planned(_BATCH).plan
@@ -249,8 +273,9 @@ def test_the_plans_weighed_are_accounted_once_the_chosen_marked(
     assert w.fits == (w.memory.peak_device_bytes <= budget_bytes), w.plan
     assert w.calls_per_step == _calls_made(w.plan, trainer.all_layers), w.plan
     assert w.step_seconds is None
-  assert least.peak_device_bytes == min(w.memory.peak_device_bytes
-                                        for w in weighing.weighed)
+  assert least.peak_device_bytes == min(
+    w.memory.peak_device_bytes for w in weighing.weighed
+  )
   [chosen_json] = [x for x in weighing.to_json() if x['chosen']]
   assert chosen_json['settings'] == chosen.settings()
   assert chosen_json['fits'] is True
@@ -260,14 +285,17 @@ def test_the_plans_weighed_are_accounted_once_the_chosen_marked(
 def test_a_budget_of_stocks_own_peak_finds_a_plan():
   from trax.optimizers import trainer as stock_lib  # pylint: disable=g-import-not-at-top
   from conftest import reversible_lm_blocks  # pylint: disable=g-import-not-at-top
+
   batch = _BATCH
   first, revs, loss = reversible_lm_blocks()
   model = tl.Serial([first] + revs + [loss])
   model.init(batch, rng=fastmath.random.get_prng(12))
-  stock = stock_lib.ReversibleSerialTrainer([(first.sublayers, revs)], loss,
-                                            optimizers.Adam, n_devices=1)
+  stock = stock_lib.ReversibleSerialTrainer(
+    [(first.sublayers, revs)], loss, optimizers.Adam, n_devices=1
+  )
   stock_peak = device_memory.stock_trainer_memory(
-      stock, device_memory.abstract(batch), 'cpu').peak_device_bytes
+    stock, device_memory.abstract(batch), 'cpu'
+  ).peak_device_bytes
   _, ours = _trainer(device_memory_budget_bytes=stock_peak)
   assert ours.device_memory_of(batch).peak_device_bytes <= stock_peak
 
@@ -285,27 +313,38 @@ class _Device:
     return self._stats
 
 
-@pytest.mark.parametrize('stats,limit', [
+@pytest.mark.parametrize(
+  'stats,limit',
+  [
     ({'bytes_limit': 8 * 2**30, 'bytes_in_use': 5}, 8 * 2**30),
-    ({'bytes_in_use': 5}, None), (None, None),
-    (NotImplementedError('no stats'), None)])
+    ({'bytes_in_use': 5}, None),
+    (None, None),
+    (NotImplementedError('no stats'), None),
+  ],
+)
 def test_the_memory_limit_is_the_devices_bytes_limit(stats, limit):
   placement = placement_lib.Placement(1)
   placement.devices = [_Device(stats)]
   assert placement.memory_limit_bytes() == limit
 
 
-@pytest.mark.parametrize('setting,limit,expected', [
+@pytest.mark.parametrize(
+  'setting,limit,expected',
+  [
     ('auto', 8 * 2**30, 8 * 2**30 - int(0.1 * 8 * 2**30)),
     # Where the size is not reported (CPU): what the host can give.
     ('auto', None, 4 * 2**30 - int(0.1 * 4 * 2**30)),
     ('device', 2**30, 2**30 - int(0.1 * 2**30)),
     (5 * 2**20, 8 * 2**30, 5 * 2**20),  # the user's value wins
-    (None, 8 * 2**30, None)])
+    (None, 8 * 2**30, None),
+  ],
+)
 def test_the_default_budget_is_the_devices_size_less_a_reserve(
-    setting, limit, expected, monkeypatch):
-  monkeypatch.setattr(placement_lib.Placement, 'memory_limit_bytes',
-                      lambda self: limit)
+  setting, limit, expected, monkeypatch
+):
+  monkeypatch.setattr(
+    placement_lib.Placement, 'memory_limit_bytes', lambda self: limit
+  )
   monkeypatch.setattr(memory, 'host_available_bytes', lambda: 4 * 2**30)
   _, trainer = _trainer(device_memory_budget_bytes=setting)
   assert trainer.planner.budget_bytes == expected
@@ -316,18 +355,26 @@ def test_a_device_budget_where_the_size_is_unknown_is_one_line():
     _trainer(device_memory_budget_bytes='device')
   # (gin adds a line naming the configurable.)
   assert str(e.value).splitlines()[0] == (
-      "trax_revplus.ReversibleSerialTrainer.device_memory_budget_bytes = "
-      "'device', but the cpu backend does not report its devices' memory "
-      "size (memory_stats()['bytes_limit']); set the budget in bytes (e.g. "
-      "17179869184 for 16 GiB), or 'auto' to plan under what the host can "
-      "give.")
+    'trax_revplus.ReversibleSerialTrainer.device_memory_budget_bytes = '
+    "'device', but the cpu backend does not report its devices' memory "
+    "size (memory_stats()['bytes_limit']); set the budget in bytes (e.g. "
+    "17179869184 for 16 GiB), or 'auto' to plan under what the host can "
+    'give.'
+  )
 
 
-@pytest.mark.parametrize('name,value', [
-    ('device_memory_budget_bytes', 0), ('device_memory_budget_bytes', 1.5),
+@pytest.mark.parametrize(
+  'name,value',
+  [
+    ('device_memory_budget_bytes', 0),
+    ('device_memory_budget_bytes', 1.5),
     ('device_memory_budget_bytes', 'gpu'),
-    ('batch_slices', 0), ('batch_slices', -2), ('batch_slices', 1.5),
-    ('batch_slices', '2')])
+    ('batch_slices', 0),
+    ('batch_slices', -2),
+    ('batch_slices', 1.5),
+    ('batch_slices', '2'),
+  ],
+)
 def test_bad_budget_settings_are_rejected(name, value):
   with pytest.raises(validation.TrainerOptionError, match=name):
     _trainer(**{name: value})
@@ -336,12 +383,14 @@ def test_bad_budget_settings_are_rejected(name, value):
 def _default_trainer_peak():
   """trax's default Trainer's accounted step peak on `_trainer`'s model."""
   from conftest import reversible_lm_blocks  # pylint: disable=g-import-not-at-top
+
   first, revs, loss = reversible_lm_blocks()
   model = tl.Serial([first] + revs + [loss])
   model.init(_BATCH, rng=fastmath.random.get_prng(12))
   trainer, _ = cases.default_trainer(model, optimizers.Adam)
   return device_memory.default_trainer_memory(
-      trainer, device_memory.abstract(_BATCH), 'cpu').peak_device_bytes
+    trainer, device_memory.abstract(_BATCH), 'cpu'
+  ).peak_device_bytes
 
 
 def test_fused_program_trains_as_the_default_trainer_in_its_memory():
@@ -353,8 +402,9 @@ def test_fused_program_trains_as_the_default_trainer_in_its_memory():
   peaks = {}
   for k in (1, 2):
     model, trainer = _trainer(device_memory_budget_bytes=None)
-    peaks[k] = cases.set_plan(trainer, _BATCH, cases.fused_plan(
-        trainer, _BATCH, k)).peak_device_bytes
+    peaks[k] = cases.set_plan(
+      trainer, _BATCH, cases.fused_plan(trainer, _BATCH, k)
+    ).peak_device_bytes
     cases.train(trainer, _BATCH, 3)
     cases.assert_all_close(ref_weights, model.weights)
     cases.assert_all_close(ref_slots, trainer.slots)
@@ -367,8 +417,9 @@ def test_the_removed_store_activations_is_one_line_naming_what_to_do():
   message = str(e.value).splitlines()[0]  # gin adds a line naming the class
   assert message.endswith('Remove the binding.')
   assert message.startswith(
-      'trax_revplus.ReversibleSerialTrainer.store_activations was removed: '
-      'keeping every activation ran slower than recomputing it')
+    'trax_revplus.ReversibleSerialTrainer.store_activations was removed: '
+    'keeping every activation ran slower than recomputing it'
+  )
 
 
 def test_a_large_budget_compiles_the_fastest_plan_alone(monkeypatch):
@@ -381,10 +432,18 @@ def test_a_large_budget_compiles_the_fastest_plan_alone(monkeypatch):
   assert accounted == [fastest]
 
 
-@pytest.mark.parametrize('pinned', [
-    {'batch_slices': 2}, {'segment_max_layers': 1},
-    {'segment_max_layers': 2, 'backward_segment_max_layers': 1,
-     'batch_slices': 4}])
+@pytest.mark.parametrize(
+  'pinned',
+  [
+    {'batch_slices': 2},
+    {'segment_max_layers': 1},
+    {
+      'segment_max_layers': 2,
+      'backward_segment_max_layers': 1,
+      'batch_slices': 4,
+    },
+  ],
+)
 def test_settings_given_as_ints_pin_their_dimension(pinned):
   """Under a budget the planner keeps what the user pinned and chooses the
   rest: the first candidate of the exhaustive order with those values."""
@@ -396,10 +455,11 @@ def test_settings_given_as_ints_pin_their_dimension(pinned):
     if 'segment_max_layers' in pinned and plan.fused_from < plan.loss:
       return False
     return all(settings[k] == v for k, v in pinned.items())
-  expected = next(plan for plan, p in peaks
-                  if keeps(plan) and p <= budget_bytes)
-  model, trainer = _trainer(device_memory_budget_bytes=budget_bytes,
-                            **pinned)
+
+  expected = next(
+    plan for plan, p in peaks if keeps(plan) and p <= budget_bytes
+  )
+  model, trainer = _trainer(device_memory_budget_bytes=budget_bytes, **pinned)
   cases.train(trainer, _BATCH, 3)
   assert trainer.planned(_BATCH).plan == expected
   ref_weights, ref_slots, _ = cases.lm_reference_3_steps()
@@ -412,7 +472,8 @@ def test_auto_plan_settings_without_a_budget_are_the_unplanned_values():
   settings = trainer.planned(_BATCH).plan.settings()
   assert settings['batch_slices'] == 1 and settings['fused_layers'] == 0
   assert settings['segment_max_layers'] == min(
-      8, max(trainer.planner._store.block_sizes()))  # pylint: disable=protected-access
+    8, max(trainer.planner._store.block_sizes())
+  )  # pylint: disable=protected-access
 
 
 def test_a_pinned_plan_that_does_not_fit_names_the_setting_to_unpin():
@@ -422,8 +483,10 @@ def test_a_pinned_plan_that_does_not_fit_names_the_setting_to_unpin():
   message = str(e.value)
   assert '\n' not in message
   assert "set batch_slices to 'auto'" in message
-  assert ('with batch_slices=2, sequence_chunks=2, micro_batches=2 and one '
-          'layer per call' in message)
+  assert (
+    'with batch_slices=2, sequence_chunks=2, micro_batches=2 and one '
+    'layer per call' in message
+  )
 
 
 def _notices_planning(**settings):
@@ -438,29 +501,36 @@ def _notices_planning(**settings):
 
 def test_a_pinned_backward_length_the_fused_program_ignores_is_a_notice():
   budget_bytes = max(p for _, p in _every_candidate())
-  sent, plan = _notices_planning(device_memory_budget_bytes=budget_bytes,
-                                 backward_segment_max_layers=1)
+  sent, plan = _notices_planning(
+    device_memory_budget_bytes=budget_bytes, backward_segment_max_layers=1
+  )
   assert plan.fused_from < plan.loss
   assert len(sent) == 1 and sent[0].startswith(
-      'trax_revplus.ReversibleSerialTrainer.backward_segment_max_layers = 1 '
-      'was replaced by '), sent
+    'trax_revplus.ReversibleSerialTrainer.backward_segment_max_layers = 1 '
+    'was replaced by '
+  ), sent
 
 
 def test_settings_kept_as_given_send_no_notice():
   """Pinned slices are kept: no notice; n_async_layers left at its default
   (not given) may change without one."""
-  least = min(peak for plan, peak in _every_candidate()
-              if plan.micro_batches == 1)
+  least = min(
+    peak for plan, peak in _every_candidate() if plan.micro_batches == 1
+  )
   expected = next(plan for plan, p in _every_candidate() if p <= least)
-  sent, plan = _notices_planning(device_memory_budget_bytes=least,
-                                 batch_slices=expected.batch_slices)
+  sent, plan = _notices_planning(
+    device_memory_budget_bytes=least, batch_slices=expected.batch_slices
+  )
   assert sent == [] and plan == expected
 
 
 def test_without_a_listener_a_notice_is_a_python_warning():
   budget_bytes = max(p for _, p in _every_candidate())
-  _, trainer = _trainer(device_memory_budget_bytes=budget_bytes,
-                        backward_segment_max_layers=1)
-  with pytest.warns(notices.SettingReplacedWarning,
-                    match='backward_segment_max_layers = 1 was replaced'):
+  _, trainer = _trainer(
+    device_memory_budget_bytes=budget_bytes, backward_segment_max_layers=1
+  )
+  with pytest.warns(
+    notices.SettingReplacedWarning,
+    match='backward_segment_max_layers = 1 was replaced',
+  ):
     trainer.planned(_BATCH)

@@ -29,8 +29,13 @@ def _methods(protocol):
   for klass in reversed(protocol.__mro__):
     if klass.__module__ in ('typing', 'builtins'):
       continue
-    found.update({name: fn for name, fn in vars(klass).items()
-                  if inspect.isfunction(fn) and not name.startswith('_')})
+    found.update(
+      {
+        name: fn
+        for name, fn in vars(klass).items()
+        if inspect.isfunction(fn) and not name.startswith('_')
+      }
+    )
   return found
 
 
@@ -53,16 +58,23 @@ def real_step():
   """A real trainer's planned step (micro-batches, so that every unit
   kind's accumulate_fn is set), its StepContext and an AheadOfTime walk."""
   batch = cases.lm_batch()
-  _, trainer = cases.lm_trainer(batch, device_memory_budget_bytes=None,
-                                micro_batches=2)
+  _, trainer = cases.lm_trainer(
+    batch, device_memory_budget_bytes=None, micro_batches=2
+  )
   planned = trainer.planned(batch)
   # pylint: disable=protected-access
-  ctx = step_context.StepContext.for_step(planned, 1, cases.RNGS[0], batch,
-                                          trainer._parts)
+  ctx = step_context.StepContext.for_step(
+    planned, 1, cases.RNGS[0], batch, trainer._parts
+  )
   planner = trainer._planner
-  walk = on_types.AheadOfTime(planned.plan, planner.step_types(batch),
-                              trainer._placement, planner._store.layers,
-                              planner._store.optimizers, planner._programs)
+  walk = on_types.AheadOfTime(
+    planned.plan,
+    planner.step_types(batch),
+    trainer._placement,
+    planner._store.layers,
+    planner._store.optimizers,
+    planner._programs,
+  )
   return planned, ctx, walk, trainer._parts
 
 
@@ -70,16 +82,21 @@ def test_units_satisfy_the_unit_protocols(real_step):
   planned = real_step[0]
   plan_units = planned.units
   pass_units = plan_units.forward_units + plan_units.backward_units
-  assert {type(u) for u in pass_units} >= {unit_kinds.StandardUnit,
-                                          unit_kinds.ReversibleSegment}
+  assert {type(u) for u in pass_units} >= {
+    unit_kinds.StandardUnit,
+    unit_kinds.ReversibleSegment,
+  }
   for unit in pass_units + [plan_units.loss_unit]:
     assert isinstance(unit, protocols.Unit), unit
   for unit in pass_units:
     assert isinstance(unit, protocols.PassUnit), unit
   assert isinstance(plan_units.loss_unit, unit_kinds.LossUnit)
   assert isinstance(plan_units.loss_unit, protocols.LossProgram)
-  for klass in (unit_kinds.StandardUnit, unit_kinds.ReversibleSegment,
-                unit_kinds.SelectSegment):
+  for klass in (
+    unit_kinds.StandardUnit,
+    unit_kinds.ReversibleSegment,
+    unit_kinds.SelectSegment,
+  ):
     _assert_signatures(klass, protocols.PassUnit)
   _assert_signatures(unit_kinds.LossUnit, protocols.LossProgram)
 
@@ -87,6 +104,7 @@ def test_units_satisfy_the_unit_protocols(real_step):
 def test_select_segment_satisfies_the_pass_unit_protocol():
   # pylint: disable=g-import-not-at-top
   from trax import layers as tl
+
   unit = unit_kinds.SelectSegment([3], [tl.ReversibleSwap()])
   assert isinstance(unit, protocols.PassUnit)
 
@@ -95,8 +113,11 @@ def test_runs_satisfy_the_run_protocol(real_step):
   _, ctx, walk, _ = real_step
   assert isinstance(ctx, protocols.Step)
   assert isinstance(walk, protocols.Run)
-  for klass in (step_run.StepRun, step_context.StepContext,
-                on_types.AheadOfTime):
+  for klass in (
+    step_run.StepRun,
+    step_context.StepContext,
+    on_types.AheadOfTime,
+  ):
     _assert_signatures(klass, protocols.Run)
   _assert_signatures(step_context.StepContext, protocols.Step)
 
@@ -106,8 +127,7 @@ def test_sinks_satisfy_the_update_sink_protocol(real_step):
   for sink in (parts.commits, walk.sink, copy_back.UpdateSink()):
     assert isinstance(sink, protocols.UpdateSink), sink
   assert ctx.sink is parts.commits
-  for klass in (copy_back.UpdateSink, commit.CommitQueue,
-                host_types.HostTypes):
+  for klass in (copy_back.UpdateSink, commit.CommitQueue, host_types.HostTypes):
     _assert_signatures(klass, protocols.UpdateSink)
 
 
@@ -128,7 +148,6 @@ def test_a_unit_missing_a_member_fails_the_check():
   assert not isinstance(unit, protocols.Unit)
 
   class Sink:
-
     def readable(self, stats):
       return stats
 
@@ -143,6 +162,7 @@ def test_a_unit_missing_a_member_fails_the_check():
 
     def held_on_host(self):
       return []
+
   assert isinstance(Sink(), protocols.UpdateSink)  # names only
   with pytest.raises(AssertionError):
     _assert_signatures(Sink, protocols.UpdateSink)

@@ -27,29 +27,43 @@ def _x():
 
 
 def _reformer(dropout):
-  model = models.ReformerLM(32, d_model=8, d_ff=16, n_layers=1, n_heads=2,
-                            max_len=16, dropout=dropout, mode='train',
-                            attention_type=tl.SelfAttention)
+  model = models.ReformerLM(
+    32,
+    d_model=8,
+    d_ff=16,
+    n_layers=1,
+    n_heads=2,
+    max_len=16,
+    dropout=dropout,
+    mode='train',
+    attention_type=tl.SelfAttention,
+  )
   model.init(shapes.signature(np.zeros((2, 16), np.int32)))
   return model
 
 
 def _differs_on_two_rngs(layer, x):
   """Trax's own forward on two RNGs: whether any result differs."""
-  results = [layer.pure_fn(x, layer.weights, layer.state,
-                           jax.random.PRNGKey(seed)) for seed in (1, 2)]
-  return any(not np.array_equal(a, b) for a, b in zip(
+  results = [
+    layer.pure_fn(x, layer.weights, layer.state, jax.random.PRNGKey(seed))
+    for seed in (1, 2)
+  ]
+  return any(
+    not np.array_equal(a, b)
+    for a, b in zip(
       jax.tree_util.tree_leaves(results[0]),
-      jax.tree_util.tree_leaves(results[1])))
+      jax.tree_util.tree_leaves(results[1]),
+    )
+  )
 
 
 @pytest.mark.parametrize('dropout', [0.0, 0.1])
 def test_a_reformer_uses_its_rng_exactly_where_its_results_depend_on_it(
-    dropout):
+  dropout,
+):
   model = _reformer(dropout)
   x = np.arange(32, dtype=np.int32).reshape((2, 16)) % 32
-  uses = rng_use.forward_types(model, jax.ShapeDtypeStruct(x.shape,
-                                                           x.dtype))[1]
+  uses = rng_use.forward_types(model, jax.ShapeDtypeStruct(x.shape, x.dtype))[1]
   assert uses == _differs_on_two_rngs(model, x) == (dropout > 0)
 
 
@@ -57,16 +71,17 @@ def test_outputs_and_their_types_are_trax_s_own():
   model = _reformer(0.0)
   x = jax.ShapeDtypeStruct((2, 16), np.int32)
   outputs, _ = rng_use.forward_types(model, x)
-  expected, _ = jax.eval_shape(model.pure_fn, x, model.weights, model.state,
-                               rng_use.RNG_TYPE)
+  expected, _ = jax.eval_shape(
+    model.pure_fn, x, model.weights, model.state, rng_use.RNG_TYPE
+  )
   assert outputs == expected
 
 
 def test_a_draw_counts_and_an_unread_rng_does_not():
-  assert rng_use.depends_on_last_input(_jaxpr(
-      lambda x, rng: x + jax.random.uniform(rng, x.shape), _x()))
-  assert not rng_use.depends_on_last_input(_jaxpr(
-      lambda x, rng: 2 * x, _x()))
+  assert rng_use.depends_on_last_input(
+    _jaxpr(lambda x, rng: x + jax.random.uniform(rng, x.shape), _x())
+  )
+  assert not rng_use.depends_on_last_input(_jaxpr(lambda x, rng: 2 * x, _x()))
   assert rng_use.depends_on_last_input(_jaxpr(lambda x, rng: rng, _x()))
 
 
@@ -91,8 +106,9 @@ def test_calls_are_followed_inside():
   assert not rng_use.depends_on_last_input(_jaxpr(custom, _x()))
   assert rng_use.depends_on_last_input(_jaxpr(remat, _x()))
   # A split whose keys are dropped is not a use.
-  assert not rng_use.depends_on_last_input(_jaxpr(
-      lambda x, rng: (jax.random.split(rng), x)[1], _x()))
+  assert not rng_use.depends_on_last_input(
+    _jaxpr(lambda x, rng: (jax.random.split(rng), x)[1], _x())
+  )
 
 
 def test_a_loop_over_the_rng_counts_as_a_use():
@@ -100,8 +116,10 @@ def test_a_loop_over_the_rng_counts_as_a_use():
     def body(carry, _):
       y, key = carry
       return (2 * y, jax.random.split(key)[0]), None
+
     (y, _), _ = jax.lax.scan(body, (x, rng), None, length=2)
     return y
+
   # The carry's x never reads the RNG, but a loop counts whole: a draw may
   # be reported where there is none, never the reverse.
   assert rng_use.depends_on_last_input(_jaxpr(loop, _x()))

@@ -58,15 +58,22 @@ def test_dense_model_trains_as_the_default_trainer():
   batch = cases.lm_batch()
   _, control = cases.lm_trainer(batch, device_memory_budget_bytes=None)
   control_compiles = _train_switching(
-      control, batch, [_leanest(control, batch, False)] * 3)
+    control, batch, [_leanest(control, batch, False)] * 3
+  )
   model, trainer = cases.lm_trainer(batch, device_memory_budget_bytes=None)
   p = trainer.planner
-  group = next(g for g in p.candidates(p.step_types(batch)).groups()
-               if not g.fused_reversible_layers)
+  group = next(
+    g
+    for g in p.candidates(p.step_types(batch)).groups()
+    if not g.fused_reversible_layers
+  )
   widest_on_host = next(plan for plan in group.plans if plan.saved_on_host)
   assert widest_on_host.settings()['segment_max_layers'] > 1
-  plans = [_leanest(trainer, batch, False), _leanest(trainer, batch, True),
-           widest_on_host]
+  plans = [
+    _leanest(trainer, batch, False),
+    _leanest(trainer, batch, True),
+    widest_on_host,
+  ]
   assert _train_switching(trainer, batch, plans) == control_compiles
   ref_weights, ref_slots, _ = cases.lm_reference_3_steps()
   cases.assert_all_close(ref_weights, model.weights)
@@ -88,14 +95,16 @@ def test_lsh_model_trains_as_the_default_trainer():
   model = tl.Serial(cases.lsh_model(), tl.WeightedCategoryCrossEntropy())
   init = lambda: model.init(shapes.signature(batch), rng=init_rng)
   ref_weights, ref_slots, ref_state = cases.reference(
-      model, init, optimizers.Adam, 2, batch)
+    model, init, optimizers.Adam, 2, batch
+  )
   ref = fastmath.nested_map(np.asarray, (ref_weights, ref_slots, ref_state))
 
   model = tl.Serial(cases.lsh_model(), tl.WeightedCategoryCrossEntropy())
   model.init(shapes.signature(batch), rng=init_rng)
   blocks, loss = rev_trainer.extract_reversible_blocks(list(model.sublayers))
   trainer = rev_trainer.ReversibleSerialTrainer(
-      blocks, loss, optimizers.Adam, device_memory_budget_bytes=None)
+    blocks, loss, optimizers.Adam, device_memory_budget_bytes=None
+  )
   step = cases.set_plan(trainer, batch, _leanest(trainer, batch, True))
   assert not any(h.name == _SAVED for c in step.calls for h in c.held)
   cases.train(trainer, batch, 2)
@@ -106,6 +115,7 @@ def test_lsh_model_trains_as_the_default_trainer():
 
 # Models as (layers for `extract_reversible_blocks`, batch): each built
 # fresh per trainer, initialized alike.
+
 
 def _dense():
   first, revs, loss = reversible_lm_blocks()
@@ -125,21 +135,34 @@ def _terraformer():
   """An encoder-decoder Terraformer (reversible encoder, 1 + 2 layers)."""
   inputs = np.arange(8).reshape((2, 4)).astype(np.int32) + 1
   model = terraformer.ConfigurableTerraformer(
-      20, d_model=8, d_ff=16, n_heads=1, dropout=0.0, n_encoder_layers=1,
-      n_decoder_layers=2, pos_type=None, reversible_encoder=True)
+    20,
+    d_model=8,
+    d_ff=16,
+    n_heads=1,
+    dropout=0.0,
+    n_encoder_layers=1,
+    n_decoder_layers=2,
+    pos_type=None,
+    reversible_encoder=True,
+  )
   loss = tl.Serial(tl.LogSoftmax(), tl.CrossEntropyLoss())
   return [model, loss], (inputs, 2 * inputs, np.ones_like(inputs))
 
 
-MODELS = {'dense': _dense, 'extended': _extended, 'lsh': _lsh,
-          'terraformer': _terraformer}
+MODELS = {
+  'dense': _dense,
+  'extended': _extended,
+  'lsh': _lsh,
+  'terraformer': _terraformer,
+}
 
 
 def _blocks(module, name):
   layers, batch = MODELS[name]()
   blocks, loss = module.extract_reversible_blocks(layers)
-  module.init_reversible_blocks(blocks, loss, shapes.signature(batch),
-                                fastmath.random.get_prng(5))
+  module.init_reversible_blocks(
+    blocks, loss, shapes.signature(batch), fastmath.random.get_prng(5)
+  )
   return blocks, loss, batch
 
 
@@ -148,20 +171,25 @@ def _ours(name):
   """(our trainer without a budget, batch) on model `name`."""
   blocks, loss, batch = _blocks(rev_trainer, name)
   return rev_trainer.ReversibleSerialTrainer(
-      blocks, loss, optimizers.Adam, device_memory_budget_bytes=None), batch
+    blocks, loss, optimizers.Adam, device_memory_budget_bytes=None
+  ), batch
 
 
 def _stock_peak(name):
   from trax.optimizers import trainer as stock_lib  # pylint: disable=g-import-not-at-top
+
   blocks, loss, batch = _blocks(stock_lib, name)
-  stock = stock_lib.ReversibleSerialTrainer(blocks, loss, optimizers.Adam,
-                                            n_devices=1)
+  stock = stock_lib.ReversibleSerialTrainer(
+    blocks, loss, optimizers.Adam, n_devices=1
+  )
   return device_memory.stock_trainer_memory(
-      stock, device_memory.abstract(batch), 'cpu').peak_device_bytes
+    stock, device_memory.abstract(batch), 'cpu'
+  ).peak_device_bytes
 
 
-@pytest.mark.parametrize('name', [
-    'dense', 'lsh', pytest.param('terraformer', marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+  'name', ['dense', 'lsh', pytest.param('terraformer', marks=pytest.mark.slow)]
+)
 def test_least_plan_needs_no_more_than_stocks_step(name):
   trainer, batch = _ours(name)
   plan, least = trainer.least_device_memory_of(batch)
@@ -176,14 +204,18 @@ def test_saved_entries_on_the_host_hold_less_than_on_the_device(name):
   would hold the earlier blocks' inputs)."""
   trainer, batch = _ours(name)
   p = trainer.planner
-  widest = next(g for g in p.candidates(p.step_types(batch)).groups()
-                if not g.fused_reversible_layers).plans[0]
+  widest = next(
+    g
+    for g in p.candidates(p.step_types(batch)).groups()
+    if not g.fused_reversible_layers
+  ).plans[0]
   assert (len(widest.blocks) > 1) == (name == 'extended')
   for plan in (widest, _leanest(trainer, batch, False)):
     peaks = {}
     for on_host in (False, True):
-      step = cases.set_plan(trainer, batch,
-                            dataclasses.replace(plan, saved_on_host=on_host))
+      step = cases.set_plan(
+        trainer, batch, dataclasses.replace(plan, saved_on_host=on_host)
+      )
       peaks[on_host] = step.peak_device_bytes
       if on_host:
         assert not any(h.name == _SAVED for c in step.calls for h in c.held)

@@ -28,8 +28,16 @@ def _terraformer():
   """An encoder-decoder Terraformer with a large vocabulary: its loss
   program's logits outweigh its weights, as in trax's configs."""
   model = terraformer.ConfigurableTerraformer(
-      1000, d_model=8, d_ff=16, n_heads=1, dropout=0.0, n_encoder_layers=1,
-      n_decoder_layers=1, pos_type=None, reversible_encoder=True)
+    1000,
+    d_model=8,
+    d_ff=16,
+    n_heads=1,
+    dropout=0.0,
+    n_encoder_layers=1,
+    n_decoder_layers=1,
+    pos_type=None,
+    reversible_encoder=True,
+  )
   tokens = np.arange(64, dtype=np.int32).reshape((4, 16)) % 900 + 1
   batch = (tokens, tokens, np.ones_like(tokens, dtype=np.float32))
   return [model, tl.WeightedCategoryCrossEntropy()], batch, optimizers.Adafactor
@@ -46,19 +54,26 @@ MODELS = {'dense': _dense, 'terraformer': _terraformer}
 def _trainer(name):
   layers, batch, optimizer = MODELS[name]()
   blocks, loss = rev_trainer.extract_reversible_blocks(layers)
-  rev_trainer.init_reversible_blocks(blocks, loss, shapes.signature(batch),
-                                     fastmath.random.get_prng(5))
+  rev_trainer.init_reversible_blocks(
+    blocks, loss, shapes.signature(batch), fastmath.random.get_prng(5)
+  )
   return rev_trainer.ReversibleSerialTrainer(
-      blocks, loss, optimizer, device_memory_budget_bytes=None), batch
+    blocks, loss, optimizer, device_memory_budget_bytes=None
+  ), batch
 
 
 def _programs(trainer, batch, fused, k):
   """{call name: `ProgramMemory`} of the leanest plan of `k` slices."""
   p = trainer.planner
-  [plan] = [g.leanest for g in p.candidates(p.step_types(batch)).groups()
-            if bool(g.fused_reversible_layers) == fused and
-            g.leanest.batch_slices == k and g.leanest.sequence_chunks == 1 and
-            g.leanest.micro_batches == 1 and g.leanest.parallel_heads is None]
+  [plan] = [
+    g.leanest
+    for g in p.candidates(p.step_types(batch)).groups()
+    if bool(g.fused_reversible_layers) == fused
+    and g.leanest.batch_slices == k
+    and g.leanest.sequence_chunks == 1
+    and g.leanest.micro_batches == 1
+    and g.leanest.parallel_heads is None
+  ]
   step = cases.set_plan(trainer, batch, plan)
   return {c.name: c.program for c in step.calls}
 
@@ -75,10 +90,18 @@ def test_two_slices_shrink_every_call(name, fused):
   whole = _programs(trainer, batch, fused, 1)
   sliced = _programs(trainer, batch, fused, 2)
   assert sorted(whole) == sorted(sliced)
-  grown = {n: (whole[n].temp_bytes, sliced[n].temp_bytes) for n in whole
-           if sliced[n].temp_bytes > whole[n].temp_bytes / 2 +
-           sliced[n].argument_bytes + sliced[n].output_bytes}
+  grown = {
+    n: (whole[n].temp_bytes, sliced[n].temp_bytes)
+    for n in whole
+    if sliced[n].temp_bytes
+    > whole[n].temp_bytes / 2
+    + sliced[n].argument_bytes
+    + sliced[n].output_bytes
+  }
   assert not grown, grown
   largest = max(whole, key=lambda n: whole[n].temp_bytes)
   assert sliced[largest].temp_bytes <= 0.75 * whole[largest].temp_bytes, (
-      largest, whole[largest], sliced[largest])
+    largest,
+    whole[largest],
+    sliced[largest],
+  )

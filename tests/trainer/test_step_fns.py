@@ -24,14 +24,16 @@ def _functions():
   half = tl.ReversibleHalfResidual(tl.Dense(4))
   adam = optimizers.Adam
   return {
-      Kind.FORWARD: step_fns.forward_fn(dense),
-      Kind.FORWARD_BACKWARD_UPDATE: step_fns.fbo_fn(dense, adam(), 1, False),
-      Kind.LOSS: step_fns.fbo_fn(dense, adam(), 1, False, 'loss'),
-      Kind.SEGMENT_FORWARD: chains.segment_forward_fn([half, swap]),
-      Kind.SEGMENT_REVERSE_UPDATE: step_fns.segment_reverse_fn(
-          [half, swap], [adam(), adam()], 1, False),
-      Kind.FUSED_LOSS: fused_fns.fused_loss_fn(
-          [half, swap, dense], [adam(), adam(), adam()], 1, False),
+    Kind.FORWARD: step_fns.forward_fn(dense),
+    Kind.FORWARD_BACKWARD_UPDATE: step_fns.fbo_fn(dense, adam(), 1, False),
+    Kind.LOSS: step_fns.fbo_fn(dense, adam(), 1, False, 'loss'),
+    Kind.SEGMENT_FORWARD: chains.segment_forward_fn([half, swap]),
+    Kind.SEGMENT_REVERSE_UPDATE: step_fns.segment_reverse_fn(
+      [half, swap], [adam(), adam()], 1, False
+    ),
+    Kind.FUSED_LOSS: fused_fns.fused_loss_fn(
+      [half, swap, dense], [adam(), adam(), adam()], 1, False
+    ),
   }
 
 

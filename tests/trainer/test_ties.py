@@ -39,8 +39,9 @@ def _shared_dense_model():
   revs0 = [tl.ReversibleHalfResidual(tl.Dense(4)), tl.ReversibleSwap()]
   std1 = [tl.Add(), shared, tl.Dup()]
   revs1 = [tl.ReversibleHalfResidual(tl.Dense(4)), tl.ReversibleSwap()]
-  loss = tl.Serial(tl.Concatenate(), tl.Dense(9), tl.LogSoftmax(),
-                   tl.CrossEntropyLoss())
+  loss = tl.Serial(
+    tl.Concatenate(), tl.Dense(9), tl.LogSoftmax(), tl.CrossEntropyLoss()
+  )
   whole = tl.Serial(std0 + revs0 + std1 + revs1 + [loss])
   whole.init(cases.lm_batch(), rng=fastmath.random.get_prng(12))
   return [(std0, revs0), (std1, revs1)], loss
@@ -53,36 +54,60 @@ def _train(make_trainer):
   trainer = make_trainer(blocks, loss)
   losses = cases.train(trainer, cases.lm_batch(), _STEPS)
   weights = [layer.weights for std, revs in blocks for layer in std + revs]
-  return ([np.asarray(x) for x in
-           jax.tree_util.tree_leaves(weights + [loss.weights])],
-          [float(x) for x in losses])
+  return (
+    [
+      np.asarray(x) for x in jax.tree_util.tree_leaves(weights + [loss.weights])
+    ],
+    [float(x) for x in losses],
+  )
 
 
 @functools.lru_cache(maxsize=1)
 def _stock():
-  return _train(lambda blocks, loss: stock_trainer.ReversibleSerialTrainer(
-      blocks, loss, optimizers.Adam))
+  return _train(
+    lambda blocks, loss: stock_trainer.ReversibleSerialTrainer(
+      blocks, loss, optimizers.Adam
+    )
+  )
 
 
 def _ours(fused=False, **kwargs):
   def make(blocks, loss):
-    trainer = rev_trainer.ReversibleSerialTrainer(blocks, loss,
-                                                  optimizers.Adam, **kwargs)
+    trainer = rev_trainer.ReversibleSerialTrainer(
+      blocks, loss, optimizers.Adam, **kwargs
+    )
     if fused:
       batch = cases.lm_batch()
       cases.set_plan(trainer, batch, cases.fused_plan(trainer, batch))
     return trainer
+
   return make
 
 
-@pytest.mark.parametrize('fused,kwargs', [
+@pytest.mark.parametrize(
+  'fused,kwargs',
+  [
     (False, {}),  # the planner's choice ('auto' budget)
-    (False, {'device_memory_budget_bytes': None, 'segment_max_layers': 1,
-             'backward_segment_max_layers': 1}),
-    (False, {'device_memory_budget_bytes': None, 'segment_max_layers': 2,
-             'batch_slices': 2}),
+    (
+      False,
+      {
+        'device_memory_budget_bytes': None,
+        'segment_max_layers': 1,
+        'backward_segment_max_layers': 1,
+      },
+    ),
+    (
+      False,
+      {
+        'device_memory_budget_bytes': None,
+        'segment_max_layers': 2,
+        'batch_slices': 2,
+      },
+    ),
     (True, {}),
-], ids=['planned', 'one-layer-per-call', 'segments-of-2-sliced', 'fused'])
+  ],
+  ids=['planned', 'one-layer-per-call', 'segments-of-2-sliced', 'fused'],
+)
 def test_shared_weights_train_as_stock(fused, kwargs):
   expected_weights, expected_losses = _stock()
   weights, losses = _train(_ours(fused, **kwargs))
@@ -120,5 +145,4 @@ def test_shared_weights_are_fused_unsliced_only():
   assert {g.leanest.batch_slices for g in groups} == {1, 2, 4}
   # A sliced fused plan kept by an earlier run is not run.
   assert candidates.may_run(fused[0])
-  assert not candidates.may_run(dataclasses.replace(fused[0],
-                                                    batch_slices=2))
+  assert not candidates.may_run(dataclasses.replace(fused[0], batch_slices=2))

@@ -29,18 +29,25 @@ pytestmark = pytest.mark.usefixtures('stock_trax')
 def test_slots_get_and_set():
   layers = [tl.Dense(4), tl.Dup()]
   rev_layers = [tl.ReversibleHalfResidual(tl.Dense(4)), tl.ReversibleSwap()]
-  loss_layer = tl.Serial(tl.Concatenate(), tl.Dense(4), tl.LogSoftmax(),
-                         tl.CrossEntropyLoss())
+  loss_layer = tl.Serial(
+    tl.Concatenate(), tl.Dense(4), tl.LogSoftmax(), tl.CrossEntropyLoss()
+  )
   tl.Serial(layers + rev_layers + [loss_layer]).init(
-      (shapes.ShapeDtype((2, 4)), shapes.ShapeDtype((2,), np.int32),
-       shapes.ShapeDtype((2,))))
+    (
+      shapes.ShapeDtype((2, 4)),
+      shapes.ShapeDtype((2,), np.int32),
+      shapes.ShapeDtype((2,)),
+    )
+  )
   trainer = rev_trainer.ReversibleSerialTrainer(
-      [(layers, rev_layers)], loss_layer, optimizers.Adam)
+    [(layers, rev_layers)], loss_layer, optimizers.Adam
+  )
   slots = trainer.slots
   trainer.slots = slots
   assert fastmath.tree_flatten(trainer.slots)
-  for x, y in zip(fastmath.tree_flatten(slots),
-                  fastmath.tree_flatten(trainer.slots)):
+  for x, y in zip(
+    fastmath.tree_flatten(slots), fastmath.tree_flatten(trainer.slots)
+  ):
     np.testing.assert_array_equal(x, y)
   # A changed value goes in and comes back out.
   changed = fastmath.nested_map(lambda s: s + 1.0, slots)
@@ -52,8 +59,10 @@ def test_slots_get_and_set():
     assert {d.platform for d in x.devices()} == {'cpu'}
 
 
-@pytest.mark.parametrize('optimizer_fn,segment_max_layers',
-                         [(optimizers.Adam, 1), (optimizers.Adafactor, 8)])
+@pytest.mark.parametrize(
+  'optimizer_fn,segment_max_layers',
+  [(optimizers.Adam, 1), (optimizers.Adafactor, 8)],
+)
 def test_same_as_default_basic(optimizer_fn, segment_max_layers):
   """One compiled call per layer (1), or the 4 reversible layers fused (8)."""
   batch = cases.batch()
@@ -61,21 +70,26 @@ def test_same_as_default_basic(optimizer_fn, segment_max_layers):
   model = tl.Serial([first] + revs + [loss])
   rng_init = fastmath.random.get_prng(12)
   init = lambda: model.init(batch, rng=rng_init)
-  ref_weights, ref_slots, _ = cases.reference(model, init, optimizer_fn, 2,
-                                              batch)
+  ref_weights, ref_slots, _ = cases.reference(
+    model, init, optimizer_fn, 2, batch
+  )
 
   init()
   trainer = rev_trainer.ReversibleSerialTrainer(
-      [(first.sublayers, revs)], loss, optimizer_fn,
-      segment_max_layers=segment_max_layers)
+    [(first.sublayers, revs)],
+    loss,
+    optimizer_fn,
+    segment_max_layers=segment_max_layers,
+  )
   cases.train(trainer, batch, 2)
   cases.assert_all_close(ref_weights, model.weights)
   # Default Trainer keeps one flat slot tuple per weight; ours per layer.
   cases.assert_all_close(ref_slots, trainer.slots)
   cases.host_leaves_only(model.weights)
-  assert not np.allclose(np.asarray(fastmath.tree_flatten(ref_weights)[0]),
-                         np.asarray(fastmath.tree_flatten(
-                             _initial_weights(model, init))[0]))
+  assert not np.allclose(
+    np.asarray(fastmath.tree_flatten(ref_weights)[0]),
+    np.asarray(fastmath.tree_flatten(_initial_weights(model, init))[0]),
+  )
 
 
 def _initial_weights(model, init):
@@ -95,12 +109,17 @@ def test_same_as_default_extended():
   rng_init = fastmath.random.get_prng(12)
   init = lambda: model.init(batch, rng=rng_init)
   ref_weights, ref_slots, ref_state = cases.reference(
-      model, init, optimizers.Adam, 3, batch)
+    model, init, optimizers.Adam, 3, batch
+  )
 
   init()
   trainer = rev_trainer.ReversibleSerialTrainer(
-      [(first.sublayers, revs1), (mid.sublayers, revs2)], loss,
-      optimizers.Adam, memoize_jit=True, segment_max_layers=3)
+    [(first.sublayers, revs1), (mid.sublayers, revs2)],
+    loss,
+    optimizers.Adam,
+    memoize_jit=True,
+    segment_max_layers=3,
+  )
   cases.train(trainer, batch, 3)
   cases.assert_all_close(ref_weights, model.weights)
   cases.assert_all_close(ref_slots, trainer.slots)
@@ -111,9 +130,17 @@ def _terraformer_with_loss():
   """(ConfigurableTerraformer, its loss, model + loss, init): 2 + 2 layers,
   a sparse feed-forward, Adafactor's shapes."""
   model = terraformer.ConfigurableTerraformer(
-      20, d_model=8, d_ff=32, n_heads=1, dropout=0.0, n_encoder_layers=2,
-      n_decoder_layers=2, ff_sparsity=(4, 8, 0.0, 1.0), pos_type=None,
-      reversible_encoder=True)
+    20,
+    d_model=8,
+    d_ff=32,
+    n_heads=1,
+    dropout=0.0,
+    n_encoder_layers=2,
+    n_decoder_layers=2,
+    ff_sparsity=(4, 8, 0.0, 1.0),
+    pos_type=None,
+    reversible_encoder=True,
+  )
   loss = tl.Serial(tl.LogSoftmax(), tl.CrossEntropyLoss())
   model_with_loss = tl.Serial(model, loss)
   int_sig = shapes.ShapeDtype((2, 4), dtype=np.int32)
@@ -132,31 +159,37 @@ def _terraformer_reference_3_steps():
   """trax's default Trainer's weights after 3 Adafactor steps, computed once
   for every plan compared with them."""
   _, _, model_with_loss, init = _terraformer_with_loss()
-  weights, _, _ = cases.reference(model_with_loss, init, optimizers.Adafactor,
-                                  3, _terraformer_batch())
+  weights, _, _ = cases.reference(
+    model_with_loss, init, optimizers.Adafactor, 3, _terraformer_batch()
+  )
   return weights
 
 
-@pytest.mark.parametrize('plan', [
+@pytest.mark.parametrize(
+  'plan',
+  [
     {},
     # One layer per call, each in 2 batch slices: the decoder's
     # `ReversibleSelect([0, 0])` reads 1 stack item and writes 2, and
     # `ConcatWithPadding` reshapes its state on its first call.
-    dict(segment_max_layers=1, backward_segment_max_layers=1,
-         batch_slices=2),
+    dict(segment_max_layers=1, backward_segment_max_layers=1, batch_slices=2),
     # Every layer in the loss's one program, in 2 slices.
-    pytest.param('fused_2_slices', marks=pytest.mark.slow)],
-    ids=['defaults', 'one_layer_per_call_2_slices', 'fused_2_slices'])
+    pytest.param('fused_2_slices', marks=pytest.mark.slow),
+  ],
+  ids=['defaults', 'one_layer_per_call_2_slices', 'fused_2_slices'],
+)
 def test_same_as_default_terraformer_loss_chunking(plan):
   batch = _terraformer_batch()
   ref_weights = _terraformer_reference_3_steps()
   model, loss, model_with_loss, init = _terraformer_with_loss()
   blocks, loss_layer = trax_revplus.trainer.extract_reversible_blocks(
-      [model, loss], loss_chunk_size=4)
+    [model, loss], loss_chunk_size=4
+  )
   init()
   fused = plan == 'fused_2_slices'
   trainer = rev_trainer.ReversibleSerialTrainer(
-      blocks, loss_layer, optimizers.Adafactor, **({} if fused else plan))
+    blocks, loss_layer, optimizers.Adafactor, **({} if fused else plan)
+  )
   if fused:
     cases.set_plan(trainer, batch, cases.fused_plan(trainer, batch, 2))
   cases.train(trainer, batch, 3)

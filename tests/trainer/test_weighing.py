@@ -18,15 +18,22 @@ pytestmark = pytest.mark.usefixtures('stock_trax')
 
 def _plan(segment_max_layers, batch_slices=1):
   return plan_lib.make_plan(
-      [4], {i: 1 for i in range(6)}, [0],
-      segment_max_layers=segment_max_layers, segment_max_bytes=100,
-      backward_segment_max_layers=1, batch_slices=batch_slices)
+    [4],
+    {i: 1 for i in range(6)},
+    [0],
+    segment_max_layers=segment_max_layers,
+    segment_max_bytes=100,
+    backward_segment_max_layers=1,
+    batch_slices=batch_slices,
+  )
 
 
 def _memory(peak_bytes, n_calls=1, host_bytes=0):
-  return types.SimpleNamespace(peak_device_bytes=peak_bytes,
-                               peak_host_bytes=host_bytes,
-                               calls=(None,) * n_calls)
+  return types.SimpleNamespace(
+    peak_device_bytes=peak_bytes,
+    peak_host_bytes=host_bytes,
+    calls=(None,) * n_calls,
+  )
 
 
 def test_each_plan_once_fits_within_the_budget_the_chosen_marked():
@@ -46,22 +53,48 @@ def test_each_plan_once_fits_within_the_budget_the_chosen_marked():
   out = weighing.to_json()
   assert [x['chosen'] for x in out] == [False, True]
   assert out[1] == {
-      'describe': short.describe(5), 'settings': short.settings(),
-      'peak_device_bytes': 100, 'peak_host_bytes': 2048, 'fits': True,
-      'calls_per_step': 5, 'step_seconds': None, 'chosen': True}
+    'describe': short.describe(5),
+    'settings': short.settings(),
+    'peak_device_bytes': 100,
+    'peak_host_bytes': 2048,
+    'fits': True,
+    'calls_per_step': 5,
+    'step_seconds': None,
+    'chosen': True,
+  }
   assert out[1]['describe'].endswith(', 5 calls per step')
   header, *rows = weighing.lines()
-  assert header.split() == ['peak', 'device/step', 'peak', 'host/step',
-                            'fits', 'calls/step', 'step', 'time', 'plan']
+  assert header.split() == [
+    'peak',
+    'device/step',
+    'peak',
+    'host/step',
+    'fits',
+    'calls/step',
+    'step',
+    'time',
+    'plan',
+  ]
   assert rows[0].startswith(' ') and rows[1].startswith('*')
   assert rows[1].split()[1:10] == [
-      '100', 'B', '(0.0', 'MiB)', '2.0', 'KiB', 'yes', '5', '-']
+    '100',
+    'B',
+    '(0.0',
+    'MiB)',
+    '2.0',
+    'KiB',
+    'yes',
+    '5',
+    '-',
+  ]
   assert rows[0].split()[6] == 'no'
-  assert rows[1].endswith('batch_slices=2, fused_layers=0, '
-                          'n_async_layers=8, prefetch=True, '
-                          'saved_on_host=False, sequence_chunks=1, '
-                          'micro_batches=1, grads_on_host=False, '
-                          'parallel_heads=None')
+  assert rows[1].endswith(
+    'batch_slices=2, fused_layers=0, '
+    'n_async_layers=8, prefetch=True, '
+    'saved_on_host=False, sequence_chunks=1, '
+    'micro_batches=1, grads_on_host=False, '
+    'parallel_heads=None'
+  )
 
 
 def test_without_a_budget_fits_is_unknown():
@@ -78,11 +111,13 @@ def test_a_host_budget_and_a_refused_plan():
   plan the backend refused to compile for memory fits none, and reads
   'refused' with the bytes it needs at least."""
   from trax_revplus import device_memory  # pylint: disable=g-import-not-at-top
+
   weighing = weighing_lib.Weighing(budget_bytes=100, host_budget_bytes=50)
   weighing.add(_plan(4), _memory(100, host_bytes=51))
   weighing.add(_plan(2), _memory(100, host_bytes=50))
   refused = device_memory.ProgramOutOfMemoryError(
-      'JaxRuntimeError: RESOURCE_EXHAUSTED: ...', 'loss layer 5', 2048)
+    'JaxRuntimeError: RESOURCE_EXHAUSTED: ...', 'loss layer 5', 2048
+  )
   weighing.refuse(_plan(1), refused)
   assert [w.fits for w in weighing.weighed] == [False, True, False]
   assert weighing.memory_of(_plan(1)) is None
@@ -92,7 +127,13 @@ def test_a_host_budget_and_a_refused_plan():
   assert out['refused'] == str(refused) and out['least_device_bytes'] == 2048
   assert out['peak_device_bytes'] is None and out['calls_per_step'] is None
   assert weighing.lines()[3].split()[:6] == [
-      'refused,', '>=', '2.0', 'KiB', '-', 'no']
+    'refused,',
+    '>=',
+    '2.0',
+    'KiB',
+    '-',
+    'no',
+  ]
   # Without a device budget, the host budget alone.
   weighing = weighing_lib.Weighing(budget_bytes=None, host_budget_bytes=50)
   weighing.add(_plan(4), _memory(10**9, host_bytes=51))

@@ -39,8 +39,11 @@ def batch():
   return (inputs, 2 * inputs, np.ones_like(inputs))
 
 
-RNGS = [fastmath.random.get_prng(7), fastmath.random.get_prng(8),
-        fastmath.random.get_prng(9)]
+RNGS = [
+  fastmath.random.get_prng(7),
+  fastmath.random.get_prng(8),
+  fastmath.random.get_prng(9),
+]
 LRS = [None, 0.02, 0.03]
 
 
@@ -51,34 +54,51 @@ def train(trainer, batch_, n_steps):
   losses = []
   for i in range(n_steps):
     rng = RNGS[i] if i < len(RNGS) else fastmath.random.get_prng(7 + i)
-    loss, _ = trainer.one_step(batch_, rng,
-                               learning_rate=LRS[min(i, len(LRS) - 1)])
+    loss, _ = trainer.one_step(
+      batch_, rng, learning_rate=LRS[min(i, len(LRS) - 1)]
+    )
     losses.append(loss)
   return losses
 
 
 def basic_model(rate=0.5):
   first = tl.Serial(tl.Embedding(9, 4), tl.Dropout(rate), tl.Dup())
-  revs = [tl.ReversibleHalfResidual(tl.Dense(4), tl.Dropout(0.2)),
-          tl.ReversibleSwap(),
-          tl.ReversibleHalfResidual(tl.Dropout(0.5), tl.Dense(4)),
-          tl.ReversibleSwap()]
-  loss = tl.Serial(tl.Concatenate(), tl.Dense(19), tl.Dropout(0.3),
-                   tl.LogSoftmax(), tl.CrossEntropyLoss())
+  revs = [
+    tl.ReversibleHalfResidual(tl.Dense(4), tl.Dropout(0.2)),
+    tl.ReversibleSwap(),
+    tl.ReversibleHalfResidual(tl.Dropout(0.5), tl.Dense(4)),
+    tl.ReversibleSwap(),
+  ]
+  loss = tl.Serial(
+    tl.Concatenate(),
+    tl.Dense(19),
+    tl.Dropout(0.3),
+    tl.LogSoftmax(),
+    tl.CrossEntropyLoss(),
+  )
   return first, revs, loss
 
 
 def extended_model(mid_rate=0.3):
   first = tl.Serial(tl.Embedding(9, 4), tl.Dropout(0.5), tl.Dup())
-  revs1 = [tl.ReversibleHalfResidual(tl.Dense(4), tl.Dropout(0.2)),
-           tl.ReversibleSwap(),
-           tl.ReversibleHalfResidual(tl.Dropout(0.5), tl.Dense(4)),
-           tl.ReversibleSwap()]
+  revs1 = [
+    tl.ReversibleHalfResidual(tl.Dense(4), tl.Dropout(0.2)),
+    tl.ReversibleSwap(),
+    tl.ReversibleHalfResidual(tl.Dropout(0.5), tl.Dense(4)),
+    tl.ReversibleSwap(),
+  ]
   mid = tl.Serial(tl.Add(), tl.Dense(4), tl.Dup())
-  revs2 = [tl.ReversibleHalfResidual(tl.Dense(4), tl.Dropout(mid_rate)),
-           tl.ReversibleSwap()]
-  loss = tl.Serial(tl.Concatenate(), tl.Dense(19), tl.Dropout(0.3),
-                   tl.LogSoftmax(), tl.CrossEntropyLoss())
+  revs2 = [
+    tl.ReversibleHalfResidual(tl.Dense(4), tl.Dropout(mid_rate)),
+    tl.ReversibleSwap(),
+  ]
+  loss = tl.Serial(
+    tl.Concatenate(),
+    tl.Dense(19),
+    tl.Dropout(0.3),
+    tl.LogSoftmax(),
+    tl.CrossEntropyLoss(),
+  )
   return first, revs1, mid, revs2, loss
 
 
@@ -106,7 +126,8 @@ def basic_adam_reference_3_steps():
   model = tl.Serial([first] + revs + [loss])
   init = lambda: model.init(batch_, rng=fastmath.random.get_prng(12))
   return jax.tree_util.tree_map(
-      np.asarray, reference(model, init, optimizers.Adam, 3, batch_))
+    np.asarray, reference(model, init, optimizers.Adam, 3, batch_)
+  )
 
 
 def host_leaves_only(tree):
@@ -121,7 +142,8 @@ def train_basic(n_steps=2, **kwargs):
   model = tl.Serial([first] + revs + [loss])
   model.init(batch_, rng=fastmath.random.get_prng(12))
   trainer = rev_trainer.ReversibleSerialTrainer(
-      [(first.sublayers, revs)], loss, optimizers.Adam, **kwargs)
+    [(first.sublayers, revs)], loss, optimizers.Adam, **kwargs
+  )
   losses = train(trainer, batch_, n_steps)
   return model, trainer, losses
 
@@ -134,6 +156,7 @@ def count_compiles():
   def listener(name, *unused_args, **unused_kwargs):
     if name == '/jax/core/compile/backend_compile_duration':
       events.append(threading.current_thread().name)
+
   jax.monitoring.register_event_duration_secs_listener(listener)
   return events
 
@@ -142,12 +165,14 @@ def count_accounted(monkeypatch):
   """The plans `planner.Planner.account` compiles and accounts from now on,
   in order (a list that grows as they are)."""
   from trax_revplus.trainer._plan import planner  # pylint: disable=g-import-not-at-top
+
   plans = []
   account = planner.Planner.account
 
   def counting(self, plan, units, types):
     plans.append(plan)
     return account(self, plan, units, types)
+
   monkeypatch.setattr(planner.Planner, 'account', counting)
   return plans
 
@@ -157,12 +182,20 @@ def lsh_model(**attention):
   of length 16 or 32), in train mode; `attention`: more arguments of its
   `LSHSelfAttention`."""
   return trax.models.ReformerLM(
-      16, d_model=16, d_ff=32, d_attention_key=8, d_attention_value=8,
-      n_layers=2, n_heads=2, max_len=32, dropout=0.0,
-      attention_type=functools.partial(
-          tl.LSHSelfAttention, chunk_len=4, n_buckets=4, n_hashes=2,
-          **attention),
-      mode='train')
+    16,
+    d_model=16,
+    d_ff=32,
+    d_attention_key=8,
+    d_attention_value=8,
+    n_layers=2,
+    n_heads=2,
+    max_len=32,
+    dropout=0.0,
+    attention_type=functools.partial(
+      tl.LSHSelfAttention, chunk_len=4, n_buckets=4, n_hashes=2, **attention
+    ),
+    mode='train',
+  )
 
 
 def lm_batch(rows=4, zero_rows=()):
@@ -183,7 +216,8 @@ def lm_trainer(batch_, **kwargs):
   model = tl.Serial([first] + revs + [loss])
   model.init(batch_, rng=fastmath.random.get_prng(12))
   return model, rev_trainer.ReversibleSerialTrainer(
-      [(first.sublayers, revs)], loss, optimizers.Adam, **kwargs)
+    [(first.sublayers, revs)], loss, optimizers.Adam, **kwargs
+  )
 
 
 @functools.lru_cache(maxsize=2)
@@ -195,7 +229,8 @@ def lm_reference_3_steps(zero_rows=()):
   model = tl.Serial([first] + revs + [loss])
   init = lambda: model.init(batch_, rng=fastmath.random.get_prng(12))
   return jax.tree_util.tree_map(
-      np.asarray, reference(model, init, optimizers.Adam, 3, batch_))
+    np.asarray, reference(model, init, optimizers.Adam, 3, batch_)
+  )
 
 
 def fused_plan(trainer, batch_, slices=1):
@@ -205,9 +240,11 @@ def fused_plan(trainer, batch_, slices=1):
   candidates = p.candidates(p.step_types(batch_))
   # The first: attention layers as the trainer's settings run them (the
   # groups with fewer heads at once come after).
-  return [group.leanest for group in candidates.groups()
-          if group.fused_reversible_layers and
-          group.leanest.batch_slices == slices][0]
+  return [
+    group.leanest
+    for group in candidates.groups()
+    if group.fused_reversible_layers and group.leanest.batch_slices == slices
+  ][0]
 
 
 def set_plan(trainer, batch_, plan):
@@ -216,11 +253,13 @@ def set_plan(trainer, batch_, plan):
   # pylint: disable=g-import-not-at-top,protected-access
   from trax_revplus.trainer._plan import planner
   from trax_revplus.trainer._step import units as units_lib
+
   p = trainer.planner
   units = units_lib.Units(plan, p._factory)
   memory = p.account(plan, units, p.step_types(batch_))
   p._planned[planner.batch_key(p._placement.abstract_batch(batch_))] = (
-      planner.PlannedStep(plan, units, memory))
+    planner.PlannedStep(plan, units, memory)
+  )
   return memory
 
 
@@ -233,14 +272,18 @@ def check_logged_peaks(trainer, batch_, output_dir):
   trainer.memory_log.close()
   with open(os.path.join(output_dir, 'memory.jsonl')) as f:
     records = [json.loads(line) for line in f]
-  step = [r for r in records if r['step'] == 1 and
-          r['phase'] in ('forward', 'loss', 'backward')]
+  step = [
+    r
+    for r in records
+    if r['step'] == 1 and r['phase'] in ('forward', 'loss', 'backward')
+  ]
   assert {r['phase'] for r in step} == {'forward', 'loss', 'backward'}
   for r in step:
     assert r['peak_device_bytes'] == expected.peak_device_bytes
     assert r['phase_peak_device_bytes'] == expected.phase_peaks()[r['phase']]
   assert max(r['phase_peak_device_bytes'] for r in step) == (
-      expected.peak_device_bytes)
+    expected.peak_device_bytes
+  )
 
 
 _LM_STEPS = 2
@@ -250,9 +293,18 @@ def self_attention_lm(dropout):
   """trax's ReformerLM with its efficient `SelfAttention` (4 heads), its
   `Dropout` and `PositionalEncoding` at rate `dropout`."""
   return trax.models.ReformerLM(
-      16, d_model=16, d_ff=32, d_attention_key=8, d_attention_value=8,
-      n_layers=2, n_heads=4, max_len=64, dropout=dropout,
-      attention_type=tl.SelfAttention, mode='train')
+    16,
+    d_model=16,
+    d_ff=32,
+    d_attention_key=8,
+    d_attention_value=8,
+    n_layers=2,
+    n_heads=4,
+    max_len=64,
+    dropout=dropout,
+    attention_type=tl.SelfAttention,
+    mode='train',
+  )
 
 
 def self_attention_lm_batch(length=16):
@@ -263,10 +315,14 @@ def self_attention_lm_batch(length=16):
 
 def self_attention_lm_blocks(dropout, length=16):
   blocks, loss = rev_trainer.extract_reversible_blocks(
-      [self_attention_lm(dropout), tl.WeightedCategoryCrossEntropy()])
+    [self_attention_lm(dropout), tl.WeightedCategoryCrossEntropy()]
+  )
   rev_trainer.init_reversible_blocks(
-      blocks, loss, shapes.signature(self_attention_lm_batch(length)),
-      fastmath.random.get_prng(3))
+    blocks,
+    loss,
+    shapes.signature(self_attention_lm_batch(length)),
+    fastmath.random.get_prng(3),
+  )
   return blocks, loss
 
 
@@ -276,27 +332,35 @@ def train_lm(make_trainer, model, batch_, n_steps):
   on `batch_`, and the losses; `make_trainer(blocks, loss)` builds the
   trainer."""
   blocks, loss = rev_trainer.extract_reversible_blocks(
-      [model, tl.WeightedCategoryCrossEntropy()])
+    [model, tl.WeightedCategoryCrossEntropy()]
+  )
   rev_trainer.init_reversible_blocks(
-      blocks, loss, shapes.signature(batch_), fastmath.random.get_prng(3))
+    blocks, loss, shapes.signature(batch_), fastmath.random.get_prng(3)
+  )
   trainer = make_trainer(blocks, loss)
   losses = train(trainer, batch_, n_steps)
   weights = [layer.weights for std, revs in blocks for layer in std + revs]
-  return ([np.asarray(x) for x in
-           jax.tree_util.tree_leaves(weights + [loss.weights])],
-          [float(np.mean(np.asarray(x))) for x in losses])
+  return (
+    [
+      np.asarray(x) for x in jax.tree_util.tree_leaves(weights + [loss.weights])
+    ],
+    [float(np.mean(np.asarray(x))) for x in losses],
+  )
 
 
 def stock_trainer(blocks, loss):
   """Stock trax's ReversibleSerialTrainer on `blocks` and `loss`, Adam."""
-  return trainer_module.ReversibleSerialTrainer(blocks, loss,
-                                                optimizers.Adam)
+  return trainer_module.ReversibleSerialTrainer(blocks, loss, optimizers.Adam)
 
 
 def train_self_attention_lm(make_trainer, dropout):
   """`train_lm` of `self_attention_lm` for `_LM_STEPS` steps."""
-  return train_lm(make_trainer, self_attention_lm(dropout),
-                  self_attention_lm_batch(), _LM_STEPS)
+  return train_lm(
+    make_trainer,
+    self_attention_lm(dropout),
+    self_attention_lm_batch(),
+    _LM_STEPS,
+  )
 
 
 @functools.lru_cache(maxsize=2)

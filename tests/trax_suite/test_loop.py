@@ -54,17 +54,25 @@ def _loop(output_dir, mode, ours):
     trax_revplus.activate()
   else:
     trax_revplus.deactivate()
-  task = training.TrainTask(_batches(), tl.CrossEntropyLoss(),
-                            optimizers.Adam, n_steps_per_checkpoint=3)
+  task = training.TrainTask(
+    _batches(), tl.CrossEntropyLoss(), optimizers.Adam, n_steps_per_checkpoint=3
+  )
   # A constant eval batch, so evals after a restart see the same data.
   eval_batch = next(_batches())
   eval_task = training.EvalTask(
-      itertools.repeat(eval_batch), [tl.CrossEntropyLoss(), tl.Accuracy()],
-      n_eval_batches=1)
-  loop = training.Loop(reversible_lm(), [task], eval_tasks=[eval_task],
-                       output_dir=output_dir, random_seed=0,
-                       eval_at=lambda step: step % 3 == 0,
-                       use_memory_efficient_trainer=mode)
+    itertools.repeat(eval_batch),
+    [tl.CrossEntropyLoss(), tl.Accuracy()],
+    n_eval_batches=1,
+  )
+  loop = training.Loop(
+    reversible_lm(),
+    [task],
+    eval_tasks=[eval_task],
+    output_dir=output_dir,
+    random_seed=0,
+    eval_at=lambda step: step % 3 == 0,
+    use_memory_efficient_trainer=mode,
+  )
   trainer = loop._trainer_per_task[0]  # pylint: disable=protected-access
   assert isinstance(trainer, rev_trainer.ReversibleSerialTrainer) == ours
   return loop
@@ -91,7 +99,8 @@ def _eval_values(loop):
 @pytest.mark.slow
 def test_loop_modes_restart_and_cross_compatibility(tmp_path, monkeypatch):
   gin.bind_parameter(
-      'trax_revplus.ReversibleSerialTrainer.memory_log_every_n_steps', 1)
+    'trax_revplus.ReversibleSerialTrainer.memory_log_every_n_steps', 1
+  )
 
   # Continuous 6 steps with ours, mode 1.
   continuous = _loop(str(tmp_path / 'continuous'), 1, ours=True)
@@ -127,8 +136,9 @@ def test_loop_modes_restart_and_cross_compatibility(tmp_path, monkeypatch):
   # the current-JAX fix that activation binds, stock resumes ours.
   trax_revplus.deactivate()
   monkeypatch.setattr(fastmath, 'tree_unflatten', compat.tree_unflatten)
-  monkeypatch.setattr(sys.modules['trax.fastmath.numpy'], 'tree_unflatten',
-                      compat.tree_unflatten)
+  monkeypatch.setattr(
+    sys.modules['trax.fastmath.numpy'], 'tree_unflatten', compat.tree_unflatten
+  )
   by_stock = _loop(str(tmp_path / 'ours_to_stock'), 1, ours=False)
   assert by_stock.step == 3
   by_stock.run(3)
@@ -139,16 +149,19 @@ def test_loop_modes_restart_and_cross_compatibility(tmp_path, monkeypatch):
   by_ours.run(3)
   _assert_close(reference, _weights(by_ours))
   # Eval after the restart reads the trained weights: same as continuous.
-  np.testing.assert_allclose(_eval_values(by_ours)[-1],
-                             _eval_values(continuous)[-1], atol=1e-5)
+  np.testing.assert_allclose(
+    _eval_values(by_ours)[-1], _eval_values(continuous)[-1], atol=1e-5
+  )
 
   # memory.jsonl of the continuous run (mode 1) and the mode-2 run.
   rss_now = psutil.Process(os.getpid()).memory_info().rss
-  for run, phases in (('continuous', {'init', 'forward', 'loss', 'backward'}),
-                      ('ours_to_ours', {'init', 'forward', 'loss',
-                                        'backward', 'free'})):
+  for run, phases in (
+    ('continuous', {'init', 'forward', 'loss', 'backward'}),
+    ('ours_to_ours', {'init', 'forward', 'loss', 'backward', 'free'}),
+  ):
     records = memory.read_memory_log(
-        str(tmp_path / run / memory.MEMORY_LOG_FILENAME))
+      str(tmp_path / run / memory.MEMORY_LOG_FILENAME)
+    )
     assert records
     assert phases <= {r['phase'] for r in records}, run
     for r in records:
@@ -170,9 +183,18 @@ def test_loop_modes_restart_and_cross_compatibility(tmp_path, monkeypatch):
 def _dropout_reformer(mode):
   # Full self-attention: no LSH hashing, so in eval mode nothing is random.
   return models.ReformerLM(
-      vocab_size=16, d_model=16, d_ff=32, d_attention_key=8,
-      d_attention_value=8, n_layers=2, n_heads=2, max_len=16, dropout=0.5,
-      attention_type=tl.SelfAttention, mode=mode)
+    vocab_size=16,
+    d_model=16,
+    d_ff=32,
+    d_attention_key=8,
+    d_attention_value=8,
+    n_layers=2,
+    n_heads=2,
+    max_len=16,
+    dropout=0.5,
+    attention_type=tl.SelfAttention,
+    mode=mode,
+  )
 
 
 def _lm_batch():
@@ -181,8 +203,11 @@ def _lm_batch():
 
 
 def _deprecations(record):
-  return [str(w.message) for w in record
-          if 'deprecated' in str(w.message) or 'renamed' in str(w.message)]
+  return [
+    str(w.message)
+    for w in record
+    if 'deprecated' in str(w.message) or 'renamed' in str(w.message)
+  ]
 
 
 def test_memory_efficient_loop_evaluates_the_eval_model(tmp_path):
@@ -192,18 +217,26 @@ def test_memory_efficient_loop_evaluates_the_eval_model(tmp_path):
   """
   trax_revplus.activate()
   batch = _lm_batch()
-  task = training.TrainTask(itertools.repeat(batch),
-                            tl.WeightedCategoryCrossEntropy(), optimizers.Adam)
-  eval_task = training.EvalTask(itertools.repeat(batch),
-                                [tl.WeightedCategoryCrossEntropy()],
-                                n_eval_batches=1)
+  task = training.TrainTask(
+    itertools.repeat(batch), tl.WeightedCategoryCrossEntropy(), optimizers.Adam
+  )
+  eval_task = training.EvalTask(
+    itertools.repeat(batch),
+    [tl.WeightedCategoryCrossEntropy()],
+    n_eval_batches=1,
+  )
   with warnings.catch_warnings(record=True) as record:
     warnings.simplefilter('always')
     loop = training.Loop(
-        _dropout_reformer('train'), [task],
-        eval_model=_dropout_reformer('eval'), eval_tasks=[eval_task],
-        eval_at=lambda step: step == 2, output_dir=str(tmp_path),
-        use_memory_efficient_trainer=True, random_seed=0)
+      _dropout_reformer('train'),
+      [task],
+      eval_model=_dropout_reformer('eval'),
+      eval_tasks=[eval_task],
+      eval_at=lambda step: step == 2,
+      output_dir=str(tmp_path),
+      use_memory_efficient_trainer=True,
+      random_seed=0,
+    )
     loop.run(2)
   # No deprecated JAX call on the way (jax.host_count, jit(device=...)).
   assert not _deprecations(record)
@@ -211,32 +244,39 @@ def test_memory_efficient_loop_evaluates_the_eval_model(tmp_path):
   assert [step for step, _ in reported] == [2]
 
   trax_revplus.deactivate()  # The references are stock trax models.
+
   def loss_of(mode):
     model = _dropout_reformer(mode)
     model.init(shapes.signature(batch[0]))
     model.weights, model.state = loop.model.weights, loop.model.state
     logits = model(batch[0], rng=fastmath.random.get_prng(1))
     return float(tl.WeightedCategoryCrossEntropy()((logits,) + batch[1:]))
+
   np.testing.assert_allclose(reported[0][1], loss_of('eval'), rtol=1e-5)
   # Dropout matters here: a train-mode evaluation is far off.
   assert abs(loss_of('train') - loss_of('eval')) > 0.05
   # The eval model holds the trained arrays themselves, not a copy.
   assert loop.eval_model is not loop.model
-  for ours, trained in zip(fastmath.tree_flatten(loop.eval_model.weights),
-                           fastmath.tree_flatten(loop.model.weights)):
+  for ours, trained in zip(
+    fastmath.tree_flatten(loop.eval_model.weights),
+    fastmath.tree_flatten(loop.model.weights),
+  ):
     assert ours is trained
 
 
 def test_memory_efficient_loop_rejects_an_optimizer_instance_at_once():
   trax_revplus.activate()
   model = reversible_lm()
-  task = training.TrainTask(_batches(), tl.CrossEntropyLoss(),
-                            optimizers.Adam(0.01))
-  with pytest.raises(validation.OptimizerFactoryError,
-                     match=r'optimizer of task 0 is an optimizer instance '
-                           r'\(Adam\(\.\.\.\)\).*pass TrainTask\(\.\.\., '
-                           r'optimizer=trax\.optimizers\.Adam\), not '
-                           r'trax\.optimizers\.Adam\(\)'):
+  task = training.TrainTask(
+    _batches(), tl.CrossEntropyLoss(), optimizers.Adam(0.01)
+  )
+  with pytest.raises(
+    validation.OptimizerFactoryError,
+    match=r'optimizer of task 0 is an optimizer instance '
+    r'\(Adam\(\.\.\.\)\).*pass TrainTask\(\.\.\., '
+    r'optimizer=trax\.optimizers\.Adam\), not '
+    r'trax\.optimizers\.Adam\(\)',
+  ):
     training.Loop(model, [task], use_memory_efficient_trainer=True)
   # Before anything was initialized (trax fails after initializing).
   assert not fastmath.tree_flatten(model.weights)

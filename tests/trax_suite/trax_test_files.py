@@ -42,50 +42,59 @@ FULL_ENV = 'TRAX_REVPLUS_FULL_TRAX_TESTS'
 # [None, ()]`, which a `jax.Array` cannot answer (trax_revplus binds
 # `compat.tree_unflatten`, which can). One of them then fails with
 # trax_revplus too, in its own last line, on current numpy.
-_SLOTS_RESTORE = ("unsupported operand type(s) for ==: 'ArrayImpl' and "
-                  "'tuple'",
-                  'fastmath.tree_unflatten compares each restored optimizer '
-                  'slot with `in [None, ()]`, which a jax.Array cannot '
-                  'answer (TypeError)')
+_SLOTS_RESTORE = (
+  "unsupported operand type(s) for ==: 'ArrayImpl' and 'tuple'",
+  'fastmath.tree_unflatten compares each restored optimizer '
+  'slot with `in [None, ()]`, which a jax.Array cannot '
+  'answer (TypeError)',
+)
 EXPECTED_FAILURES = {
-    ('TrainingTest.test_restores_from_smaller_model', 'stock'):
-        _SLOTS_RESTORE,
-    ('TrainingTest.test_restores_memory_efficient_from_standard', 'stock'):
-        _SLOTS_RESTORE,
-    ('TrainingTest.test_restores_step_bfloat16', 'stock'): _SLOTS_RESTORE,
-    ('TrainingTest.test_train_save_restore_dense', 'stock'): _SLOTS_RESTORE,
-    ('TrainingTest.test_train_save_restore_dense', 'revplus'): (
-        'np.testing.assert_array_equal(slots1, slots2)',
-        'the checkpoint restore passes; the last line then compares the two '
-        "Loops' optimizer slots, a tuple of arrays of shapes (1, 1) and "
-        '(1,) each, with np.testing.assert_array_equal, which numpy >= 2 '
-        'refuses for such ragged nests (ValueError: setting an array '
-        'element with a sequence) whatever their values'),
+  ('TrainingTest.test_restores_from_smaller_model', 'stock'): _SLOTS_RESTORE,
+  (
+    'TrainingTest.test_restores_memory_efficient_from_standard',
+    'stock',
+  ): _SLOTS_RESTORE,
+  ('TrainingTest.test_restores_step_bfloat16', 'stock'): _SLOTS_RESTORE,
+  ('TrainingTest.test_train_save_restore_dense', 'stock'): _SLOTS_RESTORE,
+  ('TrainingTest.test_train_save_restore_dense', 'revplus'): (
+    'np.testing.assert_array_equal(slots1, slots2)',
+    'the checkpoint restore passes; the last line then compares the two '
+    "Loops' optimizer slots, a tuple of arrays of shapes (1, 1) and "
+    '(1,) each, with np.testing.assert_array_equal, which numpy >= 2 '
+    'refuses for such ragged nests (ValueError: setting an array '
+    'element with a sequence) whatever their values',
+  ),
 }
 
 
 # Tests that return before doing anything on a single device (their own
 # guards), with both implementations: test -> why.
 ONE_DEVICE_NO_OPS = {
-    'TrainerTest.test_run_sharded_terraformer':
-        'returns when fastmath.local_device_count() == 1',
-    'TrainerTest.test_run_reversible_large_weights':
-        'returns on one device (needs > 18 GB of memory: ram_limited)',
-    'TrainerTest.test_run_reversible_weights_trainsfer_xprof':
-        'run_this_test = False: a manual TPU profiling run',
-    'TrainingTest.test_train_save_restore_sharded':
-        'returns when fastmath.local_device_count() < 2',
-    'TrainingTest.test_train_memory_efficient':
-        'returns on one device (needs > 16 GB of memory: ram_limited)',
+  'TrainerTest.test_run_sharded_terraformer': (
+    'returns when fastmath.local_device_count() == 1'
+  ),
+  'TrainerTest.test_run_reversible_large_weights': (
+    'returns on one device (needs > 18 GB of memory: ram_limited)'
+  ),
+  'TrainerTest.test_run_reversible_weights_trainsfer_xprof': (
+    'run_this_test = False: a manual TPU profiling run'
+  ),
+  'TrainingTest.test_train_save_restore_sharded': (
+    'returns when fastmath.local_device_count() < 2'
+  ),
+  'TrainingTest.test_train_memory_efficient': (
+    'returns on one device (needs > 16 GB of memory: ram_limited)'
+  ),
 }
 
 # Tests left out of the default suite: test -> why. Run with FULL_ENV=1.
 SLOW = {
-    'TrainerTest.test_run_reversible_same_as_default_terraformer':
-        'takes about 3.5 minutes per implementation on 2 CPU cores, mostly '
-        'compiling; tests/trainer/test_trainer.py::test_same_as_default_'
-        'terraformer_loss_chunking makes the same comparison on the same '
-        f'model, with the loss chunked. Run it with {FULL_ENV}=1',
+  'TrainerTest.test_run_reversible_same_as_default_terraformer': (
+    'takes about 3.5 minutes per implementation on 2 CPU cores, mostly '
+    'compiling; tests/trainer/test_trainer.py::test_same_as_default_'
+    'terraformer_loss_chunking makes the same comparison on the same '
+    f'model, with the loss chunked. Run it with {FULL_ENV}=1'
+  ),
 }
 
 
@@ -128,8 +137,10 @@ def load(name):
 
 def test_ids(test_class):
   """'Class.method' for each `test*` method of a TestCase class, sorted."""
-  return [f'{test_class.__name__}.{name}'
-          for name in unittest.TestLoader().getTestCaseNames(test_class)]
+  return [
+    f'{test_class.__name__}.{name}'
+    for name in unittest.TestLoader().getTestCaseNames(test_class)
+  ]
 
 
 def matrix(test_class):
@@ -143,8 +154,11 @@ def matrix(test_class):
   pairs = []
   for test_id in test_ids(test_class):
     for implementation in IMPLEMENTATIONS:
-      if (full_matrix() or implementation == 'revplus' or
-          (test_id, implementation) in EXPECTED_FAILURES):
+      if (
+        full_matrix()
+        or implementation == 'revplus'
+        or (test_id, implementation) in EXPECTED_FAILURES
+      ):
         pairs.append((test_id, implementation))
   return pairs
 
@@ -170,6 +184,7 @@ def _fresh_trax_state():
   """Resets what trax keeps per process and its tests expect unused."""
   from trax.data import inputs  # pylint: disable=g-import-not-at-top
   from trax.layers import base  # pylint: disable=g-import-not-at-top
+
   inputs.data_counters.clear()  # CountAndSkip positions
   base.N_WEIGHTS_SHARDS = 1
 
@@ -187,8 +202,10 @@ def run(test_class, test_id, implementation):
     An `Outcome`.
   """
   if implementation not in IMPLEMENTATIONS:
-    raise ValueError(f'implementation must be one of {IMPLEMENTATIONS}, got '
-                     f'{implementation!r}.')
+    raise ValueError(
+      f'implementation must be one of {IMPLEMENTATIONS}, got '
+      f'{implementation!r}.'
+    )
   method = test_id.split('.', 1)[1]
   result = unittest.TestResult()
   trax_revplus.deactivate()
@@ -218,6 +235,7 @@ def check(test_class, test_id, implementation):
   """
   if test_id in SLOW and not full_matrix():
     import pytest  # pylint: disable=g-import-not-at-top
+
     pytest.skip(SLOW[test_id])
   outcome = run(test_class, test_id, implementation)
   expected = EXPECTED_FAILURES.get((test_id, implementation))
@@ -226,6 +244,7 @@ def check(test_class, test_id, implementation):
   else:
     text, why = expected
     assert outcome.status in ('failed', 'error'), (
-        f'{test_id} was expected to fail with {implementation} ({why}); '
-        f'update EXPECTED_FAILURES and docs/compatibility.md. {outcome!r}')
+      f'{test_id} was expected to fail with {implementation} ({why}); '
+      f'update EXPECTED_FAILURES and docs/compatibility.md. {outcome!r}'
+    )
     assert text in outcome.details, outcome

@@ -31,21 +31,28 @@ pytestmark = pytest.mark.usefixtures('stock_trax')
 def test_block_not_a_pair():
   blocks, loss = initialized(split_blocks(), tl.L2Loss(), dense_batch())
   bad = [blocks[0], (blocks[1][0],)]
-  with pytest.raises(validation.BlockStructureError,
-                     match=r'block 1 is a tuple of length 1, not a '
-                           r'\(standard_layers, reversible_layers\) pair; '
-                           r'build them with .*extract_reversible_blocks'):
+  with pytest.raises(
+    validation.BlockStructureError,
+    match=r'block 1 is a tuple of length 1, not a '
+    r'\(standard_layers, reversible_layers\) pair; '
+    r'build them with .*extract_reversible_blocks',
+  ):
     rev_trainer.ReversibleSerialTrainer(bad, loss, optimizers.Adam)
 
 
 def test_non_reversible_layer_in_reversible_list():
   dense = tl.Dense(4)
-  blocks = [([tl.Dense(4), tl.Dup()],
-             [tl.ReversibleSwap(), dense]), ([tl.Concatenate()], [])]
+  blocks = [
+    ([tl.Dense(4), tl.Dup()], [tl.ReversibleSwap(), dense]),
+    ([tl.Concatenate()], []),
+  ]
   with pytest.raises(validation.BlockStructureError) as info:
     rev_trainer.init_reversible_blocks(
-        blocks, tl.L2Loss(), shapes.signature(dense_batch()),
-        fastmath.random.get_prng(0))
+      blocks,
+      tl.L2Loss(),
+      shapes.signature(dense_batch()),
+      fastmath.random.get_prng(0),
+    )
   message = str(info.value)
   assert 'block 0: reversible layer 1 (Dense_4, Dense)' in message
   assert 'is not a tl.ReversibleLayer' in message
@@ -57,25 +64,35 @@ def test_non_reversible_layer_in_reversible_list():
 
 def test_standard_layers_as_a_layer_or_nested_list_as_trax_takes_them():
   # trax's trainer runs a block's standard part as tl.Serial(standard).
-  for standard in (tl.Serial(tl.Dense(4), tl.Dup()), tl.Dense(4),
-                   [tl.Dense(4), [tl.Dup()]], []):
+  for standard in (
+    tl.Serial(tl.Dense(4), tl.Dup()),
+    tl.Dense(4),
+    [tl.Dense(4), [tl.Dup()]],
+    [],
+  ):
     validation.check_blocks([(standard, [tl.ReversibleSwap()])])
     tl.Serial(standard)
 
 
 def test_standard_or_reversible_layers_not_layers():
-  with pytest.raises(validation.BlockStructureError,
-                     match=r'block 0: the standard layers must be a layer or '
-                           r'a list of layers, got str'):
+  with pytest.raises(
+    validation.BlockStructureError,
+    match=r'block 0: the standard layers must be a layer or '
+    r'a list of layers, got str',
+  ):
     validation.check_blocks([('Dense', [])])
-  with pytest.raises(validation.BlockStructureError,
-                     match=r'block 0: standard layer 1 is a int, not a trax '
-                           r'Layer'):
+  with pytest.raises(
+    validation.BlockStructureError,
+    match=r'block 0: standard layer 1 is a int, not a trax '
+    r'Layer',
+  ):
     validation.check_blocks([([tl.Dense(4), [3]], [])])
-  with pytest.raises(validation.BlockStructureError,
-                     match=r'block 0: the reversible layers must be a list '
-                           r'of layers, got ReversibleHalfResidual; wrap a '
-                           r'single layer in a list'):
+  with pytest.raises(
+    validation.BlockStructureError,
+    match=r'block 0: the reversible layers must be a list '
+    r'of layers, got ReversibleHalfResidual; wrap a '
+    r'single layer in a list',
+  ):
     validation.check_blocks([([], tl.ReversibleHalfResidual(tl.Dense(4)))])
 
 
@@ -83,11 +100,14 @@ def test_standard_or_reversible_layers_not_layers():
 
 
 def test_loss_layer_without_scalar_output():
-  not_a_loss = tl.Fn('PerExampleLoss',
-                     lambda x, y, w: jnp.sum((x - y) ** 2 * w, axis=-1))
-  with pytest.raises(validation.LossLayerError,
-                     match=r"loss layer PerExampleLoss outputs shape \(2,\), "
-                           r'not a scalar; .*average over the batch'):
+  not_a_loss = tl.Fn(
+    'PerExampleLoss', lambda x, y, w: jnp.sum((x - y) ** 2 * w, axis=-1)
+  )
+  with pytest.raises(
+    validation.LossLayerError,
+    match=r'loss layer PerExampleLoss outputs shape \(2,\), '
+    r'not a scalar; .*average over the batch',
+  ):
     initialized(split_blocks(), not_a_loss, dense_batch())
 
 
@@ -95,23 +115,30 @@ def test_loss_layer_without_scalar_output():
 
 
 def _lm_blocks(max_len):
-  return [([tl.Embedding(16, 4), tl.PositionalEncoding(max_len=max_len),
-            tl.Dup()],
-           [tl.ReversibleHalfResidual(tl.Dense(4)), tl.ReversibleSwap()]),
-          ([tl.Concatenate(), tl.Dense(16), tl.LogSoftmax()], [])]
+  return [
+    (
+      [tl.Embedding(16, 4), tl.PositionalEncoding(max_len=max_len), tl.Dup()],
+      [tl.ReversibleHalfResidual(tl.Dense(4)), tl.ReversibleSwap()],
+    ),
+    ([tl.Concatenate(), tl.Dense(16), tl.LogSoftmax()], []),
+  ]
 
 
 def test_sequence_longer_than_max_len():
   blocks = _lm_blocks(max_len=6)
   sig = (shapes.ShapeDtype((2, 8), np.int32),) * 2 + (
-      shapes.ShapeDtype((2, 8), np.float32),)
-  with pytest.raises(validation.SequenceLengthError,
-                     match=r'sequence length 8 \(axis 1 of input shape '
-                           r'\(2, 8\)\) exceeds max_len=6 of '
-                           r'PositionalEncoding.* in block 0; set the '
-                           r"model's max_len >= 8"):
-    rev_trainer.init_reversible_blocks(blocks, tl.CrossEntropyLoss(), sig,
-                                       fastmath.random.get_prng(0))
+    shapes.ShapeDtype((2, 8), np.float32),
+  )
+  with pytest.raises(
+    validation.SequenceLengthError,
+    match=r'sequence length 8 \(axis 1 of input shape '
+    r'\(2, 8\)\) exceeds max_len=6 of '
+    r'PositionalEncoding.* in block 0; set the '
+    r"model's max_len >= 8",
+  ):
+    rev_trainer.init_reversible_blocks(
+      blocks, tl.CrossEntropyLoss(), sig, fastmath.random.get_prng(0)
+    )
   # Nothing was initialized.
   for std, rev in blocks:
     for layer in std + rev:
@@ -121,6 +148,8 @@ def test_sequence_longer_than_max_len():
 def test_sequence_within_max_len_passes():
   blocks = _lm_blocks(max_len=8)
   sig = (shapes.ShapeDtype((2, 8), np.int32),) * 2 + (
-      shapes.ShapeDtype((2, 8), np.float32),)
-  rev_trainer.init_reversible_blocks(blocks, tl.CrossEntropyLoss(), sig,
-                                     fastmath.random.get_prng(0))
+    shapes.ShapeDtype((2, 8), np.float32),
+  )
+  rev_trainer.init_reversible_blocks(
+    blocks, tl.CrossEntropyLoss(), sig, fastmath.random.get_prng(0)
+  )

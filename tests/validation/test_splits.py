@@ -28,20 +28,25 @@ pytestmark = pytest.mark.usefixtures('stock_trax')
 def test_more_devices_than_present():
   n = jax.local_device_count() + 1
   blocks, loss = initialized(split_blocks(), tl.L2Loss(), dense_batch())
-  with pytest.raises(validation.DeviceCountError,
-                     match=rf'n_devices={n} but this process has {n - 1} '
-                           rf'local cpu device\(s\); pass n_devices between '
-                           rf'1 and {n - 1}'):
-    rev_trainer.ReversibleSerialTrainer(blocks, loss, optimizers.Adam,
-                                        n_devices=n)
+  with pytest.raises(
+    validation.DeviceCountError,
+    match=rf'n_devices={n} but this process has {n - 1} '
+    rf'local cpu device\(s\); pass n_devices between '
+    rf'1 and {n - 1}',
+  ):
+    rev_trainer.ReversibleSerialTrainer(
+      blocks, loss, optimizers.Adam, n_devices=n
+    )
 
 
 def test_batch_not_divisible_by_devices():
   x = np.zeros((6, 3))
-  with pytest.raises(validation.BatchSizeError,
-                     match=r'batch element 0 has batch size 6 \(shape '
-                           r'\(6, 3\)\), not divisible by the 4 devices; use '
-                           r'a batch size that is a multiple of 4'):
+  with pytest.raises(
+    validation.BatchSizeError,
+    match=r'batch element 0 has batch size 6 \(shape '
+    r'\(6, 3\)\), not divisible by the 4 devices; use '
+    r'a batch size that is a multiple of 4',
+  ):
     validation.check_batch((x, x), 4)
   validation.check_batch((x, x), 3)
 
@@ -50,8 +55,8 @@ def test_one_step_checks_the_batch_before_any_work():
   trainer = split_blocks_trainer()
   before = host_weights_and_state(trainer)
   x, y, w = dense_batch()
-  with pytest.raises(validation.BatchSizeError, match='batch element 2 is a '
-                                                      'scalar'):
-    trainer.one_step((x, y, np.float32(1)), fastmath.random.get_prng(0),
-                     step=1)
+  with pytest.raises(
+    validation.BatchSizeError, match='batch element 2 is a scalar'
+  ):
+    trainer.one_step((x, y, np.float32(1)), fastmath.random.get_prng(0), step=1)
   assert_same(before, host_weights_and_state(trainer))

@@ -13,9 +13,11 @@ TRAINERS = ('default', 'stock', 'ours')  # every trainer, in table order
 # starts, and some of its settings (the arena count) cannot be changed once
 # JAX's runtime has started its threads.
 ENV_ARGS = ('GLIBC_TUNABLES',)
-TRAINER_NAMES = {'default': 'default Trainer',
-                 'stock': 'stock ReversibleSerialTrainer',
-                 'ours': 'trax_revplus ReversibleSerialTrainer'}
+TRAINER_NAMES = {
+  'default': 'default Trainer',
+  'stock': 'stock ReversibleSerialTrainer',
+  'ours': 'trax_revplus ReversibleSerialTrainer',
+}
 
 # ReformerLMs: n_layers decoder blocks (each 2 ReversibleHalfResidual + 2
 # ReversibleSwap), d_ff = 4 * d_model, 4 heads of d_model / 4, byte vocabulary.
@@ -32,18 +34,25 @@ TRAINER_NAMES = {'default': 'default Trainer',
 # 'char': the main job's ReformerLM (gin_configs/reformer_char_lm_base.gin):
 # no dropout.
 CONFIGS = {
-    'l6': dict(n_layers=6, length=1024, d_model=128, batch=4),
-    'l24': dict(n_layers=24, length=1024, d_model=128, batch=4),
-    'l12': dict(n_layers=12, length=2048, d_model=256, batch=2),
-    # An accelerator's size of 'l12': a step of a few hundred milliseconds
-    # on one TPU v5e chip.
-    'lm12': dict(n_layers=12, length=2048, d_model=512, batch=8),
-    'l64': dict(n_layers=64, length=64, d_model=32, batch=2),
-    'ende': dict(n_layers=2, length=128, d_model=64, batch=4,
-                 model='reformer', vocab=33300),
-    'terraformer': dict(n_layers=2, length=256, d_model=64, batch=2,
-                        model='terraformer', vocab=32000),
-    'char': dict(n_layers=4, length=256, d_model=128, batch=8, dropout=0.0),
+  'l6': dict(n_layers=6, length=1024, d_model=128, batch=4),
+  'l24': dict(n_layers=24, length=1024, d_model=128, batch=4),
+  'l12': dict(n_layers=12, length=2048, d_model=256, batch=2),
+  # An accelerator's size of 'l12': a step of a few hundred milliseconds
+  # on one TPU v5e chip.
+  'lm12': dict(n_layers=12, length=2048, d_model=512, batch=8),
+  'l64': dict(n_layers=64, length=64, d_model=32, batch=2),
+  'ende': dict(
+    n_layers=2, length=128, d_model=64, batch=4, model='reformer', vocab=33300
+  ),
+  'terraformer': dict(
+    n_layers=2,
+    length=256,
+    d_model=64,
+    batch=2,
+    model='terraformer',
+    vocab=32000,
+  ),
+  'char': dict(n_layers=4, length=256, d_model=128, batch=8, dropout=0.0),
 }
 _QUICK = {'length': 64, 'd_model': 32}
 VOCAB = 256  # token ids of every batch are below it
@@ -59,17 +68,22 @@ def config(name, quick=False):
 
 def describe(cfg):
   """`cfg` in words, as the tables' first column."""
-  shape = (f"length {cfg['length']}, d_model {cfg['d_model']}, "
-           f"batch {cfg['batch']}")
+  shape = (
+    f'length {cfg["length"]}, d_model {cfg["d_model"]}, batch {cfg["batch"]}'
+  )
   if cfg.get('model') == 'reformer':
-    return (f"encoder-decoder Reformer, {cfg['n_layers']} + "
-            f"{cfg['n_layers']} layers, vocab {cfg['vocab']}, {shape}")
+    return (
+      f'encoder-decoder Reformer, {cfg["n_layers"]} + '
+      f'{cfg["n_layers"]} layers, vocab {cfg["vocab"]}, {shape}'
+    )
   if cfg.get('model') == 'terraformer':
-    return (f"encoder-decoder Terraformer (LSH), {cfg['n_layers']} + "
-            f"{cfg['n_layers']} layers, vocab {cfg['vocab']}, {shape}")
+    return (
+      f'encoder-decoder Terraformer (LSH), {cfg["n_layers"]} + '
+      f'{cfg["n_layers"]} layers, vocab {cfg["vocab"]}, {shape}'
+    )
   if cfg.get('dropout') == 0.0:
-    return f"{cfg['n_layers']} layers, {shape}, no dropout"
-  return f"{cfg['n_layers']} layers, {shape}"
+    return f'{cfg["n_layers"]} layers, {shape}, no dropout'
+  return f'{cfg["n_layers"]} layers, {shape}'
 
 
 def batch(cfg, seed=0):
@@ -79,6 +93,7 @@ def batch(cfg, seed=0):
   compared across processes.
   """
   import numpy as np  # pylint: disable=g-import-not-at-top
+
   rs = np.random.RandomState(seed)
   x = rs.randint(1, VOCAB, size=(cfg['batch'], cfg['length'])).astype(np.int32)
   return (x, x, np.ones_like(x, dtype=np.float32))
@@ -104,8 +119,9 @@ def parse_trainer(spec):
         raise ValueError
       kwargs[key] = ast.literal_eval(value)
     except (ValueError, SyntaxError):
-      raise ValueError(f'{spec!r}: {arg!r} is not NAME=VALUE with VALUE a '
-                       f'Python literal') from None
+      raise ValueError(
+        f'{spec!r}: {arg!r} is not NAME=VALUE with VALUE a Python literal'
+      ) from None
   return name, kwargs
 
 
@@ -124,8 +140,7 @@ def split_trainer(spec):
   env = {k: v for k, v in kwargs.items() if k in ENV_ARGS}
   for key, value in env.items():
     if not isinstance(value, str):
-      raise ValueError(f'{spec!r}: {key} must be a quoted str, got '
-                       f'{value!r}')
+      raise ValueError(f'{spec!r}: {key} must be a quoted str, got {value!r}')
   ctor = {k: v for k, v in kwargs.items() if k not in ENV_ARGS}
   return name, ctor, env
 
@@ -144,8 +159,9 @@ def check_configs(names):
   """Raises ValueError naming the entries of `names` that are no config."""
   unknown = set(names) - set(CONFIGS)
   if unknown:
-    raise ValueError(f'unknown configs {sorted(unknown)}; '
-                     f'choose from {sorted(CONFIGS)}')
+    raise ValueError(
+      f'unknown configs {sorted(unknown)}; choose from {sorted(CONFIGS)}'
+    )
 
 
 def check_trainers(specs):
@@ -161,11 +177,13 @@ def check_trainers(specs):
   variants = {spec: split_trainer(spec)[1] for spec in specs}
   if any(variants.values()):  # importing trax takes a while
     from trax_revplus import trainer as rev_trainer  # pylint: disable=g-import-not-at-top
+
     ours_args = rev_trainer.ReversibleSerialTrainer.gin_parameters
     for spec, kwargs in variants.items():
       unknown = sorted(set(kwargs) - set(ours_args))
       if unknown:
         raise ValueError(
-            f'{spec!r}: trax_revplus.ReversibleSerialTrainer takes no '
-            f'argument {unknown[0]!r}')
+          f'{spec!r}: trax_revplus.ReversibleSerialTrainer takes no '
+          f'argument {unknown[0]!r}'
+        )
   return variants

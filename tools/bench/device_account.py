@@ -33,22 +33,30 @@ def account(trainer_name, trainer, batch):
   from trax_revplus import device_memory
   from trax_revplus import errors
   from trax_revplus.trainer._plan import planner
+
   # pylint: enable=g-import-not-at-top
   backend = jax.default_backend()
   sds = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in batch)
   try:
-    memory = device_memory.trainer_memory(trainer_name, trainer, sds,
-                                          backend)
+    memory = device_memory.trainer_memory(trainer_name, trainer, sds, backend)
     step = memory.step
   except planner.DeviceMemoryBudgetError as e:
     return {'error': str(e), 'fits': False}
   except Exception as e:  # pylint: disable=broad-except
-    return {'error': errors.one_line(
-        e, context=False, typed=True,
-        max_chars=device_memory.report.MAX_ERROR_CHARS)}
-  out = {'peak_device_bytes': step.peak_device_bytes,
-         'largest_program_bytes': step.largest_program_bytes,
-         'peak_call': step.peak_call.name, 'n_calls': len(step.calls)}
+    return {
+      'error': errors.one_line(
+        e,
+        context=False,
+        typed=True,
+        max_chars=device_memory.report.MAX_ERROR_CHARS,
+      )
+    }
+  out = {
+    'peak_device_bytes': step.peak_device_bytes,
+    'largest_program_bytes': step.largest_program_bytes,
+    'peak_call': step.peak_call.name,
+    'n_calls': len(step.calls),
+  }
   if trainer_name != 'default' and trainer_name != 'stock':
     out['plan'] = trainer.planned(sds).plan.settings()
   out['min_peak_device_bytes'] = memory.min_peak_device_bytes
@@ -59,15 +67,20 @@ def _logged_peak(spec, cfg, batch):
   """The peak_device_bytes ours' memory log records for a real step 1:
   an int, or the sorted list of the differing figures it recorded."""
   from trax_revplus import memory  # pylint: disable=g-import-not-at-top
+
   with tempfile.TemporaryDirectory() as tmp:
     logged = model.build(spec, cfg)[0]
     logged.memory_log.set_output_dir(tmp)
     model.step(logged, batch, 1)
     logged.memory_log.close()
     records = memory.read_memory_log(
-        os.path.join(tmp, memory.MEMORY_LOG_FILENAME))
-  peaks = {r.get('peak_device_bytes') for r in records
-           if r.get('step') == 1 and 'peak_device_bytes' in r}
+      os.path.join(tmp, memory.MEMORY_LOG_FILENAME)
+    )
+  peaks = {
+    r.get('peak_device_bytes')
+    for r in records
+    if r.get('step') == 1 and 'peak_device_bytes' in r
+  }
   return peaks.pop() if len(peaks) == 1 else sorted(peaks)
 
 

@@ -37,6 +37,7 @@ def memory_child(spec, quick, memory_steps):
   # pylint: disable=g-import-not-at-top,unused-import
   import jax  # noqa: F401
   from trax_revplus import trax_import
+
   trax_import.import_trax()
   import trax  # noqa: F401
   from trax import models  # noqa: F401
@@ -45,6 +46,7 @@ def memory_child(spec, quick, memory_steps):
   import trax_revplus  # noqa: F401
   from trax_revplus import memory
   from trax_revplus import trainer as rev_trainer  # noqa: F401
+
   # pylint: enable=g-import-not-at-top,unused-import
   cfg = configs.config(name, quick)
   # Ours resets the kernel's mark only with a memory log output dir, which
@@ -60,14 +62,23 @@ def memory_child(spec, quick, memory_steps):
     seconds.append(model.step(trainer, batch, step)[0])
     peaks_by_step.append(window.peak_bytes() - baseline)
   peak = window.peak_bytes()
-  print(json.dumps(dict(
-      peak_reset=peak_reset, config=name, trainer=trainer_name,
-      baseline_rss_bytes=baseline, peak_rss_bytes=peak,
-      peak_above_baseline_bytes=peak - baseline,
-      weights_bytes=weights_bytes, slots_bytes=slots_bytes,
-      peak_above_baseline_after_step_bytes=peaks_by_step,
-      glibc_tunables=os.environ.get('GLIBC_TUNABLES'),
-      step_s=seconds)))
+  print(
+    json.dumps(
+      dict(
+        peak_reset=peak_reset,
+        config=name,
+        trainer=trainer_name,
+        baseline_rss_bytes=baseline,
+        peak_rss_bytes=peak,
+        peak_above_baseline_bytes=peak - baseline,
+        weights_bytes=weights_bytes,
+        slots_bytes=slots_bytes,
+        peak_above_baseline_after_step_bytes=peaks_by_step,
+        glibc_tunables=os.environ.get('GLIBC_TUNABLES'),
+        step_s=seconds,
+      )
+    )
+  )
 
 
 def run_memory(name, trainer_name, memory_steps, quick):
@@ -77,20 +88,29 @@ def run_memory(name, trainer_name, memory_steps, quick):
   Raises:
     RuntimeError: the process failed (its stderr's end is printed).
   """
-  cmd = protocol.command(f'--memory_child={name}:{trainer_name}',
-                         f'--memory_steps={memory_steps}')
+  cmd = protocol.command(
+    f'--memory_child={name}:{trainer_name}', f'--memory_steps={memory_steps}'
+  )
   if quick:
     cmd.append('--quick')
   t0 = time.perf_counter()
-  proc = subprocess.run(cmd, capture_output=True, text=True, check=False,
-                        env=configs.child_env(trainer_name))
+  proc = subprocess.run(
+    cmd,
+    capture_output=True,
+    text=True,
+    check=False,
+    env=configs.child_env(trainer_name),
+  )
   if proc.returncode:
     print(proc.stderr[-3000:], file=sys.stderr)
     raise RuntimeError(f'memory process {name}:{trainer_name} failed')
   result = json.loads(proc.stdout.strip().splitlines()[-1])
-  print(f'[{name}] memory {trainer_name}: peak above baseline '
-        f"{format_bytes(result['peak_above_baseline_bytes'], spec='.0f')} "
-        f'({time.perf_counter() - t0:.0f} s)', flush=True)
+  print(
+    f'[{name}] memory {trainer_name}: peak above baseline '
+    f'{format_bytes(result["peak_above_baseline_bytes"], spec=".0f")} '
+    f'({time.perf_counter() - t0:.0f} s)',
+    flush=True,
+  )
   return result
 
 
@@ -103,15 +123,22 @@ def run_memory_median(name, trainer_name, repeats, memory_steps, quick):
     (`peak_above_baseline_bytes_runs`) and running peaks
     (`peak_above_baseline_after_step_bytes_runs`).
   """
-  runs = [run_memory(name, trainer_name, memory_steps, quick)
-          for _ in range(repeats)]
+  runs = [
+    run_memory(name, trainer_name, memory_steps, quick) for _ in range(repeats)
+  ]
   if len(runs) == 1:
     return runs[0]
   peaks = [r['peak_above_baseline_bytes'] for r in runs]
-  result = dict(sorted(runs, key=lambda r: r['peak_above_baseline_bytes'])[
-      (len(runs) - 1) // 2])
-  result.update(peak_above_baseline_bytes=statistics.median(peaks),
-                peak_above_baseline_bytes_runs=peaks,
-                peak_above_baseline_after_step_bytes_runs=[
-                    r['peak_above_baseline_after_step_bytes'] for r in runs])
+  result = dict(
+    sorted(runs, key=lambda r: r['peak_above_baseline_bytes'])[
+      (len(runs) - 1) // 2
+    ]
+  )
+  result.update(
+    peak_above_baseline_bytes=statistics.median(peaks),
+    peak_above_baseline_bytes_runs=peaks,
+    peak_above_baseline_after_step_bytes_runs=[
+      r['peak_above_baseline_after_step_bytes'] for r in runs
+    ],
+  )
   return result

@@ -38,8 +38,7 @@ def run_child(opts):
   if opts.device_memory_child:
     device_account.device_memory_child(json.loads(opts.device_memory_child))
   elif opts.memory_child:
-    host_memory.memory_child(opts.memory_child, opts.quick,
-                             opts.memory_steps)
+    host_memory.memory_child(opts.memory_child, opts.quick, opts.memory_steps)
   elif opts.timing_child:
     timing.timing_child(opts.timing_child, opts.quick)
   else:
@@ -102,24 +101,36 @@ def bench(opts, argv):
 
   for name in opts.configs:  # every table row names its config
     results['configs'].setdefault(name, {})['config'] = configs.config(
-        name, opts.quick)
+      name, opts.quick
+    )
   if opts.device_memory:
     results['device_memory'] = device_targets.device_memory_targets(
-        opts.configs, opts.quick, opts.seq_device_memory_bytes,
-        opts.seq_lengths, opts.estimate_main_job)
+      opts.configs,
+      opts.quick,
+      opts.seq_device_memory_bytes,
+      opts.seq_lengths,
+      opts.estimate_main_job,
+    )
     save()
   for name in opts.configs:
     if opts.timing:
       results['configs'][name]['timing'] = timing.time_config(
-          name, opts.trainers, opts.steps, opts.quick, sequential)
+        name, opts.trainers, opts.steps, opts.quick, sequential
+      )
       results['configs'][name]['timing_mode'] = (
-          'sequential' if sequential else 'interleaved')
+        'sequential' if sequential else 'interleaved'
+      )
       save()
     if opts.memory:
       memory = results['configs'][name].setdefault('memory', {})
-      memory.update({t: host_memory.run_memory_median(
-          name, t, opts.memory_repeats, opts.memory_steps, opts.quick)
-                     for t in opts.trainers})
+      memory.update(
+        {
+          t: host_memory.run_memory_median(
+            name, t, opts.memory_repeats, opts.memory_steps, opts.quick
+          )
+          for t in opts.trainers
+        }
+      )
       save()
   save()
   with open(md_path) as f:

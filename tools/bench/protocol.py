@@ -14,8 +14,9 @@ import sys
 
 # The entry script, by absolute path: a child must find it from any working
 # directory and however the parent was started.
-ENTRY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
-    __file__))), 'bench.py')
+ENTRY = os.path.join(
+  os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'bench.py'
+)
 # Marks the lines a child writes for the parent on its stdout.
 RESULT = 'BENCH_RESULT '
 
@@ -39,6 +40,7 @@ def receive(proc, what):
   """
   for line in proc.stdout:
     if line.startswith(RESULT):
-      return json.loads(line[len(RESULT):])
-  raise RuntimeError(f'timing process {what} exited with status '
-                     f'{proc.wait()} (its log is above)')
+      return json.loads(line[len(RESULT) :])
+  raise RuntimeError(
+    f'timing process {what} exited with status {proc.wait()} (its log is above)'
+  )

@@ -18,8 +18,10 @@ from tools.bench import summary
 def paths(out_dir, quick):
   """(bench.json path, bench.md path) in `out_dir`."""
   suffix = '_quick' if quick else ''
-  return (os.path.join(out_dir, f'bench{suffix}.json'),
-          os.path.join(out_dir, f'bench{suffix}.md'))
+  return (
+    os.path.join(out_dir, f'bench{suffix}.json'),
+    os.path.join(out_dir, f'bench{suffix}.md'),
+  )
 
 
 def environment(backend):
@@ -30,9 +32,14 @@ def environment(backend):
       (`trax_revplus.backend.probe`): the benchmark's own process opens
       none, a TPU chip belonging to one process.
   """
-  return dict(python=sys.version.split()[0], jax=metadata.version('jax'),
-              trax=metadata.version('trax'), cpu_count=os.cpu_count(),
-              platform=backend['platform'], devices=backend['devices'])
+  return dict(
+    python=sys.version.split()[0],
+    jax=metadata.version('jax'),
+    trax=metadata.version('trax'),
+    cpu_count=os.cpu_count(),
+    platform=backend['platform'],
+    devices=backend['devices'],
+  )
 
 
 def new(opts, argv, backend):
@@ -44,11 +51,16 @@ def new(opts, argv, backend):
     backend: as `environment` takes it.
   """
   # Quoted as a shell needs it, so the recorded command runs as given.
-  return dict(command=shlex.join(['python'] + list(argv)),
-              started=time.strftime('%Y-%m-%d %H:%M:%S'),
-              steps=opts.steps, memory_steps=opts.memory_steps,
-              quick=opts.quick, trainers=list(opts.trainers),
-              environment=environment(backend), configs={})
+  return dict(
+    command=shlex.join(['python'] + list(argv)),
+    started=time.strftime('%Y-%m-%d %H:%M:%S'),
+    steps=opts.steps,
+    memory_steps=opts.memory_steps,
+    quick=opts.quick,
+    trainers=list(opts.trainers),
+    environment=environment(backend),
+    configs={},
+  )
 
 
 def merge_previous(results, previous, opts):
@@ -60,19 +72,26 @@ def merge_previous(results, previous, opts):
     if name not in opts.configs:
       results['configs'][name] = r
       continue
-    kept = {k: v for k, v in r.items()
-            if k == 'config' or
-            (k in ('timing', 'timing_mode') and not opts.timing) or
-            (k == 'memory' and not opts.memory)}
+    kept = {
+      k: v
+      for k, v in r.items()
+      if k == 'config'
+      or (k in ('timing', 'timing_mode') and not opts.timing)
+      or (k == 'memory' and not opts.memory)
+    }
     if opts.memory and 'memory' in r:  # trainers not measured now
-      kept['memory'] = {t: m for t, m in r['memory'].items()
-                        if t not in opts.trainers}
+      kept['memory'] = {
+        t: m for t, m in r['memory'].items() if t not in opts.trainers
+      }
     results.setdefault('updated_parts', {})[name] = [
-        k for k, measured in (('timing', opts.timing),
-                              ('memory', opts.memory)) if measured]
+      k
+      for k, measured in (('timing', opts.timing), ('memory', opts.memory))
+      if measured
+    ]
     results['configs'][name] = dict(kept)
-  results['previous_commands'] = (previous.get('previous_commands', []) +
-                                  [previous.get('command')])
+  results['previous_commands'] = previous.get('previous_commands', []) + [
+    previous.get('command')
+  ]
 
 
 def save(results, json_path, md_path):
@@ -86,5 +105,9 @@ def save(results, json_path, md_path):
   with open(md_path, 'w') as f:
     commands = [c for c in results.get('previous_commands', []) if c]
     commands.append(results['command'])
-    f.write('Commands: ' + ', then '.join(f'`{c}`' for c in commands) +
-            '\n\n' + markdown.markdown(results))
+    f.write(
+      'Commands: '
+      + ', then '.join(f'`{c}`' for c in commands)
+      + '\n\n'
+      + markdown.markdown(results)
+    )

@@ -43,17 +43,23 @@ def timing_child(spec, quick):
     protocol.send(dict(error=_one_line(e)))
     return
   batch = configs.batch(cfg)
-  protocol.send(dict(build_s=time.perf_counter() - t0,
-                     weights_bytes=weights_bytes, slots_bytes=slots_bytes,
-                     glibc_tunables=os.environ.get('GLIBC_TUNABLES')))
+  protocol.send(
+    dict(
+      build_s=time.perf_counter() - t0,
+      weights_bytes=weights_bytes,
+      slots_bytes=slots_bytes,
+      glibc_tunables=os.environ.get('GLIBC_TUNABLES'),
+    )
+  )
   for line in sys.stdin:
     try:
       seconds, loss = model.step(trainer, batch, int(line))
     except Exception as e:  # pylint: disable=broad-except
       protocol.send(dict(error=_one_line(e)))
       return
-    protocol.send(dict(seconds=seconds, loss=loss,
-                       chip_peak_bytes=model.chip_peak_bytes()))
+    protocol.send(
+      dict(seconds=seconds, loss=loss, chip_peak_bytes=model.chip_peak_bytes())
+    )
 
 
 def _one_line(error):
@@ -68,8 +74,13 @@ def _start(name, t, quick):
   cmd = protocol.command(f'--timing_child={name}:{t}')
   if quick:
     cmd.append('--quick')
-  proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                          text=True, env=configs.child_env(t))
+  proc = subprocess.Popen(
+    cmd,
+    stdin=subprocess.PIPE,
+    stdout=subprocess.PIPE,
+    text=True,
+    env=configs.child_env(t),
+  )
   built = protocol.receive(proc, f'{name}:{t}')
   if 'error' in built:
     print(f'[{name}] {t} fails to build: {built["error"]}', flush=True)
@@ -96,8 +107,9 @@ def _step(proc, name, t, step, r):
     r['step_s'].append(seconds)
   r['losses'].append(loss)
   r['chip_peak_bytes'] = done.get('chip_peak_bytes')
-  print(f'[{name}] step {step} {t}: {seconds:.3f} s loss {loss:.5f}',
-        flush=True)
+  print(
+    f'[{name}] step {step} {t}: {seconds:.3f} s loss {loss:.5f}', flush=True
+  )
 
 
 def _end(proc):
@@ -133,10 +145,18 @@ def time_config(name, trainers, n_steps, quick, sequential=False):
     or stepping has `error`, its exception in one line, and takes no more
     steps; its times are None where it took none.
   """
-  results = {t: dict(first_step_s=None, second_step_s=None, step_s=[],
-                     losses=[], chip_peak_bytes=None, failed_at_step=None,
-                     error=None)
-             for t in trainers}
+  results = {
+    t: dict(
+      first_step_s=None,
+      second_step_s=None,
+      step_s=[],
+      losses=[],
+      chip_peak_bytes=None,
+      failed_at_step=None,
+      error=None,
+    )
+    for t in trainers
+  }
   procs, built = {}, {}
 
   def start(t):

@@ -38,7 +38,8 @@ Modules, one job each:
 
 from trax_revplus.checkpoints.data_counters import load_data_counters
 from trax_revplus.checkpoints.data_counters import (
-    set_aside_unreadable_data_counters)
+  set_aside_unreadable_data_counters,
+)
 from trax_revplus.checkpoints.data_counters import stock_load_data_counters
 from trax_revplus.checkpoints.errors import CheckpointError
 from trax_revplus.checkpoints.errors import CheckpointMismatchError
@@ -61,11 +62,26 @@ from trax_revplus.checkpoints.saving import save_checkpoint
 from trax_revplus.checkpoints.saving import stock_save_checkpoint
 
 __all__ = [
-    'CheckpointError', 'CheckpointMismatchError', 'CheckpointWriteError',
-    'FORMAT', 'FORMAT_1', 'MANIFEST_SUFFIX', 'PREVIOUS', 'STAGING_SUFFIX',
-    'describe_last_good', 'file_crc32', 'free_bytes', 'is_disk_full',
-    'load_checkpoint', 'load_data_counters', 'manifest_path',
-    'save_checkpoint', 'set_aside_unreadable_data_counters', 'staging_path',
-    'stock_load_checkpoint', 'stock_load_data_counters',
-    'stock_save_checkpoint', 'verify',
+  'CheckpointError',
+  'CheckpointMismatchError',
+  'CheckpointWriteError',
+  'FORMAT',
+  'FORMAT_1',
+  'MANIFEST_SUFFIX',
+  'PREVIOUS',
+  'STAGING_SUFFIX',
+  'describe_last_good',
+  'file_crc32',
+  'free_bytes',
+  'is_disk_full',
+  'load_checkpoint',
+  'load_data_counters',
+  'manifest_path',
+  'save_checkpoint',
+  'set_aside_unreadable_data_counters',
+  'staging_path',
+  'stock_load_checkpoint',
+  'stock_load_data_counters',
+  'stock_save_checkpoint',
+  'verify',
 ]

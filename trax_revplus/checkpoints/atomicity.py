@@ -32,8 +32,9 @@ from trax_revplus.checkpoints import integrity
 from trax_revplus.checkpoints import manifest as manifest_lib
 
 
-def link_set(directory: str, source: str, target: str,
-             manifest: dict[str, Any]) -> None:
+def link_set(
+  directory: str, source: str, target: str, manifest: dict[str, Any]
+) -> None:
   """Makes set `target` a copy of complete set `source` (hard links).
 
   `target`'s manifest is removed first and written last, so `target` is
@@ -63,12 +64,14 @@ def link_set(directory: str, source: str, target: str,
         files.remove(dst)
         raise
   files.fsync_dir(directory)
-  files.write_json_atomic(manifest_lib.manifest_path(directory, target),
-                          manifest)
+  files.write_json_atomic(
+    manifest_lib.manifest_path(directory, target), manifest
+  )
 
 
-def commit_set(directory: str, basename: str, staging: str,
-               manifest: dict[str, Any]) -> None:
+def commit_set(
+  directory: str, basename: str, staging: str, manifest: dict[str, Any]
+) -> None:
   """Installs the set `basename` staged in `staging` (steps 1-3 above).
 
   Args:
@@ -82,21 +85,23 @@ def commit_set(directory: str, basename: str, staging: str,
     OSError: a file could not be moved or written; the previous set stays
       complete.
   """
-  current_ok, current, _ = integrity.verify(directory, basename,
-                                            contents=False)
+  current_ok, current, _ = integrity.verify(directory, basename, contents=False)
   if current_ok and current is not None:
     link_set(directory, basename, basename + manifest_lib.PREVIOUS, current)
   files.write_json_atomic(
-      manifest_lib.manifest_path(directory, basename),
-      dict(format=manifest_lib.FORMAT, state='installing',
-           step=manifest['step']))
+    manifest_lib.manifest_path(directory, basename),
+    dict(format=manifest_lib.FORMAT, state='installing', step=manifest['step']),
+  )
   # The .pkl.gz last: stock trax loads a set only once its .pkl.gz exists.
   for suffix in sorted(manifest['files'], key=lambda s: s == '.pkl.gz'):
-    os.replace(os.path.join(staging, basename + suffix),
-               os.path.join(directory, basename + suffix))
+    os.replace(
+      os.path.join(staging, basename + suffix),
+      os.path.join(directory, basename + suffix),
+    )
   files.fsync_dir(directory)
-  files.write_json_atomic(manifest_lib.manifest_path(directory, basename),
-                          manifest)
+  files.write_json_atomic(
+    manifest_lib.manifest_path(directory, basename), manifest
+  )
   name = data_counters.file_name()
   counters = os.path.join(staging, name)
   if os.path.exists(counters):
@@ -119,8 +124,9 @@ def clean_staging(directory: str, basename: str) -> None:
       files.remove(os.path.join(directory, name))
 
 
-def remove_interrupted_first_save(directory: str, basename: str,
-                                  manifest: dict[str, Any]) -> bool:
+def remove_interrupted_first_save(
+  directory: str, basename: str, manifest: dict[str, Any]
+) -> bool:
   """Removes a first save that was interrupted while being installed.
 
   Args:
@@ -136,14 +142,19 @@ def remove_interrupted_first_save(directory: str, basename: str,
   if manifest.get('state') != 'installing':
     return False
   previous = basename + manifest_lib.PREVIOUS
-  if (os.path.exists(manifest_lib.manifest_path(directory, previous)) or
-      manifest_lib.set_files(directory, previous)):
+  if os.path.exists(
+    manifest_lib.manifest_path(directory, previous)
+  ) or manifest_lib.set_files(directory, previous):
     return False
   for suffix in manifest_lib.set_files(directory, basename):
     files.remove(os.path.join(directory, basename + suffix))
   files.remove(manifest_lib.manifest_path(directory, basename))
   logging.warning(
-      'the first save of checkpoint %s in %s (step %s) was interrupted '
-      'before it was complete; its files were removed and training starts '
-      'from the beginning.', basename, directory, manifest.get('step'))
+    'the first save of checkpoint %s in %s (step %s) was interrupted '
+    'before it was complete; its files were removed and training starts '
+    'from the beginning.',
+    basename,
+    directory,
+    manifest.get('step'),
+  )
   return True

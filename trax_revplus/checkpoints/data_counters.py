@@ -30,9 +30,11 @@ from trax_revplus.checkpoints import pending_evals
 # trax's own reader, as bound when this module was imported.
 stock_load_data_counters = trax_inputs.load_data_counters
 
-_COUNTERS_FROM_SET = ('the data counters come from the checkpoint set loaded '
-                      '(without one, the data stream starts from its first '
-                      'batch)')
+_COUNTERS_FROM_SET = (
+  'the data counters come from the checkpoint set loaded '
+  '(without one, the data stream starts from its first '
+  'batch)'
+)
 
 
 def file_name(host_id: int | None = None) -> str:
@@ -99,8 +101,13 @@ def bound(counters: dict[str, int]) -> Iterator[None]:
     trax_inputs.data_counters = before
 
 
-def restore(loop: training.Loop, counters: dict[str, int], basename: str,
-            step: Any, fell_back: bool) -> None:
+def restore(
+  loop: training.Loop,
+  counters: dict[str, int],
+  basename: str,
+  step: Any,
+  fell_back: bool,
+) -> None:
   """Sets trax's data counters to those of the set loaded.
 
   Warns when `data_counters<host>.pkl` in the Loop's output dir disagrees
@@ -116,14 +123,21 @@ def restore(loop: training.Loop, counters: dict[str, int], basename: str,
   """
   output_dir = getattr(loop, 'output_dir', None)
   path = os.path.join(output_dir or '', file_name())
-  found, _ = (read(path) if output_dir and os.path.exists(path) else
-              (None, ''))
-  if found is not None and not fell_back and (
-      {str(k): v for k, v in found.items()} != counters):
+  found, _ = read(path) if output_dir and os.path.exists(path) else (None, '')
+  if (
+    found is not None
+    and not fell_back
+    and ({str(k): v for k, v in found.items()} != counters)
+  ):
     logging.warning(
-        '%s holds data counters %s, but checkpoint set %s (step %s) was '
-        'written at %s; the set\'s are used.', path, found, basename, step,
-        counters)
+      '%s holds data counters %s, but checkpoint set %s (step %s) was '
+      "written at %s; the set's are used.",
+      path,
+      found,
+      basename,
+      step,
+      counters,
+    )
   trax_inputs.data_counters = dict(counters)
 
 
@@ -145,14 +159,19 @@ def load_data_counters(output_dir: str, host_id: int | None = None) -> None:
     return
   counters, problem = read(path)
   if counters is None:
-    logging.warning('%s is unreadable (%s); it is ignored: %s.', path,
-                    problem, _COUNTERS_FROM_SET)
+    logging.warning(
+      '%s is unreadable (%s); it is ignored: %s.',
+      path,
+      problem,
+      _COUNTERS_FROM_SET,
+    )
     return
   trax_inputs.data_counters = counters
 
 
-def set_aside_unreadable_data_counters(output_dir: str,
-                                       host_id: int | None = None) -> None:
+def set_aside_unreadable_data_counters(
+  output_dir: str, host_id: int | None = None
+) -> None:
   """Renames an unreadable `data_counters<host>.pkl` to `<name>.unreadable`.
 
   For a Loop that reads the file with trax's own `load_data_counters`
@@ -172,6 +191,10 @@ def set_aside_unreadable_data_counters(output_dir: str,
   if counters is not None:
     return
   os.replace(path, path + '.unreadable')
-  logging.warning('%s is unreadable (%s); it was moved to %s: %s.', path,
-                  problem, os.path.basename(path) + '.unreadable',
-                  _COUNTERS_FROM_SET)
+  logging.warning(
+    '%s is unreadable (%s); it was moved to %s: %s.',
+    path,
+    problem,
+    os.path.basename(path) + '.unreadable',
+    _COUNTERS_FROM_SET,
+  )

@@ -18,8 +18,13 @@ class CheckpointError(RuntimeError):
     problem: str, what is wrong, without the fix.
   """
 
-  def __init__(self, message: str, directory: str = '', basename: str = '',
-               problem: str = ''):
+  def __init__(
+    self,
+    message: str,
+    directory: str = '',
+    basename: str = '',
+    problem: str = '',
+  ):
     super().__init__(message)
     self.directory = directory
     self.basename = basename
@@ -42,9 +47,15 @@ class CheckpointWriteError(CheckpointError):
     step: int, the step whose set was not written.
   """
 
-  def __init__(self, message: str, directory: str = '', basename: str = '',
-               problem: str = '', free_bytes: int | None = None,
-               step: int = 0):
+  def __init__(
+    self,
+    message: str,
+    directory: str = '',
+    basename: str = '',
+    problem: str = '',
+    free_bytes: int | None = None,
+    step: int = 0,
+  ):
     super().__init__(message, directory, basename, problem)
     self.free_bytes = free_bytes
     self.step = step
@@ -61,8 +72,7 @@ def is_disk_full(error: BaseException) -> bool:
   Returns:
     bool.
   """
-  if isinstance(error, OSError) and error.errno in (errno.ENOSPC,
-                                                    errno.EDQUOT):
+  if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
     return True
   # TensorFlow's file API (tf.io.gfile) raises its own errors, e.g.
   # ResourceExhaustedError, whose message carries the system's.

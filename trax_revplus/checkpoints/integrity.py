@@ -42,8 +42,9 @@ def gzip_trailer(path: str) -> str:
     return f.read(8).hex()
 
 
-def verify(directory: str, basename: str, contents: bool = True
-           ) -> tuple[bool, dict[str, Any] | None, str]:
+def verify(
+  directory: str, basename: str, contents: bool = True
+) -> tuple[bool, dict[str, Any] | None, str]:
   """Checks set `basename` in `directory` against its manifest.
 
   Args:
@@ -61,8 +62,11 @@ def verify(directory: str, basename: str, contents: bool = True
   if not manifest:
     return False, manifest, reason
   if manifest.get('state') != 'complete':
-    return False, manifest, (f'writing the set of step '
-                             f'{manifest.get("step")} was interrupted')
+    return (
+      False,
+      manifest,
+      (f'writing the set of step {manifest.get("step")} was interrupted'),
+    )
   step = manifest.get('step')
   for suffix, expected in sorted(manifest.get('files', {}).items()):
     name = basename + suffix
@@ -71,9 +75,15 @@ def verify(directory: str, basename: str, contents: bool = True
       return False, manifest, f'{name} is missing'
     size = os.path.getsize(path)
     if size != expected.get('bytes'):
-      return False, manifest, (f'{name} has {size} bytes, the set of step '
-                               f'{step} wrote {expected.get("bytes")} '
-                               f'(truncated or replaced)')
+      return (
+        False,
+        manifest,
+        (
+          f'{name} has {size} bytes, the set of step '
+          f'{step} wrote {expected.get("bytes")} '
+          f'(truncated or replaced)'
+        ),
+      )
     if not contents:
       continue
     if 'crc32' in expected:
@@ -83,8 +93,14 @@ def verify(directory: str, basename: str, contents: bool = True
       found, what = gzip_trailer(path), 'gzip trailer'
       wanted = expected.get('gzip_trailer')
     if found != wanted:
-      return False, manifest, (f'{name} is damaged or not the file the set '
-                               f'of step {step} wrote ({what} differs)')
+      return (
+        False,
+        manifest,
+        (
+          f'{name} is damaged or not the file the set '
+          f'of step {step} wrote ({what} differs)'
+        ),
+      )
   return True, manifest, ''
 
 
@@ -107,8 +123,9 @@ def describe_last_good(directory: str | None, basename: str = 'model') -> str:
     ok, manifest, _ = verify(directory, name, contents=False)
     if ok and manifest is not None:
       pkl = os.path.join(directory, name + '.pkl.gz')
-      return (f'the last good checkpoint {pkl} (step {manifest["step"]}) is '
-              f'intact')
+      return (
+        f'the last good checkpoint {pkl} (step {manifest["step"]}) is intact'
+      )
   pkl = os.path.join(directory, basename + '.pkl.gz')
   if os.path.exists(pkl):
     return f'the checkpoint {pkl} was not touched'

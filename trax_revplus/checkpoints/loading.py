@@ -41,8 +41,9 @@ from trax_revplus.checkpoints import model_state
 stock_load_checkpoint = training.Loop.load_checkpoint
 
 
-def _load_verified(loop: training.Loop, directory: str, basename: str,
-                   step: Any) -> None:
+def _load_verified(
+  loop: training.Loop, directory: str, basename: str, step: Any
+) -> None:
   """stock `load_checkpoint` of a set; errors named as checkpoint errors."""
   pkl = os.path.join(directory, basename + '.pkl.gz')
   try:
@@ -50,35 +51,49 @@ def _load_verified(loop: training.Loop, directory: str, basename: str,
       stock_load_checkpoint(loop, directory, basename)
   except (IndexError, ValueError, KeyError) as e:
     detail = f': {e}' if str(e) else ''
-    problem = (f'checkpoint {pkl} (step {step}) does not fit this model '
-               f'({type(e).__name__}{detail}): it was written by a model of '
-               f'another shape or configuration')
+    problem = (
+      f'checkpoint {pkl} (step {step}) does not fit this model '
+      f'({type(e).__name__}{detail}): it was written by a model of '
+      f'another shape or configuration'
+    )
     raise errors.CheckpointMismatchError(
-        f'{problem}; resume with the configuration it was written with, or '
-        f'train in another output dir.', directory, basename,
-        problem) from None
+      f'{problem}; resume with the configuration it was written with, or '
+      f'train in another output dir.',
+      directory,
+      basename,
+      problem,
+    ) from None
   except (EOFError, OSError, zlib.error, pickle.UnpicklingError) as e:
-    problem = (f'checkpoint {pkl} (step {step}) cannot be read '
-               f'({type(e).__name__}: {e}): a file of it is damaged')
+    problem = (
+      f'checkpoint {pkl} (step {step}) cannot be read '
+      f'({type(e).__name__}: {e}): a file of it is damaged'
+    )
     raise errors.CheckpointError(
-        f'{problem}; to start from scratch, move {basename}.* out of '
-        f'{directory}.', directory, basename, problem) from None
+      f'{problem}; to start from scratch, move {basename}.* out of '
+      f'{directory}.',
+      directory,
+      basename,
+      problem,
+    ) from None
 
 
-def _restore_extras(loop: training.Loop, manifest: dict[str, Any],
-                    basename: str, fell_back: bool) -> None:
+def _restore_extras(
+  loop: training.Loop, manifest: dict[str, Any], basename: str, fell_back: bool
+) -> None:
   """Restores the Loop's RNG and trax's data counters from `manifest`."""
   rng = manifest.get('loop_rng')
   if rng is not None:
     loop_rng.restore(loop, rng)
   counters = manifest.get('data_counters')
   if counters is not None:
-    data_counters.restore(loop, counters, basename, manifest.get('step'),
-                          fell_back)
+    data_counters.restore(
+      loop, counters, basename, manifest.get('step'), fell_back
+    )
 
 
-def load_checkpoint(loop: training.Loop, directory: str | None = None,
-                    filename: str | None = None) -> None:
+def load_checkpoint(
+  loop: training.Loop, directory: str | None = None, filename: str | None = None
+) -> None:
   """`training.Loop.load_checkpoint`, loading only a verified set.
 
   A set with a manifest loads if its files match it (sizes and CRC-32s);
@@ -110,30 +125,45 @@ def load_checkpoint(loop: training.Loop, directory: str | None = None,
     pkl = os.path.join(directory, filename + '.pkl.gz')
     if os.path.exists(pkl):
       logging.warning(
-          'checkpoint %s has no %s (written by stock trax): loading it as '
-          'stock trax does; its files cannot be verified.', pkl,
-          os.path.basename(manifest_lib.manifest_path(directory, filename)))
+        'checkpoint %s has no %s (written by stock trax): loading it as '
+        'stock trax does; its files cannot be verified.',
+        pkl,
+        os.path.basename(manifest_lib.manifest_path(directory, filename)),
+      )
     return _load_verified(loop, directory, filename, 'unknown')
   if not ok:
     if manifest and atomicity.remove_interrupted_first_save(
-        directory, filename, manifest):
+      directory, filename, manifest
+    ):
       return
     previous = filename + manifest_lib.PREVIOUS
     ok, manifest, previous_reason = integrity.verify(directory, previous)
     if not ok or manifest is None:
-      problem = (f'checkpoint set {filename} in {directory} is inconsistent '
-                 f'({reason}) and there is no good previous set '
-                 f'({previous_reason}); nothing was loaded')
+      problem = (
+        f'checkpoint set {filename} in {directory} is inconsistent '
+        f'({reason}) and there is no good previous set '
+        f'({previous_reason}); nothing was loaded'
+      )
       raise errors.CheckpointError(
-          f'{problem}. To start from scratch, move {filename}.* out of '
-          f'{directory}; to load it anyway, unverified, move '
-          f'{filename}{manifest_lib.MANIFEST_SUFFIX} out of it (a set without '
-          f'a manifest loads as stock trax loads it).', directory, filename,
-          problem)
-    logging.warning('checkpoint set %s in %s is inconsistent (%s); loading '
-                    'the previous set %s (step %s) instead.', filename,
-                    directory, reason, previous, manifest['step'])
+        f'{problem}. To start from scratch, move {filename}.* out of '
+        f'{directory}; to load it anyway, unverified, move '
+        f'{filename}{manifest_lib.MANIFEST_SUFFIX} out of it (a set without '
+        f'a manifest loads as stock trax loads it).',
+        directory,
+        filename,
+        problem,
+      )
+    logging.warning(
+      'checkpoint set %s in %s is inconsistent (%s); loading '
+      'the previous set %s (step %s) instead.',
+      filename,
+      directory,
+      reason,
+      previous,
+      manifest['step'],
+    )
     filename = previous
   _load_verified(loop, directory, filename, manifest['step'])
-  _restore_extras(loop, manifest, filename,
-                  filename.endswith(manifest_lib.PREVIOUS))
+  _restore_extras(
+    loop, manifest, filename, filename.endswith(manifest_lib.PREVIOUS)
+  )

@@ -41,8 +41,7 @@ def rng_at_next_step(loop: training.Loop) -> Any:
 def as_json(loop: training.Loop) -> list[int] | None:
   """`rng_at_next_step` as a manifest keeps it: a list of uint32, or None."""
   rng = rng_at_next_step(loop)
-  return (None if rng is None else
-          np.asarray(rng).astype(np.uint32).tolist())
+  return None if rng is None else np.asarray(rng).astype(np.uint32).tolist()
 
 
 def restore(loop: training.Loop, rng: list[int]) -> None:

@@ -62,14 +62,18 @@ def set_files(directory: str, basename: str) -> list[str]:
   """
   prefix = basename + '.'
   return sorted(
-      name[len(basename):] for name in os.listdir(directory)
-      if name.startswith(prefix) and name.endswith('.gz') and
-      not name.startswith(prefix + 'prev.') and
-      not name.startswith(prefix + 'tmp.'))
+    name[len(basename) :]
+    for name in os.listdir(directory)
+    if name.startswith(prefix)
+    and name.endswith('.gz')
+    and not name.startswith(prefix + 'prev.')
+    and not name.startswith(prefix + 'tmp.')
+  )
 
 
-def read_manifest(directory: str, basename: str
-                  ) -> tuple[dict[str, Any] | None, str]:
+def read_manifest(
+  directory: str, basename: str
+) -> tuple[dict[str, Any] | None, str]:
   """Reads and checks the manifest of set `basename` in `directory`.
 
   Returns:
@@ -88,12 +92,15 @@ def read_manifest(directory: str, basename: str
   except (OSError, ValueError) as e:
     return {}, f'{name} is unreadable ({e})'
   if not isinstance(manifest, dict) or manifest.get('format') not in (
-      FORMAT, FORMAT_1):
+    FORMAT,
+    FORMAT_1,
+  ):
     return {}, f'{name} is not a {FORMAT} manifest'
   # A complete set's manifest carries a CRC-32 of its content; the short
   # "installing" marker has none.
   checked = manifest.get('format') == FORMAT and (
-      manifest.get('state') == 'complete' or 'manifest_crc32' in manifest)
+    manifest.get('state') == 'complete' or 'manifest_crc32' in manifest
+  )
   if checked and manifest.get('manifest_crc32') != manifest_crc32(manifest):
     return {}, f'{name} is damaged (its CRC-32 differs)'
   return manifest, ''

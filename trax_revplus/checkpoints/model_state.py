@@ -44,8 +44,9 @@ def own_structure(loop: training.Loop) -> Iterator[None]:
 
   # On this instance alone; a trax layer refuses public attributes through
   # its own __setattr__.
-  object.__setattr__(model, 'weights_and_state_signature',
-                     weights_and_state_signature)
+  object.__setattr__(
+    model, 'weights_and_state_signature', weights_and_state_signature
+  )
   try:
     yield
   finally:

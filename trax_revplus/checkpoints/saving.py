@@ -82,9 +82,14 @@ def _save(loop: training.Loop, basename: str) -> None:
       path = os.path.join(staging, basename + suffix)
       files.fsync(path)
       described[suffix] = integrity.describe_file(path)
-    manifest = dict(format=manifest_lib.FORMAT, state='complete', step=step,
-                    files=described, loop_rng=loop_rng.as_json(loop),
-                    data_counters=data_counters.as_json())
+    manifest = dict(
+      format=manifest_lib.FORMAT,
+      state='complete',
+      step=step,
+      files=described,
+      loop_rng=loop_rng.as_json(loop),
+      data_counters=data_counters.as_json(),
+    )
     manifest['manifest_crc32'] = manifest_lib.manifest_crc32(manifest)
     atomicity.commit_set(directory, basename, staging, manifest)
   except Exception as e:  # pylint: disable=broad-except
@@ -93,11 +98,18 @@ def _save(loop: training.Loop, basename: str) -> None:
       raise
     free = errors.free_bytes(directory)
     free_text = format_bytes(free, none='unknown space')
-    problem = (f'cannot write checkpoint {basename} (step {step}) in '
-               f'{directory}: no space left on the device ({free_text} '
-               f'free); {integrity.describe_last_good(directory)}')
+    problem = (
+      f'cannot write checkpoint {basename} (step {step}) in '
+      f'{directory}: no space left on the device ({free_text} '
+      f'free); {integrity.describe_last_good(directory)}'
+    )
     raise errors.CheckpointWriteError(
-        f'{problem}; free some space and run again to resume from it.',
-        directory, basename, problem, free, step) from e
+      f'{problem}; free some space and run again to resume from it.',
+      directory,
+      basename,
+      problem,
+      free,
+      step,
+    ) from e
   finally:
     shutil.rmtree(staging, ignore_errors=True)

@@ -28,9 +28,17 @@ from trax_revplus.errors import EXIT_USAGE
 from trax_revplus.errors import signal_exit_status
 from trax_revplus.errors import UserError
 
-__all__ = ['main', 'run', 'parse_configs', 'import_trax_quietly',
-           'UserError',
-           'PROG', 'EXIT_OK', 'EXIT_RUNTIME', 'EXIT_USAGE']
+__all__ = [
+  'main',
+  'run',
+  'parse_configs',
+  'import_trax_quietly',
+  'UserError',
+  'PROG',
+  'EXIT_OK',
+  'EXIT_RUNTIME',
+  'EXIT_USAGE',
+]
 
 
 def _command(name: str):
@@ -73,8 +81,10 @@ def _handle_signals() -> dict[int, Any]:
   """
   if threading.current_thread() is not threading.main_thread():
     return {}
-  return {signum: signal.signal(signum, _stop)
-          for signum in (signal.SIGINT, signal.SIGTERM)}
+  return {
+    signum: signal.signal(signum, _stop)
+    for signum in (signal.SIGINT, signal.SIGTERM)
+  }
 
 
 def main(argv: Sequence[str]) -> int:
@@ -109,9 +119,11 @@ def main(argv: Sequence[str]) -> int:
     return busy.exit_code
   except (_Stopped, KeyboardInterrupt) as e:
     signum = getattr(e, 'signum', signal.SIGINT)
-    print(error_line(command, f'interrupted by '
-                              f'{signal.Signals(signum).name}'),
-          file=sys.stderr, flush=True)
+    print(
+      error_line(command, f'interrupted by {signal.Signals(signum).name}'),
+      file=sys.stderr,
+      flush=True,
+    )
     return signal_exit_status(signum)
   finally:
     for signum, handler in previous.items():

@@ -82,15 +82,16 @@ def as_model_error(error: Exception) -> Exception:
   """`error`, raised while building or initializing a model, as a
   `ModelError` when a model's bindings can cause it; else `error` itself.
   """
-  if not _ours(error) and isinstance(error, (_layer_error(),) +
-                                     _MODEL_ERRORS):
+  if not _ours(error) and isinstance(error, (_layer_error(),) + _MODEL_ERRORS):
     return ModelError(error)
   return error
 
 
-def _typed(method: Callable[..., Any],
-           catches: tuple[type[BaseException], ...],
-           error_type: type) -> Callable[..., Any]:
+def _typed(
+  method: Callable[..., Any],
+  catches: tuple[type[BaseException], ...],
+  error_type: type,
+) -> Callable[..., Any]:
   """`method`, whose errors of types `catches` become `error_type`s."""
 
   @functools.wraps(method)
@@ -101,6 +102,7 @@ def _typed(method: Callable[..., Any],
       if _ours(e):
         raise
       raise error_type(e) from e
+
   return typed
 
 
@@ -156,12 +158,19 @@ def watch_loop_build() -> Iterator[LoopBuild]:
   def typed_init(loop, *args, **kwargs):
     build.loop = loop
     # On the instance: only this construction's calls are typed.
-    loop_door.wrap_init_trainer(loop, lambda init_trainer: _typed(
+    loop_door.wrap_init_trainer(
+      loop,
+      lambda init_trainer: _typed(
         _typed(init_trainer, (layer_error,), ModelError),
-        _TRAINER_ERRORS, TrainerSettingsError))
+        _TRAINER_ERRORS,
+        TrainerSettingsError,
+      ),
+    )
     loop.load_checkpoint = _typed(
-        _typed(loop.load_checkpoint, _CHECKPOINT_ERRORS, CheckpointFitError),
-        _LOAD_ERRORS, CheckpointLoadError)
+      _typed(loop.load_checkpoint, _CHECKPOINT_ERRORS, CheckpointFitError),
+      _LOAD_ERRORS,
+      CheckpointLoadError,
+    )
     try:
       init(loop, *args, **kwargs)
     except layer_error as e:  # The model's or the eval model's init.

@@ -40,17 +40,17 @@ class UnreadableEntries(std_logging.Filter):
     self._told = False
 
   def filter(self, record: std_logging.LogRecord) -> bool:
-    program = compilation_cache.is_unreadable_entry_warning(
-        record.getMessage())
+    program = compilation_cache.is_unreadable_entry_warning(record.getMessage())
     if program is None:
       return True
     if self._told:
       return False
     self._told = True
     record.msg = (
-        f'the compilation cache {self._directory} holds entries that cannot '
-        f'be read (the first: {program!r}); their programs compile again '
-        f'and are rewritten. To clear the cache, remove that directory')
+      f'the compilation cache {self._directory} holds entries that cannot '
+      f'be read (the first: {program!r}); their programs compile again '
+      f'and are rewritten. To clear the cache, remove that directory'
+    )
     record.args = ()
     return True
 

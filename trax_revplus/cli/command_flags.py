@@ -81,60 +81,93 @@ cannot build); 1 the config's inputs cannot be read, or --json cannot be
 written."""
 
 
-def _add_config_flags(parser: argparse.ArgumentParser, file_help: str,
-                      binding_help: str) -> None:
-  parser.add_argument('--config_file', action='append', default=[],
-                      type=path, metavar='FILE', help=file_help)
-  parser.add_argument('--config', action='append', default=[],
-                      metavar='BINDING', help=binding_help)
+def _add_config_flags(
+  parser: argparse.ArgumentParser, file_help: str, binding_help: str
+) -> None:
+  parser.add_argument(
+    '--config_file',
+    action='append',
+    default=[],
+    type=path,
+    metavar='FILE',
+    help=file_help,
+  )
+  parser.add_argument(
+    '--config',
+    action='append',
+    default=[],
+    metavar='BINDING',
+    help=binding_help,
+  )
 
 
 def add_train(commands: 'argparse._SubParsersAction') -> None:
   parser = commands.add_parser(
-      'train', help='train a gin-configured trax model',
-      usage=(f'{PROG} train --config_file=FILE.gin [--config=BINDING ...]\n'
-             f'{" " * 20}[--output_dir=DIR] [--progress_every_n_steps=N]\n'
-             f'{" " * 20}[--implementation=config|stock|revplus]\n'
-             f'{" " * 20}[--num_processes=N --process_id=I\n'
-             f'{" " * 21}--coordinator_address=HOST:PORT]'),
-      description=_TRAIN_DESCRIPTION, epilog=_TRAIN_EPILOG)
+    'train',
+    help='train a gin-configured trax model',
+    usage=(
+      f'{PROG} train --config_file=FILE.gin [--config=BINDING ...]\n'
+      f'{" " * 20}[--output_dir=DIR] [--progress_every_n_steps=N]\n'
+      f'{" " * 20}[--implementation=config|stock|revplus]\n'
+      f'{" " * 20}[--num_processes=N --process_id=I\n'
+      f'{" " * 21}--coordinator_address=HOST:PORT]'
+    ),
+    description=_TRAIN_DESCRIPTION,
+    epilog=_TRAIN_EPILOG,
+  )
   _add_config_flags(
-      parser,
-      'Gin config file (.gin). Repeat to parse several, in order. An '
-      '`include` in a config is looked up next to the including file too.',
-      "Gin binding, e.g. --config='train.steps = 50'. Repeat for several; "
-      'applied after all config files.')
+    parser,
+    'Gin config file (.gin). Repeat to parse several, in order. An '
+    '`include` in a config is looked up next to the including file too.',
+    "Gin binding, e.g. --config='train.steps = 50'. Repeat for several; "
+    'applied after all config files.',
+  )
   parser.add_argument(
-      '--output_dir', action=Once, type=path, metavar='DIR',
-      help='Directory for checkpoints (model.pkl.gz, model.weights.npy.gz, '
-           'model.manifest.json and the previous set model.prev.*), '
-           'TensorBoard summaries, config.gin and the full log (train.log); '
-           'created if missing. A run resumes from the checkpoint found '
-           'there. Default: ~/trax/<first config name>_<date>_<time>.')
+    '--output_dir',
+    action=Once,
+    type=path,
+    metavar='DIR',
+    help='Directory for checkpoints (model.pkl.gz, model.weights.npy.gz, '
+    'model.manifest.json and the previous set model.prev.*), '
+    'TensorBoard summaries, config.gin and the full log (train.log); '
+    'created if missing. A run resumes from the checkpoint found '
+    'there. Default: ~/trax/<first config name>_<date>_<time>.',
+  )
   parser.add_argument(
-      '--progress_every_n_steps', action=Once, type=positive_int,
-      default=10, metavar='N',
-      help='Print a progress line (step, loss, steps/s, host memory) every '
-           'this many steps, and at the first and last step (default: '
-           '%(default)s).')
+    '--progress_every_n_steps',
+    action=Once,
+    type=positive_int,
+    default=10,
+    metavar='N',
+    help='Print a progress line (step, loss, steps/s, host memory) every '
+    'this many steps, and at the first and last step (default: '
+    '%(default)s).',
+  )
   parser.add_argument(
-      '--memory_log_every_n_steps', action=Once, type=positive_int,
-      metavar='N',
-      help='Memory log of trax_revplus\'s trainer (OUTPUT_DIR/memory.jsonl, '
-           'see docs/memory-log.md): every step gets a record of its true '
-           'host peak; the first 10 steps of each process, then steps 1, '
-           '1 + N, 1 + 2N, ... also get records of their phases. Binds '
-           'trax_revplus.ReversibleSerialTrainer.memory_log_every_n_steps '
-           '(default: the config\'s, else 100).')
+    '--memory_log_every_n_steps',
+    action=Once,
+    type=positive_int,
+    metavar='N',
+    help="Memory log of trax_revplus's trainer (OUTPUT_DIR/memory.jsonl, "
+    'see docs/memory-log.md): every step gets a record of its true '
+    'host peak; the first 10 steps of each process, then steps 1, '
+    '1 + N, 1 + 2N, ... also get records of their phases. Binds '
+    'trax_revplus.ReversibleSerialTrainer.memory_log_every_n_steps '
+    "(default: the config's, else 100).",
+  )
   add_compilation_cache_flags(parser)
   parser.add_argument(
-      '--implementation', action=Once, choices=IMPLEMENTATIONS,
-      default='config', metavar='config|stock|revplus',
-      help='Which reversible layers and trainer train: config (as the '
-           'config says: trax_revplus if it has the line `import '
-           'trax_revplus.activate`, else stock trax), stock (stock trax, '
-           'even if the config has that line) or revplus (trax_revplus, '
-           'even if it does not) (default: %(default)s).')
+    '--implementation',
+    action=Once,
+    choices=IMPLEMENTATIONS,
+    default='config',
+    metavar='config|stock|revplus',
+    help='Which reversible layers and trainer train: config (as the '
+    'config says: trax_revplus if it has the line `import '
+    'trax_revplus.activate`, else stock trax), stock (stock trax, '
+    'even if the config has that line) or revplus (trax_revplus, '
+    'even if it does not) (default: %(default)s).',
+  )
   _add_distributed_flags(parser)
 
 
@@ -142,44 +175,70 @@ def add_compilation_cache_flags(parser: argparse.ArgumentParser) -> None:
   """--compilation_cache_dir and --nocompilation_cache (train, estimate)."""
   group = parser.add_mutually_exclusive_group()
   group.add_argument(
-      '--compilation_cache_dir', action=Once, type=path, default='auto',
-      metavar='DIR',
-      help='JAX\'s persistent compilation cache: programs compiled once are '
-           'written here and read back by every later run (a resume, a '
-           'second run of the config) instead of compiled again. Default: '
-           '$XDG_CACHE_HOME/trax_revplus/jax (~/.cache/trax_revplus/jax).')
+    '--compilation_cache_dir',
+    action=Once,
+    type=path,
+    default='auto',
+    metavar='DIR',
+    help="JAX's persistent compilation cache: programs compiled once are "
+    'written here and read back by every later run (a resume, a '
+    'second run of the config) instead of compiled again. Default: '
+    '$XDG_CACHE_HOME/trax_revplus/jax (~/.cache/trax_revplus/jax).',
+  )
   group.add_argument(
-      '--nocompilation_cache', action='store_true',
-      help='Compile every program afresh; read and write no cache.')
+    '--nocompilation_cache',
+    action='store_true',
+    help='Compile every program afresh; read and write no cache.',
+  )
 
 
 def _add_distributed_flags(parser: argparse.ArgumentParser) -> None:
   group = parser.add_argument_group(
-      'multiple processes (jax.distributed; see docs/multiple-hosts.md)')
+    'multiple processes (jax.distributed; see docs/multiple-hosts.md)'
+  )
   group.add_argument(
-      '--num_processes', action=Once, type=positive_int, metavar='N',
-      help='Processes of the run, one per host or several on one. Default: '
-           'from a cluster launcher (SLURM, Open MPI, Kubernetes indexed '
-           'Job), else 1.')
+    '--num_processes',
+    action=Once,
+    type=positive_int,
+    metavar='N',
+    help='Processes of the run, one per host or several on one. Default: '
+    'from a cluster launcher (SLURM, Open MPI, Kubernetes indexed '
+    'Job), else 1.',
+  )
   group.add_argument(
-      '--process_id', action=Once, type=integer, metavar='I',
-      help='This process, 0..N-1; process 0 serves the coordinator and '
-           'writes checkpoints. Default: from the cluster launcher.')
+    '--process_id',
+    action=Once,
+    type=integer,
+    metavar='I',
+    help='This process, 0..N-1; process 0 serves the coordinator and '
+    'writes checkpoints. Default: from the cluster launcher.',
+  )
   group.add_argument(
-      '--coordinator_address', action=Once, metavar='HOST:PORT',
-      help='Address of process 0 and a free port there. Default: '
-           '$JAX_COORDINATOR_ADDRESS, else derived by JAX from the cluster '
-           'launcher.')
+    '--coordinator_address',
+    action=Once,
+    metavar='HOST:PORT',
+    help='Address of process 0 and a free port there. Default: '
+    '$JAX_COORDINATOR_ADDRESS, else derived by JAX from the cluster '
+    'launcher.',
+  )
   group.add_argument(
-      '--join_timeout_seconds', action=Once, type=positive_int,
-      default=300, metavar='S',
-      help='Give up (one line, exit 1) when not every process joined within '
-           'S seconds (default: %(default)s).')
+    '--join_timeout_seconds',
+    action=Once,
+    type=positive_int,
+    default=300,
+    metavar='S',
+    help='Give up (one line, exit 1) when not every process joined within '
+    'S seconds (default: %(default)s).',
+  )
   group.add_argument(
-      '--heartbeat_timeout_seconds', action=Once, type=positive_int,
-      default=100, metavar='S',
-      help='A process silent this long (frozen, host down) is declared dead '
-           'and the run ends (default: %(default)s).')
+    '--heartbeat_timeout_seconds',
+    action=Once,
+    type=positive_int,
+    default=100,
+    metavar='S',
+    help='A process silent this long (frozen, host down) is declared dead '
+    'and the run ends (default: %(default)s).',
+  )
 
 
 _LAUNCH_DESCRIPTION = """\
@@ -202,86 +261,138 @@ process that failed (128 + N for signal N); 2 usage error."""
 
 def add_launch(commands: 'argparse._SubParsersAction') -> None:
   parser = commands.add_parser(
-      'launch', help='start N local processes of one training run',
-      usage=f'{PROG} launch --num_processes=N -- TRAIN_FLAGS...',
-      description=_LAUNCH_DESCRIPTION, epilog=_LAUNCH_EPILOG)
+    'launch',
+    help='start N local processes of one training run',
+    usage=f'{PROG} launch --num_processes=N -- TRAIN_FLAGS...',
+    description=_LAUNCH_DESCRIPTION,
+    epilog=_LAUNCH_EPILOG,
+  )
   launch_flags.add_launch_flags(parser)
 
 
 def add_compare(commands: 'argparse._SubParsersAction') -> None:
   parser = commands.add_parser(
-      'compare', help='stock trax and trax_revplus side by side',
-      usage=(f'{PROG} compare --config_file=FILE.gin [--config=BINDING ...]\n'
-             f'{" " * 22}[--steps=N] [--seed=S] [--output_dir=DIR] '
-             '[--nodevice_accounting]'),
-      description=_COMPARE_DESCRIPTION, epilog=_COMPARE_EPILOG)
+    'compare',
+    help='stock trax and trax_revplus side by side',
+    usage=(
+      f'{PROG} compare --config_file=FILE.gin [--config=BINDING ...]\n'
+      f'{" " * 22}[--steps=N] [--seed=S] [--output_dir=DIR] '
+      '[--nodevice_accounting]'
+    ),
+    description=_COMPARE_DESCRIPTION,
+    epilog=_COMPARE_EPILOG,
+  )
   _add_config_flags(
-      parser,
-      'Gin config file; repeatable. With or without the line `import '
-      'trax_revplus.activate`: the stock run ignores it, the trax_revplus '
-      'run adds it.',
-      'Gin binding applied to both runs; repeatable.')
+    parser,
+    'Gin config file; repeatable. With or without the line `import '
+    'trax_revplus.activate`: the stock run ignores it, the trax_revplus '
+    'run adds it.',
+    'Gin binding applied to both runs; repeatable.',
+  )
   parser.add_argument(
-      '--steps', action=Once, type=positive_int, metavar='N',
-      help='Train this many steps in each run (binds train.steps). Default: '
-           'as the config says.')
+    '--steps',
+    action=Once,
+    type=positive_int,
+    metavar='N',
+    help='Train this many steps in each run (binds train.steps). Default: '
+    'as the config says.',
+  )
   parser.add_argument(
-      '--seed', action=Once, type=integer, metavar='S',
-      help='Random seed of both runs (binds train.random_seed). Default: the '
-           "config's, or 0 if the config sets none.")
+    '--seed',
+    action=Once,
+    type=integer,
+    metavar='S',
+    help='Random seed of both runs (binds train.random_seed). Default: the '
+    "config's, or 0 if the config sets none.",
+  )
   parser.add_argument(
-      '--output_dir', action=Once, type=path, metavar='DIR',
-      help='Directory for both runs (stock/, revplus/, with their logs '
-           'stock.log and revplus.log), compare.json and compare.png. '
-           'Default: ~/trax/compare_<first config name>_<date>_<time>.')
+    '--output_dir',
+    action=Once,
+    type=path,
+    metavar='DIR',
+    help='Directory for both runs (stock/, revplus/, with their logs '
+    'stock.log and revplus.log), compare.json and compare.png. '
+    'Default: ~/trax/compare_<first config name>_<date>_<time>.',
+  )
   parser.add_argument(
-      '--nodevice_accounting', dest='device_accounting',
-      action='store_false',
-      help="Skip `estimate` on the config after both runs (by default it "
-           "gives each trainer's step peak as XLA computes it, stock's "
-           'included, which writes no memory log).')
+    '--nodevice_accounting',
+    dest='device_accounting',
+    action='store_false',
+    help='Skip `estimate` on the config after both runs (by default it '
+    "gives each trainer's step peak as XLA computes it, stock's "
+    'included, which writes no memory log).',
+  )
 
 
 def add_plot_memory(commands: 'argparse._SubParsersAction') -> None:
   parser = commands.add_parser(
-      'plot-memory', help='plot the memory log of a run',
-      usage=f'{PROG} plot-memory RUN_DIR [--output=PNG]',
-      description=_PLOT_MEMORY_DESCRIPTION, epilog=_PLOT_MEMORY_EPILOG)
+    'plot-memory',
+    help='plot the memory log of a run',
+    usage=f'{PROG} plot-memory RUN_DIR [--output=PNG]',
+    description=_PLOT_MEMORY_DESCRIPTION,
+    epilog=_PLOT_MEMORY_EPILOG,
+  )
   parser.add_argument(
-      'run_dir', type=path, metavar='RUN_DIR',
-      help='Training output dir holding memory.jsonl, or the path of a '
-           'memory.jsonl.')
+    'run_dir',
+    type=path,
+    metavar='RUN_DIR',
+    help='Training output dir holding memory.jsonl, or the path of a '
+    'memory.jsonl.',
+  )
   parser.add_argument(
-      '--output', action=Once, type=path, metavar='PNG',
-      help='Path of the PNG to write, exactly (no suffix is added); a link '
-           'is followed, a pipe or device written in place. Default: '
-           'memory.png next to the log.')
+    '--output',
+    action=Once,
+    type=path,
+    metavar='PNG',
+    help='Path of the PNG to write, exactly (no suffix is added); a link '
+    'is followed, a pipe or device written in place. Default: '
+    'memory.png next to the log.',
+  )
 
 
 def add_estimate(commands: 'argparse._SubParsersAction') -> None:
   parser = commands.add_parser(
-      'estimate', help='device memory of a training step, per trainer',
-      usage=(f'{PROG} estimate --config_file=FILE.gin [--config=BINDING ...]'
-             f'\n{" " * 23}[--device_memory=16GiB] [--n_devices=N] '
-             f'[--json=PATH]'),
-      description=_ESTIMATE_DESCRIPTION, epilog=_ESTIMATE_EPILOG)
-  _add_config_flags(parser, 'Gin config file; repeatable.',
-                    'Gin binding; repeatable, applied after the files.')
+    'estimate',
+    help='device memory of a training step, per trainer',
+    usage=(
+      f'{PROG} estimate --config_file=FILE.gin [--config=BINDING ...]'
+      f'\n{" " * 23}[--device_memory=16GiB] [--n_devices=N] '
+      f'[--json=PATH]'
+    ),
+    description=_ESTIMATE_DESCRIPTION,
+    epilog=_ESTIMATE_EPILOG,
+  )
+  _add_config_flags(
+    parser,
+    'Gin config file; repeatable.',
+    'Gin binding; repeatable, applied after the files.',
+  )
   parser.add_argument(
-      '--device_memory', action=Once, metavar='SIZE',
-      help='Memory of one device, e.g. 16GiB, 40GB, 80GiB (units B, kB, MB, '
-           'GB, KiB, MiB, GiB; whole bytes, at most 1 PiB); each trainer '
-           'fits or not, and trax_revplus plans its segments to fit it, '
-           'overriding (with a warning line) a budget the config sets. '
-           'Default: none given.')
+    '--device_memory',
+    action=Once,
+    metavar='SIZE',
+    help='Memory of one device, e.g. 16GiB, 40GB, 80GiB (units B, kB, MB, '
+    'GB, KiB, MiB, GiB; whole bytes, at most 1 PiB); each trainer '
+    'fits or not, and trax_revplus plans its segments to fit it, '
+    'overriding (with a warning line) a budget the config sets. '
+    'Default: none given.',
+  )
   parser.add_argument(
-      '--n_devices', action=Once, type=positive_int, default=1,
-      metavar='N',
-      help="Devices trax_revplus's trainer runs on (default: %(default)s); "
-           "trax's trainers are accounted on one.")
+    '--n_devices',
+    action=Once,
+    type=positive_int,
+    default=1,
+    metavar='N',
+    help="Devices trax_revplus's trainer runs on (default: %(default)s); "
+    "trax's trainers are accounted on one.",
+  )
   add_compilation_cache_flags(parser)
   parser.add_argument(
-      '--json', action=Once, type=path, metavar='PATH',
-      help='Also write the figures as JSON to PATH (checked before anything '
-           'is compiled; a link is followed, a pipe or device written in '
-           'place; - for stdout, the table then on stderr).')
+    '--json',
+    action=Once,
+    type=path,
+    metavar='PATH',
+    help='Also write the figures as JSON to PATH (checked before anything '
+    'is compiled; a link is followed, a pipe or device written in '
+    'place; - for stdout, the table then on stderr).',
+  )

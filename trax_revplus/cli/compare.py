@@ -51,18 +51,21 @@ def run(flags: argparse.Namespace) -> int:
   config_files, bindings = configs_from_flags(flags)
   if flags.output_dir:
     output_dirs.check_writable(os.path.expanduser(flags.output_dir))
-  return compare_main(config_files=config_files, bindings=bindings,
-                      output_dir=flags.output_dir, steps=flags.steps,
-                      seed=flags.seed,
-                      device_accounting=flags.device_accounting)
+  return compare_main(
+    config_files=config_files,
+    bindings=bindings,
+    output_dir=flags.output_dir,
+    steps=flags.steps,
+    seed=flags.seed,
+    device_accounting=flags.device_accounting,
+  )
 
 
 # What the check before the runs printed, in the output dir.
 CHECK_LOG = 'check.log'
 
 
-def check_config(config_files: Sequence[str], bindings: Sequence[str]
-                 ) -> None:
+def check_config(config_files: Sequence[str], bindings: Sequence[str]) -> None:
   """Checks the config as `train` will for the trax_revplus run.
 
   Opens JAX's backend (for the device count): `compare_main` runs it in a
@@ -75,6 +78,7 @@ def check_config(config_files: Sequence[str], bindings: Sequence[str]
   # Here: swap imports trax, which the parent running this in a child
   # (`compare_main`) never does.
   from trax_revplus import swap  # pylint: disable=g-import-not-at-top
+
   try:
     gin_config.parse_configs(list(config_files), list(bindings))
     swap.activate()  # As --implementation=revplus.
@@ -96,12 +100,14 @@ def _check_fresh(run_dirs):
   for path in run_dirs:
     if os.path.isdir(path) and os.listdir(path):
       raise UserError(
-          f'{path} already holds a run (training would resume from it); '
-          f'give a new --output_dir or remove it')
+        f'{path} already holds a run (training would resume from it); '
+        f'give a new --output_dir or remove it'
+      )
 
 
-def _remove_check_output(output_dir: str, check_log: str,
-                         made_output_dir: bool) -> None:
+def _remove_check_output(
+  output_dir: str, check_log: str, made_output_dir: bool
+) -> None:
   """Removes check.log, and the output dir if this command made it."""
   if os.path.exists(check_log):
     os.remove(check_log)
@@ -109,11 +115,15 @@ def _remove_check_output(output_dir: str, check_log: str,
     os.rmdir(output_dir)
 
 
-def compare_main(config_files: Sequence[str], bindings: Sequence[str],
-                 output_dir: str | None = None, steps: int | None = None,
-                 seed: int | None = None,
-                 stream: TextIO | None = None,
-                 device_accounting: bool = True) -> int:
+def compare_main(
+  config_files: Sequence[str],
+  bindings: Sequence[str],
+  output_dir: str | None = None,
+  steps: int | None = None,
+  seed: int | None = None,
+  stream: TextIO | None = None,
+  device_accounting: bool = True,
+) -> int:
   """Runs both trainings, prints the table, writes compare.json and the PNG.
 
   Args:
@@ -144,9 +154,13 @@ def compare_main(config_files: Sequence[str], bindings: Sequence[str],
   # Imported here, not at the top: `trax_revplus.compare` imports JAX, and
   # `run` reports mistakes in the flags and paths before that.
   from trax_revplus import compare  # pylint: disable=g-import-not-at-top
+
   stream = stream or sys.stdout
-  output_dir = os.path.abspath(os.path.expanduser(
-      output_dir or output_dirs.default_output_dir(config_files, 'compare_')))
+  output_dir = os.path.abspath(
+    os.path.expanduser(
+      output_dir or output_dirs.default_output_dir(config_files, 'compare_')
+    )
+  )
   run_dirs = {k: os.path.join(output_dir, k) for k in compare.IMPLEMENTATIONS}
   _check_fresh(run_dirs.values())
   made_output_dir = not os.path.isdir(output_dir)
@@ -157,8 +171,7 @@ def compare_main(config_files: Sequence[str], bindings: Sequence[str],
     extra.append(f'train.steps = {int(steps)}')
   seed_from_config = False
   if seed is None:
-    seed_from_config, config_value = compare.config_seed(config_files,
-                                                         bindings)
+    seed_from_config, config_value = compare.config_seed(config_files, bindings)
     if seed_from_config:
       seed = config_value
     else:
@@ -169,8 +182,12 @@ def compare_main(config_files: Sequence[str], bindings: Sequence[str],
   every = None if steps is None else max(1, int(steps) // 10)
   check_log = os.path.join(output_dir, CHECK_LOG)
   try:
-    backend.call(f'{__name__}:check_config', list(config_files),
-                 list(bindings) + extra, log_path=check_log)
+    backend.call(
+      f'{__name__}:check_config',
+      list(config_files),
+      list(bindings) + extra,
+      log_path=check_log,
+    )
   except UserError as e:
     if e.exit_code == EXIT_USAGE:
       # A mistake in the config: its line says all, and a run dir left
@@ -182,23 +199,31 @@ def compare_main(config_files: Sequence[str], bindings: Sequence[str],
   for k in compare.IMPLEMENTATIONS:
     log_path = os.path.join(output_dir, f'{k}.log')
     command = compare.runs.run_command(
-        k, config_files, list(bindings) + extra, run_dirs[k], every)
-    stream.write(f'{PROG} compare: training with {compare.LABELS[k]} '
-                 f'(output in {log_path})\n')
+      k, config_files, list(bindings) + extra, run_dirs[k], every
+    )
+    stream.write(
+      f'{PROG} compare: training with {compare.LABELS[k]} '
+      f'(output in {log_path})\n'
+    )
     stream.flush()
     start = time.perf_counter()
-    exit_code, output = compare.runs.run_streaming(command, log_path,
-                                                   f'[{k}] ', stream)
-    runs[k] = compare.collect_run(k, exit_code, output, run_dirs[k],
-                                  log_path, time.perf_counter() - start)
+    exit_code, output = compare.runs.run_streaming(
+      command, log_path, f'[{k}] ', stream
+    )
+    runs[k] = compare.collect_run(
+      k, exit_code, output, run_dirs[k], log_path, time.perf_counter() - start
+    )
 
   if device_accounting:
     estimate_log = os.path.join(output_dir, compare.accounting.ESTIMATE_LOG)
-    stream.write(f'{PROG} compare: accounting device memory with estimate '
-                 f'(output in {estimate_log})\n')
+    stream.write(
+      f'{PROG} compare: accounting device memory with estimate '
+      f'(output in {estimate_log})\n'
+    )
     stream.flush()
     accounting = compare.accounting.run_estimate(
-        config_files, list(bindings) + extra, output_dir)
+      config_files, list(bindings) + extra, output_dir
+    )
   else:
     accounting = compare.accounting.skipped()
 
@@ -206,8 +231,9 @@ def compare_main(config_files: Sequence[str], bindings: Sequence[str],
     note = (runs[k].get('memory_log') or {}).get('unreadable_note')
     if note:
       stream.write(warning_line('compare', note) + '\n')
-  report = compare.build_report(config_files, bindings, steps, seed,
-                                seed_from_config, runs, accounting)
+  report = compare.build_report(
+    config_files, bindings, steps, seed, seed_from_config, runs, accounting
+  )
   json_path = os.path.join(output_dir, compare.COMPARE_JSON)
   text = json.dumps(report, indent=1)
   output_files.write(json_path, lambda f: f.write(text.encode('utf-8')))

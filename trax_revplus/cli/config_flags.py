@@ -11,8 +11,9 @@ import os
 from trax_revplus.errors import UserError
 
 
-def configs_from_flags(flags: argparse.Namespace) -> tuple[list[str],
-                                                            list[str]]:
+def configs_from_flags(
+  flags: argparse.Namespace,
+) -> tuple[list[str], list[str]]:
   """The config files and bindings a command was given.
 
   Returns:
@@ -25,8 +26,9 @@ def configs_from_flags(flags: argparse.Namespace) -> tuple[list[str],
   config_files = list(flags.config_file or [])
   bindings = list(flags.config or [])
   if not config_files and not bindings:
-    raise UserError('no config: give --config_file=FILE.gin (and/or '
-                    '--config=BINDING)')
+    raise UserError(
+      'no config: give --config_file=FILE.gin (and/or --config=BINDING)'
+    )
   for path in config_files:
     if not os.path.exists(path):
       raise UserError(f'config file not found: {path}')

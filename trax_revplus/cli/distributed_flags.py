@@ -21,15 +21,19 @@ def config_from_flags(flags: argparse.Namespace) -> DistributedConfig:
   """
   heartbeat = flags.heartbeat_timeout_seconds
   return resolve_config(
-      flags.num_processes, flags.process_id, flags.coordinator_address,
-      timeout_seconds=flags.join_timeout_seconds,
-      heartbeat_timeout_seconds=heartbeat,
-      # A process that finished waits this long for the others at exit.
-      shutdown_timeout_seconds=max(heartbeat, flags.join_timeout_seconds))
+    flags.num_processes,
+    flags.process_id,
+    flags.coordinator_address,
+    timeout_seconds=flags.join_timeout_seconds,
+    heartbeat_timeout_seconds=heartbeat,
+    # A process that finished waits this long for the others at exit.
+    shutdown_timeout_seconds=max(heartbeat, flags.join_timeout_seconds),
+  )
 
 
-def join_from_flags(flags: argparse.Namespace,
-                    command: str) -> DistributedConfig:
+def join_from_flags(
+  flags: argparse.Namespace, command: str
+) -> DistributedConfig:
   """Joins the multi-process run the flags or environment ask for.
 
   Does nothing for one process. Must run before anything touches JAX.

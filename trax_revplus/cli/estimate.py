@@ -56,8 +56,9 @@ if TYPE_CHECKING:  # JAX and trax load when the trainers are accounted
 
   # `estimate`'s: backend, results, plan line, batch types, budget bytes,
   # the plans revplus weighed.
-  Estimate = tuple[str, Results, str | None, tuple, int | None,
-                   weighing.Weighing | None]
+  Estimate = tuple[
+    str, Results, str | None, tuple, int | None, weighing.Weighing | None
+  ]
 
 COMMAND = 'estimate'
 
@@ -73,18 +74,20 @@ def _plan_line(plan, budget_bytes: int | None) -> str | None:
   if plan is None:
     return None
   if plan.fits:
-    note = ('fits' if budget_bytes is not None else
-            'no budget: as configured')
+    note = 'fits' if budget_bytes is not None else 'no budget: as configured'
   elif plan.reason is not None:
     note = plan.reason
   else:
-    note = (f'no plan fits {format_bytes(budget_bytes, unit=None)}; the least '
-            f'needs {plan.least_peak_device_bytes} bytes')
+    note = (
+      f'no plan fits {format_bytes(budget_bytes, unit=None)}; the least '
+      f'needs {plan.least_peak_device_bytes} bytes'
+    )
   return f'{plan.description} ({note})'
 
 
-def estimate(device_memory_bytes: int | None, n_devices: int,
-             bindings: Sequence[str] = ()) -> 'Estimate':
+def estimate(
+  device_memory_bytes: int | None, n_devices: int, bindings: Sequence[str] = ()
+) -> 'Estimate':
   """Checks the parsed config, then builds and accounts its three trainers.
 
   First reads the inputs, checks the batch (`parsed_config.check_step_settings`)
@@ -103,20 +106,29 @@ def estimate(device_memory_bytes: int | None, n_devices: int,
   jax = trax_import.module('jax')
   # Here: it imports trax, once the flags are checked.
   from trax_revplus import three_trainers  # pylint: disable=g-import-not-at-top
+
   bindings = list(bindings)
   backend = jax.default_backend()
-  cfg = parsed_config.check_inputs_and_batch(bindings, n_devices,
-                                             device_memory_bytes)
+  cfg = parsed_config.check_inputs_and_batch(
+    bindings, n_devices, device_memory_bytes
+  )
   parsed_config.check_model(cfg, bindings)
   try:
-    three = three_trainers.account_three(cfg, backend, n_devices,
-                                         device_memory_bytes)
+    three = three_trainers.account_three(
+      cfg, backend, n_devices, device_memory_bytes
+    )
   except (validation.SequenceChunksError, validation.MicroBatchesError) as e:
-    raise (parsed_config.as_train_reports(e, bindings) or
-           UserError(str(e))) from None
-  return (backend, three.trainers,
-          _plan_line(three.plan, three.budget_bytes), cfg.batch,
-          three.budget_bytes, three.weighing)
+    raise (
+      parsed_config.as_train_reports(e, bindings) or UserError(str(e))
+    ) from None
+  return (
+    backend,
+    three.trainers,
+    _plan_line(three.plan, three.budget_bytes),
+    cfg.batch,
+    three.budget_bytes,
+    three.weighing,
+  )
 
 
 def train_runs() -> str:
@@ -129,19 +141,21 @@ def train_runs() -> str:
   return 'revplus' if trax_revplus.is_active() else 'stock'
 
 
-def _budget_override_warning(device_memory_bytes: int | None
-                             ) -> str | None:
+def _budget_override_warning(device_memory_bytes: int | None) -> str | None:
   """A line when --device_memory replaces a budget the config sets."""
   # Here: it imports trax, once the flags are checked.
   # pylint: disable-next=g-import-not-at-top
   from trax_revplus.trainer import gin_bindings
+
   configured = gin_bindings.validate_gin_bindings().device_memory_budget_bytes
   bound = 'device_memory_budget_bytes' in _bound_trainer_settings()
   if device_memory_bytes is None or not bound:
     return None
-  return (f'--device_memory={device_memory_bytes} bytes overrides the '
-          f"config's {preflight.TRAINER}.device_memory_budget_bytes = "
-          f'{configured!r}; trax_revplus plans for --device_memory')
+  return (
+    f'--device_memory={device_memory_bytes} bytes overrides the '
+    f"config's {preflight.TRAINER}.device_memory_budget_bytes = "
+    f'{configured!r}; trax_revplus plans for --device_memory'
+  )
 
 
 def _print_notice(message: str) -> None:
@@ -155,6 +169,7 @@ def _bound_trainer_settings() -> dict:
 def _json_writer(text: str):
   def fill(f) -> None:
     f.write(text.encode('utf-8'))
+
   return fill
 
 
@@ -195,25 +210,49 @@ def run(flags: argparse.Namespace) -> int:
   # on donations stock's programs cannot use): known ones are dropped, any
   # other is one line on stderr.
   # A setting the budget's plan replaces is one warning line (`notices`).
-  with noise.route_warnings(std_logging.NullHandler(),
-                            std_logging.StreamHandler(sys.stderr)), \
-      notices.listening(_print_notice), cache_flags.enabled(cache_dir):
+  with (
+    noise.route_warnings(
+      std_logging.NullHandler(), std_logging.StreamHandler(sys.stderr)
+    ),
+    notices.listening(_print_notice),
+    cache_flags.enabled(cache_dir),
+  ):
     backend, results, plan_line, batch, budget, plans = estimate(
-        device_memory_bytes, flags.n_devices, bindings)
+      device_memory_bytes, flags.n_devices, bindings
+    )
   if budget is not None:
     device_memory_bytes = budget
   runs = train_runs()
-  report = estimate_report.table(backend, results, plan_line, batch,
-                                device_memory_bytes, flags.n_devices, plans,
-                                runs)
+  report = estimate_report.table(
+    backend,
+    results,
+    plan_line,
+    batch,
+    device_memory_bytes,
+    flags.n_devices,
+    plans,
+    runs,
+  )
   if flags.json == output_files.STDOUT:  # The JSON alone on stdout.
     print(report, file=sys.stderr, flush=True)
   else:
     print(report, flush=True)
   if flags.json:
-    text = json.dumps(estimate_report.to_json(backend, results, plan_line,
-                                              device_memory_bytes,
-                                              flags.n_devices, plans, runs),
-                      indent=1, sort_keys=True) + '\n'
+    text = (
+      json.dumps(
+        estimate_report.to_json(
+          backend,
+          results,
+          plan_line,
+          device_memory_bytes,
+          flags.n_devices,
+          plans,
+          runs,
+        ),
+        indent=1,
+        sort_keys=True,
+      )
+      + '\n'
+    )
     output_files.write(flags.json, _json_writer(text), '--json')
   return EXIT_OK

@@ -23,44 +23,59 @@ TRAINERS = ('default', 'stock', 'revplus')
 
 
 _TRAIN_RUNS_NOTES = {
-    'default': ("train.use_memory_efficient_trainer is False or unset "
-                "(trax's default): `train` would run trax's default Trainer "
-                "(the default row), not a trax_revplus plan; set it to True "
-                "for the revplus rows"),
-    'stock': ('the config does not import trax_revplus.activate: `train` '
-              "would run stock trax's memory-efficient trainer (the stock "
-              'row); add that line for the revplus rows'),
+  'default': (
+    'train.use_memory_efficient_trainer is False or unset '
+    "(trax's default): `train` would run trax's default Trainer "
+    '(the default row), not a trax_revplus plan; set it to True '
+    'for the revplus rows'
+  ),
+  'stock': (
+    'the config does not import trax_revplus.activate: `train` '
+    "would run stock trax's memory-efficient trainer (the stock "
+    'row); add that line for the revplus rows'
+  ),
 }
 
 
-def table(backend: str, results: 'Results', plan_line: str | None,
-          batch: tuple, device_memory_bytes: int | None, n_devices: int,
-          plans: 'weighing.Weighing | None' = None,
-          runs: str = 'revplus') -> str:
+def table(
+  backend: str,
+  results: 'Results',
+  plan_line: str | None,
+  batch: tuple,
+  device_memory_bytes: int | None,
+  n_devices: int,
+  plans: 'weighing.Weighing | None' = None,
+  runs: str = 'revplus',
+) -> str:
   """The printed report; `plans` (`weighing.Weighing` or None): the plans
   revplus weighed, listed under its plan; `runs`: the trainer `train`
   would run (`estimate.train_runs`), a note where it is not revplus."""
   shapes = ', '.join(f'{x.dtype}{list(x.shape)}' for x in batch)
   lines = [
-      f'figures compiled for backend {backend} (XLA memory analysis; other '
-      f'backends compile differently), per device, one training step on '
-      f'batch ({shapes}), asked for {n_devices} device(s)',
-      f'device memory: {format_bytes(device_memory_bytes, unit=None)}' +
-      (f' ({device_memory_bytes} bytes)' if device_memory_bytes else
-       ' not given (--device_memory)'),
+    f'figures compiled for backend {backend} (XLA memory analysis; other '
+    f'backends compile differently), per device, one training step on '
+    f'batch ({shapes}), asked for {n_devices} device(s)',
+    f'device memory: {format_bytes(device_memory_bytes, unit=None)}'
+    + (
+      f' ({device_memory_bytes} bytes)'
+      if device_memory_bytes
+      else ' not given (--device_memory)'
+    ),
   ]
   host_budget = None if plans is None else plans.host_budget_bytes
   if host_budget is not None:
-    lines.append(f'host memory revplus plans for: '
-                 f'{format_bytes(host_budget, unit=None)} ({host_budget} '
-                 f'bytes)')
+    lines.append(
+      f'host memory revplus plans for: '
+      f'{format_bytes(host_budget, unit=None)} ({host_budget} '
+      f'bytes)'
+    )
   if runs in _TRAIN_RUNS_NOTES:
     lines.append(f'note: {_TRAIN_RUNS_NOTES[runs]}')
   lines += [
-      '',
-      f'{"trainer":<9}{"peak device/step":>18}{"least device/step":>19}'
-      f'{"peak host/step":>16}{"host weights+slots":>20}'
-      f'{"largest program":>17}{"fits":>6}  devices',
+    '',
+    f'{"trainer":<9}{"peak device/step":>18}{"least device/step":>19}'
+    f'{"peak host/step":>16}{"host weights+slots":>20}'
+    f'{"largest program":>17}{"fits":>6}  devices',
   ]
   for name in TRAINERS:
     r = results[name]
@@ -75,12 +90,21 @@ def table(backend: str, results: 'Results', plan_line: str | None,
       continue
     fits = r.fits(device_memory_bytes)
     fits_text = '-' if fits is None else ('yes' if fits else 'no')
-    sizes = [format_bytes(n, unit=None) for n in (
-        r.peak_device_bytes, r.min_peak_device_bytes, r.peak_host_bytes,
-        r.host_weights_and_slots_bytes, r.largest_program_bytes)]
-    lines.append(f'{name:<9}{sizes[0]:>18}{sizes[1]:>19}{sizes[2]:>16}'
-                 f'{sizes[3]:>20}{sizes[4]:>17}{fits_text:>6}  '
-                 f'{r.devices_text()}')
+    sizes = [
+      format_bytes(n, unit=None)
+      for n in (
+        r.peak_device_bytes,
+        r.min_peak_device_bytes,
+        r.peak_host_bytes,
+        r.host_weights_and_slots_bytes,
+        r.largest_program_bytes,
+      )
+    ]
+    lines.append(
+      f'{name:<9}{sizes[0]:>18}{sizes[1]:>19}{sizes[2]:>16}'
+      f'{sizes[3]:>20}{sizes[4]:>17}{fits_text:>6}  '
+      f'{r.devices_text()}'
+    )
   if plan_line:
     settings = results['revplus'].plan
     assert settings is not None, 'a plan line names the plan revplus ran'
@@ -97,20 +121,31 @@ def table(backend: str, results: 'Results', plan_line: str | None,
   return '\n'.join(lines)
 
 
-def to_json(backend: str, results: 'Results', plan_line: str | None,
-            device_memory_bytes: int | None, n_devices: int,
-            plans: 'weighing.Weighing | None' = None,
-            runs: str = 'revplus') -> dict:
+def to_json(
+  backend: str,
+  results: 'Results',
+  plan_line: str | None,
+  device_memory_bytes: int | None,
+  n_devices: int,
+  plans: 'weighing.Weighing | None' = None,
+  runs: str = 'revplus',
+) -> dict:
   """The object `--json` writes; revplus's has the plans it weighed
   (`plans`, a `weighing.Weighing`) as `plans`; `train_runs` is the trainer
   `train` would run (`estimate.train_runs`)."""
-  trainers = {name: results[name].to_json(device_memory_bytes)
-              for name in TRAINERS}
+  trainers = {
+    name: results[name].to_json(device_memory_bytes) for name in TRAINERS
+  }
   revplus = trainers['revplus']
   if plan_line is not None and 'error' not in revplus:
     revplus['plan_line'] = plan_line
     if plans is not None:
       revplus['plans'] = plans.to_json()
       revplus['host_memory_budget_bytes'] = plans.host_budget_bytes
-  return {'backend': backend, 'device_memory_bytes': device_memory_bytes,
-          'n_devices': n_devices, 'train_runs': runs, 'trainers': trainers}
+  return {
+    'backend': backend,
+    'device_memory_bytes': device_memory_bytes,
+    'n_devices': n_devices,
+    'train_runs': runs,
+    'trainers': trainers,
+  }

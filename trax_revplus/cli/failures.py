@@ -41,14 +41,19 @@ def _model_error(error: BaseException) -> str:
   shows them to the user, which following the exceptions' chain does not.
   """
   text = str(error)
-  raised = [line.strip() for line in text.splitlines()
-            if re.match(r'^\s*[\w.]+(Error|Exception)\b', line)]
+  raised = [
+    line.strip()
+    for line in text.splitlines()
+    if re.match(r'^\s*[\w.]+(Error|Exception)\b', line)
+  ]
   cause = getattr(error, 'cause', error)  # A `build_errors.ModelError`'s.
-  innermost = raised[-1] if raised else (
-      f'{type(cause).__name__}: {one_line(error)}')
+  innermost = (
+    raised[-1] if raised else (f'{type(cause).__name__}: {one_line(error)}')
+  )
   where = []
-  layers = re.findall(r'Exception passing through layer (\S+) \(in (\w+)\)',
-                      text)
+  layers = re.findall(
+    r'Exception passing through layer (\S+) \(in (\w+)\)', text
+  )
   if layers:
     where.append(f'in layer {layers[-1][0]}')
   files = re.findall(r'File [^\n]*?([\w.]+\.py), line (\d+)', text)
@@ -87,7 +92,8 @@ def suspect_bindings(error_text: str, command_line: Sequence[str]) -> list[str]:
     given.append((name.strip(), value.strip()))
   if 'NoneType' in error_text:
     nones = [(n, v) for n, v in given if v == 'None'] or [
-        (n, v) for n, v in _bindings_with_values() if v == 'None']
+      (n, v) for n, v in _bindings_with_values() if v == 'None'
+    ]
     return [f'{n} = {v}' for n, v in nones[:3]]
   return [f'{n} = {v}' for n, v in given[:3]]
 
@@ -101,8 +107,12 @@ def remove_partial_files(output_dir: str) -> None:
       pass
 
 
-def user_error(error: Exception, output_dir: str, steps_started: bool,
-               command_line: Sequence[str]) -> UserError | None:
+def user_error(
+  error: Exception,
+  output_dir: str,
+  steps_started: bool,
+  command_line: Sequence[str],
+) -> UserError | None:
   """The one-line report of `error`, raised by `trainer_lib.train`.
 
   Args:
@@ -126,77 +136,95 @@ def user_error(error: Exception, output_dir: str, steps_started: bool,
   from trax_revplus import data
   from trax_revplus import trainer
   from trax_revplus.device_memory import out_of_memory
+
   # pylint: enable=g-import-not-at-top
   if isinstance(error, checkpoints.CheckpointWriteError):
     remove_partial_files(output_dir)
-    return UserError(f'{error.problem}; free some space and run the same '
-                     f'command to resume', EXIT_RUNTIME)
+    return UserError(
+      f'{error.problem}; free some space and run the same command to resume',
+      EXIT_RUNTIME,
+    )
   if isinstance(error, checkpoints.CheckpointMismatchError):
-    return UserError(f'{error.problem}; resume with the config it was '
-                     f'written with, or give another --output_dir',
-                     EXIT_USAGE)
+    return UserError(
+      f'{error.problem}; resume with the config it was '
+      f'written with, or give another --output_dir',
+      EXIT_USAGE,
+    )
   if isinstance(error, checkpoints.CheckpointError):
     return UserError(
-        f'{error.problem}; to start from scratch, move '
-        f'{error.basename or "model"}.* out of {error.directory or output_dir}'
-        f' or give another --output_dir; to load it anyway, unverified, move '
-        f'{error.basename or "model"}{checkpoints.MANIFEST_SUFFIX} out of it '
-        f'(a set without a manifest loads as stock trax loads it)',
-        EXIT_RUNTIME)
+      f'{error.problem}; to start from scratch, move '
+      f'{error.basename or "model"}.* out of {error.directory or output_dir}'
+      f' or give another --output_dir; to load it anyway, unverified, move '
+      f'{error.basename or "model"}{checkpoints.MANIFEST_SUFFIX} out of it '
+      f'(a set without a manifest loads as stock trax loads it)',
+      EXIT_RUNTIME,
+    )
   if isinstance(error, data.CorpusSettingError):
     return UserError(one_line(error), EXIT_USAGE)
   if isinstance(error, data.CorpusError):
     return UserError(one_line(error), EXIT_RUNTIME)
   if isinstance(error, validation.TrainerOptionError):
     return UserError(preflight.trainer_option_line(error), EXIT_USAGE)
-  if isinstance(error, (validation.ConfigurationError,
-                        validation.OptimizerFactoryError)):
+  if isinstance(
+    error, (validation.ConfigurationError, validation.OptimizerFactoryError)
+  ):
     # Its message names the setting; gin's "In call to configurable
     # 'train'" adds nothing (and `estimate`, which raises it outside gin,
     # prints the same line).
-    return UserError(f'{type(error).__name__}: '
-                     f'{one_line(error, context=False)}', EXIT_USAGE)
+    return UserError(
+      f'{type(error).__name__}: {one_line(error, context=False)}', EXIT_USAGE
+    )
   if isinstance(error, validation.NonFiniteError):
-    return UserError(f'{type(error).__name__}: {one_line(error)}',
-                     EXIT_RUNTIME)
+    return UserError(f'{type(error).__name__}: {one_line(error)}', EXIT_RUNTIME)
   if isinstance(error, trainer.DeviceOutOfMemoryError):
     return UserError(one_line(error, context=False), EXIT_RUNTIME)
   if out_of_memory.is_out_of_memory(error):  # trax's trainers, evals
     return UserError(
-        f'out of device memory: {out_of_memory.first_line(error)}; use a '
-        f'smaller batch or shorter sequences (trax_revplus plans its steps '
-        f'to fit the device); the last checkpoint is the one to resume from',
-        EXIT_RUNTIME)
+      f'out of device memory: {out_of_memory.first_line(error)}; use a '
+      f'smaller batch or shorter sequences (trax_revplus plans its steps '
+      f'to fit the device); the last checkpoint is the one to resume from',
+      EXIT_RUNTIME,
+    )
   if checkpoints.is_disk_full(error):
     remove_partial_files(output_dir)
     what = getattr(error, 'filename', None) or _last_line(str(error))
-    free = format_bytes(checkpoints.free_bytes(output_dir),
-                        none='unknown space')
+    free = format_bytes(
+      checkpoints.free_bytes(output_dir), none='unknown space'
+    )
     return UserError(
-        f'cannot write {what}: no space left on the device '
-        f'({free} free); {checkpoints.describe_last_good(output_dir)}; free '
-        f'some space and run the same command to resume', EXIT_RUNTIME)
+      f'cannot write {what}: no space left on the device '
+      f'({free} free); {checkpoints.describe_last_good(output_dir)}; free '
+      f'some space and run the same command to resume',
+      EXIT_RUNTIME,
+    )
   if steps_started:
     return None
   if isinstance(error, build_errors.TrainerSettingsError):
-    return UserError(f'the trainer rejects its settings: {one_line(error)}',
-                     EXIT_USAGE)
+    return UserError(
+      f'the trainer rejects its settings: {one_line(error)}', EXIT_USAGE
+    )
   if isinstance(error, build_errors.CheckpointFitError):
     detail = one_line(error, context=False)
     return UserError(
-        f'the checkpoint in {output_dir} does not fit this model '
-        f'({type(error.cause).__name__}{": " + detail if detail else ""}): '
-        f'it was written by a model of another shape or configuration; '
-        f'resume with that config, or give another --output_dir', EXIT_USAGE)
+      f'the checkpoint in {output_dir} does not fit this model '
+      f'({type(error.cause).__name__}{": " + detail if detail else ""}): '
+      f'it was written by a model of another shape or configuration; '
+      f'resume with that config, or give another --output_dir',
+      EXIT_USAGE,
+    )
   if isinstance(error, build_errors.CheckpointLoadError):
-    fix = ('give another --output_dir' if trax_revplus.is_active() else
-           "stock trax's load fails so on current JAX: resume without "
-           '--implementation=stock (trax_revplus loads the checkpoint), or '
-           'give another --output_dir')
+    fix = (
+      'give another --output_dir'
+      if trax_revplus.is_active()
+      else "stock trax's load fails so on current JAX: resume without "
+      '--implementation=stock (trax_revplus loads the checkpoint), or '
+      'give another --output_dir'
+    )
     return UserError(
-        f'cannot load the checkpoint in {output_dir} '
-        f'({type(error.cause).__name__}: {one_line(error.cause)}); {fix}',
-        EXIT_RUNTIME)
+      f'cannot load the checkpoint in {output_dir} '
+      f'({type(error.cause).__name__}: {one_line(error.cause)}); {fix}',
+      EXIT_RUNTIME,
+    )
   if isinstance(error, build_errors.ModelError):
     model = gin.query_parameter('train.model')
     name = str(model).lstrip('@').rstrip('()').split('.')[-1]

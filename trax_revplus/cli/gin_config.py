@@ -18,11 +18,25 @@ from trax_revplus.errors import UserError
 
 # What gin raises for a config it cannot parse or apply; Python's
 # tokenizer, which gin reads the text with, raises TokenError.
-_GIN_ERRORS = (SyntaxError, tokenize.TokenError, ValueError, ImportError,
-               NameError, AttributeError, TypeError, OSError, KeyError)
+_GIN_ERRORS = (
+  SyntaxError,
+  tokenize.TokenError,
+  ValueError,
+  ImportError,
+  NameError,
+  AttributeError,
+  TypeError,
+  OSError,
+  KeyError,
+)
 # trax's modules whose gin configurables configs use.
-_TRAX_CONFIGURABLES = ('trax.data', 'trax.layers', 'trax.models',
-                       'trax.optimizers', 'trax.supervised.trainer_lib')
+_TRAX_CONFIGURABLES = (
+  'trax.data',
+  'trax.layers',
+  'trax.models',
+  'trax.optimizers',
+  'trax.supervised.trainer_lib',
+)
 
 
 @contextlib.contextmanager
@@ -52,8 +66,11 @@ def import_trax_quietly() -> str:
   python_level = io.StringIO()  # sys.stderr, where it is not descriptor 2.
   with tempfile.TemporaryFile(mode='w+b') as capture:
     try:
-      with import_signals.signals_wait_for_imports(), _stderr_captured_to(
-          capture), contextlib.redirect_stderr(python_level):
+      with (
+        import_signals.signals_wait_for_imports(),
+        _stderr_captured_to(capture),
+        contextlib.redirect_stderr(python_level),
+      ):
         for name in _TRAX_CONFIGURABLES:
           trax_import.module(name)
         # Ours that configs use, which import trax.
@@ -64,15 +81,16 @@ def import_trax_quietly() -> str:
     except Exception as e:  # pylint: disable=broad-except
       # Here: the CLI starts on the standard library alone (cli/__init__).
       from trax_revplus import interrupt  # pylint: disable=g-import-not-at-top
+
       if isinstance(e, interrupt.Interrupted):
         raise  # A signal stopped the import: its notices are no news.
       capture.seek(0)
-      sys.stderr.write(capture.read().decode('utf-8', 'replace') +
-                       python_level.getvalue())
+      sys.stderr.write(
+        capture.read().decode('utf-8', 'replace') + python_level.getvalue()
+      )
       raise
     capture.seek(0)
-    return (capture.read().decode('utf-8', 'replace') +
-            python_level.getvalue())
+    return capture.read().decode('utf-8', 'replace') + python_level.getvalue()
 
 
 class _GinSearchNoise(std_logging.Filter):
@@ -83,8 +101,10 @@ class _GinSearchNoise(std_logging.Filter):
   """
 
   def filter(self, record: std_logging.LogRecord) -> bool:
-    return not (record.pathname.endswith('resource_reader.py') and
-                record.getMessage().startswith('Path not found'))
+    return not (
+      record.pathname.endswith('resource_reader.py')
+      and record.getMessage().startswith('Path not found')
+    )
 
 
 def parse_configs(config_files: list[str], bindings: list[str]) -> None:
@@ -108,6 +128,7 @@ def parse_configs(config_files: list[str], bindings: list[str]) -> None:
   """
   # Here: the CLI starts on the standard library alone (cli/__init__).
   import gin  # pylint: disable=g-import-not-at-top
+
   gin.clear_config()
   # Also lets gin's `import trax_revplus.activate` run the module (and
   # activate) again in this process.
@@ -170,6 +191,7 @@ def bound_value(name: str, default: Any = _UNBOUND) -> Any:
   """
   # Here: the CLI starts on the standard library alone (cli/__init__).
   import gin  # pylint: disable=g-import-not-at-top
+
   try:
     value = gin.query_parameter(name)
   except ValueError:
@@ -178,8 +200,11 @@ def bound_value(name: str, default: Any = _UNBOUND) -> Any:
     return default
   seen = set()
   # A macro (`%name`) is a reference whose text starts with '%'.
-  while (isinstance(value, gin.config.ConfigurableReference) and
-         str(value).startswith('%') and str(value) not in seen):
+  while (
+    isinstance(value, gin.config.ConfigurableReference)
+    and str(value).startswith('%')
+    and str(value) not in seen
+  ):
     seen.add(str(value))
     value = gin.query_parameter(str(value))
   return value
@@ -189,4 +214,5 @@ def is_reference(value: Any) -> bool:
   """Whether a bound value is a `@configurable` reference (not a literal)."""
   # Here: the CLI starts on the standard library alone (cli/__init__).
   import gin  # pylint: disable=g-import-not-at-top
+
   return isinstance(value, gin.config.ConfigurableReference)

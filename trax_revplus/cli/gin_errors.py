@@ -45,6 +45,7 @@ def _what(exception: BaseException) -> str:
   that does not exist, the fix (`validation.gin_hints`)."""
   # Here: the CLI starts on the standard library alone (cli/__init__).
   from trax_revplus import validation  # pylint: disable=g-import-not-at-top
+
   if isinstance(exception, SyntaxError):
     return exception.msg
   removed = validation.removed_knob_message(str(exception))
@@ -66,8 +67,9 @@ def _column_of_name(message: str, line_text: str) -> int | None:
   return None
 
 
-def _located(exception: BaseException
-             ) -> tuple[str | None, gin_text.Position | None]:
+def _located(
+  exception: BaseException,
+) -> tuple[str | None, gin_text.Position | None]:
   """(file or None, position) gin gives for `exception`; (None, None)
   where it gives none."""
   if isinstance(exception, SyntaxError):
@@ -84,15 +86,23 @@ def _located(exception: BaseException
     number = int(match.groups()[-1])
     statement = lines[i + 1][4:] if i + 1 < len(lines) else ''
     caret = _CARET.match(lines[i + 2]) if i + 2 < len(lines) else None
-    column = (len(caret.group(1)) + 1 if caret else
-              _column_of_name(one_line(exception, context=False), statement))
-    return (in_file.group(1) if in_file else None,
-            gin_text.Position(number, column))
+    column = (
+      len(caret.group(1)) + 1
+      if caret
+      else _column_of_name(one_line(exception, context=False), statement)
+    )
+    return (
+      in_file.group(1) if in_file else None,
+      gin_text.Position(number, column),
+    )
   return None, None
 
 
-def _where(path: str | None, position: gin_text.Position | None,
-           one_line_binding: bool = False) -> str:
+def _where(
+  path: str | None,
+  position: gin_text.Position | None,
+  one_line_binding: bool = False,
+) -> str:
   """'F, line N, column C', without what is None or goes without saying."""
   parts = [path] if path else []
   if position is not None:
@@ -131,8 +141,9 @@ def _token_error_in_file(exception: tokenize.TokenError, path: str) -> str:
       return _line(_where(shown, position), what)
   # In a file found on gin's search path only: gin names its include line.
   included_from, included_at = _located(exception)
-  where = _where(None if _same_file(included_from, path) else included_from,
-                 included_at)
+  where = _where(
+    None if _same_file(included_from, path) else included_from, included_at
+  )
   return _line(where, f'{exception.args[0]} in the file included there')
 
 
@@ -148,7 +159,7 @@ def file_error(exception: BaseException, path: str) -> str:
 
 
 def binding_error(exception: BaseException, binding: str) -> str:
-  """"cannot apply --config='<binding>': <where>: <what>" for an error gin
+  """ "cannot apply --config='<binding>': <where>: <what>" for an error gin
   raised parsing `binding`."""
   if isinstance(exception, tokenize.TokenError):
     found = gin_text.unclosed(binding)
@@ -163,6 +174,7 @@ def _is_bound(name: str) -> bool:
   (`gin.constant`)."""
   # Here: the CLI starts on the standard library alone (cli/__init__).
   import gin  # pylint: disable=g-import-not-at-top
+
   for key in (f'%{name}', name):
     try:
       gin.query_parameter(key)
@@ -183,22 +195,29 @@ def check_macros_bound(config_files: list[str], bindings: list[str]) -> None:
       binds, in the files (those they include next to them too) in order,
       then the bindings.
   """
+
   def unbound(name: str) -> str:
-    return (f'macro %{name} is not bound; bind it (e.g. --config="{name} = '
-            f'..."), or fix the name')
+    return (
+      f'macro %{name} is not bound; bind it (e.g. --config="{name} = '
+      f'..."), or fix the name'
+    )
 
   for config_file in config_files:
     for path in gin_text.closure([config_file]):
       for name, position in gin_text.macro_uses(gin_text.read(path) or ''):
         if not _is_bound(name):
           shown = None if _same_file(path, config_file) else path
-          raise UserError(_in_file(config_file, _line(
-              _where(shown, position), unbound(name))))
+          raise UserError(
+            _in_file(config_file, _line(_where(shown, position), unbound(name)))
+          )
   for binding in bindings:
     for name, position in gin_text.macro_uses(binding):
       if not _is_bound(name):
-        raise UserError(_in_binding(binding, _line(
-            _binding_where(binding, position), unbound(name))))
+        raise UserError(
+          _in_binding(
+            binding, _line(_binding_where(binding, position), unbound(name))
+          )
+        )
 
 
 def check_syntax(config_files: list[str], bindings: list[str]) -> None:

@@ -30,6 +30,7 @@ class Position:
     line: int, from 1.
     column: int, from 1, or None where only the line is known.
   """
+
   line: int
   column: int | None = None
 
@@ -60,14 +61,18 @@ def unclosed(text: str) -> tuple[str, Position] | None:
         opened.append(token)
       elif token.string in _CLOSING.values():
         if not opened:
-          return (f'{token.string!r} closes no bracket',
-                  Position(token.start[0], token.start[1] + 1))
+          return (
+            f'{token.string!r} closes no bracket',
+            Position(token.start[0], token.start[1] + 1),
+          )
         opened.pop()
   except tokenize.TokenError as e:
     if opened and 'statement' in e.args[0]:
       bracket = opened[-1]
-      return (f'{bracket.string!r} is never closed',
-              Position(bracket.start[0], bracket.start[1] + 1))
+      return (
+        f'{bracket.string!r} is never closed',
+        Position(bracket.start[0], bracket.start[1] + 1),
+      )
     message = e.args[0]
     line = e.args[1][0] if len(e.args) > 1 else 1
     return message, Position(max(1, min(line, text.count('\n') + 1)))
@@ -89,9 +94,10 @@ def macro_uses(text: str) -> Iterator[tuple[str, Position]]:
     if token.type != tokenize.OP or token.string != '%':
       continue
     name, end = '', token.end
-    for part in tokens[i + 1:]:  # The name's parts follow without a space.
-      if part.start != end or not (part.type == tokenize.NAME or
-                                   part.string in ('.', '/')):
+    for part in tokens[i + 1 :]:  # The name's parts follow without a space.
+      if part.start != end or not (
+        part.type == tokenize.NAME or part.string in ('.', '/')
+      ):
         break
       name, end = name + part.string, part.end
     if name:

@@ -45,12 +45,16 @@ def _train_flags(train_args: list[str]) -> argparse.Namespace:
   """
   for arg in train_args:
     if arg.split('=', 1)[0] in _SET_BY_LAUNCH:
-      raise UserError(f'{arg.split("=", 1)[0]} is set by launch for each '
-                      f'process; remove it from the train flags.')
+      raise UserError(
+        f'{arg.split("=", 1)[0]} is set by launch for each '
+        f'process; remove it from the train flags.'
+      )
   flags = parser.parse(['train', *train_args])
   if isinstance(flags, int):  # --help among the train flags.
-    raise UserError('give the train flags after --, without --help (see '
-                    'trax-revplus train --help)')
+    raise UserError(
+      'give the train flags after --, without --help (see '
+      'trax-revplus train --help)'
+    )
   return flags
 
 
@@ -65,10 +69,12 @@ def run(flags: argparse.Namespace) -> int:
       process that failed (its exit status; a `LaunchError`), or the launch
       itself failing.
   """
-  max_processes = (flags.max_local_processes or
-                   launch_flags.default_max_processes())
-  launch_flags.check_launch(flags.num_processes, flags.stop_grace_seconds,
-                            max_processes)
+  max_processes = (
+    flags.max_local_processes or launch_flags.default_max_processes()
+  )
+  launch_flags.check_launch(
+    flags.num_processes, flags.stop_grace_seconds, max_processes
+  )
   train_flags = _train_flags(flags.train_args)
   # The config files as train checks them, and their syntax, once here
   # rather than once per process after each has started.
@@ -82,10 +88,14 @@ def run(flags: argparse.Namespace) -> int:
   output_dirs.check_writable(output_dir)
   output_dirs.make(output_dir)
   try:
-    return launcher.launch(train_command(train_args), flags.num_processes,
-                           stop_grace_seconds=flags.stop_grace_seconds,
-                           log_dir=output_dir,
-                           max_processes=max_processes)
+    return launcher.launch(
+      train_command(train_args),
+      flags.num_processes,
+      stop_grace_seconds=flags.stop_grace_seconds,
+      log_dir=output_dir,
+      max_processes=max_processes,
+    )
   except OSError as e:
-    raise UserError(f'cannot start the processes: {e.strerror or e}',
-                    EXIT_RUNTIME) from None
+    raise UserError(
+      f'cannot start the processes: {e.strerror or e}', EXIT_RUNTIME
+    ) from None

@@ -31,63 +31,72 @@ class KnownNoise:
     source: who prints it, and when.
     reason: why it does not concern a trax_revplus user.
   """
+
   pattern: str
   source: str
   reason: str
 
 
 KNOWN_NOISE = (
-    KnownNoise(
-        r'jax\.process_count has been renamed',
-        'JAX (DeprecationWarning / UserWarning), each time trax 1.4.1 calls '
-        'the old alias, e.g. when a Loop is built or a checkpoint saved',
-        'trax calls a JAX name JAX has renamed; the alias still returns the '
-        'same value.'),
-    KnownNoise(
-        r'backend and device argument on jit is deprecated',
-        'JAX (DeprecationWarning), when stock trax 1.4.1 runs '
-        '(--implementation=stock): its Loop evaluates through '
-        'jit(..., backend=...)',
-        'stock trax calls a JAX argument JAX has deprecated; with '
-        'trax_revplus active that call is replaced (compat.accelerate).'),
-    KnownNoise(
-        r'GzipFile was opened for writing, but this will change',
-        'Python (FutureWarning), from trax.layers.np_to_file and '
-        'trax.supervised.training.pickle_to_file at every checkpoint save',
-        'trax opens gzip.GzipFile(fileobj=...) without mode=; the files '
-        'written are the same, and trax_revplus verifies them.'),
-    KnownNoise(
-        r'Some donated buffers were not usable',
-        'JAX (UserWarning), when a jitted trax function donates inputs that '
-        'no output can reuse',
-        'a memory saving not taken, reported by the memory log where it '
-        'matters; results are unaffected.'),
-    KnownNoise(
-        r'Gym has been unmaintained|Please upgrade to Gymnasium|Users of this '
-        r'version of Gym|migration guide at https://gymnasium',
-        'gym, on stderr while trax (trax.rl) is imported',
-        'trax imports gym for its RL code; training supervised models never '
-        'uses it.'),
-    KnownNoise(
-        r'Could not find cuda drivers',
-        'TensorFlow, on stderr while trax is imported',
-        'TensorFlow looks for a GPU for itself; JAX, not TensorFlow, places '
-        'the computation, and its devices are in the summary.'),
-    KnownNoise(
-        r'oneDNN custom operations are on|All log messages before '
-        r'absl::InitializeLog\(\) is called',
-        'TensorFlow, on stderr while trax is imported',
-        "TensorFlow's start-up notices about its own CPU kernels and logging;"
-        ' trax_revplus runs no TensorFlow kernels.'),
-    KnownNoise(
-        r'^Did not manage to match shapes in model for all checkpoint '
-        r'weights\.$|^  (?:Not inserted|Inserted) tensor of shape \(|'
-        r'^  Tensor in that place has shape: \(',
-        "trax (stdout, and its log), when a checkpoint's weights do not fit "
-        'the model that loads it: one line per weight of the model, '
-        'hundreds on a large one',
-        'the run stops with one line saying that the checkpoint does not fit '
-        'the model and what to do; train.log keeps the lines.'),
+  KnownNoise(
+    r'jax\.process_count has been renamed',
+    'JAX (DeprecationWarning / UserWarning), each time trax 1.4.1 calls '
+    'the old alias, e.g. when a Loop is built or a checkpoint saved',
+    'trax calls a JAX name JAX has renamed; the alias still returns the '
+    'same value.',
+  ),
+  KnownNoise(
+    r'backend and device argument on jit is deprecated',
+    'JAX (DeprecationWarning), when stock trax 1.4.1 runs '
+    '(--implementation=stock): its Loop evaluates through '
+    'jit(..., backend=...)',
+    'stock trax calls a JAX argument JAX has deprecated; with '
+    'trax_revplus active that call is replaced (compat.accelerate).',
+  ),
+  KnownNoise(
+    r'GzipFile was opened for writing, but this will change',
+    'Python (FutureWarning), from trax.layers.np_to_file and '
+    'trax.supervised.training.pickle_to_file at every checkpoint save',
+    'trax opens gzip.GzipFile(fileobj=...) without mode=; the files '
+    'written are the same, and trax_revplus verifies them.',
+  ),
+  KnownNoise(
+    r'Some donated buffers were not usable',
+    'JAX (UserWarning), when a jitted trax function donates inputs that '
+    'no output can reuse',
+    'a memory saving not taken, reported by the memory log where it '
+    'matters; results are unaffected.',
+  ),
+  KnownNoise(
+    r'Gym has been unmaintained|Please upgrade to Gymnasium|Users of this '
+    r'version of Gym|migration guide at https://gymnasium',
+    'gym, on stderr while trax (trax.rl) is imported',
+    'trax imports gym for its RL code; training supervised models never '
+    'uses it.',
+  ),
+  KnownNoise(
+    r'Could not find cuda drivers',
+    'TensorFlow, on stderr while trax is imported',
+    'TensorFlow looks for a GPU for itself; JAX, not TensorFlow, places '
+    'the computation, and its devices are in the summary.',
+  ),
+  KnownNoise(
+    r'oneDNN custom operations are on|All log messages before '
+    r'absl::InitializeLog\(\) is called',
+    'TensorFlow, on stderr while trax is imported',
+    "TensorFlow's start-up notices about its own CPU kernels and logging;"
+    ' trax_revplus runs no TensorFlow kernels.',
+  ),
+  KnownNoise(
+    r'^Did not manage to match shapes in model for all checkpoint '
+    r'weights\.$|^  (?:Not inserted|Inserted) tensor of shape \(|'
+    r'^  Tensor in that place has shape: \(',
+    "trax (stdout, and its log), when a checkpoint's weights do not fit "
+    'the model that loads it: one line per weight of the model, '
+    'hundreds on a large one',
+    'the run stops with one line saying that the checkpoint does not fit '
+    'the model and what to do; train.log keeps the lines.',
+  ),
 )
 
 _KNOWN = re.compile('|'.join(f'(?:{n.pattern})' for n in KNOWN_NOISE))
@@ -123,8 +132,9 @@ class OneLineWarning(std_logging.Formatter):
 
 
 @contextlib.contextmanager
-def route_warnings(log_handler: std_logging.Handler,
-                   terminal: std_logging.Handler) -> Iterator[None]:
+def route_warnings(
+  log_handler: std_logging.Handler, terminal: std_logging.Handler
+) -> Iterator[None]:
   """Routes Python warnings to `log_handler`, and the unknown to `terminal`.
 
   While entered, `warnings.warn` goes through logging

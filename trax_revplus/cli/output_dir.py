@@ -28,8 +28,7 @@ except ImportError:  # Not on POSIX: runs are not locked.
 LOCK_FILENAME = 'trax-revplus.lock'
 
 
-def default_output_dir(config_files: Sequence[str], prefix: str = ''
-                       ) -> str:
+def default_output_dir(config_files: Sequence[str], prefix: str = '') -> str:
   """`~/trax/<prefix><first config name>_<date>_<time>` (not expanded).
 
   Args:
@@ -37,8 +36,11 @@ def default_output_dir(config_files: Sequence[str], prefix: str = ''
       there are none.
     prefix: e.g. 'compare_'.
   """
-  name = (os.path.splitext(os.path.basename(config_files[0]))[0]
-          if config_files else 'trax')
+  name = (
+    os.path.splitext(os.path.basename(config_files[0]))[0]
+    if config_files
+    else 'trax'
+  )
   stamp = datetime.datetime.now().strftime('%Y%m%d_%H%M%S')
   return os.path.join('~', 'trax', f'{prefix}{name}_{stamp}')
 
@@ -58,14 +60,19 @@ def check_writable(output_dir: str) -> None:
       break
     probe = parent
   if not os.path.isdir(probe):
-    raise UserError(f'cannot use output dir {output_dir}: {probe} is not a '
-                    f'directory; give an --output_dir that is a directory or '
-                    f'does not exist yet', EXIT_RUNTIME)
+    raise UserError(
+      f'cannot use output dir {output_dir}: {probe} is not a '
+      f'directory; give an --output_dir that is a directory or '
+      f'does not exist yet',
+      EXIT_RUNTIME,
+    )
   if not os.access(probe, os.W_OK | os.X_OK):
     what = 'it' if probe == path else f'its parent {probe}'
-    raise UserError(f'cannot write to output dir {output_dir}: {what} is not '
-                    f'writable; give an --output_dir you can write to',
-                    EXIT_RUNTIME)
+    raise UserError(
+      f'cannot write to output dir {output_dir}: {what} is not '
+      f'writable; give an --output_dir you can write to',
+      EXIT_RUNTIME,
+    )
 
 
 def make(output_dir: str) -> None:
@@ -77,8 +84,9 @@ def make(output_dir: str) -> None:
   try:
     os.makedirs(output_dir, exist_ok=True)
   except OSError as e:
-    raise UserError(f'cannot create output dir {output_dir}: '
-                    f'{e.strerror or e}', EXIT_RUNTIME) from None
+    raise UserError(
+      f'cannot create output dir {output_dir}: {e.strerror or e}', EXIT_RUNTIME
+    ) from None
 
 
 def _describe_holder(holder: dict) -> str:
@@ -144,15 +152,18 @@ class OutputDirLock:
       except OSError as e:
         if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
           os.close(fd)
-          return (f'cannot lock {self.output_dir} ({e.strerror or e}): a '
-                  f'second run into it would not be detected')
+          return (
+            f'cannot lock {self.output_dir} ({e.strerror or e}): a '
+            f'second run into it would not be detected'
+          )
         holder = _read_holder(fd)
         os.close(fd)
         raise UserError(
-            f'output dir {self.output_dir} is in use by '
-            f'{_describe_holder(holder)}, which holds {self.path}; wait for '
-            f'it to end, stop it, or give another --output_dir',
-            EXIT_RUNTIME) from None
+          f'output dir {self.output_dir} is in use by '
+          f'{_describe_holder(holder)}, which holds {self.path}; wait for '
+          f'it to end, stop it, or give another --output_dir',
+          EXIT_RUNTIME,
+        ) from None
       # The file may have been removed (by its releasing holder) between
       # our open and our lock: then the lock is on a file nobody else sees.
       try:
@@ -164,17 +175,21 @@ class OutputDirLock:
       os.close(fd)
     self._fd = fd
     previous = _read_holder(fd)
-    record = {'pid': os.getpid(), 'host': socket.gethostname(),
-              'command': self._command,
-              'started': time.strftime('%Y-%m-%d %H:%M:%S')}
+    record = {
+      'pid': os.getpid(),
+      'host': socket.gethostname(),
+      'command': self._command,
+      'started': time.strftime('%Y-%m-%d %H:%M:%S'),
+    }
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps(record).encode('utf-8') + b'\n', 0)
     os.fsync(fd)
-    if previous.get('pid') is not None and previous.get('pid') != (
-        os.getpid()):
-      return (f'took over the lock of {self.output_dir} left by '
-              f'{_describe_holder(previous)}, which ended without releasing '
-              f'it (killed or crashed)')
+    if previous.get('pid') is not None and previous.get('pid') != (os.getpid()):
+      return (
+        f'took over the lock of {self.output_dir} left by '
+        f'{_describe_holder(previous)}, which ended without releasing '
+        f'it (killed or crashed)'
+      )
     return None
 
   def release(self) -> None:

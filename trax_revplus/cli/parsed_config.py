@@ -32,8 +32,9 @@ def _batch_types(inputs_fn):
   jax = trax_import.module('jax')
   inputs = inputs_fn() if callable(inputs_fn) else inputs_fn
   shapes, dtypes = inputs.example_shape_dtype
-  return tuple(jax.ShapeDtypeStruct(tuple(s), d)
-               for s, d in zip(shapes, dtypes))
+  return tuple(
+    jax.ShapeDtypeStruct(tuple(s), d) for s, d in zip(shapes, dtypes)
+  )
 
 
 class Config:
@@ -45,8 +46,10 @@ class Config:
     trax_inputs = trax_import.module('trax.data.inputs')
     self.model_fn = _bound('train.model', None)
     if self.model_fn is None:
-      raise UserError('no model configured: bind train.model, e.g. '
-                      "--config='train.model = @trax.models.ReformerLM'")
+      raise UserError(
+        'no model configured: bind train.model, e.g. '
+        "--config='train.model = @trax.models.ReformerLM'"
+      )
     self._tl = tl
     self.loss()  # fails here on a bad loss binding
     self.optimizer = _bound('train.optimizer', optimizers.Adafactor)
@@ -56,8 +59,8 @@ class Config:
     except Exception as e:  # pylint: disable=broad-except
       # As `train` reports it (e.g. corpus files that match nothing).
       raise as_train_reports(e, bindings) or UserError(
-          f"cannot read the config's inputs: {one_line(e)}",
-          EXIT_RUNTIME) from None
+        f"cannot read the config's inputs: {one_line(e)}", EXIT_RUNTIME
+      ) from None
 
   def model(self) -> 'tl.Layer':
     """A new model (train mode)."""
@@ -65,12 +68,12 @@ class Config:
 
   def loss(self) -> 'tl.Layer':
     """A new loss layer."""
-    return (_bound('train.loss_fn', None) or
-            self._tl.WeightedCategoryCrossEntropy())
+    return (
+      _bound('train.loss_fn', None) or self._tl.WeightedCategoryCrossEntropy()
+    )
 
 
-def as_train_reports(error: Exception, bindings: list[str]
-                      ) -> UserError | None:
+def as_train_reports(error: Exception, bindings: list[str]) -> UserError | None:
   """`error` as `train` reports it when building its Loop, or None."""
   return failures.user_error(error, '', False, bindings)
 
@@ -93,25 +96,34 @@ def check_model(cfg: Config, bindings: list[str]) -> None:
   # pylint: disable=g-import-not-at-top
   from trax_revplus import three_trainers
   from trax_revplus import trainer as rev_lib
+
   # pylint: enable=g-import-not-at-top
   mode = gin_config.bound_value('train.use_memory_efficient_trainer', False)
   try:
     if mode and not gin_config.is_reference(mode):
       three_trainers.reversible_blocks(
-          rev_lib if trax_revplus.is_active() else stock_lib, cfg)
+        rev_lib if trax_revplus.is_active() else stock_lib, cfg
+      )
     else:
-      cfg.model().init(three_trainers.init_signature(cfg.batch),
-                       rng=fastmath.random.get_prng(0))
+      cfg.model().init(
+        three_trainers.init_signature(cfg.batch),
+        rng=fastmath.random.get_prng(0),
+      )
   except Exception as e:  # pylint: disable=broad-except
     error = build_errors.as_model_error(e)
     raise as_train_reports(error, bindings) or UserError(
-        f"cannot build the config's model: {one_line(e)}; fix the model "
-        f'bindings (train.model, ...)', EXIT_RUNTIME) from None
+      f"cannot build the config's model: {one_line(e)}; fix the model "
+      f'bindings (train.model, ...)',
+      EXIT_RUNTIME,
+    ) from None
 
 
-def check_step_settings(cfg: Config, n_devices: int,
-                        device_memory_bytes: int | None,
-                        bindings: list[str]) -> None:
+def check_step_settings(
+  cfg: Config,
+  n_devices: int,
+  device_memory_bytes: int | None,
+  bindings: list[str],
+) -> None:
   """Checks what a step on the config's batch needs, as the trainers will.
 
   The batch splits over `n_devices` (that many devices exist), the
@@ -127,21 +139,26 @@ def check_step_settings(cfg: Config, n_devices: int,
   from trax_revplus.trainer._plan import budget as budget_lib
   from trax_revplus.trainer._plan import dimensions
   from trax_revplus.trainer import gin_bindings
+
   # pylint: enable=g-import-not-at-top
   options = gin_bindings.validate_gin_bindings()
   try:
     validation.check_n_devices(n_devices)
     validation.check_batch(cfg.batch, n_devices)
-    setting = (options.device_memory_budget_bytes
-               if device_memory_bytes is None else device_memory_bytes)
+    setting = (
+      options.device_memory_budget_bytes
+      if device_memory_bytes is None
+      else device_memory_bytes
+    )
     budget_lib.budget_bytes(setting, placement_lib.Placement(n_devices))
     dimensions.check_slicing(options, cfg.batch[0].shape[0] // n_devices)
   except validation.ConfigurationError as e:
     raise as_train_reports(e, bindings) or e from None
 
 
-def check_inputs_and_batch(bindings: list[str], n_devices: int,
-                           device_memory_bytes: int | None = None) -> Config:
+def check_inputs_and_batch(
+  bindings: list[str], n_devices: int, device_memory_bytes: int | None = None
+) -> Config:
   """Reads one batch of the parsed config's inputs and checks it
   (`check_step_settings`) as `train`'s run will; returns the config to build
   from.

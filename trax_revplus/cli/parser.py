@@ -42,11 +42,10 @@ Run '{PROG} <command> --help' for the flags of a command.
 
 def build() -> argparse.ArgumentParser:
   """The parser of every command (`COMMANDS`), one subparser each."""
-  parser = Parser(prog=PROG, usage=f'{PROG} <command> [flags]',
-                  add_help=False)
+  parser = Parser(prog=PROG, usage=f'{PROG} <command> [flags]', add_help=False)
   commands = parser.add_subparsers(
-      dest='command', metavar='<command>', required=True,
-      parser_class=Parser)
+    dest='command', metavar='<command>', required=True, parser_class=Parser
+  )
   command_flags.add_train(commands)
   command_flags.add_compare(commands)
   command_flags.add_plot_memory(commands)
@@ -75,29 +74,38 @@ def parse(args: Sequence[str]) -> argparse.Namespace | int:
     return EXIT_OK
   if not args or args[0] not in COMMANDS:
     if not args or args[0].startswith('-'):
-      raise UserError(f'give a command first: {", ".join(COMMANDS)} (see '
-                      f'{PROG} --help)')
-    raise UserError(f'unknown command {args[0]!r} (choose from '
-                    f'{", ".join(COMMANDS)}; see {PROG} --help)')
+      raise UserError(
+        f'give a command first: {", ".join(COMMANDS)} (see {PROG} --help)'
+      )
+    raise UserError(
+      f'unknown command {args[0]!r} (choose from '
+      f'{", ".join(COMMANDS)}; see {PROG} --help)'
+    )
   command_args = None
   if args[0] == 'launch' and '--' in args:
     split = args.index('--')
-    args, command_args = args[:split], args[split + 1:]
+    args, command_args = args[:split], args[split + 1 :]
   try:
     namespace, extra = build().parse_known_args(args)
   except Exit as e:
     return e.status
   if args[0] == 'launch':
     if not command_args:
-      raise UserError('give the train flags after --, e.g. trax-revplus '
-                      'launch --num_processes=2 -- --config_file=FILE.gin')
+      raise UserError(
+        'give the train flags after --, e.g. trax-revplus '
+        'launch --num_processes=2 -- --config_file=FILE.gin'
+      )
     namespace.train_args = command_args
   if extra:
     flags = [a for a in extra if a.startswith('-')]
     if flags:
-      raise UserError(f'unknown flag {flags[0].split("=")[0]} (in '
-                      f'{" ".join(flags)}; see {PROG} {args[0]} --help)')
-    raise UserError(f'unexpected arguments: {" ".join(extra)} (use '
-                    f'--config_file=FILE and --config=BINDING)')
+      raise UserError(
+        f'unknown flag {flags[0].split("=")[0]} (in '
+        f'{" ".join(flags)}; see {PROG} {args[0]} --help)'
+      )
+    raise UserError(
+      f'unexpected arguments: {" ".join(extra)} (use '
+      f'--config_file=FILE and --config=BINDING)'
+    )
   vars(namespace).pop('_given_once', None)
   return namespace

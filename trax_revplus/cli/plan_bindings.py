@@ -25,6 +25,7 @@ def _accepted(name: str, value: Any) -> bool:
   # Here: it imports trax, once the flags are checked.
   # pylint: disable-next=g-import-not-at-top
   from trax_revplus.trainer import options
+
   try:
     options.TrainerOptions.of({name: value})
   except validation.TrainerOptionError:
@@ -32,8 +33,7 @@ def _accepted(name: str, value: Any) -> bool:
   return True
 
 
-def split(settings: dict[str, Any]) -> tuple[dict[str, Any],
-                                             dict[str, Any]]:
+def split(settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
   """The plan's dimensions as (settable, chosen by the planner alone).
 
   Args:
@@ -47,6 +47,7 @@ def split(settings: dict[str, Any]) -> tuple[dict[str, Any],
   # Here: it imports trax, once the flags are checked.
   # pylint: disable-next=g-import-not-at-top
   from trax_revplus.trainer import options
+
   names = set(options.TrainerOptions.field_names())
   if settings.get('fused_layers'):
     # The whole model in the loss layer's program: its segment lengths
@@ -80,14 +81,19 @@ def lines(settings: dict[str, Any], plan_line: str) -> list[str]:
   """
   settable, derived = split(settings)
   # The plan line repeats the plan's settings, then says what it does.
-  described = ', '.join(f'{k}={v}' for k, v in settings.items()
-                        if k != 'n_calls')
-  what = (plan_line[len(described) + 2:]
-          if plan_line.startswith(described + ', ') else plan_line)
+  described = ', '.join(
+    f'{k}={v}' for k, v in settings.items() if k != 'n_calls'
+  )
+  what = (
+    plan_line[len(described) + 2 :]
+    if plan_line.startswith(described + ', ')
+    else plan_line
+  )
   out = [f'revplus plan: {what}; as gin bindings:']
-  out += [f'{TRAINER}.{name} = {value!r}' for name, value in
-          settable.items()]
+  out += [f'{TRAINER}.{name} = {value!r}' for name, value in settable.items()]
   if derived:
-    out.append('revplus plan, left to the planner (no binding pins it): ' +
-               ', '.join(f'{k}={v}' for k, v in derived.items()))
+    out.append(
+      'revplus plan, left to the planner (no binding pins it): '
+      + ', '.join(f'{k}={v}' for k, v in derived.items())
+    )
   return out

@@ -40,6 +40,7 @@ def run(flags: argparse.Namespace) -> int:
   # matplotlib and JAX: imported once the flags are read, not for --help.
   from trax_revplus.memory import plot
   from trax_revplus.memory import reading
+
   # pylint: enable=g-import-not-at-top
   try:
     path = plot.resolve_jsonl(flags.run_dir)
@@ -50,8 +51,9 @@ def run(flags: argparse.Namespace) -> int:
   try:
     log = reading.read(path)
   except OSError as e:
-    raise UserError(f'cannot read {path}: {e.strerror or one_line(e)}',
-                    EXIT_RUNTIME) from None
+    raise UserError(
+      f'cannot read {path}: {e.strerror or one_line(e)}', EXIT_RUNTIME
+    ) from None
   log.check_not_corrupt()
   note = log.unreadable_note()
   if note:

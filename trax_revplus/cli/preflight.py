@@ -45,9 +45,11 @@ def trainer_option_line(error: 'validation.TrainerOptionError') -> str:
     # Without gin's "In call to configurable ..." line where gin called the
     # trainer.
     return f'the trainer rejects its settings: {one_line(error)}'
-  return (f'the trainer rejects its settings: {error.name} must be '
-          f'{error.allowed}, got {error.value!r}; fix '
-          f'{TRAINER}.{error.name} in the config')
+  return (
+    f'the trainer rejects its settings: {error.name} must be '
+    f'{error.allowed}, got {error.value!r}; fix '
+    f'{TRAINER}.{error.name} in the config'
+  )
 
 
 def _check_trainer_settings() -> None:
@@ -62,17 +64,19 @@ def _check_trainer_settings() -> None:
   from trax_revplus.trainer import gin_bindings
   from trax_revplus.trainer import options
   from trax_revplus.trainer import trainer
+
   # pylint: enable=g-import-not-at-top
-  arguments = set(inspect.signature(
-      trainer.ReversibleSerialTrainer.__init__).parameters) - {'self',
-                                                               'settings'}
+  arguments = set(
+    inspect.signature(trainer.ReversibleSerialTrainer.__init__).parameters
+  ) - {'self', 'settings'}
   names = set(options.TrainerOptions.field_names())
   unknown = sorted(set(gin.get_bindings(TRAINER)) - names - arguments)
   if unknown:
     raise UserError(
-        f'the trainer rejects its settings: {TRAINER} has no setting '
-        f'{unknown[0]!r}; its settings: '
-        f'{", ".join(validation.settings_of("ReversibleSerialTrainer"))}')
+      f'the trainer rejects its settings: {TRAINER} has no setting '
+      f'{unknown[0]!r}; its settings: '
+      f'{", ".join(validation.settings_of("ReversibleSerialTrainer"))}'
+    )
   try:
     gin_bindings.validate_gin_bindings()
   except validation.TrainerOptionError as e:
@@ -89,8 +93,10 @@ def check_config() -> None:
     UserError (exit status 2): no model, or a setting that cannot work.
   """
   if gin_config.bound_value('train.model', None) is None:
-    raise UserError('no model configured: bind train.model, e.g. '
-                    "--config='train.model = @trax.models.ReformerLM'")
+    raise UserError(
+      'no model configured: bind train.model, e.g. '
+      "--config='train.model = @trax.models.ReformerLM'"
+    )
   settings.check_train_settings()
   _check_trainer_settings()
 
@@ -104,6 +110,7 @@ def no_effect_warnings() -> list[str]:
   # Registers the configurable; here: it imports trax, which `compare`'s
   # parent process never does.
   from trax_revplus import trainer  # pylint: disable=g-import-not-at-top
+
   del trainer
   bound = sorted(gin.get_bindings(TRAINER))
   if not bound:
@@ -112,13 +119,17 @@ def no_effect_warnings() -> list[str]:
   if gin_config.is_reference(mode):
     return []
   if not trax_revplus.is_active():
-    why = ("the run trains with stock trax's classes, which do not read "
-           "them; add the line `import trax_revplus.activate` to the config "
-           "(or run with --implementation=revplus)")
+    why = (
+      "the run trains with stock trax's classes, which do not read "
+      'them; add the line `import trax_revplus.activate` to the config '
+      '(or run with --implementation=revplus)'
+    )
   elif not mode:
-    why = ("train.use_memory_efficient_trainer is False (trax's default), "
-           "so the run trains with trax's default Trainer; set it to True "
-           "(or 2) to train with trax_revplus's ReversibleSerialTrainer")
+    why = (
+      "train.use_memory_efficient_trainer is False (trax's default), "
+      "so the run trains with trax's default Trainer; set it to True "
+      "(or 2) to train with trax_revplus's ReversibleSerialTrainer"
+    )
   else:
     return []
   names = ', '.join(f'{TRAINER}.{name}' for name in bound)

@@ -52,10 +52,16 @@ class ThreadErrors:
     name = args.thread.name if args.thread is not None else 'a thread'
     exc_info: Any = (args.exc_type, args.exc_value, args.exc_traceback)
     logging.info('thread %s stopped', name, exc_info=exc_info)
-    print(warning_line(_COMMAND, f'background thread {name} stopped: '
-                                 f'{args.exc_type.__name__}: '
-                                 f'{args.exc_value}'),
-          file=sys.stderr, flush=True)
+    print(
+      warning_line(
+        _COMMAND,
+        f'background thread {name} stopped: '
+        f'{args.exc_type.__name__}: '
+        f'{args.exc_value}',
+      ),
+      file=sys.stderr,
+      flush=True,
+    )
 
 
 def _print_notice(message: str) -> None:
@@ -70,9 +76,12 @@ def _drop(message: str) -> None:
 
 
 @contextlib.contextmanager
-def run_logging(output_dir: str, import_messages: str,
-                process: int | None = None,
-                warnings: tuple[str, ...] = ()) -> Iterator[str]:
+def run_logging(
+  output_dir: str,
+  import_messages: str,
+  process: int | None = None,
+  warnings: tuple[str, ...] = (),
+) -> Iterator[str]:
   """Full log to output_dir/train.log; the plugin's warnings on stderr.
 
   In a multi-process run (`process` not None) each process logs to its own
@@ -84,8 +93,7 @@ def run_logging(output_dir: str, import_messages: str,
   verbosity = logging.get_verbosity()
   logging.set_verbosity(logging.INFO)
   absl_logger = logging.get_absl_logger()
-  log_path = os.path.join(output_dir,
-                          processes.log_file_name(process or 0))
+  log_path = os.path.join(output_dir, processes.log_file_name(process or 0))
   to_file = std_logging.FileHandler(log_path)
   to_file.setLevel(std_logging.INFO)
   to_stderr = std_logging.StreamHandler(sys.stderr)
@@ -94,8 +102,10 @@ def run_logging(output_dir: str, import_messages: str,
   for handler in (to_file, to_stderr):
     python_formatter = logging.PythonFormatter()
     handler.setFormatter(
-        python_formatter if process is None else
-        processes.ProcessFormatter(python_formatter, process))
+      python_formatter
+      if process is None
+      else processes.ProcessFormatter(python_formatter, process)
+    )
     absl_logger.addHandler(handler)
   # trax logs every metric at INFO; keep those out of the terminal (where
   # trax also prints the eval lines) and out of the root logger's handlers.
@@ -103,13 +113,17 @@ def run_logging(output_dir: str, import_messages: str,
   warnings_to_stderr = std_logging.StreamHandler(sys.stderr)
   try:
     if import_messages.strip():
-      logging.info('Messages printed on stderr while importing trax:\n%s',
-                   import_messages)
+      logging.info(
+        'Messages printed on stderr while importing trax:\n%s', import_messages
+      )
     for warning in warnings:  # Shown on the terminal already.
       logging.info('warning: %s', warning)
-    with noise.route_warnings(to_file, warnings_to_stderr), ThreadErrors(), \
-        notices.listening(_print_notice if not process else _drop), \
-        noise.stdout_without_noise():
+    with (
+      noise.route_warnings(to_file, warnings_to_stderr),
+      ThreadErrors(),
+      notices.listening(_print_notice if not process else _drop),
+      noise.stdout_without_noise(),
+    ):
       yield log_path
   finally:
     absl_logger.propagate = True

@@ -17,12 +17,12 @@ from trax_revplus.errors import UserError
 # train()'s settings with a few allowed values: gin name -> the values (ints
 # and bools compare equal: 1 is True).
 ENUM_SETTINGS = {
-    'train.use_memory_efficient_trainer': (False, True, 2),
+  'train.use_memory_efficient_trainer': (False, True, 2),
 }
 
 # Pairs of train() settings of which at most one may be bound.
 EXCLUSIVE_SETTINGS = (
-    ('train.permanent_checkpoint_frequency', 'train.permanent_checkpoints_at'),
+  ('train.permanent_checkpoint_frequency', 'train.permanent_checkpoints_at'),
 )
 
 
@@ -41,25 +41,31 @@ def _bound(name: str, unbound: Any = None) -> Any:
   return value
 
 
-def _check_positive_int(name: str, value: Any, allow_none: bool,
-                        default: Any) -> None:
+def _check_positive_int(
+  name: str, value: Any, allow_none: bool, default: Any
+) -> None:
   if value is _UNBOUND:  # trax's default, which is valid.
     return
   if value is None and allow_none:
     return
   if not _is_int(value) or value < 1:
-    unset = (f' (or None: {default})' if allow_none else '')
-    raise UserError(f'{name} = {value!r}: must be a positive int{unset}; '
-                    f"e.g. --config='{name} = 100'")
+    unset = f' (or None: {default})' if allow_none else ''
+    raise UserError(
+      f'{name} = {value!r}: must be a positive int{unset}; '
+      f"e.g. --config='{name} = 100'"
+    )
 
 
 def _check_step_list(name: str, value: Any) -> None:
   if value is None:
     return
-  if (not isinstance(value, (list, tuple)) or
-      not all(_is_int(v) and v >= 1 for v in value)):
-    raise UserError(f'{name} = {value!r}: must be a list of positive step '
-                    f"numbers, e.g. --config='{name} = [100, 200]'")
+  if not isinstance(value, (list, tuple)) or not all(
+    _is_int(v) and v >= 1 for v in value
+  ):
+    raise UserError(
+      f'{name} = {value!r}: must be a list of positive step '
+      f"numbers, e.g. --config='{name} = [100, 200]'"
+    )
 
 
 def check_train_settings() -> None:
@@ -78,30 +84,42 @@ def check_train_settings() -> None:
       allowed ones); both settings of an `EXCLUSIVE_SETTINGS` pair bound
       (the message names both).
   """
-  _check_positive_int('train.steps', _bound('train.steps', _UNBOUND),
-                      False, None)
-  _check_positive_int('train.eval_steps',
-                      _bound('train.eval_steps', _UNBOUND), False, None)
-  _check_positive_int('train.eval_frequency',
-                      _bound('train.eval_frequency', _UNBOUND), True,
-                      'no evals after step 1')
-  _check_positive_int('train.permanent_checkpoint_frequency',
-                      _bound('train.permanent_checkpoint_frequency',
-                             _UNBOUND), True, 'no permanent checkpoints')
+  _check_positive_int(
+    'train.steps', _bound('train.steps', _UNBOUND), False, None
+  )
+  _check_positive_int(
+    'train.eval_steps', _bound('train.eval_steps', _UNBOUND), False, None
+  )
+  _check_positive_int(
+    'train.eval_frequency',
+    _bound('train.eval_frequency', _UNBOUND),
+    True,
+    'no evals after step 1',
+  )
+  _check_positive_int(
+    'train.permanent_checkpoint_frequency',
+    _bound('train.permanent_checkpoint_frequency', _UNBOUND),
+    True,
+    'no permanent checkpoints',
+  )
   for name in ('train.checkpoints_at', 'train.permanent_checkpoints_at'):
     _check_step_list(name, _bound(name))
   seed = _bound('train.random_seed')
   if seed is not None and not _is_int(seed):
-    raise UserError(f'train.random_seed = {seed!r}: must be an int, or None '
-                    f'for a seed from the clock')
+    raise UserError(
+      f'train.random_seed = {seed!r}: must be an int, or None '
+      f'for a seed from the clock'
+    )
   for name, allowed in ENUM_SETTINGS.items():
     value = gin_config.bound_value(name, None)
     if value is None or gin_config.is_reference(value):
       continue
     if isinstance(value, float) or value not in allowed:
-      raise UserError(f'{name} = {value!r}: must be one of '
-                      f'{", ".join(map(repr, allowed))}')
+      raise UserError(
+        f'{name} = {value!r}: must be one of {", ".join(map(repr, allowed))}'
+      )
   for first, second in EXCLUSIVE_SETTINGS:
     if _bound(first) is not None and _bound(second) is not None:
-      raise UserError(f'{first} and {second} are both set; they exclude '
-                      f'each other: keep one')
+      raise UserError(
+        f'{first} and {second} are both set; they exclude each other: keep one'
+      )

@@ -54,22 +54,28 @@ class Formatter(argparse.RawDescriptionHelpFormatter):
     if not action.option_strings or action.nargs == 0:
       return super()._format_action_invocation(action)
     value = self._format_args(
-        action, self._get_default_metavar_for_optional(action))
+      action, self._get_default_metavar_for_optional(action)
+    )
     return ', '.join(f'{option}={value}' for option in action.option_strings)
 
 
 class Once(argparse.Action):
   """Stores a one-value flag; a repeat must give the same value."""
 
-  def __call__(self, parser: argparse.ArgumentParser,
-               namespace: argparse.Namespace, values: Any,
-               option_string: str | None = None) -> None:
+  def __call__(
+    self,
+    parser: argparse.ArgumentParser,
+    namespace: argparse.Namespace,
+    values: Any,
+    option_string: str | None = None,
+  ) -> None:
     given = vars(namespace).setdefault('_given_once', {})
     if self.dest in given and given[self.dest][1] != values:
       first_option, first = given[self.dest]
       parser.error(
-          f'{first_option}={first} and {option_string}={values} contradict '
-          f'each other; give {option_string} once')
+        f'{first_option}={first} and {option_string}={values} contradict '
+        f'each other; give {option_string} once'
+      )
     given[self.dest] = (option_string, values)
     setattr(namespace, self.dest, values)
 
@@ -80,10 +86,10 @@ def positive_int(text: str) -> int:
     value = int(text)
   except ValueError:
     raise argparse.ArgumentTypeError(
-        f'must be a positive integer, got {text!r}') from None
+      f'must be a positive integer, got {text!r}'
+    ) from None
   if value < 1:
-    raise argparse.ArgumentTypeError(
-        f'must be a positive integer, got {value}')
+    raise argparse.ArgumentTypeError(f'must be a positive integer, got {value}')
   return value
 
 
@@ -93,10 +99,12 @@ def positive_seconds(text: str) -> float:
     value = float(text)
   except ValueError:
     raise argparse.ArgumentTypeError(
-        f'must be a positive number of seconds, got {text!r}') from None
+      f'must be a positive number of seconds, got {text!r}'
+    ) from None
   if not 0 < value < float('inf'):
     raise argparse.ArgumentTypeError(
-        f'must be a positive number of seconds, got {text}')
+      f'must be a positive number of seconds, got {text}'
+    )
   return value
 
 
@@ -115,4 +123,5 @@ def integer(text: str) -> int:
     return int(text)
   except ValueError:
     raise argparse.ArgumentTypeError(
-        f'must be an integer, got {text!r}') from None
+      f'must be an integer, got {text!r}'
+    ) from None

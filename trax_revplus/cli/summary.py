@@ -17,6 +17,7 @@ def implementations(loop: Any) -> tuple[str, str]:
   """
   # Here: it imports trax, and `trax-revplus train` reads its flags first.
   from trax_revplus import progress  # pylint: disable=g-import-not-at-top
+
   trainers = loop_door.trainers(loop)
   trainer = progress.qualified_name(type(trainers[0])) if trainers else 'n/a'
   return trainer, progress.reversible_layers(loop.model)
@@ -26,13 +27,19 @@ def trainer_mode(loop: Any) -> str:
   """The Loop's trainer mode, from `use_memory_efficient_trainer`."""
   mode = loop_door.memory_efficient_mode(loop)
   if not mode:
-    return ('default trainer (use_memory_efficient_trainer = False: weights '
-            'and slots on the devices)')
+    return (
+      'default trainer (use_memory_efficient_trainer = False: weights '
+      'and slots on the devices)'
+    )
   if mode == 2:
-    return ('memory-efficient, mode 2 (use_memory_efficient_trainer = 2: '
-            'weights and slots on the host, device memory freed every step)')
-  return ('memory-efficient, mode 1 (use_memory_efficient_trainer = True: '
-          'weights and slots on the host)')
+    return (
+      'memory-efficient, mode 2 (use_memory_efficient_trainer = 2: '
+      'weights and slots on the host, device memory freed every step)'
+    )
+  return (
+    'memory-efficient, mode 1 (use_memory_efficient_trainer = True: '
+    'weights and slots on the host)'
+  )
 
 
 def _loss(value: float | None) -> str:
@@ -43,7 +50,7 @@ def _train_time(summary: dict[str, Any]) -> str | None:
   """'25.5 s in steps, 0.98 steps/s (1 step compiling, 14.2 s, left out)'."""
   if not summary['steps_run']:
     return None
-  text = f"{summary['train_seconds']:.1f} s in steps"
+  text = f'{summary["train_seconds"]:.1f} s in steps'
   compiling = summary['compiling_steps']
   rate = summary['steps_per_second_without_compiling']
   if rate is not None:
@@ -54,19 +61,27 @@ def _train_time(summary: dict[str, Any]) -> str | None:
     if len(compiling) > 5:
       steps += ', ...'
     word = 'step' if len(compiling) == 1 else 'steps'
-    text += (f' ({len(compiling)} compiling {word}, {seconds:.1f} s, left '
-             f'out: {word} {steps})')
+    text += (
+      f' ({len(compiling)} compiling {word}, {seconds:.1f} s, left '
+      f'out: {word} {steps})'
+    )
   cached = summary.get('programs_from_cache')
   if cached:
-    text += (f'; {cached} {"program" if cached == 1 else "programs"} read '
-             f'from the compilation cache')
+    text += (
+      f'; {cached} {"program" if cached == 1 else "programs"} read '
+      f'from the compilation cache'
+    )
   return text
 
 
-def format_summary(summary: dict[str, Any] | None,
-                   loop: Any, checkpoint: str | None,
-                   checkpoint_step: int | None, log_path: str,
-                   total_steps: int | None) -> str:
+def format_summary(
+  summary: dict[str, Any] | None,
+  loop: Any,
+  checkpoint: str | None,
+  checkpoint_step: int | None,
+  log_path: str,
+  total_steps: int | None,
+) -> str:
   """The end-of-run block: classes, mode, losses, speed, memory, checkpoint.
 
   Args:
@@ -87,43 +102,59 @@ def format_summary(summary: dict[str, Any] | None,
     rows.append(('trainer mode', trainer_mode(loop)))
     rows.append(('reversible layers', layers))
   if summary is not None:
-    steps = f"{summary['last_step']} ({summary['steps_run']} in this run"
+    steps = f'{summary["last_step"]} ({summary["steps_run"]} in this run'
     if not summary['steps_run'] and total_steps is not None:
-      steps += (f': the checkpoint was at train.steps = {total_steps} '
-                f'already' if summary['last_step'] == total_steps else
-                f': the checkpoint was at step {summary["last_step"]}, past '
-                f'train.steps = {total_steps}')
+      steps += (
+        f': the checkpoint was at train.steps = {total_steps} already'
+        if summary['last_step'] == total_steps
+        else f': the checkpoint was at step {summary["last_step"]}, past '
+        f'train.steps = {total_steps}'
+      )
     rows.append(('steps', steps + ')'))
     train_from = summary['final_train_loss_from_step']
-    rows.append(('final train loss',
-                 f"{_loss(summary['final_train_loss'])} "
-                 f"(mean of steps {train_from}-{summary['last_step']})"
-                 if train_from is not None else 'n/a'))
+    rows.append(
+      (
+        'final train loss',
+        f'{_loss(summary["final_train_loss"])} '
+        f'(mean of steps {train_from}-{summary["last_step"]})'
+        if train_from is not None
+        else 'n/a',
+      )
+    )
     evals = summary['eval_losses']
     if evals:
-      rows.append(('final eval loss',
-                   f'{_loss(evals[-1][1])} (step {evals[-1][0]})'))
-      rows.append(('first eval loss',
-                   f'{_loss(evals[0][1])} (step {evals[0][0]})'))
+      rows.append(
+        ('final eval loss', f'{_loss(evals[-1][1])} (step {evals[-1][0]})')
+      )
+      rows.append(
+        ('first eval loss', f'{_loss(evals[0][1])} (step {evals[0][0]})')
+      )
     else:
       rows.append(('final eval loss', 'n/a (no eval ran)'))
     train_time = _train_time(summary)
     if train_time:
       rows.append(('train time', train_time))
-    peak = format_bytes(summary['peak_host_rss_bytes'], spec='.0f',
-                        suffix=False)
+    peak = format_bytes(
+      summary['peak_host_rss_bytes'], spec='.0f', suffix=False
+    )
     rows.append(('peak host memory', f'{peak} MB (RSS)'))
   if checkpoint and summary is not None and not summary['steps_run']:
-    rows.append(('checkpoint', f'{checkpoint} (step {checkpoint_step}, as '
-                               f'loaded: no step ran, nothing new to save)'))
+    rows.append(
+      (
+        'checkpoint',
+        f'{checkpoint} (step {checkpoint_step}, as '
+        f'loaded: no step ran, nothing new to save)',
+      )
+    )
   elif checkpoint:
     rows.append(('checkpoint', f'{checkpoint} (step {checkpoint_step})'))
   else:
     rows.append(('checkpoint', 'none written'))
   rows.append(('full log', log_path))
   width = max(len(k) for k, _ in rows)
-  return '\n'.join(['', '== summary =='] +
-                   [f'{k.ljust(width)}  {v}' for k, v in rows])
+  return '\n'.join(
+    ['', '== summary =='] + [f'{k.ljust(width)}  {v}' for k, v in rows]
+  )
 
 
 def summary_rows(text: str) -> dict[str, str]:
@@ -144,9 +175,12 @@ def interrupted_message(interrupted: Any, output_dir: str) -> str:
   """One line for a run stopped by SIGINT/SIGTERM (`interrupt.Interrupted`)."""
   name = signal.Signals(interrupted.signum).name
   if interrupted.checkpoint is None:
-    return (f'interrupted by {name} before the first step; nothing new was '
-            f'saved in {output_dir}')
-  return (f'interrupted by {name}: stopped after step {interrupted.step}, '
-          f'checkpoint {interrupted.checkpoint} (step {interrupted.step}); '
-          f'run the same command to resume')
-
+    return (
+      f'interrupted by {name} before the first step; nothing new was '
+      f'saved in {output_dir}'
+    )
+  return (
+    f'interrupted by {name}: stopped after step {interrupted.step}, '
+    f'checkpoint {interrupted.checkpoint} (step {interrupted.step}); '
+    f'run the same command to resume'
+  )

@@ -122,15 +122,21 @@ def _checkpoint_step(path: str) -> int | None:
     return None
 
 
-def _train(output_dir: str, callbacks: list[Any], log_path: str,
-           stop: interrupt.StopOnSignal, bindings: list[str],
-           multi_process: bool = False) -> int:
+def _train(
+  output_dir: str,
+  callbacks: list[Any],
+  log_path: str,
+  stop: interrupt.StopOnSignal,
+  bindings: list[str],
+  multi_process: bool = False,
+) -> int:
   """Runs trainer_lib.train, then saves a final checkpoint and summarizes."""
   trainer_lib = trax_import.module('trax.supervised.trainer_lib')
   # Here: they import trax, which waits until the flags are checked.
   # pylint: disable=g-import-not-at-top
   from trax_revplus import checkpoints
   from trax_revplus import progress
+
   # pylint: enable=g-import-not-at-top
   gin.finalize()
   which = 'trax_revplus' if trax_revplus.is_active() else 'stock trax'
@@ -149,9 +155,11 @@ def _train(output_dir: str, callbacks: list[Any], log_path: str,
   build = None
   try:
     with build_errors.watch_loop_build() as build:
-      loop = trainer_lib.train(output_dir=output_dir,
-                               callbacks=list(callbacks) + [stop.callback],
-                               **train_bindings.typed_model())
+      loop = trainer_lib.train(
+        output_dir=output_dir,
+        callbacks=list(callbacks) + [stop.callback],
+        **train_bindings.typed_model(),
+      )
     checkpoint = os.path.join(output_dir, 'model.pkl.gz')
     if multi_process:  # Process 0 may still be writing it.
       processes.barrier('trained')
@@ -169,24 +177,40 @@ def _train(output_dir: str, callbacks: list[Any], log_path: str,
     failed_loop = getattr(e, 'loop', None) or (build and build.loop)
     if isinstance(e, interrupt.Interrupted):
       raise
-    error = failures.user_error(e, output_dir, stop.steps_started,
-                                bindings)
+    error = failures.user_error(e, output_dir, stop.steps_started, bindings)
     if error is None:
       raise
     raise error from None
   finally:
     _close_trainers(loop if loop is not None else failed_loop)
-  printers = [c for c in loop_door.callbacks(loop)
-              if isinstance(c, progress.ProgressPrinter)]
+  printers = [
+    c
+    for c in loop_door.callbacks(loop)
+    if isinstance(c, progress.ProgressPrinter)
+  ]
   summary = printers[0].summary() if printers else None
   saved = checkpoint if os.path.exists(checkpoint) else None
   if stop.signum is not None:  # Came after the last step ended.
-    print(warning_line(COMMAND, f'signal {stop.signum} received after the '
-                                f'last step; the run is complete.'),
-          file=sys.stderr, flush=True)
-  print(summaries.format_summary(summary, loop, saved, checkpoint_step,
-                                 log_path, train_bindings.total_steps()),
-        flush=True)
+    print(
+      warning_line(
+        COMMAND,
+        f'signal {stop.signum} received after the '
+        f'last step; the run is complete.',
+      ),
+      file=sys.stderr,
+      flush=True,
+    )
+  print(
+    summaries.format_summary(
+      summary,
+      loop,
+      saved,
+      checkpoint_step,
+      log_path,
+      train_bindings.total_steps(),
+    ),
+    flush=True,
+  )
   return EXIT_OK
 
 
@@ -207,7 +231,8 @@ def run(flags: argparse.Namespace) -> int:
   """
   config_files, bindings = configs_from_flags(flags)
   output_dir = os.path.expanduser(
-      flags.output_dir or output_dirs.default_output_dir(config_files))
+    flags.output_dir or output_dirs.default_output_dir(config_files)
+  )
   output_dirs.check_writable(output_dir)
   cache_dir = cache_flags.directory_from_flags(flags)
   stop = interrupt.StopOnSignal(notify=_signal_notice)
@@ -218,11 +243,19 @@ def run(flags: argparse.Namespace) -> int:
     except interrupt.Interrupted as e:
       raise _interrupted(e, output_dir) from None
     if not config.is_multi_process:
-      return _run(flags, config_files, bindings, output_dir, None, stop,
-                  cache_dir)
+      return _run(
+        flags, config_files, bindings, output_dir, None, stop, cache_dir
+      )
     try:
-      return _run(flags, config_files, bindings, output_dir,
-                  processes.process_index(), stop, cache_dir)
+      return _run(
+        flags,
+        config_files,
+        bindings,
+        output_dir,
+        processes.process_index(),
+        stop,
+        cache_dir,
+      )
     except UserError as e:
       if e.exit_code > 128 and stop.stopped_at_step is not None:
         raise  # Every process stopped after one step: they end together.
@@ -235,8 +268,10 @@ def run(flags: argparse.Namespace) -> int:
 
 def _signal_notice(signum: int) -> None:
   """Says, from the signal handler, that the run stops after this step."""
-  text = (f'{signal.Signals(signum).name} received: stopping after this '
-          f'step with a checkpoint (send it again to stop at once)')
+  text = (
+    f'{signal.Signals(signum).name} received: stopping after this '
+    f'step with a checkpoint (send it again to stop at once)'
+  )
   logging.info(text)
   # os.write, not print: a handler may run while the main thread is in the
   # middle of writing to sys.stderr.
@@ -245,20 +280,26 @@ def _signal_notice(signum: int) -> None:
 
 def _interrupted(e: interrupt.Interrupted, output_dir: str) -> UserError:
   """The one-line error of a run stopped by a signal."""
-  return UserError(summaries.interrupted_message(e, output_dir),
-                   signal_exit_status(e.signum))
+  return UserError(
+    summaries.interrupted_message(e, output_dir), signal_exit_status(e.signum)
+  )
 
 
-def _run(flags: argparse.Namespace, config_files: list[str],
-         bindings: list[str], output_dir: str, process: int | None,
-         stop: interrupt.StopOnSignal, cache_dir: str | None) -> int:
+def _run(
+  flags: argparse.Namespace,
+  config_files: list[str],
+  bindings: list[str],
+  output_dir: str,
+  process: int | None,
+  stop: interrupt.StopOnSignal,
+  cache_dir: str | None,
+) -> int:
   """`run` once joined; `process` is this process's index in a
   multi-process run, else None; `cache_dir` the compilation cache's
   directory, or None (none)."""
   # Process 0 alone holds the lock of a run's shared output dir.
   lock = output_dirs.OutputDirLock(output_dir, f'{PROG} train')
-  lock_if_chief = (lambda: None) if process else functools.partial(_lock,
-                                                                    lock)
+  lock_if_chief = (lambda: None) if process else functools.partial(_lock, lock)
   try:
     locked = os.path.isdir(output_dir)
     if locked:
@@ -282,11 +323,15 @@ def _run(flags: argparse.Namespace, config_files: list[str],
     output_dirs.make(output_dir)
     if not locked:
       lock_if_chief()
-    with run_log.run_logging(output_dir, import_messages, process,
-                             tuple(warnings)) as log_path, \
-        cache_flags.enabled(cache_dir):
-      return _train(output_dir, callbacks, log_path, stop, bindings,
-                    process is not None)
+    with (
+      run_log.run_logging(
+        output_dir, import_messages, process, tuple(warnings)
+      ) as log_path,
+      cache_flags.enabled(cache_dir),
+    ):
+      return _train(
+        output_dir, callbacks, log_path, stop, bindings, process is not None
+      )
   except interrupt.Interrupted as e:
     raise _interrupted(e, output_dir) from None
   finally:

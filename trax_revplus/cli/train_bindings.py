@@ -33,6 +33,7 @@ def select_implementation(implementation: str) -> None:
   """
   # Here: it imports trax, which waits until the flags are checked.
   from trax_revplus import swap  # pylint: disable=g-import-not-at-top
+
   if implementation == 'stock':
     swap.deactivate()
   elif implementation == 'revplus':
@@ -46,33 +47,45 @@ def bind_memory_log(every_n_steps: int | None) -> None:
   # Registers the configurable; here: it imports trax, which waits until
   # the flags are checked.
   from trax_revplus import trainer  # pylint: disable=g-import-not-at-top
+
   del trainer
   gin.bind_parameter(
-      'trax_revplus.ReversibleSerialTrainer.memory_log_every_n_steps',
-      every_n_steps)
+    'trax_revplus.ReversibleSerialTrainer.memory_log_every_n_steps',
+    every_n_steps,
+  )
 
 
 def total_steps() -> int:
   """train.steps as bound, else `trainer_lib.train`'s default."""
   trainer_lib = trax_import.module('trax.supervised.trainer_lib')
-  return gin_config.bound_value('train.steps', inspect.signature(
-      trainer_lib.train).parameters['steps'].default)
+  return gin_config.bound_value(
+    'train.steps',
+    inspect.signature(trainer_lib.train).parameters['steps'].default,
+  )
 
 
 def train_callbacks(every_n_steps: int) -> list[Any]:
   """train.callbacks as gin would pass them, plus a ProgressPrinter."""
   # Here: it imports trax, which waits until the flags are checked.
   from trax_revplus import progress  # pylint: disable=g-import-not-at-top
+
   # Gin hands a configurable the deep copy of its bound value; the copy
   # turns `@Callback` references into the callables themselves.
-  callbacks = list(copy.deepcopy(
-      gin_config.bound_value('train.callbacks', None)) or [])
-  if any(isinstance(c, type) and issubclass(c, progress.ProgressPrinter)
-         for c in callbacks):
+  callbacks = list(
+    copy.deepcopy(gin_config.bound_value('train.callbacks', None)) or []
+  )
+  if any(
+    isinstance(c, type) and issubclass(c, progress.ProgressPrinter)
+    for c in callbacks
+  ):
     return callbacks
-  callbacks.append(functools.partial(
-      progress.ProgressPrinter, total_steps=total_steps(),
-      every_n_steps=every_n_steps))
+  callbacks.append(
+    functools.partial(
+      progress.ProgressPrinter,
+      total_steps=total_steps(),
+      every_n_steps=every_n_steps,
+    )
+  )
   return callbacks
 
 
@@ -84,8 +97,7 @@ def share_seed() -> None:
   initial weights).
   """
   if gin_config.bound_value('train.random_seed', None) is None:
-    gin.bind_parameter('train.random_seed',
-                       processes.shared_random_seed())
+    gin.bind_parameter('train.random_seed', processes.shared_random_seed())
 
 
 def typed_model() -> dict[str, Any]:

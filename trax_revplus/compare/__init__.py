@@ -108,9 +108,22 @@ from trax_revplus.compare.seed import DEFAULT_SEED
 from trax_revplus.compare.table import format_table
 
 __all__ = [
-    'accounting', 'build_report', 'checkpoint_diff', 'collect_run',
-    'COMPARE_JSON', 'COMPARE_PNG', 'config_seed', 'DEFAULT_SEED',
-    'failure_reason', 'format_table', 'IMPLEMENTATIONS', 'LABELS',
-    'max_abs_diff', 'plot', 'read_npy_gz', 'Report', 'Run',
-    'RUN_STATS_FILENAME',
+  'accounting',
+  'build_report',
+  'checkpoint_diff',
+  'collect_run',
+  'COMPARE_JSON',
+  'COMPARE_PNG',
+  'config_seed',
+  'DEFAULT_SEED',
+  'failure_reason',
+  'format_table',
+  'IMPLEMENTATIONS',
+  'LABELS',
+  'max_abs_diff',
+  'plot',
+  'read_npy_gz',
+  'Report',
+  'Run',
+  'RUN_STATS_FILENAME',
 ]

@@ -34,23 +34,35 @@ ESTIMATE_JSON = 'estimate.json'
 ESTIMATE_LOG = 'estimate.log'
 
 
-def estimate_command(config_files: Sequence[str], bindings: Sequence[str],
-                     json_path: str) -> list[str]:
+def estimate_command(
+  config_files: Sequence[str], bindings: Sequence[str], json_path: str
+) -> list[str]:
   """The `trax-revplus estimate` command line for the compared config."""
-  command = [sys.executable, '-m', 'trax_revplus.cli', 'estimate',
-             f'--json={json_path}']
+  command = [
+    sys.executable,
+    '-m',
+    'trax_revplus.cli',
+    'estimate',
+    f'--json={json_path}',
+  ]
   command += [f'--config_file={os.path.abspath(p)}' for p in config_files]
   command += [f'--config={b}' for b in bindings]
   return command
 
 
 def skipped() -> DeviceAccounting:
-  return {'status': 'skipped', 'error': None, 'backend': None, 'log': None,
-          'trainers': {}}
+  return {
+    'status': 'skipped',
+    'error': None,
+    'backend': None,
+    'log': None,
+    'trainers': {},
+  }
 
 
-def run_estimate(config_files: Sequence[str], bindings: Sequence[str],
-                 output_dir: str) -> DeviceAccounting:
+def run_estimate(
+  config_files: Sequence[str], bindings: Sequence[str], output_dir: str
+) -> DeviceAccounting:
   """Runs estimate on the config; returns its `DeviceAccounting` entry.
 
   Args:
@@ -65,9 +77,15 @@ def run_estimate(config_files: Sequence[str], bindings: Sequence[str],
   json_path = os.path.join(output_dir, ESTIMATE_JSON)
   log_path = os.path.join(output_dir, ESTIMATE_LOG)
   exit_code, output = runs.run_streaming(
-      estimate_command(config_files, bindings, json_path), log_path, '', None)
-  entry: dict[str, Any] = {'status': 'failed', 'error': None, 'backend': None,
-           'log': log_path, 'trainers': {}}
+    estimate_command(config_files, bindings, json_path), log_path, '', None
+  )
+  entry: dict[str, Any] = {
+    'status': 'failed',
+    'error': None,
+    'backend': None,
+    'log': log_path,
+    'trainers': {},
+  }
   if exit_code != 0:
     entry['error'] = runs.failure_reason(exit_code, output)
     return entry
@@ -82,35 +100,39 @@ def run_estimate(config_files: Sequence[str], bindings: Sequence[str],
   for name, row in trainers.items():
     row = row if isinstance(row, dict) else {}
     entry['trainers'][name] = {
-        key: row.get(key) for key in ('peak_device_bytes',
-                                      'min_peak_device_bytes', 'error')}
+      key: row.get(key)
+      for key in ('peak_device_bytes', 'min_peak_device_bytes', 'error')
+    }
   return entry
 
 
-def peak_device_bytes(accounting: DeviceAccounting | None,
-                      trainer: str) -> int | None:
+def peak_device_bytes(
+  accounting: DeviceAccounting | None, trainer: str
+) -> int | None:
   """The accounted peak of trainer 'default', 'stock' or 'revplus', or
   None."""
   if not accounting or accounting.get('status') != 'ok':
     return None
-  return (accounting['trainers'].get(trainer) or {}).get(
-      'peak_device_bytes')
+  return (accounting['trainers'].get(trainer) or {}).get('peak_device_bytes')
 
 
 # The trainer class a run reports (its summary's `trainer`), by estimate's
 # name for that trainer.
 TRAINER_CLASSES = {
-    'trax.optimizers.trainer.Trainer': 'default',
-    'trax.optimizers.trainer.ReversibleSerialTrainer': 'stock',
-    'trax_revplus.trainer.ReversibleSerialTrainer': 'revplus',
+  'trax.optimizers.trainer.Trainer': 'default',
+  'trax.optimizers.trainer.ReversibleSerialTrainer': 'stock',
+  'trax_revplus.trainer.ReversibleSerialTrainer': 'revplus',
 }
-TRAINER_LABELS = {'default': "trax's default Trainer",
-                  'stock': "stock trax's ReversibleSerialTrainer",
-                  'revplus': "trax_revplus's ReversibleSerialTrainer"}
+TRAINER_LABELS = {
+  'default': "trax's default Trainer",
+  'stock': "stock trax's ReversibleSerialTrainer",
+  'revplus': "trax_revplus's ReversibleSerialTrainer",
+}
 
 
-def xla_peak(run: dict[str, Any],
-             accounting: DeviceAccounting | None) -> XlaPeak:
+def xla_peak(
+  run: dict[str, Any], accounting: DeviceAccounting | None
+) -> XlaPeak:
   """The XLA-computed step peak of the trainer `run` ran.
 
   Args:
@@ -124,8 +146,11 @@ def xla_peak(run: dict[str, Any],
     or None}. A failed run has no figure.
   """
   trainer = TRAINER_CLASSES.get(run.get('trainer') or '')
-  entry: dict[str, Any] = {'trainer': trainer, 'peak_device_bytes': None,
-                           'source': None}
+  entry: dict[str, Any] = {
+    'trainer': trainer,
+    'peak_device_bytes': None,
+    'source': None,
+  }
   if run['status'] != 'ok' or trainer is None:
     return entry
   logged = (run.get('memory_log') or {}).get('peak_device_bytes')

@@ -54,8 +54,11 @@ def stored_reorderings(output_dir: str | os.PathLike) -> list[list[str]]:
   try:
     with open(os.path.join(output_dir, PLANS_FILENAME)) as f:
       entries = json.load(f)['plans'].values()
-    return [[str(words) for words in entry[REORDERINGS]]
-            for entry in entries if isinstance(entry.get(REORDERINGS), list)]
+    return [
+      [str(words) for words in entry[REORDERINGS]]
+      for entry in entries
+      if isinstance(entry.get(REORDERINGS), list)
+    ]
   except (OSError, ValueError, KeyError, TypeError, AttributeError):
     return []
 
@@ -64,8 +67,9 @@ def _setting(name: str, value: Any) -> str:
   return f"--config='{_SETTING}.{name} = {value}'"
 
 
-def explanation(plans: Sequence[Sequence[str]],
-                max_abs_diff: float | None) -> str | None:
+def explanation(
+  plans: Sequence[Sequence[str]], max_abs_diff: float | None
+) -> str | None:
   """One line on why the final weights differ from stock's, or None.
 
   Args:
@@ -82,23 +86,31 @@ def explanation(plans: Sequence[Sequence[str]],
   """
   if max_abs_diff is None or max_abs_diff <= TOLERANCE:
     return None
-  head = (f'final weights differ from stock\'s by {max_abs_diff:.3g} '
-          f'(over {TOLERANCE:g})')
+  head = (
+    f"final weights differ from stock's by {max_abs_diff:.3g} "
+    f'(over {TOLERANCE:g})'
+  )
   setting = _setting('device_memory_budget_bytes', None)
   if not plans:
-    return (f'{head}; trax_revplus kept no plan ({PLANS_FILENAME}) to tell '
-            f'which plan dimension changed stock\'s float32 summation order: '
-            f'{setting}, with every setting the planner chooses left at '
-            f"'auto', runs it.")
+    return (
+      f'{head}; trax_revplus kept no plan ({PLANS_FILENAME}) to tell '
+      f"which plan dimension changed stock's float32 summation order: "
+      f'{setting}, with every setting the planner chooses left at '
+      f"'auto', runs it."
+    )
   reorderings = []
   for plan in plans:
     reorderings += [r for r in plan if r not in reorderings]
   if not reorderings:
-    return (f'{head}, although trax_revplus ran stock\'s float32 summation '
-            f'order (one program per segment, no batch slices, micro-batches '
-            f'or sequence chunks, the attention layers as configured): the '
-            f'plan is not the cause.')
-  return (f'{head}: trax_revplus ran {", ".join(reorderings)}, which can sum '
-          f'in another float32 order than stock (where a layer hashes its '
-          f'activations, as LSH attention does, rounding can change a bucket '
-          f'and grow); {setting} runs stock\'s order.')
+    return (
+      f"{head}, although trax_revplus ran stock's float32 summation "
+      f'order (one program per segment, no batch slices, micro-batches '
+      f'or sequence chunks, the attention layers as configured): the '
+      f'plan is not the cause.'
+    )
+  return (
+    f'{head}: trax_revplus ran {", ".join(reorderings)}, which can sum '
+    f'in another float32 order than stock (where a layer hashes its '
+    f'activations, as LSH attention does, rounding can change a bucket '
+    f"and grow); {setting} runs stock's order."
+  )

@@ -41,9 +41,9 @@ def read_npy_gz(path: str | os.PathLike) -> list[np.ndarray]:
   return arrays
 
 
-def max_abs_diff(a_arrays: Sequence[np.ndarray],
-                 b_arrays: Sequence[np.ndarray]
-                 ) -> tuple[float | None, str | None]:
+def max_abs_diff(
+  a_arrays: Sequence[np.ndarray], b_arrays: Sequence[np.ndarray]
+) -> tuple[float | None, str | None]:
   """Max |a - b| over all elements of two equally shaped lists of arrays.
 
   Args:
@@ -55,8 +55,10 @@ def max_abs_diff(a_arrays: Sequence[np.ndarray],
     length, or an array pair in shape).
   """
   if len(a_arrays) != len(b_arrays):
-    return None, (f'different number of arrays: {len(a_arrays)} (stock) vs '
-                  f'{len(b_arrays)} (trax_revplus)')
+    return None, (
+      f'different number of arrays: {len(a_arrays)} (stock) vs '
+      f'{len(b_arrays)} (trax_revplus)'
+    )
   worst = 0.0
   for i, (a, b) in enumerate(zip(a_arrays, b_arrays)):
     if a.shape != b.shape:
@@ -79,33 +81,44 @@ def checkpoint_diff(runs: dict[str, Run], filename: str) -> dict[str, Any]:
   """
   failed = [LABELS[k] for k in IMPLEMENTATIONS if runs[k]['status'] != 'ok']
   if failed:
-    return {'max_abs_diff': None, 'n_arrays': None,
-            'reason': f'{" and ".join(failed)} did not finish'}
+    return {
+      'max_abs_diff': None,
+      'n_arrays': None,
+      'reason': f'{" and ".join(failed)} did not finish',
+    }
   arrays = []
   for k in IMPLEMENTATIONS:
     path = os.path.join(runs[k]['output_dir'], filename)
     try:
       arrays.append(read_npy_gz(path))
     except (OSError, ValueError) as e:
-      return {'max_abs_diff': None, 'n_arrays': None,
-              'reason': f'cannot read {path}: {e}'}
+      return {
+        'max_abs_diff': None,
+        'n_arrays': None,
+        'reason': f'cannot read {path}: {e}',
+      }
   value, reason = max_abs_diff(*arrays)
-  return {'max_abs_diff': value, 'n_arrays': len(arrays[0]),
-          'reason': reason}
+  return {'max_abs_diff': value, 'n_arrays': len(arrays[0]), 'reason': reason}
 
 
 def _losses_by_step(run):
   stats = run.get('stats') or {}
-  return {step: loss for step, loss in zip(stats.get('steps') or [],
-                                           stats.get('loss') or [])
-          if loss is not None}
+  return {
+    step: loss
+    for step, loss in zip(stats.get('steps') or [], stats.get('loss') or [])
+    if loss is not None
+  }
 
 
-def build_report(config_files: Sequence[str], bindings: Sequence[str],
-                 steps: int | None, seed: int | None,
-                 seed_from_config: bool, runs: dict[str, Run],
-                 device_accounting: DeviceAccounting | None = None
-                 ) -> Report:
+def build_report(
+  config_files: Sequence[str],
+  bindings: Sequence[str],
+  steps: int | None,
+  seed: int | None,
+  seed_from_config: bool,
+  runs: dict[str, Run],
+  device_accounting: DeviceAccounting | None = None,
+) -> Report:
   """Assembles compare.json's content (see the module docstring).
 
   Args:
@@ -124,23 +137,25 @@ def build_report(config_files: Sequence[str], bindings: Sequence[str],
   final_weights = checkpoint_diff(runs, 'model.weights.npy.gz')
   ours_dir = runs['revplus'].get('output_dir')
   weights_note = exactness.explanation(
-      exactness.stored_reorderings(ours_dir) if ours_dir else [],
-      final_weights['max_abs_diff'])
-  loss_diff = (max(abs(stock[s] - ours[s]) for s in common)
-               if common else None)
+    exactness.stored_reorderings(ours_dir) if ours_dir else [],
+    final_weights['max_abs_diff'],
+  )
+  loss_diff = max(abs(stock[s] - ours[s]) for s in common) if common else None
   return {
-      'config_files': list(config_files),
-      'bindings': list(bindings),
-      'steps': steps,
-      'seed': seed,
-      'seed_from_config': seed_from_config,
-      'runs': runs,
-      'device_accounting': device_accounting or accounting.skipped(),
-      'xla_peaks': {k: accounting.xla_peak(runs[k], device_accounting)
-                    for k in IMPLEMENTATIONS},
-      'loss_max_abs_diff': loss_diff,
-      'loss_steps_compared': len(common),
-      'final_weights': final_weights,
-      'final_weights_note': weights_note,
-      'final_slots': checkpoint_diff(runs, 'model.opt_slots0.npy.gz'),
+    'config_files': list(config_files),
+    'bindings': list(bindings),
+    'steps': steps,
+    'seed': seed,
+    'seed_from_config': seed_from_config,
+    'runs': runs,
+    'device_accounting': device_accounting or accounting.skipped(),
+    'xla_peaks': {
+      k: accounting.xla_peak(runs[k], device_accounting)
+      for k in IMPLEMENTATIONS
+    },
+    'loss_max_abs_diff': loss_diff,
+    'loss_steps_compared': len(common),
+    'final_weights': final_weights,
+    'final_weights_note': weights_note,
+    'final_slots': checkpoint_diff(runs, 'model.opt_slots0.npy.gz'),
   }

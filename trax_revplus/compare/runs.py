@@ -22,16 +22,26 @@ from trax_revplus.compare.common import RUN_STATS_FILENAME
 # A Python exception line ("jax.errors.JaxRuntimeError: ...") or the CLI's
 # one-line error.
 _ERROR_LINE = re.compile(
-    r'^((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt)'
-    r'\b(?::.*)?|trax-revplus \w+: error: .*)$')
+  r'^((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt)'
+  r'\b(?::.*)?|trax-revplus \w+: error: .*)$'
+)
 
 
-def run_command(implementation: str, config_files: Sequence[str],
-                bindings: Sequence[str], output_dir: str,
-                progress_every_n_steps: int | None) -> list[str]:
-  command = [sys.executable, '-m', 'trax_revplus.cli', 'train',
-             f'--implementation={implementation}',
-             f'--output_dir={output_dir}']
+def run_command(
+  implementation: str,
+  config_files: Sequence[str],
+  bindings: Sequence[str],
+  output_dir: str,
+  progress_every_n_steps: int | None,
+) -> list[str]:
+  command = [
+    sys.executable,
+    '-m',
+    'trax_revplus.cli',
+    'train',
+    f'--implementation={implementation}',
+    f'--output_dir={output_dir}',
+  ]
   command += [f'--config_file={os.path.abspath(p)}' for p in config_files]
   command += [f'--config={b}' for b in bindings]
   if progress_every_n_steps is not None:
@@ -39,8 +49,9 @@ def run_command(implementation: str, config_files: Sequence[str],
   return command
 
 
-def run_streaming(command: Sequence[str], log_path: str, prefix: str,
-                  stream: TextIO | None) -> tuple[int, str]:
+def run_streaming(
+  command: Sequence[str], log_path: str, prefix: str, stream: TextIO | None
+) -> tuple[int, str]:
   """Runs `command`, copying its output to `log_path` and, prefixed, `stream`
   (None: to `log_path` only).
 
@@ -52,8 +63,13 @@ def run_streaming(command: Sequence[str], log_path: str, prefix: str,
   lines = []
   with open(log_path, 'w', encoding='utf-8') as log:
     process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        errors='replace', env=env)
+      command,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      text=True,
+      errors='replace',
+      env=env,
+    )
     assert process.stdout is not None  # stdout=PIPE
     try:
       for line in process.stdout:
@@ -103,9 +119,14 @@ def _read_json(path):
     return None
 
 
-def collect_run(implementation: str, exit_code: int, output: str,
-                output_dir: str, log_path: str,
-                wall_seconds: float) -> Run:
+def collect_run(
+  implementation: str,
+  exit_code: int,
+  output: str,
+  output_dir: str,
+  log_path: str,
+  wall_seconds: float,
+) -> Run:
   """The RUN entry of compare.json for one finished training process.
 
   Args:
@@ -122,21 +143,24 @@ def collect_run(implementation: str, exit_code: int, output: str,
   stats = _read_json(os.path.join(output_dir, RUN_STATS_FILENAME))
   records = memory_records(output_dir)
   return {
-      'implementation': implementation,
-      'status': 'ok' if exit_code == 0 else 'failed',
-      'exit_code': exit_code,
-      'error': None if exit_code == 0 else failure_reason(exit_code, output),
-      'output_dir': output_dir,
-      'log': log_path,
-      'wall_seconds': wall_seconds,
-      'trainer': (stats or {}).get('trainer'),
-      'reversible_layers': (stats or {}).get('reversible_layers'),
-      'stats': stats,
-      'memory_log': dict(memory.peaks(records.records),
-                         records=len(records.records),
-                         unreadable_lines=records.unreadable,
-                         unreadable_note=records.unreadable_note())
-                    if records.lines else None,
+    'implementation': implementation,
+    'status': 'ok' if exit_code == 0 else 'failed',
+    'exit_code': exit_code,
+    'error': None if exit_code == 0 else failure_reason(exit_code, output),
+    'output_dir': output_dir,
+    'log': log_path,
+    'wall_seconds': wall_seconds,
+    'trainer': (stats or {}).get('trainer'),
+    'reversible_layers': (stats or {}).get('reversible_layers'),
+    'stats': stats,
+    'memory_log': dict(
+      memory.peaks(records.records),
+      records=len(records.records),
+      unreadable_lines=records.unreadable,
+      unreadable_note=records.unreadable_note(),
+    )
+    if records.lines
+    else None,
   }
 
 

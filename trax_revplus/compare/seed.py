@@ -15,8 +15,9 @@ def _statements(text):
   return list(config_parser.ConfigParser(text, delegate))
 
 
-def config_seed(config_files: Sequence[str], bindings: Sequence[str]
-                ) -> tuple[bool, int | None]:
+def config_seed(
+  config_files: Sequence[str], bindings: Sequence[str]
+) -> tuple[bool, int | None]:
   """Finds a `train.random_seed` binding in configs and bindings.
 
   Follows `include` statements (looked up next to the including file, then
@@ -39,14 +40,18 @@ def config_seed(config_files: Sequence[str], bindings: Sequence[str]
     nonlocal found, value
     for statement in statements:
       if isinstance(statement, config_parser.IncludeStatement):
-        for candidate in (os.path.join(base_dir, statement.filename),
-                          statement.filename):
+        for candidate in (
+          os.path.join(base_dir, statement.filename),
+          statement.filename,
+        ):
           if os.path.isfile(candidate):
             visit_file(candidate)
             break
       elif isinstance(statement, config_parser.BindingStatement):
-        if (statement.selector.split('.')[-1] == 'train' and
-            statement.arg_name == 'random_seed'):
+        if (
+          statement.selector.split('.')[-1] == 'train'
+          and statement.arg_name == 'random_seed'
+        ):
           found = True
           value = statement.value if isinstance(statement.value, int) else None
 

@@ -48,8 +48,11 @@ def _xla_row_name(xla_peaks):
   if all(t in (None, k) for t, k in zip(trainers, IMPLEMENTATIONS)):
     return 'peak device, XLA (MiB)'
   named = [accounting.TRAINER_LABELS[t] if t else 'n/a' for t in trainers]
-  return (f'peak device, XLA (MiB, {named[0]})' if named[0] == named[1]
-          else f'peak device, XLA (MiB, {named[0]} / {named[1]})')
+  return (
+    f'peak device, XLA (MiB, {named[0]})'
+    if named[0] == named[1]
+    else f'peak device, XLA (MiB, {named[0]} / {named[1]})'
+  )
 
 
 def _fmt_diff(entry):
@@ -86,38 +89,62 @@ def format_table(report: Report) -> str:
       lines.append(f'  trainer            {run["trainer"] or "n/a"}')
       lines.append(f'  reversible layers  {run["reversible_layers"] or "n/a"}')
 
-  source = next((_stat(runs[k], 'device_bytes_source')
-                 for k in IMPLEMENTATIONS
-                 if _stat(runs[k], 'device_bytes_source')), None)
+  source = next(
+    (
+      _stat(runs[k], 'device_bytes_source')
+      for k in IMPLEMENTATIONS
+      if _stat(runs[k], 'device_bytes_source')
+    ),
+    None,
+  )
   device_note = f', {source.replace("_", " ")}' if source else ''
   metrics = [
-      ('steps run', lambda r: len(_stat(r, 'steps') or []) or None, 'int',
-       False),
-      ('final train loss (nats)', _final_loss, 'loss', False),
-      ('first step (s, compiles)',
-       lambda r: _stat(r, 'first_step_seconds'), 'seconds', True),
-      ('median later step (s)',
-       lambda r: _stat(r, 'median_step_seconds'), 'seconds', True),
-      ('peak host RSS (MiB)',
-       lambda r: _peak(r, 'host_peak_bytes', 'peak_host_rss_bytes'), 'mib',
-       True),
-      (f'peak device (MiB{device_note})',
-       lambda r: _peak(r, 'device_bytes_peak', 'peak_device_bytes'), 'mib',
-       True),
-      ('H2D copied (MiB)', lambda r: _stat(r, 'total_h2d_bytes'), 'mib',
-       True),
-      ('D2H copied (MiB)', lambda r: _stat(r, 'total_d2h_bytes'), 'mib',
-       True),
+    ('steps run', lambda r: len(_stat(r, 'steps') or []) or None, 'int', False),
+    ('final train loss (nats)', _final_loss, 'loss', False),
+    (
+      'first step (s, compiles)',
+      lambda r: _stat(r, 'first_step_seconds'),
+      'seconds',
+      True,
+    ),
+    (
+      'median later step (s)',
+      lambda r: _stat(r, 'median_step_seconds'),
+      'seconds',
+      True,
+    ),
+    (
+      'peak host RSS (MiB)',
+      lambda r: _peak(r, 'host_peak_bytes', 'peak_host_rss_bytes'),
+      'mib',
+      True,
+    ),
+    (
+      f'peak device (MiB{device_note})',
+      lambda r: _peak(r, 'device_bytes_peak', 'peak_device_bytes'),
+      'mib',
+      True,
+    ),
+    ('H2D copied (MiB)', lambda r: _stat(r, 'total_h2d_bytes'), 'mib', True),
+    ('D2H copied (MiB)', lambda r: _stat(r, 'total_d2h_bytes'), 'mib', True),
   ]
   accounted = report.get('device_accounting')
   xla_peaks = report['xla_peaks']
-  if any(xla_peaks[k]['peak_device_bytes'] is not None
-         for k in IMPLEMENTATIONS):
-    metrics.insert(6, (_xla_row_name(xla_peaks),
-                       lambda r: xla_peaks[r['implementation']][
-                           'peak_device_bytes'], 'mib', True))
-  table = [('metric', LABELS['stock'], LABELS['revplus'],
-            'trax_revplus / stock')]
+  if any(
+    xla_peaks[k]['peak_device_bytes'] is not None for k in IMPLEMENTATIONS
+  ):
+    metrics.insert(
+      6,
+      (
+        _xla_row_name(xla_peaks),
+        lambda r: xla_peaks[r['implementation']]['peak_device_bytes'],
+        'mib',
+        True,
+      ),
+    )
+  table = [
+    ('metric', LABELS['stock'], LABELS['revplus'], 'trax_revplus / stock')
+  ]
   both_ok = all(runs[k]['status'] == 'ok' for k in IMPLEMENTATIONS)
   for name, get, kind, with_ratio in metrics:
     a, b = get(runs['stock']), get(runs['revplus'])
@@ -139,38 +166,45 @@ def format_table(report: Report) -> str:
   widths = [max(len(row[i]) for row in table) for i in range(4)]
   lines.append('')
   for row in table:
-    lines.append('  '.join(cell.ljust(w) for cell, w in
-                           zip(row, widths)).rstrip())
+    lines.append(
+      '  '.join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()
+    )
 
   lines.append('')
   if report['loss_max_abs_diff'] is None:
     lines.append('loss per step: n/a (needs losses from both runs)')
   else:
-    lines.append(f'loss per step: max abs difference '
-                 f'{report["loss_max_abs_diff"]:.3g} over '
-                 f'{report["loss_steps_compared"]} steps')
-  lines.append(f'final weights: max abs difference '
-               f'{_fmt_diff(report["final_weights"])}')
+    lines.append(
+      f'loss per step: max abs difference '
+      f'{report["loss_max_abs_diff"]:.3g} over '
+      f'{report["loss_steps_compared"]} steps'
+    )
+  lines.append(
+    f'final weights: max abs difference {_fmt_diff(report["final_weights"])}'
+  )
   if report.get('final_weights_note'):
     # One line, unwrapped: the setting in it is pasted as it is.
     lines.append(f'  {report["final_weights_note"]}')
-  lines.append(f'optimizer slots: max abs difference '
-               f'{_fmt_diff(report["final_slots"])}')
-  lines.extend(textwrap.wrap(
+  lines.append(
+    f'optimizer slots: max abs difference {_fmt_diff(report["final_slots"])}'
+  )
+  lines.extend(
+    textwrap.wrap(
       'The first step includes compilation; the median is over the later '
       'steps; peaks are per process, imports included, read from the '
       'memory log (memory.jsonl: the true peak of each step, and before and '
       'after the steps) where the run writes one (trax_revplus), else from '
       'run_stats.json (stock trax: the process peak RSS, device bytes after '
       'each step); H2D/D2H bytes are counted by trax_revplus only (n/a for '
-      'stock trax). The XLA peak is the step\'s peak device bytes '
+      "stock trax). The XLA peak is the step's peak device bytes "
       'computed from its compiled programs, for the trainer each side ran: '
-      'trax_revplus\'s memory-efficient trainer\'s from its memory log, '
-      'the others\' (stock trax\'s, trax\'s default Trainer) from '
+      "trax_revplus's memory-efficient trainer's from its memory log, "
+      "the others' (stock trax's, trax's default Trainer) from "
       '`trax-revplus estimate` on the same config. No ratio beside a run '
       'that failed.',
-      width=78))
+      width=78,
+    )
+  )
   if accounted and accounted.get('status') == 'failed':
-    lines.append(f'device accounting (estimate): failed, '
-                 f'{accounted["error"]}')
+    lines.append(f'device accounting (estimate): failed, {accounted["error"]}')
   return '\n'.join(lines)

@@ -47,9 +47,20 @@ from trax_revplus.data.streams import TRAIN_COUNTER
 from trax_revplus.data.streams import VOCAB_SIZE
 
 __all__ = [
-    'CorpusError', 'CorpusSettingError', 'DEFAULT_EXCLUDED_DIRS',
-    'CountedStream', 'EVAL_COUNTER', 'LocalTextCorpus', 'PAD_ID',
-    'TRAIN_COUNTER', 'VOCAB_SIZE',
-    'default_corpus_files', 'default_corpus_root', 'load_corpus',
-    'local_text_inputs', 'read_bytes', 'resolve_paths', 'split_files',
+  'CorpusError',
+  'CorpusSettingError',
+  'DEFAULT_EXCLUDED_DIRS',
+  'CountedStream',
+  'EVAL_COUNTER',
+  'LocalTextCorpus',
+  'PAD_ID',
+  'TRAIN_COUNTER',
+  'VOCAB_SIZE',
+  'default_corpus_files',
+  'default_corpus_root',
+  'load_corpus',
+  'local_text_inputs',
+  'read_bytes',
+  'resolve_paths',
+  'split_files',
 ]

@@ -15,8 +15,14 @@ from trax_revplus.data.errors import CorpusSettingError
 # Directory names skipped in the default corpus: third-party code installed
 # next to the standard library, and the stdlib's own test suites (they hold
 # deliberately malformed and binary-ish sources).
-DEFAULT_EXCLUDED_DIRS = ('site-packages', 'dist-packages', '__pycache__',
-                         'test', 'tests', 'idle_test')
+DEFAULT_EXCLUDED_DIRS = (
+  'site-packages',
+  'dist-packages',
+  '__pycache__',
+  'test',
+  'tests',
+  'idle_test',
+)
 
 # Where files are read from: a file, a directory or a glob, or a sequence
 # of them (see `resolve_paths`).
@@ -29,8 +35,9 @@ def default_corpus_root() -> str:
 
 
 def default_corpus_files(
-    root: str | None = None,
-    exclude_dirs: Iterable[str] | None = DEFAULT_EXCLUDED_DIRS) -> list[str]:
+  root: str | None = None,
+  exclude_dirs: Iterable[str] | None = DEFAULT_EXCLUDED_DIRS,
+) -> list[str]:
   """Lists the `*.py` files of the standard library, sorted.
 
   Args:
@@ -48,12 +55,15 @@ def default_corpus_files(
   files: list[str] = []
   for dirpath, dirnames, filenames in os.walk(root):
     dirnames[:] = [d for d in dirnames if d not in excluded]
-    files.extend(os.path.join(dirpath, f)
-                 for f in fnmatch.filter(filenames, '*.py'))
+    files.extend(
+      os.path.join(dirpath, f) for f in fnmatch.filter(filenames, '*.py')
+    )
   if not files:
-    raise CorpusError(f'No *.py files found under the standard library '
-                      f'directory {root!r}; name files with '
-                      f'local_text_inputs.paths.')
+    raise CorpusError(
+      f'No *.py files found under the standard library '
+      f'directory {root!r}; name files with '
+      f'local_text_inputs.paths.'
+    )
   return sorted(files)
 
 
@@ -72,25 +82,31 @@ def resolve_paths(paths: Paths) -> list[str]:
     CorpusError: If `paths` is empty or an entry matches no regular file or
       only empty files.
   """
-  entries = ([paths] if isinstance(paths, (str, os.PathLike))
-             else list(paths or ()))
+  entries = (
+    [paths] if isinstance(paths, (str, os.PathLike)) else list(paths or ())
+  )
   if not entries:
-    raise CorpusSettingError('local_text_inputs.paths is empty; give at least '
-                             'one file, directory or glob, or None for the '
-                             'default corpus.')
+    raise CorpusSettingError(
+      'local_text_inputs.paths is empty; give at least '
+      'one file, directory or glob, or None for the '
+      'default corpus.'
+    )
   files: set[str] = set()
   for entry in entries:
     pattern = os.path.expanduser(os.fspath(entry))
     if os.path.isdir(pattern):
-      matched = [os.path.join(d, f)
-                 for d, _, names in os.walk(pattern) for f in names]
+      matched = [
+        os.path.join(d, f) for d, _, names in os.walk(pattern) for f in names
+      ]
     else:
       matched = glob.glob(pattern, recursive=True)
     matched = [os.path.abspath(m) for m in matched if os.path.isfile(m)]
     if not matched:
-      raise CorpusError(f'Path or glob {entry!r} matches no file; check the '
-                        f'spelling or the working directory '
-                        f'({os.getcwd()!r}).')
+      raise CorpusError(
+        f'Path or glob {entry!r} matches no file; check the '
+        f'spelling or the working directory '
+        f'({os.getcwd()!r}).'
+      )
     if not any(os.path.getsize(m) for m in matched):
       raise CorpusError(f'Path or glob {entry!r} matches only empty files.')
     files.update(matched)
@@ -113,7 +129,7 @@ def read_bytes(files: Sequence[str]) -> np.ndarray:
   for path, size in zip(files, sizes):
     with open(path, 'rb') as f:
       # A file may shrink between getsize and read; keep what was read.
-      position += f.readinto(view[position:position + size])
+      position += f.readinto(view[position : position + size])
   return buffer[:position]
 
 
@@ -123,8 +139,9 @@ def _split_score(relative_path: str, seed: int) -> float:
   return int.from_bytes(digest[:8], 'big') / 2.0**64
 
 
-def split_files(files: Iterable[str], eval_fraction: float, seed: int = 0
-                ) -> tuple[list[str], list[str]]:
+def split_files(
+  files: Iterable[str], eval_fraction: float, seed: int = 0
+) -> tuple[list[str], list[str]]:
   """Assigns whole files to train or eval, deterministically.
 
   The assignment of a file depends only on its path relative to the files'
@@ -146,14 +163,16 @@ def split_files(files: Iterable[str], eval_fraction: float, seed: int = 0
   files = sorted(files)
   if len(files) < 2:
     raise CorpusError(
-        f'{len(files)} file(s) matched, but a per-file train/eval split needs '
-        f'at least 2. Set local_text_inputs.split_by = "bytes" (eval is the '
-        f'last eval_fraction of the bytes) or name eval files with '
-        f'local_text_inputs.eval_paths.')
+      f'{len(files)} file(s) matched, but a per-file train/eval split needs '
+      f'at least 2. Set local_text_inputs.split_by = "bytes" (eval is the '
+      f'last eval_fraction of the bytes) or name eval files with '
+      f'local_text_inputs.eval_paths.'
+    )
   root = os.path.commonpath(files)
   scored = sorted(
-      (_split_score(os.path.relpath(f, root).replace(os.sep, '/'), seed), f)
-      for f in files)
+    (_split_score(os.path.relpath(f, root).replace(os.sep, '/'), seed), f)
+    for f in files
+  )
   n_eval = sum(1 for score, _ in scored if score < eval_fraction)
   n_eval = min(max(n_eval, 1), len(files) - 1)
   eval_files = sorted(f for _, f in scored[:n_eval])

@@ -23,20 +23,27 @@ _SPLITS = ('file', 'bytes')
 
 def _check_positive_int(name: str, value: object) -> None:
   if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-    raise CorpusSettingError(f'local_text_inputs.{name} must be an int, got '
-                      f'{value!r}.')
+    raise CorpusSettingError(
+      f'local_text_inputs.{name} must be an int, got {value!r}.'
+    )
   if value < 1:
     raise CorpusSettingError(
-        f'local_text_inputs.{name} must be >= 1, got {value}.')
+      f'local_text_inputs.{name} must be >= 1, got {value}.'
+    )
 
 
-def load_corpus(paths: Paths | None = None, eval_paths: Paths | None = None,
-                sequence_length: int = 256, batch_size: int = 8,
-                eval_batch_size: int | None = None,
-                eval_fraction: float = 0.1, split_by: str = 'file',
-                eval_cycle_batches: int | None = None,
-                exclude_dirs: Iterable[str] | None = DEFAULT_EXCLUDED_DIRS,
-                seed: int = 0) -> LocalTextCorpus:
+def load_corpus(
+  paths: Paths | None = None,
+  eval_paths: Paths | None = None,
+  sequence_length: int = 256,
+  batch_size: int = 8,
+  eval_batch_size: int | None = None,
+  eval_fraction: float = 0.1,
+  split_by: str = 'file',
+  eval_cycle_batches: int | None = None,
+  exclude_dirs: Iterable[str] | None = DEFAULT_EXCLUDED_DIRS,
+  seed: int = 0,
+) -> LocalTextCorpus:
   """Reads the corpus and returns a `LocalTextCorpus`; see local_text_inputs.
 
   Raises:
@@ -49,16 +56,23 @@ def load_corpus(paths: Paths | None = None, eval_paths: Paths | None = None,
   _check_positive_int('eval_batch_size', eval_batch_size)
   if eval_cycle_batches is not None:
     _check_positive_int('eval_cycle_batches', eval_cycle_batches)
-  if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or (
-      seed < 0):
-    raise CorpusSettingError(f'local_text_inputs.seed must be an int >= 0, got '
-                      f'{seed!r}.')
+  if (
+    isinstance(seed, bool)
+    or not isinstance(seed, (int, np.integer))
+    or (seed < 0)
+  ):
+    raise CorpusSettingError(
+      f'local_text_inputs.seed must be an int >= 0, got {seed!r}.'
+    )
   if split_by not in _SPLITS:
-    raise CorpusSettingError(f'local_text_inputs.split_by must be one of '
-                             f'{_SPLITS}, got {split_by!r}.')
+    raise CorpusSettingError(
+      f'local_text_inputs.split_by must be one of {_SPLITS}, got {split_by!r}.'
+    )
   if eval_paths is None and not 0.0 < eval_fraction < 1.0:
-    raise CorpusSettingError(f'local_text_inputs.eval_fraction must be in '
-                             f'(0, 1), got {eval_fraction!r}.')
+    raise CorpusSettingError(
+      f'local_text_inputs.eval_fraction must be in '
+      f'(0, 1), got {eval_fraction!r}.'
+    )
 
   if paths is None:
     files = default_corpus_files(exclude_dirs=exclude_dirs)
@@ -81,28 +95,50 @@ def load_corpus(paths: Paths | None = None, eval_paths: Paths | None = None,
 
   if train_bytes.shape[0] < sequence_length:
     raise CorpusError(
-        f'The train split of {described} has {train_bytes.shape[0]} bytes, '
-        f'fewer than sequence_length = {sequence_length}; name more or '
-        f'larger files, or shorten the sequences.')
+      f'The train split of {described} has {train_bytes.shape[0]} bytes, '
+      f'fewer than sequence_length = {sequence_length}; name more or '
+      f'larger files, or shorten the sequences.'
+    )
   if eval_bytes.shape[0] == 0:
-    raise CorpusError(f'The eval split of {described} is empty (only empty '
-                      f'files); name non-empty files.')
-  logging.info('local_text_inputs: train %d files, %d bytes; eval %d files, '
-               '%d bytes (from %s).', len(train_files), train_bytes.shape[0],
-               len(eval_files), eval_bytes.shape[0], described)
-  return LocalTextCorpus(train_bytes, eval_bytes, train_files, eval_files,
-                         sequence_length, batch_size, eval_batch_size,
-                         eval_cycle_batches, seed)
+    raise CorpusError(
+      f'The eval split of {described} is empty (only empty '
+      f'files); name non-empty files.'
+    )
+  logging.info(
+    'local_text_inputs: train %d files, %d bytes; eval %d files, '
+    '%d bytes (from %s).',
+    len(train_files),
+    train_bytes.shape[0],
+    len(eval_files),
+    eval_bytes.shape[0],
+    described,
+  )
+  return LocalTextCorpus(
+    train_bytes,
+    eval_bytes,
+    train_files,
+    eval_files,
+    sequence_length,
+    batch_size,
+    eval_batch_size,
+    eval_cycle_batches,
+    seed,
+  )
 
 
 @gin.configurable(module='trax_revplus.data')
 def local_text_inputs(
-    paths: Paths | None = None, eval_paths: Paths | None = None,
-    sequence_length: int = 256, batch_size: int = 8,
-    eval_batch_size: int | None = None, eval_fraction: float = 0.1,
-    split_by: str = 'file', eval_cycle_batches: int | None = None,
-    exclude_dirs: Iterable[str] | None = DEFAULT_EXCLUDED_DIRS,
-    seed: int = 0) -> trax_inputs.Inputs:
+  paths: Paths | None = None,
+  eval_paths: Paths | None = None,
+  sequence_length: int = 256,
+  batch_size: int = 8,
+  eval_batch_size: int | None = None,
+  eval_fraction: float = 0.1,
+  split_by: str = 'file',
+  eval_cycle_batches: int | None = None,
+  exclude_dirs: Iterable[str] | None = DEFAULT_EXCLUDED_DIRS,
+  seed: int = 0,
+) -> trax_inputs.Inputs:
   """Byte-level LM inputs from local text files, for `train.inputs`.
 
   Plays the role of `trax.data.inputs.batcher` (with an LM `data_streams`)
@@ -147,11 +183,18 @@ def local_text_inputs(
       (when a stream is made) a batch size is not divisible by the device
       count (for the train batch: of all processes).
   """
-  corpus = load_corpus(paths=paths, eval_paths=eval_paths,
-                       sequence_length=sequence_length, batch_size=batch_size,
-                       eval_batch_size=eval_batch_size,
-                       eval_fraction=eval_fraction, split_by=split_by,
-                       eval_cycle_batches=eval_cycle_batches,
-                       exclude_dirs=exclude_dirs, seed=seed)
-  return trax_inputs.Inputs(train_stream=corpus.train_stream,
-                            eval_stream=corpus.eval_stream)
+  corpus = load_corpus(
+    paths=paths,
+    eval_paths=eval_paths,
+    sequence_length=sequence_length,
+    batch_size=batch_size,
+    eval_batch_size=eval_batch_size,
+    eval_fraction=eval_fraction,
+    split_by=split_by,
+    eval_cycle_batches=eval_cycle_batches,
+    exclude_dirs=exclude_dirs,
+    seed=seed,
+  )
+  return trax_inputs.Inputs(
+    train_stream=corpus.train_stream, eval_stream=corpus.eval_stream
+  )

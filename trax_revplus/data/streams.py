@@ -31,8 +31,9 @@ TokenBatch = tuple[HostArray, HostArray, HostArray]
 def _check_divisible(name: str, batch_size: int, n_devices: int) -> None:
   if batch_size % n_devices:
     raise CorpusSettingError(
-        f'local_text_inputs.{name} = {batch_size} is not divisible by the '
-        f'{n_devices} devices; choose a multiple of {n_devices}.')
+      f'local_text_inputs.{name} = {batch_size} is not divisible by the '
+      f'{n_devices} devices; choose a multiple of {n_devices}.'
+    )
 
 
 def _this_process() -> tuple[int, int]:
@@ -40,29 +41,40 @@ def _this_process() -> tuple[int, int]:
   return jax.process_index(), jax.process_count()
 
 
-def _check_process_split(batch_size: int, n_devices: int,
-                         process_index: int, process_count: int) -> None:
+def _check_process_split(
+  batch_size: int, n_devices: int, process_index: int, process_count: int
+) -> None:
   """Checks that the global batch splits over processes, then devices."""
-  for name, value, low in (('process_count', process_count, 1),
-                           ('process_index', process_index, 0)):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or (
-        value < low):
+  for name, value, low in (
+    ('process_count', process_count, 1),
+    ('process_index', process_index, 0),
+  ):
+    if (
+      isinstance(value, bool)
+      or not isinstance(value, (int, np.integer))
+      or (value < low)
+    ):
       raise CorpusSettingError(
-          f'{name} must be an int >= {low}, got {value!r}.')
+        f'{name} must be an int >= {low}, got {value!r}.'
+      )
   if process_index >= process_count:
-    raise CorpusSettingError(f'process_index = {process_index} is not below '
-                      f'process_count = {process_count}.')
+    raise CorpusSettingError(
+      f'process_index = {process_index} is not below '
+      f'process_count = {process_count}.'
+    )
   total = n_devices * process_count
   if batch_size % total:
     raise CorpusSettingError(
-        f'local_text_inputs.batch_size = {batch_size} (the global batch) is '
-        f'not divisible by the {total} devices of the run ({process_count} '
-        f'processes x {n_devices} local devices); choose a multiple of '
-        f'{total}.')
+      f'local_text_inputs.batch_size = {batch_size} (the global batch) is '
+      f'not divisible by the {total} devices of the run ({process_count} '
+      f'processes x {n_devices} local devices); choose a multiple of '
+      f'{total}.'
+    )
 
 
-def _batch(buffer: HostArray, offsets: HostArray,
-           sequence_length: int) -> TokenBatch:
+def _batch(
+  buffer: HostArray, offsets: HostArray, sequence_length: int
+) -> TokenBatch:
   """Gathers windows of `buffer` at `offsets`; zero-pads past its end.
 
   Returns:
@@ -92,8 +104,7 @@ class CountedStream:
       the eval batches a step's evals take after its checkpoint).
   """
 
-  def __init__(self, data_counter: str,
-               batch_fn: Callable[[int], TokenBatch]):
+  def __init__(self, data_counter: str, batch_fn: Callable[[int], TokenBatch]):
     self.data_counter = data_counter
     self._batch_fn = batch_fn
     self._index = 0
@@ -103,8 +114,9 @@ class CountedStream:
     return self
 
   def __next__(self) -> TokenBatch:
-    self._index = max(self._index,
-                      trax_inputs.data_counters.get(self.data_counter, 0))
+    self._index = max(
+      self._index, trax_inputs.data_counters.get(self.data_counter, 0)
+    )
     batch = self._batch_fn(self._index)
     self._index += 1
     trax_inputs.data_counters[self.data_counter] = self._index
@@ -122,10 +134,18 @@ class LocalTextCorpus:
       split_by="bytes" the same as train_files.
   """
 
-  def __init__(self, train_bytes: HostArray, eval_bytes: HostArray,
-               train_files: list[str], eval_files: list[str],
-               sequence_length: int, batch_size: int, eval_batch_size: int,
-               eval_cycle_batches: int | None, seed: int):
+  def __init__(
+    self,
+    train_bytes: HostArray,
+    eval_bytes: HostArray,
+    train_files: list[str],
+    eval_files: list[str],
+    sequence_length: int,
+    batch_size: int,
+    eval_batch_size: int,
+    eval_cycle_batches: int | None,
+    seed: int,
+  ):
     self.train_bytes = train_bytes
     self.eval_bytes = eval_bytes
     self.train_files = train_files
@@ -145,8 +165,12 @@ class LocalTextCorpus:
       last = max(length - sequence_length, 0)
       self._eval_offsets = np.linspace(0, last, n_windows).astype(np.int64)
 
-  def train_stream(self, n_devices: int, process_index: int | None = None,
-                   process_count: int | None = None) -> CountedStream:
+  def train_stream(
+    self,
+    n_devices: int,
+    process_index: int | None = None,
+    process_count: int | None = None,
+  ) -> CountedStream:
     """Returns an endless iterator of random training windows.
 
     Mirrors the stream functions of `trax.data.inputs.Inputs`. In a
@@ -182,14 +206,17 @@ class LocalTextCorpus:
       process_index = this_index if process_index is None else process_index
       process_count = this_count if process_count is None else process_count
     _check_divisible('batch_size', self._batch_size, n_devices)
-    _check_process_split(self._batch_size, n_devices, process_index,
-                         process_count)
+    _check_process_split(
+      self._batch_size, n_devices, process_index, process_count
+    )
     return CountedStream(
-        TRAIN_COUNTER,
-        lambda index: self.train_batch(index, process_index, process_count))
+      TRAIN_COUNTER,
+      lambda index: self.train_batch(index, process_index, process_count),
+    )
 
-  def train_batch(self, index: int, process_index: int = 0,
-                  process_count: int = 1) -> TokenBatch:
+  def train_batch(
+    self, index: int, process_index: int = 0, process_count: int = 1
+  ) -> TokenBatch:
     """Returns training batch number `index` (int >= 0) of the stream.
 
     Args:
@@ -206,7 +233,7 @@ class LocalTextCorpus:
     rng = np.random.default_rng([self._seed, index])
     offsets = rng.integers(0, high, size=self._batch_size)
     rows = self._batch_size // process_count
-    offsets = offsets[process_index * rows:(process_index + 1) * rows]
+    offsets = offsets[process_index * rows : (process_index + 1) * rows]
     return _batch(self.train_bytes, offsets, self._sequence_length)
 
   def eval_stream(self, n_devices: int) -> CountedStream:
@@ -247,5 +274,6 @@ class LocalTextCorpus:
     """
     offsets = self._eval_offsets
     take = index * self._eval_batch_size + np.arange(self._eval_batch_size)
-    return _batch(self.eval_bytes, offsets[take % len(offsets)],
-                  self._sequence_length)
+    return _batch(
+      self.eval_bytes, offsets[take % len(offsets)], self._sequence_length
+    )

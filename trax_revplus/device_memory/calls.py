@@ -68,9 +68,13 @@ class Programs:
   def __contains__(self, key: Hashable) -> bool:
     return key in self._outputs
 
-  def add_traced(self, key: Hashable, fn: Callable,
-                 traced: jax.stages.Traced,
-                 compiled: concurrent.futures.Future) -> None:
+  def add_traced(
+    self,
+    key: Hashable,
+    fn: Callable,
+    traced: jax.stages.Traced,
+    compiled: concurrent.futures.Future,
+  ) -> None:
     """Adds the program of `key`: `fn` traced for the call, and the future
     of its `jax.stages.Compiled` (raising what compiling raised)."""
     self._outputs[key] = traced.out_info
@@ -96,10 +100,12 @@ class Programs:
       # Traced (or lowered) apart from compiling: only the backend's
       # compilation of the program can refuse it.
       staged: jax.stages.Traced | jax.stages.Lowered = (
-          fn.trace(*args) if hasattr(fn, 'trace') else fn.lower(*args))
+        fn.trace(*args) if hasattr(fn, 'trace') else fn.lower(*args)
+      )
       try:
-        compiled = (staged.lower() if isinstance(staged, jax.stages.Traced)
-                    else staged).compile()
+        compiled = (
+          staged.lower() if isinstance(staged, jax.stages.Traced) else staged
+        ).compile()
       except Exception as e:  # pylint: disable=broad-except
         self._failed[key] = refusals.compile_failure(e)
         raise self._failed[key] from None
@@ -107,9 +113,12 @@ class Programs:
       self._outputs[key] = staged.out_info
       self._functions[key] = fn
       self._analyses[key] = program_lib.Analysis(
-          memory, staged.out_info,
-          program_lib.kept_arguments(compiled, args, memory)
-          if hasattr(fn, 'trace') else None)
+        memory,
+        staged.out_info,
+        program_lib.kept_arguments(compiled, args, memory)
+        if hasattr(fn, 'trace')
+        else None,
+      )
     return key
 
   def outputs(self, key: Hashable) -> PyTree:
@@ -141,13 +150,16 @@ class Programs:
         raise self._failed[key] from None
       memory = program_lib.ProgramMemory.from_compiled(compiled)
       self._analyses[key] = program_lib.Analysis(
-          memory, self._outputs[key],
-          program_lib.kept_arguments(compiled, args, memory))
+        memory,
+        self._outputs[key],
+        program_lib.kept_arguments(compiled, args, memory),
+      )
     return self._analyses[key]
 
 
 class _Noted(NamedTuple):
   """One call as a walk met it."""
+
   name: str
   phase: str
   key: Hashable
@@ -184,8 +196,9 @@ class StepCalls:
       CPU backend, else 0.
   """
 
-  def __init__(self, programs: Programs | None = None,
-               devices_on_host: int = 0):
+  def __init__(
+    self, programs: Programs | None = None, devices_on_host: int = 0
+  ):
     self.programs = Programs() if programs is None else programs
     self.on_device: set[int] = set()
     self.devices_on_host = devices_on_host
@@ -199,13 +212,25 @@ class StepCalls:
   def host(self, tree: PyTree) -> PyTree:
     """A copy of `tree` with new abstract leaves, not on the device."""
     return jax.tree_util.tree_map(
-        lambda x: jax.ShapeDtypeStruct(
-            x.shape, x.dtype, weak_type=getattr(x, 'weak_type', False))
-        if hasattr(x, 'shape') else x, tree)
+      lambda x: (
+        jax.ShapeDtypeStruct(
+          x.shape, x.dtype, weak_type=getattr(x, 'weak_type', False)
+        )
+        if hasattr(x, 'shape')
+        else x
+      ),
+      tree,
+    )
 
-  def note(self, name: str, phase: str, key: Hashable, args: tuple,
-           held: list[tuple[str, PyTree]],
-           host_held: Sequence[tuple[str, PyTree]] = ()) -> None:
+  def note(
+    self,
+    name: str,
+    phase: str,
+    key: Hashable,
+    args: tuple,
+    held: list[tuple[str, PyTree]],
+    host_held: Sequence[tuple[str, PyTree]] = (),
+  ) -> None:
     """Records one call of the program of `key` with `args`.
 
     Args:
@@ -217,14 +242,26 @@ class StepCalls:
       host_held: list of (part name, pytree) on the host across the call,
         read now.
     """
-    self._noted.append(_Noted(
-        name, phase, key, args,
+    self._noted.append(
+      _Noted(
+        name,
+        phase,
+        key,
+        args,
         [(part, _leaves(tree)) for part, tree in held],
-        [(part, _leaves(tree)) for part, tree in host_held]))
+        [(part, _leaves(tree)) for part, tree in host_held],
+      )
+    )
 
-  def call(self, name: str, phase: str, fn: Lowerable, args: tuple,
-           held: Sequence[tuple[str, PyTree]],
-           host_held: Sequence[tuple[str, PyTree]] = ()) -> PyTree:
+  def call(
+    self,
+    name: str,
+    phase: str,
+    fn: Lowerable,
+    args: tuple,
+    held: Sequence[tuple[str, PyTree]],
+    host_held: Sequence[tuple[str, PyTree]] = (),
+  ) -> PyTree:
     """Compiles jitted `fn` for `args` (once per call key) and notes the
     call.
 
@@ -247,13 +284,15 @@ class StepCalls:
       As `Programs.analyzed` otherwise.
     """
     on_device = [
-        (part, [x for x in _leaves(tree) if id(x) in self.on_device])
-        for part, tree in held]
+      (part, [x for x in _leaves(tree) if id(x) in self.on_device])
+      for part, tree in held
+    ]
     try:
       key = self.programs.analyzed(fn, args)
     except refusals.ProgramCompileError as e:
-      raise e.named(name, sum(h.size_bytes for h in composition.held_parts(
-          on_device, ()))) from None
+      raise e.named(
+        name, sum(h.size_bytes for h in composition.held_parts(on_device, ()))
+      ) from None
     self.note(name, phase, key, args, on_device, host_held)
     # New leaves per call.
     return self.device(self.host(self.programs.outputs(key)))
@@ -280,25 +319,34 @@ class StepCalls:
         analysis = self.programs.analysis(noted.key, noted.args)
       except refusals.ProgramCompileError as e:
         held = composition.held_parts(noted.held, ())
-        failed.append((noted.name, e.named(
-            noted.name, sum(h.size_bytes for h in held))))
+        failed.append(
+          (noted.name, e.named(noted.name, sum(h.size_bytes for h in held)))
+        )
         continue
       call = composition.Call(
-          noted.name, noted.phase, analysis.memory,
-          composition.held_parts(noted.held, noted.args, analysis.kept),
-          composition.held_parts(noted.host_held, (), whole=True),
-          self.devices_on_host)
+        noted.name,
+        noted.phase,
+        analysis.memory,
+        composition.held_parts(noted.held, noted.args, analysis.kept),
+        composition.held_parts(noted.host_held, (), whole=True),
+        self.devices_on_host,
+      )
       least = max(least, call.device_bytes)
       calls.append(call)
-    other = [e for _, e in failed
-             if not isinstance(e, refusals.ProgramOutOfMemoryError)]
+    other = [
+      e
+      for _, e in failed
+      if not isinstance(e, refusals.ProgramOutOfMemoryError)
+    ]
     if other:
       raise other[0]
-    refused = [e for _, e in failed
-               if isinstance(e, refusals.ProgramOutOfMemoryError)]
+    refused = [
+      e for _, e in failed if isinstance(e, refusals.ProgramOutOfMemoryError)
+    ]
     if refused:
-      raise refused[0].named(failed[0][0], max(
-          [least] + [e.least_bytes or 0 for e in refused]))
+      raise refused[0].named(
+        failed[0][0], max([least] + [e.least_bytes or 0 for e in refused])
+      )
     return calls
 
   def memory(self) -> composition.StepMemory:

@@ -61,6 +61,7 @@ class Held:
     passed_bytes: how many of them the call also takes as (kept)
       arguments, so that they are not counted twice.
   """
+
   name: str
   size_bytes: int
   passed_bytes: int = 0
@@ -68,8 +69,9 @@ class Held:
   def __post_init__(self):
     if self.size_bytes < 0 or not 0 <= self.passed_bytes <= self.size_bytes:
       raise ValueError(
-          f'held {self.name!r}: need 0 <= passed_bytes <= size_bytes, got '
-          f'{self.passed_bytes} and {self.size_bytes}.')
+        f'held {self.name!r}: need 0 <= passed_bytes <= size_bytes, got '
+        f'{self.passed_bytes} and {self.size_bytes}.'
+      )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +90,7 @@ class Call:
       buffers in host memory (the CPU backend's), so that the call's
       device bytes count on the host that many times; 0 on accelerators.
   """
+
   name: str
   phase: str
   program: program_lib.ProgramMemory
@@ -101,9 +104,10 @@ class Call:
     object.__setattr__(self, 'host_held', tuple(self.host_held))
     if self.passed_bytes > self.program.argument_bytes:
       raise AccountingError(
-          f'call {self.name!r}: held arrays passed to it hold '
-          f'{self.passed_bytes} bytes, more than its program\'s '
-          f'{self.program.argument_bytes} argument bytes.')
+        f'call {self.name!r}: held arrays passed to it hold '
+        f"{self.passed_bytes} bytes, more than its program's "
+        f'{self.program.argument_bytes} argument bytes.'
+      )
 
   @property
   def held_bytes(self) -> int:
@@ -124,15 +128,22 @@ class Call:
   def device_bytes(self) -> int:
     """Device bytes in use during the call (see the module docstring)."""
     p = self.program
-    return (self.held_bytes + self.fresh_argument_bytes + p.output_bytes +
-            p.temp_bytes - p.alias_bytes)
+    return (
+      self.held_bytes
+      + self.fresh_argument_bytes
+      + p.output_bytes
+      + p.temp_bytes
+      - p.alias_bytes
+    )
 
   @property
   def host_bytes(self) -> int:
     """Host bytes in use during the call, for the whole process (see the
     module docstring)."""
-    return (sum(h.size_bytes for h in self.host_held) +
-            self.device_bytes * self.devices_on_host)
+    return (
+      sum(h.size_bytes for h in self.host_held)
+      + self.device_bytes * self.devices_on_host
+    )
 
   def host_parts(self) -> dict:
     """`host_bytes` by part: each host part, then the devices' buffers
@@ -142,7 +153,8 @@ class Call:
       parts[h.name] = parts.get(h.name, 0) + h.size_bytes
     if self.devices_on_host:
       parts['device buffers (host memory here)'] = (
-          self.device_bytes * self.devices_on_host)
+        self.device_bytes * self.devices_on_host
+      )
     return parts
 
   def parts(self) -> dict:
@@ -166,6 +178,7 @@ class StepMemory:
   Attributes:
     calls: the step's calls in the order it runs them.
   """
+
   calls: tuple
 
   def __post_init__(self):
@@ -217,19 +230,26 @@ class StepMemory:
   def describe(self) -> str:
     """One line: the peak, its call and what it is made of (MiB)."""
     call = self.peak_call
-    return (f'peak {format_bytes(self.peak_device_bytes)} in {call.name} '
-            f'({call.phase}): {_listed(call.parts())} MiB')
+    return (
+      f'peak {format_bytes(self.peak_device_bytes)} in {call.name} '
+      f'({call.phase}): {_listed(call.parts())} MiB'
+    )
 
   def describe_host(self) -> str:
     """One line: the host's peak, its call and what it is made of (MiB)."""
     call = self.peak_host_call
-    return (f'host peak {format_bytes(self.peak_host_bytes)} in {call.name} '
-            f'({call.phase}): {_listed(call.host_parts())} MiB')
+    return (
+      f'host peak {format_bytes(self.peak_host_bytes)} in {call.name} '
+      f'({call.phase}): {_listed(call.host_parts())} MiB'
+    )
 
 
 def _listed(parts: dict) -> str:
-  return ', '.join(f'{name} {format_bytes(nbytes, suffix=False)}'
-                   for name, nbytes in parts.items() if nbytes)
+  return ', '.join(
+    f'{name} {format_bytes(nbytes, suffix=False)}'
+    for name, nbytes in parts.items()
+    if nbytes
+  )
 
 
 def devices_on_host(platform: str, n_devices: int) -> int:
@@ -243,10 +263,13 @@ def compose(calls: Sequence[Call]) -> StepMemory:
   return StepMemory(tuple(calls))
 
 
-def held_parts(held: Sequence[tuple[str, Any]], args: Any,
-               kept: Any | None = None,
-               on_device: Callable[[Any], bool] | None = None,
-               whole: bool = False) -> list[Held]:
+def held_parts(
+  held: Sequence[tuple[str, Any]],
+  args: Any,
+  kept: Any | None = None,
+  on_device: Callable[[Any], bool] | None = None,
+  whole: bool = False,
+) -> list[Held]:
   """`Held` parts of what a step holds across one call.
 
   Args:
@@ -265,8 +288,11 @@ def held_parts(held: Sequence[tuple[str, Any]], args: Any,
     leaves the call also takes as kept arguments counted as passed.
   """
   arg_leaves = jax.tree_util.tree_leaves(args)
-  flags = ([True] * len(arg_leaves) if kept is None
-           else jax.tree_util.tree_leaves(kept))
+  flags = (
+    [True] * len(arg_leaves)
+    if kept is None
+    else jax.tree_util.tree_leaves(kept)
+  )
   passed_ids = {id(x) for x, k in zip(arg_leaves, flags) if k}
   parts, seen = [], set()
   for name, tree in held:
@@ -274,13 +300,18 @@ def held_parts(held: Sequence[tuple[str, Any]], args: Any,
     for x in jax.tree_util.tree_leaves(tree):
       # One array may be listed many times, in one part too (the optimizer
       # hyperparameters that equal optimizers share): it is held once.
-      if (hasattr(x, 'shape') and hasattr(x, 'dtype') and
-          id(x) not in seen and (on_device is None or on_device(x))):
+      if (
+        hasattr(x, 'shape')
+        and hasattr(x, 'dtype')
+        and id(x) not in seen
+        and (on_device is None or on_device(x))
+      ):
         seen.add(id(x))
         leaves.append(x)
     size = sum(program_lib.leaf_bytes(x, whole) for x in leaves)
-    passed = sum(program_lib.leaf_bytes(x, whole) for x in leaves
-                 if id(x) in passed_ids)
+    passed = sum(
+      program_lib.leaf_bytes(x, whole) for x in leaves if id(x) in passed_ids
+    )
     if size:
       parts.append(Held(name, size, passed))
   return parts

@@ -33,9 +33,12 @@ if TYPE_CHECKING:  # Annotations only: accounting does not import trax.
   from trax import optimizers as trax_optimizers
 
 
-def update_call_args(trainer: 'trax_optimizers.Trainer', batch: PyTree,
-                     rng: PRNGKey | jax.ShapeDtypeStruct | None = None,
-                     step: int = 1) -> tuple:
+def update_call_args(
+  trainer: 'trax_optimizers.Trainer',
+  batch: PyTree,
+  rng: PRNGKey | jax.ShapeDtypeStruct | None = None,
+  step: int = 1,
+) -> tuple:
   """The (abstract) arguments `trainer.one_step(batch, rng, step)` passes
   its compiled update function on one device.
 
@@ -53,18 +56,25 @@ def update_call_args(trainer: 'trax_optimizers.Trainer', batch: PyTree,
   model = trainer.accelerated_model_with_loss
   if rng is None:
     rng = jax.ShapeDtypeStruct((2,), np.uint32)
-  return ((program_lib.abstract(model.weights),
-           program_lib.abstract(trainer_door.default_trainer_slots(trainer))),
-          step, program_lib.abstract(
-              trainer_door.default_trainer_opt_params(trainer)),
-          program_lib.abstract(batch), program_lib.abstract(model.state),
-          program_lib.abstract(rng))
+  return (
+    (
+      program_lib.abstract(model.weights),
+      program_lib.abstract(trainer_door.default_trainer_slots(trainer)),
+    ),
+    step,
+    program_lib.abstract(trainer_door.default_trainer_opt_params(trainer)),
+    program_lib.abstract(batch),
+    program_lib.abstract(model.state),
+    program_lib.abstract(rng),
+  )
 
 
-def default_trainer_step(trainer: 'trax_optimizers.Trainer', batch: PyTree,
-                         rng: PRNGKey | jax.ShapeDtypeStruct | None = None,
-                         step: int = 1
-                         ) -> composition.StepMemory:
+def default_trainer_step(
+  trainer: 'trax_optimizers.Trainer',
+  batch: PyTree,
+  rng: PRNGKey | jax.ShapeDtypeStruct | None = None,
+  step: int = 1,
+) -> composition.StepMemory:
   """Composes the device memory of one step of trax's default Trainer.
 
   Lowers and compiles the program `trainer.one_step` runs (nothing is
@@ -96,10 +106,11 @@ def default_trainer_step(trainer: 'trax_optimizers.Trainer', batch: PyTree,
   n = trainer_door.n_devices(trainer)
   if n != 1:
     raise composition.UnsupportedTrainerError(
-        f'trax Trainer with n_devices={n}: its multi-device step needs '
-        f'jax.device_put_replicated and jax.pmap of arrays committed to the '
-        f'CPU, which current JAX removed or rejects; accounted on one device '
-        f'only.')
+      f'trax Trainer with n_devices={n}: its multi-device step needs '
+      f'jax.device_put_replicated and jax.pmap of arrays committed to the '
+      f'CPU, which current JAX removed or rejects; accounted on one device '
+      f'only.'
+    )
   args = update_call_args(trainer, batch, rng, step)
   fn = trainer_door.default_trainer_update_fn(trainer)
   name = 'update (forward, backward, optimizer)'
@@ -114,25 +125,37 @@ def default_trainer_step(trainer: 'trax_optimizers.Trainer', batch: PyTree,
   (weights, slots), _, opt_params, _, state, _ = args
   (kept_w, kept_s), _, kept_p, _, kept_st, _ = kept
   held = []
-  for name, tree, k in (('weights', weights, kept_w), ('slots', slots, kept_s),
-                        ('state', state, kept_st),
-                        ('optimizer hyperparameters', opt_params, kept_p)):
-    held.append(composition.Held(name, program_lib.tree_bytes(tree),
-                                 program_lib.tree_bytes(tree, k)))
+  for name, tree, k in (
+    ('weights', weights, kept_w),
+    ('slots', slots, kept_s),
+    ('state', state, kept_st),
+    ('optimizer hyperparameters', opt_params, kept_p),
+  ):
+    held.append(
+      composition.Held(
+        name, program_lib.tree_bytes(tree), program_lib.tree_bytes(tree, k)
+      )
+    )
   # The host holds the batch; where the device is the host's memory (CPU),
   # the device's buffers too.
   host_held = composition.held_parts(
-      [('batch', program_lib.host_types(batch))], (), whole=True)
+    [('batch', program_lib.host_types(batch))], (), whole=True
+  )
   call = composition.Call(
-      name, 'step', analysis.memory, tuple(held), tuple(host_held),
-      composition.devices_on_host(jax.default_backend(), 1))
+    name,
+    'step',
+    analysis.memory,
+    tuple(held),
+    tuple(host_held),
+    composition.devices_on_host(jax.default_backend(), 1),
+  )
   return composition.compose([call])
 
 
-def weights_and_slots_bytes(trainer: 'trax_optimizers.Trainer'
-                            ) -> tuple[int, int]:
+def weights_and_slots_bytes(
+  trainer: 'trax_optimizers.Trainer',
+) -> tuple[int, int]:
   """(weights bytes, slots bytes) of the model and optimizer, one copy."""
   weights = trainer.model_with_loss.weights
   slots = trainer.optimizer.slots
   return program_lib.tree_bytes(weights), program_lib.tree_bytes(slots)
-

@@ -21,12 +21,24 @@ _UNITS = {'': 1, 'B': 1, 'K': 2**10, 'M': 2**20, 'G': 2**30, 'T': 2**40}
 _SIZE = r'(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?'
 # (pattern, which group is asked, which is available); sizes as _SIZE.
 _FORMS = (
-    (re.compile(rf'Used {_SIZE} of {_SIZE}', re.I), 0, 1),
-    (re.compile(rf'required for [\w ]+\({_SIZE}\) exceeds available '
-                rf'[\w ]*\({_SIZE}\)', re.I), 0, 1),
-    (re.compile(rf'allocate {_SIZE}\b.*?There (?:are|is) {_SIZE} free',
-                re.I | re.S), 0, 1),
-    (re.compile(r'allocate (\d+)() bytes', re.I), 0, None),
+  (re.compile(rf'Used {_SIZE} of {_SIZE}', re.I), 0, 1),
+  (
+    re.compile(
+      rf'required for [\w ]+\({_SIZE}\) exceeds available '
+      rf'[\w ]*\({_SIZE}\)',
+      re.I,
+    ),
+    0,
+    1,
+  ),
+  (
+    re.compile(
+      rf'allocate {_SIZE}\b.*?There (?:are|is) {_SIZE} free', re.I | re.S
+    ),
+    0,
+    1,
+  ),
+  (re.compile(r'allocate (\d+)() bytes', re.I), 0, None),
 )
 
 
@@ -39,6 +51,7 @@ class Shortfall:
       message does not say.
     available_bytes: bytes the device had for it, or None.
   """
+
   asked_bytes: int | None = None
   available_bytes: int | None = None
 
@@ -49,7 +62,8 @@ def is_out_of_memory(error: BaseException) -> bool:
   # jax.errors.JaxRuntimeError, or the same status re-raised by a caller
   # that kept the message (e.g. a compilation on a helper thread).
   return isinstance(error, RuntimeError) and str(error).lstrip().startswith(
-      _STATUS)
+    _STATUS
+  )
 
 
 def _bytes(number: str, unit: str) -> int:
@@ -64,9 +78,11 @@ def shortfall(error: BaseException) -> Shortfall:
     if match:
       sizes = match.groups()
       return Shortfall(
-          _bytes(*sizes[2 * asked:2 * asked + 2]),
-          None if available is None else
-          _bytes(*sizes[2 * available:2 * available + 2]))
+        _bytes(*sizes[2 * asked : 2 * asked + 2]),
+        None
+        if available is None
+        else _bytes(*sizes[2 * available : 2 * available + 2]),
+      )
   return Shortfall()
 
 

@@ -47,6 +47,7 @@ class ProgramMemory:
     xla_peak_bytes: XLA's `peak_memory_in_bytes`, or None where not
       reported (on CPU it leaves out `temp_bytes`).
   """
+
   argument_bytes: int
   output_bytes: int
   alias_bytes: int
@@ -57,8 +58,12 @@ class ProgramMemory:
   @property
   def call_bytes(self) -> int:
     """Bytes a call occupies: argument + output + temp - alias."""
-    return (self.argument_bytes + self.output_bytes + self.temp_bytes -
-            self.alias_bytes)
+    return (
+      self.argument_bytes
+      + self.output_bytes
+      + self.temp_bytes
+      - self.alias_bytes
+    )
 
   @classmethod
   def from_compiled(cls, compiled: jax.stages.Compiled) -> 'ProgramMemory':
@@ -69,16 +74,19 @@ class ProgramMemory:
     """
     stats = compiled.memory_analysis()
     if stats is None:
-      raise ValueError('this backend gives no memory analysis of compiled '
-                       'programs (jax.stages.Compiled.memory_analysis).')
+      raise ValueError(
+        'this backend gives no memory analysis of compiled '
+        'programs (jax.stages.Compiled.memory_analysis).'
+      )
     peak = getattr(stats, 'peak_memory_in_bytes', None)
     return cls(
-        argument_bytes=int(stats.argument_size_in_bytes),
-        output_bytes=int(stats.output_size_in_bytes),
-        alias_bytes=int(stats.alias_size_in_bytes),
-        temp_bytes=int(stats.temp_size_in_bytes),
-        generated_code_bytes=int(stats.generated_code_size_in_bytes),
-        xla_peak_bytes=None if peak is None else int(peak))
+      argument_bytes=int(stats.argument_size_in_bytes),
+      output_bytes=int(stats.output_size_in_bytes),
+      alias_bytes=int(stats.alias_size_in_bytes),
+      temp_bytes=int(stats.temp_size_in_bytes),
+      generated_code_bytes=int(stats.generated_code_size_in_bytes),
+      xla_peak_bytes=None if peak is None else int(peak),
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +100,7 @@ class Analysis:
       whether the program keeps that argument; None where that could not be
       told (then treat every argument as kept).
   """
+
   memory: ProgramMemory
   outputs: PyTree
   kept: PyTree | None
@@ -104,17 +113,24 @@ def abstract(tree: PyTree) -> PyTree:
   so the program compiles as for the arrays themselves, without touching
   their data.
   """
+
   def leaf(x):
     if isinstance(x, jax.ShapeDtypeStruct):
       return x
     if isinstance(x, jax.Array):
       sharding = x.sharding if getattr(x, 'committed', False) else None
-      return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding,
-                                  weak_type=getattr(x, 'weak_type', False))
+      return jax.ShapeDtypeStruct(
+        x.shape,
+        x.dtype,
+        sharding=sharding,
+        weak_type=getattr(x, 'weak_type', False),
+      )
     if isinstance(x, (np.ndarray, np.generic)):
       return jax.ShapeDtypeStruct(
-          x.shape, jax.dtypes.canonicalize_dtype(x.dtype))
+        x.shape, jax.dtypes.canonicalize_dtype(x.dtype)
+      )
     return x
+
   return jax.tree_util.tree_map(leaf, tree)
 
 
@@ -122,10 +138,12 @@ def host_types(tree: PyTree) -> PyTree:
   """Array leaves (and `jax.ShapeDtypeStruct`s) become unsharded
   `jax.ShapeDtypeStruct`s of their shape and own dtype (a numpy int64
   batch stays int64, as the host holds it); other leaves stay."""
+
   def leaf(x):
     if hasattr(x, 'shape') and hasattr(x, 'dtype'):
       return jax.ShapeDtypeStruct(tuple(x.shape), x.dtype)
     return x
+
   return jax.tree_util.tree_map(leaf, tree)
 
 
@@ -161,23 +179,30 @@ def tree_bytes(tree: PyTree, kept: PyTree | None = None) -> int:
   return sum(leaf_bytes(x) for x, k in zip(leaves, flags) if k)
 
 
-def types_key(args: PyTree) -> tuple[jax.tree_util.PyTreeDef,
-                                     tuple[tuple, ...]]:
+def types_key(
+  args: PyTree,
+) -> tuple[jax.tree_util.PyTreeDef, tuple[tuple, ...]]:
   """A hashable key of the argument types a call compiles for: the tree
   structure, and per leaf its shape, dtype, weak type and sharding (arrays,
   `jax.ShapeDtypeStruct`s) or its type and value (anything else)."""
   leaves, treedef = jax.tree_util.tree_flatten(args)
+
   def leaf(x):
     if hasattr(x, 'shape') and hasattr(x, 'dtype'):
-      return (tuple(x.shape), str(x.dtype), bool(getattr(x, 'weak_type',
-                                                         False)),
-              getattr(x, 'sharding', None))
+      return (
+        tuple(x.shape),
+        str(x.dtype),
+        bool(getattr(x, 'weak_type', False)),
+        getattr(x, 'sharding', None),
+      )
     return (type(x), x)
+
   return treedef, tuple(leaf(x) for x in leaves)
 
 
-def kept_arguments(compiled: jax.stages.Compiled, args: PyTree,
-                   memory: ProgramMemory) -> PyTree | None:
+def kept_arguments(
+  compiled: jax.stages.Compiled, args: PyTree, memory: ProgramMemory
+) -> PyTree | None:
   """Per argument leaf, whether the compiled program keeps it.
 
   JAX drops the arguments a program does not read, inside `scan`s and
@@ -192,15 +217,17 @@ def kept_arguments(compiled: jax.stages.Compiled, args: PyTree,
   leaves, treedef = jax.tree_util.tree_flatten(args)
   try:
     formats = jax.tree_util.tree_leaves(
-        compiled.input_formats[0],
-        is_leaf=lambda x: hasattr(x, 'layout'))
+      compiled.input_formats[0], is_leaf=lambda x: hasattr(x, 'layout')
+    )
   except (AttributeError, TypeError, ValueError):
     return None
   if len(formats) != len(leaves):
     return None
   flags = [f.layout is not None for f in formats]
-  if sum(_argument_bytes(x) for x, k in zip(leaves, flags)
-         if k) != memory.argument_bytes:
+  if (
+    sum(_argument_bytes(x) for x, k in zip(leaves, flags) if k)
+    != memory.argument_bytes
+  ):
     return None
   return jax.tree_util.tree_unflatten(treedef, flags)
 
@@ -236,9 +263,9 @@ def analyze(fn: jax.stages.Wrapped, *args: PyTree) -> Analysis:
     traced = fn.trace(*args)
     compiled = traced.lower().compile()
     memory = ProgramMemory.from_compiled(compiled)
-    return Analysis(memory, traced.out_info,
-                    kept_arguments(compiled, args, memory))
+    return Analysis(
+      memory, traced.out_info, kept_arguments(compiled, args, memory)
+    )
   lowered = fn.lower(*args)
   compiled = lowered.compile()
-  return Analysis(ProgramMemory.from_compiled(compiled), lowered.out_info,
-                  None)
+  return Analysis(ProgramMemory.from_compiled(compiled), lowered.out_info, None)

@@ -41,8 +41,7 @@ class ProgramCompileError(ValueError):
   def _message(self) -> str:
     return f'{self.program or "a program"} did not compile: {self.cause}'
 
-  def named(self, program: str,
-            least_bytes: int = 0) -> 'ProgramCompileError':
+  def named(self, program: str, least_bytes: int = 0) -> 'ProgramCompileError':
     """The same error for the call `program` (whose step needs at least
     `least_bytes`, for `ProgramOutOfMemoryError`)."""
     del least_bytes
@@ -60,38 +59,49 @@ class ProgramOutOfMemoryError(ProgramCompileError):
       none is known.
   """
 
-  def __init__(self, cause: str, program: str | None = None,
-               least_bytes: int | None = None):
+  def __init__(
+    self, cause: str, program: str | None = None, least_bytes: int | None = None
+  ):
     self.least_bytes = least_bytes
     super().__init__(cause, program)
 
   def _message(self) -> str:
-    least = ('' if self.least_bytes is None else
-             f', needing at least {self.least_bytes} bytes '
-             f'({format_bytes(self.least_bytes, unit=None)})')
-    return (f'the backend refused to compile {self.program or "a program"} '
-            f'for memory{least}: {self.cause}')
+    least = (
+      ''
+      if self.least_bytes is None
+      else f', needing at least {self.least_bytes} bytes '
+      f'({format_bytes(self.least_bytes, unit=None)})'
+    )
+    return (
+      f'the backend refused to compile {self.program or "a program"} '
+      f'for memory{least}: {self.cause}'
+    )
 
-  def named(self, program: str,
-            least_bytes: int = 0) -> 'ProgramOutOfMemoryError':
+  def named(
+    self, program: str, least_bytes: int = 0
+  ) -> 'ProgramOutOfMemoryError':
     known = [b for b in (self.least_bytes, least_bytes) if b]
-    return ProgramOutOfMemoryError(self.cause, program,
-                                   max(known) if known else None)
+    return ProgramOutOfMemoryError(
+      self.cause, program, max(known) if known else None
+    )
 
 
-def compile_failure(error: BaseException, program: str | None = None,
-                    least_bytes: int = 0) -> ProgramCompileError:
+def compile_failure(
+  error: BaseException, program: str | None = None, least_bytes: int = 0
+) -> ProgramCompileError:
   """The `ProgramCompileError` of `error`, raised compiling `program`: a
   `ProgramOutOfMemoryError` for RESOURCE_EXHAUSTED (needing at least the
   compiler's figure or `least_bytes`, whichever is more), else the error
   itself in one line."""
   if isinstance(error, ProgramCompileError):
     return error if program is None else error.named(program, least_bytes)
-  cause = errors.one_line(error, context=False, all_lines=True, typed=True,
-                          max_chars=MAX_CAUSE_CHARS)
+  cause = errors.one_line(
+    error, context=False, all_lines=True, typed=True, max_chars=MAX_CAUSE_CHARS
+  )
   if out_of_memory.is_out_of_memory(error):
     refused = out_of_memory.shortfall(error).asked_bytes
     known = [b for b in (refused, least_bytes) if b]
-    return ProgramOutOfMemoryError(cause, program,
-                                   max(known) if known else None)
+    return ProgramOutOfMemoryError(
+      cause, program, max(known) if known else None
+    )
   return ProgramCompileError(cause, program)

@@ -64,6 +64,7 @@ class TrainerMemory:
     refused_least_bytes: the bytes the refused step needs at least, where
       known, else None.
   """
+
   trainer: str
   backend: str
   n_devices: int
@@ -92,8 +93,11 @@ class TrainerMemory:
   def devices_text(self) -> str:
     """The devices the figures are for, e.g. '2', '1 device only'."""
     if self.max_devices is not None and self.n_devices <= self.max_devices:
-      return f'{self.n_devices} device only' if self.n_devices == 1 else (
-          f'{self.n_devices} devices only')
+      return (
+        f'{self.n_devices} device only'
+        if self.n_devices == 1
+        else (f'{self.n_devices} devices only')
+      )
     return f'{self.n_devices}'
 
   @property
@@ -145,27 +149,32 @@ class TrainerMemory:
     if self.error is not None:
       return {'error': self.error, 'runs': None, **devices}
     if self.refused is not None:
-      return {'refused': self.refused, 'runs': False, 'fits': False,
-              'least_device_bytes': self.refused_least_bytes, **devices}
+      return {
+        'refused': self.refused,
+        'runs': False,
+        'fits': False,
+        'least_device_bytes': self.refused_least_bytes,
+        **devices,
+      }
     step = self.step
     assert step is not None, 'figures are kept where nothing failed'
     out = {
-        'runs': self.runs,
-        **devices,
-        'peak_device_bytes': self.peak_device_bytes,
-        'min_peak_device_bytes': self.min_peak_device_bytes,
-        'host_weights_and_slots_bytes': self.host_weights_and_slots_bytes,
-        'largest_program_bytes': self.largest_program_bytes,
-        'fits': self.fits(device_memory_bytes),
-        'weights_bytes': self.weights_bytes,
-        'slots_bytes': self.slots_bytes,
-        'n_calls': len(step.calls),
-        'peak_call': step.peak_call.name,
-        'peak_parts_bytes': step.peak_call.parts(),
-        'phase_peak_device_bytes': step.phase_peaks(),
-        'peak_host_bytes': self.peak_host_bytes,
-        'peak_host_call': step.peak_host_call.name,
-        'peak_host_parts_bytes': step.peak_host_call.host_parts(),
+      'runs': self.runs,
+      **devices,
+      'peak_device_bytes': self.peak_device_bytes,
+      'min_peak_device_bytes': self.min_peak_device_bytes,
+      'host_weights_and_slots_bytes': self.host_weights_and_slots_bytes,
+      'largest_program_bytes': self.largest_program_bytes,
+      'fits': self.fits(device_memory_bytes),
+      'weights_bytes': self.weights_bytes,
+      'slots_bytes': self.slots_bytes,
+      'n_calls': len(step.calls),
+      'peak_call': step.peak_call.name,
+      'peak_parts_bytes': step.peak_call.parts(),
+      'phase_peak_device_bytes': step.phase_peaks(),
+      'peak_host_bytes': self.peak_host_bytes,
+      'peak_host_call': step.peak_host_call.name,
+      'peak_host_parts_bytes': step.peak_host_call.host_parts(),
     }
     if self.plan is not None:
       out['plan'] = self.plan
@@ -176,9 +185,13 @@ class TrainerMemory:
     return out
 
 
-def account(trainer: str, backend: str, n_devices: int,
-            fn: Callable[[], TrainerMemory],
-            passes: tuple[type[Exception], ...] = ()) -> TrainerMemory:
+def account(
+  trainer: str,
+  backend: str,
+  n_devices: int,
+  fn: Callable[[], TrainerMemory],
+  passes: tuple[type[Exception], ...] = (),
+) -> TrainerMemory:
   """`fn()`, or a `TrainerMemory` with the one-line error it raised.
 
   For building a trainer and composing its step, where a trainer that
@@ -193,18 +206,30 @@ def account(trainer: str, backend: str, n_devices: int,
   except passes:
     raise
   except refusals.ProgramOutOfMemoryError as e:
-    return TrainerMemory(trainer, backend, n_devices,
-                         refused=errors.one_line(
-                             e, max_chars=MAX_ERROR_CHARS),
-                         refused_least_bytes=e.least_bytes)
+    return TrainerMemory(
+      trainer,
+      backend,
+      n_devices,
+      refused=errors.one_line(e, max_chars=MAX_ERROR_CHARS),
+      refused_least_bytes=e.least_bytes,
+    )
   except Exception as e:  # pylint: disable=broad-except
-    return TrainerMemory(trainer, backend, n_devices, error=errors.one_line(
-        e, context=False, typed=True, max_chars=MAX_ERROR_CHARS))
+    return TrainerMemory(
+      trainer,
+      backend,
+      n_devices,
+      error=errors.one_line(
+        e, context=False, typed=True, max_chars=MAX_ERROR_CHARS
+      ),
+    )
 
 
-def default_trainer_memory(trainer: 'trax_optimizers.Trainer', batch: PyTree,
-                           backend: str,
-                           name: str = 'default') -> TrainerMemory:
+def default_trainer_memory(
+  trainer: 'trax_optimizers.Trainer',
+  batch: PyTree,
+  backend: str,
+  name: str = 'default',
+) -> TrainerMemory:
   """`TrainerMemory` of trax's default `Trainer` (see `default_trainer`);
   its weights and slots live on the device."""
   step = default_trainer.default_trainer_step(trainer, batch)
@@ -212,13 +237,24 @@ def default_trainer_memory(trainer: 'trax_optimizers.Trainer', batch: PyTree,
   n_devices = trainer_door.n_devices(trainer)
   # On 2+ devices its first step fails on current JAX: it pmaps arrays
   # committed to one device (`default_trainer`).
-  return TrainerMemory(name, backend, n_devices, step, weights, slots,
-                       weights_and_slots_on_host=False, max_devices=1)
+  return TrainerMemory(
+    name,
+    backend,
+    n_devices,
+    step,
+    weights,
+    slots,
+    weights_and_slots_on_host=False,
+    max_devices=1,
+  )
 
 
-def stock_trainer_memory(trainer: 'trax_optimizers.ReversibleSerialTrainer',
-                         batch: PyTree, backend: str,
-                         name: str = 'stock') -> TrainerMemory:
+def stock_trainer_memory(
+  trainer: 'trax_optimizers.ReversibleSerialTrainer',
+  batch: PyTree,
+  backend: str,
+  name: str = 'stock',
+) -> TrainerMemory:
   """`TrainerMemory` of stock trax's `ReversibleSerialTrainer` (see
   `stock_trainer`); its weights and slots live on the host. Where its
   first step would fail (`stock_trainer.step_1_failure`), the figures come
@@ -228,16 +264,28 @@ def stock_trainer_memory(trainer: 'trax_optimizers.ReversibleSerialTrainer',
   n_devices = trainer_door.n_devices(trainer)
   # Stock's multi-device step needs jax.device_put_replicated, which
   # current JAX removed (`stock_trainer`).
-  return TrainerMemory(name, backend, n_devices, step, weights, slots,
-                       weights_and_slots_on_host=True,
-                       step_error=stock_trainer.step_1_failure(trainer),
-                       max_devices=1)
+  return TrainerMemory(
+    name,
+    backend,
+    n_devices,
+    step,
+    weights,
+    slots,
+    weights_and_slots_on_host=True,
+    step_error=stock_trainer.step_1_failure(trainer),
+    max_devices=1,
+  )
 
 
-def trainer_memory(name: str, trainer: Any, batch: Any, backend: str,
-                   step: composition.StepMemory | None = None,
-                   plan: dict | None = None, least: Any = None
-                   ) -> TrainerMemory:
+def trainer_memory(
+  name: str,
+  trainer: Any,
+  batch: Any,
+  backend: str,
+  step: composition.StepMemory | None = None,
+  plan: dict | None = None,
+  least: Any = None,
+) -> TrainerMemory:
   """`TrainerMemory` of one built trainer, whichever of the three it is.
 
   The one place that knows how each trainer is accounted, so that
@@ -279,9 +327,11 @@ def trainer_memory(name: str, trainer: Any, batch: Any, backend: str,
   if name == 'stock':
     return stock_trainer_memory(trainer, batch, backend, name)
   if not hasattr(trainer, 'device_memory_of'):
-    raise TypeError(f'trainer {name!r}: {type(trainer).__name__} is not '
-                    "trax_revplus's ReversibleSerialTrainer (no "
-                    'device_memory_of); name it default or stock')
+    raise TypeError(
+      f'trainer {name!r}: {type(trainer).__name__} is not '
+      "trax_revplus's ReversibleSerialTrainer (no "
+      'device_memory_of); name it default or stock'
+    )
   if step is None:
     step = trainer.device_memory_of(batch)
     plan = trainer.planned(batch).plan.settings()
@@ -290,6 +340,15 @@ def trainer_memory(name: str, trainer: Any, batch: Any, backend: str,
     least = (least_plan.settings(), least_step)
   # Ours keeps the layers and slots stock keeps (`all_layers`, `slots`).
   weights, slots = stock_trainer.weights_and_slots_bytes(trainer)
-  return TrainerMemory(name, backend, trainer.placement.n_devices, step,
-                       weights, slots, weights_and_slots_on_host=True,
-                       least=least[1], plan=plan, least_plan=least[0])
+  return TrainerMemory(
+    name,
+    backend,
+    trainer.placement.n_devices,
+    step,
+    weights,
+    slots,
+    weights_and_slots_on_host=True,
+    least=least[1],
+    plan=plan,
+    least_plan=least[0],
+  )

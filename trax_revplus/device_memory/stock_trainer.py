@@ -55,9 +55,11 @@ if TYPE_CHECKING:  # Annotations only: accounting does not import trax.
   from trax import optimizers as trax_optimizers
 
 
-def stock_trainer_step(trainer: 'trax_optimizers.ReversibleSerialTrainer',
-                       batch: PyTree, step: int = 1
-                       ) -> composition.StepMemory:
+def stock_trainer_step(
+  trainer: 'trax_optimizers.ReversibleSerialTrainer',
+  batch: PyTree,
+  step: int = 1,
+) -> composition.StepMemory:
   """Composes the device memory of one step of stock trax's
   `ReversibleSerialTrainer` on one device.
 
@@ -81,53 +83,73 @@ def stock_trainer_step(trainer: 'trax_optimizers.ReversibleSerialTrainer',
   n_devices = trainer_door.n_devices(trainer)
   if n_devices != 1:
     raise composition.UnsupportedTrainerError(
-        f'stock ReversibleSerialTrainer with n_devices='
-        f'{n_devices}: its step replicates with '
-        f'jax.device_put_replicated, which current JAX removed; accounted '
-        f'on one device only.')
-  record = calls_lib.StepCalls(devices_on_host=composition.devices_on_host(
-      jax.default_backend(), 1))
+      f'stock ReversibleSerialTrainer with n_devices='
+      f'{n_devices}: its step replicates with '
+      f'jax.device_put_replicated, which current JAX removed; accounted '
+      f'on one device only.'
+    )
+  record = calls_lib.StepCalls(
+    devices_on_host=composition.devices_on_host(jax.default_backend(), 1)
+  )
   parts = trainer_door.stock_trainer_parts(trainer)
   blocks = parts.blocks
   n_layers = parts.n_layers
   rngs = record.device(jax.ShapeDtypeStruct((n_layers, 2), np.uint32))
-  rng_rows = record.device([jax.ShapeDtypeStruct((2,), np.uint32)
-                            for _ in range(n_layers)])
+  rng_rows = record.device(
+    [jax.ShapeDtypeStruct((2,), np.uint32) for _ in range(n_layers)]
+  )
   keep: list[tuple[str, PyTree]] = [('rngs', (rngs, rng_rows))]
   weights_of = lambda layer: program_lib.abstract(layer.weights)
   state_of = lambda layer: program_lib.abstract(layer.state)
 
   # Forward. Locals of one_step that keep device arrays alive until their
   # next assignment.
-  stack = program_lib.abstract(tuple(batch) if isinstance(batch, list)
-                               else batch)
+  stack = program_lib.abstract(
+    tuple(batch) if isinstance(batch, list) else batch
+  )
   # Per block: (std layer index, host copies of its inputs and new state,
   # of the reversible layers' old and new states).
   saved: list[tuple[int, PyTree, PyTree]] = []
   locals_: dict[str, PyTree] = {}
   # On the host across every call: each layer's weights, state and slots
   # (`tl.on_cpu`), the batch, and the blocks' saved inputs and states.
-  between_steps = ([layer.weights for layer in trainer.all_layers],
-                   [layer.state for layer in trainer.all_layers],
-                   trainer.slots)
+  between_steps = (
+    [layer.weights for layer in trainer.all_layers],
+    [layer.state for layer in trainer.all_layers],
+    trainer.slots,
+  )
   batch_on_host = program_lib.host_types(batch)
 
   def on_host() -> list[tuple[str, PyTree]]:
-    return [('weights, slots and state', between_steps),
-            ('batch', batch_on_host),
-            ('saved block inputs and states', [s[1:] for s in saved])]
+    return [
+      ('weights, slots and state', between_steps),
+      ('batch', batch_on_host),
+      ('saved block inputs and states', [s[1:] for s in saved]),
+    ]
+
   k = 0
   for b, (std_layer, rev_layers) in enumerate(blocks):
     std_fn, rev_fns = parts.accelerated_layer_fns[b]
     inputs = cb.inputs_from_stack(stack, std_layer.n_in)
-    args: tuple = (inputs, weights_of(std_layer), state_of(std_layer),
-                   rng_rows[k])
+    args: tuple = (
+      inputs,
+      weights_of(std_layer),
+      state_of(std_layer),
+      rng_rows[k],
+    )
     outputs, new_state = record.call(
-        f'forward layer {k} ({std_layer.name})', 'forward', std_fn, args,
-        keep + [('stack', stack)] + list(locals_.items()), on_host())
+      f'forward layer {k} ({std_layer.name})',
+      'forward',
+      std_fn,
+      args,
+      keep + [('stack', stack)] + list(locals_.items()),
+      on_host(),
+    )
     stack = cb.outputs_onto_stack(outputs, stack, std_layer.n_in)
     locals_['standard-layer inputs and state (one_step locals)'] = (
-        inputs, new_state)
+      inputs,
+      new_state,
+    )
     std_k = k
     k += 1
     old_states: list[PyTree] = []
@@ -138,29 +160,56 @@ def stock_trainer_step(trainer: 'trax_optimizers.ReversibleSerialTrainer',
       inputs = cb.inputs_from_stack(stack, layer.n_in)
       args = (inputs, weights_of(layer), state, rng_rows[k])
       outputs, new_state = record.call(
-          f'forward layer {k} ({layer.name})', 'forward', fn, args,
-          keep + [('stack', stack),
-                  ('reversible layer states', (old_states, new_states))] +
-          list(locals_.items()), on_host())
+        f'forward layer {k} ({layer.name})',
+        'forward',
+        fn,
+        args,
+        keep
+        + [
+          ('stack', stack),
+          ('reversible layer states', (old_states, new_states)),
+        ]
+        + list(locals_.items()),
+        on_host(),
+      )
       stack = cb.outputs_onto_stack(outputs, stack, layer.n_in)
       new_states.append(new_state)
       k += 1
     locals_['reversible layer states (one_step locals)'] = (
-        old_states, new_states)
-    saved.append((std_k, record.host(locals_[
-        'standard-layer inputs and state (one_step locals)']),
-                  record.host((old_states, new_states))))
+      old_states,
+      new_states,
+    )
+    saved.append(
+      (
+        std_k,
+        record.host(
+          locals_['standard-layer inputs and state (one_step locals)']
+        ),
+        record.host((old_states, new_states)),
+      )
+    )
 
   # Loss layer: forward, backward and update.
   loss_layer, loss_opt = parts.loss_layer, parts.loss_opt
   loss_inputs = cb.inputs_from_stack(stack, loss_layer.n_in)
-  args = (loss_inputs, weights_of(loss_layer), None, state_of(loss_layer),
-          program_lib.abstract(loss_opt.slots),
-          program_lib.abstract(parts.replicated_loss_opt_params),
-          rng_rows[k], step)
+  args = (
+    loss_inputs,
+    weights_of(loss_layer),
+    None,
+    state_of(loss_layer),
+    program_lib.abstract(loss_opt.slots),
+    program_lib.abstract(parts.replicated_loss_opt_params),
+    rng_rows[k],
+    step,
+  )
   _, _, _, grad_stack, _ = record.call(
-      f'loss layer {k} ({loss_layer.name})', 'loss', parts.loss_fbo, args,
-      keep + [('stack', stack)] + list(locals_.items()), on_host())
+    f'loss layer {k} ({loss_layer.name})',
+    'loss',
+    parts.loss_fbo,
+    args,
+    keep + [('stack', stack)] + list(locals_.items()),
+    on_host(),
+  )
   locals_.clear()
 
   # Backward, last block first.
@@ -177,37 +226,69 @@ def stock_trainer_step(trainer: 'trax_optimizers.ReversibleSerialTrainer',
       outputs = cb.inputs_from_stack(stack, layer.n_out)
       grads = cb.inputs_from_stack(grad_stack, layer.n_out)
       # tl.on_accelerator: host values get a device copy for the call.
-      args = (outputs, weights_of(layer), grads, old_states[j],
-              new_states[j], program_lib.abstract(opt.slots),
-              program_lib.abstract(rev_params[j]), rng_rows[k], step)
+      args = (
+        outputs,
+        weights_of(layer),
+        grads,
+        old_states[j],
+        new_states[j],
+        program_lib.abstract(opt.slots),
+        program_lib.abstract(rev_params[j]),
+        rng_rows[k],
+        step,
+      )
       new_weights, _, inputs, grads_in, _ = record.call(
-          f'backward layer {k} ({layer.name})', 'backward', rev_fbos[j], args,
-          keep + [('stack', stack), ('cotangent stack', grad_stack),
-                  ('weights not yet copied back', pending)], on_host())
+        f'backward layer {k} ({layer.name})',
+        'backward',
+        rev_fbos[j],
+        args,
+        keep
+        + [
+          ('stack', stack),
+          ('cotangent stack', grad_stack),
+          ('weights not yet copied back', pending),
+        ],
+        on_host(),
+      )
       stack = cb.outputs_onto_stack(inputs, stack, layer.n_out)
       grad_stack = cb.outputs_onto_stack(grads_in, grad_stack, layer.n_out)
       pending = [new_weights]  # the previous layer's are collected now
     grads = cb.inputs_from_stack(grad_stack, std_layer.n_out)
-    args = (std_inputs, weights_of(std_layer), grads, std_state,
-            program_lib.abstract(std_opt.slots),
-            program_lib.abstract(std_params), rng_rows[std_k], step)
+    args = (
+      std_inputs,
+      weights_of(std_layer),
+      grads,
+      std_state,
+      program_lib.abstract(std_opt.slots),
+      program_lib.abstract(std_params),
+      rng_rows[std_k],
+      step,
+    )
     _, _, _, grads_in, _ = record.call(
-        f'backward layer {std_k} ({std_layer.name})', 'backward', std_fbo,
-        args, keep + [('stack', stack), ('cotangent stack', grad_stack),
-                      ('weights not yet copied back', pending)], on_host())
+      f'backward layer {std_k} ({std_layer.name})',
+      'backward',
+      std_fbo,
+      args,
+      keep
+      + [
+        ('stack', stack),
+        ('cotangent stack', grad_stack),
+        ('weights not yet copied back', pending),
+      ],
+      on_host(),
+    )
     grad_stack = cb.outputs_onto_stack(grads_in, grad_stack, std_layer.n_out)
     stack = cb.outputs_onto_stack(std_inputs, stack, std_layer.n_out)
   return composition.compose(record.calls)
 
 
 def weights_and_slots_bytes(
-    trainer: 'trax_optimizers.ReversibleSerialTrainer') -> tuple[int, int]:
+  trainer: 'trax_optimizers.ReversibleSerialTrainer',
+) -> tuple[int, int]:
   """(weights bytes, slots bytes) over all layers; both live on the host
   between steps."""
   weights = [layer.weights for layer in trainer.all_layers]
-  return program_lib.tree_bytes(weights), program_lib.tree_bytes(
-      trainer.slots)
-
+  return program_lib.tree_bytes(weights), program_lib.tree_bytes(trainer.slots)
 
 
 # trax's message when one buffer is donated twice to a program, as JAX
@@ -241,7 +322,8 @@ def _donated_twice(tree: PyTree) -> tuple[str, str] | None:
 
 
 def step_1_failure(
-    trainer: 'trax_optimizers.ReversibleSerialTrainer') -> str | None:
+  trainer: 'trax_optimizers.ReversibleSerialTrainer',
+) -> str | None:
   """Why stock's first step would fail on this trainer, or None.
 
   Stock's backward programs donate each layer's weights
@@ -263,12 +345,16 @@ def step_1_failure(
   """
   layers = list(trainer.all_layers)
   for k, layer in enumerate(layers):
-    placed = (tl.on_accelerator(layer.weights)
-              if trainer_door.n_devices(trainer) == 1
-              else None)
+    placed = (
+      tl.on_accelerator(layer.weights)
+      if trainer_door.n_devices(trainer) == 1
+      else None
+    )
     twice = None if placed is None else _donated_twice(placed)
     if twice is not None:
-      return (f'{DONATED_TWICE} (its update of layer {k} '
-              f'({layer.name}) donates the layer\'s weights, whose '
-              f'{twice[0]} and {twice[1]} are one shared array)')
+      return (
+        f'{DONATED_TWICE} (its update of layer {k} '
+        f"({layer.name}) donates the layer's weights, whose "
+        f'{twice[0]} and {twice[1]} are one shared array)'
+      )
   return None

@@ -41,6 +41,7 @@ class PlannedEval(NamedTuple):
     run: `run(batch, weights, state, rng) -> metric values` (host arrays),
       its programs compiled for these shapes on the evaluator's device.
   """
+
   plan: Any
   run: Callable[..., Any]
 
@@ -70,9 +71,12 @@ class DeviceEvaluator:
   metrics state), rng) -> (metric values, state)`.
   """
 
-  def __init__(self, model_with_metrics: tl.Layer,
-               placement: placement_lib.Placement,
-               budget_bytes: int | None):
+  def __init__(
+    self,
+    model_with_metrics: tl.Layer,
+    placement: placement_lib.Placement,
+    budget_bytes: int | None,
+  ):
     """Args:
       model_with_metrics: trax's `tl.Serial(model, metrics_layer)`
         (`training._model_with_metrics`), initialized.
@@ -86,8 +90,9 @@ class DeviceEvaluator:
     """
     functions.model_and_metrics(model_with_metrics)
     self._model_with_metrics = model_with_metrics
-    self._device = placement_lib.OneDevice(placement.devices[0],
-                                           placement.transfers)
+    self._device = placement_lib.OneDevice(
+      placement.devices[0], placement.transfers
+    )
     self.budget_bytes = budget_bytes
     # argument types key -> PlannedEval
     self._planned: dict[Any, Any] = {}
@@ -102,8 +107,9 @@ class DeviceEvaluator:
     """The `tl.Serial(model, metrics_layer)` it evaluates."""
     return self._model_with_metrics
 
-  def planned(self, batch: PyTree, weights: PyTree, state: PyTree,
-              rng: PRNGKey) -> PlannedEval:
+  def planned(
+    self, batch: PyTree, weights: PyTree, state: PyTree, rng: PRNGKey
+  ) -> PlannedEval:
     """The `PlannedEval` of these arguments' shapes, planned (compiled,
     accounted, logged) on first sight; the arguments' values are not
     read.
@@ -119,8 +125,11 @@ class DeviceEvaluator:
     if key not in self._planned:
       with preserved(self._model_with_metrics):
         self._planned[key] = self._plan(self._device.types(args))
-      logging.info('eval device memory plan on %s: %s', self.device,
-                   self._planned[key].plan.describe(self.budget_bytes))
+      logging.info(
+        'eval device memory plan on %s: %s',
+        self.device,
+        self._planned[key].plan.describe(self.budget_bytes),
+      )
     return self._planned[key]
 
   def _plan(self, types):
@@ -132,12 +141,11 @@ class DeviceEvaluator:
     compiled = {}
 
     def weigh(parts):
-      fn = jax.jit(functions.metrics_function(self._model_with_metrics,
-                                              parts))
+      fn = jax.jit(functions.metrics_function(self._model_with_metrics, parts))
       compiled[parts] = fn.trace(*types).lower().compile()
       return device_memory.ProgramMemory.from_compiled(compiled[parts])
-    plan, least, refusal = planning.search_parts(rows, weigh,
-                                                 self.budget_bytes)
+
+    plan, least, refusal = planning.search_parts(rows, weigh, self.budget_bytes)
     if plan is not None:
       return PlannedEval(plan, _Whole(compiled[plan.parts], self._device))
     # No plan fits: there is a budget, and `least` is the most parts'.
@@ -147,18 +155,21 @@ class DeviceEvaluator:
     if len(segments.steps(model)) < 2:
       raise whole
     try:
-      segmented = segments.Segmented(self._model_with_metrics, self._device,
-                                     types, self.budget_bytes)
+      segmented = segments.Segmented(
+        self._model_with_metrics, self._device, types, self.budget_bytes
+      )
     except segments.SegmentsError as e:
       # The error naming the least of the two.
       if whole.least_bytes is not None and (
-          e.least_bytes is None or whole.least_bytes < e.least_bytes):
+        e.least_bytes is None or whole.least_bytes < e.least_bytes
+      ):
         raise whole from None
       raise
     return PlannedEval(segmented.plan, segmented)
 
-  def __call__(self, batch: PyTree, weights: PyTree, state: PyTree,
-               rng: PRNGKey) -> tuple[Any, PyTree]:
+  def __call__(
+    self, batch: PyTree, weights: PyTree, state: PyTree, rng: PRNGKey
+  ) -> tuple[Any, PyTree]:
     """The metrics of `model_with_metrics` on `batch`, as trax's
     `metrics_fn`.
 

@@ -27,8 +27,9 @@ from trax_revplus.typing import PRNGKey
 from trax_revplus.typing import PyTree
 
 
-def model_and_metrics(model_with_metrics: tl.Layer
-                      ) -> tuple[tl.Layer, tl.Layer]:
+def model_and_metrics(
+  model_with_metrics: tl.Layer,
+) -> tuple[tl.Layer, tl.Layer]:
   """(model, metrics layer) of trax's `tl.Serial(model, metrics_layer)`.
 
   Raises:
@@ -37,14 +38,15 @@ def model_and_metrics(model_with_metrics: tl.Layer
   layers = model_with_metrics.sublayers
   if not isinstance(model_with_metrics, tl.Serial) or len(layers) != 2:
     raise ValueError(
-        f'expected trax\'s model with metrics, tl.Serial(model, metrics), '
-        f'got {model_with_metrics.name} with {len(layers)} sublayers.')
+      f"expected trax's model with metrics, tl.Serial(model, metrics), "
+      f'got {model_with_metrics.name} with {len(layers)} sublayers.'
+    )
   return layers[0], layers[1]
 
 
-def metrics_function(model_with_metrics: tl.Layer, parts: int
-                     ) -> Callable[[PyTree, PyTree, PyTree, PRNGKey],
-                                   PyTree]:
+def metrics_function(
+  model_with_metrics: tl.Layer, parts: int
+) -> Callable[[PyTree, PyTree, PyTree, PRNGKey], PyTree]:
   """`model_with_metrics.pure_fn`'s outputs, the model over `parts` parts.
 
   Args:
@@ -66,17 +68,27 @@ def metrics_function(model_with_metrics: tl.Layer, parts: int
 
   def model_forward(inputs, weights, state, rng):
     return model.pure_fn(inputs, weights, state, rng)
+
   forward = slices.forward(model_forward, parts, rows)
 
-  def evaluate(batch: PyTree, weights: PyTree, state: PyTree,
-               rng: PRNGKey) -> Array:
+  def evaluate(
+    batch: PyTree, weights: PyTree, state: PyTree, rng: PRNGKey
+  ) -> Array:
     model_rng, metrics_rng = fastmath.random.split(rng, 2)
     stack = batch
-    outputs, _ = forward(combinators.inputs_from_stack(stack, model.n_in),
-                         weights[0], state[0], model_rng)
+    outputs, _ = forward(
+      combinators.inputs_from_stack(stack, model.n_in),
+      weights[0],
+      state[0],
+      model_rng,
+    )
     stack = combinators.outputs_onto_stack(outputs, stack, model.n_in)
     values, _ = metrics.pure_fn(
-        combinators.inputs_from_stack(stack, metrics.n_in), weights[1],
-        state[1], metrics_rng)
+      combinators.inputs_from_stack(stack, metrics.n_in),
+      weights[1],
+      state[1],
+      metrics_rng,
+    )
     return combinators.outputs_onto_stack(values, stack, metrics.n_in)
+
   return evaluate

@@ -50,6 +50,7 @@ class EvalPlan:
     memory: `device_memory.ProgramMemory` of the compiled program (bytes
       on the device), or None where it was refused for memory.
   """
+
   rows: int
   parts: int
   memory: device_memory.ProgramMemory | None
@@ -62,16 +63,23 @@ class EvalPlan:
   def describe(self, budget_bytes: int | None) -> str:
     """One line: the parts, the peak and what makes it, the budget."""
     rows = self.rows // self.parts
-    how = (f'the model over {self.parts} parts of {rows} rows'
-           if self.parts > 1 else f'the model on all {self.rows} rows')
+    how = (
+      f'the model over {self.parts} parts of {rows} rows'
+      if self.parts > 1
+      else f'the model on all {self.rows} rows'
+    )
     m = self.memory
     size = lambda n: byte_sizes.format_bytes(n, unit=None)
-    figures = ('refused for memory' if m is None else
-               f'peak {size(m.call_bytes)}: arguments '
-               f'{size(m.argument_bytes)}, temporaries {size(m.temp_bytes)}, '
-               f'outputs {size(m.output_bytes - m.alias_bytes)}')
-    limit = ('no budget' if budget_bytes is None else
-             f'budget {size(budget_bytes)}')
+    figures = (
+      'refused for memory'
+      if m is None
+      else f'peak {size(m.call_bytes)}: arguments '
+      f'{size(m.argument_bytes)}, temporaries {size(m.temp_bytes)}, '
+      f'outputs {size(m.output_bytes - m.alias_bytes)}'
+    )
+    limit = (
+      'no budget' if budget_bytes is None else f'budget {size(budget_bytes)}'
+    )
     return f'{how}, then the metrics; {figures} ({limit})'
 
 
@@ -80,8 +88,9 @@ def divisors(n: int) -> list[int]:
   return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def fewest_fitting(candidates: Sequence[T],
-                   fits: Callable[[T], bool]) -> T | None:
+def fewest_fitting(
+  candidates: Sequence[T], fits: Callable[[T], bool]
+) -> T | None:
   """The first of `candidates` that fits, where fitting is monotone (once
   one fits, every later one does): the first, then every index 2^i - 1
   up to the last, then bisection between the last that did not fit and
@@ -106,12 +115,12 @@ def fewest_fitting(candidates: Sequence[T],
   return candidates[above]
 
 
-def search_parts(rows: int,
-                 weigh: Callable[[int], device_memory.ProgramMemory],
-                 budget_bytes: int | None,
-                 candidates: Sequence[int] | None = None
-                 ) -> tuple[EvalPlan | None, EvalPlan | None,
-                            Exception | None]:
+def search_parts(
+  rows: int,
+  weigh: Callable[[int], device_memory.ProgramMemory],
+  budget_bytes: int | None,
+  candidates: Sequence[int] | None = None,
+) -> tuple[EvalPlan | None, EvalPlan | None, Exception | None]:
   """The fewest parts of `rows` rows whose program fits `budget_bytes`.
 
   Args:
@@ -151,8 +160,7 @@ def search_parts(rows: int,
 
   candidates = divisors(rows) if candidates is None else candidates
   first = plan_of(candidates[0])
-  if (first.memory is not None and
-      first.memory.argument_bytes > budget_bytes):
+  if first.memory is not None and first.memory.argument_bytes > budget_bytes:
     # Arguments (weights, state, the batch) do not shrink with parts: none
     # fits, and the least is the most parts'.
     parts = None
@@ -164,21 +172,25 @@ def search_parts(rows: int,
   return plan_of(parts), None, None
 
 
-def nothing_fits(least: EvalPlan, refusal: Exception | None,
-                 budget_bytes: int) -> EvalMemoryBudgetError:
+def nothing_fits(
+  least: EvalPlan, refusal: Exception | None, budget_bytes: int
+) -> EvalMemoryBudgetError:
   """The error where not even `least` (one row per part) fits; `refusal`
   is the backend's error where it refused the program for memory."""
   mib = lambda n: f'{n} bytes ({byte_sizes.format_bytes(n)})'
   # `refusal` is set exactly where `least` has no figure.
-  need = (f'the backend refused its program for memory '
-          f'({errors.one_line(refusal, max_chars=200)})'
-          if refusal is not None else
-          f'its program needs {mib(least.peak_device_bytes)}')
-  at_least = ('' if least.memory is None else
-              f' >= {least.peak_device_bytes}')
+  need = (
+    f'the backend refused its program for memory '
+    f'({errors.one_line(refusal, max_chars=200)})'
+    if refusal is not None
+    else f'its program needs {mib(least.peak_device_bytes)}'
+  )
+  at_least = '' if least.memory is None else f' >= {least.peak_device_bytes}'
   return EvalMemoryBudgetError(
-      f'the eval of a batch of {least.rows} rows does not fit '
-      f'device_memory_budget_bytes={mib(budget_bytes)} even one row at a '
-      f'time: {need}; set {options_lib.GIN_CONFIGURABLE}.'
-      f'device_memory_budget_bytes{at_least}, or use a smaller eval batch '
-      f'or shorter sequences.', least.peak_device_bytes)
+    f'the eval of a batch of {least.rows} rows does not fit '
+    f'device_memory_budget_bytes={mib(budget_bytes)} even one row at a '
+    f'time: {need}; set {options_lib.GIN_CONFIGURABLE}.'
+    f'device_memory_budget_bytes{at_least}, or use a smaller eval batch '
+    f'or shorter sequences.',
+    least.peak_device_bytes,
+  )

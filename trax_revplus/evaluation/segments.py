@@ -51,6 +51,7 @@ class Step(NamedTuple):
     path: its sublayer index in each `Serial` from the model down.
     widths: the sublayers of each of those `Serial`s (its RNG splits).
   """
+
   layer: tl.Layer
   path: tuple[int, ...]
   widths: tuple[int, ...]
@@ -73,6 +74,7 @@ def steps(model: tl.Layer) -> list[Step]:
         walk(sub, path + (i,), widths + (n,))
     else:
       found.append(Step(layer, path, widths))
+
   walk(model, (), ())
   if len({id(s.layer) for s in found}) < len(found):
     return []
@@ -85,10 +87,11 @@ def _opens(layer) -> bool:
   (`assert_shape.AssertFunction`), whose input and output checks compare
   shapes through a dictionary they share while traced, which the rows of
   two programs' parts would set apart."""
-  return (bool(layer.sublayers) and
-          type(layer).forward is tl.Serial.forward and
-          not any(isinstance(sub, AssertShape)
-                  for sub in layer.sublayers))
+  return (
+    bool(layer.sublayers)
+    and type(layer).forward is tl.Serial.forward
+    and not any(isinstance(sub, AssertShape) for sub in layer.sublayers)
+  )
 
 
 def at(tree: Any, path: tuple[int, ...]) -> Any:
@@ -101,16 +104,22 @@ def at(tree: Any, path: tuple[int, ...]) -> Any:
 def rngs_function(steps_: list[Step]) -> jax.stages.Wrapped:
   """`fn(rng) -> (each step's RNG, the metrics layer's RNG)`: the keys
   `tl.Serial(model, metrics)` gives them from the eval's `rng`."""
+
   def rngs(rng):
     split = {(): fastmath.random.split(rng, 2)[0]}
 
     def of(path, widths):
       if path not in split:
         split[path] = fastmath.random.split(
-            of(path[:-1], widths[:-1]), widths[-1])[path[-1]]
+          of(path[:-1], widths[:-1]), widths[-1]
+        )[path[-1]]
       return split[path]
-    return ([of(s.path, s.widths) for s in steps_],
-            fastmath.random.split(rng, 2)[1])
+
+    return (
+      [of(s.path, s.widths) for s in steps_],
+      fastmath.random.split(rng, 2)[1],
+    )
+
   return jax.jit(rngs)
 
 
@@ -118,8 +127,10 @@ def layer_function(layer: tl.Layer, parts: int) -> jax.stages.Wrapped:
   """`jit` of `fn(inputs, weights, state, rng) -> outputs`: `layer`'s
   forward over `parts` parts of the rows."""
   forward = slices.forward(
-      lambda x, w, s, r: layer.pure_fn(x, w, s, r), parts,
-      slice_states.state_rows(layer))
+    lambda x, w, s, r: layer.pure_fn(x, w, s, r),
+    parts,
+    slice_states.state_rows(layer),
+  )
   return jax.jit(lambda x, w, s, r: forward(x, w, s, r)[0])
 
 
@@ -128,6 +139,7 @@ class StepPlan:
   """One step's program: its layer's name, `planning.EvalPlan` and what
   the eval holds on the device across it (the stack's other items, the
   RNGs), in bytes."""
+
   name: str
   plan: planning.EvalPlan
   held_bytes: int
@@ -143,6 +155,7 @@ class StepPlan:
 class SegmentedPlan:
   """The eval one layer at a time: a `StepPlan` per step, the metrics
   layer's last."""
+
   rows: int
   steps: tuple[StepPlan, ...]
 
@@ -159,15 +172,21 @@ class SegmentedPlan:
     """One line: the steps, the parts, the peak and where, the budget."""
     peak = max(self.steps, key=lambda s: s.peak_device_bytes)
     size = lambda n: byte_sizes.format_bytes(n, unit=None)
-    limit = ('no budget' if budget_bytes is None else
-             f'budget {size(budget_bytes)}')
-    rows = (f'up to {self.parts} parts of the {self.rows} rows'
-            if self.parts > 1 else f'each on all {self.rows} rows')
-    return (f'the model one layer at a time ({len(self.steps) - 1} '
-            f'programs, {rows}), then the metrics; peak '
-            f'{size(self.peak_device_bytes)} in {peak.name}: held '
-            f'{size(peak.held_bytes)}, its program '
-            f'{size(peak.plan.peak_device_bytes)} ({limit})')
+    limit = (
+      'no budget' if budget_bytes is None else f'budget {size(budget_bytes)}'
+    )
+    rows = (
+      f'up to {self.parts} parts of the {self.rows} rows'
+      if self.parts > 1
+      else f'each on all {self.rows} rows'
+    )
+    return (
+      f'the model one layer at a time ({len(self.steps) - 1} '
+      f'programs, {rows}), then the metrics; peak '
+      f'{size(self.peak_device_bytes)} in {peak.name}: held '
+      f'{size(peak.held_bytes)}, its program '
+      f'{size(peak.plan.peak_device_bytes)} ({limit})'
+    )
 
 
 class SegmentsError(planning.EvalMemoryBudgetError):
@@ -182,10 +201,13 @@ class Segmented:
   """An eval on one batch's shapes, one layer at a time: planned (every
   program compiled and accounted) when made, then called per batch."""
 
-  def __init__(self, model_with_metrics: tl.Layer,
-               device: placement_lib.OneDevice,
-               types: tuple[PyTree, PyTree, PyTree, PyTree],
-               budget_bytes: int) -> None:
+  def __init__(
+    self,
+    model_with_metrics: tl.Layer,
+    device: placement_lib.OneDevice,
+    types: tuple[PyTree, PyTree, PyTree, PyTree],
+    budget_bytes: int,
+  ) -> None:
     """Args:
       model_with_metrics: trax's `tl.Serial(model, metrics_layer)`.
       device: the `placement.OneDevice` it runs on.
@@ -206,15 +228,20 @@ class Segmented:
     # (layer, path in the model's weights and state or None: the metrics
     # layer's, its RNG's type, the parts it may run over).
     calls: list[tuple[tl.Layer, tuple[int, ...] | None, PyTree, list[int]]]
-    calls = [(s.layer, s.path, r, planning.divisors(rows) if s.layer.n_in
-              else [1]) for s, r in zip(model_steps, rngs[0])]
+    calls = [
+      (s.layer, s.path, r, planning.divisors(rows) if s.layer.n_in else [1])
+      for s, r in zip(model_steps, rngs[0])
+    ]
     calls.append((metrics, None, rngs[1], [1]))
     self._calls, plans, shared, misses = [], [], {}, []
     stack = batch
     for layer, path, rng_type, candidates in calls:
-      args = (combinators.inputs_from_stack(stack, layer.n_in),
-              *device.types(_params(path, weights, state)), rng_type)
-      held = program_lib.tree_bytes((_items(stack)[layer.n_in:], rngs))
+      args = (
+        combinators.inputs_from_stack(stack, layer.n_in),
+        *device.types(_params(path, weights, state)),
+        rng_type,
+      )
+      held = program_lib.tree_bytes((_items(stack)[layer.n_in :], rngs))
       fns: dict[Any, Any] = {}
       kind = (fingerprints.of(layer), program_lib.types_key(args))
 
@@ -228,8 +255,10 @@ class Segmented:
           shared[key] = (traced.lower().compile(), traced.out_info)
         fns[parts] = shared[key]
         return device_memory.ProgramMemory.from_compiled(shared[key][0])
+
       plan, least, refusal = planning.search_parts(
-          rows, weigh, budget_bytes - held, candidates)
+        rows, weigh, budget_bytes - held, candidates
+      )
       if plan is None:
         assert least is not None  # `search_parts`: where none fits
         # Planned on at its least, for the least of the whole eval.
@@ -238,8 +267,9 @@ class Segmented:
       plans.append(StepPlan(layer.name, plan, held))
       fn, outputs = fns[plan.parts]
       self._calls.append((layer.n_in, path, fn))
-      stack = combinators.outputs_onto_stack(device.types(outputs), stack,
-                                             layer.n_in)
+      stack = combinators.outputs_onto_stack(
+        device.types(outputs), stack, layer.n_in
+      )
     if misses:
       raise _nothing_fits(rows, misses, budget_bytes)
     self.plan = SegmentedPlan(rows, tuple(plans))
@@ -251,13 +281,15 @@ class Segmented:
     (stack, rng), copies = device.put((batch, rng))
     try:
       rngs, metrics_rng = self._rngs(rng)
-      for (n_in, path, fn), step_rng in zip(self._calls,
-                                            list(rngs) + [metrics_rng]):
+      for (n_in, path, fn), step_rng in zip(
+        self._calls, list(rngs) + [metrics_rng]
+      ):
         params = _params(path, weights, state)
         placed, params_copies = device.put(params)
         try:
-          outputs = fn(combinators.inputs_from_stack(stack, n_in), *placed,
-                       step_rng)
+          outputs = fn(
+            combinators.inputs_from_stack(stack, n_in), *placed, step_rng
+          )
         finally:
           del placed
           device.release(params_copies, params)
@@ -282,20 +314,25 @@ def _nothing_fits(rows, misses, budget_bytes):
   refused = [(step, e) for step, e in misses if step.plan.memory is None]
   if refused:
     step, e = refused[0]
-    need = (f'the backend refused the program of layer {step.name} for '
-            f'memory ({errors.one_line(e, max_chars=200)})')
+    need = (
+      f'the backend refused the program of layer {step.name} for '
+      f'memory ({errors.one_line(e, max_chars=200)})'
+    )
     least, at_least = None, ''
   else:
-    step = max((step for step, _ in misses),
-               key=lambda s: s.peak_device_bytes)
+    step = max((step for step, _ in misses), key=lambda s: s.peak_device_bytes)
     least = step.peak_device_bytes
-    need = (f'the least needs {size(least)}, at layer {step.name} with the '
-            f'rest of the batch\'s activations ({size(step.held_bytes)}) '
-            f'held')
+    need = (
+      f'the least needs {size(least)}, at layer {step.name} with the '
+      f"rest of the batch's activations ({size(step.held_bytes)}) "
+      f'held'
+    )
     at_least = f' >= {least}'
   return SegmentsError(
-      f'the eval of a batch of {rows} rows does not fit '
-      f'device_memory_budget_bytes={size(budget_bytes)} even one layer and '
-      f'one row at a time: {need}; set {options_lib.GIN_CONFIGURABLE}.'
-      f'device_memory_budget_bytes{at_least}, or use a smaller eval batch '
-      f'or shorter sequences.', least)
+    f'the eval of a batch of {rows} rows does not fit '
+    f'device_memory_budget_bytes={size(budget_bytes)} even one layer and '
+    f'one row at a time: {need}; set {options_lib.GIN_CONFIGURABLE}.'
+    f'device_memory_budget_bytes{at_least}, or use a smaller eval batch '
+    f'or shorter sequences.',
+    least,
+  )

@@ -52,10 +52,20 @@ ReversibleLayer = _trax_reversible.ReversibleLayer
 
 # The public home of each name, as `repr`, the memory log and the CLI name
 # the classes (e.g. 'trax_revplus.layers.ReversibleHalfResidual').
-for _public in (ReversibleHalfResidual, ReversibleSerial, ReconstructionRecord,
-                reconstruction_error):
+for _public in (
+  ReversibleHalfResidual,
+  ReversibleSerial,
+  ReconstructionRecord,
+  reconstruction_error,
+):
   _public.__module__ = __name__
 del _public
 
-__all__ = ['ReconstructionRecord', 'ReversibleHalfResidual', 'ReversibleLayer',
-           'ReversibleSerial', 'preserved', 'reconstruction_error']
+__all__ = [
+  'ReconstructionRecord',
+  'ReversibleHalfResidual',
+  'ReversibleLayer',
+  'ReversibleSerial',
+  'preserved',
+  'reconstruction_error',
+]

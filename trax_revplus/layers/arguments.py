@@ -31,11 +31,12 @@ def as_jax_arrays(*trees: PyTree) -> tuple[PyTree, ...]:
   (`TracerArrayConversionError`, in stock trax too); jax arrays and tracers
   can, and pass through unchanged.
   """
+
   def convert(x: Any) -> Any:
-    if (isinstance(x, (np.ndarray, np.generic)) and
-        x.dtype != jax.dtypes.float0):
+    if isinstance(x, (np.ndarray, np.generic)) and x.dtype != jax.dtypes.float0:
       return jax.numpy.asarray(x)
     return x
+
   return jax.tree_util.tree_map(convert, trees)
 
 
@@ -59,19 +60,24 @@ def replace_second_time(state: PyTree, new_state: PyTree) -> PyTree:
   Raises:
     ValueError: if `state` and `new_state` differ in structure.
   """
-  if (isinstance(state, tuple) and len(state) == 2 and
-      isinstance(state[1], dict) and 'running_second_time' in state[1]):
+  if (
+    isinstance(state, tuple)
+    and len(state) == 2
+    and isinstance(state[1], dict)
+    and 'running_second_time' in state[1]
+  ):
     return (new_state[0], {'running_second_time_yes': ()})
   if isinstance(state, (tuple, list)):
-    if (not isinstance(new_state, (tuple, list)) or
-        len(new_state) != len(state)):
+    if not isinstance(new_state, (tuple, list)) or len(new_state) != len(state):
       raise ValueError(
-          'state and new_state differ in structure: state has '
-          f'{len(state)} entries, new_state is {type(new_state).__name__} '
-          f'{new_state!r:.80}. Pass the new_state returned by the forward pass '
-          'that started from this state.')
+        'state and new_state differ in structure: state has '
+        f'{len(state)} entries, new_state is {type(new_state).__name__} '
+        f'{new_state!r:.80}. Pass the new_state returned by the forward pass '
+        'that started from this state.'
+      )
     return type(state)(
-        replace_second_time(s, ns) for s, ns in zip(state, new_state))
+      replace_second_time(s, ns) for s, ns in zip(state, new_state)
+    )
   return state
 
 
@@ -82,6 +88,7 @@ def check_per_sublayer(layer: base.Layer, **trees: PyTree) -> None:
     if not isinstance(tree, (tuple, list)) or len(tree) != n:
       got = len(tree) if isinstance(tree, (tuple, list)) else type(tree)
       raise ValueError(
-          f'{layer.name}: {arg_name} must have one entry per sublayer '
-          f'({n}), got {got}. Pass the layer\'s weights/state (e.g. '
-          f'layer.weights, layer.state, and the state returned by forward).')
+        f'{layer.name}: {arg_name} must have one entry per sublayer '
+        f"({n}), got {got}. Pass the layer's weights/state (e.g. "
+        f'layer.weights, layer.state, and the state returned by forward).'
+      )

@@ -17,7 +17,8 @@ from trax_revplus.typing import Stack
 # `(inputs, weights, state, rng, output_grad=None, compute_output=True,
 # update_state=True) -> (output, new_state, inputs_grad, weights_grad)`.
 ForwardAndOrBackward = Callable[
-    ..., tuple[Stack | None, PyTree, Stack | None, PyTree]]
+  ..., tuple[Stack | None, PyTree, Stack | None, PyTree]
+]
 
 
 def forward_and_or_backward(layer: base.Layer) -> ForwardAndOrBackward:
@@ -38,14 +39,22 @@ def forward_and_or_backward(layer: base.Layer) -> ForwardAndOrBackward:
     `output_grad` is given.
   """
 
-  def forward_and_or_backward(inputs, weights, state, rng, output_grad=None,
-                              compute_output=True, update_state=True):
+  def forward_and_or_backward(
+    inputs,
+    weights,
+    state,
+    rng,
+    output_grad=None,
+    compute_output=True,
+    update_state=True,
+  ):
     if output_grad is None:
       output, new_state = layer.pure_fn(inputs, weights, state, rng)
       grads_inputs, grads_weights = None, None
     else:
       output, vjp_fn, new_state = fastmath.vjp(
-          layer.pure_fn, inputs, weights, state, rng, has_aux=True)
+        layer.pure_fn, inputs, weights, state, rng, has_aux=True
+      )
       grads_inputs, grads_weights, _, _ = vjp_fn(output_grad)
     output = output if compute_output else None
     new_state = new_state if update_state else None

@@ -72,9 +72,12 @@ class ReversibleHalfResidual(trax_reversible.ReversibleLayer):
   weights: tuple[PyTree, ...]
   state: tuple[PyTree, ...]
 
-  def __init__(self, *residual_layers: base.Layer | Sequence[base.Layer],
-               attention_layer: base.Layer | None = None,
-               name: str | None = None):
+  def __init__(
+    self,
+    *residual_layers: base.Layer | Sequence[base.Layer],
+    attention_layer: base.Layer | None = None,
+    name: str | None = None,
+  ):
     """Creates the layer.
 
     Args:
@@ -87,8 +90,7 @@ class ReversibleHalfResidual(trax_reversible.ReversibleLayer):
     super().__init__(name=name)
     self._compute_residual = cb.Serial(*residual_layers)
     self._attention_layer = attention_layer
-    self._forward_and_or_backward: (
-        attention.ForwardAndOrBackward | None)
+    self._forward_and_or_backward: attention.ForwardAndOrBackward | None
     self._sublayers: tuple[base.Layer, ...]
     if attention_layer is None:
       self._sublayers = (self._compute_residual,)
@@ -98,7 +100,8 @@ class ReversibleHalfResidual(trax_reversible.ReversibleLayer):
         self._forward_and_or_backward = attention_layer.forward_and_or_backward
       else:
         self._forward_and_or_backward = attention.forward_and_or_backward(
-            attention_layer)
+          attention_layer
+        )
       self._sublayers = (self._compute_residual, attention_layer)
 
     running_max = 0
@@ -148,9 +151,14 @@ class ReversibleHalfResidual(trax_reversible.ReversibleLayer):
       pure_fn = jax.checkpoint(pure_fn)
     return pure_fn
 
-  def reverse(self, output: tuple[Array, ...], weights: PyTree = (),
-              state: PyTree = (), new_state: PyTree = (),
-              rng: PRNGKey | None = None) -> tuple[Array, ...]:
+  def reverse(
+    self,
+    output: tuple[Array, ...],
+    weights: PyTree = (),
+    state: PyTree = (),
+    new_state: PyTree = (),
+    rng: PRNGKey | None = None,
+  ) -> tuple[Array, ...]:
     """Reconstructs the inputs from the outputs of `forward`.
 
     Recomputes the residual from the (unchanged) context exactly as
@@ -172,10 +180,12 @@ class ReversibleHalfResidual(trax_reversible.ReversibleLayer):
       ValueError: if weights, state or new_state do not have one entry per
         sublayer, or state and new_state differ in structure.
     """
-    arguments.check_per_sublayer(self, weights=weights, state=state,
-                                 new_state=new_state)
-    weights, state, new_state = arguments.as_jax_arrays(weights, state,
-                                                        new_state)
+    arguments.check_per_sublayer(
+      self, weights=weights, state=state, new_state=new_state
+    )
+    weights, state, new_state = arguments.as_jax_arrays(
+      weights, state, new_state
+    )
     rngs = _split_rngs(rng, len(self.sublayers))
     accumulator_output, *context_items = output
     context = tuple(context_items)
@@ -183,7 +193,8 @@ class ReversibleHalfResidual(trax_reversible.ReversibleLayer):
     state_to_pass = arguments.replace_second_time(state[0], new_state[0])
     inputs = cb.inputs_from_stack(context, self._compute_residual.n_in)
     outputs, _ = self._compute_residual.pure_fn(
-        inputs, weights[0], state_to_pass, rngs[0])
+      inputs, weights[0], state_to_pass, rngs[0]
+    )
     stack = cb.outputs_onto_stack(outputs, context, self._compute_residual.n_in)
     if self._attention_layer is None:
       residual = stack[0] if isinstance(stack, (tuple, list)) else stack
@@ -191,14 +202,24 @@ class ReversibleHalfResidual(trax_reversible.ReversibleLayer):
       inputs = cb.inputs_from_stack(stack, self._attention_layer.n_in)
       assert self._forward_and_or_backward is not None  # Set with attention.
       residual, _, _, _ = self._forward_and_or_backward(
-          inputs, weights[1], new_state[1], rngs[1], output_grad=None,
-          compute_output=True, update_state=False)
+        inputs,
+        weights[1],
+        new_state[1],
+        rngs[1],
+        output_grad=None,
+        compute_output=True,
+        update_state=False,
+      )
     return (accumulator_output - residual,) + context
 
   def reverse_and_grad(
-      self, output: tuple[Array, ...], ct: tuple[Array | None, ...],
-      weights: PyTree = (), state: PyTree = (), new_state: PyTree = (),
-      rng: PRNGKey | None = None
+    self,
+    output: tuple[Array, ...],
+    ct: tuple[Array | None, ...],
+    weights: PyTree = (),
+    state: PyTree = (),
+    new_state: PyTree = (),
+    rng: PRNGKey | None = None,
   ) -> tuple[tuple[Array, ...], tuple[Stack, tuple[PyTree, ...]]]:
     """Reconstructs the inputs and back-propagates cotangents.
 
@@ -227,10 +248,12 @@ class ReversibleHalfResidual(trax_reversible.ReversibleLayer):
       ValueError: if weights, state or new_state do not have one entry per
         sublayer, or state and new_state differ in structure.
     """
-    arguments.check_per_sublayer(self, weights=weights, state=state,
-                                 new_state=new_state)
+    arguments.check_per_sublayer(
+      self, weights=weights, state=state, new_state=new_state
+    )
     ct, weights, state, new_state = arguments.as_jax_arrays(
-        ct, weights, state, new_state)
+      ct, weights, state, new_state
+    )
     rngs = _split_rngs(rng, len(self.sublayers))
     accumulator_output, *context_items = output
     context = tuple(context_items)
@@ -239,8 +262,9 @@ class ReversibleHalfResidual(trax_reversible.ReversibleLayer):
 
     state_to_pass = arguments.replace_second_time(state[0], new_state[0])
     residual_fn = self._residual_fn()
-    n_attention_in = (None if self._attention_layer is None
-                      else self._attention_layer.n_in)
+    n_attention_in = (
+      None if self._attention_layer is None else self._attention_layer.n_in
+    )
 
     def call_compute_residual(x, w):
       res, _ = residual_fn(x, w, state_to_pass, rngs[0])
@@ -255,7 +279,8 @@ class ReversibleHalfResidual(trax_reversible.ReversibleLayer):
     stack = context
     inputs = cb.inputs_from_stack(stack, self._compute_residual.n_in)
     outputs, compute_residual_vjpfun, outputs_aux = fastmath.vjp(
-        call_compute_residual, inputs, weights[0], has_aux=True)
+      call_compute_residual, inputs, weights[0], has_aux=True
+    )
     if outputs_aux is not None:
       n_differentiable_outputs = len(outputs)
       outputs = outputs + outputs_aux
@@ -270,34 +295,47 @@ class ReversibleHalfResidual(trax_reversible.ReversibleLayer):
       inputs = cb.inputs_from_stack(stack, self._attention_layer.n_in)
       assert self._forward_and_or_backward is not None  # Set with attention.
       residual, _, attn_inputs_ct, attn_weights_ct = (
-          self._forward_and_or_backward(
-              inputs, weights[1], new_state[1], rngs[1],
-              output_grad=accumulator_output_ct,
-              compute_output=True, update_state=False))
+        self._forward_and_or_backward(
+          inputs,
+          weights[1],
+          new_state[1],
+          rngs[1],
+          output_grad=accumulator_output_ct,
+          compute_output=True,
+          update_state=False,
+        )
+      )
       stack_ct = cb.outputs_onto_stack(
-          attn_inputs_ct, stack_ct, self._attention_layer.n_out)
+        attn_inputs_ct, stack_ct, self._attention_layer.n_out
+      )
       weights_ct_attention = (attn_weights_ct,)
 
     compute_residual_ct = cb.inputs_from_stack(
-        stack_ct, self._compute_residual.n_out)
+      stack_ct, self._compute_residual.n_out
+    )
     if outputs_aux is not None:
       compute_residual_ct = arguments.as_tuple(compute_residual_ct)
       compute_residual_ct = compute_residual_ct[:n_differentiable_outputs]
       if len(compute_residual_ct) != n_differentiable_outputs:
         raise ValueError(
-            f'{self.name}: residual layers returned {n_differentiable_outputs}'
-            f' differentiable outputs but only {len(compute_residual_ct)} '
-            'cotangents reach them; check n_out of the residual layers.')
+          f'{self.name}: residual layers returned {n_differentiable_outputs}'
+          f' differentiable outputs but only {len(compute_residual_ct)} '
+          'cotangents reach them; check n_out of the residual layers.'
+        )
     compute_residual_inputs_ct, compute_residual_weights_ct = (
-        compute_residual_vjpfun(compute_residual_ct))
+      compute_residual_vjpfun(compute_residual_ct)
+    )
     stack_ct = cb.outputs_onto_stack(
-        compute_residual_inputs_ct, stack_ct, self._compute_residual.n_out)
+      compute_residual_inputs_ct, stack_ct, self._compute_residual.n_out
+    )
     stack_ct = arguments.as_tuple(stack_ct)
-    stack_ct = ((accumulator_output_ct,) +
-                fastmath.nested_map_multiarg(
-                    cotangents.add_cotangents, context_ct[:len(stack_ct)],
-                    stack_ct) +
-                context_ct[len(stack_ct):])
+    stack_ct = (
+      (accumulator_output_ct,)
+      + fastmath.nested_map_multiarg(
+        cotangents.add_cotangents, context_ct[: len(stack_ct)], stack_ct
+      )
+      + context_ct[len(stack_ct) :]
+    )
 
     reconstructed_x = accumulator_output - residual
     stack = (reconstructed_x,) + context
@@ -305,7 +343,8 @@ class ReversibleHalfResidual(trax_reversible.ReversibleLayer):
     return stack, (stack_ct, weights_ct)
 
   def init_weights_and_state(
-      self, input_signature: tuple[shapes.ShapeDtype, ...]) -> None:
+    self, input_signature: tuple[shapes.ShapeDtype, ...]
+  ) -> None:
     """Initializes weights and state; mirrors the stock method.
 
     Args:

@@ -52,6 +52,7 @@ class ReconstructionRecord:
       outputs.
     local_max_rel_error: `local_max_abs_error` relative to max |true inputs|.
   """
+
   index: int
   path: Tuple[int, ...]
   name: str
@@ -76,15 +77,18 @@ def _flat_leaves(layer, weights, state, rng, path):
     n = len(layer.sublayers)
     if not isinstance(weights, (tuple, list)) or len(weights) != n:
       raise ValueError(
-          f'{layer.name} at path {path}: weights must have one entry per '
-          f'sublayer ({n}); pass the weights of this layer or model.')
+        f'{layer.name} at path {path}: weights must have one entry per '
+        f'sublayer ({n}); pass the weights of this layer or model.'
+      )
     if not isinstance(state, (tuple, list)) or len(state) != n:
       raise ValueError(
-          f'{layer.name} at path {path}: state must have one entry per '
-          f'sublayer ({n}); pass the state of this layer or model.')
+        f'{layer.name} at path {path}: state must have one entry per '
+        f'sublayer ({n}); pass the state of this layer or model.'
+      )
     rngs = _split_rngs(rng, n)
     for i, (sub, w, s, r) in enumerate(
-        zip(layer.sublayers, weights, state, rngs)):
+      zip(layer.sublayers, weights, state, rngs)
+    ):
       yield from _flat_leaves(sub, w, s, r, path + (i,))
   else:
     yield path, layer, weights, state, rng
@@ -103,22 +107,28 @@ def _reverse(layer, outputs, weights, state, new_state, rng):
     return layer.reverse(outputs, weights, state, new_state, rng)
   except NotImplementedError:
     ct = fastmath.nested_map(_zero_cotangent, outputs)
-    return layer.reverse_and_grad(outputs, ct, weights, state, new_state,
-                                  rng)[0]
+    return layer.reverse_and_grad(outputs, ct, weights, state, new_state, rng)[
+      0
+    ]
 
 
 def _errors(reconstructed, true):
   """(max abs error, max rel error) over stack items, in float64."""
-  rec = [np.asarray(x).astype(np.float64)
-         for x in arguments.as_tuple(reconstructed)]
+  rec = [
+    np.asarray(x).astype(np.float64) for x in arguments.as_tuple(reconstructed)
+  ]
   ref = [np.asarray(x).astype(np.float64) for x in arguments.as_tuple(true)]
   if len(rec) != len(ref):
-    raise ValueError(f'reverse returned {len(rec)} stack items, '
-                     f'expected {len(ref)}.')
-  max_abs = max([float(np.max(np.abs(a - b))) if a.size else 0.0
-                 for a, b in zip(rec, ref)] + [0.0])
-  scale = max([float(np.max(np.abs(b))) if b.size else 0.0
-               for b in ref] + [0.0])
+    raise ValueError(
+      f'reverse returned {len(rec)} stack items, expected {len(ref)}.'
+    )
+  max_abs = max(
+    [float(np.max(np.abs(a - b))) if a.size else 0.0 for a, b in zip(rec, ref)]
+    + [0.0]
+  )
+  scale = max(
+    [float(np.max(np.abs(b))) if b.size else 0.0 for b in ref] + [0.0]
+  )
   if max_abs == 0.0:
     max_rel = 0.0
   else:
@@ -126,11 +136,13 @@ def _errors(reconstructed, true):
   return max_abs, max_rel
 
 
-def reconstruction_error(layer_or_model: base.Layer, inputs: Stack,
-                         weights: PyTree | None = None,
-                         state: PyTree | None = None,
-                         rng: PRNGKey | None = None
-                         ) -> tuple[list[ReconstructionRecord], str]:
+def reconstruction_error(
+  layer_or_model: base.Layer,
+  inputs: Stack,
+  weights: PyTree | None = None,
+  state: PyTree | None = None,
+  rng: PRNGKey | None = None,
+) -> tuple[list[ReconstructionRecord], str]:
   """Measures how exactly reversible layers reconstruct their inputs.
 
   Runs `layer_or_model` forward on `inputs` layer by layer (opening up
@@ -169,8 +181,10 @@ def reconstruction_error(layer_or_model: base.Layer, inputs: Stack,
   if weights is None:
     if not fastmath.tree_leaves(layer_or_model.weights):
       if state is not None:
-        raise ValueError('reconstruction_error: state given but weights None '
-                         'for an uninitialised model; pass both or neither.')
+        raise ValueError(
+          'reconstruction_error: state given but weights None '
+          'for an uninitialised model; pass both or neither.'
+        )
       layer_or_model.init(shapes.signature(inputs))
     weights = layer_or_model.weights
   if state is None:
@@ -181,8 +195,9 @@ def reconstruction_error(layer_or_model: base.Layer, inputs: Stack,
   leaves = list(_flat_leaves(layer_or_model, weights, state, rng, ()))
   if not any(isinstance(l, ReversibleLayer) for _, l, _, _, _ in leaves):
     raise ValueError(
-        f'reconstruction_error: {layer_or_model.name} holds no reversible '
-        'layer (trax.layers.ReversibleLayer); nothing to reconstruct.')
+      f'reconstruction_error: {layer_or_model.name} holds no reversible '
+      'layer (trax.layers.ReversibleLayer); nothing to reconstruct.'
+    )
 
   records: list[Any] = []
   # (path, layer, weights, state, new_state, rng, inputs, outputs,
@@ -199,15 +214,24 @@ def reconstruction_error(layer_or_model: base.Layer, inputs: Stack,
     stack = block[-1][8]
     out_records = []
     for path, layer, w, s, ns, r, x, y, _ in reversed(block):
-      x_rec = _reverse(layer, cb.inputs_from_stack(stack, layer.n_out),
-                       w, s, ns, r)
+      x_rec = _reverse(
+        layer, cb.inputs_from_stack(stack, layer.n_out), w, s, ns, r
+      )
       stack = cb.outputs_onto_stack(x_rec, stack, layer.n_out)
       abs_err, rel_err = _errors(cb.inputs_from_stack(stack, layer.n_in), x)
       local_abs, local_rel = _errors(_reverse(layer, y, w, s, ns, r), x)
-      out_records.append(ReconstructionRecord(
-          index=0, path=path, name=layer.name, block=n_blocks,
-          max_abs_error=abs_err, max_rel_error=rel_err,
-          local_max_abs_error=local_abs, local_max_rel_error=local_rel))
+      out_records.append(
+        ReconstructionRecord(
+          index=0,
+          path=path,
+          name=layer.name,
+          block=n_blocks,
+          max_abs_error=abs_err,
+          max_rel_error=rel_err,
+          local_max_abs_error=local_abs,
+          local_max_rel_error=local_rel,
+        )
+      )
     for i, rec in enumerate(reversed(out_records)):
       records.append(dataclasses.replace(rec, index=first_index + i))
     block.clear()
@@ -218,8 +242,19 @@ def reconstruction_error(layer_or_model: base.Layer, inputs: Stack,
     x = cb.inputs_from_stack(stack, layer.n_in)
     y, ns = layer.pure_fn(x, w, s, r, use_cache=True)
     if isinstance(layer, ReversibleLayer):
-      block.append((path, layer, w, s, ns, r, x, y,
-                    cb.outputs_onto_stack(y, stack, layer.n_in)))
+      block.append(
+        (
+          path,
+          layer,
+          w,
+          s,
+          ns,
+          r,
+          x,
+          y,
+          cb.outputs_onto_stack(y, stack, layer.n_in),
+        )
+      )
     else:
       close_block()
     stack = cb.outputs_onto_stack(y, stack, layer.n_in)
@@ -227,8 +262,9 @@ def reconstruction_error(layer_or_model: base.Layer, inputs: Stack,
 
   worst = max(records, key=lambda rec: rec.max_rel_error)
   summary = (
-      f'reconstruction_error: {len(records)} reversible layers in {n_blocks} '
-      f'block(s); worst max_rel_error {worst.max_rel_error:.3g} '
-      f'(max_abs_error {worst.max_abs_error:.3g}) at layer {worst.index} '
-      f'{worst.name} (path {".".join(map(str, worst.path)) or "-"})')
+    f'reconstruction_error: {len(records)} reversible layers in {n_blocks} '
+    f'block(s); worst max_rel_error {worst.max_rel_error:.3g} '
+    f'(max_abs_error {worst.max_abs_error:.3g}) at layer {worst.index} '
+    f'{worst.name} (path {".".join(map(str, worst.path)) or "-"})'
+  )
   return records, summary

@@ -46,11 +46,18 @@ class ReversibleSerial(trax_reversible.ReversibleLayer, cb.Serial):
     for i, layer in enumerate(self.sublayers):
       if not isinstance(layer, ReversibleLayer):
         raise ValueError(
-            f'Sub-layer {i} of ReversibleSerial is not reversible: {layer}. '
-            'Use tl.Serial, or make it a trax.layers.ReversibleLayer.')
+          f'Sub-layer {i} of ReversibleSerial is not reversible: {layer}. '
+          'Use tl.Serial, or make it a trax.layers.ReversibleLayer.'
+        )
 
-  def reverse(self, output: Stack, weights: PyTree = (), state: PyTree = (),
-              new_state: PyTree = (), rng: PRNGKey | None = None) -> Stack:
+  def reverse(
+    self,
+    output: Stack,
+    weights: PyTree = (),
+    state: PyTree = (),
+    new_state: PyTree = (),
+    rng: PRNGKey | None = None,
+  ) -> Stack:
     """Reconstructs the inputs from the outputs, last sublayer first.
 
     Mirrors `trax.layers.ReversibleSerial.reverse`.
@@ -69,21 +76,27 @@ class ReversibleSerial(trax_reversible.ReversibleLayer, cb.Serial):
       ValueError: if weights, state or new_state do not have one entry per
         sublayer.
     """
-    arguments.check_per_sublayer(self, weights=weights, state=state,
-                                 new_state=new_state)
+    arguments.check_per_sublayer(
+      self, weights=weights, state=state, new_state=new_state
+    )
     rngs = _split_rngs(rng, self._n_layers)
     stack = output
-    for layer, w, s, ns, layer_rng in reversed(list(zip(
-        self.sublayers, weights, state, new_state, rngs))):
+    for layer, w, s, ns, layer_rng in reversed(
+      list(zip(self.sublayers, weights, state, new_state, rngs))
+    ):
       layer_val = cb.inputs_from_stack(stack, layer.n_out)
       layer_val = layer.reverse(layer_val, w, s, ns, rng=layer_rng)
       stack = cb.outputs_onto_stack(layer_val, stack, layer.n_out)
     return stack
 
   def reverse_and_grad(
-      self, output: Stack, grad: Stack, weights: PyTree = (),
-      state: PyTree = (), new_state: PyTree = (),
-      rng: PRNGKey | None = None
+    self,
+    output: Stack,
+    grad: Stack,
+    weights: PyTree = (),
+    state: PyTree = (),
+    new_state: PyTree = (),
+    rng: PRNGKey | None = None,
   ) -> tuple[Stack, tuple[Stack, tuple[PyTree, ...]]]:
     """Reconstructs the inputs and back-propagates, last sublayer first.
 
@@ -106,18 +119,21 @@ class ReversibleSerial(trax_reversible.ReversibleLayer, cb.Serial):
       ValueError: if weights, state or new_state do not have one entry per
         sublayer.
     """
-    arguments.check_per_sublayer(self, weights=weights, state=state,
-                                 new_state=new_state)
+    arguments.check_per_sublayer(
+      self, weights=weights, state=state, new_state=new_state
+    )
     rngs = _split_rngs(rng, self._n_layers)
     stack = output
     stack_grad = grad
     weights_grad: list[Any] = []
-    for layer, w, s, ns, layer_rng in reversed(list(zip(
-        self.sublayers, weights, state, new_state, rngs))):
+    for layer, w, s, ns, layer_rng in reversed(
+      list(zip(self.sublayers, weights, state, new_state, rngs))
+    ):
       layer_val = cb.inputs_from_stack(stack, layer.n_out)
       layer_ct = cb.inputs_from_stack(stack_grad, layer.n_out)
       layer_val, (layer_ct, w_ct) = layer.reverse_and_grad(
-          layer_val, layer_ct, w, s, ns, rng=layer_rng)
+        layer_val, layer_ct, w, s, ns, rng=layer_rng
+      )
       weights_grad.insert(0, w_ct)
       stack = cb.outputs_onto_stack(layer_val, stack, layer.n_out)
       stack_grad = cb.outputs_onto_stack(layer_ct, stack_grad, layer.n_out)

@@ -43,8 +43,18 @@ from trax_revplus.memory.schedule import FIRST_STEPS_RECORDED
 from trax_revplus.memory.transfers import TransferCounter
 
 __all__ = [
-    'array_bytes', 'BYTES_PER_MIB', 'device_bytes_in_use',
-    'FIRST_STEPS_RECORDED', 'format_record', 'host_available_bytes',
-    'host_peak', 'host_rss_bytes', 'MEMORY_LOG_FILENAME', 'MemoryLog',
-    'peaks', 'read_memory_log', 'TENSORBOARD_SUBDIR', 'TransferCounter',
+  'array_bytes',
+  'BYTES_PER_MIB',
+  'device_bytes_in_use',
+  'FIRST_STEPS_RECORDED',
+  'format_record',
+  'host_available_bytes',
+  'host_peak',
+  'host_rss_bytes',
+  'MEMORY_LOG_FILENAME',
+  'MemoryLog',
+  'peaks',
+  'read_memory_log',
+  'TENSORBOARD_SUBDIR',
+  'TransferCounter',
 ]

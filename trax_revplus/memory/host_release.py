@@ -41,8 +41,11 @@ def _load_glibc_function(name, argtypes):
 
 
 _MALLOC_TRIM = _load_glibc_function('malloc_trim', [ctypes.c_size_t])
-_MALLOPT = (_load_glibc_function('mallopt', [ctypes.c_int, ctypes.c_int])
-            if _MALLOC_TRIM is not None else None)  # glibc's, not another's
+_MALLOPT = (
+  _load_glibc_function('mallopt', [ctypes.c_int, ctypes.c_int])
+  if _MALLOC_TRIM is not None
+  else None
+)  # glibc's, not another's
 _M_MMAP_THRESHOLD = -3  # glibc's malloc.h
 MAX_MMAP_THRESHOLD_BYTES = 32 * 2**20  # glibc's limit on 64-bit systems
 _TUNABLE = 'glibc.malloc.mmap_threshold'
@@ -79,8 +82,9 @@ def set_mmap_threshold(nbytes: int) -> bool:
     value = None
   if value is None or not 0 <= value <= MAX_MMAP_THRESHOLD_BYTES:
     raise ValueError(
-        f'the mmap threshold must be an int number of bytes in [0, '
-        f'{MAX_MMAP_THRESHOLD_BYTES}] (glibc\'s limit), got {nbytes!r}.')
+      f'the mmap threshold must be an int number of bytes in [0, '
+      f"{MAX_MMAP_THRESHOLD_BYTES}] (glibc's limit), got {nbytes!r}."
+    )
   if _MALLOPT is None or _TUNABLE in os.environ.get('GLIBC_TUNABLES', ''):
     return False
   return _MALLOPT(_M_MMAP_THRESHOLD, value) == 1
@@ -119,8 +123,7 @@ class HostMemoryReleaser:
     if _MALLOC_TRIM is None:
       return 0
     before = host_rss_bytes()
-    if (before - self._rss_after_release <
-        self._min_growth_bytes + keep_bytes):
+    if before - self._rss_after_release < self._min_growth_bytes + keep_bytes:
       return 0
     _MALLOC_TRIM(0)
     self._rss_after_release = host_rss_bytes()

@@ -64,11 +64,15 @@ class MemoryLog(LogOutputs):
     log.close()
   """
 
-  def __init__(self, every_n_steps: int = 100, per_layer: bool = False,
-               output_dir: str | os.PathLike | None = None,
-               tensorboard: bool = True,
-               devices: Sequence[Any] | None = None,
-               first_steps: int = FIRST_STEPS_RECORDED):
+  def __init__(
+    self,
+    every_n_steps: int = 100,
+    per_layer: bool = False,
+    output_dir: str | os.PathLike | None = None,
+    tensorboard: bool = True,
+    devices: Sequence[Any] | None = None,
+    first_steps: int = FIRST_STEPS_RECORDED,
+  ):
     """Creates a memory log.
 
     Args:
@@ -88,11 +92,15 @@ class MemoryLog(LogOutputs):
     Raises:
       ValueError: `every_n_steps` is not an int >= 1.
     """
-    if (isinstance(every_n_steps, bool) or
-        not isinstance(every_n_steps, (int, np.integer)) or every_n_steps < 1):
+    if (
+      isinstance(every_n_steps, bool)
+      or not isinstance(every_n_steps, (int, np.integer))
+      or every_n_steps < 1
+    ):
       raise ValueError(
-          f'every_n_steps must be an int >= 1 (1 records every step), got '
-          f'{every_n_steps!r}.')
+        f'every_n_steps must be an int >= 1 (1 records every step), got '
+        f'{every_n_steps!r}.'
+      )
     self.every_n_steps = int(every_n_steps)
     self.per_layer = bool(per_layer)
     self.tensorboard = bool(tensorboard)
@@ -125,8 +133,9 @@ class MemoryLog(LogOutputs):
     """
     return self._schedule.should_record(step)
 
-  def begin_step(self, step: int,
-                 transfers: TransferCounter | None = None) -> bool:
+  def begin_step(
+    self, step: int, transfers: TransferCounter | None = None
+  ) -> bool:
     """Starts measuring step `step`; the first call records the process start.
 
     Resets the kernel's peak RSS mark (`host_peak.reset`), so the step's
@@ -154,10 +163,13 @@ class MemoryLog(LogOutputs):
         self._ended = False
         self._sampled_peak = 0
         self._step = {
-            'step': step, 'recorded': recorded, 'time': time.time(),
-            'transfers': transfers,
-            'transfers_at_begin': transfers.snapshot() if transfers else None,
-            'between': between}
+          'step': step,
+          'recorded': recorded,
+          'time': time.time(),
+          'transfers': transfers,
+          'transfers_at_begin': transfers.snapshot() if transfers else None,
+          'between': between,
+        }
         self._sample_rss()
     except Exception as e:  # pylint: disable=broad-except
       self._report_failure('step record', e)
@@ -179,18 +191,22 @@ class MemoryLog(LogOutputs):
       return None
     try:
       peak, source = self._interval_peak()
-      record = dict(self._identify(), host_peak_bytes=peak,
-                    host_peak_source=source,
-                    seconds=time.time() - started['time'],
-                    recorded=started['recorded'])
+      record = dict(
+        self._identify(),
+        host_peak_bytes=peak,
+        host_peak_source=source,
+        seconds=time.time() - started['time'],
+        recorded=started['recorded'],
+      )
       if started['transfers'] is not None:
         h2d, d2h = started['transfers'].since(started['transfers_at_begin'])
         record.update(h2d_bytes=h2d, d2h_bytes=d2h)
       if started['between'] is not None:
         record['host_peak_between_steps_bytes'] = started['between']
       record.update(fields)
-      return self._record(step, 'step', record,
-                          probe_devices=started['recorded'])
+      return self._record(
+        step, 'step', record, probe_devices=started['recorded']
+      )
     except Exception as e:  # pylint: disable=broad-except
       self._report_failure('step record', e)
       return None
@@ -231,11 +247,20 @@ class MemoryLog(LogOutputs):
       started = psutil.Process(os.getpid()).create_time()
     except Exception:  # pylint: disable=broad-except
       started = None
-    self._record(step, 'start', dict(
-        self._identify(), process_start_time=started,
+    self._record(
+      step,
+      'start',
+      dict(
+        self._identify(),
+        process_start_time=started,
         host_peak_bytes=host_peak.process_peak_bytes(),
-        host_peak_source=('kernel_hwm' if self._fd is not None and
-                          host_peak.supported() else 'sampled')))
+        host_peak_source=(
+          'kernel_hwm'
+          if self._fd is not None and host_peak.supported()
+          else 'sampled'
+        ),
+      ),
+    )
 
   def _sample_rss(self):
     rss = self._probe('host_rss_bytes', host_rss_bytes)
@@ -243,8 +268,14 @@ class MemoryLog(LogOutputs):
       self._sampled_peak = max(self._sampled_peak, rss)
     return rss
 
-  def record(self, step: int, phase: str, *,
-             devices: Sequence[Any] | None = None, **fields: Any) -> Record:
+  def record(
+    self,
+    step: int,
+    phase: str,
+    *,
+    devices: Sequence[Any] | None = None,
+    **fields: Any,
+  ) -> Record:
     """Probes memory and writes one record; never raises.
 
     Args:
@@ -263,8 +294,11 @@ class MemoryLog(LogOutputs):
     return self._record(step, phase, fields, devices=devices)
 
   def _record(self, step, phase, fields, devices=None, probe_devices=True):
-    record = {'step': to_json_value(step), 'phase': str(phase),
-              'time': time.time()}
+    record = {
+      'step': to_json_value(step),
+      'phase': str(phase),
+      'time': time.time(),
+    }
     try:
       with self._lock:
         rss = self._sample_rss()
@@ -272,8 +306,9 @@ class MemoryLog(LogOutputs):
           record['host_rss_bytes'] = rss
         if probe_devices:
           devices = self.devices if devices is None else devices
-          device = self._probe('device_bytes_in_use',
-                               lambda: device_bytes_in_use(devices))
+          device = self._probe(
+            'device_bytes_in_use', lambda: device_bytes_in_use(devices)
+          )
           if device is not None:
             record.update(device)
         for key, value in fields.items():
@@ -300,9 +335,13 @@ class MemoryLog(LogOutputs):
         try:
           peak, source = self._interval_peak()
           last = self._last_step if self._last_step is not None else 0
-          self._record(last, 'end', dict(self._identify(),
-                                         host_peak_bytes=peak,
-                                         host_peak_source=source))
+          self._record(
+            last,
+            'end',
+            dict(
+              self._identify(), host_peak_bytes=peak, host_peak_source=source
+            ),
+          )
         except Exception as e:  # pylint: disable=broad-except
           self._report_failure('end record', e)
       self._close_outputs()

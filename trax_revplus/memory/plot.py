@@ -51,17 +51,20 @@ def resolve_jsonl(run_dir_or_jsonl: str | os.PathLike) -> str:
     path = os.path.join(path, MEMORY_LOG_FILENAME)
   if not os.path.isfile(path):
     raise FileNotFoundError(
-        f'No memory log at {path}: give a training output dir that holds '
-        f'{MEMORY_LOG_FILENAME} (written by the trax_revplus trainer) or '
-        f'the path of the file itself')
+      f'No memory log at {path}: give a training output dir that holds '
+      f'{MEMORY_LOG_FILENAME} (written by the trax_revplus trainer) or '
+      f'the path of the file itself'
+    )
   return path
 
 
 def _save(fig, output_png):
   """Writes the figure as a PNG at exactly `output_png` (no suffix added),
   safely (`output_files.write`); returns the path."""
+
   def fill(f: IO[bytes]) -> None:
     fig.savefig(f, format='png', dpi=100)
+
   try:
     directory = os.path.dirname(os.path.abspath(output_png))
     os.makedirs(directory, exist_ok=True)
@@ -72,12 +75,15 @@ def _save(fig, output_png):
 
 def default_png(log_path: str) -> str:
   """`memory.png` next to the log."""
-  return os.path.join(os.path.dirname(os.path.abspath(log_path)),
-                      DEFAULT_PNG_FILENAME)
+  return os.path.join(
+    os.path.dirname(os.path.abspath(log_path)), DEFAULT_PNG_FILENAME
+  )
 
 
-def plot_memory(run_dir_or_jsonl: str | os.PathLike,
-                output_png: str | os.PathLike | None = None) -> str:
+def plot_memory(
+  run_dir_or_jsonl: str | os.PathLike,
+  output_png: str | os.PathLike | None = None,
+) -> str:
   """Renders a memory log to a PNG.
 
   Args:
@@ -100,8 +106,9 @@ def plot_memory(run_dir_or_jsonl: str | os.PathLike,
   return plot_reading(log, output_png)
 
 
-def plot_reading(log: reading_lib.LogReading,
-                 output_png: str | os.PathLike | None = None) -> str:
+def plot_reading(
+  log: reading_lib.LogReading, output_png: str | os.PathLike | None = None
+) -> str:
   """Renders the valid records of a read memory log to a PNG.
 
   Args:
@@ -117,28 +124,41 @@ def plot_reading(log: reading_lib.LogReading,
   """
   path, records = log.path, log.records
   if not records:
-    raise ValueError(f'{path} holds no memory records yet; train with the '
-                     f'memory log enabled for at least one step, then plot '
-                     f'again')
-  output_png = os.fspath(output_png) if output_png is not None else (
-      default_png(path))
+    raise ValueError(
+      f'{path} holds no memory records yet; train with the '
+      f'memory log enabled for at least one step, then plot '
+      f'again'
+    )
+  output_png = (
+    os.fspath(output_png) if output_png is not None else (default_png(path))
+  )
 
-  phases = list(dict.fromkeys(r['phase'] for r in records
-                              if r['phase'] not in PROCESS_PHASES))
+  phases = list(
+    dict.fromkeys(
+      r['phase'] for r in records if r['phase'] not in PROCESS_PHASES
+    )
+  )
   cmap = plt.get_cmap('tab10')
-  phase_style = {p: (cmap(i % 10), _MARKERS[i % len(_MARKERS)])
-                 for i, p in enumerate(phases)}
+  phase_style = {
+    p: (cmap(i % 10), _MARKERS[i % len(_MARKERS)]) for i, p in enumerate(phases)
+  }
   segs = [(seg, x_positions(seg)) for seg in segments(records)]
-  sources = sorted({r['device_bytes_source'] for r in records
-                    if r.get('device_bytes_source')})
+  sources = sorted(
+    {r['device_bytes_source'] for r in records if r.get('device_bytes_source')}
+  )
   steps = {r['step'] for r in records if r['phase'] == 'step'} or {
-      r['step'] for r in records if r['phase'] not in ('init', 'start')}
+    r['step'] for r in records if r['phase'] not in ('init', 'start')
+  }
 
   fig, (ax_host, ax_dev, ax_xfer) = plt.subplots(
-      3, 1, figsize=(11, 11), sharex=True, constrained_layout=True)
-  fig.suptitle(f'Memory log: {path}\n({len(records)} records, '
-               f'{len(steps)} steps, {len(segs)} process'
-               f'{"" if len(segs) == 1 else "es"})', fontsize=11)
+    3, 1, figsize=(11, 11), sharex=True, constrained_layout=True
+  )
+  fig.suptitle(
+    f'Memory log: {path}\n({len(records)} records, '
+    f'{len(steps)} steps, {len(segs)} process'
+    f'{"" if len(segs) == 1 else "es"})',
+    fontsize=11,
+  )
   plot_panels.plot_host(ax_host, segs, phase_style)
   plot_panels.plot_device(ax_dev, segs, phase_style, sources)
   plot_panels.plot_transfers(ax_xfer, records)
@@ -147,15 +167,23 @@ def plot_reading(log: reading_lib.LogReading,
       if r['phase'] == 'start':
         for ax in (ax_host, ax_dev, ax_xfer):
           ax.axvline(x, color='gray', linestyle='--', linewidth=1)
-        ax_host.annotate(f' process {r.get("process_index", 0)} start '
-                         f'(pid {r.get("pid", "?")})', xy=(x, 1),
-                         xycoords=('data', 'axes fraction'), va='top',
-                         fontsize=8, color='gray', rotation=90)
+        ax_host.annotate(
+          f' process {r.get("process_index", 0)} start '
+          f'(pid {r.get("pid", "?")})',
+          xy=(x, 1),
+          xycoords=('data', 'axes fraction'),
+          va='top',
+          fontsize=8,
+          color='gray',
+          rotation=90,
+        )
   for ax in (ax_host, ax_dev, ax_xfer):
     ax.grid(True, alpha=0.3)
     ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
     if ax.get_legend_handles_labels()[0]:
       ax.legend(fontsize=8, loc='best')
-  ax_xfer.set_xlabel('training step (step k spans (k - 1, k]: its phases '
-                     'left to right, its peak at k)')
+  ax_xfer.set_xlabel(
+    'training step (step k spans (k - 1, k]: its phases '
+    'left to right, its peak at k)'
+  )
   return _save(fig, output_png)

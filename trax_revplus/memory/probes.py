@@ -71,8 +71,7 @@ def _live_array_bytes_per_device(devices):
   return totals
 
 
-def device_bytes_in_use(
-    devices: Sequence[Any] | None = None) -> dict[str, Any]:
+def device_bytes_in_use(devices: Sequence[Any] | None = None) -> dict[str, Any]:
   """Reads how many bytes are in use on accelerator devices.
 
   Uses `Device.memory_stats()` where every device reports it (GPU, TPU); else
@@ -108,10 +107,10 @@ def device_bytes_in_use(
     peak = None
     source = 'live_arrays'
   return {
-      'device_bytes_in_use': sum(per_device),
-      'device_peak_bytes': peak,
-      'device_bytes_source': source,
-      'device_bytes_in_use_per_device': per_device,
+    'device_bytes_in_use': sum(per_device),
+    'device_peak_bytes': peak,
+    'device_bytes_source': source,
+    'device_bytes_in_use_per_device': per_device,
   }
 
 

@@ -34,9 +34,9 @@ from trax_revplus.memory.fields import REQUIRED
 Record = dict[str, Any]
 
 
-
 class CorruptMemoryLogError(UserError):
   """A memory log with lines, none of them a valid record (exit status 1)."""
+
   exit_code = EXIT_RUNTIME
 
 
@@ -82,6 +82,7 @@ class LogReading(NamedTuple):
     first_unreadable_line: int (1-based line number) or None.
     first_problem: str or None, what is wrong with that line.
   """
+
   path: str
   records: list[Record]
   lines: int
@@ -98,21 +99,27 @@ class LogReading(NamedTuple):
     if not self.unreadable:
       return None
     many = self.unreadable != 1
-    return (f'{self.path}: {self.unreadable} of {self.lines} lines '
-            f'{"are" if many else "is"} not {"" if many else "a "}memory '
-            f'record{"s" if many else ""} and {"were" if many else "was"} '
-            f'skipped (the first, line {self.first_unreadable_line}: '
-            f'{self.first_problem})')
+    return (
+      f'{self.path}: {self.unreadable} of {self.lines} lines '
+      f'{"are" if many else "is"} not {"" if many else "a "}memory '
+      f'record{"s" if many else ""} and {"were" if many else "was"} '
+      f'skipped (the first, line {self.first_unreadable_line}: '
+      f'{self.first_problem})'
+    )
 
   def check_not_corrupt(self) -> None:
     """Raises `CorruptMemoryLogError` when no line is a valid record."""
     if self.lines and not self.records:
-      which = ('its only line is not' if self.lines == 1 else
-               f'none of its {self.lines} lines is')
+      which = (
+        'its only line is not'
+        if self.lines == 1
+        else f'none of its {self.lines} lines is'
+      )
       raise CorruptMemoryLogError(
-          f'{self.path} is corrupt: {which} a memory record (line '
-          f'{self.first_unreadable_line}: {self.first_problem}); plot the '
-          f'memory.jsonl a trax_revplus training run wrote')
+        f'{self.path} is corrupt: {which} a memory record (line '
+        f'{self.first_unreadable_line}: {self.first_problem}); plot the '
+        f'memory.jsonl a trax_revplus training run wrote'
+      )
 
 
 def read(path: str | os.PathLike) -> LogReading:
@@ -148,8 +155,7 @@ def read(path: str | os.PathLike) -> LogReading:
       unreadable += 1
       if first_line is None:
         first_line, first_problem = number, problem
-  return LogReading(path, records, lines, unreadable, first_line,
-                    first_problem)
+  return LogReading(path, records, lines, unreadable, first_line, first_problem)
 
 
 def read_memory_log(path: str | os.PathLike) -> list[Record]:

@@ -62,9 +62,13 @@ def format_record(record: Record) -> str:
     if record.get('device_bytes_source') == 'live_arrays':
       device += ' (live arrays)'
     parts.append(device)
-  labelled = [('weights_bytes', 'weights'), ('slots_bytes', 'slots'),
-              ('host_rss_added_bytes', 'host added'),
-              ('h2d_bytes', 'H2D'), ('d2h_bytes', 'D2H')]
+  labelled = [
+    ('weights_bytes', 'weights'),
+    ('slots_bytes', 'slots'),
+    ('host_rss_added_bytes', 'host added'),
+    ('h2d_bytes', 'H2D'),
+    ('d2h_bytes', 'D2H'),
+  ]
   for key, label in labelled:
     if isinstance(record.get(key), (int, float)):
       parts.append(f'{label} {format_bytes(record[key])}')
@@ -96,15 +100,17 @@ def peaks(records: list[Record]) -> dict[str, int | None]:
     (the largest XLA-computed `peak_device_bytes` a trainer wrote, int);
     each None where no record carries the figure.
   """
+
   def largest(keys):
     values = [r[k] for r in records for k in keys if is_number(r.get(k))]
     return int(max(values)) if values else None
+
   return {
-      'host_peak_bytes': largest(('host_peak_bytes', 'host_rss_bytes',
-                                  'host_peak_between_steps_bytes')),
-      'device_bytes_peak': largest(('device_bytes_in_use',
-                                    'device_peak_bytes')),
-      'peak_device_bytes': largest(('peak_device_bytes',)),
+    'host_peak_bytes': largest(
+      ('host_peak_bytes', 'host_rss_bytes', 'host_peak_between_steps_bytes')
+    ),
+    'device_bytes_peak': largest(('device_bytes_in_use', 'device_peak_bytes')),
+    'peak_device_bytes': largest(('peak_device_bytes',)),
   }
 
 

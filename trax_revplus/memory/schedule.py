@@ -20,8 +20,9 @@ class RecordSchedule:
   trax's `step % 100 == 1`).
   """
 
-  def __init__(self, every_n_steps: int = 100,
-               first_steps: int = FIRST_STEPS_RECORDED):
+  def __init__(
+    self, every_n_steps: int = 100, first_steps: int = FIRST_STEPS_RECORDED
+  ):
     """Creates the schedule.
 
     Args:

@@ -51,12 +51,14 @@ def segments(records: Sequence[Record]) -> list[list[Record]]:
     if seg is None:
       open_segment(index)
     else:
-      began = any(x['phase'] == 'start' or
-                  (x['phase'] not in ('init',) and x['step'] > 0)
-                  for x in seg)
+      began = any(
+        x['phase'] == 'start' or (x['phase'] not in ('init',) and x['step'] > 0)
+        for x in seg
+      )
       went_back = r['step'] < max(x['step'] for x in seg)
       if (r['phase'] == 'start' and began) or (
-          went_back and r['phase'] != 'end'):
+        went_back and r['phase'] != 'end'
+      ):
         open_segment(index)
     out[current[index]].append(r)
   return out
@@ -75,11 +77,17 @@ def _start_step(segment):
 def x_positions(segment: Sequence[Record]) -> list[float]:
   """The x of each record of one process (see the module docstring)."""
   start = _start_step(segment)
-  before = [r for r in segment if r['phase'] == 'init' or
-            (r['step'] <= start and r['phase'] not in PROCESS_PHASES)]
+  before = [
+    r
+    for r in segment
+    if r['phase'] == 'init'
+    or (r['step'] <= start and r['phase'] not in PROCESS_PHASES)
+  ]
   per_step = collections.Counter(
-      r['step'] for r in segment
-      if r['phase'] not in PROCESS_PHASES and not any(r is b for b in before))
+    r['step']
+    for r in segment
+    if r['phase'] not in PROCESS_PHASES and not any(r is b for b in before)
+  )
   seen: collections.Counter[int] = collections.Counter()
   xs = []
   n_before = 0

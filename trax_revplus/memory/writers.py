@@ -29,8 +29,9 @@ def _summary_writer(log_dir):
 
 
 # Fields that identify a record rather than measure something; not plotted.
-_NON_SCALAR_FIELDS = frozenset(['step', 'time', 'layer', 'pid',
-                                'process_index', 'process_start_time'])
+_NON_SCALAR_FIELDS = frozenset(
+  ['step', 'time', 'layer', 'pid', 'process_index', 'process_start_time']
+)
 
 
 class LogOutputs:
@@ -72,7 +73,8 @@ class LogOutputs:
   def _set_output_dir(self, output_dir):
     output_dir = None if output_dir is None else os.fspath(output_dir)
     if output_dir == self.output_dir and (
-        output_dir is None or self._fd is not None):
+      output_dir is None or self._fd is not None
+    ):
       return
     self._close_outputs()
     self.output_dir = output_dir
@@ -90,7 +92,8 @@ class LogOutputs:
     if self.tensorboard and 'tensorboard writer' not in self._failed:
       try:
         self._writer = _summary_writer(
-            os.path.join(output_dir, TENSORBOARD_SUBDIR))
+          os.path.join(output_dir, TENSORBOARD_SUBDIR)
+        )
       except Exception as e:  # pylint: disable=broad-except
         self._writer = None
         self._report_failure('tensorboard writer', e)
@@ -99,8 +102,12 @@ class LogOutputs:
     if name in self._failed:
       return
     self._failed.add(name)
-    logging.warning('memory log: %s failed (%s: %s); it is skipped for the '
-                    'rest of this run.', name, type(error).__name__, error)
+    logging.warning(
+      'memory log: %s failed (%s: %s); it is skipped for the rest of this run.',
+      name,
+      type(error).__name__,
+      error,
+    )
 
   def _log_line(self, record):
     if 'absl line' in self._failed:

@@ -32,8 +32,10 @@ DEFAULT_HEARTBEAT_TIMEOUT_SECONDS = 100
 DEFAULT_SHUTDOWN_TIMEOUT_SECONDS = 300
 
 # What every process must be given; ends the errors of values that disagree.
-FLAGS_HINT = ('give every process the same --num_processes and '
-              '--coordinator_address and its own --process_id in 0..N-1')
+FLAGS_HINT = (
+  'give every process the same --num_processes and '
+  '--coordinator_address and its own --process_id in 0..N-1'
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +62,7 @@ class DistributedConfig:
     shutdown_timeout_seconds: int > 0, how long a process that finished
       waits at exit for the others to finish.
   """
+
   num_processes: int | None = 1
   process_id: int | None = 0
   coordinator_address: str | None = None
@@ -94,14 +97,16 @@ def parse_address(address: str) -> tuple[str, int]:
   Raises:
     DistributedUsageError: if `address` is not of that form.
   """
-  match = re.fullmatch(r'(\[[0-9A-Fa-f:.]+\]|[^\s:\[\]/]+):(\d{1,5})',
-                       address or '')
+  match = re.fullmatch(
+    r'(\[[0-9A-Fa-f:.]+\]|[^\s:\[\]/]+):(\d{1,5})', address or ''
+  )
   port = int(match.group(2)) if match else 0
   if not match or not 1 <= port <= 65535:
     raise DistributedUsageError(
-        f'--coordinator_address={address!r} is not HOST:PORT with a port in '
-        f'1..65535 (e.g. 10.0.0.1:1234, or [::1]:1234 for IPv6); use the '
-        f'address of the host that runs process 0.')
+      f'--coordinator_address={address!r} is not HOST:PORT with a port in '
+      f'1..65535 (e.g. 10.0.0.1:1234, or [::1]:1234 for IPv6); use the '
+      f'address of the host that runs process 0.'
+    )
   return match.group(1).strip('[]'), port
 
 
@@ -112,7 +117,8 @@ def _int_value(name, value, source):
     return int(str(value).strip())
   except ValueError:
     raise DistributedUsageError(
-        f'{name} must be an integer, got {value!r} from {source}.') from None
+      f'{name} must be an integer, got {value!r} from {source}.'
+    ) from None
 
 
 def _detect_cluster(environ):
@@ -121,27 +127,38 @@ def _detect_cluster(environ):
   Mirrors the `is_env_present` checks of JAX's `jax/_src/clusters/`
   (Kubernetes: only an indexed Job, not every pod).
   """
-  if all(k in environ for k in ('SLURM_JOB_ID', 'SLURM_STEP_NODELIST',
-                                'SLURM_NTASKS', 'SLURM_PROCID',
-                                'SLURM_LOCALID')):
+  if all(
+    k in environ
+    for k in (
+      'SLURM_JOB_ID',
+      'SLURM_STEP_NODELIST',
+      'SLURM_NTASKS',
+      'SLURM_PROCID',
+      'SLURM_LOCALID',
+    )
+  ):
     return ('slurm', environ['SLURM_NTASKS'], environ['SLURM_PROCID'])
   if 'OMPI_MCA_orte_hnp_uri' in environ:
-    return ('ompi', environ.get('OMPI_COMM_WORLD_SIZE'),
-            environ.get('OMPI_COMM_WORLD_RANK'))
-  if ('KUBERNETES_SERVICE_HOST' in environ and
-      'JOB_COMPLETION_INDEX' in environ):
+    return (
+      'ompi',
+      environ.get('OMPI_COMM_WORLD_SIZE'),
+      environ.get('OMPI_COMM_WORLD_RANK'),
+    )
+  if 'KUBERNETES_SERVICE_HOST' in environ and 'JOB_COMPLETION_INDEX' in environ:
     return ('k8s', None, environ['JOB_COMPLETION_INDEX'])
   return None
 
 
 def resolve_config(
-    num_processes: int | None = None, process_id: int | None = None,
-    coordinator_address: str | None = None,
-    local_device_ids: Sequence[int] | None = None,
-    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
-    heartbeat_timeout_seconds: int = DEFAULT_HEARTBEAT_TIMEOUT_SECONDS,
-    shutdown_timeout_seconds: int = DEFAULT_SHUTDOWN_TIMEOUT_SECONDS,
-    environ: Mapping[str, str] | None = None) -> DistributedConfig:
+  num_processes: int | None = None,
+  process_id: int | None = None,
+  coordinator_address: str | None = None,
+  local_device_ids: Sequence[int] | None = None,
+  timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+  heartbeat_timeout_seconds: int = DEFAULT_HEARTBEAT_TIMEOUT_SECONDS,
+  shutdown_timeout_seconds: int = DEFAULT_SHUTDOWN_TIMEOUT_SECONDS,
+  environ: Mapping[str, str] | None = None,
+) -> DistributedConfig:
   """Builds the `DistributedConfig` of this process; see the module doc.
 
   Args:
@@ -175,15 +192,19 @@ def resolve_config(
     variables = f'the {name} environment'
     n = _int_value('num_processes', env_n, variables) if n is None else n
     i = _int_value('process_id', env_i, variables) if i is None else i
-  for label, seconds in (('timeout_seconds', timeout_seconds),
-                         ('heartbeat_timeout_seconds',
-                          heartbeat_timeout_seconds),
-                         ('shutdown_timeout_seconds',
-                          shutdown_timeout_seconds)):
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or (
-        not seconds > 0):
-      raise DistributedUsageError(f'{label} must be a number > 0, got '
-                                  f'{seconds!r}.')
+  for label, seconds in (
+    ('timeout_seconds', timeout_seconds),
+    ('heartbeat_timeout_seconds', heartbeat_timeout_seconds),
+    ('shutdown_timeout_seconds', shutdown_timeout_seconds),
+  ):
+    if (
+      isinstance(seconds, bool)
+      or not isinstance(seconds, (int, float))
+      or (not seconds > 0)
+    ):
+      raise DistributedUsageError(
+        f'{label} must be a number > 0, got {seconds!r}.'
+      )
   if n is not None and n < 1:
     raise DistributedUsageError(f'--num_processes={n} must be >= 1.')
   if n is None and name is None:
@@ -191,33 +212,53 @@ def resolve_config(
       n = 1  # Nothing asks for several processes.
     else:
       raise DistributedUsageError(
-          f'--process_id or a coordinator address is set but '
-          f'--num_processes is not; {FLAGS_HINT}.')
+        f'--process_id or a coordinator address is set but '
+        f'--num_processes is not; {FLAGS_HINT}.'
+      )
   if n == 1:
     if i not in (None, 0):
       raise DistributedUsageError(
-          f'--process_id={i} but --num_processes=1; the one process is 0.')
-    return DistributedConfig(1, 0, None, None, name, timeout_seconds,
-                             heartbeat_timeout_seconds,
-                             shutdown_timeout_seconds)
+        f'--process_id={i} but --num_processes=1; the one process is 0.'
+      )
+    return DistributedConfig(
+      1,
+      0,
+      None,
+      None,
+      name,
+      timeout_seconds,
+      heartbeat_timeout_seconds,
+      shutdown_timeout_seconds,
+    )
   if i is None:
     raise DistributedUsageError(
-        f'--num_processes={n} needs --process_id (0..{n - 1}) for this '
-        f'process; {FLAGS_HINT}.')
+      f'--num_processes={n} needs --process_id (0..{n - 1}) for this '
+      f'process; {FLAGS_HINT}.'
+    )
   if i < 0 or (n is not None and i >= n):
     within = f'0..{n - 1} (--num_processes={n})' if n else '0..N-1'
     raise DistributedUsageError(
-        f'--process_id={i} is outside {within}; {FLAGS_HINT}.')
+      f'--process_id={i} is outside {within}; {FLAGS_HINT}.'
+    )
   if address is None and name is None:
     raise DistributedUsageError(
-        f'--num_processes={n} needs --coordinator_address=HOST:PORT (the '
-        f'host of process 0 and a free port there); {FLAGS_HINT}.')
+      f'--num_processes={n} needs --coordinator_address=HOST:PORT (the '
+      f'host of process 0 and a free port there); {FLAGS_HINT}.'
+    )
   if address is not None:
     parse_address(address)
   if local_device_ids is not None:
     local_device_ids = tuple(
-        _int_value('local_device_ids', d, 'the command line')
-        for d in local_device_ids)
-  return DistributedConfig(n, i, address, local_device_ids, name,
-                           timeout_seconds, heartbeat_timeout_seconds,
-                           shutdown_timeout_seconds)
+      _int_value('local_device_ids', d, 'the command line')
+      for d in local_device_ids
+    )
+  return DistributedConfig(
+    n,
+    i,
+    address,
+    local_device_ids,
+    name,
+    timeout_seconds,
+    heartbeat_timeout_seconds,
+    shutdown_timeout_seconds,
+  )

@@ -1,13 +1,13 @@
 """How a run of P processes ends: together on a signal, at once on a failure.
 
-  * A SIGINT or SIGTERM that reached any process stops every process after
-    the same step (`stop_together`), so that none waits in a collective for
-    a peer that stopped.
-  * A failure ends the process with one line (`failure`), with exit status
-    `EXIT_LOST_PROCESS` when it is another process's loss, so that a
-    launcher can tell the process that failed first from those it took
-    along; and without JAX's shutdown barrier (`exit_immediately`), which
-    would otherwise wait for a dead peer and then abort with a stack trace.
+* A SIGINT or SIGTERM that reached any process stops every process after
+  the same step (`stop_together`), so that none waits in a collective for
+  a peer that stopped.
+* A failure ends the process with one line (`failure`), with exit status
+  `EXIT_LOST_PROCESS` when it is another process's loss, so that a
+  launcher can tell the process that failed first from those it took
+  along; and without JAX's shutdown barrier (`exit_immediately`), which
+  would otherwise wait for a dead peer and then abort with a stack trace.
 """
 
 import os
@@ -48,8 +48,9 @@ def any_signal(signum: int | None) -> int | None:
     signum: int or None, this process's.
   """
   multihost_utils = trax_import.module('jax.experimental.multihost_utils')
-  gathered = np.asarray(multihost_utils.process_allgather(
-      np.int32(signum or 0))).ravel()
+  gathered = np.asarray(
+    multihost_utils.process_allgather(np.int32(signum or 0))
+  ).ravel()
   received = [int(s) for s in gathered if s]
   return received[0] if received else None
 
@@ -68,7 +69,8 @@ def stop_together(stop: Any) -> Any:
     The callback class's factory, for `train.callbacks`.
   """
   step_callback: Any = trax_import.module(
-      'trax.supervised.callbacks').TrainingStepCallback
+    'trax.supervised.callbacks'
+  ).TrainingStepCallback
 
   class _StopTogether(step_callback):
     """Agrees on a signal at the end of every step."""
@@ -107,11 +109,23 @@ def failure(error: BaseException, config: Any) -> Tuple[str, int]:
   # The first line, without gin's "In call to configurable ..." context.
   text = one_line(error, context=False) or type(error).__name__
   name = type(error).__name__
-  lost = ('Gloo', 'gloo', 'Connection reset', 'Connection closed',
-          'heartbeat', 'UNAVAILABLE', 'DEADLINE_EXCEEDED', 'non-addressable')
+  lost = (
+    'Gloo',
+    'gloo',
+    'Connection reset',
+    'Connection closed',
+    'heartbeat',
+    'UNAVAILABLE',
+    'DEADLINE_EXCEEDED',
+    'non-addressable',
+  )
   if name in ('JaxRuntimeError', 'XlaRuntimeError') or any(
-      k in text for k in lost):
-    return (f'{config.describe()}: the run lost another process (it '
-            f'failed, was stopped or stopped responding; see its output): '
-            f'{name}: {text[:300]}', EXIT_LOST_PROCESS)
+    k in text for k in lost
+  ):
+    return (
+      f'{config.describe()}: the run lost another process (it '
+      f'failed, was stopped or stopped responding; see its output): '
+      f'{name}: {text[:300]}',
+      EXIT_LOST_PROCESS,
+    )
   return f'{config.describe()}: {name}: {text[:300]}', EXIT_RUNTIME

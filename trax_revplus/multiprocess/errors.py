@@ -29,16 +29,19 @@ class DistributedError(UserError):
   Attributes:
     exit_code: int, the exit status a command should end with.
   """
+
   exit_code = EXIT_RUNTIME
 
 
 class DistributedUsageError(DistributedError, ValueError):
   """A value is missing, malformed, out of range or disagrees (exit 2)."""
+
   exit_code = EXIT_USAGE
 
 
 class DistributedRuntimeError(DistributedError, RuntimeError):
   """Joining failed: network, port, timeout, or JAX already started (exit 1)."""
+
   exit_code = EXIT_RUNTIME
 
 
@@ -72,8 +75,9 @@ class ProcessFailedError(LaunchError, RuntimeError):
   """
 
   def __init__(self, message: str, process_id: int, returncode: int):
-    super().__init__(message, signal_exit_status(-returncode)
-                     if returncode < 0 else returncode)
+    super().__init__(
+      message, signal_exit_status(-returncode) if returncode < 0 else returncode
+    )
     self.process_id = process_id
     self.returncode = returncode
 

@@ -24,8 +24,7 @@ def has_failed(proc: subprocess.Popen) -> bool:
   if not hasattr(os, 'waitid'):
     return False
   try:
-    info = os.waitid(os.P_PID, proc.pid,
-                     os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
   except ChildProcessError:  # Reaped by its waiting thread just now.
     return proc.wait() != 0
   if info is None:
@@ -41,8 +40,12 @@ class LineOutput:
   are printed at the end (`release`).
   """
 
-  def __init__(self, procs: Sequence[subprocess.Popen],
-               log_files: Sequence[IO[str] | None], received: Sequence[int]):
+  def __init__(
+    self,
+    procs: Sequence[subprocess.Popen],
+    log_files: Sequence[IO[str] | None],
+    received: Sequence[int],
+  ):
     self.lock = threading.Lock()
     self._procs = procs
     self._log_files = log_files
@@ -65,7 +68,8 @@ class LineOutput:
       # After a signal to the launcher every process ends: its lines say
       # how, and none is a failure the others follow from.
       others_failed = not self._received and any(
-          has_failed(p) for j, p in enumerate(self._procs) if j != i)
+        has_failed(p) for j, p in enumerate(self._procs) if j != i
+      )
       if others_failed:
         self._held[i].append((stream, prefix + text))
       else:
@@ -93,8 +97,14 @@ def write(stream: IO[str], text: str) -> None:
 class LineForwarder(threading.Thread):
   """Copies one pipe of process i, line by line with a prefix, to `output`."""
 
-  def __init__(self, pipe: IO[bytes], stream: IO[str], prefix: str,
-               output: LineOutput, i: int):
+  def __init__(
+    self,
+    pipe: IO[bytes],
+    stream: IO[str],
+    prefix: str,
+    output: LineOutput,
+    i: int,
+  ):
     super().__init__(daemon=True)
     self._pipe, self._stream, self._prefix = pipe, stream, prefix
     self._output, self._i = output, i

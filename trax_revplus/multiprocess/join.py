@@ -40,8 +40,9 @@ def _check_resolves(host):
     socket.getaddrinfo(host, None)
   except (socket.gaierror, UnicodeError) as e:
     raise DistributedRuntimeError(
-        f'coordinator host {host!r} does not resolve ({e}); give the name '
-        f'or IP address of the host that runs process 0.') from None
+      f'coordinator host {host!r} does not resolve ({e}); give the name '
+      f'or IP address of the host that runs process 0.'
+    ) from None
 
 
 def _check_port_free(config):
@@ -65,20 +66,22 @@ def _check_port_free(config):
   except OSError as e:
     if e.errno == errno.EADDRINUSE:
       raise DistributedRuntimeError(
-          f'port {port} of the coordinator address is already in use on '
-          f'this host (process 0 serves the coordinator there); choose '
-          f'another port for --coordinator_address.') from None
+        f'port {port} of the coordinator address is already in use on '
+        f'this host (process 0 serves the coordinator there); choose '
+        f'another port for --coordinator_address.'
+      ) from None
     raise DistributedRuntimeError(
-        f'cannot serve the coordinator on port {port} of this host '
-        f'({e.strerror or e}); choose another --coordinator_address port.'
+      f'cannot serve the coordinator on port {port} of this host '
+      f'({e.strerror or e}); choose another --coordinator_address port.'
     ) from None
   finally:
     if probe is not None:
       probe.close()
 
 
-def initialize(config: DistributedConfig,
-               error_prefix: str = 'error: ') -> None:
+def initialize(
+  config: DistributedConfig, error_prefix: str = 'error: '
+) -> None:
   """Joins JAX's multi-process runtime; does nothing for one process.
 
   Must run before anything initialises a JAX backend (any computation, and
@@ -123,8 +126,9 @@ def initialize(config: DistributedConfig,
 
   if jax.distributed.is_initialized():
     raise DistributedRuntimeError(
-        'this process has already joined a multi-process run; initialize '
-        'once per process.')
+      'this process has already joined a multi-process run; initialize '
+      'once per process.'
+    )
   if config.coordinator_address is not None:
     host, _ = parse_address(config.coordinator_address)
     _check_resolves(host)
@@ -137,67 +141,88 @@ def initialize(config: DistributedConfig,
   jax.config.update('jax_enable_preemption_service', False)
   me = config.describe()
   watchdog = join_guard.JoinWatchdog(
-      config.timeout_seconds,
-      JoinTimeoutError(
-          f'{me}: not every process joined within '
-          f'{config.timeout_seconds:g} s; check that all of them are '
-          f'running, that process 0 runs on the coordinator host, and '
-          f'{FLAGS_HINT}.'),
-      lambda signum: JoinInterruptedError(
-          f'interrupted by {signal.Signals(signum).name} while joining the '
-          f'other processes.', signum),
-      error_prefix)
+    config.timeout_seconds,
+    JoinTimeoutError(
+      f'{me}: not every process joined within '
+      f'{config.timeout_seconds:g} s; check that all of them are '
+      f'running, that process 0 runs on the coordinator host, and '
+      f'{FLAGS_HINT}.'
+    ),
+    lambda signum: JoinInterruptedError(
+      f'interrupted by {signal.Signals(signum).name} while joining the '
+      f'other processes.',
+      signum,
+    ),
+    error_prefix,
+  )
   logging.info('Joining the multi-process run as %s.', me)
-  with watchdog, join_guard.CondensedStderr(
-      error_prefix, f'{me}: JAX ended this process while joining',
-      FLAGS_HINT + '.'):
+  with (
+    watchdog,
+    join_guard.CondensedStderr(
+      error_prefix,
+      f'{me}: JAX ended this process while joining',
+      FLAGS_HINT + '.',
+    ),
+  ):
     try:
       jax.distributed.initialize(
-          coordinator_address=config.coordinator_address,
-          num_processes=config.num_processes,
-          process_id=config.process_id,
-          local_device_ids=config.local_device_ids,
-          initialization_timeout=int(config.timeout_seconds +
-                                     _JAX_DEADLINE_MARGIN_SECONDS),
-          heartbeat_timeout_seconds=int(config.heartbeat_timeout_seconds),
-          shutdown_timeout_seconds=int(config.shutdown_timeout_seconds))
+        coordinator_address=config.coordinator_address,
+        num_processes=config.num_processes,
+        process_id=config.process_id,
+        local_device_ids=config.local_device_ids,
+        initialization_timeout=int(
+          config.timeout_seconds + _JAX_DEADLINE_MARGIN_SECONDS
+        ),
+        heartbeat_timeout_seconds=int(config.heartbeat_timeout_seconds),
+        shutdown_timeout_seconds=int(config.shutdown_timeout_seconds),
+      )
     except RuntimeError as e:
       if 'before' in str(e):  # JAX: called after a backend was initialised.
         raise DistributedRuntimeError(
-            'a JAX backend was initialised before joining the multi-process '
-            'run; join first, before any JAX computation or jax.devices().'
+          'a JAX backend was initialised before joining the multi-process '
+          'run; join first, before any JAX computation or jax.devices().'
         ) from None
       raise DistributedRuntimeError(one_line(e, all_lines=True)) from None
     except (ValueError, TypeError) as e:
       hint = ''
       if config.cluster == 'k8s':
-        hint = ('; in a Kubernetes job JAX needs the `kubernetes` package to '
-                'find the coordinator, or pass --coordinator_address and '
-                '--num_processes')
+        hint = (
+          '; in a Kubernetes job JAX needs the `kubernetes` package to '
+          'find the coordinator, or pass --coordinator_address and '
+          '--num_processes'
+        )
       raise DistributedUsageError(
-          f'JAX cannot join the multi-process run: '
-          f'{one_line(e, all_lines=True)}{hint}.') from None
+        f'JAX cannot join the multi-process run: '
+        f'{one_line(e, all_lines=True)}{hint}.'
+      ) from None
     # Every process has connected. What follows takes seconds; a process
     # that leaves now would have JAX abort the others (with a stack trace)
     # heartbeat_timeout_seconds later, so give up, in one line, before.
     watchdog.restart(
-        min(config.timeout_seconds, config.heartbeat_timeout_seconds / 2),
-        DistributedRuntimeError(
-            f'{me}: all processes connected, but not all of them completed '
-            f'the start-up (a first collective over all devices) in time; '
-            f'see the other processes\' output for their error.'))
+      min(config.timeout_seconds, config.heartbeat_timeout_seconds / 2),
+      DistributedRuntimeError(
+        f'{me}: all processes connected, but not all of them completed '
+        f'the start-up (a first collective over all devices) in time; '
+        f"see the other processes' output for their error."
+      ),
+    )
     try:
       error = _check_joined(config)
     except Exception as e:  # pylint: disable=broad-except
       # E.g. gloo's connection to a process that left timing out (30 s).
       error = DistributedRuntimeError(
-          f'{me}: the first collective over all devices failed '
-          f'({type(e).__name__}: {one_line(e, all_lines=True)})')
+        f'{me}: the first collective over all devices failed '
+        f'({type(e).__name__}: {one_line(e, all_lines=True)})'
+      )
     if error is not None:
       watchdog.fail(error)
-  logging.info('Joined: process %d of %d, %d local and %d global devices.',
-               jax.process_index(), jax.process_count(),
-               jax.local_device_count(), jax.device_count())
+  logging.info(
+    'Joined: process %d of %d, %d local and %d global devices.',
+    jax.process_index(),
+    jax.process_count(),
+    jax.local_device_count(),
+    jax.device_count(),
+  )
 
 
 def _check_joined(config):
@@ -206,8 +231,9 @@ def _check_joined(config):
   count = jax.process_count()
   if config.num_processes is not None and count != config.num_processes:
     return DistributedUsageError(
-        f'{config.describe()}: process 0 started the run for {count} '
-        f'processes; {FLAGS_HINT}.')
+      f'{config.describe()}: process 0 started the run for {count} '
+      f'processes; {FLAGS_HINT}.'
+    )
   # A collective over every device of every process: proves they all take
   # part, and connects them now (gloo connects a set of devices at its
   # first collective), so that a process that dies later fails its peers'
@@ -216,8 +242,9 @@ def _check_joined(config):
   total = _count_devices_collectively()
   if total != jax.device_count():
     return DistributedRuntimeError(
-        f'{config.describe()}: a collective over all {jax.device_count()} '
-        f'devices counted {total:g}.')
+      f'{config.describe()}: a collective over all {jax.device_count()} '
+      f'devices counted {total:g}.'
+    )
   return None
 
 
@@ -227,13 +254,18 @@ def _count_devices_collectively():
   sharding = trax_import.module('jax.sharding')
   mesh = sharding.Mesh(np.array(jax.devices()), ('devices',))
   ones = jax.make_array_from_process_local_data(
-      sharding.NamedSharding(mesh, sharding.PartitionSpec('devices')),
-      np.ones((jax.local_device_count(),), np.float32),
-      (jax.device_count(),))
-  total = jax.jit(jax.shard_map(
-      lambda x: jax.lax.psum(x, 'devices'), mesh=mesh,
+    sharding.NamedSharding(mesh, sharding.PartitionSpec('devices')),
+    np.ones((jax.local_device_count(),), np.float32),
+    (jax.device_count(),),
+  )
+  total = jax.jit(
+    jax.shard_map(
+      lambda x: jax.lax.psum(x, 'devices'),
+      mesh=mesh,
       in_specs=sharding.PartitionSpec('devices'),
-      out_specs=sharding.PartitionSpec()))(ones)
+      out_specs=sharding.PartitionSpec(),
+    )
+  )(ones)
   return float(np.asarray(total.addressable_shards[0].data)[0])
 
 
@@ -245,4 +277,3 @@ def shutdown() -> None:
   """
   jax = trax_import.module('jax')
   jax.distributed.shutdown()
-

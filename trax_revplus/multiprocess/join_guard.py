@@ -49,8 +49,13 @@ class JoinWatchdog:
   watchdog thread has seen it, is reported when the watchdog exits.
   """
 
-  def __init__(self, seconds: float, timeout_error: UserError,
-               interrupted_error: Callable[[int], UserError], prefix: str):
+  def __init__(
+    self,
+    seconds: float,
+    timeout_error: UserError,
+    interrupted_error: Callable[[int], UserError],
+    prefix: str,
+  ):
     """Arms the watchdog; it starts watching on `__enter__`.
 
     Args:
@@ -71,13 +76,15 @@ class JoinWatchdog:
     self._previous_wakeup_fd: int | None = None
     self._previous_handlers: dict[int, _Handler] = {}
     self._signal: int | None = None
-    self._thread = threading.Thread(target=self._watch, daemon=True,
-                                    name='join-watchdog')
+    self._thread = threading.Thread(
+      target=self._watch, daemon=True, name='join-watchdog'
+    )
 
   def __enter__(self):
     if threading.current_thread() is threading.main_thread():
       self._previous_wakeup_fd = signal.set_wakeup_fd(
-          self._write_fd, warn_on_full_buffer=False)
+        self._write_fd, warn_on_full_buffer=False
+      )
       for signum in (signal.SIGINT, signal.SIGTERM):
         self._previous_handlers[signum] = signal.signal(signum, self._note)
     self._thread.start()
@@ -137,7 +144,7 @@ class JoinWatchdog:
 # The filter process. argv: prefix, lead, hint. Lines pass through; JAX's
 # fatal line (absl format 'F<mmdd> <time> <thread> <file>:<line>] ...') and
 # all after it become, at end of input, one line with the status JAX gave.
-_FILTER = r'''
+_FILTER = r"""
 import re, signal, sys
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -159,7 +166,7 @@ if status is not None:
     hint = 'another process joined with the same --process_id; ' + hint
   out.write(f'{prefix}{lead} ({status}); {hint}\n'.encode())
   out.flush()
-'''
+"""
 
 
 class CondensedStderr:
@@ -191,9 +198,11 @@ class CondensedStderr:
     sys.stderr.flush()
     try:
       self._proc = subprocess.Popen(
-          [sys.executable, '-S', '-c', _FILTER] + self._argv,
-          stdin=subprocess.PIPE, stdout=self._saved_fd,
-          stderr=subprocess.DEVNULL)
+        [sys.executable, '-S', '-c', _FILTER] + self._argv,
+        stdin=subprocess.PIPE,
+        stdout=self._saved_fd,
+        stderr=subprocess.DEVNULL,
+      )
     except OSError:  # No interpreter to run it: JAX's output stays as is.
       os.close(self._saved_fd)
       return self

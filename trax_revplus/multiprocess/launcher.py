@@ -97,11 +97,15 @@ def launch_log_file_name(process_id: int) -> str:
   return f'launch.process{process_id}.log'
 
 
-def process_flags(num_processes: int, process_id: int,
-                  coordinator_address: str) -> list[str]:
+def process_flags(
+  num_processes: int, process_id: int, coordinator_address: str
+) -> list[str]:
   """The flags appended to the command of process `process_id` (list)."""
-  return [f'--num_processes={num_processes}', f'--process_id={process_id}',
-          f'--coordinator_address={coordinator_address}']
+  return [
+    f'--num_processes={num_processes}',
+    f'--process_id={process_id}',
+    f'--coordinator_address={coordinator_address}',
+  ]
 
 
 def _parent_death_signal():
@@ -109,21 +113,28 @@ def _parent_death_signal():
   if not sys.platform.startswith('linux'):
     return None
   try:
-    prctl = ctypes.CDLL(ctypes.util.find_library('c') or 'libc.so.6',
-                        use_errno=True).prctl
+    prctl = ctypes.CDLL(
+      ctypes.util.find_library('c') or 'libc.so.6', use_errno=True
+    ).prctl
   except (OSError, AttributeError):
     return None
   # Resolved here, in the parent: the child only calls it.
   return lambda: prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
-def launch(command: Sequence[str], num_processes: int, *,
-           host: str = '127.0.0.1', port: int | None = None,
-           env: Mapping[str, str] | None = None,
-           stop_grace_seconds: float = DEFAULT_STOP_GRACE_SECONDS,
-           stdout: IO[str] | None = None, stderr: IO[str] | None = None,
-           log_dir: str | None = None,
-           max_processes: int | None = None) -> int:
+def launch(
+  command: Sequence[str],
+  num_processes: int,
+  *,
+  host: str = '127.0.0.1',
+  port: int | None = None,
+  env: Mapping[str, str] | None = None,
+  stop_grace_seconds: float = DEFAULT_STOP_GRACE_SECONDS,
+  stdout: IO[str] | None = None,
+  stderr: IO[str] | None = None,
+  log_dir: str | None = None,
+  max_processes: int | None = None,
+) -> int:
   """Runs `command` as processes 0..N-1 of one run and waits for them.
 
   Args:
@@ -183,21 +194,30 @@ def launch(command: Sequence[str], num_processes: int, *,
   try:
     preexec = _parent_death_signal()
     for i in range(num_processes):
-      log_files.append(None if log_dir is None else open(  # pylint: disable=consider-using-with
-          os.path.join(log_dir, launch_log_file_name(i)), 'w',
-          encoding='utf-8'))
+      log_files.append(
+        None
+        if log_dir is None
+        else open(  # pylint: disable=consider-using-with
+          os.path.join(log_dir, launch_log_file_name(i)), 'w', encoding='utf-8'
+        )
+      )
       proc = subprocess.Popen(
-          command + process_flags(num_processes, i, address),
-          env=child_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-          stderr=subprocess.PIPE, start_new_session=True,
-          preexec_fn=preexec)
+        command + process_flags(num_processes, i, address),
+        env=child_env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        preexec_fn=preexec,
+      )
       procs.append(proc)
       if received:  # A signal came while starting: the new one gets it too.
         _send(proc, received[0])
       for pipe, stream in ((proc.stdout, stdout), (proc.stderr, stderr)):
         assert pipe is not None  # Both are subprocess.PIPE.
-        forwarder = forwarding.LineForwarder(pipe, stream, f'[process {i}] ',
-                                             output, i)
+        forwarder = forwarding.LineForwarder(
+          pipe, stream, f'[process {i}] ', output, i
+        )
         forwarder.start()
         forwarders.append(forwarder)
     failed = _wait(procs, received, stop_grace_seconds)
@@ -218,24 +238,36 @@ def launch(command: Sequence[str], num_processes: int, *,
         if log is not None:
           log.close()
           log_files[k] = None
-  ends = ', '.join(f'process {i} {describe_exit(p.returncode)}'
-                   for i, p in enumerate(procs))
+  ends = ', '.join(
+    f'process {i} {describe_exit(p.returncode)}' for i, p in enumerate(procs)
+  )
   if received:
     name = signal.Signals(received[0]).name
     raise LaunchInterruptedError(
-        f'interrupted by {name}, forwarded to the {num_processes} '
-        f'processes: {ends}.', received[0])
+      f'interrupted by {name}, forwarded to the {num_processes} '
+      f'processes: {ends}.',
+      received[0],
+    )
   if failed is not None:
     output.release(failed)
-    others = ', '.join(f'process {i} {describe_exit(p.returncode)}'
-                       for i, p in enumerate(procs) if i != failed)
+    others = ', '.join(
+      f'process {i} {describe_exit(p.returncode)}'
+      for i, p in enumerate(procs)
+      if i != failed
+    )
     rc = procs[failed].returncode
-    logs = ('' if log_dir is None else
-            f' (all output of each: {os.path.join(log_dir, "launch.process")}'
-            f'<I>.log)')
+    logs = (
+      ''
+      if log_dir is None
+      else f' (all output of each: {os.path.join(log_dir, "launch.process")}'
+      f'<I>.log)'
+    )
     raise ProcessFailedError(
-        f'process {failed} {describe_exit(rc)}; stopped the others'
-        f'{": " + others if others else ""}{logs}.', failed, rc)
+      f'process {failed} {describe_exit(rc)}; stopped the others'
+      f'{": " + others if others else ""}{logs}.',
+      failed,
+      rc,
+    )
   return 0
 
 
@@ -260,8 +292,9 @@ def _wait(procs, received, stop_grace_seconds):
   ended: queue.Queue[tuple[int, int]] = queue.Queue()
   i: int | None
   for i, proc in enumerate(procs):
-    threading.Thread(target=lambda i=i, p=proc: ended.put((i, p.wait())),
-                     daemon=True).start()
+    threading.Thread(
+      target=lambda i=i, p=proc: ended.put((i, p.wait())), daemon=True
+    ).start()
   failures = []
   kill_at = None
   running = len(procs)
@@ -293,13 +326,16 @@ def _wait(procs, received, stop_grace_seconds):
 def build_parser() -> argparse.ArgumentParser:
   """The flags of `main`: those of `add_launch_flags`, and --log_dir."""
   parser = argparse.ArgumentParser(
-      prog='python -m trax_revplus.multiprocess.launcher',
-      description='Start N processes of a multi-process run on this host.')
+    prog='python -m trax_revplus.multiprocess.launcher',
+    description='Start N processes of a multi-process run on this host.',
+  )
   add_launch_flags(parser)
   parser.add_argument(
-      '--log_dir', metavar='DIR',
-      help='An existing directory for each process\'s full output '
-           '(launch.process<I>.log).')
+    '--log_dir',
+    metavar='DIR',
+    help="An existing directory for each process's full output "
+    '(launch.process<I>.log).',
+  )
   return parser
 
 
@@ -310,7 +346,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser = build_parser()
   if '--' in argv:
     split = argv.index('--')
-    argv, command = argv[:split], argv[split + 1:]
+    argv, command = argv[:split], argv[split + 1 :]
   else:
     command = []
   try:
@@ -319,17 +355,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     assert isinstance(e.code, int)  # argparse exits with 2 or 0.
     return e.code
   try:
-    return launch(command, args.num_processes,
-                  stop_grace_seconds=args.stop_grace_seconds,
-                  log_dir=args.log_dir,
-                  max_processes=(args.max_local_processes or
-                                 default_max_processes()))
+    return launch(
+      command,
+      args.num_processes,
+      stop_grace_seconds=args.stop_grace_seconds,
+      log_dir=args.log_dir,
+      max_processes=(args.max_local_processes or default_max_processes()),
+    )
   except LaunchError as e:
     print(f'{parser.prog}: error: {e}', file=sys.stderr, flush=True)
     return e.exit_code
   except OSError as e:
-    print(f'{parser.prog}: error: cannot start {command[0]!r}: '
-          f'{e.strerror or e}', file=sys.stderr, flush=True)
+    print(
+      f'{parser.prog}: error: cannot start {command[0]!r}: {e.strerror or e}',
+      file=sys.stderr,
+      flush=True,
+    )
     return EXIT_RUNTIME
 
 

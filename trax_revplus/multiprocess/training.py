@@ -40,8 +40,9 @@ class ProcessFormatter(std_logging.Formatter):
     self._prefix = f'process {index}: '
 
   def format(self, record: std_logging.LogRecord) -> str:
-    return '\n'.join(self._prefix + line
-                     for line in self._inner.format(record).split('\n'))
+    return '\n'.join(
+      self._prefix + line for line in self._inner.format(record).split('\n')
+    )
 
 
 def shared_random_seed() -> int:

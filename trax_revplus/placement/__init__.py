@@ -44,5 +44,13 @@ from trax_revplus.placement.layouts import Layout
 from trax_revplus.placement.one_device import OneDevice
 from trax_revplus.placement.processes import least_over_processes
 
-__all__ = ['AXIS_NAME', 'HostCopy', 'Layout', 'least_over_processes',
-           'OneDevice', 'Placement', 'to_numpy', 'WaitingOnHost']
+__all__ = [
+  'AXIS_NAME',
+  'HostCopy',
+  'Layout',
+  'least_over_processes',
+  'OneDevice',
+  'Placement',
+  'to_numpy',
+  'WaitingOnHost',
+]

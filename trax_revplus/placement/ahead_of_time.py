@@ -18,9 +18,11 @@ from trax_revplus.typing import HostArray
 from trax_revplus.typing import PyTree
 
 
-def leaf_type(shardings: rules_lib.Shardings, rule: rules_lib.Rule,
-              x: HostArray | Array | jax.ShapeDtypeStruct
-              ) -> HostArray | Array | jax.ShapeDtypeStruct:
+def leaf_type(
+  shardings: rules_lib.Shardings,
+  rule: rules_lib.Rule,
+  x: HostArray | Array | jax.ShapeDtypeStruct,
+) -> HostArray | Array | jax.ShapeDtypeStruct:
   """What placing `x` by `rule` would give a compiled call, untransferred.
 
   Args:
@@ -34,31 +36,35 @@ def leaf_type(shardings: rules_lib.Shardings, rule: rules_lib.Rule,
     target's shape and sharding, with the dtype JAX gives `x` on the device.
   """
   target = rule(shardings, tuple(np.shape(x)))
-  if target is None or (isinstance(x, jax.Array) and
-                        x.sharding == target.sharding):
+  if target is None or (
+    isinstance(x, jax.Array) and x.sharding == target.sharding
+  ):
     return x
-  return jax.ShapeDtypeStruct(target.shape,
-                              jax.dtypes.canonicalize_dtype(x.dtype),
-                              sharding=target.sharding)
+  return jax.ShapeDtypeStruct(
+    target.shape,
+    jax.dtypes.canonicalize_dtype(x.dtype),
+    sharding=target.sharding,
+  )
 
 
-def types(shardings: rules_lib.Shardings, rule: rules_lib.Rule,
-          tree: PyTree) -> PyTree | None:
+def types(
+  shardings: rules_lib.Shardings, rule: rules_lib.Rule, tree: PyTree
+) -> PyTree | None:
   """`leaf_type` of each leaf of `tree`, a pytree of host
   `numpy.ndarray`s or device arrays; None if a leaf is neither (its type
   after placement is not known without placing it)."""
   leaves = jax.tree_util.tree_leaves(tree)
   if not all(isinstance(x, (np.ndarray, jax.Array)) for x in leaves):
     return None
-  return jax.tree_util.tree_map(
-      lambda x: leaf_type(shardings, rule, x), tree)
+  return jax.tree_util.tree_map(lambda x: leaf_type(shardings, rule, x), tree)
 
 
 def batch_types(shardings: rules_lib.Shardings, batch: PyTree) -> PyTree:
   """`leaf_type` by `rules.batch` of each leaf of `batch`: arrays or
   `jax.ShapeDtypeStruct`s of shape (B, ...), this process's rows."""
   return jax.tree_util.tree_map(
-      lambda x: leaf_type(shardings, rules_lib.batch, x), batch)
+    lambda x: leaf_type(shardings, rules_lib.batch, x), batch
+  )
 
 
 def per_device_types(shardings: rules_lib.Shardings, tree: PyTree) -> PyTree:
@@ -80,7 +86,8 @@ def per_device_types(shardings: rules_lib.Shardings, tree: PyTree) -> PyTree:
   def with_sharding(x):
     if not isinstance(x, jax.ShapeDtypeStruct) or x.sharding is not None:
       return x
-    return jax.ShapeDtypeStruct(x.shape, x.dtype,
-                                sharding=shardings.per_device,
-                                weak_type=x.weak_type)
+    return jax.ShapeDtypeStruct(
+      x.shape, x.dtype, sharding=shardings.per_device, weak_type=x.weak_type
+    )
+
   return jax.tree_util.tree_map(with_sharding, tree)

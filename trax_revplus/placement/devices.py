@@ -52,8 +52,11 @@ class Placement:
       devices).
   """
 
-  def __init__(self, n_devices: int | None = None,
-               transfer_counter: memory.TransferCounter | None = None):
+  def __init__(
+    self,
+    n_devices: int | None = None,
+    transfer_counter: memory.TransferCounter | None = None,
+  ):
     """Creates a placement over the first `n_devices` local devices.
 
     Args:
@@ -73,18 +76,20 @@ class Placement:
     n = len(local) if n_devices is None else int(n_devices)
     if n < 1 or n > len(local):
       raise ValueError(
-          f'n_devices={n_devices!r} but this process has {len(local)} local '
-          f'device(s) ({local[0].platform}); pass n_devices between 1 and '
-          f'{len(local)}, or on CPU set XLA_FLAGS='
-          f'--xla_force_host_platform_device_count={n} before importing jax.')
+        f'n_devices={n_devices!r} but this process has {len(local)} local '
+        f'device(s) ({local[0].platform}); pass n_devices between 1 and '
+        f'{len(local)}, or on CPU set XLA_FLAGS='
+        f'--xla_force_host_platform_device_count={n} before importing jax.'
+      )
     self.devices = list(local[:n])
     self.n_devices = self.n_local_devices = n
     self.platform = self.devices[0].platform
     self.sync_collectives = self.platform == 'cpu' and n > 1
     self.host_is_device = self.platform == 'cpu' and n == 1
     self.mesh = Mesh(np.array(self.devices), (AXIS_NAME,)) if n > 1 else None
-    self.shardings = rules.shardings(self.devices, self.mesh, n,
-                                     self.host_is_device)
+    self.shardings = rules.shardings(
+      self.devices, self.mesh, n, self.host_is_device
+    )
 
   def _init_processes(self, n_devices):
     """The mesh over every process's devices (see `processes`)."""
@@ -98,13 +103,15 @@ class Placement:
     self.sync_collectives = self.platform == 'cpu'
     self.host_is_device = False
     self.mesh = self.processes.mesh
-    self.shardings = rules.shardings(self.devices, self.mesh, self.n_devices,
-                                     self.host_is_device)
+    self.shardings = rules.shardings(
+      self.devices, self.mesh, self.n_devices, self.host_is_device
+    )
 
   def _put(self, tree, rule, prepare=None):
     """`to_device.put` to this placement's devices, counted here."""
-    return to_device.put(tree, rule, self.shardings, self.transfers,
-                         self.processes, prepare)
+    return to_device.put(
+      tree, rule, self.shardings, self.transfers, self.processes, prepare
+    )
 
   def memory_limit_bytes(self) -> int | None:
     """The bytes each device's allocator may hand out, where the backend
@@ -168,8 +175,13 @@ class Placement:
     """
     if self.n_devices == 1:
       return self._put(tree, rules.per_device)
-    return self._put(tree, rules.per_device, prepare=lambda x, target:
-                     np.broadcast_to(np.asarray(x), target.local_shape))
+    return self._put(
+      tree,
+      rules.per_device,
+      prepare=lambda x, target: np.broadcast_to(
+        np.asarray(x), target.local_shape
+      ),
+    )
 
   def shard_batch(self, batch: PyTree) -> PyTree:
     """Splits a host batch over devices along its leading (batch) axis.
@@ -197,14 +209,15 @@ class Placement:
       x = np.asarray(x)
       if x.ndim == 0 or x.shape[0] % n:
         raise ValueError(
-            f'Number of devices ({n}) does not evenly divide batch size '
-            f'(array of shape {x.shape}); use a batch size that is a '
-            f'multiple of {n} or set n_devices.')
+          f'Number of devices ({n}) does not evenly divide batch size '
+          f'(array of shape {x.shape}); use a batch size that is a '
+          f'multiple of {n} or set n_devices.'
+        )
       return x.reshape(target.local_shape)
+
     return self._put(batch, rules.batch, prepare=split)
 
-  def place_rngs(self, rng: PRNGKey | HostArray,
-                 n_layers: int) -> List[Array]:
+  def place_rngs(self, rng: PRNGKey | HostArray, n_layers: int) -> List[Array]:
     """Per-layer RNGs of a step, as trax splits them: `split(rng,
     n_layers)`; on N devices each device first splits its own key.
 
@@ -221,16 +234,20 @@ class Placement:
       rows = np.asarray(jax.random.split(rng, n_layers))
       return self.place_params(list(rows))
     per_device = jax.random.split(jax.numpy.asarray(np.asarray(rng)), n)
-    table = np.stack([np.asarray(jax.random.split(r, n_layers))
-                      for r in per_device], axis=1)  # (layers, devices, 2)
+    table = np.stack(
+      [np.asarray(jax.random.split(r, n_layers)) for r in per_device], axis=1
+    )  # (layers, devices, 2)
     return self.per_device_rows(list(table))
 
   def per_device_rows(self, rows: Sequence[HostArray]) -> List[Array]:
     """Places a list of host arrays of shape (N, ...) in per-device layout."""
     if self.processes is None:
       return self._put(list(rows), rules.rows)
-    return self._put(list(rows), rules.rows, prepare=lambda x, target:
-                     self.processes.local_rows(x))
+    return self._put(
+      list(rows),
+      rules.rows,
+      prepare=lambda x, target: self.processes.local_rows(x),
+    )
 
   # The same rules' types, for compiling ahead (`ahead_of_time`).
 
@@ -262,8 +279,9 @@ class Placement:
       return tree
     return self.processes.replicated(tree)
 
-  def start_to_host(self, tree: PyTree,
-                    per_device: bool = False) -> host_copy.HostCopy:
+  def start_to_host(
+    self, tree: PyTree, per_device: bool = False
+  ) -> host_copy.HostCopy:
     """Starts async device-to-host copies of one replica of `tree`.
 
     Mirrors trax's `_lazy_unreplicate`: takes device 0's value and calls
@@ -282,8 +300,13 @@ class Placement:
     """
     if per_device:
       tree = self.replicated(tree)  # Device 0's value on every process.
-    return host_copy.start(tree, self.transfers, self.n_devices > 1,
-                           self.platform == 'cpu', per_device)
+    return host_copy.start(
+      tree,
+      self.transfers,
+      self.n_devices > 1,
+      self.platform == 'cpu',
+      per_device,
+    )
 
   def to_host(self, tree: PyTree, per_device: bool = False) -> PyTree:
     """Synchronous `start_to_host(...).collect()`: numpy leaves."""
@@ -305,8 +328,11 @@ class Placement:
     # jax.devices('cpu')[0] is process 0's in a multi-process run.
     cpu = jax.local_devices(backend='cpu')[0]
     leaves, treedef = jax.tree_util.tree_flatten(tree)
-    where = [i for i, x in enumerate(leaves)
-             if isinstance(x, (np.ndarray, np.generic, jax.Array))]
+    where = [
+      i
+      for i, x in enumerate(leaves)
+      if isinstance(x, (np.ndarray, np.generic, jax.Array))
+    ]
     if where:
       placed = jax.device_put([leaves[i] for i in where], cpu)
       for i, x in zip(where, placed):
@@ -331,11 +357,20 @@ class Placement:
     """
     return freeing.free_device_buffers(self.devices, keep)
 
-  def jit(self, fn: Callable[..., Any], in_layouts: Sequence[layouts.Layout],
-          out_layouts: Sequence[layouts.Layout],
-          donate_argnums: Tuple[int, ...] = (),
-          collectives: bool = False) -> Callable[..., Any]:
+  def jit(
+    self,
+    fn: Callable[..., Any],
+    in_layouts: Sequence[layouts.Layout],
+    out_layouts: Sequence[layouts.Layout],
+    donate_argnums: Tuple[int, ...] = (),
+    collectives: bool = False,
+  ) -> Callable[..., Any]:
     """Compiles `fn` to run on this placement's devices (`layouts.jit`)."""
-    return layouts.jit(fn, in_layouts, out_layouts, self.mesh,
-                       donate_argnums=donate_argnums,
-                       wait=self.sync_collectives and collectives)
+    return layouts.jit(
+      fn,
+      in_layouts,
+      out_layouts,
+      self.mesh,
+      donate_argnums=donate_argnums,
+      wait=self.sync_collectives and collectives,
+    )

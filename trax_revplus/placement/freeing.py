@@ -15,8 +15,9 @@ from trax_revplus.typing import PyTree
 _UNHELD_REFCOUNT = 3
 
 
-def free_device_buffers(devices: Iterable[jax.Device],
-                        keep: PyTree) -> Tuple[int, int]:
+def free_device_buffers(
+  devices: Iterable[jax.Device], keep: PyTree
+) -> Tuple[int, int]:
   """Releases device buffers that nothing alive can still read.
 
   Replaces trax's `_free_accelerators`, which deleted every live buffer
@@ -54,8 +55,7 @@ def free_device_buffers(devices: Iterable[jax.Device],
       return False
 
   def live_on_ours():
-    return [x for x in jax.live_arrays()
-            if not x.is_deleted() and on_ours(x)]
+    return [x for x in jax.live_arrays() if not x.is_deleted() and on_ours(x)]
 
   before = live_on_ours()
   n_before = len(before)
@@ -111,8 +111,7 @@ def delete_copies(copies: Iterable[jax.Array], sources: PyTree) -> int:
       source_pointers.add(x.ctypes.data)
   deleted_bytes = 0
   for x in copies:
-    if x.is_deleted() or any(p in source_pointers
-                             for p in _buffer_pointers(x)):
+    if x.is_deleted() or any(p in source_pointers for p in _buffer_pointers(x)):
       continue
     deleted_bytes += _local_nbytes(x)
     x.delete()

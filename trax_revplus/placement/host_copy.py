@@ -23,7 +23,8 @@ def to_numpy(tree: PyTree) -> PyTree:
   Blocks until the arrays are computed; other leaves stay as they are.
   """
   return jax.tree_util.tree_map(
-      lambda x: np.asarray(x) if isinstance(x, jax.Array) else x, tree)
+    lambda x: np.asarray(x) if isinstance(x, jax.Array) else x, tree
+  )
 
 
 class HostCopy:
@@ -44,8 +45,12 @@ class HostCopy:
   host memory equal within their spread (docs/performance.md).
   """
 
-  def __init__(self, treedef: jax.tree_util.PyTreeDef, leaves: Sequence[PyTree],
-               squeeze: List[bool]):
+  def __init__(
+    self,
+    treedef: jax.tree_util.PyTreeDef,
+    leaves: Sequence[PyTree],
+    squeeze: List[bool],
+  ):
     """Holds the leaves of one pytree until `collect`.
 
     Args:
@@ -76,9 +81,13 @@ class HostCopy:
     return jax.tree_util.tree_unflatten(self._treedef, out)
 
 
-def start(tree: PyTree, transfers: memory.TransferCounter, multi_device: bool,
-          on_cpu: bool,
-          per_device: bool) -> HostCopy:
+def start(
+  tree: PyTree,
+  transfers: memory.TransferCounter,
+  multi_device: bool,
+  on_cpu: bool,
+  per_device: bool,
+) -> HostCopy:
   """Starts the D2H copies of device 0's value of each leaf of `tree`.
 
   See `Placement.start_to_host`.
@@ -118,8 +127,7 @@ def gather(tree: PyTree, transfers: memory.TransferCounter) -> PyTree:
   `Placement.gather_to_host`. Arrays spanning other processes' devices
   stay as they are."""
   leaves, treedef = jax.tree_util.tree_flatten(tree)
-  local = [isinstance(x, jax.Array) and x.is_fully_addressable
-           for x in leaves]
+  local = [isinstance(x, jax.Array) and x.is_fully_addressable for x in leaves]
   d2h = 0
   for x, here in zip(leaves, local):
     if here:
@@ -153,8 +161,7 @@ class WaitingOnHost:
     """
     cpu = jax.local_devices(backend='cpu')[0]
     leaves, self._treedef = jax.tree_util.tree_flatten(tree)
-    self._shardings: List[jax.sharding.Sharding | None] = (
-        [None] * len(leaves))
+    self._shardings: List[jax.sharding.Sharding | None] = [None] * len(leaves)
     d2h = 0
     for i, x in enumerate(leaves):
       if not isinstance(x, jax.Array) or not x.is_fully_addressable:
@@ -189,8 +196,9 @@ class WaitingOnHost:
         if sharding.device_set != leaves[i].sharding.device_set:
           h2d += leaves[i].nbytes
     if moving:
-      placed = jax.device_put([leaves[i] for i in moving],
-                              [self._shardings[i] for i in moving])
+      placed = jax.device_put(
+        [leaves[i] for i in moving], [self._shardings[i] for i in moving]
+      )
       for i, x in zip(moving, placed):
         leaves[i] = x
     if h2d:

@@ -19,6 +19,7 @@ class Layout(enum.Enum):
   PER_DEVICE: one slice per device (activations, cotangents, state, RNGs,
     statistics); global shape (N,) + S, device d holds slice d.
   """
+
   REPLICATED = 'r'
   PER_DEVICE = 'd'
 
@@ -30,10 +31,14 @@ class Layout(enum.Enum):
     return PartitionSpec()
 
 
-def jit(fn: Callable[..., Any], in_layouts: Sequence[Layout],
-        out_layouts: Sequence[Layout], mesh: jax.sharding.Mesh | None,
-        donate_argnums: Tuple[int, ...] = (),
-        wait: bool = False) -> Callable[..., Any]:
+def jit(
+  fn: Callable[..., Any],
+  in_layouts: Sequence[Layout],
+  out_layouts: Sequence[Layout],
+  mesh: jax.sharding.Mesh | None,
+  donate_argnums: Tuple[int, ...] = (),
+  wait: bool = False,
+) -> Callable[..., Any]:
   """Compiles `fn` to run once per device of `mesh`, as `jax.pmap` would.
 
   Without a mesh (one device) `jax.jit(fn)`. With one, `fn` runs as a
@@ -66,22 +71,32 @@ def jit(fn: Callable[..., Any], in_layouts: Sequence[Layout],
   expand = lambda t: jax.tree_util.tree_map(lambda x: x[None], t)
 
   def per_device(*args):
-    local_args = [squeeze(a) if k is Layout.PER_DEVICE else a
-                  for a, k in zip(args, in_layouts)]
+    local_args = [
+      squeeze(a) if k is Layout.PER_DEVICE else a
+      for a, k in zip(args, in_layouts)
+    ]
     outs = fn(*local_args)
-    return tuple(expand(o) if k is Layout.PER_DEVICE else o
-                 for o, k in zip(outs, out_layouts))
+    return tuple(
+      expand(o) if k is Layout.PER_DEVICE else o
+      for o, k in zip(outs, out_layouts)
+    )
+
   compiled = jax.jit(
-      jax.shard_map(per_device, mesh=mesh,
-                    in_specs=tuple(k.partition_spec for k in in_layouts),
-                    out_specs=tuple(k.partition_spec for k in out_layouts),
-                    check_vma=False),
-      # Named result shardings (the ones shard_map gives them anyway), so
-      # that a trace's result types carry them: a walk ahead of the step
-      # then knows a replicated result from a per-device one.
-      out_shardings=tuple(jax.sharding.NamedSharding(mesh, k.partition_spec)
-                          for k in out_layouts),
-      donate_argnums=donate_argnums)
+    jax.shard_map(
+      per_device,
+      mesh=mesh,
+      in_specs=tuple(k.partition_spec for k in in_layouts),
+      out_specs=tuple(k.partition_spec for k in out_layouts),
+      check_vma=False,
+    ),
+    # Named result shardings (the ones shard_map gives them anyway), so
+    # that a trace's result types carry them: a walk ahead of the step
+    # then knows a replicated result from a per-device one.
+    out_shardings=tuple(
+      jax.sharding.NamedSharding(mesh, k.partition_spec) for k in out_layouts
+    ),
+    donate_argnums=donate_argnums,
+  )
   return _Waiting(compiled) if wait else compiled
 
 
@@ -95,8 +110,9 @@ def _empty_of_float0(x):
 def _float0_of_empty(x):
   """`_empty_of_float0`'s empty array as float0 zeros of shape S again."""
   shape: tuple[int, ...] = getattr(x, 'shape', ())
-  if (getattr(x, 'dtype', None) == np.bool_ and len(shape) > 0 and
-      shape[-1] == 0):
+  if (
+    getattr(x, 'dtype', None) == np.bool_ and len(shape) > 0 and shape[-1] == 0
+  ):
     return np.zeros(tuple(shape[:-1]), jax.dtypes.float0)
   return x
 
@@ -114,10 +130,12 @@ def float0_as_empty(fn: Callable[..., Any]) -> Callable[..., Any]:
   next call's `vjp` needs, in a device array of no bytes. An argument that
   is a bool array whose last axis is 0 is taken for one.
   """
+
   @functools.wraps(fn)
   def wrapped(*args):
     args = jax.tree_util.tree_map(_float0_of_empty, args)
     return jax.tree_util.tree_map(_empty_of_float0, fn(*args))
+
   return wrapped
 
 

@@ -35,11 +35,12 @@ class OneDevice:
     sharding: `jax.sharding.SingleDeviceSharding` of it.
   """
 
-  def __init__(self, device: jax.Device,
-               transfers: memory.TransferCounter | None = None):
+  def __init__(
+    self, device: jax.Device, transfers: memory.TransferCounter | None = None
+  ):
     """Args:
-      device: the `jax.Device` values go to.
-      transfers: `memory.TransferCounter` H2D copies are added to, or None.
+    device: the `jax.Device` values go to.
+    transfers: `memory.TransferCounter` H2D copies are added to, or None.
     """
     self.device = device
     self.sharding = SingleDeviceSharding(device)
@@ -60,8 +61,10 @@ class OneDevice:
 
     def typed(x, shape):
       sharding = x.sharding if self._here(x) else self.sharding
-      return jax.ShapeDtypeStruct(shape.shape, shape.dtype, sharding=sharding,
-                                  weak_type=shape.weak_type)
+      return jax.ShapeDtypeStruct(
+        shape.shape, shape.dtype, sharding=sharding, weak_type=shape.weak_type
+      )
+
     return jax.tree_util.tree_map(typed, tree, shapes)
 
   def put(self, tree: PyTree) -> tuple[PyTree, list[jax.Array]]:

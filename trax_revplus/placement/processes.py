@@ -60,9 +60,10 @@ class Processes:
     local = jax.local_devices()
     if n_devices is not None and int(n_devices) != len(local):
       raise ValueError(
-          f'n_devices={n_devices!r} but a multi-process run uses all '
-          f'{len(local)} local device(s) of each process; leave n_devices '
-          f'unset (None).')
+        f'n_devices={n_devices!r} but a multi-process run uses all '
+        f'{len(local)} local device(s) of each process; leave n_devices '
+        f'unset (None).'
+      )
     self.process_index = jax.process_index()
     self.process_count = jax.process_count()
     self.local_devices = list(local)
@@ -70,9 +71,9 @@ class Processes:
     self.mesh = Mesh(np.array(self.global_devices), (AXIS_NAME,))
     # One compiled gather per argument types for the whole run: a jit of a
     # fresh function at each call would trace and compile again every time.
-    self._gather = jax.jit(_identity,
-                           out_shardings=NamedSharding(self.mesh,
-                                                       PartitionSpec()))
+    self._gather = jax.jit(
+      _identity, out_shardings=NamedSharding(self.mesh, PartitionSpec())
+    )
 
   @property
   def n_local(self) -> int:
@@ -87,11 +88,12 @@ class Processes:
   def local_rows(self, x: HostArray) -> HostArray:
     """Rows [p * L, (p + 1) * L) of a host array of shape (N, ...)."""
     first = self.process_index * self.n_local
-    return np.asarray(x)[first:first + self.n_local]
+    return np.asarray(x)[first : first + self.n_local]
 
   @staticmethod
-  def place(x: HostArray, sharding: jax.sharding.Sharding,
-            global_shape: tuple[int, ...]) -> Array:
+  def place(
+    x: HostArray, sharding: jax.sharding.Sharding, global_shape: tuple[int, ...]
+  ) -> Array:
     """A global array of shape `global_shape` on `sharding`, from `x`, this
     process's part of it (host array)."""
     return jax.make_array_from_process_local_data(sharding, x, global_shape)
@@ -111,8 +113,11 @@ class Processes:
       same global shape, readable (`numpy.asarray`) on every process.
     """
     leaves, treedef = jax.tree_util.tree_flatten(tree)
-    where = [i for i, x in enumerate(leaves)
-             if isinstance(x, jax.Array) and not x.is_fully_addressable]
+    where = [
+      i
+      for i, x in enumerate(leaves)
+      if isinstance(x, jax.Array) and not x.is_fully_addressable
+    ]
     if not where:
       return tree
     gathered = self._gather([leaves[i] for i in where])

@@ -39,6 +39,7 @@ class Shardings(NamedTuple):
     host_is_device: bool, one CPU device, whose compiled calls take host
       arrays as they are.
   """
+
   replicated: jax.sharding.Sharding
   per_device: jax.sharding.Sharding
   n_devices: int
@@ -46,16 +47,24 @@ class Shardings(NamedTuple):
   host_is_device: bool
 
 
-def shardings(devices: Sequence[jax.Device], mesh: Mesh | None,
-              n_devices: int, host_is_device: bool) -> Shardings:
+def shardings(
+  devices: Sequence[jax.Device],
+  mesh: Mesh | None,
+  n_devices: int,
+  host_is_device: bool,
+) -> Shardings:
   """The `Shardings` of this process's `devices` and the `mesh` over all
   processes' devices (None: one device, no mesh)."""
   if mesh is None:
     one = SingleDeviceSharding(devices[0])
     return Shardings(one, one, n_devices, len(devices), host_is_device)
-  return Shardings(NamedSharding(mesh, Layout.REPLICATED.partition_spec),
-                   NamedSharding(mesh, Layout.PER_DEVICE.partition_spec),
-                   n_devices, len(devices), host_is_device)
+  return Shardings(
+    NamedSharding(mesh, Layout.REPLICATED.partition_spec),
+    NamedSharding(mesh, Layout.PER_DEVICE.partition_spec),
+    n_devices,
+    len(devices),
+    host_is_device,
+  )
 
 
 class Target(NamedTuple):
@@ -69,6 +78,7 @@ class Target(NamedTuple):
     copies: int, this process's devices that each receive the whole host
       array (for counting H2D bytes).
   """
+
   shape: tuple
   sharding: jax.sharding.Sharding
   local_shape: tuple

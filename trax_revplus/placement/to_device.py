@@ -30,10 +30,14 @@ def _host_nbytes(x):
   return 0
 
 
-def put(tree: PyTree, rule: rules.Rule, shardings: rules.Shardings,
-        transfers: memory.TransferCounter,
-        processes: processes_lib.Processes | None = None,
-        prepare: Callable[[Any, rules.Target], Any] | None = None) -> PyTree:
+def put(
+  tree: PyTree,
+  rule: rules.Rule,
+  shardings: rules.Shardings,
+  transfers: memory.TransferCounter,
+  processes: processes_lib.Processes | None = None,
+  prepare: Callable[[Any, rules.Target], Any] | None = None,
+) -> PyTree:
   """device_put of all leaves in one call, each to its `rule`'s target;
   device arrays already there, and host arrays the rule leaves on the
   host, stay (the latter's bytes count as H2D: the call copies them).
@@ -60,8 +64,9 @@ def put(tree: PyTree, rule: rules.Rule, shardings: rules.Shardings,
     where.append(i)
     targets.append(target)
   if processes is not None:
-    placed = [processes.place(x, t.sharding, t.shape)
-              for x, t in zip(moving, targets)]
+    placed = [
+      processes.place(x, t.sharding, t.shape) for x, t in zip(moving, targets)
+    ]
   elif moving:
     placed = jax.device_put(moving, [t.sharding for t in targets])
   if h2d:

@@ -26,7 +26,12 @@ from trax_revplus.progress.run_stats import RUN_STATS_FILENAME
 from trax_revplus.progress.run_stats import StepFigures
 
 __all__ = [
-    'CompileCounter', 'MAX_RECOMPILE_NOTICES', 'peak_host_rss_bytes',
-    'ProgressPrinter', 'qualified_name', 'reversible_layers',
-    'RUN_STATS_FILENAME', 'StepFigures',
+  'CompileCounter',
+  'MAX_RECOMPILE_NOTICES',
+  'peak_host_rss_bytes',
+  'ProgressPrinter',
+  'qualified_name',
+  'reversible_layers',
+  'RUN_STATS_FILENAME',
+  'StepFigures',
 ]

@@ -38,14 +38,18 @@ def _read(path: str) -> dict[int, float]:
   except FileNotFoundError:
     return {}
   except (OSError, ValueError, KeyError, TypeError) as e:
-    logging.warning('eval losses %s ignored (%s); the run\'s own history '
-                    'is reported.', path, e)
+    logging.warning(
+      "eval losses %s ignored (%s); the run's own history is reported.", path, e
+    )
     return {}
 
 
-def merged(output_dir: str | None,
-           history_losses: Sequence[tuple[int, float]], current_step: int,
-           write: bool) -> list[tuple[int, float]]:
+def merged(
+  output_dir: str | None,
+  history_losses: Sequence[tuple[int, float]],
+  current_step: int,
+  write: bool,
+) -> list[tuple[int, float]]:
   """The eval losses of the run so far: those kept in `output_dir` up to
   `current_step`, and the Loop's history (which wins where both hold a
   step).
@@ -64,8 +68,9 @@ def merged(output_dir: str | None,
   if not output_dir:
     return sorted(history.items())
   path = os.path.join(output_dir, FILENAME)
-  kept = {step: loss for step, loss in _read(path).items()
-          if step <= current_step}
+  kept = {
+    step: loss for step, loss in _read(path).items() if step <= current_step
+  }
   kept.update(history)
   losses = sorted(kept.items())
   if write and losses:

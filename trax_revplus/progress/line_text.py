@@ -29,33 +29,49 @@ def rate_text(window: dict[str, Any]) -> str:
     return f'compiling {window["compiling_seconds"]:.1f} s'
   text = f'{plain_steps / max(plain_seconds, 1e-9):.2f} steps/s'
   if compiling:
-    text += (f' ({plural(compiling, "step")} compiling, '
-             f'{window["compiling_seconds"]:.1f} s, left out)')
+    text += (
+      f' ({plural(compiling, "step")} compiling, '
+      f'{window["compiling_seconds"]:.1f} s, left out)'
+    )
   return text
 
 
-def progress_line(step: int, total_steps: int | None, loss: float | None,
-                  window: dict[str, Any], rss_bytes: int) -> str:
+def progress_line(
+  step: int,
+  total_steps: int | None,
+  loss: float | None,
+  window: dict[str, Any],
+  rss_bytes: int,
+) -> str:
   """'step 120/300  loss 2.912  3.10 steps/s  host 1530 MB' for the window
   of steps ending at `step`; `loss` its mean (None: 'n/a'), `rss_bytes` the
   host's resident set size."""
   total = f'/{total_steps}' if total_steps is not None else ''
   loss_text = 'n/a' if loss is None else f'{loss:.3f}'
-  return (f'step {step}{total}  loss {loss_text}  '
-          f'{rate_text(window)}  '
-          f'host {format_bytes(rss_bytes, spec=".0f", suffix=False)} MB')
+  return (
+    f'step {step}{total}  loss {loss_text}  '
+    f'{rate_text(window)}  '
+    f'host {format_bytes(rss_bytes, spec=".0f", suffix=False)} MB'
+  )
 
 
-def compile_notice(step: int, seconds: float, programs: int,
-                   names: Sequence[str], cause: str | None) -> str:
+def compile_notice(
+  step: int,
+  seconds: float,
+  programs: int,
+  names: Sequence[str],
+  cause: str | None,
+) -> str:
   """'step 57: 2 programs compiled in this step (4.1 s): jit(forward),
   jit(backward); CAUSE': at most `MAX_NAMES_SHOWN` of the programs' `names`,
   then `cause` (what changed since the step before) where there is one."""
   shown = ', '.join(names[:MAX_NAMES_SHOWN])
   if len(names) > MAX_NAMES_SHOWN:
     shown += f' and {len(names) - MAX_NAMES_SHOWN} more'
-  line = (f'step {step}: {plural(programs, "program")} compiled in this '
-          f'step ({seconds:.1f} s): {shown}')
+  line = (
+    f'step {step}: {plural(programs, "program")} compiled in this '
+    f'step ({seconds:.1f} s): {shown}'
+  )
   if cause:
     line += f'; {cause}'
   return line

@@ -86,8 +86,13 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
     lines: The lines printed so far (list of str).
   """
 
-  def __init__(self, loop: training.Loop, total_steps: int | None = None,
-               every_n_steps: int = 10, stream: TextIO | None = None):
+  def __init__(
+    self,
+    loop: training.Loop,
+    total_steps: int | None = None,
+    every_n_steps: int = 10,
+    stream: TextIO | None = None,
+  ):
     """Attaches to `loop`; trax's Loop calls this as `ProgressPrinter(loop)`.
 
     Args:
@@ -124,7 +129,8 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
     # evals in the Loop's history when last kept
     self._evals_kept: int | None = None
     self._figures = run_stats_lib.StepFigures(
-        loop_door.trainers(loop), getattr(loop, 'model', None))
+      loop_door.trainers(loop), getattr(loop, 'model', None)
+    )
     CompileCounter.snapshot()  # Listens from now on.
     self._cache_hits_at_start = CompileCounter.cache_hits()
     self._observe_step_results(loop)
@@ -138,19 +144,26 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
     own loss lines; this Loop's calls go through `observed`, which hands the
     result on unchanged.
     """
+
     def observing(run_one_step: Callable[..., Any]) -> Callable[..., Any]:
       def observed(*args: Any, **kwargs: Any) -> Any:
         loss, stats = run_one_step(*args, **kwargs)
         self._end_step(loss)
         return loss, stats
+
       return observed
 
     loop_door.wrap_run_one_step(loop, observing)
 
   @staticmethod
   def _new_window() -> dict[str, Any]:
-    return {'losses': [], 'steps': 0, 'seconds': 0.0, 'compiling_steps': 0,
-            'compiling_seconds': 0.0}
+    return {
+      'losses': [],
+      'steps': 0,
+      'seconds': 0.0,
+      'compiling_steps': 0,
+      'compiling_seconds': 0.0,
+    }
 
   def call_at(self, step: int) -> bool:
     del step
@@ -179,8 +192,11 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
   def _end_step(self, loss: Any) -> None:
     """Records the step `_run_one_step` just returned `loss` for."""
     step = self._step
-    if (step is None or self._step_seconds is None or
-        self._compiles_at_step_begin is None):
+    if (
+      step is None
+      or self._step_seconds is None
+      or self._compiles_at_step_begin is None
+    ):
       return  # Not a step this printer saw begin and end.
     self._step = None
     # Waiting for the loss makes the step's time that of its computation,
@@ -205,8 +221,7 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
     if programs and step != self._first_step:
       self._recompile_notice(step, seconds, programs, programs_before)
     is_last = self._total_steps is not None and step >= self._total_steps
-    if (step == self._first_step or step % self._every_n_steps == 0 or
-        is_last):
+    if step == self._first_step or step % self._every_n_steps == 0 or is_last:
       self._print_line(step)
     if is_last:
       self.write_run_stats()
@@ -216,33 +231,44 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
     history = getattr(self._loop, 'history', None)
     return [] if history is None else history.get('eval', 'metrics/loss')
 
-  def _eval_losses(self, history: list[tuple[int, float]],
-                   step: int) -> list[tuple[int, float]]:
+  def _eval_losses(
+    self, history: list[tuple[int, float]], step: int
+  ) -> list[tuple[int, float]]:
     """`history` merged with the evals kept in the output directory up to
     `step`, and kept there (`eval_history.merged`), so that an eval survives
     a run that ends before its next checkpoint."""
     self._evals_kept = len(history)
     return eval_history.merged(
-        getattr(self._loop, 'output_dir', None), history, step,
-        write=getattr(self._loop, 'is_chief', True))
+      getattr(self._loop, 'output_dir', None),
+      history,
+      step,
+      write=getattr(self._loop, 'is_chief', True),
+    )
 
   def _print(self, line: str) -> None:
     self.lines.append(line)
     print(line, file=self._stream or sys.stdout, flush=True)
 
-  def _recompile_notice(self, step: int, seconds: float, programs: int,
-                        programs_before: int) -> None:
+  def _recompile_notice(
+    self, step: int, seconds: float, programs: int, programs_before: int
+  ) -> None:
     names = CompileCounter.names_since(programs_before)
-    logging.info('step %d compiled %d programs (%.1f s): %s', step, programs,
-                 seconds, ', '.join(names))
+    logging.info(
+      'step %d compiled %d programs (%.1f s): %s',
+      step,
+      programs,
+      seconds,
+      ', '.join(names),
+    )
     self._recompile_notices += 1
     if self._recompile_notices > MAX_RECOMPILE_NOTICES:
       return
     # The programs by name and what changed since the step before (a new
     # input length, or the same shapes with the weights placed otherwise:
     # trax's trainers at step 2, `step_inputs`), not a guessed cause.
-    line = line_text.compile_notice(step, seconds, programs, names,
-                                    self._inputs.cause(step))
+    line = line_text.compile_notice(
+      step, seconds, programs, names, self._inputs.cause(step)
+    )
     if self._recompile_notices == MAX_RECOMPILE_NOTICES:
       line += ' (later ones: train.log and the summary)'
     self._print(line)
@@ -255,8 +281,9 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
     self._train_seconds += window['seconds']
     if loss is not None:
       self._last_window = (step - window['steps'] + 1, loss)
-    self._print(line_text.progress_line(step, self._total_steps, loss,
-                                        window, rss))
+    self._print(
+      line_text.progress_line(step, self._total_steps, loss, window, rss)
+    )
     self._window = self._new_window()
 
   def run_stats(self) -> dict[str, Any]:
@@ -322,19 +349,25 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
       last_step = int(getattr(self._loop, 'step', 0))
     eval_losses = self._eval_losses(self._history_eval_losses(), last_step)
     return {
-        'last_step': last_step,
-        'steps_run': self._steps_run,
-        'train_seconds': self._train_seconds,
-        'steps_per_second': (self._steps_run / self._train_seconds
-                             if self._train_seconds > 0 else None),
-        'compiling_steps': list(self._compiling_steps),
-        'programs_from_cache': (CompileCounter.cache_hits() -
-                                self._cache_hits_at_start),
-        'steps_per_second_without_compiling': (
-            plain_steps / plain_seconds
-            if plain_steps and plain_seconds > 0 else None),
-        'final_train_loss': train_loss,
-        'final_train_loss_from_step': from_step,
-        'eval_losses': eval_losses,
-        'peak_host_rss_bytes': self._figures.peak_host_rss_bytes(),
+      'last_step': last_step,
+      'steps_run': self._steps_run,
+      'train_seconds': self._train_seconds,
+      'steps_per_second': (
+        self._steps_run / self._train_seconds
+        if self._train_seconds > 0
+        else None
+      ),
+      'compiling_steps': list(self._compiling_steps),
+      'programs_from_cache': (
+        CompileCounter.cache_hits() - self._cache_hits_at_start
+      ),
+      'steps_per_second_without_compiling': (
+        plain_steps / plain_seconds
+        if plain_steps and plain_seconds > 0
+        else None
+      ),
+      'final_train_loss': train_loss,
+      'final_train_loss_from_step': from_step,
+      'eval_losses': eval_losses,
+      'peak_host_rss_bytes': self._figures.peak_host_rss_bytes(),
     }

@@ -75,15 +75,18 @@ def reversible_layers(model: Any) -> str:
   counts: dict[str, int] = {}
 
   def walk(layer):
-    if isinstance(layer, (reversible.ReversibleSerial,
-                          reversible.ReversibleHalfResidual)):
+    if isinstance(
+      layer, (reversible.ReversibleSerial, reversible.ReversibleHalfResidual)
+    ):
       name = qualified_name(type(layer))
       counts[name] = counts.get(name, 0) + 1
     for sublayer in layer.sublayers:
       walk(sublayer)
+
   walk(model)
   return ', '.join(f'{name} x{n}' for name, n in sorted(counts.items())) or (
-      'none')
+    'none'
+  )
 
 
 def peak_host_rss_bytes() -> int:
@@ -115,20 +118,31 @@ class StepFigures:
     """Measures the steps of `trainers` (the Loop's, one per task), which
     train `model` (the Loop's; None: `reversible_layers` is null)."""
     trainers = list(trainers)
-    self._trainer_name = (qualified_name(type(trainers[0])) if trainers
-                          else None)
-    self._reversible_layers = (None if model is None else
-                               reversible_layers(model))
-    self._counters = [c for c in map(_transfer_counter, trainers)
-                      if c is not None]
+    self._trainer_name = qualified_name(type(trainers[0])) if trainers else None
+    self._reversible_layers = (
+      None if model is None else reversible_layers(model)
+    )
+    self._counters = [
+      c for c in map(_transfer_counter, trainers) if c is not None
+    ]
     self._transfers_at_step_begin: tuple[int, int] | None = None
     self._peak_sampled_rss = 0
     self._device_probe_failed = False
     self._device_peak_reported = None
     self._device_bytes_source = None
-    self._stats: dict[str, list[Any]] = {key: [] for key in (
-        'steps', 'loss', 'step_seconds', 'compiled_programs',
-        'host_rss_bytes', 'device_bytes_in_use', 'h2d_bytes', 'd2h_bytes')}
+    self._stats: dict[str, list[Any]] = {
+      key: []
+      for key in (
+        'steps',
+        'loss',
+        'step_seconds',
+        'compiled_programs',
+        'host_rss_bytes',
+        'device_bytes_in_use',
+        'h2d_bytes',
+        'd2h_bytes',
+      )
+    }
 
   def _transfers(self) -> tuple[int, int] | None:
     """(h2d_bytes, d2h_bytes) summed over the trainers' counters, or None."""
@@ -151,8 +165,9 @@ class StepFigures:
     """The process's peak RSS, bytes: the kernel's mark or a sample."""
     return max(peak_host_rss_bytes(), self._peak_sampled_rss)
 
-  def end_step(self, step: int, loss: float | None, seconds: float,
-               programs: int) -> None:
+  def end_step(
+    self, step: int, loss: float | None, seconds: float, programs: int
+  ) -> None:
     """Records a step that ended: its loss, seconds, programs compiled."""
     stats = self._stats
     stats['steps'].append(int(step))
@@ -166,9 +181,13 @@ class StepFigures:
         device = memory.device_bytes_in_use()
       except Exception as e:  # pylint: disable=broad-except
         self._device_probe_failed = True
-        logging.warning('ProgressPrinter: device memory probe failed (%s: %s);'
-                        ' device bytes are not recorded for the rest of this '
-                        'run.', type(e).__name__, e)
+        logging.warning(
+          'ProgressPrinter: device memory probe failed (%s: %s);'
+          ' device bytes are not recorded for the rest of this '
+          'run.',
+          type(e).__name__,
+          e,
+        )
     if device is None:
       stats['device_bytes_in_use'].append(None)
     else:
@@ -192,30 +211,35 @@ class StepFigures:
     seconds = stats['step_seconds']
     sampled_device = [b for b in stats['device_bytes_in_use'] if b is not None]
     device_peaks = sampled_device + (
-        [self._device_peak_reported]
-        if self._device_peak_reported is not None else [])
+      [self._device_peak_reported]
+      if self._device_peak_reported is not None
+      else []
+    )
     counted = bool(stats['h2d_bytes']) and (
-        len(stats['h2d_bytes']) == len(stats['steps']))
+      len(stats['h2d_bytes']) == len(stats['steps'])
+    )
     return {
-        'trainer': self._trainer_name,
-        'reversible_layers': self._reversible_layers,
-        'steps': list(stats['steps']),
-        'loss': [v if v is not None and np.isfinite(v) else None
-                 for v in stats['loss']],
-        'step_seconds': list(seconds),
-        'compiled_programs': list(stats['compiled_programs']),
-        'host_rss_bytes': list(stats['host_rss_bytes']),
-        'device_bytes_in_use': list(stats['device_bytes_in_use']),
-        'device_bytes_source': self._device_bytes_source,
-        'h2d_bytes': list(stats['h2d_bytes']) if counted else None,
-        'd2h_bytes': list(stats['d2h_bytes']) if counted else None,
-        'first_step_seconds': seconds[0] if seconds else None,
-        'median_step_seconds': (statistics.median(seconds[1:])
-                                if len(seconds) >= 2 else None),
-        'peak_host_rss_bytes': self.peak_host_rss_bytes(),
-        'peak_device_bytes': max(device_peaks) if device_peaks else None,
-        'total_h2d_bytes': sum(stats['h2d_bytes']) if counted else None,
-        'total_d2h_bytes': sum(stats['d2h_bytes']) if counted else None,
+      'trainer': self._trainer_name,
+      'reversible_layers': self._reversible_layers,
+      'steps': list(stats['steps']),
+      'loss': [
+        v if v is not None and np.isfinite(v) else None for v in stats['loss']
+      ],
+      'step_seconds': list(seconds),
+      'compiled_programs': list(stats['compiled_programs']),
+      'host_rss_bytes': list(stats['host_rss_bytes']),
+      'device_bytes_in_use': list(stats['device_bytes_in_use']),
+      'device_bytes_source': self._device_bytes_source,
+      'h2d_bytes': list(stats['h2d_bytes']) if counted else None,
+      'd2h_bytes': list(stats['d2h_bytes']) if counted else None,
+      'first_step_seconds': seconds[0] if seconds else None,
+      'median_step_seconds': (
+        statistics.median(seconds[1:]) if len(seconds) >= 2 else None
+      ),
+      'peak_host_rss_bytes': self.peak_host_rss_bytes(),
+      'peak_device_bytes': max(device_peaks) if device_peaks else None,
+      'total_h2d_bytes': sum(stats['h2d_bytes']) if counted else None,
+      'total_d2h_bytes': sum(stats['d2h_bytes']) if counted else None,
     }
 
   def write(self, output_dir: str | None) -> str | None:
@@ -237,8 +261,9 @@ class StepFigures:
         json.dump(self.run_stats(), f, indent=1)
       os.replace(tmp_path, path)
     except (OSError, TypeError, ValueError) as e:
-      logging.warning('ProgressPrinter: cannot write %s (%s: %s).', path,
-                      type(e).__name__, e)
+      logging.warning(
+        'ProgressPrinter: cannot write %s (%s: %s).', path, type(e).__name__, e
+      )
       try:
         os.remove(tmp_path)
       except OSError:

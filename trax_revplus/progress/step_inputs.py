@@ -30,8 +30,10 @@ from trax_revplus.trax_door import trainers as trainer_door
 
 def batch_signature(batch: Any) -> tuple[str, ...]:
   """The batch's arrays as 'dtype[shape]' strings, e.g. ('int32[8, 256]',)."""
-  return tuple(f'{np.dtype(x.dtype).name}{list(np.shape(x))}'
-               for x in jax.tree_util.tree_leaves(batch))
+  return tuple(
+    f'{np.dtype(x.dtype).name}{list(np.shape(x))}'
+    for x in jax.tree_util.tree_leaves(batch)
+  )
 
 
 def _placement_of_leaf(x: Any) -> str | None:
@@ -58,8 +60,10 @@ def trainer_arrays(trainer: Any) -> Any:
   slots, a memory-efficient trainer's layers' weights; None for another
   trainer."""
   if hasattr(trainer, 'accelerated_model_with_loss'):  # trax's Trainer
-    return (trainer.accelerated_model_with_loss.weights,
-            trainer_door.default_trainer_slots(trainer))
+    return (
+      trainer.accelerated_model_with_loss.weights,
+      trainer_door.default_trainer_slots(trainer),
+    )
   layers = getattr(trainer, 'all_layers', None)
   if layers is not None:
     return [layer.weights for layer in layers]
@@ -86,15 +90,17 @@ class StepInputs:
       if self._step is not None:
         self._records[self._step]['batch'] = batch_signature(batch)
       return batch
+
     return observed
 
   def begin(self, step: int) -> None:
     """Records the trainer's weight placement as `step` begins."""
     trainers = loop_door.trainers(self._loop) or (None,)
     arrays = trainer_arrays(trainers[0])
-    self._records[step] = {'batch': None,
-                           'placement': None if arrays is None else
-                                        placement(arrays)}
+    self._records[step] = {
+      'batch': None,
+      'placement': None if arrays is None else placement(arrays),
+    }
     self._step = step
     for old in [s for s in self._records if s < step - 1]:
       del self._records[old]  # Only the step before is compared.
@@ -107,14 +113,21 @@ class StepInputs:
       return None
     prev = step - 1
     if now['batch'] != before['batch']:
-      return (f'the batch has new shapes or dtypes '
-              f'({", ".join(now["batch"])}; step {prev}: '
-              f'{", ".join(before["batch"] or ("?",))})')
+      return (
+        f'the batch has new shapes or dtypes '
+        f'({", ".join(now["batch"])}; step {prev}: '
+        f'{", ".join(before["batch"] or ("?",))})'
+      )
     same = f'same batch shapes as step {prev}'
-    if (now['placement'] is not None and before['placement'] is not None and
-        now['placement'] != before['placement']):
-      return (f'{same}, but the trainer handed its weights over as '
-              f'{before["placement"]} at step {prev} and as '
-              f'{now["placement"]} now, and JAX compiles a separate program '
-              f'for each placement')
+    if (
+      now['placement'] is not None
+      and before['placement'] is not None
+      and now['placement'] != before['placement']
+    ):
+      return (
+        f'{same}, but the trainer handed its weights over as '
+        f'{before["placement"]} at step {prev} and as '
+        f'{now["placement"]} now, and JAX compiles a separate program '
+        f'for each placement'
+      )
     return f'{same}; the weights placed as then'

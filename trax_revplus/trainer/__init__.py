@@ -49,9 +49,19 @@ init_reversible_blocks.__module__ = __name__
 # trax's block extraction is backend-neutral and reused as is.
 extract_reversible_blocks = _stock_trainer.extract_reversible_blocks
 
-__all__ = ['AUTO', 'DeviceMemoryBudgetError', 'DeviceMemoryUnknownError',
-           'DeviceOutOfMemoryError', 'HostMemoryBudgetError',
-           'MemoryBudgetError', 'PlannedStep', 'ReversibleSerialTrainer',
-           'StepCompileError', 'StepPlan', 'TrainerOptions',
-           'extract_reversible_blocks', 'init_reversible_blocks',
-           'validate_gin_bindings']
+__all__ = [
+  'AUTO',
+  'DeviceMemoryBudgetError',
+  'DeviceMemoryUnknownError',
+  'DeviceOutOfMemoryError',
+  'HostMemoryBudgetError',
+  'MemoryBudgetError',
+  'PlannedStep',
+  'ReversibleSerialTrainer',
+  'StepCompileError',
+  'StepPlan',
+  'TrainerOptions',
+  'extract_reversible_blocks',
+  'init_reversible_blocks',
+  'validate_gin_bindings',
+]

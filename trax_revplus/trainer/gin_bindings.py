@@ -30,4 +30,5 @@ def validate_gin_bindings() -> options_lib.TrainerOptions:
   bound = gin.get_bindings(options_lib.GIN_CONFIGURABLE)
   names = set(options_lib.TrainerOptions.field_names())
   return options_lib.TrainerOptions(
-      **{k: v for k, v in bound.items() if k in names})
+    **{k: v for k, v in bound.items() if k in names}
+  )

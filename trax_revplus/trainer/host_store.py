@@ -48,9 +48,13 @@ class LayerStore:
       as trax's backward pass does.
   """
 
-  def __init__(self, blocks: Blocks, loss_layer: tl.Layer,
-               optimizer_fn: Callable[[], optimizer_base.Optimizer],
-               placement: placement_lib.Placement):
+  def __init__(
+    self,
+    blocks: Blocks,
+    loss_layer: tl.Layer,
+    optimizer_fn: Callable[[], optimizer_base.Optimizer],
+    placement: placement_lib.Placement,
+  ):
     """Makes one optimizer per layer and puts everything on the host.
 
     Args:
@@ -76,25 +80,35 @@ class LayerStore:
       opt.tree_init(layer.weights)
       opt.slots = placement_lib.to_numpy(opt.slots)
       return opt
+
     init_records = []
     opts = []
     for i, layer in enumerate(self.layers):
       rss = memory.host_rss_bytes()
       init.move_to_host(layer)
       opts.append(make_optimizer(layer))
-      init_records.append(dict(
-          layer=i, layer_name=layer.name,
+      init_records.append(
+        dict(
+          layer=i,
+          layer_name=layer.name,
           weights_bytes=memory.array_bytes(layer.weights),
           slots_bytes=memory.array_bytes(opts[-1].slots),
-          host_rss_added_bytes=memory.host_rss_bytes() - rss))
+          host_rss_added_bytes=memory.host_rss_bytes() - rss,
+        )
+      )
     self.optimizers = opts
     self.init_records = init_records
     self.ties = ties_lib.Ties.of_layers(self.layers)
     for r in init_records:
-      logging.info('init: layer %d %s: weights %.2f MiB, slots %.2f MiB, '
-                   'host RSS added %.2f MiB', r['layer'], r['layer_name'],
-                   r['weights_bytes'] / _MIB, r['slots_bytes'] / _MIB,
-                   r['host_rss_added_bytes'] / _MIB)
+      logging.info(
+        'init: layer %d %s: weights %.2f MiB, slots %.2f MiB, '
+        'host RSS added %.2f MiB',
+        r['layer'],
+        r['layer_name'],
+        r['weights_bytes'] / _MIB,
+        r['slots_bytes'] / _MIB,
+        r['host_rss_added_bytes'] / _MIB,
+      )
 
     # Optimizer hyperparameters stay on the device between steps; only a
     # changed learning rate is placed again. Equal ones are placed once.
@@ -114,21 +128,27 @@ class LayerStore:
 
   def params_bytes(self) -> dict[int, int]:
     """dict layer index -> bytes of its weights + slots."""
-    return {i: memory.array_bytes(layer.weights) +
-               memory.array_bytes(self.optimizers[i].slots)
-            for i, layer in enumerate(self.layers)}
+    return {
+      i: memory.array_bytes(layer.weights)
+      + memory.array_bytes(self.optimizers[i].slots)
+      for i, layer in enumerate(self.layers)
+    }
 
   def host_bytes(self) -> int:
     """Bytes of every layer's host weights and state and every optimizer's
     slots, an array two layers share counted once."""
     leaves = jax.tree_util.tree_leaves(
-        ([layer.weights for layer in self.layers],
-         [layer.state for layer in self.layers],
-         [opt.slots for opt in self.optimizers]))
+      (
+        [layer.weights for layer in self.layers],
+        [layer.state for layer in self.layers],
+        [opt.slots for opt in self.optimizers],
+      )
+    )
     return sum({id(x): memory.array_bytes(x) for x in leaves}.values())
 
-  def params(self, indices: list[int], with_slots: bool
-             ) -> tuple[list[PyTree], list[PyTree] | None]:
+  def params(
+    self, indices: list[int], with_slots: bool
+  ) -> tuple[list[PyTree], list[PyTree] | None]:
     """(weights, slots) of layers `indices`: lists; slots None without
     `with_slots`."""
     weights = [self.layers[i].weights for i in indices]
@@ -145,8 +165,7 @@ class LayerStore:
     layer = self.layers[i]
     return layer.weights, self.optimizers[i].slots, layer.state
 
-  def set(self, i: int, weights: PyTree, slots: PyTree,
-          state: PyTree) -> None:
+  def set(self, i: int, weights: PyTree, slots: PyTree, state: PyTree) -> None:
     """Sets layer i's weights and state and its optimizer's slots."""
     self.layers[i].weights = weights
     self.optimizers[i].slots = slots
@@ -156,20 +175,25 @@ class LayerStore:
     """Sets layer i's state alone."""
     self.layers[i].state = state
 
-  def trax_optimizers(self) -> list[tuple[optimizer_base.Optimizer,
-                                          list[optimizer_base.Optimizer]]
-                                    | optimizer_base.Optimizer]:
+  def trax_optimizers(
+    self,
+  ) -> list[
+    tuple[optimizer_base.Optimizer, list[optimizer_base.Optimizer]]
+    | optimizer_base.Optimizer
+  ]:
     """Optimizers in trax's structure: [(std opt, [rev opts]), ..., loss]."""
     structured = []
     k = 0
     for _, revs in self.blocks:
-      structured.append((self.optimizers[k],
-                         self.optimizers[k + 1:k + 1 + len(revs)]))
+      structured.append(
+        (self.optimizers[k], self.optimizers[k + 1 : k + 1 + len(revs)])
+      )
       k += 1 + len(revs)
     return structured + [self.optimizers[-1]]
 
-  def set_learning_rate(self, learning_rate: float | np.ndarray | Array
-                        | None) -> None:
+  def set_learning_rate(
+    self, learning_rate: float | np.ndarray | Array | None
+  ) -> None:
     """Places a new learning rate once; the same value costs nothing.
 
     Args:
@@ -180,9 +204,12 @@ class LayerStore:
     if isinstance(learning_rate, jax.Array):
       learning_rate = np.asarray(learning_rate)
     previous = self._learning_rate
-    if (previous is not None and type(previous[0]) is type(learning_rate) and
-        np.shape(learning_rate) == np.shape(previous[0]) and
-        np.all(previous[0] == learning_rate)):
+    if (
+      previous is not None
+      and type(previous[0]) is type(learning_rate)
+      and np.shape(learning_rate) == np.shape(previous[0])
+      and np.all(previous[0] == learning_rate)
+    ):
       return
     # jnp.asarray keeps trax's typing: a Python float stays weakly typed.
     placed = self._placement.replicate(jnp.asarray(learning_rate))
@@ -192,6 +219,9 @@ class LayerStore:
 
   def keep(self) -> list[PyTree]:
     """Everything held between steps (for safe freeing)."""
-    return [[(l.weights, l.state) for l in self.layers],
-            [o.slots for o in self.optimizers], self.opt_params,
-            self._learning_rate]
+    return [
+      [(l.weights, l.state) for l in self.layers],
+      [o.slots for o in self.optimizers],
+      self.opt_params,
+      self._learning_rate,
+    ]

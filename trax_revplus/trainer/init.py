@@ -20,8 +20,10 @@ from trax_revplus.typing import PRNGKey
 
 def _holds_arrays(tree):
   """Whether `tree` has an array leaf (numpy or jax): values, not markers."""
-  return any(isinstance(x, (np.ndarray, np.generic, jax.Array))
-             for x in jax.tree_util.tree_leaves(tree))
+  return any(
+    isinstance(x, (np.ndarray, np.generic, jax.Array))
+    for x in jax.tree_util.tree_leaves(tree)
+  )
 
 
 def move_to_host(layer: tl.Layer) -> None:
@@ -32,11 +34,13 @@ def move_to_host(layer: tl.Layer) -> None:
   sublayers (e.g. `ReversibleHalfResidual`), which its own setter rejects;
   trax's trainer accepts such layers, so this leaves them as they are.
   """
-  if any(isinstance(x, jax.Array)
-         for x in jax.tree_util.tree_leaves(layer.weights)):
+  if any(
+    isinstance(x, jax.Array) for x in jax.tree_util.tree_leaves(layer.weights)
+  ):
     layer.weights = _host(layer.weights)
-  if any(isinstance(x, jax.Array)
-         for x in jax.tree_util.tree_leaves(layer.state)):
+  if any(
+    isinstance(x, jax.Array) for x in jax.tree_util.tree_leaves(layer.state)
+  ):
     layer.state = _host(layer.state)
 
 
@@ -65,6 +69,7 @@ def _leaf_layers(layer):
         walk(sub)
     else:
       found.append(l)
+
   walk(layer)
   return found
 
@@ -80,12 +85,14 @@ def _initializes_itself(leaf):
   """
   if isinstance(leaf, (cb.Serial, cb.Parallel)):
     return False
-  return (type(leaf).init_weights_and_state is not
-          base.Layer.init_weights_and_state)
+  return (
+    type(leaf).init_weights_and_state is not base.Layer.init_weights_and_state
+  )
 
 
-def init_reversible_blocks(blocks: Blocks, loss_layer: tl.Layer,
-                           input_signature: Any, rng: PRNGKey) -> None:
+def init_reversible_blocks(
+  blocks: Blocks, loss_layer: tl.Layer, input_signature: Any, rng: PRNGKey
+) -> None:
   """Initializes the blocks and loss layer as trax does; keeps loaded values.
 
   Replaces trax's `init_reversible_blocks`, which `training.Loop` calls with
@@ -141,26 +148,34 @@ def init_reversible_blocks(blocks: Blocks, loss_layer: tl.Layer,
     nonlocal rss
     leaves = _leaf_layers(layer)
     kept = [leaf for leaf in leaves if id(leaf) in loaded]
-    if kept and all(id(leaf) in loaded
-                    for leaf in leaves if _initializes_itself(leaf)):
+    if kept and all(
+      id(leaf) in loaded for leaf in leaves if _initializes_itself(leaf)
+    ):
       logging.info('init: layer %s keeps its loaded weights', layer.name)
     else:
       layer.init(sig, rng=layer_rng)
       for leaf in kept:
         _, leaf.weights, leaf.state = loaded[id(leaf)]
       if kept:
-        logging.info('init: layer %s: %d of its sublayers keep their loaded '
-                     'weights, the others are initialized', layer.name,
-                     len(kept))
+        logging.info(
+          'init: layer %s: %d of its sublayers keep their loaded '
+          'weights, the others are initialized',
+          layer.name,
+          len(kept),
+        )
     move_to_host(layer)
     now = memory.host_rss_bytes()
-    logging.info('init: layer %s: weights %.2f MiB, host RSS added %.2f MiB, '
-                 'host RSS %.2f MiB', layer.name,
-                 memory.array_bytes(layer.weights) / 2**20,
-                 (now - rss) / 2**20, now / 2**20)
+    logging.info(
+      'init: layer %s: weights %.2f MiB, host RSS added %.2f MiB, '
+      'host RSS %.2f MiB',
+      layer.name,
+      memory.array_bytes(layer.weights) / 2**20,
+      (now - rss) / 2**20,
+      now / 2**20,
+    )
     rss = now
 
-  for (std_layers, rev_layers) in listed:
+  for std_layers, rev_layers in listed:
     rngs = fastmath.random.split(rng, len(std_layers) + len(rev_layers) + 1)
     rng = rngs[0]
     for layer, layer_rng in zip(std_layers + rev_layers, rngs[1:]):
@@ -171,4 +186,3 @@ def init_reversible_blocks(blocks: Blocks, loss_layer: tl.Layer,
   loss_sig = cb.inputs_from_stack(sig_stack, loss_layer.n_in)
   init_one(loss_layer, loss_sig, rng)
   validation.check_loss_output(loss_layer, loss_sig)
-

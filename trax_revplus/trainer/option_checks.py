@@ -15,8 +15,9 @@ import numpy as np
 from trax_revplus import validation
 
 
-def check_names(configurable: str, settings: Mapping[str, Any],
-                names: Iterable[str]) -> None:
+def check_names(
+  configurable: str, settings: Mapping[str, Any], names: Iterable[str]
+) -> None:
   """Checks that every key of `settings` is one of `names`.
 
   Args:
@@ -35,24 +36,38 @@ def check_names(configurable: str, settings: Mapping[str, Any],
   if removed:
     name = removed[0]
     raise validation.TrainerOptionError(
-        name, settings[name], None,
-        message=validation.removed_setting_message(configurable, name))
+      name,
+      settings[name],
+      None,
+      message=validation.removed_setting_message(configurable, name),
+    )
   if unknown:
     name = unknown[0]
     raise validation.TrainerOptionError(
-        name, settings[name], None, message=(
-            f'{configurable} has no setting {name!r}; its settings: '
-            f'{", ".join(names)}.'))
+      name,
+      settings[name],
+      None,
+      message=(
+        f'{configurable} has no setting {name!r}; its settings: '
+        f'{", ".join(names)}.'
+      ),
+    )
 
 
 def is_int(value: Any) -> bool:
   """Whether `value` is an int (Python's or numpy's), not a bool."""
   return isinstance(value, (int, np.integer)) and not isinstance(
-      value, (bool, np.bool_))
+    value, (bool, np.bool_)
+  )
 
 
-def check_int(options: Any, name: str, low: int, high: int | None = None,
-              allowed: str | None = None) -> None:
+def check_int(
+  options: Any,
+  name: str,
+  low: int,
+  high: int | None = None,
+  allowed: str | None = None,
+) -> None:
   """Checks that setting `name` is an int in [low, high]; stores it as int.
 
   `allowed` describes the range in the error message (default: 'an int >=
@@ -63,8 +78,9 @@ def check_int(options: Any, name: str, low: int, high: int | None = None,
   """
   value = getattr(options, name)
   if not is_int(value) or value < low or (high is not None and value > high):
-    raise validation.TrainerOptionError(name, value,
-                                        allowed or f'an int >= {low}')
+    raise validation.TrainerOptionError(
+      name, value, allowed or f'an int >= {low}'
+    )
   object.__setattr__(options, name, int(value))
 
 

@@ -35,6 +35,7 @@ class DimensionSetting:
     allowed: str, its range in an error line (before "or 'auto'").
     unplanned: the value a step without a budget runs for 'auto'.
   """
+
   allowed: str
   unplanned: Any
 
@@ -42,8 +43,9 @@ class DimensionSetting:
 def dimension_setting(allowed: str, unplanned: Any) -> Any:
   """A `TrainerOptions` field that sets the plan dimension of its name,
   'auto' by default (`DimensionSetting`)."""
-  return dataclasses.field(default=AUTO, metadata={
-      _DIMENSION: DimensionSetting(allowed, unplanned)})
+  return dataclasses.field(
+    default=AUTO, metadata={_DIMENSION: DimensionSetting(allowed, unplanned)}
+  )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,6 +232,7 @@ class TrainerOptions:
       settings name (device_memory_budget_bytes = None) over it is one
       line, `budget.HostMemoryBudgetError`, before any step.
   """
+
   n_async_layers: int = 8
   memory_log_every_n_steps: int = 100
   memory_log_per_layer: bool = False
@@ -247,16 +250,19 @@ class TrainerOptions:
   device_memory_budget_bytes: int | str | None = AUTO
   memory_log_first_steps: int = FIRST_STEPS_RECORDED
   batch_slices: int | str = dimension_setting(
-      "an int >= 1 that divides each device's rows of the batch (1: no "
-      'slices)', unplanned=1)
+    "an int >= 1 that divides each device's rows of the batch (1: no slices)",
+    unplanned=1,
+  )
   sequence_chunks: int | str = dimension_setting(
-      'an int >= 1 that divides the sequence length (1: no chunks)',
-      unplanned=1)
+    'an int >= 1 that divides the sequence length (1: no chunks)', unplanned=1
+  )
   micro_batches: int | str = dimension_setting(
-      "an int >= 1 that divides each device's rows of the batch (1: one "
-      'pass)', unplanned=1)
+    "an int >= 1 that divides each device's rows of the batch (1: one pass)",
+    unplanned=1,
+  )
   parallel_heads: int | str = dimension_setting(
-      'an int >= 1 (1: one attention head at a time)', unplanned=None)
+    'an int >= 1 (1: one attention head at a time)', unplanned=None
+  )
   host_memory_budget_bytes: int | str | None = AUTO
 
   def __post_init__(self):
@@ -267,48 +273,72 @@ class TrainerOptions:
         in field order.
     """
     checks.check_int(self, 'n_async_layers', 0)
-    checks.check_int(self, 'memory_log_every_n_steps', 1,
-                     allowed='an int >= 1 (1 records every step)')
+    checks.check_int(
+      self,
+      'memory_log_every_n_steps',
+      1,
+      allowed='an int >= 1 (1 records every step)',
+    )
     checks.check_int(self, 'memory_log_first_steps', 0)
     for name in ('memory_log_per_layer', 'memory_log_tensorboard', 'donate'):
       checks.check_bool(self, name)
-    if not (self.output_dir is None or
-            isinstance(self.output_dir, (str, os.PathLike))):
+    if not (
+      self.output_dir is None or isinstance(self.output_dir, (str, os.PathLike))
+    ):
       raise validation.TrainerOptionError(
-          'output_dir', self.output_dir, 'None or a directory path (str)')
+        'output_dir', self.output_dir, 'None or a directory path (str)'
+      )
     if self.on_non_finite not in ON_NON_FINITE:
       raise validation.TrainerOptionError(
-          'on_non_finite', self.on_non_finite, f'one of {ON_NON_FINITE}')
+        'on_non_finite', self.on_non_finite, f'one of {ON_NON_FINITE}'
+      )
     if self.segment_max_layers != AUTO:
       checks.check_int(
-          self, 'segment_max_layers', 1,
-          allowed=f"an int >= 1 (1: one call per layer) or '{AUTO}'")
+        self,
+        'segment_max_layers',
+        1,
+        allowed=f"an int >= 1 (1: one call per layer) or '{AUTO}'",
+      )
     checks.check_int(self, 'segment_max_bytes', 0)
     checks.check_bool(self, 'compile_ahead')
     checks.check_bool(self, 'release_host_memory')
     if self.host_mmap_threshold is not None:
       limit = host_release.MAX_MMAP_THRESHOLD_BYTES
       checks.check_int(
-          self, 'host_mmap_threshold', 0, limit,
-          allowed=f"None (glibc's own threshold) or an int number of "
-                  f"bytes in [0, {limit}] (glibc's limit)")
+        self,
+        'host_mmap_threshold',
+        0,
+        limit,
+        allowed=f"None (glibc's own threshold) or an int number of "
+        f"bytes in [0, {limit}] (glibc's limit)",
+      )
     if self.backward_segment_max_layers != AUTO:
-      checks.check_int(self, 'backward_segment_max_layers', 1,
-                       allowed=f"an int >= 1 or '{AUTO}'")
+      checks.check_int(
+        self,
+        'backward_segment_max_layers',
+        1,
+        allowed=f"an int >= 1 or '{AUTO}'",
+      )
     checks.check_bool(self, 'clear_compilation_caches')
     if self.device_memory_budget_bytes not in (None, AUTO, DEVICE):
       checks.check_int(
-          self, 'device_memory_budget_bytes', 1,
-          allowed=f"'{AUTO}', '{DEVICE}', None or an int number of "
-                  f"bytes >= 1")
+        self,
+        'device_memory_budget_bytes',
+        1,
+        allowed=f"'{AUTO}', '{DEVICE}', None or an int number of bytes >= 1",
+      )
     for name, setting in self.dimension_settings().items():
       if getattr(self, name) != AUTO:
-        checks.check_int(self, name, 1,
-                         allowed=f"{setting.allowed} or '{AUTO}'")
+        checks.check_int(
+          self, name, 1, allowed=f"{setting.allowed} or '{AUTO}'"
+        )
     if self.host_memory_budget_bytes not in (None, AUTO):
       checks.check_int(
-          self, 'host_memory_budget_bytes', 1,
-          allowed=f"'{AUTO}', None or an int number of bytes >= 1")
+        self,
+        'host_memory_budget_bytes',
+        1,
+        allowed=f"'{AUTO}', None or an int number of bytes >= 1",
+      )
 
   @classmethod
   def of(cls, settings: Mapping[str, Any]) -> 'TrainerOptions':
@@ -336,8 +366,11 @@ class TrainerOptions:
   def dimension_settings(cls) -> dict[str, DimensionSetting]:
     """{name: `DimensionSetting`} of the settings of the plan's dimensions
     (`dimension_setting`), in field order."""
-    return {f.name: f.metadata[_DIMENSION] for f in dataclasses.fields(cls)
-            if _DIMENSION in f.metadata}
+    return {
+      f.name: f.metadata[_DIMENSION]
+      for f in dataclasses.fields(cls)
+      if _DIMENSION in f.metadata
+    }
 
   @classmethod
   def field_names(cls) -> tuple[str, ...]:

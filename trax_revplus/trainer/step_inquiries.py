@@ -81,11 +81,12 @@ class StepInquiries:
     planned = self._planner.step_for(batch)
     if planned.memory is not None:
       return planned.memory
-    return self._planner.account(planned.plan, planned.units,
-                                 self._planner.step_types(batch))
+    return self._planner.account(
+      planned.plan, planned.units, self._planner.step_types(batch)
+    )
 
   def least_device_memory_of(
-      self, batch: Batch
+    self, batch: Batch
   ) -> tuple[plan_lib.StepPlan, device_memory_lib.StepMemory]:
     """The leanest plan on `batch`'s shapes and its device memory: the
     least this trainer can step in.

@@ -48,6 +48,7 @@ InCall = tuple[tuple[int, int, int, int], ...]
 class Tie(NamedTuple):
   """Leaf `leaf` of layer `layer` is read from leaf `source_leaf` of layer
   `source`'s update (the next holder in backward order, `source > layer`)."""
+
   layer: int
   leaf: int
   source: int
@@ -102,18 +103,24 @@ class Ties:
   def across(self, indices: Sequence[int]) -> list[Tie]:
     """Ties of the layers `indices` (one call) to layers outside it."""
     inside = set(indices)
-    return [t for i in indices for t in self._by_layer.get(i, ())
-            if t.source not in inside]
+    return [
+      t
+      for i in indices
+      for t in self._by_layer.get(i, ())
+      if t.source not in inside
+    ]
 
   def in_call(self, indices: Sequence[int]) -> InCall:
     """Ties between layers of one call over `indices` (forward order), as
     positions in the call's lists: ((k, leaf, source_k, source_leaf), ...),
     hashable (part of what the compiled function computes)."""
     position = {i: k for k, i in enumerate(indices)}
-    return tuple((position[t.layer], t.leaf, position[t.source],
-                  t.source_leaf)
-                 for i in indices for t in self._by_layer.get(i, ())
-                 if t.source in position)
+    return tuple(
+      (position[t.layer], t.leaf, position[t.source], t.source_leaf)
+      for i in indices
+      for t in self._by_layer.get(i, ())
+      if t.source in position
+    )
 
   def read_from(self, layer: int) -> list[Tie]:
     """The ties whose value is a leaf of layer `layer`'s update."""

@@ -52,9 +52,15 @@ from trax_revplus.typing import PyTree
 
 # The gin parameters: trax's arguments, then the settings of
 # `options.TrainerOptions` (listed there, once).
-GIN_PARAMETERS = ('blocks', 'loss_layer', 'optimizer_fn', 'n_devices',
-                  'memoize_jit', 'free_accelerators_on_step',
-                  'adasum') + options_lib.TrainerOptions.field_names()
+GIN_PARAMETERS = (
+  'blocks',
+  'loss_layer',
+  'optimizer_fn',
+  'n_devices',
+  'memoize_jit',
+  'free_accelerators_on_step',
+  'adasum',
+) + options_lib.TrainerOptions.field_names()
 
 
 @gin.configurable(module='trax_revplus', allowlist=GIN_PARAMETERS)
@@ -78,11 +84,17 @@ class ReversibleSerialTrainer(step_inquiries.StepInquiries):
 
   gin_parameters = GIN_PARAMETERS
 
-  def __init__(self, blocks: Blocks, loss_layer: tl.Layer,
-               optimizer_fn: Callable[[], Any],
-               n_devices: int | None = None, memoize_jit: bool = True,
-               free_accelerators_on_step: bool = False, adasum: bool = False,
-               **settings: Any):
+  def __init__(
+    self,
+    blocks: Blocks,
+    loss_layer: tl.Layer,
+    optimizer_fn: Callable[[], Any],
+    n_devices: int | None = None,
+    memoize_jit: bool = True,
+    free_accelerators_on_step: bool = False,
+    adasum: bool = False,
+    **settings: Any,
+  ):
     """Creates the trainer and one optimizer per layer.
 
     Args:
@@ -130,15 +142,17 @@ class ReversibleSerialTrainer(step_inquiries.StepInquiries):
     # baseline a run's measured host peak is read against.
     self._host_rss_backend_open_bytes = memory.host_rss_bytes()
     self._n_devices = placement.n_devices
-    budget_bytes = budget_lib.budget_bytes(options.device_memory_budget_bytes,
-                                           placement)
+    budget_bytes = budget_lib.budget_bytes(
+      options.device_memory_budget_bytes, placement
+    )
     self._memory_log = memory.MemoryLog(
-        every_n_steps=options.memory_log_every_n_steps,
-        first_steps=options.memory_log_first_steps,
-        per_layer=options.memory_log_per_layer,
-        output_dir=self._files_dir(options.output_dir),
-        tensorboard=options.memory_log_tensorboard,
-        devices=placement.devices)
+      every_n_steps=options.memory_log_every_n_steps,
+      first_steps=options.memory_log_first_steps,
+      per_layer=options.memory_log_per_layer,
+      output_dir=self._files_dir(options.output_dir),
+      tensorboard=options.memory_log_tensorboard,
+      devices=placement.devices,
+    )
     # Close the log's files while threads still run: at interpreter exit
     # (weakref.finalize runs from atexit) or when the trainer is collected.
     # Left to garbage collection at exit, TensorBoard's writer waits forever
@@ -146,28 +160,51 @@ class ReversibleSerialTrainer(step_inquiries.StepInquiries):
     weakref.finalize(self, self._memory_log.close)
 
     self._store = store = store_lib.LayerStore(
-        blocks, loss_layer, optimizer_fn, placement)
+      blocks, loss_layer, optimizer_fn, placement
+    )
     self._pending_init_records = list(store.init_records)
     self._compiler = compilation.Compiler(
-        placement, store.layers, store.optimizers, memoize_jit,
-        options.donate, adasum)
+      placement,
+      store.layers,
+      store.optimizers,
+      memoize_jit,
+      options.donate,
+      adasum,
+    )
     self._planner = planner_lib.Planner(
-        placement, store, unit_factory.UnitFactory(
-            store.layers, store.optimizers, self._compiler.compile,
-            self._n_devices, adasum, store.ties), options, budget_bytes,
-        explicit=settings,
-        fingerprint_of=self._compiler.fingerprint_of if memoize_jit else None,
-        host_budget_bytes=budget_lib.host_budget_bytes(
-            options.host_memory_budget_bytes, store.host_bytes()))
+      placement,
+      store,
+      unit_factory.UnitFactory(
+        store.layers,
+        store.optimizers,
+        self._compiler.compile,
+        self._n_devices,
+        adasum,
+        store.ties,
+      ),
+      options,
+      budget_bytes,
+      explicit=settings,
+      fingerprint_of=self._compiler.fingerprint_of if memoize_jit else None,
+      host_budget_bytes=budget_lib.host_budget_bytes(
+        options.host_memory_budget_bytes, store.host_bytes()
+      ),
+    )
     self._planner.keep_plans_in(self._files_dir(options.output_dir))
-    self._commits = commit.CommitQueue(placement, store,
-                                       options.on_non_finite,
-                                       self._describe_last_checkpoint)
-    self._release = (observers.ReleaseHostMemory()
-                     if options.release_host_memory else None)
+    self._commits = commit.CommitQueue(
+      placement, store, options.on_non_finite, self._describe_last_checkpoint
+    )
+    self._release = (
+      observers.ReleaseHostMemory() if options.release_host_memory else None
+    )
     self._parts = step_context.TrainerParts(
-        placement, store, self._commits, self._memory_log, self._release,
-        bool(free_accelerators_on_step))
+      placement,
+      store,
+      self._commits,
+      self._memory_log,
+      self._release,
+      bool(free_accelerators_on_step),
+    )
     if options.clear_compilation_caches:
       compilation.clear_caches()
     self._release_host_memory()
@@ -201,16 +238,16 @@ class ReversibleSerialTrainer(step_inquiries.StepInquiries):
     `tl.on_cpu` gives: `training.Loop.load_checkpoint` compares leaves with
     `in [None, ()]`, which numpy arrays cannot answer.
     """
-    return self._placement.on_host_device(fastmath.nested_map(
-        lambda opt: opt.slots, self._store.trax_optimizers()))
+    return self._placement.on_host_device(
+      fastmath.nested_map(lambda opt: opt.slots, self._store.trax_optimizers())
+    )
 
   @slots.setter
   def slots(self, slots: PyTree) -> None:
     """Sets the slots of all optimizers (structure as the getter's)."""
     optimizers = self._store.trax_optimizers()
-    for ((s_opt, r_opts), (s_slots, r_slots)) in zip(optimizers[:-1],
-                                                     slots[:-1]):
-      for (opt, slot) in zip([s_opt] + list(r_opts), [s_slots] + list(r_slots)):
+    for (s_opt, r_opts), (s_slots, r_slots) in zip(optimizers[:-1], slots[:-1]):
+      for opt, slot in zip([s_opt] + list(r_opts), [s_slots] + list(r_slots)):
         opt.slots = placement_lib.to_numpy(slot)
     self._store.optimizers[-1].slots = placement_lib.to_numpy(slots[-1])
 
@@ -260,9 +297,13 @@ class ReversibleSerialTrainer(step_inquiries.StepInquiries):
 
   # One training step.
 
-  def one_step(self, batch: Batch, rng: PRNGKey, step: int = 0,
-               learning_rate: float | None = None
-               ) -> tuple[Array, dict[str, Array]]:
+  def one_step(
+    self,
+    batch: Batch,
+    rng: PRNGKey,
+    step: int = 0,
+    learning_rate: float | None = None,
+  ) -> tuple[Array, dict[str, Array]]:
     """Updates weights, state and slots of all layers by one training step.
 
     Same contract as trax's `ReversibleSerialTrainer.one_step`.
@@ -306,8 +347,8 @@ class ReversibleSerialTrainer(step_inquiries.StepInquiries):
     except RuntimeError as e:
       oom_report.raise_if_out_of_memory(e, ctx, self._planner, batch)
       raise
-    self._memory_log.end_step(step, **ctx.host_figures(
-        self._host_rss_backend_open_bytes))
+    figures = ctx.host_figures(self._host_rss_backend_open_bytes)
+    self._memory_log.end_step(step, **figures)
     return ctx.loss_and_stats()
 
   def _begin_step(self, batch, rng, step, learning_rate):
@@ -320,8 +361,9 @@ class ReversibleSerialTrainer(step_inquiries.StepInquiries):
     self._memory_log.begin_step(step, self._placement.transfers)
     self._store.set_learning_rate(learning_rate)
     self._commits.begin_step(step)
-    return step_context.StepContext.for_step(self.planned(batch), step, rng,
-                                             batch, self._parts)
+    return step_context.StepContext.for_step(
+      self.planned(batch), step, rng, batch, self._parts
+    )
 
   def _describe_last_checkpoint(self):
     return checkpoints.describe_last_good(self._memory_log.output_dir)

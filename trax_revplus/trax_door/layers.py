@@ -16,36 +16,48 @@ LAYER = 'trax.layers.base.Layer'
 SELECT = 'trax.layers.reversible.ReversibleSelect'
 DROPOUT = 'trax.layers.core.Dropout'
 SELF_ATTENTION = 'trax.layers.research.efficient_attention.SelfAttention'
-LSH_SELF_ATTENTION = (
-    'trax.layers.research.efficient_attention.LSHSelfAttention')
+LSH_SELF_ATTENTION = 'trax.layers.research.efficient_attention.LSHSelfAttention'
 POSITIONAL_ENCODING = 'trax.layers.attention.PositionalEncoding'
 AXIAL_POSITIONAL_ENCODING = (
-    'trax.layers.research.position_encodings.AxialPositionalEncoding')
+  'trax.layers.research.position_encodings.AxialPositionalEncoding'
+)
 
 
-@uses(SELECT, '_indices', ATTRIBUTE,
-      'the input index of each output, in output order',
-      check=lambda v: all(isinstance(i, int) for i in v))
+@uses(
+  SELECT,
+  '_indices',
+  ATTRIBUTE,
+  'the input index of each output, in output order',
+  check=lambda v: all(isinstance(i, int) for i in v),
+)
 def select_indices(layer: Any) -> Any:
   """A `ReversibleSelect`'s (`ReversibleSwap`'s) input index per output
   (its `_indices`); None for a layer without them."""
   return getattr(layer, '_indices', None)
 
 
-@uses(DROPOUT, '_shared_axes', ATTRIBUTE,
-      'the axes (ints, negative ones counted from the end) along which the '
-      'mask is shared, a sequence', check=lambda v: all(
-          isinstance(a, int) for a in v))
+@uses(
+  DROPOUT,
+  '_shared_axes',
+  ATTRIBUTE,
+  'the axes (ints, negative ones counted from the end) along which the '
+  'mask is shared, a sequence',
+  check=lambda v: all(isinstance(a, int) for a in v),
+)
 def dropout_shared_axes(layer: Any) -> Any:
   """The axes along which a `Dropout`'s mask is shared (its
   `_shared_axes`)."""
   return layer._shared_axes  # pylint: disable=protected-access
 
 
-_N_HEADS = ('the number of heads, an int; the layer\'s state has one entry '
-            'per row and head along its leading axis')
-_INCREMENTAL = ('whether it decodes one position at a time (its state is '
-                'then a cache, not per row and head), a bool')
+_N_HEADS = (
+  "the number of heads, an int; the layer's state has one entry "
+  'per row and head along its leading axis'
+)
+_INCREMENTAL = (
+  'whether it decodes one position at a time (its state is '
+  'then a cache, not per row and head), a bool'
+)
 
 
 def _is_int(v):
@@ -66,8 +78,9 @@ def attention_n_heads(layer: Any) -> Any:
 
 
 @uses(SELF_ATTENTION, '_incremental', ATTRIBUTE, _INCREMENTAL, check=_is_bool)
-@uses(LSH_SELF_ATTENTION, '_incremental', ATTRIBUTE, _INCREMENTAL,
-      check=_is_bool)
+@uses(
+  LSH_SELF_ATTENTION, '_incremental', ATTRIBUTE, _INCREMENTAL, check=_is_bool
+)
 def attention_incremental(layer: Any) -> bool:
   """Whether an efficient attention layer (`SelfAttention`,
   `LSHSelfAttention`) decodes incrementally (its
@@ -75,35 +88,53 @@ def attention_incremental(layer: Any) -> bool:
   return getattr(layer, '_incremental', False)
 
 
-@uses(POSITIONAL_ENCODING, '_max_len', ATTRIBUTE,
-      'the longest sequence it encodes, an int',
-      check=lambda v: isinstance(v, int))
+@uses(
+  POSITIONAL_ENCODING,
+  '_max_len',
+  ATTRIBUTE,
+  'the longest sequence it encodes, an int',
+  check=lambda v: isinstance(v, int),
+)
 def positional_max_len(layer: Any) -> Any:
   """A `PositionalEncoding`'s longest sequence (its `_max_len`), or None."""
   return getattr(layer, '_max_len', None)
 
 
-@uses(AXIAL_POSITIONAL_ENCODING, '_shape', ATTRIBUTE,
-      'the axial shape, ints whose product is the sequence length it '
-      'encodes', check=lambda v: all(isinstance(n, int) for n in v))
+@uses(
+  AXIAL_POSITIONAL_ENCODING,
+  '_shape',
+  ATTRIBUTE,
+  'the axial shape, ints whose product is the sequence length it encodes',
+  check=lambda v: all(isinstance(n, int) for n in v),
+)
 def axial_shape(layer: Any) -> tuple:
   """An `AxialPositionalEncoding`'s axial shape (its `_shape`); () for a
   layer without one."""
   return tuple(getattr(layer, '_shape', ()))
 
 
-@uses(LAYER, '_rng', ATTRIBUTE,
-      'the PRNG key `forward` draws from, set directly (the `rng` setter '
-      'also reaches the sublayers)', check=lambda v: tuple(v.shape) == (2,))
+@uses(
+  LAYER,
+  '_rng',
+  ATTRIBUTE,
+  'the PRNG key `forward` draws from, set directly (the `rng` setter '
+  'also reaches the sublayers)',
+  check=lambda v: tuple(v.shape) == (2,),
+)
 def set_rng(layer: Any, key: Any) -> None:
   """Sets the key the layer's own `forward` draws from (its `_rng`), and
   no sublayer's."""
   layer._rng = key  # pylint: disable=protected-access
 
 
-@uses(LAYER, '_forward_abstract', METHOD,
-      'the layer\'s outputs\' and new state\'s `ShapeDtype`s for inputs\' '
-      'ones, nothing computed', parameters=('input_signature',))
+@uses(
+  LAYER,
+  '_forward_abstract',
+  METHOD,
+  "the layer's outputs' and new state's `ShapeDtype`s for inputs' "
+  'ones, nothing computed',
+  parameters=('input_signature',),
+)
 def forward_abstract(layer: Any, input_signature: Any) -> Any:
   """`(outputs, new state)` as `ShapeDtype`s, for `input_signature`
   (trax's `Layer._forward_abstract`), with the layer's weights and state."""

@@ -18,9 +18,14 @@ LOOP = 'trax.supervised.training.Loop'
 
 
 @contextlib.contextmanager
-@uses(LOOP, '_output_dir', ATTRIBUTE,
-      'the directory (str or None) `save_checkpoint` writes into, read '
-      'when it is called', check=lambda v: v is None or isinstance(v, str))
+@uses(
+  LOOP,
+  '_output_dir',
+  ATTRIBUTE,
+  'the directory (str or None) `save_checkpoint` writes into, read '
+  'when it is called',
+  check=lambda v: v is None or isinstance(v, str),
+)
 def output_dir_set_to(loop: Any, output_dir: str) -> Iterator[None]:
   """Within the block, the Loop's output dir is `output_dir`; put back as
   found after it, also on an error.
@@ -36,9 +41,14 @@ def output_dir_set_to(loop: Any, output_dir: str) -> Iterator[None]:
     loop._output_dir = found  # pylint: disable=protected-access
 
 
-@uses(LOOP, '_rng', ATTRIBUTE,
-      'the PRNG key `Loop.new_rng` splits once per step and per eval '
-      'batch, replaced by the split', check=lambda v: tuple(v.shape) == (2,))
+@uses(
+  LOOP,
+  '_rng',
+  ATTRIBUTE,
+  'the PRNG key `Loop.new_rng` splits once per step and per eval '
+  'batch, replaced by the split',
+  check=lambda v: tuple(v.shape) == (2,),
+)
 def rng(loop: Any) -> Any:
   """The Loop's PRNG key (`Loop._rng`), or None if it has none."""
   return getattr(loop, '_rng', None)
@@ -50,61 +60,92 @@ def set_rng(loop: Any, key: Any) -> None:
   loop._rng = key  # pylint: disable=protected-access
 
 
-@uses(LOOP, '_tasks', ATTRIBUTE,
-      'the training tasks, a list; each task\'s `next_batch` is what the '
-      'Loop calls for its batch', check=lambda v: isinstance(v, list))
+@uses(
+  LOOP,
+  '_tasks',
+  ATTRIBUTE,
+  "the training tasks, a list; each task's `next_batch` is what the "
+  'Loop calls for its batch',
+  check=lambda v: isinstance(v, list),
+)
 def tasks(loop: Any) -> Sequence:
   """The Loop's training tasks (`Loop._tasks`); () for another object."""
   return getattr(loop, '_tasks', ())
 
 
-@uses(LOOP, '_eval_tasks', ATTRIBUTE,
-      'the eval tasks, a list (None entries where a task has none)',
-      check=lambda v: isinstance(v, list))
+@uses(
+  LOOP,
+  '_eval_tasks',
+  ATTRIBUTE,
+  'the eval tasks, a list (None entries where a task has none)',
+  check=lambda v: isinstance(v, list),
+)
 def eval_tasks(loop: Any) -> Sequence:
   """The Loop's eval tasks (`Loop._eval_tasks`), None entries included;
   () for another object."""
   return getattr(loop, '_eval_tasks', ())
 
 
-@uses(LOOP, '_eval_at', ATTRIBUTE,
-      'a function of the step number: whether the Loop runs its evals '
-      'after that step', check=callable)
+@uses(
+  LOOP,
+  '_eval_at',
+  ATTRIBUTE,
+  'a function of the step number: whether the Loop runs its evals '
+  'after that step',
+  check=callable,
+)
 def eval_at(loop: Any) -> Callable[[int], bool] | None:
   """The Loop's `eval_at` function (`Loop._eval_at`), or None."""
   return getattr(loop, '_eval_at', None)
 
 
-@uses(LOOP, '_trainer_per_task', ATTRIBUTE,
-      'the trainers the Loop steps, one per task, a tuple',
-      check=lambda v: isinstance(v, tuple))
+@uses(
+  LOOP,
+  '_trainer_per_task',
+  ATTRIBUTE,
+  'the trainers the Loop steps, one per task, a tuple',
+  check=lambda v: isinstance(v, tuple),
+)
 def trainers(loop: Any) -> tuple:
   """The Loop's trainers, one per task (`Loop._trainer_per_task`); () for
   another object or before they are built."""
   return getattr(loop, '_trainer_per_task', ())
 
 
-@uses(LOOP, '_use_memory_efficient_trainer', ATTRIBUTE,
-      'the `use_memory_efficient_trainer` argument as given (False, True '
-      'or 2)', check=lambda v: v in (False, True, 2))
+@uses(
+  LOOP,
+  '_use_memory_efficient_trainer',
+  ATTRIBUTE,
+  'the `use_memory_efficient_trainer` argument as given (False, True or 2)',
+  check=lambda v: v in (False, True, 2),
+)
 def memory_efficient_mode(loop: Any) -> Any:
   """The Loop's `use_memory_efficient_trainer` argument
   (`Loop._use_memory_efficient_trainer`), or None for another object."""
   return getattr(loop, '_use_memory_efficient_trainer', None)
 
 
-@uses(LOOP, '_model', ATTRIBUTE,
-      'the training model, a `tl.Layer` whose weights and state the '
-      'trainer updates', check=lambda v: hasattr(v, 'weights'))
+@uses(
+  LOOP,
+  '_model',
+  ATTRIBUTE,
+  'the training model, a `tl.Layer` whose weights and state the '
+  'trainer updates',
+  check=lambda v: hasattr(v, 'weights'),
+)
 def model(loop: Any) -> Any:
   """The Loop's training model (`Loop._model`)."""
   return loop._model  # pylint: disable=protected-access
 
 
-@uses(LOOP, '_eval_model', ATTRIBUTE,
-      'the model `_init_evaluator` evaluates, a `tl.Layer`; the memory-'
-      'efficient Loop sets it to the training model',
-      check=lambda v: hasattr(v, 'weights'))
+@uses(
+  LOOP,
+  '_eval_model',
+  ATTRIBUTE,
+  'the model `_init_evaluator` evaluates, a `tl.Layer`; the memory-'
+  'efficient Loop sets it to the training model',
+  check=lambda v: hasattr(v, 'weights'),
+)
 def eval_model(loop: Any) -> Any:
   """The model the Loop evaluates (`Loop._eval_model`)."""
   return loop._eval_model  # pylint: disable=protected-access
@@ -116,34 +157,47 @@ def set_eval_model(loop: Any, eval_model_: Any) -> None:
   loop._eval_model = eval_model_  # pylint: disable=protected-access
 
 
-@uses(LOOP, '_callbacks', ATTRIBUTE,
-      'the callback instances the Loop calls at each step, a list',
-      check=lambda v: isinstance(v, list))
+@uses(
+  LOOP,
+  '_callbacks',
+  ATTRIBUTE,
+  'the callback instances the Loop calls at each step, a list',
+  check=lambda v: isinstance(v, list),
+)
 def callbacks(loop: Any) -> Sequence:
   """The Loop's callback instances (`Loop._callbacks`); () for another
   object."""
   return getattr(loop, '_callbacks', ())
 
 
-@uses(LOOP, '_run_one_step', METHOD,
-      'called once per training step with (task_index, task_changed), it '
-      'returns (loss, stats); the Loop calls it through the instance',
-      parameters=('task_index', 'task_changed'))
-def wrap_run_one_step(loop: Any,
-                      wrap: Callable[[Callable[..., Any]], Callable[..., Any]]
-                      ) -> None:
+@uses(
+  LOOP,
+  '_run_one_step',
+  METHOD,
+  'called once per training step with (task_index, task_changed), it '
+  'returns (loss, stats); the Loop calls it through the instance',
+  parameters=('task_index', 'task_changed'),
+)
+def wrap_run_one_step(
+  loop: Any, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]
+) -> None:
   """Has this Loop's steps run `wrap(found)`, where `found` is its
   `Loop._run_one_step` as bound now (an attribute of the instance: other
   Loops are left as they are)."""
   loop._run_one_step = wrap(loop._run_one_step)  # pylint: disable=protected-access
 
 
-@uses(LOOP, '_init_trainer', METHOD,
-      'called by `Loop.__init__` with (task) through the instance, it '
-      'builds and returns the task\'s trainer', parameters=('task',))
-def wrap_init_trainer(loop: Any,
-                      wrap: Callable[[Callable[..., Any]], Callable[..., Any]]
-                      ) -> None:
+@uses(
+  LOOP,
+  '_init_trainer',
+  METHOD,
+  'called by `Loop.__init__` with (task) through the instance, it '
+  "builds and returns the task's trainer",
+  parameters=('task',),
+)
+def wrap_init_trainer(
+  loop: Any, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]
+) -> None:
   """Has this Loop build its trainers with `wrap(found)`, where `found` is
   its `Loop._init_trainer` as bound now (an attribute of the instance,
   until `unwrap_init_trainer`)."""

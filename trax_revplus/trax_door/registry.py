@@ -33,6 +33,7 @@ class PrivateName:
     check: for an attribute, a predicate its value on a built instance
       satisfies; None where any value will do.
   """
+
   owner: str
   name: str
   kind: str
@@ -47,10 +48,14 @@ PRIVATE_NAMES: list[PrivateName] = []
 Accessor = TypeVar('Accessor', bound=Callable[..., Any])
 
 
-def uses(owner: str, name: str, kind: str, relied_on: str,
-         parameters: tuple[str, ...] | None = None,
-         check: Callable[[Any], bool] | None = None
-         ) -> Callable[[Accessor], Accessor]:
+def uses(
+  owner: str,
+  name: str,
+  kind: str,
+  relied_on: str,
+  parameters: tuple[str, ...] | None = None,
+  check: Callable[[Any], bool] | None = None,
+) -> Callable[[Accessor], Accessor]:
   """Declares that the decorated accessor uses trax's `owner`.`name`.
 
   Records a `PrivateName` (once per owner and name) and adds it to the
@@ -65,7 +70,11 @@ def uses(owner: str, name: str, kind: str, relied_on: str,
 
   def declare(fn: Accessor) -> Accessor:
     # setattr: a function attribute, which a callable's type declares not.
-    setattr(fn, 'trax_names',  # noqa: B010
-            getattr(fn, 'trax_names', ()) + ((owner, name),))
+    setattr(  # noqa: B010
+      fn,
+      'trax_names',
+      getattr(fn, 'trax_names', ()) + ((owner, name),),
+    )
     return fn
+
   return declare

@@ -70,25 +70,46 @@ from trax_revplus.validation.splits import check_batch
 from trax_revplus.validation.splits import check_n_devices
 
 # The errors' public home, as tracebacks and `repr` name them.
-for _error in (BatchSizeError, BatchSlicesError, BlockStructureError,
-               ConfigurationError,
-               DeviceCountError, LossLayerError, NonFiniteError,
-               OptimizerFactoryError, SequenceChunksError,
-               SequenceLengthError, TrainerOptionError):
+for _error in (
+  BatchSizeError,
+  BatchSlicesError,
+  BlockStructureError,
+  ConfigurationError,
+  DeviceCountError,
+  LossLayerError,
+  NonFiniteError,
+  OptimizerFactoryError,
+  SequenceChunksError,
+  SequenceLengthError,
+  TrainerOptionError,
+):
   _error.__module__ = __name__
 del _error
 
 __all__ = [
-    'BatchSizeError', 'BatchSlicesError', 'BlockStructureError',
-    'ConfigurationError',
-    'DeviceCountError', 'LossLayerError', 'NonFiniteError',
-    'OptimizerFactoryError', 'SequenceChunksError', 'SequenceLengthError',
-    'TrainerOptionError', 'check_batch', 'check_blocks', 'check_loss_output',
-    'check_n_devices',
-    'check_optimizer_factory', 'check_sequence_length', 'first_non_finite',
-    'make_optimizer', 'standard_layer_list',
-    'REMOVED_SETTINGS',
-    'removed_knob_message',
-    'removed_setting_message', 'settings_of',
-    'unknown_knob_hint',
+  'BatchSizeError',
+  'BatchSlicesError',
+  'BlockStructureError',
+  'ConfigurationError',
+  'DeviceCountError',
+  'LossLayerError',
+  'NonFiniteError',
+  'OptimizerFactoryError',
+  'SequenceChunksError',
+  'SequenceLengthError',
+  'TrainerOptionError',
+  'check_batch',
+  'check_blocks',
+  'check_loss_output',
+  'check_n_devices',
+  'check_optimizer_factory',
+  'check_sequence_length',
+  'first_non_finite',
+  'make_optimizer',
+  'standard_layer_list',
+  'REMOVED_SETTINGS',
+  'removed_knob_message',
+  'removed_setting_message',
+  'settings_of',
+  'unknown_knob_hint',
 ]

@@ -77,47 +77,57 @@ def check_blocks(blocks: object) -> None:
   # this module for its error types before it needs trax.
   base = trax_import.module('trax.layers.base')
   reversible = trax_import.module('trax.layers.reversible')
-  fix = ('build them with trax.optimizers.trainer.extract_reversible_blocks'
-         '([model, loss_layer]), which returns [(standard_layers, '
-         'reversible_layers), ...] and the loss layer')
+  fix = (
+    'build them with trax.optimizers.trainer.extract_reversible_blocks'
+    '([model, loss_layer]), which returns [(standard_layers, '
+    'reversible_layers), ...] and the loss layer'
+  )
   if isinstance(blocks, (str, bytes)) or not isinstance(blocks, (list, tuple)):
     raise errors.BlockStructureError(
-        f'blocks must be a list of (standard_layers, reversible_layers) '
-        f'pairs, got {type(blocks).__name__}; {fix}.')
+      f'blocks must be a list of (standard_layers, reversible_layers) '
+      f'pairs, got {type(blocks).__name__}; {fix}.'
+    )
 
   for b, block in enumerate(blocks):
     if not isinstance(block, (list, tuple)) or len(block) != 2:
-      what = (f'a {type(block).__name__} of length {len(block)}'
-              if isinstance(block, (list, tuple)) else
-              f'a {type(block).__name__}')
+      what = (
+        f'a {type(block).__name__} of length {len(block)}'
+        if isinstance(block, (list, tuple))
+        else f'a {type(block).__name__}'
+      )
       raise errors.BlockStructureError(
-          f'block {b} is {what}, not a (standard_layers, reversible_layers) '
-          f'pair; {fix}.')
+        f'block {b} is {what}, not a (standard_layers, reversible_layers) '
+        f'pair; {fix}.'
+      )
     std_layers, rev_layers = block
     standard = standard_layer_list(std_layers)
     if standard is None:
       raise errors.BlockStructureError(
-          f'block {b}: the standard layers must be a layer or a list of '
-          f'layers, got {type(std_layers).__name__}; {fix}.')
+        f'block {b}: the standard layers must be a layer or a list of '
+        f'layers, got {type(std_layers).__name__}; {fix}.'
+      )
     if not isinstance(rev_layers, (list, tuple)):
       raise errors.BlockStructureError(
-          f'block {b}: the reversible layers must be a list of layers, got '
-          f'{type(rev_layers).__name__}; wrap a single layer in a list, '
-          f'e.g. ([], [layer]).')
+        f'block {b}: the reversible layers must be a list of layers, got '
+        f'{type(rev_layers).__name__}; wrap a single layer in a list, '
+        f'e.g. ([], [layer]).'
+      )
     for part, layers in (('standard', standard), ('reversible', rev_layers)):
       for k, layer in enumerate(layers):
         if not isinstance(layer, base.Layer):
           raise errors.BlockStructureError(
-              f'block {b}: {part} layer {k} is a {type(layer).__name__}, not '
-              f'a trax Layer; {fix}.')
+            f'block {b}: {part} layer {k} is a {type(layer).__name__}, not '
+            f'a trax Layer; {fix}.'
+          )
     for k, layer in enumerate(rev_layers):
       if not isinstance(layer, reversible.ReversibleLayer):
         raise errors.BlockStructureError(
-            f'block {b}: reversible layer {k} ({layer_name(layer)}, '
-            f'{type(layer).__name__}) is not a tl.ReversibleLayer, so its '
-            f'inputs cannot be recomputed on the way back; move it to the '
-            f'standard layers of the next block, or make it reversible '
-            f'(e.g. wrap a residual branch in tl.ReversibleHalfResidual).')
+          f'block {b}: reversible layer {k} ({layer_name(layer)}, '
+          f'{type(layer).__name__}) is not a tl.ReversibleLayer, so its '
+          f'inputs cannot be recomputed on the way back; move it to the '
+          f'standard layers of the next block, or make it reversible '
+          f'(e.g. wrap a residual branch in tl.ReversibleHalfResidual).'
+        )
 
 
 def _walk(layer: 'tl.Layer') -> Iterator['tl.Layer']:
@@ -127,8 +137,8 @@ def _walk(layer: 'tl.Layer') -> Iterator['tl.Layer']:
 
 
 def check_sequence_length(
-    blocks: 'Blocks',
-    input_signature: 'shapes.ShapeDtype | Sequence[shapes.ShapeDtype]'
+  blocks: 'Blocks',
+  input_signature: 'shapes.ShapeDtype | Sequence[shapes.ShapeDtype]',
 ) -> None:
   """Checks the batch's sequence length against positional encodings.
 
@@ -148,9 +158,13 @@ def check_sequence_length(
   """
   attention = trax_import.module('trax.layers.attention')
   position_encodings = trax_import.module(
-      'trax.layers.research.position_encodings')
-  first = (input_signature[0] if isinstance(input_signature, (list, tuple))
-           else input_signature)
+    'trax.layers.research.position_encodings'
+  )
+  first = (
+    input_signature[0]
+    if isinstance(input_signature, (list, tuple))
+    else input_signature
+  )
   shape = tuple(getattr(first, 'shape', ()))
   if len(shape) < 2:
     return
@@ -162,25 +176,27 @@ def check_sequence_length(
           max_len = layer_door.positional_max_len(layer)
           if max_len is not None and length > max_len:
             raise errors.SequenceLengthError(
-                f'sequence length {length} (axis 1 of input shape {shape}) '
-                f'exceeds max_len={max_len} of {layer_name(layer)} in block '
-                f'{b}; set the model\'s max_len >= {length} (e.g. gin '
-                f'ReformerLM.max_len = {length}) or shorten the sequences.')
+              f'sequence length {length} (axis 1 of input shape {shape}) '
+              f'exceeds max_len={max_len} of {layer_name(layer)} in block '
+              f"{b}; set the model's max_len >= {length} (e.g. gin "
+              f'ReformerLM.max_len = {length}) or shorten the sequences.'
+            )
         elif isinstance(layer, position_encodings.AxialPositionalEncoding):
           axial = layer_door.axial_shape(layer)
           if axial and length != math.prod(axial):
             raise errors.SequenceLengthError(
-                f'sequence length {length} (axis 1 of input shape {shape}) '
-                f'differs from {math.prod(axial)}, the product of the axial '
-                f'shape {axial} of {layer_name(layer)} in block {b}; make '
-                f'the axial shape multiply to {length} (e.g. '
-                f'ReformerLM.axial_pos_shape) or pad sequences to '
-                f'{math.prod(axial)}.')
+              f'sequence length {length} (axis 1 of input shape {shape}) '
+              f'differs from {math.prod(axial)}, the product of the axial '
+              f'shape {axial} of {layer_name(layer)} in block {b}; make '
+              f'the axial shape multiply to {length} (e.g. '
+              f'ReformerLM.axial_pos_shape) or pad sequences to '
+              f'{math.prod(axial)}.'
+            )
 
 
 def check_loss_output(
-    loss_layer: 'tl.Layer',
-    input_signature: 'shapes.ShapeDtype | Sequence[shapes.ShapeDtype]'
+  loss_layer: 'tl.Layer',
+  input_signature: 'shapes.ShapeDtype | Sequence[shapes.ShapeDtype]',
 ) -> None:
   """Checks that `loss_layer` outputs one scalar for `input_signature`.
 
@@ -196,14 +212,16 @@ def check_loss_output(
   """
   if loss_layer.n_out != 1:
     raise errors.LossLayerError(
-        f'loss layer {layer_name(loss_layer)} has {loss_layer.n_out} '
-        f'outputs; it must output one scalar loss (e.g. end it with '
-        f'tl.CrossEntropyLoss() or tl.WeightedCategoryCrossEntropy()).')
+      f'loss layer {layer_name(loss_layer)} has {loss_layer.n_out} '
+      f'outputs; it must output one scalar loss (e.g. end it with '
+      f'tl.CrossEntropyLoss() or tl.WeightedCategoryCrossEntropy()).'
+    )
   out = loss_layer.output_signature(input_signature)
   shape = tuple(getattr(out, 'shape', ()))
   if shape:
     raise errors.LossLayerError(
-        f'loss layer {layer_name(loss_layer)} outputs shape {shape}, not a '
-        f'scalar; the trainer differentiates one number per step: average '
-        f'over the batch (e.g. tl.CrossEntropyLoss() or '
-        f'tl.WeightedCategoryCrossEntropy() rather than tl.CrossEntropy()).')
+      f'loss layer {layer_name(loss_layer)} outputs shape {shape}, not a '
+      f'scalar; the trainer differentiates one number per step: average '
+      f'over the batch (e.g. tl.CrossEntropyLoss() or '
+      f'tl.WeightedCategoryCrossEntropy() rather than tl.CrossEntropy()).'
+    )

@@ -55,11 +55,20 @@ class TrainerOptionError(ConfigurationError):
       given) says it.
   """
 
-  def __init__(self, name: str, value: object, allowed: str | None,
-               message: str | None = None):
-    super().__init__(message or (
+  def __init__(
+    self,
+    name: str,
+    value: object,
+    allowed: str | None,
+    message: str | None = None,
+  ):
+    super().__init__(
+      message
+      or (
         f'trax_revplus.ReversibleSerialTrainer.{name}: {name} must be '
-        f'{allowed}, got {value!r}.'))
+        f'{allowed}, got {value!r}.'
+      )
+    )
     self.name = name
     self.value = value
     self.allowed = allowed
@@ -79,8 +88,9 @@ class NonFiniteError(ArithmeticError):
     what: str, the quantity, e.g. 'loss' or 'gradients_l2'.
   """
 
-  def __init__(self, message: str, step: int | None, phase: str,
-               layer: int, what: str):
+  def __init__(
+    self, message: str, step: int | None, phase: str, layer: int, what: str
+  ):
     super().__init__(message)
     self.step = step
     self.phase = phase

@@ -6,22 +6,25 @@ import re
 
 
 _OUR_CONFIGURABLES = {
-    'ReversibleSerialTrainer': ('trax_revplus.trainer',
-                                'ReversibleSerialTrainer'),
-    'local_text_inputs': ('trax_revplus.data', 'local_text_inputs'),
-    'ProgressPrinter': ('trax_revplus.progress', 'ProgressPrinter'),
+  'ReversibleSerialTrainer': (
+    'trax_revplus.trainer',
+    'ReversibleSerialTrainer',
+  ),
+  'local_text_inputs': ('trax_revplus.data', 'local_text_inputs'),
+  'ProgressPrinter': ('trax_revplus.progress', 'ProgressPrinter'),
 }
 
 
 # Settings of `trax_revplus.ReversibleSerialTrainer` that were removed, and
 # what to do instead (the end of a sentence).
 REMOVED_SETTINGS = {
-    'store_activations': (
-        'keeping every activation ran slower than recomputing it through '
-        'the reversible layers (docs/performance.md); under a '
-        'device_memory_budget_bytes the planner runs the whole model in one '
-        "program, as trax's default Trainer, where that fits and is "
-        'fastest. Remove the binding'),
+  'store_activations': (
+    'keeping every activation ran slower than recomputing it through '
+    'the reversible layers (docs/performance.md); under a '
+    'device_memory_budget_bytes the planner runs the whole model in one '
+    "program, as trax's default Trainer, where that fits and is "
+    'fastest. Remove the binding'
+  ),
 }
 
 
@@ -33,8 +36,9 @@ def removed_setting_message(configurable: str, name: str) -> str:
 # gin's error for a name that is not a parameter, or (a configurable with an
 # allowlist) not in its allowlist.
 _UNKNOWN_PARAMETER = re.compile(
-    r"Configurable '([\w.]+)' doesn't (?:have a parameter named|include "
-    r"kwarg) '(\w+)'")
+  r"Configurable '([\w.]+)' doesn't (?:have a parameter named|include "
+  r"kwarg) '(\w+)'"
+)
 
 
 def settings_of(configurable: str) -> list[str]:
@@ -45,10 +49,14 @@ def settings_of(configurable: str) -> list[str]:
   """
   module, name = _OUR_CONFIGURABLES[configurable]
   target = getattr(importlib.import_module(module), name)
-  signature = inspect.signature(target.__init__ if inspect.isclass(target)
-                                else target)
-  named = [p for p in signature.parameters.values()
-           if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+  signature = inspect.signature(
+    target.__init__ if inspect.isclass(target) else target
+  )
+  named = [
+    p
+    for p in signature.parameters.values()
+    if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+  ]
   passed = {p.name for p in named if p.default is p.empty}
   # The trainer's settings beyond trax's arguments come as **settings;
   # gin's allowlist names them all.
@@ -65,7 +73,8 @@ def _our_unknown_knob(message: str) -> tuple[str, str] | None:
   configurable, knob = match.groups()
   short = configurable.rsplit('.', 1)[-1]
   if short not in _OUR_CONFIGURABLES or not (
-      configurable == short or configurable.startswith('trax_revplus')):
+    configurable == short or configurable.startswith('trax_revplus')
+  ):
     return None
   return configurable, knob
 
@@ -77,8 +86,10 @@ def removed_knob_message(message: str) -> str | None:
   if found is None:
     return None
   configurable, knob = found
-  if (configurable.rsplit('.', 1)[-1] != 'ReversibleSerialTrainer' or
-      knob not in REMOVED_SETTINGS):
+  if (
+    configurable.rsplit('.', 1)[-1] != 'ReversibleSerialTrainer'
+    or knob not in REMOVED_SETTINGS
+  ):
     return None
   return removed_setting_message(configurable, knob)
 
@@ -99,5 +110,7 @@ def unknown_knob_hint(message: str) -> str | None:
     return None
   configurable, knob = found
   short = configurable.rsplit('.', 1)[-1]
-  return (f'{configurable} has no setting {knob!r}; its settings: '
-          f'{", ".join(settings_of(short))}')
+  return (
+    f'{configurable} has no setting {knob!r}; its settings: '
+    f'{", ".join(settings_of(short))}'
+  )

@@ -10,7 +10,8 @@ if TYPE_CHECKING:  # Annotations only: validation does not import jax.
 
 
 def first_non_finite(
-    values: 'Mapping[str, Array | HostArray | float]') -> str | None:
+  values: 'Mapping[str, Array | HostArray | float]',
+) -> str | None:
   """Returns the name of the first non-finite value in `values`, or None.
 
   Args:

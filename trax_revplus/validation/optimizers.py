@@ -35,21 +35,24 @@ def check_optimizer_factory(optimizer_fn: object) -> None:
   if isinstance(optimizer_fn, base.Optimizer):
     name = type(optimizer_fn).__name__
     raise errors.OptimizerFactoryError(
-        f'optimizer_fn is an optimizer instance ({name}(...)); the '
-        f'memory-efficient trainer makes one optimizer per layer and needs '
-        f'a factory: pass the class, e.g. trax.optimizers.{name}, not '
-        f'trax.optimizers.{name}() (for settings use functools.partial or '
-        f'gin bindings such as {name}.learning_rate).')
+      f'optimizer_fn is an optimizer instance ({name}(...)); the '
+      f'memory-efficient trainer makes one optimizer per layer and needs '
+      f'a factory: pass the class, e.g. trax.optimizers.{name}, not '
+      f'trax.optimizers.{name}() (for settings use functools.partial or '
+      f'gin bindings such as {name}.learning_rate).'
+    )
   if not callable(optimizer_fn):
     raise errors.OptimizerFactoryError(
-        f'optimizer_fn must be an optimizer class or a function returning '
-        f'an optimizer, got {type(optimizer_fn).__name__} {optimizer_fn!r}; '
-        f'pass e.g. trax.optimizers.Adam.')
+      f'optimizer_fn must be an optimizer class or a function returning '
+      f'an optimizer, got {type(optimizer_fn).__name__} {optimizer_fn!r}; '
+      f'pass e.g. trax.optimizers.Adam.'
+    )
 
 
-def make_optimizer(optimizer_fn: 'Callable[[], optimizer_base.Optimizer]',
-                   layer_index: int | None = None
-                   ) -> 'optimizer_base.Optimizer':
+def make_optimizer(
+  optimizer_fn: 'Callable[[], optimizer_base.Optimizer]',
+  layer_index: int | None = None,
+) -> 'optimizer_base.Optimizer':
   """Calls the factory and checks it returned an `Optimizer`.
 
   Args:
@@ -69,14 +72,16 @@ def make_optimizer(optimizer_fn: 'Callable[[], optimizer_base.Optimizer]',
     inspect.signature(optimizer_fn).bind()
   except TypeError as e:
     raise errors.OptimizerFactoryError(
-        f'optimizer_fn{where} must be callable with no arguments, but '
-        f'{e}; bind its arguments with functools.partial or gin.') from None
+      f'optimizer_fn{where} must be callable with no arguments, but '
+      f'{e}; bind its arguments with functools.partial or gin.'
+    ) from None
   except ValueError:
     pass  # No signature to inspect (some builtins); just call it.
   optimizer = optimizer_fn()
   if not isinstance(optimizer, base.Optimizer):
     raise errors.OptimizerFactoryError(
-        f'optimizer_fn{where} returned a {type(optimizer).__name__}, not a '
-        f'trax.optimizers.Optimizer; pass an optimizer class such as '
-        f'trax.optimizers.Adam or a function returning an instance of one.')
+      f'optimizer_fn{where} returned a {type(optimizer).__name__}, not a '
+      f'trax.optimizers.Optimizer; pass an optimizer class such as '
+      f'trax.optimizers.Adam or a function returning an instance of one.'
+    )
   return optimizer

@@ -30,18 +30,21 @@ def check_n_devices(n_devices: object) -> int:
   if n_devices is None:
     return available
   if isinstance(n_devices, bool) or not isinstance(
-      n_devices, (int, np.integer)):
+    n_devices, (int, np.integer)
+  ):
     raise errors.DeviceCountError(
-        f'n_devices must be an int or None, got {n_devices!r}; pass None to '
-        f'use all {available} local device(s).')
+      f'n_devices must be an int or None, got {n_devices!r}; pass None to '
+      f'use all {available} local device(s).'
+    )
   platform = jax.local_devices()[0].platform
   if not 1 <= n_devices <= available:
     raise errors.DeviceCountError(
-        f'n_devices={n_devices} but this process has {available} local '
-        f'{platform} device(s); pass n_devices between 1 and {available} '
-        f'(or None for all), or run where more devices are visible (on CPU: '
-        f'XLA_FLAGS=--xla_force_host_platform_device_count={n_devices} before '
-        f'JAX is imported).')
+      f'n_devices={n_devices} but this process has {available} local '
+      f'{platform} device(s); pass n_devices between 1 and {available} '
+      f'(or None for all), or run where more devices are visible (on CPU: '
+      f'XLA_FLAGS=--xla_force_host_platform_device_count={n_devices} before '
+      f'JAX is imported).'
+    )
   return int(n_devices)
 
 
@@ -60,12 +63,14 @@ def check_batch(batch: 'Batch', n_devices: int) -> None:
     shape = np.shape(x)
     if not shape:
       raise errors.BatchSizeError(
-          f'batch element {k} is a scalar; every batch element needs a '
-          f'leading batch axis of shape (B, ...).')
+        f'batch element {k} is a scalar; every batch element needs a '
+        f'leading batch axis of shape (B, ...).'
+      )
     if shape[0] % n_devices:
       raise errors.BatchSizeError(
-          f'batch element {k} has batch size {shape[0]} (shape {shape}), '
-          f'not divisible by the {n_devices} devices; use a batch size that '
-          f'is a multiple of {n_devices} '
-          f'(e.g. {n_devices * max(1, shape[0] // n_devices)}) '
-          f'or set n_devices to a divisor of {shape[0]}.')
+        f'batch element {k} has batch size {shape[0]} (shape {shape}), '
+        f'not divisible by the {n_devices} devices; use a batch size that '
+        f'is a multiple of {n_devices} '
+        f'(e.g. {n_devices * max(1, shape[0] // n_devices)}) '
+        f'or set n_devices to a divisor of {shape[0]}.'
+      )

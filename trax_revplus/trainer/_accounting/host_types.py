@@ -29,9 +29,12 @@ class HostTypes(step_run_lib.UpdateSink):
   replaced host weight, slot and state stays until the step ends.
   """
 
-  def __init__(self, layers: list[tl.Layer],
-               optimizers: list[optimizer_base.Optimizer],
-               keeps_replaced: bool):
+  def __init__(
+    self,
+    layers: list[tl.Layer],
+    optimizers: list[optimizer_base.Optimizer],
+    keeps_replaced: bool,
+  ):
     self._layers = layers
     self._optimizers = optimizers
     self._keeps_replaced = keeps_replaced
@@ -40,27 +43,34 @@ class HostTypes(step_run_lib.UpdateSink):
     # Host types of replaced weights, slots and state.
     self._replaced: list[PyTree] = []
 
-  def start(self, layers: list[int], weights: list[PyTree] | None,
-            slots: list[PyTree] | None, states: list[PyTree],
-            stats: list[dict], part: batch_parts.Part | None = None
-            ) -> tuple[list[int], list[PyTree] | None, bool]:
+  def start(
+    self,
+    layers: list[int],
+    weights: list[PyTree] | None,
+    slots: list[PyTree] | None,
+    states: list[PyTree],
+    stats: list[dict],
+    part: batch_parts.Part | None = None,
+  ) -> tuple[list[int], list[PyTree] | None, bool]:
     # As `CommitQueue.start`: weights None where the call only accumulated;
     # slots then the gradients waiting on the host, or None.
     del states, stats, part
     accumulated = weights[0] is None if weights else False
-    waiting = (accumulated and slots is not None and
-               slots[0] is not None)
+    waiting = accumulated and slots is not None and slots[0] is not None
     return layers, slots if waiting else None, not accumulated
 
-  def commit(self, token: tuple[list[int], list[PyTree] | None, bool]
-             ) -> None:
+  def commit(self, token: tuple[list[int], list[PyTree] | None, bool]) -> None:
     layers, gradients, updated = token
     if gradients is not None:
       for i, g in zip(layers, gradients):
         self._gradients.setdefault(i, program.host_types(g))
     elif updated and self._keeps_replaced:
-      self._replaced.extend(program.host_types(step_run_lib.host_params(
-          [self._layers[i]], [self._optimizers[i]])) for i in layers)
+      self._replaced.extend(
+        program.host_types(
+          step_run_lib.host_params([self._layers[i]], [self._optimizers[i]])
+        )
+        for i in layers
+      )
 
   def take_gradients(self, layers: list[int]) -> None:
     """The last part takes the gradients of `layers` off the host."""
@@ -72,6 +82,7 @@ class HostTypes(step_run_lib.UpdateSink):
     self._replaced = []
 
   def held_on_host(self) -> list[tuple[str, Any]]:
-    return [('accumulated gradients on the host', self._gradients),
-            ('weights, slots and state kept to undo a skipped step',
-             self._replaced)]
+    return [
+      ('accumulated gradients on the host', self._gradients),
+      ('weights, slots and state kept to undo a skipped step', self._replaced),
+    ]

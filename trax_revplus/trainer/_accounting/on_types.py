@@ -66,6 +66,7 @@ class StepTypes(NamedTuple):
       rows, unsharded: `device_memory.program.host_types`), or None (a
       walk with micro-batches then stops: each part's types come from it).
   """
+
   stack: Any
   rngs: Any
   opt_params: Any
@@ -90,27 +91,38 @@ class AheadOfTime(step_run_lib.StepRun):
     complete: bool, whether the walk reached the step's end.
   """
 
-  def __init__(self, plan: plan_lib.StepPlan, types: StepTypes,
-               placement: placement_lib.Placement, layers: list[tl.Layer],
-               optimizers: list[optimizer_base.Optimizer],
-               programs: calls_lib.Programs,
-               ties: ties_lib.Ties | None = None,
-               keeps_replaced: bool = False):
+  def __init__(
+    self,
+    plan: plan_lib.StepPlan,
+    types: StepTypes,
+    placement: placement_lib.Placement,
+    layers: list[tl.Layer],
+    optimizers: list[optimizer_base.Optimizer],
+    programs: calls_lib.Programs,
+    ties: ties_lib.Ties | None = None,
+    keeps_replaced: bool = False,
+  ):
     """Args:
-      plan: the `plan.StepPlan` walked.
-      types: `StepTypes` of the step.
-      placement: the trainer's `placement.Placement`.
-      layers, optimizers: lists by layer index (host weights, state, slots).
-      programs: `device_memory.calls.Programs` shared by the trainer's
-        walks.
-      ties: `ties.Ties` of the layers (default: none shared).
-      keeps_replaced: bool, whether the step keeps each replaced host
-        weight, slot and state until its end (`on_non_finite='skip'`).
+    plan: the `plan.StepPlan` walked.
+    types: `StepTypes` of the step.
+    placement: the trainer's `placement.Placement`.
+    layers, optimizers: lists by layer index (host weights, state, slots).
+    programs: `device_memory.calls.Programs` shared by the trainer's
+      walks.
+    ties: `ties.Ties` of the layers (default: none shared).
+    keeps_replaced: bool, whether the step keeps each replaced host
+      weight, slot and state until its end (`on_non_finite='skip'`).
     """
-    host_types = host_types_lib.HostTypes(layers, optimizers,
-                                          keeps_replaced)
-    super().__init__(plan, types.stack, types.rngs, types.opt_params,
-                     types.step, host_types, ties)
+    host_types = host_types_lib.HostTypes(layers, optimizers, keeps_replaced)
+    super().__init__(
+      plan,
+      types.stack,
+      types.rngs,
+      types.opt_params,
+      types.step,
+      host_types,
+      ties,
+    )
     self._host_types = host_types
     self._placement = placement
     self._layers = layers
@@ -119,7 +131,8 @@ class AheadOfTime(step_run_lib.StepRun):
     self._host_batch = types.host_batch
     self._devices_are_host = devices_are_host(placement)
     self._record = calls_lib.StepCalls(
-        programs, placement.n_local_devices if self._devices_are_host else 0)
+      programs, placement.n_local_devices if self._devices_are_host else 0
+    )
     self._pool: concurrent.futures.ThreadPoolExecutor | None = None
     self._unit: protocols.Unit | None = None  # the unit called next
     self.complete = False
@@ -129,8 +142,8 @@ class AheadOfTime(step_run_lib.StepRun):
     program and noting what the step holds across it; waits for the
     compilations it started."""
     self._pool = concurrent.futures.ThreadPoolExecutor(
-        max_workers=os.cpu_count() or 1,
-        thread_name_prefix='trax_revplus_compile')
+      max_workers=os.cpu_count() or 1, thread_name_prefix='trax_revplus_compile'
+    )
     try:
       units.walk(self)
       self.complete = True
@@ -142,24 +155,30 @@ class AheadOfTime(step_run_lib.StepRun):
 
   # The run on types.
 
-  def place(self, layers: list[int],
-            with_slots: bool) -> tuple[list[PyTree], list[PyTree] | None]:
+  def place(
+    self, layers: list[int], with_slots: bool
+  ) -> tuple[list[PyTree], list[PyTree] | None]:
     p = self._placement
-    weights = _known(p.abstract_params([self._layers[i].weights
-                                        for i in layers]))
+    weights = _known(
+      p.abstract_params([self._layers[i].weights for i in layers])
+    )
     slots = None
     if with_slots:
-      slots = _known(p.abstract_params([self._optimizers[i].slots
-                                        for i in layers]))
+      slots = _known(
+        p.abstract_params([self._optimizers[i].slots for i in layers])
+      )
     return weights, slots
 
   def state(self, layers: list[int]) -> list[PyTree]:
     states = [self._layers[i].state for i in layers]
     if self.part is not None:
-      states = [self.part.state(self._layers[i], state)
-                for i, state in zip(layers, states)]
-    return [_known(self._placement.abstract_per_device(state))
-            for state in states]
+      states = [
+        self.part.state(self._layers[i], state)
+        for i, state in zip(layers, states)
+      ]
+    return [
+      _known(self._placement.abstract_per_device(state)) for state in states
+    ]
 
   def begin(self, n_parts: int) -> None:
     """With micro-batches, the batch's loss weights as the step places
@@ -170,10 +189,8 @@ class AheadOfTime(step_run_lib.StepRun):
     if self._host_batch is None:
       raise TypesUnknown()
     self.stack = None
-    item = batch_parts.loss_weights_item(self._layers,
-                                         len(self._host_batch))
-    self.loss_weights = self._placement.abstract_batch(
-        self._host_batch[item])
+    item = batch_parts.loss_weights_item(self._layers, len(self._host_batch))
+    self.loss_weights = self._placement.abstract_batch(self._host_batch[item])
 
   def begin_part(self, index: int, n_parts: int) -> None:
     """The part's rows of the batch's types, as `shard_batch` would give
@@ -181,8 +198,8 @@ class AheadOfTime(step_run_lib.StepRun):
     if n_parts == 1:
       return
     self.part, rows = batch_parts.part_of_batch(
-        self._host_batch, index, n_parts,
-        self._placement.n_local_devices)
+      self._host_batch, index, n_parts, self._placement.n_local_devices
+    )
     self.stack = self._placement.abstract_batch(rows)
 
   def place_ahead(self, unit: protocols.Unit, with_slots: bool) -> None:
@@ -193,8 +210,12 @@ class AheadOfTime(step_run_lib.StepRun):
     except TypesUnknown:
       self._next = (unit, _UNKNOWN)
 
-  def params(self, unit: protocols.Unit, following: protocols.Unit | None,
-             with_slots: bool) -> tuple[list[PyTree], list[PyTree] | None]:
+  def params(
+    self,
+    unit: protocols.Unit,
+    following: protocols.Unit | None,
+    with_slots: bool,
+  ) -> tuple[list[PyTree], list[PyTree] | None]:
     self._unit = unit
     params = super().params(unit, following, with_slots)
     if params is _UNKNOWN:
@@ -207,8 +228,9 @@ class AheadOfTime(step_run_lib.StepRun):
   def host_batch(self) -> PyTree:
     return self._host_batch
 
-  def gradients_from_host(self, layers: list[int],
-                          weights: list[PyTree]) -> list[PyTree]:
+  def gradients_from_host(
+    self, layers: list[int], weights: list[PyTree]
+  ) -> list[PyTree]:
     # Taken off the host; placed as the weights are, new device arrays.
     self._host_types.take_gradients(layers)
     return _fresh(weights)
@@ -238,14 +260,24 @@ class AheadOfTime(step_run_lib.StepRun):
         with layers_lib.preserved(*self._layers):
           traced = fn.trace(*args)
       except Exception as e:  # pylint: disable=broad-except
-        logging.info('tracing a function ahead of the step failed (%s); it '
-                     'compiles when called.', e)
+        logging.info(
+          'tracing a function ahead of the step failed (%s); it '
+          'compiles when called.',
+          e,
+        )
         raise TypesUnknown() from e
       assert self._pool is not None  # `account` walks with a pool
-      programs.add_traced(key, fn, traced,
-                          self._pool.submit(_compile_traced, traced))
-    self._record.note(self._name(), self.phase, key, args, self.held(),
-                      self.held_on_host(self._devices_are_host))
+      programs.add_traced(
+        key, fn, traced, self._pool.submit(_compile_traced, traced)
+      )
+    self._record.note(
+      self._name(),
+      self.phase,
+      key,
+      args,
+      self.held(),
+      self.held_on_host(self._devices_are_host),
+    )
     return _fresh(self._placement.per_device_types(programs.outputs(key)))
 
   def _name(self) -> str:
@@ -268,9 +300,10 @@ class AheadOfTime(step_run_lib.StepRun):
     """
     if not self.complete:
       raise device_memory.UnsupportedTrainerError(
-          "the step's calls cannot all be compiled ahead of it here (their "
-          'argument types are not known without running it), so its device '
-          'memory cannot be accounted.')
+        "the step's calls cannot all be compiled ahead of it here (their "
+        'argument types are not known without running it), so its device '
+        'memory cannot be accounted.'
+      )
     return self._record.memory()
 
 
@@ -290,11 +323,14 @@ def _known(tree):
 def _fresh(tree):
   """A copy of `tree` with new abstract leaves (shape, dtype, sharding), so
   that each call's results count as arrays of their own."""
+
   def leaf(x):
     if isinstance(x, jax.ShapeDtypeStruct):
-      return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding,
-                                  weak_type=x.weak_type)
+      return jax.ShapeDtypeStruct(
+        x.shape, x.dtype, sharding=x.sharding, weak_type=x.weak_type
+      )
     return x
+
   return jax.tree_util.tree_map(leaf, tree)
 
 

@@ -16,6 +16,7 @@ from trax_revplus.trainer._plan import planner as planner_lib
 from trax_revplus.trainer._step import step_context
 from trax_revplus.typing import Batch
 
+
 class DeviceOutOfMemoryError(RuntimeError):
   """A step's call found too little device memory.
 
@@ -28,9 +29,14 @@ class DeviceOutOfMemoryError(RuntimeError):
       would choose a leaner plan, or None.
   """
 
-  def __init__(self, message: str, call: str | None, step: int,
-               shortfall: out_of_memory.Shortfall,
-               suggested_budget_bytes: int | None):
+  def __init__(
+    self,
+    message: str,
+    call: str | None,
+    step: int,
+    shortfall: out_of_memory.Shortfall,
+    suggested_budget_bytes: int | None,
+  ):
     super().__init__(message)
     self.call = call
     self.step = step
@@ -45,20 +51,27 @@ def _size(nbytes: int) -> str:
 def _suggested_budget(shortfall, planned_peak_bytes, budget_bytes):
   """The planned peak (else the budget) less what the call lacked and 1%
   of it, else 80% of it; None where neither is known."""
-  base = planned_peak_bytes if planned_peak_bytes is not None else (
-      budget_bytes)
+  base = (
+    planned_peak_bytes if planned_peak_bytes is not None else (budget_bytes)
+  )
   if base is None:
     return None
   if shortfall.asked_bytes is not None and (
-      shortfall.available_bytes is not None):
+    shortfall.available_bytes is not None
+  ):
     lacked = max(0, shortfall.asked_bytes - shortfall.available_bytes)
     return max(1, base - lacked - base // 100)
   return max(1, base * 4 // 5)
 
 
-def report(error: BaseException, call: str | None, step: int,
-           planned_peak_bytes: int | None, budget_bytes: int | None,
-           least_bytes: int | None) -> DeviceOutOfMemoryError:
+def report(
+  error: BaseException,
+  call: str | None,
+  step: int,
+  planned_peak_bytes: int | None,
+  budget_bytes: int | None,
+  least_bytes: int | None,
+) -> DeviceOutOfMemoryError:
   """The `DeviceOutOfMemoryError` of `error` (`out_of_memory.
   is_out_of_memory`), raised by `call` of `step`.
 
@@ -83,28 +96,38 @@ def report(error: BaseException, call: str | None, step: int,
   setting = f'{options_lib.GIN_CONFIGURABLE}.device_memory_budget_bytes'
   suggested = _suggested_budget(shortfall, planned_peak_bytes, budget_bytes)
   if budget_bytes is None:
-    plan = (f'the step ran unplanned ({setting} = None); set it to '
-            f"'auto' to plan under the device's size")
+    plan = (
+      f'the step ran unplanned ({setting} = None); set it to '
+      f"'auto' to plan under the device's size"
+    )
   else:
-    plan = (f'its plan was accounted at {_size(planned_peak_bytes)}'
-            if planned_peak_bytes is not None else
-            'its plan was not accounted')
+    plan = (
+      f'its plan was accounted at {_size(planned_peak_bytes)}'
+      if planned_peak_bytes is not None
+      else 'its plan was not accounted'
+    )
     plan += f' under a budget of {_size(budget_bytes)}'
     if least_bytes is not None:
       plan += f'; the leanest plan accounted needs {_size(least_bytes)}'
     if suggested is not None:
-      plan += (f'; set {setting} = {suggested} so that the planner chooses '
-               f'a leaner plan')
-  message = (f'out of device memory {where} at step {step}: {detail}; '
-             f'{plan}, or use a smaller batch or shorter sequences; the '
-             f'last checkpoint is the one to resume from')
+      plan += (
+        f'; set {setting} = {suggested} so that the planner chooses '
+        f'a leaner plan'
+      )
+  message = (
+    f'out of device memory {where} at step {step}: {detail}; '
+    f'{plan}, or use a smaller batch or shorter sequences; the '
+    f'last checkpoint is the one to resume from'
+  )
   return DeviceOutOfMemoryError(message, call, step, shortfall, suggested)
 
 
-def raise_if_out_of_memory(error: BaseException,
-                           ctx: step_context.StepContext,
-                           planner: planner_lib.Planner,
-                           batch: Batch) -> None:
+def raise_if_out_of_memory(
+  error: BaseException,
+  ctx: step_context.StepContext,
+  planner: planner_lib.Planner,
+  batch: Batch,
+) -> None:
   """Raises the `DeviceOutOfMemoryError` of `error` (from `error`) where it
   is the backend's out-of-memory error (`out_of_memory.is_out_of_memory`);
   else returns, and the caller re-raises `error`.
@@ -120,7 +143,15 @@ def raise_if_out_of_memory(error: BaseException,
   if not out_of_memory.is_out_of_memory(error):
     return
   weighed = planner.weighing(batch).weighed
-  least = min((w.memory.peak_device_bytes for w in weighed
-               if w.memory is not None), default=None)
-  raise report(error, ctx.calling, ctx.step, ctx.planned_peak_bytes,
-               planner.budget_bytes, least) from error
+  least = min(
+    (w.memory.peak_device_bytes for w in weighed if w.memory is not None),
+    default=None,
+  )
+  raise report(
+    error,
+    ctx.calling,
+    ctx.step,
+    ctx.planned_peak_bytes,
+    planner.budget_bytes,
+    least,
+  ) from error

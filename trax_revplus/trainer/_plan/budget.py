@@ -83,10 +83,16 @@ def _below_one_row() -> list[dimensions.PlanDimension]:
 def _pinned(options: options_lib.TrainerOptions) -> str:
   """', set X and Y to 'auto'' for the plan settings `options` pins."""
   slices = dimensions.of_role(dimensions.SLICES).name
-  pinned = [name for name in ('segment_max_layers', slices,
-                              'backward_segment_max_layers',
-                              *(d.name for d in _below_one_row()))
-            if getattr(options, name) != options_lib.AUTO]
+  pinned = [
+    name
+    for name in (
+      'segment_max_layers',
+      slices,
+      'backward_segment_max_layers',
+      *(d.name for d in _below_one_row()),
+    )
+    if getattr(options, name) != options_lib.AUTO
+  ]
   return f", set {' and '.join(pinned)} to 'auto'" if pinned else ''
 
 
@@ -96,14 +102,19 @@ def _plan_text(plan: plan_lib.StepPlan) -> str:
   layers = plan.settings()['segment_max_layers']
   assert isinstance(layers, int)  # the longest forward segment's length
   slices = dimensions.of_role(dimensions.SLICES).name
-  below = ''.join(f', {d.name}={getattr(plan, d.name)}'
-                  for d in _below_one_row()
-                  if getattr(plan, d.name) != d.none)
-  how = ('every layer in the loss program' if plan.loss - plan.fused_from
-         else f'{"one layer" if layers <= 1 else f"{layers} layers"} per '
-         f'call, saved inputs and states'
-         f'{" and accumulated gradients" if plan.grads_on_host else ""}'
-         f' on the {"host" if plan.saved_on_host else "device"}')
+  below = ''.join(
+    f', {d.name}={getattr(plan, d.name)}'
+    for d in _below_one_row()
+    if getattr(plan, d.name) != d.none
+  )
+  how = (
+    'every layer in the loss program'
+    if plan.loss - plan.fused_from
+    else f'{"one layer" if layers <= 1 else f"{layers} layers"} per '
+    f'call, saved inputs and states'
+    f'{" and accumulated gradients" if plan.grads_on_host else ""}'
+    f' on the {"host" if plan.saved_on_host else "device"}'
+  )
   return f'{slices}={getattr(plan, slices)}{below} and {how}'
 
 
@@ -111,10 +122,13 @@ def _sized(nbytes: int) -> str:
   return f'{nbytes} bytes ({nbytes / 2**20:.1f} MiB)'
 
 
-def nothing_fits(plan: plan_lib.StepPlan, need_bytes: int,
-                 budget_bytes: int | None,
-                 options: options_lib.TrainerOptions,
-                 refused: str | None = None) -> DeviceMemoryBudgetError:
+def nothing_fits(
+  plan: plan_lib.StepPlan,
+  need_bytes: int,
+  budget_bytes: int | None,
+  options: options_lib.TrainerOptions,
+  refused: str | None = None,
+) -> DeviceMemoryBudgetError:
   """The error where no plan fits `budget_bytes`: it names the least plan
   (`plan`, whose peak is `need_bytes`), the budget it needs, and the
   settings pinned in `options` that kept the planner from leaner plans.
@@ -124,80 +138,101 @@ def nothing_fits(plan: plan_lib.StepPlan, need_bytes: int,
   settings name."""
   if refused is not None:
     head, whose = (
-        ('no plan fits this device on this batch', 'the least plan')
-        if budget_bytes is not None else
-        ('the plan the settings name does not fit this device on this '
-         'batch', 'it'))
-    fix = (_pinned(options) if budget_bytes is not None else
-           f", set {options_lib.GIN_CONFIGURABLE}.device_memory_budget_bytes"
-           f" = '{options_lib.AUTO}'{_pinned(options)}")
+      ('no plan fits this device on this batch', 'the least plan')
+      if budget_bytes is not None
+      else (
+        'the plan the settings name does not fit this device on this batch',
+        'it',
+      )
+    )
+    fix = (
+      _pinned(options)
+      if budget_bytes is not None
+      else f', set {options_lib.GIN_CONFIGURABLE}.device_memory_budget_bytes'
+      f" = '{options_lib.AUTO}'{_pinned(options)}"
+    )
     return DeviceMemoryBudgetError(
-        f'{head}: the backend refused to '
-        f'compile {refused} of {whose} ({_plan_text(plan)}) for memory, '
-        f'which needs at least {_sized(need_bytes)}; use a shorter sequence '
-        f'or a smaller batch{fix}, or a device with more memory.')
+      f'{head}: the backend refused to '
+      f'compile {refused} of {whose} ({_plan_text(plan)}) for memory, '
+      f'which needs at least {_sized(need_bytes)}; use a shorter sequence '
+      f'or a smaller batch{fix}, or a device with more memory.'
+    )
   # Without a refusal, the planner searched under a budget.
   assert budget_bytes is not None
   return DeviceMemoryBudgetError(
-      f'no plan fits device_memory_budget_bytes={budget_bytes} '
-      f'({budget_bytes / 2**20:.1f} MiB) on this batch: the least needs '
-      f'{_sized(need_bytes)}, with {_plan_text(plan)}; set '
-      f'{options_lib.GIN_CONFIGURABLE}.device_memory_budget_bytes >= '
-      f'{need_bytes}{_pinned(options)}, or use a shorter sequence or a '
-      f'smaller batch.')
+    f'no plan fits device_memory_budget_bytes={budget_bytes} '
+    f'({budget_bytes / 2**20:.1f} MiB) on this batch: the least needs '
+    f'{_sized(need_bytes)}, with {_plan_text(plan)}; set '
+    f'{options_lib.GIN_CONFIGURABLE}.device_memory_budget_bytes >= '
+    f'{need_bytes}{_pinned(options)}, or use a shorter sequence or a '
+    f'smaller batch.'
+  )
 
 
-def _host_budget_text(budget_bytes: int,
-                      setting: int | str | None) -> str:
-  auto = (" ('auto': what the host could give after the backend opened, "
-          "less 10%, with the weights, slots and state it held then)"
-          if setting == options_lib.AUTO else '')
-  return (f'host_memory_budget_bytes={budget_bytes} '
-          f'({budget_bytes / 2**20:.1f} MiB){auto}')
+def _host_budget_text(budget_bytes: int, setting: int | str | None) -> str:
+  auto = (
+    " ('auto': what the host could give after the backend opened, "
+    'less 10%, with the weights, slots and state it held then)'
+    if setting == options_lib.AUTO
+    else ''
+  )
+  return (
+    f'host_memory_budget_bytes={budget_bytes} '
+    f'({budget_bytes / 2**20:.1f} MiB){auto}'
+  )
 
 
-def host_nothing_fits(plan: plan_lib.StepPlan, need_bytes: int,
-                      budget_bytes: int,
-                      options: options_lib.TrainerOptions
-                      ) -> HostMemoryBudgetError:
+def host_nothing_fits(
+  plan: plan_lib.StepPlan,
+  need_bytes: int,
+  budget_bytes: int,
+  options: options_lib.TrainerOptions,
+) -> HostMemoryBudgetError:
   """The error where no plan that fits the device fits the host budget
   `budget_bytes`: `plan`, the one weighed with the least host bytes
   (`need_bytes`)."""
   budget = _host_budget_text(budget_bytes, options.host_memory_budget_bytes)
   return HostMemoryBudgetError(
-      f'no plan fits {budget} on this batch: of the plans that fit the '
-      f'device, the least host memory is {_sized(need_bytes)}, with '
-      f'{_plan_text(plan)}; free host memory, set '
-      f'{options_lib.GIN_CONFIGURABLE}.host_memory_budget_bytes '
-      f'>= {need_bytes} (None: no host budget){_pinned(options)}, or use a '
-      f'shorter sequence or a smaller batch.')
+    f'no plan fits {budget} on this batch: of the plans that fit the '
+    f'device, the least host memory is {_sized(need_bytes)}, with '
+    f'{_plan_text(plan)}; free host memory, set '
+    f'{options_lib.GIN_CONFIGURABLE}.host_memory_budget_bytes '
+    f'>= {need_bytes} (None: no host budget){_pinned(options)}, or use a '
+    f'shorter sequence or a smaller batch.'
+  )
 
 
-def host_exceeded(plan_text: str, step: device_memory.StepMemory,
-                  budget_bytes: int,
-                  options: options_lib.TrainerOptions
-                  ) -> HostMemoryBudgetError:
+def host_exceeded(
+  plan_text: str,
+  step: device_memory.StepMemory,
+  budget_bytes: int,
+  options: options_lib.TrainerOptions,
+) -> HostMemoryBudgetError:
   """The error where the plan the settings name (`plan_text`) would hold
   more host memory at its peak (`step`, its `StepMemory`) than
   `budget_bytes`."""
   need = step.peak_host_bytes
-  parts = sorted(step.peak_host_call.host_parts().items(),
-                 key=lambda kv: -kv[1])[:3]
-  listed = ', '.join(f'{name} {nbytes / 2**20:.1f} MiB'
-                     for name, nbytes in parts if nbytes)
+  parts = sorted(
+    step.peak_host_call.host_parts().items(), key=lambda kv: -kv[1]
+  )[:3]
+  listed = ', '.join(
+    f'{name} {nbytes / 2**20:.1f} MiB' for name, nbytes in parts if nbytes
+  )
   return HostMemoryBudgetError(
-      f'the plan the settings name ({plan_text}) needs {_sized(need)} of '
-      f'host memory at its peak ({listed}), more than '
-      f'{_host_budget_text(budget_bytes, options.host_memory_budget_bytes)}; '
-      f'set {options_lib.GIN_CONFIGURABLE}.device_memory_budget_bytes = '
-      f"'{options_lib.AUTO}'{_pinned(options)} so that the planner chooses a "
-      f'plan that fits both, set host_memory_budget_bytes = None to run it '
-      f'anyway, or use a smaller batch.')
+    f'the plan the settings name ({plan_text}) needs {_sized(need)} of '
+    f'host memory at its peak ({listed}), more than '
+    f'{_host_budget_text(budget_bytes, options.host_memory_budget_bytes)}; '
+    f'set {options_lib.GIN_CONFIGURABLE}.device_memory_budget_bytes = '
+    f"'{options_lib.AUTO}'{_pinned(options)} so that the planner chooses a "
+    f'plan that fits both, set host_memory_budget_bytes = None to run it '
+    f'anyway, or use a smaller batch.'
+  )
 
 
 def nothing_fits_error(
-    least: tuple[plan_lib.StepPlan, device_memory.StepMemory],
-    weighing: weighing_lib.Weighing, options: options_lib.TrainerOptions
+  least: tuple[plan_lib.StepPlan, device_memory.StepMemory],
+  weighing: weighing_lib.Weighing,
+  options: options_lib.TrainerOptions,
 ) -> MemoryBudgetError:
   """The error where no plan fits the budgets of `weighing` (a
   `weighing.Weighing`), `least` the (plan, `StepMemory`) of the least
@@ -211,23 +246,33 @@ def nothing_fits_error(
     return nothing_fits(plan, step.peak_device_bytes, budget, options)
   # The least plan fits the device: the host budget excluded every plan.
   assert weighing.host_budget_bytes is not None
-  plan, step = min(((w.plan, w.memory) for w in weighing.weighed
-                    if w.memory is not None and
-                    w.memory.peak_device_bytes <= budget),
-                   key=lambda weighed: weighed[1].peak_host_bytes)
-  return host_nothing_fits(plan, step.peak_host_bytes,
-                           weighing.host_budget_bytes, options)
+  plan, step = min(
+    (
+      (w.plan, w.memory)
+      for w in weighing.weighed
+      if w.memory is not None and w.memory.peak_device_bytes <= budget
+    ),
+    key=lambda weighed: weighed[1].peak_host_bytes,
+  )
+  return host_nothing_fits(
+    plan, step.peak_host_bytes, weighing.host_budget_bytes, options
+  )
 
 
-def not_compiled(error: device_memory.ProgramCompileError,
-                 configured: bool) -> StepCompileError:
+def not_compiled(
+  error: device_memory.ProgramCompileError, configured: bool
+) -> StepCompileError:
   """The error where a program of the step did not compile (`error`, a
   `device_memory.ProgramCompileError`, not for memory)."""
-  what = ('the plan the settings name' if configured else
-          'a plan the device memory budget weighed')
+  what = (
+    'the plan the settings name'
+    if configured
+    else 'a plan the device memory budget weighed'
+  )
   return StepCompileError(
-      f'{error} (in {what}); the step cannot run this way on this backend: '
-      f'check the model on a smaller batch, or try other plan settings.')
+    f'{error} (in {what}); the step cannot run this way on this backend: '
+    f'check the model on a smaller batch, or try other plan settings.'
+  )
 
 
 class DeviceMemoryUnknownError(validation.ConfigurationError):
@@ -246,19 +291,20 @@ def shared_host_budget_bytes(available_bytes: int, n_devices: int) -> int:
   return device_budget_bytes(available_bytes) // max(1, n_devices)
 
 
-def host_budget_bytes(setting: int | str | None,
-                      held_bytes: int) -> int | None:
+def host_budget_bytes(setting: int | str | None, held_bytes: int) -> int | None:
   """The host budget `setting` means for a process holding `held_bytes` of
   weights, slots and state on the host now (see the module docstring); in
   a run of several processes the least over them."""
   if setting is None or isinstance(setting, int):
     return setting
   return placement_lib.least_over_processes(
-      held_bytes + device_budget_bytes(memory.host_available_bytes()))
+    held_bytes + device_budget_bytes(memory.host_available_bytes())
+  )
 
 
-def budget_bytes(setting: int | str | None,
-                 placement: placement_lib.Placement) -> int | None:
+def budget_bytes(
+  setting: int | str | None, placement: placement_lib.Placement
+) -> int | None:
   """The budget `setting` means on `placement`'s devices.
 
   Args:
@@ -279,11 +325,15 @@ def budget_bytes(setting: int | str | None,
     return placement_lib.least_over_processes(device_budget_bytes(limit))
   if setting == options_lib.DEVICE:
     raise DeviceMemoryUnknownError(
-        f"{options_lib.GIN_CONFIGURABLE}.device_memory_budget_bytes = "
-        f"'device', but the {placement.platform} backend does not report its "
-        f"devices' memory size (memory_stats()['bytes_limit']); set the "
-        f"budget in bytes (e.g. 17179869184 for 16 GiB), or 'auto' to plan "
-        f"under what the host can give.")
+      f'{options_lib.GIN_CONFIGURABLE}.device_memory_budget_bytes = '
+      f"'device', but the {placement.platform} backend does not report its "
+      f"devices' memory size (memory_stats()['bytes_limit']); set the "
+      f"budget in bytes (e.g. 17179869184 for 16 GiB), or 'auto' to plan "
+      f'under what the host can give.'
+    )
   # Every process plans under the least host's budget, so all run one plan.
-  return placement_lib.least_over_processes(shared_host_budget_bytes(
-      memory.host_available_bytes(), len(placement.devices)))
+  return placement_lib.least_over_processes(
+    shared_host_budget_bytes(
+      memory.host_available_bytes(), len(placement.devices)
+    )
+  )

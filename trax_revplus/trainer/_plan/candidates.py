@@ -87,46 +87,55 @@ _VARIED = (SLICES, PARTS, CHUNKS, AT_ONCE)
 SEGMENT_LENGTHS = (1, 2, 4, 8)
 ASYNC_DEPTHS = (4, 2, 1, 0)
 
+
 class Candidates:
   """The candidate plans of one trainer on one batch's shapes."""
 
   def __init__(
-      self, block_sizes: Sequence[int], nbytes: Mapping[int, int],
-      stack_bytes: Sequence[int], rows: int,
-      options: options_lib.TrainerOptions, shared_weights: bool = False,
-      layer_kinds: Sequence[Hashable] | None = None,
-      sequence_length: int | None = None, micro_batches_refused: bool = False,
-      slices_change_draws: bool = True, platform: str | None = None,
-      heads_lowerable: bool = False, hashes_activations: bool = True) -> None:
+    self,
+    block_sizes: Sequence[int],
+    nbytes: Mapping[int, int],
+    stack_bytes: Sequence[int],
+    rows: int,
+    options: options_lib.TrainerOptions,
+    shared_weights: bool = False,
+    layer_kinds: Sequence[Hashable] | None = None,
+    sequence_length: int | None = None,
+    micro_batches_refused: bool = False,
+    slices_change_draws: bool = True,
+    platform: str | None = None,
+    heads_lowerable: bool = False,
+    hashes_activations: bool = True,
+  ) -> None:
     """Args:
-      block_sizes: list over blocks of their numbers of reversible layers.
-      nbytes: dict layer index -> bytes of its weights + slots.
-      stack_bytes: list over blocks of the bytes (all devices) of the stack
-        items its reversible layers read.
-      rows: int, rows of the batch each device gets.
-      options: `options.TrainerOptions` (segment_max_bytes,
-        n_async_layers).
-      shared_weights: bool, whether layers share weights (`ties.Ties`):
-        then the fused program runs unsliced only
-        (`loss_slices.fused_loss`).
-      layer_kinds: list by layer index of hashables, equal where two layers
-        compute the same thing (they share a compilation,
-        `compilation.Compiler.fingerprint_of`); None: every layer its own.
-      sequence_length: int, the sequence the loss layer's tail would run
-        in chunks (`loss_tail.tail_length`), or None where it has no
-        such tail.
-      micro_batches_refused: bool, the step cannot run in micro-batches
-        (`batch_parts.refusal`).
-      slices_change_draws: bool, whether batch slices change a random
-        draw of some layer (`row_draws`; `stack_bytes.StackTrace`); where
-        not, `speed_rank.SPEED_SLICES[platform]` slices rank first.
-      platform: str, the devices' backend ('cpu', 'gpu', 'tpu'), or None.
-      heads_lowerable: bool, whether one (example, head) pair at a time is
-        fewer than some attention layer computes at once
-        (`attention_heads.lowers`).
-      hashes_activations: bool, whether some layer hashes its activations
-        (`hashing`): then neither `speed_rank.SPEED_SLICES` nor
-        `speed_rank.SPEED_PARALLEL_HEADS` reorders the plans.
+    block_sizes: list over blocks of their numbers of reversible layers.
+    nbytes: dict layer index -> bytes of its weights + slots.
+    stack_bytes: list over blocks of the bytes (all devices) of the stack
+      items its reversible layers read.
+    rows: int, rows of the batch each device gets.
+    options: `options.TrainerOptions` (segment_max_bytes,
+      n_async_layers).
+    shared_weights: bool, whether layers share weights (`ties.Ties`):
+      then the fused program runs unsliced only
+      (`loss_slices.fused_loss`).
+    layer_kinds: list by layer index of hashables, equal where two layers
+      compute the same thing (they share a compilation,
+      `compilation.Compiler.fingerprint_of`); None: every layer its own.
+    sequence_length: int, the sequence the loss layer's tail would run
+      in chunks (`loss_tail.tail_length`), or None where it has no
+      such tail.
+    micro_batches_refused: bool, the step cannot run in micro-batches
+      (`batch_parts.refusal`).
+    slices_change_draws: bool, whether batch slices change a random
+      draw of some layer (`row_draws`; `stack_bytes.StackTrace`); where
+      not, `speed_rank.SPEED_SLICES[platform]` slices rank first.
+    platform: str, the devices' backend ('cpu', 'gpu', 'tpu'), or None.
+    heads_lowerable: bool, whether one (example, head) pair at a time is
+      fewer than some attention layer computes at once
+      (`attention_heads.lowers`).
+    hashes_activations: bool, whether some layer hashes its activations
+      (`hashing`): then neither `speed_rank.SPEED_SLICES` nor
+      `speed_rank.SPEED_PARALLEL_HEADS` reorders the plans.
     """
     self._shared_weights = shared_weights
     self._kinds = layer_kinds
@@ -137,8 +146,11 @@ class Candidates:
     pinned = dimensions.pinned(options, SLICES)
     if pinned is None:
       self.slices = speed_rank.ranked_slices(
-          [k for k in range(1, rows + 1) if rows % k == 0], platform,
-          slices_change_draws, hashes_activations)
+        [k for k in range(1, rows + 1) if rows % k == 0],
+        platform,
+        slices_change_draws,
+        hashes_activations,
+      )
     else:
       self.slices = [pinned]
     pinned = dimensions.pinned(options, CHUNKS)
@@ -164,28 +176,37 @@ class Candidates:
     self._fixed = dimensions.unplanned(options, excluded=_VARIED)
     self._more_heads = self._heads is None and heads_lowerable
     self._heads_first = self._more_heads and speed_rank.one_head_first(
-        platform, hashes_activations)
+      platform, hashes_activations
+    )
 
   def _part_slices(self, part_rows: int) -> int | None:
     """Batch slices each part's calls run over: the fewest of `slices`
     dividing the part's rows (None where none does)."""
     return min((k for k in self.slices if part_rows % k == 0), default=None)
 
-  def _make(self, by_role: Mapping[str, Any] | None = None,
-            **settings: Any) -> plan_lib.StepPlan:
+  def _make(
+    self, by_role: Mapping[str, Any] | None = None, **settings: Any
+  ) -> plan_lib.StepPlan:
     """`make_plan` of `settings`, `_fixed`, and `by_role` ({role: value};
     the heads at once as pinned, the other roles' at their `none`)."""
     settings.setdefault('segment_max_bytes', self._options.segment_max_bytes)
     return plan_lib.make_plan(
-        self._sizes, self._nbytes, self._stack_bytes, **settings,
-        **self._fixed, **dimensions.by_role({AT_ONCE: self._heads,
-                                             **(by_role or {})}))
+      self._sizes,
+      self._nbytes,
+      self._stack_bytes,
+      **settings,
+      **self._fixed,
+      **dimensions.by_role({AT_ONCE: self._heads, **(by_role or {})}),
+    )
 
   def _fused(self, k):
-    plan = self._make({SLICES: k},
-                      segment_max_layers=max(self._sizes + [1]),
-                      backward_segment_max_layers=max(self._sizes + [1]),
-                      fused_from=0, n_async_layers=self._options.n_async_layers)
+    plan = self._make(
+      {SLICES: k},
+      segment_max_layers=max(self._sizes + [1]),
+      backward_segment_max_layers=max(self._sizes + [1]),
+      fused_from=0,
+      n_async_layers=self._options.n_async_layers,
+    )
     return Group((plan,), plan, sum(self._sizes))
 
   def _pinned(self, name):
@@ -208,8 +229,7 @@ class Candidates:
     for f in self._usable('segment_max_layers'):
       for b in backward:
         if b <= f or len(backward) == 1:
-          plan = self._make(segment_max_layers=f,
-                            backward_segment_max_layers=b)
+          plan = self._make(segment_max_layers=f, backward_segment_max_layers=b)
           pairs.append(((plan.n_calls, plan.n_backward_calls, -f), f, b))
     return [(f, b) for _, f, b in sorted(pairs)]
 
@@ -218,30 +238,43 @@ class Candidates:
     return [n] + [d for d in ASYNC_DEPTHS if d < n]
 
   def _unfused(self, k, chunks=1, parts=1):
-    plans = [self._make({SLICES: k, CHUNKS: chunks, PARTS: parts},
-                        segment_max_layers=f, backward_segment_max_layers=b,
-                        n_async_layers=depth, prefetch=prefetch,
-                        saved_on_host=on_host, grads_on_host=grads_on_host)
-             for grads_on_host in ((False, True) if parts > 1 else (False,))
-             for on_host in (False, True)
-             for f, b in self._lengths() for depth in self._depths()
-             for prefetch in (True, False)]
+    plans = [
+      self._make(
+        {SLICES: k, CHUNKS: chunks, PARTS: parts},
+        segment_max_layers=f,
+        backward_segment_max_layers=b,
+        n_async_layers=depth,
+        prefetch=prefetch,
+        saved_on_host=on_host,
+        grads_on_host=grads_on_host,
+      )
+      for grads_on_host in ((False, True) if parts > 1 else (False,))
+      for on_host in (False, True)
+      for f, b in self._lengths()
+      for depth in self._depths()
+      for prefetch in (True, False)
+    ]
     return Group(tuple(plans), self.leanest(k, chunks, parts), 0)
 
-  def leanest(self, k: int, chunks: int = 1,
-              parts: int = 1) -> plan_lib.StepPlan:
+  def leanest(
+    self, k: int, chunks: int = 1, parts: int = 1
+  ) -> plan_lib.StepPlan:
     """The unfused plan of k slices (`chunks` sequence chunks, `parts`
     micro-batches) with the least device memory: one layer per call (or
     the pinned segment lengths), nothing placed ahead or waiting to be
     copied back, saved inputs and states on the host, and in micro-batches
     the accumulated gradients too."""
     return self._make(
-        {SLICES: k, CHUNKS: chunks, PARTS: parts},
-        segment_max_layers=self._usable('segment_max_layers')[0],
-        backward_segment_max_layers=self._usable(
-            'backward_segment_max_layers')[0],
-        n_async_layers=0, prefetch=False, saved_on_host=True,
-        grads_on_host=parts > 1)
+      {SLICES: k, CHUNKS: chunks, PARTS: parts},
+      segment_max_layers=self._usable('segment_max_layers')[0],
+      backward_segment_max_layers=self._usable('backward_segment_max_layers')[
+        0
+      ],
+      n_async_layers=0,
+      prefetch=False,
+      saved_on_host=True,
+      grads_on_host=parts > 1,
+    )
 
   def may_fuse(self, k: int) -> bool:
     """Whether the fused program may run over k batch slices."""
@@ -250,15 +283,22 @@ class Candidates:
   def may_run(self, plan: plan_lib.StepPlan) -> bool:
     """Whether `plan` (one kept from an earlier run) is one this trainer
     may run."""
-    chunks, parts, heads = (dimensions.value(plan, r)
-                            for r in (CHUNKS, PARTS, AT_ONCE))
-    if (chunks > 1 and chunks not in self.chunks or
-        parts > 1 and parts not in self.parts or
-        heads != self._heads and not (self._more_heads and heads == 1) or
-        any(getattr(plan, k) != v for k, v in self._fixed.items())):
+    chunks, parts, heads = (
+      dimensions.value(plan, r) for r in (CHUNKS, PARTS, AT_ONCE)
+    )
+    if (
+      chunks > 1
+      and chunks not in self.chunks
+      or parts > 1
+      and parts not in self.parts
+      or heads != self._heads
+      and not (self._more_heads and heads == 1)
+      or any(getattr(plan, k) != v for k, v in self._fixed.items())
+    ):
       return False
     return plan.fused_from >= plan.loss or self.may_fuse(
-        dimensions.value(plan, SLICES))
+      dimensions.value(plan, SLICES)
+    )
 
   def compiled_layers(self, plan: plan_lib.StepPlan) -> int:
     """`speed_rank.compiled_layers` of `plan`, with this trainer's layer
@@ -270,11 +310,13 @@ class Candidates:
     `speed_rank.FUSED_COMPILE_RATIO` times the layers of the fastest
     unfused plan."""
     forward, backward = self._lengths()[0]
-    unfused = self._make(segment_max_layers=forward,
-                         backward_segment_max_layers=backward)
+    unfused = self._make(
+      segment_max_layers=forward, backward_segment_max_layers=backward
+    )
     fused = self._fused(1).leanest
-    return (self.compiled_layers(fused) <=
-            speed_rank.FUSED_COMPILE_RATIO * self.compiled_layers(unfused))
+    return self.compiled_layers(
+      fused
+    ) <= speed_rank.FUSED_COMPILE_RATIO * self.compiled_layers(unfused)
 
   def groups(self) -> Iterator[Group]:
     """Every group, in the speed model's order: with the attention layers
@@ -283,10 +325,18 @@ class Candidates:
     backends of `speed_rank.SPEED_PARALLEL_HEADS`)."""
     groups = list(self._configured_heads_groups())
     one = dimensions.by_role({AT_ONCE: 1})
-    lowered = [dataclasses.replace(
-        group, plans=tuple(dataclasses.replace(p, **one) for p in group.plans),
-        leanest=dataclasses.replace(group.leanest, **one))
-        for group in groups] if self._more_heads else []
+    lowered = (
+      [
+        dataclasses.replace(
+          group,
+          plans=tuple(dataclasses.replace(p, **one) for p in group.plans),
+          leanest=dataclasses.replace(group.leanest, **one),
+        )
+        for group in groups
+      ]
+      if self._more_heads
+      else []
+    )
     if self._heads_first:
       groups, lowered = lowered, groups
     yield from groups

@@ -72,6 +72,7 @@ class PlanDimension:
       what changes stock trax's float32 summation order (e.g. '2 batch
       slices'; `reorderings`); None: no value changes it.
   """
+
   name: str
   none: Any
   role: str
@@ -84,14 +85,18 @@ def field(none: Any, role: str, **entry: Any) -> Any:
   """A `plan.StepPlan` field that is a plan dimension: its default `none`,
   its entry (`PlanDimension`'s attributes but `name` and `none`, as
   keywords) in its metadata, which `declare` reads."""
-  return dataclasses.field(default=none,
-                           metadata={_ENTRY: dict(role=role, **entry)})
+  return dataclasses.field(
+    default=none, metadata={_ENTRY: dict(role=role, **entry)}
+  )
 
 
 def of_plan(plan_class: type) -> list[PlanDimension]:
   """The dimensions of `plan_class`'s fields (`field`), in field order."""
-  return [PlanDimension(f.name, f.default, **f.metadata[_ENTRY])
-          for f in dataclasses.fields(plan_class) if _ENTRY in f.metadata]
+  return [
+    PlanDimension(f.name, f.default, **f.metadata[_ENTRY])
+    for f in dataclasses.fields(plan_class)
+    if _ENTRY in f.metadata
+  ]
 
 
 # The dimensions of `plan.StepPlan`, which `declare`s them.
@@ -168,12 +173,16 @@ def pinned(options: options_lib.TrainerOptions, role: str) -> Any:
   return None if setting == options_lib.AUTO else setting
 
 
-def unplanned(options: options_lib.TrainerOptions,
-              excluded: Collection[str] = ()) -> dict[str, Any]:
+def unplanned(
+  options: options_lib.TrainerOptions, excluded: Collection[str] = ()
+) -> dict[str, Any]:
   """{name: value} of every dimension whose role is not `excluded`, as
   `options` set it without a budget (`TrainerOptions.unplanned`)."""
-  return {d.name: options.unplanned(d.name) for d in DIMENSIONS
-          if d.role not in excluded}
+  return {
+    d.name: options.unplanned(d.name)
+    for d in DIMENSIONS
+    if d.role not in excluded
+  }
 
 
 def reorderings(plan: Any) -> list[str]:
@@ -182,8 +191,11 @@ def reorderings(plan: Any) -> list[str]:
   plans.json): each dimension's value that has a `reordering`, in
   `DIMENSIONS` order, then the step compiled as one program (XLA may fuse
   a sum across layers)."""
-  found = [d.reordering(getattr(plan, d.name)) for d in DIMENSIONS
-           if d.reordering is not None and getattr(plan, d.name) != d.none]
+  found = [
+    d.reordering(getattr(plan, d.name))
+    for d in DIMENSIONS
+    if d.reordering is not None and getattr(plan, d.name) != d.none
+  ]
   if plan.fused_from < plan.loss:
     found.append('the step as one program')
   return found
@@ -214,10 +226,11 @@ def _check_slices_of_rows(slices: int, rows: int) -> None:
   if rows % slices:
     divisors = [k for k in range(1, rows + 1) if rows % k == 0]
     raise validation.BatchSlicesError(
-        f'{_setting(SLICES)} = {slices} '
-        f'does not divide the {rows} rows of the batch each device gets; use '
-        f'one of {divisors}, or a batch whose rows per device are a '
-        f'multiple of {slices}.')
+      f'{_setting(SLICES)} = {slices} '
+      f'does not divide the {rows} rows of the batch each device gets; use '
+      f'one of {divisors}, or a batch whose rows per device are a '
+      f'multiple of {slices}.'
+    )
 
 
 def check_slices(value: int, facts: Any, types: Any) -> None:
@@ -236,16 +249,18 @@ def check_chunks(chunks: int, facts: Any, types: Any) -> None:
     return
   if length is None:
     raise validation.SequenceChunksError(
-        f'{name} = {chunks}: the loss layer {facts.loss_name} does '
-        f'not end in layers that act on each position alone and a weighted '
-        f'mean or sum (the list: trax_revplus.trainer._step.loss_tail); set '
-        f'it to 1.')
+      f'{name} = {chunks}: the loss layer {facts.loss_name} does '
+      f'not end in layers that act on each position alone and a weighted '
+      f'mean or sum (the list: trax_revplus.trainer._step.loss_tail); set '
+      f'it to 1.'
+    )
   if length % chunks:
     divisors = [c for c in range(1, min(length, 64) + 1) if length % c == 0]
     raise validation.SequenceChunksError(
-        f'{name} = {chunks} does not divide the sequence length '
-        f'{length} of the loss layer\'s inputs; use a divisor of {length}, '
-        f'e.g. one of {divisors}.')
+      f'{name} = {chunks} does not divide the sequence length '
+      f"{length} of the loss layer's inputs; use a divisor of {length}, "
+      f'e.g. one of {divisors}.'
+    )
 
 
 def check_parts(parts: int, facts: Any, types: Any) -> None:
@@ -261,19 +276,22 @@ def check_parts(parts: int, facts: Any, types: Any) -> None:
     return
   if refusal is not None:
     raise validation.MicroBatchesError(
-        f'{name} = {parts}: {refusal}; set it to 1.')
+      f'{name} = {parts}: {refusal}; set it to 1.'
+    )
   if rows % parts:
     divisors = [m for m in range(1, rows + 1) if rows % m == 0]
     raise validation.MicroBatchesError(
-        f'{name} = {parts} does not divide the {rows} rows of the '
-        f'batch each device gets; use one of {divisors}, or a batch whose '
-        f'rows per device are a multiple of {parts}.')
+      f'{name} = {parts} does not divide the {rows} rows of the '
+      f'batch each device gets; use one of {divisors}, or a batch whose '
+      f'rows per device are a multiple of {parts}.'
+    )
   part_rows = rows // parts
   if part_rows % slices:
     raise validation.MicroBatchesError(
-        f'{name} = {parts} leaves {part_rows} rows per device in '
-        f'each part, which {slices_name} = {slices} does not divide; '
-        f'use {parts_name} and {slices_name} whose product divides {rows}.')
+      f'{name} = {parts} leaves {part_rows} rows per device in '
+      f'each part, which {slices_name} = {slices} does not divide; '
+      f'use {parts_name} and {slices_name} whose product divides {rows}.'
+    )
 
 
 def check_heads(value: int, facts: Any, types: Any) -> None:

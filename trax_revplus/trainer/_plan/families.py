@@ -29,6 +29,7 @@ class Group:
       has its values of the plan's dimensions).
     fused_reversible_layers: reversible layers inside the loss program.
   """
+
   plans: tuple[plan_lib.StepPlan, ...]
   leanest: plan_lib.StepPlan
   fused_reversible_layers: int
@@ -66,8 +67,12 @@ def family(group: Group) -> tuple[FamilyKey, int]:
   other dimensions' values. A key's last item is its sequence chunks
   (`plan_search.PlanSearch`'s bound of chunked groups)."""
   rows = PARTS if used(group, PARTS) else SLICES
-  others = tuple(getattr(group.leanest, d.name)
-                 for d in dimensions.DIMENSIONS
-                 if d.role not in (SLICES, PARTS, CHUNKS))
-  return ((rows, bool(group.fused_reversible_layers), *others,
-           count(group, CHUNKS)), count(group, rows))
+  others = tuple(
+    getattr(group.leanest, d.name)
+    for d in dimensions.DIMENSIONS
+    if d.role not in (SLICES, PARTS, CHUNKS)
+  )
+  return (
+    (rows, bool(group.fused_reversible_layers), *others, count(group, CHUNKS)),
+    count(group, rows),
+  )

@@ -34,28 +34,32 @@ from trax_revplus.trainer._plan.families import Group
 class GroupBounds:
   """The lower bounds of one batch's shapes' candidate groups."""
 
-  def __init__(self, candidates: candidates_lib.Candidates,
-               groups: Sequence[Group], n_devices: int,
-               members: dict[FamilyKey, list[tuple[int, Group]]],
-               weighed: Callable[[plan_lib.StepPlan],
-                                 device_memory.StepMemory | None],
-               refused: Callable[
-                   [plan_lib.StepPlan],
-                   device_memory.ProgramOutOfMemoryError | None]):
+  def __init__(
+    self,
+    candidates: candidates_lib.Candidates,
+    groups: Sequence[Group],
+    n_devices: int,
+    members: dict[FamilyKey, list[tuple[int, Group]]],
+    weighed: Callable[[plan_lib.StepPlan], device_memory.StepMemory | None],
+    refused: Callable[
+      [plan_lib.StepPlan], device_memory.ProgramOutOfMemoryError | None
+    ],
+  ):
     """Args:
-      candidates: the shapes' `candidates.Candidates`.
-      groups: its groups, in order.
-      n_devices: devices a step runs on.
-      members: family key -> [(value, group)], value ascending
-        (`families.family`).
-      weighed: plan -> its `StepMemory` where the search accounted it
-        already, else None.
-      refused: plan -> its `device_memory.ProgramOutOfMemoryError` where
-        the backend refused it, else None.
+    candidates: the shapes' `candidates.Candidates`.
+    groups: its groups, in order.
+    n_devices: devices a step runs on.
+    members: family key -> [(value, group)], value ascending
+      (`families.family`).
+    weighed: plan -> its `StepMemory` where the search accounted it
+      already, else None.
+    refused: plan -> its `device_memory.ProgramOutOfMemoryError` where
+      the backend refused it, else None.
     """
     # Group id -> `Candidates.lower_bound_bytes` of the group.
-    self._bound_of = {id(g): candidates.lower_bound_bytes(g, n_devices)
-                      for g in groups}
+    self._bound_of = {
+      id(g): candidates.lower_bound_bytes(g, n_devices) for g in groups
+    }
     self._families = members
     self._weighed = weighed
     self._refused = refused
@@ -81,8 +85,13 @@ class GroupBounds:
         break
       step = self._weighed(member.leanest)
       refusal = None if step is not None else self._refused(member.leanest)
-      need = (step.peak_device_bytes if step is not None else
-              refusal.least_bytes if refusal is not None else None)
+      need = (
+        step.peak_device_bytes
+        if step is not None
+        else refusal.least_bytes
+        if refusal is not None
+        else None
+      )
       if need:
         bound = max(bound, need * v // value)
     return bound
@@ -100,6 +109,10 @@ class GroupBounds:
     for v, unchunked in self._families.get(unchunked_key, ()):
       step = self._weighed(unchunked.leanest) if v >= value else None
       if step is not None:
-        bound = max(bound, max((c.device_bytes for c in step.calls
-                                if c.phase != 'loss'), default=0))
+        bound = max(
+          bound,
+          max(
+            (c.device_bytes for c in step.calls if c.phase != 'loss'), default=0
+          ),
+        )
     return bound

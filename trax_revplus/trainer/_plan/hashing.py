@@ -38,7 +38,7 @@ def _chosen_from(eqn) -> list:
   if name not in _CHOICES:
     return []
   if name == 'sort':
-    return list(eqn.invars[:eqn.params.get('num_keys', 1)])
+    return list(eqn.invars[: eqn.params.get('num_keys', 1)])
   return list(eqn.invars[:1])
 
 
@@ -70,13 +70,16 @@ def _chooses(jaxpr, marked_inputs) -> bool:
     nonlocal found
     if found:
       return
-    if any(_is_float(v) and rng_use.reads([v], marked)
-           for v in _chosen_from(eqn)):
+    if any(
+      _is_float(v) and rng_use.reads([v], marked) for v in _chosen_from(eqn)
+    ):
       found = True
     elif rng_use.inner(eqn) is None:
       # Not followed position by position: all of it counts as marked.
-      found = any(_chooses(sub, [True] * len(sub.invars))
-                  for sub in _nested(eqn))
+      found = any(
+        _chooses(sub, [True] * len(sub.invars)) for sub in _nested(eqn)
+      )
+
   rng_use.marked_outputs(jaxpr, marked_inputs, visit)
   return found
 
@@ -96,5 +99,6 @@ def hashes_activations(closed_jaxpr: jax_core.ClosedJaxpr) -> bool:
   """
   jaxpr = closed_jaxpr.jaxpr
   marked = [True] * max(len(jaxpr.invars) - 1, 0) + [False] * min(
-      len(jaxpr.invars), 1)
+    len(jaxpr.invars), 1
+  )
   return _chooses(jaxpr, marked)

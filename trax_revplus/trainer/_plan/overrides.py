@@ -24,14 +24,20 @@ from trax_revplus.trainer._plan import plan as plan_lib
 
 
 def _message(name: str, value: object, used: object, why: str) -> str:
-  return (f'{options_lib.GIN_CONFIGURABLE}.{name} = {value!r} was replaced '
-          f'by {used!r} under the device memory budget: {why}; set '
-          f'{options_lib.GIN_CONFIGURABLE}.device_memory_budget_bytes = None '
-          f'to run the settings as given')
+  return (
+    f'{options_lib.GIN_CONFIGURABLE}.{name} = {value!r} was replaced '
+    f'by {used!r} under the device memory budget: {why}; set '
+    f'{options_lib.GIN_CONFIGURABLE}.device_memory_budget_bytes = None '
+    f'to run the settings as given'
+  )
 
 
-def replaced(plan: plan_lib.StepPlan, options: options_lib.TrainerOptions,
-             explicit: Collection[str], budget_bytes: int) -> list[str]:
+def replaced(
+  plan: plan_lib.StepPlan,
+  options: options_lib.TrainerOptions,
+  explicit: Collection[str],
+  budget_bytes: int,
+) -> list[str]:
   """One line per explicitly set setting `plan` does not run as given.
 
   Args:
@@ -51,31 +57,51 @@ def replaced(plan: plan_lib.StepPlan, options: options_lib.TrainerOptions,
   for dimension in dimensions.DIMENSIONS:
     name, used = dimension.name, getattr(plan, dimension.name)
     value = getattr(options, name)
-    if (dimension.replaced and name in explicit and
-        value != options_lib.AUTO and used != value):
-      out.append(_message(name, value, used,
-                          f'{dimension.replaced} {budget}'))
-  if ('n_async_layers' in explicit and
-      plan.n_async_layers != options.n_async_layers):
-    out.append(_message(
-        'n_async_layers', options.n_async_layers, plan.n_async_layers,
+    if (
+      dimension.replaced
+      and name in explicit
+      and value != options_lib.AUTO
+      and used != value
+    ):
+      out.append(_message(name, value, used, f'{dimension.replaced} {budget}'))
+  if (
+    'n_async_layers' in explicit
+    and plan.n_async_layers != options.n_async_layers
+  ):
+    out.append(
+      _message(
+        'n_async_layers',
+        options.n_async_layers,
+        plan.n_async_layers,
         f'under a budget it is the deepest copy-back tried, and the plans '
-        f'with a deeper one need more than {budget}'))
+        f'with a deeper one need more than {budget}',
+      )
+    )
   backward = options.backward_segment_max_layers
-  if ('backward_segment_max_layers' in explicit and
-      backward != options_lib.AUTO and fused):
-    out.append(_message(
-        'backward_segment_max_layers', backward,
+  if (
+    'backward_segment_max_layers' in explicit
+    and backward != options_lib.AUTO
+    and fused
+  ):
+    out.append(
+      _message(
+        'backward_segment_max_layers',
+        backward,
         plan.settings()['backward_segment_max_layers'],
         'the fastest plan that fits runs every layer in the loss program, '
-        'which has no backward segments of its own'))
+        'which has no backward segments of its own',
+      )
+    )
   return out
 
 
-def notify_replaced(plan: plan_lib.StepPlan,
-                    options: options_lib.TrainerOptions,
-                    explicit: Collection[str], budget_bytes: int,
-                    notified: set[str]) -> None:
+def notify_replaced(
+  plan: plan_lib.StepPlan,
+  options: options_lib.TrainerOptions,
+  explicit: Collection[str],
+  budget_bytes: int,
+  notified: set[str],
+) -> None:
   """Logs and notifies (`trax_revplus.notices`) each line of `replaced`
   not in `notified` yet (which it adds to): once per run, not per batch
   shape."""

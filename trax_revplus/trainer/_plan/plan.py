@@ -111,44 +111,64 @@ class StepPlan:
       the model configures them. One row's attention temporaries shrink
       with it; the results are the same.
   """
+
   blocks: tuple[tuple[int, tuple[Segment, ...]], ...]
   loss: int
   backward: Mapping[Segment, tuple[Segment, ...]]
   # The plan's dimensions (`dimensions.field`): each field's default is
   # the value that changes nothing, its metadata its entry.
   batch_slices: int = dimensions.field(
-      1, dimensions.SLICES, check=dimensions.check_slices,
-      replaced='the plans with the slicing set do not fit',
-      reordering=lambda k: f'{k} batch slices')
+    1,
+    dimensions.SLICES,
+    check=dimensions.check_slices,
+    replaced='the plans with the slicing set do not fit',
+    reordering=lambda k: f'{k} batch slices',
+  )
   fused_from: int = UNFUSED
   n_async_layers: int = 8
   prefetch: bool = True
   saved_on_host: bool = False
   sequence_chunks: int = dimensions.field(
-      1, dimensions.LOSS_CALL, check=dimensions.check_chunks,
-      reordering=lambda k: f'{k} sequence chunks')
+    1,
+    dimensions.LOSS_CALL,
+    check=dimensions.check_chunks,
+    reordering=lambda k: f'{k} sequence chunks',
+  )
   micro_batches: int = dimensions.field(
-      1, dimensions.PARTS, check=dimensions.check_parts,
-      reordering=lambda m: f'{m} micro-batches')
+    1,
+    dimensions.PARTS,
+    check=dimensions.check_parts,
+    reordering=lambda m: f'{m} micro-batches',
+  )
   grads_on_host: bool = False
   parallel_heads: int | None = dimensions.field(
-      None, dimensions.COMPUTED_AT_ONCE, check=dimensions.check_heads,
-      reordering=lambda n: (f'attention at most {n} (example, head) '
-                            f'pair{"s" if n > 1 else ""} at a time'))
+    None,
+    dimensions.COMPUTED_AT_ONCE,
+    check=dimensions.check_heads,
+    reordering=lambda n: (
+      f'attention at most {n} (example, head) '
+      f'pair{"s" if n > 1 else ""} at a time'
+    ),
+  )
 
   def __post_init__(self) -> None:
     # None too: the default before `UNFUSED`, still accepted.
     if self.fused_from is None or self.fused_from == UNFUSED:
       object.__setattr__(self, 'fused_from', self.loss)
     if self.sequence_chunks > 1 and self.fused_from != self.loss:
-      raise ValueError('sequence chunks run the loss layer\'s own program; '
-                       'no layer may be fused into it.')
+      raise ValueError(
+        "sequence chunks run the loss layer's own program; "
+        'no layer may be fused into it.'
+      )
     if self.micro_batches > 1 and self.fused_from != self.loss:
-      raise ValueError('micro-batches accumulate per-layer calls; no layer '
-                       'may be fused into the loss program.')
+      raise ValueError(
+        'micro-batches accumulate per-layer calls; no layer '
+        'may be fused into the loss program.'
+      )
     if self.grads_on_host and self.micro_batches == 1:
-      raise ValueError('gradients are accumulated on the host only over '
-                       'micro-batches.')
+      raise ValueError(
+        'gradients are accumulated on the host only over micro-batches.'
+      )
     missing = [s for s in self.forward_segments() if s not in self.backward]
     if missing:
       raise ValueError(f'backward split of segments {missing} not decided.')
@@ -156,10 +176,12 @@ class StepPlan:
   def __hash__(self):
     # `backward` is a mapping: hashed by its items, so that equal plans key
     # one dict entry (`weighing.Weighing`'s accounted plans).
-    return hash(tuple(
+    return hash(
+      tuple(
         frozenset(value.items()) if isinstance(value, Mapping) else value
-        for value in (getattr(self, f.name)
-                      for f in dataclasses.fields(self))))
+        for value in (getattr(self, f.name) for f in dataclasses.fields(self))
+      )
+    )
 
   def forward_segments(self) -> list[Segment]:
     """Every reversible forward segment, in forward order."""
@@ -197,21 +219,26 @@ class StepPlan:
   @property
   def n_backward_calls(self) -> int:
     """Backward calls of reversible segments outside the loss program."""
-    return sum(len(self.backward[s]) for s in self.forward_segments()
-               if s[0] < self.fused_from)
+    return sum(
+      len(self.backward[s])
+      for s in self.forward_segments()
+      if s[0] < self.fused_from
+    )
 
   def settings(self) -> dict[str, object]:
     """The plan as the trainer's settings would name it (for logs and
     `estimate`)."""
     forward = [len(s) for s in self.forward_segments()]
-    backward = [len(b) for s in self.forward_segments()
-                for b in self.backward[s]]
+    backward = [
+      len(b) for s in self.forward_segments() for b in self.backward[s]
+    ]
     out: dict[str, object] = {
-        'segment_max_layers': max(forward, default=0),
-           'backward_segment_max_layers': max(backward, default=0)}
+      'segment_max_layers': max(forward, default=0),
+      'backward_segment_max_layers': max(backward, default=0),
+    }
     # Every setting field (the plan's dimensions among them) in field
     # order; `fused_from` as the layers it fuses.
-    for f in dataclasses.fields(self)[len(_LAYOUT):]:
+    for f in dataclasses.fields(self)[len(_LAYOUT) :]:
       if f.name == 'fused_from':
         out['fused_layers'] = self.loss - self.fused_from
       else:
@@ -234,13 +261,21 @@ class StepPlan:
     return f'{settings}, {n_calls} calls per step'
 
 
-def make_plan(block_sizes: Sequence[int], nbytes: Mapping[int, int],
-              stack_bytes: Sequence[int], *, segment_max_layers: int,
-              segment_max_bytes: int, backward_segment_max_layers: int | str,
-              fused_from: int = UNFUSED, n_async_layers: int = 8,
-              prefetch: bool = True, saved_on_host: bool = False,
-              grads_on_host: bool = False,
-              **dimension_values: Any) -> StepPlan:
+def make_plan(
+  block_sizes: Sequence[int],
+  nbytes: Mapping[int, int],
+  stack_bytes: Sequence[int],
+  *,
+  segment_max_layers: int,
+  segment_max_bytes: int,
+  backward_segment_max_layers: int | str,
+  fused_from: int = UNFUSED,
+  n_async_layers: int = 8,
+  prefetch: bool = True,
+  saved_on_host: bool = False,
+  grads_on_host: bool = False,
+  **dimension_values: Any,
+) -> StepPlan:
   """The plan of a trainer's blocks for given settings.
 
   Args:
@@ -269,29 +304,47 @@ def make_plan(block_sizes: Sequence[int], nbytes: Mapping[int, int],
   k = 0
   for n_reversible, outputs_bytes in zip(block_sizes, stack_bytes):
     indices = list(range(k + 1, k + 1 + n_reversible))
-    segments = tuple(tuple(s) for s in segment_lengths.equal_segments(
-        indices, segment_max_layers, nbytes, segment_max_bytes))
+    segments = tuple(
+      tuple(s)
+      for s in segment_lengths.equal_segments(
+        indices, segment_max_layers, nbytes, segment_max_bytes
+      )
+    )
     for segment in segments:
       length = segment_lengths.backward_segment_length(
-          backward_segment_max_layers, len(segment), outputs_bytes)
+        backward_segment_max_layers, len(segment), outputs_bytes
+      )
       backward[segment] = segment_lengths.backward_split(segment, length)
     blocks.append((k, segments))
     k += 1 + n_reversible
-  return StepPlan(blocks=tuple(blocks), loss=k, backward=backward,
-                  fused_from=fused_from, n_async_layers=n_async_layers,
-                  prefetch=prefetch, saved_on_host=saved_on_host,
-                  grads_on_host=grads_on_host, **dimension_values)
+  return StepPlan(
+    blocks=tuple(blocks),
+    loss=k,
+    backward=backward,
+    fused_from=fused_from,
+    n_async_layers=n_async_layers,
+    prefetch=prefetch,
+    saved_on_host=saved_on_host,
+    grads_on_host=grads_on_host,
+    **dimension_values,
+  )
 
 
-def configured_plan(block_sizes: Sequence[int], nbytes: Mapping[int, int],
-                    stack_bytes: Sequence[int],
-                    options: options_lib.TrainerOptions) -> StepPlan:
+def configured_plan(
+  block_sizes: Sequence[int],
+  nbytes: Mapping[int, int],
+  stack_bytes: Sequence[int],
+  options: options_lib.TrainerOptions,
+) -> StepPlan:
   """The plan the trainer's settings name, without a device budget: no
   layer fused into the loss program."""
   return make_plan(
-      block_sizes, nbytes, stack_bytes,
-      segment_max_layers=options.unplanned('segment_max_layers'),
-      segment_max_bytes=options.segment_max_bytes,
-      backward_segment_max_layers=options.backward_segment_max_layers,
-      n_async_layers=options.n_async_layers,
-      **dimensions.unplanned(options))
+    block_sizes,
+    nbytes,
+    stack_bytes,
+    segment_max_layers=options.unplanned('segment_max_layers'),
+    segment_max_bytes=options.segment_max_bytes,
+    backward_segment_max_layers=options.backward_segment_max_layers,
+    n_async_layers=options.n_async_layers,
+    **dimensions.unplanned(options),
+  )

@@ -62,8 +62,11 @@ class LeastRefused(device_memory.ProgramOutOfMemoryError):
     plan: the leanest plan of that refusal.
   """
 
-  def __init__(self, refused: device_memory.ProgramOutOfMemoryError,
-               plan: plan_lib.StepPlan):
+  def __init__(
+    self,
+    refused: device_memory.ProgramOutOfMemoryError,
+    plan: plan_lib.StepPlan,
+  ):
     self.plan = plan
     super().__init__(refused.cause, refused.program, refused.least_bytes)
 
@@ -77,34 +80,38 @@ class PlanSearch:
       None where none was faster.
   """
 
-  def __init__(self, candidates: candidates_lib.Candidates, n_devices: int,
-               weigh: Weigh,
-               weighed: Callable[[plan_lib.StepPlan],
-                                 device_memory.StepMemory | None],
-               refused: Callable[
-                   [plan_lib.StepPlan],
-                   device_memory.ProgramOutOfMemoryError | None
-               ] = lambda _: None):
+  def __init__(
+    self,
+    candidates: candidates_lib.Candidates,
+    n_devices: int,
+    weigh: Weigh,
+    weighed: Callable[[plan_lib.StepPlan], device_memory.StepMemory | None],
+    refused: Callable[
+      [plan_lib.StepPlan], device_memory.ProgramOutOfMemoryError | None
+    ] = lambda _: None,
+  ):
     """Args:
-      candidates: the shapes' `candidates.Candidates`.
-      n_devices: devices a step runs on (for the lower bounds).
-      weigh: plan -> its `device_memory.StepMemory`, raising as
-        `step_weigher.StepWeigher.account`.
-      weighed: plan -> its `StepMemory` where `weigh` accounted it
-        already, else None (nothing accounted).
-      refused: plan -> its `device_memory.ProgramOutOfMemoryError` where
-        `weigh` found the backend refused it, else None.
+    candidates: the shapes' `candidates.Candidates`.
+    n_devices: devices a step runs on (for the lower bounds).
+    weigh: plan -> its `device_memory.StepMemory`, raising as
+      `step_weigher.StepWeigher.account`.
+    weighed: plan -> its `StepMemory` where `weigh` accounted it
+      already, else None (nothing accounted).
+    refused: plan -> its `device_memory.ProgramOutOfMemoryError` where
+      `weigh` found the backend refused it, else None.
     """
     self._groups = list(candidates.groups())
     # Groups with the attention layers as the step runs them without a
     # budget come first; those after them compute another number of heads
     # at once (`Candidates.groups`).
     heads = families.value(self._groups[0], AT_ONCE) if self._groups else None
-    self._n_configured = sum(families.value(g, AT_ONCE) == heads
-                             for g in self._groups)
+    self._n_configured = sum(
+      families.value(g, AT_ONCE) == heads for g in self._groups
+    )
     self._weigh = weigh
-    self._least: (tuple[plan_lib.StepPlan, device_memory.StepMemory]
-                  | None) = None
+    self._least: tuple[plan_lib.StepPlan, device_memory.StepMemory] | None = (
+      None
+    )
     self.faster_plans_need_bytes: int | None = None
     # Family key -> [(value, group)], value ascending.
     self._families: dict[FamilyKey, list[tuple[int, Group]]] = {}
@@ -114,12 +121,12 @@ class PlanSearch:
     for members in self._families.values():
       members.sort(key=lambda m: m[0])
     self._bounds = group_bounds.GroupBounds(
-        candidates, self._groups, n_devices, self._families, weighed,
-        refused)
+      candidates, self._groups, n_devices, self._families, weighed, refused
+    )
 
-  def fastest_fitting(self, budget_bytes: int,
-                      host_budget_bytes: int | None = None
-                      ) -> plan_lib.StepPlan | None:
+  def fastest_fitting(
+    self, budget_bytes: int, host_budget_bytes: int | None = None
+  ) -> plan_lib.StepPlan | None:
     """The first plan, in the speed model's order, whose peak is at most
     `budget_bytes` and whose peak host bytes are at most
     `host_budget_bytes` (None: any); None where none is.
@@ -159,8 +166,9 @@ class PlanSearch:
       # A host budget excludes plans, but not a device budget's range: the
       # host's memory changes from run to run.
       return fits_device(plan) and (
-          host_budget_bytes is None or
-          self._weigh(plan).peak_host_bytes <= host_budget_bytes)
+        host_budget_bytes is None
+        or self._weigh(plan).peak_host_bytes <= host_budget_bytes
+      )
 
     found = None
     tight = False  # whether a group's leanest plan did not fit
@@ -182,7 +190,7 @@ class PlanSearch:
         excluded.append(bound)
         continue
       key, value = families.family(group)
-      if ((tight or key in short) and not self._is_stock_schedule(group)):
+      if (tight or key in short) and not self._is_stock_schedule(group):
         if key not in least_fitting:
           least_fitting[key] = self._least_fitting(key, leanest_fits)
         least = least_fitting[key]
@@ -215,13 +223,17 @@ class PlanSearch:
     unsliced unfused group in one pass, without chunks, its attention
     layers as the step runs them without a budget."""
     first = self._groups[0]
-    return (not group.fused_reversible_layers and
-            not any(families.used(group, role)
-                    for role in (PARTS, CHUNKS, SLICES)) and
-            families.value(group, AT_ONCE) == families.value(first, AT_ONCE))
+    return (
+      not group.fused_reversible_layers
+      and not any(
+        families.used(group, role) for role in (PARTS, CHUNKS, SLICES)
+      )
+      and families.value(group, AT_ONCE) == families.value(first, AT_ONCE)
+    )
 
-  def _least_fitting(self, key: FamilyKey,
-                     leanest_fits: Callable[[Group], bool]) -> int | None:
+  def _least_fitting(
+    self, key: FamilyKey, leanest_fits: Callable[[Group], bool]
+  ) -> int | None:
     """The least slices or parts of family `key` whose group's leanest plan
     fits (`leanest_fits(group)`); None where none does. The member with the
     most is tried first (where it does not fit, nothing else is), then the
@@ -266,7 +278,7 @@ class PlanSearch:
       As `weigh` otherwise.
     """
     if self._least is None:
-      groups = self._groups[:self._n_configured]
+      groups = self._groups[: self._n_configured]
       # Batch slices -> most sequence chunks of its groups.
       most: dict[int, int] = {}
       for group in groups:
@@ -276,20 +288,38 @@ class PlanSearch:
       # Of the groups in micro-batches, those of the most parts (the least
       # held across the step), without chunks and with the most.
       parts = max((families.count(group, PARTS) for group in groups), default=1)
-      chunks = max((families.count(group, CHUNKS) for group in groups
-                    if families.count(group, PARTS) == parts), default=1)
-      leanest_of_family = {key: members[-1][1]
-                           for key, members in self._families.items()}
+      chunks = max(
+        (
+          families.count(group, CHUNKS)
+          for group in groups
+          if families.count(group, PARTS) == parts
+        ),
+        default=1,
+      )
+      leanest_of_family = {
+        key: members[-1][1] for key, members in self._families.items()
+      }
       order = sorted(
-          (i for i, group in enumerate(groups)
-           if families.count(group, CHUNKS) in (
-               (1, chunks) if families.used(group, PARTS) else
-               (1, most[families.count(group, SLICES)])) and
-           families.count(group, PARTS) in (1, parts) and
-           (leanest_of_family[families.family(group)[0]] is group or
-            self._is_stock_schedule(group))),
-          key=lambda i: (bool(groups[i].fused_reversible_layers),
-                         families.used(groups[i], PARTS)))
+        (
+          i
+          for i, group in enumerate(groups)
+          if families.count(group, CHUNKS)
+          in (
+            (1, chunks)
+            if families.used(group, PARTS)
+            else (1, most[families.count(group, SLICES)])
+          )
+          and families.count(group, PARTS) in (1, parts)
+          and (
+            leanest_of_family[families.family(group)[0]] is group
+            or self._is_stock_schedule(group)
+          )
+        ),
+        key=lambda i: (
+          bool(groups[i].fused_reversible_layers),
+          families.used(groups[i], PARTS),
+        ),
+      )
       # Group index -> StepMemory of its leanest plan.
       found: dict[int, device_memory.StepMemory] = {}
       # Group index -> the refusal of its leanest plan.
@@ -304,16 +334,18 @@ class PlanSearch:
       for i in order:
         # Only compiled plans bound the rest: a refusal's bytes are a
         # lower bound of what its plan needs.
-        least = min((s.peak_device_bytes for s in found.values()),
-                    default=None)
+        least = min((s.peak_device_bytes for s in found.values()), default=None)
         chunks_bound = self._bounds.chunks(groups[i])
-        bound = max(self._bounds.candidates(groups[i]),
-                    self._bounds.rows(groups[i]))
+        bound = max(
+          self._bounds.candidates(groups[i]), self._bounds.rows(groups[i])
+        )
         if least is None or (bound <= least and chunks_bound < least):
           weigh(i)
       i = self._least_of(found, refused)
-      if (len(self._groups) > len(groups) and  # `i`'s, fewer heads at once
-          families.value(self._groups[-1], AT_ONCE) == 1):
+      if (
+        len(self._groups) > len(groups)  # `i`'s, fewer heads at once
+        and families.value(self._groups[-1], AT_ONCE) == 1
+      ):
         weigh(len(groups) + i)
         i = self._least_of(found, refused)
       if i not in found:
@@ -323,13 +355,19 @@ class PlanSearch:
 
   @staticmethod
   def _least_of(
-      found: dict[int, device_memory.StepMemory],
-      refused: dict[int, device_memory.ProgramOutOfMemoryError]) -> int:
+    found: dict[int, device_memory.StepMemory],
+    refused: dict[int, device_memory.ProgramOutOfMemoryError],
+  ) -> int:
     """The group index of the least plan: the least peak of those
     compiled (ties: the first), else the refusal with the fewest bytes
     known."""
     if found:
       return min(found, key=lambda i: (found[i].peak_device_bytes, i))
-    return min(refused, key=lambda i: (
-        refused[i].least_bytes is None, refused[i].least_bytes or 0, i))
-
+    return min(
+      refused,
+      key=lambda i: (
+        refused[i].least_bytes is None,
+        refused[i].least_bytes or 0,
+        i,
+      ),
+    )

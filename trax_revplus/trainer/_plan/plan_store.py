@@ -49,9 +49,13 @@ def _version(distribution: str) -> str:
     return 'unknown'
 
 
-def plan_key(batch_key: Any, settings: Mapping[str, Any],
-             layers: Sequence[tl.Layer],
-             platform: str, n_devices: int) -> str:
+def plan_key(
+  batch_key: Any,
+  settings: Mapping[str, Any],
+  layers: Sequence[tl.Layer],
+  platform: str,
+  n_devices: int,
+) -> str:
   """A hex digest of everything that decides a step's plan.
 
   Args:
@@ -66,14 +70,23 @@ def plan_key(batch_key: Any, settings: Mapping[str, Any],
   Returns:
     str, 64 hex digits.
   """
-  model = [(repr(layer), [(tuple(x.shape), str(x.dtype))
-                          for x in jax.tree_util.tree_leaves(layer.weights)
-                          if hasattr(x, 'shape')])
-           for layer in layers]
-  versions = [_version(name)
-              for name in ('jax', 'jaxlib', 'trax', 'trax_revplus')]
-  described = repr((batch_key, sorted(settings.items()), model, platform,
-                    n_devices, versions))
+  model = [
+    (
+      repr(layer),
+      [
+        (tuple(x.shape), str(x.dtype))
+        for x in jax.tree_util.tree_leaves(layer.weights)
+        if hasattr(x, 'shape')
+      ],
+    )
+    for layer in layers
+  ]
+  versions = [
+    _version(name) for name in ('jax', 'jaxlib', 'trax', 'trax_revplus')
+  ]
+  described = repr(
+    (batch_key, sorted(settings.items()), model, platform, n_devices, versions)
+  )
   return hashlib.sha256(described.encode()).hexdigest()
 
 
@@ -90,8 +103,11 @@ def _setting(field: dataclasses.Field, value: Any) -> Any:
   Raises:
     TypeError, ValueError: `value` is not one.
   """
-  if value is None and field.name in dimensions.names() and (
-      dimensions.by_name(field.name).none is None):
+  if (
+    value is None
+    and field.name in dimensions.names()
+    and (dimensions.by_name(field.name).none is None)
+  ):
     return None
   return bool(value) if field.type is bool else int(value)
 
@@ -101,13 +117,19 @@ def plan_to_json(plan: plan_lib.StepPlan) -> dict:
   then every setting field (the plan's dimensions among them) under its
   name."""
   return {
-      'blocks': [[std, [list(s) for s in segments]]
-                 for std, segments in plan.blocks],
-      'loss': plan.loss,
-      'backward': [[list(s), [list(b) for b in splits]]
-                   for s, splits in plan.backward.items()],
-      **{f.name: getattr(plan, f.name) for f in dataclasses.fields(plan)
-         if f.name not in _LAYOUT},
+    'blocks': [
+      [std, [list(s) for s in segments]] for std, segments in plan.blocks
+    ],
+    'loss': plan.loss,
+    'backward': [
+      [list(s), [list(b) for b in splits]]
+      for s, splits in plan.backward.items()
+    ],
+    **{
+      f.name: getattr(plan, f.name)
+      for f in dataclasses.fields(plan)
+      if f.name not in _LAYOUT
+    },
   }
 
 
@@ -118,16 +140,21 @@ def plan_from_json(data: Mapping[str, Any]) -> plan_lib.StepPlan:
     ValueError, KeyError, TypeError: the data is not a plan.
   """
   return plan_lib.StepPlan(
-      blocks=tuple((int(std), tuple(tuple(int(i) for i in s)
-                                    for s in segments))
-                   for std, segments in data['blocks']),
-      loss=int(data['loss']),
-      backward={tuple(int(i) for i in s): tuple(tuple(int(i) for i in b)
-                                                for b in splits)
-                for s, splits in data['backward']},
-      **{f.name: _setting(f, data[f.name])
-         for f in dataclasses.fields(plan_lib.StepPlan)
-         if f.name not in _LAYOUT})
+    blocks=tuple(
+      (int(std), tuple(tuple(int(i) for i in s) for s in segments))
+      for std, segments in data['blocks']
+    ),
+    loss=int(data['loss']),
+    backward={
+      tuple(int(i) for i in s): tuple(tuple(int(i) for i in b) for b in splits)
+      for s, splits in data['backward']
+    },
+    **{
+      f.name: _setting(f, data[f.name])
+      for f in dataclasses.fields(plan_lib.StepPlan)
+      if f.name not in _LAYOUT
+    },
+  )
 
 
 def _digest(entry: Mapping[str, Any]) -> str:
@@ -140,16 +167,17 @@ class PlanStore:
 
   def __init__(self, directory: str):
     """Args:
-      directory: str, the run's output directory (made where missing when
-        a plan is saved).
+    directory: str, the run's output directory (made where missing when
+      a plan is saved).
     """
     self.path = os.path.join(directory, FILENAME)
     self._warned = False
 
   def _warn(self, why: str) -> None:
     if not self._warned:
-      logging.warning('stored plans %s ignored (%s); planning afresh.',
-                      self.path, why)
+      logging.warning(
+        'stored plans %s ignored (%s); planning afresh.', self.path, why
+      )
       self._warned = True
 
   def _read(self) -> dict:
@@ -162,8 +190,11 @@ class PlanStore:
     except (OSError, ValueError) as e:
       self._warn(f'unreadable: {e}')
       return {}
-    if not isinstance(data, dict) or data.get('format') != FORMAT or (
-        not isinstance(data.get('plans'), dict)):
+    if (
+      not isinstance(data, dict)
+      or data.get('format') != FORMAT
+      or (not isinstance(data.get('plans'), dict))
+    ):
       self._warn('not a plans file of this version')
       return {}
     return data['plans']
@@ -196,24 +227,38 @@ class PlanStore:
       return None
     return plan
 
-  def save(self, key: str, plan: plan_lib.StepPlan, peak_device_bytes: int,
-           faster_plans_need_bytes: int | None) -> None:
+  def save(
+    self,
+    key: str,
+    plan: plan_lib.StepPlan,
+    peak_device_bytes: int,
+    faster_plans_need_bytes: int | None,
+  ) -> None:
     """Keeps `plan` as the answer for `key` under budgets from
     `peak_device_bytes` up to `faster_plans_need_bytes` (None: any budget
     above). A write that fails is one warning line; the run goes on."""
     plans = dict(self._read())
-    entry = {'plan': plan_to_json(plan),
-             REORDERINGS: dimensions.reorderings(plan),
-             'peak_device_bytes': int(peak_device_bytes),
-             'faster_plans_need_bytes': (None if faster_plans_need_bytes is None
-                                         else int(faster_plans_need_bytes))}
+    entry = {
+      'plan': plan_to_json(plan),
+      REORDERINGS: dimensions.reorderings(plan),
+      'peak_device_bytes': int(peak_device_bytes),
+      'faster_plans_need_bytes': (
+        None
+        if faster_plans_need_bytes is None
+        else int(faster_plans_need_bytes)
+      ),
+    }
     entry['sha256'] = _digest(entry)
     plans[key] = entry
-    text = json.dumps({'format': FORMAT, 'plans': plans}, sort_keys=True,
-                      indent=1).encode()
+    text = json.dumps(
+      {'format': FORMAT, 'plans': plans}, sort_keys=True, indent=1
+    ).encode()
     try:
       os.makedirs(os.path.dirname(self.path), exist_ok=True)
       output_files.write(self.path, lambda f: f.write(text))
     except (OSError, output_files.OutputFileError) as e:
-      logging.warning('could not keep the plan in %s (%s); the next run '
-                      'plans again.', self.path, e)
+      logging.warning(
+        'could not keep the plan in %s (%s); the next run plans again.',
+        self.path,
+        e,
+      )

@@ -56,6 +56,7 @@ class PlannedStep(NamedTuple):
     memory: `device_memory.StepMemory` of the step, or None where it was
       not accounted (not compiled ahead, or not accountable here).
   """
+
   plan: plan_lib.StepPlan
   units: units_lib.Units
   memory: device_memory.StepMemory | None
@@ -71,41 +72,52 @@ class Planner(step_weigher.StepWeigher):
       are kept and read back (the run's output directory), or None.
   """
 
-  def __init__(self, placement: placement_lib.Placement,
-               store: host_store.LayerStore,
-               factory: unit_factory.UnitFactory,
-               options: options_lib.TrainerOptions, budget_bytes: int | None,
-               explicit: Iterable[str] = (),
-               fingerprint_of: Callable[[int], Hashable] | None = None,
-               host_budget_bytes: int | None = None):
+  def __init__(
+    self,
+    placement: placement_lib.Placement,
+    store: host_store.LayerStore,
+    factory: unit_factory.UnitFactory,
+    options: options_lib.TrainerOptions,
+    budget_bytes: int | None,
+    explicit: Iterable[str] = (),
+    fingerprint_of: Callable[[int], Hashable] | None = None,
+    host_budget_bytes: int | None = None,
+  ):
     """Args:
-      placement: the trainer's `placement.Placement`.
-      store: its `host_store.LayerStore`.
-      factory: its `unit_factory.UnitFactory`.
-      options: its `options.TrainerOptions`.
-      budget_bytes: int or None, see `budget.budget_bytes`.
-      explicit: names of the settings given explicitly; one the budget's
-        plan replaces is a notice (`overrides`).
-      fingerprint_of: layer index -> hashable, equal for layers sharing a
-        compilation (`compilation.Compiler.fingerprint_of`); None: every
-        layer compiles on its own.
-      host_budget_bytes: int or None, see `budget.host_budget_bytes`.
+    placement: the trainer's `placement.Placement`.
+    store: its `host_store.LayerStore`.
+    factory: its `unit_factory.UnitFactory`.
+    options: its `options.TrainerOptions`.
+    budget_bytes: int or None, see `budget.budget_bytes`.
+    explicit: names of the settings given explicitly; one the budget's
+      plan replaces is a notice (`overrides`).
+    fingerprint_of: layer index -> hashable, equal for layers sharing a
+      compilation (`compilation.Compiler.fingerprint_of`); None: every
+      layer compiles on its own.
+    host_budget_bytes: int or None, see `budget.host_budget_bytes`.
     """
-    super().__init__(placement, store, factory, options, budget_bytes,
-                     fingerprint_of, host_budget_bytes)
+    super().__init__(
+      placement,
+      store,
+      factory,
+      options,
+      budget_bytes,
+      fingerprint_of,
+      host_budget_bytes,
+    )
     self._explicit = frozenset(explicit)
     self._notified: set[str] = set()
     self._planned: dict[Hashable, PlannedStep] = {}  # by `batch_key`
     self._searches: dict[Hashable, plan_search_lib.PlanSearch] = {}
-    self.least: (tuple[plan_lib.StepPlan, device_memory.StepMemory]
-                 | None) = None
+    self.least: tuple[plan_lib.StepPlan, device_memory.StepMemory] | None = None
     self.plan_store: plan_store_lib.PlanStore | None = None
 
   def keep_plans_in(self, directory: str | None) -> None:
     """Keeps plans chosen under a budget in `directory` (None: not kept),
     so that a resumed run does not plan again."""
-    self.plan_store = (None if directory is None
-                       else plan_store_lib.PlanStore(directory))
+    self.plan_store = (
+      None if directory is None else plan_store_lib.PlanStore(directory)
+    )
 
   def step_for(self, batch: Batch) -> PlannedStep:
     """The `PlannedStep` of `batch`'s shapes, planned on first sight.
@@ -154,31 +166,41 @@ class Planner(step_weigher.StepWeigher):
     """The plan the settings name, accounted where it can be."""
     options = self._options
     plan = plan_lib.configured_plan(
-        self._store.block_sizes(), self._store.params_bytes(),
-        self._facts.trace(types)[0].block_bytes, options)
+      self._store.block_sizes(),
+      self._store.params_bytes(),
+      self._facts.trace(types)[0].block_bytes,
+      options,
+    )
     units = units_lib.Units(plan, self._factory)
     memory_ = None
     if options.compile_ahead:
       try:
         memory_ = self._account_or_none(plan, units, types)
       except device_memory.ProgramOutOfMemoryError as e:
-        raise budget_lib.nothing_fits(plan, e.least_bytes or 0, None,
-                                      options, refused=e.program) from None
+        raise budget_lib.nothing_fits(
+          plan, e.least_bytes or 0, None, options, refused=e.program
+        ) from None
       except device_memory.ProgramCompileError as e:
         raise budget_lib.not_compiled(e, configured=True) from None
     weighing = self._weighing_of(types)
     if memory_ is not None:
       weighing.add(plan, memory_)
-      if (self.host_budget_bytes is not None and
-          memory_.peak_host_bytes > self.host_budget_bytes):
-        raise budget_lib.host_exceeded(plan.describe(len(memory_.calls)),
-                                       memory_, self.host_budget_bytes,
-                                       options)
+      if (
+        self.host_budget_bytes is not None
+        and memory_.peak_host_bytes > self.host_budget_bytes
+      ):
+        raise budget_lib.host_exceeded(
+          plan.describe(len(memory_.calls)),
+          memory_,
+          self.host_budget_bytes,
+          options,
+        )
     weighing.chosen = plan
     return PlannedStep(plan, units, memory_)
 
-  def _plan_under_budget(self, key: Hashable, types: on_types.StepTypes,
-                         budget_bytes: int) -> PlannedStep:
+  def _plan_under_budget(
+    self, key: Hashable, types: on_types.StepTypes, budget_bytes: int
+  ) -> PlannedStep:
     """The fastest plan that fits: the one kept for this step where the
     run's plan store has it and it still fits, else the shapes' search's
     (`plan_search.PlanSearch.fastest_fitting`, then kept). Where nothing
@@ -191,73 +213,107 @@ class Planner(step_weigher.StepWeigher):
     store_key, store = None, self.plan_store
     if store is not None:
       settings = dataclasses.asdict(self._options)
-      for name in ('output_dir', 'device_memory_budget_bytes',
-                   'host_memory_budget_bytes'):
+      for name in (
+        'output_dir',
+        'device_memory_budget_bytes',
+        'host_memory_budget_bytes',
+      ):
         settings.pop(name)
       store_key = plan_store_lib.plan_key(
-          key, settings, self._store.layers, self._placement.platform,
-          self._placement.n_devices)
+        key,
+        settings,
+        self._store.layers,
+        self._placement.platform,
+        self._placement.n_devices,
+      )
       plan = store.load(store_key, budget_bytes)
       if plan is not None and self.candidates(types).may_run(plan):
         try:
           fits = self._weighing_of(types).fits(self.weigh(plan, types))
-        except (device_memory.UnsupportedTrainerError,
-                device_memory.AccountingError,
-                device_memory.ProgramCompileError):
+        except (
+          device_memory.UnsupportedTrainerError,
+          device_memory.AccountingError,
+          device_memory.ProgramCompileError,
+        ):
           fits = False
         if fits:
-          return self._chosen(plan, types, budget_bytes,
-                              f' (kept in {store.path})')
+          return self._chosen(
+            plan, types, budget_bytes, f' (kept in {store.path})'
+          )
     search = self._search(key, types)
     try:
       plan = search.fastest_fitting(budget_bytes, self.host_budget_bytes)
       if plan is None:
         self.least = search.least()
     except plan_search_lib.LeastRefused as e:
-      raise budget_lib.nothing_fits(e.plan, e.least_bytes or 0,
-                                    budget_bytes, self._options,
-                                    refused=e.program) from None
+      raise budget_lib.nothing_fits(
+        e.plan,
+        e.least_bytes or 0,
+        budget_bytes,
+        self._options,
+        refused=e.program,
+      ) from None
     except device_memory.ProgramCompileError as e:
       raise budget_lib.not_compiled(e, configured=False) from None
-    except (device_memory.UnsupportedTrainerError,
-            device_memory.AccountingError) as e:
+    except (
+      device_memory.UnsupportedTrainerError,
+      device_memory.AccountingError,
+    ) as e:
       if self._options.device_memory_budget_bytes != options_lib.AUTO:
         raise DeviceMemoryBudgetError(
-            f'device_memory_budget_bytes cannot be honoured here: {e} Set '
-            f'{options_lib.GIN_CONFIGURABLE}.device_memory_budget_bytes = '
-            f'None and choose the segments and slices yourself.') from None
+          f'device_memory_budget_bytes cannot be honoured here: {e} Set '
+          f'{options_lib.GIN_CONFIGURABLE}.device_memory_budget_bytes = '
+          f'None and choose the segments and slices yourself.'
+        ) from None
       # The default budget plans where it can: a step that cannot be
       # accounted here runs the settings as given, as without a budget.
-      logging.warning('device memory: the step cannot be accounted here, so '
-                      'it runs the settings as given, unplanned: %s', e)
+      logging.warning(
+        'device memory: the step cannot be accounted here, so '
+        'it runs the settings as given, unplanned: %s',
+        e,
+      )
       return self._configured(types)
     if plan is None:  # `search.least` keeps its answer: this weighs nothing
       raise budget_lib.nothing_fits_error(
-          search.least(), self._weighing_of(types), self._options)
+        search.least(), self._weighing_of(types), self._options
+      )
     planned = self._chosen(plan, types, budget_bytes)
     assert planned.memory is not None  # `_chosen` weighs its plan
     if store is not None and store_key is not None:
-      store.save(store_key, planned.plan,
-                           planned.memory.peak_device_bytes,
-                           search.faster_plans_need_bytes)
+      store.save(
+        store_key,
+        planned.plan,
+        planned.memory.peak_device_bytes,
+        search.faster_plans_need_bytes,
+      )
     return planned
 
-  def _chosen(self, plan: plan_lib.StepPlan, types: on_types.StepTypes,
-              budget_bytes: int, source: str = '') -> PlannedStep:
+  def _chosen(
+    self,
+    plan: plan_lib.StepPlan,
+    types: on_types.StepTypes,
+    budget_bytes: int,
+    source: str = '',
+  ) -> PlannedStep:
     """The `PlannedStep` of `plan`, weighed already: marked chosen in the
     shapes' `weighing.Weighing` and logged (`source` says where it came
     from)."""
     step = self.weigh(plan, types)
     self._weighing_of(types).chosen = plan
-    logging.info('device memory plan%s: %s; %s; %s', source,
-                 plan.describe(len(step.calls)), step.describe(),
-                 step.describe_host())
-    overrides.notify_replaced(plan, self._options, self._explicit,
-                              budget_bytes, self._notified)
+    logging.info(
+      'device memory plan%s: %s; %s; %s',
+      source,
+      plan.describe(len(step.calls)),
+      step.describe(),
+      step.describe_host(),
+    )
+    overrides.notify_replaced(
+      plan, self._options, self._explicit, budget_bytes, self._notified
+    )
     return PlannedStep(plan, units_lib.Units(plan, self._factory), step)
 
   def least_plan(
-      self, batch: Batch
+    self, batch: Batch
   ) -> tuple[plan_lib.StepPlan, device_memory.StepMemory]:
     """(plan, StepMemory) of the leanest plan on `batch`'s shapes: the
     least peak among every group's leanest plan, fused (every layer in the
@@ -274,8 +330,9 @@ class Planner(step_weigher.StepWeigher):
         leanest plan for memory (a `device_memory.ProgramOutOfMemoryError`).
       device_memory.ProgramCompileError: one did not compile otherwise.
     """
-    return self._search(batch_key(self._placement.abstract_batch(batch)),
-                        self.step_types(batch)).least()
+    return self._search(
+      batch_key(self._placement.abstract_batch(batch)), self.step_types(batch)
+    ).least()
 
   def _search(self, key, types):
     """The `plan_search.PlanSearch` of the shapes of `key` (one per
@@ -283,8 +340,10 @@ class Planner(step_weigher.StepWeigher):
     search)."""
     if key not in self._searches:
       self._searches[key] = plan_search_lib.PlanSearch(
-          self.candidates(types), self._placement.n_devices,
-          lambda plan: self.weigh(plan, types),
-          self._weighing_of(types).memory_of,
-          self._weighing_of(types).refusal_of)
+        self.candidates(types),
+        self._placement.n_devices,
+        lambda plan: self.weigh(plan, types),
+        self._weighing_of(types).memory_of,
+        self._weighing_of(types).refusal_of,
+      )
     return self._searches[key]

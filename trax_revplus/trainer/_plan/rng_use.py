@@ -36,14 +36,19 @@ def inner(eqn: jax_core.JaxprEqn) -> jax_core.Jaxpr | None:
   """The one nested jaxpr of `eqn` that takes its operands and gives its
   results position by position (jit, custom derivatives, remat), or None
   (a loop, a branch, any other nesting, or none)."""
-  found = [p for p in eqn.params.values()
-           if isinstance(p, (jax_core.ClosedJaxpr, jax_core.Jaxpr))]
+  found = [
+    p
+    for p in eqn.params.values()
+    if isinstance(p, (jax_core.ClosedJaxpr, jax_core.Jaxpr))
+  ]
   if len(found) != 1 or eqn.primitive.name in ('scan', 'while'):
     return None
-  nested = found[0].jaxpr if isinstance(found[0], jax_core.ClosedJaxpr) else (
-      found[0])
-  if (len(nested.invars) != len(eqn.invars) or
-      len(nested.outvars) != len(eqn.outvars)):
+  nested = (
+    found[0].jaxpr if isinstance(found[0], jax_core.ClosedJaxpr) else (found[0])
+  )
+  if len(nested.invars) != len(eqn.invars) or len(nested.outvars) != len(
+    eqn.outvars
+  ):
     return None
   return nested
 
@@ -51,13 +56,16 @@ def inner(eqn: jax_core.JaxprEqn) -> jax_core.Jaxpr | None:
 def reads(values: Sequence[Any], marked: set[Any]) -> bool:
   """Whether any of `values` (a jaxpr's variables and literals) is in the
   set `marked`."""
-  return any(not isinstance(v, jax_core.Literal) and v in marked
-             for v in values)
+  return any(
+    not isinstance(v, jax_core.Literal) and v in marked for v in values
+  )
 
 
-def marked_outputs(jaxpr: jax_core.Jaxpr, marked_inputs: Sequence[bool],
-                   visit: Callable[[Any, set[Any]], None] | None = None
-                   ) -> list[bool]:
+def marked_outputs(
+  jaxpr: jax_core.Jaxpr,
+  marked_inputs: Sequence[bool],
+  visit: Callable[[Any, set[Any]], None] | None = None,
+) -> list[bool]:
   """For each output of `jaxpr`, whether it depends on an input marked in
   `marked_inputs` (a list of bools, one per input).
 
@@ -82,8 +90,9 @@ def marked_outputs(jaxpr: jax_core.Jaxpr, marked_inputs: Sequence[bool],
       marked.update(eqn.outvars)
       continue
     inputs = [reads([v], marked) for v in eqn.invars]
-    marked.update(v for v, m in zip(
-        eqn.outvars, marked_outputs(nested, inputs, visit)) if m)
+    marked.update(
+      v for v, m in zip(eqn.outvars, marked_outputs(nested, inputs, visit)) if m
+    )
   return [reads([v], marked) for v in jaxpr.outvars]
 
 
@@ -143,8 +152,11 @@ def forward_jaxpr(layer: tl.Layer, inputs: PyTree) -> tuple[Any, PyTree]:
   Returns:
     (a `jax.extend.core.ClosedJaxpr`, outputs as `jax.ShapeDtypeStruct`s).
   """
+
   def forward(x, weights, state, rng):
     return layer.pure_fn(x, weights, state, rng)
+
   closed, (outputs, _) = jax.make_jaxpr(forward, return_shape=True)(
-      inputs, layer.weights, layer.state, RNG_TYPE)
+    inputs, layer.weights, layer.state, RNG_TYPE
+  )
   return closed, outputs

@@ -59,6 +59,7 @@ def _bernoulli_of(rows: int | None = None, key=None, at=None):
     s, k = at
     whole = own(fastmath.random, rng, p, (k * rows,) + shape[1:])
     return lax.dynamic_slice_in_dim(whole, s * rows, rows)
+
   return bernoulli
 
 
@@ -86,6 +87,7 @@ def _dropout_drawing(make_bernoulli) -> Iterator[None]:
       return found(layer, x)
     finally:
       del fastmath.random.bernoulli
+
   core.Dropout.forward = forward
   try:
     yield
@@ -114,6 +116,7 @@ def slice_of(s: Any, k: int) -> Iterator[None]:
     if at is None or not _draws_per_row(layer, x):
       return None
     return _bernoulli_of(x.shape[0], at=at)
+
   try:
     if previous is None:
       with _dropout_drawing(make):
@@ -148,8 +151,10 @@ def exact_draws_fixed(layers: Sequence[Any]) -> Iterator[None]:
     None. Put back as found on exit, also on an error.
   """
   attention = attention_heads.attention_layers(layers) + [
-      layer for layer in attention_heads.sublayers(layers)
-      if isinstance(layer, tl_attention.PositionalEncoding)]
+    layer
+    for layer in attention_heads.sublayers(layers)
+    if isinstance(layer, tl_attention.PositionalEncoding)
+  ]
   for a in attention:
     # trax's `Layer.__setattr__` refuses public names but its own three.
     vars(a)['forward'] = _with_fixed_key(a)
@@ -167,4 +172,5 @@ def _with_fixed_key(layer):
   def forward(x):
     layer_door.set_rng(layer, _FIXED_KEY)
     return own(layer, x)
+
   return forward

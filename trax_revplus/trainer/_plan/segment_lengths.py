@@ -22,8 +22,9 @@ SMALL_BACKWARD_SEGMENT_LAYERS = 2
 Segment = tuple[int, ...]  # layer indices, consecutive, in forward order
 
 
-def backward_segment_length(setting: int | str, n_layers: int,
-                            outputs_bytes: int) -> int:
+def backward_segment_length(
+  setting: int | str, n_layers: int, outputs_bytes: int
+) -> int:
   """Most layers of one backward call of an `n_layers` forward segment.
 
   Args:
@@ -43,9 +44,9 @@ def backward_segment_length(setting: int | str, n_layers: int,
   return SMALL_BACKWARD_SEGMENT_LAYERS
 
 
-def equal_segments(indices: list[int], max_layers: int,
-                   nbytes: Mapping[int, int],
-                   max_bytes: int) -> list[list[int]]:
+def equal_segments(
+  indices: list[int], max_layers: int, nbytes: Mapping[int, int], max_bytes: int
+) -> list[list[int]]:
   """Splits consecutive layer indices into equal-length segments.
 
   The length is the largest one up to `max_layers` for which every
@@ -71,7 +72,7 @@ def equal_segments(indices: list[int], max_layers: int,
 
 
 def _equal_runs(indices: list[int], length: int) -> list[list[int]]:
-  return [indices[k:k + length] for k in range(0, len(indices), length)]
+  return [indices[k : k + length] for k in range(0, len(indices), length)]
 
 
 def backward_split(segment: Segment, length: int) -> tuple[Segment, ...]:

@@ -30,19 +30,22 @@ from trax_revplus.typing import PyTree
 class ShapeFacts:
   """The facts of each batch's shapes a trainer's planner reads."""
 
-  def __init__(self, placement: placement_lib.Placement,
-               store: host_store.LayerStore,
-               factory: unit_factory.UnitFactory,
-               options: options_lib.TrainerOptions,
-               fingerprint_of: Callable[[int], Hashable] | None,
-               key_of: Callable[[PyTree], Hashable]):
+  def __init__(
+    self,
+    placement: placement_lib.Placement,
+    store: host_store.LayerStore,
+    factory: unit_factory.UnitFactory,
+    options: options_lib.TrainerOptions,
+    fingerprint_of: Callable[[int], Hashable] | None,
+    key_of: Callable[[PyTree], Hashable],
+  ):
     """Args:
-      placement, store, factory, options: the trainer's
-        `placement.Placement`, `host_store.LayerStore`,
-        `unit_factory.UnitFactory` and `options.TrainerOptions`.
-      fingerprint_of: layer index -> hashable, or None (see
-        `planner.Planner`).
-      key_of: the stack's types -> hashable key of their shapes.
+    placement, store, factory, options: the trainer's
+      `placement.Placement`, `host_store.LayerStore`,
+      `unit_factory.UnitFactory` and `options.TrainerOptions`.
+    fingerprint_of: layer index -> hashable, or None (see
+      `planner.Planner`).
+    key_of: the stack's types -> hashable key of their shapes.
     """
     self._placement = placement
     self._store = store
@@ -51,48 +54,60 @@ class ShapeFacts:
     self._fingerprint_of = fingerprint_of
     self._key_of = key_of
     # Key -> (stack bytes per block, tail length).
-    self._traces: dict[Hashable,
-                       tuple[stack_bytes_lib.StackTrace, int | None]] = {}
+    self._traces: dict[
+      Hashable, tuple[stack_bytes_lib.StackTrace, int | None]
+    ] = {}
 
   def rows(self, types: on_types.StepTypes) -> int:
     """Rows of the batch each device gets."""
     leaf = jax.tree_util.tree_leaves(types.stack)[0]
     return leaf.shape[1] if self._placement.n_devices > 1 else leaf.shape[0]
 
-  def trace(self, types: on_types.StepTypes
-            ) -> tuple[stack_bytes_lib.StackTrace, int | None]:
+  def trace(
+    self, types: on_types.StepTypes
+  ) -> tuple[stack_bytes_lib.StackTrace, int | None]:
     """(`stack_bytes.StackTrace`; the sequence length of the loss layer's
     tail's inputs, or None where it has no tail to run in chunks:
     `loss_tail.tail_length`), once per batch's shapes."""
     key = self._key_of(types.stack)
     if key not in self._traces:
       trace = stack_bytes_lib.trace(
-          self._store, types.stack, self._placement.n_devices)
-      self._traces[key] = (trace, loss_tail.tail_length(
-          self._store.layers[-1], trace.loss_inputs))
+        self._store, types.stack, self._placement.n_devices
+      )
+      self._traces[key] = (
+        trace,
+        loss_tail.tail_length(self._store.layers[-1], trace.loss_inputs),
+      )
     return self._traces[key]
 
-  def candidates(self, types: on_types.StepTypes
-                 ) -> candidates_lib.Candidates:
+  def candidates(self, types: on_types.StepTypes) -> candidates_lib.Candidates:
     """The plans a budget chooses from for a step starting from `types`,
     in the speed model's order."""
     trace, tail_length = self.trace(types)
     return candidates_lib.Candidates(
-        self._store.block_sizes(), self._store.params_bytes(),
-        trace.block_bytes, self.rows(types), self._options,
-        bool(self._store.ties), self._layer_kinds(), tail_length,
-        self.parts_refusal(types) is not None,
-        trace.slices_change_draws, self._placement.platform,
-        attention_heads.lowers(self._store.layers, 1),
-        trace.hashes_activations)
+      self._store.block_sizes(),
+      self._store.params_bytes(),
+      trace.block_bytes,
+      self.rows(types),
+      self._options,
+      bool(self._store.ties),
+      self._layer_kinds(),
+      tail_length,
+      self.parts_refusal(types) is not None,
+      trace.slices_change_draws,
+      self._placement.platform,
+      attention_heads.lowers(self._store.layers, 1),
+      trace.hashes_activations,
+    )
 
   def parts_refusal(self, types: on_types.StepTypes) -> str | None:
     """Why a step from `types` cannot run in micro-batches, or None
     (`batch_parts.refusal`)."""
     stack = types.stack
     n_items = len(stack) if isinstance(stack, (tuple, list)) else 1
-    return batch_parts.refusal(self._store.layers, n_items,
-                               self._factory.adasum, bool(self._store.ties))
+    return batch_parts.refusal(
+      self._store.layers, n_items, self._factory.adasum, bool(self._store.ties)
+    )
 
   def _layer_kinds(self) -> list[Hashable] | None:
     if self._fingerprint_of is None:

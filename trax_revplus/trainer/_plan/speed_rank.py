@@ -58,8 +58,9 @@ SPEED_SLICES: Mapping[str | None, int] = {'cpu': 2}
 SPEED_PARALLEL_HEADS: Mapping[str | None, int] = {'cpu': 1}
 
 
-def compiled_layers(plan: plan_lib.StepPlan,
-                    layer_kinds: Sequence[Hashable] | None) -> int:
+def compiled_layers(
+  plan: plan_lib.StepPlan, layer_kinds: Sequence[Hashable] | None
+) -> int:
   """Layers in the distinct programs `plan`'s step compiles, the loss
   layer's included: each fused layer, and each forward unit outside the
   loss program whose layers compute what an earlier unit's do once (its
@@ -76,23 +77,28 @@ def compiled_layers(plan: plan_lib.StepPlan,
   for unit in plan.unit_spans():
     if unit[0] >= plan.fused_from:
       continue
-    key = (tuple(unit) if layer_kinds is None else
-           tuple(layer_kinds[i] for i in unit))
+    key = (
+      tuple(unit)
+      if layer_kinds is None
+      else tuple(layer_kinds[i] for i in unit)
+    )
     if key not in seen:
       seen.add(key)
       n += len(unit)
   return n
 
 
-def ranked_slices(slices: list[int], platform: str | None,
-                  slices_change_draws: bool,
-                  hashes_activations: bool) -> list[int]:
+def ranked_slices(
+  slices: list[int],
+  platform: str | None,
+  slices_change_draws: bool,
+  hashes_activations: bool,
+) -> list[int]:
   """`slices` (batch slice counts, fewest first) in the speed model's
   order: `SPEED_SLICES[platform]` first where slices change no random
   draw and no layer hashes its activations, else as given."""
   first = SPEED_SLICES.get(platform)
-  if (not slices_change_draws and not hashes_activations and
-      first in slices):
+  if not slices_change_draws and not hashes_activations and first in slices:
     slices.remove(first)
     slices.insert(0, first)
   return slices
@@ -102,5 +108,4 @@ def one_head_first(platform: str | None, hashes_activations: bool) -> bool:
   """Whether groups computing one (example, head) pair at a time rank
   before those with the attention layers as configured
   (`SPEED_PARALLEL_HEADS`)."""
-  return (not hashes_activations and
-          SPEED_PARALLEL_HEADS.get(platform) == 1)
+  return not hashes_activations and SPEED_PARALLEL_HEADS.get(platform) == 1

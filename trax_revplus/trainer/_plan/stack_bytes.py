@@ -48,14 +48,16 @@ class StackTrace(NamedTuple):
       (`hashing`: LSH attention's buckets); True where they could not be
       traced.
   """
+
   block_bytes: list[int]
   loss_inputs: PyTree | None
   slices_change_draws: bool
   hashes_activations: bool
 
 
-def trace(store: host_store.LayerStore, stack_types: PyTree,
-          n_devices: int) -> StackTrace:
+def trace(
+  store: host_store.LayerStore, stack_types: PyTree, n_devices: int
+) -> StackTrace:
   """The stack's types through every block, from the batch's.
 
   The stack's types come from `jax.make_jaxpr` of every layer's forward on
@@ -74,7 +76,8 @@ def trace(store: host_store.LayerStore, stack_types: PyTree,
     `StackTrace`.
   """
   per_device = lambda x: jax.ShapeDtypeStruct(
-      x.shape[1:] if n_devices > 1 else x.shape, x.dtype)
+    x.shape[1:] if n_devices > 1 else x.shape, x.dtype
+  )
   stack = jax.tree_util.tree_map(per_device, stack_types)
   changed = hashes = False
 
@@ -82,7 +85,8 @@ def trace(store: host_store.LayerStore, stack_types: PyTree,
     nonlocal changed, hashes
     with row_draws.exact_draws_fixed([layer]):
       closed, outputs = rng_use.forward_jaxpr(
-          layer, cb.inputs_from_stack(stack, layer.n_in))
+        layer, cb.inputs_from_stack(stack, layer.n_in)
+      )
     changed = changed or rng_use.depends_on_last_input(closed)
     hashes = hashes or hashing.hashes_activations(closed)
     return cb.outputs_onto_stack(outputs, stack, layer.n_in)
@@ -94,22 +98,36 @@ def trace(store: host_store.LayerStore, stack_types: PyTree,
       for std, revs in store.blocks:
         stack = forward(std, stack)
         depth = chains.chain_depth(revs)
-        out.append(n_devices * memory.array_bytes(
-            cb.inputs_from_stack(stack, depth) if depth else ()))
+        out.append(
+          n_devices
+          * memory.array_bytes(
+            cb.inputs_from_stack(stack, depth) if depth else ()
+          )
+        )
         for rev in revs:
           stack = forward(rev, stack)
   except Exception as e:  # pylint: disable=broad-except
-    logging.info('the stack\'s types could not be traced (%s); every block '
-                 'counts as activation-bound.', e)
+    logging.info(
+      "the stack's types could not be traced (%s); every block "
+      'counts as activation-bound.',
+      e,
+    )
     return StackTrace(
-        [segment_lengths.ACTIVATION_BOUND_BYTES] * len(store.blocks), None,
-        True, True)
+      [segment_lengths.ACTIVATION_BOUND_BYTES] * len(store.blocks),
+      None,
+      True,
+      True,
+    )
   try:
     with layers_lib.preserved(loss):
       forward(loss, stack)
   except Exception as e:  # pylint: disable=broad-except
-    logging.info('the loss layer could not be traced (%s); it counts as '
-                 'drawing what slices change and hashing its activations.', e)
+    logging.info(
+      'the loss layer could not be traced (%s); it counts as '
+      'drawing what slices change and hashing its activations.',
+      e,
+    )
     changed = hashes = True
-  return StackTrace(out, cb.inputs_from_stack(stack, loss.n_in), changed,
-                    hashes)
+  return StackTrace(
+    out, cb.inputs_from_stack(stack, loss.n_in), changed, hashes
+  )

@@ -33,8 +33,9 @@ from trax_revplus.typing import PyTree
 def batch_key(types: PyTree) -> Hashable:
   """Hashable shapes, dtypes and shardings of a batch's types."""
   leaves, treedef = jax.tree_util.tree_flatten(types)
-  return treedef, tuple((tuple(x.shape), str(x.dtype),
-                         getattr(x, 'sharding', None)) for x in leaves)
+  return treedef, tuple(
+    (tuple(x.shape), str(x.dtype), getattr(x, 'sharding', None)) for x in leaves
+  )
 
 
 class StepWeigher:
@@ -47,12 +48,16 @@ class StepWeigher:
       peak, or None (`budget.host_budget_bytes`).
   """
 
-  def __init__(self, placement: placement_lib.Placement,
-               store: host_store.LayerStore,
-               factory: unit_factory.UnitFactory,
-               options: options_lib.TrainerOptions, budget_bytes: int | None,
-               fingerprint_of: Callable[[int], Hashable] | None = None,
-               host_budget_bytes: int | None = None):
+  def __init__(
+    self,
+    placement: placement_lib.Placement,
+    store: host_store.LayerStore,
+    factory: unit_factory.UnitFactory,
+    options: options_lib.TrainerOptions,
+    budget_bytes: int | None,
+    fingerprint_of: Callable[[int], Hashable] | None = None,
+    host_budget_bytes: int | None = None,
+  ):
     """Args: as `planner.Planner`'s."""
     self._placement = placement
     self._store = store
@@ -62,8 +67,9 @@ class StepWeigher:
     self.host_budget_bytes = host_budget_bytes
     self._programs = calls_lib.Programs()
     self._weighings: dict[Hashable, weighing_lib.Weighing] = {}
-    self._facts = shape_facts.ShapeFacts(placement, store, factory, options,
-                                         fingerprint_of, batch_key)
+    self._facts = shape_facts.ShapeFacts(
+      placement, store, factory, options, fingerprint_of, batch_key
+    )
 
   def weighing(self, batch: Batch) -> weighing_lib.Weighing:
     """The `weighing.Weighing` of `batch`'s shapes: every plan accounted
@@ -79,11 +85,15 @@ class StepWeigher:
     stack = p.abstract_batch(batch)
     rngs = p.place_rngs(np.zeros((2,), np.uint32), len(self._store.layers))
     step = p.replicate(np.zeros((), np.int32))
-    return on_types.StepTypes(stack, rngs, self._store.opt_params, step,
-                              device_memory.program.host_types(batch))
+    return on_types.StepTypes(
+      stack,
+      rngs,
+      self._store.opt_params,
+      step,
+      device_memory.program.host_types(batch),
+    )
 
-  def candidates(self, types: on_types.StepTypes
-                 ) -> candidates_lib.Candidates:
+  def candidates(self, types: on_types.StepTypes) -> candidates_lib.Candidates:
     """The plans a budget chooses from for a step starting from `types`
     (`step_types`), in the speed model's order."""
     return self._facts.candidates(types)
@@ -93,12 +103,17 @@ class StepWeigher:
 
   def _weighing_key(self, key: Hashable) -> weighing_lib.Weighing:
     if key not in self._weighings:
-      self._weighings[key] = weighing_lib.Weighing(self.budget_bytes,
-                                                   self.host_budget_bytes)
+      self._weighings[key] = weighing_lib.Weighing(
+        self.budget_bytes, self.host_budget_bytes
+      )
     return self._weighings[key]
 
-  def account(self, plan: plan_lib.StepPlan, units: units_lib.Units,
-              types: on_types.StepTypes) -> device_memory.StepMemory:
+  def account(
+    self,
+    plan: plan_lib.StepPlan,
+    units: units_lib.Units,
+    types: on_types.StepTypes,
+  ) -> device_memory.StepMemory:
     """Compiles `units` ahead and composes the step's device memory.
 
     Raises:
@@ -109,16 +124,22 @@ class StepWeigher:
         compile one of its programs for memory.
       device_memory.ProgramCompileError: one did not compile otherwise.
     """
-    ahead = on_types.AheadOfTime(plan, types, self._placement,
-                                 self._store.layers, self._store.optimizers,
-                                 self._programs, self._store.ties,
-                                 keeps_replaced=(
-                                     self._options.on_non_finite == 'skip'))
+    ahead = on_types.AheadOfTime(
+      plan,
+      types,
+      self._placement,
+      self._store.layers,
+      self._store.optimizers,
+      self._programs,
+      self._store.ties,
+      keeps_replaced=(self._options.on_non_finite == 'skip'),
+    )
     ahead.account(units)
     return ahead.memory()
 
-  def weigh(self, plan: plan_lib.StepPlan,
-            types: on_types.StepTypes) -> device_memory.StepMemory:
+  def weigh(
+    self, plan: plan_lib.StepPlan, types: on_types.StepTypes
+  ) -> device_memory.StepMemory:
     """`plan`'s `StepMemory` on `types` (`step_types`), accounted once per
     batch's shapes and kept in their `weighing.Weighing`.
 
@@ -148,6 +169,9 @@ class StepWeigher:
     except device_memory.AccountingError as e:
       # The figure is an observation: a step it cannot account for still
       # trains, and its records go without peak_device_bytes.
-      logging.warning('device memory: the step could not be accounted, its '
-                      'memory records go without peak_device_bytes: %s', e)
+      logging.warning(
+        'device memory: the step could not be accounted, its '
+        'memory records go without peak_device_bytes: %s',
+        e,
+      )
       return None

@@ -30,6 +30,7 @@ class Weighed(NamedTuple):
     refused: the `device_memory.ProgramOutOfMemoryError` of a plan the
       backend refused to compile for memory, else None.
   """
+
   plan: plan_lib.StepPlan
   memory: device_memory.StepMemory | None
   fits: bool | None
@@ -61,8 +62,9 @@ class Weighing:
       no plan fits the budget).
   """
 
-  def __init__(self, budget_bytes: int | None,
-               host_budget_bytes: int | None = None):
+  def __init__(
+    self, budget_bytes: int | None, host_budget_bytes: int | None = None
+  ):
     self.budget_bytes = budget_bytes
     self.host_budget_bytes = host_budget_bytes
     # In the order accounted.
@@ -74,38 +76,44 @@ class Weighing:
     either."""
     if self.budget_bytes is None and self.host_budget_bytes is None:
       return None
-    return ((self.budget_bytes is None or
-             memory.peak_device_bytes <= self.budget_bytes) and
-            (self.host_budget_bytes is None or
-             memory.peak_host_bytes <= self.host_budget_bytes))
+    return (
+      self.budget_bytes is None or memory.peak_device_bytes <= self.budget_bytes
+    ) and (
+      self.host_budget_bytes is None
+      or memory.peak_host_bytes <= self.host_budget_bytes
+    )
 
   @property
   def weighed(self) -> list[Weighed]:
     """One `Weighed` per distinct plan, in the order accounted."""
     return list(self._by_plan.values())
 
-  def memory_of(self, plan: plan_lib.StepPlan
-                ) -> device_memory.StepMemory | None:
+  def memory_of(
+    self, plan: plan_lib.StepPlan
+  ) -> device_memory.StepMemory | None:
     """The `StepMemory` of `plan` where it was accounted, else None (not
     accounted, or refused)."""
     weighed = self._by_plan.get(plan)
     return None if weighed is None else weighed.memory
 
-  def refusal_of(self, plan: plan_lib.StepPlan
-                 ) -> device_memory.ProgramOutOfMemoryError | None:
+  def refusal_of(
+    self, plan: plan_lib.StepPlan
+  ) -> device_memory.ProgramOutOfMemoryError | None:
     """The refusal of `plan` where the backend refused to compile one of
     its programs for memory, else None."""
     weighed = self._by_plan.get(plan)
     return None if weighed is None else weighed.refused
 
-  def add(self, plan: plan_lib.StepPlan,
-          memory: device_memory.StepMemory) -> None:
+  def add(
+    self, plan: plan_lib.StepPlan, memory: device_memory.StepMemory
+  ) -> None:
     """Records `plan`, accounted as `memory` (once per distinct plan)."""
     if plan not in self._by_plan:
       self._by_plan[plan] = Weighed(plan, memory, self.fits(memory))
 
-  def refuse(self, plan: plan_lib.StepPlan,
-             error: device_memory.ProgramOutOfMemoryError) -> None:
+  def refuse(
+    self, plan: plan_lib.StepPlan, error: device_memory.ProgramOutOfMemoryError
+  ) -> None:
     """Records `plan`, one of whose programs the backend refused to compile
     for memory (`error`): it fits no budget."""
     if plan not in self._by_plan:
@@ -121,18 +129,19 @@ class Weighing:
     out = []
     for w in self.weighed:
       entry = {
-          'describe': w.plan.describe(w.calls_per_step or 0),
-          'settings': w.plan.settings(),
-          'peak_device_bytes': w.memory and w.memory.peak_device_bytes,
-          'peak_host_bytes': w.memory and w.memory.peak_host_bytes,
-          'fits': w.fits,
-          'calls_per_step': w.calls_per_step,
-          'step_seconds': w.step_seconds,
-          'chosen': w.plan == self.chosen,
+        'describe': w.plan.describe(w.calls_per_step or 0),
+        'settings': w.plan.settings(),
+        'peak_device_bytes': w.memory and w.memory.peak_device_bytes,
+        'peak_host_bytes': w.memory and w.memory.peak_host_bytes,
+        'fits': w.fits,
+        'calls_per_step': w.calls_per_step,
+        'step_seconds': w.step_seconds,
+        'chosen': w.plan == self.chosen,
       }
       if w.refused is not None:
-        entry.update(refused=str(w.refused),
-                     least_device_bytes=w.refused.least_bytes)
+        entry.update(
+          refused=str(w.refused), least_device_bytes=w.refused.least_bytes
+        )
       out.append(entry)
     return out
 
@@ -141,15 +150,20 @@ class Weighing:
     chosen plan; fits and step time are '-' where unknown; a plan the
     backend refused to compile for memory reads 'refused' (with the bytes
     it needs at least, where known)."""
-    out = [f'  {"peak device/step":>27} {"peak host/step":>14} {"fits":>4} '
-           f'{"calls/step":>10} {"step time":>9}  plan']
+    out = [
+      f'  {"peak device/step":>27} {"peak host/step":>14} {"fits":>4} '
+      f'{"calls/step":>10} {"step time":>9}  plan'
+    ]
     for w in self.weighed:
       mark = '*' if w.plan == self.chosen else ' '
       if w.memory is None:
         assert w.refused is not None  # a plan without figures was refused
         least = w.refused.least_bytes
-        device = ('refused' if least is None else
-                  f'refused, >= {format_bytes(least, unit=None)}')
+        device = (
+          'refused'
+          if least is None
+          else f'refused, >= {format_bytes(least, unit=None)}'
+        )
         host, calls = '-', '-'
       else:
         peak = w.memory.peak_device_bytes
@@ -159,6 +173,8 @@ class Weighing:
       fits = '-' if w.fits is None else ('yes' if w.fits else 'no')
       seconds = '-' if w.step_seconds is None else f'{w.step_seconds:.3f}s'
       settings = ', '.join(f'{k}={v}' for k, v in w.plan.settings().items())
-      out.append(f'{mark} {device:>27} {host:>14} {fits:>4} {calls:>10} '
-                 f'{seconds:>9}  {settings}')
+      out.append(
+        f'{mark} {device:>27} {host:>14} {fits:>4} {calls:>10} '
+        f'{seconds:>9}  {settings}'
+      )
     return out

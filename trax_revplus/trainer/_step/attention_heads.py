@@ -48,15 +48,20 @@ def sublayers(layers: Sequence[Any]) -> list[Any]:
 def attention_layers(layers: Sequence[Any]) -> list[Any]:
   """The efficient attention layers among `layers` and their sublayers,
   each once (those with trax's `n_parallel_heads`)."""
-  return [sub for sub in sublayers(layers)
-          if hasattr(sub, _PARALLEL) and hasattr(sub, _HEADS)]
+  return [
+    sub
+    for sub in sublayers(layers)
+    if hasattr(sub, _PARALLEL) and hasattr(sub, _HEADS)
+  ]
 
 
 def lowers(layers: Sequence[Any], n: int) -> bool:
   """Whether `n` pairs at a time is fewer than some attention layer among
   `layers` computes at once (its `n_parallel_heads` unset or larger)."""
-  return any(getattr(a, _PARALLEL) is None or getattr(a, _PARALLEL) > n
-             for a in attention_layers(layers))
+  return any(
+    getattr(a, _PARALLEL) is None or getattr(a, _PARALLEL) > n
+    for a in attention_layers(layers)
+  )
 
 
 def check(layers: Sequence[Any], n: int, setting: str) -> None:
@@ -76,11 +81,16 @@ def check(layers: Sequence[Any], n: int, setting: str) -> None:
     heads = getattr(a, _HEADS)
     if n % heads and heads % n:
       raise validation.TrainerOptionError(
-          setting, n, None, message=(
-              f'trax_revplus.ReversibleSerialTrainer.{setting} = {n} '
-              f'does not divide the {heads} heads of {a.name} (nor do they '
-              f'divide it); use 1, a divisor of {heads} or a multiple of '
-              f"it, or 'auto'."))
+        setting,
+        n,
+        None,
+        message=(
+          f'trax_revplus.ReversibleSerialTrainer.{setting} = {n} '
+          f'does not divide the {heads} heads of {a.name} (nor do they '
+          f'divide it); use 1, a divisor of {heads} or a multiple of '
+          f"it, or 'auto'."
+        ),
+      )
 
 
 @contextlib.contextmanager
@@ -102,8 +112,9 @@ def at_most(layers: Sequence[Any], n: int | None) -> Iterator[None]:
       setattr(a, _PARALLEL, own)
 
 
-def traced_at_most(fn: Callable[..., Any], layers: Sequence[Any],
-                   n: int | None) -> Callable[..., Any]:
+def traced_at_most(
+  fn: Callable[..., Any], layers: Sequence[Any], n: int | None
+) -> Callable[..., Any]:
   """`fn`, whose trace (under `jit`) runs with `at_most(layers, n)`; `fn`
   itself where n is None."""
   if n is None:
@@ -112,4 +123,5 @@ def traced_at_most(fn: Callable[..., Any], layers: Sequence[Any],
   def limited(*args):
     with at_most(layers, n):
       return fn(*args)
+
   return limited

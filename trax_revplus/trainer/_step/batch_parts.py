@@ -69,14 +69,17 @@ def loss_weights_item(layers: Sequence[tl.Layer], n_items: int) -> int | None:
   """
   positions: list[int | None] = list(range(n_items))
   for layer in layers[:-1]:
-    positions = [None if p is None or p < layer.n_in else
-                 p + layer.n_out - layer.n_in for p in positions]
+    positions = [
+      None if p is None or p < layer.n_in else p + layer.n_out - layer.n_in
+      for p in positions
+    ]
   deepest = chains.chain_depth(layers[-1:]) - 1
   return positions.index(deepest) if deepest in positions else None
 
 
-def refusal(layers: Sequence[tl.Layer], n_items: int, adasum: bool,
-            tied: bool) -> str | None:
+def refusal(
+  layers: Sequence[tl.Layer], n_items: int, adasum: bool, tied: bool
+) -> str | None:
   """Why a step on these layers cannot run in micro-batches, or None.
 
   Args:
@@ -91,18 +94,26 @@ def refusal(layers: Sequence[tl.Layer], n_items: int, adasum: bool,
   """
   loss_layer = layers[-1]
   if adasum:
-    return ('adasum merges the devices\' gradients in a way that is not '
-            'linear, so the parts\' gradients cannot be added')
+    return (
+      "adasum merges the devices' gradients in a way that is not "
+      "linear, so the parts' gradients cannot be added"
+    )
   if tied:
-    return ('layers of the model share weights, which trax updates between '
-            'their backward passes, before the last part exists')
+    return (
+      'layers of the model share weights, which trax updates between '
+      'their backward passes, before the last part exists'
+    )
   if loss_combination([loss_layer]) is None:
-    return (f'the loss layer {loss_layer.name} does not end in a weighted '
-            f'mean or sum of its weights (trax_revplus.trainer._step.'
-            f'loss_combination), so its parts cannot be combined exactly')
+    return (
+      f'the loss layer {loss_layer.name} does not end in a weighted '
+      f'mean or sum of its weights (trax_revplus.trainer._step.'
+      f'loss_combination), so its parts cannot be combined exactly'
+    )
   if loss_weights_item(layers, n_items) is None:
-    return (f'the loss weights the loss layer {loss_layer.name} reads are '
-            f'not an item of the batch that reaches it untouched')
+    return (
+      f'the loss weights the loss layer {loss_layer.name} reads are '
+      f'not an item of the batch that reaches it untouched'
+    )
   return None
 
 
@@ -124,8 +135,7 @@ def part_of_rows(x: np.ndarray, p: int, m: int, n_devices: int) -> np.ndarray:
   """
   b = x.shape[0] // (n_devices * m)
   if isinstance(x, jax.ShapeDtypeStruct):
-    return jax.ShapeDtypeStruct((n_devices * b,) + tuple(x.shape[1:]),
-                                x.dtype)
+    return jax.ShapeDtypeStruct((n_devices * b,) + tuple(x.shape[1:]), x.dtype)
   x = np.asarray(x)
   parts = x.reshape((n_devices, m, b) + x.shape[1:])
   return parts[:, p].reshape((n_devices * b,) + x.shape[1:])
@@ -142,6 +152,7 @@ class Part:
     count: int m >= 2, the step's micro-batches.
     n_rows: int, each device's rows of the whole batch.
   """
+
   index: int
   count: int
   n_rows: int
@@ -152,23 +163,26 @@ class Part:
     return self.index == self.count - 1
 
   def _states(self, layer, state):
-    return slice_states.States(state, slice_states.state_rows(layer),
-                               self.n_rows, self.count)
+    return slice_states.States(
+      state, slice_states.state_rows(layer), self.n_rows, self.count
+    )
 
   def state(self, layer: tl.Layer, state: PyTree) -> PyTree:
     """The part's state of `layer` (its rows of each per-row leaf), from
     the layer's whole host state `state`."""
     return self._states(layer, state).slice_at(self.index)
 
-  def joined_state(self, layer: tl.Layer, state: PyTree,
-                   new_state: PyTree) -> PyTree:
+  def joined_state(
+    self, layer: tl.Layer, state: PyTree, new_state: PyTree
+  ) -> PyTree:
     """`layer`'s whole host state with the part's new state in its rows
     (`state`: the whole state; `new_state`: the part's, host arrays)."""
     return self._states(layer, state).with_slice(self.index, new_state)
 
 
-def part_of_batch(batch: Any, index: int, count: int,
-                  n_devices: int) -> tuple[Part, Any]:
+def part_of_batch(
+  batch: Any, index: int, count: int, n_devices: int
+) -> tuple[Part, Any]:
   """Part `index` of `count` of a host batch, and its rows: what the step
   places (`step_context`) and the walk ahead types (`ahead`) alike.
 
@@ -191,6 +205,7 @@ def batch_part(batch: Any, part: Part, n_devices: int) -> Any:
   """Part `part` of a host batch (a tuple of items or one array, or their
   `jax.ShapeDtypeStruct`s)."""
   if isinstance(batch, (tuple, list)):
-    return type(batch)(part_of_rows(x, part.index, part.count, n_devices)
-                       for x in batch)
+    return type(batch)(
+      part_of_rows(x, part.index, part.count, n_devices) for x in batch
+    )
   return part_of_rows(batch, part.index, part.count, n_devices)

@@ -36,8 +36,9 @@ def is_reversible(layer: tl.Layer) -> bool:
   return isinstance(layer, trax_reversible.ReversibleLayer)
 
 
-def segment_forward_fn(layers: Sequence[tl.Layer]
-                       ) -> Callable[..., tuple[Stack, list[PyTree]]]:
+def segment_forward_fn(
+  layers: Sequence[tl.Layer],
+) -> Callable[..., tuple[Stack, list[PyTree]]]:
   """Forward of consecutive reversible layers in one call.
 
   The layers run in order on the top items of the stack, each with its
@@ -54,6 +55,7 @@ def segment_forward_fn(layers: Sequence[tl.Layer]
     `inputs` (`chain_depth(layers)` plus each layer's `n_out - n_in`);
     list of each layer's new state.
   """
+
   def forward(inputs, weights, states, rngs):
     stack = inputs
     new_states = []
@@ -63,12 +65,16 @@ def segment_forward_fn(layers: Sequence[tl.Layer]
       stack = cb.outputs_onto_stack(y, stack, layer.n_in)
       new_states.append(new_state)
     return stack, new_states
+
   return forward
 
 
-def reverse_chain(layers: Sequence[tl.Layer], stack: Stack, grad_stack: Stack,
-                  reverse_layer: Callable[..., tuple[Stack, Stack]]
-                  ) -> tuple[Stack, Stack]:
+def reverse_chain(
+  layers: Sequence[tl.Layer],
+  stack: Stack,
+  grad_stack: Stack,
+  reverse_layer: Callable[..., tuple[Stack, Stack]],
+) -> tuple[Stack, Stack]:
   """Walks a chain of reversible layers backwards, last layer to first.
 
   Args:
@@ -84,19 +90,25 @@ def reverse_chain(layers: Sequence[tl.Layer], stack: Stack, grad_stack: Stack,
   """
   for k in range(len(layers) - 1, -1, -1):
     n_out = layers[k].n_out
-    x, x_ct = reverse_layer(k, cb.inputs_from_stack(stack, n_out),
-                            cb.inputs_from_stack(grad_stack, n_out))
+    x, x_ct = reverse_layer(
+      k,
+      cb.inputs_from_stack(stack, n_out),
+      cb.inputs_from_stack(grad_stack, n_out),
+    )
     stack = cb.outputs_onto_stack(x, stack, n_out)
     grad_stack = cb.outputs_onto_stack(x_ct, grad_stack, n_out)
   return stack, grad_stack
 
 
-def reverse_and_grad_chain(layers: Sequence[tl.Layer], stack: Stack,
-                           grad_stack: Stack, weights: Sequence[PyTree],
-                           states: Sequence[PyTree],
-                           new_states: Sequence[PyTree],
-                           rngs: Sequence[PRNGKey]
-                           ) -> tuple[Stack, Stack, list[PyTree]]:
+def reverse_and_grad_chain(
+  layers: Sequence[tl.Layer],
+  stack: Stack,
+  grad_stack: Stack,
+  weights: Sequence[PyTree],
+  states: Sequence[PyTree],
+  new_states: Sequence[PyTree],
+  rngs: Sequence[PRNGKey],
+) -> tuple[Stack, Stack, list[PyTree]]:
   """Each layer's `reverse_and_grad`, last to first (`reverse_chain`): trax's
   `ReversibleSerial.reverse_and_grad` with each layer's own weights, states
   and RNG (lists over the layers).
@@ -109,14 +121,17 @@ def reverse_and_grad_chain(layers: Sequence[tl.Layer], stack: Stack,
 
   def reverse_layer(k, y, y_ct):
     x, (x_ct, grads_weights[k]) = layers[k].reverse_and_grad(
-        y, y_ct, weights[k], states[k], new_states[k], rng=rngs[k])
+      y, y_ct, weights[k], states[k], new_states[k], rng=rngs[k]
+    )
     return x, x_ct
+
   stack, grad_stack = reverse_chain(layers, stack, grad_stack, reverse_layer)
   return stack, grad_stack, grads_weights
 
 
-def reversible_run_fn(layers: Sequence[tl.Layer]
-                      ) -> Callable[..., tuple[Stack, list[PyTree]]]:
+def reversible_run_fn(
+  layers: Sequence[tl.Layer],
+) -> Callable[..., tuple[Stack, list[PyTree]]]:
   """Forward of consecutive reversible layers whose gradient recomputes.
 
   The forward is `segment_forward_fn`'s. Its custom gradient holds the
@@ -142,15 +157,17 @@ def reversible_run_fn(layers: Sequence[tl.Layer]
     stack, weights, states, new_states, rngs = residuals
     # New states take no cotangent.
     _, grad_stack, grads_weights = reverse_and_grad_chain(
-        layers, stack, cotangents[0], weights, states, new_states, rngs)
+      layers, stack, cotangents[0], weights, states, new_states, rngs
+    )
     return grad_stack, grads_weights, None, None
 
   run.defvjp(run_forward, run_backward)
   return run
 
 
-def chain_forward_fn(layers: Sequence[tl.Layer]
-                     ) -> Callable[..., tuple[Stack, list[PyTree]]]:
+def chain_forward_fn(
+  layers: Sequence[tl.Layer],
+) -> Callable[..., tuple[Stack, list[PyTree]]]:
   """Forward of consecutive layers (standard and reversible) in one call,
   differentiable as trax's default `Trainer` differentiates them.
 
@@ -170,18 +187,26 @@ def chain_forward_fn(layers: Sequence[tl.Layer]
     for start, stop, fn in runs:
       if fn is not None:
         depth = chain_depth(layers[start:stop])
-        y, run_states = fn(cb.inputs_from_stack(stack, depth),
-                           list(weights[start:stop]), list(states[start:stop]),
-                           list(rngs[start:stop]))
+        y, run_states = fn(
+          cb.inputs_from_stack(stack, depth),
+          list(weights[start:stop]),
+          list(states[start:stop]),
+          list(rngs[start:stop]),
+        )
         stack = cb.outputs_onto_stack(y, stack, depth)
         new_states.extend(run_states)
         continue
       layer = layers[start]
-      y, new_state = layer.pure_fn(cb.inputs_from_stack(stack, layer.n_in),
-                                   weights[start], states[start], rngs[start])
+      y, new_state = layer.pure_fn(
+        cb.inputs_from_stack(stack, layer.n_in),
+        weights[start],
+        states[start],
+        rngs[start],
+      )
       stack = cb.outputs_onto_stack(y, stack, layer.n_in)
       new_states.append(new_state)
     return stack, new_states
+
   return forward
 
 

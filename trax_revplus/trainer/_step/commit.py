@@ -40,14 +40,18 @@ class NonFiniteGuard:
   nothing is checked.
   """
 
-  def __init__(self, policy: str, store: host_store.LayerStore,
-               describe_last_checkpoint: Callable[[], str]):
+  def __init__(
+    self,
+    policy: str,
+    store: host_store.LayerStore,
+    describe_last_checkpoint: Callable[[], str],
+  ):
     """Args:
-      policy: 'raise', 'skip' or 'ignore' (`options.ON_NON_FINITE`).
-      store: the trainer's `host_store.LayerStore` (layer names; rollback).
-      describe_last_checkpoint: callable returning one clause on the last
-        good checkpoint, for the error message (e.g. 'no checkpoint
-        directory is set').
+    policy: 'raise', 'skip' or 'ignore' (`options.ON_NON_FINITE`).
+    store: the trainer's `host_store.LayerStore` (layer names; rollback).
+    describe_last_checkpoint: callable returning one clause on the last
+      good checkpoint, for the error message (e.g. 'no checkpoint
+      directory is set').
     """
     self._policy = policy
     self._store = store
@@ -107,9 +111,14 @@ class NonFiniteGuard:
     self._skipping = None
     for j, weights, slots, state in reversed(rollback):
       self._store.set(j, weights, slots, state)
-    logging.warning('step %d skipped: %s is not finite (layer %d %s); '
-                    'weights, slots and state are as before the step.',
-                    self._step, what, i, self._store.layers[i].name)
+    logging.warning(
+      'step %d skipped: %s is not finite (layer %d %s); '
+      'weights, slots and state are as before the step.',
+      self._step,
+      what,
+      i,
+      self._store.layers[i].name,
+    )
 
   def _error(self, i, what, value):
     n_layers = len(self._store.layers)
@@ -119,20 +128,27 @@ class NonFiniteGuard:
     if phase == 'loss':
       kept = 'no weight was updated in this step'
     else:
-      kept = (f'layers {i + 1}..{n_layers - 1} were already updated in '
-              f'memory, layers 0..{i} were not')
+      kept = (
+        f'layers {i + 1}..{n_layers - 1} were already updated in '
+        f'memory, layers 0..{i} were not'
+      )
     step = self._step
     return validation.NonFiniteError(
-        f'{what} is {value} at step {step} (phase {phase}, layer {i} '
-        f'{self._store.layers[i].name}); {kept}; '
-        f'{self._describe_last_checkpoint()}; lower the learning rate, '
-        f'clip gradients (e.g. Adam.clip_grad_norm), check the data, or set '
-        f"trax_revplus.ReversibleSerialTrainer.on_non_finite = 'skip'.",
-        step=step, phase=phase, layer=i, what=what)
+      f'{what} is {value} at step {step} (phase {phase}, layer {i} '
+      f'{self._store.layers[i].name}); {kept}; '
+      f'{self._describe_last_checkpoint()}; lower the learning rate, '
+      f'clip gradients (e.g. Adam.clip_grad_norm), check the data, or set '
+      f"trax_revplus.ReversibleSerialTrainer.on_non_finite = 'skip'.",
+      step=step,
+      phase=phase,
+      layer=i,
+      what=what,
+    )
 
 
 class _Pending(NamedTuple):
   """One compiled call's updates on their way to the host."""
+
   layers: list[int]  # commit (backward) order
   weights: Any  # placement.HostCopy of a list over `layers`, or None
   slots: Any  # the same; without weights, gradients to add up, or None
@@ -153,21 +169,24 @@ class CommitQueue(step_run_lib.UpdateSink):
   (`take_gradients`).
   """
 
-  def __init__(self, placement: placement_lib.Placement,
-               store: host_store.LayerStore, on_non_finite: str,
-               describe_last_checkpoint: Callable[[], str]):
+  def __init__(
+    self,
+    placement: placement_lib.Placement,
+    store: host_store.LayerStore,
+    on_non_finite: str,
+    describe_last_checkpoint: Callable[[], str],
+  ):
     """Args:
-      placement: the trainer's `placement.Placement`.
-      store: the trainer's `host_store.LayerStore`, where updates are
-        committed.
-      on_non_finite: 'raise', 'skip' or 'ignore' (`options.ON_NON_FINITE`).
-      describe_last_checkpoint: callable returning one clause on the last
-        good checkpoint, for the guard's error message.
+    placement: the trainer's `placement.Placement`.
+    store: the trainer's `host_store.LayerStore`, where updates are
+      committed.
+    on_non_finite: 'raise', 'skip' or 'ignore' (`options.ON_NON_FINITE`).
+    describe_last_checkpoint: callable returning one clause on the last
+      good checkpoint, for the guard's error message.
     """
     self._placement = placement
     self._store = store
-    self.guard = NonFiniteGuard(on_non_finite, store,
-                                describe_last_checkpoint)
+    self.guard = NonFiniteGuard(on_non_finite, store, describe_last_checkpoint)
     # Layer index -> host gradients added up.
     self._gradients: dict[int, PyTree] = {}
 
@@ -184,9 +203,13 @@ class CommitQueue(step_run_lib.UpdateSink):
   def held_on_host(self) -> list[tuple[str, Any]]:
     """The gradients added up so far, and under 'skip' the replaced host
     arrays kept to undo the step (`step_run.StepRun.held_on_host`)."""
-    return [('accumulated gradients on the host', self._gradients),
-            ('weights, slots and state kept to undo a skipped step',
-             self.guard.kept_to_undo())]
+    return [
+      ('accumulated gradients on the host', self._gradients),
+      (
+        'weights, slots and state kept to undo a skipped step',
+        self.guard.kept_to_undo(),
+      ),
+    ]
 
   def take_gradients(self, layers: list[int]) -> list[PyTree]:
     """The host gradients of `layers` added up over the step's committed
@@ -200,10 +223,15 @@ class CommitQueue(step_run_lib.UpdateSink):
     (loss, gradient norms), so all take the same decisions on them."""
     return self._placement.replicated(stats)
 
-  def start(self, layers: list[int], weights: list[PyTree] | None,
-            slots: list[PyTree] | None, states: list[PyTree],
-            stats: list[dict], part: batch_parts.Part | None = None
-            ) -> _Pending:
+  def start(
+    self,
+    layers: list[int],
+    weights: list[PyTree] | None,
+    slots: list[PyTree] | None,
+    states: list[PyTree],
+    stats: list[dict],
+    part: batch_parts.Part | None = None,
+  ) -> _Pending:
     """Starts the D2H copies of one call's updates (lists over `layers`, in
     commit order; see `step_run.UpdateSink.start`); returns what `commit`
     takes."""
@@ -211,10 +239,13 @@ class CommitQueue(step_run_lib.UpdateSink):
     accumulated = weights[0] is None if weights else False
     gradients = accumulated and slots is not None and slots[0] is not None
     return _Pending(
-        layers, None if accumulated else p.start_to_host(weights),
-        p.start_to_host(slots) if gradients or not accumulated else None,
-        p.start_to_host(states, per_device=True),
-        [self.guard.values_to_check(s) for s in stats], part)
+      layers,
+      None if accumulated else p.start_to_host(weights),
+      p.start_to_host(slots) if gradients or not accumulated else None,
+      p.start_to_host(states, per_device=True),
+      [self.guard.values_to_check(s) for s in stats],
+      part,
+    )
 
   def commit(self, entry: _Pending) -> None:
     """Commits one call's updates: each layer's weights, slots, state.
@@ -233,8 +264,9 @@ class CommitQueue(step_run_lib.UpdateSink):
       self.guard.replacing(i)
       if entry.part is not None:
         # A micro-batch's rows of the state, into the whole state.
-        state[k] = entry.part.joined_state(self._store.layers[i],
-                                           self._store.get(i)[2], state[k])
+        state[k] = entry.part.joined_state(
+          self._store.layers[i], self._store.get(i)[2], state[k]
+        )
       if entry.weights is None:  # Gradients accumulated; state only.
         self._store.set_state(i, state[k])
         if entry.slots is not None:
@@ -245,6 +277,5 @@ class CommitQueue(step_run_lib.UpdateSink):
   def _add_gradients(self, i, gradients):
     """Adds a micro-batch's host gradients of layer i to the step's."""
     if i in self._gradients:
-      gradients = jax.tree_util.tree_map(np.add, self._gradients[i],
-                                         gradients)
+      gradients = jax.tree_util.tree_map(np.add, self._gradients[i], gradients)
     self._gradients[i] = gradients

@@ -26,17 +26,22 @@ class Compiler:
     n_compiled_functions: int, distinct compiled functions made so far.
   """
 
-  def __init__(self, placement: placement_lib.Placement,
-               layers: list[tl.Layer],
-               optimizers: list[optimizer_base.Optimizer], memoize: bool,
-               donate: bool, adasum: bool):
+  def __init__(
+    self,
+    placement: placement_lib.Placement,
+    layers: list[tl.Layer],
+    optimizers: list[optimizer_base.Optimizer],
+    memoize: bool,
+    donate: bool,
+    adasum: bool,
+  ):
     """Args:
-      placement: the trainer's `placement.Placement`.
-      layers, optimizers: lists by layer index, fingerprinted on demand.
-      memoize: bool, share compiled functions between layers with equal
-        fingerprints (`memoize_jit`).
-      donate: bool, pass the donations asked for on to the compiler.
-      adasum: bool, part of what an update computes.
+    placement: the trainer's `placement.Placement`.
+    layers, optimizers: lists by layer index, fingerprinted on demand.
+    memoize: bool, share compiled functions between layers with equal
+      fingerprints (`memoize_jit`).
+    donate: bool, pass the donations asked for on to the compiler.
+    adasum: bool, part of what an update computes.
     """
     self._placement = placement
     self._layers = layers
@@ -49,8 +54,9 @@ class Compiler:
     # Layer index -> its fingerprint.
     self._fingerprints: dict[int, tuple[Hashable, Hashable]] = {}
     # Fingerprint -> its stored copy.
-    self._distinct_fingerprints: dict[tuple[Hashable, Hashable],
-                                      tuple[Hashable, Hashable]] = {}
+    self._distinct_fingerprints: dict[
+      tuple[Hashable, Hashable], tuple[Hashable, Hashable]
+    ] = {}
     self.n_compiled_functions = 0
 
   def fingerprint_of(self, i: int) -> tuple[Hashable, Hashable]:
@@ -61,14 +67,21 @@ class Compiler:
     memory that grows with depth.
     """
     if i not in self._fingerprints:
-      fp = (fingerprints.of(self._layers[i]),
-            fingerprints.of(self._optimizers[i]))
+      fp = (
+        fingerprints.of(self._layers[i]),
+        fingerprints.of(self._optimizers[i]),
+      )
       self._fingerprints[i] = self._distinct_fingerprints.setdefault(fp, fp)
     return self._fingerprints[i]
 
-  def compile(self, kind: fn_kinds.Kind, indices: list[int],
-              fn: Callable[..., Any], donate_argnums: tuple[int, ...],
-              variant: Hashable = ()) -> Callable[..., Any]:
+  def compile(
+    self,
+    kind: fn_kinds.Kind,
+    indices: list[int],
+    fn: Callable[..., Any],
+    donate_argnums: tuple[int, ...],
+    variant: Hashable = (),
+  ) -> Callable[..., Any]:
     """`fn` of `kind` for layers `indices`, compiled for the placement.
 
     Shared by every call with the same kind, variant and equal layers and
@@ -89,13 +102,24 @@ class Compiler:
     donate_argnums = donate_argnums if self._donate else ()
     key = None
     if self._memoize:
-      key = (kind, tuple(self.fingerprint_of(i) for i in indices),
-             self._placement.n_devices, self._adasum, donate_argnums, variant)
+      key = (
+        kind,
+        tuple(self.fingerprint_of(i) for i in indices),
+        self._placement.n_devices,
+        self._adasum,
+        donate_argnums,
+        variant,
+      )
       hit = self._cache.get(key)
       if hit is not None:
         return hit
-    compiled = self._placement.jit(fn, kind.in_layouts, kind.out_layouts,
-                                   donate_argnums, collectives=kind.updates)
+    compiled = self._placement.jit(
+      fn,
+      kind.in_layouts,
+      kind.out_layouts,
+      donate_argnums,
+      collectives=kind.updates,
+    )
     self.n_compiled_functions += 1
     if key is not None:
       self._cache[key] = compiled

@@ -50,9 +50,15 @@ class UpdateSink:
     """A call's statistics as the walk keeps them (here: as they are)."""
     return stats
 
-  def start(self, layers: list[int], weights: list[PyTree] | None,
-            slots: list[PyTree] | None, states: list[PyTree],
-            stats: list[dict], part: batch_parts.Part | None = None) -> Any:
+  def start(
+    self,
+    layers: list[int],
+    weights: list[PyTree] | None,
+    slots: list[PyTree] | None,
+    states: list[PyTree],
+    stats: list[dict],
+    part: batch_parts.Part | None = None,
+  ) -> Any:
     """One call's updates are dispatched (lists over `layers`, in commit
     order; `part` the micro-batch's `Part` whose rows of each layer's
     state `states` are). Where the call only accumulated gradients,
@@ -90,18 +96,24 @@ class CopyBack:
     self._n_async_layers = n_async_layers
     self._sink = sink
     # (n layers, device updates, token)
-    self._pending: collections.deque[tuple[int, Any, Any]] = (
-        collections.deque())
+    self._pending: collections.deque[tuple[int, Any, Any]] = collections.deque()
 
-  def push(self, layers: list[int], weights: list[PyTree] | None,
-           slots: list[PyTree] | None, states: list[PyTree],
-           stats: list[dict], part: batch_parts.Part | None = None) -> None:
+  def push(
+    self,
+    layers: list[int],
+    weights: list[PyTree] | None,
+    slots: list[PyTree] | None,
+    states: list[PyTree],
+    stats: list[dict],
+    part: batch_parts.Part | None = None,
+  ) -> None:
     """One call's updates, lists over `layers` in commit (backward) order
     (see `UpdateSink.start`)."""
     token = self._sink.start(layers, weights, slots, states, stats, part)
     self._pending.append((len(layers), (weights, slots, states), token))
-    waiting = commit_waits([n for n, _, _ in self._pending],
-                           self._n_async_layers)
+    waiting = commit_waits(
+      [n for n, _, _ in self._pending], self._n_async_layers
+    )
     while len(self._pending) > waiting:
       self._sink.commit(self._pending.popleft()[2])
 

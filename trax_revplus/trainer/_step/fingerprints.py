@@ -21,15 +21,25 @@ from trax.optimizers import base as optimizer_base
 # compared by identity, so the worst case is a missed sharing, never a
 # wrong one.
 
-_LAYER_SKIP = frozenset([
-    '_weights', '_state', '_rng', '_rng_seed_int', '_caller', '_init_cached',
-    '_jit_cache', '_sublayers_to_print'])
+_LAYER_SKIP = frozenset(
+  [
+    '_weights',
+    '_state',
+    '_rng',
+    '_rng_seed_int',
+    '_caller',
+    '_init_cached',
+    '_jit_cache',
+    '_sublayers_to_print',
+  ]
+)
 _OPTIMIZER_SKIP = frozenset(['_slots', '_init_opt_params'])
 _ATOMS = (type(None), bool, int, float, complex, str, bytes)
 
 
 class _Unique:
   """A fingerprint part equal only to itself."""
+
   __slots__ = ()
 
 
@@ -70,25 +80,38 @@ def of(obj: Any, active: dict[int, int] | None = None) -> Hashable:
       return ('set', frozenset(fp(x) for x in obj))
     if isinstance(obj, base.Layer):
       return ('layer', type(obj)) + tuple(
-          (k, fp(v)) for k, v in sorted(vars(obj).items())
-          if k not in _LAYER_SKIP)
+        (k, fp(v)) for k, v in sorted(vars(obj).items()) if k not in _LAYER_SKIP
+      )
     if isinstance(obj, optimizer_base.Optimizer):
       return ('optimizer', type(obj)) + tuple(
-          (k, fp(v)) for k, v in sorted(vars(obj).items())
-          if k not in _OPTIMIZER_SKIP)
+        (k, fp(v))
+        for k, v in sorted(vars(obj).items())
+        if k not in _OPTIMIZER_SKIP
+      )
     if isinstance(obj, types.FunctionType):
-      cells = tuple(fp(c.cell_contents) if _cell_full(c) else ('empty',)
-                    for c in (obj.__closure__ or ()))
-      return ('function', obj.__code__, id(obj.__globals__),
-              fp(obj.__defaults__), fp(obj.__kwdefaults__), cells)
+      cells = tuple(
+        fp(c.cell_contents) if _cell_full(c) else ('empty',)
+        for c in (obj.__closure__ or ())
+      )
+      return (
+        'function',
+        obj.__code__,
+        id(obj.__globals__),
+        fp(obj.__defaults__),
+        fp(obj.__kwdefaults__),
+        cells,
+      )
     if isinstance(obj, types.MethodType):
       return ('method', fp(obj.__func__), fp(obj.__self__))
     if isinstance(obj, functools.partial):
       return ('partial', fp(obj.func), fp(obj.args), fp(obj.keywords))
     if isinstance(obj, (type, types.ModuleType, types.BuiltinFunctionType)):
       return ('object', obj)
-    if hasattr(obj, 'shape') and hasattr(obj, 'dtype') and not hasattr(
-        obj, '__array__'):  # trax ShapeDtype and the like
+    if (
+      hasattr(obj, 'shape')
+      and hasattr(obj, 'dtype')
+      and not hasattr(obj, '__array__')
+    ):  # trax ShapeDtype and the like
       return ('shape', tuple(obj.shape), str(obj.dtype))
     try:
       hash(obj)

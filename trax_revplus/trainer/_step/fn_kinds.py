@@ -41,6 +41,7 @@ class Kind(enum.Enum):
   Each kind's function may run over batch slices (`slices`); its arguments
   and results are the same either way.
   """
+
   FORWARD = 'fwd'
   FORWARD_BACKWARD_UPDATE = 'std'
   LOSS = 'loss'
@@ -92,18 +93,18 @@ _FORWARD_OUT = (_D, _D)
 _FBO_IN = (_D, _R, _D, _D, _R, _R, _D, _R)
 _FBO_OUT = (_R, _D, _R, _D, _D)
 _IN_LAYOUTS = {
-    Kind.FORWARD: _FORWARD_IN,
-    Kind.SEGMENT_FORWARD: _FORWARD_IN,
-    Kind.FORWARD_BACKWARD_UPDATE: _FBO_IN,
-    Kind.LOSS: _FBO_IN,
-    Kind.SEGMENT_REVERSE_UPDATE: (_D, _R, _D, _D, _D, _R, _R, _D, _R),
-    Kind.FUSED_LOSS: (_D, _R, _D, _R, _R, _D, _R),
+  Kind.FORWARD: _FORWARD_IN,
+  Kind.SEGMENT_FORWARD: _FORWARD_IN,
+  Kind.FORWARD_BACKWARD_UPDATE: _FBO_IN,
+  Kind.LOSS: _FBO_IN,
+  Kind.SEGMENT_REVERSE_UPDATE: (_D, _R, _D, _D, _D, _R, _R, _D, _R),
+  Kind.FUSED_LOSS: (_D, _R, _D, _R, _R, _D, _R),
 }
 _OUT_LAYOUTS = {
-    Kind.FORWARD: _FORWARD_OUT,
-    Kind.SEGMENT_FORWARD: _FORWARD_OUT,
-    Kind.FORWARD_BACKWARD_UPDATE: _FBO_OUT,
-    Kind.LOSS: _FBO_OUT,
-    Kind.SEGMENT_REVERSE_UPDATE: (_R, _R, _D, _D, _D),
-    Kind.FUSED_LOSS: (_R, _D, _R, _D, _D),
+  Kind.FORWARD: _FORWARD_OUT,
+  Kind.SEGMENT_FORWARD: _FORWARD_OUT,
+  Kind.FORWARD_BACKWARD_UPDATE: _FBO_OUT,
+  Kind.LOSS: _FBO_OUT,
+  Kind.SEGMENT_REVERSE_UPDATE: (_R, _R, _D, _D, _D),
+  Kind.FUSED_LOSS: (_R, _D, _R, _D, _D),
 }

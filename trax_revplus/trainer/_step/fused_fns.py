@@ -23,10 +23,13 @@ from trax_revplus.trainer import ties as ties_lib
 from trax_revplus.typing import PyTree
 
 
-def fused_loss_fn(layers: Sequence[tl.Layer],
-                  optimizers: Sequence[optimizer_base.Optimizer],
-                  n_devices: int, adasum: bool,
-                  in_call: ties_lib.InCall = ()) -> Callable[..., tuple]:
+def fused_loss_fn(
+  layers: Sequence[tl.Layer],
+  optimizers: Sequence[optimizer_base.Optimizer],
+  n_devices: int,
+  adasum: bool,
+  in_call: ties_lib.InCall = (),
+) -> Callable[..., tuple]:
   """Forward + backward + update of consecutive layers ending in the loss.
 
   The whole-model step of trax's `_accelerated_update_fn` for the layers
@@ -54,11 +57,23 @@ def fused_loss_fn(layers: Sequence[tl.Layer],
   def fbo(inputs, weights, states, slots, opt_params, rngs, step):
     def loss_fn(x, ws):
       return forward(x, ws, states, rngs)
-    loss, vjp_fn, new_states = fastmath.vjp(loss_fn, inputs, weights,
-                                            has_aux=True)
+
+    loss, vjp_fn, new_states = fastmath.vjp(
+      loss_fn, inputs, weights, has_aux=True
+    )
     grads_inputs, grads_weights = vjp_fn(jnp.ones((), dtype=loss.dtype))
-    return apply_updates(updates, grads_weights, weights, slots, opt_params,
-                         step, new_states, grads_inputs, loss)
+    return apply_updates(
+      updates,
+      grads_weights,
+      weights,
+      slots,
+      opt_params,
+      step,
+      new_states,
+      grads_inputs,
+      loss,
+    )
+
   return fbo
 
 
@@ -69,9 +84,11 @@ def _stack_fn(layers):
   depth = chains.chain_depth(layers)
 
   def run(stack, weights, states, rngs):
-    outputs, new_states = forward(cb.inputs_from_stack(stack, depth),
-                                  weights, states, rngs)
+    outputs, new_states = forward(
+      cb.inputs_from_stack(stack, depth), weights, states, rngs
+    )
     return cb.outputs_onto_stack(outputs, stack, depth), new_states
+
   return run
 
 
@@ -84,26 +101,28 @@ def _pieces(layers, optimizers, n_devices, adasum, in_call):
   updates = [update_fn(opt, n_devices, adasum) for opt in optimizers]
   cuts = sorted({reader for reader, _, _, _ in in_call})
   bounds = [0] + [c + 1 for c in cuts] + [len(layers)]
-  pieces = [(a, b, _stack_fn(layers[a:b]))
-            for a, b in zip(bounds, bounds[1:])]
+  pieces = [(a, b, _stack_fn(layers[a:b])) for a, b in zip(bounds, bounds[1:])]
 
   def fbo(inputs, weights, states, slots, opt_params, rngs, step):
     n = len(layers)
     stacks = [inputs]
     for a, b, run in pieces[:-1]:
-      stacks.append(run(stacks[-1], weights[a:b], states[a:b],
-                        rngs[a:b])[0])
+      stacks.append(run(stacks[-1], weights[a:b], states[a:b], rngs[a:b])[0])
     new_weights: list[Any] = [None] * n
     new_slots: list[Any] = [None] * n
     new_states: list[Any] = [None] * n
     stats: list[Any] = [None] * n
     loss = cotangents = None
     for stack, (a, b, run) in reversed(list(zip(stacks, pieces))):
-      ws = [tied_weights(k, weights[k], new_weights, in_call)
-            for k in range(a, b)]
+      ws = [
+        tied_weights(k, weights[k], new_weights, in_call) for k in range(a, b)
+      ]
       out, vjp_fn, new_states[a:b] = fastmath.vjp(
-          lambda x, w, a=a, b=b, run=run: run(x, w, states[a:b], rngs[a:b]),
-          stack, ws, has_aux=True)
+        lambda x, w, a=a, b=b, run=run: run(x, w, states[a:b], rngs[a:b]),
+        stack,
+        ws,
+        has_aux=True,
+      )
       if loss is None:
         loss = out
         cotangents = jnp.ones((), dtype=loss.dtype)
@@ -111,23 +130,29 @@ def _pieces(layers, optimizers, n_devices, adasum, in_call):
       # The piece's own layers share nothing among themselves (each cut
       # follows an earlier holder), so `ws` are the weights to update.
       new_weights[a:b], new_slots[a:b], stats[a:b] = update_each(
-          updates[a:b], grads, ws, slots[a:b], opt_params[a:b], step)
+        updates[a:b], grads, ws, slots[a:b], opt_params[a:b], step
+      )
     stats[-1]['loss'] = loss
     return new_weights, new_states, new_slots, cotangents, stats
+
   return fbo
 
 
-def apply_updates(updates: Sequence[Callable[..., tuple]],
-                  grads_weights: Sequence[PyTree], weights: Sequence[PyTree],
-                  slots: Sequence[PyTree], opt_params: Sequence[PyTree],
-                  step: PyTree, new_states: list[PyTree],
-                  grads_inputs: PyTree,
-                  loss: PyTree
-                  ) -> tuple[list[PyTree], PyTree, list[PyTree], PyTree,
-                             list[dict]]:
+def apply_updates(
+  updates: Sequence[Callable[..., tuple]],
+  grads_weights: Sequence[PyTree],
+  weights: Sequence[PyTree],
+  slots: Sequence[PyTree],
+  opt_params: Sequence[PyTree],
+  step: PyTree,
+  new_states: list[PyTree],
+  grads_inputs: PyTree,
+  loss: PyTree,
+) -> tuple[list[PyTree], PyTree, list[PyTree], PyTree, list[dict]]:
   """`update_each`, and the loss into the last layer's stats. Returns
   `fused_loss_fn`'s results."""
   new_weights, new_slots, stats = update_each(
-      updates, grads_weights, weights, slots, opt_params, step)
+    updates, grads_weights, weights, slots, opt_params, step
+  )
   stats[-1]['loss'] = loss
   return new_weights, new_states, new_slots, grads_inputs, stats

@@ -36,8 +36,19 @@ from trax_revplus.typing import Array
 from trax_revplus.typing import PRNGKey
 from trax_revplus.typing import PyTree
 
-def _pieces(forward, combine, items, weights, states, rngs, k, chunks,
-            factor, all_weights=None):
+
+def _pieces(
+  forward,
+  combine,
+  items,
+  weights,
+  states,
+  rngs,
+  k,
+  chunks,
+  factor,
+  all_weights=None,
+):
   """Loss and gradients of `forward` (a chain from stack items to a loss)
   over k row slices times `chunks` chunks of the sequence, in one loop.
 
@@ -63,13 +74,15 @@ def _pieces(forward, combine, items, weights, states, rngs, k, chunks,
     length = sequence_length(items)
     if length is None or length % chunks:
       raise ValueError(
-          f'{chunks} sequence chunks: the loss layer\'s tail reads items '
-          f'of shapes {[tuple(x.shape) for x in items]}, which do not share '
-          f'a sequence length (axis 1, before a feature axis) that {chunks} '
-          f'divides.')
+        f"{chunks} sequence chunks: the loss layer's tail reads items "
+        f'of shapes {[tuple(x.shape) for x in items]}, which do not share '
+        f'a sequence length (axis 1, before a feature axis) that {chunks} '
+        f'divides.'
+      )
     n = length // chunks
-  floats = [i for i, x in enumerate(items)
-            if jnp.issubdtype(x.dtype, jnp.inexact)]
+  floats = [
+    i for i, x in enumerate(items) if jnp.issubdtype(x.dtype, jnp.inexact)
+  ]
   whole = items[-1] if all_weights is None else all_weights
 
   def starts(x, s, j):
@@ -79,8 +92,11 @@ def _pieces(forward, combine, items, weights, states, rngs, k, chunks,
     return at
 
   def sizes(x):
-    return [b] + ([n] if n is not None else []) + list(
-        x.shape[1 if n is None else 2:])
+    return (
+      [b]
+      + ([n] if n is not None else [])
+      + list(x.shape[1 if n is None else 2 :])
+    )
 
   def body(p, carry):
     loss, bufs, acc, _ = carry
@@ -95,33 +111,49 @@ def _pieces(forward, combine, items, weights, states, rngs, k, chunks,
     def scaled(y, w):
       out, new_states = forward(y, w, states, piece_rngs)
       return out * share.astype(out.dtype), new_states
+
     # Without chunks a piece is a batch slice: its masks are its rows of
     # the unsliced ones (`row_draws`).
-    draws = (row_draws.slice_of(s, k) if n is None and k > 1 else
-             contextlib.nullcontext())
+    draws = (
+      row_draws.slice_of(s, k)
+      if n is None and k > 1
+      else contextlib.nullcontext()
+    )
     with draws:
-      out, vjp_fn, new_states = fastmath.vjp(scaled, stack_of(part), weights,
-                                             has_aux=True)
+      out, vjp_fn, new_states = fastmath.vjp(
+        scaled, stack_of(part), weights, has_aux=True
+      )
     grads_part, grads_weights = vjp_fn(jnp.ones((), out.dtype))
     grads_part = items_of(grads_part)
-    bufs = [lax.dynamic_update_slice(buf, grads_part[i].astype(buf.dtype),
-                                     starts(buf, s, j))
-            for i, buf in zip(floats, bufs)]
+    bufs = [
+      lax.dynamic_update_slice(
+        buf, grads_part[i].astype(buf.dtype), starts(buf, s, j)
+      )
+      for i, buf in zip(floats, bufs)
+    ]
     acc = jax.tree_util.tree_map(jnp.add, acc, grads_weights)
     return loss + out.astype(loss.dtype), bufs, acc, new_states
+
   loss, bufs, grads_weights, new_states = lax.fori_loop(
-      0, k * chunks, body,
-      (jnp.zeros((), jnp.float32),
-       [jnp.zeros_like(items[i]) for i in floats],
-       jax.tree_util.tree_map(jnp.zeros_like, weights), list(states)))
+    0,
+    k * chunks,
+    body,
+    (
+      jnp.zeros((), jnp.float32),
+      [jnp.zeros_like(items[i]) for i in floats],
+      jax.tree_util.tree_map(jnp.zeros_like, weights),
+      list(states),
+    ),
+  )
   grads_items = [_zero_cotangent(x) for x in items]
   for i, buf in zip(floats, bufs):
     grads_items[i] = buf
   return loss, grads_items, grads_weights, new_states
 
 
-def chunked_grads(loss_layer: tl.Layer, k: int,
-                  rng: PRNGKey) -> Callable[..., tuple]:
+def chunked_grads(
+  loss_layer: tl.Layer, k: int, rng: PRNGKey
+) -> Callable[..., tuple]:
   """The loss layer's loss and gradients with its tail over k chunks.
 
   The head (`tail_start`) runs forward and backward once, on whole rows;
@@ -154,21 +186,36 @@ def chunked_grads(loss_layer: tl.Layer, k: int,
     rngs = rngs_of(loss_layer, rng)
     if start:
       y, head_vjp, head_states = fastmath.vjp(
-          lambda x, w: head(x, w, ss[:start], rngs[:start]), inputs,
-          ws[:start], has_aux=True)
+        lambda x, w: head(x, w, ss[:start], rngs[:start]),
+        inputs,
+        ws[:start],
+        has_aux=True,
+      )
     else:
       y, head_vjp, head_states = inputs, None, []
     loss, grads_y, grads_tail, tail_states = _pieces(
-        tail, combine, items_of(y), ws[start:], ss[start:], rngs[start:], 1, k,
-        factor)
+      tail,
+      combine,
+      items_of(y),
+      ws[start:],
+      ss[start:],
+      rngs[start:],
+      1,
+      k,
+      factor,
+    )
     grads_y = stack_of(grads_y)
     if start:
       grads_inputs, grads_head = head_vjp(grads_y)
     else:
       grads_inputs, grads_head = grads_y, []
-    return (loss, grads_inputs,
-            joined(loss_layer, list(grads_head) + list(grads_tail)),
-            joined(loss_layer, list(head_states) + list(tail_states)))
+    return (
+      loss,
+      grads_inputs,
+      joined(loss_layer, list(grads_head) + list(grads_tail)),
+      joined(loss_layer, list(head_states) + list(tail_states)),
+    )
+
   return grads
 
 
@@ -180,11 +227,13 @@ def in_place(loss_layer: tl.Layer, inputs: PyTree, state: PyTree) -> bool:
     return False
   rows = items_of(inputs)[0].shape[0]
   return not slice_states.States(
-      state, slice_states.state_rows(loss_layer), rows, 1).scanned
+    state, slice_states.state_rows(loss_layer), rows, 1
+  ).scanned
 
 
-def pieces_grads(loss_layer: tl.Layer, k: int, chunks: int,
-                 rng: PRNGKey) -> Callable[..., tuple]:
+def pieces_grads(
+  loss_layer: tl.Layer, k: int, chunks: int, rng: PRNGKey
+) -> Callable[..., tuple]:
   """The loss layer's loss and gradients over k row slices times `chunks`
   chunks of the sequence, in one loop, in place (`_pieces`): the call
   holds, beyond its arguments and results, one piece's temporaries.
@@ -207,10 +256,24 @@ def pieces_grads(loss_layer: tl.Layer, k: int, chunks: int,
   def grads(inputs, weights, state, all_weights=None):
     ws, ss = parts_of(loss_layer, weights, state)
     loss, grads_inputs, grads_ws, new_states = _pieces(
-        forward, combine, items_of(inputs), ws, ss, rngs_of(loss_layer, rng), k,
-        chunks, jnp.ones((), jnp.float32), all_weights)
-    return (loss, stack_of(grads_inputs), joined(loss_layer, grads_ws),
-            joined(loss_layer, new_states))
+      forward,
+      combine,
+      items_of(inputs),
+      ws,
+      ss,
+      rngs_of(loss_layer, rng),
+      k,
+      chunks,
+      jnp.ones((), jnp.float32),
+      all_weights,
+    )
+    return (
+      loss,
+      stack_of(grads_inputs),
+      joined(loss_layer, grads_ws),
+      joined(loss_layer, new_states),
+    )
+
   return grads
 
 

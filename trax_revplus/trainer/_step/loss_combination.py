@@ -30,11 +30,11 @@ def _per_core_weights(w):
 # Final loss layers (by trax's layer name) that are weighted means, with the
 # denominator they divide by.
 _WEIGHTED_MEANS = {
-    'WeightedCategoryCrossEntropy': _per_core_weights,
-    'WeightedCategoryAccuracy': _per_core_weights,
-    '_WeightedMean': _per_core_weights,
-    'L2Loss': jnp.sum,
-    'SmoothL1Loss': jnp.sum,
+  'WeightedCategoryCrossEntropy': _per_core_weights,
+  'WeightedCategoryAccuracy': _per_core_weights,
+  '_WeightedMean': _per_core_weights,
+  'L2Loss': jnp.sum,
+  'SmoothL1Loss': jnp.sum,
 }
 _WEIGHTED_SUMS = frozenset({'WeightedSum'})
 # trax loss parts that mix rows (a dot product over the batch).

@@ -51,16 +51,37 @@ from trax_revplus.typing import PyTree
 
 # Layer classes that act on each position alone (along the last axis, or
 # element-wise), with no weights shared across positions' values.
-POSITION_WISE_CLASSES = frozenset({
-    'Dense', 'LayerNorm', 'Dropout', 'AssertShape'})
+POSITION_WISE_CLASSES = frozenset(
+  {'Dense', 'LayerNorm', 'Dropout', 'AssertShape'}
+)
 # trax's `Fn` layers (class `PureLayer`) by name: element-wise activations,
 # stack moves, element-wise arithmetic, and the per-position part of
 # trax's losses.
-POSITION_WISE_NAMES = frozenset({
-    'LogSoftmax', 'Softmax', 'Relu', 'Gelu', 'FastGelu', 'Sigmoid', 'Tanh',
-    'HardSigmoid', 'HardTanh', 'LeakyRelu', 'Elu', 'Selu', 'Negate',
-    'Dup', 'Drop', 'Swap', 'Add', 'SubtractTop', 'Multiply', 'XYAvg',
-    '_CrossEntropy'})
+POSITION_WISE_NAMES = frozenset(
+  {
+    'LogSoftmax',
+    'Softmax',
+    'Relu',
+    'Gelu',
+    'FastGelu',
+    'Sigmoid',
+    'Tanh',
+    'HardSigmoid',
+    'HardTanh',
+    'LeakyRelu',
+    'Elu',
+    'Selu',
+    'Negate',
+    'Dup',
+    'Drop',
+    'Swap',
+    'Add',
+    'SubtractTop',
+    'Multiply',
+    'XYAvg',
+    '_CrossEntropy',
+  }
+)
 # Combinators: position-wise when every sublayer is.
 _COMBINATORS = frozenset({'Serial', 'Parallel'})
 # The chunk counts a device budget tries (those dividing the sequence).
@@ -78,14 +99,14 @@ def is_position_wise(layer: tl.Layer) -> bool:
   kind = type(layer).__name__
   if kind in _COMBINATORS:
     return bool(layer.sublayers) and all(
-        is_position_wise(sub) for sub in layer.sublayers)
+      is_position_wise(sub) for sub in layer.sublayers
+    )
   if kind in POSITION_WISE_CLASSES:
     return True
   if kind == 'Concatenate':
     return layer.name == 'Concatenate'
   if kind == 'PureLayer':
-    return (layer.name in POSITION_WISE_NAMES or
-            layer.name.startswith('Select['))
+    return layer.name in POSITION_WISE_NAMES or layer.name.startswith('Select[')
   return False
 
 
@@ -93,8 +114,11 @@ def sublayers_of(loss_layer: tl.Layer) -> list[Any]:
   """The loss layer's parts the tail is cut from: a `tl.Serial`'s
   sublayers (each a distinct layer), else the layer itself."""
   subs = list(loss_layer.sublayers)
-  if (type(loss_layer).__name__ == 'Serial' and subs and
-      len({id(s) for s in subs}) == len(subs)):
+  if (
+    type(loss_layer).__name__ == 'Serial'
+    and subs
+    and len({id(s) for s in subs}) == len(subs)
+  ):
     return subs
   return [loss_layer]
 
@@ -110,18 +134,19 @@ def tail_start(loss_layer: tl.Layer) -> int | None:
   while start > 0:
     last = start == len(subs)
     sub = subs[start - 1]
-    if not (is_position_wise(sub) or
-            (last and loss_combination([sub]) is not None)):
+    if not (
+      is_position_wise(sub) or (last and loss_combination([sub]) is not None)
+    ):
       break
     start -= 1
   # Stack items after the head: the loss layer's inputs, changed by each
   # head layer.
   depth = chains.chain_depth(subs) + sum(
-      sub.n_out - sub.n_in for sub in subs[:start])
+    sub.n_out - sub.n_in for sub in subs[:start]
+  )
   while start < len(subs):
     tail = subs[start:]
-    if (loss_combination(tail) is not None and
-        depth == chains.chain_depth(tail)):
+    if loss_combination(tail) is not None and depth == chains.chain_depth(tail):
       return start
     depth += subs[start].n_out - subs[start].n_in
     start += 1
@@ -144,8 +169,9 @@ def tail_length(loss_layer: tl.Layer, inputs_types: PyTree) -> int | None:
   try:
     with layers_lib.preserved(loss_layer):
       items, _ = jax.eval_shape(
-          lambda x: forward(x, weights[:start], states[:start],
-                            [rng] * start), inputs_types)
+        lambda x: forward(x, weights[:start], states[:start], [rng] * start),
+        inputs_types,
+      )
   except Exception:  # pylint: disable=broad-except
     return None
   return sequence_length(items_of(items))
@@ -179,8 +205,9 @@ def _whole(loss_layer) -> bool:
   return sublayers_of(loss_layer)[0] is loss_layer
 
 
-def parts_of(loss_layer: tl.Layer, weights: PyTree,
-             states: PyTree) -> tuple[list[PyTree], list[PyTree]]:
+def parts_of(
+  loss_layer: tl.Layer, weights: PyTree, states: PyTree
+) -> tuple[list[PyTree], list[PyTree]]:
   """(weights, states) of `sublayers_of(loss_layer)`, as lists."""
   if _whole(loss_layer):
     return [weights], [states]
@@ -197,8 +224,7 @@ def rngs_of(loss_layer: tl.Layer, rng: PRNGKey) -> list[PRNGKey]:
   (`tl.Serial` splits its RNG among its sublayers)."""
   if _whole(loss_layer):
     return [rng]
-  return list(trax_functions.split_rngs(
-      rng, len(sublayers_of(loss_layer))))
+  return list(trax_functions.split_rngs(rng, len(sublayers_of(loss_layer))))
 
 
 def items_of(stack: PyTree) -> list[Any]:

@@ -66,8 +66,7 @@ class ReleaseHostMemory(StepObserver):
     return self._releaser.released_bytes
 
   def unit_done(self, ctx: protocols.Step, unit: protocols.Unit) -> None:
-    fn = (unit.forward_fn if ctx.phase == 'forward' else
-          ctx.backward_fn_of(unit))
+    fn = unit.forward_fn if ctx.phase == 'forward' else ctx.backward_fn_of(unit)
     if fn is not None and id(fn) not in self._first_calls_done:
       self._first_calls_done.add(id(fn))
       self.release()
@@ -100,11 +99,15 @@ class PhaseRecorder(StepObserver):
   (`device_memory`).
   """
 
-  def __init__(self, step: int,
-               step_memory: device_memory.StepMemory | None,
-               placement: placement_lib.Placement, layers: Sequence[tl.Layer],
-               memory_log: memory_lib.MemoryLog,
-               released_bytes: Callable[[], int] | None):
+  def __init__(
+    self,
+    step: int,
+    step_memory: device_memory.StepMemory | None,
+    placement: placement_lib.Placement,
+    layers: Sequence[tl.Layer],
+    memory_log: memory_lib.MemoryLog,
+    released_bytes: Callable[[], int] | None,
+  ):
     """Starts the clock of the step's first phase.
 
     Args:
@@ -135,21 +138,29 @@ class PhaseRecorder(StepObserver):
       return
     unit_start_seconds = ctx.unit_start_seconds
     assert unit_start_seconds is not None  # set as the unit's call began
-    self._placement.block(ctx.stack if ctx.phase == 'forward'
-                          else ctx.grad_stack)
+    self._placement.block(
+      ctx.stack if ctx.phase == 'forward' else ctx.grad_stack
+    )
     names = [self._layers[i].name for i in unit.layers]
     name = names[0] if len(names) == 1 else f'{names[0]}..{names[-1]}'
-    self._log.record(self._step, ctx.phase, layer=unit.layers[0],
-                     layer_name=name, n_layers=len(unit.layers),
-                     seconds=time.time() - unit_start_seconds)
+    self._log.record(
+      self._step,
+      ctx.phase,
+      layer=unit.layers[0],
+      layer_name=name,
+      n_layers=len(unit.layers),
+      seconds=time.time() - unit_start_seconds,
+    )
 
   def pass_ends(self, ctx: protocols.Step, phase: str) -> None:
     # Each pass's record waits for what the pass made last.
-    self.end_phase(phase, {'forward': ctx.stack,
-                           'loss': ctx.grad_stack}.get(phase))
+    self.end_phase(
+      phase, {'forward': ctx.stack, 'loss': ctx.grad_stack}.get(phase)
+    )
 
-  def end_phase(self, phase: str, outputs: PyTree | None = None,
-                **fields: Any) -> None:
+  def end_phase(
+    self, phase: str, outputs: PyTree | None = None, **fields: Any
+  ) -> None:
     """Records the phase that ends now, if this step is recorded.
 
     Args:
@@ -164,8 +175,9 @@ class PhaseRecorder(StepObserver):
     start = self._phase_start
     h2d, d2h = self._placement.transfers.since(start.transfers)
     if self._released_bytes is not None:
-      fields['host_released_bytes'] = (self._released_bytes() -
-                                       start.released_bytes)
+      fields['host_released_bytes'] = (
+        self._released_bytes() - start.released_bytes
+      )
     step_memory = self._step_memory
     peaks = {} if step_memory is None else step_memory.phase_peaks()
     if step_memory is not None and phase in peaks:
@@ -173,11 +185,19 @@ class PhaseRecorder(StepObserver):
       fields['phase_peak_device_bytes'] = peaks[phase]
       fields['peak_host_bytes'] = step_memory.peak_host_bytes
       fields['phase_peak_host_bytes'] = step_memory.phase_host_peaks()[phase]
-    self._log.record(self._step, phase, seconds=time.time() - start.seconds,
-                     h2d_bytes=h2d, d2h_bytes=d2h, **fields)
+    self._log.record(
+      self._step,
+      phase,
+      seconds=time.time() - start.seconds,
+      h2d_bytes=h2d,
+      d2h_bytes=d2h,
+      **fields,
+    )
     self._phase_start = self._now()
 
   def _now(self):
     return _PhaseStart(
-        time.time(), self._placement.transfers.snapshot(),
-        0 if self._released_bytes is None else self._released_bytes())
+      time.time(),
+      self._placement.transfers.snapshot(),
+      0 if self._released_bytes is None else self._released_bytes(),
+    )

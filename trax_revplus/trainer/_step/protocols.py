@@ -52,6 +52,7 @@ class Unit(Protocol):
       gradients (`step_fns.Update.ACCUMULATE`), or None without
       micro-batches.
   """
+
   layers: list[int]
 
   # Read-only (properties): a unit's compiled functions are fixed when it
@@ -84,8 +85,9 @@ class PassUnit(Unit, Protocol):
       The stack after the unit's layers.
     """
 
-  def backward(self, stack: Stack, grad_stack: Stack, params: tuple,
-               run: 'Run') -> tuple[Stack, Stack]:
+  def backward(
+    self, stack: Stack, grad_stack: Stack, params: tuple, run: 'Run'
+  ) -> tuple[Stack, Stack]:
     """Backward and update of the unit's layers; hands the updates to
     `run.updated`.
 
@@ -128,9 +130,15 @@ class UpdateSink(Protocol):
   def readable(self, stats: PyTree) -> PyTree:
     """A call's statistics (per-device scalars) as the walk keeps them."""
 
-  def start(self, layers: list[int], weights: list[PyTree] | None,
-            slots: list[PyTree] | None, states: list[PyTree],
-            stats: list[dict], part: Any = None) -> Any:
+  def start(
+    self,
+    layers: list[int],
+    weights: list[PyTree] | None,
+    slots: list[PyTree] | None,
+    states: list[PyTree],
+    stats: list[dict],
+    part: Any = None,
+  ) -> Any:
     """One call's updates are dispatched: lists over `layers` in commit
     (backward) order of replicated weights and slots and per-device
     states; `part` the `Part` of the batch or None. Returns the token
@@ -167,6 +175,7 @@ class Run(Protocol):
     part: the `Part` of the batch walked, or None.
     sink: the `UpdateSink` the updates go to.
   """
+
   plan: Any
   phase: str
   stack: Stack | None
@@ -178,8 +187,9 @@ class Run(Protocol):
   part: Any
   sink: UpdateSink
 
-  def params(self, unit: Unit, following: Unit | None,
-             with_slots: bool) -> tuple[list[PyTree], list[PyTree] | None]:
+  def params(
+    self, unit: Unit, following: Unit | None, with_slots: bool
+  ) -> tuple[list[PyTree], list[PyTree] | None]:
     """`unit`'s replicated (weights, slots), lists over `unit.layers`;
     places `following`'s ahead where the plan prefetches."""
 
@@ -202,9 +212,14 @@ class Run(Protocol):
   def take_saved(self, layers: list[int]) -> list[PyTree]:
     """The saved entries of `layers`, on the device, in their order."""
 
-  def updated(self, layers: list[int], weights: list[PyTree],
-              slots: list[PyTree], states: list[PyTree],
-              stats: list[dict]) -> None:
+  def updated(
+    self,
+    layers: list[int],
+    weights: list[PyTree],
+    slots: list[PyTree],
+    states: list[PyTree],
+    stats: list[dict],
+  ) -> None:
     """A call's updates, lists over `layers` in commit order."""
 
   def begin(self, n_parts: int) -> None:
@@ -235,6 +250,7 @@ class Step(Run, Protocol):
     unit_start_seconds: float, `time.time()` when the current unit's call
       began.
   """
+
   unit_start_seconds: float | None
 
   def host_working_set_bytes(self) -> int:

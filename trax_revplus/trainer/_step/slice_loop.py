@@ -29,8 +29,9 @@ def is_float0(x: Any) -> bool:
   return getattr(x, 'dtype', None) == FLOAT0
 
 
-def stackable(tree: PyTree) -> tuple[list[Array],
-                                     Callable[[list[Array], int], PyTree]]:
+def stackable(
+  tree: PyTree,
+) -> tuple[list[Array], Callable[[list[Array], int], PyTree]]:
   """(leaves lax.scan can stack, a function rebuilding the merged tree)."""
   leaves, treedef = jax.tree_util.tree_flatten(tree)
   shapes = [(x.shape, is_float0(x)) for x in leaves]
@@ -45,13 +46,15 @@ def stackable(tree: PyTree) -> tuple[list[Array],
       else:
         out.append(merge(stacked.pop(0)))
     return jax.tree_util.tree_unflatten(treedef, out)
+
   return kept, merged
 
 
 def _types(tree):
   leaves, treedef = jax.tree_util.tree_flatten(tree)
-  return treedef, [(x.shape, x.dtype, getattr(x, 'weak_type', False))
-                   for x in leaves]
+  return treedef, [
+    (x.shape, x.dtype, getattr(x, 'weak_type', False)) for x in leaves
+  ]
 
 
 def _reshaped(carry, after_one):
@@ -61,15 +64,20 @@ def _reshaped(carry, after_one):
   after, after_def = jax.tree_util.tree_flatten(after_one)
   # jaxlib ships no stub of PyTreeDef: mypy knows no comparison of it.
   if treedef != after_def or any(  # type: ignore[operator]
-      np.size(x) != int(np.prod(a.shape)) or jnp.result_type(x) != a.dtype
-      for x, a in zip(leaves, after)):
+    np.size(x) != int(np.prod(a.shape)) or jnp.result_type(x) != a.dtype
+    for x, a in zip(leaves, after)
+  ):
     return None
   return jax.tree_util.tree_unflatten(
-      treedef, [jnp.reshape(x, a.shape) for x, a in zip(leaves, after)])
+    treedef, [jnp.reshape(x, a.shape) for x, a in zip(leaves, after)]
+  )
 
 
-def scan(body: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
-         carry: PyTree, xs: PyTree) -> tuple[PyTree, PyTree]:
+def scan(
+  body: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
+  carry: PyTree,
+  xs: PyTree,
+) -> tuple[PyTree, PyTree]:
   """`lax.scan(body, carry, xs)` over the k slices, also where the carry
   changes type in the first slice; every slice runs inside the loop, one
   at a time.
@@ -97,8 +105,10 @@ def scan(body: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
     return lax.scan(body, carry, xs)
   after_two = jax.eval_shape(lambda c, x: body(c, x)[0], after_one, first)
   if _types(after_two) != _types(after_one):
-    raise ValueError('a layer state changes type in more than its first '
-                     'call; it cannot run over batch slices.')
+    raise ValueError(
+      'a layer state changes type in more than its first '
+      'call; it cannot run over batch slices.'
+    )
   reshaped = _reshaped(carry, after_one)
   if reshaped is not None:
     return lax.scan(body, reshaped, xs)
@@ -107,17 +117,24 @@ def scan(body: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
   def body_from_given_carry(c, indexed):
     i, x = indexed
     return lax.cond(i == 0, lambda _, x_: body(carry, x_), body, c, x)
+
   # Never read: the first slice runs on `carry`.
   placeholder = jax.tree_util.tree_map(
-      lambda t: jnp.zeros(t.shape, t.dtype), after_one)
-  return lax.scan(body_from_given_carry, placeholder,
-                  (jnp.arange(k, dtype=jnp.int32), xs))
+    lambda t: jnp.zeros(t.shape, t.dtype), after_one
+  )
+  return lax.scan(
+    body_from_given_carry, placeholder, (jnp.arange(k, dtype=jnp.int32), xs)
+  )
 
 
-def scan_rows(body: Callable[[PyTree, PyTree], tuple[PyTree, tuple]],
-              carry: PyTree, xs: PyTree, k: int, rows_at: int = 0,
-              loop: Callable[..., tuple[PyTree, PyTree]] = scan
-              ) -> tuple[PyTree, tuple, Callable[[], PyTree]]:
+def scan_rows(
+  body: Callable[[PyTree, PyTree], tuple[PyTree, tuple]],
+  carry: PyTree,
+  xs: PyTree,
+  k: int,
+  rows_at: int = 0,
+  loop: Callable[..., tuple[PyTree, PyTree]] = scan,
+) -> tuple[PyTree, tuple, Callable[[], PyTree]]:
   """`loop(body, carry, xs)` over k slices, where item `rows_at` of the
   body's results is a tree of the slice's rows, given back whole.
 
@@ -152,5 +169,6 @@ def scan_rows(body: Callable[[PyTree, PyTree], tuple[PyTree, tuple]],
     # the scan's.
     merged[:] = [merge]
     return c, tuple(outs)
+
   carry, ys = loop(stacked_body, carry, (jnp.arange(k, dtype=jnp.int32), xs))
   return carry, ys, lambda: merged[0](ys[rows_at], k)

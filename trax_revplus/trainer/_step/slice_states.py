@@ -38,18 +38,23 @@ def state_rows(layer: tl.Layer) -> Any:
   """
   rows = _rows_of(layer)
   # jaxlib ships no stub of PyTreeDef: mypy knows no comparison of it.
-  same = (jax.tree_util.tree_structure(rows) ==  # type: ignore[operator]
-          jax.tree_util.tree_structure(layer.state))
-  return rows if same else jax.tree_util.tree_map(lambda _: BY_SHAPE,
-                                                  layer.state)
+  same = (
+    jax.tree_util.tree_structure(rows)  # type: ignore[operator]
+    == jax.tree_util.tree_structure(layer.state)
+  )
+  return (
+    rows if same else jax.tree_util.tree_map(lambda _: BY_SHAPE, layer.state)
+  )
 
 
 def _rows_of(layer):
   if layer.sublayers:
     return tuple(_rows_of(sub) for sub in layer.sublayers)
-  per_row = (hasattr(layer, 'create_state_unbatched') and
-             isinstance(layer_door.attention_n_heads(layer), int) and
-             not layer_door.attention_incremental(layer))
+  per_row = (
+    hasattr(layer, 'create_state_unbatched')
+    and isinstance(layer_door.attention_n_heads(layer), int)
+    and not layer_door.attention_incremental(layer)
+  )
   m = layer_door.attention_n_heads(layer) if per_row else BY_SHAPE
   return jax.tree_util.tree_map(lambda _: m, layer.state)
 
@@ -96,22 +101,31 @@ class States:
       if m == BY_SHAPE and getattr(x, 'ndim', 0) and x.shape[0] % n_rows == 0:
         m = x.shape[0] // n_rows
       used = n_rows * m
-      ok = (m > 0 and getattr(x, 'ndim', 0) > 0 and x.shape[0] >= used and
-            used % k == 0)
+      ok = (
+        m > 0
+        and getattr(x, 'ndim', 0) > 0
+        and x.shape[0] >= used
+        and used % k == 0
+      )
       self._used.append(used if ok else None)
     self._leaves = leaves
     self._k = k
-    self.scanned = [_split(x[:u], k) for x, u in zip(leaves, self._used)
-                    if u is not None]
+    self.scanned = [
+      _split(x[:u], k) for x, u in zip(leaves, self._used) if u is not None
+    ]
     self.shared = [x for x, u in zip(leaves, self._used) if u is None]
 
-  def slice(self, scanned: Sequence[Array],
-            shared: Sequence[Array] | None = None) -> PyTree:
+  def slice(
+    self, scanned: Sequence[Array], shared: Sequence[Array] | None = None
+  ) -> PyTree:
     """The states of one slice, from its scanned leaves."""
-    scanned, shared = list(scanned), list(
-        self.shared if shared is None else shared)
-    out = [scanned.pop(0) if u is not None else shared.pop(0)
-           for u in self._used]
+    scanned, shared = (
+      list(scanned),
+      list(self.shared if shared is None else shared),
+    )
+    out = [
+      scanned.pop(0) if u is not None else shared.pop(0) for u in self._used
+    ]
     return jax.tree_util.tree_unflatten(self._treedef, out)
 
   def slice_at(self, s: int) -> PyTree:
@@ -131,18 +145,19 @@ class States:
       else:
         b = u // self._k
         x = np.array(x)
-        x[s * b:(s + 1) * b] = per_row.pop(0)
+        x[s * b : (s + 1) * b] = per_row.pop(0)
         out.append(x)
     return jax.tree_util.tree_unflatten(self._treedef, out)
 
   def parts(self, states: PyTree) -> tuple[list[Array], list[Array]]:
     """(per-row leaves, shared leaves) of a slice's new states."""
     leaves = jax.tree_util.tree_leaves(states)
-    return ([x for x, u in zip(leaves, self._used) if u is not None],
-            [x for x, u in zip(leaves, self._used) if u is None])
+    return (
+      [x for x, u in zip(leaves, self._used) if u is not None],
+      [x for x, u in zip(leaves, self._used) if u is None],
+    )
 
-  def join(self, stacked: Sequence[Array],
-           shared: Sequence[Array]) -> PyTree:
+  def join(self, stacked: Sequence[Array], shared: Sequence[Array]) -> PyTree:
     """The whole new states: the slices' per-row leaves put back together
     (rows beyond the batch's kept), the last slice's shared leaves."""
     stacked, shared = list(stacked), list(shared)
@@ -152,8 +167,9 @@ class States:
         out.append(shared.pop(0))
       else:
         rows = merge(stacked.pop(0))
-        out.append(rows if u == x.shape[0] else
-                   jnp.concatenate([rows, x[u:]], axis=0))
+        out.append(
+          rows if u == x.shape[0] else jnp.concatenate([rows, x[u:]], axis=0)
+        )
     return jax.tree_util.tree_unflatten(self._treedef, out)
 
 

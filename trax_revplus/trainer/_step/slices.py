@@ -66,8 +66,9 @@ def zeros(tree: PyTree) -> PyTree:
   return jax.tree_util.tree_map(jnp.zeros_like, tree)
 
 
-def forward(fn: Callable[..., tuple[PyTree, PyTree]], k: int,
-            rows: PyTree) -> Callable[..., tuple[PyTree, PyTree]]:
+def forward(
+  fn: Callable[..., tuple[PyTree, PyTree]], k: int, rows: PyTree
+) -> Callable[..., tuple[PyTree, PyTree]]:
   """`fn` (a `Kind.FORWARD` or `Kind.SEGMENT_FORWARD` function) over k
   slices; `rows` is `slice_states.state_rows` of its state argument."""
   if k == 1:
@@ -82,15 +83,24 @@ def forward(fn: Callable[..., tuple[PyTree, PyTree]], k: int,
       y, new_states = fn(xs.slice(x), weights, st.slice(state_rows_), rngs)
       per_row, new_shared = st.parts(new_states)
       return new_shared, (y, per_row)
-    shared, (_, per_row), outputs = scan_rows(body, st.shared,
-                                              (xs.scanned, st.scanned), k)
+
+    shared, (_, per_row), outputs = scan_rows(
+      body, st.shared, (xs.scanned, st.scanned), k
+    )
     return outputs(), st.join(per_row, shared)
+
   return sliced
 
 
-def fbo(layer: tl.Layer, optimizer: optimizer_base.Optimizer, n_devices: int,
-        adasum: bool, k: int, rows: PyTree,
-        mode: step_fns.Update = step_fns.Update.NOW) -> Callable[..., tuple]:
+def fbo(
+  layer: tl.Layer,
+  optimizer: optimizer_base.Optimizer,
+  n_devices: int,
+  adasum: bool,
+  k: int,
+  rows: PyTree,
+  mode: step_fns.Update = step_fns.Update.NOW,
+) -> Callable[..., tuple]:
   """`step_fns.fbo_fn` of a standard layer over k slices (`mode`: see
   `step_fns.update_fn`)."""
   if k == 1:
@@ -106,27 +116,40 @@ def fbo(layer: tl.Layer, optimizer: optimizer_base.Optimizer, n_devices: int,
       x, ct, state_rows_ = scanned
       s = st.slice(state_rows_)
       _, vjp_fn, new_state = fastmath.vjp(
-          lambda x_, w_: layer.pure_fn(x_, w_, s, rng), xs.slice(x), weights,
-          has_aux=True)
+        lambda x_, w_: layer.pure_fn(x_, w_, s, rng),
+        xs.slice(x),
+        weights,
+        has_aux=True,
+      )
       grads_inputs, grads_weights = vjp_fn(cts.slice(ct))
       per_row, new_shared = st.parts(new_state)
       return (add(acc, grads_weights), new_shared), (grads_inputs, per_row)
+
     (grads_weights, shared), (_, per_row), grads_inputs = scan_rows(
-        body, (zeros(weights), st.shared),
-        (xs.scanned, cts.scanned, st.scanned), k)
+      body,
+      (zeros(weights), st.shared),
+      (xs.scanned, cts.scanned, st.scanned),
+      k,
+    )
     new_state = st.join(per_row, shared)
-    new_weights, new_slots, stats = update(grads_weights, weights, slots,
-                                           opt_params, step)
+    new_weights, new_slots, stats = update(
+      grads_weights, weights, slots, opt_params, step
+    )
     return new_weights, new_state, new_slots, grads_inputs(), stats
+
   return sliced
 
 
-def segment_reverse(layers: Sequence[tl.Layer],
-                    optimizers: Sequence[optimizer_base.Optimizer],
-                    n_devices: int, adasum: bool, k: int, rows: PyTree,
-                    in_call: ties_lib.InCall = (),
-                    mode: step_fns.Update = step_fns.Update.NOW
-                    ) -> Callable[..., tuple]:
+def segment_reverse(
+  layers: Sequence[tl.Layer],
+  optimizers: Sequence[optimizer_base.Optimizer],
+  n_devices: int,
+  adasum: bool,
+  k: int,
+  rows: PyTree,
+  in_call: ties_lib.InCall = (),
+  mode: step_fns.Update = step_fns.Update.NOW,
+) -> Callable[..., tuple]:
   """`step_fns.segment_reverse_fn` over k slices: each slice reversed
   through every layer, last to first; then each layer's update.
 
@@ -140,14 +163,18 @@ def segment_reverse(layers: Sequence[tl.Layer],
   `step_fns.update_fn`.
   """
   if k == 1:
-    return step_fns.segment_reverse_fn(layers, optimizers, n_devices, adasum,
-                                       in_call, mode)
-  updates = [step_fns.update_fn(opt, n_devices, adasum, mode)
-             for opt in optimizers]
+    return step_fns.segment_reverse_fn(
+      layers, optimizers, n_devices, adasum, in_call, mode
+    )
+  updates = [
+    step_fns.update_fn(opt, n_devices, adasum, mode) for opt in optimizers
+  ]
 
   if any(layer.n_in != layer.n_out for layer in layers):
-    def sliced_by_scan(outputs, weights, grads, states, new_states, slots,
-                       opt_params, rngs, step):
+
+    def sliced_by_scan(
+      outputs, weights, grads, states, new_states, slots, opt_params, rngs, step
+    ):
       n = n_rows(outputs)
       old, new = States(states, rows, n, k), States(new_states, rows, n, k)
       ys, cts = Rows(outputs, k), Rows(grads, k)
@@ -155,22 +182,35 @@ def segment_reverse(layers: Sequence[tl.Layer],
       def body(acc, scanned):
         y, ct, old_rows, new_rows = scanned
         stack, grad_stack, grads_weights = chains.reverse_and_grad_chain(
-            layers, ys.slice(y), cts.slice(ct), weights, old.slice(old_rows),
-            new.slice(new_rows), rngs)
+          layers,
+          ys.slice(y),
+          cts.slice(ct),
+          weights,
+          old.slice(old_rows),
+          new.slice(new_rows),
+          rngs,
+        )
         return add(acc, grads_weights), ((stack, grad_stack),)
+
       # The carry holds only gradient sums, whose type the slices keep.
       grads_weights, _, done = scan_rows(
-          body, zeros(weights),
-          (ys.scanned, cts.scanned, old.scanned, new.scanned), k,
-          loop=lax.scan)
+        body,
+        zeros(weights),
+        (ys.scanned, cts.scanned, old.scanned, new.scanned),
+        k,
+        loop=lax.scan,
+      )
       inputs, grads_inputs = done()
       new_weights, new_slots, stats = step_fns.update_each(
-          updates, grads_weights, weights, slots, opt_params, step, in_call)
+        updates, grads_weights, weights, slots, opt_params, step, in_call
+      )
       return new_weights, new_slots, inputs, grads_inputs, stats
+
     return sliced_by_scan
 
-  def sliced(outputs, weights, grads, states, new_states, slots, opt_params,
-             rngs, step):
+  def sliced(
+    outputs, weights, grads, states, new_states, slots, opt_params, rngs, step
+  ):
     n = n_rows(outputs)
     b = n // k
     old, new = States(states, rows, n, k), States(new_states, rows, n, k)
@@ -189,24 +229,38 @@ def segment_reverse(layers: Sequence[tl.Layer],
     def body(s, carry):
       bufs, acc = carry
       stack, grad_stack = slice_of(bufs, s)
-      at = lambda arrays: [lax.dynamic_index_in_dim(a, s, keepdims=False)
-                           for a in arrays]
+      at = lambda arrays: [
+        lax.dynamic_index_in_dim(a, s, keepdims=False) for a in arrays
+      ]
       with row_draws.slice_of(s, k):
         stack, grad_stack, grads_weights = chains.reverse_and_grad_chain(
-            layers, stack, grad_stack, weights, old.slice(at(old.scanned)),
-            new.slice(at(new.scanned)), rngs)
+          layers,
+          stack,
+          grad_stack,
+          weights,
+          old.slice(at(old.scanned)),
+          new.slice(at(new.scanned)),
+          rngs,
+        )
       done = jax.tree_util.tree_leaves((stack, grad_stack))
-      bufs = [lax.dynamic_update_slice_in_dim(buf, done[i].astype(buf.dtype),
-                                              s * b, 0)
-              for i, buf in zip(moving, bufs)]
+      bufs = [
+        lax.dynamic_update_slice_in_dim(
+          buf, done[i].astype(buf.dtype), s * b, 0
+        )
+        for i, buf in zip(moving, bufs)
+      ]
       return bufs, add(acc, grads_weights)
+
     bufs, grads_weights = lax.fori_loop(
-        0, k, body, ([leaves[i] for i in moving], zeros(weights)))
+      0, k, body, ([leaves[i] for i in moving], zeros(weights))
+    )
     done = list(leaves)
     for i, x in zip(moving, bufs):
       done[i] = x
     inputs, grads_inputs = jax.tree_util.tree_unflatten(treedef, done)
     new_weights, new_slots, stats = step_fns.update_each(
-        updates, grads_weights, weights, slots, opt_params, step, in_call)
+      updates, grads_weights, weights, slots, opt_params, step, in_call
+    )
     return new_weights, new_slots, inputs, grads_inputs, stats
+
   return sliced

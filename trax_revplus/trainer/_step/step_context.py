@@ -44,6 +44,7 @@ class TrainerParts(NamedTuple):
     free_accelerators: bool, free device buffers before the forward pass
       and after the loss (`free_accelerators_on_step`).
   """
+
   placement: placement_lib.Placement
   store: store_lib.LayerStore
   commits: commit_lib.CommitQueue
@@ -66,18 +67,32 @@ class StepContext(step_run_lib.StepRun):
       where it was not accounted.
   """
 
-  def __init__(self, planned: planner_lib.PlannedStep, step: int,
-               batch: Batch, rngs: list[PRNGKey], step_placed: Array,
-               parts: TrainerParts):
+  def __init__(
+    self,
+    planned: planner_lib.PlannedStep,
+    step: int,
+    batch: Batch,
+    rngs: list[PRNGKey],
+    step_placed: Array,
+    parts: TrainerParts,
+  ):
     """Use `for_step`."""
-    super().__init__(planned.plan, None, rngs, parts.store.opt_params,
-                     step_placed, parts.commits, parts.store.ties)
+    super().__init__(
+      planned.plan,
+      None,
+      rngs,
+      parts.store.opt_params,
+      step_placed,
+      parts.commits,
+      parts.store.ties,
+    )
     self.units = planned.units
     self.step = step
     self.unit_start_seconds: float | None = None
     self.calling: str | None = None
-    self.planned_peak_bytes = (None if planned.memory is None else
-                               planned.memory.peak_device_bytes)
+    self.planned_peak_bytes = (
+      None if planned.memory is None else planned.memory.peak_device_bytes
+    )
     self._unit: protocols.Unit | None = None
     # Placed when the walk begins (`begin`, `begin_part`); then None.
     self._batch: Batch | None = batch
@@ -90,17 +105,28 @@ class StepContext(step_run_lib.StepRun):
     self._step_memory = planned.memory
     release = parts.release
     self._recorder = observers_lib.PhaseRecorder(
-        step, planned.memory, parts.placement, parts.store.layers,
-        parts.memory_log, release.released_bytes if release else None)
+      step,
+      planned.memory,
+      parts.placement,
+      parts.store.layers,
+      parts.memory_log,
+      release.released_bytes if release else None,
+    )
     # In this order at each point: a release is counted in the phase
     # record that follows it.
     self._observers: list[protocols.StepObserver] = [
-        o for o in (release, self._recorder) if o is not None]
+      o for o in (release, self._recorder) if o is not None
+    ]
 
   @classmethod
-  def for_step(cls, planned: planner_lib.PlannedStep, step: int,
-               rng: PRNGKey, batch: Batch,
-               parts: TrainerParts) -> 'StepContext':
+  def for_step(
+    cls,
+    planned: planner_lib.PlannedStep,
+    step: int,
+    rng: PRNGKey,
+    batch: Batch,
+    parts: TrainerParts,
+  ) -> 'StepContext':
     """Places the step and its per-layer RNGs; starts timing phases. The
     batch is placed when the walk begins (`begin`).
 
@@ -160,7 +186,8 @@ class StepContext(step_run_lib.StepRun):
     if n_parts == 1:
       return
     part, rows = batch_parts.part_of_batch(
-        self._batch, index, n_parts, self._placement.n_local_devices)
+      self._batch, index, n_parts, self._placement.n_local_devices
+    )
     self.part = part
     self.stack = self._placement.shard_batch(rows)
     if part.last:
@@ -176,7 +203,8 @@ class StepContext(step_run_lib.StepRun):
     if phase == 'loss' and self._free_accelerators:
       # The activations and cotangents wait on the host meanwhile.
       self.stack, self.grad_stack = self._placement.gather_to_host(
-          (self.stack, self.grad_stack))
+        (self.stack, self.grad_stack)
+      )
       self._free_device_buffers([self._store.keep()] + self._held_arrays())
 
   def _free_device_buffers(self, keep):
@@ -184,19 +212,22 @@ class StepContext(step_run_lib.StepRun):
     (`placement.Placement.free_device_buffers`, as trax's Loop mode 2);
     a 'free' phase of the memory log."""
     freed_arrays, freed_bytes = self._placement.free_device_buffers(keep)
-    self._recorder.end_phase('free', freed_arrays=freed_arrays,
-                             freed_bytes=freed_bytes)
+    self._recorder.end_phase(
+      'free', freed_arrays=freed_arrays, freed_bytes=freed_bytes
+    )
 
   def _held_arrays(self):
     """Every array the step holds now, on the device or waiting on the
     host (to keep when freeing)."""
     return [tree for _, tree in self.held()] + [
-        waiting.arrays() for waiting in self.on_host.values()]
+      waiting.arrays() for waiting in self.on_host.values()
+    ]
 
   # The units' run on placed arrays.
 
-  def place(self, layers: list[int],
-            with_slots: bool) -> tuple[list[PyTree], list[PyTree] | None]:
+  def place(
+    self, layers: list[int], with_slots: bool
+  ) -> tuple[list[PyTree], list[PyTree] | None]:
     weights, slots = self._store.params(layers, with_slots)
     if with_slots:
       return self._placement.place_params((weights, slots))
@@ -205,19 +236,21 @@ class StepContext(step_run_lib.StepRun):
   def state(self, layers: list[int]) -> list[PyTree]:
     states = self._store.states(layers)
     if self.part is not None:
-      states = [self.part.state(self._store.layers[i], state)
-                for i, state in zip(layers, states)]
+      states = [
+        self.part.state(self._store.layers[i], state)
+        for i, state in zip(layers, states)
+      ]
     return self._placement.per_device(states)
 
   def call(self, fn: Callable[..., Any], args: tuple) -> PyTree:
     assert self._unit is not None  # each call's unit takes its `params`
-    self.calling = step_run_lib.call_name(self.phase, self._unit,
-                                          self._store.layers)
+    self.calling = step_run_lib.call_name(
+      self.phase, self._unit, self._store.layers
+    )
     return fn(*args)
 
   def host_params(self) -> PyTree:
-    return step_run_lib.host_params(self._store.layers,
-                                    self._store.optimizers)
+    return step_run_lib.host_params(self._store.layers, self._store.optimizers)
 
   def host_batch(self) -> PyTree:
     return self._host_batch
@@ -225,17 +258,21 @@ class StepContext(step_run_lib.StepRun):
   def waiting_arrays(self, waiting: Any) -> PyTree:
     return waiting.arrays()
 
-  def gradients_from_host(self, layers: list[int],
-                          weights: list[PyTree]) -> list[PyTree]:
+  def gradients_from_host(
+    self, layers: list[int], weights: list[PyTree]
+  ) -> list[PyTree]:
     del weights  # Placed as weights are: `Placement.place_params`.
-    return self._placement.place_params(
-        self._commits.take_gradients(layers))
+    return self._placement.place_params(self._commits.take_gradients(layers))
 
   def duplicate(self, array: PyTree) -> PyTree:
     return jnp.copy(array)
 
-  def params(self, unit: protocols.Unit, following: protocols.Unit | None,
-             with_slots: bool) -> tuple[list[PyTree], list[PyTree] | None]:
+  def params(
+    self,
+    unit: protocols.Unit,
+    following: protocols.Unit | None,
+    with_slots: bool,
+  ) -> tuple[list[PyTree], list[PyTree] | None]:
     params = super().params(unit, following, with_slots)
     self._unit = unit
     self.unit_start_seconds = time.time()

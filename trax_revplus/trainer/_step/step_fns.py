@@ -39,8 +39,9 @@ def is_empty_tuple(x: Any) -> bool:
 def has_weights(layer: tl.Layer) -> bool:
   """Whether a layer's weights hold any array (it was initialized or
   loaded; a layer without weights holds only empty tuples)."""
-  return any(hasattr(x, 'shape')
-             for x in jax.tree_util.tree_leaves(layer.weights))
+  return any(
+    hasattr(x, 'shape') for x in jax.tree_util.tree_leaves(layer.weights)
+  )
 
 
 def average_gradients(grads: PyTree, n_devices: int, adasum: bool) -> PyTree:
@@ -68,9 +69,11 @@ def average_gradients(grads: PyTree, n_devices: int, adasum: bool) -> PyTree:
         else:
           perm.append((i, i - shift))
       perm_grads = jax.lax.ppermute(
-          grads, perm=perm, axis_name=placement_lib.AXIS_NAME)
+        grads, perm=perm, axis_name=placement_lib.AXIS_NAME
+      )
       grads = fastmath.nested_map_multiarg(
-          trax_functions.adasum_merge, grads, perm_grads)
+        trax_functions.adasum_merge, grads, perm_grads
+      )
   grads_psum = fastmath.psum(grads, placement_lib.AXIS_NAME)
   n = jnp.array(n_devices, dtype=jnp.float32)
   return fastmath.nested_map(lambda g: g / n, grads_psum)
@@ -88,15 +91,18 @@ class Update(enum.Enum):
     the earlier ones added: the call takes (slots, accumulated gradients)
     in the slots' place.
   """
+
   NOW = 'now'
   ACCUMULATE = 'accumulate'
   APPLY = 'apply'
 
 
-def update_fn(optimizer: optimizer_base.Optimizer, n_devices: int,
-              adasum: bool,
-              mode: Update = Update.NOW
-              ) -> Callable[..., tuple[PyTree, PyTree, dict]]:
+def update_fn(
+  optimizer: optimizer_base.Optimizer,
+  n_devices: int,
+  adasum: bool,
+  mode: Update = Update.NOW,
+) -> Callable[..., tuple[PyTree, PyTree, dict]]:
   """One layer's optimizer update from its gradients.
 
   The update of trax's `_fbo_with_layer_and_opt` and
@@ -113,6 +119,7 @@ def update_fn(optimizer: optimizer_base.Optimizer, n_devices: int,
     new_slots, stats); a layer without weights is returned unchanged with
     empty stats (ACCUMULATE: empty tuples).
   """
+
   def update(grads_weights, weights, slots, opt_params, step):
     if mode is Update.APPLY:
       slots, accumulated = slots
@@ -127,17 +134,24 @@ def update_fn(optimizer: optimizer_base.Optimizer, n_devices: int,
         grads_weights = jax.tree_util.tree_map(jnp.add, slots, grads_weights)
       return (), grads_weights, {}
     if mode is Update.APPLY:
-      grads_weights = jax.tree_util.tree_map(jnp.add, accumulated,
-                                             grads_weights)
-    return optimizer.tree_update(step, grads_weights, weights, slots,
-                                 opt_params, store_slots=False)
+      grads_weights = jax.tree_util.tree_map(
+        jnp.add, accumulated, grads_weights
+      )
+    return optimizer.tree_update(
+      step, grads_weights, weights, slots, opt_params, store_slots=False
+    )
+
   return update
 
 
-def fbo_fn(layer: tl.Layer, optimizer: optimizer_base.Optimizer,
-           n_devices: int, adasum: bool,
-           stats_name: str | None = None,
-           mode: Update = Update.NOW) -> Callable[..., tuple]:
+def fbo_fn(
+  layer: tl.Layer,
+  optimizer: optimizer_base.Optimizer,
+  n_devices: int,
+  adasum: bool,
+  stats_name: str | None = None,
+  mode: Update = Update.NOW,
+) -> Callable[..., tuple]:
   """Forward + backward + optimizer update of a standard layer.
 
   Mirrors trax's `_fbo_with_layer_and_opt`. With `stats_name` (the loss
@@ -150,22 +164,30 @@ def fbo_fn(layer: tl.Layer, optimizer: optimizer_base.Optimizer,
   def fbo(inputs, weights, grads, state, slots, opt_params, rng, step):
     def pure_fn_without_state_and_rng(x, w):
       return layer.pure_fn(x, w, state, rng)
+
     activations, vjp_fn, new_state = fastmath.vjp(
-        pure_fn_without_state_and_rng, inputs, weights, has_aux=True)
+      pure_fn_without_state_and_rng, inputs, weights, has_aux=True
+    )
     if grads is None and stats_name is not None:
       grads = jnp.ones((), dtype=activations.dtype)
     grads_inputs, grads_weights = vjp_fn(grads)
-    new_weights, new_slots, stats = update(grads_weights, weights, slots,
-                                           opt_params, step)
+    new_weights, new_slots, stats = update(
+      grads_weights, weights, slots, opt_params, step
+    )
     if stats_name is not None:
       stats[stats_name] = activations
     return new_weights, new_state, new_slots, grads_inputs, stats
+
   return fbo
 
 
-def reverse_and_fbo_fn(layer: tl.Layer, optimizer: optimizer_base.Optimizer,
-                       n_devices: int, adasum: bool,
-                       mode: Update = Update.NOW) -> Callable[..., tuple]:
+def reverse_and_fbo_fn(
+  layer: tl.Layer,
+  optimizer: optimizer_base.Optimizer,
+  n_devices: int,
+  adasum: bool,
+  mode: Update = Update.NOW,
+) -> Callable[..., tuple]:
   """Reverse + backward + optimizer update of a reversible layer.
 
   Mirrors trax's `_reverse_and_fbo_with_layer_and_opt`. `mode`: see
@@ -173,28 +195,37 @@ def reverse_and_fbo_fn(layer: tl.Layer, optimizer: optimizer_base.Optimizer,
   """
   update = update_fn(optimizer, n_devices, adasum, mode)
 
-  def reverse_and_fbo(output, weights, grads, state, new_state, slots,
-                      opt_params, rng, step):
+  def reverse_and_fbo(
+    output, weights, grads, state, new_state, slots, opt_params, rng, step
+  ):
     inputs, (grads_inputs, grads_weights) = layer.reverse_and_grad(
-        output, grads, weights, state, new_state, rng=rng)
-    new_weights, new_slots, stats = update(grads_weights, weights, slots,
-                                           opt_params, step)
+      output, grads, weights, state, new_state, rng=rng
+    )
+    new_weights, new_slots, stats = update(
+      grads_weights, weights, slots, opt_params, step
+    )
     return new_weights, new_slots, inputs, grads_inputs, stats
+
   return reverse_and_fbo
 
 
 def forward_fn(layer: tl.Layer) -> Callable[..., tuple[PyTree, PyTree]]:
   """A standard layer's forward: `layer.pure_fn` (`Kind.FORWARD`)."""
+
   def forward(inputs, weights, state, rng):
     return layer.pure_fn(inputs, weights, state, rng)
+
   return forward
 
 
-def segment_reverse_fn(layers: Sequence[tl.Layer],
-                       optimizers: Sequence[optimizer_base.Optimizer],
-                       n_devices: int, adasum: bool,
-                       in_call: ties_lib.InCall = (),
-                       mode: Update = Update.NOW) -> Callable[..., tuple]:
+def segment_reverse_fn(
+  layers: Sequence[tl.Layer],
+  optimizers: Sequence[optimizer_base.Optimizer],
+  n_devices: int,
+  adasum: bool,
+  in_call: ties_lib.InCall = (),
+  mode: Update = Update.NOW,
+) -> Callable[..., tuple]:
   """Reverse + backward + update of consecutive reversible layers.
 
   Runs `reverse_and_fbo_fn` of each layer, last to first
@@ -212,11 +243,14 @@ def segment_reverse_fn(layers: Sequence[tl.Layer],
   weights it shares with a later layer of the segment from that layer's
   update, as trax's one call per layer would. `mode`: see `update_fn`.
   """
-  fns = [reverse_and_fbo_fn(layer, opt, n_devices, adasum, mode)
-         for layer, opt in zip(layers, optimizers)]
+  fns = [
+    reverse_and_fbo_fn(layer, opt, n_devices, adasum, mode)
+    for layer, opt in zip(layers, optimizers)
+  ]
 
-  def reverse(outputs, weights, grads, states, new_states, slots, opt_params,
-              rngs, step):
+  def reverse(
+    outputs, weights, grads, states, new_states, slots, opt_params, rngs, step
+  ):
     n = len(layers)
     new_weights: list[Any] = [None] * n
     new_slots: list[Any] = [None] * n
@@ -226,18 +260,29 @@ def segment_reverse_fn(layers: Sequence[tl.Layer],
       # Each layer's update follows its own reverse, as one call per layer
       # would order them.
       new_weights[k], new_slots[k], x, x_ct, stats[k] = fns[k](
-          y, tied_weights(k, weights[k], new_weights, in_call), y_ct,
-          states[k], new_states[k], slots[k],
-          opt_params[k], rngs[k], step)
+        y,
+        tied_weights(k, weights[k], new_weights, in_call),
+        y_ct,
+        states[k],
+        new_states[k],
+        slots[k],
+        opt_params[k],
+        rngs[k],
+        step,
+      )
       return x, x_ct
-    stack, grad_stack = chains.reverse_chain(layers, outputs, grads,
-                                             reverse_layer)
+
+    stack, grad_stack = chains.reverse_chain(
+      layers, outputs, grads, reverse_layer
+    )
     return new_weights, new_slots, stack, grad_stack, stats
+
   return reverse
 
 
-def tied_weights(k: int, weights_k: PyTree, new_weights: list[PyTree],
-                 in_call: ties_lib.InCall) -> PyTree:
+def tied_weights(
+  k: int, weights_k: PyTree, new_weights: list[PyTree], in_call: ties_lib.InCall
+) -> PyTree:
   """Layer k's weights with the leaves it shares with a later layer of the
   call taken from that layer's update (`new_weights[source]`, already
   computed: updates run last to first).
@@ -252,17 +297,23 @@ def tied_weights(k: int, weights_k: PyTree, new_weights: list[PyTree],
   Returns:
     `weights_k` with each tied leaf replaced (same shapes and dtypes).
   """
-  replacements = {leaf: ties_lib.leaf(new_weights[source], source_leaf)
-                  for layer, leaf, source, source_leaf in in_call
-                  if layer == k}
+  replacements = {
+    leaf: ties_lib.leaf(new_weights[source], source_leaf)
+    for layer, leaf, source, source_leaf in in_call
+    if layer == k
+  }
   return ties_lib.with_leaves(weights_k, replacements)
 
 
-def update_each(updates: Sequence[Callable[..., tuple]],
-                grads_weights: Sequence[PyTree], weights: Sequence[PyTree],
-                slots: Sequence[PyTree], opt_params: Sequence[PyTree],
-                step: PyTree, in_call: ties_lib.InCall = ()
-                ) -> tuple[list[PyTree], list[PyTree], list[dict]]:
+def update_each(
+  updates: Sequence[Callable[..., tuple]],
+  grads_weights: Sequence[PyTree],
+  weights: Sequence[PyTree],
+  slots: Sequence[PyTree],
+  opt_params: Sequence[PyTree],
+  step: PyTree,
+  in_call: ties_lib.InCall = (),
+) -> tuple[list[PyTree], list[PyTree], list[dict]]:
   """Each layer's `update_fn` on its gradients (lists over the layers).
 
   Layers are updated last to first, as trax's backward pass does; with
@@ -279,6 +330,7 @@ def update_each(updates: Sequence[Callable[..., tuple]],
   for k in range(n - 1, -1, -1):
     w = tied_weights(k, weights[k], new_weights, in_call)
     new_weights[k], new_slots[k], st = updates[k](
-        grads_weights[k], w, slots[k], opt_params[k], step)
+      grads_weights[k], w, slots[k], opt_params[k], step
+    )
     stats[k] = dict(st)
   return new_weights, new_slots, stats

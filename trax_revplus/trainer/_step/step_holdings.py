@@ -58,10 +58,16 @@ class StepHoldings:
       share of the batch's loss).
   """
 
-  def __init__(self, plan: plan_lib.StepPlan, stack: Stack | None,
-               rngs: list[Array], opt_params: list[PyTree],
-               step_placed: Array, sink: protocols.UpdateSink,
-               ties: ties_lib.Ties | None = None):
+  def __init__(
+    self,
+    plan: plan_lib.StepPlan,
+    stack: Stack | None,
+    rngs: list[Array],
+    opt_params: list[PyTree],
+    step_placed: Array,
+    sink: protocols.UpdateSink,
+    ties: ties_lib.Ties | None = None,
+  ):
     self.plan = plan
     self.stack: Stack | None = stack
     self.grad_stack: Stack | None = None
@@ -94,17 +100,17 @@ class StepHoldings:
     their backward call's arguments, and the stack's after it.
     """
     return [
-        ('optimizer hyperparameters', self.opt_params),
-        ('step and RNGs', (self.step_placed, self.rngs)),
-        ('stack', self.stack),
-        ('cotangent stack', self.grad_stack),
-        ('loss weights of the batch', self.loss_weights),
-        ('accumulated gradients', self.grads),
-        ('saved block inputs and states', self.saved),
-        ('weights placed ahead', self._next and self._next[1]),
-        ('updates not yet copied back', self.copy_back.on_device()),
-        ('shared weights updated for an earlier layer', self.tied),
-        ('statistics', self.stats),
+      ('optimizer hyperparameters', self.opt_params),
+      ('step and RNGs', (self.step_placed, self.rngs)),
+      ('stack', self.stack),
+      ('cotangent stack', self.grad_stack),
+      ('loss weights of the batch', self.loss_weights),
+      ('accumulated gradients', self.grads),
+      ('saved block inputs and states', self.saved),
+      ('weights placed ahead', self._next and self._next[1]),
+      ('updates not yet copied back', self.copy_back.on_device()),
+      ('shared weights updated for an earlier layer', self.tied),
+      ('statistics', self.stats),
     ]
 
   def held_on_host(self, devices_are_host: bool) -> list[tuple[str, Any]]:
@@ -122,10 +128,14 @@ class StepHoldings:
     Weights placed ahead (prefetch) hold device bytes only; a micro-batch's
     rows are a view of the batch, or a copy placed at once.
     """
-    parts = [('weights, slots and state', self.host_params()),
-             ('batch', self.host_batch()),
-             ('saved block inputs and states waiting on the host',
-              [self.waiting_arrays(w) for w in self.on_host.values()])]
+    parts = [
+      ('weights, slots and state', self.host_params()),
+      ('batch', self.host_batch()),
+      (
+        'saved block inputs and states waiting on the host',
+        [self.waiting_arrays(w) for w in self.on_host.values()],
+      ),
+    ]
     parts += self.sink.held_on_host()
     if not devices_are_host:
       parts.append(('updates being copied back', self.copy_back.on_device()))
@@ -167,8 +177,12 @@ class StepHoldings:
     Returns:
       List of their entries, in the order of `layers`.
     """
-    return [self.saved.pop(i) if i in self.saved else
-            self.from_host(self.on_host.pop(i)) for i in layers]
+    return [
+      self.saved.pop(i)
+      if i in self.saved
+      else self.from_host(self.on_host.pop(i))
+      for i in layers
+    ]
 
   def to_host(self, entry: PyTree) -> Any:
     """Moves a saved entry off the device; returns what `from_host`

@@ -36,8 +36,9 @@ CopyBack = copy_back_lib.CopyBack
 UpdateSink = copy_back_lib.UpdateSink
 
 
-def call_name(phase: str, unit: protocols.Unit,
-              layers: Sequence[tl.Layer]) -> str:
+def call_name(
+  phase: str, unit: protocols.Unit, layers: Sequence[tl.Layer]
+) -> str:
   """What the memory figures and errors call a unit's call in `phase`, e.g.
   'backward layers 3..6', 'loss layer 9 (Serial)'.
 
@@ -48,8 +49,11 @@ def call_name(phase: str, unit: protocols.Unit,
   """
   first, last = unit.layers[0], unit.layers[-1]
   if phase == 'loss':
-    return (f'loss layer {last} ({layers[last].name})'
-            if first == last else f'loss program, layers {first}..{last}')
+    return (
+      f'loss layer {last} ({layers[last].name})'
+      if first == last
+      else f'loss program, layers {first}..{last}'
+    )
   if first == last:
     return f'{phase} layer {first} ({layers[first].name})'
   return f'{phase} layers {first}..{last}'
@@ -68,8 +72,9 @@ class StepRun(step_holdings.StepHoldings, abc.ABC):
   # How the walk gets its arguments and makes its calls.
 
   @abc.abstractmethod
-  def place(self, layers: list[int],
-            with_slots: bool) -> tuple[list[PyTree], list[PyTree] | None]:
+  def place(
+    self, layers: list[int], with_slots: bool
+  ) -> tuple[list[PyTree], list[PyTree] | None]:
     """Weights (and slots) of `layers` as their call takes them.
 
     Returns:
@@ -91,8 +96,7 @@ class StepRun(step_holdings.StepHoldings, abc.ABC):
     gradients (any but the step's last)."""
     return self.part is not None and not self.part.last
 
-  def backward_fn_of(self, unit: protocols.Unit
-                     ) -> Callable[..., Any] | None:
+  def backward_fn_of(self, unit: protocols.Unit) -> Callable[..., Any] | None:
     """The compiled backward `unit` calls in this part of the step, or
     None where it compiles none (a reordering of the stack)."""
     return unit.accumulate_fn if self.accumulating else unit.backward_fn
@@ -101,11 +105,17 @@ class StepRun(step_holdings.StepHoldings, abc.ABC):
     """Places `unit`'s parameters ahead of its call, if the plan
     prefetches (H2D overlaps the current call's work)."""
     if self.plan.prefetch:
-      self._next = (unit, self.place(unit.layers,
-                                     with_slots and not self.accumulating))
+      self._next = (
+        unit,
+        self.place(unit.layers, with_slots and not self.accumulating),
+      )
 
-  def params(self, unit: protocols.Unit, following: protocols.Unit | None,
-             with_slots: bool) -> tuple[list[PyTree], list[PyTree] | None]:
+  def params(
+    self,
+    unit: protocols.Unit,
+    following: protocols.Unit | None,
+    with_slots: bool,
+  ) -> tuple[list[PyTree], list[PyTree] | None]:
     """`unit`'s parameters, placed ahead or now; places `following`'s ahead
     (where the plan prefetches) before returning.
 
@@ -162,8 +172,9 @@ class StepRun(step_holdings.StepHoldings, abc.ABC):
     return weights, slots
 
   @abc.abstractmethod
-  def gradients_from_host(self, layers: list[int],
-                          weights: list[PyTree]) -> list[PyTree]:
+  def gradients_from_host(
+    self, layers: list[int], weights: list[PyTree]
+  ) -> list[PyTree]:
     """The gradients of `layers` accumulated on the host over the step's
     earlier micro-batches, placed as their `weights` are (a list over
     `layers`)."""
@@ -174,9 +185,14 @@ class StepRun(step_holdings.StepHoldings, abc.ABC):
 
   # What happens to a call's updates.
 
-  def updated(self, layers: list[int], weights: list[PyTree],
-              slots: list[PyTree], states: list[PyTree],
-              stats: list[dict]) -> None:
+  def updated(
+    self,
+    layers: list[int],
+    weights: list[PyTree],
+    slots: list[PyTree],
+    states: list[PyTree],
+    stats: list[dict],
+  ) -> None:
     """A call's updates, lists over `layers` in commit (backward) order:
     its statistics kept (as the sink reads them), the updates handed to
     the sink on their way off the device (`CopyBack`). In a micro-batch
@@ -201,7 +217,8 @@ class StepRun(step_holdings.StepHoldings, abc.ABC):
           if tie.layer in layers:
             continue  # Read inside the call itself (`Ties.in_call`).
           self.tied[(layer, tie.source_leaf)] = ties_lib.leaf(
-              layer_weights, tie.source_leaf)
+            layer_weights, tie.source_leaf
+          )
     self.copy_back.push(layers, weights, slots, states, stats, self.part)
 
   # The named points of the walk (`units.Units.walk`), in its order. A walk
@@ -236,10 +253,13 @@ class StepRun(step_holdings.StepHoldings, abc.ABC):
       self.sink.end_step()
 
 
-def host_params(layers: Sequence[tl.Layer],
-                optimizers: Sequence[optimizer_base.Optimizer]) -> PyTree:
+def host_params(
+  layers: Sequence[tl.Layer], optimizers: Sequence[optimizer_base.Optimizer]
+) -> PyTree:
   """(weights, state, slots) of `layers` and their `optimizers` (lists by
   layer index), as the host keeps them between steps."""
-  return ([layer.weights for layer in layers],
-          [layer.state for layer in layers],
-          [optimizer.slots for optimizer in optimizers])
+  return (
+    [layer.weights for layer in layers],
+    [layer.state for layer in layers],
+    [optimizer.slots for optimizer in optimizers],
+  )

@@ -30,9 +30,11 @@ def is_permutation(layer: tl.Layer) -> bool:
   """Whether `layer` is a reversible layer that only permutes its inputs
   (trax's `ReversibleSelect` with each input once: `ReversibleSwap`)."""
   indices = layer_door.select_indices(layer)
-  return (type(layer).__name__ == 'ReversibleSelect' and
-          indices is not None and sorted(indices) == list(range(layer.n_in)))
-
+  return (
+    type(layer).__name__ == 'ReversibleSelect'
+    and indices is not None
+    and sorted(indices) == list(range(layer.n_in))
+  )
 
 
 def _variant(n_slices, in_call, mode=step_fns.Update.NOW):
@@ -54,6 +56,7 @@ class _Choices(NamedTuple):
       (`attention_heads`; None: as the layers are configured).
     chunks: int, sequence chunks of the loss layer's tail (`loss_slices`).
   """
+
   n_slices: int
   micro: bool
   heads: int | None
@@ -63,8 +66,12 @@ class _Choices(NamedTuple):
 def _choices(plan: plan_lib.StepPlan) -> _Choices:
   """The `_Choices` of `plan`: the one place a plan's dimensions reach the
   compiled functions."""
-  return _Choices(plan.batch_slices, plan.micro_batches > 1,
-                  plan.parallel_heads, plan.sequence_chunks)
+  return _Choices(
+    plan.batch_slices,
+    plan.micro_batches > 1,
+    plan.parallel_heads,
+    plan.sequence_chunks,
+  )
 
 
 def _modes(micro: bool) -> tuple[step_fns.Update, step_fns.Update | None]:
@@ -78,16 +85,21 @@ class UnitFactory:
   """Builds units: their functions (`step_fns`, `slices`), compiled by
   `compile`."""
 
-  def __init__(self, layers: list[tl.Layer],
-               optimizers: list[optimizer_base.Optimizer],
-               compile_fn: Callable[..., Callable[..., Any]], n_devices: int,
-               adasum: bool, ties: ties_lib.Ties | None = None):
+  def __init__(
+    self,
+    layers: list[tl.Layer],
+    optimizers: list[optimizer_base.Optimizer],
+    compile_fn: Callable[..., Callable[..., Any]],
+    n_devices: int,
+    adasum: bool,
+    ties: ties_lib.Ties | None = None,
+  ):
     """Args:
-      layers, optimizers: lists by layer index (forward order).
-      compile_fn: `compilation.Compiler.compile`.
-      n_devices: int, devices the gradients are averaged over.
-      adasum: bool, average them with Adasum.
-      ties: `ties.Ties` of the layers (default: none shared).
+    layers, optimizers: lists by layer index (forward order).
+    compile_fn: `compilation.Compiler.compile`.
+    n_devices: int, devices the gradients are averaged over.
+    adasum: bool, average them with Adasum.
+    ties: `ties.Ties` of the layers (default: none shared).
     """
     self._ties = ties if ties is not None else ties_lib.Ties()
     self._layers = layers
@@ -131,23 +143,35 @@ class UnitFactory:
     layer, opt = self._layers[i], self._optimizers[i]
     rows = self._rows([i])[0]
     forward_fn = self._compiled(
-        Kind.FORWARD, [i],
-        slices.forward(step_fns.forward_fn(layer), n_slices, rows), (),
-        n_slices, heads)
+      Kind.FORWARD,
+      [i],
+      slices.forward(step_fns.forward_fn(layer), n_slices, rows),
+      (),
+      n_slices,
+      heads,
+    )
     kind = Kind.FORWARD_BACKWARD_UPDATE
 
     def backward(mode):
       return mode and self._compiled(
-          kind, [i], slices.fbo(layer, opt, self._n_devices, self._adasum,
-                                n_slices, rows, mode),
-          self._donated(kind, [i], mode), _variant(n_slices, (), mode),
-          heads)
-    update, accumulate = _modes(micro)
-    return StandardUnit(i, layer, forward_fn, backward(update),
-                        backward(accumulate))
+        kind,
+        [i],
+        slices.fbo(
+          layer, opt, self._n_devices, self._adasum, n_slices, rows, mode
+        ),
+        self._donated(kind, [i], mode),
+        _variant(n_slices, (), mode),
+        heads,
+      )
 
-  def segment(self, indices: Sequence[int], plan: plan_lib.StepPlan,
-              forward: bool = True) -> ReversibleSegment | SelectSegment:
+    update, accumulate = _modes(micro)
+    return StandardUnit(
+      i, layer, forward_fn, backward(update), backward(accumulate)
+    )
+
+  def segment(
+    self, indices: Sequence[int], plan: plan_lib.StepPlan, forward: bool = True
+  ) -> ReversibleSegment | SelectSegment:
     """A `ReversibleSegment` as `plan` runs it (see `standard`), or a
     `SelectSegment` where every layer only permutes the stack; without
     `forward` its forward_fn is None."""
@@ -159,9 +183,13 @@ class UnitFactory:
     forward_fn = None
     if forward:
       forward_fn = self._compiled(
-          Kind.SEGMENT_FORWARD, indices,
-          slices.forward(chains.segment_forward_fn(layers), n_slices, rows),
-          (), n_slices, heads)
+        Kind.SEGMENT_FORWARD,
+        indices,
+        slices.forward(chains.segment_forward_fn(layers), n_slices, rows),
+        (),
+        n_slices,
+        heads,
+      )
     in_call = self._ties.in_call(indices)
     # Weights, slots, the outputs and their cotangents are replaced by the
     # results and never read again: the stacks hold the outputs and
@@ -172,14 +200,27 @@ class UnitFactory:
 
     def backward(mode):
       return mode and self._compiled(
-          kind, indices, slices.segment_reverse(
-              layers, [self._optimizers[i] for i in indices],
-              self._n_devices, self._adasum, n_slices, rows, in_call, mode),
-          self._donated(kind, indices, mode),
-          _variant(n_slices, in_call, mode), heads)
+        kind,
+        indices,
+        slices.segment_reverse(
+          layers,
+          [self._optimizers[i] for i in indices],
+          self._n_devices,
+          self._adasum,
+          n_slices,
+          rows,
+          in_call,
+          mode,
+        ),
+        self._donated(kind, indices, mode),
+        _variant(n_slices, in_call, mode),
+        heads,
+      )
+
     update, accumulate = _modes(micro)
-    return ReversibleSegment(indices, layers, forward_fn, backward(update),
-                             backward(accumulate))
+    return ReversibleSegment(
+      indices, layers, forward_fn, backward(update), backward(accumulate)
+    )
 
   def loss(self, indices: list[int], plan: plan_lib.StepPlan) -> LossUnit:
     """The `LossUnit` of layers `indices` (the loss layer last), as `plan`
@@ -201,23 +242,48 @@ class UnitFactory:
     depth = chains.chain_depth(layers)
     if len(indices) > 1:
       in_call = self._ties.in_call(indices)
-      fn = loss_slices.fused_loss(layers, optimizers, self._n_devices,
-                                  self._adasum, n_slices, self._rows(indices),
-                                  in_call)
+      fn = loss_slices.fused_loss(
+        layers,
+        optimizers,
+        self._n_devices,
+        self._adasum,
+        n_slices,
+        self._rows(indices),
+        in_call,
+      )
       kind = Kind.FUSED_LOSS
-      return LossUnit(indices, depth, self._compiled(
-          kind, indices, fn, self._donated(kind, indices),
-          _variant(n_slices, in_call), heads))
+      return LossUnit(
+        indices,
+        depth,
+        self._compiled(
+          kind,
+          indices,
+          fn,
+          self._donated(kind, indices),
+          _variant(n_slices, in_call),
+          heads,
+        ),
+      )
     kind = Kind.LOSS
-    variant = (n_slices, 'chunks', chunks) if chunks > 1 else (
-        n_slices)
+    variant = (n_slices, 'chunks', chunks) if chunks > 1 else (n_slices)
 
     def program(mode):
       return mode and self._compiled(
-          kind, indices, loss_slices.loss_fbo(
-              layers[0], optimizers[0], self._n_devices, self._adasum,
-              n_slices, chunks, mode),
-          self._donated(kind, indices, mode),
-          _variant(variant, (), mode), heads)
+        kind,
+        indices,
+        loss_slices.loss_fbo(
+          layers[0],
+          optimizers[0],
+          self._n_devices,
+          self._adasum,
+          n_slices,
+          chunks,
+          mode,
+        ),
+        self._donated(kind, indices, mode),
+        _variant(variant, (), mode),
+        heads,
+      )
+
     update, accumulate = _modes(micro)
     return LossUnit(indices, depth, program(update), program(accumulate))

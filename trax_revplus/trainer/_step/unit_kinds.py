@@ -45,8 +45,14 @@ class StandardUnit:
       micro-batches.
   """
 
-  def __init__(self, index: int, layer: tl.Layer, forward_fn: Fn,
-               backward_fn: Fn, accumulate_fn: Fn | None = None) -> None:
+  def __init__(
+    self,
+    index: int,
+    layer: tl.Layer,
+    forward_fn: Fn,
+    backward_fn: Fn,
+    accumulate_fn: Fn | None = None,
+  ) -> None:
     self.layers = [index]
     self.depth = layer.n_in
     self.n_out = layer.n_out
@@ -54,8 +60,7 @@ class StandardUnit:
     self.backward_fn = backward_fn
     self.accumulate_fn = accumulate_fn
 
-  def forward(self, stack: Stack, params: tuple, run: protocols.Run
-              ) -> Stack:
+  def forward(self, stack: Stack, params: tuple, run: protocols.Run) -> Stack:
     """Runs the layer on the top of `stack`; saves its inputs and new state.
 
     Returns:
@@ -66,13 +71,15 @@ class StandardUnit:
     i = self.layers[0]
     state = run.state(self.layers)[0]
     inputs = cb.inputs_from_stack(stack, self.depth)
-    outputs, new_state = run.call(self.forward_fn,
-                                  (inputs, weights[0], state, run.rngs[i]))
+    outputs, new_state = run.call(
+      self.forward_fn, (inputs, weights[0], state, run.rngs[i])
+    )
     run.keep_saved({i: (inputs, new_state)})
     return cb.outputs_onto_stack(outputs, stack, self.depth)
 
-  def backward(self, stack: Stack, grad_stack: Stack, params: tuple,
-               run: protocols.Run) -> tuple[Stack, Stack]:
+  def backward(
+    self, stack: Stack, grad_stack: Stack, params: tuple, run: protocols.Run
+  ) -> tuple[Stack, Stack]:
     """Forward + backward + update from the saved inputs; returns the
     stack and cotangents with the layer's inputs in place of its outputs."""
     weights, slots = params
@@ -81,9 +88,18 @@ class StandardUnit:
     [(inputs, state)] = run.take_saved(self.layers)
     grads = cb.inputs_from_stack(grad_stack, self.n_out)
     new_weights, new_state, new_slots, grads_in, stats = run.call(
-        _backward_fn(self, run),
-        (inputs, weights[0], grads, state, slots[0], run.opt_params[i],
-         run.rngs[i], run.step_placed))
+      _backward_fn(self, run),
+      (
+        inputs,
+        weights[0],
+        grads,
+        state,
+        slots[0],
+        run.opt_params[i],
+        run.rngs[i],
+        run.step_placed,
+      ),
+    )
     del weights, slots, state, grads
     stack = cb.outputs_onto_stack(inputs, stack, self.n_out)
     grad_stack = cb.outputs_onto_stack(grads_in, grad_stack, self.n_out)
@@ -109,19 +125,24 @@ class ReversibleSegment:
     accumulate_fn: as `StandardUnit.accumulate_fn`.
   """
 
-  def __init__(self, indices: Sequence[int], layers: Sequence[tl.Layer],
-               forward_fn: Fn | None, backward_fn: Fn,
-               accumulate_fn: Fn | None = None) -> None:
+  def __init__(
+    self,
+    indices: Sequence[int],
+    layers: Sequence[tl.Layer],
+    forward_fn: Fn | None,
+    backward_fn: Fn,
+    accumulate_fn: Fn | None = None,
+  ) -> None:
     self.layers = list(indices)
     self.depth = chains.chain_depth(layers)
-    self.out_depth = self.depth + sum(layer.n_out - layer.n_in
-                                      for layer in layers)
+    self.out_depth = self.depth + sum(
+      layer.n_out - layer.n_in for layer in layers
+    )
     self.forward_fn = forward_fn
     self.backward_fn = backward_fn
     self.accumulate_fn = accumulate_fn
 
-  def forward(self, stack: Stack, params: tuple, run: protocols.Run
-              ) -> Stack:
+  def forward(self, stack: Stack, params: tuple, run: protocols.Run) -> Stack:
     """Runs the layers in order; saves each one's old and new state.
 
     Returns:
@@ -133,14 +154,17 @@ class ReversibleSegment:
     inputs = cb.inputs_from_stack(stack, self.depth)
     assert self.forward_fn is not None, 'a backward split runs no forward'
     outputs, new_state = run.call(
-        self.forward_fn,
-        (inputs, weights, state, [run.rngs[i] for i in self.layers]))
-    run.keep_saved({i: (s, ns)
-                    for i, s, ns in zip(self.layers, state, new_state)})
+      self.forward_fn,
+      (inputs, weights, state, [run.rngs[i] for i in self.layers]),
+    )
+    run.keep_saved(
+      {i: (s, ns) for i, s, ns in zip(self.layers, state, new_state)}
+    )
     return cb.outputs_onto_stack(outputs, stack, self.depth)
 
-  def backward(self, stack: Stack, grad_stack: Stack, params: tuple,
-               run: protocols.Run) -> tuple[Stack, Stack]:
+  def backward(
+    self, stack: Stack, grad_stack: Stack, params: tuple, run: protocols.Run
+  ) -> tuple[Stack, Stack]:
     """Reverse + backward + update of each layer, last to first; returns
     the stack and cotangents with the reconstructed inputs in place."""
     weights, slots = params
@@ -149,17 +173,30 @@ class ReversibleSegment:
     outputs = cb.inputs_from_stack(stack, self.out_depth)
     grads = cb.inputs_from_stack(grad_stack, self.out_depth)
     new_weights, new_slots, inputs, grads_in, stats = run.call(
-        _backward_fn(self, run),
-        (outputs, weights, grads, old_state, new_state, slots,
-         [run.opt_params[i] for i in self.layers],
-         [run.rngs[i] for i in self.layers], run.step_placed))
+      _backward_fn(self, run),
+      (
+        outputs,
+        weights,
+        grads,
+        old_state,
+        new_state,
+        slots,
+        [run.opt_params[i] for i in self.layers],
+        [run.rngs[i] for i in self.layers],
+        run.step_placed,
+      ),
+    )
     del outputs, grads, old_state, weights, slots
     stack = cb.outputs_onto_stack(inputs, stack, self.out_depth)
     grad_stack = cb.outputs_onto_stack(grads_in, grad_stack, self.out_depth)
     order = range(len(self.layers) - 1, -1, -1)  # backward order
-    run.updated([self.layers[k] for k in order],
-                [new_weights[k] for k in order], [new_slots[k] for k in order],
-                [new_state[k] for k in order], [stats[k] for k in order])
+    run.updated(
+      [self.layers[k] for k in order],
+      [new_weights[k] for k in order],
+      [new_slots[k] for k in order],
+      [new_state[k] for k in order],
+      [stats[k] for k in order],
+    )
     return stack, grad_stack
 
 
@@ -177,34 +214,35 @@ class SelectSegment:
   backward_fn = None
   accumulate_fn = None
 
-  def __init__(self, indices: Sequence[int],
-               layers: Sequence[tl.Layer]) -> None:
+  def __init__(
+    self, indices: Sequence[int], layers: Sequence[tl.Layer]
+  ) -> None:
     self.layers = list(indices)
-    self._permutations = [(layer.n_in, list(layer_door.select_indices(layer)))
-                          for layer in layers]
+    self._permutations = [
+      (layer.n_in, list(layer_door.select_indices(layer))) for layer in layers
+    ]
 
-  def forward(self, stack: Stack, params: tuple, run: protocols.Run
-              ) -> Stack:
+  def forward(self, stack: Stack, params: tuple, run: protocols.Run) -> Stack:
     del params, run
     for n, indices in self._permutations:
       items = cb.inputs_from_stack(stack, n)
-      stack = cb.outputs_onto_stack(tuple(items[i] for i in indices), stack,
-                                    n)
+      stack = cb.outputs_onto_stack(tuple(items[i] for i in indices), stack, n)
     return stack
 
-  def backward(self, stack: Stack, grad_stack: Stack, params: tuple,
-               run: protocols.Run) -> tuple[Stack, Stack]:
+  def backward(
+    self, stack: Stack, grad_stack: Stack, params: tuple, run: protocols.Run
+  ) -> tuple[Stack, Stack]:
     """Puts the inputs back and their cotangents (the outputs' cotangents,
     reordered the same way: a permutation's gradient)."""
     del params
     for n, indices in reversed(self._permutations):
       inverse = [indices.index(i) for i in range(n)]
       items = cb.inputs_from_stack(stack, n)
-      stack = cb.outputs_onto_stack(tuple(items[i] for i in inverse), stack,
-                                    n)
+      stack = cb.outputs_onto_stack(tuple(items[i] for i in inverse), stack, n)
       grads = cb.inputs_from_stack(grad_stack, n)
-      grad_stack = cb.outputs_onto_stack(tuple(grads[i] for i in inverse),
-                                         grad_stack, n)
+      grad_stack = cb.outputs_onto_stack(
+        tuple(grads[i] for i in inverse), grad_stack, n
+      )
     # Each layer still reports its (empty) update, so that the step's
     # statistics keep one entry per layer.
     order = self.layers[::-1]
@@ -225,8 +263,13 @@ class LossUnit:
     accumulate_fn: as `StandardUnit.accumulate_fn` (`Kind.LOSS` only).
   """
 
-  def __init__(self, indices: Sequence[int], depth: int, fn: Fn,
-               accumulate_fn: Fn | None = None) -> None:
+  def __init__(
+    self,
+    indices: Sequence[int],
+    depth: int,
+    fn: Fn,
+    accumulate_fn: Fn | None = None,
+  ) -> None:
     self.layers = list(indices)
     self.depth = depth
     self.fn = fn
@@ -240,8 +283,7 @@ class LossUnit:
   def backward_fn(self) -> Fn:
     return self.fn
 
-  def backward(self, stack: Stack, params: tuple, run: protocols.Run
-               ) -> Stack:
+  def backward(self, stack: Stack, params: tuple, run: protocols.Run) -> Stack:
     """Returns the cotangents of the program's inputs (cotangent of the
     loss: 1); the stack keeps the inputs, for the backward pass."""
     weights, slots = params
@@ -253,20 +295,45 @@ class LossUnit:
       # A micro-batch's loss takes the batch's loss weights in the
       # cotangent's place (`loss_slices.loss_fbo`).
       new_weights, new_state, new_slots, grad_stack, stats = run.call(
-          _backward_fn(self, run),
-          (inputs, weights[0], run.loss_weights, state[0], slots[0],
-           run.opt_params[i], run.rngs[i], run.step_placed))
+        _backward_fn(self, run),
+        (
+          inputs,
+          weights[0],
+          run.loss_weights,
+          state[0],
+          slots[0],
+          run.opt_params[i],
+          run.rngs[i],
+          run.step_placed,
+        ),
+      )
       new_weights, new_state, new_slots, stats = (
-          [new_weights], [new_state], [new_slots], [stats])
+        [new_weights],
+        [new_state],
+        [new_slots],
+        [stats],
+      )
     else:
       new_weights, new_state, new_slots, grad_stack, stats = run.call(
-          self.fn, (inputs, weights, state, slots,
-                    [run.opt_params[i] for i in self.layers],
-                    [run.rngs[i] for i in self.layers], run.step_placed))
+        self.fn,
+        (
+          inputs,
+          weights,
+          state,
+          slots,
+          [run.opt_params[i] for i in self.layers],
+          [run.rngs[i] for i in self.layers],
+          run.step_placed,
+        ),
+      )
     del weights, slots, state, inputs
     # Commit order is backward order: the loss layer first.
     order = range(len(self.layers) - 1, -1, -1)
-    run.updated([self.layers[k] for k in order],
-                [new_weights[k] for k in order], [new_slots[k] for k in order],
-                [new_state[k] for k in order], [stats[k] for k in order])
+    run.updated(
+      [self.layers[k] for k in order],
+      [new_weights[k] for k in order],
+      [new_slots[k] for k in order],
+      [new_state[k] for k in order],
+      [stats[k] for k in order],
+    )
     return grad_stack

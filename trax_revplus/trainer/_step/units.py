@@ -41,8 +41,9 @@ class Units:
     backward_units: list of the units run backward, in backward order.
   """
 
-  def __init__(self, plan: plan_lib.StepPlan,
-               factory: unit_factory.UnitFactory) -> None:
+  def __init__(
+    self, plan: plan_lib.StepPlan, factory: unit_factory.UnitFactory
+  ) -> None:
     """Compiles the units of `plan` with `factory`
     (`unit_factory.UnitFactory`)."""
     self.plan = plan
@@ -61,11 +62,14 @@ class Units:
         self.forward_units.append(unit)
         split = plan.backward[segment]
         self.backward_units.extend(
-            [unit] if split == (segment,) else
-            [factory.segment(s, plan, forward=False) for s in split])
+          [unit]
+          if split == (segment,)
+          else [factory.segment(s, plan, forward=False) for s in split]
+        )
     self.backward_units.reverse()
-    self.loss_unit = factory.loss(list(range(plan.fused_from, plan.loss + 1)),
-                                  plan)
+    self.loss_unit = factory.loss(
+      list(range(plan.fused_from, plan.loss + 1)), plan
+    )
 
   def forward(self, run: protocols.Run) -> None:
     """The forward pass: `run.stack` through every forward unit."""
@@ -76,7 +80,8 @@ class Units:
     assert run.stack is not None, 'the batch is placed before the walk'
     for unit, following in zip(units, units[1:] + [None]):
       run.stack = unit.forward(
-          run.stack, run.params(unit, following, with_slots=False), run)
+        run.stack, run.params(unit, following, with_slots=False), run
+      )
       run.unit_done(unit)
 
   def loss(self, run: protocols.Run) -> None:
@@ -94,11 +99,15 @@ class Units:
     run.phase = 'backward'
     units = self.backward_units
     assert run.stack is not None and run.grad_stack is not None, (
-        'the loss program leaves the stack and its cotangents')
+      'the loss program leaves the stack and its cotangents'
+    )
     for unit, following in zip(units, units[1:] + [None]):
       run.stack, run.grad_stack = unit.backward(
-          run.stack, run.grad_stack,
-          run.params(unit, following, with_slots=True), run)
+        run.stack,
+        run.grad_stack,
+        run.params(unit, following, with_slots=True),
+        run,
+      )
       run.unit_done(unit)
     run.stack = run.grad_stack = None
 
