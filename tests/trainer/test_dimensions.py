@@ -32,9 +32,10 @@ pytestmark = pytest.mark.usefixtures('stock_trax')
 PACKAGE = pathlib.Path(__file__).resolve().parents[2] / 'trax_revplus'
 # Most modules of the package that may name a dimension (as a word,
 # docstrings and comments included): the plan's field with its entry
-# (`plan`), the gin setting (`options`), and the code that runs it (the
-# walk's units, `units`, which hand it to the compiled functions), with
-# one to spare. Every other module reads the registry (`dimensions`) and
+# (`plan`), the gin setting (`options`), and the code that runs it
+# (`unit_factory`, where the plan's dimensions reach the compiled
+# functions; the walk, `units`, for micro-batches' parts), with one to
+# spare. Every other module reads the registry (`dimensions`) and
 # names dimensions by role; the modules that run a dimension's value are
 # named for what they run (`batch_parts`, `loss_tail`, `attention_heads`),
 # not for the dimension.

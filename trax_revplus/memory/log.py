@@ -9,7 +9,7 @@ One call `record(step, phase, **fields)` becomes
   * one JSON object on one line of `<output_dir>/memory.jsonl`, once an
     output directory is known (trax's `training.Loop` passes its own through
     `ReversibleSerialTrainer.set_output_dir`); the fields are listed in
-    `records`;
+    `fields`;
   * TensorBoard scalars, via `trax.jaxboard.SummaryWriter`, under
     `<output_dir>/memory/`, tagged `memory/<phase>/<field>` (per-layer records:
     `memory/<phase>/layer_<index>/<field>`), with the training step as x-axis.
@@ -52,7 +52,7 @@ class MemoryLog(LogOutputs):
 
   Replaces the psutil "cpu memory use (MB)" lines that trax's
   `ReversibleSerialTrainer.one_step` logs every 100 steps. The fields of a
-  record are listed in `records`, the files written in the module docstring.
+  record are listed in `fields`, the files written in the module docstring.
 
   Usage:
     log = MemoryLog(every_n_steps=100)
