@@ -12,19 +12,11 @@ from typing import Any
 
 import jax
 from jax.sharding import SingleDeviceSharding
-import numpy as np
 
 from trax_revplus import memory
 from trax_revplus.placement import freeing
+from trax_revplus.placement import to_device
 from trax_revplus.typing import PyTree
-
-
-def _host_nbytes(x) -> int:
-  if isinstance(x, (np.ndarray, np.generic)):
-    return int(x.nbytes)
-  if isinstance(x, (bool, int, float, complex)):
-    return np.asarray(x).nbytes
-  return 0
 
 
 class OneDevice:
@@ -81,7 +73,7 @@ class OneDevice:
     moving = [i for i, x in enumerate(leaves) if not self._here(x)]
     copies = jax.device_put([leaves[i] for i in moving], self.sharding)
     if self._transfers is not None:
-      h2d = sum(_host_nbytes(leaves[i]) for i in moving)
+      h2d = sum(to_device.host_nbytes(leaves[i]) for i in moving)
       if h2d:
         self._transfers.add_h2d(h2d)
     for i, x in zip(moving, copies):

@@ -19,8 +19,9 @@ from trax_revplus.placement import rules
 from trax_revplus.typing import PyTree
 
 
-def _host_nbytes(x):
-  """Bytes a host leaf occupies (0 for non-arrays and device arrays)."""
+def host_nbytes(x: object) -> int:
+  """Bytes a host leaf occupies, as its H2D copy counts them (0 for
+  non-arrays and device arrays)."""
   if isinstance(x, jax.Array):
     return 0
   if isinstance(x, (np.ndarray, np.generic)):
@@ -53,13 +54,13 @@ def put(
   for i, x in enumerate(leaves):
     target = rule(shardings, tuple(np.shape(x)))
     if target is None:
-      h2d += _host_nbytes(x)
+      h2d += host_nbytes(x)
       continue
     if isinstance(x, jax.Array) and x.sharding == target.sharding:
       continue
     if prepare is not None:
       x = prepare(x, target)
-    h2d += _host_nbytes(x) * target.copies
+    h2d += host_nbytes(x) * target.copies
     moving.append(x)
     where.append(i)
     targets.append(target)
