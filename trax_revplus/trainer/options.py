@@ -351,6 +351,13 @@ class TrainerOptions:
     checks.check_names(GIN_CONFIGURABLE, settings, cls.field_names())
     return cls(**settings)
 
+  def pinned(self, name: str) -> Any:
+    """The int the user gave for setting `name` (segment_max_layers,
+    backward_segment_max_layers or one of the plan's dimensions), or None
+    where it is 'auto'."""
+    value = getattr(self, name)
+    return None if value == AUTO else value
+
   def unplanned(self, name: str) -> Any:
     """Setting `name` (segment_max_layers or one of the plan's dimensions,
     `dimension_settings`) as a step without a budget runs it: 'auto'

@@ -209,16 +209,11 @@ class Candidates:
     )
     return Group((plan,), plan, sum(self._sizes))
 
-  def _pinned(self, name):
-    """The int the user gave for setting `name`, or None ('auto')."""
-    value = getattr(self._options, name)
-    return None if value == options_lib.AUTO else value
-
   def _usable(self, name):
     """Lengths to try for segment setting `name`: the pinned one, or
     `SEGMENT_LENGTHS`, capped at the longest block."""
     longest = max(max(self._sizes, default=0), 1)
-    pinned = self._pinned(name)
+    pinned = self._options.pinned(name)
     lengths = SEGMENT_LENGTHS if pinned is None else (pinned,)
     return sorted({min(n, longest) for n in lengths})
 
@@ -354,7 +349,7 @@ class Candidates:
   def _one_pass_groups(self) -> Iterator[Group]:
     if self._unchunked:
       fused = []
-      if self._pinned('segment_max_layers') is None:
+      if self._options.pinned('segment_max_layers') is None:
         fused = [self._fused(k) for k in self.slices if self.may_fuse(k)]
       unfused = [self._unfused(k) for k in self.slices]
       if fused and self.fused_compiles_cheaply():

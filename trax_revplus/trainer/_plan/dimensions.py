@@ -169,8 +169,7 @@ def by_role(values_by_role: Mapping[str, Any]) -> dict[str, Any]:
 
 def pinned(options: options_lib.TrainerOptions, role: str) -> Any:
   """The int `options` pin the dimension of `role` to, or None ('auto')."""
-  setting = getattr(options, of_role(role).name)
-  return None if setting == options_lib.AUTO else setting
+  return options.pinned(of_role(role).name)
 
 
 def unplanned(
