@@ -15,6 +15,7 @@ from trax.optimizers import base as optimizer_base
 
 from trax_revplus.device_memory import program
 from trax_revplus.trainer._step import batch_parts
+from trax_revplus.trainer._step import copy_back
 from trax_revplus.trainer._step import step_run as step_run_lib
 from trax_revplus.typing import PyTree
 
@@ -52,11 +53,8 @@ class HostTypes(step_run_lib.UpdateSink):
     stats: list[dict],
     part: batch_parts.Part | None = None,
   ) -> tuple[list[int], list[PyTree] | None, bool]:
-    # As `CommitQueue.start`: weights None where the call only accumulated;
-    # slots then the gradients waiting on the host, or None.
     del states, stats, part
-    accumulated = weights[0] is None if weights else False
-    waiting = accumulated and slots is not None and slots[0] is not None
+    accumulated, waiting = copy_back.accumulated_updates(weights, slots)
     return layers, slots if waiting else None, not accumulated
 
   def commit(self, token: tuple[list[int], list[PyTree] | None, bool]) -> None:

@@ -23,6 +23,7 @@ from trax_revplus import placement as placement_lib
 from trax_revplus import validation
 from trax_revplus.trainer import host_store
 from trax_revplus.trainer._step import batch_parts
+from trax_revplus.trainer._step import copy_back
 from trax_revplus.trainer._step import step_run as step_run_lib
 from trax_revplus.typing import PyTree
 
@@ -236,8 +237,7 @@ class CommitQueue(step_run_lib.UpdateSink):
     commit order; see `step_run.UpdateSink.start`); returns what `commit`
     takes."""
     p = self._placement
-    accumulated = weights[0] is None if weights else False
-    gradients = accumulated and slots is not None and slots[0] is not None
+    accumulated, gradients = copy_back.accumulated_updates(weights, slots)
     return _Pending(
       layers,
       None if accumulated else p.start_to_host(weights),

@@ -35,6 +35,18 @@ def commit_waits(pending_sizes: list[int], n_async_layers: int) -> int:
   return len(pending)
 
 
+def accumulated_updates(
+  weights: list[PyTree] | None, slots: list[PyTree] | None
+) -> tuple[bool, bool]:
+  """How one call's updates came to `UpdateSink.start`: (whether the call
+  only accumulated gradients: its weights are None; whether the part's
+  gradients then wait on the host in the slots' place:
+  `plan.StepPlan.grads_on_host`). Both False for a call that updated."""
+  accumulated = weights[0] is None if weights else False
+  on_host = accumulated and slots is not None and slots[0] is not None
+  return accumulated, on_host
+
+
 class UpdateSink:
   """Where a walk hands each call's updates; this one keeps none of them
   (a `protocols.UpdateSink`).
