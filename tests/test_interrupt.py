@@ -209,3 +209,44 @@ def test_a_signal_lost_in_a_library_callback_still_stops_before_the_steps():
     with pytest.raises(interrupt.Interrupted) as raised:
       stop.raise_if_signalled()
   assert raised.value.signum == signal.SIGINT and raised.value.step is None
+
+
+def test_sigint_while_planning_stops_at_once_in_one_line(tmp_path):
+  """Planning compiles before the first step (seconds to minutes): a signal
+  then stops the run at once, one line, nothing saved, the compilation left
+  behind (the process does not wait for the compiler)."""
+  output_dir = tmp_path / 'planning'
+  process = subprocess.Popen(
+    cli_command()
+    + [
+      'train',
+      f'--config_file={MAIN}',
+      f'--output_dir={output_dir}',
+      '--config=train.steps = 3',
+      # A program compiled afresh: the signal comes while it compiles.
+      '--nocompilation_cache',
+    ],
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+    cwd=REPO,
+  )
+  assert process.stdout is not None
+  for line in process.stdout:
+    if line.startswith('planning: ') and 'compiling' in line:
+      break
+  else:
+    pytest.fail(f'no planning line: {process.communicate()}')
+  start = time.monotonic()
+  process.send_signal(signal.SIGINT)
+  out, err = process.communicate()
+  stopped_seconds = time.monotonic() - start
+  assert process.returncode == 130, err[-3000:]
+  assert err.strip().splitlines()[-1] == (
+    f'trax-revplus train: error: interrupted by SIGINT while planning the '
+    f'step (nothing had changed since the last checkpoint); nothing new was '
+    f'saved in {output_dir}; run the same command to start again'
+  )
+  assert 'Traceback' not in err and 'step 1' not in out
+  assert 'model.pkl.gz' not in os.listdir(output_dir)
+  assert stopped_seconds < 10

@@ -11,7 +11,9 @@ backend and JAX's version, so a changed model, plan or JAX compiles anew.
 
 `trax-revplus train` enables it before anything compiles
 (`--compilation_cache_dir`, default `default_directory()`;
-`--nocompilation_cache` leaves it off); from Python, call `enable()`.
+`--nocompilation_cache` leaves it off); from Python, call `enable()`. The
+trainer keeps the plans it chooses in the same directory
+(`trainer._plan.plan_store`), so that a config plans once per device.
 Every program is cached, however short its compilation: a plan's many
 small programs add up to most of a first step.
 
@@ -89,6 +91,10 @@ def check_writable(directory: str) -> str:
   return path
 
 
+# The directory `enable` last set (`enabled_directory`).
+_enabled: str | None = None
+
+
 def enable(directory: str = AUTO) -> str:
   """Turns JAX's persistent compilation cache on, in `directory`.
 
@@ -111,8 +117,10 @@ def enable(directory: str = AUTO) -> str:
   compilation_cache = trax_import.module(
     'jax.experimental.compilation_cache.compilation_cache'
   )
+  global _enabled
   path = check_writable(directory)
   jax.config.update('jax_compilation_cache_dir', path)
+  _enabled = path
   jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
   jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
   jax.config.update('jax_compilation_cache_max_size', MAX_SIZE_BYTES)
@@ -152,6 +160,16 @@ def enabled(directory: str = AUTO) -> Iterator[str]:
     for name, value in saved.items():
       jax.config.update(name, value)
     compilation_cache.reset_cache()
+
+
+def enabled_directory() -> str | None:
+  """The directory `enable` turned the cache on in, while it is on there;
+  else None (off, or set through JAX's own settings). The planner keeps
+  its chosen plans there too (`trainer._plan.plan_store`)."""
+  jax = trax_import.module('jax')
+  if _enabled is not None and jax.config.jax_compilation_cache_dir == _enabled:
+    return _enabled
+  return None
 
 
 def is_unreadable_entry_warning(message: str) -> str | None:

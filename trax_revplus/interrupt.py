@@ -9,7 +9,11 @@ new would be lost, so a signal stops at once, with `Interrupted` raised
 from the signal handler; during trax's import, once the import ends
 (`import_signals`: raised inside it, the exception can crash a C
 extension half way through its initialization). A second signal does what
-it did before the handler was installed (e.g. a plain Ctrl-C).
+it did before the handler was installed (e.g. a plain Ctrl-C). Work that
+loses nothing when stopped half way, inside a step too, runs under
+`stops_at_once` (the trainer planning a step before it runs: minutes of
+compiling at the sizes users run, nothing changed yet): a signal then
+stops at once as well.
 
 The handlers are installed for SIGINT and SIGTERM whatever their
 disposition was, ignored included: a process started in the background of
@@ -18,11 +22,12 @@ enters `StopOnSignal` as early as it can (`trax-revplus train` does before
 joining a multi-process run), so that no signal finds Python's defaults.
 """
 
+import contextlib
 import functools
 import os
 import signal
 import types
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from absl import logging
 
@@ -30,6 +35,22 @@ from trax_revplus import import_signals
 from trax_revplus import trax_import
 
 SIGNALS = ('SIGINT', 'SIGTERM')
+
+# How many `stops_at_once` spans the main thread is in.
+_at_once = 0
+
+
+@contextlib.contextmanager
+def stops_at_once() -> Iterator[None]:
+  """A span of work a signal stops at once (`Interrupted` raised in it,
+  with `planning` True), also after the first step began: nothing it does
+  is lost when it stops half way."""
+  global _at_once
+  _at_once += 1
+  try:
+    yield
+  finally:
+    _at_once -= 1
 
 
 class Interrupted(Exception):
@@ -41,6 +62,8 @@ class Interrupted(Exception):
       first step).
     checkpoint: str or None, path of the `.pkl.gz` saved at that step.
     loop: the `training.Loop`, or None if it stopped before one was built.
+    planning: bool, it stopped a step's planning (`stops_at_once`): no
+      step of the run changed anything since the last checkpoint.
   """
 
   def __init__(
@@ -49,12 +72,14 @@ class Interrupted(Exception):
     step: int | None = None,
     checkpoint: str | None = None,
     loop: Any = None,
+    planning: bool = False,
   ):
     super().__init__(f'interrupted by signal {signum} at step {step}')
     self.signum = signum
     self.step = step
     self.checkpoint = checkpoint
     self.loop = loop
+    self.planning = planning
 
 
 class StopOnSignal:
@@ -116,8 +141,8 @@ class StopOnSignal:
       os.kill(os.getpid(), signum)
       return
     self.signum = signum
-    if not self.steps_started:
-      raise Interrupted(signum)
+    if not self.steps_started or _at_once:
+      raise Interrupted(signum, planning=bool(_at_once))
     self._notify(signum)
 
   def raise_if_signalled(self) -> None:

@@ -7,6 +7,11 @@ run (`listening`) and print each notice as their own warning line on stderr;
 with no listener, e.g. from Python, a notice is a Python warning
 (`SettingReplacedWarning`), which Python shows once per place.
 
+Progress is what the library is doing while the person waits, e.g. which
+plan the trainer weighs before its first step (`trainer._plan.planning_log`):
+the commands show each line as it comes (`showing_progress`); with no
+listener it goes to absl's log at INFO, never to the terminal.
+
 Only the standard library is imported here, as in `errors`.
 """
 
@@ -45,5 +50,35 @@ def notify(
     listeners = list(_listeners)
   if not listeners:
     warnings.warn(message, category, stacklevel=3)
+  for listener in listeners:
+    listener(message)
+
+
+_progress_listeners: list[Callable[[str], None]] = []
+
+
+@contextlib.contextmanager
+def showing_progress(listener: Callable[[str], None]) -> Iterator[None]:
+  """Hands every progress line to `listener` while entered."""
+  with _lock:
+    _progress_listeners.append(listener)
+  try:
+    yield
+  finally:
+    with _lock:
+      _progress_listeners.remove(listener)
+
+
+def progress(message: str) -> None:
+  """Hands `message` (one line) to the progress listeners, or logs it
+  (absl, INFO) where none listens."""
+  with _lock:
+    listeners = list(_progress_listeners)
+  if not listeners:
+    # absl only where a line goes nowhere else: this module imports the
+    # standard library alone until then.
+    from absl import logging  # pylint: disable=g-import-not-at-top
+
+    logging.info('%s', message)
   for listener in listeners:
     listener(message)

@@ -14,6 +14,7 @@ trax_revplus's trainer, which imports that package.
 """
 
 import dataclasses
+import functools
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
@@ -25,6 +26,7 @@ from trax.optimizers import trainer as stock_lib
 
 from trax_revplus import device_memory
 from trax_revplus import swap
+from trax_revplus.device_memory import compile_threads
 from trax_revplus import trainer as rev_lib
 from trax_revplus import validation
 from trax_revplus.trainer._plan import budget as budget_lib
@@ -63,14 +65,16 @@ class RevplusPlan:
     description: the plan's `describe()`.
     fits: whether a plan fits the budget (True when there is none); when
       False, the plan is the least one.
-    least_peak_device_bytes: the peak device bytes of the least plan.
+    least_peak_device_bytes: the peak device bytes of the least plan, or
+      None where it was not weighed (a plan fits and the least was not
+      asked for).
     reason: why no plan fits where it is not the device budget (the host
       budget's one line), else None.
   """
 
   description: str
   fits: bool
-  least_peak_device_bytes: int
+  least_peak_device_bytes: int | None
   reason: str | None = None
 
 
@@ -118,56 +122,119 @@ def reversible_blocks(
   return blocks, loss_layer
 
 
-def _default(cfg: TrainConfig, backend: str) -> device_memory.TrainerMemory:
+def _default(cfg: TrainConfig) -> Any:
+  """trax's default `Trainer` of the config, built."""
   model = tl.Serial(cfg.model(), cfg.loss())
   model.init(init_signature(cfg.batch), rng=fastmath.random.get_prng(0))
   opt = cfg.optimizer()
   opt.tree_init(model.weights)
-  trainer = optimizers.Trainer(model, opt, n_devices=1)
-  return device_memory.trainer_memory('default', trainer, cfg.batch, backend)
+  return optimizers.Trainer(model, opt, n_devices=1)
 
 
-def _stock(cfg: TrainConfig, backend: str) -> device_memory.TrainerMemory:
+def _stock(cfg: TrainConfig) -> Any:
+  """stock trax's `ReversibleSerialTrainer` of the config, built."""
   blocks, loss_layer = reversible_blocks(stock_lib, cfg)
-  trainer = stock_lib.ReversibleSerialTrainer(
+  return stock_lib.ReversibleSerialTrainer(
     blocks, loss_layer, cfg.optimizer, n_devices=1
   )
-  return device_memory.trainer_memory('stock', trainer, cfg.batch, backend)
+
+
+class _Others:
+  """trax's two trainers of a config, built now with stock trax's classes
+  and accounted on the compile threads (`device_memory.compile_threads`):
+  on the CPU backend beside each other (XLA compiles outside the GIL), on
+  an accelerator one after the other (its compiler uses the device's
+  memory while it compiles: a program compiling beside another could be
+  refused for the other's bytes)."""
+
+  def __init__(self, cfg: TrainConfig, backend: str):
+    self._results: dict[str, device_memory.TrainerMemory] = {}
+    built: dict[str, Any] = {}
+    for name, build in (('default', _default), ('stock', _stock)):
+      try:
+        built[name] = build(cfg)
+      except Exception as e:  # pylint: disable=broad-except
+        # As `device_memory.account` words a trainer it cannot build.
+        self._results[name] = device_memory.account(
+          name, backend, 1, functools.partial(_raise, e)
+        )
+
+    def account(name: str, trainer: Any) -> None:
+      self._results[name] = device_memory.account(
+        name,
+        backend,
+        1,
+        functools.partial(
+          device_memory.trainer_memory, name, trainer, cfg.batch, backend
+        ),
+      )
+
+    if backend == 'cpu':
+      self._done = [
+        compile_threads.compile_pool().submit(account, name, trainer)
+        for name, trainer in built.items()
+      ]
+    else:
+
+      def account_all() -> None:
+        for name, trainer in built.items():
+          account(name, trainer)
+
+      self._done = [compile_threads.compile_pool().submit(account_all)]
+
+  def results(self) -> dict[str, device_memory.TrainerMemory]:
+    """{'default': ..., 'stock': ...}, once both are accounted."""
+    for done in self._done:
+      compile_threads.wait_for(done)
+      done.result()
+    return self._results
+
+
+def _raise(error: Exception) -> Any:
+  raise error
+
+
+def _built_revplus(
+  cfg: TrainConfig, n_devices: int, device_memory_bytes: int | None
+) -> Any:
+  """A function building trax_revplus's trainer of the config.
+
+  With `device_memory_bytes` the trainer plans for it; without, for the
+  budget its settings give (the config's `device_memory_budget_bytes`, by
+  default the device's own size where the backend reports it).
+  """
+
+  def build() -> Any:
+    blocks, loss_layer = reversible_blocks(rev_lib, cfg)
+    budget: dict[str, Any] = (
+      {}
+      if device_memory_bytes is None
+      else {'device_memory_budget_bytes': device_memory_bytes}
+    )
+    return rev_lib.ReversibleSerialTrainer(
+      blocks,
+      loss_layer,
+      cfg.optimizer,
+      n_devices=n_devices,
+      memory_log_tensorboard=False,
+      output_dir=None,
+      **budget,
+    )
+
+  return build
 
 
 def _revplus(
-  cfg: TrainConfig,
-  backend: str,
-  n_devices: int,
-  device_memory_bytes: int | None,
+  trainer: Any, cfg: TrainConfig, backend: str, least: bool
 ) -> tuple[
   device_memory.TrainerMemory, RevplusPlan, int | None, Any, int | None
 ]:
   """(TrainerMemory, `RevplusPlan`, the budget it planned for, the plans it
   weighed: `weighing.Weighing`, its host budget) of trax_revplus's
-  trainer.
-
-  With `device_memory_bytes` the trainer plans for it; without, for the
-  budget its settings give (the config's `device_memory_budget_bytes`, by
-  default the device's own size where the backend reports it). The plan,
-  the least plan and the plans weighed come from one search: a plan is
-  accounted once.
+  trainer `trainer`. The plan, the least plan and the plans weighed come
+  from one search: a plan is accounted once. The least plan is weighed
+  where no plan fits, or with `least`.
   """
-  blocks, loss_layer = reversible_blocks(rev_lib, cfg)
-  budget: dict[str, Any] = (
-    {}
-    if device_memory_bytes is None
-    else {'device_memory_budget_bytes': device_memory_bytes}
-  )
-  trainer = rev_lib.ReversibleSerialTrainer(
-    blocks,
-    loss_layer,
-    cfg.optimizer,
-    n_devices=n_devices,
-    memory_log_tensorboard=False,
-    output_dir=None,
-    **budget,
-  )
   budget_bytes = trainer.planner.budget_bytes
   reason = None
   plan: 'StepPlan | None'
@@ -180,10 +247,13 @@ def _revplus(
     plan = step = None
     if isinstance(e, budget_lib.HostMemoryBudgetError):
       reason = str(e)
-  least_plan, least = trainer.least_device_memory_of(cfg.batch)
+  least_plan = least_step = None
+  if least or plan is None or step is None:
+    least_plan, least_step = trainer.least_device_memory_of(cfg.batch)
   if plan is None or step is None:  # both, or neither
-    plan, step = least_plan, least
+    plan, step = least_plan, least_step
     fits = False
+  assert plan is not None and step is not None
   # Calls per step as the accounting counted them (`plan.StepPlan.n_calls`
   # counts units that only reorder the stack, which make none).
   settings = dict(plan.settings(), n_calls=len(step.calls))
@@ -194,10 +264,19 @@ def _revplus(
     backend,
     step=step,
     plan=settings,
-    least=(dict(least_plan.settings(), n_calls=len(least.calls)), least),
+    least=None
+    if least_plan is None or least_step is None
+    else (
+      dict(least_plan.settings(), n_calls=len(least_step.calls)),
+      least_step,
+    ),
+    weigh_least=False,
   )
   revplus_plan = RevplusPlan(
-    plan.describe(len(step.calls)), fits, least.peak_device_bytes, reason
+    plan.describe(len(step.calls)),
+    fits,
+    None if least_step is None else least_step.peak_device_bytes,
+    reason,
   )
   return (
     result,
@@ -213,6 +292,7 @@ def account_three(
   backend: str,
   n_devices: int,
   device_memory_bytes: int | None,
+  least: bool = True,
 ) -> ThreeTrainers:
   """Builds and accounts the three trainers of a config: 'revplus' first,
   then 'default' and 'stock' (returned in the order default, stock,
@@ -232,6 +312,8 @@ def account_three(
       accounted on one.
     device_memory_bytes: the memory trax_revplus's trainer plans for, or
       None: the budget its settings give.
+    least: whether to weigh trax_revplus's leanest plan also where a plan
+      fits (where none does, it always is).
 
   Returns:
     `ThreeTrainers`.
@@ -252,16 +334,18 @@ def account_three(
   )
   try:
     swap.activate()
+    built = _built_revplus(cfg, n_devices, device_memory_bytes)
 
     def account_revplus() -> device_memory.TrainerMemory:
       nonlocal revplus
-      memory, *figures = _revplus(cfg, backend, n_devices, device_memory_bytes)
+      # First: a setting the batch's shapes refute (a plan dimension's:
+      # `dimensions.PlanDimension.check`) stops before the other trainers
+      # compile; and trax_revplus plans alone, so that its planning's
+      # figures are its own.
+      memory, *figures = _revplus(built(), cfg, backend, least)
       revplus = tuple(figures)
       return memory
 
-    # First: a setting the batch's shapes refute (a plan dimension's:
-    # `dimensions.PlanDimension.check`) stops before the other trainers
-    # compile.
     ours = device_memory.account(
       'revplus',
       backend,
@@ -270,18 +354,13 @@ def account_three(
       passes=(validation.SequenceChunksError, validation.MicroBatchesError),
     )
     swap.deactivate()
-    results = {
-      'default': device_memory.account(
-        'default', backend, 1, lambda: _default(cfg, backend)
-      ),
-      'stock': device_memory.account(
-        'stock', backend, 1, lambda: _stock(cfg, backend)
-      ),
-      'revplus': ours,
-    }
+    results = {**_Others(cfg, backend).results(), 'revplus': ours}
   finally:
     if activated:
       swap.activate()
     else:
       swap.deactivate()
-  return ThreeTrainers(results, *revplus)
+  return ThreeTrainers(
+    {name: results[name] for name in ('default', 'stock', 'revplus')},
+    *revplus,
+  )

@@ -196,6 +196,7 @@ def _flags_of(command):
         'config',
         'device_memory',
         'n_devices',
+        'least',
         'json',
         'compilation_cache_dir',
         'nocompilation_cache',

@@ -42,8 +42,15 @@ def _estimate(capsys, *flags, bindings=()):
   return code, out, err
 
 
+# The lines the planner prints while it plans (`planning_log`).
+_PROGRESS = ('planning: ', 'planned in ', 'least plan: ')
+
+
 def _one_line(err):
-  lines = err.strip().splitlines()
+  """The one line on stderr besides the planner's progress."""
+  lines = [
+    line for line in err.strip().splitlines() if not line.startswith(_PROGRESS)
+  ]
   assert len(lines) == 1, err
   assert 'Traceback' not in err
   return lines[0]
@@ -62,10 +69,13 @@ def fixture_no_compile(monkeypatch):
 @pytest.mark.slow
 def test_estimate_table_and_json(tmp_path, capsys):
   path = tmp_path / 'estimate.json'
-  code, out, err = _estimate(capsys, '--device_memory=1GiB', f'--json={path}')
+  code, out, err = _estimate(
+    capsys, '--device_memory=1GiB', '--least', f'--json={path}'
+  )
   assert code == 0, err
-  # Known third-party noise from compiling stock's programs stays off.
-  assert not err, err
+  # Known third-party noise from compiling stock's programs stays off:
+  # stderr holds the planner's progress alone.
+  assert err and all(line.startswith(_PROGRESS) for line in err.splitlines())
   assert 'backend cpu' in out
   assert 'device memory: 1.0 GiB (1073741824 bytes)' in out
   for name in estimate_report.TRAINERS:
@@ -98,6 +108,9 @@ def test_estimate_table_and_json(tmp_path, capsys):
     rev['min_peak_device_bytes']
     <= (data['trainers']['stock']['peak_device_bytes'])
   )
+  assert rev['planning']['programs_compiled'] >= 1
+  assert rev['planning']['plan_compile_seconds'] <= rev['planning']['seconds']
+  assert 'revplus planning: ' in out
   assert os.listdir(tmp_path) == ['estimate.json']
 
   # Just below the smaller peak: that trainer does not fit, and the JSON
@@ -123,6 +136,12 @@ def test_estimate_table_and_json(tmp_path, capsys):
   if rev_small['peak_device_bytes'] > need - 1:
     assert rev_small['fits'] is False
     assert 'no plan fits' in rev_small['plan_line']
+    # Nothing fits: the least is weighed without --least.
+    assert rev_small['min_peak_device_bytes'] == rev_small['peak_device_bytes']
+  else:
+    # A plan fits and --least was not given: the least is not weighed.
+    assert rev_small['min_peak_device_bytes'] is None
+    assert 'revplus least device/step: not weighed' in out
   assert sorted(os.listdir(tmp_path)) == ['estimate.json', 'link.json']
 
 

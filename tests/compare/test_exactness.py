@@ -28,7 +28,7 @@ def _kept(tmp_path, *plans):
   """The plans as a run keeps them in `tmp_path`, read back."""
   store = plan_store.PlanStore(str(tmp_path))
   for i, plan in enumerate(plans):
-    store.save(f'key{i}', plan, 100, None)
+    store.save(f'key{i}', plan, 100, None, {})
   return exactness.stored_reorderings(tmp_path)
 
 
@@ -133,7 +133,7 @@ def test_compare_prints_the_line_under_the_weights_row(tmp_path):
       k, 0, '', str(run_dir), str(tmp_path / f'{k}.log'), 1.0
     )
   plan_store.PlanStore(str(tmp_path / 'revplus')).save(
-    'key', _plan(batch_slices=2), 100, None
+    'key', _plan(batch_slices=2), 100, None, {}
   )
   report = compare.build_report(['c.gin'], [], 2, 0, False, runs)
   note = report['final_weights_note']

@@ -74,8 +74,13 @@ def test_one_head_at_a_time_trains_as_stock(fused, kwargs, dropout):
   weights, losses = _train(_ours(fused, **kwargs), dropout)
   np.testing.assert_allclose(losses, expected_losses, rtol=0, atol=1e-5)
   assert len(weights) == len(expected_weights)
+  # Micro-batches add their parts' gradients in another float32 order
+  # than one pass, and Adam's first steps (a step of about the learning
+  # rate whatever the gradient's size) carry that rounding into weights
+  # near zero: seen 1.2e-5 apart on one of 512 weights after 3 steps.
+  atol = 3e-5 if kwargs.get('micro_batches') else 1e-5
   for got, expected in zip(weights, expected_weights):
-    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(got, expected, rtol=0, atol=atol)
 
 
 def test_the_layers_are_left_as_found():

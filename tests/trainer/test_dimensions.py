@@ -24,6 +24,7 @@ from trax_revplus.trainer._plan import candidates as candidates_lib
 from trax_revplus.trainer._plan import dimensions
 from trax_revplus.trainer._plan import plan as plan_lib
 from trax_revplus.trainer._plan import plan_search
+from trax_revplus.trainer._plan import weighers
 from trax_revplus.trainer._plan import plan_store
 from trax_revplus.trainer._plan import shape_facts
 
@@ -212,9 +213,7 @@ def test_search_keeps_toy_values_apart(toy):
     return candidates_lib.Group((plan,), plan, 0)
 
   groups = [group(4), group(1)]
-  candidates = types.SimpleNamespace(
-    groups=lambda: iter(groups), lower_bound_bytes=lambda g, n: 0
-  )
+  candidates = types.SimpleNamespace(groups=lambda: iter(groups))
   weighed = {}
 
   def weigh(plan):
@@ -223,7 +222,9 @@ def test_search_keeps_toy_values_apart(toy):
       types.SimpleNamespace(peak_device_bytes=1000 // plan.toy_parts, calls=()),
     )
 
-  search = plan_search.PlanSearch(candidates, 1, weigh, weighed.get)
+  search = plan_search.PlanSearch(
+    candidates, weighers.FixedWeigher(weigh, weighed.get)
+  )
   assert search.least()[0].toy_parts == 4
   assert search.fastest_fitting(500).toy_parts == 4
 

@@ -13,6 +13,7 @@ import pytest
 from trax_revplus.trainer import TrainerOptions
 from trax_revplus.trainer._plan import candidates as candidates_lib
 from trax_revplus.trainer._plan import plan_search
+from trax_revplus.trainer._plan import weighers
 
 pytestmark = pytest.mark.usefixtures('stock_trax')
 
@@ -51,6 +52,22 @@ def _figures():
   return peak
 
 
+def _fused_stack_bound(plan):
+  """What a fused plan keeps at least, known without compiling it: its
+  block's stack states over its slices, and every layer's weights and
+  slots (the candidates' figures above)."""
+  if plan.fused_from < plan.loss:
+    return 2**10 // plan.batch_slices + 60
+  return 0
+
+
+class _Weigher(weighers.FixedWeigher):
+  """Weighs by `peak`; bounds fused plans by `_fused_stack_bound`."""
+
+  def lower(self, plan):
+    return _fused_stack_bound(plan)
+
+
 def _search(peak, **kwargs):
   weighed = {}
 
@@ -60,7 +77,9 @@ def _search(peak, **kwargs):
     )
     return weighed[plan]
 
-  search = plan_search.PlanSearch(_candidates(**kwargs), 1, weigh, weighed.get)
+  search = plan_search.PlanSearch(
+    _candidates(**kwargs), _Weigher(weigh, weighed.get)
+  )
   return search, weighed
 
 
@@ -92,7 +111,7 @@ def test_members_with_fewer_slices_or_parts_are_not_compiled():
   assert chosen.micro_batches == 8
   fused = [p.batch_slices for p in weighed if p.fused_from < p.loss]
   # Only the fused group of the most slices keeps its stack states within
-  # the budget (`Candidates.lower_bound_bytes`); it does not fit.
+  # the budget (the weigher's lower bound); it does not fit.
   assert fused == [8]
   unfused_one_pass = {
     p.batch_slices
@@ -138,8 +157,8 @@ def test_stock_s_schedule_is_weighed_where_slicing_does_not_shrink():
 def test_a_member_with_more_slices_is_bounded_by_one_with_fewer():
   """The fused program of 4 slices needs 1000 bytes: that of 8 needs at
   least half (`GroupBounds.rows`), above a budget of 450, and is not compiled;
-  those of 1 and 2 keep more stack states than that
-  (`Candidates.lower_bound_bytes`)."""
+  those of 1 and 2 keep more stack states than that (the weigher's lower
+  bound)."""
   peak = _figures()
   search, weighed = _search(peak)
   assert search.fastest_fitting(450) == _exhaustive(peak, 450)
@@ -148,10 +167,11 @@ def test_a_member_with_more_slices_is_bounded_by_one_with_fewer():
   refusal = types.SimpleNamespace(least_bytes=1000)
   search = plan_search.PlanSearch(
     _candidates(),
-    1,
-    lambda plan: None,
-    lambda plan: None,
-    lambda plan: refusal if plan.batch_slices == 4 else None,
+    weighers.FixedWeigher(
+      lambda plan: None,
+      lambda plan: None,
+      lambda plan: refusal if plan.batch_slices == 4 else None,
+    ),
   )
   fused_8 = next(
     g

@@ -250,14 +250,7 @@ def test_the_plans_weighed_are_accounted_once_the_chosen_marked(monkeypatch):
   budget_bytes = peak_bytes(fastest) - 1
   _, trainer = _trainer(device_memory_budget_bytes=budget_bytes)
   p = trainer.planner
-  accounted = []
-  account = p.account
-
-  def counting(plan, units, types):
-    accounted.append(plan)
-    return account(plan, units, types)
-
-  monkeypatch.setattr(p, 'account', counting)
+  accounted = cases.count_accounted(monkeypatch)
 
   chosen = trainer.planned(_BATCH).plan
   least_plan, least = trainer.least_device_memory_of(_BATCH)

@@ -162,18 +162,19 @@ def count_compiles():
 
 
 def count_accounted(monkeypatch):
-  """The plans `planner.Planner.account` compiles and accounts from now on,
-  in order (a list that grows as they are)."""
-  from trax_revplus.trainer._plan import planner  # pylint: disable=g-import-not-at-top
+  """The plans whose step is compiled and accounted whole from now on
+  (`on_types.AheadOfTime.memory`), in order (a list that grows as they
+  are)."""
+  from trax_revplus.trainer._accounting import on_types  # pylint: disable=g-import-not-at-top
 
   plans = []
-  account = planner.Planner.account
+  memory = on_types.AheadOfTime.memory
 
-  def counting(self, plan, units, types):
-    plans.append(plan)
-    return account(self, plan, units, types)
+  def counting(ahead):
+    plans.append(ahead.plan)
+    return memory(ahead)
 
-  monkeypatch.setattr(planner.Planner, 'account', counting)
+  monkeypatch.setattr(on_types.AheadOfTime, 'memory', counting)
   return plans
 
 

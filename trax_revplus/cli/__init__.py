@@ -10,6 +10,7 @@ paths answer before trax's import (seconds of CPU). Run as `trax-revplus ...` or
 """
 
 import importlib
+import os
 import signal
 import sys
 import threading
@@ -132,5 +133,17 @@ def main(argv: Sequence[str]) -> int:
 
 
 def run() -> None:
-  """Console-script entry point: `trax-revplus ...`."""
-  sys.exit(main(sys.argv))
+  """Console-script entry point: `trax-revplus ...`.
+
+  A command that ends while programs still compile on helper threads (a
+  signal while planning) leaves at once, its output flushed, without
+  Python's finalization: it would wait for the compiler, or abort the
+  process when stopping a thread inside it.
+  """
+  code = main(sys.argv)
+  threads = sys.modules.get('trax_revplus.device_memory.compile_threads')
+  if threads is not None and threads.compiles_in_flight():
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # pylint: disable=protected-access
+  sys.exit(code)

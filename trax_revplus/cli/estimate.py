@@ -86,7 +86,10 @@ def _plan_line(plan, budget_bytes: int | None) -> str | None:
 
 
 def estimate(
-  device_memory_bytes: int | None, n_devices: int, bindings: Sequence[str] = ()
+  device_memory_bytes: int | None,
+  n_devices: int,
+  bindings: Sequence[str] = (),
+  least: bool = False,
 ) -> 'Estimate':
   """Checks the parsed config, then builds and accounts its three trainers.
 
@@ -115,7 +118,7 @@ def estimate(
   parsed_config.check_model(cfg, bindings)
   try:
     three = three_trainers.account_three(
-      cfg, backend, n_devices, device_memory_bytes
+      cfg, backend, n_devices, device_memory_bytes, least
     )
   except (validation.SequenceChunksError, validation.MicroBatchesError) as e:
     raise (
@@ -156,6 +159,12 @@ def _budget_override_warning(device_memory_bytes: int | None) -> str | None:
     f"config's {preflight.TRAINER}.device_memory_budget_bytes = "
     f'{configured!r}; trax_revplus plans for --device_memory'
   )
+
+
+def _print_progress(line: str) -> None:
+  """A progress line (the plans weighed as they are) on stderr: stdout
+  holds the table, or the JSON."""
+  print(line, file=sys.stderr, flush=True)
 
 
 def _print_notice(message: str) -> None:
@@ -215,10 +224,11 @@ def run(flags: argparse.Namespace) -> int:
       std_logging.NullHandler(), std_logging.StreamHandler(sys.stderr)
     ),
     notices.listening(_print_notice),
+    notices.showing_progress(_print_progress),
     cache_flags.enabled(cache_dir),
   ):
     backend, results, plan_line, batch, budget, plans = estimate(
-      device_memory_bytes, flags.n_devices, bindings
+      device_memory_bytes, flags.n_devices, bindings, flags.least
     )
   if budget is not None:
     device_memory_bytes = budget

@@ -114,6 +114,13 @@ def table(
   if peak is not None:
     lines.append(f'revplus {peak.describe()}')
     lines.append(f'revplus {peak.describe_host()}')
+    if not results['revplus'].least_weighed:
+      lines.append(
+        'revplus least device/step: not weighed, a plan fits (--least '
+        "weighs it, compiling the leanest plans' programs too)"
+      )
+  if plans is not None and plans.cost is not None:
+    lines.append(f'revplus planning: {plans.cost.describe()}')
   if plans is not None and plans.weighed and results['revplus'].error is None:
     lines.append('')
     lines.append('revplus plans weighed (* the chosen plan):')
@@ -142,6 +149,7 @@ def to_json(
     if plans is not None:
       revplus['plans'] = plans.to_json()
       revplus['host_memory_budget_bytes'] = plans.host_budget_bytes
+      revplus['planning'] = None if plans.cost is None else plans.cost.to_json()
   return {
     'backend': backend,
     'device_memory_bytes': device_memory_bytes,

@@ -70,6 +70,14 @@ def _print_notice(message: str) -> None:
   print(warning_line(_COMMAND, message), file=sys.stderr, flush=True)
 
 
+def _print_progress(line: str) -> None:
+  """A library progress line (`trax_revplus.notices.progress`, e.g. the
+  plan being weighed before the first step) on stdout, beside the step
+  lines, and in train.log."""
+  logging.info('%s', line)
+  print(line, flush=True)
+
+
 def _drop(message: str) -> None:
   """Processes other than 0 leave notices to process 0's terminal."""
   del message
@@ -122,6 +130,7 @@ def run_logging(
       noise.route_warnings(to_file, warnings_to_stderr),
       ThreadErrors(),
       notices.listening(_print_notice if not process else _drop),
+      notices.showing_progress(_print_progress if not process else _drop),
       noise.stdout_without_noise(),
     ):
       yield log_path

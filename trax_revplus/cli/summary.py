@@ -74,6 +74,24 @@ def _train_time(summary: dict[str, Any]) -> str | None:
   return text
 
 
+def _programs(n: int) -> str:
+  return f'{n} program{"s" * (n != 1)}'
+
+
+def _planning(costs: list[dict] | None) -> str | None:
+  """'12.0 s, 7.7 s of it tracing and compiling the chosen plan's 9
+  programs; 10 programs compiled in all' (per batch shape planned,
+  joined)."""
+  if not costs:
+    return None
+  return '; '.join(
+    f'{c["seconds"]:.1f} s, {c["plan_compile_seconds"]:.1f} s of it '
+    f"tracing and compiling the chosen plan's {_programs(c['plan_programs'])}"
+    f'; {_programs(c["programs_compiled"])} compiled in all'
+    for c in costs
+  )
+
+
 def format_summary(
   summary: dict[str, Any] | None,
   loop: Any,
@@ -138,6 +156,9 @@ def format_summary(
       summary['peak_host_rss_bytes'], spec='.0f', suffix=False
     )
     rows.append(('peak host memory', f'{peak} MB (RSS)'))
+    planning = _planning(summary.get('planning'))
+    if planning:
+      rows.append(('planning', planning))
   if checkpoint and summary is not None and not summary['steps_run']:
     rows.append(
       (
@@ -174,6 +195,12 @@ def summary_rows(text: str) -> dict[str, str]:
 def interrupted_message(interrupted: Any, output_dir: str) -> str:
   """One line for a run stopped by SIGINT/SIGTERM (`interrupt.Interrupted`)."""
   name = signal.Signals(interrupted.signum).name
+  if getattr(interrupted, 'planning', False):
+    return (
+      f'interrupted by {name} while planning the step (nothing had '
+      f'changed since the last checkpoint); nothing new was saved in '
+      f'{output_dir}; run the same command to start again'
+    )
   if interrupted.checkpoint is None:
     return (
       f'interrupted by {name} before the first step; nothing new was '

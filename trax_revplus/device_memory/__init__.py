@@ -45,5 +45,5 @@ from trax_revplus.device_memory.report import account
 from trax_revplus.device_memory.report import default_trainer_memory
 from trax_revplus.device_memory.report import stock_trainer_memory
 from trax_revplus.device_memory.report import trainer_memory
-from trax_revplus.device_memory.calls import Programs
+from trax_revplus.device_memory.programs import Programs
 from trax_revplus.device_memory.calls import StepCalls

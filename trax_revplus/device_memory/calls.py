@@ -1,163 +1,29 @@
-"""A step's calls on abstract arrays: its programs, once each, and its figure.
+"""A step's calls on abstract arrays, and the figure they compose to.
 
 Every accounting of a step, trax_revplus's own
 (`trainer._accounting.on_types`) and the replays of other trainers'
-schedules (`stock_trainer`), goes through the two classes here:
-
-  `Programs`: the programs compiled for calls, by call key (`call_key`:
-    the function's id and the argument types), with their result types and
-    XLA's memory analysis (`program.Analysis`), each read once. A call key
-    seen again (equal layers share one jitted function; walks of several
-    plans share programs) compiles nothing.
-  `StepCalls`: the calls of one step in order, each with what the device
-    and the host hold across it; `memory()` composes the step's
-    `composition.StepMemory`.
-
-A program the backend does not compile is kept as such, so that no other
-walk compiles it again: a call of it raises `refusals.ProgramOutOfMemoryError`
-(refused for memory: the plan does not fit this device) or
-`refusals.ProgramCompileError`, naming the call.
+schedules (`stock_trainer`), notes its calls in a `StepCalls`: the calls of
+one step in order, each with its program (in a `programs.Programs`) and
+what the device and the host hold across it; `memory()` composes the
+step's `composition.StepMemory`. A call of a program the backend did not
+compile raises `refusals.ProgramOutOfMemoryError` (refused for memory: the
+plan does not fit this device) or `refusals.ProgramCompileError`, naming
+the call.
 """
 
-import concurrent.futures
-from typing import Any, Callable, Hashable, NamedTuple, Protocol, Sequence
+from typing import Hashable, NamedTuple, Sequence
 
 import jax
 
 from trax_revplus.device_memory import composition
 from trax_revplus.device_memory import program as program_lib
+from trax_revplus.device_memory import programs as programs_lib
 from trax_revplus.device_memory import refusals
+from trax_revplus.device_memory.programs import Lowerable
 from trax_revplus.typing import PyTree
 
 
-class Lowerable(Protocol):
-  """A function a step calls: `jax.jit`'s (a `jax.stages.Wrapped`, traced
-  then lowered) or `jax.pmap`'s (only lowered)."""
-
-  def __call__(self, *args: Any) -> Any: ...
-
-  def lower(self, *args: Any) -> jax.stages.Lowered: ...
-
-
-def call_key(fn: Callable, args: PyTree) -> Hashable:
-  """The key of a call of `fn` with `args`: equal for calls that run one
-  program (the function's id, `program.types_key` of the arguments)."""
-  return (id(fn), program_lib.types_key(args))
-
-
-class Programs:
-  """Programs compiled for calls, by `call_key`.
-
-  A program is added either compiled and analyzed at once (`analyzed`), or
-  traced with its compilation under way elsewhere (`add_traced`, a future
-  of the `jax.stages.Compiled`, raising where compiling failed); its memory
-  analysis is read once, when first asked for (`analysis`). A program that
-  did not compile raises its `refusals.ProgramCompileError` each time it
-  is asked for, and is not compiled again.
-  """
-
-  def __init__(self):
-    self._outputs = {}  # key -> result types
-    self._compiled = {}  # key -> future of jax.stages.Compiled or None
-    # key -> the function, kept alive so that its id in the key is not
-    # reused by another.
-    self._functions = {}
-    self._analyses = {}  # key -> program.Analysis
-    self._failed = {}  # key -> refusals.ProgramCompileError
-
-  def __contains__(self, key: Hashable) -> bool:
-    return key in self._outputs
-
-  def add_traced(
-    self,
-    key: Hashable,
-    fn: Callable,
-    traced: jax.stages.Traced,
-    compiled: concurrent.futures.Future,
-  ) -> None:
-    """Adds the program of `key`: `fn` traced for the call, and the future
-    of its `jax.stages.Compiled` (raising what compiling raised)."""
-    self._outputs[key] = traced.out_info
-    self._functions[key] = fn
-    self._compiled[key] = compiled
-
-  def analyzed(self, fn: Lowerable, args: tuple) -> Hashable:
-    """The key of a call of `fn` with `args`, its program compiled and
-    analyzed now where it is not yet (`program.analyze`).
-
-    Raises:
-      refusals.ProgramCompileError: the backend did not compile it (a
-        `refusals.ProgramOutOfMemoryError` where it refused it for memory),
-        now or before; the error names no call.
-      Whatever tracing or lowering `fn` raises for `args`; ValueError where
-      the backend gives no memory analysis.
-    """
-    key = call_key(fn, args)
-    failed = self._failed.get(key)
-    if failed is not None:
-      raise failed
-    if key not in self:
-      # Traced (or lowered) apart from compiling: only the backend's
-      # compilation of the program can refuse it.
-      staged: jax.stages.Traced | jax.stages.Lowered = (
-        fn.trace(*args) if hasattr(fn, 'trace') else fn.lower(*args)
-      )
-      try:
-        compiled = (
-          staged.lower() if isinstance(staged, jax.stages.Traced) else staged
-        ).compile()
-      except Exception as e:  # pylint: disable=broad-except
-        self._failed[key] = refusals.compile_failure(e)
-        raise self._failed[key] from None
-      memory = program_lib.ProgramMemory.from_compiled(compiled)
-      self._outputs[key] = staged.out_info
-      self._functions[key] = fn
-      self._analyses[key] = program_lib.Analysis(
-        memory,
-        staged.out_info,
-        program_lib.kept_arguments(compiled, args, memory)
-        if hasattr(fn, 'trace')
-        else None,
-      )
-    return key
-
-  def outputs(self, key: Hashable) -> PyTree:
-    """The result types of the program of `key` (`jax.ShapeDtypeStruct`s,
-    as traced: the same objects each time)."""
-    return self._outputs[key]
-
-  def wait(self) -> None:
-    """Waits for every compilation under way."""
-    concurrent.futures.wait(list(self._compiled.values()))
-
-  def analysis(self, key: Hashable, args: tuple) -> program_lib.Analysis:
-    """The `program.Analysis` of the program of `key`; `args` are a call's
-    arguments (for which ones the program keeps), read on the first ask.
-
-    Raises:
-      refusals.ProgramCompileError: the program did not compile (a
-        `refusals.ProgramOutOfMemoryError` where the backend refused it for
-        memory); the error names no call.
-      ValueError: the backend gives no memory analysis.
-    """
-    if key in self._failed:
-      raise self._failed[key]
-    if key not in self._analyses:
-      try:
-        compiled = self._compiled[key].result()
-      except Exception as e:  # pylint: disable=broad-except
-        self._failed[key] = refusals.compile_failure(e)
-        raise self._failed[key] from None
-      memory = program_lib.ProgramMemory.from_compiled(compiled)
-      self._analyses[key] = program_lib.Analysis(
-        memory,
-        self._outputs[key],
-        program_lib.kept_arguments(compiled, args, memory),
-      )
-    return self._analyses[key]
-
-
-class _Noted(NamedTuple):
+class NotedCall(NamedTuple):
   """One call as a walk met it."""
 
   name: str
@@ -197,12 +63,14 @@ class StepCalls:
   """
 
   def __init__(
-    self, programs: Programs | None = None, devices_on_host: int = 0
+    self,
+    programs: programs_lib.Programs | None = None,
+    devices_on_host: int = 0,
   ):
-    self.programs = Programs() if programs is None else programs
+    self.programs = programs_lib.Programs() if programs is None else programs
     self.on_device: set[int] = set()
     self.devices_on_host = devices_on_host
-    self._noted: list[_Noted] = []
+    self._noted: list[NotedCall] = []
 
   def device(self, tree: PyTree) -> PyTree:
     """Marks the leaves of `tree` as device arrays; returns `tree`."""
@@ -243,7 +111,7 @@ class StepCalls:
         read now.
     """
     self._noted.append(
-      _Noted(
+      NotedCall(
         name,
         phase,
         key,
@@ -298,6 +166,37 @@ class StepCalls:
     return self.device(self.host(self.programs.outputs(key)))
 
   @property
+  def noted(self) -> tuple[NotedCall, ...]:
+    """The calls noted, in order."""
+    return tuple(self._noted)
+
+  def keys(self) -> list[Hashable]:
+    """The programs of the calls noted, each once, in call order."""
+    return list(dict.fromkeys(n.key for n in self._noted))
+
+  def call_with(
+    self,
+    noted: NotedCall,
+    program: program_lib.ProgramMemory,
+    kept: PyTree | None = None,
+  ) -> composition.Call:
+    """The `composition.Call` of `noted` running a program of figures
+    `program` that keeps the arguments `kept` (None: all of them).
+
+    Raises:
+      composition.AccountingError: the held arrays passed to it hold more
+        than its argument bytes.
+    """
+    return composition.Call(
+      noted.name,
+      noted.phase,
+      program,
+      composition.held_parts(noted.held, noted.args, kept),
+      composition.held_parts(noted.host_held, (), whole=True),
+      self.devices_on_host,
+    )
+
+  @property
   def calls(self) -> list[composition.Call]:
     """The `composition.Call`s noted, in order.
 
@@ -314,6 +213,8 @@ class StepCalls:
     # The calls whose programs did not compile: (name, error naming it).
     failed: list[tuple[str, refusals.ProgramCompileError]] = []
     least = 0
+    # Every program not compiled yet compiles now, beside the others.
+    self.programs.compile(self.keys())
     for noted in self._noted:
       try:
         analysis = self.programs.analysis(noted.key, noted.args)
@@ -323,14 +224,7 @@ class StepCalls:
           (noted.name, e.named(noted.name, sum(h.size_bytes for h in held)))
         )
         continue
-      call = composition.Call(
-        noted.name,
-        noted.phase,
-        analysis.memory,
-        composition.held_parts(noted.held, noted.args, analysis.kept),
-        composition.held_parts(noted.host_held, (), whole=True),
-        self.devices_on_host,
-      )
+      call = self.call_with(noted, analysis.memory, analysis.kept)
       least = max(least, call.device_bytes)
       calls.append(call)
     other = [

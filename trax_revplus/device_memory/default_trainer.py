@@ -23,8 +23,8 @@ import numpy as np
 
 from trax_revplus.device_memory import composition
 from trax_revplus.device_memory import program as program_lib
+from trax_revplus.device_memory import programs as programs_lib
 from trax_revplus.device_memory import refusals
-from trax_revplus.device_memory import calls as calls_lib
 from trax_revplus.trax_door import trainers as trainer_door
 from trax_revplus.typing import PRNGKey
 from trax_revplus.typing import PyTree
@@ -114,7 +114,7 @@ def default_trainer_step(
   args = update_call_args(trainer, batch, rng, step)
   fn = trainer_door.default_trainer_update_fn(trainer)
   name = 'update (forward, backward, optimizer)'
-  programs = calls_lib.Programs()
+  programs = programs_lib.Programs()
   try:
     analysis = programs.analysis(programs.analyzed(fn, args), args)
   except refusals.ProgramCompileError as e:

@@ -63,6 +63,8 @@ class TrainerMemory:
       None.
     refused_least_bytes: the bytes the refused step needs at least, where
       known, else None.
+    least_weighed: False where the trainer has leaner plans than `step`'s
+      and they were not weighed (`min_peak_device_bytes` is then None).
   """
 
   trainer: str
@@ -80,6 +82,7 @@ class TrainerMemory:
   max_devices: int | None = None
   refused: str | None = None
   refused_least_bytes: int | None = None
+  least_weighed: bool = True
 
   @property
   def runs(self) -> bool | None:
@@ -113,8 +116,8 @@ class TrainerMemory:
   @property
   def min_peak_device_bytes(self) -> int | None:
     """The least peak device bytes any plan of this trainer steps in (its
-    only plan's, for trainers with one)."""
-    if self.step is None:
+    only plan's, for trainers with one); None where unknown."""
+    if self.step is None or not self.least_weighed:
       return None
     if self.least is None:
       return self.step.peak_device_bytes
@@ -285,6 +288,7 @@ def trainer_memory(
   step: composition.StepMemory | None = None,
   plan: dict | None = None,
   least: Any = None,
+  weigh_least: bool = True,
 ) -> TrainerMemory:
   """`TrainerMemory` of one built trainer, whichever of the three it is.
 
@@ -308,7 +312,11 @@ def trainer_memory(
       budget); None accounts `trainer.device_memory_of(batch)`.
     plan: trax_revplus's trainer only: the settings of the plan `step` ran.
     least: trax_revplus's trainer only: (plan settings, `StepMemory`) of
-      its leanest plan, or None (`trainer.least_device_memory_of(batch)`).
+      its leanest plan, or None (`trainer.least_device_memory_of(batch)`
+      where `weigh_least`).
+    weigh_least: trax_revplus's trainer only: whether to weigh its leanest
+      plan where `least` is None (it compiles the leanest plans' programs);
+      False leaves `least_weighed` False.
 
   Returns:
     `TrainerMemory`; trax_revplus's and stock's keep their weights and
@@ -335,7 +343,7 @@ def trainer_memory(
   if step is None:
     step = trainer.device_memory_of(batch)
     plan = trainer.planned(batch).plan.settings()
-  if least is None:
+  if least is None and weigh_least:
     least_plan, least_step = trainer.least_device_memory_of(batch)
     least = (least_plan.settings(), least_step)
   # Ours keeps the layers and slots stock keeps (`all_layers`, `slots`).
@@ -348,7 +356,8 @@ def trainer_memory(
     weights,
     slots,
     weights_and_slots_on_host=True,
-    least=least[1],
+    least=None if least is None else least[1],
     plan=plan,
-    least_plan=least[0],
+    least_plan=None if least is None else least[0],
+    least_weighed=least is not None,
   )

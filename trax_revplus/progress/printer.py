@@ -334,6 +334,8 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
           each eval, from `loop.history` and the evals earlier runs of the
           output directory kept (`eval_history`).
         'peak_host_rss_bytes' (int): peak resident set size of the process.
+        'planning' (list of dict, or None): what planning cost
+          (`run_stats.json`'s `planning`).
     """
     # Steps after the last line, if any.
     if self._window['steps'] and self._last_step is not None:
@@ -370,4 +372,5 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
       'final_train_loss_from_step': from_step,
       'eval_losses': eval_losses,
       'peak_host_rss_bytes': self._figures.peak_host_rss_bytes(),
+      'planning': self._figures.planning(),
     }

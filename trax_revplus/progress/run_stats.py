@@ -37,6 +37,13 @@
     (`memory_stats()['peak_bytes_in_use']`, GPU/TPU only).
   total_h2d_bytes, total_d2h_bytes (int or null): sums of h2d_bytes and
     d2h_bytes.
+  planning (list of objects, or null): what planning each batch's shapes
+    cost this process, where the trainer plans (trax_revplus's
+    `ReversibleSerialTrainer.planning_costs`; null for trax's): `seconds`
+    from the start of planning to the plan chosen, `programs_compiled`,
+    `plan_programs` (the chosen plan's), `plan_compile_seconds` (seconds
+    tracing and compiling the chosen plan's own programs),
+    `search_seconds` (the rest) and `plan` (the chosen plan in words).
 
 Both trax's and trax_revplus's trainers are measured by this same code, so
 `trax-revplus compare` can set their figures side by side.
@@ -118,6 +125,7 @@ class StepFigures:
     """Measures the steps of `trainers` (the Loop's, one per task), which
     train `model` (the Loop's; None: `reversible_layers` is null)."""
     trainers = list(trainers)
+    self._trainers = trainers
     self._trainer_name = qualified_name(type(trainers[0])) if trainers else None
     self._reversible_layers = (
       None if model is None else reversible_layers(model)
@@ -240,7 +248,16 @@ class StepFigures:
       'peak_device_bytes': max(device_peaks) if device_peaks else None,
       'total_h2d_bytes': sum(stats['h2d_bytes']) if counted else None,
       'total_d2h_bytes': sum(stats['d2h_bytes']) if counted else None,
+      'planning': self.planning(),
     }
+
+  def planning(self) -> list[dict] | None:
+    """What planning cost the trainers that plan (`planning` in
+    run_stats.json), or None where none does."""
+    planners = [t for t in self._trainers if hasattr(t, 'planning_costs')]
+    if not planners:
+      return None
+    return [c.to_json() for t in planners for c in t.planning_costs]
 
   def write(self, output_dir: str | None) -> str | None:
     """Writes `run_stats()` to `<output_dir>/run_stats.json`.

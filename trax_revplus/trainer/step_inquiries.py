@@ -15,6 +15,7 @@ from trax_revplus import placement as placement_lib
 from trax_revplus import validation
 from trax_revplus.trainer._plan import plan as plan_lib
 from trax_revplus.trainer._plan import planner as planner_lib
+from trax_revplus.trainer._plan import planning_log
 from trax_revplus.typing import Batch
 
 
@@ -105,3 +106,10 @@ class StepInquiries:
   def planner(self) -> planner_lib.Planner:
     """The `planner.Planner` (budget, plans per batch shapes)."""
     return self._planner
+
+  @property
+  def planning_costs(self) -> list[planning_log.PlanningCost]:
+    """What planning each batch's shapes cost, in the order planned
+    (`planning_log.PlanningCost`: seconds, programs compiled, seconds
+    tracing and compiling the chosen plan's own programs)."""
+    return list(self._planner.log.costs)

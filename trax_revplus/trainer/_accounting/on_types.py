@@ -2,21 +2,23 @@
 
 `AheadOfTime` is a `step_run.StepRun` whose arrays are types: it walks a
 plan's units (`units.Units.walk`) as the step will, traces each compiled
-function with the argument types its call will get, compiles it on a helper
-thread (one per CPU core: XLA compiles without the GIL, so compilations run
-beside each other and beside the tracing), and notes at each call what the
-step holds on the device across it (`step_run.StepRun.held`, the step's own
-description), in a `device_memory.calls.StepCalls`. The programs live in the
-trainer's `device_memory.calls.Programs`, shared by every walk of the
-trainer, so a program traced or compiled once (for one plan) is not again
-(for another). It notes, too, what the step holds on the host across each
-call (`step_run.StepRun.held_on_host`). Its updates go to
+function with the argument types its call will get, and notes at each call
+what the step holds on the device across it (`step_run.StepRun.held`, the
+step's own description), in a `device_memory.calls.StepCalls`. The programs
+live in the trainer's `device_memory.calls.Programs`, shared by every walk
+of the trainer, so a program traced or compiled once (for one plan) is not
+again (for another). It notes, too, what the step holds on the host across
+each call (`step_run.StepRun.held_on_host`). Its updates go to
 `host_types.HostTypes`, a sink that keeps only the types of what a real
 step's commit queue keeps on the host: leaving the device, they only leave
 what the walk holds.
-`memory()` then composes the step's `device_memory.StepMemory`, device and
-host bytes, from XLA's memory analysis of the very executables the step
-calls.
+A walk traces; it compiles nothing. `memory()` then compiles the programs
+of the walk not compiled yet, beside each other on helper threads
+(`device_memory.calls.Programs.compile`), and composes the step's
+`device_memory.StepMemory`, device and host bytes, from XLA's memory
+analysis of the very executables the step calls. A planner that weighs a
+plan before compiling all of it reads the walk's calls (`calls`) and the
+programs' figures before they compile.
 
 A program the backend does not compile is not a miss: `memory()` raises
 `device_memory.ProgramOutOfMemoryError` where the backend refused it for
@@ -31,8 +33,7 @@ collectives are traced as any other: waiting for them is a matter of the
 call (`Placement.sync_collectives`), not of the program.
 """
 
-import concurrent.futures
-import os
+import time
 from typing import Any, Callable, NamedTuple
 
 from absl import logging
@@ -44,6 +45,7 @@ from trax_revplus import device_memory
 from trax_revplus import layers as layers_lib
 from trax_revplus import placement as placement_lib
 from trax_revplus.device_memory import calls as calls_lib
+from trax_revplus.device_memory import programs as programs_lib
 from trax_revplus.trainer import ties as ties_lib
 from trax_revplus.trainer._accounting import host_types as host_types_lib
 from trax_revplus.trainer._plan import plan as plan_lib
@@ -98,7 +100,7 @@ class AheadOfTime(step_run_lib.StepRun):
     placement: placement_lib.Placement,
     layers: list[tl.Layer],
     optimizers: list[optimizer_base.Optimizer],
-    programs: calls_lib.Programs,
+    programs: programs_lib.Programs,
     ties: ties_lib.Ties | None = None,
     keeps_replaced: bool = False,
   ):
@@ -133,25 +135,23 @@ class AheadOfTime(step_run_lib.StepRun):
     self._record = calls_lib.StepCalls(
       programs, placement.n_local_devices if self._devices_are_host else 0
     )
-    self._pool: concurrent.futures.ThreadPoolExecutor | None = None
     self._unit: protocols.Unit | None = None  # the unit called next
     self.complete = False
 
   def account(self, units: units_lib.Units) -> None:
-    """Walks `units` on types (`units.walk(self)`), compiling each call's
-    program and noting what the step holds across it; waits for the
-    compilations it started."""
-    self._pool = concurrent.futures.ThreadPoolExecutor(
-      max_workers=os.cpu_count() or 1, thread_name_prefix='trax_revplus_compile'
-    )
+    """Walks `units` on types (`units.walk(self)`), tracing each call's
+    program and noting what the step holds across it; compiles nothing
+    (`memory()` does)."""
     try:
       units.walk(self)
       self.complete = True
     except TypesUnknown:
       pass
-    finally:
-      self._programs.wait()
-      self._pool.shutdown()
+
+  @property
+  def calls(self) -> calls_lib.StepCalls:
+    """The calls the walk noted, with what is held across each."""
+    return self._record
 
   # The run on types.
 
@@ -247,7 +247,7 @@ class AheadOfTime(step_run_lib.StepRun):
   def call(self, fn: Callable[..., Any], args: tuple) -> PyTree:
     """Notes the call and what is held across it; traces `fn` for `args`
     and queues its compilation; returns its result types."""
-    key = calls_lib.call_key(fn, args)
+    key = programs_lib.call_key(fn, args)
     programs = self._programs
     if key not in programs:
       if not hasattr(fn, 'trace'):
@@ -257,6 +257,7 @@ class AheadOfTime(step_run_lib.StepRun):
       # concurrently; lowering and compiling need no layer. A trace that
       # fails inside a layer leaves the layers as they were found.
       try:
+        start = time.monotonic()
         with layers_lib.preserved(*self._layers):
           traced = fn.trace(*args)
       except Exception as e:  # pylint: disable=broad-except
@@ -266,10 +267,7 @@ class AheadOfTime(step_run_lib.StepRun):
           e,
         )
         raise TypesUnknown() from e
-      assert self._pool is not None  # `account` walks with a pool
-      programs.add_traced(
-        key, fn, traced, self._pool.submit(_compile_traced, traced)
-      )
+      programs.add_traced(key, fn, traced, args, (start, time.monotonic()))
     self._record.note(
       self._name(),
       self.phase,
@@ -332,10 +330,3 @@ def _fresh(tree):
     return x
 
   return jax.tree_util.tree_map(leaf, tree)
-
-
-def _compile_traced(traced):
-  """Lowers and compiles a `jax.stages.Traced`, which fills the caches its
-  jitted function's calls use; returns the `jax.stages.Compiled`, raising
-  what compiling raised (`calls.Programs` keeps it as the program's)."""
-  return traced.lower().compile()

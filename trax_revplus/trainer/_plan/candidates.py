@@ -361,14 +361,3 @@ class Candidates:
     for chunks in self.chunks:
       for k in self.slices:
         yield self._unfused(k, chunks)
-
-  def lower_bound_bytes(self, group: Group, n_devices: int) -> int:
-    """Bytes per device every plan of `group` holds, known without
-    compiling: a fused program keeps, for the slice it runs, the outputs of
-    each block's reversible layers until its backward (their reverse
-    starts there), and takes every fused layer's weights and slots."""
-    if not group.fused_reversible_layers:
-      return 0
-    k = dimensions.value(group.leanest, SLICES)
-    kept = sum(b for n, b in zip(self._sizes, self._stack_bytes) if n)
-    return kept // (n_devices * k) + sum(self._nbytes.values())

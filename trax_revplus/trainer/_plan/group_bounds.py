@@ -2,8 +2,9 @@
 compiling it: the bounds the plan search skips groups by.
 
 Kept apart from `plan_search` (which walks the groups): each bound reads
-the groups' families and the plans weighed so far, never the search's
-order.
+the groups' families, the plans weighed so far and the lower bound of a
+group's leanest plan (`bounds.PlanBounds.lower`, from programs compiled for
+other plans), never the search's order.
 
 A group's leanest plan needs no more memory with more batch slices or
 more micro-batches (`plan_search`). The same property read the other way
@@ -19,10 +20,9 @@ from compiling the fused program of more slices once that of fewer did
 not fit (docs/device-memory.md).
 """
 
-from typing import Callable, Sequence
+from typing import Callable
 
 from trax_revplus import device_memory
-from trax_revplus.trainer._plan import candidates as candidates_lib
 from trax_revplus.trainer._plan import dimensions
 from trax_revplus.trainer._plan import families
 from trax_revplus.trainer._plan import plan as plan_lib
@@ -36,42 +36,37 @@ class GroupBounds:
 
   def __init__(
     self,
-    candidates: candidates_lib.Candidates,
-    groups: Sequence[Group],
-    n_devices: int,
     members: dict[FamilyKey, list[tuple[int, Group]]],
     weighed: Callable[[plan_lib.StepPlan], device_memory.StepMemory | None],
     refused: Callable[
       [plan_lib.StepPlan], device_memory.ProgramOutOfMemoryError | None
     ],
+    lower: Callable[[plan_lib.StepPlan], int] = lambda plan: 0,
   ):
     """Args:
-    candidates: the shapes' `candidates.Candidates`.
-    groups: its groups, in order.
-    n_devices: devices a step runs on.
     members: family key -> [(value, group)], value ascending
       (`families.family`).
     weighed: plan -> its `StepMemory` where the search accounted it
       already, else None.
     refused: plan -> its `device_memory.ProgramOutOfMemoryError` where
       the backend refused it, else None.
+    lower: plan -> bytes it needs at least, known without compiling it
+      (`bounds.PlanBounds.lower`).
     """
-    # Group id -> `Candidates.lower_bound_bytes` of the group.
-    self._bound_of = {
-      id(g): candidates.lower_bound_bytes(g, n_devices) for g in groups
-    }
     self._families = members
     self._weighed = weighed
     self._refused = refused
+    self._lower = lower
 
-  def candidates(self, group: Group) -> int:
-    """`Candidates.lower_bound_bytes` of `group`."""
-    return self._bound_of[id(group)]
+  def leanest(self, group: Group) -> int:
+    """Bytes `group`'s leanest plan needs at least (`lower`): every plan
+    of the group needs as much."""
+    return self._lower(group.leanest)
 
   def bound(self, group: Group) -> int:
     """Bytes every plan of `group` needs at least, known without compiling
-    it (`candidates`, `chunks`, `rows`)."""
-    return max(self.candidates(group), self.chunks(group), self.rows(group))
+    it (`leanest`, `chunks`, `rows`)."""
+    return max(self.leanest(group), self.chunks(group), self.rows(group))
 
   def rows(self, group: Group) -> int:
     """Bytes every plan of `group` needs at least, from each member of its

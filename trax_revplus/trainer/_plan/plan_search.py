@@ -24,7 +24,15 @@ plan is stock trax's own schedule, which a budget of stock's peak must
 find, even where slicing a call that cannot shrink adds a few bytes.
 
 The same property read the other way bounds a family's members from
-below, without compiling them (`group_bounds`).
+below, without compiling them (`group_bounds`), and so does every program
+compiled so far (`bounds.PlanBounds.lower`): a group whose leanest plan
+needs more than the budget by those bounds is skipped uncompiled.
+
+Plans are weighed through a `weighers.Weigher` (the planner's
+`step_weigher.StepWeigher`), which settles one plan against a budget with
+as little compiling as decides it (`weighers.Weigher.settle`: where the plan is
+predicted not to fit, the program of its largest call first) and accounts
+a plan whole (`weighers.Weigher.weigh`).
 
 A plan fits where its peak device bytes are within the device budget and
 its peak host bytes within the host budget (where there is one). A plan
@@ -43,14 +51,13 @@ from trax_revplus.trainer._plan import candidates as candidates_lib
 from trax_revplus.trainer._plan import families
 from trax_revplus.trainer._plan import group_bounds
 from trax_revplus.trainer._plan import plan as plan_lib
+from trax_revplus.trainer._plan import weighers
 from trax_revplus.trainer._plan.families import AT_ONCE
 from trax_revplus.trainer._plan.families import CHUNKS
 from trax_revplus.trainer._plan.families import FamilyKey
 from trax_revplus.trainer._plan.families import Group
 from trax_revplus.trainer._plan.families import PARTS
 from trax_revplus.trainer._plan.families import SLICES
-
-Weigh = Callable[[plan_lib.StepPlan], device_memory.StepMemory]
 
 
 class LeastRefused(device_memory.ProgramOutOfMemoryError):
@@ -81,24 +88,11 @@ class PlanSearch:
   """
 
   def __init__(
-    self,
-    candidates: candidates_lib.Candidates,
-    n_devices: int,
-    weigh: Weigh,
-    weighed: Callable[[plan_lib.StepPlan], device_memory.StepMemory | None],
-    refused: Callable[
-      [plan_lib.StepPlan], device_memory.ProgramOutOfMemoryError | None
-    ] = lambda _: None,
+    self, candidates: candidates_lib.Candidates, weigher: weighers.Weigher
   ):
     """Args:
     candidates: the shapes' `candidates.Candidates`.
-    n_devices: devices a step runs on (for the lower bounds).
-    weigh: plan -> its `device_memory.StepMemory`, raising as
-      `step_weigher.StepWeigher.account`.
-    weighed: plan -> its `StepMemory` where `weigh` accounted it
-      already, else None (nothing accounted).
-    refused: plan -> its `device_memory.ProgramOutOfMemoryError` where
-      `weigh` found the backend refused it, else None.
+    weigher: the `Weigher` of these shapes.
     """
     self._groups = list(candidates.groups())
     # Groups with the attention layers as the step runs them without a
@@ -108,7 +102,7 @@ class PlanSearch:
     self._n_configured = sum(
       families.value(g, AT_ONCE) == heads for g in self._groups
     )
-    self._weigh = weigh
+    self._weigher = weigher
     self._least: tuple[plan_lib.StepPlan, device_memory.StepMemory] | None = (
       None
     )
@@ -121,7 +115,7 @@ class PlanSearch:
     for members in self._families.values():
       members.sort(key=lambda m: m[0])
     self._bounds = group_bounds.GroupBounds(
-      candidates, self._groups, n_devices, self._families, weighed, refused
+      self._families, weigher.weighed, weigher.refused, weigher.lower
     )
 
   def fastest_fitting(
@@ -131,13 +125,15 @@ class PlanSearch:
     `budget_bytes` and whose peak host bytes are at most
     `host_budget_bytes` (None: any); None where none is.
 
-    Each group's fastest plan is weighed first: where it fits, nothing else
-    compiles (its programs are the step's own). Where it does not, the rest
-    of the group is tried only where its leanest plan (one layer per call:
-    the least compiling) fits; a fused group also needs the stack states it
-    keeps within the budget (`Candidates.lower_bound_bytes`). After the
-    first unfused group whose leanest plan does not fit, each later group's
-    leanest is weighed before its fastest. After that first one, or once a
+    A group whose leanest plan needs more than the budget by what is known
+    without compiling more (`group_bounds.GroupBounds.bound`: the programs
+    compiled so far, the fused program's residuals, the family's rows
+    bound) is skipped. Each group's fastest plan is settled first
+    (`weighers.Weigher.settle`): where it fits, nothing else compiles (its
+    programs are the step's own). Where it does not, the rest of the group
+    is tried only where its leanest plan (one layer per call: the least
+    compiling) fits. After the first unfused group whose leanest plan does
+    not fit, each later group's leanest is weighed before its fastest. After that first one, or once a
     member of its family did not fit, a group is skipped where its family's
     least fitting member (`_least_fitting`, over its leanest plans) has more
     slices or parts. These rules weigh the device budget alone: a group's
@@ -153,11 +149,11 @@ class PlanSearch:
     excluded: list[int] = []
 
     def fits_device(plan: plan_lib.StepPlan) -> bool:
-      try:
-        peak = self._weigh(plan).peak_device_bytes
-      except device_memory.ProgramOutOfMemoryError as e:
-        excluded.append(max(e.least_bytes or 0, budget_bytes + 1))
+      settled = self._weigher.settle(plan, budget_bytes)
+      if isinstance(settled, int):
+        excluded.append(settled)
         return False
+      peak = settled.peak_device_bytes
       if peak > budget_bytes:
         excluded.append(peak)
       return peak <= budget_bytes
@@ -167,7 +163,7 @@ class PlanSearch:
       # host's memory changes from run to run.
       return fits_device(plan) and (
         host_budget_bytes is None
-        or self._weigh(plan).peak_host_bytes <= host_budget_bytes
+        or self._weigher.weigh(plan).peak_host_bytes <= host_budget_bytes
       )
 
     found = None
@@ -188,6 +184,7 @@ class PlanSearch:
       bound = self._bounds.bound(group)
       if bound > budget_bytes:
         excluded.append(bound)
+        self._weigher.ruled_out(group.leanest, bound, budget_bytes)
         continue
       key, value = families.family(group)
       if (tight or key in short) and not self._is_stock_schedule(group):
@@ -320,16 +317,32 @@ class PlanSearch:
           families.used(groups[i], PARTS),
         ),
       )
+      # The leanest predicted first, so that the least found early rules
+      # the rest out uncompiled (`weighers.Weigher.settle` below it).
+      predicted = {i: self._weigher.predicted(groups[i].leanest) for i in order}
+      order.sort(key=lambda i: (predicted[i] is None, predicted[i] or 0))
       # Group index -> StepMemory of its leanest plan.
       found: dict[int, device_memory.StepMemory] = {}
       # Group index -> the refusal of its leanest plan.
       refused: dict[int, device_memory.ProgramOutOfMemoryError] = {}
 
-      def weigh(i: int) -> None:
+      def weigh(i: int, below: int | None) -> None:
+        # A plan ruled out below the least found needs no compiling.
+        leanest = self._groups[i].leanest
         try:
-          found[i] = self._weigh(self._groups[i].leanest)
+          if below is None:
+            found[i] = self._weigher.weigh(leanest)
+            return
+          settled = self._weigher.settle(leanest, below)
         except device_memory.ProgramOutOfMemoryError as e:
           refused[i] = e
+          return
+        if isinstance(settled, int):
+          refusal = self._weigher.refused(leanest)
+          if refusal is not None:
+            refused[i] = refusal
+          return
+        found[i] = settled
 
       for i in order:
         # Only compiled plans bound the rest: a refusal's bytes are a
@@ -337,16 +350,18 @@ class PlanSearch:
         least = min((s.peak_device_bytes for s in found.values()), default=None)
         chunks_bound = self._bounds.chunks(groups[i])
         bound = max(
-          self._bounds.candidates(groups[i]), self._bounds.rows(groups[i])
+          self._bounds.leanest(groups[i]), self._bounds.rows(groups[i])
         )
         if least is None or (bound <= least and chunks_bound < least):
-          weigh(i)
+          # Ties keep the first in order: a later one must need less.
+          weigh(i, None if least is None else least - 1)
       i = self._least_of(found, refused)
       if (
         len(self._groups) > len(groups)  # `i`'s, fewer heads at once
         and families.value(self._groups[-1], AT_ONCE) == 1
       ):
-        weigh(len(groups) + i)
+        least = found[i].peak_device_bytes if i in found else None
+        weigh(len(groups) + i, None if least is None else least - 1)
         i = self._least_of(found, refused)
       if i not in found:
         raise LeastRefused(refused[i], self._groups[i].leanest)

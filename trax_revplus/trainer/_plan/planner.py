@@ -27,7 +27,9 @@ from typing import Callable, Hashable, Iterable, NamedTuple
 
 from absl import logging
 
+from trax_revplus import compilation_cache
 from trax_revplus import device_memory
+from trax_revplus import interrupt
 from trax_revplus import placement as placement_lib
 from trax_revplus.trainer import host_store
 from trax_revplus.trainer import options as options_lib
@@ -147,8 +149,20 @@ class Planner(step_weigher.StepWeigher):
     """
     key = batch_key(self._placement.abstract_batch(batch))
     if key not in self._planned:
-      self._planned[key] = self._plan(key, self.step_types(batch))
+      # Planning changes nothing a signal would lose: it may stop at once.
+      with interrupt.stops_at_once():
+        self._planned[key] = self._plan(key, self.step_types(batch))
     return self._planned[key]
+
+  def check(self, batch: Batch) -> None:
+    """Checks the plan's dimensions set as ints against `batch`'s shapes,
+    as `step_for` does before planning.
+
+    Raises:
+      As `step_for`: validation.BatchSlicesError, SequenceChunksError,
+      MicroBatchesError, TrainerOptionError.
+    """
+    self._facts.check(self.step_types(batch))
 
   def is_planned(self, batch: Batch) -> bool:
     """Whether a step on `batch`'s shapes is planned already."""
@@ -158,9 +172,15 @@ class Planner(step_weigher.StepWeigher):
 
   def _plan(self, key: Hashable, types: on_types.StepTypes) -> PlannedStep:
     self._facts.check(types)
-    if self.budget_bytes is not None:
-      return self._plan_under_budget(key, types, self.budget_bytes)
-    return self._configured(types)
+    self.log.begin()
+    try:
+      if self.budget_bytes is not None:
+        planned = self._plan_under_budget(key, types, self.budget_bytes)
+      else:
+        planned = self._configured(types)
+    finally:
+      self.log.end()
+    return planned
 
   def _configured(self, types: on_types.StepTypes) -> PlannedStep:
     """The plan the settings name, accounted where it can be."""
@@ -175,14 +195,14 @@ class Planner(step_weigher.StepWeigher):
     memory_ = None
     if options.compile_ahead:
       try:
-        memory_ = self._account_or_none(plan, units, types)
+        memory_ = self._account_or_none(plan, types)
       except device_memory.ProgramOutOfMemoryError as e:
         raise budget_lib.nothing_fits(
           plan, e.least_bytes or 0, None, options, refused=e.program
         ) from None
       except device_memory.ProgramCompileError as e:
         raise budget_lib.not_compiled(e, configured=True) from None
-    weighing = self._weighing_of(types)
+    weighing = self.weighing_of(types)
     if memory_ is not None:
       weighing.add(plan, memory_)
       if (
@@ -196,6 +216,8 @@ class Planner(step_weigher.StepWeigher):
           options,
         )
     weighing.chosen = plan
+    if memory_ is not None:
+      weighing.cost = self.log.chosen(plan, self.walk(plan, types).calls.keys())
     return PlannedStep(plan, units, memory_)
 
   def _plan_under_budget(
@@ -210,8 +232,9 @@ class Planner(step_weigher.StepWeigher):
       DeviceMemoryBudgetError: no plan fits, or (with a budget set by the
         user) the step cannot be accounted here.
     """
-    store_key, store = None, self.plan_store
-    if store is not None:
+    stores = self._plan_stores()
+    store_key = where = None
+    if stores:
       settings = dataclasses.asdict(self._options)
       for name in (
         'output_dir',
@@ -219,17 +242,18 @@ class Planner(step_weigher.StepWeigher):
         'host_memory_budget_bytes',
       ):
         settings.pop(name)
-      store_key = plan_store_lib.plan_key(
-        key,
-        settings,
-        self._store.layers,
+      store_key = plan_store_lib.plan_key(key, settings, self._store.layers)
+      where = plan_store_lib.environment(
         self._placement.platform,
+        self._placement.devices[0].device_kind,
         self._placement.n_devices,
       )
-      plan = store.load(store_key, budget_bytes)
+    for store in stores:
+      assert store_key is not None and where is not None
+      plan = store.load(store_key, budget_bytes, where)
       if plan is not None and self.candidates(types).may_run(plan):
         try:
-          fits = self._weighing_of(types).fits(self.weigh(plan, types))
+          fits = self.weighing_of(types).fits(self.weigh(plan, types))
         except (
           device_memory.UnsupportedTrainerError,
           device_memory.AccountingError,
@@ -237,9 +261,20 @@ class Planner(step_weigher.StepWeigher):
         ):
           fits = False
         if fits:
-          return self._chosen(
+          planned = self._chosen(
             plan, types, budget_bytes, f' (kept in {store.path})'
           )
+          for other in stores:
+            if other is not store:
+              assert planned.memory is not None
+              other.save(
+                store_key,
+                planned.plan,
+                planned.memory.peak_device_bytes,
+                store.faster_bytes(store_key),
+                where,
+              )
+          return planned
     search = self._search(key, types)
     try:
       plan = search.fastest_fitting(budget_bytes, self.host_budget_bytes)
@@ -275,18 +310,31 @@ class Planner(step_weigher.StepWeigher):
       return self._configured(types)
     if plan is None:  # `search.least` keeps its answer: this weighs nothing
       raise budget_lib.nothing_fits_error(
-        search.least(), self._weighing_of(types), self._options
+        search.least(), self.weighing_of(types), self._options
       )
     planned = self._chosen(plan, types, budget_bytes)
     assert planned.memory is not None  # `_chosen` weighs its plan
-    if store is not None and store_key is not None:
+    for store in stores:
+      assert store_key is not None and where is not None
       store.save(
         store_key,
         planned.plan,
         planned.memory.peak_device_bytes,
         search.faster_plans_need_bytes,
+        where,
       )
     return planned
+
+  def _plan_stores(self) -> list[plan_store_lib.PlanStore]:
+    """Where chosen plans are kept and read back: the run's output
+    directory's store (`keep_plans_in`), then the compilation cache's
+    where the cache is on (every config's plans, shared by the runs of
+    this user)."""
+    stores = [] if self.plan_store is None else [self.plan_store]
+    cache_dir = compilation_cache.enabled_directory()
+    if cache_dir is not None:
+      stores.append(plan_store_lib.PlanStore(cache_dir, one_config=False))
+    return stores
 
   def _chosen(
     self,
@@ -299,7 +347,9 @@ class Planner(step_weigher.StepWeigher):
     shapes' `weighing.Weighing` and logged (`source` says where it came
     from)."""
     step = self.weigh(plan, types)
-    self._weighing_of(types).chosen = plan
+    weighing = self.weighing_of(types)
+    weighing.chosen = plan
+    weighing.cost = self.log.chosen(plan, self.walk(plan, types).calls.keys())
     logging.info(
       'device memory plan%s: %s; %s; %s',
       source,
@@ -330,9 +380,14 @@ class Planner(step_weigher.StepWeigher):
         leanest plan for memory (a `device_memory.ProgramOutOfMemoryError`).
       device_memory.ProgramCompileError: one did not compile otherwise.
     """
-    return self._search(
+    search = self._search(
       batch_key(self._placement.abstract_batch(batch)), self.step_types(batch)
-    ).least()
+    )
+    self.log.begin('least plan')
+    try:
+      return search.least()
+    finally:
+      self.log.end()
 
   def _search(self, key, types):
     """The `plan_search.PlanSearch` of the shapes of `key` (one per
@@ -340,10 +395,6 @@ class Planner(step_weigher.StepWeigher):
     search)."""
     if key not in self._searches:
       self._searches[key] = plan_search_lib.PlanSearch(
-        self.candidates(types),
-        self._placement.n_devices,
-        lambda plan: self.weigh(plan, types),
-        self._weighing_of(types).memory_of,
-        self._weighing_of(types).refusal_of,
+        self.candidates(types), self.weigher(types)
       )
     return self._searches[key]

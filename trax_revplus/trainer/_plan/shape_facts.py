@@ -72,7 +72,10 @@ class ShapeFacts:
     key = self._key_of(types.stack)
     if key not in self._traces:
       trace = stack_bytes_lib.trace(
-        self._store, types.stack, self._placement.n_devices
+        self._store,
+        types.stack,
+        self._placement.n_devices,
+        self._fingerprint_of,
       )
       self._traces[key] = (
         trace,

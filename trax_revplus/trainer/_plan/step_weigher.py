@@ -1,9 +1,14 @@
-"""Weighing plans: a plan's step compiled ahead and its device memory
-accounted, once per batch's shapes.
+"""Weighing plans: a plan's step walked on types, bounded, compiled ahead
+and its device memory accounted, once per batch's shapes.
 
 `StepWeigher` holds what accounting a step needs (the trainer's placement,
 layers, compiled units and settings) and every plan accounted so far, by
-batch's shapes (`weighing.Weighing`). The planner (`planner.Planner`, a
+batch's shapes (`weighing.Weighing`). A plan is first walked on types
+(`walk`: its functions traced, nothing compiled), then settled against a
+budget with as little compiling as decides it (`settle`: the bounds of
+`bounds.PlanBounds`, one program at a time where they predict it does not
+fit), and weighed in full where it may fit (`weigh`: every program
+compiled, beside each other). The planner (`planner.Planner`, a
 `StepWeigher`) chooses among the plans weighed here; kept apart so that
 choosing a plan and accounting one are read and changed on their own.
 """
@@ -16,11 +21,13 @@ import numpy as np
 
 from trax_revplus import device_memory
 from trax_revplus import placement as placement_lib
-from trax_revplus.device_memory import calls as calls_lib
+from trax_revplus.device_memory import programs as programs_lib
 from trax_revplus.trainer import host_store
 from trax_revplus.trainer import options as options_lib
 from trax_revplus.trainer._accounting import on_types
+from trax_revplus.trainer._plan import bounds as bounds_lib
 from trax_revplus.trainer._plan import candidates as candidates_lib
+from trax_revplus.trainer._plan import planning_log
 from trax_revplus.trainer._plan import plan as plan_lib
 from trax_revplus.trainer._plan import shape_facts
 from trax_revplus.trainer._plan import weighing as weighing_lib
@@ -65,11 +72,17 @@ class StepWeigher:
     self._options = options
     self.budget_bytes = budget_bytes
     self.host_budget_bytes = host_budget_bytes
-    self._programs = calls_lib.Programs()
+    self._programs = programs_lib.Programs()
     self._weighings: dict[Hashable, weighing_lib.Weighing] = {}
+    # Batch key -> plan -> its walk on types.
+    self._walks: dict[
+      Hashable, dict[plan_lib.StepPlan, on_types.AheadOfTime | None]
+    ] = {}
+    self._bounds: dict[Hashable, bounds_lib.PlanBounds] = {}
     self._facts = shape_facts.ShapeFacts(
       placement, store, factory, options, fingerprint_of, batch_key
     )
+    self.log = planning_log.PlanningLog(self._programs)
 
   def weighing(self, batch: Batch) -> weighing_lib.Weighing:
     """The `weighing.Weighing` of `batch`'s shapes: every plan accounted
@@ -98,7 +111,8 @@ class StepWeigher:
     (`step_types`), in the speed model's order."""
     return self._facts.candidates(types)
 
-  def _weighing_of(self, types: on_types.StepTypes) -> weighing_lib.Weighing:
+  def weighing_of(self, types: on_types.StepTypes) -> weighing_lib.Weighing:
+    """The `weighing.Weighing` of `types`' shapes."""
     return self._weighing_key(batch_key(types.stack))
 
   def _weighing_key(self, key: Hashable) -> weighing_lib.Weighing:
@@ -124,7 +138,27 @@ class StepWeigher:
         compile one of its programs for memory.
       device_memory.ProgramCompileError: one did not compile otherwise.
     """
-    ahead = on_types.AheadOfTime(
+    ahead = self._ahead(plan, types)
+    ahead.account(units)
+    return ahead.memory()
+
+  def walk(
+    self, plan: plan_lib.StepPlan, types: on_types.StepTypes
+  ) -> on_types.AheadOfTime:
+    """`plan`'s step walked on `types`: its functions traced, its calls
+    noted with what is held across each; nothing compiled. Once per
+    batch's shapes."""
+    walks = self._walks.setdefault(batch_key(types.stack), {})
+    if plan not in walks:
+      ahead = self._ahead(plan, types)
+      ahead.account(units_lib.Units(plan, self._factory))
+      walks[plan] = ahead
+    walk = walks[plan]
+    assert walk is not None
+    return walk
+
+  def _ahead(self, plan, types):
+    return on_types.AheadOfTime(
       plan,
       types,
       self._placement,
@@ -134,36 +168,122 @@ class StepWeigher:
       self._store.ties,
       keeps_replaced=(self._options.on_non_finite == 'skip'),
     )
-    ahead.account(units)
-    return ahead.memory()
+
+  def bounds(self, types: on_types.StepTypes) -> bounds_lib.PlanBounds:
+    """The `bounds.PlanBounds` of the plans on `types`' shapes."""
+    key = batch_key(types.stack)
+    if key not in self._bounds:
+      walks = self._walks.setdefault(key, {})
+      trace = self._facts.trace(types)[0]
+      self._bounds[key] = bounds_lib.PlanBounds(
+        self.candidates(types).slices,
+        walks.get,
+        lambda plan: self.walk(plan, types),
+        self._programs,
+        bounds_lib.FusedFacts(
+          self._store.params_bytes(),
+          trace.residual_bytes,
+          device_memory.program.tree_bytes(types.stack),
+          device_memory.devices_on_host(
+            self._placement.platform, self._placement.n_local_devices
+          ),
+        ),
+      )
+    return self._bounds[key]
 
   def weigh(
     self, plan: plan_lib.StepPlan, types: on_types.StepTypes
   ) -> device_memory.StepMemory:
     """`plan`'s `StepMemory` on `types` (`step_types`), accounted once per
-    batch's shapes and kept in their `weighing.Weighing`.
+    batch's shapes and kept in their `weighing.Weighing`: its walk's
+    programs not compiled yet compile now, beside each other.
 
     Raises:
       As `account`; a plan the backend refused raises its refusal again,
       compiling nothing.
     """
-    weighing = self._weighing_of(types)
+    weighing = self.weighing_of(types)
     refused = weighing.refusal_of(plan)
     if refused is not None:
       raise refused
     step = weighing.memory_of(plan)
     if step is None:
+      walk = self.walk(plan, types)
+      self.log.compiling(plan, walk.calls.keys())
       try:
-        step = self.account(plan, units_lib.Units(plan, self._factory), types)
+        step = walk.memory()
       except device_memory.ProgramOutOfMemoryError as e:
         weighing.refuse(plan, e)
+        self.log.weighed(plan, None, e)
         raise
       weighing.add(plan, step)
+      self.log.weighed(plan, step)
     return step
 
-  def _account_or_none(self, plan, units, types):
+  def settle(
+    self,
+    plan: plan_lib.StepPlan,
+    types: on_types.StepTypes,
+    budget_bytes: int,
+    max_probes: int = 2,
+  ) -> device_memory.StepMemory | int:
+    """Compiles as little of `plan` as tells whether its peak fits
+    `budget_bytes`: its `StepMemory` where it may (every program compiled,
+    `weigh`), else the bytes per device known to rule it out (more than
+    the budget: a lower bound, or its refusal's).
+
+    While its lower bound (`bounds.PlanBounds.lower`) is within the budget
+    and its prediction is not, the program of the call predicted to need
+    the most compiles first (`bounds.PlanBounds.probe`), at most
+    `max_probes` of them; then the rest, where the bound still admits it.
+
+    Raises:
+      As `account`, but for `device_memory.ProgramOutOfMemoryError` (a
+      plan that does not fit: its bytes are returned).
+    """
+    weighing = self.weighing_of(types)
+    step = weighing.memory_of(plan)
+    if step is not None:
+      return step
+    refused = weighing.refusal_of(plan)
+    if refused is not None:
+      return max(refused.least_bytes or 0, budget_bytes + 1)
+    bounds = self.bounds(types)
     try:
-      return self.account(plan, units, types)
+      # What is known before tracing it (its relatives' programs, the
+      # fused program's residuals) may rule it out; else its walk, whose
+      # calls share the programs compiled for other plans.
+      lower = bounds.lower(plan).device
+      if lower > budget_bytes:
+        self.log.ruled_out(plan, lower, budget_bytes)
+        return lower
+      self.walk(plan, types)
+      for probes in range(max_probes + 1):
+        lower = bounds.lower(plan).device
+        if lower > budget_bytes:
+          self.log.ruled_out(plan, lower, budget_bytes)
+          return lower
+        predicted = bounds.predicted(plan)
+        if predicted is None or predicted.device <= budget_bytes:
+          break
+        if probes == max_probes:
+          break
+        probed = bounds.probe(plan)
+        if probed is None:
+          break
+        self.log.probed(plan, probed)
+      return self.weigh(plan, types)
+    except device_memory.ProgramOutOfMemoryError as e:
+      if weighing.refusal_of(plan) is None:
+        weighing.refuse(plan, e)
+        self.log.weighed(plan, None, e)
+      return max(e.least_bytes or 0, budget_bytes + 1)
+
+  def _account_or_none(self, plan, types):
+    try:
+      walk = self.walk(plan, types)
+      self.log.compiling(plan, walk.calls.keys())
+      return walk.memory()
     except device_memory.UnsupportedTrainerError:
       return None
     except device_memory.AccountingError as e:
@@ -175,3 +295,63 @@ class StepWeigher:
         e,
       )
       return None
+
+  def weigher(self, types: on_types.StepTypes) -> 'ShapesWeigher':
+    """The `weighers.Weigher` of the plans on `types`' shapes."""
+    return ShapesWeigher(self, types)
+
+
+class ShapesWeigher:
+  """A `StepWeigher` on one batch's shapes, as the plan search weighs
+  plans (`weighers.Weigher`)."""
+
+  def __init__(self, weigher: StepWeigher, types: on_types.StepTypes):
+    self._weigher = weigher
+    self._types = types
+
+  def weigh(self, plan: plan_lib.StepPlan) -> device_memory.StepMemory:
+    """`StepWeigher.weigh` on these shapes."""
+    return self._weigher.weigh(plan, self._types)
+
+  def weighed(self, plan: plan_lib.StepPlan) -> device_memory.StepMemory | None:
+    """The plan's `StepMemory` where weighed already, else None."""
+    return self._weigher.weighing_of(self._types).memory_of(plan)
+
+  def refused(
+    self, plan: plan_lib.StepPlan
+  ) -> device_memory.ProgramOutOfMemoryError | None:
+    """The plan's refusal for memory, else None."""
+    return self._weigher.weighing_of(self._types).refusal_of(plan)
+
+  def lower(self, plan: plan_lib.StepPlan) -> int:
+    """`bounds.PlanBounds.lower` of the plan's device bytes; a program of
+    it the backend refused (a probe's) makes it refused, its bytes those
+    the refusal names."""
+    try:
+      return self._weigher.bounds(self._types).lower(plan).device
+    except device_memory.ProgramOutOfMemoryError as e:
+      weighing = self._weigher.weighing_of(self._types)
+      if weighing.refusal_of(plan) is None:
+        weighing.refuse(plan, e)
+      return e.least_bytes or 0
+
+  def settle(
+    self, plan: plan_lib.StepPlan, budget_bytes: int
+  ) -> device_memory.StepMemory | int:
+    """`StepWeigher.settle` on these shapes."""
+    return self._weigher.settle(plan, self._types, budget_bytes)
+
+  def ruled_out(
+    self, plan: plan_lib.StepPlan, lower_bytes: int, budget_bytes: int
+  ) -> None:
+    """A progress line for the group (`planning_log`)."""
+    self._weigher.log.group_ruled_out(plan, lower_bytes, budget_bytes)
+
+  def predicted(self, plan: plan_lib.StepPlan) -> int | None:
+    """`bounds.PlanBounds.predicted` of the plan's device bytes (None where
+    its step cannot be walked ahead, or a probe was refused)."""
+    try:
+      found = self._weigher.bounds(self._types).predicted(plan)
+    except device_memory.ProgramCompileError:
+      return None
+    return None if found is None else found.device

@@ -13,6 +13,7 @@ from typing import NamedTuple
 from trax_revplus import device_memory
 from trax_revplus.byte_sizes import format_bytes
 from trax_revplus.trainer._plan import plan as plan_lib
+from trax_revplus.trainer._plan import planning_log
 
 
 class Weighed(NamedTuple):
@@ -60,6 +61,7 @@ class Weighing:
       accounted.
     chosen: the `plan.StepPlan` the step runs, or None (not planned yet, or
       no plan fits the budget).
+    cost: `planning_log.PlanningCost` of choosing it, or None.
   """
 
   def __init__(
@@ -70,6 +72,7 @@ class Weighing:
     # In the order accounted.
     self._by_plan: dict[plan_lib.StepPlan, Weighed] = {}
     self.chosen: plan_lib.StepPlan | None = None
+    self.cost: planning_log.PlanningCost | None = None
 
   def fits(self, memory: device_memory.StepMemory) -> bool | None:
     """Whether `memory`'s peaks are within the budgets; None without

@@ -1,0 +1,98 @@
+"""The process's compile threads: XLA compiles outside the GIL, so programs
+compile beside each other and beside Python's tracing.
+
+`compile_pool()` gives the threads (one per CPU core, made on first use);
+`wait_for` waits for one of their results in a way a signal interrupts;
+`compiles_in_flight` says whether any still runs, for a process that ends
+before they do (Ctrl-C while planning): it must leave without Python's
+finalization, which would abort it (a thread stopped inside XLA's
+compiler) or wait for the compiler.
+"""
+
+import concurrent.futures
+import os
+import queue
+import threading
+from typing import Any, Callable
+
+# Each wait for compilations wakes this often, so that a signal handler
+# runs (Ctrl-C while planning) within this many seconds.
+WAIT_SLICE_SECONDS = 0.25
+
+
+class Done(concurrent.futures.Future):
+  """A finished future standing for a compilation already analyzed."""
+
+  def __init__(self):
+    super().__init__()
+    self.set_result(None)
+
+
+DONE = Done()
+
+
+class _DaemonPool:
+  """Helper threads that compile, one per CPU core.
+
+  Daemon threads (unlike `concurrent.futures.ThreadPoolExecutor`'s): a
+  process that stops while a compilation runs (Ctrl-C while planning)
+  exits without waiting for it.
+  """
+
+  def __init__(self, workers: int):
+    self._queue: queue.SimpleQueue = queue.SimpleQueue()
+    self.pending = 0  # submitted and not finished
+    self._lock = threading.Lock()
+    for i in range(workers):
+      threading.Thread(
+        target=self._work, name=f'trax_revplus_compile_{i}', daemon=True
+      ).start()
+
+  def _work(self) -> None:
+    while True:
+      future, fn, args = self._queue.get()
+      if not future.set_running_or_notify_cancel():
+        continue
+      try:
+        future.set_result(fn(*args))
+      except BaseException as e:  # pylint: disable=broad-except
+        future.set_exception(e)
+      finally:
+        with self._lock:
+          self.pending -= 1
+
+  def submit(self, fn: Callable, *args: Any) -> concurrent.futures.Future:
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    with self._lock:
+      self.pending += 1
+    self._queue.put((future, fn, args))
+    return future
+
+
+_pool: _DaemonPool | None = None
+_pool_lock = threading.Lock()
+
+
+def wait_for(future: concurrent.futures.Future) -> None:
+  """Waits for `future`, waking each `WAIT_SLICE_SECONDS` so that a
+  signal reaches the waiting thread."""
+  while not future.done():
+    concurrent.futures.wait([future], timeout=WAIT_SLICE_SECONDS)
+
+
+def compiles_in_flight() -> int:
+  """Compilations submitted to the process's compile threads and not
+  finished (0 where none was ever submitted). A process that ends with
+  some in flight must leave without Python's finalization
+  (`os._exit`): a thread stopped inside XLA's compiler then aborts the
+  process."""
+  return 0 if _pool is None else _pool.pending
+
+
+def compile_pool() -> _DaemonPool:
+  """The process's compile threads (made on first use)."""
+  global _pool
+  with _pool_lock:
+    if _pool is None:
+      _pool = _DaemonPool(os.cpu_count() or 1)
+    return _pool

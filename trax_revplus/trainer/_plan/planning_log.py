@@ -1,0 +1,251 @@
+"""What planning a step does while the person waits, and what it cost.
+
+Before the first step on a batch's shapes the planner weighs candidate
+plans, compiling programs that can take minutes at the sizes users run.
+`PlanningLog` says so as it happens, one line per plan it compiles for,
+probes or rules out, with the seconds since planning began
+(`notices.progress`: `trax-revplus train` and `estimate` print them; from
+Python they go to absl's log). On trax's enwik8 Reformer under a 16 GiB
+budget, each line here wrapped::
+
+    planning: 0.8 s  whole model in one program, 1 batch slice and the
+      plans of its kind: ruled out, need at least 127.6 GiB of 16.0 GiB
+    planning: 2.1 s  segments of 1, 1 batch slice, copy-back 8, prefetch:
+      compiled backward layer 39 (ReversibleHalfResidualDecoderFF) first
+    planning: 2.1 s  segments of 1, 1 batch slice, copy-back 8, prefetch:
+      ruled out, needs at least 40.4 GiB of 16.0 GiB
+    planning: 2.7 s  segments of 1, 8 batch slices, copy-back 0, saved on
+      the host: compiling 9 programs
+    planning: 10.4 s  segments of 1, 8 batch slices, copy-back 0, saved on
+      the host: 13.1 GiB per device, 14.1 GiB host
+    planned in 10.9 s: segments of 1, 8 batch slices, copy-back 8,
+      prefetch; 10 programs compiled, 7.7 s of it the plan's own
+
+and keeps what planning cost (`PlanningCost`), which the run's summary,
+`run_stats.json` and `estimate --json` report.
+"""
+
+import dataclasses
+import time
+from typing import Hashable, Iterable
+
+from trax_revplus import device_memory
+from trax_revplus import notices
+from trax_revplus.byte_sizes import format_bytes
+from trax_revplus.device_memory import programs as programs_lib
+from trax_revplus.trainer._plan import dimensions
+from trax_revplus.trainer._plan import plan as plan_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanningCost:
+  """What planning one batch's shapes cost.
+
+  Attributes:
+    seconds: wall seconds from the start of planning to the plan chosen.
+    programs_compiled: programs compiled while planning (the chosen plan's
+      among them).
+    plan_programs: programs the chosen plan's step calls.
+    plan_compile_seconds: seconds during which at least one of the chosen
+      plan's programs was traced or compiled (the union of their spans):
+      what planning costs where the plan is known.
+    plan: the chosen plan's short description (`short`).
+  """
+
+  seconds: float
+  programs_compiled: int
+  plan_programs: int
+  plan_compile_seconds: float
+  plan: str
+
+  @property
+  def search_seconds(self) -> float:
+    """Seconds spent beyond compiling the chosen plan's programs."""
+    return max(0.0, self.seconds - self.plan_compile_seconds)
+
+  def to_json(self) -> dict:
+    """The figures as JSON, `search_seconds` included."""
+    return {**dataclasses.asdict(self), 'search_seconds': self.search_seconds}
+
+  def describe(self) -> str:
+    """One line, e.g. "9.8 s, 6.3 s of it tracing and compiling the chosen
+    plan's 9 programs; 10 programs compiled in all"."""
+    return (
+      f'{self.seconds:.1f} s, {self.plan_compile_seconds:.1f} s of it '
+      f"tracing and compiling the chosen plan's {self.plan_programs} "
+      f'program{"s" * (self.plan_programs != 1)}; '
+      f'{self.programs_compiled} program'
+      f'{"s" * (self.programs_compiled != 1)} compiled in all'
+    )
+
+
+def short(plan: plan_lib.StepPlan) -> str:
+  """`plan` in a few words, e.g. 'segments of 4 (backward 2), 2 batch
+  slices, copy-back 8, prefetch' or 'whole model in one program, 1 batch
+  slice': its layout, then each of its dimensions that changes something
+  (`dimensions.PlanDimension.reordering`'s words; the batch slices always),
+  then where its updates and saved inputs wait."""
+  first = plan.blocks[0][0] if plan.blocks else plan.loss
+  whole = plan.fused_from <= first
+  words = []
+  if whole:
+    words.append('whole model in one program')
+  else:
+    settings = plan.settings()
+    forward = settings['segment_max_layers']
+    backward = settings['backward_segment_max_layers']
+    words.append(
+      f'segments of {forward}'
+      + (f' (backward {backward})' if backward != forward else '')
+    )
+    if plan.fused_from < plan.loss:
+      words.append(f'{plan.loss - plan.fused_from} layers in the loss program')
+  for dimension in dimensions.DIMENSIONS:
+    value = getattr(plan, dimension.name)
+    if dimension.reordering is None:
+      continue
+    if dimension.role == dimensions.SLICES and value == 1:
+      words.append('1 batch slice')
+    elif value != dimension.none:
+      words.append(dimension.reordering(value))
+  if not whole:
+    words.append(f'copy-back {plan.n_async_layers}')
+    if plan.prefetch:
+      words.append('prefetch')
+    if plan.saved_on_host:
+      words.append('saved on the host')
+    if plan.grads_on_host:
+      words.append('gradients on the host')
+  return ', '.join(words)
+
+
+def _size(nbytes: int) -> str:
+  return format_bytes(nbytes, unit=None)
+
+
+class PlanningLog:
+  """Progress lines while planning, and the cost of each planning.
+
+  Attributes:
+    costs: list of `PlanningCost`, one per batch's shapes planned under a
+      budget, in order.
+  """
+
+  def __init__(self, programs: programs_lib.Programs):
+    self._programs = programs
+    self._start: float | None = None
+    self._label = 'planning'
+    self._compiled_before = 0
+    self._announced: set[plan_lib.StepPlan] = set()
+    self._groups_said: set[str] = set()
+    self.costs: list[PlanningCost] = []
+
+  def begin(self, label: str = 'planning') -> None:
+    """Planning a batch's shapes begins now; its lines start with
+    `label` (e.g. 'least plan' for the search of the leanest plan)."""
+    self._label = label
+    self._start = time.monotonic()
+    self._compiled_before = len(self._programs.compile_spans)
+    self._announced = set()
+    self._groups_said = set()
+
+  def _line(self, text: str) -> None:
+    if self._start is None:
+      return
+    seconds = time.monotonic() - self._start
+    notices.progress(f'{self._label}: {seconds:.1f} s  {text}')
+
+  def compiling(
+    self, plan: plan_lib.StepPlan, keys: Iterable[Hashable]
+  ) -> None:
+    """`plan`'s programs not compiled yet are about to compile."""
+    new = [k for k in keys if not self._programs.started(k)]
+    if new:
+      self._announced.add(plan)
+      n = len(new)
+      self._line(f'{short(plan)}: compiling {n} program{"s" * (n != 1)}')
+
+  def probed(self, plan: plan_lib.StepPlan, call: str) -> None:
+    """The program of `plan`'s call `call` compiled first."""
+    self._line(f'{short(plan)}: compiled {call} first')
+
+  def weighed(
+    self,
+    plan: plan_lib.StepPlan,
+    step: device_memory.StepMemory | None,
+    refused: device_memory.ProgramOutOfMemoryError | None = None,
+  ) -> None:
+    """`plan` was weighed: its figures, or the backend's refusal."""
+    if plan not in self._announced:
+      return  # weighed from programs compiled for another plan
+    if step is None:
+      least = None if refused is None else refused.least_bytes
+      self._line(
+        f'{short(plan)}: refused by the compiler for memory'
+        + (f' (needs at least {_size(least)})' if least else '')
+      )
+      return
+    self._line(
+      f'{short(plan)}: {_size(step.peak_device_bytes)} per device, '
+      f'{_size(step.peak_host_bytes)} host'
+    )
+
+  def ruled_out(
+    self, plan: plan_lib.StepPlan, lower_bytes: int, budget_bytes: int
+  ) -> None:
+    """`plan` needs at least `lower_bytes` per device, over the budget."""
+    self._line(
+      f'{short(plan)}: ruled out, needs at least {_size(lower_bytes)} '
+      f'of {_size(budget_bytes)}'
+    )
+
+  def group_ruled_out(
+    self, plan: plan_lib.StepPlan, lower_bytes: int, budget_bytes: int
+  ) -> None:
+    """A group of plans, `plan` its leanest, needs at least `lower_bytes`
+    per device: one line for the first group of each kind (the groups that
+    differ in their slices or micro-batches alone share one)."""
+    kind = short(
+      dataclasses.replace(
+        plan,
+        grads_on_host=False,
+        **dimensions.by_role({dimensions.SLICES: 1, dimensions.PARTS: 1}),
+      )
+    )
+    if kind in self._groups_said:
+      return
+    self._groups_said.add(kind)
+    self._line(
+      f'{short(plan)} and the plans of its kind: ruled out, need at least '
+      f'{_size(lower_bytes)} of {_size(budget_bytes)}'
+    )
+
+  def chosen(
+    self, plan: plan_lib.StepPlan, keys: Iterable[Hashable]
+  ) -> PlanningCost | None:
+    """`plan` (calling the programs `keys`) was chosen: its cost kept and
+    said in one line; None where planning did not `begin`."""
+    if self._start is None:
+      return None
+    keys = set(keys)
+    cost = PlanningCost(
+      seconds=time.monotonic() - self._start,
+      programs_compiled=len(self._programs.compile_spans)
+      - self._compiled_before,
+      plan_programs=len(keys),
+      plan_compile_seconds=self._programs.compile_seconds(keys),
+      plan=short(plan),
+    )
+    self.costs.append(cost)
+    n = cost.programs_compiled
+    notices.progress(
+      f'planned in {cost.seconds:.1f} s: {short(plan)}; {n} '
+      f'program{"s" * (n != 1)} compiled, '
+      f"{cost.plan_compile_seconds:.1f} s of it the plan's own"
+    )
+    self._start = None
+    return cost
+
+  def end(self) -> None:
+    """Planning ended without a plan chosen (nothing fits, an error)."""
+    self._start = None
