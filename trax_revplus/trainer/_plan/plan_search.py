@@ -133,9 +133,9 @@ class PlanSearch:
     programs are the step's own). Where it does not, the rest of the group
     is tried only where its leanest plan (one layer per call: the least
     compiling) fits. After the first unfused group whose leanest plan does
-    not fit, each later group's leanest is weighed before its fastest. After that first one, or once a
-    member of its family did not fit, a group is skipped where its family's
-    least fitting member (`_least_fitting`, over its leanest plans) has more
+    not fit, each later group's leanest is weighed before its fastest.
+    After that first one, or once a member of its family did not fit, a
+    group is skipped where its family's least fitting member (`_least_fitting`, over its leanest plans) has more
     slices or parts. These rules weigh the device budget alone: a group's
     leanest plan needs the least device memory of the group, not the least
     host memory (saved inputs and states wait on the host there), so the
