@@ -135,11 +135,12 @@ class PlanSearch:
     compiling) fits. After the first unfused group whose leanest plan does
     not fit, each later group's leanest is weighed before its fastest.
     After that first one, or once a member of its family did not fit, a
-    group is skipped where its family's least fitting member (`_least_fitting`, over its leanest plans) has more
-    slices or parts. These rules weigh the device budget alone: a group's
-    leanest plan needs the least device memory of the group, not the least
-    host memory (saved inputs and states wait on the host there), so the
-    host budget only excludes the plans it is weighed on.
+    group is skipped where its family's least fitting member
+    (`_least_fitting`, over its leanest plans) has more slices or parts.
+    These rules weigh the device budget alone: a group's leanest plan needs
+    the least device memory of the group, not the least host memory (saved
+    inputs and states wait on the host there), so the host budget only
+    excludes the plans it is weighed on.
 
     Raises:
       As `weigh`, but for `device_memory.ProgramOutOfMemoryError` (a plan
