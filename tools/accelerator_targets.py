@@ -42,6 +42,7 @@ import os
 import shlex
 import subprocess
 import sys
+import threading
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -88,32 +89,50 @@ def _bindings(bindings):
 
 
 def _run(name, argv, folder, timeout_seconds):
-  """Runs `argv`, its output to `<folder>/<name>.log`; the exit status,
-  seconds and last lines."""
+  """Runs `argv`, its output to `<folder>/<name>.log`, each line after the
+  seconds since the start; the exit status, seconds, the seconds at which
+  the first step's progress line came (`step 1/...`: what a user waits for
+  the first step) and the last lines."""
   os.makedirs(folder, exist_ok=True)
   log = os.path.join(folder, f'{name}.log')
   start = time.time()
+  first_step = None
+  lines = []
   with open(log, 'w') as f:
     f.write(shlex.join(argv) + '\n')
     f.flush()
+    process = subprocess.Popen(
+      argv,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      cwd=REPO,
+      text=True,
+      errors='replace',
+    )
+    timer = threading.Timer(timeout_seconds, process.kill)
+    timer.start()
     try:
-      code = subprocess.run(
-        argv,
-        stdout=f,
-        stderr=subprocess.STDOUT,
-        cwd=REPO,
-        timeout=timeout_seconds,
-        check=False,
-      ).returncode
-    except subprocess.TimeoutExpired:
-      code = 'timeout'
-  with open(log) as f:
-    lines = [line.rstrip() for line in f if line.strip()]
+      for line in process.stdout:
+        seconds = time.time() - start
+        if first_step is None and line.startswith('step 1/'):
+          first_step = round(seconds, 1)
+        f.write(f'[{seconds:7.1f}] {line}')
+        f.flush()
+        if line.strip():
+          lines.append(line.rstrip())
+          del lines[:-3]
+      code = process.wait()
+    finally:
+      timed_out = not timer.is_alive() and process.returncode not in (0, None)
+      timer.cancel()
+  if timed_out:
+    code = 'timeout'
   print(f'{name}: exit {code}, {time.time() - start:.0f} s', flush=True)
   return {
     'command': shlex.join(argv),
     'exit': code,
     'seconds': round(time.time() - start, 1),
+    'first_step_seconds_from_start': first_step,
     'tail': lines[-3:],
   }
 
@@ -198,6 +217,7 @@ def _train_figures(run_dir):
     'eval_losses',
     'compiling_steps',
     'programs_from_cache',
+    'planning',
   ):
     if key in stats:
       out[key] = stats[key]

@@ -41,6 +41,10 @@ CONFIGS = {
   # on one TPU v5e chip.
   'lm12': dict(n_layers=12, length=2048, d_model=512, batch=8),
   'l64': dict(n_layers=64, length=64, d_model=32, batch=2),
+  # 'l12' and 'lm12' four times as deep: what planning costs with depth
+  # (tools/planning_cost.py).
+  'l48': dict(n_layers=48, length=2048, d_model=256, batch=2),
+  'lm48': dict(n_layers=48, length=2048, d_model=512, batch=8),
   'ende': dict(
     n_layers=2, length=128, d_model=64, batch=4, model='reformer', vocab=33300
   ),

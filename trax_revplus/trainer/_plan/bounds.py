@@ -215,10 +215,6 @@ class PlanBounds:
       kept = None
       if analysis is not None:
         program, kept = analysis.memory, analysis.kept
-        if record_slices != k:  # the rows rule, from fewer slices
-          program = dataclasses.replace(
-            program, temp_bytes=int(program.temp_bytes * record_slices / k)
-          )
       else:
         scaled = self._scaled(noted, position, k, relatives, lower)
         figures = self._programs.uncompiled(noted.key)
@@ -228,6 +224,12 @@ class PlanBounds:
             program = scaled
         else:
           program = scaled if scaled is not None else figures.predicted
+      if record_slices != k:
+        # Another slicing's call: its temporaries in proportion to the
+        # rows (a lower bound from fewer slices: the rows rule).
+        program = dataclasses.replace(
+          program, temp_bytes=int(program.temp_bytes * record_slices / k)
+        )
       call = _call(record, noted, program, kept)
       device = max(device, call.device_bytes)
       host = max(host, call.host_bytes)
@@ -263,22 +265,39 @@ class PlanBounds:
       )
     return found
 
-  def predicted(self, plan: plan_lib.StepPlan) -> Bytes | None:
-    """The bytes `plan` is predicted to need (walked now where it was not),
-    or None where its step cannot be walked ahead.
+  def predicted(
+    self, plan: plan_lib.StepPlan, walk: bool = True
+  ) -> Bytes | None:
+    """The bytes `plan` is predicted to need, or None where not known.
+
+    Args:
+      plan: the `plan.StepPlan`.
+      walk: walk the plan on types where it was not (tracing its programs);
+        False predicts an unwalked plan from a walked one that differs in
+        its batch slices alone, each call's temporaries in proportion to
+        its rows (None where there is none).
 
     Raises:
       As `lower`.
     """
     fused = self._fused_bytes(plan, 1.0) if is_fused(plan) else None
     if fused is not None and self._fused.residual_bytes is not None:
-      walk = self._walked(plan)  # its residuals tell more than its trace
+      found = self._walked(plan)  # its residuals tell more than its trace
+    elif walk:
+      found = self._walk(plan)
     else:
-      walk = self._walk(plan)
-    if walk is None or not walk.complete:
+      found = self._walked(plan)
+      if found is None:
+        k = _slices(plan)
+        for other, relative in self._relatives(plan, fewer_slices_only=False):
+          return self._call_bytes(
+            relative.calls, k, [], False, record_slices=other
+          )
+    if found is None or not found.complete:
       return fused
+    walk_ = found
     relatives = self._relatives(plan, fewer_slices_only=False)
-    calls = self._call_bytes(walk.calls, _slices(plan), relatives, False)
+    calls = self._call_bytes(walk_.calls, _slices(plan), relatives, False)
     if fused is not None:
       return Bytes(max(fused.device, calls.device), max(fused.host, calls.host))
     return calls

@@ -190,7 +190,9 @@ class PlanSearch:
       key, value = families.family(group)
       if (tight or key in short) and not self._is_stock_schedule(group):
         if key not in least_fitting:
-          least_fitting[key] = self._least_fitting(key, leanest_fits)
+          least_fitting[key] = self._least_fitting(
+            key, leanest_fits, budget_bytes
+          )
         least = least_fitting[key]
         if least is None or value < least:
           continue
@@ -230,24 +232,36 @@ class PlanSearch:
     )
 
   def _least_fitting(
-    self, key: FamilyKey, leanest_fits: Callable[[Group], bool]
+    self,
+    key: FamilyKey,
+    leanest_fits: Callable[[Group], bool],
+    budget_bytes: int,
   ) -> int | None:
     """The least slices or parts of family `key` whose group's leanest plan
-    fits (`leanest_fits(group)`); None where none does. The member with the
-    most is tried first (where it does not fit, nothing else is), then the
-    rest by bisection.
+    fits (`leanest_fits(group)`); None where none does.
+
+    A bisection whose pivot is the member predicted to fit with the fewest
+    slices or parts (`weighers.Weigher.predicted`, from what is compiled,
+    nothing traced), else the member with the most: where the prediction
+    holds, the member found and the one below it are all it weighs.
     """
     members = self._families[key]
-    if not leanest_fits(members[-1][1]):
-      return None
-    lo, hi = 0, len(members) - 1  # members[hi:] fit; members[:lo] do not
+    lo, hi = 0, len(members)  # members[:lo] do not fit; members[hi:] fit
+
+    def pivot() -> int:
+      for i in range(lo, hi):
+        predicted = self._weigher.predicted(members[i][1].leanest, walk=False)
+        if predicted is not None and predicted <= budget_bytes:
+          return i
+      return hi - 1
+
     while lo < hi:
-      mid = (lo + hi) // 2
+      mid = pivot()
       if leanest_fits(members[mid][1]):
         hi = mid
       else:
         lo = mid + 1
-    return members[hi][0]
+    return members[hi][0] if hi < len(members) else None
 
   def least(self) -> tuple[plan_lib.StepPlan, device_memory.StepMemory]:
     """(plan, StepMemory) of the group leanest plan, fused or unfused, with

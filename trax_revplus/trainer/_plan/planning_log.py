@@ -29,6 +29,8 @@ import dataclasses
 import time
 from typing import Hashable, Iterable
 
+from absl import logging
+
 from trax_revplus import device_memory
 from trax_revplus import notices
 from trax_revplus.byte_sizes import format_bytes
@@ -191,13 +193,23 @@ class PlanningLog:
     )
 
   def ruled_out(
-    self, plan: plan_lib.StepPlan, lower_bytes: int, budget_bytes: int
+    self,
+    plan: plan_lib.StepPlan,
+    lower_bytes: int,
+    budget_bytes: int,
+    said: bool = True,
   ) -> None:
-    """`plan` needs at least `lower_bytes` per device, over the budget."""
-    self._line(
+    """`plan` needs at least `lower_bytes` per device, over the budget: a
+    line (absl's log alone where not `said`: a plan of many ruled out by
+    what others compiled)."""
+    text = (
       f'{short(plan)}: ruled out, needs at least {_size(lower_bytes)} '
       f'of {_size(budget_bytes)}'
     )
+    if said:
+      self._line(text)
+    elif self._start is not None:
+      logging.info('planning: %s', text)
 
   def group_ruled_out(
     self, plan: plan_lib.StepPlan, lower_bytes: int, budget_bytes: int

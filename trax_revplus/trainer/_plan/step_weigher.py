@@ -255,13 +255,15 @@ class StepWeigher:
       # calls share the programs compiled for other plans.
       lower = bounds.lower(plan).device
       if lower > budget_bytes:
-        self.log.ruled_out(plan, lower, budget_bytes)
+        self.log.ruled_out(plan, lower, budget_bytes, said=False)
         return lower
       self.walk(plan, types)
       for probes in range(max_probes + 1):
         lower = bounds.lower(plan).device
         if lower > budget_bytes:
-          self.log.ruled_out(plan, lower, budget_bytes)
+          # A line where this plan's own programs told (its probes); a
+          # plan ruled out by programs compiled for others goes to the log.
+          self.log.ruled_out(plan, lower, budget_bytes, said=probes > 0)
           return lower
         predicted = bounds.predicted(plan)
         if predicted is None or predicted.device <= budget_bytes:
@@ -347,11 +349,11 @@ class ShapesWeigher:
     """A progress line for the group (`planning_log`)."""
     self._weigher.log.group_ruled_out(plan, lower_bytes, budget_bytes)
 
-  def predicted(self, plan: plan_lib.StepPlan) -> int | None:
+  def predicted(self, plan: plan_lib.StepPlan, walk: bool = True) -> int | None:
     """`bounds.PlanBounds.predicted` of the plan's device bytes (None where
-    its step cannot be walked ahead, or a probe was refused)."""
+    not known, or a probe was refused)."""
     try:
-      found = self._weigher.bounds(self._types).predicted(plan)
+      found = self._weigher.bounds(self._types).predicted(plan, walk)
     except device_memory.ProgramCompileError:
       return None
     return None if found is None else found.device

@@ -54,9 +54,9 @@ class Weigher(Protocol):
     """Told that the group of leanest plan `plan` needs at least
     `lower_bytes`, over `budget_bytes`, and is not weighed."""
 
-  def predicted(self, plan: plan_lib.StepPlan) -> int | None:
+  def predicted(self, plan: plan_lib.StepPlan, walk: bool = True) -> int | None:
     """Bytes per device the plan is predicted to need (its functions traced
-    where needed, nothing compiled), or None where not known."""
+    where needed and `walk`, nothing compiled), or None where not known."""
 
 
 class FixedWeigher:
@@ -92,6 +92,6 @@ class FixedWeigher:
   ) -> None:
     del plan, lower_bytes, budget_bytes
 
-  def predicted(self, plan: plan_lib.StepPlan) -> int | None:
-    del plan
+  def predicted(self, plan: plan_lib.StepPlan, walk: bool = True) -> int | None:
+    del plan, walk
     return None
