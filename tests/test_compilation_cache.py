@@ -101,3 +101,30 @@ def test_auto_is_the_user_cache_directory(monkeypatch, tmp_path):
   assert compilation_cache.resolve('auto') == str(
     tmp_path / 'trax_revplus' / 'jax'
   )
+
+
+# `_COMPILE_ONE` where the `filelock` package cannot be imported.
+_WITHOUT_FILELOCK = (
+  'import sys\nsys.modules["filelock"] = None\n' + _COMPILE_ONE
+)
+
+
+def test_without_filelock_the_cache_still_serves_a_second_process(tmp_path):
+  """JAX bounds a cache only under a file lock: without the package, the
+  cache is unbounded (one line says so) instead of unreadable."""
+
+  def compile_one():
+    done = subprocess.run(
+      [sys.executable, '-c', _WITHOUT_FILELOCK, str(tmp_path / 'cache')],
+      capture_output=True,
+      text=True,
+      check=True,
+    )
+    return *map(int, done.stdout.split()), done.stderr
+
+  misses, hits, err = compile_one()
+  assert misses >= 1 and hits == 0
+  assert 'no size limit: the filelock package is not installed' in err
+  misses_again, hits_again, err = compile_one()
+  assert misses_again == 0 and hits_again == misses
+  assert 'cannot be read' not in err

@@ -23,11 +23,13 @@ those warnings apart).
 """
 
 import contextlib
+import importlib.util
 import os
 import re
 import tempfile
 from typing import Iterator
 
+from trax_revplus import notices
 from trax_revplus import trax_import
 
 AUTO = 'auto'
@@ -39,6 +41,10 @@ MAX_SIZE_BYTES = 8 * 2**30
 _UNREADABLE_ENTRY = re.compile(
   r"Error reading persistent compilation cache entry for '([^']*)'"
 )
+
+
+class CacheUnboundedWarning(UserWarning):
+  """The cache is kept without its size limit (`MAX_SIZE_BYTES`)."""
 
 
 class CompilationCacheError(ValueError):
@@ -123,7 +129,18 @@ def enable(directory: str = AUTO) -> str:
   _enabled = path
   jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
   jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
-  jax.config.update('jax_compilation_cache_max_size', MAX_SIZE_BYTES)
+  if importlib.util.find_spec('filelock') is not None:
+    jax.config.update('jax_compilation_cache_max_size', MAX_SIZE_BYTES)
+  else:
+    # JAX keeps a bounded cache only under a file lock: without `filelock`
+    # every read would fail (as an unreadable entry) and every program
+    # compile again. Unbounded, the cache still serves every run.
+    jax.config.update('jax_compilation_cache_max_size', -1)
+    notices.notify(
+      f'the compilation cache {path} has no size limit: the filelock '
+      f'package is not installed (pip install filelock)',
+      CacheUnboundedWarning,
+    )
   # JAX opens its cache once, at the first compilation: this makes the
   # next compilation open it in `path`.
   compilation_cache.reset_cache()

@@ -60,6 +60,14 @@ from trax_revplus.trainer._plan.families import PARTS
 from trax_revplus.trainer._plan.families import SLICES
 
 
+# A prediction from another slicing scales each call's temporaries in
+# proportion to its rows, and so over-counts the part that does not shrink
+# with them: a member predicted within this share over the budget is
+# settled first all the same (settling it decides exactly; where it does
+# not fit, its largest call's program compiled is what it cost).
+PIVOT_SLACK = 0.1
+
+
 class LeastRefused(device_memory.ProgramOutOfMemoryError):
   """The backend refused to compile a program of every group's leanest
   plan for memory: no plan fits this device.
@@ -240,18 +248,20 @@ class PlanSearch:
     """The least slices or parts of family `key` whose group's leanest plan
     fits (`leanest_fits(group)`); None where none does.
 
-    A bisection whose pivot is the member predicted to fit with the fewest
-    slices or parts (`weighers.Weigher.predicted`, from what is compiled,
-    nothing traced), else the member with the most: where the prediction
-    holds, the member found and the one below it are all it weighs.
+    A bisection whose pivot is the member with the fewest slices or parts
+    predicted to fit (`weighers.Weigher.predicted`, from what is compiled,
+    nothing traced), within `PIVOT_SLACK` over the budget, else the member
+    with the most: where the prediction holds, the member found and the one
+    below it are all it weighs.
     """
     members = self._families[key]
     lo, hi = 0, len(members)  # members[:lo] do not fit; members[hi:] fit
+    near = budget_bytes * (1 + PIVOT_SLACK)
 
     def pivot() -> int:
       for i in range(lo, hi):
         predicted = self._weigher.predicted(members[i][1].leanest, walk=False)
-        if predicted is not None and predicted <= budget_bytes:
+        if predicted is not None and predicted <= near:
           return i
       return hi - 1
 
