@@ -244,8 +244,8 @@ def test_sigint_while_planning_stops_at_once_in_one_line(tmp_path):
   assert process.returncode == 130, err[-3000:]
   assert err.strip().splitlines()[-1] == (
     f'trax-revplus train: error: interrupted by SIGINT while planning the '
-    f'step (nothing had changed since the last checkpoint); nothing new was '
-    f'saved in {output_dir}; run the same command to start again'
+    f'step, before it ran; nothing new was saved in {output_dir}; run the '
+    f'same command to start again'
   )
   assert 'Traceback' not in err and 'step 1' not in out
   assert 'model.pkl.gz' not in os.listdir(output_dir)

@@ -15,6 +15,7 @@ trax_revplus's trainer, which imports that package.
 
 import dataclasses
 import functools
+import time
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
@@ -25,6 +26,7 @@ from trax import shapes
 from trax.optimizers import trainer as stock_lib
 
 from trax_revplus import device_memory
+from trax_revplus import notices
 from trax_revplus import swap
 from trax_revplus.device_memory import compile_threads
 from trax_revplus import trainer as rev_lib
@@ -160,6 +162,7 @@ class _Others:
         )
 
     def account(name: str, trainer: Any) -> None:
+      start = time.monotonic()
       self._results[name] = device_memory.account(
         name,
         backend,
@@ -167,6 +170,16 @@ class _Others:
         functools.partial(
           device_memory.trainer_memory, name, trainer, cfg.batch, backend
         ),
+      )
+      notices.progress(
+        f'accounting: {_NAMES[name]} in {time.monotonic() - start:.1f} s'
+      )
+
+    if built:
+      notices.progress(
+        'accounting: '
+        + ' and '.join(_NAMES[name] for name in built)
+        + ' (compiling their step)'
       )
 
     if backend == 'cpu':
@@ -188,6 +201,12 @@ class _Others:
       compile_threads.wait_for(done)
       done.result()
     return self._results
+
+
+_NAMES = {
+  'default': "trax's default Trainer",
+  'stock': "stock trax's ReversibleSerialTrainer",
+}
 
 
 def _raise(error: Exception) -> Any:

@@ -42,8 +42,9 @@ def _estimate(capsys, *flags, bindings=()):
   return code, out, err
 
 
-# The lines the planner prints while it plans (`planning_log`).
-_PROGRESS = ('planning: ', 'planned in ', 'least plan: ')
+# The lines the planner prints while it plans (`planning_log`), and
+# while trax's trainers are accounted (`three_trainers`).
+_PROGRESS = ('planning: ', 'planned in ', 'least plan: ', 'accounting: ')
 
 
 def _one_line(err):
@@ -80,7 +81,7 @@ def test_estimate_table_and_json(tmp_path, capsys):
   assert 'device memory: 1.0 GiB (1073741824 bytes)' in out
   for name in estimate_report.TRAINERS:
     assert f'\n{name} ' in out
-  assert 'revplus plan: 1 calls per step (fits); as gin bindings:\n' in out
+  assert 'revplus plan: 1 call per step (fits); as gin bindings:\n' in out
   data = json.loads(path.read_text())
   assert data['backend'] == 'cpu'
   assert data['device_memory_bytes'] == 2**30

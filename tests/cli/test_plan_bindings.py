@@ -75,7 +75,7 @@ def test_a_fused_plan_leaves_its_segments_and_unset_heads_to_the_planner():
   no_fit = '(no plan fits 1.0 KiB; the least needs 2048 bytes)'
   printed = plan_bindings.lines(settings, f'{step_plan.describe(1)} {no_fit}')
   assert printed[0] == (
-    f'revplus plan: 1 calls per step {no_fit}; as gin bindings:'
+    f'revplus plan: 1 call per step {no_fit}; as gin bindings:'
   )
   assert _bindings(printed) == {
     'batch_slices': 1,

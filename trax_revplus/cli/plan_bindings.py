@@ -72,10 +72,10 @@ def lines(settings: dict[str, Any], plan_line: str) -> list[str]:
     settings: the plan (`device_memory.TrainerMemory.plan`, with
       'n_calls').
     plan_line: its line, `StepPlan.describe()` then whether it fits, e.g.
-      'segment_max_layers=16, ..., 1 calls per step (fits)'.
+      'segment_max_layers=16, ..., 1 call per step (fits)'.
 
   Returns:
-    'revplus plan: 1 calls per step (fits); as gin bindings:', one gin
+    'revplus plan: 1 call per step (fits); as gin bindings:', one gin
     binding per line, then 'revplus plan, left to the planner (no binding
     pins it): segment_max_layers=16, ...'.
   """

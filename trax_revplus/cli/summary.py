@@ -197,9 +197,9 @@ def interrupted_message(interrupted: Any, output_dir: str) -> str:
   name = signal.Signals(interrupted.signum).name
   if getattr(interrupted, 'planning', False):
     return (
-      f'interrupted by {name} while planning the step (nothing had '
-      f'changed since the last checkpoint); nothing new was saved in '
-      f'{output_dir}; run the same command to start again'
+      f'interrupted by {name} while planning the step, before it ran; '
+      f'nothing new was saved in {output_dir}; run the same command to '
+      f'start again'
     )
   if interrupted.checkpoint is None:
     return (

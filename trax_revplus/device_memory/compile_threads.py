@@ -51,15 +51,24 @@ class _DaemonPool:
   def _work(self) -> None:
     while True:
       future, fn, args = self._queue.get()
-      if not future.set_running_or_notify_cancel():
-        continue
+      result, error = None, None
       try:
-        future.set_result(fn(*args))
+        if future.set_running_or_notify_cancel():
+          result = fn(*args)
       except BaseException as e:  # pylint: disable=broad-except
-        future.set_exception(e)
-      finally:
-        with self._lock:
-          self.pending -= 1
+        error = e
+      # Not in flight once the compiler returned: a process ending now
+      # finalizes as usual (`compiles_in_flight`).
+      with self._lock:
+        self.pending -= 1
+      try:
+        if error is not None:
+          future.set_exception(error)
+        elif future.running():
+          future.set_result(result)
+      except BaseException:  # pylint: disable=broad-except
+        # The process is ending (finalization): nobody waits any more.
+        return
 
   def submit(self, fn: Callable, *args: Any) -> concurrent.futures.Future:
     future: concurrent.futures.Future = concurrent.futures.Future()

@@ -21,17 +21,21 @@ def plural(n: int, word: str) -> str:
 
 
 def rate_text(window: dict[str, Any]) -> str:
-  """'3.10 steps/s', 'compiling 14.2 s', or the rate naming the compiles."""
+  """'3.10 steps/s', 'compiling 14.2 s (9.8 s of it planning)', or the
+  rate naming the compiles."""
   plain_steps = window['steps'] - window['compiling_steps']
   plain_seconds = window['seconds'] - window['compiling_seconds']
   compiling = window['compiling_steps']
+  planning = window.get('planning_seconds', 0.0)
+  of_it = f', {planning:.1f} s of it planning' if planning else ''
   if not plain_steps:
-    return f'compiling {window["compiling_seconds"]:.1f} s'
+    text = f'compiling {window["compiling_seconds"]:.1f} s'
+    return text + (f' ({of_it[2:]})' if planning else '')
   text = f'{plain_steps / max(plain_seconds, 1e-9):.2f} steps/s'
   if compiling:
     text += (
       f' ({plural(compiling, "step")} compiling, '
-      f'{window["compiling_seconds"]:.1f} s, left out)'
+      f'{window["compiling_seconds"]:.1f} s{of_it}, left out)'
     )
   return text
 

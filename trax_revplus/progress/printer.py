@@ -11,10 +11,13 @@ those steps (evals and checkpoints excluded), over the steps that compiled
 nothing; host: resident set size of this process in MiB. A step during
 which JAX compiled a program (the first step of a process, and any step that
 meets a new input shape) is timed apart: a window of such steps only reads
-`compiling 14.2 s` instead of a rate, and a mixed window names them (each
-a single line on the terminal)::
+`compiling 14.2 s` instead of a rate, and a mixed window names them; a
+step in which trax_revplus's trainer planned (the first on a batch's
+shapes) says how much of it planning took (each a single line on the
+terminal)::
 
-    step 1/300  loss 5.812  compiling 14.2 s  host 1110 MB
+    step 1/300  loss 5.812  compiling 14.2 s (9.8 s of it planning)  host
+        1110 MB
     step 60/300  loss 3.104  3.05 steps/s (1 step compiling, 4.1 s, left
         out)  host 1535 MB
 
@@ -118,6 +121,7 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
     self._step_start: float | None = None
     self._step_seconds: float | None = None
     self._compiles_at_step_begin: tuple[int, float] | None = None
+    self._plannings_at_step_begin = 0
     self._window = self._new_window()
     # (first step, mean loss) of a window.
     self._last_window: tuple[Any, Any] = (None, None)
@@ -163,6 +167,7 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
       'seconds': 0.0,
       'compiling_steps': 0,
       'compiling_seconds': 0.0,
+      'planning_seconds': 0.0,
     }
 
   def call_at(self, step: int) -> bool:
@@ -182,6 +187,7 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
     self._figures.begin_step()
     self._inputs.begin(step)
     self._compiles_at_step_begin = CompileCounter.snapshot()
+    self._plannings_at_step_begin = len(self._figures.planning() or ())
     self._step_start = time.perf_counter()
 
   def on_step_end(self, step: int) -> None:
@@ -215,6 +221,11 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
       window['compiling_steps'] += 1
       window['compiling_seconds'] += seconds
       self._compiling_steps.append((step, seconds, programs))
+    # Planning a new batch shape happens inside its first step.
+    plannings = self._figures.planning() or []
+    window['planning_seconds'] += sum(
+      c['seconds'] for c in plannings[self._plannings_at_step_begin :]
+    )
     self._steps_run += 1
     self._last_step = step
     self._figures.end_step(step, loss, seconds, programs)

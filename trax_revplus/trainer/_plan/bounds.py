@@ -57,6 +57,9 @@ from trax_revplus.trainer._plan import plan as plan_lib
 # The share of the fused layers' residuals the fused program's lower bound
 # counts (its prediction counts them all).
 FUSED_RESIDUAL_SHARE = 0.5
+# The role of the batch slices (`dimensions`), the dimension the rows rule
+# reads.
+SLICES = dimensions.SLICES
 
 
 class Bytes(NamedTuple):
@@ -85,9 +88,6 @@ class FusedFacts(NamedTuple):
   devices_on_host: int
 
 
-SLICES = dimensions.SLICES
-
-
 def _slices(plan: plan_lib.StepPlan) -> int:
   return dimensions.value(plan, SLICES)
 
@@ -113,7 +113,7 @@ class PlanBounds:
     walked: plan -> its walk on types where it was walked, else None.
     walk: plan -> its walk on types (walked now where it was not), or
       None where its step cannot be walked ahead.
-    programs: the trainer's `device_memory.calls.Programs`.
+    programs: the trainer's `device_memory.programs.Programs`.
     fused: `FusedFacts` of these shapes.
     """
     self._slices = sorted(slices)

@@ -258,7 +258,8 @@ class StepPlan:
     """
     settings = ', '.join(f'{k}={v}' for k, v in self.settings().items())
     n_calls = self.n_calls if n_calls is None else n_calls
-    return f'{settings}, {n_calls} calls per step'
+    calls = 'call' if n_calls == 1 else 'calls'
+    return f'{settings}, {n_calls} {calls} per step'
 
 
 def make_plan(

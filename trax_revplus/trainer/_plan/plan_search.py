@@ -1,47 +1,37 @@
 """The search of one batch's shapes' candidate plans: the chosen and the least.
 
 `PlanSearch` walks the candidates' groups (`candidates.Candidates.groups`,
-fastest first) with their lower bounds, weighing plans through one function
-(the planner's `weigh`, which accounts a plan once per batch's shapes). The
-same search gives both answers a budget needs:
+fastest first), weighing plans through a `weighers.Weigher` (the
+planner's `step_weigher.ShapesWeigher`: a plan settled against a budget
+with as little compiling as decides it, or weighed whole). One search per
+batch's shapes gives both answers a budget needs, so that the least named
+when nothing fits and the least `estimate` prints are one:
 
   `fastest_fitting(budget)`: the first plan, in the speed model's order,
     whose peak fits, and the least bytes that excluded a faster one;
   `least()`: the leanest plan of all and its figures, the least device
     memory the trainer can step in.
 
-The planner keeps one search per batch's shapes, so the least named when
-nothing fits and the least `estimate` prints are one answer.
-
 Both lean on one property of the plan space: a group's leanest plan needs
 no more memory with more batch slices (each call's temporaries shrink with
 its slice, and what the step holds does not grow) or more micro-batches
 (the stack held across the step shrinks with its part). Groups that differ
-in that one dimension form a family (`families.family`), and where its members
-with more slices or parts do not fit, those with fewer are not compiled.
-The unsliced unfused groups are always weighed all the same: their leanest
-plan is stock trax's own schedule, which a budget of stock's peak must
-find, even where slicing a call that cannot shrink adds a few bytes.
-
-The same property read the other way bounds a family's members from
-below, without compiling them (`group_bounds`), and so does every program
-compiled so far (`bounds.PlanBounds.lower`): a group whose leanest plan
-needs more than the budget by those bounds is skipped uncompiled.
-
-Plans are weighed through a `weighers.Weigher` (the planner's
-`step_weigher.StepWeigher`), which settles one plan against a budget with
-as little compiling as decides it (`weighers.Weigher.settle`: where the plan is
-predicted not to fit, the program of its largest call first) and accounts
-a plan whole (`weighers.Weigher.weigh`).
+in that one dimension form a family (`families.family`): where its members
+with more slices or parts do not fit, those with fewer are not compiled,
+and read the other way the property bounds them from below
+(`group_bounds`), as every program compiled so far does
+(`bounds.PlanBounds.lower`). The unsliced unfused groups are always weighed
+all the same: their leanest plan is stock trax's own schedule, which a
+budget of stock's peak must find, even where slicing a call that cannot
+shrink adds a few bytes.
 
 A plan fits where its peak device bytes are within the device budget and
 its peak host bytes within the host budget (where there is one). A plan
 one of whose programs the backend refuses to compile for memory
-(`device_memory.ProgramOutOfMemoryError`) fits no budget: the search goes
-on to leaner plans, and counts it as needing more than the budget (or the
-bytes the refusal names, where more) among those that excluded a faster
-plan. `least()` prefers plans the backend compiled; where it refused even
-every group's leanest plan, it raises `LeastRefused`.
+(`device_memory.ProgramOutOfMemoryError`) fits no budget: it counts as
+needing more than the budget (or the bytes the refusal names) among those
+that excluded a faster plan. `least()` prefers plans the backend compiled;
+where it refused even every group's leanest plan, it raises `LeastRefused`.
 """
 
 from typing import Callable
@@ -60,11 +50,9 @@ from trax_revplus.trainer._plan.families import PARTS
 from trax_revplus.trainer._plan.families import SLICES
 
 
-# A prediction from another slicing scales each call's temporaries in
-# proportion to its rows, and so over-counts the part that does not shrink
-# with them: a member predicted within this share over the budget is
-# settled first all the same (settling it decides exactly; where it does
-# not fit, its largest call's program compiled is what it cost).
+# A prediction from another slicing over-counts the part of a call that
+# does not shrink with its rows: a member predicted within this share over
+# the budget is settled first all the same (settling decides exactly).
 PIVOT_SLACK = 0.1
 
 
@@ -98,10 +86,8 @@ class PlanSearch:
   def __init__(
     self, candidates: candidates_lib.Candidates, weigher: weighers.Weigher
   ):
-    """Args:
-    candidates: the shapes' `candidates.Candidates`.
-    weigher: the `Weigher` of these shapes.
-    """
+    """Searches `candidates` (the shapes' `candidates.Candidates`),
+    weighing through `weigher` (their `weighers.Weigher`)."""
     self._groups = list(candidates.groups())
     # Groups with the attention layers as the step runs them without a
     # budget come first; those after them compute another number of heads

@@ -13,13 +13,12 @@ the backend reports it, `budget`) the planner runs the fastest plan whose
 composed XLA peak fits, and whose host bytes fit the host budget
 (`host_memory_budget_bytes`): `candidates.Candidates` lists plans in the
 speed model's order, and one search per batch's shapes
-(`plan_search.PlanSearch`) accounts them in turn and gives the least plan
-too (`least_plan`). A plan one of whose programs the backend refuses to
-compile for memory does not fit; any other failure to compile is one
-line naming the program. See `candidates` for the dimensions and the
-order. Every plan accounted on a batch's shapes is kept with its figures
-(`weighing.Weighing`): the memory/speed front `estimate` shows. The
-accounting itself is `step_weigher.StepWeigher`'s, which `Planner` extends.
+(`plan_search.PlanSearch`) weighs them and gives the least plan too
+(`least_plan`). A plan whose program the backend refuses for memory does
+not fit; any other failure to compile is one line naming the program.
+Every plan accounted is kept with its figures (`weighing.Weighing`: what
+`estimate` shows); the accounting is `step_weigher.StepWeigher`'s, which
+`Planner` extends; chosen plans are kept (`plan_store`).
 """
 
 import dataclasses
@@ -217,7 +216,9 @@ class Planner(step_weigher.StepWeigher):
         )
     weighing.chosen = plan
     if memory_ is not None:
-      weighing.cost = self.log.chosen(plan, self.walk(plan, types).calls.keys())
+      weighing.cost = self.log.chosen(
+        plan, self.walk(plan, types).calls.keys(), memory_
+      )
     return PlannedStep(plan, units, memory_)
 
   def _plan_under_budget(
@@ -261,9 +262,7 @@ class Planner(step_weigher.StepWeigher):
         ):
           fits = False
         if fits:
-          planned = self._chosen(
-            plan, types, budget_bytes, f' (kept in {store.path})'
-          )
+          planned = self._chosen(plan, types, budget_bytes, store.path)
           for other in stores:
             if other is not store:
               assert planned.memory is not None
@@ -327,9 +326,8 @@ class Planner(step_weigher.StepWeigher):
 
   def _plan_stores(self) -> list[plan_store_lib.PlanStore]:
     """Where chosen plans are kept and read back: the run's output
-    directory's store (`keep_plans_in`), then the compilation cache's
-    where the cache is on (every config's plans, shared by the runs of
-    this user)."""
+    directory's (`keep_plans_in`), then the compilation cache's where it
+    is on (every config's, shared by the runs of this user)."""
     stores = [] if self.plan_store is None else [self.plan_store]
     cache_dir = compilation_cache.enabled_directory()
     if cache_dir is not None:
@@ -341,18 +339,20 @@ class Planner(step_weigher.StepWeigher):
     plan: plan_lib.StepPlan,
     types: on_types.StepTypes,
     budget_bytes: int,
-    source: str = '',
+    kept_in: str | None = None,
   ) -> PlannedStep:
     """The `PlannedStep` of `plan`, weighed already: marked chosen in the
-    shapes' `weighing.Weighing` and logged (`source` says where it came
-    from)."""
+    shapes' `weighing.Weighing` and logged (`kept_in`: the plans file it
+    was read back from, where it was)."""
     step = self.weigh(plan, types)
     weighing = self.weighing_of(types)
     weighing.chosen = plan
-    weighing.cost = self.log.chosen(plan, self.walk(plan, types).calls.keys())
+    weighing.cost = self.log.chosen(
+      plan, self.walk(plan, types).calls.keys(), step, kept_in
+    )
     logging.info(
       'device memory plan%s: %s; %s; %s',
-      source,
+      '' if kept_in is None else f' (kept in {kept_in})',
       plan.describe(len(step.calls)),
       step.describe(),
       step.describe_host(),
@@ -383,7 +383,7 @@ class Planner(step_weigher.StepWeigher):
     search = self._search(
       batch_key(self._placement.abstract_batch(batch)), self.step_types(batch)
     )
-    self.log.begin('least plan')
+    self.log.begin('least plan', 'more than the least plan found,')
     try:
       return search.least()
     finally:

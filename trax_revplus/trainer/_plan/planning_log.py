@@ -83,10 +83,10 @@ class PlanningCost:
 
 def short(plan: plan_lib.StepPlan) -> str:
   """`plan` in a few words, e.g. 'segments of 4 (backward 2), 2 batch
-  slices, copy-back 8, prefetch' or 'whole model in one program, 1 batch
-  slice': its layout, then each of its dimensions that changes something
-  (`dimensions.PlanDimension.reordering`'s words; the batch slices always),
-  then where its updates and saved inputs wait."""
+  slices, n_async_layers=8, prefetch' or 'whole model in one program, 1
+  batch slice': its layout, then each of its dimensions that changes
+  something (`dimensions.PlanDimension.reordering`'s words; the batch slices
+  always), then where its updates and saved inputs wait."""
   first = plan.blocks[0][0] if plan.blocks else plan.loss
   whole = plan.fused_from <= first
   words = []
@@ -111,11 +111,11 @@ def short(plan: plan_lib.StepPlan) -> str:
     elif value != dimension.none:
       words.append(dimension.reordering(value))
   if not whole:
-    words.append(f'copy-back {plan.n_async_layers}')
+    words.append(f'n_async_layers={plan.n_async_layers}')
     if plan.prefetch:
       words.append('prefetch')
     if plan.saved_on_host:
-      words.append('saved on the host')
+      words.append('saved inputs on the host')
     if plan.grads_on_host:
       words.append('gradients on the host')
   return ', '.join(words)
@@ -137,15 +137,21 @@ class PlanningLog:
     self._programs = programs
     self._start: float | None = None
     self._label = 'planning'
+    self._limit = 'over the budget of'
     self._compiled_before = 0
     self._announced: set[plan_lib.StepPlan] = set()
     self._groups_said: set[str] = set()
     self.costs: list[PlanningCost] = []
 
-  def begin(self, label: str = 'planning') -> None:
+  def begin(
+    self, label: str = 'planning', limit: str = 'over the budget of'
+  ) -> None:
     """Planning a batch's shapes begins now; its lines start with
-    `label` (e.g. 'least plan' for the search of the leanest plan)."""
+    `label` and name the bytes a plan must stay within with `limit` (e.g.
+    'least plan' and 'more than the least plan found,' for the search of
+    the leanest plan)."""
     self._label = label
+    self._limit = limit
     self._start = time.monotonic()
     self._compiled_before = len(self._programs.compile_spans)
     self._announced = set()
@@ -169,7 +175,9 @@ class PlanningLog:
 
   def probed(self, plan: plan_lib.StepPlan, call: str) -> None:
     """The program of `plan`'s call `call` compiled first."""
-    self._line(f'{short(plan)}: compiled {call} first')
+    self._line(
+      f'{short(plan)}: compiled the program of its largest call first, {call}'
+    )
 
   def weighed(
     self,
@@ -203,8 +211,8 @@ class PlanningLog:
     line (absl's log alone where not `said`: a plan of many ruled out by
     what others compiled)."""
     text = (
-      f'{short(plan)}: ruled out, needs at least {_size(lower_bytes)} '
-      f'of {_size(budget_bytes)}'
+      f'{short(plan)}: ruled out, needs at least {_size(lower_bytes)}, '
+      f'{self._limit} {_size(budget_bytes)}'
     )
     if said:
       self._line(text)
@@ -228,15 +236,21 @@ class PlanningLog:
       return
     self._groups_said.add(kind)
     self._line(
-      f'{short(plan)} and the plans of its kind: ruled out, need at least '
-      f'{_size(lower_bytes)} of {_size(budget_bytes)}'
+      f'{short(plan)} (and its like with more batch slices or '
+      f'micro-batches): ruled out, needs at least {_size(lower_bytes)}, '
+      f'{self._limit} {_size(budget_bytes)}'
     )
 
   def chosen(
-    self, plan: plan_lib.StepPlan, keys: Iterable[Hashable]
+    self,
+    plan: plan_lib.StepPlan,
+    keys: Iterable[Hashable],
+    step: device_memory.StepMemory,
+    kept_in: str | None = None,
   ) -> PlanningCost | None:
-    """`plan` (calling the programs `keys`) was chosen: its cost kept and
-    said in one line; None where planning did not `begin`."""
+    """`plan` (calling the programs `keys`, its figures `step`; read back
+    from the plans kept in `kept_in`, where it was) was chosen: its cost
+    kept and said in one line; None where planning did not `begin`."""
     if self._start is None:
       return None
     keys = set(keys)
@@ -250,10 +264,13 @@ class PlanningLog:
     )
     self.costs.append(cost)
     n = cost.programs_compiled
+    source = '' if kept_in is None else f' (the plan kept in {kept_in})'
     notices.progress(
-      f'planned in {cost.seconds:.1f} s: {short(plan)}; {n} '
-      f'program{"s" * (n != 1)} compiled, '
-      f"{cost.plan_compile_seconds:.1f} s of it the plan's own"
+      f'planned in {cost.seconds:.1f} s{source}: {short(plan)}: '
+      f'{_size(step.peak_device_bytes)} per device, '
+      f'{_size(step.peak_host_bytes)} host; {n} program{"s" * (n != 1)} '
+      f'compiled, {cost.plan_compile_seconds:.1f} s of it tracing and '
+      f"compiling the chosen plan's {cost.plan_programs}"
     )
     self._start = None
     return cost
