@@ -8,18 +8,26 @@ probes or rules out, with the seconds since planning began
 Python they go to absl's log). On trax's enwik8 Reformer under a 16 GiB
 budget, each line here wrapped::
 
-    planning: 0.8 s  whole model in one program, 1 batch slice and the
-      plans of its kind: ruled out, need at least 127.6 GiB of 16.0 GiB
-    planning: 2.1 s  segments of 1, 1 batch slice, copy-back 8, prefetch:
-      compiled backward layer 39 (ReversibleHalfResidualDecoderFF) first
-    planning: 2.1 s  segments of 1, 1 batch slice, copy-back 8, prefetch:
-      ruled out, needs at least 40.4 GiB of 16.0 GiB
-    planning: 2.7 s  segments of 1, 8 batch slices, copy-back 0, saved on
-      the host: compiling 9 programs
-    planning: 10.4 s  segments of 1, 8 batch slices, copy-back 0, saved on
-      the host: 13.1 GiB per device, 14.1 GiB host
-    planned in 10.9 s: segments of 1, 8 batch slices, copy-back 8,
-      prefetch; 10 programs compiled, 7.7 s of it the plan's own
+    planning: 1.0 s  whole model in one program, 1 batch slice (and its
+      like with more batch slices or micro-batches): ruled out, needs at
+      least 127.6 GiB, over the budget of 16.0 GiB
+    planning: 2.3 s  segments of 1, 1 batch slice, n_async_layers=8,
+      prefetch: compiled the program of its largest call first, backward
+      layer 39 (ReversibleHalfResidualDecoderFF)
+    planning: 2.4 s  segments of 1, 1 batch slice, n_async_layers=8,
+      prefetch: ruled out, needs at least 40.4 GiB, over the budget of
+      16.0 GiB
+    planning: 2.4 s  segments of 1, 2 batch slices, n_async_layers=0, saved
+      inputs on the host (and its like with more batch slices or
+      micro-batches): ruled out, needs at least 24.1 GiB, over the budget
+      of 16.0 GiB
+    planning: 3.3 s  segments of 1, 8 batch slices, n_async_layers=0, saved
+      inputs on the host: compiling 9 programs
+    planning: 11.0 s  segments of 1, 8 batch slices, n_async_layers=0,
+      saved inputs on the host: 13.1 GiB per device, 14.1 GiB host
+    planned in 11.2 s: segments of 1, 8 batch slices, n_async_layers=8,
+      prefetch: 13.4 GiB per device, 14.3 GiB host; 10 programs compiled,
+      8.1 s of it tracing and compiling the chosen plan's 9
 
 and keeps what planning cost (`PlanningCost`), which the run's summary,
 `run_stats.json` and `estimate --json` report.
