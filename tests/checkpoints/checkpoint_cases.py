@@ -55,14 +55,25 @@ def model():
   )
 
 
-def make_loop(output_dir, evals=False, eval_stream=None, model_fn=model):
+def make_loop(
+  output_dir,
+  evals=False,
+  eval_stream=None,
+  model_fn=model,
+  memory_efficient=True,
+):
   trax_revplus.activate()
   # As in a fresh process; trax's count_and_skip makes the stream resumable
   # from the data counters a checkpoint restores.
   trax_inputs.data_counters = {}
   stream = trax_inputs.count_and_skip(batches(), 'test_checkpoints')
   task = training.TrainTask(
-    stream, tl.CrossEntropyLoss(), optimizers.Adam, n_steps_per_checkpoint=3
+    stream,
+    tl.CrossEntropyLoss(),
+    # trax's memory-efficient Loop builds one optimizer per layer from the
+    # class; its default Trainer takes an instance.
+    optimizers.Adam if memory_efficient else optimizers.Adam(),
+    n_steps_per_checkpoint=3,
   )
   # With evals, trax evaluates at its checkpoint steps (1, 3, 6), after it
   # saves, and each eval batch takes a key from the Loop's RNG (and a batch
@@ -82,7 +93,7 @@ def make_loop(output_dir, evals=False, eval_stream=None, model_fn=model):
     eval_tasks=eval_tasks,
     output_dir=str(output_dir),
     random_seed=0,
-    use_memory_efficient_trainer=True,
+    use_memory_efficient_trainer=memory_efficient,
   )
 
 

@@ -694,3 +694,29 @@ def test_a_signal_ends_any_command_in_one_line(
   )
   assert not out
   assert after == (signal.SIG_IGN if ignored_before else previous)
+
+
+def test_warnings_on_the_terminal_are_the_commands_own_lines(tmp_path, capsys):
+  # absl's warnings (e.g. a checkpoint's) and Python's alike, one line each.
+  import warnings  # pylint: disable=g-import-not-at-top
+
+  from absl import logging  # pylint: disable=g-import-not-at-top
+
+  from trax_revplus.cli import run_log  # pylint: disable=g-import-not-at-top
+
+  with run_log.run_logging(str(tmp_path), ''):
+    logging.warning(
+      'checkpoint %s is damaged;\n  loading the previous set', 'X'
+    )
+    warnings.warn('a new problem', RuntimeWarning, stacklevel=1)
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err[0] == (
+    'trax-revplus train: warning: checkpoint X is damaged; loading the '
+    'previous set'
+  )
+  assert err[1].startswith(
+    'trax-revplus train: warning: RuntimeWarning: a new problem ('
+  )
+  assert len(err) == 2
+  logged = (tmp_path / 'train.log').read_text()
+  assert 'checkpoint X is damaged' in logged and 'a new problem' in logged

@@ -100,3 +100,52 @@ def test_cheapest_config_trains_to_a_lower_loss(tmp_path, capsys):
   evals = _eval_losses(output_dir)  # at steps 1 and 10
   assert len(evals) == 2 and evals[1] < evals[0], evals
   assert '== summary ==' in out
+
+
+def _flat_state(loop):
+  from trax import fastmath  # pylint: disable=g-import-not-at-top
+
+  return [np.asarray(s) for s in fastmath.tree_flatten(loop.model.state)]
+
+
+@pytest.mark.slow
+def test_a_terraformer_compiles_at_step_1_only_and_resumes_its_state(tmp_path):
+  # trax's ConfigurableTerraformer returns its ConcatWithPadding layers'
+  # state in another shape than it initializes it.
+  from trax.supervised import trainer_lib  # pylint: disable=g-import-not-at-top
+
+  from trax_revplus.progress.compiles import CompileCounter  # pylint: disable=g-import-not-at-top
+  from trax_revplus.trax_door import loop as loop_door  # pylint: disable=g-import-not-at-top
+
+  cli.parse_configs([_cpu_config('terraformer_copy')], [])
+  output_dir = str(tmp_path / 'run')
+  CompileCounter.snapshot()  # Listens from now on.
+  trained = trainer_lib.train(output_dir, steps=1)
+  initial_shapes = [x.shape for x in _flat_state(trained)]
+  # What each step compiles (trax's Loop adds the losses up between steps,
+  # and compiles that addition once of its own).
+  compiled_in_steps = []
+
+  def counted(run_one_step):
+    def run(*args, **kwargs):
+      before = CompileCounter.snapshot()[0]
+      result = run_one_step(*args, **kwargs)
+      compiled_in_steps.extend(CompileCounter.names_since(before))
+      return result
+
+    return run
+
+  loop_door.wrap_run_one_step(trained, counted)
+  trained.run(2)  # Steps 2 and 3: no eval, no new shapes.
+  assert compiled_in_steps == []
+  trained.save_checkpoint('model')
+  saved = _flat_state(trained)
+  assert [x.shape for x in saved] == initial_shapes
+  # A Loop on the same output dir loads step 3 and has nothing to run.
+  resumed = trainer_lib.train(output_dir, steps=3)
+  assert resumed.step == 3
+  loaded = _flat_state(resumed)
+  assert len(loaded) == len(saved)
+  for x, y in zip(saved, loaded):
+    assert x.dtype == y.dtype
+    np.testing.assert_array_equal(x, y)

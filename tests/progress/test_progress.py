@@ -44,7 +44,13 @@ def _batches(lengths, shapes=None):
 
 
 def _run(
-  lengths, n_steps, mode, eval_every_step=False, shapes=None, revplus=True
+  lengths,
+  n_steps,
+  mode,
+  eval_every_step=False,
+  shapes=None,
+  revplus=True,
+  model_fn=reversible_lm,
 ):
   if mode and revplus:
     trax_revplus.activate()
@@ -66,7 +72,7 @@ def _run(
     )
   stream = io.StringIO()
   loop = training.Loop(
-    reversible_lm(),
+    model_fn(),
     [task],
     random_seed=0,
     use_memory_efficient_trainer=mode,
@@ -116,6 +122,43 @@ def test_stock_step_2_compile_names_the_weights_placement():
     '; same batch shapes as step 1, but the trainer handed its '
     'weights over as arrays committed to a device at step 1 and as '
     'host numpy arrays now'
+  ) in notices[0], notices[0]
+
+
+class _ReshapesItsState(tl.Layer):
+  """As trax's `ConcatWithPadding`: an int32 scalar state, returned with
+  shape (1,)."""
+
+  def init_weights_and_state(self, input_signature):
+    del input_signature
+    self.state = np.zeros((), np.int32)
+
+  def forward(self, inputs):
+    self.state = self.state.reshape((1,))
+    return inputs
+
+
+@pytest.mark.parametrize('mode', [False, True], ids=['default', 'mode1'])
+def test_a_state_that_changes_shape_is_named_at_its_compile(mode):
+  """trax's default `Trainer` hands a layer's state on as the layer
+  returns it, and compiles again at step 2; trax_revplus's trainer keeps
+  the state's shape and compiles nothing then."""
+
+  def model_fn():
+    return tl.Serial(_ReshapesItsState(), reversible_lm())
+
+  _, printer, lines = _run([4], 3, mode, model_fn=model_fn)
+  compiled = printer.run_stats()['compiled_programs']
+  notices = [line for line in lines if 'compiled in this step' in line]
+  if mode:
+    assert not any(compiled[1:]) and not notices, (compiled, lines)
+    return
+  assert compiled[1] and not compiled[2], compiled
+  assert len(notices) == 1 and notices[0].startswith('step 2: '), lines
+  assert (
+    '; same batch shapes as step 1, but the state of _ReshapesItsState at '
+    '[0][0] is int32[1] now and was int32[] at step 1: a layer returned '
+    'its state in another shape than it was handed'
   ) in notices[0], notices[0]
 
 

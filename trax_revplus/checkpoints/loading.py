@@ -47,7 +47,11 @@ def _load_verified(
   """stock `load_checkpoint` of a set; errors named as checkpoint errors."""
   pkl = os.path.join(directory, basename + '.pkl.gz')
   try:
-    with model_state.own_structure(loop):
+    with (
+      model_state.own_structure(loop),
+      model_state.train_state_kept(loop),
+      model_state.fitted_shapes(loop) as fitting,
+    ):
       stock_load_checkpoint(loop, directory, basename)
   except (IndexError, ValueError, KeyError) as e:
     detail = f': {e}' if str(e) else ''
@@ -75,6 +79,41 @@ def _load_verified(
       basename,
       problem,
     ) from None
+  _report_fitting(fitting, pkl, step)
+
+
+def _report_fitting(fitting: model_state.Fitting, pkl: str, step: Any) -> None:
+  """One warning line for the arrays loaded reshaped, one for a state that
+  did not fit (trax then loaded the weights and slots only)."""
+  if fitting.reshaped:
+    name, there, here = fitting.reshaped[0]
+    more = len(fitting.reshaped) - 1
+    others = (
+      f' and {more} more array{"s" if more > 1 else ""} alike' if more else ''
+    )
+    logging.warning(
+      'checkpoint %s (step %s): %s is %s there and %s in this model (the '
+      'same values, an axis of size 1 apart, as trax layers that reshape '
+      'their state at their first call write it)%s: loaded reshaped.',
+      pkl,
+      step,
+      name,
+      there,
+      here,
+      others,
+    )
+  if fitting.not_fitting is not None:
+    name, there, here = fitting.not_fitting
+    logging.warning(
+      'checkpoint %s (step %s): %s is %s there and %s in this model: '
+      "loaded the weights and optimizer slots, the layers' state starts "
+      'afresh (it holds per-batch values, e.g. after a change of batch size).',
+      pkl,
+      step,
+      name,
+      there,
+      here,
+    )
 
 
 def _restore_extras(

@@ -221,7 +221,9 @@ def run(flags: argparse.Namespace) -> int:
   # A setting the budget's plan replaces is one warning line (`notices`).
   with (
     noise.route_warnings(
-      std_logging.NullHandler(), std_logging.StreamHandler(sys.stderr)
+      std_logging.NullHandler(),
+      std_logging.StreamHandler(sys.stderr),
+      noise.CommandLine(COMMAND, python_warning=True),
     ),
     notices.listening(_print_notice),
     notices.showing_progress(_print_progress),

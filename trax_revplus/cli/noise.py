@@ -21,6 +21,8 @@ import sys
 import threading
 from typing import Iterator, TextIO
 
+from trax_revplus.cli import messages
+
 
 @dataclasses.dataclass(frozen=True)
 class KnownNoise:
@@ -114,26 +116,57 @@ class DropKnownNoise(std_logging.Filter):
     return not is_known_noise(record.getMessage())
 
 
-class OneLineWarning(std_logging.Formatter):
-  """Formats a captured Python warning as one line.
+def one_line_warning(record: std_logging.LogRecord) -> str:
+  """A captured Python warning as one line, `Category: message (path:line)`.
 
   `warnings.formatwarning` gives `path:line: Category: message` and then
-  the source line; the terminal gets `warning: Category: message (path:line)`.
+  the source line.
   """
+  text = record.getMessage().strip().splitlines()
+  first = text[0] if text else ''
+  match = re.match(r'^(.*?):(\d+): (\w+): (.*)$', first)
+  if match:
+    path, line, category, message = match.groups()
+    return f'{category}: {message} ({path}:{line})'
+  return first
+
+
+class OneLineWarning(std_logging.Formatter):
+  """Formats a captured Python warning as `warning: ` and one line
+  (`one_line_warning`)."""
 
   def format(self, record: std_logging.LogRecord) -> str:
-    text = record.getMessage().strip().splitlines()
-    first = text[0] if text else ''
-    match = re.match(r'^(.*?):(\d+): (\w+): (.*)$', first)
-    if match:
-      path, line, category, message = match.groups()
-      return f'warning: {category}: {message} ({path}:{line})'
-    return f'warning: {first}'
+    return f'warning: {one_line_warning(record)}'
+
+
+class CommandLine(std_logging.Formatter):
+  """A record on the terminal as the command's own line, one line:
+  `trax-revplus <command>: warning: <message>` (`error:` at ERROR and
+  above); a captured Python warning's message as `one_line_warning` puts
+  it."""
+
+  def __init__(self, command: str, python_warning: bool = False):
+    """Args:
+    command: str, the command's name, e.g. 'train'.
+    python_warning: bool, the records are captured Python warnings.
+    """
+    super().__init__()
+    self._command = command
+    self._python_warning = python_warning
+
+  def format(self, record: std_logging.LogRecord) -> str:
+    if self._python_warning:
+      return messages.warning_line(self._command, one_line_warning(record))
+    if record.levelno >= std_logging.ERROR:
+      return messages.error_line(self._command, record.getMessage())
+    return messages.warning_line(self._command, record.getMessage())
 
 
 @contextlib.contextmanager
 def route_warnings(
-  log_handler: std_logging.Handler, terminal: std_logging.Handler
+  log_handler: std_logging.Handler,
+  terminal: std_logging.Handler,
+  formatter: std_logging.Formatter | None = None,
 ) -> Iterator[None]:
   """Routes Python warnings to `log_handler`, and the unknown to `terminal`.
 
@@ -146,9 +179,10 @@ def route_warnings(
     log_handler: e.g. the handler writing train.log.
     terminal: a handler writing to stderr, for this logger alone (its filter
       and formatter are set here).
+    formatter: the terminal's one-line format; `OneLineWarning` if None.
   """
   terminal.addFilter(DropKnownNoise())
-  terminal.setFormatter(OneLineWarning())
+  terminal.setFormatter(formatter or OneLineWarning())
   logger = std_logging.getLogger('py.warnings')
   saved = (logger.propagate, logger.level)
   logger.propagate = False

@@ -107,12 +107,15 @@ def run_logging(
   to_stderr = std_logging.StreamHandler(sys.stderr)
   to_stderr.setLevel(std_logging.WARNING)
   to_stderr.addFilter(noise.DropKnownNoise())
-  for handler in (to_file, to_stderr):
-    python_formatter = logging.PythonFormatter()
+  formatters: tuple[std_logging.Formatter, std_logging.Formatter] = (
+    logging.PythonFormatter(),
+    noise.CommandLine(_COMMAND),
+  )
+  for handler, formatter in zip((to_file, to_stderr), formatters):
     handler.setFormatter(
-      python_formatter
+      formatter
       if process is None
-      else processes.ProcessFormatter(python_formatter, process)
+      else processes.ProcessFormatter(formatter, process)
     )
     absl_logger.addHandler(handler)
   # trax logs every metric at INFO; keep those out of the terminal (where
@@ -127,7 +130,11 @@ def run_logging(
     for warning in warnings:  # Shown on the terminal already.
       logging.info('warning: %s', warning)
     with (
-      noise.route_warnings(to_file, warnings_to_stderr),
+      noise.route_warnings(
+        to_file,
+        warnings_to_stderr,
+        noise.CommandLine(_COMMAND, python_warning=True),
+      ),
       ThreadErrors(),
       notices.listening(_print_notice if not process else _drop),
       notices.showing_progress(_print_progress if not process else _drop),

@@ -12,11 +12,17 @@ step 2 on; stock trax's `ReversibleSerialTrainer` gets them as the
 committed arrays its initializers returned at step 1 and as the host numpy
 copies it makes after each update (`np.asarray`) from step 2 on.
 
+A layer's state that changes shape between steps compiles again too:
+trax's `ConcatWithPadding` layers (in every `ConfigurableTerraformer`)
+initialize an int32 scalar and return it with shape (1,), so trax's default
+`Trainer` and stock's `ReversibleSerialTrainer` compile again at step 2
+(trax_revplus's trainer keeps each state leaf's shape, `state_shapes`).
+
 `StepInputs` records per step the batch's shapes and dtypes (observed on
-the Loop's training tasks' `next_batch`) and how the trainer's weights and
-optimizer slots are placed when the step begins, so that a step that
-compiles can be explained by what changed since the step before, rather
-than by a guess.
+the Loop's training tasks' `next_batch`), how the trainer's weights and
+optimizer slots are placed, and the shapes and dtypes of its layers'
+state when the step begins, so that a step that compiles can be explained
+by what changed since the step before, rather than by a guess.
 """
 
 from typing import Any, Callable
@@ -24,6 +30,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from trax_revplus import state_shapes
 from trax_revplus.trax_door import loop as loop_door
 from trax_revplus.trax_door import trainers as trainer_door
 
@@ -70,6 +77,46 @@ def trainer_arrays(trainer: Any) -> Any:
   return None
 
 
+def trainer_state(trainer: Any) -> list[tuple[str, str]] | None:
+  """(name, 'dtype[shape]') of each leaf of the state `trainer` hands its
+  step programs: trax's default `Trainer`'s model state, a
+  memory-efficient trainer's layers' states; None for another trainer."""
+  if hasattr(trainer, 'accelerated_model_with_loss'):  # trax's Trainer
+    model = trainer.accelerated_model_with_loss
+    leaves = state_shapes.named_leaves(model, model.state)
+  else:
+    layers = getattr(trainer, 'all_layers', None)
+    if layers is None:
+      return None
+    leaves = state_shapes.named_leaves(
+      list(layers), [layer.state for layer in layers]
+    )
+  return [(name, state_shapes.signature(x)) for name, x in leaves]
+
+
+def _state_change(now: list, before: list, prev: int) -> str | None:
+  """'the state of NAME is SIG now and was SIG at step PREV' for the first
+  leaf that changed, with a count of the others; None where none did."""
+  if len(now) != len(before):
+    return (
+      f'the state has {len(now)} arrays now and had {len(before)} at step '
+      f'{prev}'
+    )
+  changed = [
+    (name, sig, old) for (name, sig), (_, old) in zip(now, before) if sig != old
+  ]
+  if not changed:
+    return None
+  name, sig, old = changed[0]
+  more = len(changed) - 1
+  others = (
+    f' (and {more} more state array{"s" if more > 1 else ""})' if more else ''
+  )
+  return (
+    f'the state of {name} is {sig} now and was {old} at step {prev}{others}'
+  )
+
+
 class StepInputs:
   """Batch signature and weight placement of each step of one Loop."""
 
@@ -100,6 +147,7 @@ class StepInputs:
     self._records[step] = {
       'batch': None,
       'placement': None if arrays is None else placement(arrays),
+      'state': trainer_state(trainers[0]),
     }
     self._step = step
     for old in [s for s in self._records if s < step - 1]:
@@ -119,6 +167,13 @@ class StepInputs:
         f'{", ".join(before["batch"] or ("?",))})'
       )
     same = f'same batch shapes as step {prev}'
+    if now['state'] is not None and before['state'] is not None:
+      change = _state_change(now['state'], before['state'], prev)
+      if change is not None:
+        return (
+          f'{same}, but {change}: a layer returned its state in another '
+          f'shape than it was handed'
+        )
     if (
       now['placement'] is not None
       and before['placement'] is not None
@@ -130,4 +185,4 @@ class StepInputs:
         f'{now["placement"]} now, and JAX compiles a separate program '
         f'for each placement'
       )
-    return f'{same}; the weights placed as then'
+    return f'{same}; the weights placed and the state shaped as then'

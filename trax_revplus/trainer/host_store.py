@@ -18,6 +18,7 @@ from trax.optimizers import base as optimizer_base
 
 from trax_revplus import memory
 from trax_revplus import placement as placement_lib
+from trax_revplus import state_shapes
 from trax_revplus import validation
 from trax_revplus.trainer import init
 from trax_revplus.trainer import ties as ties_lib
@@ -169,11 +170,15 @@ class LayerStore:
     """Sets layer i's weights and state and its optimizer's slots."""
     self.layers[i].weights = weights
     self.optimizers[i].slots = slots
-    self.layers[i].state = state
+    self.set_state(i, state)
 
   def set_state(self, i: int, state: PyTree) -> None:
-    """Sets layer i's state alone."""
-    self.layers[i].state = state
+    """Sets layer i's state alone, in the shapes the layer holds it in
+    (`state_shapes.conformed`: a trax layer that returns its state with an
+    axis of size 1 more or less than it initialized it would otherwise hand
+    every program a new argument shape at the next step)."""
+    layer = self.layers[i]
+    layer.state = state_shapes.conformed(state, layer.state)
 
   def trax_optimizers(
     self,

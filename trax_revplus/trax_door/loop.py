@@ -10,7 +10,9 @@ reads a Loop's attributes before it imports trax's modules itself.
 import contextlib
 from typing import Any, Callable, Iterator, Sequence
 
+from trax_revplus import trax_import
 from trax_revplus.trax_door.registry import ATTRIBUTE
+from trax_revplus.trax_door.registry import FUNCTION
 from trax_revplus.trax_door.registry import METHOD
 from trax_revplus.trax_door.registry import uses
 
@@ -208,3 +210,48 @@ def wrap_init_trainer(
 def unwrap_init_trainer(loop: Any) -> None:
   """Undoes `wrap_init_trainer`: the class's `_init_trainer` again."""
   del loop._init_trainer  # pylint: disable=protected-access
+
+
+TRAINING = 'trax.supervised.training'
+
+
+@uses(
+  TRAINING,
+  '_match_by_shape',
+  FUNCTION,
+  '`Loop.load_checkpoint` calls it by its module-level name with (the '
+  "model's flat arrays, the checkpoint's) for the slots, the weights and "
+  'the state; it returns the arrays to load and raises IndexError where '
+  'the checkpoint holds arrays it could not place',
+  parameters=('full', 'partial'),
+)
+@uses(
+  TRAINING,
+  '_log',
+  FUNCTION,
+  '`Loop.load_checkpoint` reports through it by its module-level name, '
+  'printing on stdout unless stdout=False',
+  parameters=('s', 'stdout'),
+)
+@contextlib.contextmanager
+def checkpoint_loading_through(
+  match_by_shape: Callable[[list, list], list],
+) -> Iterator[None]:
+  """Meanwhile, trax's `Loop.load_checkpoint` matches the checkpoint's
+  arrays to the model's with `match_by_shape(full, partial)` instead of its
+  `_match_by_shape`, and its report lines go to absl's log only (the
+  caller says what happened, in its own lines)."""
+  training = trax_import.module('trax.supervised.training')
+  saved = (training._match_by_shape, training._log)  # pylint: disable=protected-access
+  stock_log = saved[1]
+
+  def log_only(s, stdout=True):
+    del stdout
+    stock_log(s, stdout=False)
+
+  training._match_by_shape = match_by_shape  # pylint: disable=protected-access
+  training._log = log_only  # pylint: disable=protected-access
+  try:
+    yield
+  finally:
+    training._match_by_shape, training._log = saved  # pylint: disable=protected-access
