@@ -41,11 +41,25 @@ def test_readme_is_a_short_guide():
 
 
 def test_readme_test_command_is_the_one_ci_runs():
+  """.ci/run runs the README's test command: each of its steps (joined by
+  `&&` there) a line of its own, in order, with only comments and the
+  lines that time its parts (`part NAME`) between them; under `set -e`, a
+  failing step ends the run as it ends the README's command."""
   ci = _read(os.path.join(_REPO, '.ci', 'run'))
+  assert '\nset -euo pipefail\n' in ci
   command = next(
-    line for line in ci.splitlines() if line.startswith('python3 -m venv')
+    c for c in _shell_commands(_read(_README)) if ' -m pytest ' in c
   )
-  assert f'```sh\n{command}\n```' in _read(_README)
+  steps = command.split(' && ')
+  assert steps[0].startswith('python3 -m venv ') and len(steps) == 3
+  lines = [line.strip() for line in ci.splitlines()]
+  assert steps[0] in lines
+  run = [
+    line
+    for line in lines[lines.index(steps[0]) :]
+    if line and not line.startswith(('#', 'part '))
+  ]
+  assert run[: len(steps)] == steps
 
 
 # What the README's set-up command installs in .venv/bin: a command that
