@@ -13,15 +13,14 @@ a 1-layer model), too long for the test suite:
      terminal shows the launcher's line and nothing of process 0 after the
      failure (no start-up chatter, no JAX abort); process 0 stops on
      SIGTERM within the grace (ends with 143, not SIGKILL).
-  4. `train` of the stock twin (gin_configs/reformer_char_lm_stock.gin), 3
-     steps: exit 0, no traceback and no third-party warning on the
-     terminal; a line per step, the summary's steps, final eval loss (step
-     2) and checkpoint (step 3) rows; model.weights.npy.gz and a non-empty
-     train.log; stock trax's trainer and reversible layers. (The suite
-     trains it in its own process, tests/cli/test_cli_runs.py.)
-  5. `train` with an unknown binding in a fresh process: exit status 2, one
-     line naming it, no traceback, no output dir made. (The suite checks
-     the same error in its own process, tests/cli/test_cli.py.)
+
+The suite covers the rest of the command's ends: the stock twin's training
+through `train` (tests/cli/test_cli_runs.py::
+test_stock_config_trains_through_the_cli, and the main job's in a fresh
+process there), a mistake in a binding (tests/cli/test_cli.py,
+tests/cli/test_config_errors.py) and one line from a fresh `train` process
+after it imported trax and parsed its config (tests/cli/
+test_busy_device.py).
 
 Prints one PASS or FAIL line per check; exit status 0 when all pass, 1
 otherwise.
@@ -44,11 +43,9 @@ import time
 import psutil
 
 from smoke_checks import Checks
-from trax_revplus.cli.summary import summary_rows
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CONFIG = os.path.join(_REPO, 'gin_configs', 'reformer_char_lm.gin')
-_STOCK = os.path.join(_REPO, 'gin_configs', 'reformer_char_lm_stock.gin')
 _TINY = [
   'train.steps = 2000',
   'train.eval_frequency = 1000',
@@ -245,105 +242,6 @@ def _process_killed_at_start(checks, work):
   )
 
 
-def _stock_trains(checks, work):
-  """The stock twin trains 3 steps through `train`, as a user runs it."""
-  from trax_revplus.cli import noise  # pylint: disable=g-import-not-at-top
-
-  output_dir = os.path.join(work, 'stock')
-  bindings = ['train.steps = 3', 'train.eval_frequency = 2'] + [
-    b
-    for b in _TINY
-    if not b.startswith(('train.steps', 'train.eval_frequency'))
-  ]
-  proc = subprocess.run(
-    _CLI + ['train'] + _train_flags(output_dir, _STOCK, bindings),
-    capture_output=True,
-    text=True,
-    cwd=_REPO,
-    check=False,
-  )
-  if not checks.check(
-    'stock: train exits 0', proc.returncode == 0, f'status {proc.returncode}'
-  ):
-    print(proc.stderr[-3000:], file=sys.stderr)
-    return
-  checks.check(
-    'stock: no traceback on the terminal', 'Traceback' not in proc.stderr
-  )
-  # No third-party warning reaches the terminal; train.log has them.
-  loud = [
-    l
-    for l in proc.stderr.splitlines()
-    if noise.is_known_noise(l) or 'Warning:' in l
-  ]
-  checks.check(
-    'stock: no third-party warning on the terminal', not loud, str(loud[:3])
-  )
-  checks.check(
-    'stock: a line per step',
-    all(f'step {step}/3  loss ' in proc.stdout for step in (1, 2, 3)),
-    proc.stdout[-2000:],
-  )
-  rows = summary_rows(proc.stdout)
-  checkpoint = os.path.join(output_dir, 'model.pkl.gz')
-  checks.check(
-    "stock: the summary's steps, final eval loss and checkpoint",
-    rows.get('steps', '').startswith('3 ')
-    and rows.get('final eval loss', '').endswith('(step 2)')
-    and rows.get('checkpoint') == f'{checkpoint} (step 3)',
-    str(rows),
-  )
-  log = os.path.join(output_dir, 'train.log')
-  checks.check(
-    'stock: the weights file and a non-empty train.log',
-    os.path.exists(os.path.join(output_dir, 'model.weights.npy.gz'))
-    and os.path.exists(log)
-    and os.path.getsize(log) > 0,
-  )
-  layers = rows.get('reversible layers', '')
-  checks.check(
-    "stock: stock trax's trainer and reversible layers",
-    rows.get('trainer') == 'trax.optimizers.trainer.ReversibleSerialTrainer'
-    and 'trax_revplus' not in layers
-    and 'trax.layers.reversible.ReversibleHalfResidual x2' in layers,
-    f'{rows.get("trainer")}; {layers}',
-  )
-
-
-def _unknown_binding(checks, work):
-  """An unknown binding in a fresh process: one line, exit status 2."""
-  output_dir = os.path.join(work, 'unknown', 'out')
-  proc = subprocess.run(
-    _CLI
-    + [
-      'train',
-      f'--config_file={_STOCK}',
-      '--config=train.no_such_setting = 3',
-      f'--output_dir={output_dir}',
-    ],
-    capture_output=True,
-    text=True,
-    cwd=_REPO,
-    check=False,
-  )
-  checks.check(
-    'unknown binding: exit status 2',
-    proc.returncode == 2,
-    f'status {proc.returncode}',
-  )
-  lines = proc.stderr.strip().splitlines()
-  checks.check(
-    'unknown binding: one line naming it, no traceback',
-    len(lines) == 1
-    and 'no_such_setting' in lines[0]
-    and 'Traceback' not in proc.stderr,
-    proc.stderr[-3000:],
-  )
-  checks.check(
-    'unknown binding: no output dir made', not os.path.exists(output_dir)
-  )
-
-
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--work_dir')
@@ -354,8 +252,6 @@ def main():
   _sigint_to_train(checks, work)
   _sigterm_to_launch(checks, work)
   _process_killed_at_start(checks, work)
-  _stock_trains(checks, work)
-  _unknown_binding(checks, work)
   print(
     f'{"FAIL" if checks.failed else "PASS"} cli_smoke: '
     f'{len(checks.failed)} check(s) failed',

@@ -25,7 +25,9 @@ per further run.
 
 Exit status 0 when, for every config, each trax_revplus run trained (its
 loss over the last quarter of the steps below that over the first quarter,
-its last eval loss below its first), each run that finished saved its
+its last eval loss below its first), each run of compare that finished
+trained with its own memory-efficient trainer (trax_revplus's, stock
+trax's), each run that finished saved its
 final checkpoint and trax_revplus's loads, did not hit stock's step-1 donation
 failure ("Attempt to donate the same buffer twice"), gave stock's losses
 and final weights within `STOCK_ATOL` where stock ran (the plan chosen
@@ -33,7 +35,7 @@ with no settings gives stock's results on the same RNGs: batch slices
 draw the unsliced dropout masks, attention pairs at a time change only
 float32 summation order), and the budget run planned within stock's peak;
 1 otherwise. Expect a few minutes per config
-on 2 CPU cores; the suite trains the cheapest one
+on 2 CPU cores; the suite parses each of them
 (tests/gin_configs/test_trax_configs.py).
 """
 
@@ -63,6 +65,11 @@ CONFIGS = (
   'terraformer_purelsh_copy',
 )
 DONATION_FAILURE = 'Attempt to donate the same buffer twice'
+# The memory-efficient trainer each run of compare must have trained with.
+TRAINERS = {
+  'trax_revplus': 'trax_revplus.trainer.ReversibleSerialTrainer',
+  'stock': 'trax.optimizers.trainer.ReversibleSerialTrainer',
+}
 # Largest loss and final weight difference from stock after a config's
 # steps: float32 rounding of the same computation in another order stays
 # near 1e-5 (reformer_wmt_ende: 2.8e-5 after 20 steps); the shared
@@ -300,6 +307,8 @@ def _check(name, result):
   for what, run in (('trax_revplus', ours), ('stock', stock)):
     if run['status'] == 'ok':
       problems += _final_checkpoint_problems(what, _log_text(run))
+      if run.get('trainer') != TRAINERS[what]:
+        problems.append(f'{what} trained with {run.get("trainer")}')
   if ours['status'] == 'ok':
     problems += _resume_problems(name, result)
   if stock['status'] == 'ok':

@@ -1,9 +1,9 @@
 """`trax-revplus train` runs of the tiny main job: training through the
 CLI, the checkpoint it saves, and resuming copies of it.
 
-Ours trains in a fresh process (`trax-revplus train`, as a user runs it);
-the stock twin trains in this process through `cli.main`, as the command's
-entry point calls it (tools/cli_smoke.py trains it in a fresh process too).
+Ours trains in a fresh process (`trax-revplus train`, as a user runs it:
+what reaches the terminal from its imports too); the stock twin trains in
+this process through `cli.main`, as the command's entry point calls it.
 """
 
 import collections

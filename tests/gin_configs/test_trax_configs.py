@@ -1,12 +1,13 @@
 """trax's own reversible gin configs (gin_configs/trax/) with trax_revplus.
 
 Each `<name>_cpu.gin` includes trax 1.4.1's `<name>.gin` unchanged and
-shrinks it for a CPU; the cheapest trains here for a few steps. The others
-train, against stock trax, in tools/trax_configs_smoke.py (minutes each).
+shrinks it for a CPU; here each parses, with trax_revplus active. They
+train, against stock trax, in tools/trax_configs_smoke.py (minutes each;
+`.ci/run` runs it): trax_revplus's losses and eval losses fall, each run
+trains with its own trainer and saves its final checkpoint.
 """
 
 import glob
-import json
 import os
 
 import gin
@@ -30,7 +31,6 @@ TRAX_CONFIGS = {
   'terraformer_copy_self_attn': 'ConfigurableTerraformer',
   'terraformer_purelsh_copy': 'ConfigurableTerraformer',
 }
-CHEAPEST = 'reformer_copy'
 
 pytestmark = pytest.mark.usefixtures('stock_trax_and_empty_gin')
 
@@ -66,40 +66,6 @@ def test_cpu_override_keeps_traxs_checkpoint_steps(name):
   # its final checkpoint, whatever they are).
   with open(_cpu_config(name)) as f:
     assert 'checkpoints_at' not in f.read()
-
-
-def _eval_losses(output_dir):
-  with open(os.path.join(output_dir, 'train.log'), errors='replace') as f:
-    return [
-      float(line.rsplit('|', 1)[1])
-      for line in f
-      if ': eval ' in line and ' loss |' in line
-    ]
-
-
-@pytest.mark.slow
-def test_cheapest_config_trains_to_a_lower_loss(tmp_path, capsys):
-  output_dir = str(tmp_path / 'run')
-  code = cli.main(
-    [
-      'trax-revplus',
-      'train',
-      f'--config_file={_cpu_config(CHEAPEST)}',
-      f'--output_dir={output_dir}',
-      '--config=train.steps = 10',
-    ]
-  )
-  out, err = capsys.readouterr()
-  assert code == 0, err
-  with open(os.path.join(output_dir, 'run_stats.json')) as f:
-    stats = json.load(f)
-  assert stats['trainer'] == 'trax_revplus.trainer.ReversibleSerialTrainer'
-  losses = stats['loss']
-  assert len(losses) == 10 and np.all(np.isfinite(losses))
-  assert np.mean(losses[5:]) < np.mean(losses[:5]), losses
-  evals = _eval_losses(output_dir)  # at steps 1 and 10
-  assert len(evals) == 2 and evals[1] < evals[0], evals
-  assert '== summary ==' in out
 
 
 def _flat_state(loop):

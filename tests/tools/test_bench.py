@@ -1,8 +1,9 @@
 """tools/bench: flag errors, trainer specs, tables, and the memory child.
 
-In-process: the benchmark's modules are imported from the checkout. The
-end-to-end run through child processes is in test_bench_processes.py; the
-longer ones in tools/bench_smoke.py.
+In-process: the benchmark's modules are imported from the checkout; the
+peak RSS process through tools/bench.py, with the tests marked slow. The
+entry script from any directory is in test_bench_processes.py; the timing
+processes with real trainers, stepped in turns, in tools/bench_smoke.py.
 """
 
 import json
@@ -163,13 +164,33 @@ def test_a_child_that_exits_without_a_result_is_an_error():
 
 
 @pytest.mark.slow
-def test_memory_child_reports_its_peak_after_each_step(capsys):
-  # In this process: the protocol (a fresh process) is the smoke script's.
-  host_memory.memory_child('l6:ours', quick=True, memory_steps=2)
-  mem = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+def test_memory_process_reports_its_peak_after_each_step(tmp_path):
+  """The benchmark's peak RSS of ours as a user runs it: tools/bench.py,
+  whose memory process (fresh) reports its running peak after each of 3
+  steps."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+
+  proc = subprocess.run(
+    protocol.command(
+      '--quick',
+      '--configs=l6',
+      '--trainers=ours',
+      '--memory_steps=3',
+      '--notiming',
+      f'--out_dir={tmp_path}',
+    ),
+    capture_output=True,
+    text=True,
+    check=False,
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  results = json.loads((tmp_path / 'bench_quick.json').read_text())
+  mem = results['configs']['l6']['memory']['ours']
   peaks = mem['peak_above_baseline_after_step_bytes']
-  assert len(peaks) == len(mem['step_s']) == 2
+  assert len(peaks) == len(mem['step_s']) == 3
   assert peaks == sorted(peaks)  # a running peak never falls
+  assert peaks[0] > 0  # above the baseline from the first step
+  # The process's peak is read after its last step.
   assert peaks[-1] <= mem['peak_above_baseline_bytes']
   assert mem['weights_bytes'] > 0 and mem['slots_bytes'] > 0
   assert mem['peak_rss_bytes'] == (
@@ -329,6 +350,7 @@ def test_on_a_one_chip_host_the_trainers_are_timed_one_at_a_time(
     }
   )
   text = markdown.markdown(summary.summarize(results))
+  assert ' timed | device peak default / stock / ours (MiB) |' in text
   assert (
     '| 0.035 | 0.035 | 0.035 | 1.00 | 1.00 | 1.00 | 0.0 / 0.0 / 0.0 '
     '| 0.0 / 0.0 / 0.0 | one at a time | 5 / 5 / 5 |'

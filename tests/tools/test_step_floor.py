@@ -1,5 +1,8 @@
-"""tools/step_floor.py: the programs it times compute the model's gradient."""
+"""tools/step_floor.py: the programs it times compute the model's gradient,
+and the script prints a row of times per config."""
 
+from absl import flags
+from absl.testing import flagsaver
 import jax
 import numpy as np
 from trax import layers as tl
@@ -69,3 +72,20 @@ def test_the_classes_are_restored_when_tracing_fails(monkeypatch):
   else:
     raise AssertionError('the failure did not propagate')
   assert _classes_and_their_has_backward() == before
+
+
+def test_the_script_prints_a_row_of_times_per_config(capsys):
+  """`python tools/step_floor.py --quick --configs=char --repeats=1`, its
+  flags parsed as the script parses them: one row for char, its times not
+  negative (printed to 0.1 ms: the loss layer's may round to 0 at quick
+  sizes)."""
+  argv = ['step_floor.py', '--quick', '--configs=char', '--repeats=1']
+  with flagsaver.flagsaver():
+    step_floor.main(flags.FLAGS(argv))
+  rows = [
+    line.split('|')[1:-1]
+    for line in capsys.readouterr().out.splitlines()
+    if line.startswith('| char |')
+  ]
+  assert len(rows) == 1, rows
+  assert all(float(cell) >= 0 for cell in rows[0][1:]), rows
