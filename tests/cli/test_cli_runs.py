@@ -102,13 +102,27 @@ def _check_trained(result, output_dir):
   return rows
 
 
+@pytest.mark.parametrize(
+  'config, flags',
+  [(STOCK, []), (MAIN, ['--implementation=stock'])],
+  ids=['stock_config', 'implementation_stock'],
+)
 def test_stock_config_trains_through_the_cli(
-  tmp_path, capsys, stock_trax_and_empty_gin
+  tmp_path, capsys, stock_trax_and_empty_gin, config, flags
 ):
+  """The stock twin, and the main job with --implementation=stock, whose
+  config's activation line trax's Loop imports again when it saves the
+  operative config, after step 1."""
   del stock_trax_and_empty_gin
   output_dir = str(tmp_path / 'stock')
-  result = _Result(*_main(capsys, *_train_args(STOCK, output_dir)))
+  result = _Result(*_main(capsys, *_train_args(config, output_dir), *flags))
   rows = _check_trained(result, output_dir)
+  # Stock trax throughout: trax_revplus never activated, its checkpoint
+  # set (with a manifest) never written.
+  import trax_revplus  # pylint: disable=g-import-not-at-top
+
+  assert not trax_revplus.is_active()
+  assert not os.path.exists(os.path.join(output_dir, 'model.manifest.json'))
   assert rows['trainer'] == 'trax.optimizers.trainer.ReversibleSerialTrainer'
   assert 'trax_revplus' not in rows['reversible layers']
   assert (
