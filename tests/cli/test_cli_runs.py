@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from trax_revplus import cli
+from trax_revplus import memory
 from trax_revplus.cli import noise
 
 from cli_cases import cli_command
@@ -99,6 +100,14 @@ def _check_trained(result, output_dir):
     stats = json.load(f)
   assert stats['trainer'] == rows['trainer']
   assert stats['reversible_layers'] == rows['reversible layers']
+  # Our trainer's memory log names them alike.
+  log = os.path.join(output_dir, 'memory.jsonl')
+  if os.path.exists(log):
+    start = next(
+      r for r in memory.read_memory_log(log) if r['phase'] == 'start'
+    )
+    assert start['trainer'] == rows['trainer']
+    assert start['reversible_layers'] == rows['reversible layers']
   return rows
 
 

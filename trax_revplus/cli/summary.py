@@ -10,17 +10,19 @@ from trax_revplus.trax_door import loop as loop_door
 def implementations(loop: Any) -> tuple[str, str]:
   """Which classes ran: the trainer and the reversible layers of the model.
 
+  Named by `run_classes`, as run_stats.json and the memory log name them.
+
   Returns:
     (trainer, layers), e.g. 'trax_revplus.trainer.ReversibleSerialTrainer'
     and 'trax_revplus.layers.ReversibleHalfResidual x8, ...' ('none' if the
-    model has no reversible layers).
+    model has no reversible layers; 'n/a' where the Loop has no trainer or
+    model).
   """
   # Here: it imports trax, and `trax-revplus train` reads its flags first.
-  from trax_revplus import progress  # pylint: disable=g-import-not-at-top
+  from trax_revplus import run_classes  # pylint: disable=g-import-not-at-top
 
-  trainers = loop_door.trainers(loop)
-  trainer = progress.qualified_name(type(trainers[0])) if trainers else 'n/a'
-  return trainer, progress.reversible_layers(loop.model)
+  classes = run_classes.of_loop(loop)
+  return classes.trainer or 'n/a', classes.reversible_layers or 'n/a'
 
 
 def trainer_mode(loop: Any) -> str:

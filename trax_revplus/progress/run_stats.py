@@ -5,9 +5,10 @@
 
 
   trainer (str or null): class of the Loop's first trainer, e.g.
-    'trax.optimizers.trainer.ReversibleSerialTrainer'.
+    'trax.optimizers.trainer.ReversibleSerialTrainer'
+    (`run_classes.trainer_name`).
   reversible_layers (str or null): the reversible layers of the Loop's
-    model, by class and count (`reversible_layers`), e.g.
+    model, by class and count (`run_classes.reversible_layers`), e.g.
     'trax_revplus.layers.ReversibleHalfResidual x8, ...'; 'none' for a
     model without any; null when no model was given.
   steps (list of int): the Loop's step numbers run in this process.
@@ -56,44 +57,11 @@ from typing import Any, Sequence
 
 from absl import logging
 import numpy as np
-from trax.layers import reversible
 
 from trax_revplus import memory
+from trax_revplus import run_classes
 
 RUN_STATS_FILENAME = 'run_stats.json'
-
-
-def qualified_name(cls: type) -> str:
-  """'module.QualifiedName' of a class, e.g. of the Loop's trainer."""
-  return f'{cls.__module__}.{cls.__qualname__}'
-
-
-def reversible_layers(model: Any) -> str:
-  """The reversible layers of `model` by class, with their counts.
-
-  Args:
-    model: a trax layer (e.g. the Loop's model).
-
-  Returns:
-    str, e.g. 'trax_revplus.layers.ReversibleHalfResidual x8,
-    trax_revplus.layers.ReversibleSwap x8', classes sorted by name; 'none'
-    when `model` holds no `ReversibleSerial` or `ReversibleHalfResidual`.
-  """
-  counts: dict[str, int] = {}
-
-  def walk(layer):
-    if isinstance(
-      layer, (reversible.ReversibleSerial, reversible.ReversibleHalfResidual)
-    ):
-      name = qualified_name(type(layer))
-      counts[name] = counts.get(name, 0) + 1
-    for sublayer in layer.sublayers:
-      walk(sublayer)
-
-  walk(model)
-  return ', '.join(f'{name} x{n}' for name, n in sorted(counts.items())) or (
-    'none'
-  )
 
 
 def peak_host_rss_bytes() -> int:
@@ -126,10 +94,7 @@ class StepFigures:
     train `model` (the Loop's; None: `reversible_layers` is null)."""
     trainers = list(trainers)
     self._trainers = trainers
-    self._trainer_name = qualified_name(type(trainers[0])) if trainers else None
-    self._reversible_layers = (
-      None if model is None else reversible_layers(model)
-    )
+    self._classes = run_classes.of_trainers_and_model(trainers, model)
     self._counters = [
       c for c in map(_transfer_counter, trainers) if c is not None
     ]
@@ -227,8 +192,8 @@ class StepFigures:
       len(stats['h2d_bytes']) == len(stats['steps'])
     )
     return {
-      'trainer': self._trainer_name,
-      'reversible_layers': self._reversible_layers,
+      'trainer': self._classes.trainer,
+      'reversible_layers': self._classes.reversible_layers,
       'steps': list(stats['steps']),
       'loss': [
         v if v is not None and np.isfinite(v) else None for v in stats['loss']
