@@ -15,8 +15,8 @@ a 1-layer model), too long for the test suite:
      SIGTERM within the grace (ends with 143, not SIGKILL).
   4. `train` of the stock twin (gin_configs/reformer_char_lm_stock.gin), 3
      steps: exit 0, no traceback and no third-party warning on the
-     terminal; a line per step, the summary's steps, final eval loss (step
-     2) and checkpoint (step 3) rows; model.weights.npy.gz and a non-empty
+     terminal; a line per step, the summary's steps, last eval loss (step
+     2 of 3) and checkpoint (step 3) rows; model.weights.npy.gz and a non-empty
      train.log; stock trax's trainer and reversible layers. (The suite
      trains it in its own process, tests/cli/test_cli_runs.py.)
   5. `train` with an unknown binding in a fresh process: exit status 2, one
@@ -287,9 +287,9 @@ def _stock_trains(checks, work):
   rows = summary_rows(proc.stdout)
   checkpoint = os.path.join(output_dir, 'model.pkl.gz')
   checks.check(
-    "stock: the summary's steps, final eval loss and checkpoint",
+    "stock: the summary's steps, last eval loss and checkpoint",
     rows.get('steps', '').startswith('3 ')
-    and rows.get('final eval loss', '').endswith('(step 2)')
+    and rows.get('last eval loss', '').endswith('(step 2 of 3)')
     and rows.get('checkpoint') == f'{checkpoint} (step 3)',
     str(rows),
   )

@@ -90,7 +90,8 @@ def _check_trained(result, output_dir):
     assert f'step {step}/3  loss ' in result.stdout
   rows = _summary(result.stdout)
   assert rows['steps'].startswith('3 ')
-  assert rows['final eval loss'].endswith('(step 2)')
+  # The last eval ran at step 2 (train.eval_frequency) of the run's 3.
+  assert rows['last eval loss'].endswith('(step 2 of 3)')
   checkpoint = os.path.join(output_dir, 'model.pkl.gz')
   assert rows['checkpoint'] == f'{checkpoint} (step 3)'
   assert os.path.exists(os.path.join(output_dir, 'model.weights.npy.gz'))
@@ -100,6 +101,10 @@ def _check_trained(result, output_dir):
     stats = json.load(f)
   assert stats['trainer'] == rows['trainer']
   assert stats['reversible_layers'] == rows['reversible layers']
+  # The summary's train loss is the last step's, as compare shows it.
+  assert rows['train loss, last step'] == (
+    f'{stats["loss"][-1]:.4f} nats (step {stats["steps"][-1]})'
+  )
   # Our trainer's memory log names them alike.
   log = os.path.join(output_dir, 'memory.jsonl')
   if os.path.exists(log):

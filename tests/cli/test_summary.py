@@ -1,5 +1,6 @@
-"""The summary `train` prints at the end of a run: which classes ran, named
-as run_stats.json and the memory log name them, from what the run did.
+"""The summary `train` prints at the end of a run, and `compare`'s table:
+which classes ran and which losses, named alike in both, in run_stats.json
+and in the memory log, from what the run did.
 
 Each test trains a tiny reversible model in this process with trax's Loop
 (4 steps, one eval at step 1, a progress line every 2 steps) and reads the
@@ -19,6 +20,7 @@ from trax import optimizers
 from trax.supervised import training
 
 import trax_revplus
+from trax_revplus import compare
 from trax_revplus import memory
 from trax_revplus import progress
 from trax_revplus.cli import summary as summaries
@@ -144,3 +146,42 @@ def test_trax_default_trainer_is_named_with_the_layers_it_trained(tmp_path):
   )
   assert rows['trainer'] == stats['trainer']
   assert rows['reversible layers'] == stats['reversible_layers']
+
+
+def test_each_loss_row_says_which_steps_it_is_of(tmp_path):
+  loop, printer = _train(tmp_path, True, revplus=False)
+  rows, stats = _summary_rows(loop, printer)
+  assert not [name for name in rows if 'final' in name], rows
+  last_step, last_loss = stats['steps'][-1], stats['loss'][-1]
+  assert last_step == STEPS
+  assert rows['train loss, last step'] == (
+    f'{last_loss:.4f} nats (step {last_step})'
+  )
+  # The last progress line's steps: 3 and 4.
+  mean = np.mean(stats['loss'][2:])
+  assert rows['train loss, mean'] == (
+    f'{mean:.4f} nats (mean of steps 3-{last_step}, as on the last '
+    f'progress line)'
+  )
+  # The one eval ran at step 1 of the 4: not called final.
+  ((eval_step, eval_loss),) = loop.history.get('eval', 'metrics/loss')
+  assert eval_step == 1
+  assert rows['last eval loss'] == (
+    f'{eval_loss:.4f} nats (step {eval_step} of {last_step})'
+  )
+
+  # compare's table shows the same figure under the same name.
+  run = compare.collect_run(
+    'stock', 0, '', str(tmp_path), str(tmp_path / 'stock.log'), 1.0
+  )
+  report = compare.build_report(
+    [], [], STEPS, 0, False, {'stock': run, 'revplus': dict(run)}
+  )
+  table = compare.format_table(report)
+  (row,) = [
+    line for line in table.splitlines() if line.startswith('train loss, ')
+  ]
+  assert row.split('  ')[0] == 'train loss, last step (nats)'
+  assert row.split()[-2:] == [f'{last_loss:.4f}'] * 2
+  assert rows['train loss, last step'].startswith(row.split()[-1] + ' nats')
+  assert f'  reversible layers  {rows["reversible layers"]}' in table

@@ -83,6 +83,11 @@ def _transfer_counter(trainer: Any) -> memory.TransferCounter | None:
   return counter if hasattr(counter, 'snapshot') else None
 
 
+def _finite(loss: float | None) -> float | None:
+  """`loss`, or None where it is None or not finite."""
+  return loss if loss is not None and np.isfinite(loss) else None
+
+
 class StepFigures:
   """Loss, time, compilations, memory and transfers of each step.
 
@@ -173,6 +178,14 @@ class StepFigures:
       stats['h2d_bytes'].append(end[0] - begin[0])
       stats['d2h_bytes'].append(end[1] - begin[1])
 
+  def last_loss(self) -> tuple[int | None, float | None]:
+    """(step, loss) of the last step recorded, the loss as run_stats.json
+    has it (None where not finite); (None, None) before any step."""
+    steps, losses = self._stats['steps'], self._stats['loss']
+    if not steps:
+      return None, None
+    return steps[-1], _finite(losses[-1])
+
   def run_stats(self) -> dict[str, Any]:
     """Returns the per-step figures of this process's steps.
 
@@ -195,9 +208,7 @@ class StepFigures:
       'trainer': self._classes.trainer,
       'reversible_layers': self._classes.reversible_layers,
       'steps': list(stats['steps']),
-      'loss': [
-        v if v is not None and np.isfinite(v) else None for v in stats['loss']
-      ],
+      'loss': [_finite(v) for v in stats['loss']],
       'step_seconds': list(seconds),
       'compiled_programs': list(stats['compiled_programs']),
       'host_rss_bytes': list(stats['host_rss_bytes']),
