@@ -30,6 +30,7 @@ from trax_revplus import checkpoints
 from trax_revplus import compat
 from trax_revplus import evaluation
 from trax_revplus import layers
+from trax_revplus import run_classes
 from trax_revplus import trainer as trainer_lib
 from trax_revplus import validation
 from trax_revplus.trax_door import functions as trax_functions
@@ -81,12 +82,21 @@ def _init_trainer_with_output_dir(loop, task):
   """`training.Loop._init_trainer`, then tells our trainer the Loop's dir.
 
   The memory log needs `Loop.output_dir` to write `memory.jsonl` and
-  TensorBoard scalars; stock `Loop` does not pass it to the trainer.
+  TensorBoard scalars; stock `Loop` does not pass it to the trainer. Its
+  'start' record names the trainer and the Loop's model's reversible layers
+  (`run_classes`), as the summary and run_stats.json do.
   """
   trainer = _stock_init_trainer(loop, task)
   set_output_dir = getattr(trainer, 'set_output_dir', None)
   if set_output_dir is not None:
     set_output_dir(loop.output_dir)
+  memory_log = getattr(trainer, 'memory_log', None)
+  if memory_log is not None:
+    memory_log.set_run_classes(
+      *run_classes.of_trainers_and_model(
+        [trainer], getattr(loop, 'model', None)
+      )
+    )
   return trainer
 
 

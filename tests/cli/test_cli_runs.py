@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from trax_revplus import cli
+from trax_revplus import memory
 from trax_revplus.cli import noise
 
 from cli_cases import cli_command
@@ -89,7 +90,8 @@ def _check_trained(result, output_dir):
     assert f'step {step}/3  loss ' in result.stdout
   rows = _summary(result.stdout)
   assert rows['steps'].startswith('3 ')
-  assert rows['final eval loss'].endswith('(step 2)')
+  # The last eval ran at step 2 (train.eval_frequency) of the run's 3.
+  assert rows['last eval loss'].endswith('(step 2 of 3)')
   checkpoint = os.path.join(output_dir, 'model.pkl.gz')
   assert rows['checkpoint'] == f'{checkpoint} (step 3)'
   assert os.path.exists(os.path.join(output_dir, 'model.weights.npy.gz'))
@@ -99,16 +101,42 @@ def _check_trained(result, output_dir):
     stats = json.load(f)
   assert stats['trainer'] == rows['trainer']
   assert stats['reversible_layers'] == rows['reversible layers']
+  # The summary's train loss is the last step's, as compare shows it.
+  assert rows['train loss, last step'] == (
+    f'{stats["loss"][-1]:.4f} nats (step {stats["steps"][-1]})'
+  )
+  # Our trainer's memory log names them alike.
+  log = os.path.join(output_dir, 'memory.jsonl')
+  if os.path.exists(log):
+    start = next(
+      r for r in memory.read_memory_log(log) if r['phase'] == 'start'
+    )
+    assert start['trainer'] == rows['trainer']
+    assert start['reversible_layers'] == rows['reversible layers']
   return rows
 
 
+@pytest.mark.parametrize(
+  'config, flags',
+  [(STOCK, []), (MAIN, ['--implementation=stock'])],
+  ids=['stock_config', 'implementation_stock'],
+)
 def test_stock_config_trains_through_the_cli(
-  tmp_path, capsys, stock_trax_and_empty_gin
+  tmp_path, capsys, stock_trax_and_empty_gin, config, flags
 ):
+  """The stock twin, and the main job with --implementation=stock, whose
+  config's activation line trax's Loop imports again when it saves the
+  operative config, after step 1."""
   del stock_trax_and_empty_gin
   output_dir = str(tmp_path / 'stock')
-  result = _Result(*_main(capsys, *_train_args(STOCK, output_dir)))
+  result = _Result(*_main(capsys, *_train_args(config, output_dir), *flags))
   rows = _check_trained(result, output_dir)
+  # Stock trax throughout: trax_revplus never activated, its checkpoint
+  # set (with a manifest) never written.
+  import trax_revplus  # pylint: disable=g-import-not-at-top
+
+  assert not trax_revplus.is_active()
+  assert not os.path.exists(os.path.join(output_dir, 'model.manifest.json'))
   assert rows['trainer'] == 'trax.optimizers.trainer.ReversibleSerialTrainer'
   assert 'trax_revplus' not in rows['reversible layers']
   assert (

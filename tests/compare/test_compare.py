@@ -101,3 +101,23 @@ def test_a_run_entry_takes_the_classes_that_ran_from_run_stats(tmp_path):
   assert run['trainer'] == stats['trainer']
   assert run['reversible_layers'] == stats['reversible_layers']
   assert run['stats'] == stats
+
+
+def test_the_train_loss_row_is_the_last_step_s(tmp_path):
+  """The table's train loss is each run's last step's, as its summary's
+  'train loss, last step' row: n/a where that step's loss was not finite,
+  never an earlier step's."""
+  losses = {'stock': [5.5, 5.25, 5.125], 'revplus': [5.5, 5.25, None]}
+  runs = {}
+  for side, loss in losses.items():
+    run_dir = tmp_path / side
+    run_dir.mkdir()
+    stats = {'trainer': None, 'steps': [1, 2, 3], 'loss': loss}
+    (run_dir / 'run_stats.json').write_text(json.dumps(stats))
+    runs[side] = compare.collect_run(
+      side, 0, '', str(run_dir), str(tmp_path / f'{side}.log'), 1.0
+    )
+  table = compare.format_table(compare.build_report([], [], 3, 0, False, runs))
+  (row,) = [line for line in table.splitlines() if 'train loss' in line]
+  assert row.split('  ')[0] == 'train loss, last step (nats)'
+  assert row.split()[-2:] == [f'{losses["stock"][-1]:.4f}', 'n/a']

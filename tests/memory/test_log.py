@@ -477,3 +477,21 @@ def test_peaks_of_records():
     'device_bytes_peak': None,
     'peak_device_bytes': None,
   }
+
+
+def test_the_start_record_names_the_run_s_classes(tmp_path):
+  log = memory.MemoryLog(output_dir=str(tmp_path), tensorboard=False)
+  trainer = 'trax_revplus.trainer.ReversibleSerialTrainer'
+  layers = 'trax_revplus.layers.ReversibleHalfResidual x2'
+  log.set_run_classes(trainer, layers)
+  log.begin_step(1)
+  log.end_step(1)
+  log.close()
+  records = memory.read_memory_log(tmp_path / 'memory.jsonl')
+  assert records[0]['phase'] == 'start'
+  assert (records[0]['trainer'], records[0]['reversible_layers']) == (
+    trainer,
+    layers,
+  )
+  # Only the start record carries them.
+  assert not [r for r in records[1:] if 'trainer' in r]

@@ -106,7 +106,10 @@ def test_losses_are_those_the_loop_records(mode):
   assert lines[0].startswith('step 1  loss ')
   assert f'{np.mean(history[2:4]):.3f}' in lines[-1]
   summary = printer.summary()
-  assert summary['final_train_loss'] == pytest.approx(np.mean(history[2:4]))
+  assert summary['mean_train_loss'] == pytest.approx(np.mean(history[2:4]))
+  assert summary['mean_train_loss_from_step'] == 3
+  assert summary['last_train_loss'] == pytest.approx(history[-1])
+  assert summary['last_train_loss_step'] == 4
 
 
 def test_stock_step_2_compile_names_the_weights_placement():

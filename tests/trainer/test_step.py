@@ -13,6 +13,7 @@ from trax import optimizers
 
 import trainer_cases as cases
 from trax_revplus import memory
+from trax_revplus import run_classes
 from trax_revplus import trainer as rev_trainer
 
 pytestmark = pytest.mark.usefixtures('stock_trax')
@@ -39,6 +40,8 @@ _INIT = [
 _START = [
   'process_index',
   'pid',
+  'trainer',
+  'reversible_layers',
   'process_start_time',
   'host_peak_bytes',
   'host_peak_source',
@@ -128,6 +131,14 @@ def test_records_and_fields_of_each_phase_and_unit(tmp_path):
     (0, names[0], 1),
   ]
   assert [r['layer'] for r in records[:6]] == list(range(6))
+  # Outside a Loop the start record names the trainer and its own layers.
+  start = records[6]
+  assert start['trainer'] == run_classes.qualified_name(type(trainer))
+  assert start['trainer'] == 'trax_revplus.trainer.ReversibleSerialTrainer'
+  assert start['reversible_layers'] == (
+    run_classes.reversible_layers(trainer.all_layers)
+  )
+  assert start['reversible_layers'].endswith('.ReversibleHalfResidual x2')
 
 
 def test_each_phase_counts_the_bytes_it_moves(tmp_path):

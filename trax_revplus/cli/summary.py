@@ -10,17 +10,19 @@ from trax_revplus.trax_door import loop as loop_door
 def implementations(loop: Any) -> tuple[str, str]:
   """Which classes ran: the trainer and the reversible layers of the model.
 
+  Named by `run_classes`, as run_stats.json and the memory log name them.
+
   Returns:
     (trainer, layers), e.g. 'trax_revplus.trainer.ReversibleSerialTrainer'
     and 'trax_revplus.layers.ReversibleHalfResidual x8, ...' ('none' if the
-    model has no reversible layers).
+    model has no reversible layers; 'n/a' where the Loop has no trainer or
+    model).
   """
   # Here: it imports trax, and `trax-revplus train` reads its flags first.
-  from trax_revplus import progress  # pylint: disable=g-import-not-at-top
+  from trax_revplus import run_classes  # pylint: disable=g-import-not-at-top
 
-  trainers = loop_door.trainers(loop)
-  trainer = progress.qualified_name(type(trainers[0])) if trainers else 'n/a'
-  return trainer, progress.reversible_layers(loop.model)
+  classes = run_classes.of_loop(loop)
+  return classes.trainer or 'n/a', classes.reversible_layers or 'n/a'
 
 
 def trainer_mode(loop: Any) -> str:
@@ -44,6 +46,48 @@ def trainer_mode(loop: Any) -> str:
 
 def _loss(value: float | None) -> str:
   return 'n/a' if value is None else f'{value:.4f} nats'
+
+
+def _loss_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+  """The train and eval loss rows, each saying which step(s) it is of.
+
+  'train loss, last step' is the loss the run's last step returned
+  (`run_stats.json`'s last `loss`, as `compare` shows it); 'train loss,
+  mean' the mean over the last progress line's steps, where those are more
+  than one; 'last eval loss' and 'first eval loss' name their step of the
+  run's last, never calling an eval before the last step final.
+  """
+  rows = []
+  last = summary['last_train_loss_step']
+  rows.append(
+    (
+      'train loss, last step',
+      'n/a'
+      if last is None
+      else f'{_loss(summary["last_train_loss"])} (step {last})',
+    )
+  )
+  mean_from = summary['mean_train_loss_from_step']
+  if mean_from is not None and mean_from != summary['last_step']:
+    rows.append(
+      (
+        'train loss, mean',
+        f'{_loss(summary["mean_train_loss"])} (mean of steps '
+        f'{mean_from}-{summary["last_step"]}, as on the last progress line)',
+      )
+    )
+  evals = summary['eval_losses']
+  of = f' of {summary["last_step"]}'
+  if evals:
+    rows.append(
+      ('last eval loss', f'{_loss(evals[-1][1])} (step {evals[-1][0]}{of})')
+    )
+    rows.append(
+      ('first eval loss', f'{_loss(evals[0][1])} (step {evals[0][0]}{of})')
+    )
+  else:
+    rows.append(('last eval loss', 'n/a (no eval ran)'))
+  return rows
 
 
 def _train_time(summary: dict[str, Any]) -> str | None:
@@ -129,26 +173,7 @@ def format_summary(
         f'train.steps = {total_steps}'
       )
     rows.append(('steps', steps + ')'))
-    train_from = summary['final_train_loss_from_step']
-    rows.append(
-      (
-        'final train loss',
-        f'{_loss(summary["final_train_loss"])} '
-        f'(mean of steps {train_from}-{summary["last_step"]})'
-        if train_from is not None
-        else 'n/a',
-      )
-    )
-    evals = summary['eval_losses']
-    if evals:
-      rows.append(
-        ('final eval loss', f'{_loss(evals[-1][1])} (step {evals[-1][0]})')
-      )
-      rows.append(
-        ('first eval loss', f'{_loss(evals[0][1])} (step {evals[0][0]})')
-      )
-    else:
-      rows.append(('final eval loss', 'n/a (no eval ran)'))
+    rows.extend(_loss_rows(summary))
     train_time = _train_time(summary)
     if train_time:
       rows.append(('train time', train_time))

@@ -12,6 +12,7 @@ so that each change to the config it trains lives in one place.
 import copy
 import functools
 import inspect
+import sys
 from typing import Any
 
 import gin
@@ -20,6 +21,9 @@ from trax_revplus import trax_import
 from trax_revplus.cli import build_errors
 from trax_revplus.cli import gin_config
 from trax_revplus.multiprocess import training as processes
+
+# The module a config imports to train with trax_revplus.
+ACTIVATION_MODULE = 'trax_revplus.activate'
 
 
 def select_implementation(implementation: str) -> None:
@@ -35,7 +39,14 @@ def select_implementation(implementation: str) -> None:
   from trax_revplus import swap  # pylint: disable=g-import-not-at-top
 
   if implementation == 'stock':
+    activation = sys.modules.get(ACTIVATION_MODULE)
     swap.deactivate()
+    if activation is not None:
+      # `deactivate` forgets the import, so that parsing the config again
+      # activates again; but trax's Loop imports the config's modules
+      # again itself, when it saves the operative config after step 1
+      # (`Loop._save_gin`): the line stays without effect for the run.
+      sys.modules[ACTIVATION_MODULE] = activation
   elif implementation == 'revplus':
     swap.activate()
 

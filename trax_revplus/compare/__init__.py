@@ -37,7 +37,8 @@ token for cross-entropy):
     output_dir (str), log (str): its output dir and printed output.
     wall_seconds (float): wall time of the whole process (imports included).
     trainer (str or null), reversible_layers (str or null): the classes that
-      ran, from its `run_stats.json`.
+      ran, from its `run_stats.json` (named by `trax_revplus.run_classes`, as
+      its summary and memory log name them).
     memory_log (dict or null): the peaks of its memory log
       (`memory.jsonl`, trax_revplus's trainer only; `memory.peaks`):
       host_peak_bytes (the true peak RSS over the steps, before and after

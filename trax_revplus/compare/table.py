@@ -24,8 +24,10 @@ def _peak(run, log_key, stats_key):
   return _stat(run, stats_key) if stats_key else None
 
 
-def _final_loss(run):
-  losses = [loss for loss in (_stat(run, 'loss') or []) if loss is not None]
+def _last_step_loss(run):
+  """The loss of the run's last step, as its summary's 'train loss, last
+  step' row shows it: run_stats.json's last `loss` (None: not finite)."""
+  losses = _stat(run, 'loss') or []
   return losses[-1] if losses else None
 
 
@@ -100,7 +102,7 @@ def format_table(report: Report) -> str:
   device_note = f', {source.replace("_", " ")}' if source else ''
   metrics = [
     ('steps run', lambda r: len(_stat(r, 'steps') or []) or None, 'int', False),
-    ('final train loss (nats)', _final_loss, 'loss', False),
+    ('train loss, last step (nats)', _last_step_loss, 'loss', False),
     (
       'first step (s, compiles)',
       lambda r: _stat(r, 'first_step_seconds'),

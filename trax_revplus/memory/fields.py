@@ -47,11 +47,14 @@ name; sizes are in bytes, durations in seconds, times in Unix seconds.
     process_index (int): `jax.process_index()` of the writing process.
     pid (int): its operating-system process id.
   'start' also: process_start_time (float, Unix seconds, when the process
-    was created). 'step' also: seconds, h2d_bytes, d2h_bytes of the whole
-    step; host_peak_between_steps_bytes (int, the peak RSS from the
-    previous step's end to this step's begin: evals and checkpoints run
-    there; absent for the first step of a process); recorded (bool, whether
-    the step has phase records).
+    was created); trainer and reversible_layers (str or None, where the
+    trainer names them: the classes the run trains with, as the summary
+    and run_stats.json name them, `trax_revplus.run_classes`).
+  'step' also: seconds, h2d_bytes, d2h_bytes of the whole step;
+    host_peak_between_steps_bytes (int, the peak RSS from the previous
+    step's end to this step's begin: evals and checkpoints run there;
+    absent for the first step of a process); recorded (bool, whether the
+    step has phase records).
 
   From the caller (present when passed; the trainer's fields):
     seconds (float): wall time of the phase.
@@ -114,6 +117,8 @@ FIELD_TYPES = {
   'pid': INT,
   'phase': STR,
   'layer_name': STR,
+  'trainer': STR,
+  'reversible_layers': STR,
   'device_bytes_source': STR,
   'host_peak_source': STR,
 }

@@ -115,6 +115,8 @@ class MemoryLog(LogOutputs):
     self._ended = False
     # {'process_index', 'pid'}, read once.
     self._identity: dict[str, int] | None = None
+    # {'trainer', 'reversible_layers'}: the 'start' record's names.
+    self._run_classes: dict[str, str | None] = {}
     self._sampled_peak = 0  # Largest RSS read since the last step boundary.
     self._failed = set()
     self._fd = None
@@ -122,6 +124,22 @@ class MemoryLog(LogOutputs):
     self._writer = None
     if output_dir is not None:
       self.set_output_dir(output_dir)
+
+  def set_run_classes(
+    self, trainer: str | None, reversible_layers: str | None
+  ) -> None:
+    """Names the classes the run trains with, in the 'start' record.
+
+    Args:
+      trainer: the trainer's class, as `trax_revplus.run_classes` names it
+        (e.g. 'trax_revplus.trainer.ReversibleSerialTrainer'), or None.
+      reversible_layers: the model's reversible layers, as
+        `run_classes.reversible_layers` names them, or None.
+    """
+    self._run_classes = {
+      'trainer': trainer,
+      'reversible_layers': reversible_layers,
+    }
 
   def should_record(self, step: int) -> bool:
     """Returns whether step `step` (int) gets phase records (bool).
@@ -252,6 +270,7 @@ class MemoryLog(LogOutputs):
       'start',
       dict(
         self._identify(),
+        **self._run_classes,
         process_start_time=started,
         host_peak_bytes=host_peak.process_peak_bytes(),
         host_peak_source=(

@@ -20,8 +20,6 @@ from trax_revplus.progress.compiles import CompileCounter
 from trax_revplus.progress.printer import MAX_RECOMPILE_NOTICES
 from trax_revplus.progress.printer import ProgressPrinter
 from trax_revplus.progress.run_stats import peak_host_rss_bytes
-from trax_revplus.progress.run_stats import qualified_name
-from trax_revplus.progress.run_stats import reversible_layers
 from trax_revplus.progress.run_stats import RUN_STATS_FILENAME
 from trax_revplus.progress.run_stats import StepFigures
 
@@ -30,8 +28,6 @@ __all__ = [
   'MAX_RECOMPILE_NOTICES',
   'peak_host_rss_bytes',
   'ProgressPrinter',
-  'qualified_name',
-  'reversible_layers',
   'RUN_STATS_FILENAME',
   'StepFigures',
 ]

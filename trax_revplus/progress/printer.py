@@ -337,10 +337,14 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
           printer began (the build's and evals' too).
         'steps_per_second_without_compiling' (float or None): over the
           other steps.
-        'final_train_loss' (float or None): mean loss of the last printed
-          window, which spans steps 'final_train_loss_from_step' ..
-          'last_step'.
-        'final_train_loss_from_step' (int or None).
+        'last_train_loss' (float or None): the loss the last step of this
+          process returned (`run_stats.json`'s last `loss`; None where not
+          finite), at step 'last_train_loss_step' (int or None: no step
+          ran).
+        'mean_train_loss' (float or None): mean loss of the last printed
+          window (the last progress line's), which spans steps
+          'mean_train_loss_from_step' .. 'last_step'.
+        'mean_train_loss_from_step' (int or None).
         'eval_losses' (list of (step, float)): trax's eval 'loss' metric at
           each eval, from `loop.history` and the evals earlier runs of the
           output directory kept (`eval_history`).
@@ -361,6 +365,7 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
     if last_step is None:
       last_step = int(getattr(self._loop, 'step', 0))
     eval_losses = self._eval_losses(self._history_eval_losses(), last_step)
+    last_loss_step, last_loss = self._figures.last_loss()
     return {
       'last_step': last_step,
       'steps_run': self._steps_run,
@@ -379,8 +384,10 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
         if plain_steps and plain_seconds > 0
         else None
       ),
-      'final_train_loss': train_loss,
-      'final_train_loss_from_step': from_step,
+      'last_train_loss': last_loss,
+      'last_train_loss_step': last_loss_step,
+      'mean_train_loss': train_loss,
+      'mean_train_loss_from_step': from_step,
       'eval_losses': eval_losses,
       'peak_host_rss_bytes': self._figures.peak_host_rss_bytes(),
       'planning': self._figures.planning(),

@@ -5,9 +5,10 @@
 
 
   trainer (str or null): class of the Loop's first trainer, e.g.
-    'trax.optimizers.trainer.ReversibleSerialTrainer'.
+    'trax.optimizers.trainer.ReversibleSerialTrainer'
+    (`run_classes.trainer_name`).
   reversible_layers (str or null): the reversible layers of the Loop's
-    model, by class and count (`reversible_layers`), e.g.
+    model, by class and count (`run_classes.reversible_layers`), e.g.
     'trax_revplus.layers.ReversibleHalfResidual x8, ...'; 'none' for a
     model without any; null when no model was given.
   steps (list of int): the Loop's step numbers run in this process.
@@ -56,44 +57,11 @@ from typing import Any, Sequence
 
 from absl import logging
 import numpy as np
-from trax.layers import reversible
 
 from trax_revplus import memory
+from trax_revplus import run_classes
 
 RUN_STATS_FILENAME = 'run_stats.json'
-
-
-def qualified_name(cls: type) -> str:
-  """'module.QualifiedName' of a class, e.g. of the Loop's trainer."""
-  return f'{cls.__module__}.{cls.__qualname__}'
-
-
-def reversible_layers(model: Any) -> str:
-  """The reversible layers of `model` by class, with their counts.
-
-  Args:
-    model: a trax layer (e.g. the Loop's model).
-
-  Returns:
-    str, e.g. 'trax_revplus.layers.ReversibleHalfResidual x8,
-    trax_revplus.layers.ReversibleSwap x8', classes sorted by name; 'none'
-    when `model` holds no `ReversibleSerial` or `ReversibleHalfResidual`.
-  """
-  counts: dict[str, int] = {}
-
-  def walk(layer):
-    if isinstance(
-      layer, (reversible.ReversibleSerial, reversible.ReversibleHalfResidual)
-    ):
-      name = qualified_name(type(layer))
-      counts[name] = counts.get(name, 0) + 1
-    for sublayer in layer.sublayers:
-      walk(sublayer)
-
-  walk(model)
-  return ', '.join(f'{name} x{n}' for name, n in sorted(counts.items())) or (
-    'none'
-  )
 
 
 def peak_host_rss_bytes() -> int:
@@ -115,6 +83,11 @@ def _transfer_counter(trainer: Any) -> memory.TransferCounter | None:
   return counter if hasattr(counter, 'snapshot') else None
 
 
+def _finite(loss: float | None) -> float | None:
+  """`loss`, or None where it is None or not finite."""
+  return loss if loss is not None and np.isfinite(loss) else None
+
+
 class StepFigures:
   """Loss, time, compilations, memory and transfers of each step.
 
@@ -126,10 +99,7 @@ class StepFigures:
     train `model` (the Loop's; None: `reversible_layers` is null)."""
     trainers = list(trainers)
     self._trainers = trainers
-    self._trainer_name = qualified_name(type(trainers[0])) if trainers else None
-    self._reversible_layers = (
-      None if model is None else reversible_layers(model)
-    )
+    self._classes = run_classes.of_trainers_and_model(trainers, model)
     self._counters = [
       c for c in map(_transfer_counter, trainers) if c is not None
     ]
@@ -208,6 +178,14 @@ class StepFigures:
       stats['h2d_bytes'].append(end[0] - begin[0])
       stats['d2h_bytes'].append(end[1] - begin[1])
 
+  def last_loss(self) -> tuple[int | None, float | None]:
+    """(step, loss) of the last step recorded, the loss as run_stats.json
+    has it (None where not finite); (None, None) before any step."""
+    steps, losses = self._stats['steps'], self._stats['loss']
+    if not steps:
+      return None, None
+    return steps[-1], _finite(losses[-1])
+
   def run_stats(self) -> dict[str, Any]:
     """Returns the per-step figures of this process's steps.
 
@@ -227,12 +205,10 @@ class StepFigures:
       len(stats['h2d_bytes']) == len(stats['steps'])
     )
     return {
-      'trainer': self._trainer_name,
-      'reversible_layers': self._reversible_layers,
+      'trainer': self._classes.trainer,
+      'reversible_layers': self._classes.reversible_layers,
       'steps': list(stats['steps']),
-      'loss': [
-        v if v is not None and np.isfinite(v) else None for v in stats['loss']
-      ],
+      'loss': [_finite(v) for v in stats['loss']],
       'step_seconds': list(seconds),
       'compiled_programs': list(stats['compiled_programs']),
       'host_rss_bytes': list(stats['host_rss_bytes']),

@@ -30,6 +30,7 @@ from trax import layers as tl
 from trax_revplus import checkpoints
 from trax_revplus import memory
 from trax_revplus import placement as placement_lib
+from trax_revplus import run_classes
 from trax_revplus import validation
 from trax_revplus.memory import host_release
 from trax_revplus.trainer import host_store as store_lib
@@ -163,6 +164,11 @@ class ReversibleSerialTrainer(step_inquiries.StepInquiries):
       blocks, loss_layer, optimizer_fn, placement
     )
     self._pending_init_records = list(store.init_records)
+    # The 'start' record names this trainer and its layers; in a Loop,
+    # those of the Loop's model instead (`swap`), as the summary does.
+    self._memory_log.set_run_classes(
+      *run_classes.of_trainers_and_model([self], store.layers)
+    )
     self._compiler = compilation.Compiler(
       placement,
       store.layers,
