@@ -13,7 +13,9 @@ attention settings kept; see docs/compatibility.md), runs
    config's own `train.checkpoints_at` (trax's WMT config names steps from
    100000 on), so each must end with its final checkpoint at its last
    step; then trax_revplus's run resumed with the same command, which
-   loads that checkpoint (verified) and has no step left to run;
+   loads that checkpoint (verified) and has no step left to run, and its
+   Loop built again in a fresh process, whose model must hold the layers'
+   state the checkpoint holds, every array (shape, dtype, values);
 2. `trax-revplus train` with trax_revplus under a device memory budget of
    stock's own XLA peak from 1 (the planner's path);
 3. `trax-revplus train` with trax_revplus on 2 forced CPU devices.
@@ -274,6 +276,64 @@ def _resume_problems(name, result):
   return []
 
 
+# Run in a fresh process by `_state_problems`: builds the config's Loop on a
+# run's output dir (trax's `train` with no step left: it loads the final
+# checkpoint) and compares the model's state, leaf by leaf, with the
+# checkpoint's.
+_STATE_CHECK = """
+import json, sys
+import numpy as np
+from trax import fastmath
+from trax.supervised import trainer_lib, training
+from trax_revplus import cli
+config, run_dir, bindings = json.loads(sys.argv[1])
+cli.parse_configs([config], bindings)
+saved = training.unpickle_from_file(run_dir + '/model.pkl.gz', gzip=True)
+loop = trainer_lib.train(run_dir, steps=saved['step'])
+loaded = fastmath.tree_flatten(loop.model.state)
+problems = []
+if len(loaded) != len(saved['flat_state']):
+  n_saved = len(saved['flat_state'])
+  problems.append(f'{len(loaded)} state arrays, {n_saved} saved')
+for k, (x, y) in enumerate(zip(loaded, saved['flat_state'])):
+  x, y = np.asarray(x), np.asarray(y)
+  if x.shape != y.shape or x.dtype != y.dtype or not np.array_equal(x, y):
+    problems.append(f'state array {k}: {x.dtype}{list(x.shape)} loaded, '
+                    f'{y.dtype}{list(y.shape)} saved, equal values: '
+                    f'{x.shape == y.shape and np.array_equal(x, y)}')
+print(json.dumps({'state_arrays': len(loaded), 'problems': problems}))
+"""
+
+
+def _state_problems(name, result):
+  """[] where trax_revplus's run of compare, resumed, has the layers'
+  state its final checkpoint holds, every leaf (shape, dtype and values)."""
+  bindings = list(result['bindings'])
+  if not result['seed_from_config']:
+    bindings.append(f'train.random_seed = {result["seed"]}')
+  run_dir = result['runs']['revplus']['output_dir']
+  config = os.path.join(CONFIG_DIR, f'{name}_cpu.gin')
+  proc = subprocess.run(
+    [
+      sys.executable,
+      '-c',
+      _STATE_CHECK,
+      json.dumps([config, run_dir, bindings]),
+    ],
+    capture_output=True,
+    text=True,
+    check=False,
+  )
+  lines = proc.stdout.strip().splitlines()
+  try:
+    found = json.loads(lines[-1])
+  except (IndexError, ValueError):
+    return [f'the state check failed: {proc.stderr[-1500:]}']
+  if not found['state_arrays']:
+    return ['the state check found no state arrays']
+  return [f'resumed state: {p}' for p in found['problems']]
+
+
 def _log_text(run):
   try:
     with open(run['log'], errors='replace') as f:
@@ -311,6 +371,7 @@ def _check(name, result):
         problems.append(f'{what} trained with {run.get("trainer")}')
   if ours['status'] == 'ok':
     problems += _resume_problems(name, result)
+    problems += _state_problems(name, result)
   if stock['status'] == 'ok':
     for what, diff in (
       ('losses', result['loss_max_abs_diff']),
