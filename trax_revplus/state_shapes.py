@@ -72,7 +72,7 @@ def conformed(new_state: Any, state: Any) -> Any:
 
 def _names(layer: Any, state: Any, prefix: str) -> list[str]:
   """One name per flat leaf of `state`, `layer`'s state."""
-  sublayers = getattr(layer, 'sublayers', None) or ()
+  sublayers: list[Any] = list(getattr(layer, 'sublayers', None) or ())
   one_each = isinstance(state, (tuple, list)) and len(state) == len(sublayers)
   if len(sublayers) == 1 and not one_each:
     # A wrapper holding its one sublayer's state as its own (trax's

@@ -111,7 +111,11 @@ def run_logging(
     logging.PythonFormatter(),
     noise.CommandLine(_COMMAND),
   )
-  for handler, formatter in zip((to_file, to_stderr), formatters):
+  handlers: tuple[std_logging.Handler, std_logging.Handler] = (
+    to_file,
+    to_stderr,
+  )
+  for handler, formatter in zip(handlers, formatters):
     handler.setFormatter(
       formatter
       if process is None

@@ -241,7 +241,7 @@ def checkpoint_loading_through(
   arrays to the model's with `match_by_shape(full, partial)` instead of its
   `_match_by_shape`, and its report lines go to absl's log only (the
   caller says what happened, in its own lines)."""
-  training = trax_import.module('trax.supervised.training')
+  training: Any = trax_import.module('trax.supervised.training')
   saved = (training._match_by_shape, training._log)  # pylint: disable=protected-access
   stock_log = saved[1]
 
