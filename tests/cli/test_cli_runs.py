@@ -428,3 +428,35 @@ def test_checkpoint_of_another_model_is_a_usage_error(
       f' it was written by a model of another shape'
     ) in line
   assert line.endswith('give another --output_dir')
+
+
+def test_stock_failing_in_its_steps_is_one_line(
+  tmp_path, capsys, stock_trax_and_empty_gin, monkeypatch
+):
+  """Stock trax failing in its own steps (on a TPU, current JAX refuses
+  the host RNG its memory-efficient Loop hands its step's programs) is one
+  line naming the error; its traceback goes to the log."""
+  del stock_trax_and_empty_gin
+  from trax.optimizers import trainer as trax_trainer  # pylint: disable=g-import-not-at-top
+
+  def fails(self, *args, **kwargs):
+    del self, args, kwargs
+    raise ValueError(
+      'Received incompatible devices for jitted computation.\n'
+      'Got argument rng of fbo with device ids [0] on platform CPU'
+    )
+
+  monkeypatch.setattr(trax_trainer.ReversibleSerialTrainer, 'one_step', fails)
+  output_dir = str(tmp_path / 'stock')
+  code, _, err = _main(capsys, *_train_args(STOCK, output_dir))
+  assert code == 1
+  line = _one_line_error(err)
+  log = os.path.join(output_dir, 'train.log')
+  assert line == (
+    'trax-revplus train: error: stock trax failed in its steps: ValueError: '
+    'Received incompatible devices for jitted computation. Got argument rng '
+    f'of fbo with device ids [0] on platform CPU (its traceback is in {log})'
+  )
+  with open(log) as f:
+    logged = f.read()
+  assert 'Traceback' in logged and 'incompatible devices' in logged

@@ -107,6 +107,25 @@ def remove_partial_files(output_dir: str) -> None:
       pass
 
 
+def stock_failure(error: Exception, log_path: str) -> UserError:
+  """The one line for an error raised in stock trax's own steps (stock's
+  trainer or Loop, with trax_revplus not active): the error's type and
+  message; its traceback is in the run's log.
+
+  Args:
+    error: the exception `trainer_lib.train` raised after the first step
+      began.
+    log_path: the run's log file, which holds the traceback.
+  """
+  # JAX's errors say why on their later lines.
+  message = one_line(error, all_lines=True, typed=True, max_chars=600)
+  return UserError(
+    f'stock trax failed in its steps: {message} (its traceback is in '
+    f'{log_path})',
+    EXIT_RUNTIME,
+  )
+
+
 def user_error(
   error: Exception,
   output_dir: str,

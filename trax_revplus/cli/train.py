@@ -178,6 +178,10 @@ def _train(
     if isinstance(e, interrupt.Interrupted):
       raise
     error = failures.user_error(e, output_dir, stop.steps_started, bindings)
+    if error is None and stop.steps_started and not trax_revplus.is_active():
+      # Stock trax's own steps failed: its traceback is trax's, for the log.
+      logging.info('stock trax failed in its steps', exc_info=True)
+      error = failures.stock_failure(e, log_path)
     if error is None:
       raise
     raise error from None
