@@ -85,7 +85,8 @@ class Compiler:
     """`fn` of `kind` for layers `indices`, compiled for the placement.
 
     Shared by every call with the same kind, variant and equal layers and
-    optimizers (with `memoize`). Compilation itself happens at the first
+    optimizers (with `memoize`; without, by every call for the same
+    layers). Compilation itself happens at the first
     call (or ahead of it, `on_types.AheadOfTime`).
 
     Args:
@@ -100,19 +101,25 @@ class Compiler:
       The compiled function.
     """
     donate_argnums = donate_argnums if self._donate else ()
-    key = None
-    if self._memoize:
-      key = (
-        kind,
-        tuple(self.fingerprint_of(i) for i in indices),
-        self._placement.n_devices,
-        self._adasum,
-        donate_argnums,
-        variant,
-      )
-      hit = self._cache.get(key)
-      if hit is not None:
-        return hit
+    # Without `memoize`, layers are told apart by index: each layer's
+    # function still compiles once, however often the plan's units are
+    # built (the planning walk and the step build them apart).
+    layers = (
+      tuple(self.fingerprint_of(i) for i in indices)
+      if self._memoize
+      else tuple(indices)
+    )
+    key = (
+      kind,
+      layers,
+      self._placement.n_devices,
+      self._adasum,
+      donate_argnums,
+      variant,
+    )
+    hit = self._cache.get(key)
+    if hit is not None:
+      return hit
     compiled = self._placement.jit(
       fn,
       kind.in_layouts,
@@ -121,8 +128,7 @@ class Compiler:
       collectives=kind.updates,
     )
     self.n_compiled_functions += 1
-    if key is not None:
-      self._cache[key] = compiled
+    self._cache[key] = compiled
     return compiled
 
 
