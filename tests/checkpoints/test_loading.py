@@ -71,6 +71,7 @@ def test_set_without_manifest_loads_as_stock_with_a_warning(
   cases.assert_equal(weights6, cases.weights_of(loader))
   assert len(warnings_logged) == 1
   assert (
-    'has no model.manifest.json (written by stock trax)' in (warnings_logged[0])
+    'has no model.manifest.json (written by stock trax, or the manifest '
+    'was moved)' in (warnings_logged[0])
   )
   assert 'cannot be verified' in warnings_logged[0]

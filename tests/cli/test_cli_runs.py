@@ -336,6 +336,18 @@ def test_both_sets_damaged_stop_with_one_line(ours_run, tmp_path, capsys):
     'manifest loads as stock trax loads it)'
   )
   assert 'step 1/' not in out
+  # Followed, that advice loads the set unverified, which fails; the line
+  # then leaves the advice out.
+  (path / 'model.manifest.json').rename(tmp_path / 'moved.manifest.json')
+  pkl = path / 'model.pkl.gz'
+  pkl.write_bytes(pkl.read_bytes()[:100])
+  code, out, err = _resume(capsys, path)
+  assert code == 1
+  lines = err.strip().splitlines()
+  assert 'has no model.manifest.json' in lines[0]  # The warning.
+  assert 'Traceback' not in err and len(lines) == 2, err
+  assert 'cannot be read' in lines[1] and 'a file of it is damaged' in lines[1]
+  assert lines[1].endswith('or give another --output_dir'), lines[1]
 
 
 def test_run_already_at_its_last_step_says_so(ours_run, tmp_path, capsys):

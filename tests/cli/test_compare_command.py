@@ -113,7 +113,7 @@ def _fake_stats(
 
 _STOCK_CRASH = """\
 trax-revplus train: stock trax reversible layers and trainer; output in d
-step 1/3  loss 5.545  0.10 steps/s  host 1200 MB
+step 1/3  loss 5.545  0.10 steps/s  host 1200 MiB
 Traceback (most recent call last):
   File "trax/optimizers/trainer.py", line 800, in one_step
     backend = jax.lib.xla_bridge.get_backend()

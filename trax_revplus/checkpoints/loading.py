@@ -164,8 +164,9 @@ def load_checkpoint(
     pkl = os.path.join(directory, filename + '.pkl.gz')
     if os.path.exists(pkl):
       logging.warning(
-        'checkpoint %s has no %s (written by stock trax): loading it as '
-        'stock trax does; its files cannot be verified.',
+        'checkpoint %s has no %s (written by stock trax, or the manifest '
+        'was moved): loading it as stock trax does; its files cannot be '
+        'verified.',
         pkl,
         os.path.basename(manifest_lib.manifest_path(directory, filename)),
       )

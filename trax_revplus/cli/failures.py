@@ -170,12 +170,19 @@ def user_error(
       EXIT_USAGE,
     )
   if isinstance(error, checkpoints.CheckpointError):
+    basename = error.basename or 'model'
+    directory = error.directory or output_dir
+    manifest = basename + checkpoints.MANIFEST_SUFFIX
+    # A set already without its manifest has loaded unverified and failed.
+    unverified = (
+      f'; to load it anyway, unverified, move {manifest} out of it (a set '
+      f'without a manifest loads as stock trax loads it)'
+      if os.path.exists(os.path.join(directory, manifest))
+      else ''
+    )
     return UserError(
-      f'{error.problem}; to start from scratch, move '
-      f'{error.basename or "model"}.* out of {error.directory or output_dir}'
-      f' or give another --output_dir; to load it anyway, unverified, move '
-      f'{error.basename or "model"}{checkpoints.MANIFEST_SUFFIX} out of it '
-      f'(a set without a manifest loads as stock trax loads it)',
+      f'{error.problem}; to start from scratch, move {basename}.* out of '
+      f'{directory} or give another --output_dir{unverified}',
       EXIT_RUNTIME,
     )
   if isinstance(error, data.CorpusSettingError):

@@ -41,6 +41,13 @@ class KnownNoise:
 
 KNOWN_NOISE = (
   KnownNoise(
+    r'Did not save checkpoint as we are not chief',
+    "trax 1.4.1's Loop (its `_log`, on stdout), in every process of a "
+    'multi-process run but process 0, at each checkpoint step',
+    'process 0 saves the checkpoint for the run; the others have nothing '
+    'to save.',
+  ),
+  KnownNoise(
     r'jax\.process_count has been renamed',
     'JAX (DeprecationWarning / UserWarning), each time trax 1.4.1 calls '
     'the old alias, e.g. when a Loop is built or a checkpoint saved',

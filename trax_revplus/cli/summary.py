@@ -180,7 +180,7 @@ def format_summary(
     peak = format_bytes(
       summary['peak_host_rss_bytes'], spec='.0f', suffix=False
     )
-    rows.append(('peak host memory', f'{peak} MB (RSS)'))
+    rows.append(('peak host memory', f'{peak} MiB (RSS)'))
     planning = _planning(summary.get('planning'))
     if planning:
       rows.append(('planning', planning))

@@ -47,7 +47,7 @@ def progress_line(
   window: dict[str, Any],
   rss_bytes: int,
 ) -> str:
-  """'step 120/300  loss 2.912  3.10 steps/s  host 1530 MB' for the window
+  """'step 120/300  loss 2.912  3.10 steps/s  host 1530 MiB' for the window
   of steps ending at `step`; `loss` its mean (None: 'n/a'), `rss_bytes` the
   host's resident set size."""
   total = f'/{total_steps}' if total_steps is not None else ''
@@ -55,7 +55,7 @@ def progress_line(
   return (
     f'step {step}{total}  loss {loss_text}  '
     f'{rate_text(window)}  '
-    f'host {format_bytes(rss_bytes, spec=".0f", suffix=False)} MB'
+    f'host {format_bytes(rss_bytes, spec=".0f", suffix=False)} MiB'
   )
 
 

@@ -3,7 +3,7 @@
 `ProgressPrinter` is a `trax.supervised.callbacks.TrainingStepCallback`. Every
 `every_n_steps` steps (and on the first and last step) it prints one line::
 
-    step 120/300  loss 2.912  3.10 steps/s  host 1530 MB
+    step 120/300  loss 2.912  3.10 steps/s  host 1530 MiB
 
 loss: mean training loss (nats per token for cross-entropy) of the steps since
 the previous line; steps/s: training steps per second of time spent inside
@@ -17,9 +17,9 @@ shapes) says how much of it planning took (each a single line on the
 terminal)::
 
     step 1/300  loss 5.812  compiling 14.2 s (9.8 s of it planning)  host
-        1110 MB
+        1110 MiB
     step 60/300  loss 3.104  3.05 steps/s (1 step compiling, 4.1 s, left
-        out)  host 1535 MB
+        out)  host 1535 MiB
 
 After the first step, a step that compiles prints a line of its own naming
 the programs it compiled (at most `line_text.MAX_NAMES_SHOWN`), the first

@@ -29,7 +29,9 @@
     `placement.transfers`); null for trainers that do not count (stock trax).
   first_step_seconds (float or null): step_seconds of the first step.
   median_step_seconds (float or null): median step_seconds over the later
-    steps (all but the first); null with fewer than 2 steps.
+    steps (all but the first) that compiled nothing, as the summary's
+    steps/s leaves compiling steps out; over every later step where each
+    compiled; null with fewer than 2 steps.
   peak_host_rss_bytes (int): peak resident set size of the process (the
     kernel's high-water mark, which includes imports and initialization;
     `memory.host_peak.process_peak_bytes`).
@@ -81,6 +83,19 @@ def _transfer_counter(trainer: Any) -> memory.TransferCounter | None:
   except AttributeError:
     return None
   return counter if hasattr(counter, 'snapshot') else None
+
+
+def _median_later_step(
+  seconds: list[float], compiled_programs: list[int]
+) -> float | None:
+  """Median seconds of the steps after the first that compiled nothing;
+  of every step after the first where each compiled; None with fewer than
+  2 steps."""
+  later = list(zip(seconds[1:], compiled_programs[1:]))
+  if not later:
+    return None
+  quiet = [s for s, compiled in later if not compiled]
+  return statistics.median(quiet or [s for s, _ in later])
 
 
 def _finite(loss: float | None) -> float | None:
@@ -217,8 +232,8 @@ class StepFigures:
       'h2d_bytes': list(stats['h2d_bytes']) if counted else None,
       'd2h_bytes': list(stats['d2h_bytes']) if counted else None,
       'first_step_seconds': seconds[0] if seconds else None,
-      'median_step_seconds': (
-        statistics.median(seconds[1:]) if len(seconds) >= 2 else None
+      'median_step_seconds': _median_later_step(
+        seconds, stats['compiled_programs']
       ),
       'peak_host_rss_bytes': self.peak_host_rss_bytes(),
       'peak_device_bytes': max(device_peaks) if device_peaks else None,
