@@ -11,6 +11,7 @@ from trax import fastmath
 from trax import layers as tl
 from trax import optimizers
 
+from conftest import reversible_lm_blocks
 import trainer_cases as cases
 from trax_revplus import notices
 from trax_revplus import trainer as rev_trainer
@@ -23,18 +24,9 @@ _BATCH = cases.lm_batch()
 def _deep_trainer(n_blocks, **kwargs):
   """Ours on `n_blocks` equal pairs of reversible half-residuals (the
   conftest's LM, repeated), Adam."""
-  first = tl.Serial(tl.Embedding(9, 4), tl.Dup())
-  revs = []
-  for _ in range(n_blocks):
-    revs += [
-      tl.ReversibleHalfResidual(tl.Dense(4)),
-      tl.ReversibleSwap(),
-      tl.ReversibleHalfResidual(tl.Dense(4), tl.Relu()),
-      tl.ReversibleSwap(),
-    ]
-  loss = tl.Serial(
-    tl.Concatenate(), tl.Dense(9), tl.LogSoftmax(), tl.CrossEntropyLoss()
-  )
+  first, revs, loss = reversible_lm_blocks()
+  for _ in range(n_blocks - 1):
+    revs += reversible_lm_blocks()[1]  # Fresh layers of the same kinds.
   model = tl.Serial([first] + revs + [loss])
   model.init(_BATCH, rng=fastmath.random.get_prng(12))
   return rev_trainer.ReversibleSerialTrainer(

@@ -29,6 +29,7 @@ from typing import Any, Callable
 
 import jax
 import numpy as np
+from trax import fastmath
 
 from trax_revplus import state_shapes
 from trax_revplus.trax_door import loop as loop_door
@@ -77,43 +78,55 @@ def trainer_arrays(trainer: Any) -> Any:
   return None
 
 
-def trainer_state(trainer: Any) -> list[tuple[str, str]] | None:
-  """(name, 'dtype[shape]') of each leaf of the state `trainer` hands its
-  step programs: trax's default `Trainer`'s model state, a
-  memory-efficient trainer's layers' states; None for another trainer."""
+def _trainer_state(trainer: Any) -> tuple[Any, Any] | None:
+  """(layer or layers, state) of what `trainer` hands its step programs:
+  trax's default `Trainer`'s model and its state, a memory-efficient
+  trainer's layers and their states; None for another trainer."""
   if hasattr(trainer, 'accelerated_model_with_loss'):  # trax's Trainer
     model = trainer.accelerated_model_with_loss
-    leaves = state_shapes.named_leaves(model, model.state)
-  else:
-    layers = getattr(trainer, 'all_layers', None)
-    if layers is None:
-      return None
-    leaves = state_shapes.named_leaves(
-      list(layers), [layer.state for layer in layers]
-    )
-  return [(name, state_shapes.signature(x)) for name, x in leaves]
+    return model, model.state
+  layers = getattr(trainer, 'all_layers', None)
+  if layers is None:
+    return None
+  layers = list(layers)
+  return layers, [layer.state for layer in layers]
 
 
-def _state_change(now: list, before: list, prev: int) -> str | None:
+def state_signature(trainer: Any) -> list[str] | None:
+  """'dtype[shape]' of each leaf of the state `trainer` hands its step
+  programs (`_trainer_state`), in trax's flat order; None for another
+  trainer."""
+  found = _trainer_state(trainer)
+  if found is None:
+    return None
+  return [state_shapes.signature(x) for x in fastmath.tree_flatten(found[1])]
+
+
+def _state_change(
+  trainer: Any, now: list[str], before: list[str], prev: int
+) -> str | None:
   """'the state of NAME is SIG now and was SIG at step PREV' for the first
-  leaf that changed, with a count of the others; None where none did."""
+  leaf that changed, named by the layer holding it in `trainer`, with a
+  count of the others; None where none did."""
   if len(now) != len(before):
     return (
       f'the state has {len(now)} arrays now and had {len(before)} at step '
       f'{prev}'
     )
-  changed = [
-    (name, sig, old) for (name, sig), (_, old) in zip(now, before) if sig != old
-  ]
+  changed = [k for k, (sig, old) in enumerate(zip(now, before)) if sig != old]
   if not changed:
     return None
-  name, sig, old = changed[0]
+  # Named only now: naming walks the model, and a step compiles rarely.
+  found = _trainer_state(trainer)
+  names = [name for name, _ in state_shapes.named_leaves(*found)]
+  k = changed[0]
   more = len(changed) - 1
   others = (
     f' (and {more} more state array{"s" if more > 1 else ""})' if more else ''
   )
   return (
-    f'the state of {name} is {sig} now and was {old} at step {prev}{others}'
+    f'the state of {names[k]} is {now[k]} now and was {before[k]} at step '
+    f'{prev}{others}'
   )
 
 
@@ -147,7 +160,7 @@ class StepInputs:
     self._records[step] = {
       'batch': None,
       'placement': None if arrays is None else placement(arrays),
-      'state': trainer_state(trainers[0]),
+      'state': state_signature(trainers[0]),
     }
     self._step = step
     for old in [s for s in self._records if s < step - 1]:
@@ -168,7 +181,8 @@ class StepInputs:
       )
     same = f'same batch shapes as step {prev}'
     if now['state'] is not None and before['state'] is not None:
-      change = _state_change(now['state'], before['state'], prev)
+      trainers = loop_door.trainers(self._loop)
+      change = _state_change(trainers[0], now['state'], before['state'], prev)
       if change is not None:
         return (
           f'{same}, but {change}: a layer returned its state in another '
