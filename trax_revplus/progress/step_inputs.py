@@ -118,6 +118,8 @@ def _state_change(
     return None
   # Named only now: naming walks the model, and a step compiles rarely.
   found = _trainer_state(trainer)
+  if found is None:
+    return f'a state array changed at step {prev}'
   names = [name for name, _ in state_shapes.named_leaves(*found)]
   k = changed[0]
   more = len(changed) - 1
