@@ -1,6 +1,7 @@
 """trax_revplus.compat: trax 1.4.1 helpers rewritten for current JAX."""
 
 import importlib
+import os
 import warnings
 
 import jax
@@ -11,6 +12,11 @@ from trax import fastmath
 import trax_revplus
 from trax_revplus import compat
 
+from conftest import run_multidevice_worker
+
+STOCK_BASELINE_WORKER = os.path.join(
+  os.path.dirname(__file__), 'stock_baseline_worker.py'
+)
 # The module itself: `trax.fastmath.numpy` as an attribute is jax.numpy.
 trax_numpy = importlib.import_module('trax.fastmath.numpy')
 
@@ -151,3 +157,14 @@ def test_accelerate_on_cpu_matches_stock_without_deprecated_calls(monkeypatch):
   np.testing.assert_array_equal(
     compat.accelerate(f, 1)(x, weights)['y'], stock['y']
   )
+
+
+def test_stock_baseline_runs_stock_where_its_rng_and_weights_part():
+  """Stock's one-device step with its weights on an accelerator and the
+  Loop's RNG on the host (a TPU or GPU on current JAX, stood in for by a
+  second CPU device) fails as it ships; within `stock_baseline()` it trains
+  to the weights of the same run with no accelerator."""
+  result = run_multidevice_worker(2, script=STOCK_BASELINE_WORKER)
+  assert 'incompatible devices' in result['stock_error']
+  assert result['weight_arrays'] == 7 and result['trained']
+  assert result['same_weights']

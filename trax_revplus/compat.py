@@ -20,14 +20,23 @@ and so that they work in a multi-process run (`jax.distributed`), where
     weights)
 
 jax itself is left as it is: only the names trax's modules call are bound.
+
+Stock's own trainer, run as the baseline ours is compared with, gets the
+one fix without which its step cannot run on an accelerator on current
+JAX, within `stock_baseline()` (`STOCK_BASELINE`: how it is labelled).
 """
 
-from typing import Any, Callable, Sequence
+import contextlib
+import threading
+import weakref
+from typing import Any, Callable, Iterator, Sequence
 
 from absl import logging
 import jax
 import numpy as np
 from trax import fastmath
+from trax import layers as tl
+from trax.optimizers import trainer as stock_trainer
 
 from trax_revplus.multiprocess import training as processes
 from trax_revplus.trax_door import functions as trax_functions
@@ -214,3 +223,79 @@ def on_cpu(x: PyTree) -> PyTree:
   if not fastmath.is_backend(fastmath.Backend.JAX):
     return x
   return jax.device_put(x, local_cpu_device())
+
+
+# What `stock_baseline` changes, as a run's banner and `compare` say it.
+STOCK_BASELINE = "its Loop's RNG on the step's device"
+# Stock's trainer class: this module is imported (by `swap`) before
+# `activate()` can bind trax_revplus's class to the name.
+_STOCK_TRAINER = stock_trainer.ReversibleSerialTrainer
+_baseline_lock = threading.Lock()
+_baseline_depth = 0
+_stock_one_step: Callable[..., Any] | None = None
+# Stock trainers that ran a step with the fix (`stock_baseline_fix`).
+_baseline_trainers: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _one_step_with_rng_on_device(
+  stock_one_step: Callable[..., Any],
+) -> Callable[..., Any]:
+  """Stock's `one_step` with its `rng` first placed as stock places the
+  step's weights (`tl.on_accelerator`)."""
+
+  def one_step(
+    trainer: Any,
+    batch: Any,
+    rng: PRNGKey,
+    step: int = 0,
+    learning_rate: Any = None,
+  ) -> Any:
+    _baseline_trainers.add(trainer)
+    return stock_one_step(
+      trainer, batch, tl.on_accelerator(rng), step, learning_rate
+    )
+
+  one_step.__doc__ = stock_one_step.__doc__
+  return one_step
+
+
+@contextlib.contextmanager
+def stock_baseline() -> Iterator[None]:
+  """Meanwhile, stock's `ReversibleSerialTrainer.one_step` takes the Loop's
+  RNG on the device its step runs on; nothing else of stock changes.
+
+  trax 1.4.1's memory-efficient `Loop` keeps its RNG in host memory
+  (`Loop.new_rng` puts each key `on_cpu`) and hands it to stock's
+  `ReversibleSerialTrainer.one_step`, which on one device splits it and
+  passes the keys to layer programs whose weights it placed on the
+  accelerator (`tl.on_accelerator`). The JAX of trax's time moved the key
+  along; current JAX refuses a call on arrays committed to two devices
+  ("Received incompatible devices for jitted computation"), so without
+  this stock's first step fails on a TPU or GPU. On the CPU (no
+  accelerator), or with several accelerators (stock moves the key to the
+  host itself), `tl.on_accelerator` returns the key as given. Nested blocks
+  share one binding, undone when the outermost ends.
+  """
+  global _baseline_depth, _stock_one_step
+  with _baseline_lock:
+    if _baseline_depth == 0:
+      _stock_one_step = _STOCK_TRAINER.one_step
+      _STOCK_TRAINER.one_step = _one_step_with_rng_on_device(_stock_one_step)
+    _baseline_depth += 1
+  try:
+    yield
+  finally:
+    with _baseline_lock:
+      _baseline_depth -= 1
+      if _baseline_depth == 0:
+        _STOCK_TRAINER.one_step = _stock_one_step
+        _stock_one_step = None
+
+
+def stock_baseline_fix(trainers: Sequence[Any]) -> str | None:
+  """`STOCK_BASELINE` where the first of `trainers` ran a step within
+  `stock_baseline()`, else None."""
+  trainers = list(trainers)
+  if trainers and trainers[0] in _baseline_trainers:
+    return STOCK_BASELINE
+  return None

@@ -21,6 +21,7 @@ from typing import Any, NamedTuple, Sequence
 
 from trax.layers import reversible as _trax_reversible
 
+from trax_revplus import compat
 from trax_revplus import layers as _layers
 from trax_revplus.trax_door import loop as loop_door
 
@@ -50,10 +51,14 @@ class RunClasses(NamedTuple):
       'trax.layers.reversible.ReversibleHalfResidual x8,
       trax.layers.reversible.ReversibleSerial x1'; None where there is no
       model.
+    trainer_fix: str or None, what of stock's trainer was changed for
+      current JAX (`compat.stock_baseline_fix`), e.g. "its Loop's RNG on
+      the step's device"; None: the trainer as its library ships it.
   """
 
   trainer: str | None
   reversible_layers: str | None
+  trainer_fix: str | None = None
 
 
 def qualified_name(cls: type) -> str:
@@ -126,6 +131,7 @@ def of_trainers_and_model(trainers: Sequence[Any], model: Any) -> RunClasses:
   return RunClasses(
     trainer_name(trainers),
     None if model is None else reversible_layers(model),
+    compat.stock_baseline_fix(trainers),
   )
 
 

@@ -92,11 +92,10 @@ def _init_trainer_with_output_dir(loop, task):
     set_output_dir(loop.output_dir)
   memory_log = getattr(trainer, 'memory_log', None)
   if memory_log is not None:
-    memory_log.set_run_classes(
-      *run_classes.of_trainers_and_model(
-        [trainer], getattr(loop, 'model', None)
-      )
+    classes = run_classes.of_trainers_and_model(
+      [trainer], getattr(loop, 'model', None)
     )
+    memory_log.set_run_classes(classes.trainer, classes.reversible_layers)
   return trainer
 
 

@@ -178,6 +178,7 @@ def _flags_of(command):
         'output_dir',
         'progress_every_n_steps',
         'memory_log_every_n_steps',
+        'profile',
         'implementation',
         'num_processes',
         'process_id',
@@ -313,6 +314,40 @@ def test_bad_settings_are_usage_errors_before_any_work(
   assert code == 2, err
   assert text in _one_line_error(err)
   assert 'output in' not in out  # Nothing was built.
+  assert not out_dir.exists()
+
+
+@pytest.mark.parametrize(
+  'value,text',
+  [
+    ('0', "--profile: must be steps N-M with 1 <= N <= M, got '0'"),
+    ('4-3', "--profile: must be steps N-M with 1 <= N <= M, got '4-3'"),
+    ('x', "--profile: must be a step N or steps N-M, e.g. 3-4, got 'x'"),
+    (
+      '3-9',
+      '--profile=3-9 names steps past train.steps = 3; give steps up to 3',
+    ),
+  ],
+  ids=['zero', 'backwards', 'not_a_step', 'past_the_run'],
+)
+def test_bad_profile_steps_are_usage_errors_before_any_work(
+  value, text, tmp_path, capsys
+):
+  out_dir = tmp_path / 'out'
+  code, out, err = _main(
+    capsys,
+    'train',
+    f'--config_file={MAIN}',
+    f'--output_dir={out_dir}',
+    f'--profile={value}',
+    *[f'--config={b}' for b in TINY],
+  )
+  import trax_revplus  # pylint: disable=g-import-not-at-top
+
+  trax_revplus.deactivate()
+  assert code == 2, err
+  assert text in _one_line_error(err)
+  assert 'output in' not in out
   assert not out_dir.exists()
 
 

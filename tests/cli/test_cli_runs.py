@@ -7,6 +7,7 @@ this process through `cli.main`, as the command's entry point calls it.
 """
 
 import collections
+import gzip
 import json
 import os
 import re
@@ -139,6 +140,13 @@ def test_stock_config_trains_through_the_cli(
   assert not trax_revplus.is_active()
   assert not os.path.exists(os.path.join(output_dir, 'model.manifest.json'))
   assert rows['trainer'] == 'trax.optimizers.trainer.ReversibleSerialTrainer'
+  # Stock's trainer ran as the baseline, with the one fix current JAX needs
+  # on an accelerator (tests/test_compat.py), and says so.
+  assert rows['trainer fix'] == (
+    "its Loop's RNG on the step's device (as current JAX requires)"
+  )
+  with open(os.path.join(output_dir, 'run_stats.json'), encoding='utf-8') as f:
+    assert json.load(f)['trainer_fix'] == "its Loop's RNG on the step's device"
   assert 'trax_revplus' not in rows['reversible layers']
   assert (
     'trax.layers.reversible.ReversibleHalfResidual x2'
@@ -472,3 +480,32 @@ def test_stock_failing_in_its_steps_is_one_line(
   with open(log) as f:
     logged = f.read()
   assert 'Traceback' in logged and 'incompatible devices' in logged
+
+
+def test_profile_writes_a_trace_of_the_named_steps(tmp_path, capsys):
+  """--profile=2-3: one JAX profiler trace, begun as step 2 began and ended
+  after step 3, readable by TensorBoard (.xplane.pb) and Perfetto."""
+  output_dir = str(tmp_path / 'profiled')
+  result = _Result(
+    *_main(capsys, *_train_args(MAIN, output_dir), '--profile=2-3')
+  )
+  _check_trained(result, output_dir)
+  profile_dir = os.path.join(output_dir, 'profile')
+  assert (
+    f'profile of steps 2-3 in {profile_dir} (TensorBoard, or '
+    'perfetto_trace.json.gz in ui.perfetto.dev)'
+  ) in result.stdout.splitlines()
+  # The line comes after step 3 ends, before its progress line.
+  assert result.stdout.index('step 2/3') < result.stdout.index('profile of')
+  runs = os.listdir(os.path.join(profile_dir, 'plugins', 'profile'))
+  assert len(runs) == 1
+  trace_dir = os.path.join(profile_dir, 'plugins', 'profile', runs[0])
+  files = os.listdir(trace_dir)
+  assert any(f.endswith('.xplane.pb') for f in files)
+  with gzip.open(
+    os.path.join(trace_dir, 'perfetto_trace.json.gz'), 'rt', encoding='utf-8'
+  ) as f:
+    events = json.load(f)['traceEvents']
+  # The trace holds the steps' compiled programs running.
+  names = {e.get('name', '') for e in events}
+  assert any(n.startswith('PjitFunction(') for n in names), sorted(names)[:50]

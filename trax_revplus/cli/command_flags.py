@@ -45,6 +45,7 @@ def add_train(commands: 'argparse._SubParsersAction') -> None:
     usage=(
       f'{PROG} train --config_file=FILE.gin [--config=BINDING ...]\n'
       f'{" " * 20}[--output_dir=DIR] [--progress_every_n_steps=N]\n'
+      f'{" " * 20}[--profile=STEPS]\n'
       f'{" " * 20}[--implementation=config|stock|revplus]\n'
       f'{" " * 20}[--num_processes=N --process_id=I\n'
       f'{" " * 21}--coordinator_address=HOST:PORT]'
@@ -91,6 +92,16 @@ def add_train(commands: 'argparse._SubParsersAction') -> None:
     '1 + N, 1 + 2N, ... also get records of their phases. Binds '
     'trax_revplus.ReversibleSerialTrainer.memory_log_every_n_steps '
     "(default: the config's, else 100).",
+  )
+  parser.add_argument(
+    '--profile',
+    action=Once,
+    type=step_range,
+    metavar='STEPS',
+    help='Write a JAX profiler trace of these training steps, N or N-M '
+    '(e.g. 3-4: the first steps compile and plan), to OUTPUT_DIR/profile: '
+    "an .xplane.pb for TensorBoard's profile plugin and a "
+    'perfetto_trace.json.gz for ui.perfetto.dev (see docs/accelerators.md).',
   )
   add_compilation_cache_flags(parser)
   parser.add_argument(
@@ -322,3 +333,19 @@ def add_estimate(commands: 'argparse._SubParsersAction') -> None:
     'is compiled; a link is followed, a pipe or device written in '
     'place; - for stdout, the table then on stderr).',
   )
+
+
+def step_range(text: str) -> tuple[int, int]:
+  """--profile's value, 'N' or 'N-M', as (first, last) steps, 1 <= N <= M."""
+  first, _, last = text.partition('-')
+  try:
+    steps = (int(first), int(last or first))
+  except ValueError:
+    raise argparse.ArgumentTypeError(
+      f'must be a step N or steps N-M, e.g. 3-4, got {text!r}'
+    ) from None
+  if not 1 <= steps[0] <= steps[1]:
+    raise argparse.ArgumentTypeError(
+      f'must be steps N-M with 1 <= N <= M, got {text!r}'
+    )
+  return steps

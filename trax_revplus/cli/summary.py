@@ -7,22 +7,28 @@ from trax_revplus.byte_sizes import format_bytes
 from trax_revplus.trax_door import loop as loop_door
 
 
-def implementations(loop: Any) -> tuple[str, str]:
+def implementations(loop: Any) -> tuple[str, str, str | None]:
   """Which classes ran: the trainer and the reversible layers of the model.
 
   Named by `run_classes`, as run_stats.json and the memory log name them.
 
   Returns:
-    (trainer, layers), e.g. 'trax_revplus.trainer.ReversibleSerialTrainer'
-    and 'trax_revplus.layers.ReversibleHalfResidual x8, ...' ('none' if the
+    (trainer, layers, fix), e.g.
+    'trax_revplus.trainer.ReversibleSerialTrainer' and
+    'trax_revplus.layers.ReversibleHalfResidual x8, ...' ('none' if the
     model has no reversible layers; 'n/a' where the Loop has no trainer or
-    model).
+    model), and what of stock's trainer was changed for current JAX
+    (`run_classes.RunClasses.trainer_fix`; None: nothing).
   """
   # Here: it imports trax, and `trax-revplus train` reads its flags first.
   from trax_revplus import run_classes  # pylint: disable=g-import-not-at-top
 
   classes = run_classes.of_loop(loop)
-  return classes.trainer or 'n/a', classes.reversible_layers or 'n/a'
+  return (
+    classes.trainer or 'n/a',
+    classes.reversible_layers or 'n/a',
+    classes.trainer_fix,
+  )
 
 
 def trainer_mode(loop: Any) -> str:
@@ -159,8 +165,10 @@ def format_summary(
   """
   rows = []
   if loop is not None:
-    trainer, layers = implementations(loop)
+    trainer, layers, fix = implementations(loop)
     rows.append(('trainer', trainer))
+    if fix:
+      rows.append(('trainer fix', f'{fix} (as current JAX requires)'))
     rows.append(('trainer mode', trainer_mode(loop)))
     rows.append(('reversible layers', layers))
   if summary is not None:

@@ -135,6 +135,7 @@ def _train(
   # Here: they import trax, which waits until the flags are checked.
   # pylint: disable=g-import-not-at-top
   from trax_revplus import checkpoints
+  from trax_revplus import compat
   from trax_revplus import progress
 
   # pylint: enable=g-import-not-at-top
@@ -142,6 +143,8 @@ def _train(
   which = 'trax_revplus' if trax_revplus.is_active() else 'stock trax'
   if gin_config.bound_value('train.use_memory_efficient_trainer', False):
     what = f'{which} reversible layers and trainer'
+    if not trax_revplus.is_active():
+      what += f' ({compat.STOCK_BASELINE})'
   else:
     what = f"{which} reversible layers, trax's default Trainer"
   print(f'{PROG} train: {what}; output in {output_dir}', flush=True)
@@ -154,7 +157,9 @@ def _train(
     callbacks = list(callbacks) + [ending.stop_together(stop)]
   build = None
   try:
-    with build_errors.watch_loop_build() as build:
+    # A stock run is stock's trainer with the one fix current JAX requires
+    # on an accelerator; trax_revplus's trainer is another class.
+    with build_errors.watch_loop_build() as build, compat.stock_baseline():
       loop = trainer_lib.train(
         output_dir=output_dir,
         callbacks=list(callbacks) + [stop.callback],
@@ -320,7 +325,9 @@ def _run(
     stop.raise_if_signalled()
     if process is not None:
       train_bindings.share_seed()
-    callbacks = train_bindings.train_callbacks(flags.progress_every_n_steps)
+    callbacks = train_bindings.train_callbacks(
+      flags.progress_every_n_steps, flags.profile
+    )
     # The device, before anything is written: one held by another process
     # (a TPU chip belongs to one) ends the run in one line.
     backend.open_backend()

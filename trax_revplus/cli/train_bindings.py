@@ -18,6 +18,7 @@ from typing import Any
 import gin
 
 from trax_revplus import trax_import
+from trax_revplus.errors import UserError
 from trax_revplus.cli import build_errors
 from trax_revplus.cli import gin_config
 from trax_revplus.multiprocess import training as processes
@@ -75,16 +76,38 @@ def total_steps() -> int:
   )
 
 
-def train_callbacks(every_n_steps: int) -> list[Any]:
-  """train.callbacks as gin would pass them, plus a ProgressPrinter."""
+def train_callbacks(
+  every_n_steps: int, profile: tuple[int, int] | None = None
+) -> list[Any]:
+  """train.callbacks as gin would pass them, plus a ProgressPrinter, and a
+  StepProfiler of the steps `profile` (first, last) names.
+
+  Raises:
+    UserError (exit status 2): `profile` names a step past train.steps.
+  """
   # Here: it imports trax, which waits until the flags are checked.
   from trax_revplus import progress  # pylint: disable=g-import-not-at-top
+
+  profiler = []
+  if profile is not None:
+    steps = total_steps()
+    if profile[1] > steps:
+      raise UserError(
+        f'--profile={profile[0]}-{profile[1]} names steps past train.steps '
+        f'= {steps}; give steps up to {steps}'
+      )
+    profiler.append(
+      functools.partial(
+        progress.StepProfiler, first_step=profile[0], last_step=profile[1]
+      )
+    )
 
   # Gin hands a configurable the deep copy of its bound value; the copy
   # turns `@Callback` references into the callables themselves.
   callbacks = list(
     copy.deepcopy(gin_config.bound_value('train.callbacks', None)) or []
   )
+  callbacks += profiler
   if any(
     isinstance(c, type) and issubclass(c, progress.ProgressPrinter)
     for c in callbacks

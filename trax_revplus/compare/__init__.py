@@ -39,6 +39,9 @@ token for cross-entropy):
     trainer (str or null), reversible_layers (str or null): the classes that
       ran, from its `run_stats.json` (named by `trax_revplus.run_classes`, as
       its summary and memory log name them).
+    trainer_fix (str or null): what of stock's trainer was changed for
+      current JAX (the stock baseline: its Loop's RNG on the step's
+      device), from its `run_stats.json`; null for trax_revplus.
     memory_log (dict or null): the peaks of its memory log
       (`memory.jsonl`, trax_revplus's trainer only; `memory.peaks`):
       host_peak_bytes (the true peak RSS over the steps, before and after

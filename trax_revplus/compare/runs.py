@@ -151,6 +151,7 @@ def collect_run(
     'log': log_path,
     'wall_seconds': wall_seconds,
     'trainer': (stats or {}).get('trainer'),
+    'trainer_fix': (stats or {}).get('trainer_fix'),
     'reversible_layers': (stats or {}).get('reversible_layers'),
     'stats': stats,
     'memory_log': dict(

@@ -89,6 +89,10 @@ def format_table(report: Report) -> str:
     lines.append(f'{(LABELS[k] + ":").ljust(width)} {what}')
     if run['trainer'] or run['reversible_layers']:
       lines.append(f'  trainer            {run["trainer"] or "n/a"}')
+      if run.get('trainer_fix'):
+        lines.append(
+          f'  trainer fix        {run["trainer_fix"]} (as current JAX requires)'
+        )
       lines.append(f'  reversible layers  {run["reversible_layers"] or "n/a"}')
 
   source = next(

@@ -11,14 +11,18 @@ Modules, one job each:
              events.
   eval_history the eval losses of an output directory's runs, kept across
              resumes (`eval_losses.json`).
+  profile_steps `StepProfiler`, the Loop callback that writes a JAX
+             profiler trace of chosen steps.
 
 The names below are importable from `trax_revplus.progress` itself; the
-gin name of the printer stays `trax_revplus.progress.ProgressPrinter`.
+gin names of the callbacks are `trax_revplus.progress.ProgressPrinter` and
+`trax_revplus.progress.StepProfiler`.
 """
 
 from trax_revplus.progress.compiles import CompileCounter
 from trax_revplus.progress.printer import MAX_RECOMPILE_NOTICES
 from trax_revplus.progress.printer import ProgressPrinter
+from trax_revplus.progress.profile_steps import StepProfiler
 from trax_revplus.progress.run_stats import peak_host_rss_bytes
 from trax_revplus.progress.run_stats import RUN_STATS_FILENAME
 from trax_revplus.progress.run_stats import StepFigures
@@ -30,4 +34,5 @@ __all__ = [
   'ProgressPrinter',
   'RUN_STATS_FILENAME',
   'StepFigures',
+  'StepProfiler',
 ]

@@ -7,6 +7,9 @@
   trainer (str or null): class of the Loop's first trainer, e.g.
     'trax.optimizers.trainer.ReversibleSerialTrainer'
     (`run_classes.trainer_name`).
+  trainer_fix (str or null): what of stock's trainer was changed for
+    current JAX (`run_classes.RunClasses.trainer_fix`), e.g. "its Loop's
+    RNG on the step's device"; null for a trainer as its library ships it.
   reversible_layers (str or null): the reversible layers of the Loop's
     model, by class and count (`run_classes.reversible_layers`), e.g.
     'trax_revplus.layers.ReversibleHalfResidual x8, ...'; 'none' for a
@@ -60,6 +63,7 @@ from typing import Any, Sequence
 from absl import logging
 import numpy as np
 
+from trax_revplus import compat
 from trax_revplus import memory
 from trax_revplus import run_classes
 
@@ -221,6 +225,8 @@ class StepFigures:
     )
     return {
       'trainer': self._classes.trainer,
+      # Known once a step ran, not when the trainers were built.
+      'trainer_fix': compat.stock_baseline_fix(self._trainers),
       'reversible_layers': self._classes.reversible_layers,
       'steps': list(stats['steps']),
       'loss': [_finite(v) for v in stats['loss']],

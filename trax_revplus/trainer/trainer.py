@@ -166,9 +166,8 @@ class ReversibleSerialTrainer(step_inquiries.StepInquiries):
     self._pending_init_records = list(store.init_records)
     # The 'start' record names this trainer and its layers; in a Loop,
     # those of the Loop's model instead (`swap`), as the summary does.
-    self._memory_log.set_run_classes(
-      *run_classes.of_trainers_and_model([self], store.layers)
-    )
+    classes = run_classes.of_trainers_and_model([self], store.layers)
+    self._memory_log.set_run_classes(classes.trainer, classes.reversible_layers)
     self._compiler = compilation.Compiler(
       placement,
       store.layers,

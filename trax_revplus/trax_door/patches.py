@@ -129,6 +129,15 @@ PATCHES = (
     (),
   ),
   Patch(
+    'trax.optimizers.trainer.ReversibleSerialTrainer',
+    'one_step',
+    CLASS_SCOPE,
+    'trax_revplus.compat',
+    "stock's step, run as the baseline: the Loop's RNG placed on the "
+    "step's device, as current JAX requires",
+    ('batch', 'rng', 'step', 'learning_rate'),
+  ),
+  Patch(
     'trax.layers.core.Dropout',
     'forward',
     CLASS_SCOPE,
