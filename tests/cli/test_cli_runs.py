@@ -482,14 +482,36 @@ def test_stock_failing_in_its_steps_is_one_line(
   assert 'Traceback' in logged and 'incompatible devices' in logged
 
 
-def test_profile_writes_a_trace_of_the_named_steps(tmp_path, capsys):
+def test_profile_and_step_floor(tmp_path, capsys):
   """--profile=2-3: one JAX profiler trace, begun as step 2 began and ended
-  after step 3, readable by TensorBoard (.xplane.pb) and Perfetto."""
+  after step 3, readable by TensorBoard (.xplane.pb) and Perfetto.
+  --step_floor: the floor and the model's arithmetic in the summary and
+  run_stats.json."""
   output_dir = str(tmp_path / 'profiled')
   result = _Result(
-    *_main(capsys, *_train_args(MAIN, output_dir), '--profile=2-3')
+    *_main(
+      capsys, *_train_args(MAIN, output_dir), '--profile=2-3', '--step_floor'
+    )
   )
-  _check_trained(result, output_dir)
+  rows = _check_trained(result, output_dir)
+  with open(os.path.join(output_dir, 'run_stats.json'), encoding='utf-8') as f:
+    stats = json.load(f)
+  floor = stats['step_floor']
+  # The tiny main job: batch 2, a plan of whole-batch calls or slices.
+  assert floor['rows_per_call'] * floor['calls_per_step'] == 2
+  assert floor['flops_per_step'] == pytest.approx(
+    floor['calls_per_step']
+    * sum(k['flops'] * k['count'] for k in floor['kinds'])
+  )
+  assert floor['step_floor_seconds'] == min(
+    floor['layer_floor_seconds'], floor['whole_program_seconds']
+  )
+  ratio = stats['median_step_seconds'] / floor['step_floor_seconds']
+  assert rows['step floor'].startswith(f'{floor["step_floor_seconds"]:.4g} s (')
+  assert rows['step floor'].endswith(f'the median step is {ratio:.2f}x it')
+  assert rows['arithmetic'].startswith(
+    f'{floor["flops_per_step"] / 1e12:.4g} TFLOP a step a device'
+  )
   profile_dir = os.path.join(output_dir, 'profile')
   assert (
     f'profile of steps 2-3 in {profile_dir} (TensorBoard, or '

@@ -121,3 +121,39 @@ def test_the_train_loss_row_is_the_last_step_s(tmp_path):
   (row,) = [line for line in table.splitlines() if 'train loss' in line]
   assert row.split('  ')[0] == 'train loss, last step (nats)'
   assert row.split()[-2:] == [f'{losses["stock"][-1]:.4f}', 'n/a']
+
+
+def test_step_floor_rows_and_the_stock_baselines_fix(tmp_path):
+  """Runs that measured their step floor get its rows: each side's floor,
+  its median step over it and its TFLOP/s; the stock run names the one
+  change current JAX required of it."""
+  floors = {'stock': 0.5, 'revplus': 0.25}
+  runs = {}
+  for side, seconds in floors.items():
+    run_dir = tmp_path / side
+    run_dir.mkdir()
+    stats = {
+      'trainer': 'trax.optimizers.trainer.ReversibleSerialTrainer'
+      if side == 'stock'
+      else 'trax_revplus.trainer.ReversibleSerialTrainer',
+      'trainer_fix': "its Loop's RNG on the step's device"
+      if side == 'stock'
+      else None,
+      'steps': [1, 2, 3],
+      'loss': [5.0, 4.0, 3.0],
+      'median_step_seconds': 1.0,
+      'step_floor': {'step_floor_seconds': seconds, 'flops_per_step': 2e12},
+    }
+    (run_dir / 'run_stats.json').write_text(json.dumps(stats))
+    runs[side] = compare.collect_run(
+      side, 0, '', str(run_dir), str(tmp_path / f'{side}.log'), 1.0
+    )
+  table = compare.format_table(compare.build_report([], [], 3, 0, False, runs))
+  rows = {line.split('  ')[0]: line.split()[-3:] for line in table.splitlines()}
+  assert rows['step floor (s)'] == ['0.500', '0.250', '0.5']
+  assert rows['median step / floor'] == ['floor', '2', '4']
+  assert rows['TFLOP/s, median step'] == ['2', '2', '1']
+  assert (
+    "  trainer fix        its Loop's RNG on the step's device (as current "
+    'JAX requires)'
+  ) in table.splitlines()

@@ -45,7 +45,7 @@ def add_train(commands: 'argparse._SubParsersAction') -> None:
     usage=(
       f'{PROG} train --config_file=FILE.gin [--config=BINDING ...]\n'
       f'{" " * 20}[--output_dir=DIR] [--progress_every_n_steps=N]\n'
-      f'{" " * 20}[--profile=STEPS]\n'
+      f'{" " * 20}[--profile=STEPS] [--step_floor]\n'
       f'{" " * 20}[--implementation=config|stock|revplus]\n'
       f'{" " * 20}[--num_processes=N --process_id=I\n'
       f'{" " * 21}--coordinator_address=HOST:PORT]'
@@ -102,6 +102,16 @@ def add_train(commands: 'argparse._SubParsersAction') -> None:
     '(e.g. 3-4: the first steps compile and plan), to OUTPUT_DIR/profile: '
     "an .xplane.pb for TensorBoard's profile plugin and a "
     'perfetto_trace.json.gz for ui.perfetto.dev (see docs/accelerators.md).',
+  )
+  parser.add_argument(
+    '--step_floor',
+    action='store_true',
+    help="After the last step, time the model's own arithmetic on the "
+    "device: each distinct layer's forward and gradient alone at the rows "
+    "of one call of the step, and the model's as one program where it "
+    'fits; the summary and run_stats.json give the floor, the median step '
+    'against it, and the FLOPs per step and TFLOP/s (see '
+    'docs/performance.md).',
   )
   add_compilation_cache_flags(parser)
   parser.add_argument(
@@ -207,7 +217,8 @@ def add_compare(commands: 'argparse._SubParsersAction') -> None:
     usage=(
       f'{PROG} compare --config_file=FILE.gin [--config=BINDING ...]\n'
       f'{" " * 22}[--steps=N] [--seed=S] [--output_dir=DIR] '
-      '[--nodevice_accounting]'
+      '[--step_floor]\n'
+      f'{" " * 22}[--nodevice_accounting]'
     ),
     description=help_text.COMPARE_DESCRIPTION,
     epilog=help_text.COMPARE_EPILOG,
@@ -243,6 +254,13 @@ def add_compare(commands: 'argparse._SubParsersAction') -> None:
     help='Directory for both runs (stock/, revplus/, with their logs '
     'stock.log and revplus.log), compare.json and compare.png. '
     'Default: ~/trax/compare_<first config name>_<date>_<time>.',
+  )
+  parser.add_argument(
+    '--step_floor',
+    action='store_true',
+    help="Each run times the model's own arithmetic on the device after "
+    'its steps (train --step_floor); the table gives each step floor, the '
+    'median step against it and the TFLOP/s.',
   )
   parser.add_argument(
     '--nodevice_accounting',

@@ -58,6 +58,7 @@ def run(flags: argparse.Namespace) -> int:
     steps=flags.steps,
     seed=flags.seed,
     device_accounting=flags.device_accounting,
+    step_floor=flags.step_floor,
   )
 
 
@@ -123,6 +124,7 @@ def compare_main(
   seed: int | None = None,
   stream: TextIO | None = None,
   device_accounting: bool = True,
+  step_floor: bool = False,
 ) -> int:
   """Runs both trainings, prints the table, writes compare.json and the PNG.
 
@@ -139,6 +141,8 @@ def compare_main(
       for each trainer's XLA-computed step peak (`compare.accounting`);
       its output goes to <output_dir>/estimate.log, its failure to one line
       of the table.
+    step_floor: bool, each run measures its step's floor after its steps
+      (`train --step_floor`); the table sets the median steps against it.
 
   Returns:
     int exit status: 0 when the trax_revplus run succeeded, 1 when it failed.
@@ -200,7 +204,7 @@ def compare_main(
     log_path = os.path.join(output_dir, f'{k}.log')
     command = compare.runs.run_command(
       k, config_files, list(bindings) + extra, run_dirs[k], every
-    )
+    ) + (['--step_floor'] if step_floor else [])
     stream.write(
       f'{PROG} compare: training with {compare.LABELS[k]} '
       f'(output in {log_path})\n'

@@ -142,6 +142,46 @@ def _planning(costs: list[dict] | None) -> str | None:
   )
 
 
+def _floor_rows(
+  floor: dict[str, Any] | None, median_step_seconds: float | None
+) -> list[tuple[str, str]]:
+  """The 'step floor' and 'arithmetic' rows of a measured floor
+  (run_stats.json's `step_floor`)."""
+  if not floor:
+    return []
+  rows = []
+  seconds = floor['step_floor_seconds']
+  calls = floor['calls_per_step']
+  how = (
+    "the model's forward and gradient as one program"
+    if seconds is not None and seconds == floor['whole_program_seconds']
+    else "each distinct layer's forward and gradient alone, "
+    f'{floor["rows_per_call"]} rows a call, x {calls} '
+    f'call{"s" * (calls != 1)}'
+  )
+  if seconds is not None:
+    against = (
+      f'; the median step is {median_step_seconds / seconds:.2f}x it'
+      if median_step_seconds
+      else ''
+    )
+    rows.append(('step floor', f'{seconds:.4g} s ({how}){against}'))
+  rate = (
+    f'; {floor["flops_per_step"] / median_step_seconds / 1e12:.3g} TFLOP/s '
+    'at the median step'
+    if median_step_seconds
+    else ''
+  )
+  rows.append(
+    (
+      'arithmetic',
+      f'{floor["flops_per_step"] / 1e12:.4g} TFLOP a step a device (forward '
+      f"and gradient, XLA's count){rate}",
+    )
+  )
+  return rows
+
+
 def format_summary(
   summary: dict[str, Any] | None,
   loop: Any,
@@ -192,6 +232,9 @@ def format_summary(
     planning = _planning(summary.get('planning'))
     if planning:
       rows.append(('planning', planning))
+    rows.extend(
+      _floor_rows(summary.get('step_floor'), summary.get('median_step_seconds'))
+    )
   if checkpoint and summary is not None and not summary['steps_run']:
     rows.append(
       (

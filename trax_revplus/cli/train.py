@@ -122,6 +122,35 @@ def _checkpoint_step(path: str) -> int | None:
     return None
 
 
+def _measure_step_floor(loop: Any, printer: Any) -> None:
+  """Times the step's floor on the device (`step_floor.of_loop`) for the
+  summary; a model it cannot measure is a warning line, not a failure."""
+  # Here: it imports trax, which waits until the flags are checked.
+  from trax_revplus import step_floor  # pylint: disable=g-import-not-at-top
+
+  print(
+    "step floor: timing each distinct layer's forward and gradient on the "
+    'device',
+    flush=True,
+  )
+  try:
+    floor = step_floor.of_loop(loop, printer.last_batch)
+  except Exception as e:  # pylint: disable=broad-except
+    logging.info('the step floor was not measured', exc_info=True)
+    print(
+      warning_line(
+        COMMAND,
+        f'the step floor was not measured ({type(e).__name__}: '
+        f'{str(e).splitlines()[0] if str(e) else ""}); its traceback is in '
+        'train.log',
+      ),
+      file=sys.stderr,
+      flush=True,
+    )
+    return
+  printer.set_step_floor(floor.as_json())
+
+
 def _train(
   output_dir: str,
   callbacks: list[Any],
@@ -129,8 +158,11 @@ def _train(
   stop: interrupt.StopOnSignal,
   bindings: list[str],
   multi_process: bool = False,
+  step_floor: bool = False,
 ) -> int:
-  """Runs trainer_lib.train, then saves a final checkpoint and summarizes."""
+  """Runs trainer_lib.train, then saves a final checkpoint and summarizes;
+  with `step_floor`, measures the step's floor first
+  (`_measure_step_floor`)."""
   trainer_lib = trax_import.module('trax.supervised.trainer_lib')
   # Here: they import trax, which waits until the flags are checked.
   # pylint: disable=g-import-not-at-top
@@ -197,6 +229,8 @@ def _train(
     for c in loop_door.callbacks(loop)
     if isinstance(c, progress.ProgressPrinter)
   ]
+  if step_floor and printers and printers[0].last_batch is not None:
+    _measure_step_floor(loop, printers[0])
   summary = printers[0].summary() if printers else None
   saved = checkpoint if os.path.exists(checkpoint) else None
   if stop.signum is not None:  # Came after the last step ended.
@@ -341,7 +375,13 @@ def _run(
       cache_flags.enabled(cache_dir),
     ):
       return _train(
-        output_dir, callbacks, log_path, stop, bindings, process is not None
+        output_dir,
+        callbacks,
+        log_path,
+        stop,
+        bindings,
+        process is not None,
+        flags.step_floor,
       )
   except interrupt.Interrupted as e:
     raise _interrupted(e, output_dir) from None

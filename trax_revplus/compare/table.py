@@ -16,6 +16,24 @@ def _stat(run, key):
   return stats.get(key)
 
 
+def _floor_seconds(run):
+  """The run's step floor (`train --step_floor`), seconds, or None."""
+  floor = _stat(run, 'step_floor')
+  return floor['step_floor_seconds'] if floor else None
+
+
+def _over_floor(run):
+  """The run's median step over its step floor, or None."""
+  floor, median = _floor_seconds(run), _stat(run, 'median_step_seconds')
+  return median / floor if floor and median else None
+
+
+def _tflops_per_second(run):
+  """The model's TFLOP a step over the median step, or None."""
+  floor, median = _stat(run, 'step_floor'), _stat(run, 'median_step_seconds')
+  return floor['flops_per_step'] / median / 1e12 if floor and median else None
+
+
 def _peak(run, log_key, stats_key):
   """A run's peak: from its memory log's records, else from run_stats."""
   log = run.get('memory_log') if run['status'] == 'ok' else None
@@ -40,6 +58,8 @@ def _fmt(value, kind):
     return f'{value:.3f}'
   if kind == 'loss':
     return f'{value:.4f}'
+  if kind == 'ratio':
+    return f'{value:.3g}'
   return str(value)
 
 
@@ -148,6 +168,13 @@ def format_table(report: Report) -> str:
         True,
       ),
     )
+  floors = any(_stat(runs[k], 'step_floor') for k in IMPLEMENTATIONS)
+  if floors:  # After the median step.
+    metrics[4:4] = [
+      ('step floor (s)', _floor_seconds, 'seconds', True),
+      ('median step / floor', _over_floor, 'ratio', False),
+      ('TFLOP/s, median step', _tflops_per_second, 'ratio', True),
+    ]
   table = [
     ('metric', LABELS['stock'], LABELS['revplus'], 'trax_revplus / stock')
   ]
@@ -206,8 +233,15 @@ def format_table(report: Report) -> str:
       'computed from its compiled programs, for the trainer each side ran: '
       "trax_revplus's memory-efficient trainer's from its memory log, "
       "the others' (stock trax's, trax's default Trainer) from "
-      '`trax-revplus estimate` on the same config. No ratio beside a run '
-      'that failed.',
+      '`trax-revplus estimate` on the same config. '
+      + (
+        "A step floor is the model's forward and gradient timed on the "
+        "device at the rows of that side's calls (train --step_floor); "
+        "TFLOP/s is XLA's count of it over the median step. "
+        if floors
+        else ''
+      )
+      + 'No ratio beside a run that failed.',
       width=78,
     )
   )

@@ -140,6 +140,16 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
     self._observe_step_results(loop)
     self._inputs = StepInputs(loop)
 
+  @property
+  def last_batch(self) -> Any:
+    """The last training batch's `jax.ShapeDtypeStruct`s, or None."""
+    return self._inputs.last_batch
+
+  def set_step_floor(self, floor: dict[str, Any]) -> None:
+    """Keeps a step's floor (`step_floor.StepFloor.as_json()`) in
+    run_stats.json and the summary."""
+    self._figures.step_floor = floor
+
   def _observe_step_results(self, loop: training.Loop) -> None:
     """Has this printer see the (loss, stats) each training step returns.
 
@@ -351,6 +361,8 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
         'peak_host_rss_bytes' (int): peak resident set size of the process.
         'planning' (list of dict, or None): what planning cost
           (`run_stats.json`'s `planning`).
+        'median_step_seconds' (float or None): `run_stats.json`'s.
+        'step_floor' (dict or None): `run_stats.json`'s.
     """
     # Steps after the last line, if any.
     if self._window['steps'] and self._last_step is not None:
@@ -391,4 +403,6 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
       'eval_losses': eval_losses,
       'peak_host_rss_bytes': self._figures.peak_host_rss_bytes(),
       'planning': self._figures.planning(),
+      'median_step_seconds': self._figures.run_stats()['median_step_seconds'],
+      'step_floor': self._figures.step_floor,
     }

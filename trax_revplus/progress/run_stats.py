@@ -50,6 +50,15 @@
     `plan_programs` (the chosen plan's), `plan_compile_seconds` (seconds
     tracing and compiling the chosen plan's own programs),
     `search_seconds` (the rest) and `plan` (the chosen plan in words).
+  step_floor (object or null): the step's floor where the run measured it
+    (`trax-revplus train --step_floor`; `step_floor.StepFloor.as_json`):
+    `flops_per_step` (XLA's count of the model's forward and gradient, one
+    device), `step_floor_seconds` (the least of `layer_floor_seconds`,
+    each distinct layer's forward and gradient timed alone at
+    `rows_per_call` rows times its layers and `calls_per_step`, and
+    `whole_program_seconds`, the model's as one program, null with
+    `whole_program_note` where not timed) and `kinds` (each layer kind's
+    `name`, `count`, `flops`, `seconds`, `temp_bytes`).
 
 Both trax's and trax_revplus's trainers are measured by this same code, so
 `trax-revplus compare` can set their figures side by side.
@@ -127,6 +136,8 @@ class StepFigures:
     self._device_probe_failed = False
     self._device_peak_reported = None
     self._device_bytes_source = None
+    # Set by `ProgressPrinter.set_step_floor` (`train --step_floor`).
+    self.step_floor: dict[str, Any] | None = None
     self._stats: dict[str, list[Any]] = {
       key: []
       for key in (
@@ -246,6 +257,7 @@ class StepFigures:
       'total_h2d_bytes': sum(stats['h2d_bytes']) if counted else None,
       'total_d2h_bytes': sum(stats['d2h_bytes']) if counted else None,
       'planning': self.planning(),
+      'step_floor': self.step_floor,
     }
 
   def planning(self) -> list[dict] | None:

@@ -141,7 +141,8 @@ class StepInputs:
     self._loop = loop
     self._records: dict[int, dict[str, Any]] = {}
     self._step: int | None = None
-    self._last_batch = None
+    # The last training batch's `jax.ShapeDtypeStruct`s (`last_batch`).
+    self.last_batch: Any = None
     for task in loop_door.tasks(loop):
       if hasattr(task, 'next_batch'):
         task.next_batch = self._observed(task.next_batch)
@@ -149,6 +150,9 @@ class StepInputs:
   def _observed(self, next_batch: Callable[[], Any]) -> Callable[[], Any]:
     def observed() -> Any:
       batch = next_batch()
+      self.last_batch = jax.tree_util.tree_map(
+        lambda x: jax.ShapeDtypeStruct(np.shape(x), np.dtype(x.dtype)), batch
+      )
       if self._step is not None:
         self._records[self._step]['batch'] = batch_signature(batch)
       return batch

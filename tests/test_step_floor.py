@@ -1,0 +1,130 @@
+"""trax_revplus.step_floor: a step's arithmetic, layer by layer, timed."""
+
+import jax
+import numpy as np
+import pytest
+from trax import layers as tl
+from trax import shapes
+
+import trax_revplus
+from trax_revplus import step_floor
+from trax_revplus import trainer as rev_trainer
+
+from conftest import lsh_reformer_lm
+
+
+@pytest.fixture(autouse=True)
+def _stock_trax():
+  trax_revplus.deactivate()
+
+
+def _lm_batch(rows=4, length=32):
+  x = np.arange(rows * length, dtype=np.int32).reshape(rows, length) % 16
+  return x, x, np.ones_like(x, dtype=np.float32)
+
+
+def _initialized(model, batch):
+  model.init(shapes.signature(batch[:1]))
+  return model
+
+
+def _whole_gradient_flops(model, loss, batch):
+  """XLA's count of the whole model's forward and gradient, one program,
+  differentiated by `jax.vjp` directly."""
+  whole = tl.Serial(model, loss)
+  state, rng = whole.state, jax.random.PRNGKey(0)
+
+  def loss_of(weights):
+    return whole.pure_fn(batch, weights, state, rng)[0]
+
+  def gradient(weights):
+    value, vjp = jax.vjp(loss_of, weights)
+    return vjp(jax.numpy.ones_like(value))
+
+  compiled = jax.jit(gradient).lower(whole.weights).compile()
+  return step_floor._flops(compiled)  # pylint: disable=protected-access
+
+
+def test_layer_by_layer_count_is_the_whole_models_count():
+  """Without custom gradients (no recomputation to tell apart: a swap is
+  the model's only reversible layer), the layers' forward and gradient
+  programs, each counted once per layer, add up to XLA's count of the
+  whole model's gradient by `jax.vjp`."""
+  batch = _lm_batch()
+  model = _initialized(
+    tl.Serial(
+      tl.Embedding(16, 64),
+      tl.Dense(64),
+      tl.Relu(),
+      tl.Dense(64),
+      tl.Relu(),
+      tl.Dup(),
+      tl.ReversibleSwap(),
+      tl.Concatenate(),
+      tl.Dense(16),
+      tl.LogSoftmax(),
+    ),
+    batch,
+  )
+  loss = tl.WeightedCategoryCrossEntropy()
+  floor = step_floor.measure(model, loss, batch, rows_per_call=4, timed=False)
+  whole = _whole_gradient_flops(model, loss, batch)
+  assert floor.flops_per_step == pytest.approx(whole, rel=0.05)
+  # The equal Dense(64) and Relu layers compile once each; the loss layer
+  # (what follows the last reversible layer, as trax's trainers cut it)
+  # comes last.
+  counts = {k.name.split(' ')[0]: k.count for k in floor.kinds}
+  assert counts['Dense_64'] == 2 and counts['Relu'] == 2
+  assert floor.kinds[-1].name == 'loss' and floor.kinds[-1].flops > 0
+
+
+def test_equal_layers_share_a_kind_and_calls_multiply_the_floor():
+  model = _initialized(lsh_reformer_lm(n_layers=3), _lm_batch())
+  loss = tl.WeightedCategoryCrossEntropy()
+  batch = _lm_batch(rows=4)
+  floor = step_floor.measure(model, loss, batch, rows_per_call=2)
+  by_name = {k.name.split(' ')[0]: k for k in floor.kinds}
+  # Three attention and three feed-forward half-residuals, one kind each.
+  assert by_name['ReversibleHalfResidualDecoderAttn'].count == 3
+  assert by_name['ReversibleHalfResidualDecoderFF'].count == 3
+  assert floor.calls_per_step == 2 and floor.rows_per_call == 2
+  assert all(k.seconds > 0 for k in floor.kinds)
+  assert floor.layer_seconds == pytest.approx(
+    2 * sum(k.seconds * k.count for k in floor.kinds)
+  )
+  assert floor.seconds == floor.layer_seconds  # No whole program timed.
+  assert floor.flops_per_step == pytest.approx(
+    2 * sum(k.flops * k.count for k in floor.kinds)
+  )
+  whole = step_floor.measure_whole(floor, model, loss, batch)
+  assert whole.whole_seconds > 0 and whole.whole_note is None
+  assert whole.seconds == min(whole.layer_seconds, whole.whole_seconds)
+  assert whole.tflops_per_second(0.5) == pytest.approx(
+    floor.flops_per_step / 0.5 / 1e12
+  )
+  assert step_floor.measure(model, loss, batch, 2, timed=False).seconds is None
+
+
+def test_rows_per_call_are_the_plans():
+  """A call of trax_revplus's step gets the rows its plan's batch slices
+  leave; a trainer without a plan (trax's) the whole batch."""
+  from conftest import initialized  # pylint: disable=g-import-not-at-top
+  from conftest import reversible_lm_blocks  # pylint: disable=g-import-not-at-top
+
+  first, reversible, loss = reversible_lm_blocks()
+  batch = _lm_batch(rows=4, length=8)
+  batch = (batch[0] % 9, batch[1] % 9, batch[2])
+  blocks, loss = initialized([(first.sublayers, reversible)], loss, batch)
+  trainer = rev_trainer.ReversibleSerialTrainer(
+    blocks, loss, trax_revplus_optimizer(), batch_slices=2
+  )
+  assert step_floor.rows_per_call(trainer, batch, 1) == 2
+  assert step_floor.rows_per_call(object(), batch, 2) == 2
+  with pytest.raises(ValueError, match='rows_per_call = 3 does not divide'):
+    step_floor.measure(tl.Serial(*first.sublayers), loss, batch, 3)
+
+
+def trax_revplus_optimizer():
+  from trax import optimizers  # pylint: disable=g-import-not-at-top
+
+  return optimizers.Adam

@@ -1,0 +1,448 @@
+"""A step's floor: the model's own forward and gradient, layer by layer, on
+the device, and the floating-point operations they take.
+
+Every trainer of a trax model (trax's default `Trainer`, stock's
+`ReversibleSerialTrainer`, trax_revplus's) computes the same forward and
+gradient; what differs is the work around it (calls, H2D and D2H copies,
+recomputation, optimizer updates). The floor of a step is that arithmetic
+alone, timed on the device the run trains on: each distinct layer of the
+model (trax's `extract_reversible_blocks` of the model and its loss, as
+the memory-efficient trainers cut it) is compiled alone as its forward and
+the gradient of its outputs in its weights and inputs (trax's own
+gradient: a layer with a custom backward, such as a reversible layer or
+LSH attention, recomputes as trax defines it), at the rows of the batch a
+call of the step gets (`rows_per_call`: the plan's batch slices and
+micro-batches divide the batch); its median time over a few calls, times
+the layers of its kind and the calls per step, summed over the kinds with
+the loss layer's, is the floor. It needs only one layer's programs on the
+device at a time, so it exists for a model that does not fit the device
+whole.
+
+XLA's cost analysis of the same compiled programs gives the model's
+floating-point operations per step (`flops_per_step`), and with a step's
+time its achieved rate (`tflops_per_second`). `trax-revplus train
+--step_floor` reports both in its summary and in run_stats.json.
+"""
+
+import dataclasses
+import statistics
+import time
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from trax import layers as tl
+from trax import shapes as trax_shapes
+from trax.layers import combinators as cb
+from trax.optimizers import trainer as stock_trainer
+
+from trax_revplus.trax_door import loop as loop_door
+from trax_revplus.typing import PyTree
+
+# Calls of each program before the timed ones (the first runs the compiled
+# program's one-time set-up) and timed calls, whose median counts.
+WARMUP_CALLS = 2
+TIMED_CALLS = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerKind:
+  """Equal layers of a model: one program serves them all.
+
+  Attributes:
+    name: str, the first such layer's trax name and position, e.g.
+      'ReversibleHalfResidual (layer 3)'; 'loss' for the loss layer.
+    count: int, layers of this kind in the model.
+    flops: float, XLA's count of floating-point operations of one call of
+      the kind's forward and gradient at `rows_per_call` rows.
+    seconds: float or None, the median seconds of one such call on the
+      device; None where not timed.
+    temp_bytes: int, XLA's temporary device bytes of one such call.
+  """
+
+  name: str
+  count: int
+  flops: float
+  seconds: float | None
+  temp_bytes: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class StepFloor:
+  """The arithmetic of one step, by layer kind.
+
+  Attributes:
+    kinds: tuple of `LayerKind`, in the model's order (the loss last).
+    calls_per_step: int, calls of each layer per step on one device
+      (rows per device / `rows_per_call`).
+    rows_per_call: int, batch rows of one call.
+    whole_seconds: float or None, the median seconds of the model's forward
+      and gradient compiled as one program over the whole batch, where it
+      was measured (`measure_whole`); None where not.
+    whole_note: str or None, why the whole program was not timed.
+  """
+
+  kinds: tuple[LayerKind, ...]
+  calls_per_step: int
+  rows_per_call: int
+  whole_seconds: float | None = None
+  whole_note: str | None = None
+
+  @property
+  def flops_per_step(self) -> float:
+    """Floating-point operations of a step's forward and gradient, on one
+    device."""
+    return sum(k.flops * k.count for k in self.kinds) * self.calls_per_step
+
+  @property
+  def layer_seconds(self) -> float | None:
+    """Every kind's call time, times its layers and the calls per step;
+    None where a kind was not timed."""
+    timed = [(k.seconds, k.count) for k in self.kinds]
+    if any(seconds is None for seconds, _ in timed):
+      return None
+    return (
+      sum(float(seconds or 0.0) * count for seconds, count in timed)
+      * self.calls_per_step
+    )
+
+  @property
+  def seconds(self) -> float | None:
+    """The floor in seconds: the least of the layer by layer sum and the
+    whole program's time (None where neither was timed)."""
+    found = [t for t in (self.layer_seconds, self.whole_seconds) if t]
+    return min(found) if found else None
+
+  def tflops_per_second(self, step_seconds: float | None) -> float | None:
+    """The step's achieved rate, TFLOP/s, at `step_seconds` a step."""
+    if not step_seconds:
+      return None
+    return self.flops_per_step / step_seconds / 1e12
+
+  def as_json(self) -> dict[str, Any]:
+    """The floor as run_stats.json keeps it."""
+    return {
+      'rows_per_call': self.rows_per_call,
+      'calls_per_step': self.calls_per_step,
+      'flops_per_step': self.flops_per_step,
+      'step_floor_seconds': self.seconds,
+      'layer_floor_seconds': self.layer_seconds,
+      'whole_program_seconds': self.whole_seconds,
+      'whole_program_note': self.whole_note,
+      'kinds': [dataclasses.asdict(k) for k in self.kinds],
+    }
+
+
+def _abstract(tree: PyTree) -> PyTree:
+  return jax.tree_util.tree_map(
+    lambda x: jax.ShapeDtypeStruct(np.shape(x), np.dtype(x.dtype)), tree
+  )
+
+
+def _with_rows(signature: PyTree, rows: int) -> PyTree:
+  """`signature` (ShapeDtypeStructs with the batch first) at `rows` rows."""
+  return jax.tree_util.tree_map(
+    lambda s: jax.ShapeDtypeStruct((rows,) + tuple(s.shape[1:]), s.dtype),
+    signature,
+  )
+
+
+def _layer_key(layer: tl.Layer, inputs: PyTree) -> tuple[Any, ...]:
+  """Layers with equal keys compile to the same program."""
+  return (
+    type(layer),
+    str(layer),
+    jax.tree_util.tree_structure(inputs),
+    tuple((s.shape, s.dtype) for s in jax.tree_util.tree_leaves(inputs)),
+    tuple(
+      (np.shape(w), np.dtype(w.dtype))
+      for w in jax.tree_util.tree_leaves(layer.weights)
+    ),
+  )
+
+
+def _forward_and_gradient(layer: tl.Layer, is_loss: bool):
+  """(inputs, weights, state, rng, cotangents) -> (gradients in the inputs
+  and weights, outputs), as trax differentiates `layer.pure_fn`."""
+
+  def outputs(x, w, state, rng):
+    return layer.pure_fn(x, w, state, rng, use_cache=False)[0]
+
+  def scalar(x, w, state, rng, ct):
+    y = outputs(x, w, state, rng)
+    if is_loss:
+      return jnp.sum(y), y
+    # The gradient of <y, ct>: the vjp of the outputs' cotangents `ct`.
+    value = sum(
+      (
+        jnp.vdot(a, c)
+        for a, c in zip(jax.tree_util.tree_leaves(y), ct)
+        if jnp.issubdtype(a.dtype, jnp.inexact)
+      ),
+      jnp.float32(0),
+    )
+    return value, y
+
+  # The outputs are returned too: a step hands them on, and without them
+  # XLA would drop the forward of a layer whose gradient does not need it
+  # (a Dense layer's).
+  return jax.jit(jax.grad(scalar, argnums=(0, 1), has_aux=True, allow_int=True))
+
+
+def _cotangents(layer: tl.Layer, inputs: PyTree) -> list[jax.ShapeDtypeStruct]:
+  out = layer.output_signature(trax_shapes.signature(inputs))
+  out = out if isinstance(out, (list, tuple)) else (out,)
+  return [jax.ShapeDtypeStruct(s.shape, s.dtype) for s in out]
+
+
+def _example(signature: PyTree, key: Any, device: Any) -> PyTree:
+  """Arrays of `signature` on `device`: normal floats, zero ints."""
+  leaves, tree = jax.tree_util.tree_flatten(signature)
+  keys = jax.random.split(key, max(len(leaves), 1))
+  arrays = [
+    jax.random.normal(k, s.shape, s.dtype)
+    if jnp.issubdtype(s.dtype, jnp.inexact)
+    else jnp.zeros(s.shape, s.dtype)
+    for k, s in zip(keys, leaves)
+  ]
+  return jax.device_put(jax.tree_util.tree_unflatten(tree, arrays), device)
+
+
+def _median_seconds(fn: Any, args: Sequence[Any]) -> float:
+  times = []
+  for i in range(WARMUP_CALLS + TIMED_CALLS):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    if i >= WARMUP_CALLS:
+      times.append(time.perf_counter() - t0)
+  return statistics.median(times)
+
+
+def _temp_bytes(compiled: Any) -> int:
+  analysis = compiled.memory_analysis()
+  return int(getattr(analysis, 'temp_size_in_bytes', 0) or 0)
+
+
+def _flops(compiled: Any) -> float:
+  analysis = compiled.cost_analysis()
+  if isinstance(analysis, (list, tuple)):  # One entry per program.
+    analysis = analysis[0] if analysis else {}
+  return float((analysis or {}).get('flops', 0.0))
+
+
+def layer_inputs(
+  blocks: Sequence[tuple[Sequence[tl.Layer], Sequence[tl.Layer]]],
+  loss_layer: tl.Layer,
+  batch: PyTree,
+) -> list[tuple[tl.Layer, PyTree]]:
+  """Each layer of a step with the signature of its inputs, in order.
+
+  Args:
+    blocks: the (standard layers, reversible layers) blocks of
+      `trax.optimizers.trainer.extract_reversible_blocks`, initialized.
+    loss_layer: its loss layer.
+    batch: the batch or its `jax.ShapeDtypeStruct`s, e.g. (inputs, targets,
+      weights) each (B, ...).
+
+  Returns:
+    list of (layer, inputs as `jax.ShapeDtypeStruct`s), the loss layer
+    last.
+  """
+  stack = _abstract(tuple(jax.tree_util.tree_leaves(batch)))
+  found = []
+  for std_layers, rev_layers in blocks:
+    for layer in list(std_layers) + list(rev_layers):
+      inputs = cb.inputs_from_stack(stack, layer.n_in)
+      found.append((layer, inputs))
+      out = layer.output_signature(trax_shapes.signature(inputs))
+      out = _abstract(out)
+      stack = cb.outputs_onto_stack(out, stack, layer.n_in)
+  found.append((loss_layer, cb.inputs_from_stack(stack, loss_layer.n_in)))
+  return found
+
+
+def measure(
+  model: tl.Layer,
+  loss_layer: tl.Layer,
+  batch: PyTree,
+  rows_per_call: int,
+  device: Any = None,
+  timed: bool = True,
+) -> StepFloor:
+  """The floor of a step of `model` and `loss_layer` on `batch`'s shapes.
+
+  Compiles each distinct layer's forward and gradient at `rows_per_call`
+  rows and, if `timed`, times it on `device`, one kind after another (one
+  kind's arrays on the device at a time).
+
+  Args:
+    model: the trax model, initialized (e.g. a Loop's training model).
+    loss_layer: the loss layer the step trains it with (e.g. a
+      `TrainTask`'s `loss_layer`), initialized or not.
+    batch: arrays or `jax.ShapeDtypeStruct`s of one device's batch, each
+      (B, ...), B the rows of one device's step.
+    rows_per_call: int, rows of one call, dividing B.
+    device: the `jax.Device` to time on; None: the default device.
+    timed: False: count the operations only (nothing runs).
+
+  Returns:
+    `StepFloor`.
+
+  Raises:
+    ValueError: rows_per_call does not divide B.
+  """
+  leaves = jax.tree_util.tree_leaves(batch)
+  batch_rows = int(np.shape(leaves[0])[0])
+  if rows_per_call < 1 or batch_rows % rows_per_call:
+    raise ValueError(
+      f'rows_per_call = {rows_per_call} does not divide the batch of '
+      f'{batch_rows} rows.'
+    )
+  device = device or jax.devices()[0]
+  blocks, loss = stock_trainer.extract_reversible_blocks([model, loss_layer])
+  per_call = _with_rows(_abstract(tuple(leaves)), rows_per_call)
+  pending: dict[Any, list[Any]] = {}
+  order = []
+  placed = layer_inputs(blocks, loss, per_call)
+  for position, (layer, inputs) in enumerate(placed):
+    is_loss = position == len(placed) - 1
+    key = ('loss',) if is_loss else _layer_key(layer, inputs)
+    if key not in pending:
+      label = layer.name or type(layer).__name__
+      name = 'loss' if is_loss else f'{label} (layer {position})'
+      pending[key] = [name, 0, layer, inputs, is_loss]
+      order.append(key)
+    pending[key][1] += 1
+  rng = jax.random.PRNGKey(0)
+  kinds = []
+  for key in order:
+    name, count, layer, inputs, is_loss = pending[key]
+    ct = [] if is_loss else _cotangents(layer, inputs)
+    fn = _forward_and_gradient(layer, is_loss)
+    weights = _abstract(layer.weights)
+    state = _abstract(layer.state)
+    rng_sig = jax.ShapeDtypeStruct(rng.shape, rng.dtype)
+    compiled = fn.lower(inputs, weights, state, rng_sig, ct).compile()
+    seconds = None
+    if timed:
+      args = (
+        _example(inputs, jax.random.PRNGKey(1), device),
+        jax.device_put(layer.weights, device),
+        jax.device_put(layer.state, device),
+        jax.device_put(rng, device),
+        _example(ct, jax.random.PRNGKey(2), device),
+      )
+      seconds = _median_seconds(compiled, args)
+      del args
+    kinds.append(
+      LayerKind(name, count, _flops(compiled), seconds, _temp_bytes(compiled))
+    )
+  return StepFloor(tuple(kinds), batch_rows // rows_per_call, rows_per_call)
+
+
+def measure_whole(
+  floor: StepFloor,
+  model: tl.Layer,
+  loss_layer: tl.Layer,
+  batch: PyTree,
+  device: Any = None,
+) -> StepFloor:
+  """`floor` with the model's forward and gradient timed as one program.
+
+  The program is the gradient of `tl.Serial(model, loss_layer)` in its
+  weights over the whole batch (trax's default `Trainer`'s arithmetic,
+  tools/step_floor.py's `grad`). It keeps every layer's residuals at once,
+  so it is tried only where they fit: where the device reports its size
+  (`memory_stats()['bytes_limit']`) and the layers' temporaries, each
+  kind's times its layers and calls, exceed it, the floor is returned with
+  a note instead.
+
+  Args:
+    floor: the layer by layer floor (`measure`) of the same step.
+    model, loss_layer, batch, device: as `measure`'s.
+
+  Returns:
+    `StepFloor`: `floor` with `whole_seconds` or `whole_note`.
+  """
+  device = device or jax.devices()[0]
+  needed = sum(k.temp_bytes * k.count for k in floor.kinds) * (
+    floor.calls_per_step
+  )
+  limit = (device.memory_stats() or {}).get('bytes_limit')
+  if limit and needed > limit:
+    return dataclasses.replace(
+      floor,
+      whole_note=f'its layers alone keep {needed} bytes, over the '
+      f"device's {limit}",
+    )
+  whole = tl.Serial(model, loss_layer)
+  leaves = tuple(jax.tree_util.tree_leaves(batch))
+  fn = _forward_and_gradient(whole, is_loss=True)
+  rng = jax.random.PRNGKey(0)
+  try:
+    args: tuple[Any, ...] = (
+      _example(_abstract(leaves), jax.random.PRNGKey(1), device),
+      jax.device_put(whole.weights, device),
+      jax.device_put(whole.state, device),
+      jax.device_put(rng, device),
+      [],
+    )
+    seconds = _median_seconds(fn, args)
+  except Exception as e:  # pylint: disable=broad-except
+    # Out of device memory, or a model trax cannot run whole this way.
+    return dataclasses.replace(
+      floor, whole_note=f'{type(e).__name__}: {str(e).splitlines()[0]}'
+    )
+  return dataclasses.replace(floor, whole_seconds=seconds)
+
+
+def rows_per_call(trainer: Any, batch: PyTree, n_devices: int) -> int:
+  """The rows of one call of `trainer`'s step on `batch`'s shapes: one
+  device's rows, divided by trax_revplus's plan's batch slices and
+  micro-batches (the whole of one device's rows for trax's trainers)."""
+  rows = int(np.shape(jax.tree_util.tree_leaves(batch)[0])[0]) // n_devices
+  planned = getattr(trainer, 'planned', None)
+  if planned is None:
+    return rows
+  plan = planned(batch).plan
+  return max(1, rows // (plan.batch_slices * plan.micro_batches))
+
+
+def per_device(batch: PyTree, n_devices: int) -> PyTree:
+  """`batch`'s `jax.ShapeDtypeStruct`s for one of `n_devices` devices."""
+  return jax.tree_util.tree_map(
+    lambda s: jax.ShapeDtypeStruct(
+      (np.shape(s)[0] // n_devices,) + tuple(np.shape(s)[1:]),
+      np.dtype(s.dtype),
+    ),
+    batch,
+  )
+
+
+def of_loop(loop: Any, batch: PyTree, timed: bool = True) -> StepFloor:
+  """The floor of a step of a trax `Loop`'s first task on `batch`'s shapes,
+  on this process's first device: layer by layer at the rows of one call of
+  its trainer (`rows_per_call`), and as one program where it fits
+  (`measure_whole`).
+
+  Args:
+    loop: a `trax.supervised.training.Loop` whose trainers are built.
+    batch: the arrays or `jax.ShapeDtypeStruct`s of a training batch of
+      this process (B, ...).
+    timed: False: count the operations only.
+
+  Returns:
+    `StepFloor`.
+  """
+  model = loop_door.model(loop)
+  loss_layer = loop_door.tasks(loop)[0].loss_layer
+  trainer = loop_door.trainers(loop)[0]
+  n_devices = jax.local_device_count()
+  rows = rows_per_call(trainer, batch, n_devices)
+  one_device = per_device(batch, n_devices)
+  device = jax.local_devices()[0]
+  floor = measure(model, loss_layer, one_device, rows, device, timed)
+  if not timed:
+    return floor
+  return measure_whole(floor, model, loss_layer, one_device, device)
