@@ -26,6 +26,12 @@ table of docs/performance.md, and writes each part's figures to
   first_step   the first step of trax_revplus and of stock on lm12 through
                `train` without a compilation cache, then trax_revplus's
                again from a warm cache.
+  arithmetic   each step against the chip's own arithmetic: lm12 (20
+               steps) with trax_revplus and with stock's trainer as the
+               baseline, and enwik8 with no settings (6 steps), each with
+               `train --step_floor --profile`: the median step, its floor
+               (`trax_revplus.step_floor`), their ratio, the TFLOP/s, and
+               the transfer wait in the profile (tools/profile_summary.py).
 
 Each part's commands and their output stay in `<out_dir>/<part>/`; a part
 can be run alone (`--parts=enwik8`), and `--render` rebuilds the table from
@@ -33,6 +39,8 @@ the JSON files present (e.g. parts measured by separate commands).
 
 Usage:
   python tools/accelerator_targets.py --parts=enwik8,others --out_dir=DIR
+  python tools/accelerator_targets.py --parts=arithmetic \
+      --runs=lm12_ours,lm12_stock --out_dir=DIR
   python tools/accelerator_targets.py --render --out_dir=DIR
 """
 
@@ -46,6 +54,7 @@ import threading
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
 ENWIK8 = os.path.join(REPO, 'gin_configs', 'reformer_enwik8_full.gin')
 MAIN = os.path.join(REPO, 'gin_configs', 'reformer_char_lm.gin')
 # enwik8's config reads a local copy of enwik8: the standard library's
@@ -70,6 +79,7 @@ LM12 = [
   'train.eval_frequency = 1000',
 ]
 PARTS = (
+  'arithmetic',
   'enwik8',
   'enwik8_more',
   'others',
@@ -227,6 +237,8 @@ def _train_figures(run_dir):
 # Bindings added to every enwik8 command (`--bindings`: a smaller model,
 # to try the tool on a CPU).
 _EXTRA = []
+# The arithmetic part's runs to make (`--runs`; empty: all).
+_RUNS = []
 
 
 def enwik8(folder, timeout, more=False):
@@ -315,6 +327,8 @@ def compare(folder, timeout):
       f'--config_file={MAIN}',
       '--steps=300',
       f'--output_dir={out_dir}',
+      '--step_floor',
+      '--nodevice_accounting',
     ),
     folder,
     timeout,
@@ -410,7 +424,84 @@ def first_step(folder, timeout):
   return out
 
 
+# The steps each model's arithmetic part runs, and the steps it profiles
+# (after the first, which compiles).
+ARITHMETIC_RUNS = (
+  ('lm12_ours', MAIN, LM12 + ['train.steps = 20'], [], '10-11'),
+  (
+    'lm12_stock',
+    MAIN,
+    LM12 + ['train.steps = 20'],
+    ['--implementation=stock'],
+    '10-11',
+  ),
+  (
+    'enwik8_ours',
+    ENWIK8,
+    ENWIK8_DATA
+    + [
+      'train.steps = 6',
+      'train.eval_frequency = 1000',
+      'train.checkpoints_at = [6]',
+    ],
+    [],
+    '4-5',
+  ),
+)
+
+
+def arithmetic(folder, timeout):
+  # pylint: disable=g-import-not-at-top
+  from tools import profile_summary
+
+  out = {}
+  for name, config, bindings, extra, profile in ARITHMETIC_RUNS:
+    if _RUNS and name not in _RUNS:
+      continue
+    run_dir = os.path.join(folder, name)
+    result = _run(
+      name,
+      _cli(
+        'train',
+        f'--config_file={config}',
+        f'--output_dir={run_dir}',
+        '--progress_every_n_steps=1',
+        '--step_floor',
+        f'--profile={profile}',
+        *extra,
+        *_bindings(bindings + _EXTRA),
+      ),
+      folder,
+      timeout,
+    )
+    stats = _run_stats(run_dir)
+    floor_figures = stats.get('step_floor') or {}
+    try:
+      traced = profile_summary.summarize(run_dir)
+      traced.pop('top_events_seconds')
+    except (OSError, ValueError, KeyError) as e:
+      traced = {'error': str(e)}
+    median = stats.get('median_step_seconds')
+    floor_seconds = floor_figures.get('step_floor_seconds')
+    out[name] = {
+      'train': result,
+      'median_step_seconds': median,
+      'step_floor': {k: v for k, v in floor_figures.items() if k != 'kinds'},
+      'kinds': floor_figures.get('kinds'),
+      'over_floor': median / floor_seconds
+      if median and floor_seconds
+      else None,
+      'tflops_per_second': floor_figures['flops_per_step'] / median / 1e12
+      if median and floor_figures
+      else None,
+      'profile': traced,
+      'planning': stats.get('planning'),
+    }
+  return out
+
+
 _PART_FUNCTIONS = {
+  'arithmetic': arithmetic,
   'enwik8': enwik8,
   'enwik8_more': lambda folder, timeout: enwik8(folder, timeout, True),
   'others': others,
@@ -419,6 +510,10 @@ _PART_FUNCTIONS = {
   'floor': floor,
   'first_step': first_step,
 }
+
+
+def _fixed(value, unit=''):
+  return '-' if value is None else f'{value:.3g}{unit}'
 
 
 def _gib(nbytes):
@@ -433,7 +528,25 @@ def render(out_dir):
     if os.path.exists(path):
       with open(path) as f:
         parts[part] = json.load(f)
-  lines = ['| measurement | figure |', '|---|---|']
+  lines = []
+  if 'arithmetic' in parts:
+    lines += [
+      '| model, trainer | median step | floor | step / floor | TFLOP/s '
+      '| transfer wait |',
+      '|---|---|---|---|---|---|',
+    ]
+    for name, run in parts['arithmetic'].items():
+      floor_seconds = (run.get('step_floor') or {}).get('step_floor_seconds')
+      wait = (run.get('profile') or {}).get('transfer_wait_fraction')
+      lines.append(
+        f'| {name} | {_fixed(run.get("median_step_seconds"), " s")} | '
+        f'{_fixed(floor_seconds, " s")} | {_fixed(run.get("over_floor"))} | '
+        f'{_fixed(run.get("tflops_per_second"))} | '
+        + ('-' if wait is None else f'{wait:.1%}')
+        + ' |'
+      )
+    lines.append('')
+  lines += ['| measurement | figure |', '|---|---|']
   for part in ('enwik8', 'enwik8_more'):
     if part not in parts:
       continue
@@ -479,6 +592,12 @@ def main():
     '(e.g. smaller sizes, to try this on a CPU)',
   )
   parser.add_argument(
+    '--runs',
+    default='',
+    help="the arithmetic part's runs to make, e.g. lm12_ours,lm12_stock "
+    '(default: all); their figures join those of runs made before',
+  )
+  parser.add_argument(
     '--render',
     action='store_true',
     help='only rebuild the table from the JSON present',
@@ -486,6 +605,7 @@ def main():
   args = parser.parse_args()
   os.makedirs(args.out_dir, exist_ok=True)
   _EXTRA.extend(args.bindings)
+  _RUNS.extend(r for r in args.runs.split(',') if r)
   if not args.render:
     for part in args.parts.split(','):
       if part not in _PART_FUNCTIONS:
@@ -493,7 +613,11 @@ def main():
       figures = _PART_FUNCTIONS[part](
         os.path.join(args.out_dir, part), args.timeout_seconds
       )
-      with open(os.path.join(args.out_dir, f'{part}.json'), 'w') as f:
+      path = os.path.join(args.out_dir, f'{part}.json')
+      if part == 'arithmetic' and os.path.exists(path):
+        with open(path) as f:  # Runs made by an earlier command stay.
+          figures = {**json.load(f), **figures}
+      with open(path, 'w') as f:
         json.dump(figures, f, indent=1, default=str)
   table = render(args.out_dir)
   with open(os.path.join(args.out_dir, 'accelerator.md'), 'w') as f:
