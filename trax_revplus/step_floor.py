@@ -98,8 +98,11 @@ class StepFloor:
   @property
   def layer_seconds(self) -> float | None:
     """Every kind's call time, times its layers and the calls per step;
-    None where a kind was not timed."""
-    timed = [(k.seconds, k.count) for k in self.kinds]
+    None where a kind was not timed. A kind without arithmetic (XLA counts
+    no operation: a swap, a shape check) adds nothing: its time is a
+    call's launch alone, which a step that fuses it into a neighbour's
+    program does not pay."""
+    timed = [(k.seconds if k.flops > 0 else 0.0, k.count) for k in self.kinds]
     if any(seconds is None for seconds, _ in timed):
       return None
     return (
@@ -228,7 +231,8 @@ def _flops(compiled: Any) -> float:
   analysis = compiled.cost_analysis()
   if isinstance(analysis, (list, tuple)):  # One entry per program.
     analysis = analysis[0] if analysis else {}
-  return float((analysis or {}).get('flops', 0.0))
+  # The TPU's analysis gives a program of data movement alone -2.
+  return max(0.0, float((analysis or {}).get('flops', 0.0)))
 
 
 def layer_inputs(
