@@ -1,11 +1,13 @@
-"""Function-level imports: trax and JAX only through `trax_import.module`,
-anything else only with a comment saying why it is not at the top.
+"""Function-level imports: trax and JAX only through `trax_import` (JAX as
+its typed attributes, `trax_import.jax`; trax through `module`), anything
+else only with a comment saying why it is not at the top.
 
 Processes that must not import JAX (`import trax_revplus`, the
 `trax-revplus` command before its command runs, the parents of `compare`
 and `launch`) import modules that use trax or JAX later; where those
 imports happen is kept to one place (trax_revplus/trax_import.py) so that
-it can be seen.
+it can be seen, and JAX's uses there are type checked (mypy reads
+`trax_import.jax` as the module).
 """
 
 import ast
@@ -111,6 +113,44 @@ def _import_module_calls(tree):
   ]
 
 
+def _untyped_jax_reads(tree):
+  """`trax_import.module('<JAX module>')` calls, which mypy reads as
+  untyped, and `from trax_revplus.trax_import import <attribute>`, which
+  imports JAX when the module is."""
+  found = [
+    node
+    for node in ast.walk(tree)
+    if isinstance(node, ast.Call)
+    and ast.unparse(node.func).endswith('trax_import.module')
+    and node.args
+    and isinstance(node.args[0], ast.Constant)
+    and isinstance(node.args[0].value, str)
+    and node.args[0].value.partition('.')[0] in ('jax', 'jaxlib')
+  ]
+  found += [
+    node
+    for node in ast.walk(tree)
+    if isinstance(node, ast.ImportFrom)
+    and node.module == 'trax_revplus.trax_import'
+  ]
+  return found
+
+
+def test_jax_is_read_through_typed_attributes():
+  untyped = []
+  for path, source in _sources():
+    if path == _LAZY_HOME:
+      continue
+    untyped += [
+      f'{path}:{node.lineno}' for node in _untyped_jax_reads(ast.parse(source))
+    ]
+  assert not untyped, (
+    f'JAX read without its types at {untyped}: read it as '
+    f'`trax_import.jax` (or another of `trax_import._LAZY_JAX`, adding the '
+    f'module there) inside the function'
+  )
+
+
 def test_trax_and_jax_are_imported_lazily_in_one_place():
   misplaced = []
   for path, source in _sources():
@@ -129,7 +169,8 @@ def test_trax_and_jax_are_imported_lazily_in_one_place():
   assert not misplaced, (
     f'trax or JAX imported inside a function at {misplaced}: import it at '
     f"the module's top, or, where the module must stay free of them, "
-    f"call trax_revplus.trax_import.module('...')"
+    f'read JAX as trax_revplus.trax_import.jax (or another of its typed '
+    f"attributes) and trax through trax_import.module('trax...')"
   )
 
 
@@ -166,3 +207,11 @@ def test_the_checks_see_what_they_check():
   ]
   assert reasons == [False, True, True]  # numpy: the block's comment.
   assert len(_import_module_calls(tree)) == 1
+  untyped = ast.parse(
+    'from trax_revplus.trax_import import jax\n'
+    'def f():\n'
+    "  trax_import.module('jax.sharding')\n"
+    "  trax_import.module('trax.layers')\n"
+    '  return trax_import.jax\n'
+  )
+  assert sorted(n.lineno for n in _untyped_jax_reads(untyped)) == [1, 3]

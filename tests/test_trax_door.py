@@ -4,14 +4,19 @@ Every entry of `registry.PRIVATE_NAMES` and `patches.PATCHES` is checked
 against the installed trax: an attribute on a built instance of its owner
 (with the value its `check` accepts), a method or function with the
 leading parameters we pass. Outside the door, no module of trax_revplus
-names one of these private attributes.
+names one of these private attributes, and no class of trax_revplus that
+subclasses a trax class reaches, through `self` or `cls`, a private
+attribute one of its trax base classes defines.
 """
 
+import ast
 import importlib
 import inspect
 import os
 import re
+import textwrap
 import tokenize
+import types
 
 import numpy as np
 import pytest
@@ -24,7 +29,9 @@ from trax.optimizers import trainer as stock_trainer_lib
 from trax.supervised import training
 
 import trax_revplus
+from trax_revplus import interrupt
 from trax_revplus import swap
+from trax_revplus.multiprocess import ending
 from trax_revplus.trax_door import functions
 from trax_revplus.trax_door import layers
 from trax_revplus.trax_door import loop
@@ -275,3 +282,174 @@ def test_no_module_outside_the_door_reaches_a_door_name():
       ):
         reached.append(f'{os.path.relpath(path, PACKAGE)}:{number}: {line}')
   assert not reached, '\n'.join(reached)
+
+
+def _made_classes():
+  """The classes of trax_revplus made inside a function (their base comes
+  with trax, which their module does not import at its top), by
+  qualified name."""
+  made = [
+    interrupt._callback_class(),  # pylint: disable=protected-access
+    ending.stop_together(None),
+  ]
+  return {f'{c.__module__}.{c.__qualname__}': c for c in made}
+
+
+def _classes_of(path):
+  """(qualified name, ClassDef) of each class in the file, e.g.
+  'trax_revplus.interrupt._callback_class.<locals>._StopOnSignalCallback'."""
+  module = os.path.relpath(path, os.path.dirname(PACKAGE))[:-3]
+  module = module.replace(os.sep, '.').removesuffix('.__init__')
+  found = []
+
+  def visit(node, prefix):
+    for child in ast.iter_child_nodes(node):
+      if isinstance(child, ast.ClassDef):
+        found.append((f'{prefix}.{child.name}', child))
+        visit(child, f'{prefix}.{child.name}')
+      elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        visit(child, f'{prefix}.{child.name}.<locals>')
+      else:
+        visit(child, prefix)
+
+  with open(path, encoding='utf-8') as f:
+    visit(ast.parse(f.read()), module)
+  return found
+
+
+def _self_private_attributes(class_def):
+  """(line number, name) of each `self._name` or `cls._name` in the class's
+  own methods (a nested class's are its own)."""
+  found = []
+
+  def visit(node):
+    for child in ast.iter_child_nodes(node):
+      if isinstance(child, ast.ClassDef):
+        continue
+      if (
+        isinstance(child, ast.Attribute)
+        and isinstance(child.value, ast.Name)
+        and child.value.id in ('self', 'cls')
+        and child.attr.startswith('_')
+        and not child.attr.startswith('__')
+      ):
+        found.append((child.lineno, child.attr))
+      visit(child)
+
+  visit(class_def)
+  return found
+
+
+def _resolve_class(qualified_name, made):
+  """The class object of `qualified_name`: a module's (nested) class, or a
+  function-made one of `made`; None where it is neither."""
+  if qualified_name in made:
+    return made[qualified_name]
+  if '<locals>' in qualified_name:
+    return None
+  parts = qualified_name.split('.')
+  for i in range(len(parts) - 1, 0, -1):
+    try:
+      found = importlib.import_module('.'.join(parts[:i]))
+    except ImportError:
+      continue
+    for name in parts[i:]:
+      found = getattr(found, name, None)
+    return found if inspect.isclass(found) else None
+  return None
+
+
+def _trax_private_attributes(cls):
+  """The private names trax's classes among `cls`'s bases define: their
+  class attributes (methods, properties, constants) and the instance
+  attributes their methods assign (`self._name = ...`)."""
+  names = set()
+  for base in cls.__mro__:
+    if base.__module__.partition('.')[0] != 'trax':
+      continue
+    names.update(vars(base))
+    try:
+      source = textwrap.dedent(inspect.getsource(base))
+    except (OSError, TypeError):
+      source = ''
+    for node in ast.walk(ast.parse(source)):
+      if (
+        isinstance(node, ast.Attribute)
+        and isinstance(node.ctx, ast.Store)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == 'self'
+      ):
+        names.add(node.attr)
+  return {n for n in names if n.startswith('_') and not n.startswith('__')}
+
+
+def _subclass_private_access(paths, made):
+  """'path:line: Class._name' for each private trax attribute a subclass
+  of a trax class reaches through `self` or `cls` in `paths`, and
+  'path: name not found' for each class made inside a function whose
+  object the test cannot find (add its maker to `_made_classes`)."""
+  reached = []
+  for path in paths:
+    for qualified_name, class_def in _classes_of(path):
+      accessed = _self_private_attributes(class_def)
+      if not accessed or not class_def.bases:
+        continue
+      where = os.path.relpath(path, PACKAGE)
+      cls = _resolve_class(qualified_name, made)
+      if cls is None:
+        reached.append(f'{where}: {qualified_name} not found')
+        continue
+      trax_names = _trax_private_attributes(cls)
+      reached += [
+        f'{where}:{number}: {class_def.name}.{name}'
+        for number, name in accessed
+        if name in trax_names
+      ]
+  return reached
+
+
+def test_no_subclass_outside_the_door_reaches_a_private_trax_name():
+  """A class of ours that subclasses a trax class reads or sets none of
+  the private attributes its trax base classes define through `self`:
+  it uses trax's public API (constructor arguments, properties) or a door
+  function (`registry.uses`)."""
+  paths = [
+    path
+    for path in _python_files(PACKAGE)
+    if not path.startswith(DOOR + os.sep)
+  ]
+  reached = _subclass_private_access(paths, _made_classes())
+  assert not reached, '\n'.join(reached)
+
+
+def test_the_subclass_check_sees_what_it_checks(tmp_path):
+  """A trax subclass setting `self._n_in` is found; its own private
+  attribute, and a class that subclasses no trax class, are not."""
+  path = tmp_path / 'layer_module.py'
+  path.write_text(
+    'from trax.layers import base\n'
+    'class Mine(base.Layer):\n'
+    '  def __init__(self):\n'
+    '    super().__init__()\n'
+    '    self._n_in = 2\n'
+    '    self._mine = 1\n'
+    'class Other(dict):\n'
+    '  def f(self):\n'
+    '    return self._n_in\n'
+  )
+  module = types.ModuleType('layer_module')
+  exec(compile(path.read_text(), str(path), 'exec'), module.__dict__)  # pylint: disable=exec-used
+  made = {'Mine': module.Mine, 'Other': module.Other}
+  assert _trax_private_attributes(module.Other) == set()
+  assert {'_n_in', '_n_out', '_sublayers'} <= _trax_private_attributes(
+    tl.Serial
+  )
+  found = []
+  for _, class_def in _classes_of(str(path)):
+    trax_names = _trax_private_attributes(made[class_def.name])
+    found += [
+      (number, attr)
+      for number, attr in _self_private_attributes(class_def)
+      if attr in trax_names
+    ]
+  assert found == [(5, '_n_in')]

@@ -67,6 +67,24 @@ def test_module_imports_trax_and_jax_modules_only():
       trax_import.module(name)
 
 
+def test_jax_attributes_are_the_modules_imported_on_first_read():
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  from jax.experimental.compilation_cache import compilation_cache  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+
+  assert trax_import.jax is jax
+  assert trax_import.multihost_utils is multihost_utils
+  assert trax_import.compilation_cache is compilation_cache
+  assert not hasattr(trax_import, 'numpy')
+  code = (
+    'import sys; from trax_revplus import trax_import; '
+    "assert 'jax' not in sys.modules; "
+    'jax = trax_import.jax; '
+    "assert sys.modules['jax'] is jax"
+  )
+  subprocess.run([sys.executable, '-c', code], check=True)
+
+
 def test_module_imports_trax_without_stack_walks():
   code = (
     'import inspect, sys; from trax_revplus import trax_import; '

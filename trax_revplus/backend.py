@@ -126,7 +126,7 @@ def open_backend() -> None:
     BusyDeviceError: another process holds the device.
     Whatever else JAX raises when the backend cannot start.
   """
-  jax = trax_import.module('jax')
+  jax = trax_import.jax
   try:
     jax.devices()
   except Exception as e:  # pylint: disable=broad-except
@@ -143,7 +143,7 @@ def describe() -> dict[str, Any]:
   Raises:
     BusyDeviceError: another process holds the device.
   """
-  jax = trax_import.module('jax')
+  jax = trax_import.jax
   open_backend()
   local = jax.local_devices()
   return {

@@ -119,10 +119,8 @@ def enable(directory: str = AUTO) -> str:
   Raises:
     CompilationCacheError: as `check_writable`.
   """
-  jax = trax_import.module('jax')
-  compilation_cache = trax_import.module(
-    'jax.experimental.compilation_cache.compilation_cache'
-  )
+  jax = trax_import.jax
+  compilation_cache = trax_import.compilation_cache
   global _enabled
   path = check_writable(directory)
   jax.config.update('jax_compilation_cache_dir', path)
@@ -166,10 +164,8 @@ def enabled(directory: str = AUTO) -> Iterator[str]:
   Raises:
     CompilationCacheError: as `check_writable`.
   """
-  jax = trax_import.module('jax')
-  compilation_cache = trax_import.module(
-    'jax.experimental.compilation_cache.compilation_cache'
-  )
+  jax = trax_import.jax
+  compilation_cache = trax_import.compilation_cache
   saved = {name: getattr(jax.config, name) for name in _SETTINGS}
   try:
     yield enable(directory)
@@ -183,8 +179,12 @@ def enabled_directory() -> str | None:
   """The directory `enable` turned the cache on in, while it is on there;
   else None (off, or set through JAX's own settings). The planner keeps
   its chosen plans there too (`trainer._plan.plan_store`)."""
-  jax = trax_import.module('jax')
-  if _enabled is not None and jax.config.jax_compilation_cache_dir == _enabled:
+  jax = trax_import.jax
+  # JAX's config holds each option as an attribute made at run time, which
+  # its types do not declare.
+  if (
+    _enabled is not None and jax.config.jax_compilation_cache_dir == _enabled  # type: ignore[attr-defined]
+  ):
     return _enabled
   return None
 

@@ -188,6 +188,8 @@ def _callback_class() -> type:
 
     def __init__(self, loop, owner):
       super().__init__(loop)
+      # Our own reference: trax's base keeps the Loop in a private name.
+      self._trained_loop = loop
       self._owner = owner
       if owner.signum is not None:  # Came while the Loop was being built.
         raise Interrupted(owner.signum, loop=loop)
@@ -205,14 +207,14 @@ def _callback_class() -> type:
       if owner.signum is None:
         return
       checkpoint = None
-      if self._loop.output_dir is not None:
-        self._loop.save_checkpoint(owner.basename)
+      if self._trained_loop.output_dir is not None:
+        self._trained_loop.save_checkpoint(owner.basename)
         checkpoint = os.path.join(
-          self._loop.output_dir, owner.basename + '.pkl.gz'
+          self._trained_loop.output_dir, owner.basename + '.pkl.gz'
         )
       owner.stopped_at_step = step
       raise Interrupted(
-        owner.signum, step=step, checkpoint=checkpoint, loop=self._loop
+        owner.signum, step=step, checkpoint=checkpoint, loop=self._trained_loop
       )
 
   return _StopOnSignalCallback

@@ -6,10 +6,20 @@ runs (it answers --help and mistakes in flags at once; trax's import takes
 seconds of CPU). None of the parents of `compare` and `launch` may open
 JAX's backend (`trax_revplus.backend`). The modules
 those processes load, and which use trax or JAX later in their functions,
-import them through `module` here, never with an `import` inside a
-function (tests/test_imports.py): every lazy import of trax or JAX is a
-call of `module`, and imports trax by `import_trax`. Modules only ever
-loaded after trax import it at their top.
+get them here, never with an `import` inside a function
+(tests/test_imports.py):
+
+  JAX      this module's attributes `jax`, `multihost_utils` and
+           `compilation_cache` (`_LAZY_JAX`), each imported on its first
+           read (`__getattr__`): `jax = trax_import.jax` in a function.
+           mypy reads them as the modules themselves (imported here under
+           `typing.TYPE_CHECKING`), so their uses are type checked; a JAX
+           module not among them is added there, not read through
+           `module`.
+  trax     `module('trax...')`, which imports trax by `import_trax`. trax
+           ships no types, so an attribute would tell mypy nothing more.
+
+Modules only ever loaded after trax import trax and JAX at their top.
 
 trax's `@assert_shape` decorator (`trax/layers/assert_shape.py`) runs once
 per decorated layer while trax's modules are imported, and each run calls
@@ -31,7 +41,17 @@ import importlib
 import inspect
 import sys
 import types
-from typing import Iterator
+import typing
+from typing import Any, Iterator
+
+if typing.TYPE_CHECKING:
+  # What mypy reads for the lazy attributes of `_LAZY_JAX`; at run time
+  # `__getattr__` imports each on its first read.
+  import jax as jax
+  from jax.experimental import multihost_utils as multihost_utils
+  from jax.experimental.compilation_cache import (
+    compilation_cache as compilation_cache,
+  )
 
 
 def frames_without_source(context: int = 1) -> list[inspect.FrameInfo]:
@@ -89,15 +109,39 @@ def import_trax() -> None:
 
 # The packages whose modules `module` imports.
 _LAZY_PACKAGES = ('jax', 'trax')
+# This module's lazy attributes: name -> the JAX module `__getattr__`
+# imports (the same names are imported under `typing.TYPE_CHECKING`).
+_LAZY_JAX = {
+  'jax': 'jax',
+  'multihost_utils': 'jax.experimental.multihost_utils',
+  'compilation_cache': 'jax.experimental.compilation_cache.compilation_cache',
+}
+
+
+def __getattr__(name: str) -> Any:
+  """The JAX module `_LAZY_JAX[name]`, imported now if it is not yet (a
+  module attribute read, PEP 562: `trax_import.jax`).
+
+  Raises:
+    AttributeError: `name` is not one of `_LAZY_JAX`.
+    ImportError: the module or one of its dependencies cannot be imported.
+  """
+  if name not in _LAZY_JAX:
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+  return importlib.import_module(_LAZY_JAX[name])
 
 
 def module(name: str) -> types.ModuleType:
   """trax's or JAX's module `name`, imported now if it is not yet.
 
+  A JAX module a function uses is read as this module's attribute instead
+  (`_LAZY_JAX`: typed); `module` takes JAX's names for a name known only
+  at run time (e.g. a config's configurables).
+
   Args:
-    name: a module of trax or JAX, e.g. 'jax',
-      'jax.experimental.multihost_utils' or 'trax.supervised.training'.
-      trax's modules are imported after `import_trax`.
+    name: a module of trax or JAX, e.g. 'trax.supervised.training' or
+      'jax.experimental.multihost_utils'. trax's modules are imported after
+      `import_trax`.
 
   Returns:
     The module.

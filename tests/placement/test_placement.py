@@ -10,6 +10,7 @@ import pytest
 
 from trax_revplus import memory
 from trax_revplus import placement as placement_lib
+from trax_revplus import validation
 
 
 def test_replicate_and_collect_round_trip_counts_bytes():
@@ -61,6 +62,24 @@ def test_shard_batch_rejects_indivisible_batch():
   assert p.shard_batch(np.zeros((3, 2))).shape == (3, 2)
   with pytest.raises(ValueError, match='n_devices'):
     placement_lib.Placement(len(jax.local_devices()) + 1)
+
+
+def test_shard_batch_checks_the_batch_as_validation_does():
+  """A batch the devices do not divide gets `validation.check_batch`'s
+  error (on two devices as the placement counts them: the check runs
+  before anything is placed)."""
+  p = placement_lib.Placement(1)
+  p.n_devices = p.n_local_devices = 2
+  x = np.zeros((3, 2))
+  with pytest.raises(
+    validation.BatchSizeError,
+    match=r'batch element 1 has batch size 3 \(shape \(3, 2\)\), not '
+    r'divisible by the 2 devices; use a batch size that is a multiple of 2 '
+    r'\(e\.g\. 2\) or set n_devices to a divisor of 3\.$',
+  ):
+    p.shard_batch((np.zeros((4, 2)), x))
+  with pytest.raises(validation.BatchSizeError, match='element 0 is a scalar'):
+    p.shard_batch((np.float32(1.0),))
 
 
 def test_free_never_touches_held_arrays_or_numpy_views():

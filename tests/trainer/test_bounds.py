@@ -16,7 +16,6 @@ import trainer_cases as cases
 from trax_revplus import notices
 from trax_revplus import trainer as rev_trainer
 from trax_revplus.trainer._plan import bounds as bounds_lib
-from trax_revplus.trainer._plan import dimensions
 
 pytestmark = pytest.mark.usefixtures('stock_trax')
 
@@ -70,7 +69,7 @@ def _leanest(fused, slices, trainer=None):
     g.leanest
     for g in p.candidates(p.step_types(_batch())).groups()
     if bool(g.fused_reversible_layers) == fused
-    and dimensions.value(g.leanest, dimensions.SLICES) == slices
+    and g.leanest.batch_slices == slices
   )
 
 

@@ -6,6 +6,8 @@ the planning modules are seen to read it without naming it: the setting's
 range, its unplanned value, the shapes check, the plan's settings,
 plans.json, the least plan's line, the candidates and the search's
 families. Then it is removed, and the registry is the package's own again.
+The package's own dimensions are named by their field wherever planning
+acts on one of them, so that grepping a name finds its search logic.
 """
 
 import dataclasses
@@ -31,16 +33,14 @@ from trax_revplus.trainer._plan import shape_facts
 pytestmark = pytest.mark.usefixtures('stock_trax')
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[2] / 'trax_revplus'
-# Most modules of the package that may name a dimension (as a word,
-# docstrings and comments included): the plan's field with its entry
-# (`plan`), the gin setting (`options`), and the code that runs it
-# (`unit_factory`, where the plan's dimensions reach the compiled
-# functions; the walk, `units`, for micro-batches' parts), with one to
-# spare. Every other module reads the registry (`dimensions`) and
-# names dimensions by role; the modules that run a dimension's value are
-# named for what they run (`batch_parts`, `loss_tail`, `attention_heads`),
-# not for the dimension.
-MOST_MODULES = 4
+# The planning modules that act on each of the package's dimensions in
+# particular (their values, families, order or bounds): each names it.
+SEARCH_MODULES = {
+  'batch_slices': ('candidates', 'families', 'plan_search', 'bounds'),
+  'sequence_chunks': ('candidates', 'families', 'plan_search', 'group_bounds'),
+  'micro_batches': ('candidates', 'families', 'plan_search'),
+  'parallel_heads': ('candidates', 'plan_search'),
+}
 NAMES = ('batch_slices', 'sequence_chunks', 'micro_batches', 'parallel_heads')
 
 
@@ -59,7 +59,7 @@ def _check_toy(value, facts, types_):
 @dataclasses.dataclass(frozen=True)
 class ToyPlan(plan_lib.StepPlan):
   toy_parts: int = dimensions.field(
-    1, 'toy', check=_check_toy, reordering=lambda n: f'{n} toy parts'
+    1, check=_check_toy, reordering=lambda n: f'{n} toy parts'
   )
   __hash__ = plan_lib.StepPlan.__hash__  # a dataclass would replace it
 
@@ -168,7 +168,7 @@ def test_toy_dimension_is_in_the_plan_and_the_store(toy):
 
 
 def test_candidates_run_the_toy_setting(toy):
-  """A dimension of a role the candidates do not vary runs its setting's
+  """A dimension the candidates do not name runs its setting's
   value under a budget, and a kept plan with another value is not one
   this trainer may run."""
   del toy
@@ -239,10 +239,19 @@ def _modules_naming(name):
 
 
 @pytest.mark.parametrize('name', NAMES)
-def test_few_modules_name_a_dimension(name):
+def test_grepping_a_dimension_finds_its_search(name):
   modules = _modules_naming(name)
   assert 'trainer/_plan/plan.py' in modules
-  assert len(modules) <= MOST_MODULES, modules
+  for module in SEARCH_MODULES[name]:
+    assert f'trainer/_plan/{module}.py' in modules, (name, module)
+
+
+def test_dimensions_have_no_other_names():
+  """A dimension has one name, its field's: no role names it."""
+  assert 'role' not in {
+    f.name for f in dataclasses.fields(dimensions.PlanDimension)
+  }
+  assert not _modules_naming('of_role') and not _modules_naming('by_role')
 
 
 def test_store_reads_none_for_a_dimension_alone():

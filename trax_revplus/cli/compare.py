@@ -86,7 +86,7 @@ def check_config(config_files: Sequence[str], bindings: Sequence[str]) -> None:
     preflight.check_config()
     # The batch against the devices and batch slices, as the trainer checks
     # it at its first step: one batch of the inputs, no model built.
-    jax = trax_import.module('jax')
+    jax = trax_import.jax
     n_devices = gin_config.bound_value('train.n_devices', None)
     if not isinstance(n_devices, int):
       n_devices = jax.local_device_count()

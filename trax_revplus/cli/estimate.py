@@ -106,7 +106,7 @@ def estimate(
   Raises:
     UserError: as `train` reports the config's mistakes.
   """
-  jax = trax_import.module('jax')
+  jax = trax_import.jax
   # Here: it imports trax, once the flags are checked.
   from trax_revplus import three_trainers  # pylint: disable=g-import-not-at-top
 

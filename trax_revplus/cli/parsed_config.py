@@ -29,7 +29,7 @@ def _bound(name: str, default: Any) -> Any:
 
 def _batch_types(inputs_fn):
   """The batch's `jax.ShapeDtypeStruct`s from the config's inputs."""
-  jax = trax_import.module('jax')
+  jax = trax_import.jax
   inputs = inputs_fn() if callable(inputs_fn) else inputs_fn
   shapes, dtypes = inputs.example_shape_dtype
   return tuple(

@@ -91,9 +91,8 @@ class ReversibleHalfResidual(trax_reversible.ReversibleLayer):
     self._compute_residual = cb.Serial(*residual_layers)
     self._attention_layer = attention_layer
     self._forward_and_or_backward: attention.ForwardAndOrBackward | None
-    self._sublayers: tuple[base.Layer, ...]
     if attention_layer is None:
-      self._sublayers = (self._compute_residual,)
+      layer_door.set_sublayers(self, (self._compute_residual,))
       self._forward_and_or_backward = None
     else:
       if hasattr(attention_layer, 'forward_and_or_backward'):
@@ -102,15 +101,15 @@ class ReversibleHalfResidual(trax_reversible.ReversibleLayer):
         self._forward_and_or_backward = attention.forward_and_or_backward(
           attention_layer
         )
-      self._sublayers = (self._compute_residual, attention_layer)
+      layer_door.set_sublayers(self, (self._compute_residual, attention_layer))
 
     running_max = 0
     running_total = 0
-    for layer in self._sublayers:
+    for layer in self.sublayers:
       running_total += layer.n_in
       running_max = max(running_max, running_total)
       running_total -= layer.n_out
-    self._n_in = self._n_out = running_max + 1
+    layer_door.set_n_in_n_out(self, running_max + 1, running_max + 1)
 
   def forward(self, xs: tuple[Array, ...]) -> tuple[Array, ...]:
     """Computes `[accumulator + f(context), *context]`.

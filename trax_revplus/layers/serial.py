@@ -79,7 +79,7 @@ class ReversibleSerial(trax_reversible.ReversibleLayer, cb.Serial):
     arguments.check_per_sublayer(
       self, weights=weights, state=state, new_state=new_state
     )
-    rngs = _split_rngs(rng, self._n_layers)
+    rngs = _split_rngs(rng, len(self.sublayers))
     stack = output
     for layer, w, s, ns, layer_rng in reversed(
       list(zip(self.sublayers, weights, state, new_state, rngs))
@@ -122,7 +122,7 @@ class ReversibleSerial(trax_reversible.ReversibleLayer, cb.Serial):
     arguments.check_per_sublayer(
       self, weights=weights, state=state, new_state=new_state
     )
-    rngs = _split_rngs(rng, self._n_layers)
+    rngs = _split_rngs(rng, len(self.sublayers))
     stack = output
     stack_grad = grad
     weights_grad: list[Any] = []

@@ -47,7 +47,7 @@ def any_signal(signum: int | None) -> int | None:
   Args:
     signum: int or None, this process's.
   """
-  multihost_utils = trax_import.module('jax.experimental.multihost_utils')
+  multihost_utils = trax_import.multihost_utils
   gathered = np.asarray(
     multihost_utils.process_allgather(np.int32(signum or 0))
   ).ravel()

@@ -122,7 +122,7 @@ def initialize(
   """
   if not config.is_multi_process:
     return
-  jax = trax_import.module('jax')
+  jax = trax_import.jax
 
   if jax.distributed.is_initialized():
     raise DistributedRuntimeError(
@@ -227,7 +227,7 @@ def initialize(
 
 def _check_joined(config):
   """The error that makes the joined run unusable, or None."""
-  jax = trax_import.module('jax')
+  jax = trax_import.jax
   count = jax.process_count()
   if config.num_processes is not None and count != config.num_processes:
     return DistributedUsageError(
@@ -250,8 +250,8 @@ def _check_joined(config):
 
 def _count_devices_collectively():
   """psum of one per device over a mesh of `jax.devices()` (a float)."""
-  jax = trax_import.module('jax')
-  sharding = trax_import.module('jax.sharding')
+  jax = trax_import.jax
+  sharding = jax.sharding
   mesh = sharding.Mesh(np.array(jax.devices()), ('devices',))
   ones = jax.make_array_from_process_local_data(
     sharding.NamedSharding(mesh, sharding.PartitionSpec('devices')),
@@ -275,5 +275,5 @@ def shutdown() -> None:
   JAX registers this with `atexit` too; calling it early releases the
   coordinator (process 0) before the interpreter winds down.
   """
-  jax = trax_import.module('jax')
+  jax = trax_import.jax
   jax.distributed.shutdown()

@@ -22,7 +22,7 @@ from trax_revplus import trax_import
 
 def process_index() -> int:
   """This process's index (0 without a multi-process run)."""
-  jax = trax_import.module('jax')
+  jax = trax_import.jax
   return jax.process_index()
 
 
@@ -53,7 +53,7 @@ def shared_random_seed() -> int:
   Returns:
     int in [0, 2**31).
   """
-  multihost_utils = trax_import.module('jax.experimental.multihost_utils')
+  multihost_utils = trax_import.multihost_utils
   seed = np.int64(int(1e6 * time.time()) % 2**31)
   return int(multihost_utils.broadcast_one_to_all(seed))
 
@@ -64,5 +64,5 @@ def barrier(name: str) -> None:
   E.g. after the run, so that no process reads the checkpoint set before
   process 0 finished writing it.
   """
-  multihost_utils = trax_import.module('jax.experimental.multihost_utils')
+  multihost_utils = trax_import.multihost_utils
   multihost_utils.sync_global_devices(name)

@@ -12,6 +12,7 @@ from jax.sharding import Mesh
 import numpy as np
 
 from trax_revplus import memory
+from trax_revplus import validation
 from trax_revplus.placement import ahead_of_time
 from trax_revplus.placement import freeing
 from trax_revplus.placement import host_copy
@@ -199,21 +200,18 @@ class Placement:
       on N > 1 devices; unchanged shapes on one device.
 
     Raises:
-      ValueError: N (L: local rows) does not divide B.
+      validation.BatchSizeError: N (L: local rows) does not divide B, or a
+        leaf has no leading axis (`validation.check_batch`).
     """
     if self.n_devices == 1:
       return self._put(batch, rules.batch)
     n = self.n_local_devices
+    # The trainer ran this check before any work; a batch given here
+    # directly gets the same error, with its fix.
+    validation.check_batch(tuple(jax.tree_util.tree_leaves(batch)), n)
 
     def split(x, target):
-      x = np.asarray(x)
-      if x.ndim == 0 or x.shape[0] % n:
-        raise ValueError(
-          f'Number of devices ({n}) does not evenly divide batch size '
-          f'(array of shape {x.shape}); use a batch size that is a '
-          f'multiple of {n} or set n_devices.'
-        )
-      return x.reshape(target.local_shape)
+      return np.asarray(x).reshape(target.local_shape)
 
     return self._put(batch, rules.batch, prepare=split)
 

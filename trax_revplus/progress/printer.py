@@ -109,6 +109,8 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
       ValueError: If every_n_steps < 1.
     """
     super().__init__(loop)
+    # Our own reference: trax's base keeps the Loop in a private name.
+    self._trained_loop = loop
     if every_n_steps < 1:
       raise ValueError(f'every_n_steps must be >= 1, got {every_n_steps}.')
     self._total_steps = total_steps
@@ -249,7 +251,7 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
 
   def _history_eval_losses(self) -> list[tuple[int, float]]:
     """(step, loss) of each eval in the Loop's history."""
-    history = getattr(self._loop, 'history', None)
+    history = getattr(self._trained_loop, 'history', None)
     return [] if history is None else history.get('eval', 'metrics/loss')
 
   def _eval_losses(
@@ -260,10 +262,10 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
     a run that ends before its next checkpoint."""
     self._evals_kept = len(history)
     return eval_history.merged(
-      getattr(self._loop, 'output_dir', None),
+      getattr(self._trained_loop, 'output_dir', None),
       history,
       step,
-      write=getattr(self._loop, 'is_chief', True),
+      write=getattr(self._trained_loop, 'is_chief', True),
     )
 
   def _print(self, line: str) -> None:
@@ -326,9 +328,9 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
     Returns:
       The path written, or None.
     """
-    if not getattr(self._loop, 'is_chief', True):
+    if not getattr(self._trained_loop, 'is_chief', True):
       return None
-    return self._figures.write(getattr(self._loop, 'output_dir', None))
+    return self._figures.write(getattr(self._trained_loop, 'output_dir', None))
 
   def summary(self) -> dict[str, Any]:
     """Returns the figures of the run so far; rewrites run_stats.json.
@@ -375,7 +377,7 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
     plain_seconds = self._train_seconds - compiling_seconds
     last_step = self._last_step
     if last_step is None:
-      last_step = int(getattr(self._loop, 'step', 0))
+      last_step = int(getattr(self._trained_loop, 'step', 0))
     eval_losses = self._eval_losses(self._history_eval_losses(), last_step)
     last_loss_step, last_loss = self._figures.last_loss()
     return {

@@ -3,7 +3,10 @@
 trax's layers keep their constructor arguments in private attributes (a
 `ReversibleSelect`'s indices, a `Dropout`'s shared axes, an efficient
 attention's head count); the trainer's plans and the input checks read them
-here. trax is not imported here: the functions take the layers.
+here. trax's `Layer` keeps its sublayers and its input and output counts
+privately too; our layers that subclass trax's set them here
+(`layers.half_residual`). trax is not imported here: the functions take
+the layers.
 """
 
 from typing import Any
@@ -66,6 +69,43 @@ def _is_int(v):
 
 def _is_bool(v):
   return isinstance(v, bool)
+
+
+@uses(
+  LAYER,
+  '_sublayers',
+  ATTRIBUTE,
+  'its sublayers, a tuple: what `sublayers` returns, which its weights '
+  'and state follow',
+  check=lambda v: isinstance(v, tuple),
+)
+def set_sublayers(layer: Any, sublayers: tuple) -> None:
+  """Sets a layer's sublayers (its `_sublayers`), as trax's combinators
+  do in their constructors: `Layer`'s constructor takes none, and its
+  `sublayers` property has no setter."""
+  layer._sublayers = sublayers  # pylint: disable=protected-access
+
+
+@uses(
+  LAYER,
+  '_n_in',
+  ATTRIBUTE,
+  'the inputs it takes, an int: what `n_in` returns',
+  check=_is_int,
+)
+@uses(
+  LAYER,
+  '_n_out',
+  ATTRIBUTE,
+  'the outputs it gives, an int: what `n_out` returns',
+  check=_is_int,
+)
+def set_n_in_n_out(layer: Any, n_in: int, n_out: int) -> None:
+  """Sets a layer's input and output counts (its `_n_in`, `_n_out`) after
+  its constructor, where they follow from sublayers made after it (as
+  trax's combinators do)."""
+  layer._n_in = n_in  # pylint: disable=protected-access
+  layer._n_out = n_out  # pylint: disable=protected-access
 
 
 @uses(SELF_ATTENTION, '_n_heads', ATTRIBUTE, _N_HEADS, check=_is_int)

@@ -25,7 +25,7 @@ def check_n_devices(n_devices: object) -> int:
     DeviceCountError: if n_devices is not a positive int or exceeds
       `jax.local_device_count()`.
   """
-  jax = trax_import.module('jax')
+  jax = trax_import.jax
   available = jax.local_device_count()
   if n_devices is None:
     return available

@@ -51,15 +51,11 @@ from trax_revplus.device_memory import calls as calls_lib
 from trax_revplus.device_memory import programs as programs_lib
 from trax_revplus.device_memory import program as program_lib
 from trax_revplus.trainer._accounting import on_types
-from trax_revplus.trainer._plan import dimensions
 from trax_revplus.trainer._plan import plan as plan_lib
 
 # The share of the fused layers' residuals the fused program's lower bound
 # counts (its prediction counts them all).
 FUSED_RESIDUAL_SHARE = 0.5
-# The role of the batch slices (`dimensions`), the dimension the rows rule
-# reads.
-SLICES = dimensions.SLICES
 
 
 class Bytes(NamedTuple):
@@ -86,10 +82,6 @@ class FusedFacts(NamedTuple):
   residual_bytes: Sequence[int] | None
   batch_bytes: int
   devices_on_host: int
-
-
-def _slices(plan: plan_lib.StepPlan) -> int:
-  return dimensions.value(plan, SLICES)
 
 
 def is_fused(plan: plan_lib.StepPlan) -> bool:
@@ -132,7 +124,7 @@ class PlanBounds:
     )
     if facts.residual_bytes is not None:
       device += int(
-        share * sum(facts.residual_bytes[i] for i in fused) / _slices(plan)
+        share * sum(facts.residual_bytes[i] for i in fused) / plan.batch_slices
       )
     return Bytes(device, device * facts.devices_on_host)
 
@@ -143,14 +135,12 @@ class PlanBounds:
   ) -> list[tuple[int, on_types.AheadOfTime]]:
     """(slices, walk) of the walked plans that differ from `plan` in their
     batch slices alone, those with fewer slices first (nearest first)."""
-    k = _slices(plan)
+    k = plan.batch_slices
     out = []
     for other in sorted(self._slices, key=lambda s: (s > k, abs(s - k))):
       if other == k or (fewer_slices_only and other > k):
         continue
-      walk = self._walked(
-        dataclasses.replace(plan, **dimensions.by_role({SLICES: other}))
-      )
+      walk = self._walked(dataclasses.replace(plan, batch_slices=other))
       if walk is not None and walk.complete:
         out.append((other, walk))
     return out
@@ -252,12 +242,12 @@ class PlanBounds:
     walk = self._walked(plan)
     if walk is not None and walk.complete:
       relatives = self._relatives(plan, fewer_slices_only=True)
-      calls = self._call_bytes(walk.calls, _slices(plan), relatives, True)
+      calls = self._call_bytes(walk.calls, plan.batch_slices, relatives, True)
       return Bytes(max(found.device, calls.device), max(found.host, calls.host))
     # Not walked: a walked plan that differs in its slices alone, with
     # fewer slices, holds what this one holds across each call and calls
     # programs of the same arguments and results.
-    k = _slices(plan)
+    k = plan.batch_slices
     for other, walk in self._relatives(plan, fewer_slices_only=True):
       calls = self._call_bytes(walk.calls, k, [], True, record_slices=other)
       found = Bytes(
@@ -288,7 +278,7 @@ class PlanBounds:
     else:
       found = self._walked(plan)
       if found is None:
-        k = _slices(plan)
+        k = plan.batch_slices
         for other, relative in self._relatives(plan, fewer_slices_only=False):
           return self._call_bytes(
             relative.calls, k, [], False, record_slices=other
@@ -297,7 +287,7 @@ class PlanBounds:
       return fused
     walk_ = found
     relatives = self._relatives(plan, fewer_slices_only=False)
-    calls = self._call_bytes(walk_.calls, _slices(plan), relatives, False)
+    calls = self._call_bytes(walk_.calls, plan.batch_slices, relatives, False)
     if fused is not None:
       return Bytes(max(fused.device, calls.device), max(fused.host, calls.host))
     return calls
@@ -316,7 +306,7 @@ class PlanBounds:
       if self._programs.started(noted.key):
         continue
       scaled = self._scaled(
-        noted, position, _slices(plan), relatives, lower=False
+        noted, position, plan.batch_slices, relatives, lower=False
       )
       program = (
         scaled

@@ -77,17 +77,16 @@ def _below_one_row() -> list[dimensions.PlanDimension]:
   """The plan's dimensions that can take a step below one row's batch
   slice (all but the slicing): a least plan names them where they differ
   from a plain step's."""
-  return [d for d in dimensions.DIMENSIONS if d.role != dimensions.SLICES]
+  return [d for d in dimensions.DIMENSIONS if d.name != 'batch_slices']
 
 
 def _pinned(options: options_lib.TrainerOptions) -> str:
   """', set X and Y to 'auto'' for the plan settings `options` pins."""
-  slices = dimensions.of_role(dimensions.SLICES).name
   pinned = [
     name
     for name in (
       'segment_max_layers',
-      slices,
+      'batch_slices',
       'backward_segment_max_layers',
       *(d.name for d in _below_one_row()),
     )
@@ -97,11 +96,11 @@ def _pinned(options: options_lib.TrainerOptions) -> str:
 
 
 def _plan_text(plan: plan_lib.StepPlan) -> str:
-  """'<slices>=2, <parts>=4 and one layer per call, ...' (the plan's
-  slicing, its other dimensions where they differ from a plain step's)."""
+  """'batch_slices=2, micro_batches=4 and one layer per call, ...' (the
+  plan's slicing, its other dimensions where they differ from a plain
+  step's)."""
   layers = plan.settings()['segment_max_layers']
   assert isinstance(layers, int)  # the longest forward segment's length
-  slices = dimensions.of_role(dimensions.SLICES).name
   below = ''.join(
     f', {d.name}={getattr(plan, d.name)}'
     for d in _below_one_row()
@@ -115,7 +114,7 @@ def _plan_text(plan: plan_lib.StepPlan) -> str:
     f'{" and accumulated gradients" if plan.grads_on_host else ""}'
     f' on the {"host" if plan.saved_on_host else "device"}'
   )
-  return f'{slices}={getattr(plan, slices)}{below} and {how}'
+  return f'batch_slices={plan.batch_slices}{below} and {how}'
 
 
 def _sized(nbytes: int) -> str:

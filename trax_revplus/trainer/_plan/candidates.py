@@ -80,10 +80,9 @@ from trax_revplus.trainer._plan import speed_rank
 from trax_revplus.trainer._plan.families import Group
 from trax_revplus.trainer._step import loss_tail
 
-# The roles of the plan's dimensions the candidates vary (`dimensions`).
-SLICES, PARTS = dimensions.SLICES, dimensions.PARTS
-CHUNKS, AT_ONCE = dimensions.LOSS_CALL, dimensions.COMPUTED_AT_ONCE
-_VARIED = (SLICES, PARTS, CHUNKS, AT_ONCE)
+# The plan's dimensions the candidates vary (`dimensions`); every other
+# runs its setting's value without a budget.
+_VARIED = ('batch_slices', 'micro_batches', 'sequence_chunks', 'parallel_heads')
 SEGMENT_LENGTHS = (1, 2, 4, 8)
 ASYNC_DEPTHS = (4, 2, 1, 0)
 
@@ -143,7 +142,7 @@ class Candidates:
     self._nbytes = nbytes
     self._stack_bytes = list(stack_bytes)
     self._options = options
-    pinned = dimensions.pinned(options, SLICES)
+    pinned = options.pinned('batch_slices')
     if pinned is None:
       self.slices = speed_rank.ranked_slices(
         [k for k in range(1, rows + 1) if rows % k == 0],
@@ -153,7 +152,7 @@ class Candidates:
       )
     else:
       self.slices = [pinned]
-    pinned = dimensions.pinned(options, CHUNKS)
+    pinned = options.pinned('sequence_chunks')
     if pinned is None:
       self.chunks = loss_tail.chunk_counts(sequence_length)
     else:
@@ -161,7 +160,7 @@ class Candidates:
     # Whether plans without chunks are candidates (not where an int > 1 is
     # pinned).
     self._unchunked = pinned is None or pinned == 1
-    pinned = dimensions.pinned(options, PARTS)
+    pinned = options.pinned('micro_batches')
     if micro_batches_refused:
       self.parts = []
     elif pinned is None:
@@ -172,7 +171,7 @@ class Candidates:
     self._rows = rows
     # Whether plans in one pass are candidates.
     self._one_pass = pinned is None or pinned == 1
-    self._heads = dimensions.pinned(options, AT_ONCE)
+    self._heads = options.pinned('parallel_heads')
     self._fixed = dimensions.unplanned(options, excluded=_VARIED)
     self._more_heads = self._heads is None and heads_lowerable
     self._heads_first = self._more_heads and speed_rank.one_head_first(
@@ -184,24 +183,22 @@ class Candidates:
     dividing the part's rows (None where none does)."""
     return min((k for k in self.slices if part_rows % k == 0), default=None)
 
-  def _make(
-    self, by_role: Mapping[str, Any] | None = None, **settings: Any
-  ) -> plan_lib.StepPlan:
-    """`make_plan` of `settings`, `_fixed`, and `by_role` ({role: value};
-    the heads at once as pinned, the other roles' at their `none`)."""
+  def _make(self, **settings: Any) -> plan_lib.StepPlan:
+    """`make_plan` of `settings` and `_fixed` (`parallel_heads` as
+    pinned unless given, the other varied dimensions at their `none`)."""
     settings.setdefault('segment_max_bytes', self._options.segment_max_bytes)
+    settings.setdefault('parallel_heads', self._heads)
     return plan_lib.make_plan(
       self._sizes,
       self._nbytes,
       self._stack_bytes,
       **settings,
       **self._fixed,
-      **dimensions.by_role({AT_ONCE: self._heads, **(by_role or {})}),
     )
 
   def _fused(self, k):
     plan = self._make(
-      {SLICES: k},
+      batch_slices=k,
       segment_max_layers=max(self._sizes + [1]),
       backward_segment_max_layers=max(self._sizes + [1]),
       fused_from=0,
@@ -235,7 +232,9 @@ class Candidates:
   def _unfused(self, k, chunks=1, parts=1):
     plans = [
       self._make(
-        {SLICES: k, CHUNKS: chunks, PARTS: parts},
+        batch_slices=k,
+        sequence_chunks=chunks,
+        micro_batches=parts,
         segment_max_layers=f,
         backward_segment_max_layers=b,
         n_async_layers=depth,
@@ -260,7 +259,9 @@ class Candidates:
     copied back, saved inputs and states on the host, and in micro-batches
     the accumulated gradients too."""
     return self._make(
-      {SLICES: k, CHUNKS: chunks, PARTS: parts},
+      batch_slices=k,
+      sequence_chunks=chunks,
+      micro_batches=parts,
       segment_max_layers=self._usable('segment_max_layers')[0],
       backward_segment_max_layers=self._usable('backward_segment_max_layers')[
         0
@@ -278,9 +279,8 @@ class Candidates:
   def may_run(self, plan: plan_lib.StepPlan) -> bool:
     """Whether `plan` (one kept from an earlier run) is one this trainer
     may run."""
-    chunks, parts, heads = (
-      dimensions.value(plan, r) for r in (CHUNKS, PARTS, AT_ONCE)
-    )
+    chunks, parts = plan.sequence_chunks, plan.micro_batches
+    heads = plan.parallel_heads
     if (
       chunks > 1
       and chunks not in self.chunks
@@ -291,9 +291,7 @@ class Candidates:
       or any(getattr(plan, k) != v for k, v in self._fixed.items())
     ):
       return False
-    return plan.fused_from >= plan.loss or self.may_fuse(
-      dimensions.value(plan, SLICES)
-    )
+    return plan.fused_from >= plan.loss or self.may_fuse(plan.batch_slices)
 
   def compiled_layers(self, plan: plan_lib.StepPlan) -> int:
     """`speed_rank.compiled_layers` of `plan`, with this trainer's layer
@@ -319,13 +317,14 @@ class Candidates:
     (example, head) pair at a time, after them (before them on the
     backends of `speed_rank.SPEED_PARALLEL_HEADS`)."""
     groups = list(self._configured_heads_groups())
-    one = dimensions.by_role({AT_ONCE: 1})
     lowered = (
       [
         dataclasses.replace(
           group,
-          plans=tuple(dataclasses.replace(p, **one) for p in group.plans),
-          leanest=dataclasses.replace(group.leanest, **one),
+          plans=tuple(
+            dataclasses.replace(p, parallel_heads=1) for p in group.plans
+          ),
+          leanest=dataclasses.replace(group.leanest, parallel_heads=1),
         )
         for group in groups
       ]

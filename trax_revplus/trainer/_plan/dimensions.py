@@ -4,11 +4,11 @@ A plan dimension is a choice of `plan.StepPlan` that a trainer setting of
 the same name pins (an int) or leaves to the device memory budget
 ('auto'): each changes a step's speed or device memory, never its result.
 Each is declared where its `StepPlan` field is, as the field's metadata
-(`field`: its role in the search, its check, ...), and its setting where
+(`field`: its check, its words, ...), and its setting where
 the trainer's settings are (`options.dimension_setting`: its range and its
 value without a budget). `declare` reads the plan's fields into
 `DIMENSIONS`, one `PlanDimension` per dimension in field order, and the
-modules that plan read that instead of naming each:
+modules that plan read that for what every dimension has:
 
   options      the setting's range and its value without a budget (the
                setting's own metadata);
@@ -17,29 +17,29 @@ modules that plan read that instead of naming each:
                plan changes stock trax's summation order (`reorderings`);
   shape_facts  the check of a pinned int against a batch's shapes
                (`check`, one `validation` error line);
-  candidates   the values the budget tries, by `role`;
-  plan_search  how the search orders it (`role`);
-  budget       how a least plan names it (`role`, `none`);
+  candidates   the values the budget tries: any dimension it does not
+               name runs its setting's value without a budget;
+  families     which groups the search keeps apart: those that differ
+               in a dimension it does not name;
+  budget       how a least plan names it (`none`);
   overrides    why a budget may replace an explicit setting (`replaced`).
 
-The units that run a dimension read its field of the plan.
+Where planning acts on one dimension in particular (the candidates'
+values, the search's families, order and bounds), it names the dimension
+by its field (`plan.batch_slices`, `options.pinned('batch_slices')`,
+`by_name('batch_slices')`), so that grepping a dimension's name finds
+everything that plans it. The units that run a dimension read its field
+of the plan.
 Adding a dimension: docs/architecture.md, "Adding a plan dimension".
 """
 
 import contextlib
 import dataclasses
-from typing import Any, Callable, Collection, Iterator, Mapping
+from typing import Any, Callable, Collection, Iterator
 
 from trax_revplus import validation
 from trax_revplus.trainer import options as options_lib
 from trax_revplus.trainer._step import attention_heads
-
-# Roles of a dimension in the search (`plan_search`): what its values do
-# to the memory a step needs, which is what lets the search skip plans.
-SLICES = 'slices'  # each call over 1/k of the rows: less per call
-PARTS = 'parts'  # the step over 1/m of the rows at a time: less held
-LOSS_CALL = 'loss call'  # changes the loss call alone
-COMPUTED_AT_ONCE = 'computed at once'  # groups again, after all others
 
 Check = Callable[[Any, Any, Any], None]
 # The key of a dimension's entry in its `StepPlan` field's metadata.
@@ -55,12 +55,6 @@ class PlanDimension:
       (`options.TrainerOptions`) and the plans.json key.
     none: the plan's value where the dimension changes nothing (its
       `StepPlan` default).
-    role: str, how `plan_search` bounds and orders its values and which
-      values `candidates` tries: one of `SLICES`, `PARTS`, `LOSS_CALL`,
-      `COMPUTED_AT_ONCE` (one dimension each), or another, whose groups
-      the search keeps apart (families of their own) without bounding one
-      by another, and of which the candidates try the setting's value
-      without a budget.
     check: (value, shape facts, types) -> None, raising a
       `validation.ConfigurationError` where the value a step without a
       budget runs (`options.TrainerOptions.unplanned`) cannot run on a
@@ -75,19 +69,16 @@ class PlanDimension:
 
   name: str
   none: Any
-  role: str
   check: Check | None = None
   replaced: str | None = None
   reordering: Callable[[Any], str] | None = None
 
 
-def field(none: Any, role: str, **entry: Any) -> Any:
+def field(none: Any, **entry: Any) -> Any:
   """A `plan.StepPlan` field that is a plan dimension: its default `none`,
   its entry (`PlanDimension`'s attributes but `name` and `none`, as
   keywords) in its metadata, which `declare` reads."""
-  return dataclasses.field(
-    default=none, metadata={_ENTRY: dict(role=role, **entry)}
-  )
+  return dataclasses.field(default=none, metadata={_ENTRY: entry})
 
 
 def of_plan(plan_class: type) -> list[PlanDimension]:
@@ -126,18 +117,6 @@ def names() -> tuple[str, ...]:
   return tuple(d.name for d in DIMENSIONS)
 
 
-def of_role(role: str) -> PlanDimension:
-  """The dimension of `role` (one of this module's roles).
-
-  Raises:
-    KeyError: no dimension has it.
-  """
-  for dimension in DIMENSIONS:
-    if dimension.role == role:
-      return dimension
-  raise KeyError(role)
-
-
 def by_name(name: str) -> PlanDimension:
   """The dimension `name`.
 
@@ -150,37 +129,21 @@ def by_name(name: str) -> PlanDimension:
   raise KeyError(name)
 
 
-def value(plan: Any, role: str) -> Any:
-  """`plan`'s value of the dimension of `role`."""
-  return getattr(plan, of_role(role).name)
-
-
-def used(plan: Any, role: str) -> bool:
-  """Whether `plan` uses the dimension of `role` (its value is not the one
+def used(plan: Any, name: str) -> bool:
+  """Whether `plan` uses the dimension `name` (its value is not the one
   that changes nothing)."""
-  return value(plan, role) != of_role(role).none
-
-
-def by_role(values_by_role: Mapping[str, Any]) -> dict[str, Any]:
-  """{name: value} of {role: value}: keyword arguments of `plan.make_plan`
-  or `dataclasses.replace` naming the dimensions by role."""
-  return {of_role(role).name: v for role, v in values_by_role.items()}
-
-
-def pinned(options: options_lib.TrainerOptions, role: str) -> Any:
-  """The int `options` pin the dimension of `role` to, or None ('auto')."""
-  return options.pinned(of_role(role).name)
+  return getattr(plan, name) != by_name(name).none
 
 
 def unplanned(
   options: options_lib.TrainerOptions, excluded: Collection[str] = ()
 ) -> dict[str, Any]:
-  """{name: value} of every dimension whose role is not `excluded`, as
+  """{name: value} of every dimension but those named in `excluded`, as
   `options` set it without a budget (`TrainerOptions.unplanned`)."""
   return {
     d.name: options.unplanned(d.name)
     for d in DIMENSIONS
-    if d.role not in excluded
+    if d.name not in excluded
   }
 
 
@@ -203,8 +166,8 @@ def reorderings(plan: Any) -> list[str]:
 _SETTING = 'trax_revplus.ReversibleSerialTrainer'  # options.GIN_CONFIGURABLE
 
 
-def _setting(role: str) -> str:
-  return f'{_SETTING}.{of_role(role).name}'
+def _setting(name: str) -> str:
+  return f'{_SETTING}.{name}'
 
 
 def check_slicing(options: Any, rows: int) -> None:
@@ -218,14 +181,14 @@ def check_slicing(options: Any, rows: int) -> None:
   Raises:
     validation.BatchSlicesError: they do not.
   """
-  _check_slices_of_rows(options.unplanned(of_role(SLICES).name), rows)
+  _check_slices_of_rows(options.unplanned('batch_slices'), rows)
 
 
 def _check_slices_of_rows(slices: int, rows: int) -> None:
   if rows % slices:
     divisors = [k for k in range(1, rows + 1) if rows % k == 0]
     raise validation.BatchSlicesError(
-      f'{_setting(SLICES)} = {slices} '
+      f'{_setting("batch_slices")} = {slices} '
       f'does not divide the {rows} rows of the batch each device gets; use '
       f'one of {divisors}, or a batch whose rows per device are a '
       f'multiple of {slices}.'
@@ -242,7 +205,7 @@ def check_chunks(chunks: int, facts: Any, types: Any) -> None:
   """Raises validation.SequenceChunksError: chunks > 1 where the loss
   layer has no tail to chunk (`loss_tail.tail_length`), or that do
   not divide its sequence length."""
-  name = _setting(LOSS_CALL)
+  name = _setting('sequence_chunks')
   length = facts.trace(types)[1]
   if chunks == 1:
     return
@@ -267,9 +230,9 @@ def check_parts(parts: int, facts: Any, types: Any) -> None:
   each device's rows, whose part's rows the batch slices do not divide, or
   where the step cannot add its parts' gradients exactly
   (`batch_parts.refusal`)."""
-  name, slices_name = _setting(PARTS), of_role(SLICES).name
-  parts_name = of_role(PARTS).name
-  rows, slices = facts.rows(types), facts.unplanned(SLICES)
+  name, slices_name = _setting('micro_batches'), 'batch_slices'
+  parts_name = 'micro_batches'
+  rows, slices = facts.rows(types), facts.unplanned('batch_slices')
   refusal = facts.parts_refusal(types)
   if parts == 1:
     return
@@ -297,4 +260,4 @@ def check_heads(value: int, facts: Any, types: Any) -> None:
   """Raises validation.TrainerOptionError: an attention layer cannot run
   `value` (example, head) pairs at once (`attention_heads.check`)."""
   del types  # the attention layers' heads do not depend on the batch
-  attention_heads.check(facts.layers, value, of_role(COMPUTED_AT_ONCE).name)
+  attention_heads.check(facts.layers, value, 'parallel_heads')

@@ -26,7 +26,6 @@ from trax_revplus import device_memory
 from trax_revplus.trainer._plan import dimensions
 from trax_revplus.trainer._plan import families
 from trax_revplus.trainer._plan import plan as plan_lib
-from trax_revplus.trainer._plan.families import CHUNKS
 from trax_revplus.trainer._plan.families import FamilyKey
 from trax_revplus.trainer._plan.families import Group
 
@@ -96,11 +95,11 @@ class GroupBounds:
     largest call but the loss call (chunks change the loss call alone) of
     each leanest plan without chunks, with as many slices or parts or more
     (which hold no more), that was weighed; else 0."""
-    if not families.used(group, CHUNKS):
+    if not families.used(group, 'sequence_chunks'):
       return 0
     key, value = families.family(group)
     bound = 0
-    unchunked_key = key[:-1] + (dimensions.of_role(CHUNKS).none,)
+    unchunked_key = key[:-1] + (dimensions.by_name('sequence_chunks').none,)
     for v, unchunked in self._families.get(unchunked_key, ()):
       step = self._weighed(unchunked.leanest) if v >= value else None
       if step is not None:

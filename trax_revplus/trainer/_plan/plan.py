@@ -119,7 +119,6 @@ class StepPlan:
   # the value that changes nothing, its metadata its entry.
   batch_slices: int = dimensions.field(
     1,
-    dimensions.SLICES,
     check=dimensions.check_slices,
     replaced='the plans with the slicing set do not fit',
     reordering=lambda k: f'{k} batch slices',
@@ -130,20 +129,17 @@ class StepPlan:
   saved_on_host: bool = False
   sequence_chunks: int = dimensions.field(
     1,
-    dimensions.LOSS_CALL,
     check=dimensions.check_chunks,
     reordering=lambda k: f'{k} sequence chunks',
   )
   micro_batches: int = dimensions.field(
     1,
-    dimensions.PARTS,
     check=dimensions.check_parts,
     reordering=lambda m: f'{m} micro-batches',
   )
   grads_on_host: bool = False
   parallel_heads: int | None = dimensions.field(
     None,
-    dimensions.COMPUTED_AT_ONCE,
     check=dimensions.check_heads,
     reordering=lambda n: (
       f'attention at most {n} (example, head) '

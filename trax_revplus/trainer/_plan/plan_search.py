@@ -42,12 +42,8 @@ from trax_revplus.trainer._plan import families
 from trax_revplus.trainer._plan import group_bounds
 from trax_revplus.trainer._plan import plan as plan_lib
 from trax_revplus.trainer._plan import weighers
-from trax_revplus.trainer._plan.families import AT_ONCE
-from trax_revplus.trainer._plan.families import CHUNKS
 from trax_revplus.trainer._plan.families import FamilyKey
 from trax_revplus.trainer._plan.families import Group
-from trax_revplus.trainer._plan.families import PARTS
-from trax_revplus.trainer._plan.families import SLICES
 
 
 # A prediction from another slicing over-counts the part of a call that
@@ -92,9 +88,9 @@ class PlanSearch:
     # Groups with the attention layers as the step runs them without a
     # budget come first; those after them compute another number of heads
     # at once (`Candidates.groups`).
-    heads = families.value(self._groups[0], AT_ONCE) if self._groups else None
+    heads = self._groups[0].leanest.parallel_heads if self._groups else None
     self._n_configured = sum(
-      families.value(g, AT_ONCE) == heads for g in self._groups
+      g.leanest.parallel_heads == heads for g in self._groups
     )
     self._weigher = weigher
     self._least: tuple[plan_lib.StepPlan, device_memory.StepMemory] | None = (
@@ -220,9 +216,10 @@ class PlanSearch:
     return (
       not group.fused_reversible_layers
       and not any(
-        families.used(group, role) for role in (PARTS, CHUNKS, SLICES)
+        families.used(group, name)
+        for name in ('micro_batches', 'sequence_chunks', 'batch_slices')
       )
-      and families.value(group, AT_ONCE) == families.value(first, AT_ONCE)
+      and group.leanest.parallel_heads == first.leanest.parallel_heads
     )
 
   def _least_fitting(
@@ -290,17 +287,21 @@ class PlanSearch:
       # Batch slices -> most sequence chunks of its groups.
       most: dict[int, int] = {}
       for group in groups:
-        if not families.used(group, PARTS):
-          k = families.count(group, SLICES)
-          most[k] = max(most.get(k, 1), families.count(group, CHUNKS))
+        if not families.used(group, 'micro_batches'):
+          k = families.count(group, 'batch_slices')
+          most[k] = max(
+            most.get(k, 1), families.count(group, 'sequence_chunks')
+          )
       # Of the groups in micro-batches, those of the most parts (the least
       # held across the step), without chunks and with the most.
-      parts = max((families.count(group, PARTS) for group in groups), default=1)
+      parts = max(
+        (families.count(group, 'micro_batches') for group in groups), default=1
+      )
       chunks = max(
         (
-          families.count(group, CHUNKS)
+          families.count(group, 'sequence_chunks')
           for group in groups
-          if families.count(group, PARTS) == parts
+          if families.count(group, 'micro_batches') == parts
         ),
         default=1,
       )
@@ -311,13 +312,13 @@ class PlanSearch:
         (
           i
           for i, group in enumerate(groups)
-          if families.count(group, CHUNKS)
+          if families.count(group, 'sequence_chunks')
           in (
             (1, chunks)
-            if families.used(group, PARTS)
-            else (1, most[families.count(group, SLICES)])
+            if families.used(group, 'micro_batches')
+            else (1, most[families.count(group, 'batch_slices')])
           )
-          and families.count(group, PARTS) in (1, parts)
+          and families.count(group, 'micro_batches') in (1, parts)
           and (
             leanest_of_family[families.family(group)[0]] is group
             or self._is_stock_schedule(group)
@@ -325,7 +326,7 @@ class PlanSearch:
         ),
         key=lambda i: (
           bool(groups[i].fused_reversible_layers),
-          families.used(groups[i], PARTS),
+          families.used(groups[i], 'micro_batches'),
         ),
       )
       # The leanest predicted first, so that the least found early rules
@@ -369,7 +370,7 @@ class PlanSearch:
       i = self._least_of(found, refused)
       if (
         len(self._groups) > len(groups)  # `i`'s, fewer heads at once
-        and families.value(self._groups[-1], AT_ONCE) == 1
+        and self._groups[-1].leanest.parallel_heads == 1
       ):
         least = found[i].peak_device_bytes if i in found else None
         weigh(len(groups) + i, None if least is None else least - 1)

@@ -114,7 +114,7 @@ def short(plan: plan_lib.StepPlan) -> str:
     value = getattr(plan, dimension.name)
     if dimension.reordering is None:
       continue
-    if dimension.role == dimensions.SLICES and value == 1:
+    if dimension.name == 'batch_slices' and value == 1:
       words.append('1 batch slice')
     elif value != dimension.none:
       words.append(dimension.reordering(value))
@@ -237,7 +237,8 @@ class PlanningLog:
       dataclasses.replace(
         plan,
         grads_on_host=False,
-        **dimensions.by_role({dimensions.SLICES: 1, dimensions.PARTS: 1}),
+        batch_slices=1,
+        micro_batches=1,
       )
     )
     if kind in self._groups_said:

@@ -127,11 +127,10 @@ class ShapeFacts:
     """The loss layer's name (for error lines)."""
     return self._store.layers[-1].name
 
-  def unplanned(self, role: str) -> int | None:
-    """The setting of the plan's dimension of `role`
-    (`dimensions.PlanDimension.role`) as a step without a budget runs it
-    (`options.TrainerOptions.unplanned`)."""
-    return self._options.unplanned(dimensions.of_role(role).name)
+  def unplanned(self, name: str) -> int | None:
+    """The setting of the plan's dimension `name` as a step without a
+    budget runs it (`options.TrainerOptions.unplanned`)."""
+    return self._options.unplanned(name)
 
   def check(self, types: on_types.StepTypes) -> None:
     """Checks the plan's dimensions against these shapes

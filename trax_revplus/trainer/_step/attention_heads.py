@@ -12,7 +12,7 @@ sequence: heads x length x length floats at once) and never its results,
 up to float32 summation order.
 
 The plan's dimension of pairs computed at once (the `plan.StepPlan` field
-of role `dimensions.COMPUTED_AT_ONCE`) sets that number for the trainer's
+`parallel_heads`) sets that number for the trainer's
 calls: while a call's function is traced, every such layer of the call
 computes at most that many pairs at once; the layer is restored as found as
 soon as the trace ends (the compiled program keeps the loop; the layer
