@@ -18,15 +18,15 @@ import pytest
 from trax_revplus import validation
 from trax_revplus.trainer import AUTO
 from trax_revplus.trainer import TrainerOptions
-from trax_revplus.trainer import options as options_lib
-from trax_revplus.trainer._plan import budget
-from trax_revplus.trainer._plan import candidates as candidates_lib
 from trax_revplus.trainer._plan import dimensions
+from trax_revplus.trainer._plan import options as options_lib
 from trax_revplus.trainer._plan import plan as plan_lib
-from trax_revplus.trainer._plan import plan_search
-from trax_revplus.trainer._plan import weighers
-from trax_revplus.trainer._plan import plan_store
-from trax_revplus.trainer._plan import shape_facts
+from trax_revplus.trainer._search import budget
+from trax_revplus.trainer._search import candidates as candidates_lib
+from trax_revplus.trainer._search import plan_search
+from trax_revplus.trainer._search import plan_store
+from trax_revplus.trainer._search import shape_facts
+from trax_revplus.trainer._search import weighers
 
 pytestmark = pytest.mark.usefixtures('stock_trax')
 

@@ -31,8 +31,7 @@ import dataclasses
 from typing import Any, Callable, Collection, Iterator, Mapping
 
 from trax_revplus import validation
-from trax_revplus.trainer import options as options_lib
-from trax_revplus.trainer._step import attention_heads
+from trax_revplus.trainer._plan import options as options_lib
 
 # Roles of a dimension in the search (`plan_search`): what its values do
 # to the memory a step needs, which is what lets the search skip plans.
@@ -295,6 +294,7 @@ def check_parts(parts: int, facts: Any, types: Any) -> None:
 
 def check_heads(value: int, facts: Any, types: Any) -> None:
   """Raises validation.TrainerOptionError: an attention layer cannot run
-  `value` (example, head) pairs at once (`attention_heads.check`)."""
+  `value` (example, head) pairs at once (`attention_heads.check`, which
+  `facts.check_heads` runs on the trainer's layers)."""
   del types  # the attention layers' heads do not depend on the batch
-  attention_heads.check(facts.layers, value, of_role(COMPUTED_AT_ONCE).name)
+  facts.check_heads(value, of_role(COMPUTED_AT_ONCE).name)

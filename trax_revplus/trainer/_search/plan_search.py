@@ -37,17 +37,17 @@ where it refused even every group's leanest plan, it raises `LeastRefused`.
 from typing import Callable
 
 from trax_revplus import device_memory
-from trax_revplus.trainer._plan import candidates as candidates_lib
-from trax_revplus.trainer._plan import families
-from trax_revplus.trainer._plan import group_bounds
 from trax_revplus.trainer._plan import plan as plan_lib
-from trax_revplus.trainer._plan import weighers
-from trax_revplus.trainer._plan.families import AT_ONCE
-from trax_revplus.trainer._plan.families import CHUNKS
-from trax_revplus.trainer._plan.families import FamilyKey
-from trax_revplus.trainer._plan.families import Group
-from trax_revplus.trainer._plan.families import PARTS
-from trax_revplus.trainer._plan.families import SLICES
+from trax_revplus.trainer._search import candidates as candidates_lib
+from trax_revplus.trainer._search import families
+from trax_revplus.trainer._search import group_bounds
+from trax_revplus.trainer._search import weighers
+from trax_revplus.trainer._search.families import AT_ONCE
+from trax_revplus.trainer._search.families import CHUNKS
+from trax_revplus.trainer._search.families import FamilyKey
+from trax_revplus.trainer._search.families import Group
+from trax_revplus.trainer._search.families import PARTS
+from trax_revplus.trainer._search.families import SLICES
 
 
 # A prediction from another slicing over-counts the part of a call that
