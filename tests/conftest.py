@@ -263,13 +263,13 @@ def replan(trainer, batch, **changes):
   device and multi-process workers' way to a plan no setting names)."""
   # pylint: disable=g-import-not-at-top,protected-access
   import dataclasses
-  from trax_revplus.trainer._plan import planner
+  from trax_revplus.trainer._search import planner
   from trax_revplus.trainer._step import units
 
   p = trainer.planner
   plan = dataclasses.replace(p.step_for(batch).plan, **changes)
   p._planned[planner.batch_key(p._placement.abstract_batch(batch))] = (
-    planner.PlannedStep(plan, units.Units(plan, p._factory), None)
+    units.PlannedStep(plan, units.Units(plan, p._factory), None)
   )
 
 

@@ -13,7 +13,7 @@ backend and JAX's version, so a changed model, plan or JAX compiles anew.
 (`--compilation_cache_dir`, default `default_directory()`;
 `--nocompilation_cache` leaves it off); from Python, call `enable()`. The
 trainer keeps the plans it chooses in the same directory
-(`trainer._plan.plan_store`), so that a config plans once per device.
+(`trainer._search.plan_store`), so that a config plans once per device.
 Every program is cached, however short its compilation: a plan's many
 small programs add up to most of a first step.
 
@@ -178,7 +178,7 @@ def enabled(directory: str = AUTO) -> Iterator[str]:
 def enabled_directory() -> str | None:
   """The directory `enable` turned the cache on in, while it is on there;
   else None (off, or set through JAX's own settings). The planner keeps
-  its chosen plans there too (`trainer._plan.plan_store`)."""
+  its chosen plans there too (`trainer._search.plan_store`)."""
   jax = trax_import.jax
   # JAX's config holds each option as an attribute made at run time, which
   # its types do not declare.

@@ -2,13 +2,13 @@
 
 A notice is a fact the person should see even when the run goes on, e.g.
 that a device memory budget replaced a setting they set
-(`trainer._plan.overrides`). The commands of `trax-revplus` listen while they
+(`trainer._search.overrides`). The commands of `trax-revplus` listen while they
 run (`listening`) and print each notice as their own warning line on stderr;
 with no listener, e.g. from Python, a notice is a Python warning
 (`SettingReplacedWarning`), which Python shows once per place.
 
 Progress is what the library is doing while the person waits, e.g. which
-plan the trainer weighs before its first step (`trainer._plan.planning_log`):
+plan the trainer weighs before its first step (`trainer._search.planning_log`):
 the commands show each line as it comes (`showing_progress`); with no
 listener it goes to absl's log at INFO, never to the terminal.
 

@@ -28,10 +28,10 @@ from trax.optimizers import trainer as stock_lib
 from trax_revplus import device_memory
 from trax_revplus import notices
 from trax_revplus import swap
-from trax_revplus.device_memory import compile_threads
 from trax_revplus import trainer as rev_lib
 from trax_revplus import validation
-from trax_revplus.trainer._plan import budget as budget_lib
+from trax_revplus.device_memory import compile_threads
+from trax_revplus.trainer._search import budget as budget_lib
 
 if TYPE_CHECKING:
   import jax
@@ -90,8 +90,8 @@ class ThreeTrainers:
     plan: trax_revplus's plan, or None when its trainer has an error.
     budget_bytes: the budget trax_revplus's trainer planned for (None: no
       budget), or the device memory asked for when it has an error.
-    weighing: the plans it weighed (`trainer._plan.weighing.Weighing`), or None
-      when it has an error.
+    weighing: the plans it weighed (`trainer._search.weighing.Weighing`), or
+      None when it has an error.
     host_budget_bytes: the host budget it planned for, or None.
   """
 

@@ -9,7 +9,7 @@ import pytest
 
 from trax_revplus.compare import exactness
 from trax_revplus.trainer._plan import plan as plan_lib
-from trax_revplus.trainer._plan import plan_store
+from trax_revplus.trainer._search import plan_store
 
 
 def _plan(**settings):

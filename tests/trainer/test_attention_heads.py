@@ -19,7 +19,7 @@ import trainer_cases as cases
 from conftest import run_multidevice_worker
 from trax_revplus import trainer as rev_trainer
 from trax_revplus import validation
-from trax_revplus.trainer._plan import speed_rank
+from trax_revplus.trainer._search import speed_rank
 from trax_revplus.trainer._step import attention_heads
 
 pytestmark = pytest.mark.usefixtures('stock_trax')

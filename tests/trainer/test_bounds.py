@@ -15,7 +15,7 @@ from trax import optimizers
 import trainer_cases as cases
 from trax_revplus import notices
 from trax_revplus import trainer as rev_trainer
-from trax_revplus.trainer._plan import bounds as bounds_lib
+from trax_revplus.trainer._search import bounds as bounds_lib
 
 pytestmark = pytest.mark.usefixtures('stock_trax')
 

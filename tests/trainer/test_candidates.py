@@ -11,8 +11,8 @@ import pytest
 import trainer_cases as cases
 from trax_revplus.trainer import AUTO
 from trax_revplus.trainer import TrainerOptions
-from trax_revplus.trainer._plan import candidates as candidates_lib
-from trax_revplus.trainer._plan import speed_rank
+from trax_revplus.trainer._search import candidates as candidates_lib
+from trax_revplus.trainer._search import speed_rank
 
 pytestmark = pytest.mark.usefixtures('stock_trax')
 

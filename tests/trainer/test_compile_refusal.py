@@ -23,8 +23,8 @@ import pytest
 import trainer_cases as cases
 from compile_refusal import refusal
 from trax_revplus import device_memory
-from trax_revplus.trainer._plan import budget
-from trax_revplus.trainer._plan import plan_search
+from trax_revplus.trainer._search import budget
+from trax_revplus.trainer._search import plan_search
 from trax_revplus.trainer._step import units as units_lib
 
 pytestmark = pytest.mark.usefixtures('stock_trax')

@@ -20,15 +20,15 @@ import pytest
 from trax_revplus import validation
 from trax_revplus.trainer import AUTO
 from trax_revplus.trainer import TrainerOptions
-from trax_revplus.trainer import options as options_lib
-from trax_revplus.trainer._plan import budget
-from trax_revplus.trainer._plan import candidates as candidates_lib
 from trax_revplus.trainer._plan import dimensions
+from trax_revplus.trainer._plan import options as options_lib
 from trax_revplus.trainer._plan import plan as plan_lib
-from trax_revplus.trainer._plan import plan_search
-from trax_revplus.trainer._plan import weighers
-from trax_revplus.trainer._plan import plan_store
-from trax_revplus.trainer._plan import shape_facts
+from trax_revplus.trainer._search import budget
+from trax_revplus.trainer._search import candidates as candidates_lib
+from trax_revplus.trainer._search import plan_search
+from trax_revplus.trainer._search import plan_store
+from trax_revplus.trainer._search import shape_facts
+from trax_revplus.trainer._search import weighers
 
 pytestmark = pytest.mark.usefixtures('stock_trax')
 
@@ -243,7 +243,7 @@ def test_grepping_a_dimension_finds_its_search(name):
   modules = _modules_naming(name)
   assert 'trainer/_plan/plan.py' in modules
   for module in SEARCH_MODULES[name]:
-    assert f'trainer/_plan/{module}.py' in modules, (name, module)
+    assert f'trainer/_search/{module}.py' in modules, (name, module)
 
 
 def test_dimensions_have_no_other_names():

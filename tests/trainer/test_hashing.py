@@ -22,8 +22,8 @@ from trax import shapes
 
 import trainer_cases as cases
 from trax_revplus import trainer as rev_trainer
-from trax_revplus.trainer._plan import hashing
-from trax_revplus.trainer._plan import rng_use
+from trax_revplus.trainer._search import hashing
+from trax_revplus.trainer._search import rng_use
 
 pytestmark = pytest.mark.usefixtures('stock_trax')
 

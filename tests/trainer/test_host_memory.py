@@ -18,7 +18,7 @@ import pytest
 import trainer_cases as cases
 from trax_revplus import memory
 from trax_revplus.trainer._accounting import on_types
-from trax_revplus.trainer._plan import budget
+from trax_revplus.trainer._search import budget
 from trax_revplus.trainer._step import step_context
 
 pytestmark = pytest.mark.usefixtures('stock_trax')

@@ -10,8 +10,8 @@ from trax import layers as tl
 from trax import optimizers
 
 from trax_revplus import trainer as rev_trainer
-from trax_revplus.trainer._accounting import oom_report
-from trax_revplus.trainer._plan import weighing
+from trax_revplus.trainer import oom_report
+from trax_revplus.trainer._search import weighing
 from trax_revplus.trainer._step import step_context
 
 import trainer_cases

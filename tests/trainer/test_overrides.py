@@ -5,8 +5,8 @@ runs or one left to the planner."""
 import pytest
 
 from trax_revplus.trainer import TrainerOptions
-from trax_revplus.trainer._plan import overrides
 from trax_revplus.trainer._plan import plan as plan_lib
+from trax_revplus.trainer._search import overrides
 
 PREFIX = 'trax_revplus.ReversibleSerialTrainer.'
 

@@ -11,9 +11,9 @@ import types
 import pytest
 
 from trax_revplus.trainer import TrainerOptions
-from trax_revplus.trainer._plan import candidates as candidates_lib
-from trax_revplus.trainer._plan import plan_search
-from trax_revplus.trainer._plan import weighers
+from trax_revplus.trainer._search import candidates as candidates_lib
+from trax_revplus.trainer._search import plan_search
+from trax_revplus.trainer._search import weighers
 
 pytestmark = pytest.mark.usefixtures('stock_trax')
 

@@ -13,7 +13,7 @@ import pytest
 
 import trainer_cases as cases
 from trax_revplus import notices
-from trax_revplus.trainer._plan import plan_store
+from trax_revplus.trainer._search import plan_store
 
 pytestmark = pytest.mark.usefixtures('stock_trax')
 

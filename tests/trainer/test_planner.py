@@ -22,9 +22,9 @@ from trax_revplus import memory
 from trax_revplus import notices
 from trax_revplus import placement as placement_lib
 from trax_revplus import validation
-from trax_revplus.trainer._plan import budget
-from trax_revplus.trainer._plan import families
-from trax_revplus.trainer._plan import planner
+from trax_revplus.trainer._search import budget
+from trax_revplus.trainer._search import families
+from trax_revplus.trainer._search import planner
 from trax_revplus.trainer._step import units as units_lib
 
 pytestmark = pytest.mark.usefixtures('stock_trax')

@@ -13,7 +13,7 @@ from trax import layers as tl
 from trax import models
 from trax import shapes
 
-from trax_revplus.trainer._plan import rng_use
+from trax_revplus.trainer._search import rng_use
 
 pytestmark = pytest.mark.usefixtures('stock_trax')
 

@@ -1,4 +1,4 @@
-"""Weights two of the trainer's layers share (`trainer.ties`).
+"""Weights two of the trainer's layers share (`trainer._step.ties`).
 
 Reference: stock trax's `ReversibleSerialTrainer` on the same model, inputs
 and RNGs. It updates the shared weights by each holder in turn, last to
@@ -24,7 +24,7 @@ from trax.optimizers import trainer as stock_trainer
 
 import trainer_cases as cases
 from trax_revplus import trainer as rev_trainer
-from trax_revplus.trainer import ties as ties_lib
+from trax_revplus.trainer._step import ties as ties_lib
 
 pytestmark = pytest.mark.usefixtures('stock_trax')
 

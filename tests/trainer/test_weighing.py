@@ -11,7 +11,7 @@ import types
 import pytest
 
 from trax_revplus.trainer._plan import plan as plan_lib
-from trax_revplus.trainer._plan import weighing as weighing_lib
+from trax_revplus.trainer._search import weighing as weighing_lib
 
 pytestmark = pytest.mark.usefixtures('stock_trax')
 

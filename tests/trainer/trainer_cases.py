@@ -252,14 +252,14 @@ def set_plan(trainer, batch_, plan):
   """Makes `trainer` step on `batch_`'s shapes with `plan` in place of the
   planner's; returns the plan's accounted `StepMemory`."""
   # pylint: disable=g-import-not-at-top,protected-access
-  from trax_revplus.trainer._plan import planner
+  from trax_revplus.trainer._search import planner
   from trax_revplus.trainer._step import units as units_lib
 
   p = trainer.planner
   units = units_lib.Units(plan, p._factory)
   memory = p.account(plan, units, p.step_types(batch_))
   p._planned[planner.batch_key(p._placement.abstract_batch(batch_))] = (
-    planner.PlannedStep(plan, units, memory)
+    units_lib.PlannedStep(plan, units, memory)
   )
   return memory
 

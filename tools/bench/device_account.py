@@ -32,7 +32,7 @@ def account(trainer_name, trainer, batch):
   import jax
   from trax_revplus import device_memory
   from trax_revplus import errors
-  from trax_revplus.trainer._plan import planner
+  from trax_revplus.trainer._search import planner
 
   # pylint: enable=g-import-not-at-top
   backend = jax.default_backend()

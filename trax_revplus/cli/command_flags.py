@@ -9,11 +9,11 @@ import argparse
 
 from trax_revplus.cli import help_text
 from trax_revplus.cli.messages import PROG
-from trax_revplus.cli.strict_argparse import integer
-from trax_revplus.cli.strict_argparse import Once
-from trax_revplus.cli.strict_argparse import path
-from trax_revplus.cli.strict_argparse import positive_int
 from trax_revplus.multiprocess import launch_flags
+from trax_revplus.strict_argparse import integer
+from trax_revplus.strict_argparse import Once
+from trax_revplus.strict_argparse import path
+from trax_revplus.strict_argparse import positive_int
 
 IMPLEMENTATIONS = ('config', 'stock', 'revplus')
 

@@ -52,7 +52,7 @@ from trax_revplus.errors import UserError
 
 if TYPE_CHECKING:  # JAX and trax load when the trainers are accounted
   from trax_revplus.cli.estimate_report import Results
-  from trax_revplus.trainer._plan import weighing
+  from trax_revplus.trainer._search import weighing
 
   # `estimate`'s: backend, results, plan line, batch types, budget bytes,
   # the plans revplus weighed.

@@ -15,7 +15,7 @@ from trax_revplus.cli import plan_bindings
 
 if TYPE_CHECKING:  # JAX and trax load when the trainers are accounted
   from trax_revplus import device_memory
-  from trax_revplus.trainer._plan import weighing
+  from trax_revplus.trainer._search import weighing
 
   Results = Mapping[str, device_memory.TrainerMemory]
 

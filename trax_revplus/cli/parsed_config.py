@@ -15,8 +15,8 @@ from trax_revplus.cli import build_errors
 from trax_revplus.cli import failures
 from trax_revplus.cli import gin_config
 from trax_revplus.errors import EXIT_RUNTIME
-from trax_revplus.errors import UserError
 from trax_revplus.errors import one_line
+from trax_revplus.errors import UserError
 
 if TYPE_CHECKING:  # trax is imported when a config is built
   from trax import layers as tl
@@ -136,7 +136,7 @@ def check_step_settings(
   # Here: they import trax, which `compare`'s parent process never does.
   # pylint: disable=g-import-not-at-top
   from trax_revplus import placement as placement_lib
-  from trax_revplus.trainer._plan import budget as budget_lib
+  from trax_revplus.trainer._search import budget as budget_lib
   from trax_revplus.trainer._plan import dimensions
   from trax_revplus.trainer import gin_bindings
 

@@ -13,10 +13,10 @@ from typing import Sequence
 
 from trax_revplus.cli import command_flags
 from trax_revplus.cli.messages import PROG
-from trax_revplus.cli.strict_argparse import Exit
-from trax_revplus.cli.strict_argparse import Parser
 from trax_revplus.errors import EXIT_OK
 from trax_revplus.errors import UserError
+from trax_revplus.strict_argparse import Exit
+from trax_revplus.strict_argparse import Parser
 
 COMMANDS = ('train', 'compare', 'plot-memory', 'estimate', 'launch')
 

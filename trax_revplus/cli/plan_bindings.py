@@ -24,7 +24,7 @@ def _accepted(name: str, value: Any) -> bool:
   """Whether trainer setting `name` takes `value`."""
   # Here: it imports trax, once the flags are checked.
   # pylint: disable-next=g-import-not-at-top
-  from trax_revplus.trainer import options
+  from trax_revplus.trainer._plan import options
 
   try:
     options.TrainerOptions.of({name: value})
@@ -46,13 +46,13 @@ def split(settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
   """
   # Here: it imports trax, once the flags are checked.
   # pylint: disable-next=g-import-not-at-top
-  from trax_revplus.trainer import options
+  from trax_revplus.trainer._plan import options
 
   names = set(options.TrainerOptions.field_names())
   if settings.get('fused_layers'):
     # The whole model in the loss layer's program: its segment lengths
     # describe that program; pinned, a length excludes it
-    # (`trainer._plan.candidates`).
+    # (`trainer._search.candidates`).
     names -= {'segment_max_layers', 'backward_segment_max_layers'}
   settable, derived = {}, {}
   for name, value in settings.items():

@@ -62,7 +62,7 @@ def _check_trainer_settings() -> None:
   # Here: they import trax, which `compare`'s parent process never does.
   # pylint: disable=g-import-not-at-top
   from trax_revplus.trainer import gin_bindings
-  from trax_revplus.trainer import options
+  from trax_revplus.trainer._plan import options
   from trax_revplus.trainer import trainer
 
   # pylint: enable=g-import-not-at-top

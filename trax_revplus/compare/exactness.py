@@ -14,7 +14,7 @@ differ by far more.
 
 `explanation` reads which of them a run's plans used (the trainer keeps,
 beside each plan in its output directory, what in it can change the order,
-in words: `trainer._plan.plan_store`, `trainer._plan.dimensions`) and says so,
+in words: `trainer._search.plan_store`, `trainer._plan.dimensions`) and says so,
 with the setting that runs stock's order (`device_memory_budget_bytes =
 None`: the settings as given, one program per segment, no slices, chunks
 or micro-batches, the attention layers as configured), wherever the final
@@ -29,7 +29,7 @@ from typing import Any, Sequence
 # rounding of the same step in another order stays below it over a short
 # run (docs/compatibility.md).
 TOLERANCE = 1e-5
-# `trainer._plan.plan_store.FILENAME` and `REORDERINGS`, not imported from
+# `trainer._search.plan_store.FILENAME` and `REORDERINGS`, not imported from
 # there: that would import trax (seconds of CPU), which compare does not
 # need.
 PLANS_FILENAME = 'plans.json'

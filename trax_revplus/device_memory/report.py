@@ -326,7 +326,7 @@ def trainer_memory(
     TypeError: `name` is not 'default' or 'stock' and `trainer` has no
       `device_memory_of`.
     Whatever accounting raises, e.g. `UnsupportedTrainerError`, or
-    `trax_revplus.trainer._plan.planner.DeviceMemoryBudgetError` when no plan
+    `trax_revplus.trainer._search.planner.DeviceMemoryBudgetError` when no plan
     of trax_revplus's trainer fits its device memory budget (wrap the call
     in `account` for a one-line error instead).
   """

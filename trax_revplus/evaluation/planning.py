@@ -8,7 +8,7 @@ RNG), its outputs and its temporaries, less what aliases. The eval holds
 nothing else on the device across the call, and between steps the trainer
 holds only its optimizers' hyperparameters there (scalars), so that
 figure is the eval's peak. It is planned under the
-budget the trainer plans its step under (`trainer._plan.budget`): the fewest
+budget the trainer plans its step under (`trainer._search.budget`): the fewest
 parts whose program fits, where one that the backend refuses to compile
 for memory (`device_memory.is_out_of_memory`) does not. A part's
 temporaries shrink with its rows; the arguments do not.
@@ -20,8 +20,8 @@ from typing import Callable, Sequence, TypeVar
 from trax_revplus import byte_sizes
 from trax_revplus import device_memory
 from trax_revplus import errors
-from trax_revplus.trainer import options as options_lib
-from trax_revplus.trainer._plan import budget as budget_lib
+from trax_revplus.trainer._plan import options as options_lib
+from trax_revplus.trainer._search import budget as budget_lib
 
 T = TypeVar('T')
 

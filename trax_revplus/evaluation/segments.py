@@ -36,7 +36,7 @@ from trax_revplus import errors
 from trax_revplus import placement as placement_lib
 from trax_revplus.device_memory import program as program_lib
 from trax_revplus.evaluation import planning
-from trax_revplus.trainer import options as options_lib
+from trax_revplus.trainer._plan import options as options_lib
 from trax_revplus.trainer._step import fingerprints
 from trax_revplus.trainer._step import slice_states
 from trax_revplus.trainer._step import slices

@@ -10,10 +10,10 @@ add and check these flags without the machinery that starts processes.
 import argparse
 import os
 
-from trax_revplus.cli.strict_argparse import Once
-from trax_revplus.cli.strict_argparse import positive_int
-from trax_revplus.cli.strict_argparse import positive_seconds
 from trax_revplus.multiprocess.errors import LaunchUsageError
+from trax_revplus.strict_argparse import Once
+from trax_revplus.strict_argparse import positive_int
+from trax_revplus.strict_argparse import positive_seconds
 
 DEFAULT_STOP_GRACE_SECONDS = 10.0
 # Processes of one local run per CPU core, at most, unless told otherwise:

@@ -70,6 +70,8 @@ class StepProfiler(callbacks.TrainingStepCallback):
         log_dir is None and the Loop has no output dir.
     """
     super().__init__(loop)
+    # Ours, not trax's copy (`TrainingStepCallback._loop`).
+    self._trained_loop = loop
     last_step = first_step if last_step is None else last_step
     if not 1 <= first_step <= last_step:
       raise ValueError(
@@ -89,6 +91,7 @@ class StepProfiler(callbacks.TrainingStepCallback):
     self._last_step = last_step
     self._stream = stream
     self._tracing = False
+    self._traced_from = first_step
 
   def call_at(self, step: int) -> bool:
     return self._first_step <= step <= self._last_step
@@ -105,7 +108,7 @@ class StepProfiler(callbacks.TrainingStepCallback):
         self.log_dir, create_perfetto_trace=True, profiler_options=options
       )
       self._tracing = True
-      self._traced_from = self._loop.step
+      self._traced_from = self._trained_loop.step
 
   def on_step_end(self, step: int) -> None:
     if not self._tracing or step < self._last_step:

@@ -1,9 +1,10 @@
 """The memory-efficient reversible trainer: its supported API.
 
 The names below are the trainer's public surface; the modules and
-sub-packages of `trax_revplus.trainer` (`trainer`, `options`, `init`, and the
-private `_plan`, `_step`, `_accounting`) are its implementation, free to
-move between releases. docs/architecture.md maps them.
+sub-packages of `trax_revplus.trainer` (`trainer`, `init`, `oom_report`, and
+the private layers `_plan`, `_step`, `_accounting`, `_search`) are its
+implementation, free to move between releases. docs/architecture.md maps
+them.
 
   ReversibleSerialTrainer  trax's memory-efficient trainer, on current JAX
   TrainerOptions           the settings beyond trax's, validated
@@ -28,18 +29,18 @@ Errors a user catches:
 
 from trax.optimizers import trainer as _stock_trainer
 
-from trax_revplus.trainer._accounting.oom_report import DeviceOutOfMemoryError
-from trax_revplus.trainer._plan.budget import DeviceMemoryBudgetError
-from trax_revplus.trainer._plan.budget import DeviceMemoryUnknownError
-from trax_revplus.trainer._plan.budget import HostMemoryBudgetError
-from trax_revplus.trainer._plan.budget import MemoryBudgetError
-from trax_revplus.trainer._plan.budget import StepCompileError
+from trax_revplus.trainer._plan.options import AUTO
+from trax_revplus.trainer._plan.options import TrainerOptions
 from trax_revplus.trainer._plan.plan import StepPlan
-from trax_revplus.trainer._plan.planner import PlannedStep
+from trax_revplus.trainer._search.budget import DeviceMemoryBudgetError
+from trax_revplus.trainer._search.budget import DeviceMemoryUnknownError
+from trax_revplus.trainer._search.budget import HostMemoryBudgetError
+from trax_revplus.trainer._search.budget import MemoryBudgetError
+from trax_revplus.trainer._search.budget import StepCompileError
+from trax_revplus.trainer._step.units import PlannedStep
 from trax_revplus.trainer.gin_bindings import validate_gin_bindings
 from trax_revplus.trainer.init import init_reversible_blocks
-from trax_revplus.trainer.options import AUTO
-from trax_revplus.trainer.options import TrainerOptions
+from trax_revplus.trainer.oom_report import DeviceOutOfMemoryError
 from trax_revplus.trainer.trainer import ReversibleSerialTrainer
 
 # The class's public home, as the CLI and `repr` name it.

@@ -8,7 +8,7 @@ the settings and needs no gin: this reads gin's bindings.
 
 import gin
 
-from trax_revplus.trainer import options as options_lib
+from trax_revplus.trainer._plan import options as options_lib
 
 
 def validate_gin_bindings() -> options_lib.TrainerOptions:

@@ -1,5 +1,5 @@
 """`init_reversible_blocks`: trax's initializer of the blocks, keeping loaded
-weights; `move_to_host` for a layer's values."""
+weights."""
 
 from typing import Any
 
@@ -13,7 +13,7 @@ from trax.layers import combinators as cb
 
 from trax_revplus import memory
 from trax_revplus import validation
-from trax_revplus.placement import to_numpy as _host
+from trax_revplus.trainer._step.host_store import move_to_host
 from trax_revplus.typing import Blocks
 from trax_revplus.typing import PRNGKey
 
@@ -24,24 +24,6 @@ def _holds_arrays(tree):
     isinstance(x, (np.ndarray, np.generic, jax.Array))
     for x in jax.tree_util.tree_leaves(tree)
   )
-
-
-def move_to_host(layer: tl.Layer) -> None:
-  """Device arrays in `layer`'s weights and state become numpy arrays.
-
-  Weights (state) holding no device array are not set again: an
-  uninitialized trax layer may report `()` for weights whatever its
-  sublayers (e.g. `ReversibleHalfResidual`), which its own setter rejects;
-  trax's trainer accepts such layers, so this leaves them as they are.
-  """
-  if any(
-    isinstance(x, jax.Array) for x in jax.tree_util.tree_leaves(layer.weights)
-  ):
-    layer.weights = _host(layer.weights)
-  if any(
-    isinstance(x, jax.Array) for x in jax.tree_util.tree_leaves(layer.state)
-  ):
-    layer.state = _host(layer.state)
 
 
 def _standard_layers(std_layers: Any) -> list[tl.Layer]:

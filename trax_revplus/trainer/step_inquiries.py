@@ -14,8 +14,9 @@ from trax_revplus import device_memory as device_memory_lib
 from trax_revplus import placement as placement_lib
 from trax_revplus import validation
 from trax_revplus.trainer._plan import plan as plan_lib
-from trax_revplus.trainer._plan import planner as planner_lib
-from trax_revplus.trainer._plan import planning_log
+from trax_revplus.trainer._search import planner as planner_lib
+from trax_revplus.trainer._search import planning_log
+from trax_revplus.trainer._step import units as units_lib
 from trax_revplus.typing import Batch
 
 
@@ -35,7 +36,7 @@ class StepInquiries:
   _placement: placement_lib.Placement
   _release_host_memory: Callable[[], None]
 
-  def planned(self, batch: Batch) -> planner_lib.PlannedStep:
+  def planned(self, batch: Batch) -> units_lib.PlannedStep:
     """How a step on `batch`'s shapes runs: its plan, compiled units and
     device memory; planned (compiled ahead, accounted) on first sight.
 
@@ -44,7 +45,7 @@ class StepInquiries:
         (B, ...), as `one_step` takes them (values are not read).
 
     Returns:
-      `planner.PlannedStep`.
+      `units.PlannedStep`.
 
     Raises:
       validation.BatchSlicesError: the batch slices set do not divide

@@ -16,8 +16,10 @@ asynchronously. This module is trax's public surface; a step is
             state committed on the host (`commit.CommitQueue`)
   result:   the loss and statistics
 
-The package's private sub-packages do the work: `_plan` (the plan),
-`_step` (the units and the run), `_accounting` (device memory).
+The package's private sub-packages do the work, each a layer that imports
+only those before it: `_plan` (what a step is to do), `_step` (the units
+and the run), `_accounting` (device memory), `_search` (the plan a budget
+chooses).
 """
 
 import weakref
@@ -33,14 +35,14 @@ from trax_revplus import placement as placement_lib
 from trax_revplus import run_classes
 from trax_revplus import validation
 from trax_revplus.memory import host_release
-from trax_revplus.trainer import host_store as store_lib
-from trax_revplus.trainer import options as options_lib
+from trax_revplus.trainer import oom_report
 from trax_revplus.trainer import step_inquiries
-from trax_revplus.trainer._accounting import oom_report
-from trax_revplus.trainer._plan import budget as budget_lib
-from trax_revplus.trainer._plan import planner as planner_lib
+from trax_revplus.trainer._plan import options as options_lib
+from trax_revplus.trainer._search import budget as budget_lib
+from trax_revplus.trainer._search import planner as planner_lib
 from trax_revplus.trainer._step import commit
 from trax_revplus.trainer._step import compilation
+from trax_revplus.trainer._step import host_store as store_lib
 from trax_revplus.trainer._step import observers
 from trax_revplus.trainer._step import step_context
 from trax_revplus.trainer._step import unit_factory

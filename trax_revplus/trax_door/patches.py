@@ -141,7 +141,7 @@ PATCHES = (
     'trax.layers.core.Dropout',
     'forward',
     CLASS_SCOPE,
-    'trax_revplus.trainer._plan.row_draws',
+    'trax_revplus.trainer._step.row_draws',
     'within a sliced or fixed-key call: masks drawn as the unsliced '
     'call draws them',
     ('x',),
@@ -150,7 +150,7 @@ PATCHES = (
     'trax.layers.base.Layer',
     'forward',
     INSTANCE_SCOPE,
-    'trax_revplus.trainer._plan.row_draws',
+    'trax_revplus.trainer._step.row_draws',
     'within a fixed-key call: attention draws from a fixed key',
     ('inputs',),
   ),

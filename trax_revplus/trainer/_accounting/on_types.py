@@ -46,12 +46,12 @@ from trax_revplus import layers as layers_lib
 from trax_revplus import placement as placement_lib
 from trax_revplus.device_memory import calls as calls_lib
 from trax_revplus.device_memory import programs as programs_lib
-from trax_revplus.trainer import ties as ties_lib
 from trax_revplus.trainer._accounting import host_types as host_types_lib
 from trax_revplus.trainer._plan import plan as plan_lib
 from trax_revplus.trainer._step import batch_parts
 from trax_revplus.trainer._step import protocols
 from trax_revplus.trainer._step import step_run as step_run_lib
+from trax_revplus.trainer._step import ties as ties_lib
 from trax_revplus.trainer._step import units as units_lib
 from trax_revplus.typing import PyTree
 

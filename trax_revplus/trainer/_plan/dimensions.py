@@ -38,8 +38,7 @@ import dataclasses
 from typing import Any, Callable, Collection, Iterator
 
 from trax_revplus import validation
-from trax_revplus.trainer import options as options_lib
-from trax_revplus.trainer._step import attention_heads
+from trax_revplus.trainer._plan import options as options_lib
 
 Check = Callable[[Any, Any, Any], None]
 # The key of a dimension's entry in its `StepPlan` field's metadata.
@@ -258,6 +257,7 @@ def check_parts(parts: int, facts: Any, types: Any) -> None:
 
 def check_heads(value: int, facts: Any, types: Any) -> None:
   """Raises validation.TrainerOptionError: an attention layer cannot run
-  `value` (example, head) pairs at once (`attention_heads.check`)."""
+  `value` (example, head) pairs at once (`attention_heads.check`, which
+  `facts.check_heads` runs on the trainer's layers)."""
   del types  # the attention layers' heads do not depend on the batch
-  attention_heads.check(facts.layers, value, 'parallel_heads')
+  facts.check_heads(value, 'parallel_heads')

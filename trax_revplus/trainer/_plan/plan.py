@@ -42,8 +42,8 @@ settings (`options.TrainerOptions`).
 import dataclasses
 from typing import Any, Mapping, Sequence
 
-from trax_revplus.trainer import options as options_lib
 from trax_revplus.trainer._plan import dimensions
+from trax_revplus.trainer._plan import options as options_lib
 from trax_revplus.trainer._plan import segment_lengths
 from trax_revplus.trainer._plan.segment_lengths import Segment
 

@@ -8,7 +8,7 @@ are the one place a segment's length is decided.
 
 from typing import Mapping
 
-from trax_revplus.trainer import options as options_lib
+from trax_revplus.trainer._plan import options as options_lib
 
 # Smallest outputs (bytes, all devices) of an activation-bound segment: above
 # it activations set the peak host memory and long compiled calls run

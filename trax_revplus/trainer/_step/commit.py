@@ -21,9 +21,9 @@ import numpy as np
 
 from trax_revplus import placement as placement_lib
 from trax_revplus import validation
-from trax_revplus.trainer import host_store
 from trax_revplus.trainer._step import batch_parts
 from trax_revplus.trainer._step import copy_back
+from trax_revplus.trainer._step import host_store
 from trax_revplus.trainer._step import step_run as step_run_lib
 from trax_revplus.typing import PyTree
 

@@ -16,10 +16,10 @@ from trax.layers import combinators as cb
 from trax.optimizers import base as optimizer_base
 
 from trax_revplus.trainer._step import chains
+from trax_revplus.trainer._step import ties as ties_lib
 from trax_revplus.trainer._step.step_fns import tied_weights
 from trax_revplus.trainer._step.step_fns import update_each
 from trax_revplus.trainer._step.step_fns import update_fn
-from trax_revplus.trainer import ties as ties_lib
 from trax_revplus.typing import PyTree
 
 

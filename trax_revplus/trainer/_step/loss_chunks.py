@@ -19,8 +19,8 @@ import numpy as np
 from trax import fastmath
 from trax import layers as tl
 
-from trax_revplus.trainer._plan import row_draws
 from trax_revplus.trainer._step import chains
+from trax_revplus.trainer._step import row_draws
 from trax_revplus.trainer._step import slice_states
 from trax_revplus.trainer._step.loss_combination import loss_combination
 from trax_revplus.trainer._step.loss_tail import items_of

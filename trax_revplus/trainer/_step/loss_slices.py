@@ -14,7 +14,6 @@ from trax import fastmath
 from trax import layers as tl
 from trax.optimizers import base as optimizer_base
 
-from trax_revplus.trainer import ties as ties_lib
 from trax_revplus.trainer._step import chains
 from trax_revplus.trainer._step import fused_fns
 from trax_revplus.trainer._step import loss_chunks
@@ -22,6 +21,7 @@ from trax_revplus.trainer._step import loss_tail
 from trax_revplus.trainer._step import slice_loop
 from trax_revplus.trainer._step import slice_states
 from trax_revplus.trainer._step import step_fns
+from trax_revplus.trainer._step import ties as ties_lib
 from trax_revplus.trainer._step.loss_combination import loss_combination
 from trax_revplus.trainer._step.slice_states import n_rows
 from trax_revplus.trainer._step.slice_states import Rows

@@ -12,7 +12,7 @@ from jax import lax
 from jax import numpy as jnp
 import numpy as np
 
-from trax_revplus.trainer._plan import row_draws
+from trax_revplus.trainer._step import row_draws
 from trax_revplus.typing import Array
 from trax_revplus.typing import PyTree
 

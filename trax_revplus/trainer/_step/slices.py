@@ -43,10 +43,10 @@ from trax import fastmath
 from trax import layers as tl
 from trax.optimizers import base as optimizer_base
 
-from trax_revplus.trainer import ties as ties_lib
-from trax_revplus.trainer._plan import row_draws
 from trax_revplus.trainer._step import chains
+from trax_revplus.trainer._step import row_draws
 from trax_revplus.trainer._step import step_fns
+from trax_revplus.trainer._step import ties as ties_lib
 from trax_revplus.trainer._step.slice_loop import FLOAT0
 from trax_revplus.trainer._step.slice_loop import is_float0
 from trax_revplus.trainer._step.slice_loop import scan_rows

@@ -18,13 +18,13 @@ import numpy as np
 from trax.fastmath import numpy as jnp
 from trax_revplus import memory as memory_lib
 from trax_revplus import placement as placement_lib
-from trax_revplus.trainer import host_store as store_lib
-from trax_revplus.trainer._plan import planner as planner_lib
 from trax_revplus.trainer._step import batch_parts
 from trax_revplus.trainer._step import commit as commit_lib
+from trax_revplus.trainer._step import host_store as store_lib
 from trax_revplus.trainer._step import observers as observers_lib
 from trax_revplus.trainer._step import protocols
 from trax_revplus.trainer._step import step_run as step_run_lib
+from trax_revplus.trainer._step import units as units_lib
 from trax_revplus.typing import Array
 from trax_revplus.typing import Batch
 from trax_revplus.typing import PRNGKey
@@ -69,7 +69,7 @@ class StepContext(step_run_lib.StepRun):
 
   def __init__(
     self,
-    planned: planner_lib.PlannedStep,
+    planned: units_lib.PlannedStep,
     step: int,
     batch: Batch,
     rngs: list[PRNGKey],
@@ -121,7 +121,7 @@ class StepContext(step_run_lib.StepRun):
   @classmethod
   def for_step(
     cls,
-    planned: planner_lib.PlannedStep,
+    planned: units_lib.PlannedStep,
     step: int,
     rng: PRNGKey,
     batch: Batch,
@@ -131,7 +131,7 @@ class StepContext(step_run_lib.StepRun):
     batch is placed when the walk begins (`begin`).
 
     Args:
-      planned: the `planner.PlannedStep` of the batch's shapes (its plan and
+      planned: the `units.PlannedStep` of the batch's shapes (its plan and
         units are fixed for the step).
       step: int, the training step.
       rng: JAX PRNG key of the step, split into one per layer as trax does.

@@ -23,8 +23,8 @@ from trax.fastmath import numpy as jnp
 from trax.optimizers import base as optimizer_base
 
 from trax_revplus import placement as placement_lib
-from trax_revplus.trainer import ties as ties_lib
 from trax_revplus.trainer._step import chains
+from trax_revplus.trainer._step import ties as ties_lib
 from trax_revplus.trax_door import functions as trax_functions
 from trax_revplus.typing import PyTree
 

@@ -11,10 +11,10 @@ memory reads the holdings alone.
 
 from typing import Any
 
-from trax_revplus.trainer import ties as ties_lib
 from trax_revplus.trainer._plan import plan as plan_lib
 from trax_revplus.trainer._step import batch_parts
 from trax_revplus.trainer._step import protocols
+from trax_revplus.trainer._step import ties as ties_lib
 from trax_revplus.trainer._step.copy_back import CopyBack
 from trax_revplus.typing import Array
 from trax_revplus.typing import PyTree

@@ -24,10 +24,10 @@ from typing import Any, Callable, Sequence
 from trax import layers as tl
 from trax.optimizers import base as optimizer_base
 
-from trax_revplus.trainer import ties as ties_lib
 from trax_revplus.trainer._step import copy_back as copy_back_lib
 from trax_revplus.trainer._step import protocols
 from trax_revplus.trainer._step import step_holdings
+from trax_revplus.trainer._step import ties as ties_lib
 from trax_revplus.typing import PyTree
 
 # The copy-back rule and its sink (`copy_back`), by their names here too.

@@ -10,7 +10,6 @@ from typing import Any, Callable, NamedTuple, Sequence
 from trax import layers as tl
 from trax.optimizers import base as optimizer_base
 
-from trax_revplus.trainer import ties as ties_lib
 from trax_revplus.trainer._plan import plan as plan_lib
 from trax_revplus.trainer._step import attention_heads
 from trax_revplus.trainer._step import chains
@@ -18,6 +17,7 @@ from trax_revplus.trainer._step import loss_slices
 from trax_revplus.trainer._step import slice_states
 from trax_revplus.trainer._step import slices
 from trax_revplus.trainer._step import step_fns
+from trax_revplus.trainer._step import ties as ties_lib
 from trax_revplus.trainer._step.fn_kinds import Kind
 from trax_revplus.trainer._step.unit_kinds import LossUnit
 from trax_revplus.trainer._step.unit_kinds import ReversibleSegment

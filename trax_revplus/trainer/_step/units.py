@@ -22,8 +22,15 @@ makes their calls and hands their updates to its sink:
 `on_types.AheadOfTime` on their types (compiling ahead, accounting memory), so
 all follow one traversal. Nothing in a walk
 changes the plan or the units.
+
+`PlannedStep` is what a step on one batch's shapes runs: its plan, its
+units and its accounted device memory (the planner's answer, which the
+step takes as given).
 """
 
+from typing import NamedTuple
+
+from trax_revplus import device_memory
 from trax_revplus.trainer._plan import plan as plan_lib
 from trax_revplus.trainer._step import protocols
 from trax_revplus.trainer._step import unit_factory
@@ -132,3 +139,18 @@ class Units:
       self.backward(run)
       run.end_part()
       run.end_pass('backward')
+
+
+class PlannedStep(NamedTuple):
+  """What a step on one batch's shapes runs.
+
+  Attributes:
+    plan: the `plan.StepPlan`.
+    units: its compiled `Units`.
+    memory: `device_memory.StepMemory` of the step, or None where it was
+      not accounted (not compiled ahead, or not accountable here).
+  """
+
+  plan: plan_lib.StepPlan
+  units: Units
+  memory: device_memory.StepMemory | None

@@ -14,14 +14,14 @@ from typing import Callable, Hashable
 import jax
 
 from trax_revplus import placement as placement_lib
-from trax_revplus.trainer import host_store
-from trax_revplus.trainer import options as options_lib
 from trax_revplus.trainer._accounting import on_types
-from trax_revplus.trainer._plan import candidates as candidates_lib
 from trax_revplus.trainer._plan import dimensions
-from trax_revplus.trainer._plan import stack_bytes as stack_bytes_lib
+from trax_revplus.trainer._plan import options as options_lib
+from trax_revplus.trainer._search import candidates as candidates_lib
+from trax_revplus.trainer._search import stack_bytes as stack_bytes_lib
 from trax_revplus.trainer._step import attention_heads
 from trax_revplus.trainer._step import batch_parts
+from trax_revplus.trainer._step import host_store
 from trax_revplus.trainer._step import loss_tail
 from trax_revplus.trainer._step import unit_factory
 from trax_revplus.typing import PyTree
@@ -117,10 +117,14 @@ class ShapeFacts:
       return None
     return [self._fingerprint_of(i) for i in range(len(self._store.layers))]
 
-  @property
-  def layers(self) -> list:
-    """The trainer's layers by index (trax `Layer`s)."""
-    return self._store.layers
+  def check_heads(self, n: int, setting: str) -> None:
+    """Checks that the trainer's attention layers can run `n` (example,
+    head) pairs at a time (`attention_heads.check`).
+
+    Raises:
+      validation.TrainerOptionError: one cannot, named with its heads.
+    """
+    attention_heads.check(self._store.layers, n, setting)
 
   @property
   def loss_name(self) -> str:

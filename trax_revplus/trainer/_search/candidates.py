@@ -73,11 +73,11 @@ and the fused program can only lower the least of all plans
 import dataclasses
 from typing import Any, Hashable, Iterator, Mapping, Sequence
 
-from trax_revplus.trainer import options as options_lib
 from trax_revplus.trainer._plan import dimensions
+from trax_revplus.trainer._plan import options as options_lib
 from trax_revplus.trainer._plan import plan as plan_lib
-from trax_revplus.trainer._plan import speed_rank
-from trax_revplus.trainer._plan.families import Group
+from trax_revplus.trainer._search import speed_rank
+from trax_revplus.trainer._search.families import Group
 from trax_revplus.trainer._step import loss_tail
 
 # The plan's dimensions the candidates vary (`dimensions`); every other

@@ -6,6 +6,10 @@ abbreviations) and show as `--name=VALUE` in help; a flag that takes one
 value may be repeated only with the same value (`Once`). The value types
 answer with the line a user reads after `argument --flag: `. Only the
 standard library is imported, so `--help` and flag errors answer at once.
+
+Below `cli` and `multiprocess`, which both read flags by it: the launch
+flags (`multiprocess.launch_flags`) are the local launcher's own and the
+CLI's `launch` command's.
 """
 
 import argparse

@@ -24,7 +24,7 @@ where a choice reads none of it, never the reverse.
 from jax import numpy as jnp
 from jax.extend import core as jax_core
 
-from trax_revplus.trainer._plan import rng_use
+from trax_revplus.trainer._search import rng_use
 
 # Primitives that choose among float values: the first `num_keys` operands
 # of `sort` are its keys; the others' only operand is the one chosen from.

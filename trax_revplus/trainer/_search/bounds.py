@@ -48,8 +48,8 @@ from typing import Callable, Hashable, Mapping, NamedTuple, Sequence
 
 from trax_revplus import device_memory
 from trax_revplus.device_memory import calls as calls_lib
-from trax_revplus.device_memory import programs as programs_lib
 from trax_revplus.device_memory import program as program_lib
+from trax_revplus.device_memory import programs as programs_lib
 from trax_revplus.trainer._accounting import on_types
 from trax_revplus.trainer._plan import plan as plan_lib
 

@@ -31,12 +31,12 @@ from trax.layers import combinators as cb
 
 from trax_revplus import layers as layers_lib
 from trax_revplus import memory
-from trax_revplus.trainer import host_store
-from trax_revplus.trainer._plan import hashing
-from trax_revplus.trainer._plan import rng_use
-from trax_revplus.trainer._plan import row_draws
 from trax_revplus.trainer._plan import segment_lengths
+from trax_revplus.trainer._search import hashing
+from trax_revplus.trainer._search import rng_use
 from trax_revplus.trainer._step import chains
+from trax_revplus.trainer._step import host_store
+from trax_revplus.trainer._step import row_draws
 from trax_revplus.typing import PyTree
 
 

@@ -37,13 +37,13 @@ where it refused even every group's leanest plan, it raises `LeastRefused`.
 from typing import Callable
 
 from trax_revplus import device_memory
-from trax_revplus.trainer._plan import candidates as candidates_lib
-from trax_revplus.trainer._plan import families
-from trax_revplus.trainer._plan import group_bounds
 from trax_revplus.trainer._plan import plan as plan_lib
-from trax_revplus.trainer._plan import weighers
-from trax_revplus.trainer._plan.families import FamilyKey
-from trax_revplus.trainer._plan.families import Group
+from trax_revplus.trainer._search import candidates as candidates_lib
+from trax_revplus.trainer._search import families
+from trax_revplus.trainer._search import group_bounds
+from trax_revplus.trainer._search import weighers
+from trax_revplus.trainer._search.families import FamilyKey
+from trax_revplus.trainer._search.families import Group
 
 
 # A prediction from another slicing over-counts the part of a call that

@@ -22,15 +22,15 @@ import numpy as np
 from trax_revplus import device_memory
 from trax_revplus import placement as placement_lib
 from trax_revplus.device_memory import programs as programs_lib
-from trax_revplus.trainer import host_store
-from trax_revplus.trainer import options as options_lib
 from trax_revplus.trainer._accounting import on_types
-from trax_revplus.trainer._plan import bounds as bounds_lib
-from trax_revplus.trainer._plan import candidates as candidates_lib
-from trax_revplus.trainer._plan import planning_log
+from trax_revplus.trainer._plan import options as options_lib
 from trax_revplus.trainer._plan import plan as plan_lib
-from trax_revplus.trainer._plan import shape_facts
-from trax_revplus.trainer._plan import weighing as weighing_lib
+from trax_revplus.trainer._search import bounds as bounds_lib
+from trax_revplus.trainer._search import candidates as candidates_lib
+from trax_revplus.trainer._search import planning_log
+from trax_revplus.trainer._search import shape_facts
+from trax_revplus.trainer._search import weighing as weighing_lib
+from trax_revplus.trainer._step import host_store
 from trax_revplus.trainer._step import unit_factory
 from trax_revplus.trainer._step import units as units_lib
 from trax_revplus.typing import Batch

@@ -11,8 +11,8 @@ Nothing of that step is saved: the last checkpoint stays the run's.
 
 from trax_revplus.byte_sizes import format_bytes
 from trax_revplus.device_memory import out_of_memory
-from trax_revplus.trainer import options as options_lib
-from trax_revplus.trainer._plan import planner as planner_lib
+from trax_revplus.trainer._plan import options as options_lib
+from trax_revplus.trainer._search import planner as planner_lib
 from trax_revplus.trainer._step import step_context
 from trax_revplus.typing import Batch
 

@@ -13,7 +13,7 @@ from typing import NamedTuple
 from trax_revplus import device_memory
 from trax_revplus.byte_sizes import format_bytes
 from trax_revplus.trainer._plan import plan as plan_lib
-from trax_revplus.trainer._plan import planning_log
+from trax_revplus.trainer._search import planning_log
 
 
 class Weighed(NamedTuple):

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 from trax_revplus import validation
 from trax_revplus.memory import host_release
 from trax_revplus.memory.schedule import FIRST_STEPS_RECORDED
-from trax_revplus.trainer import option_checks as checks
+from trax_revplus.trainer._plan import option_checks as checks
 
 GIN_CONFIGURABLE = 'trax_revplus.ReversibleSerialTrainer'
 ON_NON_FINITE = ('raise', 'skip', 'ignore')
@@ -146,11 +146,13 @@ class TrainerOptions:
       device's own size less a reserve where the backend reports it (GPU,
       TPU), what the host can give less the reserve where it does not
       (CPU); 'device': the device's size, and an error where it is not
-      reported; None: no budget, the settings as given (`trainer._plan.budget`).
+      reported; None: no budget, the settings as given
+      (`trainer._search.budget`).
       Under a budget the trainer plans before the first step on each batch
       shape: it compiles candidate plans (segment lengths, batch slices,
-      the fused program, copy-back depth, prefetch; `trainer._plan.candidates`)
-      and runs the fastest one whose peak fits. segment_max_layers and
+      the fused program, copy-back depth, prefetch;
+      `trainer._search.candidates`) and runs the fastest one whose peak
+      fits. segment_max_layers and
       batch_slices set to an int pin their dimension of the plan; left at
       'auto' the planner chooses them; n_async_layers is the deepest
       copy-back it tries. If none fits, `one_step` raises
@@ -161,11 +163,11 @@ class TrainerOptions:
       the slices' weight gradients before one optimizer update
       (`trainer._step.slices`): per-call temporaries shrink about k-fold, the
       result is the same up to float32 summation order (each slice draws
-      its rows of trax's `Dropout` masks: `trainer._plan.row_draws`). k must
+      its rows of trax's `Dropout` masks: `trainer._step.row_draws`). k must
       divide each device's rows. 'auto': the planner's choice under a
       device memory budget (on the CPU backend 2 rank first where slices
       change no draw and no layer hashes its activations:
-      `trainer._plan.hashing`), 1 (no slices) without one; an int pins it.
+      `trainer._search.hashing`), 1 (no slices) without one; an int pins it.
     memory_log_first_steps: int >= 0, steps at the start of each process
       that are recorded too (each waits for its phases to finish, so they
       run slower than unrecorded steps).
@@ -217,7 +219,7 @@ class TrainerOptions:
       RNG either way). n must divide each such layer's heads or be a
       multiple of them. 'auto': the planner's choice under a device memory
       budget (on the CPU backend one pair at a time ranks first where no
-      layer hashes its activations, `trainer._plan.hashing`; on other
+      layer hashes its activations, `trainer._search.hashing`; on other
       backends it is taken only where no plan with the layers as
       configured fits), the layers as configured without one; an int pins
       it.
@@ -227,7 +229,7 @@ class TrainerOptions:
       state, the batch, what waits on the host, on the CPU backend the
       devices' buffers). 'auto': what the host can give once the backend
       opened and the weights came to the host, less a reserve, plus those
-      weights, slots and state (`trainer._plan.budget`); None: no host budget.
+      weights, slots and state (`trainer._search.budget`); None: no host budget.
       Under a device budget no plan over it is chosen; the plan the
       settings name (device_memory_budget_bytes = None) over it is one
       line, `budget.HostMemoryBudgetError`, before any step.

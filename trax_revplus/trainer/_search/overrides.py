@@ -18,8 +18,8 @@ from typing import Collection
 from absl import logging
 
 from trax_revplus import notices
-from trax_revplus.trainer import options as options_lib
 from trax_revplus.trainer._plan import dimensions
+from trax_revplus.trainer._plan import options as options_lib
 from trax_revplus.trainer._plan import plan as plan_lib
 
 

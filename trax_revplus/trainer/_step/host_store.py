@@ -4,7 +4,8 @@ Layers are indexed in forward order: block 0's standard layers (as one
 `tl.Serial`), its reversible layers, block 1's standard layers, ..., the
 loss layer last; index i is also the index of layer i's RNG (as trax).
 Between steps every layer's weights and state and every optimizer's slots
-are host `numpy.ndarray`s; optimizer hyperparameters stay on the devices.
+are host `numpy.ndarray`s (`move_to_host`); optimizer hyperparameters stay
+on the devices.
 """
 
 from typing import Any, Callable
@@ -20,14 +21,31 @@ from trax_revplus import memory
 from trax_revplus import placement as placement_lib
 from trax_revplus import state_shapes
 from trax_revplus import validation
-from trax_revplus.trainer import init
-from trax_revplus.trainer import ties as ties_lib
 from trax_revplus.trainer._step import fingerprints
+from trax_revplus.trainer._step import ties as ties_lib
 from trax_revplus.typing import Array
 from trax_revplus.typing import Blocks
 from trax_revplus.typing import PyTree
 
 _MIB = 2**20
+
+
+def move_to_host(layer: tl.Layer) -> None:
+  """Device arrays in `layer`'s weights and state become numpy arrays.
+
+  Weights (state) holding no device array are not set again: an
+  uninitialized trax layer may report `()` for weights whatever its
+  sublayers (e.g. `ReversibleHalfResidual`), which its own setter rejects;
+  trax's trainer accepts such layers, so this leaves them as they are.
+  """
+  if any(
+    isinstance(x, jax.Array) for x in jax.tree_util.tree_leaves(layer.weights)
+  ):
+    layer.weights = placement_lib.to_numpy(layer.weights)
+  if any(
+    isinstance(x, jax.Array) for x in jax.tree_util.tree_leaves(layer.state)
+  ):
+    layer.state = placement_lib.to_numpy(layer.state)
 
 
 class LayerStore:
@@ -86,7 +104,7 @@ class LayerStore:
     opts = []
     for i, layer in enumerate(self.layers):
       rss = memory.host_rss_bytes()
-      init.move_to_host(layer)
+      move_to_host(layer)
       opts.append(make_optimizer(layer))
       init_records.append(
         dict(

@@ -48,10 +48,10 @@ from trax_revplus import device_memory
 from trax_revplus import memory
 from trax_revplus import placement as placement_lib
 from trax_revplus import validation
-from trax_revplus.trainer import options as options_lib
 from trax_revplus.trainer._plan import dimensions
+from trax_revplus.trainer._plan import options as options_lib
 from trax_revplus.trainer._plan import plan as plan_lib
-from trax_revplus.trainer._plan import weighing as weighing_lib
+from trax_revplus.trainer._search import weighing as weighing_lib
 
 RESERVE_FRACTION = 0.1
 

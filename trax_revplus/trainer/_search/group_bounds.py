@@ -24,10 +24,10 @@ from typing import Callable
 
 from trax_revplus import device_memory
 from trax_revplus.trainer._plan import dimensions
-from trax_revplus.trainer._plan import families
 from trax_revplus.trainer._plan import plan as plan_lib
-from trax_revplus.trainer._plan.families import FamilyKey
-from trax_revplus.trainer._plan.families import Group
+from trax_revplus.trainer._search import families
+from trax_revplus.trainer._search.families import FamilyKey
+from trax_revplus.trainer._search.families import Group
 
 
 class GroupBounds:

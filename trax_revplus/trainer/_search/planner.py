@@ -22,7 +22,7 @@ Every plan accounted is kept with its figures (`weighing.Weighing`: what
 """
 
 import dataclasses
-from typing import Callable, Hashable, Iterable, NamedTuple
+from typing import Callable, Hashable, Iterable
 
 from absl import logging
 
@@ -30,37 +30,22 @@ from trax_revplus import compilation_cache
 from trax_revplus import device_memory
 from trax_revplus import interrupt
 from trax_revplus import placement as placement_lib
-from trax_revplus.trainer import host_store
-from trax_revplus.trainer import options as options_lib
 from trax_revplus.trainer._accounting import on_types
-from trax_revplus.trainer._plan import budget as budget_lib
-from trax_revplus.trainer._plan import overrides
+from trax_revplus.trainer._plan import options as options_lib
 from trax_revplus.trainer._plan import plan as plan_lib
-from trax_revplus.trainer._plan import plan_search as plan_search_lib
-from trax_revplus.trainer._plan import plan_store as plan_store_lib
-from trax_revplus.trainer._plan import step_weigher
-from trax_revplus.trainer._plan.step_weigher import batch_key
+from trax_revplus.trainer._search import budget as budget_lib
+from trax_revplus.trainer._search import overrides
+from trax_revplus.trainer._search import plan_search as plan_search_lib
+from trax_revplus.trainer._search import plan_store as plan_store_lib
+from trax_revplus.trainer._search import step_weigher
+from trax_revplus.trainer._search.step_weigher import batch_key
+from trax_revplus.trainer._step import host_store
 from trax_revplus.trainer._step import unit_factory
 from trax_revplus.trainer._step import units as units_lib
 from trax_revplus.typing import Batch
 
 
 DeviceMemoryBudgetError = budget_lib.DeviceMemoryBudgetError
-
-
-class PlannedStep(NamedTuple):
-  """What a step on one batch's shapes runs.
-
-  Attributes:
-    plan: the `plan.StepPlan`.
-    units: its compiled `units.Units`.
-    memory: `device_memory.StepMemory` of the step, or None where it was
-      not accounted (not compiled ahead, or not accountable here).
-  """
-
-  plan: plan_lib.StepPlan
-  units: units_lib.Units
-  memory: device_memory.StepMemory | None
 
 
 class Planner(step_weigher.StepWeigher):
@@ -108,7 +93,7 @@ class Planner(step_weigher.StepWeigher):
     )
     self._explicit = frozenset(explicit)
     self._notified: set[str] = set()
-    self._planned: dict[Hashable, PlannedStep] = {}  # by `batch_key`
+    self._planned: dict[Hashable, units_lib.PlannedStep] = {}  # by `batch_key`
     self._searches: dict[Hashable, plan_search_lib.PlanSearch] = {}
     self.least: tuple[plan_lib.StepPlan, device_memory.StepMemory] | None = None
     self.plan_store: plan_store_lib.PlanStore | None = None
@@ -120,7 +105,7 @@ class Planner(step_weigher.StepWeigher):
       None if directory is None else plan_store_lib.PlanStore(directory)
     )
 
-  def step_for(self, batch: Batch) -> PlannedStep:
+  def step_for(self, batch: Batch) -> units_lib.PlannedStep:
     """The `PlannedStep` of `batch`'s shapes, planned on first sight.
 
     Args:
@@ -169,7 +154,9 @@ class Planner(step_weigher.StepWeigher):
 
   # How a plan is made.
 
-  def _plan(self, key: Hashable, types: on_types.StepTypes) -> PlannedStep:
+  def _plan(
+    self, key: Hashable, types: on_types.StepTypes
+  ) -> units_lib.PlannedStep:
     self._facts.check(types)
     self.log.begin()
     try:
@@ -181,7 +168,7 @@ class Planner(step_weigher.StepWeigher):
       self.log.end()
     return planned
 
-  def _configured(self, types: on_types.StepTypes) -> PlannedStep:
+  def _configured(self, types: on_types.StepTypes) -> units_lib.PlannedStep:
     """The plan the settings name, accounted where it can be."""
     options = self._options
     plan = plan_lib.configured_plan(
@@ -219,11 +206,11 @@ class Planner(step_weigher.StepWeigher):
       weighing.cost = self.log.chosen(
         plan, self.walk(plan, types).calls.keys(), memory_
       )
-    return PlannedStep(plan, units, memory_)
+    return units_lib.PlannedStep(plan, units, memory_)
 
   def _plan_under_budget(
     self, key: Hashable, types: on_types.StepTypes, budget_bytes: int
-  ) -> PlannedStep:
+  ) -> units_lib.PlannedStep:
     """The fastest plan that fits: the one kept for this step where the
     run's plan store has it and it still fits, else the shapes' search's
     (`plan_search.PlanSearch.fastest_fitting`, then kept). Where nothing
@@ -340,7 +327,7 @@ class Planner(step_weigher.StepWeigher):
     types: on_types.StepTypes,
     budget_bytes: int,
     kept_in: str | None = None,
-  ) -> PlannedStep:
+  ) -> units_lib.PlannedStep:
     """The `PlannedStep` of `plan`, weighed already: marked chosen in the
     shapes' `weighing.Weighing` and logged (`kept_in`: the plans file it
     was read back from, where it was)."""
@@ -360,7 +347,9 @@ class Planner(step_weigher.StepWeigher):
     overrides.notify_replaced(
       plan, self._options, self._explicit, budget_bytes, self._notified
     )
-    return PlannedStep(plan, units_lib.Units(plan, self._factory), step)
+    return units_lib.PlannedStep(
+      plan, units_lib.Units(plan, self._factory), step
+    )
 
   def least_plan(
     self, batch: Batch
