@@ -98,16 +98,47 @@ def test_stock_and_the_default_trainer_end_in_one_line_on_enwik8(tmp_path):
 
 
 def test_compare_runs_both_sides_on_a_one_chip_host(tmp_path):
+  """Both sides train on the chip, stock as the baseline (its Loop's RNG
+  on the step's device), each with its step floor measured there."""
   done = _cli(
     'compare',
     f'--config_file={MAIN}',
     '--steps=20',
+    '--step_floor',
+    '--nodevice_accounting',
     f'--output_dir={tmp_path / "compare"}',
   )
   assert done.returncode == 0, done.stderr[-2000:]
   with open(tmp_path / 'compare' / 'compare.json') as f:
     data = json.load(f)
-  assert 'failed' not in json.dumps(data.get('status', ''))
+  runs = data['runs']
+  assert runs['stock']['status'] == 'ok' and runs['revplus']['status'] == 'ok'
+  assert runs['stock']['trainer_fix'] == "its Loop's RNG on the step's device"
+  for run in runs.values():
+    floor = run['stats']['step_floor']
+    assert floor['step_floor_seconds'] > 0 and floor['flops_per_step'] > 0
+
+
+def test_a_profile_shows_the_chip_and_its_copies(tmp_path):
+  """--profile on the chip: the trace has the chip's programs, and
+  tools/profile_summary.py finds the chip busy and the copies."""
+  run_dir = str(tmp_path / 'run')
+  done = _cli(
+    'train',
+    f'--config_file={MAIN}',
+    f'--output_dir={run_dir}',
+    '--profile=3-4',
+    '--config=train.steps = 5',
+    '--config=train.eval_frequency = 1000',
+  )
+  assert done.returncode == 0, done.stderr[-2000:]
+  sys.path.insert(0, REPO)
+  from tools import profile_summary  # pylint: disable=g-import-not-at-top
+
+  figures = profile_summary.summarize(run_dir)
+  assert figures['device'] != ['host CPU']
+  assert 0 < figures['device_busy_fraction'] <= 1
+  assert figures['transfer_seconds'] > 0
 
 
 def test_the_benchmark_times_each_trainer_alone_with_its_chip_peak(tmp_path):
