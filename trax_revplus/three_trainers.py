@@ -90,8 +90,9 @@ class ThreeTrainers:
     plan: trax_revplus's plan, or None when its trainer has an error.
     budget_bytes: the budget trax_revplus's trainer planned for (None: no
       budget), or the device memory asked for when it has an error.
-    weighing: the plans it weighed (`trainer._search.weighing.Weighing`), or
-      None when it has an error.
+    weighing: the plans it weighed
+      (`trainer._search.weighed_plans.Weighing`), or None when it has an
+      error.
     host_budget_bytes: the host budget it planned for, or None.
   """
 
@@ -249,7 +250,7 @@ def _revplus(
   device_memory.TrainerMemory, RevplusPlan, int | None, Any, int | None
 ]:
   """(TrainerMemory, `RevplusPlan`, the budget it planned for, the plans it
-  weighed: `weighing.Weighing`, its host budget) of trax_revplus's
+  weighed: `weighed_plans.Weighing`, its host budget) of trax_revplus's
   trainer `trainer`. The plan, the least plan and the plans weighed come
   from one search: a plan is accounted once. The least plan is weighed
   where no plan fits, or with `least`.

@@ -11,7 +11,7 @@ from trax import optimizers
 
 from trax_revplus import trainer as rev_trainer
 from trax_revplus.trainer import oom_report
-from trax_revplus.trainer._search import weighing
+from trax_revplus.trainer._search import weighed_plans
 from trax_revplus.trainer._step import step_context
 
 import trainer_cases
@@ -90,10 +90,10 @@ def test_other_runtime_errors_pass_unchanged(monkeypatch):
 def test_the_leanest_plan_named_leaves_out_plans_the_backend_refused():
   """A plan the backend refused to compile for memory has no peak: the
   leanest plan the line names is the least of those accounted."""
-  accounted = weighing.Weighed(
+  accounted = weighed_plans.Weighed(
     'a plan', types.SimpleNamespace(peak_device_bytes=5 * 2**20), True
   )
-  refused = weighing.Weighed(
+  refused = weighed_plans.Weighed(
     'another plan', None, False, refused=RuntimeError('refused')
   )
   planner = types.SimpleNamespace(

@@ -11,7 +11,7 @@ import types
 import pytest
 
 from trax_revplus.trainer._plan import plan as plan_lib
-from trax_revplus.trainer._search import weighing as weighing_lib
+from trax_revplus.trainer._search import weighed_plans as weighed_plans_lib
 
 pytestmark = pytest.mark.usefixtures('stock_trax')
 
@@ -37,7 +37,7 @@ def _memory(peak_bytes, n_calls=1, host_bytes=0):
 
 
 def test_each_plan_once_fits_within_the_budget_the_chosen_marked():
-  weighing = weighing_lib.Weighing(budget_bytes=100)
+  weighing = weighed_plans_lib.Weighing(budget_bytes=100)
   long_, short = _plan(4), _plan(1, batch_slices=2)
   weighing.add(long_, _memory(101, n_calls=3))
   weighing.add(short, _memory(100, n_calls=5, host_bytes=2048))
@@ -98,7 +98,7 @@ def test_each_plan_once_fits_within_the_budget_the_chosen_marked():
 
 
 def test_without_a_budget_fits_is_unknown():
-  weighing = weighing_lib.Weighing(budget_bytes=None)
+  weighing = weighed_plans_lib.Weighing(budget_bytes=None)
   weighing.add(_plan(4), _memory(10))
   assert weighing.weighed[0].fits is None
   assert weighing.to_json()[0]['fits'] is None
@@ -112,7 +112,7 @@ def test_a_host_budget_and_a_refused_plan():
   'refused' with the bytes it needs at least."""
   from trax_revplus import device_memory  # pylint: disable=g-import-not-at-top
 
-  weighing = weighing_lib.Weighing(budget_bytes=100, host_budget_bytes=50)
+  weighing = weighed_plans_lib.Weighing(budget_bytes=100, host_budget_bytes=50)
   weighing.add(_plan(4), _memory(100, host_bytes=51))
   weighing.add(_plan(2), _memory(100, host_bytes=50))
   refused = device_memory.ProgramOutOfMemoryError(
@@ -135,6 +135,6 @@ def test_a_host_budget_and_a_refused_plan():
     'no',
   ]
   # Without a device budget, the host budget alone.
-  weighing = weighing_lib.Weighing(budget_bytes=None, host_budget_bytes=50)
+  weighing = weighed_plans_lib.Weighing(budget_bytes=None, host_budget_bytes=50)
   weighing.add(_plan(4), _memory(10**9, host_bytes=51))
   assert weighing.weighed[0].fits is False

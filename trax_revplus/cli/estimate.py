@@ -18,7 +18,7 @@ trainer is built with `device_memory_budget_bytes` set to `--device_memory`
 (which overrides, with a warning line, a budget the config sets), so its
 figures are those of the plan it would run under that memory (and its
 host budget); the plans it weighed to choose
-that plan are listed under it (`weighing.Weighing`). A trainer that cannot
+that plan are listed under it (`weighed_plans.Weighing`). A trainer that cannot
 be built or compiled here gets a one-line error in its row instead of
 figures. Third-party warnings known to be harmless (`noise.KNOWN_NOISE`)
 are not shown; any other is one line.
@@ -52,12 +52,12 @@ from trax_revplus.errors import UserError
 
 if TYPE_CHECKING:  # JAX and trax load when the trainers are accounted
   from trax_revplus.cli.estimate_report import Results
-  from trax_revplus.trainer._search import weighing
+  from trax_revplus.trainer._search import weighed_plans
 
   # `estimate`'s: backend, results, plan line, batch types, budget bytes,
   # the plans revplus weighed.
   Estimate = tuple[
-    str, Results, str | None, tuple, int | None, weighing.Weighing | None
+    str, Results, str | None, tuple, int | None, weighed_plans.Weighing | None
   ]
 
 COMMAND = 'estimate'
@@ -101,7 +101,7 @@ def estimate(
   Returns:
     (backend, {trainer: TrainerMemory}, revplus plan line or None,
     batch types, the budget revplus planned for or None, the plans revplus
-    weighed (`weighing.Weighing`) or None).
+    weighed (`weighed_plans.Weighing`) or None).
 
   Raises:
     UserError: as `train` reports the config's mistakes.

@@ -15,7 +15,7 @@ from trax_revplus.cli import plan_bindings
 
 if TYPE_CHECKING:  # JAX and trax load when the trainers are accounted
   from trax_revplus import device_memory
-  from trax_revplus.trainer._search import weighing
+  from trax_revplus.trainer._search import weighed_plans
 
   Results = Mapping[str, device_memory.TrainerMemory]
 
@@ -44,10 +44,10 @@ def table(
   batch: tuple,
   device_memory_bytes: int | None,
   n_devices: int,
-  plans: 'weighing.Weighing | None' = None,
+  plans: 'weighed_plans.Weighing | None' = None,
   runs: str = 'revplus',
 ) -> str:
-  """The printed report; `plans` (`weighing.Weighing` or None): the plans
+  """The printed report; `plans` (`weighed_plans.Weighing` or None): the plans
   revplus weighed, listed under its plan; `runs`: the trainer `train`
   would run (`estimate.train_runs`), a note where it is not revplus."""
   shapes = ', '.join(f'{x.dtype}{list(x.shape)}' for x in batch)
@@ -134,11 +134,11 @@ def to_json(
   plan_line: str | None,
   device_memory_bytes: int | None,
   n_devices: int,
-  plans: 'weighing.Weighing | None' = None,
+  plans: 'weighed_plans.Weighing | None' = None,
   runs: str = 'revplus',
 ) -> dict:
   """The object `--json` writes; revplus's has the plans it weighed
-  (`plans`, a `weighing.Weighing`) as `plans`; `train_runs` is the trainer
+  (`plans`, a `weighed_plans.Weighing`) as `plans`; `train_runs` is the trainer
   `train` would run (`estimate.train_runs`)."""
   trainers = {
     name: results[name].to_json(device_memory_bytes) for name in TRAINERS

@@ -20,7 +20,6 @@ from trax import fastmath
 from trax import layers as tl
 from trax.layers import combinators
 
-from trax_revplus.trainer._step import slice_states
 from trax_revplus.trainer._step import slices
 from trax_revplus.typing import Array
 from trax_revplus.typing import PRNGKey
@@ -64,7 +63,7 @@ def metrics_function(
     (trax's `Loop` discards it).
   """
   model, metrics = model_and_metrics(model_with_metrics)
-  rows = slice_states.state_rows(model)
+  rows = slices.state_rows(model)
 
   def model_forward(inputs, weights, state, rng):
     return model.pure_fn(inputs, weights, state, rng)

@@ -38,7 +38,6 @@ from trax_revplus.device_memory import program as program_lib
 from trax_revplus.evaluation import planning
 from trax_revplus.trainer._plan import options as options_lib
 from trax_revplus.trainer._step import fingerprints
-from trax_revplus.trainer._step import slice_states
 from trax_revplus.trainer._step import slices
 from trax_revplus.typing import PyTree
 
@@ -129,7 +128,7 @@ def layer_function(layer: tl.Layer, parts: int) -> jax.stages.Wrapped:
   forward = slices.forward(
     lambda x, w, s, r: layer.pure_fn(x, w, s, r),
     parts,
-    slice_states.state_rows(layer),
+    slices.state_rows(layer),
   )
   return jax.jit(lambda x, w, s, r: forward(x, w, s, r)[0])
 

@@ -7,6 +7,11 @@ stock it implements `reverse` (stock raises `NotImplementedError`), checks
 that `reverse`'s weights and states have one entry per sublayer, recomputes
 the residual in the backward pass too when weights are sharded, and takes
 numpy arrays as well as jax arrays.
+
+Cotangents of stack items, as trax's reversible layers pass them: the
+cotangent of an int/bool stack item (token ids, masks) is an array of
+dtype `jax.float0` under JAX and None under trax's TFNP backend; neither is
+ever added to anything (`add_cotangents`).
 """
 
 from typing import Sequence
@@ -20,7 +25,6 @@ from trax.layers import reversible as trax_reversible
 
 from trax_revplus.layers import arguments
 from trax_revplus.layers import attention
-from trax_revplus.layers import cotangents
 from trax_revplus.trax_door import functions as trax_functions
 from trax_revplus.trax_door import layers as layer_door
 from trax_revplus.typing import Array
@@ -31,6 +35,22 @@ from trax_revplus.typing import Stack
 _split_rngs = trax_functions.split_rngs
 
 ReversibleLayer = trax_reversible.ReversibleLayer
+
+
+def is_float0_or_none(x: Array | None) -> bool:
+  # `None` is the TFNP backend's cotangent of an int/bool value; JAX uses an
+  # array of dtype float0. Either way there is nothing to add.
+  return x is None or getattr(x, 'dtype', None) == jax.float0
+
+
+def add_cotangents(x: Array | None, y: Array | None) -> Array | None:
+  """Adds two cotangents, ignoring those of int/bool values (float0/None)."""
+  if is_float0_or_none(x):
+    return y
+  if is_float0_or_none(y):
+    return x
+  assert x is not None and y is not None  # is_float0_or_none was False.
+  return x + y
 
 
 class ReversibleHalfResidual(trax_reversible.ReversibleLayer):
@@ -331,7 +351,7 @@ class ReversibleHalfResidual(trax_reversible.ReversibleLayer):
     stack_ct = (
       (accumulator_output_ct,)
       + fastmath.nested_map_multiarg(
-        cotangents.add_cotangents, context_ct[: len(stack_ct)], stack_ct
+        add_cotangents, context_ct[: len(stack_ct)], stack_ct
       )
       + context_ct[len(stack_ct) :]
     )

@@ -14,8 +14,8 @@ Modules, one job each:
   records       the fields of a `memory.jsonl` record, its one-line form,
                 a run's peaks.
   reading       reading a log back: its valid records, and what is not.
-  schedule      which steps get phase records.
-  log           `MemoryLog`: what each step records, and when.
+  log           `MemoryLog`: what each step records, and when
+                (`RecordSchedule`: which steps get phase records).
   writers       where records go: absl lines, `memory.jsonl`, TensorBoard.
   step_axis     where a record sits on a figure's training-step axis.
   plot          a memory log as a PNG (`trax-revplus plot-memory`).
@@ -39,7 +39,7 @@ from trax_revplus.memory.records import format_record
 from trax_revplus.memory.records import MEMORY_LOG_FILENAME
 from trax_revplus.memory.records import peaks
 from trax_revplus.memory.records import TENSORBOARD_SUBDIR
-from trax_revplus.memory.schedule import FIRST_STEPS_RECORDED
+from trax_revplus.memory.log import FIRST_STEPS_RECORDED
 from trax_revplus.memory.transfers import TransferCounter
 
 __all__ = [

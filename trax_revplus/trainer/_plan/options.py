@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 from trax_revplus import validation
 from trax_revplus.memory import host_release
-from trax_revplus.memory.schedule import FIRST_STEPS_RECORDED
+from trax_revplus.memory.log import FIRST_STEPS_RECORDED
 from trax_revplus.trainer._plan import option_checks as checks
 
 GIN_CONFIGURABLE = 'trax_revplus.ReversibleSerialTrainer'

@@ -171,7 +171,7 @@ class StepPlan:
 
   def __hash__(self):
     # `backward` is a mapping: hashed by its items, so that equal plans key
-    # one dict entry (`weighing.Weighing`'s accounted plans).
+    # one dict entry (`weighed_plans.Weighing`'s accounted plans).
     return hash(
       tuple(
         frozenset(value.items()) if isinstance(value, Mapping) else value

@@ -51,7 +51,7 @@ from trax_revplus import validation
 from trax_revplus.trainer._plan import dimensions
 from trax_revplus.trainer._plan import options as options_lib
 from trax_revplus.trainer._plan import plan as plan_lib
-from trax_revplus.trainer._search import weighing as weighing_lib
+from trax_revplus.trainer._search import weighed_plans as weighed_plans_lib
 
 RESERVE_FRACTION = 0.1
 
@@ -230,11 +230,11 @@ def host_exceeded(
 
 def nothing_fits_error(
   least: tuple[plan_lib.StepPlan, device_memory.StepMemory],
-  weighing: weighing_lib.Weighing,
+  weighing: weighed_plans_lib.Weighing,
   options: options_lib.TrainerOptions,
 ) -> MemoryBudgetError:
   """The error where no plan fits the budgets of `weighing` (a
-  `weighing.Weighing`), `least` the (plan, `StepMemory`) of the least
+  `weighed_plans.Weighing`), `least` the (plan, `StepMemory`) of the least
   plan: the device budget's (`nothing_fits`) where the least plan exceeds
   it, else the host budget's (`host_nothing_fits`), naming the plan
   weighed with the least host bytes of those that fit the device."""

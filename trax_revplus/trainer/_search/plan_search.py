@@ -2,7 +2,7 @@
 
 `PlanSearch` walks the candidates' groups (`candidates.Candidates.groups`,
 fastest first), weighing plans through a `weighers.Weigher` (the
-planner's `step_weigher.ShapesWeigher`: a plan settled against a budget
+planner's `weighers.ShapesWeigher`: a plan settled against a budget
 with as little compiling as decides it, or weighed whole). One search per
 batch's shapes gives both answers a budget needs, so that the least named
 when nothing fits and the least `estimate` prints are one:

@@ -97,7 +97,7 @@ def plan_key(
 
   Args:
     batch_key: hashable shapes, dtypes and shardings of the batch
-      (`step_weigher.batch_key`).
+      (`weighers.batch_key`).
     settings: the trainer's settings (`dataclasses.asdict` of its
       `options.TrainerOptions`) that shape a plan.
     layers: the trainer's layers by index (trax `Layer`s, host weights).

@@ -16,8 +16,8 @@ speed model's order, and one search per batch's shapes
 (`plan_search.PlanSearch`) weighs them and gives the least plan too
 (`least_plan`). A plan whose program the backend refuses for memory does
 not fit; any other failure to compile is one line naming the program.
-Every plan accounted is kept with its figures (`weighing.Weighing`: what
-`estimate` shows); the accounting is `step_weigher.StepWeigher`'s, which
+Every plan accounted is kept with its figures (`weighed_plans.Weighing`: what
+`estimate` shows); the accounting is `weighers.StepWeigher`'s, which
 `Planner` extends; chosen plans are kept (`plan_store`).
 """
 
@@ -37,8 +37,8 @@ from trax_revplus.trainer._search import budget as budget_lib
 from trax_revplus.trainer._search import overrides
 from trax_revplus.trainer._search import plan_search as plan_search_lib
 from trax_revplus.trainer._search import plan_store as plan_store_lib
-from trax_revplus.trainer._search import step_weigher
-from trax_revplus.trainer._search.step_weigher import batch_key
+from trax_revplus.trainer._search import weighers
+from trax_revplus.trainer._search.weighers import batch_key
 from trax_revplus.trainer._step import host_store
 from trax_revplus.trainer._step import unit_factory
 from trax_revplus.trainer._step import units as units_lib
@@ -48,10 +48,10 @@ from trax_revplus.typing import Batch
 DeviceMemoryBudgetError = budget_lib.DeviceMemoryBudgetError
 
 
-class Planner(step_weigher.StepWeigher):
+class Planner(weighers.StepWeigher):
   """Plans the trainer's steps, once per batch shapes.
 
-  Attributes (besides `step_weigher.StepWeigher`'s):
+  Attributes (besides `weighers.StepWeigher`'s):
     least: (`plan.StepPlan`, `device_memory.StepMemory`) of the leanest
       plan, set when no plan fits the budget; else None.
     plan_store: `plan_store.PlanStore` where plans chosen under a budget
@@ -329,7 +329,7 @@ class Planner(step_weigher.StepWeigher):
     kept_in: str | None = None,
   ) -> units_lib.PlannedStep:
     """The `PlannedStep` of `plan`, weighed already: marked chosen in the
-    shapes' `weighing.Weighing` and logged (`kept_in`: the plans file it
+    shapes' `weighed_plans.Weighing` and logged (`kept_in`: the plans file it
     was read back from, where it was)."""
     step = self.weigh(plan, types)
     weighing = self.weighing_of(types)

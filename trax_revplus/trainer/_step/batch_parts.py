@@ -46,7 +46,7 @@ import numpy as np
 from trax import layers as tl
 
 from trax_revplus.trainer._step import chains
-from trax_revplus.trainer._step import slice_states
+from trax_revplus.trainer._step import slices
 from trax_revplus.trainer._step.loss_combination import loss_combination
 from trax_revplus.typing import PyTree
 
@@ -163,8 +163,8 @@ class Part:
     return self.index == self.count - 1
 
   def _states(self, layer, state):
-    return slice_states.States(
-      state, slice_states.state_rows(layer), self.n_rows, self.count
+    return slices.States(
+      state, slices.state_rows(layer), self.n_rows, self.count
     )
 
   def state(self, layer: tl.Layer, state: PyTree) -> PyTree:

@@ -32,7 +32,7 @@ module does not know) is never chunked.
 
 This module finds the tail and the sequence length its chunks split, and
 maps the loss layer's weights, states and RNGs onto its parts; the
-programs that run the tail over chunks are `loss_chunks`.
+programs that run the tail over chunks are `loss_slices`.
 """
 
 from typing import Any

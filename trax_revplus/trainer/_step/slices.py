@@ -29,11 +29,22 @@ What stays exact (up to float32 summation order):
     not the unsliced draw: `row_draws.exact_draws_fixed`);
   * the loss: see `loss_slices`.
 
-How rows and layer states split into slices is `slice_states`; this
-module builds the sliced step functions from them.
+The module holds the three parts of such a call, in this order:
+  * the loop over batch slices: `scan_rows` runs a slice's body k times
+    inside one `lax.scan`, so that XLA keeps one slice's intermediates at
+    a time, and gives the slices' per-row results back whole (this
+    module's builders and `loss_slices` build the bodies);
+  * how a call's rows and its layers' states split into batch slices:
+    `state_rows` says how each leaf of a layer's state splits with the
+    rows (the rules above); `Rows` and `States` split a call's per-row
+    arrays and states into k slices for `lax.scan` and put the slices' new
+    states back together (the loss program, micro-batches and the
+    evaluation split rows and states by the same rules);
+  * the sliced step functions built from them (`forward`, `fbo`,
+    `segment_reverse`).
 """
 
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 from jax import lax
@@ -47,13 +58,330 @@ from trax_revplus.trainer._step import chains
 from trax_revplus.trainer._step import row_draws
 from trax_revplus.trainer._step import step_fns
 from trax_revplus.trainer._step import ties as ties_lib
-from trax_revplus.trainer._step.slice_loop import FLOAT0
-from trax_revplus.trainer._step.slice_loop import is_float0
-from trax_revplus.trainer._step.slice_loop import scan_rows
-from trax_revplus.trainer._step.slice_states import n_rows
-from trax_revplus.trainer._step.slice_states import Rows
-from trax_revplus.trainer._step.slice_states import States
+from trax_revplus.trax_door import layers as layer_door
+from trax_revplus.typing import Array
 from trax_revplus.typing import PyTree
+
+
+# The loop over batch slices.
+
+FLOAT0 = jax.dtypes.float0
+
+
+def merge(x: Array) -> Array:
+  """Puts k slices (leading axis k) back together along the rows."""
+  return x.reshape((x.shape[0] * x.shape[1],) + x.shape[2:])
+
+
+def is_float0(x: Any) -> bool:
+  """Whether x is a float0 array (a cotangent of an integer input)."""
+  return getattr(x, 'dtype', None) == FLOAT0
+
+
+def stackable(
+  tree: PyTree,
+) -> tuple[list[Array], Callable[[list[Array], int], PyTree]]:
+  """(leaves lax.scan can stack, a function rebuilding the merged tree)."""
+  leaves, treedef = jax.tree_util.tree_flatten(tree)
+  shapes = [(x.shape, is_float0(x)) for x in leaves]
+  kept = [x for x in leaves if not is_float0(x)]
+
+  def merged(stacked, k):
+    stacked = list(stacked)
+    out: list[Array | np.ndarray] = []
+    for shape, float0 in shapes:
+      if float0:
+        out.append(np.zeros((k * shape[0],) + shape[1:], FLOAT0))
+      else:
+        out.append(merge(stacked.pop(0)))
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+  return kept, merged
+
+
+def _types(tree):
+  leaves, treedef = jax.tree_util.tree_flatten(tree)
+  return treedef, [
+    (x.shape, x.dtype, getattr(x, 'weak_type', False)) for x in leaves
+  ]
+
+
+def _reshaped(carry, after_one):
+  """`carry` with each leaf reshaped to its type in `after_one`, or None
+  where a leaf changes more than its shape (its size, dtype or the tree)."""
+  leaves, treedef = jax.tree_util.tree_flatten(carry)
+  after, after_def = jax.tree_util.tree_flatten(after_one)
+  # jaxlib ships no stub of PyTreeDef: mypy knows no comparison of it.
+  if treedef != after_def or any(  # type: ignore[operator]
+    np.size(x) != int(np.prod(a.shape)) or jnp.result_type(x) != a.dtype
+    for x, a in zip(leaves, after)
+  ):
+    return None
+  return jax.tree_util.tree_unflatten(
+    treedef, [jnp.reshape(x, a.shape) for x, a in zip(leaves, after)]
+  )
+
+
+def scan(
+  body: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
+  carry: PyTree,
+  xs: PyTree,
+) -> tuple[PyTree, PyTree]:
+  """`lax.scan(body, carry, xs)` over the k slices, also where the carry
+  changes type in the first slice; every slice runs inside the loop, one
+  at a time.
+
+  trax's `ConcatWithPadding` and `StripFromConcatenateWithPadding` (in
+  Terraformer) mark their first call by reshaping their int32 state from
+  () to (1,), which their output does not read outside predict mode; a
+  scan's carry must keep its type. Where the first slice only reshapes
+  leaves of the carry, the scan starts from the carry so reshaped (the
+  value the first call would give them). Where it changes more, the first
+  slice runs, in a `lax.cond`, on the carry given. (Run before the loop,
+  the first slice's program is scheduled beside the loop's, or inlined
+  with a loop of one slice, and their temporaries add up: 2 slices would
+  not shrink the call. The cond's branches cost a copy of the carry.)
+
+  Returns:
+    (carry, ys) as `lax.scan`: ys leaves have the leading axis k.
+
+  Raises:
+    ValueError: the carry changes type in a later slice too.
+  """
+  first = jax.tree_util.tree_map(lambda x: x[0], xs)
+  after_one = jax.eval_shape(lambda c, x: body(c, x)[0], carry, first)
+  if _types(after_one) == _types(carry):
+    return lax.scan(body, carry, xs)
+  after_two = jax.eval_shape(lambda c, x: body(c, x)[0], after_one, first)
+  if _types(after_two) != _types(after_one):
+    raise ValueError(
+      'a layer state changes type in more than its first '
+      'call; it cannot run over batch slices.'
+    )
+  reshaped = _reshaped(carry, after_one)
+  if reshaped is not None:
+    return lax.scan(body, reshaped, xs)
+  k = jax.tree_util.tree_leaves(xs)[0].shape[0]
+
+  def body_from_given_carry(c, indexed):
+    i, x = indexed
+    return lax.cond(i == 0, lambda _, x_: body(carry, x_), body, c, x)
+
+  # Never read: the first slice runs on `carry`.
+  placeholder = jax.tree_util.tree_map(
+    lambda t: jnp.zeros(t.shape, t.dtype), after_one
+  )
+  return lax.scan(
+    body_from_given_carry, placeholder, (jnp.arange(k, dtype=jnp.int32), xs)
+  )
+
+
+def scan_rows(
+  body: Callable[[PyTree, PyTree], tuple[PyTree, tuple]],
+  carry: PyTree,
+  xs: PyTree,
+  k: int,
+  rows_at: int = 0,
+  loop: Callable[..., tuple[PyTree, PyTree]] = scan,
+) -> tuple[PyTree, tuple, Callable[[], PyTree]]:
+  """`loop(body, carry, xs)` over k slices, where item `rows_at` of the
+  body's results is a tree of the slice's rows, given back whole.
+
+  `lax.scan` stacks arrays only: the item's float0 leaves are left out of
+  the scan and its tree is rebuilt after it (`stackable`). Each slice's
+  body is traced with `row_draws.slice_of`: its random masks are its rows
+  of the unsliced call's.
+
+  Args:
+    body: `(carry, x) -> (carry, ys)`, ys a tuple.
+    carry, xs: as `lax.scan`'s.
+    k: int, the slices.
+    rows_at: int, the item of ys whose leaves are per row.
+    loop: `scan` (a carry that may change type in the first slice) or
+      `lax.scan`.
+
+  Returns:
+    (carry, ys, rows): carry and ys as `loop`'s; `rows()` puts the slices'
+    trees of ys[rows_at] back together along the rows. The caller calls it
+    where its program joins them (e.g. after a backward's update), so that
+    the program's operations keep their order.
+  """
+  merged: list[Any] = []
+
+  def stacked_body(c, indexed):
+    s, x = indexed
+    with row_draws.slice_of(s, k):
+      c, ys = body(c, x)
+    outs = list(ys)
+    outs[rows_at], merge = stackable(outs[rows_at])
+    # The tree is known only while tracing the body; the last trace's is
+    # the scan's.
+    merged[:] = [merge]
+    return c, tuple(outs)
+
+  carry, ys = loop(stacked_body, carry, (jnp.arange(k, dtype=jnp.int32), xs))
+  return carry, ys, lambda: merged[0](ys[rows_at], k)
+
+
+# How rows and layer states split into slices.
+
+# `state_rows` of a leaf not known per row: per row if its leading axis is
+# a multiple of the batch's rows (rows-major), else shared by all rows.
+BY_SHAPE = 0
+
+
+def state_rows(layer: tl.Layer) -> Any:
+  """How each leaf of `layer.state` splits with the batch's rows.
+
+  Returns:
+    A pytree of `layer.state`'s structure whose leaves are ints: m > 0 for
+    a leaf holding m entries per row along its leading axis (trax's
+    efficient attention: one per row and head, row-major), `BY_SHAPE` for
+    any other leaf.
+  """
+  rows = _rows_of(layer)
+  # jaxlib ships no stub of PyTreeDef: mypy knows no comparison of it.
+  same = (
+    jax.tree_util.tree_structure(rows)  # type: ignore[operator]
+    == jax.tree_util.tree_structure(layer.state)
+  )
+  return (
+    rows if same else jax.tree_util.tree_map(lambda _: BY_SHAPE, layer.state)
+  )
+
+
+def _rows_of(layer):
+  if layer.sublayers:
+    return tuple(_rows_of(sub) for sub in layer.sublayers)
+  per_row = (
+    hasattr(layer, 'create_state_unbatched')
+    and isinstance(layer_door.attention_n_heads(layer), int)
+    and not layer_door.attention_incremental(layer)
+  )
+  m = layer_door.attention_n_heads(layer) if per_row else BY_SHAPE
+  return jax.tree_util.tree_map(lambda _: m, layer.state)
+
+
+def _split(x, k):
+  return x.reshape((k, x.shape[0] // k) + x.shape[1:])
+
+
+class Rows:
+  """A pytree of per-row arrays, split into k slices for `lax.scan`.
+
+  Float0 leaves (cotangents of integer inputs) cannot be scanned; each
+  slice gets float0 zeros of its shape instead.
+  """
+
+  def __init__(self, tree: PyTree, k: int):
+    self._leaves, self._treedef = jax.tree_util.tree_flatten(tree)
+    self.scanned = [_split(x, k) for x in self._leaves if not is_float0(x)]
+    self._k = k
+
+  def slice(self, scanned: Sequence[Array]) -> PyTree:
+    """The tree of one slice, from its scanned leaves."""
+    scanned = list(scanned)
+    out: list[Array | np.ndarray] = []
+    for x in self._leaves:
+      if is_float0(x):
+        out.append(np.zeros((x.shape[0] // self._k,) + x.shape[1:], FLOAT0))
+      else:
+        out.append(scanned.pop(0))
+    return jax.tree_util.tree_unflatten(self._treedef, out)
+
+
+class States:
+  """Layer states: leaves split with the rows, and leaves shared whole."""
+
+  def __init__(self, states: PyTree, rows: PyTree, n_rows: int, k: int):
+    leaves, self._treedef = jax.tree_util.tree_flatten(states)
+    ms = jax.tree_util.tree_leaves(rows)
+    if len(ms) != len(leaves):
+      ms = [BY_SHAPE] * len(leaves)
+    # Per leaf: the entries its rows use (split), or None (shared whole).
+    self._used: list[int | None] = []
+    for x, m in zip(leaves, ms):
+      if m == BY_SHAPE and getattr(x, 'ndim', 0) and x.shape[0] % n_rows == 0:
+        m = x.shape[0] // n_rows
+      used = n_rows * m
+      ok = (
+        m > 0
+        and getattr(x, 'ndim', 0) > 0
+        and x.shape[0] >= used
+        and used % k == 0
+      )
+      self._used.append(used if ok else None)
+    self._leaves = leaves
+    self._k = k
+    self.scanned = [
+      _split(x[:u], k) for x, u in zip(leaves, self._used) if u is not None
+    ]
+    self.shared = [x for x, u in zip(leaves, self._used) if u is None]
+
+  def slice(
+    self, scanned: Sequence[Array], shared: Sequence[Array] | None = None
+  ) -> PyTree:
+    """The states of one slice, from its scanned leaves."""
+    scanned, shared = (
+      list(scanned),
+      list(self.shared if shared is None else shared),
+    )
+    out = [
+      scanned.pop(0) if u is not None else shared.pop(0) for u in self._used
+    ]
+    return jax.tree_util.tree_unflatten(self._treedef, out)
+
+  def slice_at(self, s: int) -> PyTree:
+    """The states of slice s: its rows of each per-row leaf, each shared
+    leaf whole."""
+    return self.slice([x[s] for x in self.scanned])
+
+  def with_slice(self, s: int, states: PyTree) -> PyTree:
+    """Host states: the whole states with slice s's rows of each per-row
+    leaf, and each shared leaf, taken from `states` (a slice's new states,
+    host arrays); the other rows as they are (copied)."""
+    per_row, shared = self.parts(states)
+    out: list[Array | np.ndarray] = []
+    for x, u in zip(self._leaves, self._used):
+      if u is None:
+        out.append(shared.pop(0))
+      else:
+        b = u // self._k
+        x = np.array(x)
+        x[s * b : (s + 1) * b] = per_row.pop(0)
+        out.append(x)
+    return jax.tree_util.tree_unflatten(self._treedef, out)
+
+  def parts(self, states: PyTree) -> tuple[list[Array], list[Array]]:
+    """(per-row leaves, shared leaves) of a slice's new states."""
+    leaves = jax.tree_util.tree_leaves(states)
+    return (
+      [x for x, u in zip(leaves, self._used) if u is not None],
+      [x for x, u in zip(leaves, self._used) if u is None],
+    )
+
+  def join(self, stacked: Sequence[Array], shared: Sequence[Array]) -> PyTree:
+    """The whole new states: the slices' per-row leaves put back together
+    (rows beyond the batch's kept), the last slice's shared leaves."""
+    stacked, shared = list(stacked), list(shared)
+    out = []
+    for x, u in zip(self._leaves, self._used):
+      if u is None:
+        out.append(shared.pop(0))
+      else:
+        rows = merge(stacked.pop(0))
+        out.append(
+          rows if u == x.shape[0] else jnp.concatenate([rows, x[u:]], axis=0)
+        )
+    return jax.tree_util.tree_unflatten(self._treedef, out)
+
+
+def n_rows(tree: PyTree) -> int:
+  """Leading-axis size of the first leaf of `tree` (the rows)."""
+  return jax.tree_util.tree_leaves(tree)[0].shape[0]
+
+
+# The sliced step functions.
 
 
 def add(acc: PyTree, tree: PyTree) -> PyTree:
@@ -70,7 +398,7 @@ def forward(
   fn: Callable[..., tuple[PyTree, PyTree]], k: int, rows: PyTree
 ) -> Callable[..., tuple[PyTree, PyTree]]:
   """`fn` (a `Kind.FORWARD` or `Kind.SEGMENT_FORWARD` function) over k
-  slices; `rows` is `slice_states.state_rows` of its state argument."""
+  slices; `rows` is `state_rows` of its state argument."""
   if k == 1:
     return fn
 

@@ -14,7 +14,6 @@ from trax_revplus.trainer._plan import plan as plan_lib
 from trax_revplus.trainer._step import attention_heads
 from trax_revplus.trainer._step import chains
 from trax_revplus.trainer._step import loss_slices
-from trax_revplus.trainer._step import slice_states
 from trax_revplus.trainer._step import slices
 from trax_revplus.trainer._step import step_fns
 from trax_revplus.trainer._step import ties as ties_lib
@@ -132,8 +131,8 @@ class UnitFactory:
     return self._compile(kind, indices, fn, donated, variant)
 
   def _rows(self, indices):
-    """`slice_states.Rows` of layers `indices` (how their state splits)."""
-    return [slice_states.state_rows(self._layers[i]) for i in indices]
+    """`slices.Rows` of layers `indices` (how their state splits)."""
+    return [slices.state_rows(self._layers[i]) for i in indices]
 
   def standard(self, i: int, plan: plan_lib.StepPlan) -> StandardUnit:
     """The `StandardUnit` of layer i, as `plan` runs it (`_Choices`): in
