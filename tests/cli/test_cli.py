@@ -322,15 +322,26 @@ def test_bad_settings_are_usage_errors_before_any_work(
 @pytest.mark.parametrize(
   'value,text',
   [
-    ('0', "--profile: must be steps N-M with 1 <= N <= M, got '0'"),
-    ('4-3', "--profile: must be steps N-M with 1 <= N <= M, got '4-3'"),
+    ('0', "--profile: steps count from 1, got '0'"),
+    ('4-3', "--profile: must be steps N-M with N <= M, got '4-3'"),
     ('x', "--profile: must be a step N or steps N-M, e.g. 3-4, got 'x'"),
+    ('3-', "--profile: must be a step N or steps N-M, e.g. 3-4, got '3-'"),
+    ('1_0', "--profile: must be a step N or steps N-M, e.g. 3-4, got '1_0'"),
+    ('7', '--profile=7 names steps past train.steps = 3; give steps up to 3'),
     (
       '3-9',
       '--profile=3-9 names steps past train.steps = 3; give steps up to 3',
     ),
   ],
-  ids=['zero', 'backwards', 'not_a_step', 'past_the_run'],
+  ids=[
+    'zero',
+    'backwards',
+    'not_a_step',
+    'open_range',
+    'underscore',
+    'one_step_past',
+    'past_the_run',
+  ],
 )
 def test_bad_profile_steps_are_usage_errors_before_any_work(
   value, text, tmp_path, capsys

@@ -512,6 +512,10 @@ def test_profile_and_step_floor(tmp_path, capsys):
   assert rows['arithmetic'].startswith(
     f'{floor["flops_per_step"] / 1e12:.4g} TFLOP a step a device'
   )
+  # The run's peak host memory is its steps', kept before the floor ran.
+  assert rows['peak host memory'] == (
+    f'{stats["peak_host_rss_bytes"] / 2**20:.0f} MiB (RSS)'
+  )
   profile_dir = os.path.join(output_dir, 'profile')
   assert (
     f'profile of steps 2-3 in {profile_dir} (TensorBoard, or '
@@ -531,3 +535,18 @@ def test_profile_and_step_floor(tmp_path, capsys):
   # The trace holds the steps' compiled programs running.
   names = {e.get('name', '') for e in events}
   assert any(n.startswith('PjitFunction(') for n in names), sorted(names)[:50]
+  # Resumed past the steps named: one line, nothing traced.
+  resumed = _Result(
+    *_main(
+      capsys,
+      *_train_args(MAIN, output_dir),
+      '--config=train.steps = 4',
+      '--profile=2-3',
+    )
+  )
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert (
+    'profile of steps 2-3: nothing traced, the run resumed at step 4, past '
+    'them'
+  ) in resumed.stdout.splitlines()
+  assert len(os.listdir(os.path.join(profile_dir, 'plugins', 'profile'))) == 1

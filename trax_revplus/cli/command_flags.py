@@ -6,6 +6,8 @@ statuses are `help_text`'s. Flags are read by `strict_argparse`'s rules.
 """
 
 import argparse
+import re
+from typing import NamedTuple
 
 from trax_revplus.cli import help_text
 from trax_revplus.cli.messages import PROG
@@ -353,17 +355,31 @@ def add_estimate(commands: 'argparse._SubParsersAction') -> None:
   )
 
 
-def step_range(text: str) -> tuple[int, int]:
-  """--profile's value, 'N' or 'N-M', as (first, last) steps, 1 <= N <= M."""
-  first, _, last = text.partition('-')
-  try:
-    steps = (int(first), int(last or first))
-  except ValueError:
+class StepRange(NamedTuple):
+  """--profile's steps, `first` to `last` (1-based, inclusive); printed as
+  the flag is written, 'N' or 'N-M'."""
+
+  first: int
+  last: int
+
+  def __str__(self) -> str:
+    if self.first == self.last:
+      return str(self.first)
+    return f'{self.first}-{self.last}'
+
+
+def step_range(text: str) -> StepRange:
+  """--profile's value, 'N' or 'N-M' (digits only), 1 <= N <= M."""
+  found = re.fullmatch(r'(\d+)(?:-(\d+))?', text)
+  if found is None:
     raise argparse.ArgumentTypeError(
       f'must be a step N or steps N-M, e.g. 3-4, got {text!r}'
-    ) from None
-  if not 1 <= steps[0] <= steps[1]:
+    )
+  steps = StepRange(int(found[1]), int(found[2] or found[1]))
+  if steps.first < 1:
+    raise argparse.ArgumentTypeError(f'steps count from 1, got {text!r}')
+  if steps.last < steps.first:
     raise argparse.ArgumentTypeError(
-      f'must be steps N-M with 1 <= N <= M, got {text!r}'
+      f'must be steps N-M with N <= M, got {text!r}'
     )
   return steps

@@ -128,6 +128,20 @@ def _measure_step_floor(loop: Any, printer: Any) -> None:
   # Here: it imports trax, which waits until the flags are checked.
   from trax_revplus import step_floor  # pylint: disable=g-import-not-at-top
 
+  if printer.last_batch is None:
+    print(
+      warning_line(
+        COMMAND,
+        'the step floor was not measured: no step ran in this run (the '
+        'checkpoint was at train.steps already)',
+      ),
+      file=sys.stderr,
+      flush=True,
+    )
+    return
+  # The run's peak host memory is the steps'; the floor's programs come
+  # after them.
+  printer.end_steps()
   print(
     "step floor: timing each distinct layer's forward and gradient on the "
     'device',
@@ -229,7 +243,7 @@ def _train(
     for c in loop_door.callbacks(loop)
     if isinstance(c, progress.ProgressPrinter)
   ]
-  if step_floor and printers and printers[0].last_batch is not None:
+  if step_floor and printers:
     _measure_step_floor(loop, printers[0])
   summary = printers[0].summary() if printers else None
   saved = checkpoint if os.path.exists(checkpoint) else None

@@ -13,7 +13,7 @@ import copy
 import functools
 import inspect
 import sys
-from typing import Any
+from typing import Any, Sequence
 
 import gin
 
@@ -77,7 +77,7 @@ def total_steps() -> int:
 
 
 def train_callbacks(
-  every_n_steps: int, profile: tuple[int, int] | None = None
+  every_n_steps: int, profile: Sequence[int] | None = None
 ) -> list[Any]:
   """train.callbacks as gin would pass them, plus a ProgressPrinter, and a
   StepProfiler of the steps `profile` (first, last) names.
@@ -93,7 +93,7 @@ def train_callbacks(
     steps = total_steps()
     if profile[1] > steps:
       raise UserError(
-        f'--profile={profile[0]}-{profile[1]} names steps past train.steps '
+        f'--profile={profile} names steps past train.steps '
         f'= {steps}; give steps up to {steps}'
       )
     profiler.append(

@@ -147,6 +147,11 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
     """The last training batch's `jax.ShapeDtypeStruct`s, or None."""
     return self._inputs.last_batch
 
+  def end_steps(self) -> None:
+    """Closes the figures of the steps: the peak host RSS is kept as it is
+    now (`run_stats.StepFigures.end_steps`), before what runs after them."""
+    self._figures.end_steps()
+
   def set_step_floor(self, floor: dict[str, Any]) -> None:
     """Keeps a step's floor (`step_floor.StepFloor.as_json()`) in
     run_stats.json and the summary."""

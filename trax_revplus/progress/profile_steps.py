@@ -92,8 +92,18 @@ class StepProfiler(callbacks.TrainingStepCallback):
     self._stream = stream
     self._tracing = False
     self._traced_from = first_step
+    self._passed = False
 
   def call_at(self, step: int) -> bool:
+    if step > self._last_step and not (self.traced or self._passed):
+      # A run resumed past the steps named: say so once, trace nothing.
+      self._passed = True
+      print(
+        f'profile of steps {self._first_step}-{self._last_step}: nothing '
+        f'traced, the run resumed at step {step}, past them',
+        file=self._stream or sys.stdout,
+        flush=True,
+      )
     return self._first_step <= step <= self._last_step
 
   def on_step_begin(self, step: int) -> None:

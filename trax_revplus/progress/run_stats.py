@@ -136,6 +136,7 @@ class StepFigures:
     self._device_probe_failed = False
     self._device_peak_reported = None
     self._device_bytes_source = None
+    self._peak_at_steps_end: int | None = None
     # Set by `ProgressPrinter.set_step_floor` (`train --step_floor`).
     self.step_floor: dict[str, Any] | None = None
     self._stats: dict[str, list[Any]] = {
@@ -170,8 +171,16 @@ class StepFigures:
     return rss
 
   def peak_host_rss_bytes(self) -> int:
-    """The process's peak RSS, bytes: the kernel's mark or a sample."""
+    """The process's peak RSS, bytes: the kernel's mark or a sample; as
+    `end_steps` kept it once the steps ended."""
+    if self._peak_at_steps_end is not None:
+      return self._peak_at_steps_end
     return max(peak_host_rss_bytes(), self._peak_sampled_rss)
+
+  def end_steps(self) -> None:
+    """Keeps the peak RSS as it is now: what runs after the steps (the step
+    floor's programs) does not count towards the run's peak."""
+    self._peak_at_steps_end = self.peak_host_rss_bytes()
 
   def end_step(
     self, step: int, loss: float | None, seconds: float, programs: int
