@@ -546,7 +546,6 @@ def test_profile_and_step_floor(tmp_path, capsys):
   )
   assert resumed.returncode == 0, resumed.stderr[-3000:]
   assert (
-    'profile of steps 2-3: nothing traced, the run resumed at step 4, past '
-    'them'
+    'profile of steps 2-3: nothing traced, the run resumed at step 4, past them'
   ) in resumed.stdout.splitlines()
   assert len(os.listdir(os.path.join(profile_dir, 'plugins', 'profile'))) == 1
