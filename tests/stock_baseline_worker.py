@@ -37,6 +37,8 @@ from trax.supervised import training  # noqa: E402
 
 from trax_revplus import compat  # noqa: E402
 
+from conftest import reversible_lm  # noqa: E402
+
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 
@@ -49,17 +51,7 @@ def _batches():
 
 def _weights_after_two_steps():
   """The model's weights after two steps of stock's memory-efficient Loop."""
-  model = tl.Serial(
-    tl.Embedding(9, 4),
-    tl.Dup(),
-    tl.ReversibleHalfResidual(tl.Dense(4)),
-    tl.ReversibleSwap(),
-    tl.ReversibleHalfResidual(tl.Dense(4), tl.Relu()),
-    tl.ReversibleSwap(),
-    tl.Concatenate(),
-    tl.Dense(9),
-    tl.LogSoftmax(),
-  )
+  model = reversible_lm()
   task = training.TrainTask(
     _batches(), tl.WeightedCategoryCrossEntropy(), optimizers.Adam
   )

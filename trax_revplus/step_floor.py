@@ -415,13 +415,8 @@ def rows_per_call(trainer: Any, batch: PyTree, n_devices: int) -> int:
 
 def per_device(batch: PyTree, n_devices: int) -> PyTree:
   """`batch`'s `jax.ShapeDtypeStruct`s for one of `n_devices` devices."""
-  return jax.tree_util.tree_map(
-    lambda s: jax.ShapeDtypeStruct(
-      (np.shape(s)[0] // n_devices,) + tuple(np.shape(s)[1:]),
-      np.dtype(s.dtype),
-    ),
-    batch,
-  )
+  rows = int(np.shape(jax.tree_util.tree_leaves(batch)[0])[0])
+  return _with_rows(_abstract(batch), rows // n_devices)
 
 
 def of_loop(loop: Any, batch: PyTree, timed: bool = True) -> StepFloor:
