@@ -27,7 +27,7 @@ time its achieved rate (`tflops_per_second`). `trax-revplus train
 import dataclasses
 import statistics
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -37,6 +37,7 @@ from trax import shapes as trax_shapes
 from trax.layers import combinators as cb
 from trax.optimizers import trainer as stock_trainer
 
+from trax_revplus.trainer._step import attention_heads
 from trax_revplus.trax_door import loop as loop_door
 from trax_revplus.typing import PyTree
 
@@ -165,12 +166,17 @@ def _layer_key(layer: tl.Layer, inputs: PyTree) -> tuple[Any, ...]:
   )
 
 
-def _forward_and_gradient(layer: tl.Layer, is_loss: bool):
+def _forward_and_gradient(
+  layer: tl.Layer, is_loss: bool, parallel_heads: int | None = None
+):
   """(inputs, weights, state, rng, cotangents) -> (gradients in the inputs
-  and weights, outputs), as trax differentiates `layer.pure_fn`."""
+  and weights, outputs), as trax differentiates `layer.pure_fn`, its
+  attention layers traced with `parallel_heads` (example, head) pairs at
+  once (`attention_heads.at_once`; None: as configured)."""
 
   def outputs(x, w, state, rng):
-    return layer.pure_fn(x, w, state, rng, use_cache=False)[0]
+    with attention_heads.at_once([layer], parallel_heads):
+      return layer.pure_fn(x, w, state, rng, use_cache=False)[0]
 
   def scalar(x, w, state, rng, ct):
     y = outputs(x, w, state, rng)
@@ -273,6 +279,8 @@ def measure(
   rows_per_call: int,
   device: Any = None,
   timed: bool = True,
+  parallel_heads: int | None = None,
+  only: Callable[[tl.Layer], bool] | None = None,
 ) -> StepFloor:
   """The floor of a step of `model` and `loss_layer` on `batch`'s shapes.
 
@@ -289,12 +297,20 @@ def measure(
     rows_per_call: int, rows of one call, dividing B.
     device: the `jax.Device` to time on; None: the default device.
     timed: False: count the operations only (nothing runs).
+    parallel_heads: int or None: trax's efficient attention layers compute
+      that many (example, head) pairs at once (as the plan's
+      `parallel_heads` sets them: `attention_heads.at_once`); None: as the
+      model configures them.
+    only: a predicate on layers, or None: only the layers it accepts are
+      compiled and timed (e.g. `attention_heads.attention_layers`' holders).
 
   Returns:
     `StepFloor`.
 
   Raises:
     ValueError: rows_per_call does not divide B.
+    As XLA's compiler: a program the backend refuses (on a TPU, for
+      memory: `jax.errors.JaxRuntimeError` RESOURCE_EXHAUSTED).
   """
   leaves = jax.tree_util.tree_leaves(batch)
   batch_rows = int(np.shape(leaves[0])[0])
@@ -311,6 +327,8 @@ def measure(
   placed = layer_inputs(blocks, loss, per_call)
   for position, (layer, inputs) in enumerate(placed):
     is_loss = position == len(placed) - 1
+    if only is not None and not only(layer):
+      continue
     key = ('loss',) if is_loss else _layer_key(layer, inputs)
     if key not in pending:
       label = layer.name or type(layer).__name__
@@ -323,7 +341,7 @@ def measure(
   for key in order:
     name, count, layer, inputs, is_loss = pending[key]
     ct = [] if is_loss else _cotangents(layer, inputs)
-    fn = _forward_and_gradient(layer, is_loss)
+    fn = _forward_and_gradient(layer, is_loss, parallel_heads)
     weights = _abstract(layer.weights)
     state = _abstract(layer.state)
     rng_sig = jax.ShapeDtypeStruct(rng.shape, rng.dtype)

@@ -190,18 +190,57 @@ def test_two_slices_rank_first_on_the_cpu_where_slices_change_no_draw():
   ]
 
 
-def _heads(platform, parallel_heads=AUTO, hashes_activations=False):
+def _heads(
+  platform,
+  parallel_heads=AUTO,
+  hashes_activations=False,
+  attention=((4, None),),
+  rows=2,
+):
   candidates = candidates_lib.Candidates(
     [4],
     {i: 1000 for i in range(6)},
     [2**20],
-    rows=2,
+    rows=rows,
     options=TrainerOptions(parallel_heads=parallel_heads),
     platform=platform,
-    heads_lowerable=True,
+    attention=attention,
     hashes_activations=hashes_activations,
   )
   return [g.leanest.parallel_heads for g in candidates.groups()]
+
+
+def test_all_pairs_at_once_ranks_first_where_the_rule_says(monkeypatch):
+  # Layers configured one pair at a time (trax's enwik8 config): on a
+  # backend whose rule is MOST, all pairs of a call at once (2 rows x 4
+  # heads) first, as configured after; no plan raises them elsewhere.
+  monkeypatch.setitem(speed_rank.SPEED_PARALLEL_HEADS, 'gpu', speed_rank.MOST)
+  most = _heads('gpu', attention=((4, 1),))
+  half = len(most) // 2
+  assert most == [8] * half + [None] * half
+  assert set(_heads('cpu', attention=((4, 1),))) == {None}
+  assert set(_heads('tpu', attention=((4, 1),))) == {None}
+  # Heads of 4 and 2: a multiple of both, times the rows.
+  assert _heads('gpu', attention=((4, 1), (2, 1)), rows=3)[0] == 12
+  # Even where a layer hashes its activations.
+  assert _heads('gpu', attention=((4, 1),), hashes_activations=True) == most
+  # Layers configured with all pairs at once: one at a time, last.
+  assert _heads('gpu', attention=((4, 8),)) == [None] * half + [1] * half
+
+
+def test_pinned_pairs_at_once_keep_the_slicings_they_divide():
+  # 8 pairs at once over 4 heads: 2 rows a group; a call of 1 row runs all
+  # its 4 pairs at once; one of 3 rows (12 pairs) cannot run 8 at a time.
+  candidates = candidates_lib.Candidates(
+    [4],
+    {i: 1000 for i in range(6)},
+    [2**20],
+    rows=6,
+    options=TrainerOptions(parallel_heads=8),
+    attention=[(4, 1)],
+  )
+  assert candidates.slices == [1, 3, 6]
+  assert candidates.heads == [8]
 
 
 def test_one_pair_at_a_time_ranks_first_on_the_cpu_only():

@@ -213,7 +213,9 @@ def test_search_keeps_toy_values_apart(toy):
     return candidates_lib.Group((plan,), plan, 0)
 
   groups = [group(4), group(1)]
-  candidates = types.SimpleNamespace(groups=lambda: iter(groups))
+  candidates = types.SimpleNamespace(
+    groups=lambda: iter(groups), configured_heads=None
+  )
   weighed = {}
 
   def weigh(plan):

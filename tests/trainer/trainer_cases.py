@@ -290,8 +290,9 @@ def check_logged_peaks(trainer, batch_, output_dir):
 _LM_STEPS = 2
 
 
-def self_attention_lm(dropout):
-  """trax's ReformerLM with its efficient `SelfAttention` (4 heads), its
+def self_attention_lm(dropout, n_parallel_heads=None):
+  """trax's ReformerLM with its efficient `SelfAttention` (4 heads,
+  `n_parallel_heads` of its (example, head) pairs at once; None: all), its
   `Dropout` and `PositionalEncoding` at rate `dropout`."""
   return trax.models.ReformerLM(
     16,
@@ -303,7 +304,9 @@ def self_attention_lm(dropout):
     n_heads=4,
     max_len=64,
     dropout=dropout,
-    attention_type=tl.SelfAttention,
+    attention_type=functools.partial(
+      tl.SelfAttention, n_parallel_heads=n_parallel_heads
+    ),
     mode='train',
   )
 
@@ -314,9 +317,12 @@ def self_attention_lm_batch(length=16):
   return tokens, tokens, np.ones_like(tokens, dtype=np.float32)
 
 
-def self_attention_lm_blocks(dropout, length=16):
+def self_attention_lm_blocks(dropout, length=16, n_parallel_heads=None):
   blocks, loss = rev_trainer.extract_reversible_blocks(
-    [self_attention_lm(dropout), tl.WeightedCategoryCrossEntropy()]
+    [
+      self_attention_lm(dropout, n_parallel_heads),
+      tl.WeightedCategoryCrossEntropy(),
+    ]
   )
   rev_trainer.init_reversible_blocks(
     blocks,
@@ -354,18 +360,18 @@ def stock_trainer(blocks, loss):
   return trainer_module.ReversibleSerialTrainer(blocks, loss, optimizers.Adam)
 
 
-def train_self_attention_lm(make_trainer, dropout):
+def train_self_attention_lm(make_trainer, dropout, n_parallel_heads=None):
   """`train_lm` of `self_attention_lm` for `_LM_STEPS` steps."""
   return train_lm(
     make_trainer,
-    self_attention_lm(dropout),
+    self_attention_lm(dropout, n_parallel_heads),
     self_attention_lm_batch(),
     _LM_STEPS,
   )
 
 
-@functools.lru_cache(maxsize=2)
-def stock_self_attention_lm(dropout):
+@functools.lru_cache(maxsize=4)
+def stock_self_attention_lm(dropout, n_parallel_heads=None):
   """Stock trax's ReversibleSerialTrainer on `self_attention_lm`, Adam:
   as `train_self_attention_lm` returns."""
-  return train_self_attention_lm(stock_trainer, dropout)
+  return train_self_attention_lm(stock_trainer, dropout, n_parallel_heads)

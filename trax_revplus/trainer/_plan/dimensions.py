@@ -257,7 +257,7 @@ def check_parts(parts: int, facts: Any, types: Any) -> None:
 
 def check_heads(value: int, facts: Any, types: Any) -> None:
   """Raises validation.TrainerOptionError: an attention layer cannot run
-  `value` (example, head) pairs at once (`attention_heads.check`, which
-  `facts.check_heads` runs on the trainer's layers)."""
-  del types  # the attention layers' heads do not depend on the batch
-  facts.check_heads(value, 'parallel_heads')
+  `value` (example, head) pairs at once over each device's rows of the
+  batch (`attention_heads.check`, which `facts.check_heads` runs on the
+  trainer's layers)."""
+  facts.check_heads(value, 'parallel_heads', facts.rows(types))

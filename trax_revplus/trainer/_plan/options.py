@@ -209,20 +209,23 @@ class TrainerOptions:
       pins it (an int > 1: per-layer calls, never the fused program).
     parallel_heads: 'auto' (default) or int n >= 1. trax's efficient
       attention layers (`SelfAttention`, `LSHSelfAttention`,
-      `EncDecAttention`, `PureLSHSelfAttention`) compute at most n of
-      their (example, head) pairs at once in every call of the step, one
-      group after another (their own `n_parallel_heads`, lowered to n
-      where unset or larger, while the trainer's programs are traced:
-      `trainer._step.attention_heads`). One row's attention temporaries (heads x
-      length x length floats at once) shrink with it; the results are the
+      `EncDecAttention`, `PureLSHSelfAttention`) compute n of their
+      (example, head) pairs at once in every call of the step (all of a
+      call's pairs where it has fewer), one group after another (their own
+      `n_parallel_heads`, set to n, lower or higher, while the trainer's
+      programs are traced: `trainer._step.attention_heads`). Fewer shrink a
+      call's attention temporaries (heads x length x length floats at
+      once); more fill an accelerator's matrix units; the results are the
       same up to float32 summation order (each pair draws with the same
       RNG either way). n must divide each such layer's heads or be a
-      multiple of them. 'auto': the planner's choice under a device memory
-      budget (on the CPU backend one pair at a time ranks first where no
-      layer hashes its activations, `trainer._search.hashing`; on other
-      backends it is taken only where no plan with the layers as
-      configured fits), the layers as configured without one; an int pins
-      it.
+      multiple of them, and divide the pairs of a call or be at least all
+      of them. 'auto': the planner's choice under a device memory budget,
+      in the speed model's order (`trainer._search.speed_rank`: on the CPU
+      backend one pair at a time first where no layer hashes its
+      activations, `trainer._search.hashing`; elsewhere the layers as
+      configured first, one pair at a time only where nothing else fits),
+      the layers as configured without one; an int pins it (above the
+      layers' own number as well as below).
     host_memory_budget_bytes: 'auto' (default), None or an int >= 1: host
       bytes the process's step may hold at its peak, as accounted with its
       device memory (the memory log's `peak_host_bytes`: weights, slots and

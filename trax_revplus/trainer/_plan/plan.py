@@ -105,11 +105,13 @@ class StepPlan:
       them on the device from a layer's first backward call to its update
       (one copy of every layer's weights held across the step).
     parallel_heads: int n >= 1 or None; in every call, trax's efficient
-      attention layers compute at most n of their (example, head) pairs at
-      once, one group after another (`attention_heads`: their
-      `n_parallel_heads`, lowered to n where unset or larger); None: as
-      the model configures them. One row's attention temporaries shrink
-      with it; the results are the same.
+      attention layers compute n of their (example, head) pairs at once
+      (all of the call's where it has fewer), one group after another
+      (`attention_heads`: their `n_parallel_heads`, set to n, lower or
+      higher than configured); None: as the model configures them. A
+      call's attention temporaries shrink with fewer, an accelerator's
+      matrix units fill with more; the results are the same up to float32
+      summation order.
   """
 
   blocks: tuple[tuple[int, tuple[Segment, ...]], ...]
@@ -142,8 +144,7 @@ class StepPlan:
     None,
     check=dimensions.check_heads,
     reordering=lambda n: (
-      f'attention at most {n} (example, head) '
-      f'pair{"s" if n > 1 else ""} at a time'
+      f'attention {n} (example, head) pair{"s" if n > 1 else ""} at a time'
     ),
   )
 

@@ -28,13 +28,17 @@ Every dimension of `plan.StepPlan` that costs device memory is varied:
                     fewest parts first, then fewest chunks;
   grads_on_host     in micro-batches, the accumulated gradients wait on
                     the device, then on the host;
-  attention heads   trax's efficient attention layers as configured, and
-                    one (example, head) pair at a time (where some layer
-                    computes more at once: `attention_heads`; the same
-                    results up to float32 summation order): every group
-                    above again, after all of them, so a budget takes them
-                    only where nothing else fits; on the backends of
-                    `speed_rank.SPEED_PARALLEL_HEADS`, before all of them;
+  attention heads   trax's efficient attention layers as configured, one
+                    (example, head) pair at a time (where some layer
+                    computes more at once), and on the backends where the
+                    speed model ranks them first, all of a call's pairs at
+                    once (where some layer computes fewer:
+                    `attention_heads`; the same results up to float32
+                    summation order): every group above again for each,
+                    in `speed_rank.ranked_heads`' order (one pair at a
+                    time after all the others, so a budget takes it only
+                    where nothing else fits, but on the backends where it
+                    ranks first);
   other dimensions  the setting's value ('auto': its value without a budget).
 
 The speed model (`speed_rank`) orders the plans without timing them: the
@@ -78,6 +82,7 @@ from trax_revplus.trainer._plan import options as options_lib
 from trax_revplus.trainer._plan import plan as plan_lib
 from trax_revplus.trainer._search import speed_rank
 from trax_revplus.trainer._search.families import Group
+from trax_revplus.trainer._step import attention_heads
 from trax_revplus.trainer._step import loss_tail
 
 # The plan's dimensions the candidates vary (`dimensions`); every other
@@ -103,7 +108,7 @@ class Candidates:
     micro_batches_refused: bool = False,
     slices_change_draws: bool = True,
     platform: str | None = None,
-    heads_lowerable: bool = False,
+    attention: Sequence[tuple[int, int | None]] = (),
     hashes_activations: bool = True,
   ) -> None:
     """Args:
@@ -129,12 +134,13 @@ class Candidates:
       draw of some layer (`row_draws`; `stack_bytes.StackTrace`); where
       not, `speed_rank.SPEED_SLICES[platform]` slices rank first.
     platform: str, the devices' backend ('cpu', 'gpu', 'tpu'), or None.
-    heads_lowerable: bool, whether one (example, head) pair at a time is
-      fewer than some attention layer computes at once
-      (`attention_heads.lowers`).
+    attention: list of (heads, configured `n_parallel_heads` or None) of
+      trax's efficient attention layers (`attention_heads.layer_heads`):
+      the numbers of (example, head) pairs at once the plans may set.
     hashes_activations: bool, whether some layer hashes its activations
-      (`hashing`): then neither `speed_rank.SPEED_SLICES` nor
-      `speed_rank.SPEED_PARALLEL_HEADS` reorders the plans.
+      (`hashing`): then `speed_rank.SPEED_SLICES` does not reorder the
+      plans, nor does one pair at a time rank first
+      (`speed_rank.ranked_heads`).
     """
     self._shared_weights = shared_weights
     self._kinds = layer_kinds
@@ -167,21 +173,53 @@ class Candidates:
       self.parts = [m for m in range(2, rows + 1) if rows % m == 0]
     else:
       self.parts = [pinned] if pinned > 1 else []
-    self.parts = [m for m in self.parts if self._part_slices(rows // m)]
     self._rows = rows
     # Whether plans in one pass are candidates.
     self._one_pass = pinned is None or pinned == 1
     self._heads = options.pinned('parallel_heads')
+    self._attention = list(attention)
+    if self._heads is None:
+      most = attention_heads.all_pairs(self._attention, rows)
+      self.heads = speed_rank.ranked_heads(
+        platform,
+        hashes_activations,
+        fewest=1 if attention_heads.changes(self._attention, 1, rows) else None,
+        most=(
+          most if attention_heads.changes(self._attention, most, rows) else None
+        ),
+      )
+    else:
+      self.heads = [self._heads]
+      if options.pinned('batch_slices') is None:
+        self.slices = [k for k in self.slices if self._runs(rows // k)]
+    self.parts = [m for m in self.parts if self._part_slices(rows // m)]
     self._fixed = dimensions.unplanned(options, excluded=_VARIED)
-    self._more_heads = self._heads is None and heads_lowerable
-    self._heads_first = self._more_heads and speed_rank.one_head_first(
-      platform, hashes_activations
+
+  @property
+  def configured_heads(self) -> int | None:
+    """The plans' `parallel_heads` as a step without a budget runs it:
+    the pinned number, or None (the layers as configured)."""
+    return self._heads
+
+  def _runs(self, call_rows: int) -> bool:
+    """Whether the pinned pairs at once (if any) run in a call of
+    `call_rows` rows (`attention_heads.runs_at`)."""
+    return self._heads is None or attention_heads.runs_at(
+      self._attention, self._heads, call_rows
     )
 
   def _part_slices(self, part_rows: int) -> int | None:
     """Batch slices each part's calls run over: the fewest of `slices`
-    dividing the part's rows (None where none does)."""
-    return min((k for k in self.slices if part_rows % k == 0), default=None)
+    dividing the part's rows (and running the pinned pairs at once in
+    each call's rows; None where none does)."""
+    return min(
+      (
+        k
+        for k in self.slices
+        if part_rows % k == 0 and self._runs(part_rows // k)
+      ),
+      default=None,
+    )
 
   def _make(self, **settings: Any) -> plan_lib.StepPlan:
     """`make_plan` of `settings` and `_fixed` (`parallel_heads` as
@@ -286,8 +324,7 @@ class Candidates:
       and chunks not in self.chunks
       or parts > 1
       and parts not in self.parts
-      or heads != self._heads
-      and not (self._more_heads and heads == 1)
+      or heads not in self.heads
       or any(getattr(plan, k) != v for k, v in self._fixed.items())
     ):
       return False
@@ -312,29 +349,24 @@ class Candidates:
     ) <= speed_rank.FUSED_COMPILE_RATIO * self.compiled_layers(unfused)
 
   def groups(self) -> Iterator[Group]:
-    """Every group, in the speed model's order: with the attention layers
-    as configured, and (where that lowers something) each again with one
-    (example, head) pair at a time, after them (before them on the
-    backends of `speed_rank.SPEED_PARALLEL_HEADS`)."""
+    """Every group, in the speed model's order: each group of the plans
+    with the attention layers as configured, again for each number of
+    (example, head) pairs at once of `heads` (`speed_rank.ranked_heads`),
+    in that order; the groups of one number in the same order as the
+    configured ones."""
     groups = list(self._configured_heads_groups())
-    lowered = (
-      [
-        dataclasses.replace(
+    for n in self.heads:
+      if n == self._heads:
+        yield from groups
+        continue
+      for group in groups:
+        yield dataclasses.replace(
           group,
           plans=tuple(
-            dataclasses.replace(p, parallel_heads=1) for p in group.plans
+            dataclasses.replace(p, parallel_heads=n) for p in group.plans
           ),
-          leanest=dataclasses.replace(group.leanest, parallel_heads=1),
+          leanest=dataclasses.replace(group.leanest, parallel_heads=n),
         )
-        for group in groups
-      ]
-      if self._more_heads
-      else []
-    )
-    if self._heads_first:
-      groups, lowered = lowered, groups
-    yield from groups
-    yield from lowered
 
   def _configured_heads_groups(self) -> Iterator[Group]:
     if self._one_pass:

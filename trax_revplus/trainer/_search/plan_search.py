@@ -85,12 +85,14 @@ class PlanSearch:
     """Searches `candidates` (the shapes' `candidates.Candidates`),
     weighing through `weigher` (their `weighers.Weigher`)."""
     self._groups = list(candidates.groups())
-    # Groups with the attention layers as the step runs them without a
-    # budget come first; those after them compute another number of heads
-    # at once (`Candidates.groups`).
-    heads = self._groups[0].leanest.parallel_heads if self._groups else None
-    self._n_configured = sum(
-      g.leanest.parallel_heads == heads for g in self._groups
+    # The groups with the attention layers as the step runs them without
+    # a budget, and those with one (example, head) pair at a time (the
+    # least attention temporaries), each in the same order
+    # (`Candidates.groups`): the i-th of each differ in their heads alone.
+    self._configured_heads = candidates.configured_heads
+    self._configured = self._with_heads(self._configured_heads)
+    self._fewest_heads = (
+      self._with_heads(1) if self._configured_heads != 1 else []
     )
     self._weigher = weigher
     self._least: tuple[plan_lib.StepPlan, device_memory.StepMemory] | None = (
@@ -208,18 +210,23 @@ class PlanSearch:
     self.faster_plans_need_bytes = min(excluded, default=None)
     return found
 
+  def _with_heads(self, heads: int | None) -> list[int]:
+    """Indices of the groups whose plans set `heads` pairs at once."""
+    return [
+      i for i, g in enumerate(self._groups) if g.leanest.parallel_heads == heads
+    ]
+
   def _is_stock_schedule(self, group: Group) -> bool:
     """Whether `group` holds stock trax's own schedule (`candidates`): the
     unsliced unfused group in one pass, without chunks, its attention
     layers as the step runs them without a budget."""
-    first = self._groups[0]
     return (
       not group.fused_reversible_layers
       and not any(
         families.used(group, name)
         for name in ('micro_batches', 'sequence_chunks', 'batch_slices')
       )
-      and group.leanest.parallel_heads == first.leanest.parallel_heads
+      and group.leanest.parallel_heads == self._configured_heads
     )
 
   def _least_fitting(
@@ -271,9 +278,11 @@ class PlanSearch:
     calls they do not change (all but the loss call) leave room below the
     least found (`GroupBounds.chunks`). Of the groups in micro-batches, only
     those with the most parts are weighed (without chunks and with the
-    most), last. Of the groups with fewer attention heads at once, only
-    the one of the least group found so far is weighed (heads at once
-    shrink one call's attention temporaries, the same in every group).
+    most), last. Of the groups with one (example, head) pair at a time,
+    only the one of the least group found so far is weighed (fewer pairs
+    at once shrink one call's attention temporaries, the same in every
+    group); groups with more pairs at once than configured are never
+    leaner, and none is weighed.
 
     A plan one of whose programs the backend refused to compile for
     memory counts after every plan it compiled.
@@ -283,7 +292,7 @@ class PlanSearch:
       As `weigh` otherwise.
     """
     if self._least is None:
-      groups = self._groups[: self._n_configured]
+      groups = [self._groups[i] for i in self._configured]
       # Batch slices -> most sequence chunks of its groups.
       most: dict[int, int] = {}
       for group in groups:
@@ -311,7 +320,7 @@ class PlanSearch:
       order = sorted(
         (
           i
-          for i, group in enumerate(groups)
+          for i, group in zip(self._configured, groups)
           if families.count(group, 'sequence_chunks')
           in (
             (1, chunks)
@@ -325,13 +334,15 @@ class PlanSearch:
           )
         ),
         key=lambda i: (
-          bool(groups[i].fused_reversible_layers),
-          families.used(groups[i], 'micro_batches'),
+          bool(self._groups[i].fused_reversible_layers),
+          families.used(self._groups[i], 'micro_batches'),
         ),
       )
       # The leanest predicted first, so that the least found early rules
       # the rest out uncompiled (`weighers.Weigher.settle` below it).
-      predicted = {i: self._weigher.predicted(groups[i].leanest) for i in order}
+      predicted = {
+        i: self._weigher.predicted(self._groups[i].leanest) for i in order
+      }
       order.sort(key=lambda i: (predicted[i] is None, predicted[i] or 0))
       # Group index -> StepMemory of its leanest plan.
       found: dict[int, device_memory.StepMemory] = {}
@@ -360,20 +371,21 @@ class PlanSearch:
         # Only compiled plans bound the rest: a refusal's bytes are a
         # lower bound of what its plan needs.
         least = min((s.peak_device_bytes for s in found.values()), default=None)
-        chunks_bound = self._bounds.chunks(groups[i])
+        chunks_bound = self._bounds.chunks(self._groups[i])
         bound = max(
-          self._bounds.leanest(groups[i]), self._bounds.rows(groups[i])
+          self._bounds.leanest(self._groups[i]),
+          self._bounds.rows(self._groups[i]),
         )
         if least is None or (bound <= least and chunks_bound < least):
           # Ties keep the first in order: a later one must need less.
           weigh(i, None if least is None else least - 1)
       i = self._least_of(found, refused)
-      if (
-        len(self._groups) > len(groups)  # `i`'s, fewer heads at once
-        and self._groups[-1].leanest.parallel_heads == 1
-      ):
+      if self._fewest_heads:  # `i`'s, one pair at a time
         least = found[i].peak_device_bytes if i in found else None
-        weigh(len(groups) + i, None if least is None else least - 1)
+        weigh(
+          self._fewest_heads[self._configured.index(i)],
+          None if least is None else least - 1,
+        )
         i = self._least_of(found, refused)
       if i not in found:
         raise LeastRefused(refused[i], self._groups[i].leanest)

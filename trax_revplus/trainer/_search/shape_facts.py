@@ -99,7 +99,7 @@ class ShapeFacts:
       self.parts_refusal(types) is not None,
       trace.slices_change_draws,
       self._placement.platform,
-      attention_heads.lowers(self._store.layers, 1),
+      attention_heads.layer_heads(self._store.layers),
       trace.hashes_activations,
     )
 
@@ -117,14 +117,15 @@ class ShapeFacts:
       return None
     return [self._fingerprint_of(i) for i in range(len(self._store.layers))]
 
-  def check_heads(self, n: int, setting: str) -> None:
+  def check_heads(self, n: int, setting: str, rows: int) -> None:
     """Checks that the trainer's attention layers can run `n` (example,
-    head) pairs at a time (`attention_heads.check`).
+    head) pairs at a time over `rows` rows of a device
+    (`attention_heads.check`).
 
     Raises:
       validation.TrainerOptionError: one cannot, named with its heads.
     """
-    attention_heads.check(self._store.layers, n, setting)
+    attention_heads.check(self._store.layers, n, setting, rows)
 
   @property
   def loss_name(self) -> str:

@@ -49,13 +49,20 @@ FUSED_COMPILE_RATIO = 16
 # Where slices change no random draw (`row_draws`) and no layer hashes its
 # activations (`hashing`), on these backends this many slices rank first.
 SPEED_SLICES: Mapping[str | None, int] = {'cpu': 2}
-# On these backends, where no layer hashes its activations (`hashing`),
-# every group with trax's efficient attention layers computing this many
-# (example, head) pairs at once ranks before every group with the layers
-# as configured (measured on the CPU: one pair at a time stepped 10-17%
-# faster on the benchmark's ReformerLMs and encoder-decoder Reformer;
-# docs/performance.md).
-SPEED_PARALLEL_HEADS: Mapping[str | None, int] = {'cpu': 1}
+# How many (example, head) pairs trax's efficient attention layers compute
+# at once ranks first on each backend: FEWEST (one pair at a time) before
+# the layers as configured, where no layer hashes its activations
+# (`hashing`); MOST (all of a call's pairs) before them. A backend not
+# named keeps the layers as configured first. Measured by
+# tools/attention_speed.py (docs/performance.md): on the CPU one pair at a
+# time stepped 10-17% faster on the benchmark's ReformerLMs and
+# encoder-decoder Reformer; on a TPU v5e chip, trax's enwik8 Reformer's
+# layers (configured one pair at a time) took about as long with all of a
+# call's pairs at once (SelfAttention 11% less, LSHSelfAttention 15-22%
+# more, at 4 rows a call): the TPU keeps them as configured.
+FEWEST = 'fewest'
+MOST = 'most'
+SPEED_PARALLEL_HEADS: Mapping[str | None, str] = {'cpu': FEWEST}
 
 
 def compiled_layers(
@@ -104,8 +111,35 @@ def ranked_slices(
   return slices
 
 
-def one_head_first(platform: str | None, hashes_activations: bool) -> bool:
-  """Whether groups computing one (example, head) pair at a time rank
-  before those with the attention layers as configured
-  (`SPEED_PARALLEL_HEADS`)."""
-  return not hashes_activations and SPEED_PARALLEL_HEADS.get(platform) == 1
+def ranked_heads(
+  platform: str | None,
+  hashes_activations: bool,
+  fewest: int | None,
+  most: int | None,
+) -> list[int | None]:
+  """The numbers of (example, head) pairs at once the plans set, in the
+  speed model's order (`SPEED_PARALLEL_HEADS`): None (the layers as
+  configured), `fewest` and `most` where given (those that change some
+  layer); `most` only on a backend where it ranks first (it is never
+  leaner), `fewest` last but where it ranks first (a budget takes it
+  where nothing else fits).
+
+  Args:
+    platform: str, the devices' backend ('cpu', 'tpu', ...), or None.
+    hashes_activations: bool, whether some layer hashes its activations
+      (`hashing`): then one pair at a time does not rank first.
+    fewest: int (1) or None: one pair at a time, where that changes some
+      attention layer.
+    most: int or None: all of a call's pairs at once
+      (`attention_heads.all_pairs`), where that changes some layer.
+  """
+  rule = SPEED_PARALLEL_HEADS.get(platform)
+  ranked: list[int | None] = [None]
+  if rule == MOST and most is not None:
+    ranked.insert(0, most)
+  if fewest is not None:
+    if rule == FEWEST and not hashes_activations:
+      ranked.insert(0, fewest)
+    else:
+      ranked.append(fewest)
+  return ranked

@@ -1,25 +1,30 @@
-"""Attention heads computed one group at a time: below the one-row floor.
+"""Attention computed n (example, head) pairs at a time, as the plan sets n.
 
 trax's efficient attention layers (`tl.SelfAttention`,
 `tl.LSHSelfAttention`, `EncDecAttention`, `PureLSHSelfAttention`) compute
 each (example, head) pair with the same per-pair function, with the same
 RNG for every pair, and run `n_parallel_heads` pairs at a time (their
-constructor argument; None: all the batch's pairs at once), in a loop whose
-backward (`forward_and_or_backward`, which `ReversibleHalfResidual` calls)
+constructor argument; None: all the call's pairs at once; trax clamps a
+larger number to the call's pairs), in a loop whose backward
+(`forward_and_or_backward`, which `ReversibleHalfResidual` calls)
 differentiates one group of pairs at a time. So how many pairs run at once
 changes a call's temporaries (one row's attention weights over a long
-sequence: heads x length x length floats at once) and never its results,
-up to float32 summation order.
+sequence: heads x length x length floats at once) and its speed (one pair
+at a time is a loop of small matrix products, which keeps an
+accelerator's matrix units idle), and never its results, up to float32
+summation order.
 
 The plan's dimension of pairs computed at once (the `plan.StepPlan` field
-`parallel_heads`) sets that number for the trainer's
-calls: while a call's function is traced, every such layer of the call
-computes at most that many pairs at once; the layer is restored as found as
-soon as the trace ends (the compiled program keeps the loop; the layer
-object does not).
+`parallel_heads`) sets that number for the trainer's calls, below or above
+the layers' own: while a call's function is traced, every such layer of the
+call computes that many pairs at once (`at_once`; all of a call's pairs
+where it has fewer); the layer is restored as found as soon as the trace
+ends (the compiled program keeps the loop; the layer object does not).
+`all_pairs` is the number that runs every pair of any call at once.
 """
 
 import contextlib
+import math
 from typing import Any, Callable, Iterator, Sequence
 
 from trax_revplus import validation
@@ -55,27 +60,61 @@ def attention_layers(layers: Sequence[Any]) -> list[Any]:
   ]
 
 
-def lowers(layers: Sequence[Any], n: int) -> bool:
-  """Whether `n` pairs at a time is fewer than some attention layer among
-  `layers` computes at once (its `n_parallel_heads` unset or larger)."""
-  return any(
-    getattr(a, _PARALLEL) is None or getattr(a, _PARALLEL) > n
+def layer_heads(layers: Sequence[Any]) -> list[tuple[int, int | None]]:
+  """(heads, configured `n_parallel_heads` or None) of each of trax's
+  efficient attention layers among `layers`, each layer once."""
+  return [
+    (getattr(a, _HEADS), getattr(a, _PARALLEL))
     for a in attention_layers(layers)
+  ]
+
+
+def _at_once(n: int | None, heads: int, rows: int) -> int:
+  """Pairs a layer of `heads` heads computes at once in a call of `rows`
+  rows when set to n (None: all), as trax clamps it."""
+  pairs = rows * heads
+  return pairs if n is None else min(n, pairs)
+
+
+def changes(heads: Sequence[tuple[int, int | None]], n: int, rows: int) -> bool:
+  """Whether n pairs at a time changes how many some attention layer
+  (`layer_heads`) computes at once in a call of `rows` rows."""
+  return any(_at_once(n, h, rows) != _at_once(own, h, rows) for h, own in heads)
+
+
+def all_pairs(heads: Sequence[tuple[int, int | None]], rows: int) -> int:
+  """The number of pairs at a time that runs every (example, head) pair
+  of a call of at most `rows` rows at once, in every attention layer
+  (`layer_heads`): rows times the least common multiple of their heads
+  (a multiple of each layer's heads, as trax requires)."""
+  return rows * math.lcm(*(h for h, _ in heads)) if heads else rows
+
+
+def runs_at(heads: Sequence[tuple[int, int | None]], n: int, rows: int) -> bool:
+  """Whether every attention layer (`layer_heads`) can compute n pairs at
+  a time in a call of `rows` rows: n divides its heads or is a multiple of
+  them, and n divides the call's pairs or is at least all of them (trax
+  asserts both)."""
+  return all(
+    (h % n == 0 or n % h == 0) and (n >= rows * h or (rows * h) % n == 0)
+    for h, _ in heads
   )
 
 
-def check(layers: Sequence[Any], n: int, setting: str) -> None:
+def check(layers: Sequence[Any], n: int, setting: str, rows: int) -> None:
   """Checks that trax's attention layers among `layers` can run `n` pairs
-  at a time: n divides their number of heads, or their heads divide n.
+  at a time in a call of `rows` rows (`runs_at`).
 
   Args:
     layers: trax layers.
     n: int >= 1, pairs at a time.
     setting: str, the trainer setting that asks for `n` (its name, as the
       error line names it).
+    rows: int >= 1, rows of the batch each device gets.
 
   Raises:
-    validation.TrainerOptionError: one cannot, named with its heads.
+    validation.TrainerOptionError: one cannot, named with its heads (or
+      its pairs in a call).
   """
   for a in attention_layers(layers):
     heads = getattr(a, _HEADS)
@@ -91,19 +130,31 @@ def check(layers: Sequence[Any], n: int, setting: str) -> None:
           f"it, or 'auto'."
         ),
       )
+    if not runs_at([(heads, None)], n, rows):
+      raise validation.TrainerOptionError(
+        setting,
+        n,
+        None,
+        message=(
+          f'trax_revplus.ReversibleSerialTrainer.{setting} = {n} '
+          f'does not divide the {rows * heads} (example, head) pairs of '
+          f'{a.name} over the {rows} rows each device gets; use a divisor '
+          f"of {rows * heads}, at least {rows * heads}, or 'auto'."
+        ),
+      )
 
 
 @contextlib.contextmanager
-def at_most(layers: Sequence[Any], n: int | None) -> Iterator[None]:
-  """Within the block, every attention layer among `layers` computes at
-  most `n` (example, head) pairs at once (None: as configured); restored
-  as found after it, also on an error."""
+def at_once(layers: Sequence[Any], n: int | None) -> Iterator[None]:
+  """Within the block, every attention layer among `layers` computes `n`
+  (example, head) pairs at once (all of a call's pairs where it has fewer;
+  None: as configured); restored as found after it, also on an error."""
   changed = []
   try:
     if n is not None:
       for a in attention_layers(layers):
         own = getattr(a, _PARALLEL)
-        if own is None or own > n:
+        if own != n:
           changed.append((a, own))
           setattr(a, _PARALLEL, n)
     yield
@@ -112,16 +163,17 @@ def at_most(layers: Sequence[Any], n: int | None) -> Iterator[None]:
       setattr(a, _PARALLEL, own)
 
 
-def traced_at_most(
+def traced_at_once(
   fn: Callable[..., Any], layers: Sequence[Any], n: int | None
 ) -> Callable[..., Any]:
-  """`fn`, whose trace (under `jit`) runs with `at_most(layers, n)`; `fn`
-  itself where n is None."""
-  if n is None:
+  """`fn`, whose trace (under `jit`) runs with `at_once(layers, n)`; `fn`
+  itself where n is None or no attention layer among `layers` is set to
+  another number."""
+  if n is None or all(own == n for _, own in layer_heads(layers)):
     return fn
 
-  def limited(*args):
-    with at_most(layers, n):
+  def set_heads(*args):
+    with at_once(layers, n):
       return fn(*args)
 
-  return limited
+  return set_heads

@@ -121,12 +121,13 @@ class UnitFactory:
 
   def _compiled(self, kind, indices, fn, donated, variant, heads):
     """`compile_fn(kind, indices, fn, donated, variant)`; with `heads`
-    (the plan's attention heads at once) where it lowers how many attention
-    heads a layer of `indices` computes at once, `fn` traced so
+    (the plan's attention heads at once) where it sets another number of
+    pairs at once for an attention layer of `indices`, `fn` traced so
     (`attention_heads`), a variant of its own."""
     layers = [self._layers[i] for i in indices]
-    if heads is not None and attention_heads.lowers(layers, heads):
-      fn = attention_heads.traced_at_most(fn, layers, heads)
+    traced = attention_heads.traced_at_once(fn, layers, heads)
+    if traced is not fn:
+      fn = traced
       variant = (variant, 'heads at once', heads)
     return self._compile(kind, indices, fn, donated, variant)
 
