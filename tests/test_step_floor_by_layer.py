@@ -1,8 +1,11 @@
 """trax_revplus.step_floor: a step's arithmetic, layer by layer, timed."""
 
+import functools
+
 import jax
 import numpy as np
 import pytest
+import trax
 from trax import layers as tl
 from trax import shapes
 
@@ -78,6 +81,46 @@ def test_layer_by_layer_count_is_the_whole_models_count():
   assert floor.kinds[-1].name == 'loss' and floor.kinds[-1].flops > 0
 
 
+def _self_attention_lm(n_parallel_heads):
+  return trax.models.ReformerLM(
+    16,
+    d_model=16,
+    d_ff=32,
+    d_attention_key=8,
+    d_attention_value=8,
+    n_layers=2,
+    n_heads=4,
+    max_len=64,
+    dropout=0.0,
+    attention_type=functools.partial(
+      tl.SelfAttention, n_parallel_heads=n_parallel_heads
+    ),
+    mode='train',
+  )
+
+
+def test_attention_a_pair_at_a_time_is_counted_whole():
+  """XLA counts a loop's body once: trax's attention computing one
+  (example, head) pair at a time (a `fori_loop` over 16 pairs) is counted
+  as its program with all pairs at once, which the whole model's gradient
+  by `jax.vjp` with all pairs at once counts as well."""
+  batch = _lm_batch(rows=4, length=32)
+  loss = tl.WeightedCategoryCrossEntropy()
+  looped = _initialized(_self_attention_lm(1), batch)
+  floor = step_floor.measure(looped, loss, batch, rows_per_call=4, timed=False)
+  every_pair = _self_attention_lm(None)
+  every_pair.weights, every_pair.state = looped.weights, looped.state
+  whole = _whole_gradient_flops(every_pair, loss, batch)
+  assert floor.flops_per_step == pytest.approx(whole, rel=0.05)
+  assert floor.parallel_heads is None
+  # At the plan's pairs at once: the same count, recorded with the floor.
+  at_two = step_floor.measure(
+    looped, loss, batch, rows_per_call=4, timed=False, parallel_heads=2
+  )
+  assert at_two.flops_per_step == pytest.approx(floor.flops_per_step)
+  assert at_two.as_json()['parallel_heads'] == 2
+
+
 def test_equal_layers_share_a_kind_and_calls_multiply_the_floor():
   model = _initialized(lsh_reformer_lm(n_layers=3), _lm_batch())
   loss = tl.WeightedCategoryCrossEntropy()
@@ -105,6 +148,18 @@ def test_equal_layers_share_a_kind_and_calls_multiply_the_floor():
     floor.flops_per_step / 0.5 / 1e12
   )
   assert step_floor.measure(model, loss, batch, 2, timed=False).seconds is None
+  # Each kind with arithmetic's share of the floor, largest first; the
+  # shares add up to the whole floor (kinds without arithmetic add none).
+  shares = floor.shares()
+  assert sum(share for _, share, _ in shares) == pytest.approx(1.0)
+  assert [share for _, share, _ in shares] == sorted(
+    (share for _, share, _ in shares), reverse=True
+  )
+  for kind, share, rate in shares:
+    assert share == pytest.approx(
+      kind.seconds * kind.count * 2 / floor.layer_seconds
+    )
+    assert rate == pytest.approx(kind.flops / kind.seconds / 1e12)
 
 
 def test_rows_per_call_are_the_plans():

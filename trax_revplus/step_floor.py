@@ -18,10 +18,17 @@ the loss layer's, is the floor. It needs only one layer's programs on the
 device at a time, so it exists for a model that does not fit the device
 whole.
 
-XLA's cost analysis of the same compiled programs gives the model's
-floating-point operations per step (`flops_per_step`), and with a step's
-time its achieved rate (`tflops_per_second`). `trax-revplus train
---step_floor` reports both in its summary and in run_stats.json.
+XLA's cost analysis of the same programs gives the model's floating-point
+operations per step (`flops_per_step`), and with a step's time its
+achieved rate (`tflops_per_second`). XLA counts the body of a loop once,
+whatever its trip count, so a layer whose attention computes its
+(example, head) pairs a group at a time (trax's `n_parallel_heads`: a
+`fori_loop` over the groups) is counted as its program with all of a
+call's pairs at once, which has no loop (`_flops_of`; lowered, not
+compiled: its temporaries need not fit). The floor's layers run at the
+pairs at once the step's plan sets (`parallel_heads`).
+`trax-revplus train --step_floor` reports both in its summary and in
+run_stats.json, with each kind's share of the floor and its rate.
 """
 
 import dataclasses
@@ -56,7 +63,9 @@ class LayerKind:
       'ReversibleHalfResidual (layer 3)'; 'loss' for the loss layer.
     count: int, layers of this kind in the model.
     flops: float, XLA's count of floating-point operations of one call of
-      the kind's forward and gradient at `rows_per_call` rows.
+      the kind's forward and gradient at `rows_per_call` rows (of its
+      program without loops where its attention computes pairs a group at
+      a time: the module's docstring).
     seconds: float or None, the median seconds of one such call on the
       device; None where not timed.
     temp_bytes: int, XLA's temporary device bytes of one such call.
@@ -82,6 +91,9 @@ class StepFloor:
       and gradient compiled as one program over the whole batch, where it
       was measured (`measure_whole`); None where not.
     whole_note: str or None, why the whole program was not timed.
+    parallel_heads: int or None, the (example, head) pairs at once its
+      attention layers ran (the plan's `parallel_heads`); None: as the
+      model configures them.
   """
 
   kinds: tuple[LayerKind, ...]
@@ -89,6 +101,7 @@ class StepFloor:
   rows_per_call: int
   whole_seconds: float | None = None
   whole_note: str | None = None
+  parallel_heads: int | None = None
 
   @property
   def flops_per_step(self) -> float:
@@ -118,6 +131,21 @@ class StepFloor:
     found = [t for t in (self.layer_seconds, self.whole_seconds) if t]
     return min(found) if found else None
 
+  def shares(self) -> list[tuple[LayerKind, float, float | None]]:
+    """(kind, its share of the layer by layer floor, its TFLOP/s) of each
+    timed kind with arithmetic, largest share first: which layers hold the
+    step back. Empty where a kind was not timed."""
+    total = self.layer_seconds
+    if not total:
+      return []
+    found = []
+    for kind in self.kinds:
+      if kind.flops <= 0 or not kind.seconds:
+        continue
+      seconds = kind.seconds * kind.count * self.calls_per_step
+      found.append((kind, seconds / total, kind.flops / kind.seconds / 1e12))
+    return sorted(found, key=lambda f: -f[1])
+
   def tflops_per_second(self, step_seconds: float | None) -> float | None:
     """The step's achieved rate, TFLOP/s, at `step_seconds` a step."""
     if not step_seconds:
@@ -135,6 +163,16 @@ class StepFloor:
       'whole_program_seconds': self.whole_seconds,
       'whole_program_note': self.whole_note,
       'kinds': [dataclasses.asdict(k) for k in self.kinds],
+      'shares': [
+        {
+          'name': kind.name,
+          'count': kind.count,
+          'share_of_floor': share,
+          'tflops_per_second': rate,
+        }
+        for kind, share, rate in self.shares()
+      ],
+      'parallel_heads': self.parallel_heads,
     }
 
 
@@ -175,8 +213,7 @@ def _forward_and_gradient(
   once (`attention_heads.at_once`; None: as configured)."""
 
   def outputs(x, w, state, rng):
-    with attention_heads.at_once([layer], parallel_heads):
-      return layer.pure_fn(x, w, state, rng, use_cache=False)[0]
+    return layer.pure_fn(x, w, state, rng, use_cache=False)[0]
 
   def scalar(x, w, state, rng, ct):
     y = outputs(x, w, state, rng)
@@ -195,8 +232,16 @@ def _forward_and_gradient(
 
   # The outputs are returned too: a step hands them on, and without them
   # XLA would drop the forward of a layer whose gradient does not need it
-  # (a Dense layer's).
-  return jax.jit(jax.grad(scalar, argnums=(0, 1), has_aux=True, allow_int=True))
+  # (a Dense layer's). The whole gradient is traced with the pairs at once
+  # set: trax's attention traces its own backward (a loop of its own) after
+  # the forward returns.
+  return jax.jit(
+    attention_heads.traced_at_once(
+      jax.grad(scalar, argnums=(0, 1), has_aux=True, allow_int=True),
+      [layer],
+      parallel_heads,
+    )
+  )
 
 
 def _cotangents(layer: tl.Layer, inputs: PyTree) -> list[jax.ShapeDtypeStruct]:
@@ -234,6 +279,8 @@ def _temp_bytes(compiled: Any) -> int:
 
 
 def _flops(compiled: Any) -> float:
+  """XLA's count of floating-point operations of a compiled or lowered
+  program (`jax.stages.Compiled` or `Lowered`)."""
   analysis = compiled.cost_analysis()
   if isinstance(analysis, (list, tuple)):  # One entry per program.
     analysis = analysis[0] if analysis else {}
@@ -346,6 +393,14 @@ def measure(
     state = _abstract(layer.state)
     rng_sig = jax.ShapeDtypeStruct(rng.shape, rng.dtype)
     compiled = fn.lower(inputs, weights, state, rng_sig, ct).compile()
+    flops = _flops(compiled)
+    attention = attention_heads.layer_heads([layer])
+    if attention:
+      # All of a call's pairs at once: no loop for XLA to count once.
+      every_pair = _forward_and_gradient(
+        layer, is_loss, attention_heads.all_pairs(attention, rows_per_call)
+      )
+      flops = _flops(every_pair.lower(inputs, weights, state, rng_sig, ct))
     seconds = None
     if timed:
       args = (
@@ -357,10 +412,13 @@ def measure(
       )
       seconds = _median_seconds(compiled, args)
       del args
-    kinds.append(
-      LayerKind(name, count, _flops(compiled), seconds, _temp_bytes(compiled))
-    )
-  return StepFloor(tuple(kinds), batch_rows // rows_per_call, rows_per_call)
+    kinds.append(LayerKind(name, count, flops, seconds, _temp_bytes(compiled)))
+  return StepFloor(
+    tuple(kinds),
+    batch_rows // rows_per_call,
+    rows_per_call,
+    parallel_heads=parallel_heads,
+  )
 
 
 def measure_whole(
@@ -431,6 +489,14 @@ def rows_per_call(trainer: Any, batch: PyTree, n_devices: int) -> int:
   return max(1, rows // (plan.batch_slices * plan.micro_batches))
 
 
+def parallel_heads(trainer: Any, batch: PyTree) -> int | None:
+  """The (example, head) pairs at once `trainer`'s step on `batch`'s
+  shapes sets for trax's attention layers: trax_revplus's plan's
+  `parallel_heads` (None for trax's trainers: as configured)."""
+  planned = getattr(trainer, 'planned', None)
+  return None if planned is None else planned(batch).plan.parallel_heads
+
+
 def per_device(batch: PyTree, n_devices: int) -> PyTree:
   """`batch`'s `jax.ShapeDtypeStruct`s for one of `n_devices` devices."""
   rows = int(np.shape(jax.tree_util.tree_leaves(batch)[0])[0])
@@ -440,8 +506,8 @@ def per_device(batch: PyTree, n_devices: int) -> PyTree:
 def of_loop(loop: Any, batch: PyTree, timed: bool = True) -> StepFloor:
   """The floor of a step of a trax `Loop`'s first task on `batch`'s shapes,
   on this process's first device: layer by layer at the rows of one call of
-  its trainer (`rows_per_call`), and as one program where it fits
-  (`measure_whole`).
+  its trainer (`rows_per_call`) and the attention pairs at once of its plan
+  (`parallel_heads`), and as one program where it fits (`measure_whole`).
 
   Args:
     loop: a `trax.supervised.training.Loop` whose trainers are built.
@@ -459,7 +525,15 @@ def of_loop(loop: Any, batch: PyTree, timed: bool = True) -> StepFloor:
   rows = rows_per_call(trainer, batch, n_devices)
   one_device = per_device(batch, n_devices)
   device = jax.local_devices()[0]
-  floor = measure(model, loss_layer, one_device, rows, device, timed)
+  floor = measure(
+    model,
+    loss_layer,
+    one_device,
+    rows,
+    device,
+    timed,
+    parallel_heads=parallel_heads(trainer, batch),
+  )
   if not timed:
     return floor
   return measure_whole(floor, model, loss_layer, one_device, device)

@@ -512,6 +512,22 @@ def test_profile_and_step_floor(tmp_path, capsys):
   assert rows['arithmetic'].startswith(
     f'{floor["flops_per_step"] / 1e12:.4g} TFLOP a step a device'
   )
+  # The layer kinds holding the step back, largest share first, each with
+  # its rate from its own figures; the floor ran at the plan's attention
+  # pairs at once.
+  first = floor['shares'][0]
+  kind = next(k for k in floor['kinds'] if k['name'] == first['name'])
+  assert first['tflops_per_second'] == pytest.approx(
+    kind['flops'] / kind['seconds'] / 1e12
+  )
+  assert rows['floor by layer kind'].startswith(
+    f'{first["name"]} x {first["count"]}: {first["share_of_floor"]:.0%}, '
+  )
+  heads = floor['parallel_heads']
+  assert (
+    'attention 1 (example, head) pair at a time'
+    in (stats['planning'][0]['plan'])
+  ) == (heads == 1)
   # The run's peak host memory is its steps', kept before the floor ran.
   assert rows['peak host memory'] == (
     f'{stats["peak_host_rss_bytes"] / 2**20:.0f} MiB (RSS)'

@@ -142,6 +142,10 @@ def _planning(costs: list[dict] | None) -> str | None:
   )
 
 
+# Layer kinds the summary names, largest share of the floor first.
+_FLOOR_KINDS_SHOWN = 4
+
+
 def _floor_rows(
   floor: dict[str, Any] | None, median_step_seconds: float | None
 ) -> list[tuple[str, str]]:
@@ -179,6 +183,21 @@ def _floor_rows(
       f"and gradient, XLA's count){rate}",
     )
   )
+  # Which layers hold the step back: each kind's share of the layer by
+  # layer floor and the rate it ran at (run_stats.json of an older run has
+  # no shares).
+  shares = floor.get('shares') or []
+  if shares:
+    rows.append(
+      (
+        'floor by layer kind',
+        '; '.join(
+          f'{s["name"]} x {s["count"]}: {s["share_of_floor"]:.0%}, '
+          f'{s["tflops_per_second"]:.3g} TFLOP/s'
+          for s in shares[:_FLOOR_KINDS_SHOWN]
+        ),
+      )
+    )
   return rows
 
 
