@@ -14,6 +14,7 @@ and the benchmarks compile at the default level. Set XLA_FLAGS with a
 `--xla_backend_optimization_level` of your own to test at another level.
 """
 
+import functools
 import json
 import os
 import shutil
@@ -30,6 +31,7 @@ import gin
 import jax
 import numpy as np
 import pytest
+import trax
 from trax import fastmath
 from trax import layers as tl
 from trax import optimizers
@@ -174,7 +176,6 @@ def lsh_reformer_lm(mode='train', dropout=0.0, n_layers=1, d_model=16, d_ff=32):
   d_ff 32 unless given, 2 heads, sequences of at most 32, uninitialized.
   LSH keeps per (row, head) state (its hash RNGs) and draws its rotations
   from the layer's RNG."""
-  import functools  # pylint: disable=g-import-not-at-top
   from trax import models  # pylint: disable=g-import-not-at-top
 
   return models.ReformerLM(
@@ -191,6 +192,27 @@ def lsh_reformer_lm(mode='train', dropout=0.0, n_layers=1, d_model=16, d_ff=32):
       tl.LSHSelfAttention, chunk_len=4, n_buckets=4, n_hashes=2
     ),
     mode=mode,
+  )
+
+
+def self_attention_lm(dropout=0.0, n_parallel_heads=None):
+  """trax's ReformerLM with its efficient `SelfAttention` (4 heads,
+  `n_parallel_heads` of its (example, head) pairs at once; None: all), its
+  `Dropout` and `PositionalEncoding` at rate `dropout`."""
+  return trax.models.ReformerLM(
+    16,
+    d_model=16,
+    d_ff=32,
+    d_attention_key=8,
+    d_attention_value=8,
+    n_layers=2,
+    n_heads=4,
+    max_len=64,
+    dropout=dropout,
+    attention_type=functools.partial(
+      tl.SelfAttention, n_parallel_heads=n_parallel_heads
+    ),
+    mode='train',
   )
 
 

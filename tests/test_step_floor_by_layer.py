@@ -1,11 +1,8 @@
 """trax_revplus.step_floor: a step's arithmetic, layer by layer, timed."""
 
-import functools
-
 import jax
 import numpy as np
 import pytest
-import trax
 from trax import layers as tl
 from trax import shapes
 
@@ -14,6 +11,7 @@ from trax_revplus import step_floor
 from trax_revplus import trainer as rev_trainer
 
 from conftest import lsh_reformer_lm
+from conftest import self_attention_lm
 
 
 @pytest.fixture(autouse=True)
@@ -81,24 +79,6 @@ def test_layer_by_layer_count_is_the_whole_models_count():
   assert floor.kinds[-1].name == 'loss' and floor.kinds[-1].flops > 0
 
 
-def _self_attention_lm(n_parallel_heads):
-  return trax.models.ReformerLM(
-    16,
-    d_model=16,
-    d_ff=32,
-    d_attention_key=8,
-    d_attention_value=8,
-    n_layers=2,
-    n_heads=4,
-    max_len=64,
-    dropout=0.0,
-    attention_type=functools.partial(
-      tl.SelfAttention, n_parallel_heads=n_parallel_heads
-    ),
-    mode='train',
-  )
-
-
 def test_attention_a_pair_at_a_time_is_counted_whole():
   """XLA counts a loop's body once: trax's attention computing one
   (example, head) pair at a time (a `fori_loop` over 16 pairs) is counted
@@ -106,9 +86,9 @@ def test_attention_a_pair_at_a_time_is_counted_whole():
   by `jax.vjp` with all pairs at once counts as well."""
   batch = _lm_batch(rows=4, length=32)
   loss = tl.WeightedCategoryCrossEntropy()
-  looped = _initialized(_self_attention_lm(1), batch)
+  looped = _initialized(self_attention_lm(0.0, 1), batch)
   floor = step_floor.measure(looped, loss, batch, rows_per_call=4, timed=False)
-  every_pair = _self_attention_lm(None)
+  every_pair = self_attention_lm(0.0, None)
   every_pair.weights, every_pair.state = looped.weights, looped.state
   whole = _whole_gradient_flops(every_pair, loss, batch)
   assert floor.flops_per_step == pytest.approx(whole, rel=0.05)

@@ -21,6 +21,7 @@ from trax import shapes
 from trax.optimizers import trainer as trainer_module
 
 from conftest import reversible_lm_blocks
+from conftest import self_attention_lm
 from trax_revplus import trainer as rev_trainer
 
 
@@ -288,27 +289,6 @@ def check_logged_peaks(trainer, batch_, output_dir):
 
 
 _LM_STEPS = 2
-
-
-def self_attention_lm(dropout, n_parallel_heads=None):
-  """trax's ReformerLM with its efficient `SelfAttention` (4 heads,
-  `n_parallel_heads` of its (example, head) pairs at once; None: all), its
-  `Dropout` and `PositionalEncoding` at rate `dropout`."""
-  return trax.models.ReformerLM(
-    16,
-    d_model=16,
-    d_ff=32,
-    d_attention_key=8,
-    d_attention_value=8,
-    n_layers=2,
-    n_heads=4,
-    max_len=64,
-    dropout=dropout,
-    attention_type=functools.partial(
-      tl.SelfAttention, n_parallel_heads=n_parallel_heads
-    ),
-    mode='train',
-  )
 
 
 def self_attention_lm_batch(length=16):
