@@ -225,7 +225,7 @@ def _train_figures(run_dir):
   for key in (
     'steps_per_second_without_compiling',
     'eval_losses',
-    'compiling_steps',
+    'first_step_seconds',
     'programs_from_cache',
     'planning',
   ):
@@ -417,11 +417,14 @@ def first_step(folder, timeout):
       folder,
       timeout,
     )
-    compiling = _run_stats(run_dir).get('compiling_steps') or []
-    out[name]['first_step_seconds'] = next(
-      (seconds for step, seconds, _ in compiling if step == 1), None
-    )
+    out[name]['first_step_seconds'] = first_step_seconds(run_dir)
   return out
+
+
+def first_step_seconds(run_dir):
+  """The first step's seconds as the run's run_stats.json writes them
+  (`first_step_seconds`: its compiling included), or None."""
+  return _run_stats(run_dir).get('first_step_seconds')
 
 
 # The steps each model's arithmetic part runs, and the steps it profiles
@@ -520,6 +523,18 @@ def _gib(nbytes):
   return '-' if not nbytes else f'{nbytes / 2**30:.2f} GiB'
 
 
+def _shares(shares):
+  """Each layer kind's share of the floor and its rate, largest first
+  (run_stats.json's `step_floor.shares`), as one cell."""
+  if not shares:
+    return '-'
+  return '; '.join(
+    f'{s["name"]} x {s["count"]}: {s["share_of_floor"]:.0%}, '
+    f'{s["tflops_per_second"]:.3g}'
+    for s in shares
+  )
+
+
 def render(out_dir):
   """The Markdown table of the parts measured in `out_dir`."""
   parts = {}
@@ -531,19 +546,23 @@ def render(out_dir):
   lines = []
   if 'arithmetic' in parts:
     lines += [
-      '| model, trainer | median step | floor | step / floor | TFLOP/s '
-      '| transfer wait |',
-      '|---|---|---|---|---|---|',
+      '| model, trainer | median step | floor (attention pairs at once) '
+      '| step / floor | TFLOP/s | transfer wait | layer kinds: share of the '
+      'floor, TFLOP/s |',
+      '|---|---|---|---|---|---|---|',
     ]
     for name, run in parts['arithmetic'].items():
-      floor_seconds = (run.get('step_floor') or {}).get('step_floor_seconds')
+      floor = run.get('step_floor') or {}
       wait = (run.get('profile') or {}).get('transfer_wait_fraction')
+      heads = floor.get('parallel_heads')
       lines.append(
         f'| {name} | {_fixed(run.get("median_step_seconds"), " s")} | '
-        f'{_fixed(floor_seconds, " s")} | {_fixed(run.get("over_floor"))} | '
+        f'{_fixed(floor.get("step_floor_seconds"), " s")} '
+        f'({"as configured" if heads is None else heads}) | '
+        f'{_fixed(run.get("over_floor"))} | '
         f'{_fixed(run.get("tflops_per_second"))} | '
         + ('-' if wait is None else f'{wait:.1%}')
-        + ' |'
+        + f' | {_shares(floor.get("shares"))} |'
       )
     lines.append('')
   lines += ['| measurement | figure |', '|---|---|']

@@ -69,3 +69,40 @@ def test_a_run_s_first_step_is_timed_from_its_start(tmp_path):
     'y', ['sleep', '5'], str(tmp_path), 0.5
   )
   assert timed_out['exit'] == 'timeout'
+
+
+def test_the_first_step_is_read_as_run_stats_json_writes_it(tmp_path):
+  # A run_stats.json written by the run's own writer: two steps, the
+  # first (compiling) 12.5 s.
+  from trax_revplus.progress import run_stats  # pylint: disable=g-import-not-at-top
+
+  stats = run_stats.StepFigures([])
+  stats.end_step(1, 2.0, 12.5, 3)
+  stats.end_step(2, 1.5, 0.25, 0)
+  stats.write(str(tmp_path))
+  assert accelerator_targets.first_step_seconds(str(tmp_path)) == 12.5
+  assert accelerator_targets.first_step_seconds(str(tmp_path / 'none')) is None
+
+
+def test_the_arithmetic_table_names_the_layer_kinds(tmp_path):
+  run = {
+    'median_step_seconds': 12.0,
+    'over_floor': 1.2,
+    'tflops_per_second': 16.0,
+    'step_floor': {'step_floor_seconds': 10.0, 'parallel_heads': None},
+    'profile': {'transfer_wait_fraction': 0.014},
+  }
+  run['step_floor']['shares'] = [
+    {
+      'name': 'Attn (layer 9)',
+      'count': 9,
+      'share_of_floor': 0.55,
+      'tflops_per_second': 5.6,
+    },
+  ]
+  (tmp_path / 'arithmetic.json').write_text(json.dumps({'enwik8_ours': run}))
+  table = accelerator_targets.render(str(tmp_path))
+  assert (
+    '| enwik8_ours | 12 s | 10 s (as configured) | 1.2 | 16 | 1.4% | '
+    'Attn (layer 9) x 9: 55%, 5.6 |'
+  ) in table
