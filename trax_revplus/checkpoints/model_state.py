@@ -22,6 +22,15 @@ trax's `ConcatWithPadding` layers reshape at their first call,
 `state_shapes`) reshaped to the model's shape, and says which array did
 not fit, by the layer holding it, where one does not.
 
+A checkpoint holds each layer's state as the host kept it: device 0's copy,
+whatever the device count that wrote it (the trainer's rule, as stock
+trax's `_unreplicate`), so it fits a model on any device count. Earlier
+revisions wrote a per-device scalar state (a `Dropout`'s rate) on N > 1
+devices as a numpy scalar rather than a 0-d array; `_Matcher` and
+`fitted_shapes` load every numpy scalar as the 0-d array it stands for,
+which is what the model initialized and what planning a step needs (its
+argument types are known only for arrays, `placement.ahead_of_time`).
+
 trax's memory-efficient `Loop` loads its checkpoint while its eval model is
 the training model itself (it puts the eval model given in place later):
 its load sets the training model's state from the checkpoint's and then
@@ -34,6 +43,7 @@ import contextlib
 import dataclasses
 from typing import Any, Iterator
 
+import jax
 import numpy as np
 from trax import fastmath
 from trax import layers as tl
@@ -78,6 +88,24 @@ def _shape(x: Any) -> tuple[int, ...] | None:
   return None if x is None else tuple(np.shape(x))
 
 
+def _array(x: Any) -> Any:
+  """A numpy scalar as the 0-d array it stands for; anything else as it is.
+
+  Checkpoints written on N > 1 devices by earlier revisions hold a scalar
+  state that way (device 0's copy indexed out of its per-device array). A
+  0-d array is what the layer was initialized with, what the trainer's
+  host state holds (`placement.host_copy`), and what a step's types are
+  known ahead for: a numpy scalar left in the state stopped every plan
+  under a device memory budget.
+  """
+  return np.asarray(x) if isinstance(x, np.generic) else x
+
+
+def _arrays(tree: Any) -> Any:
+  """`tree` with each numpy scalar leaf a 0-d array (`_array`)."""
+  return jax.tree_util.tree_map(_array, tree)
+
+
 @dataclasses.dataclass
 class Fitting:
   """What `fitted_shapes` saw while a checkpoint loaded.
@@ -117,6 +145,7 @@ class _Matcher:
     return f'optimizer slot array {k}'
 
   def __call__(self, full: list, partial: list) -> list:
+    partial = [_array(p) for p in partial]
     if len(full) == len(partial) and all(
       _shape(f) == _shape(p)
       or (
@@ -191,7 +220,9 @@ def fitted_shapes(loop: training.Loop) -> Iterator[Fitting]:
     yield matcher.fitting
   # trax sets the eval model's state from the checkpoint as it is, without
   # matching (and the eval model may be the model itself).
-  eval_model.state = state_shapes.conformed(eval_model.state, eval_state)
+  eval_model.state = state_shapes.conformed(
+    _arrays(eval_model.state), eval_state
+  )
 
 
 class _Discarded:

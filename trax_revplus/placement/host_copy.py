@@ -75,7 +75,14 @@ class HostCopy:
       if isinstance(x, jax.Array):
         x = np.asarray(x)
         if squeeze:
-          x = x[0]
+          # `x[0, ...]`, not `x[0]`: of a state leaf of shape (1,) (a scalar
+          # per device) `x[0]` is a numpy scalar, which the host would then
+          # hold, and checkpoints save, in place of the 0-d array the layer
+          # was initialized with; the types a step is planned on are known
+          # only for arrays (`ahead_of_time.types`), so planning a later
+          # step, or a resume on any device count, would fail. A view
+          # either way: no copy.
+          x = x[0, ...]
       out.append(x)
     self._leaves = ()
     return jax.tree_util.tree_unflatten(self._treedef, out)

@@ -242,6 +242,14 @@ class CommitQueue(step_run_lib.UpdateSink):
       layers,
       None if accumulated else p.start_to_host(weights),
       p.start_to_host(slots) if gradients or not accumulated else None,
+      # The host keeps device 0's copy of each state, in the layer's own
+      # shape S (no device axis), as stock trax's `_unreplicate` does; the
+      # next step places it on every device again (`Placement.per_device`).
+      # A replicated layer's state is the same on every device; a state a
+      # device updates from its own rows (LSH's hash RNGs) continues as
+      # device 0's, as in stock. So the host state, and the checkpoints
+      # saved from it, do not depend on the device count that wrote them:
+      # a resume on any device count starts from the same state.
       p.start_to_host(states, per_device=True),
       [self.guard.values_to_check(s) for s in stats],
       part,
