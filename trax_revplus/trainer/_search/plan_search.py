@@ -292,6 +292,8 @@ class PlanSearch:
       As `weigh` otherwise.
     """
     if self._least is None:
+      # Each plan is settled below the least found, not the budget.
+      self._weigher.searching_least()
       groups = [self._groups[i] for i in self._configured]
       # Batch slices -> most sequence chunks of its groups.
       most: dict[int, int] = {}

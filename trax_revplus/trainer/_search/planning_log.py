@@ -5,32 +5,46 @@ plans, compiling programs that can take minutes at the sizes users run.
 `PlanningLog` says so as it happens, one line per plan it compiles for,
 probes or rules out, with the seconds since planning began
 (`notices.progress`: `trax-revplus train` and `estimate` print them; from
-Python they go to absl's log). On trax's enwik8 Reformer under a 16 GiB
-budget, each line here wrapped::
+Python they go to absl's log). Each line is true of what the search
+did: a plan weighed over the budget says it is ruled out, with its bytes
+and the budget; a bound rules out one group of plans (a group with more
+batch slices may need less, and is tried); a plan tried later was never
+said to be ruled out. The main job (`gin_configs/reformer_char_lm.gin`)
+under a 20 MiB budget on a busy 2-core CPU, some lines left out and each
+wrapped here::
 
-    planning: 1.0 s  whole model in one program, 1 batch slice (and its
-      like with more batch slices or micro-batches): ruled out, needs at
-      least 127.6 GiB, over the budget of 16.0 GiB
-    planning: 2.3 s  segments of 1, 1 batch slice, n_async_layers=8,
-      prefetch: compiled the program of its largest call first, backward
-      layer 39 (ReversibleHalfResidualDecoderFF)
-    planning: 2.4 s  segments of 1, 1 batch slice, n_async_layers=8,
-      prefetch: ruled out, needs at least 40.4 GiB, over the budget of
-      16.0 GiB
-    planning: 2.4 s  segments of 1, 2 batch slices, n_async_layers=0, saved
-      inputs on the host (and its like with more batch slices or
-      micro-batches): ruled out, needs at least 24.1 GiB, over the budget
-      of 16.0 GiB
-    planning: 3.3 s  segments of 1, 8 batch slices, n_async_layers=0, saved
-      inputs on the host: compiling 9 programs
-    planning: 11.0 s  segments of 1, 8 batch slices, n_async_layers=0,
-      saved inputs on the host: 13.1 GiB per device, 14.1 GiB host
-    planned in 11.2 s: segments of 1, 8 batch slices, n_async_layers=8,
-      prefetch: 13.4 GiB per device, 14.3 GiB host; 10 programs compiled,
-      8.1 s of it tracing and compiling the chosen plan's 9
+    planning: 0.9 s  whole model in one program, 2 batch slices,
+      attention 1 (example, head) pair at a time: ruled out, needs at
+      least 23.9 MiB, over the budget of 20.0 MiB
+    planning: 20.9 s  whole model in one program, 4 batch slices,
+      attention 1 (example, head) pair at a time: compiled the program of
+      its largest call first, loss program, layers 0..17
+    planning: 21.3 s  whole model in one program, 4 batch slices,
+      attention 1 (example, head) pair at a time: ruled out, needs at
+      least 26.1 MiB, over the budget of 20.0 MiB
+    planning: 24.1 s  whole model in one program, 8 batch slices,
+      attention 1 (example, head) pair at a time: compiling 1 program
+    planning: 36.6 s  whole model in one program, 8 batch slices,
+      attention 1 (example, head) pair at a time: ruled out, 20.8 MiB per
+      device, 31.4 MiB host, over the budget of 20.0 MiB
+    ...
+    planning: 64.8 s  segments of 1, 2 batch slices, attention 1 (example,
+      head) pair at a time, n_async_layers=0, saved inputs on the host:
+      17.1 MiB per device, 27.6 MiB host
+    ...
+    planned in 80.3 s: segments of 8 (backward 4), 2 batch slices,
+      attention 1 (example, head) pair at a time, n_async_layers=0: 19.6
+      MiB per device, 30.2 MiB host; 12 programs compiled, 27.7 s of it
+      tracing and compiling the chosen plan's 5 programs
 
-and keeps what planning cost (`PlanningCost`), which the run's summary,
-`run_stats.json` and `estimate --json` report.
+A group of unfused plans a bound rules out reads e.g. 'plans in segments
+with 4 batch slices: ruled out, the leanest of them (segments of 1,
+n_async_layers=0, saved inputs on the host) needs at least 7.1 KiB, over
+the budget of 6.8 KiB'. Where no plan fits, a line says the search for the
+least plan begins ('no plan fits: searching for the least plan'); it
+weighs plans whatever the budget, and rules them out by the least found.
+The log also keeps what planning cost (`PlanningCost`), which the run's
+summary, `run_stats.json` and `estimate --json` report.
 """
 
 import dataclasses
@@ -89,27 +103,25 @@ class PlanningCost:
     )
 
 
-def short(plan: plan_lib.StepPlan) -> str:
-  """`plan` in a few words, e.g. 'segments of 4 (backward 2), 2 batch
-  slices, n_async_layers=8, prefetch' or 'whole model in one program, 1
-  batch slice': its layout, then each of its dimensions that changes
-  something (`dimensions.PlanDimension.reordering`'s words; the batch slices
-  always), then where its updates and saved inputs wait."""
+def _words(plan: plan_lib.StepPlan) -> tuple[list[str], list[str], list[str]]:
+  """(layout, dimensions, placement): the words of `short`, in three parts
+  (a candidate group's plans share the dimensions' alone)."""
   first = plan.blocks[0][0] if plan.blocks else plan.loss
   whole = plan.fused_from <= first
-  words = []
+  layout = []
   if whole:
-    words.append('whole model in one program')
+    layout.append('whole model in one program')
   else:
     settings = plan.settings()
     forward = settings['segment_max_layers']
     backward = settings['backward_segment_max_layers']
-    words.append(
+    layout.append(
       f'segments of {forward}'
       + (f' (backward {backward})' if backward != forward else '')
     )
     if plan.fused_from < plan.loss:
-      words.append(f'{plan.loss - plan.fused_from} layers in the loss program')
+      layout.append(f'{plan.loss - plan.fused_from} layers in the loss program')
+  words = []
   for dimension in dimensions.DIMENSIONS:
     value = getattr(plan, dimension.name)
     if dimension.reordering is None:
@@ -118,58 +130,131 @@ def short(plan: plan_lib.StepPlan) -> str:
       words.append('1 batch slice')
     elif value != dimension.none:
       words.append(dimension.reordering(value))
+  placement = []
   if not whole:
-    words.append(f'n_async_layers={plan.n_async_layers}')
+    placement.append(f'n_async_layers={plan.n_async_layers}')
     if plan.prefetch:
-      words.append('prefetch')
+      placement.append('prefetch')
     if plan.saved_on_host:
-      words.append('saved inputs on the host')
+      placement.append('saved inputs on the host')
     if plan.grads_on_host:
-      words.append('gradients on the host')
-  return ', '.join(words)
+      placement.append('gradients on the host')
+  return layout, words, placement
+
+
+def short(plan: plan_lib.StepPlan) -> str:
+  """`plan` in a few words, e.g. 'segments of 4 (backward 2), 2 batch
+  slices, n_async_layers=8, prefetch' or 'whole model in one program, 1
+  batch slice': its layout, then each of its dimensions that changes
+  something (`dimensions.PlanDimension.reordering`'s words; the batch slices
+  always), then where its updates and saved inputs wait."""
+  layout, words, placement = _words(plan)
+  return ', '.join(layout + words + placement)
+
+
+def group(leanest: plan_lib.StepPlan) -> tuple[str, str | None]:
+  """(the plans of a candidate group, its leanest plan) in a few words,
+  from the group's leanest plan (`families.Group.leanest`): the fused
+  group's one plan as `short` says it, and None; an unfused group's plans
+  by the dimensions they share, e.g. 'plans in segments with 2 batch
+  slices' (every segmenting, copy-back depth and placement of those), and
+  its leanest plan's own layout and placement, e.g. 'segments of 1,
+  n_async_layers=0, saved inputs on the host'."""
+  layout, words, placement = _words(leanest)
+  if not placement:  # the whole model in one program: a group of one plan
+    return short(leanest), None
+  return f'plans in segments with {", ".join(words)}', ', '.join(
+    layout + placement
+  )
 
 
 def _size(nbytes: int) -> str:
   return format_bytes(nbytes, unit=None)
 
 
+_OVER_BUDGET = 'over the budget of'
+_OVER_LEAST = 'more than the least plan found,'
+
+
 class PlanningLog:
   """Progress lines while planning, and the cost of each planning.
+
+  Each line says what the search did or knows, no more: a plan weighed
+  over the budget says it is ruled out, with its figures and the budget;
+  a group of plans ruled out by a bound is that group alone (a group with
+  more batch slices or micro-batches may need less, and is tried).
 
   Attributes:
     costs: list of `PlanningCost`, one per batch's shapes planned under a
       budget, in order.
   """
 
-  def __init__(self, programs: programs_lib.Programs):
+  def __init__(
+    self,
+    programs: programs_lib.Programs,
+    budget_bytes: int | None = None,
+    host_budget_bytes: int | None = None,
+  ):
+    """Args:
+    programs: the planner's `programs.Programs` (what compiled, when).
+    budget_bytes: int device bytes per device plans are weighed against,
+      or None.
+    host_budget_bytes: int host bytes plans are weighed against, or None.
+    """
     self._programs = programs
+    self._budget_bytes = budget_bytes
+    self._host_budget_bytes = host_budget_bytes
     self._start: float | None = None
     self._label = 'planning'
-    self._limit = 'over the budget of'
+    self._within_budget = True
+    self._limit = _OVER_BUDGET
     self._compiled_before = 0
     self._announced: set[plan_lib.StepPlan] = set()
     self._groups_said: set[str] = set()
     self.costs: list[PlanningCost] = []
 
-  def begin(
-    self, label: str = 'planning', limit: str = 'over the budget of'
-  ) -> None:
-    """Planning a batch's shapes begins now; its lines start with
-    `label` and name the bytes a plan must stay within with `limit` (e.g.
-    'least plan' and 'more than the least plan found,' for the search of
-    the leanest plan)."""
+  def begin(self, label: str = 'planning', limit: str | None = None) -> None:
+    """Planning a batch's shapes begins now; its lines start with `label`.
+
+    Args:
+      label: the lines' first word(s).
+      limit: None: plans are weighed against the budgets, and one weighed
+        over them is ruled out; else the words naming the bytes a plan must
+        stay within (e.g. 'least plan' and 'more than the least plan
+        found,' for the search of the leanest plan, where the budgets rule
+        nothing out).
+    """
     self._label = label
-    self._limit = limit
+    self._within_budget = limit is None
+    self._limit = _OVER_BUDGET if limit is None else limit
     self._start = time.monotonic()
     self._compiled_before = len(self._programs.compile_spans)
     self._announced = set()
     self._groups_said = set()
+
+  def searching_least(self) -> None:
+    """The search of the least plan begins (`plan_search.PlanSearch.least`):
+    the bytes a plan is ruled out by from now on are the least plan
+    found's, not the budget. Within the budget (the planner searches the
+    least where no plan fits), a line says so: the plans it compiles next
+    may be some a bound ruled out of the budget."""
+    if self._within_budget and self._limit != _OVER_LEAST:
+      self._line('no plan fits: searching for the least plan')
+    self._limit = _OVER_LEAST
 
   def _line(self, text: str) -> None:
     if self._start is None:
       return
     seconds = time.monotonic() - self._start
     notices.progress(f'{self._label}: {seconds:.1f} s  {text}')
+
+  def _say(self, text: str, said: bool) -> None:
+    """`text` as a line where `said`, else in absl's log alone (a plan
+    among many that costs no compiling of its own)."""
+    if said:
+      self._line(text)
+    elif self._start is not None:
+      logging.info('%s: %s', self._label, text)
 
   def compiling(
     self, plan: plan_lib.StepPlan, keys: Iterable[Hashable]
@@ -187,25 +272,49 @@ class PlanningLog:
       f'{short(plan)}: compiled the program of its largest call first, {call}'
     )
 
+  def _over(self, step: device_memory.StepMemory) -> str | None:
+    """The budgets `step`'s peaks exceed, in words (e.g. 'over the budget
+    of 20.0 MiB'); None where they exceed none, or plans are not weighed
+    against them (`begin`)."""
+    if not self._within_budget:
+      return None
+    over = []
+    budget, host_budget = self._budget_bytes, self._host_budget_bytes
+    if budget is not None and step.peak_device_bytes > budget:
+      over.append(f'the budget of {_size(budget)}')
+    if host_budget is not None and step.peak_host_bytes > host_budget:
+      over.append(f'the host budget of {_size(host_budget)}')
+    return 'over ' + ' and '.join(over) if over else None
+
   def weighed(
     self,
     plan: plan_lib.StepPlan,
     step: device_memory.StepMemory | None,
     refused: device_memory.ProgramOutOfMemoryError | None = None,
   ) -> None:
-    """`plan` was weighed: its figures, or the backend's refusal."""
-    if plan not in self._announced:
-      return  # weighed from programs compiled for another plan
+    """`plan` was weighed: its figures, ruled out where over the budgets,
+    or the backend's refusal. A line where `plan`'s own programs compiled
+    (`compiling`); absl's log alone where it was weighed from programs
+    compiled for other plans."""
+    said = plan in self._announced
+    ruled_out = 'ruled out, ' if self._within_budget else ''
     if step is None:
       least = None if refused is None else refused.least_bytes
-      self._line(
-        f'{short(plan)}: refused by the compiler for memory'
-        + (f' (needs at least {_size(least)})' if least else '')
+      self._say(
+        f'{short(plan)}: {ruled_out}refused by the compiler for memory'
+        + (f' (needs at least {_size(least)})' if least else ''),
+        said,
       )
       return
-    self._line(
-      f'{short(plan)}: {_size(step.peak_device_bytes)} per device, '
+    figures = (
+      f'{_size(step.peak_device_bytes)} per device, '
       f'{_size(step.peak_host_bytes)} host'
+    )
+    over = self._over(step)
+    self._say(
+      f'{short(plan)}: '
+      + (figures if over is None else f'ruled out, {figures}, {over}'),
+      said,
     )
 
   def ruled_out(
@@ -215,24 +324,25 @@ class PlanningLog:
     budget_bytes: int,
     said: bool = True,
   ) -> None:
-    """`plan` needs at least `lower_bytes` per device, over the budget: a
-    line (absl's log alone where not `said`: a plan of many ruled out by
-    what others compiled)."""
-    text = (
+    """`plan` needs at least `lower_bytes` per device, over `budget_bytes`
+    (the budget, or below the least plan found): a line (absl's log alone
+    where not `said`: a plan of many ruled out by what others compiled)."""
+    self._say(
       f'{short(plan)}: ruled out, needs at least {_size(lower_bytes)}, '
-      f'{self._limit} {_size(budget_bytes)}'
+      f'{self._limit} {_size(budget_bytes)}',
+      said,
     )
-    if said:
-      self._line(text)
-    elif self._start is not None:
-      logging.info('planning: %s', text)
 
   def group_ruled_out(
     self, plan: plan_lib.StepPlan, lower_bytes: int, budget_bytes: int
   ) -> None:
-    """A group of plans, `plan` its leanest, needs at least `lower_bytes`
-    per device: one line for the first group of each kind (the groups that
-    differ in their slices or micro-batches alone share one)."""
+    """A candidate group of plans (`families.Group`), `plan` its leanest,
+    needs at least `lower_bytes` per device, over `budget_bytes`: that
+    group alone (`group`), not the groups with more batch slices or
+    micro-batches, which may need less. A line for the first group of each
+    kind (the groups that differ in their slices or micro-batches alone),
+    absl's log for the rest: a tight budget rules out many groups of a kind
+    at once, uncompiled, and one line shows why the search skips them."""
     kind = short(
       dataclasses.replace(
         plan,
@@ -241,13 +351,16 @@ class PlanningLog:
         micro_batches=1,
       )
     )
-    if kind in self._groups_said:
-      return
+    said = kind not in self._groups_said
     self._groups_said.add(kind)
-    self._line(
-      f'{short(plan)} (and its like with more batch slices or '
-      f'micro-batches): ruled out, needs at least {_size(lower_bytes)}, '
-      f'{self._limit} {_size(budget_bytes)}'
+    plans, leanest = group(plan)
+    needs = (
+      'needs' if leanest is None else f'the leanest of them ({leanest}) needs'
+    )
+    self._say(
+      f'{plans}: ruled out, {needs} at least {_size(lower_bytes)}, '
+      f'{self._limit} {_size(budget_bytes)}',
+      said,
     )
 
   def chosen(
@@ -279,7 +392,8 @@ class PlanningLog:
       f'{_size(step.peak_device_bytes)} per device, '
       f'{_size(step.peak_host_bytes)} host; {n} program{"s" * (n != 1)} '
       f'compiled, {cost.plan_compile_seconds:.1f} s of it tracing and '
-      f"compiling the chosen plan's {cost.plan_programs}"
+      f"compiling the chosen plan's {cost.plan_programs} "
+      f'program{"s" * (cost.plan_programs != 1)}'
     )
     self._start = None
     return cost

@@ -89,6 +89,10 @@ class Weigher(Protocol):
     """Bytes per device the plan is predicted to need (its functions traced
     where needed and `walk`, nothing compiled), or None where not known."""
 
+  def searching_least(self) -> None:
+    """Told that the search of the least plan begins: the bytes `settle`
+    is given from then on are below the least plan found, not a budget."""
+
 
 class FixedWeigher:
   """A `Weigher` over a weighing function alone: no bound, every plan
@@ -126,6 +130,9 @@ class FixedWeigher:
   def predicted(self, plan: plan_lib.StepPlan, walk: bool = True) -> int | None:
     del plan, walk
     return None
+
+  def searching_least(self) -> None:
+    pass
 
 
 # The planner's weigher.
@@ -176,7 +183,9 @@ class StepWeigher:
     self._facts = shape_facts.ShapeFacts(
       placement, store, factory, options, fingerprint_of, batch_key
     )
-    self.log = planning_log.PlanningLog(self._programs)
+    self.log = planning_log.PlanningLog(
+      self._programs, budget_bytes, host_budget_bytes
+    )
 
   def weighing(self, batch: Batch) -> weighed_plans_lib.Weighing:
     """The `weighed_plans.Weighing` of `batch`'s shapes: every plan accounted
@@ -444,6 +453,11 @@ class ShapesWeigher:
   ) -> None:
     """A progress line for the group (`planning_log`)."""
     self._weigher.log.group_ruled_out(plan, lower_bytes, budget_bytes)
+
+  def searching_least(self) -> None:
+    """Its lines name the least plan found as the bytes a plan is ruled
+    out by (`planning_log.PlanningLog.searching_least`)."""
+    self._weigher.log.searching_least()
 
   def predicted(self, plan: plan_lib.StepPlan, walk: bool = True) -> int | None:
     """`bounds.PlanBounds.predicted` of the plan's device bytes (None where
