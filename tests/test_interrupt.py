@@ -8,6 +8,10 @@ checkpoint the SIGTERM wrote must agree within 1e-6 with the reference's at
 the same step, which needs the data position and the Loop's RNG (dropout is
 on) resumed.
 
+The lines of each signal: the first names the checkpoint it saves and the
+step the same command resumes from; a second, which stops the run at once,
+the checkpoint that stands and that step, which the next run begins at.
+
 The runs go through `cli.main` in this process, as the command's entry point
 calls it: a small gin-configured callback, ahead of the command's own, sends
 the process its signal at the end of a given step, and notes the steps each
@@ -20,6 +24,7 @@ import os
 import signal
 import subprocess
 import time
+import types
 
 import gin
 import numpy as np
@@ -32,8 +37,11 @@ from cli_cases import cli_command
 from cli_cases import MAIN
 from cli_cases import REPO
 from cli_cases import TINY_MODEL
+import trax_revplus
 from trax_revplus import cli
 from trax_revplus import interrupt
+from trax_revplus.cli import summary as summaries
+from trax_revplus.cli import train as train_command
 
 STEPS = 6
 
@@ -50,12 +58,14 @@ _STEPS_BEGUN = []
 
 @gin.configurable
 class SignalForTest(callbacks.TrainingStepCallback):
-  """Sends this process `signum` as step `at_step` ends; notes each step."""
+  """Sends this process `signum` as step `at_step` ends (`times` times, one
+  after the other: the second is a second Ctrl-C); notes each step."""
 
-  def __init__(self, loop, at_step=None, signum=None):
+  def __init__(self, loop, at_step=None, signum=None, times=1):
     super().__init__(loop)
     self._at_step = at_step
     self._signum = signum
+    self._times = times
 
   def call_at(self, step):
     return True
@@ -65,17 +75,23 @@ class SignalForTest(callbacks.TrainingStepCallback):
 
   def on_step_end(self, step):
     if step == self._at_step:
-      os.kill(os.getpid(), self._signum)
+      for _ in range(self._times):
+        os.kill(os.getpid(), self._signum)
 
 
-def _train(output_dir, capsys, bindings=(), signal_at=None):
+def _train(
+  output_dir, capsys, bindings=(), signal_at=None, times=1, tiny=tuple(TINY)
+):
   """Runs `trax-revplus train` here; returns (exit status, stdout, stderr).
 
   Args:
     output_dir: the run's --output_dir.
-    capsys: pytest's capsys, read after the run.
+    capsys: pytest's capsys or capfd (which also sees the notice the
+      signal handler writes to fd 2), read after the run.
     bindings: more --config bindings.
     signal_at: (step, signum) to send as that step ends, or None.
+    times: how many times to send it.
+    tiny: the bindings of the tiny run.
   """
   _STEPS_BEGUN.append([])
   callback = ['train.callbacks = [@SignalForTest]']
@@ -83,6 +99,7 @@ def _train(output_dir, capsys, bindings=(), signal_at=None):
     callback += [
       f'SignalForTest.at_step = {signal_at[0]}',
       f'SignalForTest.signum = {int(signal_at[1])}',
+      f'SignalForTest.times = {times}',
     ]
   code = cli.main(
     [
@@ -92,7 +109,10 @@ def _train(output_dir, capsys, bindings=(), signal_at=None):
       f'--output_dir={output_dir}',
       '--progress_every_n_steps=100',
     ]
-    + [f'--config={binding}' for binding in TINY + callback + list(bindings)]
+    + [
+      f'--config={binding}'
+      for binding in list(tiny) + callback + list(bindings)
+    ]
   )
   out, err = capsys.readouterr()
   return code, out, err
@@ -112,8 +132,9 @@ def _stopped_step(err, name):
     f'trax-revplus train: error: interrupted by {name}: stopped after step '
   )
   assert lines[0].startswith(prefix), lines[0]
-  assert lines[0].endswith('; run the same command to resume'), lines[0]
-  return int(lines[0][len(prefix) :].split(',')[0])
+  step = int(lines[0][len(prefix) :].split(',')[0])
+  assert lines[0].endswith(f'; the same command resumes from step {step + 1}')
+  return step
 
 
 @pytest.mark.usefixtures('stock_trax_and_empty_gin')
@@ -150,6 +171,145 @@ def test_sigint_and_sigterm_resume_to_the_uninterrupted_weights(
   assert len(expected) == len(got) > 0
   for want, have in zip(expected, got):
     np.testing.assert_allclose(have, want, rtol=0, atol=1e-6)
+
+
+# A shorter run for the lines of each signal: no checkpoint but the ones the
+# signals and the end of the run save (train.eval_frequency = 100).
+SHORT = [b for b in TINY if not b.startswith('train.steps')] + [
+  'train.steps = 5'
+]
+
+
+@pytest.mark.usefixtures('stock_trax_and_empty_gin')
+def test_each_signal_names_the_checkpoint_that_stands_and_the_resume_step(
+  tmp_path, capfd
+):
+  run_dir = tmp_path / 'run'
+  checkpoint = run_dir / 'model.pkl.gz'
+
+  # The first SIGINT, in step 2: the notice and the last line name the
+  # checkpoint it saves after step 2 and the step a resume runs from.
+  code, out, err = _train(
+    run_dir, capfd, signal_at=(2, signal.SIGINT), tiny=SHORT
+  )
+  assert code == 130, err[-3000:]
+  assert 'Traceback' not in err
+  assert _STEPS_BEGUN[-1] == [1, 2]
+  lines = err.strip().splitlines()
+  assert (
+    'trax-revplus train: warning: SIGINT received: stopping after step 2 '
+    f'with its checkpoint {checkpoint}; the same command resumes from step '
+    '3 (send it again to stop at once: the checkpoint saved before then '
+    'stands)'
+  ) in lines, err[-3000:]
+  assert lines[-1] == (
+    'trax-revplus train: error: interrupted by SIGINT: stopped after step 2, '
+    f'checkpoint {checkpoint} (step 2); the same command resumes from step 3'
+  )
+
+  # The same command resumes from step 3, as said. Two SIGINTs in step 4:
+  # the second stops it at once, before step 4's checkpoint; the line names
+  # the checkpoint that stands (step 2's) and the steps that run again.
+  code, out, err = _train(
+    run_dir, capfd, signal_at=(4, signal.SIGINT), times=2, tiny=SHORT
+  )
+  assert code == 130, err[-3000:]
+  assert 'Traceback' not in err and '== summary ==' not in out
+  assert _STEPS_BEGUN[-1] == [3, 4]
+  lines = err.strip().splitlines()
+  assert (
+    'trax-revplus train: warning: SIGINT received: stopping after step 4 '
+    f'with its checkpoint {checkpoint}; the same command resumes from step '
+    '5 (send it again to stop at once: the checkpoint saved before then '
+    'stands)'
+  ) in lines, err[-3000:]
+  assert lines[-1] == (
+    'trax-revplus train: error: interrupted by a second SIGINT at step 4: '
+    f'the checkpoint {checkpoint} (step 2) stands; the same command resumes '
+    'from step 3 (steps 3-4 run again)'
+  )
+
+  # And so it does.
+  code, out, err = _train(run_dir, capfd, tiny=SHORT)
+  assert code == 0, err[-3000:]
+  assert _STEPS_BEGUN[-1] == [3, 4, 5]
+
+  # The set that stands is the one a load chooses: a file of the newest
+  # set cut short, the previous set (step 2's, which step 5's replaced).
+  assert trax_revplus.is_active()
+  assert train_command._standing_checkpoint(str(run_dir)) == (
+    str(checkpoint),
+    5,
+  )
+  weights = run_dir / 'model.weights.npy.gz'
+  weights.write_bytes(weights.read_bytes()[:-1])
+  assert train_command._standing_checkpoint(str(run_dir)) == (
+    str(run_dir / 'model.prev.pkl.gz'),
+    2,
+  )
+
+
+def _stop(first, second, begun, ended):
+  return types.SimpleNamespace(
+    signum=first, second_signum=second, step_begun=begun, step_ended=ended
+  )
+
+
+@pytest.mark.parametrize(
+  'stop,standing,line',
+  [
+    (
+      _stop(signal.SIGINT, signal.SIGINT, 10, 9),
+      ('d/model.pkl.gz', 8),
+      'interrupted by a second SIGINT at step 10: the checkpoint '
+      'd/model.pkl.gz (step 8) stands; the same command resumes from step 9 '
+      '(steps 9-10 run again)',
+    ),
+    (
+      _stop(signal.SIGINT, signal.SIGTERM, 10, 10),
+      ('d/model.prev.pkl.gz', 9),
+      'interrupted by SIGTERM after SIGINT after step 10: the checkpoint '
+      'd/model.prev.pkl.gz (step 9) stands; the same command resumes from '
+      'step 10 (step 10 runs again)',
+    ),
+    (
+      _stop(signal.SIGINT, signal.SIGINT, 10, 10),
+      ('d/model.pkl.gz', 10),
+      'interrupted by a second SIGINT after step 10: the checkpoint '
+      'd/model.pkl.gz (step 10) stands; the same command resumes from step '
+      '11',
+    ),
+    (
+      _stop(signal.SIGINT, signal.SIGINT, 2, 1),
+      None,
+      'interrupted by a second SIGINT at step 2: no checkpoint stands in d; '
+      'the same command starts from step 1 (steps 1-2 run again)',
+    ),
+    (
+      _stop(signal.SIGINT, signal.SIGINT, 20, 20),
+      ('d/model.pkl.gz', 20),
+      'interrupted by a second SIGINT after step 20: the checkpoint '
+      'd/model.pkl.gz (step 20) stands; that is the last step of '
+      'train.steps = 20: the same command trains no more',
+    ),
+  ],
+  ids=['in_a_step', 'sigterm_after_its_save', 'saved', 'none', 'run_done'],
+)
+def test_the_line_of_a_second_signal_says_what_stands(stop, standing, line):
+  assert summaries.interrupted_twice_message(stop, standing, 'd', 20) == line
+
+
+def test_a_signal_between_steps_stops_after_the_next():
+  stop = interrupt.StopOnSignal()
+  assert stop.stops_after_step is None
+  stop.step_begun = 4  # In step 4.
+  assert stop.stops_after_step == 4
+  stop.step_ended = 4  # Its save and evals.
+  assert stop.stops_after_step == 5
+  assert summaries.stopping_notice(signal.SIGINT, 5, 'd/model.pkl.gz', 4) == (
+    'SIGINT received after the last step (4): the run ends as it would '
+    '(send it again to stop at once)'
+  )
 
 
 def test_sigterm_before_the_first_step_stops_with_a_message(tmp_path):

@@ -4,9 +4,10 @@ Real processes of the tiny main job (gin_configs/reformer_char_lm.gin with
 a 1-layer model), too long for the test suite:
 
   1. SIGINT to `train` during its steps: exit status 130; a warning line
-     in train's format (no raw absl line) says it stops after the step;
-     the last line is the one-line reason, with a checkpoint; no absl line
-     after it.
+     in train's format (no raw absl line) says after which step it stops,
+     with its checkpoint, and the step the same command resumes from; the
+     last line is the one-line reason, with that checkpoint and step; no
+     absl line after it.
   2. SIGTERM to `launch` of 2 processes during their steps: exit status
      143, the last line is the launcher's, no absl line anywhere.
   3. `launch` of 2 processes when process 1 is killed while starting: the
@@ -127,23 +128,31 @@ def _sigint_to_train(checks, work):
     proc.returncode == 130,
     f'status {proc.returncode}',
   )
+  notice = re.compile(
+    r'trax-revplus train: warning: SIGINT received: stopping after step '
+    r'(\d+) with its checkpoint .*/model\.pkl\.gz; the same command resumes '
+    r'from step (\d+) '
+  )
+  notices = [m for m in map(notice.match, lines) if m]
   checks.check(
-    "SIGINT: the notice is a warning line in train's format",
-    any(
-      l.startswith(
-        'trax-revplus train: warning: SIGINT received: stopping after this step'
-      )
-      for l in lines
-    ),
+    "SIGINT: the notice is a warning line in train's format, naming the "
+    'checkpoint it saves and the step a resume runs from',
+    len(notices) == 1 and int(notices[0][2]) == int(notices[0][1]) + 1,
     err[-2000:],
   )
+  step = notices[0][1] if notices else 'N'
   checks.check(
-    'SIGINT: the last line is the reason, with a checkpoint',
+    'SIGINT: the last line is the reason, with the checkpoint of that step '
+    'and the step a resume runs from',
     bool(lines)
     and lines[-1].startswith(
-      'trax-revplus train: error: interrupted by SIGINT: stopped after step '
+      f'trax-revplus train: error: interrupted by SIGINT: stopped after step '
+      f'{step}, checkpoint '
     )
-    and 'checkpoint' in lines[-1],
+    and lines[-1].endswith(
+      f'(step {step}); the same command resumes from step '
+      f'{int(step) + 1 if notices else "N"}'
+    ),
     lines[-1] if lines else 'no output',
   )
   checks.check(

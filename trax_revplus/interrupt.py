@@ -2,16 +2,21 @@
 
 `StopOnSignal` turns the first SIGINT / SIGTERM into a stop at the next step
 boundary, with a checkpoint: the Loop's callback saves the checkpoint set
-at the end of the step during which the signal came and raises
+at the end of the step during which the signal came (a signal between two
+steps, during a step's save or evals, stops after the next one) and raises
 `Interrupted` out of `Loop.run`. Before the first step begins (importing,
 parsing, building and initializing the model, loading a checkpoint) nothing
 new would be lost, so a signal stops at once, with `Interrupted` raised
 from the signal handler; during trax's import, once the import ends
 (`import_signals`: raised inside it, the exception can crash a C
 extension half way through its initialization). A second signal does what
-it did before the handler was installed (e.g. a plain Ctrl-C). Work that
-loses nothing when stopped half way, inside a step too, runs under
-`stops_at_once` (the trainer planning a step before it runs: minutes of
+it did before the handler was installed (e.g. a plain Ctrl-C), and is noted
+in `second_signum`. The steps the Loop began and ended are noted too
+(`step_begun`, `step_ended`), so that a caller can say after which step a
+signal stops the run and which steps a second signal lost (`trax-revplus
+train` names the checkpoint that stands and the step a resume runs from).
+Work that loses nothing when stopped half way, inside a step too, runs
+under `stops_at_once` (the trainer planning a step before it runs: minutes of
 compiling at the sizes users run, nothing changed yet): a signal then
 stops at once as well.
 
@@ -92,8 +97,14 @@ class StopOnSignal:
   Attributes:
     basename: str, the checkpoint saved when a signal stops the run.
     signum: int or None, the first signal received.
+    second_signum: int or None, a second signal received, which stopped
+      the run at once (the handler then in place acted on it).
     steps_started: bool, whether the Loop has begun a step; until then a
       signal raises `Interrupted` at once.
+    step_begun: int or None, the last step the Loop began, as the Loop
+      numbers it (1-based; a resumed run's first step is its checkpoint's
+      step + 1).
+    step_ended: int or None, the last step the Loop ended.
     stopped_at_step: int or None, the step after which the run stopped
       (None: it has not, or it stopped before the first step).
   """
@@ -106,12 +117,15 @@ class StopOnSignal:
     Args:
       basename: str, the checkpoint saved when a signal stops the run.
       notify: callable(signum), called from the handler when a signal
-        arrives after the first step began (the run stops after that
-        step); default: an absl warning.
+        arrives after the first step began (the run stops after
+        `stops_after_step`); default: an absl warning.
     """
     self.basename = basename
     self.signum: int | None = None
+    self.second_signum: int | None = None
     self.steps_started = False
+    self.step_begun: int | None = None
+    self.step_ended: int | None = None
     self.stopped_at_step: int | None = None
     self._notify = notify or _warn
     self._previous: dict[int, Any] = {}
@@ -137,6 +151,7 @@ class StopOnSignal:
       return  # Raised again once the import ends.
     if self.signum is not None:
       # Asked twice: stop now, as without this handler.
+      self.second_signum = signum
       self._restore()
       os.kill(os.getpid(), signum)
       return
@@ -144,6 +159,18 @@ class StopOnSignal:
     if not self.steps_started or _at_once:
       raise Interrupted(signum, planning=bool(_at_once))
     self._notify(signum)
+
+  @property
+  def stops_after_step(self) -> int | None:
+    """The step after which a first signal now stops the run: the step in
+    progress, or, between steps (a step's save and evals come after its
+    end), the next one; None before the first step (a signal stops at
+    once)."""
+    if self.step_begun is None:
+      return None
+    if self.step_ended == self.step_begun:
+      return self.step_begun + 1
+    return self.step_begun
 
   def raise_if_signalled(self) -> None:
     """Raises `Interrupted` for a signal that came before the first step.
@@ -199,12 +226,13 @@ def _callback_class() -> type:
       return True
 
     def on_step_begin(self, step):
-      del step
       self._owner.steps_started = True
+      self._owner.step_begun = step
 
     def on_step_end(self, step):
       owner = self._owner
       if owner.signum is None:
+        owner.step_ended = step
         return
       checkpoint = None
       if self._trained_loop.output_dir is not None:
@@ -212,7 +240,7 @@ def _callback_class() -> type:
         checkpoint = os.path.join(
           self._trained_loop.output_dir, owner.basename + '.pkl.gz'
         )
-      owner.stopped_at_step = step
+      owner.step_ended = owner.stopped_at_step = step
       raise Interrupted(
         owner.signum, step=step, checkpoint=checkpoint, loop=self._trained_loop
       )

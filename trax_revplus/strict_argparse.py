@@ -6,6 +6,8 @@ abbreviations) and show as `--name=VALUE` in help; a flag that takes one
 value may be repeated only with the same value (`Once`). The value types
 answer with the line a user reads after `argument --flag: `. Only the
 standard library is imported, so `--help` and flag errors answer at once.
+Numbers are written in the ASCII digits 0-9: Python's `int()` and
+`float()` would read other scripts' digits too.
 
 Below `cli` and `multiprocess`, which both read flags by it: the launch
 flags (`multiprocess.launch_flags`) are the local launcher's own and the
@@ -13,6 +15,7 @@ CLI's `launch` command's.
 """
 
 import argparse
+import re
 import sys
 from typing import Any, NoReturn
 
@@ -84,27 +87,45 @@ class Once(argparse.Action):
     setattr(namespace, self.dest, values)
 
 
-def positive_int(text: str) -> int:
-  """A flag's value as an int >= 1."""
+# Numbers in flags are written in the ASCII digits 0-9, as the docs say:
+# Python's int() and float() also read other scripts' digits ('٣'), spaces
+# around the number, '_' between digits, '+', 'inf' and 'nan'.
+_INTEGER = re.compile(r'-?[0-9]+')
+_NUMBER = re.compile(r'-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?')
+_DIGITS = 'in the digits 0-9'
+
+
+def _int(text: str, what: str) -> int:
+  """`text`, which `_INTEGER` matched, as an int."""
   try:
-    value = int(text)
-  except ValueError:
+    return int(text)
+  except ValueError:  # More digits than Python converts (4300).
     raise argparse.ArgumentTypeError(
-      f'must be a positive integer, got {text!r}'
+      f'must be {what}, got {len(text)} digits'
     ) from None
+
+
+def positive_int(text: str) -> int:
+  """A flag's value as an int >= 1, written in the ASCII digits 0-9."""
+  if not _INTEGER.fullmatch(text):
+    raise argparse.ArgumentTypeError(
+      f'must be a positive integer {_DIGITS}, got {text!r}'
+    )
+  value = _int(text, 'a positive integer')
   if value < 1:
     raise argparse.ArgumentTypeError(f'must be a positive integer, got {value}')
   return value
 
 
 def positive_seconds(text: str) -> float:
-  """A flag's value as a finite number of seconds > 0."""
-  try:
-    value = float(text)
-  except ValueError:
+  """A flag's value as a finite number of seconds > 0, written in the ASCII
+  digits 0-9 (a decimal point and an exponent allowed: 10, 2.5, 1e3)."""
+  if not _NUMBER.fullmatch(text):
     raise argparse.ArgumentTypeError(
-      f'must be a positive number of seconds, got {text!r}'
-    ) from None
+      f'must be a positive number of seconds {_DIGITS}, e.g. 10 or 2.5, '
+      f'got {text!r}'
+    )
+  value = float(text)
   if not 0 < value < float('inf'):
     raise argparse.ArgumentTypeError(
       f'must be a positive number of seconds, got {text}'
@@ -122,10 +143,10 @@ def path(text: str) -> str:
 
 
 def integer(text: str) -> int:
-  """A flag's value as an int."""
-  try:
-    return int(text)
-  except ValueError:
+  """A flag's value as an int, written in the ASCII digits 0-9 (with '-'
+  before a negative one)."""
+  if not _INTEGER.fullmatch(text):
     raise argparse.ArgumentTypeError(
-      f'must be an integer, got {text!r}'
-    ) from None
+      f'must be an integer {_DIGITS}, got {text!r}'
+    )
+  return _int(text, 'an integer')

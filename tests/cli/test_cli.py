@@ -13,6 +13,8 @@ import pytest
 from trax_revplus import cli
 from trax_revplus.cli import noise
 from trax_revplus.cli import parser
+from trax_revplus.multiprocess.config import resolve_config
+from trax_revplus.multiprocess.errors import DistributedUsageError
 
 from cli_cases import cli_command
 from cli_cases import REPO
@@ -328,14 +330,17 @@ def _check_usage_error_before_any_work(capsys, tmp_path, text, *flags):
   assert not out_dir.exists()
 
 
+_NOT_STEPS = 'must be a step N or steps N-M in the digits 0-9, e.g. 3-4'
+
+
 @pytest.mark.parametrize(
   'value,text',
   [
     ('0', "--profile: steps count from 1, got '0'"),
     ('4-3', "--profile: must be steps N-M with N <= M, got '4-3'"),
-    ('x', "--profile: must be a step N or steps N-M, e.g. 3-4, got 'x'"),
-    ('3-', "--profile: must be a step N or steps N-M, e.g. 3-4, got '3-'"),
-    ('1_0', "--profile: must be a step N or steps N-M, e.g. 3-4, got '1_0'"),
+    ('x', f"--profile: {_NOT_STEPS}, got 'x'"),
+    ('3-', f"--profile: {_NOT_STEPS}, got '3-'"),
+    ('1_0', f"--profile: {_NOT_STEPS}, got '1_0'"),
     ('7', '--profile=7 names steps past train.steps = 3; give steps up to 3'),
     (
       '3-9',
@@ -358,6 +363,171 @@ def test_bad_profile_steps_are_usage_errors_before_any_work(
   _check_usage_error_before_any_work(
     capsys, tmp_path, text, f'--profile={value}'
   )
+
+
+# Numbers in flags, in the ASCII digits 0-9 only: Python's int() and
+# float() also read other scripts' digits (U+0663 ARABIC-INDIC DIGIT THREE,
+# U+FF13 FULLWIDTH DIGIT THREE), '_' between digits, '+' and spaces. The
+# config file is missing: the flag is refused before it is looked for (a
+# flag let through ends in 'config file not found', at once).
+_MISSING = '--config_file=/no/such.gin'
+_POSITIVE = 'must be a positive integer in the digits 0-9, got'
+
+
+@pytest.mark.parametrize(
+  'args,text',
+  [
+    (['train', '--profile=\u0663'], f"--profile: {_NOT_STEPS}, got '\u0663'"),
+    (
+      ['train', '--profile=1-\uff13'],
+      f"--profile: {_NOT_STEPS}, got '1-\uff13'",
+    ),
+    (
+      ['train', '--progress_every_n_steps=\u0663'],
+      f"--progress_every_n_steps: {_POSITIVE} '\u0663'",
+    ),
+    (
+      ['train', '--progress_every_n_steps=\uff13'],
+      f"--progress_every_n_steps: {_POSITIVE} '\uff13'",
+    ),
+    (
+      ['train', '--progress_every_n_steps=1_0'],
+      f"--progress_every_n_steps: {_POSITIVE} '1_0'",
+    ),
+    (
+      ['train', '--progress_every_n_steps=+3'],
+      f"--progress_every_n_steps: {_POSITIVE} '+3'",
+    ),
+    (
+      ['train', '--memory_log_every_n_steps= 3'],
+      f"--memory_log_every_n_steps: {_POSITIVE} ' 3'",
+    ),
+    (
+      ['train', '--num_processes=\u0662'],
+      f"--num_processes: {_POSITIVE} '\u0662'",
+    ),
+    (
+      ['train', '--process_id=\u0660'],
+      "--process_id: must be an integer in the digits 0-9, got '\u0660'",
+    ),
+    (
+      ['train', '--join_timeout_seconds=\u0663'],
+      f"--join_timeout_seconds: {_POSITIVE} '\u0663'",
+    ),
+    (
+      ['train', '--heartbeat_timeout_seconds=\u0663'],
+      f"--heartbeat_timeout_seconds: {_POSITIVE} '\u0663'",
+    ),
+    (['compare', '--steps=\u0663'], f"--steps: {_POSITIVE} '\u0663'"),
+    (
+      ['compare', '--seed=\u0663'],
+      "--seed: must be an integer in the digits 0-9, got '\u0663'",
+    ),
+    (['estimate', '--n_devices=\u0662'], f"--n_devices: {_POSITIVE} '\u0662'"),
+    (
+      ['launch', '--num_processes=\u0662', '--'],
+      f"--num_processes: {_POSITIVE} '\u0662'",
+    ),
+    (
+      ['launch', '--num_processes=2', '--max_local_processes=\u0662', '--'],
+      f"--max_local_processes: {_POSITIVE} '\u0662'",
+    ),
+    (
+      [
+        'launch',
+        '--num_processes=2',
+        '--stop_grace_seconds=\u0661\u0660',
+        '--',
+      ],
+      '--stop_grace_seconds: must be a positive number of seconds in the '
+      "digits 0-9, e.g. 10 or 2.5, got '\u0661\u0660'",
+    ),
+    (
+      ['launch', '--num_processes=2', '--', '--profile=\u0663'],
+      f"--profile: {_NOT_STEPS}, got '\u0663'",
+    ),
+  ],
+  ids=[
+    'train_profile',
+    'train_profile_range',
+    'train_progress_arabic_indic',
+    'train_progress_fullwidth',
+    'train_progress_underscore',
+    'train_progress_plus',
+    'train_memory_log_space',
+    'train_num_processes',
+    'train_process_id',
+    'train_join_timeout',
+    'train_heartbeat_timeout',
+    'compare_steps',
+    'compare_seed',
+    'estimate_n_devices',
+    'launch_num_processes',
+    'launch_max_local_processes',
+    'launch_stop_grace_seconds',
+    'launch_train_profile',
+  ],
+)
+def test_numbers_in_flags_are_ascii_digits_only(args, text, capsys):
+  code, out, err = _main(capsys, *args, _MISSING)
+  assert code == 2, err
+  assert _one_line_error(err) == (
+    f'trax-revplus {args[0]}: error: argument {text}'
+  )
+  assert not out
+
+
+def test_numbers_in_other_flags_are_ascii_digits_only(capsys):
+  # Read after the flags: --device_memory by estimate, first thing;
+  # --coordinator_address as the run joins (so called here directly).
+  code, _, err = _main(
+    capsys, 'estimate', _MISSING, '--device_memory=\u0661GiB'
+  )
+  assert code == 2
+  assert _one_line_error(err).startswith(
+    "trax-revplus estimate: error: --device_memory='\u0661GiB' is not a size"
+  )
+  with pytest.raises(DistributedUsageError) as raised:
+    resolve_config(2, 0, 'localhost:\u0661\u0662\u0663\u0664')
+  assert str(raised.value).startswith(
+    "--coordinator_address='localhost:\u0661\u0662\u0663\u0664' is not "
+    'HOST:PORT with a port in 1..65535'
+  )
+  assert raised.value.exit_code == 2
+
+
+def test_numbers_in_flags_in_ascii_digits_are_read():
+  flags = parser.parse(
+    [
+      'train',
+      f'--config_file={MAIN}',
+      '--profile=03-0012',
+      '--progress_every_n_steps=007',
+      '--process_id=0',
+    ]
+  )
+  assert isinstance(flags, argparse.Namespace)
+  assert (flags.profile.first, flags.profile.last) == (3, 12)
+  assert (flags.progress_every_n_steps, flags.process_id) == (7, 0)
+  flags = parser.parse(['compare', f'--config_file={MAIN}', '--seed=-5'])
+  assert isinstance(flags, argparse.Namespace) and flags.seed == -5
+  for grace, seconds in (
+    ('10', 10.0),
+    ('2.5', 2.5),
+    ('.5', 0.5),
+    ('1e1', 10.0),
+  ):
+    flags = parser.parse(
+      [
+        'launch',
+        '--num_processes=2',
+        f'--stop_grace_seconds={grace}',
+        '--',
+        f'--config_file={MAIN}',
+      ]
+    )
+    assert isinstance(flags, argparse.Namespace)
+    assert flags.stop_grace_seconds == seconds
 
 
 def test_contradicting_repeated_flags_are_a_usage_error(capsys):

@@ -18,6 +18,8 @@ from trax_revplus.strict_argparse import path
 from trax_revplus.strict_argparse import positive_int
 
 IMPLEMENTATIONS = ('config', 'stock', 'revplus')
+# More digits than int() converts (4300); no run has that many steps.
+_MAX_DIGITS = 4300
 
 
 def _add_config_flags(
@@ -369,11 +371,13 @@ class StepRange(NamedTuple):
 
 
 def step_range(text: str) -> StepRange:
-  """--profile's value, 'N' or 'N-M' (digits only), 1 <= N <= M."""
-  found = re.fullmatch(r'(\d+)(?:-(\d+))?', text)
-  if found is None:
+  """--profile's value, 'N' or 'N-M' in the ASCII digits 0-9, 1 <= N <= M."""
+  # [0-9], not \d: \d also matches other scripts' digits ('٣'), which
+  # int() reads as well.
+  found = re.fullmatch(r'([0-9]+)(?:-([0-9]+))?', text)
+  if found is None or max(len(found[1]), len(found[2] or '')) > _MAX_DIGITS:
     raise argparse.ArgumentTypeError(
-      f'must be a step N or steps N-M, e.g. 3-4, got {text!r}'
+      f'must be a step N or steps N-M in the digits 0-9, e.g. 3-4, got {text!r}'
     )
   steps = StepRange(int(found[1]), int(found[2] or found[1]))
   if steps.first < 1:

@@ -1,4 +1,6 @@
-"""The block `train` prints at the end of a run."""
+"""The block `train` prints at the end of a run, and the lines of a run a
+signal stops (`trax_revplus.interrupt`): after which step, with which
+checkpoint, and the step the same command resumes from."""
 
 import signal
 from typing import Any
@@ -287,8 +289,55 @@ def summary_rows(text: str) -> dict[str, str]:
   return rows
 
 
-def interrupted_message(interrupted: Any, output_dir: str) -> str:
-  """One line for a run stopped by SIGINT/SIGTERM (`interrupt.Interrupted`)."""
+def _resumes(step: int, total_steps: int | None) -> str:
+  """What the same command does from the checkpoint of `step`: trax's Loop
+  loads it and runs its steps from `step` + 1 to train.steps."""
+  if total_steps is not None and step >= total_steps:
+    return (
+      f'that is the last step of train.steps = {total_steps}: the same '
+      f'command trains no more'
+    )
+  return f'the same command resumes from step {step + 1}'
+
+
+def stopping_notice(
+  signum: int, step: int, checkpoint: str, total_steps: int | None
+) -> str:
+  """The warning of a first signal during the steps (`interrupt`).
+
+  Args:
+    signum: the signal.
+    step: the step the run stops after (`StopOnSignal.stops_after_step`).
+    checkpoint: the `.pkl.gz` of the set saved after it.
+    total_steps: train.steps, or None where unknown.
+
+  Returns:
+    One line, without the command's prefix.
+  """
+  name = signal.Signals(signum).name
+  if total_steps is not None and step > total_steps:
+    # The Loop ran its last step: it ends as planned, with its checkpoint.
+    return (
+      f'{name} received after the last step ({total_steps}): the run '
+      f'ends as it would (send it again to stop at once)'
+    )
+  return (
+    f'{name} received: stopping after step {step} with its checkpoint '
+    f'{checkpoint}; {_resumes(step, total_steps)} (send it again to stop '
+    f'at once: the checkpoint saved before then stands)'
+  )
+
+
+def interrupted_message(
+  interrupted: Any, output_dir: str, total_steps: int | None = None
+) -> str:
+  """One line for a run stopped by SIGINT/SIGTERM (`interrupt.Interrupted`).
+
+  Args:
+    interrupted: the `interrupt.Interrupted`.
+    output_dir: the run's output dir.
+    total_steps: train.steps, or None where unknown.
+  """
   name = signal.Signals(interrupted.signum).name
   if getattr(interrupted, 'planning', False):
     return (
@@ -304,5 +353,51 @@ def interrupted_message(interrupted: Any, output_dir: str) -> str:
   return (
     f'interrupted by {name}: stopped after step {interrupted.step}, '
     f'checkpoint {interrupted.checkpoint} (step {interrupted.step}); '
-    f'run the same command to resume'
+    f'{_resumes(interrupted.step, total_steps)}'
   )
+
+
+def interrupted_twice_message(
+  stop: Any,
+  standing: tuple[str, int] | None,
+  output_dir: str,
+  total_steps: int | None = None,
+) -> str:
+  """One line for a run a second signal stopped at once.
+
+  Args:
+    stop: the run's `interrupt.StopOnSignal` (its signals, the last step
+      begun and ended).
+    standing: (path of its `.pkl.gz`, step) of the checkpoint a resume of
+      the same command loads, or None: none.
+    output_dir: the run's output dir.
+    total_steps: train.steps, or None where unknown.
+
+  Returns:
+    e.g. 'interrupted by a second SIGINT at step 10: the checkpoint
+    runs/x/model.pkl.gz (step 8) stands; the same command resumes from
+    step 9 (steps 9-10 run again)'.
+  """
+  first = signal.Signals(stop.signum).name
+  second = signal.Signals(stop.second_signum).name
+  how = f'a second {second}' if second == first else f'{second} after {first}'
+  begun = stop.step_begun
+  if begun is None:
+    where = 'before the first step'
+  elif stop.step_ended == begun:  # In its save or evals.
+    where = f'after step {begun}'
+  else:
+    where = f'at step {begun}'
+  if standing is None:
+    stands, step = f'no checkpoint stands in {output_dir}', 0
+    resumes = 'the same command starts from step 1'
+  else:
+    path, step = standing
+    stands = f'the checkpoint {path} (step {step}) stands'
+    resumes = _resumes(step, total_steps)
+  again = ''
+  if begun is not None and begun == step + 1:
+    again = f' (step {begun} runs again)'
+  elif begun is not None and begun > step:
+    again = f' (steps {step + 1}-{begun} run again)'
+  return f'interrupted by {how} {where}: {stands}; {resumes}{again}'

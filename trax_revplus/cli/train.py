@@ -15,7 +15,9 @@ device another process holds (a TPU chip belongs to one process) is one
 line (`trax_revplus.backend`), with nothing written.
 SIGINT and SIGTERM stop the run at the next step boundary with a checkpoint
 (before the first step, at once, joining included): `trax_revplus.interrupt`,
-whose handlers are installed before anything else runs. Errors a user can
+whose handlers are installed before anything else runs. The lines say which
+checkpoint is saved, or, after a second signal, which one stands, and the
+step the same command resumes from. Errors a user can
 cause end the command with one line (`failures`), the last line the command
 prints: the trainers' memory logs are closed while the run's log is still
 the place of their lines. The terminal shows the plugin's own lines and
@@ -120,6 +122,34 @@ def _checkpoint_step(path: str) -> int | None:
     return training.unpickle_from_file(path, gzip=True)['step']
   except (OSError, EOFError, KeyError, ValueError):
     return None
+
+
+def _standing_checkpoint(output_dir: str) -> tuple[str, int] | None:
+  """The checkpoint a resume of the same command loads: (path of its
+  `.pkl.gz`, step), or None where it loads none and starts from step 1.
+
+  As the run's `Loop.load_checkpoint` chooses (`checkpoints.loading`): with
+  trax_revplus active, the set `model` if its files have the sizes its
+  manifest records, else `model.prev`; a set without a manifest, and stock
+  trax's, as `model.pkl.gz` says. Sizes, not CRC-32s: a second signal must
+  end the run at once, and a set a signal cut short has the wrong sizes or
+  is marked `installing`.
+  """
+  if trax_revplus.is_active():
+    # Here: it imports trax, which waits until the flags are checked.
+    from trax_revplus import checkpoints  # pylint: disable=g-import-not-at-top
+
+    for name in ('model', 'model' + checkpoints.PREVIOUS):
+      ok, manifest, _ = checkpoints.verify(output_dir, name, contents=False)
+      if manifest is None and name == 'model':
+        break  # Loaded as stock trax loads it.
+      if ok and manifest:
+        return os.path.join(output_dir, name + '.pkl.gz'), manifest['step']
+    else:
+      return None
+  path = os.path.join(output_dir, 'model.pkl.gz')
+  step = _checkpoint_step(path)
+  return None if step is None else (path, step)
 
 
 def _measure_step_floor(loop: Any, printer: Any) -> None:
@@ -292,43 +322,64 @@ def run(flags: argparse.Namespace) -> int:
   )
   output_dirs.check_writable(output_dir)
   cache_dir = cache_flags.directory_from_flags(flags)
-  stop = interrupt.StopOnSignal(notify=_signal_notice)
-  with stop:
-    try:
-      # Before anything touches JAX.
-      config = distributed_flags.join_from_flags(flags, COMMAND)
-    except interrupt.Interrupted as e:
-      raise _interrupted(e, output_dir) from None
-    if not config.is_multi_process:
-      return _run(
-        flags, config_files, bindings, output_dir, None, stop, cache_dir
-      )
-    try:
-      return _run(
-        flags,
-        config_files,
-        bindings,
-        output_dir,
-        processes.process_index(),
-        stop,
-        cache_dir,
-      )
-    except UserError as e:
-      if e.exit_code > 128 and stop.stopped_at_step is not None:
-        raise  # Every process stopped after one step: they end together.
-      line, code = str(e), e.exit_code
-    except Exception as e:  # pylint: disable=broad-except
-      line, code = ending.failure(e, config)
+  stop = interrupt.StopOnSignal(
+    notify=lambda signum: _signal_notice(signum, stop, output_dir)
+  )
+  try:
+    with stop:
+      try:
+        # Before anything touches JAX.
+        config = distributed_flags.join_from_flags(flags, COMMAND)
+      except interrupt.Interrupted as e:
+        raise _interrupted(e, output_dir) from None
+      if not config.is_multi_process:
+        return _run(
+          flags, config_files, bindings, output_dir, None, stop, cache_dir
+        )
+      try:
+        return _run(
+          flags,
+          config_files,
+          bindings,
+          output_dir,
+          processes.process_index(),
+          stop,
+          cache_dir,
+        )
+      except UserError as e:
+        if e.exit_code > 128 and stop.stopped_at_step is not None:
+          raise  # Every process stopped after one step: they end together.
+        line, code = str(e), e.exit_code
+      except Exception as e:  # pylint: disable=broad-except
+        line, code = ending.failure(e, config)
+  except BaseException as e:
+    # A second signal during the steps: the handler before ours raised
+    # (a BaseException, as KeyboardInterrupt is) wherever the run was.
+    if isinstance(e, Exception) or not _stopped_twice(stop):
+      raise
+    raise _interrupted_twice(stop, output_dir) from None
   print(error_line(COMMAND, line), file=sys.stderr, flush=True)
   ending.exit_immediately(code)
 
 
-def _signal_notice(signum: int) -> None:
-  """Says, from the signal handler, that the run stops after this step."""
-  text = (
-    f'{signal.Signals(signum).name} received: stopping after this '
-    f'step with a checkpoint (send it again to stop at once)'
-  )
+def _signal_notice(
+  signum: int, stop: interrupt.StopOnSignal, output_dir: str
+) -> None:
+  """Says, from the signal handler, after which step the run stops, with
+  which checkpoint, and the step the same command then resumes from."""
+  step = stop.stops_after_step
+  if step is None:  # Never: before the first step a signal stops at once.
+    text = (
+      f'{signal.Signals(signum).name} received: stopping after this '
+      f'step with a checkpoint (send it again to stop at once)'
+    )
+  else:
+    text = summaries.stopping_notice(
+      signum,
+      step,
+      os.path.join(output_dir, stop.basename + '.pkl.gz'),
+      train_bindings.total_steps(),
+    )
   logging.info(text)
   # os.write, not print: a handler may run while the main thread is in the
   # middle of writing to sys.stderr.
@@ -337,8 +388,34 @@ def _signal_notice(signum: int) -> None:
 
 def _interrupted(e: interrupt.Interrupted, output_dir: str) -> UserError:
   """The one-line error of a run stopped by a signal."""
+  # train.steps is bound once the configs are parsed, before any step.
+  total = None if e.step is None else train_bindings.total_steps()
   return UserError(
-    summaries.interrupted_message(e, output_dir), signal_exit_status(e.signum)
+    summaries.interrupted_message(e, output_dir, total),
+    signal_exit_status(e.signum),
+  )
+
+
+def _stopped_twice(stop: interrupt.StopOnSignal) -> bool:
+  """Whether a second signal stopped the run once its steps began (before
+  them the first signal stops at once, and nothing new would be lost)."""
+  return stop.second_signum is not None and stop.steps_started
+
+
+def _interrupted_twice(
+  stop: interrupt.StopOnSignal, output_dir: str
+) -> UserError:
+  """The one-line error of a run a second signal stopped at once: the
+  checkpoint that stands and the step the same command resumes from."""
+  assert stop.second_signum is not None
+  return UserError(
+    summaries.interrupted_twice_message(
+      stop,
+      _standing_checkpoint(output_dir),
+      output_dir,
+      train_bindings.total_steps(),
+    ),
+    signal_exit_status(stop.second_signum),
   )
 
 

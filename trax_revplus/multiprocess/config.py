@@ -97,8 +97,9 @@ def parse_address(address: str) -> tuple[str, int]:
   Raises:
     DistributedUsageError: if `address` is not of that form.
   """
+  # [0-9], not \d: \d also matches other scripts' digits ('١٢٣٤').
   match = re.fullmatch(
-    r'(\[[0-9A-Fa-f:.]+\]|[^\s:\[\]/]+):(\d{1,5})', address or ''
+    r'(\[[0-9A-Fa-f:.]+\]|[^\s:\[\]/]+):([0-9]{1,5})', address or ''
   )
   port = int(match.group(2)) if match else 0
   if not match or not 1 <= port <= 65535:
