@@ -76,12 +76,12 @@ def test_slices_are_named_with_the_setting_that_runs_stocks_order(tmp_path):
     ({'sequence_chunks': 4}, '4 sequence chunks'),
     (
       {'parallel_heads': 1},
-      'attention at most 1 (example, head) pair at a time',
+      'attention 1 (example, head) pair at a time',
     ),
     ({'fused_from': 0}, 'the step as one program'),
     (
       {'batch_slices': 2, 'parallel_heads': 2, 'fused_from': 0},
-      '2 batch slices, attention at most 2 (example, head) pairs at a time, '
+      '2 batch slices, attention 2 (example, head) pairs at a time, '
       'the step as one program',
     ),
   ],

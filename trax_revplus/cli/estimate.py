@@ -17,9 +17,14 @@ inputs (trax's `Inputs` reads one batch to learn them). trax_revplus's
 trainer is built with `device_memory_budget_bytes` set to `--device_memory`
 (which overrides, with a warning line, a budget the config sets), so its
 figures are those of the plan it would run under that memory (and its
-host budget); the plans it weighed to choose
-that plan are listed under it (`weighed_plans.Weighing`). A trainer that cannot
-be built or compiled here gets a one-line error in its row instead of
+host budget); the plans it weighed to choose that plan are listed under
+it (`weighed_plans.Weighing`). Its plan is read back, where one applies,
+from the plans `train` and `estimate` store in the compilation cache's
+directory (`--compilation_cache_dir`; the trainer's settings that only
+decide its log, which `estimate` sets otherwise than `train`, are not part
+of a plan's key), and the plan it chooses is kept there for the `train` of
+the same config (`trainer._search.plan_store`). A trainer that cannot be
+built or compiled here gets a one-line error in its row instead of
 figures. Third-party warnings known to be harmless (`noise.KNOWN_NOISE`)
 are not shown; any other is one line.
 """

@@ -22,6 +22,7 @@ Every plan accounted is kept with its figures (`weighed_plans.Weighing`: what
 """
 
 import dataclasses
+import os
 from typing import Callable, Hashable, Iterable
 
 from absl import logging
@@ -29,7 +30,9 @@ from absl import logging
 from trax_revplus import compilation_cache
 from trax_revplus import device_memory
 from trax_revplus import interrupt
+from trax_revplus import notices
 from trax_revplus import placement as placement_lib
+from trax_revplus.byte_sizes import format_bytes
 from trax_revplus.trainer._accounting import on_types
 from trax_revplus.trainer._plan import options as options_lib
 from trax_revplus.trainer._plan import plan as plan_lib
@@ -48,14 +51,22 @@ from trax_revplus.typing import Batch
 DeviceMemoryBudgetError = budget_lib.DeviceMemoryBudgetError
 
 
+def _sizes(need: int, limit: int) -> tuple[str, str]:
+  """`need` and `limit` as a line compares them: in a binary unit, or in
+  bytes where the unit's rounding would show them equal."""
+  words = format_bytes(need, unit=None), format_bytes(limit, unit=None)
+  return words if words[0] != words[1] else (f'{need} bytes', f'{limit} bytes')
+
+
 class Planner(weighers.StepWeigher):
   """Plans the trainer's steps, once per batch shapes.
 
   Attributes (besides `weighers.StepWeigher`'s):
     least: (`plan.StepPlan`, `device_memory.StepMemory`) of the leanest
       plan, set when no plan fits the budget; else None.
-    plan_store: `plan_store.PlanStore` where plans chosen under a budget
-      are kept and read back (the run's output directory), or None.
+    plan_store: `plan_store.PlanStore` of the run's output directory,
+      where the plans chosen under a budget are kept (`keep_plans_in`),
+      or None.
   """
 
   def __init__(
@@ -99,8 +110,10 @@ class Planner(weighers.StepWeigher):
     self.plan_store: plan_store_lib.PlanStore | None = None
 
   def keep_plans_in(self, directory: str | None) -> None:
-    """Keeps plans chosen under a budget in `directory` (None: not kept),
-    so that a resumed run does not plan again."""
+    """Keeps the plans chosen under a budget in `directory` (the run's
+    output directory; None: not kept there): the record of the plans the
+    run used, and, where the compilation cache is off, the store a resumed
+    run reads back (`plan_stores`)."""
     self.plan_store = (
       None if directory is None else plan_store_lib.PlanStore(directory)
     )
@@ -211,54 +224,46 @@ class Planner(weighers.StepWeigher):
   def _plan_under_budget(
     self, key: Hashable, types: on_types.StepTypes, budget_bytes: int
   ) -> units_lib.PlannedStep:
-    """The fastest plan that fits: the one kept for this step where the
-    run's plan store has it and it still fits, else the shapes' search's
-    (`plan_search.PlanSearch.fastest_fitting`, then kept). Where nothing
-    fits, `least` is the search's least.
+    """The fastest plan that fits: the one stored for this step where the
+    store read (`plan_stores`) has one that applies and it still fits,
+    else the shapes' search's (`plan_search.PlanSearch.fastest_fitting`,
+    then kept). Where nothing fits, `least` is the search's least.
 
     Raises:
       DeviceMemoryBudgetError: no plan fits, or (with a budget set by the
         user) the step cannot be accounted here.
     """
-    stores = self._plan_stores()
-    store_key = where = None
-    if stores:
-      settings = dataclasses.asdict(self._options)
-      for name in (
-        'output_dir',
-        'device_memory_budget_bytes',
-        'host_memory_budget_bytes',
-      ):
-        settings.pop(name)
-      store_key = plan_store_lib.plan_key(key, settings, self._store.layers)
+    read, kept_in = self.plan_stores()
+    store_key = config = where = None
+    if kept_in:
+      config = plan_store_lib.describe_config(
+        key,
+        dataclasses.asdict(self._options),
+        self._store.layers,
+        types.host_batch,
+      )
       where = plan_store_lib.environment(
         self._placement.platform,
         self._placement.devices[0].device_kind,
         self._placement.n_devices,
       )
-    for store in stores:
-      assert store_key is not None and where is not None
-      plan = store.load(store_key, budget_bytes, where)
-      if plan is not None and self.candidates(types).may_run(plan):
-        try:
-          fits = self.weighing_of(types).fits(self.weigh(plan, types))
-        except (
-          device_memory.UnsupportedTrainerError,
-          device_memory.AccountingError,
-          device_memory.ProgramCompileError,
-        ):
-          fits = False
-        if fits:
-          planned = self._chosen(plan, types, budget_bytes, store.path)
-          for other in stores:
-            if other is not store:
-              assert planned.memory is not None
-              other.save(
+      store_key = plan_store_lib.plan_key(config, where)
+    if read is not None:
+      assert store_key is not None and config is not None and where is not None
+      stored = read.lookup(store_key, config, where, budget_bytes)
+      if stored is not None:
+        planned = self._stored(stored, read.path, types, budget_bytes)
+        if planned is not None:
+          for store in kept_in:
+            if store is not read:  # the run's record of its plans
+              store.save(
                 store_key,
                 planned.plan,
-                planned.memory.peak_device_bytes,
-                store.faster_bytes(store_key),
+                stored.peak_device_bytes,
+                stored.faster_plans_need_bytes,
                 where,
+                config,
+                read_back=False,
               )
           return planned
     search = self._search(key, types)
@@ -300,7 +305,7 @@ class Planner(weighers.StepWeigher):
       )
     planned = self._chosen(plan, types, budget_bytes)
     assert planned.memory is not None  # `_chosen` weighs its plan
-    for store in stores:
+    for store in kept_in:
       assert store_key is not None and where is not None
       store.save(
         store_key,
@@ -308,18 +313,75 @@ class Planner(weighers.StepWeigher):
         planned.memory.peak_device_bytes,
         search.faster_plans_need_bytes,
         where,
+        config,
+        read_back=store is read,
       )
     return planned
 
-  def _plan_stores(self) -> list[plan_store_lib.PlanStore]:
-    """Where chosen plans are kept and read back: the run's output
-    directory's (`keep_plans_in`), then the compilation cache's where it
-    is on (every config's, shared by the runs of this user)."""
-    stores = [] if self.plan_store is None else [self.plan_store]
+  def plan_stores(
+    self,
+  ) -> tuple[plan_store_lib.PlanStore | None, list[plan_store_lib.PlanStore]]:
+    """(the store a plan is read back from, or None; the stores a chosen
+    plan is kept in).
+
+    One store is read, so that what a run says of stored plans is what it
+    did: the compilation cache's where the cache is on (every config's,
+    shared by `train`, `estimate` and every output directory of the user),
+    else the run's output directory's (`keep_plans_in`). A chosen plan is
+    kept in both: the output directory's is the record of the run's plans
+    (`compare` reads it).
+    """
     cache_dir = compilation_cache.enabled_directory()
-    if cache_dir is not None:
-      stores.append(plan_store_lib.PlanStore(cache_dir, one_config=False))
-    return stores
+    shared = None if cache_dir is None else plan_store_lib.PlanStore(cache_dir)
+    run = self.plan_store
+    if shared is not None and run is not None:
+      if os.path.realpath(shared.path) == os.path.realpath(run.path):
+        run = None  # one file: kept once
+    kept_in = [store for store in (shared, run) if store is not None]
+    return (kept_in[0] if kept_in else None), kept_in
+
+  def _stored(
+    self,
+    stored: plan_store_lib.Stored,
+    path: str,
+    types: on_types.StepTypes,
+    budget_bytes: int,
+  ) -> units_lib.PlannedStep | None:
+    """The `PlannedStep` of a stored plan (read back from `path`) where
+    this trainer may run it and it fits this run's budgets; else None, one
+    line saying why, and the run plans afresh."""
+    plan = stored.plan
+    why = None
+    if not self.candidates(types).may_run(plan):
+      why = "this trainer's settings or layers rule it out"
+    else:
+      try:
+        step = self.weigh(plan, types)
+      except device_memory.ProgramOutOfMemoryError:
+        why = 'the compiler refused one of its programs for memory'
+      except (
+        device_memory.UnsupportedTrainerError,
+        device_memory.AccountingError,
+        device_memory.ProgramCompileError,
+      ) as e:
+        why = f'it could not be accounted here: {e}'
+      else:
+        host_budget = self.host_budget_bytes
+        if step.peak_device_bytes > budget_bytes:
+          need, limit = _sizes(step.peak_device_bytes, budget_bytes)
+          why = f'it needs {need} per device, over the budget of {limit}'
+        elif host_budget is not None and step.peak_host_bytes > host_budget:
+          need, limit = _sizes(step.peak_host_bytes, host_budget)
+          why = (
+            f'it needs {need} of host memory, over the host budget of {limit}'
+          )
+    if why is not None:
+      notices.progress(
+        f'planning: the plan stored in {path} for this config does not fit '
+        f'this run ({why}); planning afresh'
+      )
+      return None
+    return self._chosen(plan, types, budget_bytes, path)
 
   def _chosen(
     self,
