@@ -8,6 +8,10 @@ the same 6 steps uninterrupted on one device. A checkpoint written on 2
 devices once held a layer's scalar state as a numpy scalar (device 0's
 copy indexed out of its per-device array), which the planner cannot type
 ahead: the resume on one device stopped with `DeviceMemoryBudgetError`.
+
+The same across process counts (1 -> 2 real processes on loopback -> 1,
+through `trax-revplus train` and `launch`): check 7 of
+tools/multiprocess_training_smoke.py, which CI runs.
 """
 
 import os
