@@ -178,7 +178,9 @@ def test_each_range_of_budgets_keeps_its_plan(tmp_path, accounted):
   assert accounted == [first.planned(_BATCH).plan]
 
 
-@pytest.mark.parametrize('damage', ['garbage', 'digest', 'format'])
+@pytest.mark.parametrize(
+  'damage', ['garbage', 'digest', 'format', 'no plans', 'not an entry']
+)
 def test_a_damaged_file_is_one_warning_and_a_fresh_plan(
   tmp_path, accounted, damage
 ):
@@ -196,13 +198,23 @@ def test_a_damaged_file_is_one_warning_and_a_fresh_plan(
       f'the plan stored in {path} for this config is damaged (its digest '
       f'does not match its content); planning afresh'
     )
-  else:
+  elif damage == 'format':
     data['format'] = 'something else'
     path.write_text(json.dumps(data))
     why = (
       f'stored plans {path} ignored (not a plans file of this version: '
       f"'something else', this version reads '{plan_store.FORMAT}'); "
       f'planning afresh (a plan chosen now replaces the file)'
+    )
+  else:
+    # This version's format, its plans damaged: a list, or an entry that
+    # is not one.
+    data['plans'] = [] if damage == 'no plans' else {'x': 1}
+    path.write_text(json.dumps(data))
+    why = (
+      f'stored plans {path} ignored (damaged: its plans are not a mapping '
+      f'of plan entries); planning afresh (a plan chosen now replaces the '
+      f'file)'
     )
   _, second = _trainer(tmp_path, budget)
   said, planned = _step_lines(second)
@@ -352,6 +364,20 @@ def test_a_directory_in_place_of_the_store_is_one_line(tmp_path, accounted):
   assert '(the plan kept in' not in planned
   assert path.is_dir() and not os.listdir(path)
   assert [p for p in os.listdir(tmp_path) if p.startswith('.')] == []
+
+
+def test_a_fifo_in_place_of_the_store_is_one_line(tmp_path, accounted):
+  # Read, a FIFO would block the run for good.
+  budget = _budget()
+  path = tmp_path / plan_store.FILENAME
+  os.mkfifo(path)
+  _, trainer = _trainer(tmp_path, budget)
+  said, planned = _step_lines(trainer)
+  assert said == [
+    f'stored plans {path} could not be read (it is not a regular file): '
+    f'no plan is read from it or kept in it; planning afresh'
+  ]
+  assert '(the plan kept in' not in planned
 
 
 def _with_cache(cache_dir):

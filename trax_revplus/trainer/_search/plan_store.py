@@ -418,6 +418,11 @@ class PlanStore:
     """The stored entries by key: {} where there is no file yet; None where
     it cannot be used (one warning line, unless `quiet`)."""
     try:
+      if os.path.exists(self.path) and not (
+        os.path.isfile(self.path) or os.path.isdir(self.path)
+      ):
+        # A FIFO or a device would block the read, or never end it.
+        raise OSError('it is not a regular file')
       with open(self.path, 'rb') as f:
         text = f.read()
     except FileNotFoundError:
@@ -438,11 +443,7 @@ class PlanStore:
       if not quiet:
         self._ignored(f'not JSON: {e}')
       return None
-    if (
-      not isinstance(data, dict)
-      or data.get('format') != FORMAT
-      or (not isinstance(data.get('plans'), dict))
-    ):
+    if not isinstance(data, dict) or data.get('format') != FORMAT:
       if not quiet:
         found = data.get('format') if isinstance(data, dict) else None
         self._ignored(
@@ -450,7 +451,14 @@ class PlanStore:
           + (f': {found!r}, this version reads {FORMAT!r}' if found else '')
         )
       return None
-    return data['plans']
+    plans = data.get('plans')
+    if not isinstance(plans, dict) or not all(
+      isinstance(entry, dict) for entry in plans.values()
+    ):
+      if not quiet:
+        self._ignored('damaged: its plans are not a mapping of plan entries')
+      return None
+    return plans
 
   def _ignored(self, why: str) -> None:
     self._tell(
