@@ -397,6 +397,8 @@ def measure(
     attention = attention_heads.layer_heads([layer])
     if attention:
       # All of a call's pairs at once: no loop for XLA to count once.
+      # Lowered even where the program ran them so: one count (the
+      # unoptimized program's) at any number of pairs at once.
       every_pair = _forward_and_gradient(
         layer, is_loss, attention_heads.all_pairs(attention, rows_per_call)
       )
