@@ -30,8 +30,13 @@ table of docs/performance.md, and writes each part's figures to
                steps) with trax_revplus and with stock's trainer as the
                baseline, and enwik8 with no settings (6 steps), each with
                `train --step_floor --profile`: the median step, its floor
-               (`trax_revplus.step_floor`), their ratio, the TFLOP/s, and
-               the transfer wait in the profile (tools/profile_summary.py).
+               (`trax_revplus.step_floor`) as configured, at the plan's
+               attention pairs at once and at each attention kind's
+               fastest setting timed, the step's ratio to each, the
+               TFLOP/s, the transfer wait in the profile
+               (tools/profile_summary.py), and each layer kind's share of
+               the floor with its TFLOP/s (an attention kind's also at
+               its fastest setting).
 
 Each part's commands and their output stay in `<out_dir>/<part>/`; a part
 can be run alone (`--parts=enwik8`), and `--render` rebuilds the table from
@@ -453,6 +458,11 @@ ARITHMETIC_RUNS = (
 )
 
 
+def _over(median, floor_seconds):
+  """The median step over a floor, None where either is missing."""
+  return median / floor_seconds if median and floor_seconds else None
+
+
 def arithmetic(folder, timeout):
   # pylint: disable=g-import-not-at-top
   from tools import profile_summary
@@ -485,15 +495,18 @@ def arithmetic(folder, timeout):
     except (OSError, ValueError, KeyError) as e:
       traced = {'error': str(e)}
     median = stats.get('median_step_seconds')
-    floor_seconds = floor_figures.get('step_floor_seconds')
     out[name] = {
       'train': result,
       'median_step_seconds': median,
       'step_floor': {k: v for k, v in floor_figures.items() if k != 'kinds'},
       'kinds': floor_figures.get('kinds'),
-      'over_floor': median / floor_seconds
-      if median and floor_seconds
-      else None,
+      'over_floor': _over(median, floor_figures.get('step_floor_seconds')),
+      'over_configured_floor': _over(
+        median, floor_figures.get('configured_step_floor_seconds')
+      ),
+      'over_best_floor': _over(
+        median, floor_figures.get('best_step_floor_seconds')
+      ),
       'tflops_per_second': floor_figures['flops_per_step'] / median / 1e12
       if median and floor_figures
       else None,
@@ -525,13 +538,53 @@ def _gib(nbytes):
 
 def _shares(shares):
   """Each layer kind's share of the floor and its rate, largest first
-  (run_stats.json's `step_floor.shares`), as one cell."""
+  (run_stats.json's `step_floor.shares`), an attention kind's also at its
+  fastest setting timed, as one cell."""
   if not shares:
     return '-'
   return '; '.join(
     f'{s["name"]} x {s["count"]}: {s["share_of_floor"]:.0%}, '
     f'{s["tflops_per_second"]:.3g}'
+    + (
+      f' (best {_fixed(s.get("best_tflops_per_second"))} at '
+      f'{_heads(s.get("best_parallel_heads"))})'
+      if s.get('attention')
+      else ''
+    )
     for s in shares
+  )
+
+
+def _heads(n):
+  """Attention pairs at once in a cell: 'as configured' for None."""
+  return 'as configured' if n is None else str(n)
+
+
+def _arithmetic_row(name, run):
+  """One model's row of the arithmetic table. A run measured before the
+  floor timed attention settings has '-' as configured and at the best."""
+  floor = run.get('step_floor') or {}
+  median = run.get('median_step_seconds')
+  wait = (run.get('profile') or {}).get('transfer_wait_fraction')
+  floors = [
+    floor.get(key)
+    for key in (
+      'configured_step_floor_seconds',
+      'step_floor_seconds',
+      'best_step_floor_seconds',
+    )
+  ]
+  over = [_over(median, seconds) for seconds in floors]
+  if over[1] is None:
+    over[1] = run.get('over_floor')
+  return (
+    f'| {name} | {_fixed(median, " s")} | {_fixed(floors[0], " s")} | '
+    f'{_fixed(floors[1], " s")} ({_heads(floor.get("parallel_heads"))}) | '
+    f'{_fixed(floors[2], " s")} | '
+    + ' / '.join(_fixed(r) for r in over)
+    + f' | {_fixed(run.get("tflops_per_second"))} | '
+    + ('-' if wait is None else f'{wait:.1%}')
+    + f' | {_shares(floor.get("shares"))} |'
   )
 
 
@@ -546,24 +599,15 @@ def render(out_dir):
   lines = []
   if 'arithmetic' in parts:
     lines += [
-      '| model, trainer | median step | floor (attention pairs at once) '
-      '| step / floor | TFLOP/s | transfer wait | layer kinds: share of the '
-      'floor, TFLOP/s |',
-      '|---|---|---|---|---|---|---|',
+      '| model, trainer | median step | floor as configured | floor at the '
+      "plan's setting (attention pairs at once) | floor at the best setting "
+      "| step / floor: configured / plan's / best | TFLOP/s | transfer wait "
+      '| layer kinds: share of the floor, TFLOP/s (attention: best, at pairs '
+      'at once) |',
+      '|---|---|---|---|---|---|---|---|---|',
     ]
     for name, run in parts['arithmetic'].items():
-      floor = run.get('step_floor') or {}
-      wait = (run.get('profile') or {}).get('transfer_wait_fraction')
-      heads = floor.get('parallel_heads')
-      lines.append(
-        f'| {name} | {_fixed(run.get("median_step_seconds"), " s")} | '
-        f'{_fixed(floor.get("step_floor_seconds"), " s")} '
-        f'({"as configured" if heads is None else heads}) | '
-        f'{_fixed(run.get("over_floor"))} | '
-        f'{_fixed(run.get("tflops_per_second"))} | '
-        + ('-' if wait is None else f'{wait:.1%}')
-        + f' | {_shares(floor.get("shares"))} |'
-      )
+      lines.append(_arithmetic_row(name, run))
     lines.append('')
   lines += ['| measurement | figure |', '|---|---|']
   for part in ('enwik8', 'enwik8_more'):

@@ -13,6 +13,10 @@ compiles the layer's forward and gradient alone (`trax_revplus.step_floor`,
 as the floor does) and times it on this process's first device: seconds
 per call and per row, TFLOP/s, and XLA's temporary bytes. A program the
 backend refuses to compile (on a TPU, for memory) is named as refused.
+`train --step_floor` times a few of these settings per attention kind in
+a run (`step_floor.parallel_heads_settings`: the plan's, the config's, all
+pairs at once and its halvings), with fewer calls; this tool times every
+number at every row count, with the floor's calls.
 
 It opens JAX's backend: on a TPU, run it alone on the chip.
 
@@ -112,6 +116,8 @@ def measure(config_files, bindings, rows_list, max_seconds, only_heads=None):
             rows,
             parallel_heads=n,
             only=lambda l, target=layer: l is target,
+            # This tool times each setting itself, with the floor's calls.
+            settings=False,
           )
         except Exception as e:  # pylint: disable=broad-except
           # Refused by the backend (RESOURCE_EXHAUSTED), or out of memory.

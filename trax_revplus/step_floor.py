@@ -27,7 +27,19 @@ whatever its trip count, so a layer whose attention computes its
 call's pairs at once, which has no loop (`_flops_of`; lowered, not
 compiled: its temporaries need not fit). The floor's layers run at the
 pairs at once the step's plan sets (`parallel_heads`).
-`trax-revplus train --step_floor` reports both in its summary and in
+
+So that the plan's setting does not hide an idle chip, each attention kind
+(a layer whose pairs at once `attention_heads` can change) is also timed at
+a few other settings (`parallel_heads_settings`: the config's, all of a
+call's pairs at once, halvings of that down to the config's; at most
+`MAX_SETTINGS` with the plan's), with fewer calls (`SETTING_WARMUP_CALLS`,
+`SETTING_TIMED_CALLS`); a setting the backend refuses for memory
+(RESOURCE_EXHAUSTED, at compile or run time) is skipped. Only the loop's
+grouping of pairs changes, never a layer's results. The floor has three
+figures: at the plan's setting (`StepFloor.seconds`), as configured
+(`configured_seconds`) and with each attention kind at its fastest setting
+timed (`best_seconds`).
+`trax-revplus train --step_floor` reports them in its summary and in
 run_stats.json, with each kind's share of the floor and its rate.
 """
 
@@ -36,6 +48,7 @@ import statistics
 import time
 from typing import Any, Callable, Sequence
 
+from absl import logging
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -44,6 +57,7 @@ from trax import shapes as trax_shapes
 from trax.layers import combinators as cb
 from trax.optimizers import trainer as stock_trainer
 
+from trax_revplus.device_memory import out_of_memory
 from trax_revplus.trainer._step import attention_heads
 from trax_revplus.trax_door import loop as loop_door
 from trax_revplus.typing import PyTree
@@ -52,6 +66,13 @@ from trax_revplus.typing import PyTree
 # program's one-time set-up) and timed calls, whose median counts.
 WARMUP_CALLS = 2
 TIMED_CALLS = 5
+# The same for an attention kind's other settings of pairs at once (fewer:
+# on a TPU one call of a long sequence's attention takes seconds).
+SETTING_WARMUP_CALLS = 1
+SETTING_TIMED_CALLS = 3
+# Settings of pairs at once timed per attention kind, the plan's and the
+# config's among them.
+MAX_SETTINGS = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +90,21 @@ class LayerKind:
     seconds: float or None, the median seconds of one such call on the
       device; None where not timed.
     temp_bytes: int, XLA's temporary device bytes of one such call.
+    configured_seconds: float or None, the median seconds of one call with
+      its attention pairs at once as the model configures them (`seconds`
+      for a kind without attention); None where not timed or refused.
+    best_seconds: float or None, the least seconds of one call over the
+      settings timed (`parallel_heads_seconds`; `seconds` for a kind
+      without attention); None where not timed.
+    best_parallel_heads: int or None, the pairs at once of `best_seconds`
+      (None: not an attention kind, or as configured where its attention
+      layers are configured unlike).
+    configured_parallel_heads: int or None, the pairs at once its attention
+      layers compute as configured, in a call of `rows_per_call` rows
+      (None: not an attention kind, or configured unlike).
+    parallel_heads_seconds: tuple of (pairs at once or None: as configured,
+      seconds or None: refused for memory), each setting timed of an
+      attention kind, the plan's first; () for other kinds.
   """
 
   name: str
@@ -76,6 +112,17 @@ class LayerKind:
   flops: float
   seconds: float | None
   temp_bytes: int = 0
+  configured_seconds: float | None = None
+  best_seconds: float | None = None
+  best_parallel_heads: int | None = None
+  configured_parallel_heads: int | None = None
+  parallel_heads_seconds: tuple[tuple[int | None, float | None], ...] = ()
+
+  @property
+  def is_attention(self) -> bool:
+    """Whether the plan's pairs at once can change this kind (it was timed
+    at settings of them)."""
+    return bool(self.parallel_heads_seconds)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +141,9 @@ class StepFloor:
     parallel_heads: int or None, the (example, head) pairs at once its
       attention layers ran (the plan's `parallel_heads`); None: as the
       model configures them.
+    plan_is_configured: bool, whether `parallel_heads` computes every
+      attention layer's pairs as the config does (then the whole program,
+      run at the plan's setting, is a floor as configured too).
   """
 
   kinds: tuple[LayerKind, ...]
@@ -102,6 +152,7 @@ class StepFloor:
   whole_seconds: float | None = None
   whole_note: str | None = None
   parallel_heads: int | None = None
+  plan_is_configured: bool = True
 
   @property
   def flops_per_step(self) -> float:
@@ -109,14 +160,16 @@ class StepFloor:
     device."""
     return sum(k.flops * k.count for k in self.kinds) * self.calls_per_step
 
-  @property
-  def layer_seconds(self) -> float | None:
-    """Every kind's call time, times its layers and the calls per step;
-    None where a kind was not timed. A kind without arithmetic (XLA counts
-    no operation: a swap, a shape check) adds nothing: its time is a
-    call's launch alone, which a step that fuses it into a neighbour's
+  def _layer_sum(self, setting: str) -> float | None:
+    """Every kind's call time at `setting` (a `LayerKind` field: 'seconds',
+    'configured_seconds', 'best_seconds'), times its layers and the calls
+    per step; None where a kind has none. A kind without arithmetic (XLA
+    counts no operation: a swap, a shape check) adds nothing: its time is
+    a call's launch alone, which a step that fuses it into a neighbour's
     program does not pay."""
-    timed = [(k.seconds if k.flops > 0 else 0.0, k.count) for k in self.kinds]
+    timed = [
+      (getattr(k, setting) if k.flops > 0 else 0.0, k.count) for k in self.kinds
+    ]
     if any(seconds is None for seconds, _ in timed):
       return None
     return (
@@ -125,11 +178,44 @@ class StepFloor:
     )
 
   @property
+  def layer_seconds(self) -> float | None:
+    """Every kind's call time at the plan's setting, times its layers and
+    the calls per step (`_layer_sum`); None where a kind was not timed."""
+    return self._layer_sum('seconds')
+
+  @property
+  def configured_layer_seconds(self) -> float | None:
+    """`layer_seconds` with every kind as the model configures it; None
+    where a kind was not timed so (not timed, or refused for memory)."""
+    return self._layer_sum('configured_seconds')
+
+  @property
+  def best_layer_seconds(self) -> float | None:
+    """`layer_seconds` with each kind at its fastest setting timed."""
+    return self._layer_sum('best_seconds')
+
+  @property
   def seconds(self) -> float | None:
-    """The floor in seconds: the least of the layer by layer sum and the
-    whole program's time (None where neither was timed)."""
-    found = [t for t in (self.layer_seconds, self.whole_seconds) if t]
-    return min(found) if found else None
+    """The floor in seconds at the plan's setting: the least of the layer
+    by layer sum and the whole program's time (None where neither was
+    timed)."""
+    return _least(self.layer_seconds, self.whole_seconds)
+
+  @property
+  def configured_seconds(self) -> float | None:
+    """The floor in seconds with the attention pairs at once as the model
+    configures them: the layer by layer sum so, or the whole program's
+    time where the plan's setting is the config's (None where neither was
+    timed)."""
+    whole = self.whole_seconds if self.plan_is_configured else None
+    return _least(self.configured_layer_seconds, whole)
+
+  @property
+  def best_seconds(self) -> float | None:
+    """The floor in seconds with each attention kind at its fastest
+    setting timed: at most `seconds` and `configured_seconds`, which are
+    among the settings timed."""
+    return _least(self.best_layer_seconds, self.whole_seconds)
 
   def shares(self) -> list[tuple[LayerKind, float, float | None]]:
     """(kind, its share of the layer by layer floor, its TFLOP/s) of each
@@ -152,6 +238,28 @@ class StepFloor:
       return None
     return self.flops_per_step / step_seconds / 1e12
 
+  def _share(
+    self, kind: LayerKind, share: float, rate: float | None
+  ) -> dict[str, Any]:
+    """One entry of run_stats.json's `shares`."""
+    per_step = kind.count * self.calls_per_step
+    entry = {
+      'name': kind.name,
+      'count': kind.count,
+      'share_of_floor': share,
+      'tflops_per_second': rate,
+      'seconds_per_step': (kind.seconds or 0.0) * per_step,
+      'attention': kind.is_attention,
+    }
+    if kind.is_attention:
+      entry.update(
+        configured_tflops_per_second=_rate(kind.flops, kind.configured_seconds),
+        best_tflops_per_second=_rate(kind.flops, kind.best_seconds),
+        best_parallel_heads=kind.best_parallel_heads,
+        configured_parallel_heads=kind.configured_parallel_heads,
+      )
+    return entry
+
   def as_json(self) -> dict[str, Any]:
     """The floor as run_stats.json keeps it."""
     return {
@@ -159,21 +267,34 @@ class StepFloor:
       'calls_per_step': self.calls_per_step,
       'flops_per_step': self.flops_per_step,
       'step_floor_seconds': self.seconds,
+      'configured_step_floor_seconds': self.configured_seconds,
+      'best_step_floor_seconds': self.best_seconds,
       'layer_floor_seconds': self.layer_seconds,
+      'configured_layer_floor_seconds': self.configured_layer_seconds,
+      'best_layer_floor_seconds': self.best_layer_seconds,
       'whole_program_seconds': self.whole_seconds,
       'whole_program_note': self.whole_note,
-      'kinds': [dataclasses.asdict(k) for k in self.kinds],
+      'kinds': [
+        {**dataclasses.asdict(k), 'attention': k.is_attention}
+        for k in self.kinds
+      ],
       'shares': [
-        {
-          'name': kind.name,
-          'count': kind.count,
-          'share_of_floor': share,
-          'tflops_per_second': rate,
-        }
-        for kind, share, rate in self.shares()
+        self._share(kind, share, rate) for kind, share, rate in self.shares()
       ],
       'parallel_heads': self.parallel_heads,
+      'plan_is_configured': self.plan_is_configured,
     }
+
+
+def _least(*seconds: float | None) -> float | None:
+  """The least of the figures measured (not None, not 0), or None."""
+  found = [t for t in seconds if t]
+  return min(found) if found else None
+
+
+def _rate(flops: float, seconds: float | None) -> float | None:
+  """TFLOP/s of `flops` in `seconds`, None where not timed."""
+  return flops / seconds / 1e12 if seconds else None
 
 
 def _abstract(tree: PyTree) -> PyTree:
@@ -263,12 +384,17 @@ def _example(signature: PyTree, key: Any, device: Any) -> PyTree:
   return jax.device_put(jax.tree_util.tree_unflatten(tree, arrays), device)
 
 
-def _median_seconds(fn: Any, args: Sequence[Any]) -> float:
+def _median_seconds(
+  fn: Any,
+  args: Sequence[Any],
+  warmup: int = WARMUP_CALLS,
+  timed: int = TIMED_CALLS,
+) -> float:
   times = []
-  for i in range(WARMUP_CALLS + TIMED_CALLS):
+  for i in range(warmup + timed):
     t0 = time.perf_counter()
     jax.block_until_ready(fn(*args))
-    if i >= WARMUP_CALLS:
+    if i >= warmup:
       times.append(time.perf_counter() - t0)
   return statistics.median(times)
 
@@ -282,10 +408,161 @@ def _flops(compiled: Any) -> float:
   """XLA's count of floating-point operations of a compiled or lowered
   program (`jax.stages.Compiled` or `Lowered`)."""
   analysis = compiled.cost_analysis()
+  if analysis is None:
+    raise ValueError(
+      f'the {jax.default_backend()} backend gives no cost analysis of a '
+      'program: its floating-point operations cannot be counted'
+    )
   if isinstance(analysis, (list, tuple)):  # One entry per program.
     analysis = analysis[0] if analysis else {}
   # The TPU's analysis gives a program of data movement alone -2.
   return max(0.0, float((analysis or {}).get('flops', 0.0)))
+
+
+def _program(
+  layer: tl.Layer,
+  is_loss: bool,
+  parallel_heads: int | None,
+  signature: Sequence[Any],
+) -> Any:
+  """`layer`'s forward and gradient (`_forward_and_gradient`) at
+  `parallel_heads` pairs at once, compiled for `signature` (inputs,
+  weights, state, rng, cotangents); as XLA's compiler raises."""
+  fn = _forward_and_gradient(layer, is_loss, parallel_heads)
+  return fn.lower(*signature).compile()
+
+
+def _pairs_run(
+  heads: Sequence[tuple[int, int | None]], n: int | None, rows: int
+) -> tuple[int, ...]:
+  """The pairs each attention layer (`attention_heads.layer_heads`)
+  computes at once in a call of `rows` rows set to n (None: as each is
+  configured, its own None: all), as trax clamps them."""
+  found = []
+  for h, own in heads:
+    setting = own if n is None else n
+    found.append(rows * h if setting is None else min(setting, rows * h))
+  return tuple(found)
+
+
+def _label(
+  heads: Sequence[tuple[int, int | None]], n: int | None, rows: int
+) -> int | None:
+  """Setting n as a number of pairs at once: the pairs every attention
+  layer computes at once where they agree; n where they do not (None: as
+  configured)."""
+  run = set(_pairs_run(heads, n, rows))
+  return run.pop() if len(run) == 1 else n
+
+
+def parallel_heads_settings(
+  heads: Sequence[tuple[int, int | None]],
+  rows: int,
+  planned: int | None = None,
+  limit: int = MAX_SETTINGS,
+) -> list[int | None]:
+  """The settings of pairs at once a floor times for an attention kind.
+
+  In order, each that runs its pairs otherwise than those before it: the
+  plan's (`planned`; first, always), the config's (None), all of a call's
+  pairs at once (`attention_heads.all_pairs`), then halvings of that, down
+  to the config's least; each a number trax accepts
+  (`attention_heads.runs_at`); at most `limit`.
+
+  Args:
+    heads: (heads, configured `n_parallel_heads` or None) of the kind's
+      attention layers (`attention_heads.layer_heads`).
+    rows: int, rows of one call.
+    planned: int or None, the plan's `parallel_heads` (None: as
+      configured).
+    limit: int, the most settings.
+
+  Returns:
+    list of int or None (None: as configured); [] without attention.
+  """
+  if not heads:
+    return []
+  every = attention_heads.all_pairs(heads, rows)
+  candidates: list[int | None] = [None, every]
+  least = min(_pairs_run(heads, None, rows))
+  half = every // 2
+  while half > least:
+    candidates.append(half)
+    half //= 2
+  found = [planned]
+  seen = {_pairs_run(heads, planned, rows)}
+  for n in candidates:
+    if len(found) >= limit:
+      break
+    if n is not None and not attention_heads.runs_at(heads, n, rows):
+      continue
+    run = _pairs_run(heads, n, rows)
+    if run not in seen:
+      seen.add(run)
+      found.append(n)
+  return found
+
+
+def _setting_seconds(
+  layer: tl.Layer,
+  is_loss: bool,
+  n: int | None,
+  signature: Sequence[Any],
+  args: Sequence[Any],
+) -> float | None:
+  """The median seconds of `layer`'s forward and gradient at n pairs at
+  once (fewer calls than the plan's setting), or None where the backend
+  refuses its program for memory, compiling or running it."""
+  try:
+    compiled = _program(layer, is_loss, n, signature)
+    return _median_seconds(
+      compiled, args, SETTING_WARMUP_CALLS, SETTING_TIMED_CALLS
+    )
+  except RuntimeError as e:
+    if not out_of_memory.is_out_of_memory(e):
+      raise
+    logging.info(
+      'step floor: %s at %s pairs at once refused for memory: %s',
+      layer.name,
+      'the configured' if n is None else n,
+      out_of_memory.first_line(e),
+    )
+    return None
+
+
+def _settings_timed(
+  layer: tl.Layer,
+  is_loss: bool,
+  settings: Sequence[int | None],
+  plan_seconds: float,
+  rows: int,
+  signature: Sequence[Any],
+  args: Sequence[Any],
+) -> dict[str, Any]:
+  """An attention kind's `LayerKind` fields of its settings: `settings`
+  (`parallel_heads_settings`, the plan's first, timed already in
+  `plan_seconds`), the others timed here."""
+  heads = attention_heads.layer_heads([layer])
+  timed = [(settings[0], plan_seconds)] + [
+    (n, _setting_seconds(layer, is_loss, n, signature, args))
+    for n in settings[1:]
+  ]
+  configured = _pairs_run(heads, None, rows)
+  configured_seconds = next(
+    (t for n, t in timed if _pairs_run(heads, n, rows) == configured), None
+  )
+  best_n, best = min(
+    ((n, t) for n, t in timed if t is not None), key=lambda f: f[1]
+  )
+  return {
+    'configured_seconds': configured_seconds,
+    'best_seconds': best,
+    'best_parallel_heads': _label(heads, best_n, rows),
+    'configured_parallel_heads': _label(heads, None, rows),
+    'parallel_heads_seconds': tuple(
+      (_label(heads, n, rows), t) for n, t in timed
+    ),
+  }
 
 
 def layer_inputs(
@@ -328,12 +605,15 @@ def measure(
   timed: bool = True,
   parallel_heads: int | None = None,
   only: Callable[[tl.Layer], bool] | None = None,
+  settings: bool = True,
 ) -> StepFloor:
   """The floor of a step of `model` and `loss_layer` on `batch`'s shapes.
 
   Compiles each distinct layer's forward and gradient at `rows_per_call`
   rows and, if `timed`, times it on `device`, one kind after another (one
-  kind's arrays on the device at a time).
+  kind's arrays on the device at a time); with `settings`, each attention
+  kind at its other settings of pairs at once too
+  (`parallel_heads_settings`).
 
   Args:
     model: the trax model, initialized (e.g. a Loop's training model).
@@ -350,14 +630,20 @@ def measure(
       model configures them.
     only: a predicate on layers, or None: only the layers it accepts are
       compiled and timed (e.g. `attention_heads.attention_layers`' holders).
+    settings: bool, also time each attention kind (when `timed`) as
+      configured, all pairs at once and halvings of that, at most
+      `MAX_SETTINGS` settings with the plan's, with fewer calls; a setting
+      the backend refuses for memory is skipped. False: the plan's only
+      (`configured_seconds` and `best_seconds` of an attention kind None).
 
   Returns:
     `StepFloor`.
 
   Raises:
     ValueError: rows_per_call does not divide B.
-    As XLA's compiler: a program the backend refuses (on a TPU, for
-      memory: `jax.errors.JaxRuntimeError` RESOURCE_EXHAUSTED).
+    As XLA's compiler: a program at the plan's setting the backend
+      refuses (on a TPU, for memory: `jax.errors.JaxRuntimeError`
+      RESOURCE_EXHAUSTED).
   """
   leaves = jax.tree_util.tree_leaves(batch)
   batch_rows = int(np.shape(leaves[0])[0])
@@ -385,16 +671,18 @@ def measure(
     pending[key][1] += 1
   rng = jax.random.PRNGKey(0)
   kinds = []
+  every_heads: list[tuple[int, int | None]] = []
   for key in order:
     name, count, layer, inputs, is_loss = pending[key]
     ct = [] if is_loss else _cotangents(layer, inputs)
-    fn = _forward_and_gradient(layer, is_loss, parallel_heads)
     weights = _abstract(layer.weights)
     state = _abstract(layer.state)
     rng_sig = jax.ShapeDtypeStruct(rng.shape, rng.dtype)
-    compiled = fn.lower(inputs, weights, state, rng_sig, ct).compile()
+    signature = (inputs, weights, state, rng_sig, ct)
+    compiled = _program(layer, is_loss, parallel_heads, signature)
     flops = _flops(compiled)
     attention = attention_heads.layer_heads([layer])
+    every_heads += attention
     if attention:
       # All of a call's pairs at once: no loop for XLA to count once.
       # Lowered even where the program ran them so: one count (the
@@ -402,8 +690,14 @@ def measure(
       every_pair = _forward_and_gradient(
         layer, is_loss, attention_heads.all_pairs(attention, rows_per_call)
       )
-      flops = _flops(every_pair.lower(inputs, weights, state, rng_sig, ct))
+      # Lowered for the CPU backend: a TPU (a PJRT plugin) analyses no
+      # program it has not compiled (`Lowered.cost_analysis` is None there),
+      # and this one need not fit it; the CPU counts the same program's
+      # operations before optimization.
+      with jax.default_device(jax.local_devices(backend='cpu')[0]):
+        flops = _flops(every_pair.lower(inputs, weights, state, rng_sig, ct))
     seconds = None
+    fields: dict[str, Any] = {}
     if timed:
       args = (
         _example(inputs, jax.random.PRNGKey(1), device),
@@ -413,13 +707,30 @@ def measure(
         _example(ct, jax.random.PRNGKey(2), device),
       )
       seconds = _median_seconds(compiled, args)
+      if not attention:
+        fields = {'configured_seconds': seconds, 'best_seconds': seconds}
+      elif settings:
+        fields = _settings_timed(
+          layer,
+          is_loss,
+          parallel_heads_settings(attention, rows_per_call, parallel_heads),
+          seconds,
+          rows_per_call,
+          signature,
+          args,
+        )
       del args
-    kinds.append(LayerKind(name, count, flops, seconds, _temp_bytes(compiled)))
+    kinds.append(
+      LayerKind(name, count, flops, seconds, _temp_bytes(compiled), **fields)
+    )
   return StepFloor(
     tuple(kinds),
     batch_rows // rows_per_call,
     rows_per_call,
     parallel_heads=parallel_heads,
+    # The whole program runs over one device's batch (`measure_whole`).
+    plan_is_configured=parallel_heads is None
+    or not attention_heads.changes(every_heads, parallel_heads, batch_rows),
   )
 
 
@@ -434,11 +745,12 @@ def measure_whole(
 
   The program is the gradient of `tl.Serial(model, loss_layer)` in its
   weights over the whole batch (trax's default `Trainer`'s arithmetic,
-  tools/step_floor.py's `grad`). It keeps every layer's residuals at once,
-  so it is tried only where they fit: where the device reports its size
-  (`memory_stats()['bytes_limit']`) and the layers' temporaries, each
-  kind's times its layers and calls, exceed it, the floor is returned with
-  a note instead.
+  tools/step_floor.py's `grad`), its attention at the floor's pairs at
+  once (`StepFloor.parallel_heads`, the plan's). It keeps every layer's
+  residuals at once, so it is tried only where they fit: where the device
+  reports its size (`memory_stats()['bytes_limit']`) and the layers'
+  temporaries, each kind's times its layers and calls, exceed it, the
+  floor is returned with a note instead.
 
   Args:
     floor: the layer by layer floor (`measure`) of the same step.
@@ -460,7 +772,7 @@ def measure_whole(
     )
   whole = tl.Serial(model, loss_layer)
   leaves = tuple(jax.tree_util.tree_leaves(batch))
-  fn = _forward_and_gradient(whole, is_loss=True)
+  fn = _forward_and_gradient(whole, True, floor.parallel_heads)
   rng = jax.random.PRNGKey(0)
   try:
     args: tuple[Any, ...] = (
@@ -509,7 +821,9 @@ def of_loop(loop: Any, batch: PyTree, timed: bool = True) -> StepFloor:
   """The floor of a step of a trax `Loop`'s first task on `batch`'s shapes,
   on this process's first device: layer by layer at the rows of one call of
   its trainer (`rows_per_call`) and the attention pairs at once of its plan
-  (`parallel_heads`), and as one program where it fits (`measure_whole`).
+  (`parallel_heads`), each attention kind also as configured and at a few
+  other settings (`measure`'s `settings`), and as one program where it fits
+  (`measure_whole`).
 
   Args:
     loop: a `trax.supervised.training.Loop` whose trainers are built.

@@ -59,6 +59,7 @@ def test_an_unfused_plan_is_its_settings_and_what_the_planner_adds():
     'sequence_chunks': 1,
     'micro_batches': 1,
     'parallel_heads': 1,
+    'params_on_device': False,
   }
   assert printed[-1] == (
     'revplus plan, left to the planner (no binding pins it): '
@@ -82,6 +83,7 @@ def test_a_fused_plan_leaves_its_segments_and_unset_heads_to_the_planner():
     'n_async_layers': 8,
     'sequence_chunks': 1,
     'micro_batches': 1,
+    'params_on_device': False,
   }
   assert printed[-1] == (
     'revplus plan, left to the planner (no binding pins it): '

@@ -448,5 +448,58 @@ def attention_heads_main(n):
   )
 
 
+# Weights and slots kept on the device (`params_on_device_main`), run by
+# tests/trainer/test_params_on_device.py.
+
+
+def params_on_device_main(n):
+  """Ours with weights and slots kept on N devices, fused and unfused
+  (micro-batches too), against trax's default Trainer on one device; what
+  the steps after the first copy; whether the updates stay where a call
+  takes them (no copy between devices either)."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  trax_revplus.deactivate()
+  reference, _ = _default_weights_and_losses()
+  result = {'n_devices': n}
+  for name, settings in (
+    ('unfused', {}),
+    ('fused', {'fused': True}),
+    ('micro', {'micro_batches': 2}),
+  ):
+    for on_device in (True, False):
+      first, revs, loss = reversible_lm_blocks()
+      model = tl.Serial([first] + revs + [loss])
+      model.init(_BATCH, rng=fastmath.random.get_prng(12))
+      trainer = rev_trainer.ReversibleSerialTrainer(
+        [(first.sublayers, revs)],
+        loss,
+        optimizers.Adam,
+        n_devices=n,
+        params_on_device=on_device,
+        device_memory_budget_bytes=None,
+        micro_batches=settings.get('micro_batches', 1),
+      )
+      if settings.get('fused'):
+        replan(trainer, _BATCH, fused_from=0)
+      transfers = trainer.placement.transfers
+      moved = []
+      for rng, lr in zip(_RNGS, _LRS):
+        h2d, d2h = transfers.h2d_bytes, transfers.d2h_bytes
+        trainer.one_step(_BATCH, rng, learning_rate=lr)
+        moved.append([transfers.h2d_bytes - h2d, transfers.d2h_bytes - d2h])
+      leaves = jax.tree_util.tree_leaves(model.weights)
+      placed = trainer.placement.place_params(leaves)
+      result[f'{name}_{"device" if on_device else "host"}'] = {
+        'plan_on_device': trainer.planned(_BATCH).plan.params_on_device,
+        'max_diff_vs_default_1dev': _max_diff(model.weights, reference),
+        'moved': moved,
+        'params_bytes': sum(trainer._store.params_bytes().values()),  # pylint: disable=protected-access
+        'device_arrays': all(isinstance(x, jax.Array) for x in leaves),
+        'stay_as_placed': all(a is b for a, b in zip(placed, leaves)),
+      }
+  print(json.dumps(result))
+
+
 if __name__ == '__main__':
   main()

@@ -102,7 +102,61 @@ def test_the_arithmetic_table_names_the_layer_kinds(tmp_path):
   ]
   (tmp_path / 'arithmetic.json').write_text(json.dumps({'enwik8_ours': run}))
   table = accelerator_targets.render(str(tmp_path))
+  # A run measured before the floor timed attention settings: '-' as
+  # configured and at the best setting.
   assert (
-    '| enwik8_ours | 12 s | 10 s (as configured) | 1.2 | 16 | 1.4% | '
-    'Attn (layer 9) x 9: 55%, 5.6 |'
+    '| enwik8_ours | 12 s | - | 10 s (as configured) | - | - / 1.2 / - | 16 '
+    '| 1.4% | Attn (layer 9) x 9: 55%, 5.6 |'
   ) in table
+
+
+def test_the_arithmetic_table_has_the_three_floors(tmp_path):
+  """A run's floor as configured, at the plan's setting and at the best
+  setting, the median step over each, and an attention kind's best rate
+  with its pairs at once, from run_stats.json's `step_floor` as the
+  arithmetic part keeps it."""
+  floor = {
+    'step_floor_seconds': 10.0,
+    'configured_step_floor_seconds': 24.0,
+    'best_step_floor_seconds': 8.0,
+    'parallel_heads': 8,
+    'shares': [
+      {
+        'name': 'Attn (layer 9)',
+        'count': 9,
+        'share_of_floor': 0.55,
+        'tflops_per_second': 5.6,
+        'attention': True,
+        'best_tflops_per_second': 11.2,
+        'best_parallel_heads': 32,
+      },
+      {
+        'name': 'FF (layer 10)',
+        'count': 12,
+        'share_of_floor': 0.45,
+        'tflops_per_second': 107.0,
+        'attention': False,
+      },
+    ],
+  }
+  run = {
+    'median_step_seconds': 12.0,
+    'step_floor': floor,
+    'tflops_per_second': 16.0,
+    'profile': {'transfer_wait_fraction': 0.014},
+  }
+  (tmp_path / 'arithmetic.json').write_text(json.dumps({'enwik8_ours': run}))
+  table = accelerator_targets.render(str(tmp_path))
+  lines = table.splitlines()
+  assert lines[0].startswith(
+    '| model, trainer | median step | floor as configured | floor at the '
+    "plan's setting (attention pairs at once) | floor at the best setting "
+    "| step / floor: configured / plan's / best |"
+  )
+  assert lines[0].count('|') == lines[1].count('|')
+  assert lines[2] == (
+    '| enwik8_ours | 12 s | 24 s | 10 s (8) | 8 s | 0.5 / 1.2 / 1.5 | 16 | '
+    '1.4% | Attn (layer 9) x 9: 55%, 5.6 (best 11.2 at 32); '
+    'FF (layer 10) x 12: 45%, 107 |'
+  )
+  assert lines[2].count('|') == lines[0].count('|')

@@ -93,7 +93,7 @@ def test_each_plan_once_fits_within_the_budget_the_chosen_marked():
     'n_async_layers=8, prefetch=True, '
     'saved_on_host=False, sequence_chunks=1, '
     'micro_batches=1, grads_on_host=False, '
-    'parallel_heads=None'
+    'parallel_heads=None, params_on_device=False'
   )
 
 

@@ -148,11 +148,149 @@ def _planning(costs: list[dict] | None) -> str | None:
 _FLOOR_KINDS_SHOWN = 4
 
 
+def _against(median_step_seconds: float | None, seconds: float) -> str:
+  """'; the median step is 1.25x it', or '' without a median step."""
+  if not median_step_seconds:
+    return ''
+  return f'; the median step is {median_step_seconds / seconds:.2f}x it'
+
+
+def _pairs(n: int | None, short: bool = False) -> str:
+  """A setting of attention pairs at once in words."""
+  if n is None:
+    return 'as configured'
+  return (
+    f'{n}{"" if short else " (example, head)"} pair{"s" * (n != 1)} at once'
+  )
+
+
+def _attention_kinds(floor: dict[str, Any]) -> list[dict[str, Any]]:
+  """The floor's layer kinds timed at settings of pairs at once (none in
+  run_stats.json of a run before they were)."""
+  return [
+    k for k in floor.get('kinds') or () if k.get('parallel_heads_seconds')
+  ]
+
+
+def _settings_timed(kind: dict[str, Any]) -> str:
+  """'2 (the plan's), 1 (the config's), 8, 4 refused': an attention kind's
+  settings timed, in the order timed."""
+  words = []
+  configured = kind.get('configured_parallel_heads')
+  for i, (n, seconds) in enumerate(kind['parallel_heads_seconds']):
+    whose = ["the plan's"] if i == 0 else []
+    if n is not None and n == configured:
+      whose.append("the config's")
+    word = ('as configured' if n is None else str(n)) + (
+      f' ({" and ".join(whose)})' if whose else ''
+    )
+    words.append(word if seconds is not None else word + ' refused')
+  return ', '.join(words)
+
+
+def _floor_setting_rows(
+  floor: dict[str, Any], median_step_seconds: float | None
+) -> list[tuple[str, str]]:
+  """The floor as configured and at the best setting of each attention
+  kind, for a model with attention kinds (run_stats.json from a run that
+  timed their settings)."""
+  kinds = _attention_kinds(floor)
+  if not kinds or 'best_step_floor_seconds' not in floor:
+    return []
+  rows = []
+  plan_seconds = floor['step_floor_seconds']
+  configured = floor['configured_step_floor_seconds']
+  if configured is None:
+    refused = ', '.join(
+      k['name'] for k in kinds if k.get('configured_seconds') is None
+    )
+    rows.append(
+      (
+        'floor as configured',
+        f"not measured: the backend refused the config's pairs at once of "
+        f'{refused} for memory',
+      )
+    )
+  elif floor.get('plan_is_configured'):
+    rows.append(
+      (
+        'floor as configured',
+        f"{configured:.4g} s, the step floor: the plan's attention pairs at "
+        "once are the config's",
+      )
+    )
+  else:
+    rows.append(
+      (
+        'floor as configured',
+        f'{configured:.4g} s (layer by layer, attention '
+        + ', '.join(
+          f'{k["name"]} '
+          f'{_pairs(k.get("configured_parallel_heads"), short=True)}'
+          for k in kinds
+        )
+        + f'){_against(median_step_seconds, configured)}',
+      )
+    )
+  best = floor['best_step_floor_seconds']
+  if best is not None:
+    whole = best == floor.get('whole_program_seconds')
+    how = (
+      "the model as one program at the plan's setting, faster than layer "
+      'by layer with'
+      if whole
+      else 'layer by layer,'
+    )
+    fastest = '; '.join(
+      f'{k["name"]} {_pairs(k.get("best_parallel_heads"), short=True)}, of '
+      f'{_settings_timed(k)}'
+      for k in kinds
+    )
+    same = ' = the step floor' if best == plan_seconds else ''
+    rows.append(
+      (
+        'floor at best setting',
+        f'{best:.4g} s{same} ({how} each attention kind at its fastest '
+        f'setting timed: {fastest}){_against(median_step_seconds, best)}',
+      )
+    )
+  return rows
+
+
+def _rate(value: float | None) -> str:
+  return 'refused' if value is None else f'{value:.3g}'
+
+
+def _kind_share(
+  share: dict[str, Any], median_step_seconds: float | None
+) -> str:
+  """'Attn (layer 9) x 9: 55%, 40% of the step, 5.6 TFLOP/s (as configured
+  2.1, fastest 9.5 at 16 (example, head) pairs at once)': a kind's share of
+  the floor, of the median step (run_stats.json from a run that timed
+  settings), its rate at the plan's setting and, for an attention kind, as
+  configured and at its fastest."""
+  text = f'{share["name"]} x {share["count"]}: {share["share_of_floor"]:.0%}, '
+  per_step = share.get('seconds_per_step')
+  if per_step is not None and median_step_seconds:
+    text += f'{per_step / median_step_seconds:.0%} of the step, '
+  text += f'{share["tflops_per_second"]:.3g} TFLOP/s'
+  if share.get('attention'):
+    text += (
+      f' (as configured {_rate(share.get("configured_tflops_per_second"))}, '
+      f'fastest {_rate(share.get("best_tflops_per_second"))} at '
+      f'{_pairs(share.get("best_parallel_heads"), short=True)})'
+    )
+  return text
+
+
 def _floor_rows(
   floor: dict[str, Any] | None, median_step_seconds: float | None
 ) -> list[tuple[str, str]]:
-  """The 'step floor' and 'arithmetic' rows of a measured floor
-  (run_stats.json's `step_floor`)."""
+  """The 'step floor' (at the plan's attention pairs at once), 'floor as
+  configured', 'floor at best setting', 'arithmetic' and 'floor by layer
+  kind' rows of a measured floor (run_stats.json's `step_floor`; a run's
+  before the floor timed attention settings has the first, the fourth and
+  the fifth)."""
   if not floor:
     return []
   rows = []
@@ -165,13 +303,19 @@ def _floor_rows(
     f'{floor["rows_per_call"]} rows a call, x {calls} '
     f'call{"s" * (calls != 1)}'
   )
+  heads = floor.get('parallel_heads')
+  if heads is not None:
+    how += f", attention at the plan's {_pairs(heads)}"
+  elif _attention_kinds(floor):
+    how += ', attention as configured'
   if seconds is not None:
-    against = (
-      f'; the median step is {median_step_seconds / seconds:.2f}x it'
-      if median_step_seconds
-      else ''
+    rows.append(
+      (
+        'step floor',
+        f'{seconds:.4g} s ({how}){_against(median_step_seconds, seconds)}',
+      )
     )
-    rows.append(('step floor', f'{seconds:.4g} s ({how}){against}'))
+    rows.extend(_floor_setting_rows(floor, median_step_seconds))
   rate = (
     f'; {floor["flops_per_step"] / median_step_seconds / 1e12:.3g} TFLOP/s '
     'at the median step'
@@ -186,16 +330,15 @@ def _floor_rows(
     )
   )
   # Which layers hold the step back: each kind's share of the layer by
-  # layer floor and the rate it ran at (run_stats.json of an older run has
-  # no shares).
+  # layer floor (and of the step), and the rate it ran at (run_stats.json
+  # of an older run has no shares).
   shares = floor.get('shares') or []
   if shares:
     rows.append(
       (
         'floor by layer kind',
         '; '.join(
-          f'{s["name"]} x {s["count"]}: {s["share_of_floor"]:.0%}, '
-          f'{s["tflops_per_second"]:.3g} TFLOP/s'
+          _kind_share(s, median_step_seconds)
           for s in shares[:_FLOOR_KINDS_SHOWN]
         ),
       )

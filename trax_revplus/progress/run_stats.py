@@ -57,8 +57,23 @@
     each distinct layer's forward and gradient timed alone at
     `rows_per_call` rows times its layers and `calls_per_step`, and
     `whole_program_seconds`, the model's as one program, null with
-    `whole_program_note` where not timed) and `kinds` (each layer kind's
-    `name`, `count`, `flops`, `seconds`, `temp_bytes`).
+    `whole_program_note` where not timed), both at the plan's attention
+    pairs at once (`parallel_heads`, null: as configured);
+    `configured_step_floor_seconds` (`configured_layer_floor_seconds`, or
+    the whole program's where `plan_is_configured`) with the pairs at once
+    the config sets, and `best_step_floor_seconds`
+    (`best_layer_floor_seconds` or the whole program's) with each
+    attention kind at its fastest setting timed, each null where not
+    measured; `kinds` (each layer kind's `name`, `count`, `flops`,
+    `seconds`, `temp_bytes`, `configured_seconds`, `best_seconds`,
+    `best_parallel_heads`, `configured_parallel_heads`, `attention`, and
+    `parallel_heads_seconds`: [pairs at once, seconds or null where
+    refused for memory] of each setting timed) and `shares` (each timed
+    kind with arithmetic, largest first: `share_of_floor`,
+    `tflops_per_second`, `seconds_per_step`; an attention kind's also
+    `configured_tflops_per_second`, `best_tflops_per_second`,
+    `best_parallel_heads`). A run before the settings were timed has none
+    of the configured or best figures; readers take them as absent.
 
 Both trax's and trax_revplus's trainers are measured by this same code, so
 `trax-revplus compare` can set their figures side by side.

@@ -166,6 +166,12 @@ class ReversibleSerialTrainer(step_inquiries.StepInquiries):
       blocks, loss_layer, optimizer_fn, placement
     )
     self._pending_init_records = list(store.init_records)
+    options_lib.check_params_on_device(
+      options,
+      options_lib.params_on_device_refusal(
+        options.on_non_finite, bool(store.ties), placement.processes is not None
+      ),
+    )
     # The 'start' record names this trainer and its layers; in a Loop,
     # those of the Loop's model instead (`swap`), as the summary does.
     classes = run_classes.of_trainers_and_model([self], store.layers)
@@ -329,6 +335,9 @@ class ReversibleSerialTrainer(step_inquiries.StepInquiries):
       counting layers in forward order, as trax.
 
     Raises:
+      RuntimeError: an earlier step that kept weights and slots on the
+        device (`plan.StepPlan.params_on_device`) stopped on a non-finite
+        value, after its calls had given some of them up.
       validation.BatchSizeError: N does not divide B.
       validation.NonFiniteError: with on_non_finite='raise', the loss or a
         gradient norm is NaN/Inf (see `options.TrainerOptions`).
@@ -361,15 +370,23 @@ class ReversibleSerialTrainer(step_inquiries.StepInquiries):
   def _begin_step(self, batch, rng, step, learning_rate):
     """The step's context: its plan (planned now on first sight of the
     batch's shapes), its learning rate, batch, step and RNGs placed."""
+    given_up = self._store.given_up()
+    if given_up:
+      raise RuntimeError(
+        f'the weights and slots of layers {given_up} were given up on the '
+        f'device to a step that stopped on a non-finite value; this trainer '
+        f'cannot step again: make another from the last checkpoint.'
+      )
     if self._pending_init_records and self._memory_log.output_dir is not None:
       # Without an output directory the init records already went to the
       # absl log when the layers were placed; `set_output_dir` writes them.
       self._flush_init_records()
     self._memory_log.begin_step(step, self._placement.transfers)
     self._store.set_learning_rate(learning_rate)
-    self._commits.begin_step(step)
+    planned = self.planned(batch)
+    self._commits.begin_step(step, planned.plan.params_on_device)
     return step_context.StepContext.for_step(
-      self.planned(batch), step, rng, batch, self._parts
+      planned, step, rng, batch, self._parts
     )
 
   def _describe_last_checkpoint(self):

@@ -183,7 +183,17 @@ class AheadOfTime(step_run_lib.StepRun):
   def begin(self, n_parts: int) -> None:
     """With micro-batches, the batch's loss weights as the step places
     them; each part's rows come from the host batch's types (`begin_part`),
-    as the step's from the host batch."""
+    as the step's from the host batch. Where the plan keeps weights and
+    slots on the device, every layer's, as placed."""
+    if self.plan.params_on_device:
+      p = self._placement
+      self.on_device = {
+        i: (
+          _known(p.abstract_params(layer.weights)),
+          _known(p.abstract_params(self._optimizers[i].slots)),
+        )
+        for i, layer in enumerate(self._layers)
+      }
     if n_parts == 1:
       return
     if self._host_batch is None:
@@ -223,7 +233,9 @@ class AheadOfTime(step_run_lib.StepRun):
     return params
 
   def host_params(self) -> PyTree:
-    return step_run_lib.host_params(self._layers, self._optimizers)
+    return step_run_lib.host_params(
+      self._layers, self._optimizers, self.plan.params_on_device
+    )
 
   def host_batch(self) -> PyTree:
     return self._host_batch

@@ -11,6 +11,8 @@ import dataclasses
 import os
 from typing import Any, Mapping
 
+import numpy as np
+
 from trax_revplus import validation
 from trax_revplus.memory import host_release
 from trax_revplus.memory.log import FIRST_STEPS_RECORDED
@@ -236,6 +238,36 @@ class TrainerOptions:
       Under a device budget no plan over it is chosen; the plan the
       settings name (device_memory_budget_bytes = None) over it is one
       line, `budget.HostMemoryBudgetError`, before any step.
+    time_plans: 'auto' (default) or an int >= 0: under a device memory
+      budget, how many of the plans that fit (the speed model's first)
+      are timed on the device before the first step on a batch's shapes;
+      the fastest measured runs (`trainer._search.plan_timing`: each
+      plan's whole step on copies of the weights, slots and states and
+      the first batch, one warm-up and the median of 2 runs; nothing it
+      runs is kept). A plan whose run fails on the device (out of memory)
+      counts as not fitting and the next is timed. 0, or one plan that
+      fits: none is timed, the speed model's first runs. 'auto': 3 on an
+      accelerator backend, 0 on the CPU, whose speed model's rules are
+      measured (tools/) and where a choice timed on cores other work
+      shares would not repeat from run to run. A plan chosen by timing is
+      kept (`plan_store`) and a run that reads it back times nothing. The
+      chosen plan can differ from run to run with the device's load, and
+      plans differ in float32 summation order: set 0 for the speed
+      model's choice alone. Without a budget nothing is timed.
+    params_on_device: 'auto' (default), True or False: every layer's
+      weights and slots stay on the device across steps, as trax's default
+      `Trainer` keeps them (`plan.StepPlan.params_on_device`: no copy
+      either way, the host gets a copy for a checkpoint), or they live on
+      the host and go to the device for each call, as stock's
+      memory-efficient trainer. 'auto': the planner's choice under a
+      device memory budget: on an accelerator each plan with them on the
+      device first, then the same plan with them on the host (where the
+      step's peak leaves no room for them); on the CPU backend on the host
+      (its device buffers are host memory, so neither way copies:
+      `trainer._search.speed_rank.SPEED_PARAMS_ON_DEVICE`); on the host
+      without a budget. True pins them on the device, False on the host.
+      Not where layers share weights, in a multi-process run, or with
+      on_non_finite = 'skip' (True there is one line, before any step).
   """
 
   n_async_layers: int = 8
@@ -269,6 +301,8 @@ class TrainerOptions:
     'an int >= 1 (1: one attention head at a time)', unplanned=None
   )
   host_memory_budget_bytes: int | str | None = AUTO
+  time_plans: int | str = AUTO
+  params_on_device: bool | str = AUTO
 
   def __post_init__(self):
     """Checks every setting; ints are stored as Python ints.
@@ -344,6 +378,17 @@ class TrainerOptions:
         1,
         allowed=f"'{AUTO}', None or an int number of bytes >= 1",
       )
+    if self.time_plans != AUTO:
+      checks.check_int(
+        self, 'time_plans', 0, allowed=f"'{AUTO}' or an int >= 0 (0: none)"
+      )
+    if not isinstance(self.params_on_device, (bool, np.bool_)):
+      if self.params_on_device != AUTO:
+        raise validation.TrainerOptionError(
+          'params_on_device', self.params_on_device, f"True, False or '{AUTO}'"
+        )
+    else:
+      checks.check_bool(self, 'params_on_device')
 
   @classmethod
   def of(cls, settings: Mapping[str, Any]) -> 'TrainerOptions':
@@ -357,9 +402,9 @@ class TrainerOptions:
     return cls(**settings)
 
   def pinned(self, name: str) -> Any:
-    """The int the user gave for setting `name` (segment_max_layers,
-    backward_segment_max_layers or one of the plan's dimensions), or None
-    where it is 'auto'."""
+    """The value the user gave for setting `name` (segment_max_layers,
+    backward_segment_max_layers, params_on_device or one of the plan's
+    dimensions), or None where it is 'auto'."""
     value = getattr(self, name)
     return None if value == AUTO else value
 
@@ -388,3 +433,48 @@ class TrainerOptions:
   def field_names(cls) -> tuple[str, ...]:
     """The settings' names (tuple of str), in constructor order."""
     return tuple(f.name for f in dataclasses.fields(cls))
+
+
+def params_on_device_refusal(
+  on_non_finite: str, shared_weights: bool, multi_process: bool
+) -> str | None:
+  """Why a trainer's weights and slots cannot stay on the device across
+  steps (`plan.StepPlan.params_on_device`), in words, or None where they
+  can.
+
+  Each call gives its weights and slots up to the update that replaces them
+  on the device (donated buffers), so: a step skipped for a non-finite
+  value could not put them back; a weight two layers share would be given
+  up by the first update while the second still reads it; and a run of
+  several processes reads its updates through the host.
+
+  Args:
+    on_non_finite: the `TrainerOptions.on_non_finite` policy.
+    shared_weights: bool, whether layers share weights (`ties.Ties`).
+    multi_process: bool, whether the run spans processes.
+  """
+  if on_non_finite == 'skip':
+    return (
+      "on_non_finite = 'skip' puts back the weights and slots a skipped "
+      'step replaced, which its calls gave up on the device'
+    )
+  if shared_weights:
+    return 'layers of the model share weights'
+  if multi_process:
+    return 'a run of several processes reads each update through the host'
+  return None
+
+
+def check_params_on_device(
+  options: TrainerOptions, refusal: str | None
+) -> None:
+  """Raises validation.TrainerOptionError: `params_on_device` is True where
+  `refusal` (`params_on_device_refusal`) says the weights cannot stay."""
+  if options.params_on_device is True and refusal is not None:
+    raise validation.TrainerOptionError(
+      'params_on_device',
+      True,
+      None,
+      f'trax_revplus.ReversibleSerialTrainer.params_on_device = True: '
+      f"{refusal}; set it to False or 'auto'.",
+    )

@@ -32,7 +32,11 @@ step's speed or device memory but never its result:
   grads_on_host   where those accumulated gradients wait between parts: on
                   the device, or on the host;
   parallel_heads  how many (example, head) pairs trax's efficient attention
-                  layers compute at once (`attention_heads`).
+                  layers compute at once (`attention_heads`);
+  params_on_device whether every layer's weights and slots stay on the
+                  device across steps (as trax's default `Trainer` keeps
+                  them), or go to the host after each update and come back
+                  for each call (as stock's memory-efficient trainer).
 
 A plan is data, made before a step and never changed by it; `units` compiles
 it and `planner` chooses it. The rules here build one from the trainer's
@@ -112,6 +116,15 @@ class StepPlan:
       call's attention temporaries shrink with fewer, an accelerator's
       matrix units fill with more; the results are the same up to float32
       summation order.
+    params_on_device: bool, every layer's weights and slots stay on the
+      device across steps: each call takes them where they are and its
+      update replaces them there, nothing copied either way (the host gets
+      a copy only where it reads them: a checkpoint); the step holds all
+      of them on the device across every call. False: they live on the
+      host between uses, each call's are placed for it and its updates
+      copied back (`commit`). Layer state goes to the host either way.
+      Not where layers share weights, under `on_non_finite='skip'`, or in
+      a multi-process run (`options.params_on_device_refusal`).
   """
 
   blocks: tuple[tuple[int, tuple[Segment, ...]], ...]
@@ -147,6 +160,7 @@ class StepPlan:
       f'attention {n} (example, head) pair{"s" if n > 1 else ""} at a time'
     ),
   )
+  params_on_device: bool = False
 
   def __post_init__(self) -> None:
     # None too: the default before `UNFUSED`, still accepted.
@@ -272,6 +286,7 @@ def make_plan(
   prefetch: bool = True,
   saved_on_host: bool = False,
   grads_on_host: bool = False,
+  params_on_device: bool = False,
   **dimension_values: Any,
 ) -> StepPlan:
   """The plan of a trainer's blocks for given settings.
@@ -287,7 +302,8 @@ def make_plan(
       n_async_layers: as `options.TrainerOptions`.
     fused_from: int or `UNFUSED` (nothing fused), see
       `StepPlan.fused_from`.
-    prefetch, saved_on_host, grads_on_host: see `StepPlan`.
+    prefetch, saved_on_host, grads_on_host, params_on_device: see
+      `StepPlan`.
     **dimension_values: the plan's dimensions by name
       (`dimensions.DIMENSIONS`), each as its `StepPlan` field; one not
       given is its field's default.
@@ -324,6 +340,7 @@ def make_plan(
     prefetch=prefetch,
     saved_on_host=saved_on_host,
     grads_on_host=grads_on_host,
+    params_on_device=params_on_device,
     **dimension_values,
   )
 
@@ -335,7 +352,8 @@ def configured_plan(
   options: options_lib.TrainerOptions,
 ) -> StepPlan:
   """The plan the trainer's settings name, without a device budget: no
-  layer fused into the loss program."""
+  layer fused into the loss program; weights and slots on the device only
+  where the setting pins them there."""
   return make_plan(
     block_sizes,
     nbytes,
@@ -344,5 +362,6 @@ def configured_plan(
     segment_max_bytes=options.segment_max_bytes,
     backward_segment_max_layers=options.backward_segment_max_layers,
     n_async_layers=options.n_async_layers,
+    params_on_device=options.params_on_device is True,
     **dimensions.unplanned(options),
   )

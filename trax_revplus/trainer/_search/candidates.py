@@ -39,6 +39,11 @@ Every dimension of `plan.StepPlan` that costs device memory is varied:
                     time after all the others, so a budget takes it only
                     where nothing else fits, but on the backends where it
                     ranks first);
+  params_on_device  each plan with every layer's weights and slots kept on
+                    the device across steps, just before the same plan with
+                    them on the host, on the backends where the speed model
+                    ranks it first (`speed_rank.ranked_params_on_device`);
+                    the group's leanest plan keeps them on the host;
   other dimensions  the setting's value ('auto': its value without a budget).
 
 The speed model (`speed_rank`) orders the plans without timing them: the
@@ -110,6 +115,7 @@ class Candidates:
     platform: str | None = None,
     attention: Sequence[tuple[int, int | None]] = (),
     hashes_activations: bool = True,
+    params_on_device: Sequence[bool] = (False,),
   ) -> None:
     """Args:
     block_sizes: list over blocks of their numbers of reversible layers.
@@ -141,8 +147,13 @@ class Candidates:
       (`hashing`): then `speed_rank.SPEED_SLICES` does not reorder the
       plans, nor does one pair at a time rank first
       (`speed_rank.ranked_heads`).
+    params_on_device: where the plans keep the weights and slots between
+      steps, in the speed model's order
+      (`speed_rank.ranked_params_on_device`); each plan is listed once per
+      value, the last being the leaner.
     """
     self._shared_weights = shared_weights
+    self._params_on_device = tuple(params_on_device)
     self._kinds = layer_kinds
     self._sizes = list(block_sizes)
     self._nbytes = nbytes
@@ -234,6 +245,22 @@ class Candidates:
       **self._fixed,
     )
 
+  def _twins(self, plans: Sequence[plan_lib.StepPlan]) -> tuple:
+    """Each of `plans` once per place of the weights and slots between
+    steps (`params_on_device`), in its order, each plan's twins together."""
+    return tuple(
+      dataclasses.replace(p, params_on_device=on_device)
+      for p in plans
+      for on_device in self._params_on_device
+    )
+
+  def _leaner(self, plan: plan_lib.StepPlan) -> plan_lib.StepPlan:
+    """`plan` with its weights and slots where they hold the least device
+    memory of the places tried."""
+    return dataclasses.replace(
+      plan, params_on_device=self._params_on_device[-1]
+    )
+
   def _fused(self, k):
     plan = self._make(
       batch_slices=k,
@@ -242,7 +269,7 @@ class Candidates:
       fused_from=0,
       n_async_layers=self._options.n_async_layers,
     )
-    return Group((plan,), plan, sum(self._sizes))
+    return Group(self._twins([plan]), self._leaner(plan), sum(self._sizes))
 
   def _usable(self, name):
     """Lengths to try for segment setting `name`: the pinned one, or
@@ -286,7 +313,7 @@ class Candidates:
       for depth in self._depths()
       for prefetch in (True, False)
     ]
-    return Group(tuple(plans), self.leanest(k, chunks, parts), 0)
+    return Group(self._twins(plans), self.leanest(k, chunks, parts), 0)
 
   def leanest(
     self, k: int, chunks: int = 1, parts: int = 1
@@ -308,6 +335,7 @@ class Candidates:
       prefetch=False,
       saved_on_host=True,
       grads_on_host=parts > 1,
+      params_on_device=self._params_on_device[-1],
     )
 
   def may_fuse(self, k: int) -> bool:
@@ -325,6 +353,7 @@ class Candidates:
       or parts > 1
       and parts not in self.parts
       or heads not in self.heads
+      or plan.params_on_device not in self._params_on_device
       or any(getattr(plan, k) != v for k, v in self._fixed.items())
     ):
       return False

@@ -8,7 +8,9 @@ batch's shapes gives both answers a budget needs, so that the least named
 when nothing fits and the least `estimate` prints are one:
 
   `fastest_fitting(budget)`: the first plan, in the speed model's order,
-    whose peak fits, and the least bytes that excluded a faster one;
+    whose peak fits, and the least bytes that excluded a faster one
+    (`fitting(budget)`: the plans that fit, in that order, found one at a
+    time as they are asked for: the planner times the first few);
   `least()`: the leanest plan of all and its figures, the least device
     memory the trainer can step in.
 
@@ -34,7 +36,7 @@ that excluded a faster plan. `least()` prefers plans the backend compiled;
 where it refused even every group's leanest plan, it raises `LeastRefused`.
 """
 
-from typing import Callable
+from typing import Callable, Iterator
 
 from trax_revplus import device_memory
 from trax_revplus.trainer._plan import plan as plan_lib
@@ -76,7 +78,9 @@ class PlanSearch:
   Attributes:
     faster_plans_need_bytes: after `fastest_fitting`, the least peak (or
       lower bound) bytes that excluded a plan faster than the one found;
-      None where none was faster.
+      None where none was faster. While `fitting` is iterated, the same of
+      the last plan it gave (or, once it gave all, of every plan it
+      excluded).
   """
 
   def __init__(
@@ -113,9 +117,23 @@ class PlanSearch:
   def fastest_fitting(
     self, budget_bytes: int, host_budget_bytes: int | None = None
   ) -> plan_lib.StepPlan | None:
-    """The first plan, in the speed model's order, whose peak is at most
+    """The first plan `fitting` gives; None where none fits.
+
+    Raises:
+      As `fitting`.
+    """
+    return next(self.fitting(budget_bytes, host_budget_bytes), None)
+
+  def fitting(
+    self, budget_bytes: int, host_budget_bytes: int | None = None
+  ) -> Iterator[plan_lib.StepPlan]:
+    """The plans, in the speed model's order, whose peak is at most
     `budget_bytes` and whose peak host bytes are at most
-    `host_budget_bytes` (None: any); None where none is.
+    `host_budget_bytes` (None: any), each found as the next is asked
+    for: the first, then the plans after it that fit (the rest of its
+    group, then later groups, by the rules below). Before each is given,
+    `faster_plans_need_bytes` is set to the least bytes that excluded a
+    plan before it; once all are given, of every plan excluded.
 
     A group whose leanest plan needs more than the budget by what is known
     without compiling more (`group_bounds.GroupBounds.bound`: the programs
@@ -159,7 +177,6 @@ class PlanSearch:
         or self._weigher.weigh(plan).peak_host_bytes <= host_budget_bytes
       )
 
-    found = None
     tight = False  # whether a group's leanest plan did not fit
     # Family key -> its least fitting value, or None.
     least_fitting: dict[FamilyKey, int | None] = {}
@@ -195,20 +212,21 @@ class PlanSearch:
       if rest and tight and not fits_device(group.leanest):
         continue
       if fits(first):
-        found = first
-        break
-      if not rest:
-        short.add(key)
-        continue
-      if not tight and not fits_device(group.leanest):
-        tight = True
-        short.add(key)
-        continue
-      found = next((plan for plan in rest if fits(plan)), None)
-      if found is not None:
-        break
+        self.faster_plans_need_bytes = min(excluded, default=None)
+        yield first
+      else:
+        if not rest:
+          short.add(key)
+          continue
+        if not tight and not fits_device(group.leanest):
+          tight = True
+          short.add(key)
+          continue
+      for plan in rest:
+        if fits(plan):
+          self.faster_plans_need_bytes = min(excluded, default=None)
+          yield plan
     self.faster_plans_need_bytes = min(excluded, default=None)
-    return found
 
   def _with_heads(self, heads: int | None) -> list[int]:
     """Indices of the groups whose plans set `heads` pairs at once."""

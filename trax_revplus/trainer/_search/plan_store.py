@@ -58,8 +58,9 @@ FILENAME = 'plans.json'
 # float32 summation order (`REORDERINGS`). 11: keyed by the config alone,
 # each entry with its `environment`. 12: keyed by the config and the
 # environment, each entry with its `config` described, so that a plan that
-# does not apply names what differs.
-FORMAT = 'trax_revplus plans 12'
+# does not apply names what differs. 13: each plan says whether weights and
+# slots stay on the device (`params_on_device`).
+FORMAT = 'trax_revplus plans 13'
 # The key of an entry's list of what in its plan can change stock trax's
 # float32 summation order (`dimensions.reorderings`): read by
 # `compare.exactness`, which imports neither JAX nor the trainer.
@@ -347,11 +348,14 @@ class Stored:
       least budget it answers.
     faster_plans_need_bytes: the least bytes that excluded a faster plan
       (the budgets it answers end below it), or None (any budget above).
+    step_seconds: float seconds a step of it took where it was timed
+      when planned (`options.TrainerOptions.time_plans`), else None.
   """
 
   plan: plan_lib.StepPlan
   peak_device_bytes: int
   faster_plans_need_bytes: int | None
+  step_seconds: float | None = None
 
 
 def _name(key: str, peak_device_bytes: int) -> str:
@@ -374,10 +378,12 @@ def _stored(entry: Any) -> Stored:
   if entry.get('sha256') != _digest(entry):
     raise ValueError('its digest does not match its content')
   high = entry['faster_plans_need_bytes']
+  seconds = entry.get('step_seconds')
   return Stored(
     plan_from_json(entry['plan']),
     int(entry['peak_device_bytes']),
     None if high is None else int(high),
+    None if seconds is None else float(seconds),
   )
 
 
@@ -589,6 +595,7 @@ class PlanStore:
     where: Mapping[str, Any],
     config: Mapping[str, Any] | None = None,
     read_back: bool = True,
+    step_seconds: float | None = None,
   ) -> None:
     """Keeps `plan` as the answer for `key` where it was planned (`where`,
     `environment()`) under budgets from `peak_device_bytes` up to
@@ -602,6 +609,9 @@ class PlanStore:
       read_back: bool, whether a later run reads the plan back from this
         store (it says, where the write fails, that one plans again); else
         the file is the record of a run's plans.
+      step_seconds: float seconds a step of the plan took where it was
+        timed, kept with it (`estimate` shows it when the plan is read
+        back), or None.
     """
     if self._unusable:
       return
@@ -617,6 +627,7 @@ class PlanStore:
       'faster_plans_need_bytes': high,
       'environment': dict(where),
       'config': None if config is None else dict(config),
+      'step_seconds': step_seconds,
     }
     entry['sha256'] = _digest(entry)
     for name in [name for name in plans if _key_of(name) == key]:

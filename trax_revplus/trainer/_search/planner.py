@@ -14,8 +14,11 @@ composed XLA peak fits, and whose host bytes fit the host budget
 (`host_memory_budget_bytes`): `candidates.Candidates` lists plans in the
 speed model's order, and one search per batch's shapes
 (`plan_search.PlanSearch`) weighs them and gives the least plan too
-(`least_plan`). A plan whose program the backend refuses for memory does
-not fit; any other failure to compile is one line naming the program.
+(`least_plan`). Where `time_plans` asks for it (by default on an
+accelerator), the first few plans that fit are timed on the device on the
+first batch given (`plan_timing`) and the fastest measured runs. A plan
+whose program the backend refuses for memory does not fit; any other
+failure to compile is one line naming the program.
 Every plan accounted is kept with its figures (`weighed_plans.Weighing`: what
 `estimate` shows); the accounting is `weighers.StepWeigher`'s, which
 `Planner` extends; chosen plans are kept (`plan_store`).
@@ -23,7 +26,7 @@ Every plan accounted is kept with its figures (`weighed_plans.Weighing`: what
 
 import dataclasses
 import os
-from typing import Callable, Hashable, Iterable
+from typing import Callable, Hashable, Iterable, Iterator
 
 from absl import logging
 
@@ -40,6 +43,7 @@ from trax_revplus.trainer._search import budget as budget_lib
 from trax_revplus.trainer._search import overrides
 from trax_revplus.trainer._search import plan_search as plan_search_lib
 from trax_revplus.trainer._search import plan_store as plan_store_lib
+from trax_revplus.trainer._search import plan_timing
 from trax_revplus.trainer._search import weighers
 from trax_revplus.trainer._search.weighers import batch_key
 from trax_revplus.trainer._step import host_store
@@ -64,6 +68,8 @@ class Planner(weighers.StepWeigher):
   Attributes (besides `weighers.StepWeigher`'s):
     least: (`plan.StepPlan`, `device_memory.StepMemory`) of the leanest
       plan, set when no plan fits the budget; else None.
+    timer: the `plan_timing.PlanTimer` that times the plans that fit
+      (`options.TrainerOptions.time_plans`).
     plan_store: `plan_store.PlanStore` of the run's output directory,
       where the plans chosen under a budget are kept (`keep_plans_in`),
       or None.
@@ -108,6 +114,7 @@ class Planner(weighers.StepWeigher):
     self._searches: dict[Hashable, plan_search_lib.PlanSearch] = {}
     self.least: tuple[plan_lib.StepPlan, device_memory.StepMemory] | None = None
     self.plan_store: plan_store_lib.PlanStore | None = None
+    self.timer = plan_timing.PlanTimer(placement, store)
 
   def keep_plans_in(self, directory: str | None) -> None:
     """Keeps the plans chosen under a budget in `directory` (the run's
@@ -148,7 +155,7 @@ class Planner(weighers.StepWeigher):
     if key not in self._planned:
       # Planning changes nothing a signal would lose: it may stop at once.
       with interrupt.stops_at_once():
-        self._planned[key] = self._plan(key, self.step_types(batch))
+        self._planned[key] = self._plan(key, self.step_types(batch), batch)
     return self._planned[key]
 
   def check(self, batch: Batch) -> None:
@@ -168,13 +175,13 @@ class Planner(weighers.StepWeigher):
   # How a plan is made.
 
   def _plan(
-    self, key: Hashable, types: on_types.StepTypes
+    self, key: Hashable, types: on_types.StepTypes, batch: Batch
   ) -> units_lib.PlannedStep:
     self._facts.check(types)
     self.log.begin()
     try:
       if self.budget_bytes is not None:
-        planned = self._plan_under_budget(key, types, self.budget_bytes)
+        planned = self._plan_under_budget(key, types, self.budget_bytes, batch)
       else:
         planned = self._configured(types)
     finally:
@@ -222,12 +229,18 @@ class Planner(weighers.StepWeigher):
     return units_lib.PlannedStep(plan, units, memory_)
 
   def _plan_under_budget(
-    self, key: Hashable, types: on_types.StepTypes, budget_bytes: int
+    self,
+    key: Hashable,
+    types: on_types.StepTypes,
+    budget_bytes: int,
+    batch: Batch,
   ) -> units_lib.PlannedStep:
     """The fastest plan that fits: the one stored for this step where the
-    store read (`plan_stores`) has one that applies and it still fits,
-    else the shapes' search's (`plan_search.PlanSearch.fastest_fitting`,
-    then kept). Where nothing fits, `least` is the search's least.
+    store read (`plan_stores`) has one that applies and it still fits
+    (not timed again), else the shapes' search's first
+    (`plan_search.PlanSearch.fitting`), or where plans are timed
+    (`_fastest_timed`, on `batch`) the fastest measured, then kept. Where
+    nothing fits, `least` is the search's least.
 
     Raises:
       DeviceMemoryBudgetError: no plan fits, or (with a budget set by the
@@ -264,13 +277,17 @@ class Planner(weighers.StepWeigher):
                 where,
                 config,
                 read_back=False,
+                step_seconds=stored.step_seconds,
               )
           return planned
     search = self._search(key, types)
     try:
-      plan = search.fastest_fitting(budget_bytes, self.host_budget_bytes)
+      fitting = search.fitting(budget_bytes, self.host_budget_bytes)
+      plan = next(fitting, None)
       if plan is None:
         self.least = search.least()
+      else:
+        plan = self._fastest_timed(plan, fitting, types, batch)
     except plan_search_lib.LeastRefused as e:
       raise budget_lib.nothing_fits(
         e.plan,
@@ -315,8 +332,69 @@ class Planner(weighers.StepWeigher):
         where,
         config,
         read_back=store is read,
+        step_seconds=self.weighing_of(types).step_seconds(planned.plan),
       )
     return planned
+
+  def _fastest_timed(
+    self,
+    first: plan_lib.StepPlan,
+    fitting: Iterator[plan_lib.StepPlan],
+    types: on_types.StepTypes,
+    batch: Batch,
+  ) -> plan_lib.StepPlan:
+    """The plan to run of those that fit, `first` the first and `fitting`
+    the rest (`plan_search.PlanSearch.fitting`): `first` where plans are
+    not timed (`plan_timing.plans_to_time`) or no other fits; else the
+    fastest measured of the first n that ran (`plan_timing.PlanTimer`,
+    ties: the first in the speed model's order). A plan whose run fails
+    on the device counts as not fitting, and the next is timed; a line
+    for each plan timed, and for the one chosen.
+
+    Raises:
+      DeviceMemoryBudgetError: every plan that fits failed on the device.
+      As `plan_search.PlanSearch.fitting` otherwise.
+    """
+    n = plan_timing.plans_to_time(
+      self._options.time_plans, self._placement.platform
+    )
+    if n < 2:
+      return first
+    second = next(fitting, None)
+    if second is None:  # one plan fits: nothing to choose
+      return first
+    weighing = self.weighing_of(types)
+    queued = [first, second]
+    timed: list[tuple[float, plan_lib.StepPlan]] = []
+    failures = []
+    while len(timed) < n:
+      plan = queued.pop(0) if queued else next(fitting, None)
+      if plan is None:
+        break
+      planned = units_lib.PlannedStep(
+        plan, units_lib.Units(plan, self._factory), self.weigh(plan, types)
+      )
+      try:
+        seconds = self.timer.seconds(planned, batch)
+      except plan_timing.PlanRunFailed as e:
+        weighing.run_failed(plan, str(e))
+        self.log.run_failed(plan, str(e))
+        failures.append(str(e))
+        continue
+      weighing.timed(plan, seconds)
+      self.log.timed(plan, seconds, self.timer.repetitions)
+      timed.append((seconds, plan))
+    if not timed:
+      raise DeviceMemoryBudgetError(
+        f'every plan that fits the device memory budget failed on the '
+        f'device when timed ({len(failures)} plans), the first: '
+        f'{failures[0]}. Lower {options_lib.GIN_CONFIGURABLE}.'
+        f'device_memory_budget_bytes.'
+      )
+    # The least seconds; ties: the first timed (the speed model's order).
+    seconds, chosen = min(timed, key=lambda t: t[0])
+    self.log.timed_choice(chosen, seconds, len(timed))
+    return chosen
 
   def plan_stores(
     self,
@@ -381,6 +459,8 @@ class Planner(weighers.StepWeigher):
         f'this run ({why}); planning afresh'
       )
       return None
+    if stored.step_seconds is not None:  # timed when it was planned
+      self.weighing_of(types).timed(plan, stored.step_seconds)
     return self._chosen(plan, types, budget_bytes, path)
 
   def _chosen(

@@ -37,6 +37,17 @@ wrapped here::
       MiB per device, 30.2 MiB host; 12 programs compiled, 27.7 s of it
       tracing and compiling the chosen plan's 5 programs
 
+Where plans are timed (`time_plans`, `plan_timing`), one line per plan
+timed and one for the plan chosen, e.g.::
+
+    planning: 3.1 s  timed: whole model in one program, 2 batch slices:
+      0.012 s a step (median of 2)
+    planning: 3.4 s  timed: whole model in one program, 1 batch slice:
+      failed on the device, so it counts as not fitting: RESOURCE_EXHAUSTED:
+      Out of memory ...
+    planning: 3.6 s  timed: chose whole model in one program, 2 batch
+      slices: 0.012 s a step, the fastest of 2 plans timed
+
 A group of unfused plans a bound rules out reads e.g. 'plans in segments
 with 4 batch slices: ruled out, the leanest of them (segments of 1,
 n_async_layers=0, saved inputs on the host) needs at least 7.1 KiB, over
@@ -103,11 +114,16 @@ class PlanningCost:
     )
 
 
+def _whole(plan: plan_lib.StepPlan) -> bool:
+  """Whether `plan` runs the whole model in the loss layer's program."""
+  first = plan.blocks[0][0] if plan.blocks else plan.loss
+  return plan.fused_from <= first
+
+
 def _words(plan: plan_lib.StepPlan) -> tuple[list[str], list[str], list[str]]:
   """(layout, dimensions, placement): the words of `short`, in three parts
   (a candidate group's plans share the dimensions' alone)."""
-  first = plan.blocks[0][0] if plan.blocks else plan.loss
-  whole = plan.fused_from <= first
+  whole = _whole(plan)
   layout = []
   if whole:
     layout.append('whole model in one program')
@@ -139,6 +155,8 @@ def _words(plan: plan_lib.StepPlan) -> tuple[list[str], list[str], list[str]]:
       placement.append('saved inputs on the host')
     if plan.grads_on_host:
       placement.append('gradients on the host')
+  if plan.params_on_device:
+    placement.append('weights and slots kept on the device')
   return layout, words, placement
 
 
@@ -161,7 +179,9 @@ def group(leanest: plan_lib.StepPlan) -> tuple[str, str | None]:
   its leanest plan's own layout and placement, e.g. 'segments of 1,
   n_async_layers=0, saved inputs on the host'."""
   layout, words, placement = _words(leanest)
-  if not placement:  # the whole model in one program: a group of one plan
+  if _whole(leanest):
+    # The whole model in one program: a group of one plan (and its twin
+    # with weights and slots kept on the device).
     return short(leanest), None
   return f'plans in segments with {", ".join(words)}', ', '.join(
     layout + placement
@@ -397,6 +417,31 @@ class PlanningLog:
     )
     self._start = None
     return cost
+
+  def timed(self, plan: plan_lib.StepPlan, seconds: float, runs: int) -> None:
+    """`plan`'s step took `seconds` on the device, the median of `runs`
+    timed runs (`plan_timing`)."""
+    self._line(
+      f'timed: {short(plan)}: {seconds:.3f} s a step (median of {runs})'
+    )
+
+  def run_failed(self, plan: plan_lib.StepPlan, why: str) -> None:
+    """`plan`'s timing run failed on the device (`why`, one line): it counts
+    as not fitting."""
+    self._line(
+      f'timed: {short(plan)}: failed on the device, so it counts as not '
+      f'fitting: {why}'
+    )
+
+  def timed_choice(
+    self, plan: plan_lib.StepPlan, seconds: float, n_timed: int
+  ) -> None:
+    """`plan`, `seconds` a step, is the fastest of the `n_timed` plans
+    timed: the one chosen."""
+    self._line(
+      f'timed: chose {short(plan)}: {seconds:.3f} s a step, the fastest of '
+      f'{n_timed} plan{"s" * (n_timed != 1)} timed'
+    )
 
   def end(self) -> None:
     """Planning ended without a plan chosen (nothing fits, an error)."""

@@ -18,6 +18,7 @@ from trax_revplus.trainer._accounting import on_types
 from trax_revplus.trainer._plan import dimensions
 from trax_revplus.trainer._plan import options as options_lib
 from trax_revplus.trainer._search import candidates as candidates_lib
+from trax_revplus.trainer._search import speed_rank
 from trax_revplus.trainer._search import stack_bytes as stack_bytes_lib
 from trax_revplus.trainer._step import attention_heads
 from trax_revplus.trainer._step import batch_parts
@@ -101,6 +102,20 @@ class ShapeFacts:
       self._placement.platform,
       attention_heads.layer_heads(self._store.layers),
       trace.hashes_activations,
+      speed_rank.ranked_params_on_device(
+        self._placement.platform,
+        self._options.pinned('params_on_device'),
+        self.params_on_device_refusal(),
+      ),
+    )
+
+  def params_on_device_refusal(self) -> str | None:
+    """Why the weights and slots cannot stay on the device across steps,
+    or None (`options.params_on_device_refusal`)."""
+    return options_lib.params_on_device_refusal(
+      self._options.on_non_finite,
+      bool(self._store.ties),
+      self._placement.processes is not None,
     )
 
   def parts_refusal(self, types: on_types.StepTypes) -> str | None:

@@ -63,6 +63,16 @@ SPEED_SLICES: Mapping[str | None, int] = {'cpu': 2}
 FEWEST = 'fewest'
 MOST = 'most'
 SPEED_PARALLEL_HEADS: Mapping[str | None, str] = {'cpu': FEWEST}
+# Whether each plan with every layer's weights and slots kept on the device
+# across steps (`plan.StepPlan.params_on_device`) ranks just before the
+# same plan with them on the host, per backend (a backend not named: it
+# does). On an accelerator they cross its host link twice a step otherwise
+# (the whole model's on a TPU v5e chip: a quarter of the 12-layer LM's
+# step, docs/performance.md). On the CPU backend a device buffer is host
+# memory: the host's copies are views of it and the calls read host arrays
+# in place, so neither way copies, and the plans on the host need no
+# device memory for the layers not called.
+SPEED_PARAMS_ON_DEVICE: Mapping[str | None, bool] = {'cpu': False}
 
 
 def compiled_layers(
@@ -143,3 +153,27 @@ def ranked_heads(
     else:
       ranked.append(fewest)
   return ranked
+
+
+def ranked_params_on_device(
+  platform: str | None, pinned: bool | None, refusal: str | None
+) -> list[bool]:
+  """Where the plans keep the weights and slots between steps
+  (`plan.StepPlan.params_on_device`), in the speed model's order: on the
+  device first where `SPEED_PARAMS_ON_DEVICE` ranks it first, then on the
+  host (the leaner: a plan on the host that does not fit, its twin on the
+  device does not either).
+
+  Args:
+    platform: str, the devices' backend, or None.
+    pinned: bool, the setting where the user gave one, or None ('auto').
+    refusal: why they cannot stay on the device
+      (`options.params_on_device_refusal`), or None.
+  """
+  if refusal is not None:
+    return [False]
+  if pinned is not None:
+    return [pinned]
+  return (
+    [True, False] if SPEED_PARAMS_ON_DEVICE.get(platform, True) else [False]
+  )

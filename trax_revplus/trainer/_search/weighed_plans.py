@@ -3,7 +3,9 @@
 The planner keeps every plan it accounts on a batch's shapes, by its
 search for the plan to run and for the least plan, with its figures
 (`Weighing`): its peak device and host bytes, or the program the backend
-refused to compile for memory; `trax-revplus estimate` prints them
+refused to compile for memory, and where it was timed on the device
+(`plan_timing`) its seconds a step or how its run failed;
+`trax-revplus estimate` prints them
 (`Weighing.lines`) and writes them (`Weighing.to_json`), the chosen one
 marked.
 """
@@ -26,10 +28,12 @@ class Weighed(NamedTuple):
     fits: whether its peak device bytes are within the device budget and
       its peak host bytes within the host budget (False where refused);
       None without either budget.
-    step_seconds: float seconds one step of it took where measured, else
-      None (nothing measures plans yet).
+    step_seconds: float seconds one step of it took where timed on the
+      device (`plan_timing`: the median of its timed runs), else None.
     refused: the `device_memory.ProgramOutOfMemoryError` of a plan the
       backend refused to compile for memory, else None.
+    run_failed: where its timing run failed on the device, why (one line):
+      it does not fit (`fits` False); else None.
   """
 
   plan: plan_lib.StepPlan
@@ -37,6 +41,7 @@ class Weighed(NamedTuple):
   fits: bool | None
   step_seconds: float | None = None
   refused: device_memory.ProgramOutOfMemoryError | None = None
+  run_failed: str | None = None
 
   @property
   def calls_per_step(self) -> int | None:
@@ -122,13 +127,30 @@ class Weighing:
     if plan not in self._by_plan:
       self._by_plan[plan] = Weighed(plan, None, False, refused=error)
 
+  def timed(self, plan: plan_lib.StepPlan, seconds: float) -> None:
+    """Records that `plan` (accounted) took `seconds` a step on the
+    device."""
+    self._by_plan[plan] = self._by_plan[plan]._replace(step_seconds=seconds)
+
+  def step_seconds(self, plan: plan_lib.StepPlan) -> float | None:
+    """The seconds a step of `plan` took where it was timed, else None."""
+    weighed = self._by_plan.get(plan)
+    return None if weighed is None else weighed.step_seconds
+
+  def run_failed(self, plan: plan_lib.StepPlan, why: str) -> None:
+    """Records that `plan`'s (accounted) timing run failed on the device
+    (`why`, one line): it does not fit."""
+    self._by_plan[plan] = self._by_plan[plan]._replace(
+      fits=False, run_failed=why
+    )
+
   def to_json(self) -> list[dict]:
     """One JSON object per plan weighed, in the order accounted: its
     `describe`, `settings`, `peak_device_bytes`, `peak_host_bytes`, `fits`,
-    `calls_per_step`, `step_seconds` (null where not measured), whether it
-    is `chosen`, and where refused (its peaks null) `refused`, the line
-    saying so, and `least_device_bytes`, what it needs at least (or
-    null)."""
+    `calls_per_step`, `step_seconds` (null where not timed), whether it
+    is `chosen`, where its timing run failed `run_failed` (why), and where
+    refused (its peaks null) `refused`, the line saying so, and
+    `least_device_bytes`, what it needs at least (or null)."""
     out = []
     for w in self.weighed:
       entry = {
@@ -141,6 +163,8 @@ class Weighing:
         'step_seconds': w.step_seconds,
         'chosen': w.plan == self.chosen,
       }
+      if w.run_failed is not None:
+        entry['run_failed'] = w.run_failed
       if w.refused is not None:
         entry.update(
           refused=str(w.refused), least_device_bytes=w.refused.least_bytes
@@ -150,9 +174,11 @@ class Weighing:
 
   def lines(self) -> list[str]:
     """The plans weighed as printed lines, a header first: '*' marks the
-    chosen plan; fits and step time are '-' where unknown; a plan the
-    backend refused to compile for memory reads 'refused' (with the bytes
-    it needs at least, where known)."""
+    chosen plan; fits and step time are '-' where unknown (the step time
+    is a plan's timed on the device: `plan_timing`), a plan whose timing
+    run failed reads 'failed' there; a plan the backend refused to compile
+    for memory reads 'refused' (with the bytes it needs at least, where
+    known)."""
     out = [
       f'  {"peak device/step":>27} {"peak host/step":>14} {"fits":>4} '
       f'{"calls/step":>10} {"step time":>9}  plan'
@@ -175,6 +201,8 @@ class Weighing:
         calls = str(w.calls_per_step)
       fits = '-' if w.fits is None else ('yes' if w.fits else 'no')
       seconds = '-' if w.step_seconds is None else f'{w.step_seconds:.3f}s'
+      if w.run_failed is not None:
+        seconds = 'failed'
       settings = ', '.join(f'{k}={v}' for k, v in w.plan.settings().items())
       out.append(
         f'{mark} {device:>27} {host:>14} {fits:>4} {calls:>10} '

@@ -133,6 +133,14 @@ class NonFiniteGuard:
         f'layers {i + 1}..{n_layers - 1} were already updated in '
         f'memory, layers 0..{i} were not'
       )
+    given_up = self._store.given_up()
+    if given_up:
+      # Their calls replaced them on the device (`params_on_device`).
+      kept += (
+        f'; the weights and slots of layers {_spans(given_up)} kept on the '
+        f'device were given up to calls of this step and are lost: this '
+        f'trainer cannot step again (load the last checkpoint)'
+      )
     step = self._step
     return validation.NonFiniteError(
       f'{what} is {value} at step {step} (phase {phase}, layer {i} '
@@ -147,11 +155,33 @@ class NonFiniteGuard:
     )
 
 
+def _spans(indices: list[int]) -> str:
+  """Layer indices in words, runs as 'a..b': e.g. '0..3, 7'."""
+  runs: list[list[int]] = []
+  for i in indices:
+    if runs and i == runs[-1][1] + 1:
+      runs[-1][1] = i
+    else:
+      runs.append([i, i])
+  return ', '.join(f'{a}' if a == b else f'{a}..{b}' for a, b in runs)
+
+
+class _Staying(NamedTuple):
+  """Updated weights or slots that stay on the device (`plan.StepPlan.
+  params_on_device`): collected as they are, where a `placement.HostCopy`
+  would copy them."""
+
+  tree: PyTree
+
+  def collect(self) -> PyTree:
+    return self.tree
+
+
 class _Pending(NamedTuple):
   """One compiled call's updates on their way to the host."""
 
   layers: list[int]  # commit (backward) order
-  weights: Any  # placement.HostCopy of a list over `layers`, or None
+  weights: Any  # placement.HostCopy (or _Staying) of a list over `layers`
   slots: Any  # the same; without weights, gradients to add up, or None
   state: Any
   checks: list[dict | None]  # NonFiniteGuard.values_to_check per layer
@@ -190,11 +220,15 @@ class CommitQueue(step_run_lib.UpdateSink):
     self.guard = NonFiniteGuard(on_non_finite, store, describe_last_checkpoint)
     # Layer index -> host gradients added up.
     self._gradients: dict[int, PyTree] = {}
+    self._params_on_device = False
 
-  def begin_step(self, step: int) -> None:
-    """Commits from now on belong to training step `step` (int)."""
+  def begin_step(self, step: int, params_on_device: bool = False) -> None:
+    """Commits from now on belong to training step `step` (int), whose plan
+    keeps weights and slots on the device (`params_on_device`: they are
+    committed as they are, with no copy) or not."""
     self.guard.begin_step(step)
     self._gradients = {}
+    self._params_on_device = params_on_device
 
   def end_step(self) -> None:
     """After the step's last commit: undoes a skipped step (`'skip'`)."""
@@ -238,10 +272,13 @@ class CommitQueue(step_run_lib.UpdateSink):
     takes."""
     p = self._placement
     accumulated, gradients = copy_back.accumulated_updates(weights, slots)
+    to_host: Callable[[Any], Any] = p.start_to_host
+    if self._params_on_device and not accumulated:
+      to_host = _Staying  # Committed as they are.
     return _Pending(
       layers,
-      None if accumulated else p.start_to_host(weights),
-      p.start_to_host(slots) if gradients or not accumulated else None,
+      None if accumulated else to_host(weights),
+      to_host(slots) if gradients or not accumulated else None,
       # The host keeps device 0's copy of each state, in the layer's own
       # shape S (no device axis), as stock trax's `_unreplicate` does; the
       # next step places it on every device again (`Placement.per_device`).

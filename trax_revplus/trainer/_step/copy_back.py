@@ -9,7 +9,7 @@ the host would hold. The step and the accounting follow this one rule
 """
 
 import collections
-from typing import Any
+from typing import Any, Callable
 
 from trax_revplus.trainer._step import batch_parts
 from trax_revplus.trainer._step import protocols
@@ -102,13 +102,24 @@ class CopyBack:
   (`on_device`).
   """
 
-  def __init__(self, n_async_layers: int, sink: protocols.UpdateSink):
+  def __init__(
+    self,
+    n_async_layers: int,
+    sink: protocols.UpdateSink,
+    kept: Callable[[list[int], list[PyTree], list[PyTree]], None] | None = None,
+  ):
     """Args: n_async_layers, int >= 0 (`commit_waits`); sink, the
-    `protocols.UpdateSink` the updates go to."""
+    `protocols.UpdateSink` the updates go to; kept, where the weights and
+    slots stay on the device across steps (`plan.StepPlan.
+    params_on_device`), called with (layers, weights, slots) of each
+    update as it leaves (they stay on the device), else None."""
     self._n_async_layers = n_async_layers
     self._sink = sink
-    # (n layers, device updates, token)
-    self._pending: collections.deque[tuple[int, Any, Any]] = collections.deque()
+    self._kept = kept
+    # (layers, device updates, token)
+    self._pending: collections.deque[tuple[list[int], Any, Any]] = (
+      collections.deque()
+    )
 
   def push(
     self,
@@ -122,17 +133,25 @@ class CopyBack:
     """One call's updates, lists over `layers` in commit (backward) order
     (see `UpdateSink.start`)."""
     token = self._sink.start(layers, weights, slots, states, stats, part)
-    self._pending.append((len(layers), (weights, slots, states), token))
+    self._pending.append((layers, (weights, slots, states), token))
     waiting = commit_waits(
-      [n for n, _, _ in self._pending], self._n_async_layers
+      [len(n) for n, _, _ in self._pending], self._n_async_layers
     )
     while len(self._pending) > waiting:
-      self._sink.commit(self._pending.popleft()[2])
+      self._leave()
 
   def drain(self) -> None:
     """Every waiting update leaves, oldest first."""
     while self._pending:
-      self._sink.commit(self._pending.popleft()[2])
+      self._leave()
+
+  def _leave(self) -> None:
+    """The oldest update leaves: to the sink, and where weights and slots
+    stay on the device, back to what the walk keeps there (`kept`)."""
+    layers, (weights, slots, _), token = self._pending.popleft()
+    self._sink.commit(token)
+    if self._kept is not None and weights and weights[0] is not None:
+      self._kept(layers, weights, slots)
 
   def on_device(self) -> list[Any]:
     """The updates still held on the device (weights, slots, states)."""

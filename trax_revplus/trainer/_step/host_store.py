@@ -175,6 +175,22 @@ class LayerStore:
       return weights, None
     return weights, [self.optimizers[i].slots for i in indices]
 
+  def given_up(self) -> list[int]:
+    """Indices of the layers whose weights or slots on the device were
+    given up to a call (donated) whose update was never committed: a step
+    that keeps them on the device (`plan.StepPlan.params_on_device`) and
+    stopped on a non-finite value. Empty otherwise."""
+    return [
+      i
+      for i, layer in enumerate(self.layers)
+      if any(
+        isinstance(x, jax.Array) and x.is_deleted()
+        for x in jax.tree_util.tree_leaves(
+          (layer.weights, self.optimizers[i].slots)
+        )
+      )
+    ]
+
   def states(self, indices: list[int]) -> list[PyTree]:
     """List of the state of each of layers `indices`."""
     return [self.layers[i].state for i in indices]

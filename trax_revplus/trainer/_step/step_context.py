@@ -172,6 +172,15 @@ class StepContext(step_run_lib.StepRun):
     so that the forward phase counts its bytes."""
     if self._free_accelerators:
       self._free_device_buffers(self._store.keep())
+    if self.plan.params_on_device:
+      # Placed once (no copy where they stayed on the device since the
+      # last step's updates).
+      layers = range(len(self._store.layers))
+      weights, slots = self._store.params(list(layers), with_slots=True)
+      assert slots is not None
+      self.on_device = dict(
+        zip(layers, self._placement.place_params(list(zip(weights, slots))))
+      )
     batch = self._batch
     assert batch is not None  # the walk begins once
     if n_parts == 1:
@@ -250,7 +259,9 @@ class StepContext(step_run_lib.StepRun):
     return fn(*args)
 
   def host_params(self) -> PyTree:
-    return step_run_lib.host_params(self._store.layers, self._store.optimizers)
+    return step_run_lib.host_params(
+      self._store.layers, self._store.optimizers, self.plan.params_on_device
+    )
 
   def host_batch(self) -> PyTree:
     return self._host_batch

@@ -56,6 +56,11 @@ class StepHoldings:
       on the host: `plan.StepPlan.grads_on_host`).
     part_losses: the losses of the step's earlier micro-batches (each its
       share of the batch's loss).
+    on_device: dict, layer index -> (weights, slots) kept on the device
+      across steps (`plan.StepPlan.params_on_device`; empty otherwise):
+      every layer's from the walk's `begin`, but while its update is on
+      its way (`copy_back`: from its call until it leaves, it is the
+      call's results), when it returns here.
   """
 
   def __init__(
@@ -79,7 +84,12 @@ class StepHoldings:
     self.stats: list[dict] = []
     self.phase = 'forward'
     self.sink = sink
-    self.copy_back = CopyBack(plan.n_async_layers, sink)
+    self.copy_back = CopyBack(
+      plan.n_async_layers,
+      sink,
+      self._kept_on_device if plan.params_on_device else None,
+    )
+    self.on_device: dict[int, tuple[PyTree, PyTree]] = {}
     self.ties = ties if ties is not None else ties_lib.Ties()
     self.tied: dict[tuple[int, int], PyTree] = {}
     self.part: batch_parts.Part | None = None
@@ -111,16 +121,27 @@ class StepHoldings:
       ('updates not yet copied back', self.copy_back.on_device()),
       ('shared weights updated for an earlier layer', self.tied),
       ('statistics', self.stats),
+      ('weights and slots kept on the device', self.on_device),
     ]
+
+  def _kept_on_device(
+    self, layers: list[int], weights: list[PyTree], slots: list[PyTree]
+  ) -> None:
+    """An update of `layers` left the copy-back: its weights and slots
+    stay on the device (`on_device`)."""
+    for i, w, s in zip(layers, weights, slots):
+      self.on_device[i] = (w, s)
 
   def held_on_host(self, devices_are_host: bool) -> list[tuple[str, Any]]:
     """What the step holds on the host now, as named parts (pytrees).
 
     Each array counts once, whole (every device's data), in the first part
     that lists it: each layer's weights, state and slots (kept there
-    between steps); the batch the step was given; saved entries waiting on
-    the host (`on_host`); what the sink keeps there (the gradients it adds
-    up over micro-batches, the arrays it keeps to undo a step:
+    between steps; its state alone where weights and slots stay on the
+    device: `plan.StepPlan.params_on_device`); the batch the step was
+    given; saved entries waiting on the host (`on_host`); what the sink
+    keeps there (the gradients it adds up over micro-batches, the arrays
+    it keeps to undo a step:
     `UpdateSink.held_on_host`); and host copies of updates not yet copied
     back (`CopyBack`: their copies are under way), except where the
     devices' buffers are host memory (`devices_are_host`, the CPU
@@ -138,11 +159,15 @@ class StepHoldings:
     ]
     parts += self.sink.held_on_host()
     if not devices_are_host:
-      parts.append(('updates being copied back', self.copy_back.on_device()))
+      pending = self.copy_back.on_device()
+      if self.plan.params_on_device:  # Their states alone come back.
+        pending = [states for _, _, states in pending]
+      parts.append(('updates being copied back', pending))
     return parts
 
   def host_params(self) -> PyTree:
-    """Every layer's host weights, state and slots (here: none)."""
+    """Every layer's host weights, state and slots; its state alone where
+    the plan keeps weights and slots on the device (here: none)."""
 
   def host_batch(self) -> PyTree:
     """The batch the step was given, on the host (here: none)."""

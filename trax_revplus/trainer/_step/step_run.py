@@ -107,8 +107,20 @@ class StepRun(step_holdings.StepHoldings, abc.ABC):
     if self.plan.prefetch:
       self._next = (
         unit,
-        self.place(unit.layers, with_slots and not self.accumulating),
+        self._params_of(unit.layers, with_slots and not self.accumulating),
       )
+
+  def _params_of(
+    self, layers: list[int], with_slots: bool
+  ) -> tuple[list[PyTree], list[PyTree] | None]:
+    """(weights, slots) of `layers` for their call: those kept on the
+    device where the plan keeps them there (`on_device`), else placed
+    (`place`)."""
+    if not self.plan.params_on_device:
+      return self.place(layers, with_slots)
+    weights = [self.on_device[i][0] for i in layers]
+    slots = [self.on_device[i][1] for i in layers] if with_slots else None
+    return weights, slots
 
   def params(
     self,
@@ -132,7 +144,9 @@ class StepRun(step_holdings.StepHoldings, abc.ABC):
       assert ahead_unit is unit, (ahead_unit, unit)
       self._next = None
     else:
-      params = self.place(unit.layers, with_slots and not self.accumulating)
+      params = self._params_of(
+        unit.layers, with_slots and not self.accumulating
+      )
     if following is not None:
       self.place_ahead(following, with_slots)
     if with_slots and self.part is not None:
@@ -211,6 +225,10 @@ class StepRun(step_holdings.StepHoldings, abc.ABC):
       self.copy_back.push(layers, none, slots, states, stats, self.part)
       return
     self.stats.extend(stats)
+    for i in layers:
+      # Given up to the call (donated): its results replace them on their
+      # way through the copy-back (`_kept_on_device`).
+      self.on_device.pop(i, None)
     if self.ties:
       for layer, layer_weights in zip(layers, weights):
         for tie in self.ties.read_from(layer):
@@ -254,12 +272,19 @@ class StepRun(step_holdings.StepHoldings, abc.ABC):
 
 
 def host_params(
-  layers: Sequence[tl.Layer], optimizers: Sequence[optimizer_base.Optimizer]
+  layers: Sequence[tl.Layer],
+  optimizers: Sequence[optimizer_base.Optimizer],
+  on_device: bool = False,
 ) -> PyTree:
   """(weights, state, slots) of `layers` and their `optimizers` (lists by
-  layer index), as the host keeps them between steps."""
+  layer index), as the host keeps them between steps: where weights and
+  slots stay on the device (`on_device`: `plan.StepPlan.params_on_device`),
+  the states alone."""
+  states = [layer.state for layer in layers]
+  if on_device:
+    return states
   return (
     [layer.weights for layer in layers],
-    [layer.state for layer in layers],
+    states,
     [optimizer.slots for optimizer in optimizers],
   )
