@@ -44,3 +44,14 @@ def format_bytes(
       return f'{nbytes} B'
   number = format(nbytes / _UNIT_BYTES[unit], spec)
   return f'{number} {unit}' if suffix else number
+
+
+def format_apart(*nbytes: int) -> list[str]:
+  """Byte counts a line compares, each in its own binary unit
+  (`format_bytes(n, unit=None)`), or all in bytes ('2048 bytes') where the
+  unit's rounding would show two different counts alike (a need just over
+  a budget must not read as equal to it)."""
+  words = [format_bytes(n, unit=None) for n in nbytes]
+  if len(set(words)) < len(set(nbytes)):
+    return [f'{n} bytes' for n in nbytes]
+  return words

@@ -64,10 +64,6 @@ class HostCopy:
     self._leaves = leaves
     self._squeeze = squeeze
 
-  def device_arrays(self) -> List[Array]:
-    """The device arrays still referenced (so freeing can protect them)."""
-    return [x for x in self._leaves if isinstance(x, jax.Array)]
-
   def collect(self) -> PyTree:
     """Returns the pytree with host `numpy.ndarray` leaves (blocks on D2H)."""
     out = []

@@ -44,7 +44,7 @@ grows with the model's depth.
 """
 
 import dataclasses
-from typing import Callable, Hashable, Mapping, NamedTuple, Sequence
+from typing import Callable, Mapping, NamedTuple, Sequence
 
 from trax_revplus import device_memory
 from trax_revplus.device_memory import calls as calls_lib
@@ -344,8 +344,3 @@ def _call(
       ),
       None,
     )
-
-
-def program_keys(walk: on_types.AheadOfTime | None) -> list[Hashable]:
-  """The programs of a walk's calls, each once (none where not walked)."""
-  return [] if walk is None else walk.calls.keys()

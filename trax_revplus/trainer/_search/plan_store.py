@@ -49,7 +49,7 @@ import jax
 from trax import layers as tl
 
 from trax_revplus import notices
-from trax_revplus.byte_sizes import format_bytes
+from trax_revplus.byte_sizes import format_apart
 from trax_revplus.trainer._plan import dimensions
 from trax_revplus.trainer._plan import plan as plan_lib
 
@@ -269,10 +269,6 @@ def plan_from_json(data: Mapping[str, Any]) -> plan_lib.StepPlan:
 def _digest(entry: Mapping[str, Any]) -> str:
   body = {k: v for k, v in entry.items() if k != 'sha256'}
   return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
-
-
-def _size(nbytes: int) -> str:
-  return format_bytes(nbytes, unit=None)
 
 
 def _devices(n: Any) -> str:
@@ -530,13 +526,10 @@ class PlanStore:
         warning=True,
       )
     elif ranges:
-      bounds = {n for r in ranges for n in r if n is not None}
-      # In bytes where a unit's rounding would show the budget as a bound.
-      size = (
-        (lambda n: f'{n} bytes')
-        if _size(budget_bytes) in {_size(n) for n in bounds}
-        else _size
-      )
+      bounds = sorted({n for r in ranges for n in r if n is not None})
+      size = dict(
+        zip([budget_bytes, *bounds], format_apart(budget_bytes, *bounds))
+      ).__getitem__
       answers = ', '.join(
         f'{size(low)} or more'
         if high is None

@@ -35,7 +35,7 @@ from trax_revplus import device_memory
 from trax_revplus import interrupt
 from trax_revplus import notices
 from trax_revplus import placement as placement_lib
-from trax_revplus.byte_sizes import format_bytes
+from trax_revplus.byte_sizes import format_apart
 from trax_revplus.trainer._accounting import on_types
 from trax_revplus.trainer._plan import options as options_lib
 from trax_revplus.trainer._plan import plan as plan_lib
@@ -53,13 +53,6 @@ from trax_revplus.typing import Batch
 
 
 DeviceMemoryBudgetError = budget_lib.DeviceMemoryBudgetError
-
-
-def _sizes(need: int, limit: int) -> tuple[str, str]:
-  """`need` and `limit` as a line compares them: in a binary unit, or in
-  bytes where the unit's rounding would show them equal."""
-  words = format_bytes(need, unit=None), format_bytes(limit, unit=None)
-  return words if words[0] != words[1] else (f'{need} bytes', f'{limit} bytes')
 
 
 class Planner(weighers.StepWeigher):
@@ -446,10 +439,10 @@ class Planner(weighers.StepWeigher):
       else:
         host_budget = self.host_budget_bytes
         if step.peak_device_bytes > budget_bytes:
-          need, limit = _sizes(step.peak_device_bytes, budget_bytes)
+          need, limit = format_apart(step.peak_device_bytes, budget_bytes)
           why = f'it needs {need} per device, over the budget of {limit}'
         elif host_budget is not None and step.peak_host_bytes > host_budget:
-          need, limit = _sizes(step.peak_host_bytes, host_budget)
+          need, limit = format_apart(step.peak_host_bytes, host_budget)
           why = (
             f'it needs {need} of host memory, over the host budget of {limit}'
           )

@@ -37,6 +37,7 @@ programs that run the tail over chunks are `loss_slices`.
 
 from typing import Any
 
+from absl import logging
 import jax
 from jax import numpy as jnp
 import numpy as np
@@ -172,7 +173,16 @@ def tail_length(loss_layer: tl.Layer, inputs_types: PyTree) -> int | None:
         lambda x: forward(x, weights[:start], states[:start], [rng] * start),
         inputs_types,
       )
-  except Exception:  # pylint: disable=broad-except
+  except Exception as e:  # pylint: disable=broad-except
+    # Any failure of a trax layer's shape inference (its own errors are
+    # not one type): the step still runs, its tail unchunked; said once.
+    logging.info(
+      "sequence chunks: the shapes after %s's head could not be found "
+      'ahead (%s: %s); its tail runs unchunked.',
+      loss_layer.name,
+      type(e).__name__,
+      e,
+    )
     return None
   return sequence_length(items_of(items))
 
