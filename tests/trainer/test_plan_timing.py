@@ -29,19 +29,19 @@ pytestmark = pytest.mark.usefixtures('stock_trax')
 _BATCH = cases.lm_batch()
 # Room for every plan: the plans that fit are the candidates, in order.
 _ROOM = 2**40
+# One layer per call: the first candidate group's plans (copy-back depths,
+# prefetch, where saved inputs wait) all run on the same programs, the
+# plans timing may time (it compiles nothing).
+_ONE_LAYER = {'segment_max_layers': 1}
 
 
 def _first_plans(trainer, n):
   """The speed model's first `n` candidate plans of `trainer` on
-  `_BATCH`."""
+  `_BATCH`: its first group's."""
   p = trainer.planner
-  plans = [
-    plan
-    for group in p.candidates(p.step_types(_BATCH)).groups()
-    for plan in group.plans
-  ]
+  plans = next(iter(p.candidates(p.step_types(_BATCH)).groups())).plans
   assert len(plans) >= n
-  return plans[:n]
+  return list(plans[:n])
 
 
 def _injected(monkeypatch, seconds_of):
@@ -80,11 +80,13 @@ def test_the_fastest_measured_plan_runs(monkeypatch, tmp_path):
   warm-up left out) and one naming the choice; `estimate`'s table shows
   each one's step time. A second run of the config reads the plan back and
   times nothing."""
+  monkeypatch.setattr(plan_timing, 'MIN_LIMIT_SECONDS', 1e9)
   _, trainer = cases.lm_trainer(
     _BATCH,
     device_memory_budget_bytes=_ROOM,
     time_plans=3,
     output_dir=str(tmp_path),
+    **_ONE_LAYER,
   )
   first, second, third = _first_plans(trainer, 3)
   base = {first: 3.0, second: 2.0, third: 1.0}
@@ -127,6 +129,7 @@ def test_the_fastest_measured_plan_runs(monkeypatch, tmp_path):
     device_memory_budget_bytes=_ROOM,
     time_plans=3,
     output_dir=str(tmp_path),
+    **_ONE_LAYER,
   )
   lines = _planned_lines(again)
   assert again.planned(_BATCH).plan == third
@@ -141,8 +144,9 @@ def test_a_plan_whose_run_fails_counts_as_not_fitting(monkeypatch):
   """The first plan's run fails on the device (out of memory at run time):
   one line names it and why, it does not fit, its device buffers are
   released, and the next plans are timed: the fastest of them runs."""
+  monkeypatch.setattr(plan_timing, 'MIN_LIMIT_SECONDS', 1e9)
   _, trainer = cases.lm_trainer(
-    _BATCH, device_memory_budget_bytes=_ROOM, time_plans=3
+    _BATCH, device_memory_budget_bytes=_ROOM, time_plans=3, **_ONE_LAYER
   )
   plans = _first_plans(trainer, 4)
   error = (
@@ -220,13 +224,14 @@ def test_timing_changes_nothing_trained(monkeypatch, tmp_path):
     device_memory_budget_bytes=_ROOM,
     time_plans=3,
     output_dir=str(tmp_path / 'timed'),
+    **_ONE_LAYER,
   )
   seconds = plan_timing.PlanTimer.seconds
   timed = []
 
-  def unchanged(self, planned, batch):
+  def unchanged(self, planned, batch, limit_seconds=None):
     before = _state(timing)
-    result = seconds(self, planned, batch)
+    result = seconds(self, planned, batch, limit_seconds)
     cases.assert_all_close(before, _state(timing), tol=0)
     timed.append(planned.plan)
     return result
@@ -249,6 +254,7 @@ def test_timing_changes_nothing_trained(monkeypatch, tmp_path):
     device_memory_budget_bytes=_ROOM,
     time_plans=0,
     output_dir=str(tmp_path / 'untimed'),
+    **_ONE_LAYER,
   )
   untimed_losses = cases.train(untimed, _BATCH, 2)
   assert untimed.planned(_BATCH).plan == chosen
@@ -300,3 +306,46 @@ def test_auto_times_nothing_on_the_cpu_and_bad_values_are_one_line(
     )
   gin.parse_config('trax_revplus.ReversibleSerialTrainer.time_plans = 2')
   assert rev_trainer.validate_gin_bindings().time_plans == 2
+
+
+def test_plans_are_not_timed_where_timing_would_outlast_their_compile(
+  monkeypatch,
+):
+  """A first run so long that timing the plans would take longer than
+  compiling their programs (at least `MIN_LIMIT_SECONDS`): one line, no
+  more runs, and the speed model's first plan runs."""
+  _, trainer = cases.lm_trainer(
+    _BATCH, device_memory_budget_bytes=_ROOM, time_plans=3, **_ONE_LAYER
+  )
+  plans = _first_plans(trainer, 3)
+  runs = _injected(monkeypatch, lambda plan, k: 100.0)
+  lines = _planned_lines(trainer)
+  assert trainer.planned(_BATCH).plan == plans[0]
+  assert runs == [(plans[0], 0)]
+  assert _timed_lines(lines) == [
+    'timed: none of 3 plans: a run takes 100.0 s, so timing them would '
+    'take more than 10 s (compiling their programs took that); the speed '
+    "model's first runs"
+  ]
+  weighing = trainer.planner.weighing(_BATCH)
+  assert all(w.step_seconds is None for w in weighing.weighed)
+
+
+def test_timing_compiles_nothing_beyond_the_first_plan(monkeypatch):
+  """Only plans whose programs the search compiled already are timed: on
+  the CPU the first plan (the whole model in one program, 2 batch slices)
+  has no such neighbour, so nothing is timed and nothing more compiles."""
+  _, timing = cases.lm_trainer(
+    _BATCH, device_memory_budget_bytes=_ROOM, time_plans=3
+  )
+  runs = _injected(monkeypatch, lambda plan, k: 1.0)
+  compiles = cases.count_compiles()
+  timing_plan = timing.planned(_BATCH).plan
+  timing_compiles = len(compiles)
+  _, untimed = cases.lm_trainer(
+    _BATCH, device_memory_budget_bytes=_ROOM, time_plans=0
+  )
+  start = len(compiles)
+  assert untimed.planned(_BATCH).plan == timing_plan
+  assert not runs
+  assert timing_compiles == len(compiles) - start

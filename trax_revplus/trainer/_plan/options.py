@@ -239,9 +239,14 @@ class TrainerOptions:
       settings name (device_memory_budget_bytes = None) over it is one
       line, `budget.HostMemoryBudgetError`, before any step.
     time_plans: 'auto' (default) or an int >= 0: under a device memory
-      budget, how many of the plans that fit (the speed model's first)
-      are timed on the device before the first step on a batch's shapes;
-      the fastest measured runs (`trainer._search.plan_timing`: each
+      budget, how many of the plans that fit are timed on the device
+      before the first step on a batch's shapes: the speed model's first
+      and the next of its candidate group that run on programs already
+      compiled (its twin with weights and slots on the host, other
+      copy-back depths, prefetch off: timing compiles nothing), and none
+      where the first run shows that timing them would take longer than
+      compiling their programs did (at least 10 s); the fastest measured
+      runs (`trainer._search.plan_timing`: each
       plan's whole step on copies of the weights, slots and states and
       the first batch, one warm-up and the median of 2 runs; nothing it
       runs is kept). A plan whose run fails on the device (out of memory)

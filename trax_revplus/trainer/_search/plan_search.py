@@ -228,6 +228,17 @@ class PlanSearch:
           yield plan
     self.faster_plans_need_bytes = min(excluded, default=None)
 
+  def group_of(self, plan: plan_lib.StepPlan) -> Group:
+    """The first candidate group listing `plan`.
+
+    Raises:
+      ValueError: no group lists it.
+    """
+    for group in self._groups:
+      if plan in group.plans:
+        return group
+    raise ValueError(f'no candidate group lists {plan.describe()}')
+
   def _with_heads(self, heads: int | None) -> list[int]:
     """Indices of the groups whose plans set `heads` pairs at once."""
     return [

@@ -1,8 +1,11 @@
 """Plans timed on the device: a plan's whole step run on copies, its median.
 
 Under a device memory budget the planner may time the few plans that fit
-which the speed model ranks first (`options.TrainerOptions.time_plans`) and
-run the fastest measured. `PlanTimer.seconds` runs one plan's whole step
+which the speed model ranks first and which run on programs the search
+compiled already (`options.TrainerOptions.time_plans`,
+`planner.Planner._fastest_timed`), and run the fastest measured; where the
+first run shows that timing them would outlast compiling their programs,
+none is timed (`TooLongToTime`). `PlanTimer.seconds` runs one plan's whole step
 (`units.Units.walk`) on the device as a real step runs it: a
 `step_context.StepContext` over a `CopyingStore` (copies of the trainer's
 weights, slots and states, which the step's calls may donate; updates set
@@ -54,6 +57,10 @@ AUTO_ON_ACCELERATORS = 3
 # timed runs whose median is its seconds a step.
 WARM_UPS = 1
 REPETITIONS = 2
+# The least seconds timing may take (`planner.Planner._fastest_timed`: the
+# limit is the seconds the first plan's programs took to compile, at least
+# this): timing costs no more than compiling the plan would.
+MIN_LIMIT_SECONDS = 10.0
 
 
 def plans_to_time(setting: int | str, platform: str) -> int:
@@ -69,6 +76,19 @@ def plans_to_time(setting: int | str, platform: str) -> int:
 
 class PlanRunFailed(Exception):
   """A plan's timing run failed on the device; the message is one line."""
+
+
+class TooLongToTime(Exception):
+  """A plan's first run took so long that its timed runs would pass the
+  limit given (`PlanTimer.seconds`).
+
+  Attributes:
+    run_seconds: float, the first run's seconds.
+  """
+
+  def __init__(self, run_seconds: float):
+    super().__init__(f'a run takes {run_seconds:.1f} s')
+    self.run_seconds = run_seconds
 
 
 def _copied(tree: PyTree) -> PyTree:
@@ -210,28 +230,51 @@ class PlanTimer:
     self.repetitions = repetitions
     self._clock = clock
 
-  def seconds(self, planned: units_lib.PlannedStep, batch: Batch) -> float:
+  def seconds(
+    self,
+    planned: units_lib.PlannedStep,
+    batch: Batch,
+    limit_seconds: float | None = None,
+  ) -> float:
     """The median wall seconds of `planned`'s step on `batch` over
     `repetitions` runs after `WARM_UPS` (each waited for); device buffers
     released after.
 
+    Args:
+      planned: the plan's `units.PlannedStep`.
+      batch: the batch (or its types: zeros of them) it runs on.
+      limit_seconds: float or None; where the first run shows that all of
+        them would take longer (its seconds times the runs), none more
+        runs (`TooLongToTime`).
+
     Raises:
       PlanRunFailed: a run failed on the device (any process's, in a run
         of several).
+      TooLongToTime: the runs would pass `limit_seconds` (every process
+        agrees: the slowest first run decides).
     """
     batch = _concrete(batch)
     failed = None
     runs: list[float] = []
+    total = WARM_UPS + self.repetitions
+    too_long = None
     with _uncounted(self._placement.transfers):
       try:
-        for i in range(WARM_UPS + self.repetitions):
+        for i in range(total):
           seconds = self._run(planned, batch)
+          if i == 0 and limit_seconds is not None:
+            first = self._slowest_process(seconds)
+            if first >= 0 and first * total > limit_seconds:
+              too_long = first
+              break
           if i >= WARM_UPS:
             runs.append(seconds)
       except jax.errors.JaxRuntimeError as e:
         failed = errors.one_line(e, context=False, max_chars=300)
       # The runs' arrays are unreachable now (the error's traceback too).
       self._placement.free_device_buffers(self._store.keep())
+    if too_long is not None:
+      raise TooLongToTime(too_long)
     median = statistics.median(runs) if failed is None else -1.0
     median = self._slowest_process(median)
     if median < 0:

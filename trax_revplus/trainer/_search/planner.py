@@ -280,7 +280,7 @@ class Planner(weighers.StepWeigher):
       if plan is None:
         self.least = search.least()
       else:
-        plan = self._fastest_timed(plan, fitting, types, batch)
+        plan = self._fastest_timed(plan, search, types, batch)
     except plan_search_lib.LeastRefused as e:
       raise budget_lib.nothing_fits(
         e.plan,
@@ -332,48 +332,62 @@ class Planner(weighers.StepWeigher):
   def _fastest_timed(
     self,
     first: plan_lib.StepPlan,
-    fitting: Iterator[plan_lib.StepPlan],
+    search: plan_search_lib.PlanSearch,
     types: on_types.StepTypes,
     batch: Batch,
   ) -> plan_lib.StepPlan:
-    """The plan to run of those that fit, `first` the first and `fitting`
-    the rest (`plan_search.PlanSearch.fitting`): `first` where plans are
-    not timed (`plan_timing.plans_to_time`) or no other fits; else the
-    fastest measured of the first n that ran (`plan_timing.PlanTimer`,
-    ties: the first in the speed model's order). A plan whose run fails
-    on the device counts as not fitting, and the next is timed; a line
-    for each plan timed, and for the one chosen.
+    """The plan to run of those that fit, `first` the search's first: where
+    plans are timed (`plan_timing.plans_to_time`), the fastest measured of
+    `first` and the next plans of its group that fit and run on programs
+    already compiled (`_timed_with`: timing compiles nothing), within a
+    time limit (the seconds its programs took to compile, at least
+    `plan_timing.MIN_LIMIT_SECONDS`); ties: the first in the speed model's
+    order. `first` where none is timed: nothing else to time, or timing
+    them would take longer than the limit (`plan_timing.PlanTimer.seconds`
+    says so after the first run). A plan whose run fails on the device
+    counts as not fitting, and the next is timed; a line for each plan
+    timed, and for the one chosen.
 
     Raises:
-      DeviceMemoryBudgetError: every plan that fits failed on the device.
-      As `plan_search.PlanSearch.fitting` otherwise.
+      DeviceMemoryBudgetError: every plan timed failed on the device.
     """
     n = plan_timing.plans_to_time(
       self._options.time_plans, self._placement.platform
     )
     if n < 2:
       return first
-    second = next(fitting, None)
-    if second is None:  # one plan fits: nothing to choose
+    others = self._timed_with(first, search, types)
+    second = next(others, None)
+    if second is None:  # nothing to choose from
       return first
+    keys = self.walk(first, types).calls.keys()
+    limit = max(
+      plan_timing.MIN_LIMIT_SECONDS, self._programs.compile_seconds(keys)
+    )
     weighing = self.weighing_of(types)
-    queued = [first, second]
     timed: list[tuple[float, plan_lib.StepPlan]] = []
     failures = []
+    queued = [first, second]
     while len(timed) < n:
-      plan = queued.pop(0) if queued else next(fitting, None)
+      plan = queued.pop(0) if queued else next(others, None)
       if plan is None:
         break
       planned = units_lib.PlannedStep(
         plan, units_lib.Units(plan, self._factory), self.weigh(plan, types)
       )
       try:
-        seconds = self.timer.seconds(planned, batch)
+        # The first run decides whether n plans can be timed in the limit.
+        seconds = self.timer.seconds(
+          planned, batch, limit / n if not timed else None
+        )
       except plan_timing.PlanRunFailed as e:
         weighing.run_failed(plan, str(e))
         self.log.run_failed(plan, str(e))
         failures.append(str(e))
         continue
+      except plan_timing.TooLongToTime as e:
+        self.log.not_timed(n, e.run_seconds, limit)
+        return first
       weighing.timed(plan, seconds)
       self.log.timed(plan, seconds, self.timer.repetitions)
       timed.append((seconds, plan))
@@ -388,6 +402,32 @@ class Planner(weighers.StepWeigher):
     seconds, chosen = min(timed, key=lambda t: t[0])
     self.log.timed_choice(chosen, seconds, len(timed))
     return chosen
+
+  def _timed_with(
+    self,
+    first: plan_lib.StepPlan,
+    search: plan_search_lib.PlanSearch,
+    types: on_types.StepTypes,
+  ) -> Iterator[plan_lib.StepPlan]:
+    """The plans after `first` in its candidate group, in the speed model's
+    order, that fit both budgets and whose programs are all compiled
+    already (e.g. its twin with weights and slots on the host, another
+    copy-back depth, no prefetch), each found as the next is asked for:
+    weighing them compiles nothing."""
+    plans = search.group_of(first).plans
+    for plan in plans[plans.index(first) + 1 :]:
+      walk = self.walk(plan, types)
+      if not walk.complete or not all(
+        self._programs.done(k) for k in walk.calls.keys()
+      ):
+        continue
+      step = self.weigh(plan, types)
+      host_budget = self.host_budget_bytes
+      assert self.budget_bytes is not None  # plans are timed under one
+      if step.peak_device_bytes <= self.budget_bytes and (
+        host_budget is None or step.peak_host_bytes <= host_budget
+      ):
+        yield plan
 
   def plan_stores(
     self,

@@ -433,6 +433,16 @@ class PlanningLog:
       f'fitting: {why}'
     )
 
+  def not_timed(self, n: int, run_seconds: float, limit: float) -> None:
+    """The `n` plans that fit are not timed: one run took `run_seconds`,
+    so timing them would take longer than `limit` seconds (what their
+    programs took to compile); the speed model's first runs."""
+    self._line(
+      f'timed: none of {n} plans: a run takes {run_seconds:.1f} s, so '
+      f'timing them would take more than {limit:.0f} s (compiling their '
+      f"programs took that); the speed model's first runs"
+    )
+
   def timed_choice(
     self, plan: plan_lib.StepPlan, seconds: float, n_timed: int
   ) -> None:
