@@ -178,7 +178,7 @@ def _check_plans(out, rev, budget_bytes):
     assert f'{plan["peak_device_bytes"]} B (' in row
     assert row.endswith(plan['describe'].rsplit(', ', 1)[0])
     assert ' yes ' in row if plan['fits'] else ' no ' in row
-    assert row.split()[-1].startswith('parallel_heads=')
+    assert row.split()[-1].startswith('params_on_device=')
 
 
 @pytest.mark.slow
