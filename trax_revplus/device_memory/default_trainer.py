@@ -9,6 +9,12 @@ module lowers the Trainer's own update function with the argument types
 `Trainer.one_step` passes it and composes the step's figure
 (`composition`).
 
+`start_default_trainer_step` traces that program on the calling thread and
+starts its compilation on the compile threads (`compile_threads`: XLA
+compiles without the GIL), so that other work goes on while it compiles;
+the next `default_trainer_step` of the same trainer and argument types
+composes the step from it (the same program, the same figures).
+
 One device only: on more, trax replicates with `jax.device_put_replicated`
 and `jax.pmap`s arrays committed to the CPU, which current JAX removed or
 rejects: with trax_revplus active (whose `compat` stands in for the
@@ -16,7 +22,8 @@ first) its first step on 2 devices still fails ("ValueError: Sharding
 passed to jit does not match the sharding on the respective arg").
 """
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable, Hashable
+import weakref
 
 import jax
 import numpy as np
@@ -69,6 +76,89 @@ def update_call_args(
   )
 
 
+def _check_one_device(trainer: 'trax_optimizers.Trainer') -> None:
+  n = trainer_door.n_devices(trainer)
+  if n != 1:
+    raise composition.UnsupportedTrainerError(
+      f'trax Trainer with n_devices={n}: its multi-device step needs '
+      f'jax.device_put_replicated and jax.pmap of arrays committed to the '
+      f'CPU, which current JAX removed or rejects; accounted on one device '
+      f'only.'
+    )
+
+
+_NAME = 'update (forward, backward, optimizer)'
+
+# Steps whose program `start_default_trainer_step` traced, by trainer:
+# (the key of their arguments, the function composing the step).
+_Compose = Callable[[], composition.StepMemory]
+_started: 'weakref.WeakKeyDictionary[Any, tuple[Hashable, _Compose]]' = (
+  weakref.WeakKeyDictionary()
+)
+
+
+def _traced(
+  trainer: 'trax_optimizers.Trainer',
+  batch: PyTree,
+  rng: PRNGKey | jax.ShapeDtypeStruct | None,
+  step: int,
+  ahead: bool,
+) -> tuple[programs_lib.Programs, _Compose]:
+  """Traces the step's program now (where `ahead`, its compilation runs on
+  the compile threads meanwhile); returns (the `Programs` it compiles in,
+  the function that compiles it where not started and composes the
+  step)."""
+  _check_one_device(trainer)
+  args = update_call_args(trainer, batch, rng, step)
+  fn = trainer_door.default_trainer_update_fn(trainer)
+  programs = programs_lib.Programs()
+  key: Hashable | None = None
+  if ahead and hasattr(fn, 'trace'):
+    # Traced here (trax layers hold their weights while traced: one thread
+    # at a time), lowered and compiled on a compile thread.
+    key = programs_lib.call_key(fn, args)
+    programs.add_traced(key, fn, fn.trace(*args), args)
+    programs.compile([key])
+
+  def compose() -> composition.StepMemory:
+    try:
+      analysis = programs.analysis(
+        programs.analyzed(fn, args) if key is None else key, args
+      )
+    except refusals.ProgramCompileError as e:
+      raise e.named(_NAME) from None
+    return _composed(analysis, args, batch)
+
+  return programs, compose
+
+
+def start_default_trainer_step(
+  trainer: 'trax_optimizers.Trainer',
+  batch: PyTree,
+  rng: PRNGKey | jax.ShapeDtypeStruct | None = None,
+  step: int = 1,
+) -> programs_lib.Programs:
+  """Traces the program `trainer.one_step` runs, here, and starts its
+  compilation on the compile threads; returns at once. The next
+  `default_trainer_step` of `trainer` with the same arguments composes
+  the step from that program.
+
+  Returns:
+    The `programs.Programs` it compiles in (its `compile_spans` time it).
+
+  Raises:
+    As `default_trainer_step` before compiling: UnsupportedTrainerError,
+    whatever tracing raises.
+  """
+  programs, compose = _traced(trainer, batch, rng, step, ahead=True)
+  _started[trainer] = (_started_key(batch, rng, step), compose)
+  return programs
+
+
+def _started_key(batch: PyTree, rng: Any, step: int) -> Hashable:
+  return program_lib.types_key((program_lib.abstract(batch), rng, step))
+
+
 def default_trainer_step(
   trainer: 'trax_optimizers.Trainer',
   batch: PyTree,
@@ -81,7 +171,8 @@ def default_trainer_step(
   placed or run) and holds across it what the Trainer keeps on the device
   between steps: its weights, state, slots and optimizer hyperparameters,
   which are also the program's arguments; the batch and RNG are placed for
-  the call.
+  the call. Where `start_default_trainer_step` started this step (the same
+  trainer and arguments), composes it from that program.
 
   Args:
     trainer: a `trax.optimizers.Trainer`, built (its weights and slots
@@ -103,22 +194,16 @@ def default_trainer_step(
     Whatever tracing or lowering it raises for these arguments (e.g. a
     batch the model cannot take).
   """
-  n = trainer_door.n_devices(trainer)
-  if n != 1:
-    raise composition.UnsupportedTrainerError(
-      f'trax Trainer with n_devices={n}: its multi-device step needs '
-      f'jax.device_put_replicated and jax.pmap of arrays committed to the '
-      f'CPU, which current JAX removed or rejects; accounted on one device '
-      f'only.'
-    )
-  args = update_call_args(trainer, batch, rng, step)
-  fn = trainer_door.default_trainer_update_fn(trainer)
-  name = 'update (forward, backward, optimizer)'
-  programs = programs_lib.Programs()
-  try:
-    analysis = programs.analysis(programs.analyzed(fn, args), args)
-  except refusals.ProgramCompileError as e:
-    raise e.named(name) from None
+  started = _started.pop(trainer, None)
+  if started is not None and started[0] == _started_key(batch, rng, step):
+    return started[1]()
+  return _traced(trainer, batch, rng, step, ahead=False)[1]()
+
+
+def _composed(
+  analysis: program_lib.Analysis, args: tuple, batch: PyTree
+) -> composition.StepMemory:
+  """The step's `StepMemory` from its program's analysis."""
   kept = analysis.kept
   if kept is None:
     kept = jax.tree_util.tree_map(lambda _: True, args)
@@ -142,7 +227,7 @@ def default_trainer_step(
     [('batch', program_lib.host_types(batch))], (), whole=True
   )
   call = composition.Call(
-    name,
+    _NAME,
     'step',
     analysis.memory,
     tuple(held),

@@ -33,11 +33,22 @@ Weights, slots, state and optimizer hyperparameters are placed for each call
 (`_replicate`, `tl.on_accelerator`) and released after it, so they count as
 the call's own arguments. Not counted: per-layer statistics (scalars).
 
+`start_stock_trainer_step` walks the schedule on the calling thread,
+tracing each program there (trax layers hold their weights while traced:
+one thread at a time) and compiling it on the compile threads
+(`compile_threads`: XLA compiles without the GIL) while the walk goes on
+and after it; the next `stock_trainer_step` of the same trainer and
+argument types composes the step from those programs: the same programs,
+the same figures, and the same error where one does not compile (the
+first call whose program failed, as the walk that compiles each program
+when it meets it names it).
+
 One device only: on more, stock's `one_step` replicates with
 `jax.device_put_replicated`, which current JAX removed.
 """
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Sequence
+import weakref
 
 import jax
 import numpy as np
@@ -48,11 +59,49 @@ from trax.layers import combinators as cb
 from trax_revplus.device_memory import composition
 from trax_revplus.device_memory import program as program_lib
 from trax_revplus.device_memory import calls as calls_lib
+from trax_revplus.device_memory import programs as programs_lib
+from trax_revplus.device_memory import refusals
 from trax_revplus.trax_door import trainers as trainer_door
 from trax_revplus.typing import PyTree
 
 if TYPE_CHECKING:  # Annotations only: accounting does not import trax.
   from trax import optimizers as trax_optimizers
+
+
+# Steps `start_stock_trainer_step` walked, by trainer: (the key of their
+# arguments, the function composing the step).
+_Compose = Callable[[], composition.StepMemory]
+_started: 'weakref.WeakKeyDictionary[Any, tuple[Hashable, _Compose]]' = (
+  weakref.WeakKeyDictionary()
+)
+
+
+def _started_key(batch: PyTree, step: int) -> Hashable:
+  return program_lib.types_key((program_lib.abstract(batch), step))
+
+
+def start_stock_trainer_step(
+  trainer: 'trax_optimizers.ReversibleSerialTrainer',
+  batch: PyTree,
+  step: int = 1,
+) -> programs_lib.Programs:
+  """Walks one step of stock's `one_step` here, tracing each program, and
+  starts their compilations on the compile threads; returns once the walk
+  is done. The next `stock_trainer_step` of `trainer` with the same
+  arguments composes the step from those programs.
+
+  Returns:
+    The `programs.Programs` they compile in (its `compile_spans` time
+    them).
+
+  Raises:
+    As `stock_trainer_step` while walking: UnsupportedTrainerError,
+    whatever tracing raises (or, where a program met before it did not
+    compile, that program's error, as `stock_trainer_step` would raise it).
+  """
+  programs, compose = _walk(trainer, batch, step, True)
+  _started[trainer] = (_started_key(batch, step), compose)
+  return programs
 
 
 def stock_trainer_step(
@@ -61,7 +110,8 @@ def stock_trainer_step(
   step: int = 1,
 ) -> composition.StepMemory:
   """Composes the device memory of one step of stock trax's
-  `ReversibleSerialTrainer` on one device.
+  `ReversibleSerialTrainer` on one device (from the programs
+  `start_stock_trainer_step` started, where it started this step).
 
   Args:
     trainer: a `trax.optimizers.trainer.ReversibleSerialTrainer` (trax
@@ -80,6 +130,78 @@ def stock_trainer_step(
     Whatever tracing, lowering or compiling the trainer's functions raises
     for these arguments.
   """
+  started = _started.pop(trainer, None)
+  if started is not None and started[0] == _started_key(batch, step):
+    return started[1]()
+  return _walk(trainer, batch, step, False)[1]()
+
+
+class _AheadCalls:
+  """`calls.StepCalls.call` for a walk that compiles ahead: each program is
+  traced when the walk meets it and compiled on the compile threads; the
+  calls are checked in order once compiled (`check`), so that the error
+  raised is the one the walk compiling as it goes raises."""
+
+  def __init__(self, record: calls_lib.StepCalls):
+    self._record = record
+
+  def call(
+    self,
+    name: str,
+    phase: str,
+    fn: programs_lib.Lowerable,
+    args: tuple,
+    held: Sequence[tuple[str, PyTree]],
+    host_held: Sequence[tuple[str, PyTree]] = (),
+  ) -> PyTree:
+    record = self._record
+    programs = record.programs
+    key = programs_lib.call_key(fn, args)
+    if key not in programs:
+      if not hasattr(fn, 'trace'):  # lowered only: compiled as it goes
+        return record.call(name, phase, fn, args, held, host_held)
+      programs.add_traced(key, fn, fn.trace(*args), args)
+      programs.compile([key])
+    on_device = [
+      (
+        part,
+        [
+          x
+          for x in jax.tree_util.tree_leaves(tree)
+          if id(x) in record.on_device
+        ],
+      )
+      for part, tree in held
+    ]
+    record.note(name, phase, key, args, on_device, host_held)
+    return record.device(record.host(programs.outputs(key)))
+
+  def check(self) -> None:
+    """Waits for the programs of the calls noted and raises, for the first
+    call (in order) whose program did not compile, its error naming the
+    call and what the device holds across it (as `StepCalls.call`)."""
+    programs = self._record.programs
+    # Every compilation started ends first: none runs on once this raises.
+    programs.wait()
+    for noted in self._record.noted:
+      try:
+        programs.analysis(noted.key, noted.args)
+      except refusals.ProgramCompileError as e:
+        raise e.named(
+          noted.name,
+          sum(h.size_bytes for h in composition.held_parts(noted.held, ())),
+        ) from None
+
+
+def _walk(
+  trainer: 'trax_optimizers.ReversibleSerialTrainer',
+  batch: PyTree,
+  step: int,
+  ahead: bool,
+) -> tuple[programs_lib.Programs, _Compose]:
+  """Walks the step (`ahead`: tracing its programs, compiling them on the
+  compile threads; else compiling each as it is met); returns (the
+  `Programs` they compile in, the function composing its `StepMemory`)."""
   n_devices = trainer_door.n_devices(trainer)
   if n_devices != 1:
     raise composition.UnsupportedTrainerError(
@@ -91,6 +213,39 @@ def stock_trainer_step(
   record = calls_lib.StepCalls(
     devices_on_host=composition.devices_on_host(jax.default_backend(), 1)
   )
+  ahead_calls = _AheadCalls(record) if ahead else None
+  try:
+    _walk_calls(
+      trainer,
+      batch,
+      step,
+      record,
+      record.call if ahead_calls is None else ahead_calls.call,
+    )
+  except Exception:
+    if ahead_calls is not None:
+      # A program met before did not compile: the walk compiling as it
+      # goes stopped there, with that error.
+      ahead_calls.check()
+    raise
+
+  def compose() -> composition.StepMemory:
+    if ahead_calls is not None:
+      ahead_calls.check()
+    return composition.compose(record.calls)
+
+  return record.programs, compose
+
+
+def _walk_calls(
+  trainer: 'trax_optimizers.ReversibleSerialTrainer',
+  batch: PyTree,
+  step: int,
+  record: calls_lib.StepCalls,
+  call: Callable[..., PyTree],
+) -> None:
+  """Walks `one_step`'s schedule, each call through `call`
+  (`StepCalls.call`'s arguments and results)."""
   parts = trainer_door.stock_trainer_parts(trainer)
   blocks = parts.blocks
   n_layers = parts.n_layers
@@ -137,7 +292,7 @@ def stock_trainer_step(
       state_of(std_layer),
       rng_rows[k],
     )
-    outputs, new_state = record.call(
+    outputs, new_state = call(
       f'forward layer {k} ({std_layer.name})',
       'forward',
       std_fn,
@@ -159,7 +314,7 @@ def stock_trainer_step(
       old_states.append(state)
       inputs = cb.inputs_from_stack(stack, layer.n_in)
       args = (inputs, weights_of(layer), state, rng_rows[k])
-      outputs, new_state = record.call(
+      outputs, new_state = call(
         f'forward layer {k} ({layer.name})',
         'forward',
         fn,
@@ -202,7 +357,7 @@ def stock_trainer_step(
     rng_rows[k],
     step,
   )
-  _, _, _, grad_stack, _ = record.call(
+  _, _, _, grad_stack, _ = call(
     f'loss layer {k} ({loss_layer.name})',
     'loss',
     parts.loss_fbo,
@@ -237,7 +392,7 @@ def stock_trainer_step(
         rng_rows[k],
         step,
       )
-      new_weights, _, inputs, grads_in, _ = record.call(
+      new_weights, _, inputs, grads_in, _ = call(
         f'backward layer {k} ({layer.name})',
         'backward',
         rev_fbos[j],
@@ -264,7 +419,7 @@ def stock_trainer_step(
       rng_rows[std_k],
       step,
     )
-    _, _, _, grads_in, _ = record.call(
+    _, _, _, grads_in, _ = call(
       f'backward layer {std_k} ({std_layer.name})',
       'backward',
       std_fbo,
@@ -279,7 +434,6 @@ def stock_trainer_step(
     )
     grad_stack = cb.outputs_onto_stack(grads_in, grad_stack, std_layer.n_out)
     stack = cb.outputs_onto_stack(std_inputs, stack, std_layer.n_out)
-  return composition.compose(record.calls)
 
 
 def weights_and_slots_bytes(
