@@ -277,9 +277,9 @@ def test_timed_plans_on_the_device_train_as_the_default_trainer(monkeypatch):
   timed = []
   real = trainer.planner.timer.seconds
 
-  def seconds(planned, batch_):
+  def seconds(planned, batch_, limit_seconds=None):
     timed.append(planned.plan.params_on_device)
-    return real(planned, batch_)
+    return real(planned, batch_, limit_seconds)
 
   monkeypatch.setattr(trainer.planner.timer, 'seconds', seconds)
   lines = []
