@@ -207,6 +207,9 @@ class ReversibleSerialTrainer(step_inquiries.StepInquiries):
     self._commits = commit.CommitQueue(
       placement, store, options.on_non_finite, self._describe_last_checkpoint
     )
+    # Layers whose weights and slots a step that kept them on the device
+    # gave up before it stopped on a non-finite value (`one_step`).
+    self._given_up: list[int] = []
     self._release = (
       observers.ReleaseHostMemory() if options.release_host_memory else None
     )
@@ -363,6 +366,11 @@ class ReversibleSerialTrainer(step_inquiries.StepInquiries):
     except RuntimeError as e:
       oom_report.raise_if_out_of_memory(e, ctx, self._planner, batch)
       raise
+    except validation.NonFiniteError:
+      if ctx.plan.params_on_device:
+        # Its calls gave up (donated) what they were to replace.
+        self._given_up = self._store.given_up()
+      raise
     figures = ctx.host_figures(self._host_rss_backend_open_bytes)
     self._memory_log.end_step(step, **figures)
     return ctx.loss_and_stats()
@@ -370,12 +378,11 @@ class ReversibleSerialTrainer(step_inquiries.StepInquiries):
   def _begin_step(self, batch, rng, step, learning_rate):
     """The step's context: its plan (planned now on first sight of the
     batch's shapes), its learning rate, batch, step and RNGs placed."""
-    given_up = self._store.given_up()
-    if given_up:
+    if self._given_up:
       raise RuntimeError(
-        f'the weights and slots of layers {given_up} were given up on the '
-        f'device to a step that stopped on a non-finite value; this trainer '
-        f'cannot step again: make another from the last checkpoint.'
+        f'the weights and slots of layers {self._given_up} were given up on '
+        f'the device to a step that stopped on a non-finite value; this '
+        f'trainer cannot step again: make another from the last checkpoint.'
       )
     if self._pending_init_records and self._memory_log.output_dir is not None:
       # Without an output directory the init records already went to the
