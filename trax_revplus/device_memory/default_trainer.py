@@ -22,8 +22,7 @@ first) its first step on 2 devices still fails ("ValueError: Sharding
 passed to jit does not match the sharding on the respective arg").
 """
 
-from typing import TYPE_CHECKING, Any, Callable, Hashable
-import weakref
+from typing import TYPE_CHECKING, Hashable
 
 import jax
 import numpy as np
@@ -32,6 +31,7 @@ from trax_revplus.device_memory import composition
 from trax_revplus.device_memory import program as program_lib
 from trax_revplus.device_memory import programs as programs_lib
 from trax_revplus.device_memory import refusals
+from trax_revplus.device_memory import started_steps
 from trax_revplus.trax_door import trainers as trainer_door
 from trax_revplus.typing import PRNGKey
 from trax_revplus.typing import PyTree
@@ -89,12 +89,8 @@ def _check_one_device(trainer: 'trax_optimizers.Trainer') -> None:
 
 _NAME = 'update (forward, backward, optimizer)'
 
-# Steps whose program `start_default_trainer_step` traced, by trainer:
-# (the key of their arguments, the function composing the step).
-_Compose = Callable[[], composition.StepMemory]
-_started: 'weakref.WeakKeyDictionary[Any, tuple[Hashable, _Compose]]' = (
-  weakref.WeakKeyDictionary()
-)
+# Steps whose program `start_default_trainer_step` traced, by trainer.
+_started = started_steps.StartedSteps()
 
 
 def _traced(
@@ -103,7 +99,7 @@ def _traced(
   rng: PRNGKey | jax.ShapeDtypeStruct | None,
   step: int,
   ahead: bool,
-) -> tuple[programs_lib.Programs, _Compose]:
+) -> tuple[programs_lib.Programs, started_steps.Compose]:
   """Traces the step's program now (where `ahead`, its compilation runs on
   the compile threads meanwhile); returns (the `Programs` it compiles in,
   the function that compiles it where not started and composes the
@@ -151,12 +147,8 @@ def start_default_trainer_step(
     whatever tracing raises.
   """
   programs, compose = _traced(trainer, batch, rng, step, ahead=True)
-  _started[trainer] = (_started_key(batch, rng, step), compose)
+  _started.start(trainer, batch, (rng, step), compose)
   return programs
-
-
-def _started_key(batch: PyTree, rng: Any, step: int) -> Hashable:
-  return program_lib.types_key((program_lib.abstract(batch), rng, step))
 
 
 def default_trainer_step(
@@ -194,9 +186,9 @@ def default_trainer_step(
     Whatever tracing or lowering it raises for these arguments (e.g. a
     batch the model cannot take).
   """
-  started = _started.pop(trainer, None)
-  if started is not None and started[0] == _started_key(batch, rng, step):
-    return started[1]()
+  compose = _started.take(trainer, batch, (rng, step))
+  if compose is not None:
+    return compose()
   return _traced(trainer, batch, rng, step, ahead=False)[1]()
 
 

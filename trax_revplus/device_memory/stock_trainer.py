@@ -47,8 +47,7 @@ One device only: on more, stock's `one_step` replicates with
 `jax.device_put_replicated`, which current JAX removed.
 """
 
-from typing import TYPE_CHECKING, Any, Callable, Hashable, Sequence
-import weakref
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import jax
 import numpy as np
@@ -61,6 +60,7 @@ from trax_revplus.device_memory import program as program_lib
 from trax_revplus.device_memory import calls as calls_lib
 from trax_revplus.device_memory import programs as programs_lib
 from trax_revplus.device_memory import refusals
+from trax_revplus.device_memory import started_steps
 from trax_revplus.trax_door import trainers as trainer_door
 from trax_revplus.typing import PyTree
 
@@ -68,16 +68,8 @@ if TYPE_CHECKING:  # Annotations only: accounting does not import trax.
   from trax import optimizers as trax_optimizers
 
 
-# Steps `start_stock_trainer_step` walked, by trainer: (the key of their
-# arguments, the function composing the step).
-_Compose = Callable[[], composition.StepMemory]
-_started: 'weakref.WeakKeyDictionary[Any, tuple[Hashable, _Compose]]' = (
-  weakref.WeakKeyDictionary()
-)
-
-
-def _started_key(batch: PyTree, step: int) -> Hashable:
-  return program_lib.types_key((program_lib.abstract(batch), step))
+# Steps `start_stock_trainer_step` walked, by trainer.
+_started = started_steps.StartedSteps()
 
 
 def start_stock_trainer_step(
@@ -100,7 +92,7 @@ def start_stock_trainer_step(
     compile, that program's error, as `stock_trainer_step` would raise it).
   """
   programs, compose = _walk(trainer, batch, step, True)
-  _started[trainer] = (_started_key(batch, step), compose)
+  _started.start(trainer, batch, (step,), compose)
   return programs
 
 
@@ -130,9 +122,9 @@ def stock_trainer_step(
     Whatever tracing, lowering or compiling the trainer's functions raises
     for these arguments.
   """
-  started = _started.pop(trainer, None)
-  if started is not None and started[0] == _started_key(batch, step):
-    return started[1]()
+  compose = _started.take(trainer, batch, (step,))
+  if compose is not None:
+    return compose()
   return _walk(trainer, batch, step, False)[1]()
 
 
@@ -198,7 +190,7 @@ def _walk(
   batch: PyTree,
   step: int,
   ahead: bool,
-) -> tuple[programs_lib.Programs, _Compose]:
+) -> tuple[programs_lib.Programs, started_steps.Compose]:
   """Walks the step (`ahead`: tracing its programs, compiling them on the
   compile threads; else compiling each as it is met); returns (the
   `Programs` they compile in, the function composing its `StepMemory`)."""
