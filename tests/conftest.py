@@ -216,6 +216,14 @@ def self_attention_lm(dropout=0.0, n_parallel_heads=None):
   )
 
 
+def token_batch(rows=4, length=32):
+  """(inputs, targets, weights) of a language model: int32 tokens 0..15 of
+  shape (rows, length), the same array as inputs and targets, float32 ones
+  as weights."""
+  x = np.arange(rows * length, dtype=np.int32).reshape(rows, length) % 16
+  return x, x, np.ones_like(x, dtype=np.float32)
+
+
 def reversible_lm_blocks():
   """`reversible_lm()` with a cross-entropy loss, as trainer blocks.
 

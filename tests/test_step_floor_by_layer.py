@@ -1,27 +1,19 @@
 """trax_revplus.step_floor: a step's arithmetic, layer by layer, timed."""
 
 import jax
-import numpy as np
 import pytest
 from trax import layers as tl
 from trax import shapes
 
-import trax_revplus
 from trax_revplus import step_floor
 from trax_revplus import trainer as rev_trainer
 
 from conftest import lsh_reformer_lm
 from conftest import self_attention_lm
+from conftest import token_batch
 
 
-@pytest.fixture(autouse=True)
-def _stock_trax():
-  trax_revplus.deactivate()
-
-
-def _lm_batch(rows=4, length=32):
-  x = np.arange(rows * length, dtype=np.int32).reshape(rows, length) % 16
-  return x, x, np.ones_like(x, dtype=np.float32)
+pytestmark = pytest.mark.usefixtures('stock_trax')
 
 
 def _initialized(model, batch):
@@ -51,7 +43,7 @@ def test_layer_by_layer_count_is_the_whole_models_count():
   the model's only reversible layer), the layers' forward and gradient
   programs, each counted once per layer, add up to XLA's count of the
   whole model's gradient by `jax.vjp`."""
-  batch = _lm_batch()
+  batch = token_batch()
   model = _initialized(
     tl.Serial(
       tl.Embedding(16, 64),
@@ -84,7 +76,7 @@ def test_attention_a_pair_at_a_time_is_counted_whole():
   (example, head) pair at a time (a `fori_loop` over 16 pairs) is counted
   as its program with all pairs at once, which the whole model's gradient
   by `jax.vjp` with all pairs at once counts as well."""
-  batch = _lm_batch(rows=4, length=32)
+  batch = token_batch(rows=4, length=32)
   loss = tl.WeightedCategoryCrossEntropy()
   looped = _initialized(self_attention_lm(0.0, 1), batch)
   floor = step_floor.measure(looped, loss, batch, rows_per_call=4, timed=False)
@@ -102,9 +94,9 @@ def test_attention_a_pair_at_a_time_is_counted_whole():
 
 
 def test_equal_layers_share_a_kind_and_calls_multiply_the_floor():
-  model = _initialized(lsh_reformer_lm(n_layers=3), _lm_batch())
+  model = _initialized(lsh_reformer_lm(n_layers=3), token_batch())
   loss = tl.WeightedCategoryCrossEntropy()
-  batch = _lm_batch(rows=4)
+  batch = token_batch(rows=4)
   floor = step_floor.measure(model, loss, batch, rows_per_call=2)
   by_name = {k.name.split(' ')[0]: k for k in floor.kinds}
   # Three attention and three feed-forward half-residuals, one kind each.
@@ -149,7 +141,7 @@ def test_rows_per_call_are_the_plans():
   from conftest import reversible_lm_blocks  # pylint: disable=g-import-not-at-top
 
   first, reversible, loss = reversible_lm_blocks()
-  batch = _lm_batch(rows=4, length=8)
+  batch = token_batch(rows=4, length=8)
   batch = (batch[0] % 9, batch[1] % 9, batch[2])
   blocks, loss = initialized([(first.sublayers, reversible)], loss, batch)
   trainer = rev_trainer.ReversibleSerialTrainer(

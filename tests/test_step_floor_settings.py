@@ -10,11 +10,11 @@ import pytest
 from trax import layers as tl
 from trax import shapes
 
-import trax_revplus
 from trax_revplus import step_floor
 from trax_revplus.trainer._step import attention_heads
 
 from conftest import self_attention_lm
+from conftest import token_batch
 
 # The backend's refusal of a program for memory, as a TPU words it.
 REFUSED = (
@@ -23,20 +23,13 @@ REFUSED = (
 )
 
 
-@pytest.fixture(autouse=True)
-def _stock_trax():
-  trax_revplus.deactivate()
-
-
-def _lm_batch(rows=4, length=32):
-  x = np.arange(rows * length, dtype=np.int32).reshape(rows, length) % 16
-  return x, x, np.ones_like(x, dtype=np.float32)
+pytestmark = pytest.mark.usefixtures('stock_trax')
 
 
 def _model(n_parallel_heads=1):
   """trax's ReformerLM with `SelfAttention` of 4 heads configured to
   compute `n_parallel_heads` pairs at once, initialized."""
-  batch = _lm_batch()
+  batch = token_batch()
   model = self_attention_lm(0.0, n_parallel_heads)
   model.init(shapes.signature(batch[:1]))
   return model
@@ -121,7 +114,7 @@ def test_three_floors_from_the_settings_timed(monkeypatch):
   monkeypatch.setattr(step_floor, '_median_seconds', seconds)
   model = _model(n_parallel_heads=1)
   loss = tl.WeightedCategoryCrossEntropy()
-  floor = step_floor.measure(model, loss, _lm_batch(), 2, parallel_heads=2)
+  floor = step_floor.measure(model, loss, token_batch(), 2, parallel_heads=2)
   kind = _attention_kind(floor)
   # The plan's with the floor's calls, the others with fewer.
   assert timed == [
@@ -190,7 +183,7 @@ def test_the_three_floors_on_the_device():
   and the best, not for the floor as configured."""
   model = _model(n_parallel_heads=1)
   loss = tl.WeightedCategoryCrossEntropy()
-  batch = _lm_batch()
+  batch = token_batch()
   floor = step_floor.measure(model, loss, batch, 2, parallel_heads=2)
   kind = _attention_kind(floor)
   assert [n for n, _ in kind.parallel_heads_seconds] == [2, 1, 8, 4]
@@ -223,7 +216,7 @@ def test_the_three_floors_on_the_device():
 def test_a_plan_as_configured_is_one_floor_as_configured():
   model = _model(n_parallel_heads=1)
   loss = tl.WeightedCategoryCrossEntropy()
-  batch = _lm_batch()
+  batch = token_batch()
   floor = step_floor.measure(model, loss, batch, 2)
   kind = _attention_kind(floor)
   assert floor.plan_is_configured and floor.parallel_heads is None
@@ -257,7 +250,7 @@ def test_a_setting_refused_for_memory_is_skipped(monkeypatch):
   monkeypatch.setattr(step_floor, '_program', refusing)
   model = _model(n_parallel_heads=1)
   loss = tl.WeightedCategoryCrossEntropy()
-  floor = step_floor.measure(model, loss, _lm_batch(), 2, parallel_heads=2)
+  floor = step_floor.measure(model, loss, token_batch(), 2, parallel_heads=2)
   kind = _attention_kind(floor)
   found = dict(kind.parallel_heads_seconds)
   assert list(found) == [2, 1, 8, 4]
@@ -280,7 +273,7 @@ def test_the_config_refused_leaves_no_floor_as_configured(monkeypatch):
   monkeypatch.setattr(step_floor, '_program', refusing)
   model = _model(n_parallel_heads=1)
   loss = tl.WeightedCategoryCrossEntropy()
-  floor = step_floor.measure(model, loss, _lm_batch(), 2, parallel_heads=2)
+  floor = step_floor.measure(model, loss, token_batch(), 2, parallel_heads=2)
   kind = _attention_kind(floor)
   assert kind.configured_seconds is None
   assert dict(kind.parallel_heads_seconds)[1] is None
@@ -301,7 +294,7 @@ def test_other_errors_are_raised(monkeypatch):
   model = _model(n_parallel_heads=1)
   loss = tl.WeightedCategoryCrossEntropy()
   with pytest.raises(RuntimeError, match='INTERNAL'):
-    step_floor.measure(model, loss, _lm_batch(), 2, parallel_heads=2)
+    step_floor.measure(model, loss, token_batch(), 2, parallel_heads=2)
 
 
 def test_each_setting_computes_trax_results():
@@ -310,7 +303,7 @@ def test_each_setting_computes_trax_results():
   layer's `pure_fn` as configured, and its gradient)."""
   model = _model(n_parallel_heads=1)
   loss = tl.WeightedCategoryCrossEntropy()
-  batch = _lm_batch(rows=2)
+  batch = token_batch(rows=2)
   blocks, loss = step_floor.stock_trainer.extract_reversible_blocks(
     [model, loss]
   )
@@ -353,12 +346,12 @@ def test_each_setting_computes_trax_results():
 def test_counted_only_or_without_settings():
   model = _model(n_parallel_heads=1)
   loss = tl.WeightedCategoryCrossEntropy()
-  counted = step_floor.measure(model, loss, _lm_batch(), 2, timed=False)
+  counted = step_floor.measure(model, loss, token_batch(), 2, timed=False)
   assert counted.seconds is None
   assert counted.configured_seconds is None and counted.best_seconds is None
   assert all(k.parallel_heads_seconds == () for k in counted.kinds)
   plan_only = step_floor.measure(
-    model, loss, _lm_batch(), 2, parallel_heads=2, settings=False
+    model, loss, token_batch(), 2, parallel_heads=2, settings=False
   )
   # Not timed at settings: no kind counts as one, and no floor as
   # configured or at the best setting.

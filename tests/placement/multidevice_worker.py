@@ -117,18 +117,25 @@ def _ours_and_plan(n_devices, **kwargs):
   return weights, losses[-1], settings
 
 
-def _least_bytes(n_devices):
-  """Peak device bytes of the least plan on N devices (`least_plan`)."""
+def _lm_trainer(n_devices, **settings):
+  """(model, ours on N devices with `settings`, Adam) of
+  `reversible_lm_blocks`, initialized as `_default_weights_and_losses`'
+  model."""
   first, revs, loss = reversible_lm_blocks()
   model = tl.Serial([first] + revs + [loss])
   model.init(_BATCH, rng=fastmath.random.get_prng(12))
-  trainer = rev_trainer.ReversibleSerialTrainer(
+  return model, rev_trainer.ReversibleSerialTrainer(
     [(first.sublayers, revs)],
     loss,
     optimizers.Adam,
     n_devices=n_devices,
-    device_memory_budget_bytes=None,
+    **settings,
   )
+
+
+def _least_bytes(n_devices):
+  """Peak device bytes of the least plan on N devices (`least_plan`)."""
+  _, trainer = _lm_trainer(n_devices, device_memory_budget_bytes=None)
   _, step = trainer.planner.least_plan(_BATCH)
   return step.peak_device_bytes
 
@@ -265,16 +272,7 @@ def _ours_with_losses(
   `saved_on_host`, accumulated gradients on the host where
   `grads_on_host`: (weights, list of the loss each step returned, the
   plan's settings)."""
-  first, revs, loss = reversible_lm_blocks()
-  model = tl.Serial([first] + revs + [loss])
-  model.init(_BATCH, rng=fastmath.random.get_prng(12))
-  trainer = rev_trainer.ReversibleSerialTrainer(
-    [(first.sublayers, revs)],
-    loss,
-    optimizers.Adam,
-    n_devices=n_devices,
-    **kwargs,
-  )
+  model, trainer = _lm_trainer(n_devices, **kwargs)
   if fused:
     replan(trainer, _BATCH, fused_from=0)
   if saved_on_host:
@@ -468,14 +466,8 @@ def params_on_device_main(n):
     ('micro', {'micro_batches': 2}),
   ):
     for on_device in (True, False):
-      first, revs, loss = reversible_lm_blocks()
-      model = tl.Serial([first] + revs + [loss])
-      model.init(_BATCH, rng=fastmath.random.get_prng(12))
-      trainer = rev_trainer.ReversibleSerialTrainer(
-        [(first.sublayers, revs)],
-        loss,
-        optimizers.Adam,
-        n_devices=n,
+      model, trainer = _lm_trainer(
+        n,
         params_on_device=on_device,
         device_memory_budget_bytes=None,
         micro_batches=settings.get('micro_batches', 1),
