@@ -359,3 +359,34 @@ def test_counted_only_or_without_settings():
   assert plan_only.seconds > 0
   assert plan_only.configured_seconds is None
   assert plan_only.best_seconds is None
+
+
+def test_a_plan_by_kind_runs_each_kind_at_its_number():
+  """A plan's pairs at once by kind (`plan.PairsByKind`): the kind it
+  names runs at its number first, a kind it does not name as configured;
+  the floor says so in its JSON and the summary's words."""
+  # pylint: disable=g-import-not-at-top
+  from trax_revplus.cli import summary
+
+  model = _model(n_parallel_heads=1)
+  loss = tl.WeightedCategoryCrossEntropy()
+  batch = token_batch()
+  named = attention_heads.by_kind({'SelfAttention': 4})
+  floor = step_floor.measure(
+    model, loss, batch, 2, timed=False, parallel_heads=named
+  )
+  assert floor.parallel_heads == named and not floor.plan_is_configured
+  other = attention_heads.by_kind({'LSHSelfAttention': 4})
+  unnamed = step_floor.measure(
+    model, loss, batch, 2, timed=False, parallel_heads=other
+  )
+  assert unnamed.plan_is_configured
+  data = json.loads(json.dumps(floor.as_json()))
+  assert data['parallel_heads'] == [['SelfAttention', 4]]
+  assert summary._pairs(data['parallel_heads']) == (  # pylint: disable=protected-access
+    'SelfAttention 4 (example, head) pairs at once'
+  )
+  # Timed: the kind's settings start at the plan's number for it.
+  timed = step_floor.measure(model, loss, batch, 2, parallel_heads=named)
+  kind = _attention_kind(timed)
+  assert [n for n, _ in kind.parallel_heads_seconds][:2] == [4, 1]

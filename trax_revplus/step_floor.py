@@ -58,6 +58,7 @@ from trax.layers import combinators as cb
 from trax.optimizers import trainer as stock_trainer
 
 from trax_revplus.device_memory import out_of_memory
+from trax_revplus.trainer._plan import plan as plan_lib
 from trax_revplus.trainer._step import attention_heads
 from trax_revplus.trax_door import loop as loop_door
 from trax_revplus.typing import PyTree
@@ -138,9 +139,9 @@ class StepFloor:
       and gradient compiled as one program over the whole batch, where it
       was measured (`measure_whole`); None where not.
     whole_note: str or None, why the whole program was not timed.
-    parallel_heads: int or None, the (example, head) pairs at once its
-      attention layers ran (the plan's `parallel_heads`); None: as the
-      model configures them.
+    parallel_heads: int, None or a `plan.PairsByKind`, the (example,
+      head) pairs at once its attention layers ran (the plan's
+      `parallel_heads`); None: as the model configures them.
     plan_is_configured: bool, whether `parallel_heads` computes every
       attention layer's pairs as the config does (then the whole program,
       run at the plan's setting, is a floor as configured too).
@@ -151,7 +152,7 @@ class StepFloor:
   rows_per_call: int
   whole_seconds: float | None = None
   whole_note: str | None = None
-  parallel_heads: int | None = None
+  parallel_heads: plan_lib.PairsAtOnce = None
   plan_is_configured: bool = True
 
   @property
@@ -326,7 +327,7 @@ def _layer_key(layer: tl.Layer, inputs: PyTree) -> tuple[Any, ...]:
 
 
 def _forward_and_gradient(
-  layer: tl.Layer, is_loss: bool, parallel_heads: int | None = None
+  layer: tl.Layer, is_loss: bool, parallel_heads: plan_lib.PairsAtOnce = None
 ):
   """(inputs, weights, state, rng, cotangents) -> (gradients in the inputs
   and weights, outputs), as trax differentiates `layer.pure_fn`, its
@@ -422,7 +423,7 @@ def _flops(compiled: Any) -> float:
 def _program(
   layer: tl.Layer,
   is_loss: bool,
-  parallel_heads: int | None,
+  parallel_heads: plan_lib.PairsAtOnce,
   signature: Sequence[Any],
 ) -> Any:
   """`layer`'s forward and gradient (`_forward_and_gradient`) at
@@ -596,6 +597,14 @@ def layer_inputs(
   return found
 
 
+def _planned_for(n: plan_lib.PairsAtOnce, layer: tl.Layer) -> int | None:
+  """The pairs at once a plan's setting n sets for `layer`'s attention
+  (`attention_heads.for_layer`; by kind, its kind's number; None: as
+  configured)."""
+  found = attention_heads.attention_layers([layer])
+  return attention_heads.for_layer(n, found[0]) if found else None
+
+
 def measure(
   model: tl.Layer,
   loss_layer: tl.Layer,
@@ -603,7 +612,7 @@ def measure(
   rows_per_call: int,
   device: Any = None,
   timed: bool = True,
-  parallel_heads: int | None = None,
+  parallel_heads: plan_lib.PairsAtOnce = None,
   only: Callable[[tl.Layer], bool] | None = None,
   settings: bool = True,
 ) -> StepFloor:
@@ -624,10 +633,10 @@ def measure(
     rows_per_call: int, rows of one call, dividing B.
     device: the `jax.Device` to time on; None: the default device.
     timed: False: count the operations only (nothing runs).
-    parallel_heads: int or None: trax's efficient attention layers compute
-      that many (example, head) pairs at once (as the plan's
-      `parallel_heads` sets them: `attention_heads.at_once`); None: as the
-      model configures them.
+    parallel_heads: int, None or a `plan.PairsByKind`: trax's efficient
+      attention layers compute that many (example, head) pairs at once
+      (as the plan's `parallel_heads` sets them: `attention_heads.at_once`;
+      by kind, each kind its own); None: as the model configures them.
     only: a predicate on layers, or None: only the layers it accepts are
       compiled and timed (e.g. `attention_heads.attention_layers`' holders).
     settings: bool, also time each attention kind (when `timed`) as
@@ -671,7 +680,7 @@ def measure(
     pending[key][1] += 1
   rng = jax.random.PRNGKey(0)
   kinds = []
-  every_heads: list[tuple[int, int | None]] = []
+  every_kind: list[tuple[str, int, int | None]] = []
   for key in order:
     name, count, layer, inputs, is_loss = pending[key]
     ct = [] if is_loss else _cotangents(layer, inputs)
@@ -682,7 +691,7 @@ def measure(
     compiled = _program(layer, is_loss, parallel_heads, signature)
     flops = _flops(compiled)
     attention = attention_heads.layer_heads([layer])
-    every_heads += attention
+    every_kind += attention_heads.layer_kinds([layer])
     if attention:
       # All of a call's pairs at once: no loop for XLA to count once.
       # Lowered even where the program ran them so: one count (the
@@ -713,7 +722,9 @@ def measure(
         fields = _settings_timed(
           layer,
           is_loss,
-          parallel_heads_settings(attention, rows_per_call, parallel_heads),
+          parallel_heads_settings(
+            attention, rows_per_call, _planned_for(parallel_heads, layer)
+          ),
           seconds,
           rows_per_call,
           signature,
@@ -729,8 +740,9 @@ def measure(
     rows_per_call,
     parallel_heads=parallel_heads,
     # The whole program runs over one device's batch (`measure_whole`).
-    plan_is_configured=parallel_heads is None
-    or not attention_heads.changes(every_heads, parallel_heads, batch_rows),
+    plan_is_configured=not attention_heads.changes_kinds(
+      every_kind, parallel_heads, batch_rows
+    ),
   )
 
 
@@ -803,7 +815,7 @@ def rows_per_call(trainer: Any, batch: PyTree, n_devices: int) -> int:
   return max(1, rows // (plan.batch_slices * plan.micro_batches))
 
 
-def parallel_heads(trainer: Any, batch: PyTree) -> int | None:
+def parallel_heads(trainer: Any, batch: PyTree) -> plan_lib.PairsAtOnce:
   """The (example, head) pairs at once `trainer`'s step on `batch`'s
   shapes sets for trax's attention layers: trax_revplus's plan's
   `parallel_heads` (None for trax's trainers: as configured)."""

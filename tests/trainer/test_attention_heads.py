@@ -9,10 +9,13 @@ before tracing.
 """
 
 import dataclasses
+import functools
 
 import jax
 import numpy as np
 import pytest
+import trax
+from trax import layers as tl
 from trax import optimizers
 
 import trainer_cases as cases
@@ -309,3 +312,93 @@ def test_the_memory_log_records_the_accounted_peak_of_a_step(tmp_path):
   )
   assert trainer.planned(_batch()).plan.parallel_heads == 1
   cases.check_logged_peaks(trainer, _batch(), tmp_path)
+
+
+def _mixed_attention_lm(dropout):
+  """A 2-layer ReformerLM alternating trax's SelfAttention and
+  LSHSelfAttention, each configured one pair at a time (as trax's enwik8
+  config sets them), vocab 16, rows of 16."""
+  return trax.models.ReformerLM(
+    16,
+    d_model=16,
+    d_ff=32,
+    d_attention_key=8,
+    d_attention_value=8,
+    n_layers=2,
+    n_heads=2,
+    max_len=16,
+    dropout=dropout,
+    attention_type=[
+      functools.partial(
+        tl.SelfAttention, chunk_len=4, n_chunks_before=1, n_parallel_heads=1
+      ),
+      functools.partial(
+        tl.LSHSelfAttention,
+        chunk_len=4,
+        n_buckets=4,
+        n_hashes=2,
+        n_parallel_heads=1,
+      ),
+    ],
+    mode='train',
+  )
+
+
+@pytest.mark.parametrize('dropout', [0.0, 0.1])
+def test_pairs_by_kind_train_as_stock(monkeypatch, dropout):
+  # A backend whose rule raises SelfAttention to one row's heads at once
+  # (as a TPU's does) on the CPU's devices: the plan sets SelfAttention's
+  # layers to 2 pairs at once and leaves LSHSelfAttention's as
+  # configured; the weights and losses are stock trax's, which runs both
+  # one pair at a time.
+  monkeypatch.setitem(
+    speed_rank.SPEED_PARALLEL_HEADS_BY_KIND,
+    jax.default_backend(),
+    {'SelfAttention': speed_rank.ROW},
+  )
+  plans = []
+
+  def ours(blocks, loss):
+    trainer = rev_trainer.ReversibleSerialTrainer(
+      blocks, loss, optimizers.Adam, device_memory_budget_bytes=2**30
+    )
+    plans.append(trainer.planned(_batch()).plan)
+    return trainer
+
+  batch = _batch()
+  expected_weights, expected_losses = cases.train_lm(
+    cases.stock_trainer, _mixed_attention_lm(dropout), batch, 2
+  )
+  weights, losses = cases.train_lm(ours, _mixed_attention_lm(dropout), batch, 2)
+  assert plans[0].parallel_heads == (('SelfAttention', 2),)
+  np.testing.assert_allclose(losses, expected_losses, rtol=0, atol=1e-5)
+  assert len(weights) == len(expected_weights)
+  for got, expected in zip(weights, expected_weights):
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5)
+
+
+def test_pairs_by_kind_set_each_kind_and_leave_the_layers_as_found():
+  model = _mixed_attention_lm(0.0)
+  found = attention_heads.attention_layers([model])
+  kinds = sorted(attention_heads.kind(a) for a in found)
+  assert kinds == ['LSHSelfAttention', 'SelfAttention']
+  by_kind = attention_heads.by_kind({'SelfAttention': 2})
+  with attention_heads.at_once(found, by_kind):
+    assert {
+      attention_heads.kind(a): a._n_parallel_heads  # pylint: disable=protected-access
+      for a in found
+    } == {'SelfAttention': 2, 'LSHSelfAttention': 1}
+  assert all(a._n_parallel_heads == 1 for a in found)  # pylint: disable=protected-access
+  kinds_heads = attention_heads.layer_kinds(found)
+  assert attention_heads.changes_kinds(kinds_heads, by_kind, rows=4)
+  assert not attention_heads.changes_kinds(
+    kinds_heads, attention_heads.by_kind({'LSHSelfAttention': 1}), rows=4
+  )
+  # A kind's number is checked against its own layers only.
+  with pytest.raises(validation.TrainerOptionError, match='= 3 does not'):
+    attention_heads.check(
+      found, attention_heads.by_kind({'SelfAttention': 3}), 'x', rows=4
+    )
+  attention_heads.check(
+    found, attention_heads.by_kind({'SelfAttention': 2}), 'x', rows=4
+  )

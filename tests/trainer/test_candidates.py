@@ -194,7 +194,7 @@ def _heads(
   platform,
   parallel_heads=AUTO,
   hashes_activations=False,
-  attention=((4, None),),
+  attention=(('Attention', 4, None),),
   rows=2,
 ):
   candidates = candidates_lib.Candidates(
@@ -215,17 +215,26 @@ def test_all_pairs_at_once_ranks_first_where_the_rule_says(monkeypatch):
   # backend whose rule is MOST, all pairs of a call at once (2 rows x 4
   # heads) first, as configured after; no plan raises them elsewhere.
   monkeypatch.setitem(speed_rank.SPEED_PARALLEL_HEADS, 'gpu', speed_rank.MOST)
-  most = _heads('gpu', attention=((4, 1),))
+  most = _heads('gpu', attention=(('Attention', 4, 1),))
   half = len(most) // 2
   assert most == [8] * half + [None] * half
-  assert set(_heads('cpu', attention=((4, 1),))) == {None}
-  assert set(_heads('tpu', attention=((4, 1),))) == {None}
+  assert set(_heads('cpu', attention=(('Attention', 4, 1),))) == {None}
+  assert set(_heads('tpu', attention=(('Attention', 4, 1),))) == {None}
   # Heads of 4 and 2: a multiple of both, times the rows.
-  assert _heads('gpu', attention=((4, 1), (2, 1)), rows=3)[0] == 12
+  assert (
+    _heads('gpu', attention=(('Attention', 4, 1), ('Other', 2, 1)), rows=3)[0]
+    == 12
+  )
   # Even where a layer hashes its activations.
-  assert _heads('gpu', attention=((4, 1),), hashes_activations=True) == most
+  assert (
+    _heads('gpu', attention=(('Attention', 4, 1),), hashes_activations=True)
+    == most
+  )
   # Layers configured with all pairs at once: one at a time, last.
-  assert _heads('gpu', attention=((4, 8),)) == [None] * half + [1] * half
+  assert (
+    _heads('gpu', attention=(('Attention', 4, 8),))
+    == [None] * half + [1] * half
+  )
 
 
 def test_pinned_pairs_at_once_keep_the_slicings_they_divide():
@@ -237,7 +246,7 @@ def test_pinned_pairs_at_once_keep_the_slicings_they_divide():
     [2**20],
     rows=6,
     options=TrainerOptions(parallel_heads=8),
-    attention=[(4, 1)],
+    attention=[('Attention', 4, 1)],
   )
   assert candidates.slices == [1, 3, 6]
   assert candidates.heads == [8]
@@ -253,3 +262,33 @@ def test_one_pair_at_a_time_ranks_first_on_the_cpu_only():
   assert _heads('cpu', hashes_activations=True) == tpu
   # A pinned number is the only one.
   assert set(_heads('cpu', parallel_heads=2)) == {2}
+
+
+def test_pairs_by_kind_rank_first_where_the_kinds_rule_says():
+  # trax's enwik8 Reformer: SelfAttention and LSHSelfAttention layers of 8
+  # heads, each configured one pair at a time. On a TPU SelfAttention's
+  # rule (ROW) ranks one row's heads at once first, LSHSelfAttention as
+  # configured; then the layers as configured, one pair at a time last.
+  enwik8 = (('SelfAttention', 8, 1), ('LSHSelfAttention', 8, 1))
+  tpu = _heads('tpu', attention=enwik8)
+  half = len(tpu) // 2
+  assert tpu == [(('SelfAttention', 8),)] * half + [None] * half
+  # No rule names a kind elsewhere; nor where the kind is configured so
+  # (there one pair at a time comes last, as for any layer).
+  assert set(_heads('gpu', attention=enwik8)) == {None}
+  assert _heads('tpu', attention=(('SelfAttention', 8, 8),))[0] is None
+  assert set(_heads('tpu', attention=(('LSHSelfAttention', 8, 1),))) == {None}
+  # A pinned number is the only one.
+  assert set(_heads('tpu', parallel_heads=2, attention=enwik8)) == {2}
+
+
+def test_heads_by_kind_of_the_rules():
+  enwik8 = [('SelfAttention', 8, 1), ('LSHSelfAttention', 8, 1)]
+  assert speed_rank.heads_by_kind('tpu', enwik8, rows=4) == (
+    ('SelfAttention', 8),
+  )
+  assert speed_rank.heads_by_kind('cpu', enwik8, rows=4) is None
+  # All of a call's pairs at once already (None: all): no change.
+  assert (
+    speed_rank.heads_by_kind('tpu', [('SelfAttention', 8, None)], 1) is None
+  )

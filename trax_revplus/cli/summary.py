@@ -155,10 +155,14 @@ def _against(median_step_seconds: float | None, seconds: float) -> str:
   return f'; the median step is {median_step_seconds / seconds:.2f}x it'
 
 
-def _pairs(n: int | None, short: bool = False) -> str:
-  """A setting of attention pairs at once in words."""
+def _pairs(n: int | list | None, short: bool = False) -> str:
+  """A setting of attention pairs at once in words (a list: by kind of
+  attention layer, [[kind, n], ...] as run_stats.json holds a
+  `plan.PairsByKind`)."""
   if n is None:
     return 'as configured'
+  if isinstance(n, (list, tuple)):
+    return ', '.join(f'{kind} {_pairs(k, short)}' for kind, k in n)
   return (
     f'{n}{"" if short else " (example, head)"} pair{"s" * (n != 1)} at once'
   )

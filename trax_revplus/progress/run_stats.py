@@ -58,7 +58,8 @@
     `rows_per_call` rows times its layers and `calls_per_step`, and
     `whole_program_seconds`, the model's as one program, null with
     `whole_program_note` where not timed), both at the plan's attention
-    pairs at once (`parallel_heads`, null: as configured);
+    pairs at once (`parallel_heads`, null: as configured, [[kind, n], ...]:
+    by kind of attention layer);
     `configured_step_floor_seconds` (`configured_layer_floor_seconds`, or
     the whole program's where `plan_is_configured`) with the pairs at once
     the config sets, and `best_step_floor_seconds`

@@ -40,6 +40,7 @@ from trax_revplus.trainer import step_inquiries
 from trax_revplus.trainer._plan import options as options_lib
 from trax_revplus.trainer._search import budget as budget_lib
 from trax_revplus.trainer._search import planner as planner_lib
+from trax_revplus.trainer._search import speed_rank
 from trax_revplus.trainer._step import commit
 from trax_revplus.trainer._step import compilation
 from trax_revplus.trainer._step import host_store as store_lib
@@ -194,6 +195,7 @@ class ReversibleSerialTrainer(step_inquiries.StepInquiries):
         self._n_devices,
         adasum,
         store.ties,
+        speed_rank.scans_equal_blocks(placement.platform),
       ),
       options,
       budget_bytes,

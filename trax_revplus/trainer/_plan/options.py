@@ -224,9 +224,11 @@ class TrainerOptions:
       of them. 'auto': the planner's choice under a device memory budget,
       in the speed model's order (`trainer._search.speed_rank`: on the CPU
       backend one pair at a time first where no layer hashes its
-      activations, `trainer._search.hashing`; elsewhere the layers as
-      configured first, one pair at a time only where nothing else fits),
-      the layers as configured without one; an int pins it (above the
+      activations, `trainer._search.hashing`; on a TPU `SelfAttention`
+      layers one example's heads at once first, the other kinds as
+      configured; elsewhere the layers as configured first; one pair at a
+      time only where nothing else fits), the layers as configured without
+      one; an int pins it (above the
       layers' own number as well as below).
     host_memory_budget_bytes: 'auto' (default), None or an int >= 1: host
       bytes the process's step may hold at its peak, as accounted with its

@@ -59,6 +59,29 @@ UNFUSED = -1
 _LAYOUT = ('blocks', 'loss', 'backward')
 
 
+# (example, head) pairs at once per kind of trax efficient attention layer:
+# (the layer's class name, n) pairs sorted by name; a kind not named
+# computes its pairs as configured. A plan sets one where kinds differ in
+# which number runs fastest (e.g. on a TPU, `SelfAttention` one example's
+# heads at once, `LSHSelfAttention` one pair at a time).
+PairsByKind = tuple[tuple[str, int], ...]
+# A plan's `parallel_heads`: n for every layer, None (as configured) or
+# by kind.
+PairsAtOnce = int | PairsByKind | None
+
+
+def pairs_words(n: PairsAtOnce) -> str:
+  """A plan's `parallel_heads` in words, e.g. '2 (example, head) pairs at
+  a time' or 'SelfAttention 8 pairs at a time'."""
+  if n is None:
+    return 'as configured'
+  if isinstance(n, tuple):
+    return ', '.join(
+      f'{kind} {k} pair{"s" * (k != 1)} at a time' for kind, k in n
+    )
+  return f'{n} (example, head) pair{"s" * (n != 1)} at a time'
+
+
 @dimensions.declare
 @dataclasses.dataclass(frozen=True)
 class StepPlan:
@@ -108,14 +131,15 @@ class StepPlan:
       last part's call takes their sum, placed with its slots; False keeps
       them on the device from a layer's first backward call to its update
       (one copy of every layer's weights held across the step).
-    parallel_heads: int n >= 1 or None; in every call, trax's efficient
-      attention layers compute n of their (example, head) pairs at once
-      (all of the call's where it has fewer), one group after another
-      (`attention_heads`: their `n_parallel_heads`, set to n, lower or
-      higher than configured); None: as the model configures them. A
-      call's attention temporaries shrink with fewer, an accelerator's
-      matrix units fill with more; the results are the same up to float32
-      summation order.
+    parallel_heads: int n >= 1, None or a `PairsByKind`; in every call,
+      trax's efficient attention layers compute n of their (example, head)
+      pairs at once (all of the call's where it has fewer), one group after
+      another (`attention_heads`: their `n_parallel_heads`, set to n, lower
+      or higher than configured); None: as the model configures them; a
+      `PairsByKind`: each kind of layer it names (by class) at its own
+      number, the others as configured. A call's attention temporaries
+      shrink with fewer, an accelerator's matrix units fill with more; the
+      results are the same up to float32 summation order.
     params_on_device: bool, every layer's weights and slots stay on the
       device across steps: each call takes them where they are and its
       update replaces them there, nothing copied either way (the host gets
@@ -153,12 +177,10 @@ class StepPlan:
     reordering=lambda m: f'{m} micro-batches',
   )
   grads_on_host: bool = False
-  parallel_heads: int | None = dimensions.field(
+  parallel_heads: PairsAtOnce = dimensions.field(
     None,
     check=dimensions.check_heads,
-    reordering=lambda n: (
-      f'attention {n} (example, head) pair{"s" if n > 1 else ""} at a time'
-    ),
+    reordering=lambda n: f'attention {pairs_words(n)}',
   )
   params_on_device: bool = False
 

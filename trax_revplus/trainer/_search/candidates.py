@@ -113,7 +113,7 @@ class Candidates:
     micro_batches_refused: bool = False,
     slices_change_draws: bool = True,
     platform: str | None = None,
-    attention: Sequence[tuple[int, int | None]] = (),
+    attention: Sequence[tuple[str, int, int | None]] = (),
     hashes_activations: bool = True,
     params_on_device: Sequence[bool] = (False,),
   ) -> None:
@@ -140,9 +140,10 @@ class Candidates:
       draw of some layer (`row_draws`; `stack_bytes.StackTrace`); where
       not, `speed_rank.SPEED_SLICES[platform]` slices rank first.
     platform: str, the devices' backend ('cpu', 'gpu', 'tpu'), or None.
-    attention: list of (heads, configured `n_parallel_heads` or None) of
-      trax's efficient attention layers (`attention_heads.layer_heads`):
-      the numbers of (example, head) pairs at once the plans may set.
+    attention: list of (kind, heads, configured `n_parallel_heads` or
+      None) of trax's efficient attention layers
+      (`attention_heads.layer_kinds`): the numbers of (example, head)
+      pairs at once the plans may set.
     hashes_activations: bool, whether some layer hashes its activations
       (`hashing`): then `speed_rank.SPEED_SLICES` does not reorder the
       plans, nor does one pair at a time rank first
@@ -188,7 +189,7 @@ class Candidates:
     # Whether plans in one pass are candidates.
     self._one_pass = pinned is None or pinned == 1
     self._heads = options.pinned('parallel_heads')
-    self._attention = list(attention)
+    self._attention = [(heads, own) for _, heads, own in attention]
     if self._heads is None:
       most = attention_heads.all_pairs(self._attention, rows)
       self.heads = speed_rank.ranked_heads(
@@ -198,6 +199,7 @@ class Candidates:
         most=(
           most if attention_heads.changes(self._attention, most, rows) else None
         ),
+        by_kind=speed_rank.heads_by_kind(platform, attention, rows),
       )
     else:
       self.heads = [self._heads]

@@ -59,8 +59,9 @@ FILENAME = 'plans.json'
 # each entry with its `environment`. 12: keyed by the config and the
 # environment, each entry with its `config` described, so that a plan that
 # does not apply names what differs. 13: each plan says whether weights and
-# slots stay on the device (`params_on_device`).
-FORMAT = 'trax_revplus plans 13'
+# slots stay on the device (`params_on_device`). 14: `parallel_heads` may
+# name each kind of attention layer's own number (`plan.PairsByKind`).
+FORMAT = 'trax_revplus plans 14'
 # The key of an entry's list of what in its plan can change stock trax's
 # float32 summation order (`dimensions.reorderings`): read by
 # `compare.exactness`, which imports neither JAX nor the trainer.
@@ -207,7 +208,8 @@ _LAYOUT = ('blocks', 'loss', 'backward')
 def _setting(field: dataclasses.Field, value: Any) -> Any:
   """A setting field's JSON value as `StepPlan` holds it: a bool, or an
   int (None where it is a dimension whose value that changes nothing is
-  None: `dimensions.PlanDimension.none`).
+  None: `dimensions.PlanDimension.none`; `parallel_heads` by kind, a
+  `plan.PairsByKind`).
 
   Raises:
     TypeError, ValueError: `value` is not one.
@@ -218,6 +220,9 @@ def _setting(field: dataclasses.Field, value: Any) -> Any:
     and (dimensions.by_name(field.name).none is None)
   ):
     return None
+  if field.name == 'parallel_heads' and isinstance(value, list):
+    # A `plan.PairsByKind`: [[kind, n], ...].
+    return tuple((str(kind), int(n)) for kind, n in value)
   return bool(value) if field.type is bool else int(value)
 
 

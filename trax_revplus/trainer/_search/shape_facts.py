@@ -17,6 +17,7 @@ from trax_revplus import placement as placement_lib
 from trax_revplus.trainer._accounting import on_types
 from trax_revplus.trainer._plan import dimensions
 from trax_revplus.trainer._plan import options as options_lib
+from trax_revplus.trainer._plan import plan as plan_lib
 from trax_revplus.trainer._search import candidates as candidates_lib
 from trax_revplus.trainer._search import speed_rank
 from trax_revplus.trainer._search import stack_bytes as stack_bytes_lib
@@ -100,7 +101,7 @@ class ShapeFacts:
       self.parts_refusal(types) is not None,
       trace.slices_change_draws,
       self._placement.platform,
-      attention_heads.layer_heads(self._store.layers),
+      attention_heads.layer_kinds(self._store.layers),
       trace.hashes_activations,
       speed_rank.ranked_params_on_device(
         self._placement.platform,
@@ -132,7 +133,9 @@ class ShapeFacts:
       return None
     return [self._fingerprint_of(i) for i in range(len(self._store.layers))]
 
-  def check_heads(self, n: int, setting: str, rows: int) -> None:
+  def check_heads(
+    self, n: plan_lib.PairsAtOnce, setting: str, rows: int
+  ) -> None:
     """Checks that the trainer's attention layers can run `n` (example,
     head) pairs at a time over `rows` rows of a device
     (`attention_heads.check`).

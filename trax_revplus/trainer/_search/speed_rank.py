@@ -37,6 +37,7 @@ benchmark checks the rank against measured step times
 from typing import Hashable, Mapping, Sequence
 
 from trax_revplus.trainer._plan import plan as plan_lib
+from trax_revplus.trainer._step import attention_heads
 
 # The fused program ranks first where it compiles at most this many times
 # the layers of the fastest unfused plan's distinct programs. Measured on
@@ -56,13 +57,30 @@ SPEED_SLICES: Mapping[str | None, int] = {'cpu': 2}
 # named keeps the layers as configured first. Measured by
 # tools/attention_speed.py (docs/performance.md): on the CPU one pair at a
 # time stepped 10-17% faster on the benchmark's ReformerLMs and
-# encoder-decoder Reformer; on a TPU v5e chip, trax's enwik8 Reformer's
-# layers (configured one pair at a time) took about as long with all of a
-# call's pairs at once (SelfAttention 11% less, LSHSelfAttention 15-22%
-# more, at 4 rows a call): the TPU keeps them as configured.
+# encoder-decoder Reformer; on a TPU v5e chip, of trax's enwik8
+# Reformer's layers (configured one pair at a time) `LSHSelfAttention`
+# stepped slower with more pairs at once and `SelfAttention` twice as
+# fast: no rule for every kind there, one per kind
+# (`SPEED_PARALLEL_HEADS_BY_KIND`).
 FEWEST = 'fewest'
 MOST = 'most'
 SPEED_PARALLEL_HEADS: Mapping[str | None, str] = {'cpu': FEWEST}
+# Where kinds of attention layer (`attention_heads.kind`) differ in which
+# number of pairs at once steps fastest on a backend, the kinds named here
+# rank first at theirs (ROW: one example's heads at once), the others as
+# configured (`heads_by_kind`), before the backend's rule for all.
+# Measured on a TPU v5e chip, trax's enwik8 Reformer at 65536 tokens a row
+# (docs/performance.md): `SelfAttention`'s forward and gradient at 4 rows
+# a call took 0.119 s with one row's 8 heads at once against 0.249 s one
+# pair at a time (16 at once, 7% faster again, held twice the
+# temporaries); `LSHSelfAttention`'s took 0.61 s one pair at a time, 0.83
+# s at 2 and 2.35 s at 8 (its gathers): a step of that model took 9.9 s
+# with `SelfAttention` at 8 and `LSHSelfAttention` at 1, 12.7 s with both
+# at 1 as the config sets them.
+ROW = 'row'
+SPEED_PARALLEL_HEADS_BY_KIND: Mapping[str | None, Mapping[str, str]] = {
+  'tpu': {'SelfAttention': ROW},
+}
 # Whether each plan with every layer's weights and slots kept on the device
 # across steps (`plan.StepPlan.params_on_device`) ranks just before the
 # same plan with them on the host, per backend (a backend not named: it
@@ -73,6 +91,24 @@ SPEED_PARALLEL_HEADS: Mapping[str | None, str] = {'cpu': FEWEST}
 # in place, so neither way copies, and the plans on the host need no
 # device memory for the layers not called.
 SPEED_PARAMS_ON_DEVICE: Mapping[str | None, bool] = {'cpu': False}
+# Whether the fused program runs equal consecutive blocks of reversible
+# layers as one loop over their stacked weights
+# (`chains.scanned_forward_fn`), per backend (a backend not named: it
+# does). The loop is compiled once whatever the depth; it stacks the
+# blocks' weights and unstacks their gradients each step. On one CPU (2
+# cores; ReformerLM blocks of d_model 512, d_ff 2048, 8 heads, 2 rows of
+# 256 tokens; docs/performance.md) the forward and gradient compiled in
+# 4.3 s against 8.9 s unrolled at 12 layers and 6.3 s against 45.5 s at
+# 48, and stepped 3-5% slower with twice the temporaries (the stacked
+# copies): on the CPU, where those copies cost the step what they save
+# in compiling within 50 to 110 steps, the program stays unrolled.
+SCAN_EQUAL_BLOCKS: Mapping[str | None, bool] = {'cpu': False}
+
+
+def scans_equal_blocks(platform: str | None) -> bool:
+  """Whether the fused program loops over equal blocks of layers on
+  `platform` (`SCAN_EQUAL_BLOCKS`; a backend not named: it does)."""
+  return SCAN_EQUAL_BLOCKS.get(platform, True)
 
 
 def compiled_layers(
@@ -121,12 +157,44 @@ def ranked_slices(
   return slices
 
 
+def heads_by_kind(
+  platform: str | None,
+  kinds: Sequence[tuple[str, int, int | None]],
+  rows: int,
+) -> plan_lib.PairsByKind | None:
+  """The pairs at once by kind of attention layer that rank first on
+  `platform` (`SPEED_PARALLEL_HEADS_BY_KIND`), or None where its rules
+  name none of the model's kinds or change none of its layers in a call of
+  `rows` rows.
+
+  Args:
+    platform: str, the devices' backend, or None.
+    kinds: (kind, heads, configured pairs at once or None) of each
+      attention layer (`attention_heads.layer_kinds`).
+    rows: int, rows of the batch each device gets.
+  """
+  rules = SPEED_PARALLEL_HEADS_BY_KIND.get(platform) or {}
+  numbers: dict[str, int] = {}
+  for name, heads, _ in kinds:
+    if rules.get(name) == ROW:
+      numbers[name] = max(numbers.get(name, 0), heads)
+  if not numbers:
+    return None
+  n = attention_heads.by_kind(numbers)
+  if not attention_heads.changes_kinds(kinds, n, rows):
+    return None
+  if not attention_heads.runs_kinds_at(kinds, n, rows):
+    return None
+  return n
+
+
 def ranked_heads(
   platform: str | None,
   hashes_activations: bool,
   fewest: int | None,
   most: int | None,
-) -> list[int | None]:
+  by_kind: plan_lib.PairsByKind | None = None,
+) -> list[plan_lib.PairsAtOnce]:
   """The numbers of (example, head) pairs at once the plans set, in the
   speed model's order (`SPEED_PARALLEL_HEADS`): None (the layers as
   configured), `fewest` and `most` where given (those that change some
@@ -142,9 +210,11 @@ def ranked_heads(
       attention layer.
     most: int or None: all of a call's pairs at once
       (`attention_heads.all_pairs`), where that changes some layer.
+    by_kind: the pairs at once by kind that rank first on the backend
+      (`heads_by_kind`), or None: first where given.
   """
   rule = SPEED_PARALLEL_HEADS.get(platform)
-  ranked: list[int | None] = [None]
+  ranked: list[plan_lib.PairsAtOnce] = [None]
   if rule == MOST and most is not None:
     ranked.insert(0, most)
   if fewest is not None:
@@ -152,6 +222,8 @@ def ranked_heads(
       ranked.insert(0, fewest)
     else:
       ranked.append(fewest)
+  if by_kind is not None:
+    ranked.insert(0, by_kind)
   return ranked
 
 

@@ -16,8 +16,10 @@ summation order.
 
 The plan's dimension of pairs computed at once (the `plan.StepPlan` field
 `parallel_heads`) sets that number for the trainer's calls, below or above
-the layers' own: while a call's function is traced, every such layer of the
-call computes that many pairs at once (`at_once`; all of a call's pairs
+the layers' own, for every such layer or per kind of layer
+(`plan.PairsByKind`, by class name: kinds differ in which number runs
+fastest): while a call's function is traced, each such layer of the call
+computes its number of pairs at once (`at_once`; all of a call's pairs
 where it has fewer); the layer is restored as found as soon as the trace
 ends (the compiled program keeps the loop; the layer object does not).
 `all_pairs` is the number that runs every pair of any call at once.
@@ -28,6 +30,7 @@ import math
 from typing import Any, Callable, Iterator, Sequence
 
 from trax_revplus import validation
+from trax_revplus.trainer._plan import plan as plan_lib
 
 # The attribute trax's efficient attention layers read `n_parallel_heads`
 # from, and the one holding their number of heads.
@@ -58,6 +61,76 @@ def attention_layers(layers: Sequence[Any]) -> list[Any]:
     for sub in sublayers(layers)
     if hasattr(sub, _PARALLEL) and hasattr(sub, _HEADS)
   ]
+
+
+def kind(layer: Any) -> str:
+  """The kind of an attention layer a `plan.PairsByKind` names it by: its
+  class name (e.g. 'SelfAttention')."""
+  return type(layer).__name__
+
+
+def for_layer(n: plan_lib.PairsAtOnce, layer: Any) -> int | None:
+  """The pairs at once a plan's setting n (`plan.PairsAtOnce`) sets for
+  `layer`: n itself, or its kind's number in a `plan.PairsByKind` (None:
+  as configured)."""
+  if isinstance(n, tuple):
+    return dict(n).get(kind(layer))
+  return n
+
+
+def by_kind(numbers: dict[str, int]) -> plan_lib.PairsByKind:
+  """A `plan.PairsByKind` of {kind: pairs at once}."""
+  return tuple(sorted(numbers.items()))
+
+
+def layer_kinds(layers: Sequence[Any]) -> list[tuple[str, int, int | None]]:
+  """(kind, heads, configured `n_parallel_heads` or None) of each of
+  trax's efficient attention layers among `layers`, each layer once."""
+  return [
+    (kind(a), getattr(a, _HEADS), getattr(a, _PARALLEL))
+    for a in attention_layers(layers)
+  ]
+
+
+def _settings(
+  kinds: Sequence[tuple[str, int, int | None]], n: plan_lib.PairsAtOnce
+) -> list[tuple[int, int | None, int]]:
+  """(heads, configured, set) of each layer of `kinds` that n sets to a
+  number (`for_layer`)."""
+  numbers = dict(n) if isinstance(n, tuple) else None
+  found = []
+  for name, heads, own in kinds:
+    setting = n if numbers is None else numbers.get(name)
+    if isinstance(setting, int):
+      found.append((heads, own, setting))
+  return found
+
+
+def changes_kinds(
+  kinds: Sequence[tuple[str, int, int | None]],
+  n: plan_lib.PairsAtOnce,
+  rows: int,
+) -> bool:
+  """Whether setting n (`plan.PairsAtOnce`) changes how many pairs some
+  attention layer of `kinds` (`layer_kinds`) computes at once in a call of
+  `rows` rows."""
+  return any(
+    changes([(heads, own)], setting, rows)
+    for heads, own, setting in _settings(kinds, n)
+  )
+
+
+def runs_kinds_at(
+  kinds: Sequence[tuple[str, int, int | None]],
+  n: plan_lib.PairsAtOnce,
+  rows: int,
+) -> bool:
+  """Whether every attention layer of `kinds` (`layer_kinds`) runs at the
+  pairs at once n sets for it in a call of `rows` rows (`runs_at`)."""
+  return all(
+    runs_at([(heads, own)], setting, rows)
+    for heads, own, setting in _settings(kinds, n)
+  )
 
 
 def layer_heads(layers: Sequence[Any]) -> list[tuple[int, int | None]]:
@@ -101,13 +174,17 @@ def runs_at(heads: Sequence[tuple[int, int | None]], n: int, rows: int) -> bool:
   )
 
 
-def check(layers: Sequence[Any], n: int, setting: str, rows: int) -> None:
-  """Checks that trax's attention layers among `layers` can run `n` pairs
-  at a time in a call of `rows` rows (`runs_at`).
+def check(
+  layers: Sequence[Any], n: plan_lib.PairsAtOnce, setting: str, rows: int
+) -> None:
+  """Checks that trax's attention layers among `layers` can run the pairs
+  at a time n sets for them (`for_layer`) in a call of `rows` rows
+  (`runs_at`).
 
   Args:
     layers: trax layers.
-    n: int >= 1, pairs at a time.
+    n: int >= 1 or a `plan.PairsByKind` (by the layer's kind), pairs at a
+      time; None checks nothing.
     setting: str, the trainer setting that asks for `n` (its name, as the
       error line names it).
     rows: int >= 1, rows of the batch each device gets.
@@ -118,25 +195,28 @@ def check(layers: Sequence[Any], n: int, setting: str, rows: int) -> None:
   """
   for a in attention_layers(layers):
     heads = getattr(a, _HEADS)
-    if n % heads and heads % n:
+    n_layer = for_layer(n, a)
+    if n_layer is None:
+      continue
+    if n_layer % heads and heads % n_layer:
       raise validation.TrainerOptionError(
         setting,
-        n,
+        n_layer,
         None,
         message=(
-          f'trax_revplus.ReversibleSerialTrainer.{setting} = {n} '
+          f'trax_revplus.ReversibleSerialTrainer.{setting} = {n_layer} '
           f'does not divide the {heads} heads of {a.name} (nor do they '
           f'divide it); use 1, a divisor of {heads} or a multiple of '
           f"it, or 'auto'."
         ),
       )
-    if not runs_at([(heads, None)], n, rows):
+    if not runs_at([(heads, None)], n_layer, rows):
       raise validation.TrainerOptionError(
         setting,
-        n,
+        n_layer,
         None,
         message=(
-          f'trax_revplus.ReversibleSerialTrainer.{setting} = {n} '
+          f'trax_revplus.ReversibleSerialTrainer.{setting} = {n_layer} '
           f'does not divide the {rows * heads} (example, head) pairs of '
           f'{a.name} over the {rows} rows each device gets; use a divisor '
           f"of {rows * heads}, at least {rows * heads}, or 'auto'."
@@ -145,18 +225,19 @@ def check(layers: Sequence[Any], n: int, setting: str, rows: int) -> None:
 
 
 @contextlib.contextmanager
-def at_once(layers: Sequence[Any], n: int | None) -> Iterator[None]:
-  """Within the block, every attention layer among `layers` computes `n`
-  (example, head) pairs at once (all of a call's pairs where it has fewer;
-  None: as configured); restored as found after it, also on an error."""
+def at_once(layers: Sequence[Any], n: plan_lib.PairsAtOnce) -> Iterator[None]:
+  """Within the block, every attention layer among `layers` computes the
+  (example, head) pairs at once n sets for it (`for_layer`; all of a
+  call's pairs where it has fewer; None: as configured); restored as found
+  after it, also on an error."""
   changed = []
   try:
-    if n is not None:
-      for a in attention_layers(layers):
-        own = getattr(a, _PARALLEL)
-        if own != n:
-          changed.append((a, own))
-          setattr(a, _PARALLEL, n)
+    for a in attention_layers(layers):
+      n_layer = for_layer(n, a)
+      own = getattr(a, _PARALLEL)
+      if n_layer is not None and own != n_layer:
+        changed.append((a, own))
+        setattr(a, _PARALLEL, n_layer)
     yield
   finally:
     for a, own in changed:
@@ -164,12 +245,15 @@ def at_once(layers: Sequence[Any], n: int | None) -> Iterator[None]:
 
 
 def traced_at_once(
-  fn: Callable[..., Any], layers: Sequence[Any], n: int | None
+  fn: Callable[..., Any], layers: Sequence[Any], n: plan_lib.PairsAtOnce
 ) -> Callable[..., Any]:
   """`fn`, whose trace (under `jit`) runs with `at_once(layers, n)`; `fn`
-  itself where n is None or no attention layer among `layers` is set to
-  another number."""
-  if n is None or all(own == n for _, own in layer_heads(layers)):
+  itself where n sets no attention layer among `layers` to another
+  number."""
+  if all(
+    for_layer(n, a) in (None, getattr(a, _PARALLEL))
+    for a in attention_layers(layers)
+  ):
     return fn
 
   def set_heads(*args):

@@ -6,15 +6,34 @@ reading its `n_in` items and writing its `n_out` in their place (as
 outputs, last layer to first. The step functions (`step_fns`, `slices`,
 `loss_slices`) build their programs from these walks, so that every program
 walks a chain the same way.
+
+A deep model repeats a block of layers (a ReformerLM: attention
+half-residual, swap, feed-forward half-residual, swap), each repeat with
+its own weights, state and RNG. Unrolled, a program traces and compiles
+every repeat anew, so its compile time grows with depth. The scanned walks
+(`scanned_forward_fn`, `scanned_reverse_and_grad`) run a chain's longest
+run of equal repeats (`repeats`: equal fingerprints, `fingerprints.of`,
+and equal shapes of weights and states) as a `jax.lax.scan` of one
+repeat's layers over the repeats' stacked weights, states and RNGs (as
+MaxText's `scan_layers` does): the loop's body is traced and compiled
+once. Each repeat computes what its own layers would, with its own
+weights, state and RNG, so the results are the unrolled walk's up to
+float32 summation order. Where a chain has no two equal repeats, or its
+stacks hold what a loop cannot carry (cotangents of integer items), they
+are the unrolled walks.
 """
 
+import dataclasses
+import functools
 from typing import Any, Callable, Sequence
 
 import jax
+import jax.numpy as jnp
 from trax import layers as tl
 from trax.layers import combinators as cb
 from trax.layers import reversible as trax_reversible
 
+from trax_revplus.trainer._step import fingerprints
 from trax_revplus.typing import PRNGKey
 from trax_revplus.typing import PyTree
 from trax_revplus.typing import Stack
@@ -57,16 +76,20 @@ def segment_forward_fn(
   """
 
   def forward(inputs, weights, states, rngs):
-    stack = inputs
-    new_states = []
-    for layer, w, s, rng in zip(layers, weights, states, rngs):
-      x = cb.inputs_from_stack(stack, layer.n_in)
-      y, new_state = layer.pure_fn(x, w, s, rng)
-      stack = cb.outputs_onto_stack(y, stack, layer.n_in)
-      new_states.append(new_state)
-    return stack, new_states
+    return _walk(layers, inputs, weights, states, rngs)
 
   return forward
+
+
+def _walk(layers, stack, weights, states, rngs):
+  """Each layer's `pure_fn` on the stack in order: (stack, new states)."""
+  new_states = []
+  for layer, w, s, rng in zip(layers, weights, states, rngs):
+    x = cb.inputs_from_stack(stack, layer.n_in)
+    y, new_state = layer.pure_fn(x, w, s, rng)
+    stack = cb.outputs_onto_stack(y, stack, layer.n_in)
+    new_states.append(new_state)
+  return stack, new_states
 
 
 def reverse_chain(
@@ -130,20 +153,27 @@ def reverse_and_grad_chain(
 
 
 def reversible_run_fn(
-  layers: Sequence[tl.Layer],
+  layers: Sequence[tl.Layer], scan: bool = False
 ) -> Callable[..., tuple[Stack, list[PyTree]]]:
   """Forward of consecutive reversible layers whose gradient recomputes.
 
   The forward is `segment_forward_fn`'s. Its custom gradient holds the
   run's outputs (not each layer's activations) and runs each layer's
   `reverse_and_grad`, last to first (`reverse_and_grad_chain`), as
-  `step_fns.segment_reverse_fn` does without the updates.
+  `step_fns.segment_reverse_fn` does without the updates. With `scan`,
+  both loop over the run's equal blocks (`scanned_forward_fn`,
+  `scanned_reverse_and_grad`).
 
   Returns (of the returned function):
     (inputs, weights, states, rngs) -> (outputs, new_states), as
     `segment_forward_fn`; differentiable in `inputs` and `weights`.
   """
-  forward = segment_forward_fn(layers)
+  if scan:
+    forward = scanned_forward_fn(layers)
+    reverse = scanned_reverse_and_grad(layers)
+  else:
+    forward = segment_forward_fn(layers)
+    reverse = functools.partial(reverse_and_grad_chain, layers)
 
   @jax.custom_vjp
   def run(inputs, weights, states, rngs):
@@ -156,8 +186,8 @@ def reversible_run_fn(
   def run_backward(residuals, cotangents):
     stack, weights, states, new_states, rngs = residuals
     # New states take no cotangent.
-    _, grad_stack, grads_weights = reverse_and_grad_chain(
-      layers, stack, cotangents[0], weights, states, new_states, rngs
+    _, grad_stack, grads_weights = reverse(
+      stack, cotangents[0], weights, states, new_states, rngs
     )
     return grad_stack, grads_weights, None, None
 
@@ -166,7 +196,7 @@ def reversible_run_fn(
 
 
 def chain_forward_fn(
-  layers: Sequence[tl.Layer],
+  layers: Sequence[tl.Layer], scan: bool = False
 ) -> Callable[..., tuple[Stack, list[PyTree]]]:
   """Forward of consecutive layers (standard and reversible) in one call,
   differentiable as trax's default `Trainer` differentiates them.
@@ -174,13 +204,14 @@ def chain_forward_fn(
   Each run of consecutive reversible layers goes under one custom gradient
   that holds only the run's outputs and reverses its layers from them,
   last to first (`reversible_run_fn`), as trax's `ReversibleSerial` does
-  in the default `Trainer`; the other layers run `pure_fn`.
+  in the default `Trainer`; the other layers run `pure_fn`. With `scan`,
+  each run loops over its equal blocks (`reversible_run_fn`).
 
   Returns (of the returned function):
     (inputs, weights, states, rngs) -> (outputs, new_states): lists over
     the layers; `inputs` are the top `chain_depth(layers)` stack items.
   """
-  runs = _runs(layers)
+  runs = _runs(layers, scan)
 
   def forward(inputs, weights, states, rngs):
     stack, new_states = inputs, []
@@ -210,7 +241,7 @@ def chain_forward_fn(
   return forward
 
 
-def _runs(layers):
+def _runs(layers, scan):
   """(start, stop, fn) over `layers` in order: a run of consecutive
   reversible layers as one `reversible_run_fn`, every other layer alone
   with fn None."""
@@ -221,8 +252,250 @@ def _runs(layers):
     if is_reversible(layers[i]):
       while j < len(layers) and is_reversible(layers[j]):
         j += 1
-      runs.append((i, j, reversible_run_fn(layers[i:j])))
+      runs.append((i, j, reversible_run_fn(layers[i:j], scan)))
     else:
       runs.append((i, j, None))
     i = j
   return runs
+
+
+# Two equal repeats are the fewest worth a loop: one saves nothing.
+MIN_REPEATS = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Repeats:
+  """A run of equal consecutive blocks in a chain of layers.
+
+  Attributes:
+    start: int, index of the run's first layer.
+    period: int, layers in one block.
+    count: int >= MIN_REPEATS, blocks in the run.
+  """
+
+  start: int
+  period: int
+  count: int
+
+  @property
+  def stop(self) -> int:
+    """Index after the run's last layer."""
+    return self.start + self.period * self.count
+
+
+def repeats(layers: Sequence[tl.Layer]) -> Repeats | None:
+  """The run of equal consecutive blocks that leaves the fewest layers to
+  trace (one block plus the layers outside the run), or None where no
+  block repeats `MIN_REPEATS` times.
+
+  Blocks are equal where their layers' fingerprints are
+  (`fingerprints.of`: the same classes, settings and functions), and a
+  block qualifies only if it leaves the stack's depth as it found it (the
+  loop carries its top items)."""
+  keys = [fingerprints.of(layer) for layer in layers]
+  n = len(layers)
+  best: Repeats | None = None
+  best_traced = n
+  for period in range(1, n // MIN_REPEATS + 1):
+    for start in range(0, min(period, n - MIN_REPEATS * period + 1)):
+      block = keys[start : start + period]
+      count = 1
+      while keys[start + count * period : start + (count + 1) * period] == (
+        block
+      ):
+        count += 1
+      if count < MIN_REPEATS:
+        continue
+      body = layers[start : start + period]
+      if sum(layer.n_out - layer.n_in for layer in body):
+        continue
+      traced = n - (count - 1) * period
+      if traced < best_traced:
+        best, best_traced = Repeats(start, period, count), traced
+  return best
+
+
+def _shapes(tree: PyTree) -> Any:
+  return jax.tree_util.tree_map(
+    lambda x: (jnp.shape(x), jnp.result_type(x)), tree
+  )
+
+
+def _stackable(run: Repeats, *per_layer: Sequence[PyTree]) -> bool:
+  """Whether each block's values (lists over the layers) have the first
+  block's structure, shapes and dtypes."""
+  for values in per_layer:
+    first = _shapes(list(values[run.start : run.start + run.period]))
+    for r in range(1, run.count):
+      a = run.start + r * run.period
+      if _shapes(list(values[a : a + run.period])) != first:
+        return False
+  return True
+
+
+def _stacked(run: Repeats, values: Sequence[PyTree]) -> list[PyTree]:
+  """Per layer of a block, its values over the blocks stacked on a new
+  leading axis (list over the block's layers)."""
+  return [
+    jax.tree_util.tree_map(
+      lambda *xs: jnp.stack(xs),
+      *[values[run.start + r * run.period + j] for r in range(run.count)],
+    )
+    for j in range(run.period)
+  ]
+
+
+def _unstacked(run: Repeats, stacked: Sequence[PyTree]) -> list[PyTree]:
+  """`_stacked`'s inverse: values per layer of the run, in layer order."""
+  return [
+    jax.tree_util.tree_map(lambda x, r=r: x[r], stacked[j])
+    for r in range(run.count)
+    for j in range(run.period)
+  ]
+
+
+def _carriable(tree: PyTree) -> bool:
+  """Whether a loop can carry `tree`: every leaf an array of a float or
+  integer dtype (no float0 cotangent, no None)."""
+  leaves, _ = jax.tree_util.tree_flatten(tree, is_leaf=lambda x: x is None)
+  return all(
+    x is not None and getattr(x, 'dtype', None) != jax.float0 for x in leaves
+  )
+
+
+def scanned_forward_fn(
+  layers: Sequence[tl.Layer],
+) -> Callable[..., tuple[Stack, list[PyTree]]]:
+  """`segment_forward_fn` of `layers`, its run of equal blocks
+  (`repeats`) one loop over their stacked weights, states and RNGs.
+
+  Returns (of the returned function):
+    (inputs, weights, states, rngs) -> (outputs, new_states), as
+    `segment_forward_fn`'s: lists over the layers.
+  """
+  run = repeats(layers)
+
+  def forward(inputs, weights, states, rngs):
+    if run is None or not _stackable(run, weights, states, rngs):
+      return _walk(layers, inputs, weights, states, rngs)
+    stack, head_states = _walk(
+      layers[: run.start],
+      inputs,
+      weights[: run.start],
+      states[: run.start],
+      rngs[: run.start],
+    )
+    body = layers[run.start : run.start + run.period]
+    depth = chain_depth(body)
+    carry = cb.inputs_from_stack(stack, depth)
+    if not _carriable(carry):
+      return _walk(layers, inputs, weights, states, rngs)
+
+    def step(top, xs):
+      w, s, r = xs
+      top, new_s = _walk(body, top, w, s, r)
+      return top, new_s
+
+    top, stacked_states = jax.lax.scan(
+      step,
+      carry,
+      (_stacked(run, weights), _stacked(run, states), _stacked(run, rngs)),
+    )
+    stack = cb.outputs_onto_stack(top, stack, depth)
+    stack, tail_states = _walk(
+      layers[run.stop :],
+      stack,
+      weights[run.stop :],
+      states[run.stop :],
+      rngs[run.stop :],
+    )
+    return stack, head_states + _unstacked(run, stacked_states) + tail_states
+
+  return forward
+
+
+def scanned_reverse_and_grad(
+  layers: Sequence[tl.Layer],
+) -> Callable[..., tuple[Stack, Stack, list[PyTree]]]:
+  """`reverse_and_grad_chain` of `layers`, its run of equal blocks
+  (`repeats`) one reversed loop over their stacked weights, states, new
+  states and RNGs.
+
+  Returns:
+    A function of `reverse_and_grad_chain`'s arguments but `layers`,
+    returning its results for `layers`.
+  """
+  run = repeats(layers)
+  reverse_chain = reverse_and_grad_chain
+
+  def reverse(stack, grad_stack, weights, states, new_states, rngs):
+    def unrolled():
+      return reverse_chain(
+        layers, stack, grad_stack, weights, states, new_states, rngs
+      )
+
+    if run is None or not _stackable(run, weights, states, new_states, rngs):
+      return unrolled()
+    body = layers[run.start : run.start + run.period]
+    depth = chain_depth(body)
+    after = slice(run.stop, None)
+    stack_r, grad_r, tail_grads = reverse_chain(
+      layers[after],
+      stack,
+      grad_stack,
+      weights[after],
+      states[after],
+      new_states[after],
+      rngs[after],
+    )
+    carry = (
+      cb.inputs_from_stack(stack_r, depth),
+      cb.inputs_from_stack(grad_r, depth),
+    )
+    if not _carriable(carry):
+      return unrolled()
+
+    def step(tops, xs):
+      w, s, ns, r = xs
+      top, grad_top, grads = reverse_chain(body, tops[0], tops[1], w, s, ns, r)
+      return (top, grad_top), grads
+
+    (top, grad_top), stacked_grads = jax.lax.scan(
+      step,
+      carry,
+      (
+        _stacked(run, weights),
+        _stacked(run, states),
+        _stacked(run, new_states),
+        _stacked(run, rngs),
+      ),
+      reverse=True,
+    )
+    stack_r = cb.outputs_onto_stack(top, stack_r, depth)
+    grad_r = cb.outputs_onto_stack(grad_top, grad_r, depth)
+    before = slice(None, run.start)
+    stack_r, grad_r, head_grads = reverse_chain(
+      layers[before],
+      stack_r,
+      grad_r,
+      weights[before],
+      states[before],
+      new_states[before],
+      rngs[before],
+    )
+    return (
+      stack_r,
+      grad_r,
+      list(head_grads) + _unstacked(run, stacked_grads) + list(tail_grads),
+    )
+
+  return reverse
+
+
+def layers_traced(layers: Sequence[tl.Layer]) -> int:
+  """Layers a program of `layers` traces with its run of equal blocks
+  looped (`repeats`): all of them where none repeats."""
+  run = repeats(layers)
+  return (
+    len(layers) if run is None else len(layers) - (run.count - 1) * run.period
+  )

@@ -29,6 +29,7 @@ def fused_loss_fn(
   n_devices: int,
   adasum: bool,
   in_call: ties_lib.InCall = (),
+  scan: bool = False,
 ) -> Callable[..., tuple]:
   """Forward + backward + update of consecutive layers ending in the loss.
 
@@ -44,14 +45,18 @@ def fused_loss_fn(
   earlier holder's forward and backward run again at the weights the later
   holder's update left (`_pieces`), as its own call would.
 
+  With `scan`, each run of reversible layers loops over its equal blocks
+  (`chains.scanned_forward_fn`): the program's size does not grow with
+  their number.
+
   Returns (of the returned function):
     (inputs, weights, states, slots, opt_params, rngs, step) ->
     (new_weights, new_states, new_slots, grads_inputs, stats), per-layer
     values as lists over the layers.
   """
   if in_call:
-    return _pieces(layers, optimizers, n_devices, adasum, in_call)
-  forward = chains.chain_forward_fn(layers)
+    return _pieces(layers, optimizers, n_devices, adasum, in_call, scan)
+  forward = chains.chain_forward_fn(layers, scan)
   updates = [update_fn(opt, n_devices, adasum) for opt in optimizers]
 
   def fbo(inputs, weights, states, slots, opt_params, rngs, step):
@@ -77,10 +82,10 @@ def fused_loss_fn(
   return fbo
 
 
-def _stack_fn(layers):
+def _stack_fn(layers, scan):
   """`chains.chain_forward_fn` of `layers` from a whole stack to a whole
   stack: (stack, weights, states, rngs) -> (stack, new_states)."""
-  forward = chains.chain_forward_fn(layers)
+  forward = chains.chain_forward_fn(layers, scan)
   depth = chains.chain_depth(layers)
 
   def run(stack, weights, states, rngs):
@@ -92,7 +97,7 @@ def _stack_fn(layers):
   return run
 
 
-def _pieces(layers, optimizers, n_devices, adasum, in_call):
+def _pieces(layers, optimizers, n_devices, adasum, in_call, scan):
   """`fused_loss_fn` where layers of the call share weights: the chain cut
   after each earlier holder into pieces, each differentiated (`vjp`) and
   updated in turn, last to first, at the weights the updates of the pieces
@@ -101,7 +106,9 @@ def _pieces(layers, optimizers, n_devices, adasum, in_call):
   updates = [update_fn(opt, n_devices, adasum) for opt in optimizers]
   cuts = sorted({reader for reader, _, _, _ in in_call})
   bounds = [0] + [c + 1 for c in cuts] + [len(layers)]
-  pieces = [(a, b, _stack_fn(layers[a:b])) for a, b in zip(bounds, bounds[1:])]
+  pieces = [
+    (a, b, _stack_fn(layers[a:b], scan)) for a, b in zip(bounds, bounds[1:])
+  ]
 
   def fbo(inputs, weights, states, slots, opt_params, rngs, step):
     n = len(layers)

@@ -208,9 +208,10 @@ def fused_loss(
   k: int,
   rows: PyTree,
   in_call: ties_lib.InCall = (),
+  scan: bool = False,
 ) -> Callable[..., tuple]:
   """`fused_fns.fused_loss_fn` over k slices where `loss_combination`
-  allows; unsliced otherwise.
+  allows; unsliced otherwise; `scan` as there.
 
   Raises:
     ValueError: k > 1 and the layers share weights (`in_call`, see
@@ -226,9 +227,9 @@ def fused_loss(
   combine = loss_combination(layers) if k > 1 else None
   if combine is None:
     return fused_fns.fused_loss_fn(
-      layers, optimizers, n_devices, adasum, in_call
+      layers, optimizers, n_devices, adasum, in_call, scan
     )
-  forward = chains.chain_forward_fn(layers)
+  forward = chains.chain_forward_fn(layers, scan)
   updates = [step_fns.update_fn(opt, n_devices, adasum) for opt in optimizers]
 
   def sliced(inputs, weights, states, slots, opt_params, rngs, step):

@@ -51,14 +51,14 @@ class _Choices(NamedTuple):
     n_slices: int, batch slices each call runs over (`slices`).
     micro: bool, the step runs in micro-batches: backward functions apply
       accumulated gradients, and accumulate functions accumulate them.
-    heads: int or None, attention heads computed at once
-      (`attention_heads`; None: as the layers are configured).
+    heads: int, None or a `plan.PairsByKind`, attention heads computed
+      at once (`attention_heads`; None: as the layers are configured).
     chunks: int, sequence chunks of the loss layer's tail (`loss_slices`).
   """
 
   n_slices: int
   micro: bool
-  heads: int | None
+  heads: plan_lib.PairsAtOnce
   chunks: int
 
 
@@ -92,6 +92,7 @@ class UnitFactory:
     n_devices: int,
     adasum: bool,
     ties: ties_lib.Ties | None = None,
+    scan: bool = False,
   ):
     """Args:
     layers, optimizers: lists by layer index (forward order).
@@ -99,7 +100,10 @@ class UnitFactory:
     n_devices: int, devices the gradients are averaged over.
     adasum: bool, average them with Adasum.
     ties: `ties.Ties` of the layers (default: none shared).
+    scan: bool, the fused program loops over equal blocks of layers
+      (`chains.scanned_forward_fn`) instead of tracing each.
     """
+    self._scan = scan
     self._ties = ties if ties is not None else ties_lib.Ties()
     self._layers = layers
     self._optimizers = optimizers
@@ -128,7 +132,16 @@ class UnitFactory:
     traced = attention_heads.traced_at_once(fn, layers, heads)
     if traced is not fn:
       fn = traced
-      variant = (variant, 'heads at once', heads)
+      # Keyed by what each of these layers runs: settings alike for them
+      # (n for all, or by kind) share one program.
+      variant = (
+        variant,
+        'heads at once',
+        tuple(
+          attention_heads.for_layer(heads, a)
+          for a in attention_heads.attention_layers(layers)
+        ),
+      )
     return self._compile(kind, indices, fn, donated, variant)
 
   def _rows(self, indices):
@@ -250,6 +263,7 @@ class UnitFactory:
         n_slices,
         self._rows(indices),
         in_call,
+        self._scan,
       )
       kind = Kind.FUSED_LOSS
       return LossUnit(

@@ -1,0 +1,220 @@
+"""Equal blocks of a reversible run as one loop (`chains.repeats`,
+`chains.scanned_forward_fn`, `chains.scanned_reverse_and_grad`): the
+unrolled walk's outputs and gradients, a program that does not grow with
+depth."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import trax
+from trax import fastmath
+from trax import layers as tl
+from trax import shapes
+
+from trax_revplus import trainer as rev_trainer
+from trax_revplus.trainer._step import chains
+
+pytestmark = pytest.mark.usefixtures('stock_trax')
+
+_ROWS, _LENGTH, _D = 2, 16, 16
+
+
+def _reversible_layers(n_layers, dropout=0.1, attention_types=None):
+  """The reversible layers of a ReformerLM of `n_layers` blocks (d_model
+  16, 2 heads), initialized, and the stack depth they read."""
+  model = trax.models.ReformerLM(
+    16,
+    d_model=_D,
+    d_ff=32,
+    d_attention_key=8,
+    d_attention_value=8,
+    n_layers=n_layers,
+    n_heads=2,
+    max_len=_LENGTH,
+    dropout=dropout,
+    attention_type=attention_types or tl.SelfAttention,
+    mode='train',
+  )
+  blocks, loss = rev_trainer.extract_reversible_blocks(
+    [model, tl.WeightedCategoryCrossEntropy()]
+  )
+  tokens = np.zeros((_ROWS, _LENGTH), np.int32)
+  rev_trainer.init_reversible_blocks(
+    blocks,
+    loss,
+    shapes.signature((tokens, tokens, np.ones_like(tokens, np.float32))),
+    fastmath.random.get_prng(3),
+  )
+  ((_, revs),) = [b for b in blocks if b[1]]
+  return revs
+
+
+def _arguments(layers, seed=0):
+  depth = chains.chain_depth(layers)
+  keys = jax.random.split(jax.random.PRNGKey(seed), depth + len(layers))
+  inputs = tuple(
+    jax.random.normal(k, (_ROWS, _LENGTH, _D)) for k in keys[:depth]
+  )
+  weights = [layer.weights for layer in layers]
+  states = [layer.state for layer in layers]
+  rngs = list(keys[depth:])
+  return inputs, weights, states, rngs
+
+
+def test_the_longest_run_of_equal_blocks():
+  # A ReformerLM block: attention half-residual, swap, feed-forward
+  # half-residual, swap.
+  assert chains.repeats(_reversible_layers(4)) == chains.Repeats(0, 4, 4)
+  # Two attention kinds in turn: blocks of 8 layers.
+  mixed = [
+    functools.partial(tl.SelfAttention, chunk_len=4, n_chunks_before=1),
+    tl.SelfAttention,
+  ]
+  layers = _reversible_layers(4, attention_types=mixed)
+  assert chains.repeats(layers) == chains.Repeats(0, 8, 2)
+  # One block: nothing repeats.
+  assert chains.repeats(_reversible_layers(1)) is None
+  # Two blocks of two kinds: no block repeats.
+  assert chains.repeats(_reversible_layers(2, attention_types=mixed)) is None
+
+
+def _unrolled(layers):
+  return chains.reversible_run_fn(layers, scan=False)
+
+
+def _looped(layers):
+  return chains.reversible_run_fn(layers, scan=True)
+
+
+def _loss_and_grads(run, args):
+  inputs, weights, states, rngs = args
+
+  def loss(x, w):
+    outputs, _ = run(x, w, states, rngs)
+    return sum(jnp.sum(jnp.sin(y)) for y in outputs)
+
+  return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(inputs, weights)
+
+
+@pytest.mark.parametrize('mixed', [False, True], ids=['one-kind', 'two-kinds'])
+def test_the_loop_computes_the_unrolled_walk(mixed):
+  attention = (
+    [
+      functools.partial(tl.SelfAttention, chunk_len=4, n_chunks_before=1),
+      tl.SelfAttention,
+    ]
+    if mixed
+    else None
+  )
+  layers = _reversible_layers(4, dropout=0.1, attention_types=attention)
+  assert chains.repeats(layers) is not None
+  args = _arguments(layers)
+  looped = _looped(layers)
+  unrolled = _unrolled(layers)
+  out_l, states_l = jax.jit(looped)(*args)
+  out_u, states_u = jax.jit(unrolled)(*args)
+  for a, b in zip(
+    jax.tree_util.tree_leaves((out_l, states_l)),
+    jax.tree_util.tree_leaves((out_u, states_u)),
+  ):
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+  (loss_l, grads_l) = _loss_and_grads(looped, args)
+  (loss_u, grads_u) = _loss_and_grads(unrolled, args)
+  np.testing.assert_allclose(loss_l, loss_u, rtol=1e-6)
+  leaves_l = jax.tree_util.tree_leaves(grads_l)
+  leaves_u = jax.tree_util.tree_leaves(grads_u)
+  assert len(leaves_l) == len(leaves_u) > 0
+  for a, b in zip(leaves_l, leaves_u):
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+  # Each block drew with its own RNG: blocks' gradients differ.
+  assert not np.allclose(grads_l[1][0][0], grads_l[1][4][0])  # pylint: disable=unsubscriptable-object
+
+
+def _program_chars(run, layers):
+  args = _arguments(layers)
+  return len(
+    jax.jit(lambda *a: _loss_and_grads_fn(run)(*a)).lower(*args).as_text()
+  )
+
+
+def _loss_and_grads_fn(run):
+  def fn(inputs, weights, states, rngs):
+    def loss(x, w):
+      outputs, _ = run(x, w, states, rngs)
+      return sum(jnp.sum(y) for y in outputs)
+
+    return jax.value_and_grad(loss, argnums=(0, 1))(inputs, weights)
+
+  return fn
+
+
+def test_the_program_does_not_grow_with_depth():
+  shallow, deep = _reversible_layers(2), _reversible_layers(8)
+  looped = _program_chars(_looped(deep), deep) / (
+    _program_chars(_looped(shallow), shallow)
+  )
+  unrolled = _program_chars(_unrolled(deep), deep) / _program_chars(
+    _unrolled(shallow), shallow
+  )
+  # 8 blocks against 2: the unrolled program traces each block (seen
+  # 2.9x the text); the loop's body is one block whatever the depth (the
+  # stacking and unstacking of each layer's weights grow with it: seen
+  # 1.26x).
+  assert unrolled > 2.5
+  assert looped < 1.5
+
+
+def test_a_fused_program_that_loops_trains_as_stock(monkeypatch):
+  # The CPU's rule keeps the fused program unrolled; a backend that loops
+  # (as accelerators do) on the CPU's devices: the weights and losses of
+  # 3 steps of a 4-block ReformerLM with dropout are stock trax's.
+  # pylint: disable=g-import-not-at-top
+  from trax import optimizers
+
+  import trainer_cases as cases
+  from trax_revplus.trainer._search import speed_rank
+
+  monkeypatch.setitem(speed_rank.SCAN_EQUAL_BLOCKS, jax.default_backend(), True)
+  looped_runs = []
+  scanned = chains.scanned_forward_fn
+
+  def counted(layers):
+    looped_runs.append(chains.repeats(layers))
+    return scanned(layers)
+
+  monkeypatch.setattr(chains, 'scanned_forward_fn', counted)
+  batch = cases.self_attention_lm_batch()
+  model = lambda: trax.models.ReformerLM(
+    16,
+    d_model=16,
+    d_ff=32,
+    d_attention_key=8,
+    d_attention_value=8,
+    n_layers=4,
+    n_heads=2,
+    max_len=16,
+    dropout=0.1,
+    mode='train',
+  )
+  plans = []
+
+  def ours(blocks, loss):
+    trainer = rev_trainer.ReversibleSerialTrainer(blocks, loss, optimizers.Adam)
+    cases.set_plan(trainer, batch, cases.fused_plan(trainer, batch))
+    plans.append(trainer.planned(batch).plan)
+    return trainer
+
+  expected_weights, expected_losses = cases.train_lm(
+    cases.stock_trainer, model(), batch, 3
+  )
+  weights, losses = cases.train_lm(ours, model(), batch, 3)
+  assert plans[0].fused_from < plans[0].loss
+  # The fused program's reversible run: 4 blocks of 4 layers, one loop.
+  assert chains.Repeats(0, 4, 4) in looped_runs
+  np.testing.assert_allclose(losses, expected_losses, rtol=0, atol=1e-5)
+  assert len(weights) == len(expected_weights)
+  for got, expected in zip(weights, expected_weights):
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5)
