@@ -99,16 +99,23 @@ def _loss_and_grads(run, args):
   return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(inputs, weights)
 
 
-@pytest.mark.parametrize('mixed', [False, True], ids=['one-kind', 'two-kinds'])
-def test_the_loop_computes_the_unrolled_walk(mixed):
-  attention = (
-    [
-      functools.partial(tl.SelfAttention, chunk_len=4, n_chunks_before=1),
-      tl.SelfAttention,
-    ]
-    if mixed
-    else None
-  )
+_KINDS = {
+  'one-kind': None,
+  'two-kinds': [
+    functools.partial(tl.SelfAttention, chunk_len=4, n_chunks_before=1),
+    tl.SelfAttention,
+  ],
+  # Layers with state (each block's hash RNG and buckets) and shared
+  # query-key attention.
+  'lsh': functools.partial(
+    tl.LSHSelfAttention, chunk_len=4, n_buckets=4, n_hashes=2
+  ),
+}
+
+
+@pytest.mark.parametrize('kinds', list(_KINDS))
+def test_the_loop_computes_the_unrolled_walk(kinds):
+  attention = _KINDS[kinds]
   layers = _reversible_layers(4, dropout=0.1, attention_types=attention)
   assert chains.repeats(layers) is not None
   args = _arguments(layers)
@@ -129,7 +136,7 @@ def test_the_loop_computes_the_unrolled_walk(mixed):
   assert len(leaves_l) == len(leaves_u) > 0
   for a, b in zip(leaves_l, leaves_u):
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
-  # Each block drew with its own RNG: blocks' gradients differ.
+  # Each block with its own weights and RNG: not the first block's for all.
   assert not np.allclose(grads_l[1][0][0], grads_l[1][4][0])  # pylint: disable=unsubscriptable-object
 
 
