@@ -556,8 +556,13 @@ def _shares(shares):
 
 
 def _heads(n):
-  """Attention pairs at once in a cell: 'as configured' for None."""
-  return 'as configured' if n is None else str(n)
+  """Attention pairs at once in a cell: 'as configured' for None, by kind
+  'SelfAttention 8' for a plan's [[kind, n], ...]."""
+  if n is None:
+    return 'as configured'
+  if isinstance(n, (list, tuple)):
+    return ', '.join(f'{kind} {k}' for kind, k in n)
+  return str(n)
 
 
 def _arithmetic_row(name, run):

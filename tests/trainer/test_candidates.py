@@ -288,6 +288,14 @@ def test_heads_by_kind_of_the_rules():
     ('SelfAttention', 8),
   )
   assert speed_rank.heads_by_kind('cpu', enwik8, rows=4) is None
+  # Never lowered: configured all pairs at once (None) or above a row.
+  for own in (None, 16):
+    assert speed_rank.heads_by_kind('tpu', [('SelfAttention', 8, own)], 4) is (
+      None
+    )
+  # Layers of one kind with other numbers of heads: no one number.
+  mixed = [('SelfAttention', 8, 1), ('SelfAttention', 4, 1)]
+  assert speed_rank.heads_by_kind('tpu', mixed, rows=3) is None
   # All of a call's pairs at once already (None: all): no change.
   assert (
     speed_rank.heads_by_kind('tpu', [('SelfAttention', 8, None)], 1) is None

@@ -225,3 +225,22 @@ def test_a_fused_program_that_loops_trains_as_stock(monkeypatch):
   assert len(weights) == len(expected_weights)
   for got, expected in zip(weights, expected_weights):
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5)
+
+
+def test_a_run_after_other_layers_and_a_block_that_changes_its_items():
+  layers = _reversible_layers(4)
+  # Three distinct layers before the repeats: still found.
+  head = [tl.ReversibleSwap()] + _reversible_layers(1)[:2]
+  found = chains.repeats(head + layers)
+  # (From the head's last swap on, blocks of swap, attention, swap,
+  # feed-forward repeat as often: as few layers to trace.)
+  assert (found.period, found.count) == (4, 4) and found.start >= 2
+  # Swaps of items of other shapes: each block changes its items' shapes,
+  # which a loop cannot carry; the unrolled walk runs.
+  swaps = [tl.ReversibleSwap()] * 3
+  assert chains.repeats(swaps) == chains.Repeats(0, 1, 3)
+  inputs = (jnp.zeros((2, 3)), jnp.ones((2, 5)))
+  outputs, _ = jax.jit(chains.reversible_run_fn(swaps, scan=True))(
+    inputs, [()] * 3, [()] * 3, list(jax.random.split(jax.random.PRNGKey(0), 3))
+  )
+  assert [y.shape for y in outputs] == [(2, 5), (2, 3)]

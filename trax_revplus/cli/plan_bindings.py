@@ -9,8 +9,9 @@ keeps the plan. Pinned so, the planner keeps them and chooses the rest
 line: what the planner derives (the layers fused into the loss layer's
 program, prefetching, what waits on the host), the segment lengths of a
 plan that runs the whole model in one program (a pinned length excludes
-that program), and a value no setting takes (None attention heads at
-once: the attention layers as configured, which only 'auto' gives).
+that program), and a value no setting takes (attention heads at once
+None, the attention layers as configured, or by kind of layer, which only
+'auto' gives).
 """
 
 from typing import Any

@@ -163,9 +163,10 @@ def heads_by_kind(
   rows: int,
 ) -> plan_lib.PairsByKind | None:
   """The pairs at once by kind of attention layer that rank first on
-  `platform` (`SPEED_PARALLEL_HEADS_BY_KIND`), or None where its rules
-  name none of the model's kinds or change none of its layers in a call of
-  `rows` rows.
+  `platform` (`SPEED_PARALLEL_HEADS_BY_KIND`: ROW, one example's heads at
+  once, for a kind some of whose layers are configured with fewer and
+  whose layers all have as many heads), or None where its rules raise
+  none of the model's layers in a call of `rows` rows.
 
   Args:
     platform: str, the devices' backend, or None.
@@ -174,10 +175,21 @@ def heads_by_kind(
     rows: int, rows of the batch each device gets.
   """
   rules = SPEED_PARALLEL_HEADS_BY_KIND.get(platform) or {}
-  numbers: dict[str, int] = {}
-  for name, heads, _ in kinds:
+  heads_of: dict[str, set[int]] = {}
+  below: set[str] = set()
+  for name, heads, own in kinds:
     if rules.get(name) == ROW:
-      numbers[name] = max(numbers.get(name, 0), heads)
+      heads_of.setdefault(name, set()).add(heads)
+      if own is not None and own < heads:
+        below.add(name)
+  # ROW raises a kind configured below one row's heads; it never lowers
+  # one configured above (all pairs at once: None), nor sets a kind whose
+  # layers differ in heads (one number cannot be each one's row).
+  numbers = {
+    name: next(iter(heads))
+    for name, heads in heads_of.items()
+    if name in below and len(heads) == 1
+  }
   if not numbers:
     return None
   n = attention_heads.by_kind(numbers)

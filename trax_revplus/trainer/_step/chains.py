@@ -11,16 +11,17 @@ A deep model repeats a block of layers (a ReformerLM: attention
 half-residual, swap, feed-forward half-residual, swap), each repeat with
 its own weights, state and RNG. Unrolled, a program traces and compiles
 every repeat anew, so its compile time grows with depth. The scanned walks
-(`scanned_forward_fn`, `scanned_reverse_and_grad`) run a chain's longest
-run of equal repeats (`repeats`: equal fingerprints, `fingerprints.of`,
-and equal shapes of weights and states) as a `jax.lax.scan` of one
-repeat's layers over the repeats' stacked weights, states and RNGs (as
-MaxText's `scan_layers` does): the loop's body is traced and compiled
-once. Each repeat computes what its own layers would, with its own
-weights, state and RNG, so the results are the unrolled walk's up to
-float32 summation order. Where a chain has no two equal repeats, or its
-stacks hold what a loop cannot carry (cotangents of integer items), they
-are the unrolled walks.
+(`scanned_forward_fn`, `scanned_reverse_and_grad`) run the chain's run of
+equal repeats that leaves the fewest layers to trace (`repeats`: equal
+fingerprints, `fingerprints.of`, and equal shapes of weights and states)
+as a `jax.lax.scan` of one repeat's layers over the repeats' stacked
+weights, states and RNGs (as MaxText's `scan_layers` does): the loop's
+body is traced and compiled once. Each repeat computes what its own
+layers would, with its own weights, state and RNG, so the results are the
+unrolled walk's up to float32 summation order. Where a chain has no two
+equal repeats, or its stacks hold what a loop cannot carry (cotangents of
+integer items, items a block changes in shape or dtype), they are the
+unrolled walks.
 """
 
 import dataclasses
@@ -157,7 +158,8 @@ def reversible_run_fn(
 ) -> Callable[..., tuple[Stack, list[PyTree]]]:
   """Forward of consecutive reversible layers whose gradient recomputes.
 
-  The forward is `segment_forward_fn`'s. Its custom gradient holds the
+  The forward is `segment_forward_fn`'s (with `scan`, its loop over equal
+  blocks). Its custom gradient holds the
   run's outputs (not each layer's activations) and runs each layer's
   `reverse_and_grad`, last to first (`reverse_and_grad_chain`), as
   `step_fns.segment_reverse_fn` does without the updates. With `scan`,
@@ -292,12 +294,17 @@ def repeats(layers: Sequence[tl.Layer]) -> Repeats | None:
   (`fingerprints.of`: the same classes, settings and functions), and a
   block qualifies only if it leaves the stack's depth as it found it (the
   loop carries its top items)."""
-  keys = [fingerprints.of(layer) for layer in layers]
+  # Each distinct fingerprint as a small int: blocks compare as lists of
+  # ints, not of nested fingerprints.
+  numbers: dict[Any, int] = {}
+  keys = [
+    numbers.setdefault(fingerprints.of(layer), len(numbers)) for layer in layers
+  ]
   n = len(layers)
   best: Repeats | None = None
   best_traced = n
   for period in range(1, n // MIN_REPEATS + 1):
-    for start in range(0, min(period, n - MIN_REPEATS * period + 1)):
+    for start in range(0, n - MIN_REPEATS * period + 1):
       block = keys[start : start + period]
       count = 1
       while keys[start + count * period : start + (count + 1) * period] == (
@@ -363,6 +370,18 @@ def _carriable(tree: PyTree) -> bool:
   )
 
 
+def _loops(step: Callable[..., Any], carry: PyTree, xs: PyTree) -> bool:
+  """Whether `jax.lax.scan` can run `step` from `carry` over `xs`: every
+  carried leaf an array a loop can carry (`_carriable`), and one step's
+  carry out of the structure, shapes and dtypes of its carry in
+  (`jax.eval_shape` of the first block: nothing runs)."""
+  if not _carriable(carry):
+    return False
+  first = jax.tree_util.tree_map(lambda x: x[0], xs)
+  out, _ = jax.eval_shape(step, carry, first)
+  return _shapes(out) == _shapes(carry)
+
+
 def scanned_forward_fn(
   layers: Sequence[tl.Layer],
 ) -> Callable[..., tuple[Stack, list[PyTree]]]:
@@ -388,19 +407,16 @@ def scanned_forward_fn(
     body = layers[run.start : run.start + run.period]
     depth = chain_depth(body)
     carry = cb.inputs_from_stack(stack, depth)
-    if not _carriable(carry):
-      return _walk(layers, inputs, weights, states, rngs)
 
     def step(top, xs):
       w, s, r = xs
       top, new_s = _walk(body, top, w, s, r)
       return top, new_s
 
-    top, stacked_states = jax.lax.scan(
-      step,
-      carry,
-      (_stacked(run, weights), _stacked(run, states), _stacked(run, rngs)),
-    )
+    xs = (_stacked(run, weights), _stacked(run, states), _stacked(run, rngs))
+    if not _loops(step, carry, xs):
+      return _walk(layers, inputs, weights, states, rngs)
+    top, stacked_states = jax.lax.scan(step, carry, xs)
     stack = cb.outputs_onto_stack(top, stack, depth)
     stack, tail_states = _walk(
       layers[run.stop :],
@@ -452,25 +468,21 @@ def scanned_reverse_and_grad(
       cb.inputs_from_stack(stack_r, depth),
       cb.inputs_from_stack(grad_r, depth),
     )
-    if not _carriable(carry):
-      return unrolled()
 
     def step(tops, xs):
       w, s, ns, r = xs
       top, grad_top, grads = reverse_chain(body, tops[0], tops[1], w, s, ns, r)
       return (top, grad_top), grads
 
-    (top, grad_top), stacked_grads = jax.lax.scan(
-      step,
-      carry,
-      (
-        _stacked(run, weights),
-        _stacked(run, states),
-        _stacked(run, new_states),
-        _stacked(run, rngs),
-      ),
-      reverse=True,
+    xs = (
+      _stacked(run, weights),
+      _stacked(run, states),
+      _stacked(run, new_states),
+      _stacked(run, rngs),
     )
+    if not _loops(step, carry, xs):
+      return unrolled()
+    (top, grad_top), stacked_grads = jax.lax.scan(step, carry, xs, reverse=True)
     stack_r = cb.outputs_onto_stack(top, stack_r, depth)
     grad_r = cb.outputs_onto_stack(grad_top, grad_r, depth)
     before = slice(None, run.start)
@@ -490,12 +502,3 @@ def scanned_reverse_and_grad(
     )
 
   return reverse
-
-
-def layers_traced(layers: Sequence[tl.Layer]) -> int:
-  """Layers a program of `layers` traces with its run of equal blocks
-  looped (`repeats`): all of them where none repeats."""
-  run = repeats(layers)
-  return (
-    len(layers) if run is None else len(layers) - (run.count - 1) * run.period
-  )
