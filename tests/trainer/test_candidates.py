@@ -17,9 +17,11 @@ from trax_revplus.trainer._search import speed_rank
 pytestmark = pytest.mark.usefixtures('stock_trax')
 
 
-def _candidates(n_reversible, kinds=True):
+def _candidates(n_reversible, kinds=True, platform='cpu'):
   """One block: a standard layer, then `n_reversible` reversible layers
-  alternating two kinds (a half-residual and a swap), then the loss."""
+  alternating two kinds (a half-residual and a swap), then the loss; on
+  the CPU backend by default, whose fused program traces every layer
+  (`speed_rank.SCAN_EQUAL_BLOCKS`)."""
   n = n_reversible + 2
   layer_kinds = None
   if kinds:
@@ -35,6 +37,7 @@ def _candidates(n_reversible, kinds=True):
     rows=2,
     options=TrainerOptions(),
     layer_kinds=layer_kinds,
+    platform=platform,
   )
 
 
@@ -52,6 +55,20 @@ def test_compiled_layers_count_equal_segments_once():
   ).plans[0]
   assert unfused.settings()['segment_max_layers'] == 8
   assert candidates.compiled_layers(unfused) == 1 + 8 + 1
+
+
+def test_a_fused_program_that_loops_counts_its_equal_blocks_once():
+  # On a backend whose fused program loops over equal blocks (an
+  # accelerator's): the standard layer, one block of 2 (half-residual,
+  # swap), the loss; a deep model's fused program compiles as cheaply as a
+  # shallow one's and ranks first.
+  candidates = _candidates(24, platform='tpu')
+  fused = next(
+    g for g in candidates.groups() if g.fused_reversible_layers
+  ).leanest
+  assert candidates.compiled_layers(fused) == 1 + 2 + 1
+  assert _candidates(240, platform='tpu').fused_compiles_cheaply()
+  assert not _candidates(240).fused_compiles_cheaply()
 
 
 def test_a_shallow_model_ranks_the_fused_program_first():

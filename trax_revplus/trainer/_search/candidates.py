@@ -154,6 +154,7 @@ class Candidates:
       value, the last being the leaner.
     """
     self._shared_weights = shared_weights
+    self._scan = speed_rank.scans_equal_blocks(platform)
     self._params_on_device = tuple(params_on_device)
     self._kinds = layer_kinds
     self._sizes = list(block_sizes)
@@ -364,7 +365,7 @@ class Candidates:
   def compiled_layers(self, plan: plan_lib.StepPlan) -> int:
     """`speed_rank.compiled_layers` of `plan`, with this trainer's layer
     kinds."""
-    return speed_rank.compiled_layers(plan, self._kinds)
+    return speed_rank.compiled_layers(plan, self._kinds, self._scan)
 
   def fused_compiles_cheaply(self) -> bool:
     """Whether the fused program compiles at most

@@ -9,12 +9,14 @@ importance: (1) the fused program first: one call per step, with no host
 work and no dispatch between layers, where unfused plans run two calls per
 segment and recompute the same activations; but only where it compiles at
 most `FUSED_COMPILE_RATIO` times the layers the fastest unfused plan
-compiles (`compiled_layers`): XLA compiles the fused program's layers one
-by one, unrolled, while equal segments share one compilation, so on a deep
-model of equal blocks the fused program's compilation would cost many times
-the run's first step (and there, with many small layers, it did not step
-faster either: docs/performance.md); such a model ranks its fused groups
-after every unfused one; (2) fewer batch slices: an accelerator runs
+compiles (`compiled_layers`): unrolled, XLA compiles the fused program's
+layers one by one, while equal segments share one compilation, so on a
+deep model of equal blocks the fused program's compilation would cost many
+times the run's first step (and there, with many small layers, it did not
+step faster either: docs/performance.md); such a model ranks its fused
+groups after every unfused one; where the fused program loops over equal
+blocks (`SCAN_EQUAL_BLOCKS`: accelerators), their run counts as one
+block; (2) fewer batch slices: an accelerator runs
 larger matrices faster, and a draw that slices change (a layer drawing a
 mask of slice shape other than trax's `Dropout` and efficient attention:
 `row_draws`) gives stock trax's weights only unsliced; but where slices
@@ -38,6 +40,7 @@ from typing import Hashable, Mapping, Sequence
 
 from trax_revplus.trainer._plan import plan as plan_lib
 from trax_revplus.trainer._step import attention_heads
+from trax_revplus.trainer._step import chains
 
 # The fused program ranks first where it compiles at most this many times
 # the layers of the fastest unfused plan's distinct programs. Measured on
@@ -112,21 +115,31 @@ def scans_equal_blocks(platform: str | None) -> bool:
 
 
 def compiled_layers(
-  plan: plan_lib.StepPlan, layer_kinds: Sequence[Hashable] | None
+  plan: plan_lib.StepPlan,
+  layer_kinds: Sequence[Hashable] | None,
+  scan: bool = False,
 ) -> int:
   """Layers in the distinct programs `plan`'s step compiles, the loss
-  layer's included: each fused layer, and each forward unit outside the
-  loss program whose layers compute what an earlier unit's do once (its
-  backward calls compile the same layers again).
+  layer's included: each fused layer (with `scan`, the fused layers' run
+  of equal blocks counted once: `chains.repeats_of` of their kinds), and
+  each forward unit outside the loss program whose layers compute what an
+  earlier unit's do once (its backward calls compile the same layers
+  again).
 
   Args:
     plan: the `plan.StepPlan`.
     layer_kinds: list by layer index of hashables, equal where two layers
       share a compilation (`candidates.Candidates`'s); None: every layer
       its own.
+    scan: bool, the fused program loops over equal blocks
+      (`scans_equal_blocks`).
   """
   seen = set()
   n = 1 + plan.loss - plan.fused_from
+  if scan and layer_kinds is not None:
+    run = chains.repeats_of(layer_kinds[plan.fused_from : plan.loss])
+    if run is not None:
+      n -= (run.count - 1) * run.period
   for unit in plan.unit_spans():
     if unit[0] >= plan.fused_from:
       continue

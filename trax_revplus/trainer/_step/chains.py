@@ -26,7 +26,7 @@ unrolled walks.
 
 import dataclasses
 import functools
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Hashable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -294,13 +294,29 @@ def repeats(layers: Sequence[tl.Layer]) -> Repeats | None:
   (`fingerprints.of`: the same classes, settings and functions), and a
   block qualifies only if it leaves the stack's depth as it found it (the
   loop carries its top items)."""
-  # Each distinct fingerprint as a small int: blocks compare as lists of
-  # ints, not of nested fingerprints.
+  return repeats_of(
+    [fingerprints.of(layer) for layer in layers],
+    lambda start, period: (
+      not sum(
+        layer.n_out - layer.n_in for layer in layers[start : start + period]
+      )
+    ),
+  )
+
+
+def repeats_of(
+  keys: Sequence[Hashable],
+  qualifies: Callable[[int, int], bool] = lambda start, period: True,
+) -> Repeats | None:
+  """`repeats` of a chain given by its layers' keys (equal where two
+  layers compute the same thing): the run of equal consecutive blocks
+  that leaves the fewest keys to trace, among blocks (start, period) that
+  `qualifies`; None where none repeats `MIN_REPEATS` times."""
+  # Each distinct key as a small int: blocks compare as lists of ints, not
+  # of nested fingerprints.
   numbers: dict[Any, int] = {}
-  keys = [
-    numbers.setdefault(fingerprints.of(layer), len(numbers)) for layer in layers
-  ]
-  n = len(layers)
+  keys = [numbers.setdefault(key, len(numbers)) for key in keys]
+  n = len(keys)
   best: Repeats | None = None
   best_traced = n
   for period in range(1, n // MIN_REPEATS + 1):
@@ -311,10 +327,7 @@ def repeats(layers: Sequence[tl.Layer]) -> Repeats | None:
         block
       ):
         count += 1
-      if count < MIN_REPEATS:
-        continue
-      body = layers[start : start + period]
-      if sum(layer.n_out - layer.n_in for layer in body):
+      if count < MIN_REPEATS or not qualifies(start, period):
         continue
       traced = n - (count - 1) * period
       if traced < best_traced:
