@@ -93,6 +93,10 @@ def test_a_started_step_is_composed_from_its_own_programs():
   stock = three_trainers._stock(cfg)
   programs = default_trainer.start_default_trainer_step(default, cfg.batch)
   stock_programs = stock_trainer.start_stock_trainer_step(stock, cfg.batch)
+  # Started on the compile threads; each compile's span is timed once a
+  # thread takes it (on a busy machine, after the call returns).
+  programs.wait()
+  stock_programs.wait()
   assert programs.compile_spans and stock_programs.compile_spans
   ahead = default_trainer.default_trainer_step(default, cfg.batch)
   stock_ahead = stock_trainer.stock_trainer_step(stock, cfg.batch)
