@@ -14,7 +14,6 @@ import functools
 import jax
 import numpy as np
 import pytest
-import trax
 from trax import layers as tl
 from trax import optimizers
 
@@ -318,17 +317,8 @@ def _mixed_attention_lm(dropout):
   """A 2-layer ReformerLM alternating trax's SelfAttention and
   LSHSelfAttention, each configured one pair at a time (as trax's enwik8
   config sets them), vocab 16, rows of 16."""
-  return trax.models.ReformerLM(
-    16,
-    d_model=16,
-    d_ff=32,
-    d_attention_key=8,
-    d_attention_value=8,
-    n_layers=2,
-    n_heads=2,
-    max_len=16,
-    dropout=dropout,
-    attention_type=[
+  return cases.small_reformer_lm(
+    [
       functools.partial(
         tl.SelfAttention, chunk_len=4, n_chunks_before=1, n_parallel_heads=1
       ),
@@ -340,7 +330,7 @@ def _mixed_attention_lm(dropout):
         n_parallel_heads=1,
       ),
     ],
-    mode='train',
+    dropout=dropout,
   )
 
 
@@ -372,9 +362,7 @@ def test_pairs_by_kind_train_as_stock(monkeypatch, dropout):
   weights, losses = cases.train_lm(ours, _mixed_attention_lm(dropout), batch, 2)
   assert plans[0].parallel_heads == (('SelfAttention', 2),)
   np.testing.assert_allclose(losses, expected_losses, rtol=0, atol=1e-5)
-  assert len(weights) == len(expected_weights)
-  for got, expected in zip(weights, expected_weights):
-    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5)
+  cases.assert_all_close(expected_weights, weights)
 
 
 def test_pairs_by_kind_set_each_kind_and_leave_the_layers_as_found():

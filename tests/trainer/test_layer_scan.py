@@ -9,12 +9,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import trax
 from trax import fastmath
 from trax import layers as tl
+from trax import optimizers
 from trax import shapes
 
+import trainer_cases as cases
 from trax_revplus import trainer as rev_trainer
+from trax_revplus.trainer._search import speed_rank
 from trax_revplus.trainer._step import chains
 
 pytestmark = pytest.mark.usefixtures('stock_trax')
@@ -25,18 +27,12 @@ _ROWS, _LENGTH, _D = 2, 16, 16
 def _reversible_layers(n_layers, dropout=0.1, attention_types=None):
   """The reversible layers of a ReformerLM of `n_layers` blocks (d_model
   16, 2 heads), initialized, and the stack depth they read."""
-  model = trax.models.ReformerLM(
-    16,
-    d_model=_D,
-    d_ff=32,
-    d_attention_key=8,
-    d_attention_value=8,
+  model = cases.small_reformer_lm(
+    attention_types or tl.SelfAttention,
     n_layers=n_layers,
-    n_heads=2,
     max_len=_LENGTH,
     dropout=dropout,
-    attention_type=attention_types or tl.SelfAttention,
-    mode='train',
+    d_model=_D,
   )
   blocks, loss = rev_trainer.extract_reversible_blocks(
     [model, tl.WeightedCategoryCrossEntropy()]
@@ -178,12 +174,6 @@ def test_a_fused_program_that_loops_trains_as_stock(monkeypatch):
   # The CPU's rule keeps the fused program unrolled; a backend that loops
   # (as accelerators do) on the CPU's devices: the weights and losses of
   # 3 steps of a 4-block ReformerLM with dropout are stock trax's.
-  # pylint: disable=g-import-not-at-top
-  from trax import optimizers
-
-  import trainer_cases as cases
-  from trax_revplus.trainer._search import speed_rank
-
   monkeypatch.setitem(speed_rank.SCAN_EQUAL_BLOCKS, jax.default_backend(), True)
   looped_runs = []
   scanned = chains.scanned_forward_fn
@@ -194,17 +184,8 @@ def test_a_fused_program_that_loops_trains_as_stock(monkeypatch):
 
   monkeypatch.setattr(chains, 'scanned_forward_fn', counted)
   batch = cases.self_attention_lm_batch()
-  model = lambda: trax.models.ReformerLM(
-    16,
-    d_model=16,
-    d_ff=32,
-    d_attention_key=8,
-    d_attention_value=8,
-    n_layers=4,
-    n_heads=2,
-    max_len=16,
-    dropout=0.1,
-    mode='train',
+  model = lambda: cases.small_reformer_lm(
+    tl.SelfAttention, n_layers=4, dropout=0.1
   )
   plans = []
 
@@ -222,9 +203,7 @@ def test_a_fused_program_that_loops_trains_as_stock(monkeypatch):
   # The fused program's reversible run: 4 blocks of 4 layers, one loop.
   assert chains.Repeats(0, 4, 4) in looped_runs
   np.testing.assert_allclose(losses, expected_losses, rtol=0, atol=1e-5)
-  assert len(weights) == len(expected_weights)
-  for got, expected in zip(weights, expected_weights):
-    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5)
+  cases.assert_all_close(expected_weights, weights)
 
 
 def test_a_run_after_other_layers_and_a_block_that_changes_its_items():

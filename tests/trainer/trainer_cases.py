@@ -179,24 +179,36 @@ def count_accounted(monkeypatch):
   return plans
 
 
+def small_reformer_lm(
+  attention_type, *, n_layers=2, n_heads=2, max_len=16, dropout=0.0, d_model=16
+):
+  """trax's ReformerLM at test size in train mode: vocab 16, d_ff 32,
+  attention keys and values of 8, `attention_type` (a layer class, a
+  partial of one, or a list of them taken in turn), `dropout` its rate."""
+  return trax.models.ReformerLM(
+    16,
+    d_model=d_model,
+    d_ff=32,
+    d_attention_key=8,
+    d_attention_value=8,
+    n_layers=n_layers,
+    n_heads=n_heads,
+    max_len=max_len,
+    dropout=dropout,
+    attention_type=attention_type,
+    mode='train',
+  )
+
+
 def lsh_model(**attention):
   """A dropout-free 2-layer ReformerLM with LSH attention (vocab 16, inputs
   of length 16 or 32), in train mode; `attention`: more arguments of its
   `LSHSelfAttention`."""
-  return trax.models.ReformerLM(
-    16,
-    d_model=16,
-    d_ff=32,
-    d_attention_key=8,
-    d_attention_value=8,
-    n_layers=2,
-    n_heads=2,
-    max_len=32,
-    dropout=0.0,
-    attention_type=functools.partial(
+  return small_reformer_lm(
+    functools.partial(
       tl.LSHSelfAttention, chunk_len=4, n_buckets=4, n_hashes=2, **attention
     ),
-    mode='train',
+    max_len=32,
   )
 
 
