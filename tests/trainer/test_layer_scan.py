@@ -178,9 +178,9 @@ def test_a_fused_program_that_loops_trains_as_stock(monkeypatch):
   looped_runs = []
   scanned = chains.scanned_forward_fn
 
-  def counted(layers):
-    looped_runs.append(chains.repeats(layers))
-    return scanned(layers)
+  def counted(layers, run):
+    looped_runs.append(run)
+    return scanned(layers, run)
 
   monkeypatch.setattr(chains, 'scanned_forward_fn', counted)
   batch = cases.self_attention_lm_batch()

@@ -69,13 +69,18 @@ def kind(layer: Any) -> str:
   return type(layer).__name__
 
 
-def for_layer(n: plan_lib.PairsAtOnce, layer: Any) -> int | None:
+def for_kind(n: plan_lib.PairsAtOnce, name: str) -> int | None:
   """The pairs at once a plan's setting n (`plan.PairsAtOnce`) sets for
-  `layer`: n itself, or its kind's number in a `plan.PairsByKind` (None:
-  as configured)."""
+  the layers of kind `name`: n itself, or that kind's number in a
+  `plan.PairsByKind` (None: as configured)."""
   if isinstance(n, tuple):
-    return dict(n).get(kind(layer))
+    return dict(n).get(name)
   return n
+
+
+def for_layer(n: plan_lib.PairsAtOnce, layer: Any) -> int | None:
+  """`for_kind` of `layer`'s kind."""
+  return for_kind(n, kind(layer))
 
 
 def by_kind(numbers: dict[str, int]) -> plan_lib.PairsByKind:
@@ -97,11 +102,10 @@ def _settings(
 ) -> list[tuple[int, int | None, int]]:
   """(heads, configured, set) of each layer of `kinds` that n sets to a
   number (`for_layer`)."""
-  numbers = dict(n) if isinstance(n, tuple) else None
   found = []
   for name, heads, own in kinds:
-    setting = n if numbers is None else numbers.get(name)
-    if isinstance(setting, int):
+    setting = for_kind(n, name)
+    if setting is not None:
       found.append((heads, own, setting))
   return found
 

@@ -171,8 +171,9 @@ def reversible_run_fn(
     `segment_forward_fn`; differentiable in `inputs` and `weights`.
   """
   if scan:
-    forward = scanned_forward_fn(layers)
-    reverse = scanned_reverse_and_grad(layers)
+    equal_blocks = repeats(layers)
+    forward = scanned_forward_fn(layers, equal_blocks)
+    reverse = scanned_reverse_and_grad(layers, equal_blocks)
   else:
     forward = segment_forward_fn(layers)
     reverse = functools.partial(reverse_and_grad_chain, layers)
@@ -396,16 +397,16 @@ def _loops(step: Callable[..., Any], carry: PyTree, xs: PyTree) -> bool:
 
 
 def scanned_forward_fn(
-  layers: Sequence[tl.Layer],
+  layers: Sequence[tl.Layer], run: Repeats | None
 ) -> Callable[..., tuple[Stack, list[PyTree]]]:
-  """`segment_forward_fn` of `layers`, its run of equal blocks
-  (`repeats`) one loop over their stacked weights, states and RNGs.
+  """`segment_forward_fn` of `layers`, their run of equal blocks `run`
+  (`repeats(layers)`; None: none) one loop over its stacked weights,
+  states and RNGs.
 
   Returns (of the returned function):
     (inputs, weights, states, rngs) -> (outputs, new_states), as
     `segment_forward_fn`'s: lists over the layers.
   """
-  run = repeats(layers)
 
   def forward(inputs, weights, states, rngs):
     if run is None or not _stackable(run, weights, states, rngs):
@@ -444,22 +445,20 @@ def scanned_forward_fn(
 
 
 def scanned_reverse_and_grad(
-  layers: Sequence[tl.Layer],
+  layers: Sequence[tl.Layer], run: Repeats | None
 ) -> Callable[..., tuple[Stack, Stack, list[PyTree]]]:
-  """`reverse_and_grad_chain` of `layers`, its run of equal blocks
-  (`repeats`) one reversed loop over their stacked weights, states, new
-  states and RNGs.
+  """`reverse_and_grad_chain` of `layers`, their run of equal blocks
+  `run` (`repeats(layers)`; None: none) one reversed loop over its stacked
+  weights, states, new states and RNGs.
 
   Returns:
     A function of `reverse_and_grad_chain`'s arguments but `layers`,
     returning its results for `layers`.
   """
-  run = repeats(layers)
-  reverse_chain = reverse_and_grad_chain
 
   def reverse(stack, grad_stack, weights, states, new_states, rngs):
     def unrolled():
-      return reverse_chain(
+      return reverse_and_grad_chain(
         layers, stack, grad_stack, weights, states, new_states, rngs
       )
 
@@ -468,7 +467,7 @@ def scanned_reverse_and_grad(
     body = layers[run.start : run.start + run.period]
     depth = chain_depth(body)
     after = slice(run.stop, None)
-    stack_r, grad_r, tail_grads = reverse_chain(
+    stack_r, grad_r, tail_grads = reverse_and_grad_chain(
       layers[after],
       stack,
       grad_stack,
@@ -484,7 +483,9 @@ def scanned_reverse_and_grad(
 
     def step(tops, xs):
       w, s, ns, r = xs
-      top, grad_top, grads = reverse_chain(body, tops[0], tops[1], w, s, ns, r)
+      top, grad_top, grads = reverse_and_grad_chain(
+        body, tops[0], tops[1], w, s, ns, r
+      )
       return (top, grad_top), grads
 
     xs = (
@@ -499,7 +500,7 @@ def scanned_reverse_and_grad(
     stack_r = cb.outputs_onto_stack(top, stack_r, depth)
     grad_r = cb.outputs_onto_stack(grad_top, grad_r, depth)
     before = slice(None, run.start)
-    stack_r, grad_r, head_grads = reverse_chain(
+    stack_r, grad_r, head_grads = reverse_and_grad_chain(
       layers[before],
       stack_r,
       grad_r,
