@@ -18,6 +18,8 @@ import trainer_cases as cases
 from trax_revplus import trainer as rev_trainer
 from trax_revplus.trainer._search import speed_rank
 from trax_revplus.trainer._step import chains
+from trax_revplus.trainer._step import fused_fns
+from trax_revplus.trainer._step import step_fns
 
 pytestmark = pytest.mark.usefixtures('stock_trax')
 
@@ -170,6 +172,92 @@ def test_the_program_does_not_grow_with_depth():
   assert looped < 1.5
 
 
+def _adam_updates(layers, seed=0, clip_grad_norm=None):
+  """Per layer: Adam (as trax's trainers build it per layer), its update
+  (`step_fns.update_fn`) and its arguments: random gradients, the
+  layer's weights, the slots after one update, the opt params."""
+  # Hyperparameters that differ by layer: arguments of the update.
+  opts = [
+    optimizers.Adam(b1=0.9 - 0.01 * k, clip_grad_norm=clip_grad_norm)
+    for k in range(len(layers))
+  ]
+  weights = [layer.weights for layer in layers]
+  drawn = [0]
+
+  def normal(x):
+    drawn[0] += 1
+    key = jax.random.fold_in(jax.random.PRNGKey(seed), drawn[0])
+    return jax.random.normal(key, x.shape, x.dtype)
+
+  def like(w):
+    return jax.tree_util.tree_map(normal, w)
+
+  grads = [like(w) for w in weights]
+  slots, opt_params = [], []
+  for opt, w in zip(opts, weights):
+    s, p = opt.tree_init(w)
+    if jax.tree_util.tree_leaves(w):
+      # One update first: slots that differ by layer.
+      _, s, _ = opt.tree_update(1, like(w), w, s, p, store_slots=False)
+    slots.append(s)
+    opt_params.append(p)
+  updates = [step_fns.update_fn(opt, 1, False) for opt in opts]
+  return opts, updates, (grads, weights, slots, opt_params)
+
+
+@pytest.mark.parametrize('clip_grad_norm', [None, 0.5])
+def test_equal_blocks_update_as_each_layer_alone(clip_grad_norm):
+  # Each layer's update mapped over the stacked blocks: trax's own
+  # `Optimizer.tree_update` of each layer alone (its norms, clipping and
+  # statistics per layer).
+  layers = _reversible_layers(4)
+  opts, updates, args = _adam_updates(layers, clip_grad_norm=clip_grad_norm)
+  blocks = chains.looped_blocks(layers)
+  assert blocks == [chains.Repeats(0, 4, 4)]
+  assert step_fns.updated_together(blocks, opts, adasum=False) == blocks
+  assert not step_fns.updated_together(blocks, opts, adasum=True)
+  step = jnp.array(2)
+  new_weights, new_slots, stats = jax.jit(
+    lambda *a: step_fns.update_each(updates, *a, step, blocks=blocks)
+  )(*args)
+  grads, weights, slots, opt_params = args
+  for k, opt in enumerate(opts):
+    if not jax.tree_util.tree_leaves(weights[k]):
+      assert stats[k] == {}
+      continue
+    want = opt.tree_update(
+      step, grads[k], weights[k], slots[k], opt_params[k], store_slots=False
+    )
+    cases.assert_all_close(
+      want, (new_weights[k], new_slots[k], stats[k]), tol=1e-6
+    )
+
+
+def test_blocks_of_other_optimizers_update_layer_by_layer():
+  layers = _reversible_layers(4)
+  opts, _, _ = _adam_updates(layers)
+  # Clipping is the optimizer's own setting, not an argument of its update.
+  opts[5] = optimizers.Adam(clip_grad_norm=1.0)
+  blocks = chains.looped_blocks(layers)
+  assert not step_fns.updated_together(blocks, opts, adasum=False)
+
+
+def test_the_update_does_not_grow_with_depth():
+  def square_roots(n_blocks, together):
+    # Adam's update takes a square root per array and trax's norms one
+    # per layer: how many updates the program traces.
+    layers = _reversible_layers(n_blocks)
+    _, updates, args = _adam_updates(layers)
+    blocks = chains.looped_blocks(layers) if together else ()
+    fn = lambda *a: step_fns.update_each(updates, *a, 2, blocks=blocks)
+    return jax.jit(fn).lower(*args).as_text().count('stablehlo.sqrt')
+
+  # 8 blocks against 2: layer by layer, 4x the updates; mapped, one update
+  # per position in a block whatever the depth.
+  assert square_roots(8, False) == 4 * square_roots(2, False) > 0
+  assert square_roots(8, True) == square_roots(2, True) > 0
+
+
 def test_a_fused_program_that_loops_trains_as_stock(monkeypatch):
   # The CPU's rule keeps the fused program unrolled; a backend that loops
   # (as accelerators do) on the CPU's devices: the weights and losses of
@@ -183,6 +271,16 @@ def test_a_fused_program_that_loops_trains_as_stock(monkeypatch):
     return scanned(layers, run)
 
   monkeypatch.setattr(chains, 'scanned_forward_fn', counted)
+  together = []
+  updated_together = step_fns.updated_together
+
+  def recorded(*args, **kwargs):
+    runs = updated_together(*args, **kwargs)
+    together.extend(runs)
+    return runs
+
+  monkeypatch.setattr(step_fns, 'updated_together', recorded)
+  monkeypatch.setattr(fused_fns, 'updated_together', recorded)
   batch = cases.self_attention_lm_batch()
   model = lambda: cases.small_reformer_lm(
     tl.SelfAttention, n_layers=4, dropout=0.1
@@ -202,6 +300,8 @@ def test_a_fused_program_that_loops_trains_as_stock(monkeypatch):
   assert plans[0].fused_from < plans[0].loss
   # The fused program's reversible run: 4 blocks of 4 layers, one loop.
   assert chains.Repeats(0, 4, 4) in looped_runs
+  # Its layers updated by one mapped update per position in the block.
+  assert together and all(run.count == 4 for run in together)
   np.testing.assert_allclose(losses, expected_losses, rtol=0, atol=1e-5)
   cases.assert_all_close(expected_weights, weights)
 

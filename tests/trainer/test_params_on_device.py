@@ -20,6 +20,7 @@ import trainer_cases as cases
 from trax_revplus import notices
 from trax_revplus import trainer as rev_trainer
 from trax_revplus import validation
+from trax_revplus.trainer._search import plan_timing
 from trax_revplus.trainer._search import speed_rank
 
 pytestmark = pytest.mark.usefixtures('stock_trax')
@@ -272,6 +273,8 @@ def test_timed_plans_on_the_device_train_as_the_default_trainer(monkeypatch):
   the clock) changes nothing trained: the chosen plan keeps them there and
   three steps give trax's default Trainer's weights and slots."""
   monkeypatch.setitem(speed_rank.SPEED_PARAMS_ON_DEVICE, 'cpu', True)
+  # Its twin on the host timed too (by default it is not: the test below).
+  monkeypatch.setattr(plan_timing, 'slower_twin', lambda *_: False)
   batch = cases.lm_batch()
   model, trainer = cases.lm_trainer(batch, time_plans=3)
   timed = []
@@ -298,3 +301,28 @@ def test_timed_plans_on_the_device_train_as_the_default_trainer(monkeypatch):
   ref_weights, ref_slots, _ = cases.lm_reference_3_steps()
   cases.assert_all_close(ref_weights, model.weights)
   cases.assert_all_close(ref_slots, trainer.slots)
+
+
+def test_a_plan_on_the_device_is_not_timed_against_its_twin_on_the_host(
+  monkeypatch,
+):
+  """Where the speed model's first plan keeps weights and slots on the
+  device, its twin that runs the same programs with them on the host
+  (copying them both ways besides) is not timed: it cannot be faster."""
+  monkeypatch.setitem(speed_rank.SPEED_PARAMS_ON_DEVICE, 'cpu', True)
+  batch = cases.lm_batch()
+  _, trainer = cases.lm_trainer(batch, time_plans=3)
+  timed = []
+  monkeypatch.setattr(
+    trainer.planner.timer,
+    'seconds',
+    lambda planned, *_: timed.append(planned.plan) or 1.0,
+  )
+  lines = []
+  with notices.showing_progress(lines.append):
+    plan = trainer.planned(batch).plan
+  assert plan.params_on_device
+  # The twin is the only other plan on programs compiled already: none is
+  # timed.
+  assert not timed
+  assert not [line for line in lines if '  timed: ' in line]

@@ -44,6 +44,7 @@ from trax_revplus import errors
 from trax_revplus import memory as memory_lib
 from trax_revplus import placement as placement_lib
 from trax_revplus.trainer._plan import options as options_lib
+from trax_revplus.trainer._plan import plan as plan_lib
 from trax_revplus.trainer._step import commit as commit_lib
 from trax_revplus.trainer._step import host_store
 from trax_revplus.trainer._step import step_context
@@ -72,6 +73,16 @@ def plans_to_time(setting: int | str, platform: str) -> int:
     return 0 if platform == 'cpu' else AUTO_ON_ACCELERATORS
   assert isinstance(setting, int)  # checked by `TrainerOptions`
   return setting
+
+
+def slower_twin(
+  first: plan_lib.StepPlan, plan: plan_lib.StepPlan, same_programs: bool
+) -> bool:
+  """Whether `plan` cannot step faster than `first`, so that timing it
+  would tell nothing: it runs `first`'s programs (`same_programs`) with
+  every layer's weights and slots on the host where `first` keeps them on
+  the device, copying them both ways besides."""
+  return same_programs and first.params_on_device and not plan.params_on_device
 
 
 class PlanRunFailed(Exception):

@@ -411,14 +411,20 @@ class Planner(weighers.StepWeigher):
   ) -> Iterator[plan_lib.StepPlan]:
     """The plans after `first` in its candidate group, in the speed model's
     order, that fit both budgets and whose programs are all compiled
-    already (e.g. its twin with weights and slots on the host, another
-    copy-back depth, no prefetch), each found as the next is asked for:
-    weighing them compiles nothing."""
+    already (e.g. another copy-back depth, no prefetch), each found as the
+    next is asked for: weighing them compiles nothing; less its twin with
+    weights and slots on the host where it keeps them on the device
+    (`plan_timing.slower_twin`)."""
     plans = search.group_of(first).plans
+    first_programs = set(self.walk(first, types).calls.keys())
     for plan in plans[plans.index(first) + 1 :]:
       walk = self.walk(plan, types)
       if not walk.complete or not all(
         self._programs.done(k) for k in walk.calls.keys()
+      ):
+        continue
+      if plan_timing.slower_twin(
+        first, plan, set(walk.calls.keys()) == first_programs
       ):
         continue
       step = self.weigh(plan, types)

@@ -26,7 +26,7 @@ unrolled walks.
 
 import dataclasses
 import functools
-from typing import Any, Callable, Hashable, Sequence
+from typing import Any, Callable, Hashable, Literal, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -154,7 +154,9 @@ def reverse_and_grad_chain(
 
 
 def reversible_run_fn(
-  layers: Sequence[tl.Layer], scan: bool = False
+  layers: Sequence[tl.Layer],
+  scan: bool = False,
+  equal_blocks: 'Repeats | None | Literal["find"]' = 'find',
 ) -> Callable[..., tuple[Stack, list[PyTree]]]:
   """Forward of consecutive reversible layers whose gradient recomputes.
 
@@ -164,14 +166,16 @@ def reversible_run_fn(
   `reverse_and_grad`, last to first (`reverse_and_grad_chain`), as
   `step_fns.segment_reverse_fn` does without the updates. With `scan`,
   both loop over the run's equal blocks (`scanned_forward_fn`,
-  `scanned_reverse_and_grad`).
+  `scanned_reverse_and_grad`) over `equal_blocks` (`repeats(layers)`, found
+  here where 'find').
 
   Returns (of the returned function):
     (inputs, weights, states, rngs) -> (outputs, new_states), as
     `segment_forward_fn`; differentiable in `inputs` and `weights`.
   """
   if scan:
-    equal_blocks = repeats(layers)
+    if equal_blocks == 'find':
+      equal_blocks = repeats(layers)
     forward = scanned_forward_fn(layers, equal_blocks)
     reverse = scanned_reverse_and_grad(layers, equal_blocks)
   else:
@@ -199,7 +203,9 @@ def reversible_run_fn(
 
 
 def chain_forward_fn(
-  layers: Sequence[tl.Layer], scan: bool = False
+  layers: Sequence[tl.Layer],
+  scan: bool = False,
+  blocks: Sequence['Repeats'] | None = None,
 ) -> Callable[..., tuple[Stack, list[PyTree]]]:
   """Forward of consecutive layers (standard and reversible) in one call,
   differentiable as trax's default `Trainer` differentiates them.
@@ -208,13 +214,16 @@ def chain_forward_fn(
   that holds only the run's outputs and reverses its layers from them,
   last to first (`reversible_run_fn`), as trax's `ReversibleSerial` does
   in the default `Trainer`; the other layers run `pure_fn`. With `scan`,
-  each run loops over its equal blocks (`reversible_run_fn`).
+  each run loops over its equal blocks (`reversible_run_fn`): those of
+  `blocks` where given (`looped_blocks(layers)`), found here otherwise.
 
   Returns (of the returned function):
     (inputs, weights, states, rngs) -> (outputs, new_states): lists over
     the layers; `inputs` are the top `chain_depth(layers)` stack items.
   """
-  runs = _runs(layers, scan)
+  if scan and blocks is None:
+    blocks = looped_blocks(layers)
+  runs = _runs(layers, scan, blocks or ())
 
   def forward(inputs, weights, states, rngs):
     stack, new_states = inputs, []
@@ -244,22 +253,52 @@ def chain_forward_fn(
   return forward
 
 
-def _runs(layers, scan):
+def _runs(layers, scan, blocks):
   """(start, stop, fn) over `layers` in order: a run of consecutive
-  reversible layers as one `reversible_run_fn`, every other layer alone
-  with fn None."""
+  reversible layers as one `reversible_run_fn` (with `scan`, looping over
+  its block of `blocks`), every other layer alone with fn None."""
   runs: list[tuple[int, int, Any]] = []
+  for i, j in _spans(layers):
+    if not is_reversible(layers[i]):
+      runs.append((i, j, None))
+      continue
+    inside = [
+      dataclasses.replace(b, start=b.start - i)
+      for b in blocks
+      if i <= b.start < j
+    ]
+    runs.append(
+      (i, j, reversible_run_fn(layers[i:j], scan, (inside or [None])[0]))
+    )
+  return runs
+
+
+def _spans(layers: Sequence[tl.Layer]) -> list[tuple[int, int]]:
+  """(start, stop) over `layers` in order: each run of consecutive
+  reversible layers, every other layer alone."""
+  spans = []
   i = 0
   while i < len(layers):
     j = i + 1
     if is_reversible(layers[i]):
       while j < len(layers) and is_reversible(layers[j]):
         j += 1
-      runs.append((i, j, reversible_run_fn(layers[i:j], scan)))
-    else:
-      runs.append((i, j, None))
+    spans.append((i, j))
     i = j
-  return runs
+  return spans
+
+
+def looped_blocks(layers: Sequence[tl.Layer]) -> list['Repeats']:
+  """The runs of equal blocks `chain_forward_fn` with `scan` loops over:
+  each run of consecutive reversible layers' `repeats`, in `layers`'
+  indices."""
+  found = []
+  for i, j in _spans(layers):
+    if is_reversible(layers[i]):
+      run = repeats(layers[i:j])
+      if run is not None:
+        found.append(dataclasses.replace(run, start=run.start + i))
+  return found
 
 
 # Two equal repeats are the fewest worth a loop: one saves nothing.
@@ -342,7 +381,7 @@ def _shapes(tree: PyTree) -> Any:
   )
 
 
-def _stackable(run: Repeats, *per_layer: Sequence[PyTree]) -> bool:
+def stackable(run: Repeats, *per_layer: Sequence[PyTree]) -> bool:
   """Whether each block's values (lists over the layers) have the first
   block's structure, shapes and dtypes."""
   for values in per_layer:
@@ -354,7 +393,7 @@ def _stackable(run: Repeats, *per_layer: Sequence[PyTree]) -> bool:
   return True
 
 
-def _stacked(run: Repeats, values: Sequence[PyTree]) -> list[PyTree]:
+def stacked(run: Repeats, values: Sequence[PyTree]) -> list[PyTree]:
   """Per layer of a block, its values over the blocks stacked on a new
   leading axis (list over the block's layers)."""
   return [
@@ -366,8 +405,8 @@ def _stacked(run: Repeats, values: Sequence[PyTree]) -> list[PyTree]:
   ]
 
 
-def _unstacked(run: Repeats, stacked: Sequence[PyTree]) -> list[PyTree]:
-  """`_stacked`'s inverse: values per layer of the run, in layer order."""
+def unstacked(run: Repeats, stacked: Sequence[PyTree]) -> list[PyTree]:
+  """`stacked`'s inverse: values per layer of the run, in layer order."""
   return [
     jax.tree_util.tree_map(lambda x, r=r: x[r], stacked[j])
     for r in range(run.count)
@@ -409,7 +448,7 @@ def scanned_forward_fn(
   """
 
   def forward(inputs, weights, states, rngs):
-    if run is None or not _stackable(run, weights, states, rngs):
+    if run is None or not stackable(run, weights, states, rngs):
       return _walk(layers, inputs, weights, states, rngs)
     stack, head_states = _walk(
       layers[: run.start],
@@ -427,7 +466,7 @@ def scanned_forward_fn(
       top, new_s = _walk(body, top, w, s, r)
       return top, new_s
 
-    xs = (_stacked(run, weights), _stacked(run, states), _stacked(run, rngs))
+    xs = (stacked(run, weights), stacked(run, states), stacked(run, rngs))
     if not _loops(step, carry, xs):
       return _walk(layers, inputs, weights, states, rngs)
     top, stacked_states = jax.lax.scan(step, carry, xs)
@@ -439,7 +478,7 @@ def scanned_forward_fn(
       states[run.stop :],
       rngs[run.stop :],
     )
-    return stack, head_states + _unstacked(run, stacked_states) + tail_states
+    return stack, head_states + unstacked(run, stacked_states) + tail_states
 
   return forward
 
@@ -462,7 +501,7 @@ def scanned_reverse_and_grad(
         layers, stack, grad_stack, weights, states, new_states, rngs
       )
 
-    if run is None or not _stackable(run, weights, states, new_states, rngs):
+    if run is None or not stackable(run, weights, states, new_states, rngs):
       return unrolled()
     body = layers[run.start : run.start + run.period]
     depth = chain_depth(body)
@@ -489,10 +528,10 @@ def scanned_reverse_and_grad(
       return (top, grad_top), grads
 
     xs = (
-      _stacked(run, weights),
-      _stacked(run, states),
-      _stacked(run, new_states),
-      _stacked(run, rngs),
+      stacked(run, weights),
+      stacked(run, states),
+      stacked(run, new_states),
+      stacked(run, rngs),
     )
     if not _loops(step, carry, xs):
       return unrolled()
@@ -512,7 +551,7 @@ def scanned_reverse_and_grad(
     return (
       stack_r,
       grad_r,
-      list(head_grads) + _unstacked(run, stacked_grads) + list(tail_grads),
+      list(head_grads) + unstacked(run, stacked_grads) + list(tail_grads),
     )
 
   return reverse

@@ -20,6 +20,7 @@ from trax_revplus.trainer._step import ties as ties_lib
 from trax_revplus.trainer._step.step_fns import tied_weights
 from trax_revplus.trainer._step.step_fns import update_each
 from trax_revplus.trainer._step.step_fns import update_fn
+from trax_revplus.trainer._step.step_fns import updated_together
 from trax_revplus.typing import PyTree
 
 
@@ -46,8 +47,9 @@ def fused_loss_fn(
   holder's update left (`_pieces`), as its own call would.
 
   With `scan`, each run of reversible layers loops over its equal blocks
-  (`chains.scanned_forward_fn`): the program's size does not grow with
-  their number.
+  (`chains.scanned_forward_fn`) and their layers are updated by one
+  mapped update per position in the block (`step_fns.update_each`): the
+  program's size does not grow with their number.
 
   Returns (of the returned function):
     (inputs, weights, states, slots, opt_params, rngs, step) ->
@@ -56,8 +58,10 @@ def fused_loss_fn(
   """
   if in_call:
     return _pieces(layers, optimizers, n_devices, adasum, in_call, scan)
-  forward = chains.chain_forward_fn(layers, scan)
+  blocks = chains.looped_blocks(layers) if scan else []
+  forward = chains.chain_forward_fn(layers, scan, blocks)
   updates = [update_fn(opt, n_devices, adasum) for opt in optimizers]
+  together = updated_together(blocks, optimizers, adasum)
 
   def fbo(inputs, weights, states, slots, opt_params, rngs, step):
     def loss_fn(x, ws):
@@ -77,6 +81,7 @@ def fused_loss_fn(
       new_states,
       grads_inputs,
       loss,
+      together,
     )
 
   return fbo
@@ -155,11 +160,12 @@ def apply_updates(
   new_states: list[PyTree],
   grads_inputs: PyTree,
   loss: PyTree,
+  blocks: Sequence[chains.Repeats] = (),
 ) -> tuple[list[PyTree], PyTree, list[PyTree], PyTree, list[dict]]:
-  """`update_each`, and the loss into the last layer's stats. Returns
-  `fused_loss_fn`'s results."""
+  """`update_each` (`blocks` as there), and the loss into the last
+  layer's stats. Returns `fused_loss_fn`'s results."""
   new_weights, new_slots, stats = update_each(
-    updates, grads_weights, weights, slots, opt_params, step
+    updates, grads_weights, weights, slots, opt_params, step, blocks=blocks
   )
   stats[-1]['loss'] = loss
   return new_weights, new_states, new_slots, grads_inputs, stats

@@ -229,8 +229,10 @@ def fused_loss(
     return fused_fns.fused_loss_fn(
       layers, optimizers, n_devices, adasum, in_call, scan
     )
-  forward = chains.chain_forward_fn(layers, scan)
+  blocks = chains.looped_blocks(layers) if scan else []
+  forward = chains.chain_forward_fn(layers, scan, blocks)
   updates = [step_fns.update_fn(opt, n_devices, adasum) for opt in optimizers]
+  together = step_fns.updated_together(blocks, optimizers, adasum)
 
   def sliced(inputs, weights, states, slots, opt_params, rngs, step):
     loss, grads_inputs, grads_weights, new_states = _sliced_loss(
@@ -252,6 +254,7 @@ def fused_loss(
       new_states,
       grads_inputs,
       loss,
+      together,
     )
 
   return sliced

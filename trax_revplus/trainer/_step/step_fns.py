@@ -24,6 +24,7 @@ from trax.optimizers import base as optimizer_base
 
 from trax_revplus import placement as placement_lib
 from trax_revplus.trainer._step import chains
+from trax_revplus.trainer._step import fingerprints
 from trax_revplus.trainer._step import ties as ties_lib
 from trax_revplus.trax_door import functions as trax_functions
 from trax_revplus.typing import PyTree
@@ -313,12 +314,17 @@ def update_each(
   opt_params: Sequence[PyTree],
   step: PyTree,
   in_call: ties_lib.InCall = (),
+  blocks: Sequence[chains.Repeats] = (),
 ) -> tuple[list[PyTree], list[PyTree], list[dict]]:
   """Each layer's `update_fn` on its gradients (lists over the layers).
 
   Layers are updated last to first, as trax's backward pass does; with
   `in_call` (`ties.Ties.in_call`), a layer's shared weights are those its
-  later holder's update left.
+  later holder's update left. The layers of each run of equal blocks of
+  `blocks` (`updated_together`; none with `in_call`) are updated by one
+  update per position in the block, mapped (`jax.vmap`) over that
+  position's layers' stacked values: each layer's update as its own, in
+  a program that does not grow with the run's length.
 
   Returns:
     (new_weights, new_slots, stats): lists over the layers.
@@ -327,10 +333,64 @@ def update_each(
   new_weights: list[Any] = [None] * n
   new_slots: list[Any] = [None] * n
   stats: list[Any] = [None] * n
+  for run in blocks:
+    args = (grads_weights, weights, slots, opt_params)
+    if in_call or not chains.stackable(run, *args):
+      continue
+    for j, stacked in enumerate(zip(*(chains.stacked(run, a) for a in args))):
+      first = run.start + j
+      if is_empty_tuple(weights[first]):
+        continue
+      update = jax.vmap(updates[first], in_axes=(0, 0, 0, 0, None))
+      results = update(*stacked, step)
+      parts = [_unstack(x, run.count) for x in results]
+      for r, (w, s, st) in enumerate(zip(*parts)):
+        k = first + r * run.period
+        new_weights[k], new_slots[k], stats[k] = w, s, dict(st)
   for k in range(n - 1, -1, -1):
+    if stats[k] is not None:
+      continue
     w = tied_weights(k, weights[k], new_weights, in_call)
     new_weights[k], new_slots[k], st = updates[k](
       grads_weights[k], w, slots[k], opt_params[k], step
     )
     stats[k] = dict(st)
   return new_weights, new_slots, stats
+
+
+def _unstack(tree: PyTree, count: int) -> list[PyTree]:
+  """A pytree of arrays stacked on a leading axis of `count` entries as
+  the list of those entries."""
+  leaves, treedef = jax.tree_util.tree_flatten(tree)
+  return [
+    jax.tree_util.tree_unflatten(treedef, [x[r] for x in leaves])
+    for r in range(count)
+  ]
+
+
+def updated_together(
+  blocks: Sequence[chains.Repeats],
+  optimizers: Sequence[optimizer_base.Optimizer],
+  adasum: bool,
+) -> list[chains.Repeats]:
+  """The runs of equal blocks of `blocks` (`chains.looped_blocks`) that
+  `update_each` updates as one mapped update per position in the block:
+  those whose layers at each position have equal optimizers
+  (`fingerprints.of`: the same class and hyperparameters); none with
+  `adasum`, whose exchange between devices runs per layer."""
+  if adasum:
+    return []
+
+  def equal(run):
+    return all(
+      len(
+        {
+          fingerprints.of(optimizers[run.start + r * run.period + j])
+          for r in range(run.count)
+        }
+      )
+      == 1
+      for j in range(run.period)
+    )
+
+  return [run for run in blocks if equal(run)]
