@@ -1,4 +1,4 @@
-"""trax_revplus.trainer._step.protocols: the concrete units, runs, sinks and
+"""trax_revplus.trainer._step.protocols: the concrete units, sinks and
 observers of a real trainer satisfy the contracts they are taken as.
 
 Two checks each: the instance check of `typing.runtime_checkable` (every
@@ -14,11 +14,9 @@ import pytest
 from trax_revplus.trainer._accounting import host_types
 from trax_revplus.trainer._accounting import on_types
 from trax_revplus.trainer._step import commit
-from trax_revplus.trainer._step import copy_back
 from trax_revplus.trainer._step import observers
 from trax_revplus.trainer._step import protocols
 from trax_revplus.trainer._step import step_context
-from trax_revplus.trainer._step import step_run
 from trax_revplus.trainer._step import unit_kinds
 import trainer_cases as cases
 
@@ -109,25 +107,18 @@ def test_select_segment_satisfies_the_pass_unit_protocol():
   assert isinstance(unit, protocols.PassUnit)
 
 
-def test_runs_satisfy_the_run_protocol(real_step):
-  _, ctx, walk, _ = real_step
+def test_the_step_satisfies_the_step_protocol(real_step):
+  ctx = real_step[1]
   assert isinstance(ctx, protocols.Step)
-  assert isinstance(walk, protocols.Run)
-  for klass in (
-    step_run.StepRun,
-    step_context.StepContext,
-    on_types.AheadOfTime,
-  ):
-    _assert_signatures(klass, protocols.Run)
   _assert_signatures(step_context.StepContext, protocols.Step)
 
 
 def test_sinks_satisfy_the_update_sink_protocol(real_step):
   _, ctx, walk, parts = real_step
-  for sink in (parts.commits, walk.sink, copy_back.UpdateSink()):
+  for sink in (parts.commits, walk.sink):
     assert isinstance(sink, protocols.UpdateSink), sink
   assert ctx.sink is parts.commits
-  for klass in (copy_back.UpdateSink, commit.CommitQueue, host_types.HostTypes):
+  for klass in (commit.CommitQueue, host_types.HostTypes):
     _assert_signatures(klass, protocols.UpdateSink)
 
 

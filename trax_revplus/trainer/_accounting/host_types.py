@@ -1,6 +1,6 @@
 """The walk ahead's update sink: the types of what a step keeps on the host.
 
-`HostTypes` is the `step_run.UpdateSink` of `on_types.AheadOfTime`: where a
+`HostTypes` is the `protocols.UpdateSink` of `on_types.AheadOfTime`: where a
 real step's commit queue (`commit.CommitQueue`) keeps updates on the host,
 it keeps their types only, so that the walk ahead accounts the host bytes
 the step holds across each call. Apart from on_types.py, which walks the
@@ -20,7 +20,7 @@ from trax_revplus.trainer._step import step_run as step_run_lib
 from trax_revplus.typing import PyTree
 
 
-class HostTypes(step_run_lib.UpdateSink):
+class HostTypes:
   """The walk ahead's sink: the types of what a real step's commit queue
   (`commit.CommitQueue`) keeps on the host, nothing else.
 
@@ -43,6 +43,10 @@ class HostTypes(step_run_lib.UpdateSink):
     self._gradients: dict[int, PyTree] = {}
     # Host types of replaced weights, slots and state.
     self._replaced: list[PyTree] = []
+
+  def readable(self, stats: PyTree) -> PyTree:
+    """A call's statistics as the walk keeps them: as they are."""
+    return stats
 
   def start(
     self,

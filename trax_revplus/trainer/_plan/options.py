@@ -244,8 +244,9 @@ class TrainerOptions:
       budget, how many of the plans that fit are timed on the device
       before the first step on a batch's shapes: the speed model's first
       and the next of its candidate group that run on programs already
-      compiled (its twin with weights and slots on the host, other
-      copy-back depths, prefetch off: timing compiles nothing), and none
+      compiled (other copy-back depths, prefetch off: timing compiles
+      nothing; not its twin with weights and slots on the host where it
+      keeps them on the device, which cannot be faster), and none
       where the first run shows that timing them would take longer than
       compiling their programs did (at least 10 s); the fastest measured
       runs (`trainer._search.plan_timing`: each

@@ -6,9 +6,9 @@ are committed (set on the layers and optimizers) when they leave the
 device, once calls updating at least `n_async_layers` layers were
 dispatched after them (0: at once), so the host work of committing overlaps
 the device work of those calls (trax's "lazy unreplication").
-`step_run.commit_waits` computes it, and `step_run.CopyBack` follows it for
-the step and the accounting alike. `CommitQueue` is a real step's
-`step_run.UpdateSink`, which copies and commits. Before a layer's
+`copy_back.commit_waits` computes it, and `copy_back.CopyBack` follows it
+for the step and the accounting alike. `CommitQueue` is a real step's
+`protocols.UpdateSink`, which copies and commits. Before a layer's
 update is committed, the queue's `NonFiniteGuard` applies the
 `on_non_finite` policy to its loss and gradient norm.
 """
@@ -24,7 +24,6 @@ from trax_revplus import validation
 from trax_revplus.trainer._step import batch_parts
 from trax_revplus.trainer._step import copy_back
 from trax_revplus.trainer._step import host_store
-from trax_revplus.trainer._step import step_run as step_run_lib
 from trax_revplus.typing import PyTree
 
 # What a layer update's results are checked for when `on_non_finite` is not
@@ -188,10 +187,10 @@ class _Pending(NamedTuple):
   part: Any  # the micro-batch's Part whose rows `state` holds, or None
 
 
-class CommitQueue(step_run_lib.UpdateSink):
+class CommitQueue:
   """Commits updates to the host, through the non-finite guard it owns.
 
-  A step's `step_run.CopyBack` decides when an update leaves the device; this
+  A step's `copy_back.CopyBack` decides when an update leaves the device; this
   queue starts its device-to-host copies when it is dispatched (`start`)
   and commits it when it leaves (`commit`): each layer's update passes the
   guard, then its weights, slots and state are set on the host. A
@@ -268,7 +267,7 @@ class CommitQueue(step_run_lib.UpdateSink):
     part: batch_parts.Part | None = None,
   ) -> _Pending:
     """Starts the D2H copies of one call's updates (lists over `layers`, in
-    commit order; see `step_run.UpdateSink.start`); returns what `commit`
+    commit order; see `protocols.UpdateSink.start`); returns what `commit`
     takes."""
     p = self._placement
     accumulated, gradients = copy_back.accumulated_updates(weights, slots)

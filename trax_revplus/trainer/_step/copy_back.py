@@ -1,11 +1,12 @@
 """When a call's updates leave the device: the copy-back rule and its sink.
 
 `CopyBack` keeps each call's updates on the device until `commit_waits`
-says they leave, and hands them to an `UpdateSink` on the way: the commit
-queue in a real step (`commit.CommitQueue`), which copies them to the
-host; in a walk on types (`on_types.AheadOfTime`) a sink that keeps only what
-the host would hold. The step and the accounting follow this one rule
-(`step_run.StepRun` holds a `CopyBack`).
+says they leave, and hands them to a `protocols.UpdateSink` on the way:
+the commit queue in a real step (`commit.CommitQueue`), which copies them
+to the host; in a walk on types (`on_types.AheadOfTime`) a sink that keeps
+only the types of what the host would hold (`host_types.HostTypes`). The
+step and the accounting follow this one rule (`step_run.StepRun` holds a
+`CopyBack`).
 """
 
 import collections
@@ -38,68 +39,23 @@ def commit_waits(pending_sizes: list[int], n_async_layers: int) -> int:
 def accumulated_updates(
   weights: list[PyTree] | None, slots: list[PyTree] | None
 ) -> tuple[bool, bool]:
-  """How one call's updates came to `UpdateSink.start`: (whether the call
-  only accumulated gradients: its weights are None; whether the part's
-  gradients then wait on the host in the slots' place:
+  """How one call's updates came to `protocols.UpdateSink.start`:
+  (whether the call only accumulated gradients: its weights are None;
+  whether the part's gradients then wait on the host in the slots' place:
   `plan.StepPlan.grads_on_host`). Both False for a call that updated."""
   accumulated = weights[0] is None if weights else False
   on_host = accumulated and slots is not None and slots[0] is not None
   return accumulated, on_host
 
 
-class UpdateSink:
-  """Where a walk hands each call's updates; this one keeps none of them
-  (a `protocols.UpdateSink`).
-
-  `CopyBack` starts an update's journey when its call is dispatched
-  (`start`) and ends it when the update leaves the device (`commit`).
-  A walk on types uses this class as is: nothing is copied, and an update
-  leaving the device only leaves what the walk holds. A real step uses
-  `commit.CommitQueue`, which copies updates to the host and commits them.
-  """
-
-  def readable(self, stats: PyTree) -> PyTree:
-    """A call's statistics as the walk keeps them (here: as they are)."""
-    return stats
-
-  def start(
-    self,
-    layers: list[int],
-    weights: list[PyTree] | None,
-    slots: list[PyTree] | None,
-    states: list[PyTree],
-    stats: list[dict],
-    part: batch_parts.Part | None = None,
-  ) -> Any:
-    """One call's updates are dispatched (lists over `layers`, in commit
-    order; `part` the micro-batch's `Part` whose rows of each layer's
-    state `states` are). Where the call only accumulated gradients,
-    weights are None and slots are None, or the part's gradients where
-    they wait on the host (`plan.StepPlan.grads_on_host`: the sink adds
-    them up). Returns the token `commit` takes (here: None)."""
-    del layers, weights, slots, states, stats, part
-
-  def commit(self, token: Any) -> None:
-    """The update of `token` leaves the device (here: it is dropped)."""
-
-  def end_step(self) -> None:
-    """Every update of the walk has left the device."""
-
-  def held_on_host(self) -> list[tuple[str, Any]]:
-    """What the sink keeps on the host now, as named parts (pytrees): the
-    gradients it adds up over a step's micro-batches, the host arrays it
-    keeps to undo a step (here: nothing)."""
-    return []
-
-
 class CopyBack:
   """Updates on their way from the device to the host, oldest first.
 
-  A call's updates are pushed as they are dispatched and handed to the sink
-  (`UpdateSink.start`); once `commit_waits` says so, they leave the device
-  (`UpdateSink.commit`: a real step commits them to the host and the device
-  buffers are released). Until then they are held on the device
-  (`on_device`).
+  A call's updates are pushed as they are dispatched and handed to the
+  sink (`protocols.UpdateSink.start`); once `commit_waits` says so, they
+  leave the device (`protocols.UpdateSink.commit`: a real step commits
+  them to the host and the device buffers are released). Until then they
+  are held on the device (`on_device`).
   """
 
   def __init__(
@@ -131,7 +87,7 @@ class CopyBack:
     part: batch_parts.Part | None = None,
   ) -> None:
     """One call's updates, lists over `layers` in commit (backward) order
-    (see `UpdateSink.start`)."""
+    (see `protocols.UpdateSink.start`)."""
     token = self._sink.start(layers, weights, slots, states, stats, part)
     self._pending.append((layers, (weights, slots, states), token))
     waiting = commit_waits(

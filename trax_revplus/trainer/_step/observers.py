@@ -24,22 +24,7 @@ from trax_revplus.trainer._step import protocols
 from trax_revplus.typing import PyTree
 
 
-class StepObserver:
-  """The points of a step an observer sees (`protocols.StepObserver`);
-  here all do nothing.
-
-  `ctx` is the step's `step_context.StepContext`.
-  """
-
-  def unit_done(self, ctx: protocols.Step, unit: protocols.Unit) -> None:
-    """`unit` ran in the pass `ctx.phase` ('forward' or 'backward')."""
-
-  def pass_ends(self, ctx: protocols.Step, phase: str) -> None:
-    """The pass `phase` ended: 'forward'; 'loss' (`ctx.grad_stack` set);
-    'backward' (every update committed)."""
-
-
-class ReleaseHostMemory(StepObserver):
+class ReleaseHostMemory:
   """Gives the memory the C allocator holds free back to the system.
 
   After the first call of each compiled function (which compiled it, or
@@ -89,7 +74,7 @@ class _PhaseStart(NamedTuple):
   released_bytes: int
 
 
-class PhaseRecorder(StepObserver):
+class PhaseRecorder:
   """The memory log's records of one step: each phase, and each unit
   where the log asks for per-layer records.
 

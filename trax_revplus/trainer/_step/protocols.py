@@ -1,9 +1,12 @@
 """The contracts between a step's walk and its parts, as `typing.Protocol`s.
 
-`units.Units.walk` is the step's one schedule; what it walks, what it runs
-on, where the updates go and who watches are each one of these contracts,
-so that a step on placed arrays and a walk on their types
-(`on_types.AheadOfTime`) are interchangeable wherever one is taken:
+`units.Units.walk` is the step's one schedule; what it walks, where the
+updates go and who watches are each one of these contracts, so that a
+step on placed arrays and a walk on their types (`on_types.AheadOfTime`)
+are interchangeable wherever one is taken. What it runs on is a
+`step_run.StepRun`, the base class of both (`step_context.StepContext`,
+`on_types.AheadOfTime`), which holds the behaviour they share (a unit's
+`run` argument below):
 
   Unit          any unit of a plan: the layers one compiled call runs
                 (`unit_kinds.StandardUnit`, `ReversibleSegment`,
@@ -11,14 +14,10 @@ so that a step on placed arrays and a walk on their types
   PassUnit      a unit run in the forward and the backward pass (all but
                 `LossUnit`).
   LossProgram   the loss program (`unit_kinds.LossUnit`).
-  Run           what a walk runs on: the units' arguments, calls and
-                updates (`step_run.StepRun`: `step_context.StepContext`,
-                `on_types.AheadOfTime`).
-  Step          a run on placed arrays, as its observers read it
+  Step          what an observer reads of a step on placed arrays
                 (`step_context.StepContext`).
   UpdateSink    where each call's updates go on their way off the device
-                (`copy_back.UpdateSink`, `commit.CommitQueue`,
-                `host_types.HostTypes`).
+                (`commit.CommitQueue`, `host_types.HostTypes`).
   StepObserver  what a step notifies at the points of its walk
                 (`observers.ReleaseHostMemory`, `observers.PhaseRecorder`).
 
@@ -31,7 +30,6 @@ its own shape on every device. On a walk on types every array below is a
 
 from typing import Any, Callable, Protocol, runtime_checkable
 
-from trax_revplus.typing import Array
 from trax_revplus.typing import PyTree
 from trax_revplus.typing import Stack
 
@@ -71,22 +69,27 @@ class Unit(Protocol):
 class PassUnit(Unit, Protocol):
   """A unit run forward, then backward (`Unit`'s attributes, and these)."""
 
-  def forward(self, stack: Stack, params: tuple, run: 'Run') -> Stack:
+  def forward(self, stack: Stack, params: tuple, run: Any) -> Stack:
     """Runs the unit's layers on the top of `stack`.
 
     Args:
       stack: the data stack, per-device arrays of shape (B / N, ...) (one
         array or a tuple; trax's layout).
-      params: (weights, slots) as `Run.params` returns them; slots unused.
-      run: the `Run` that makes the call and keeps what the backward needs
-        (`Run.keep_saved`).
+      params: (weights, slots) as `StepRun.params` returns them; slots
+        unused.
+      run: the `step_run.StepRun` that makes the call and keeps what the
+        backward needs (`StepRun.keep_saved`).
 
     Returns:
       The stack after the unit's layers.
     """
 
   def backward(
-    self, stack: Stack, grad_stack: Stack, params: tuple, run: 'Run'
+    self,
+    stack: Stack,
+    grad_stack: Stack,
+    params: tuple,
+    run: Any,
   ) -> tuple[Stack, Stack]:
     """Backward and update of the unit's layers; hands the updates to
     `run.updated`.
@@ -94,8 +97,8 @@ class PassUnit(Unit, Protocol):
     Args:
       stack: the stack after the unit's layers (its outputs on top).
       grad_stack: their cotangents, the same shapes and dtypes.
-      params: (weights, slots) as `Run.params` returns them.
-      run: the `Run`.
+      params: (weights, slots) as `StepRun.params` returns them.
+      run: the `step_run.StepRun`.
 
     Returns:
       (stack, grad_stack) with the unit's inputs and their cotangents in
@@ -108,14 +111,14 @@ class LossProgram(Unit, Protocol):
   """The loss program: forward, backward and update of the loss layer and
   the layers fused into it (`Unit`'s attributes, and `backward`)."""
 
-  def backward(self, stack: Stack, params: tuple, run: 'Run') -> Stack:
+  def backward(self, stack: Stack, params: tuple, run: Any) -> Stack:
     """Runs the program on the top of `stack`; hands the updates to
     `run.updated`.
 
     Args:
       stack: the data stack after the forward pass.
-      params: (weights, slots) as `Run.params` returns them.
-      run: the `Run`.
+      params: (weights, slots) as `StepRun.params` returns them.
+      run: the `step_run.StepRun`.
 
     Returns:
       The cotangents of the program's inputs (the loss's cotangent is 1),
@@ -155,103 +158,26 @@ class UpdateSink(Protocol):
 
 
 @runtime_checkable
-class Run(Protocol):
-  """What a walk over a plan's units runs on (`step_run.StepRun`).
+class Step(Protocol):
+  """What an observer reads of a step on placed arrays
+  (`step_context.StepContext`).
 
   Attributes:
-    plan: the `plan.StepPlan` walked.
     phase: str, 'forward', 'loss' or 'backward'.
-    stack: the data stack between units: per-device arrays, one or a
-      tuple, of shape (B / N, ...) per device; None where the walk holds
-      none (after the backward pass; with micro-batches, before a part's
-      rows are placed).
-    grad_stack: the cotangents of `stack` from the loss on, else None.
-    rngs: list by layer index of per-device uint32[2] RNG keys.
-    opt_params: list by layer index of replicated optimizer
-      hyperparameters.
-    step_placed: the replicated step number, int32[].
-    loss_weights: with micro-batches the whole batch's per-device loss
-      weights, else None.
-    part: the `Part` of the batch walked, or None.
-    sink: the `UpdateSink` the updates go to.
+    stack: the data stack between units (per-device arrays), or None.
+    grad_stack: its cotangents from the loss on, else None.
+    unit_start_seconds: float, `time.time()` when the current unit's call
+      began, or None.
   """
 
-  plan: Any
   phase: str
   stack: Stack | None
   grad_stack: Stack | None
-  rngs: list[Array]
-  opt_params: list[PyTree]
-  step_placed: Array
-  loss_weights: Array | None
-  part: Any
-  sink: UpdateSink
-
-  def params(
-    self, unit: Unit, following: Unit | None, with_slots: bool
-  ) -> tuple[list[PyTree], list[PyTree] | None]:
-    """`unit`'s replicated (weights, slots), lists over `unit.layers`;
-    places `following`'s ahead where the plan prefetches."""
-
-  def place_ahead(self, unit: Unit, with_slots: bool) -> None:
-    """Places `unit`'s parameters ahead of its call (plan prefetch)."""
-
-  def state(self, layers: list[int]) -> list[PyTree]:
-    """Per-device state of each of `layers` as its call takes it."""
-
-  def call(self, fn: Callable[..., Any], args: tuple) -> PyTree:
-    """Calls compiled function `fn` on `args`; returns its results."""
+  unit_start_seconds: float | None
 
   def backward_fn_of(self, unit: Unit) -> Callable[..., Any] | None:
     """The compiled backward `unit` calls in this part of the step, or
     None where it compiles none."""
-
-  def keep_saved(self, entries: dict[int, PyTree]) -> None:
-    """Keeps what a forward saved for its backward, by layer index."""
-
-  def take_saved(self, layers: list[int]) -> list[PyTree]:
-    """The saved entries of `layers`, on the device, in their order."""
-
-  def updated(
-    self,
-    layers: list[int],
-    weights: list[PyTree],
-    slots: list[PyTree],
-    states: list[PyTree],
-    stats: list[dict],
-  ) -> None:
-    """A call's updates, lists over `layers` in commit order."""
-
-  def begin(self, n_parts: int) -> None:
-    """Before the step's first forward pass, over `n_parts` micro-batches
-    (1 without)."""
-
-  def begin_part(self, index: int, n_parts: int) -> None:
-    """Before micro-batch `index`'s forward pass (0 without), of
-    `n_parts`."""
-
-  def unit_done(self, unit: Unit) -> None:
-    """After `unit`'s call in the forward or backward pass."""
-
-  def end_pass(self, phase: str) -> None:
-    """After the pass `phase`: 'forward', 'loss', 'backward'."""
-
-  def end_part(self) -> None:
-    """The end of a part's backward pass: every update leaves the
-    device."""
-
-
-@runtime_checkable
-class Step(Run, Protocol):
-  """A run on placed arrays, as its observers read it
-  (`step_context.StepContext`).
-
-  Attributes:
-    unit_start_seconds: float, `time.time()` when the current unit's call
-      began.
-  """
-
-  unit_start_seconds: float | None
 
   def host_working_set_bytes(self) -> int:
     """Host bytes the step's own device buffers take (0 off the CPU
@@ -266,9 +192,9 @@ class StepObserver(Protocol):
   """What a step notifies at the points of its walk; it reads the step and
   changes none of its arrays."""
 
-  def unit_done(self, ctx: Step, unit: Unit) -> None:
+  def unit_done(self, ctx: 'Step', unit: Unit) -> None:
     """`unit` ran in the pass `ctx.phase` ('forward' or 'backward')."""
 
-  def pass_ends(self, ctx: Step, phase: str) -> None:
+  def pass_ends(self, ctx: 'Step', phase: str) -> None:
     """The pass `phase` ended: 'forward'; 'loss' (`ctx.grad_stack` set);
     'backward' (every update committed)."""

@@ -37,7 +37,7 @@ class TrainerParts(NamedTuple):
   Attributes:
     placement: `placement.Placement`.
     store: `store.LayerStore`.
-    commits: `commit.CommitQueue`, the steps' `step_run.UpdateSink`.
+    commits: `commit.CommitQueue`, the steps' `protocols.UpdateSink`.
     memory_log: `memory.MemoryLog`.
     release: `observers.ReleaseHostMemory`, or None when host memory is
       not released.

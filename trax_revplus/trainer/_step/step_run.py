@@ -11,7 +11,8 @@ where what a forward keeps for its backward waits (`StepRun.keep_saved`,
 walk and the accounting alike: what it holds in `step_holdings`, how it
 gets arguments, makes calls and hands on updates here.
 
-Each call's updates go to the run's `UpdateSink`: the commit queue in a
+Each call's updates go to the run's `protocols.UpdateSink`: the commit
+queue in a
 real step (`commit.CommitQueue`), which copies them back to the host; in a
 walk on types a sink that keeps only the types of what the host would
 hold (`ahead`), where an update leaving the device only leaves
@@ -24,16 +25,10 @@ from typing import Any, Callable, Sequence
 from trax import layers as tl
 from trax.optimizers import base as optimizer_base
 
-from trax_revplus.trainer._step import copy_back as copy_back_lib
 from trax_revplus.trainer._step import protocols
 from trax_revplus.trainer._step import step_holdings
 from trax_revplus.trainer._step import ties as ties_lib
 from trax_revplus.typing import PyTree
-
-# The copy-back rule and its sink (`copy_back`), by their names here too.
-commit_waits = copy_back_lib.commit_waits
-CopyBack = copy_back_lib.CopyBack
-UpdateSink = copy_back_lib.UpdateSink
 
 
 def call_name(
@@ -60,8 +55,7 @@ def call_name(
 
 
 class StepRun(step_holdings.StepHoldings, abc.ABC):
-  """What a walk over a plan's units runs on; one per walk (a
-  `protocols.Run`).
+  """What a walk over a plan's units runs on; one per walk.
 
   A run sees each compiled call with its arguments (`call`) and what the
   step holds across it (`held`, from `step_holdings.StepHoldings`), so
@@ -265,7 +259,7 @@ class StepRun(step_holdings.StepHoldings, abc.ABC):
     """The end of a part's backward pass (the step's, without
     micro-batches): every update leaves the device (the next part reads
     the states this one wrote); after the last part the sink hears the
-    walk's end (`UpdateSink.end_step`)."""
+    walk's end (`protocols.UpdateSink.end_step`)."""
     self.copy_back.drain()
     if self.part is None or self.part.last:
       self.sink.end_step()

@@ -3,7 +3,7 @@
 `StandardUnit` (a standard layer), `ReversibleSegment` (consecutive
 reversible layers in one call), `SelectSegment` (reversible layers that
 only reorder the stack, with no call) and `LossUnit` (the loss program)
-each take their arguments from a `protocols.Run`, make their call on it
+each take their arguments from a `step_run.StepRun`, make their call on it
 and hand their updates to it. `units.Units` makes them (through
 `unit_factory`) and walks them in the step's order; this module says what
 each does at its turn, whatever the walk.
@@ -16,13 +16,14 @@ from trax.layers import combinators as cb
 
 from trax_revplus.trainer._step import chains
 from trax_revplus.trainer._step import protocols
+from trax_revplus.trainer._step import step_run
 from trax_revplus.trax_door import layers as layer_door
 from trax_revplus.typing import Stack
 
 Fn = Callable[..., Any]  # a compiled (`jax.jit`) function
 
 
-def _backward_fn(unit: protocols.Unit, run: protocols.Run) -> Fn:
+def _backward_fn(unit: protocols.Unit, run: step_run.StepRun) -> Fn:
   """`run.backward_fn_of(unit)` for a unit that compiles its backward
   (all but `SelectSegment`)."""
   fn = run.backward_fn_of(unit)
@@ -60,7 +61,9 @@ class StandardUnit:
     self.backward_fn = backward_fn
     self.accumulate_fn = accumulate_fn
 
-  def forward(self, stack: Stack, params: tuple, run: protocols.Run) -> Stack:
+  def forward(
+    self, stack: Stack, params: tuple, run: step_run.StepRun
+  ) -> Stack:
     """Runs the layer on the top of `stack`; saves its inputs and new state.
 
     Returns:
@@ -78,7 +81,7 @@ class StandardUnit:
     return cb.outputs_onto_stack(outputs, stack, self.depth)
 
   def backward(
-    self, stack: Stack, grad_stack: Stack, params: tuple, run: protocols.Run
+    self, stack: Stack, grad_stack: Stack, params: tuple, run: step_run.StepRun
   ) -> tuple[Stack, Stack]:
     """Forward + backward + update from the saved inputs; returns the
     stack and cotangents with the layer's inputs in place of its outputs."""
@@ -142,7 +145,9 @@ class ReversibleSegment:
     self.backward_fn = backward_fn
     self.accumulate_fn = accumulate_fn
 
-  def forward(self, stack: Stack, params: tuple, run: protocols.Run) -> Stack:
+  def forward(
+    self, stack: Stack, params: tuple, run: step_run.StepRun
+  ) -> Stack:
     """Runs the layers in order; saves each one's old and new state.
 
     Returns:
@@ -163,7 +168,7 @@ class ReversibleSegment:
     return cb.outputs_onto_stack(outputs, stack, self.depth)
 
   def backward(
-    self, stack: Stack, grad_stack: Stack, params: tuple, run: protocols.Run
+    self, stack: Stack, grad_stack: Stack, params: tuple, run: step_run.StepRun
   ) -> tuple[Stack, Stack]:
     """Reverse + backward + update of each layer, last to first; returns
     the stack and cotangents with the reconstructed inputs in place."""
@@ -222,7 +227,9 @@ class SelectSegment:
       (layer.n_in, list(layer_door.select_indices(layer))) for layer in layers
     ]
 
-  def forward(self, stack: Stack, params: tuple, run: protocols.Run) -> Stack:
+  def forward(
+    self, stack: Stack, params: tuple, run: step_run.StepRun
+  ) -> Stack:
     del params, run
     for n, indices in self._permutations:
       items = cb.inputs_from_stack(stack, n)
@@ -230,7 +237,7 @@ class SelectSegment:
     return stack
 
   def backward(
-    self, stack: Stack, grad_stack: Stack, params: tuple, run: protocols.Run
+    self, stack: Stack, grad_stack: Stack, params: tuple, run: step_run.StepRun
   ) -> tuple[Stack, Stack]:
     """Puts the inputs back and their cotangents (the outputs' cotangents,
     reordered the same way: a permutation's gradient)."""
@@ -283,7 +290,9 @@ class LossUnit:
   def backward_fn(self) -> Fn:
     return self.fn
 
-  def backward(self, stack: Stack, params: tuple, run: protocols.Run) -> Stack:
+  def backward(
+    self, stack: Stack, params: tuple, run: step_run.StepRun
+  ) -> Stack:
     """Returns the cotangents of the program's inputs (cotangent of the
     loss: 1); the stack keeps the inputs, for the backward pass."""
     weights, slots = params

@@ -33,6 +33,7 @@ from typing import NamedTuple
 from trax_revplus import device_memory
 from trax_revplus.trainer._plan import plan as plan_lib
 from trax_revplus.trainer._step import protocols
+from trax_revplus.trainer._step import step_run
 from trax_revplus.trainer._step import unit_factory
 
 
@@ -78,7 +79,7 @@ class Units:
       list(range(plan.fused_from, plan.loss + 1)), plan
     )
 
-  def forward(self, run: protocols.Run) -> None:
+  def forward(self, run: step_run.StepRun) -> None:
     """The forward pass: `run.stack` through every forward unit."""
     run.phase = 'forward'
     units = self.forward_units
@@ -91,7 +92,7 @@ class Units:
       )
       run.unit_done(unit)
 
-  def loss(self, run: protocols.Run) -> None:
+  def loss(self, run: step_run.StepRun) -> None:
     """The loss program: sets `run.grad_stack` (and places the first
     backward unit's parameters ahead, where the plan prefetches)."""
     run.phase = 'loss'
@@ -100,7 +101,7 @@ class Units:
     assert run.stack is not None, 'the forward pass leaves the stack'
     run.grad_stack = self.loss_unit.backward(run.stack, params, run)
 
-  def backward(self, run: protocols.Run) -> None:
+  def backward(self, run: step_run.StepRun) -> None:
     """The backward pass, last unit first; empties `run.stack` and
     `run.grad_stack` (the batch's reconstruction and cotangents)."""
     run.phase = 'backward'
@@ -118,7 +119,7 @@ class Units:
       run.unit_done(unit)
     run.stack = run.grad_stack = None
 
-  def walk(self, run: protocols.Run) -> None:
+  def walk(self, run: step_run.StepRun) -> None:
     """The step's schedule, whole: forward, loss, backward, every update
     off the device, with the run's named points between them; with
     micro-batches (the plan's), forward, loss and backward once per
