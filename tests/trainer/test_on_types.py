@@ -15,7 +15,7 @@ from trax import optimizers
 
 import trax_revplus
 from trax_revplus.device_memory import program
-from trax_revplus.trainer._step import step_run as run
+from trax_revplus.trainer._step import copy_back
 import trainer_cases as cases
 
 
@@ -130,11 +130,11 @@ def test_held_parts_match_the_real_arrays():
 
 
 def test_commit_waits_follows_n_async_layers():
-  assert run.commit_waits([1], 8) == 1
-  assert run.commit_waits([1, 4, 4], 8) == 2
-  assert run.commit_waits([4, 4, 4], 8) == 2
-  assert run.commit_waits([3], 0) == 0
-  assert run.commit_waits([8, 1], 1) == 1
+  assert copy_back.commit_waits([1], 8) == 1
+  assert copy_back.commit_waits([1, 4, 4], 8) == 2
+  assert copy_back.commit_waits([4, 4, 4], 8) == 2
+  assert copy_back.commit_waits([3], 0) == 0
+  assert copy_back.commit_waits([8, 1], 1) == 1
 
 
 @pytest.mark.parametrize(

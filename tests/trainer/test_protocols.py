@@ -142,7 +142,7 @@ def test_a_unit_missing_a_member_fails_the_check():
     def readable(self, stats):
       return stats
 
-    def start(self, layers, weights, slots, states, stats):  # no `part`
+    def start(self, layers, weights, slots, states, stats):  # not a record
       pass
 
     def commit(self, token):

@@ -14,8 +14,8 @@ from trax import layers as tl
 from trax.optimizers import base as optimizer_base
 
 from trax_revplus.device_memory import program
-from trax_revplus.trainer._step import batch_parts
 from trax_revplus.trainer._step import copy_back
+from trax_revplus.trainer._step import protocols
 from trax_revplus.trainer._step import step_run as step_run_lib
 from trax_revplus.typing import PyTree
 
@@ -49,17 +49,10 @@ class HostTypes:
     return stats
 
   def start(
-    self,
-    layers: list[int],
-    weights: list[PyTree] | None,
-    slots: list[PyTree] | None,
-    states: list[PyTree],
-    stats: list[dict],
-    part: batch_parts.Part | None = None,
+    self, updates: protocols.CallUpdates
   ) -> tuple[list[int], list[PyTree] | None, bool]:
-    del states, stats, part
-    accumulated, waiting = copy_back.accumulated_updates(weights, slots)
-    return layers, slots if waiting else None, not accumulated
+    accumulated, waiting = copy_back.accumulated_updates(updates)
+    return updates.layers, updates.slots if waiting else None, not accumulated
 
   def commit(self, token: tuple[list[int], list[PyTree] | None, bool]) -> None:
     layers, gradients, updated = token

@@ -21,9 +21,9 @@ import numpy as np
 
 from trax_revplus import placement as placement_lib
 from trax_revplus import validation
-from trax_revplus.trainer._step import batch_parts
 from trax_revplus.trainer._step import copy_back
 from trax_revplus.trainer._step import host_store
+from trax_revplus.trainer._step import protocols
 from trax_revplus.typing import PyTree
 
 # What a layer update's results are checked for when `on_non_finite` is not
@@ -257,20 +257,12 @@ class CommitQueue:
     (loss, gradient norms), so all take the same decisions on them."""
     return self._placement.replicated(stats)
 
-  def start(
-    self,
-    layers: list[int],
-    weights: list[PyTree] | None,
-    slots: list[PyTree] | None,
-    states: list[PyTree],
-    stats: list[dict],
-    part: batch_parts.Part | None = None,
-  ) -> _Pending:
-    """Starts the D2H copies of one call's updates (lists over `layers`, in
-    commit order; see `protocols.UpdateSink.start`); returns what `commit`
+  def start(self, updates: protocols.CallUpdates) -> _Pending:
+    """Starts the D2H copies of one call's updates; returns what `commit`
     takes."""
     p = self._placement
-    accumulated, gradients = copy_back.accumulated_updates(weights, slots)
+    layers, weights, slots, states, stats, part = updates
+    accumulated, gradients = copy_back.accumulated_updates(updates)
     to_host: Callable[[Any], Any] = p.start_to_host
     if self._params_on_device and not accumulated:
       to_host = _Staying  # Committed as they are.

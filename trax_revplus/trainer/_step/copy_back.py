@@ -12,7 +12,6 @@ step and the accounting follow this one rule (`step_run.StepRun` holds a
 import collections
 from typing import Any, Callable
 
-from trax_revplus.trainer._step import batch_parts
 from trax_revplus.trainer._step import protocols
 from trax_revplus.typing import PyTree
 
@@ -36,13 +35,12 @@ def commit_waits(pending_sizes: list[int], n_async_layers: int) -> int:
   return len(pending)
 
 
-def accumulated_updates(
-  weights: list[PyTree] | None, slots: list[PyTree] | None
-) -> tuple[bool, bool]:
+def accumulated_updates(updates: protocols.CallUpdates) -> tuple[bool, bool]:
   """How one call's updates came to `protocols.UpdateSink.start`:
   (whether the call only accumulated gradients: its weights are None;
   whether the part's gradients then wait on the host in the slots' place:
   `plan.StepPlan.grads_on_host`). Both False for a call that updated."""
+  weights, slots = updates.weights, updates.slots
   accumulated = weights[0] is None if weights else False
   on_host = accumulated and slots is not None and slots[0] is not None
   return accumulated, on_host
@@ -77,19 +75,16 @@ class CopyBack:
       collections.deque()
     )
 
-  def push(
-    self,
-    layers: list[int],
-    weights: list[PyTree] | None,
-    slots: list[PyTree] | None,
-    states: list[PyTree],
-    stats: list[dict],
-    part: batch_parts.Part | None = None,
-  ) -> None:
-    """One call's updates, lists over `layers` in commit (backward) order
-    (see `protocols.UpdateSink.start`)."""
-    token = self._sink.start(layers, weights, slots, states, stats, part)
-    self._pending.append((layers, (weights, slots, states), token))
+  def push(self, updates: protocols.CallUpdates) -> None:
+    """One call's updates, handed to the sink on their way."""
+    token = self._sink.start(updates)
+    self._pending.append(
+      (
+        updates.layers,
+        (updates.weights, updates.slots, updates.states),
+        token,
+      )
+    )
     waiting = commit_waits(
       [len(n) for n, _, _ in self._pending], self._n_async_layers
     )

@@ -28,7 +28,7 @@ its own shape on every device. On a walk on types every array below is a
 `jax.ShapeDtypeStruct` of that shape.
 """
 
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import Any, Callable, NamedTuple, Protocol, runtime_checkable
 
 from trax_revplus.typing import PyTree
 from trax_revplus.typing import Stack
@@ -126,6 +126,32 @@ class LossProgram(Unit, Protocol):
     """
 
 
+class CallUpdates(NamedTuple):
+  """One call's updates on their way off the device: lists over `layers`
+  in commit (backward) order.
+
+  Attributes:
+    layers: list of int, the layers the call updated.
+    weights: their replicated new weights; each None where the call only
+      accumulated gradients (`step_fns.Update.ACCUMULATE`).
+    slots: their replicated new slots; where the call only accumulated,
+      the part's gradients where they wait on the host
+      (`plan.StepPlan.grads_on_host`: the sink adds them up), else each
+      None.
+    states: their per-device new states.
+    stats: their statistics, dicts of per-device scalars.
+    part: the micro-batch's `batch_parts.Part` whose rows `states` hold,
+      or None.
+  """
+
+  layers: list[int]
+  weights: list[PyTree] | None
+  slots: list[PyTree] | None
+  states: list[PyTree]
+  stats: list[dict]
+  part: Any = None
+
+
 @runtime_checkable
 class UpdateSink(Protocol):
   """Where a walk hands each call's updates (`copy_back.CopyBack`)."""
@@ -133,19 +159,8 @@ class UpdateSink(Protocol):
   def readable(self, stats: PyTree) -> PyTree:
     """A call's statistics (per-device scalars) as the walk keeps them."""
 
-  def start(
-    self,
-    layers: list[int],
-    weights: list[PyTree] | None,
-    slots: list[PyTree] | None,
-    states: list[PyTree],
-    stats: list[dict],
-    part: Any = None,
-  ) -> Any:
-    """One call's updates are dispatched: lists over `layers` in commit
-    (backward) order of replicated weights and slots and per-device
-    states; `part` the `Part` of the batch or None. Returns the token
-    `commit` takes."""
+  def start(self, updates: CallUpdates) -> Any:
+    """`updates` are dispatched. Returns the token `commit` takes."""
 
   def commit(self, token: Any) -> None:
     """The updates of `token` leave the device."""

@@ -216,7 +216,9 @@ class StepRun(step_holdings.StepHoldings, abc.ABC):
       if not self.plan.grads_on_host:  # They stay on the device.
         self.grads.update(zip(layers, slots))
         slots = none
-      self.copy_back.push(layers, none, slots, states, stats, self.part)
+      self.copy_back.push(
+        protocols.CallUpdates(layers, none, slots, states, stats, self.part)
+      )
       return
     self.stats.extend(stats)
     for i in layers:
@@ -231,7 +233,9 @@ class StepRun(step_holdings.StepHoldings, abc.ABC):
           self.tied[(layer, tie.source_leaf)] = ties_lib.leaf(
             layer_weights, tie.source_leaf
           )
-    self.copy_back.push(layers, weights, slots, states, stats, self.part)
+    self.copy_back.push(
+      protocols.CallUpdates(layers, weights, slots, states, stats, self.part)
+    )
 
   # The named points of the walk (`units.Units.walk`), in its order. A walk
   # on types does nothing at them; the step records its phases there and
