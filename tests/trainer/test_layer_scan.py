@@ -4,6 +4,7 @@ unrolled walk's outputs and gradients, a program that does not grow with
 depth."""
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +15,7 @@ from trax import layers as tl
 from trax import optimizers
 from trax import shapes
 
+from conftest import run_multidevice_worker
 import trainer_cases as cases
 from trax_revplus import trainer as rev_trainer
 from trax_revplus.trainer._search import speed_rank
@@ -258,10 +260,12 @@ def test_the_update_does_not_grow_with_depth():
   assert square_roots(8, True) == square_roots(2, True) > 0
 
 
-def test_a_fused_program_that_loops_trains_as_stock(monkeypatch):
+@pytest.mark.parametrize('slices', [1, 2])
+def test_a_fused_program_that_loops_trains_as_stock(monkeypatch, slices):
   # The CPU's rule keeps the fused program unrolled; a backend that loops
   # (as accelerators do) on the CPU's devices: the weights and losses of
-  # 3 steps of a 4-block ReformerLM with dropout are stock trax's.
+  # 3 steps of a 4-block ReformerLM with dropout, in 1 or 2 batch slices,
+  # are stock trax's.
   monkeypatch.setitem(speed_rank.SCAN_EQUAL_BLOCKS, jax.default_backend(), True)
   looped_runs = []
   scanned = chains.scanned_forward_fn
@@ -289,7 +293,7 @@ def test_a_fused_program_that_loops_trains_as_stock(monkeypatch):
 
   def ours(blocks, loss):
     trainer = rev_trainer.ReversibleSerialTrainer(blocks, loss, optimizers.Adam)
-    cases.set_plan(trainer, batch, cases.fused_plan(trainer, batch))
+    cases.set_plan(trainer, batch, cases.fused_plan(trainer, batch, slices))
     plans.append(trainer.planned(batch).plan)
     return trainer
 
@@ -323,3 +327,17 @@ def test_a_run_after_other_layers_and_a_block_that_changes_its_items():
     inputs, [()] * 3, [()] * 3, list(jax.random.split(jax.random.PRNGKey(0), 3))
   )
   assert [y.shape for y in outputs] == [(2, 5), (2, 3)]
+
+
+def test_a_looped_program_on_2_devices_trains_as_the_default_trainer():
+  # Gradients averaged over the devices inside the mapped update: the
+  # weights of 2 steps are trax's default Trainer's on one device.
+  result = run_multidevice_worker(
+    2,
+    'looped_on_devices',
+    script=os.path.join(os.path.dirname(__file__), 'layer_scan_worker.py'),
+  )
+  assert result['local_devices'] == 2, result
+  assert result['updated_together'], result
+  assert all(count >= 2 for _, _, count in result['updated_together'])
+  assert result['max_diff'] <= 1e-5, result

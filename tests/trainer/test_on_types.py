@@ -152,9 +152,11 @@ def test_updates_leave_the_device_when_the_step_commits_them(
   pending = {}  # id(token) -> bytes of the update on the device
   at_calls = []
 
-  def logged_start(layers, weights, slots, states, stats, part=None):
-    token = start(layers, weights, slots, states, stats, part)
-    pending[id(token)] = _nbytes((weights, slots, states))
+  def logged_start(updates):
+    token = start(updates)
+    pending[id(token)] = _nbytes(
+      (updates.weights, updates.slots, updates.states)
+    )
     return token
 
   def logged_commit(token):

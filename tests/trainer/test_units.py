@@ -54,9 +54,9 @@ def test_backward_segments_split_forward_ones(
   commits = trainer._commits  # pylint: disable=protected-access
   start, commit = commits.start, commits.commit
 
-  def logged_start(layers, *args):
-    events.append(('dispatch', list(layers)))
-    return start(layers, *args)
+  def logged_start(updates):
+    events.append(('dispatch', list(updates.layers)))
+    return start(updates)
 
   def logged_commit(entry):
     events.append(('commit', list(entry.layers)))

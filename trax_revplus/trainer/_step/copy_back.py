@@ -1,4 +1,4 @@
-"""When a call's updates leave the device: the copy-back rule and its sink.
+"""When a call's updates leave the device: the copy-back rule.
 
 `CopyBack` keeps each call's updates on the device until `commit_waits`
 says they leave, and hands them to a `protocols.UpdateSink` on the way:
