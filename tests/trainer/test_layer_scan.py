@@ -82,11 +82,11 @@ def test_the_longest_run_of_equal_blocks():
 
 
 def _unrolled(layers):
-  return chains.reversible_run_fn(layers, scan=False)
+  return chains.reversible_run_fn(layers)
 
 
 def _looped(layers):
-  return chains.reversible_run_fn(layers, scan=True)
+  return chains.reversible_run_fn(layers, chains.repeats(layers))
 
 
 def _loss_and_grads(run, args):
@@ -323,7 +323,7 @@ def test_a_run_after_other_layers_and_a_block_that_changes_its_items():
   swaps = [tl.ReversibleSwap()] * 3
   assert chains.repeats(swaps) == chains.Repeats(0, 1, 3)
   inputs = (jnp.zeros((2, 3)), jnp.ones((2, 5)))
-  outputs, _ = jax.jit(chains.reversible_run_fn(swaps, scan=True))(
+  outputs, _ = jax.jit(chains.reversible_run_fn(swaps, chains.repeats(swaps)))(
     inputs, [()] * 3, [()] * 3, list(jax.random.split(jax.random.PRNGKey(0), 3))
   )
   assert [y.shape for y in outputs] == [(2, 5), (2, 3)]

@@ -26,7 +26,7 @@ unrolled walks.
 
 import dataclasses
 import functools
-from typing import Any, Callable, Hashable, Literal, Sequence
+from typing import Any, Callable, Hashable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -154,28 +154,22 @@ def reverse_and_grad_chain(
 
 
 def reversible_run_fn(
-  layers: Sequence[tl.Layer],
-  scan: bool = False,
-  equal_blocks: 'Repeats | None | Literal["find"]' = 'find',
+  layers: Sequence[tl.Layer], equal_blocks: 'Repeats | None' = None
 ) -> Callable[..., tuple[Stack, list[PyTree]]]:
   """Forward of consecutive reversible layers whose gradient recomputes.
 
-  The forward is `segment_forward_fn`'s (with `scan`, its loop over equal
-  blocks). Its custom gradient holds the
+  The forward is `segment_forward_fn`'s. Its custom gradient holds the
   run's outputs (not each layer's activations) and runs each layer's
   `reverse_and_grad`, last to first (`reverse_and_grad_chain`), as
-  `step_fns.segment_reverse_fn` does without the updates. With `scan`,
-  both loop over the run's equal blocks (`scanned_forward_fn`,
-  `scanned_reverse_and_grad`) over `equal_blocks` (`repeats(layers)`, found
-  here where 'find').
+  `step_fns.segment_reverse_fn` does without the updates. With
+  `equal_blocks` (`repeats(layers)`), both loop over that run of equal
+  blocks (`scanned_forward_fn`, `scanned_reverse_and_grad`).
 
   Returns (of the returned function):
     (inputs, weights, states, rngs) -> (outputs, new_states), as
     `segment_forward_fn`; differentiable in `inputs` and `weights`.
   """
-  if scan:
-    if equal_blocks == 'find':
-      equal_blocks = repeats(layers)
+  if equal_blocks is not None:
     forward = scanned_forward_fn(layers, equal_blocks)
     reverse = scanned_reverse_and_grad(layers, equal_blocks)
   else:
@@ -203,9 +197,7 @@ def reversible_run_fn(
 
 
 def chain_forward_fn(
-  layers: Sequence[tl.Layer],
-  scan: bool = False,
-  blocks: Sequence['Repeats'] | None = None,
+  layers: Sequence[tl.Layer], blocks: Sequence['Repeats'] = ()
 ) -> Callable[..., tuple[Stack, list[PyTree]]]:
   """Forward of consecutive layers (standard and reversible) in one call,
   differentiable as trax's default `Trainer` differentiates them.
@@ -213,17 +205,15 @@ def chain_forward_fn(
   Each run of consecutive reversible layers goes under one custom gradient
   that holds only the run's outputs and reverses its layers from them,
   last to first (`reversible_run_fn`), as trax's `ReversibleSerial` does
-  in the default `Trainer`; the other layers run `pure_fn`. With `scan`,
-  each run loops over its equal blocks (`reversible_run_fn`): those of
-  `blocks` where given (`looped_blocks(layers)`), found here otherwise.
+  in the default `Trainer`; the other layers run `pure_fn`. A run with a
+  run of equal blocks in `blocks` (`looped_blocks(layers)`) loops over
+  it (`reversible_run_fn`).
 
   Returns (of the returned function):
     (inputs, weights, states, rngs) -> (outputs, new_states): lists over
     the layers; `inputs` are the top `chain_depth(layers)` stack items.
   """
-  if scan and blocks is None:
-    blocks = looped_blocks(layers)
-  runs = _runs(layers, scan, blocks or ())
+  runs = _runs(layers, blocks)
 
   def forward(inputs, weights, states, rngs):
     stack, new_states = inputs, []
@@ -253,23 +243,25 @@ def chain_forward_fn(
   return forward
 
 
-def _runs(layers, scan, blocks):
+def _runs(layers, blocks):
   """(start, stop, fn) over `layers` in order: a run of consecutive
-  reversible layers as one `reversible_run_fn` (with `scan`, looping over
-  its block of `blocks`), every other layer alone with fn None."""
+  reversible layers as one `reversible_run_fn` (looping over its run of
+  equal blocks in `blocks`, if any), every other layer alone with fn
+  None."""
   runs: list[tuple[int, int, Any]] = []
   for i, j in _spans(layers):
     if not is_reversible(layers[i]):
       runs.append((i, j, None))
       continue
-    inside = [
-      dataclasses.replace(b, start=b.start - i)
-      for b in blocks
-      if i <= b.start < j
-    ]
-    runs.append(
-      (i, j, reversible_run_fn(layers[i:j], scan, (inside or [None])[0]))
+    inside = next(
+      (
+        dataclasses.replace(b, start=b.start - i)
+        for b in blocks
+        if i <= b.start < j
+      ),
+      None,
     )
+    runs.append((i, j, reversible_run_fn(layers[i:j], inside)))
   return runs
 
 
@@ -289,9 +281,9 @@ def _spans(layers: Sequence[tl.Layer]) -> list[tuple[int, int]]:
 
 
 def looped_blocks(layers: Sequence[tl.Layer]) -> list['Repeats']:
-  """The runs of equal blocks `chain_forward_fn` with `scan` loops over:
-  each run of consecutive reversible layers' `repeats`, in `layers`'
-  indices."""
+  """The runs of equal blocks a program of `layers` loops over where it
+  loops (`chain_forward_fn`'s `blocks`): each run of consecutive
+  reversible layers' `repeats`, in `layers`' indices."""
   found = []
   for i, j in _spans(layers):
     if is_reversible(layers[i]):

@@ -59,7 +59,7 @@ def fused_loss_fn(
   if in_call:
     return _pieces(layers, optimizers, n_devices, adasum, in_call, scan)
   blocks = chains.looped_blocks(layers) if scan else []
-  forward = chains.chain_forward_fn(layers, scan, blocks)
+  forward = chains.chain_forward_fn(layers, blocks)
   updates = [update_fn(opt, n_devices, adasum) for opt in optimizers]
   together = updated_together(blocks, optimizers, adasum)
 
@@ -90,7 +90,9 @@ def fused_loss_fn(
 def _stack_fn(layers, scan):
   """`chains.chain_forward_fn` of `layers` from a whole stack to a whole
   stack: (stack, weights, states, rngs) -> (stack, new_states)."""
-  forward = chains.chain_forward_fn(layers, scan)
+  forward = chains.chain_forward_fn(
+    layers, chains.looped_blocks(layers) if scan else ()
+  )
   depth = chains.chain_depth(layers)
 
   def run(stack, weights, states, rngs):

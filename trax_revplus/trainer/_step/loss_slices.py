@@ -230,7 +230,7 @@ def fused_loss(
       layers, optimizers, n_devices, adasum, in_call, scan
     )
   blocks = chains.looped_blocks(layers) if scan else []
-  forward = chains.chain_forward_fn(layers, scan, blocks)
+  forward = chains.chain_forward_fn(layers, blocks)
   updates = [step_fns.update_fn(opt, n_devices, adasum) for opt in optimizers]
   together = step_fns.updated_together(blocks, optimizers, adasum)
 

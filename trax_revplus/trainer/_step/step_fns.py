@@ -337,16 +337,20 @@ def update_each(
     args = (grads_weights, weights, slots, opt_params)
     if in_call or not chains.stackable(run, *args):
       continue
-    for j, stacked in enumerate(zip(*(chains.stacked(run, a) for a in args))):
-      first = run.start + j
-      if is_empty_tuple(weights[first]):
-        continue
-      update = jax.vmap(updates[first], in_axes=(0, 0, 0, 0, None))
-      results = update(*stacked, step)
-      parts = [_unstack(x, run.count) for x in results]
-      for r, (w, s, st) in enumerate(zip(*parts)):
-        k = first + r * run.period
-        new_weights[k], new_slots[k], stats[k] = w, s, dict(st)
+    # Per position in the block, its layers' (weights, slots, stats)
+    # stacked; None for a layer without weights (updated below).
+    mapped: list[Any] = [
+      None
+      if is_empty_tuple(weights[run.start + j])
+      else jax.vmap(updates[run.start + j], in_axes=(0, 0, 0, 0, None))(
+        *stacked, step
+      )
+      for j, stacked in enumerate(zip(*(chains.stacked(run, a) for a in args)))
+    ]
+    for k, result in enumerate(chains.unstacked(run, mapped), run.start):
+      if result is not None:
+        new_weights[k], new_slots[k], st = result
+        stats[k] = dict(st)
   for k in range(n - 1, -1, -1):
     if stats[k] is not None:
       continue
@@ -356,16 +360,6 @@ def update_each(
     )
     stats[k] = dict(st)
   return new_weights, new_slots, stats
-
-
-def _unstack(tree: PyTree, count: int) -> list[PyTree]:
-  """A pytree of arrays stacked on a leading axis of `count` entries as
-  the list of those entries."""
-  leaves, treedef = jax.tree_util.tree_flatten(tree)
-  return [
-    jax.tree_util.tree_unflatten(treedef, [x[r] for x in leaves])
-    for r in range(count)
-  ]
 
 
 def updated_together(
