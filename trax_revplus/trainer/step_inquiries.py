@@ -36,13 +36,18 @@ class StepInquiries:
   _placement: placement_lib.Placement
   _release_host_memory: Callable[[], None]
 
-  def planned(self, batch: Batch) -> units_lib.PlannedStep:
+  def planned(
+    self, batch: Batch, ready_first: bool = False
+  ) -> units_lib.PlannedStep:
     """How a step on `batch`'s shapes runs: its plan, compiled units and
     device memory; planned (compiled ahead, accounted) on first sight.
 
     Args:
       batch: tuple of host arrays or `jax.ShapeDtypeStruct`s of shape
         (B, ...), as `one_step` takes them (values are not read).
+      ready_first: bool, the next step may run on a plan ready sooner
+        while the fastest plan's programs compile
+        (`planner.Planner.step_for`); `one_step` asks so.
 
     Returns:
       `units.PlannedStep`.
@@ -54,7 +59,7 @@ class StepInquiries:
         budget.StepCompileError: as `one_step` (nothing changed yet).
     """
     known = self._planner.is_planned(batch)
-    planned = self._planner.step_for(batch)
+    planned = self._planner.step_for(batch, ready_first)
     if not known:
       # The compilers' temporaries are free now.
       self._release_host_memory()

@@ -392,7 +392,7 @@ class ReversibleSerialTrainer(step_inquiries.StepInquiries):
       self._flush_init_records()
     self._memory_log.begin_step(step, self._placement.transfers)
     self._store.set_learning_rate(learning_rate)
-    planned = self.planned(batch)
+    planned = self.planned(batch, ready_first=True)
     self._commits.begin_step(step, planned.plan.params_on_device)
     return step_context.StepContext.for_step(
       planned, step, rng, batch, self._parts

@@ -341,6 +341,25 @@ class Candidates:
       params_on_device=self._params_on_device[-1],
     )
 
+  def ready_plan(self, plan: plan_lib.StepPlan) -> plan_lib.StepPlan | None:
+    """The plan a run steps on while fused `plan`'s programs compile: of
+    the unfused plans with its batch slices, (example, head) pairs at once
+    and place of the weights and slots, the first in the speed model's
+    order of those that compile the fewest layers (`compiled_layers`:
+    the shortest segments, equal ones sharing a program); None where
+    `plan` fuses no layer."""
+    if plan.fused_from >= plan.loss:
+      return None
+    plans = [
+      dataclasses.replace(
+        p,
+        parallel_heads=plan.parallel_heads,
+        params_on_device=plan.params_on_device,
+      )
+      for p in self._unfused(plan.batch_slices).plans
+    ]
+    return min(plans, key=self.compiled_layers)
+
   def may_fuse(self, k: int) -> bool:
     """Whether the fused program may run over k batch slices."""
     return k == 1 or not self._shared_weights

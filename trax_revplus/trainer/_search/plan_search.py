@@ -228,6 +228,11 @@ class PlanSearch:
           yield plan
     self.faster_plans_need_bytes = min(excluded, default=None)
 
+  def fastest(self) -> plan_lib.StepPlan:
+    """The first plan in the speed model's order, whether it fits or not
+    (the plan `fitting` weighs first)."""
+    return self._groups[0].plans[0]
+
   def group_of(self, plan: plan_lib.StepPlan) -> Group:
     """The first candidate group listing `plan`.
 

@@ -26,7 +26,7 @@ Every plan accounted is kept with its figures (`weighed_plans.Weighing`: what
 
 import dataclasses
 import os
-from typing import Callable, Hashable, Iterable, Iterator
+from typing import Callable, Hashable, Iterable, Iterator, NamedTuple
 
 from absl import logging
 
@@ -44,6 +44,7 @@ from trax_revplus.trainer._search import overrides
 from trax_revplus.trainer._search import plan_search as plan_search_lib
 from trax_revplus.trainer._search import plan_store as plan_store_lib
 from trax_revplus.trainer._search import plan_timing
+from trax_revplus.trainer._search import speed_rank
 from trax_revplus.trainer._search import weighers
 from trax_revplus.trainer._search.weighers import batch_key
 from trax_revplus.trainer._step import host_store
@@ -53,6 +54,20 @@ from trax_revplus.typing import Batch
 
 
 DeviceMemoryBudgetError = budget_lib.DeviceMemoryBudgetError
+
+
+class _Compiling(NamedTuple):
+  """A batch's shapes' fastest plan while its programs compile.
+
+  Attributes:
+    plan: the speed model's first plan (`plan_search.PlanSearch.fastest`).
+    programs: the call keys of its programs (`programs.Programs`).
+    types: the `on_types.StepTypes` of the shapes.
+  """
+
+  plan: plan_lib.StepPlan
+  programs: tuple[Hashable, ...]
+  types: on_types.StepTypes
 
 
 class Planner(weighers.StepWeigher):
@@ -105,6 +120,9 @@ class Planner(weighers.StepWeigher):
     self._notified: set[str] = set()
     self._planned: dict[Hashable, units_lib.PlannedStep] = {}  # by `batch_key`
     self._searches: dict[Hashable, plan_search_lib.PlanSearch] = {}
+    # By `batch_key`: the fused plan whose programs compile while the
+    # steps run on a plan ready sooner (`step_for`'s `ready_first`).
+    self._compiling: dict[Hashable, _Compiling] = {}
     self.least: tuple[plan_lib.StepPlan, device_memory.StepMemory] | None = None
     self.plan_store: plan_store_lib.PlanStore | None = None
     self.timer = plan_timing.PlanTimer(placement, store)
@@ -118,12 +136,25 @@ class Planner(weighers.StepWeigher):
       None if directory is None else plan_store_lib.PlanStore(directory)
     )
 
-  def step_for(self, batch: Batch) -> units_lib.PlannedStep:
+  def step_for(
+    self, batch: Batch, ready_first: bool = False
+  ) -> units_lib.PlannedStep:
     """The `PlannedStep` of `batch`'s shapes, planned on first sight.
+
+    With `ready_first` (a training step asks), where the speed model's
+    first plan is fused and its programs would compile for long
+    (`speed_rank.starts_on_ready`; one process), the first steps run on
+    its `candidates.Candidates.ready_plan` where that fits the budgets,
+    while the fused program compiles on the compile threads; the first
+    call after it compiled plans as usual (the programs compiled, the
+    search settles at once) and the steps run that plan from then on. A
+    call without `ready_first` waits for it. Either plan gives stock
+    trax's updates (up to float32 summation order, as every plan).
 
     Args:
       batch: tuple of host arrays or `jax.ShapeDtypeStruct`s of shape
         (B, ...), this process's rows (their values are not read).
+      ready_first: bool, a step may run on a plan ready sooner (above).
 
     Raises:
       validation.BatchSlicesError, SequenceChunksError, MicroBatchesError,
@@ -145,10 +176,20 @@ class Planner(weighers.StepWeigher):
         for a reason other than memory.
     """
     key = batch_key(self._placement.abstract_batch(batch))
+    compiling = self._compiling.get(key)
+    if compiling is not None and (
+      not ready_first or all(self._programs.done(k) for k in compiling.programs)
+    ):
+      del self._compiling[key]
+      self.log.compiled(compiling.plan, len(compiling.programs))
+      with interrupt.stops_at_once():
+        self._planned[key] = self._plan(key, compiling.types, batch)
     if key not in self._planned:
       # Planning changes nothing a signal would lose: it may stop at once.
       with interrupt.stops_at_once():
-        self._planned[key] = self._plan(key, self.step_types(batch), batch)
+        self._planned[key] = self._plan(
+          key, self.step_types(batch), batch, ready_first
+        )
     return self._planned[key]
 
   def check(self, batch: Batch) -> None:
@@ -162,19 +203,27 @@ class Planner(weighers.StepWeigher):
     self._facts.check(self.step_types(batch))
 
   def is_planned(self, batch: Batch) -> bool:
-    """Whether a step on `batch`'s shapes is planned already."""
-    return batch_key(self._placement.abstract_batch(batch)) in self._planned
+    """Whether a step on `batch`'s shapes is planned already, and not to
+    change plans (`step_for`'s `ready_first`)."""
+    key = batch_key(self._placement.abstract_batch(batch))
+    return key in self._planned and key not in self._compiling
 
   # How a plan is made.
 
   def _plan(
-    self, key: Hashable, types: on_types.StepTypes, batch: Batch
+    self,
+    key: Hashable,
+    types: on_types.StepTypes,
+    batch: Batch,
+    ready_first: bool = False,
   ) -> units_lib.PlannedStep:
     self._facts.check(types)
     self.log.begin()
     try:
       if self.budget_bytes is not None:
-        planned = self._plan_under_budget(key, types, self.budget_bytes, batch)
+        planned = self._plan_under_budget(
+          key, types, self.budget_bytes, batch, ready_first
+        )
       else:
         planned = self._configured(types)
     finally:
@@ -227,13 +276,16 @@ class Planner(weighers.StepWeigher):
     types: on_types.StepTypes,
     budget_bytes: int,
     batch: Batch,
+    ready_first: bool = False,
   ) -> units_lib.PlannedStep:
     """The fastest plan that fits: the one stored for this step where the
     store read (`plan_stores`) has one that applies and it still fits
     (not timed again), else the shapes' search's first
     (`plan_search.PlanSearch.fitting`), or where plans are timed
     (`_fastest_timed`, on `batch`) the fastest measured, then kept. Where
-    nothing fits, `least` is the search's least.
+    nothing fits, `least` is the search's least. With `ready_first`, the
+    plan ready sooner while that search waits (`_ready_first`), where
+    there is one.
 
     Raises:
       DeviceMemoryBudgetError: no plan fits, or (with a budget set by the
@@ -274,6 +326,10 @@ class Planner(weighers.StepWeigher):
               )
           return planned
     search = self._search(key, types)
+    if ready_first:
+      ready = self._ready_first(key, search, types, budget_bytes)
+      if ready is not None:
+        return ready
     try:
       fitting = search.fitting(budget_bytes, self.host_budget_bytes)
       plan = next(fitting, None)
@@ -328,6 +384,52 @@ class Planner(weighers.StepWeigher):
         step_seconds=self.weighing_of(types).step_seconds(planned.plan),
       )
     return planned
+
+  def _ready_first(
+    self,
+    key: Hashable,
+    search: plan_search_lib.PlanSearch,
+    types: on_types.StepTypes,
+    budget_bytes: int,
+  ) -> units_lib.PlannedStep | None:
+    """The `PlannedStep` of the plan ready sooner than the speed model's
+    first (`step_for`'s `ready_first`), its first plan's programs started
+    compiling; None where there is none to step on: in a run of several
+    processes (each would change plans at another step), the first plan
+    fuses nothing, or compiles too few layers more than the ready plan
+    to pay on this backend (`speed_rank.starts_on_ready`), a bound rules
+    it out, its programs are compiled already, or the ready plan does not
+    fit.
+
+    Raises:
+      As `weighers.StepWeigher.settle`.
+    """
+    if self._placement.processes is not None:
+      return None
+    candidates = self.candidates(types)
+    fastest = search.fastest()
+    ready = candidates.ready_plan(fastest)
+    if ready is None or not speed_rank.starts_on_ready(
+      self._placement.platform,
+      candidates.compiled_layers(fastest),
+      candidates.compiled_layers(ready),
+    ):
+      return None
+    if self.bounds(types).lower(fastest).device > budget_bytes:
+      return None
+    programs = tuple(self.walk(fastest, types).calls.keys())
+    if all(self._programs.done(k) for k in programs):
+      return None
+    self._programs.compile(programs)
+    settled = self.settle(ready, types, budget_bytes)
+    if isinstance(settled, int) or settled.peak_device_bytes > budget_bytes:
+      return None
+    host_budget = self.host_budget_bytes
+    if host_budget is not None and settled.peak_host_bytes > host_budget:
+      return None
+    self._compiling[key] = _Compiling(fastest, programs, types)
+    self.log.ready_first(fastest, len(programs))
+    return self._chosen(ready, types, budget_bytes)
 
   def _fastest_timed(
     self,

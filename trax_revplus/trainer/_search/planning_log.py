@@ -418,6 +418,24 @@ class PlanningLog:
     self._start = None
     return cost
 
+  def ready_first(self, fastest: plan_lib.StepPlan, n_programs: int) -> None:
+    """The steps run a plan ready sooner (said next, `chosen`) while the
+    `n_programs` programs of `fastest`, the speed model's first, compile."""
+    self._line(
+      f'{short(fastest)}: its {n_programs} program'
+      f'{"s" * (n_programs != 1)} compile while the first steps run the '
+      f'plan below'
+    )
+
+  def compiled(self, fastest: plan_lib.StepPlan, n_programs: int) -> None:
+    """`fastest`'s programs (`ready_first`) compiled: planning now weighs
+    it, and the steps run the plan chosen from this one on."""
+    notices.progress(
+      f'planning: {short(fastest)}: its {n_programs} program'
+      f'{"s" * (n_programs != 1)} compiled; the steps from this one run the '
+      f'plan chosen now'
+    )
+
   def timed(self, plan: plan_lib.StepPlan, seconds: float, runs: int) -> None:
     """`plan`'s step took `seconds` on the device, the median of `runs`
     timed runs (`plan_timing`)."""

@@ -107,6 +107,29 @@ SPEED_PARAMS_ON_DEVICE: Mapping[str | None, bool] = {'cpu': False}
 # in compiling within 50 to 110 steps, the program stays unrolled.
 SCAN_EQUAL_BLOCKS: Mapping[str | None, bool] = {'cpu': False}
 
+# A run's first steps run on the unfused plan that compiles the fewest
+# layers while the fused program the speed model ranks first compiles,
+# and the run moves to it at the first step after it compiled
+# (`candidates.Candidates.ready_plan`), where the fused program compiles
+# more than this many times the layers of the ready plan
+# (`compiled_layers`), per backend (a backend not named: whatever it
+# compiles). On an accelerator the compiler runs on the host's cores
+# while the device steps. On one CPU (2 cores, the benchmark's
+# ReformerLMs, docs/performance.md) the compiler and the steps share the
+# cores: at 24 layers (19.6 times the layers) the first step took 25 s
+# against 37 s, the steps until the switch at stock's speed; at 6 layers
+# (5.2 times) 12.7 s against 9.9 s.
+READY_FIRST_RATIO: Mapping[str | None, float] = {'cpu': 16}
+
+
+def starts_on_ready(
+  platform: str | None, fused_layers: int, ready_layers: int
+) -> bool:
+  """Whether a run steps on a ready plan that compiles `ready_layers`
+  layers while the fused program, `fused_layers`, compiles on `platform`
+  (`READY_FIRST_RATIO`)."""
+  return fused_layers > READY_FIRST_RATIO.get(platform, 0) * ready_layers
+
 
 def scans_equal_blocks(platform: str | None) -> bool:
   """Whether the fused program loops over equal blocks of layers on
