@@ -9,6 +9,8 @@ asynchronously. This module is trax's public surface; a step is
 
   plan:     on first sight of the batch's shapes, the step's plan, its
             compiled units and device memory (`planner`), fixed from then on
+            (or from the step after the fused program compiled, where the
+            first steps ran on a plan ready sooner)
   begin:    learning rate, step and per-layer RNGs placed
             (`step_context.StepContext`)
   walk:     the plan's one schedule (`units.Units.walk`): batch placed;

@@ -3,7 +3,9 @@
 Before the first step on a batch's shapes, `Planner.step_for` fixes how the
 step runs (`plan.StepPlan`), compiles its units (`units.Units`), compiles
 them ahead and accounts the step's device memory (`on_types.AheadOfTime`).
-A step never changes what it was given.
+A step never changes what it was given; where the fused program compiles
+while the first steps run a plan ready sooner (`step_for`'s
+`ready_first`), the steps after it compiled run the plan chosen then.
 
 Without a device budget the plan is the one the trainer's settings name;
 where its accounted host bytes exceed the host budget, or the backend does
