@@ -22,6 +22,7 @@ from trax.supervised import training
 
 import trax_revplus
 from trax_revplus import progress
+from trax_revplus.progress import run_stats as run_stats_lib
 
 from conftest import reversible_lm
 
@@ -287,3 +288,27 @@ def test_an_eval_is_kept_before_the_run_ends(tmp_path):
   history = loop.history.get('eval', 'metrics/loss')
   assert [step for step, _ in kept] == [2]
   assert kept[0][1] == pytest.approx(float(history[-1][1]))
+
+
+def test_the_median_step_leaves_out_the_steps_on_a_ready_plan():
+  # Steps 2 and 3 ran on the plan ready first (slower, compiling nothing
+  # themselves) while the fused program compiled: the median step is the
+  # settled plan's (steps 4-6), and run_stats.json names them.
+  class _Trainer:
+    steps_on_ready_plan = [1, 2, 3]
+
+  figures = run_stats_lib.StepFigures([_Trainer()])
+  for step, seconds in zip(range(1, 7), [9.0, 3.0, 3.0, 1.0, 1.2, 1.1]):
+    figures.begin_step()
+    figures.end_step(step, 1.0, seconds, 0)
+  stats = figures.run_stats()
+  assert stats['steps_on_ready_plan'] == [1, 2, 3]
+  assert stats['median_step_seconds'] == 1.1
+  # A trainer without the attribute (trax's): every later step counts.
+  figures = run_stats_lib.StepFigures([object()])
+  for step, seconds in zip(range(1, 4), [9.0, 3.0, 1.0]):
+    figures.begin_step()
+    figures.end_step(step, 1.0, seconds, 0)
+  stats = figures.run_stats()
+  assert stats['steps_on_ready_plan'] == []
+  assert stats['median_step_seconds'] == 2.0

@@ -404,3 +404,24 @@ def test_the_benchmark_s_own_process_holds_no_backend(tmp_path, one_chip_host):
   for t in ('stock', 'ours'):
     timed = results['configs']['l6']['timing'][t]
     assert timed['error'] is None and timed['chip_peak_bytes'] == 5 << 20
+
+
+def test_the_median_step_is_of_the_steps_on_the_settled_plan(monkeypatch):
+  """Steps a child reports as run on a plan ready first (ours' first
+  steps while its fused program compiles) are kept but not in the
+  median."""
+  from tools.bench import timing  # pylint: disable=g-import-not-at-top
+
+  child = _FAKE_TIMING_CHILD.replace(
+    'chip_peak_bytes=5 << 20)',
+    'chip_peak_bytes=5 << 20, on_ready_plan=int(line) <= 3)',
+  )
+  assert child != _FAKE_TIMING_CHILD
+  monkeypatch.setattr(
+    protocol, 'command', lambda *args: [sys.executable, '-c', child, *args]
+  )
+  timed = timing.time_config('l6', ['ours'], 3, True)['ours']
+  assert timed['step_s'] == [0.03, 0.04, 0.05]
+  assert timed['settled_step_s'] == [0.04, 0.05]
+  assert timed['steps_on_ready_plan'] == [1, 2, 3]
+  assert timed['median_step_s'] == 0.045

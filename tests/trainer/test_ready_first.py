@@ -51,6 +51,7 @@ def test_a_run_that_moves_to_the_fused_plan_trains_as_stock(monkeypatch):
   batch = cases.self_attention_lm_batch()
   plans = []
   asked = []
+  made = []
 
   def ours(blocks, loss):
     trainer = rev_trainer.ReversibleSerialTrainer(blocks, loss, optimizers.Adam)
@@ -64,12 +65,14 @@ def test_a_run_that_moves_to_the_fused_plan_trains_as_stock(monkeypatch):
       return step
 
     monkeypatch.setattr(trainer, 'planned', recorded)
+    made.append(trainer)
     return trainer
 
   expected_weights, expected_losses = cases.train_lm(
     cases.stock_trainer, _model(), batch, _STEPS
   )
   weights, losses = cases.train_lm(ours, _model(), batch, _STEPS)
+  assert len(made[0].steps_on_ready_plan) == _SWITCH_STEP - 1
   ready, fused = plans[0], plans[-1]
   # Steps 1-2 on the unfused plan of the fewest compiled layers (one
   # layer a call), with the fused plan's batch slices; then the fused one.

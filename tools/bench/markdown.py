@@ -118,6 +118,19 @@ def _step_time(results):
       'Trainers that could not train a config ("-" in the table):',
       '',
     ] + failures
+  ready = [
+    f'- {name}: {t}, steps {", ".join(map(str, r["steps_on_ready_plan"]))}'
+    for name, c in results['configs'].items()
+    for t, r in c.get('timing', {}).items()
+    if r.get('steps_on_ready_plan')
+  ]
+  if ready:
+    lines += [
+      '',
+      'Steps on the plan ready first while the fused program compiled '
+      '(left out of the median step):',
+      '',
+    ] + ready
   return lines
 
 

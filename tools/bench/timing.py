@@ -9,7 +9,10 @@ TPU chip belongs to one process, and a dedicated device is not shared
 with other load. The first two steps of each are reported apart (the
 first compiles; trax's default and stock trainers compile again on the
 second, when their weights come back as different array types); the
-median of the steps after them is the step time. Each process also
+median of the steps after them is the step time, of those that ran on the
+plan ours settled on where some did (ours' first steps may run on a plan
+ready first while its fused program compiles:
+`ReversibleSerialTrainer.steps_on_ready_plan`). Each process also
 reports its device's peak bytes in use (`memory_stats()`, where the
 backend keeps one: not on the CPU).
 """
@@ -58,7 +61,12 @@ def timing_child(spec, quick):
       protocol.send(dict(error=_one_line(e)))
       return
     protocol.send(
-      dict(seconds=seconds, loss=loss, chip_peak_bytes=model.chip_peak_bytes())
+      dict(
+        seconds=seconds,
+        loss=loss,
+        chip_peak_bytes=model.chip_peak_bytes(),
+        on_ready_plan=int(line) in getattr(trainer, 'steps_on_ready_plan', ()),
+      )
     )
 
 
@@ -105,6 +113,10 @@ def _step(proc, name, t, step, r):
     r['second_step_s'] = seconds
   else:
     r['step_s'].append(seconds)
+    if not done.get('on_ready_plan'):
+      r['settled_step_s'].append(seconds)
+  if done.get('on_ready_plan'):
+    r['steps_on_ready_plan'].append(step)
   r['losses'].append(loss)
   r['chip_peak_bytes'] = done.get('chip_peak_bytes')
   print(
@@ -137,9 +149,13 @@ def time_config(name, trainers, n_steps, quick, sequential=False):
     sequential: one process at a time (an accelerator: `--sequential`).
 
   Returns:
-    {trainer: {first_step_s, second_step_s, step_s, losses, median_step_s,
-    chip_peak_bytes, weights_bytes, slots_bytes, glibc_tunables,
-    failed_at_step, error}}: `chip_peak_bytes` is the device's peak bytes
+    {trainer: {first_step_s, second_step_s, step_s, settled_step_s,
+    steps_on_ready_plan, losses, median_step_s, chip_peak_bytes,
+    weights_bytes, slots_bytes, glibc_tunables, failed_at_step, error}}:
+    `settled_step_s` are the measured steps not on a plan ready first
+    (`steps_on_ready_plan`: every step that was, warm-ups included), and
+    `median_step_s` their median (of every measured step where none is
+    settled); `chip_peak_bytes` is the device's peak bytes
     in use after the process's last step (`model.chip_peak_bytes`; None on
     the CPU); a trainer that raised while building (`failed_at_step` 0)
     or stepping has `error`, its exception in one line, and takes no more
@@ -150,6 +166,8 @@ def time_config(name, trainers, n_steps, quick, sequential=False):
       first_step_s=None,
       second_step_s=None,
       step_s=[],
+      settled_step_s=[],
+      steps_on_ready_plan=[],
       losses=[],
       chip_peak_bytes=None,
       failed_at_step=None,
@@ -191,7 +209,8 @@ def time_config(name, trainers, n_steps, quick, sequential=False):
       _end(proc)
   for t in trainers:
     r = results[t]
-    r['median_step_s'] = statistics.median(r['step_s']) if r['step_s'] else None
+    measured = r['settled_step_s'] or r['step_s']
+    r['median_step_s'] = statistics.median(measured) if measured else None
     r['weights_bytes'] = built[t].get('weights_bytes')
     r['slots_bytes'] = built[t].get('slots_bytes')
     r['glibc_tunables'] = built[t].get('glibc_tunables')

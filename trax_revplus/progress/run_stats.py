@@ -32,9 +32,13 @@
     `placement.transfers`); null for trainers that do not count (stock trax).
   first_step_seconds (float or null): step_seconds of the first step.
   median_step_seconds (float or null): median step_seconds over the later
-    steps (all but the first) that compiled nothing, as the summary's
-    steps/s leaves compiling steps out; over every later step where each
-    compiled; null with fewer than 2 steps.
+    steps (all but the first) that compiled nothing and ran on the plan
+    the run settled on (not in steps_on_ready_plan), as the summary's
+    steps/s leaves compiling steps out; over every later step where none
+    is such; null with fewer than 2 steps.
+  steps_on_ready_plan (list of int): the steps that ran on a plan ready
+    first while the fused program compiled (trax_revplus's
+    `ReversibleSerialTrainer.steps_on_ready_plan`; empty for trax's).
   peak_host_rss_bytes (int): peak resident set size of the process (the
     kernel's high-water mark, which includes imports and initialization;
     `memory.host_peak.process_peak_bytes`).
@@ -115,16 +119,21 @@ def _transfer_counter(trainer: Any) -> memory.TransferCounter | None:
 
 
 def _median_later_step(
-  seconds: list[float], compiled_programs: list[int]
+  seconds: list[float],
+  compiled_programs: list[int],
+  settled: list[bool] | None = None,
 ) -> float | None:
-  """Median seconds of the steps after the first that compiled nothing;
-  of every step after the first where each compiled; None with fewer than
-  2 steps."""
-  later = list(zip(seconds[1:], compiled_programs[1:]))
+  """Median seconds of the steps after the first that compiled nothing
+  and ran on the settled plan (`settled`, by step; None: all did); of
+  every step after the first where none is such; None with fewer than 2
+  steps."""
+  if settled is None:
+    settled = [True] * len(seconds)
+  later = list(zip(seconds[1:], compiled_programs[1:], settled[1:]))
   if not later:
     return None
-  quiet = [s for s, compiled in later if not compiled]
-  return statistics.median(quiet or [s for s, _ in later])
+  quiet = [s for s, compiled, on in later if not compiled and on]
+  return statistics.median(quiet or [s for s, _, _ in later])
 
 
 def _finite(loss: float | None) -> float | None:
@@ -250,6 +259,11 @@ class StepFigures:
     """
     stats = self._stats
     seconds = stats['step_seconds']
+    on_ready = {
+      step
+      for t in self._trainers
+      for step in getattr(t, 'steps_on_ready_plan', ())
+    }
     sampled_device = [b for b in stats['device_bytes_in_use'] if b is not None]
     device_peaks = sampled_device + (
       [self._device_peak_reported]
@@ -275,8 +289,11 @@ class StepFigures:
       'd2h_bytes': list(stats['d2h_bytes']) if counted else None,
       'first_step_seconds': seconds[0] if seconds else None,
       'median_step_seconds': _median_later_step(
-        seconds, stats['compiled_programs']
+        seconds,
+        stats['compiled_programs'],
+        [step not in on_ready for step in stats['steps']],
       ),
+      'steps_on_ready_plan': sorted(on_ready),
       'peak_host_rss_bytes': self.peak_host_rss_bytes(),
       'peak_device_bytes': max(device_peaks) if device_peaks else None,
       'total_h2d_bytes': sum(stats['h2d_bytes']) if counted else None,

@@ -86,6 +86,11 @@ class ReversibleSerialTrainer(step_inquiries.StepInquiries):
   `numpy.ndarray`s. A step's plan and device memory, asked without running
   it (`planned`, `device_memory_of`, `least_device_memory_of`, `planner`),
   are `step_inquiries.StepInquiries`'.
+
+  Attributes:
+    steps_on_ready_plan: list of the step numbers (`one_step`'s `step`)
+      that ran on a plan ready first while the fused program compiled
+      (`planner.Planner.step_for`'s `ready_first`), in order.
   """
 
   gin_parameters = GIN_PARAMETERS
@@ -214,6 +219,7 @@ class ReversibleSerialTrainer(step_inquiries.StepInquiries):
     # Layers whose weights and slots a step that kept them on the device
     # gave up before it stopped on a non-finite value (`one_step`).
     self._given_up: list[int] = []
+    self.steps_on_ready_plan: list[int] = []
     self._release = (
       observers.ReleaseHostMemory() if options.release_host_memory else None
     )
@@ -395,6 +401,8 @@ class ReversibleSerialTrainer(step_inquiries.StepInquiries):
     self._memory_log.begin_step(step, self._placement.transfers)
     self._store.set_learning_rate(learning_rate)
     planned = self.planned(batch, ready_first=True)
+    if not self._planner.is_planned(batch):
+      self.steps_on_ready_plan.append(step)
     self._commits.begin_step(step, planned.plan.params_on_device)
     return step_context.StepContext.for_step(
       planned, step, rng, batch, self._parts
