@@ -6,13 +6,17 @@ compile beside each other and beside Python's tracing.
 `compiles_in_flight` says whether any still runs, for a process that ends
 before they do (Ctrl-C while planning): it must leave without Python's
 finalization, which would abort it (a thread stopped inside XLA's
-compiler) or wait for the compiler.
+compiler) or wait for the compiler. A process that finalizes all the same
+(a script that ends while a fused program compiles beside its first
+steps) waits for them at exit (`atexit`) rather than abort.
 """
 
+import atexit
 import concurrent.futures
 import os
 import queue
 import threading
+import time
 from typing import Any, Callable
 
 # Each wait for compilations wakes this often, so that a signal handler
@@ -104,4 +108,13 @@ def compile_pool() -> _DaemonPool:
   with _pool_lock:
     if _pool is None:
       _pool = _DaemonPool(os.cpu_count() or 1)
+      atexit.register(_wait_for_compiles)
     return _pool
+
+
+def _wait_for_compiles() -> None:
+  """Waits for the compilations in flight: at exit, before finalization
+  stops the daemon threads, one of which would abort the process where
+  stopped inside the compiler."""
+  while compiles_in_flight():
+    time.sleep(WAIT_SLICE_SECONDS / 5)
