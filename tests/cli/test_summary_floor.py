@@ -10,27 +10,28 @@ import json
 import pytest
 
 from trax_revplus.cli import summary as summaries
+from trax_revplus.progress.printer import RunSummary
 
 MEDIAN = 0.03
 
 
 def _summary(floor, median=MEDIAN):
   """A `ProgressPrinter.summary()` of a 4-step run, with `floor`."""
-  return {
-    'last_step': 4,
-    'steps_run': 4,
-    'last_train_loss_step': 4,
-    'last_train_loss': 2.5,
-    'mean_train_loss_from_step': 4,
-    'mean_train_loss': 2.5,
-    'eval_losses': [],
-    'train_seconds': 1.0,
-    'compiling_steps': [],
-    'steps_per_second_without_compiling': 30.0,
-    'peak_host_rss_bytes': 2**30,
-    'median_step_seconds': median,
-    'step_floor': floor,
-  }
+  return RunSummary(
+    last_step=4,
+    steps_run=4,
+    last_train_loss_step=4,
+    last_train_loss=2.5,
+    mean_train_loss_from_step=4,
+    mean_train_loss=2.5,
+    eval_losses=[],
+    train_seconds=1.0,
+    compiling_steps=[],
+    steps_per_second_without_compiling=30.0,
+    peak_host_rss_bytes=2**30,
+    median_step_seconds=median,
+    step_floor=floor,
+  )
 
 
 def _rows(floor, median=MEDIAN):

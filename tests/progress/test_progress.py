@@ -107,10 +107,10 @@ def test_losses_are_those_the_loop_records(mode):
   assert lines[0].startswith('step 1  loss ')
   assert f'{np.mean(history[2:4]):.3f}' in lines[-1]
   summary = printer.summary()
-  assert summary['mean_train_loss'] == pytest.approx(np.mean(history[2:4]))
-  assert summary['mean_train_loss_from_step'] == 3
-  assert summary['last_train_loss'] == pytest.approx(history[-1])
-  assert summary['last_train_loss_step'] == 4
+  assert summary.mean_train_loss == pytest.approx(np.mean(history[2:4]))
+  assert summary.mean_train_loss_from_step == 3
+  assert summary.last_train_loss == pytest.approx(history[-1])
+  assert summary.last_train_loss_step == 4
 
 
 def _the_step_2_notice(compiled, lines):
@@ -217,7 +217,7 @@ def test_compilations_are_counted_and_new_shapes_reported():
   assert 'compiling' in lines[0]  # Step 1 compiled: no rate for it.
   assert 'steps/s' not in lines[0]
   summary = printer.summary()
-  assert [s for s, _, _ in summary['compiling_steps']] == compiling_steps
+  assert [s for s, _, _ in summary.compiling_steps] == compiling_steps
 
 
 def _loop_in(output_dir, stream):
@@ -260,14 +260,14 @@ def test_a_resumed_run_reports_the_eval_of_its_checkpoint_step(tmp_path):
   still reports step 2's."""
   first = _loop_in(str(tmp_path), io.StringIO())
   first.run(2)
-  evals = first._callbacks[0].summary()['eval_losses']  # pylint: disable=protected-access
+  evals = first._callbacks[0].summary().eval_losses  # pylint: disable=protected-access
   assert [step for step, _ in evals] == [2]
   resumed = _loop_in(str(tmp_path), io.StringIO())
   assert resumed.step == 2
   restored = resumed.history.get('eval', 'metrics/loss')
   assert 2 not in [step for step, _ in restored]  # trax's order
   resumed.run(1)  # to step 3: no eval
-  assert resumed._callbacks[0].summary()['eval_losses'] == evals  # pylint: disable=protected-access
+  assert resumed._callbacks[0].summary().eval_losses == evals  # pylint: disable=protected-access
   # A directory started over drops what its removed checkpoints evaluated.
   for name in os.listdir(tmp_path):
     if name.startswith('model'):
@@ -275,7 +275,7 @@ def test_a_resumed_run_reports_the_eval_of_its_checkpoint_step(tmp_path):
   fresh = _loop_in(str(tmp_path), io.StringIO())
   assert fresh.step == 0
   fresh.run(1)
-  assert fresh._callbacks[0].summary()['eval_losses'] == []  # pylint: disable=protected-access
+  assert fresh._callbacks[0].summary().eval_losses == []  # pylint: disable=protected-access
 
 
 def test_an_eval_is_kept_before_the_run_ends(tmp_path):

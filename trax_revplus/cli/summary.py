@@ -3,10 +3,13 @@ signal stops (`trax_revplus.interrupt`): after which step, with which
 checkpoint, and the step the same command resumes from."""
 
 import signal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trax_revplus.byte_sizes import format_bytes
 from trax_revplus.trax_door import loop as loop_door
+
+if TYPE_CHECKING:  # Annotations only: the progress printer imports trax.
+  from trax_revplus.progress.printer import RunSummary
 
 
 def implementations(loop: Any) -> tuple[str, str, str | None]:
@@ -56,7 +59,7 @@ def _loss(value: float | None) -> str:
   return 'n/a' if value is None else f'{value:.4f} nats'
 
 
-def _loss_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+def _loss_rows(summary: 'RunSummary') -> list[tuple[str, str]]:
   """The train and eval loss rows, each saying which step(s) it is of.
 
   'train loss, last step' is the loss the run's last step returned
@@ -66,26 +69,26 @@ def _loss_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
   run's last, never calling an eval before the last step final.
   """
   rows = []
-  last = summary['last_train_loss_step']
+  last = summary.last_train_loss_step
   rows.append(
     (
       'train loss, last step',
       'n/a'
       if last is None
-      else f'{_loss(summary["last_train_loss"])} (step {last})',
+      else f'{_loss(summary.last_train_loss)} (step {last})',
     )
   )
-  mean_from = summary['mean_train_loss_from_step']
-  if mean_from is not None and mean_from != summary['last_step']:
+  mean_from = summary.mean_train_loss_from_step
+  if mean_from is not None and mean_from != summary.last_step:
     rows.append(
       (
         'train loss, mean',
-        f'{_loss(summary["mean_train_loss"])} (mean of steps '
-        f'{mean_from}-{summary["last_step"]}, as on the last progress line)',
+        f'{_loss(summary.mean_train_loss)} (mean of steps '
+        f'{mean_from}-{summary.last_step}, as on the last progress line)',
       )
     )
-  evals = summary['eval_losses']
-  of = f' of {summary["last_step"]}'
+  evals = summary.eval_losses
+  of = f' of {summary.last_step}'
   if evals:
     rows.append(
       ('last eval loss', f'{_loss(evals[-1][1])} (step {evals[-1][0]}{of})')
@@ -98,13 +101,13 @@ def _loss_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
   return rows
 
 
-def _train_time(summary: dict[str, Any]) -> str | None:
+def _train_time(summary: 'RunSummary') -> str | None:
   """'25.5 s in steps, 0.98 steps/s (1 step compiling, 14.2 s, left out)'."""
-  if not summary['steps_run']:
+  if not summary.steps_run:
     return None
-  text = f'{summary["train_seconds"]:.1f} s in steps'
-  compiling = summary['compiling_steps']
-  rate = summary['steps_per_second_without_compiling']
+  text = f'{summary.train_seconds:.1f} s in steps'
+  compiling = summary.compiling_steps
+  rate = summary.steps_per_second_without_compiling
   if rate is not None:
     text += f', {rate:.2f} steps/s'
   if compiling:
@@ -117,7 +120,7 @@ def _train_time(summary: dict[str, Any]) -> str | None:
       f' ({len(compiling)} compiling {word}, {seconds:.1f} s, left '
       f'out: {word} {steps})'
     )
-  cached = summary.get('programs_from_cache')
+  cached = summary.programs_from_cache
   if cached:
     text += (
       f'; {cached} {"program" if cached == 1 else "programs"} read '
@@ -351,7 +354,7 @@ def _floor_rows(
 
 
 def format_summary(
-  summary: dict[str, Any] | None,
+  summary: 'RunSummary | None',
   loop: Any,
   checkpoint: str | None,
   checkpoint_step: int | None,
@@ -361,7 +364,8 @@ def format_summary(
   """The end-of-run block: classes, mode, losses, speed, memory, checkpoint.
 
   Args:
-    summary: `ProgressPrinter.summary()`, or None without a printer.
+    summary: `ProgressPrinter.summary()` (a `printer.RunSummary`), or None
+      without a printer.
     loop: the `training.Loop` that ran, or None.
     checkpoint: path of the final checkpoint's `.pkl.gz`, or None.
     checkpoint_step: its step.
@@ -380,12 +384,12 @@ def format_summary(
     rows.append(('trainer mode', trainer_mode(loop)))
     rows.append(('reversible layers', layers))
   if summary is not None:
-    steps = f'{summary["last_step"]} ({summary["steps_run"]} in this run'
-    if not summary['steps_run'] and total_steps is not None:
+    steps = f'{summary.last_step} ({summary.steps_run} in this run'
+    if not summary.steps_run and total_steps is not None:
       steps += (
         f': the checkpoint was at train.steps = {total_steps} already'
-        if summary['last_step'] == total_steps
-        else f': the checkpoint was at step {summary["last_step"]}, past '
+        if summary.last_step == total_steps
+        else f': the checkpoint was at step {summary.last_step}, past '
         f'train.steps = {total_steps}'
       )
     rows.append(('steps', steps + ')'))
@@ -393,17 +397,13 @@ def format_summary(
     train_time = _train_time(summary)
     if train_time:
       rows.append(('train time', train_time))
-    peak = format_bytes(
-      summary['peak_host_rss_bytes'], spec='.0f', suffix=False
-    )
+    peak = format_bytes(summary.peak_host_rss_bytes, spec='.0f', suffix=False)
     rows.append(('peak host memory', f'{peak} MiB (RSS)'))
-    planning = _planning(summary.get('planning'))
+    planning = _planning(summary.planning)
     if planning:
       rows.append(('planning', planning))
-    rows.extend(
-      _floor_rows(summary.get('step_floor'), summary.get('median_step_seconds'))
-    )
-  if checkpoint and summary is not None and not summary['steps_run']:
+    rows.extend(_floor_rows(summary.step_floor, summary.median_step_seconds))
+  if checkpoint and summary is not None and not summary.steps_run:
     rows.append(
       (
         'checkpoint',

@@ -53,6 +53,7 @@ Add it from gin with::
 `trax-revplus train` adds one itself unless the config already does.
 """
 
+import dataclasses
 import sys
 import time
 from typing import Any, Callable, TextIO
@@ -79,6 +80,60 @@ def _mean_loss(losses: list[Any]) -> float | None:
   if not losses:
     return None
   return float(np.mean([np.mean(np.asarray(loss)) for loss in losses]))
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSummary:
+  """The figures of a run so far (`ProgressPrinter.summary`), which the
+  summary block shows (`cli.summary.format_summary`).
+
+  Attributes:
+    last_step: int, the Loop's step (also when this process ran no step:
+      the checkpoint was already at the last step).
+    steps_run: int, steps run under the printer.
+    train_seconds: float, seconds spent inside training steps.
+    last_train_loss: float or None, the loss the last step of this process
+      returned (`run_stats.json`'s last `loss`; None where not finite), at
+      step `last_train_loss_step` (int or None: no step ran).
+    mean_train_loss: float or None, mean loss of the last printed window
+      (the last progress line's), which spans steps
+      `mean_train_loss_from_step` (int or None) .. `last_step`.
+    eval_losses: list of (step, float), trax's eval 'loss' metric at each
+      eval, from `loop.history` and the evals earlier runs of the output
+      directory kept (`eval_history`).
+    peak_host_rss_bytes: int, peak resident set size of the process.
+    steps_per_second: float or None, steps_run / train_seconds.
+    compiling_steps: list of (step, seconds, programs), the steps during
+      which JAX compiled, their seconds and programs compiled.
+    steps_per_second_without_compiling: float or None, over the other
+      steps.
+    programs_from_cache: int, programs read back from JAX's persistent
+      compilation cache instead of compiled, since the printer began (the
+      build's and evals' too).
+    planning: list of dict, or None, what planning cost
+      (`run_stats.json`'s `planning`).
+    median_step_seconds: float or None, `run_stats.json`'s.
+    step_floor: dict or None, `run_stats.json`'s.
+  """
+
+  last_step: int
+  steps_run: int
+  train_seconds: float
+  last_train_loss: float | None
+  last_train_loss_step: int | None
+  mean_train_loss: float | None
+  mean_train_loss_from_step: int | None
+  eval_losses: list[tuple[int, float]]
+  peak_host_rss_bytes: int
+  steps_per_second: float | None = None
+  compiling_steps: list[tuple[int, float, int]] = dataclasses.field(
+    default_factory=list
+  )
+  steps_per_second_without_compiling: float | None = None
+  programs_from_cache: int = 0
+  planning: list[dict] | None = None
+  median_step_seconds: float | None = None
+  step_floor: dict[str, Any] | None = None
 
 
 @gin.configurable(module='trax_revplus.progress')
@@ -337,40 +392,9 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
       return None
     return self._figures.write(getattr(self._trained_loop, 'output_dir', None))
 
-  def summary(self) -> dict[str, Any]:
-    """Returns the figures of the run so far; rewrites run_stats.json.
-
-    Returns:
-      dict with keys:
-        'last_step' (int): the Loop's step (also when this process ran no
-          step: the checkpoint was already at the last step).
-        'steps_run' (int): steps run under this callback.
-        'train_seconds' (float): seconds spent inside training steps.
-        'steps_per_second' (float or None): steps_run / train_seconds.
-        'compiling_steps' (list of (step, seconds, programs)): the steps
-          during which JAX compiled, their seconds and programs compiled.
-        'programs_from_cache' (int): programs read back from JAX's
-          persistent compilation cache instead of compiled, since this
-          printer began (the build's and evals' too).
-        'steps_per_second_without_compiling' (float or None): over the
-          other steps.
-        'last_train_loss' (float or None): the loss the last step of this
-          process returned (`run_stats.json`'s last `loss`; None where not
-          finite), at step 'last_train_loss_step' (int or None: no step
-          ran).
-        'mean_train_loss' (float or None): mean loss of the last printed
-          window (the last progress line's), which spans steps
-          'mean_train_loss_from_step' .. 'last_step'.
-        'mean_train_loss_from_step' (int or None).
-        'eval_losses' (list of (step, float)): trax's eval 'loss' metric at
-          each eval, from `loop.history` and the evals earlier runs of the
-          output directory kept (`eval_history`).
-        'peak_host_rss_bytes' (int): peak resident set size of the process.
-        'planning' (list of dict, or None): what planning cost
-          (`run_stats.json`'s `planning`).
-        'median_step_seconds' (float or None): `run_stats.json`'s.
-        'step_floor' (dict or None): `run_stats.json`'s.
-    """
+  def summary(self) -> 'RunSummary':
+    """Returns the figures of the run so far (`RunSummary`); rewrites
+    run_stats.json."""
     # Steps after the last line, if any.
     if self._window['steps'] and self._last_step is not None:
       self._print_line(self._last_step)
@@ -385,31 +409,31 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
       last_step = int(getattr(self._trained_loop, 'step', 0))
     eval_losses = self._eval_losses(self._history_eval_losses(), last_step)
     last_loss_step, last_loss = self._figures.last_loss()
-    return {
-      'last_step': last_step,
-      'steps_run': self._steps_run,
-      'train_seconds': self._train_seconds,
-      'steps_per_second': (
+    return RunSummary(
+      last_step=last_step,
+      steps_run=self._steps_run,
+      train_seconds=self._train_seconds,
+      steps_per_second=(
         self._steps_run / self._train_seconds
         if self._train_seconds > 0
         else None
       ),
-      'compiling_steps': list(self._compiling_steps),
-      'programs_from_cache': (
+      compiling_steps=list(self._compiling_steps),
+      programs_from_cache=(
         CompileCounter.cache_hits() - self._cache_hits_at_start
       ),
-      'steps_per_second_without_compiling': (
+      steps_per_second_without_compiling=(
         plain_steps / plain_seconds
         if plain_steps and plain_seconds > 0
         else None
       ),
-      'last_train_loss': last_loss,
-      'last_train_loss_step': last_loss_step,
-      'mean_train_loss': train_loss,
-      'mean_train_loss_from_step': from_step,
-      'eval_losses': eval_losses,
-      'peak_host_rss_bytes': self._figures.peak_host_rss_bytes(),
-      'planning': self._figures.planning(),
-      'median_step_seconds': self._figures.run_stats()['median_step_seconds'],
-      'step_floor': self._figures.step_floor,
-    }
+      last_train_loss=last_loss,
+      last_train_loss_step=last_loss_step,
+      mean_train_loss=train_loss,
+      mean_train_loss_from_step=from_step,
+      eval_losses=eval_losses,
+      peak_host_rss_bytes=self._figures.peak_host_rss_bytes(),
+      planning=self._figures.planning(),
+      median_step_seconds=self._figures.run_stats()['median_step_seconds'],
+      step_floor=self._figures.step_floor,
+    )
