@@ -3,7 +3,7 @@
 Modules, one job each:
 
   printer    `ProgressPrinter`, the Loop callback: progress lines, compile
-             notices, the run's summary.
+             notices, the run's summary (`RunSummary`).
   line_text  the words of the printer's lines, from its figures.
   run_stats  `StepFigures`: each step's loss, time, memory and transfers;
              `run_stats.json` and its keys.
@@ -22,6 +22,7 @@ gin names of the callbacks are `trax_revplus.progress.ProgressPrinter` and
 from trax_revplus.progress.compiles import CompileCounter
 from trax_revplus.progress.printer import MAX_RECOMPILE_NOTICES
 from trax_revplus.progress.printer import ProgressPrinter
+from trax_revplus.progress.printer import RunSummary
 from trax_revplus.progress.profile_steps import StepProfiler
 from trax_revplus.progress.run_stats import peak_host_rss_bytes
 from trax_revplus.progress.run_stats import RUN_STATS_FILENAME
@@ -33,6 +34,7 @@ __all__ = [
   'peak_host_rss_bytes',
   'ProgressPrinter',
   'RUN_STATS_FILENAME',
+  'RunSummary',
   'StepFigures',
   'StepProfiler',
 ]
