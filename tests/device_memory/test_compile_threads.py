@@ -35,3 +35,29 @@ def test_a_process_that_ends_mid_compile_waits_for_it():
   )
   assert done.returncode == 0, done.stderr[-2000:]
   assert done.stdout.split() == ['in', 'flight', '1', 'compiled'], done.stdout
+
+
+def test_a_compile_beside_the_steps_is_no_steps_compile():
+  # What a plan compiles beside the training steps is not counted where
+  # a step's compiles are; what compiles on a thread otherwise is.
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+  from trax_revplus.device_memory import compile_threads
+  from trax_revplus.progress import CompileCounter
+
+  def compile_on_a_thread(n, beside):
+    def run():
+      with compile_threads.beside_steps(beside):
+        jax.jit(lambda x: jnp.cos(x) * n).lower(
+          jax.ShapeDtypeStruct((n,), jnp.float32)
+        ).compile()
+
+    compile_threads.wait_for(compile_threads.compile_pool().submit(run))
+
+  before, _ = CompileCounter.snapshot()
+  compile_on_a_thread(3, beside=True)
+  assert CompileCounter.snapshot()[0] == before
+  compile_on_a_thread(5, beside=False)
+  assert CompileCounter.snapshot()[0] == before + 1
+  assert not compile_threads.compiling_beside_steps()

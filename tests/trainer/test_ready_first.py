@@ -73,6 +73,13 @@ def test_a_run_that_moves_to_the_fused_plan_trains_as_stock(monkeypatch):
   )
   weights, losses = cases.train_lm(ours, _model(), batch, _STEPS)
   assert len(made[0].steps_on_ready_plan) == _SWITCH_STEP - 1
+  # The switch's planning compiled nothing: its plan's program compiled
+  # before it, beside the steps, and its cost says so apart.
+  first, switch = made[0].planning_costs
+  assert first.programs_compiled > 0 and switch.programs_compiled == 0
+  assert switch.plan_compile_seconds <= switch.seconds
+  assert switch.plan_compiled_before_seconds > 0
+  assert 'compiled before: ' in switch.describe()
   ready, fused = plans[0], plans[-1]
   # Steps 1-2 on the unfused plan of the fewest compiled layers (one
   # layer a call), with the fused plan's batch slices; then the fused one.

@@ -142,9 +142,17 @@ def _planning(costs: list[dict] | None) -> str | None:
   return '; '.join(
     f'{c["seconds"]:.1f} s, {c["plan_compile_seconds"]:.1f} s of it '
     f"tracing and compiling the chosen plan's {_programs(c['plan_programs'])}"
+    f'{_compiled_before(c.get("plan_compiled_before_seconds"))}'
     f'; {_programs(c["programs_compiled"])} compiled in all'
     for c in costs
   )
+
+
+def _compiled_before(seconds: float | None) -> str:
+  """' (compiled before: 38.6 s)', or '' where nothing was."""
+  if not seconds or seconds < 0.05:
+    return ''
+  return f' (compiled before: {seconds:.1f} s)'
 
 
 # Layer kinds the summary names, largest share of the floor first.

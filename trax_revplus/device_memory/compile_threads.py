@@ -13,11 +13,12 @@ steps) waits for them at exit (`atexit`) rather than abort.
 
 import atexit
 import concurrent.futures
+import contextlib
 import os
 import queue
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 # Each wait for compilations wakes this often, so that a signal handler
 # runs (Ctrl-C while planning) within this many seconds.
@@ -84,6 +85,30 @@ class _DaemonPool:
 
 _pool: _DaemonPool | None = None
 _pool_lock = threading.Lock()
+
+
+# Whether the compilation this thread runs goes on beside the training
+# steps (`beside_steps`): a plan's programs compiling while the steps run
+# another plan, not a step's own.
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def beside_steps(flag: bool = True) -> Iterator[None]:
+  """Marks what the calling thread compiles inside as compiling beside
+  the training steps (`compiling_beside_steps`) where `flag`."""
+  before = compiling_beside_steps()
+  _local.beside_steps = flag
+  try:
+    yield
+  finally:
+    _local.beside_steps = before
+
+
+def compiling_beside_steps() -> bool:
+  """Whether the calling thread compiles beside the training steps
+  (`beside_steps`): a step's compile count leaves that out."""
+  return getattr(_local, 'beside_steps', False)
 
 
 def wait_for(future: concurrent.futures.Future) -> None:

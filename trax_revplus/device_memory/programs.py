@@ -91,9 +91,12 @@ class Programs:
     if trace_span is not None:
       self.trace_spans[key] = trace_span
 
-  def compile(self, keys: Iterable[Hashable]) -> None:
+  def compile(
+    self, keys: Iterable[Hashable], beside_steps: bool = False
+  ) -> None:
     """Starts compiling the traced programs of `keys` not started yet, each
-    on a helper thread; returns at once (`wait`)."""
+    on a helper thread; returns at once (`wait`). `beside_steps`: they
+    compile while training steps run (`compile_threads.beside_steps`)."""
     for key in keys:
       if (
         key in self._compiled or key in self._failed or (key in self._analyses)
@@ -101,14 +104,15 @@ class Programs:
         continue
       traced, _ = self._traced[key]
       self._compiled[key] = compile_threads.compile_pool().submit(
-        self._compile_timed, key, traced
+        self._compile_timed, key, traced, beside_steps
       )
 
-  def _compile_timed(self, key, traced):
+  def _compile_timed(self, key, traced, beside_steps=False):
     start = time.monotonic()
     self.compile_spans[key] = (start, None)
     try:
-      return traced.lower().compile()
+      with compile_threads.beside_steps(beside_steps):
+        return traced.lower().compile()
     finally:
       self.compile_spans[key] = (start, time.monotonic())
 
@@ -228,15 +232,20 @@ class Programs:
     return self._analyses[key]
 
   def compile_seconds(
-    self, keys: Iterable[Hashable] | None = None, traces: bool = True
+    self,
+    keys: Iterable[Hashable] | None = None,
+    traces: bool = True,
+    since: float | None = None,
   ) -> float:
     """Seconds during which at least one program of `keys` (default: every
     one started here) was traced (with `traces`) or compiled: the length of
-    the union of their spans (a running compilation counts up to now)."""
+    the union of their spans (a running compilation counts up to now),
+    from `since` on (a `time.monotonic()` time; None: all)."""
     now = time.monotonic()
     keys = None if keys is None else set(keys)
+    floor = float('-inf') if since is None else since
     spans = sorted(
-      (start, now if end is None else end)
+      (max(start, floor), now if end is None else end)
       for spans_of in (
         (self.compile_spans, self.trace_spans)
         if traces
@@ -247,6 +256,8 @@ class Programs:
     )
     total, reach = 0.0, None
     for start, end in spans:
+      if end <= start:  # wholly before `since`
+        continue
       if reach is None or start > reach:
         total += end - start
         reach = end

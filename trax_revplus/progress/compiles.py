@@ -10,6 +10,8 @@ from typing import Any
 
 import jax
 
+from trax_revplus.device_memory import compile_threads
+
 # The jax.monitoring event of one program's compilation by XLA.
 _BACKEND_COMPILE_EVENT = '/jax/core/compile/backend_compile_duration'
 # The jax.monitoring event of a program read from the persistent cache.
@@ -21,7 +23,8 @@ class CompileCounter:
 
   Fed by `jax.monitoring`'s event-duration listeners (one per process,
   registered on first use), so compilations on any thread count, e.g. those
-  a trainer runs on helper threads.
+  a trainer runs on helper threads, but those of a plan that compiles
+  beside the training steps (`compile_threads.beside_steps`).
   """
 
   _lock = threading.Lock()
@@ -33,7 +36,11 @@ class CompileCounter:
 
   @classmethod
   def _listen(cls, event: str, duration_secs: float, **kwargs: Any) -> None:
-    if event != _BACKEND_COMPILE_EVENT:
+    # A plan's program compiling beside the steps (while they run another
+    # plan) is no step's compiling.
+    if event != _BACKEND_COMPILE_EVENT or (
+      compile_threads.compiling_beside_steps()
+    ):
       return
     with cls._lock:
       cls._programs += 1

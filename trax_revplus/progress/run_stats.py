@@ -52,7 +52,10 @@
     `ReversibleSerialTrainer.planning_costs`; null for trax's): `seconds`
     from the start of planning to the plan chosen, `programs_compiled`,
     `plan_programs` (the chosen plan's), `plan_compile_seconds` (seconds
-    tracing and compiling the chosen plan's own programs),
+    of the planning tracing and compiling the chosen plan's own programs),
+    `plan_compiled_before_seconds` (the same before the planning began:
+    beside the steps on a plan ready first, or for another batch's
+    shapes),
     `search_seconds` (the rest) and `plan` (the chosen plan in words).
   step_floor (object or null): the step's floor where the run measured it
     (`trax-revplus train --step_floor`; `step_floor.StepFloor.as_json`):

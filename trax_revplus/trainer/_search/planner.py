@@ -422,7 +422,7 @@ class Planner(weighers.StepWeigher):
     programs = tuple(self.walk(fastest, types).calls.keys())
     if all(self._programs.done(k) for k in programs):
       return None
-    self._programs.compile(programs)
+    self._programs.compile(programs, beside_steps=True)
     settled = self.settle(ready, types, budget_bytes)
     if isinstance(settled, int) or settled.peak_device_bytes > budget_bytes:
       return None

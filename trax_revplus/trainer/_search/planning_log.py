@@ -81,10 +81,13 @@ class PlanningCost:
     programs_compiled: programs compiled while planning (the chosen plan's
       among them).
     plan_programs: programs the chosen plan's step calls.
-    plan_compile_seconds: seconds during which at least one of the chosen
-      plan's programs was traced or compiled (the union of their spans):
-      what planning costs where the plan is known.
+    plan_compile_seconds: seconds of this planning during which at least
+      one of the chosen plan's programs was traced or compiled (the union
+      of their spans): what planning costs where the plan is known.
     plan: the chosen plan's short description (`short`).
+    plan_compiled_before_seconds: the same before this planning began
+      (programs another batch's shapes shared, or that compiled beside
+      the steps on a plan ready first).
   """
 
   seconds: float
@@ -92,6 +95,7 @@ class PlanningCost:
   plan_programs: int
   plan_compile_seconds: float
   plan: str
+  plan_compiled_before_seconds: float = 0.0
 
   @property
   def search_seconds(self) -> float:
@@ -108,10 +112,17 @@ class PlanningCost:
     return (
       f'{self.seconds:.1f} s, {self.plan_compile_seconds:.1f} s of it '
       f"tracing and compiling the chosen plan's {self.plan_programs} "
-      f'program{"s" * (self.plan_programs != 1)}; '
+      f'program{"s" * (self.plan_programs != 1)}{self.compiled_before()}; '
       f'{self.programs_compiled} program'
       f'{"s" * (self.programs_compiled != 1)} compiled in all'
     )
+
+  def compiled_before(self) -> str:
+    """' (compiled before: 38.6 s)' where some of the chosen plan's
+    programs compiled before this planning, else ''."""
+    if self.plan_compiled_before_seconds < 0.05:
+      return ''
+    return f' (compiled before: {self.plan_compiled_before_seconds:.1f} s)'
 
 
 def _whole(plan: plan_lib.StepPlan) -> bool:
@@ -396,13 +407,17 @@ class PlanningLog:
     if self._start is None:
       return None
     keys = set(keys)
+    during = self._programs.compile_seconds(keys, since=self._start)
     cost = PlanningCost(
       seconds=time.monotonic() - self._start,
       programs_compiled=len(self._programs.compile_spans)
       - self._compiled_before,
       plan_programs=len(keys),
-      plan_compile_seconds=self._programs.compile_seconds(keys),
+      plan_compile_seconds=during,
       plan=short(plan),
+      plan_compiled_before_seconds=max(
+        0.0, self._programs.compile_seconds(keys) - during
+      ),
     )
     self.costs.append(cost)
     n = cost.programs_compiled
@@ -413,7 +428,7 @@ class PlanningLog:
       f'{_size(step.peak_host_bytes)} host; {n} program{"s" * (n != 1)} '
       f'compiled, {cost.plan_compile_seconds:.1f} s of it tracing and '
       f"compiling the chosen plan's {cost.plan_programs} "
-      f'program{"s" * (cost.plan_programs != 1)}'
+      f'program{"s" * (cost.plan_programs != 1)}{cost.compiled_before()}'
     )
     self._start = None
     return cost
