@@ -129,30 +129,11 @@ def _train_time(summary: 'RunSummary') -> str | None:
   return text
 
 
-def _programs(n: int) -> str:
-  return f'{n} program{"s" * (n != 1)}'
-
-
-def _planning(costs: list[dict] | None) -> str | None:
+def _planning(lines: list[str] | None) -> str | None:
   """'12.0 s, 7.7 s of it tracing and compiling the chosen plan's 9
-  programs; 10 programs compiled in all' (per batch shape planned,
-  joined)."""
-  if not costs:
-    return None
-  return '; '.join(
-    f'{c["seconds"]:.1f} s, {c["plan_compile_seconds"]:.1f} s of it '
-    f"tracing and compiling the chosen plan's {_programs(c['plan_programs'])}"
-    f'{_compiled_before(c.get("plan_compiled_before_seconds"))}'
-    f'; {_programs(c["programs_compiled"])} compiled in all'
-    for c in costs
-  )
-
-
-def _compiled_before(seconds: float | None) -> str:
-  """' (compiled before: 38.6 s)', or '' where nothing was."""
-  if not seconds or seconds < 0.05:
-    return ''
-  return f' (compiled before: {seconds:.1f} s)'
+  programs; 10 programs compiled in all' (`RunSummary.planning`: per batch
+  shape planned, joined)."""
+  return '; '.join(lines) if lines else None
 
 
 # Layer kinds the summary names, largest share of the floor first.

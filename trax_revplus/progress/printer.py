@@ -110,8 +110,8 @@ class RunSummary:
     programs_from_cache: int, programs read back from JAX's persistent
       compilation cache instead of compiled, since the printer began (the
       build's and evals' too).
-    planning: list of dict, or None, what planning cost
-      (`run_stats.json`'s `planning`).
+    planning: list of str, or None, what planning cost, one line per
+      batch's shapes planned (`run_stats.json`'s `planning` in words).
     median_step_seconds: float or None, `run_stats.json`'s.
     step_floor: dict or None, `run_stats.json`'s.
   """
@@ -131,7 +131,7 @@ class RunSummary:
   )
   steps_per_second_without_compiling: float | None = None
   programs_from_cache: int = 0
-  planning: list[dict] | None = None
+  planning: list[str] | None = None
   median_step_seconds: float | None = None
   step_floor: dict[str, Any] | None = None
 
@@ -433,7 +433,7 @@ class ProgressPrinter(callbacks.TrainingStepCallback):
       mean_train_loss_from_step=from_step,
       eval_losses=eval_losses,
       peak_host_rss_bytes=self._figures.peak_host_rss_bytes(),
-      planning=self._figures.planning(),
+      planning=self._figures.planning_lines(),
       median_step_seconds=self._figures.run_stats()['median_step_seconds'],
       step_floor=self._figures.step_floor,
     )

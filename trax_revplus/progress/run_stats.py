@@ -308,10 +308,21 @@ class StepFigures:
   def planning(self) -> list[dict] | None:
     """What planning cost the trainers that plan (`planning` in
     run_stats.json), or None where none does."""
+    costs = self._planning_costs()
+    return None if costs is None else [c.to_json() for c in costs]
+
+  def planning_lines(self) -> list[str] | None:
+    """The same, one line each (`PlanningCost.describe`)."""
+    costs = self._planning_costs()
+    return None if costs is None else [c.describe() for c in costs]
+
+  def _planning_costs(self) -> list[Any] | None:
+    """The `planning_log.PlanningCost`s of the trainers that plan, or None
+    where none does."""
     planners = [t for t in self._trainers if hasattr(t, 'planning_costs')]
     if not planners:
       return None
-    return [c.to_json() for t in planners for c in t.planning_costs]
+    return [c for t in planners for c in t.planning_costs]
 
   def write(self, output_dir: str | None) -> str | None:
     """Writes `run_stats()` to `<output_dir>/run_stats.json`.

@@ -401,7 +401,7 @@ class ReversibleSerialTrainer(step_inquiries.StepInquiries):
     self._memory_log.begin_step(step, self._placement.transfers)
     self._store.set_learning_rate(learning_rate)
     planned = self.planned(batch, ready_first=True)
-    if not self._planner.is_planned(batch):
+    if planned.while_compiling:
       self.steps_on_ready_plan.append(step)
     self._commits.begin_step(step, planned.plan.params_on_device)
     return step_context.StepContext.for_step(

@@ -424,14 +424,13 @@ class Planner(weighers.StepWeigher):
       return None
     self._programs.compile(programs, beside_steps=True)
     settled = self.settle(ready, types, budget_bytes)
-    if isinstance(settled, int) or settled.peak_device_bytes > budget_bytes:
-      return None
-    host_budget = self.host_budget_bytes
-    if host_budget is not None and settled.peak_host_bytes > host_budget:
+    if isinstance(settled, int) or not self.weighing_of(types).fits(settled):
       return None
     self._compiling[key] = _Compiling(fastest, programs, types)
     self.log.ready_first(fastest, len(programs))
-    return self._chosen(ready, types, budget_bytes)
+    return self._chosen(ready, types, budget_bytes)._replace(
+      while_compiling=True
+    )
 
   def _fastest_timed(
     self,
@@ -531,12 +530,7 @@ class Planner(weighers.StepWeigher):
         first, plan, set(walk.calls.keys()) == first_programs
       ):
         continue
-      step = self.weigh(plan, types)
-      host_budget = self.host_budget_bytes
-      assert self.budget_bytes is not None  # plans are timed under one
-      if step.peak_device_bytes <= self.budget_bytes and (
-        host_budget is None or step.peak_host_bytes <= host_budget
-      ):
+      if self.weighing_of(types).fits(self.weigh(plan, types)):
         yield plan
 
   def plan_stores(

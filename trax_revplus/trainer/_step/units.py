@@ -150,8 +150,12 @@ class PlannedStep(NamedTuple):
     units: its compiled `Units`.
     memory: `device_memory.StepMemory` of the step, or None where it was
       not accounted (not compiled ahead, or not accountable here).
+    while_compiling: bool, the plan steps run while a faster plan's
+      programs compile, until the planner moves them to it
+      (`planner.Planner.step_for`'s `ready_first`).
   """
 
   plan: plan_lib.StepPlan
   units: Units
   memory: device_memory.StepMemory | None
+  while_compiling: bool = False
